@@ -1,0 +1,297 @@
+"""The contract every tunable kernel follows, and the helpers written once on top of it.
+
+A :class:`TunableKernel` describes one Triton kernel to a search:
+
+* ``name``: the registry name, also the first part of its tuned-config file name.
+* ``batch_dim``: the shape entry that varies at serving time (``"batch"``, ``"M"``, ``"tokens"``);
+  tuned-config lookup matches every other dim exactly and takes the nearest batch in log space.
+* ``default_config(shape) -> dict``: a config that is always correct and fits every GPU the kernel
+  supports. Tuned configs only make a kernel faster, never make it run.
+* ``config_space(shape) -> dict[str, list]``: candidate values per tunable parameter.
+* ``check_config(config, shape, device=None) -> str | None``: why a config cannot run (unknown
+  parameter, divisibility, a shared-memory or register estimate over the limit), or ``None``.
+  Named rules: the message starts with the rule name, e.g. ``"shared_memory: 260 KiB > 227 KiB"``.
+* ``make_inputs(shape, dtype, device, seed) -> dict``: fresh random inputs (never zeros).
+* ``run(inputs, config, out=None) -> Tensor``: launch the Triton kernel; the output is freshly
+  allocated unless ``out`` is given (``check`` poisons ``out`` with NaN to catch unwritten elements).
+* ``reference(inputs) -> Tensor``: the same function in float32 (CUDA) or float64 (CPU) torch.
+* ``torch_baseline(inputs) -> Tensor``: plain PyTorch in the input dtype, what a serving stack would
+  run without the kernel; this is what benchmarks compare against. Defaults to ``reference``.
+* ``tolerance(dtype) -> float``: bound on ``|out - ref| / |ref|`` (Frobenius norms).
+* ``cost(shape, dtype) -> Cost``: fewest bytes moved through device memory and FLOPs.
+* ``shape_key(shape) -> str``: the bucket key used in tuned-config files.
+* ``shapes(preset) -> list[dict]``: named realistic shapes (``"v4flash"``: DeepSeek-V4-Flash at
+  batch 1, 16, 64; ``"test"``: tiny shapes for the CPU interpreter).
+
+Failures a caller can classify (see :func:`classify_failure`): :class:`InvalidConfig` (rejected by
+``check_config`` or by the launcher), ``triton.compiler.errors.CompilationError`` (compile error),
+``triton.runtime.errors.OutOfResources`` (shared memory or registers, raised at first launch),
+:class:`WrongResult` (raised by :func:`verify`), ``torch.cuda.OutOfMemoryError`` (oom).
+"""
+
+from __future__ import annotations
+
+import abc
+import itertools
+import logging
+import math
+from dataclasses import dataclass
+from typing import Any, Iterator
+
+import torch
+from triton.compiler.errors import CompilationError
+from triton.runtime.errors import OutOfResources
+
+__all__ = [
+    "Cost",
+    "KernelError",
+    "InvalidConfig",
+    "WrongResult",
+    "OutOfResources",
+    "CompilationError",
+    "TunableKernel",
+    "classify_failure",
+    "rel_error",
+    "check",
+    "verify",
+    "dtype_of",
+    "dtype_name",
+    "device_limits",
+]
+
+logger = logging.getLogger(__name__)
+
+
+class KernelError(Exception):
+    """Root of the errors this package raises on purpose."""
+
+
+class InvalidConfig(KernelError, ValueError):
+    """A config that cannot run for this shape (the message names the rule and the values)."""
+
+
+class WrongResult(KernelError):
+    """The kernel ran but its output is not within tolerance of the reference."""
+
+
+@dataclass(frozen=True)
+class Cost:
+    """Fewest bytes moved through device memory and floating-point operations of one call."""
+
+    bytes: float
+    flops: float
+
+    def floor_us(self, bytes_per_s: float, flops_per_s: float) -> float:
+        """Roofline floor in microseconds: the larger of the memory time and the compute time."""
+        return max(self.bytes / bytes_per_s, self.flops / flops_per_s) * 1e6
+
+    def bound(self, bytes_per_s: float, flops_per_s: float) -> str:
+        return "memory" if self.bytes / bytes_per_s >= self.flops / flops_per_s else "compute"
+
+
+_DTYPES = {
+    "float32": torch.float32,
+    "fp32": torch.float32,
+    "float16": torch.float16,
+    "fp16": torch.float16,
+    "bfloat16": torch.bfloat16,
+    "bf16": torch.bfloat16,
+    "float8_e4m3fn": getattr(torch, "float8_e4m3fn", None),
+    "fp8": getattr(torch, "float8_e4m3fn", None),
+    "float64": torch.float64,
+}
+
+
+def dtype_of(dtype: str | torch.dtype) -> torch.dtype:
+    """``torch.dtype`` from a name ("bfloat16", "bf16", "fp8", ...) or a dtype."""
+    if isinstance(dtype, torch.dtype):
+        return dtype
+    found = _DTYPES.get(str(dtype).replace("torch.", ""))
+    if found is None:
+        raise ValueError(f"unknown dtype {dtype!r}; use one of {sorted(k for k, v in _DTYPES.items() if v)}")
+    return found
+
+
+def dtype_name(dtype: str | torch.dtype) -> str:
+    """Canonical name of a dtype: ``torch.bfloat16`` -> ``"bfloat16"``."""
+    return str(dtype_of(dtype)).replace("torch.", "")
+
+
+def device_limits(device: Any = None) -> dict:
+    """Per-block limits of ``device`` (shared memory bytes, registers) or H200-like defaults.
+
+    Without a CUDA device (CPU, interpreter) the limits of an H100/H200 are assumed, so that
+    ``check_config`` prunes the same way everywhere.
+    """
+    limits = {"shared_memory": 227 * 1024, "registers_per_thread": 255, "cc": (9, 0)}
+    if device is None or not torch.cuda.is_available():
+        return limits
+    dev = torch.device(device)
+    if dev.type != "cuda":
+        return limits
+    props = torch.cuda.get_device_properties(dev)
+    smem = getattr(props, "shared_memory_per_block_optin", None)
+    if smem:
+        limits["shared_memory"] = int(smem)
+    limits["cc"] = (props.major, props.minor)
+    return limits
+
+
+class TunableKernel(abc.ABC):
+    """One tunable Triton kernel; contract in the module docstring."""
+
+    name: str = ""
+    batch_dim: str = "batch"
+
+    # --- configs -------------------------------------------------------------------------------
+    @abc.abstractmethod
+    def default_config(self, shape: dict) -> dict: ...
+
+    @abc.abstractmethod
+    def config_space(self, shape: dict) -> dict[str, list]: ...
+
+    def check_config(self, config: dict, shape: dict, device: Any = None) -> str | None:
+        """Base rules: every parameter known and present. Subclasses add their own rules."""
+        space = self.config_space(shape)
+        unknown = sorted(set(config) - set(space))
+        if unknown:
+            return f"unknown_param: {unknown} not in {sorted(space)}"
+        missing = sorted(set(space) - set(config))
+        if missing:
+            return f"missing_param: {missing}"
+        for key, value in config.items():
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                return f"positive_int: {key}={value!r} must be a positive int"
+        return None
+
+    def configs(self, shape: dict, device: Any = None) -> Iterator[dict]:
+        """Every config of the space that passes ``check_config``."""
+        space = self.config_space(shape)
+        keys = sorted(space)
+        for values in itertools.product(*(space[k] for k in keys)):
+            config = dict(zip(keys, values))
+            if self.check_config(config, shape, device) is None:
+                yield config
+
+    def require_config(self, config: dict, shape: dict, device: Any = None) -> None:
+        why = self.check_config(config, shape, device)
+        if why is not None:
+            raise InvalidConfig(f"{self.name}: config {config} cannot run for shape {shape}: {why}")
+
+    # --- inputs, run, reference ------------------------------------------------------------------
+    @abc.abstractmethod
+    def make_inputs(self, shape: dict, dtype: str | torch.dtype, device: Any, seed: int = 0) -> dict: ...
+
+    @abc.abstractmethod
+    def run(self, inputs: dict, config: dict | None = None, out: torch.Tensor | None = None) -> torch.Tensor: ...
+
+    @abc.abstractmethod
+    def reference(self, inputs: dict) -> torch.Tensor: ...
+
+    def torch_baseline(self, inputs: dict) -> torch.Tensor:
+        return self.reference(inputs)
+
+    def output_like(self, inputs: dict) -> torch.Tensor | None:
+        """An empty output buffer for ``run(out=...)``, or None when the launcher takes no ``out``."""
+        return None
+
+    def tolerance(self, dtype: str | torch.dtype) -> float:
+        return {
+            torch.float32: 5e-3,  # tl.dot on float32 runs as tf32 on NVIDIA GPUs
+            torch.float16: 5e-3,
+            torch.bfloat16: 2e-2,
+            torch.float64: 1e-6,
+        }.get(dtype_of(dtype), 6e-2)  # fp8 e4m3
+
+    # --- cost and shapes -------------------------------------------------------------------------
+    @abc.abstractmethod
+    def cost(self, shape: dict, dtype: str | torch.dtype = "bfloat16") -> Cost: ...
+
+    def key_dims(self, shape: dict) -> dict:
+        """The dims that make up the bucket key (subclasses may round some of them)."""
+        return dict(shape)
+
+    def shape_key(self, shape: dict) -> str:
+        dims = self.key_dims(shape)
+        if self.batch_dim not in dims:
+            raise ValueError(f"{self.name}: shape {shape} has no batch dim {self.batch_dim!r}")
+        return ",".join(f"{k}={int(dims[k])}" for k in sorted(dims))
+
+    @abc.abstractmethod
+    def shapes(self, preset: str = "v4flash") -> list[dict]: ...
+
+
+# --- failure classes ---------------------------------------------------------------------------------
+def classify_failure(exc: BaseException) -> str:
+    """Outcome class of an exception raised while compiling, launching or checking a config."""
+    if isinstance(exc, OutOfResources):
+        return "out_of_resources"
+    if isinstance(exc, CompilationError):
+        return "compile_error"
+    if isinstance(exc, InvalidConfig):
+        return "invalid_config"
+    if isinstance(exc, WrongResult):
+        return "wrong_result"
+    oom = getattr(torch.cuda, "OutOfMemoryError", None)
+    if oom is not None and isinstance(exc, oom):
+        return "oom"
+    text = f"{type(exc).__name__}: {exc}"
+    if "out of resource" in text.lower() or "OutOfResources" in text:
+        return "out_of_resources"
+    if "CompilationError" in text or "PassManager" in text or "MLIR" in text:
+        return "compile_error"
+    return "crash"
+
+
+# --- correctness ---------------------------------------------------------------------------------------
+def rel_error(out: torch.Tensor, ref: torch.Tensor) -> float:
+    """``|out - ref| / |ref|`` over finite entries; inf when shapes differ, NaN appears, or the
+    positions of infinities differ (a masked score must stay masked)."""
+    if tuple(out.shape) != tuple(ref.shape):
+        return math.inf
+    out64 = out.detach().to(torch.float64).cpu()
+    ref64 = ref.detach().to(torch.float64).cpu()
+    if torch.isnan(out64).any():
+        return math.inf
+    out_inf, ref_inf = torch.isinf(out64), torch.isinf(ref64)
+    if not torch.equal(out_inf, ref_inf) or not torch.equal(out64[out_inf], ref64[ref_inf]):
+        return math.inf
+    finite = ~ref_inf
+    diff = torch.linalg.vector_norm(out64[finite] - ref64[finite]).item()
+    norm = torch.linalg.vector_norm(ref64[finite]).item()
+    return diff / max(norm, 1e-30)
+
+
+def check(
+    kernel: TunableKernel,
+    shape: dict,
+    dtype: str | torch.dtype,
+    config: dict | None = None,
+    device: Any = "cuda",
+    seed: int = 0,
+) -> float:
+    """Run ``kernel`` once on fresh inputs into a NaN-poisoned output; return the relative error.
+
+    Raises what the launch raises (InvalidConfig, CompilationError, OutOfResources, ...).
+    A kernel that leaves any element unwritten returns ``inf``.
+    """
+    inputs = kernel.make_inputs(shape, dtype, device, seed)
+    config = kernel.default_config(shape) if config is None else config
+    kernel.require_config(config, shape, device)
+    out = kernel.output_like(inputs)
+    if out is not None:
+        out.fill_(float("nan")) if out.is_floating_point() else out.fill_(-7)
+        result = kernel.run(inputs, config, out=out)
+    else:
+        result = kernel.run(inputs, config)
+    ref = kernel.reference(inputs)
+    return rel_error(result, ref)
+
+
+def verify(kernel: TunableKernel, shape: dict, dtype, config=None, device="cuda", seed: int = 0) -> float:
+    """:func:`check`, raising :class:`WrongResult` when the error is over ``kernel.tolerance``."""
+    err = check(kernel, shape, dtype, config, device, seed)
+    tol = kernel.tolerance(dtype)
+    if not err <= tol:
+        raise WrongResult(f"{kernel.name} {shape} {dtype_name(dtype)} {config}: rel error {err:.3g} > {tol:.3g}")
+    return err
