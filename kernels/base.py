@@ -99,11 +99,12 @@ _DTYPES = {
     "float8_e4m3fn": getattr(torch, "float8_e4m3fn", None),
     "fp8": getattr(torch, "float8_e4m3fn", None),
     "float64": torch.float64,
+    "tf32": torch.float32,  # float32 storage, tf32 tensor-core math (GEMM mode)
 }
 
 
 def dtype_of(dtype: str | torch.dtype) -> torch.dtype:
-    """``torch.dtype`` from a name ("bfloat16", "bf16", "fp8", ...) or a dtype."""
+    """``torch.dtype`` from a name ("bfloat16", "bf16", "fp8", "tf32", ...) or a dtype."""
     if isinstance(dtype, torch.dtype):
         return dtype
     found = _DTYPES.get(str(dtype).replace("torch.", ""))
@@ -113,7 +114,9 @@ def dtype_of(dtype: str | torch.dtype) -> torch.dtype:
 
 
 def dtype_name(dtype: str | torch.dtype) -> str:
-    """Canonical name of a dtype: ``torch.bfloat16`` -> ``"bfloat16"``."""
+    """Canonical name of a dtype: ``torch.bfloat16`` -> ``"bfloat16"``; ``"tf32"`` stays ``"tf32"``."""
+    if dtype == "tf32":
+        return "tf32"
     return str(dtype_of(dtype)).replace("torch.", "")
 
 
@@ -150,7 +153,7 @@ class TunableKernel(abc.ABC):
     @abc.abstractmethod
     def config_space(self, shape: dict) -> dict[str, list]: ...
 
-    def check_config(self, config: dict, shape: dict, device: Any = None) -> str | None:
+    def check_config(self, config: dict, shape: dict, device: Any = None, dtype: Any = None) -> str | None:
         """Base rules: every parameter known and present. Subclasses add their own rules."""
         space = self.config_space(shape)
         unknown = sorted(set(config) - set(space))
@@ -164,17 +167,17 @@ class TunableKernel(abc.ABC):
                 return f"positive_int: {key}={value!r} must be a positive int"
         return None
 
-    def configs(self, shape: dict, device: Any = None) -> Iterator[dict]:
+    def configs(self, shape: dict, device: Any = None, dtype: Any = None) -> Iterator[dict]:
         """Every config of the space that passes ``check_config``."""
         space = self.config_space(shape)
         keys = sorted(space)
         for values in itertools.product(*(space[k] for k in keys)):
             config = dict(zip(keys, values))
-            if self.check_config(config, shape, device) is None:
+            if self.check_config(config, shape, device, dtype=dtype) is None:
                 yield config
 
-    def require_config(self, config: dict, shape: dict, device: Any = None) -> None:
-        why = self.check_config(config, shape, device)
+    def require_config(self, config: dict, shape: dict, device: Any = None, dtype: Any = None) -> None:
+        why = self.check_config(config, shape, device, dtype=dtype)
         if why is not None:
             raise InvalidConfig(f"{self.name}: config {config} cannot run for shape {shape}: {why}")
 
@@ -277,7 +280,7 @@ def check(
     """
     inputs = kernel.make_inputs(shape, dtype, device, seed)
     config = kernel.default_config(shape) if config is None else config
-    kernel.require_config(config, shape, device)
+    kernel.require_config(config, shape, device, dtype)
     out = kernel.output_like(inputs)
     if out is not None:
         out.fill_(float("nan")) if out.is_floating_point() else out.fill_(-7)

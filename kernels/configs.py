@@ -160,7 +160,7 @@ def lookup(kernel_name: str, shape: dict, dtype, device: Any = None) -> dict:
     found = nearest_key(entries, key, kernel.batch_dim)
     if found is not None:
         tuned = {**config, **entries[found].get("config", {})}
-        why = kernel.check_config(tuned, shape, device)
+        why = kernel.check_config(tuned, shape, device, dtype=dtype)
         if why is None:
             config = tuned
         else:

@@ -136,7 +136,7 @@ def indexer_scores(
             _LOOKUP[key] = lookup(kernel.name, shape, q.dtype, q.device)
         config = _LOOKUP[key]
     else:
-        kernel.require_config(config, shape, q.device)
+        kernel.require_config(config, shape, q.device, q.dtype)
     if out is None:
         out = torch.empty((B, width), device=q.device, dtype=torch.float32)
     elif tuple(out.shape) != (B, width) or out.dtype != torch.float32 or out.stride(1) != 1:
@@ -230,7 +230,8 @@ class IndexerKernel(TunableKernel):
     def config_space(self, shape):
         return {"BLOCK_N": [16, 32, 64, 128, 256], "TILES": [1, 2, 4, 8, 16], "num_warps": [2, 4, 8], "num_stages": [1, 2, 3, 4]}
 
-    def check_config(self, config, shape, device=None, dtype="bfloat16"):
+    def check_config(self, config, shape, device=None, dtype=None):
+        dtype = dtype or "bfloat16"
         why = super().check_config(config, shape, device)
         if why:
             return why

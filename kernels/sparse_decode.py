@@ -259,7 +259,7 @@ def sparse_decode(
     if config is None:
         config = _config_for(kernel.name, shape, q.dtype, q.device)
     else:
-        kernel.require_config(config, shape, q.device)
+        kernel.require_config(config, shape, q.device, q.dtype)
     BLOCK_H, BLOCK_T = config["BLOCK_H"], config["BLOCK_T"]
     rows_per_split = triton.cdiv(topk, min(config["S"], topk))
     S = triton.cdiv(topk, rows_per_split)  # splits that hold at least one row
@@ -315,7 +315,7 @@ def sparse_decode_simt(
     if config is None:
         config = _config_for(kernel.name, shape, q.dtype, q.device)
     else:
-        kernel.require_config(config, shape, q.device)
+        kernel.require_config(config, shape, q.device, q.dtype)
     DT, D_TAIL = _tail(d_qk, d_v)
     if out is None:
         out = torch.empty((B, H, d_v), device=q.device, dtype=q.dtype)
@@ -457,7 +457,8 @@ class SparseDecodeKernel(_SparseDecodeBase):
         buffers = max(1, config["num_stages"]) if config["BLOCK_H"] >= 64 else 1
         return elt * (config["BLOCK_T"] * dqk * buffers + config["BLOCK_H"] * config["BLOCK_T"])
 
-    def check_config(self, config, shape, device=None, dtype="bfloat16"):
+    def check_config(self, config, shape, device=None, dtype=None):
+        dtype = dtype or "bfloat16"
         why = super().check_config(config, shape, device) or self._common_rules(config, shape)
         if why:
             return why
@@ -490,7 +491,7 @@ class SparseDecodeSimtKernel(_SparseDecodeBase):
     def config_space(self, shape):
         return {"BLOCK_T": [16, 32, 64], "num_warps": [2, 4, 8]}
 
-    def check_config(self, config, shape, device=None):
+    def check_config(self, config, shape, device=None, dtype=None):
         why = super().check_config(config, shape, device) or self._common_rules(config, shape)
         if why:
             return why

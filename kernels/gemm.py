@@ -1,0 +1,314 @@
+"""GEMM ``y = x @ W.T`` for skinny decode shapes (M = 1..256), with a dtype choice.
+
+Modes (the ``dtype`` argument): ``"fp32"`` (float32 in, IEEE float32 math), ``"tf32"`` (float32 in,
+tf32 tensor cores), ``"bf16"``, ``"fp16"``, ``"fp8"`` (float8 e4m3 in with per-tensor float32 scales
+``x_scale``, ``w_scale``; bf16 out; compute capability >= 8.9 only). Inputs come in the mode's storage
+dtype: a serving stack converts weights once, not per call. Output: float32 for fp32/tf32, the input
+dtype for bf16/fp16, bf16 for fp8.
+
+The kernel is Triton's matmul tutorial with grouped ordering (GROUP_M) plus split-K: with
+``SPLIT_K > 1`` every split writes a float32 partial ``[SPLIT_K, M, N]`` and a second pass sums and
+casts them (deterministic, no zero-fill, no atomics). Split-K is what gives a 1-row GEMM enough
+programs to fill 132 SMs.
+
+Tunables: BLOCK_M, BLOCK_N, BLOCK_K, SPLIT_K, GROUP_M, num_warps, num_stages.
+``torch_linear(x, w, dtype)`` is the cuBLAS comparison through torch.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+
+import torch
+import triton
+import triton.language as tl
+
+from .base import Cost, TunableKernel, device_limits
+
+__all__ = ["gemm", "torch_linear", "gemm_reference", "GemmKernel", "MODES"]
+
+logger = logging.getLogger(__name__)
+
+_FP8 = getattr(torch, "float8_e4m3fn", None)
+MODES = {  # mode -> (input dtype, output dtype)
+    "fp32": (torch.float32, torch.float32),
+    "tf32": (torch.float32, torch.float32),
+    "bf16": (torch.bfloat16, torch.bfloat16),
+    "fp16": (torch.float16, torch.float16),
+    "fp8": (_FP8, torch.bfloat16),
+}
+_ALIASES = {"float32": "fp32", "bfloat16": "bf16", "float16": "fp16", "float8_e4m3fn": "fp8"}
+
+
+def _mode(dtype) -> str:
+    name = str(dtype).replace("torch.", "")
+    name = _ALIASES.get(name, name)
+    if name not in MODES:
+        raise ValueError(f"dtype={dtype!r} must be one of {sorted(MODES)}")
+    return name
+
+
+@triton.jit(do_not_specialize=["M", "k_per_split"])
+def _gemm_kernel(
+    x_ptr, w_ptr, y_ptr, xs_ptr, ws_ptr,
+    M, N, K, k_per_split,
+    stride_xm, stride_xk, stride_wn, stride_wk, stride_ys, stride_ym, stride_yn,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
+    EVEN_K: tl.constexpr, IEEE: tl.constexpr, HAS_SCALE: tl.constexpr,
+):
+    pid = tl.program_id(0)
+    pid_k = tl.program_id(1)
+    num_pid_m = tl.cdiv(M, BLOCK_M)
+    num_pid_n = tl.cdiv(N, BLOCK_N)
+    # grouped ordering: GROUP_M row blocks share each W column block while it sits in L2
+    num_pid_in_group = GROUP_M * num_pid_n
+    group_id = pid // num_pid_in_group
+    first_pid_m = group_id * GROUP_M
+    group_size_m = tl.minimum(num_pid_m - first_pid_m, GROUP_M)
+    pid_m = first_pid_m + ((pid % num_pid_in_group) % group_size_m)
+    pid_n = (pid % num_pid_in_group) // group_size_m
+
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    offs_xm = tl.max_contiguous(tl.multiple_of(offs_m % M, BLOCK_M), BLOCK_M)  # wrap: no row masks
+    offs_wn = tl.max_contiguous(tl.multiple_of(offs_n % N, BLOCK_N), BLOCK_N)
+    k_start = pid_k * k_per_split
+    offs_k = k_start + tl.arange(0, BLOCK_K)
+    x_ptrs = x_ptr + offs_xm[:, None] * stride_xm + offs_k[None, :] * stride_xk
+    w_ptrs = w_ptr + offs_wn[None, :] * stride_wn + offs_k[:, None] * stride_wk  # W.T tile [BLOCK_K, BLOCK_N]
+
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    k_end = tl.minimum(k_start + k_per_split, K)
+    for k0 in range(k_start, k_end, BLOCK_K):
+        if EVEN_K:
+            a = tl.load(x_ptrs)
+            b = tl.load(w_ptrs)
+        else:
+            k_mask = (k0 + tl.arange(0, BLOCK_K)) < K
+            a = tl.load(x_ptrs, mask=k_mask[None, :], other=0.0)
+            b = tl.load(w_ptrs, mask=k_mask[:, None], other=0.0)
+        if IEEE:
+            acc = tl.dot(a, b, acc, input_precision="ieee")
+        else:
+            acc = tl.dot(a, b, acc)
+        x_ptrs += BLOCK_K * stride_xk
+        w_ptrs += BLOCK_K * stride_wk
+    if HAS_SCALE:
+        acc = acc * (tl.load(xs_ptr) * tl.load(ws_ptr))
+    y_ptrs = y_ptr + pid_k * stride_ys + offs_m[:, None] * stride_ym + offs_n[None, :] * stride_yn
+    tl.store(y_ptrs, acc.to(y_ptr.dtype.element_ty), mask=(offs_m[:, None] < M) & (offs_n[None, :] < N))
+
+
+@triton.jit
+def _split_k_reduce_kernel(p_ptr, y_ptr, numel, SPLIT_K: tl.constexpr, BLOCK: tl.constexpr):
+    """y = sum over splits of the float32 partials, cast to y's dtype."""
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < numel
+    acc = tl.zeros([BLOCK], tl.float32)
+    for s in tl.static_range(SPLIT_K):
+        acc += tl.load(p_ptr + s * numel + offs, mask=mask, other=0.0)
+    tl.store(y_ptr + offs, acc.to(y_ptr.dtype.element_ty), mask=mask)
+
+
+def _check(x, w, mode, x_scale, w_scale, out):
+    if x.dim() != 2 or w.dim() != 2:
+        raise ValueError(f"x must be [M, K] and w [N, K], got {tuple(x.shape)} and {tuple(w.shape)}")
+    if x.shape[1] != w.shape[1]:
+        raise ValueError(f"x.shape[1]=K={x.shape[1]} must equal w.shape[1]={w.shape[1]}")
+    in_dt, out_dt = MODES[mode]
+    if x.dtype != in_dt or w.dtype != in_dt:
+        raise ValueError(f"dtype={mode!r} needs x and w in {in_dt}, got {x.dtype} and {w.dtype}")
+    if mode == "fp8":
+        if x_scale is None or w_scale is None or x_scale.numel() != 1 or w_scale.numel() != 1:
+            raise ValueError("dtype='fp8' needs per-tensor float32 x_scale and w_scale (one element each)")
+        if x.is_cuda and torch.cuda.get_device_capability(x.device) < (8, 9):
+            raise ValueError(f"dtype='fp8' needs compute capability >= 8.9, got {torch.cuda.get_device_capability(x.device)}")
+    M, N = x.shape[0], w.shape[0]
+    if out is not None and (tuple(out.shape) != (M, N) or out.dtype != out_dt):
+        raise ValueError(f"out must be [{M}, {N}] of {out_dt}, got {tuple(out.shape)} {out.dtype}")
+    return M, N, x.shape[1], out_dt
+
+
+_LOOKUP: dict[tuple, dict] = {}
+
+
+def gemm(
+    x: torch.Tensor,
+    w: torch.Tensor,
+    dtype: str | None = None,
+    config: dict | None = None,
+    *,
+    x_scale: torch.Tensor | None = None,
+    w_scale: torch.Tensor | None = None,
+    out: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """``x @ w.T`` in mode ``dtype`` (None: from x.dtype, float32 meaning "tf32")."""
+    mode = ("tf32" if x.dtype == torch.float32 else _mode(x.dtype)) if dtype is None else _mode(dtype)
+    M, N, K, out_dt = _check(x, w, mode, x_scale, w_scale, out)
+    shape = {"M": M, "N": N, "K": K}
+    kernel = GemmKernel.instance
+    if config is None:
+        key = (kernel.shape_key(shape), mode, str(x.device))
+        if key not in _LOOKUP:
+            from .configs import lookup
+
+            _LOOKUP[key] = lookup(kernel.name, shape, mode, x.device)
+        config = _LOOKUP[key]
+    else:
+        kernel.require_config(config, shape, x.device, mode)
+    if out is None:
+        out = torch.empty((M, N), device=x.device, dtype=out_dt)
+    if M == 0 or N == 0:
+        return out
+    BM, BN, BK, SK = config["BLOCK_M"], config["BLOCK_N"], config["BLOCK_K"], config["SPLIT_K"]
+    k_per_split = triton.cdiv(K, SK * BK) * BK
+    SK = triton.cdiv(K, k_per_split)  # splits that hold at least one K tile
+    target = out if SK == 1 else torch.empty((SK, M, N), device=x.device, dtype=torch.float32)
+    ys = (0, out.stride(0), out.stride(1)) if SK == 1 else target.stride()
+    grid = (triton.cdiv(M, BM) * triton.cdiv(N, BN), SK)
+    scale_a = x_scale if x_scale is not None else x
+    scale_b = w_scale if w_scale is not None else w
+    _gemm_kernel[grid](
+        x, w, target, scale_a, scale_b, M, N, K, k_per_split,
+        x.stride(0), x.stride(1), w.stride(0), w.stride(1), *ys,
+        BLOCK_M=BM, BLOCK_N=BN, BLOCK_K=BK, GROUP_M=config["GROUP_M"],
+        EVEN_K=(K % (SK * BK) == 0 and k_per_split * SK == K), IEEE=(mode == "fp32"),
+        HAS_SCALE=(mode == "fp8"), num_warps=config["num_warps"], num_stages=config["num_stages"],
+    )
+    if SK > 1:
+        if not out.is_contiguous():
+            raise ValueError("out must be contiguous when SPLIT_K > 1")
+        block = 1024
+        _split_k_reduce_kernel[(triton.cdiv(M * N, block),)](target, out, M * N, SPLIT_K=SK, BLOCK=block, num_warps=4)
+    return out
+
+
+@contextlib.contextmanager
+def _tf32(enabled: bool):
+    old = torch.backends.cuda.matmul.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = enabled
+    try:
+        yield
+    finally:
+        torch.backends.cuda.matmul.allow_tf32 = old
+
+
+def torch_linear(x, w, dtype=None, *, x_scale=None, w_scale=None) -> torch.Tensor:
+    """The same product through torch (cuBLAS on GPU). fp8 uses ``torch._scaled_mm`` (rows padded
+    to a multiple of 16, which it requires; the padding is part of the cost)."""
+    mode = ("tf32" if x.dtype == torch.float32 else _mode(x.dtype)) if dtype is None else _mode(dtype)
+    if mode == "fp8":
+        M = x.shape[0]
+        pad = (-M) % 16
+        xp = torch.nn.functional.pad(x.view(torch.uint8), (0, 0, 0, pad)).view(x.dtype) if pad else x
+        y = torch._scaled_mm(xp, w.t(), scale_a=x_scale.reshape(()).float(), scale_b=w_scale.reshape(()).float(),
+                             out_dtype=torch.bfloat16)
+        y = y[0] if isinstance(y, tuple) else y
+        return y[:M]
+    with _tf32(mode == "tf32"):
+        return torch.nn.functional.linear(x, w)
+
+
+def gemm_reference(x, w, dtype=None, x_scale=None, w_scale=None) -> torch.Tensor:
+    dt = torch.float64 if x.device.type == "cpu" else torch.float32
+    xr, wr = x.to(dt), w.to(dt)
+    if x_scale is not None:
+        xr, wr = xr * x_scale.to(dt), wr * w_scale.to(dt)
+    with _tf32(False):
+        return xr @ wr.t()
+
+
+class GemmKernel(TunableKernel):
+    name = "gemm"
+    batch_dim = "M"
+    instance: "GemmKernel"
+
+    def default_config(self, shape):
+        M, N, K = shape["M"], shape["N"], shape["K"]
+        if M <= 16:
+            bm, bn, bk, stages = 16, 64, 128, 4
+        elif M <= 64:
+            bm, bn, bk, stages = max(16, triton.next_power_of_2(M)), 64, 128, 3
+        else:
+            bm, bn, bk, stages = 64, 128, 64, 3
+        tiles = triton.cdiv(M, bm) * triton.cdiv(N, bn)
+        split = 1
+        while split < 16 and tiles * split < 132 and K >= 2 * split * 2 * bk:
+            split *= 2
+        return {"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk, "SPLIT_K": split, "GROUP_M": 8, "num_warps": 4, "num_stages": stages}
+
+    def config_space(self, shape):
+        return {"BLOCK_M": [16, 32, 64, 128], "BLOCK_N": [32, 64, 128, 256], "BLOCK_K": [32, 64, 128, 256],
+                "SPLIT_K": [1, 2, 4, 8, 16], "GROUP_M": [1, 8], "num_warps": [4, 8], "num_stages": [2, 3, 4, 5]}
+
+    def check_config(self, config, shape, device=None, dtype=None):
+        why = super().check_config(config, shape, device)
+        if why:
+            return why
+        mode = _mode(dtype or "bf16")
+        for key in ("BLOCK_M", "BLOCK_N", "BLOCK_K"):
+            if config[key] < 16 or config[key] & (config[key] - 1):
+                return f"tile_size: {key}={config[key]} must be a power of two >= 16 (tl.dot)"
+        if mode == "fp8" and config["BLOCK_K"] < 32:
+            return f"fp8_block_k: BLOCK_K={config['BLOCK_K']} < 32 (fp8 MMA has k = 32)"
+        if config["BLOCK_M"] > max(16, triton.next_power_of_2(shape["M"])):
+            return f"block_m: BLOCK_M={config['BLOCK_M']} > M={shape['M']} rounded up to a power of two (all padding)"
+        if (config["SPLIT_K"] - 1) * config["BLOCK_K"] >= shape["K"]:
+            return f"split_k: SPLIT_K={config['SPLIT_K']} splits of BLOCK_K={config['BLOCK_K']} leave splits empty for K={shape['K']}"
+        elt = MODES[mode][0].itemsize
+        smem = config["num_stages"] * (config["BLOCK_M"] + config["BLOCK_N"]) * config["BLOCK_K"] * elt
+        limit = device_limits(device)["shared_memory"]
+        if smem > limit:
+            return f"shared_memory: {smem // 1024} KiB > {limit // 1024} KiB"
+        regs = config["BLOCK_M"] * config["BLOCK_N"] // (32 * config["num_warps"])
+        if regs > 128:
+            return f"register_pressure: fp32 accumulator BLOCK_M*BLOCK_N/threads = {regs} registers/thread > 128"
+        return None
+
+    def make_inputs(self, shape, dtype, device, seed=0):
+        mode = _mode(dtype)
+        dev = torch.device(device)
+        gen = torch.Generator(device=dev).manual_seed(seed)
+        M, N, K = shape["M"], shape["N"], shape["K"]
+        x = torch.randn(M, K, generator=gen, device=dev)
+        w = torch.randn(N, K, generator=gen, device=dev) * K**-0.5
+        inputs = {"mode": mode, "x_scale": None, "w_scale": None}
+        if mode == "fp8":
+            xs, ws = x.abs().amax() / 448.0, w.abs().amax() / 448.0
+            inputs.update(x=(x / xs).to(_FP8), w=(w / ws).to(_FP8), x_scale=xs.reshape(1).float(), w_scale=ws.reshape(1).float())
+        else:
+            inputs.update(x=x.to(MODES[mode][0]), w=w.to(MODES[mode][0]))
+        return inputs
+
+    def output_like(self, inputs):
+        x, w = inputs["x"], inputs["w"]
+        return torch.empty(x.shape[0], w.shape[0], device=x.device, dtype=MODES[inputs["mode"]][1])
+
+    def run(self, inputs, config=None, out=None):
+        return gemm(inputs["x"], inputs["w"], inputs["mode"], config, x_scale=inputs["x_scale"], w_scale=inputs["w_scale"], out=out)
+
+    def reference(self, inputs):
+        return gemm_reference(inputs["x"], inputs["w"], inputs["mode"], inputs["x_scale"], inputs["w_scale"])
+
+    def torch_baseline(self, inputs):
+        return torch_linear(inputs["x"], inputs["w"], inputs["mode"], x_scale=inputs["x_scale"], w_scale=inputs["w_scale"])
+
+    def tolerance(self, dtype):
+        return {"fp32": 1e-4, "tf32": 5e-3, "bf16": 1e-2, "fp16": 5e-3, "fp8": 1e-2}[_mode(dtype)]
+
+    def cost(self, shape, dtype="bf16"):
+        in_dt, out_dt = MODES[_mode(dtype)]
+        M, N, K = shape["M"], shape["N"], shape["K"]
+        return Cost(float((M * K + N * K) * in_dt.itemsize + M * N * out_dt.itemsize), float(2 * M * N * K))
+
+    def shapes(self, preset="v4flash"):
+        if preset == "v4flash":  # (N, K): q_a 4096->1024, o 1024->4096, shared expert 4096->2048 and 2048->4096
+            pairs = [(1024, 4096), (4096, 1024), (2048, 4096), (4096, 2048)]
+            return [{"M": m, "N": n, "K": k} for (n, k) in pairs for m in (1, 16, 64)]
+        if preset == "test":
+            return [{"M": 3, "N": 40, "K": 96}, {"M": 17, "N": 64, "K": 200}]
+        raise ValueError(f"unknown preset {preset!r}; use 'v4flash' or 'test'")
+
+
+GemmKernel.instance = GemmKernel()
