@@ -1,0 +1,90 @@
+"""What the API derives from Optuna's own study: parameter importances and plotly figures (as JSON)."""
+
+from __future__ import annotations
+
+import logging
+import math
+from datetime import datetime, timezone
+
+import optuna
+from optuna.trial import TrialState
+
+from api.schemas import ImportancesOut, ParamImportance
+from storage import Run
+
+_logger = logging.getLogger(__name__)
+
+optuna.logging.set_verbosity(optuna.logging.WARNING)
+
+
+def _complete(study: optuna.Study) -> list[optuna.trial.FrozenTrial]:
+    return study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
+
+
+def importances(name: str, study: optuna.Study | None) -> ImportancesOut:
+    """Optuna's default importances (PED-ANOVA in Optuna 5) over the completed trials, or an empty list with the reason why not."""
+    if study is None:
+        return ImportancesOut(study=name, n_complete=0, importances=[], reason="Optuna holds no study of this name")
+    if len(study.directions) != 1:
+        return ImportancesOut(study=name, n_complete=0, importances=[], reason="multi-objective study")
+    done = _complete(study)
+    params = {p for t in done for p in t.params}
+    empty = dict(study=name, n_complete=len(done), importances=[])
+    if len(done) < 2:
+        return ImportancesOut(**empty, reason=f"needs at least 2 complete trials, has {len(done)}")
+    if len(params) < 2:
+        return ImportancesOut(**empty, reason=f"needs at least 2 parameters, the trials have {len(params)}")
+    try:
+        values = optuna.importance.get_param_importances(study)
+    except (ValueError, RuntimeError) as exc:
+        _logger.info("importances of %r not computable: %s", name, exc)
+        return ImportancesOut(**empty, reason=f"not computable: {exc}")
+    items = [ParamImportance(param=p, importance=v) for p, v in values.items() if math.isfinite(v)]
+    if not items:
+        return ImportancesOut(**empty, reason="no parameter varied among the complete trials")
+    return ImportancesOut(study=name, n_complete=len(done), importances=items)
+
+
+def history_figure_json(run: Run, study: optuna.Study | None) -> str:
+    """Optuna's optimization history with time (seconds since the run started) on x and the baseline as a line."""
+    import plotly.graph_objects as go
+
+    if study is None or not _complete(study):
+        fig = go.Figure()
+        fig.update_layout(title="Optimization history (no complete trials yet)")
+    else:
+        fig = optuna.visualization.plot_optimization_history(study, target_name=run.objective or "objective")
+        t0 = run.started_at
+        at: dict[int, float] = {}
+        for t in study.get_trials(deepcopy=False):
+            if t.datetime_complete is not None:
+                at[t.number] = _seconds(t.datetime_complete, t0)
+        for trace in fig.data:
+            numbers = list(trace.x or ())
+            if numbers and all(isinstance(n, int) and n in at for n in numbers):
+                trace.x = [at[n] for n in numbers]
+                trace.text = [f"trial {n}" for n in numbers]
+                trace.hovertemplate = "%{text}<br>%{x:.1f} s<br>%{y}<extra></extra>"
+        fig.update_xaxes(title_text="elapsed (s)")
+        fig.update_layout(title="Best so far against time")
+    if run.baseline_value is not None and math.isfinite(run.baseline_value):
+        fig.add_hline(y=run.baseline_value, line_dash="dash", line_color="gray", annotation_text="baseline")
+    return fig.to_json()
+
+
+def importances_figure_json(run: Run, study: optuna.Study | None) -> str:
+    import plotly.graph_objects as go
+
+    out = importances(run.study_name, study)
+    if study is None or not out.importances:
+        fig = go.Figure()
+        fig.update_layout(title=f"Parameter importances ({out.reason})")
+        return fig.to_json()
+    fig = optuna.visualization.plot_param_importances(study, target_name=run.objective or "objective")
+    return fig.to_json()
+
+
+def _seconds(t: datetime, t0: datetime) -> float:
+    """Seconds from ``t0`` (naive UTC, as storage writes it) to ``t`` (naive local time, as Optuna writes it)."""
+    t = t.astimezone(timezone.utc).replace(tzinfo=None)
+    return round(max(0.0, (t - t0).total_seconds()), 3)

@@ -1,0 +1,48 @@
+"""The dashboard page, its static files (plotly.js from the installed ``plotly`` package, never a CDN) and
+the plot endpoints it renders (figures made by Optuna's visualization functions, as plotly JSON)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import plotly
+from fastapi import APIRouter, Response
+from fastapi.responses import FileResponse, HTMLResponse
+
+from api import optuna_views
+from api.deps import RunDep, StateDep
+from api.queries import last_event_id
+
+router = APIRouter(tags=["dashboard"])
+
+STATIC_DIR = Path(__file__).resolve().parent.parent / "static"
+PLOTLY_JS = Path(plotly.__file__).resolve().parent / "package_data" / "plotly.min.js"
+_FIGURE = {200: {"content": {"application/json": {}}, "description": "a plotly figure (`fig.to_json()`)"}}
+
+
+@router.get("/", response_class=HTMLResponse, include_in_schema=False)
+def dashboard() -> HTMLResponse:
+    return HTMLResponse((STATIC_DIR / "dashboard.html").read_text(encoding="utf-8"))
+
+
+@router.get("/vendor/plotly.min.js", include_in_schema=False)
+def plotly_js() -> FileResponse:
+    return FileResponse(PLOTLY_JS, media_type="text/javascript", headers={"Cache-Control": "max-age=86400"})
+
+
+def _figure(state, run, kind: str, make) -> Response:
+    key = ("plot", kind, run.study_name, last_event_id(state.repo(), run.id))
+    body = state.cache.get_or_compute(key, lambda: make(run, state.load_study(run.study_name)))
+    return Response(body, media_type="application/json")
+
+
+@router.get("/api/studies/{name}/plots/history", response_class=Response, responses=_FIGURE)
+def plot_history(run: RunDep, state: StateDep) -> Response:
+    """Optuna's optimization history, best so far against elapsed seconds, with the baseline as a line."""
+    return _figure(state, run, "history", optuna_views.history_figure_json)
+
+
+@router.get("/api/studies/{name}/plots/importances", response_class=Response, responses=_FIGURE)
+def plot_importances(run: RunDep, state: StateDep) -> Response:
+    """Optuna's parameter-importance bar chart (Optuna's default evaluator over the completed trials)."""
+    return _figure(state, run, "importances", optuna_views.importances_figure_json)

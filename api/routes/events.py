@@ -1,0 +1,76 @@
+"""Live events of a study as Server-Sent Events, read from the ``tuner_events`` table by id cursor.
+
+The stream first replays every event after the cursor (``Last-Event-ID`` header or ``?after=``), then polls the
+table every ``sse_poll_s`` in the threadpool. It ends after ``search_ended``, right after the replay when the
+run has already ended, after ``sse_max_s``, or when the client goes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import AsyncIterable
+from typing import Annotated
+
+from fastapi import APIRouter, Header, Query, Request
+from fastapi.concurrency import run_in_threadpool
+from fastapi.sse import EventSourceResponse, ServerSentEvent
+
+from api.deps import RunDep, StateDep
+from api.schemas import EventOut
+from storage import Event
+
+router = APIRouter(prefix="/api/studies", tags=["events"])
+_logger = logging.getLogger(__name__)
+
+EVENT_KINDS = ("trial_started", "trial_finished", "trial_pruned", "trial_failed", "new_best", "search_ended")
+_RECHECK_EVERY = 20
+"""Polls between re-reads of the run's state (a search killed hard never writes ``search_ended``)."""
+
+
+def _sse(ev: Event) -> ServerSentEvent:
+    data = EventOut(
+        id=ev.id, kind=ev.kind, trial_number=ev.trial_number, payload=ev.payload or {}, created_at=ev.created_at
+    )
+    return ServerSentEvent(data=data.model_dump(mode="json"), event=ev.kind, id=str(ev.id))
+
+
+@router.get(
+    "/{name}/events",
+    response_class=EventSourceResponse,
+    description="Event kinds (the SSE `event:` field): " + ", ".join(EVENT_KINDS) + ". `data:` is an EventOut.",
+)
+async def stream_events(
+    run: RunDep,
+    state: StateDep,
+    request: Request,
+    after: Annotated[int | None, Query(ge=0, le=2**62, description="replay events with a larger id")] = None,
+    last_event_id: Annotated[int | None, Header(alias="Last-Event-ID", ge=0, le=2**62)] = None,
+) -> AsyncIterable[ServerSentEvent]:
+    repo, settings = state.repo(), state.settings
+    cursor = max(after or 0, last_event_id or 0)
+    run_id, name, running = run.id, run.study_name, run.state == "running"
+    deadline = time.monotonic() + settings.sse_max_s
+    polls = 0
+    yield ServerSentEvent(comment=f"study {name}", retry=2000)
+    while True:
+        batch = await run_in_threadpool(repo.events_after, run_id, cursor)
+        for ev in batch:
+            cursor = ev.id
+            yield _sse(ev)
+            if ev.kind == "search_ended":
+                return
+        if len(batch) == 500:
+            continue  # more to replay at once
+        if not running:
+            return
+        if time.monotonic() > deadline or await request.is_disconnected():
+            return
+        polls += 1
+        if polls % _RECHECK_EVERY == 0:
+            fresh = await run_in_threadpool(repo.get_run, name)
+            if fresh is None or fresh.state != "running":
+                running = False
+                continue  # one more read picks up anything written before the state changed
+        await asyncio.sleep(settings.sse_poll_s)

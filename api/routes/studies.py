@@ -1,0 +1,63 @@
+"""Studies: the list, one study, its best trial, parameter importances and environment."""
+
+from __future__ import annotations
+
+from fastapi import APIRouter, HTTPException, status
+
+from api import convert, optuna_views
+from api.deps import RepoDep, RunDep, StateDep
+from api.queries import last_event_id, outcome_counts_by_run
+from api.schemas import BestOut, EnvironmentOut, ImportancesOut, StudyDetail, StudySummary
+
+router = APIRouter(prefix="/api/studies", tags=["studies"])
+
+
+@router.get("", response_model=list[StudySummary])
+def list_studies(state: StateDep) -> list[StudySummary]:
+    """Every study, newest first, with its state, budget, elapsed time, trials by outcome and best value."""
+    if not state.schema_ready():
+        return []
+    repo = state.repo()
+    counts = outcome_counts_by_run(repo)
+    return [convert.study_summary(run, counts.get(run.id, {})) for run in repo.list_runs()]
+
+
+@router.get("/{name}", response_model=StudyDetail)
+def get_study(run: RunDep, repo: RepoDep) -> StudyDetail:
+    return convert.study_detail(run, repo.outcome_counts(run.id))
+
+
+@router.get("/{name}/best", response_model=BestOut)
+def get_best(run: RunDep, repo: RepoDep) -> BestOut:
+    """The best trial so far with every measurement, and the exported launch script when there is one."""
+    if run.best_trial_number is None or run.best_value is None:
+        raise HTTPException(status.HTTP_404_NOT_FOUND, f"study {run.study_name!r} has no complete trial yet")
+    rec = repo.get_trial(run.id, run.best_trial_number)
+    if rec is None:
+        raise HTTPException(
+            status.HTTP_404_NOT_FOUND, f"best trial {run.best_trial_number} of study {run.study_name!r} not found"
+        )
+    script = next((a for a in repo.list_artifacts(run.id) if a.kind == "launch_script"), None)
+    return BestOut(
+        study=run.study_name,
+        value=run.best_value,
+        baseline_value=convert.finite(run.baseline_value),
+        speedup_vs_baseline=convert.speedup(run),
+        trial=convert.trial_detail(rec),
+        launch_script=script.content.decode("utf-8", "replace") if script else None,
+    )
+
+
+@router.get("/{name}/importances", response_model=ImportancesOut)
+def get_importances(run: RunDep, state: StateDep) -> ImportancesOut:
+    """Parameter importances (Optuna's default evaluator) over the completed trials (Optuna's), cached until the next event."""
+    key = ("importances", run.study_name, last_event_id(state.repo(), run.id))
+    return state.cache.get_or_compute(
+        key, lambda: optuna_views.importances(run.study_name, state.load_study(run.study_name))
+    )
+
+
+@router.get("/{name}/environment", response_model=EnvironmentOut)
+def get_environment(run: RunDep) -> EnvironmentOut:
+    """The hardware and software the search ran on (GPU, driver, torch, triton, server versions)."""
+    return EnvironmentOut(study=run.study_name, environment=run.environment or {})

@@ -1,0 +1,150 @@
+"""Response and request models of the API (what /openapi.json describes)."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any, Literal
+
+from pydantic import BaseModel, Field
+
+from storage.models import OUTCOMES
+
+TrialState = Literal["running", "complete", "failed", "pruned"]
+Outcome = Literal[OUTCOMES]  # type: ignore[valid-type]
+SortKey = Literal["number", "value", "duration"]
+Order = Literal["asc", "desc"]
+TargetName = Literal["kernels", "workload", "sglang"]
+
+
+class StudySummary(BaseModel):
+    name: str
+    state: str = Field(description="running | finished | interrupted | failed")
+    target: str
+    direction: str
+    objective: str
+    unit: str
+    space: str
+    budget_s: float
+    elapsed_s: float
+    started_at: datetime
+    ended_at: datetime | None
+    n_trials: int
+    trials_by_outcome: dict[str, int] = Field(description="outcome -> count; `running` for unfinished trials")
+    best_value: float | None
+    best_trial_number: int | None
+    baseline_value: float | None
+    speedup_vs_baseline: float | None = Field(description="best relative to the baseline config (× baseline)")
+
+
+class StudyDetail(StudySummary):
+    space_yaml: str
+    export_dir: str | None
+    settings: dict[str, Any]
+
+
+class TrialSummary(BaseModel):
+    number: int
+    state: str
+    outcome: str | None
+    value: float | None
+    params: dict[str, Any]
+    is_baseline: bool
+    worker: str
+    reason: str
+    started_at: datetime
+    finished_at: datetime | None
+    duration_s: float | None
+
+
+class MeasurementOut(BaseModel):
+    metric: str
+    level: str
+    value: float | None
+    unit: str
+
+
+class TrialDetail(TrialSummary):
+    log_excerpt: str
+    measurements: list[MeasurementOut]
+
+
+class TrialPage(BaseModel):
+    total: int = Field(description="trials matching the filters, all pages together")
+    offset: int
+    limit: int
+    items: list[TrialSummary]
+
+
+class BestOut(BaseModel):
+    study: str
+    value: float
+    baseline_value: float | None
+    speedup_vs_baseline: float | None
+    trial: TrialDetail
+    launch_script: str | None = Field(description="the exported launch script, when the search wrote one")
+
+
+class ParamImportance(BaseModel):
+    param: str
+    importance: float
+
+
+class ImportancesOut(BaseModel):
+    study: str
+    n_complete: int
+    importances: list[ParamImportance] = Field(description="most important first; empty when `reason` is set")
+    reason: str = Field(default="", description="why the list is empty")
+
+
+class ArtifactOut(BaseModel):
+    name: str
+    kind: str
+    path: str
+    size: int
+    created_at: datetime
+    url: str
+
+
+class EnvironmentOut(BaseModel):
+    study: str
+    environment: dict[str, Any]
+
+
+class HealthOut(BaseModel):
+    status: Literal["ok", "degraded"]
+    storage: str
+    control_enabled: bool
+
+
+class EventOut(BaseModel):
+    id: int
+    kind: str
+    trial_number: int | None
+    payload: dict[str, Any]
+    created_at: datetime
+
+
+class SearchRequest(BaseModel):
+    study: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,99}$", examples=["dsv4-tiny-1"])
+    budget_s: float = Field(gt=0, le=7 * 86400, description="wall-clock budget of the search in seconds")
+    space: str = Field(
+        pattern=r"^[A-Za-z0-9_][A-Za-z0-9_./-]{0,199}$",
+        description="a search space name (e.g. dsv4_flash_tiny) or a path to a YAML file",
+        examples=["dsv4_flash_tiny"],
+    )
+    target: TargetName = "workload"
+    n_trials: int | None = Field(default=None, ge=1, le=1_000_000)
+    seed: int | None = Field(default=None, ge=0, le=2**31 - 1)
+
+
+class SearchStarted(BaseModel):
+    study: str
+    pid: int
+    argv: list[str]
+    log_path: str
+
+
+class StopResult(BaseModel):
+    study: str
+    pid: int
+    signal: str

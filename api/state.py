@@ -1,0 +1,98 @@
+"""What one app instance holds between requests: settings, the lazily opened storages, caches, child searches."""
+
+from __future__ import annotations
+
+import logging
+import subprocess
+import threading
+from collections import OrderedDict
+from typing import Any, Callable
+
+import optuna
+from sqlalchemy.exc import SQLAlchemyError
+
+from api.settings import ApiSettings
+from storage import Repo
+
+_logger = logging.getLogger(__name__)
+
+
+class KeyedCache:
+    """A small thread-safe LRU: values are recomputed when their key (which includes a version) changes."""
+
+    def __init__(self, size: int = 64) -> None:
+        self._items: OrderedDict[Any, Any] = OrderedDict()
+        self._size = size
+        self._lock = threading.Lock()
+
+    def get_or_compute(self, key: Any, compute: Callable[[], Any]) -> Any:
+        with self._lock:
+            if key in self._items:
+                self._items.move_to_end(key)
+                return self._items[key]
+        value = compute()
+        with self._lock:
+            self._items[key] = value
+            while len(self._items) > self._size:
+                self._items.popitem(last=False)
+        return value
+
+
+class ApiState:
+    """Opens the database once, on first use, so that ``create_app`` itself never touches it."""
+
+    def __init__(self, settings: ApiSettings) -> None:
+        self.settings = settings
+        self.cache = KeyedCache()
+        self.searches: dict[str, subprocess.Popen] = {}
+        """Searches started by this process, by study name (reaped on the next control call)."""
+        self._lock = threading.Lock()
+        self._repo: Repo | None = None
+        self._schema_ready = False
+        self._optuna: optuna.storages.RDBStorage | None = None
+
+    def repo(self) -> Repo:
+        if self._repo is None:
+            with self._lock:
+                if self._repo is None:
+                    self._repo = Repo(self.settings.storage_url, pool_size=20)
+        return self._repo
+
+    def schema_ready(self) -> bool:
+        """True once the ``tuner_`` tables exist (a fresh database has none until the first search)."""
+        if not self._schema_ready:
+            self._schema_ready = self.repo().has_schema()
+        return self._schema_ready
+
+    def optuna_storage(self) -> optuna.storages.RDBStorage:
+        """Optuna's storage on the same URL, read-only in spirit: it never creates Optuna's tables."""
+        if self._optuna is None:
+            with self._lock:
+                if self._optuna is None:
+                    try:
+                        self._optuna = optuna.storages.RDBStorage(
+                            self.settings.storage_url, skip_table_creation=True, skip_compatibility_check=True
+                        )
+                    except SQLAlchemyError as exc:  # pragma: no cover - depends on the database server
+                        raise LookupError(f"Optuna's storage cannot be opened: {exc}") from None
+        return self._optuna
+
+    def load_study(self, name: str) -> optuna.Study | None:
+        """The Optuna study of that name, or None when Optuna holds none (yet)."""
+        try:
+            return optuna.load_study(study_name=name, storage=self.optuna_storage())
+        except (KeyError, LookupError, SQLAlchemyError) as exc:
+            _logger.info("optuna study %r not loadable: %s", name, exc)
+            return None
+
+    def reap_searches(self) -> None:
+        for name, proc in list(self.searches.items()):
+            if proc.poll() is not None:
+                _logger.info("search %r (pid %d) exited with %s", name, proc.pid, proc.returncode)
+                del self.searches[name]
+
+    def close(self) -> None:
+        if self._repo is not None:
+            self._repo.engine.dispose()
+        if self._optuna is not None:
+            self._optuna.engine.dispose()
