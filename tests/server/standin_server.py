@@ -1,0 +1,173 @@
+"""A stand-in OpenAI-compatible streaming server for the serving tests (stdlib only, starts in ~50 ms).
+
+It honours flags like a real server and can misbehave on purpose::
+
+    python standin_server.py --port 30001 --tokens-per-second 200 --startup-delay 0.5
+        [--ttft-ms 5] [--max-running-requests N] [--context-length N] [--crash-after S] [--hang]
+        [--oom-at-start] [--oom-under-load] [--print-argv FILE]
+
+Each request streams ``max_tokens`` tokens, one SSE chunk each, at exactly ``--tokens-per-second`` per request
+(paced against the request's own start, so the rate does not drift). ``/health`` answers 503 until the
+start-up delay is over, then 200; ``--hang`` never becomes ready. An unknown flag is an argparse error
+(``unrecognized arguments``, exit 2), like SGLang.
+"""
+
+import argparse
+import asyncio
+import json
+import os
+import sys
+import time
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(description="stand-in OpenAI-compatible server")
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--port", type=int, required=True)
+    p.add_argument("--model-path", default="standin")
+    p.add_argument("--tokens-per-second", type=float, default=1000.0)
+    p.add_argument("--ttft-ms", type=float, default=0.0)
+    p.add_argument("--startup-delay", type=float, default=0.0)
+    p.add_argument("--max-running-requests", type=int, default=0)
+    p.add_argument("--context-length", type=int, default=0, help="a cap; above 65536 tokens/s halve (like the "
+                   "indexer cost in the seed)")
+    p.add_argument("--kv-cache-dtype", choices=["auto", "fp8_e4m3", "bf16"], default="auto")
+    p.add_argument("--cuda-graph-bs-decode", type=int, nargs="+", default=None)
+    p.add_argument("--enable-fast-path", action="store_true")
+    p.add_argument("--crash-after", type=float, default=None, help="exit with a traceback S seconds after ready")
+    p.add_argument("--hang", action="store_true", help="never become ready")
+    p.add_argument("--oom-at-start", action="store_true")
+    p.add_argument("--oom-under-load", action="store_true")
+    p.add_argument("--print-argv", default=None, help="write sys.argv as JSON to this file")
+    return p.parse_args(argv)
+
+
+class Server:
+    def __init__(self, args):
+        self.args = args
+        self.ready = False
+        self.started = time.monotonic()
+        rate = args.tokens_per_second
+        if args.context_length and args.context_length > 65536:
+            rate /= 2
+        if args.enable_fast_path:
+            rate *= 1.5
+        self.rate = rate
+        self.sem = asyncio.Semaphore(args.max_running_requests) if args.max_running_requests else None
+        self.requests = 0
+
+    async def handle(self, reader, writer):
+        try:
+            request_line = await reader.readline()
+            if not request_line:
+                return
+            method, path, _ = request_line.decode().split(" ", 2)
+            headers = {}
+            while True:
+                line = await reader.readline()
+                if line in (b"\r\n", b"\n", b""):
+                    break
+                k, _, v = line.decode().partition(":")
+                headers[k.strip().lower()] = v.strip()
+            body = b""
+            if "content-length" in headers:
+                body = await reader.readexactly(int(headers["content-length"]))
+            if path in ("/health", "/v1/models") and method == "GET":
+                if not self.ready:
+                    await self.respond(writer, 503, {"status": "starting"})
+                elif path == "/health":
+                    await self.respond(writer, 200, {"status": "ok"})
+                else:
+                    await self.respond(writer, 200, {"object": "list", "data": [{"id": self.args.model_path}]})
+            elif path in ("/v1/completions", "/v1/chat/completions") and method == "POST":
+                await self.stream(writer, json.loads(body or b"{}"), chat=path.endswith("chat/completions"))
+            else:
+                await self.respond(writer, 404, {"error": "not found"})
+        except (ConnectionError, asyncio.IncompleteReadError):
+            pass
+        finally:
+            try:
+                writer.close()
+            except Exception:
+                pass
+
+    async def respond(self, writer, code, obj):
+        data = json.dumps(obj).encode()
+        reason = {200: "OK", 404: "Not Found", 503: "Service Unavailable"}.get(code, "Error")
+        writer.write(f"HTTP/1.1 {code} {reason}\r\nContent-Type: application/json\r\nContent-Length: {len(data)}\r\n"
+                     f"Connection: close\r\n\r\n".encode() + data)
+        await writer.drain()
+
+    async def stream(self, writer, req, chat):
+        if not self.ready:
+            await self.respond(writer, 503, {"error": "not ready"})
+            return
+        self.requests += 1
+        if self.args.oom_under_load and self.requests == 1:
+            print("Traceback (most recent call last):", flush=True)
+            print("torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB", flush=True)
+        n = int(req.get("max_tokens") or 16)
+        writer.write(b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nCache-Control: no-cache\r\n"
+                     b"Connection: close\r\n\r\n")
+        if self.sem is not None:
+            await self.sem.acquire()
+        try:
+            start = time.monotonic()
+            if self.args.ttft_ms:
+                await asyncio.sleep(self.args.ttft_ms / 1000)
+            first = time.monotonic()
+            for i in range(n):
+                # token i is due at first + i / rate: pace against the start, not the previous token
+                delay = first + i / self.rate - time.monotonic()
+                if delay > 0:
+                    await asyncio.sleep(delay)
+                choice = {"index": 0, "delta": {"content": "tok "}} if chat else {"index": 0, "text": "tok "}
+                event = {"id": "x", "object": "chat.completion.chunk" if chat else "text_completion",
+                         "choices": [choice]}
+                writer.write(b"data: " + json.dumps(event).encode() + b"\n\n")
+                await writer.drain()
+            usage = {"id": "x", "choices": [], "usage": {"prompt_tokens": 1, "completion_tokens": n}}
+            writer.write(b"data: " + json.dumps(usage).encode() + b"\n\ndata: [DONE]\n\n")
+            await writer.drain()
+            del start
+        finally:
+            if self.sem is not None:
+                self.sem.release()
+
+
+async def main_async(args):
+    server = Server(args)
+    srv = await asyncio.start_server(server.handle, args.host, args.port, reuse_address=True, backlog=512)
+    print(f"stand-in listening on {args.host}:{args.port}", flush=True)
+    if args.oom_at_start:
+        print("Traceback (most recent call last):", flush=True)
+        print("torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 80.00 GiB", flush=True)
+        sys.exit(1)
+    if args.hang:
+        await asyncio.Event().wait()
+    if args.startup_delay:
+        await asyncio.sleep(args.startup_delay)
+    server.ready = True
+    print("The server is fired up and ready to roll!", flush=True)
+    if args.crash_after is not None:
+        await asyncio.sleep(args.crash_after)
+        print("Traceback (most recent call last):", flush=True)
+        print("RuntimeError: stand-in crashed on purpose", flush=True)
+        os._exit(1)
+    async with srv:
+        await srv.serve_forever()
+
+
+def main():
+    args = parse_args()
+    if args.print_argv:
+        with open(args.print_argv, "w") as f:
+            json.dump(sys.argv, f)
+    try:
+        asyncio.run(main_async(args))
+    except KeyboardInterrupt:
+        pass
+
+
+if __name__ == "__main__":
+    main()
