@@ -241,8 +241,8 @@ class RMSNormKernel(TunableKernel):
     instance: "RMSNormKernel"
 
     def default_config(self, shape):
-        block = triton.next_power_of_2(shape["hidden"])
-        return {"BLOCK": min(block, 8192), "num_warps": 4 if block <= 2048 else 8}
+        block = min(triton.next_power_of_2(shape["hidden"]), 8192)
+        return {"BLOCK": block, "num_warps": max(1, min(8, block // 512))}
 
     def config_space(self, shape):
         return {"BLOCK": [256, 512, 1024, 2048, 4096, 8192], "num_warps": [1, 2, 4, 8, 16]}

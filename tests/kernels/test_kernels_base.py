@@ -1,0 +1,58 @@
+"""The TunableKernel contract helpers: failure classes, error measure, poisoning, registry, imports."""
+
+import math
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from triton.runtime.errors import OutOfResources
+
+from kernels import KERNELS, InvalidConfig, WrongResult, check, classify_failure, get_kernel
+from kernels.base import Cost, rel_error
+
+
+def test_failure_classes():
+    assert classify_failure(OutOfResources(300000, 232448, "shared memory")) == "out_of_resources"
+    assert classify_failure(InvalidConfig("x")) == "invalid_config"
+    assert classify_failure(WrongResult("x")) == "wrong_result"
+    assert classify_failure(RuntimeError("boom")) == "crash"
+    assert issubclass(InvalidConfig, ValueError)
+
+
+def test_rel_error_catches_nan_and_moved_infinities():
+    ref = torch.tensor([1.0, float("-inf"), 2.0])
+    assert rel_error(ref.clone(), ref) == 0.0
+    assert rel_error(torch.tensor([1.0, float("nan"), 2.0]), ref) == math.inf
+    assert rel_error(torch.tensor([1.0, 0.0, 2.0]), ref) == math.inf
+    assert rel_error(torch.zeros(2), ref) == math.inf
+
+
+def test_a_kernel_that_writes_nothing_fails():
+    class Lazy(type(get_kernel("rmsnorm"))):
+        def run(self, inputs, config=None, out=None):
+            return torch.cat([out.flatten(), out.flatten()])  # the poisoned buffer, untouched
+
+    assert check(Lazy(), {"tokens": 2, "hidden": 64}, "float32", None, "cpu") == math.inf
+
+
+def test_registry_resolves_every_kernel():
+    for name in KERNELS:
+        assert get_kernel(name).name == name
+    with pytest.raises(ValueError, match="unknown kernel"):
+        get_kernel("nope")
+
+
+def test_cost_floor():
+    c = Cost(bytes=4.27e6, flops=1e9)
+    assert c.floor_us(4.27e12, 1e15) == pytest.approx(1.0)
+    assert c.bound(4.27e12, 1e15) == "memory"
+
+
+def test_kernels_package_imports_none_of_the_project():
+    root = Path(__file__).resolve().parents[2]
+    code = ("import sys; import kernels, kernels.sparse_decode, kernels.indexer, kernels.gemm, kernels.glue, "
+            "kernels.configs, kernels.bench; bad = [m for m in sys.modules if m.split('.')[0] in "
+            "('tuner', 'storage', 'api', 'search_spaces')]; assert not bad, bad")
+    subprocess.run([sys.executable, "-c", code], cwd=root, check=True, env={"PYTHONPATH": str(root), "TRITON_INTERPRET": "1", "PATH": "/usr/bin:/bin"})

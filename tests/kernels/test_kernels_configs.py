@@ -1,0 +1,101 @@
+"""Tuned-config files: naming, atomic merge-writes, nearest-key lookup, fallbacks."""
+
+import json
+import logging
+import threading
+
+import pytest
+import triton
+
+from kernels import configs, get_kernel
+from kernels.configs import config_path, lookup, nearest_key, read_config_file, write_config_file
+
+SD = get_kernel("sparse_decode")
+SHAPE = {"batch": 16, "heads": 64, "d_qk": 512, "d_v": 512, "topk": 640, "num_rows": 1000}
+TUNED = {"S": 4, "BLOCK_H": 32, "BLOCK_T": 64, "num_warps": 8, "num_stages": 2}
+
+
+@pytest.fixture(autouse=True)
+def config_dir(tmp_path, monkeypatch):
+    monkeypatch.setenv("TUNER_KERNEL_CONFIG_DIR", str(tmp_path))
+    configs.clear_cache()
+    yield tmp_path
+    configs.clear_cache()
+
+
+def _write(entries, dtype="bfloat16"):
+    return write_config_file("sparse_decode", configs.gpu_name(), dtype, entries)
+
+
+def test_file_name_has_kernel_gpu_dtype_and_triton_version(config_dir):
+    path = config_path("sparse_decode", "NVIDIA H200", "bf16", "3.6.0")
+    assert path == config_dir / "sparse_decode__NVIDIA_H200__bfloat16__triton-3.6.0.json"
+    assert config_path("gemm", "NVIDIA H200", "tf32").name == f"gemm__NVIDIA_H200__tf32__triton-{triton.__version__}.json"
+
+
+def test_write_merges_and_leaves_no_temporary_files(config_dir):
+    k16, k64 = SD.shape_key(SHAPE), SD.shape_key(dict(SHAPE, batch=64))
+    _write({k16: {"config": TUNED, "time_us": 20.0, "default_time_us": 30.0}})
+    path = _write({k64: {"config": dict(TUNED, S=1), "time_us": 40.0, "default_time_us": 41.0}})
+    data = json.loads(path.read_text())
+    assert set(data) == {k16, k64} and data[k16]["time_us"] == 20.0
+    assert [p.name for p in config_dir.iterdir()] == [path.name]
+
+
+def test_concurrent_writers_never_leave_a_torn_file(config_dir):
+    def writer(i):
+        for j in range(15):
+            _write({f"batch={i * 100 + j},d_qk=512,d_v=512,heads=64,topk=640": {"config": TUNED, "time_us": 1.0}})
+
+    threads = [threading.Thread(target=writer, args=(i,)) for i in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    path = config_path("sparse_decode", configs.gpu_name(), "bfloat16")
+    data = json.loads(path.read_text())  # valid JSON: rename is atomic
+    assert 15 <= len(data) <= 60  # merges may race (last writer wins), a torn file never happens
+    assert not [p for p in config_dir.iterdir() if p.suffix == ".tmp"]
+
+
+def test_write_rejects_entries_without_config():
+    with pytest.raises(ValueError, match="entry for key"):
+        _write({"batch=1": {"time_us": 1.0}})
+
+
+def test_nearest_key_same_dims_nearest_batch_in_log_space():
+    keys = ["batch=1,d=8", "batch=16,d=8", "batch=64,d=8", "batch=4,d=9"]
+    assert nearest_key(keys, "batch=3,d=8", "batch") == "batch=1,d=8"  # log: 3 is nearer 1 than 16
+    assert nearest_key(keys, "batch=5,d=8", "batch") == "batch=16,d=8"
+    assert nearest_key(keys, "batch=32,d=8", "batch") == "batch=16,d=8"  # tie 16/64 -> smaller
+    assert nearest_key(keys, "batch=500,d=8", "batch") == "batch=64,d=8"
+    assert nearest_key(keys, "batch=4,d=7", "batch") is None
+
+
+def test_lookup_missing_file_gives_default():
+    assert lookup("sparse_decode", SHAPE, "bfloat16") == SD.default_config(SHAPE)
+
+
+def test_lookup_takes_nearest_tuned_entry():
+    _write({SD.shape_key(dict(SHAPE, batch=32)): {"config": TUNED, "time_us": 1.0, "default_time_us": 2.0}})
+    assert lookup("sparse_decode", dict(SHAPE, batch=20), "bfloat16") == TUNED
+    assert lookup("sparse_decode", dict(SHAPE, batch=20, topk=2048), "bfloat16") == SD.default_config(dict(SHAPE, batch=20, topk=2048))
+    assert lookup("sparse_decode", SHAPE, "float16") == SD.default_config(SHAPE)  # other dtype, other file
+
+
+def test_unreadable_file_gives_default_and_a_warning(caplog):
+    path = config_path("sparse_decode", configs.gpu_name(), "bfloat16")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("{not json")
+    with caplog.at_level(logging.WARNING, logger="kernels.configs"):
+        assert lookup("sparse_decode", SHAPE, "bfloat16") == SD.default_config(SHAPE)
+    assert "unreadable" in caplog.text
+    assert read_config_file(path) == {}
+
+
+def test_tuned_config_that_cannot_run_is_ignored(caplog):
+    bad = dict(TUNED, BLOCK_H=64, BLOCK_T=128, num_stages=3)
+    _write({SD.shape_key(SHAPE): {"config": bad, "time_us": 1.0}})
+    with caplog.at_level(logging.WARNING, logger="kernels.configs"):
+        assert lookup("sparse_decode", SHAPE, "bfloat16") == SD.default_config(SHAPE)
+    assert "shared_memory" in caplog.text

@@ -1,0 +1,110 @@
+"""Sparse MLA/MQA decode: MMA split-K kernel and SIMT baseline against the float64 reference."""
+
+import math
+import os
+
+import pytest
+import torch
+
+from kernels import check, get_kernel
+from kernels.base import InvalidConfig
+from kernels.sparse_decode import sparse_decode, sparse_decode_reference, sparse_decode_simt
+
+CUDA = torch.cuda.is_available()
+RUNNABLE = CUDA or os.environ.get("TRITON_INTERPRET") == "1"
+pytestmark = pytest.mark.skipif(not RUNNABLE, reason="no CUDA and Triton was imported before TRITON_INTERPRET=1")
+DEV = "cuda" if CUDA else "cpu"
+
+MMA = get_kernel("sparse_decode")
+SIMT = get_kernel("sparse_decode_simt")
+SHAPE = {"batch": 3, "heads": 16, "d_qk": 64, "d_v": 64, "topk": 40, "num_rows": 97, "ragged": 1}
+
+
+def _cfg(S, BLOCK_H=16, BLOCK_T=16, num_warps=4, num_stages=1):
+    return {"S": S, "BLOCK_H": BLOCK_H, "BLOCK_T": BLOCK_T, "num_warps": num_warps, "num_stages": num_stages}
+
+
+@pytest.mark.parametrize("S", [1, 2, 3, 4, 7, 8, 16, 32, 40])
+def test_every_split_count(S):
+    err = check(MMA, SHAPE, "float16", _cfg(S), DEV, seed=S)
+    assert err <= MMA.tolerance("float16"), err
+
+
+@pytest.mark.parametrize(
+    "cfg",
+    [_cfg(1, 32, 32), _cfg(4, 16, 64, 8, 2), _cfg(2, 64, 16, 8, 3), _cfg(8, 32, 16, 4, 2)],
+    ids=str,
+)
+@pytest.mark.parametrize("dtype", ["float16", "float32"])
+def test_tile_configs(cfg, dtype):
+    err = check(MMA, SHAPE, dtype, cfg, DEV, seed=11)
+    assert err <= MMA.tolerance(dtype), err
+
+
+def test_default_config_and_lookup_path():
+    err = check(MMA, SHAPE, "float16", None, DEV, seed=3)
+    assert err <= MMA.tolerance("float16")
+
+
+@pytest.mark.parametrize("heads", [20, 5])
+def test_heads_not_multiple_of_block(heads):
+    shape = dict(SHAPE, heads=heads)
+    assert check(MMA, shape, "float16", _cfg(3, 16, 16), DEV, seed=heads) <= 5e-3
+    assert check(SIMT, shape, "float16", None, DEV, seed=heads) <= 5e-3
+
+
+def test_rope_tail_like_v32():
+    shape = dict(SHAPE, d_qk=80, d_v=64)  # 64 "nope+v" dims + a 16-dim tail, like 512 + 64
+    for cfg in (_cfg(1), _cfg(5, 32, 32)):
+        assert check(MMA, shape, "float32", cfg, DEV, seed=5) <= 5e-3
+    assert check(SIMT, shape, "float32", None, DEV, seed=5) <= 5e-3
+
+
+@pytest.mark.parametrize("cfg", [None, {"BLOCK_T": 32, "num_warps": 2}], ids=str)
+def test_simt_baseline(cfg):
+    assert check(SIMT, SHAPE, "float16", cfg, DEV, seed=7) <= SIMT.tolerance("float16")
+
+
+def test_padding_last_row_and_out_of_range():
+    gen = torch.Generator().manual_seed(0)
+    B, H, D, rows = 4, 16, 64, 50
+    q = torch.randn(B, H, D, generator=gen).half()
+    kv = torch.randn(rows, D, generator=gen).half()
+    idx = torch.randint(0, rows, (B, 24), generator=gen, dtype=torch.int32)
+    idx[0, :] = -1  # no valid row at all: zeros
+    idx[1, 3:] = -1  # one valid row after padding starts
+    idx[1, :3] = torch.tensor([rows - 1, -1, rows - 1])  # last cache row, twice
+    idx[2, 5] = rows  # out of range counts as padding
+    idx[3, ::2] = rows - 1
+    q, kv, idx = q.to(DEV), kv.to(DEV), idx.to(DEV)
+    ref = sparse_decode_reference(q, kv, idx)
+    for fn, cfg in ((sparse_decode, _cfg(4)), (sparse_decode, _cfg(1)), (sparse_decode_simt, None)):
+        out = torch.full((B, H, D), float("nan"), device=DEV, dtype=q.dtype)
+        fn(q, kv, idx, config=cfg, out=out)
+        assert torch.isfinite(out).all()
+        assert torch.all(out[0] == 0)
+        rel = (out.double() - ref.double().to(out.device)).norm() / ref.double().norm()
+        assert rel < 5e-3
+
+
+def test_launcher_errors_name_the_argument():
+    q = torch.randn(2, 16, 64).half()
+    kv = torch.randn(10, 64).half()
+    idx = torch.zeros(2, 8, dtype=torch.int32)
+    with pytest.raises(ValueError, match="indices.dtype"):
+        sparse_decode(q, kv, idx.long())
+    with pytest.raises(ValueError, match=r"kv.shape\[1\]"):
+        sparse_decode(q, kv[:, :32].contiguous(), idx)
+    with pytest.raises(ValueError, match="d_v"):
+        sparse_decode(torch.randn(2, 16, 80).half(), torch.randn(10, 80).half(), idx)
+    with pytest.raises(InvalidConfig, match="tile_size"):
+        sparse_decode(q, kv, idx, config=_cfg(1, BLOCK_T=8))
+
+
+def test_reference_matches_plain_softmax_attention():
+    gen = torch.Generator().manual_seed(1)
+    q, kv = torch.randn(1, 2, 8, generator=gen, dtype=torch.float64), torch.randn(6, 8, generator=gen, dtype=torch.float64)
+    idx = torch.tensor([[5, 0, 2]], dtype=torch.int32)
+    k = kv[[5, 0, 2]]
+    expect = torch.softmax(q[0] @ k.T / math.sqrt(8), -1) @ k
+    assert torch.allclose(sparse_decode_reference(q, kv, idx)[0], expect)
