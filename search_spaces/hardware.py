@@ -1,0 +1,84 @@
+"""What this machine can run: capabilities that a parameter or a value may require."""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+
+_logger = logging.getLogger(__name__)
+
+CAPABILITIES = {
+    "cuda": "an NVIDIA GPU with CUDA",
+    "triton": "Triton kernels on a GPU (the CPU interpreter is far too slow to time)",
+    "cuda_graphs": "CUDA graphs (needs a GPU)",
+    "tf32": "TF32 tensor cores (compute capability >= 8.0)",
+    "bf16_tc": "bf16 tensor cores (compute capability >= 8.0)",
+    "fp8": "fp8 e4m3 tensor cores (compute capability >= 8.9)",
+    "fp4": "fp4 tensor cores (compute capability >= 10.0)",
+    "torch_compile": "torch.compile with a working backend compiler",
+    "multi_gpu": "two or more GPUs",
+}
+
+
+@dataclass(frozen=True)
+class Hardware:
+    """A description of the machine the search runs on. Build with :func:`detect_hardware` or by hand in tests."""
+
+    gpu_name: str = "cpu"
+    gpu_count: int = 0
+    compute_capability: tuple[int, int] | None = None
+    has_triton: bool = False
+    has_torch_compile: bool = False
+    extra: frozenset[str] = field(default_factory=frozenset)
+
+    @property
+    def capabilities(self) -> frozenset[str]:
+        caps = set(self.extra)
+        if self.gpu_count > 0:
+            caps |= {"cuda", "cuda_graphs"}
+            if self.has_triton:
+                caps.add("triton")
+            cc = self.compute_capability or (0, 0)
+            if cc >= (8, 0):
+                caps |= {"tf32", "bf16_tc"}
+            if cc >= (8, 9):
+                caps.add("fp8")
+            if cc >= (10, 0):
+                caps.add("fp4")
+            if self.gpu_count >= 2:
+                caps.add("multi_gpu")
+        if self.has_torch_compile:
+            caps.add("torch_compile")
+        return frozenset(caps)
+
+    def missing(self, required: tuple[str, ...]) -> list[str]:
+        return [r for r in required if r not in self.capabilities]
+
+
+def detect_hardware() -> Hardware:
+    """Probe torch/triton for this machine. Never raises: a missing piece only removes capabilities."""
+    try:
+        import torch
+    except ImportError:  # pragma: no cover - torch is a dependency
+        return Hardware()
+    count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    name, cc = "cpu", None
+    if count:
+        name = torch.cuda.get_device_name(0)
+        cc = tuple(torch.cuda.get_device_capability(0))
+    try:
+        import triton  # noqa: F401
+
+        has_triton = True
+    except ImportError:
+        has_triton = False
+    has_compile = False
+    if count and has_triton:
+        has_compile = True
+    else:
+        import shutil
+
+        # Inductor on the CPU needs a C++ compiler.
+        has_compile = shutil.which("g++") is not None or shutil.which("c++") is not None
+    return Hardware(gpu_name=name, gpu_count=count, compute_capability=cc, has_triton=has_triton,
+                    has_torch_compile=has_compile)

@@ -1,0 +1,297 @@
+"""Load a YAML search space into a validated :class:`Space`.
+
+Format (see ``dsv4_flash.yaml`` for a full example)::
+
+    name: dsv4-flash
+    target: workload
+    preset: dsv4-flash
+    settings: {live_context: 512}
+    objective: {metric: tok_s, combine: geomean, levels: [1, 16, 64]}
+    params:
+      context_length:
+        type: categorical
+        values: [8192, 131072, 1048576]
+        default: 1048576
+        flag: --context-length            # or kernel: sparse_decode.num_splits, env: NAME; none = workload knob
+        when: {attention_impl: [mma]}     # optional condition
+        requires: [cuda]                  # capabilities the whole parameter needs
+        value_requires: {fp8: [fp8]}      # capabilities single values need
+    constraints:
+      - name: simt-has-no-split
+        if: {attention_impl: [simt]}
+        then: {num_splits: [1]}
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from search_spaces.buckets import DENSITIES
+from search_spaces.schema import (
+    COMBINES,
+    PARAM_TYPES,
+    Condition,
+    Constraint,
+    LevelConstraint,
+    Objective,
+    Param,
+    Space,
+    SpaceError,
+    _fail,
+    check_bucket_values,
+    check_requirements,
+)
+
+_TOP_KEYS = {"name", "description", "target", "preset", "settings", "objective", "params", "constraints"}
+_PARAM_KEYS = {
+    "type", "values", "low", "high", "step", "log", "default", "description", "flag", "kernel", "env", "when",
+    "requires", "value_requires", "max_bs", "densities",
+}
+_OBJECTIVE_KEYS = {"metric", "direction", "combine", "levels", "level", "unit", "constraints"}
+_TARGETS = ("workload", "sglang", "kernels", "command")
+
+BUILTIN_DIR = Path(__file__).resolve().parent
+
+
+def builtin_space_path(name: str) -> Path:
+    """The path of a space shipped with the package (``dsv4_flash`` or ``dsv4_flash.yaml``)."""
+    stem = name[:-5] if name.endswith(".yaml") else name
+    return BUILTIN_DIR / f"{stem.replace('-', '_')}.yaml"
+
+
+def load_space(path: str | Path) -> Space:
+    """Read and validate a YAML space; a name without a path (``dsv4_flash``) means a built-in one."""
+    p = Path(path)
+    if not p.exists() and p.parent == Path(".") and builtin_space_path(str(path)).exists():
+        p = builtin_space_path(str(path))
+    try:
+        text = p.read_text()
+    except FileNotFoundError:
+        builtins = sorted(x.stem for x in BUILTIN_DIR.glob("*.yaml"))
+        raise SpaceError(f"{path}: space file not found; give a YAML file or a built-in name {builtins}") from None
+    except OSError as exc:
+        raise SpaceError(f"{path}: cannot read the space file ({exc.strerror}); check the path") from None
+    return load_space_text(text, source=str(p))
+
+
+def load_space_text(text: str, *, source: str = "<string>") -> Space:
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        at = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+        problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
+        raise SpaceError(f"{source}: broken YAML{at}: {problem}; fix the syntax there") from None
+    if not isinstance(data, dict):
+        raise _fail(source, "a space must be a YAML mapping", type(data).__name__, "start with `name:` and `params:`")
+    _unknown(source, data, _TOP_KEYS, "top-level key")
+    name = data.get("name")
+    if not isinstance(name, str) or not name:
+        raise _fail(source, "`name` must be a non-empty string", name, "add `name: my-space`")
+    target = data.get("target", "workload")
+    if target not in _TARGETS:
+        raise _fail(source, "unknown `target`", target, f"use one of {_TARGETS}")
+    raw_params = data.get("params")
+    if not isinstance(raw_params, dict) or not raw_params:
+        raise _fail(source, "`params` must be a non-empty mapping of parameter name to definition", raw_params,
+                    "add at least one parameter under `params:`")
+    params: list[Param] = []
+    for pname, pdef in raw_params.items():
+        params.append(_param(source, str(pname), pdef))
+    names = {p.name for p in params}
+    for p in params:
+        if p.when is not None:
+            _check_clauses(f"{source}: param `{p.name}` when", p.when.clauses, params, names)
+    seen: set[str] = set()
+    for p in params:  # a condition may only look at parameters declared before it (define-by-run order)
+        if p.when is not None:
+            for n in p.when.names:
+                if n not in seen:
+                    raise _fail(f"{source}: param `{p.name}`", "`when` refers to a parameter declared after it", n,
+                                f"move `{n}` above `{p.name}`")
+        seen.add(p.name)
+    constraints = tuple(_constraint(source, i, c, params, names) for i, c in enumerate(data.get("constraints") or []))
+    settings = data.get("settings") or {}
+    if not isinstance(settings, dict):
+        raise _fail(source, "`settings` must be a mapping", settings, "write `settings: {live_context: 512}`")
+    space = Space(
+        name=name,
+        params=tuple(params),
+        constraints=constraints,
+        objective=_objective(source, data.get("objective") or {}),
+        target=target,
+        preset=str(data.get("preset", "dsv4-flash")),
+        description=str(data.get("description", "")),
+        source=source,
+        settings=dict(settings),
+    )
+    bad = space.violated_constraints(space.defaults())
+    if bad:
+        raise _fail(source, f"the defaults violate constraint `{bad[0].name}`", space.defaults(),
+                    "change the defaults or the constraint so the baseline is valid")
+    return space
+
+
+def _unknown(where: str, data: dict, allowed: set[str], what: str) -> None:
+    for key in data:
+        if key not in allowed:
+            raise _fail(where, f"unknown {what} `{key}`", key, f"use one of {sorted(allowed)}")
+
+
+def _param(source: str, name: str, pdef: Any) -> Param:
+    where = f"{source}: param `{name}`"
+    if not isinstance(pdef, dict):
+        raise _fail(where, "a parameter must be a mapping", pdef, "give at least `type:` and `default:`")
+    _unknown(where, pdef, _PARAM_KEYS, "key")
+    ptype = pdef.get("type")
+    if ptype not in PARAM_TYPES:
+        raise _fail(where, "unknown type", ptype, f"use one of {PARAM_TYPES}")
+    if "default" not in pdef:
+        raise _fail(where, "missing `default`", None, "add `default:` (the baseline value)")
+    kw: dict[str, Any] = {
+        "name": name,
+        "type": ptype,
+        "default": pdef["default"],
+        "description": str(pdef.get("description", "")),
+        "flag": pdef.get("flag"),
+        "kernel": pdef.get("kernel"),
+        "env": pdef.get("env"),
+        "log": bool(pdef.get("log", False)),
+    }
+    dests = [k for k in ("flag", "kernel", "env") if pdef.get(k)]
+    if len(dests) > 1:
+        raise _fail(where, "a parameter goes to one place only", dests, "keep one of `flag`, `kernel`, `env`")
+    if kw["flag"] is not None and not (isinstance(kw["flag"], str) and kw["flag"].startswith("-")):
+        raise _fail(where, "`flag` must be an option name starting with '-'", kw["flag"], "write e.g. --context-length")
+    if ptype == "categorical":
+        values = pdef.get("values")
+        if not isinstance(values, list) or not values:
+            raise _fail(where, "a categorical needs a non-empty `values` list", values, "add `values: [a, b]`")
+        if len(set(map(repr, values))) != len(values):
+            raise _fail(where, "duplicate values", values, "list each value once")
+        for v in values:
+            if not isinstance(v, (str, int, float, bool)) or v is None:
+                raise _fail(where, "values must be strings, numbers or booleans", v, "quote it as a string")
+        kw["values"] = tuple(values)
+    elif ptype == "buckets":
+        max_bs, densities = pdef.get("max_bs"), pdef.get("densities", list(DENSITIES[:3]))
+        if not isinstance(max_bs, list) or not max_bs or not all(isinstance(b, int) and b >= 1 for b in max_bs):
+            raise _fail(where, "a bucket set needs `max_bs`, a list of positive integers", max_bs,
+                        "add `max_bs: [16, 64, 256]`")
+        if not isinstance(densities, list) or not all(d in DENSITIES for d in densities):
+            raise _fail(where, "bad `densities`", densities, f"use values from {DENSITIES}")
+        values = [f"{d}:{b}" for d in densities for b in max_bs if d != "none"]
+        if "none" in densities:
+            values.append("none:1")
+        kw["values"] = tuple(values)
+        if isinstance(kw["default"], dict):
+            kw["default"] = f"{kw['default'].get('density')}:{kw['default'].get('max_bs')}"
+        check_bucket_values(where, kw["values"])
+    elif ptype in ("int", "pow2", "float"):
+        low, high = pdef.get("low"), pdef.get("high")
+        numeric = (int,) if ptype != "float" else (int, float)
+        if not isinstance(low, numeric) or not isinstance(high, numeric) or isinstance(low, bool):
+            raise _fail(where, f"a {ptype} needs numeric `low` and `high`", (low, high), "add `low:` and `high:`")
+        if not low <= high:
+            raise SpaceError(f"{where}: `low <= high` must hold, but got (low={low}, high={high}); swap them")
+        if ptype == "pow2" and (low < 1 or low & (low - 1) or high & (high - 1)):
+            raise _fail(where, "pow2 bounds must be powers of two", (low, high), "use e.g. low: 16, high: 256")
+        if kw["log"] and low <= 0:
+            raise _fail(where, "a log range needs low > 0", low, "raise `low` above zero or drop `log`")
+        step = pdef.get("step")
+        if step is not None and (not isinstance(step, (int, float)) or step <= 0):
+            raise _fail(where, "`step` must be a positive number", step, "drop it or give e.g. `step: 8`")
+        kw.update(low=low, high=high, step=step)
+    elif ptype == "bool":
+        if pdef.get("values") is not None:
+            raise _fail(where, "a bool takes no `values`", pdef.get("values"), "drop `values`")
+    if "when" in pdef:
+        kw["when"] = Condition(_clauses(f"{where} when", pdef["when"]))
+    if "requires" in pdef:
+        kw["requires"] = check_requirements(where, pdef["requires"])
+    vreq = pdef.get("value_requires") or {}
+    if not isinstance(vreq, dict):
+        raise _fail(where, "`value_requires` must map values to capability lists", vreq, "write `{fp8: [fp8]}`")
+    kw["value_requires"] = {v: check_requirements(f"{where} value {v!r}", r) for v, r in vreq.items()}
+    param = Param(**kw)
+    for v in param.value_requires:
+        if not param.contains(v):
+            raise _fail(where, "`value_requires` names a value the parameter cannot take", v, "fix the value")
+    if ptype == "bool" and not isinstance(param.default, bool):
+        raise _fail(where, "the default of a bool must be true or false", param.default, "write `default: false`")
+    if not param.contains(param.default):
+        raise _fail(where, "the default is not one of the parameter's values", param.default,
+                    "pick the default from `values` or inside [low, high]")
+    if ptype == "float" and isinstance(param.default, float) and math.isnan(param.default):
+        raise _fail(where, "the default is NaN", param.default, "give a number")
+    return param
+
+
+def _clauses(where: str, raw: Any) -> tuple[tuple[str, tuple[Any, ...]], ...]:
+    if not isinstance(raw, dict) or not raw:
+        raise _fail(where, "must map parameter names to lists of values", raw, "write `{attention_impl: [mma]}`")
+    out = []
+    for name, allowed in raw.items():
+        if not isinstance(allowed, list):
+            allowed = [allowed]
+        out.append((str(name), tuple(allowed)))
+    return tuple(out)
+
+
+def _check_clauses(where: str, clauses, params: list[Param], names: set[str]) -> None:
+    by_name = {p.name: p for p in params}
+    for name, allowed in clauses:
+        if name not in names:
+            raise _fail(where, "refers to an unknown parameter", name, f"use one of {sorted(names)}")
+        for v in allowed:
+            if not by_name[name].contains(v):
+                raise _fail(where, f"value is not one of `{name}`'s values", v, "fix the value")
+
+
+def _constraint(source: str, i: int, raw: Any, params: list[Param], names: set[str]) -> Constraint:
+    where = f"{source}: constraint #{i + 1}"
+    if not isinstance(raw, dict):
+        raise _fail(where, "a constraint must be a mapping", raw, "give `name`, `if` and `then`")
+    _unknown(where, raw, {"name", "if", "then", "message"}, "key")
+    name = raw.get("name")
+    if not isinstance(name, str) or not name:
+        raise _fail(where, "a constraint needs a `name`", name, "add `name: my-rule`")
+    where = f"{source}: constraint `{name}`"
+    when = _clauses(f"{where} if", raw.get("if"))
+    then = _clauses(f"{where} then", raw.get("then"))
+    _check_clauses(f"{where} if", when, params, names)
+    _check_clauses(f"{where} then", then, params, names)
+    return Constraint(name=name, when=Condition(when), then=then, message=str(raw.get("message", "")))
+
+
+def _objective(source: str, raw: Any) -> Objective:
+    where = f"{source}: objective"
+    if not isinstance(raw, dict):
+        raise _fail(where, "must be a mapping", raw, "write `objective: {metric: tok_s}`")
+    _unknown(where, raw, _OBJECTIVE_KEYS, "key")
+    combine = raw.get("combine", "geomean")
+    if combine not in COMBINES:
+        raise _fail(where, "unknown `combine`", combine, f"use one of {COMBINES}")
+    direction = raw.get("direction", "maximize")
+    if direction not in ("maximize", "minimize"):
+        raise _fail(where, "unknown `direction`", direction, "use maximize or minimize")
+    levels = raw.get("levels", [1, 16, 64])
+    if not isinstance(levels, list) or not levels or not all(isinstance(c, int) and c >= 1 for c in levels):
+        raise _fail(where, "`levels` must be a list of positive integers", levels, "write `levels: [1, 16, 64]`")
+    level = raw.get("level")
+    if combine == "level" and level not in levels:
+        raise _fail(where, "`combine: level` needs `level` to be one of `levels`", level, f"pick one of {levels}")
+    cons = []
+    for c in raw.get("constraints") or []:
+        if not isinstance(c, dict) or "metric" not in c or not ({"min", "max"} & set(c)):
+            raise _fail(where, "a level constraint needs `metric`, `level` and `min` or `max`", c,
+                        "write `{metric: tok_s, level: 1, min: 20}`")
+        lvl = c.get("level", "")
+        cons.append(LevelConstraint(metric=str(c["metric"]), level=f"c={lvl}" if isinstance(lvl, int) else str(lvl),
+                                    min=c.get("min"), max=c.get("max")))
+    return Objective(metric=str(raw.get("metric", "tok_s")), direction=direction, combine=combine,
+                     levels=tuple(levels), level=level, unit=str(raw.get("unit", "tok/s")), constraints=tuple(cons))

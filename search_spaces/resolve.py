@@ -1,0 +1,115 @@
+"""Resolve a space for one machine: drop what this hardware cannot run, say why, and fix up the defaults."""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from search_spaces.hardware import CAPABILITIES, Hardware
+from search_spaces.schema import Param, Space
+
+_logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Inactive:
+    """A parameter (``value is None``) or one value of it that will never be sampled here, and why."""
+
+    param: str
+    value: Any
+    reason: str
+
+    def __str__(self) -> str:
+        what = f"`{self.param}`" if self.value is None else f"`{self.param}={self.value}`"
+        return f"{what} inactive: {self.reason}"
+
+
+@dataclass(frozen=True)
+class ResolvedSpace:
+    space: Space
+    hardware: Hardware
+    params: tuple[Param, ...]
+    """Parameters that can vary here, with their values cut to what this machine runs."""
+    fixed: dict[str, Any]
+    """Parameters pinned to a value here (inactive as a whole, or a single runnable value)."""
+    inactive: tuple[Inactive, ...] = ()
+    notes: tuple[str, ...] = field(default_factory=tuple)
+    dropped: frozenset[str] = frozenset()
+    """Parameters inactive as a whole here: never sampled and left out of every trial's params."""
+
+    def defaults(self) -> dict[str, Any]:
+        """The baseline on this machine: the space's defaults, with unrunnable ones replaced (see ``notes``)."""
+        out: dict[str, Any] = {}
+        by_name = {p.name: p for p in self.params}
+        for p in self.space.params:
+            if p.name in self.dropped or (p.when is not None and not p.when.holds(out)):
+                continue
+            if p.name in self.fixed:
+                out[p.name] = self.fixed[p.name]
+            else:
+                out[p.name] = by_name[p.name].default
+        return out
+
+
+def resolve(space: Space, hardware: Hardware) -> ResolvedSpace:
+    """Cut ``space`` to ``hardware``. A parameter whose every value needs something missing is pinned."""
+    params: list[Param] = []
+    fixed: dict[str, Any] = {}
+    inactive: list[Inactive] = []
+    notes: list[str] = []
+    dropped: set[str] = set()
+    for p in space.params:
+        missing = hardware.missing(p.requires)
+        if missing:
+            inactive.append(Inactive(p.name, None, _why(missing)))
+            dropped.add(p.name)
+            continue
+        if p.when is not None:
+            cannot = _condition_cannot_hold(p, params, fixed, dropped)
+            if cannot:
+                inactive.append(Inactive(p.name, None, cannot))
+                dropped.add(p.name)
+                continue
+        if p.type == "float":
+            params.append(p)
+            continue
+        keep = []
+        for v in p.choices():
+            miss = hardware.missing(p.value_requires.get(v, ()))
+            if miss:
+                inactive.append(Inactive(p.name, v, _why(miss)))
+            else:
+                keep.append(v)
+        default = p.default
+        if default not in keep:
+            default = keep[0] if keep else p.default
+            notes.append(f"`{p.name}` default {p.default!r} cannot run here ({_why(hardware.missing(p.value_requires.get(p.default, ())))}); the baseline uses {default!r}")
+        if len(keep) <= 1:
+            fixed[p.name] = default
+            if keep:
+                notes.append(f"`{p.name}` has one runnable value here: {default!r}")
+            continue
+        params.append(replace(p, values=tuple(keep), type="categorical" if p.type != "buckets" else "buckets",
+                              default=default) if p.type in ("categorical", "buckets", "bool", "int", "pow2")
+                      and len(keep) != len(p.choices()) else replace(p, default=default))
+    for item in inactive:
+        _logger.info("%s", item)
+    return ResolvedSpace(space=space, hardware=hardware, params=tuple(params), fixed=fixed,
+                         inactive=tuple(inactive), notes=tuple(notes), dropped=frozenset(dropped))
+
+
+def _condition_cannot_hold(p: Param, params: list[Param], fixed: dict[str, Any], dropped: set[str]) -> str | None:
+    by_name = {q.name: q for q in params}
+    for name, allowed in p.when.clauses:
+        if name in dropped:
+            return f"its condition on `{name}` cannot hold here (`{name}` is inactive)"
+        if name in fixed and fixed[name] not in allowed:
+            return f"its condition `{name}` in {list(allowed)} cannot hold here (`{name}` is {fixed[name]!r})"
+        if name in by_name and not set(by_name[name].choices()) & set(allowed):
+            return f"its condition `{name}` in {list(allowed)} cannot hold here"
+    return None
+
+
+def _why(missing: list[str]) -> str:
+    return "needs " + ", ".join(f"{m} ({CAPABILITIES[m]})" for m in missing)

@@ -1,0 +1,208 @@
+"""Typed objects of a search space. Construction validates; errors name the file, the parameter, the value, the fix.
+
+A space is data: parameters (type, values or range, default, where the value goes, an optional condition on other
+parameters, hardware requirements), named constraints between parameters, and an objective. Nothing in a space is
+evaluated as code.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+from search_spaces.buckets import DENSITIES, expand_buckets
+from search_spaces.hardware import CAPABILITIES
+
+PARAM_TYPES = ("int", "pow2", "float", "categorical", "bool", "buckets")
+COMBINES = ("geomean", "level", "min", "mean")
+
+
+class SpaceError(ValueError):
+    """A search space is invalid. The message is one line: where, what, the value, and the fix."""
+
+
+def _fail(where: str, what: str, value: Any, fix: str) -> SpaceError:
+    return SpaceError(f"{where}: {what} (got {value!r}); {fix}")
+
+
+@dataclass(frozen=True)
+class Condition:
+    """Active only when every named parameter's value is in its list: ``when: {attention_impl: [mma]}``."""
+
+    clauses: tuple[tuple[str, tuple[Any, ...]], ...]
+
+    def holds(self, params: dict[str, Any]) -> bool:
+        return all(name in params and params[name] in allowed for name, allowed in self.clauses)
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        return tuple(name for name, _ in self.clauses)
+
+
+@dataclass(frozen=True)
+class Param:
+    name: str
+    type: str
+    default: Any
+    values: tuple[Any, ...] = ()
+    low: float | None = None
+    high: float | None = None
+    step: float | None = None
+    log: bool = False
+    description: str = ""
+    flag: str | None = None
+    """A server flag this parameter becomes (``--context-length``); for the sglang target."""
+    kernel: str | None = None
+    """A kernel config field (``sparse_decode.num_splits``)."""
+    env: str | None = None
+    """An environment variable of the launched process."""
+    when: Condition | None = None
+    requires: tuple[str, ...] = ()
+    value_requires: dict[Any, tuple[str, ...]] = field(default_factory=dict)
+
+    @property
+    def goes_to(self) -> str:
+        if self.flag:
+            return f"flag {self.flag}"
+        if self.kernel:
+            return f"kernel {self.kernel}"
+        if self.env:
+            return f"env {self.env}"
+        return "workload knob"
+
+    def choices(self) -> tuple[Any, ...]:
+        """Every value of a discrete parameter; ``()`` for a continuous one."""
+        if self.type in ("categorical", "buckets"):
+            return self.values
+        if self.type == "bool":
+            return (False, True)
+        if self.type == "pow2":
+            out, v = [], int(self.low)
+            while v <= self.high:
+                out.append(v)
+                v *= 2
+            return tuple(out)
+        if self.type == "int":
+            step = int(self.step or 1)
+            return tuple(range(int(self.low), int(self.high) + 1, step))
+        return ()
+
+    def contains(self, value: Any) -> bool:
+        if self.type == "float":
+            return isinstance(value, (int, float)) and self.low <= value <= self.high
+        return value in self.choices()
+
+
+@dataclass(frozen=True)
+class Constraint:
+    """A named rule: when every ``if`` clause holds, each ``then`` parameter must take one of its values."""
+
+    name: str
+    when: Condition
+    then: tuple[tuple[str, tuple[Any, ...]], ...]
+    message: str = ""
+
+    def violated(self, params: dict[str, Any]) -> bool:
+        if not self.when.holds(params):
+            return False
+        return any(name in params and params[name] not in allowed for name, allowed in self.then)
+
+
+@dataclass(frozen=True)
+class LevelConstraint:
+    """A limit on one metric at one level (``tok_s`` at concurrency 1 >= 20): an Optuna constraint."""
+
+    metric: str
+    level: str
+    min: float | None = None
+    max: float | None = None
+
+    def violation(self, value: float) -> float:
+        """> 0 when violated (by how much), <= 0 when satisfied; Optuna's constraint convention."""
+        over = (value - self.max) if self.max is not None else -math.inf
+        under = (self.min - value) if self.min is not None else -math.inf
+        return max(over, under)
+
+
+@dataclass(frozen=True)
+class Objective:
+    metric: str = "tok_s"
+    direction: str = "maximize"
+    combine: str = "geomean"
+    levels: tuple[int, ...] = (1, 16, 64)
+    level: int | None = None
+    unit: str = "tok/s"
+    constraints: tuple[LevelConstraint, ...] = ()
+
+    def describe(self) -> str:
+        if self.combine == "level":
+            return f"{self.metric} at c={self.level}"
+        return f"{self.combine} of {self.metric} at c={','.join(map(str, self.levels))}"
+
+    def combine_values(self, by_level: dict[int, float]) -> float:
+        """Fold per-level values into one objective value."""
+        if self.combine == "level":
+            return by_level[self.level]
+        vals = [by_level[c] for c in self.levels]
+        if self.combine == "geomean":
+            if any(v <= 0 for v in vals):
+                return 0.0
+            return math.exp(sum(math.log(v) for v in vals) / len(vals))
+        if self.combine == "min":
+            return min(vals)
+        return sum(vals) / len(vals)
+
+
+@dataclass(frozen=True)
+class Space:
+    name: str
+    params: tuple[Param, ...]
+    constraints: tuple[Constraint, ...] = ()
+    objective: Objective = Objective()
+    target: str = "workload"
+    preset: str = "dsv4-flash"
+    description: str = ""
+    source: str = "<memory>"
+    settings: dict[str, Any] = field(default_factory=dict)
+    """Target settings that are not searched (``live_context: 512``, ``model: /path``)."""
+
+    def param(self, name: str) -> Param:
+        for p in self.params:
+            if p.name == name:
+                return p
+        raise KeyError(name)
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        return tuple(p.name for p in self.params)
+
+    def defaults(self) -> dict[str, Any]:
+        """The baseline: every parameter at its default, conditional ones only where their condition holds."""
+        out: dict[str, Any] = {}
+        for p in self.params:
+            if p.when is None or p.when.holds(out):
+                out[p.name] = p.default
+        return out
+
+    def violated_constraints(self, params: dict[str, Any]) -> list[Constraint]:
+        return [c for c in self.constraints if c.violated(params)]
+
+
+def check_requirements(where: str, reqs: Any) -> tuple[str, ...]:
+    if isinstance(reqs, str):
+        reqs = [reqs]
+    if not isinstance(reqs, list):
+        raise _fail(where, "`requires` must be a list of capabilities", reqs, f"use names from {sorted(CAPABILITIES)}")
+    for r in reqs:
+        if r not in CAPABILITIES:
+            raise _fail(where, "unknown capability", r, f"use one of {sorted(CAPABILITIES)}")
+    return tuple(reqs)
+
+
+def check_bucket_values(where: str, values: tuple[Any, ...]) -> None:
+    for v in values:
+        try:
+            expand_buckets(v)
+        except ValueError as exc:
+            raise _fail(where, f"bad bucket set: {exc}", v, f"write density:max_bs with density in {DENSITIES}")

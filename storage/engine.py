@@ -1,0 +1,67 @@
+"""Engine creation: one place that knows SQLite's and PostgreSQL's connection quirks."""
+
+from __future__ import annotations
+
+import logging
+
+from sqlalchemy import create_engine, event
+from sqlalchemy.engine import Engine, make_url
+from sqlalchemy.exc import ArgumentError, OperationalError, SQLAlchemyError
+
+_logger = logging.getLogger(__name__)
+
+
+class StorageError(RuntimeError):
+    """The storage URL is malformed or the database cannot be reached."""
+
+
+def normalize_url(url: str) -> str:
+    """Accept ``postgresql://`` and route it through psycopg 3, the driver this project installs."""
+    if url.startswith("postgresql://") or url.startswith("postgres://"):
+        return "postgresql+psycopg://" + url.split("://", 1)[1]
+    return url
+
+
+def make_engine(url: str, *, pool_size: int = 5) -> Engine:
+    """Create an engine for ``url``; raise :class:`StorageError` with the fix when it cannot be used.
+
+    SQLite gets WAL journaling and a busy timeout so a reader (the API) never blocks the writer (the search).
+    PostgreSQL gets ``pool_pre_ping`` so a restarted server costs a reconnect, not a failed trial.
+    """
+    url = normalize_url(url)
+    try:
+        parsed = make_url(url)
+    except ArgumentError as exc:
+        raise StorageError(
+            f"storage URL {url!r} cannot be parsed ({exc}); give an SQLAlchemy URL such as "
+            "sqlite:///tuner.db or postgresql://user:pass@host/db"
+        ) from None
+    kwargs: dict = {"pool_pre_ping": True, "future": True}
+    if parsed.get_backend_name() == "sqlite":
+        kwargs["connect_args"] = {"timeout": 30, "check_same_thread": False}
+    else:
+        kwargs.update(pool_size=pool_size, max_overflow=pool_size, pool_recycle=1800)
+    try:
+        engine = create_engine(url, **kwargs)
+    except (ArgumentError, ImportError, SQLAlchemyError) as exc:
+        raise StorageError(f"storage URL {url!r} cannot be used: {exc}") from None
+    if parsed.get_backend_name() == "sqlite":
+        event.listen(engine, "connect", _sqlite_pragmas)
+    try:
+        with engine.connect():
+            pass
+    except OperationalError as exc:
+        reason = str(exc.orig).strip().splitlines()[0] if exc.orig else str(exc)
+        raise StorageError(
+            f"storage {parsed.render_as_string(hide_password=True)!r} cannot be reached ({reason}); "
+            "check the host, port, credentials and that the database exists"
+        ) from None
+    return engine
+
+
+def _sqlite_pragmas(dbapi_conn, _record) -> None:
+    cur = dbapi_conn.cursor()
+    cur.execute("PRAGMA journal_mode=WAL")
+    cur.execute("PRAGMA busy_timeout=30000")
+    cur.execute("PRAGMA synchronous=NORMAL")
+    cur.close()

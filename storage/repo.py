@@ -1,0 +1,288 @@
+"""Queries over the ``tuner_`` tables. One :class:`Repo` per process; it is thread-safe (one session per call)."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from datetime import datetime
+
+from sqlalchemy import func, select, update
+from sqlalchemy.engine import Engine
+from sqlalchemy.orm import Session, selectinload, sessionmaker
+
+from storage.engine import make_engine
+from storage.models import OUTCOMES, Artifact, Base, Event, Measurement, Run, TrialRecord, utcnow
+
+_logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class MetricRow:
+    metric: str
+    level: str
+    value: float
+    unit: str = ""
+
+
+class Repo:
+    """The project's own tables on one database URL (the same URL Optuna's ``RDBStorage`` uses)."""
+
+    def __init__(self, url: str | None = None, *, engine: Engine | None = None, pool_size: int = 5) -> None:
+        if engine is None:
+            if url is None:
+                raise ValueError("Repo needs a `url` or an `engine`, got neither.")
+            engine = make_engine(url, pool_size=pool_size)
+        self.engine = engine
+        self._session = sessionmaker(engine, expire_on_commit=False)
+
+    # -- schema -------------------------------------------------------------------------------------------
+    def create_schema(self) -> None:
+        """Create the ``tuner_`` tables if missing. Called once by the process that starts a search."""
+        Base.metadata.create_all(self.engine)
+
+    def has_schema(self) -> bool:
+        from sqlalchemy import inspect
+
+        return inspect(self.engine).has_table(Run.__tablename__)
+
+    def session(self) -> Session:
+        return self._session()
+
+    # -- runs ---------------------------------------------------------------------------------------------
+    def create_run(
+        self,
+        study_name: str,
+        *,
+        target: str,
+        budget_s: float,
+        direction: str = "maximize",
+        objective: str = "",
+        unit: str = "",
+        space_name: str = "",
+        space_yaml: str = "",
+        environment: dict | None = None,
+        settings: dict | None = None,
+    ) -> Run:
+        with self.session() as s, s.begin():
+            run = Run(
+                study_name=study_name,
+                target=target,
+                budget_s=budget_s,
+                direction=direction,
+                objective=objective,
+                unit=unit,
+                space_name=space_name,
+                space_yaml=space_yaml,
+                environment=environment or {},
+                settings=settings or {},
+            )
+            s.add(run)
+        return run
+
+    def get_run(self, study_name: str) -> Run | None:
+        with self.session() as s:
+            return s.scalar(select(Run).where(Run.study_name == study_name))
+
+    def list_runs(self) -> list[Run]:
+        with self.session() as s:
+            return list(s.scalars(select(Run).order_by(Run.started_at.desc(), Run.id.desc())))
+
+    def restart_run(self, run_id: int, *, budget_s: float, environment: dict | None = None) -> None:
+        """Mark a resumed run as running again with the new budget."""
+        values: dict = {"state": "running", "ended_at": None, "budget_s": budget_s}
+        if environment is not None:
+            values["environment"] = environment
+        with self.session() as s, s.begin():
+            s.execute(update(Run).where(Run.id == run_id).values(**values))
+
+    def end_run(self, run_id: int, state: str, *, export_dir: str | None = None) -> None:
+        with self.session() as s, s.begin():
+            values: dict = {"state": state, "ended_at": utcnow()}
+            if export_dir is not None:
+                values["export_dir"] = export_dir
+            s.execute(update(Run).where(Run.id == run_id).values(**values))
+            s.add(Event(run_id=run_id, kind="search_ended", payload={"state": state}))
+
+    # -- trials -------------------------------------------------------------------------------------------
+    def start_trial(
+        self, run_id: int, number: int, params: dict, *, worker: str = "", is_baseline: bool = False
+    ) -> int:
+        with self.session() as s, s.begin():
+            rec = s.scalar(select(TrialRecord).where(TrialRecord.run_id == run_id, TrialRecord.number == number))
+            if rec is None:
+                rec = TrialRecord(run_id=run_id, number=number)
+                s.add(rec)
+            rec.params = dict(params)
+            rec.state = "running"
+            rec.worker = worker
+            rec.is_baseline = is_baseline
+            rec.started_at = utcnow()
+            s.add(Event(run_id=run_id, kind="trial_started", trial_number=number, payload={"params": params}))
+            s.flush()
+            return rec.id
+
+    def finish_trial(
+        self,
+        run_id: int,
+        number: int,
+        *,
+        outcome: str,
+        value: float | None,
+        reason: str = "",
+        log_excerpt: str = "",
+        metrics: Iterable[MetricRow] = (),
+        duration_s: float | None = None,
+    ) -> bool:
+        """Record how a trial ended; return True when it is the run's new best (``ok`` outcomes only)."""
+        if outcome not in OUTCOMES:
+            raise ValueError(f"`outcome` must be one of {OUTCOMES}, but got {outcome!r}.")
+        state = "complete" if outcome == "ok" else ("pruned" if outcome == "pruned" else "failed")
+        with self.session() as s, s.begin():
+            run = s.get(Run, run_id, with_for_update=False)
+            rec = s.scalar(select(TrialRecord).where(TrialRecord.run_id == run_id, TrialRecord.number == number))
+            if rec is None:
+                rec = TrialRecord(run_id=run_id, number=number, params={})
+                s.add(rec)
+            rec.state = state
+            rec.outcome = outcome
+            rec.value = value if outcome == "ok" else None
+            rec.reason = reason[:4000]
+            rec.log_excerpt = log_excerpt[-8000:]
+            rec.finished_at = utcnow()
+            rec.duration_s = duration_s
+            s.flush()
+            for m in metrics:
+                s.add(Measurement(trial_id=rec.id, metric=m.metric, level=m.level, value=m.value, unit=m.unit))
+            kind = {"complete": "trial_finished", "pruned": "trial_pruned"}.get(state, "trial_failed")
+            payload = {"outcome": outcome, "value": rec.value, "reason": reason[:300], "duration_s": duration_s}
+            s.add(Event(run_id=run_id, kind=kind, trial_number=number, payload=payload))
+            new_best = False
+            if outcome == "ok" and value is not None:
+                if rec.is_baseline and run.baseline_value is None:
+                    run.baseline_value = value
+                better = (
+                    run.best_value is None
+                    or (run.direction == "maximize" and value > run.best_value)
+                    or (run.direction == "minimize" and value < run.best_value)
+                )
+                if better:
+                    run.best_value = value
+                    run.best_trial_number = number
+                    new_best = True
+                    s.add(
+                        Event(
+                            run_id=run_id,
+                            kind="new_best",
+                            trial_number=number,
+                            payload={"value": value, "params": rec.params},
+                        )
+                    )
+            return new_best
+
+    def get_trial(self, run_id: int, number: int) -> TrialRecord | None:
+        with self.session() as s:
+            return s.scalar(
+                select(TrialRecord)
+                .options(selectinload(TrialRecord.measurements))
+                .where(TrialRecord.run_id == run_id, TrialRecord.number == number)
+            )
+
+    def list_trials(
+        self,
+        run_id: int,
+        *,
+        state: str | None = None,
+        outcome: str | None = None,
+        sort: str = "number",
+        descending: bool = False,
+        offset: int = 0,
+        limit: int | None = None,
+        with_measurements: bool = False,
+    ) -> list[TrialRecord]:
+        q = select(TrialRecord).where(TrialRecord.run_id == run_id)
+        if state:
+            q = q.where(TrialRecord.state == state)
+        if outcome:
+            q = q.where(TrialRecord.outcome == outcome)
+        col = {"number": TrialRecord.number, "value": TrialRecord.value, "duration": TrialRecord.duration_s}[sort]
+        order = col.desc() if descending else col.asc()
+        q = q.order_by(col.is_(None), order, TrialRecord.number.asc()).offset(offset)
+        if limit is not None:
+            q = q.limit(limit)
+        if with_measurements:
+            q = q.options(selectinload(TrialRecord.measurements))
+        with self.session() as s:
+            return list(s.scalars(q))
+
+    def count_trials(self, run_id: int, *, state: str | None = None, outcome: str | None = None) -> int:
+        q = select(func.count()).select_from(TrialRecord).where(TrialRecord.run_id == run_id)
+        if state:
+            q = q.where(TrialRecord.state == state)
+        if outcome:
+            q = q.where(TrialRecord.outcome == outcome)
+        with self.session() as s:
+            return int(s.scalar(q) or 0)
+
+    def outcome_counts(self, run_id: int) -> dict[str, int]:
+        q = (
+            select(TrialRecord.outcome, func.count())
+            .where(TrialRecord.run_id == run_id)
+            .group_by(TrialRecord.outcome)
+        )
+        with self.session() as s:
+            return {(o or "running"): int(n) for o, n in s.execute(q)}
+
+    def baseline_trial(self, run_id: int) -> TrialRecord | None:
+        with self.session() as s:
+            return s.scalar(
+                select(TrialRecord)
+                .options(selectinload(TrialRecord.measurements))
+                .where(TrialRecord.run_id == run_id, TrialRecord.is_baseline.is_(True))
+                .order_by(TrialRecord.number)
+                .limit(1)
+            )
+
+    def mark_stale_running(self, run_id: int, *, reason: str) -> list[int]:
+        """Turn trials left ``running`` by a dead process into ``crash`` failures; return their numbers."""
+        with self.session() as s, s.begin():
+            recs = list(
+                s.scalars(select(TrialRecord).where(TrialRecord.run_id == run_id, TrialRecord.state == "running"))
+            )
+            for rec in recs:
+                rec.state, rec.outcome, rec.reason, rec.finished_at = "failed", "crash", reason, utcnow()
+                s.add(Event(run_id=run_id, kind="trial_failed", trial_number=rec.number,
+                            payload={"outcome": "crash", "reason": reason}))
+            return [r.number for r in recs]
+
+    # -- events -------------------------------------------------------------------------------------------
+    def events_after(self, run_id: int, after_id: int = 0, limit: int = 500) -> list[Event]:
+        with self.session() as s:
+            return list(
+                s.scalars(
+                    select(Event).where(Event.run_id == run_id, Event.id > after_id).order_by(Event.id).limit(limit)
+                )
+            )
+
+    # -- artifacts ----------------------------------------------------------------------------------------
+    def add_artifacts(self, run_id: int, items: Sequence[tuple[str, str, str, bytes]]) -> None:
+        """Store ``(kind, name, path, content)`` items, replacing earlier ones of the same name."""
+        with self.session() as s, s.begin():
+            names = [name for _, name, _, _ in items]
+            for old in s.scalars(select(Artifact).where(Artifact.run_id == run_id, Artifact.name.in_(names))):
+                s.delete(old)
+            for kind, name, path, content in items:
+                s.add(Artifact(run_id=run_id, kind=kind, name=name, path=path, content=content))
+
+    def list_artifacts(self, run_id: int) -> list[Artifact]:
+        with self.session() as s:
+            return list(s.scalars(select(Artifact).where(Artifact.run_id == run_id).order_by(Artifact.id)))
+
+    def get_artifact(self, run_id: int, name: str) -> Artifact | None:
+        with self.session() as s:
+            return s.scalar(select(Artifact).where(Artifact.run_id == run_id, Artifact.name == name))
+
+
+def elapsed_s(run: Run, now: datetime | None = None) -> float:
+    end = run.ended_at or now or utcnow()
+    return max(0.0, (end - run.started_at).total_seconds())

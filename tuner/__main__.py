@@ -1,0 +1,3 @@
+from tuner.cli import app
+
+app()

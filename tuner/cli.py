@@ -1,0 +1,262 @@
+"""The ``tuner`` command line: search, status, best, export, serve, verify, explain.
+
+Library code logs; this module prints. Bad input ends with one line on stderr naming the thing, the value and
+the fix, and exit code 2.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import sys
+from pathlib import Path
+from typing import Annotated, Any, Optional
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
+                  help="Find the fastest launch configuration and kernels for LLM serving, by measuring.")
+console = Console(soft_wrap=True)
+err_console = Console(stderr=True)
+
+StorageOpt = Annotated[str, typer.Option("--storage", help="SQLAlchemy URL of the study database.",
+                                         envvar="TUNER_STORAGE")]
+StudyOpt = Annotated[Optional[str], typer.Option("--study", help="Study name (default: the only or newest one).")]
+
+
+def fail(message: str, code: int = 2) -> None:
+    err_console.print(f"error: {message}", highlight=False, markup=False, soft_wrap=True)
+    raise typer.Exit(code)
+
+
+def _user_errors():
+    from search_spaces import SpaceError
+    from storage import StorageError
+    from tuner.budget import BudgetError
+    from tuner.export import ExportError
+    from tuner.search import SearchError
+    from tuner.targets import TargetError
+
+    return (SpaceError, StorageError, BudgetError, ExportError, SearchError, TargetError)
+
+
+def _parse_sets(items: list[str]) -> dict[str, Any]:
+    import yaml
+
+    out: dict[str, Any] = {}
+    for item in items:
+        if "=" not in item:
+            fail(f"--set {item!r} must be KEY=VALUE, e.g. --set live_context=1024")
+        k, _, v = item.partition("=")
+        out[k.strip()] = yaml.safe_load(v) if v.strip() else ""
+    return out
+
+
+def _setup_logging(verbose: bool) -> None:
+    logging.basicConfig(level=logging.INFO if verbose else logging.WARNING,
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr)
+    if not verbose:
+        import optuna
+
+        optuna.logging.set_verbosity(optuna.logging.WARNING)
+
+
+@app.command()
+def search(
+    budget: Annotated[str, typer.Option("--budget", help="Wall-clock budget, export included: 90s, 10m, 2h, 1h30m.")],
+    space: Annotated[Optional[str], typer.Option("--space", help="Search space YAML (default: dsv4_flash on a GPU, "
+                                                 "dsv4_flash_tiny on a CPU).")] = None,
+    target: Annotated[Optional[str], typer.Option("--target", help="workload | sglang | kernels | command")] = None,
+    storage: StorageOpt = "sqlite:///tuner.db",
+    study: StudyOpt = None,
+    resume: Annotated[bool, typer.Option("--resume", help="Continue an existing study.")] = False,
+    seed: Annotated[Optional[int], typer.Option("--seed", help="Sampler seed.")] = None,
+    out: Annotated[str, typer.Option("--out", "-o", help="Folder for the exported launch script.")] = "tuner-out",
+    model: Annotated[Optional[str], typer.Option("--model", help="Model path (server targets).")] = None,
+    set_: Annotated[list[str], typer.Option("--set", help="Target setting KEY=VALUE (repeatable).")] = [],
+    n_trials: Annotated[Optional[int], typer.Option("--n-trials", help="Stop after this many trials.")] = None,
+    dry_run: Annotated[bool, typer.Option("--dry-run", help="Run the preflight only and print its report.")] = False,
+    confirm_top: Annotated[int, typer.Option("--confirm-top", help="Re-run the best K configurations at the end.")] = 3,
+    verbose: Annotated[bool, typer.Option("--verbose", "-v")] = False,
+) -> None:
+    """Search for the fastest configuration within a wall-clock budget, then export it."""
+    _setup_logging(verbose)
+    from tuner.budget import parse_budget
+    from tuner.progress import RichProgress
+    from tuner.search import SearchOptions, run_search
+
+    settings = _parse_sets(set_)
+    if model is not None:
+        settings["model"] = model
+    progress = RichProgress(console)
+    try:
+        opts = SearchOptions(budget_s=parse_budget(budget), storage_url=storage, study=study, space_path=space,
+                             target=target, resume=resume, seed=seed, out_dir=out, settings=settings,
+                             n_trials=n_trials, dry_run=dry_run, confirm_top=confirm_top)
+        result = run_search(opts, progress)
+    except _user_errors() as exc:
+        progress.stop()
+        fail(str(exc))
+    finally:
+        progress.stop()
+    if dry_run:
+        for line in result.preflight.lines():
+            console.print(line, highlight=False, markup=False)
+        raise typer.Exit(0 if result.preflight.ok else 2)
+    _print_result(result)
+
+
+def _print_result(result) -> None:
+    console.print(f"\nsearch {result.state} after {result.elapsed_s:.0f}s"
+                  + (f" ({result.stop_reason})" if result.stop_reason else "")
+                  + f": {len(result.trials)} trials, "
+                  + ", ".join(f"{k} {v}" for k, v in sorted(_count(result.trials).items())))
+    if result.best is None:
+        console.print("no trial succeeded; see `tuner status` for the failures")
+        return
+    ratio = f" = {result.speedup:.2f}x baseline ({result.baseline_value:.2f})" if result.speedup else ""
+    console.print(f"best: trial {result.best.number}, {result.best_value:.2f}{ratio}")
+    for k, v in result.best_params.items():
+        console.print(f"  {k} = {v}", highlight=False)
+    if result.export_dir:
+        console.print(f"launch script: {Path(result.export_dir) / 'launch.sh'}")
+
+
+def _count(trials) -> dict[str, int]:
+    out: dict[str, int] = {}
+    for t in trials:
+        out[t.outcome] = out.get(t.outcome, 0) + 1
+    return out
+
+
+def _open(storage: str, study: str | None):
+    from storage import Repo
+
+    repo = Repo(storage)
+    if not repo.has_schema():
+        fail(f"storage {storage!r} holds no tuner studies; run `tuner search` first or pass --storage")
+    if study is None:
+        runs = repo.list_runs()
+        if not runs:
+            fail(f"storage {storage!r} holds no studies; run `tuner search` first")
+        return repo, runs[0]
+    run = repo.get_run(study)
+    if run is None:
+        names = [r.study_name for r in repo.list_runs()]
+        fail(f"no study {study!r} in {storage}; known studies: {names}")
+    return repo, run
+
+
+@app.command()
+def status(storage: StorageOpt = "sqlite:///tuner.db", study: StudyOpt = None,
+           all_: Annotated[bool, typer.Option("--all", help="List every study.")] = False) -> None:
+    """Show the studies, or one study's trials with their outcomes."""
+    from storage.repo import elapsed_s
+
+    try:
+        if all_ or study is None:
+            from storage import Repo
+
+            repo = Repo(storage)
+            runs = repo.list_runs() if repo.has_schema() else []
+            table = Table("study", "target", "state", "elapsed", "trials", "best", "x baseline")
+            for r in runs:
+                n = repo.count_trials(r.id)
+                ratio = f"{r.best_value / r.baseline_value:.2f}" if r.best_value and r.baseline_value else "-"
+                table.add_row(r.study_name, r.target, r.state, f"{elapsed_s(r):.0f}s", str(n),
+                              f"{r.best_value:.2f}" if r.best_value is not None else "-", ratio)
+            console.print(table)
+            if not (all_ or study is None) or not runs:
+                return
+            if study is None and len(runs) > 1:
+                return
+        repo, run = _open(storage, study)
+        counts = repo.outcome_counts(run.id)
+        console.print(f"study {run.study_name}: {run.state}, target {run.target}, objective {run.objective}; "
+                      + ", ".join(f"{k} {v}" for k, v in sorted(counts.items())))
+        table = Table("#", "outcome", "value", "x base", "s", "params / reason")
+        for t in repo.list_trials(run.id):
+            ratio = f"{t.value / run.baseline_value:.2f}" if t.value and run.baseline_value else ""
+            detail = ", ".join(f"{k}={v}" for k, v in t.params.items())
+            if t.outcome not in ("ok", None) and t.reason:
+                detail += f" — {t.reason[:100]}"
+            table.add_row(str(t.number) + (" b" if t.is_baseline else ""), t.outcome or t.state,
+                          f"{t.value:.2f}" if t.value is not None else "", ratio,
+                          f"{t.duration_s:.1f}" if t.duration_s else "", detail)
+        console.print(table)
+    except _user_errors() as exc:
+        fail(str(exc))
+
+
+@app.command()
+def best(storage: StorageOpt = "sqlite:///tuner.db", study: StudyOpt = None,
+         as_json: Annotated[bool, typer.Option("--json")] = False) -> None:
+    """Print the best trial's parameters and figures."""
+    try:
+        repo, run = _open(storage, study)
+    except _user_errors() as exc:
+        fail(str(exc))
+    if run.best_trial_number is None:
+        fail(f"study {run.study_name!r} has no successful trial yet")
+    t = repo.get_trial(run.id, run.best_trial_number)
+    doc = {"study": run.study_name, "trial": t.number, "value": t.value, "baseline_value": run.baseline_value,
+           "speedup": (t.value / run.baseline_value) if run.baseline_value else None, "params": t.params,
+           "metrics": {f"{m.metric}@{m.level}" if m.level else m.metric: m.value for m in t.measurements}}
+    if as_json:
+        console.print_json(json.dumps(doc))
+        return
+    console.print(f"study {run.study_name}: best trial {t.number}, {t.value:.2f} {run.unit}"
+                  + (f" = {doc['speedup']:.2f}x baseline ({run.baseline_value:.2f})" if doc["speedup"] else ""))
+    for k, v in t.params.items():
+        console.print(f"  {k} = {v}", highlight=False)
+
+
+@app.command()
+def export(storage: StorageOpt = "sqlite:///tuner.db", study: StudyOpt = None,
+           out: Annotated[str, typer.Option("--out", "-o", help="Destination folder.")] = "tuner-out") -> None:
+    """Write the best configuration's launch script, parameters and kernel configs."""
+    from search_spaces import load_space_text, resolve
+    from tuner.export import export_run
+    from tuner.search import prepare
+    from tuner.targets import get_target_class
+
+    try:
+        repo, run = _open(storage, study)
+        from search_spaces import detect_hardware
+
+        space = load_space_text(run.space_yaml, source=run.settings.get("space_path", run.space_name))
+        target = get_target_class(run.target)(resolve(space, detect_hardware()), run.settings)
+        dest = export_run(repo, run.study_name, out, target=target)
+    except _user_errors() as exc:
+        fail(str(exc))
+    console.print(f"exported study {run.study_name} to {dest}")
+    console.print(f"launch script: {dest / 'launch.sh'}")
+
+
+@app.command()
+def serve(storage: StorageOpt = "sqlite:///tuner.db",
+          host: Annotated[str, typer.Option("--host")] = "127.0.0.1",
+          port: Annotated[int, typer.Option("--port")] = 8000) -> None:
+    """Serve the REST API and the dashboard over a study database."""
+    import uvicorn
+
+    try:
+        from api.app import create_app
+        from api.settings import ApiSettings
+    except ImportError as exc:
+        fail(f"the API is not available in this build ({exc})")
+    try:
+        app_ = create_app(ApiSettings(storage_url=storage, host=host))
+    except _user_errors() as exc:
+        fail(str(exc))
+    uvicorn.run(app_, host=host, port=port, log_level="info")
+
+
+def main() -> None:  # pragma: no cover - console entry
+    app()
+
+
+if __name__ == "__main__":  # pragma: no cover
+    app()

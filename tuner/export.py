@@ -1,0 +1,154 @@
+"""Export the best configuration: a launch script, the best parameters as YAML, and the tuned kernel configs.
+
+The export is written into a temporary folder beside the destination and renamed into place, so a failure leaves
+nothing half-written. Every value in the script is shell-quoted (``shlex.quote``); header text is made single-line.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import re
+import shlex
+import shutil
+import tempfile
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from storage import Repo
+from tuner import __version__
+from tuner.targets.base import LaunchSpec, Target
+
+_logger = logging.getLogger(__name__)
+
+SCRIPT_NAME = "launch.sh"
+PARAMS_NAME = "best_params.yaml"
+KERNEL_DIR = "kernel_configs"
+EXPECT_PREFIX = "# tuner-expect: "
+
+
+class ExportError(RuntimeError):
+    pass
+
+
+def _one_line(text: Any) -> str:
+    return re.sub(r"[\r\n\x00-\x1f]+", " ", str(text))
+
+
+def _level_values(trial) -> dict[str, float]:
+    return {m.level: m.value for m in (trial.measurements if trial else []) if m.metric == "tok_s" and m.level}
+
+
+def render_script(spec: LaunchSpec, *, header: list[str], expect: dict[str, Any], kernel_dir: bool) -> str:
+    lines = ["#!/usr/bin/env bash"]
+    lines += [f"# {_one_line(h)}" if h else "#" for h in header]
+    lines.append(EXPECT_PREFIX + json.dumps(expect, sort_keys=True))
+    lines += ["set -euo pipefail", 'HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"']
+    if kernel_dir:
+        lines.append(f'export TUNER_KERNEL_CONFIG_DIR="$HERE/{KERNEL_DIR}"')
+    for k, v in sorted(spec.env.items()):
+        if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", k):
+            raise ExportError(f"environment variable name {k!r} is not valid in a shell; rename it")
+        lines.append(f"export {k}={shlex.quote(str(v))}")
+    lines.append("exec " + " ".join(shlex.quote(str(a)) for a in spec.argv) + ' "$@"')
+    return "\n".join(lines) + "\n"
+
+
+def export_run(repo: Repo, study: str, out_dir: str | os.PathLike, *, target: Target,
+               best_params: dict[str, Any] | None = None) -> Path:
+    """Write ``out_dir/<study>/`` (launch script, params YAML, kernel configs); store them as artifacts too."""
+    run = repo.get_run(study)
+    if run is None:
+        raise ExportError(f"no study {study!r} in this storage; `tuner status` lists the studies")
+    best_trial = repo.get_trial(run.id, run.best_trial_number) if run.best_trial_number is not None else None
+    if best_params is None:
+        if best_trial is None:
+            raise ExportError(f"study {study!r} has no successful trial yet; nothing to export")
+        best_params = best_trial.params
+    else:
+        match = [t for t in repo.list_trials(run.id, state="complete", with_measurements=True)
+                 if t.params == best_params]
+        if match:
+            best_trial = max(match, key=lambda t: t.value if run.direction == "maximize" else -t.value)
+    baseline = repo.baseline_trial(run.id)
+    spec = target.launch_spec(best_params)
+    best_levels, base_levels = _level_values(best_trial), _level_values(baseline)
+    env = run.environment or {}
+    gpus = ", ".join(g["name"] for g in env.get("gpus", [])) or "cpu"
+    header = [
+        f"Launch script exported by tuner {__version__} on {datetime.now(timezone.utc):%Y-%m-%d %H:%M} UTC",
+        f"study {run.study_name!r}, target {run.target}, space {run.space_name}; best trial "
+        f"{best_trial.number if best_trial else '?'}",
+        f"objective: {run.objective}",
+        spec.description,
+        "",
+        "measured (tok/s, x baseline):",
+    ]
+    for lvl in sorted(best_levels, key=lambda s: int(s.split("=")[1]) if s.startswith("c=") else 0):
+        b = base_levels.get(lvl)
+        ratio = f"{best_levels[lvl] / b:.2f}x baseline {b:.1f}" if b else "no baseline"
+        header.append(f"  {lvl:>6}: {best_levels[lvl]:.1f} ({ratio})")
+    if run.best_value is not None and run.baseline_value:
+        header.append(f"  objective: {best_trial.value if best_trial else run.best_value:.2f} "
+                      f"({(best_trial.value if best_trial else run.best_value) / run.baseline_value:.2f}x "
+                      f"baseline {run.baseline_value:.2f})")
+    header += [
+        "",
+        f"environment: {gpus}; torch {env.get('torch')}; triton {env.get('triton')}; sglang {env.get('sglang')}; "
+        f"cuda {env.get('cuda')}; driver {env.get('driver')}; tuner commit {env.get('git_sha')}",
+        "re-measure: tuner verify <this script>   (or run it: "
+        + " ".join(shlex.quote(str(a)) for a in (spec.remeasure_argv or spec.argv)) + ")",
+        "best parameters: " + ", ".join(f"{k}={v}" for k, v in best_params.items()),
+    ]
+    expect = {"study": run.study_name, "target": run.target, "levels": best_levels, "value": best_trial.value
+              if best_trial else run.best_value, "objective": run.objective}
+    dest_root = Path(out_dir)
+    try:
+        dest_root.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise ExportError(f"output folder {str(dest_root)!r} cannot be created ({exc.strerror}); "
+                          "pass a writable folder") from None
+    dest = dest_root / re.sub(r"[^A-Za-z0-9._-]+", "_", run.study_name)
+    tmp = Path(tempfile.mkdtemp(prefix=".tuner-export-", dir=dest_root))
+    try:
+        kdirs = [Path(d) for d in target.kernel_config_dirs() if Path(d).is_dir()]
+        if kdirs:
+            (tmp / KERNEL_DIR).mkdir()
+            for d in kdirs:
+                for f in sorted(d.glob("*.json")):
+                    shutil.copy2(f, tmp / KERNEL_DIR / f.name)
+        script = render_script(spec, header=header, expect=expect, kernel_dir=bool(kdirs))
+        (tmp / SCRIPT_NAME).write_text(script)
+        os.chmod(tmp / SCRIPT_NAME, 0o755)
+        params_doc = {"study": run.study_name, "target": run.target, "objective": run.objective,
+                      "value": expect["value"], "baseline_value": run.baseline_value, "params": best_params}
+        (tmp / PARAMS_NAME).write_text(yaml.safe_dump(params_doc, sort_keys=False))
+        if dest.exists():
+            old = dest.with_name(dest.name + f".old-{os.getpid()}")
+            dest.rename(old)
+            tmp.rename(dest)
+            shutil.rmtree(old, ignore_errors=True)
+        else:
+            tmp.rename(dest)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    items = [("launch_script", SCRIPT_NAME, str(dest / SCRIPT_NAME), (dest / SCRIPT_NAME).read_bytes()),
+             ("best_params", PARAMS_NAME, str(dest / PARAMS_NAME), (dest / PARAMS_NAME).read_bytes())]
+    for f in sorted((dest / KERNEL_DIR).glob("*.json")) if (dest / KERNEL_DIR).is_dir() else []:
+        items.append(("kernel_config", f"{KERNEL_DIR}/{f.name}", str(f), f.read_bytes()))
+    repo.add_artifacts(run.id, items)
+    _logger.info("exported study %s to %s", run.study_name, dest)
+    return dest
+
+
+def read_expectation(script: str | os.PathLike) -> dict[str, Any]:
+    """The figures an exported script was measured at (its ``# tuner-expect:`` line)."""
+    for line in Path(script).read_text().splitlines():
+        if line.startswith(EXPECT_PREFIX):
+            return json.loads(line[len(EXPECT_PREFIX):])
+    raise ExportError(f"{script} has no '{EXPECT_PREFIX.strip()}' line; was it exported by tuner?")

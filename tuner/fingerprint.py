@@ -1,0 +1,70 @@
+"""The environment a run was measured on: GPUs, driver, CUDA, torch, triton, server version, project commit."""
+
+from __future__ import annotations
+
+import logging
+import platform
+import socket
+import subprocess
+from importlib import metadata
+from pathlib import Path
+
+_logger = logging.getLogger(__name__)
+
+
+def _version(dist: str) -> str | None:
+    try:
+        return metadata.version(dist)
+    except metadata.PackageNotFoundError:
+        return None
+
+
+def git_sha() -> str | None:
+    root = Path(__file__).resolve().parent.parent
+    try:
+        out = subprocess.run(["git", "-C", str(root), "rev-parse", "HEAD"], capture_output=True, text=True, timeout=5)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    if out.returncode != 0:
+        return None
+    sha = out.stdout.strip()
+    dirty = subprocess.run(["git", "-C", str(root), "status", "--porcelain", "--untracked-files=no"],
+                           capture_output=True, text=True, timeout=5).stdout.strip()
+    return sha + ("-dirty" if dirty else "")
+
+
+def fingerprint() -> dict:
+    """A JSON-able description of this machine's serving stack. Never raises."""
+    info: dict = {
+        "hostname": socket.gethostname(),
+        "python": platform.python_version(),
+        "platform": platform.platform(),
+        "torch": _version("torch"),
+        "triton": _version("triton"),
+        "optuna": _version("optuna"),
+        "sglang": _version("sglang"),
+        "git_sha": git_sha(),
+        "gpus": [],
+        "gpu_count": 0,
+    }
+    try:
+        import torch
+
+        info["cuda"] = torch.version.cuda
+        if torch.cuda.is_available():
+            n = torch.cuda.device_count()
+            info["gpu_count"] = n
+            for i in range(n):
+                props = torch.cuda.get_device_properties(i)
+                info["gpus"].append({"name": props.name, "compute_capability": f"{props.major}.{props.minor}",
+                                     "memory_gib": round(props.total_memory / 2**30, 1)})
+    except Exception as exc:  # noqa: BLE001 - a fingerprint never fails a run
+        _logger.warning("could not read the GPU description: %s", exc)
+    try:
+        out = subprocess.run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
+                             capture_output=True, text=True, timeout=10)
+        if out.returncode == 0:
+            info["driver"] = out.stdout.strip().splitlines()[0]
+    except (OSError, subprocess.TimeoutExpired, IndexError):
+        pass
+    return info

@@ -1,0 +1,206 @@
+"""Run one trial in its own process group, so a crash, a hang or a CUDA error fails that trial only.
+
+The parent sends a JSON job on stdin to ``python -m tuner.trial_worker``; the child writes its
+:class:`Measurement` as JSON to a result file, and intermediate values as ``@@tuner {...}`` lines on stdout.
+The parent kills the whole process group at the deadline (outcome ``timeout``) or when the pruner says so
+(outcome ``pruned``); a child that dies without a result is classified from its exit status and log.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from tuner.measurement import Measurement, Outcome
+
+_logger = logging.getLogger(__name__)
+
+MARK = "@@tuner "
+LOG_LINES = 200
+
+_FATAL_PATTERNS = (
+    ("out of memory", Outcome.OOM),
+    ("OutOfMemoryError", Outcome.OOM),
+    ("OutOfResources", Outcome.OUT_OF_RESOURCES),
+    ("out of resource", Outcome.OUT_OF_RESOURCES),
+    ("CompilationError", Outcome.COMPILE_ERROR),
+)
+
+
+@dataclass
+class TrialJob:
+    target: str
+    space_yaml: str
+    space_source: str
+    params: dict[str, Any]
+    deadline: float
+    settings: dict[str, Any] = field(default_factory=dict)
+    hardware: dict[str, Any] | None = None
+    gpus: list[int] | None = None
+    """GPU ids this trial may see (``CUDA_VISIBLE_DEVICES``); ``None`` leaves the environment alone."""
+    env: dict[str, str] = field(default_factory=dict)
+
+
+class TrialProcess:
+    """One running trial subprocess. :meth:`wait` returns its :class:`Measurement` however it ends."""
+
+    def __init__(self, job: TrialJob, reporter: Callable[[int, float], bool] | None = None) -> None:
+        self.job = job
+        self.reporter = reporter
+        self.log: deque[str] = deque(maxlen=LOG_LINES)
+        self._pruned = False
+        self._killed_reason: Outcome | None = None
+        fd, self.result_path = tempfile.mkstemp(prefix="tuner-trial-", suffix=".json")
+        os.close(fd)
+        os.unlink(self.result_path)
+        env = {**os.environ, **job.env, "PYTHONUNBUFFERED": "1"}
+        if job.gpus is not None:
+            env["CUDA_VISIBLE_DEVICES"] = ",".join(str(g) for g in job.gpus)
+        payload = {
+            "target": job.target, "space_yaml": job.space_yaml, "space_source": job.space_source,
+            "params": job.params, "deadline": job.deadline, "settings": job.settings,
+            "hardware": job.hardware, "result_path": self.result_path,
+        }
+        self.started = time.time()
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "tuner.trial_worker"],
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+            env=env, start_new_session=True, text=True, bufsize=1,
+        )
+        assert self.proc.stdin is not None and self.proc.stdout is not None
+        self.proc.stdin.write(json.dumps(payload))
+        self.proc.stdin.close()
+        self._reader = threading.Thread(target=self._read, daemon=True)
+        self._reader.start()
+
+    @property
+    def pid(self) -> int:
+        return self.proc.pid
+
+    def _read(self) -> None:
+        for line in self.proc.stdout:  # type: ignore[union-attr]
+            line = line.rstrip("\n")
+            if line.startswith(MARK):
+                try:
+                    msg = json.loads(line[len(MARK):])
+                except json.JSONDecodeError:
+                    self.log.append(line)
+                    continue
+                if self.reporter is not None and not self._pruned:
+                    try:
+                        if self.reporter(int(msg["step"]), float(msg["value"])):
+                            self._pruned = True
+                            self.kill(Outcome.PRUNED)
+                    except Exception:  # the pruner failing must not kill the trial
+                        _logger.exception("pruner failed on an intermediate value")
+                continue
+            self.log.append(line)
+
+    def kill(self, why: Outcome) -> None:
+        """Kill the whole process group (the trial and anything it started): SIGTERM, then SIGKILL."""
+        if self._killed_reason is None:
+            self._killed_reason = why
+        kill_group(self.proc)
+
+    def wait(self, hard_deadline: float | None = None) -> Measurement:
+        deadline = hard_deadline if hard_deadline is not None else self.job.deadline
+        while True:
+            try:
+                self.proc.wait(timeout=max(0.0, min(0.2, deadline - time.time())))
+                break
+            except subprocess.TimeoutExpired:
+                if time.time() >= deadline:
+                    self.kill(Outcome.TIMEOUT)
+                    self.proc.wait()
+                    break
+        self._reader.join(timeout=2.0)
+        duration = time.time() - self.started
+        log = "\n".join(self.log)
+        result = self._read_result()
+        if self._killed_reason is Outcome.PRUNED:
+            m = result or Measurement(outcome=Outcome.PRUNED)
+            m.outcome, m.value, m.reason = Outcome.PRUNED, None, m.reason or "pruned on an intermediate value"
+        elif self._killed_reason is Outcome.TIMEOUT:
+            m = Measurement.failed(Outcome.TIMEOUT, f"still running at the deadline after {duration:.1f}s; killed")
+        elif result is not None:
+            m = result
+        else:
+            m = Measurement.failed(classify_log(log), describe_exit(self.proc.returncode, log))
+        m.log = (m.log + "\n" + log).strip() if m.log else log
+        m.duration_s = duration
+        return m
+
+    def _read_result(self) -> Measurement | None:
+        try:
+            with open(self.result_path) as f:
+                data = json.load(f)
+        except (OSError, json.JSONDecodeError):
+            return None
+        finally:
+            try:
+                os.unlink(self.result_path)
+            except OSError:
+                pass
+        return Measurement.from_json(data)
+
+
+def run_trial(job: TrialJob, reporter: Callable[[int, float], bool] | None = None) -> Measurement:
+    """Run ``job`` in a fresh subprocess and return its measurement; never raises for a trial's failure."""
+    return TrialProcess(job, reporter).wait()
+
+
+def kill_group(proc: subprocess.Popen, grace_s: float = 2.0) -> None:
+    """SIGTERM the process group of ``proc`` (which we started with its own session), then SIGKILL."""
+    try:
+        pgid = os.getpgid(proc.pid)
+    except ProcessLookupError:
+        return
+    if pgid != proc.pid:  # not a group we created: never signal anything we did not start
+        proc.kill()
+        return
+    for sig, wait in ((signal.SIGTERM, grace_s), (signal.SIGKILL, 5.0)):
+        try:
+            os.killpg(pgid, sig)
+        except ProcessLookupError:
+            return
+        try:
+            proc.wait(timeout=wait)
+            # the leader is gone; make sure no child of the group survives it
+            try:
+                os.killpg(pgid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+            return
+        except subprocess.TimeoutExpired:
+            continue
+
+
+def classify_log(log: str) -> Outcome:
+    for pattern, outcome in _FATAL_PATTERNS:
+        if pattern in log:
+            return outcome
+    return Outcome.CRASH
+
+
+def describe_exit(code: int | None, log: str) -> str:
+    if code is not None and code < 0:
+        try:
+            name = signal.Signals(-code).name
+        except ValueError:
+            name = str(-code)
+        head = f"trial process killed by {name}"
+    else:
+        head = f"trial process exited with code {code} without a result"
+    last = [ln for ln in log.splitlines() if ln.strip()][-1:] 
+    return head + (f": {last[0][:300]}" if last else "")

@@ -1,0 +1,71 @@
+"""What a trial returns: an outcome class, an objective value, every metric at every level, and a log excerpt."""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+
+from storage.models import OUTCOMES
+from storage.repo import MetricRow
+
+
+class Outcome(str, enum.Enum):
+    OK = "ok"
+    INVALID_CONFIG = "invalid_config"
+    COMPILE_ERROR = "compile_error"
+    OUT_OF_RESOURCES = "out_of_resources"
+    OOM = "oom"
+    TIMEOUT = "timeout"
+    CRASH = "crash"
+    WRONG_RESULT = "wrong_result"
+    PRUNED = "pruned"
+
+
+assert tuple(o.value for o in Outcome) == OUTCOMES  # one list of outcomes, two spellings (enum and storage)
+
+
+@dataclass
+class Measurement:
+    """The result of one trial. ``value`` is the combined objective; only ``ok`` trials carry one."""
+
+    outcome: Outcome
+    value: float | None = None
+    metrics: list[MetricRow] = field(default_factory=list)
+    by_level: dict[int, float] = field(default_factory=dict)
+    """The objective's metric at each level (concurrency or batch), before combining."""
+    reason: str = ""
+    log: str = ""
+    duration_s: float = 0.0
+
+    @classmethod
+    def failed(cls, outcome: Outcome, reason: str, log: str = "") -> Measurement:
+        return cls(outcome=outcome, reason=reason, log=log)
+
+    def metric(self, name: str, level: str = "") -> float | None:
+        for m in self.metrics:
+            if m.metric == name and m.level == level:
+                return m.value
+        return None
+
+    def to_json(self) -> dict:
+        return {
+            "outcome": self.outcome.value,
+            "value": self.value,
+            "metrics": [[m.metric, m.level, m.value, m.unit] for m in self.metrics],
+            "by_level": {str(k): v for k, v in self.by_level.items()},
+            "reason": self.reason,
+            "log": self.log,
+            "duration_s": self.duration_s,
+        }
+
+    @classmethod
+    def from_json(cls, data: dict) -> Measurement:
+        return cls(
+            outcome=Outcome(data["outcome"]),
+            value=data.get("value"),
+            metrics=[MetricRow(*row) for row in data.get("metrics", [])],
+            by_level={int(k): float(v) for k, v in (data.get("by_level") or {}).items()},
+            reason=data.get("reason", ""),
+            log=data.get("log", ""),
+            duration_s=float(data.get("duration_s", 0.0)),
+        )

@@ -1,0 +1,98 @@
+"""The live display of a search (Rich): elapsed / budget, trial counts, best and x baseline, current params."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from rich.console import Console, Group
+from rich.live import Live
+from rich.table import Table
+from rich.text import Text
+
+from tuner.budget import format_seconds
+from tuner.search import Progress, SearchContext, TrialSummary
+
+
+def _fmt_params(params: dict[str, Any], width: int = 110) -> str:
+    s = ", ".join(f"{k}={v}" for k, v in params.items())
+    return s if len(s) <= width else s[: width - 1] + "…"
+
+
+class RichProgress(Progress):
+    """Draws a live panel on a terminal; prints one line per trial otherwise (CI logs, pipes)."""
+
+    def __init__(self, console: Console | None = None) -> None:
+        self.console = console or Console()
+        self.live: Live | None = None
+        self.ctx: SearchContext | None = None
+        self.current: tuple[int, dict[str, Any], float] | None = None
+        self.messages: list[str] = []
+
+    def started(self, ctx: SearchContext) -> None:
+        self.ctx = ctx
+        space = ctx.resolved.space
+        self.console.print(f"[bold]tuner search[/] study [cyan]{ctx.run.study_name}[/] · target {ctx.target.name} · "
+                           f"space {space.name} ({space.source}) · budget {format_seconds(ctx.deadline.budget_s)}")
+        self.console.print(f"objective: {space.objective.describe()} ({space.objective.direction}); "
+                           f"{len(ctx.resolved.params)} tunable parameters on {ctx.hardware.gpu_name}")
+        for item in ctx.resolved.inactive:
+            self.console.print(f"  [dim]{item}[/]")
+        if self.console.is_terminal:
+            self.live = Live(self._render(), console=self.console, refresh_per_second=4, transient=False)
+            self.live.start()
+
+    def trial_started(self, number: int, params: dict[str, Any]) -> None:
+        self.current = (number, params, time.time())
+        self._refresh()
+
+    def trial_finished(self, summary: TrialSummary, ctx: SearchContext) -> None:
+        self.current = None
+        if self.live is None:
+            base = ctx.baseline
+            val = f"{summary.value:.2f}" if summary.value is not None else "-"
+            ratio = f" ({summary.value / base.value:.2f}x baseline)" if (summary.value and base and base.value) else ""
+            tag = " [baseline]" if summary.is_baseline else ""
+            reason = f" — {summary.reason[:120]}" if summary.outcome != "ok" and summary.reason else ""
+            self.console.print(f"trial {summary.number:>3} {summary.outcome:<16} {val}{ratio} "
+                               f"{summary.duration_s:5.1f}s{tag}  {_fmt_params(summary.params, 90)}{reason}",
+                               highlight=False, markup=False)
+        self._refresh()
+
+    def message(self, text: str) -> None:
+        self.messages = (self.messages + [text])[-3:]
+        if self.live is None:
+            self.console.print(text, highlight=False, markup=False)
+        self._refresh()
+
+    def stop(self) -> None:
+        if self.live is not None:
+            self.live.update(self._render())
+            self.live.stop()
+            self.live = None
+
+    def _refresh(self) -> None:
+        if self.live is not None:
+            self.live.update(self._render())
+
+    def _render(self):
+        ctx = self.ctx
+        if ctx is None:
+            return Text("")
+        c = ctx.counts
+        done = sum(c.values())
+        failed = sum(v for k, v in c.items() if k not in ("ok", "pruned"))
+        t = Table.grid(padding=(0, 2))
+        t.add_row("elapsed", f"{format_seconds(ctx.deadline.elapsed())} / {format_seconds(ctx.deadline.budget_s)}")
+        t.add_row("trials", f"{done} done · {c.get('ok', 0)} ok · {failed} failed · {c.get('pruned', 0)} pruned")
+        best, base = ctx.best, ctx.baseline
+        if best is not None:
+            ratio = f" = {best.value / base.value:.2f}x baseline ({base.value:.2f})" if base and base.value else ""
+            t.add_row("best", f"{best.value:.2f} {ctx.resolved.space.objective.unit}{ratio} (trial {best.number})")
+            t.add_row("", _fmt_params(best.params))
+        if self.current is not None:
+            n, params, t0 = self.current
+            t.add_row("running", f"trial {n} for {time.time() - t0:.0f}s: {_fmt_params(params)}")
+        for m in self.messages:
+            t.add_row("", Text(m, style="dim"))
+        return Group(t)

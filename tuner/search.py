@@ -1,0 +1,537 @@
+"""The search: an Optuna study in a real database, trials run for real in subprocesses, by a wall-clock deadline.
+
+Flow (one way): load the space -> resolve it for this machine -> preflight the target -> create the schema and the
+study once -> baseline first -> ask / check / run in a subprocess / store / tell, until the deadline -> re-run the
+top few (when time allows) -> export the best. A failed trial is data: it is stored with its outcome class and told
+to Optuna as a bad, infeasible result, so the sampler learns; the search never dies of one.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+import signal
+import socket
+import statistics
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import optuna
+
+from search_spaces import Hardware, ResolvedSpace, SpaceError, detect_hardware, load_space, resolve
+from storage import Repo, StorageError
+from storage.models import Run
+from tuner.budget import Deadline
+from tuner.fingerprint import fingerprint
+from tuner.isolation import TrialJob, TrialProcess
+from tuner.measurement import Measurement, Outcome
+from tuner.sampling import params_key, suggest, suggestable
+from tuner.targets import PreflightReport, Target, TargetError, get_target_class
+
+_logger = logging.getLogger(__name__)
+
+BASELINE_ATTR = "tuner_baseline"
+CONFIRM_ATTR = "tuner_confirm_of"
+MAX_REPEATS_IN_A_ROW = 25
+
+
+class SearchError(RuntimeError):
+    """The search cannot start (bad input, unreachable storage, study conflict). The message says the fix."""
+
+
+@dataclass
+class SearchOptions:
+    budget_s: float
+    storage_url: str = "sqlite:///tuner.db"
+    study: str | None = None
+    space_path: str | None = None
+    """A YAML file or a built-in name; ``None`` picks ``dsv4_flash`` on a GPU and ``dsv4_flash_tiny`` on a CPU."""
+    target: str | None = None
+    resume: bool = False
+    seed: int | None = None
+    out_dir: str = "tuner-out"
+    settings: dict[str, Any] = field(default_factory=dict)
+    n_trials: int | None = None
+    dry_run: bool = False
+    confirm_top: int = 3
+    export: bool = True
+    trial_timeout_s: float | None = None
+    hardware: Hardware | None = None
+
+
+@dataclass
+class TrialSummary:
+    number: int
+    params: dict[str, Any]
+    outcome: str
+    value: float | None
+    reason: str = ""
+    duration_s: float = 0.0
+    is_baseline: bool = False
+
+
+@dataclass
+class SearchResult:
+    study: str
+    storage_url: str
+    state: str
+    trials: list[TrialSummary]
+    baseline: TrialSummary | None
+    best: TrialSummary | None
+    best_params: dict[str, Any] | None
+    best_value: float | None
+    baseline_value: float | None
+    export_dir: str | None
+    preflight: PreflightReport
+    elapsed_s: float
+    stop_reason: str = ""
+
+    @property
+    def speedup(self) -> float | None:
+        if self.best_value and self.baseline_value:
+            return self.best_value / self.baseline_value
+        return None
+
+
+class Progress:
+    """Receives what the search does; the CLI draws it, tests record it. Every method is optional."""
+
+    def started(self, ctx: SearchContext) -> None: ...
+    def trial_started(self, number: int, params: dict[str, Any]) -> None: ...
+    def trial_finished(self, summary: TrialSummary, ctx: SearchContext) -> None: ...
+    def message(self, text: str) -> None: ...
+
+
+@dataclass
+class SearchContext:
+    """Everything one search (or one worker) holds while it runs."""
+
+    options: SearchOptions
+    resolved: ResolvedSpace
+    space_yaml: str
+    target: Target
+    repo: Repo
+    study: optuna.Study
+    run: Run
+    deadline: Deadline
+    hardware: Hardware
+    counts: dict[str, int] = field(default_factory=dict)
+    trials: list[TrialSummary] = field(default_factory=list)
+    seen: dict[str, TrialSummary] = field(default_factory=dict)
+    stop: threading.Event = field(default_factory=threading.Event)
+    stop_reason: str = ""
+    current: TrialProcess | None = None
+
+    @property
+    def direction(self) -> str:
+        return self.resolved.space.objective.direction
+
+    def better(self, a: float, b: float) -> bool:
+        return a > b if self.direction == "maximize" else a < b
+
+    @property
+    def baseline(self) -> TrialSummary | None:
+        return next((t for t in self.trials if t.is_baseline and t.outcome == "ok"), None)
+
+    @property
+    def best(self) -> TrialSummary | None:
+        best = None
+        for t in self.trials:
+            if t.outcome == "ok" and t.value is not None and (best is None or self.better(t.value, best.value)):
+                best = t
+        return best
+
+
+# -- set-up ----------------------------------------------------------------------------------------------------
+def default_space_path(hardware: Hardware) -> str:
+    return "dsv4_flash" if hardware.gpu_count else "dsv4_flash_tiny"
+
+
+def prepare(options: SearchOptions) -> tuple[ResolvedSpace, str, Target, PreflightReport, Hardware]:
+    """Load, validate and resolve the space and build the target; nothing touches the storage yet."""
+    hardware = options.hardware or detect_hardware()
+    space_path = options.space_path or default_space_path(hardware)
+    space = load_space(space_path)
+    space_yaml = Path(space.source).read_text() if Path(space.source).exists() else ""
+    target_name = options.target or space.target
+    if options.target and options.target != space.target:
+        raise SearchError(f"--target {options.target!r} does not match the space's target {space.target!r} "
+                          f"({space.source}); pass a space written for {options.target!r}")
+    resolved = resolve(space, hardware)
+    try:
+        target = get_target_class(target_name)(resolved, options.settings)
+    except (TargetError, ValueError) as exc:
+        raise SearchError(str(exc)) from None
+    report = target.preflight()
+    return resolved, space_yaml, target, report, hardware
+
+
+def study_name_for(options: SearchOptions, resolved: ResolvedSpace) -> str:
+    return options.study or f"{resolved.space.name}-{options.target or resolved.space.target}"
+
+
+def open_optuna_storage(url: str, *, heartbeat: bool = False) -> optuna.storages.RDBStorage:
+    from storage.engine import normalize_url
+
+    kwargs: dict[str, Any] = {"engine_kwargs": {"pool_pre_ping": True}}
+    if heartbeat:
+        kwargs.update(heartbeat_interval=5, grace_period=20,
+                      failed_trial_callback=optuna.storages.RetryFailedTrialCallback(max_retry=1))
+    try:
+        return optuna.storages.RDBStorage(normalize_url(url), **kwargs)
+    except Exception as exc:  # noqa: BLE001 - any driver error means the same thing to the user
+        raise StorageError(f"Optuna cannot open storage {url!r}: {str(exc).splitlines()[0]}") from None
+
+
+def _check_out_dir(out_dir: str) -> None:
+    p = Path(out_dir)
+    try:
+        p.mkdir(parents=True, exist_ok=True)
+        probe = p / f".tuner-write-test-{os.getpid()}"
+        probe.write_text("")
+        probe.unlink()
+    except OSError as exc:
+        raise SearchError(f"output folder {out_dir!r} is not writable ({exc.strerror}); pass -o/--out DIR with "
+                          "a folder you can write") from None
+
+
+def open_context(options: SearchOptions, progress: Progress | None = None) -> SearchContext:
+    """Create (or, with ``resume``, load) the run and its Optuna study. The only place schema is created."""
+    resolved, space_yaml, target, report, hardware = prepare(options)
+    if not report.ok:
+        raise SearchError("preflight failed: " + "; ".join(report.errors))
+    if options.export:
+        _check_out_dir(options.out_dir)
+    repo = Repo(options.storage_url)
+    repo.create_schema()
+    ostorage = open_optuna_storage(options.storage_url)
+    name = study_name_for(options, resolved)
+    space = resolved.space
+    run = repo.get_run(name)
+    env = fingerprint()
+    deadline = Deadline.start_now(options.budget_s)
+    sampler = optuna.samplers.TPESampler(
+        seed=options.seed, multivariate=True, group=True, constant_liar=True,
+        n_startup_trials=max(5, min(10, len(resolved.params) + 2)),
+        constraints_func=_constraints_of,
+    )
+    # keep the top 90% at each level: prune only a clearly bad trial, after the first level (c=1 says little)
+    pruner = optuna.pruners.PercentilePruner(90.0, n_startup_trials=5, n_warmup_steps=1)
+    if run is not None and not options.resume:
+        raise SearchError(f"study {name!r} already exists in {options.storage_url}; pass --resume to continue it "
+                          "or --study NEW_NAME to start another")
+    if run is None and options.resume:
+        raise SearchError(f"--resume: no study {name!r} in {options.storage_url}; drop --resume to start it")
+    settings = {**target.settings, "pid": os.getpid(), "host": socket.gethostname(),
+                "out_dir": str(Path(options.out_dir).resolve()), "space_path": space.source}
+    if run is None:
+        study = optuna.create_study(study_name=name, storage=ostorage, direction=space.objective.direction,
+                                    sampler=sampler, pruner=pruner, load_if_exists=False)
+        study.set_user_attr("target", target.name)
+        study.set_user_attr("space", space.name)
+        run = repo.create_run(name, target=target.name, budget_s=options.budget_s,
+                              direction=space.objective.direction, objective=space.objective.describe(),
+                              unit=space.objective.unit, space_name=space.name, space_yaml=space_yaml,
+                              environment=env, settings=settings)
+    else:
+        study = optuna.load_study(study_name=name, storage=ostorage, sampler=sampler, pruner=pruner)
+        stale = repo.mark_stale_running(run.id, reason="left running by an earlier process; marked on resume")
+        for num in stale:
+            _fail_stale_optuna_trial(study, num)
+        repo.restart_run(run.id, budget_s=options.budget_s, environment=env)
+        run = repo.get_run(name)
+    ctx = SearchContext(options=options, resolved=resolved, space_yaml=space_yaml, target=target, repo=repo,
+                        study=study, run=run, deadline=deadline, hardware=hardware)
+    _load_history(ctx)
+    if ctx.baseline is None and not any(t.is_baseline for t in ctx.trials):
+        defaults = resolved.defaults()
+        study.enqueue_trial(suggestable(resolved, defaults), user_attrs={BASELINE_ATTR: True})
+    return ctx
+
+
+def _fail_stale_optuna_trial(study: optuna.Study, number: int) -> None:
+    for ft in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.RUNNING,)):
+        if ft.number == number:
+            try:
+                study._storage.set_trial_state_values(ft._trial_id, optuna.trial.TrialState.FAIL)
+            except Exception:  # noqa: BLE001 - another process may have finished it meanwhile
+                _logger.warning("could not fail stale trial %d", number)
+
+
+def _load_history(ctx: SearchContext) -> None:
+    for rec in ctx.repo.list_trials(ctx.run.id):
+        if rec.state == "running":
+            continue
+        s = TrialSummary(rec.number, rec.params, rec.outcome or "crash", rec.value, rec.reason,
+                         rec.duration_s or 0.0, rec.is_baseline)
+        ctx.trials.append(s)
+        ctx.counts[s.outcome] = ctx.counts.get(s.outcome, 0) + 1
+        ctx.seen.setdefault(params_key(rec.params), s)
+
+
+def _constraints_of(frozen: optuna.trial.FrozenTrial) -> list[float]:
+    return list(frozen.user_attrs.get("constraints", [0.0]))
+
+
+# -- one trial -------------------------------------------------------------------------------------------------
+def penalty_value(direction: str) -> float:
+    """What a failed trial is told as: worse than any real result, so TPE puts it in the bad group."""
+    return 0.0 if direction == "maximize" else 1e30
+
+
+def run_one(ctx: SearchContext, trial: optuna.Trial, progress: Progress | None, *, gpus: list[int] | None = None,
+            worker: str = "") -> TrialSummary:
+    """Sample, check, run (in a subprocess), store and tell one trial. Never raises for the trial's failure."""
+    resolved, space = ctx.resolved, ctx.resolved.space
+    params = suggest(trial, resolved)
+    is_baseline = bool(trial.user_attrs.get(BASELINE_ATTR))
+    confirm_of = trial.user_attrs.get(CONFIRM_ATTR)
+    ctx.repo.start_trial(ctx.run.id, trial.number, params, worker=worker or socket.gethostname(),
+                         is_baseline=is_baseline)
+    if progress:
+        progress.trial_started(trial.number, params)
+    key = params_key(params)
+    earlier = ctx.seen.get(key)
+    t0 = time.time()
+    if earlier is not None and confirm_of is None and not is_baseline:
+        m = Measurement(outcome=Outcome(earlier.outcome), value=earlier.value,
+                        reason=f"same configuration as trial {earlier.number}: not run again "
+                               f"({earlier.outcome}{'' if earlier.reason == '' else ': ' + earlier.reason[:200]})")
+        repeated = True
+    else:
+        repeated = False
+        reason = ctx.target.check(params)
+        if reason:
+            m = Measurement.failed(Outcome.INVALID_CONFIG, reason)
+            _logger.info("trial %d refused before running: %s", trial.number, reason)
+        else:
+            m = _run_isolated(ctx, trial, params, gpus)
+    cut = m.outcome is Outcome.TIMEOUT and (ctx.stop.is_set() or time.time() >= ctx.deadline.trials_end - 0.5)
+    if cut:
+        m.reason = ("stopped when the search was interrupted" if ctx.stop.is_set()
+                    else "stopped at the search's deadline") + f" after {time.time() - t0:.1f}s"
+    m.duration_s = m.duration_s or (time.time() - t0)
+    return _record(ctx, trial, params, m, progress, is_baseline=is_baseline, repeated=repeated,
+                   cut_by_deadline=cut)
+
+
+def _run_isolated(ctx: SearchContext, trial: optuna.Trial, params: dict[str, Any], gpus: list[int] | None
+                  ) -> Measurement:
+    hard_end = ctx.deadline.trials_end
+    per_trial = ctx.options.trial_timeout_s or float(ctx.target.settings.get("trial_timeout_s", 0) or 0)
+    if per_trial <= 0:
+        per_trial = max(30.0, 0.25 * ctx.deadline.budget_s)
+    deadline = min(hard_end, time.time() + per_trial)
+    hw = ctx.hardware
+    job = TrialJob(target=ctx.target.name, space_yaml=ctx.space_yaml, space_source=ctx.resolved.space.source,
+                   params=params, deadline=deadline, settings=ctx.options.settings,
+                   hardware={"gpu_name": hw.gpu_name, "gpu_count": hw.gpu_count,
+                             "compute_capability": list(hw.compute_capability) if hw.compute_capability else None,
+                             "has_triton": hw.has_triton, "has_torch_compile": hw.has_torch_compile,
+                             "extra": sorted(hw.extra)},
+                   gpus=gpus)
+
+    def reporter(step: int, value: float) -> bool:
+        trial.report(value, step)
+        return trial.should_prune()
+
+    proc = TrialProcess(job, reporter)
+    ctx.current = proc
+    try:
+        return proc.wait()
+    finally:
+        ctx.current = None
+
+
+def _record(ctx: SearchContext, trial: optuna.Trial, params: dict[str, Any], m: Measurement,
+            progress: Progress | None, *, is_baseline: bool, repeated: bool, cut_by_deadline: bool = False
+            ) -> TrialSummary:
+    space = ctx.resolved.space
+    constraints = _level_constraints(space, m)
+    if m.outcome is Outcome.OK and m.value is not None and math.isfinite(m.value):
+        trial.set_user_attr("constraints", constraints or [0.0])
+        state, values = optuna.trial.TrialState.COMPLETE, m.value
+    elif m.outcome is Outcome.PRUNED:
+        state, values = optuna.trial.TrialState.PRUNED, None
+    elif m.outcome is Outcome.TIMEOUT and cut_by_deadline:
+        # the search ended under it: says nothing about the configuration, so Optuna is not taught it is bad
+        state, values = optuna.trial.TrialState.FAIL, None
+    else:
+        if m.outcome is Outcome.OK:  # ok but no finite value: treat as a crash of the measurement
+            m.outcome, m.reason = Outcome.CRASH, m.reason or "the trial reported no finite objective value"
+        trial.set_user_attr("constraints", [1.0])
+        state, values = optuna.trial.TrialState.COMPLETE, penalty_value(ctx.direction)
+    trial.set_user_attr("outcome", m.outcome.value)
+    if repeated:
+        trial.set_user_attr("repeat", True)
+    value = m.value if m.outcome is Outcome.OK else None
+    ctx.repo.finish_trial(ctx.run.id, trial.number, outcome=m.outcome.value, value=value, reason=m.reason,
+                          log_excerpt=m.log, metrics=m.metrics, duration_s=m.duration_s)
+    try:
+        ctx.study.tell(trial, values, state=state)
+    except Exception:  # noqa: BLE001 - e.g. a heartbeat already failed it; the tuner_ tables still hold the truth
+        _logger.exception("could not tell Optuna about trial %d", trial.number)
+    summary = TrialSummary(trial.number, params, m.outcome.value, value, m.reason, m.duration_s, is_baseline)
+    ctx.trials.append(summary)
+    ctx.counts[summary.outcome] = ctx.counts.get(summary.outcome, 0) + 1
+    ctx.seen.setdefault(params_key(params), summary)
+    level = logging.INFO if m.outcome in (Outcome.OK, Outcome.PRUNED) else logging.WARNING
+    _logger.log(level, "trial %d %s value=%s %s", trial.number, m.outcome.value, value, m.reason[:200])
+    if progress:
+        progress.trial_finished(summary, ctx)
+    return summary
+
+
+def _level_constraints(space, m: Measurement) -> list[float]:
+    out = []
+    for c in space.objective.constraints:
+        v = m.metric(c.metric, c.level)
+        out.append(1.0 if v is None else c.violation(v))
+    return out
+
+
+# -- the loop --------------------------------------------------------------------------------------------------
+def run_search(options: SearchOptions, progress: Progress | None = None) -> SearchResult:
+    """Run a whole search: set up, trials until the deadline, confirm the top few, export. See module docstring."""
+    if options.dry_run:
+        resolved, _, target, report, _ = prepare(options)
+        return SearchResult(study_name_for(options, resolved), options.storage_url, "dry_run", [], None, None,
+                            None, None, None, None, report, 0.0)
+    ctx = open_context(options, progress)
+    if progress:
+        progress.started(ctx)
+    state = "finished"
+    prev_handler = _install_sigint(ctx)
+    try:
+        _loop(ctx, progress)
+        if not ctx.stop.is_set():
+            confirm_top(ctx, progress)
+        if ctx.stop.is_set():
+            state = "interrupted"
+    except KeyboardInterrupt:
+        state = "interrupted"
+        ctx.stop_reason = ctx.stop_reason or "interrupted (Ctrl-C)"
+    finally:
+        _restore_sigint(prev_handler)
+    export_dir = None
+    best = pick_best(ctx)
+    if options.export and best is not None:
+        from tuner.export import export_run
+
+        try:
+            export_dir = str(export_run(ctx.repo, ctx.run.study_name, options.out_dir, target=ctx.target,
+                                        best_params=best.params))
+        except Exception as exc:  # noqa: BLE001 - the trials are stored; say what failed
+            _logger.error("export failed: %s", exc)
+            if progress:
+                progress.message(f"export failed: {exc}")
+    ctx.repo.end_run(ctx.run.id, state, export_dir=export_dir)
+    baseline = ctx.baseline
+    return SearchResult(ctx.run.study_name, options.storage_url, state, ctx.trials, baseline, best,
+                        best.params if best else None, best.value if best else None,
+                        baseline.value if baseline else None, export_dir, ctx.target.preflight(),
+                        ctx.deadline.elapsed(), ctx.stop_reason)
+
+
+def _loop(ctx: SearchContext, progress: Progress | None) -> None:
+    repeats_in_a_row = 0
+    failures_in_a_row = 0
+    started = len(ctx.trials)
+    while not ctx.stop.is_set():
+        if ctx.options.n_trials is not None and len(ctx.trials) - started >= ctx.options.n_trials:
+            ctx.stop_reason = f"{ctx.options.n_trials} trials done"
+            return
+        if ctx.deadline.remaining_for_trials() <= 1.0 + _confirm_reserve(ctx):
+            ctx.stop_reason = "budget used"
+            return
+        trial = ctx.study.ask()
+        summary = run_one(ctx, trial, progress)
+        repeats_in_a_row = repeats_in_a_row + 1 if "not run again" in summary.reason else 0
+        failures_in_a_row = failures_in_a_row + 1 if summary.outcome not in ("ok", "pruned") else 0
+        if repeats_in_a_row >= MAX_REPEATS_IN_A_ROW:
+            ctx.stop_reason = f"search space exhausted: {repeats_in_a_row} repeated configurations in a row"
+            return
+        if failures_in_a_row and failures_in_a_row % 10 == 0 and progress:
+            progress.message(f"{failures_in_a_row} failed trials in a row: see `tuner status` for their reasons")
+
+
+def _confirm_reserve(ctx: SearchContext) -> float:
+    """Time kept back at the end to re-run the top configurations (none until there is something to confirm)."""
+    ok = [t.duration_s for t in ctx.trials if t.outcome == "ok" and "not run again" not in t.reason]
+    if ctx.options.confirm_top <= 0 or ctx.options.n_trials is not None or len(ok) < 5:
+        return 0.0
+    return min(0.15 * ctx.deadline.budget_s, 1.2 * ctx.options.confirm_top * statistics.median(ok))
+
+
+def confirm_top(ctx: SearchContext, progress: Progress | None) -> None:
+    """Re-run the best few configurations once more when time allows, so the winner is not a lucky timing."""
+    k = ctx.options.confirm_top
+    ok = [t for t in ctx.trials if t.outcome == "ok" and t.value is not None]
+    if k <= 0 or len(ok) < 2:
+        return
+    distinct: dict[str, TrialSummary] = {}
+    for t in sorted(ok, key=lambda t: t.value, reverse=ctx.direction == "maximize"):
+        distinct.setdefault(params_key(t.params), t)
+    top = list(distinct.values())[:k]
+    mean_dur = statistics.median(t.duration_s for t in ok if "not run again" not in t.reason) or 1.0
+    for t in top:
+        if ctx.stop.is_set() or ctx.deadline.remaining_for_trials() < 1.5 * mean_dur:
+            return
+        if ctx.options.n_trials is not None:
+            return
+        ctx.study.enqueue_trial(suggestable(ctx.resolved, t.params), user_attrs={CONFIRM_ATTR: t.number})
+        trial = ctx.study.ask()
+        if progress:
+            progress.message(f"re-running trial {t.number}'s configuration to confirm it")
+        run_one(ctx, trial, progress)
+
+
+def pick_best(ctx: SearchContext) -> TrialSummary | None:
+    """The configuration with the best median over its runs (a confirmed winner beats a lucky single timing)."""
+    groups: dict[str, list[TrialSummary]] = {}
+    for t in ctx.trials:
+        if t.outcome == "ok" and t.value is not None and "not run again" not in t.reason:
+            groups.setdefault(params_key(t.params), []).append(t)
+    best, best_med = None, None
+    for runs in groups.values():
+        med = statistics.median(r.value for r in runs)
+        if best_med is None or ctx.better(med, best_med):
+            best, best_med = max(runs, key=lambda r: r.number), med
+    if best is None:
+        return None
+    return TrialSummary(best.number, best.params, best.outcome, best_med, best.reason, best.duration_s,
+                        best.is_baseline)
+
+
+def _install_sigint(ctx: SearchContext):
+    """First Ctrl-C (or SIGINT from the API): stop the running trial, end cleanly, export. Second: the default."""
+    if threading.current_thread() is not threading.main_thread():
+        return None
+
+    def handler(signum, frame):
+        if ctx.stop.is_set():
+            raise KeyboardInterrupt
+        ctx.stop.set()
+        ctx.stop_reason = "interrupted (Ctrl-C)" if signum == signal.SIGINT else "stopped (SIGTERM)"
+        if ctx.current is not None:
+            ctx.current.kill(Outcome.TIMEOUT)
+
+    prev = (signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM))
+    signal.signal(signal.SIGINT, handler)
+    signal.signal(signal.SIGTERM, handler)
+    return prev
+
+
+def _restore_sigint(prev) -> None:
+    if prev is not None:
+        signal.signal(signal.SIGINT, prev[0])
+        signal.signal(signal.SIGTERM, prev[1])
+
+
+__all__ = ["SearchContext", "SearchError", "SearchOptions", "SearchResult", "SpaceError", "StorageError",
+           "TrialSummary", "open_context", "run_one", "run_search"]

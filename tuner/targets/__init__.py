@@ -1,0 +1,31 @@
+"""Targets: what a trial runs. One registry, lazy imports (a target's heavy deps load only when it is used)."""
+
+from __future__ import annotations
+
+import importlib
+
+from tuner.targets.base import LaunchSpec, PreflightReport, Target, TargetError
+
+_REGISTRY = {
+    "workload": "tuner.targets.workload:WorkloadTarget",
+    "sglang": "tuner.targets.sglang:SGLangTarget",
+    "command": "tuner.targets.sglang:CommandTarget",
+    "kernels": "tuner.targets.kernels:KernelsTarget",
+}
+
+
+def target_names() -> tuple[str, ...]:
+    return tuple(_REGISTRY)
+
+
+def get_target_class(name: str) -> type[Target]:
+    if name not in _REGISTRY:
+        raise TargetError(f"unknown target {name!r}; use one of {sorted(_REGISTRY)}")
+    module, _, attr = _REGISTRY[name].partition(":")
+    try:
+        return getattr(importlib.import_module(module), attr)
+    except (ImportError, AttributeError) as exc:
+        raise TargetError(f"target {name!r} is not available in this build ({exc})") from None
+
+
+__all__ = ["LaunchSpec", "PreflightReport", "Target", "TargetError", "get_target_class", "target_names"]

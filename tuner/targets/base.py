@@ -1,0 +1,118 @@
+"""The abstract target: what one trial runs, and how its configuration is checked before any GPU time is spent."""
+
+from __future__ import annotations
+
+import abc
+import logging
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+from search_spaces import ResolvedSpace
+from tuner.measurement import Measurement
+
+_logger = logging.getLogger(__name__)
+
+Reporter = Callable[[int, float], bool]
+"""``report(step, value) -> should_stop``: an intermediate value (one concurrency level); True means pruned."""
+
+
+class TargetError(RuntimeError):
+    """A target cannot be set up at all (missing server, bad settings). Raised before the search starts."""
+
+
+@dataclass
+class PreflightReport:
+    """What will run and what will not, and why. ``errors`` stop the search before its first trial."""
+
+    target: str
+    will_run: list[str] = field(default_factory=list)
+    will_not_run: list[str] = field(default_factory=list)
+    rules: list[str] = field(default_factory=list)
+    errors: list[str] = field(default_factory=list)
+    facts: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def ok(self) -> bool:
+        return not self.errors
+
+    def lines(self) -> list[str]:
+        out = [f"preflight for target `{self.target}`:"]
+        out += [f"  {k}: {v}" for k, v in self.facts.items()]
+        out += [f"  will run: {x}" for x in self.will_run]
+        out += [f"  will not run: {x}" for x in self.will_not_run]
+        out += [f"  rule: {x}" for x in self.rules]
+        out += [f"  ERROR: {x}" for x in self.errors]
+        return out
+
+
+@dataclass
+class LaunchSpec:
+    """How to run a configuration outside the tuner: an argv, extra environment, and files to ship beside it."""
+
+    argv: list[str]
+    env: dict[str, str] = field(default_factory=dict)
+    description: str = ""
+    remeasure_argv: list[str] | None = None
+    """The command that re-measures the configuration (defaults to ``argv``)."""
+
+
+class Target(abc.ABC):
+    """What a trial runs.
+
+    Contract:
+
+    - ``__init__(resolved, settings)`` must be cheap and must not touch a GPU: the search process builds one to
+      run :meth:`preflight` and :meth:`launch_spec`; each trial builds its own inside a fresh subprocess.
+    - :meth:`preflight` runs once before any trial. It checks every parameter value the space can produce
+      against what is installed (a flag the server does not accept, a mode this torch cannot do) and returns
+      a :class:`PreflightReport`; it never raises for a bad configuration, it reports it.
+    - :meth:`check` runs before each trial in the search process: a reason string when the params cannot
+      run (the trial becomes ``invalid_config`` without spending a subprocess), else ``None``.
+    - :meth:`evaluate` runs in the trial's own subprocess (see ``tuner.isolation``); it must return by
+      ``deadline`` (``time.time()`` seconds) or it is killed and recorded as ``timeout``. It returns a
+      :class:`Measurement` whose outcome classifies any failure; raising is allowed (the worker classifies the
+      exception) but a crash, hang or CUDA error only ever fails this one trial.
+    - ``report(step, value)`` passes an intermediate value (e.g. one concurrency level) to the pruner; when it
+      returns True the evaluation should stop and return an outcome ``pruned``.
+    """
+
+    name: str = "abstract"
+    gpus_per_trial: int = 0
+
+    def __init__(self, resolved: ResolvedSpace, settings: dict[str, Any] | None = None) -> None:
+        self.resolved = resolved
+        self.space = resolved.space
+        self.settings = {**self.space.settings, **(settings or {})}
+
+    def preflight(self) -> PreflightReport:
+        report = PreflightReport(target=self.name)
+        report.will_run.append(f"{len(self.resolved.params)} tunable parameters: "
+                               + ", ".join(p.name for p in self.resolved.params))
+        report.will_not_run += [str(i) for i in self.resolved.inactive]
+        report.rules += list(self.resolved.notes)
+        for c in self.space.constraints:
+            report.rules.append(f"constraint `{c.name}`" + (f": {c.message}" if c.message else ""))
+        return report
+
+    def check(self, params: dict[str, Any]) -> str | None:
+        bad = self.space.violated_constraints(params)
+        if bad:
+            names = ", ".join(f"`{c.name}`" for c in bad)
+            return f"violates constraint {names}"
+        return None
+
+    def gpus_for(self, params: dict[str, Any]) -> int:
+        """GPUs one trial with ``params`` needs (for leasing); 0 on a CPU-only target."""
+        return self.gpus_per_trial
+
+    @abc.abstractmethod
+    def evaluate(self, params: dict[str, Any], deadline: float, report: Reporter | None = None) -> Measurement:
+        """Run one trial; see the class docstring."""
+
+    @abc.abstractmethod
+    def launch_spec(self, params: dict[str, Any]) -> LaunchSpec:
+        """The command that deploys (or re-measures) ``params`` outside the tuner; used by the export."""
+
+    def kernel_config_dirs(self) -> list[str]:
+        """Directories of tuned kernel configs this target's launch uses (copied beside the launch script)."""
+        return []

@@ -1,0 +1,94 @@
+"""The built-in decode workload as a target: no server, no weights; random weights, real ops, real timings."""
+
+from __future__ import annotations
+
+import logging
+import shlex
+import sys
+import time
+from typing import Any
+
+from search_spaces import ResolvedSpace
+from tuner.measurement import Measurement, Outcome
+from tuner.targets.base import LaunchSpec, PreflightReport, Reporter, Target
+from tuner.workload.model import DEFAULT_KNOBS, KnobError
+from tuner.workload.presets import get_preset
+
+_logger = logging.getLogger(__name__)
+
+
+class WorkloadTarget(Target):
+    """A DeepSeek-V4-Flash-shaped decode step (``tuner.workload.model``) measured at each concurrency level."""
+
+    name = "workload"
+
+    def __init__(self, resolved: ResolvedSpace, settings: dict[str, Any] | None = None) -> None:
+        super().__init__(resolved, settings)
+        self.preset = get_preset(str(self.settings.get("preset", self.space.preset)))
+        self.gpus_per_trial = 1 if resolved.hardware.gpu_count else 0
+
+    def preflight(self) -> PreflightReport:
+        report = super().preflight()
+        hw = self.resolved.hardware
+        report.facts.update({
+            "preset": self.preset.name,
+            "device": hw.gpu_name if hw.gpu_count else "cpu (no CUDA GPU: Triton kernels and CUDA graphs inactive)",
+            "levels": list(self.space.objective.levels),
+            "objective": self.space.objective.describe(),
+            "live_context": self.settings.get("live_context", 512),
+        })
+        for p in self.space.params:
+            if not (p.flag or p.kernel or p.env) and p.name not in DEFAULT_KNOBS and p.name != "cuda_graph_buckets":
+                report.errors.append(f"parameter `{p.name}` is not a knob of the workload; knobs are "
+                                     f"{sorted([*DEFAULT_KNOBS, 'cuda_graph_buckets'])}")
+        if "context_length" in self.space.names:
+            too_big = [v for v in self.space.param("context_length").choices() if v > self.preset.max_context]
+            if too_big:
+                report.errors.append(f"`context_length` values {too_big} exceed preset {self.preset.name}'s max "
+                                     f"context {self.preset.max_context}; drop them or use another preset")
+        return report
+
+    def evaluate(self, params: dict[str, Any], deadline: float, report: Reporter | None = None) -> Measurement:
+        import torch
+
+        from tuner.workload.bench import measure
+        from tuner.workload.model import DecodeModel
+
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+        knobs = dict(params)
+        for p in self.space.params:  # kernel params travel as "kernel.field" knobs
+            if p.kernel and p.name in params:
+                knobs[p.kernel] = params[p.name]
+        try:
+            model = DecodeModel(self.preset, knobs, device, seed=int(self.settings.get("seed", 0)))
+        except KnobError as exc:
+            return Measurement.failed(Outcome.INVALID_CONFIG, str(exc))
+        obj = self.space.objective
+        try:
+            res = measure(
+                model, list(obj.levels),
+                live_context=int(self.settings.get("live_context", 512)),
+                warmup=int(self.settings.get("warmup", 2)),
+                repeats=int(self.settings.get("repeats", 5)),
+                buckets=params.get("cuda_graph_buckets"),
+                deadline=deadline,
+                report=report,
+            )
+        except TimeoutError as exc:
+            return Measurement.failed(Outcome.TIMEOUT, str(exc))
+        by_level = {lv.concurrency: lv.tok_s for lv in res.levels}
+        m = Measurement(outcome=Outcome.OK, metrics=res.metrics(), by_level=by_level)
+        if len(by_level) == len(obj.levels):
+            m.value = obj.combine_values(by_level)
+        else:
+            m.outcome, m.reason = Outcome.PRUNED, f"stopped after levels {sorted(by_level)}"
+        return m
+
+    def launch_spec(self, params: dict[str, Any]) -> LaunchSpec:
+        argv = [sys.executable, "-m", "tuner.workload.run", "--preset", self.preset.name,
+                "--levels", ",".join(map(str, self.space.objective.levels)),
+                "--live-context", str(self.settings.get("live_context", 512)),
+                "--repeats", str(self.settings.get("repeats", 5))]
+        for k, v in params.items():
+            argv += ["--knob", f"{k}={v}"]
+        return LaunchSpec(argv=argv, description="re-measure the best decode configuration of the built-in workload")

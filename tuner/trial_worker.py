@@ -1,0 +1,68 @@
+"""The child side of ``tuner.isolation``: read a job on stdin, evaluate, write the measurement as JSON.
+
+Run as ``python -m tuner.trial_worker``. Any exception becomes a classified failed measurement; only a hard
+crash (segfault, kill) leaves no result, which the parent then classifies.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import sys
+import traceback
+
+from tuner.isolation import MARK
+from tuner.measurement import Measurement, Outcome
+
+
+def classify_exception(exc: BaseException) -> Outcome:
+    name = type(exc).__name__
+    text = f"{name}: {exc}"
+    if "OutOfMemory" in name or "out of memory" in text:
+        return Outcome.OOM
+    if "OutOfResources" in name or "out of resource" in text:
+        return Outcome.OUT_OF_RESOURCES
+    if "Compil" in name or "compile" in text.lower() and ("error" in text.lower() or "fail" in text.lower()):
+        return Outcome.COMPILE_ERROR
+    if isinstance(exc, (ValueError, TypeError)) and "config" in text.lower():
+        return Outcome.INVALID_CONFIG
+    if "wrong result" in text.lower() or name == "WrongResult":
+        return Outcome.WRONG_RESULT
+    return Outcome.CRASH
+
+
+def report(step: int, value: float) -> bool:
+    print(MARK + json.dumps({"step": step, "value": value}), flush=True)
+    return False
+
+
+def main() -> int:
+    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s", stream=sys.stdout)
+    job = json.load(sys.stdin)
+    result_path = job["result_path"]
+    try:
+        from search_spaces import Hardware, detect_hardware, load_space_text, resolve
+        from tuner.targets import get_target_class
+
+        space = load_space_text(job["space_yaml"], source=job["space_source"])
+        hw = job.get("hardware")
+        hardware = Hardware(**{**hw, "compute_capability": tuple(hw["compute_capability"])
+                               if hw.get("compute_capability") else None,
+                               "extra": frozenset(hw.get("extra", ()))}) if hw else detect_hardware()
+        target = get_target_class(job["target"])(resolve(space, hardware), job.get("settings") or {})
+        m = target.evaluate(job["params"], float(job["deadline"]), report)
+    except BaseException as exc:  # noqa: BLE001 - every failure is data
+        if isinstance(exc, KeyboardInterrupt):
+            raise
+        m = Measurement.failed(classify_exception(exc), f"{type(exc).__name__}: {exc}"[:2000],
+                               traceback.format_exc()[-6000:])
+    tmp = result_path + ".tmp"
+    with open(tmp, "w") as f:
+        json.dump(m.to_json(), f)
+    os.replace(tmp, result_path)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,90 @@
+"""The decode step's operators, chosen by the workload's knobs.
+
+Each knob selects a real mechanism: the GEMM dtype per family changes the dtype the weights are stored in and
+the matmul runs in; the attention implementation picks the torch reference or a Triton kernel; the indexer
+width picks the configured context (static, as SGLang sizes it under CUDA graphs) or the live length.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+
+import torch
+
+_logger = logging.getLogger(__name__)
+
+GEMM_DTYPES = {"fp32": torch.float32, "tf32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16,
+               "fp8": torch.float8_e4m3fn}
+
+
+@dataclass
+class Linear:
+    """A weight stored in its family's dtype; ``fp8`` keeps e4m3 values and a per-tensor scale."""
+
+    weight: torch.Tensor  # [out, in]
+    dtype_name: str
+    scale: torch.Tensor | None = None
+
+    @classmethod
+    def make(cls, w: torch.Tensor, dtype_name: str) -> Linear:
+        if dtype_name == "fp8":
+            scale = w.abs().amax().float().clamp(min=1e-12) / 448.0
+            return cls((w / scale).to(torch.float8_e4m3fn), dtype_name, scale)
+        return cls(w.to(GEMM_DTYPES[dtype_name]).contiguous(), dtype_name)
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        out_dtype = x.dtype
+        if self.dtype_name == "fp8":
+            xs = x.float().abs().amax().clamp(min=1e-12) / 448.0
+            xq = (x.float() / xs).to(torch.float8_e4m3fn)
+            y = torch._scaled_mm(xq, self.weight.t(), scale_a=xs, scale_b=self.scale, out_dtype=torch.bfloat16)
+            return y.to(out_dtype)
+        if self.dtype_name == "tf32":
+            prev = torch.backends.cuda.matmul.allow_tf32
+            torch.backends.cuda.matmul.allow_tf32 = True
+            try:
+                return (x.float() @ self.weight.t()).to(out_dtype)
+            finally:
+                torch.backends.cuda.matmul.allow_tf32 = prev
+        return (x.to(self.weight.dtype) @ self.weight.t()).to(out_dtype)
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
+    xf = x.float()
+    return (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps) * weight.float()).to(x.dtype)
+
+
+def add_rms_norm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """``h = x + residual; return rmsnorm(h) * weight, h`` (eager: three kernels and two casts)."""
+    h = x + residual
+    return rms_norm(h, weight), h
+
+
+def rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, rope_dim: int) -> torch.Tensor:
+    """Rotate the last ``rope_dim`` dims (half-rotated form) of ``x`` [..., d]; cos/sin [B, rope_dim/2]."""
+    nope, pe = x[..., :-rope_dim], x[..., -rope_dim:]
+    half = rope_dim // 2
+    x1, x2 = pe[..., :half].float(), pe[..., half:].float()
+    while cos.dim() < x1.dim():
+        cos, sin = cos.unsqueeze(-2), sin.unsqueeze(-2)
+    rot = torch.cat([x1 * cos - x2 * sin, x1 * sin + x2 * cos], dim=-1).to(x.dtype)
+    return torch.cat([nope, rot], dim=-1)
+
+
+def sparse_attention_torch(q: torch.Tensor, kv_pool: torch.Tensor, rows: torch.Tensor, scale: float) -> torch.Tensor:
+    """Reference sparse MQA decode: q [B, H, d], kv_pool [N, d] (K = V), rows [B, T] (-1 = masked) -> [B, H, d]."""
+    kv = kv_pool[rows.clamp(min=0)]  # [B, T, d]
+    s = torch.einsum("bhd,btd->bht", q.float(), kv.float()) * scale
+    s = s.masked_fill((rows < 0).unsqueeze(1), float("-inf"))
+    p = torch.softmax(s, dim=-1)
+    return torch.einsum("bht,btd->bhd", p, kv.float()).to(q.dtype)
+
+
+def indexer_scores_torch(qi: torch.Tensor, w: torch.Tensor, keys: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """``score[b, j] = sum_h relu(q[b,h] . k[b,j]) * w[b,h]`` with the [B, H, rows] logits in memory, as SGLang's
+    torch path does. qi [B, Hi, Di], w [B, Hi], keys [B, rows, Di] -> [B, rows] float32."""
+    if dtype == torch.float8_e4m3fn:  # no fp8 bmm in torch: emulate the precision, compute in bf16
+        qi, keys, dtype = qi.to(dtype).to(torch.bfloat16), keys.to(dtype).to(torch.bfloat16), torch.bfloat16
+    logits = torch.einsum("bhd,bjd->bhj", qi.to(dtype), keys.to(dtype))
+    return (torch.relu(logits).float() * w.float().unsqueeze(-1)).sum(1)
