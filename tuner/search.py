@@ -62,6 +62,10 @@ class SearchOptions:
     export: bool = True
     trial_timeout_s: float | None = None
     hardware: Hardware | None = None
+    workers: int = 1
+    """Local worker threads, each running its trials in its own subprocess (see ``tuner.workers``)."""
+    gpus: list[int] | None = None
+    """GPU ids the local workers lease from (``None``: every visible GPU, or none on a CPU machine)."""
 
 
 @dataclass
@@ -408,7 +412,12 @@ def run_search(options: SearchOptions, progress: Progress | None = None) -> Sear
     state = "finished"
     prev_handler = _install_sigint(ctx)
     try:
-        _loop(ctx, progress)
+        if options.workers > 1 or options.gpus:
+            from tuner.workers import run_parallel
+
+            run_parallel(ctx, progress)
+        else:
+            _loop(ctx, progress)
         if not ctx.stop.is_set():
             confirm_top(ctx, progress)
         if ctx.stop.is_set():
