@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import AsyncIterable
+from collections.abc import AsyncIterable, AsyncIterator
 from typing import Annotated
 
 from fastapi import APIRouter, Header, Query, Request
@@ -19,6 +19,7 @@ from fastapi.sse import EventSourceResponse, ServerSentEvent
 
 from api.deps import RunDep, StateDep
 from api.schemas import EventOut
+from api.state import ApiState
 from storage import Event
 
 router = APIRouter(prefix="/api/studies", tags=["events"])
@@ -48,12 +49,19 @@ async def stream_events(
     after: Annotated[int | None, Query(ge=0, le=2**62, description="replay events with a larger id")] = None,
     last_event_id: Annotated[int | None, Header(alias="Last-Event-ID", ge=0, le=2**62)] = None,
 ) -> AsyncIterable[ServerSentEvent]:
-    repo, settings = state.repo(), state.settings
     cursor = max(after or 0, last_event_id or 0)
-    run_id, name, running = run.id, run.study_name, run.state == "running"
+    yield ServerSentEvent(comment=f"study {run.study_name}", retry=2000)
+    async for ev in _follow(state, request, run.study_name, run.id, cursor, run.state == "running"):
+        yield ev
+
+
+async def _follow(
+    state: ApiState, request: Request, name: str, run_id: int, cursor: int, running: bool
+) -> AsyncIterator[ServerSentEvent]:
+    """Replay events after ``cursor``, then poll for new ones until the search ends or the client goes."""
+    repo, settings = state.repo(), state.settings
     deadline = time.monotonic() + settings.sse_max_s
     polls = 0
-    yield ServerSentEvent(comment=f"study {name}", retry=2000)
     while True:
         batch = await run_in_threadpool(repo.events_after, run_id, cursor)
         for ev in batch:

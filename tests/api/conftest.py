@@ -1,86 +1,18 @@
-"""Fixtures of the API tests: a real SQLite database filled by a small search, and TestClients on it.
-
-Until ``tuner.search.run_search`` exists, the search is a small Optuna study on a stand-in objective that
-writes the ``tuner_`` tables through ``storage.Repo`` exactly as the search does (trial started/finished
-events, measurements, a baseline, failures and prunes, exported artifacts).
-"""
+"""Fixtures of the API tests: a real SQLite database filled by a small search, and TestClients on it."""
 
 from __future__ import annotations
 
-import os
-import socket
 import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
 
-import optuna
 import pytest
+from api_search_data import STUDY, fake_search
 from fastapi.testclient import TestClient
 
 from api.app import create_app
 from api.settings import ApiSettings
-from storage import Repo
-from storage.repo import MetricRow
-
-TOKEN = "test-token-0123456789abcdef"
-STUDY = "s1"
-
-
-def fake_search(url: str, study_name: str, *, n_trials: int = 12, seed: int = 0, delay_s: float = 0.0,
-                end: bool = True) -> Repo:  # fmt: skip
-    """A finite search on a stand-in objective: one baseline, ok trials, an out-of-resources one, a pruned one."""
-    repo = Repo(url)
-    repo.create_schema()
-    run = repo.create_run(
-        study_name, target="workload", budget_s=60.0, objective="decode_tok_s", unit="tok/s",
-        space_name="dsv4_flash_tiny", space_yaml="params: {}\n",
-        environment={"gpu": "cpu", "torch": "2.13", "host": socket.gethostname()},
-        settings={"pid": os.getpid(), "host": socket.gethostname()},
-    )  # fmt: skip
-    study = optuna.create_study(
-        storage=url, study_name=study_name, direction="maximize", sampler=optuna.samplers.TPESampler(seed=seed)
-    )
-    study.enqueue_trial({"split_k": 1, "block_n": 64, "context_cap": 1048576})
-
-    def objective(trial: optuna.Trial) -> float:
-        params = {
-            "split_k": trial.suggest_categorical("split_k", [1, 2, 4, 8]),
-            "block_n": trial.suggest_categorical("block_n", [32, 64, 128, 256]),
-            "context_cap": trial.suggest_categorical("context_cap", [1048576, 131072, 16384]),
-        }
-        repo.start_trial(run.id, trial.number, params, worker="w0", is_baseline=trial.number == 0)
-        time.sleep(delay_s)
-        if trial.number == 5 or (params["split_k"] == 8 and params["block_n"] == 256):
-            repo.finish_trial(run.id, trial.number, outcome="out_of_resources", value=None,
-                              reason="shared memory 262144 > 232448", log_excerpt="triton OutOfResources",
-                              duration_s=0.1)  # fmt: skip
-            raise RuntimeError("out_of_resources")
-        value = 30.0 * (1 + params["split_k"] ** 0.5) * (1048576 / params["context_cap"]) ** 0.5
-        value *= 1.0 + params["block_n"] / 1024
-        if trial.number == 3:
-            repo.finish_trial(run.id, trial.number, outcome="pruned", value=None, reason="pruned at c=1",
-                              metrics=[MetricRow("tok_s", "c=1", value / 4, "tok/s")], duration_s=0.2)  # fmt: skip
-            raise optuna.TrialPruned()
-        metrics = [MetricRow("tok_s", f"c={c}", value * c / 64, "tok/s") for c in (1, 16, 64)]
-        metrics.append(MetricRow("step_ms", "", 1000.0 / value, "ms"))
-        repo.finish_trial(run.id, trial.number, outcome="ok", value=value, metrics=metrics,
-                          log_excerpt=f"trial {trial.number} ok", duration_s=0.5 + trial.number / 10)  # fmt: skip
-        return value
-
-    study.optimize(objective, n_trials=n_trials, catch=(RuntimeError,))
-    best = study.best_trial
-    script = "#!/usr/bin/env bash\npython -m sglang.launch_server " + " ".join(
-        f"--{k.replace('_', '-')} {v}" for k, v in best.params.items()
-    )
-    repo.add_artifacts(run.id, [
-        ("launch_script", "launch.sh", "out/launch.sh", script.encode()),
-        ("best_params", "best_params.json", "out/best_params.json", b'{"split_k": 4}'),
-        ("report", "report.md", "out/report.md", "# Report\n\nbest × 3.1 ✓\n".encode()),
-    ])  # fmt: skip
-    if end:
-        repo.end_run(run.id, "finished", export_dir="out")
-    return repo
 
 
 @pytest.fixture(scope="session")
@@ -117,3 +49,43 @@ def run_in_thread(fn: Callable[[], object]) -> threading.Thread:
     t = threading.Thread(target=fn, daemon=True)
     t.start()
     return t
+
+
+class LiveServer:
+    """A real uvicorn server on a free loopback port, in a thread of the test process."""
+
+    def __init__(self, settings: ApiSettings) -> None:
+        import socket
+
+        import uvicorn
+
+        with socket.socket() as sock:
+            sock.bind(("127.0.0.1", 0))
+            self.port = sock.getsockname()[1]
+        self.app = create_app(settings)
+        config = uvicorn.Config(self.app, host="127.0.0.1", port=self.port, log_level="warning", lifespan="on")
+        self.server = uvicorn.Server(config)
+        self.thread = run_in_thread(self.server.run)
+        deadline = time.monotonic() + 20
+        while not self.server.started:
+            if time.monotonic() > deadline or not self.thread.is_alive():
+                raise RuntimeError(f"uvicorn did not start on port {self.port}")
+            time.sleep(0.05)
+        self.url = f"http://127.0.0.1:{self.port}"
+
+    def stop(self) -> None:
+        self.server.should_exit = True
+        self.thread.join(timeout=10)
+
+
+@pytest.fixture
+def live_server() -> Callable[[ApiSettings], LiveServer]:
+    servers: list[LiveServer] = []
+
+    def start(settings: ApiSettings) -> LiveServer:
+        servers.append(LiveServer(settings))
+        return servers[-1]
+
+    yield start
+    for s in servers:
+        s.stop()

@@ -1,0 +1,104 @@
+"""GET /api/studies/{name}/events: Server-Sent Events from the tuner_events table, replay and live."""
+
+from __future__ import annotations
+
+import json
+import time
+
+import httpx
+import pytest
+from api_search_data import STUDY, fake_search
+from conftest import run_in_thread
+from fastapi.testclient import TestClient
+
+from api.app import create_app
+from api.settings import ApiSettings
+from storage import Repo
+
+KINDS = {"trial_started", "trial_finished", "trial_pruned", "trial_failed", "new_best", "search_ended"}
+
+
+def parse_sse(lines) -> list[dict]:
+    """Events of an SSE stream as dicts with `event`, `id` and decoded `data`."""
+    events, cur = [], {}
+    for line in lines:
+        if line == "":
+            if "data" in cur:
+                events.append(cur)
+            cur = {}
+        elif line.startswith(":"):
+            continue
+        else:
+            field, _, value = line.partition(":")
+            value = value[1:] if value.startswith(" ") else value
+            cur[field] = json.loads(value) if field == "data" else value
+    return events
+
+
+@pytest.mark.timeout(30)
+def test_replay_of_a_finished_study_ends_after_search_ended(client: TestClient) -> None:
+    with client.stream("GET", f"/api/studies/{STUDY}/events") as r:
+        assert r.status_code == 200 and r.headers["content-type"].startswith("text/event-stream")
+        events = parse_sse(r.iter_lines())
+    kinds = [e["event"] for e in events]
+    assert set(kinds) <= KINDS and {"trial_started", "trial_finished", "new_best"} <= set(kinds)
+    assert {"trial_failed", "trial_pruned"} <= set(kinds)
+    assert kinds[-1] == "search_ended" and kinds.count("search_ended") == 1
+    ids = [int(e["id"]) for e in events]
+    assert ids == sorted(ids) and all(e["data"]["id"] == int(e["id"]) for e in events)
+
+
+@pytest.mark.timeout(30)
+def test_resume_with_last_event_id_and_after(client: TestClient) -> None:
+    with client.stream("GET", f"/api/studies/{STUDY}/events") as r:
+        all_ids = [int(e["id"]) for e in parse_sse(r.iter_lines())]
+    cut = all_ids[len(all_ids) // 2]
+    with client.stream("GET", f"/api/studies/{STUDY}/events", headers={"Last-Event-ID": str(cut)}) as r:
+        assert [int(e["id"]) for e in parse_sse(r.iter_lines())] == [i for i in all_ids if i > cut]
+    with client.stream("GET", f"/api/studies/{STUDY}/events", params={"after": cut}) as r:
+        assert [int(e["id"]) for e in parse_sse(r.iter_lines())] == [i for i in all_ids if i > cut]
+    assert client.get(f"/api/studies/{STUDY}/events", params={"after": -1}).status_code == 422
+    assert client.get(f"/api/studies/{STUDY}/events", headers={"Last-Event-ID": "x"}).status_code == 422
+
+
+@pytest.mark.timeout(60)
+def test_live_stream_follows_a_running_search_to_its_end(tmp_path) -> None:
+    url = f"sqlite:///{tmp_path / 'live.db'}"
+    Repo(url).create_schema()
+    worker = run_in_thread(lambda: fake_search(url, "live", n_trials=8, delay_s=0.15))
+    repo = Repo(url)
+    deadline = time.monotonic() + 20
+    while repo.get_run("live") is None:
+        assert time.monotonic() < deadline, "the search never created its run"
+        time.sleep(0.02)
+    settings = ApiSettings(storage_url=url, sse_poll_s=0.05)
+    with TestClient(create_app(settings)) as c, c.stream("GET", "/api/studies/live/events") as r:
+        events = parse_sse(r.iter_lines())
+    worker.join(timeout=20)
+    kinds = [e["event"] for e in events]
+    assert kinds.count("trial_started") == 8 and kinds[-1] == "search_ended"
+    assert kinds.count("trial_finished") + kinds.count("trial_failed") + kinds.count("trial_pruned") == 8
+
+
+@pytest.mark.timeout(60)
+def test_stream_of_a_search_killed_hard_ends_at_max_time_and_on_disconnect(tmp_path, live_server) -> None:
+    url = f"sqlite:///{tmp_path / 'stale.db'}"
+    fake_search(url, "stale", n_trials=2, end=False)  # state stays "running": no search_ended ever comes
+    server = live_server(ApiSettings(storage_url=url, sse_poll_s=0.05, sse_max_s=1.5))
+    t0 = time.monotonic()
+    with httpx.stream("GET", f"{server.url}/api/studies/stale/events", timeout=10) as r:
+        events = parse_sse(r.iter_lines())
+    assert 1.0 < time.monotonic() - t0 < 8 and [e["event"] for e in events][:1] == ["trial_started"]
+    server = live_server(ApiSettings(storage_url=url, sse_poll_s=0.05, sse_max_s=600))
+    repo = server.app.state.api.repo()
+    reads = []
+    real = repo.events_after
+    repo.events_after = lambda *a, **k: reads.append(time.monotonic()) or real(*a, **k)
+    with httpx.stream("GET", f"{server.url}/api/studies/stale/events", timeout=10) as r:
+        next(r.iter_lines())
+        time.sleep(0.3)
+        assert reads, "the stream never polled"
+    time.sleep(1.0)  # the client went: the server stops polling for it (long before sse_max_s)
+    n = len(reads)
+    time.sleep(1.0)
+    assert len(reads) == n, "the server kept polling for a client that went away"
