@@ -374,21 +374,24 @@ class _SparseDecodeBase(TunableKernel):
         return {k: shape[k] for k in ("batch", "heads", "d_qk", "d_v", "topk")}
 
     def make_inputs(self, shape, dtype, device, seed=0):
-        gen = torch.Generator(device="cpu").manual_seed(seed)
+        dev = torch.device(device)
+        gen = torch.Generator(device=dev).manual_seed(seed)
         B, H, d_qk, d_v = shape["batch"], shape["heads"], shape["d_qk"], shape["d_v"]
         topk, num_rows = shape["topk"], shape["num_rows"]
         dt = dtype_of(dtype)
-        q = torch.randn(B, H, d_qk, generator=gen).to(device=device, dtype=dt)
-        kv = torch.randn(num_rows, d_qk, generator=gen).to(device=device, dtype=dt)
-        # distinct rows per request (like a real top-k), last row always in play, ragged padding
-        idx = torch.stack([torch.randperm(num_rows, generator=gen)[:topk] for _ in range(B)]) if num_rows >= topk \
-            else torch.randint(0, num_rows, (B, topk), generator=gen)
+        q = torch.randn(B, H, d_qk, generator=gen, device=dev).to(dt)
+        kv = torch.randn(num_rows, d_qk, generator=gen, device=dev).to(dt)
+        # distinct rows per request (like a real top-k), the cache's last row always in play
+        if num_rows >= topk:
+            idx = torch.rand(B, num_rows, generator=gen, device=dev).argsort(dim=1)[:, :topk]
+        else:
+            idx = torch.randint(0, num_rows, (B, topk), generator=gen, device=dev)
         idx[:, 0] = num_rows - 1
-        if shape.get("ragged", 0):
-            for b in range(B):
-                n_valid = int(torch.randint(0, topk + 1, (1,), generator=gen)) if b else topk
-                pos = torch.randperm(topk, generator=gen)[: topk - n_valid]
-                idx[b, pos] = -1
+        if shape.get("ragged", 0):  # ragged padding: request b > 0 keeps a random number of valid rows
+            keep = torch.randint(0, topk + 1, (B, 1), generator=gen, device=dev)
+            keep[0] = topk
+            pos = torch.rand(B, topk, generator=gen, device=dev).argsort(dim=1)
+            idx = torch.where(pos < keep, idx, torch.full_like(idx, -1))
         return {"q": q, "kv": kv, "indices": idx.to(device=device, dtype=torch.int32),
                 "sm_scale": 1.0 / math.sqrt(d_qk), "d_v": d_v}
 

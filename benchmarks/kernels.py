@@ -1,0 +1,366 @@
+"""Benchmark every kernel of `kernels/` at DeepSeek-V4-Flash decode shapes against its roofline.
+
+For each kernel and shape: the default config's time, the best time of a sweep over a pruned sample
+of the config space (every timed config first checked against the reference), the plain-PyTorch
+time, and the memory/compute floor of the cost model using the copy bandwidth and the bf16 matmul
+rate measured in the same run. Writes a markdown report (``--out``) and the raw numbers plus the
+best configs as JSON beside it (``--json``), ready for ``kernels.configs.write_config_file``.
+
+    PYTHONUNBUFFERED=1 python3 benchmarks/kernels.py --out kernels.md --budget-s 200
+
+Compilation dominates a sweep (~1 s a config); configs are compiled first by a pool of worker
+processes (``--jobs``) that fill Triton's on-disk cache, then timed one by one in this process.
+The git commit comes from ``git rev-parse HEAD``, else ``$KERNELS_GIT_COMMIT``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import logging
+import math
+import multiprocessing as mp
+import os
+import random
+import subprocess
+import sys
+import time
+import traceback
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+import torch  # noqa: E402
+import triton  # noqa: E402
+
+from kernels import classify_failure, get_kernel  # noqa: E402
+from kernels.base import dtype_name, rel_error  # noqa: E402
+from kernels.bench import do_bench, measure_copy_bandwidth, measure_matmul_tflops  # noqa: E402
+
+log = logging.getLogger("benchmarks.kernels")
+
+# Tile configs of the sparse decode kernel that the recorded H200 sweep (batch 16) ranked best,
+# always included in the sample (S is a runtime argument: every S is timed for each tile config).
+SD_SEEDS = [(16, 128, 4, 2), (32, 128, 8, 2), (16, 64, 4, 2), (64, 64, 8, 2), (64, 32, 8, 2), (32, 64, 8, 2),
+            (16, 32, 4, 3), (32, 32, 4, 2), (16, 128, 8, 2), (32, 64, 4, 2), (64, 128, 8, 1), (16, 16, 4, 2)]
+
+
+# ---------------------------------------------------------------------------------------------------
+# what to run
+# ---------------------------------------------------------------------------------------------------
+def plan(quick: bool) -> list[dict]:
+    """Jobs: kernel, dtype, shapes, sample of configs (the same sample for every shape of a job)."""
+    rng = random.Random(0)
+    jobs = []
+
+    sd = get_kernel("sparse_decode")
+    for preset, n_tiles in (("v4flash", 12 if quick else 16), ("v32", 6 if quick else 8)):
+        shapes = sd.shapes(preset)
+        rest = [(bh, bt, nw, ns) for bh in (16, 32, 64) for bt in (16, 32, 64, 128) for nw in (4, 8) for ns in (1, 2, 3)]
+        rng.shuffle(rest)
+        tiles, seen = [], set()
+        for bh, bt, nw, ns in SD_SEEDS + rest:
+            cfg = {"S": 1, "BLOCK_H": bh, "BLOCK_T": bt, "num_warps": nw, "num_stages": ns}
+            if (bh, bt, nw, ns) in seen or sd.check_config(cfg, shapes[-1], dtype="bfloat16"):
+                continue
+            seen.add((bh, bt, nw, ns))
+            tiles.append(cfg)
+            if len(tiles) >= n_tiles:
+                break
+        configs = [dict(t, S=s) for t in tiles for s in (1, 2, 4, 8, 16, 32)]
+        jobs.append({"kernel": "sparse_decode", "dtype": "bfloat16", "shapes": shapes, "configs": configs, "preset": preset})
+    jobs.append({"kernel": "sparse_decode_simt", "dtype": "bfloat16", "shapes": sd.shapes("v4flash"),
+                 "configs": list(get_kernel("sparse_decode_simt").configs(sd.shapes("v4flash")[0]))})
+
+    idx = get_kernel("indexer")
+    for dtype, n in (("float8_e4m3fn", 16), ("bfloat16", 10)):
+        shapes = idx.shapes("v4flash")
+        valid = list(idx.configs(shapes[0], dtype=dtype))
+        sample = rng.sample(valid, min(n if not quick else n // 2, len(valid)))
+        jobs.append({"kernel": "indexer", "dtype": dtype, "shapes": shapes, "configs": sample})
+
+    gm = get_kernel("gemm")
+    for mode, n in (("bf16", 28), ("fp8", 10), ("fp16", 0), ("tf32", 0), ("fp32", 0)):
+        shapes = gm.shapes("v4flash")
+        sample: list[dict] = []
+        if n:
+            for m in (1, 64):  # configs valid at M=1 (BLOCK_M 16) and at M=64
+                valid = list(gm.configs(dict(shapes[0], M=m), dtype=mode))
+                sample += rng.sample(valid, min(n // 2 if not quick else n // 4, len(valid)))
+        jobs.append({"kernel": "gemm", "dtype": mode, "shapes": shapes, "configs": sample})
+
+    for name in ("rmsnorm", "rope"):
+        k = get_kernel(name)
+        shapes = k.shapes("v4flash")
+        valid = list(k.configs(shapes[-1]))
+        jobs.append({"kernel": name, "dtype": "bfloat16", "shapes": shapes, "configs": rng.sample(valid, min(12, len(valid)))})
+    return jobs
+
+
+# ---------------------------------------------------------------------------------------------------
+# parallel compilation (fills Triton's on-disk cache)
+# ---------------------------------------------------------------------------------------------------
+def _compile_one(item):
+    name, shape, dtype, config = item
+    try:
+        kernel = get_kernel(name)
+        inputs = kernel.make_inputs(shape, dtype, "cuda", seed=0)
+        kernel.run(inputs, config)
+        torch.cuda.synchronize()
+        return item, "ok", ""
+    except Exception as exc:  # a failed config is data
+        return item, classify_failure(exc), f"{type(exc).__name__}: {str(exc)[:300]}"
+
+
+def _tile_key(name, config):
+    return json.dumps({k: v for k, v in config.items() if not (name == "sparse_decode" and k == "S")}, sort_keys=True)
+
+
+def precompile(jobs, n_procs: int, deadline: float) -> dict:
+    """Compile every distinct (kernel, dtype, tile config) once, in parallel; return failures."""
+    items, seen = [], set()
+    for job in jobs:
+        name, dtype = job["kernel"], job["dtype"]
+        kernel = get_kernel(name)
+        shapes = sorted(job["shapes"], key=lambda s: s.get(kernel.batch_dim, 1))
+        for cfg in job["configs"] + [kernel.default_config(s) for s in job["shapes"]]:
+            variants = [cfg] if name != "sparse_decode" else [dict(cfg, S=1), dict(cfg, S=2)]  # direct and split
+            for v in variants:
+                key = (name, dtype, _tile_key(name, v), v.get("S", 0) == 1)
+                fits = [s for s in shapes if kernel.check_config(v, s, dtype=dtype) is None]
+                if key in seen or not fits:
+                    continue
+                seen.add(key)
+                items.append((name, fits[0], dtype, v))
+    failures = {}
+    t0 = time.time()
+    ctx = mp.get_context("spawn")
+    with ctx.Pool(n_procs) as pool:
+        for item, outcome, msg in pool.imap_unordered(_compile_one, items):
+            if outcome in ("compile_error", "out_of_resources"):  # facts about the tile config itself
+                failures[(item[0], item[2], _tile_key(item[0], item[3]))] = (outcome, msg)
+            if time.time() > deadline:
+                log.warning("precompile deadline reached")
+                pool.terminate()
+                break
+    log.info("precompiled %d configs in %.1f s with %d processes (%d failed)", len(items), time.time() - t0, n_procs, len(failures))
+    return failures
+
+
+# ---------------------------------------------------------------------------------------------------
+# timing
+# ---------------------------------------------------------------------------------------------------
+def _input_sets(kernel, shape, dtype, cost_bytes):
+    n = 4 if cost_bytes < 16e6 else 1  # small problems: 4 distinct input sets rotate inside one graph
+    return [kernel.make_inputs(shape, dtype, "cuda", seed=i) for i in range(n)]
+
+
+def _time(fn, sets, rep_ms):
+    """Decode runs inside CUDA graphs: time graph replays (cold L2 each replay); eager if capture fails."""
+    try:
+        return do_bench(fn, sets, rep_ms=rep_ms, max_reps=300, cuda_graph=True)
+    except Exception as exc:
+        log.warning("graph capture failed (%s: %s); timing eagerly", type(exc).__name__, str(exc)[:120])
+        torch.cuda.synchronize()
+        return do_bench(fn, sets, rep_ms=rep_ms, max_reps=300, cuda_graph=False)
+
+
+def bench_job(job, rates, failures, deadline, rep_ms) -> list[dict]:
+    kernel = get_kernel(job["kernel"])
+    dtype = job["dtype"]
+    rows = []
+    for i_shape, shape in enumerate(job["shapes"]):
+        shape_deadline = time.time() + max(2.0, (deadline - time.time()) / (len(job["shapes"]) - i_shape))
+        cost = kernel.cost(shape, dtype)
+        flops_rate = rates["flops"] * (2.0 if dtype_name(dtype) == "float8_e4m3fn" else 1.0) * (0.5 if dtype == "tf32" else 1.0)
+        if dtype == "fp32":
+            flops_rate = 60e12  # no tensor cores: CUDA-core fp32 (datasheet ~67 TFLOP/s), an assumption
+        floor = cost.floor_us(rates["bw"], flops_rate)
+        sets = _input_sets(kernel, shape, dtype, cost.bytes)
+        ref = kernel.reference(sets[0])
+        row = {"kernel": kernel.name, "dtype": dtype_name(dtype), "shape": shape, "key": kernel.shape_key(shape),
+               "floor_us": floor, "bound": cost.bound(rates["bw"], flops_rate), "bytes": cost.bytes, "flops": cost.flops,
+               "trials": []}
+        try:
+            row["torch_us"] = _time(kernel.torch_baseline, sets, rep_ms).median_us
+        except Exception as exc:
+            row["torch_us"] = None
+            row["torch_error"] = f"{type(exc).__name__}: {exc}"[:200]
+
+        def trial(cfg, tag):
+            rec = {"config": cfg, "tag": tag}
+            fail = failures.get((kernel.name, dtype, _tile_key(kernel.name, cfg)))
+            if fail:
+                rec.update(outcome=fail[0], error=fail[1])
+                return rec
+            try:
+                err = rel_error(kernel.run(sets[0], cfg), ref)
+                rec["err"] = err
+                if not err <= kernel.tolerance(dtype):
+                    rec["outcome"] = "wrong_result"
+                    return rec
+                t = _time(lambda inp: kernel.run(inp, cfg), sets, rep_ms)
+                rec.update(outcome="ok", time_us=t.median_us, p20_us=t.p20_us, p80_us=t.p80_us, graph=t.graph)
+            except Exception as exc:
+                rec.update(outcome=classify_failure(exc), error=f"{type(exc).__name__}: {str(exc)[:300]}")
+            return rec
+
+        default = kernel.default_config(shape)
+        d = trial(default, "default")
+        row["trials"].append(d)
+        row["default_us"] = d.get("time_us")
+        row["default_err"] = d.get("err")
+        for cfg in job["configs"]:
+            if time.time() > shape_deadline:
+                row["truncated"] = True
+                break
+            if kernel.check_config(cfg, shape, dtype=dtype) is not None or cfg == default:
+                continue
+            if kernel.name == "sparse_decode" and cfg["S"] > 1 and shape["batch"] * triton.cdiv(shape["heads"], cfg["BLOCK_H"]) * cfg["S"] > 2048:
+                continue  # far more programs than 132 SMs need: pruned
+            row["trials"].append(trial(cfg, "sweep"))
+        ok = [t for t in row["trials"] if t.get("outcome") == "ok"]
+        best = min(ok, key=lambda t: t["time_us"]) if ok else None
+        row["best_us"] = best["time_us"] if best else None
+        row["best_config"] = best["config"] if best else None
+        row["best_spread"] = ((best["p80_us"] - best["p20_us"]) / best["time_us"]) if best else None
+        row["n_ok"], row["n_failed"] = len(ok), len(row["trials"]) - len(ok)
+        log.info("%s %s %s: floor %.1f torch %s default %s best %s (%d ok, %d failed)", kernel.name, dtype, row["key"],
+                 floor, _f(row["torch_us"]), _f(row["default_us"]), _f(row["best_us"]), row["n_ok"], row["n_failed"])
+        rows.append(row)
+        del sets, ref
+        torch.cuda.empty_cache()
+    return rows
+
+
+# ---------------------------------------------------------------------------------------------------
+# report
+# ---------------------------------------------------------------------------------------------------
+def _f(x, nd=1):
+    return "—" if x is None else f"{x:.{nd}f}"
+
+
+def _r(a, b):
+    return None if a is None or b is None or b == 0 else a / b
+
+
+def _shape_text(shape):
+    return ",".join(f"{k}={v}" for k, v in shape.items() if k not in ("num_rows",))
+
+
+def aims(rows) -> list[str]:
+    out = []
+    by = {(r["kernel"], r["dtype"], r["key"]): r for r in rows}
+    for r in rows:
+        if r["kernel"] == "sparse_decode" and r["shape"]["topk"] == 640 and r["best_us"]:
+            b = r["shape"]["batch"]
+            ratio = r["best_us"] / r["floor_us"]
+            if b == 64:
+                out.append(f"- sparse decode B=64 within 1.4x of floor: {ratio:.2f}x -> {'met' if ratio <= 1.4 else f'missed by {ratio / 1.4:.2f}x'}")
+            if b == 1:
+                out.append(f"- sparse decode B=1 under 10 us: {r['best_us']:.1f} us -> {'met' if r['best_us'] < 10 else 'missed by %.1f us' % (r['best_us'] - 10)}")
+            if r["torch_us"]:
+                sp = r["torch_us"] / r["best_us"]
+                out.append(f"- sparse decode B={b} >= 5x faster than PyTorch: {sp:.1f}x -> {'met' if sp >= 5 else 'missed'}")
+        if r["kernel"] == "indexer" and r["shape"]["width"] == 65536 and r["best_us"]:
+            ratio = r["best_us"] / r["floor_us"]
+            out.append(f"- indexer {r['dtype']} B={r['shape']['batch']} 64K rows within 1.5x of floor: {ratio:.2f}x -> {'met' if ratio <= 1.5 else f'missed by {ratio / 1.5:.2f}x'}")
+        if r["kernel"] == "gemm" and r["dtype"] == "bfloat16" and r["best_us"] and r["torch_us"]:
+            ratio = r["best_us"] / r["torch_us"]
+            out.append(f"- gemm bf16 {r['key']} within 10% of cuBLAS: {ratio:.2f}x -> {'met' if ratio <= 1.1 else 'missed'}")
+    return out
+
+
+def report(rows, meta) -> str:
+    lines = [f"# Kernel benchmarks: {meta['gpu']}", "",
+             f"- date: {meta['date']}", f"- GPU: {meta['gpu']} ({meta['sms']} SMs)", f"- torch {meta['torch']}, triton {meta['triton']}, CUDA {meta['cuda']}",
+             f"- git commit: {meta['commit']}",
+             f"- measured in this run: copy {meta['bw'] / 1e12:.2f} TB/s (read+write), bf16 matmul {meta['flops'] / 1e12:.0f} TFLOP/s (8192^3, cuBLAS)",
+             "- floor = max(bytes / copy rate, FLOPs / matmul rate) from each kernel's cost model (fp8: 2x the bf16 rate, tf32: 0.5x; fp32: 60 TFLOP/s assumed)",
+             "- times: median µs of CUDA-graph replays, L2 flushed (256 MB write) before every replay; problems under 16 MB rotate 4 distinct "
+             "input sets inside one graph, so every call reads cold data; torch = plain PyTorch in the same dtype (cuBLAS for GEMM)",
+             f"- wall time of the run: {meta['wall_s']:.0f} s (precompile {meta['precompile_s']:.0f} s)", ""]
+    lines += ["| kernel | dtype | shape | floor µs (bound) | torch µs | default µs | best µs | default/floor | best/floor | torch/best | best config | ok/failed |",
+              "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+    for r in rows:
+        cfg = "" if not r["best_config"] else " ".join(f"{k}={v}" for k, v in r["best_config"].items())
+        lines.append(f"| {r['kernel']} | {r['dtype']} | {_shape_text(r['shape'])} | {_f(r['floor_us'])} ({r['bound'][:3]}) | {_f(r['torch_us'])} | "
+                     f"{_f(r['default_us'])} | {_f(r['best_us'])} | {_f(_r(r['default_us'], r['floor_us']), 2)} | {_f(_r(r['best_us'], r['floor_us']), 2)} | "
+                     f"{_f(_r(r['torch_us'], r['best_us']), 2)} | {cfg} | {r['n_ok']}/{r['n_failed']}{' (cut by budget)' if r.get('truncated') else ''} |")
+    lines += ["", "## Aims", ""] + aims(rows)
+    fails = {}
+    for r in rows:
+        for t in r["trials"]:
+            if t.get("outcome") not in (None, "ok"):
+                fails.setdefault((r["kernel"], t["outcome"]), []).append(t)
+    if fails:
+        lines += ["", "## Failed configs", ""]
+        for (k, o), ts in sorted(fails.items()):
+            lines.append(f"- {k}: {o} x{len(ts)}, e.g. {ts[0]['config']} {ts[0].get('error', '')[:160]}")
+    return "\n".join(lines) + "\n"
+
+
+def git_commit() -> str:
+    try:
+        return subprocess.check_output(["git", "rev-parse", "HEAD"], cwd=ROOT, stderr=subprocess.DEVNULL, text=True).strip()
+    except Exception:
+        return os.environ.get("KERNELS_GIT_COMMIT", "unknown")
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--out", default="kernels.md")
+    ap.add_argument("--json", default=None, help="raw results (default: --out with .json)")
+    ap.add_argument("--budget-s", type=float, default=240.0, help="stop sweeping after this many seconds")
+    ap.add_argument("--jobs", type=int, default=max(1, min(12, (os.cpu_count() or 2) - 2)))
+    ap.add_argument("--rep-ms", type=float, default=12.0)
+    ap.add_argument("--only", default="", help="comma-separated kernel names")
+    ap.add_argument("--quick", action="store_true", help="smaller samples")
+    args = ap.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s", stream=sys.stdout)
+    if not torch.cuda.is_available():
+        log.error("no CUDA device: nothing to benchmark")
+        return 2
+    t_start = time.time()
+    deadline = t_start + args.budget_s
+    jobs = plan(args.quick)
+    if args.only:
+        keep = set(args.only.split(","))
+        jobs = [j for j in jobs if j["kernel"] in keep]
+    failures = precompile(jobs, args.jobs, t_start + 0.45 * args.budget_s)
+    precompile_s = time.time() - t_start
+    bw, flops = measure_copy_bandwidth(), measure_matmul_tflops()
+    rates = {"bw": bw, "flops": flops}
+    log.info("copy %.2f TB/s, bf16 matmul %.0f TFLOP/s", bw / 1e12, flops / 1e12)
+    rows = []
+    weights = [len(j["shapes"]) * (1 + len(j["configs"])) for j in jobs]
+    for i, job in enumerate(jobs):
+        # share what is left of the budget among the remaining jobs, by their number of trials
+        job_deadline = time.time() + max(5.0, (deadline - time.time()) * weights[i] / sum(weights[i:]))
+        try:
+            rows += bench_job(job, rates, failures, job_deadline, args.rep_ms)
+        except Exception:
+            log.error("job %s %s failed:\n%s", job["kernel"], job["dtype"], traceback.format_exc())
+    props = torch.cuda.get_device_properties(0)
+    meta = {"date": dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"), "gpu": torch.cuda.get_device_name(0),
+            "sms": props.multi_processor_count, "torch": torch.__version__, "triton": triton.__version__,
+            "cuda": torch.version.cuda, "commit": git_commit(), "bw": bw, "flops": flops,
+            "wall_s": time.time() - t_start, "precompile_s": precompile_s}
+    text = report(rows, meta)
+    Path(args.out).write_text(text)
+    json_path = Path(args.json) if args.json else Path(args.out).with_suffix(".json")
+    tuned = {}
+    for r in rows:
+        if r["best_config"] and r["default_us"]:
+            tuned.setdefault(f"{r['kernel']}|{r['dtype']}", {})[r["key"]] = {
+                "config": r["best_config"], "time_us": round(r["best_us"], 2), "default_time_us": round(r["default_us"], 2)}
+    json_path.write_text(json.dumps({"meta": meta, "rows": rows, "tuned": tuned}, indent=1, default=str))
+    print(text)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

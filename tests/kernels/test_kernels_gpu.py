@@ -1,0 +1,89 @@
+"""GPU checks: bf16 and fp8, real DeepSeek-V4-Flash (and V3.2) shapes, every kernel.
+
+Marked ``gpu``; skipped without CUDA. Kept to a few compiles per kernel (each ~1 s on an H200).
+"""
+
+import pytest
+import torch
+
+from kernels import check, get_kernel
+from kernels.base import OutOfResources, classify_failure
+
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs an NVIDIA GPU with CUDA"),
+]
+
+FP8_OK = torch.cuda.is_available() and torch.cuda.get_device_capability() >= (8, 9)
+SD, SIMT, IDX, GEMM = (get_kernel(n) for n in ("sparse_decode", "sparse_decode_simt", "indexer", "gemm"))
+
+
+def _sd(S, BH, BT, nw, ns):
+    return {"S": S, "BLOCK_H": BH, "BLOCK_T": BT, "num_warps": nw, "num_stages": ns}
+
+
+@pytest.mark.parametrize("cfg", [None, _sd(1, 16, 64, 4, 2), _sd(4, 32, 64, 8, 2), _sd(8, 64, 64, 8, 2), _sd(16, 16, 32, 4, 2)], ids=str)
+def test_sparse_decode_v4flash_bf16(cfg):
+    for batch in (1, 5):
+        shape = dict(SD.shapes("v4flash")[0], batch=batch, ragged=1)
+        err = check(SD, shape, "bfloat16", cfg, "cuda", seed=batch)
+        assert err <= SD.tolerance("bfloat16"), err
+
+
+def test_sparse_decode_v32_bf16_and_simt():
+    shape = dict(SD.shapes("v32")[0], batch=2, ragged=1)
+    assert check(SD, shape, "bfloat16", None, "cuda", seed=1) <= SD.tolerance("bfloat16")
+    assert check(SD, shape, "bfloat16", _sd(4, 64, 32, 8, 2), "cuda", seed=2) <= SD.tolerance("bfloat16")
+    assert check(SIMT, dict(SD.shapes("v4flash")[0], batch=2, ragged=1), "bfloat16", None, "cuda") <= SIMT.tolerance("bfloat16")
+
+
+def test_sparse_decode_fp16():
+    shape = dict(SD.shapes("v4flash")[0], batch=3, ragged=1)
+    assert check(SD, shape, "float16", None, "cuda", seed=4) <= SD.tolerance("float16")
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float8_e4m3fn"])
+def test_indexer_64k_rows(dtype):
+    if dtype.startswith("float8") and not FP8_OK:
+        pytest.skip("fp8 needs compute capability >= 8.9")
+    shape = {"batch": 3, "heads": 64, "dim": 128, "width": 65536, "shared_k": 0, "ragged": 1}
+    for cfg in (None, {"BLOCK_N": 128, "TILES": 4, "num_warps": 8, "num_stages": 3}):
+        err = check(IDX, shape, dtype, cfg, "cuda", seed=5)
+        assert err <= IDX.tolerance(dtype), err
+
+
+@pytest.mark.parametrize("mode", ["bf16", "fp16", "tf32", "fp32", "fp8"])
+def test_gemm_decode_shapes(mode):
+    if mode == "fp8" and not FP8_OK:
+        pytest.skip("fp8 needs compute capability >= 8.9")
+    for shape in ({"M": 1, "N": 1024, "K": 4096}, {"M": 64, "N": 4096, "K": 2048}, {"M": 37, "N": 1000, "K": 1030}):
+        err = check(GEMM, shape, mode, None, "cuda", seed=6)
+        assert err <= GEMM.tolerance(mode), (shape, err)
+    cfg = {"BLOCK_M": 16, "BLOCK_N": 64, "BLOCK_K": 128, "SPLIT_K": 8, "GROUP_M": 8, "num_warps": 4, "num_stages": 4}
+    assert check(GEMM, {"M": 3, "N": 2048, "K": 4096}, mode, cfg, "cuda") <= GEMM.tolerance(mode)
+
+
+@pytest.mark.parametrize("name", ["rmsnorm", "rope"])
+def test_glue_bf16(name):
+    kernel = get_kernel(name)
+    for shape in kernel.shapes("v4flash"):
+        assert check(kernel, shape, "bfloat16", None, "cuda") <= kernel.tolerance("bfloat16")
+
+
+def test_out_of_resources_is_raised_and_classified():
+    """A config check_config rejects for shared memory really fails to launch on the device."""
+    from kernels.sparse_decode import _sparse_decode_kernel
+
+    q = torch.randn(1, 64, 512, device="cuda", dtype=torch.bfloat16)
+    kv = torch.randn(1024, 512, device="cuda", dtype=torch.bfloat16)
+    idx = torch.randint(0, 1024, (1, 640), device="cuda", dtype=torch.int32)
+    out = torch.empty(1, 64, 512, device="cuda", dtype=torch.bfloat16)
+    with pytest.raises(Exception) as info:
+        _sparse_decode_kernel[(1, 1, 1)](
+            q, kv, idx, out, out, out, 1, 64, 1024, 640, 640, 1.0,
+            q.stride(0), q.stride(1), kv.stride(0), idx.stride(0), 0, 0, 0, 0, 0, out.stride(0), out.stride(1),
+            DV=512, DT=0, D_TAIL=0, BLOCK_H=64, BLOCK_T=256, DIRECT=True, num_warps=8, num_stages=3,
+        )
+        torch.cuda.synchronize()
+    assert classify_failure(info.value) == "out_of_resources", repr(info.value)
+    assert isinstance(info.value, OutOfResources) or "resource" in str(info.value).lower()
