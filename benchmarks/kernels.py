@@ -139,13 +139,16 @@ def precompile(jobs, n_procs: int, deadline: float) -> dict:
     t0 = time.time()
     ctx = mp.get_context("spawn")
     with ctx.Pool(n_procs) as pool:
-        for item, outcome, msg in pool.imap_unordered(_compile_one, items):
+        results = pool.imap_unordered(_compile_one, items)
+        for _ in items:
+            try:
+                item, outcome, msg = results.next(timeout=max(1.0, deadline - time.time()))
+            except (mp.TimeoutError, StopIteration):
+                log.warning("precompile deadline reached; the rest compiles on first use")
+                break
             if outcome in ("compile_error", "out_of_resources"):  # facts about the tile config itself
                 failures[(item[0], item[2], _tile_key(item[0], item[3]))] = (outcome, msg)
-            if time.time() > deadline:
-                log.warning("precompile deadline reached")
-                pool.terminate()
-                break
+        pool.terminate()
     log.info("precompiled %d configs in %.1f s with %d processes (%d failed)", len(items), time.time() - t0, n_procs, len(failures))
     return failures
 
