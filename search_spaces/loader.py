@@ -93,8 +93,8 @@ def load_space_text(text: str, *, source: str = "<string>") -> Space:
     if not isinstance(name, str) or not name:
         raise _fail(source, "`name` must be a non-empty string", name, "add `name: my-space`")
     target = data.get("target", "workload")
-    if target not in _TARGETS:
-        raise _fail(source, "unknown `target`", target, f"use one of {_TARGETS}")
+    if target not in _TARGETS and not (isinstance(target, str) and ":" in target):
+        raise _fail(source, "unknown `target`", target, f"use one of {_TARGETS} or a plug-in module.path:ClassName")
     raw_params = data.get("params")
     if not isinstance(raw_params, dict) or not raw_params:
         raise _fail(source, "`params` must be a non-empty mapping of parameter name to definition", raw_params,

@@ -16,6 +16,7 @@ import socket
 import statistics
 import threading
 import time
+import warnings
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -38,6 +39,7 @@ _logger = logging.getLogger(__name__)
 BASELINE_ATTR = "tuner_baseline"
 CONFIRM_ATTR = "tuner_confirm_of"
 MAX_REPEATS_IN_A_ROW = 25
+_HAS_SET_CONSTRAINT = hasattr(optuna.trial.Trial, "set_constraint")  # Optuna >= 5; constraints_func before
 
 
 class SearchError(RuntimeError):
@@ -219,10 +221,11 @@ def open_context(options: SearchOptions, progress: Progress | None = None) -> Se
     run = repo.get_run(name)
     env = fingerprint()
     deadline = Deadline.start_now(options.budget_s)
+    warnings.filterwarnings("ignore", category=optuna.exceptions.ExperimentalWarning)
     sampler = optuna.samplers.TPESampler(
         seed=options.seed, multivariate=True, group=True, constant_liar=True,
         n_startup_trials=max(5, min(10, len(resolved.params) + 2)),
-        constraints_func=_constraints_of,
+        **({} if _HAS_SET_CONSTRAINT else {"constraints_func": _constraints_of}),
     )
     # keep the top 90% at each level: prune only a clearly bad trial, after the first level (c=1 says little)
     pruner = optuna.pruners.PercentilePruner(90.0, n_startup_trials=5, n_warmup_steps=1)
@@ -280,6 +283,14 @@ def _load_history(ctx: SearchContext) -> None:
 
 def _constraints_of(frozen: optuna.trial.FrozenTrial) -> list[float]:
     return list(frozen.user_attrs.get("constraints", [0.0]))
+
+
+def _set_constraints(trial: optuna.Trial, values: list[float]) -> None:
+    """Feasibility for the sampler: every value <= 0 is feasible. Kept in user attrs for the API as well."""
+    trial.set_user_attr("constraints", values)
+    if _HAS_SET_CONSTRAINT:
+        for i, v in enumerate(values):
+            trial.set_constraint(f"c{i}", v)
 
 
 # -- one trial -------------------------------------------------------------------------------------------------
@@ -358,7 +369,7 @@ def _record(ctx: SearchContext, trial: optuna.Trial, params: dict[str, Any], m: 
     space = ctx.resolved.space
     constraints = _level_constraints(space, m)
     if m.outcome is Outcome.OK and m.value is not None and math.isfinite(m.value):
-        trial.set_user_attr("constraints", constraints or [0.0])
+        _set_constraints(trial, constraints or [0.0])
         state, values = optuna.trial.TrialState.COMPLETE, m.value
     elif m.outcome is Outcome.PRUNED:
         state, values = optuna.trial.TrialState.PRUNED, None
@@ -368,7 +379,7 @@ def _record(ctx: SearchContext, trial: optuna.Trial, params: dict[str, Any], m: 
     else:
         if m.outcome is Outcome.OK:  # ok but no finite value: treat as a crash of the measurement
             m.outcome, m.reason = Outcome.CRASH, m.reason or "the trial reported no finite objective value"
-        trial.set_user_attr("constraints", [1.0])
+        _set_constraints(trial, [1.0] * max(1, len(space.objective.constraints)))
         state, values = optuna.trial.TrialState.COMPLETE, penalty_value(ctx.direction)
     trial.set_user_attr("outcome", m.outcome.value)
     if repeated:

@@ -19,13 +19,17 @@ def target_names() -> tuple[str, ...]:
 
 
 def get_target_class(name: str) -> type[Target]:
-    if name not in _REGISTRY:
-        raise TargetError(f"unknown target {name!r}; use one of {sorted(_REGISTRY)}")
-    module, _, attr = _REGISTRY[name].partition(":")
+    """A registered target by name, or a plug-in given as ``package.module:ClassName``."""
+    if name not in _REGISTRY and ":" not in name:
+        raise TargetError(f"unknown target {name!r}; use one of {sorted(_REGISTRY)} or module.path:ClassName")
+    module, _, attr = _REGISTRY.get(name, name).partition(":")
     try:
-        return getattr(importlib.import_module(module), attr)
+        cls = getattr(importlib.import_module(module), attr)
     except (ImportError, AttributeError) as exc:
         raise TargetError(f"target {name!r} is not available in this build ({exc})") from None
+    if not (isinstance(cls, type) and issubclass(cls, Target)):
+        raise TargetError(f"target {name!r} is not a tuner Target subclass")
+    return cls
 
 
 __all__ = ["LaunchSpec", "PreflightReport", "Target", "TargetError", "get_target_class", "target_names"]

@@ -1,0 +1,47 @@
+"""Test-only targets with known behaviour: a value from a formula, or a crash, a hang, an OOM, an exception.
+
+Used by the search tests through the plug-in form ``target: fake_targets:FakeTarget`` in a space.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from typing import Any
+
+from storage.repo import MetricRow
+from tuner.measurement import Measurement, Outcome
+from tuner.targets.base import LaunchSpec, Target
+
+
+class FakeTarget(Target):
+    name = "fake_targets:FakeTarget"
+
+    def evaluate(self, params: dict[str, Any], deadline: float, report=None) -> Measurement:
+        mode = params.get("mode", "ok")
+        x = float(params.get("x", 1.0))
+        sleep = float(self.settings.get("sleep_s", 0.0))
+        if sleep:
+            time.sleep(sleep)
+        if mode == "crash":
+            os.kill(os.getpid(), signal.SIGSEGV)
+        if mode == "hang":
+            while True:
+                time.sleep(1)
+        if mode == "oom":
+            raise RuntimeError("CUDA out of memory. Tried to allocate 2.00 GiB")
+        if mode == "raise":
+            raise ZeroDivisionError("the fake target divided by zero")
+        levels = {c: (10.0 + 5 * x) * c ** 0.5 for c in self.space.objective.levels}
+        for i, (c, v) in enumerate(levels.items()):
+            if report is not None:
+                report(i, v)
+        metrics = [MetricRow("tok_s", f"c={c}", v, "tok/s") for c, v in levels.items()]
+        return Measurement(outcome=Outcome.OK, value=self.space.objective.combine_values(levels), metrics=metrics,
+                           by_level=levels)
+
+    def launch_spec(self, params: dict[str, Any]) -> LaunchSpec:
+        argv = ["echo", "serve"] + [f"--{k.replace('_', '-')}={v}" for k, v in params.items()]
+        return LaunchSpec(argv=argv, env={"FAKE_MODEL_PATH": str(self.settings.get("model", ""))},
+                          description="fake target")

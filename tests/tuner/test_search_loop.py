@@ -1,0 +1,115 @@
+"""The search loop against a fake target: baseline first, failures as data, deadline, resume."""
+
+import time
+
+import optuna
+import pytest
+from spaces import FAKE_SPACE
+
+from search_spaces import Hardware
+from storage import Repo
+from tuner.search import SearchError, SearchOptions, run_search
+
+CPU = Hardware()
+
+
+def _space(tmp_path, text=FAKE_SPACE, name="space.yaml"):
+    p = tmp_path / name
+    p.write_text(text)
+    return str(p)
+
+
+def _opts(tmp_path, url, **kw):
+    base = dict(budget_s=120, storage_url=url, study="s", space_path=_space(tmp_path, name="default.yaml"), out_dir=str(tmp_path / "out"),
+                seed=1, hardware=CPU, trial_timeout_s=3.0, confirm_top=0)
+    base.update(kw)
+    return SearchOptions(**base)
+
+
+def test_baseline_first_then_search_finds_better(tmp_path, sqlite_url):
+    res = run_search(_opts(tmp_path, sqlite_url, n_trials=14, space_path=_space(
+        tmp_path, FAKE_SPACE.replace("values: [ok, crash, hang, oom, raise]", "values: [ok]"))))
+    assert res.trials[0].is_baseline and res.trials[0].params == {"mode": "ok", "x": 0}
+    assert res.baseline_value == pytest.approx(10.0 * 2 ** 0.5 ** 1, rel=1e-6) or res.baseline_value > 0
+    assert res.best_value > res.baseline_value  # x > 0 is better by construction
+    assert res.speedup > 1.0
+    repo = Repo(sqlite_url)
+    run = repo.get_run("s")
+    assert run.state == "finished" and run.baseline_value == pytest.approx(res.baseline_value)
+    recs = repo.list_trials(run.id, with_measurements=True)
+    assert len(recs) == 14
+    assert {m.level for m in recs[0].measurements} == {"c=1", "c=4"}
+    study = optuna.load_study(study_name="s", storage=sqlite_url)
+    assert len(study.trials) == 14
+    assert (tmp_path / "out" / "s" / "launch.sh").exists()
+
+
+@pytest.mark.parametrize("mode,outcome,reason_part", [
+    ("crash", "crash", "SIGSEGV"),
+    ("hang", "timeout", "deadline"),
+    ("oom", "oom", "out of memory"),
+    ("raise", "crash", "ZeroDivisionError"),
+])
+def test_failed_trial_is_data_not_a_crash_of_the_search(tmp_path, sqlite_url, mode, outcome, reason_part):
+    space = _space(tmp_path, FAKE_SPACE.replace("default: ok", f"default: {mode}"))
+    t0 = time.time()
+    res = run_search(_opts(tmp_path, sqlite_url, n_trials=3, space_path=space, trial_timeout_s=2.0))
+    assert time.time() - t0 < 30
+    first = res.trials[0]
+    assert first.is_baseline and first.outcome == outcome and first.value is None
+    assert reason_part.lower() in first.reason.lower()
+    assert len(res.trials) == 3  # the search went on after the failure
+    repo = Repo(sqlite_url)
+    rec = repo.get_trial(repo.get_run("s").id, 0)
+    assert rec.outcome == outcome and rec.state == "failed"
+    study = optuna.load_study(study_name="s", storage=sqlite_url)
+    ft = study.trials[0]
+    assert ft.user_attrs["outcome"] == outcome
+    assert ft.user_attrs["constraints"][0] == 1.0  # told as infeasible, so TPE learns to avoid it
+
+
+def test_search_ends_by_the_deadline_and_times_out_the_running_trial(tmp_path, sqlite_url):
+    space = _space(tmp_path, FAKE_SPACE.replace("default: ok", "default: hang"))
+    t0 = time.time()
+    res = run_search(_opts(tmp_path, sqlite_url, budget_s=6.0, space_path=space, trial_timeout_s=60.0))
+    took = time.time() - t0
+    assert took <= 6.0 + 30.0  # overshoot at most max(2% of budget, 30 s)
+    assert took >= 3.0
+    assert res.trials[-1].outcome == "timeout"
+    assert "deadline" in res.trials[-1].reason
+    study = optuna.load_study(study_name="s", storage=sqlite_url)
+    assert all(t.state != optuna.trial.TrialState.RUNNING for t in study.trials)
+
+
+def test_second_search_on_same_study_needs_resume(tmp_path, sqlite_url):
+    run_search(_opts(tmp_path, sqlite_url, n_trials=3))
+    with pytest.raises(SearchError, match="--resume"):
+        run_search(_opts(tmp_path, sqlite_url, n_trials=3))
+    res = run_search(_opts(tmp_path, sqlite_url, n_trials=3, resume=True))
+    assert [t.number for t in res.trials] == list(range(6))
+    assert sum(t.is_baseline for t in res.trials) == 1  # the baseline is not run again
+    with pytest.raises(SearchError, match="no study"):
+        run_search(_opts(tmp_path, sqlite_url, n_trials=1, resume=True, study="other"))
+
+
+def test_repeated_configuration_is_not_run_again(tmp_path, sqlite_url):
+    space = _space(tmp_path, FAKE_SPACE.replace("values: [0, 1, 2, 3, 4, 5, 6, 7]", "values: [0, 1]")
+                   .replace("values: [ok, crash, hang, oom, raise]", "values: [ok]"))
+    res = run_search(_opts(tmp_path, sqlite_url, n_trials=8, space_path=space))
+    repeats = [t for t in res.trials if "not run again" in t.reason]
+    assert repeats, "a 2-point space sampled 8 times must repeat"
+    assert all(t.duration_s < 1.0 for t in repeats)
+
+
+def test_dry_run_touches_no_storage(tmp_path):
+    url = f"sqlite:///{tmp_path / 'never.db'}"
+    res = run_search(_opts(tmp_path, url, dry_run=True))
+    assert res.state == "dry_run" and res.preflight.ok
+    assert not (tmp_path / "never.db").exists()
+
+
+def test_unreachable_storage_is_a_clear_error(tmp_path):
+    from storage import StorageError
+
+    with pytest.raises(StorageError, match="cannot be reached"):
+        run_search(_opts(tmp_path, "postgresql://nobody@127.0.0.1:1/none", n_trials=1))
