@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import ipaddress
 import logging
+import sys
 from pathlib import Path
 
 from pydantic import Field, SecretStr, field_validator
@@ -40,10 +41,10 @@ class ApiSettings(BaseSettings):
     """Bearer token that enables ``POST /api/searches`` and ``POST /api/studies/{name}/stop``; unset = off."""
     host: str = "127.0.0.1"
     port: int = Field(default=8000, ge=0, le=65535)
-    search_command: list[str] = Field(default_factory=lambda: ["tuner"])
-    """argv prefix that starts a search (``tuner search ...`` is appended to it)."""
-    search_log_dir: Path = Path("tuner-out/api-searches")
-    """Where the stdout/stderr of searches started through the API go, one file per study."""
+    search_command: list[str] = Field(default_factory=lambda: [sys.executable, "-m", "tuner"])
+    """argv prefix of the tuner CLI (``search --budget ...`` is appended); default: this interpreter's."""
+    search_out_dir: Path = Path("tuner-out")
+    """Searches started through the API export to ``<search_out_dir>/<study>/`` and log to ``search.log`` there."""
     sse_poll_s: float = Field(default=0.5, gt=0, le=10)
     sse_max_s: float = Field(default=3600.0, gt=0)
     """A live stream is closed after this long; the browser's EventSource reconnects with Last-Event-ID."""

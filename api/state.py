@@ -81,7 +81,7 @@ class ApiState:
         """The Optuna study of that name, or None when Optuna holds none (yet)."""
         try:
             return optuna.load_study(study_name=name, storage=self.optuna_storage())
-        except (KeyError, LookupError, SQLAlchemyError) as exc:
+        except (KeyError, LookupError, SQLAlchemyError, optuna.exceptions.OptunaError) as exc:
             _logger.info("optuna study %r not loadable: %s", name, exc)
             return None
 

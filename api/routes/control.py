@@ -24,7 +24,7 @@ _GUARDED = {
 }
 
 
-def search_argv(settings: ApiSettings, req: SearchRequest) -> list[str]:
+def search_argv(settings: ApiSettings, req: SearchRequest, *, resume: bool = False) -> list[str]:
     """The ``tuner search`` command line for a request (an argv list: no shell ever sees it)."""
     argv = [
         *settings.search_command,
@@ -34,7 +34,10 @@ def search_argv(settings: ApiSettings, req: SearchRequest) -> list[str]:
         "--space", req.space,
         "--target", req.target,
         "--budget", f"{req.budget_s:g}s",
+        "--out", str(settings.search_out_dir / req.study),
     ]  # fmt: skip
+    if resume:
+        argv.append("--resume")
     if req.n_trials is not None:
         argv += ["--n-trials", str(req.n_trials)]
     if req.seed is not None:
@@ -44,19 +47,19 @@ def search_argv(settings: ApiSettings, req: SearchRequest) -> list[str]:
 
 @router.post("/api/searches", response_model=SearchStarted, status_code=status.HTTP_202_ACCEPTED, responses=_GUARDED)
 def start_search(req: SearchRequest, state: StateDep) -> SearchStarted:
-    """Start ``tuner search`` in its own process; watch it through the study's endpoints and events."""
+    """Start ``tuner search`` in its own process (``--resume`` when the study exists and has ended); watch it
+    through the study's endpoints and events."""
     state.reap_searches()
     if req.study in state.searches:
         raise HTTPException(status.HTTP_409_CONFLICT, f"study {req.study!r} is already being searched by this API")
-    if state.schema_ready():
-        run = state.repo().get_run(req.study)
-        if run is not None and run.state == "running":
-            raise HTTPException(status.HTTP_409_CONFLICT, f"study {req.study!r} is running already")
-    argv = search_argv(state.settings, req)
-    log_dir = state.settings.search_log_dir
-    log_dir.mkdir(parents=True, exist_ok=True)
-    log_path = log_dir / f"{req.study}.log"
+    run = state.repo().get_run(req.study) if state.schema_ready() else None
+    if run is not None and run.state == "running":
+        raise HTTPException(status.HTTP_409_CONFLICT, f"study {req.study!r} is running already")
+    argv = search_argv(state.settings, req, resume=run is not None)
+    out_dir = state.settings.search_out_dir / req.study
+    log_path = out_dir / "search.log"
     try:
+        out_dir.mkdir(parents=True, exist_ok=True)
         with open(log_path, "ab") as log:
             proc = subprocess.Popen(
                 argv, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, start_new_session=True

@@ -1,8 +1,9 @@
-"""A small finite search for the API tests, written through ``storage.Repo`` and a real Optuna study.
+"""The data of the API tests: a real small search, and a stand-in search with every kind of trial end.
 
-Until ``tuner.search.run_search`` exists, the search is a small Optuna study on a stand-in objective that
-writes the ``tuner_`` tables exactly as the search does (trial started/finished events, measurements, a
-baseline, failures and prunes, exported artifacts).
+``real_search`` runs ``tuner.search.run_search`` on the CPU space ``dsv4_flash_tiny`` (each trial a
+subprocess). ``fake_search`` is an Optuna study on a stand-in objective that writes the ``tuner_`` tables
+through ``storage.Repo`` as the search does, but deterministically includes an out-of-resources failure, a
+pruned trial and artifacts with non-ASCII content, which a 6-trial real search rarely produces.
 """
 
 from __future__ import annotations
@@ -18,6 +19,18 @@ from storage.repo import MetricRow
 
 TOKEN = "test-token-0123456789abcdef"
 STUDY = "s1"
+"""The real search."""
+MIXED = "mixed"
+"""The stand-in search."""
+
+
+def real_search(url: str, study: str, out_dir: str, *, n_trials: int = 5, budget_s: float = 240.0) -> None:
+    """``tuner.search.run_search`` on the CPU space; no top-k confirmation, to keep the tests short."""
+    from tuner.search import SearchOptions, run_search
+
+    run_search(SearchOptions(budget_s=budget_s, storage_url=url, study=study, space_path="dsv4_flash_tiny",
+                             target="workload", n_trials=n_trials, out_dir=out_dir, seed=0,
+                             confirm_top=0))  # fmt: skip
 
 
 def fake_search(url: str, study_name: str, *, n_trials: int = 12, seed: int = 0, delay_s: float = 0.0,

@@ -8,7 +8,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from api_search_data import STUDY, fake_search
+from api_search_data import MIXED, STUDY, fake_search, real_search
 from fastapi.testclient import TestClient
 
 from api.app import create_app
@@ -17,8 +17,11 @@ from api.settings import ApiSettings
 
 @pytest.fixture(scope="session")
 def db_url(tmp_path_factory: pytest.TempPathFactory) -> str:
-    url = f"sqlite:///{tmp_path_factory.mktemp('api-db') / 'tuner.db'}"
-    fake_search(url, STUDY)
+    """One database with a real 6-trial search (``s1``) and the stand-in search (``mixed``)."""
+    folder = tmp_path_factory.mktemp("api-db")
+    url = f"sqlite:///{folder / 'tuner.db'}"
+    real_search(url, STUDY, str(folder / "out"))
+    fake_search(url, MIXED)
     return url
 
 

@@ -7,7 +7,7 @@ import time
 
 import httpx
 import pytest
-from api_search_data import STUDY, fake_search
+from api_search_data import MIXED, STUDY, fake_search, real_search
 from conftest import run_in_thread
 from fastapi.testclient import TestClient
 
@@ -42,8 +42,10 @@ def test_replay_of_a_finished_study_ends_after_search_ended(client: TestClient) 
         events = parse_sse(r.iter_lines())
     kinds = [e["event"] for e in events]
     assert set(kinds) <= KINDS and {"trial_started", "trial_finished", "new_best"} <= set(kinds)
-    assert {"trial_failed", "trial_pruned"} <= set(kinds)
+    assert kinds.count("trial_started") == 5
     assert kinds[-1] == "search_ended" and kinds.count("search_ended") == 1
+    with client.stream("GET", f"/api/studies/{MIXED}/events") as r:
+        assert {"trial_failed", "trial_pruned"} <= {e["event"] for e in parse_sse(r.iter_lines())}
     ids = [int(e["id"]) for e in events]
     assert ids == sorted(ids) and all(e["data"]["id"] == int(e["id"]) for e in events)
 
@@ -59,6 +61,31 @@ def test_resume_with_last_event_id_and_after(client: TestClient) -> None:
         assert [int(e["id"]) for e in parse_sse(r.iter_lines())] == [i for i in all_ids if i > cut]
     assert client.get(f"/api/studies/{STUDY}/events", params={"after": -1}).status_code == 422
     assert client.get(f"/api/studies/{STUDY}/events", headers={"Last-Event-ID": "x"}).status_code == 422
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(180)
+def test_live_stream_follows_a_real_search_to_its_end(tmp_path) -> None:
+    url = f"sqlite:///{tmp_path / 'real.db'}"
+    worker = run_in_thread(lambda: real_search(url, "real-live", str(tmp_path / "out"), n_trials=2))
+    repo = None
+    deadline = time.monotonic() + 60
+    while True:  # the search creates the schema and its run first
+        assert time.monotonic() < deadline, "the search never created its run"
+        try:
+            repo = repo or Repo(url)
+            if repo.has_schema() and repo.get_run("real-live") is not None:
+                break
+        except Exception:  # noqa: BLE001 - the database file may not exist yet
+            pass
+        time.sleep(0.1)
+    settings = ApiSettings(storage_url=url, sse_poll_s=0.1)
+    with TestClient(create_app(settings)) as c, c.stream("GET", "/api/studies/real-live/events") as r:
+        events = parse_sse(r.iter_lines())
+    worker.join(timeout=60)
+    kinds = [e["event"] for e in events]
+    assert kinds.count("trial_started") >= 2 and "new_best" in kinds and kinds[-1] == "search_ended"
+    assert events[-1]["data"]["payload"]["state"] == "finished"
 
 
 @pytest.mark.timeout(60)

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from api_search_data import STUDY, fake_search
+import pytest
+from api_search_data import MIXED, STUDY, fake_search
 from fastapi.testclient import TestClient
 
 from api.app import create_app
@@ -12,12 +13,15 @@ from api.settings import ApiSettings
 def test_list_studies_summarises_each_run(client: TestClient) -> None:
     r = client.get("/api/studies")
     assert r.status_code == 200
-    (s,) = [x for x in r.json() if x["name"] == STUDY]
-    assert s["state"] == "finished" and s["target"] == "workload" and s["budget_s"] == 60.0
-    assert s["elapsed_s"] >= 0 and s["n_trials"] == sum(s["trials_by_outcome"].values()) == 12
-    assert {"ok", "pruned"} <= set(s["trials_by_outcome"]) and s["trials_by_outcome"].get("out_of_resources", 0) >= 1
-    assert s["best_value"] > s["baseline_value"] > 0
-    assert abs(s["speedup_vs_baseline"] - s["best_value"] / s["baseline_value"]) < 1e-9
+    by_name = {s["name"]: s for s in r.json()}
+    assert set(by_name) == {STUDY, MIXED}
+    for s in by_name.values():
+        assert s["state"] == "finished" and s["target"] == "workload" and s["budget_s"] > 0
+        assert s["elapsed_s"] >= 0 and s["n_trials"] == sum(s["trials_by_outcome"].values())
+        assert s["best_value"] >= s["baseline_value"] > 0
+        assert s["speedup_vs_baseline"] == pytest.approx(s["best_value"] / s["baseline_value"])
+    assert by_name[STUDY]["n_trials"] == 5 and by_name[STUDY]["space"]
+    assert by_name[MIXED]["trials_by_outcome"] == {"ok": 10, "out_of_resources": 1, "pruned": 1}
 
 
 def test_get_study_has_detail(client: TestClient) -> None:
@@ -25,11 +29,12 @@ def test_get_study_has_detail(client: TestClient) -> None:
     assert r.status_code == 200
     body = r.json()
     assert body["name"] == STUDY and body["space_yaml"] and body["settings"]["host"]
-    assert body["best_trial_number"] is not None
+    assert body["best_trial_number"] is not None and body["export_dir"]
 
 
 def test_unknown_study_is_404_naming_it(client: TestClient) -> None:
-    for path in ("", "/best", "/importances", "/environment", "/trials", "/artifacts", "/events", "/plots/history"):
+    for path in ("", "/best", "/importances", "/environment", "/trials", "/trials/0", "/artifacts",
+                 "/artifacts/launch.sh", "/events", "/plots/history", "/plots/importances"):  # fmt: skip
         r = client.get(f"/api/studies/no-such-study{path}")
         assert r.status_code == 404, path
         assert "no-such-study" in r.json()["detail"]
@@ -41,20 +46,40 @@ def test_best_has_trial_measurements_and_launch_script(client: TestClient) -> No
     assert r.status_code == 200
     best = r.json()
     assert best["value"] == study["best_value"] and best["trial"]["number"] == study["best_trial_number"]
-    assert best["trial"]["outcome"] == "ok" and best["trial"]["measurements"]
-    assert best["launch_script"].startswith("#!/usr/bin/env bash")
-    assert best["speedup_vs_baseline"] > 1
+    assert best["trial"]["outcome"] == "ok" and best["trial"]["params"]
+    assert {m["metric"] for m in best["trial"]["measurements"]} >= {"tok_s", "step_ms"}
+    assert best["launch_script"] and best["launch_script"].startswith("#!")
+    assert best["speedup_vs_baseline"] >= 1
+
+
+def test_best_of_a_study_without_complete_trial_is_404(tmp_path) -> None:
+    url = f"sqlite:///{tmp_path / 'none.db'}"
+    from storage import Repo
+
+    repo = Repo(url)
+    repo.create_schema()
+    repo.create_run("empty", target="workload", budget_s=10)
+    with TestClient(create_app(ApiSettings(storage_url=url))) as c:
+        r = c.get("/api/studies/empty/best")
+        assert r.status_code == 404 and "no complete trial" in r.json()["detail"]
+        imp = c.get("/api/studies/empty/importances").json()
+        assert imp["importances"] == [] and imp["reason"]
+        assert c.get("/api/studies/empty/plots/history").status_code == 200
 
 
 def test_importances_rank_params(client: TestClient) -> None:
-    r = client.get(f"/api/studies/{STUDY}/importances")
-    assert r.status_code == 200
-    body = r.json()
-    assert body["reason"] == "" and body["n_complete"] >= 2
-    names = [i["param"] for i in body["importances"]]
-    assert set(names) == {"split_k", "block_n", "context_cap"}
-    values = [i["importance"] for i in body["importances"]]
-    assert values == sorted(values, reverse=True)
+    for name in (STUDY, MIXED):
+        r = client.get(f"/api/studies/{name}/importances")
+        assert r.status_code == 200
+        body = r.json()
+        assert body["n_complete"] >= 2
+        if body["importances"]:
+            values = [i["importance"] for i in body["importances"]]
+            assert values == sorted(values, reverse=True) and body["reason"] == ""
+        else:
+            assert body["reason"]
+    mixed = client.get(f"/api/studies/{MIXED}/importances").json()
+    assert {i["param"] for i in mixed["importances"]} == {"split_k", "block_n", "context_cap"}
 
 
 def test_importances_empty_with_reason_when_too_few_trials(tmp_path) -> None:
@@ -68,7 +93,9 @@ def test_importances_empty_with_reason_when_too_few_trials(tmp_path) -> None:
 
 def test_environment(client: TestClient) -> None:
     r = client.get(f"/api/studies/{STUDY}/environment")
-    assert r.status_code == 200 and r.json()["environment"]["gpu"] == "cpu"
+    assert r.status_code == 200
+    env = r.json()["environment"]
+    assert env["optuna"] and "torch" in env
 
 
 def test_empty_database_has_no_studies(tmp_path) -> None:
