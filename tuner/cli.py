@@ -254,6 +254,29 @@ def serve(storage: StorageOpt = "sqlite:///tuner.db",
     uvicorn.run(app_, host=host, port=port, log_level="info")
 
 
+@app.command()
+def explain(storage: StorageOpt = "sqlite:///tuner.db", study: StudyOpt = None,
+            level: Annotated[Optional[int], typer.Option("--level", help="Only this concurrency level.")] = None,
+            no_profile: Annotated[bool, typer.Option("--no-profile", help="Importances only.")] = False,
+            out: Annotated[Optional[str], typer.Option("--out", "-o", help="Also write the report here.")] = None
+            ) -> None:
+    """Why the best configuration won: parameter importances and baseline-vs-best op profiles."""
+    from tuner.explain import explain as run_explain
+
+    try:
+        _, run = _open(storage, study)
+        ex = run_explain(storage, run.study_name, profile=not no_profile, level=level)
+    except (ValueError, *_user_errors()) as exc:
+        fail(str(exc))
+    text = ex.markdown()
+    console.print(text, highlight=False, markup=False)
+    if out:
+        try:
+            Path(out).write_text(text)
+        except OSError as exc:
+            fail(f"cannot write the report to {out!r} ({exc.strerror}); pass a writable path")
+
+
 def main() -> None:  # pragma: no cover - console entry
     app()
 

@@ -340,7 +340,9 @@ def _run_isolated(ctx: SearchContext, trial: optuna.Trial, params: dict[str, Any
     hard_end = ctx.deadline.trials_end
     per_trial = ctx.options.trial_timeout_s or float(ctx.target.settings.get("trial_timeout_s", 0) or 0)
     if per_trial <= 0:
-        per_trial = max(30.0, 0.25 * ctx.deadline.budget_s)
+        # the baseline is often the slowest configuration of all, and every ratio needs it: give it more room
+        share = 0.5 if trial.user_attrs.get(BASELINE_ATTR) else 0.25
+        per_trial = max(60.0 if share == 0.5 else 30.0, share * ctx.deadline.budget_s)
     deadline = min(hard_end, time.time() + per_trial)
     hw = ctx.hardware
     job = TrialJob(target=ctx.target.name, space_yaml=ctx.space_yaml, space_source=ctx.resolved.space.source,

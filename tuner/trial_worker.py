@@ -23,8 +23,15 @@ def classify_exception(exc: BaseException) -> Outcome:
         return Outcome.OOM
     if "OutOfResources" in name or "out of resource" in text:
         return Outcome.OUT_OF_RESOURCES
-    if "Compil" in name or "compile" in text.lower() and ("error" in text.lower() or "fail" in text.lower()):
+    module = type(exc).__module__ or ""
+    if module.startswith(("torch._dynamo", "torch._inductor", "triton.compiler")) or "Compil" in name:
         return Outcome.COMPILE_ERROR
+    if "compile" in text.lower() and ("error" in text.lower() or "fail" in text.lower()):
+        return Outcome.COMPILE_ERROR
+    if name in ("InvalidConfig",) or module.startswith("kernels") and "Invalid" in name:
+        return Outcome.INVALID_CONFIG
+    if name == "WrongResult":
+        return Outcome.WRONG_RESULT
     if isinstance(exc, (ValueError, TypeError)) and "config" in text.lower():
         return Outcome.INVALID_CONFIG
     if "wrong result" in text.lower() or name == "WrongResult":

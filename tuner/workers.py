@@ -37,6 +37,7 @@ import os
 import socket
 import threading
 import time
+import warnings
 from collections.abc import Callable, Iterator
 from typing import Any, TypeVar
 
@@ -53,6 +54,8 @@ from tuner.measurement import Outcome
 from tuner.sampling import params_key, suggest
 
 _logger = logging.getLogger(__name__)
+# ask/tell with heartbeats is what this module is for; Optuna warns that it expects Study.optimize
+warnings.filterwarnings("ignore", message="Heartbeat of storage is supposed to be used with Study.optimize")
 
 T = TypeVar("T")
 
@@ -248,8 +251,6 @@ def open_worker_storage(url: str, *, pool_size: int = 5, heartbeat_interval: int
 
 @contextlib.contextmanager
 def _quiet_experimental() -> Iterator[None]:
-    import warnings
-
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
         yield
@@ -404,7 +405,8 @@ def _run_trial(ctx, trial: optuna.Trial, progress, run_one, *, name: str, leaser
     with beat:
         retry_db(lambda: trial.set_user_attr("tuner_worker", name), what="tag the trial")
         params = retry_db(lambda: suggest(trial, ctx.resolved), what="sample")  # run_one gets the same values
-        if trial.system_attrs.get("failed_trial") is not None:  # a retry of a lost trial: run it, do not dedupe
+        frozen = retry_db(lambda: ctx.study._storage.get_trial(trial._trial_id), what="read the trial")
+        if frozen.system_attrs.get("failed_trial") is not None:  # a retry of a lost trial: run it, do not dedupe
             earlier = ctx.seen.get(params_key(params))
             if earlier is not None and earlier.outcome == "crash":
                 ctx.seen.pop(params_key(params), None)

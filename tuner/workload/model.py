@@ -36,6 +36,7 @@ _logger = logging.getLogger(__name__)
 DEFAULT_KNOBS: dict[str, Any] = {
     "context_length": None,  # None = the preset's max context
     "indexer_width": "static",
+    "indexer_impl": "torch",
     "attention_impl": "torch",
     "gemm_proj": "bf16",
     "gemm_indexer": "fp32",
@@ -79,17 +80,39 @@ class DecodeModel:
 
     def __init__(self, preset: Preset, knobs: dict[str, Any], device: str | torch.device, seed: int = 0) -> None:
         self.p = preset
-        self.knobs = {**DEFAULT_KNOBS, **{k: v for k, v in knobs.items() if k in DEFAULT_KNOBS}}
+        # workload knobs, plus kernel fields as "kernel.FIELD" (e.g. "sparse_decode.S")
+        self.knobs = {**DEFAULT_KNOBS, **{k: v for k, v in knobs.items() if k in DEFAULT_KNOBS or "." in k}}
         if self.knobs["context_length"] is None:
             self.knobs["context_length"] = preset.max_context
         self.device = torch.device(device)
         self.act_dtype = torch.bfloat16 if self.device.type == "cuda" else torch.float32
         self._check_knobs()
-        g = torch.Generator(device="cpu").manual_seed(seed)
+        # weights are drawn on the device itself: a CPU draw of the full preset's ~1B numbers takes seconds
+        g = torch.Generator(device=self.device).manual_seed(seed)
         self.w = self._init_weights(g)
         self.attention_fn = self._attention_fn()
-        self.indexer_fn = indexer_scores_torch
+        self.triton_indexer = None
+        if self.knobs["indexer_impl"] == "triton":
+            from tuner.workload.gpu_ops import triton_indexer
+
+            self.triton_indexer = triton_indexer(self.knobs)
+        self.add_rms_norm, self._rope_fn = self._glue_fns()
         self.scale = 1.0 / math.sqrt(preset.head_dim)
+
+    def _glue_fns(self):
+        mode = self.knobs["glue"]
+        if mode == "fused":
+            from tuner.workload.gpu_ops import fused_glue
+
+            fused_norm, fused_rope = fused_glue()
+            return fused_norm, lambda x, st: fused_rope(x, st["positions"], st["cos_sin"], self.p.rope_dim)
+
+        def eager_rope(x, st):
+            return rope(x, st["cos"], st["sin"], self.p.rope_dim)
+
+        if mode == "compile":
+            return torch.compile(add_rms_norm, dynamic=False), torch.compile(eager_rope, dynamic=False)
+        return add_rms_norm, eager_rope
 
     # -- set-up -------------------------------------------------------------------------------------------
     def _check_knobs(self) -> None:
@@ -106,11 +129,17 @@ class DecodeModel:
             raise KnobError(f"workload knob `context_length` must be >= 1024, but got {ctx}")
         if k["glue"] not in ("eager", "fused", "compile"):
             raise KnobError(f"workload knob `glue` must be eager, fused or compile, but got {k['glue']!r}")
+        if k["indexer_impl"] not in ("torch", "triton"):
+            raise KnobError(f"workload knob `indexer_impl` must be torch or triton, but got {k['indexer_impl']!r}")
+        if self.device.type != "cuda":
+            for knob, gpu_only in (("indexer_impl", "triton"), ("glue", "fused"), ("glue", "compile")):
+                if k[knob] == gpu_only:
+                    raise KnobError(f"workload knob `{knob}={gpu_only}` needs a GPU (Triton)")
 
     def _rand(self, g: torch.Generator, *shape: int, scale: float | None = None) -> torch.Tensor:
         fan_in = shape[-1] if scale is None else 1
-        t = torch.randn(*shape, generator=g) * (scale if scale is not None else 1.0 / math.sqrt(fan_in))
-        return t.to(self.device)
+        t = torch.randn(*shape, generator=g, device=g.device)
+        return (t * (scale if scale is not None else 1.0 / math.sqrt(fan_in))).to(self.device)
 
     def _init_weights(self, g: torch.Generator) -> LayerWeights:
         p, k = self.p, self.knobs
@@ -165,10 +194,10 @@ class DecodeModel:
         p, dev, dt = self.p, self.device, self.act_dtype
         if live_context < p.window:
             raise ValueError(f"`live_context` must be >= the window ({p.window}), but got {live_context}")
-        g = torch.Generator(device="cpu").manual_seed(seed)
+        g = torch.Generator(device=dev).manual_seed(seed)
 
         def rnd(*shape: int) -> torch.Tensor:
-            return torch.randn(*shape, generator=g).to(dev, dt)
+            return torch.randn(*shape, generator=g, device=dev).to(dt)
 
         B, L = batch, live_context
         n_csa, n_hca = math.ceil(L / p.csa_ratio), math.ceil(L / p.hca_ratio)
@@ -187,7 +216,22 @@ class DecodeModel:
         half = p.rope_dim // 2
         inv = 1.0 / (10000 ** (torch.arange(half, device=dev, dtype=torch.float32) / half))
         ang = torch.full((B, 1), float(L), device=dev) * inv[None, :]
-        return {
+        extra: dict[str, torch.Tensor] = {}
+        if self.knobs["glue"] == "fused":
+            pos = torch.arange(L + 1, device=dev, dtype=torch.float32)[:, None] * inv[None, :]
+            extra["cos_sin"] = torch.cat([pos.cos(), pos.sin()], dim=1).contiguous()
+            extra["positions"] = torch.full((B,), L, device=dev, dtype=torch.int32)
+        if self.triton_indexer is not None:  # the server's key cache, sized by the width it scores
+            keys = torch.randn(B, width, p.indexer_dim, generator=g, device=dev)
+            if self.knobs["gemm_indexer"] == "fp8":
+                scale = keys.abs().amax(-1).clamp(min=1e-6) / 448.0
+                extra["csa_keys_dense"] = (keys / scale[..., None]).to(torch.float8_e4m3fn)
+                extra["csa_keys_scale"] = scale.float().contiguous()
+            else:
+                extra["csa_keys_dense"] = keys.to(torch.float32 if self.knobs["gemm_indexer"] in ("fp32", "tf32")
+                                                  else torch.bfloat16)
+            del keys
+        return extra | {
             "x": rnd(B, p.hidden),
             "win_pool": rnd(B * p.window, p.head_dim),
             "csa_pool": rnd(1 + B * n_csa, p.head_dim),
@@ -208,10 +252,10 @@ class DecodeModel:
         x = st["x"]
         residual = torch.zeros_like(x)
         for kind in self.p.kinds():
-            h, residual = add_rms_norm(x, residual, self.w.norm1)
+            h, residual = self.add_rms_norm(x, residual, self.w.norm1)
             x = self._mhc(h, x)
             x = self._attention(kind, h, st)
-            h, residual = add_rms_norm(x, residual, self.w.norm2)
+            h, residual = self.add_rms_norm(x, residual, self.w.norm2)
             x = self._moe(h)
         return rms_norm(x + residual, self.w.norm1)
 
@@ -225,8 +269,8 @@ class DecodeModel:
         p, w = self.p, self.w.attn[kind]
         B = h.shape[0]
         qa = rms_norm(w.q_a(h), w.q_a_norm)
-        q = rope(w.q_b(qa).view(B, p.heads, p.head_dim), st["cos"], st["sin"], p.rope_dim)
-        kv_new = rope(w.kv(h), st["cos"], st["sin"], p.rope_dim)
+        q = self._rope_fn(w.q_b(qa).view(B, p.heads, p.head_dim), st)
+        kv_new = self._rope_fn(w.kv(h), st)
         st["win_pool"].index_copy_(0, st["win_slot"], kv_new)
         if kind == "window":
             pool, rows = st["win_pool"], st["win_rows"]
@@ -250,11 +294,15 @@ class DecodeModel:
         qi = w.idx_q(qa).view(B, p.indexer_heads, p.indexer_dim)
         wts = w.idx_w(h)
         table = st["csa_table"]  # [B, width]
-        keys = st["csa_keys"][table]  # [B, width, Di]: the gather SGLang does over its page table
-        scores = self.indexer_fn(qi, wts, keys, w.idx_q.weight.dtype if w.idx_q.dtype_name != "fp8"
-                                 else torch.float8_e4m3fn)
-        valid = torch.arange(table.shape[1], device=table.device)[None, :] < st["csa_live"][:, None]
-        scores = scores.masked_fill(~valid, float("-inf"))
+        if self.triton_indexer is not None:
+            keys = st["csa_keys_dense"]
+            scores = self.triton_indexer(qi, wts, keys, st["csa_live"].to(torch.int32), st.get("csa_keys_scale"))
+        else:
+            keys = st["csa_keys"][table]  # [B, width, Di]: the gather SGLang does over its page table
+            scores = indexer_scores_torch(qi, wts, keys, w.idx_q.weight.dtype if w.idx_q.dtype_name != "fp8"
+                                          else torch.float8_e4m3fn)
+            valid = torch.arange(table.shape[1], device=table.device)[None, :] < st["csa_live"][:, None]
+            scores = scores.masked_fill(~valid, float("-inf"))
         k = min(p.index_topk, table.shape[1])
         top = scores.topk(k, dim=-1)
         rows = table.gather(1, top.indices)

@@ -1,0 +1,81 @@
+"""Op-level profile of one decode step (torch profiler): top kernels by device time, share, launch count.
+
+``python -m tuner.workload.profile --preset P --level 64 --knob k=v ... --json`` prints one JSON object; it is
+what ``tuner explain`` runs (in a subprocess) for the baseline and the best configuration.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections import defaultdict
+
+
+def profile_step(model, batch: int, live_context: int, top: int = 12, buckets: str | None = None) -> dict:
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    st = model.state(batch, live_context)
+    cuda = model.device.type == "cuda"
+    with torch.inference_mode():
+        for _ in range(2):
+            model.step(st)
+        if cuda:
+            torch.cuda.synchronize()
+        acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
+        with profile(activities=acts, record_shapes=True) as prof:
+            model.step(st)
+            if cuda:
+                torch.cuda.synchronize()
+    events = prof.key_averages(group_by_input_shape=True)
+    rows = []
+    total = 0.0
+    for e in events:
+        t = (getattr(e, "self_device_time_total", None) or getattr(e, "self_cuda_time_total", 0.0)) if cuda \
+            else e.self_cpu_time_total
+        if cuda and getattr(e, "device_type", None) is not None and str(e.device_type).endswith("CPU"):
+            continue
+        if not cuda and e.key.startswith("ProfilerStep"):
+            continue
+        total += t
+        rows.append({"op": e.key, "time_us": t, "count": e.count,
+                     "shapes": str(e.input_shapes)[:160] if e.input_shapes else ""})
+    by_op: dict[str, dict] = defaultdict(lambda: {"time_us": 0.0, "count": 0, "shapes": ""})
+    for r in rows:
+        agg = by_op[r["op"]]
+        if r["time_us"] > agg.get("_best", -1):
+            agg["shapes"], agg["_best"] = r["shapes"], r["time_us"]
+        agg["time_us"] += r["time_us"]
+        agg["count"] += r["count"]
+    ops = sorted(({"op": k, **{kk: vv for kk, vv in v.items() if kk != "_best"}} for k, v in by_op.items()),
+                 key=lambda r: -r["time_us"])
+    for r in ops:
+        r["share"] = r["time_us"] / total if total else 0.0
+    launches = sum(r["count"] for r in ops) if cuda else sum(r["count"] for r in rows)
+    return {"device": "cuda" if cuda else "cpu", "batch": batch, "total_us": total, "launches": launches,
+            "top": ops[:top]}
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m tuner.workload.profile")
+    ap.add_argument("--preset", default="dsv4-flash")
+    ap.add_argument("--level", type=int, default=64)
+    ap.add_argument("--live-context", type=int, default=512)
+    ap.add_argument("--knob", action="append", default=[])
+    args = ap.parse_args(argv)
+    import torch
+
+    from tuner.workload.model import DecodeModel
+    from tuner.workload.presets import get_preset
+    from tuner.workload.run import _value
+
+    knobs = {k: _value(v) for k, _, v in (item.partition("=") for item in args.knob)}
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    model = DecodeModel(get_preset(args.preset), knobs, device)
+    print(json.dumps(profile_step(model, args.level, args.live_context)))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
