@@ -49,13 +49,13 @@ def _mode(dtype) -> str:
     return name
 
 
-@triton.jit(do_not_specialize=["M", "k_per_split"])
+@triton.jit(do_not_specialize=["M", "k_per_split", "n_splits"])
 def _gemm_kernel(
-    x_ptr, w_ptr, y_ptr, xs_ptr, ws_ptr,
-    M, N, K, k_per_split,
-    stride_xm, stride_xk, stride_wn, stride_wk, stride_ys, stride_ym, stride_yn,
+    x_ptr, w_ptr, y_ptr, xs_ptr, ws_ptr, p_ptr, lock_ptr,
+    M, N, K, k_per_split, n_splits,
+    stride_xm, stride_xk, stride_wn, stride_wk, stride_ym, stride_yn, stride_ps,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
-    EVEN_K: tl.constexpr, IEEE: tl.constexpr, HAS_SCALE: tl.constexpr,
+    EVEN_K: tl.constexpr, IEEE: tl.constexpr, HAS_SCALE: tl.constexpr, SPLIT: tl.constexpr, FUSED: tl.constexpr,
 ):
     pid = tl.program_id(0)
     pid_k = tl.program_id(1)
@@ -96,8 +96,23 @@ def _gemm_kernel(
         w_ptrs += BLOCK_K * stride_wk
     if HAS_SCALE:
         acc = acc * (tl.load(xs_ptr) * tl.load(ws_ptr))
-    y_ptrs = y_ptr + pid_k * stride_ys + offs_m[:, None] * stride_ym + offs_n[None, :] * stride_yn
-    tl.store(y_ptrs, acc.to(y_ptr.dtype.element_ty), mask=(offs_m[:, None] < M) & (offs_n[None, :] < N))
+    mask = (offs_m[:, None] < M) & (offs_n[None, :] < N)
+    tile = offs_m[:, None] * stride_ym + offs_n[None, :] * stride_yn
+    if SPLIT:
+        tl.store(p_ptr + pid_k * stride_ps + tile, acc, mask=mask)  # float32 partial of this split
+        if FUSED:
+            # last split of this output tile to finish sums the partials (semaphore pattern, as in
+            # sparse_decode): no second launch, and the counter is reset for the next call
+            tl.debug_barrier()
+            done = tl.atomic_add(lock_ptr + pid, 1, sem="acq_rel", scope="gpu")
+            if done == n_splits - 1:
+                total = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+                for s in range(0, n_splits):
+                    total += tl.load(p_ptr + s * stride_ps + tile, mask=mask, other=0.0, cache_modifier=".cg")
+                tl.store(y_ptr + tile, total.to(y_ptr.dtype.element_ty), mask=mask)
+                tl.atomic_xchg(lock_ptr + pid, 0)
+    else:
+        tl.store(y_ptr + tile, acc.to(y_ptr.dtype.element_ty), mask=mask)
 
 
 @triton.jit
@@ -131,6 +146,17 @@ def _check(x, w, mode, x_scale, w_scale, out):
 
 
 _LOOKUP: dict[tuple, dict] = {}
+_COUNTERS: dict[str, torch.Tensor] = {}
+
+
+def _tile_counters(device, n: int) -> torch.Tensor:
+    """Zeroed int32 counters, one per output tile; each launch leaves them at zero."""
+    key = str(device)
+    buf = _COUNTERS.get(key)
+    if buf is None or buf.numel() < n:
+        buf = torch.zeros(max(n, 4096), dtype=torch.int32, device=device)
+        _COUNTERS[key] = buf
+    return buf
 
 
 def gemm(
@@ -142,8 +168,14 @@ def gemm(
     x_scale: torch.Tensor | None = None,
     w_scale: torch.Tensor | None = None,
     out: torch.Tensor | None = None,
+    fused_split_k: bool = True,
 ) -> torch.Tensor:
-    """``x @ w.T`` in mode ``dtype`` (None: from x.dtype, float32 meaning "tf32")."""
+    """``x @ w.T`` in mode ``dtype`` (None: from x.dtype, float32 meaning "tf32").
+
+    ``fused_split_k``: with SPLIT_K > 1 the last split of each output tile sums the float32
+    partials in the same launch (self-resetting per-tile counters; CUDA-graph safe; two calls in
+    flight on different streams of one device must not overlap); False uses a second reduce pass.
+    """
     mode = ("tf32" if x.dtype == torch.float32 else _mode(x.dtype)) if dtype is None else _mode(dtype)
     M, N, K, out_dt = _check(x, w, mode, x_scale, w_scale, out)
     shape = {"M": M, "N": N, "K": K}
@@ -164,23 +196,24 @@ def gemm(
     BM, BN, BK, SK = config["BLOCK_M"], config["BLOCK_N"], config["BLOCK_K"], config["SPLIT_K"]
     k_per_split = triton.cdiv(K, SK * BK) * BK
     SK = triton.cdiv(K, k_per_split)  # splits that hold at least one K tile
-    target = out if SK == 1 else torch.empty((SK, M, N), device=x.device, dtype=torch.float32)
-    ys = (0, out.stride(0), out.stride(1)) if SK == 1 else target.stride()
-    grid = (triton.cdiv(M, BM) * triton.cdiv(N, BN), SK)
+    if SK > 1 and not out.is_contiguous():
+        raise ValueError("out must be contiguous when SPLIT_K > 1")
+    n_tiles = triton.cdiv(M, BM) * triton.cdiv(N, BN)
+    partial = out if SK == 1 else torch.empty((SK, M, N), device=x.device, dtype=torch.float32)
+    locks = _tile_counters(x.device, n_tiles) if SK > 1 and fused_split_k else x
     scale_a = x_scale if x_scale is not None else x
     scale_b = w_scale if w_scale is not None else w
-    _gemm_kernel[grid](
-        x, w, target, scale_a, scale_b, M, N, K, k_per_split,
-        x.stride(0), x.stride(1), w.stride(0), w.stride(1), *ys,
+    _gemm_kernel[(n_tiles, SK)](
+        x, w, out, scale_a, scale_b, partial, locks, M, N, K, k_per_split, SK,
+        x.stride(0), x.stride(1), w.stride(0), w.stride(1), out.stride(0), out.stride(1), partial.stride(0),
         BLOCK_M=BM, BLOCK_N=BN, BLOCK_K=BK, GROUP_M=config["GROUP_M"],
         EVEN_K=(K % (SK * BK) == 0 and k_per_split * SK == K), IEEE=(mode == "fp32"),
-        HAS_SCALE=(mode == "fp8"), num_warps=config["num_warps"], num_stages=config["num_stages"],
+        HAS_SCALE=(mode == "fp8"), SPLIT=SK > 1, FUSED=bool(fused_split_k),
+        num_warps=config["num_warps"], num_stages=config["num_stages"],
     )
-    if SK > 1:
-        if not out.is_contiguous():
-            raise ValueError("out must be contiguous when SPLIT_K > 1")
+    if SK > 1 and not fused_split_k:
         block = 1024
-        _split_k_reduce_kernel[(triton.cdiv(M * N, block),)](target, out, M * N, SPLIT_K=SK, BLOCK=block, num_warps=4)
+        _split_k_reduce_kernel[(triton.cdiv(M * N, block),)](partial, out, M * N, SPLIT_K=SK, BLOCK=block, num_warps=4)
     return out
 
 

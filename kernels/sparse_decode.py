@@ -43,16 +43,16 @@ LOG2E = 1.4426950408889634
 # ----------------------------------------------------------------------------------------------------
 # Kernels
 # ----------------------------------------------------------------------------------------------------
-@triton.jit(do_not_specialize=["B", "num_rows", "topk", "rows_per_split"])
+@triton.jit(do_not_specialize=["B", "num_rows", "topk", "rows_per_split", "n_splits"])
 def _sparse_decode_kernel(
-    q_ptr, kv_ptr, idx_ptr, part_ptr, lse_ptr, out_ptr,
-    B, H, num_rows, topk, rows_per_split, qk_scale,
+    q_ptr, kv_ptr, idx_ptr, part_ptr, lse_ptr, out_ptr, lock_ptr,
+    B, H, num_rows, topk, rows_per_split, n_splits, qk_scale,
     stride_qb, stride_qh, stride_kv, stride_ib,
     stride_pb, stride_ps, stride_ph,
     stride_lb, stride_ls,
     stride_ob, stride_oh,
     DV: tl.constexpr, DT: tl.constexpr, D_TAIL: tl.constexpr,
-    BLOCK_H: tl.constexpr, BLOCK_T: tl.constexpr, DIRECT: tl.constexpr,
+    BLOCK_H: tl.constexpr, BLOCK_T: tl.constexpr, DIRECT: tl.constexpr, FUSED_COMBINE: tl.constexpr,
 ):
     pid_h = tl.program_id(0)  # fastest: head blocks of one (request, split) run together, share L2
     pid_s = tl.program_id(1)
@@ -104,6 +104,38 @@ def _sparse_decode_kernel(
         tl.store(part_ptrs, o, mask=h_mask[:, None])
         lse = tl.where(l_i > 0.0, m_i + tl.log2(l_safe), float("-inf"))
         tl.store(lse_ptr + pid_b.to(tl.int64) * stride_lb + pid_s * stride_ls + offs_h, lse, mask=h_mask)
+        if FUSED_COMBINE:
+            # The last split of this (request, head block) to finish merges all splits: no second
+            # launch. Barrier, then a gpu-scope acq_rel atomic publishes this CTA's partial stores
+            # (the split-K semaphore pattern of CUTLASS and Triton's layer-norm tutorial).
+            tl.debug_barrier()
+            lock = lock_ptr + pid_b * tl.num_programs(0) + pid_h
+            done = tl.atomic_add(lock, 1, sem="acq_rel", scope="gpu")
+            if done == n_splits - 1:
+                _merge_splits(part_ptr + pid_b.to(tl.int64) * stride_pb, lse_ptr + pid_b.to(tl.int64) * stride_lb,
+                              out_ptr + pid_b.to(tl.int64) * stride_ob, offs_h, h_mask, offs_d, n_splits,
+                              stride_ps, stride_ph, stride_ls, stride_oh, BLOCK_H, DV, ".cg")
+                tl.atomic_xchg(lock, 0)  # ready for the next call (CUDA-graph replays reuse the counters)
+
+
+@triton.jit
+def _merge_splits(part_base, lse_base, out_base, offs_h, h_mask, offs_d, n_splits,
+                  stride_ps, stride_ph, stride_ls, stride_oh, BLOCK_H: tl.constexpr, DV: tl.constexpr,
+                  CACHE: tl.constexpr):
+    """out = sum_s 2^(lse_s - m) * o_s / sum_s 2^(lse_s - m), m = max_s lse_s (zeros if all -inf)."""
+    m = tl.full([BLOCK_H], float("-inf"), tl.float32)
+    for s in range(0, n_splits):
+        m = tl.maximum(m, tl.load(lse_base + s * stride_ls + offs_h, mask=h_mask, other=float("-inf"), cache_modifier=CACHE))
+    m_safe = tl.where(m == float("-inf"), 0.0, m)
+    acc = tl.zeros([BLOCK_H, DV], tl.float32)
+    wsum = tl.zeros([BLOCK_H], tl.float32)
+    for s in range(0, n_splits):
+        w = tl.exp2(tl.load(lse_base + s * stride_ls + offs_h, mask=h_mask, other=float("-inf"), cache_modifier=CACHE) - m_safe)
+        acc += w[:, None] * tl.load(part_base + s * stride_ps + offs_h[:, None] * stride_ph + offs_d[None, :],
+                                    mask=h_mask[:, None], other=0.0, cache_modifier=CACHE)
+        wsum += w
+    o = acc / tl.where(wsum > 0.0, wsum, 1.0)[:, None]
+    tl.store(out_base + offs_h[:, None] * stride_oh + offs_d[None, :], o.to(out_base.dtype.element_ty), mask=h_mask[:, None])
 
 
 @triton.jit(do_not_specialize=["S"])
@@ -114,27 +146,13 @@ def _combine_kernel(
     stride_ob, stride_oh,
     DV: tl.constexpr, BLOCK_H: tl.constexpr,
 ):
-    """Merge S partial results by their log-sum-exp (base 2)."""
+    """Merge S partial results by their log-sum-exp (base 2): the unfused second pass."""
     pid_h = tl.program_id(0)
     pid_b = tl.program_id(1)
     offs_h = pid_h * BLOCK_H + tl.arange(0, BLOCK_H)
-    h_mask = offs_h < H
-    offs_d = tl.arange(0, DV)
-    lse_base = lse_ptr + pid_b.to(tl.int64) * stride_lb + offs_h
-    m = tl.full([BLOCK_H], float("-inf"), tl.float32)
-    for s in range(0, S):
-        m = tl.maximum(m, tl.load(lse_base + s * stride_ls, mask=h_mask, other=float("-inf")))
-    m_safe = tl.where(m == float("-inf"), 0.0, m)
-    acc = tl.zeros([BLOCK_H, DV], tl.float32)
-    wsum = tl.zeros([BLOCK_H], tl.float32)
-    part_base = part_ptr + pid_b.to(tl.int64) * stride_pb + offs_h[:, None] * stride_ph + offs_d[None, :]
-    for s in range(0, S):
-        w = tl.exp2(tl.load(lse_base + s * stride_ls, mask=h_mask, other=float("-inf")) - m_safe)
-        acc += w[:, None] * tl.load(part_base + s * stride_ps, mask=h_mask[:, None], other=0.0)
-        wsum += w
-    o = acc / tl.where(wsum > 0.0, wsum, 1.0)[:, None]
-    out_ptrs = out_ptr + pid_b.to(tl.int64) * stride_ob + offs_h[:, None] * stride_oh + offs_d[None, :]
-    tl.store(out_ptrs, o.to(out_ptr.dtype.element_ty), mask=h_mask[:, None])
+    _merge_splits(part_ptr + pid_b.to(tl.int64) * stride_pb, lse_ptr + pid_b.to(tl.int64) * stride_lb,
+                  out_ptr + pid_b.to(tl.int64) * stride_ob, offs_h, offs_h < H, tl.arange(0, DV), S,
+                  stride_ps, stride_ph, stride_ls, stride_oh, BLOCK_H, DV, "")
 
 
 @triton.jit(do_not_specialize=["num_rows", "topk"])
@@ -225,6 +243,17 @@ def _shape_of(q, kv, indices, d_v) -> dict:
 
 
 _LOOKUP: dict[tuple, dict] = {}
+_COUNTERS: dict[str, torch.Tensor] = {}
+
+
+def _split_counters(device, n: int) -> torch.Tensor:
+    """Zeroed int32 counters, one per (request, head block); each launch leaves them at zero."""
+    key = str(device)
+    buf = _COUNTERS.get(key)
+    if buf is None or buf.numel() < n:
+        buf = torch.zeros(max(n, 4096), dtype=torch.int32, device=device)
+        _COUNTERS[key] = buf
+    return buf
 
 
 def _config_for(name: str, shape: dict, dtype, device) -> dict:
@@ -245,11 +274,15 @@ def sparse_decode(
     *,
     d_v: int | None = None,
     out: torch.Tensor | None = None,
+    fused_combine: bool = True,
 ) -> torch.Tensor:
     """Sparse MQA decode attention; returns ``[batch, heads, d_v]`` in ``q.dtype``.
 
     ``config`` keys: S, BLOCK_H, BLOCK_T, num_warps, num_stages; None looks up the tuned config
     (``kernels.configs.lookup``, cached per shape) or the default.
+    ``fused_combine``: with S > 1 the last split to finish merges the partials in the same launch
+    (per-(request, head block) counters, reset by the kernel itself, so CUDA-graph replays are safe;
+    calls running concurrently on two streams must not share a device); False uses a second kernel.
     """
     B, H, d_qk, d_v = _check_args(q, kv, indices, d_v, out)
     topk = indices.shape[1]
@@ -269,24 +302,27 @@ def sparse_decode(
     if B == 0:
         return out
     direct = S == 1
+    n_hblocks = triton.cdiv(H, BLOCK_H)
     if direct:
-        part, lse = out, out  # unused
+        part, lse, locks = out, out, indices  # unused
         part_strides, lse_strides = (0, 0, 0), (0, 0)
     else:
         part = torch.empty((B, S, H, d_v), device=q.device, dtype=torch.float32)
         lse = torch.empty((B, S, H), device=q.device, dtype=torch.float32)
         part_strides, lse_strides = part.stride()[:3], lse.stride()[:2]
-    grid = (triton.cdiv(H, BLOCK_H), S, B)
+        locks = _split_counters(q.device, B * n_hblocks) if fused_combine else indices
+    grid = (n_hblocks, S, B)
     _sparse_decode_kernel[grid](
-        q, kv, indices, part, lse, out,
-        B, H, kv.shape[0], topk, rows_per_split, sm_scale * LOG2E,
+        q, kv, indices, part, lse, out, locks,
+        B, H, kv.shape[0], topk, rows_per_split, S, sm_scale * LOG2E,
         q.stride(0), q.stride(1), kv.stride(0), indices.stride(0),
         *part_strides, *lse_strides,
         out.stride(0), out.stride(1),
         DV=d_v, DT=DT, D_TAIL=D_TAIL, BLOCK_H=BLOCK_H, BLOCK_T=BLOCK_T, DIRECT=direct,
+        FUSED_COMBINE=bool(fused_combine and not direct),
         num_warps=config["num_warps"], num_stages=config["num_stages"],
     )
-    if not direct:
+    if not direct and not fused_combine:
         block_hc = 4
         _combine_kernel[(triton.cdiv(H, block_hc), B)](
             part, lse, out, H, S,

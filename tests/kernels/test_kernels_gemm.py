@@ -45,3 +45,15 @@ def test_errors_name_the_argument():
         gemm(x, torch.randn(8, 32), "fp16")
     with pytest.raises(ValueError, match="dtype="):
         gemm(x, torch.randn(8, 32).half(), "int4")
+
+
+def test_fused_and_two_pass_split_k_agree_and_counters_reset():
+    from kernels.gemm import _COUNTERS
+
+    x = torch.randn(5, 200, device=DEV)
+    w = torch.randn(70, 200, device=DEV)
+    cfg = _cfg(SK=4)
+    fused = gemm(x, w, "fp32", cfg)
+    two_pass = gemm(x, w, "fp32", cfg, fused_split_k=False)
+    assert torch.equal(fused, two_pass)
+    assert int(_COUNTERS[str(x.device)].abs().sum()) == 0

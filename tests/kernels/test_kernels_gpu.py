@@ -87,3 +87,22 @@ def test_out_of_resources_is_raised_and_classified():
         torch.cuda.synchronize()
     assert classify_failure(info.value) == "out_of_resources", repr(info.value)
     assert isinstance(info.value, OutOfResources) or "resource" in str(info.value).lower()
+
+
+def test_fused_split_merges_have_no_race():
+    """The last-arriving split merges: repeated runs must match the two-pass path bit for bit."""
+    from kernels.gemm import gemm
+    from kernels.sparse_decode import sparse_decode
+
+    shape = dict(SD.shapes("v4flash")[0], batch=16, ragged=1)
+    for i, cfg in enumerate([_sd(4, 16, 64, 4, 2), _sd(8, 64, 64, 8, 2), _sd(32, 16, 16, 4, 2)]):
+        inp = SD.make_inputs(shape, "bfloat16", "cuda", seed=i)
+        two = sparse_decode(inp["q"], inp["kv"], inp["indices"], config=cfg, fused_combine=False)
+        for _ in range(20):
+            assert torch.equal(sparse_decode(inp["q"], inp["kv"], inp["indices"], config=cfg), two)
+    x = torch.randn(16, 4096, device="cuda", dtype=torch.bfloat16)
+    w = torch.randn(2048, 4096, device="cuda", dtype=torch.bfloat16)
+    gcfg = {"BLOCK_M": 16, "BLOCK_N": 32, "BLOCK_K": 64, "SPLIT_K": 16, "GROUP_M": 8, "num_warps": 4, "num_stages": 3}
+    ref = gemm(x, w, "bf16", gcfg, fused_split_k=False)
+    for _ in range(20):
+        assert torch.equal(gemm(x, w, "bf16", gcfg), ref)

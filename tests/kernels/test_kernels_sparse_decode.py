@@ -108,3 +108,15 @@ def test_reference_matches_plain_softmax_attention():
     k = kv[[5, 0, 2]]
     expect = torch.softmax(q[0] @ k.T / math.sqrt(8), -1) @ k
     assert torch.allclose(sparse_decode_reference(q, kv, idx)[0], expect)
+
+
+@pytest.mark.parametrize("S", [2, 5])
+def test_fused_and_two_kernel_combine_agree_and_counters_reset(S):
+    from kernels.sparse_decode import _COUNTERS
+
+    inputs = MMA.make_inputs(dict(SHAPE, heads=20), "float32", DEV, seed=S)
+    cfg = _cfg(S)
+    fused = sparse_decode(inputs["q"], inputs["kv"], inputs["indices"], config=cfg)
+    two = sparse_decode(inputs["q"], inputs["kv"], inputs["indices"], config=cfg, fused_combine=False)
+    assert torch.equal(fused, two)
+    assert int(_COUNTERS[str(inputs["q"].device)].abs().sum()) == 0
