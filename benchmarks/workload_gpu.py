@@ -1,0 +1,106 @@
+"""The decode workload on one GPU: the default configuration, single changes, and a hand-written best, side by side.
+
+Each configuration runs in its own subprocess (``python -m tuner.workload.run --json``) so a failing mode
+(torch.compile under CUDA graphs, say) is recorded with its reason and the rest still run. Writes a markdown table
+with date, GPU, versions and commit.
+
+    python benchmarks/workload_gpu.py --out results.md [--preset dsv4-flash] [--levels 1,16,64]
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+DEFAULT = {  # the seed's starting point
+    "context_length": 1048576, "indexer_width": "static", "indexer_impl": "torch", "attention_impl": "simt",
+    "gemm_proj": "bf16", "gemm_indexer": "fp32", "gemm_moe": "bf16", "gemm_mhc": "fp32", "glue": "eager",
+    "cuda_graph_buckets": "server_default:256",
+}
+HAND_BEST = {
+    **DEFAULT, "context_length": 8192, "indexer_width": "live", "indexer_impl": "triton", "attention_impl": "mma",
+    "gemm_indexer": "bf16", "gemm_mhc": "bf16", "glue": "fused", "cuda_graph_buckets": "pow2:64",
+}
+CASES = [
+    ("default (1M cap, static indexer, SIMT, fp32 indexer+MHC, eager glue, server buckets)", DEFAULT),
+    ("default + context cap 8192", {**DEFAULT, "context_length": 8192}),
+    ("default + MMA attention", {**DEFAULT, "attention_impl": "mma"}),
+    ("default + bf16 indexer and MHC GEMMs", {**DEFAULT, "gemm_indexer": "bf16", "gemm_mhc": "bf16"}),
+    ("default + torch.compile glue", {**DEFAULT, "glue": "compile"}),
+    ("default, no CUDA graphs", {**DEFAULT, "cuda_graph_buckets": "none:1"}),
+    ("hand-written best", HAND_BEST),
+]
+
+
+def run_case(knobs: dict, preset: str, levels: str, repeats: int, timeout: float) -> dict:
+    argv = [sys.executable, "-m", "tuner.workload.run", "--preset", preset, "--levels", levels, "--json",
+            "--repeats", str(repeats)]
+    for k, v in knobs.items():
+        argv += ["--knob", f"{k}={v}"]
+    t0 = time.time()
+    try:
+        out = subprocess.run(argv, capture_output=True, text=True, timeout=timeout, cwd=ROOT)
+    except subprocess.TimeoutExpired:
+        return {"error": f"timeout after {timeout:.0f}s", "wall_s": time.time() - t0}
+    lines = [ln for ln in out.stdout.splitlines() if ln.startswith("{")]
+    if out.returncode != 0 or not lines:
+        err = [ln for ln in (out.stderr or "").splitlines() if ln.strip()]
+        why = next((ln for ln in reversed(err) if "Error" in ln or "error" in ln), err[-1] if err else "no output")
+        return {"error": why[:240], "wall_s": time.time() - t0}
+    return {"tok_s": json.loads(lines[-1]), "wall_s": time.time() - t0}
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--out", default="workload_gpu.md")
+    ap.add_argument("--preset", default="dsv4-flash")
+    ap.add_argument("--levels", default="1,16,64")
+    ap.add_argument("--repeats", type=int, default=10)
+    ap.add_argument("--timeout", type=float, default=120)
+    args = ap.parse_args()
+    import torch
+
+    from tuner.fingerprint import fingerprint
+
+    env = fingerprint()
+    levels = [f"c={c}" for c in args.levels.split(",")]
+    results = []
+    for name, knobs in CASES:
+        r = run_case(knobs, args.preset, args.levels, args.repeats, args.timeout)
+        results.append((name, knobs, r))
+        print(name, json.dumps(r), flush=True)
+    base = results[0][2].get("tok_s", {})
+    gpu = env["gpus"][0]["name"] if env["gpus"] else "cpu"
+    lines = [f"# Decode workload ({args.preset}) side by side on {gpu}", "",
+             f"date {dt.date.today()}, torch {torch.__version__}, triton {env.get('triton')}, "
+             f"commit {os.environ.get('TUNER_COMMIT') or env.get('git_sha')}, live context 512, median of "
+             f"{args.repeats} steps after warm-up; tok/s = batch / step time; x = versus the default", "",
+             "| configuration | " + " | ".join(f"{lv} tok/s (x)" for lv in levels) + " | wall s |",
+             "| --- | " + " | ".join("---" for _ in levels) + " | --- |"]
+    for name, knobs, r in results:
+        if "error" in r:
+            lines.append(f"| {name} | failed: {r['error']} |" + " |" * (len(levels) - 1) + f" {r['wall_s']:.0f} |")
+            continue
+        cells = []
+        for lv in levels:
+            v = r["tok_s"].get(lv)
+            ratio = f" ({v / base[lv]:.2f}x)" if base.get(lv) else ""
+            cells.append(f"{v:.1f}{ratio}" if v else "-")
+        lines.append(f"| {name} | " + " | ".join(cells) + f" | {r['wall_s']:.0f} |")
+    lines += ["", "Knobs of the hand-written best: " + ", ".join(f"{k}={v}" for k, v in HAND_BEST.items()), ""]
+    Path(args.out).write_text("\n".join(lines))
+    print("\n".join(lines))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
