@@ -16,7 +16,7 @@ from tuner.server.launch import ServerProcess, pick_free_port
 def standin():
     port = pick_free_port(33000, 33999)
     argv = [a.replace("{host}", "127.0.0.1").replace("{port}", str(port)).replace("{model}", "m")
-            for a in standin_command()] + ["--tokens-per-second", "100", "--ttft-ms", "50"]
+            for a in standin_command()] + ["--tokens-per-second", "50", "--ttft-ms", "100"]
     server = ServerProcess(argv, port=port)
     assert server.wait_ready(time.time() + 20) is None
     yield server
@@ -29,12 +29,13 @@ def test_rates_latencies_and_throughput(standin):
     res = loadgen.run_level(standin.base_url, cfg, 3)
     s = loadgen.level_summary(res)
     assert res.errors == 0 and len(res.ok_requests) == 6
-    assert s["ttft_ms_p50"] == pytest.approx(50, abs=10)  # + one HTTP connection set-up
-    assert s["itl_ms_mean"] == pytest.approx(10, rel=0.15)
-    assert s["tok_s_per_request"] == pytest.approx(100, rel=0.15)
-    # 3 in flight, each ~150 ms for 11 tokens: two rounds ~0.3 s for 66 tokens
-    assert s["tok_s"] == pytest.approx(66 / 0.3, rel=0.15)
-    assert s["req_s"] == pytest.approx(6 / 0.3, rel=0.15)
+    # TTFT includes one HTTP connection set-up: never below the server's 100 ms, a little above on a busy box
+    assert 100 <= s["ttft_ms_p50"] <= 130
+    assert s["itl_ms_mean"] == pytest.approx(20, rel=0.15)
+    assert s["tok_s_per_request"] == pytest.approx(50, rel=0.15)
+    # 3 in flight, each 100 ms + 10 gaps of 20 ms: two rounds of 0.3 s for 66 tokens
+    assert s["tok_s"] == pytest.approx(66 / 0.6, rel=0.2)
+    assert s["req_s"] == pytest.approx(6 / 0.6, rel=0.2)
     rows = {(r.metric, r.level) for r in loadgen.level_metrics(res)}
     assert {("tok_s", "c=3"), ("ttft_ms_p99", "c=3"), ("itl_ms_p50", "c=3"), ("e2e_ms_mean", "c=3")} <= rows
 
