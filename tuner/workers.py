@@ -214,7 +214,9 @@ class StaleTrialHandler:
     def __init__(self, repo: Repo | RetryingRepo | None = None, run_id: int | None = None, *,
                  grace_period_s: int = GRACE_PERIOD_S, max_retry: int = MAX_RETRY) -> None:
         self.repo, self.run_id, self.grace_period_s = repo, run_id, grace_period_s
-        self.retry = optuna.storages.RetryFailedTrialCallback(max_retry=max_retry)
+        retry_cls = getattr(optuna.storages, "RetryHeartbeatStaleTrialCallback", None) or \
+            optuna.storages.RetryFailedTrialCallback  # renamed in Optuna 4.9
+        self.retry = retry_cls(max_retry=max_retry)
         self.max_retry = max_retry
         self.handled: list[int] = []
 
