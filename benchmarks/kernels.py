@@ -45,7 +45,17 @@ log = logging.getLogger("benchmarks.kernels")
 # Tile configs of the sparse decode kernel that the recorded H200 sweep (batch 16) ranked best,
 # always included in the sample (S is a runtime argument: every S is timed for each tile config).
 SD_SEEDS = [(16, 128, 4, 2), (32, 128, 8, 2), (16, 64, 4, 2), (64, 64, 8, 2), (64, 32, 8, 2), (32, 64, 8, 2),
-            (16, 32, 4, 3), (32, 32, 4, 2), (16, 128, 8, 2), (32, 64, 4, 2), (64, 128, 8, 1), (16, 16, 4, 2)]
+            (16, 32, 4, 3), (32, 32, 4, 2), (16, 128, 8, 2), (32, 64, 4, 2), (64, 128, 8, 1), (16, 16, 4, 2),
+            (32, 128, 4, 2), (64, 64, 8, 3), (64, 32, 8, 3), (64, 16, 8, 2), (32, 32, 8, 3), (16, 64, 8, 3)]
+
+
+# Skinny-GEMM configs worth timing whatever the random sample: long K loops per program (deep
+# cp.async pipelines) with enough programs (tiles x SPLIT_K ~ 128) to cover 132 SMs.
+GEMM_KEYS = ("BLOCK_M", "BLOCK_N", "BLOCK_K", "SPLIT_K", "GROUP_M", "num_warps", "num_stages")
+GEMM_SEEDS = [(16, 32, 256, 4, 1, 4, 4), (16, 32, 256, 2, 1, 4, 4), (16, 64, 256, 4, 1, 4, 3), (16, 32, 128, 4, 1, 4, 5),
+              (16, 64, 128, 8, 1, 4, 4), (16, 32, 128, 8, 1, 4, 4), (16, 64, 128, 4, 1, 4, 5), (16, 32, 256, 8, 1, 4, 3),
+              (64, 64, 128, 4, 1, 4, 3), (64, 32, 128, 4, 1, 4, 4), (64, 64, 64, 8, 1, 4, 4), (32, 64, 128, 4, 1, 4, 4),
+              (64, 32, 256, 2, 1, 4, 3), (32, 32, 256, 4, 1, 4, 4)]
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -57,7 +67,7 @@ def plan(quick: bool) -> list[dict]:
     jobs = []
 
     sd = get_kernel("sparse_decode")
-    for preset, n_tiles in (("v4flash", 12 if quick else 16), ("v32", 6 if quick else 8)):
+    for preset, n_tiles in (("v4flash", 12 if quick else 24), ("v32", 6 if quick else 10)):
         shapes = sd.shapes(preset)
         rest = [(bh, bt, nw, ns) for bh in (16, 32, 64) for bt in (16, 32, 64, 128) for nw in (4, 8) for ns in (1, 2, 3)]
         rng.shuffle(rest)
@@ -76,21 +86,24 @@ def plan(quick: bool) -> list[dict]:
                  "configs": list(get_kernel("sparse_decode_simt").configs(sd.shapes("v4flash")[0]))})
 
     idx = get_kernel("indexer")
-    for dtype, n in (("float8_e4m3fn", 16), ("bfloat16", 10)):
+    for dtype, n in (("float8_e4m3fn", 20), ("bfloat16", 12)):
         shapes = idx.shapes("v4flash")
         valid = list(idx.configs(shapes[0], dtype=dtype))
         sample = rng.sample(valid, min(n if not quick else n // 2, len(valid)))
         jobs.append({"kernel": "indexer", "dtype": dtype, "shapes": shapes, "configs": sample})
 
     gm = get_kernel("gemm")
-    for mode, n in (("bf16", 28), ("fp8", 10), ("fp16", 0), ("tf32", 0), ("fp32", 0)):
+    for mode, n in (("bf16", 48), ("fp8", 12), ("fp16", 0), ("tf32", 0), ("fp32", 0)):
         shapes = gm.shapes("v4flash")
         sample: list[dict] = []
         if n:
             for m in (1, 64):  # configs valid at M=1 (BLOCK_M 16) and at M=64
                 valid = list(gm.configs(dict(shapes[0], M=m), dtype=mode))
-                sample += rng.sample(valid, min(n // 2 if not quick else n // 4, len(valid)))
-        jobs.append({"kernel": "gemm", "dtype": mode, "shapes": shapes, "configs": sample})
+                seeds = [dict(zip(GEMM_KEYS, c)) for c in GEMM_SEEDS]
+                seeds = [c for c in seeds if c in valid]
+                sample += seeds + rng.sample(valid, min(n // 2 if not quick else n // 4, len(valid)))
+        unique = list({json.dumps(c, sort_keys=True): c for c in sample}.values())
+        jobs.append({"kernel": "gemm", "dtype": mode, "shapes": shapes, "configs": unique})
 
     for name in ("rmsnorm", "rope"):
         k = get_kernel(name)
@@ -171,6 +184,25 @@ def _time(fn, sets, rep_ms):
         return do_bench(fn, sets, rep_ms=rep_ms, max_reps=300, cuda_graph=False)
 
 
+def _two_pass_time(name, cfg, sets, rep_ms):
+    """The default config with the split-K merge as a second launch (what the fused merge saves)."""
+    try:
+        if name == "sparse_decode" and cfg["S"] > 1:
+            from kernels.sparse_decode import sparse_decode
+
+            fn = lambda i: sparse_decode(i["q"], i["kv"], i["indices"], i["sm_scale"], cfg, d_v=i["d_v"], fused_combine=False)  # noqa: E731
+        elif name == "gemm" and cfg["SPLIT_K"] > 1:
+            from kernels.gemm import gemm
+
+            fn = lambda i: gemm(i["x"], i["w"], i["mode"], cfg, x_scale=i["x_scale"], w_scale=i["w_scale"], fused_split_k=False)  # noqa: E731
+        else:
+            return None
+        return _time(fn, sets, rep_ms).median_us
+    except Exception as exc:
+        log.warning("two-pass timing failed: %s", exc)
+        return None
+
+
 def bench_job(job, rates, failures, deadline, rep_ms) -> list[dict]:
     kernel = get_kernel(job["kernel"])
     dtype = job["dtype"]
@@ -216,6 +248,7 @@ def bench_job(job, rates, failures, deadline, rep_ms) -> list[dict]:
         row["trials"].append(d)
         row["default_us"] = d.get("time_us")
         row["default_err"] = d.get("err")
+        row["default_two_pass_us"] = _two_pass_time(kernel.name, default, sets, rep_ms)
         for cfg in job["configs"]:
             if time.time() > shape_deadline:
                 row["truncated"] = True
@@ -283,7 +316,7 @@ def report(rows, meta) -> str:
              f"- git commit: {meta['commit']}",
              f"- measured in this run: copy {meta['bw'] / 1e12:.2f} TB/s (read+write), bf16 matmul {meta['flops'] / 1e12:.0f} TFLOP/s (8192^3, cuBLAS)",
              "- floor = max(bytes / copy rate, FLOPs / matmul rate) from each kernel's cost model (fp8: 2x the bf16 rate, tf32: 0.5x; fp32: 60 TFLOP/s assumed)",
-             "- times: median µs of CUDA-graph replays, L2 flushed (256 MB write) before every replay; problems under 16 MB rotate 4 distinct "
+             "- times: median µs of CUDA-graph replays, L2 flushed (256 MB clean read) before every replay; problems under 16 MB rotate 4 distinct "
              "input sets inside one graph, so every call reads cold data; torch = plain PyTorch in the same dtype (cuBLAS for GEMM)",
              f"- wall time of the run: {meta['wall_s']:.0f} s (precompile {meta['precompile_s']:.0f} s)", ""]
     lines += ["| kernel | dtype | shape | floor µs (bound) | torch µs | default µs | best µs | default/floor | best/floor | torch/best | best config | ok/failed |",
@@ -293,6 +326,11 @@ def report(rows, meta) -> str:
         lines.append(f"| {r['kernel']} | {r['dtype']} | {_shape_text(r['shape'])} | {_f(r['floor_us'])} ({r['bound'][:3]}) | {_f(r['torch_us'])} | "
                      f"{_f(r['default_us'])} | {_f(r['best_us'])} | {_f(_r(r['default_us'], r['floor_us']), 2)} | {_f(_r(r['best_us'], r['floor_us']), 2)} | "
                      f"{_f(_r(r['torch_us'], r['best_us']), 2)} | {cfg} | {r['n_ok']}/{r['n_failed']}{' (cut by budget)' if r.get('truncated') else ''} |")
+    two = [r for r in rows if r.get("default_two_pass_us") and r.get("default_us")]
+    if two:
+        lines += ["", "## Split-K merge fused into the main launch vs a second launch (default config)", "",
+                  "| kernel | dtype | shape | fused µs | two launches µs |", "| --- | --- | --- | --- | --- |"]
+        lines += [f"| {r['kernel']} | {r['dtype']} | {_shape_text(r['shape'])} | {_f(r['default_us'])} | {_f(r['default_two_pass_us'])} |" for r in two]
     lines += ["", "## Aims", ""] + aims(rows)
     fails = {}
     for r in rows:

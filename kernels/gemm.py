@@ -294,9 +294,14 @@ class GemmKernel(TunableKernel):
         limit = device_limits(device)["shared_memory"]
         if smem > limit:
             return f"shared_memory: {smem // 1024} KiB > {limit // 1024} KiB"
-        regs = config["BLOCK_M"] * config["BLOCK_N"] // (32 * config["num_warps"])
+        threads = 32 * config["num_warps"]
+        regs = config["BLOCK_M"] * config["BLOCK_N"] // threads
         if regs > 128:
             return f"register_pressure: fp32 accumulator BLOCK_M*BLOCK_N/threads = {regs} registers/thread > 128"
+        operand_regs = (config["BLOCK_M"] + config["BLOCK_N"]) * config["BLOCK_K"] * elt // (4 * threads)
+        if operand_regs > 128:
+            # seen on an H200: BLOCK_N=256, BLOCK_K=128, 4 warps ran 60x slower than the best (spills)
+            return f"register_pressure: operand tiles (BLOCK_M+BLOCK_N)*BLOCK_K*{elt} B/threads = {operand_regs} registers/thread > 128"
         return None
 
     def make_inputs(self, shape, dtype, device, seed=0):

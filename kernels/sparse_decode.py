@@ -477,7 +477,7 @@ class SparseDecodeKernel(_SparseDecodeBase):
 
     def default_config(self, shape):
         B, H, topk = shape["batch"], shape["heads"], shape["topk"]
-        block_t = 32 if B <= 4 else 64
+        block_t = 64  # 128 is often faster on an H200 but needs 256 KiB of shared memory in float32
         programs = B * triton.cdiv(H, 16)
         S = 1
         while S < 32 and programs * S * 2 <= 264 and (S * 2) * block_t <= topk:

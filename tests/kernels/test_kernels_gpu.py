@@ -80,9 +80,9 @@ def test_out_of_resources_is_raised_and_classified():
     out = torch.empty(1, 64, 512, device="cuda", dtype=torch.bfloat16)
     with pytest.raises(Exception) as info:
         _sparse_decode_kernel[(1, 1, 1)](
-            q, kv, idx, out, out, out, 1, 64, 1024, 640, 640, 1.0,
+            q, kv, idx, out, out, out, idx, 1, 64, 1024, 640, 640, 1, 1.0,
             q.stride(0), q.stride(1), kv.stride(0), idx.stride(0), 0, 0, 0, 0, 0, out.stride(0), out.stride(1),
-            DV=512, DT=0, D_TAIL=0, BLOCK_H=64, BLOCK_T=256, DIRECT=True, num_warps=8, num_stages=3,
+            DV=512, DT=0, D_TAIL=0, BLOCK_H=64, BLOCK_T=256, DIRECT=True, FUSED_COMBINE=False, num_warps=8, num_stages=3,
         )
         torch.cuda.synchronize()
     assert classify_failure(info.value) == "out_of_resources", repr(info.value)
