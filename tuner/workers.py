@@ -216,7 +216,8 @@ class StaleTrialHandler:
         self.repo, self.run_id, self.grace_period_s = repo, run_id, grace_period_s
         retry_cls = getattr(optuna.storages, "RetryHeartbeatStaleTrialCallback", None) or \
             optuna.storages.RetryFailedTrialCallback  # renamed in Optuna 4.9
-        self.retry = retry_cls(max_retry=max_retry)
+        with _quiet_experimental():
+            self.retry = retry_cls(max_retry=max_retry)
         self.max_retry = max_retry
         self.handled: list[int] = []
 
