@@ -14,7 +14,11 @@ function cell(tr, text, cls) {
   if (cls) td.className = cls;
   tr.appendChild(td);
 }
-const fmt = (x, d = 3) => (x === null || x === undefined ? "" : Number(x).toPrecision(d + 1));
+function fmt(x, d = 3) {
+  if (x === null || x === undefined) return "";
+  const v = Number(x);
+  return Math.abs(v) >= 10 ** (d + 1) ? v.toFixed(0) : String(Number(v.toPrecision(d + 1)));
+}
 
 function renderStudies(studies) {
   const body = $("studies").tBodies[0];
