@@ -413,7 +413,8 @@ def _run_trial(ctx, trial: optuna.Trial, progress, run_one, *, name: str, leaser
             earlier = ctx.seen.get(params_key(params))
             if earlier is not None and earlier.outcome == "crash":
                 ctx.seen.pop(params_key(params), None)
-        need = ctx.target.gpus_for(params) if leaser is not None else 0
+        # under a GPU leaser a trial holds at least one GPU: it never sees all of them, nor none
+        need = max(1, ctx.target.gpus_for(params)) if leaser is not None and leaser.size else 0
         try:
             if leaser is None:
                 return run_one(ctx, trial, progress, worker=name)
