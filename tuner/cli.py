@@ -219,7 +219,6 @@ def export(storage: StorageOpt = "sqlite:///tuner.db", study: StudyOpt = None,
     """Write the best configuration's launch script, parameters and kernel configs."""
     from search_spaces import load_space_text, resolve
     from tuner.export import export_run
-    from tuner.search import prepare
     from tuner.targets import get_target_class
 
     try:
@@ -275,6 +274,25 @@ def explain(storage: StorageOpt = "sqlite:///tuner.db", study: StudyOpt = None,
             Path(out).write_text(text)
         except OSError as exc:
             fail(f"cannot write the report to {out!r} ({exc.strerror}); pass a writable path")
+
+
+@app.command()
+def verify(script: Annotated[Path, typer.Argument(help="An exported launch.sh.")],
+           tolerance: Annotated[float, typer.Option("--tolerance", help="Allowed shortfall, 0.15 = 15%.")] = 0.15,
+           timeout: Annotated[str, typer.Option("--timeout", help="Wall-clock limit: 90s, 10m, 1h.")] = "1h") -> None:
+    """Run an exported launch script once and compare with the figures it recorded (exit 1 when off)."""
+    from tuner.budget import parse_budget
+    from tuner.verify import verify as run_verify
+
+    if not (0 < tolerance < 1):
+        fail(f"--tolerance must be between 0 and 1, but got {tolerance}; e.g. --tolerance 0.15")
+    try:
+        res = run_verify(script, tolerance=tolerance, timeout_s=parse_budget(timeout))
+    except _user_errors() as exc:
+        fail(str(exc))
+    for line in res.lines():
+        console.print(line, highlight=False, markup=False)
+    raise typer.Exit(0 if res.ok else 1)
 
 
 def main() -> None:  # pragma: no cover - console entry

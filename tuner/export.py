@@ -28,7 +28,11 @@ _logger = logging.getLogger(__name__)
 SCRIPT_NAME = "launch.sh"
 PARAMS_NAME = "best_params.yaml"
 KERNEL_DIR = "kernel_configs"
-EXPECT_PREFIX = "# tuner-expect: "
+RECORD_MARK = "# tuner-recorded: "
+"""The header line holding the recorded figures as JSON; ``tuner verify`` compares a re-run against it."""
+LOAD_KEYS = ("model", "served_model_name", "api", "prompt_len", "output_len", "length_jitter", "dataset",
+             "requests_per_level", "rounds", "min_requests", "warmup_requests", "ignore_eos", "seed", "extra_body",
+             "health_paths", "preset", "live_context")
 
 
 class ExportError(RuntimeError):
@@ -43,18 +47,31 @@ def _level_values(trial) -> dict[str, float]:
     return {m.level: m.value for m in (trial.measurements if trial else []) if m.metric == "tok_s" and m.level}
 
 
-def render_script(spec: LaunchSpec, *, header: list[str], expect: dict[str, Any], kernel_dir: bool) -> str:
+def render_script(spec: LaunchSpec, *, header: list[str], recorded: dict[str, Any] | None,
+                  kernel_dir: bool = False) -> str:
+    """A bash script that runs ``spec``: every argv item and env value through ``shlex.quote``; header text made
+    single-line; a ``--port N`` becomes ``"$PORT"`` (default N) so a verifier can move it; ``"$@"`` passes extra
+    arguments through."""
+    argv = [str(a) for a in spec.argv]
+    port = argv[argv.index("--port") + 1] if "--port" in argv[:-1] else None
+    if port is not None and not port.isdigit():
+        raise ExportError(f"the value after --port must be a number, but got {port!r}; fix the target's settings")
     lines = ["#!/usr/bin/env bash"]
     lines += [f"# {_one_line(h)}" if h else "#" for h in header]
-    lines.append(EXPECT_PREFIX + json.dumps(expect, sort_keys=True))
+    if recorded is not None:
+        lines.append(RECORD_MARK + json.dumps(recorded, sort_keys=True))
     lines += ["set -euo pipefail", 'HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"']
     if kernel_dir:
         lines.append(f'export TUNER_KERNEL_CONFIG_DIR="$HERE/{KERNEL_DIR}"')
     for k, v in sorted(spec.env.items()):
         if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", k):
-            raise ExportError(f"environment variable name {k!r} is not valid in a shell; rename it")
+            raise ExportError(f"environment variable names must be [A-Za-z_][A-Za-z0-9_]*, but got {k!r}; rename it")
         lines.append(f"export {k}={shlex.quote(str(v))}")
-    lines.append("exec " + " ".join(shlex.quote(str(a)) for a in spec.argv) + ' "$@"')
+    if port is not None:
+        lines.append(f"PORT=${{PORT:-{port}}}")
+    parts = ['"$PORT"' if port is not None and i > 0 and argv[i - 1] == "--port" else shlex.quote(a)
+             for i, a in enumerate(argv)]
+    lines.append("exec " + " \\\n    ".join(parts) + ' \\\n    "$@"')
     return "\n".join(lines) + "\n"
 
 
@@ -104,8 +121,7 @@ def export_run(repo: Repo, study: str, out_dir: str | os.PathLike, *, target: Ta
         + " ".join(shlex.quote(str(a)) for a in (spec.remeasure_argv or spec.argv)) + ")",
         "best parameters: " + ", ".join(f"{k}={v}" for k, v in best_params.items()),
     ]
-    expect = {"study": run.study_name, "target": run.target, "levels": best_levels, "value": best_trial.value
-              if best_trial else run.best_value, "objective": run.objective}
+    recorded = _recorded(run, best_trial, best_levels)
     dest_root = Path(out_dir)
     try:
         dest_root.mkdir(parents=True, exist_ok=True)
@@ -121,11 +137,11 @@ def export_run(repo: Repo, study: str, out_dir: str | os.PathLike, *, target: Ta
             for d in kdirs:
                 for f in sorted(d.glob("*.json")):
                     shutil.copy2(f, tmp / KERNEL_DIR / f.name)
-        script = render_script(spec, header=header, expect=expect, kernel_dir=bool(kdirs))
+        script = render_script(spec, header=header, recorded=recorded, kernel_dir=bool(kdirs))
         (tmp / SCRIPT_NAME).write_text(script)
         os.chmod(tmp / SCRIPT_NAME, 0o755)
         params_doc = {"study": run.study_name, "target": run.target, "objective": run.objective,
-                      "value": expect["value"], "baseline_value": run.baseline_value, "params": best_params}
+                      "value": recorded["value"], "baseline_value": run.baseline_value, "params": best_params}
         (tmp / PARAMS_NAME).write_text(yaml.safe_dump(params_doc, sort_keys=False))
         if dest.exists():
             old = dest.with_name(dest.name + f".old-{os.getpid()}")
@@ -146,9 +162,40 @@ def export_run(repo: Repo, study: str, out_dir: str | os.PathLike, *, target: Ta
     return dest
 
 
-def read_expectation(script: str | os.PathLike) -> dict[str, Any]:
-    """The figures an exported script was measured at (its ``# tuner-expect:`` line)."""
-    for line in Path(script).read_text().splitlines():
-        if line.startswith(EXPECT_PREFIX):
-            return json.loads(line[len(EXPECT_PREFIX):])
-    raise ExportError(f"{script} has no '{EXPECT_PREFIX.strip()}' line; was it exported by tuner?")
+def _recorded(run, best_trial, best_levels: dict[str, float]) -> dict[str, Any]:
+    """The figures ``tuner verify`` compares against: the objective, its metric per level, the load that made it."""
+    from search_spaces import SpaceError, load_space_text
+
+    try:
+        obj = load_space_text(run.space_yaml, source=run.space_name).objective if run.space_yaml else None
+    except SpaceError:
+        obj = None
+    metric = obj.metric if obj else "tok_s"
+    by_level = {m.level.split("=", 1)[1]: m.value for m in (best_trial.measurements if best_trial else [])
+                if m.metric == metric and m.level.startswith("c=")}
+    settings = run.settings or {}
+    return {
+        "study": run.study_name, "target": run.target, "objective": run.objective,
+        "metric": metric, "direction": run.direction, "unit": run.unit,
+        "combine": obj.combine if obj else "geomean", "levels": [int(c) for c in (obj.levels if obj else [])]
+        or sorted(int(c) for c in by_level), "level": obj.level if obj else None,
+        "value": best_trial.value if best_trial else run.best_value, "by_level": by_level,
+        "load": {k: settings[k] for k in LOAD_KEYS if k in settings},
+    }
+
+
+def read_recorded(script: str | os.PathLike) -> dict[str, Any]:
+    """The figures an exported script recorded (its ``# tuner-recorded:`` line); ``ExportError`` when absent."""
+    try:
+        text = Path(script).read_text()
+    except OSError as exc:
+        raise ExportError(f"cannot read launch script {str(script)!r} ({exc.strerror}); give the exported launch.sh") \
+            from None
+    for line in text.splitlines():
+        if line.startswith(RECORD_MARK):
+            try:
+                return json.loads(line[len(RECORD_MARK):])
+            except json.JSONDecodeError as exc:
+                raise ExportError(f"{script}: the `{RECORD_MARK.strip()}` line is not JSON ({exc.msg}); "
+                                  "re-export it") from None
+    raise ExportError(f"{script}: no `{RECORD_MARK.strip()}` line; only scripts exported by tuner can be verified")

@@ -17,7 +17,6 @@ import statistics
 import threading
 import time
 import warnings
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -302,7 +301,7 @@ def penalty_value(direction: str) -> float:
 def run_one(ctx: SearchContext, trial: optuna.Trial, progress: Progress | None, *, gpus: list[int] | None = None,
             worker: str = "") -> TrialSummary:
     """Sample, check, run (in a subprocess), store and tell one trial. Never raises for the trial's failure."""
-    resolved, space = ctx.resolved, ctx.resolved.space
+    resolved = ctx.resolved
     params = suggest(trial, resolved)
     is_baseline = bool(trial.user_attrs.get(BASELINE_ATTR))
     confirm_of = trial.user_attrs.get(CONFIRM_ATTR)

@@ -82,6 +82,12 @@ def test_search_status_best_export_end_to_end(tmp_path):
     r = tuner("export", "-o", "again", cwd=tmp_path)
     assert r.returncode == 0, r.stderr
     assert (tmp_path / "again" / "dsv4-flash-tiny-workload" / "launch.sh").exists()
+    # the exported script re-measures itself; a loose tolerance: this only checks the loop closes
+    r = tuner("verify", str(script), "--tolerance", "0.95", cwd=tmp_path)
+    assert r.returncode in (0, 1), r.stderr
+    assert "recorded" in r.stdout and "c=64:" in r.stdout
+    (tmp_path / "plain.sh").write_text("#!/bin/bash\ntrue\n")
+    _one_line_error(tuner("verify", "plain.sh", cwd=tmp_path), "tuner-recorded")
 
 
 def test_dry_run_prints_preflight(tmp_path):

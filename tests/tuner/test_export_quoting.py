@@ -11,7 +11,7 @@ from spaces import FAKE_SPACE
 
 from search_spaces import Hardware, load_space_text, resolve
 from storage import Repo
-from tuner.export import ExportError, export_run, read_expectation, render_script
+from tuner.export import ExportError, export_run, read_recorded, render_script
 from tuner.search import SearchOptions, run_search
 from tuner.targets.base import LaunchSpec
 
@@ -24,17 +24,17 @@ def test_render_script_quotes_every_value(tmp_path, value):
                             "print(repr(os.environ['HOSTILE']))", value, "--flag", value],
                       env={"HOSTILE": value})
     script = tmp_path / "launch.sh"
-    script.write_text(render_script(spec, header=[f"study {value}", "x"], expect={"v": value}, kernel_dir=False))
+    script.write_text(render_script(spec, header=[f"study {value}", "x"], recorded={"v": value}, kernel_dir=False))
     assert subprocess.run(["bash", "-n", str(script)]).returncode == 0
     out = subprocess.run(["bash", str(script)], capture_output=True, text=True, check=True).stdout.splitlines()
     assert out[0] == repr([value, "--flag", value])
     assert out[1] == repr(value)
-    assert read_expectation(script) == {"v": value}
+    assert read_recorded(script) == {"v": value}
 
 
 def test_bad_env_name_is_refused(tmp_path):
-    with pytest.raises(ExportError, match="not valid in a shell"):
-        render_script(LaunchSpec(argv=["true"], env={"A B": "1"}), header=[], expect={}, kernel_dir=False)
+    with pytest.raises(ExportError, match="environment variable names must be"):
+        render_script(LaunchSpec(argv=["true"], env={"A B": "1"}), header=[], recorded={}, kernel_dir=False)
 
 
 def test_search_export_writes_script_yaml_and_artifacts(tmp_path, sqlite_url):

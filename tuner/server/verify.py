@@ -10,20 +10,19 @@ from __future__ import annotations
 import json
 import logging
 import math
-import shlex
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from tuner import loadgen
+from tuner.export import ExportError, read_recorded, render_script
 from tuner.measurement import Measurement, Outcome
 from tuner.server.launch import ServerProcess, parse_port_range, pick_free_port
 from tuner.targets.base import LaunchSpec
 
 _logger = logging.getLogger(__name__)
 
-RECORD_MARK = "# tuner-recorded: "
 LOAD_KEYS = ("model", "served_model_name", "api", "prompt_len", "output_len", "length_jitter", "dataset",
              "requests_per_level", "rounds", "min_requests", "warmup_requests", "ignore_eos", "seed", "extra_body",
              "health_paths")
@@ -41,45 +40,20 @@ def recorded_header(m: Measurement, objective: Any, settings: dict[str, Any]) ->
 
 def render_launch_script(spec: LaunchSpec, recorded: dict[str, Any] | None = None, *,
                          title: str = "exported by tuner") -> str:
-    """A bash script that runs ``spec``; no value ever reaches the shell unquoted."""
-    argv = list(spec.argv)
-    port_default = None
-    if "--port" in argv[:-1]:
-        i = argv.index("--port")
-        port_default = argv[i + 1]
-    lines = ["#!/usr/bin/env bash", f"# {title.splitlines()[0] if title else ''}".rstrip()]
-    if spec.description:
-        lines.append("# " + " ".join(spec.description.split()))
-    if recorded is not None:
-        lines.append(RECORD_MARK + json.dumps(recorded, sort_keys=True))
-    lines.append("set -euo pipefail")
-    for k, v in spec.env.items():
-        if not k.replace("_", "").isalnum() or k[0].isdigit():
-            raise ValueError(f"environment variable names must be [A-Za-z_][A-Za-z0-9_]*, but got {k!r}.")
-        lines.append(f"export {k}={shlex.quote(str(v))}")
-    if port_default is not None:
-        if not port_default.isdigit():
-            raise ValueError(f"the value after --port must be a number, but got {port_default!r}.")
-        lines.append(f"PORT=${{PORT:-{port_default}}}")
-    parts = []
-    for i, a in enumerate(argv):
-        if port_default is not None and i > 0 and argv[i - 1] == "--port" and a == port_default:
-            parts.append('"$PORT"')
-        else:
-            parts.append(shlex.quote(str(a)))
-    lines.append("exec " + " \\\n    ".join(parts) + ' \\\n    "$@"')
-    return "\n".join(lines) + "\n"
+    """A bash script that runs ``spec`` (see :func:`tuner.export.render_script`); never a value unquoted."""
+    try:
+        return render_script(spec, header=[title.splitlines()[0] if title else "", spec.description],
+                             recorded=recorded)
+    except ExportError as exc:
+        raise ValueError(str(exc)) from None
 
 
 def read_script_header(path: str | Path) -> dict[str, Any]:
     """The recorded figures of a launch script; ``ValueError`` naming the fix when there are none."""
-    for line in Path(path).read_text().splitlines():
-        if line.startswith(RECORD_MARK):
-            try:
-                return json.loads(line[len(RECORD_MARK):])
-            except json.JSONDecodeError as exc:
-                raise ValueError(f"{path}: the `{RECORD_MARK.strip()}` line is not JSON ({exc.msg}); re-export it") from None
-    raise ValueError(f"{path}: no `{RECORD_MARK.strip()}` line; only scripts exported by tuner can be verified")
+    try:
+        return read_recorded(path)
+    except ExportError as exc:
+        raise ValueError(str(exc)) from None
 
 
 @dataclass

@@ -3,9 +3,7 @@
 from __future__ import annotations
 
 import logging
-import shlex
 import sys
-import time
 from typing import Any
 
 from search_spaces import ResolvedSpace
