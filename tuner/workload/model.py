@@ -4,8 +4,9 @@ What is modelled: every layer of the preset in V4-Flash's pattern (window-only, 
 top-k sparse attention over the selected compressed rows plus the sliding window, compress-128 attending to all
 of its compressed rows plus the window), the low-rank q path, the grouped low-rank output projection, an fp32
 "MHC-pre"-style linear per layer, RMSNorm/RoPE/residual glue, and an MoE on one expert-parallel rank (the rank's
-local experts; each token's top-k experts are mapped onto them, with a fixed capacity per expert so shapes are
-static and CUDA-graph friendly) plus the shared expert.
+local experts; each token's top-k experts are mapped onto them; with few pairs only the used experts' weights are
+read, with many every expert runs a fixed-capacity batch, so shapes are static and CUDA-graph friendly) plus the
+shared expert.
 
 What is not: no all-to-all between ranks, no FP4 experts, no LM head or sampling, no prefill; weights are shared
 between layers of the same kind (every layer still runs), and the KV of compressed rows is random (the cost of
@@ -314,21 +315,30 @@ class DecodeModel:
         logits = w.gate(h.float())
         gw, gi = torch.softmax(logits, dim=-1).topk(p.topk_experts, dim=-1)  # [B, k]
         E = p.experts_local
-        cap = max(1, math.ceil(p.capacity_factor * B * p.topk_experts / E))
         e = (gi % E).reshape(-1)
         tok = torch.arange(B, device=h.device).repeat_interleave(p.topk_experts)
-        onehot = torch.nn.functional.one_hot(e, E)
-        pos = (onehot.cumsum(0) - 1).gather(1, e[:, None]).squeeze(1)
-        keep = pos < cap
-        slot = torch.where(keep, e * cap + pos, torch.full_like(pos, E * cap))
-        buf = torch.zeros(E * cap + 1, p.hidden, device=h.device, dtype=w.w13.dtype)
-        buf.index_copy_(0, slot, h[tok].to(w.w13.dtype))
-        xe = buf[:-1].view(E, cap, p.hidden)
-        gu = torch.bmm(xe, w.w13)
-        act = torch.nn.functional.silu(gu[..., : p.expert_width]) * gu[..., p.expert_width:]
-        ye = torch.bmm(act, w.w2).reshape(E * cap, p.hidden)
-        ye = torch.cat([ye, torch.zeros(1, p.hidden, device=h.device, dtype=ye.dtype)])
-        contrib = ye[slot].float() * (gw.reshape(-1) * keep).unsqueeze(-1)
+        if 2 * e.numel() <= E:
+            # few (token, expert) pairs: read only the experts they use, one weight slice per pair
+            xe = h[tok].to(w.w13.dtype).unsqueeze(1)  # [P, 1, hidden]
+            gu = torch.bmm(xe, w.w13.index_select(0, e))
+            act = torch.nn.functional.silu(gu[..., : p.expert_width]) * gu[..., p.expert_width:]
+            ye = torch.bmm(act, w.w2.index_select(0, e)).squeeze(1)
+            contrib = ye.float() * gw.reshape(-1).unsqueeze(-1)
+        else:
+            # many pairs: every local expert runs a fixed-capacity batch (static shapes, CUDA-graph friendly)
+            cap = max(1, math.ceil(p.capacity_factor * B * p.topk_experts / E))
+            onehot = torch.nn.functional.one_hot(e, E)
+            pos = (onehot.cumsum(0) - 1).gather(1, e[:, None]).squeeze(1)
+            keep = pos < cap
+            slot = torch.where(keep, e * cap + pos, torch.full_like(pos, E * cap))
+            buf = torch.zeros(E * cap + 1, p.hidden, device=h.device, dtype=w.w13.dtype)
+            buf.index_copy_(0, slot, h[tok].to(w.w13.dtype))
+            xe = buf[:-1].view(E, cap, p.hidden)
+            gu = torch.bmm(xe, w.w13)
+            act = torch.nn.functional.silu(gu[..., : p.expert_width]) * gu[..., p.expert_width:]
+            ye = torch.bmm(act, w.w2).reshape(E * cap, p.hidden)
+            ye = torch.cat([ye, torch.zeros(1, p.hidden, device=h.device, dtype=ye.dtype)])
+            contrib = ye[slot].float() * (gw.reshape(-1) * keep).unsqueeze(-1)
         out = torch.zeros(B, p.hidden, device=h.device, dtype=torch.float32).index_add_(0, tok, contrib)
         su = w.shared_w13(h)
         shared = w.shared_w2(torch.nn.functional.silu(su[:, : p.expert_width]) * su[:, p.expert_width:])

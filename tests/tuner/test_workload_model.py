@@ -1,0 +1,84 @@
+"""The decode workload's shapes, knobs and padding on the CPU (tiny preset)."""
+
+import pytest
+import torch
+
+from search_spaces.buckets import bucket_for, expand_buckets
+from tuner.workload.bench import measure
+from tuner.workload.model import DecodeModel, KnobError
+from tuner.workload.presets import PRESETS, get_preset
+
+TINY = get_preset("dsv4-flash-tiny")
+
+
+def test_presets_follow_the_v4_flash_layer_pattern():
+    full = PRESETS["dsv4-flash"]
+    kinds = full.kinds()
+    assert len(kinds) == 43 and kinds[:2] == ["window", "window"]
+    assert kinds.count("csa") == 21 and kinds.count("hca") == 20
+    assert full.indexer_width(1_048_576) == 262_208  # the seed profile's [32, 262208, 64]
+    assert (full.heads, full.head_dim, full.index_topk, full.experts_local, full.topk_experts) == (64, 512, 512, 32, 6)
+
+
+@pytest.mark.parametrize("width,ctx,expected", [("static", 32768, 32768 // 4 + 64), ("live", 32768, 128),
+                                                ("static", 4096, 4096 // 4 + 64)])
+def test_indexer_width_follows_the_knob(width, ctx, expected):
+    m = DecodeModel(TINY, {"context_length": ctx, "indexer_width": width}, "cpu")
+    st = m.state(3, 512)
+    assert st["csa_table"].shape == (3, expected)
+    assert int(st["csa_live"][0]) == 512 // TINY.csa_ratio
+
+
+def test_indexer_picks_only_live_rows_and_pads_with_minus_one():
+    m = DecodeModel(TINY, {"context_length": 16384}, "cpu")
+    st = m.state(2, 64)  # 16 live compressed rows, top-k 64: 48 must be padding
+    w = m.w.attn["csa"]
+    h = st["x"]
+    qa = w.q_a(h)
+    rows = m._indexer(w, qa, h, st)
+    assert rows.shape == (2, TINY.index_topk)
+    valid = rows[rows >= 0]
+    assert (rows >= 0).sum(1).tolist() == [16, 16]
+    assert valid.min() >= 1 and valid.max() <= st["csa_pool"].shape[0] - 1  # row 0 is the padding row
+    assert len(set(rows[0][rows[0] >= 0].tolist())) == 16  # no row twice
+
+
+def test_moe_paths_agree_when_capacity_drops_nothing():
+    m = DecodeModel(TINY, {}, "cpu")
+    h = torch.randn(2, TINY.hidden)
+    small = m._moe(h)  # 4 pairs over 8 experts: the per-pair path
+    big = m._moe(torch.cat([h, torch.randn(30, TINY.hidden)]))[:2]  # the fixed-capacity path
+    torch.testing.assert_close(small, big, rtol=1e-4, atol=1e-4)
+
+
+def test_step_is_finite_and_measure_reports_every_level():
+    m = DecodeModel(TINY, {"context_length": 4096, "gemm_indexer": "bf16"}, "cpu")
+    res = measure(m, [1, 3], live_context=64, warmup=1, repeats=2, buckets="pow2:2")
+    assert [lv.concurrency for lv in res.levels] == [1, 3]
+    assert all(not lv.graphed and lv.batch == lv.concurrency for lv in res.levels)  # no CUDA graphs on a CPU
+    assert all(lv.tok_s > 0 for lv in res.levels)
+    names = {r.metric for r in res.metrics()}
+    assert {"tok_s", "step_ms", "peak_mem_mb"} <= names
+    assert torch.isfinite(m.step(m.state(2, 64))).all()
+
+
+def test_padding_to_buckets():
+    sizes = expand_buckets("pow2:64")
+    assert [bucket_for(c, sizes) for c in (1, 3, 16, 17, 64, 65)] == [1, 4, 16, 32, 64, None]
+
+
+@pytest.mark.parametrize("knobs,needle", [({"gemm_proj": "fp8"}, "fp8"), ({"attention_impl": "mma"}, "GPU"),
+                                          ({"glue": "fused"}, "GPU"), ({"context_length": 10}, ">= 1024"),
+                                          ({"indexer_width": "wide"}, "static or live")])
+def test_bad_knobs_are_refused_with_the_reason(knobs, needle):
+    with pytest.raises(KnobError, match=needle):
+        DecodeModel(TINY, knobs, "cpu")
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs and Triton kernels need an NVIDIA GPU")
+def test_gpu_graphs_pad_to_bucket_and_match_eager():
+    m = DecodeModel(TINY, {"context_length": 4096, "attention_impl": "mma", "indexer_impl": "triton",
+                           "glue": "fused"}, "cuda")
+    res = measure(m, [3], live_context=64, warmup=1, repeats=3, buckets="pow2:8")
+    assert res.levels[0].graphed and res.levels[0].batch == 4 and res.levels[0].capture_s > 0
