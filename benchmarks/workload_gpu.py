@@ -66,6 +66,7 @@ def main() -> int:
     ap.add_argument("--levels", default="1,16,64")
     ap.add_argument("--repeats", type=int, default=10)
     ap.add_argument("--timeout", type=float, default=120)
+    ap.add_argument("--quick", action="store_true", help="only the default, single changes that matter, hand best")
     args = ap.parse_args()
     import torch
 
@@ -74,7 +75,8 @@ def main() -> int:
     env = fingerprint()
     levels = [f"c={c}" for c in args.levels.split(",")]
     results = []
-    for name, knobs in CASES:
+    cases = [c for c in CASES if not args.quick or "compile" not in c[0] and "no CUDA" not in c[0]]
+    for name, knobs in cases:
         r = run_case(knobs, args.preset, args.levels, args.repeats, args.timeout)
         results.append((name, knobs, r))
         print(name, json.dumps(r), flush=True)
