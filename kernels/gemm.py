@@ -168,16 +168,19 @@ def gemm(
     x_scale: torch.Tensor | None = None,
     w_scale: torch.Tensor | None = None,
     out: torch.Tensor | None = None,
-    fused_split_k: bool = True,
+    fused_split_k: bool | None = None,
 ) -> torch.Tensor:
     """``x @ w.T`` in mode ``dtype`` (None: from x.dtype, float32 meaning "tf32").
 
-    ``fused_split_k``: with SPLIT_K > 1 the last split of each output tile sums the float32
-    partials in the same launch (self-resetting per-tile counters; CUDA-graph safe; two calls in
-    flight on different streams of one device must not overlap); False uses a second reduce pass.
+    ``fused_split_k``: with SPLIT_K > 1, True makes the last split of each output tile sum the
+    float32 partials in the same launch (self-resetting per-tile counters; CUDA-graph safe; two
+    calls in flight on different streams of one device must not overlap); False uses a second
+    reduce pass. None (default): fused for M <= 16, where it measured 0-1 µs faster on an H200,
+    two-pass above (M=64, N=1024, K=4096: fused 29.0 vs two-pass 26.3 µs).
     """
     mode = ("tf32" if x.dtype == torch.float32 else _mode(x.dtype)) if dtype is None else _mode(dtype)
     M, N, K, out_dt = _check(x, w, mode, x_scale, w_scale, out)
+    fused_split_k = M <= 16 if fused_split_k is None else bool(fused_split_k)
     shape = {"M": M, "N": N, "K": K}
     kernel = GemmKernel.instance
     if config is None:

@@ -274,15 +274,18 @@ def sparse_decode(
     *,
     d_v: int | None = None,
     out: torch.Tensor | None = None,
-    fused_combine: bool = True,
+    fused_combine: bool = False,
 ) -> torch.Tensor:
     """Sparse MQA decode attention; returns ``[batch, heads, d_v]`` in ``q.dtype``.
 
     ``config`` keys: S, BLOCK_H, BLOCK_T, num_warps, num_stages; None looks up the tuned config
     (``kernels.configs.lookup``, cached per shape) or the default.
-    ``fused_combine``: with S > 1 the last split to finish merges the partials in the same launch
-    (per-(request, head block) counters, reset by the kernel itself, so CUDA-graph replays are safe;
-    calls running concurrently on two streams must not share a device); False uses a second kernel.
+    ``fused_combine``: with S > 1, True makes the last split to finish merge the partials in the same
+    launch (per-(request, head block) counters reset by the kernel itself, so CUDA-graph replays are
+    safe; calls in flight concurrently on two streams of one device must not overlap). Off by
+    default: on an H200 (run of 2026-11-29) the fused merge was slower than the second, wider
+    combine launch (B=1: 20.6 vs 17.1 µs; V3.2 B=1: 45.1 vs 31.6 µs), because one CTA per
+    (request, head block) merges serially what the combine kernel spreads over 4-head programs.
     """
     B, H, d_qk, d_v = _check_args(q, kv, indices, d_v, out)
     topk = indices.shape[1]

@@ -99,3 +99,21 @@ def test_tuned_config_that_cannot_run_is_ignored(caplog):
     with caplog.at_level(logging.WARNING, logger="kernels.configs"):
         assert lookup("sparse_decode", SHAPE, "bfloat16") == SD.default_config(SHAPE)
     assert "shared_memory" in caplog.text
+
+
+def test_shipped_tuned_files_hold_runnable_configs(monkeypatch):
+    """Every entry of kernels/tuned/*.json passes its kernel's check_config for the key's shape."""
+    from pathlib import Path
+
+    tuned = Path(configs.__file__).parent / "tuned"
+    files = sorted(tuned.glob("*.json"))
+    assert files, "no tuned-config files shipped"
+    for path in files:
+        kernel_name, gpu, dtype, version = path.stem.split("__")
+        kernel = get_kernel(kernel_name)
+        for key, entry in read_config_file(path).items():
+            shape = {k: int(v) for k, v in (item.split("=") for item in key.split(","))}
+            assert kernel.shape_key(shape) == key, (path.name, key)
+            why = kernel.check_config({**kernel.default_config(shape), **entry["config"]}, shape, dtype=dtype)
+            assert why is None, (path.name, key, why)
+            assert entry["time_us"] <= entry["default_time_us"] * 1.02

@@ -53,7 +53,8 @@ def test_fused_and_two_pass_split_k_agree_and_counters_reset():
     x = torch.randn(5, 200, device=DEV)
     w = torch.randn(70, 200, device=DEV)
     cfg = _cfg(SK=4)
-    fused = gemm(x, w, "fp32", cfg)
+    fused = gemm(x, w, "fp32", cfg, fused_split_k=True)
     two_pass = gemm(x, w, "fp32", cfg, fused_split_k=False)
+    assert torch.equal(gemm(torch.cat([x] * 4), w, "fp32", cfg)[:5], two_pass)  # M=20: two-pass by default
     assert torch.equal(fused, two_pass)
     assert int(_COUNTERS[str(x.device)].abs().sum()) == 0

@@ -99,10 +99,10 @@ def test_fused_split_merges_have_no_race():
         inp = SD.make_inputs(shape, "bfloat16", "cuda", seed=i)
         two = sparse_decode(inp["q"], inp["kv"], inp["indices"], config=cfg, fused_combine=False)
         for _ in range(20):
-            assert torch.equal(sparse_decode(inp["q"], inp["kv"], inp["indices"], config=cfg), two)
+            assert torch.equal(sparse_decode(inp["q"], inp["kv"], inp["indices"], config=cfg, fused_combine=True), two)
     x = torch.randn(16, 4096, device="cuda", dtype=torch.bfloat16)
     w = torch.randn(2048, 4096, device="cuda", dtype=torch.bfloat16)
     gcfg = {"BLOCK_M": 16, "BLOCK_N": 32, "BLOCK_K": 64, "SPLIT_K": 16, "GROUP_M": 8, "num_warps": 4, "num_stages": 3}
     ref = gemm(x, w, "bf16", gcfg, fused_split_k=False)
     for _ in range(20):
-        assert torch.equal(gemm(x, w, "bf16", gcfg), ref)
+        assert torch.equal(gemm(x, w, "bf16", gcfg, fused_split_k=True), ref)

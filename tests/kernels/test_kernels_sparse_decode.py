@@ -116,7 +116,7 @@ def test_fused_and_two_kernel_combine_agree_and_counters_reset(S):
 
     inputs = MMA.make_inputs(dict(SHAPE, heads=20), "float32", DEV, seed=S)
     cfg = _cfg(S)
-    fused = sparse_decode(inputs["q"], inputs["kv"], inputs["indices"], config=cfg)
-    two = sparse_decode(inputs["q"], inputs["kv"], inputs["indices"], config=cfg, fused_combine=False)
+    fused = sparse_decode(inputs["q"], inputs["kv"], inputs["indices"], config=cfg, fused_combine=True)
+    two = sparse_decode(inputs["q"], inputs["kv"], inputs["indices"], config=cfg)
     assert torch.equal(fused, two)
     assert int(_COUNTERS[str(inputs["q"].device)].abs().sum()) == 0
