@@ -37,12 +37,14 @@ __all__ = [
     "lookup",
     "nearest_key",
     "clear_cache",
+    "register_cache",
 ]
 
 logger = logging.getLogger(__name__)
 
 ENV_VAR = "TUNER_KERNEL_CONFIG_DIR"
 _CACHE: dict[tuple, dict] = {}
+_MODULE_CACHES: list[dict] = []
 
 
 def config_dir() -> Path:
@@ -169,5 +171,14 @@ def lookup(kernel_name: str, shape: dict, dtype, device: Any = None) -> dict:
     return config
 
 
+def register_cache(cache: dict) -> dict:
+    """Register a launcher's own per-shape cache of looked-up configs so ``clear_cache`` empties it."""
+    _MODULE_CACHES.append(cache)
+    return cache
+
+
 def clear_cache() -> None:
+    """Forget every looked-up config (call after changing files or $TUNER_KERNEL_CONFIG_DIR)."""
     _CACHE.clear()
+    for cache in _MODULE_CACHES:
+        cache.clear()

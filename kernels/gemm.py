@@ -24,6 +24,7 @@ import torch
 import triton
 import triton.language as tl
 
+from .configs import register_cache
 from .base import Cost, TunableKernel, device_limits
 
 __all__ = ["gemm", "torch_linear", "gemm_reference", "GemmKernel", "MODES"]
@@ -145,7 +146,7 @@ def _check(x, w, mode, x_scale, w_scale, out):
     return M, N, x.shape[1], out_dt
 
 
-_LOOKUP: dict[tuple, dict] = {}
+_LOOKUP: dict[tuple, dict] = register_cache({})  # per-shape lookups, emptied by configs.clear_cache()
 _COUNTERS: dict[str, torch.Tensor] = {}
 
 

@@ -22,6 +22,7 @@ import torch
 import triton
 import triton.language as tl
 
+from .configs import register_cache
 from .base import Cost, TunableKernel, device_limits, dtype_of
 
 __all__ = ["fused_add_rmsnorm", "rope", "rmsnorm_reference", "rope_reference", "rope_cos_sin", "RMSNormKernel", "RopeKernel"]
@@ -69,7 +70,7 @@ def _add_rmsnorm_kernel(
             tl.store(y_row + offs, (s * rstd * w).to(y_ptr.dtype.element_ty), mask=mask)
 
 
-_LOOKUP: dict[tuple, dict] = {}
+_LOOKUP: dict[tuple, dict] = register_cache({})  # per-shape lookups, emptied by configs.clear_cache()
 
 
 def _lookup(kernel, shape, dtype, device):

@@ -28,6 +28,7 @@ import torch
 import triton
 import triton.language as tl
 
+from .configs import register_cache
 from .base import Cost, TunableKernel, device_limits, dtype_of
 
 __all__ = ["indexer_scores", "indexer_topk", "indexer_reference", "indexer_torch", "IndexerKernel"]
@@ -110,7 +111,7 @@ def _check(q, k, w, k_scale, lengths, width):
     return B, H, D, width
 
 
-_LOOKUP: dict[tuple, dict] = {}
+_LOOKUP: dict[tuple, dict] = register_cache({})  # per-shape lookups, emptied by configs.clear_cache()
 
 
 def indexer_scores(

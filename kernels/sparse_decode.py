@@ -31,6 +31,7 @@ import torch
 import triton
 import triton.language as tl
 
+from .configs import register_cache
 from .base import Cost, TunableKernel, device_limits, dtype_of
 
 __all__ = ["sparse_decode", "sparse_decode_simt", "SparseDecodeKernel", "SparseDecodeSimtKernel"]
@@ -242,7 +243,7 @@ def _shape_of(q, kv, indices, d_v) -> dict:
             "topk": indices.shape[1], "num_rows": kv.shape[0]}
 
 
-_LOOKUP: dict[tuple, dict] = {}
+_LOOKUP: dict[tuple, dict] = register_cache({})  # per-shape lookups, emptied by configs.clear_cache()
 _COUNTERS: dict[str, torch.Tensor] = {}
 
 

@@ -1,6 +1,7 @@
 """The TunableKernel contract helpers: failure classes, error measure, poisoning, registry, imports."""
 
 import math
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -11,6 +12,9 @@ from triton.runtime.errors import OutOfResources
 
 from kernels import KERNELS, InvalidConfig, WrongResult, check, classify_failure, get_kernel
 from kernels.base import Cost, rel_error
+
+RUNNABLE = torch.cuda.is_available() or os.environ.get("TRITON_INTERPRET") == "1"
+needs_triton = pytest.mark.skipif(not RUNNABLE, reason="no CUDA and Triton was imported before TRITON_INTERPRET=1")
 
 
 def test_failure_classes():
@@ -29,6 +33,7 @@ def test_rel_error_catches_nan_and_moved_infinities():
     assert rel_error(torch.zeros(2), ref) == math.inf
 
 
+@needs_triton
 def test_a_kernel_that_writes_nothing_fails():
     class Lazy(type(get_kernel("rmsnorm"))):
         def run(self, inputs, config=None, out=None):
@@ -56,3 +61,26 @@ def test_kernels_package_imports_none_of_the_project():
             "kernels.configs, kernels.bench; bad = [m for m in sys.modules if m.split('.')[0] in "
             "('tuner', 'storage', 'api', 'search_spaces')]; assert not bad, bad")
     subprocess.run([sys.executable, "-c", code], cwd=root, check=True, env={"PYTHONPATH": str(root), "TRITON_INTERPRET": "1", "PATH": "/usr/bin:/bin"})
+
+
+@needs_triton
+def test_selfcheck_runs_every_kernel(capsys):
+    from kernels import selfcheck
+
+    dev = ["--device", "cuda"] if torch.cuda.is_available() else []
+    assert selfcheck.main(["--preset", "test", "--dtype", "float32", "--max-shapes", "1", *dev]) == 0
+    assert f"{len(KERNELS)}/{len(KERNELS)} ok" in capsys.readouterr().out
+
+
+@needs_triton
+def test_clear_cache_empties_the_launchers_caches():
+    from kernels import configs
+    from kernels.gemm import _LOOKUP, gemm
+
+    x, w = torch.randn(2, 32), torch.randn(16, 32)
+    if torch.cuda.is_available():
+        x, w = x.cuda(), w.cuda()
+    gemm(x, w, "fp32")
+    assert _LOOKUP
+    configs.clear_cache()
+    assert not _LOOKUP
