@@ -7,6 +7,7 @@ import logging
 from typing import Annotated
 
 from fastapi import Depends, HTTPException, Path, Request, status
+from fastapi.concurrency import run_in_threadpool
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
 from api.settings import ApiSettings
@@ -16,22 +17,26 @@ from storage import Repo, Run
 _logger = logging.getLogger(__name__)
 
 
-def get_state(request: Request) -> ApiState:
+# Dependencies that do no I/O are ``async def``: FastAPI runs a plain ``def`` dependency in the threadpool,
+# which costs a thread hop per request for nothing. Those that query the database stay plain ``def``.
+
+
+async def get_state(request: Request) -> ApiState:
     return request.app.state.api
 
 
 StateDep = Annotated[ApiState, Depends(get_state)]
 
 
-def get_settings(state: StateDep) -> ApiSettings:
+async def get_settings(state: StateDep) -> ApiSettings:
     return state.settings
 
 
 SettingsDep = Annotated[ApiSettings, Depends(get_settings)]
 
 
-def get_repo(state: StateDep) -> Repo:
-    return state.repo()
+async def get_repo(state: StateDep) -> Repo:
+    return state.opened_repo() or await run_in_threadpool(state.repo)  # the first call connects
 
 
 RepoDep = Annotated[Repo, Depends(get_repo)]
@@ -51,7 +56,7 @@ RunDep = Annotated[Run, Depends(get_run)]
 _bearer = HTTPBearer(auto_error=False, description="TUNER_API_CONTROL_TOKEN, as `Authorization: Bearer <token>`")
 
 
-def require_control(
+async def require_control(
     settings: SettingsDep,
     credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)],
 ) -> None:

@@ -24,3 +24,46 @@ def last_event_id(repo: Repo, run_id: int) -> int:
     with repo.session() as s:
         return int(s.scalar(select(func.max(Event.id)).where(Event.run_id == run_id)) or 0)
 
+
+
+def trial_page(
+    repo: Repo,
+    run_id: int,
+    *,
+    state: str | None = None,
+    outcome: str | None = None,
+    sort: str = "number",
+    descending: bool = False,
+    offset: int = 0,
+    limit: int = 50,
+) -> list[TrialRecord]:
+    """One page of trials sorted by number, value or duration (missing values last), cheaply.
+
+    The page's ids are chosen first on narrow rows (index-only for ``number`` and ``value``), then only those
+    rows are loaded: no sort ever carries the wide columns (params, log excerpt) of every trial.
+    """
+    where = [TrialRecord.run_id == run_id]
+    if state:
+        where.append(TrialRecord.state == state)
+    if outcome:
+        where.append(TrialRecord.outcome == outcome)
+    ids_of = select(TrialRecord.id).where(*where)
+    with repo.session() as s:
+        if sort == "number":
+            order = TrialRecord.number.desc() if descending else TrialRecord.number.asc()
+            ids = list(s.scalars(ids_of.order_by(order).offset(offset).limit(limit)))
+        else:
+            col = {"value": TrialRecord.value, "duration": TrialRecord.duration_s}[sort]
+            present = s.scalar(select(func.count()).select_from(TrialRecord).where(*where, col.is_not(None))) or 0
+            ids = []
+            if offset < present:
+                # ties broken by id (the index's own order, creation order), so the (run_id, value) index
+                # serves the whole ORDER BY with no sort step
+                order = (col.desc(), TrialRecord.id.desc()) if descending else (col.asc(), TrialRecord.id.asc())
+                page = ids_of.where(col.is_not(None)).order_by(*order)
+                ids = list(s.scalars(page.offset(offset).limit(limit)))
+            if len(ids) < limit:
+                rest = ids_of.where(col.is_(None)).order_by(TrialRecord.number)
+                ids += s.scalars(rest.offset(max(0, offset - present)).limit(limit - len(ids)))
+        rows = {r.id: r for r in s.scalars(select(TrialRecord).where(TrialRecord.id.in_(ids)))} if ids else {}
+    return [rows[i] for i in ids]

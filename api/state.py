@@ -58,6 +58,10 @@ class ApiState:
                     self._repo = Repo(self.settings.storage_url, pool_size=20)
         return self._repo
 
+    def opened_repo(self) -> Repo | None:
+        """The repo when it is open already (no I/O), else None."""
+        return self._repo
+
     def schema_ready(self) -> bool:
         """True once the ``tuner_`` tables exist (a fresh database has none until the first search)."""
         if not self._schema_ready:

@@ -8,6 +8,7 @@ from fastapi import APIRouter, HTTPException, Path, Query, status
 
 from api import convert
 from api.deps import RepoDep, RunDep
+from api.queries import trial_page
 from api.schemas import Order, Outcome, SortKey, TrialDetail, TrialPage, TrialState
 
 router = APIRouter(prefix="/api/studies", tags=["trials"])
@@ -29,8 +30,8 @@ def list_trials(
     """One page of trials; trials without a value (or duration) sort last in either order."""
     total = repo.count_trials(run.id, state=state, outcome=outcome)
     items = (
-        repo.list_trials(
-            run.id, state=state, outcome=outcome, sort=sort, descending=order == "desc", offset=offset, limit=limit
+        trial_page(
+            repo, run.id, state=state, outcome=outcome, sort=sort, descending=order == "desc", offset=offset, limit=limit
         )
         if offset < total
         else []
