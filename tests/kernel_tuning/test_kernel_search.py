@@ -1,0 +1,155 @@
+"""The kernel search end to end on a CPU: sub-studies in a real SQLite storage, trials in subprocesses, fake
+kernels with known outcomes and the recorded H200 sweep replayed; files, nearest-key lookup, the cache."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import pytest
+
+from kernels.configs import config_path, lookup, read_config_file
+from search_spaces import Hardware
+from tuner.kernel_search import (KernelCase, is_kernel_plan, kernel_phase, run_kernel_search, tune_cases)
+from tuner.search import SearchOptions
+from storage import Repo
+
+TINY = "kernel_tuning_fakes:TinyKernel"
+REPLAY = "kernel_tuning_fakes:ReplayKernel"
+CPU = Hardware()
+SETTINGS = {"allow_cpu_interpreter": True}
+
+
+def _options(tmp_path, sqlite_url, **kw) -> SearchOptions:
+    base = dict(budget_s=120, storage_url=sqlite_url, out_dir=str(tmp_path / "out"), seed=1, hardware=CPU,
+                settings=dict(SETTINGS), confirm_top=2)
+    base.update(kw)
+    return SearchOptions(**base)
+
+
+def _outcomes(repo: Repo, study: str) -> dict[str, str]:
+    run = repo.get_run(study)
+    return {json.dumps(r.params): r.outcome for r in repo.list_trials(run.id)}
+
+
+def test_tiny_kernel_failures_are_data_and_the_true_best_wins(tmp_path, sqlite_url):
+    """crash (segfault) -> crash, wrong -> wrong_result (never the winner), rule -> invalid_config, search goes on."""
+    t0 = time.time()
+    res = tune_cases([KernelCase(TINY, {"batch": 1, "width": 8})], _options(tmp_path, sqlite_url), study="s")
+    case = res.cases[0]
+    outcomes = _outcomes(Repo(sqlite_url), case.study)
+    assert outcomes[json.dumps({"X": 2})] == "crash"
+    assert outcomes[json.dumps({"X": 3})] == "wrong_result"
+    assert outcomes[json.dumps({"X": 5})] == "invalid_config"
+    assert case.status == "tuned" and case.config == {"X": 4}, case
+    assert case.time_us == pytest.approx(50.5) and case.default_time_us == pytest.approx(101.0)
+    assert case.study == "s.tiny.batch=1,width=8"
+    # the file: kernel x GPU ("cpu") x dtype x Triton version, keyed by the shape bucket
+    path = config_path("tiny", "cpu", "bfloat16", directory=Path(res.config_dir))
+    entry = read_config_file(path)["batch=1,width=8"]
+    assert entry["config"] == {"X": 4} and entry["status"] == "tuned"
+    assert time.time() - t0 < 90
+
+
+def test_cache_reuses_an_earlier_result_and_retune_forces(tmp_path, sqlite_url):
+    case = KernelCase(TINY, {"batch": 2, "width": 8})
+    first = tune_cases([case], _options(tmp_path, sqlite_url, n_trials=3, confirm_top=0), study="c")
+    assert first.cases[0].status in ("tuned", "default_kept")
+    repo = Repo(sqlite_url)
+    n_runs = len(repo.list_runs())
+    again = tune_cases([case], _options(tmp_path, sqlite_url, n_trials=3, confirm_top=0), study="c")
+    assert again.cases[0].status == "cached" and again.cases[0].config == first.cases[0].config
+    assert len(repo.list_runs()) == n_runs  # no sub-study, no trial
+    forced = tune_cases([case], _options(tmp_path, sqlite_url, n_trials=2, confirm_top=0,
+                                         settings={**SETTINGS, "retune": True}), study="c")
+    assert forced.cases[0].status != "cached" and forced.cases[0].study.endswith(".retune2")
+
+
+def test_replayed_h200_sweep_and_nearest_key(tmp_path, sqlite_url, monkeypatch):
+    """The recorded sweep behind the sparse_decode contract: baseline first, rules prune without a subprocess,
+    the wrong (recorded best) config never wins; the file is what ``kernels.configs.lookup`` then loads."""
+    from kernel_tuning_fakes import ReplayKernel
+
+    k = ReplayKernel.instance
+    shape = k.shapes()[0]
+    res = tune_cases([KernelCase(REPLAY, shape)], _options(tmp_path, sqlite_url, n_trials=10, confirm_top=1), study="r")
+    case = res.cases[0]
+    repo = Repo(sqlite_url)
+    trials = repo.list_trials(repo.get_run(case.study).id)
+    assert trials[0].is_baseline and trials[0].params == k.default_config(shape)
+    assert trials[0].value == pytest.approx(24.864, rel=1e-3)
+    refused = [t for t in trials if t.outcome == "invalid_config"]
+    assert all((t.duration_s or 0) < 1.0 for t in refused)  # no subprocess was spent on them
+    assert case.status in ("tuned", "default_kept")
+    assert tuple(case.config[c] for c in k.columns) != k.best
+    assert case.time_us <= case.default_time_us
+    # nearest key: a batch-12 call of the real sparse_decode reads the batch-16 entry of this "GPU" ("cpu")
+    monkeypatch.setenv("TUNER_KERNEL_CONFIG_DIR", res.config_dir)
+    from kernels.configs import clear_cache
+
+    clear_cache()
+    assert lookup("sparse_decode", {**shape, "batch": 12}, "bfloat16") == case.config
+    assert lookup("sparse_decode", {**shape, "heads": 32}, "bfloat16") == k.default_config({**shape, "heads": 32})
+    clear_cache()
+
+
+PLAN = """
+name: tiny-plan
+target: kernels
+settings:
+  dtype: float32
+  allow_cpu_interpreter: true
+  kernels:
+    "kernel_tuning_fakes:TinyKernel": {dims: {width: 8}}
+objective: {metric: time_us, direction: minimize, combine: level, levels: [1, 2], level: 1, unit: us}
+params:
+  batch: {type: categorical, values: [1, 2], default: 1}
+"""
+
+
+def test_plan_search_and_dry_run(tmp_path, sqlite_url):
+    plan = tmp_path / "plan.yaml"
+    plan.write_text(PLAN)
+    opts = _options(tmp_path, sqlite_url, space_path=str(plan), n_trials=3, confirm_top=0, settings={})
+    assert is_kernel_plan(opts) and is_kernel_plan(SearchOptions(budget_s=1, target="kernels"))
+    dry = run_kernel_search(SearchOptions(**{**opts.__dict__, "dry_run": True}))
+    assert dry.state == "dry_run" and dry.preflight.ok and len(dry.preflight.will_run) == 2
+    res = run_kernel_search(opts)
+    assert [c.shape_key for c in res.cases] == ["batch=1,width=8", "batch=2,width=8"]
+    assert all(c.study.startswith("tiny-plan.tiny.") for c in res.cases)
+    assert len(read_config_file(config_path("tiny", "cpu", "float32", directory=Path(res.config_dir)))) == 2
+    assert any("TinyKernel [batch=1,width=8]" in line for line in res.summary_lines())
+
+
+def test_preflight_refuses_cpu_without_the_setting(tmp_path, sqlite_url):
+    from tuner.search import SearchError
+
+    with pytest.raises(SearchError, match="no CUDA GPU"):
+        tune_cases([KernelCase(TINY, {"batch": 1, "width": 8})], _options(tmp_path, sqlite_url, settings={}),
+                   study="x")
+
+
+def test_kernel_phase_inside_a_system_search(tmp_path, sqlite_url, monkeypatch):
+    """A workload-style search hands the shapes its params produce to kernel_phase; the configs dir is applied."""
+    from tuner.search import open_context
+
+    monkeypatch.delenv("TUNER_KERNEL_CONFIG_DIR", raising=False)
+    space = tmp_path / "fake.yaml"
+    space.write_text(FAKE_SPACE)
+    ctx = open_context(_options(tmp_path, sqlite_url, space_path=str(space), settings={"allow_cpu_interpreter": True}))
+    shapes = [(TINY, {"batch": 1, "width": 8}), (TINY, {"batch": 1, "width": 8}, "bfloat16")]
+    res = kernel_phase(ctx, shapes, budget_s=60)
+    assert len(res.cases) == 1 and res.cases[0].study.startswith(f"{ctx.run.study_name}.kernels.tiny.")
+    import os
+
+    assert os.environ["TUNER_KERNEL_CONFIG_DIR"] == res.config_dir
+
+
+FAKE_SPACE = """
+name: fake
+target: fake_targets:FakeTarget
+objective: {metric: tok_s, combine: geomean, levels: [1, 4]}
+params:
+  x: {type: categorical, values: [0, 1, 2], default: 0}
+"""
