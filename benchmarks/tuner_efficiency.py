@@ -37,8 +37,8 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
+# run as a script, this folder is sys.path[0] and its kernels.py would shadow the `kernels` package
+sys.path[:] = [str(ROOT)] + [p for p in sys.path if Path(p or ".").resolve() not in (ROOT, Path(__file__).resolve().parent)]
 
 TABLE = ROOT / "tests" / "kernels" / "data" / "sparse_decode_sweep_h200_b16.json"
 COMPILE_S = 1.15  # recorded: compiling one config of the sparse decode kernel on the H200 host
