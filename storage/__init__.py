@@ -4,9 +4,29 @@ Optuna's ``RDBStorage`` keeps the trials themselves on the same database URL; th
 ``tuner_`` so both live side by side. This package imports nothing from ``tuner``, ``api`` or ``kernels``.
 """
 
-from storage.engine import StorageError, make_engine
-from storage.models import OUTCOMES, Artifact, Base, Event, Measurement, Run, TrialRecord
-from storage.repo import Repo
+from typing import TYPE_CHECKING
+
+from storage.types import OUTCOMES, MetricRow
+
+# SQLAlchemy loads only when a table, the engine or the Repo is first used: a trial subprocess needs just the types.
+_LAZY = {
+    "StorageError": "storage.engine", "make_engine": "storage.engine", "Repo": "storage.repo",
+    "Artifact": "storage.models", "Base": "storage.models", "Event": "storage.models", "Measurement": "storage.models",
+    "Run": "storage.models", "TrialRecord": "storage.models",
+}
+
+if TYPE_CHECKING:  # pragma: no cover
+    from storage.engine import StorageError, make_engine
+    from storage.models import Artifact, Base, Event, Measurement, Run, TrialRecord
+    from storage.repo import Repo
+
+
+def __getattr__(name: str):
+    if name in _LAZY:
+        import importlib
+
+        return getattr(importlib.import_module(_LAZY[name]), name)
+    raise AttributeError(f"module 'storage' has no attribute {name!r}")
 
 __all__ = [
     "OUTCOMES",
@@ -14,6 +34,7 @@ __all__ = [
     "Base",
     "Event",
     "Measurement",
+    "MetricRow",
     "Repo",
     "Run",
     "StorageError",

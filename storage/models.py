@@ -26,18 +26,7 @@ from sqlalchemy import (
 )
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship
 
-OUTCOMES = (
-    "ok",
-    "invalid_config",
-    "compile_error",
-    "out_of_resources",
-    "oom",
-    "timeout",
-    "crash",
-    "wrong_result",
-    "pruned",
-)
-"""Every outcome class a trial can end with. ``ok`` is the only one that carries an objective value."""
+from storage.types import OUTCOMES  # noqa: E402,F401 - re-exported
 
 RUN_STATES = ("running", "finished", "interrupted", "failed")
 

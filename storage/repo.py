@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
 from datetime import datetime
 
 from sqlalchemy import func, select, update
@@ -12,17 +11,10 @@ from sqlalchemy.engine import Engine
 from sqlalchemy.orm import Session, selectinload, sessionmaker
 
 from storage.engine import make_engine
+from storage.types import MetricRow  # noqa: F401 - re-exported
 from storage.models import OUTCOMES, Artifact, Base, Event, Measurement, Run, TrialRecord, utcnow
 
 _logger = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True)
-class MetricRow:
-    metric: str
-    level: str
-    value: float
-    unit: str = ""
 
 
 class Repo:
@@ -90,7 +82,7 @@ class Repo:
 
     def restart_run(self, run_id: int, *, budget_s: float, environment: dict | None = None) -> None:
         """Mark a resumed run as running again with the new budget."""
-        values: dict = {"state": "running", "ended_at": None, "budget_s": budget_s}
+        values: dict = {"state": "running", "ended_at": None, "budget_s": budget_s, "started_at": utcnow()}
         if environment is not None:
             values["environment"] = environment
         with self.session() as s, s.begin():

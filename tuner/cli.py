@@ -79,6 +79,8 @@ def search(
     n_trials: Annotated[Optional[int], typer.Option("--n-trials", help="Stop after this many trials.")] = None,
     dry_run: Annotated[bool, typer.Option("--dry-run", help="Run the preflight only and print its report.")] = False,
     confirm_top: Annotated[int, typer.Option("--confirm-top", help="Re-run the best K configurations at the end.")] = 3,
+    workers: Annotated[int, typer.Option("--workers", help="Local workers running trials in parallel.")] = 1,
+    gpus: Annotated[Optional[str], typer.Option("--gpus", help="GPU ids the workers lease from, e.g. 0,1,2,3.")] = None,
     verbose: Annotated[bool, typer.Option("--verbose", "-v")] = False,
 ) -> None:
     """Search for the fastest configuration within a wall-clock budget, then export it."""
@@ -91,10 +93,21 @@ def search(
     if model is not None:
         settings["model"] = model
     progress = RichProgress(console)
+    if workers < 1:
+        fail(f"--workers must be >= 1, but got {workers}")
+    gpu_ids = None
+    if gpus is not None:
+        from tuner.leases import parse_gpu_ids
+
+        try:
+            gpu_ids = parse_gpu_ids(gpus)
+        except ValueError as exc:
+            fail(str(exc))
     try:
         opts = SearchOptions(budget_s=parse_budget(budget), storage_url=storage, study=study, space_path=space,
                              target=target, resume=resume, seed=seed, out_dir=out, settings=settings,
-                             n_trials=n_trials, dry_run=dry_run, confirm_top=confirm_top)
+                             n_trials=n_trials, dry_run=dry_run, confirm_top=confirm_top,
+                             workers=workers, gpus=gpu_ids)
         result = run_search(opts, progress)
     except _user_errors() as exc:
         progress.stop()
@@ -293,6 +306,11 @@ def verify(script: Annotated[Path, typer.Argument(help="An exported launch.sh.")
     for line in res.lines():
         console.print(line, highlight=False, markup=False)
     raise typer.Exit(0 if res.ok else 1)
+
+
+from tuner.worker_cli import worker_command  # noqa: E402 - registered with the other commands
+
+app.command("worker", help="Join an existing study (PostgreSQL) from any machine and run its trials.")(worker_command)
 
 
 def main() -> None:  # pragma: no cover - console entry

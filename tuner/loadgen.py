@@ -22,7 +22,7 @@ from typing import Any
 
 import httpx
 
-from storage.repo import MetricRow
+from storage.types import MetricRow
 
 _logger = logging.getLogger(__name__)
 

@@ -5,8 +5,7 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass, field
 
-from storage.models import OUTCOMES
-from storage.repo import MetricRow
+from storage.types import OUTCOMES, MetricRow
 
 
 class Outcome(str, enum.Enum):

@@ -44,7 +44,21 @@ def report(step: int, value: float) -> bool:
     return False
 
 
+def _die_with_parent() -> None:
+    """Ask Linux to kill this trial when the worker that started it dies (kill -9 included): no orphan holds a GPU."""
+    try:
+        import ctypes
+        import signal as _signal
+
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, _signal.SIGKILL)  # PR_SET_PDEATHSIG
+        if os.getppid() == 1:  # the parent died before the call
+            os._exit(1)
+    except (OSError, AttributeError):
+        pass
+
+
 def main() -> int:
+    _die_with_parent()
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s", stream=sys.stdout)
     job = json.load(sys.stdin)
     result_path = job["result_path"]

@@ -10,7 +10,7 @@ import signal
 import time
 from typing import Any
 
-from storage.repo import MetricRow
+from storage.types import MetricRow
 from tuner.measurement import Measurement, Outcome
 from tuner.targets.base import LaunchSpec, Target
 

@@ -82,3 +82,18 @@ def test_gpu_graphs_pad_to_bucket_and_match_eager():
                            "glue": "fused"}, "cuda")
     res = measure(m, [3], live_context=64, warmup=1, repeats=3, buckets="pow2:8")
     assert res.levels[0].graphed and res.levels[0].batch == 4 and res.levels[0].capture_s > 0
+
+
+def test_workload_target_refuses_kernel_configs_that_cannot_run_before_any_trial():
+    from search_spaces import Hardware, load_space, resolve
+    from tuner.targets.workload import WorkloadTarget
+
+    hw = Hardware(gpu_name="NVIDIA H200", gpu_count=1, compute_capability=(9, 0), has_triton=True)
+    target = WorkloadTarget(resolve(load_space("dsv4_flash"), hw))
+    params = {**target.resolved.defaults(), "attention_impl": "mma", "sparse_num_splits": 4, "sparse_block_t": 16,
+              "sparse_block_h": 64}
+    assert "register_pressure" in target.check(params)
+    params.update(sparse_num_splits=2, sparse_block_t=64, sparse_block_h=16)
+    assert target.check(params) is None
+    params.update(sparse_block_t=128, sparse_num_splits=8)
+    assert "splits-need-rows" in target.check(params)  # the space's own named rule

@@ -39,7 +39,7 @@ import time
 from typing import Any
 
 from search_spaces import ResolvedSpace
-from storage.repo import MetricRow
+from storage.types import MetricRow
 from tuner.measurement import Measurement, Outcome
 from tuner.targets.base import LaunchSpec, PreflightReport, Reporter, Target, TargetError
 

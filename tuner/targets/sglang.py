@@ -47,7 +47,7 @@ from typing import Any
 
 from search_spaces import Param
 from search_spaces.schema import LevelConstraint, Objective
-from storage.repo import MetricRow
+from storage.types import MetricRow
 from tuner import loadgen
 from tuner.measurement import Measurement, Outcome
 from tuner.server import flags as fl

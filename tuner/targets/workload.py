@@ -46,6 +46,32 @@ class WorkloadTarget(Target):
                                      f"context {self.preset.max_context}; drop them or use another preset")
         return report
 
+    def check(self, params: dict[str, Any]) -> str | None:
+        """Constraints, then the attention kernel's own rules at every shape the levels produce, before any
+        subprocess or compile is spent on a configuration that cannot run."""
+        reason = super().check(params)
+        if reason or params.get("attention_impl") not in ("mma", "simt"):
+            return reason
+        fields = {p.kernel.split(".", 1)[1]: params[p.name] for p in self.space.params
+                  if p.kernel and p.kernel.startswith("sparse_decode.") and p.name in params}
+        if not fields or params["attention_impl"] != "mma":
+            return None
+        try:
+            from kernels.sparse_decode import SparseDecodeKernel
+        except ImportError:  # no Triton here: the trial itself will say so
+            return None
+        kernel, p = SparseDecodeKernel.instance, self.preset
+        live = int(self.settings.get("live_context", 512))
+        rows = {"window": p.window, "hca": -(-live // p.hca_ratio) + p.window, "csa": p.index_topk + p.window}
+        for c in self.space.objective.levels:
+            for kind, topk in rows.items():
+                shape = {"batch": c, "heads": p.heads, "d_qk": p.head_dim, "d_v": p.head_dim, "topk": topk,
+                         "num_rows": 1 << 20}
+                why = kernel.check_config({**kernel.default_config(shape), **fields}, shape)
+                if why:
+                    return f"sparse_decode cannot run at batch {c} ({kind} layers, {topk} rows): {why}"
+        return None
+
     def evaluate(self, params: dict[str, Any], deadline: float, report: Reporter | None = None) -> Measurement:
         import torch
 

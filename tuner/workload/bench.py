@@ -12,7 +12,7 @@ from typing import Any, Callable
 import torch
 
 from search_spaces.buckets import bucket_for, expand_buckets
-from storage.repo import MetricRow
+from storage.types import MetricRow
 from tuner.workload.model import DecodeModel
 
 _logger = logging.getLogger(__name__)
