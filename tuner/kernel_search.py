@@ -44,7 +44,7 @@ from tuner.search import (
     run_one,
 )
 from tuner.targets.base import PreflightReport, TargetError
-from tuner.targets.kernels import load_kernel, parse_shape
+from tuner.targets.kernels import _truthy, load_kernel, parse_shape
 
 _logger = logging.getLogger(__name__)
 
@@ -369,7 +369,7 @@ def tune_case(case: KernelCase, options: SearchOptions, study: str, progress: Pr
     space_dir.mkdir(parents=True, exist_ok=True)
     repo = Repo(options.storage_url)
     repo.create_schema()
-    retune = bool(options.settings.get("retune"))
+    retune = _truthy(options.settings.get("retune"))
     existing = repo.get_run(study) is not None
     if existing and retune:
         study, existing = _free_study_name(repo, study), False
@@ -444,7 +444,7 @@ def tune_cases(cases: list[KernelCase], options: SearchOptions, *, study: str, p
         if not report.ok and not options.dry_run:
             raise SearchError("preflight failed: " + "; ".join(report.errors))
         return KernelSearchResult(study, options.storage_url, "dry_run", [], None, report, 0.0)
-    retune = bool(settings.get("retune"))
+    retune = _truthy(settings.get("retune"))
     results: list[KernelCaseResult] = []
     todo = []
     for case in cases:
