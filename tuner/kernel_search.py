@@ -32,7 +32,6 @@ import yaml
 
 from search_spaces import Space, load_space
 from tuner.search import (
-    BASELINE_ATTR,
     CONFIRM_ATTR,
     MAX_REPEATS_IN_A_ROW,
     Progress,

@@ -313,7 +313,7 @@ def main(argv: list[str] | None = None) -> int:
     from search_spaces import detect_hardware, load_space_text, resolve
 
     config = json.loads(args.config)
-    lines = [f"name: remeasure", "target: kernels", "objective: {metric: time_us, direction: minimize, "
+    lines = ["name: remeasure", "target: kernels", "objective: {metric: time_us, direction: minimize, "
              "combine: level, levels: [1], level: 1, unit: us}", "params:"]
     lines += [f"  {k}: {{type: categorical, values: [{v}], default: {v}}}" for k, v in config.items()]
     space = load_space_text("\n".join(lines))
