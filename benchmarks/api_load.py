@@ -212,6 +212,10 @@ def report(args, phases: dict[str, list[dict]]) -> str:
         "by number/value/duration, asc/desc; 30% of them filtered by state)",
         "",
     ]
+    paced = next(iter(phases.values()))[0]
+    verdict = "met" if paced["p99"] <= 50 and paced["errors"] == 0 else "NOT met"
+    lines += [f"**Target p99 ≤ 50 ms with zero errors (paced phase): {verdict}** "
+              f"(p99 {paced['p99']:.1f} ms, {paced['errors']} errors).", ""]
     for name, rows in phases.items():
         lines += [f"## {name}", "", "| endpoint | requests | req/s | p50 ms | p99 ms | max ms | errors |",
                   "| --- | ---: | ---: | ---: | ---: | ---: | ---: |"]  # fmt: skip
