@@ -36,8 +36,8 @@ def trial_page(
     descending: bool = False,
     offset: int = 0,
     limit: int = 50,
-) -> list[TrialRecord]:
-    """One page of trials sorted by number, value or duration (missing values last), cheaply.
+) -> tuple[int, list[TrialRecord]]:
+    """``(total matching, one page)`` of trials sorted by number, value or duration (missing values last), cheaply.
 
     The page's ids are chosen first on narrow rows (index-only for ``number`` and ``value``), then only those
     rows are loaded: no sort ever carries the wide columns (params, log excerpt) of every trial.
@@ -49,6 +49,9 @@ def trial_page(
         where.append(TrialRecord.outcome == outcome)
     ids_of = select(TrialRecord.id).where(*where)
     with repo.session() as s:
+        total = s.scalar(select(func.count()).select_from(TrialRecord).where(*where)) or 0
+        if offset >= total:
+            return total, []
         if sort == "number":
             order = TrialRecord.number.desc() if descending else TrialRecord.number.asc()
             ids = list(s.scalars(ids_of.order_by(order).offset(offset).limit(limit)))
@@ -66,4 +69,4 @@ def trial_page(
                 rest = ids_of.where(col.is_(None)).order_by(TrialRecord.number)
                 ids += s.scalars(rest.offset(max(0, offset - present)).limit(limit - len(ids)))
         rows = {r.id: r for r in s.scalars(select(TrialRecord).where(TrialRecord.id.in_(ids)))} if ids else {}
-    return [rows[i] for i in ids]
+    return total, [rows[i] for i in ids]

@@ -28,13 +28,8 @@ def list_trials(
     order: Annotated[Order, Query()] = "asc",
 ) -> TrialPage:
     """One page of trials; trials without a value (or duration) sort last in either order."""
-    total = repo.count_trials(run.id, state=state, outcome=outcome)
-    items = (
-        trial_page(
-            repo, run.id, state=state, outcome=outcome, sort=sort, descending=order == "desc", offset=offset, limit=limit
-        )
-        if offset < total
-        else []
+    total, items = trial_page(
+        repo, run.id, state=state, outcome=outcome, sort=sort, descending=order == "desc", offset=offset, limit=limit
     )
     return TrialPage(total=total, offset=offset, limit=limit, items=[convert.trial_summary(r) for r in items])
 
