@@ -122,6 +122,10 @@ def search(
 
 
 def _print_result(result) -> None:
+    if hasattr(result, "summary_lines"):  # a kernel search: one line per kernel x shape case
+        for line in result.summary_lines():
+            console.print(line, highlight=False, markup=False)
+        return
     console.print(f"\nsearch {result.state} after {result.elapsed_s:.0f}s"
                   + (f" ({result.stop_reason})" if result.stop_reason else "")
                   + f": {len(result.trials)} trials, "

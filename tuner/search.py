@@ -220,14 +220,7 @@ def open_context(options: SearchOptions, progress: Progress | None = None) -> Se
     run = repo.get_run(name)
     env = fingerprint()
     deadline = Deadline.start_now(options.budget_s)
-    warnings.filterwarnings("ignore", category=optuna.exceptions.ExperimentalWarning)
-    sampler = optuna.samplers.TPESampler(
-        seed=options.seed, multivariate=True, group=True, constant_liar=True,
-        n_startup_trials=max(5, min(10, len(resolved.params) + 2)),
-        **({} if _HAS_SET_CONSTRAINT else {"constraints_func": _constraints_of}),
-    )
-    # keep the top 90% at each level: prune only a clearly bad trial, after the first level (c=1 says little)
-    pruner = optuna.pruners.PercentilePruner(90.0, n_startup_trials=5, n_warmup_steps=1)
+    sampler, pruner = make_sampler(resolved, options.seed), make_pruner()
     if run is not None and not options.resume:
         raise SearchError(f"study {name!r} already exists in {options.storage_url}; pass --resume to continue it "
                           "or --study NEW_NAME to start another")
@@ -253,11 +246,27 @@ def open_context(options: SearchOptions, progress: Progress | None = None) -> Se
         run = repo.get_run(name)
     ctx = SearchContext(options=options, resolved=resolved, space_yaml=space_yaml, target=target, repo=repo,
                         study=study, run=run, deadline=deadline, hardware=hardware)
-    _load_history(ctx)
+    load_history(ctx)
     if ctx.baseline is None and not any(t.is_baseline for t in ctx.trials):
         defaults = resolved.defaults()
         study.enqueue_trial(suggestable(resolved, defaults), user_attrs={BASELINE_ATTR: True})
     return ctx
+
+
+def make_sampler(resolved: ResolvedSpace, seed: int | None) -> optuna.samplers.BaseSampler:
+    """The sampler every process of a study uses: multivariate TPE with a constant liar (several workers), grouped
+    for conditional parameters, learning from failures through constraints."""
+    warnings.filterwarnings("ignore", category=optuna.exceptions.ExperimentalWarning)
+    return optuna.samplers.TPESampler(
+        seed=seed, multivariate=True, group=True, constant_liar=True,
+        n_startup_trials=max(5, min(10, len(resolved.params) + 2)),
+        **({} if _HAS_SET_CONSTRAINT else {"constraints_func": _constraints_of}),
+    )
+
+
+def make_pruner() -> optuna.pruners.BasePruner:
+    # keep the top 90% at each level: prune only a clearly bad trial, after the first level (c=1 says little)
+    return optuna.pruners.PercentilePruner(90.0, n_startup_trials=5, n_warmup_steps=1)
 
 
 def _fail_stale_optuna_trial(study: optuna.Study, number: int) -> None:
@@ -269,7 +278,7 @@ def _fail_stale_optuna_trial(study: optuna.Study, number: int) -> None:
                 _logger.warning("could not fail stale trial %d", number)
 
 
-def _load_history(ctx: SearchContext) -> None:
+def load_history(ctx: SearchContext) -> None:
     for rec in ctx.repo.list_trials(ctx.run.id):
         if rec.state == "running":
             continue
@@ -414,6 +423,10 @@ def _level_constraints(space, m: Measurement) -> list[float]:
 # -- the loop --------------------------------------------------------------------------------------------------
 def run_search(options: SearchOptions, progress: Progress | None = None) -> SearchResult:
     """Run a whole search: set up, trials until the deadline, confirm the top few, export. See module docstring."""
+    from tuner.kernel_search import is_kernel_plan, run_kernel_search
+
+    if is_kernel_plan(options):  # one sub-study per kernel x shape; see tuner.kernel_search
+        return run_kernel_search(options, progress)
     if options.dry_run:
         resolved, _, target, report, _ = prepare(options)
         return SearchResult(study_name_for(options, resolved), options.storage_url, "dry_run", [], None, None,

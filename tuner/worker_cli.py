@@ -31,12 +31,11 @@ def open_worker_context(storage_url: str, study_name: str, *, budget_s: float | 
     Returns ``(ctx, storage)``. Raises ``tuner.workers.WorkerError`` (no such study, SQLite) or
     ``storage.StorageError`` (unreachable database) with the fix in the message.
     """
-    import optuna
 
     from search_spaces import detect_hardware, load_space, load_space_text, resolve
     from storage import Repo
     from tuner.budget import Deadline
-    from tuner.search import SearchContext, SearchOptions, _constraints_of, _load_history
+    from tuner.search import SearchContext, SearchOptions, load_history, make_pruner, make_sampler
     from tuner.targets import get_target_class
     from tuner.workers import (RetryingRepo, StaleTrialHandler, WorkerError, is_sqlite, load_worker_study,
                                open_worker_storage)
@@ -69,17 +68,13 @@ def open_worker_context(storage_url: str, study_name: str, *, budget_s: float | 
     stale = StaleTrialHandler(repo, run.id, grace_period_s=grace_period)
     storage = open_worker_storage(storage_url, pool_size=pool_size, heartbeat_interval=heartbeat_interval,
                                   grace_period=grace_period, on_stale=stale)
-    sampler = optuna.samplers.TPESampler(
-        seed=seed, multivariate=True, group=True, constant_liar=True,
-        n_startup_trials=max(5, min(10, len(resolved.params) + 2)), constraints_func=_constraints_of)
-    pruner = optuna.pruners.PercentilePruner(90.0, n_startup_trials=5, n_warmup_steps=1)
-    study = load_worker_study(storage, study_name, sampler, pruner)
+    study = load_worker_study(storage, study_name, make_sampler(resolved, seed), make_pruner())
     options = SearchOptions(budget_s=run.budget_s, storage_url=storage_url, study=study_name,
                             space_path=space_source, target=run.target, settings=settings, export=False,
                             confirm_top=0, hardware=hardware)
     ctx = SearchContext(options=options, resolved=resolved, space_yaml=run.space_yaml, target=target, repo=repo,
                         study=study, run=run, deadline=deadline, hardware=hardware)
-    _load_history(ctx)
+    load_history(ctx)
     return ctx, storage
 
 

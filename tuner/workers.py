@@ -475,7 +475,7 @@ def load_worker_study(storage: optuna.storages.RDBStorage, name: str, sampler=No
 def run_parallel(ctx, progress=None) -> list[WorkerReport]:
     """Run the search's trials on ``ctx.options.workers`` threads, GPUs leased per trial from ``ctx.options.gpus``
     (or every visible GPU). Called by ``tuner.search.run_search``; returns when every worker has stopped."""
-    from tuner.search import _load_history
+    from tuner.search import load_history
 
     opts = ctx.options
     gpus = list(opts.gpus) if opts.gpus else list(range(ctx.hardware.gpu_count or 0))
@@ -530,7 +530,7 @@ def run_parallel(ctx, progress=None) -> list[WorkerReport]:
     ctx.trials.clear()
     ctx.counts.clear()
     ctx.seen.clear()
-    _load_history(ctx)
+    load_history(ctx)
     return done_reports
 
 
