@@ -70,6 +70,8 @@ class TrialRecord(Base):
         UniqueConstraint("run_id", "number", name="uq_tuner_trials_run_number"),
         Index("ix_tuner_trials_run_outcome", "run_id", "outcome"),
         Index("ix_tuner_trials_run_value", "run_id", "value"),
+        Index("ix_tuner_trials_run_state", "run_id", "state"),
+        Index("ix_tuner_trials_run_duration", "run_id", "duration_s"),
     )
 
     id: Mapped[int] = mapped_column(Integer, primary_key=True)

@@ -263,8 +263,13 @@ def serve(storage: StorageOpt = "sqlite:///tuner.db",
         from api.settings import ApiSettings
     except ImportError as exc:
         fail(f"the API is not available in this build ({exc})")
+    from pydantic import ValidationError
+
     try:
         app_ = create_app(ApiSettings(storage_url=storage, host=host))
+    except ValidationError as exc:
+        err = exc.errors()[0]
+        fail(f"API setting {'.'.join(map(str, err.get('loc', ())))}: {err.get('msg')}; fix the TUNER_API_* variable")
     except _user_errors() as exc:
         fail(str(exc))
     uvicorn.run(app_, host=host, port=port, log_level="info")
