@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import Any, Callable
 
 from search_spaces.hardware import CAPABILITIES, Hardware
 from search_spaces.schema import Param, Space
@@ -38,18 +38,20 @@ class ResolvedSpace:
     dropped: frozenset[str] = frozenset()
     """Parameters inactive as a whole here: never sampled and left out of every trial's params."""
 
-    def defaults(self) -> dict[str, Any]:
-        """The baseline on this machine: the space's defaults, with unrunnable ones replaced (see ``notes``)."""
+    def walk(self, choose: Callable[[Param], Any]) -> dict[str, Any]:
+        """One configuration, built in declaration order: a parameter whose condition holds takes its fixed value
+        here, or ``choose(param)`` (the resolved param, values cut to this machine); dropped ones are left out."""
         out: dict[str, Any] = {}
         by_name = {p.name: p for p in self.params}
         for p in self.space.params:
             if p.name in self.dropped or (p.when is not None and not p.when.holds(out)):
                 continue
-            if p.name in self.fixed:
-                out[p.name] = self.fixed[p.name]
-            else:
-                out[p.name] = by_name[p.name].default
+            out[p.name] = self.fixed[p.name] if p.name in self.fixed else choose(by_name[p.name])
         return out
+
+    def defaults(self) -> dict[str, Any]:
+        """The baseline on this machine: the space's defaults, with unrunnable ones replaced (see ``notes``)."""
+        return self.walk(lambda p: p.default)
 
 
 def resolve(space: Space, hardware: Hardware) -> ResolvedSpace:

@@ -7,29 +7,20 @@ from typing import Any
 
 import optuna
 
-from search_spaces import ResolvedSpace
+from search_spaces import Param, ResolvedSpace
 
 
 def suggest(trial: optuna.Trial, resolved: ResolvedSpace) -> dict[str, Any]:
     """Sample one configuration: every active parameter in declaration order, fixed ones at their value."""
-    params: dict[str, Any] = {}
-    by_name = {p.name: p for p in resolved.params}
-    for p in resolved.space.params:
-        if p.name in resolved.dropped or (p.when is not None and not p.when.holds(params)):
-            continue
-        if p.name in resolved.fixed:
-            params[p.name] = resolved.fixed[p.name]
-            continue
-        rp = by_name[p.name]
-        if rp.type == "float":
-            step = rp.step if not rp.log else None
-            params[p.name] = trial.suggest_float(p.name, rp.low, rp.high, log=rp.log, step=step)
-        elif rp.type == "int" and not rp.values:
-            params[p.name] = trial.suggest_int(p.name, int(rp.low), int(rp.high), step=int(rp.step or 1),
-                                               log=rp.log)
-        else:
-            params[p.name] = trial.suggest_categorical(p.name, list(rp.choices()))
-    return params
+
+    def choose(p: Param) -> Any:
+        if p.type == "float":
+            return trial.suggest_float(p.name, p.low, p.high, log=p.log, step=None if p.log else p.step)
+        if p.type == "int" and not p.values:
+            return trial.suggest_int(p.name, int(p.low), int(p.high), step=int(p.step or 1), log=p.log)
+        return trial.suggest_categorical(p.name, list(p.choices()))
+
+    return resolved.walk(choose)
 
 
 def suggestable(resolved: ResolvedSpace, params: dict[str, Any]) -> dict[str, Any]:
