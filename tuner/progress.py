@@ -53,6 +53,8 @@ class RichProgress(Progress):
             val = f"{summary.value:.2f}" if summary.value is not None else "-"
             ratio = f" ({summary.value / base.value:.2f}x baseline)" if (summary.value and base and base.value) else ""
             tag = " [baseline]" if summary.is_baseline else ""
+            if "not run again" in summary.reason:
+                tag = " [" + summary.reason.split(":")[0] + "]"
             reason = f" — {summary.reason[:120]}" if summary.outcome != "ok" and summary.reason else ""
             self.console.print(f"trial {summary.number:>3} {summary.outcome:<16} {val}{ratio} "
                                f"{summary.duration_s:5.1f}s{tag}  {_fmt_params(summary.params, 90)}{reason}",
