@@ -439,6 +439,7 @@ def run_search(options: SearchOptions, progress: Progress | None = None) -> Sear
         progress.started(ctx)
     state = "finished"
     prev_handler = _install_sigint(ctx)
+    _maybe_kernel_phase(ctx, progress)
     try:
         if options.workers > 1 or options.gpus:
             from tuner.workers import run_parallel
@@ -473,6 +474,21 @@ def run_search(options: SearchOptions, progress: Progress | None = None) -> Sear
                         best.params if best else None, best.value if best else None,
                         baseline.value if baseline else None, export_dir, ctx.target.preflight(),
                         ctx.deadline.elapsed(), ctx.stop_reason)
+
+
+def _maybe_kernel_phase(ctx: SearchContext, progress: Progress | None) -> None:
+    """With ``--set kernel_phase=true`` on a GPU, tune the kernels for exactly the shapes this space's
+    configurations produce before the first trial, from a share of the budget (``kernel_phase_share``, 0.2)."""
+    shapes_of = getattr(ctx.target, "kernel_shapes", None)
+    if not (ctx.target.settings.get("kernel_phase") and shapes_of and "triton" in ctx.hardware.capabilities):
+        return
+    from tuner.kernel_search import kernel_phase
+
+    share = float(ctx.target.settings.get("kernel_phase_share", 0.2))
+    res = kernel_phase(ctx, shapes_of(), budget_s=share * ctx.deadline.remaining_for_trials(), progress=progress)
+    if progress:
+        for line in res.summary_lines():
+            progress.message(line)
 
 
 def _loop(ctx: SearchContext, progress: Progress | None) -> None:

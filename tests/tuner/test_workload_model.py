@@ -97,3 +97,33 @@ def test_workload_target_refuses_kernel_configs_that_cannot_run_before_any_trial
     assert target.check(params) is None
     params.update(sparse_block_t=128, sparse_num_splits=8)
     assert "splits-need-rows" in target.check(params)  # the space's own named rule
+
+
+def test_kernel_phase_runs_first_for_the_spaces_shapes_when_asked(tmp_path, monkeypatch):
+    import tuner.kernel_search as ks
+    from search_spaces import Hardware
+    from tuner.search import SearchOptions, run_search
+
+    calls = []
+
+    class Done:
+        def summary_lines(self):
+            return ["kernel phase: done"]
+
+    def fake_phase(ctx, shapes, budget_s, progress=None):
+        calls.append((list(shapes), budget_s))
+        return Done()
+
+    monkeypatch.setattr(ks, "kernel_phase", fake_phase)
+    gpu = Hardware(gpu_name="NVIDIA H200", gpu_count=1, compute_capability=(9, 0), has_triton=True)
+    opts = dict(budget_s=60, storage_url=f"sqlite:///{tmp_path / 'k.db'}", space_path="dsv4_flash_tiny",
+                out_dir=str(tmp_path / "o"), hardware=gpu, n_trials=1, confirm_top=0)
+    run_search(SearchOptions(study="off", **opts))
+    assert calls == []  # opt-in
+    run_search(SearchOptions(study="on", settings={"kernel_phase": True}, **opts))
+    (shapes, budget), = calls
+    kinds = {k for k, _ in shapes}
+    assert kinds == {"sparse_decode", "indexer"}
+    assert {s["batch"] for k, s in shapes if k == "sparse_decode"} >= {1, 16, 64}
+    assert {s["width"] for k, s in shapes if k == "indexer"} >= {TINY.indexer_width(131072), 512 // TINY.csa_ratio}
+    assert 0 < budget <= 0.2 * 60

@@ -108,6 +108,34 @@ class WorkloadTarget(Target):
             m.outcome, m.reason = Outcome.PRUNED, f"stopped after levels {sorted(by_level)}"
         return m
 
+    def kernel_shapes(self) -> list[tuple[str, dict[str, int]]]:
+        """The kernel shapes this space's configurations produce: every concurrency level (as the batch, and as
+        padded to each bucket size it can take) for the MMA attention, and the indexer at every context cap."""
+        p, live = self.preset, int(self.settings.get("live_context", 512))
+        batches = set(self.space.objective.levels)
+        if "cuda_graph_buckets" in self.space.names:
+            from search_spaces.buckets import bucket_for, expand_buckets
+
+            for spec in self.space.param("cuda_graph_buckets").choices():
+                sizes = expand_buckets(spec)
+                batches |= {b for c in self.space.objective.levels if (b := bucket_for(c, sizes))}
+        widths = {-(-live // p.csa_ratio)}
+        if "context_length" in self.space.names:
+            widths |= {p.indexer_width(int(c)) for c in self.space.param("context_length").choices()}
+        shapes: list[tuple[str, dict[str, int]]] = []
+        for b in sorted(batches):
+            shapes.append(("sparse_decode", {"batch": b, "heads": p.heads, "d_qk": p.head_dim, "d_v": p.head_dim,
+                                             "topk": p.index_topk + p.window, "num_rows": 1 << 16}))
+            shapes += [("indexer", {"batch": b, "heads": p.indexer_heads, "dim": p.indexer_dim, "width": w,
+                                    "shared_k": 0}) for w in sorted(widths)]
+        return shapes
+
+    def kernel_config_dirs(self) -> list[str]:
+        import os
+
+        d = self.settings.get("kernel_config_dir") or os.environ.get("TUNER_KERNEL_CONFIG_DIR")
+        return [str(d)] if d else []
+
     def launch_spec(self, params: dict[str, Any]) -> LaunchSpec:
         argv = [sys.executable, "-m", "tuner.workload.run", "--preset", self.preset.name,
                 "--levels", ",".join(map(str, self.space.objective.levels)),
