@@ -298,3 +298,14 @@ def verify(kernel: TunableKernel, shape: dict, dtype, config=None, device="cuda"
     if not err <= tol:
         raise WrongResult(f"{kernel.name} {shape} {dtype_name(dtype)} {config}: rel error {err:.3g} > {tol:.3g}")
     return err
+
+
+def zeroed_counters(cache: dict, device, n: int) -> torch.Tensor:
+    """At least ``n`` zeroed int32 counters on ``device``, kept in ``cache`` (a launcher's own dict) and reused:
+    the kernels that use them leave every counter at zero when they finish."""
+    key = str(device)
+    buf = cache.get(key)
+    if buf is None or buf.numel() < n:
+        buf = torch.zeros(max(n, 4096), dtype=torch.int32, device=device)
+        cache[key] = buf
+    return buf

@@ -25,7 +25,7 @@ import triton
 import triton.language as tl
 
 from .configs import register_cache
-from .base import Cost, TunableKernel, device_limits
+from .base import Cost, TunableKernel, device_limits, zeroed_counters
 
 __all__ = ["gemm", "torch_linear", "gemm_reference", "GemmKernel", "MODES"]
 
@@ -152,12 +152,7 @@ _COUNTERS: dict[str, torch.Tensor] = {}
 
 def _tile_counters(device, n: int) -> torch.Tensor:
     """Zeroed int32 counters, one per output tile; each launch leaves them at zero."""
-    key = str(device)
-    buf = _COUNTERS.get(key)
-    if buf is None or buf.numel() < n:
-        buf = torch.zeros(max(n, 4096), dtype=torch.int32, device=device)
-        _COUNTERS[key] = buf
-    return buf
+    return zeroed_counters(_COUNTERS, device, n)
 
 
 def gemm(

@@ -23,7 +23,7 @@ import triton
 import triton.language as tl
 
 from .configs import register_cache
-from .base import Cost, TunableKernel, device_limits, dtype_of
+from .base import Cost, TunableKernel, dtype_of
 
 __all__ = ["fused_add_rmsnorm", "rope", "rmsnorm_reference", "rope_reference", "rope_cos_sin", "RMSNormKernel", "RopeKernel"]
 

@@ -32,7 +32,7 @@ import triton
 import triton.language as tl
 
 from .configs import register_cache
-from .base import Cost, TunableKernel, device_limits, dtype_of
+from .base import Cost, TunableKernel, device_limits, dtype_of, zeroed_counters
 
 __all__ = ["sparse_decode", "sparse_decode_simt", "SparseDecodeKernel", "SparseDecodeSimtKernel"]
 
@@ -249,12 +249,7 @@ _COUNTERS: dict[str, torch.Tensor] = {}
 
 def _split_counters(device, n: int) -> torch.Tensor:
     """Zeroed int32 counters, one per (request, head block); each launch leaves them at zero."""
-    key = str(device)
-    buf = _COUNTERS.get(key)
-    if buf is None or buf.numel() < n:
-        buf = torch.zeros(max(n, 4096), dtype=torch.int32, device=device)
-        _COUNTERS[key] = buf
-    return buf
+    return zeroed_counters(_COUNTERS, device, n)
 
 
 def _config_for(name: str, shape: dict, dtype, device) -> dict:

@@ -8,7 +8,6 @@ by level. Either way the result says, per level, the new figure, the recorded on
 from __future__ import annotations
 
 import json
-import math
 import subprocess
 import time
 from pathlib import Path
@@ -30,7 +29,7 @@ def verify(path: str | Path, *, tolerance: float = 0.15, timeout_s: float = 3600
 
 
 def _verify_workload(path: Path, rec: dict[str, Any], tolerance: float, timeout_s: float):
-    from tuner.server.verify import VerifyResult, _combine
+    from tuner.server.verify import VerifyResult, _combine, compare
 
     recorded = {int(k): float(v) for k, v in (rec.get("by_level") or {}).items()}
     res = VerifyResult(False, Outcome.CRASH, rec.get("metric", "tok_s"), None, rec.get("value"),
@@ -54,16 +53,5 @@ def _verify_workload(path: Path, rec: dict[str, Any], tolerance: float, timeout_
     res.by_level = {int(k.split("=")[1]): float(v) for k, v in got.items()}
     res.outcome = Outcome.OK
     res.value = _combine(rec, res.by_level)
-    maximize = rec.get("direction", "maximize") == "maximize"
-    worst = []
-    for c, want in recorded.items():
-        have = res.by_level.get(c)
-        if have is None or want == 0 or math.isnan(have):
-            continue
-        res.ratios[c] = have / want
-        if (have < want * (1 - tolerance)) if maximize else (have > want * (1 + tolerance)):
-            worst.append(f"c={c}: {have:.3g} vs recorded {want:.3g}")
-    res.ok = not worst
-    if worst:
-        res.reason = f"outside {tolerance:.0%} of the recorded figures: " + "; ".join(worst)
+    compare(res, maximize=rec.get("direction", "maximize") == "maximize")
     return res

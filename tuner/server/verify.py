@@ -122,24 +122,29 @@ def verify_script(path: str | Path, *, tolerance: float = 0.15, timeout_s: float
             result.by_level[c] = loadgen.level_summary(res)[metric]
         result.outcome = Outcome.OK
         result.value = _combine(rec, result.by_level)
-        worst = []
-        for c, want in recorded_by_level.items():
-            got = result.by_level.get(c)
-            if got is None or want == 0 or math.isnan(got):
-                continue
-            result.ratios[c] = got / want
-            bad = got < want * (1 - tolerance) if maximize else got > want * (1 + tolerance)
-            if bad:
-                worst.append(f"c={c}: {got:.3g} vs recorded {want:.3g}")
-        result.ok = not worst
-        if worst:
-            result.reason = f"outside {tolerance:.0%} of the recorded figures: " + "; ".join(worst)
+        compare(result, maximize=maximize)
         return result
     finally:
         server.stop()
         result.log = server.log_text()
         result.duration_s = time.time() - t0
         _logger.info("verify %s: %s", path, result.lines()[0])
+
+
+def compare(result: VerifyResult, *, maximize: bool) -> None:
+    """Fill ``result.ratios``, ``ok`` and ``reason`` from its new and recorded figures per level."""
+    worst = []
+    for c, want in result.recorded_by_level.items():
+        got = result.by_level.get(c)
+        if got is None or want == 0 or math.isnan(got):
+            continue
+        result.ratios[c] = got / want
+        tol = result.tolerance
+        if (got < want * (1 - tol)) if maximize else (got > want * (1 + tol)):
+            worst.append(f"c={c}: {got:.3g} vs recorded {want:.3g}")
+    result.ok = not worst
+    if worst:
+        result.reason = f"outside {result.tolerance:.0%} of the recorded figures: " + "; ".join(worst)
 
 
 def _combine(rec: dict[str, Any], by_level: dict[int, float]) -> float:
