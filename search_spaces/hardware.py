@@ -51,6 +51,20 @@ class Hardware:
             caps.add("torch_compile")
         return frozenset(caps)
 
+    def to_json(self) -> dict:
+        """A JSON-able form (sent to trial subprocesses so they resolve the space exactly as the search did)."""
+        return {"gpu_name": self.gpu_name, "gpu_count": self.gpu_count,
+                "compute_capability": list(self.compute_capability) if self.compute_capability else None,
+                "has_triton": self.has_triton, "has_torch_compile": self.has_torch_compile,
+                "extra": sorted(self.extra)}
+
+    @classmethod
+    def from_json(cls, data: dict) -> Hardware:
+        cc = data.get("compute_capability")
+        return cls(gpu_name=data.get("gpu_name", "cpu"), gpu_count=int(data.get("gpu_count", 0)),
+                   compute_capability=tuple(cc) if cc else None, has_triton=bool(data.get("has_triton")),
+                   has_torch_compile=bool(data.get("has_torch_compile")), extra=frozenset(data.get("extra", ())))
+
     def missing(self, required: tuple[str, ...]) -> list[str]:
         return [r for r in required if r not in self.capabilities]
 

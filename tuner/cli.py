@@ -279,14 +279,21 @@ def serve(storage: StorageOpt = "sqlite:///tuner.db",
 def explain(storage: StorageOpt = "sqlite:///tuner.db", study: StudyOpt = None,
             level: Annotated[Optional[int], typer.Option("--level", help="Only this concurrency level.")] = None,
             no_profile: Annotated[bool, typer.Option("--no-profile", help="Importances only.")] = False,
+            ablate: Annotated[bool, typer.Option("--ablate", help="Also re-run the best with each change undone, "
+                                                 "one trial per changed parameter.")] = False,
             out: Annotated[Optional[str], typer.Option("--out", "-o", help="Also write the report here.")] = None
             ) -> None:
     """Why the best configuration won: parameter importances and baseline-vs-best op profiles."""
+    _setup_logging(False)
+    from tuner.explain import ablate as run_ablate
     from tuner.explain import explain as run_explain
 
     try:
         _, run = _open(storage, study)
         ex = run_explain(storage, run.study_name, profile=not no_profile, level=level)
+        if ablate:
+            ab = run_ablate(storage, run.study_name, level=level)
+            ex.ablation, ex.best_by_level = ab.ablation, ab.best_by_level
     except (ValueError, *_user_errors()) as exc:
         fail(str(exc))
     text = ex.markdown()

@@ -7,6 +7,7 @@ import json
 import logging
 import subprocess
 import sys
+import time
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -28,6 +29,10 @@ class Explanation:
     notes: list[str] = field(default_factory=list)
     baseline_params: dict[str, Any] = field(default_factory=dict)
     best_params: dict[str, Any] = field(default_factory=dict)
+    ablation: list[dict] = field(default_factory=list)
+    """One row per parameter the best changed: the best re-run with that one parameter back at its baseline value
+    (``{"param", "from", "to", "outcome", "by_level", "loss"}``, ``loss`` = best / ablated at each level)."""
+    best_by_level: dict[int, float] = field(default_factory=dict)
 
     def markdown(self) -> str:
         out = [f"# Why the best configuration of `{self.study}` won", ""]
@@ -50,6 +55,15 @@ class Explanation:
             out += [f"| {r['op'][:60]} | {100 * r['share']:.1f}% | {r['time_us']:.0f} | {r['count']} | "
                     f"{r['shapes']} |" for r in prof["top"]]
             out.append("")
+        if self.ablation:
+            levels = sorted(self.best_by_level)
+            out += ["## What each change is worth: the best with one parameter put back to its baseline value", "",
+                    "| parameter | best → baseline value | " + " | ".join(f"c={c} x slower" for c in levels) + " |",
+                    "| --- | --- | " + " | ".join("---" for _ in levels) + " |"]
+            for row in self.ablation:
+                cells = [f"{row['loss'][c]:.2f}" if c in row["loss"] else row["outcome"] for c in levels]
+                out.append(f"| {row['param']} | {row['to']} → {row['from']} | " + " | ".join(cells) + " |")
+            out.append("")
         out += [f"- {n}" for n in self.notes]
         return "\n".join(out) + "\n"
 
@@ -67,7 +81,9 @@ def _importances(trials: list[optuna.trial.FrozenTrial], values: dict[int, float
     varying = [k for k in names if len({repr(t.params[k]) for t in rows}) > 1]
     if not varying:
         return {}
-    imp = optuna.importance.get_param_importances(study, params=varying, evaluator=optuna.importance.FanovaImportanceEvaluator(seed=0))
+    # PED-ANOVA needs no scikit-learn (fANOVA does); Optuna 5 makes it the default
+    ped = getattr(optuna.importance, "PedAnovaImportanceEvaluator", None)
+    imp = optuna.importance.get_param_importances(study, params=varying, evaluator=ped() if ped else None)
     return dict(sorted(imp.items(), key=lambda kv: -kv[1]))
 
 
@@ -109,6 +125,46 @@ def explain(storage_url: str, study: str, *, profile: bool = True, level: int | 
                 ex.notes.append(f"profile of the {name} failed: {exc}")
     elif profile and run.target != "workload":
         ex.notes.append(f"op-level profiles are made for the workload target only (this study: {run.target})")
+    return ex
+
+
+def ablate(storage_url: str, study: str, *, timeout_s: float = 300.0, level: int | None = None) -> Explanation:
+    """Re-run the best configuration once per changed parameter, that parameter put back to its baseline value
+    (conditional parameters follow), each in its own trial process; rank the changes by what undoing them costs."""
+    from search_spaces import Hardware, detect_hardware, load_space_text, resolve
+    from tuner.isolation import TrialJob, run_trial
+
+    repo = Repo(storage_url)
+    run = repo.get_run(study)
+    if run is None:
+        raise ValueError(f"no study {study!r} in {storage_url}; `tuner status` lists the studies")
+    base = repo.baseline_trial(run.id)
+    best = repo.get_trial(run.id, run.best_trial_number) if run.best_trial_number is not None else None
+    if base is None or best is None:
+        raise ValueError(f"study {study!r} needs a baseline and a successful best trial to ablate")
+    space = load_space_text(run.space_yaml, source=run.settings.get("space_path", run.space_name))
+    hw = Hardware.from_json(run.settings["hardware"]) if run.settings.get("hardware") else detect_hardware()
+    resolved = resolve(space, hw)
+    ex = Explanation(study=study, baseline_params=base.params, best_params=best.params)
+    ex.best_by_level = {int(m.level[2:]): m.value for m in best.measurements
+                        if m.metric == space.objective.metric and m.level.startswith("c=")}
+    if level is not None:
+        ex.best_by_level = {c: v for c, v in ex.best_by_level.items() if c == level}
+    settings = {k: v for k, v in run.settings.items() if k not in ("pid", "host", "out_dir", "space_path")}
+    for name, value in best.params.items():
+        if base.params.get(name) == value or name not in base.params:
+            continue
+        wanted = {**best.params, name: base.params[name]}
+        params = resolved.walk(lambda p: wanted.get(p.name, p.default))
+        job = TrialJob(target=run.target, space_yaml=run.space_yaml, space_source=space.source, params=params,
+                       deadline=time.time() + timeout_s, settings=settings, hardware=hw.to_json())
+        m = run_trial(job)
+        loss = {c: ex.best_by_level[c] / m.by_level[c] for c in ex.best_by_level
+                if m.outcome.value == "ok" and m.by_level.get(c)}
+        ex.ablation.append({"param": name, "from": base.params[name], "to": value, "outcome": m.outcome.value,
+                            "by_level": m.by_level, "loss": loss})
+    key = max(ex.best_by_level) if ex.best_by_level else None
+    ex.ablation.sort(key=lambda r: -(r["loss"].get(key, float("inf")) if key else 0))
     return ex
 
 

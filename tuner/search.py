@@ -228,7 +228,8 @@ def open_context(options: SearchOptions, progress: Progress | None = None) -> Se
     if run is None and options.resume:
         raise SearchError(f"--resume: no study {name!r} in {options.storage_url}; drop --resume to start it")
     settings = {**target.settings, "pid": os.getpid(), "host": socket.gethostname(),
-                "out_dir": str(Path(options.out_dir).resolve()), "space_path": space.source}
+                "hardware": hardware.to_json(), "out_dir": str(Path(options.out_dir).resolve()),
+                "space_path": space.source}
     if run is None:
         study = optuna.create_study(study_name=name, storage=ostorage, direction=space.objective.direction,
                                     sampler=sampler, pruner=pruner, load_if_exists=False)
@@ -358,11 +359,7 @@ def _run_isolated(ctx: SearchContext, trial: optuna.Trial, params: dict[str, Any
     hw = ctx.hardware
     job = TrialJob(target=ctx.target.name, space_yaml=ctx.space_yaml, space_source=ctx.resolved.space.source,
                    params=params, deadline=deadline, settings=ctx.options.settings,
-                   hardware={"gpu_name": hw.gpu_name, "gpu_count": hw.gpu_count,
-                             "compute_capability": list(hw.compute_capability) if hw.compute_capability else None,
-                             "has_triton": hw.has_triton, "has_torch_compile": hw.has_torch_compile,
-                             "extra": sorted(hw.extra)},
-                   gpus=gpus)
+                   hardware=hw.to_json(), gpus=gpus)
 
     def reporter(step: int, value: float) -> bool:
         trial.report(value, step)

@@ -68,9 +68,7 @@ def main() -> int:
 
         space = load_space_text(job["space_yaml"], source=job["space_source"])
         hw = job.get("hardware")
-        hardware = Hardware(**{**hw, "compute_capability": tuple(hw["compute_capability"])
-                               if hw.get("compute_capability") else None,
-                               "extra": frozenset(hw.get("extra", ()))}) if hw else detect_hardware()
+        hardware = Hardware.from_json(hw) if hw else detect_hardware()
         target = get_target_class(job["target"])(resolve(space, hardware), job.get("settings") or {})
         m = target.evaluate(job["params"], float(job["deadline"]), report)
     except BaseException as exc:  # noqa: BLE001 - every failure is data
