@@ -94,11 +94,12 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
-def start_server(url: str, port: int) -> subprocess.Popen:
+def start_server(url: str, port: int, cpus: str | None = None) -> subprocess.Popen:
     env = {**os.environ, "TUNER_API_STORAGE_URL": url, "PYTHONPATH": str(ROOT)}
     env.pop("TUNER_API_CONTROL_TOKEN", None)
+    pin = ["taskset", "-c", cpus] if cpus else []
     proc = subprocess.Popen(
-        [sys.executable, "-m", "uvicorn", "api.app:create_app", "--factory", "--host", "127.0.0.1",
+        pin + [sys.executable, "-m", "uvicorn", "api.app:create_app", "--factory", "--host", "127.0.0.1",
          "--port", str(port), "--log-level", "warning", "--no-access-log"],
         cwd=ROOT, env=env,
     )  # fmt: skip
@@ -135,6 +136,12 @@ async def client_loop(base: str, seconds: float, interval: float | None, seed: i
     rng = random.Random(seed)
     limits = httpx.Limits(max_connections=1, max_keepalive_connections=1)
     async with httpx.AsyncClient(base_url=base, timeout=30, limits=limits) as client:
+        # warm-up outside the timing: open this client's connection (100 clients connecting at once is a start-up
+        # burst, not the steady state the aim is about)
+        try:
+            await client.get("/health")
+        except httpx.HTTPError:
+            pass
         end = time.perf_counter() + seconds
         next_at = time.perf_counter() + (rng.uniform(0, interval) if interval else 0)
         while True:
@@ -207,7 +214,9 @@ def report(args, phases: dict[str, list[dict]]) -> str:
         f"- database: SQLite (WAL), one study of {args.trials:,} trials, {3 * args.trials:,} measurements, "
         f"{2 * args.trials:,} events",
         f"- server: one uvicorn worker in its own process; clients: {args.clients} concurrent httpx clients in one "
-        f"asyncio process on the same machine, {args.seconds:g} s per phase",
+        f"asyncio process on the same machine, {args.seconds:g} s per phase"
+        + (f"; server pinned to CPU(s) {args.server_cpus}, clients to {sorted(os.sched_getaffinity(0))}"
+           if args.server_cpus else "; server and clients share the CPUs"),
         "- requests: 20% study list, 20% one study, 10% one trial, 50% trial pages (limit 50, random offset, sort "
         "by number/value/duration, asc/desc; 30% of them filtered by state)",
         "",
@@ -234,6 +243,8 @@ def main() -> None:
     ap.add_argument("--clients", type=int, default=100)
     ap.add_argument("--seconds", type=float, default=20.0)
     ap.add_argument("--rate", type=float, default=1.0, help="requests per second per client in the paced phase")
+    ap.add_argument("--server-cpus", default=None, help="pin the server to these CPUs (taskset list, e.g. 0); "
+                    "pin this process, the clients, elsewhere with taskset to keep them from sharing cores")
     ap.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "api_load.md")
     args = ap.parse_args()
     args.load_before = os.getloadavg()[0]
@@ -243,7 +254,7 @@ def main() -> None:
         build_database(url, args.trials)
         _logger.info("built %d trials in %.1f s", args.trials, time.perf_counter() - t)
         port = free_port()
-        server = start_server(url, port)
+        server = start_server(url, port, args.server_cpus)
         try:
             base = f"http://127.0.0.1:{port}"
             run_phase(base, 10, 2.0, None, args.trials)  # warm-up
