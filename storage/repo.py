@@ -88,6 +88,11 @@ class Repo:
         with self.session() as s, s.begin():
             s.execute(update(Run).where(Run.id == run_id).values(**values))
 
+    def set_best(self, run_id: int, number: int, value: float) -> None:
+        """Record the run's chosen best (e.g. the best median over confirmation re-runs, not the luckiest timing)."""
+        with self.session() as s, s.begin():
+            s.execute(update(Run).where(Run.id == run_id).values(best_trial_number=number, best_value=value))
+
     def end_run(self, run_id: int, state: str, *, export_dir: str | None = None) -> None:
         with self.session() as s, s.begin():
             values: dict = {"state": state, "ended_at": utcnow()}

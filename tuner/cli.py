@@ -218,13 +218,14 @@ def best(storage: StorageOpt = "sqlite:///tuner.db", study: StudyOpt = None,
     if run.best_trial_number is None:
         fail(f"study {run.study_name!r} has no successful trial yet")
     t = repo.get_trial(run.id, run.best_trial_number)
-    doc = {"study": run.study_name, "trial": t.number, "value": t.value, "baseline_value": run.baseline_value,
-           "speedup": (t.value / run.baseline_value) if run.baseline_value else None, "params": t.params,
+    value = run.best_value if run.best_value is not None else t.value  # the median over confirmation re-runs
+    doc = {"study": run.study_name, "trial": t.number, "value": value, "baseline_value": run.baseline_value,
+           "speedup": (value / run.baseline_value) if run.baseline_value else None, "params": t.params,
            "metrics": {f"{m.metric}@{m.level}" if m.level else m.metric: m.value for m in t.measurements}}
     if as_json:
         console.print_json(json.dumps(doc))
         return
-    console.print(f"study {run.study_name}: best trial {t.number}, {t.value:.2f} {run.unit}"
+    console.print(f"study {run.study_name}: best trial {t.number}, {value:.2f} {run.unit}"
                   + (f" = {doc['speedup']:.2f}x baseline ({run.baseline_value:.2f})" if doc["speedup"] else ""))
     for k, v in t.params.items():
         console.print(f"  {k} = {v}", highlight=False)

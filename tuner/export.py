@@ -75,22 +75,16 @@ def render_script(spec: LaunchSpec, *, header: list[str], recorded: dict[str, An
     return "\n".join(lines) + "\n"
 
 
-def export_run(repo: Repo, study: str, out_dir: str | os.PathLike, *, target: Target,
-               best_params: dict[str, Any] | None = None) -> Path:
-    """Write ``out_dir/<study>/`` (launch script, params YAML, kernel configs); store them as artifacts too."""
+def export_run(repo: Repo, study: str, out_dir: str | os.PathLike, *, target: Target) -> Path:
+    """Write ``out_dir/<study>/`` for the run's recorded best (launch script, params YAML, kernel configs); store
+    them as artifacts too."""
     run = repo.get_run(study)
     if run is None:
         raise ExportError(f"no study {study!r} in this storage; `tuner status` lists the studies")
     best_trial = repo.get_trial(run.id, run.best_trial_number) if run.best_trial_number is not None else None
-    if best_params is None:
-        if best_trial is None:
-            raise ExportError(f"study {study!r} has no successful trial yet; nothing to export")
-        best_params = best_trial.params
-    else:
-        match = [t for t in repo.list_trials(run.id, state="complete", with_measurements=True)
-                 if t.params == best_params]
-        if match:
-            best_trial = max(match, key=lambda t: t.value if run.direction == "maximize" else -t.value)
+    if best_trial is None:
+        raise ExportError(f"study {study!r} has no successful trial yet; nothing to export")
+    best_params = best_trial.params
     baseline = repo.baseline_trial(run.id)
     spec = target.launch_spec(best_params)
     best_levels, base_levels = _level_values(best_trial), _level_values(baseline)
@@ -110,9 +104,8 @@ def export_run(repo: Repo, study: str, out_dir: str | os.PathLike, *, target: Ta
         ratio = f"{best_levels[lvl] / b:.2f}x baseline {b:.1f}" if b else "no baseline"
         header.append(f"  {lvl:>6}: {best_levels[lvl]:.1f} ({ratio})")
     if run.best_value is not None and run.baseline_value:
-        header.append(f"  objective: {best_trial.value if best_trial else run.best_value:.2f} "
-                      f"({(best_trial.value if best_trial else run.best_value) / run.baseline_value:.2f}x "
-                      f"baseline {run.baseline_value:.2f})")
+        header.append(f"  objective: {run.best_value:.2f} ({run.best_value / run.baseline_value:.2f}x baseline "
+                      f"{run.baseline_value:.2f}); per level: trial {best_trial.number}")
     header += [
         "",
         f"environment: {gpus}; torch {env.get('torch')}; triton {env.get('triton')}; sglang {env.get('sglang')}; "
@@ -179,7 +172,7 @@ def _recorded(run, best_trial, best_levels: dict[str, float]) -> dict[str, Any]:
         "metric": metric, "direction": run.direction, "unit": run.unit,
         "combine": obj.combine if obj else "geomean", "levels": [int(c) for c in (obj.levels if obj else [])]
         or sorted(int(c) for c in by_level), "level": obj.level if obj else None,
-        "value": best_trial.value if best_trial else run.best_value, "by_level": by_level,
+        "value": run.best_value, "by_level": by_level,
         "load": {k: settings[k] for k in LOAD_KEYS if k in settings},
     }
 

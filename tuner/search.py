@@ -455,12 +455,13 @@ def run_search(options: SearchOptions, progress: Progress | None = None) -> Sear
         _restore_sigint(prev_handler)
     export_dir = None
     best = pick_best(ctx)
+    if best is not None:  # status, best, the API and the export all report the confirmed choice
+        ctx.repo.set_best(ctx.run.id, best.number, best.value)
     if options.export and best is not None:
         from tuner.export import export_run
 
         try:
-            export_dir = str(export_run(ctx.repo, ctx.run.study_name, options.out_dir, target=ctx.target,
-                                        best_params=best.params))
+            export_dir = str(export_run(ctx.repo, ctx.run.study_name, options.out_dir, target=ctx.target))
         except Exception as exc:  # noqa: BLE001 - the trials are stored; say what failed
             _logger.error("export failed: %s", exc)
             if progress:
