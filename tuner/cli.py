@@ -134,7 +134,10 @@ def _print_result(result) -> None:
         console.print("no trial succeeded; see `tuner status` for the failures")
         return
     ratio = f" = {result.speedup:.2f}x baseline ({result.baseline_value:.2f})" if result.speedup else ""
-    console.print(f"best: trial {result.best.number}, {result.best_value:.2f}{ratio}")
+    runs = [t.value for t in result.trials if t.outcome == "ok" and t.params == result.best_params
+            and t.value is not None and "not run again" not in t.reason]
+    spread = (f" (median of {len(runs)} runs, {min(runs):.2f}-{max(runs):.2f})" if len(runs) > 1 else "")
+    console.print(f"best: trial {result.best.number}, {result.best_value:.2f}{spread}{ratio}")
     for k, v in result.best_params.items():
         console.print(f"  {k} = {v}", highlight=False)
     if result.export_dir:
