@@ -18,7 +18,8 @@ from rich.table import Table
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
                   help="Find the fastest launch configuration and kernels for LLM serving, by measuring.")
-console = Console(soft_wrap=True)
+# piped or logged output gets wide lines (tables are not folded at 80 columns); a terminal keeps its own width
+console = Console(soft_wrap=True, width=None if sys.stdout.isatty() else 200)
 err_console = Console(stderr=True)
 
 StorageOpt = Annotated[str, typer.Option("--storage", help="SQLAlchemy URL of the study database.",

@@ -180,6 +180,21 @@ def study_name_for(options: SearchOptions, resolved: ResolvedSpace) -> str:
     return options.study or f"{resolved.space.name}-{options.target or resolved.space.target}"
 
 
+def _pick_study_name(options: SearchOptions, resolved: ResolvedSpace, repo: Repo) -> str:
+    """A named study is used as named (a second search on it needs ``--resume``). Without a name, a new search gets
+    the first free ``<space>-<target>[-N]`` and ``--resume`` continues the newest of them, so the same command
+    can be run again."""
+    base = study_name_for(options, resolved)
+    if options.study:
+        return base
+    taken = {r.study_name: r for r in repo.list_runs()}
+    ours = [base] + [f"{base}-{i}" for i in range(2, len(taken) + 3)]
+    if options.resume:
+        existing = [taken[n] for n in ours if n in taken]
+        return max(existing, key=lambda r: r.started_at).study_name if existing else base
+    return next(n for n in ours if n not in taken)
+
+
 def open_optuna_storage(url: str, *, heartbeat: bool = False) -> optuna.storages.RDBStorage:
     from storage.engine import normalize_url
 
@@ -215,7 +230,7 @@ def open_context(options: SearchOptions, progress: Progress | None = None) -> Se
     repo = Repo(options.storage_url)
     repo.create_schema()
     ostorage = open_optuna_storage(options.storage_url)
-    name = study_name_for(options, resolved)
+    name = _pick_study_name(options, resolved, repo)
     space = resolved.space
     run = repo.get_run(name)
     env = fingerprint()

@@ -69,17 +69,20 @@ def test_search_status_best_export_end_to_end(tmp_path):
     assert "best: trial" in r.stdout and "launch script: out/dsv4-flash-tiny-workload/launch.sh" in r.stdout
     script = tmp_path / "out" / "dsv4-flash-tiny-workload" / "launch.sh"
     assert subprocess.run(["bash", "-n", str(script)]).returncode == 0
-    r = tuner("search", "--budget", "90s", "--n-trials", "1", cwd=tmp_path)
+    # a named study is refused a second search without --resume; an unnamed search takes the next free name
+    r = tuner("search", "--budget", "90s", "--n-trials", "1", "--study", "dsv4-flash-tiny-workload", cwd=tmp_path)
     _one_line_error(r, "--resume")
+    r = tuner("search", "--budget", "90s", "--n-trials", "1", "--confirm-top", "0", cwd=tmp_path)
+    assert r.returncode == 0 and "study dsv4-flash-tiny-workload-2" in r.stdout, r.stderr
     r = tuner("status", cwd=tmp_path)
-    assert r.returncode == 0 and "dsv4-flash-tiny-workload" in r.stdout
+    assert r.returncode == 0 and "dsv4-flash-tiny-workload" in r.stdout and "workload-2" in r.stdout
     r = tuner("status", "--study", "dsv4-flash-tiny-workload", cwd=tmp_path)
     assert r.returncode == 0 and "context_length" in r.stdout
-    r = tuner("best", "--json", cwd=tmp_path)
+    r = tuner("best", "--json", "--study", "dsv4-flash-tiny-workload", cwd=tmp_path)
     doc = json.loads(r.stdout)
     assert doc["params"]["context_length"] in (4096, 16384, 32768, 65536, 131072)
     assert doc["metrics"]["tok_s@c=64"] > 0
-    r = tuner("export", "-o", "again", cwd=tmp_path)
+    r = tuner("export", "-o", "again", "--study", "dsv4-flash-tiny-workload", cwd=tmp_path)
     assert r.returncode == 0, r.stderr
     assert (tmp_path / "again" / "dsv4-flash-tiny-workload" / "launch.sh").exists()
     # the exported script re-measures itself; a loose tolerance: this only checks the loop closes
