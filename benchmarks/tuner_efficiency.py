@@ -194,7 +194,9 @@ def _commit() -> str:
 
 
 # -- GPU: exhaustive sweep ----------------------------------------------------------------------------------------
-GPU_CASES = [
+GPU_CASES = [  # smallest spaces first: time a case leaves unused passes on to the later, larger ones
+    ("moe", {"tokens": 1, "hidden": 4096, "width": 2048, "experts": 32, "topk": 6}),
+    ("moe", {"tokens": 64, "hidden": 4096, "width": 2048, "experts": 32, "topk": 6}),
     ("sparse_decode", {"batch": 1, "heads": 64, "d_qk": 512, "d_v": 512, "topk": 640, "num_rows": 65536}),
     ("sparse_decode", {"batch": 64, "heads": 64, "d_qk": 512, "d_v": 512, "topk": 640, "num_rows": 65536}),
     ("indexer", {"batch": 16, "heads": 64, "dim": 128, "width": 65536, "shared_k": 0}),
@@ -217,8 +219,10 @@ def _compile_one(args):
     return config, status, err, time.time() - t0
 
 
-def gpu_sweep(name: str, shape: dict, dtype: str, workers: int, compile_cap_s: float, timing_cap_s: float,
+def gpu_sweep(name: str, shape: dict, dtype: str, workers: int, compile_cap_s: float, case_cap_s: float,
               device: str = "cuda") -> dict:
+    """Compile (and check) every config in a pool until ``compile_cap_s``, then time the ones that ran correctly
+    until the case has used ``case_cap_s`` in all."""
     import multiprocessing as mp
 
     import torch
@@ -239,6 +243,7 @@ def gpu_sweep(name: str, shape: dict, dtype: str, workers: int, compile_cap_s: f
                 pool.terminate()
                 break
     compile_wall = time.time() - t0
+    timing_cap_s = max(5.0, case_cap_s - compile_wall)
     cost = kernel.cost(shape, dtype)
     n_sets = max(1, min(4, int(2 * 1024**3 // max(cost.bytes, 1.0))))
     sets = []
@@ -276,7 +281,7 @@ def autotune_probe(n: int) -> dict:
     from kernels.indexer import _indexer_kernel
     from kernels.registry import get_kernel
 
-    name, shape = GPU_CASES[2]
+    name, shape = next(c for c in GPU_CASES if c[0] == "indexer")
     kernel = get_kernel(name)
     configs = list(kernel.configs(shape, "cuda", dtype="bfloat16"))
     random.Random(1).shuffle(configs)
@@ -407,12 +412,16 @@ def main(argv: list[str] | None = None) -> int:
         import triton
 
         data["triton"] = triton.__version__
+        from kernels.registry import get_kernel
+
+        sizes = [len(list(get_kernel(n).configs(sh, "cuda", dtype="bfloat16"))) for n, sh in GPU_CASES]
         for i, (name, shape) in enumerate(GPU_CASES):
-            per_case = (args.deadline_s - (time.time() - start) - 25) / (len(GPU_CASES) - i)
+            # the time left, shared in proportion to the space sizes still to sweep (what a case leaves passes on)
+            per_case = (args.deadline_s - (time.time() - start) - 25) * sizes[i] / sum(sizes[i:])
             if per_case < 20:
                 print(f"skipping {name} {shape}: {per_case:.0f}s left for it", flush=True)
                 continue
-            case = gpu_sweep(name, shape, "bfloat16", workers, 0.55 * per_case, 0.45 * per_case)
+            case = gpu_sweep(name, shape, "bfloat16", workers, 0.7 * per_case, per_case)
             data["cases"].append(case)
             (out / "tuner_efficiency_gpu.json").write_text(json.dumps(data))
             print(f"{name} {shape}: {case['compiled']}/{case['space_size']} compiled in {case['compile_wall_s']:.1f}s, "

@@ -24,20 +24,23 @@ sys.path.insert(0, str(ROOT))
 DEFAULT = {  # the seed's starting point
     "context_length": 1048576, "indexer_width": "static", "indexer_impl": "torch", "attention_impl": "simt",
     "gemm_proj": "bf16", "gemm_indexer": "fp32", "gemm_moe": "bf16", "gemm_mhc": "fp32", "glue": "eager",
-    "cuda_graph_buckets": "server_default:256",
+    "moe_impl": "torch", "cuda_graph_buckets": "server_default:256",
 }
-HAND_BEST = {
-    **DEFAULT, "context_length": 8192, "indexer_width": "live", "indexer_impl": "triton", "attention_impl": "mma",
-    "gemm_indexer": "bf16", "gemm_mhc": "bf16", "glue": "fused", "cuda_graph_buckets": "pow2:64",
+HAND_BEST = {  # what a deployment can set: the indexer stays sized by the configured context (static width)
+    **DEFAULT, "context_length": 8192, "indexer_impl": "triton", "attention_impl": "mma",
+    "gemm_indexer": "bf16", "gemm_mhc": "bf16", "glue": "fused", "moe_impl": "triton", "cuda_graph_buckets": "pow2:64",
 }
 CASES = [
     ("default (1M cap, static indexer, SIMT, fp32 indexer+MHC, eager glue, server buckets)", DEFAULT),
     ("default + context cap 8192", {**DEFAULT, "context_length": 8192}),
     ("default + MMA attention", {**DEFAULT, "attention_impl": "mma"}),
     ("default + bf16 indexer and MHC GEMMs", {**DEFAULT, "gemm_indexer": "bf16", "gemm_mhc": "bf16"}),
+    ("default + fused Triton MoE", {**DEFAULT, "moe_impl": "triton"}),
+    ("default + live indexer width (not a launch flag: the ceiling)", {**DEFAULT, "indexer_width": "live"}),
     ("default + torch.compile glue", {**DEFAULT, "glue": "compile"}),
     ("default, no CUDA graphs", {**DEFAULT, "cuda_graph_buckets": "none:1"}),
     ("hand-written best", HAND_BEST),
+    ("hand-written best, torch MoE", {**HAND_BEST, "moe_impl": "torch"}),
 ]
 
 

@@ -68,6 +68,7 @@ def compile_all(arch: int = 90) -> list[dict]:
     from .gemm import _gemm_kernel, _split_k_reduce_kernel
     from .glue import _add_rmsnorm_kernel, _rope_kernel
     from .indexer import _indexer_kernel
+    from .moe import _moe_down_kernel, _moe_up_kernel
     from .sparse_decode import _combine_kernel, _sparse_decode_kernel, _sparse_decode_simt_kernel
 
     P = lambda t: "*" + t  # noqa: E731
@@ -91,6 +92,11 @@ def compile_all(arch: int = 90) -> list[dict]:
                      dict(BLOCK_M=16, BLOCK_N=64, BLOCK_K=128, GROUP_M=8, EVEN_K=True, IEEE=ieee, HAS_SCALE=scale, SPLIT=True,
                           FUSED=True), 4, 4))
     jobs.append(("gemm split_k_reduce", _split_k_reduce_kernel, {"p_ptr": "*fp32", "y_ptr": P("bf16")}, dict(SPLIT_K=4, BLOCK=1024), 4, 1))
+    moe = {"pair_ptr": "*i32", "block_expert_ptr": "*i32", "gw_ptr": "*fp32", "y_ptr": "*fp32"}
+    jobs.append(("moe up", _moe_up_kernel, moe | {n: P("bf16") for n in ("x_ptr", "w_ptr", "act_ptr")},
+                 dict(TOPK=6, N_EXPERTS=32, BLOCK_M=16, BLOCK_N=64, BLOCK_K=128, EVEN_K=True, IEEE=False), 4, 3))
+    jobs.append(("moe down", _moe_down_kernel, moe | {n: P("bf16") for n in ("act_ptr", "w_ptr")},
+                 dict(N_EXPERTS=32, BLOCK_M=16, BLOCK_N=64, BLOCK_K=128, EVEN_K=True, IEEE=False), 4, 3))
     jobs.append(("rmsnorm", _add_rmsnorm_kernel, {n: P("bf16") for n in ("x_ptr", "r_ptr", "w_ptr", "y_ptr", "rout_ptr")} | {"eps": "fp32"},
                  dict(BLOCK=4096, SINGLE=True), 8, 1))
     jobs.append(("rope", _rope_kernel, {"x_ptr": P("bf16"), "pos_ptr": "*i64", "cs_ptr": "*fp32", "y_ptr": P("bf16")},

@@ -106,3 +106,12 @@ def test_fused_split_merges_have_no_race():
     ref = gemm(x, w, "bf16", gcfg, fused_split_k=False)
     for _ in range(20):
         assert torch.equal(gemm(x, w, "bf16", gcfg, fused_split_k=True), ref)
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+def test_moe_v4flash_shapes(dtype):
+    moe = get_kernel("moe")
+    for shape in moe.shapes("v4flash"):
+        for cfg in (None, {"BLOCK_M": 16, "BLOCK_N": 128, "BLOCK_K": 64, "num_warps": 8, "num_stages": 4}):
+            err = check(moe, shape, dtype, cfg, "cuda", seed=shape["tokens"])
+            assert err <= moe.tolerance(dtype), (shape, cfg, err)

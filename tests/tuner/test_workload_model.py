@@ -69,7 +69,8 @@ def test_padding_to_buckets():
 
 @pytest.mark.parametrize("knobs,needle", [({"gemm_proj": "fp8"}, "fp8"), ({"attention_impl": "mma"}, "GPU"),
                                           ({"glue": "fused"}, "GPU"), ({"context_length": 10}, ">= 1024"),
-                                          ({"indexer_width": "wide"}, "static or live")])
+                                          ({"indexer_width": "wide"}, "static or live"),
+                                          ({"moe_impl": "triton"}, "GPU"), ({"moe_impl": "grouped"}, "torch or triton")])
 def test_bad_knobs_are_refused_with_the_reason(knobs, needle):
     with pytest.raises(KnobError, match=needle):
         DecodeModel(TINY, knobs, "cpu")
@@ -127,3 +128,16 @@ def test_kernel_phase_runs_first_for_the_spaces_shapes_when_asked(tmp_path, monk
     assert {s["batch"] for k, s in shapes if k == "sparse_decode"} >= {1, 16, 64}
     assert {s["width"] for k, s in shapes if k == "indexer"} >= {TINY.indexer_width(131072), 512 // TINY.csa_ratio}
     assert 0 < budget <= 0.2 * 60
+
+
+def test_gpu_space_tunes_the_moe_kernel_and_leaves_the_indexer_width_to_the_server():
+    from search_spaces import Hardware, load_space, resolve
+    from tuner.targets.workload import WorkloadTarget
+
+    hw = Hardware(gpu_name="NVIDIA H200", gpu_count=1, compute_capability=(9, 0), has_triton=True)
+    target = WorkloadTarget(resolve(load_space("dsv4_flash"), hw))
+    assert "indexer_width" not in target.space.names  # not a launch flag: the context cap has to do it
+    assert target.resolved.defaults()["moe_impl"] == "torch"
+    moe = [s for k, s in target.kernel_shapes() if k == "moe"]
+    assert {s["tokens"] for s in moe} >= {1, 16, 64}
+    assert all(s["experts"] == 32 and s["topk"] == 6 and s["width"] == 2048 for s in moe)

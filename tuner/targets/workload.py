@@ -110,7 +110,8 @@ class WorkloadTarget(Target):
 
     def kernel_shapes(self) -> list[tuple[str, dict[str, int]]]:
         """The kernel shapes this space's configurations produce: every concurrency level (as the batch, and as
-        padded to each bucket size it can take) for the MMA attention, and the indexer at every context cap."""
+        padded to each bucket size it can take) for the MMA attention and the fused MoE, and the indexer at every
+        context cap."""
         p, live = self.preset, int(self.settings.get("live_context", 512))
         batches = set(self.space.objective.levels)
         if "cuda_graph_buckets" in self.space.names:
@@ -128,6 +129,9 @@ class WorkloadTarget(Target):
                                              "topk": p.index_topk + p.window, "num_rows": 1 << 16}))
             shapes += [("indexer", {"batch": b, "heads": p.indexer_heads, "dim": p.indexer_dim, "width": w,
                                     "shared_k": 0}) for w in sorted(widths)]
+            if "moe_impl" in self.space.names:
+                shapes.append(("moe", {"tokens": b, "hidden": p.hidden, "width": p.expert_width,
+                                       "experts": p.experts_local, "topk": p.topk_experts}))
         return shapes
 
     def kernel_config_dirs(self) -> list[str]:

@@ -61,6 +61,25 @@ def triton_indexer(knobs: dict[str, Any]) -> Callable[..., torch.Tensor]:
     return fn
 
 
+def triton_moe(knobs: dict[str, Any]) -> Callable[..., torch.Tensor]:
+    """``fn(x [T,hidden], w13 [E,hidden,2W], w2 [E,W,hidden], ids [T,k], weights [T,k]) -> [T,hidden]``: the
+    fused Triton MoE (``kernels.moe``), reading each routed expert's weights in place."""
+    from kernels.moe import MoEKernel, fused_moe
+
+    overrides = kernel_overrides(knobs, "moe")
+    configs: dict[tuple, dict | None] = {}
+
+    def fn(x, w13, w2, ids, weights):
+        key = tuple(ids.shape)
+        if key not in configs:
+            shape = {"tokens": ids.shape[0], "hidden": x.shape[1], "width": w2.shape[1], "experts": w13.shape[0],
+                     "topk": ids.shape[1]}
+            configs[key] = {**MoEKernel.instance.default_config(shape), **overrides} if overrides else None
+        return fused_moe(x, w13, w2, ids, weights, configs[key])
+
+    return fn
+
+
 def fused_glue() -> tuple[Callable, Callable]:
     """(add_rms_norm, rope) from ``kernels.glue``: one pass each, casts included."""
     from kernels import glue

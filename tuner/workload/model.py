@@ -44,6 +44,7 @@ DEFAULT_KNOBS: dict[str, Any] = {
     "gemm_moe": "bf16",
     "gemm_mhc": "fp32",
     "glue": "eager",
+    "moe_impl": "torch",
 }
 
 
@@ -97,6 +98,11 @@ class DecodeModel:
             from tuner.workload.gpu_ops import triton_indexer
 
             self.triton_indexer = triton_indexer(self.knobs)
+        self.triton_moe = None
+        if self.knobs["moe_impl"] == "triton":
+            from tuner.workload.gpu_ops import triton_moe
+
+            self.triton_moe = triton_moe(self.knobs)
         self.add_rms_norm, self._rope_fn = self._glue_fns()
         self.scale = 1.0 / math.sqrt(preset.head_dim)
 
@@ -130,10 +136,13 @@ class DecodeModel:
             raise KnobError(f"workload knob `context_length` must be >= 1024, but got {ctx}")
         if k["glue"] not in ("eager", "fused", "compile"):
             raise KnobError(f"workload knob `glue` must be eager, fused or compile, but got {k['glue']!r}")
+        if k["moe_impl"] not in ("torch", "triton"):
+            raise KnobError(f"workload knob `moe_impl` must be torch or triton, but got {k['moe_impl']!r}")
         if k["indexer_impl"] not in ("torch", "triton"):
             raise KnobError(f"workload knob `indexer_impl` must be torch or triton, but got {k['indexer_impl']!r}")
         if self.device.type != "cuda":
-            for knob, gpu_only in (("indexer_impl", "triton"), ("glue", "fused"), ("glue", "compile")):
+            for knob, gpu_only in (("indexer_impl", "triton"), ("glue", "fused"), ("glue", "compile"),
+                                   ("moe_impl", "triton")):
                 if k[knob] == gpu_only:
                     raise KnobError(f"workload knob `{knob}={gpu_only}` needs a GPU (Triton)")
 
@@ -315,6 +324,18 @@ class DecodeModel:
         logits = w.gate(h.float())
         gw, gi = torch.softmax(logits, dim=-1).topk(p.topk_experts, dim=-1)  # [B, k]
         E = p.experts_local
+        if self.triton_moe is not None:
+            # the fused Triton MoE: pairs sorted by expert, each routed expert's weights read in place
+            out = self.triton_moe(h.to(w.w13.dtype).contiguous(), w.w13, w.w2, gi % E, gw).float()
+        else:
+            out = self._moe_torch(h, gi, gw)
+        su = w.shared_w13(h)
+        shared = w.shared_w2(torch.nn.functional.silu(su[:, : p.expert_width]) * su[:, p.expert_width:])
+        return (out + shared.float()).to(h.dtype)
+
+    def _moe_torch(self, h: torch.Tensor, gi: torch.Tensor, gw: torch.Tensor) -> torch.Tensor:
+        p, w = self.p, self.w
+        B, E = h.shape[0], p.experts_local
         e = (gi % E).reshape(-1)
         tok = torch.arange(B, device=h.device).repeat_interleave(p.topk_experts)
         if 2 * e.numel() <= E:
@@ -339,7 +360,4 @@ class DecodeModel:
             ye = torch.bmm(act, w.w2).reshape(E * cap, p.hidden)
             ye = torch.cat([ye, torch.zeros(1, p.hidden, device=h.device, dtype=ye.dtype)])
             contrib = ye[slot].float() * (gw.reshape(-1) * keep).unsqueeze(-1)
-        out = torch.zeros(B, p.hidden, device=h.device, dtype=torch.float32).index_add_(0, tok, contrib)
-        su = w.shared_w13(h)
-        shared = w.shared_w2(torch.nn.functional.silu(su[:, : p.expert_width]) * su[:, p.expert_width:])
-        return (out + shared.float()).to(h.dtype)
+        return torch.zeros(B, p.hidden, device=h.device, dtype=torch.float32).index_add_(0, tok, contrib)
