@@ -105,6 +105,15 @@ def plan(quick: bool) -> list[dict]:
         unique = list({json.dumps(c, sort_keys=True): c for c in sample}.values())
         jobs.append({"kernel": "gemm", "dtype": mode, "shapes": shapes, "configs": unique})
 
+    moe = get_kernel("moe")
+    shapes = moe.shapes("v4flash")
+    sample = []
+    for shape in shapes:  # a sample valid at each batch (16-row blocks only at one token)
+        valid = list(moe.configs(shape, dtype="bfloat16"))
+        sample += rng.sample(valid, min(8 if quick else 16, len(valid)))
+    jobs.append({"kernel": "moe", "dtype": "bfloat16", "shapes": shapes,
+                 "configs": list({json.dumps(c, sort_keys=True): c for c in sample}.values())})
+
     for name in ("rmsnorm", "rope"):
         k = get_kernel(name)
         shapes = k.shapes("v4flash")
