@@ -30,8 +30,8 @@ import traceback
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
+# run as a script, this folder is sys.path[0] and this file would shadow the `kernels` package
+sys.path[:] = [str(ROOT)] + [p for p in sys.path if Path(p or ".").resolve() not in (ROOT, Path(__file__).resolve().parent)]
 
 import torch  # noqa: E402
 import triton  # noqa: E402

@@ -380,6 +380,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--no-analysis", action="store_true", help="with --gpu: only measure and write the JSON")
     ap.add_argument("--deadline-s", type=float, default=290.0, help="with --gpu: stop starting new work after this")
     ap.add_argument("--e2e-budget", type=float, default=0.0, help="with --gpu: then a real kernel search of this budget")
+    ap.add_argument("--only", default="", help="with --gpu: comma-separated kernel names to sweep (default: all)")
+    ap.add_argument("--no-autotune", action="store_true", help="with --gpu: skip the triton.autotune probe")
     ap.add_argument("--autotune-probe", type=int, default=0, help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if args.autotune_probe:
@@ -400,8 +402,14 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     out = Path(args.out or os.environ.get("OUT") or ROOT / "benchmarks" / "results")
     out.mkdir(parents=True, exist_ok=True)
-    if args.analyze_gpu:
-        data = json.loads(Path(args.analyze_gpu).read_text())
+    if args.analyze_gpu:  # one file, or several (comma-separated) whose cases are analysed together
+        parts = [json.loads(Path(f).read_text()) for f in args.analyze_gpu.split(",")]
+        data = parts[0]
+        for extra in parts[1:]:
+            names = {json.dumps([c["kernel"], c["shape"]], sort_keys=True) for c in extra["cases"]}
+            data["cases"] = [c for c in data["cases"] if json.dumps([c["kernel"], c["shape"]], sort_keys=True)
+                             not in names] + extra["cases"]
+            data.setdefault("also", []).append(f"{extra['date']} commit {extra['commit']}")
     else:
         import torch
 
@@ -414,10 +422,12 @@ def main(argv: list[str] | None = None) -> int:
         data["triton"] = triton.__version__
         from kernels.registry import get_kernel
 
-        sizes = [len(list(get_kernel(n).configs(sh, "cuda", dtype="bfloat16"))) for n, sh in GPU_CASES]
-        for i, (name, shape) in enumerate(GPU_CASES):
+        cases = [c for c in GPU_CASES if not args.only or c[0] in args.only.split(",")]
+        sizes = [len(list(get_kernel(n).configs(sh, "cuda", dtype="bfloat16"))) for n, sh in cases]
+        for i, (name, shape) in enumerate(cases):
             # the time left, shared in proportion to the space sizes still to sweep (what a case leaves passes on)
-            per_case = (args.deadline_s - (time.time() - start) - 25) * sizes[i] / sum(sizes[i:])
+            left = args.deadline_s - (time.time() - start) - 25
+            per_case = max(left * sizes[i] / sum(sizes[i:]), min(left, 40.0))  # a small space still gets 40 s
             if per_case < 20:
                 print(f"skipping {name} {shape}: {per_case:.0f}s left for it", flush=True)
                 continue
@@ -426,7 +436,7 @@ def main(argv: list[str] | None = None) -> int:
             (out / "tuner_efficiency_gpu.json").write_text(json.dumps(data))
             print(f"{name} {shape}: {case['compiled']}/{case['space_size']} compiled in {case['compile_wall_s']:.1f}s, "
                   f"timed in {case['timing_wall_s']:.1f}s", flush=True)
-        if args.deadline_s - (time.time() - start) > 20:
+        if args.deadline_s - (time.time() - start) > 20 and not args.no_autotune:
             import tempfile
 
             env = {**os.environ, "TRITON_CACHE_DIR": tempfile.mkdtemp(prefix="triton-fresh-")}

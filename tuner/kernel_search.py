@@ -52,7 +52,7 @@ CONFIG_SUBDIR = "kernel_configs"
 SPACE_SUBDIR = "kernel_spaces"
 ENV_VAR = "TUNER_KERNEL_CONFIG_DIR"
 PASS_THROUGH = ("seed", "allow_cpu_interpreter", "rep_ms", "peak_bytes_per_s", "peak_flops", "trial_timeout_s",
-                "kernel_config_dir")
+                "kernel_config_dir", "persistent_worker")
 """Plan / search settings handed on to every single-kernel sub-study."""
 MIN_SHARE_S = 5.0
 FAILURES_TO_GIVE_UP = 20
@@ -459,6 +459,19 @@ def tune_cases(cases: list[KernelCase], options: SearchOptions, *, study: str, p
         if progress:
             progress.message(f"{case.kernel} [{case.shape_key}]: reusing the tuned config in {path}")
     state, stop_reason = "finished", ""
+    try:
+        state, stop_reason = _tune_todo(todo, options, study, deadline, progress, results, state, stop_reason)
+    finally:
+        from tuner.isolation import close_workers
+
+        close_workers()  # the GPU goes back to whatever runs next (a system search's trials)
+    written = _write(results, gpu, out_dir if options.export else None, conf)
+    return KernelSearchResult(study, options.storage_url, state, results,
+                              str(out_dir.resolve()) if options.export else conf, report, time.time() - t0,
+                              stop_reason, [str(p) for p in written])
+
+
+def _tune_todo(todo, options, study, deadline, progress, results, state, stop_reason):
     for i, case in enumerate(todo):
         left = deadline.remaining_for_trials()
         share = left / (len(todo) - i)
@@ -477,10 +490,7 @@ def tune_cases(cases: list[KernelCase], options: SearchOptions, *, study: str, p
         if res.reason == "interrupted" or "interrupted" in res.reason:
             state, stop_reason = "interrupted", "interrupted"
             break
-    written = _write(results, gpu, out_dir if options.export else None, conf)
-    return KernelSearchResult(study, options.storage_url, state, results,
-                              str(out_dir.resolve()) if options.export else conf, report, time.time() - t0,
-                              stop_reason, [str(p) for p in written])
+    return state, stop_reason
 
 
 def _write(results: list[KernelCaseResult], gpu: str, out_dir: Path | None, conf: str | None) -> list[Path]:

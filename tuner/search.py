@@ -380,7 +380,13 @@ def _run_isolated(ctx: SearchContext, trial: optuna.Trial, params: dict[str, Any
         trial.report(value, step)
         return trial.should_prune()
 
-    proc = TrialProcess(job, reporter)
+    if ctx.target.persistent_worker and str(ctx.target.settings.get("persistent_worker", True)).lower() not in (
+            "false", "0", "no", "off"):
+        from tuner.isolation import persistent_worker
+
+        proc = persistent_worker(gpus).start(job, reporter)
+    else:
+        proc = TrialProcess(job, reporter)
     ctx.current = proc
     try:
         return proc.wait()

@@ -1,7 +1,10 @@
 """The child side of ``tuner.isolation``: read a job on stdin, evaluate, write the measurement as JSON.
 
-Run as ``python -m tuner.trial_worker``. Any exception becomes a classified failed measurement; only a hard
-crash (segfault, kill) leaves no result, which the parent then classifies.
+Run as ``python -m tuner.trial_worker`` (one job, the whole of stdin) or ``python -m tuner.trial_worker --serve``
+(a persistent worker: one job per stdin line until EOF, each answered by ``@@tuner-done <result path>`` once its
+result file is written; targets are built once per space and settings and reused). Any exception becomes a
+classified failed measurement; only a hard crash (segfault, kill) leaves no result, which the parent then
+classifies.
 """
 
 from __future__ import annotations
@@ -12,7 +15,7 @@ import os
 import sys
 import traceback
 
-from tuner.isolation import MARK
+from tuner.isolation import DONE_MARK, MARK
 from tuner.measurement import Measurement, Outcome
 
 
@@ -57,29 +60,50 @@ def _die_with_parent() -> None:
         pass
 
 
-def main() -> int:
-    _die_with_parent()
-    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s", stream=sys.stdout)
-    job = json.load(sys.stdin)
-    result_path = job["result_path"]
-    try:
-        from search_spaces import Hardware, detect_hardware, load_space_text, resolve
-        from tuner.targets import get_target_class
+def _target(job: dict, cache: dict):
+    from search_spaces import Hardware, detect_hardware, load_space_text, resolve
+    from tuner.targets import get_target_class
 
+    key = json.dumps([job["target"], job["space_yaml"], job["space_source"], job.get("settings"), job.get("hardware")],
+                     sort_keys=True, default=str)
+    if key not in cache:
         space = load_space_text(job["space_yaml"], source=job["space_source"])
         hw = job.get("hardware")
         hardware = Hardware.from_json(hw) if hw else detect_hardware()
-        target = get_target_class(job["target"])(resolve(space, hardware), job.get("settings") or {})
+        cache.clear()  # one space at a time: a kernel search moves from case to case
+        cache[key] = get_target_class(job["target"])(resolve(space, hardware), job.get("settings") or {})
+    return cache[key]
+
+
+def _run(job: dict, cache: dict) -> None:
+    try:
+        target = _target(job, cache)
         m = target.evaluate(job["params"], float(job["deadline"]), report)
     except BaseException as exc:  # noqa: BLE001 - every failure is data
         if isinstance(exc, KeyboardInterrupt):
             raise
         m = Measurement.failed(classify_exception(exc), f"{type(exc).__name__}: {exc}"[:2000],
                                traceback.format_exc()[-6000:])
-    tmp = result_path + ".tmp"
+    tmp = job["result_path"] + ".tmp"
     with open(tmp, "w") as f:
         json.dump(m.to_json(), f)
-    os.replace(tmp, result_path)
+    os.replace(tmp, job["result_path"])
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    _die_with_parent()
+    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s", stream=sys.stdout)
+    cache: dict = {}
+    if "--serve" not in argv:
+        _run(json.load(sys.stdin), cache)
+        return 0
+    for line in sys.stdin:
+        if not line.strip():
+            continue
+        job = json.loads(line)
+        _run(job, cache)
+        print(DONE_MARK + job["result_path"], flush=True)
     return 0
 
 

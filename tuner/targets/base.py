@@ -78,6 +78,9 @@ class Target(abc.ABC):
 
     name: str = "abstract"
     gpus_per_trial: int = 0
+    persistent_worker: bool = False
+    """True: trials run one after another in a long-lived worker process per GPU set (short trials that must not
+    pay an interpreter + torch + CUDA start each); setting ``persistent_worker: false`` turns it off."""
 
     def __init__(self, resolved: ResolvedSpace, settings: dict[str, Any] | None = None) -> None:
         self.resolved = resolved

@@ -95,6 +95,7 @@ class KernelsTarget(Target):
     """Microbenchmark one config of one kernel at one shape (see the module docstring)."""
 
     name = "kernels"
+    persistent_worker = True  # a config trial is ~0.1-3 s of compile + timing: a fresh process would double it
 
     def __init__(self, resolved: ResolvedSpace, settings: dict[str, Any] | None = None) -> None:
         super().__init__(resolved, settings)
