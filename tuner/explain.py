@@ -163,6 +163,8 @@ def ablate(storage_url: str, study: str, *, timeout_s: float = 300.0, level: int
                 if m.outcome.value == "ok" and m.by_level.get(c)}
         ex.ablation.append({"param": name, "from": base.params[name], "to": value, "outcome": m.outcome.value,
                             "by_level": m.by_level, "loss": loss})
+        _logger.info("ablation: %s back to %r: %s, best/this %s", name, base.params[name], m.outcome.value,
+                     {c: round(x, 3) for c, x in loss.items()})
     key = max(ex.best_by_level) if ex.best_by_level else None
     ex.ablation.sort(key=lambda r: -(r["loss"].get(key, float("inf")) if key else 0))
     return ex
