@@ -474,8 +474,10 @@ def tune_cases(cases: list[KernelCase], options: SearchOptions, *, study: str, p
 def _tune_todo(todo, options, study, deadline, progress, results, state, stop_reason):
     for i, case in enumerate(todo):
         left = deadline.remaining_for_trials()
-        share = left / (len(todo) - i)
-        if share < MIN_SHARE_S:
+        # an even share, but never under MIN_SHARE_S: with more cases than the budget holds, the first ones are
+        # tuned properly and the rest keep their defaults (an even 1-2 s each would tune none of them)
+        share = min(left, max(left / (len(todo) - i), MIN_SHARE_S))
+        if left < MIN_SHARE_S:
             stop_reason = f"budget used: {len(todo) - i} cases not tuned (defaults kept)"
             results += [KernelCaseResult(c.kernel, dict(c.shape), c.dtype, c.shape_key, "skipped",
                                          reason="no budget left") for c in todo[i:]]
