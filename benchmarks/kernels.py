@@ -10,7 +10,7 @@ best configs as JSON beside it (``--json``), ready for ``kernels.configs.write_c
 
 Compilation dominates a sweep (~1 s a config); configs are compiled first by a pool of worker
 processes (``--jobs``) that fill Triton's on-disk cache, then timed one by one in this process.
-The git commit comes from ``git rev-parse HEAD``, else ``$KERNELS_GIT_COMMIT``.
+The git commit comes from ``$KERNELS_GIT_COMMIT`` when set, else ``git rev-parse HEAD``.
 """
 
 from __future__ import annotations
@@ -357,10 +357,13 @@ def report(rows, meta) -> str:
 
 
 def git_commit() -> str:
+    """``$KERNELS_GIT_COMMIT`` when set (a copy of the tree on a GPU host may carry a stale .git), else git's HEAD."""
+    if os.environ.get("KERNELS_GIT_COMMIT"):
+        return os.environ["KERNELS_GIT_COMMIT"]
     try:
         return subprocess.check_output(["git", "rev-parse", "HEAD"], cwd=ROOT, stderr=subprocess.DEVNULL, text=True).strip()
     except Exception:
-        return os.environ.get("KERNELS_GIT_COMMIT", "unknown")
+        return "unknown"
 
 
 def main(argv=None) -> int:

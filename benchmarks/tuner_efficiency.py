@@ -53,9 +53,10 @@ def n_startup(n_params: int) -> int:
     return max(5, min(10, n_params + 2))  # as tuner.search.open_context
 
 
-def replay_once(table: dict, space: dict, rule, budget: int, seed: int, strategy: str, default: dict | None
+def replay_once(table: dict, space: dict, rule, budget: int, seed: int, strategy: str, default: dict | list | None
                 ) -> tuple[float, int]:
-    """One search over a measured table; returns (best time found, evaluations spent)."""
+    """One search over a measured table; returns (best time found, evaluations spent). ``default``: the config
+    (or list of configs: the default, then the kernel's seed configs) enqueued first, as the tuner does."""
     import optuna
 
     keys = list(space)
@@ -65,8 +66,8 @@ def replay_once(table: dict, space: dict, rule, budget: int, seed: int, strategy
     else:
         sampler = optuna.samplers.RandomSampler(seed=seed)
     study = optuna.create_study(direction="minimize", sampler=sampler)
-    if default is not None:
-        study.enqueue_trial(default)
+    for first in ([default] if isinstance(default, dict) else default or []):
+        study.enqueue_trial(first)
     seen: dict[tuple, float] = {}
     best, evals, repeats, asks = math.inf, 0, 0, 0
     while evals < budget and asks < 40 * budget + 200:
@@ -95,8 +96,10 @@ def replay_once(table: dict, space: dict, rule, budget: int, seed: int, strategy
 
 
 def analyse(name: str, rows: list[dict], space: dict, rule, default: dict | None, seeds: int,
-            compile_s: float, timing_s: float, autotune_timing_s: float = AUTOTUNE_TIMING_S) -> dict:
-    """Replay TPE and random at each fraction of the table over ``seeds`` seeds."""
+            compile_s: float, timing_s: float, autotune_timing_s: float = AUTOTUNE_TIMING_S,
+            starts: list[dict] | None = None) -> dict:
+    """Replay TPE and random at each fraction of the table over ``seeds`` seeds; with ``starts`` (the kernel's
+    seed configs) the "first" runs enqueue the default and then them, as ``tuner.kernel_search`` does."""
     import optuna
 
     optuna.logging.set_verbosity(optuna.logging.ERROR)
@@ -109,7 +112,10 @@ def analyse(name: str, rows: list[dict], space: dict, rule, default: dict | None
     best_rules = min(r["time_us"] for r in passing) if passing else math.inf
     default_t = table.get(tuple(default[k] for k in keys)) if default else None
     n = len(rows)
-    out = {"name": name, "n": n, "ok": len(ok), "failed": n - len(ok), "rule_pruned": sum(1 for r in rows if rule(r["config"])),
+    keyset = set(table)
+    starts = [c for c in (starts or []) if tuple(c[k] for k in keys) in keyset]
+    first = ([default] if default else []) + starts
+    out = {"name": name, "n": n, "ok": len(ok), "starts": len(starts), "failed": n - len(ok), "rule_pruned": sum(1 for r in rows if rule(r["config"])),
            "best": best_all, "best_rules": best_rules, "default": default_t, "runs": []}
     for frac in FRACTIONS:
         budget = max(1, round(frac * n))
@@ -117,7 +123,7 @@ def analyse(name: str, rows: list[dict], space: dict, rule, default: dict | None
             for with_default in (True, False):
                 gaps, evals = [], []
                 for seed in range(seeds):
-                    b, e = replay_once(table, space, rule, budget, seed, strategy, default if with_default else None)
+                    b, e = replay_once(table, space, rule, budget, seed, strategy, first if with_default else None)
                     gaps.append(b / best_all - 1 if math.isfinite(b) else math.inf)
                     evals.append(e)
                 out["runs"].append({"frac": frac, "budget": budget, "strategy": strategy, "default_first": with_default,
@@ -152,7 +158,7 @@ def recorded_case(seeds: int) -> dict:
 
     return analyse(f"sparse_decode, batch {data['batch']} (recorded H200 sweep)", rows, space, rule,
                    kernel.default_config(shape), seeds, data.get("compile_seconds_per_config_approx", COMPILE_S),
-                   TIMING_S)
+                   TIMING_S, starts=kernel.seed_configs(shape, None, "bfloat16"))
 
 
 def _pct(x: float) -> str:
@@ -166,9 +172,11 @@ def markdown(results: list[dict], header: list[str]) -> str:
                   f"{res['n']} configs in the table ({res['ok']} ran correctly, {res['failed']} failed); "
                   f"{res['rule_pruned']} are pruned by `check_config` before compile in the tuner. Exhaustive best "
                   f"{res['best']:.2f} us (best among rule-passing configs {res['best_rules']:.2f} us); the default config "
-                  + (f"{res['default']:.2f} us ({_pct(res['default'] / res['best'] - 1)} off)." if res["default"] else "not in the table."),
+                  + (f"{res['default']:.2f} us ({_pct(res['default'] / res['best'] - 1)} off)." if res["default"] else "not in the table.")
+                  + (f" \"First\" = the default, then the kernel's {res['starts']} seed configs (`seed_configs`: grids that "
+                     "fill the GPU in one wave), as the tuner enqueues them." if res.get("starts") else ""),
                   "",
-                  "| budget (evals) | strategy | default enqueued first | median gap | worst gap | within 3% | mean evals |",
+                  "| budget (evals) | strategy | default (+ seeds) first | median gap | worst gap | within 3% | mean evals |",
                   "| --- | --- | --- | --- | --- | --- | --- |"]
         for r in res["runs"]:
             lines.append(f"| {int(r['frac'] * 100)}% ({r['budget']}) | {r['strategy']} | {'yes' if r['default_first'] else 'no'} | "
@@ -186,6 +194,9 @@ def markdown(results: list[dict], header: list[str]) -> str:
 
 
 def _commit() -> str:
+    """``$TUNER_COMMIT`` when set (a copy of the tree on a GPU host may carry a stale .git), else git's HEAD."""
+    if os.environ.get("TUNER_COMMIT"):
+        return os.environ["TUNER_COMMIT"]
     try:
         return subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True,
                               timeout=10).stdout.strip() or "unknown"
@@ -356,7 +367,7 @@ def gpu_analysis(data: dict, seeds: int) -> list[dict]:
 
         default = case["default"]
         res = analyse(f"{case['kernel']} {kernel.shape_key(shape)} (measured on {data['gpu']})", rows, space, rule,
-                      default, seeds, compile_s, timing_s)
+                      default, seeds, compile_s, timing_s, starts=kernel.seed_configs(shape, None, case["dtype"]))
         statuses: dict[str, int] = {}
         for r in case["rows"]:
             statuses[r["status"]] = statuses.get(r["status"], 0) + 1

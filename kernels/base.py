@@ -8,6 +8,8 @@ A :class:`TunableKernel` describes one Triton kernel to a search:
 * ``default_config(shape) -> dict``: a config that is always correct and fits every GPU the kernel
   supports. Tuned configs only make a kernel faster, never make it run.
 * ``config_space(shape) -> dict[str, list]``: candidate values per tunable parameter.
+* ``seed_configs(shape, device=None) -> list[dict]``: a few more starting points the kernel's own cost model
+  suggests (e.g. grids that fill the GPU in whole waves), tried right after the default; ``[]`` by default.
 * ``check_config(config, shape, device=None) -> str | None``: why a config cannot run (unknown
   parameter, divisibility, a shared-memory or register estimate over the limit), or ``None``.
   Named rules: the message starts with the rule name, e.g. ``"shared_memory: 260 KiB > 227 KiB"``.
@@ -126,7 +128,7 @@ def device_limits(device: Any = None) -> dict:
     Without a CUDA device (CPU, interpreter) the limits of an H100/H200 are assumed, so that
     ``check_config`` prunes the same way everywhere.
     """
-    limits = {"shared_memory": 227 * 1024, "registers_per_thread": 255, "cc": (9, 0)}
+    limits = {"shared_memory": 227 * 1024, "registers_per_thread": 255, "cc": (9, 0), "sms": 132}
     if device is None or not torch.cuda.is_available():
         return limits
     dev = torch.device(device)
@@ -137,6 +139,7 @@ def device_limits(device: Any = None) -> dict:
     if smem:
         limits["shared_memory"] = int(smem)
     limits["cc"] = (props.major, props.minor)
+    limits["sms"] = int(props.multi_processor_count)
     return limits
 
 
@@ -152,6 +155,10 @@ class TunableKernel(abc.ABC):
 
     @abc.abstractmethod
     def config_space(self, shape: dict) -> dict[str, list]: ...
+
+    def seed_configs(self, shape: dict, device: Any = None, dtype: Any = None) -> list[dict]:
+        """Starting points beyond the default (rule-passing, no repeats); none unless a kernel knows better."""
+        return []
 
     def check_config(self, config: dict, shape: dict, device: Any = None, dtype: Any = None) -> str | None:
         """Base rules: every parameter known and present. Subclasses add their own rules."""

@@ -55,6 +55,8 @@ PASS_THROUGH = ("seed", "allow_cpu_interpreter", "rep_ms", "peak_bytes_per_s", "
                 "kernel_config_dir", "persistent_worker")
 """Plan / search settings handed on to every single-kernel sub-study."""
 MIN_SHARE_S = 5.0
+SEED_ATTR = "kernel_seed"
+"""User attribute of the trials that try a kernel's ``seed_configs`` (enqueued after the default)."""
 FAILURES_TO_GIVE_UP = 20
 
 
@@ -359,7 +361,7 @@ def tune_case(case: KernelCase, options: SearchOptions, study: str, progress: Pr
               ) -> KernelCaseResult:
     """Run the sub-study of one case on ``options.budget_s`` seconds and decide its winner (no file written)."""
     from storage import Repo
-    from tuner.sampling import params_key
+    from tuner.sampling import params_key, suggestable
 
     t0 = time.time()
     settings = {k: v for k, v in options.settings.items() if k in PASS_THROUGH}
@@ -382,6 +384,11 @@ def tune_case(case: KernelCase, options: SearchOptions, study: str, progress: Pr
         progress.message(f"tuning {case.kernel} at [{case.shape_key}] {case.dtype}: study {study}, "
                          f"{options.budget_s:.0f}s")
     defaults = ctx.resolved.defaults()
+    if not ctx.trials:  # a fresh sub-study: after the default (the baseline), the kernel's own starting points
+        kernel = load_kernel(case.kernel)
+        device = "cuda" if ctx.hardware.gpu_count else None
+        for cfg in kernel.seed_configs(case.shape, device, case.dtype):
+            ctx.study.enqueue_trial(suggestable(ctx.resolved, cfg), user_attrs={SEED_ATTR: True})
     k = max(0, options.confirm_top)
     try:
         reason = _loop(ctx, progress, lambda: _reserve(ctx, k))

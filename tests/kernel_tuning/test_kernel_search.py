@@ -79,6 +79,8 @@ def test_replayed_h200_sweep_and_nearest_key(tmp_path, sqlite_url, monkeypatch):
     trials = repo.list_trials(repo.get_run(case.study).id)
     assert trials[0].is_baseline and trials[0].params == k.default_config(shape)
     assert trials[0].value == pytest.approx(24.864, rel=1e-3)
+    seeds = k.seed_configs(shape)  # the wave-filling starting points come right after the default
+    assert seeds and [t.params for t in trials[1:1 + len(seeds)]] == seeds
     refused = [t for t in trials if t.outcome == "invalid_config"]
     assert all((t.duration_s or 0) < 1.0 for t in refused)  # no subprocess was spent on them
     assert case.status in ("tuned", "default_kept")
@@ -153,3 +155,12 @@ objective: {metric: tok_s, combine: geomean, levels: [1, 4]}
 params:
   x: {type: categorical, values: [0, 1, 2], default: 0}
 """
+
+
+def test_more_cases_than_the_budget_holds_tunes_the_first_ones(tmp_path, sqlite_url):
+    """An even share under MIN_SHARE_S each would tune nothing: the first cases get MIN_SHARE_S, the rest keep defaults."""
+    cases = [KernelCase(TINY, {"batch": 1, "width": w}) for w in (8, 16, 24, 32, 40, 48)]
+    res = tune_cases(cases, _options(tmp_path, sqlite_url, budget_s=16, confirm_top=0), study="many")
+    status = [c.status for c in res.cases]
+    assert status[0] != "skipped" and status[-1] == "skipped", status
+    assert "not tuned (defaults kept)" in res.stop_reason

@@ -120,3 +120,18 @@ def test_fused_and_two_kernel_combine_agree_and_counters_reset(S):
     two = sparse_decode(inputs["q"], inputs["kv"], inputs["indices"], config=cfg)
     assert torch.equal(fused, two)
     assert int(_COUNTERS[str(inputs["q"].device)].abs().sum()) == 0
+
+
+def test_seed_configs_fill_one_wave_and_pass_the_rules():
+    from kernels import get_kernel
+
+    sd = get_kernel("sparse_decode")
+    for shape in sd.shapes("v4flash"):
+        seeds = sd.seed_configs(shape, None, "bfloat16")
+        assert seeds and sd.default_config(shape) not in seeds
+        for c in seeds:
+            assert sd.check_config(c, shape, None, dtype="bfloat16") is None
+            programs = shape["batch"] * -(-shape["heads"] // c["BLOCK_H"]) * c["S"]
+            assert 132 / 2 ** 0.5 <= programs <= 132 * 2 ** 0.5 or c["S"] in (1, 32)  # nearest to one wave
+    b64 = dict(sd.shapes("v4flash")[-1], batch=64)
+    assert {"S": 1, "BLOCK_H": 32, "BLOCK_T": 128, "num_warps": 4, "num_stages": 2} in sd.seed_configs(b64)
