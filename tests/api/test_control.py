@@ -21,10 +21,12 @@ BODY = {"study": "api-started", "budget_s": 30, "space": "dsv4_flash_tiny", "n_t
 # A stand-in for the tuner CLI: records its argv, exits.
 RECORD_ARGV = "import json, sys; open(sys.argv[1], 'w').write(json.dumps(sys.argv[2:]))"
 # A stand-in search process: waits for SIGINT, then says it was interrupted cleanly.
-WAIT_FOR_SIGINT = (
-    "import sys, time\n"
-    "print('ready', flush=True)\n"
-    "try:\n    time.sleep(60)\nexcept KeyboardInterrupt:\n    print('interrupted', flush=True); sys.exit(0)\n"
+WAIT_FOR_SIGINT = (  # as `tuner search` does, it installs its own SIGINT handler: a shell's background job
+    # inherits SIGINT ignored, and Python then never raises KeyboardInterrupt
+    "import signal, sys, time\n"
+    "signal.signal(signal.SIGINT, signal.default_int_handler)\n"
+    "try:\n    print('ready', flush=True)\n    time.sleep(60)\nexcept KeyboardInterrupt:\n"
+    "    print('interrupted', flush=True); sys.exit(0)\n"
     "sys.exit(3)\n"
 )
 
