@@ -169,6 +169,7 @@ class PersistentWorker:
         self.trials = 0
         self.log: deque[str] = deque(maxlen=LOG_LINES)
         self._done = threading.Event()
+        self._expect = ""  # the result path of the trial in flight: only its done line counts
         self._reporter: Callable[[int, float], bool] | None = None
         self._on_prune: Callable[[], None] | None = None
 
@@ -189,7 +190,8 @@ class PersistentWorker:
         for line in proc.stdout:  # type: ignore[union-attr]
             line = line.rstrip("\n")
             if line.startswith(DONE_MARK):
-                self._done.set()
+                if line[len(DONE_MARK):] == self._expect:
+                    self._done.set()
             elif line.startswith(MARK):
                 try:
                     msg = json.loads(line[len(MARK):])
@@ -235,6 +237,7 @@ class PersistentTrial:
         self._killed_reason: Outcome | None = None
         worker.log.clear()
         worker._done.clear()
+        worker._expect = self.result_path
         worker._reporter = reporter
         worker._on_prune = lambda: self.kill(Outcome.PRUNED)
         self.started = time.time()

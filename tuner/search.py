@@ -488,6 +488,10 @@ def run_search(options: SearchOptions, progress: Progress | None = None) -> Sear
             if progress:
                 progress.message(f"export failed: {exc}")
     ctx.repo.end_run(ctx.run.id, state, export_dir=export_dir)
+    if ctx.target.persistent_worker:
+        from tuner.isolation import close_workers
+
+        close_workers()
     baseline = ctx.baseline
     return SearchResult(ctx.run.study_name, options.storage_url, state, ctx.trials, baseline, best,
                         best.params if best else None, best.value if best else None,

@@ -157,10 +157,24 @@ params:
 """
 
 
-def test_more_cases_than_the_budget_holds_tunes_the_first_ones(tmp_path, sqlite_url):
+def test_more_cases_than_the_budget_holds_tunes_the_first_ones(tmp_path, sqlite_url, monkeypatch):
     """An even share under MIN_SHARE_S each would tune nothing: the first cases get MIN_SHARE_S, the rest keep defaults."""
-    cases = [KernelCase(TINY, {"batch": 1, "width": w}) for w in (8, 16, 24, 32, 40, 48)]
-    res = tune_cases(cases, _options(tmp_path, sqlite_url, budget_s=16, confirm_top=0), study="many")
+    import time
+
+    import tuner.kernel_search as ks
+
+    monkeypatch.delenv("TUNER_KERNEL_CONFIG_DIR", raising=False)  # no cache hits from other tests
+    shares = []
+
+    def one_second_case(case, options, study, progress=None):
+        shares.append(options.budget_s)
+        time.sleep(1.0)
+        return ks.KernelCaseResult(case.kernel, dict(case.shape), case.dtype, case.shape_key, "default_kept")
+
+    monkeypatch.setattr(ks, "tune_case", one_second_case)
+    cases = [KernelCase(TINY, {"batch": 1, "width": w}) for w in (8, 16, 24, 32, 40, 48, 56, 64)]
+    res = tune_cases(cases, _options(tmp_path, sqlite_url, budget_s=9, confirm_top=0), study="many")
     status = [c.status for c in res.cases]
-    assert status[0] != "skipped" and status[-1] == "skipped", status
+    assert status[0] == "default_kept" and status[-1] == "skipped", status
+    assert shares and all(s >= ks.MIN_SHARE_S - 1e-9 for s in shares)  # never a share too small to tune anything
     assert "not tuned (defaults kept)" in res.stop_reason
