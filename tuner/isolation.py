@@ -6,7 +6,7 @@ The parent kills the whole process group at the deadline (outcome ``timeout``) o
 (outcome ``pruned``); a child that dies without a result is classified from its exit status and log.
 
 Two ways to run it: :class:`TrialProcess` starts a fresh process per trial (system targets: each trial builds a
-model or a server, and nothing may leak into the next); :class:`PersistentWorker` keeps one process per GPU set
+model or a server, and nothing may leak into the next); :class:`tuner.persistent_worker.PersistentWorker` keeps one process per GPU set
 (``python -m tuner.trial_worker --serve``: one job per stdin line, ``@@tuner-done`` when its result is written) for
 short trials such as kernel configs, where the ~2 s interpreter + torch + CUDA start would dominate. A persistent
 worker that times out, is pruned, dies or ends a trial with an outcome that may leave the CUDA context broken
@@ -15,7 +15,6 @@ worker that times out, is pruned, dies or ends a trial with an outcome that may 
 
 from __future__ import annotations
 
-import atexit
 import json
 import logging
 import os
@@ -37,8 +36,6 @@ _logger = logging.getLogger(__name__)
 MARK = "@@tuner "
 DONE_MARK = "@@tuner-done "
 LOG_LINES = 200
-KEEP_ALIVE = frozenset({"ok", "wrong_result", "invalid_config", "compile_error", "out_of_resources"})
-"""Outcomes after which a persistent worker is trusted with the next trial (its CUDA context is intact)."""
 
 _FATAL_PATTERNS = (
     ("out of memory", Outcome.OOM),
@@ -72,9 +69,9 @@ class TrialProcess:
         self.log: deque[str] = deque(maxlen=LOG_LINES)
         self._pruned = False
         self._killed_reason: Outcome | None = None
-        self.result_path = _result_path()
-        env = _env(job.gpus, job.env)
-        payload = _payload(job, self.result_path)
+        self.result_path = new_result_path()
+        env = trial_env(job.gpus, job.env)
+        payload = job_payload(job, self.result_path)
         self.started = time.time()
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "tuner.trial_worker"],
@@ -128,183 +125,32 @@ class TrialProcess:
                     self.proc.wait()
                     break
         self._reader.join(timeout=2.0)
-        return finish_measurement(_read_result(self.result_path), self._killed_reason, self.proc.returncode,
+        return finish_measurement(read_result(self.result_path), self._killed_reason, self.proc.returncode,
                                   "\n".join(self.log), time.time() - self.started)
 
 
-
-def _result_path() -> str:
+def new_result_path() -> str:
+    """A fresh path (not yet created) for a trial's result file."""
     fd, path = tempfile.mkstemp(prefix="tuner-trial-", suffix=".json")
     os.close(fd)
     os.unlink(path)
     return path
 
 
-def _env(gpus: list[int] | None, extra: dict[str, str]) -> dict[str, str]:
+def trial_env(gpus: list[int] | None, extra: dict[str, str]) -> dict[str, str]:
     env = {**os.environ, **extra, "PYTHONUNBUFFERED": "1"}
     if gpus is not None:
         env["CUDA_VISIBLE_DEVICES"] = ",".join(str(g) for g in gpus)
     return env
 
 
-def _payload(job: TrialJob, result_path: str) -> dict[str, Any]:
+def job_payload(job: TrialJob, result_path: str) -> dict[str, Any]:
     return {"target": job.target, "space_yaml": job.space_yaml, "space_source": job.space_source,
             "params": job.params, "deadline": job.deadline, "settings": job.settings,
             "hardware": job.hardware, "result_path": result_path}
 
 
-class PersistentWorker:
-    """A long-lived trial process for one GPU set: many trials, one interpreter, torch import and CUDA context.
-
-    :meth:`start` sends a job and returns a handle with the same ``wait``/``kill`` as :class:`TrialProcess`. The
-    worker is killed (and the next trial starts a fresh one) when a trial times out, is pruned, the process dies, or
-    the outcome is not in :data:`KEEP_ALIVE`.
-    """
-
-    def __init__(self, gpus: list[int] | None = None, env: dict[str, str] | None = None) -> None:
-        self.gpus = gpus
-        self.env = dict(env or {})
-        self.proc: subprocess.Popen | None = None
-        self.started_processes = 0
-        self.trials = 0
-        self.log: deque[str] = deque(maxlen=LOG_LINES)
-        self._done = threading.Event()
-        self._expect = ""  # the result path of the trial in flight: only its done line counts
-        self._reporter: Callable[[int, float], bool] | None = None
-        self._on_prune: Callable[[], None] | None = None
-
-    def alive(self) -> bool:
-        return self.proc is not None and self.proc.poll() is None
-
-    def _spawn(self) -> None:
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "tuner.trial_worker", "--serve"],
-            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-            env=_env(self.gpus, self.env), start_new_session=True, text=True, bufsize=1,
-        )
-        self.started_processes += 1
-        threading.Thread(target=self._read, args=(self.proc,), daemon=True).start()
-        _logger.info("persistent trial worker %d started (gpus %s)", self.proc.pid, self.gpus)
-
-    def _read(self, proc: subprocess.Popen) -> None:
-        for line in proc.stdout:  # type: ignore[union-attr]
-            line = line.rstrip("\n")
-            if line.startswith(DONE_MARK):
-                if line[len(DONE_MARK):] == self._expect:
-                    self._done.set()
-            elif line.startswith(MARK):
-                try:
-                    msg = json.loads(line[len(MARK):])
-                except json.JSONDecodeError:
-                    self.log.append(line)
-                    continue
-                reporter = self._reporter
-                if reporter is not None:
-                    try:
-                        if reporter(int(msg["step"]), float(msg["value"])) and self._on_prune is not None:
-                            self._on_prune()
-                    except Exception:  # the pruner failing must not kill the trial
-                        _logger.exception("pruner failed on an intermediate value")
-            else:
-                self.log.append(line)
-
-    def start(self, job: TrialJob, reporter: Callable[[int, float], bool] | None = None) -> PersistentTrial:
-        if job.gpus != self.gpus or {k: v for k, v in job.env.items()} != self.env:
-            raise ValueError(f"job for gpus {job.gpus} env {job.env} sent to a worker for gpus {self.gpus} env {self.env}")
-        if not self.alive():
-            self._spawn()
-        return PersistentTrial(self, job, reporter)
-
-    def stop(self) -> None:
-        """Kill the worker's process group (a trial running in it included)."""
-        if self.proc is not None:
-            kill_group(self.proc)
-            try:
-                self.proc.stdin.close()  # type: ignore[union-attr]
-            except (OSError, ValueError):
-                pass
-            self.proc = None
-
-
-class PersistentTrial:
-    """One trial inside a :class:`PersistentWorker`; ``wait``/``kill`` as in :class:`TrialProcess`."""
-
-    def __init__(self, worker: PersistentWorker, job: TrialJob, reporter: Callable[[int, float], bool] | None
-                 ) -> None:
-        self.worker, self.job = worker, job
-        self.proc = worker.proc
-        self.result_path = _result_path()
-        self._killed_reason: Outcome | None = None
-        worker.log.clear()
-        worker._done.clear()
-        worker._expect = self.result_path
-        worker._reporter = reporter
-        worker._on_prune = lambda: self.kill(Outcome.PRUNED)
-        self.started = time.time()
-        try:
-            worker.proc.stdin.write(json.dumps(_payload(job, self.result_path)) + "\n")  # type: ignore[union-attr]
-            worker.proc.stdin.flush()  # type: ignore[union-attr]
-        except (OSError, ValueError):  # died between trials: wait() reports it
-            pass
-
-    @property
-    def pid(self) -> int:
-        return self.proc.pid  # type: ignore[union-attr]
-
-    def kill(self, why: Outcome) -> None:
-        if self._killed_reason is None:
-            self._killed_reason = why
-        kill_group(self.proc)  # type: ignore[arg-type]
-
-    def wait(self, hard_deadline: float | None = None) -> Measurement:
-        deadline = hard_deadline if hard_deadline is not None else self.job.deadline
-        w, proc = self.worker, self.proc
-        while not w._done.wait(timeout=max(0.0, min(0.2, deadline - time.time()))):
-            if proc.poll() is not None or self._killed_reason is not None:  # type: ignore[union-attr]
-                break
-            if time.time() >= deadline:
-                self.kill(Outcome.TIMEOUT)
-                break
-        if not w._done.is_set():
-            proc.wait()  # type: ignore[union-attr]
-            time.sleep(0.05)  # let the reader take the last lines
-        w._reporter = w._on_prune = None
-        w.trials += 1
-        m = finish_measurement(_read_result(self.result_path), self._killed_reason,
-                               None if proc.poll() is None else proc.returncode,  # type: ignore[union-attr]
-                               "\n".join(w.log), time.time() - self.started)
-        if self._killed_reason is not None or proc.poll() is not None or m.outcome.value not in KEEP_ALIVE:
-            w.stop()  # a fresh process for the next trial
-        return m
-
-
-_POOL: dict[tuple, PersistentWorker] = {}
-_POOL_LOCK = threading.Lock()
-
-
-def persistent_worker(gpus: list[int] | None, env: dict[str, str] | None = None) -> PersistentWorker:
-    """The persistent worker of this GPU set, environment and calling thread (created on first use; parallel
-    local workers each get their own)."""
-    key = (tuple(gpus) if gpus is not None else None, tuple(sorted((env or {}).items())), threading.get_ident())
-    with _POOL_LOCK:
-        if key not in _POOL:
-            _POOL[key] = PersistentWorker(gpus, env)
-        return _POOL[key]
-
-
-def close_workers() -> None:
-    """Stop every persistent worker (end of a search; also at interpreter exit)."""
-    with _POOL_LOCK:
-        workers = list(_POOL.values())
-        _POOL.clear()
-    for w in workers:
-        w.stop()
-
-
-atexit.register(close_workers)
-
-
-def _read_result(path: str) -> Measurement | None:
+def read_result(path: str) -> Measurement | None:
     try:
         with open(path) as f:
             data = json.load(f)

@@ -469,7 +469,7 @@ def tune_cases(cases: list[KernelCase], options: SearchOptions, *, study: str, p
     try:
         state, stop_reason = _tune_todo(todo, options, study, deadline, progress, results, state, stop_reason)
     finally:
-        from tuner.isolation import close_workers
+        from tuner.persistent_worker import close_workers
 
         close_workers()  # the GPU goes back to whatever runs next (a system search's trials)
     written = _write(results, gpu, out_dir if options.export else None, conf)

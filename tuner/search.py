@@ -382,7 +382,7 @@ def _run_isolated(ctx: SearchContext, trial: optuna.Trial, params: dict[str, Any
 
     if ctx.target.persistent_worker and str(ctx.target.settings.get("persistent_worker", True)).lower() not in (
             "false", "0", "no", "off"):
-        from tuner.isolation import persistent_worker
+        from tuner.persistent_worker import persistent_worker
 
         proc = persistent_worker(gpus).start(job, reporter)
     else:
@@ -489,7 +489,7 @@ def run_search(options: SearchOptions, progress: Progress | None = None) -> Sear
                 progress.message(f"export failed: {exc}")
     ctx.repo.end_run(ctx.run.id, state, export_dir=export_dir)
     if ctx.target.persistent_worker:
-        from tuner.isolation import close_workers
+        from tuner.persistent_worker import close_workers
 
         close_workers()
     baseline = ctx.baseline

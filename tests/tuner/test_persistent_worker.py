@@ -6,7 +6,8 @@ import time
 import pytest
 
 from spaces import FAKE_SPACE
-from tuner.isolation import PersistentWorker, TrialJob, close_workers, persistent_worker
+from tuner.isolation import TrialJob
+from tuner.persistent_worker import PersistentWorker, close_workers, persistent_worker
 from tuner.measurement import Outcome
 
 
