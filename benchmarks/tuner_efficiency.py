@@ -297,7 +297,7 @@ def autotune_probe(n: int) -> dict:
     kernel = get_kernel(name)
     configs = list(kernel.configs(shape, "cuda", dtype="bfloat16"))
     random.Random(1).shuffle(configs)
-    configs = configs[:n]
+    configs = configs[:n] if n > 0 else configs  # n <= 0: every rule-passing config
     inp = kernel.make_inputs(shape, "bfloat16", "cuda", 0)
     q, k, w = inp["q"], inp["k"], inp["w"].float()
     B, H, D = q.shape
@@ -321,8 +321,65 @@ def autotune_probe(n: int) -> dict:
     ref = kernel.reference(inp)
     from kernels.base import rel_error
 
+    best = getattr(tuned, "best_config", None)
+    best_dict = ({**best.kwargs, "num_warps": best.num_warps, "num_stages": best.num_stages} if best is not None
+                 else None)
     return {"n": len(configs), "wall_s": wall, "per_config_s": wall / len(configs), "rel_error": rel_error(out, ref),
-            "best": str(getattr(tuned, "best_config", ""))}
+            "best": str(best or ""), "best_config": best_dict}
+
+
+def vs_autotune(frac: float, out: Path) -> list[str]:
+    """Same run, cold Triton caches, the indexer case: real ``triton.autotune`` over every rule-passing config
+    (its own process) against the tuner's kernel search with ``frac`` of that count as trials (TPE, persistent
+    worker, correctness gate), then both winners re-timed side by side with ``kernels.bench.do_bench``."""
+    import tempfile
+
+    from kernels.bench import do_bench
+    from kernels.registry import get_kernel
+    from tuner.kernel_search import KernelCase, tune_cases
+    from tuner.search import SearchOptions
+
+    name, shape = next(c for c in GPU_CASES if c[0] == "indexer")
+    kernel = get_kernel(name)
+    n = len(list(kernel.configs(shape, "cuda", dtype="bfloat16")))
+    env = {**os.environ, "TRITON_CACHE_DIR": tempfile.mkdtemp(prefix="triton-autotune-")}
+    t0 = time.time()
+    p = subprocess.run([sys.executable, __file__, "--autotune-probe", "0"], env=env, capture_output=True, text=True,
+                       timeout=3600)
+    if p.returncode != 0:
+        return [f"triton.autotune failed: {p.stderr[-800:]}"]
+    at = json.loads(p.stdout.strip().splitlines()[-1])
+    at_process_s = time.time() - t0
+    os.environ["TRITON_CACHE_DIR"] = tempfile.mkdtemp(prefix="triton-tuner-")  # the trial worker inherits it
+    work = Path(tempfile.mkdtemp(prefix="tuner-vs-autotune-"))
+    trials = max(1, round(frac * n))
+    t0 = time.time()
+    res = tune_cases([KernelCase(name, dict(shape), "bfloat16")],
+                     SearchOptions(budget_s=3600, storage_url=f"sqlite:///{work / 't.db'}", out_dir=str(work / "out"),
+                                   seed=0, n_trials=trials, confirm_top=0, settings={"retune": True}),
+                     study="vs-autotune")
+    tuner_s = time.time() - t0
+    case = res.cases[0]
+    tuner_cfg = {**kernel.default_config(shape), **(case.config or {})}
+    sets = []
+    for i in range(2):
+        inputs = kernel.make_inputs(shape, "bfloat16", "cuda", 11 + i)
+        sets.append((inputs, kernel.output_like(inputs)))
+    times = {}
+    for label, cfg in (("triton.autotune", at["best_config"]), ("tuner", tuner_cfg)):
+        t = do_bench(lambda item, c=cfg: kernel.run(item[0], c, out=item[1]), sets, rep_ms=100.0)
+        times[label] = t.median_us
+    lines = [f"Same run, fresh Triton caches, {name} {kernel.shape_key(shape)} bfloat16, {n} rule-passing configs:",
+             f"- triton.autotune over all {n}: {at['wall_s']:.1f} s in the tuned call ({at_process_s:.1f} s with its "
+             f"process start); picked {at['best_config']}",
+             f"- tuner kernel search, {trials} trials ({case.evaluated} configs run): {tuner_s:.1f} s wall; "
+             f"{case.status}, picked {tuner_cfg}",
+             f"- winners re-timed side by side (do_bench, L2 flushed): autotune's {times['triton.autotune']:.2f} us, "
+             f"the tuner's {times['tuner']:.2f} us ({times['tuner'] / times['triton.autotune'] - 1:+.1%})",
+             f"- wall-time ratio autotune / tuner: {at_process_s / tuner_s:.1f}x (in-call only: "
+             f"{at['wall_s'] / tuner_s:.1f}x)"]
+    (out / "tuner_vs_autotune.md").write_text("\n".join(lines) + "\n")
+    return lines
 
 
 def end_to_end(budget_s: float, out: Path) -> list[str]:
@@ -394,10 +451,23 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--e2e-budget", type=float, default=0.0, help="with --gpu: then a real kernel search of this budget")
     ap.add_argument("--only", default="", help="with --gpu: comma-separated kernel names to sweep (default: all)")
     ap.add_argument("--no-autotune", action="store_true", help="with --gpu: skip the triton.autotune probe")
-    ap.add_argument("--autotune-probe", type=int, default=0, help=argparse.SUPPRESS)
+    ap.add_argument("--vs-autotune", type=float, default=0.0, metavar="FRACTION",
+                    help="on a GPU: real triton.autotune over every indexer config vs the tuner with this fraction "
+                         "of that count as trials, cold caches, winners re-timed (writes tuner_vs_autotune.md)")
+    ap.add_argument("--autotune-probe", type=int, default=None, help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
-    if args.autotune_probe:
+    if args.autotune_probe is not None:
         print(json.dumps(autotune_probe(args.autotune_probe)))
+        return 0
+    if args.vs_autotune:
+        import torch
+
+        if not torch.cuda.is_available():
+            print("error: --vs-autotune needs a CUDA GPU (it times real kernels); run it on the GPU host", file=sys.stderr)
+            return 2
+        out = Path(args.out or os.environ.get("OUT") or ROOT / "benchmarks" / "results")
+        out.mkdir(parents=True, exist_ok=True)
+        print("\n".join(vs_autotune(args.vs_autotune, out)))
         return 0
     date = datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     if not args.gpu and not args.analyze_gpu:
