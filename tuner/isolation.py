@@ -91,21 +91,12 @@ class TrialProcess:
     def _read(self) -> None:
         for line in self.proc.stdout:  # type: ignore[union-attr]
             line = line.rstrip("\n")
-            if line.startswith(MARK):
-                try:
-                    msg = json.loads(line[len(MARK):])
-                except json.JSONDecodeError:
-                    self.log.append(line)
-                    continue
-                if self.reporter is not None and not self._pruned:
-                    try:
-                        if self.reporter(int(msg["step"]), float(msg["value"])):
-                            self._pruned = True
-                            self.kill(Outcome.PRUNED)
-                    except Exception:  # the pruner failing must not kill the trial
-                        _logger.exception("pruner failed on an intermediate value")
-                continue
-            self.log.append(line)
+            step = parse_report(line)
+            if step is None:
+                self.log.append(line)
+            elif self.reporter is not None and not self._pruned and ask_pruner(self.reporter, *step):
+                self._pruned = True
+                self.kill(Outcome.PRUNED)
 
     def kill(self, why: Outcome) -> None:
         """Kill the whole process group (the trial and anything it started): SIGTERM, then SIGKILL."""
@@ -127,6 +118,26 @@ class TrialProcess:
         self._reader.join(timeout=2.0)
         return finish_measurement(read_result(self.result_path), self._killed_reason, self.proc.returncode,
                                   "\n".join(self.log), time.time() - self.started)
+
+
+def parse_report(line: str) -> tuple[int, float] | None:
+    """``(step, value)`` of an ``@@tuner {...}`` line of a trial's stdout; None for any other line."""
+    if not line.startswith(MARK):
+        return None
+    try:
+        msg = json.loads(line[len(MARK):])
+        return int(msg["step"]), float(msg["value"])
+    except (json.JSONDecodeError, KeyError, TypeError, ValueError):
+        return None
+
+
+def ask_pruner(reporter: Callable[[int, float], bool], step: int, value: float) -> bool:
+    """The reporter's verdict on an intermediate value; a pruner that fails does not stop the trial."""
+    try:
+        return bool(reporter(step, value))
+    except Exception:  # noqa: BLE001
+        _logger.exception("pruner failed on an intermediate value")
+        return False
 
 
 def new_result_path() -> str:

@@ -23,12 +23,13 @@ from collections.abc import Callable
 from tuner.isolation import (
     DONE_MARK,
     LOG_LINES,
-    MARK,
     TrialJob,
+    ask_pruner,
     finish_measurement,
     job_payload,
     kill_group,
     new_result_path,
+    parse_report,
     read_result,
     trial_env,
 )
@@ -79,21 +80,12 @@ class PersistentWorker:
             if line.startswith(DONE_MARK):
                 if line[len(DONE_MARK):] == self._expect:
                     self._done.set()
-            elif line.startswith(MARK):
-                try:
-                    msg = json.loads(line[len(MARK):])
-                except json.JSONDecodeError:
-                    self.log.append(line)
-                    continue
-                reporter = self._reporter
-                if reporter is not None:
-                    try:
-                        if reporter(int(msg["step"]), float(msg["value"])) and self._on_prune is not None:
-                            self._on_prune()
-                    except Exception:  # the pruner failing must not kill the trial
-                        _logger.exception("pruner failed on an intermediate value")
-            else:
+            elif (step := parse_report(line)) is None:
                 self.log.append(line)
+            else:
+                reporter, on_prune = self._reporter, self._on_prune
+                if reporter is not None and ask_pruner(reporter, *step) and on_prune is not None:
+                    on_prune()
 
     def start(self, job: TrialJob, reporter: Callable[[int, float], bool] | None = None) -> PersistentTrial:
         if job.gpus != self.gpus or {k: v for k, v in job.env.items()} != self.env:

@@ -88,3 +88,24 @@ def test_pool_gives_one_worker_per_gpu_set_and_closes_them():
     close_workers()
     with pytest.raises(ValueError, match="gpus"):
         PersistentWorker([1]).start(_job())  # a job for another GPU set
+
+
+def test_a_fresh_trial_process_is_pruned_the_same_way():
+    from tuner.isolation import run_trial
+
+    steps = []
+    m = run_trial(_job(x=5), lambda step, value: steps.append(step) or True)
+    assert m.outcome is Outcome.PRUNED and steps == [0]
+
+
+def test_report_lines_and_a_failing_pruner():
+    from tuner.isolation import ask_pruner, parse_report
+
+    assert parse_report('@@tuner {"step": 2, "value": 1.5}') == (2, 1.5)
+    assert parse_report("@@tuner {not json") is None and parse_report("plain log line") is None
+    assert parse_report('@@tuner {"step": 1}') is None
+
+    def broken(step, value):
+        raise RuntimeError("pruner bug")
+
+    assert ask_pruner(broken, 0, 1.0) is False  # the trial goes on
