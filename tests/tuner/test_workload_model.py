@@ -139,5 +139,8 @@ def test_gpu_space_tunes_the_moe_kernel_and_leaves_the_indexer_width_to_the_serv
     assert "indexer_width" not in target.space.names  # not a launch flag: the context cap has to do it
     assert target.resolved.defaults()["moe_impl"] == "torch"
     moe = [s for k, s in target.kernel_shapes() if k == "moe"]
-    assert {s["tokens"] for s in moe} >= {1, 16, 64}
+    assert [s["tokens"] for s in moe] == [1, 16, 64]  # every bucket set pads 1, 16, 64 to themselves
+    kinds = [k for k, _ in target.kernel_shapes()]
+    assert len(kinds) == 3 * (1 + 1 + 6)  # per batch: attention, MoE, the indexer at 5 caps + live
+    assert kinds[:6] == ["sparse_decode", "moe"] * 3  # what a short kernel phase tunes first
     assert all(s["experts"] == 32 and s["topk"] == 6 and s["width"] == 2048 for s in moe)

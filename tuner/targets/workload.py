@@ -123,15 +123,20 @@ class WorkloadTarget(Target):
         widths = {-(-live // p.csa_ratio)}
         if "context_length" in self.space.names:
             widths |= {p.indexer_width(int(c)) for c in self.space.param("context_length").choices()}
+        levels = list(self.space.objective.levels)
+        # in the order a kernel phase short of budget should tune them: the measured levels' own batches before the
+        # bucket paddings, and one attention and one MoE case per batch before the indexer at each of its widths
+        order = sorted(batches, key=lambda b: (b not in levels, b))
         shapes: list[tuple[str, dict[str, int]]] = []
-        for b in sorted(batches):
+        for b in order:
             shapes.append(("sparse_decode", {"batch": b, "heads": p.heads, "d_qk": p.head_dim, "d_v": p.head_dim,
                                              "topk": p.index_topk + p.window, "num_rows": 1 << 16}))
-            shapes += [("indexer", {"batch": b, "heads": p.indexer_heads, "dim": p.indexer_dim, "width": w,
-                                    "shared_k": 0}) for w in sorted(widths)]
             if "moe_impl" in self.space.names:
                 shapes.append(("moe", {"tokens": b, "hidden": p.hidden, "width": p.expert_width,
                                        "experts": p.experts_local, "topk": p.topk_experts}))
+        for b in order:
+            shapes += [("indexer", {"batch": b, "heads": p.indexer_heads, "dim": p.indexer_dim, "width": w,
+                                    "shared_k": 0}) for w in sorted(widths)]
         return shapes
 
     def kernel_config_dirs(self) -> list[str]:
