@@ -478,7 +478,9 @@ def tune_cases(cases: list[KernelCase], options: SearchOptions, *, study: str, p
                               stop_reason, [str(p) for p in written])
 
 
-def _tune_todo(todo, options, study, deadline, progress, results, state, stop_reason):
+def _tune_todo(todo: list[KernelCase], options: SearchOptions, study: str, deadline, progress: Progress | None,
+               results: list[KernelCaseResult], state: str, stop_reason: str) -> tuple[str, str]:
+    """Tune the cases not answered from the cache, one sub-study each, appending to ``results``."""
     for i, case in enumerate(todo):
         left = deadline.remaining_for_trials()
         # an even share, but never under MIN_SHARE_S: with more cases than the budget holds, the first ones are

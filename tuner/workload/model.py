@@ -4,9 +4,11 @@ What is modelled: every layer of the preset in V4-Flash's pattern (window-only, 
 top-k sparse attention over the selected compressed rows plus the sliding window, compress-128 attending to all
 of its compressed rows plus the window), the low-rank q path, the grouped low-rank output projection, an fp32
 "MHC-pre"-style linear per layer, RMSNorm/RoPE/residual glue, and an MoE on one expert-parallel rank (the rank's
-local experts; each token's top-k experts are mapped onto them; with few pairs only the used experts' weights are
-read, with many every expert runs a fixed-capacity batch, so shapes are static and CUDA-graph friendly) plus the
-shared expert.
+local experts; each token's top-k experts are mapped onto them) plus the shared expert. The MoE runs as torch ops
+(``moe_impl: torch``: with few pairs each pair's expert weights are gathered with ``index_select`` and multiplied by
+``bmm``, with many every expert runs a fixed-capacity batch, dropping pairs over capacity; static shapes either way)
+or as the fused Triton MoE of ``kernels.moe`` (``moe_impl: triton``: pairs sorted by expert, each routed expert's
+weights read in place, no pair dropped).
 
 What is not: no all-to-all between ranks, no FP4 experts, no LM head or sampling, no prefill; weights are shared
 between layers of the same kind (every layer still runs), and the KV of compressed rows is random (the cost of
@@ -320,7 +322,6 @@ class DecodeModel:
 
     def _moe(self, h: torch.Tensor) -> torch.Tensor:
         p, w = self.p, self.w
-        B = h.shape[0]
         logits = w.gate(h.float())
         gw, gi = torch.softmax(logits, dim=-1).topk(p.topk_experts, dim=-1)  # [B, k]
         E = p.experts_local
