@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import sys
 from pathlib import Path
 from typing import Annotated, Any, Optional
@@ -297,17 +298,33 @@ def explain(storage: StorageOpt = "sqlite:///tuner.db", study: StudyOpt = None,
         _, run = _open(storage, study)
         ex = run_explain(storage, run.study_name, profile=not no_profile, level=level)
         if ablate:
-            ab = run_ablate(storage, run.study_name, level=level)
-            ex.ablation, ex.best_by_level = ab.ablation, ab.best_by_level
+            def keep(ab) -> None:  # after every re-run: the report so far, on disk when --out is given
+                ex.ablation, ex.best_by_level = list(ab.ablation), dict(ab.best_by_level)
+                if out:
+                    _write_report(out, ex.markdown())
+
+            try:
+                run_ablate(storage, run.study_name, level=level, on_row=keep)
+            except KeyboardInterrupt:
+                ex.notes.append(f"the ablation was interrupted after {len(ex.ablation)} re-runs; the table holds those")
     except (ValueError, *_user_errors()) as exc:
         fail(str(exc))
     text = ex.markdown()
     console.print(text, highlight=False, markup=False)
     if out:
-        try:
-            Path(out).write_text(text)
-        except OSError as exc:
-            fail(f"cannot write the report to {out!r} ({exc.strerror}); pass a writable path")
+        _write_report(out, text)
+
+
+def _write_report(path: str, text: str) -> None:
+    """Write ``text`` to ``path`` whole or not at all (a temporary file beside it, then renamed)."""
+    target = Path(path)
+    tmp = target.with_name(f".{target.name}.tmp")
+    try:
+        tmp.write_text(text)
+        os.replace(tmp, target)
+    except OSError as exc:
+        tmp.unlink(missing_ok=True)
+        fail(f"cannot write the report to {path!r} ({exc.strerror}); pass a writable path")
 
 
 @app.command()

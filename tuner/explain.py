@@ -9,7 +9,7 @@ import subprocess
 import sys
 import time
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Callable
 
 import optuna
 
@@ -128,9 +128,11 @@ def explain(storage_url: str, study: str, *, profile: bool = True, level: int | 
     return ex
 
 
-def ablate(storage_url: str, study: str, *, timeout_s: float = 300.0, level: int | None = None) -> Explanation:
+def ablate(storage_url: str, study: str, *, timeout_s: float = 300.0, level: int | None = None,
+           on_row: Callable[[Explanation], None] | None = None) -> Explanation:
     """Re-run the best configuration once per changed parameter, that parameter put back to its baseline value
-    (conditional parameters follow), each in its own trial process; rank the changes by what undoing them costs."""
+    (conditional parameters follow), each in its own trial process; rank the changes by what undoing them costs.
+    ``on_row`` sees the ranked table so far after every re-run (a report that survives an interrupted ablation)."""
     from search_spaces import Hardware, detect_hardware, load_space_text, resolve
     from tuner.isolation import TrialJob, run_trial
 
@@ -165,9 +167,17 @@ def ablate(storage_url: str, study: str, *, timeout_s: float = 300.0, level: int
                             "by_level": m.by_level, "loss": loss})
         _logger.info("ablation: %s back to %r: %s, best/this %s", name, base.params[name], m.outcome.value,
                      {c: round(x, 3) for c, x in loss.items()})
+        _rank(ex)
+        if on_row is not None:
+            on_row(ex)
+    _rank(ex)
+    return ex
+
+
+def _rank(ex: Explanation) -> None:
+    """Costliest change to undo first, by the highest concurrency level (a failed re-run ranks first)."""
     key = max(ex.best_by_level) if ex.best_by_level else None
     ex.ablation.sort(key=lambda r: -(r["loss"].get(key, float("inf")) if key else 0))
-    return ex
 
 
 def _profile(run: Run, params: dict[str, Any], level: int, timeout_s: float) -> dict:
