@@ -54,10 +54,10 @@ def n_startup(n_params: int) -> int:
     return max(5, min(10, n_params + 2))  # as tuner.search.open_context
 
 
-def replay_once(table: dict, space: dict, rule, budget: int, seed: int, strategy: str, default: dict | list | None
+def replay_once(table: dict, space: dict, rule, budget: int, seed: int, strategy: str, first: list[dict] | None
                 ) -> tuple[float, int]:
-    """One search over a measured table; returns (best time found, evaluations spent). ``default``: the config
-    (or list of configs: the default, then the kernel's seed configs) enqueued first, as the tuner does."""
+    """One search over a measured table; returns (best time found, evaluations spent). ``first``: the configs
+    enqueued before sampling (the default, then the kernel's seed configs), as the tuner does."""
     import optuna
 
     keys = list(space)
@@ -67,8 +67,8 @@ def replay_once(table: dict, space: dict, rule, budget: int, seed: int, strategy
     else:
         sampler = optuna.samplers.RandomSampler(seed=seed)
     study = optuna.create_study(direction="minimize", sampler=sampler)
-    for first in ([default] if isinstance(default, dict) else default or []):
-        study.enqueue_trial(first)
+    for config in first or []:
+        study.enqueue_trial(config)
     seen: dict[tuple, float] = {}
     best, evals, repeats, asks = math.inf, 0, 0, 0
     while evals < budget and asks < 40 * budget + 200:

@@ -465,9 +465,8 @@ def tune_cases(cases: list[KernelCase], options: SearchOptions, *, study: str, p
                                         study=str(entry.get("study", "")), reason=f"reused from {path}"))
         if progress:
             progress.message(f"{case.kernel} [{case.shape_key}]: reusing the tuned config in {path}")
-    state, stop_reason = "finished", ""
     try:
-        state, stop_reason = _tune_todo(todo, options, study, deadline, progress, results, state, stop_reason)
+        state, stop_reason = _tune_todo(todo, options, study, deadline, progress, results)
     finally:
         from tuner.persistent_worker import close_workers
 
@@ -479,8 +478,10 @@ def tune_cases(cases: list[KernelCase], options: SearchOptions, *, study: str, p
 
 
 def _tune_todo(todo: list[KernelCase], options: SearchOptions, study: str, deadline, progress: Progress | None,
-               results: list[KernelCaseResult], state: str, stop_reason: str) -> tuple[str, str]:
-    """Tune the cases not answered from the cache, one sub-study each, appending to ``results``."""
+               results: list[KernelCaseResult]) -> tuple[str, str]:
+    """Tune the cases not answered from the cache, one sub-study each, appending to ``results``; returns the
+    search's ``(state, stop_reason)``."""
+    state, stop_reason = "finished", ""
     for i, case in enumerate(todo):
         left = deadline.remaining_for_trials()
         # an even share, but never under MIN_SHARE_S: with more cases than the budget holds, the first ones are

@@ -54,7 +54,6 @@ class PersistentWorker:
         self.env = dict(env or {})
         self.proc: subprocess.Popen | None = None
         self.started_processes = 0
-        self.trials = 0
         self.log: deque[str] = deque(maxlen=LOG_LINES)
         self._done = threading.Event()
         self._expect = ""  # the result path of the trial in flight: only its done line counts
@@ -88,7 +87,7 @@ class PersistentWorker:
                     on_prune()
 
     def start(self, job: TrialJob, reporter: Callable[[int, float], bool] | None = None) -> PersistentTrial:
-        if job.gpus != self.gpus or {k: v for k, v in job.env.items()} != self.env:
+        if job.gpus != self.gpus or job.env != self.env:
             raise ValueError(f"job for gpus {job.gpus} env {job.env} sent to a worker for gpus {self.gpus} env {self.env}")
         if not self.alive():
             self._spawn()
@@ -148,7 +147,6 @@ class PersistentTrial:
             proc.wait()  # type: ignore[union-attr]
             time.sleep(0.05)  # let the reader take the last lines
         w._reporter = w._on_prune = None
-        w.trials += 1
         m = finish_measurement(read_result(self.result_path), self._killed_reason,
                                None if proc.poll() is None else proc.returncode,  # type: ignore[union-attr]
                                "\n".join(w.log), time.time() - self.started)

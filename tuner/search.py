@@ -380,8 +380,7 @@ def _run_isolated(ctx: SearchContext, trial: optuna.Trial, params: dict[str, Any
         trial.report(value, step)
         return trial.should_prune()
 
-    if ctx.target.persistent_worker and str(ctx.target.settings.get("persistent_worker", True)).lower() not in (
-            "false", "0", "no", "off"):
+    if ctx.target.persistent_worker:
         from tuner.persistent_worker import persistent_worker
 
         proc = persistent_worker(gpus).start(job, reporter)

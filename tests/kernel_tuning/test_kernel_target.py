@@ -86,3 +86,10 @@ def test_launch_spec_remeasures_one_config():
     spec = t.launch_spec({"X": 4})
     assert spec.argv[1:3] == ["-m", "tuner.targets.kernels"]
     assert yaml.safe_load(spec.argv[spec.argv.index("--config") + 1]) == {"X": 4}
+
+
+def test_kernel_trials_use_a_persistent_worker_unless_turned_off():
+    case = KernelCase(TINY, {"batch": 1, "width": 8})
+    assert _target(case).persistent_worker is True
+    assert _target(case, persistent_worker=False).persistent_worker is False
+    assert _target(case, persistent_worker="false").persistent_worker is False

@@ -80,7 +80,8 @@ class Target(abc.ABC):
     gpus_per_trial: int = 0
     persistent_worker: bool = False
     """True: trials run one after another in a long-lived worker process per GPU set (short trials that must not
-    pay an interpreter + torch + CUDA start each); setting ``persistent_worker: false`` turns it off."""
+    pay an interpreter + torch + CUDA start each). The kernels target sets it (a config trial is ~0.1-3 s of compile
+    and timing) unless its setting ``persistent_worker`` is false."""
 
     def __init__(self, resolved: ResolvedSpace, settings: dict[str, Any] | None = None) -> None:
         self.resolved = resolved

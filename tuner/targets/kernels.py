@@ -95,7 +95,6 @@ class KernelsTarget(Target):
     """Microbenchmark one config of one kernel at one shape (see the module docstring)."""
 
     name = "kernels"
-    persistent_worker = True  # a config trial is ~0.1-3 s of compile + timing: a fresh process would double it
 
     def __init__(self, resolved: ResolvedSpace, settings: dict[str, Any] | None = None) -> None:
         super().__init__(resolved, settings)
@@ -109,6 +108,7 @@ class KernelsTarget(Target):
         self.seed = int(self.settings.get("seed", 0))
         self.allow_cpu = _truthy(self.settings.get("allow_cpu_interpreter", False))
         self.gpus_per_trial = 1 if resolved.hardware.gpu_count else 0
+        self.persistent_worker = _truthy(self.settings.get("persistent_worker", True))
         self._kernel = None
         self._limits_device: Any = None
 
