@@ -491,7 +491,6 @@ def main(argv: list[str] | None = None) -> int:
             names = {json.dumps([c["kernel"], c["shape"]], sort_keys=True) for c in extra["cases"]}
             data["cases"] = [c for c in data["cases"] if json.dumps([c["kernel"], c["shape"]], sort_keys=True)
                              not in names] + extra["cases"]
-            data.setdefault("also", []).append(f"{extra['date']} commit {extra['commit']}")
     else:
         import torch
 

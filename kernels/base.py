@@ -34,6 +34,7 @@ Failures a caller can classify (see :func:`classify_failure`): :class:`InvalidCo
 from __future__ import annotations
 
 import abc
+import contextlib
 import itertools
 import logging
 import math
@@ -59,6 +60,7 @@ __all__ = [
     "dtype_of",
     "dtype_name",
     "device_limits",
+    "tf32_matmul",
 ]
 
 logger = logging.getLogger(__name__)
@@ -305,6 +307,17 @@ def verify(kernel: TunableKernel, shape: dict, dtype, config=None, device="cuda"
     if not err <= tol:
         raise WrongResult(f"{kernel.name} {shape} {dtype_name(dtype)} {config}: rel error {err:.3g} > {tol:.3g}")
     return err
+
+
+@contextlib.contextmanager
+def tf32_matmul(enabled: bool):
+    """torch matmuls on CUDA with tf32 tensor cores on or off inside the block (the previous setting restored)."""
+    old = torch.backends.cuda.matmul.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = enabled
+    try:
+        yield
+    finally:
+        torch.backends.cuda.matmul.allow_tf32 = old
 
 
 def zeroed_counters(cache: dict, device, n: int) -> torch.Tensor:

@@ -17,7 +17,6 @@ Tunables: BLOCK_M, BLOCK_N, BLOCK_K, SPLIT_K, GROUP_M, num_warps, num_stages.
 
 from __future__ import annotations
 
-import contextlib
 import logging
 
 import torch
@@ -25,7 +24,7 @@ import triton
 import triton.language as tl
 
 from .configs import register_cache
-from .base import Cost, TunableKernel, device_limits, zeroed_counters
+from .base import Cost, TunableKernel, device_limits, tf32_matmul, zeroed_counters
 
 __all__ = ["gemm", "torch_linear", "gemm_reference", "GemmKernel", "MODES"]
 
@@ -216,16 +215,6 @@ def gemm(
     return out
 
 
-@contextlib.contextmanager
-def _tf32(enabled: bool):
-    old = torch.backends.cuda.matmul.allow_tf32
-    torch.backends.cuda.matmul.allow_tf32 = enabled
-    try:
-        yield
-    finally:
-        torch.backends.cuda.matmul.allow_tf32 = old
-
-
 def torch_linear(x, w, dtype=None, *, x_scale=None, w_scale=None) -> torch.Tensor:
     """The same product through torch (cuBLAS on GPU). fp8 uses ``torch._scaled_mm`` (rows padded
     to a multiple of 16, which it requires; the padding is part of the cost)."""
@@ -238,7 +227,7 @@ def torch_linear(x, w, dtype=None, *, x_scale=None, w_scale=None) -> torch.Tenso
                              out_dtype=torch.bfloat16)
         y = y[0] if isinstance(y, tuple) else y
         return y[:M]
-    with _tf32(mode == "tf32"):
+    with tf32_matmul(mode == "tf32"):
         return torch.nn.functional.linear(x, w)
 
 
@@ -247,7 +236,7 @@ def gemm_reference(x, w, dtype=None, x_scale=None, w_scale=None) -> torch.Tensor
     xr, wr = x.to(dt), w.to(dt)
     if x_scale is not None:
         xr, wr = xr * x_scale.to(dt), wr * w_scale.to(dt)
-    with _tf32(False):
+    with tf32_matmul(False):
         return xr @ wr.t()
 
 

@@ -28,7 +28,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .base import Cost, TunableKernel, device_limits
+from .base import Cost, TunableKernel, device_limits, tf32_matmul
 from .configs import register_cache
 
 __all__ = ["fused_moe", "moe_align", "moe_reference", "moe_torch", "MoEKernel"]
@@ -232,16 +232,12 @@ def moe_reference(x, w13, w2, ids, weights) -> torch.Tensor:
     flat = ids.reshape(-1).long()
     tok = torch.arange(T, device=x.device).repeat_interleave(k)
     gw = weights.reshape(-1).to(dt)
-    prev = torch.backends.cuda.matmul.allow_tf32
-    torch.backends.cuda.matmul.allow_tf32 = False
-    try:
+    with tf32_matmul(False):
         for e in torch.unique(flat).tolist():
             sel = (flat == e).nonzero().squeeze(1)
             gu = xr[tok[sel]] @ w13[e].to(dt)
             act = torch.nn.functional.silu(gu[:, :W]) * gu[:, W:]
             out.index_add_(0, tok[sel], (act @ w2[e].to(dt)) * gw[sel, None])
-    finally:
-        torch.backends.cuda.matmul.allow_tf32 = prev
     return out
 
 
@@ -271,7 +267,7 @@ class MoEKernel(TunableKernel):
         pairs = shape["tokens"] * shape["topk"]
         if config["BLOCK_M"] > max(16, triton.next_power_of_2(pairs)):
             return f"block_m: BLOCK_M={config['BLOCK_M']} > tokens*topk={pairs} rounded up to a power of two (all padding)"
-        elt = 2 if dtype is None else torch.empty(0, dtype=_dtype(dtype)).element_size()
+        elt = 2 if dtype is None else _dtype(dtype).itemsize
         # the up kernel holds the widest tiles: x [BM, BK] and gate + up [BK, BN] each, per stage
         smem = config["num_stages"] * (config["BLOCK_M"] + 2 * config["BLOCK_N"]) * config["BLOCK_K"] * elt
         limit = device_limits(device)["shared_memory"]
@@ -310,7 +306,7 @@ class MoEKernel(TunableKernel):
 
     def cost(self, shape, dtype="bfloat16"):
         """Bytes of the distinct experts expected to be routed to (each read once) plus activations."""
-        elt = torch.empty(0, dtype=_dtype(dtype)).element_size()
+        elt = _dtype(dtype).itemsize
         T, H, W, E, k = shape["tokens"], shape["hidden"], shape["width"], shape["experts"], shape["topk"]
         used = E * (1.0 - (1.0 - min(k, E) / E) ** T)  # expected distinct experts with k distinct per token
         weights = used * 3 * H * W * elt

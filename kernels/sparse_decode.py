@@ -495,12 +495,13 @@ class SparseDecodeKernel(_SparseDecodeBase):
         sms = device_limits(device)["sms"]
         B, H = shape["batch"], shape["heads"]
         splits = self.config_space(shape)["S"]
+        default = self.default_config(shape)
         seeds: list[dict] = []
         for bh in (16, 32, 64):
             s = min(splits, key=lambda n: abs(math.log2(B * triton.cdiv(H, bh) * n / sms)))
             for bt in (64, 128):
                 c = {"S": s, "BLOCK_H": bh, "BLOCK_T": bt, "num_warps": 8 if bh == 64 else 4, "num_stages": 2}
-                if c not in seeds and c != self.default_config(shape) and not self.check_config(c, shape, device, dtype):
+                if c not in seeds and c != default and not self.check_config(c, shape, device, dtype):
                     seeds.append(c)
         return seeds
 
