@@ -19,7 +19,6 @@ import argparse
 import datetime as dt
 import json
 import logging
-import math
 import multiprocessing as mp
 import os
 import random
@@ -299,7 +298,6 @@ def _shape_text(shape):
 
 def aims(rows) -> list[str]:
     out = []
-    by = {(r["kernel"], r["dtype"], r["key"]): r for r in rows}
     for r in rows:
         if r["kernel"] == "sparse_decode" and r["shape"]["topk"] == 640 and r["best_us"]:
             b = r["shape"]["batch"]

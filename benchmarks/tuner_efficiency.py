@@ -54,10 +54,11 @@ def n_startup(n_params: int) -> int:
     return max(5, min(10, n_params + 2))  # as tuner.search.open_context
 
 
-def replay_once(table: dict, space: dict, rule, budget: int, seed: int, strategy: str, first: list[dict] | None
-                ) -> tuple[float, int]:
+def replay_once(table: dict, space: dict, rule, budget: int, seed: int, strategy: str, first: list[dict] | None,
+                lookahead: int = 1) -> tuple[float, int]:
     """One search over a measured table; returns (best time found, evaluations spent). ``first``: the configs
-    enqueued before sampling (the default, then the kernel's seed configs), as the tuner does."""
+    enqueued before sampling (the default, then the kernel's seed configs), as the tuner does. ``lookahead``:
+    trials asked before the oldest is told, as the kernel search does when it compiles ahead."""
     import optuna
 
     keys = list(space)
@@ -71,10 +72,13 @@ def replay_once(table: dict, space: dict, rule, budget: int, seed: int, strategy
         study.enqueue_trial(config)
     seen: dict[tuple, float] = {}
     best, evals, repeats, asks = math.inf, 0, 0, 0
+    pending: list = []
     while evals < budget and asks < 40 * budget + 200:
-        asks += 1
-        trial = study.ask()
-        config = {k: trial.suggest_categorical(k, space[k]) for k in keys}
+        while len(pending) < max(1, min(lookahead, budget - evals)):
+            asks += 1
+            trial = study.ask()  # sampled when asked, as the kernel search does before compiling ahead
+            pending.append((trial, {k: trial.suggest_categorical(k, space[k]) for k in keys}))
+        trial, config = pending.pop(0)
         key = tuple(config[k] for k in keys)
         if key in seen:
             study.tell(trial, seen[key])
@@ -98,7 +102,7 @@ def replay_once(table: dict, space: dict, rule, budget: int, seed: int, strategy
 
 def analyse(name: str, rows: list[dict], space: dict, rule, default: dict | None, seeds: int,
             compile_s: float, timing_s: float, autotune_timing_s: float = AUTOTUNE_TIMING_S,
-            starts: list[dict] | None = None) -> dict:
+            starts: list[dict] | None = None, lookahead: int = 1) -> dict:
     """Replay TPE and random at each fraction of the table over ``seeds`` seeds; with ``starts`` (the kernel's
     seed configs) the "first" runs enqueue the default and then them, as ``tuner.kernel_search`` does."""
     import optuna
@@ -124,7 +128,8 @@ def analyse(name: str, rows: list[dict], space: dict, rule, default: dict | None
             for with_default in (True, False):
                 gaps, evals = [], []
                 for seed in range(seeds):
-                    b, e = replay_once(table, space, rule, budget, seed, strategy, first if with_default else None)
+                    b, e = replay_once(table, space, rule, budget, seed, strategy, first if with_default else None,
+                                       lookahead)
                     gaps.append(b / best_all - 1 if math.isfinite(b) else math.inf)
                     evals.append(e)
                 out["runs"].append({"frac": frac, "budget": budget, "strategy": strategy, "default_first": with_default,
@@ -143,7 +148,7 @@ def analyse(name: str, rows: list[dict], space: dict, rule, default: dict | None
     return out
 
 
-def recorded_case(seeds: int) -> dict:
+def recorded_case(seeds: int, lookahead: int = 1) -> dict:
     from kernels.sparse_decode import SparseDecodeKernel
 
     data = json.loads(TABLE.read_text())
@@ -159,7 +164,7 @@ def recorded_case(seeds: int) -> dict:
 
     return analyse(f"sparse_decode, batch {data['batch']} (recorded H200 sweep)", rows, space, rule,
                    kernel.default_config(shape), seeds, data.get("compile_seconds_per_config_approx", COMPILE_S),
-                   TIMING_S, starts=kernel.seed_configs(shape, None, "bfloat16"))
+                   TIMING_S, starts=kernel.seed_configs(shape, None, "bfloat16"), lookahead=lookahead)
 
 
 def _pct(x: float) -> str:
@@ -350,36 +355,53 @@ def vs_autotune(frac: float, out: Path) -> list[str]:
         return [f"triton.autotune failed: {p.stderr[-800:]}"]
     at = json.loads(p.stdout.strip().splitlines()[-1])
     at_process_s = time.time() - t0
-    os.environ["TRITON_CACHE_DIR"] = tempfile.mkdtemp(prefix="triton-tuner-")  # the trial worker inherits it
-    work = Path(tempfile.mkdtemp(prefix="tuner-vs-autotune-"))
     trials = max(1, round(frac * n))
-    t0 = time.time()
-    res = tune_cases([KernelCase(name, dict(shape), "bfloat16")],
-                     SearchOptions(budget_s=3600, storage_url=f"sqlite:///{work / 't.db'}", out_dir=str(work / "out"),
-                                   seed=0, n_trials=trials, confirm_top=0, settings={"retune": True}),
-                     study="vs-autotune")
-    tuner_s = time.time() - t0
-    case = res.cases[0]
-    tuner_cfg = {**kernel.default_config(shape), **(case.config or {})}
+    runs = {}
+    for label, ahead in (("tuner, compile ahead off", "0"), ("tuner", "auto")):
+        os.environ["TRITON_CACHE_DIR"] = tempfile.mkdtemp(prefix="triton-tuner-")  # workers and helpers inherit it
+        work = Path(tempfile.mkdtemp(prefix="tuner-vs-autotune-"))
+        url = f"sqlite:///{work / 't.db'}"
+        t0 = time.time()
+        res = tune_cases([KernelCase(name, dict(shape), "bfloat16")],
+                         SearchOptions(budget_s=3600, storage_url=url, out_dir=str(work / "out"), seed=0,
+                                       n_trials=trials, confirm_top=0,
+                                       settings={"retune": True, "compile_ahead": ahead}),
+                         study="vs-autotune")
+        runs[label] = (time.time() - t0, res, _first_launch_s(url, res.cases[0].study))
     sets = []
     for i in range(2):
         inputs = kernel.make_inputs(shape, "bfloat16", "cuda", 11 + i)
         sets.append((inputs, kernel.output_like(inputs)))
-    times = {}
-    for label, cfg in (("triton.autotune", at["best_config"]), ("tuner", tuner_cfg)):
-        t = do_bench(lambda item, c=cfg: kernel.run(item[0], c, out=item[1]), sets, rep_ms=100.0)
-        times[label] = t.median_us
+    picked = {"triton.autotune": at["best_config"]}
+    picked.update({label: {**kernel.default_config(shape), **(r[1].cases[0].config or {})} for label, r in runs.items()})
+    times = {label: do_bench(lambda item, c=cfg: kernel.run(item[0], c, out=item[1]), sets, rep_ms=100.0).median_us
+             for label, cfg in picked.items()}
     lines = [f"Same run, fresh Triton caches, {name} {kernel.shape_key(shape)} bfloat16, {n} rule-passing configs:",
              f"- triton.autotune over all {n}: {at['wall_s']:.1f} s in the tuned call ({at_process_s:.1f} s with its "
-             f"process start); picked {at['best_config']}",
-             f"- tuner kernel search, {trials} trials ({case.evaluated} configs run): {tuner_s:.1f} s wall; "
-             f"{case.status}, picked {tuner_cfg}",
-             f"- winners re-timed side by side (do_bench, L2 flushed): autotune's {times['triton.autotune']:.2f} us, "
-             f"the tuner's {times['tuner']:.2f} us ({times['tuner'] / times['triton.autotune'] - 1:+.1%})",
-             f"- wall-time ratio autotune / tuner: {at_process_s / tuner_s:.1f}x (in-call only: "
-             f"{at['wall_s'] / tuner_s:.1f}x)"]
+             f"process start); picked {at['best_config']}, re-timed {times['triton.autotune']:.2f} us"]
+    for label, (wall, res, first) in runs.items():
+        case = res.cases[0]
+        fl = (f"first launch (compile or cache load) median {statistics.median(first):.2f} s over {len(first)} trials"
+              if first else "no first-launch times")
+        lines.append(f"- {label}: {trials} trials ({case.evaluated} configs run), {wall:.1f} s wall, "
+                     f"{res.preflight.facts.get('compile_ahead', '')}; {fl}; {case.status}, picked {picked[label]}, "
+                     f"re-timed {times[label]:.2f} us ({times[label] / times['triton.autotune'] - 1:+.1%} vs autotune's)")
+        lines.append(f"  - wall-time ratio autotune / this: {at_process_s / wall:.1f}x "
+                     f"(in-call only: {at['wall_s'] / wall:.1f}x)")
     (out / "tuner_vs_autotune.md").write_text("\n".join(lines) + "\n")
     return lines
+
+
+def _first_launch_s(storage_url: str, study: str) -> list[float]:
+    """The ``first_launch_s`` metric (compile or cache load + first run + check) of every trial of ``study``."""
+    from storage import Repo
+
+    repo = Repo(storage_url)
+    run = repo.get_run(study)
+    if run is None:
+        return []
+    return [m.value for t in repo.list_trials(run.id, with_measurements=True) for m in t.measurements
+            if m.metric == "first_launch_s" and m.value is not None]
 
 
 def end_to_end(budget_s: float, out: Path) -> list[str]:
@@ -402,7 +424,7 @@ def end_to_end(budget_s: float, out: Path) -> list[str]:
     return [f"run_kernel_search, budget {budget_s:.0f}s, wall {time.time() - t0:.0f}s:"] + lines
 
 
-def gpu_analysis(data: dict, seeds: int) -> list[dict]:
+def gpu_analysis(data: dict, seeds: int, lookahead: int = 1) -> list[dict]:
     from kernels.registry import get_kernel
 
     results = []
@@ -425,7 +447,8 @@ def gpu_analysis(data: dict, seeds: int) -> list[dict]:
 
         default = case["default"]
         res = analyse(f"{case['kernel']} {kernel.shape_key(shape)} (measured on {data['gpu']})", rows, space, rule,
-                      default, seeds, compile_s, timing_s, starts=kernel.seed_configs(shape, None, case["dtype"]))
+                      default, seeds, compile_s, timing_s, starts=kernel.seed_configs(shape, None, case["dtype"]),
+                      lookahead=lookahead)
         statuses: dict[str, int] = {}
         for r in case["rows"]:
             statuses[r["status"]] = statuses.get(r["status"], 0) + 1
@@ -454,6 +477,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--vs-autotune", type=float, default=0.0, metavar="FRACTION",
                     help="on a GPU: real triton.autotune over every indexer config vs the tuner with this fraction "
                          "of that count as trials, cold caches, winners re-timed (writes tuner_vs_autotune.md)")
+    ap.add_argument("--lookahead", type=int, default=1,
+                    help="replays: trials asked before the oldest is told (the kernel search asks as many ahead as "
+                         "it has compile helpers)")
     ap.add_argument("--autotune-probe", type=int, default=None, help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if args.autotune_probe is not None:
@@ -471,7 +497,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     date = datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     if not args.gpu and not args.analyze_gpu:
-        res = [recorded_case(args.seeds)]
+        res = [recorded_case(args.seeds, args.lookahead)]
         header = ["# Tuner efficiency: replay of the recorded H200 sweep", "",
                   f"Date {date}, commit {_commit()}, run on {platform.node()} ({os.cpu_count()} CPUs, no GPU): a replay "
                   f"of `{TABLE.relative_to(ROOT)}` (one H200, torch 2.11, triton 3.6), {args.seeds} seeds per cell. "
@@ -535,10 +561,11 @@ def main(argv: list[str] | None = None) -> int:
         (out / "tuner_efficiency_gpu.json").write_text(json.dumps(data))
         if args.no_analysis:
             return 0
-    res = gpu_analysis(data, min(args.seeds, 10))
+    res = gpu_analysis(data, min(args.seeds, 10), args.lookahead)
     header = ["# Tuner efficiency on a GPU: measured exhaustive sweeps, replayed", "",
               f"Measured {data['date']} on {data['gpu']} (torch {data.get('torch')}, triton {data.get('triton')}), "
-              f"commit {data['commit']}; analysed {date}. Gap = best found / best of the measured table - 1."]
+              f"commit {data['commit']}; analysed {date}, {args.lookahead} trial(s) asked ahead. Gap = best found / best of "
+              "the measured table - 1."]
     at = data.get("autotune") or {}
     if "per_config_s" in at:
         header += ["", f"Real `triton.autotune` (indexer, batch 16, 64K rows) over a sample of {at['n']} configs in a fresh "

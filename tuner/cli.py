@@ -285,28 +285,38 @@ def serve(storage: StorageOpt = "sqlite:///tuner.db",
 def explain(storage: StorageOpt = "sqlite:///tuner.db", study: StudyOpt = None,
             level: Annotated[Optional[int], typer.Option("--level", help="Only this concurrency level.")] = None,
             no_profile: Annotated[bool, typer.Option("--no-profile", help="Importances only.")] = False,
-            ablate: Annotated[bool, typer.Option("--ablate", help="Also re-run the best with each change undone, "
-                                                 "one trial per changed parameter.")] = False,
+            ablate: Annotated[bool, typer.Option("--ablate", help="Also re-run the baseline with each change alone "
+                                                 "and the best with each change undone, one trial each.")] = False,
+            ablate_views: Annotated[str, typer.Option("--ablate-views", help="With --ablate: which views, "
+                                                       "comma-separated: alone, undo.")] = "alone,undo",
             out: Annotated[Optional[str], typer.Option("--out", "-o", help="Also write the report here.")] = None
             ) -> None:
     """Why the best configuration won: parameter importances and baseline-vs-best op profiles."""
     _setup_logging(False)
     from tuner.explain import ablate as run_ablate
+    from tuner.explain import VIEWS
     from tuner.explain import explain as run_explain
 
+    views = tuple(v.strip() for v in ablate_views.split(",") if v.strip())
+    if not views or any(v not in VIEWS for v in views):
+        fail(f"--ablate-views {ablate_views!r} is not a comma-separated list of {', '.join(VIEWS)}; "
+             f"e.g. --ablate-views {VIEWS[0]}")
     try:
         _, run = _open(storage, study)
         ex = run_explain(storage, run.study_name, profile=not no_profile, level=level)
         if ablate:
             def keep(ab) -> None:  # after every re-run: the report so far, on disk when --out is given
                 ex.ablation, ex.best_by_level = list(ab.ablation), dict(ab.best_by_level)
+                ex.alone, ex.baseline_by_level = list(ab.alone), dict(ab.baseline_by_level)
                 if out:
                     _write_report(out, ex.markdown())
 
             try:
-                run_ablate(storage, run.study_name, level=level, on_row=keep)
+                ab = run_ablate(storage, run.study_name, level=level, views=views, on_row=keep)
+                ex.notes += ab.notes
             except KeyboardInterrupt:
-                ex.notes.append(f"the ablation was interrupted after {len(ex.ablation)} re-runs; the table holds those")
+                ex.notes.append(f"the ablation was interrupted after {len(ex.alone) + len(ex.ablation)} re-runs; "
+                                "the tables hold those")
     except (ValueError, *_user_errors()) as exc:
         fail(str(exc))
     text = ex.markdown()

@@ -9,12 +9,16 @@ import subprocess
 import sys
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 import optuna
 
 from storage import Repo
-from storage.models import Run
+from storage.models import Run, TrialRecord
+
+if TYPE_CHECKING:
+    from search_spaces import Objective
+    from tuner.measurement import Measurement
 
 _logger = logging.getLogger(__name__)
 
@@ -31,8 +35,14 @@ class Explanation:
     best_params: dict[str, Any] = field(default_factory=dict)
     ablation: list[dict] = field(default_factory=list)
     """One row per parameter the best changed: the best re-run with that one parameter back at its baseline value
-    (``{"param", "from", "to", "outcome", "by_level", "loss"}``, ``loss`` = best / ablated at each level)."""
+    (``{"param", "from", "to", "outcome", "by_level", "loss"}``, ``loss`` = best / ablated at each level for a
+    maximized objective, ablated / best for a minimized one: > 1 when undoing the change hurts)."""
+    alone: list[dict] = field(default_factory=list)
+    """One row per parameter the best changed: the baseline re-run with only that parameter at the best's value
+    (``{"param", "from", "to", "outcome", "by_level", "gain"}``, ``gain`` = this / baseline at each level for a
+    maximized objective, baseline / this for a minimized one: > 1 when the change helps on its own)."""
     best_by_level: dict[int, float] = field(default_factory=dict)
+    baseline_by_level: dict[int, float] = field(default_factory=dict)
 
     def markdown(self) -> str:
         out = [f"# Why the best configuration of `{self.study}` won", ""]
@@ -55,6 +65,16 @@ class Explanation:
             out += [f"| {r['op'][:60]} | {100 * r['share']:.1f}% | {r['time_us']:.0f} | {r['count']} | "
                     f"{r['shapes']} |" for r in prof["top"]]
             out.append("")
+        if self.alone:
+            levels = sorted(self.baseline_by_level)
+            out += ["## What each change is worth alone: the baseline with only that parameter set to the best's "
+                    "value", "",
+                    "| parameter | baseline → best value | " + " | ".join(f"c={c} x faster" for c in levels) + " |",
+                    "| --- | --- | " + " | ".join("---" for _ in levels) + " |"]
+            for row in self.alone:
+                cells = [f"{row['gain'][c]:.2f}" if c in row["gain"] else row["outcome"] for c in levels]
+                out.append(f"| {row['param']} | {row['from']} → {row['to']} | " + " | ".join(cells) + " |")
+            out.append("")
         if self.ablation:
             levels = sorted(self.best_by_level)
             out += ["## What each change is worth: the best with one parameter put back to its baseline value", "",
@@ -64,8 +84,27 @@ class Explanation:
                 cells = [f"{row['loss'][c]:.2f}" if c in row["loss"] else row["outcome"] for c in levels]
                 out.append(f"| {row['param']} | {row['to']} → {row['from']} | " + " | ".join(cells) + " |")
             out.append("")
+        summary = [line for c in sorted(set(self.baseline_by_level) | set(self.best_by_level))
+                   if (line := self._summary(c))]
+        if summary:
+            out += summary + [""]
         out += [f"- {n}" for n in self.notes]
         return "\n".join(out) + "\n"
+
+    def _summary(self, c: int) -> str:
+        """One sentence for level ``c``: the largest change alone and the costliest to undo ("" without data)."""
+        alone = max((r for r in self.alone if c in r["gain"]), key=lambda r: r["gain"][c], default=None)
+        # a re-run that failed is the costliest undo of all, as in the table's ranking
+        undo = max((r for r in self.ablation if c in r["loss"] or r["outcome"] != "ok"),
+                   key=lambda r: r["loss"].get(c, float("inf")), default=None)
+        parts = []
+        if alone:
+            parts.append(f"the largest single change is `{alone['param']}` ({alone['gain'][c]:.2f}x alone on the "
+                         "baseline)")
+        if undo:
+            cost = f"{undo['loss'][c]:.2f}x" if c in undo["loss"] else f"the best without it fails: {undo['outcome']}"
+            parts.append(f"the costliest to undo from the best is `{undo['param']}` ({cost})")
+        return f"At c={c} " + "; ".join(parts) + "." if parts else ""
 
 
 def _importances(trials: list[optuna.trial.FrozenTrial], values: dict[int, float]) -> dict[str, float]:
@@ -128,14 +167,23 @@ def explain(storage_url: str, study: str, *, profile: bool = True, level: int | 
     return ex
 
 
+VIEWS = ("alone", "undo")
+"""The ablation's views: each change applied alone to the baseline, and each change undone from the best."""
+
+
 def ablate(storage_url: str, study: str, *, timeout_s: float = 300.0, level: int | None = None,
-           on_row: Callable[[Explanation], None] | None = None) -> Explanation:
-    """Re-run the best configuration once per changed parameter, that parameter put back to its baseline value
-    (conditional parameters follow), each in its own trial process; rank the changes by what undoing them costs.
-    ``on_row`` sees the ranked table so far after every re-run (a report that survives an interrupted ablation)."""
+           views: tuple[str, ...] = VIEWS, on_row: Callable[[Explanation], None] | None = None) -> Explanation:
+    """Per changed parameter (conditional children follow their parent), re-run the baseline with only that parameter
+    at the best's value (``alone``: what the change is worth on its own) and the best with that parameter put back to
+    its baseline value (``undo``: what undoing it costs), each in its own trial process, forward then backward so an
+    interrupted ablation has both views of the first parameters. ``on_row`` sees the ranked tables so far after every
+    re-run (a report that survives an interrupted ablation)."""
     from search_spaces import Hardware, detect_hardware, load_space_text, resolve
     from tuner.isolation import TrialJob, run_trial
 
+    bad = [v for v in views if v not in VIEWS]
+    if bad or not views:
+        raise ValueError(f"views {tuple(views)!r} must be one or more of {', '.join(VIEWS)}")
     repo = Repo(storage_url)
     run = repo.get_run(study)
     if run is None:
@@ -148,36 +196,79 @@ def ablate(storage_url: str, study: str, *, timeout_s: float = 300.0, level: int
     hw = Hardware.from_json(run.settings["hardware"]) if run.settings.get("hardware") else detect_hardware()
     resolved = resolve(space, hw)
     ex = Explanation(study=study, baseline_params=base.params, best_params=best.params)
-    ex.best_by_level = {int(m.level[2:]): m.value for m in best.measurements
-                        if m.metric == space.objective.metric and m.level.startswith("c=")}
-    if level is not None:
-        ex.best_by_level = {c: v for c, v in ex.best_by_level.items() if c == level}
+    ex.best_by_level = _by_level(best, space.objective, level)
+    ex.baseline_by_level = _by_level(base, space.objective, level)
+    if "alone" in views and not ex.baseline_by_level:
+        ex.notes.append("the baseline has no stored measurements: the changes alone are run, but no gain is given")
+    # the ratio of two values, oriented so that > 1 means the first (the better one if the change helps) is better
+    better = (lambda a, b: a / b) if space.objective.direction == "maximize" else (lambda a, b: b / a)
     settings = {k: v for k, v in run.settings.items() if k not in ("pid", "host", "out_dir", "space_path")}
-    for name, value in best.params.items():
-        if base.params.get(name) == value or name not in base.params:
-            continue
-        wanted = {**best.params, name: base.params[name]}
+
+    def rerun(wanted: dict[str, Any]) -> Measurement:
         params = resolved.walk(lambda p: wanted.get(p.name, p.default))
         job = TrialJob(target=run.target, space_yaml=run.space_yaml, space_source=space.source, params=params,
                        deadline=time.time() + timeout_s, settings=settings, hardware=hw.to_json())
-        m = run_trial(job)
-        loss = {c: ex.best_by_level[c] / m.by_level[c] for c in ex.best_by_level
-                if m.outcome.value == "ok" and m.by_level.get(c)}
-        ex.ablation.append({"param": name, "from": base.params[name], "to": value, "outcome": m.outcome.value,
-                            "by_level": m.by_level, "loss": loss})
-        _logger.info("ablation: %s back to %r: %s, best/this %s", name, base.params[name], m.outcome.value,
-                     {c: round(x, 3) for c, x in loss.items()})
-        _rank(ex)
-        if on_row is not None:
-            on_row(ex)
+        return run_trial(job)
+
+    # both ends re-measured in this run first, so that every ratio is between runs made side by side
+    for label, trial, attr, view in (("baseline", base, "baseline_by_level", "alone"),
+                                     ("best", best, "best_by_level", "undo")):
+        if view not in views or not getattr(ex, attr):
+            continue
+        m = rerun(dict(trial.params))
+        fresh = {c: m.by_level[c] for c in getattr(ex, attr) if m.outcome.value == "ok" and m.by_level.get(c)}
+        if fresh:
+            setattr(ex, attr, fresh)
+            ex.notes.append(f"the {label} re-run in this ablation: {', '.join(f'c={c} {v:.4g}' for c, v in fresh.items())} "
+                            f"(stored by the search: {', '.join(f'c={c} {v:.4g}' for c, v in _by_level(trial, space.objective, level).items())}); "
+                            "ratios are against the re-run")
+        else:
+            ex.notes.append(f"the {label} re-run in this ablation failed ({m.outcome.value}); ratios are against "
+                            "the value the search stored")
+        _logger.info("ablation: the %s re-run: %s %s", label, m.outcome.value, fresh)
+    for name, value in best.params.items():
+        if base.params.get(name) == value or name not in base.params:
+            continue
+        if "alone" in views:
+            m = rerun({**best.params, **base.params, name: value})
+            gain = {c: better(m.by_level[c], ex.baseline_by_level[c]) for c in ex.baseline_by_level
+                    if m.outcome.value == "ok" and m.by_level.get(c)}
+            ex.alone.append({"param": name, "from": base.params[name], "to": value, "outcome": m.outcome.value,
+                             "by_level": m.by_level, "gain": gain})
+            _logger.info("ablation: %s alone at %r: %s, this/baseline %s", name, value, m.outcome.value,
+                         {c: round(x, 3) for c, x in gain.items()})
+            _rank(ex)
+            if on_row is not None:
+                on_row(ex)
+        if "undo" in views:
+            m = rerun({**best.params, name: base.params[name]})
+            loss = {c: better(ex.best_by_level[c], m.by_level[c]) for c in ex.best_by_level
+                    if m.outcome.value == "ok" and m.by_level.get(c)}
+            ex.ablation.append({"param": name, "from": base.params[name], "to": value, "outcome": m.outcome.value,
+                                "by_level": m.by_level, "loss": loss})
+            _logger.info("ablation: %s back to %r: %s, best/this %s", name, base.params[name], m.outcome.value,
+                         {c: round(x, 3) for c, x in loss.items()})
+            _rank(ex)
+            if on_row is not None:
+                on_row(ex)
     _rank(ex)
     return ex
 
 
+def _by_level(trial: TrialRecord, objective: Objective, level: int | None) -> dict[int, float]:
+    """The objective's metric per concurrency level from a trial's stored measurements (only ``level`` if given)."""
+    out = {int(m.level[2:]): m.value for m in trial.measurements
+           if m.metric == objective.metric and m.level.startswith("c=")}
+    return {c: v for c, v in out.items() if level is None or c == level}
+
+
 def _rank(ex: Explanation) -> None:
-    """Costliest change to undo first, by the highest concurrency level (a failed re-run ranks first)."""
+    """Costliest change to undo first, by the highest concurrency level (a failed re-run ranks first); the largest
+    change alone first, by the baseline's highest level (a change that fails alone is worth nothing: last)."""
     key = max(ex.best_by_level) if ex.best_by_level else None
     ex.ablation.sort(key=lambda r: -(r["loss"].get(key, float("inf")) if key else 0))
+    key = max(ex.baseline_by_level) if ex.baseline_by_level else None
+    ex.alone.sort(key=lambda r: -(r["gain"].get(key, float("-inf")) if key else 0))
 
 
 def _profile(run: Run, params: dict[str, Any], level: int, timeout_s: float) -> dict:

@@ -23,14 +23,18 @@ import math
 import os
 import statistics
 import time
+from collections import deque
+from concurrent.futures import Future
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Iterable
 
+import optuna
 import yaml
 
 from search_spaces import Space, load_space
+from tuner.compile_ahead import CompileAhead, default_helpers
 from tuner.search import (
     CONFIRM_ATTR,
     MAX_REPEATS_IN_A_ROW,
@@ -38,6 +42,7 @@ from tuner.search import (
     SearchContext,
     SearchError,
     SearchOptions,
+    make_sampler,
     open_context,
     pick_best,
     run_one,
@@ -52,12 +57,14 @@ CONFIG_SUBDIR = "kernel_configs"
 SPACE_SUBDIR = "kernel_spaces"
 ENV_VAR = "TUNER_KERNEL_CONFIG_DIR"
 PASS_THROUGH = ("seed", "allow_cpu_interpreter", "rep_ms", "peak_bytes_per_s", "peak_flops", "trial_timeout_s",
-                "kernel_config_dir", "persistent_worker")
+                "kernel_config_dir", "persistent_worker", "compile_ahead")
 """Plan / search settings handed on to every single-kernel sub-study."""
 MIN_SHARE_S = 5.0
 SEED_ATTR = "kernel_seed"
 """User attribute of the trials that try a kernel's ``seed_configs`` (enqueued after the default)."""
 FAILURES_TO_GIVE_UP = 20
+COMPILE_WAIT_S = 120.0
+"""How long a trial waits for its config's compile in a helper before compiling for itself."""
 
 
 @dataclass(frozen=True)
@@ -259,26 +266,63 @@ def _reserve(ctx: SearchContext, k: int) -> float:
     return min(1.2 * (k + 1) * statistics.median(ok), 0.3 * ctx.deadline.budget_s)
 
 
-def _loop(ctx: SearchContext, progress: Progress | None, reserve) -> str:
+def _loop(ctx: SearchContext, progress: Progress | None, reserve, case: KernelCase,
+          ahead: CompileAhead | None = None) -> str:
+    """Run trials until the share, the trial count or the space runs out. With ``ahead``, up to ``ahead.helpers``
+    trials are asked in advance and their configs compiled by the helpers while earlier trials are timed; trials
+    still waiting when the loop ends are failed in Optuna as not run (they never reach the project's tables)."""
     gpus = list(ctx.options.gpus[:1]) if ctx.options.gpus else None
     combos = math.prod(len(p.choices()) for p in ctx.resolved.params) if ctx.resolved.params else 1
     repeats = failures = 0
     started = len(ctx.trials)
-    while not ctx.stop.is_set():
-        if ctx.options.n_trials is not None and len(ctx.trials) - started >= ctx.options.n_trials:
-            return f"{ctx.options.n_trials} trials done"
-        if ctx.deadline.remaining_for_trials() <= 1.0 + reserve():
-            return "budget share used"
-        if len(ctx.seen) >= combos:
-            return f"every one of the {combos} configs seen"
-        summary = run_one(ctx, ctx.study.ask(), progress, gpus=gpus)
-        repeats = repeats + 1 if "not run again" in summary.reason else 0
-        failures = failures + 1 if summary.outcome not in ("ok", "pruned", "invalid_config") else 0
-        if repeats >= MAX_REPEATS_IN_A_ROW:
-            return f"space exhausted: {repeats} repeated configs in a row"
-        if failures >= FAILURES_TO_GIVE_UP:
-            return f"{failures} failed trials in a row (last: {summary.outcome}: {summary.reason[:120]})"
-    return ctx.stop_reason or "stopped"
+    pending: deque[tuple[Any, Future | None]] = deque()
+    submitted: set[str] = set()
+    try:
+        while not ctx.stop.is_set():
+            done = len(ctx.trials) - started
+            if ctx.options.n_trials is not None and done >= ctx.options.n_trials:
+                return f"{ctx.options.n_trials} trials done"
+            if ctx.deadline.remaining_for_trials() <= 1.0 + reserve():
+                return "budget share used"
+            if len(ctx.seen) >= combos:
+                return f"every one of the {combos} configs seen"
+            want = max(1, ahead.helpers if ahead else 1)
+            if ctx.options.n_trials is not None:
+                want = min(want, ctx.options.n_trials - done)
+            while len(pending) < want:
+                trial = ctx.study.ask()
+                pending.append((trial, _compile_early(ctx, trial, case, ahead, submitted) if ahead else None))
+            trial, fut = pending.popleft()
+            if fut is not None and ahead is not None:
+                ahead.wait(fut, min(COMPILE_WAIT_S, ctx.deadline.remaining_for_trials()))
+            summary = run_one(ctx, trial, progress, gpus=gpus)
+            repeats = repeats + 1 if "not run again" in summary.reason else 0
+            failures = failures + 1 if summary.outcome not in ("ok", "pruned", "invalid_config") else 0
+            if repeats >= MAX_REPEATS_IN_A_ROW:
+                return f"space exhausted: {repeats} repeated configs in a row"
+            if failures >= FAILURES_TO_GIVE_UP:
+                return f"{failures} failed trials in a row (last: {summary.outcome}: {summary.reason[:120]})"
+        return ctx.stop_reason or "stopped"
+    finally:
+        for trial, fut in pending:
+            if fut is not None:
+                fut.cancel()
+            trial.set_user_attr("outcome", "not_run")
+            ctx.study.tell(trial, state=optuna.trial.TrialState.FAIL)
+
+
+def _compile_early(ctx: SearchContext, trial, case: KernelCase, ahead: CompileAhead, submitted: set[str]
+                   ) -> Future | None:
+    """Hand an asked trial's config to the compile helpers, unless it was seen, already sent, or breaks a rule."""
+    from tuner.sampling import params_key, suggest
+
+    params = suggest(trial, ctx.resolved)  # run_one's own suggest returns these same values
+    key = params_key(params)
+    if key in ctx.seen or key in submitted or ctx.target.check(params):
+        return None
+    submitted.add(key)
+    seed = int(ctx.target.settings.get("seed", 0))
+    return ahead.submit(case.kernel, case.shape, case.dtype, ctx.target.config_of(params), seed)
 
 
 def _retime(ctx: SearchContext, progress: Progress | None, keys: list[dict[str, Any]], times: int) -> None:
@@ -357,9 +401,10 @@ def _decide(ctx: SearchContext, case: KernelCase, defaults: dict[str, Any], min_
     return res
 
 
-def tune_case(case: KernelCase, options: SearchOptions, study: str, progress: Progress | None = None
-              ) -> KernelCaseResult:
-    """Run the sub-study of one case on ``options.budget_s`` seconds and decide its winner (no file written)."""
+def tune_case(case: KernelCase, options: SearchOptions, study: str, progress: Progress | None = None,
+              ahead: CompileAhead | None = None) -> KernelCaseResult:
+    """Run the sub-study of one case on ``options.budget_s`` seconds and decide its winner (no file written);
+    with ``ahead``, configs are compiled by its helpers while earlier trials are timed."""
     from storage import Repo
     from tuner.sampling import params_key, suggestable
 
@@ -383,6 +428,8 @@ def tune_case(case: KernelCase, options: SearchOptions, study: str, progress: Pr
         progress.started(ctx)
         progress.message(f"tuning {case.kernel} at [{case.shape_key}] {case.dtype}: study {study}, "
                          f"{options.budget_s:.0f}s")
+    if ahead is not None:  # trials are asked ahead: a constant liar keeps the pending ones apart
+        ctx.study.sampler = make_sampler(ctx.resolved, options.seed, parallel=True)
     defaults = ctx.resolved.defaults()
     if not ctx.trials:  # a fresh sub-study: after the default (the baseline), the kernel's own starting points
         kernel = load_kernel(case.kernel)
@@ -391,7 +438,7 @@ def tune_case(case: KernelCase, options: SearchOptions, study: str, progress: Pr
             ctx.study.enqueue_trial(suggestable(ctx.resolved, cfg), user_attrs={SEED_ATTR: True})
     k = max(0, options.confirm_top)
     try:
-        reason = _loop(ctx, progress, lambda: _reserve(ctx, k))
+        reason = _loop(ctx, progress, lambda: _reserve(ctx, k), case, ahead)
         if k and not ctx.stop.is_set():
             ranked: dict[str, dict] = {}
             for t in sorted((t for t in ctx.trials if t.outcome == "ok" and t.value is not None),
@@ -445,7 +492,10 @@ def tune_cases(cases: list[KernelCase], options: SearchOptions, *, study: str, p
     settings = options.settings
     out_dir = Path(options.out_dir) / CONFIG_SUBDIR
     conf = configured_dir(settings)
+    helpers = compile_helpers(settings, hardware.gpu_count)
     report = _preflight(cases, options, settings)
+    report.facts["compile_ahead"] = (f"{helpers} helper processes compile configs while trials are timed" if helpers
+                                     else "off: each trial compiles its own config")
     if options.dry_run or not report.ok:
         if not report.ok and not options.dry_run:
             raise SearchError("preflight failed: " + "; ".join(report.errors))
@@ -465,20 +515,42 @@ def tune_cases(cases: list[KernelCase], options: SearchOptions, *, study: str, p
                                         study=str(entry.get("study", "")), reason=f"reused from {path}"))
         if progress:
             progress.message(f"{case.kernel} [{case.shape_key}]: reusing the tuned config in {path}")
+    ahead = CompileAhead(helpers, list(options.gpus[:1]) if options.gpus else None) if helpers and todo else None
     try:
-        state, stop_reason = _tune_todo(todo, options, study, deadline, progress, results)
+        state, stop_reason = _tune_todo(todo, options, study, deadline, progress, results, ahead)
     finally:
         from tuner.persistent_worker import close_workers
 
         close_workers()  # the GPU goes back to whatever runs next (a system search's trials)
+        if ahead is not None:
+            ahead.close()
     written = _write(results, gpu, out_dir if options.export else None, conf)
     return KernelSearchResult(study, options.storage_url, state, results,
                               str(out_dir.resolve()) if options.export else conf, report, time.time() - t0,
                               stop_reason, [str(p) for p in written])
 
 
+def compile_helpers(settings: dict[str, Any], gpu_count: int) -> int:
+    """The number of compile helpers setting ``compile_ahead`` asks for: ``auto`` (default: the spare CPUs of a
+    GPU host, see :func:`tuner.compile_ahead.default_helpers`), a count, or ``false``/``0`` for none."""
+    value = settings.get("compile_ahead", "auto")
+    text = str(value).strip().lower()
+    if text == "auto":
+        return default_helpers(gpu_count)
+    if value is False or text in ("false", "off", "no", "none"):
+        return 0
+    try:
+        n = int(text)
+    except ValueError:
+        n = -1
+    if n < 0:
+        raise SearchError(f"setting `compile_ahead` must be auto, a helper count >= 0, or false, but got {value!r}; "
+                          "e.g. --set compile_ahead=4")
+    return n if gpu_count else 0
+
+
 def _tune_todo(todo: list[KernelCase], options: SearchOptions, study: str, deadline, progress: Progress | None,
-               results: list[KernelCaseResult]) -> tuple[str, str]:
+               results: list[KernelCaseResult], ahead: CompileAhead | None = None) -> tuple[str, str]:
     """Tune the cases not answered from the cache, one sub-study each, appending to ``results``; returns the
     search's ``(state, stop_reason)``."""
     state, stop_reason = "finished", ""
@@ -494,7 +566,7 @@ def _tune_todo(todo: list[KernelCase], options: SearchOptions, study: str, deadl
             break
         name = f"{study}.{load_kernel(case.kernel).name}.{case.shape_key}"
         try:
-            res = tune_case(case, dataclasses.replace(options, budget_s=share), name, progress)
+            res = tune_case(case, dataclasses.replace(options, budget_s=share), name, progress, ahead)
         except KeyboardInterrupt:
             state, stop_reason = "interrupted", "interrupted (Ctrl-C)"
             break

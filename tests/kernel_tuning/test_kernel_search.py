@@ -166,7 +166,7 @@ def test_more_cases_than_the_budget_holds_tunes_the_first_ones(tmp_path, sqlite_
     monkeypatch.delenv("TUNER_KERNEL_CONFIG_DIR", raising=False)  # no cache hits from other tests
     shares = []
 
-    def one_second_case(case, options, study, progress=None):
+    def one_second_case(case, options, study, progress=None, ahead=None):
         shares.append(options.budget_s)
         time.sleep(1.0)
         return ks.KernelCaseResult(case.kernel, dict(case.shape), case.dtype, case.shape_key, "default_kept")

@@ -1,6 +1,11 @@
 """tuner explain: importances per level and the ablation of the best configuration's changes."""
 
+import subprocess
+import sys
+
 from spaces import FAKE_SPACE
+
+from storage import Repo
 
 from search_spaces import Hardware
 from tuner.explain import ablate, explain
@@ -47,11 +52,123 @@ def test_ablation_reports_after_every_rerun_and_the_cli_keeps_the_file(tmp_path,
     run_search(SearchOptions(budget_s=120, storage_url=sqlite_url, study="p", space_path=str(space),
                              out_dir=str(tmp_path / "o"), hardware=Hardware(), n_trials=10, seed=5, confirm_top=0))
     seen = []
-    ab = ablate(sqlite_url, "p", on_row=lambda ex: seen.append([r["param"] for r in ex.ablation]))
-    assert seen and [len(s) for s in seen] == list(range(1, len(ab.ablation) + 1))  # one call per re-run
+    ab = ablate(sqlite_url, "p", on_row=lambda ex: seen.append((len(ex.alone), len(ex.ablation))))
+    n = len(ab.ablation)
+    assert n and len(ab.alone) == n
+    # one call per re-run, each parameter alone on the baseline and then undone from the best
+    assert seen == [(i // 2 + 1, (i + 1) // 2) for i in range(2 * n)]
     report = tmp_path / "why.md"
     r = CliRunner().invoke(app, ["explain", "--storage", sqlite_url, "--study", "p", "--no-profile", "--ablate",
                                  "--out", str(report)])
     assert r.exit_code == 0, r.output
-    assert "put back to its baseline value" in report.read_text()
+    assert "put back to its baseline value" in report.read_text() and "worth alone" in report.read_text()
     assert not list(tmp_path.glob(".why.md.tmp"))  # written whole, through a temporary file
+
+
+# x sets the speed; k only exists when a=on; mode (left at its default, raise: the fake target fails) only exists
+# when a=on and b=off, so `a` alone on the baseline and the best without `b` fail while baseline and best run
+COND_SPACE = """
+name: cond
+target: fake_targets:FakeTarget
+settings: {sleep_s: 0.0}
+objective: {metric: tok_s, combine: geomean, levels: [1, 4]}
+params:
+  x: {type: categorical, values: [0, 4], default: 0}
+  a: {type: categorical, values: ["off", "on"], default: "off"}
+  k: {type: categorical, values: [1, 3], default: 1, when: {a: ["on"]}}
+  b: {type: categorical, values: ["off", "on"], default: "off"}
+  mode: {type: categorical, values: [ok, raise], default: raise, when: {a: ["on"], b: ["off"]}}
+"""
+
+
+def _study_with_best(tmp_path, sqlite_url, name, text, pick):
+    """A real search of ``text``, then the best set to the first successful trial whose params satisfy ``pick``."""
+    space = tmp_path / f"{name}.yaml"
+    space.write_text(text)
+    run_search(SearchOptions(budget_s=120, storage_url=sqlite_url, study=name, space_path=str(space),
+                             out_dir=str(tmp_path / "o"), hardware=Hardware(), n_trials=24, seed=1, confirm_top=0))
+    repo = Repo(sqlite_url)
+    run = repo.get_run(name)
+    chosen = [t for t in repo.list_trials(run.id, outcome="ok") if pick(t.params)]
+    assert chosen, "the search never ran the configuration this test needs; change the seed"
+    repo.set_best(run.id, chosen[0].number, chosen[0].value)
+    return repo, run
+
+
+def test_each_change_alone_on_the_baseline_follows_conditions_and_ranks_failures_last(tmp_path, sqlite_url,
+                                                                                      monkeypatch):
+    import tuner.isolation
+
+    repo, run = _study_with_best(tmp_path, sqlite_url, "c", COND_SPACE,
+                                 lambda p: p == {"x": 4, "a": "on", "k": 3, "b": "on"})
+    base = repo.baseline_trial(run.id)
+    assert base.params == {"x": 0, "a": "off", "b": "off"}
+    stored = {int(m.level[2:]): m.value for m in base.measurements if m.metric == "tok_s"}
+    assert set(stored) == {1, 4}
+    jobs, real = [], tuner.isolation.run_trial
+    monkeypatch.setattr(tuner.isolation, "run_trial", lambda job: jobs.append(dict(job.params)) or real(job))
+    ab = ablate(sqlite_url, "c")
+
+    # the baseline and the best re-run first (ratios side by side), then forward and backward per changed
+    # parameter; k is inactive in the baseline and follows a
+    assert jobs[:2] == [base.params, {"x": 4, "a": "on", "k": 3, "b": "on"}]
+    assert jobs[2:] == [{"x": 4, "a": "off", "b": "off"}, {"x": 0, "a": "on", "k": 3, "b": "on"},
+                    {"x": 0, "a": "on", "k": 3, "mode": "raise", "b": "off"}, {"x": 4, "a": "off", "b": "on"},
+                    {"x": 0, "a": "off", "b": "on"}, {"x": 4, "a": "on", "k": 3, "mode": "raise", "b": "off"}]
+    assert ab.baseline_by_level == stored  # the fake target is deterministic: the re-run equals the stored run
+    assert any("baseline re-run in this ablation" in n for n in ab.notes)
+    alone = {r["param"]: r for r in ab.alone}
+    assert set(alone) == {"x", "a", "b"}  # k is no row of its own
+    x = alone["x"]
+    assert (x["from"], x["to"], x["outcome"]) == (0, 4, "ok")
+    for c in (1, 4):  # against the baseline's stored values: (10 + 5 * 4) / 10
+        assert x["gain"][c] == x["by_level"][c] / stored[c]
+        assert abs(x["gain"][c] - 3.0) < 1e-9
+        assert abs(alone["b"]["gain"][c] - 1.0) < 1e-9
+    assert alone["a"]["outcome"] != "ok" and alone["a"]["gain"] == {}
+    assert [r["param"] for r in ab.alone] == ["x", "b", "a"]  # failed alone: worth nothing, last
+    assert ab.ablation[0]["param"] == "b" and ab.ablation[0]["outcome"] != "ok"  # backward: a failed undo first
+    assert [r["param"] for r in ab.ablation][1:] == ["x", "a"]
+
+    text = ab.markdown()
+    new = text.index("## What each change is worth alone: the baseline with only that parameter set to the best's "
+                     "value")
+    assert new < text.index("put back to its baseline value")
+    assert "| parameter | baseline → best value | c=1 x faster | c=4 x faster |" in text
+    assert "| x | 0 → 4 | 3.00 | 3.00 |" in text
+    assert f"| a | off → on | {alone['a']['outcome']} | {alone['a']['outcome']} |" in text
+    assert ("At c=4 the largest single change is `x` (3.00x alone on the baseline); the costliest to undo from "
+            f"the best is `b` (the best without it fails: {ab.ablation[0]['outcome']}).") in text
+
+    jobs.clear()
+    only = ablate(sqlite_url, "c", views=("alone",))
+    assert len(jobs) == 1 + 3 and not only.ablation and len(only.alone) == 3  # the baseline re-run, the changes
+    assert "At c=1 the largest single change is `x` (3.00x alone on the baseline)." in only.markdown()
+
+
+MIN_SPACE = FAKE_SPACE.replace("values: [ok, crash, hang, oom, raise]", "values: [ok]").replace(
+    "objective: {metric: tok_s,", "objective: {metric: tok_s, direction: minimize,").replace(
+    "values: [0, 1, 2, 3, 4, 5, 6, 7]\n    default: 0", "values: [0, 1, 2, 3, 4, 5, 6, 7]\n    default: 7")
+
+
+def test_a_helpful_change_is_worth_more_than_1x_when_the_objective_is_minimized(tmp_path, sqlite_url):
+    assert "direction: minimize" in MIN_SPACE and "default: 7" in MIN_SPACE
+    _study_with_best(tmp_path, sqlite_url, "m", MIN_SPACE, lambda p: p["x"] == 2)
+    ab = ablate(sqlite_url, "m")
+    want = (10.0 + 5 * 7) / (10.0 + 5 * 2)  # smaller is better: the baseline's 45 against the best's 20
+    for rows, ratio in ((ab.alone, "gain"), (ab.ablation, "loss")):
+        (row,) = rows
+        assert (row["param"], row["from"], row["to"]) == ("x", 7, 2)
+        assert set(row[ratio]) == {1, 4}
+        assert all(abs(v - want) < 1e-9 for v in row[ratio].values()), row
+
+
+def test_bad_ablate_views_is_one_line_naming_the_option_the_value_and_the_choices(tmp_path):
+    r = subprocess.run([sys.executable, "-m", "tuner", "explain", "--ablate", "--ablate-views", "alone,bogus"],
+                       cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 2, (r.stdout, r.stderr)
+    lines = [ln for ln in r.stderr.splitlines() if ln.strip()]
+    assert len(lines) == 1 and lines[0].startswith("error: "), r.stderr
+    for needle in ("--ablate-views", "alone,bogus", "alone, undo"):
+        assert needle in lines[0], lines[0]
+    assert not (tmp_path / "tuner.db").exists()  # refused before opening anything

@@ -1,0 +1,74 @@
+"""Run as a subprocess by test_kernels_compile_only.py (never under TRITON_INTERPRET): compile kernel configs for
+sm_90 with the real Triton compiler on a machine without a GPU.
+
+Triton asks its active driver for the target, device and stream; here a driver that answers sm_90 stands in for
+the CUDA one (nothing is launched: every launch goes through ``jit_compile_only``). ``meta`` compiles from meta
+tensors, as the compile helpers do; ``real`` from real CPU tensors, as a trial's first launch specialises them.
+
+    python compile_probe.py meta|real KERNEL[,KERNEL...]
+"""
+
+import json
+import sys
+import time
+
+from triton.backends.compiler import GPUTarget
+from triton.backends.nvidia.driver import CudaDriver
+from triton.runtime import driver
+
+
+class Sm90(CudaDriver):
+    def __init__(self):  # no CUDA library is loaded
+        pass
+
+    def get_current_target(self):
+        return GPUTarget("cuda", 90, 32)
+
+    def get_current_device(self):
+        return 0
+
+    def get_current_stream(self, device=None):
+        return 0
+
+    def set_current_device(self, device):
+        pass
+
+
+def configs(kernel, shape):
+    """The default and the first other config of the space that passes the kernel's rules."""
+    import itertools
+
+    default = kernel.default_config(shape)
+    space = kernel.config_space(shape)
+    for values in itertools.product(*space.values()):
+        cfg = {**default, **dict(zip(space, values))}
+        if cfg != default and kernel.check_config(cfg, shape, None, dtype="float16") is None:
+            return [default, cfg]
+    return [default]
+
+
+def main() -> None:
+    mode, names = sys.argv[1], sys.argv[2].split(",")
+    driver.set_active(Sm90())
+    from kernels.compile_only import compile_config, jit_compile_only, meta_inputs
+    from kernels.registry import get_kernel
+
+    out = {}
+    for name in names:
+        kernel = get_kernel(name)
+        shape = kernel.shapes("test")[0]
+        inputs = kernel.make_inputs(shape, "float16", "cpu", 0)
+        for cfg in configs(kernel, shape):
+            t0 = time.perf_counter()
+            if mode == "meta":
+                compile_config(kernel, meta_inputs(inputs), cfg)
+            else:
+                o = kernel.output_like(inputs)
+                with jit_compile_only():
+                    kernel.run(inputs, cfg) if o is None else kernel.run(inputs, cfg, out=o)
+            out.setdefault(name, []).append(time.perf_counter() - t0)
+    print(json.dumps(out))
+
+
+if __name__ == "__main__":
+    main()
