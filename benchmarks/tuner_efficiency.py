@@ -384,7 +384,8 @@ def vs_autotune(frac: float, out: Path) -> list[str]:
         fl = (f"first launch (compile or cache load) median {statistics.median(first):.2f} s over {len(first)} trials"
               if first else "no first-launch times")
         lines.append(f"- {label}: {trials} trials ({case.evaluated} configs run), {wall:.1f} s wall, "
-                     f"{res.preflight.facts.get('compile_ahead', '')}; {fl}; {case.status}, picked {picked[label]}, "
+                     f"{res.compile_ahead or res.preflight.facts.get('compile_ahead', '')}; {fl}; {case.status}, "
+                     f"picked {picked[label]}, "
                      f"re-timed {times[label]:.2f} us ({times[label] / times['triton.autotune'] - 1:+.1%} vs autotune's)")
         lines.append(f"  - wall-time ratio autotune / this: {at_process_s / wall:.1f}x "
                      f"(in-call only: {at['wall_s'] / wall:.1f}x)")

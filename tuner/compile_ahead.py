@@ -76,6 +76,7 @@ class CompileAhead:
         self.submitted = 0
         self.compiled = 0
         self.failed = 0
+        self.first_error = ""
 
     def submit(self, kernel_name: str, shape: dict[str, int], dtype: str, config: dict[str, Any], seed: int = 0
                ) -> Future:
@@ -92,7 +93,10 @@ class CompileAhead:
             self.compiled += 1
         else:
             self.failed += 1
-            _logger.debug("compile ahead failed (the trial compiles for itself): %s: %s", type(exc).__name__, exc)
+            if self.failed == 1:
+                self.first_error = f"{type(exc).__name__}: {exc}"[:300]
+            _logger.log(logging.WARNING if self.failed == 1 else logging.DEBUG,
+                        "compile ahead failed (the trial compiles for itself): %s: %s", type(exc).__name__, exc)
 
     def wait(self, fut: Future, timeout_s: float) -> None:
         """Wait for ``fut`` up to ``timeout_s``; its failure or lateness only means the trial compiles itself."""
@@ -100,6 +104,10 @@ class CompileAhead:
             fut.result(timeout=max(0.0, timeout_s))
         except Exception:  # noqa: BLE001 - counted and logged in _count; a timeout leaves it running
             pass
+
+    def summary(self) -> str:
+        return (f"compile ahead ({self.helpers} helpers): {self.submitted} configs sent, {self.compiled} compiled, "
+                f"{self.failed} failed" + (f" (first: {self.first_error})" if self.first_error else ""))
 
     def close(self) -> None:
         """Stop the helpers now (a compile in flight is abandoned)."""
@@ -110,8 +118,7 @@ class CompileAhead:
                 p.terminate()
         for p in procs:
             p.join(timeout=5)
-        _logger.info("compile ahead: %d configs submitted, %d compiled, %d failed in the helpers",
-                     self.submitted, self.compiled, self.failed)
+        _logger.info("%s", self.summary())
 
 
 __all__ = ["CompileAhead", "default_helpers"]

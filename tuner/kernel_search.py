@@ -124,6 +124,8 @@ class KernelSearchResult:
     elapsed_s: float
     stop_reason: str = ""
     written: list[str] = field(default_factory=list)
+    compile_ahead: str = ""
+    """What the compile helpers did (empty when there were none)."""
 
     @property
     def export_dir(self) -> str | None:
@@ -140,6 +142,8 @@ class KernelSearchResult:
                        f"{c.evaluated} configs run of {c.trials} trials" + (f"; {c.reason}" if c.reason else ""))
             if c.status == "tuned" and c.config:
                 out.append(f"      config {c.config}")
+        if self.compile_ahead:
+            out.append(self.compile_ahead)
         if self.config_dir:
             out.append(f"tuned-config files: {self.config_dir} (export {ENV_VAR}={self.config_dir})")
         return out
@@ -527,7 +531,7 @@ def tune_cases(cases: list[KernelCase], options: SearchOptions, *, study: str, p
     written = _write(results, gpu, out_dir if options.export else None, conf)
     return KernelSearchResult(study, options.storage_url, state, results,
                               str(out_dir.resolve()) if options.export else conf, report, time.time() - t0,
-                              stop_reason, [str(p) for p in written])
+                              stop_reason, [str(p) for p in written], ahead.summary() if ahead else "")
 
 
 def compile_helpers(settings: dict[str, Any], gpu_count: int) -> int:
