@@ -104,7 +104,19 @@ class Explanation:
         if undo:
             cost = f"{undo['loss'][c]:.2f}x" if c in undo["loss"] else f"the best without it fails: {undo['outcome']}"
             parts.append(f"the costliest to undo from the best is `{undo['param']}` ({cost})")
-        return f"At c={c} " + "; ".join(parts) + "." if parts else ""
+        if not parts:
+            return ""
+        # a change worth a lot alone that costs little to undo: other changes of the best remove the same cost
+        undo_loss = {r["param"]: r["loss"][c] for r in self.ablation if c in r["loss"]}
+        overlap = [r for r in self.alone if c in r["gain"] and r["gain"][c] >= 1.5
+                   and r["param"] in undo_loss and undo_loss[r["param"]] <= r["gain"][c] ** 0.5]
+        text = f"At c={c} " + "; ".join(parts) + "."
+        if overlap:
+            text += (" Overlapping changes (each worth much more alone than undoing it costs, so other changes of the "
+                     "best remove much of the same cost): " + ", ".join(
+                         f"`{r['param']}` {r['gain'][c]:.2f}x alone vs {undo_loss[r['param']]:.2f}x to undo"
+                         for r in overlap) + ".")
+        return text
 
 
 def _importances(trials: list[optuna.trial.FrozenTrial], values: dict[int, float]) -> dict[str, float]:

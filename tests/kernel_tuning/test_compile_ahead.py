@@ -14,6 +14,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import optuna
 import pytest
+import torch
 
 from search_spaces import Hardware
 from storage import Repo
@@ -110,3 +111,41 @@ def test_compile_helpers_setting():
         compile_helpers({"compile_ahead": "lots"}, 1)
     with pytest.raises(SearchError, match="got -2"):
         compile_helpers({"compile_ahead": -2}, 1)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="the helpers compile for the GPU's target: needs CUDA")
+def test_helpers_fill_the_cache_that_the_trial_then_loads(tmp_path, monkeypatch):
+    """Real helpers compile three indexer configs at a V4-Flash shape from meta tensors; a fresh process then runs
+    and checks the same configs on real inputs and finds every binary in Triton's cache (none is added)."""
+    import itertools
+    import subprocess
+    import sys
+
+    from kernels.registry import get_kernel
+    from tuner.compile_ahead import CompileAhead
+
+    cache = tmp_path / "cache"
+    monkeypatch.setenv("TRITON_CACHE_DIR", str(cache))
+    k = get_kernel("indexer")
+    shape = k.shapes("v4flash")[0]
+    space = k.config_space(shape)
+    configs = [c for c in ({**k.default_config(shape), **dict(zip(space, v))} for v in itertools.product(*space.values()))
+               if k.check_config(c, shape, "cuda", dtype="bfloat16") is None][:3]
+    ahead = CompileAhead(2)
+    try:
+        for fut in [ahead.submit("indexer", shape, "bfloat16", c) for c in configs]:
+            assert fut.result(timeout=300) > 0
+    finally:
+        ahead.close()
+    binaries = sorted(p.name for p in cache.rglob("*.cubin"))
+    assert len(binaries) >= len(configs)
+    code = ("import json, sys; from kernels import check, get_kernel; k = get_kernel('indexer'); "
+            "shape, configs = json.loads(sys.argv[1]); "
+            "print([check(k, shape, 'bfloat16', c, 'cuda', seed=3) for c in configs])")
+    p = subprocess.run([sys.executable, "-c", code, json.dumps([shape, configs])], capture_output=True, text=True,
+                       timeout=300)
+    assert p.returncode == 0, p.stderr[-2000:]
+    errors = json.loads(p.stdout.strip().splitlines()[-1])
+    assert all(e <= k.tolerance("bfloat16") for e in errors)
+    assert sorted(p.name for p in cache.rglob("*.cubin")) == binaries  # every first launch was a cache load

@@ -172,6 +172,7 @@ def test_more_cases_than_the_budget_holds_tunes_the_first_ones(tmp_path, sqlite_
         return ks.KernelCaseResult(case.kernel, dict(case.shape), case.dtype, case.shape_key, "default_kept")
 
     monkeypatch.setattr(ks, "tune_case", one_second_case)
+    monkeypatch.setattr(ks, "MIN_SHARE_S", 2.0)  # the rule, at a scale a unit test can wait for
     cases = [KernelCase(TINY, {"batch": 1, "width": w}) for w in (8, 16, 24, 32, 40, 48, 56, 64)]
     res = tune_cases(cases, _options(tmp_path, sqlite_url, budget_s=9, confirm_top=0), study="many")
     status = [c.status for c in res.cases]

@@ -172,3 +172,25 @@ def test_bad_ablate_views_is_one_line_naming_the_option_the_value_and_the_choice
     for needle in ("--ablate-views", "alone,bogus", "alone, undo"):
         assert needle in lines[0], lines[0]
     assert not (tmp_path / "tuner.db").exists()  # refused before opening anything
+
+
+def test_changes_that_remove_the_same_cost_are_named_as_overlapping():
+    """Two fixes of one cost (a fused indexer, a context cap): each worth ~9x alone, each cheap to undo from a best
+    that has the other; a change worth little alone is not named."""
+    from tuner.explain import Explanation
+
+    def row(param, key, value):
+        return {"param": param, "from": 0, "to": 1, "outcome": "ok", "by_level": {}, key: {64: value}}
+
+    ex = Explanation(study="s", baseline_by_level={64: 94.4}, best_by_level={64: 1804.0})
+    ex.alone = [row("indexer_impl", "gain", 9.45), row("context_length", "gain", 8.40), row("glue", "gain", 1.01),
+                row("attention_impl", "gain", 2.0)]
+    ex.ablation = [row("indexer_impl", "loss", 1.55), row("context_length", "loss", 1.17), row("glue", "loss", 1.12),
+                   row("attention_impl", "loss", 1.9)]
+    text = ex._summary(64)
+    assert text.startswith("At c=64 the largest single change is `indexer_impl` (9.45x alone on the baseline)")
+    tail = text.split("Overlapping changes")[1]
+    assert "`indexer_impl` 9.45x alone vs 1.55x to undo" in tail and "`context_length` 8.40x alone vs 1.17x" in tail
+    assert "glue" not in tail and "attention_impl" not in tail  # 1.01x alone; 1.9x to undo > sqrt(2.0)
+    ex.ablation = [row("indexer_impl", "loss", 9.0), row("context_length", "loss", 8.0)]
+    assert "Overlapping" not in ex._summary(64)
