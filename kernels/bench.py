@@ -6,10 +6,13 @@
   kernel neither hits its own data nor pays for writing back a flush's dirty lines (a write-based
   flush, ``buf.zero_()``, leaves up to 60 MB of dirty L2 lines whose write-back lands inside the
   timing of the next kernel). The flush is outside the events.
-* Short calls (estimated under ``graph_below_us``, 20 µs by default) are timed as CUDA-graph
-  replays: one graph holds one call per input set of ``args_list`` (rotation), so launch gaps are
-  those of decode-in-a-graph and, after the flush, every call of a replay reads cold data as long as
-  the input sets are distinct buffers.
+* Short calls (estimated under ``graph_below_us``, 20 µs by default) and launch-bound calls (enqueueing
+  them takes the CPU at least half as long as the GPU takes to run them: a wrapper of many small
+  launches, such as the fused MoE at one token) are timed as CUDA-graph replays: one graph holds one
+  call per input set of ``args_list`` (rotation), so launch gaps are those of decode-in-a-graph, the
+  CPU's load does not leak into the time, and, after the flush, every call of a replay reads cold
+  data as long as the input sets are distinct buffers. A call chosen for graphs that cannot be
+  captured is timed eagerly.
 * Results are the median and the 20th/80th percentiles in microseconds.
 """
 
@@ -18,12 +21,16 @@ from __future__ import annotations
 import logging
 import math
 import statistics
+import time
 from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
 import torch
 
-__all__ = ["Timing", "do_bench", "flush_l2", "measure_copy_bandwidth", "measure_matmul_tflops"]
+__all__ = ["Timing", "do_bench", "flush_l2", "measure_copy_bandwidth", "measure_matmul_tflops", "wants_graph"]
+
+LAUNCH_BOUND = 0.5
+"""A call whose CPU enqueue time is at least this fraction of its GPU time is launch-bound (timed as a graph)."""
 
 logger = logging.getLogger(__name__)
 
@@ -81,7 +88,8 @@ def do_bench(
 ) -> Timing:
     """Time ``fn(args)`` for ``args`` cycling through ``args_list`` (or ``fn()`` when None).
 
-    ``cuda_graph``: True/False forces the mode; None picks graphs for calls under ``graph_below_us``.
+    ``cuda_graph``: True/False forces the mode; None picks graphs for calls under ``graph_below_us`` and for
+    launch-bound calls (:func:`wants_graph`), falling back to eager timing when capture fails.
     """
     calls = [(lambda a=a: fn(a)) for a in args_list] if args_list else [fn]
     flush = _flush_buffer(device)
@@ -91,40 +99,65 @@ def do_bench(
     torch.cuda.synchronize()
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     start.record()
+    t0 = time.perf_counter()
     for i in range(5):
         calls[i % len(calls)]()
+    enqueue_us = (time.perf_counter() - t0) * 1e6 / 5
     end.record()
     torch.cuda.synchronize()
     estimate_us = start.elapsed_time(end) * 1e3 / 5
-    use_graph = (estimate_us < graph_below_us) if cuda_graph is None else cuda_graph
-
+    use_graph = wants_graph(estimate_us, enqueue_us, graph_below_us) if cuda_graph is None else cuda_graph
     if use_graph:
-        graph = torch.cuda.CUDAGraph()
-        stream = torch.cuda.Stream()
-        stream.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(stream):
-            for call in calls:  # warm-up on the capture stream
-                call()
+        try:
+            return _bench_graph(calls, flush, flush_l2, estimate_us, rep_ms, max_reps, min_reps)
+        except RuntimeError as exc:  # e.g. an op that cannot be captured
+            if cuda_graph:
+                raise
             torch.cuda.synchronize()
-            with torch.cuda.graph(graph, stream=stream):
-                for call in calls:
-                    call()
-        torch.cuda.current_stream().wait_stream(stream)
-        torch.cuda.synchronize()
-        per_replay_us = max(estimate_us * len(calls), 1.0) + 30.0  # flush ~60 µs not counted
-        reps = int(min(max_reps, max(min_reps, rep_ms * 1e3 / per_replay_us)))
-        events = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(reps)]
-        graph.replay()
-        for s, e in events:
-            if flush_l2:
-                torch.sum(flush, dtype=torch.int64)
-            s.record()
-            graph.replay()
-            e.record()
-        torch.cuda.synchronize()
-        samples = [s.elapsed_time(e) * 1e3 / len(calls) for s, e in events]
-        return _timing(samples, True)
+            logger.info("CUDA-graph capture failed (%s); timing eagerly", str(exc).splitlines()[0][:200])
+    return _bench_eager(calls, flush, flush_l2, estimate_us, rep_ms, max_reps, min_reps)
 
+
+def wants_graph(estimate_us: float, enqueue_us: float, graph_below_us: float = 20.0) -> bool:
+    """Time as a CUDA-graph replay: a call under ``graph_below_us`` of GPU time, or a launch-bound one (its CPU
+    enqueue time at least :data:`LAUNCH_BOUND` of its GPU time, so an eager timing measures the CPU)."""
+    return estimate_us < graph_below_us or enqueue_us >= LAUNCH_BOUND * estimate_us
+
+
+def _bench_graph(calls, flush, flush_l2: bool, estimate_us: float, rep_ms: float, max_reps: int, min_reps: int
+                 ) -> Timing:
+    # one graph of one call per input set, replayed after a flush each time
+    graph = torch.cuda.CUDAGraph()
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        for call in calls:  # warm-up on the capture stream
+            call()
+        torch.cuda.synchronize()
+        with torch.cuda.graph(graph, stream=stream):
+            for call in calls:
+                call()
+    torch.cuda.current_stream().wait_stream(stream)
+    torch.cuda.synchronize()
+    per_replay_us = max(estimate_us * len(calls), 1.0) + 30.0  # flush ~60 µs not counted
+    reps = int(min(max_reps, max(min_reps, rep_ms * 1e3 / per_replay_us)))
+    events = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(reps)]
+    graph.replay()
+    for s, e in events:
+        if flush_l2:
+            torch.sum(flush, dtype=torch.int64)
+        s.record()
+        graph.replay()
+        e.record()
+    torch.cuda.synchronize()
+    samples = [s.elapsed_time(e) * 1e3 / len(calls) for s, e in events]
+    return _timing(samples, True)
+
+
+
+
+def _bench_eager(calls, flush, flush_l2: bool, estimate_us: float, rep_ms: float, max_reps: int, min_reps: int
+                 ) -> Timing:
     reps = int(min(max_reps, max(min_reps, rep_ms * 1e3 / max(estimate_us, 1.0))))
     events = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(reps)]
     for i, (s, e) in enumerate(events):
