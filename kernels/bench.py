@@ -11,8 +11,8 @@
   launches, such as the fused MoE at one token) are timed as CUDA-graph replays: one graph holds one
   call per input set of ``args_list`` (rotation), so launch gaps are those of decode-in-a-graph, the
   CPU's load does not leak into the time, and, after the flush, every call of a replay reads cold
-  data as long as the input sets are distinct buffers. A call chosen for graphs that cannot be
-  captured is timed eagerly.
+  data as long as the input sets are distinct buffers. A call that synchronises (torch's sync debug
+  mode says so) cannot be captured and is timed eagerly.
 * Results are the median and the 20th/80th percentiles in microseconds.
 """
 
@@ -89,7 +89,7 @@ def do_bench(
     """Time ``fn(args)`` for ``args`` cycling through ``args_list`` (or ``fn()`` when None).
 
     ``cuda_graph``: True/False forces the mode; None picks graphs for calls under ``graph_below_us`` and for
-    launch-bound calls (:func:`wants_graph`), falling back to eager timing when capture fails.
+    launch-bound calls (:func:`wants_graph`) unless the call synchronises (then it is timed eagerly).
     """
     calls = [(lambda a=a: fn(a)) for a in args_list] if args_list else [fn]
     flush = _flush_buffer(device)
@@ -106,16 +106,29 @@ def do_bench(
     end.record()
     torch.cuda.synchronize()
     estimate_us = start.elapsed_time(end) * 1e3 / 5
-    use_graph = wants_graph(estimate_us, enqueue_us, graph_below_us) if cuda_graph is None else cuda_graph
+    if cuda_graph is None:
+        # a call that synchronises (.item(), a host copy) cannot be captured, and a failed capture can leave the
+        # process's CUDA state broken (the RNG refuses to run afterwards): find out without trying
+        use_graph = wants_graph(estimate_us, enqueue_us, graph_below_us) and not _synchronises(calls[0])
+    else:
+        use_graph = cuda_graph
     if use_graph:
-        try:
-            return _bench_graph(calls, flush, flush_l2, estimate_us, rep_ms, max_reps, min_reps)
-        except RuntimeError as exc:  # e.g. an op that cannot be captured
-            if cuda_graph:
-                raise
-            torch.cuda.synchronize()
-            logger.info("CUDA-graph capture failed (%s); timing eagerly", str(exc).splitlines()[0][:200])
+        return _bench_graph(calls, flush, flush_l2, estimate_us, rep_ms, max_reps, min_reps)
     return _bench_eager(calls, flush, flush_l2, estimate_us, rep_ms, max_reps, min_reps)
+
+
+def _synchronises(call: Callable[[], Any]) -> bool:
+    """True when ``call`` makes a synchronising CUDA call (torch's sync debug mode raises on it)."""
+    previous = torch.cuda.get_sync_debug_mode()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        call()
+        return False
+    except RuntimeError:
+        return True
+    finally:
+        torch.cuda.set_sync_debug_mode(previous)
+        torch.cuda.synchronize()
 
 
 def wants_graph(estimate_us: float, enqueue_us: float, graph_below_us: float = 20.0) -> bool:
