@@ -66,24 +66,13 @@ class Explanation:
                     f"{r['shapes']} |" for r in prof["top"]]
             out.append("")
         if self.alone:
-            levels = sorted(self.baseline_by_level)
-            out += ["## What each change is worth alone: the baseline with only that parameter set to the best's "
-                    "value", "",
-                    "| parameter | baseline → best value | " + " | ".join(f"c={c} x faster" for c in levels) + " |",
-                    "| --- | --- | " + " | ".join("---" for _ in levels) + " |"]
-            for row in self.alone:
-                cells = [f"{row['gain'][c]:.2f}" if c in row["gain"] else row["outcome"] for c in levels]
-                out.append(f"| {row['param']} | {row['from']} → {row['to']} | " + " | ".join(cells) + " |")
-            out.append("")
+            out += _ratio_table("What each change is worth alone: the baseline with only that parameter set to the "
+                                "best's value", "baseline → best value", "x faster", self.alone, "gain",
+                                sorted(self.baseline_by_level), reverse=False)
         if self.ablation:
-            levels = sorted(self.best_by_level)
-            out += ["## What each change is worth: the best with one parameter put back to its baseline value", "",
-                    "| parameter | best → baseline value | " + " | ".join(f"c={c} x slower" for c in levels) + " |",
-                    "| --- | --- | " + " | ".join("---" for _ in levels) + " |"]
-            for row in self.ablation:
-                cells = [f"{row['loss'][c]:.2f}" if c in row["loss"] else row["outcome"] for c in levels]
-                out.append(f"| {row['param']} | {row['to']} → {row['from']} | " + " | ".join(cells) + " |")
-            out.append("")
+            out += _ratio_table("What each change is worth: the best with one parameter put back to its baseline "
+                                "value", "best → baseline value", "x slower", self.ablation, "loss",
+                                sorted(self.best_by_level), reverse=True)
         summary = [line for c in sorted(set(self.baseline_by_level) | set(self.best_by_level))
                    if (line := self._summary(c))]
         if summary:
@@ -117,6 +106,19 @@ class Explanation:
                          f"`{r['param']}` {r['gain'][c]:.2f}x alone vs {undo_loss[r['param']]:.2f}x to undo"
                          for r in overlap) + ".")
         return text
+
+
+def _ratio_table(title: str, change: str, unit: str, rows: list[dict], key: str, levels: list[int], *,
+                 reverse: bool) -> list[str]:
+    """A markdown table of ablation rows: the change (``from → to``, or ``to → from`` when ``reverse``) and the ratio
+    ``key`` at each level, or the re-run's outcome where it has none."""
+    out = [f"## {title}", "", f"| parameter | {change} | " + " | ".join(f"c={c} {unit}" for c in levels) + " |",
+           "| --- | --- | " + " | ".join("---" for _ in levels) + " |"]
+    for row in rows:
+        a, b = (row["to"], row["from"]) if reverse else (row["from"], row["to"])
+        cells = [f"{row[key][c]:.2f}" if c in row[key] else row["outcome"] for c in levels]
+        out.append(f"| {row['param']} | {a} → {b} | " + " | ".join(cells) + " |")
+    return out + [""]
 
 
 def _importances(trials: list[optuna.trial.FrozenTrial], values: dict[int, float]) -> dict[str, float]:
