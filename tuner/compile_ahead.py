@@ -6,7 +6,8 @@ pending ones are kept apart), hands their configs to :class:`CompileAhead`, and 
 time a trial reaches the GPU its binary is in Triton's on-disk cache and the trial worker only loads it.
 
 Helpers compile with :func:`kernels.compile_only.compile_config` (the kernel's own wrapper on meta tensors, Triton's
-warmup path): they launch nothing, so a measurement in flight on the same GPU is not disturbed. A helper's failure
+warmup path): compiling launches nothing, so a measurement in flight on the same GPU is not disturbed (a helper makes
+each case's inputs once on the GPU, a few ms of random fill, to take their shapes and strides). A helper's failure
 is never a trial's outcome: the trial compiles for itself and its own error (compile error, out of resources) is
 what is recorded. Helpers ignore Ctrl-C; the search shuts them down.
 """
@@ -51,7 +52,8 @@ def _compile_task(kernel_name: str, shape: dict[str, int], dtype: str, config: d
     key = (kernel_name, json.dumps(shape, sort_keys=True), dtype)
     if key not in _inputs:
         _inputs.clear()
-        real = kernel.make_inputs(shape, dtype, "cuda", seed)  # once per case: the shapes and strides of a trial's
+        # once per case, a few ms of random fill on the GPU: a trial's inputs, kept as shapes, strides and dtypes
+        real = kernel.make_inputs(shape, dtype, "cuda", seed)
         _inputs[key] = meta_inputs(real)
         del real
         torch.cuda.empty_cache()

@@ -314,8 +314,11 @@ def _loop(ctx: SearchContext, progress: Progress | None, reserve, case: KernelCa
         for trial, fut in pending:
             if fut is not None:
                 fut.cancel()
-            trial.set_user_attr("outcome", "not_run")
-            ctx.study.tell(trial, state=optuna.trial.TrialState.FAIL)
+            try:
+                trial.set_user_attr("outcome", "not_run")
+                ctx.study.tell(trial, state=optuna.trial.TrialState.FAIL)
+            except Exception:  # noqa: BLE001 - never mask why the loop ended; a resume fails stale trials anyway
+                _logger.warning("could not close trial %d, asked ahead and not run", trial.number, exc_info=True)
 
 
 def _compile_early(ctx: SearchContext, trial, case: KernelCase, ahead: CompileAhead, submitted: set[str]
