@@ -376,8 +376,15 @@ def worker_loop(ctx, progress, *, name: str, leaser: GpuLeaser | None = None, ma
             break
         if storage is not None and time.time() - last_stale >= heartbeat_interval:
             last_stale = time.time()
+
+            def fail_stale():
+                # under the ask lock: failing a lost trial and enqueueing its retry is one step for the cap, else
+                # another worker sees one running trial fewer, asks a new trial, and the study ends one over the cap
+                with lock.held():
+                    fail_stale_trials(ctx.study)
+
             try:
-                retry_db(lambda: fail_stale_trials(ctx.study), what="fail stale trials")
+                retry_db(fail_stale, what="fail stale trials")
             except Exception:  # noqa: BLE001 - another worker will do it
                 _logger.exception("checking for lost trials failed")
 

@@ -61,6 +61,8 @@ class FakeTarget(Target):
         pause = float(self.settings.get("sleep_ms", 10)) / 1000.0
         stall = os.environ.get("TUNER_FAKE_STALL_FILE")
         if stall and os.path.exists(stall):  # the test kills a worker while trials stall here
+            with open(stall + ".entered", "a") as f:  # which trials are stalled: the test picks its victim among them
+                f.write(json.dumps(params, sort_keys=True) + "\n")
             while os.path.exists(stall) and time.time() < deadline:
                 time.sleep(0.05)
         time.sleep(pause)

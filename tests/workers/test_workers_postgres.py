@@ -3,9 +3,11 @@ a database restart. The fake target's trials take ~10 ms; the cost per trial is 
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import time
+from pathlib import Path
 
 import pytest
 from optuna.trial import TrialState
@@ -45,11 +47,15 @@ def test_killed_worker_trial_is_failed_by_heartbeat_and_retried_once(pg_url, tmp
     end = time.time() + 90
     while _count_done(pg_url, study, run_id) < 8 and time.time() < end:
         time.sleep(0.3)
-    stall.touch()  # every trial that starts now hangs until the file goes
+    stall.touch()  # every trial that reaches the check now hangs until the file goes
+    entered = Path(str(stall) + ".entered")
     victim_trial = None
     while victim_trial is None and time.time() < end:
         _, recs = study_state(pg_url, study, run_id)
-        victim_trial = next((r.number for r in recs if r.state == "running" and r.worker == "w0"), None)
+        # a trial of w0 that is hanging at the check (one that passed it just before may be finishing right now)
+        stalled = set(entered.read_text().splitlines()) if entered.exists() else set()
+        victim_trial = next((r.number for r in recs if r.state == "running" and r.worker == "w0"
+                             and json.dumps(r.params, sort_keys=True) in stalled), None)
         time.sleep(0.2)
     assert victim_trial is not None, "worker w0 never started a trial"
     os.kill(procs[0].pid, signal.SIGKILL)

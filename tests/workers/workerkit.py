@@ -183,7 +183,10 @@ def assert_consistent(url: str, study: str, run_id: int, n: int) -> tuple[list, 
     by_number = {r.number: r for r in recs}
     assert len(by_number) == len(recs), "a trial recorded twice"
     assert not [r for r in recs if r.state == "running"], "a trial left running in tuner_trials"
-    assert sorted(r.number for r in recs if r.outcome == "ok") == complete
+    ok = sorted(r.number for r in recs if r.outcome == "ok")
+    assert ok == complete, {n: ([t.state.name for t in trials if t.number == n], by_number.get(n) and
+                                (by_number[n].outcome, by_number[n].reason[:200]))
+                            for n in set(ok) ^ set(complete)}
     for t in trials:
         assert t.number in by_number, f"trial {t.number} ({t.state}) missing from tuner_trials"
         if t.state == TrialState.FAIL:
