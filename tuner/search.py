@@ -376,9 +376,12 @@ def _run_isolated(ctx: SearchContext, trial: optuna.Trial, params: dict[str, Any
                    params=params, deadline=deadline, settings=ctx.options.settings,
                    hardware=hw.to_json(), gpus=gpus)
 
+    # the baseline (every ratio's reference) and a confirmation re-run (the winner's median) are measured whole
+    prunable = not (trial.user_attrs.get(BASELINE_ATTR) or trial.user_attrs.get(CONFIRM_ATTR) is not None)
+
     def reporter(step: int, value: float) -> bool:
         trial.report(value, step)
-        return trial.should_prune()
+        return prunable and trial.should_prune()
 
     if ctx.target.persistent_worker:
         from tuner.persistent_worker import persistent_worker

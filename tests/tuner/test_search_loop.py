@@ -114,3 +114,25 @@ def test_unreachable_storage_is_a_clear_error(tmp_path):
 
     with pytest.raises(StorageError, match="cannot be reached"):
         run_search(_opts(tmp_path, "postgresql://nobody@127.0.0.1:1/none", n_trials=1))
+
+
+def test_baseline_and_confirmation_runs_are_never_pruned(tmp_path, sqlite_url, monkeypatch):
+    """A pruner that prunes every odd-numbered trial: the baseline and the re-runs that confirm the winner still run
+    whole (a pruned confirmation would leave the winner a single lucky timing)."""
+    import tuner.search as search
+    from tuner.search import BASELINE_ATTR, CONFIRM_ATTR
+
+    class OddPruner(optuna.pruners.BasePruner):
+        def prune(self, study, trial):
+            return trial.number % 2 == 1 or trial.number == 0
+
+    monkeypatch.setattr(search, "make_pruner", OddPruner)
+    space = _space(tmp_path, FAKE_SPACE.replace("values: [ok, crash, hang, oom, raise]", "values: [ok]"), "ok.yaml")
+    run_search(_opts(tmp_path, sqlite_url, budget_s=25.0, space_path=space, confirm_top=3))
+    trials = optuna.load_study(study_name="s", storage=sqlite_url).trials
+    confirms = [t for t in trials if CONFIRM_ATTR in t.user_attrs]
+    assert len(confirms) >= 2  # at least one has an odd number: the pruner wanted it
+    assert any(t.number % 2 for t in confirms)
+    for t in confirms + [t for t in trials if t.user_attrs.get(BASELINE_ATTR)]:
+        assert t.state == optuna.trial.TrialState.COMPLETE and t.user_attrs.get("outcome") == "ok", t
+    assert any(t.state == optuna.trial.TrialState.PRUNED for t in trials)  # the pruner did prune the others
