@@ -225,17 +225,20 @@ def ablate(storage_url: str, study: str, *, timeout_s: float = 300.0, level: int
         return run_trial(job)
 
     # both ends re-measured in this run first, so that every ratio is between runs made side by side
+    def levels_text(values: dict[int, float]) -> str:
+        return ", ".join(f"c={c} {v:.4g}" for c, v in values.items())
+
     for label, trial, attr, view in (("baseline", base, "baseline_by_level", "alone"),
                                      ("best", best, "best_by_level", "undo")):
-        if view not in views or not getattr(ex, attr):
+        stored = getattr(ex, attr)
+        if view not in views or not stored:
             continue
         m = rerun(dict(trial.params))
-        fresh = {c: m.by_level[c] for c in getattr(ex, attr) if m.outcome.value == "ok" and m.by_level.get(c)}
+        fresh = {c: m.by_level[c] for c in stored if m.outcome.value == "ok" and m.by_level.get(c)}
         if fresh:
             setattr(ex, attr, fresh)
-            ex.notes.append(f"the {label} re-run in this ablation: {', '.join(f'c={c} {v:.4g}' for c, v in fresh.items())} "
-                            f"(stored by the search: {', '.join(f'c={c} {v:.4g}' for c, v in _by_level(trial, space.objective, level).items())}); "
-                            "ratios are against the re-run")
+            ex.notes.append(f"the {label} re-run in this ablation: {levels_text(fresh)} (stored by the search: "
+                            f"{levels_text(stored)}); ratios are against the re-run")
         else:
             ex.notes.append(f"the {label} re-run in this ablation failed ({m.outcome.value}); ratios are against "
                             "the value the search stored")
