@@ -36,15 +36,9 @@ class Sm90(CudaDriver):
 
 def configs(kernel, shape):
     """The default and the first other config of the space that passes the kernel's rules."""
-    import itertools
-
     default = kernel.default_config(shape)
-    space = kernel.config_space(shape)
-    for values in itertools.product(*space.values()):
-        cfg = {**default, **dict(zip(space, values))}
-        if cfg != default and kernel.check_config(cfg, shape, None, dtype="float16") is None:
-            return [default, cfg]
-    return [default]
+    other = next((c for c in kernel.configs(shape, None, "float16") if {**default, **c} != default), None)
+    return [default] + ([{**default, **other}] if other else [])
 
 
 def main() -> None:
