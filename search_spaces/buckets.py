@@ -57,3 +57,15 @@ def bucket_for(batch: int, buckets: list[int]) -> int | None:
         if b >= batch:
             return b
     return None
+
+
+def level_batches(space, param: str = "cuda_graph_buckets") -> set[int]:
+    """The decode batch sizes ``space``'s configurations produce: every concurrency level of its objective, and each
+    level padded to every bucket size a choice of its bucket parameter ``param`` captures."""
+    levels = set(space.objective.levels)
+    batches = set(levels)
+    if param in space.names:
+        for spec in space.param(param).choices():
+            sizes = expand_buckets(spec)
+            batches |= {b for c in levels if (b := bucket_for(c, sizes))}
+    return batches

@@ -28,6 +28,8 @@ _logger = logging.getLogger(__name__)
 SCRIPT_NAME = "launch.sh"
 PARAMS_NAME = "best_params.yaml"
 KERNEL_DIR = "kernel_configs"
+MOE_DIR = "sglang_moe_configs"  # SGLang's fused-MoE files, in SGLang's layout (configs/triton_<version>/...)
+MOE_ENV = "SGLANG_MOE_CONFIG_DIR"
 RECORD_MARK = "# tuner-recorded: "
 """The header line holding the recorded figures as JSON; ``tuner verify`` compares a re-run against it."""
 LOAD_KEYS = ("model", "served_model_name", "api", "prompt_len", "output_len", "length_jitter", "dataset",
@@ -48,7 +50,7 @@ def _level_values(trial) -> dict[str, float]:
 
 
 def render_script(spec: LaunchSpec, *, header: list[str], recorded: dict[str, Any] | None,
-                  kernel_dir: bool = False) -> str:
+                  kernel_dir: bool = False, moe_dir: bool = False) -> str:
     """A bash script that runs ``spec``: every argv item and env value through ``shlex.quote``; header text made
     single-line; a ``--port N`` becomes ``"$PORT"`` (default N) so a verifier can move it; ``"$@"`` passes extra
     arguments through."""
@@ -63,7 +65,11 @@ def render_script(spec: LaunchSpec, *, header: list[str], recorded: dict[str, An
     lines += ["set -euo pipefail", 'HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"']
     if kernel_dir:
         lines.append(f'export TUNER_KERNEL_CONFIG_DIR="$HERE/{KERNEL_DIR}"')
+    if moe_dir:
+        lines.append(f'export {MOE_ENV}="$HERE/{MOE_DIR}"')
     for k, v in sorted(spec.env.items()):
+        if moe_dir and k == MOE_ENV:
+            continue
         if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", k):
             raise ExportError(f"environment variable names must be [A-Za-z_][A-Za-z0-9_]*, but got {k!r}; rename it")
         lines.append(f"export {k}={shlex.quote(str(v))}")
@@ -130,7 +136,11 @@ def export_run(repo: Repo, study: str, out_dir: str | os.PathLike, *, target: Ta
             for d in kdirs:
                 for f in sorted(d.glob("*.json")):
                     shutil.copy2(f, tmp / KERNEL_DIR / f.name)
-        script = render_script(spec, header=header, recorded=recorded, kernel_dir=bool(kdirs))
+        moe_src = Path(spec.env[MOE_ENV]) / "configs" if spec.env.get(MOE_ENV) else None
+        has_moe = bool(moe_src and moe_src.is_dir() and any(moe_src.rglob("*.json")))
+        if has_moe:
+            shutil.copytree(moe_src, tmp / MOE_DIR / "configs")
+        script = render_script(spec, header=header, recorded=recorded, kernel_dir=bool(kdirs), moe_dir=has_moe)
         (tmp / SCRIPT_NAME).write_text(script)
         os.chmod(tmp / SCRIPT_NAME, 0o755)
         params_doc = {"study": run.study_name, "target": run.target, "objective": run.objective,
@@ -150,6 +160,8 @@ def export_run(repo: Repo, study: str, out_dir: str | os.PathLike, *, target: Ta
              ("best_params", PARAMS_NAME, str(dest / PARAMS_NAME), (dest / PARAMS_NAME).read_bytes())]
     for f in sorted((dest / KERNEL_DIR).glob("*.json")) if (dest / KERNEL_DIR).is_dir() else []:
         items.append(("kernel_config", f"{KERNEL_DIR}/{f.name}", str(f), f.read_bytes()))
+    for f in sorted((dest / MOE_DIR).rglob("*.json")) if (dest / MOE_DIR).is_dir() else []:
+        items.append(("kernel_config", f.relative_to(dest).as_posix(), str(f), f.read_bytes()))
     repo.add_artifacts(run.id, items)
     _logger.info("exported study %s to %s", run.study_name, dest)
     return dest

@@ -596,19 +596,25 @@ def _write(results: list[KernelCaseResult], gpu: str, out_dir: Path | None, conf
     from kernels.configs import write_config_file
 
     groups: dict[tuple[str, str], dict[str, dict]] = {}
+    server: dict[tuple[str, str], list[tuple[dict, dict]]] = {}  # kernels that also write a server's own files
     for r in results:
         if r.status in ("tuned", "default_kept", "cached") and r.config:
-            name = load_kernel(r.kernel).name
+            kernel = load_kernel(r.kernel)
             entry = r.entry()
             if r.status == "cached":
                 entry["status"] = "cached"
-            groups.setdefault((name, r.dtype), {})[r.shape_key] = entry
+            groups.setdefault((kernel.name, r.dtype), {})[r.shape_key] = entry
+            if hasattr(kernel, "write_server_configs"):
+                server.setdefault((r.kernel, r.dtype), []).append((r.shape, entry))
     written = []
     for (name, dtype), entries in groups.items():
         for d in dict.fromkeys(x for x in (out_dir, conf) if x):
             fresh = {k: v for k, v in entries.items() if not (d == conf and v["status"] == "cached")}
             if fresh:
                 written.append(write_config_file(name, gpu, dtype, fresh, directory=d))
+    for (kernel_name, dtype), pairs in server.items():
+        for d in dict.fromkeys(x for x in (out_dir, conf) if x):
+            written += load_kernel(kernel_name).write_server_configs(pairs, gpu, dtype, d)
     return written
 
 

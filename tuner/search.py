@@ -507,10 +507,21 @@ def _maybe_kernel_phase(ctx: SearchContext, progress: Progress | None) -> None:
     shapes_of = getattr(ctx.target, "kernel_shapes", None)
     if not (ctx.target.settings.get("kernel_phase") and shapes_of and "triton" in ctx.hardware.capabilities):
         return
+    shapes = shapes_of()
+    if not shapes:
+        if progress:
+            progress.message("kernel phase: this space names no kernel shape to tune (for SGLang: setting `moe`)")
+        return
     from tuner.kernel_search import kernel_phase
 
     share = float(ctx.target.settings.get("kernel_phase_share", 0.2))
-    res = kernel_phase(ctx, shapes_of(), budget_s=share * ctx.deadline.remaining_for_trials(), progress=progress)
+    res = kernel_phase(ctx, shapes, budget_s=share * ctx.deadline.remaining_for_trials(), progress=progress)
+    use = getattr(ctx.target, "use_kernel_configs", None)
+    if use and res.config_dir:
+        # settings for every later trial (their workers rebuild the target from them) and for the export
+        added = use(res.config_dir)
+        ctx.options.settings.update(added)
+        ctx.target.settings.update(added)
     if progress:
         for line in res.summary_lines():
             progress.message(line)

@@ -11,6 +11,7 @@ import pytest
 
 from tuner.measurement import Outcome
 from tuner.server.verify import (
+    read_moe_config_with_sglang,
     read_script_header,
     recorded_header,
     render_launch_script,
@@ -108,46 +109,19 @@ def test_moe_config_in_sglang_layout(tmp_path):
         write_moe_config(tmp_path, E=1, N=1, device_name="x", configs={1: {"BLOCK_SIZE_M": 16}}, triton_version="3")
 
 
-def _sglang_moe_loader(device_name: str):
-    """SGLang's own ``get_moe_configs`` (its installed source, unmodified), with the two helpers it imports from
-    modules that need SGLang's full dependency set (transformers, ...) given here: the GPU name and the exec flags."""
-    import importlib.util
-    import types
-    from pathlib import Path
-
-    sglang = pytest.importorskip("sglang")
-    path = Path(sglang.__file__).parent / "srt/layers/moe/moe_runner/triton_utils/fused_moe_triton_config.py"
-    if not path.exists():
-        pytest.skip(f"this SGLang ({sglang.__version__}) keeps its MoE config loader elsewhere")
-    ctx = types.ModuleType("sglang.srt.runtime_context")
-    ctx.get_exec = lambda: types.SimpleNamespace(deterministic=types.SimpleNamespace(enable_deterministic_inference=False))
-    utils = types.ModuleType("sglang.srt.utils")
-    utils.get_device_name = lambda *a, **k: device_name
-    utils.is_hip = lambda: False
-    saved = {k: sys.modules.get(k) for k in (ctx.__name__, utils.__name__)}
-    sys.modules.update({ctx.__name__: ctx, utils.__name__: utils})
-    try:
-        spec = importlib.util.spec_from_file_location("_sglang_moe_config_loader", path)
-        module = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(module)
-    finally:
-        for k, v in saved.items():
-            if v is None:
-                sys.modules.pop(k, None)
-            else:
-                sys.modules[k] = v
-    return module.get_moe_configs
-
-
 @pytest.mark.parametrize("dtype,block", [(None, None), ("fp8_w8a8", [128, 128])])
-def test_sglangs_own_loader_reads_what_we_write(tmp_path, monkeypatch, dtype, block):
-    get_moe_configs = _sglang_moe_loader("NVIDIA H200")
+def test_sglangs_own_loader_reads_what_we_write(tmp_path, dtype, block):
+    pytest.importorskip("sglang")
     small = {"BLOCK_SIZE_M": 16, "BLOCK_SIZE_N": 64, "BLOCK_SIZE_K": 128, "GROUP_SIZE_M": 1, "num_warps": 4,
              "num_stages": 3}
     big = dict(small, BLOCK_SIZE_M=64, BLOCK_SIZE_N=128, num_warps=8)
     write_moe_config(tmp_path, E=32, N=2048, device_name="NVIDIA H200", configs={1: small, 64: big}, dtype=dtype,
                      block_shape=block)
-    monkeypatch.setenv("SGLANG_MOE_CONFIG_DIR", str(tmp_path))
-    bn, bk = block or (0, 0)
-    assert get_moe_configs(32, 2048, dtype, bn, bk) == {1: small, 64: big}
-    assert get_moe_configs(32, 4096, dtype, bn, bk) is None  # another width: not ours
+    read = read_moe_config_with_sglang(tmp_path, E=32, N=2048, device_name="NVIDIA H200", dtype=dtype,
+                                       block_shape=block)
+    assert read == {1: small, 64: big}
+    # another width, or another GPU: not ours
+    assert read_moe_config_with_sglang(tmp_path, E=32, N=4096, device_name="NVIDIA H200", dtype=dtype,
+                                       block_shape=block) is None
+    assert read_moe_config_with_sglang(tmp_path, E=32, N=2048, device_name="NVIDIA B200", dtype=dtype,
+                                       block_shape=block) is None

@@ -3,7 +3,8 @@
 Settings (from the space's ``settings:`` or ``--set``):
 
 ``kernel``
-    A registry name (``sparse_decode``) or a plug-in ``module:Class`` (a :class:`kernels.base.TunableKernel`).
+    A registry name (``sparse_decode``), a plug-in's short name (``sglang_fused_moe``: SGLang's own fused-MoE
+    kernel, see :mod:`tuner.server.sglang_moe`) or a plug-in ``module:Class`` (a :class:`kernels.base.TunableKernel`).
 ``shape``
     The shape dict (``{batch: 16, heads: 64, ...}``); a JSON string is accepted (``--set shape='{...}'``).
 ``dtype`` (``bfloat16``), ``seed`` (0)
@@ -51,8 +52,14 @@ ROTATE_BYTES = 2 * 1024**3  # at most this many bytes of distinct input sets for
 ROTATE_MAX = 4
 
 
+PLUGINS = {"sglang_fused_moe": "tuner.server.sglang_moe:SGLangFusedMoEKernel"}
+"""Kernels that live outside ``kernels/`` (they import a server's own code), by short name."""
+
+
 def load_kernel(name: str):
-    """The :class:`~kernels.base.TunableKernel` registered as ``name``, or a plug-in ``module:Class``."""
+    """The :class:`~kernels.base.TunableKernel` registered as ``name``, a plug-in's short name, or a plug-in
+    ``module:Class``."""
+    name = PLUGINS.get(name, name)
     if ":" in name:
         module, _, attr = name.partition(":")
         try:
@@ -146,6 +153,10 @@ class KernelsTarget(Target):
             report.errors.append(str(exc))
             return report
         hw = self.resolved.hardware
+        missing = getattr(kernel, "unavailable", lambda: None)()
+        if missing:
+            report.errors.append(f"kernel {self.kernel_name!r} cannot run here: {missing}")
+            return report
         try:
             key = kernel.shape_key(self.shape)
             cost = kernel.cost(self.shape, self.dtype)

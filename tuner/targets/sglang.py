@@ -409,3 +409,57 @@ class SGLangTarget(CommandTarget):
     def flag_key(self, args: list[str], env: dict[str, str]) -> str:
         return flag_set_key([self.python, "sglang", self.model], list(self.settings.get("extra_args") or []) + args,
                             env)
+
+    # -- the kernel phase: SGLang's own fused-MoE kernel at the shapes this space's launches run ------------------
+    def _flag_values(self, flags: tuple[str, ...], default: int) -> list[int]:
+        """The values a launch can give the first of ``flags`` that is set: a parameter's (pinned) choices, a fixed
+        ``extra_args`` value, else ``default`` (the server's)."""
+        searched = {p.name for p in self.resolved.params}
+        for p in self.space.params:
+            if p.flag in flags:
+                if p.name in self.resolved.fixed:
+                    return [int(self.resolved.fixed[p.name])]
+                if p.name in searched:  # a dropped one (its requirement fails here) is never passed
+                    return sorted({int(v) for v in p.choices() if str(v).isdigit()}) or [default]
+        extra = [str(a) for a in self.settings.get("extra_args") or []]
+        for i, a in enumerate(extra):
+            name, _, value = a.partition("=")
+            if name in flags:
+                return [int(value or extra[i + 1])]
+        return [default]
+
+    def kernel_shapes(self) -> list[tuple[str, dict[str, int]]]:
+        """SGLang's fused-MoE kernel at every shape this space's launches give it: one case per decode batch (each
+        objective level, and as padded to each CUDA-graph bucket it can take) and per tensor/expert-parallel split
+        of the routed experts (``E = experts / ep``, ``N = width / (tp / ep)``). Needs setting ``moe``
+        (``{hidden, width, experts, topk}``); without it there is nothing to tune."""
+        moe = self.settings.get("moe")
+        if not moe:
+            return []
+        try:
+            hidden, width, experts, topk = (int(moe[k]) for k in ("hidden", "width", "experts", "topk"))
+        except (KeyError, TypeError, ValueError):
+            raise TargetError(f"setting `moe` must map hidden, width, experts and topk to integers, but got {moe!r}; "
+                              "e.g. {hidden: 4096, width: 2048, experts: 256, topk: 6}") from None
+        from search_spaces.buckets import level_batches
+
+        levels = set(self.space.objective.levels)
+        batches = sorted(level_batches(self.space), key=lambda b: (b not in levels, b))
+        splits = []
+        for tp in self._flag_values(("--tp-size", "--tensor-parallel-size"), 1):
+            for ep in self._flag_values(("--ep-size", "--expert-parallel-size"), 1):
+                if tp % ep == 0 and experts % ep == 0 and width % (tp // ep) == 0:
+                    splits.append((experts // ep, width // (tp // ep)))
+        return [("sglang_fused_moe", {"tokens": b, "hidden": hidden, "width": n, "experts": e, "topk": topk})
+                for b in batches for e, n in dict.fromkeys(splits)]
+
+    def use_kernel_configs(self, config_dir: str) -> dict[str, str]:
+        """The settings that launch every later trial (and the export) with the SGLang MoE files a kernel phase
+        wrote to ``config_dir``; none when ``moe_config_dir`` is already set or no such file was written."""
+        from tuner.server.sglang_moe import SGLANG_MOE_SUBDIR
+
+        moe_dir = Path(config_dir) / SGLANG_MOE_SUBDIR
+        if self.settings.get("moe_config_dir") or not moe_dir.is_dir():
+            return {}
+        _logger.info("trials launch SGLang with SGLANG_MOE_CONFIG_DIR=%s", moe_dir)
+        return {"moe_config_dir": str(moe_dir)}

@@ -113,13 +113,9 @@ class WorkloadTarget(Target):
         padded to each bucket size it can take) for the MMA attention and the fused MoE, and the indexer at every
         context cap."""
         p, live = self.preset, int(self.settings.get("live_context", 512))
-        batches = set(self.space.objective.levels)
-        if "cuda_graph_buckets" in self.space.names:
-            from search_spaces.buckets import bucket_for, expand_buckets
+        from search_spaces.buckets import level_batches
 
-            for spec in self.space.param("cuda_graph_buckets").choices():
-                sizes = expand_buckets(spec)
-                batches |= {b for c in self.space.objective.levels if (b := bucket_for(c, sizes))}
+        batches = level_batches(self.space)
         widths = {-(-live // p.csa_ratio)}
         if "context_length" in self.space.names:
             widths |= {p.indexer_width(int(c)) for c in self.space.param("context_length").choices()}
