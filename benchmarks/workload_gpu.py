@@ -5,6 +5,11 @@ Each configuration runs in its own subprocess (``python -m tuner.workload.run --
 with date, GPU, versions and commit.
 
     python benchmarks/workload_gpu.py --out results.md [--preset dsv4-flash] [--levels 1,16,64]
+        [--study-best sqlite:///tuner.db#dsv4-flash-workload] [--only-ends]
+
+``--study-best URL#STUDY`` adds the stored best trial of a search as a case, so "found / hand-written best" is a
+ratio of two runs made side by side here, not of figures from different runs; ``--only-ends`` keeps just the
+default and the hand-written best besides those.
 """
 
 from __future__ import annotations
@@ -12,6 +17,7 @@ from __future__ import annotations
 import argparse
 import datetime as dt
 import json
+import math
 import os
 import subprocess
 import sys
@@ -62,6 +68,22 @@ def run_case(knobs: dict, preset: str, levels: str, repeats: int, timeout: float
     return {"tok_s": json.loads(lines[-1]), "wall_s": time.time() - t0}
 
 
+def study_best(spec: str) -> tuple[str, dict]:
+    """``URL#STUDY`` -> (case name, knobs) of that study's recorded best trial."""
+    from storage import Repo
+
+    url, _, study = spec.rpartition("#")
+    if not url or not study:
+        raise SystemExit(f"--study-best {spec!r} must be STORAGE_URL#STUDY, e.g. sqlite:///tuner.db#dsv4-flash-workload")
+    repo = Repo(url)
+    run = repo.get_run(study)
+    if run is None or run.best_trial_number is None:
+        raise SystemExit(f"--study-best: no study {study!r} with a best trial in {url}; `tuner status` lists them")
+    trial = repo.get_trial(run.id, run.best_trial_number)
+    knobs = {**DEFAULT, **{k: v for k, v in trial.params.items() if v is not None}}
+    return f"best found by `{study}` (trial {trial.number}, stored {run.best_value:.2f})", knobs
+
+
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default="workload_gpu.md")
@@ -70,6 +92,9 @@ def main() -> int:
     ap.add_argument("--repeats", type=int, default=10)
     ap.add_argument("--timeout", type=float, default=120)
     ap.add_argument("--quick", action="store_true", help="only the default, single changes that matter, hand best")
+    ap.add_argument("--only-ends", action="store_true", help="only the default and the hand-written best")
+    ap.add_argument("--study-best", action="append", default=[], metavar="URL#STUDY",
+                    help="add a stored search's best trial as a case (repeatable)")
     args = ap.parse_args()
     import torch
 
@@ -79,6 +104,10 @@ def main() -> int:
     levels = [f"c={c}" for c in args.levels.split(",")]
     results = []
     cases = [c for c in CASES if not args.quick or "compile" not in c[0] and "no CUDA" not in c[0]]
+    if args.only_ends:
+        cases = [c for c in CASES if c[1] in (DEFAULT, HAND_BEST)]
+    found = [study_best(spec) for spec in args.study_best]
+    cases += found
     for name, knobs in cases:
         r = run_case(knobs, args.preset, args.levels, args.repeats, args.timeout)
         results.append((name, knobs, r))
@@ -102,6 +131,15 @@ def main() -> int:
             cells.append(f"{v:.1f}{ratio}" if v else "-")
         lines.append(f"| {name} | " + " | ".join(cells) + f" | {r['wall_s']:.0f} |")
     lines += ["", "Knobs of the hand-written best: " + ", ".join(f"{k}={v}" for k, v in HAND_BEST.items()), ""]
+    hand = next((r for _, k, r in results if k is HAND_BEST and "tok_s" in r), None)
+    for name, knobs, r in results:
+        if (name, knobs) in found and hand and "tok_s" in r:
+            ratios = [r["tok_s"][lv] / hand["tok_s"][lv] for lv in levels if hand["tok_s"].get(lv) and r["tok_s"].get(lv)]
+            geo = math.exp(sum(math.log(x) for x in ratios) / len(ratios)) if ratios else float("nan")
+            lines.append(f"{name} / hand-written best, measured side by side: "
+                         + ", ".join(f"{lv} {x:.3f}" for lv, x in zip(levels, ratios)) + f"; geomean {geo:.3f}")
+            lines.append("Its knobs: " + ", ".join(f"{k}={v}" for k, v in knobs.items() if DEFAULT.get(k) != v))
+            lines.append("")
     Path(args.out).write_text("\n".join(lines))
     print("\n".join(lines))
     return 0
