@@ -21,6 +21,8 @@ A :class:`TunableKernel` describes one Triton kernel to a search:
   run without the kernel; this is what benchmarks compare against. Defaults to ``reference``.
 * ``tolerance(dtype) -> float``: bound on ``|out - ref| / |ref|`` (Frobenius norms).
 * ``cost(shape, dtype) -> Cost``: fewest bytes moved through device memory and FLOPs.
+* ``rotation_bytes(shape, dtype) -> float``: memory each further input set takes (default ``cost.bytes``); timing
+  rotates as many distinct sets as fit a fixed budget.
 * ``shape_key(shape) -> str``: the bucket key used in tuned-config files.
 * ``shapes(preset) -> list[dict]``: named realistic shapes (``"v4flash"``: DeepSeek-V4-Flash at
   batch 1, 16, 64; ``"test"``: tiny shapes for the CPU interpreter).
@@ -61,6 +63,7 @@ __all__ = [
     "dtype_name",
     "device_limits",
     "tf32_matmul",
+    "shared_inputs",
 ]
 
 logger = logging.getLogger(__name__)
@@ -219,6 +222,12 @@ class TunableKernel(abc.ABC):
     @abc.abstractmethod
     def cost(self, shape: dict, dtype: str | torch.dtype = "bfloat16") -> Cost: ...
 
+    def rotation_bytes(self, shape: dict, dtype: str | torch.dtype = "bfloat16") -> float:
+        """Device memory each further input set of ``make_inputs`` takes, which bounds how many sets a timing
+        rotates: by default all of ``cost.bytes``. A kernel whose sets share their large tensors (the MoE's expert
+        weights, reused across seeds) says less, so that several routings are timed, not one."""
+        return self.cost(shape, dtype).bytes
+
     def key_dims(self, shape: dict) -> dict:
         """The dims that make up the bucket key (subclasses may round some of them)."""
         return dict(shape)
@@ -307,6 +316,18 @@ def verify(kernel: TunableKernel, shape: dict, dtype, config=None, device="cuda"
     if not err <= tol:
         raise WrongResult(f"{kernel.name} {shape} {dtype_name(dtype)} {config}: rel error {err:.3g} > {tol:.3g}")
     return err
+
+
+_SHARED: dict[tuple, Any] = {}
+
+
+def shared_inputs(key: tuple, make: Any) -> Any:
+    """What every input set of one shape shares, such as MoE expert weights: ``make()`` once per ``key``. Only the
+    last key is kept (it is dropped before the next is made), so a search over many shapes holds one copy."""
+    if key not in _SHARED:
+        _SHARED.clear()
+        _SHARED[key] = make()
+    return _SHARED[key]
 
 
 @contextlib.contextmanager

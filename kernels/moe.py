@@ -28,7 +28,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .base import Cost, TunableKernel, device_limits, tf32_matmul
+from .base import Cost, TunableKernel, device_limits, shared_inputs, tf32_matmul
 from .configs import register_cache
 
 __all__ = ["fused_moe", "moe_align", "moe_reference", "moe_torch", "MoEKernel"]
@@ -280,16 +280,27 @@ class MoEKernel(TunableKernel):
         return None
 
     def make_inputs(self, shape, dtype, device, seed=0):
+        """Fresh tokens and routing per seed; the expert weights (random, fixed per shape) are shared by every
+        seed's set, so timing can rotate several routings without a copy of the weights each."""
         dt = _dtype(dtype)
         dev = torch.device(device)
-        g = torch.Generator(device=dev).manual_seed(seed)
         T, H, W, E, k = shape["tokens"], shape["hidden"], shape["width"], shape["experts"], shape["topk"]
+
+        def weights_():
+            gw = torch.Generator(device=dev).manual_seed(1 << 20)
+            w13 = torch.randn(E, H, 2 * W, generator=gw, device=dev) * H**-0.5
+            return w13.to(dt), (torch.randn(E, W, H, generator=gw, device=dev) * W**-0.5).to(dt)
+
+        w13, w2 = shared_inputs((self.name, H, W, E, dt, str(dev)), weights_)
+        g = torch.Generator(device=dev).manual_seed(seed)
         x = torch.randn(T, H, generator=g, device=dev)
-        w13 = torch.randn(E, H, 2 * W, generator=g, device=dev) * H**-0.5
-        w2 = torch.randn(E, W, H, generator=g, device=dev) * W**-0.5
         ids = torch.rand(T, E, generator=g, device=dev).argsort(dim=1)[:, :k].to(torch.int32)  # k distinct per token
         weights = torch.softmax(torch.randn(T, k, generator=g, device=dev), dim=-1)
-        return {"x": x.to(dt), "w13": w13.to(dt), "w2": w2.to(dt), "ids": ids, "weights": weights}
+        return {"x": x.to(dt), "w13": w13, "w2": w2, "ids": ids, "weights": weights}
+
+    def rotation_bytes(self, shape, dtype="bfloat16"):
+        """Only tokens and routing are new per input set (the expert weights are shared)."""
+        return float(shape["tokens"] * (2 * shape["hidden"] * _dtype(dtype).itemsize + 8 * shape["topk"]))
 
     def output_like(self, inputs):
         x = inputs["x"]

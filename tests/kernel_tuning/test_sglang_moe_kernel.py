@@ -283,3 +283,18 @@ def test_gpu_sglangs_kernel_at_v4_flash_shapes_and_compiled_ahead(tmp_path, monk
     assert p.returncode == 0, p.stderr[-2000:]
     assert all(e <= KERNEL.tolerance("bfloat16") for e in json.loads(p.stdout.strip().splitlines()[-1]))
     assert sorted(p.name for p in cache.rglob("*.cubin")) == binaries  # every first launch was a cache load
+
+
+def test_timing_rotates_several_routings_over_shared_weights(kernel_device):
+    from tuner.targets.kernels import ROTATE_MAX, KernelsTarget
+
+    shape = KERNEL.shapes("test")[1]
+    a, b = KERNEL.make_inputs(shape, "float16", "cpu", 1), KERNEL.make_inputs(shape, "float16", "cpu", 2)
+    assert a["w1"] is b["w1"] and not torch.equal(a["ids"], b["ids"])
+    space = load_space_text(
+        "name: k\ntarget: kernels\nsettings: {kernel: sglang_fused_moe, shape: {tokens: 9, hidden: 96, width: 48, "
+        "experts: 4, topk: 3}, allow_cpu_interpreter: true, dtype: float16}\nobjective: {metric: time_us, "
+        "direction: minimize, combine: level, levels: [1], level: 1}\nparams:\n  BLOCK_SIZE_M: {type: categorical, "
+        "values: [16], default: 16}\n")
+    target = KernelsTarget(resolve(space, Hardware()), space.settings)
+    assert target._time(KERNEL.default_config(shape), kernel_device)["sets"] == ROTATE_MAX

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from kernels import check, get_kernel
-from kernels.moe import fused_moe, moe_align, moe_reference, moe_torch
+from kernels.moe import MoEKernel, fused_moe, moe_align, moe_reference, moe_torch
 
 CUDA = torch.cuda.is_available()
 RUNNABLE = CUDA or os.environ.get("TRITON_INTERPRET") == "1"
@@ -110,3 +110,15 @@ def test_workload_moe_paths_agree(batch):
     if batch == 1:  # the torch gather path computes the same; its capacity path (larger batches) drops overflow pairs
         torch_path = model._moe_torch(h, gi, gw)
         assert torch.linalg.vector_norm(torch_path.double() - ref) / torch.linalg.vector_norm(ref) < 1e-4
+
+
+def test_input_sets_share_the_expert_weights_and_vary_the_routing():
+    """Timing rotates several routings: each seed's set has its own tokens and routing over one copy of the
+    weights, so a 1.5 GB expert set still leaves room for four routings."""
+    k = MoEKernel.instance
+    shape = k.shapes("test")[1]
+    a, b = k.make_inputs(shape, "float16", "cpu", 1), k.make_inputs(shape, "float16", "cpu", 2)
+    assert a["w13"] is b["w13"] and a["w2"] is b["w2"]
+    assert not torch.equal(a["x"], b["x"]) and not torch.equal(a["ids"], b["ids"])
+    big = k.shapes("v4flash")[2]
+    assert k.cost(big).bytes > 1e9 > 1e7 > k.rotation_bytes(big)

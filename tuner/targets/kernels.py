@@ -248,8 +248,7 @@ class KernelsTarget(Target):
             us = float(recorded(config, self.shape))
             return {"median": us, "p20": us * 0.995, "p80": us * 1.005, "n": 1, "graph": True, "spread": 0.01,
                     "sets": 1, "replay": True}
-        cost = kernel.cost(self.shape, self.dtype)
-        n_sets = max(1, min(ROTATE_MAX, int(ROTATE_BYTES // max(cost.bytes, 1.0))))
+        n_sets = max(1, min(ROTATE_MAX, int(ROTATE_BYTES // max(kernel.rotation_bytes(self.shape, self.dtype), 1.0))))
         sets = []
         for i in range(n_sets):
             inputs = kernel.make_inputs(self.shape, self.dtype, device, self.seed + 1 + i)
