@@ -65,6 +65,15 @@ class Explanation:
             out += [f"| {r['op'][:60]} | {100 * r['share']:.1f}% | {r['time_us']:.0f} | {r['count']} | "
                     f"{r['shapes']} |" for r in prof["top"]]
             out.append("")
+            if prof.get("stages"):
+                out += [f"Where the {name}'s step goes, by stage: " + ", ".join(
+                    f"{r['stage']} {100 * r['share']:.1f}%" for r in prof["stages"]), ""]
+            if prof.get("shaped"):
+                out += [f"Torch ops of the {name} whose own kernels took the most GPU time, with their input shapes:",
+                        "", "| op | time (µs) | calls | input shapes |", "| --- | --- | --- | --- |"]
+                out += [f"| {r['op'][:60]} | {r['time_us']:.0f} | {r['count']} | {r['shapes']} |"
+                        for r in prof["shaped"]]
+                out.append("")
         if self.alone:
             out += _ratio_table("What each change is worth alone: the baseline with only that parameter set to the "
                                 "best's value", "baseline → best value", "x faster", self.alone, "gain",

@@ -144,3 +144,19 @@ def test_gpu_space_tunes_the_moe_kernel_and_leaves_the_indexer_width_to_the_serv
     assert len(kinds) == 3 * (1 + 1 + 6)  # per batch: attention, MoE, the indexer at 5 caps + live
     assert kinds[:6] == ["sparse_decode", "moe"] * 3  # what a short kernel phase tunes first
     assert all(s["experts"] == 32 and s["topk"] == 6 and s["width"] == 2048 for s in moe)
+
+
+def test_profile_names_the_stage_the_step_goes_to():
+    """The baseline's step goes to the indexer (it scores the configured 128K-context width); a context cap takes
+    that share away. Stage ranges are on only while profiling."""
+    from tuner.workload.profile import profile_step
+
+    base = DecodeModel(TINY, {}, "cpu")
+    prof = profile_step(base, 2, 512)
+    shares = {r["stage"]: r["share"] for r in prof["stages"]}
+    assert set(shares) == {"glue", "mhc", "attention", "indexer", "moe"}
+    assert prof["stages"][0]["stage"] == "indexer" and shares["indexer"] > 0.5, shares
+    assert base.profiling is False
+    capped = {r["stage"]: r["share"] for r in profile_step(DecodeModel(TINY, {"context_length": 4096}, "cpu"), 2,
+                                                          512)["stages"]}
+    assert capped["indexer"] < shares["indexer"] / 2, (capped, shares)

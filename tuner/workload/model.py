@@ -17,6 +17,8 @@ reading it is real, its content is not a model's).
 
 from __future__ import annotations
 
+import contextlib
+
 import logging
 import math
 from dataclasses import dataclass
@@ -259,16 +261,27 @@ class DecodeModel:
         }
 
     # -- the step -----------------------------------------------------------------------------------------
+    profiling = False
+    """When set (by ``tuner.workload.profile``), each stage of a step runs inside a ``stage::NAME`` profiler range
+    (glue, mhc, attention, indexer, moe), so a profile can say which stage the time goes to."""
+
+    def _stage(self, name: str):
+        return torch.profiler.record_function(f"stage::{name}") if self.profiling else contextlib.nullcontext()
+
     def step(self, st: dict[str, torch.Tensor]) -> torch.Tensor:
         """One decode step for every request of the batch: all layers, returning the final hidden state."""
         x = st["x"]
         residual = torch.zeros_like(x)
         for kind in self.p.kinds():
-            h, residual = self.add_rms_norm(x, residual, self.w.norm1)
-            x = self._mhc(h, x)
+            with self._stage("glue"):
+                h, residual = self.add_rms_norm(x, residual, self.w.norm1)
+            with self._stage("mhc"):
+                x = self._mhc(h, x)
             x = self._attention(kind, h, st)
-            h, residual = self.add_rms_norm(x, residual, self.w.norm2)
-            x = self._moe(h)
+            with self._stage("glue"):
+                h, residual = self.add_rms_norm(x, residual, self.w.norm2)
+            with self._stage("moe"):
+                x = self._moe(h)
         return rms_norm(x + residual, self.w.norm1)
 
     def _mhc(self, h: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
@@ -278,6 +291,10 @@ class DecodeModel:
         return (x * mix.to(x.dtype)).to(x.dtype)
 
     def _attention(self, kind: str, h: torch.Tensor, st: dict[str, torch.Tensor]) -> torch.Tensor:
+        with self._stage("attention"):
+            return self._attention_stage(kind, h, st)
+
+    def _attention_stage(self, kind: str, h: torch.Tensor, st: dict[str, torch.Tensor]) -> torch.Tensor:
         p, w = self.p, self.w.attn[kind]
         B = h.shape[0]
         qa = rms_norm(w.q_a(h), w.q_a_norm)
@@ -291,7 +308,8 @@ class DecodeModel:
             rows = torch.cat([st["hca_rows"], st["win_rows"] + pool.shape[0]], dim=1)
             pool = torch.cat([pool, st["win_pool"]], dim=0)
         else:
-            sel = self._indexer(w, qa, h, st)
+            with self._stage("indexer"):
+                sel = self._indexer(w, qa, h, st)
             pool = torch.cat([st["csa_pool"], st["win_pool"]], dim=0)
             rows = torch.cat([sel, st["win_rows"] + st["csa_pool"].shape[0]], dim=1)
         o = self.attention_fn(q, pool, rows, self.scale)  # [B, H, d]

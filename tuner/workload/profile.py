@@ -1,4 +1,6 @@
-"""Op-level profile of one decode step (torch profiler): top kernels by device time, share, launch count.
+"""Op-level profile of one decode step (torch profiler): top kernels by device time, share, launch count; the
+share of each stage of the step (``stage::`` ranges of the model: glue, mhc, attention, indexer, moe); and on a GPU
+the torch ops, with their input shapes, whose own kernels took the most time.
 
 ``python -m tuner.workload.profile --preset P --level 64 --knob k=v ... --json`` prints one JSON object; it is
 what ``tuner explain`` runs (in a subprocess) for the baseline and the best configuration.
@@ -24,14 +26,31 @@ def profile_step(model, batch: int, live_context: int, top: int = 12, buckets: s
         if cuda:
             torch.cuda.synchronize()
         acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
-        with profile(activities=acts, record_shapes=True) as prof:
-            model.step(st)
-            if cuda:
-                torch.cuda.synchronize()
+        model.profiling = True
+        try:
+            with profile(activities=acts, record_shapes=True) as prof:
+                model.step(st)
+                if cuda:
+                    torch.cuda.synchronize()
+        finally:
+            model.profiling = False
     events = prof.key_averages(group_by_input_shape=True)
+    stages: dict[str, float] = defaultdict(float)
+    shaped = []  # the torch ops with their input shapes, by the device time of the kernels they launch themselves
+    for e in events:
+        if e.key.startswith("stage::"):
+            stages[e.key.split("::", 1)[1]] += (getattr(e, "device_time_total", None) or e.cuda_time_total) if cuda \
+                else e.cpu_time_total
+        elif cuda and e.input_shapes and (getattr(e, "self_device_time_total", None) or 0) > 0:
+            shaped.append({"op": e.key, "time_us": e.self_device_time_total, "count": e.count,
+                           "shapes": str(e.input_shapes)[:160]})
+    if "attention" in stages:  # the indexer runs inside the attention stage: report the two apart
+        stages["attention"] -= stages.get("indexer", 0.0)
     rows = []
     total = 0.0
     for e in events:
+        if e.key.startswith("stage::"):
+            continue
         t = (getattr(e, "self_device_time_total", None) or getattr(e, "self_cuda_time_total", 0.0)) if cuda \
             else e.self_cpu_time_total
         if cuda and getattr(e, "device_type", None) is not None and str(e.device_type).endswith("CPU"):
@@ -53,8 +72,11 @@ def profile_step(model, batch: int, live_context: int, top: int = 12, buckets: s
     for r in ops:
         r["share"] = r["time_us"] / total if total else 0.0
     launches = sum(r["count"] for r in ops) if cuda else sum(r["count"] for r in rows)
+    by_stage = [{"stage": k, "time_us": v, "share": v / total if total else 0.0}
+                for k, v in sorted(stages.items(), key=lambda kv: -kv[1])]
     return {"device": "cuda" if cuda else "cpu", "batch": batch, "total_us": total, "launches": launches,
-            "top": ops[:top]}
+            "top": ops[:top], "stages": by_stage,
+            "shaped": sorted(shaped, key=lambda r: -r["time_us"])[: max(1, top // 2)]}
 
 
 def main(argv: list[str] | None = None) -> int:
