@@ -66,8 +66,11 @@ class Explanation:
                     f"{r['shapes']} |" for r in prof["top"]]
             out.append("")
             if prof.get("stages"):
+                covered = sum(r["share"] for r in prof["stages"])
                 out += [f"Where the {name}'s step goes, by stage: " + ", ".join(
-                    f"{r['stage']} {100 * r['share']:.1f}%" for r in prof["stages"]), ""]
+                    f"{r['stage']} {100 * r['share']:.1f}%" for r in prof["stages"])
+                    + f" (the stages hold {100 * covered:.0f}% of the step's time: the profiler links a kernel to its "
+                      "stage through the torch op that launched it, and Triton's own launches are not linked)", ""]
             if prof.get("shaped"):
                 out += [f"Torch ops of the {name} whose own kernels took the most GPU time, with their input shapes:",
                         "", "| op | time (µs) | calls | input shapes |", "| --- | --- | --- | --- |"]
