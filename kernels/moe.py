@@ -31,7 +31,7 @@ import triton.language as tl
 from .base import Cost, TunableKernel, device_limits, shared_inputs, tf32_matmul
 from .configs import register_cache
 
-__all__ = ["fused_moe", "moe_align", "moe_reference", "moe_torch", "MoEKernel"]
+__all__ = ["fused_moe", "moe_align", "moe_reference", "moe_torch", "routed_inputs", "routed_rotation_bytes", "MoEKernel"]
 
 logger = logging.getLogger(__name__)
 
@@ -169,6 +169,33 @@ def _check(x, w13, w2, ids, weights):
     return T, H, E, W, ids.shape[1]
 
 
+def routed_inputs(name: str, shape: dict, dt: torch.dtype, device, seed: int, up_shape: tuple, down_shape: tuple
+                  ) -> tuple[dict, torch.Tensor, torch.Tensor]:
+    """Inputs of a routed-expert MoE: ``{x, ids, weights}`` fresh per ``seed`` (``k`` distinct experts per token),
+    and the up and down expert weights of the given shapes, random but fixed per shape and shared by every seed's
+    set (:func:`~kernels.base.shared_inputs`), so timing can rotate several routings without a copy of the weights
+    each. Weights are scaled by their fan-in (``hidden``, ``width``)."""
+    dev = torch.device(device)
+    T, H, W, E, k = shape["tokens"], shape["hidden"], shape["width"], shape["experts"], shape["topk"]
+
+    def make():
+        gw = torch.Generator(device=dev).manual_seed(1 << 20)
+        up = torch.randn(*up_shape, generator=gw, device=dev) * H**-0.5
+        return up.to(dt), (torch.randn(*down_shape, generator=gw, device=dev) * W**-0.5).to(dt)
+
+    up, down = shared_inputs((name, tuple(up_shape), tuple(down_shape), dt, str(dev)), make)
+    g = torch.Generator(device=dev).manual_seed(seed)
+    x = torch.randn(T, H, generator=g, device=dev)
+    ids = torch.rand(T, E, generator=g, device=dev).argsort(dim=1)[:, :k].to(torch.int32)
+    weights = torch.softmax(torch.randn(T, k, generator=g, device=dev), dim=-1)
+    return {"x": x.to(dt), "ids": ids, "weights": weights}, up, down
+
+
+def routed_rotation_bytes(shape: dict, dt: torch.dtype) -> float:
+    """Memory of one more input set of :func:`routed_inputs`: only tokens and routing are new."""
+    return float(shape["tokens"] * (2 * shape["hidden"] * dt.itemsize + 8 * shape["topk"]))
+
+
 _LOOKUP: dict[tuple, dict] = register_cache({})
 
 
@@ -280,27 +307,13 @@ class MoEKernel(TunableKernel):
         return None
 
     def make_inputs(self, shape, dtype, device, seed=0):
-        """Fresh tokens and routing per seed; the expert weights (random, fixed per shape) are shared by every
-        seed's set, so timing can rotate several routings without a copy of the weights each."""
-        dt = _dtype(dtype)
-        dev = torch.device(device)
-        T, H, W, E, k = shape["tokens"], shape["hidden"], shape["width"], shape["experts"], shape["topk"]
-
-        def weights_():
-            gw = torch.Generator(device=dev).manual_seed(1 << 20)
-            w13 = torch.randn(E, H, 2 * W, generator=gw, device=dev) * H**-0.5
-            return w13.to(dt), (torch.randn(E, W, H, generator=gw, device=dev) * W**-0.5).to(dt)
-
-        w13, w2 = shared_inputs((self.name, H, W, E, dt, str(dev)), weights_)
-        g = torch.Generator(device=dev).manual_seed(seed)
-        x = torch.randn(T, H, generator=g, device=dev)
-        ids = torch.rand(T, E, generator=g, device=dev).argsort(dim=1)[:, :k].to(torch.int32)  # k distinct per token
-        weights = torch.softmax(torch.randn(T, k, generator=g, device=dev), dim=-1)
-        return {"x": x.to(dt), "w13": w13, "w2": w2, "ids": ids, "weights": weights}
+        """Fresh tokens and routing per seed over expert weights shared by every seed's set (:func:`routed_inputs`)."""
+        H, W, E = shape["hidden"], shape["width"], shape["experts"]
+        inputs, w13, w2 = routed_inputs(self.name, shape, _dtype(dtype), device, seed, (E, H, 2 * W), (E, W, H))
+        return {**inputs, "w13": w13, "w2": w2}
 
     def rotation_bytes(self, shape, dtype="bfloat16"):
-        """Only tokens and routing are new per input set (the expert weights are shared)."""
-        return float(shape["tokens"] * (2 * shape["hidden"] * _dtype(dtype).itemsize + 8 * shape["topk"]))
+        return routed_rotation_bytes(shape, _dtype(dtype))
 
     def output_like(self, inputs):
         x = inputs["x"]

@@ -38,7 +38,8 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels.base import Cost, TunableKernel, device_limits, dtype_of, shared_inputs, tf32_matmul
+from kernels.base import Cost, TunableKernel, device_limits, dtype_of, tf32_matmul
+from kernels.moe import routed_inputs, routed_rotation_bytes
 
 __all__ = ["SGLangFusedMoEKernel", "SGLangKernelUnavailable", "align_block_size", "load_sglang_jit",
            "sglang_version", "SOURCE"]
@@ -285,27 +286,14 @@ class SGLangFusedMoEKernel(TunableKernel):
         return None
 
     def make_inputs(self, shape, dtype, device, seed=0):
-        """Fresh tokens and routing per seed; the expert weights (random, fixed per shape) are shared by every
-        seed's set, so timing rotates several routings (a config tuned on one routing can lose on the next)."""
-        dt = dtype_of(dtype)
-        dev = torch.device(device)
-        T, H, W, E, k = shape["tokens"], shape["hidden"], shape["width"], shape["experts"], shape["topk"]
-
-        def weights_():
-            gw = torch.Generator(device=dev).manual_seed(1 << 20)
-            w1 = torch.randn(E, 2 * W, H, generator=gw, device=dev) * H**-0.5
-            return w1.to(dt), (torch.randn(E, H, W, generator=gw, device=dev) * W**-0.5).to(dt)
-
-        w1, w2 = shared_inputs((self.name, H, W, E, dt, str(dev)), weights_)
-        g = torch.Generator(device=dev).manual_seed(seed)
-        x = torch.randn(T, H, generator=g, device=dev)
-        ids = torch.rand(T, E, generator=g, device=dev).argsort(dim=1)[:, :k].to(torch.int32)  # k distinct per token
-        weights = torch.softmax(torch.randn(T, k, generator=g, device=dev), dim=-1)
-        return {"x": x.to(dt), "w1": w1, "w2": w2, "ids": ids, "weights": weights}
+        """Fresh tokens and routing per seed over expert weights shared by every seed's set, so timing rotates
+        several routings (a config tuned on one routing can lose on the next)."""
+        H, W, E = shape["hidden"], shape["width"], shape["experts"]
+        inputs, w1, w2 = routed_inputs(self.name, shape, dtype_of(dtype), device, seed, (E, 2 * W, H), (E, H, W))
+        return {**inputs, "w1": w1, "w2": w2}
 
     def rotation_bytes(self, shape, dtype="bfloat16"):
-        """Only tokens and routing are new per input set (the expert weights are shared)."""
-        return float(shape["tokens"] * (2 * shape["hidden"] * dtype_of(dtype).itemsize + 8 * shape["topk"]))
+        return routed_rotation_bytes(shape, dtype_of(dtype))
 
     def output_like(self, inputs):
         return torch.empty_like(inputs["x"])
