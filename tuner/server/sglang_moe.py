@@ -38,8 +38,8 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels.base import Cost, TunableKernel, device_limits, dtype_of, tf32_matmul
-from kernels.moe import routed_inputs, routed_rotation_bytes
+from kernels.base import TunableKernel, device_limits, dtype_of, tf32_matmul
+from kernels.moe import MoEKernel, routed_inputs, routed_rotation_bytes
 
 __all__ = ["SGLangFusedMoEKernel", "SGLangKernelUnavailable", "align_block_size", "load_sglang_jit",
            "sglang_version", "SOURCE"]
@@ -326,19 +326,11 @@ class SGLangFusedMoEKernel(TunableKernel):
         return ye.view(T, k, -1).sum(1).to(x.dtype)
 
     def cost(self, shape, dtype="bfloat16"):
-        """Bytes of the distinct experts expected to be routed to (each read once) plus activations."""
-        elt = dtype_of(dtype).itemsize
-        T, H, W, E, k = shape["tokens"], shape["hidden"], shape["width"], shape["experts"], shape["topk"]
-        used = E * (1.0 - (1.0 - min(k, E) / E) ** T)
-        return Cost(float(used * 3 * H * W * elt + 2 * T * H * elt), float(2 * T * k * 3 * H * W))
+        """The same routed-expert problem as ``kernels/moe.py``: its bytes and FLOPs."""
+        return MoEKernel.instance.cost(shape, dtype)
 
     def shapes(self, preset="v4flash"):
-        if preset == "v4flash":  # one expert-parallel rank of 8: 32 local experts, top-6 mapped onto them
-            return [{"tokens": t, "hidden": 4096, "width": 2048, "experts": 32, "topk": 6} for t in (1, 16, 64)]
-        if preset == "test":
-            return [{"tokens": 3, "hidden": 64, "width": 32, "experts": 5, "topk": 2},
-                    {"tokens": 9, "hidden": 96, "width": 48, "experts": 4, "topk": 3}]
-        raise ValueError(f"unknown preset {preset!r}; use 'v4flash' or 'test'")
+        return MoEKernel.instance.shapes(preset)
 
     def write_server_configs(self, results: list[tuple[dict, dict]], gpu: str, dtype: str, directory: str | Path
                              ) -> list[Path]:
