@@ -136,3 +136,57 @@ def test_baseline_and_confirmation_runs_are_never_pruned(tmp_path, sqlite_url, m
     for t in confirms + [t for t in trials if t.user_attrs.get(BASELINE_ATTR)]:
         assert t.state == optuna.trial.TrialState.COMPLETE and t.user_attrs.get("outcome") == "ok", t
     assert any(t.state == optuna.trial.TrialState.PRUNED for t in trials)  # the pruner did prune the others
+
+
+def _summary(n, x, value):
+    from tuner.search import TrialSummary
+
+    return TrialSummary(n, {"x": x}, "ok", value)
+
+
+def test_a_single_lucky_timing_never_beats_a_confirmed_median():
+    """Seen in the README's 2-minute CPU run: the top three fell back on their re-runs, and the fourth, timed once,
+    was reported as the winner. Now it is re-run first, and only configurations timed twice can win."""
+    from types import SimpleNamespace
+
+    from tuner.search import pick_best, unconfirmed_leader
+
+    trials = [_summary(0, 1, 100.0), _summary(1, 2, 130.0), _summary(2, 3, 120.0), _summary(3, 4, 118.0),
+              _summary(4, 2, 100.0), _summary(5, 3, 108.0)]  # 2 and 3 re-run lower; 4 was timed once
+    ctx = SimpleNamespace(trials=trials, direction="maximize", better=lambda a, b: a > b)
+    assert unconfirmed_leader(ctx).params == {"x": 4}
+    assert pick_best(ctx).params == {"x": 2} and pick_best(ctx).value == 115.0  # median of 130 and 100
+    ctx.trials.append(_summary(6, 4, 119.0))  # the challenger, confirmed
+    assert unconfirmed_leader(ctx) is None and pick_best(ctx).params == {"x": 4}
+    # nothing timed twice: the best single timing is the best there is
+    ctx.trials = trials[:4]
+    assert unconfirmed_leader(ctx) is None and pick_best(ctx).params == {"x": 2}
+    # minimized objectives the same way round
+    low = SimpleNamespace(trials=[_summary(0, 1, 10.0), _summary(1, 1, 12.0), _summary(2, 2, 9.0)],
+                          direction="minimize", better=lambda a, b: a < b)
+    assert unconfirmed_leader(low).params == {"x": 2} and pick_best(low).params == {"x": 1}
+
+
+def test_confirmation_re_runs_the_new_leader(monkeypatch):
+    """confirm_top re-runs its top picks, then the single timing that overtook them, before the search ends."""
+    from types import SimpleNamespace
+
+    import tuner.search as search
+
+    later = {2: 100.0, 3: 108.0, 4: 119.0, 1: 95.0}  # what a re-run of each x measures
+    trials = [_summary(0, 1, 100.0), _summary(1, 2, 130.0), _summary(2, 3, 120.0), _summary(3, 4, 118.0)]
+    queued = []
+    study = SimpleNamespace(enqueue_trial=lambda params, user_attrs: queued.append(params), ask=lambda: None)
+    ctx = SimpleNamespace(trials=trials, direction="maximize", better=lambda a, b: a > b, study=study,
+                          options=SimpleNamespace(confirm_top=2, n_trials=None), stop=SimpleNamespace(is_set=lambda: False),
+                          deadline=SimpleNamespace(remaining_for_trials=lambda: 1e9), resolved=None)
+    monkeypatch.setattr(search, "suggestable", lambda resolved, params: dict(params))
+
+    def run_one(ctx_, trial, progress):
+        x = queued[-1]["x"]
+        ctx_.trials.append(_summary(len(ctx_.trials), x, later[x]))
+
+    monkeypatch.setattr(search, "run_one", run_one)
+    search.confirm_top(ctx, None)
+    assert [q["x"] for q in queued] == [2, 3, 4]  # the top two, then the one that overtook them
+    assert search.pick_best(ctx).params == {"x": 4}
