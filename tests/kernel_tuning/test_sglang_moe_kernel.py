@@ -82,6 +82,13 @@ def test_an_unknown_sglang_kernel_is_refused_with_its_parameters(tmp_path):
         load_sglang_jit("fused_moe_kernel", path=src)
     with pytest.raises(SGLangKernelUnavailable, match="no @triton.jit function 'other'"):
         load_sglang_jit("other", path=src)
+    from tuner.server.sglang_moe import _KNOWN_ARGS
+
+    renamed = tmp_path / "renamed.py"  # a release that dropped one parameter the launcher passes
+    renamed.write_text("import triton\n\n@triton.jit\ndef fused_moe_kernel(" +
+                       ", ".join(a for a in _KNOWN_ARGS if a != "even_Ks") + "):\n    pass\n")
+    with pytest.raises(SGLangKernelUnavailable, match=r"parameters \[\] .* lacks \['even_Ks'\]"):
+        load_sglang_jit("fused_moe_kernel", path=renamed)
 
 
 def test_rules_keep_the_default_and_prune_what_cannot_help():

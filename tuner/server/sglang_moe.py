@@ -121,11 +121,13 @@ def load_sglang_jit(*names: str, path: str | Path | None = None) -> dict[str, An
                                      "triton": triton, "tl": tl}
         exec(compile(ast.Module(body=body, type_ignores=[]), str(src_path), "exec"), namespace)  # noqa: S102
         found = {n: namespace[n] for n in names}
-        unknown = sorted(set(found["fused_moe_kernel"].arg_names) - set(_KNOWN_ARGS)) if "fused_moe_kernel" in found \
-            else []
-        if unknown:
-            raise SGLangKernelUnavailable(f"SGLang {sglang_version() or '?'}'s fused_moe_kernel takes parameters "
-                                          f"{unknown} this launcher does not know; it mirrors SGLang 0.5.23")
+        if "fused_moe_kernel" in found:
+            args = set(found["fused_moe_kernel"].arg_names)
+            unknown, missing = sorted(args - set(_KNOWN_ARGS)), sorted(set(_KNOWN_ARGS) - args)
+            if unknown or missing:
+                raise SGLangKernelUnavailable(
+                    f"SGLang {sglang_version() or '?'}'s fused_moe_kernel takes parameters {unknown} this launcher does "
+                    f"not know and lacks {missing[:5]}{'...' if len(missing) > 5 else ''}; it mirrors SGLang 0.5.23")
         _LOADED[key] = found
         _logger.info("loaded SGLang's %s from %s", ", ".join(sorted(wanted)), src_path)
         return found
