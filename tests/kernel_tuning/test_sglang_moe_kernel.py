@@ -305,3 +305,13 @@ def test_timing_rotates_several_routings_over_shared_weights(kernel_device):
         "values: [16], default: 16}\n")
     target = KernelsTarget(resolve(space, Hardware()), space.settings)
     assert target._time(KERNEL.default_config(shape), kernel_device)["sets"] == ROTATE_MAX
+
+
+def test_a_file_sglang_would_read_differently_is_reported_not_returned(tmp_path, monkeypatch, caplog):
+    import tuner.server.verify as verify
+
+    monkeypatch.setattr(verify, "read_moe_config_with_sglang", lambda root, **kw: {1: dict(SMALL, num_warps=8)})
+    with caplog.at_level("ERROR"):
+        paths = KERNEL.write_server_configs([(KERNEL.shapes("v4flash")[0], {"config": SMALL})], "NVIDIA H200",
+                                            "bfloat16", tmp_path)
+    assert paths == [] and "SGLang will not use these configs" in caplog.text
