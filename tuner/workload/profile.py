@@ -79,7 +79,10 @@ def profile_step(model, batch: int, live_context: int, top: int = 12, buckets: s
     for r in ops:
         r["share"] = r["time_us"] / total if total else 0.0
     launches = sum(r["count"] for r in ops) if cuda else sum(r["count"] for r in rows)
-    by_stage = [{"stage": k, "time_us": v, "share": v / total if total else 0.0}
+    # on a CPU a stage's range also holds the Python between its ops, which the op total leaves out: the stages'
+    # own sum is then the whole
+    whole = total if cuda else max(total, sum(stages.values()))
+    by_stage = [{"stage": k, "time_us": v, "share": v / whole if whole else 0.0}
                 for k, v in sorted(stages.items(), key=lambda kv: -kv[1])]
     return {"device": "cuda" if cuda else "cpu", "batch": batch, "total_us": total, "launches": launches,
             "top": ops[:top], "stages": by_stage,
