@@ -147,16 +147,18 @@ def test_gpu_space_tunes_the_moe_kernel_and_leaves_the_indexer_width_to_the_serv
 
 
 def test_profile_names_the_stage_the_step_goes_to():
-    """The baseline's step goes to the indexer (it scores the configured 128K-context width); a context cap takes
-    that share away. Stage ranges are on only while profiling."""
+    """Each stage's share of the step is reported (stage ranges only while profiling). The indexer scores the
+    configured width: under a 4K cap it scores 1/32 of the 128K cap's rows and its time falls accordingly (which
+    stage leads at this tiny size is CPU timing, so the test does not pin it)."""
     from tuner.workload.profile import profile_step
 
     base = DecodeModel(TINY, {}, "cpu")
     prof = profile_step(base, 1, 512)
-    shares = {r["stage"]: r["share"] for r in prof["stages"]}
-    assert set(shares) == {"glue", "mhc", "attention", "indexer", "moe"}
-    assert prof["stages"][0]["stage"] == "indexer" and sum(shares.values()) <= 1.0 + 1e-9, shares
+    stages = {r["stage"]: r for r in prof["stages"]}
+    assert set(stages) == {"glue", "mhc", "attention", "indexer", "moe"}
+    assert sum(r["share"] for r in prof["stages"]) <= 1.0 + 1e-9
+    assert [r["share"] for r in prof["stages"]] == sorted((r["share"] for r in prof["stages"]), reverse=True)
     assert base.profiling is False
-    capped = {r["stage"]: r["share"] for r in profile_step(DecodeModel(TINY, {"context_length": 4096}, "cpu"), 1,
-                                                          512)["stages"]}
-    assert capped["indexer"] < shares["indexer"] / 2, (capped, shares)
+    capped = {r["stage"]: r for r in profile_step(DecodeModel(TINY, {"context_length": 4096}, "cpu"), 1,
+                                                  512)["stages"]}
+    assert capped["indexer"]["time_us"] < stages["indexer"]["time_us"] / 3, (capped, stages)
