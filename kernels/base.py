@@ -64,6 +64,7 @@ __all__ = [
     "device_limits",
     "tf32_matmul",
     "shared_inputs",
+    "release_shared_inputs",
 ]
 
 logger = logging.getLogger(__name__)
@@ -328,6 +329,11 @@ def shared_inputs(key: tuple, make: Any) -> Any:
         _SHARED.clear()
         _SHARED[key] = make()
     return _SHARED[key]
+
+
+def release_shared_inputs() -> None:
+    """Drop what :func:`shared_inputs` keeps (a process that made inputs only to take their shapes)."""
+    _SHARED.clear()
 
 
 @contextlib.contextmanager

@@ -45,6 +45,7 @@ def _compile_task(kernel_name: str, shape: dict[str, int], dtype: str, config: d
     """In a helper: compile ``config`` for the inputs a trial of this case makes; returns the seconds it took."""
     import torch
 
+    from kernels.base import release_shared_inputs
     from kernels.compile_only import compile_config, meta_inputs
     from tuner.targets.kernels import load_kernel
 
@@ -56,6 +57,7 @@ def _compile_task(kernel_name: str, shape: dict[str, int], dtype: str, config: d
         real = kernel.make_inputs(shape, dtype, "cuda", seed)
         _inputs[key] = meta_inputs(real)
         del real
+        release_shared_inputs()  # e.g. MoE expert weights: the trial worker holds its own copy, not four more
         torch.cuda.empty_cache()
     t0 = time.perf_counter()
     compile_config(kernel, _inputs[key], config)
