@@ -59,13 +59,14 @@ def bucket_for(batch: int, buckets: list[int]) -> int | None:
     return None
 
 
-def level_batches(space, param: str = "cuda_graph_buckets") -> set[int]:
+def level_batches(space, param: str = "cuda_graph_buckets") -> list[int]:
     """The decode batch sizes ``space``'s configurations produce: every concurrency level of its objective, and each
-    level padded to every bucket size a choice of its bucket parameter ``param`` captures."""
+    level padded to every bucket size a choice of its bucket parameter ``param`` captures. The levels' own batches
+    come first (what a kernel phase short of budget should tune first), then the paddings, each part ascending."""
     levels = set(space.objective.levels)
     batches = set(levels)
     if param in space.names:
         for spec in space.param(param).choices():
             sizes = expand_buckets(spec)
             batches |= {b for c in levels if (b := bucket_for(c, sizes))}
-    return batches
+    return sorted(batches, key=lambda b: (b not in levels, b))

@@ -443,8 +443,7 @@ class SGLangTarget(CommandTarget):
                               "e.g. {hidden: 4096, width: 2048, experts: 256, topk: 6}") from None
         from search_spaces.buckets import level_batches
 
-        levels = set(self.space.objective.levels)
-        batches = sorted(level_batches(self.space), key=lambda b: (b not in levels, b))
+        batches = level_batches(self.space)
         splits = []
         for tp in self._flag_values(("--tp-size", "--tensor-parallel-size"), 1):
             for ep in self._flag_values(("--ep-size", "--expert-parallel-size"), 1):

@@ -115,14 +115,12 @@ class WorkloadTarget(Target):
         p, live = self.preset, int(self.settings.get("live_context", 512))
         from search_spaces.buckets import level_batches
 
-        batches = level_batches(self.space)
+        order = level_batches(self.space)  # the measured levels' own batches before the bucket paddings
         widths = {-(-live // p.csa_ratio)}
         if "context_length" in self.space.names:
             widths |= {p.indexer_width(int(c)) for c in self.space.param("context_length").choices()}
-        levels = list(self.space.objective.levels)
-        # in the order a kernel phase short of budget should tune them: the measured levels' own batches before the
-        # bucket paddings, and one attention and one MoE case per batch before the indexer at each of its widths
-        order = sorted(batches, key=lambda b: (b not in levels, b))
+        # in the order a kernel phase short of budget should tune them: one attention and one MoE case per batch
+        # before the indexer at each of its widths
         shapes: list[tuple[str, dict[str, int]]] = []
         for b in order:
             shapes.append(("sparse_decode", {"batch": b, "heads": p.heads, "d_qk": p.head_dim, "d_v": p.head_dim,
