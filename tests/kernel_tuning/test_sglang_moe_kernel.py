@@ -187,6 +187,8 @@ def test_kernel_phase_shapes_follow_the_launch_flags():
 
     with pytest.raises(TargetError, match="setting `moe` must map hidden, width, experts and topk"):
         _target({"moe": {"hidden": 4096}}).kernel_shapes()
+    with pytest.raises(TargetError, match="--ep-size without an integer"):
+        _target({"extra_args": ["--tp-size", "8", "--ep-size"]}).kernel_shapes()
 
 
 def test_phase_files_go_to_every_later_launch_and_the_export(tmp_path, sqlite_url):

@@ -425,7 +425,11 @@ class SGLangTarget(CommandTarget):
         for i, a in enumerate(extra):
             name, _, value = a.partition("=")
             if name in flags:
-                return [int(value or extra[i + 1])]
+                try:
+                    return [int(value or extra[i + 1])]
+                except (IndexError, ValueError):
+                    raise TargetError(f"setting `extra_args` gives {name} without an integer after it "
+                                      f"({extra[i:i + 2]}); write e.g. {name} 8") from None
         return [default]
 
     def kernel_shapes(self) -> list[tuple[str, dict[str, int]]]:
