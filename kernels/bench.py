@@ -170,8 +170,6 @@ def _bench_graph(calls, flush, flush_l2: bool, estimate_us: float, rep_ms: float
     return _timing(samples, True)
 
 
-
-
 def _bench_eager(calls, flush, flush_l2: bool, estimate_us: float, rep_ms: float, max_reps: int, min_reps: int
                  ) -> Timing:
     reps = int(min(max_reps, max(min_reps, rep_ms * 1e3 / max(estimate_us, 1.0))))

@@ -255,32 +255,28 @@ def ablate(storage_url: str, study: str, *, timeout_s: float = 300.0, level: int
             ex.notes.append(f"the {label} re-run in this ablation failed ({m.outcome.value}); ratios are against "
                             "the value the search stored")
         _logger.info("ablation: the %s re-run: %s %s", label, m.outcome.value, fresh)
+    def add(rows: list[dict], name: str, m: Measurement, key: str, ratio: dict[int, float], what: str) -> None:
+        rows.append({"param": name, "from": base.params[name], "to": best.params[name], "outcome": m.outcome.value,
+                     "by_level": m.by_level, key: ratio})
+        _logger.info("ablation: %s %s: %s, %s %s", name, what, m.outcome.value, key,
+                     {c: round(x, 3) for c, x in ratio.items()})
+        _rank(ex)
+        if on_row is not None:
+            on_row(ex)
+
     for name, value in best.params.items():
         if base.params.get(name) == value or name not in base.params:
             continue
         if "alone" in views:
             m = rerun({**best.params, **base.params, name: value})
-            gain = {c: better(m.by_level[c], ex.baseline_by_level[c]) for c in ex.baseline_by_level
-                    if m.outcome.value == "ok" and m.by_level.get(c)}
-            ex.alone.append({"param": name, "from": base.params[name], "to": value, "outcome": m.outcome.value,
-                             "by_level": m.by_level, "gain": gain})
-            _logger.info("ablation: %s alone at %r: %s, this/baseline %s", name, value, m.outcome.value,
-                         {c: round(x, 3) for c, x in gain.items()})
-            _rank(ex)
-            if on_row is not None:
-                on_row(ex)
+            ok = [c for c in ex.baseline_by_level if m.outcome.value == "ok" and m.by_level.get(c)]
+            add(ex.alone, name, m, "gain", {c: better(m.by_level[c], ex.baseline_by_level[c]) for c in ok},
+                f"alone at {value!r}")
         if "undo" in views:
             m = rerun({**best.params, name: base.params[name]})
-            loss = {c: better(ex.best_by_level[c], m.by_level[c]) for c in ex.best_by_level
-                    if m.outcome.value == "ok" and m.by_level.get(c)}
-            ex.ablation.append({"param": name, "from": base.params[name], "to": value, "outcome": m.outcome.value,
-                                "by_level": m.by_level, "loss": loss})
-            _logger.info("ablation: %s back to %r: %s, best/this %s", name, base.params[name], m.outcome.value,
-                         {c: round(x, 3) for c, x in loss.items()})
-            _rank(ex)
-            if on_row is not None:
-                on_row(ex)
-    _rank(ex)
+            ok = [c for c in ex.best_by_level if m.outcome.value == "ok" and m.by_level.get(c)]
+            add(ex.ablation, name, m, "loss", {c: better(ex.best_by_level[c], m.by_level[c]) for c in ok},
+                f"back to {base.params[name]!r}")
     return ex
 
 

@@ -18,7 +18,6 @@ reading it is real, its content is not a model's).
 from __future__ import annotations
 
 import contextlib
-
 import logging
 import math
 from dataclasses import dataclass

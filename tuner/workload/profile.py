@@ -40,33 +40,32 @@ def profile_step(model, batch: int, live_context: int, top: int = 12, buckets: s
     events = prof.key_averages(group_by_input_shape=True)
     stages: dict[str, float] = defaultdict(float)
     shaped = []  # the torch ops with their input shapes, by the device time of the kernels they launch themselves
-    for e in events:
-        on_cpu = getattr(e, "device_type", None) is None or str(e.device_type).endswith("CPU")
-        if e.key.startswith("stage::"):
-            # the CPU-side range, whose device time is that of the kernels launched inside it (the GPU-side copy of
-            # the range spans first to last kernel, idle gaps included, and would count the stage twice)
-            if on_cpu:
-                stages[e.key.split("::", 1)[1]] += (getattr(e, "device_time_total", None) or e.cuda_time_total) \
-                    if cuda else e.cpu_time_total
-        elif cuda and e.input_shapes and (getattr(e, "self_device_time_total", None) or 0) > 0:
-            shaped.append({"op": e.key, "time_us": e.self_device_time_total, "count": e.count,
-                           "shapes": str(e.input_shapes)[:160]})
-    if "attention" in stages:  # the indexer runs inside the attention stage: report the two apart
-        stages["attention"] -= stages.get("indexer", 0.0)
     rows = []
     total = 0.0
     for e in events:
+        device_type = getattr(e, "device_type", None)
+        cpu_side = device_type is not None and str(device_type).endswith("CPU")
         if e.key.startswith("stage::"):
+            # the CPU-side range, whose device time is that of the kernels launched inside it (the GPU-side copy of
+            # the range spans first to last kernel, idle gaps included, and would count the stage twice)
+            if device_type is None or cpu_side:
+                stages[e.key.split("::", 1)[1]] += (getattr(e, "device_time_total", None) or e.cuda_time_total) \
+                    if cuda else e.cpu_time_total
             continue
-        t = (getattr(e, "self_device_time_total", None) or getattr(e, "self_cuda_time_total", 0.0)) if cuda \
-            else e.self_cpu_time_total
-        if cuda and getattr(e, "device_type", None) is not None and str(e.device_type).endswith("CPU"):
+        if cuda and cpu_side:  # a torch op: its kernels are counted as the GPU-side events
+            if e.input_shapes and (getattr(e, "self_device_time_total", None) or 0) > 0:
+                shaped.append({"op": e.key, "time_us": e.self_device_time_total, "count": e.count,
+                               "shapes": str(e.input_shapes)[:160]})
             continue
         if not cuda and e.key.startswith("ProfilerStep"):
             continue
+        t = (getattr(e, "self_device_time_total", None) or getattr(e, "self_cuda_time_total", 0.0)) if cuda \
+            else e.self_cpu_time_total
         total += t
         rows.append({"op": e.key, "time_us": t, "count": e.count,
                      "shapes": str(e.input_shapes)[:160] if e.input_shapes else ""})
+    if "attention" in stages:  # the indexer runs inside the attention stage: report the two apart
+        stages["attention"] -= stages.get("indexer", 0.0)
     by_op: dict[str, dict] = defaultdict(lambda: {"time_us": 0.0, "count": 0, "shapes": ""})
     for r in rows:
         agg = by_op[r["op"]]
