@@ -119,31 +119,13 @@ def test_helpers_fill_the_cache_that_the_trial_then_loads(tmp_path, monkeypatch)
     """Real helpers compile three indexer configs at a V4-Flash shape from meta tensors; a fresh process then runs
     and checks the same configs on real inputs and finds every binary in Triton's cache (none is added)."""
     import itertools
-    import subprocess
-    import sys
 
+    from compile_check import assert_compiled_ahead_then_loaded
     from kernels.registry import get_kernel
-    from tuner.compile_ahead import CompileAhead
 
     cache = tmp_path / "cache"
     monkeypatch.setenv("TRITON_CACHE_DIR", str(cache))
     k = get_kernel("indexer")
     shape = k.shapes("v4flash")[0]
     configs = [{**k.default_config(shape), **c} for c in itertools.islice(k.configs(shape, "cuda", "bfloat16"), 3)]
-    ahead = CompileAhead(2)
-    try:
-        for fut in [ahead.submit("indexer", shape, "bfloat16", c) for c in configs]:
-            assert fut.result(timeout=300) > 0
-    finally:
-        ahead.close()
-    binaries = sorted(p.name for p in cache.rglob("*.cubin"))
-    assert len(binaries) >= len(configs)
-    code = ("import json, sys; from kernels import check, get_kernel; k = get_kernel('indexer'); "
-            "shape, configs = json.loads(sys.argv[1]); "
-            "print([check(k, shape, 'bfloat16', c, 'cuda', seed=3) for c in configs])")
-    p = subprocess.run([sys.executable, "-c", code, json.dumps([shape, configs])], capture_output=True, text=True,
-                       timeout=300)
-    assert p.returncode == 0, p.stderr[-2000:]
-    errors = json.loads(p.stdout.strip().splitlines()[-1])
-    assert all(e <= k.tolerance("bfloat16") for e in errors)
-    assert sorted(p.name for p in cache.rglob("*.cubin")) == binaries  # every first launch was a cache load
+    assert_compiled_ahead_then_loaded("indexer", shape, configs, cache)

@@ -260,11 +260,8 @@ def test_a_system_search_hands_the_phase_files_to_later_trials(tmp_path, sqlite_
 def test_gpu_sglangs_kernel_at_v4_flash_shapes_and_compiled_ahead(tmp_path, monkeypatch):
     """bf16 at the EP-8 and TP-8 shapes: default and two other configs within tolerance of the float32
     reference; a helper compiles from meta tensors what a fresh process then loads without compiling."""
-    import subprocess
-    import sys
-
+    from compile_check import assert_compiled_ahead_then_loaded
     from kernels.base import check
-    from tuner.compile_ahead import CompileAhead
 
     shapes = KERNEL.shapes("v4flash") + [{"tokens": 16, "hidden": 4096, "width": 256, "experts": 256, "topk": 6}]
     for shape in shapes:
@@ -274,24 +271,8 @@ def test_gpu_sglangs_kernel_at_v4_flash_shapes_and_compiled_ahead(tmp_path, monk
             assert err < KERNEL.tolerance("bfloat16"), (shape, config, err)
     cache = tmp_path / "cache"
     monkeypatch.setenv("TRITON_CACHE_DIR", str(cache))
-    shape = KERNEL.shapes("v4flash")[1]
     configs = [dict(SMALL, num_stages=4), dict(SMALL, BLOCK_SIZE_N=64, num_warps=8)]
-    ahead = CompileAhead(2)
-    try:
-        for fut in [ahead.submit("sglang_fused_moe", shape, "bfloat16", c) for c in configs]:
-            assert fut.result(timeout=300) > 0
-    finally:
-        ahead.close()
-    binaries = sorted(p.name for p in cache.rglob("*.cubin"))
-    assert len(binaries) >= len(configs)
-    code = ("import json, sys; from kernels.base import check; from tuner.targets.kernels import load_kernel; "
-            "k = load_kernel('sglang_fused_moe'); shape, configs = json.loads(sys.argv[1]); "
-            "print([check(k, shape, 'bfloat16', c, 'cuda', seed=3) for c in configs])")
-    p = subprocess.run([sys.executable, "-c", code, json.dumps([shape, configs])], capture_output=True, text=True,
-                       timeout=300)
-    assert p.returncode == 0, p.stderr[-2000:]
-    assert all(e <= KERNEL.tolerance("bfloat16") for e in json.loads(p.stdout.strip().splitlines()[-1]))
-    assert sorted(p.name for p in cache.rglob("*.cubin")) == binaries  # every first launch was a cache load
+    assert_compiled_ahead_then_loaded("sglang_fused_moe", KERNEL.shapes("v4flash")[1], configs, cache)
 
 
 def test_timing_rotates_several_routings_over_shared_weights(kernel_device):
