@@ -10,7 +10,10 @@ For request ``b`` and row ``j < width``::
 ``k_scale`` (``[B, num_rows]`` or ``[num_rows]``); a per-request q scale is folded into ``w`` by the
 caller. ``width`` rows are scored: the configured context (SGLang's static, CUDA-graph behaviour)
 or the live length. With ``lengths : [B]`` given, rows ``j >= lengths[b]`` score ``-inf`` and their
-``k`` is never read.
+``k`` is never read. Tiles wholly past the live length are skipped (``-inf`` written, nothing
+computed) unless ``skip_dead=False``: then every tile of the width runs its dot products, weighting
+and reduction on masked loads, as a fused indexer launched on a capacity-sized grid does (SGLang
+0.5.23's under CUDA graphs; skipping such tiles is its open PR #40431).
 
 The kernel tiles rows (``BLOCK_N`` per step, ``TILES`` steps per program, q loaded once per
 program) and does the head reduction on the ``tl.dot`` result in registers, so the
@@ -42,7 +45,7 @@ def _indexer_kernel(
     width, H,
     stride_qb, stride_qh, stride_kb, stride_kn, stride_wb, stride_ksb, stride_ob,
     D: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr, TILES: tl.constexpr,
-    HAS_SCALE: tl.constexpr, HAS_LEN: tl.constexpr,
+    HAS_SCALE: tl.constexpr, HAS_LEN: tl.constexpr, SKIP_DEAD: tl.constexpr,
 ):
     pid_b = tl.program_id(0)  # fastest: with a shared k, all requests read a row tile together
     pid_n = tl.program_id(1)
@@ -54,6 +57,8 @@ def _indexer_kernel(
     base = pid_n * (BLOCK_N * TILES)
     stop = tl.minimum(base + BLOCK_N * TILES, width)
     live_end = tl.minimum(stop, live)
+    if not SKIP_DEAD:
+        live_end = stop  # the whole tile range computes; the masks alone keep dead rows -inf and unread
 
     offs_h = tl.arange(0, BLOCK_H)
     h_mask = offs_h < H
@@ -124,8 +129,12 @@ def indexer_scores(
     config: dict | None = None,
     *,
     out: torch.Tensor | None = None,
+    skip_dead: bool = True,
 ) -> torch.Tensor:
-    """Scores ``[batch, width]`` float32 (``-inf`` at rows >= lengths[b] when lengths are given)."""
+    """Scores ``[batch, width]`` float32 (``-inf`` at rows >= lengths[b] when lengths are given).
+
+    ``skip_dead=False`` computes every tile of the width, dead ones too (the scores are the same).
+    """
     B, H, D, width = _check(q, k, w, k_scale, lengths, width)
     shape = {"batch": B, "heads": H, "dim": D, "width": width, "shared_k": int(k.dim() == 2)}
     kernel = IndexerKernel.instance
@@ -154,7 +163,7 @@ def indexer_scores(
         width, H,
         q.stride(0), q.stride(1), stride_kb, k.stride(-2), w.stride(0), stride_ksb, out.stride(0),
         D=D, BLOCK_H=max(16, triton.next_power_of_2(H)), BLOCK_N=config["BLOCK_N"], TILES=config["TILES"],
-        HAS_SCALE=k_scale is not None, HAS_LEN=lengths is not None,
+        HAS_SCALE=k_scale is not None, HAS_LEN=lengths is not None, SKIP_DEAD=bool(skip_dead),
         num_warps=config["num_warps"], num_stages=config["num_stages"],
     )
     return out
@@ -169,6 +178,8 @@ def indexer_topk(
     lengths: torch.Tensor | None = None,
     width: int | None = None,
     config: dict | None = None,
+    *,
+    skip_dead: bool = True,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """``(indices [B, topk] int32, scores [B, topk] float32)``; index -1 where fewer rows are live.
 
@@ -176,7 +187,7 @@ def indexer_topk(
     """
     if topk < 1:
         raise ValueError(f"topk={topk} must be >= 1")
-    scores = indexer_scores(q, k, w, k_scale, lengths, width, config)
+    scores = indexer_scores(q, k, w, k_scale, lengths, width, config, skip_dead=skip_dead)
     kk = min(topk, scores.shape[1])
     values, idx = torch.topk(scores, kk, dim=1)
     idx = torch.where(torch.isinf(values), torch.full_like(idx, -1), idx).to(torch.int32)

@@ -41,6 +41,27 @@ def test_width_below_num_rows_and_lengths_mask():
     assert torch.allclose(out[fin].double().cpu(), ref[fin].double().cpu(), rtol=1e-3, atol=1e-3)
 
 
+@pytest.mark.parametrize("skip_dead", [True, False])
+def test_dead_tiles_computed_or_skipped_score_the_same(skip_dead):
+    # a server's capacity-sized grid (skip_dead=False) runs every tile on masked loads; the scores must not change
+    shape = dict(SHAPES[0], width=150)
+    inputs = K.make_inputs(shape, "float32", DEV, seed=11)
+    lengths = torch.tensor([150, 0, 21], dtype=torch.int32, device=DEV)  # full, none live, dead tiles past 21
+    cfg = {"BLOCK_N": 16, "TILES": 2, "num_warps": 4, "num_stages": 1}
+    out = torch.full((3, 150), float("nan"), device=DEV)
+    indexer_scores(inputs["q"], inputs["k"], inputs["w"], inputs["k_scale"], lengths, 150, cfg, out=out,
+                   skip_dead=skip_dead)
+    ref = indexer_reference(inputs["q"], inputs["k"], inputs["w"], inputs["k_scale"], lengths, 150)
+    assert not out.isnan().any()
+    assert torch.equal(torch.isinf(out).cpu(), torch.isinf(ref).cpu()) and torch.isinf(out[1]).all()
+    fin = torch.isfinite(ref)
+    err = (out[fin].double().cpu() - ref[fin].cpu()).norm() / ref[fin].norm()
+    assert err <= K.tolerance("float32"), err
+    idx, _ = indexer_topk(inputs["q"], inputs["k"], inputs["w"], 30, inputs["k_scale"], lengths, 150, cfg,
+                          skip_dead=skip_dead)
+    assert (idx[2, 21:] == -1).all() and (idx[2, :21] >= 0).all()
+
+
 def test_topk_indices_feed_sparse_decode():
     shape = dict(SHAPES[0])
     inputs = K.make_inputs(shape, "float32", DEV, seed=9)

@@ -70,6 +70,7 @@ def test_padding_to_buckets():
 @pytest.mark.parametrize("knobs,needle", [({"gemm_proj": "fp8"}, "fp8"), ({"attention_impl": "mma"}, "GPU"),
                                           ({"glue": "fused"}, "GPU"), ({"context_length": 10}, ">= 1024"),
                                           ({"indexer_width": "wide"}, "static or live"),
+                                          ({"indexer_dead_tiles": "drop"}, "compute or skip"),
                                           ({"moe_impl": "triton"}, "GPU"), ({"moe_impl": "grouped"}, "torch or triton")])
 def test_bad_knobs_are_refused_with_the_reason(knobs, needle):
     with pytest.raises(KnobError, match=needle):

@@ -49,14 +49,16 @@ def triton_attention(impl: str, knobs: dict[str, Any]) -> Callable[..., torch.Te
 
 def triton_indexer(knobs: dict[str, Any]) -> Callable[..., torch.Tensor]:
     """``fn(qi [B,Hi,Di], w [B,Hi], keys [B,W,Di], lengths [B], k_scale|None) -> scores [B,W]`` fused in Triton:
-    the [B, rows, heads] logits never reach memory."""
+    the [B, rows, heads] logits never reach memory. Tiles past the live length are computed on masked loads
+    (``indexer_dead_tiles=compute``, a server's capacity-sized grid) or skipped (``skip``)."""
     from kernels.indexer import indexer_scores
 
     overrides = kernel_overrides(knobs, "indexer") or None
+    skip_dead = knobs.get("indexer_dead_tiles", "compute") == "skip"
 
     def fn(qi, w, keys, lengths, k_scale=None):
         return indexer_scores(qi.to(keys.dtype).contiguous(), keys, w.float().contiguous(), k_scale, lengths,
-                              keys.shape[1], overrides)
+                              keys.shape[1], overrides, skip_dead=skip_dead)
 
     return fn
 

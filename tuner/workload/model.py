@@ -41,6 +41,9 @@ DEFAULT_KNOBS: dict[str, Any] = {
     "context_length": None,  # None = the preset's max context
     "indexer_width": "static",
     "indexer_impl": "torch",
+    # the fused indexer on a capacity-sized grid computes its dead tiles too (SGLang 0.5.23 under CUDA graphs);
+    # `skip` is SGLang's open PR #40431, no launch flag: like `indexer_width`, a knob to measure, not searched
+    "indexer_dead_tiles": "compute",
     "attention_impl": "torch",
     "gemm_proj": "bf16",
     "gemm_indexer": "fp32",
@@ -143,6 +146,9 @@ class DecodeModel:
             raise KnobError(f"workload knob `moe_impl` must be torch or triton, but got {k['moe_impl']!r}")
         if k["indexer_impl"] not in ("torch", "triton"):
             raise KnobError(f"workload knob `indexer_impl` must be torch or triton, but got {k['indexer_impl']!r}")
+        if k["indexer_dead_tiles"] not in ("compute", "skip"):
+            raise KnobError("workload knob `indexer_dead_tiles` must be compute or skip, "
+                            f"but got {k['indexer_dead_tiles']!r}")
         if self.device.type != "cuda":
             for knob, gpu_only in (("indexer_impl", "triton"), ("glue", "fused"), ("glue", "compile"),
                                    ("moe_impl", "triton")):
