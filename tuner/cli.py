@@ -81,6 +81,8 @@ def search(
     n_trials: Annotated[Optional[int], typer.Option("--n-trials", help="Stop after this many trials.")] = None,
     dry_run: Annotated[bool, typer.Option("--dry-run", help="Run the preflight only and print its report.")] = False,
     confirm_top: Annotated[int, typer.Option("--confirm-top", help="Re-run the best K configurations at the end.")] = 3,
+    refine_share: Annotated[float, typer.Option("--refine-share", help="Share of the time for trials spent last on "
+                                                "one-change moves from the best so far (0 turns it off).")] = 0.25,
     workers: Annotated[int, typer.Option("--workers", help="Local workers running trials in parallel.")] = 1,
     gpus: Annotated[Optional[str], typer.Option("--gpus", help="GPU ids the workers lease from, e.g. 0,1,2,3.")] = None,
     verbose: Annotated[bool, typer.Option("--verbose", "-v")] = False,
@@ -97,6 +99,9 @@ def search(
     progress = RichProgress(console)
     if workers < 1:
         fail(f"--workers must be >= 1, but got {workers}")
+    if not 0.0 <= refine_share < 1.0:
+        fail(f"--refine-share must be in [0, 1), but got {refine_share}: 0.25 spends the last quarter on refining, 0 "
+             "turns it off")
     gpu_ids = None
     if gpus is not None:
         from tuner.leases import parse_gpu_ids
@@ -109,7 +114,7 @@ def search(
         opts = SearchOptions(budget_s=parse_budget(budget), storage_url=storage, study=study, space_path=space,
                              target=target, resume=resume, seed=seed, out_dir=out, settings=settings,
                              n_trials=n_trials, dry_run=dry_run, confirm_top=confirm_top,
-                             workers=workers, gpus=gpu_ids)
+                             refine_share=refine_share, workers=workers, gpus=gpu_ids)
         result = run_search(opts, progress)
     except _user_errors() as exc:
         progress.stop()

@@ -2,7 +2,8 @@
 
 Flow (one way): load the space -> resolve it for this machine -> preflight the target -> create the schema and the
 study once -> baseline first -> ask / check / run in a subprocess / store / tell, until the deadline -> re-run the
-top few (when time allows) -> export the best. A failed trial is data: it is stored with its outcome class and told
+top few (when time allows) -> export the best. The last share of the time for trials goes to one-change moves
+from the best so far (``tuner.refine``). A failed trial is data: it is stored with its outcome class and told
 to Optuna as a bad, infeasible result, so the sampler learns; the search never dies of one.
 """
 
@@ -27,6 +28,7 @@ from search_spaces import Hardware, ResolvedSpace, SpaceError, detect_hardware, 
 from storage import Repo, StorageError
 from storage.models import Run
 from tuner.budget import Deadline
+from tuner import refine
 from tuner.fingerprint import fingerprint
 from tuner.isolation import TrialJob, TrialProcess
 from tuner.measurement import Measurement, Outcome
@@ -60,6 +62,8 @@ class SearchOptions:
     n_trials: int | None = None
     dry_run: bool = False
     confirm_top: int = 3
+    refine_share: float = 0.25
+    """Share of the time for trials spent last on one-change moves from the best so far (``tuner.refine``)."""
     export: bool = True
     trial_timeout_s: float | None = None
     hardware: Hardware | None = None
@@ -535,9 +539,12 @@ def _loop(ctx: SearchContext, progress: Progress | None) -> None:
         if ctx.options.n_trials is not None and len(ctx.trials) - started >= ctx.options.n_trials:
             ctx.stop_reason = f"{ctx.options.n_trials} trials done"
             return
-        if ctx.deadline.remaining_for_trials() <= 1.0 + _confirm_reserve(ctx):
+        reserve = _confirm_reserve(ctx)
+        if ctx.deadline.remaining_for_trials() <= 1.0 + reserve:
             ctx.stop_reason = "budget used"
             return
+        if refine.in_window(ctx, reserve, len(ctx.trials) - started):
+            refine.enqueue_next(ctx, progress)
         trial = ctx.study.ask()
         summary = run_one(ctx, trial, progress)
         repeats_in_a_row = repeats_in_a_row + 1 if "not run again" in summary.reason else 0

@@ -49,6 +49,7 @@ from sqlalchemy import select, text
 from storage import Repo
 from storage.engine import normalize_url
 from storage.models import Event, TrialRecord, utcnow
+from tuner import refine
 from tuner.leases import GpuLeaser, LeaseCancelled, LeaseError
 from tuner.measurement import Outcome
 from tuner.sampling import params_key, suggest
@@ -391,6 +392,8 @@ def worker_loop(ctx, progress, *, name: str, leaser: GpuLeaser | None = None, ma
         def ask_step():
             with lock.held():
                 d = cap_decision(ctx.study, max_trials)
+                if d == "ask" and refine.in_window(ctx, 0.0):
+                    refine.enqueue_next(ctx, progress)
                 return d, (ctx.study.ask() if d == "ask" else None)
 
         decision, trial = retry_db(ask_step, what="ask")
