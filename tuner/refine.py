@@ -4,9 +4,9 @@ TPE learns which values are good on average; with a few dozen trials over ten pa
 short of a better configuration (a context cap one step lower, a GEMM dtype left at fp32). In its last
 ``refine_share`` of the time for trials (of the trials, with ``--n-trials``) the search therefore tries, from the
 best configuration so far, the configurations that differ from it in one parameter, most promising first, and moves
-to any that beats it (so it climbs). Moves are ordered by what the trials so far say of each value: the objective's
-mean over the trials that had it, against the mean over those that had the best's value (a value no trial had yet
-counts as even). A move is skipped when its configuration was already tried (or is running) or the target refuses
+to any that beats it (so it climbs). Every parameter gets a move before any gets a second one; within that, moves
+are ordered by what the trials so far say of each value: the objective's mean over the trials that had it, against
+the mean over those that had the best's value (a value no trial had yet counts as even). A move is skipped when its configuration was already tried (or is running) or the target refuses
 it before running (its rules say why). When every move from the best has been tried, the best is a local optimum
 and the search goes back to TPE.
 
@@ -97,21 +97,33 @@ def next_move(ctx: SearchContext) -> Move | None:
     sign = 1.0 if ctx.direction == "maximize" else -1.0
     best = max(ok, key=lambda r: sign * r.value)
     score = _value_scores(ok, sign)
-    candidates = []
+    candidates, done = [], {}
     for name, value, cfg in moves(ctx.resolved, best.params):
         if params_key(cfg) in tried:
+            done[name] = done.get(name, 0) + 1
             continue
         here = score.get((name, _k(best.params.get(name))), 0.0)
         gain = score.get((name, _k(value)), here) - here  # a value no trial had yet: no evidence either way
         candidates.append((gain, name, value, cfg))
-    candidates.sort(key=lambda c: -c[0])  # stable: ties keep the space's declaration order
-    for gain, name, value, cfg in candidates:
+    for gain, name, value, cfg in _order(candidates, done):
         why = ctx.target.check(cfg)
         if why:
             _logger.debug("refine: %s=%r from trial %d refused by the target: %s", name, value, best.number, why)
             continue
         return Move(best.number, name, best.params.get(name), value, cfg)
     return None
+
+
+def _order(candidates: list[tuple[float, str, Any, dict]], done: dict[str, int]) -> list[tuple[float, str, Any, dict]]:
+    """Round by round: each parameter's most promising untried move, then each one's next, a parameter with ``done``
+    moves from this best already tried joining that many rounds later; within a round, by gain. So a parameter with
+    many values (the bucket lists) cannot use up the phase before every other one had a move, and the trials' means
+    (confounded by what else each trial set) only order moves, never exclude one."""
+    groups: dict[str, list] = {}
+    for c in sorted(candidates, key=lambda c: -c[0]):  # stable: ties keep the space's declaration order
+        groups.setdefault(c[1], []).append(c)
+    ranked = [(done.get(name, 0) + i, c) for name, g in groups.items() for i, c in enumerate(g)]
+    return [c for _, c in sorted(ranked, key=lambda rc: (rc[0], -rc[1][0]))]
 
 
 def _k(value: Any) -> str:

@@ -1,0 +1,151 @@
+"""The search's refinement phase: one-change moves from the best so far, in a real study on a real store."""
+
+from types import SimpleNamespace
+
+import optuna
+from spaces import FAKE_SPACE
+
+from search_spaces import Hardware, load_space_text, resolve
+from storage import Repo
+from tuner.refine import REFINE_ATTR, moves, next_move
+from tuner.sampling import params_key
+from tuner.search import SearchOptions, run_search
+
+SPACE = """
+name: refine
+target: fake_targets:FakeTarget
+objective: {metric: tok_s, combine: geomean, levels: [1, 4]}
+params:
+  impl:
+    type: categorical
+    values: [torch, mma]
+    default: torch
+  splits:
+    type: pow2
+    low: 1
+    high: 16
+    default: 1
+    when: {impl: [mma]}
+  tile:
+    type: categorical
+    values: [16, 32, 64]
+    default: 32
+  buckets:
+    type: categorical
+    values: [a, b, c, d, e]
+    default: a
+  scale:
+    type: float
+    low: 0.5
+    high: 2.0
+    default: 1.0
+"""
+
+
+def _resolved(text=SPACE):
+    return resolve(load_space_text(text), Hardware())
+
+
+def _diff(a: dict, b: dict) -> set:
+    return {k for k in a.keys() | b.keys() if a.get(k) != b.get(k)}
+
+
+def test_moves_change_one_value_and_bring_children_in_at_their_defaults():
+    res = _resolved()
+    base = {"impl": "mma", "splits": 4, "tile": 32, "buckets": "a", "scale": 1.0}
+    got = {(name, value): cfg for name, value, cfg in moves(res, base)}
+    # pow2 steps to its neighbours, a categorical to every other value, a float not at all
+    assert set(got) == {("impl", "torch"), ("splits", 2), ("splits", 8), ("tile", 16), ("tile", 64),
+                        ("buckets", "b"), ("buckets", "c"), ("buckets", "d"), ("buckets", "e")}
+    assert got[("impl", "torch")] == {"impl": "torch", "tile": 32, "buckets": "a", "scale": 1.0}  # child dropped
+    assert all(_diff(cfg, base) == {name} for (name, _), cfg in got.items() if name != "impl")
+    up = {(n, v): c for n, v, c in moves(res, {"impl": "torch", "tile": 16, "buckets": "a", "scale": 1.0})}
+    assert up[("impl", "mma")]["splits"] == 1  # the child comes in at its default
+
+
+def _ctx(tmp_path, trials, refuse=()):
+    """A study on a real SQLite store holding ``trials`` = [(params, outcome, value)]."""
+    res = _resolved()
+    repo = Repo(f"sqlite:///{tmp_path / 'r.db'}")
+    repo.create_schema()
+    run = repo.create_run("s", target="fake", budget_s=60)
+    for i, (params, outcome, value) in enumerate(trials):
+        full = res.walk(lambda p: params.get(p.name, p.default))
+        repo.start_trial(run.id, i, full)
+        if outcome is not None:
+            repo.finish_trial(run.id, i, outcome=outcome, value=value)
+    check = (lambda cfg: "refused by a rule" if any(cfg.get(k) == v for k, v in refuse) else None)
+    return SimpleNamespace(repo=repo, run=run, resolved=res, direction="maximize", target=SimpleNamespace(check=check))
+
+
+def test_next_move_goes_from_the_best_every_parameter_first_most_promising_first(tmp_path):
+    trials = [({}, "ok", 10.0),
+              ({"tile": 64}, "ok", 30.0),  # the best: every move starts here
+              ({"tile": 16, "buckets": "e"}, "ok", 28.0),  # evidence for buckets=e (and a little for tile=16)
+              ({"tile": 64, "buckets": "b"}, None, None),  # a move already running: tried
+              ({"impl": "mma"}, "crash", None)]
+    ctx = _ctx(tmp_path, trials, refuse=[("impl", "mma")])
+    best = ctx.repo.get_trial(ctx.run.id, 1).params
+    seen = []
+    while (m := next_move(ctx)) is not None:
+        assert m.origin == 1 and m.old == best[m.param] and _diff(m.params, best) == {m.param}
+        seen.append((m.param, m.new))
+        n = len(ctx.repo.list_trials(ctx.run.id))  # the search's enqueued trial runs it: now it is tried
+        ctx.repo.start_trial(ctx.run.id, n, m.params)
+        ctx.repo.finish_trial(ctx.run.id, n, outcome="ok", value=20.0)
+        assert len(seen) < 10, seen
+    # tile=32 (the first trial) and buckets=b (running) were tried, so each parameter had one move: round 1 holds
+    # buckets=e, which the trials favour, before tile=16, which they rate a little below tile=64; then the moves no
+    # trial speaks for, in the space's order. impl=mma is refused by the target. After the last, every move from
+    # the best was tried: a local optimum (None).
+    assert seen == [("buckets", "e"), ("tile", 16), ("buckets", "c"), ("buckets", "d")], seen
+
+
+def test_a_move_that_wins_becomes_the_origin_of_the_next(tmp_path):
+    ctx = _ctx(tmp_path, [({}, "ok", 10.0), ({"tile": 64}, "ok", 12.0)])
+    m = next_move(ctx)
+    ctx.repo.start_trial(ctx.run.id, 2, m.params)
+    ctx.repo.finish_trial(ctx.run.id, 2, outcome="ok", value=50.0)
+    assert next_move(ctx).origin == 2
+
+
+def test_search_spends_its_last_share_on_moves_from_the_best(tmp_path, sqlite_url):
+    text = FAKE_SPACE.replace("values: [ok, crash, hang, oom, raise]", "values: [ok]")
+    space = tmp_path / "space.yaml"
+    space.write_text(text)
+    opts = SearchOptions(budget_s=120, storage_url=sqlite_url, study="s", space_path=str(space), seed=1,
+                         out_dir=str(tmp_path / "out"), hardware=Hardware(), trial_timeout_s=5.0, confirm_top=0,
+                         n_trials=10, refine_share=0.4)
+    res = run_search(opts)
+    study = optuna.load_study(study_name="s", storage=sqlite_url)
+    numbers = [t.number for t in study.trials if REFINE_ATTR in t.user_attrs]
+    assert numbers == [6, 7, 8, 9]  # the last 40% of the 10 trials
+    by_number = {t.number: t for t in res.trials}
+    keys = [params_key(t.params) for t in res.trials]
+    for n in numbers:
+        origin = by_number[study.trials[n].user_attrs[REFINE_ATTR]]
+        before = [t for t in res.trials if t.number < n and t.outcome == "ok"]
+        assert origin.value == max(t.value for t in before)  # from the best so far
+        assert _diff(by_number[n].params, origin.params) == {"x"}  # one change
+        assert keys.count(keys[n]) == 1  # never a configuration already tried
+    # the fake's value grows with x: the phase can only keep or raise the best
+    assert res.best_value >= max(t.value for t in res.trials[:6] if t.value is not None)
+
+
+def test_no_refinement_when_its_share_is_zero(tmp_path, sqlite_url):
+    space = tmp_path / "space.yaml"
+    space.write_text(FAKE_SPACE.replace("values: [ok, crash, hang, oom, raise]", "values: [ok]"))
+    opts = SearchOptions(budget_s=120, storage_url=sqlite_url, study="s", space_path=str(space), seed=1,
+                         out_dir=str(tmp_path / "out"), hardware=Hardware(), trial_timeout_s=5.0, confirm_top=0,
+                         n_trials=6, refine_share=0.0)
+    run_search(opts)
+    study = optuna.load_study(study_name="s", storage=sqlite_url)
+    assert not any(REFINE_ATTR in t.user_attrs for t in study.trials)
+
+
+def test_a_parameter_that_already_had_moves_waits_its_round():
+    from tuner.refine import _order
+
+    cands = [(0.5, "buckets", "e", {}), (-0.1, "tile", 16, {}), (0.0, "buckets", "c", {})]
+    assert [c[2] for c in _order(cands, {})] == ["e", 16, "c"]  # round 0 by gain, then buckets' second
+    assert [c[2] for c in _order(cands, {"buckets": 1})] == [16, "e", "c"]  # buckets had a move already
