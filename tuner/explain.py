@@ -28,6 +28,8 @@ class Explanation:
     study: str
     importances: dict[str, dict[str, float]] = field(default_factory=dict)
     """``{"objective": {param: importance}, "c=64": {...}}``, each sorted high to low."""
+    importance_trials: int = 0
+    """How many successful trials the importances come from."""
     profiles: dict[str, dict] = field(default_factory=dict)
     """``{"baseline": profile, "best": profile}`` from ``tuner.workload.profile``."""
     notes: list[str] = field(default_factory=list)
@@ -50,6 +52,11 @@ class Explanation:
                    if self.baseline_params.get(k) != v}
         if changed:
             out += ["Changed from the baseline: " + ", ".join(f"`{k}` {a} → {b}" for k, (a, b) in changed.items()), ""]
+        if any(self.importances.values()):
+            out += [f"Importances from {self.importance_trials} successful trials (Optuna's PED-ANOVA: how "
+                    "differently the best of them set each parameter from the rest). With a few dozen trials they "
+                    "are rough, and the search's last one-change moves crowd its best trials together; `--ablate` "
+                    "measures what each change is worth.", ""]
         for what, imp in self.importances.items():
             out += [f"## Parameter importances for {what}", "", "| parameter | importance |", "| --- | --- |"]
             out += [f"| {k} | {v:.3f} |" for k, v in imp.items()]
@@ -167,6 +174,7 @@ def explain(storage_url: str, study: str, *, profile: bool = True, level: int | 
     ex = Explanation(study=study)
     objective = {t.number: t.value for t in ok if t.value is not None and "not run again" not in t.reason}
     ex.importances["objective"] = _importances(frozen, objective)
+    ex.importance_trials = len(objective)
     levels = sorted({m.level for t in ok for m in t.measurements if m.metric == "tok_s" and m.level},
                     key=lambda s: int(s.split("=")[1]) if s.startswith("c=") else 0)
     if level is not None:

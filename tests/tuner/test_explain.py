@@ -30,6 +30,8 @@ def test_explain_ranks_the_parameter_that_matters_and_ablation_measures_it(tmp_p
     imp = ex.importances["objective"]
     assert imp and next(iter(imp)) == "x"  # the fake's value depends on x only
     assert "tok/s at c=4" in ex.importances
+    ok = [t for t in res.trials if t.outcome == "ok" and "not run again" not in t.reason]
+    assert ex.importance_trials == len(ok) and f"Importances from {len(ok)} successful trials" in ex.markdown()
     ab = ablate(sqlite_url, "e")
     rows = {r["param"]: r for r in ab.ablation}
     assert rows["x"]["from"] == 0 and rows["x"]["outcome"] == "ok"
