@@ -34,6 +34,7 @@ import optuna
 import yaml
 
 from search_spaces import Space, load_space
+from tuner import refine
 from tuner.compile_ahead import CompileAhead, default_helpers
 from tuner.search import (
     CONFIRM_ATTR,
@@ -304,6 +305,8 @@ def _loop(ctx: SearchContext, progress: Progress | None, reserve, case: KernelCa
                 ahead.wait(fut, min(COMPILE_WAIT_S, ctx.deadline.remaining_for_trials()))
             summary = run_one(ctx, trial, progress, gpus=gpus)
             repeats = repeats + 1 if "not run again" in summary.reason else 0
+            if repeats and ctx.options.refine_share > 0:  # TPE re-proposed a timed config: move from the best
+                refine.enqueue_next(ctx, progress)
             failures = failures + 1 if summary.outcome not in ("ok", "pruned", "invalid_config") else 0
             if repeats >= MAX_REPEATS_IN_A_ROW:
                 return f"space exhausted: {repeats} repeated configs in a row"

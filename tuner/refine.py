@@ -8,7 +8,9 @@ to any that beats it (so it climbs). Every parameter gets a move before any gets
 are ordered by what the trials so far say of each value: the objective's mean over the trials that had it, against
 the mean over those that had the best's value (a value no trial had yet counts as even). A move is skipped when its configuration was already tried (or is running) or the target refuses
 it before running (its rules say why). When every move from the best has been tried, the best is a local optimum
-and the search goes back to TPE.
+and the search goes back to TPE. At any time, a configuration TPE proposes again (timed already, so not run) is
+followed by one such move, here and in the kernel search: the ask TPE spent on a repeat goes to the best's
+neighbourhood instead.
 
 A move is an enqueued Optuna trial (``tuner_refine_of`` = the trial it moves from), so local threads and ``tuner
 worker`` processes of one study take them like any other trial.

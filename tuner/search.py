@@ -548,6 +548,8 @@ def _loop(ctx: SearchContext, progress: Progress | None) -> None:
         trial = ctx.study.ask()
         summary = run_one(ctx, trial, progress)
         repeats_in_a_row = repeats_in_a_row + 1 if "not run again" in summary.reason else 0
+        if repeats_in_a_row and ctx.options.refine_share > 0:  # TPE re-proposed a timed one: move from the best
+            refine.enqueue_next(ctx, progress)
         failures_in_a_row = failures_in_a_row + 1 if summary.outcome not in ("ok", "pruned") else 0
         if repeats_in_a_row >= MAX_REPEATS_IN_A_ROW:
             ctx.stop_reason = f"search space exhausted: {repeats_in_a_row} repeated configurations in a row"
