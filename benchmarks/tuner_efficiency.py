@@ -316,7 +316,8 @@ def autotune_probe(n: int) -> dict:
     def launch():
         grid = lambda meta: (B, triton.cdiv(width, meta["BLOCK_N"] * meta["TILES"]))  # noqa: E731
         tuned[grid](q, k, w, w, w, out, width, H, q.stride(0), q.stride(1), k.stride(0), k.stride(-2), w.stride(0), 0,
-                    out.stride(0), D=D, BLOCK_H=max(16, triton.next_power_of_2(H)), HAS_SCALE=False, HAS_LEN=False)
+                    out.stride(0), D=D, BLOCK_H=max(16, triton.next_power_of_2(H)), HAS_SCALE=False, HAS_LEN=False,
+                    SKIP_DEAD=True)
 
     torch.cuda.synchronize()
     t0 = time.time()

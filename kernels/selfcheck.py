@@ -82,10 +82,10 @@ def compile_all(arch: int = 90) -> list[dict]:
                  dict(DV=512, BLOCK_H=4), 4, 1))
     jobs.append(("sparse_decode_simt", _sparse_decode_simt_kernel, {"q_ptr": P("bf16"), "kv_ptr": P("bf16"), "idx_ptr": "*i32",
                  "out_ptr": P("bf16"), "qk_scale": "fp32"}, dict(DV=512, DT=0, D_TAIL=0, BLOCK_T=16), 4, 1))
-    for dt in ("fp8e4nv", "bf16"):
-        jobs.append((f"indexer {dt}", _indexer_kernel, {"q_ptr": P(dt), "k_ptr": P(dt), "w_ptr": "*fp32", "ks_ptr": "*fp32",
-                     "len_ptr": "*i32", "out_ptr": "*fp32"}, dict(D=128, BLOCK_H=64, BLOCK_N=64, TILES=4, HAS_SCALE=True,
-                     HAS_LEN=True), 4, 2))
+    for dt, skip in (("fp8e4nv", True), ("bf16", True), ("bf16", False)):  # False: every tile of the width computed
+        jobs.append((f"indexer {dt}{'' if skip else ' dead tiles'}", _indexer_kernel, {"q_ptr": P(dt), "k_ptr": P(dt),
+                     "w_ptr": "*fp32", "ks_ptr": "*fp32", "len_ptr": "*i32", "out_ptr": "*fp32"},
+                     dict(D=128, BLOCK_H=64, BLOCK_N=64, TILES=4, HAS_SCALE=True, HAS_LEN=True, SKIP_DEAD=skip), 4, 2))
     for dt, ieee, scale in (("bf16", False, False), ("fp8e4nv", False, True), ("fp32", True, False)):
         jobs.append((f"gemm {dt}", _gemm_kernel, {"x_ptr": P(dt), "w_ptr": P(dt), "y_ptr": P("fp32" if ieee else "bf16"),
                      "xs_ptr": "*fp32", "ws_ptr": "*fp32", "p_ptr": "*fp32", "lock_ptr": "*i32"},
