@@ -92,7 +92,7 @@ def next_move(ctx: SearchContext) -> Move | None:
     """The most promising untried one-change move from the best ok trial of the study (every process's trials,
     read from the store), or ``None`` at a local optimum."""
     records = ctx.repo.list_trials(ctx.run.id)
-    tried = {params_key(r.params) for r in records}
+    tried = {_key(ctx.resolved, r.params) for r in records} | _asked(ctx)
     ok = [r for r in records if r.outcome == "ok" and r.value is not None and math.isfinite(r.value)]
     if not ok:
         return None
@@ -101,7 +101,7 @@ def next_move(ctx: SearchContext) -> Move | None:
     score = _value_scores(ok, sign)
     candidates, done = [], {}
     for name, value, cfg in moves(ctx.resolved, best.params):
-        if params_key(cfg) in tried:
+        if _key(ctx.resolved, cfg) in tried:
             done[name] = done.get(name, 0) + 1
             continue
         here = score.get((name, _k(best.params.get(name))), 0.0)
@@ -114,6 +114,22 @@ def next_move(ctx: SearchContext) -> Move | None:
             continue
         return Move(best.number, name, best.params.get(name), value, cfg)
     return None
+
+
+def _key(resolved: ResolvedSpace, params: dict[str, Any]) -> str:
+    return params_key(suggestable(resolved, params))
+
+
+def _asked(ctx: SearchContext) -> set[str]:
+    """Configurations asked of Optuna and not yet in the store: enqueued and waiting, or taken by a worker that is
+    still waiting for its GPUs (a move another worker enqueued a moment ago is not made twice)."""
+    from optuna.trial import TrialState
+
+    out = set()
+    for t in ctx.study.get_trials(deepcopy=False, states=(TrialState.WAITING, TrialState.RUNNING)):
+        fixed = t.system_attrs.get("fixed_params") or {}
+        out.add(params_key({**fixed, **t.params}))
+    return out
 
 
 def _order(candidates: list[tuple[float, str, Any, dict]], done: dict[str, int]) -> list[tuple[float, str, Any, dict]]:

@@ -368,6 +368,7 @@ def worker_loop(ctx, progress, *, name: str, leaser: GpuLeaser | None = None, ma
     report = WorkerReport(name)
     lock = ask_lock or AskLock(ctx.repo, ctx.run.study_name)
     last_stale = 0.0
+    repeated = False
     while True:
         if ctx.stop.is_set():
             report.stop_reason = ctx.stop_reason or "stopped"
@@ -392,8 +393,8 @@ def worker_loop(ctx, progress, *, name: str, leaser: GpuLeaser | None = None, ma
         def ask_step():
             with lock.held():
                 d = cap_decision(ctx.study, max_trials)
-                if d == "ask" and refine.in_window(ctx, 0.0):
-                    refine.enqueue_next(ctx, progress)
+                if d == "ask" and ctx.options.refine_share > 0 and (repeated or refine.in_window(ctx, 0.0)):
+                    refine.enqueue_next(ctx, progress)  # the last share, or TPE re-proposed a timed configuration
                 return d, (ctx.study.ask() if d == "ask" else None)
 
         decision, trial = retry_db(ask_step, what="ask")
@@ -405,6 +406,7 @@ def worker_loop(ctx, progress, *, name: str, leaser: GpuLeaser | None = None, ma
             continue
         summary = _run_trial(ctx, trial, progress, run_one, name=name, leaser=leaser, storage=storage,
                              heartbeat_interval=heartbeat_interval)
+        repeated = summary is not None and "not run again" in summary.reason
         if summary is not None:
             report.trials += 1
             report.outcomes[summary.outcome] = report.outcomes.get(summary.outcome, 0) + 1

@@ -7,7 +7,7 @@ from spaces import FAKE_SPACE
 
 from search_spaces import Hardware, load_space_text, resolve
 from storage import Repo
-from tuner.refine import REFINE_ATTR, moves, next_move
+from tuner.refine import REFINE_ATTR, enqueue_next, moves, next_move
 from tuner.sampling import params_key
 from tuner.search import SearchOptions, run_search
 
@@ -75,7 +75,9 @@ def _ctx(tmp_path, trials, refuse=()):
         if outcome is not None:
             repo.finish_trial(run.id, i, outcome=outcome, value=value)
     check = (lambda cfg: "refused by a rule" if any(cfg.get(k) == v for k, v in refuse) else None)
-    return SimpleNamespace(repo=repo, run=run, resolved=res, direction="maximize", target=SimpleNamespace(check=check))
+    study = optuna.create_study(storage=f"sqlite:///{tmp_path / 'r.db'}", study_name="s", direction="maximize")
+    return SimpleNamespace(repo=repo, run=run, resolved=res, direction="maximize", target=SimpleNamespace(check=check),
+                           study=study)
 
 
 def test_next_move_goes_from_the_best_every_parameter_first_most_promising_first(tmp_path):
@@ -106,7 +108,11 @@ def test_a_move_that_wins_becomes_the_origin_of_the_next(tmp_path):
     m = next_move(ctx)
     ctx.repo.start_trial(ctx.run.id, 2, m.params)
     ctx.repo.finish_trial(ctx.run.id, 2, outcome="ok", value=50.0)
-    assert next_move(ctx).origin == 2
+    first = next_move(ctx)
+    assert first.origin == 2
+    # enqueued (by another worker, say) but not yet started: not made twice
+    enqueue_next(ctx)
+    assert first.params != next_move(ctx).params
 
 
 def test_search_spends_its_last_share_on_moves_from_the_best(tmp_path, sqlite_url):
