@@ -282,6 +282,7 @@ def _loop(ctx: SearchContext, progress: Progress | None, reserve, case: KernelCa
     gpus = list(ctx.options.gpus[:1]) if ctx.options.gpus else None
     combos = math.prod(len(p.choices()) for p in ctx.resolved.params) if ctx.resolved.params else 1
     repeats = failures = 0
+    move = False
     started = len(ctx.trials)
     pending: deque[tuple[Any, Future | None]] = deque()
     submitted: set[str] = set()
@@ -298,6 +299,9 @@ def _loop(ctx: SearchContext, progress: Progress | None, reserve, case: KernelCa
             if ctx.options.n_trials is not None:
                 want = min(want, ctx.options.n_trials - done)
             while len(pending) < want:
+                if move and ctx.options.refine_share > 0:  # TPE re-proposed a timed config: a move from the best,
+                    refine.enqueue_next(ctx, progress)  # enqueued right before the ask that takes it
+                move = False
                 trial = ctx.study.ask()
                 pending.append((trial, _compile_early(ctx, trial, case, ahead, submitted) if ahead else None))
             trial, fut = pending.popleft()
@@ -305,8 +309,7 @@ def _loop(ctx: SearchContext, progress: Progress | None, reserve, case: KernelCa
                 ahead.wait(fut, min(COMPILE_WAIT_S, ctx.deadline.remaining_for_trials()))
             summary = run_one(ctx, trial, progress, gpus=gpus)
             repeats = repeats + 1 if "not run again" in summary.reason else 0
-            if repeats and ctx.options.refine_share > 0:  # TPE re-proposed a timed config: move from the best
-                refine.enqueue_next(ctx, progress)
+            move = move or repeats > 0
             failures = failures + 1 if summary.outcome not in ("ok", "pruned", "invalid_config") else 0
             if repeats >= MAX_REPEATS_IN_A_ROW:
                 return f"space exhausted: {repeats} repeated configs in a row"

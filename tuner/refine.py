@@ -6,11 +6,11 @@ short of a better configuration (a context cap one step lower, a GEMM dtype left
 best configuration so far, the configurations that differ from it in one parameter, most promising first, and moves
 to any that beats it (so it climbs). Every parameter gets a move before any gets a second one; within that, moves
 are ordered by what the trials so far say of each value: the objective's mean over the trials that had it, against
-the mean over those that had the best's value (a value no trial had yet counts as even). A move is skipped when its configuration was already tried (or is running) or the target refuses
-it before running (its rules say why). When every move from the best has been tried, the best is a local optimum
-and the search goes back to TPE. At any time, a configuration TPE proposes again (timed already, so not run) is
-followed by one such move, here and in the kernel search: the ask TPE spent on a repeat goes to the best's
-neighbourhood instead.
+the mean over those that had the best's value (a value no trial had yet counts as even). A move is skipped when its
+configuration was already tried (or is running, or asked) or the target refuses it before running (its rules say
+why). When every move from the best has been tried, the best is a local optimum and the search goes back to TPE.
+At any time, a configuration TPE proposes again (timed already, so not run) is followed by one such move, here and
+in the kernel search: the ask TPE spent on a repeat goes to the best's neighbourhood instead.
 
 A move is an enqueued Optuna trial (``tuner_refine_of`` = the trial it moves from), so local threads and ``tuner
 worker`` processes of one study take them like any other trial.

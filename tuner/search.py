@@ -27,8 +27,8 @@ import optuna
 from search_spaces import Hardware, ResolvedSpace, SpaceError, detect_hardware, load_space, resolve
 from storage import Repo, StorageError
 from storage.models import Run
-from tuner.budget import Deadline
 from tuner import refine
+from tuner.budget import Deadline
 from tuner.fingerprint import fingerprint
 from tuner.isolation import TrialJob, TrialProcess
 from tuner.measurement import Measurement, Outcome
@@ -543,13 +543,14 @@ def _loop(ctx: SearchContext, progress: Progress | None) -> None:
         if ctx.deadline.remaining_for_trials() <= 1.0 + reserve:
             ctx.stop_reason = "budget used"
             return
-        if refine.in_window(ctx, reserve, len(ctx.trials) - started):
+        # the last share, or TPE re-proposed a timed configuration: a move from the best, enqueued right before the
+        # ask that takes it (a move left waiting would be taken by the confirmation's ask instead)
+        if refine.in_window(ctx, reserve, len(ctx.trials) - started) or (repeats_in_a_row and
+                                                                         ctx.options.refine_share > 0):
             refine.enqueue_next(ctx, progress)
         trial = ctx.study.ask()
         summary = run_one(ctx, trial, progress)
         repeats_in_a_row = repeats_in_a_row + 1 if "not run again" in summary.reason else 0
-        if repeats_in_a_row and ctx.options.refine_share > 0:  # TPE re-proposed a timed one: move from the best
-            refine.enqueue_next(ctx, progress)
         failures_in_a_row = failures_in_a_row + 1 if summary.outcome not in ("ok", "pruned") else 0
         if repeats_in_a_row >= MAX_REPEATS_IN_A_ROW:
             ctx.stop_reason = f"search space exhausted: {repeats_in_a_row} repeated configurations in a row"

@@ -167,6 +167,7 @@ def test_a_configuration_proposed_again_is_followed_by_a_move_from_the_best(tmp_
                          n_trials=14, refine_share=0.01)  # the window: only the last trial
     res = run_search(opts)
     study = optuna.load_study(study_name="s", storage=sqlite_url)
+    assert not study.get_trials(states=(optuna.trial.TrialState.WAITING,))  # no move left queued for a later ask
     repeats = [t.number for t in res.trials if "not run again" in t.reason]
     assert repeats, "the test needs TPE to repeat itself"
     for n in repeats:
