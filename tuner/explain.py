@@ -45,6 +45,10 @@ class Explanation:
     maximized objective, baseline / this for a minimized one: > 1 when the change helps on its own)."""
     best_by_level: dict[int, float] = field(default_factory=dict)
     baseline_by_level: dict[int, float] = field(default_factory=dict)
+    neighbours: list[dict] = field(default_factory=list)
+    """Trials the search itself ran one value away from the best (its refinement's moves, or TPE's): ``{"param",
+    "best", "other", "trial", "ratio"}``, ``ratio`` = the best's objective over that trial's (inverse when minimized):
+    > 1 when the best's value wins. No re-run: the search's own timings."""
 
     def markdown(self) -> str:
         out = [f"# Why the best configuration of `{self.study}` won", ""]
@@ -84,6 +88,12 @@ class Explanation:
                 out += [f"| {r['op'][:60]} | {r['time_us']:.0f} | {r['count']} | {r['shapes']} |"
                         for r in prof["shaped"]]
                 out.append("")
+        if self.neighbours:
+            out += ["## One value away from the best, as the search timed it (no re-run)", "",
+                    "| parameter | best → other value | trial | best / other |", "| --- | --- | --- | --- |"]
+            out += [f"| {r['param']} | {r['best']} → {r['other']} | {r['trial']} | {r['ratio']:.3f} |"
+                    for r in self.neighbours]
+            out.append("")
         if self.alone:
             out += _ratio_table("What each change is worth alone: the baseline with only that parameter set to the "
                                 "best's value", "baseline → best value", "x faster", self.alone, "gain",
@@ -162,6 +172,7 @@ def _importances(trials: list[optuna.trial.FrozenTrial], values: dict[int, float
 def explain(storage_url: str, study: str, *, profile: bool = True, level: int | None = None,
             timeout_s: float = 300.0) -> Explanation:
     """Importances from the study's successful trials; profiles of baseline and best (workload target only)."""
+    from search_spaces import load_space_text
     from tuner.search import open_optuna_storage
 
     repo = Repo(storage_url)
@@ -189,6 +200,9 @@ def explain(storage_url: str, study: str, *, profile: bool = True, level: int | 
     best = repo.get_trial(run.id, run.best_trial_number) if run.best_trial_number is not None else None
     ex.baseline_params = base.params if base else {}
     ex.best_params = best.params if best else {}
+    if best is not None and best.value:
+        space = load_space_text(run.space_yaml, source=run.space_name)
+        ex.neighbours = _neighbours(space, best, ok, space.objective.direction)
     if profile and run.target == "workload" and base and best:
         prof_level = level or max((int(lv.split("=")[1]) for lv in levels), default=64)
         for name, trial in (("baseline", base), ("best", best)):
@@ -199,6 +213,27 @@ def explain(storage_url: str, study: str, *, profile: bool = True, level: int | 
     elif profile and run.target != "workload":
         ex.notes.append(f"op-level profiles are made for the workload target only (this study: {run.target})")
     return ex
+
+
+def _neighbours(space, best: TrialRecord, ok: list[TrialRecord], direction: str) -> list[dict]:
+    """The search's ok trials that differ from the best in one parameter (a conditional parameter that comes or goes
+    with its parent's change does not count), one row per (parameter, value), the most telling first."""
+    children = {p.name: set(p.when.names) for p in space.params if p.when is not None}
+    rows: dict[tuple[str, str], dict] = {}
+    for t in ok:
+        if t.number == best.number or not t.value or "not run again" in t.reason:
+            continue
+        diff = {k for k in best.params.keys() | t.params.keys() if best.params.get(k) != t.params.get(k)}
+        diff = {k for k in diff if not (children.get(k, set()) & diff)}
+        if len(diff) != 1 or t.params == best.params:
+            continue
+        (name,) = diff
+        ratio = best.value / t.value if direction == "maximize" else t.value / best.value
+        key = (name, repr(t.params.get(name)))
+        if key not in rows or ratio < rows[key]["ratio"]:  # of repeated timings, the one closest to the best
+            rows[key] = {"param": name, "best": best.params.get(name), "other": t.params.get(name),
+                         "trial": t.number, "ratio": ratio}
+    return sorted(rows.values(), key=lambda r: -r["ratio"])
 
 
 VIEWS = ("alone", "undo")

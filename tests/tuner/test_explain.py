@@ -32,6 +32,15 @@ def test_explain_ranks_the_parameter_that_matters_and_ablation_measures_it(tmp_p
     assert "tok/s at c=4" in ex.importances
     ok = [t for t in res.trials if t.outcome == "ok" and "not run again" not in t.reason]
     assert ex.importance_trials == len(ok) and f"Importances from {len(ok)} successful trials" in ex.markdown()
+    # the search's own trials one value away from the best (its last quarter was moves from the best)
+    best = next(t for t in res.trials if t.number == Repo(sqlite_url).get_run("e").best_trial_number)
+    assert ex.neighbours and "One value away from the best" in ex.markdown()
+    for row in ex.neighbours:
+        t = next(t for t in res.trials if t.number == row["trial"])
+        assert {k for k in t.params if t.params[k] != best.params[k]} == {row["param"]}
+        assert abs(row["ratio"] - best.value / t.value) < 1e-9
+        if row["param"] == "x":  # the fake's value grows with x: the best's x wins against a lower one
+            assert (row["ratio"] > 1) == (row["other"] < best.params["x"])
     ab = ablate(sqlite_url, "e")
     rows = {r["param"]: r for r in ab.ablation}
     assert rows["x"]["from"] == 0 and rows["x"]["outcome"] == "ok"
