@@ -8,7 +8,8 @@ to any that beats it (so it climbs). Every parameter gets a move before any gets
 are ordered by what the trials so far say of each value: the objective's mean over the trials that had it, against
 the mean over those that had the best's value (a value no trial had yet counts as even). A move is skipped when its
 configuration was already tried (or is running, or asked) or the target refuses it before running (its rules say
-why). When every move from the best has been tried, the best is a local optimum and the search goes back to TPE.
+why). When every move from the best has been tried (a local optimum), the moves start from the next best
+configuration, up to the third; after that the search goes back to TPE.
 At any time, a configuration TPE proposes again (timed already, so not run) is followed by one such move, here and
 in the kernel search: the ask TPE spent on a repeat goes to the best's neighbourhood instead.
 
@@ -34,6 +35,9 @@ _logger = logging.getLogger(__name__)
 
 REFINE_ATTR = "tuner_refine_of"
 """User attribute of a refinement trial: the number of the trial whose configuration it changes by one value."""
+
+ORIGINS = 3
+"""Configurations moves start from: the best, then (once every move from it was tried) the next best ones."""
 
 ORDERED_TYPES = ("int", "pow2")
 """Numeric parameter types whose moves are one step down or up; a categorical may move to any other value."""
@@ -89,30 +93,39 @@ class Move:
 
 
 def next_move(ctx: SearchContext) -> Move | None:
-    """The most promising untried one-change move from the best ok trial of the study (every process's trials,
-    read from the store), or ``None`` at a local optimum."""
+    """The most promising untried one-change move from the best ok configuration of the study (every process's
+    trials, read from the store); once every move from it was tried (a local optimum), from the next best, up to
+    ``ORIGINS`` configurations; ``None`` when all of theirs were tried."""
     records = ctx.repo.list_trials(ctx.run.id)
     tried = {_key(ctx.resolved, r.params) for r in records} | _asked(ctx)
     ok = [r for r in records if r.outcome == "ok" and r.value is not None and math.isfinite(r.value)]
-    if not ok:
-        return None
     sign = 1.0 if ctx.direction == "maximize" else -1.0
-    best = max(ok, key=lambda r: sign * r.value)
-    score = _value_scores(ok, sign)
+    score = _value_scores(ok, sign) if ok else {}
+    origins: dict[str, Any] = {}
+    for r in sorted(ok, key=lambda r: -sign * r.value):  # stable: of equal values, the earlier trial
+        origins.setdefault(_key(ctx.resolved, r.params), r)
+    for origin in list(origins.values())[:ORIGINS]:
+        move = _move_from(ctx, origin, tried, score)
+        if move is not None:
+            return move
+    return None
+
+
+def _move_from(ctx: SearchContext, origin, tried: set[str], score: dict) -> Move | None:
     candidates, done = [], {}
-    for name, value, cfg in moves(ctx.resolved, best.params):
+    for name, value, cfg in moves(ctx.resolved, origin.params):
         if _key(ctx.resolved, cfg) in tried:
             done[name] = done.get(name, 0) + 1
             continue
-        here = score.get((name, _k(best.params.get(name))), 0.0)
+        here = score.get((name, _k(origin.params.get(name))), 0.0)
         gain = score.get((name, _k(value)), here) - here  # a value no trial had yet: no evidence either way
         candidates.append((gain, name, value, cfg))
     for gain, name, value, cfg in _order(candidates, done):
         why = ctx.target.check(cfg)
         if why:
-            _logger.debug("refine: %s=%r from trial %d refused by the target: %s", name, value, best.number, why)
+            _logger.debug("refine: %s=%r from trial %d refused by the target: %s", name, value, origin.number, why)
             continue
-        return Move(best.number, name, best.params.get(name), value, cfg)
+        return Move(origin.number, name, origin.params.get(name), value, cfg)
     return None
 
 

@@ -89,8 +89,8 @@ def test_next_move_goes_from_the_best_every_parameter_first_most_promising_first
     ctx = _ctx(tmp_path, trials, refuse=[("impl", "mma")])
     best = ctx.repo.get_trial(ctx.run.id, 1).params
     seen = []
-    while (m := next_move(ctx)) is not None:
-        assert m.origin == 1 and m.old == best[m.param] and _diff(m.params, best) == {m.param}
+    while (m := next_move(ctx)).origin == 1:
+        assert m.old == best[m.param] and _diff(m.params, best) == {m.param}
         seen.append((m.param, m.new))
         n = len(ctx.repo.list_trials(ctx.run.id))  # the search's enqueued trial runs it: now it is tried
         ctx.repo.start_trial(ctx.run.id, n, m.params)
@@ -99,8 +99,10 @@ def test_next_move_goes_from_the_best_every_parameter_first_most_promising_first
     # tile=32 (the first trial) and buckets=b (running) were tried, so each parameter had one move: round 1 holds
     # buckets=e, which the trials favour, before tile=16, which they rate a little below tile=64; then the moves no
     # trial speaks for, in the space's order. impl=mma is refused by the target. After the last, every move from
-    # the best was tried: a local optimum (None).
+    # the best was tried: a local optimum, and the moves start from the next best (trial 2, 28.0).
     assert seen == [("buckets", "e"), ("tile", 16), ("buckets", "c"), ("buckets", "d")], seen
+    second = ctx.repo.get_trial(ctx.run.id, 2).params
+    assert m.origin == 2 and _diff(m.params, second) == {m.param}
 
 
 def test_a_move_that_wins_becomes_the_origin_of_the_next(tmp_path):
