@@ -98,7 +98,8 @@ def next_move(ctx: SearchContext) -> Move | None:
     ``ORIGINS`` configurations; ``None`` when all of theirs were tried."""
     records = ctx.repo.list_trials(ctx.run.id)
     tried = {_key(ctx.resolved, r.params) for r in records} | _asked(ctx)
-    ok = [r for r in records if r.outcome == "ok" and r.value is not None and math.isfinite(r.value)]
+    ok = [r for r in records if r.outcome == "ok" and r.value is not None and math.isfinite(r.value)
+          and "not run again" not in (r.reason or "")]  # a repeat's value is a copy, not a measurement
     sign = 1.0 if ctx.direction == "maximize" else -1.0
     score = _value_scores(ok, sign) if ok else {}
     origins: dict[str, Any] = {}
