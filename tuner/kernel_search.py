@@ -299,8 +299,8 @@ def _loop(ctx: SearchContext, progress: Progress | None, reserve, case: KernelCa
             if ctx.options.n_trials is not None:
                 want = min(want, ctx.options.n_trials - done)
             while len(pending) < want:
-                if move and ctx.options.refine_share > 0:  # TPE re-proposed a timed config: a move from the best,
-                    refine.enqueue_next(ctx, progress)  # enqueued right before the ask that takes it
+                if move:  # TPE re-proposed a timed config: a move from the best, enqueued right before the ask
+                    refine.enqueue_next(ctx, progress)  # that takes it
                 move = False
                 trial = ctx.study.ask()
                 pending.append((trial, _compile_early(ctx, trial, case, ahead, submitted) if ahead else None))

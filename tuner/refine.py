@@ -175,7 +175,10 @@ def _value_scores(ok: list, sign: float) -> dict[tuple[str, str], float]:
 
 
 def enqueue_next(ctx: SearchContext, progress=None) -> Move | None:
-    """Enqueue the next move (the caller's ``study.ask()`` then takes it); ``None`` when there is none."""
+    """Enqueue the next move (the caller's ``study.ask()`` then takes it); ``None`` when there is none or refining
+    is off (``refine_share`` 0)."""
+    if ctx.options.refine_share <= 0:
+        return None
     move = next_move(ctx)
     if move is None:
         return None

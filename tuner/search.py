@@ -545,8 +545,7 @@ def _loop(ctx: SearchContext, progress: Progress | None) -> None:
             return
         # the last share, or TPE re-proposed a timed configuration: a move from the best, enqueued right before the
         # ask that takes it (a move left waiting would be taken by the confirmation's ask instead)
-        if refine.in_window(ctx, reserve, len(ctx.trials) - started) or (repeats_in_a_row and
-                                                                         ctx.options.refine_share > 0):
+        if repeats_in_a_row or refine.in_window(ctx, reserve, len(ctx.trials) - started):
             refine.enqueue_next(ctx, progress)
         trial = ctx.study.ask()
         summary = run_one(ctx, trial, progress)

@@ -393,7 +393,7 @@ def worker_loop(ctx, progress, *, name: str, leaser: GpuLeaser | None = None, ma
         def ask_step():
             with lock.held():
                 d = cap_decision(ctx.study, max_trials)
-                if d == "ask" and ctx.options.refine_share > 0 and (repeated or refine.in_window(ctx, 0.0)):
+                if d == "ask" and (repeated or refine.in_window(ctx, 0.0)):
                     refine.enqueue_next(ctx, progress)  # the last share, or TPE re-proposed a timed configuration
                 return d, (ctx.study.ask() if d == "ask" else None)
 

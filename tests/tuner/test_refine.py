@@ -77,7 +77,7 @@ def _ctx(tmp_path, trials, refuse=()):
     check = (lambda cfg: "refused by a rule" if any(cfg.get(k) == v for k, v in refuse) else None)
     study = optuna.create_study(storage=f"sqlite:///{tmp_path / 'r.db'}", study_name="s", direction="maximize")
     return SimpleNamespace(repo=repo, run=run, resolved=res, direction="maximize", target=SimpleNamespace(check=check),
-                           study=study)
+                           study=study, options=SimpleNamespace(refine_share=0.25))
 
 
 def test_next_move_goes_from_the_best_every_parameter_first_most_promising_first(tmp_path):
