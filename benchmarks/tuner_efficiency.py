@@ -33,6 +33,7 @@ import subprocess
 import sys
 import time
 import warnings
+from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
 
@@ -54,27 +55,65 @@ def n_startup(n_params: int) -> int:
     return max(5, min(10, n_params + 2))  # as tuner.search.open_context
 
 
+@dataclass
+class _Record:
+    """One replayed trial as ``tuner.refine.choose_move`` reads a stored one."""
+
+    number: int
+    params: dict
+    outcome: str
+    value: float | None
+    reason: str = ""
+
+
+def resolved_space(space: dict, default: dict | None):
+    """The replay's space as the tuner resolves a kernel space (one categorical per config field)."""
+    from search_spaces.hardware import Hardware
+    from search_spaces.loader import load_space_text
+    from search_spaces.resolve import resolve
+
+    params = {}
+    for k, values in space.items():
+        values = list(values)
+        d = (default or {}).get(k, values[0])
+        params[k] = {"type": "categorical", "values": values if d in values else sorted([*values, d]), "default": d}
+    doc = {"name": "replay", "target": "kernels", "params": params,
+           "objective": {"metric": "time_us", "direction": "minimize", "combine": "level", "levels": [1], "level": 1}}
+    return resolve(load_space_text(json.dumps(doc)), Hardware())
+
+
 def replay_once(table: dict, space: dict, rule, budget: int, seed: int, strategy: str, first: list[dict] | None,
-                lookahead: int = 1) -> tuple[float, int]:
+                lookahead: int = 1, resolved=None) -> tuple[float, int]:
     """One search over a measured table; returns (best time found, evaluations spent). ``first``: the configs
     enqueued before sampling (the default, then the kernel's seed configs), as the tuner does. ``lookahead``:
-    trials asked before the oldest is told, as the kernel search does when it compiles ahead."""
+    trials asked before the oldest is told, as the kernel search does when it compiles ahead. ``strategy``:
+    ``tpe``, ``random``, ``tpe+moves`` (a repeat is followed by a one-change move from the best, ``tuner.refine``)
+    or ``tpe+refine:S`` (that, and moves before every ask in the last share S of the evaluations)."""
     import optuna
 
     keys = list(space)
-    if strategy == "tpe":
+    if strategy.startswith("tpe"):
         sampler = optuna.samplers.TPESampler(seed=seed, multivariate=True, group=True, constant_liar=True,
                                              n_startup_trials=n_startup(len(keys)))
     else:
         sampler = optuna.samplers.RandomSampler(seed=seed)
+    moves_on_repeat = strategy.startswith("tpe+")
+    share = float(strategy.split(":")[1]) if strategy.startswith("tpe+refine:") else 0.0
+    if moves_on_repeat and resolved is None:
+        resolved = resolved_space(space, (first or [None])[0])
     study = optuna.create_study(direction="minimize", sampler=sampler)
     for config in first or []:
         study.enqueue_trial(config)
     seen: dict[tuple, float] = {}
+    records: list[_Record] = []
     best, evals, repeats, asks = math.inf, 0, 0, 0
+    move = False
     pending: list = []
     while evals < budget and asks < 40 * budget + 200:
         while len(pending) < max(1, min(lookahead, budget - evals)):
+            if moves_on_repeat and (move or (share and evals >= math.ceil((1 - share) * budget))):
+                _enqueue_move(study, resolved, records, rule, pending)
+            move = False
             asks += 1
             trial = study.ask()  # sampled when asked, as the kernel search does before compiling ahead
             pending.append((trial, {k: trial.suggest_categorical(k, space[k]) for k in keys}))
@@ -82,27 +121,42 @@ def replay_once(table: dict, space: dict, rule, budget: int, seed: int, strategy
         key = tuple(config[k] for k in keys)
         if key in seen:
             study.tell(trial, seen[key])
+            records.append(_Record(len(records), config, "ok", seen[key], "not run again"))
+            move = moves_on_repeat
             repeats += 1
             if repeats >= 25:  # tuner.search.MAX_REPEATS_IN_A_ROW
                 break
             continue
         repeats = 0
         if key not in table or rule(config):
-            value = 1e30  # pruned before compile: free
+            value, outcome = 1e30, "invalid_config"  # pruned before compile: free
         else:
             evals += 1
             t = table[key]
-            value = t if t is not None else 1e30
+            value, outcome = (t, "ok") if t is not None else (1e30, "failed")
             if t is not None:
                 best = min(best, t)
         seen[key] = value
+        records.append(_Record(len(records), config, outcome, value if outcome == "ok" else None))
         study.tell(trial, value)
     return best, evals
 
 
+def _enqueue_move(study, resolved, records: list[_Record], rule, pending: list) -> None:
+    """Enqueue ``tuner.refine``'s next one-change move (the real chooser, over the replayed records)."""
+    from tuner.refine import choose_move
+    from tuner.sampling import params_key, suggestable
+
+    asked = {params_key(suggestable(resolved, c)) for _, c in pending}
+    m = choose_move(resolved, records, "minimize", lambda c: rule(c) or None, asked)
+    if m is not None:
+        study.enqueue_trial(m.params)
+
+
 def analyse(name: str, rows: list[dict], space: dict, rule, default: dict | None, seeds: int,
             compile_s: float, timing_s: float, autotune_timing_s: float = AUTOTUNE_TIMING_S,
-            starts: list[dict] | None = None, lookahead: int = 1) -> dict:
+            starts: list[dict] | None = None, lookahead: int = 1,
+            strategies: tuple[str, ...] = ("tpe", "random"), firsts: tuple[bool, ...] = (True, False)) -> dict:
     """Replay TPE and random at each fraction of the table over ``seeds`` seeds; with ``starts`` (the kernel's
     seed configs) the "first" runs enqueue the default and then them, as ``tuner.kernel_search`` does."""
     import optuna
@@ -120,16 +174,17 @@ def analyse(name: str, rows: list[dict], space: dict, rule, default: dict | None
     keyset = set(table)
     starts = [c for c in (starts or []) if tuple(c[k] for k in keys) in keyset]
     first = ([default] if default else []) + starts
+    resolved = resolved_space(space, default) if any(x.startswith("tpe+") for x in strategies) else None
     out = {"name": name, "n": n, "ok": len(ok), "starts": len(starts), "failed": n - len(ok), "rule_pruned": sum(1 for r in rows if rule(r["config"])),
            "best": best_all, "best_rules": best_rules, "default": default_t, "runs": []}
     for frac in FRACTIONS:
         budget = max(1, round(frac * n))
-        for strategy in ("tpe", "random"):
-            for with_default in (True, False):
+        for strategy in strategies:
+            for with_default in firsts:
                 gaps, evals = [], []
                 for seed in range(seeds):
                     b, e = replay_once(table, space, rule, budget, seed, strategy, first if with_default else None,
-                                       lookahead)
+                                       lookahead, resolved)
                     gaps.append(b / best_all - 1 if math.isfinite(b) else math.inf)
                     evals.append(e)
                 out["runs"].append({"frac": frac, "budget": budget, "strategy": strategy, "default_first": with_default,
@@ -137,7 +192,7 @@ def analyse(name: str, rows: list[dict], space: dict, rule, default: dict | None
                                     "within3": sum(g <= 0.03 for g in gaps), "seeds": seeds,
                                     "mean_evals": statistics.mean(evals)})
     per_eval = compile_s + timing_s
-    tpe10 = next(r for r in out["runs"] if r["frac"] == 0.10 and r["strategy"] == "tpe" and r["default_first"])
+    tpe10 = next(r for r in out["runs"] if r["frac"] == 0.10 and r["strategy"] == strategies[0] and r["default_first"])
     out["wall"] = {
         "per_eval_s": per_eval,
         "tpe10_s": tpe10["mean_evals"] * per_eval,
@@ -148,7 +203,7 @@ def analyse(name: str, rows: list[dict], space: dict, rule, default: dict | None
     return out
 
 
-def recorded_case(seeds: int, lookahead: int = 1) -> dict:
+def recorded_case(seeds: int, lookahead: int = 1, **kw) -> dict:
     from kernels.sparse_decode import SparseDecodeKernel
 
     data = json.loads(TABLE.read_text())
@@ -164,7 +219,7 @@ def recorded_case(seeds: int, lookahead: int = 1) -> dict:
 
     return analyse(f"sparse_decode, batch {data['batch']} (recorded H200 sweep)", rows, space, rule,
                    kernel.default_config(shape), seeds, data.get("compile_seconds_per_config_approx", COMPILE_S),
-                   TIMING_S, starts=kernel.seed_configs(shape, None, "bfloat16"), lookahead=lookahead)
+                   TIMING_S, starts=kernel.seed_configs(shape, None, "bfloat16"), lookahead=lookahead, **kw)
 
 
 def _pct(x: float) -> str:
@@ -426,7 +481,7 @@ def end_to_end(budget_s: float, out: Path) -> list[str]:
     return [f"run_kernel_search, budget {budget_s:.0f}s, wall {time.time() - t0:.0f}s:"] + lines
 
 
-def gpu_analysis(data: dict, seeds: int, lookahead: int = 1) -> list[dict]:
+def gpu_analysis(data: dict, seeds: int, lookahead: int = 1, **kw) -> list[dict]:
     from kernels.registry import get_kernel
 
     results = []
@@ -450,7 +505,7 @@ def gpu_analysis(data: dict, seeds: int, lookahead: int = 1) -> list[dict]:
         default = case["default"]
         res = analyse(f"{case['kernel']} {kernel.shape_key(shape)} (measured on {data['gpu']})", rows, space, rule,
                       default, seeds, compile_s, timing_s, starts=kernel.seed_configs(shape, None, case["dtype"]),
-                      lookahead=lookahead)
+                      lookahead=lookahead, **kw)
         statuses: dict[str, int] = {}
         for r in case["rows"]:
             statuses[r["status"]] = statuses.get(r["status"], 0) + 1
@@ -463,6 +518,42 @@ def gpu_analysis(data: dict, seeds: int, lookahead: int = 1) -> list[dict]:
             + f"Exhaustive sweep as run here: {case['compile_wall_s'] + case['timing_wall_s']:.0f} s wall."]
         results.append(res)
     return results
+
+
+def load_sweeps(files: list[str]) -> dict:
+    """Sweep JSONs written by ``--gpu``, their cases together (a later file's case replaces an earlier one's of the
+    same kernel and shape)."""
+    parts = [json.loads(Path(f).read_text()) for f in files]
+    data = parts[0]
+    for extra in parts[1:]:
+        names = {json.dumps([c["kernel"], c["shape"]], sort_keys=True) for c in extra["cases"]}
+        data["cases"] = [c for c in data["cases"] if json.dumps([c["kernel"], c["shape"]], sort_keys=True)
+                         not in names] + extra["cases"]
+    return data
+
+
+REFINE_STRATEGIES = ("tpe", "tpe+moves", "tpe+refine:0.25", "tpe+refine:0.5")
+
+
+def refine_comparison(results: list[dict], header: list[str]) -> str:
+    """One row per case and budget, one column per strategy: within 3% / seeds, median gap / worst gap."""
+    strategies = list(dict.fromkeys(r["strategy"] for res in results for r in res["runs"]))
+    lines = header + ["", "| case | budget (evals) | " + " | ".join(strategies) + " |",
+                      "| --- | --- | " + " | ".join("---" for _ in strategies) + " |"]
+    totals = {s: 0 for s in strategies}
+    for res in results:
+        for frac in FRACTIONS:
+            cells = {r["strategy"]: r for r in res["runs"] if r["frac"] == frac}
+            budget = next(iter(cells.values()))["budget"]
+            row = []
+            for s in strategies:
+                r = cells[s]
+                totals[s] += r["within3"]
+                row.append(f"{r['within3']}/{r['seeds']}, {_pct(r['median_gap'])} / {_pct(r['worst_gap'])}")
+            lines.append(f"| {res['name']} | {int(frac * 100)}% ({budget}) | " + " | ".join(row) + " |")
+    lines += ["", "Runs within 3% of the exhaustive best, over every case and budget: "
+              + ", ".join(f"{s} {n}" for s, n in totals.items()) + "."]
+    return "\n".join(lines) + "\n"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -482,6 +573,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--lookahead", type=int, default=1,
                     help="replays: trials asked before the oldest is told (the kernel search asks as many ahead as "
                          "it has compile helpers)")
+    ap.add_argument("--compare-refine", action="store_true",
+                    help="replays: TPE alone, with a one-change move after each repeat (the kernel search), and with a "
+                         "refinement window (tuner.refine), default and seed configs first; writes "
+                         "tuner_efficiency_refine.md")
     ap.add_argument("--autotune-probe", type=int, default=None, help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if args.autotune_probe is not None:
@@ -498,6 +593,26 @@ def main(argv: list[str] | None = None) -> int:
         print("\n".join(vs_autotune(args.vs_autotune, out)))
         return 0
     date = datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+    if args.compare_refine:
+        kw = {"strategies": REFINE_STRATEGIES, "firsts": (True,)}
+        files = (args.analyze_gpu or ",".join(str(ROOT / "benchmarks/results/data" / f"tuner_efficiency_h200_{n}.json")
+                                              for n in ("sweeps", "moe"))).split(",")  # the MoE file's cases win
+        res = [recorded_case(args.seeds, args.lookahead, **kw)]
+        res += gpu_analysis(load_sweeps(files), args.seeds, args.lookahead, **kw)
+        header = ["# Refining in the kernel search: replays of the H200 sweeps", "",
+                  f"Date {date}, commit {_commit()}, CPU replay (no GPU) of the exhaustive H200 sweeps "
+                  f"(`{TABLE.relative_to(ROOT)}`, " + ", ".join(f"`{Path(f).name}`" for f in files) + "), "
+                  f"{args.seeds} seeds per cell, {args.lookahead} trial(s) asked ahead, the default and the kernel's "
+                  "seed configs first. `tpe`: TPE alone; `tpe+moves`: a configuration TPE proposes again is followed "
+                  "by one move from the best (`tuner.refine.choose_move`), as `tuner.kernel_search` does; "
+                  "`tpe+refine:S`: that, and a move before every ask in the last share S of the evaluations. "
+                  "Cell: runs within 3% of the exhaustive best / seeds, median gap / worst gap.", "",
+                  f"    python benchmarks/tuner_efficiency.py --compare-refine --seeds {args.seeds}"]
+        text = refine_comparison(res, header)
+        out = Path(args.out or ROOT / "benchmarks" / "results")
+        (out / "tuner_efficiency_refine.md").write_text(text)
+        print(text)
+        return 0
     if not args.gpu and not args.analyze_gpu:
         res = [recorded_case(args.seeds, args.lookahead)]
         header = ["# Tuner efficiency: replay of the recorded H200 sweep", "",
@@ -513,12 +628,7 @@ def main(argv: list[str] | None = None) -> int:
     out = Path(args.out or os.environ.get("OUT") or ROOT / "benchmarks" / "results")
     out.mkdir(parents=True, exist_ok=True)
     if args.analyze_gpu:  # one file, or several (comma-separated) whose cases are analysed together
-        parts = [json.loads(Path(f).read_text()) for f in args.analyze_gpu.split(",")]
-        data = parts[0]
-        for extra in parts[1:]:
-            names = {json.dumps([c["kernel"], c["shape"]], sort_keys=True) for c in extra["cases"]}
-            data["cases"] = [c for c in data["cases"] if json.dumps([c["kernel"], c["shape"]], sort_keys=True)
-                             not in names] + extra["cases"]
+        data = load_sweeps(args.analyze_gpu.split(","))
     else:
         import torch
 

@@ -11,7 +11,8 @@ configuration was already tried (or is running, or asked) or the target refuses 
 why). When every move from the best has been tried (a local optimum), the moves start from the next best
 configuration, up to the third; after that the search goes back to TPE.
 At any time, a configuration TPE proposes again (timed already, so not run) is followed by one such move, here and
-in the kernel search: the ask TPE spent on a repeat goes to the best's neighbourhood instead.
+in the kernel search: the ask TPE spent on a repeat goes to the best's neighbourhood instead. The kernel search has
+no window: replayed on the H200 sweeps, one would add nothing to those moves (``tuner_efficiency_refine.md``).
 
 A move is an enqueued Optuna trial (``tuner_refine_of`` = the trial it moves from), so local threads and ``tuner
 worker`` processes of one study take them like any other trial.
@@ -23,7 +24,7 @@ import logging
 import math
 import statistics
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Callable
 
 from search_spaces import Param, ResolvedSpace
 from tuner.sampling import params_key, suggestable
@@ -97,32 +98,40 @@ def next_move(ctx: SearchContext) -> Move | None:
     trials, read from the store); once every move from it was tried (a local optimum), from the next best, up to
     ``ORIGINS`` configurations; ``None`` when all of theirs were tried."""
     records = ctx.repo.list_trials(ctx.run.id)
-    tried = {_key(ctx.resolved, r.params) for r in records} | _asked(ctx)
+    return choose_move(ctx.resolved, records, ctx.direction, ctx.target.check, asked=_asked(ctx))
+
+
+def choose_move(resolved: ResolvedSpace, records: list, direction: str, check: Callable[[dict], str | None],
+                asked: set[str] = frozenset()) -> Move | None:
+    """:func:`next_move` over given trial records (``number``, ``params``, ``outcome``, ``value``, ``reason``):
+    ``check`` says why the target refuses a configuration (or returns nothing), ``asked`` holds the keys of
+    configurations asked and not yet recorded."""
+    tried = {_key(resolved, r.params) for r in records} | set(asked)
     ok = [r for r in records if r.outcome == "ok" and r.value is not None and math.isfinite(r.value)
           and "not run again" not in (r.reason or "")]  # a repeat's value is a copy, not a measurement
-    sign = 1.0 if ctx.direction == "maximize" else -1.0
+    sign = 1.0 if direction == "maximize" else -1.0
     score = _value_scores(ok, sign) if ok else {}
     origins: dict[str, Any] = {}
     for r in sorted(ok, key=lambda r: -sign * r.value):  # stable: of equal values, the earlier trial
-        origins.setdefault(_key(ctx.resolved, r.params), r)
+        origins.setdefault(_key(resolved, r.params), r)
     for origin in list(origins.values())[:ORIGINS]:
-        move = _move_from(ctx, origin, tried, score)
+        move = _move_from(resolved, check, origin, tried, score)
         if move is not None:
             return move
     return None
 
 
-def _move_from(ctx: SearchContext, origin, tried: set[str], score: dict) -> Move | None:
+def _move_from(resolved: ResolvedSpace, check, origin, tried: set[str], score: dict) -> Move | None:
     candidates, done = [], {}
-    for name, value, cfg in moves(ctx.resolved, origin.params):
-        if _key(ctx.resolved, cfg) in tried:
+    for name, value, cfg in moves(resolved, origin.params):
+        if _key(resolved, cfg) in tried:
             done[name] = done.get(name, 0) + 1
             continue
         here = score.get((name, _k(origin.params.get(name))), 0.0)
         gain = score.get((name, _k(value)), here) - here  # a value no trial had yet: no evidence either way
         candidates.append((gain, name, value, cfg))
     for gain, name, value, cfg in _order(candidates, done):
-        why = ctx.target.check(cfg)
+        why = check(cfg)
         if why:
             _logger.debug("refine: %s=%r from trial %d refused by the target: %s", name, value, origin.number, why)
             continue

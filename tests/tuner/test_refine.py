@@ -177,3 +177,38 @@ def test_a_configuration_proposed_again_is_followed_by_a_move_from_the_best(tmp_
         if n + 1 < len(res.trials) and len(run_before) < 8:
             assert REFINE_ATTR in study.trials[n + 1].user_attrs, n
             assert "not run again" not in res.trials[n + 1].reason
+
+
+def test_choose_move_reads_plain_records_and_honours_check_and_asked():
+    """The chooser the search and the kernel-search replay (benchmarks/tuner_efficiency.py) share: the best record is
+    the origin, a repeat's copied value never is, refused and asked configurations are skipped."""
+    from types import SimpleNamespace as R
+
+    from search_spaces.hardware import Hardware
+    from search_spaces.loader import load_space_text
+    from search_spaces.resolve import resolve
+    from tuner.refine import choose_move
+    from tuner.sampling import params_key
+
+    resolved = resolve(load_space_text("""
+name: t
+target: kernels
+objective: {metric: time_us, direction: minimize, combine: level, levels: [1], level: 1}
+params:
+  BLOCK: {type: categorical, values: [16, 32, 64], default: 32}
+  warps: {type: categorical, values: [2, 4, 8], default: 4}
+"""), Hardware())
+    recs = [R(number=0, params={"BLOCK": 32, "warps": 4}, outcome="ok", value=10.0, reason=""),
+            R(number=1, params={"BLOCK": 64, "warps": 4}, outcome="ok", value=8.0, reason=""),
+            R(number=2, params={"BLOCK": 16, "warps": 2}, outcome="ok", value=1.0, reason="not run again"),
+            R(number=3, params={"BLOCK": 16, "warps": 8}, outcome="failed", value=None, reason="")]
+    m = choose_move(resolved, recs, "minimize", lambda c: None)
+    assert m.origin == 1 and {**m.params} != {"BLOCK": 64, "warps": 4}
+    assert sum(m.params[k] != v for k, v in {"BLOCK": 64, "warps": 4}.items()) == 1
+    refuse_block = choose_move(resolved, recs, "minimize", lambda c: "no" if c["BLOCK"] != 64 else None)
+    assert refuse_block.param == "warps"
+    asked = {params_key({"BLOCK": 64, "warps": w}) for w in (2, 8)}
+    # every move from the best refused or asked, none from the next (32, 4) allowed, the repeat never an origin
+    assert choose_move(resolved, recs, "minimize", lambda c: "no" if c["BLOCK"] != 64 else None, asked) is None
+    from_next = choose_move(resolved, recs, "minimize", lambda c: "no" if c["BLOCK"] != 32 else None)
+    assert from_next.origin == 0 and from_next.param == "warps" and from_next.params["BLOCK"] == 32
