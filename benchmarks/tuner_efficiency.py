@@ -112,7 +112,7 @@ def replay_once(table: dict, space: dict, rule, budget: int, seed: int, strategy
     while evals < budget and asks < 40 * budget + 200:
         while len(pending) < max(1, min(lookahead, budget - evals)):
             if moves_on_repeat and (move or (share and evals >= math.ceil((1 - share) * budget))):
-                _enqueue_move(study, resolved, records, rule, pending)
+                _enqueue_move(study, resolved, records, rule)
             move = False
             asks += 1
             trial = study.ask()  # sampled when asked, as the kernel search does before compiling ahead
@@ -142,13 +142,16 @@ def replay_once(table: dict, space: dict, rule, budget: int, seed: int, strategy
     return best, evals
 
 
-def _enqueue_move(study, resolved, records: list[_Record], rule, pending: list) -> None:
+def _enqueue_move(study, resolved, records: list[_Record], rule) -> None:
     """Enqueue ``tuner.refine``'s next one-change move (the real chooser, over the replayed records)."""
     from tuner.refine import choose_move
     from tuner.sampling import params_key, suggestable
 
-    asked = {params_key(suggestable(resolved, c)) for _, c in pending}
-    m = choose_move(resolved, records, "minimize", lambda c: rule(c) or None, asked)
+    from optuna.trial import TrialState
+
+    asked = {params_key(suggestable(resolved, {**(t.system_attrs.get("fixed_params") or {}), **t.params}))
+             for t in study.get_trials(deepcopy=False, states=(TrialState.WAITING, TrialState.RUNNING))}
+    m = choose_move(resolved, records, "minimize", lambda c: rule(c) or None, asked)  # asked: enqueued or pending
     if m is not None:
         study.enqueue_trial(m.params)
 
