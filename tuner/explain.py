@@ -56,6 +56,9 @@ class Explanation:
                    if self.baseline_params.get(k) != v}
         if changed:
             out += ["Changed from the baseline: " + ", ".join(f"`{k}` {a} → {b}" for k, (a, b) in changed.items()), ""]
+        short = self._in_short()
+        if short:
+            out += ["## In short", ""] + [x for line in short for x in (line, "")]
         if any(self.importances.values()):
             out += [f"Importances from {self.importance_trials} successful trials (Optuna's PED-ANOVA: how "
                     "differently the best of them set each parameter from the rest). With a few dozen trials they "
@@ -102,12 +105,26 @@ class Explanation:
             out += _ratio_table("What each change is worth: the best with one parameter put back to its baseline "
                                 "value", "best → baseline value", "x slower", self.ablation, "loss",
                                 sorted(self.best_by_level), reverse=True)
-        summary = [line for c in sorted(set(self.baseline_by_level) | set(self.best_by_level))
-                   if (line := self._summary(c))]
-        if summary:
-            out += summary + [""]
         out += [f"- {n}" for n in self.notes]
         return "\n".join(out) + "\n"
+
+    def _in_short(self) -> list[str]:
+        """The report's answer first: per level, the largest change alone and the costliest to undo (measured by
+        ``--ablate``), then where each profiled step spends most of its time."""
+        lines = [line for c in sorted(set(self.baseline_by_level) | set(self.best_by_level))
+                 if (line := self._summary(c))]
+        steps = []
+        for name in ("baseline", "best"):
+            stages = (self.profiles.get(name) or {}).get("stages") or []
+            if stages:
+                top = stages[0]
+                steps.append(f"the {name}'s step spends {100 * top['share']:.1f}% in the {top['stage']} stage "
+                             f"({self.profiles[name]['total_us'] / 1e3:.2f} ms at batch {self.profiles[name]['batch']})")
+        if steps:
+            lines.append("Profiled: " + "; ".join(steps) + ".")
+        if lines and not self.alone and not self.ablation:
+            lines.append("`--ablate` measures what each change is worth, alone and undone.")
+        return lines
 
     def _summary(self, c: int) -> str:
         """One sentence for level ``c``: the largest change alone and the costliest to undo ("" without data)."""

@@ -219,3 +219,30 @@ def test_explain_profiles_say_which_stage_each_step_spends_its_time_in(tmp_path,
         assert [r["share"] for r in stages] == sorted((r["share"] for r in stages), reverse=True)
         first = stages[0]["stage"]
         assert f"Where the {name}'s step goes, by stage: {first} " in ex.markdown()
+
+
+def test_the_report_opens_with_its_answer_before_the_importances():
+    """The measured ranking and where each step goes come first ("In short"), before the rough importances."""
+    from tuner.explain import Explanation
+
+    def row(param, key, value):
+        return {"param": param, "from": 0, "to": 1, "outcome": "ok", "by_level": {}, key: {64: value}}
+
+    prof = {"batch": 64, "device": "cuda", "total_us": 678880.0, "launches": 6485, "top": [],
+            "stages": [{"stage": "indexer", "share": 0.918}, {"stage": "moe", "share": 0.038}]}
+    ex = Explanation(study="s", importances={"objective": {"attention_impl": 0.4, "context_length": 0.05}},
+                     importance_trials=47, baseline_params={"context_length": 1048576},
+                     best_params={"context_length": 8192}, baseline_by_level={64: 94.9}, best_by_level={64: 1829.0},
+                     profiles={"baseline": prof})
+    ex.alone = [row("context_length", "gain", 10.33), row("indexer_impl", "gain", 7.10)]
+    ex.ablation = [row("attention_impl", "loss", 1.52), row("context_length", "loss", 1.38)]
+    text = ex.markdown()
+    short = text.index("## In short")
+    assert short < text.index("## Parameter importances")
+    head = text[short:text.index("## Parameter importances")]
+    assert "At c=64 the largest single change is `context_length` (10.33x alone on the baseline)" in head
+    assert "the costliest to undo from the best is `attention_impl` (1.52x)" in head
+    assert "Profiled: the baseline's step spends 91.8% in the indexer stage (678.88 ms at batch 64)." in head
+    assert text.count("the largest single change") == 1
+    ex.alone, ex.ablation = [], []
+    assert "`--ablate` measures what each change is worth" in ex.markdown().split("## Parameter importances")[0]
