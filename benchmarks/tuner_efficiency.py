@@ -144,14 +144,9 @@ def replay_once(table: dict, space: dict, rule, budget: int, seed: int, strategy
 
 def _enqueue_move(study, resolved, records: list[_Record], rule) -> None:
     """Enqueue ``tuner.refine``'s next one-change move (the real chooser, over the replayed records)."""
-    from tuner.refine import choose_move
-    from tuner.sampling import params_key, suggestable
+    from tuner.refine import asked_keys, choose_move
 
-    from optuna.trial import TrialState
-
-    asked = {params_key(suggestable(resolved, {**(t.system_attrs.get("fixed_params") or {}), **t.params}))
-             for t in study.get_trials(deepcopy=False, states=(TrialState.WAITING, TrialState.RUNNING))}
-    m = choose_move(resolved, records, "minimize", lambda c: rule(c) or None, asked)  # asked: enqueued or pending
+    m = choose_move(resolved, records, "minimize", lambda c: rule(c) or None, asked_keys(study, resolved))
     if m is not None:
         study.enqueue_trial(m.params)
 

@@ -98,7 +98,7 @@ def next_move(ctx: SearchContext) -> Move | None:
     trials, read from the store); once every move from it was tried (a local optimum), from the next best, up to
     ``ORIGINS`` configurations; ``None`` when all of theirs were tried."""
     records = ctx.repo.list_trials(ctx.run.id)
-    return choose_move(ctx.resolved, records, ctx.direction, ctx.target.check, asked=_asked(ctx))
+    return choose_move(ctx.resolved, records, ctx.direction, ctx.target.check, asked=asked_keys(ctx.study, ctx.resolved))
 
 
 def choose_move(resolved: ResolvedSpace, records: list, direction: str, check: Callable[[dict], str | None],
@@ -143,15 +143,15 @@ def _key(resolved: ResolvedSpace, params: dict[str, Any]) -> str:
     return params_key(suggestable(resolved, params))
 
 
-def _asked(ctx: SearchContext) -> set[str]:
-    """Configurations asked of Optuna and not yet in the store: enqueued and waiting, or taken by a worker that is
-    still waiting for its GPUs (a move another worker enqueued a moment ago is not made twice)."""
+def asked_keys(study, resolved: ResolvedSpace) -> set[str]:
+    """Keys of the configurations asked of Optuna and not yet in the store: enqueued and waiting, or taken by a worker
+    that is still waiting for its GPUs (a move another worker enqueued a moment ago is not made twice)."""
     from optuna.trial import TrialState
 
     out = set()
-    for t in ctx.study.get_trials(deepcopy=False, states=(TrialState.WAITING, TrialState.RUNNING)):
+    for t in study.get_trials(deepcopy=False, states=(TrialState.WAITING, TrialState.RUNNING)):
         fixed = t.system_attrs.get("fixed_params") or {}
-        out.add(params_key({**fixed, **t.params}))
+        out.add(_key(resolved, {**fixed, **t.params}))
     return out
 
 
