@@ -282,7 +282,6 @@ def _loop(ctx: SearchContext, progress: Progress | None, reserve, case: KernelCa
     gpus = list(ctx.options.gpus[:1]) if ctx.options.gpus else None
     combos = math.prod(len(p.choices()) for p in ctx.resolved.params) if ctx.resolved.params else 1
     repeats = failures = 0
-    move = False
     started = len(ctx.trials)
     pending: deque[tuple[Any, Future | None]] = deque()
     submitted: set[str] = set()
@@ -298,9 +297,11 @@ def _loop(ctx: SearchContext, progress: Progress | None, reserve, case: KernelCa
             want = max(1, ahead.helpers if ahead else 1)
             if ctx.options.n_trials is not None:
                 want = min(want, ctx.options.n_trials - done)
+            # TPE re-proposed a timed config: a move from the best, enqueued right before the next ask (which takes it)
+            move = repeats > 0
             while len(pending) < want:
-                if move:  # TPE re-proposed a timed config: a move from the best, enqueued right before the ask
-                    refine.enqueue_next(ctx, progress)  # that takes it
+                if move:
+                    refine.enqueue_next(ctx, progress)
                 move = False
                 trial = ctx.study.ask()
                 pending.append((trial, _compile_early(ctx, trial, case, ahead, submitted) if ahead else None))
@@ -309,7 +310,6 @@ def _loop(ctx: SearchContext, progress: Progress | None, reserve, case: KernelCa
                 ahead.wait(fut, min(COMPILE_WAIT_S, ctx.deadline.remaining_for_trials()))
             summary = run_one(ctx, trial, progress, gpus=gpus)
             repeats = repeats + 1 if "not run again" in summary.reason else 0
-            move = move or repeats > 0
             failures = failures + 1 if summary.outcome not in ("ok", "pruned", "invalid_config") else 0
             if repeats >= MAX_REPEATS_IN_A_ROW:
                 return f"space exhausted: {repeats} repeated configs in a row"

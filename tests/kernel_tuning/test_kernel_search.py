@@ -179,3 +179,29 @@ def test_more_cases_than_the_budget_holds_tunes_the_first_ones(tmp_path, sqlite_
     assert status[0] == "default_kept" and status[-1] == "skipped", status
     assert shares and all(s >= ks.MIN_SHARE_S - 1e-9 for s in shares)  # never a share too small to tune anything
     assert "not tuned (defaults kept)" in res.stop_reason
+
+
+def test_a_config_tpe_proposes_again_is_followed_by_a_move_from_the_best(tmp_path, sqlite_url):
+    """Kernel search: the ask after a repeat takes a one-change move from the best (``tuner.refine``) while any
+    runnable config is left untried; X=5 is refused by the kernel's rule, so no move goes there."""
+    import optuna
+
+    from tuner.kernel_search import tune_case
+    from tuner.refine import REFINE_ATTR
+
+    opts = _options(tmp_path, sqlite_url, n_trials=12, confirm_top=0, seed=2)
+    tune_case(KernelCase(TINY, {"batch": 1, "width": 8}), opts, "m")
+    repo = Repo(sqlite_url)
+    trials = repo.list_trials(repo.get_run("m").id)
+    study = optuna.load_study(study_name="m", storage=sqlite_url)
+    repeats = [t.number for t in trials if "not run again" in (t.reason or "")]
+    assert repeats, "the test needs TPE to repeat itself in a 6-config space"
+    runnable = {1, 2, 3, 4, 6}
+    checked = 0
+    for n in repeats:
+        tried = {t.params["X"] for t in trials[:n + 1]}
+        if n + 1 < len(trials) and runnable - tried:
+            attrs = study.trials[n + 1].user_attrs
+            assert REFINE_ATTR in attrs and trials[n + 1].params["X"] in runnable - tried, (n, attrs)
+            checked += 1
+    assert checked, "no repeat happened while a config was left untried"
