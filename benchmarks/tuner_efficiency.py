@@ -91,6 +91,8 @@ def replay_once(table: dict, space: dict, rule, budget: int, seed: int, strategy
     or ``tpe+refine:S`` (that, and moves before every ask in the last share S of the evaluations)."""
     import optuna
 
+    from tuner.sampling import REPEAT_MARK
+
     keys = list(space)
     if strategy.startswith("tpe"):
         sampler = optuna.samplers.TPESampler(seed=seed, multivariate=True, group=True, constant_liar=True,
@@ -121,7 +123,7 @@ def replay_once(table: dict, space: dict, rule, budget: int, seed: int, strategy
         key = tuple(config[k] for k in keys)
         if key in seen:
             study.tell(trial, seen[key])
-            records.append(_Record(len(records), config, "ok", seen[key], "not run again"))
+            records.append(_Record(len(records), config, "ok", seen[key], REPEAT_MARK))
             move = moves_on_repeat
             repeats += 1
             if repeats >= 25:  # tuner.search.MAX_REPEATS_IN_A_ROW

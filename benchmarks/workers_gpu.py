@@ -28,6 +28,7 @@ sys.path.insert(0, str(ROOT))
 
 
 def run_case(label: str, gpus: list[int], args, tmp: str) -> dict:
+    from tuner.sampling import is_repeat
     from tuner.search import SearchOptions, run_search
 
     opts = SearchOptions(budget_s=args.budget_s, storage_url=f"sqlite:///{tmp}/{label}.db", study=label,
@@ -40,7 +41,7 @@ def run_case(label: str, gpus: list[int], args, tmp: str) -> dict:
     counts: dict[str, int] = {}
     for t in result.trials:
         counts[t.outcome] = counts.get(t.outcome, 0) + 1
-    ran = [t for t in result.trials if "not run again" not in t.reason]
+    ran = [t for t in result.trials if not is_repeat(t.reason)]
     row = {"case": label, "gpus": gpus, "workers": len(gpus), "trials": len(result.trials), "ran": len(ran),
            "wall_s": round(wall, 1), "trials_per_hour": round(len(result.trials) / wall * 3600, 1),
            "outcomes": counts, "best_value": result.best_value, "stop_reason": result.stop_reason,

@@ -129,6 +129,8 @@ def search(
 
 
 def _print_result(result) -> None:
+    from tuner.sampling import is_repeat
+
     if hasattr(result, "summary_lines"):  # a kernel search: one line per kernel x shape case
         for line in result.summary_lines():
             console.print(line, highlight=False, markup=False)
@@ -142,7 +144,7 @@ def _print_result(result) -> None:
         return
     ratio = f" = {result.speedup:.2f}x baseline ({result.baseline_value:.2f})" if result.speedup else ""
     runs = [t.value for t in result.trials if t.outcome == "ok" and t.params == result.best_params
-            and t.value is not None and "not run again" not in t.reason]
+            and t.value is not None and not is_repeat(t.reason)]
     spread = (f" (median of {len(runs)} runs, {min(runs):.2f}-{max(runs):.2f})" if len(runs) > 1 else "")
     console.print(f"best: trial {result.best.number}, {result.best_value:.2f}{spread}{ratio}")
     for k, v in result.best_params.items():

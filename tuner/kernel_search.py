@@ -48,6 +48,7 @@ from tuner.search import (
     pick_best,
     run_one,
 )
+from tuner.sampling import is_repeat
 from tuner.targets.base import PreflightReport, TargetError
 from tuner.targets.kernels import _truthy, load_kernel, parse_shape
 
@@ -268,7 +269,7 @@ def _free_study_name(repo, name: str) -> str:
 
 def _reserve(ctx: SearchContext, k: int) -> float:
     """Time kept back to re-time the top ``k`` configs and the default once each."""
-    ok = [t.duration_s for t in ctx.trials if t.outcome == "ok" and "not run again" not in t.reason]
+    ok = [t.duration_s for t in ctx.trials if t.outcome == "ok" and not is_repeat(t.reason)]
     if not k or len(ok) < 3:
         return 0.0
     return min(1.2 * (k + 1) * statistics.median(ok), 0.3 * ctx.deadline.budget_s)
@@ -309,7 +310,7 @@ def _loop(ctx: SearchContext, progress: Progress | None, reserve, case: KernelCa
             if fut is not None and ahead is not None:
                 ahead.wait(fut, min(COMPILE_WAIT_S, ctx.deadline.remaining_for_trials()))
             summary = run_one(ctx, trial, progress, gpus=gpus)
-            repeats = repeats + 1 if "not run again" in summary.reason else 0
+            repeats = repeats + 1 if is_repeat(summary.reason) else 0
             failures = failures + 1 if summary.outcome not in ("ok", "pruned", "invalid_config") else 0
             if repeats >= MAX_REPEATS_IN_A_ROW:
                 return f"space exhausted: {repeats} repeated configs in a row"
@@ -345,7 +346,7 @@ def _retime(ctx: SearchContext, progress: Progress | None, keys: list[dict[str, 
     from tuner.sampling import suggestable
 
     gpus = list(ctx.options.gpus[:1]) if ctx.options.gpus else None
-    per = [t.duration_s for t in ctx.trials if t.outcome == "ok" and "not run again" not in t.reason]
+    per = [t.duration_s for t in ctx.trials if t.outcome == "ok" and not is_repeat(t.reason)]
     need = 1.2 * (statistics.median(per) if per else 1.0)
     for _ in range(times):
         for params in keys:
@@ -379,11 +380,11 @@ def _decide(ctx: SearchContext, case: KernelCase, defaults: dict[str, Any], min_
     target = ctx.target
     runs: dict[str, list] = {}
     for t in ctx.trials:
-        if t.outcome == "ok" and t.value is not None and "not run again" not in t.reason:
+        if t.outcome == "ok" and t.value is not None and not is_repeat(t.reason):
             runs.setdefault(params_key(t.params), []).append(t)
     counts = dict(ctx.counts)
     evaluated = len({params_key(t.params) for t in ctx.trials
-                     if "not run again" not in t.reason and t.outcome != "invalid_config"})
+                     if not is_repeat(t.reason) and t.outcome != "invalid_config"})
     res = KernelCaseResult(case.kernel, dict(case.shape), case.dtype, kernel.shape_key(case.shape), "failed",
                            study=ctx.run.study_name, trials=len(ctx.trials), evaluated=evaluated, counts=counts)
     best = pick_best(ctx)

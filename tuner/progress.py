@@ -11,6 +11,7 @@ from rich.table import Table
 from rich.text import Text
 
 from tuner.budget import format_seconds
+from tuner.sampling import is_repeat
 from tuner.search import Progress, SearchContext, TrialSummary
 
 
@@ -53,7 +54,7 @@ class RichProgress(Progress):
             val = f"{summary.value:.2f}" if summary.value is not None else "-"
             ratio = f" ({summary.value / base.value:.2f}x baseline)" if (summary.value and base and base.value) else ""
             tag = " [baseline]" if summary.is_baseline else ""
-            if "not run again" in summary.reason:
+            if is_repeat(summary.reason):
                 tag = " [" + summary.reason.split(":")[0] + "]"
             reason = f" — {summary.reason[:120]}" if summary.outcome != "ok" and summary.reason else ""
             self.console.print(f"trial {summary.number:>3} {summary.outcome:<16} {val}{ratio} "

@@ -32,7 +32,7 @@ from tuner.budget import Deadline
 from tuner.fingerprint import fingerprint
 from tuner.isolation import TrialJob, TrialProcess
 from tuner.measurement import Measurement, Outcome
-from tuner.sampling import params_key, suggest, suggestable
+from tuner.sampling import REPEAT_MARK, is_repeat, params_key, suggest, suggestable
 from tuner.targets import PreflightReport, Target, TargetError, get_target_class
 
 _logger = logging.getLogger(__name__)
@@ -346,7 +346,7 @@ def run_one(ctx: SearchContext, trial: optuna.Trial, progress: Progress | None, 
     t0 = time.time()
     if earlier is not None and confirm_of is None and not is_baseline:
         m = Measurement(outcome=Outcome(earlier.outcome), value=earlier.value,
-                        reason=f"same configuration as trial {earlier.number}: not run again "
+                        reason=f"same configuration as trial {earlier.number}: {REPEAT_MARK} "
                                f"({earlier.outcome}{'' if earlier.reason == '' else ': ' + earlier.reason[:200]})")
         repeated = True
     else:
@@ -549,7 +549,7 @@ def _loop(ctx: SearchContext, progress: Progress | None) -> None:
             refine.enqueue_next(ctx, progress)
         trial = ctx.study.ask()
         summary = run_one(ctx, trial, progress)
-        repeats_in_a_row = repeats_in_a_row + 1 if "not run again" in summary.reason else 0
+        repeats_in_a_row = repeats_in_a_row + 1 if is_repeat(summary.reason) else 0
         failures_in_a_row = failures_in_a_row + 1 if summary.outcome not in ("ok", "pruned") else 0
         if repeats_in_a_row >= MAX_REPEATS_IN_A_ROW:
             ctx.stop_reason = f"search space exhausted: {repeats_in_a_row} repeated configurations in a row"
@@ -561,7 +561,7 @@ def _loop(ctx: SearchContext, progress: Progress | None) -> None:
 def _confirm_reserve(ctx: SearchContext) -> float:
     """Time kept back at the end to re-run the top configurations and one that may overtake them (none until there
     is something to confirm)."""
-    ok = [t.duration_s for t in ctx.trials if t.outcome == "ok" and "not run again" not in t.reason]
+    ok = [t.duration_s for t in ctx.trials if t.outcome == "ok" and not is_repeat(t.reason)]
     if ctx.options.confirm_top <= 0 or ctx.options.n_trials is not None or len(ok) < 5:
         return 0.0
     return min(0.15 * ctx.deadline.budget_s, 1.2 * (ctx.options.confirm_top + 1) * statistics.median(ok))
@@ -579,7 +579,7 @@ def confirm_top(ctx: SearchContext, progress: Progress | None) -> None:
     for t in sorted(ok, key=lambda t: t.value, reverse=ctx.direction == "maximize"):
         distinct.setdefault(params_key(t.params), t)
     top = list(distinct.values())[:k]
-    mean_dur = statistics.median(t.duration_s for t in ok if "not run again" not in t.reason) or 1.0
+    mean_dur = statistics.median(t.duration_s for t in ok if not is_repeat(t.reason)) or 1.0
 
     def rerun(t: TrialSummary) -> bool:
         if ctx.stop.is_set() or ctx.deadline.remaining_for_trials() < 1.5 * mean_dur:
@@ -605,7 +605,7 @@ def confirm_top(ctx: SearchContext, progress: Progress | None) -> None:
 def _runs_by_config(ctx: SearchContext) -> list[list[TrialSummary]]:
     groups: dict[str, list[TrialSummary]] = {}
     for t in ctx.trials:
-        if t.outcome == "ok" and t.value is not None and "not run again" not in t.reason:
+        if t.outcome == "ok" and t.value is not None and not is_repeat(t.reason):
             groups.setdefault(params_key(t.params), []).append(t)
     return list(groups.values())
 

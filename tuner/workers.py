@@ -52,7 +52,7 @@ from storage.models import Event, TrialRecord, utcnow
 from tuner import refine
 from tuner.leases import GpuLeaser, LeaseCancelled, LeaseError
 from tuner.measurement import Outcome
-from tuner.sampling import params_key, suggest
+from tuner.sampling import is_repeat, params_key, suggest
 
 _logger = logging.getLogger(__name__)
 # ask/tell with heartbeats is what this module is for; Optuna warns that it expects Study.optimize
@@ -406,7 +406,7 @@ def worker_loop(ctx, progress, *, name: str, leaser: GpuLeaser | None = None, ma
             continue
         summary = _run_trial(ctx, trial, progress, run_one, name=name, leaser=leaser, storage=storage,
                              heartbeat_interval=heartbeat_interval)
-        repeated = summary is not None and "not run again" in summary.reason
+        repeated = summary is not None and is_repeat(summary.reason)
         if summary is not None:
             report.trials += 1
             report.outcomes[summary.outcome] = report.outcomes.get(summary.outcome, 0) + 1
