@@ -316,6 +316,7 @@ def ablate(storage_url: str, study: str, *, timeout_s: float = 300.0, level: int
             ex.notes.append(f"the {label} re-run in this ablation failed ({m.outcome.value}); ratios are against "
                             "the value the search stored")
         _logger.info("ablation: the %s re-run: %s %s", label, m.outcome.value, fresh)
+
     def add(rows: list[dict], name: str, m: Measurement, key: str, ratio: dict[int, float], what: str) -> None:
         rows.append({"param": name, "from": base.params[name], "to": best.params[name], "outcome": m.outcome.value,
                      "by_level": m.by_level, key: ratio})
