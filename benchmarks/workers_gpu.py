@@ -28,8 +28,9 @@ sys.path.insert(0, str(ROOT))
 
 
 def run_case(label: str, gpus: list[int], args, tmp: str) -> dict:
-    from tuner.sampling import is_repeat
-    from tuner.search import SearchOptions, run_search
+    from tuner.search.sampling import is_repeat
+    from tuner.search.context import SearchOptions
+    from tuner.search.driver import run_search
 
     opts = SearchOptions(budget_s=args.budget_s, storage_url=f"sqlite:///{tmp}/{label}.db", study=label,
                          space_path=args.space, export=False, confirm_top=0, seed=args.seed,

@@ -6,6 +6,7 @@ the fix, and exit code 2.
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import os
@@ -33,15 +34,20 @@ def fail(message: str, code: int = 2) -> None:
     raise typer.Exit(code)
 
 
-def _user_errors():
-    from search_spaces import SpaceError
-    from storage import StorageError
-    from tuner.budget import BudgetError
-    from tuner.export import ExportError
-    from tuner.search import SearchError
-    from tuner.targets import TargetError
+def reported(command):
+    """Wrap a command: a :class:`TunerError` (a space or storage error too, through ``tuner_errors``) ends it with
+    one ``error:`` line and exit code 2."""
+    from tuner.errors import TunerError, tuner_errors
 
-    return (SpaceError, StorageError, BudgetError, ExportError, SearchError, TargetError)
+    @functools.wraps(command)
+    def run(*args, **kwargs):
+        try:
+            with tuner_errors():
+                return command(*args, **kwargs)
+        except TunerError as exc:
+            fail(str(exc))
+
+    return run
 
 
 def _parse_sets(items: list[str]) -> dict[str, Any]:
@@ -66,6 +72,7 @@ def _setup_logging(verbose: bool) -> None:
 
 
 @app.command()
+@reported
 def search(
     budget: Annotated[str, typer.Option("--budget", help="Wall-clock budget, export included: 90s, 10m, 2h, 1h30m.")],
     space: Annotated[Optional[str], typer.Option("--space", help="Search space YAML (default: dsv4_flash on a GPU, "
@@ -91,7 +98,8 @@ def search(
     _setup_logging(verbose)
     from tuner.budget import parse_budget
     from tuner.progress import RichProgress
-    from tuner.search import SearchOptions, run_search
+    from tuner.search.context import SearchOptions
+    from tuner.search.driver import run_search
 
     settings = _parse_sets(set_)
     if model is not None:
@@ -104,7 +112,7 @@ def search(
              "turns it off")
     gpu_ids = None
     if gpus is not None:
-        from tuner.leases import parse_gpu_ids
+        from tuner.search.leases import parse_gpu_ids
 
         try:
             gpu_ids = parse_gpu_ids(gpus)
@@ -116,9 +124,6 @@ def search(
                              n_trials=n_trials, dry_run=dry_run, confirm_top=confirm_top,
                              refine_share=refine_share, workers=workers, gpus=gpu_ids)
         result = run_search(opts, progress)
-    except _user_errors() as exc:
-        progress.stop()
-        fail(str(exc))
     finally:
         progress.stop()
     if dry_run:
@@ -129,7 +134,7 @@ def search(
 
 
 def _print_result(result) -> None:
-    from tuner.sampling import is_repeat
+    from tuner.search.sampling import is_repeat
 
     if hasattr(result, "summary_lines"):  # a kernel search: one line per kernel x shape case
         for line in result.summary_lines():
@@ -179,54 +184,50 @@ def _open(storage: str, study: str | None):
 
 
 @app.command()
+@reported
 def status(storage: StorageOpt = "sqlite:///tuner.db", study: StudyOpt = None,
            all_: Annotated[bool, typer.Option("--all", help="List every study.")] = False) -> None:
     """Show the studies, or one study's trials with their outcomes."""
     from storage.repo import elapsed_s
 
-    try:
-        if all_ or study is None:
-            from storage import Repo
+    if all_ or study is None:
+        from storage import Repo
 
-            repo = Repo(storage)
-            runs = repo.list_runs() if repo.has_schema() else []
-            table = Table("study", "target", "state", "elapsed", "trials", "best", "x baseline")
-            for r in runs:
-                n = repo.count_trials(r.id)
-                ratio = f"{r.best_value / r.baseline_value:.2f}" if r.best_value and r.baseline_value else "-"
-                table.add_row(r.study_name, r.target, r.state, f"{elapsed_s(r):.0f}s", str(n),
-                              f"{r.best_value:.2f}" if r.best_value is not None else "-", ratio)
-            console.print(table)
-            if not (all_ or study is None) or not runs:
-                return
-            if study is None and len(runs) > 1:
-                return
-        repo, run = _open(storage, study)
-        counts = repo.outcome_counts(run.id)
-        console.print(f"study {run.study_name}: {run.state}, target {run.target}, objective {run.objective}; "
-                      + ", ".join(f"{k} {v}" for k, v in sorted(counts.items())))
-        table = Table("#", "outcome", "value", "x base", "s", "params / reason")
-        for t in repo.list_trials(run.id):
-            ratio = f"{t.value / run.baseline_value:.2f}" if t.value and run.baseline_value else ""
-            detail = ", ".join(f"{k}={v}" for k, v in t.params.items())
-            if t.outcome not in ("ok", None) and t.reason:
-                detail += f" — {t.reason[:100]}"
-            table.add_row(str(t.number) + (" b" if t.is_baseline else ""), t.outcome or t.state,
-                          f"{t.value:.2f}" if t.value is not None else "", ratio,
-                          f"{t.duration_s:.1f}" if t.duration_s else "", detail)
+        repo = Repo(storage)
+        runs = repo.list_runs() if repo.has_schema() else []
+        table = Table("study", "target", "state", "elapsed", "trials", "best", "x baseline")
+        for r in runs:
+            n = repo.count_trials(r.id)
+            ratio = f"{r.best_value / r.baseline_value:.2f}" if r.best_value and r.baseline_value else "-"
+            table.add_row(r.study_name, r.target, r.state, f"{elapsed_s(r):.0f}s", str(n),
+                          f"{r.best_value:.2f}" if r.best_value is not None else "-", ratio)
         console.print(table)
-    except _user_errors() as exc:
-        fail(str(exc))
+        if not (all_ or study is None) or not runs:
+            return
+        if study is None and len(runs) > 1:
+            return
+    repo, run = _open(storage, study)
+    counts = repo.outcome_counts(run.id)
+    console.print(f"study {run.study_name}: {run.state}, target {run.target}, objective {run.objective}; "
+                  + ", ".join(f"{k} {v}" for k, v in sorted(counts.items())))
+    table = Table("#", "outcome", "value", "x base", "s", "params / reason")
+    for t in repo.list_trials(run.id):
+        ratio = f"{t.value / run.baseline_value:.2f}" if t.value and run.baseline_value else ""
+        detail = ", ".join(f"{k}={v}" for k, v in t.params.items())
+        if t.outcome not in ("ok", None) and t.reason:
+            detail += f" — {t.reason[:100]}"
+        table.add_row(str(t.number) + (" b" if t.is_baseline else ""), t.outcome or t.state,
+                      f"{t.value:.2f}" if t.value is not None else "", ratio,
+                      f"{t.duration_s:.1f}" if t.duration_s else "", detail)
+    console.print(table)
 
 
 @app.command()
+@reported
 def best(storage: StorageOpt = "sqlite:///tuner.db", study: StudyOpt = None,
          as_json: Annotated[bool, typer.Option("--json")] = False) -> None:
     """Print the best trial's parameters and figures."""
-    try:
-        repo, run = _open(storage, study)
-    except _user_errors() as exc:
-        fail(str(exc))
+    repo, run = _open(storage, study)
     if run.best_trial_number is None:
         fail(f"study {run.study_name!r} has no successful trial yet")
     t = repo.get_trial(run.id, run.best_trial_number)
@@ -244,27 +245,26 @@ def best(storage: StorageOpt = "sqlite:///tuner.db", study: StudyOpt = None,
 
 
 @app.command()
+@reported
 def export(storage: StorageOpt = "sqlite:///tuner.db", study: StudyOpt = None,
            out: Annotated[str, typer.Option("--out", "-o", help="Destination folder.")] = "tuner-out") -> None:
     """Write the best configuration's launch script, parameters and kernel configs."""
     from search_spaces import load_space_text, resolve
-    from tuner.export import export_run
+    from tuner.export.script import export_run
     from tuner.targets import get_target_class
 
-    try:
-        repo, run = _open(storage, study)
-        from search_spaces import detect_hardware
+    repo, run = _open(storage, study)
+    from search_spaces import detect_hardware
 
-        space = load_space_text(run.space_yaml, source=run.settings.get("space_path", run.space_name))
-        target = get_target_class(run.target)(resolve(space, detect_hardware()), run.settings)
-        dest = export_run(repo, run.study_name, out, target=target)
-    except _user_errors() as exc:
-        fail(str(exc))
+    space = load_space_text(run.space_yaml, source=run.settings.get("space_path", run.space_name))
+    target = get_target_class(run.target)(resolve(space, detect_hardware()), run.settings)
+    dest = export_run(repo, run.study_name, out, target=target)
     console.print(f"exported study {run.study_name} to {dest}")
     console.print(f"launch script: {dest / 'launch.sh'}")
 
 
 @app.command()
+@reported
 def serve(storage: StorageOpt = "sqlite:///tuner.db",
           host: Annotated[str, typer.Option("--host")] = "127.0.0.1",
           port: Annotated[int, typer.Option("--port")] = 8000) -> None:
@@ -283,12 +283,11 @@ def serve(storage: StorageOpt = "sqlite:///tuner.db",
     except ValidationError as exc:
         err = exc.errors()[0]
         fail(f"API setting {'.'.join(map(str, err.get('loc', ())))}: {err.get('msg')}; fix the TUNER_API_* variable")
-    except _user_errors() as exc:
-        fail(str(exc))
     uvicorn.run(app_, host=host, port=port, log_level="info")
 
 
 @app.command()
+@reported
 def explain(storage: StorageOpt = "sqlite:///tuner.db", study: StudyOpt = None,
             level: Annotated[Optional[int], typer.Option("--level", help="Only this concurrency level.")] = None,
             no_profile: Annotated[bool, typer.Option("--no-profile", help="Importances only.")] = False,
@@ -300,8 +299,8 @@ def explain(storage: StorageOpt = "sqlite:///tuner.db", study: StudyOpt = None,
             ) -> None:
     """Why the best configuration won: parameter importances and baseline-vs-best op profiles."""
     _setup_logging(False)
-    from tuner.explain import ablate as run_ablate
     from tuner.explain import VIEWS
+    from tuner.explain import ablate as run_ablate
     from tuner.explain import explain as run_explain
 
     views = tuple(v.strip() for v in ablate_views.split(",") if v.strip())
@@ -324,7 +323,7 @@ def explain(storage: StorageOpt = "sqlite:///tuner.db", study: StudyOpt = None,
             except KeyboardInterrupt:
                 ex.notes.append(f"the ablation was interrupted after {len(ex.alone) + len(ex.ablation)} re-runs; "
                                 "the tables hold those")
-    except (ValueError, *_user_errors()) as exc:
+    except ValueError as exc:
         fail(str(exc))
     text = ex.markdown()
     console.print(text, highlight=False, markup=False)
@@ -345,19 +344,17 @@ def _write_report(path: str, text: str) -> None:
 
 
 @app.command()
+@reported
 def verify(script: Annotated[Path, typer.Argument(help="An exported launch.sh.")],
            tolerance: Annotated[float, typer.Option("--tolerance", help="Allowed shortfall, 0.15 = 15%.")] = 0.15,
            timeout: Annotated[str, typer.Option("--timeout", help="Wall-clock limit: 90s, 10m, 1h.")] = "1h") -> None:
     """Run an exported launch script once and compare with the figures it recorded (exit 1 when off)."""
     from tuner.budget import parse_budget
-    from tuner.verify import verify as run_verify
+    from tuner.export.verify import verify as run_verify
 
     if not (0 < tolerance < 1):
         fail(f"--tolerance must be between 0 and 1, but got {tolerance}; e.g. --tolerance 0.15")
-    try:
-        res = run_verify(script, tolerance=tolerance, timeout_s=parse_budget(timeout))
-    except _user_errors() as exc:
-        fail(str(exc))
+    res = run_verify(script, tolerance=tolerance, timeout_s=parse_budget(timeout))
     for line in res.lines():
         console.print(line, highlight=False, markup=False)
     raise typer.Exit(0 if res.ok else 1)

@@ -15,7 +15,7 @@ import optuna
 
 from storage import Repo
 from storage.models import Run, TrialRecord
-from tuner.sampling import is_repeat
+from tuner.search.sampling import is_repeat
 
 if TYPE_CHECKING:
     from search_spaces import Objective
@@ -32,7 +32,7 @@ class Explanation:
     importance_trials: int = 0
     """How many successful trials the importances come from."""
     profiles: dict[str, dict] = field(default_factory=dict)
-    """``{"baseline": profile, "best": profile}`` from ``tuner.workload.profile``."""
+    """``{"baseline": profile, "best": profile}`` from ``tuner.targets.workload.profile``."""
     notes: list[str] = field(default_factory=list)
     baseline_params: dict[str, Any] = field(default_factory=dict)
     best_params: dict[str, Any] = field(default_factory=dict)
@@ -191,7 +191,7 @@ def explain(storage_url: str, study: str, *, profile: bool = True, level: int | 
             timeout_s: float = 300.0) -> Explanation:
     """Importances from the study's successful trials; profiles of baseline and best (workload target only)."""
     from search_spaces import load_space_text
-    from tuner.search import open_optuna_storage
+    from tuner.search.context import open_optuna_storage
 
     repo = Repo(storage_url)
     run = repo.get_run(study)
@@ -266,7 +266,7 @@ def ablate(storage_url: str, study: str, *, timeout_s: float = 300.0, level: int
     interrupted ablation has both views of the first parameters. ``on_row`` sees the ranked tables so far after every
     re-run (a report that survives an interrupted ablation)."""
     from search_spaces import Hardware, detect_hardware, load_space_text, resolve
-    from tuner.isolation import TrialJob, run_trial
+    from tuner.execution.isolation import TrialJob, run_trial
 
     bad = [v for v in views if v not in VIEWS]
     if bad or not views:
@@ -363,7 +363,7 @@ def _profile(run: Run, params: dict[str, Any], level: int, timeout_s: float) -> 
 
     space = load_space_text(run.space_yaml, source=run.space_name) if run.space_yaml else None
     preset = run.settings.get("preset") or (space.preset if space else "dsv4-flash")
-    argv = [sys.executable, "-m", "tuner.workload.profile", "--preset", preset, "--level", str(level),
+    argv = [sys.executable, "-m", "tuner.targets.workload.profile", "--preset", preset, "--level", str(level),
             "--live-context", str(run.settings.get("live_context", 512))]
     kernel_of = {p.name: p.kernel for p in space.params if p.kernel} if space else {}
     for k, v in params.items():

@@ -11,8 +11,8 @@ from rich.table import Table
 from rich.text import Text
 
 from tuner.budget import format_seconds
-from tuner.sampling import is_repeat
-from tuner.search import Progress, SearchContext, TrialSummary
+from tuner.search.context import Progress, SearchContext, TrialSummary
+from tuner.search.sampling import is_repeat
 
 
 def _fmt_params(params: dict[str, Any], width: int = 110) -> str:

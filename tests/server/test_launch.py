@@ -124,7 +124,7 @@ def test_pruned_after_first_level(make_target, spy):
 
 def test_isolated_trial_killed_at_deadline_leaves_no_server(make_target, tmp_path):
     """The per-trial subprocess is killed from outside (timeout): its server, in its own group, dies too."""
-    from tuner.isolation import TrialJob, TrialProcess
+    from tuner.execution.isolation import TrialJob, TrialProcess
 
     target = make_target(["--hang"])
     marker = tmp_path / "argv.json"

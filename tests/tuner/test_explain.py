@@ -9,7 +9,8 @@ from storage import Repo
 
 from search_spaces import Hardware
 from tuner.explain import ablate, explain
-from tuner.search import SearchOptions, run_search
+from tuner.search.context import SearchOptions
+from tuner.search.driver import run_search
 
 SPACE = FAKE_SPACE.replace("values: [ok, crash, hang, oom, raise]", "values: [ok]") + """
   y:
@@ -108,7 +109,7 @@ def _study_with_best(tmp_path, sqlite_url, name, text, pick):
 
 def test_each_change_alone_on_the_baseline_follows_conditions_and_ranks_failures_last(tmp_path, sqlite_url,
                                                                                       monkeypatch):
-    import tuner.isolation
+    import tuner.execution.isolation
 
     repo, run = _study_with_best(tmp_path, sqlite_url, "c", COND_SPACE,
                                  lambda p: p == {"x": 4, "a": "on", "k": 3, "b": "on"})
@@ -116,8 +117,8 @@ def test_each_change_alone_on_the_baseline_follows_conditions_and_ranks_failures
     assert base.params == {"x": 0, "a": "off", "b": "off"}
     stored = {int(m.level[2:]): m.value for m in base.measurements if m.metric == "tok_s"}
     assert set(stored) == {1, 4}
-    jobs, real = [], tuner.isolation.run_trial
-    monkeypatch.setattr(tuner.isolation, "run_trial", lambda job: jobs.append(dict(job.params)) or real(job))
+    jobs, real = [], tuner.execution.isolation.run_trial
+    monkeypatch.setattr(tuner.execution.isolation, "run_trial", lambda job: jobs.append(dict(job.params)) or real(job))
     ab = ablate(sqlite_url, "c")
 
     # the baseline and the best re-run first (ratios side by side), then forward and backward per changed

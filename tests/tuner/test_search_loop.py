@@ -8,7 +8,9 @@ from spaces import FAKE_SPACE
 
 from search_spaces import Hardware
 from storage import Repo
-from tuner.search import SearchError, SearchOptions, run_search
+from tuner.errors import SearchError
+from tuner.search.context import SearchOptions
+from tuner.search.driver import run_search
 
 CPU = Hardware()
 
@@ -120,7 +122,7 @@ def test_baseline_and_confirmation_runs_are_never_pruned(tmp_path, sqlite_url, m
     """A pruner that prunes every odd-numbered trial: the baseline and the re-runs that confirm the winner still run
     whole (a pruned confirmation would leave the winner a single lucky timing)."""
     import tuner.search as search
-    from tuner.search import BASELINE_ATTR, CONFIRM_ATTR
+    from tuner.search.context import BASELINE_ATTR, CONFIRM_ATTR
 
     class OddPruner(optuna.pruners.BasePruner):
         def prune(self, study, trial):
@@ -139,7 +141,7 @@ def test_baseline_and_confirmation_runs_are_never_pruned(tmp_path, sqlite_url, m
 
 
 def _summary(n, x, value):
-    from tuner.search import TrialSummary
+    from tuner.search.context import TrialSummary
 
     return TrialSummary(n, {"x": x}, "ok", value)
 
@@ -149,7 +151,7 @@ def test_a_single_lucky_timing_never_beats_a_confirmed_median():
     was reported as the winner. Now it is re-run first, and only configurations timed twice can win."""
     from types import SimpleNamespace
 
-    from tuner.search import pick_best, unconfirmed_leader
+    from tuner.search.confirm import pick_best, unconfirmed_leader
 
     trials = [_summary(0, 1, 100.0), _summary(1, 2, 130.0), _summary(2, 3, 120.0), _summary(3, 4, 118.0),
               _summary(4, 2, 100.0), _summary(5, 3, 108.0)]  # 2 and 3 re-run lower; 4 was timed once

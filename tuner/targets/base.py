@@ -16,9 +16,6 @@ Reporter = Callable[[int, float], bool]
 """``report(step, value) -> should_stop``: an intermediate value (one concurrency level); True means pruned."""
 
 
-class TargetError(RuntimeError):
-    """A target cannot be set up at all (missing server, bad settings). Raised before the search starts."""
-
 
 @dataclass
 class PreflightReport:
@@ -68,7 +65,7 @@ class Target(abc.ABC):
       a :class:`PreflightReport`; it never raises for a bad configuration, it reports it.
     - :meth:`check` runs before each trial in the search process: a reason string when the params cannot
       run (the trial becomes ``invalid_config`` without spending a subprocess), else ``None``.
-    - :meth:`evaluate` runs in the trial's own subprocess (see ``tuner.isolation``); it must return by
+    - :meth:`evaluate` runs in the trial's own subprocess (see ``tuner.execution.isolation``); it must return by
       ``deadline`` (``time.time()`` seconds) or it is killed and recorded as ``timeout``. It returns a
       :class:`Measurement` whose outcome classifies any failure; raising is allowed (the worker classifies the
       exception) but a crash, hang or CUDA error only ever fails this one trial.

@@ -4,7 +4,7 @@ Settings (from the space's ``settings:`` or ``--set``):
 
 ``kernel``
     A registry name (``sparse_decode``), a plug-in's short name (``sglang_fused_moe``: SGLang's own fused-MoE
-    kernel, see :mod:`tuner.server.sglang_moe`) or a plug-in ``module:Class`` (a :class:`kernels.base.TunableKernel`).
+    kernel, see :mod:`kernels.plugins.sglang_moe`) or a plug-in ``module:Class`` (a :class:`kernels.base.TunableKernel`).
 ``shape``
     The shape dict (``{batch: 16, heads: 64, ...}``); a JSON string is accepted (``--set shape='{...}'``).
 ``dtype`` (``bfloat16``), ``seed`` (0)
@@ -41,8 +41,9 @@ from typing import Any
 
 from search_spaces import ResolvedSpace
 from storage.types import MetricRow
+from tuner.errors import TargetError
 from tuner.measurement import Measurement, Outcome
-from tuner.targets.base import LaunchSpec, PreflightReport, Reporter, Target, TargetError
+from tuner.targets.base import LaunchSpec, PreflightReport, Reporter, Target
 
 _logger = logging.getLogger(__name__)
 
@@ -52,14 +53,9 @@ ROTATE_BYTES = 2 * 1024**3  # at most this many bytes of distinct input sets for
 ROTATE_MAX = 4
 
 
-PLUGINS = {"sglang_fused_moe": "tuner.server.sglang_moe:SGLangFusedMoEKernel"}
-"""Kernels that live outside ``kernels/`` (they import a server's own code), by short name."""
-
-
 def load_kernel(name: str):
-    """The :class:`~kernels.base.TunableKernel` registered as ``name``, a plug-in's short name, or a plug-in
-    ``module:Class``."""
-    name = PLUGINS.get(name, name)
+    """The :class:`~kernels.base.TunableKernel` registered as ``name`` in ``kernels.registry``, or a plug-in given
+    as ``module:Class``."""
     if ":" in name:
         module, _, attr = name.partition(":")
         try:

@@ -1,0 +1,469 @@
+"""Serving targets: launch a real OpenAI-compatible server per trial, watch it, load it, tear it down.
+
+- :class:`CommandTarget`: any server started from a command template (an argv list with ``{port}``, ``{model}``,
+  ``{host}`` placeholders); the trial's flags are appended. Its flags are checked against the command's
+  ``--help`` output when it has one.
+- :class:`SGLangTarget`: ``python -m sglang.launch_server``; flags are checked against SGLang's own argparse
+  parser (names, aliases, choices, the parser's own type conversion), with closest-name suggestions.
+
+Settings (``Space.settings`` merged with ``--set key=value``; all optional unless noted):
+
+========================  ===========================================================================================
+``model``                 model path or name (``--model-path``; the ``model`` of requests unless
+                          ``served_model_name``)
+``command``               CommandTarget only, required: argv list, e.g. ``[python, server.py, --port, "{port}"]``
+``help_command``          CommandTarget: argv printing the flags (default ``command + [--help]``); ``[]`` skips
+``python`` / ``parser``   SGLang: the server's Python (default this one) / ``module:callable`` adding its options
+``host``, ``port``        bind host (``127.0.0.1``); the port written into the exported launch (30000)
+``port_range``            ports a trial may pick from (``30000-30999``)
+``extra_args``, ``env``   fixed flags (list) and environment (mapping) of every launch
+``kernel_config_dir``     tuned kernel configs: exported as ``TUNER_KERNEL_CONFIG_DIR``
+``moe_config_dir``        fused-MoE configs: exported as ``SGLANG_MOE_CONFIG_DIR``
+``health_paths``          readiness endpoints (``[/health, /v1/models]``); ``ready_patterns`` log lines
+``ready_timeout_s``       readiness limit (1800; never past the trial deadline)
+``fatal_grace_s``         seconds a server may linger after a fatal log line (2)
+``teardown_reserve_s``    seconds kept before the deadline for teardown (15)
+``levels``                concurrency levels (default: the objective's)
+load                      ``api`` (completions/chat), ``prompt_len``, ``output_len``, ``length_jitter``, ``dataset``
+                          (JSONL), ``requests_per_level``, ``rounds``, ``min_requests``, ``warmup_requests``,
+                          ``request_timeout_s``, ``ignore_eos``, ``seed``, ``extra_body`` (see ``tuner.targets.sglang.loadgen``)
+``state_dir``             where ``failed_flags.json`` lives (``~/.cache/tuner``); ``allow_retry`` runs them anyway
+``torch_compile_supported``  false when the model/build is known to reject torch.compile
+========================  ===========================================================================================
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+import signal
+import sys
+import threading
+import time
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+from search_spaces import Param
+from search_spaces.schema import LevelConstraint, Objective
+from storage.types import MetricRow
+from tuner.errors import TargetError
+from tuner.measurement import Measurement, Outcome
+from tuner.targets.base import LaunchSpec, PreflightReport, Reporter, Target
+from tuner.targets.sglang import flags as fl
+from tuner.targets.sglang import loadgen
+from tuner.targets.sglang.failed import FailedFlags, flag_set_key
+from tuner.targets.sglang.launch import ServerProcess, parse_port_range, pick_free_port
+
+_logger = logging.getLogger(__name__)
+
+DIR_ENVS = {"kernel_config_dir": "TUNER_KERNEL_CONFIG_DIR", "moe_config_dir": "SGLANG_MOE_CONFIG_DIR"}
+
+
+def constraint_name(lc: LevelConstraint) -> str:
+    """``ttft_ms_p99@c=16<=500``: the level of the ``constraint`` metric rows."""
+    bounds = (f">={lc.min:g}" if lc.min is not None else "") + (f"<={lc.max:g}" if lc.max is not None else "")
+    return f"{lc.metric}@{lc.level}{bounds}"
+
+
+class CommandTarget(Target):
+    name = "command"
+    gpus_per_trial = 0
+
+    def __init__(self, resolved, settings: dict[str, Any] | None = None) -> None:
+        super().__init__(resolved, settings)
+        self._flags: fl.ServerFlags | None = None
+        self.failed = FailedFlags(Path(str(self.settings.get("state_dir", "~/.cache/tuner"))).expanduser()
+                                  / "failed_flags.json")
+
+    # -- the command ----------------------------------------------------------------------------------------
+    @property
+    def model(self) -> str:
+        return str(self.settings.get("model", ""))
+
+    @property
+    def host(self) -> str:
+        return str(self.settings.get("host", "127.0.0.1"))
+
+    def base_command(self, port: int | str) -> list[str]:
+        cmd = self.settings.get("command")
+        if not isinstance(cmd, list) or not cmd:
+            raise TargetError("target `command` needs settings `command`: an argv list such as "
+                              "[python, server.py, --port, '{port}'] (never one shell string)")
+        subs = {"{port}": str(port), "{model}": self.model, "{host}": self.host}
+        out = []
+        for a in cmd:
+            a = str(a)
+            for k, v in subs.items():
+                a = a.replace(k, v)
+            out.append(a)
+        return out
+
+    def help_command(self) -> list[str]:
+        cmd = self.settings.get("help_command")
+        if cmd is not None:
+            return [str(a) for a in cmd]
+        return self.base_command(0) + ["--help"]
+
+    def server_argv(self, args: list[str], port: int | str) -> list[str]:
+        return self.base_command(port) + [str(a) for a in self.settings.get("extra_args") or []] + args
+
+    def flag_params(self) -> list[Param]:
+        return [p for p in self.space.params if p.flag]
+
+    def flag_args(self, params: dict[str, Any]) -> tuple[list[str], dict[str, str]]:
+        """Flag arguments and environment for ``params`` (pinned params of the resolved space included)."""
+        merged = {**self.resolved.fixed, **params}
+        return fl.params_to_args(self.space.params, merged)
+
+    def launch_env(self, param_env: dict[str, str]) -> dict[str, str]:
+        env = {str(k): str(v) for k, v in (self.settings.get("env") or {}).items()}
+        for key, var in DIR_ENVS.items():
+            if self.settings.get(key):
+                env[var] = str(Path(str(self.settings[key])).expanduser())
+        env.update(param_env)
+        return env
+
+    def flag_key(self, args: list[str], env: dict[str, str]) -> str:
+        return flag_set_key(self.base_command("PORT"), list(self.settings.get("extra_args") or []) + args, env)
+
+    # -- flags of the installed server ------------------------------------------------------------------------
+    def load_flags(self, checks: list[tuple[str, list[Any]]]) -> fl.ServerFlags | None:
+        argv = self.help_command()
+        if not argv:
+            return None
+        return fl.help_flags(argv)
+
+    def _flag_checks(self) -> list[tuple[str, list[Any]]]:
+        return [(p.flag, fl.candidate_values(p)) for p in self.flag_params() if fl.candidate_values(p)]
+
+    def preflight(self) -> PreflightReport:
+        report = super().preflight()
+        report.target = self.name
+        try:
+            flags = self.load_flags(self._flag_checks())
+        except fl.FlagsUnavailable as exc:
+            report.errors.append(f"cannot read the server's flags: {exc}; install the server or fix settings "
+                                 "`command`/`python`")
+            return report
+        except TargetError as exc:
+            report.errors.append(str(exc))
+            return report
+        if flags is None:
+            report.will_not_run.append("flag names are not checked (settings `help_command: []`)")
+        else:
+            self._flags = flags
+            report.facts["server flags"] = f"{len(flags.options)} options from {flags.source}"
+            if flags.version:
+                report.facts["server version"] = flags.version
+            self._check_flags(flags, report)
+        self._report_rules(report)
+        gpus = self.resolved.hardware.gpu_count
+        for p in self.flag_params():
+            if p.flag in ("--tp-size", "--tensor-parallel-size") and gpus > 0:
+                too_big = [v for v in p.choices() if isinstance(v, int) and v > gpus]
+                if too_big:
+                    report.will_not_run.append(f"`{p.name}` values {too_big} need more than the {gpus} GPUs here "
+                                               "(refused by rule `tp-size-above-gpus`)")
+        remembered = len(self.failed._load())
+        if remembered:
+            report.facts["failed flag sets remembered"] = (
+                f"{remembered} in {self.failed.path}" + (" (allow_retry: they will run)" if self.allow_retry else ""))
+        return report
+
+    @property
+    def allow_retry(self) -> bool:
+        return bool(self.settings.get("allow_retry", False))
+
+    def _check_flags(self, flags: fl.ServerFlags, report: PreflightReport) -> None:
+        where = f"server {flags.version}" if flags.version else "the server"
+        checked: list[tuple[str, str, Param | None]] = [(p.flag, f"param `{p.name}`", p) for p in self.flag_params()]
+        extra = fl.args_to_dict([str(a) for a in self.settings.get("extra_args") or []])
+        checked += [(name, "settings `extra_args`", None) for name in extra]
+        if any(p.type == "buckets" and "none" in str(p.values) for p in self.flag_params()):
+            checked.append(("--disable-decode-cuda-graph", "bucket density `none`", None))
+        ok = 0
+        for flag, who, p in checked:
+            spec = flags.get(flag)
+            if spec is None:
+                hint = flags.suggest(flag)
+                report.errors.append(f"{who}: flag {flag} is not accepted by {where}"
+                                     + (f"; did you mean {hint}?" if hint else "; no similar flag exists"))
+                continue
+            if spec.removed:
+                report.errors.append(f"{who}: flag {flag} was removed from {where}: {spec.help[:200]}")
+                continue
+            if spec.deprecated:
+                report.rules.append(f"deprecated: {who} uses {flag}"
+                                    + (f"; use {spec.new_flag}" if spec.new_flag else f" ({spec.help[:160]})"))
+            if p is not None:
+                if p.type == "bool" and spec.takes_value:
+                    report.errors.append(f"{who}: {flag} takes a value, but a bool param becomes a bare switch; "
+                                         "make it categorical")
+                    continue
+                if p.type != "bool" and not spec.takes_value:
+                    report.errors.append(f"{who}: {flag} is a switch without a value; make `{p.name}` a bool")
+                    continue
+                if p.type == "buckets" and spec.nargs is not None and not spec.is_list:
+                    report.errors.append(f"{who}: {flag} takes one value, a bucket set needs a list flag "
+                                         "(e.g. --cuda-graph-bs-decode)")
+                    continue
+                bad = list(flags.value_errors.get(flag, []))
+                for v in fl.candidate_values(p):
+                    why = flags.check_value(flag, v)
+                    if why and not any(repr(str(v)) in b for b in bad):
+                        bad.append(why)
+                for why in bad:
+                    report.errors.append(f"{who}: {why}")
+                if bad:
+                    continue
+            elif extra.get(flag) and (why := flags.check_value(flag, extra[flag])):
+                report.errors.append(f"{who}: {why}")
+                continue
+            ok += 1
+        report.will_run.append(f"{ok} of {len(checked)} flags accepted by {where} ({flags.source})")
+
+    def _rule_ctx(self) -> dict[str, Any]:
+        return {"gpu_count": self.resolved.hardware.gpu_count, "server_flags": self._flags,
+                "torch_compile_supported": self.settings.get("torch_compile_supported")}
+
+    def _report_rules(self, report: PreflightReport) -> None:
+        used = {p.flag for p in self.flag_params()} | set(fl.args_to_dict(
+            [str(a) for a in self.settings.get("extra_args") or []]))
+        for rule in fl.RULES:
+            if used & set(rule.flags):
+                report.rules.append(f"rule `{rule.name}` ({'refuses' if rule.refuse else 'warns'}): "
+                                    f"{rule.description}")
+        args, _ = self.flag_args(self.resolved.defaults())
+        for hit in fl.apply_rules(self._all_args(args), self._rule_ctx()):
+            line = f"rule `{hit.rule}` fires on the defaults: {hit.message}"
+            (report.errors if hit.refuse else report.rules).append(line)
+
+    def _all_args(self, args: list[str]) -> list[str]:
+        return [str(a) for a in self.settings.get("extra_args") or []] + args
+
+    # -- before each trial ------------------------------------------------------------------------------------
+    def check(self, params: dict[str, Any]) -> str | None:
+        reason = super().check(params)
+        if reason:
+            return reason
+        args, env = self.flag_args(params)
+        refused = [h for h in fl.apply_rules(self._all_args(args), self._rule_ctx()) if h.refuse]
+        if refused:
+            return "; ".join(f"rule `{h.rule}`: {h.message}" for h in refused)
+        if not self.allow_retry:
+            prior = self.failed.get(self.flag_key(args, self.launch_env(env)))
+            if prior:
+                return (f"this exact flag set already failed ({prior.get('outcome')}: "
+                        f"{str(prior.get('reason', ''))[:200]}); set `allow_retry: true` to run it again")
+        return None
+
+    def gpus_for(self, params: dict[str, Any]) -> int:
+        args, _ = self.flag_args(params)
+        d = fl.args_to_dict(args)
+        tp = d.get("--tp-size") or d.get("--tensor-parallel-size")
+        try:
+            return int(tp[0]) if tp else int(self.settings.get("gpus", self.gpus_per_trial))
+        except (TypeError, ValueError):
+            return self.gpus_per_trial
+
+    # -- export -----------------------------------------------------------------------------------------------
+    def launch_spec(self, params: dict[str, Any]) -> LaunchSpec:
+        args, env = self.flag_args(params)
+        argv = self.server_argv(args, int(self.settings.get("port", 30000)))
+        return LaunchSpec(argv=argv, env=self.launch_env(env),
+                          description=f"{self.name} server with {len(args)} tuned flag arguments")
+
+    def kernel_config_dirs(self) -> list[str]:
+        return [str(Path(str(self.settings[k])).expanduser()) for k in DIR_ENVS if self.settings.get(k)]
+
+    # -- one trial --------------------------------------------------------------------------------------------
+    def objective(self) -> Objective:
+        obj = self.space.objective
+        levels = self.settings.get("levels")
+        if levels:
+            levels = tuple(int(c) for c in levels)
+            level = obj.level if obj.level in levels else None
+            obj = replace(obj, levels=levels, level=level if obj.combine == "level" else obj.level)
+        return obj
+
+    def evaluate(self, params: dict[str, Any], deadline: float, report: Reporter | None = None) -> Measurement:
+        t0 = time.time()
+        args, param_env = self.flag_args(params)
+        env = self.launch_env(param_env)
+        key = self.flag_key(args, env)
+        low, high = parse_port_range(self.settings.get("port_range", "30000-30999"))
+        port = pick_free_port(low, high, self.host)
+        argv = self.server_argv(args, port)
+        cfg = loadgen.LoadConfig.from_settings(self.settings)
+        reserve = min(float(self.settings.get("teardown_reserve_s", 15.0)), 0.2 * max(0.0, deadline - t0))
+        work_deadline = deadline - reserve
+        server = ServerProcess(argv, env=env, port=port, host=self.host,
+                               health_paths=tuple(self.settings.get("health_paths") or ("/health", "/v1/models")),
+                               ready_patterns=tuple(self.settings.get("ready_patterns") or ("The server is fired up",)),
+                               fatal_grace_s=float(self.settings.get("fatal_grace_s", 2.0)))
+        restore = _kill_server_on_sigterm(server)
+        try:
+            m = self._run(server, cfg, t0, work_deadline, report)
+        finally:
+            try:
+                server.stop(port_timeout_s=max(1.0, deadline - time.time()),
+                            gpu_timeout_s=max(1.0, deadline - time.time()))
+            finally:
+                restore()
+        m.log = server.log_text()
+        m.duration_s = time.time() - t0
+        if m.outcome is not Outcome.OK:
+            _logger.info("trial %s: %s", m.outcome.value, m.reason)
+            self.failed.record(key, m.outcome.value, m.reason, args)
+        return m
+
+    def _run(self, server: ServerProcess, cfg: loadgen.LoadConfig, t0: float, deadline: float,
+             report: Reporter | None) -> Measurement:
+        ready_deadline = min(deadline, t0 + float(self.settings.get("ready_timeout_s", 1800.0)))
+        failure = server.wait_ready(ready_deadline)
+        if failure is not None:
+            return Measurement.failed(failure.outcome, failure.reason)
+        startup_s = time.time() - t0
+
+        def should_abort() -> str | None:
+            f = server.failure()
+            return f.reason if f else None
+
+        loadgen.warmup(server.base_url, cfg, deadline)
+        obj = self.objective()
+        metrics = [MetricRow("startup_s", "", startup_s, "s")]
+        by_level: dict[int, float] = {}
+        for i, c in enumerate(obj.levels):
+            res = loadgen.run_level(server.base_url, cfg, c, level_index=i, should_abort=should_abort,
+                                    deadline=deadline)
+            if res.aborted:
+                f = server.failure()
+                if f is not None:
+                    return Measurement(f.outcome, reason=f"at c={c}: {f.reason}", metrics=metrics)
+                return Measurement(Outcome.TIMEOUT, reason=f"at c={c}: {res.aborted}", metrics=metrics)
+            if not res.ok_requests:
+                f = server.failure()
+                if f is not None:
+                    return Measurement(f.outcome, reason=f"at c={c}: {f.reason}", metrics=metrics)
+                return Measurement(Outcome.CRASH, reason=f"every request failed at c={c}: {res.first_error()}",
+                                   metrics=metrics)
+            summary = loadgen.level_summary(res)
+            metrics += loadgen.level_metrics(res)
+            if obj.metric not in summary:
+                raise TargetError(f"objective metric {obj.metric!r} is not measured; use one of {sorted(summary)}")
+            by_level[c] = summary[obj.metric]
+            if report is not None and report(i, by_level[c]):
+                return Measurement(Outcome.PRUNED, reason=f"pruned after c={c}", metrics=metrics, by_level=by_level)
+        value = obj.combine_values(by_level)
+        for lc in obj.constraints:
+            got = next((r.value for r in metrics if r.metric == lc.metric and r.level == lc.level), None)
+            violation = lc.violation(got) if got is not None and not math.isnan(got) else 1e9
+            metrics.append(MetricRow("constraint", constraint_name(lc), float(violation), ""))
+        return Measurement(Outcome.OK, value=value, metrics=metrics, by_level=by_level)
+
+
+def _kill_server_on_sigterm(server: ServerProcess):
+    """While a trial runs in the main thread, SIGTERM (the parent pruning or timing out this trial process) kills
+    the server's own process group first, which the parent's group kill would not reach."""
+    if threading.current_thread() is not threading.main_thread():
+        return lambda: None
+
+    def handler(signum, frame):  # noqa: ARG001
+        server.kill_now()
+        os._exit(128 + signum)
+
+    try:
+        old = signal.signal(signal.SIGTERM, handler)
+    except ValueError:  # pragma: no cover - not the main interpreter
+        return lambda: None
+    return lambda: signal.signal(signal.SIGTERM, old)
+
+
+class SGLangTarget(CommandTarget):
+    name = "sglang"
+    gpus_per_trial = 1
+
+    @property
+    def python(self) -> str:
+        return str(self.settings.get("python") or sys.executable)
+
+    def base_command(self, port: int | str) -> list[str]:
+        if not self.model:
+            raise TargetError("target `sglang` needs settings `model` (a model path or hub name); "
+                              "pass --model PATH or --set model=PATH")
+        return [self.python, "-m", "sglang.launch_server", "--model-path", self.model, "--host", self.host,
+                "--port", str(port)]
+
+    def help_command(self) -> list[str]:
+        return [self.python, "-m", "sglang.launch_server", "--help"]
+
+    def load_flags(self, checks: list[tuple[str, list[Any]]]) -> fl.ServerFlags | None:
+        parser = str(self.settings.get("parser", fl.SGLANG_PARSER))
+        try:
+            return fl.introspect_parser(self.python, parser, checks)
+        except fl.FlagsUnavailable as exc:
+            _logger.info("parser introspection failed (%s); falling back to --help", exc)
+            return fl.help_flags(self.help_command())
+
+    def flag_key(self, args: list[str], env: dict[str, str]) -> str:
+        return flag_set_key([self.python, "sglang", self.model], list(self.settings.get("extra_args") or []) + args,
+                            env)
+
+    # -- the kernel phase: SGLang's own fused-MoE kernel at the shapes this space's launches run ------------------
+    def _flag_values(self, flags: tuple[str, ...], default: int) -> list[int]:
+        """The values a launch can give the first of ``flags`` that is set: a parameter's (pinned) choices, a fixed
+        ``extra_args`` value, else ``default`` (the server's)."""
+        searched = {p.name for p in self.resolved.params}
+        for p in self.space.params:
+            if p.flag in flags:
+                if p.name in self.resolved.fixed:
+                    return [int(self.resolved.fixed[p.name])]
+                if p.name in searched:  # a dropped one (its requirement fails here) is never passed
+                    return sorted({int(v) for v in p.choices() if str(v).isdigit()}) or [default]
+        extra = [str(a) for a in self.settings.get("extra_args") or []]
+        for i, a in enumerate(extra):
+            name, _, value = a.partition("=")
+            if name in flags:
+                try:
+                    return [int(value or extra[i + 1])]
+                except (IndexError, ValueError):
+                    raise TargetError(f"setting `extra_args` gives {name} without an integer after it "
+                                      f"({extra[i:i + 2]}); write e.g. {name} 8") from None
+        return [default]
+
+    def kernel_shapes(self) -> list[tuple[str, dict[str, int]]]:
+        """SGLang's fused-MoE kernel at every shape this space's launches give it: one case per decode batch (each
+        objective level, and as padded to each CUDA-graph bucket it can take) and per tensor/expert-parallel split
+        of the routed experts (``E = experts / ep``, ``N = width / (tp / ep)``). Needs setting ``moe``
+        (``{hidden, width, experts, topk}``); without it there is nothing to tune."""
+        moe = self.settings.get("moe")
+        if not moe:
+            return []
+        try:
+            hidden, width, experts, topk = (int(moe[k]) for k in ("hidden", "width", "experts", "topk"))
+        except (KeyError, TypeError, ValueError):
+            raise TargetError(f"setting `moe` must map hidden, width, experts and topk to integers, but got {moe!r}; "
+                              "e.g. {hidden: 4096, width: 2048, experts: 256, topk: 6}") from None
+        from search_spaces.buckets import level_batches
+
+        batches = level_batches(self.space)
+        splits = []
+        for tp in self._flag_values(("--tp-size", "--tensor-parallel-size"), 1):
+            for ep in self._flag_values(("--ep-size", "--expert-parallel-size"), 1):
+                if tp % ep == 0 and experts % ep == 0 and width % (tp // ep) == 0:
+                    splits.append((experts // ep, width // (tp // ep)))
+        return [("sglang_fused_moe", {"tokens": b, "hidden": hidden, "width": n, "experts": e, "topk": topk})
+                for b in batches for e, n in dict.fromkeys(splits)]
+
+    def use_kernel_configs(self, config_dir: str) -> dict[str, str]:
+        """The settings that launch every later trial (and the export) with the SGLang MoE files a kernel phase
+        wrote to ``config_dir``; none when ``moe_config_dir`` is already set or no such file was written."""
+        from kernels.plugins.sglang_moe import SGLANG_MOE_SUBDIR
+
+        moe_dir = Path(config_dir) / SGLANG_MOE_SUBDIR
+        if self.settings.get("moe_config_dir") or not moe_dir.is_dir():
+            return {}
+        _logger.info("trials launch SGLang with SGLANG_MOE_CONFIG_DIR=%s", moe_dir)
+        return {"moe_config_dir": str(moe_dir)}

@@ -1,0 +1,150 @@
+"""The built-in decode workload as a target: no server, no weights; random weights, real ops, real timings."""
+
+from __future__ import annotations
+
+import logging
+import sys
+from typing import Any
+
+from search_spaces import ResolvedSpace
+from tuner.errors import KnobError
+from tuner.measurement import Measurement, Outcome
+from tuner.targets.base import LaunchSpec, PreflightReport, Reporter, Target
+from tuner.targets.workload.model import DEFAULT_KNOBS
+from tuner.targets.workload.presets import get_preset
+
+_logger = logging.getLogger(__name__)
+
+
+class WorkloadTarget(Target):
+    """A DeepSeek-V4-Flash-shaped decode step (``tuner.targets.workload.model``) measured at each concurrency level."""
+
+    name = "workload"
+
+    def __init__(self, resolved: ResolvedSpace, settings: dict[str, Any] | None = None) -> None:
+        super().__init__(resolved, settings)
+        self.preset = get_preset(str(self.settings.get("preset", self.space.preset)))
+        self.gpus_per_trial = 1 if resolved.hardware.gpu_count else 0
+
+    def preflight(self) -> PreflightReport:
+        report = super().preflight()
+        hw = self.resolved.hardware
+        report.facts.update({
+            "preset": self.preset.name,
+            "device": hw.gpu_name if hw.gpu_count else "cpu (no CUDA GPU: Triton kernels and CUDA graphs inactive)",
+            "levels": list(self.space.objective.levels),
+            "objective": self.space.objective.describe(),
+            "live_context": self.settings.get("live_context", 512),
+        })
+        for p in self.space.params:
+            if not (p.flag or p.kernel or p.env) and p.name not in DEFAULT_KNOBS and p.name != "cuda_graph_buckets":
+                report.errors.append(f"parameter `{p.name}` is not a knob of the workload; knobs are "
+                                     f"{sorted([*DEFAULT_KNOBS, 'cuda_graph_buckets'])}")
+        if "context_length" in self.space.names:
+            too_big = [v for v in self.space.param("context_length").choices() if v > self.preset.max_context]
+            if too_big:
+                report.errors.append(f"`context_length` values {too_big} exceed preset {self.preset.name}'s max "
+                                     f"context {self.preset.max_context}; drop them or use another preset")
+        return report
+
+    def check(self, params: dict[str, Any]) -> str | None:
+        """Constraints, then the attention kernel's own rules at every shape the levels produce, before any
+        subprocess or compile is spent on a configuration that cannot run."""
+        reason = super().check(params)
+        if reason or params.get("attention_impl") not in ("mma", "simt"):
+            return reason
+        fields = {p.kernel.split(".", 1)[1]: params[p.name] for p in self.space.params
+                  if p.kernel and p.kernel.startswith("sparse_decode.") and p.name in params}
+        if not fields or params["attention_impl"] != "mma":
+            return None
+        try:
+            from kernels.sparse_decode import SparseDecodeKernel
+        except ImportError:  # no Triton here: the trial itself will say so
+            return None
+        kernel, p = SparseDecodeKernel.instance, self.preset
+        live = int(self.settings.get("live_context", 512))
+        rows = {"window": p.window, "hca": -(-live // p.hca_ratio) + p.window, "csa": p.index_topk + p.window}
+        for c in self.space.objective.levels:
+            for kind, topk in rows.items():
+                shape = {"batch": c, "heads": p.heads, "d_qk": p.head_dim, "d_v": p.head_dim, "topk": topk,
+                         "num_rows": 1 << 20}
+                why = kernel.check_config({**kernel.default_config(shape), **fields}, shape)
+                if why:
+                    return f"sparse_decode cannot run at batch {c} ({kind} layers, {topk} rows): {why}"
+        return None
+
+    def evaluate(self, params: dict[str, Any], deadline: float, report: Reporter | None = None) -> Measurement:
+        import torch
+
+        from tuner.targets.workload.bench import measure
+        from tuner.targets.workload.model import DecodeModel
+
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+        knobs = dict(params)
+        for p in self.space.params:  # kernel params travel as "kernel.field" knobs
+            if p.kernel and p.name in params:
+                knobs[p.kernel] = params[p.name]
+        try:
+            model = DecodeModel(self.preset, knobs, device, seed=int(self.settings.get("seed", 0)))
+        except KnobError as exc:
+            return Measurement.failed(Outcome.INVALID_CONFIG, str(exc))
+        obj = self.space.objective
+        try:
+            res = measure(
+                model, list(obj.levels),
+                live_context=int(self.settings.get("live_context", 512)),
+                warmup=int(self.settings.get("warmup", 2)),
+                repeats=int(self.settings.get("repeats", 5)),
+                buckets=params.get("cuda_graph_buckets"),
+                deadline=deadline,
+                report=report,
+            )
+        except TimeoutError as exc:
+            return Measurement.failed(Outcome.TIMEOUT, str(exc))
+        by_level = {lv.concurrency: lv.tok_s for lv in res.levels}
+        m = Measurement(outcome=Outcome.OK, metrics=res.metrics(), by_level=by_level)
+        if len(by_level) == len(obj.levels):
+            m.value = obj.combine_values(by_level)
+        else:
+            m.outcome, m.reason = Outcome.PRUNED, f"stopped after levels {sorted(by_level)}"
+        return m
+
+    def kernel_shapes(self) -> list[tuple[str, dict[str, int]]]:
+        """The kernel shapes this space's configurations produce: every concurrency level (as the batch, and as
+        padded to each bucket size it can take) for the MMA attention and the fused MoE, and the indexer at every
+        context cap."""
+        p, live = self.preset, int(self.settings.get("live_context", 512))
+        from search_spaces.buckets import level_batches
+
+        order = level_batches(self.space)  # the measured levels' own batches before the bucket paddings
+        widths = {-(-live // p.csa_ratio)}
+        if "context_length" in self.space.names:
+            widths |= {p.indexer_width(int(c)) for c in self.space.param("context_length").choices()}
+        # in the order a kernel phase short of budget should tune them: one attention and one MoE case per batch
+        # before the indexer at each of its widths
+        shapes: list[tuple[str, dict[str, int]]] = []
+        for b in order:
+            shapes.append(("sparse_decode", {"batch": b, "heads": p.heads, "d_qk": p.head_dim, "d_v": p.head_dim,
+                                             "topk": p.index_topk + p.window, "num_rows": 1 << 16}))
+            if "moe_impl" in self.space.names:
+                shapes.append(("moe", {"tokens": b, "hidden": p.hidden, "width": p.expert_width,
+                                       "experts": p.experts_local, "topk": p.topk_experts}))
+        for b in order:
+            shapes += [("indexer", {"batch": b, "heads": p.indexer_heads, "dim": p.indexer_dim, "width": w,
+                                    "shared_k": 0}) for w in sorted(widths)]
+        return shapes
+
+    def kernel_config_dirs(self) -> list[str]:
+        import os
+
+        d = self.settings.get("kernel_config_dir") or os.environ.get("TUNER_KERNEL_CONFIG_DIR")
+        return [str(d)] if d else []
+
+    def launch_spec(self, params: dict[str, Any]) -> LaunchSpec:
+        argv = [sys.executable, "-m", "tuner.targets.workload.run", "--preset", self.preset.name,
+                "--levels", ",".join(map(str, self.space.objective.levels)),
+                "--live-context", str(self.settings.get("live_context", 512)),
+                "--repeats", str(self.settings.get("repeats", 5))]
+        for k, v in params.items():
+            argv += ["--knob", f"{k}={v}"]
+        return LaunchSpec(argv=argv, description="re-measure the best decode configuration of the built-in workload")
