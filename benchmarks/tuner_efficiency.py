@@ -63,7 +63,8 @@ class _Record:
     params: dict
     outcome: str
     value: float | None
-    reason: str = ""
+    repeat_of: int | None = None
+    """The earlier record whose timing this one copies (a configuration TPE proposed again)."""
 
 
 def resolved_space(space: dict, default: dict | None):
@@ -91,8 +92,6 @@ def replay_once(table: dict, space: dict, rule, budget: int, seed: int, strategy
     or ``tpe+refine:S`` (that, and moves before every ask in the last share S of the evaluations)."""
     import optuna
 
-    from tuner.search.sampling import REPEAT_MARK
-
     keys = list(space)
     if strategy.startswith("tpe"):
         sampler = optuna.samplers.TPESampler(seed=seed, multivariate=True, group=True, constant_liar=True,
@@ -107,6 +106,7 @@ def replay_once(table: dict, space: dict, rule, budget: int, seed: int, strategy
     for config in first or []:
         study.enqueue_trial(config)
     seen: dict[tuple, float] = {}
+    timed_at: dict[tuple, int] = {}
     records: list[_Record] = []
     best, evals, repeats, asks = math.inf, 0, 0, 0
     move = False
@@ -123,7 +123,7 @@ def replay_once(table: dict, space: dict, rule, budget: int, seed: int, strategy
         key = tuple(config[k] for k in keys)
         if key in seen:
             study.tell(trial, seen[key])
-            records.append(_Record(len(records), config, "ok", seen[key], REPEAT_MARK))
+            records.append(_Record(len(records), config, "ok", seen[key], timed_at[key]))
             move = moves_on_repeat
             repeats += 1
             if repeats >= 25:  # tuner.search.MAX_REPEATS_IN_A_ROW
@@ -138,7 +138,7 @@ def replay_once(table: dict, space: dict, rule, budget: int, seed: int, strategy
             value, outcome = (t, "ok") if t is not None else (1e30, "failed")
             if t is not None:
                 best = min(best, t)
-        seen[key] = value
+        seen[key], timed_at[key] = value, len(records)
         records.append(_Record(len(records), config, outcome, value if outcome == "ok" else None))
         study.tell(trial, value)
     return best, evals

@@ -42,7 +42,13 @@ def run_checks(preset: str, dtypes: list[str] | None, device: str, max_shapes: i
     cuda = device.startswith("cuda")
     for name in KERNELS:
         kernel = get_kernel(name)
+        if kernel.unavailable():
+            logger.info("%s skipped: %s", name, kernel.unavailable())
+            continue
         for dtype in _dtypes(name, dtypes, cuda):
+            if kernel.dtypes and dtype_name(dtype) not in kernel.dtypes:
+                logger.info("%s skipped at %s: it runs %s", name, dtype, ", ".join(kernel.dtypes))
+                continue
             for shape in kernel.shapes(preset)[:max_shapes]:
                 rec = {"kernel": name, "dtype": dtype_name(dtype), "shape": kernel.shape_key(shape)}
                 try:

@@ -90,6 +90,8 @@ class TrialRecord(Base):
     started_at: Mapped[datetime] = mapped_column(DateTime, default=utcnow)
     finished_at: Mapped[datetime | None] = mapped_column(DateTime, nullable=True)
     duration_s: Mapped[float | None] = mapped_column(Float, nullable=True)
+    repeat_of: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    """The earlier trial whose timing this one copies: its configuration was timed already, so it was not run."""
 
     run: Mapped[Run] = relationship(back_populates="trials")
     measurements: Mapped[list[Measurement]] = relationship(

@@ -15,6 +15,8 @@ from storage.types import MetricRow  # noqa: F401 - re-exported
 from storage.models import OUTCOMES, Artifact, Base, Event, Measurement, Run, TrialRecord, utcnow
 
 _logger = logging.getLogger(__name__)
+_UPGRADED: set[str] = set()
+"""Database URLs this process already brought up to the current tables (see ``storage.migrate``)."""
 
 
 class Repo:
@@ -27,11 +29,28 @@ class Repo:
             engine = make_engine(url, pool_size=pool_size)
         self.engine = engine
         self._session = sessionmaker(engine, expire_on_commit=False)
+        self._upgrade_once()
 
     # -- schema -------------------------------------------------------------------------------------------
     def create_schema(self) -> None:
         """Create the ``tuner_`` tables if missing. Called once by the process that starts a search."""
         Base.metadata.create_all(self.engine)
+        self._upgrade_once(force=True)
+
+    def _upgrade_once(self, force: bool = False) -> None:
+        """An existing database from an older ``tuner`` gets the columns added since (once per URL and process)."""
+        key = str(self.engine.url)
+        if key in _UPGRADED and not force:
+            return
+        from storage.migrate import missing_columns, upgrade
+
+        try:
+            if missing_columns(self.engine):
+                upgrade(self.engine)
+        except Exception as exc:  # noqa: BLE001 - e.g. a read-only file: reads of the old columns still work
+            _logger.warning("storage %s could not be upgraded: %s", self.engine.url, str(exc).splitlines()[0])
+            return
+        _UPGRADED.add(key)
 
     def has_schema(self) -> bool:
         from sqlalchemy import inspect
@@ -130,8 +149,10 @@ class Repo:
         log_excerpt: str = "",
         metrics: Iterable[MetricRow] = (),
         duration_s: float | None = None,
+        repeat_of: int | None = None,
     ) -> bool:
-        """Record how a trial ended; return True when it is the run's new best (``ok`` outcomes only)."""
+        """Record how a trial ended; return True when it is the run's new best (``ok`` outcomes only).
+        ``repeat_of``: the earlier trial whose timing this one copies (the configuration was not run again)."""
         if outcome not in OUTCOMES:
             raise ValueError(f"`outcome` must be one of {OUTCOMES}, but got {outcome!r}.")
         state = "complete" if outcome == "ok" else ("pruned" if outcome == "pruned" else "failed")
@@ -148,6 +169,7 @@ class Repo:
             rec.log_excerpt = log_excerpt[-8000:]
             rec.finished_at = utcnow()
             rec.duration_s = duration_s
+            rec.repeat_of = repeat_of
             s.flush()
             for m in metrics:
                 s.add(Measurement(trial_id=rec.id, metric=m.metric, level=m.level, value=m.value, unit=m.unit))

@@ -134,7 +134,6 @@ def search(
 
 
 def _print_result(result) -> None:
-    from tuner.search.sampling import is_repeat
 
     if hasattr(result, "summary_lines"):  # a kernel search: one line per kernel x shape case
         for line in result.summary_lines():
@@ -149,7 +148,7 @@ def _print_result(result) -> None:
         return
     ratio = f" = {result.speedup:.2f}x baseline ({result.baseline_value:.2f})" if result.speedup else ""
     runs = [t.value for t in result.trials if t.outcome == "ok" and t.params == result.best_params
-            and t.value is not None and not is_repeat(t.reason)]
+            and t.value is not None and t.repeat_of is None]
     spread = (f" (median of {len(runs)} runs, {min(runs):.2f}-{max(runs):.2f})" if len(runs) > 1 else "")
     console.print(f"best: trial {result.best.number}, {result.best_value:.2f}{spread}{ratio}")
     for k, v in result.best_params.items():
@@ -251,13 +250,14 @@ def export(storage: StorageOpt = "sqlite:///tuner.db", study: StudyOpt = None,
     """Write the best configuration's launch script, parameters and kernel configs."""
     from search_spaces import load_space_text, resolve
     from tuner.export.script import export_run
+    from tuner.settings import target_settings
     from tuner.targets import get_target_class
 
     repo, run = _open(storage, study)
     from search_spaces import detect_hardware
 
     space = load_space_text(run.space_yaml, source=run.settings.get("space_path", run.space_name))
-    target = get_target_class(run.target)(resolve(space, detect_hardware()), run.settings)
+    target = get_target_class(run.target)(resolve(space, detect_hardware()), target_settings(run.settings))
     dest = export_run(repo, run.study_name, out, target=target)
     console.print(f"exported study {run.study_name} to {dest}")
     console.print(f"launch script: {dest / 'launch.sh'}")

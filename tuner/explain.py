@@ -15,7 +15,7 @@ import optuna
 
 from storage import Repo
 from storage.models import Run, TrialRecord
-from tuner.search.sampling import is_repeat
+from tuner.settings import target_settings
 
 if TYPE_CHECKING:
     from search_spaces import Objective
@@ -201,7 +201,7 @@ def explain(storage_url: str, study: str, *, profile: bool = True, level: int | 
     frozen = ostudy.get_trials(deepcopy=False)
     ok = repo.list_trials(run.id, outcome="ok", with_measurements=True)
     ex = Explanation(study=study)
-    objective = {t.number: t.value for t in ok if t.value is not None and not is_repeat(t.reason)}
+    objective = {t.number: t.value for t in ok if t.value is not None and t.repeat_of is None}
     ex.importances["objective"] = _importances(frozen, objective)
     ex.importance_trials = len(objective)
     levels = sorted({m.level for t in ok for m in t.measurements if m.metric == "tok_s" and m.level},
@@ -210,7 +210,7 @@ def explain(storage_url: str, study: str, *, profile: bool = True, level: int | 
         levels = [lv for lv in levels if lv == f"c={level}"]
     for lv in levels:
         vals = {t.number: m.value for t in ok for m in t.measurements if m.metric == "tok_s" and m.level == lv
-                and not is_repeat(t.reason)}
+                and t.repeat_of is None}
         ex.importances[f"tok/s at {lv}"] = _importances(frozen, vals)
     if not any(ex.importances.values()):
         ex.notes.append("fewer than 3 successful trials with varying parameters: no importances yet")
@@ -239,7 +239,7 @@ def _neighbours(space, best: TrialRecord, ok: list[TrialRecord], direction: str)
     children = {p.name: set(p.when.names) for p in space.params if p.when is not None}
     rows: dict[tuple[str, str], dict] = {}
     for t in ok:
-        if t.number == best.number or not t.value or is_repeat(t.reason):
+        if t.number == best.number or not t.value or t.repeat_of is not None:
             continue
         diff = {k for k in best.params.keys() | t.params.keys() if best.params.get(k) != t.params.get(k)}
         diff = {k for k in diff if not (children.get(k, set()) & diff)}
@@ -289,7 +289,7 @@ def ablate(storage_url: str, study: str, *, timeout_s: float = 300.0, level: int
         ex.notes.append("the baseline has no stored measurements: the changes alone are run, but no gain is given")
     # the ratio of two values, oriented so that > 1 means the first (the better one if the change helps) is better
     better = (lambda a, b: a / b) if space.objective.direction == "maximize" else (lambda a, b: b / a)
-    settings = {k: v for k, v in run.settings.items() if k not in ("pid", "host", "out_dir", "space_path")}
+    settings = target_settings(run.settings)
 
     def rerun(wanted: dict[str, Any]) -> Measurement:
         params = resolved.walk(lambda p: wanted.get(p.name, p.default))

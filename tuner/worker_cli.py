@@ -20,7 +20,6 @@ import typer
 
 _logger = logging.getLogger(__name__)
 
-_BOOKKEEPING_SETTINGS = ("pid", "host", "out_dir", "space_path")
 
 
 def open_worker_context(storage_url: str, study_name: str, *, budget_s: float | None = None,
@@ -50,6 +49,7 @@ def open_worker_context(storage_url: str, study_name: str, *, budget_s: float | 
         load_worker_study,
         open_worker_storage,
     )
+    from tuner.settings import target_settings
     from tuner.targets import get_target_class
 
     if is_sqlite(storage_url):
@@ -69,7 +69,7 @@ def open_worker_context(storage_url: str, study_name: str, *, budget_s: float | 
         space = load_space(space_source)
     hardware = detect_hardware()
     resolved = resolve(space, hardware)
-    settings = {k: v for k, v in settings_all.items() if k not in _BOOKKEEPING_SETTINGS}
+    settings = target_settings(settings_all)
     target = get_target_class(run.target)(resolved, settings)
     started = run.started_at.replace(tzinfo=timezone.utc).timestamp()
     deadline = Deadline(started, run.budget_s, min(60.0, max(2.0, 0.03 * run.budget_s)))

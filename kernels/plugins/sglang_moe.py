@@ -238,6 +238,7 @@ class SGLangFusedMoEKernel(TunableKernel):
 
     name = "sglang_fused_moe"
     batch_dim = "tokens"
+    dtypes = ("bfloat16", "float16")
     instance: "SGLangFusedMoEKernel"
 
     def unavailable(self) -> str | None:

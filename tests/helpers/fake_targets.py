@@ -12,16 +12,26 @@ from typing import Any
 
 from storage.types import MetricRow
 from tuner.measurement import Measurement, Outcome
+from tuner.settings import CommonSettings
 from tuner.targets.base import LaunchSpec, Target
+
+
+class FakeSettings(CommonSettings):
+    sleep_s: float = 0.0
+    """Seconds each trial sleeps before it answers."""
+    model: str = ""
+    moe_config_dir: str | None = None
+    """Accepted so a kernel phase's settings can reach it (the SGLang target's key)."""
 
 
 class FakeTarget(Target):
     name = "fake_targets:FakeTarget"
+    Settings = FakeSettings
 
     def evaluate(self, params: dict[str, Any], deadline: float, report=None) -> Measurement:
         mode = params.get("mode", "ok")
         x = float(params.get("x", 1.0))
-        sleep = float(self.settings.get("sleep_s", 0.0))
+        sleep = self.config.sleep_s
         if sleep:
             time.sleep(sleep)
         if mode == "crash":
@@ -43,5 +53,5 @@ class FakeTarget(Target):
 
     def launch_spec(self, params: dict[str, Any]) -> LaunchSpec:
         argv = ["echo", "serve"] + [f"--{k.replace('_', '-')}={v}" for k, v in params.items()]
-        return LaunchSpec(argv=argv, env={"FAKE_MODEL_PATH": str(self.settings.get("model", ""))},
+        return LaunchSpec(argv=argv, env={"FAKE_MODEL_PATH": self.config.model},
                           description="fake target")

@@ -226,7 +226,7 @@ def test_a_system_search_hands_the_phase_files_to_later_trials(tmp_path, sqlite_
     ``use_kernel_configs`` returns reach the options every later trial worker is built from."""
     import dataclasses
 
-    import tuner.search.kernel_search as ks
+    import tuner.search.driver as driver
     from tuner.search.context import SearchOptions, open_context
     from tuner.search.driver import _maybe_kernel_phase
 
@@ -245,7 +245,7 @@ def test_a_system_search_hands_the_phase_files_to_later_trials(tmp_path, sqlite_
         seen.append(shapes)
         return dataclasses.make_dataclass("R", [("config_dir", str)])(str(conf))
 
-    monkeypatch.setattr(ks, "kernel_phase", phase)
+    monkeypatch.setattr(driver, "kernel_phase", phase)
     sg = _target()
     monkeypatch.setattr(ctx.target, "kernel_shapes", sg.kernel_shapes, raising=False)
     monkeypatch.setattr(ctx.target, "use_kernel_configs", sg.use_kernel_configs, raising=False)

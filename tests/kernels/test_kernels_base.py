@@ -69,7 +69,11 @@ def test_selfcheck_runs_every_kernel(capsys):
 
     dev = ["--device", "cuda"] if torch.cuda.is_available() else []
     assert selfcheck.main(["--preset", "test", "--dtype", "float32", "--max-shapes", "1", *dev]) == 0
-    assert f"{len(KERNELS)}/{len(KERNELS)} ok" in capsys.readouterr().out
+    from kernels.registry import get_kernel
+
+    runs_fp32 = [n for n in KERNELS if not get_kernel(n).dtypes or "float32" in get_kernel(n).dtypes]
+    assert len(runs_fp32) >= 7  # every kernel of kernels/ (the SGLang plug-in runs bf16/fp16 only)
+    assert f"{len(runs_fp32)}/{len(runs_fp32)} ok" in capsys.readouterr().out
 
 
 @needs_triton

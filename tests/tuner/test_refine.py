@@ -199,10 +199,10 @@ params:
   BLOCK: {type: categorical, values: [16, 32, 64], default: 32}
   warps: {type: categorical, values: [2, 4, 8], default: 4}
 """), Hardware())
-    recs = [R(number=0, params={"BLOCK": 32, "warps": 4}, outcome="ok", value=10.0, reason=""),
-            R(number=1, params={"BLOCK": 64, "warps": 4}, outcome="ok", value=8.0, reason=""),
-            R(number=2, params={"BLOCK": 16, "warps": 2}, outcome="ok", value=1.0, reason="not run again"),
-            R(number=3, params={"BLOCK": 16, "warps": 8}, outcome="failed", value=None, reason="")]
+    recs = [R(number=0, params={"BLOCK": 32, "warps": 4}, outcome="ok", value=10.0, repeat_of=None),
+            R(number=1, params={"BLOCK": 64, "warps": 4}, outcome="ok", value=8.0, repeat_of=None),
+            R(number=2, params={"BLOCK": 16, "warps": 2}, outcome="ok", value=1.0, repeat_of=0),
+            R(number=3, params={"BLOCK": 16, "warps": 8}, outcome="failed", value=None, repeat_of=None)]
     m = choose_move(resolved, recs, "minimize", lambda c: None)
     assert m.origin == 1 and {**m.params} != {"BLOCK": 64, "warps": 4}
     assert sum(m.params[k] != v for k, v in {"BLOCK": 64, "warps": 4}.items()) == 1

@@ -121,7 +121,7 @@ def test_unreachable_storage_is_a_clear_error(tmp_path):
 def test_baseline_and_confirmation_runs_are_never_pruned(tmp_path, sqlite_url, monkeypatch):
     """A pruner that prunes every odd-numbered trial: the baseline and the re-runs that confirm the winner still run
     whole (a pruned confirmation would leave the winner a single lucky timing)."""
-    import tuner.search as search
+    import tuner.search.context as search
     from tuner.search.context import BASELINE_ATTR, CONFIRM_ATTR
 
     class OddPruner(optuna.pruners.BasePruner):
@@ -173,7 +173,7 @@ def test_confirmation_re_runs_the_new_leader(monkeypatch):
     """confirm_top re-runs its top picks, then the single timing that overtook them, before the search ends."""
     from types import SimpleNamespace
 
-    import tuner.search as search
+    import tuner.search.confirm as search
 
     later = {2: 100.0, 3: 108.0, 4: 119.0, 1: 95.0}  # what a re-run of each x measures
     trials = [_summary(0, 1, 100.0), _summary(1, 2, 130.0), _summary(2, 3, 120.0), _summary(3, 4, 118.0)]

@@ -103,7 +103,7 @@ def test_workload_target_refuses_kernel_configs_that_cannot_run_before_any_trial
 
 
 def test_kernel_phase_runs_first_for_the_spaces_shapes_when_asked(tmp_path, monkeypatch):
-    import tuner.search.kernel_search as ks
+    import tuner.search.driver as driver
     from search_spaces import Hardware
     from tuner.search.context import SearchOptions
     from tuner.search.driver import run_search
@@ -118,7 +118,7 @@ def test_kernel_phase_runs_first_for_the_spaces_shapes_when_asked(tmp_path, monk
         calls.append((list(shapes), budget_s))
         return Done()
 
-    monkeypatch.setattr(ks, "kernel_phase", fake_phase)
+    monkeypatch.setattr(driver, "kernel_phase", fake_phase)
     gpu = Hardware(gpu_name="NVIDIA H200", gpu_count=1, compute_capability=(9, 0), has_triton=True)
     opts = dict(budget_s=60, storage_url=f"sqlite:///{tmp_path / 'k.db'}", space_path="dsv4_flash_tiny",
                 out_dir=str(tmp_path / "o"), hardware=gpu, n_trials=1, confirm_top=0)

@@ -7,7 +7,6 @@ import statistics
 
 from tuner.search.context import CONFIRM_ATTR, Progress, SearchContext, TrialSummary
 from tuner.search.sampling import (
-    is_repeat,
     params_key,
     suggestable,
 )
@@ -18,7 +17,7 @@ _logger = logging.getLogger(__name__)
 def confirm_reserve(ctx: SearchContext) -> float:
     """Time kept back at the end to re-run the top configurations and one that may overtake them (none until there
     is something to confirm)."""
-    ok = [t.duration_s for t in ctx.trials if t.outcome == "ok" and not is_repeat(t.reason)]
+    ok = [t.duration_s for t in ctx.trials if t.outcome == "ok" and t.repeat_of is None]
     if ctx.options.confirm_top <= 0 or ctx.options.n_trials is not None or len(ok) < 5:
         return 0.0
     return min(0.15 * ctx.deadline.budget_s, 1.2 * (ctx.options.confirm_top + 1) * statistics.median(ok))
@@ -36,7 +35,7 @@ def confirm_top(ctx: SearchContext, progress: Progress | None) -> None:
     for t in sorted(ok, key=lambda t: t.value, reverse=ctx.direction == "maximize"):
         distinct.setdefault(params_key(t.params), t)
     top = list(distinct.values())[:k]
-    mean_dur = statistics.median(t.duration_s for t in ok if not is_repeat(t.reason)) or 1.0
+    mean_dur = statistics.median(t.duration_s for t in ok if t.repeat_of is None) or 1.0
 
     def rerun(t: TrialSummary) -> bool:
         if ctx.stop.is_set() or ctx.deadline.remaining_for_trials() < 1.5 * mean_dur:
@@ -62,7 +61,7 @@ def confirm_top(ctx: SearchContext, progress: Progress | None) -> None:
 def _runs_by_config(ctx: SearchContext) -> list[list[TrialSummary]]:
     groups: dict[str, list[TrialSummary]] = {}
     for t in ctx.trials:
-        if t.outcome == "ok" and t.value is not None and not is_repeat(t.reason):
+        if t.outcome == "ok" and t.value is not None and t.repeat_of is None:
             groups.setdefault(params_key(t.params), []).append(t)
     return list(groups.values())
 

@@ -78,6 +78,12 @@ class TrialSummary:
     reason: str = ""
     duration_s: float = 0.0
     is_baseline: bool = False
+    repeat_of: int | None = None
+    """The earlier trial whose timing this one copies (its configuration was not run again)."""
+
+    @property
+    def is_repeat(self) -> bool:
+        return self.repeat_of is not None
 
 
 @dataclass
@@ -242,7 +248,7 @@ def open_context(options: SearchOptions, progress: Progress | None = None) -> Se
                           "or --study NEW_NAME to start another")
     if run is None and options.resume:
         raise SearchError(f"--resume: no study {name!r} in {options.storage_url}; drop --resume to start it")
-    settings = {**target.settings, "pid": os.getpid(), "host": socket.gethostname(),
+    settings = {**target.settings, "run_pid": os.getpid(), "run_host": socket.gethostname(),
                 "hardware": hardware.to_json(), "out_dir": str(Path(options.out_dir).resolve()),
                 "space_path": space.source}
     if run is None:
@@ -302,7 +308,7 @@ def load_history(ctx: SearchContext) -> None:
         if rec.state == "running":
             continue
         s = TrialSummary(rec.number, rec.params, rec.outcome or "crash", rec.value, rec.reason,
-                         rec.duration_s or 0.0, rec.is_baseline)
+                         rec.duration_s or 0.0, rec.is_baseline, rec.repeat_of)
         ctx.trials.append(s)
         ctx.counts[s.outcome] = ctx.counts.get(s.outcome, 0) + 1
         ctx.seen.setdefault(params_key(rec.params), s)

@@ -9,6 +9,7 @@ to Optuna as a bad, infeasible result, so the sampler learns; the search never d
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import signal
 import threading
@@ -86,23 +87,20 @@ def run_search(options: SearchOptions, progress: Progress | None = None) -> Sear
 def _maybe_kernel_phase(ctx: SearchContext, progress: Progress | None) -> None:
     """With ``--set kernel_phase=true`` on a GPU, tune the kernels for exactly the shapes this space's
     configurations produce before the first trial, from a share of the budget (``kernel_phase_share``, 0.2)."""
-    shapes_of = getattr(ctx.target, "kernel_shapes", None)
-    if not (ctx.target.settings.get("kernel_phase") and shapes_of and "triton" in ctx.hardware.capabilities):
+    if not (ctx.target.config.kernel_phase and "triton" in ctx.hardware.capabilities):
         return
-    shapes = shapes_of()
+    shapes = ctx.target.kernel_shapes()
     if not shapes:
         if progress:
             progress.message("kernel phase: this space names no kernel shape to tune (for SGLang: setting `moe`)")
         return
-
-    share = float(ctx.target.settings.get("kernel_phase_share", 0.2))
+    share = ctx.target.config.kernel_phase_share
     res = kernel_phase(ctx, shapes, budget_s=share * ctx.deadline.remaining_for_trials(), progress=progress)
-    use = getattr(ctx.target, "use_kernel_configs", None)
-    if use and res.config_dir:
-        # settings for every later trial (their workers rebuild the target from them) and for the export
-        added = use(res.config_dir)
-        ctx.options.settings.update(added)
-        ctx.target.settings.update(added)
+    added = ctx.target.use_kernel_configs(res.config_dir) if res.config_dir else {}
+    if added:
+        # every later trial's worker rebuilds the target from the options' settings, and so does the export
+        ctx.options = dataclasses.replace(ctx.options, settings={**ctx.options.settings, **added})
+        ctx.target = type(ctx.target)(ctx.resolved, ctx.options.settings)
     if progress:
         for line in res.summary_lines():
             progress.message(line)

@@ -47,10 +47,9 @@ from tuner.search.context import (
     make_sampler,
     open_context,
 )
-from tuner.search.sampling import is_repeat
 from tuner.search.trial import run_one
 from tuner.targets.base import PreflightReport
-from tuner.targets.kernels import _truthy, load_kernel, parse_shape
+from tuner.targets.kernels import KernelsSettings, load_kernel, parse_shape
 
 _logger = logging.getLogger(__name__)
 
@@ -180,16 +179,16 @@ def _expand_dims(dims: Any, where: str) -> list[dict[str, Any]]:
 
 def plan_cases(space: Space, *, batches: Iterable[int] | None = None) -> list[KernelCase]:
     """Every (kernel, shape, dtype) of a kernels plan: each kernel's dims at every batch bucket (``batch`` param)."""
-    settings = space.settings
-    kernels = settings.get("kernels")
-    if not isinstance(kernels, dict) or not kernels:
+    plan = KernelsSettings.parse(space.settings, owner=f"the kernels plan {space.source}")
+    kernels = plan.kernels
+    if not kernels:
         raise SearchError(f"{space.source}: a kernels plan needs `settings.kernels`, a mapping of kernel name to "
                           "{dims: {...}}; see search_spaces/kernels_dsv4_flash.yaml")
     if batches is None:
         if "batch" not in space.names:
             raise SearchError(f"{space.source}: a kernels plan needs a `batch` parameter listing the batch buckets")
         batches = space.param("batch").choices()
-    dtype = str(settings.get("dtype", "bfloat16"))
+    dtype = plan.dtype
     cases = []
     for name, spec in kernels.items():
         spec = spec or {}
@@ -269,7 +268,7 @@ def _free_study_name(repo, name: str) -> str:
 
 def _reserve(ctx: SearchContext, k: int) -> float:
     """Time kept back to re-time the top ``k`` configs and the default once each."""
-    ok = [t.duration_s for t in ctx.trials if t.outcome == "ok" and not is_repeat(t.reason)]
+    ok = [t.duration_s for t in ctx.trials if t.outcome == "ok" and t.repeat_of is None]
     if not k or len(ok) < 3:
         return 0.0
     return min(1.2 * (k + 1) * statistics.median(ok), 0.3 * ctx.deadline.budget_s)
@@ -310,7 +309,7 @@ def _loop(ctx: SearchContext, progress: Progress | None, reserve, case: KernelCa
             if fut is not None and ahead is not None:
                 ahead.wait(fut, min(COMPILE_WAIT_S, ctx.deadline.remaining_for_trials()))
             summary = run_one(ctx, trial, progress, gpus=gpus)
-            repeats = repeats + 1 if is_repeat(summary.reason) else 0
+            repeats = repeats + 1 if summary.repeat_of is not None else 0
             failures = failures + 1 if summary.outcome not in ("ok", "pruned", "invalid_config") else 0
             if repeats >= MAX_REPEATS_IN_A_ROW:
                 return f"space exhausted: {repeats} repeated configs in a row"
@@ -338,7 +337,7 @@ def _compile_early(ctx: SearchContext, trial, case: KernelCase, ahead: CompileAh
     if key in ctx.seen or key in submitted or ctx.target.check(params):
         return None
     submitted.add(key)
-    seed = int(ctx.target.settings.get("seed", 0))
+    seed = ctx.target.config.seed
     return ahead.submit(case.kernel, case.shape, case.dtype, ctx.target.config_of(params), seed)
 
 
@@ -346,7 +345,7 @@ def _retime(ctx: SearchContext, progress: Progress | None, keys: list[dict[str, 
     from tuner.search.sampling import suggestable
 
     gpus = list(ctx.options.gpus[:1]) if ctx.options.gpus else None
-    per = [t.duration_s for t in ctx.trials if t.outcome == "ok" and not is_repeat(t.reason)]
+    per = [t.duration_s for t in ctx.trials if t.outcome == "ok" and t.repeat_of is None]
     need = 1.2 * (statistics.median(per) if per else 1.0)
     for _ in range(times):
         for params in keys:
@@ -380,11 +379,11 @@ def _decide(ctx: SearchContext, case: KernelCase, defaults: dict[str, Any], min_
     target = ctx.target
     runs: dict[str, list] = {}
     for t in ctx.trials:
-        if t.outcome == "ok" and t.value is not None and not is_repeat(t.reason):
+        if t.outcome == "ok" and t.value is not None and t.repeat_of is None:
             runs.setdefault(params_key(t.params), []).append(t)
     counts = dict(ctx.counts)
     evaluated = len({params_key(t.params) for t in ctx.trials
-                     if not is_repeat(t.reason) and t.outcome != "invalid_config"})
+                     if t.repeat_of is None and t.outcome != "invalid_config"})
     res = KernelCaseResult(case.kernel, dict(case.shape), case.dtype, kernel.shape_key(case.shape), "failed",
                            study=ctx.run.study_name, trials=len(ctx.trials), evaluated=evaluated, counts=counts)
     best = pick_best(ctx)
@@ -437,7 +436,7 @@ def tune_case(case: KernelCase, options: SearchOptions, study: str, progress: Pr
     space_dir.mkdir(parents=True, exist_ok=True)
     repo = Repo(options.storage_url)
     repo.create_schema()
-    retune = _truthy(options.settings.get("retune"))
+    retune = KernelsSettings.parse(options.settings, owner="the kernels plan").retune
     existing = repo.get_run(study) is not None
     if existing and retune:
         study, existing = _free_study_name(repo, study), False
@@ -469,11 +468,11 @@ def tune_case(case: KernelCase, options: SearchOptions, study: str, progress: Pr
             top = list(ranked.values())[:k]
             if params_key(defaults) in ranked and params_key(defaults) not in {params_key(p) for p in top}:
                 top.append(defaults)
-            _retime(ctx, progress, top, int(options.settings.get("retimes", 1)))
+            _retime(ctx, progress, top, KernelsSettings.parse(options.settings, owner="the kernels plan").retimes)
     except KeyboardInterrupt:
         ctx.stop.set()
         reason = "interrupted"
-    res = _decide(ctx, case, defaults, float(options.settings.get("min_gain", 0.01)))
+    res = _decide(ctx, case, defaults, KernelsSettings.parse(options.settings, owner="the kernels plan").min_gain)
     ctx.repo.end_run(ctx.run.id, "interrupted" if ctx.stop.is_set() else "finished")
     res.reason = "; ".join(x for x in (res.reason, reason) if x)
     res.elapsed_s = time.time() - t0
@@ -488,14 +487,14 @@ def run_kernel_search(options: SearchOptions, progress: Progress | None = None) 
         raise SearchError(f"{space.source}: target is {space.target!r}, not a kernels plan; pass --space "
                           f"{DEFAULT_PLAN} or a plan written like it")
     settings = {**space.settings, **options.settings}
+    plan = KernelsSettings.parse(settings, owner="the kernels plan")  # a misspelt key stops here, named
     settings.pop("kernels", None)
     cases = plan_cases(space)
-    only = settings.get("only")  # --set only=sparse_decode,indexer
-    if only:
-        wanted = set(str(only).split(","))
+    if plan.only:  # --set only=sparse_decode,indexer
+        wanted = set(plan.only) if isinstance(plan.only, list) else set(plan.only.split(","))
         cases = [c for c in cases if c.kernel in wanted]
-    if settings.get("max_cases"):
-        cases = cases[: int(settings["max_cases"])]
+    if plan.max_cases:
+        cases = cases[: plan.max_cases]
     study = options.study or space.name
     return tune_cases(cases, dataclasses.replace(options, settings=settings), study=study, progress=progress)
 
@@ -522,7 +521,7 @@ def tune_cases(cases: list[KernelCase], options: SearchOptions, *, study: str, p
         if not report.ok and not options.dry_run:
             raise SearchError("preflight failed: " + "; ".join(report.errors))
         return KernelSearchResult(study, options.storage_url, "dry_run", [], None, report, 0.0)
-    retune = _truthy(settings.get("retune"))
+    retune = KernelsSettings.parse(settings, owner="the kernels plan").retune
     results: list[KernelCaseResult] = []
     todo = []
     for case in cases:
@@ -555,7 +554,7 @@ def tune_cases(cases: list[KernelCase], options: SearchOptions, *, study: str, p
 def compile_helpers(settings: dict[str, Any], gpu_count: int) -> int:
     """The number of compile helpers setting ``compile_ahead`` asks for: ``auto`` (default: the spare CPUs of a
     GPU host, see :func:`tuner.execution.compile_ahead.default_helpers`), a count, or ``false``/``0`` for none."""
-    value = settings.get("compile_ahead", "auto")
+    value = KernelsSettings.parse(settings, owner="the kernels plan").compile_ahead
     text = str(value).strip().lower()
     if text == "auto":
         return default_helpers(gpu_count)

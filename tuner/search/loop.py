@@ -7,9 +7,6 @@ import logging
 from tuner.search import refine
 from tuner.search.confirm import confirm_reserve
 from tuner.search.context import MAX_REPEATS_IN_A_ROW, Progress, SearchContext
-from tuner.search.sampling import (
-    is_repeat,
-)
 from tuner.search.trial import run_one
 
 _logger = logging.getLogger(__name__)
@@ -32,7 +29,7 @@ def sequential_loop(ctx: SearchContext, progress: Progress | None) -> None:
             refine.enqueue_next(ctx, progress)
         trial = ctx.study.ask()
         summary = run_one(ctx, trial, progress)
-        repeats_in_a_row = repeats_in_a_row + 1 if is_repeat(summary.reason) else 0
+        repeats_in_a_row = repeats_in_a_row + 1 if summary.repeat_of is not None else 0
         failures_in_a_row = failures_in_a_row + 1 if summary.outcome not in ("ok", "pruned") else 0
         if repeats_in_a_row >= MAX_REPEATS_IN_A_ROW:
             ctx.stop_reason = f"search space exhausted: {repeats_in_a_row} repeated configurations in a row"

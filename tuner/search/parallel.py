@@ -54,7 +54,7 @@ from tuner.measurement import Outcome
 from tuner.search import refine
 from tuner.search.context import load_history
 from tuner.search.leases import GpuLeaser
-from tuner.search.sampling import is_repeat, params_key, suggest
+from tuner.search.sampling import params_key, suggest
 from tuner.search.trial import penalty_value, run_one
 
 _logger = logging.getLogger(__name__)
@@ -404,7 +404,7 @@ def worker_loop(ctx, progress, *, name: str, leaser: GpuLeaser | None = None, ma
             continue
         summary = _run_trial(ctx, trial, progress, run_one, name=name, leaser=leaser, storage=storage,
                              heartbeat_interval=heartbeat_interval)
-        repeated = summary is not None and is_repeat(summary.reason)
+        repeated = summary is not None and summary.repeat_of is not None
         if summary is not None:
             report.trials += 1
             report.outcomes[summary.outcome] = report.outcomes.get(summary.outcome, 0) + 1

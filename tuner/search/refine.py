@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable
 
 from search_spaces import Param, ResolvedSpace
-from tuner.search.sampling import is_repeat, params_key, suggestable
+from tuner.search.sampling import params_key, suggestable
 
 if TYPE_CHECKING:
     from tuner.search.context import SearchContext
@@ -108,7 +108,7 @@ def choose_move(resolved: ResolvedSpace, records: list, direction: str, check: C
     configurations asked and not yet recorded."""
     tried = {_key(resolved, r.params) for r in records} | set(asked)
     ok = [r for r in records if r.outcome == "ok" and r.value is not None and math.isfinite(r.value)
-          and not is_repeat(r.reason)]  # a repeat's value is a copy, not a measurement
+          and r.repeat_of is None]  # a repeat's value is a copy, not a measurement
     sign = 1.0 if direction == "maximize" else -1.0
     score = _value_scores(ok, sign) if ok else {}
     origins: dict[str, Any] = {}

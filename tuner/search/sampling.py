@@ -32,12 +32,3 @@ def suggestable(resolved: ResolvedSpace, params: dict[str, Any]) -> dict[str, An
 def params_key(params: dict[str, Any]) -> str:
     """A stable identity of a configuration, for finding repeats."""
     return json.dumps(params, sort_keys=True, default=str)
-
-
-REPEAT_MARK = "not run again"
-"""In the reason of a trial whose configuration was timed before: its value is a copy of that trial's."""
-
-
-def is_repeat(reason: str | None) -> bool:
-    """True for a trial answered from an earlier one's timing (a copy, not a measurement)."""
-    return REPEAT_MARK in (reason or "")

@@ -22,7 +22,6 @@ from tuner.search.context import (
     set_constraints,
 )
 from tuner.search.sampling import (
-    REPEAT_MARK,
     params_key,
     suggest,
 )
@@ -50,11 +49,11 @@ def run_one(ctx: SearchContext, trial: optuna.Trial, progress: Progress | None, 
     t0 = time.time()
     if earlier is not None and confirm_of is None and not is_baseline:
         m = Measurement(outcome=Outcome(earlier.outcome), value=earlier.value,
-                        reason=f"same configuration as trial {earlier.number}: {REPEAT_MARK} "
+                        reason=f"same configuration as trial {earlier.number}: not run again "
                                f"({earlier.outcome}{'' if earlier.reason == '' else ': ' + earlier.reason[:200]})")
-        repeated = True
+        repeat_of = earlier.number
     else:
-        repeated = False
+        repeat_of = None
         reason = ctx.target.check(params)
         if reason:
             m = Measurement.failed(Outcome.INVALID_CONFIG, reason)
@@ -66,14 +65,14 @@ def run_one(ctx: SearchContext, trial: optuna.Trial, progress: Progress | None, 
         m.reason = ("stopped when the search was interrupted" if ctx.stop.is_set()
                     else "stopped at the search's deadline") + f" after {time.time() - t0:.1f}s"
     m.duration_s = m.duration_s or (time.time() - t0)
-    return _record(ctx, trial, params, m, progress, is_baseline=is_baseline, repeated=repeated,
+    return _record(ctx, trial, params, m, progress, is_baseline=is_baseline, repeat_of=repeat_of,
                    cut_by_deadline=cut)
 
 
 def _run_isolated(ctx: SearchContext, trial: optuna.Trial, params: dict[str, Any], gpus: list[int] | None
                   ) -> Measurement:
     hard_end = ctx.deadline.trials_end
-    per_trial = ctx.options.trial_timeout_s or float(ctx.target.settings.get("trial_timeout_s", 0) or 0)
+    per_trial = ctx.options.trial_timeout_s or ctx.target.config.trial_timeout_s
     if per_trial <= 0:
         # the baseline is often the slowest configuration of all, and every ratio needs it: give it more room
         share = 0.5 if trial.user_attrs.get(BASELINE_ATTR) else 0.25
@@ -103,7 +102,7 @@ def _run_isolated(ctx: SearchContext, trial: optuna.Trial, params: dict[str, Any
 
 
 def _record(ctx: SearchContext, trial: optuna.Trial, params: dict[str, Any], m: Measurement,
-            progress: Progress | None, *, is_baseline: bool, repeated: bool, cut_by_deadline: bool = False
+            progress: Progress | None, *, is_baseline: bool, repeat_of: int | None, cut_by_deadline: bool = False
             ) -> TrialSummary:
     space = ctx.resolved.space
     constraints = _level_constraints(space, m)
@@ -121,16 +120,18 @@ def _record(ctx: SearchContext, trial: optuna.Trial, params: dict[str, Any], m: 
         set_constraints(trial, [1.0] * max(1, len(space.objective.constraints)))
         state, values = optuna.trial.TrialState.COMPLETE, penalty_value(ctx.direction)
     trial.set_user_attr("outcome", m.outcome.value)
-    if repeated:
-        trial.set_user_attr("repeat", True)
+    if repeat_of is not None:
+        trial.set_user_attr("repeat_of", repeat_of)
     value = m.value if m.outcome is Outcome.OK else None
     ctx.repo.finish_trial(ctx.run.id, trial.number, outcome=m.outcome.value, value=value, reason=m.reason,
-                          log_excerpt=m.log, metrics=m.metrics, duration_s=m.duration_s)
+                          log_excerpt=m.log, metrics=m.metrics, duration_s=m.duration_s,
+                          repeat_of=repeat_of)
     try:
         ctx.study.tell(trial, values, state=state)
     except Exception:  # noqa: BLE001 - e.g. a heartbeat already failed it; the tuner_ tables still hold the truth
         _logger.exception("could not tell Optuna about trial %d", trial.number)
-    summary = TrialSummary(trial.number, params, m.outcome.value, value, m.reason, m.duration_s, is_baseline)
+    summary = TrialSummary(trial.number, params, m.outcome.value, value, m.reason, m.duration_s, is_baseline,
+                           repeat_of)
     ctx.trials.append(summary)
     ctx.counts[summary.outcome] = ctx.counts.get(summary.outcome, 0) + 1
     ctx.seen.setdefault(params_key(params), summary)

@@ -5,10 +5,11 @@ from __future__ import annotations
 import abc
 import logging
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any, Callable, ClassVar
 
 from search_spaces import ResolvedSpace
 from tuner.measurement import Measurement
+from tuner.settings import CommonSettings
 
 _logger = logging.getLogger(__name__)
 
@@ -80,10 +81,16 @@ class Target(abc.ABC):
     pay an interpreter + torch + CUDA start each). The kernels target sets it (a config trial is ~0.1-3 s of compile
     and timing) unless its setting ``persistent_worker`` is false."""
 
+    Settings: ClassVar[type[CommonSettings]] = CommonSettings
+    """The typed settings this target accepts (its own model extends :class:`~tuner.settings.CommonSettings`)."""
+
     def __init__(self, resolved: ResolvedSpace, settings: dict[str, Any] | None = None) -> None:
         self.resolved = resolved
         self.space = resolved.space
         self.settings = {**self.space.settings, **(settings or {})}
+        """The settings as given (the space's, then ``--set``): what trial processes and the stored run get."""
+        self.config = self.Settings.parse(self.settings, owner=f"target `{self.name}`")
+        """The same, typed and with every default filled in: what the target reads."""
 
     def preflight(self) -> PreflightReport:
         report = PreflightReport(target=self.name)
@@ -114,6 +121,17 @@ class Target(abc.ABC):
     def launch_spec(self, params: dict[str, Any]) -> LaunchSpec:
         """The command that deploys (or re-measures) ``params`` outside the tuner; used by the export."""
 
+    # -- optional hooks: each does nothing unless a target overrides it ---------------------------------------
     def kernel_config_dirs(self) -> list[str]:
         """Directories of tuned kernel configs this target's launch uses (copied beside the launch script)."""
         return []
+
+    def kernel_shapes(self) -> list[tuple[str, dict[str, int]]]:
+        """The ``(kernel, shape)`` cases this space's configurations run, for a kernel phase before the first trial
+        (``--set kernel_phase=true``); none by default."""
+        return []
+
+    def use_kernel_configs(self, config_dir: str) -> dict[str, Any]:
+        """Settings that make later trials (and the export) use the configs a kernel phase wrote to
+        ``config_dir``; none by default."""
+        return {}

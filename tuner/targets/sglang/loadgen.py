@@ -103,7 +103,8 @@ class LoadConfig:
     def from_settings(cls, settings: dict[str, Any]) -> LoadConfig:
         kw = {k: settings[k] for k in ("api", "prompt_len", "output_len", "length_jitter", "dataset",
                                        "requests_per_level", "rounds", "min_requests", "warmup_requests",
-                                       "request_timeout_s", "ignore_eos", "seed", "extra_body") if k in settings}
+                                       "request_timeout_s", "ignore_eos", "seed", "extra_body")
+              if settings.get(k) is not None}
         kw["model"] = str(settings.get("served_model_name") or settings.get("model") or "default")
         cfg = cls(**kw)
         if cfg.api not in ("completions", "chat"):

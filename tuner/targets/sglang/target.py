@@ -55,6 +55,7 @@ from tuner.targets.sglang import flags as fl
 from tuner.targets.sglang import loadgen
 from tuner.targets.sglang.failed import FailedFlags, flag_set_key
 from tuner.targets.sglang.launch import ServerProcess, parse_port_range, pick_free_port
+from tuner.targets.sglang.settings import ServerSettings
 
 _logger = logging.getLogger(__name__)
 
@@ -70,25 +71,27 @@ def constraint_name(lc: LevelConstraint) -> str:
 class CommandTarget(Target):
     name = "command"
     gpus_per_trial = 0
+    Settings = ServerSettings
+    config: ServerSettings
 
     def __init__(self, resolved, settings: dict[str, Any] | None = None) -> None:
         super().__init__(resolved, settings)
         self._flags: fl.ServerFlags | None = None
-        self.failed = FailedFlags(Path(str(self.settings.get("state_dir", "~/.cache/tuner"))).expanduser()
+        self.failed = FailedFlags(Path(self.config.state_dir).expanduser()
                                   / "failed_flags.json")
 
     # -- the command ----------------------------------------------------------------------------------------
     @property
     def model(self) -> str:
-        return str(self.settings.get("model", ""))
+        return self.config.model
 
     @property
     def host(self) -> str:
-        return str(self.settings.get("host", "127.0.0.1"))
+        return self.config.host
 
     def base_command(self, port: int | str) -> list[str]:
-        cmd = self.settings.get("command")
-        if not isinstance(cmd, list) or not cmd:
+        cmd = self.config.command
+        if not cmd:
             raise TargetError("target `command` needs settings `command`: an argv list such as "
                               "[python, server.py, --port, '{port}'] (never one shell string)")
         subs = {"{port}": str(port), "{model}": self.model, "{host}": self.host}
@@ -101,13 +104,13 @@ class CommandTarget(Target):
         return out
 
     def help_command(self) -> list[str]:
-        cmd = self.settings.get("help_command")
+        cmd = self.config.help_command
         if cmd is not None:
             return [str(a) for a in cmd]
         return self.base_command(0) + ["--help"]
 
     def server_argv(self, args: list[str], port: int | str) -> list[str]:
-        return self.base_command(port) + [str(a) for a in self.settings.get("extra_args") or []] + args
+        return self.base_command(port) + list(self.config.extra_args) + args
 
     def flag_params(self) -> list[Param]:
         return [p for p in self.space.params if p.flag]
@@ -118,15 +121,15 @@ class CommandTarget(Target):
         return fl.params_to_args(self.space.params, merged)
 
     def launch_env(self, param_env: dict[str, str]) -> dict[str, str]:
-        env = {str(k): str(v) for k, v in (self.settings.get("env") or {}).items()}
+        env = dict(self.config.env)
         for key, var in DIR_ENVS.items():
-            if self.settings.get(key):
-                env[var] = str(Path(str(self.settings[key])).expanduser())
+            if getattr(self.config, key):
+                env[var] = str(Path(getattr(self.config, key)).expanduser())
         env.update(param_env)
         return env
 
     def flag_key(self, args: list[str], env: dict[str, str]) -> str:
-        return flag_set_key(self.base_command("PORT"), list(self.settings.get("extra_args") or []) + args, env)
+        return flag_set_key(self.base_command("PORT"), list(self.config.extra_args) + args, env)
 
     # -- flags of the installed server ------------------------------------------------------------------------
     def load_flags(self, checks: list[tuple[str, list[Any]]]) -> fl.ServerFlags | None:
@@ -174,12 +177,12 @@ class CommandTarget(Target):
 
     @property
     def allow_retry(self) -> bool:
-        return bool(self.settings.get("allow_retry", False))
+        return self.config.allow_retry
 
     def _check_flags(self, flags: fl.ServerFlags, report: PreflightReport) -> None:
         where = f"server {flags.version}" if flags.version else "the server"
         checked: list[tuple[str, str, Param | None]] = [(p.flag, f"param `{p.name}`", p) for p in self.flag_params()]
-        extra = fl.args_to_dict([str(a) for a in self.settings.get("extra_args") or []])
+        extra = fl.args_to_dict(list(self.config.extra_args))
         checked += [(name, "settings `extra_args`", None) for name in extra]
         if any(p.type == "buckets" and "none" in str(p.values) for p in self.flag_params()):
             checked.append(("--disable-decode-cuda-graph", "bucket density `none`", None))
@@ -226,11 +229,11 @@ class CommandTarget(Target):
 
     def _rule_ctx(self) -> dict[str, Any]:
         return {"gpu_count": self.resolved.hardware.gpu_count, "server_flags": self._flags,
-                "torch_compile_supported": self.settings.get("torch_compile_supported")}
+                "torch_compile_supported": self.config.torch_compile_supported}
 
     def _report_rules(self, report: PreflightReport) -> None:
         used = {p.flag for p in self.flag_params()} | set(fl.args_to_dict(
-            [str(a) for a in self.settings.get("extra_args") or []]))
+            list(self.config.extra_args)))
         for rule in fl.RULES:
             if used & set(rule.flags):
                 report.rules.append(f"rule `{rule.name}` ({'refuses' if rule.refuse else 'warns'}): "
@@ -241,7 +244,7 @@ class CommandTarget(Target):
             (report.errors if hit.refuse else report.rules).append(line)
 
     def _all_args(self, args: list[str]) -> list[str]:
-        return [str(a) for a in self.settings.get("extra_args") or []] + args
+        return list(self.config.extra_args) + args
 
     # -- before each trial ------------------------------------------------------------------------------------
     def check(self, params: dict[str, Any]) -> str | None:
@@ -264,24 +267,24 @@ class CommandTarget(Target):
         d = fl.args_to_dict(args)
         tp = d.get("--tp-size") or d.get("--tensor-parallel-size")
         try:
-            return int(tp[0]) if tp else int(self.settings.get("gpus", self.gpus_per_trial))
+            return int(tp[0]) if tp else (self.config.gpus if self.config.gpus is not None else self.gpus_per_trial)
         except (TypeError, ValueError):
             return self.gpus_per_trial
 
     # -- export -----------------------------------------------------------------------------------------------
     def launch_spec(self, params: dict[str, Any]) -> LaunchSpec:
         args, env = self.flag_args(params)
-        argv = self.server_argv(args, int(self.settings.get("port", 30000)))
+        argv = self.server_argv(args, self.config.port)
         return LaunchSpec(argv=argv, env=self.launch_env(env),
                           description=f"{self.name} server with {len(args)} tuned flag arguments")
 
     def kernel_config_dirs(self) -> list[str]:
-        return [str(Path(str(self.settings[k])).expanduser()) for k in DIR_ENVS if self.settings.get(k)]
+        return [str(Path(getattr(self.config, k)).expanduser()) for k in DIR_ENVS if getattr(self.config, k)]
 
     # -- one trial --------------------------------------------------------------------------------------------
     def objective(self) -> Objective:
         obj = self.space.objective
-        levels = self.settings.get("levels")
+        levels = self.config.levels
         if levels:
             levels = tuple(int(c) for c in levels)
             level = obj.level if obj.level in levels else None
@@ -293,16 +296,16 @@ class CommandTarget(Target):
         args, param_env = self.flag_args(params)
         env = self.launch_env(param_env)
         key = self.flag_key(args, env)
-        low, high = parse_port_range(self.settings.get("port_range", "30000-30999"))
+        low, high = parse_port_range(self.config.port_range)
         port = pick_free_port(low, high, self.host)
         argv = self.server_argv(args, port)
         cfg = loadgen.LoadConfig.from_settings(self.settings)
-        reserve = min(float(self.settings.get("teardown_reserve_s", 15.0)), 0.2 * max(0.0, deadline - t0))
+        reserve = min(self.config.teardown_reserve_s, 0.2 * max(0.0, deadline - t0))
         work_deadline = deadline - reserve
         server = ServerProcess(argv, env=env, port=port, host=self.host,
-                               health_paths=tuple(self.settings.get("health_paths") or ("/health", "/v1/models")),
-                               ready_patterns=tuple(self.settings.get("ready_patterns") or ("The server is fired up",)),
-                               fatal_grace_s=float(self.settings.get("fatal_grace_s", 2.0)))
+                               health_paths=tuple(self.config.health_paths),
+                               ready_patterns=tuple(self.config.ready_patterns),
+                               fatal_grace_s=self.config.fatal_grace_s)
         restore = _kill_server_on_sigterm(server)
         try:
             m = self._run(server, cfg, t0, work_deadline, report)
@@ -321,7 +324,7 @@ class CommandTarget(Target):
 
     def _run(self, server: ServerProcess, cfg: loadgen.LoadConfig, t0: float, deadline: float,
              report: Reporter | None) -> Measurement:
-        ready_deadline = min(deadline, t0 + float(self.settings.get("ready_timeout_s", 1800.0)))
+        ready_deadline = min(deadline, t0 + self.config.ready_timeout_s)
         failure = server.wait_ready(ready_deadline)
         if failure is not None:
             return Measurement.failed(failure.outcome, failure.reason)
@@ -387,7 +390,7 @@ class SGLangTarget(CommandTarget):
 
     @property
     def python(self) -> str:
-        return str(self.settings.get("python") or sys.executable)
+        return self.config.python or sys.executable
 
     def base_command(self, port: int | str) -> list[str]:
         if not self.model:
@@ -400,7 +403,7 @@ class SGLangTarget(CommandTarget):
         return [self.python, "-m", "sglang.launch_server", "--help"]
 
     def load_flags(self, checks: list[tuple[str, list[Any]]]) -> fl.ServerFlags | None:
-        parser = str(self.settings.get("parser", fl.SGLANG_PARSER))
+        parser = self.config.parser or fl.SGLANG_PARSER
         try:
             return fl.introspect_parser(self.python, parser, checks)
         except fl.FlagsUnavailable as exc:
@@ -408,7 +411,7 @@ class SGLangTarget(CommandTarget):
             return fl.help_flags(self.help_command())
 
     def flag_key(self, args: list[str], env: dict[str, str]) -> str:
-        return flag_set_key([self.python, "sglang", self.model], list(self.settings.get("extra_args") or []) + args,
+        return flag_set_key([self.python, "sglang", self.model], list(self.config.extra_args) + args,
                             env)
 
     # -- the kernel phase: SGLang's own fused-MoE kernel at the shapes this space's launches run ------------------
@@ -422,7 +425,7 @@ class SGLangTarget(CommandTarget):
                     return [int(self.resolved.fixed[p.name])]
                 if p.name in searched:  # a dropped one (its requirement fails here) is never passed
                     return sorted({int(v) for v in p.choices() if str(v).isdigit()}) or [default]
-        extra = [str(a) for a in self.settings.get("extra_args") or []]
+        extra = list(self.config.extra_args)
         for i, a in enumerate(extra):
             name, _, value = a.partition("=")
             if name in flags:
@@ -438,7 +441,7 @@ class SGLangTarget(CommandTarget):
         objective level, and as padded to each CUDA-graph bucket it can take) and per tensor/expert-parallel split
         of the routed experts (``E = experts / ep``, ``N = width / (tp / ep)``). Needs setting ``moe``
         (``{hidden, width, experts, topk}``); without it there is nothing to tune."""
-        moe = self.settings.get("moe")
+        moe = self.config.moe
         if not moe:
             return []
         try:
@@ -463,7 +466,7 @@ class SGLangTarget(CommandTarget):
         from kernels.plugins.sglang_moe import SGLANG_MOE_SUBDIR
 
         moe_dir = Path(config_dir) / SGLANG_MOE_SUBDIR
-        if self.settings.get("moe_config_dir") or not moe_dir.is_dir():
+        if self.config.moe_config_dir or not moe_dir.is_dir():
             return {}
         _logger.info("trials launch SGLang with SGLANG_MOE_CONFIG_DIR=%s", moe_dir)
         return {"moe_config_dir": str(moe_dir)}

@@ -8,7 +8,10 @@ from typing import Any
 
 from search_spaces import ResolvedSpace
 from tuner.errors import KnobError
+from pydantic import Field
+
 from tuner.measurement import Measurement, Outcome
+from tuner.settings import CommonSettings
 from tuner.targets.base import LaunchSpec, PreflightReport, Reporter, Target
 from tuner.targets.workload.model import DEFAULT_KNOBS
 from tuner.targets.workload.presets import get_preset
@@ -16,14 +19,29 @@ from tuner.targets.workload.presets import get_preset
 _logger = logging.getLogger(__name__)
 
 
+class WorkloadSettings(CommonSettings):
+    """Settings of the built-in workload."""
+
+    preset: str | None = None
+    """Model dimensions (``dsv4-flash``, ``dsv4-flash-tiny``); default: the space's ``preset``."""
+    live_context: int = Field(512, ge=1)
+    """Tokens each request holds when a step is timed (the context cap bounds what the step may allocate)."""
+    warmup: int = Field(2, ge=0)
+    """Untimed steps before timing, per level."""
+    repeats: int = Field(5, ge=1)
+    """Timed steps per level (the median is kept)."""
+
+
 class WorkloadTarget(Target):
     """A DeepSeek-V4-Flash-shaped decode step (``tuner.targets.workload.model``) measured at each concurrency level."""
 
     name = "workload"
+    Settings = WorkloadSettings
+    config: WorkloadSettings
 
     def __init__(self, resolved: ResolvedSpace, settings: dict[str, Any] | None = None) -> None:
         super().__init__(resolved, settings)
-        self.preset = get_preset(str(self.settings.get("preset", self.space.preset)))
+        self.preset = get_preset(self.config.preset or self.space.preset)
         self.gpus_per_trial = 1 if resolved.hardware.gpu_count else 0
 
     def preflight(self) -> PreflightReport:
@@ -34,7 +52,7 @@ class WorkloadTarget(Target):
             "device": hw.gpu_name if hw.gpu_count else "cpu (no CUDA GPU: Triton kernels and CUDA graphs inactive)",
             "levels": list(self.space.objective.levels),
             "objective": self.space.objective.describe(),
-            "live_context": self.settings.get("live_context", 512),
+            "live_context": self.config.live_context,
         })
         for p in self.space.params:
             if not (p.flag or p.kernel or p.env) and p.name not in DEFAULT_KNOBS and p.name != "cuda_graph_buckets":
@@ -62,7 +80,7 @@ class WorkloadTarget(Target):
         except ImportError:  # no Triton here: the trial itself will say so
             return None
         kernel, p = SparseDecodeKernel.instance, self.preset
-        live = int(self.settings.get("live_context", 512))
+        live = self.config.live_context
         rows = {"window": p.window, "hca": -(-live // p.hca_ratio) + p.window, "csa": p.index_topk + p.window}
         for c in self.space.objective.levels:
             for kind, topk in rows.items():
@@ -85,16 +103,16 @@ class WorkloadTarget(Target):
             if p.kernel and p.name in params:
                 knobs[p.kernel] = params[p.name]
         try:
-            model = DecodeModel(self.preset, knobs, device, seed=int(self.settings.get("seed", 0)))
+            model = DecodeModel(self.preset, knobs, device, seed=self.config.seed)
         except KnobError as exc:
             return Measurement.failed(Outcome.INVALID_CONFIG, str(exc))
         obj = self.space.objective
         try:
             res = measure(
                 model, list(obj.levels),
-                live_context=int(self.settings.get("live_context", 512)),
-                warmup=int(self.settings.get("warmup", 2)),
-                repeats=int(self.settings.get("repeats", 5)),
+                live_context=self.config.live_context,
+                warmup=self.config.warmup,
+                repeats=self.config.repeats,
                 buckets=params.get("cuda_graph_buckets"),
                 deadline=deadline,
                 report=report,
@@ -113,7 +131,7 @@ class WorkloadTarget(Target):
         """The kernel shapes this space's configurations produce: every concurrency level (as the batch, and as
         padded to each bucket size it can take) for the MMA attention and the fused MoE, and the indexer at every
         context cap."""
-        p, live = self.preset, int(self.settings.get("live_context", 512))
+        p, live = self.preset, self.config.live_context
         from search_spaces.buckets import level_batches
 
         order = level_batches(self.space)  # the measured levels' own batches before the bucket paddings
@@ -137,14 +155,14 @@ class WorkloadTarget(Target):
     def kernel_config_dirs(self) -> list[str]:
         import os
 
-        d = self.settings.get("kernel_config_dir") or os.environ.get("TUNER_KERNEL_CONFIG_DIR")
+        d = self.config.kernel_config_dir or os.environ.get("TUNER_KERNEL_CONFIG_DIR")
         return [str(d)] if d else []
 
     def launch_spec(self, params: dict[str, Any]) -> LaunchSpec:
         argv = [sys.executable, "-m", "tuner.targets.workload.run", "--preset", self.preset.name,
                 "--levels", ",".join(map(str, self.space.objective.levels)),
-                "--live-context", str(self.settings.get("live_context", 512)),
-                "--repeats", str(self.settings.get("repeats", 5))]
+                "--live-context", str(self.config.live_context),
+                "--repeats", str(self.config.repeats)]
         for k, v in params.items():
             argv += ["--knob", f"{k}={v}"]
         return LaunchSpec(argv=argv, description="re-measure the best decode configuration of the built-in workload")
