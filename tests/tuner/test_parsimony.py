@@ -13,13 +13,13 @@ def test_within_noise_the_configuration_with_fewer_changes_is_preferred():
     choice = prefer_parsimonious([simple, best, Candidate(5, {"a": 2, "b": 2, "c": 1}, 99.0)], D, 0.02)
     assert choice.chosen is simple and choice.best is best and choice.switched
     assert (choice.changes, choice.best_changes) == (1, 3)
-    assert "preferred 3 (1 change(s)" in choice.reason() and "best 7 (3 changes)" in choice.reason()
+    assert "preferred trial 3 (1 change(s)" in choice.reason() and "best trial 7 (3 changes)" in choice.reason()
 
 
 def test_outside_noise_the_best_stays_even_with_more_changes():
     best = Candidate(7, {"a": 2, "b": 2, "c": 2}, 100.0)
     choice = prefer_parsimonious([best, Candidate(3, {"a": 2, "b": 1, "c": 1}, 95.0)], D, 0.02)
-    assert choice.chosen is best and not choice.switched and "none of the 0 other" in choice.reason()
+    assert choice.chosen is best and not choice.switched and "no other configuration" in choice.reason()
 
 
 def test_ties_in_changes_go_to_the_better_value_and_minimize_flips_the_window():

@@ -22,6 +22,7 @@ import yaml
 from storage import Repo
 from tuner import __version__
 from tuner.errors import ExportError
+from tuner.export.sglang_command import REMEASURE_NAME
 from tuner.targets.base import LaunchSpec, Target
 
 _logger = logging.getLogger(__name__)
@@ -79,15 +80,18 @@ def render_script(spec: LaunchSpec, *, header: list[str], recorded: dict[str, An
     return "\n".join(lines) + "\n"
 
 
-def export_run(repo: Repo, study: str, out_dir: str | os.PathLike, *, target: Target) -> Path:
+def export_run(repo: Repo, study: str, out_dir: str | os.PathLike, *, target: Target, parsimony=None) -> Path:
     """Write ``out_dir/<study>/`` for the run's recorded best (launch script, params YAML, kernel configs); store
-    them as artifacts too."""
+    them as artifacts too. ``parsimony`` (a ``tuner.search.parsimony.ParsimonyChoice``, made by the caller) says
+    which trial to prefer and why: its choice is exported and its reason written in the header."""
     run = repo.get_run(study)
     if run is None:
         raise ExportError(f"no study {study!r} in this storage; `tuner status` lists the studies")
     best_trial = repo.get_trial(run.id, run.best_trial_number) if run.best_trial_number is not None else None
     if best_trial is None:
         raise ExportError(f"study {study!r} has no successful trial yet; nothing to export")
+    if parsimony is not None and parsimony.switched:
+        best_trial = repo.get_trial(run.id, parsimony.chosen.key)
     best_params = best_trial.params
     baseline = repo.baseline_trial(run.id)
     spec = target.launch_spec(best_params)
@@ -118,6 +122,8 @@ def export_run(repo: Repo, study: str, out_dir: str | os.PathLike, *, target: Ta
         + " ".join(shlex.quote(str(a)) for a in (spec.remeasure_argv or spec.argv)) + ")",
         "best parameters: " + ", ".join(f"{k}={v}" for k, v in best_params.items()),
     ]
+    if parsimony is not None:
+        header.append("parsimony: " + parsimony.reason())
     recorded = _recorded(run, best_trial, best_levels)
     dest_root = Path(out_dir)
     try:
@@ -139,6 +145,10 @@ def export_run(repo: Repo, study: str, out_dir: str | os.PathLike, *, target: Ta
         if has_moe:
             shutil.copytree(moe_src, tmp / MOE_DIR / "configs")
         script = render_script(spec, header=header, recorded=recorded, kernel_dir=bool(kdirs), moe_dir=has_moe)
+        if run.target == "workload":  # the twin: launch.sh is SGLang's command, the twin's re-run sits beside it
+            (tmp / REMEASURE_NAME).write_text(script)
+            os.chmod(tmp / REMEASURE_NAME, 0o755)
+            script = _workload_command(repo, run, best_trial, baseline, recorded, parsimony, kdirs, tmp)
         (tmp / SCRIPT_NAME).write_text(script)
         os.chmod(tmp / SCRIPT_NAME, 0o755)
         params_doc = {"study": run.study_name, "target": run.target, "objective": run.objective,
@@ -155,6 +165,8 @@ def export_run(repo: Repo, study: str, out_dir: str | os.PathLike, *, target: Ta
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     items = [("launch_script", SCRIPT_NAME, str(dest / SCRIPT_NAME), (dest / SCRIPT_NAME).read_bytes()),
+             *([("remeasure_script", REMEASURE_NAME, str(dest / REMEASURE_NAME), (dest / REMEASURE_NAME).read_bytes())]
+               if (dest / REMEASURE_NAME).exists() else []),
              ("best_params", PARAMS_NAME, str(dest / PARAMS_NAME), (dest / PARAMS_NAME).read_bytes())]
     for f in sorted((dest / KERNEL_DIR).glob("*.json")) if (dest / KERNEL_DIR).is_dir() else []:
         items.append(("kernel_config", f"{KERNEL_DIR}/{f.name}", str(f), f.read_bytes()))
@@ -163,6 +175,48 @@ def export_run(repo: Repo, study: str, out_dir: str | os.PathLike, *, target: Ta
     repo.add_artifacts(run.id, items)
     _logger.info("exported study %s to %s", run.study_name, dest)
     return dest
+
+
+def _workload_command(repo: Repo, run, trial, baseline, recorded: dict[str, Any], parsimony, kdirs: list[Path],
+                      tmp: Path) -> str:
+    """launch.sh of a workload study: the SGLang command of ``trial``'s configuration (see
+    :mod:`tuner.export.sglang_command`), with the twin's figures and ``tuner verify``'s record pointing at
+    remeasure.sh."""
+    from search_spaces import load_space_text
+    from tuner.export import sglang_command as sc
+
+    space = load_space_text(run.space_yaml, source=run.space_name)
+    launch = sc.server_launch(space, trial.params)
+    argv = sc.sglang_argv(space, trial.params, launch)
+    moe = sc.copy_sglang_moe_configs(kdirs, tmp / MOE_DIR)
+    best_levels, base_levels = _level_values(trial), _level_values(baseline)
+    err = {m.level: m.value for m in trial.measurements if m.metric == "numerics_rel_err"}
+    header = [
+        f"SGLang launch command exported by tuner {__version__} on {datetime.now(timezone.utc):%Y-%m-%d %H:%M} UTC",
+        f"from twin study {run.study_name!r} (workload target, space {run.space_name}), trial {trial.number}",
+        "",
+        sc.PREDICTED,
+        "what the twin measured (its decode step on random weights; tok/s, x the twin's default configuration):",
+    ]
+    for lvl in sorted(best_levels, key=lambda s: int(s.split("=")[1]) if s.startswith("c=") else 0):
+        b = base_levels.get(lvl)
+        ratio = f"{best_levels[lvl] / b:.2f}x {b:.1f}" if b else "no baseline"
+        header.append(f"  {lvl:>6}: {best_levels[lvl]:.1f} ({ratio})")
+    if err:
+        header.append("  output vs the default configuration's (relative norm error): "
+                      + ", ".join(f"{v:.2g}" for v in err.values()))
+    if parsimony is not None:
+        header.append("parsimony: " + parsimony.reason())
+    header += ["", "knobs carried over (twin knob=value -> SGLang):", *sc.carried_lines(launch)]
+    header += ["knobs with no SGLang flag (this command cannot set them):"]
+    header += sc.flagless_lines(launch, space.defaults(), sc.read_ablation(repo, run.id)) or ["  none"]
+    header += ["",
+               f"the twin's own re-measure: bash {sc.REMEASURE_NAME} (or: tuner verify {sc.REMEASURE_NAME}); "
+               "tuner verify launch.sh runs it too",
+               "random weights as the twin: add --load-format dummy; MODEL=path-or-id PORT=n bash launch.sh [flags]"]
+    rec = dict(recorded, remeasure=sc.REMEASURE_NAME)
+    return sc.render_command(argv, header=header, env=launch.env, moe_dir=MOE_DIR if moe else None,
+                             record_line=RECORD_MARK + json.dumps(rec, sort_keys=True))
 
 
 def _recorded(run, best_trial, best_levels: dict[str, float]) -> dict[str, Any]:

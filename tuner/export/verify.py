@@ -141,6 +141,11 @@ def _verify_workload(path: Path, rec: dict[str, Any], tolerance: float, timeout_
     res = VerifyResult(False, Outcome.CRASH, rec.get("metric", "tok_s"), None, rec.get("value"),
                        recorded_by_level=recorded, tolerance=tolerance)
     t0 = time.time()
+    if rec.get("remeasure"):  # a twin's launch.sh is SGLang's command: its re-measure script sits beside it
+        path = path.parent / str(rec["remeasure"])
+        if not path.is_file():
+            res.reason = f"{path} is missing: launch.sh names it as the twin's re-measure script; re-export"
+            return res
     try:
         out = subprocess.run(["bash", str(path.resolve()), "--json"], capture_output=True, text=True,
                              timeout=timeout_s)

@@ -30,6 +30,7 @@ from tuner.search.context import (
 from tuner.search.kernel_search import is_kernel_plan, kernel_phase, run_kernel_search
 from tuner.search.loop import sequential_loop
 from tuner.search.parallel import run_parallel
+from tuner.search.parsimony import parsimony_for_run
 
 _logger = logging.getLogger(__name__)
 
@@ -69,7 +70,8 @@ def run_search(options: SearchOptions, progress: Progress | None = None) -> Sear
         ctx.repo.set_best(ctx.run.id, best.number, best.value)
     if options.export and best is not None:
         try:
-            export_dir = str(export_run(ctx.repo, ctx.run.study_name, options.out_dir, target=ctx.target))
+            export_dir = str(export_run(ctx.repo, ctx.run.study_name, options.out_dir, target=ctx.target,
+                                        parsimony=parsimony_for_run(ctx.repo, ctx.repo.get_run(ctx.run.study_name))))
         except Exception as exc:  # noqa: BLE001 - the trials are stored; say what failed
             _logger.error("export failed: %s", exc)
             if progress:

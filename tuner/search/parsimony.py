@@ -12,6 +12,9 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+NOISE_CAP = 0.10
+"""A study's noise estimate is capped here: a noisier measurement must not make a much slower configuration win."""
+
 
 @dataclass(frozen=True)
 class Candidate:
@@ -40,12 +43,20 @@ class ParsimonyChoice:
     def reason(self) -> str:
         """One line saying what was preferred and why (or that the best is also the simplest)."""
         if not self.switched:
-            return (f"the best ({self.best.key}) has {self.best_changes} change(s) from the defaults; none of the "
-                    f"{len(self.within) - 1} other configuration(s) within the noise ({self.noise:.1%}) has fewer")
+            others = len(self.within) - 1
+            if not others:
+                return (f"no other configuration is within the measured noise ({self.noise:.1%}) of the best "
+                        f"({_name(self.best)}, {self.best_changes} change(s) from the defaults)")
+            return (f"the best ({_name(self.best)}) has {self.best_changes} change(s) from the defaults; none of the "
+                    f"{others} other configuration(s) within the measured noise ({self.noise:.1%}) has fewer")
         gap = abs(self.chosen.value / self.best.value - 1) if self.best.value else 0.0
-        return (f"preferred {self.chosen.key} ({self.changes} change(s) from the defaults) over the best "
-                f"{self.best.key} ({self.best_changes} changes): {gap:.1%} apart, within the measured noise "
+        return (f"preferred {_name(self.chosen)} ({self.changes} change(s) from the defaults) over the best "
+                f"{_name(self.best)} ({self.best_changes} changes): {gap:.1%} apart, within the measured noise "
                 f"{self.noise:.1%}")
+
+
+def _name(c: Candidate) -> str:
+    return f"trial {c.key}" if isinstance(c.key, int) else str(c.key)
 
 
 def changes_from(params: Mapping[str, Any], defaults: Mapping[str, Any]) -> int:
@@ -73,3 +84,28 @@ def prefer_parsimonious(candidates: Sequence[Candidate], defaults: Mapping[str, 
     chosen = min(within, key=lambda c: (changes_from(c.params, defaults), -sign * c.value))
     return ParsimonyChoice(chosen=chosen, best=best, changes=changes_from(chosen.params, defaults),
                            best_changes=changes_from(best.params, defaults), within=tuple(within), noise=float(noise))
+
+
+def parsimony_for_run(repo, run) -> ParsimonyChoice | None:
+    """Among the study's successful trials within the best's measured noise, the one with the fewest changes from
+    the defaults (:func:`prefer_parsimonious`); ``None`` when it cannot be judged. The noise is
+    the best trial's own: the median over levels of its step times' interquartile spread relative to the step, at most
+    :data:`NOISE_CAP`."""
+    from search_spaces import SpaceError, load_space_text
+
+    try:
+        space = load_space_text(run.space_yaml, source=run.space_name) if run.space_yaml else None
+    except SpaceError:
+        space = None
+    best_trial = repo.get_trial(run.id, run.best_trial_number) if run.best_trial_number is not None else None
+    if space is None or best_trial is None:
+        return None
+    spreads = {m.level: m.value for m in best_trial.measurements if m.metric == "step_spread_ms"}
+    steps = {m.level: m.value for m in best_trial.measurements if m.metric == "step_ms" and m.value}
+    rel = sorted(spreads[lv] / steps[lv] for lv in steps if lv in spreads)
+    noise = min(NOISE_CAP, rel[len(rel) // 2]) if rel else 0.0
+    trials = [t for t in repo.list_trials(run.id, outcome="ok") if t.value is not None and t.repeat_of is None]
+    if not trials:
+        return None
+    return prefer_parsimonious([Candidate(t.number, t.params, t.value) for t in trials], space.defaults(), noise,
+                               maximize=run.direction != "minimize")
