@@ -209,15 +209,18 @@ def status(storage: StorageOpt = "sqlite:///tuner.db", study: StudyOpt = None,
     counts = repo.outcome_counts(run.id)
     console.print(f"study {run.study_name}: {run.state}, target {run.target}, objective {run.objective}; "
                   + ", ".join(f"{k} {v}" for k, v in sorted(counts.items())))
-    table = Table("#", "outcome", "value", "x base", "s", "params / reason")
-    for t in repo.list_trials(run.id):
+    trials = repo.list_trials(run.id, with_measurements=True)
+    num = {t.number: m.value for t in trials for m in t.measurements if m.metric == "numerics_rel_err"}
+    table = Table("#", "outcome", "value", "x base", "s", *(["num. err"] if num else []), "params / reason")
+    for t in trials:
         ratio = f"{t.value / run.baseline_value:.2f}" if t.value and run.baseline_value else ""
         detail = ", ".join(f"{k}={v}" for k, v in t.params.items())
         if t.outcome not in ("ok", None) and t.reason:
             detail += f" — {t.reason[:100]}"
         table.add_row(str(t.number) + (" b" if t.is_baseline else ""), t.outcome or t.state,
                       f"{t.value:.2f}" if t.value is not None else "", ratio,
-                      f"{t.duration_s:.1f}" if t.duration_s else "", detail)
+                      f"{t.duration_s:.1f}" if t.duration_s else "",
+                      *([f"{num[t.number]:.2g}" if t.number in num else ""] if num else []), detail)
     console.print(table)
 
 
@@ -241,6 +244,11 @@ def best(storage: StorageOpt = "sqlite:///tuner.db", study: StudyOpt = None,
                   + (f" = {doc['speedup']:.2f}x baseline ({run.baseline_value:.2f})" if doc["speedup"] else ""))
     for k, v in t.params.items():
         console.print(f"  {k} = {v}", highlight=False)
+    err = doc["metrics"].get("numerics_rel_err")
+    if err is not None:
+        console.print(f"numerics: output differs from the baseline configuration's by {err:.3g} (relative norm "
+                      f"error; tolerance {doc['metrics'].get('numerics_tolerance', float('nan')):.3g})",
+                      highlight=False)
 
 
 @app.command()
@@ -258,7 +266,9 @@ def export(storage: StorageOpt = "sqlite:///tuner.db", study: StudyOpt = None,
 
     space = load_space_text(run.space_yaml, source=run.settings.get("space_path", run.space_name))
     target = get_target_class(run.target)(resolve(space, detect_hardware()), target_settings(run.settings))
-    dest = export_run(repo, run.study_name, out, target=target)
+    from tuner.search.parsimony import parsimony_for_run
+
+    dest = export_run(repo, run.study_name, out, target=target, parsimony=parsimony_for_run(repo, run))
     console.print(f"exported study {run.study_name} to {dest}")
     console.print(f"launch script: {dest / 'launch.sh'}")
 

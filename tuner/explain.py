@@ -51,6 +51,10 @@ class Explanation:
     "best", "other", "trial", "ratio"}``, ``ratio`` = the best's objective over that trial's (inverse when minimized):
     > 1 when the best's value wins. No re-run: the search's own timings."""
 
+    numerics: dict[str, Any] = field(default_factory=dict)
+    """The numerics gate's errors (workload): ``{"best": err, "tolerance": tol, "rows": [{"param", "value",
+    "trials", "max_err"}], "wrong": [{"trial", "params", "err"}]}``, errors relative to the baseline's output."""
+
     def markdown(self) -> str:
         out = [f"# Why the best configuration of `{self.study}` won", ""]
         changed = {k: (self.baseline_params.get(k), v) for k, v in self.best_params.items()
@@ -106,8 +110,30 @@ class Explanation:
             out += _ratio_table("What each change is worth: the best with one parameter put back to its baseline "
                                 "value", "best → baseline value", "x slower", self.ablation, "loss",
                                 sorted(self.best_by_level), reverse=True)
+        out += self._numerics_lines()
         out += [f"- {n}" for n in self.notes]
         return "\n".join(out) + "\n"
+
+    def _numerics_lines(self) -> list[str]:
+        n = self.numerics
+        if not n:
+            return []
+        out = ["## Numerics: each step's output against the baseline configuration's (relative norm error)", ""]
+        if n.get("best") is not None:
+            tol = n.get("tolerance")
+            out += [f"The best's output differs from the baseline's by {n['best']:.3g}"
+                    + (f" (tolerance {tol:.3g})." if tol is not None else "."), ""]
+        if n.get("rows"):
+            out += ["Largest error among the successful trials, per parameter value:", "",
+                    "| parameter | value | trials | max rel. error |", "| --- | --- | --- | --- |"]
+            out += [f"| {r['param']} | {r['value']} | {r['trials']} | {r['max_err']:.3g} |" for r in n["rows"]]
+            out.append("")
+        for w in n.get("wrong", []):
+            out.append(f"- trial {w['trial']} was wrong_result (error {w['err']:.3g}): "
+                       + ", ".join(f"{k}={v}" for k, v in w["params"].items()))
+        if n.get("wrong"):
+            out.append("")
+        return out
 
     def _in_short(self) -> list[str]:
         """The report's answer first: per level, the largest change alone and the costliest to undo (measured by
@@ -119,8 +145,9 @@ class Explanation:
             stages = (self.profiles.get(name) or {}).get("stages") or []
             if stages:
                 top = stages[0]
+                prof = self.profiles[name]
                 steps.append(f"the {name}'s step spends {100 * top['share']:.1f}% in the {top['stage']} stage "
-                             f"({self.profiles[name]['total_us'] / 1e3:.2f} ms at batch {self.profiles[name]['batch']})")
+                             f"({prof['total_us'] / 1e3:.2f} ms at batch {prof['batch']})")
         if steps:
             lines.append("Profiled: " + "; ".join(steps) + ".")
         if lines and not self.alone and not self.ablation:
@@ -221,6 +248,7 @@ def explain(storage_url: str, study: str, *, profile: bool = True, level: int | 
     if best is not None and best.value:
         space = load_space_text(run.space_yaml, source=run.space_name)
         ex.neighbours = _neighbours(space, best, ok, space.objective.direction)
+    ex.numerics = numerics_summary(repo, run.id, best)
     if profile and run.target == "workload" and base and best:
         prof_level = level or max((int(lv.split("=")[1]) for lv in levels), default=64)
         for name, trial in (("baseline", base), ("best", best)):
@@ -231,6 +259,32 @@ def explain(storage_url: str, study: str, *, profile: bool = True, level: int | 
     elif profile and run.target != "workload":
         ex.notes.append(f"op-level profiles are made for the workload target only (this study: {run.target})")
     return ex
+
+
+def numerics_summary(repo: Repo, run_id: int, best: TrialRecord | None) -> dict[str, Any]:
+    """The numerics gate's stored errors (``numerics_rel_err``): the best's, the largest per parameter value among
+    the successful trials, and the trials it refused; ``{}`` when the study stored none."""
+    def err(t: TrialRecord) -> float | None:
+        return next((m.value for m in t.measurements if m.metric == "numerics_rel_err"), None)
+
+    def tol(t: TrialRecord) -> float | None:
+        return next((m.value for m in t.measurements if m.metric == "numerics_tolerance"), None)
+
+    ok = [t for t in repo.list_trials(run_id, outcome="ok", with_measurements=True) if err(t) is not None]
+    wrong = [t for t in repo.list_trials(run_id, outcome="wrong_result", with_measurements=True)
+             if err(t) is not None and t.repeat_of is None]
+    if not ok and not wrong:
+        return {}
+    rows: dict[tuple[str, str], dict] = {}
+    for t in ok:
+        for k, v in t.params.items():
+            r = rows.setdefault((k, str(v)), {"param": k, "value": v, "trials": 0, "max_err": 0.0})
+            r["trials"] += 1
+            r["max_err"] = max(r["max_err"], err(t))
+    best_err = err(best) if best is not None else None
+    return {"best": best_err, "tolerance": tol(best) if best is not None else None,
+            "rows": sorted(rows.values(), key=lambda r: (r["param"], -r["max_err"])),
+            "wrong": [{"trial": t.number, "params": t.params, "err": err(t)} for t in wrong]}
 
 
 def _neighbours(space, best: TrialRecord, ok: list[TrialRecord], direction: str) -> list[dict]:
@@ -323,8 +377,15 @@ def ablate(storage_url: str, study: str, *, timeout_s: float = 300.0, level: int
         _logger.info("ablation: %s %s: %s, %s %s", name, what, m.outcome.value, key,
                      {c: round(x, 3) for c, x in ratio.items()})
         _rank(ex)
+        store()
         if on_row is not None:
             on_row(ex)
+
+    def store() -> None:  # the tables so far, for the export to name each flagless knob's measured gain
+        from tuner.export.sglang_command import ABLATION_ARTIFACT
+
+        doc = {"best_trial": best.number, "alone": ex.alone, "undo": ex.ablation}
+        repo.add_artifacts(run.id, [("ablation", ABLATION_ARTIFACT, "", json.dumps(doc, default=str).encode())])
 
     for name, value in best.params.items():
         if base.params.get(name) == value or name not in base.params:

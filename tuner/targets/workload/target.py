@@ -3,13 +3,15 @@
 from __future__ import annotations
 
 import logging
+import math
 import sys
 from typing import Any
 
-from search_spaces import ResolvedSpace
-from tuner.errors import KnobError
-from pydantic import Field
+from pydantic import Field, field_validator
 
+from search_spaces import ResolvedSpace
+from storage.types import MetricRow
+from tuner.errors import KnobError
 from tuner.measurement import Measurement, Outcome
 from tuner.settings import CommonSettings
 from tuner.targets.base import LaunchSpec, PreflightReport, Reporter, Target
@@ -30,6 +32,27 @@ class WorkloadSettings(CommonSettings):
     """Untimed steps before timing, per level."""
     repeats: int = Field(5, ge=1)
     """Timed steps per level (the median is kept)."""
+    numerics: bool = True
+    """Compare each trial's step output with the baseline configuration's (fixed inputs); beyond the tolerance of
+    its dtype family the trial is ``wrong_result``."""
+    numerics_tolerance: dict[str, float] = Field(default_factory=dict)
+    """Relative norm error allowed per dtype family (fp32, tf32, fp16, bf16, fp8), over the defaults of
+    ``tuner.targets.workload.numerics.DEFAULT_TOLERANCE``."""
+    numerics_batch: int = Field(2, ge=1)
+    """Requests in the numerics step. 2 keeps the torch MoE on its exact path (a larger batch sends it to its
+    fixed-capacity path, which drops pairs over capacity: an error of the baseline itself)."""
+
+    @field_validator("numerics_tolerance")
+    @classmethod
+    def _known_families(cls, v: dict[str, float]) -> dict[str, float]:
+        from tuner.targets.workload.numerics import FAMILIES
+
+        for fam, tol in v.items():
+            if fam not in FAMILIES:
+                raise ValueError(f"unknown dtype family {fam!r} (use {', '.join(FAMILIES)})")
+            if not tol > 0:
+                raise ValueError(f"the tolerance of {fam} must be > 0, but got {tol!r}")
+        return v
 
 
 class WorkloadTarget(Target):
@@ -98,14 +121,16 @@ class WorkloadTarget(Target):
         from tuner.targets.workload.model import DecodeModel
 
         device = "cuda" if torch.cuda.is_available() else "cpu"
-        knobs = dict(params)
-        for p in self.space.params:  # kernel params travel as "kernel.field" knobs
-            if p.kernel and p.name in params:
-                knobs[p.kernel] = params[p.name]
+        knobs = self._knobs(params)
         try:
             model = DecodeModel(self.preset, knobs, device, seed=self.config.seed)
         except KnobError as exc:
             return Measurement.failed(Outcome.INVALID_CONFIG, str(exc))
+        gate: list[MetricRow] = []
+        if self.config.numerics:
+            gate, wrong = self._numerics(model, knobs)
+            if wrong:
+                return Measurement(outcome=Outcome.WRONG_RESULT, reason=wrong, metrics=gate)
         obj = self.space.objective
         try:
             res = measure(
@@ -120,12 +145,43 @@ class WorkloadTarget(Target):
         except TimeoutError as exc:
             return Measurement.failed(Outcome.TIMEOUT, str(exc))
         by_level = {lv.concurrency: lv.tok_s for lv in res.levels}
-        m = Measurement(outcome=Outcome.OK, metrics=res.metrics(), by_level=by_level)
+        m = Measurement(outcome=Outcome.OK, metrics=res.metrics() + gate, by_level=by_level)
         if len(by_level) == len(obj.levels):
             m.value = obj.combine_values(by_level)
         else:
             m.outcome, m.reason = Outcome.PRUNED, f"stopped after levels {sorted(by_level)}"
         return m
+
+    def _knobs(self, params: dict[str, Any]) -> dict[str, Any]:
+        knobs = dict(params)
+        for p in self.space.params:  # kernel params travel as "kernel.field" knobs
+            if p.kernel and p.name in params:
+                knobs[p.kernel] = params[p.name]
+        return knobs
+
+    def _numerics(self, model, knobs: dict[str, Any]) -> tuple[list[MetricRow], str]:
+        """The numerics gate: this configuration's step output against the baseline configuration's on the same
+        inputs (:mod:`tuner.targets.workload.numerics`). Returns the metric rows and a reason when beyond the
+        tolerance (``""`` when within)."""
+        from tuner.targets.workload import numerics as nm
+
+        base = self._knobs(self.resolved.defaults())
+        cfg = self.config
+        ref = nm.reference_output(self.preset, base, model.device, seed=cfg.seed, batch=cfg.numerics_batch,
+                                  live_context=cfg.live_context, own=model)
+        out = ref if model.knobs == nm.normalized(self.preset, base) else nm.step_output(
+            model, cfg.numerics_batch, cfg.live_context)
+        err = nm.rel_err(out, ref)
+        family = max(nm.dtype_family(model.knobs, model.device),
+                     nm.dtype_family(nm.normalized(self.preset, base), model.device), key=nm.FAMILIES.index)
+        tol = nm.tolerance_for(family, cfg.numerics_tolerance)
+        rows = [MetricRow("numerics_rel_err", "", err if math.isfinite(err) else 1e30, ""),
+                MetricRow("numerics_tolerance", "", tol, "")]
+        _logger.info("numerics: rel. error %.3g vs the baseline (tolerance %.3g, %s family)", err, tol, family)
+        if err <= tol:
+            return rows, ""
+        return rows, (f"output differs from the baseline configuration's by rel. norm error {err:.3g} > tolerance "
+                      f"{tol:.3g} ({family} family; setting numerics_tolerance)")
 
     def kernel_shapes(self) -> list[tuple[str, dict[str, int]]]:
         """The kernel shapes this space's configurations produce: every concurrency level (as the batch, and as
