@@ -92,6 +92,9 @@ def search(
                                                 "one-change moves from the best so far (0 turns it off).")] = 0.25,
     workers: Annotated[int, typer.Option("--workers", help="Local workers running trials in parallel.")] = 1,
     gpus: Annotated[Optional[str], typer.Option("--gpus", help="GPU ids the workers lease from, e.g. 0,1,2,3.")] = None,
+    warm_start: Annotated[Optional[str], typer.Option("--warm-start", help="URL#STUDY of a twin (workload) study: "
+                                                      "its best configurations, translated to this space's flags, "
+                                                      "run first.")] = None,
     verbose: Annotated[bool, typer.Option("--verbose", "-v")] = False,
 ) -> None:
     """Search for the fastest configuration within a wall-clock budget, then export it."""
@@ -122,7 +125,7 @@ def search(
         opts = SearchOptions(budget_s=parse_budget(budget), storage_url=storage, study=study, space_path=space,
                              target=target, resume=resume, seed=seed, out_dir=out, settings=settings,
                              n_trials=n_trials, dry_run=dry_run, confirm_top=confirm_top,
-                             refine_share=refine_share, workers=workers, gpus=gpu_ids)
+                             refine_share=refine_share, workers=workers, gpus=gpu_ids, warm_start=warm_start)
         result = run_search(opts, progress)
     finally:
         progress.stop()

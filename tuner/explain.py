@@ -55,6 +55,10 @@ class Explanation:
     """The numerics gate's errors (workload): ``{"best": err, "tolerance": tol, "rows": [{"param", "value",
     "trials", "max_err"}], "wrong": [{"trial", "params", "err"}]}``, errors relative to the baseline's output."""
 
+    predicted: list[dict] = field(default_factory=list)
+    """Warm-started trials of a server study: ``{"trial", "twin_study", "twin_trial", "level", "predicted",
+    "measured"}``, each a ratio to its own study's baseline (the twin's prediction, the server's measurement)."""
+
     def markdown(self) -> str:
         out = [f"# Why the best configuration of `{self.study}` won", ""]
         changed = {k: (self.baseline_params.get(k), v) for k, v in self.best_params.items()
@@ -111,6 +115,14 @@ class Explanation:
                                 "value", "best → baseline value", "x slower", self.ablation, "loss",
                                 sorted(self.best_by_level), reverse=True)
         out += self._numerics_lines()
+        if self.predicted:
+            out += ["## Predicted by the twin against measured on the server (x each study's own baseline)", "",
+                    "| trial | twin trial | level | predicted | measured | measured / predicted |",
+                    "| --- | --- | --- | --- | --- | --- |"]
+            out += [f"| {r['trial']} | {r['twin_study']}#{r['twin_trial']} | {r['level']} | {r['predicted']:.2f}x | "
+                    + (f"{r['measured']:.2f}x | {r['measured'] / r['predicted']:.2f} |" if r["measured"] is not None
+                       else f"{r['outcome']} | - |") for r in self.predicted]
+            out.append("")
         out += [f"- {n}" for n in self.notes]
         return "\n".join(out) + "\n"
 
@@ -249,6 +261,7 @@ def explain(storage_url: str, study: str, *, profile: bool = True, level: int | 
         space = load_space_text(run.space_yaml, source=run.space_name)
         ex.neighbours = _neighbours(space, best, ok, space.objective.direction)
     ex.numerics = numerics_summary(repo, run.id, best)
+    ex.predicted = predicted_vs_measured(repo, run, base, frozen, ex.notes)
     if profile and run.target == "workload" and base and best:
         prof_level = level or max((int(lv.split("=")[1]) for lv in levels), default=64)
         for name, trial in (("baseline", base), ("best", best)):
@@ -259,6 +272,47 @@ def explain(storage_url: str, study: str, *, profile: bool = True, level: int | 
     elif profile and run.target != "workload":
         ex.notes.append(f"op-level profiles are made for the workload target only (this study: {run.target})")
     return ex
+
+
+def predicted_vs_measured(repo: Repo, run: Run, base: TrialRecord | None, frozen, notes: list[str]) -> list[dict]:
+    """For each warm-started trial (``--warm-start``), the twin trial's ratio to the twin's baseline (predicted) and
+    the server trial's ratio to the server's baseline (measured), per level of the objective's metric."""
+    from tuner.search.warm_start import WARM_ATTR
+
+    warm = {t.number: t.user_attrs[WARM_ATTR] for t in frozen if WARM_ATTR in t.user_attrs}
+    if not warm:
+        return []
+
+    def by_level(t: TrialRecord | None) -> dict[str, float]:
+        return {m.level: m.value for m in (t.measurements if t else []) if m.metric == "tok_s" and m.level}
+
+    rows = []
+    twins: dict[tuple[str, str], tuple[Repo, Run, TrialRecord | None] | None] = {}
+    server_base = by_level(base)
+    for number, src in sorted(warm.items()):
+        key = (src["url"], src["study"])
+        if key not in twins:
+            try:
+                trepo = Repo(src["url"])
+                trun = trepo.get_run(src["study"])
+                twins[key] = (trepo, trun, trepo.baseline_trial(trun.id)) if trun else None
+            except Exception as exc:  # noqa: BLE001 - the twin's storage may be gone: say so, keep the rest
+                notes.append(f"the twin study {src['study']} at {src['url']} cannot be read ({exc}); no predictions")
+                twins[key] = None
+        if twins[key] is None:
+            continue
+        trepo, trun, tbase = twins[key]
+        twin_levels, twin_base = by_level(trepo.get_trial(trun.id, src["trial"])), by_level(tbase)
+        trial = repo.get_trial(run.id, number)
+        measured = by_level(trial)
+        for lv in sorted(twin_levels, key=lambda s: int(s.split("=")[1]) if s.startswith("c=") else 0):
+            if not twin_base.get(lv) or lv not in server_base:  # levels both studies measured
+                continue
+            got = measured.get(lv) / server_base[lv] if measured.get(lv) and server_base.get(lv) else None
+            rows.append({"trial": number, "twin_study": src["study"], "twin_trial": src["trial"], "level": lv,
+                         "predicted": twin_levels[lv] / twin_base[lv], "measured": got,
+                         "outcome": trial.outcome if trial else "not run"})
+    return rows
 
 
 def numerics_summary(repo: Repo, run_id: int, best: TrialRecord | None) -> dict[str, Any]:

@@ -67,6 +67,8 @@ class SearchOptions:
     """Local worker threads, each running its trials in its own subprocess (see ``tuner.search.parallel``)."""
     gpus: list[int] | None = None
     """GPU ids the local workers lease from (``None``: every visible GPU, or none on a CPU machine)."""
+    warm_start: str | None = None
+    """``URL#STUDY`` of a twin (workload) study whose best configurations, translated, run first (server targets)."""
 
 
 @dataclass
@@ -231,6 +233,11 @@ def open_context(options: SearchOptions, progress: Progress | None = None) -> Se
     resolved, space_yaml, target, report, hardware = prepare(options)
     if not report.ok:
         raise SearchError("preflight failed: " + "; ".join(report.errors))
+    warm = None
+    if options.warm_start and not options.resume:  # read and translated before anything is written
+        from tuner.search.warm_start import twin_translations
+
+        warm = twin_translations(options.warm_start, resolved)
     if options.export:
         _check_out_dir(options.out_dir)
     repo = Repo(options.storage_url)
@@ -273,6 +280,10 @@ def open_context(options: SearchOptions, progress: Progress | None = None) -> Se
     if ctx.baseline is None and not any(t.is_baseline for t in ctx.trials):
         defaults = resolved.defaults()
         study.enqueue_trial(suggestable(resolved, defaults), user_attrs={BASELINE_ATTR: True})
+        if warm is not None:  # the twin's best, translated, right after the baseline
+            from tuner.search.warm_start import enqueue_warm_start
+
+            enqueue_warm_start(study, resolved, options.warm_start, warm)
     return ctx
 
 
