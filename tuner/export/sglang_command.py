@@ -10,8 +10,12 @@ own re-measure script is written beside it (``remeasure.sh``), and ``tuner verif
 from __future__ import annotations
 
 import json
+import os
 import shlex
 import shutil
+import subprocess
+import sys
+import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -117,3 +121,39 @@ def read_ablation(repo, run_id: int) -> dict | None:
         return json.loads(art.content)
     except (ValueError, TypeError):
         return None
+
+
+_PARSER_CHECK = """
+import argparse, json, sys
+argv = sys.argv[1:]
+if argv[:2] != ["-m", "sglang.launch_server"]:
+    sys.exit(f"not an SGLang launch: {argv[:2]}")
+import sglang
+from sglang.srt.server_args import ServerArgs
+parser = argparse.ArgumentParser()
+ServerArgs.add_cli_args(parser)
+ns = parser.parse_args(argv[2:])
+out = {k: v for k, v in vars(ns).items() if isinstance(v, (str, int, float, bool, list, type(None)))}
+print(json.dumps({"sglang": getattr(sglang, "__version__", None), "args": out}))
+"""
+
+
+def parse_launch_script(script: str | os.PathLike, *, env: dict[str, str] | None = None,
+                        python: str = sys.executable, timeout_s: float = 120.0) -> dict[str, Any]:
+    """Run an exported launch.sh with ``python`` on its PATH replaced by a checker that hands the exact argv bash
+    built to SGLang's own parser (``ServerArgs.add_cli_args``, unmodified) and returns the parsed values (``env`` is
+    added to the script's environment; ``MODEL`` defaults to a placeholder):
+    ``{"sglang": version, "args": {...}}``. Nothing is launched. ``ValueError`` with the parser's message when it
+    refuses the command."""
+    with tempfile.TemporaryDirectory(prefix="tuner-parse-") as d:
+        shim = Path(d)
+        (shim / "check.py").write_text(_PARSER_CHECK)
+        (shim / "python").write_text(f'#!/bin/sh\nexec {shlex.quote(python)} "{shim / "check.py"}" "$@"\n')
+        os.chmod(shim / "python", 0o755)
+        full = {**os.environ, "MODEL": "MODEL_PATH", **(env or {}),
+                "PATH": f"{shim}{os.pathsep}{os.environ.get('PATH', '')}"}
+        done = subprocess.run(["bash", str(script)], capture_output=True, text=True, timeout=timeout_s, env=full)
+    if done.returncode != 0:
+        tail = [ln for ln in done.stderr.splitlines() if ln.strip()][-1:] or ["no output"]
+        raise ValueError(f"SGLang's parser refused {script}: {tail[0]}")
+    return json.loads(done.stdout.strip().splitlines()[-1])
