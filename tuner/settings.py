@@ -62,6 +62,10 @@ class CommonSettings(Settings):
     """Folder of tuned kernel config files the trials (and the export) use (``$TUNER_KERNEL_CONFIG_DIR``)."""
     seed: int = 0
     """Seed of the trials' random inputs."""
+    noise_tolerance: float = Field(0.10, ge=0)
+    """How far (max - min, over the median) the winner's runs may differ before it is run again (at the end)."""
+    fail_fast_after: int = Field(8, ge=0)
+    """End the search after this many trials in a row failed the same way (same outcome and reason); 0: never."""
 
 
 def target_settings(stored: Mapping[str, Any] | None) -> dict[str, Any]:
