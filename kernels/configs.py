@@ -35,6 +35,7 @@ __all__ = [
     "read_config_file",
     "write_config_file",
     "lookup",
+    "tuned_config",
     "nearest_key",
     "clear_cache",
     "register_cache",
@@ -171,6 +172,20 @@ def lookup(kernel_name: str, shape: dict, dtype, device: Any = None) -> dict:
     return config
 
 
+_LAUNCH: dict[tuple, dict] = {}
+
+
+def tuned_config(kernel, shape: dict, dtype, device: Any = None) -> dict:
+    """The config a launcher uses when it is given none: :func:`lookup`'s answer, remembered per (kernel, shape,
+    dtype, device), so a launch after the first pays one dict lookup. The one cache every kernel's launcher uses;
+    :func:`clear_cache` empties it."""
+    key = (kernel.name, tuple(sorted(shape.items())), str(dtype), str(device))
+    hit = _LAUNCH.get(key)
+    if hit is None:
+        hit = _LAUNCH[key] = lookup(kernel.name, shape, dtype, device)
+    return hit
+
+
 def register_cache(cache: dict) -> dict:
     """Register a launcher's own per-shape cache of looked-up configs so ``clear_cache`` empties it."""
     _MODULE_CACHES.append(cache)
@@ -180,5 +195,6 @@ def register_cache(cache: dict) -> dict:
 def clear_cache() -> None:
     """Forget every looked-up config (call after changing files or $TUNER_KERNEL_CONFIG_DIR)."""
     _CACHE.clear()
+    _LAUNCH.clear()
     for cache in _MODULE_CACHES:
         cache.clear()
