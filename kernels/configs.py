@@ -4,6 +4,10 @@ File name: ``{kernel}__{GPU name, non-alphanumerics as _}__{dtype}__triton-{vers
 ``sparse_decode__NVIDIA_H200__bfloat16__triton-3.6.0.json``. Content: a flat mapping from shape-bucket
 keys (``TunableKernel.shape_key``) to ``{"config": {...}, "time_us": x, "default_time_us": y}``.
 
+An entry may also name the implementation that measured fastest for its key, ``"impl": "torch"`` or
+``"triton"`` (:func:`lookup_impl`; the GEMM's library-or-Triton choice): a tuned file never ships a Triton
+kernel where the library measured faster.
+
 Directory: ``$TUNER_KERNEL_CONFIG_DIR`` when set, else ``kernels/tuned/`` inside this package.
 
 Nearest key: among the file's keys with every non-batch dim equal to the shape's, the one whose
@@ -29,15 +33,16 @@ import triton
 from .base import dtype_name
 
 __all__ = [
+    "clear_cache",
     "config_dir",
     "config_path",
     "gpu_name",
-    "read_config_file",
-    "write_config_file",
     "lookup",
+    "lookup_impl",
     "nearest_key",
-    "clear_cache",
+    "read_config_file",
     "register_cache",
+    "write_config_file",
 ]
 
 logger = logging.getLogger(__name__)
@@ -169,6 +174,17 @@ def lookup(kernel_name: str, shape: dict, dtype, device: Any = None) -> dict:
             logger.warning("%s: tuned config %s (key %s) rejected for %s: %s; using default", kernel_name, tuned, found, key, why)
     _CACHE[cache_key] = dict(config)
     return config
+
+
+def lookup_impl(kernel_name: str, shape: dict, dtype, device: Any = None) -> str | None:
+    """The ``"impl"`` recorded with the nearest key of this GPU's file (``"torch"``, ``"triton"``), or None."""
+    from .registry import get_kernel
+
+    kernel = get_kernel(kernel_name)
+    entries = read_config_file(config_path(kernel_name, gpu_name(device), dtype))
+    found = nearest_key(entries, kernel.shape_key(shape), kernel.batch_dim)
+    impl = entries[found].get("impl") if found is not None else None
+    return impl if isinstance(impl, str) else None
 
 
 def register_cache(cache: dict) -> dict:
