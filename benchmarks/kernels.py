@@ -235,7 +235,8 @@ def _prev_version_rows(row, shape, sets, ref, rep_ms, best_cfg):
     kernel = get_kernel("sparse_decode")
     old = read_config_file(ROOT / "benchmarks" / "baselines" / "sparse_decode_v1_tuned.json")
     key = nearest_key(old, kernel.shape_key(shape), kernel.batch_dim)
-    cases = {"prev_shipped": old[key]["config"] if key else kernel.default_config(shape), "prev_at_best": best_cfg}
+    cases = {"prev_shipped": old[key]["config"] if key else kernel.default_config(shape), "prev_at_best": best_cfg,
+             "prev_at_issue": ISSUE_CFG}
     for tag, cfg in cases.items():
         if not cfg:
             continue
@@ -326,6 +327,16 @@ def bench_job(job, rates, failures, deadline, rep_ms) -> list[dict]:
         row["n_ok"], row["n_failed"] = len(ok), len(row["trials"]) - len(ok)
         if kernel.name == "sparse_decode" and row["dtype"] != "float8_e4m3fn":
             _prev_version_rows(row, shape, sets, ref, rep_ms, row["best_config"])
+        if kernel.name == "sparse_decode" and best and best["config"]["S"] > 1:
+            # the same best config with the merge kernel launched plainly, not with programmatic dependent launch
+            from kernels.sparse_decode import sparse_decode
+
+            cfg = best["config"]
+            def fn(i, cfg=cfg):
+                return sparse_decode(i["q"], i["kv"], i["indices"], i["sm_scale"], cfg, d_v=i["d_v"],
+                                     kv_scale=i["kv_scale"], pdl=False)
+
+            row["best_no_pdl_us"] = _time(fn, sets, rep_ms).median_us
         if kernel.name == "gemm":
             # the implementation a tuned file ships for this key: the library unless the Triton kernel measured faster
             triton_us = row["best_us"]
@@ -355,6 +366,7 @@ def _shape_text(shape):
 
 
 GOALS_US = {1: 9.0, 16: 12.0, 64: 17.0}  # issue 20: V4-Flash sparse decode on one H200
+ISSUE_CFG = {"S": 32, "BLOCK_H": 16, "BLOCK_T": 16, "num_warps": 4, "num_stages": 2}  # issue 20's batch-1 comparison
 FLOOR_GOAL = 1.45  # batch 64: <= 1.45x its floor
 TORCH_GOAL = 5.0  # >= 5x the torch path at every batch
 
@@ -374,9 +386,9 @@ def sparse_decode_table(rows) -> list[str]:
              "config and at this run's best config of the new kernel; new = `kernels/sparse_decode.py`: default config, "
              "the tuned config shipped in `kernels/tuned/` at the time of the run, and the best of this run's sweep."), "",
              ("| cache | batch | floor µs | torch µs | prev shipped µs | prev at new best µs | new default µs | "
-             "new shipped µs | new best µs | prev shipped / new best | torch / new best | new best / floor | goal | "
+             "new best, merge without PDL µs | new shipped µs | new best µs | prev shipped / new best | torch / new best | new best / floor | goal | "
              "best config |"),
-             "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+             "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
     for r in sd:
         b = r["shape"]["batch"]
         best = r["best_us"]
@@ -396,10 +408,27 @@ def sparse_decode_table(rows) -> list[str]:
             verdict = "—"
         cfg = "" if not r["best_config"] else " ".join(f"{k}={v}" for k, v in r["best_config"].items())
         lines.append(f"| {r['dtype']} | {b} | {_f(r['floor_us'], 2)} | {_f(r['torch_us'])} | {_f(r.get('prev_shipped_us'))} | "
-                     f"{_f(r.get('prev_at_best_us'))} | {_f(r['default_us'])} | {_f(r.get('shipped_us'))} | {_f(best)} | "
+                     f"{_f(r.get('prev_at_best_us'))} | {_f(r['default_us'])} | {_f(r.get('best_no_pdl_us'))} | "
+                     f"{_f(r.get('shipped_us'))} | {_f(best)} | "
                      f"{_ratio_text(r.get('prev_shipped_us'), best)} | {_ratio_text(r['torch_us'], best, 1)} | "
                      f"{_ratio_text(best, r['floor_us'])} | {verdict} | {cfg} |")
     return lines
+
+
+def issue_config_table(rows) -> list[str]:
+    """Issue 20's question: at the same config (S=32, BLOCK_H=16, BLOCK_T=16, 4 warps, 2 stages), the old kernel and
+    the new one, per batch (the old splits 640 rows into 32 splits of 20; the new into 20 whole 32-row tiles)."""
+    lines = []
+    for r in rows:
+        if r["kernel"] != "sparse_decode" or r["dtype"] != "bfloat16" or r["shape"]["topk"] != 640:
+            continue
+        new = next((t.get("time_us") for t in r["trials"] if t["config"] == ISSUE_CFG), None)
+        lines.append(f"| {r['shape']['batch']} | {_f(r.get('prev_at_issue_us'))} | {_f(new)} | "
+                     f"{_ratio_text(r.get('prev_at_issue_us'), new)} |")
+    if not lines:
+        return []
+    return ["", "## The issue's batch-1 config in both kernels (S=32, BLOCK_H=16, BLOCK_T=16, 4 warps, 2 stages)", "",
+            "| batch | prev µs | new µs | prev / new |", "| --- | --- | --- | --- |", *lines]
 
 
 def gemm_table(rows) -> list[str]:
@@ -461,7 +490,7 @@ def report(rows, meta) -> str:
         lines.append(f"| {r['kernel']} | {r['dtype']} | {_shape_text(r['shape'])} | {_f(r['floor_us'])} ({r['bound'][:3]}) | {_f(r['torch_us'])} | "
                      f"{_f(r['default_us'])} | {_f(r['best_us'])} | {_f(_r(r['default_us'], r['floor_us']), 2)} | {_f(_r(r['best_us'], r['floor_us']), 2)} | "
                      f"{_f(_r(r['torch_us'], r['best_us']), 2)} | {cfg} | {r['n_ok']}/{r['n_failed']}{' (cut by budget)' if r.get('truncated') else ''} |")
-    lines += sparse_decode_table(rows) + gemm_table(rows)
+    lines += sparse_decode_table(rows) + issue_config_table(rows) + gemm_table(rows)
     two = [r for r in rows if r.get("default_other_merge_us") and r.get("default_us")]
     if two:
         lines += ["", "## Split-K merge: the launcher's default path vs the other one (default config)", "",

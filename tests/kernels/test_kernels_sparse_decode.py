@@ -122,7 +122,9 @@ def test_fused_and_two_kernel_combine_agree_and_counters_reset(S):
     cfg = _cfg(S)
     fused = sparse_decode(inputs["q"], inputs["kv"], inputs["indices"], config=cfg, fused_combine=True)
     two = sparse_decode(inputs["q"], inputs["kv"], inputs["indices"], config=cfg)
-    assert torch.equal(fused, two)
+    # the two merges add the splits in different orders (a loop; one tree reduction): equal up to float32 rounding
+    assert torch.allclose(fused, two, rtol=1e-5, atol=1e-6)
+    assert torch.isfinite(fused).all() and (fused != 0).any()
     assert int(_COUNTERS[str(inputs["q"].device)].abs().sum()) == 0
 
 
