@@ -37,7 +37,7 @@ from .base import Cost, TunableKernel, device_limits, dtype_of, zeroed_counters
 try:  # programmatic dependent launch (Hopper+): the merge kernel's launch overlaps the split kernel
     from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
-    _PDL = True
+    _PDL = os.environ.get("TUNER_SPARSE_DECODE_PDL", "1") != "0"  # "0": plain launches, process-wide
 except ImportError:  # an older Triton: two plain launches
     _PDL = False
 
