@@ -11,9 +11,20 @@ A request with no valid row gets zeros.
 
 Because all heads of a request read the same rows, one program gathers a tile of ``BLOCK_T`` rows
 once and feeds ``BLOCK_H`` heads through ``tl.dot`` (tensor cores), keeping an online softmax.
-The selected rows are split into ``S`` chunks (split-K) so that batch 1 still fills the GPU; the
-partial results (normalised output and log-sum-exp per split) are merged by a second small kernel.
-With ``S == 1`` the first kernel writes the output directly.
+The selected rows are split into at most ``S`` chunks of whole ``BLOCK_T`` tiles (split-K, see
+:func:`split_rows`) so that batch 1 still fills the GPU; the partial results (normalised output and
+log-sum-exp per split) are merged by a second kernel that takes all splits of one (request, head,
+column block) in one load: ``heads * d_v / BLOCK_D`` programs per request. (Before issue 20 the merge
+was 4-head programs looping over the splits: 16 programs at batch 1, and at 32 splits it cost more
+than the attention itself; on an H200 at the issue's batch-1 config the new pair measured 2.6x faster,
+``benchmarks/results/kernels_issue20_h200.md``.) The merge kernel is launched with programmatic
+dependent launch where the GPU has it (Hopper): its launch overlaps the split kernel and it waits
+in-kernel (``gdc_wait``) for that grid's stores. With ``S == 1`` the first kernel writes the output
+directly.
+
+The cache may be float8 e4m3 with one float32 scale per row (``kv_scale``): the rows are widened to
+q's dtype in registers (exact) and the scales multiply the [heads, rows] score and probability tiles,
+so the tensor-core math stays bf16/fp16.
 
 ``d_v`` must be a power of two (512); ``d_qk - d_v`` (0 for V4-Flash, 64 for V3.2's rope part) is
 handled as a separate, padded "tail" dot.
