@@ -1,6 +1,7 @@
 #!/bin/bash
 # One device call for the kernels of issue 20: GPU tests, an Nsight Compute profile, the side-by-side benchmark.
 # Everything lands under $OUT. Usage (repo root): OUT=/tmp/out bash benchmarks/run_kernels_gpu.sh [budget_s] [extra args]
+# (extra args go to benchmarks/kernels.py; PYTEST_K= selects every test of the three kernel test files; SKIP_NCU=1)
 set -o pipefail
 OUT=${OUT:-/tmp/kernels_out}
 BUDGET=${1:-200}
@@ -31,15 +32,15 @@ print('PDL in a CUDA graph: ok')
 fi
 t0=$(date +%s)
 timeout 110 python3 -m pytest -q -p no:cacheprovider -n 8 tests/kernels/test_kernels_gpu.py tests/kernels/test_kernels_sparse_decode.py \
-    tests/kernels/test_kernels_gemm.py -k "sparse_decode and not v32 or fp8 or many_splits or linear or out_of_resources" \
+    tests/kernels/test_kernels_gemm.py -k "${PYTEST_K-sparse_decode and not v32 or fp8 or many_splits or linear or out_of_resources}" \
     2>&1 | tail -25 | tee "$OUT/pytest.txt"
 echo "tests: $(( $(date +%s) - t0 )) s"
 t0=$(date +%s)
-timeout 80 ncu --profile-from-start off --clock-control none --section SpeedOfLight --section LaunchStats \
+[ -n "$SKIP_NCU" ] || timeout 80 ncu --profile-from-start off --clock-control none --section SpeedOfLight --section LaunchStats \
     --section Occupancy --section WarpStateStats --csv --page raw \
     python3 benchmarks/profile_sparse_decode.py > "$OUT/ncu.csv" 2> /tmp/ncu.err
-tail -12 /tmp/ncu.err
-python3 benchmarks/profile_sparse_decode.py --summarise "$OUT/ncu.csv" | tee "$OUT/ncu_summary.txt"
+[ -n "$SKIP_NCU" ] || tail -12 /tmp/ncu.err
+[ -n "$SKIP_NCU" ] || python3 benchmarks/profile_sparse_decode.py --summarise "$OUT/ncu.csv" | tee "$OUT/ncu_summary.txt"
 echo "ncu: $(( $(date +%s) - t0 )) s"
 python3 benchmarks/kernels.py --only sparse_decode,gemm --no-gemm-sweep --budget-s "$BUDGET" --jobs 14 \
     --out "$OUT/kernels.md" --json "$OUT/kernels.json" "$@" > "$OUT/kernels.log" 2>&1
