@@ -342,6 +342,14 @@ def bench_job(job, rates, failures, deadline, rep_ms) -> list[dict]:
             # the implementation a tuned file ships for this key: the library unless the Triton kernel measured faster
             triton_us = row["best_us"]
             row["impl"] = "triton" if triton_us and row["torch_us"] and triton_us < row["torch_us"] else "torch"
+            # and what a caller gets today: kernels.gemm.linear(impl="auto") with the tuned files of this checkout
+            from kernels.gemm import linear, resolve_impl
+
+            def auto(i):
+                return linear(i["x"], i["w"], i["mode"], "auto", x_scale=i["x_scale"], w_scale=i["w_scale"])
+
+            row["auto_impl"] = resolve_impl("auto", shape["M"], shape["N"], shape["K"], sets[0]["mode"], "cuda")
+            row["auto_us"] = _time(auto, sets, rep_ms).median_us
         log.info("%s %s %s: floor %.1f torch %s default %s shipped %s best %s prev %s (%d ok, %d failed)", kernel.name,
                  dtype, row["key"], floor, _f(row["torch_us"]), _f(row["default_us"]), _f(row["shipped_us"]),
                  _f(row["best_us"]), _f(row.get("prev_shipped_us")), row["n_ok"], row["n_failed"])
@@ -441,12 +449,13 @@ def gemm_table(rows) -> list[str]:
              ("impl = what a tuned file written from this run ships for the key (`kernels.gemm.linear(impl=\"auto\")`): "
              "the Triton kernel only where it measured faster than the library."), "",
              ("| dtype | shape | floor µs | library µs | Triton shipped µs | Triton best µs | best / library | impl | "
-             "shipped choice µs |"), "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+             "shipped choice µs | linear(auto) at run time: impl, µs |"),
+             "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
     for r in gm:
         chosen = min(x for x in (r["torch_us"], r["best_us"]) if x) if (r["torch_us"] or r["best_us"]) else None
         lines.append(f"| {r['dtype']} | {_shape_text(r['shape'])} | {_f(r['floor_us'])} | {_f(r['torch_us'])} | "
                      f"{_f(r.get('shipped_us'))} | {_f(r['best_us'])} | {_ratio_text(r['best_us'], r['torch_us'])} | "
-                     f"{r.get('impl', '—')} | {_f(chosen)} |")
+                     f"{r.get('impl', '—')} | {_f(chosen)} | {r.get('auto_impl', '—')}, {_f(r.get('auto_us'))} |")
     return lines
 
 
