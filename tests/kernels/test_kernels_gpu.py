@@ -140,7 +140,7 @@ def test_out_of_resources_is_raised_and_classified():
             q, kv, kv, idx, out, out, out, idx, 1, 64, 1024, 640, 640, 1, 1.0,
             q.stride(0), q.stride(1), kv.stride(0), idx.stride(0), 0, 0, 0, 0, 0, out.stride(0), out.stride(1),
             DV=512, DT=0, D_TAIL=0, BLOCK_H=64, BLOCK_T=256, DIRECT=True, FUSED_COMBINE=False, KV_SCALED=False,
-            PREFETCH=True, num_warps=8, num_stages=3,
+            PREFETCH=True, PDL=False, num_warps=8, num_stages=3,
         )
         torch.cuda.synchronize()
     assert classify_failure(info.value) == "out_of_resources", repr(info.value)
