@@ -12,6 +12,7 @@ import os
 import re
 import shlex
 import shutil
+import statistics
 import tempfile
 from datetime import datetime, timezone
 from pathlib import Path
@@ -44,8 +45,24 @@ def _one_line(text: Any) -> str:
     return re.sub(r"[\r\n\x00-\x1f]+", " ", str(text))
 
 
-def _level_values(trial) -> dict[str, float]:
-    return {m.level: m.value for m in (trial.measurements if trial else []) if m.metric == "tok_s" and m.level}
+def config_runs(repo: Repo, run_id: int, params: dict[str, Any] | None) -> list:
+    """The stored runs of one configuration: ok, measured (not a repeat's copy); what its median is taken over."""
+    if params is None:
+        return []
+    key = json.dumps(params, sort_keys=True, default=str)
+    return [t for t in repo.list_trials(run_id, outcome="ok", with_measurements=True)
+            if t.value is not None and t.repeat_of is None
+            and json.dumps(t.params, sort_keys=True, default=str) == key]
+
+
+def level_medians(runs: list, metric: str = "tok_s") -> dict[str, float]:
+    """Per level, the median of ``metric`` over ``runs`` (the same runs the objective's median is taken over)."""
+    by: dict[str, list[float]] = {}
+    for t in runs:
+        for m in t.measurements:
+            if m.metric == metric and m.level:
+                by.setdefault(m.level, []).append(m.value)
+    return {lvl: statistics.median(vs) for lvl, vs in by.items()}
 
 
 def render_script(spec: LaunchSpec, *, header: list[str], recorded: dict[str, Any] | None,
@@ -80,10 +97,14 @@ def render_script(spec: LaunchSpec, *, header: list[str], recorded: dict[str, An
     return "\n".join(lines) + "\n"
 
 
-def export_run(repo: Repo, study: str, out_dir: str | os.PathLike, *, target: Target, parsimony=None) -> Path:
+def export_run(repo: Repo, study: str, out_dir: str | os.PathLike, *, target: Target, note: str = "",
+               parsimony=None) -> Path:
     """Write ``out_dir/<study>/`` for the run's recorded best (launch script, params YAML, kernel configs); store
-    them as artifacts too. ``parsimony`` (a ``tuner.search.parsimony.ParsimonyChoice``, made by the caller) says
-    which trial to prefer and why: its choice is exported and its reason written in the header."""
+    them as artifacts too. The figures per level are medians over the same runs as the recorded value. ``note``:
+    what the search said of its choice (e.g. that nothing beat the baseline beyond the noise). ``parsimony`` (a
+    ``tuner.search.parsimony.ParsimonyChoice``, made by the caller) says which trial to prefer and why: its choice
+    is exported and its reason written in the header. A workload (twin) study's launch.sh is SGLang's command
+    (:mod:`tuner.export.sglang_command`), its re-measure script beside it."""
     run = repo.get_run(study)
     if run is None:
         raise ExportError(f"no study {study!r} in this storage; `tuner status` lists the studies")
@@ -95,7 +116,9 @@ def export_run(repo: Repo, study: str, out_dir: str | os.PathLike, *, target: Ta
     best_params = best_trial.params
     baseline = repo.baseline_trial(run.id)
     spec = target.launch_spec(best_params)
-    best_levels, base_levels = _level_values(best_trial), _level_values(baseline)
+    best_runs = config_runs(repo, run.id, best_params) or [best_trial]
+    base_runs = config_runs(repo, run.id, baseline.params if baseline else None) or ([baseline] if baseline else [])
+    best_levels, base_levels = level_medians(best_runs), level_medians(base_runs)
     env = run.environment or {}
     gpus = ", ".join(g["name"] for g in env.get("gpus", [])) or "cpu"
     header = [
@@ -105,15 +128,19 @@ def export_run(repo: Repo, study: str, out_dir: str | os.PathLike, *, target: Ta
         f"objective: {run.objective}",
         spec.description,
         "",
-        "measured (tok/s, x baseline):",
+        *([f"NOTE: {note}", ""] if note else []),
+        f"measured (tok/s, x baseline; medians over {len(best_runs)} run(s) of this configuration, trials "
+        f"{', '.join(str(r.number) for r in best_runs)}, and {len(base_runs)} of the baseline):",
     ]
     for lvl in sorted(best_levels, key=lambda s: int(s.split("=")[1]) if s.startswith("c=") else 0):
         b = base_levels.get(lvl)
         ratio = f"{best_levels[lvl] / b:.2f}x baseline {b:.1f}" if b else "no baseline"
         header.append(f"  {lvl:>6}: {best_levels[lvl]:.1f} ({ratio})")
     if run.best_value is not None and run.baseline_value:
-        header.append(f"  objective: {run.best_value:.2f} ({run.best_value / run.baseline_value:.2f}x baseline "
-                      f"{run.baseline_value:.2f}); per level: trial {best_trial.number}")
+        vals = [r.value for r in best_runs]
+        spread = f", runs {min(vals):.2f}-{max(vals):.2f}" if len(vals) > 1 else ", one run"
+        header.append(f"  objective: {run.best_value:.2f} (median{spread}; {run.best_value / run.baseline_value:.2f}x "
+                      f"the baseline's median {run.baseline_value:.2f})")
     header += [
         "",
         f"environment: {gpus}; torch {env.get('torch')}; triton {env.get('triton')}; sglang {env.get('sglang')}; "
@@ -124,7 +151,7 @@ def export_run(repo: Repo, study: str, out_dir: str | os.PathLike, *, target: Ta
     ]
     if parsimony is not None:
         header.append("parsimony: " + parsimony.reason())
-    recorded = _recorded(run, best_trial, best_levels)
+    recorded = _recorded(run, best_runs)
     dest_root = Path(out_dir)
     try:
         dest_root.mkdir(parents=True, exist_ok=True)
@@ -148,7 +175,8 @@ def export_run(repo: Repo, study: str, out_dir: str | os.PathLike, *, target: Ta
         if run.target == "workload":  # the twin: launch.sh is SGLang's command, the twin's re-run sits beside it
             (tmp / REMEASURE_NAME).write_text(script)
             os.chmod(tmp / REMEASURE_NAME, 0o755)
-            script = _workload_command(repo, run, best_trial, baseline, recorded, parsimony, kdirs, tmp)
+            script = _workload_command(repo, run, best_trial, (best_levels, base_levels), recorded, parsimony,
+                                       note, kdirs, tmp)
         (tmp / SCRIPT_NAME).write_text(script)
         os.chmod(tmp / SCRIPT_NAME, 0o755)
         params_doc = {"study": run.study_name, "target": run.target, "objective": run.objective,
@@ -177,8 +205,8 @@ def export_run(repo: Repo, study: str, out_dir: str | os.PathLike, *, target: Ta
     return dest
 
 
-def _workload_command(repo: Repo, run, trial, baseline, recorded: dict[str, Any], parsimony, kdirs: list[Path],
-                      tmp: Path) -> str:
+def _workload_command(repo: Repo, run, trial, levels: tuple[dict[str, float], dict[str, float]],
+                      recorded: dict[str, Any], parsimony, note: str, kdirs: list[Path], tmp: Path) -> str:
     """launch.sh of a workload study: the SGLang command of ``trial``'s configuration (see
     :mod:`tuner.export.sglang_command`), with the twin's figures and ``tuner verify``'s record pointing at
     remeasure.sh."""
@@ -189,13 +217,14 @@ def _workload_command(repo: Repo, run, trial, baseline, recorded: dict[str, Any]
     launch = sc.server_launch(space, trial.params)
     argv = sc.sglang_argv(space, trial.params, launch)
     moe = sc.copy_sglang_moe_configs(kdirs, tmp / MOE_DIR)
-    best_levels, base_levels = _level_values(trial), _level_values(baseline)
+    best_levels, base_levels = levels
     err = {m.level: m.value for m in trial.measurements if m.metric == "numerics_rel_err"}
     header = [
         f"SGLang launch command exported by tuner {__version__} on {datetime.now(timezone.utc):%Y-%m-%d %H:%M} UTC",
         f"from twin study {run.study_name!r} (workload target, space {run.space_name}), trial {trial.number}",
         "",
         sc.PREDICTED,
+        *([f"NOTE: {note}"] if note else []),
         "what the twin measured (its decode step on random weights; tok/s, x the twin's default configuration):",
     ]
     for lvl in sorted(best_levels, key=lambda s: int(s.split("=")[1]) if s.startswith("c=") else 0):
@@ -219,8 +248,9 @@ def _workload_command(repo: Repo, run, trial, baseline, recorded: dict[str, Any]
                              record_line=RECORD_MARK + json.dumps(rec, sort_keys=True))
 
 
-def _recorded(run, best_trial, best_levels: dict[str, float]) -> dict[str, Any]:
-    """The figures ``tuner verify`` compares against: the objective, its metric per level, the load that made it."""
+def _recorded(run, best_runs: list) -> dict[str, Any]:
+    """The figures ``tuner verify`` compares against: the objective (the median the run recorded), its metric per
+    level (medians over the same runs), and the load that made them."""
     from search_spaces import SpaceError, load_space_text
 
     try:
@@ -228,11 +258,11 @@ def _recorded(run, best_trial, best_levels: dict[str, float]) -> dict[str, Any]:
     except SpaceError:
         obj = None
     metric = obj.metric if obj else "tok_s"
-    by_level = {m.level.split("=", 1)[1]: m.value for m in (best_trial.measurements if best_trial else [])
-                if m.metric == metric and m.level.startswith("c=")}
+    by_level = {lvl.split("=", 1)[1]: v for lvl, v in level_medians(best_runs, metric).items() if lvl.startswith("c=")}
     return {"study": run.study_name, "target": run.target, "objective": run.objective,
             **recorded_figures(obj, run.best_value, by_level, run.settings or {}, direction=run.direction,
-                               unit=run.unit)}
+                               unit=run.unit),
+            "runs": [r.number for r in best_runs]}
 
 
 def recorded_figures(objective, value: float | None, by_level: dict, settings: dict[str, Any], *,

@@ -87,10 +87,12 @@ def prefer_parsimonious(candidates: Sequence[Candidate], defaults: Mapping[str, 
 
 
 def parsimony_for_run(repo, run) -> ParsimonyChoice | None:
-    """Among the study's successful trials within the best's measured noise, the one with the fewest changes from
-    the defaults (:func:`prefer_parsimonious`); ``None`` when it cannot be judged. The noise is
-    the best trial's own: the median over levels of its step times' interquartile spread relative to the step, at most
-    :data:`NOISE_CAP`."""
+    """Among the study's successful trials within the measured noise below its recorded best (``run.best_value``,
+    the search's decided choice), the one with the fewest changes from the defaults (:func:`prefer_parsimonious`);
+    ``None`` when it cannot be judged. A trial timed above the recorded best (a single lucky draw the search did not
+    choose) is not a candidate. The noise is the spread of the best configuration's own runs ((max - min) / median)
+    when it ran more than once, else the median over levels of its step times' interquartile spread relative to
+    the step; at most :data:`NOISE_CAP`."""
     from search_spaces import SpaceError, load_space_text
 
     try:
@@ -100,12 +102,21 @@ def parsimony_for_run(repo, run) -> ParsimonyChoice | None:
     best_trial = repo.get_trial(run.id, run.best_trial_number) if run.best_trial_number is not None else None
     if space is None or best_trial is None:
         return None
-    spreads = {m.level: m.value for m in best_trial.measurements if m.metric == "step_spread_ms"}
-    steps = {m.level: m.value for m in best_trial.measurements if m.metric == "step_ms" and m.value}
-    rel = sorted(spreads[lv] / steps[lv] for lv in steps if lv in spreads)
-    noise = min(NOISE_CAP, rel[len(rel) // 2]) if rel else 0.0
-    trials = [t for t in repo.list_trials(run.id, outcome="ok") if t.value is not None and t.repeat_of is None]
-    if not trials:
+    maximize = run.direction != "minimize"
+    best_value = run.best_value if run.best_value is not None else best_trial.value
+    if best_value is None:
         return None
-    return prefer_parsimonious([Candidate(t.number, t.params, t.value) for t in trials], space.defaults(), noise,
-                               maximize=run.direction != "minimize")
+    trials = [t for t in repo.list_trials(run.id, outcome="ok") if t.value is not None and t.repeat_of is None]
+    same = sorted(t.value for t in trials if t.params == best_trial.params)
+    if len(same) > 1 and same[len(same) // 2]:
+        noise = (same[-1] - same[0]) / abs(same[len(same) // 2])
+    else:
+        spreads = {m.level: m.value for m in best_trial.measurements if m.metric == "step_spread_ms"}
+        steps = {m.level: m.value for m in best_trial.measurements if m.metric == "step_ms" and m.value}
+        rel = sorted(spreads[lv] / steps[lv] for lv in steps if lv in spreads)
+        noise = rel[len(rel) // 2] if rel else 0.0
+    noise = min(NOISE_CAP, noise)
+    below = [Candidate(t.number, t.params, t.value) for t in trials if t.params != best_trial.params
+             and (t.value <= best_value if maximize else t.value >= best_value)]
+    return prefer_parsimonious([Candidate(best_trial.number, best_trial.params, best_value), *below],
+                               space.defaults(), noise, maximize=maximize)
