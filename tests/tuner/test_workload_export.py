@@ -89,3 +89,41 @@ def test_sglang_moe_config_files_travel_beside_the_command(tmp_path):
                             env={}, moe_dir="sglang_moe_configs", record_line=None)
     assert 'export SGLANG_MOE_CONFIG_DIR="$HERE/sglang_moe_configs"' in script
     assert not copy_sglang_moe_configs([tmp_path / "empty"], tmp_path / "none")
+
+
+def test_the_export_prefers_fewer_changes_within_the_noise_and_says_so(tmp_path):
+    from search_spaces import Hardware, resolve
+    from storage import Repo
+    from storage.types import MetricRow
+    from tuner.export.script import export_run
+    from tuner.search.parsimony import parsimony_for_run
+    from tuner.targets.workload.target import WorkloadTarget
+
+    space_path = Path(__file__).resolve().parents[2] / "search_spaces" / "dsv4_flash_tiny.yaml"
+    space = load_space(str(space_path))
+    repo = Repo(f"sqlite:///{tmp_path / 't.db'}")
+    repo.create_schema()
+    run = repo.create_run("twin", target="workload", budget_s=60, objective="geomean", space_name=space.name,
+                          space_yaml=space_path.read_text())
+    d = space.defaults()
+    stored = [(0, d, 10.0), (1, {**d, "context_length": 4096, "indexer_width": "live", "gemm_proj": "fp32"}, 20.0),
+              (2, {**d, "context_length": 4096}, 19.7),  # 1.5% below the best, one change
+              (3, {**d, "gemm_moe": "fp32"}, 25.0)]  # a lucky single draw above the decided best: no candidate
+    for n, params, value in stored:
+        repo.start_trial(run.id, n, params, is_baseline=n == 0)
+        rows = [m for c in (1, 16, 64) for m in (MetricRow("tok_s", f"c={c}", value * c / 8, "tok/s"),
+                                                 MetricRow("step_ms", f"c={c}", 10.0, "ms"),
+                                                 MetricRow("step_spread_ms", f"c={c}", 0.3, "ms"))]
+        repo.finish_trial(run.id, n, outcome="ok", value=value, metrics=rows, duration_s=1.0)
+    repo.set_baseline(run.id, 10.0)
+    repo.set_best(run.id, 1, 20.0)
+    choice = parsimony_for_run(repo, repo.get_run("twin"))
+    assert choice.switched and choice.chosen.key == 2 and choice.best.key == 1
+    assert abs(choice.noise - 0.03) < 1e-9  # the step times' spread
+    target = WorkloadTarget(resolve(space, Hardware()), {})
+    dest = export_run(repo, "twin", tmp_path / "out", target=target, parsimony=choice)
+    text = (dest / "launch.sh").read_text()
+    assert "parsimony: preferred trial 2 (1 change(s) from the defaults) over the best trial 1 (3 changes)" in text
+    assert "--context-length 4096" in text and "indexer_width=live" not in text
+    assert yaml.safe_load((dest / "best_params.yaml").read_text())["params"] == stored[2][1]
+    assert "--knob indexer_width=static" in (dest / "remeasure.sh").read_text()
