@@ -5,9 +5,8 @@ import sys
 
 from spaces import FAKE_SPACE
 
-from storage import Repo
-
 from search_spaces import Hardware
+from storage import Repo
 from tuner.explain import ablate, explain
 from tuner.search.context import SearchOptions
 from tuner.search.driver import run_search
@@ -69,6 +68,13 @@ def test_ablation_reports_after_every_rerun_and_the_cli_keeps_the_file(tmp_path,
     assert n and len(ab.alone) == n
     # one call per re-run, each parameter alone on the baseline and then undone from the best
     assert seen == [(i // 2 + 1, (i + 1) // 2) for i in range(2 * n)]
+    # the tables are stored with the study, for the export to name each flagless knob's measured gain
+    from tuner.export.sglang_command import read_ablation
+
+    repo = Repo(sqlite_url)
+    stored = read_ablation(repo, repo.get_run("p").id)
+    assert [r["param"] for r in stored["undo"]] == [r["param"] for r in ab.ablation]
+    assert [r["param"] for r in stored["alone"]] == [r["param"] for r in ab.alone]
     report = tmp_path / "why.md"
     r = CliRunner().invoke(app, ["explain", "--storage", sqlite_url, "--study", "p", "--no-profile", "--ablate",
                                  "--out", str(report)])
