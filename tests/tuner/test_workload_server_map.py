@@ -87,3 +87,12 @@ def test_a_bad_server_annotation_is_one_line_naming_it(server, why):
                         source="s.yaml")
     msg = str(err.value)
     assert "\n" not in msg and "param `k` server" in msg and why in msg, msg
+
+
+def test_the_workload_preflight_names_each_knobs_sglang_counterpart():
+    from search_spaces import Hardware, resolve
+    from tuner.targets.workload.target import WorkloadTarget
+
+    report = WorkloadTarget(resolve(load_space("dsv4_flash_tiny"), Hardware()), {}).preflight()
+    fact = report.facts["sglang counterparts"]
+    assert "context_length -> --context-length" in fact and "no SGLang flag: indexer_width, gemm_proj" in fact

@@ -77,6 +77,11 @@ class WorkloadTarget(Target):
             "objective": self.space.objective.describe(),
             "live_context": self.config.live_context,
         })
+        flags = [f"{p.name} -> {p.server.name}" for p in self.space.params if p.server and p.server.name]
+        flagless = [p.name for p in self.space.params if p.server and not p.server.name]
+        if flags or flagless:
+            report.facts["sglang counterparts"] = ", ".join(flags) + (
+                f"; no SGLang flag: {', '.join(flagless)}" if flagless else "")
         for p in self.space.params:
             if not (p.flag or p.kernel or p.env) and p.name not in DEFAULT_KNOBS and p.name != "cuda_graph_buckets":
                 report.errors.append(f"parameter `{p.name}` is not a knob of the workload; knobs are "
