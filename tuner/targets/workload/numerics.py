@@ -6,10 +6,10 @@ tokens) and compares its output with the baseline configuration's on the same in
 bf16 on a GPU, whose activations are bf16) the trial is ``wrong_result`` and never wins.
 
 The baseline's output is cached in a file keyed by everything that changes it (preset, baseline knobs, weight and
-input seeds, batch, live context, device, torch version): the baseline trial, run first, writes it, and every later
-trial process reads it instead of building a second model (on the full preset: a second set of weights on the GPU,
-a 1M-wide torch indexer and a Triton compile per trial). A missing or unreadable file is recomputed in the trial's
-own process, so the cache only saves time and never decides a result.
+input seeds, batch, live context, device, torch and Triton versions, tuned kernel config files): the baseline trial,
+run first, writes it, and every later trial process reads it instead of building a second model (on the full preset:
+a second set of weights on the GPU, a 1M-wide torch indexer and a Triton compile per trial). A missing or unreadable
+file is recomputed in the trial's own process, so the cache only saves time and never decides a result.
 """
 
 from __future__ import annotations
@@ -81,9 +81,18 @@ def normalized(preset: Preset, knobs: dict[str, Any]) -> dict[str, Any]:
 def cache_key(preset: Preset, baseline_knobs: dict[str, Any], *, seed: int, batch: int, live_context: int,
               device: torch.device) -> str:
     dev = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
+    try:
+        import triton
+
+        triton_version = triton.__version__
+    except ImportError:
+        triton_version = None
+    kdir = os.environ.get("TUNER_KERNEL_CONFIG_DIR")  # tuned configs change a Triton kernel's summation order
+    configs = sorted((f.name, f.stat().st_size, f.stat().st_mtime_ns) for f in Path(kdir).glob("*.json")) \
+        if kdir and Path(kdir).is_dir() else []
     doc = {"preset": preset.name, "knobs": {k: str(v) for k, v in sorted(baseline_knobs.items())}, "seed": seed,
            "input_seed": INPUT_SEED, "batch": batch, "live_context": live_context, "device": dev,
-           "torch": torch.__version__}
+           "torch": torch.__version__, "triton": triton_version, "kernel_configs": [kdir, configs]}
     return hashlib.sha256(json.dumps(doc, sort_keys=True).encode()).hexdigest()[:24]
 
 
