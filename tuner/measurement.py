@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import enum
+import re
 from dataclasses import dataclass, field
 
 from storage.types import OUTCOMES, MetricRow
@@ -68,3 +69,26 @@ class Measurement:
             log=data.get("log", ""),
             duration_s=float(data.get("duration_s", 0.0)),
         )
+
+
+_TRACEBACK = "Traceback (most recent call last):"
+_EXCEPTION = re.compile(r"([A-Za-z_][\w.]*(Error|Exception|Exit|Interrupt|Fault|Failure)|KeyboardInterrupt)(: .*)?")
+
+
+def exception_line(log: str) -> str | None:
+    """The exception line of the last traceback in ``log`` (``OSError: [Errno 98] Address already in use``), the
+    line a reason should quote, never the ``Traceback (most recent call last):`` header; ``None`` without a traceback.
+    A prefix written before the header on every line (``[rank0]: ``) is taken off."""
+    lines = log.splitlines()
+    starts = [i for i, ln in enumerate(lines) if _TRACEBACK in ln]
+    if not starts:
+        return None
+    i = starts[-1]
+    prefix = lines[i][:lines[i].index(_TRACEBACK)]
+    for ln in lines[i + 1:]:
+        if prefix and ln.startswith(prefix):
+            ln = ln[len(prefix):]
+        if ln.strip() and not ln[:1].isspace():
+            return ln.strip()
+    found = [ln.strip() for ln in lines[i + 1:] if _EXCEPTION.match(ln.strip())]
+    return found[-1] if found else None
