@@ -19,6 +19,9 @@ class Outcome(str, enum.Enum):
     CRASH = "crash"
     WRONG_RESULT = "wrong_result"
     PRUNED = "pruned"
+    REQUEST_ERROR = "request_error"
+    """The server ran, but refused the load's requests (HTTP 4xx): the load settings are at fault, not the
+    configuration (never remembered as a failed flag set)."""
 
 
 assert tuple(o.value for o in Outcome) == OUTCOMES  # one list of outcomes, two spellings (enum and storage)

@@ -62,7 +62,7 @@ def test_sglang_launch_spec_is_python_m_launch_server(tmp_path):
 
 
 def test_verify_script_reruns_and_compares(make_target, tmp_path):
-    target = make_target(["--tokens-per-second", "100"], levels=[1, 2], min_requests=4, output_len=10)
+    target = make_target(["--tokens-per-second", "100"], levels=[1, 2], min_requests=4, output_len=10, level_s=1.0)
     m = target.evaluate(DEFAULTS, time.time() + 60)
     assert m.outcome is Outcome.OK, m.reason
     obj = target.objective()

@@ -78,7 +78,11 @@ def verify_script(path: str | Path, *, tolerance: float = 0.15, timeout_s: float
         if failure is not None:
             result.outcome, result.reason = failure.outcome, failure.reason
             return result
-        loadgen.warmup(server.base_url, cfg, deadline)
+        probe = loadgen.probe(server.base_url, cfg, deadline)
+        if probe.refused:
+            result.outcome, result.reason = Outcome.REQUEST_ERROR, probe.refused
+            return result
+        cfg = probe.config
         for i, c in enumerate(levels):
             res = loadgen.run_level(server.base_url, cfg, c, level_index=i, deadline=deadline,
                                     should_abort=lambda: (f.reason if (f := server.failure()) else None))

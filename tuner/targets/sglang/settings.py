@@ -66,7 +66,11 @@ class ServerSettings(CommonSettings):
     requests_per_level: int | None = Field(None, ge=1)
     rounds: int | None = Field(None, ge=1)
     min_requests: int | None = Field(None, ge=1)
+    level_s: float | None = Field(None, ge=0)
+    """Seconds each level is measured for at least (3) unless ``requests_per_level`` fixes the count."""
     warmup_requests: int | None = Field(None, ge=0)
     request_timeout_s: float | None = Field(None, gt=0)
     ignore_eos: bool | None = None
+    """Send ``ignore_eos``: true always, false never, unset when the server accepts it (the first request finds
+    out)."""
     extra_body: dict[str, Any] | None = None

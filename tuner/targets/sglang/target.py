@@ -25,8 +25,9 @@ Settings (``Space.settings`` merged with ``--set key=value``; all optional unles
 ``teardown_reserve_s``    seconds kept before the deadline for teardown (15)
 ``levels``                concurrency levels (default: the objective's)
 load                      ``api`` (completions/chat), ``prompt_len``, ``output_len``, ``length_jitter``, ``dataset``
-                          (JSONL), ``requests_per_level``, ``rounds``, ``min_requests``, ``warmup_requests``,
-                          ``request_timeout_s``, ``ignore_eos``, ``seed``, ``extra_body`` (see ``tuner.targets.sglang.loadgen``)
+                          (JSONL), ``requests_per_level``, ``rounds``, ``min_requests``, ``level_s`` (seconds per
+                          level, 3), ``warmup_requests``, ``request_timeout_s``, ``ignore_eos`` (unset: when the
+                          server accepts it), ``seed``, ``extra_body`` (see ``tuner.targets.sglang.loadgen``)
 ``state_dir``             where ``failed_flags.json`` lives (``~/.cache/tuner``); ``allow_retry`` runs them anyway
 ``torch_compile_supported``  false when the model/build is known to reject torch.compile
 ========================  ===========================================================================================
@@ -328,15 +329,23 @@ class CommandTarget(Target):
         failure = server.wait_ready(ready_deadline)
         if failure is not None:
             return Measurement.failed(failure.outcome, failure.reason)
-        startup_s = time.time() - t0
+        metrics = [MetricRow("startup_s", "", time.time() - t0, "s")]
 
         def should_abort() -> str | None:
             f = server.failure()
             return f.reason if f else None
 
-        loadgen.warmup(server.base_url, cfg, deadline)
+        probe = loadgen.probe(server.base_url, cfg, deadline)
+        metrics.append(MetricRow("warmup_s", "", probe.warmup_s, "s"))
+        if probe.refused or (probe.first is not None and not probe.first.ok):
+            f = server.failure()
+            if f is not None:
+                return Measurement(f.outcome, reason=f"at the first request: {f.reason}", metrics=metrics)
+            if probe.refused:  # the load is at fault, not these flags
+                return Measurement(Outcome.REQUEST_ERROR, reason=probe.refused, metrics=metrics)
+        cfg = probe.config
+        metrics.append(MetricRow("ignore_eos", "", 1.0 if cfg.ignore_eos is not False else 0.0, "flag"))
         obj = self.objective()
-        metrics = [MetricRow("startup_s", "", startup_s, "s")]
         by_level: dict[int, float] = {}
         for i, c in enumerate(obj.levels):
             res = loadgen.run_level(server.base_url, cfg, c, level_index=i, should_abort=should_abort,
@@ -350,6 +359,9 @@ class CommandTarget(Target):
                 f = server.failure()
                 if f is not None:
                     return Measurement(f.outcome, reason=f"at c={c}: {f.reason}", metrics=metrics)
+                if res.all_refused:
+                    return Measurement(Outcome.REQUEST_ERROR, reason=f"the server refused every request at c={c}: "
+                                                                     f"{res.first_error()}", metrics=metrics)
                 return Measurement(Outcome.CRASH, reason=f"every request failed at c={c}: {res.first_error()}",
                                    metrics=metrics)
             summary = loadgen.level_summary(res)
