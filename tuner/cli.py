@@ -209,16 +209,27 @@ def status(storage: StorageOpt = "sqlite:///tuner.db", study: StudyOpt = None,
     counts = repo.outcome_counts(run.id)
     console.print(f"study {run.study_name}: {run.state}, target {run.target}, objective {run.objective}; "
                   + ", ".join(f"{k} {v}" for k, v in sorted(counts.items())))
-    table = Table("#", "outcome", "value", "x base", "s", "params / reason")
-    for t in repo.list_trials(run.id):
+    table = Table("#", "outcome", "value", "x base", "s", "start/warm/measure s", "params / reason")
+    for t in repo.list_trials(run.id, with_measurements=True):
         ratio = f"{t.value / run.baseline_value:.2f}" if t.value and run.baseline_value else ""
         detail = ", ".join(f"{k}={v}" for k, v in t.params.items())
         if t.outcome not in ("ok", None) and t.reason:
-            detail += f" — {t.reason[:100]}"
+            detail += f" — {t.reason[:300]}"
         table.add_row(str(t.number) + (" b" if t.is_baseline else ""), t.outcome or t.state,
                       f"{t.value:.2f}" if t.value is not None else "", ratio,
-                      f"{t.duration_s:.1f}" if t.duration_s else "", detail)
+                      f"{t.duration_s:.1f}" if t.duration_s else "", _time_split(t.measurements), detail)
     console.print(table)
+
+
+def _time_split(measurements) -> str:
+    """``14.6/1.2/6.0``: a server trial's start-up, warm-up and measurement seconds (all levels); empty for others."""
+    got = {m.metric: 0.0 for m in measurements if m.metric in ("startup_s", "warmup_s", "measure_s")}
+    for m in measurements:
+        if m.metric in got:
+            got[m.metric] += m.value
+    if not got:
+        return ""
+    return "/".join(f"{got[k]:.1f}" if k in got else "-" for k in ("startup_s", "warmup_s", "measure_s"))
 
 
 @app.command()

@@ -9,10 +9,10 @@ import time
 
 import pytest
 
-from tuner.measurement import Outcome
 from kernels.plugins.sglang_moe_files import read_moe_config_with_sglang, write_moe_config
 from tuner.export.script import read_recorded, recorded_figures, render_script
 from tuner.export.verify import verify_script
+from tuner.measurement import Outcome
 from tuner.targets.base import LaunchSpec
 
 HOSTILE = "/models/a b'c\"d;touch PWNED1\n$(touch PWNED2)`touch PWNED3` && rm -rf ~ #"

@@ -119,6 +119,8 @@ def export_run(repo: Repo, study: str, out_dir: str | os.PathLike, *, target: Ta
         "best parameters: " + ", ".join(f"{k}={v}" for k, v in best_params.items()),
     ]
     recorded = _recorded(run, best_trial, best_levels)
+    if spec.host:
+        recorded["host"] = spec.host  # what the script binds: `tuner verify` dials it
     dest_root = Path(out_dir)
     try:
         dest_root.mkdir(parents=True, exist_ok=True)

@@ -52,6 +52,8 @@ class LaunchSpec:
     description: str = ""
     remeasure_argv: list[str] | None = None
     """The command that re-measures the configuration (defaults to ``argv``)."""
+    host: str | None = None
+    """The address the launched server binds (server targets): what ``tuner verify`` dials."""
 
 
 class Target(abc.ABC):

@@ -51,6 +51,10 @@ class ServerSettings(CommonSettings):
     """Seconds a server may linger after a fatal log line."""
     teardown_reserve_s: float = Field(15.0, ge=0)
     """Seconds kept before the deadline for teardown."""
+    trial_estimate_s: float | None = Field(None, gt=0)
+    """What one trial takes (start-up, warm-up, levels, teardown), for the dry-run's plan."""
+    probe_launch: bool = False
+    """Dry-run: start the server once with the defaults and time it, for the plan (instead of the estimate)."""
     state_dir: str = "~/.cache/tuner"
     """Where ``failed_flags.json`` lives."""
     allow_retry: bool = False

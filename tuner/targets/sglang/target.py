@@ -77,11 +77,18 @@ class CommandTarget(Target):
 
     def __init__(self, resolved, settings: dict[str, Any] | None = None) -> None:
         super().__init__(resolved, settings)
+        self._check_model()
         self._flags: fl.ServerFlags | None = None
         self.failed = FailedFlags(Path(self.config.state_dir).expanduser()
                                   / "failed_flags.json")
 
     # -- the command ----------------------------------------------------------------------------------------
+    def _check_model(self) -> None:
+        """A command that needs ``{model}`` without a model is refused here, before any trial (and in a dry-run)."""
+        if any("{model}" in str(a) for a in self.config.command or []) and not self.model:
+            raise TargetError("target `command`: setting `command` needs {model}, but no model is given; pass "
+                              "--model PATH or --set model=PATH")
+
     @property
     def model(self) -> str:
         return self.config.model
@@ -276,7 +283,7 @@ class CommandTarget(Target):
     def launch_spec(self, params: dict[str, Any]) -> LaunchSpec:
         args, env = self.flag_args(params)
         argv = self.server_argv(args, self.config.port)
-        return LaunchSpec(argv=argv, env=self.launch_env(env),
+        return LaunchSpec(argv=argv, env=self.launch_env(env), host=self.host,
                           description=f"{self.name} server with {len(args)} tuned flag arguments")
 
     def kernel_config_dirs(self) -> list[str]:
@@ -403,6 +410,11 @@ class SGLangTarget(CommandTarget):
     @property
     def python(self) -> str:
         return self.config.python or sys.executable
+
+    def _check_model(self) -> None:
+        if not self.model:
+            raise TargetError("target `sglang` needs setting `model` (a model path or hub name); pass --model PATH "
+                              "or --set model=PATH")
 
     def base_command(self, port: int | str) -> list[str]:
         if not self.model:
