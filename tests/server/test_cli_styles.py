@@ -51,7 +51,7 @@ def _click_target(tmp_path, yaml=CLICK_SPACE, **settings):
 
     space = resolve(load_space_text(yaml, source="click.yaml"), Hardware())
     base = {"command": [sys.executable, str(CLICK_SERVER), "--host", "{host}", "--port", "{port}"],
-            "model": "standin", "port_range": "32000-32999", "state_dir": str(tmp_path / "state"), "prompt_len": 8,
+            "model": "standin", "port_range": "32000-32999", "prompt_len": 8,
             "output_len": 8, "min_requests": 2, "rounds": 1, "warmup_requests": 0, "teardown_reserve_s": 3.0}
     base.update(settings)
     return CommandTarget(space, base)

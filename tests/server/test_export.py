@@ -46,8 +46,7 @@ def test_sglang_launch_spec_is_python_m_launch_server(tmp_path):
 
     space = resolve(load_space(builtin_space_path("sglang_dsv4_flash")),
                     Hardware(gpu_name="NVIDIA H200", gpu_count=8, compute_capability=(9, 0)))
-    t = SGLangTarget(space, {"moe_config_dir": str(tmp_path / "moe"), "kernel_config_dir": str(tmp_path / "k"),
-                             "state_dir": str(tmp_path)})
+    t = SGLangTarget(space, {"moe_config_dir": str(tmp_path / "moe"), "kernel_config_dir": str(tmp_path / "k")})
     params = {**space.defaults(), "context_length": 131072, "cuda_graph_buckets": "pow2:64"}
     spec = t.launch_spec(params)
     assert spec.argv[1:5] == ["-m", "sglang.launch_server", "--model-path", "deepseek-ai/DeepSeek-V4-Flash"]

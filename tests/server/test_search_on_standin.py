@@ -87,3 +87,71 @@ def test_status_shows_each_trials_time_split_and_a_failures_exception_line(tmp_p
     oom = runner.invoke(app, ["status", "--storage", url, "--study", "oom"], env={"COLUMNS": "250"})
     assert "torch.OutOfMemoryError: CUDA out of memory" in oom.output, oom.output
     assert "Traceback" not in oom.output
+
+
+OOM_SPACE = """
+name: oom-switch
+target: command
+objective: {metric: tok_s, combine: geomean, levels: [1, 2]}
+params:
+  oom: {type: bool, default: false, flag: --oom-at-start}
+  fast: {type: bool, default: false, flag: --enable-fast-path}
+"""
+
+
+def _search_space(tmp_path: Path, yaml: str, db: str, name: str, n_trials: int, **settings):
+    space = tmp_path / "space.yaml"
+    space.write_text(yaml)
+    url = f"sqlite:///{tmp_path / db}"
+    opts = SearchOptions(budget_s=120, storage_url=url, study=name, space_path=str(space), target="command",
+                         settings={"command": standin_command(), "model": "standin", **FAST, **settings},
+                         n_trials=n_trials, confirm_top=0, refine_share=0.0, seed=3, out_dir=str(tmp_path / "out"))
+    return run_search(opts), Repo(url)
+
+
+def _ran_oom(result) -> list:
+    return [t for t in result.trials if t.params.get("oom") and t.repeat_of is None]
+
+
+def test_a_failed_flag_set_is_kept_in_the_studys_storage_and_refused_by_the_next_study_there_only(tmp_path):
+    first, repo = _search_space(tmp_path, OOM_SPACE, "a.db", "first", 6)
+    oom = _ran_oom(first)
+    assert oom and oom[0].outcome == "oom", [(t.params, t.outcome, t.reason) for t in first.trials]
+    with repo.session() as s:
+        from sqlalchemy import select
+
+        from storage import FailedFlagSet
+
+        kept = s.scalars(select(FailedFlagSet)).all()
+    assert [(k.trial_number, k.outcome) for k in kept] == [(oom[0].number, "oom")]
+    second, _ = _search_space(tmp_path, OOM_SPACE, "a.db", "second", 6)
+    refused = _ran_oom(second)
+    assert refused and all(t.outcome == "invalid_config" and "already failed" in t.reason for t in refused), \
+        [(t.params, t.outcome, t.reason) for t in second.trials]
+    # a study in another database was never told: it runs the flag set (and sees the OOM itself)
+    elsewhere, _ = _search_space(tmp_path, OOM_SPACE, "b.db", "elsewhere", 6)
+    assert any(t.outcome == "oom" for t in _ran_oom(elsewhere))
+
+
+def test_the_memory_never_refuses_the_baseline(tmp_path):
+    first, _ = _search_space(tmp_path, OOM_SPACE, "a.db", "first", 1, extra_args=["--oom-at-start"])
+    second, _ = _search_space(tmp_path, OOM_SPACE, "a.db", "second", 1, extra_args=["--oom-at-start"])
+    for result in (first, second):
+        base = next(t for t in result.trials if t.is_baseline)
+        assert base.outcome == "oom" and "already failed" not in base.reason, base.reason
+
+
+def test_a_request_error_is_not_remembered_and_the_next_study_measures_its_baseline(tmp_path):
+    strict = ["--reject-field", "top_k"]
+    first, repo = _search_space(tmp_path, OOM_SPACE, "a.db", "first", 1, extra_args=strict,
+                                extra_body={"top_k": 5})
+    base = next(t for t in first.trials if t.is_baseline)
+    assert base.outcome == "request_error" and "remove `top_k` from setting `extra_body`" in base.reason
+    with repo.session() as s:
+        from sqlalchemy import func, select
+
+        from storage import FailedFlagSet
+
+        assert s.scalar(select(func.count()).select_from(FailedFlagSet)) == 0
+    fixed, _ = _search_space(tmp_path, OOM_SPACE, "a.db", "fixed", 1, extra_args=strict)
+    assert next(t for t in fixed.trials if t.is_baseline).outcome == "ok"

@@ -133,6 +133,15 @@ class Target(abc.ABC):
         (``--set kernel_phase=true``); none by default."""
         return []
 
+    def known_failure(self, repo: Any, params: dict[str, Any]) -> str | None:
+        """Why ``params`` need not run: the same launch already failed, as kept in the study's storage ``repo`` (a
+        :class:`storage.Repo`). The search never asks it about the baseline. ``None`` by default."""
+        return None
+
+    def remember_failure(self, repo: Any, run_id: int, number: int, params: dict[str, Any],
+                         measurement: Measurement) -> None:
+        """Keep trial ``number``'s failed launch in ``repo`` for :meth:`known_failure`; nothing by default."""
+
     def use_kernel_configs(self, config_dir: str) -> dict[str, Any]:
         """Settings that make later trials (and the export) use the configs a kernel phase wrote to
         ``config_dir``; none by default."""

@@ -55,10 +55,10 @@ class ServerSettings(CommonSettings):
     """What one trial takes (start-up, warm-up, levels, teardown), for the dry-run's plan."""
     probe_launch: bool = False
     """Dry-run: start the server once with the defaults and time it, for the plan (instead of the estimate)."""
-    state_dir: str = "~/.cache/tuner"
-    """Where ``failed_flags.json`` lives."""
+    state_dir: str | None = None
+    """No longer read: the failed-flag memory is kept in the study's storage (accepted so older spaces load)."""
     allow_retry: bool = False
-    """Run a flag set that failed before anyway."""
+    """Run a flag set whose launch failed before (in any study of this storage) anyway."""
     # the load (None: LoadConfig's default)
     levels: list[int] | None = None
     """Concurrency levels (default: the objective's)."""

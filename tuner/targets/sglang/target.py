@@ -28,7 +28,7 @@ load                      ``api`` (completions/chat), ``prompt_len``, ``output_l
                           (JSONL), ``requests_per_level``, ``rounds``, ``min_requests``, ``level_s`` (seconds per
                           level, 3), ``warmup_requests``, ``request_timeout_s``, ``ignore_eos`` (unset: when the
                           server accepts it), ``seed``, ``extra_body`` (see ``tuner.targets.sglang.loadgen``)
-``state_dir``             where ``failed_flags.json`` lives (``~/.cache/tuner``); ``allow_retry`` runs them anyway
+``allow_retry``           run a flag set whose launch failed before (the memory is in the study's storage)
 ``torch_compile_supported``  false when the model/build is known to reject torch.compile
 ========================  ===========================================================================================
 """
@@ -52,9 +52,8 @@ from storage.types import MetricRow
 from tuner.errors import TargetError
 from tuner.measurement import Measurement, Outcome
 from tuner.targets.base import LaunchSpec, PreflightReport, Reporter, Target
+from tuner.targets.sglang import failed, loadgen
 from tuner.targets.sglang import flags as fl
-from tuner.targets.sglang import loadgen
-from tuner.targets.sglang.failed import FailedFlags, flag_set_key
 from tuner.targets.sglang.launch import ServerProcess, parse_port_range, pick_free_port
 from tuner.targets.sglang.settings import ServerSettings
 
@@ -79,8 +78,6 @@ class CommandTarget(Target):
         super().__init__(resolved, settings)
         self._check_model()
         self._flags: fl.ServerFlags | None = None
-        self.failed = FailedFlags(Path(self.config.state_dir).expanduser()
-                                  / "failed_flags.json")
 
     # -- the command ----------------------------------------------------------------------------------------
     def _check_model(self) -> None:
@@ -136,8 +133,33 @@ class CommandTarget(Target):
         env.update(param_env)
         return env
 
+    def server_version(self) -> str:
+        """The server's version as its flags report it (empty when they do not say)."""
+        return (self._flags.version if self._flags else None) or ""
+
+    def launch_command(self) -> list[str]:
+        """The command of every launch, the port left out (part of the failed-flag key)."""
+        return self.base_command("PORT")
+
     def flag_key(self, args: list[str], env: dict[str, str]) -> str:
-        return flag_set_key(self.base_command("PORT"), list(self.config.extra_args) + args, env)
+        hw = self.resolved.hardware
+        return failed.flag_set_key(self.launch_command(), list(self.config.extra_args) + args, env,
+                                   server_version=self.server_version(),
+                                   gpus=f"{hw.gpu_count}x {hw.gpu_name}" if hw.gpu_count else "cpu")
+
+    # -- the failed-flag memory (the study's storage) -----------------------------------------------------------
+    def known_failure(self, repo: Any, params: dict[str, Any]) -> str | None:
+        if self.allow_retry:
+            return None
+        args, env = self.flag_args(params)
+        return failed.known_failure(repo, self.flag_key(args, self.launch_env(env)))
+
+    def remember_failure(self, repo: Any, run_id: int, number: int, params: dict[str, Any],
+                         measurement: Measurement) -> None:
+        args, env = self.flag_args(params)
+        failed.remember(repo, run_id, number, key=self.flag_key(args, self.launch_env(env)),
+                        outcome=measurement.outcome.value, reason=measurement.reason, args=args,
+                        server_version=self.server_version())
 
     # -- flags of the installed server ------------------------------------------------------------------------
     def load_flags(self, checks: list[tuple[str, list[Any]]]) -> fl.ServerFlags | None:
@@ -177,10 +199,6 @@ class CommandTarget(Target):
                 if too_big:
                     report.will_not_run.append(f"`{p.name}` values {too_big} need more than the {gpus} GPUs here "
                                                "(refused by rule `tp-size-above-gpus`)")
-        remembered = len(self.failed._load())
-        if remembered:
-            report.facts["failed flag sets remembered"] = (
-                f"{remembered} in {self.failed.path}" + (" (allow_retry: they will run)" if self.allow_retry else ""))
         return report
 
     @property
@@ -263,11 +281,6 @@ class CommandTarget(Target):
         refused = [h for h in fl.apply_rules(self._all_args(args), self._rule_ctx()) if h.refuse]
         if refused:
             return "; ".join(f"rule `{h.rule}`: {h.message}" for h in refused)
-        if not self.allow_retry:
-            prior = self.failed.get(self.flag_key(args, self.launch_env(env)))
-            if prior:
-                return (f"this exact flag set already failed ({prior.get('outcome')}: "
-                        f"{str(prior.get('reason', ''))[:200]}); set `allow_retry: true` to run it again")
         return None
 
     def gpus_for(self, params: dict[str, Any]) -> int:
@@ -303,7 +316,6 @@ class CommandTarget(Target):
         t0 = time.time()
         args, param_env = self.flag_args(params)
         env = self.launch_env(param_env)
-        key = self.flag_key(args, env)
         low, high = parse_port_range(self.config.port_range)
         port = pick_free_port(low, high, self.host)
         argv = self.server_argv(args, port)
@@ -327,7 +339,6 @@ class CommandTarget(Target):
         m.duration_s = time.time() - t0
         if m.outcome is not Outcome.OK:
             _logger.info("trial %s: %s", m.outcome.value, m.reason)
-            self.failed.record(key, m.outcome.value, m.reason, args)
         return m
 
     def _run(self, server: ServerProcess, cfg: loadgen.LoadConfig, t0: float, deadline: float,
@@ -434,9 +445,20 @@ class SGLangTarget(CommandTarget):
             _logger.info("parser introspection failed (%s); falling back to --help", exc)
             return fl.help_flags(self.help_command())
 
-    def flag_key(self, args: list[str], env: dict[str, str]) -> str:
-        return flag_set_key([self.python, "sglang", self.model], list(self.config.extra_args) + args,
-                            env)
+    def launch_command(self) -> list[str]:
+        return [self.python, "sglang", self.model]
+
+    def server_version(self) -> str:
+        if self._flags and self._flags.version:
+            return self._flags.version
+        if self.python == sys.executable:
+            from importlib.metadata import PackageNotFoundError, version
+
+            try:
+                return version("sglang")
+            except PackageNotFoundError:
+                return ""
+        return ""
 
     # -- the kernel phase: SGLang's own fused-MoE kernel at the shapes this space's launches run ------------------
     def _flag_values(self, flags: tuple[str, ...], default: int) -> list[int]:
