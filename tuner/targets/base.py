@@ -28,10 +28,18 @@ class PreflightReport:
     rules: list[str] = field(default_factory=list)
     errors: list[str] = field(default_factory=list)
     facts: dict[str, Any] = field(default_factory=dict)
+    trial_s: float | None = None
+    """What one trial takes, when the target knows (a space's estimate or a probe launch): the dry-run's plan."""
 
     @property
     def ok(self) -> bool:
         return not self.errors
+
+    def plan(self, budget_s: float) -> None:
+        """Add how many trials of :attr:`trial_s` fit in ``budget_s`` to the facts (nothing when it is unknown)."""
+        if self.trial_s and self.trial_s > 0:
+            self.facts["trials that fit the budget"] = (f"about {int(budget_s // self.trial_s)} "
+                                                        f"({budget_s:.0f} s / {self.trial_s:.0f} s a trial)")
 
     def lines(self) -> list[str]:
         out = [f"preflight for target `{self.target}`:"]

@@ -53,6 +53,9 @@ class ServerSettings(CommonSettings):
     """Seconds kept before the deadline for teardown."""
     trial_estimate_s: float | None = Field(None, gt=0)
     """What one trial takes (start-up, warm-up, levels, teardown), for the dry-run's plan."""
+    load_format: str | None = None
+    """SGLang: ``--load-format`` of the trials only (``dummy``: random weights of the right shapes, so a large model
+    starts without reading its weights); the exported launch keeps the real weights."""
     probe_launch: bool = False
     """Dry-run: start the server once with the defaults and time it, for the plan (instead of the estimate)."""
     state_dir: str | None = None

@@ -115,7 +115,12 @@ class CommandTarget(Target):
         return self.base_command(0) + ["--help"]
 
     def server_argv(self, args: list[str], port: int | str) -> list[str]:
+        """The launch of ``args`` as deployed (the export's)."""
         return self.base_command(port) + list(self.config.extra_args) + args
+
+    def trial_argv(self, args: list[str], port: int | str) -> list[str]:
+        """The launch of ``args`` in a trial: the deployed one, unless a target measures differently."""
+        return self.server_argv(args, port)
 
     def flag_params(self) -> list[Param]:
         return [p for p in self.space.params if p.flag]
@@ -192,6 +197,7 @@ class CommandTarget(Target):
                 report.facts["server version"] = flags.version
             self._check_flags(flags, report)
         self._report_rules(report)
+        self._plan(report)
         gpus = self.resolved.hardware.gpu_count
         for p in self.flag_params():
             if p.flag in ("--tp-size", "--tensor-parallel-size") and gpus > 0:
@@ -200,6 +206,26 @@ class CommandTarget(Target):
                     report.will_not_run.append(f"`{p.name}` values {too_big} need more than the {gpus} GPUs here "
                                                "(refused by rule `tp-size-above-gpus`)")
         return report
+
+    def _plan(self, report: PreflightReport) -> None:
+        """The seconds one trial takes: a probe launch of the defaults (``probe_launch: true``, a failure of which
+        is an error: the baseline could not run either), else the space's ``trial_estimate_s``."""
+        if self.config.probe_launch and report.ok:
+            t0 = time.time()
+            m = self.evaluate(self.resolved.defaults(), t0 + self.config.ready_timeout_s + 600)
+            if m.outcome is not Outcome.OK:
+                report.errors.append(f"probe launch of the defaults: {m.outcome.value}: {m.reason}")
+                return
+            split = ", ".join(f"{label} {m.metric(name):.1f} s" for label, name in
+                              (("start-up", "startup_s"), ("warm-up", "warmup_s")) if m.metric(name) is not None)
+            measure = sum(r.value for r in m.metrics if r.metric == "measure_s")
+            report.trial_s = m.duration_s
+            report.facts["trial seconds"] = (f"{m.duration_s:.1f} (probe launch of the defaults: {split}, "
+                                             f"measurement {measure:.1f} s, teardown included)")
+        elif self.config.trial_estimate_s:
+            report.trial_s = self.config.trial_estimate_s
+            report.facts["trial seconds"] = f"{self.config.trial_estimate_s:g} (the space's trial_estimate_s; " \
+                                            "--set probe_launch=true measures one)"
 
     @property
     def allow_retry(self) -> bool:
@@ -318,7 +344,7 @@ class CommandTarget(Target):
         env = self.launch_env(param_env)
         low, high = parse_port_range(self.config.port_range)
         port = pick_free_port(low, high, self.host)
-        argv = self.server_argv(args, port)
+        argv = self.trial_argv(args, port)
         cfg = loadgen.LoadConfig.from_settings(self.settings)
         reserve = min(self.config.teardown_reserve_s, 0.2 * max(0.0, deadline - t0))
         work_deadline = deadline - reserve
@@ -436,6 +462,23 @@ class SGLangTarget(CommandTarget):
 
     def help_command(self) -> list[str]:
         return [self.python, "-m", "sglang.launch_server", "--help"]
+
+    def trial_argv(self, args: list[str], port: int | str) -> list[str]:
+        """A trial's launch: with ``load_format`` (e.g. ``dummy``) it runs on weights of the right shapes that are
+        never read from disk; the export (:meth:`launch_spec`) keeps the real ones."""
+        fmt = ["--load-format", self.config.load_format] if self.config.load_format else []
+        return self.server_argv(args, port) + fmt
+
+    def _check_flags(self, flags: fl.ServerFlags, report: PreflightReport) -> None:
+        super()._check_flags(flags, report)
+        fmt = self.config.load_format
+        if fmt:
+            why = ("--load-format is not accepted by this server" if flags.get("--load-format") is None
+                   else flags.check_value("--load-format", fmt))
+            if why:
+                report.errors.append(f"setting `load_format`: {why}")
+            else:
+                report.will_run.append(f"trials load `--load-format {fmt}` weights; the export keeps the real ones")
 
     def load_flags(self, checks: list[tuple[str, list[Any]]]) -> fl.ServerFlags | None:
         parser = self.config.parser or fl.SGLANG_PARSER
