@@ -54,6 +54,7 @@ def test_a_trial_stores_its_startup_warmup_and_measurement_seconds(make_target):
     assert m.metric("startup_s") >= 0.3
     assert 0 < m.metric("warmup_s") < m.duration_s
     assert m.metric("measure_s", "c=1") > 0 and m.metric("requests", "c=4") >= 4
+    assert 0 < m.metric("teardown_s") < m.duration_s
 
 
 @pytest.fixture

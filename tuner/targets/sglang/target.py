@@ -356,11 +356,13 @@ class CommandTarget(Target):
         try:
             m = self._run(server, cfg, t0, work_deadline, report)
         finally:
+            stop_t0 = time.time()
             try:
                 server.stop(port_timeout_s=max(1.0, deadline - time.time()),
                             gpu_timeout_s=max(1.0, deadline - time.time()))
             finally:
                 restore()
+        m.metrics.append(MetricRow("teardown_s", "", time.time() - stop_t0, "s"))
         m.log = server.log_text()
         m.duration_s = time.time() - t0
         if m.outcome is not Outcome.OK:
