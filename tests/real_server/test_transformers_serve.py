@@ -24,7 +24,7 @@ pytest.importorskip("transformers", reason="needs the transformers[serving] extr
 
 from tests.real_server.tiny_model import build_tiny_llama  # noqa: E402
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(420)]
 
 ROOT = Path(__file__).resolve().parents[2]
 SPACE = ROOT / "search_spaces" / "transformers_serve.yaml"
