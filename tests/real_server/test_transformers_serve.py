@@ -92,3 +92,18 @@ def test_export_binds_the_loopback_and_verify_reruns_it(searched):
     verified = _tuner("verify", str(script), "--tolerance", "0.9", "--timeout", "120s", env=env, timeout=180)
     assert verified.returncode == 0, verified.stdout + verified.stderr
     assert verified.stdout.startswith("verified: tok_s") and "outcome ok" in verified.stdout
+
+
+def test_dry_run_reads_the_typer_help_of_transformers_serve_and_plans(tmp_path):
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONPATH": str(ROOT)}
+    done = _tuner("search", "--target", "command", "--space", str(SPACE), "--model", str(tmp_path / "m"),
+                  "--budget", "10m", "--dry-run", "--storage", f"sqlite:///{tmp_path / 't.db'}",
+                  "--set", "extra_args=[--no-enable-cors, --reasoning, 'off']", env=env, timeout=120)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "4 of 4 flags accepted by the server" in done.stdout, done.stdout
+    assert "trial seconds: 30" in done.stdout and "trials that fit the budget: about 20" in done.stdout
+    bad = _tuner("search", "--target", "command", "--space", str(SPACE), "--model", str(tmp_path / "m"),
+                 "--budget", "10m", "--dry-run", "--storage", f"sqlite:///{tmp_path / 't.db'}",
+                 "--set", "extra_args=[--reasoning, sometimes]", env=env, timeout=120)
+    assert bad.returncode == 2
+    assert "'sometimes' is not one of the choices of --reasoning: ['auto', 'off', 'on']" in bad.stdout, bad.stdout

@@ -84,3 +84,18 @@ def test_a_level_measured_over_too_little_is_flagged(fast_standin):
     assert len(res.requests) == 4 and res.wall_s < loadgen.SHORT_WINDOW_S
     rows = {(r.metric, r.level): r.value for r in loadgen.level_metrics(res)}
     assert rows[("short_window", "c=2")] == 1.0 and rows[("requests", "c=2")] == 4.0
+
+
+def test_the_refused_field_is_read_from_the_error_texts_of_common_servers():
+    body = {"model": "m", "prompt": "p", "max_tokens": 8, "stream": True, "stream_options": {"include_usage": True},
+            "ignore_eos": True, "temperature": 0.0}
+    texts = {
+        "HTTP 422: {\"detail\":\"Unexpected fields in the request: {'ignore_eos'}\"}": "ignore_eos",  # transformers
+        "HTTP 400: [{'type': 'extra_forbidden', 'loc': ('body', 'stream_options'), 'msg': 'Extra inputs are not "
+        "permitted'}]": "stream_options",  # a pydantic model with extra='forbid'
+        "HTTP 400: Unrecognized request argument supplied: ignore_eos": "ignore_eos",  # OpenAI's own wording
+        "HTTP 404: The model `m2` does not exist.": "model",  # then the fix names served_model_name
+        "HTTP 400: invalid value for temperature": "temperature",
+    }
+    for text, want in texts.items():
+        assert loadgen._named_field(text, body) == want, text
