@@ -36,6 +36,9 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+# the trial processes and the servers import tuner from here too (nothing is installed on the GPU image)
+os.environ["PYTHONPATH"] = os.pathsep.join([str(ROOT)] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep)
+                                                          if p])
 
 SPACE = ROOT / "search_spaces" / "transformers_serve.yaml"
 SERVE = "import sys; from transformers.cli.transformers import main; sys.argv[0] = 'transformers'; main()"
@@ -154,7 +157,7 @@ def main() -> int:
         print(f"error: missing Python packages {missing}; carry them as wheels (see this file's docstring)",
               file=sys.stderr)
         return 2
-    from tests.real_server.tiny_model import build_tiny_llama
+    build_tiny_llama = _tiny_model_builder()
     from tuner.fingerprint import fingerprint
     from tuner.search.context import SearchOptions
     from tuner.search.driver import run_search
@@ -207,6 +210,15 @@ def main() -> int:
     (out / "real_server_gpu.md").write_text(markdown(doc))
     print(markdown(doc))
     return 0 if result.best is not None else 1
+
+
+def _tiny_model_builder():
+    """``tests/real_server/tiny_model.py``'s builder, loaded by path (another package named ``tests`` may be
+    installed on the image)."""
+    spec = importlib.util.spec_from_file_location("tiny_model", ROOT / "tests" / "real_server" / "tiny_model.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.build_tiny_llama
 
 
 def _version(name: str) -> str | None:
