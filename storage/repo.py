@@ -107,6 +107,11 @@ class Repo:
         with self.session() as s, s.begin():
             s.execute(update(Run).where(Run.id == run_id).values(**values))
 
+    def set_baseline(self, run_id: int, value: float) -> None:
+        """Record the baseline's value every ratio uses (the median over its runs, once it was re-run)."""
+        with self.session() as s, s.begin():
+            s.execute(update(Run).where(Run.id == run_id).values(baseline_value=value))
+
     def set_best(self, run_id: int, number: int, value: float) -> None:
         """Record the run's chosen best (e.g. the best median over confirmation re-runs, not the luckiest timing)."""
         with self.session() as s, s.begin():

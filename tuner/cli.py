@@ -131,6 +131,11 @@ def search(
             console.print(line, highlight=False, markup=False)
         raise typer.Exit(0 if result.preflight.ok else 2)
     _print_result(result)
+    if not hasattr(result, "summary_lines") and (result.best is None or result.state == "failed"):
+        counts = ", ".join(f"{k} {v}" for k, v in sorted(_count(result.trials).items())) or "no trial"
+        err_console.print(f"error: {'the search gave up' if result.state == 'failed' else 'no trial succeeded'} "
+                          f"({counts}); `tuner status` lists each trial's reason", highlight=False, markup=False)
+        raise typer.Exit(1)
 
 
 def _print_result(result) -> None:
@@ -143,13 +148,16 @@ def _print_result(result) -> None:
                   + (f" ({result.stop_reason})" if result.stop_reason else "")
                   + f": {len(result.trials)} trials, "
                   + ", ".join(f"{k} {v}" for k, v in sorted(_count(result.trials).items())))
+    if result.note:
+        console.print(f"note: {result.note}", highlight=False)
     if result.best is None:
-        console.print("no trial succeeded; see `tuner status` for the failures")
         return
-    ratio = f" = {result.speedup:.2f}x baseline ({result.baseline_value:.2f})" if result.speedup else ""
-    runs = [t.value for t in result.trials if t.outcome == "ok" and t.params == result.best_params
-            and t.value is not None and t.repeat_of is None]
-    spread = (f" (median of {len(runs)} runs, {min(runs):.2f}-{max(runs):.2f})" if len(runs) > 1 else "")
+    ratio = (f" = {result.speedup:.2f}x the baseline's median ({result.baseline_value:.2f}, "
+             f"{len(result.baseline_runs)} run(s))" if result.speedup else "")
+    values = {t.number: t.value for t in result.trials}
+    runs = [values[n] for n in result.best_runs if values.get(n) is not None]
+    spread = (f" (median of {len(runs)} runs, {min(runs):.2f}-{max(runs):.2f}, spread {result.best_spread:.1%})"
+              if len(runs) > 1 else " (one run)")
     console.print(f"best: trial {result.best.number}, {result.best_value:.2f}{spread}{ratio}")
     for k, v in result.best_params.items():
         console.print(f"  {k} = {v}", highlight=False)

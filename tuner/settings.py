@@ -58,10 +58,16 @@ class CommonSettings(Settings):
     """Tune the kernels at the shapes this space's configurations produce before the first trial (GPU only)."""
     kernel_phase_share: float = Field(0.2, gt=0, lt=1)
     """Share of the time for trials the kernel phase may take."""
+    kernel_phase_settings: dict[str, Any] = Field(default_factory=dict)
+    """Settings of the kernels target for the kernel phase (e.g. ``{compile_ahead: 2, retune: true}``)."""
     kernel_config_dir: str | None = None
     """Folder of tuned kernel config files the trials (and the export) use (``$TUNER_KERNEL_CONFIG_DIR``)."""
     seed: int = 0
     """Seed of the trials' random inputs."""
+    noise_tolerance: float = Field(0.10, ge=0)
+    """How far (max - min, over the median) the winner's runs may differ before it is run again (at the end)."""
+    fail_fast_after: int = Field(8, ge=0)
+    """End the search after this many trials in a row failed the same way (same outcome and reason); 0: never."""
 
 
 def target_settings(stored: Mapping[str, Any] | None) -> dict[str, Any]:

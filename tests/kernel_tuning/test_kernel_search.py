@@ -139,7 +139,7 @@ def test_kernel_phase_inside_a_system_search(tmp_path, sqlite_url, monkeypatch):
     monkeypatch.delenv("TUNER_KERNEL_CONFIG_DIR", raising=False)
     space = tmp_path / "fake.yaml"
     space.write_text(FAKE_SPACE)
-    ctx = open_context(_options(tmp_path, sqlite_url, space_path=str(space), settings={"allow_cpu_interpreter": True}))
+    ctx = open_context(_options(tmp_path, sqlite_url, space_path=str(space), settings={"kernel_phase_settings": {"allow_cpu_interpreter": True}}))
     shapes = [(TINY, {"batch": 1, "width": 8}), (TINY, {"batch": 1, "width": 8}, "bfloat16")]
     res = kernel_phase(ctx, shapes, budget_s=60)
     assert len(res.cases) == 1 and res.cases[0].study.startswith(f"{ctx.run.study_name}.kernels.tiny.")

@@ -199,7 +199,7 @@ def test_phase_files_go_to_every_later_launch_and_the_export(tmp_path, sqlite_ur
     t = _target()
     added = t.use_kernel_configs(str(conf))
     assert added == {"moe_config_dir": str(conf / "sglang_moe")}
-    t.settings.update(added)
+    t = _target(added)  # every later trial's target is built from the settings the phase added
     spec = t.launch_spec(load_space("sglang_dsv4_flash").defaults())
     assert spec.env["SGLANG_MOE_CONFIG_DIR"] == str(conf / "sglang_moe")
     assert _target({"moe_config_dir": "/mine"}).use_kernel_configs(str(conf)) == {}  # the user's folder wins

@@ -77,14 +77,17 @@ def test_selfcheck_runs_every_kernel(capsys):
 
 
 @needs_triton
-def test_clear_cache_empties_the_launchers_caches():
+def test_every_launcher_uses_the_one_config_cache_and_clear_cache_empties_it():
     from kernels import configs
-    from kernels.gemm import _LOOKUP, gemm
+    from kernels.gemm import gemm
+    from kernels.glue import fused_add_rmsnorm
 
+    configs.clear_cache()
     x, w = torch.randn(2, 32), torch.randn(16, 32)
     if torch.cuda.is_available():
         x, w = x.cuda(), w.cuda()
     gemm(x, w, "fp32")
-    assert _LOOKUP
+    fused_add_rmsnorm(x, torch.zeros_like(x), torch.ones(32, device=x.device))
+    assert {k[0] for k in configs._LAUNCH} == {"gemm", "rmsnorm"}
     configs.clear_cache()
-    assert not _LOOKUP
+    assert not configs._LAUNCH

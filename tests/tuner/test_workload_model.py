@@ -111,6 +111,8 @@ def test_kernel_phase_runs_first_for_the_spaces_shapes_when_asked(tmp_path, monk
     calls = []
 
     class Done:
+        config_dir = None  # nothing written: no settings for later trials
+
         def summary_lines(self):
             return ["kernel phase: done"]
 

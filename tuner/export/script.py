@@ -12,6 +12,7 @@ import os
 import re
 import shlex
 import shutil
+import statistics
 import tempfile
 from datetime import datetime, timezone
 from pathlib import Path
@@ -43,8 +44,24 @@ def _one_line(text: Any) -> str:
     return re.sub(r"[\r\n\x00-\x1f]+", " ", str(text))
 
 
-def _level_values(trial) -> dict[str, float]:
-    return {m.level: m.value for m in (trial.measurements if trial else []) if m.metric == "tok_s" and m.level}
+def config_runs(repo: Repo, run_id: int, params: dict[str, Any] | None) -> list:
+    """The stored runs of one configuration: ok, measured (not a repeat's copy); what its median is taken over."""
+    if params is None:
+        return []
+    key = json.dumps(params, sort_keys=True, default=str)
+    return [t for t in repo.list_trials(run_id, outcome="ok", with_measurements=True)
+            if t.value is not None and t.repeat_of is None
+            and json.dumps(t.params, sort_keys=True, default=str) == key]
+
+
+def level_medians(runs: list, metric: str = "tok_s") -> dict[str, float]:
+    """Per level, the median of ``metric`` over ``runs`` (the same runs the objective's median is taken over)."""
+    by: dict[str, list[float]] = {}
+    for t in runs:
+        for m in t.measurements:
+            if m.metric == metric and m.level:
+                by.setdefault(m.level, []).append(m.value)
+    return {lvl: statistics.median(vs) for lvl, vs in by.items()}
 
 
 def render_script(spec: LaunchSpec, *, header: list[str], recorded: dict[str, Any] | None,
@@ -79,9 +96,10 @@ def render_script(spec: LaunchSpec, *, header: list[str], recorded: dict[str, An
     return "\n".join(lines) + "\n"
 
 
-def export_run(repo: Repo, study: str, out_dir: str | os.PathLike, *, target: Target) -> Path:
+def export_run(repo: Repo, study: str, out_dir: str | os.PathLike, *, target: Target, note: str = "") -> Path:
     """Write ``out_dir/<study>/`` for the run's recorded best (launch script, params YAML, kernel configs); store
-    them as artifacts too."""
+    them as artifacts too. The figures per level are medians over the same runs as the recorded value. ``note``:
+    what the search said of its choice (e.g. that nothing beat the baseline beyond the noise)."""
     run = repo.get_run(study)
     if run is None:
         raise ExportError(f"no study {study!r} in this storage; `tuner status` lists the studies")
@@ -91,7 +109,9 @@ def export_run(repo: Repo, study: str, out_dir: str | os.PathLike, *, target: Ta
     best_params = best_trial.params
     baseline = repo.baseline_trial(run.id)
     spec = target.launch_spec(best_params)
-    best_levels, base_levels = _level_values(best_trial), _level_values(baseline)
+    best_runs = config_runs(repo, run.id, best_params) or [best_trial]
+    base_runs = config_runs(repo, run.id, baseline.params if baseline else None) or ([baseline] if baseline else [])
+    best_levels, base_levels = level_medians(best_runs), level_medians(base_runs)
     env = run.environment or {}
     gpus = ", ".join(g["name"] for g in env.get("gpus", [])) or "cpu"
     header = [
@@ -101,15 +121,19 @@ def export_run(repo: Repo, study: str, out_dir: str | os.PathLike, *, target: Ta
         f"objective: {run.objective}",
         spec.description,
         "",
-        "measured (tok/s, x baseline):",
+        *([f"NOTE: {note}", ""] if note else []),
+        f"measured (tok/s, x baseline; medians over {len(best_runs)} run(s) of this configuration, trials "
+        f"{', '.join(str(r.number) for r in best_runs)}, and {len(base_runs)} of the baseline):",
     ]
     for lvl in sorted(best_levels, key=lambda s: int(s.split("=")[1]) if s.startswith("c=") else 0):
         b = base_levels.get(lvl)
         ratio = f"{best_levels[lvl] / b:.2f}x baseline {b:.1f}" if b else "no baseline"
         header.append(f"  {lvl:>6}: {best_levels[lvl]:.1f} ({ratio})")
     if run.best_value is not None and run.baseline_value:
-        header.append(f"  objective: {run.best_value:.2f} ({run.best_value / run.baseline_value:.2f}x baseline "
-                      f"{run.baseline_value:.2f}); per level: trial {best_trial.number}")
+        vals = [r.value for r in best_runs]
+        spread = f", runs {min(vals):.2f}-{max(vals):.2f}" if len(vals) > 1 else ", one run"
+        header.append(f"  objective: {run.best_value:.2f} (median{spread}; {run.best_value / run.baseline_value:.2f}x "
+                      f"the baseline's median {run.baseline_value:.2f})")
     header += [
         "",
         f"environment: {gpus}; torch {env.get('torch')}; triton {env.get('triton')}; sglang {env.get('sglang')}; "
@@ -118,7 +142,7 @@ def export_run(repo: Repo, study: str, out_dir: str | os.PathLike, *, target: Ta
         + " ".join(shlex.quote(str(a)) for a in (spec.remeasure_argv or spec.argv)) + ")",
         "best parameters: " + ", ".join(f"{k}={v}" for k, v in best_params.items()),
     ]
-    recorded = _recorded(run, best_trial, best_levels)
+    recorded = _recorded(run, best_runs)
     if spec.host:
         recorded["host"] = spec.host  # what the script binds: `tuner verify` dials it
     dest_root = Path(out_dir)
@@ -167,8 +191,9 @@ def export_run(repo: Repo, study: str, out_dir: str | os.PathLike, *, target: Ta
     return dest
 
 
-def _recorded(run, best_trial, best_levels: dict[str, float]) -> dict[str, Any]:
-    """The figures ``tuner verify`` compares against: the objective, its metric per level, the load that made it."""
+def _recorded(run, best_runs: list) -> dict[str, Any]:
+    """The figures ``tuner verify`` compares against: the objective (the median the run recorded), its metric per
+    level (medians over the same runs), and the load that made them."""
     from search_spaces import SpaceError, load_space_text
 
     try:
@@ -176,11 +201,11 @@ def _recorded(run, best_trial, best_levels: dict[str, float]) -> dict[str, Any]:
     except SpaceError:
         obj = None
     metric = obj.metric if obj else "tok_s"
-    by_level = {m.level.split("=", 1)[1]: m.value for m in (best_trial.measurements if best_trial else [])
-                if m.metric == metric and m.level.startswith("c=")}
+    by_level = {lvl.split("=", 1)[1]: v for lvl, v in level_medians(best_runs, metric).items() if lvl.startswith("c=")}
     return {"study": run.study_name, "target": run.target, "objective": run.objective,
             **recorded_figures(obj, run.best_value, by_level, run.settings or {}, direction=run.direction,
-                               unit=run.unit)}
+                               unit=run.unit),
+            "runs": [r.number for r in best_runs]}
 
 
 def recorded_figures(objective, value: float | None, by_level: dict, settings: dict[str, Any], *,

@@ -101,6 +101,13 @@ class SearchResult:
     preflight: PreflightReport
     elapsed_s: float
     stop_reason: str = ""
+    best_runs: list[int] = field(default_factory=list)
+    """The trials whose median is ``best_value`` (the winner's runs)."""
+    best_spread: float = 0.0
+    """(max - min) / median over the winner's runs."""
+    baseline_runs: list[int] = field(default_factory=list)
+    note: str = ""
+    """What the user must know about the choice (e.g. nothing beat the baseline beyond the noise)."""
 
     @property
     def speedup(self) -> float | None:
@@ -135,6 +142,8 @@ class SearchContext:
     trials: list[TrialSummary] = field(default_factory=list)
     seen: dict[str, TrialSummary] = field(default_factory=dict)
     stop: threading.Event = field(default_factory=threading.Event)
+    failed: threading.Event = field(default_factory=threading.Event)
+    """Set (with ``stop``) when the search gave up early (``tuner.search.failfast``); shared by its workers."""
     stop_reason: str = ""
     current: TrialProcess | None = None
 

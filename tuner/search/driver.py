@@ -17,7 +17,7 @@ import threading
 from tuner.execution.persistent import close_workers
 from tuner.export.script import export_run
 from tuner.measurement import Outcome
-from tuner.search.confirm import confirm_top, pick_best
+from tuner.search.confirm import confirm_top, decide
 from tuner.search.context import (
     Progress,
     SearchContext,
@@ -57,7 +57,9 @@ def run_search(options: SearchOptions, progress: Progress | None = None) -> Sear
             sequential_loop(ctx, progress)
         if not ctx.stop.is_set():
             confirm_top(ctx, progress)
-        if ctx.stop.is_set():
+        if ctx.failed.is_set():
+            state = "failed"
+        elif ctx.stop.is_set():
             state = "interrupted"
     except KeyboardInterrupt:
         state = "interrupted"
@@ -65,12 +67,19 @@ def run_search(options: SearchOptions, progress: Progress | None = None) -> Sear
     finally:
         _restore_sigint(prev_handler)
     export_dir = None
-    best = pick_best(ctx)
+    best, base, note = decide(ctx)
+    if note:
+        _logger.warning("%s", note)
+        if progress:
+            progress.message(note)
+    if base is not None:  # every "x baseline" (status, best, the API, the export) uses the baseline's median
+        ctx.repo.set_baseline(ctx.run.id, base.value)
     if best is not None:  # status, best, the API and the export all report the confirmed choice
         ctx.repo.set_best(ctx.run.id, best.number, best.value)
     if options.export and best is not None:
         try:
-            export_dir = str(export_run(ctx.repo, ctx.run.study_name, options.out_dir, target=ctx.target))
+            export_dir = str(export_run(ctx.repo, ctx.run.study_name, options.out_dir, target=ctx.target,
+                                        note=note))
         except Exception as exc:  # noqa: BLE001 - the trials are stored; say what failed
             _logger.error("export failed: %s", exc)
             if progress:
@@ -78,11 +87,12 @@ def run_search(options: SearchOptions, progress: Progress | None = None) -> Sear
     ctx.repo.end_run(ctx.run.id, state, export_dir=export_dir)
     if ctx.target.persistent_worker:
         close_workers()
-    baseline = ctx.baseline
-    return SearchResult(ctx.run.study_name, options.storage_url, state, ctx.trials, baseline, best,
-                        best.params if best else None, best.value if best else None,
-                        baseline.value if baseline else None, export_dir, ctx.target.preflight(),
-                        ctx.deadline.elapsed(), ctx.stop_reason)
+    return SearchResult(ctx.run.study_name, options.storage_url, state, ctx.trials, ctx.baseline,
+                        best.summary if best else None, best.params if best else None, best.value if best else None,
+                        base.value if base else None, export_dir, ctx.target.preflight(), ctx.deadline.elapsed(),
+                        ctx.stop_reason, best_runs=best.runs if best else [],
+                        best_spread=best.spread if best else 0.0, baseline_runs=base.runs if base else [],
+                        note=note)
 
 
 def _maybe_kernel_phase(ctx: SearchContext, progress: Progress | None) -> None:

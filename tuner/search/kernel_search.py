@@ -673,7 +673,13 @@ def kernel_phase(ctx: SearchContext, shapes: Iterable[KernelCase | tuple], budge
         if key not in seen:
             seen.add(key)
             unique.append(c)
-    settings = {k: v for k, v in ctx.options.settings.items() if k in PASS_THROUGH or k in ("retune", "min_gain")}
+    common = ctx.target.config
+    settings = {"seed": common.seed, **common.kernel_phase_settings}
+    if common.trial_timeout_s:
+        settings.setdefault("trial_timeout_s", common.trial_timeout_s)
+    if common.kernel_config_dir:
+        settings.setdefault("kernel_config_dir", common.kernel_config_dir)
+    KernelsSettings.parse(settings, owner="the kernel phase (setting `kernel_phase_settings`)")
     opts = dataclasses.replace(ctx.options, budget_s=budget_s, settings=settings, hardware=ctx.hardware,
                                n_trials=None, resume=False, dry_run=False, export=True, workers=1)
     result = tune_cases(unique, opts, study=f"{ctx.run.study_name}.kernels", progress=progress)

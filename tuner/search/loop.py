@@ -6,6 +6,7 @@ import logging
 
 from tuner.search import refine
 from tuner.search.confirm import confirm_reserve
+from tuner.search.failfast import FailFast
 from tuner.search.context import MAX_REPEATS_IN_A_ROW, Progress, SearchContext
 from tuner.search.trial import run_one
 
@@ -15,6 +16,7 @@ def sequential_loop(ctx: SearchContext, progress: Progress | None) -> None:
     repeats_in_a_row = 0
     failures_in_a_row = 0
     started = len(ctx.trials)
+    fail_fast = FailFast(ctx.target.config.fail_fast_after)
     while not ctx.stop.is_set():
         if ctx.options.n_trials is not None and len(ctx.trials) - started >= ctx.options.n_trials:
             ctx.stop_reason = f"{ctx.options.n_trials} trials done"
@@ -31,6 +33,12 @@ def sequential_loop(ctx: SearchContext, progress: Progress | None) -> None:
         summary = run_one(ctx, trial, progress)
         repeats_in_a_row = repeats_in_a_row + 1 if summary.repeat_of is not None else 0
         failures_in_a_row = failures_in_a_row + 1 if summary.outcome not in ("ok", "pruned") else 0
+        give_up = fail_fast.observe(summary)
+        if give_up:
+            ctx.stop_reason = give_up
+            ctx.failed.set()
+            ctx.stop.set()
+            return
         if repeats_in_a_row >= MAX_REPEATS_IN_A_ROW:
             ctx.stop_reason = f"search space exhausted: {repeats_in_a_row} repeated configurations in a row"
             return

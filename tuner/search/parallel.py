@@ -53,6 +53,7 @@ from tuner.errors import LeaseCancelled, LeaseError, WorkerError
 from tuner.measurement import Outcome
 from tuner.search import refine
 from tuner.search.context import load_history
+from tuner.search.failfast import FailFast
 from tuner.search.leases import GpuLeaser
 from tuner.search.sampling import params_key, suggest
 from tuner.search.trial import penalty_value, run_one
@@ -367,6 +368,7 @@ def worker_loop(ctx, progress, *, name: str, leaser: GpuLeaser | None = None, ma
     lock = ask_lock or AskLock(ctx.repo, ctx.run.study_name)
     last_stale = 0.0
     repeated = False
+    fail_fast = FailFast(ctx.target.config.fail_fast_after)
     while True:
         if ctx.stop.is_set():
             report.stop_reason = ctx.stop_reason or "stopped"
@@ -408,6 +410,12 @@ def worker_loop(ctx, progress, *, name: str, leaser: GpuLeaser | None = None, ma
         if summary is not None:
             report.trials += 1
             report.outcomes[summary.outcome] = report.outcomes.get(summary.outcome, 0) + 1
+            give_up = fail_fast.observe(summary)
+            if give_up:
+                report.stop_reason = ctx.stop_reason = give_up
+                ctx.failed.set()
+                ctx.stop.set()
+                break
     _logger.info("worker %s stops after %d trials: %s", name, report.trials, report.stop_reason)
     return report
 
@@ -532,6 +540,8 @@ def run_parallel(ctx, progress=None) -> list[WorkerReport]:
     done_reports = [r for r in reports if r is not None]
     if not ctx.stop.is_set():
         ctx.stop_reason = next((r.stop_reason for r in done_reports if r.stop_reason), "budget used")
+    elif ctx.failed.is_set():  # the worker that gave up says why (each worker holds its own copy of the reason)
+        ctx.stop_reason = next((c.stop_reason for c in contexts if c.stop_reason), ctx.stop_reason)
     # trials other workers (other processes, other machines) ran count for the export too
     ctx.trials.clear()
     ctx.counts.clear()
