@@ -12,12 +12,13 @@ from storage.types import OUTCOMES, MetricRow
 _LAZY = {
     "StorageError": "storage.engine", "make_engine": "storage.engine", "Repo": "storage.repo",
     "Artifact": "storage.models", "Base": "storage.models", "Event": "storage.models", "Measurement": "storage.models",
+    "FailedFlagSet": "storage.models",
     "Run": "storage.models", "TrialRecord": "storage.models",
 }
 
 if TYPE_CHECKING:  # pragma: no cover
     from storage.engine import StorageError, make_engine
-    from storage.models import Artifact, Base, Event, Measurement, Run, TrialRecord
+    from storage.models import Artifact, Base, Event, FailedFlagSet, Measurement, Run, TrialRecord
     from storage.repo import Repo
 
 
@@ -33,6 +34,7 @@ __all__ = [
     "Artifact",
     "Base",
     "Event",
+    "FailedFlagSet",
     "Measurement",
     "MetricRow",
     "Repo",

@@ -11,8 +11,8 @@ from sqlalchemy.engine import Engine
 from sqlalchemy.orm import Session, selectinload, sessionmaker
 
 from storage.engine import make_engine
+from storage.models import OUTCOMES, Artifact, Base, Event, FailedFlagSet, Measurement, Run, TrialRecord, utcnow
 from storage.types import MetricRow  # noqa: F401 - re-exported
-from storage.models import OUTCOMES, Artifact, Base, Event, Measurement, Run, TrialRecord, utcnow
 
 _logger = logging.getLogger(__name__)
 _UPGRADED: set[str] = set()
@@ -266,6 +266,21 @@ class Repo:
                 .order_by(TrialRecord.number)
                 .limit(1)
             )
+
+    # -- failed flag sets ---------------------------------------------------------------------------------
+    def remember_failed_flags(self, run_id: int, trial_number: int, *, key: str, outcome: str, reason: str,
+                              args: Sequence[str], server_version: str = "") -> None:
+        """Keep a launch that failed (``key`` names the server, command, environment and flags)."""
+        with self.session() as s:
+            s.add(FailedFlagSet(key=key, run_id=run_id, trial_number=trial_number, outcome=outcome,
+                                reason=reason[:2000], args=list(args), server_version=server_version))
+            s.commit()
+
+    def failed_flags(self, key: str) -> FailedFlagSet | None:
+        """The latest failure of the launch ``key`` in this database (any study), or ``None``."""
+        with self.session() as s:
+            q = select(FailedFlagSet).where(FailedFlagSet.key == key).order_by(FailedFlagSet.id.desc()).limit(1)
+            return s.scalars(q).first()
 
     def mark_stale_running(self, run_id: int, *, reason: str) -> list[int]:
         """Turn trials left ``running`` by a dead process into ``crash`` failures; return their numbers."""

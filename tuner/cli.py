@@ -222,17 +222,29 @@ def status(storage: StorageOpt = "sqlite:///tuner.db", study: StudyOpt = None,
                   + ", ".join(f"{k} {v}" for k, v in sorted(counts.items())))
     trials = repo.list_trials(run.id, with_measurements=True)
     num = {t.number: m.value for t in trials for m in t.measurements if m.metric == "numerics_rel_err"}
-    table = Table("#", "outcome", "value", "x base", "s", *(["num. err"] if num else []), "params / reason")
+    table = Table("#", "outcome", "value", "x base", "s", "start/warm/measure s", *(["num. err"] if num else []),
+                  "params / reason")
     for t in trials:
         ratio = f"{t.value / run.baseline_value:.2f}" if t.value and run.baseline_value else ""
         detail = ", ".join(f"{k}={v}" for k, v in t.params.items())
         if t.outcome not in ("ok", None) and t.reason:
-            detail += f" — {t.reason[:100]}"
+            detail += f" — {t.reason[:300]}"
         table.add_row(str(t.number) + (" b" if t.is_baseline else ""), t.outcome or t.state,
                       f"{t.value:.2f}" if t.value is not None else "", ratio,
-                      f"{t.duration_s:.1f}" if t.duration_s else "",
+                      f"{t.duration_s:.1f}" if t.duration_s else "", _time_split(t.measurements),
                       *([f"{num[t.number]:.2g}" if t.number in num else ""] if num else []), detail)
     console.print(table)
+
+
+def _time_split(measurements) -> str:
+    """``14.6/1.2/6.0``: a server trial's start-up, warm-up and measurement seconds (all levels); empty for others."""
+    got = {m.metric: 0.0 for m in measurements if m.metric in ("startup_s", "warmup_s", "measure_s")}
+    for m in measurements:
+        if m.metric in got:
+            got[m.metric] += m.value
+    if not got:
+        return ""
+    return "/".join(f"{got[k]:.1f}" if k in got else "-" for k in ("startup_s", "warmup_s", "measure_s"))
 
 
 @app.command()

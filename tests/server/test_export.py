@@ -9,10 +9,10 @@ import time
 
 import pytest
 
-from tuner.measurement import Outcome
 from kernels.plugins.sglang_moe_files import read_moe_config_with_sglang, write_moe_config
 from tuner.export.script import read_recorded, recorded_figures, render_script
 from tuner.export.verify import verify_script
+from tuner.measurement import Outcome
 from tuner.targets.base import LaunchSpec
 
 HOSTILE = "/models/a b'c\"d;touch PWNED1\n$(touch PWNED2)`touch PWNED3` && rm -rf ~ #"
@@ -46,8 +46,7 @@ def test_sglang_launch_spec_is_python_m_launch_server(tmp_path):
 
     space = resolve(load_space(builtin_space_path("sglang_dsv4_flash")),
                     Hardware(gpu_name="NVIDIA H200", gpu_count=8, compute_capability=(9, 0)))
-    t = SGLangTarget(space, {"moe_config_dir": str(tmp_path / "moe"), "kernel_config_dir": str(tmp_path / "k"),
-                             "state_dir": str(tmp_path)})
+    t = SGLangTarget(space, {"moe_config_dir": str(tmp_path / "moe"), "kernel_config_dir": str(tmp_path / "k")})
     params = {**space.defaults(), "context_length": 131072, "cuda_graph_buckets": "pow2:64"}
     spec = t.launch_spec(params)
     assert spec.argv[1:5] == ["-m", "sglang.launch_server", "--model-path", "deepseek-ai/DeepSeek-V4-Flash"]
@@ -62,7 +61,7 @@ def test_sglang_launch_spec_is_python_m_launch_server(tmp_path):
 
 
 def test_verify_script_reruns_and_compares(make_target, tmp_path):
-    target = make_target(["--tokens-per-second", "100"], levels=[1, 2], min_requests=4, output_len=10)
+    target = make_target(["--tokens-per-second", "100"], levels=[1, 2], min_requests=4, output_len=10, level_s=1.0)
     m = target.evaluate(DEFAULTS, time.time() + 60)
     assert m.outcome is Outcome.OK, m.reason
     obj = target.objective()

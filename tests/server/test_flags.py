@@ -69,7 +69,8 @@ name: old
 target: sglang
 params:
   graph_max_bs: {type: categorical, values: [64, 128], default: 64, flag: --cuda-graph-max-bs}
-  decode_backend: {type: categorical, values: [flashmla_sparse, tilelang], default: tilelang, flag: --nsa-decode-backend}
+  decode_backend:
+    {type: categorical, values: [flashmla_sparse, tilelang], default: tilelang, flag: --nsa-decode-backend}
   kv: {type: categorical, values: [auto, fp8_e4m3, fp9_e9], default: auto, flag: --kv-cache-dtype}
   dp_attn: {type: bool, default: false, flag: --enable-dp-attention}
 """

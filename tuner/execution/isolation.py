@@ -29,7 +29,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from tuner.measurement import Measurement, Outcome
+from tuner.measurement import Measurement, Outcome, exception_line
 from tuner.processes import kill_group
 
 _logger = logging.getLogger(__name__)
@@ -216,5 +216,5 @@ def describe_exit(code: int | None, log: str) -> str:
         head = f"trial process killed by {name}"
     else:
         head = f"trial process exited with code {code} without a result"
-    last = [ln for ln in log.splitlines() if ln.strip()][-1:] 
+    last = [exc] if (exc := exception_line(log)) else [ln for ln in log.splitlines() if ln.strip()][-1:]
     return head + (f": {last[0][:300]}" if last else "")

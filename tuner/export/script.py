@@ -36,8 +36,8 @@ MOE_ENV = "SGLANG_MOE_CONFIG_DIR"
 RECORD_MARK = "# tuner-recorded: "
 """The header line holding the recorded figures as JSON; ``tuner verify`` compares a re-run against it."""
 LOAD_KEYS = ("model", "served_model_name", "api", "prompt_len", "output_len", "length_jitter", "dataset",
-             "requests_per_level", "rounds", "min_requests", "warmup_requests", "ignore_eos", "seed", "extra_body",
-             "health_paths", "preset", "live_context")
+             "requests_per_level", "rounds", "min_requests", "level_s", "warmup_requests", "ignore_eos", "seed",
+             "extra_body", "health_paths", "preset", "live_context")
 
 
 
@@ -152,6 +152,8 @@ def export_run(repo: Repo, study: str, out_dir: str | os.PathLike, *, target: Ta
     if parsimony is not None:
         header.append("parsimony: " + parsimony.reason())
     recorded = _recorded(run, best_runs)
+    if spec.host:
+        recorded["host"] = spec.host  # what the script binds: `tuner verify` dials it
     dest_root = Path(out_dir)
     try:
         dest_root.mkdir(parents=True, exist_ok=True)

@@ -58,7 +58,8 @@ def verify_script(path: str | Path, *, tolerance: float = 0.15, timeout_s: float
                   port_range: str = "30000-30999", host: str = "127.0.0.1",
                   settings: dict[str, Any] | None = None) -> VerifyResult:
     """Run the launch script once (``bash path`` with ``PORT`` set), load it at the recorded levels with the
-    recorded load, and compare the objective per level with the header's figures. Never raises for a failed run."""
+    recorded load, and compare the objective per level with the header's figures. Never raises for a failed run.
+    It dials the address the script binds (the recorded ``host``; ``host`` for a script that records none)."""
     t0 = time.time()
     rec = read_recorded(path)
     load = {**rec.get("load", {}), **(settings or {})}
@@ -68,6 +69,7 @@ def verify_script(path: str | Path, *, tolerance: float = 0.15, timeout_s: float
     recorded_by_level = {int(k): float(v) for k, v in (rec.get("by_level") or {}).items()}
     result = VerifyResult(False, Outcome.CRASH, metric, None, rec.get("value"),
                           recorded_by_level=recorded_by_level, tolerance=tolerance)
+    host = dial_address(rec.get("host")) or host
     port = pick_free_port(*parse_port_range(port_range), host)
     cfg = loadgen.LoadConfig.from_settings(load)
     deadline = t0 + timeout_s
@@ -78,7 +80,11 @@ def verify_script(path: str | Path, *, tolerance: float = 0.15, timeout_s: float
         if failure is not None:
             result.outcome, result.reason = failure.outcome, failure.reason
             return result
-        loadgen.warmup(server.base_url, cfg, deadline)
+        probe = loadgen.probe(server.base_url, cfg, deadline)
+        if probe.refused:
+            result.outcome, result.reason = Outcome.REQUEST_ERROR, probe.refused
+            return result
+        cfg = probe.config
         for i, c in enumerate(levels):
             res = loadgen.run_level(server.base_url, cfg, c, level_index=i, deadline=deadline,
                                     should_abort=lambda: (f.reason if (f := server.failure()) else None))
@@ -97,6 +103,13 @@ def verify_script(path: str | Path, *, tolerance: float = 0.15, timeout_s: float
         result.log = server.log_text()
         result.duration_s = time.time() - t0
         _logger.info("verify %s: %s", path, result.lines()[0])
+
+
+def dial_address(bind: str | None) -> str | None:
+    """The address to reach a server that binds ``bind``: itself, or the loopback for a wildcard (``0.0.0.0``)."""
+    if not bind:
+        return None
+    return "127.0.0.1" if bind in ("0.0.0.0", "::", "*") else bind
 
 
 def compare(result: VerifyResult, *, maximize: bool) -> None:

@@ -42,6 +42,7 @@ def run_search(options: SearchOptions, progress: Progress | None = None) -> Sear
         return run_kernel_search(options, progress)
     if options.dry_run:
         resolved, _, target, report, _ = prepare(options)
+        report.plan(options.budget_s)
         return SearchResult(study_name_for(options, resolved), options.storage_url, "dry_run", [], None, None,
                             None, None, None, None, report, 0.0)
     ctx = open_context(options, progress)

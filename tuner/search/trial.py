@@ -55,6 +55,8 @@ def run_one(ctx: SearchContext, trial: optuna.Trial, progress: Progress | None, 
     else:
         repeat_of = None
         reason = ctx.target.check(params)
+        if not reason and not is_baseline:  # the baseline always runs: every figure needs it
+            reason = ctx.target.known_failure(ctx.repo, params)
         if reason:
             m = Measurement.failed(Outcome.INVALID_CONFIG, reason)
             _logger.info("trial %d refused before running: %s", trial.number, reason)
@@ -126,6 +128,8 @@ def _record(ctx: SearchContext, trial: optuna.Trial, params: dict[str, Any], m: 
     ctx.repo.finish_trial(ctx.run.id, trial.number, outcome=m.outcome.value, value=value, reason=m.reason,
                           log_excerpt=m.log, metrics=m.metrics, duration_s=m.duration_s,
                           repeat_of=repeat_of)
+    if m.outcome is not Outcome.OK and repeat_of is None and not cut_by_deadline:
+        ctx.target.remember_failure(ctx.repo, ctx.run.id, trial.number, params, m)
     try:
         ctx.study.tell(trial, values, state=state)
     except Exception:  # noqa: BLE001 - e.g. a heartbeat already failed it; the tuner_ tables still hold the truth

@@ -28,10 +28,18 @@ class PreflightReport:
     rules: list[str] = field(default_factory=list)
     errors: list[str] = field(default_factory=list)
     facts: dict[str, Any] = field(default_factory=dict)
+    trial_s: float | None = None
+    """What one trial takes, when the target knows (a space's estimate or a probe launch): the dry-run's plan."""
 
     @property
     def ok(self) -> bool:
         return not self.errors
+
+    def plan(self, budget_s: float) -> None:
+        """Add how many trials of :attr:`trial_s` fit in ``budget_s`` to the facts (nothing when it is unknown)."""
+        if self.trial_s and self.trial_s > 0:
+            self.facts["trials that fit the budget"] = (f"about {int(budget_s // self.trial_s)} "
+                                                        f"({budget_s:.0f} s / {self.trial_s:.0f} s a trial)")
 
     def lines(self) -> list[str]:
         out = [f"preflight for target `{self.target}`:"]
@@ -52,6 +60,8 @@ class LaunchSpec:
     description: str = ""
     remeasure_argv: list[str] | None = None
     """The command that re-measures the configuration (defaults to ``argv``)."""
+    host: str | None = None
+    """The address the launched server binds (server targets): what ``tuner verify`` dials."""
 
 
 class Target(abc.ABC):
@@ -130,6 +140,15 @@ class Target(abc.ABC):
         """The ``(kernel, shape)`` cases this space's configurations run, for a kernel phase before the first trial
         (``--set kernel_phase=true``); none by default."""
         return []
+
+    def known_failure(self, repo: Any, params: dict[str, Any]) -> str | None:
+        """Why ``params`` need not run: the same launch already failed, as kept in the study's storage ``repo`` (a
+        :class:`storage.Repo`). The search never asks it about the baseline. ``None`` by default."""
+        return None
+
+    def remember_failure(self, repo: Any, run_id: int, number: int, params: dict[str, Any],
+                         measurement: Measurement) -> None:
+        """Keep trial ``number``'s failed launch in ``repo`` for :meth:`known_failure`; nothing by default."""
 
     def use_kernel_configs(self, config_dir: str) -> dict[str, Any]:
         """Settings that make later trials (and the export) use the configs a kernel phase wrote to

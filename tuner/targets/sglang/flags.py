@@ -2,7 +2,8 @@
 
 - :func:`introspect_parser` runs ``_introspect.py`` with the server's Python to dump the parser (option names,
   aliases, choices, types, deprecations) and to convert candidate values with the parser's own ``type``.
-- :func:`parse_help_text` is the fallback for any server: the ``--help`` text of an argparse program.
+- :func:`parse_help_text` is the fallback for any server: the ``--help`` text of an argparse, click or typer
+  program (boolean pairs ``--x / --no-x``, choice lists ``{a,b}``, ``[a|b]``, ``<a|b>``).
 - :class:`ServerFlags` answers "is this flag accepted, and if not, what is the closest valid name".
 - :func:`params_to_args` turns a trial's params into flag arguments and environment variables (one place).
 - :data:`RULES` is the table of known incompatible combinations; each rule has a name and is logged when it fires.
@@ -13,6 +14,7 @@ from __future__ import annotations
 import difflib
 import json
 import logging
+import os
 import re
 import subprocess
 import sys
@@ -105,7 +107,10 @@ class ServerFlags:
         values = value if isinstance(value, (list, tuple)) else [value]
         for v in values:
             if _text(v) not in spec.choices:
-                return f"{_text(v)!r} is not one of the choices of {name}: {sorted(spec.choices)}"
+                hint = ""
+                if isinstance(v, bool) and {"on", "off", "yes", "no"} & set(spec.choices):
+                    hint = "; YAML reads an unquoted on/off/yes/no as a boolean: quote it (\"on\")"
+                return f"{_text(v)!r} is not one of the choices of {name}: {sorted(spec.choices)}{hint}"
         return None
 
 
@@ -138,48 +143,134 @@ def introspect_parser(python: str = sys.executable, parser: str = SGLANG_PARSER,
                        value_errors=errors)
 
 
-_OPT_LINE = re.compile(r"^  (-[^\s,]+)(.*)$")
+_BOX = "│╭╰╮╯─┃"
+_NAME = re.compile(r"-{1,2}[A-Za-z0-9?][\w.\-]*")
+_WORD_METAVAR = re.compile(r"[A-Z][A-Z0-9_\-]*(\.\.\.)?|\.\.\.|\.\.\.\]")
+
+
+def _tokens(column: str) -> list[str]:
+    """Whitespace-separated tokens of one column, a bracketed group (``[a|b]``, ``{a,b}``, ``<int>``,
+    ``[X ...]``) kept whole."""
+    out, depth, cur = [], 0, ""
+    for ch in column:
+        if ch in "[{<":
+            depth += 1
+        elif ch in "]}>" and depth:
+            depth -= 1
+        if ch.isspace() and depth == 0:
+            if cur:
+                out.append(cur)
+            cur = ""
+        else:
+            cur += ch
+    if cur:
+        out.append(cur)
+    return out
+
+
+def _is_name(tok: str) -> bool:
+    return bool(_NAME.fullmatch(tok.rstrip(",").split("=", 1)[0]))
+
+
+_BRACKET_METAVAR = re.compile(r"\{[^}]*\}|<[^<>\s]+>|\[[^]\s|]+(\|[^]\s|]+)+\]|\[[A-Z][A-Z0-9_\-]*( \.\.\.)?\]")
+"""``{a,b}``, ``<int>``, ``[on|off]``, ``[X ...]``, ``[TEXT]``; not ``[default: 8]`` or ``[required]`` (help)."""
+
+
+def _is_metavar(tok: str) -> bool:
+    t = tok.rstrip(",")
+    return bool(_WORD_METAVAR.fullmatch(t) or _BRACKET_METAVAR.fullmatch(t))
+
+
+def _choices(metavar: str) -> tuple[str, ...] | None:
+    """``{a,b}`` (argparse), ``[a|b]`` (click), ``<a|b>`` (typer's rich help) -> ``("a", "b")``."""
+    inner = metavar[1:-1]
+    if metavar.startswith("{"):
+        return tuple(inner.split(","))
+    if metavar[:1] in "[<" and "|" in inner and " " not in inner:
+        return tuple(inner.split("|"))
+    return None
+
+
+@dataclass
+class _Head:
+    names: list[str] = field(default_factory=list)
+    off_names: list[str] = field(default_factory=list)
+    """Click's ``--x / --no-x``: the names after the slash (a switch of their own)."""
+    metavars: list[str] = field(default_factory=list)
+    help: str = ""
+
+
+def _read_head(line: str) -> _Head | None:
+    """The option names and value placeholders an option line starts with, or None when it is not one. Columns are
+    separated by two or more spaces; the first column holding anything but names, ``/`` and placeholders is the
+    help text."""
+    columns = re.split(r"\s{2,}", line.strip())
+    head = _Head()
+    after_slash = False
+    for n, column in enumerate(columns):
+        toks = _tokens(column)
+        if not toks or not all(_is_name(t) or _is_metavar(t) or t == "/" for t in toks):
+            head.help = "  ".join(columns[n:])
+            break
+        for t in toks:
+            if t == "/":
+                after_slash = True
+            elif _is_name(t):
+                name, eq, meta = t.rstrip(",").partition("=")
+                (head.off_names if after_slash else head.names).append(name)
+                if eq:
+                    head.metavars.append(meta)
+            else:
+                head.metavars.append(t.rstrip(","))
+    return head if head.names else None
 
 
 def parse_help_text(text: str, source: str = "--help") -> ServerFlags:
-    """Options of an argparse ``--help`` text: names, aliases, whether they take a value, choices, deprecation."""
+    """Options of a ``--help`` text, whatever wrote it: argparse (``--x X``, ``{a,b}``, ``[X ...]``), click
+    (``--x / --no-x`` boolean pairs, ``[on|off|auto]`` choices, ``--x INTEGER``) or typer's boxed rich help
+    (``--x  --no-x  <bool>``, ``<on|off>``, ``<int>``). Both halves of a boolean pair are switches; an option whose
+    only placeholder is ``<bool>`` (typer) is a switch."""
     options: list[FlagSpec] = []
-    lines = text.splitlines()
-    for i, line in enumerate(lines):
-        m = _OPT_LINE.match(line)
-        if not m:
+    lines = [ln.strip(_BOX).rstrip() for ln in text.splitlines()]
+    for i, raw in enumerate(lines):
+        stripped = raw.lstrip()
+        indent = len(raw) - len(stripped)
+        if stripped.startswith("* "):  # typer marks a required option with a star
+            stripped = stripped[2:].lstrip()
+        if not stripped.startswith("-") or indent > 8:
             continue
-        head = line.strip()
-        # split off the help that may follow on the same line (two or more spaces)
-        parts = re.split(r"\s{2,}", head, maxsplit=1)
-        head, help_text = parts[0], (parts[1] if len(parts) > 1 else "")
+        head = _read_head(stripped)
+        if head is None:
+            continue
+        help_text = head.help
         j = i + 1
-        while j < len(lines) and lines[j].startswith(" " * 10) and not _OPT_LINE.match(lines[j]):
+        while j < len(lines) and (len(lines[j]) - len(lines[j].lstrip())) > max(indent, 8) \
+                and not lines[j].lstrip().startswith("-"):
             help_text += " " + lines[j].strip()
             j += 1
-        names, takes, choices, list_ = [], False, None, False
-        for piece in head.split(", "):
-            tokens = piece.split()
-            if not tokens or not tokens[0].startswith("-"):
-                continue
-            names.append(tokens[0])
-            rest = tokens[1:]
-            if rest:
-                takes = True
-                if rest[0].startswith("{") and rest[0].endswith("}"):
-                    choices = tuple(rest[0][1:-1].split(","))
-                if any("..." in t for t in rest):
-                    list_ = True
-        if not names or names[0] in ("-h", "--help"):
+        if head.names[0] in ("-h", "--help") or "--help" in head.names:
             continue
+        metavars = [m for m in head.metavars if m != "<bool>"]
+        choices = next((c for m in metavars if (c := _choices(m))), None)
+        takes = bool(metavars)
+        list_ = any("..." in m for m in metavars)
+        # a click/typer pair printed without a slash (typer's rich help): --x  --no-x
+        names = [n for n in head.names if not (n.startswith("--no-") and f"--{n[5:]}" in head.names)]
+        off = head.off_names + [n for n in head.names if n not in names]
         deprecated = help_text.lower().startswith("deprecated") or "[deprecated]" in help_text.lower()
-        options.append(FlagSpec(names=tuple(names), takes_value=takes, nargs="+" if list_ else (None if takes else 0),
-                                choices=choices, help=help_text[:400], deprecated=deprecated))
+        options.append(FlagSpec(names=tuple(names), takes_value=takes and not off,
+                                nargs="+" if list_ else (None if takes else 0), choices=choices, help=help_text[:400],
+                                deprecated=deprecated))
+        if off:
+            options.append(FlagSpec(names=tuple(off), takes_value=False, nargs=0, help=f"turns {names[0]} off",
+                                    deprecated=deprecated))
     return ServerFlags(options, source=source)
 
 
 def help_flags(argv: Sequence[str], timeout_s: float = 60.0, env: dict[str, str] | None = None) -> ServerFlags:
     """Run ``argv`` (ending in ``--help``) and parse its output; :class:`FlagsUnavailable` when it gives nothing."""
+    # a wide terminal: click and typer's rich help fold option names at 80 columns
+    env = {**os.environ, "COLUMNS": "200", "NO_COLOR": "1", **(env or {})}
     try:
         done = subprocess.run(list(argv), capture_output=True, text=True, timeout=timeout_s, env=env)
     except (OSError, subprocess.TimeoutExpired) as exc:

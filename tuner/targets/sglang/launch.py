@@ -11,6 +11,7 @@ from __future__ import annotations
 import logging
 import os
 import random
+import re
 import shutil
 import signal
 import socket
@@ -23,7 +24,7 @@ from dataclasses import dataclass
 
 import httpx
 
-from tuner.measurement import Outcome
+from tuner.measurement import Outcome, exception_line
 from tuner.processes import die_with_parent, kill_group
 
 _logger = logging.getLogger(__name__)
@@ -56,6 +57,27 @@ FATAL_ALWAYS = ("CUDA out of memory", "OutOfMemoryError", "Killed", "Received si
 LOG_HEAD = 30
 LOG_TAIL = 150
 
+_USAGE = re.compile(r"^\s*usage:", re.IGNORECASE)
+_ARGPARSE_ERROR = re.compile(r"^\S+: error: .+")
+_CLICK_ERROR = re.compile(r"^Error: .+")
+_BOX = "│╭╰╮╯─┃ "
+
+
+def usage_error(log: str) -> str | None:
+    """The server's own complaint about its command line (argparse's ``prog: error: ...``, click's ``Error: No such
+    option: --x``, typer's boxed ``Error``), when the log shows a usage error; else ``None``."""
+    lines = log.splitlines()
+    boxed = next((i for i, ln in enumerate(lines) if ln.strip().startswith("╭") and " Error " in ln), None)
+    if boxed is not None:  # typer's rich error box: the message is inside it
+        body = [ln.strip(_BOX) for ln in lines[boxed + 1:] if not ln.strip().startswith("╰")][:3]
+        body = [b for b in body if b]
+        return "Error: " + " ".join(body) if body else None
+    if not any(_USAGE.match(ln) for ln in lines):
+        return None
+    for ln in lines:
+        if _ARGPARSE_ERROR.match(ln.strip()) or _CLICK_ERROR.match(ln.strip()):
+            return ln.strip()
+    return None
 
 
 def classify(log: str, default: Outcome = Outcome.CRASH) -> Outcome:
@@ -210,7 +232,11 @@ class ServerProcess:
             self._reader.join(timeout=1.0)  # let the last lines (the traceback's end) arrive
             log = self.log_text()
             outcome = classify(log)
-            last = self._fatal_line or next((ln for ln in reversed(log.splitlines()) if ln.strip()), "")
+            usage = None if self.ready else usage_error(log)
+            if usage:  # the server refused its own command line: the flags are at fault, not the server
+                return ServerFailure(Outcome.INVALID_CONFIG, f"server refused its command line (exit {code}): "
+                                                             f"{usage[:300]}")
+            last = self._reason_line(log)
             how = f"killed by signal {-code}" if code < 0 else f"exited with code {code}"
             if code == -9 and outcome is Outcome.CRASH:
                 outcome = Outcome.OOM
@@ -219,8 +245,17 @@ class ServerProcess:
             return ServerFailure(outcome, f"server {how} {when}: {last.strip()[:300]}")
         if self._fatal_at is not None and time.time() - self._fatal_at >= self.fatal_grace_s:
             log = self.log_text()
-            return ServerFailure(classify(log), f"server logged a fatal line and did not exit: {self._fatal_line[:300]}")
+            return ServerFailure(classify(log), f"server logged a fatal line and did not exit: "
+                                                f"{self._reason_line(log)[:300]}")
         return None
+
+    def _reason_line(self, log: str) -> str:
+        """The line a failure's reason quotes: a traceback's exception line, else the fatal line, else the last."""
+        if not self._fatal_line or "Traceback" in self._fatal_line:
+            exc = exception_line(log)
+            if exc:
+                return exc
+        return self._fatal_line or next((ln for ln in reversed(log.splitlines()) if ln.strip()), "")
 
     def _health_ok(self, client: httpx.Client) -> bool:
         for path in self.health_paths:

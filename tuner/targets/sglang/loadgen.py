@@ -14,9 +14,10 @@ import json
 import logging
 import math
 import random
+import re
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -43,6 +44,12 @@ class RequestResult:
     output_tokens: int = 0
     itl_s: list[float] = field(default_factory=list)
     error: str = ""
+    status: int | None = None
+    """The HTTP status of a request the server answered with an error (4xx: the request's fault)."""
+
+    @property
+    def refused(self) -> bool:
+        return self.status is not None and 400 <= self.status < 500
 
 
 @dataclass
@@ -75,6 +82,11 @@ class LevelResult:
     def first_error(self) -> str:
         return next((r.error for r in self.requests if not r.ok), "")
 
+    @property
+    def all_refused(self) -> bool:
+        """Every request failed and the server refused each one (HTTP 4xx): the load is at fault, not the server."""
+        return bool(self.requests) and all(r.refused for r in self.requests)
+
 
 @dataclass
 class LoadConfig:
@@ -90,19 +102,27 @@ class LoadConfig:
     dataset: str | None = None
     """A JSONL file of ``{"prompt": ...}`` or ``{"messages": [...]}`` (optional ``max_tokens``/``output_len``)."""
     requests_per_level: int | None = None
-    """Requests sent at each level; default ``max(min_requests, rounds * concurrency)``."""
+    """Requests sent at each level, exactly; default ``max(min_requests, rounds * concurrency)`` and at least
+    ``level_s`` seconds of sending."""
     rounds: int = 2
     min_requests: int = 8
+    level_s: float = 3.0
+    """Seconds each level is measured for at least, unless ``requests_per_level`` fixes the count: a fast server
+    answers the default 8 requests in a tenth of a second, too short a window for a stable figure."""
     warmup_requests: int = 1
     request_timeout_s: float = 600.0
-    ignore_eos: bool = True
+    ignore_eos: bool | None = None
+    """``True``: always send ``ignore_eos`` (a server refusing it fails the trial); ``False``: never; ``None`` (the
+    default): send it when the server accepts it (:func:`probe` finds out with the first request)."""
+    stream_usage: bool = True
+    """Ask for the token counts in the stream (``stream_options.include_usage``); off when the server refuses it."""
     seed: int = 0
     extra_body: dict[str, Any] = field(default_factory=dict)
 
     @classmethod
     def from_settings(cls, settings: dict[str, Any]) -> LoadConfig:
         kw = {k: settings[k] for k in ("api", "prompt_len", "output_len", "length_jitter", "dataset",
-                                       "requests_per_level", "rounds", "min_requests", "warmup_requests",
+                                       "requests_per_level", "rounds", "min_requests", "level_s", "warmup_requests",
                                        "request_timeout_s", "ignore_eos", "seed", "extra_body")
               if settings.get(k) is not None}
         kw["model"] = str(settings.get("served_model_name") or settings.get("model") or "default")
@@ -164,9 +184,10 @@ def load_dataset(path: str) -> list[dict[str, Any]]:
 
 
 def _body(cfg: LoadConfig, req: RequestSpec) -> tuple[str, dict[str, Any]]:
-    body: dict[str, Any] = {"model": cfg.model, "max_tokens": req.max_tokens, "temperature": 0.0, "stream": True,
-                            "stream_options": {"include_usage": True}}
-    if cfg.ignore_eos:
+    body: dict[str, Any] = {"model": cfg.model, "max_tokens": req.max_tokens, "temperature": 0.0, "stream": True}
+    if cfg.stream_usage:
+        body["stream_options"] = {"include_usage": True}
+    if cfg.ignore_eos is not False:
         body["ignore_eos"] = True
     body.update(cfg.extra_body)
     if cfg.api == "chat" or isinstance(req.prompt, list):
@@ -194,7 +215,7 @@ async def one_request(client: httpx.AsyncClient, base_url: str, cfg: LoadConfig,
         async with client.stream("POST", base_url + path, json=body) as resp:
             if resp.status_code != 200:
                 text = (await resp.aread()).decode(errors="replace")[:300]
-                return RequestResult(ok=False, error=f"HTTP {resp.status_code}: {text}")
+                return RequestResult(ok=False, error=f"HTTP {resp.status_code}: {text}", status=resp.status_code)
             async for line in resp.aiter_lines():
                 if not line.startswith("data:"):
                     continue
@@ -227,21 +248,28 @@ async def one_request(client: httpx.AsyncClient, base_url: str, cfg: LoadConfig,
 
 
 async def _run_level(base_url: str, cfg: LoadConfig, concurrency: int, reqs: Sequence[RequestSpec],
-                     should_abort: Callable[[], str | None] | None, deadline: float | None) -> LevelResult:
+                     should_abort: Callable[[], str | None] | None, deadline: float | None,
+                     min_s: float = 0.0) -> LevelResult:
+    """Send ``reqs`` with ``concurrency`` in flight; past the end of ``reqs`` keep sending them again (in order)
+    until ``min_s`` seconds have passed since the start, then let the requests in flight finish."""
     limits = httpx.Limits(max_connections=concurrency + 4, max_keepalive_connections=concurrency + 4)
     timeout = httpx.Timeout(cfg.request_timeout_s, connect=10.0)
-    queue: asyncio.Queue[RequestSpec] = asyncio.Queue()
-    for r in reqs:
-        queue.put_nowait(r)
     results: list[RequestResult] = []
+    sent = 0
+    start = time.perf_counter()
+
+    def next_request() -> RequestSpec | None:
+        nonlocal sent
+        if sent >= len(reqs) and (time.perf_counter() - start >= min_s
+                                  or (deadline is not None and time.time() >= deadline)):
+            return None
+        req = reqs[sent % len(reqs)]
+        sent += 1
+        return req
 
     async with httpx.AsyncClient(limits=limits, timeout=timeout, trust_env=False) as client:
         async def worker() -> None:
-            while True:
-                try:
-                    req = queue.get_nowait()
-                except asyncio.QueueEmpty:
-                    return
+            while (req := next_request()) is not None:
                 results.append(await one_request(client, base_url, cfg, req))
 
         start = time.perf_counter()
@@ -269,19 +297,94 @@ def run_level(base_url: str, cfg: LoadConfig, concurrency: int, *, level_index: 
     if concurrency < 1:
         raise ValueError(f"`concurrency` must be >= 1, but got {concurrency}.")
     reqs = make_requests(cfg, cfg.n_requests(concurrency), offset=1000 * (level_index + 1))
-    result = asyncio.run(_run_level(base_url, cfg, concurrency, reqs, should_abort, deadline))
+    min_s = 0.0 if cfg.requests_per_level else cfg.level_s
+    result = asyncio.run(_run_level(base_url, cfg, concurrency, reqs, should_abort, deadline, min_s))
     _logger.info("c=%d: %d ok, %d errors, %.1f tok/s, %.2f req/s in %.2fs", concurrency, len(result.ok_requests),
                  result.errors, result.tok_s, result.req_s, result.wall_s)
     return result
 
 
-def warmup(base_url: str, cfg: LoadConfig, deadline: float | None = None) -> LevelResult | None:
-    if cfg.warmup_requests <= 0:
-        return None
-    short = LoadConfig(**{**cfg.__dict__, "output_len": min(cfg.output_len, 8), "dataset": None,
-                          "requests_per_level": cfg.warmup_requests, "length_jitter": 0.0})
-    reqs = make_requests(short, cfg.warmup_requests)
-    return asyncio.run(_run_level(base_url, short, 1, reqs, None, deadline))
+@dataclass
+class Probe:
+    """What the first request after start-up learnt: the load the server accepts (``config``), what was changed
+    to get there (``adapted``), or why the load cannot run at all (``refused``); and how long the warm-up took."""
+
+    config: LoadConfig
+    adapted: list[str] = field(default_factory=list)
+    refused: str = ""
+    warmup_s: float = 0.0
+    first: RequestResult | None = None
+
+
+_CORE_FIELDS = ("model", "prompt", "messages", "max_tokens", "stream")
+
+
+def _named_field(error: str, body: dict[str, Any]) -> str | None:
+    """The request field an error text names (``Unexpected fields in the request: {'ignore_eos'}``, pydantic's
+    ``loc: [body, ignore_eos]``, ``Unrecognized request argument supplied: ignore_eos``)."""
+    for name in sorted(body, key=lambda k: (k in _CORE_FIELDS, -len(k))):
+        if re.search(rf"(?<![\w-]){re.escape(name)}(?![\w-])", error):
+            return name
+    return None
+
+
+def probe(base_url: str, cfg: LoadConfig, deadline: float | None = None) -> Probe:
+    """Send the first request (the warm-up's) and learn which request fields the server accepts. A field the load
+    adds on its own (``ignore_eos`` unless set true, ``stream_options``) that the server refuses with HTTP 4xx is
+    dropped and the request sent again: without ``ignore_eos`` every request keeps its fixed ``max_tokens`` and the
+    output length is read from the usage counts. Any other refusal is ``refused``, naming the field and the setting
+    that fixes it. Then the rest of ``warmup_requests`` is sent. Blocking."""
+    t0 = time.time()
+    short = replace(cfg, output_len=min(cfg.output_len, 8), dataset=None, length_jitter=0.0)
+    out = Probe(config=cfg)
+    for _ in range(3):
+        req = make_requests(short, 1)[0]
+        _, body = _body(short, req)
+        res = asyncio.run(_run_level(base_url, short, 1, [req], None, deadline))
+        first = res.requests[0] if res.requests else RequestResult(ok=False, error="no request was sent")
+        out.first = first
+        if first.ok or not first.refused:
+            break
+        name = _named_field(first.error, body)
+        if name == "ignore_eos" and cfg.ignore_eos is None:
+            cfg, short = replace(cfg, ignore_eos=False), replace(short, ignore_eos=False)
+            out.adapted.append("ignore_eos dropped (the server refuses it): fixed max_tokens, output length from "
+                               "the usage counts")
+        elif name == "stream_options" and cfg.stream_usage:
+            cfg, short = replace(cfg, stream_usage=False), replace(short, stream_usage=False)
+            out.adapted.append("stream_options dropped (the server refuses it): one token per streamed chunk")
+        else:
+            out.refused = _refusal(name, first.error, cfg)
+            break
+        _logger.warning("the server at %s refuses request field `%s`: %s", base_url, name, out.adapted[-1])
+    out.config = cfg
+    if out.first is not None and out.first.ok and cfg.warmup_requests > 1:
+        rest = make_requests(short, cfg.warmup_requests - 1, offset=1)
+        asyncio.run(_run_level(base_url, short, 1, rest, None, deadline))
+    out.warmup_s = time.time() - t0
+    return out
+
+
+def _refusal(name: str | None, error: str, cfg: LoadConfig) -> str:
+    if name == "ignore_eos":
+        fix = "set `ignore_eos: false` (or leave it unset: the load then goes without it)"
+    elif name in cfg.extra_body:
+        fix = f"remove `{name}` from setting `extra_body`"
+    elif name == "model":
+        fix = "set `served_model_name` (or `model`) to a name the server lists at /v1/models"
+    elif name in ("prompt", "messages"):
+        fix = "set `api: chat` or `api: completions` to the API the server has"
+    elif name:
+        fix = f"the load cannot run without `{name}`; use a server that accepts it"
+    else:
+        fix = "check settings `model`/`served_model_name` and `api`"
+    field_text = f"request field `{name}`" if name else "the load's request"
+    return f"the server refuses {field_text} ({error[:200]}); {fix}"
+
+
+def warmup(base_url: str, cfg: LoadConfig, deadline: float | None = None) -> Probe:
+    """The first requests after start-up: :func:`probe`."""
+    return probe(base_url, cfg, deadline)
 
 
 def _pct(values: Sequence[float], q: float) -> float:
@@ -321,9 +424,21 @@ def level_summary(result: LevelResult) -> dict[str, float]:
     return out
 
 
+SHORT_WINDOW_S = 1.0
+"""A level measured over less than this is flagged (metric ``short_window``): its figure is noise-prone."""
+
+
 def level_metrics(result: LevelResult) -> list[MetricRow]:
+    """Every figure of one level as rows at level ``c=N``, with the window it was measured over (``measure_s``,
+    ``requests``) and ``short_window`` = 1 when that window was under :data:`SHORT_WINDOW_S`."""
     level = f"c={result.concurrency}"
-    rows = []
+    rows = [MetricRow("measure_s", level, float(result.wall_s), "s"),
+            MetricRow("requests", level, float(len(result.requests)), "count")]
+    if result.wall_s < SHORT_WINDOW_S:
+        _logger.warning("c=%d measured over %.2fs only (%d requests): set `level_s` (seconds per level) or "
+                        "`requests_per_level` higher for a stable figure", result.concurrency, result.wall_s,
+                        len(result.requests))
+        rows.append(MetricRow("short_window", level, 1.0, "flag"))
     for name, value in level_summary(result).items():
         if value is None or (isinstance(value, float) and math.isnan(value)):
             continue

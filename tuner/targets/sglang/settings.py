@@ -51,10 +51,17 @@ class ServerSettings(CommonSettings):
     """Seconds a server may linger after a fatal log line."""
     teardown_reserve_s: float = Field(15.0, ge=0)
     """Seconds kept before the deadline for teardown."""
-    state_dir: str = "~/.cache/tuner"
-    """Where ``failed_flags.json`` lives."""
+    trial_estimate_s: float | None = Field(None, gt=0)
+    """What one trial takes (start-up, warm-up, levels, teardown), for the dry-run's plan."""
+    load_format: str | None = None
+    """SGLang: ``--load-format`` of the trials only (``dummy``: random weights of the right shapes, so a large model
+    starts without reading its weights); the exported launch keeps the real weights."""
+    probe_launch: bool = False
+    """Dry-run: start the server once with the defaults and time it, for the plan (instead of the estimate)."""
+    state_dir: str | None = None
+    """No longer read: the failed-flag memory is kept in the study's storage (accepted so older spaces load)."""
     allow_retry: bool = False
-    """Run a flag set that failed before anyway."""
+    """Run a flag set whose launch failed before (in any study of this storage) anyway."""
     # the load (None: LoadConfig's default)
     levels: list[int] | None = None
     """Concurrency levels (default: the objective's)."""
@@ -66,7 +73,11 @@ class ServerSettings(CommonSettings):
     requests_per_level: int | None = Field(None, ge=1)
     rounds: int | None = Field(None, ge=1)
     min_requests: int | None = Field(None, ge=1)
+    level_s: float | None = Field(None, ge=0)
+    """Seconds each level is measured for at least (3) unless ``requests_per_level`` fixes the count."""
     warmup_requests: int | None = Field(None, ge=0)
     request_timeout_s: float | None = Field(None, gt=0)
     ignore_eos: bool | None = None
+    """Send ``ignore_eos``: true always, false never, unset when the server accepts it (the first request finds
+    out)."""
     extra_body: dict[str, Any] | None = None

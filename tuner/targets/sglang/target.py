@@ -25,9 +25,10 @@ Settings (``Space.settings`` merged with ``--set key=value``; all optional unles
 ``teardown_reserve_s``    seconds kept before the deadline for teardown (15)
 ``levels``                concurrency levels (default: the objective's)
 load                      ``api`` (completions/chat), ``prompt_len``, ``output_len``, ``length_jitter``, ``dataset``
-                          (JSONL), ``requests_per_level``, ``rounds``, ``min_requests``, ``warmup_requests``,
-                          ``request_timeout_s``, ``ignore_eos``, ``seed``, ``extra_body`` (see ``tuner.targets.sglang.loadgen``)
-``state_dir``             where ``failed_flags.json`` lives (``~/.cache/tuner``); ``allow_retry`` runs them anyway
+                          (JSONL), ``requests_per_level``, ``rounds``, ``min_requests``, ``level_s`` (seconds per
+                          level, 3), ``warmup_requests``, ``request_timeout_s``, ``ignore_eos`` (unset: when the
+                          server accepts it), ``seed``, ``extra_body`` (see ``tuner.targets.sglang.loadgen``)
+``allow_retry``           run a flag set whose launch failed before (the memory is in the study's storage)
 ``torch_compile_supported``  false when the model/build is known to reject torch.compile
 ========================  ===========================================================================================
 """
@@ -51,9 +52,8 @@ from storage.types import MetricRow
 from tuner.errors import TargetError
 from tuner.measurement import Measurement, Outcome
 from tuner.targets.base import LaunchSpec, PreflightReport, Reporter, Target
+from tuner.targets.sglang import failed, loadgen
 from tuner.targets.sglang import flags as fl
-from tuner.targets.sglang import loadgen
-from tuner.targets.sglang.failed import FailedFlags, flag_set_key
 from tuner.targets.sglang.launch import ServerProcess, parse_port_range, pick_free_port
 from tuner.targets.sglang.settings import ServerSettings
 
@@ -76,11 +76,16 @@ class CommandTarget(Target):
 
     def __init__(self, resolved, settings: dict[str, Any] | None = None) -> None:
         super().__init__(resolved, settings)
+        self._check_model()
         self._flags: fl.ServerFlags | None = None
-        self.failed = FailedFlags(Path(self.config.state_dir).expanduser()
-                                  / "failed_flags.json")
 
     # -- the command ----------------------------------------------------------------------------------------
+    def _check_model(self) -> None:
+        """A command that needs ``{model}`` without a model is refused here, before any trial (and in a dry-run)."""
+        if any("{model}" in str(a) for a in self.config.command or []) and not self.model:
+            raise TargetError("target `command`: setting `command` needs {model}, but no model is given; pass "
+                              "--model PATH or --set model=PATH")
+
     @property
     def model(self) -> str:
         return self.config.model
@@ -110,7 +115,12 @@ class CommandTarget(Target):
         return self.base_command(0) + ["--help"]
 
     def server_argv(self, args: list[str], port: int | str) -> list[str]:
+        """The launch of ``args`` as deployed (the export's)."""
         return self.base_command(port) + list(self.config.extra_args) + args
+
+    def trial_argv(self, args: list[str], port: int | str) -> list[str]:
+        """The launch of ``args`` in a trial: the deployed one, unless a target measures differently."""
+        return self.server_argv(args, port)
 
     def flag_params(self) -> list[Param]:
         return [p for p in self.space.params if p.flag]
@@ -128,8 +138,33 @@ class CommandTarget(Target):
         env.update(param_env)
         return env
 
+    def server_version(self) -> str:
+        """The server's version as its flags report it (empty when they do not say)."""
+        return (self._flags.version if self._flags else None) or ""
+
+    def launch_command(self) -> list[str]:
+        """The command of every launch, the port left out (part of the failed-flag key)."""
+        return self.base_command("PORT")
+
     def flag_key(self, args: list[str], env: dict[str, str]) -> str:
-        return flag_set_key(self.base_command("PORT"), list(self.config.extra_args) + args, env)
+        hw = self.resolved.hardware
+        return failed.flag_set_key(self.launch_command(), list(self.config.extra_args) + args, env,
+                                   server_version=self.server_version(),
+                                   gpus=f"{hw.gpu_count}x {hw.gpu_name}" if hw.gpu_count else "cpu")
+
+    # -- the failed-flag memory (the study's storage) -----------------------------------------------------------
+    def known_failure(self, repo: Any, params: dict[str, Any]) -> str | None:
+        if self.allow_retry:
+            return None
+        args, env = self.flag_args(params)
+        return failed.known_failure(repo, self.flag_key(args, self.launch_env(env)))
+
+    def remember_failure(self, repo: Any, run_id: int, number: int, params: dict[str, Any],
+                         measurement: Measurement) -> None:
+        args, env = self.flag_args(params)
+        failed.remember(repo, run_id, number, key=self.flag_key(args, self.launch_env(env)),
+                        outcome=measurement.outcome.value, reason=measurement.reason, args=args,
+                        server_version=self.server_version())
 
     # -- flags of the installed server ------------------------------------------------------------------------
     def load_flags(self, checks: list[tuple[str, list[Any]]]) -> fl.ServerFlags | None:
@@ -162,6 +197,7 @@ class CommandTarget(Target):
                 report.facts["server version"] = flags.version
             self._check_flags(flags, report)
         self._report_rules(report)
+        self._plan(report)
         gpus = self.resolved.hardware.gpu_count
         for p in self.flag_params():
             if p.flag in ("--tp-size", "--tensor-parallel-size") and gpus > 0:
@@ -169,11 +205,27 @@ class CommandTarget(Target):
                 if too_big:
                     report.will_not_run.append(f"`{p.name}` values {too_big} need more than the {gpus} GPUs here "
                                                "(refused by rule `tp-size-above-gpus`)")
-        remembered = len(self.failed._load())
-        if remembered:
-            report.facts["failed flag sets remembered"] = (
-                f"{remembered} in {self.failed.path}" + (" (allow_retry: they will run)" if self.allow_retry else ""))
         return report
+
+    def _plan(self, report: PreflightReport) -> None:
+        """The seconds one trial takes: a probe launch of the defaults (``probe_launch: true``, a failure of which
+        is an error: the baseline could not run either), else the space's ``trial_estimate_s``."""
+        if self.config.probe_launch and report.ok:
+            t0 = time.time()
+            m = self.evaluate(self.resolved.defaults(), t0 + self.config.ready_timeout_s + 600)
+            if m.outcome is not Outcome.OK:
+                report.errors.append(f"probe launch of the defaults: {m.outcome.value}: {m.reason}")
+                return
+            split = ", ".join(f"{label} {m.metric(name):.1f} s" for label, name in
+                              (("start-up", "startup_s"), ("warm-up", "warmup_s")) if m.metric(name) is not None)
+            measure = sum(r.value for r in m.metrics if r.metric == "measure_s")
+            report.trial_s = m.duration_s
+            report.facts["trial seconds"] = (f"{m.duration_s:.1f} (probe launch of the defaults: {split}, "
+                                             f"measurement {measure:.1f} s, teardown included)")
+        elif self.config.trial_estimate_s:
+            report.trial_s = self.config.trial_estimate_s
+            report.facts["trial seconds"] = f"{self.config.trial_estimate_s:g} (the space's trial_estimate_s; " \
+                                            "--set probe_launch=true measures one)"
 
     @property
     def allow_retry(self) -> bool:
@@ -255,11 +307,6 @@ class CommandTarget(Target):
         refused = [h for h in fl.apply_rules(self._all_args(args), self._rule_ctx()) if h.refuse]
         if refused:
             return "; ".join(f"rule `{h.rule}`: {h.message}" for h in refused)
-        if not self.allow_retry:
-            prior = self.failed.get(self.flag_key(args, self.launch_env(env)))
-            if prior:
-                return (f"this exact flag set already failed ({prior.get('outcome')}: "
-                        f"{str(prior.get('reason', ''))[:200]}); set `allow_retry: true` to run it again")
         return None
 
     def gpus_for(self, params: dict[str, Any]) -> int:
@@ -275,7 +322,7 @@ class CommandTarget(Target):
     def launch_spec(self, params: dict[str, Any]) -> LaunchSpec:
         args, env = self.flag_args(params)
         argv = self.server_argv(args, self.config.port)
-        return LaunchSpec(argv=argv, env=self.launch_env(env),
+        return LaunchSpec(argv=argv, env=self.launch_env(env), host=self.host,
                           description=f"{self.name} server with {len(args)} tuned flag arguments")
 
     def kernel_config_dirs(self) -> list[str]:
@@ -295,10 +342,9 @@ class CommandTarget(Target):
         t0 = time.time()
         args, param_env = self.flag_args(params)
         env = self.launch_env(param_env)
-        key = self.flag_key(args, env)
         low, high = parse_port_range(self.config.port_range)
         port = pick_free_port(low, high, self.host)
-        argv = self.server_argv(args, port)
+        argv = self.trial_argv(args, port)
         cfg = loadgen.LoadConfig.from_settings(self.settings)
         reserve = min(self.config.teardown_reserve_s, 0.2 * max(0.0, deadline - t0))
         work_deadline = deadline - reserve
@@ -310,16 +356,17 @@ class CommandTarget(Target):
         try:
             m = self._run(server, cfg, t0, work_deadline, report)
         finally:
+            stop_t0 = time.time()
             try:
                 server.stop(port_timeout_s=max(1.0, deadline - time.time()),
                             gpu_timeout_s=max(1.0, deadline - time.time()))
             finally:
                 restore()
+        m.metrics.append(MetricRow("teardown_s", "", time.time() - stop_t0, "s"))
         m.log = server.log_text()
         m.duration_s = time.time() - t0
         if m.outcome is not Outcome.OK:
             _logger.info("trial %s: %s", m.outcome.value, m.reason)
-            self.failed.record(key, m.outcome.value, m.reason, args)
         return m
 
     def _run(self, server: ServerProcess, cfg: loadgen.LoadConfig, t0: float, deadline: float,
@@ -328,15 +375,23 @@ class CommandTarget(Target):
         failure = server.wait_ready(ready_deadline)
         if failure is not None:
             return Measurement.failed(failure.outcome, failure.reason)
-        startup_s = time.time() - t0
+        metrics = [MetricRow("startup_s", "", time.time() - t0, "s")]
 
         def should_abort() -> str | None:
             f = server.failure()
             return f.reason if f else None
 
-        loadgen.warmup(server.base_url, cfg, deadline)
+        probe = loadgen.probe(server.base_url, cfg, deadline)
+        metrics.append(MetricRow("warmup_s", "", probe.warmup_s, "s"))
+        if probe.refused or (probe.first is not None and not probe.first.ok):
+            f = server.failure()
+            if f is not None:
+                return Measurement(f.outcome, reason=f"at the first request: {f.reason}", metrics=metrics)
+            if probe.refused:  # the load is at fault, not these flags
+                return Measurement(Outcome.REQUEST_ERROR, reason=probe.refused, metrics=metrics)
+        cfg = probe.config
+        metrics.append(MetricRow("ignore_eos", "", 1.0 if cfg.ignore_eos is not False else 0.0, "flag"))
         obj = self.objective()
-        metrics = [MetricRow("startup_s", "", startup_s, "s")]
         by_level: dict[int, float] = {}
         for i, c in enumerate(obj.levels):
             res = loadgen.run_level(server.base_url, cfg, c, level_index=i, should_abort=should_abort,
@@ -350,6 +405,9 @@ class CommandTarget(Target):
                 f = server.failure()
                 if f is not None:
                     return Measurement(f.outcome, reason=f"at c={c}: {f.reason}", metrics=metrics)
+                if res.all_refused:
+                    return Measurement(Outcome.REQUEST_ERROR, reason=f"the server refused every request at c={c}: "
+                                                                     f"{res.first_error()}", metrics=metrics)
                 return Measurement(Outcome.CRASH, reason=f"every request failed at c={c}: {res.first_error()}",
                                    metrics=metrics)
             summary = loadgen.level_summary(res)
@@ -392,6 +450,11 @@ class SGLangTarget(CommandTarget):
     def python(self) -> str:
         return self.config.python or sys.executable
 
+    def _check_model(self) -> None:
+        if not self.model:
+            raise TargetError("target `sglang` needs setting `model` (a model path or hub name); pass --model PATH "
+                              "or --set model=PATH")
+
     def base_command(self, port: int | str) -> list[str]:
         if not self.model:
             raise TargetError("target `sglang` needs settings `model` (a model path or hub name); "
@@ -402,6 +465,23 @@ class SGLangTarget(CommandTarget):
     def help_command(self) -> list[str]:
         return [self.python, "-m", "sglang.launch_server", "--help"]
 
+    def trial_argv(self, args: list[str], port: int | str) -> list[str]:
+        """A trial's launch: with ``load_format`` (e.g. ``dummy``) it runs on weights of the right shapes that are
+        never read from disk; the export (:meth:`launch_spec`) keeps the real ones."""
+        fmt = ["--load-format", self.config.load_format] if self.config.load_format else []
+        return self.server_argv(args, port) + fmt
+
+    def _check_flags(self, flags: fl.ServerFlags, report: PreflightReport) -> None:
+        super()._check_flags(flags, report)
+        fmt = self.config.load_format
+        if fmt:
+            why = ("--load-format is not accepted by this server" if flags.get("--load-format") is None
+                   else flags.check_value("--load-format", fmt))
+            if why:
+                report.errors.append(f"setting `load_format`: {why}")
+            else:
+                report.will_run.append(f"trials load `--load-format {fmt}` weights; the export keeps the real ones")
+
     def load_flags(self, checks: list[tuple[str, list[Any]]]) -> fl.ServerFlags | None:
         parser = self.config.parser or fl.SGLANG_PARSER
         try:
@@ -410,9 +490,20 @@ class SGLangTarget(CommandTarget):
             _logger.info("parser introspection failed (%s); falling back to --help", exc)
             return fl.help_flags(self.help_command())
 
-    def flag_key(self, args: list[str], env: dict[str, str]) -> str:
-        return flag_set_key([self.python, "sglang", self.model], list(self.config.extra_args) + args,
-                            env)
+    def launch_command(self) -> list[str]:
+        return [self.python, "sglang", self.model]
+
+    def server_version(self) -> str:
+        if self._flags and self._flags.version:
+            return self._flags.version
+        if self.python == sys.executable:
+            from importlib.metadata import PackageNotFoundError, version
+
+            try:
+                return version("sglang")
+            except PackageNotFoundError:
+                return ""
+        return ""
 
     # -- the kernel phase: SGLang's own fused-MoE kernel at the shapes this space's launches run ------------------
     def _flag_values(self, flags: tuple[str, ...], default: int) -> list[int]:
