@@ -21,15 +21,14 @@ TWIN = """
 name: twin
 target: workload
 preset: dsv4-flash-tiny
-settings: {live_context: 512, warmup: 0, repeats: 2}
-objective: {metric: tok_s, combine: geomean, levels: [1, 16]}
+settings: {live_context: 128, warmup: 1, repeats: 5}  # the 128K cap's indexer scores 30x the rows of the 4K cap's
+objective: {metric: tok_s, combine: geomean, levels: [16]}
 params:
   context_length:
     type: categorical
     values: [4096, 131072]
     default: 131072
     server: {flag: --context-length}
-  gemm_moe: {type: categorical, values: [bf16, fp32], default: bf16, server: {none: the checkpoint's dtype}}
 """
 
 SERVER = f"""
@@ -87,14 +86,15 @@ def test_a_bad_warm_start_source_is_one_line():
 def test_warm_start_runs_the_twins_best_first_on_the_server_then_tpe(tmp_path):
     (tmp_path / "twin.yaml").write_text(TWIN)
     (tmp_path / "server.yaml").write_text(SERVER)
-    r = tuner("search", "--space", "twin.yaml", "--budget", "4m", "--n-trials", "3", "--seed", "1", "--confirm-top",
+    r = tuner("search", "--space", "twin.yaml", "--budget", "4m", "--n-trials", "6", "--seed", "0", "--confirm-top",
               "0", "--refine-share", "0", "--storage", "sqlite:///twin.db", "--study", "twin", "-o", "out",
               cwd=tmp_path)
     assert r.returncode == 0, r.stderr[-3000:]
     twin_repo = Repo(f"sqlite:///{tmp_path / 'twin.db'}")
     twin_run = twin_repo.get_run("twin")
-    twin_best = twin_repo.get_trial(twin_run.id, twin_run.best_trial_number)
-    assert twin_best.params["context_length"] == 4096  # the twin ranks the small cap first
+    ok = [t for t in twin_repo.list_trials(twin_run.id, outcome="ok") if t.repeat_of is None]
+    twin_best = max(ok, key=lambda t: t.value)
+    assert twin_best.params["context_length"] == 4096  # the twin times the small cap fastest
     # a wrong source is refused before anything is written
     bad = tuner("search", "--space", "server.yaml", "--budget", "2m", "--storage", "sqlite:///srv.db", "--study",
                 "nope", "--warm-start", "sqlite:///twin.db#absent", cwd=tmp_path)

@@ -91,8 +91,8 @@ def translate(twin: Space, twin_params: dict[str, Any], server: ResolvedSpace) -
 
 
 def twin_translations(source: str, server: ResolvedSpace, *, top: int = TOP) -> list[Translation]:
-    """The twin study's successful trials, best first, translated; the first ``top`` distinct ones (none equal to
-    the server baseline)."""
+    """The twin study's successful trials, translated, its recorded best first and then the others by value; the
+    first ``top`` distinct ones (none equal to the server baseline)."""
     url, study = parse_source(source)
     try:
         repo = Repo(url)
@@ -106,7 +106,8 @@ def twin_translations(source: str, server: ResolvedSpace, *, top: int = TOP) -> 
         raise SearchError(f"--warm-start: study {study!r} is a {run.target} study; give a workload (twin) study")
     twin = load_space_text(run.space_yaml, source=run.space_name)
     trials = [t for t in repo.list_trials(run.id, outcome="ok") if t.value is not None and t.repeat_of is None]
-    trials.sort(key=lambda t: -t.value if run.direction != "minimize" else t.value)
+    # the twin's decided best first (a median over its runs when it was confirmed), then by single timings
+    trials.sort(key=lambda t: (t.number != run.best_trial_number, -t.value if run.direction != "minimize" else t.value))
     baseline = server.defaults()
     out: list[Translation] = []
     seen = {repr(sorted(baseline.items()))}
