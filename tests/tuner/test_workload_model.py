@@ -4,9 +4,9 @@ import pytest
 import torch
 
 from search_spaces.buckets import bucket_for, expand_buckets
+from tuner.errors import KnobError
 from tuner.targets.workload.bench import measure
 from tuner.targets.workload.model import DecodeModel
-from tuner.errors import KnobError
 from tuner.targets.workload.presets import PRESETS, get_preset
 
 TINY = get_preset("dsv4-flash-tiny")
@@ -72,7 +72,8 @@ def test_padding_to_buckets():
                                           ({"glue": "fused"}, "GPU"), ({"context_length": 10}, ">= 1024"),
                                           ({"indexer_width": "wide"}, "static or live"),
                                           ({"indexer_dead_tiles": "drop"}, "compute or skip"),
-                                          ({"moe_impl": "triton"}, "GPU"), ({"moe_impl": "grouped"}, "torch or triton")])
+                                          ({"moe_impl": "triton"}, "GPU"),
+                                          ({"moe_impl": "grouped"}, "torch or triton")])
 def test_bad_knobs_are_refused_with_the_reason(knobs, needle):
     with pytest.raises(KnobError, match=needle):
         DecodeModel(TINY, knobs, "cpu")
