@@ -4,6 +4,7 @@ missing model refused before any trial, and the failed-flag memory kept in the s
 
 from __future__ import annotations
 
+import json
 import socket
 import subprocess
 import sys
@@ -155,3 +156,18 @@ def test_a_request_error_is_not_remembered_and_the_next_study_measures_its_basel
         assert s.scalar(select(func.count()).select_from(FailedFlagSet)) == 0
     fixed, _ = _search_space(tmp_path, OOM_SPACE, "a.db", "fixed", 1, extra_args=strict)
     assert next(t for t in fixed.trials if t.is_baseline).outcome == "ok"
+
+
+def test_a_server_refusing_a_field_the_load_needs_stops_the_search_naming_the_field_and_the_fix(tmp_path):
+    space = tmp_path / "standin.yaml"
+    space.write_text(OOM_SPACE)
+    command = json.dumps(standin_command() + ["--reject-field", "ignore_eos"])
+    done = subprocess.run([sys.executable, "-m", "tuner.cli", "search", "--target", "command", "--space", str(space),
+                           "--model", "m", "--budget", "60s", "--storage", f"sqlite:///{tmp_path / 't.db'}",
+                           "--out", str(tmp_path / "out"), "--set", f"command={command}", "--set", "ignore_eos=true",
+                           "--set", "level_s=0.2", "--set", "port_range=39000-39999"],
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode != 0, done.stdout + done.stderr
+    assert "trial   0 request_error" in done.stdout, done.stdout
+    assert "the server refuses request field `ignore_eos`" in done.stdout and "set `ignore_eos: false`" in done.stdout
+    assert "\nerror: the search gave up" in "\n" + done.stderr, done.stderr
