@@ -81,12 +81,13 @@ def _run_isolated(ctx: SearchContext, trial: optuna.Trial, params: dict[str, Any
         per_trial = max(60.0 if share == 0.5 else 30.0, share * ctx.deadline.budget_s)
     deadline = min(hard_end, time.time() + per_trial)
     hw = ctx.hardware
-    job = TrialJob(target=ctx.target.name, space_yaml=ctx.space_yaml, space_source=ctx.resolved.space.source,
-                   params=params, deadline=deadline, settings=ctx.options.settings,
-                   hardware=hw.to_json(), gpus=gpus)
-
     # the baseline (every ratio's reference) and a confirmation re-run (the winner's median) are measured whole
     prunable = not (trial.user_attrs.get(BASELINE_ATTR) or trial.user_attrs.get(CONFIRM_ATTR) is not None)
+    settings = ctx.options.settings
+    if prunable and ctx.resolved.space.objective.is_goodput and ctx.best is not None:
+        settings = {**settings, "incumbent_value": ctx.best.value}  # a goodput trial checks this load first
+    job = TrialJob(target=ctx.target.name, space_yaml=ctx.space_yaml, space_source=ctx.resolved.space.source,
+                   params=params, deadline=deadline, settings=settings, hardware=hw.to_json(), gpus=gpus)
 
     def reporter(step: int, value: float) -> bool:
         trial.report(value, step)

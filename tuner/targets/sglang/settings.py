@@ -9,9 +9,10 @@ from typing import Any
 from pydantic import Field
 
 from tuner.settings import CommonSettings
+from tuner.targets.sglang.goodput import GoodputSettings
 
 
-class ServerSettings(CommonSettings):
+class ServerSettings(CommonSettings, GoodputSettings):  # GoodputSettings: the goodput search's (issue 22)
     # the server
     model: str = ""
     """Model path or name (``--model-path``; the requests' ``model`` unless ``served_model_name``)."""

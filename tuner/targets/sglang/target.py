@@ -353,6 +353,7 @@ class CommandTarget(Target):
                                ready_patterns=tuple(self.config.ready_patterns),
                                fatal_grace_s=self.config.fatal_grace_s)
         restore = _kill_server_on_sigterm(server)
+        self._trial_gpus = self.gpus_for(params)  # the goodput's per-GPU figures
         try:
             m = self._run(server, cfg, t0, work_deadline, report)
         finally:
@@ -392,6 +393,8 @@ class CommandTarget(Target):
         cfg = probe.config
         metrics.append(MetricRow("ignore_eos", "", 1.0 if cfg.ignore_eos is not False else 0.0, "flag"))
         obj = self.objective()
+        if obj.is_goodput:  # issue 22: a boundary search under the SLO instead of the levels (goodput.py)
+            return self._goodput(server, cfg, obj, metrics, deadline, should_abort)
         by_level: dict[int, float] = {}
         for i, c in enumerate(obj.levels):
             res = loadgen.run_level(server.base_url, cfg, c, level_index=i, should_abort=should_abort,
@@ -423,6 +426,26 @@ class CommandTarget(Target):
             violation = lc.violation(got) if got is not None and not math.isnan(got) else 1e9
             metrics.append(MetricRow("constraint", constraint_name(lc), float(violation), ""))
         return Measurement(Outcome.OK, value=value, metrics=metrics, by_level=by_level)
+
+
+    def _goodput(self, server: ServerProcess, cfg: loadgen.LoadConfig, obj: Objective, metrics: list[MetricRow],
+                 deadline: float, should_abort) -> Measurement:
+        """The goodput objective: :func:`tuner.targets.sglang.goodput.run_trial` on this trial's server."""
+        from tuner.targets.sglang import goodput
+
+        gpus = self._trial_gpus
+        measure = goodput.Measurer(server.base_url, cfg, self.config, make_requests=self.load_requests(cfg),
+                                   deadline=deadline, should_abort=should_abort)
+        incumbent = goodput.incumbent_load(obj, self.config.incumbent_value, gpus, cfg, self.config)
+        m = goodput.run_trial(measure, obj, gpus, metrics, incumbent)
+        f = server.failure()
+        if f is not None and m.outcome is not Outcome.PRUNED:
+            return Measurement(f.outcome, reason=f"during the goodput search: {f.reason}", metrics=m.metrics)
+        return m
+
+    def load_requests(self, cfg: loadgen.LoadConfig):
+        """``(count, offset) -> requests`` of this trial's load."""
+        return lambda count, offset: loadgen.make_requests(cfg, count, offset)
 
 
 def _kill_server_on_sigterm(server: ServerProcess):

@@ -1,0 +1,161 @@
+"""The goodput objective on the stand-in server, whose limits make the SLO boundary computable: it serves at most
+``--max-running-requests`` requests at a time, each holding its slot for ``ttft + (tokens - 1) / tokens-per-second``
+seconds (FIFO), so the highest load meeting a TTFT limit follows from a queue of known service time. Real servers
+(subprocesses), real HTTP, real open-loop arrivals."""
+
+from __future__ import annotations
+
+import heapq
+import math
+import time
+
+import pytest
+
+from search_spaces import Hardware, SpaceError, load_space_text, resolve
+from tests.server.conftest import standin_command
+from tuner.measurement import Outcome
+from tuner.targets.sglang.goodput import LEVEL, arrivals
+from tuner.targets.sglang.target import CommandTarget
+
+
+def _space(slo: str, metric: str = "goodput_req_s"):
+    text = f"""
+name: goodput
+target: command
+objective: {{metric: {metric}, slo: {slo}}}
+params:
+  fast_path: {{type: bool, default: false, flag: --enable-fast-path}}
+"""
+    return resolve(load_space_text(text, source="goodput.yaml"), Hardware())
+
+
+def _target(slo: str, standin: list[str], **settings) -> CommandTarget:
+    base = {"command": standin_command(), "model": "standin", "extra_args": standin, "port_range": "33000-33999",
+            "prompt_len": 4, "warmup_requests": 1, "fatal_grace_s": 0.5, "teardown_reserve_s": 5.0}
+    return CommandTarget(_space(slo), {**base, **settings})
+
+
+# -- the space ---------------------------------------------------------------------------------------------------
+def test_the_slo_of_a_goodput_objective_becomes_constraints_at_level_slo():
+    obj = _space("{ttft_ms_p99: 500, tpot_ms_p95: 50}").space.objective
+    assert obj.is_goodput and obj.slo == (("ttft_ms_p99", 500.0), ("tpot_ms_p95", 50.0))
+    assert [(c.metric, c.level, c.max) for c in obj.constraints] == [("ttft_ms_p99", "slo", 500.0),
+                                                                     ("tpot_ms_p95", "slo", 50.0)]
+    assert obj.unit == "req/s" and "ttft_ms_p99<=500" in obj.describe()
+
+
+@pytest.mark.parametrize("slo, metric, says", [
+    ("{ttft_ms_p98: 500}", "goodput_req_s", "unknown latency metric (got 'ttft_ms_p98'); did you mean `ttft_ms_p99`?"),
+    ("{ttft_ms_p99: -1}", "goodput_req_s", "a limit must be a positive number of milliseconds (got -1)"),
+    ("{ttft_ms_p99: 500}", "tok_s", "`slo` is the limit of a goodput objective, not of `tok_s`"),
+])
+def test_a_bad_slo_is_one_line_naming_the_key_the_value_and_the_fix(slo, metric, says):
+    with pytest.raises(SpaceError) as err:
+        _space(slo, metric)
+    assert says in str(err.value) and "\n" not in str(err.value)
+
+
+def test_a_goodput_objective_without_slo_is_refused():
+    text = "name: g\ntarget: command\nobjective: {metric: goodput_tok_s}\n" \
+        "params: {x: {type: bool, default: false, flag: --x}}\n"
+    with pytest.raises(SpaceError, match="`goodput_tok_s` needs an `slo`"):
+        load_space_text(text, source="g.yaml")
+
+
+# -- arrivals ----------------------------------------------------------------------------------------------------
+def test_poisson_arrivals_are_seeded_and_at_the_rate():
+    a, b, c = arrivals(20.0, 4000, 7), arrivals(20.0, 4000, 7), arrivals(20.0, 4000, 8)
+    assert a == b and a != c
+    gaps = [y - x for x, y in zip([0.0] + a, a)]
+    assert abs(sum(gaps) / len(gaps) - 1 / 20) < 0.05 / 20
+    # exponential gaps: their spread equals their mean (an even spacing would have none)
+    mean = sum(gaps) / len(gaps)
+    sd = math.sqrt(sum((g - mean) ** 2 for g in gaps) / len(gaps))
+    assert abs(sd / mean - 1) < 0.1
+    assert arrivals(4.0, 3, 0, "constant") == [0.25, 0.5, 0.75]
+
+
+# -- the boundary against the stand-in's truth ------------------------------------------------------------------------
+def _dd_c_truth(slots: int, service_s: float, ttft_s: float, limit_s: float, window_s: float, min_requests: int,
+                q: float = 0.95) -> float:
+    """The rate at which evenly spaced arrivals into ``slots`` FIFO slots of ``service_s`` each give a ``q``-quantile
+    TTFT of ``limit_s`` over one measurement (the same request count as the search's); deterministic, bisected."""
+    def quantile(rate: float) -> float:
+        n = max(min_requests, math.ceil(rate * window_s))
+        free = [0.0] * slots
+        ttft = []
+        for i in range(n):
+            t = (i + 1) / rate
+            start = max(t, heapq.heappop(free))
+            heapq.heappush(free, start + service_s)
+            ttft.append(start - t + ttft_s)
+        ttft.sort()
+        k = (n - 1) * q
+        return ttft[math.floor(k)] + (ttft[math.ceil(k)] - ttft[math.floor(k)]) * (k - math.floor(k))
+
+    lo, hi = 0.5 * slots / service_s, 2 * slots / service_s
+    for _ in range(60):
+        mid = (lo + hi) / 2
+        lo, hi = (mid, hi) if quantile(mid) <= limit_s else (lo, mid)
+    return lo
+
+
+def test_the_rate_boundary_found_contains_the_standin_truth(tmp_path):
+    # 8 slots of about 0.05 + 9 / 20 = 0.5 s: 16 req/s at most; evenly spaced arrivals queue only above that, and the
+    # TTFT limit (the first token's 50 ms + 100 ms of waiting) is crossed a little above it
+    slots, ttft_s, tokens, tps = 8, 0.05, 10, 20.0
+    log = tmp_path / "slots.log"
+    t = _target("{ttft_ms_p95: 150}", ["--tokens-per-second", str(tps), "--ttft-ms", "50",
+                                       "--max-running-requests", str(slots), "--slot-log", str(log)],
+                output_len=tokens, goodput_arrivals="constant", goodput_start=12, goodput_window_s=2.0,
+                goodput_min_requests=20, goodput_tolerance=0.05, goodput_repeats=2)
+    m = t.evaluate({"fast_path": False}, time.time() + 240)
+    assert m.outcome is Outcome.OK, m.reason
+    low, high = m.metric("goodput_low", LEVEL), m.metric("goodput_high", LEVEL)
+    assert high <= low * 1.05 + 1e-9, (low, high)
+    # the truth: the queue at the service time the stand-in's slots were held for (its log), plus the client's few
+    # milliseconds to the first token
+    held = sorted(float(line.split()[1]) for line in log.read_text().splitlines())
+    service = held[len(held) // 2]
+    assert service == pytest.approx(ttft_s + (tokens - 1) / tps, rel=0.1)
+    truth = _dd_c_truth(slots, service, ttft_s + 0.005, 0.150, 2.0, 20)
+    assert low <= truth <= high, (low, truth, high, service, m.reason)
+    assert m.value == pytest.approx(low) and m.metric("goodput_req_s", LEVEL) == pytest.approx(low)
+    assert m.metric("goodput_tok_s", LEVEL) == pytest.approx(low * tokens)
+    assert m.metric("ttft_ms_p95", "slo") <= 150 and m.metric("goodput_feasible", LEVEL) == 1.0
+    # both ends of the final bracket measured twice and pooled
+    assert m.metric("measurements", f"r={low:g}") == 2 and m.metric("measurements", f"r={high:g}") == 2
+
+
+def test_the_concurrency_boundary_is_the_standin_max_running_requests():
+    # at 3 in flight nobody waits; at 4, one request in four waits a whole 0.2 s slot: p95 TTFT over 100 ms
+    t = _target("{ttft_ms_p95: 100}", ["--tokens-per-second", "50", "--ttft-ms", "20", "--max-running-requests", "3"],
+                output_len=10, goodput_mode="concurrency", goodput_start=1, goodput_window_s=1.5,
+                goodput_min_requests=12, goodput_repeats=2)
+    m = t.evaluate({"fast_path": False}, time.time() + 180)
+    assert m.outcome is Outcome.OK, m.reason
+    assert (m.metric("goodput_low", LEVEL), m.metric("goodput_high", LEVEL)) == (3, 4), m.reason
+    # 3 requests of 0.2 s in flight: 15 req/s completed
+    assert m.value == pytest.approx(15, rel=0.15)
+
+
+def test_an_infeasible_configuration_is_an_ok_trial_worth_zero_with_its_slo_constraint_violated():
+    # every token takes 20 ms; the limit is 10 ms: no load meets it
+    t = _target("{tpot_ms_p95: 10}", ["--tokens-per-second", "50"], output_len=6, goodput_start=2,
+                goodput_min=1, goodput_window_s=1.0, goodput_min_requests=6)
+    m = t.evaluate({"fast_path": False}, time.time() + 120)
+    assert m.outcome is Outcome.OK and m.value == 0.0, m.reason
+    assert m.reason.startswith("infeasible: misses the SLO even at 1 req/s (tpot_ms_p95 ")
+    assert m.metric("goodput_feasible", LEVEL) == 0.0 and m.metric("goodput_measurements", LEVEL) == 2
+    (c,) = t.space.objective.constraints
+    assert c.violation(m.metric(c.metric, c.level)) > 5  # ~20 ms against 10: Optuna sees an infeasible trial
+
+
+def test_a_trial_missing_the_slo_at_the_incumbents_boundary_is_pruned_after_one_measurement():
+    t = _target("{ttft_ms_p95: 150}", ["--tokens-per-second", "20", "--ttft-ms", "50", "--max-running-requests", "2"],
+                output_len=10, goodput_arrivals="constant", goodput_window_s=1.0, goodput_min_requests=10,
+                incumbent_value=40.0)  # 2 slots of 0.5 s serve 4 req/s: 40 is far out of reach
+    m = t.evaluate({"fast_path": False}, time.time() + 120)
+    assert m.outcome is Outcome.PRUNED, m.reason
+    assert "misses the SLO at the incumbent's boundary 40" in m.reason
+    assert m.metric("goodput_measurements", LEVEL) == 1 and m.metric("meets_slo", "r=40") == 0.0
