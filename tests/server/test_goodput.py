@@ -159,3 +159,46 @@ def test_a_trial_missing_the_slo_at_the_incumbents_boundary_is_pruned_after_one_
     assert m.outcome is Outcome.PRUNED, m.reason
     assert "misses the SLO at the incumbent's boundary 40" in m.reason
     assert m.metric("goodput_measurements", LEVEL) == 1 and m.metric("meets_slo", "r=40") == 0.0
+
+
+# -- a whole search -------------------------------------------------------------------------------------------------
+SEARCH_YAML = """
+name: goodput-search
+target: command
+objective: {metric: goodput_req_s, slo: {ttft_ms_p95: 150}}
+params:
+  slots: {type: categorical, values: [2, 1], default: 2, flag: --max-running-requests}
+"""
+
+
+def test_a_goodput_search_stores_the_boundary_and_prunes_a_trial_missing_the_incumbents_load(tmp_path):
+    import optuna
+
+    from storage import Repo
+    from tuner.search.context import SearchOptions
+    from tuner.search.driver import run_search
+
+    space = tmp_path / "g.yaml"
+    space.write_text(SEARCH_YAML)
+    url = f"sqlite:///{tmp_path / 'tuner.db'}"
+    settings = {"command": standin_command(), "model": "standin", "port_range": "34000-34999", "prompt_len": 4,
+                "output_len": 10, "warmup_requests": 1, "teardown_reserve_s": 3.0, "trial_timeout_s": 60,
+                "extra_args": ["--tokens-per-second", "20", "--ttft-ms", "50"], "goodput_arrivals": "constant",
+                "goodput_start": 2, "goodput_window_s": 1.0, "goodput_min_requests": 8, "goodput_tolerance": 0.2,
+                "goodput_repeats": 1}
+    opts = SearchOptions(budget_s=150, storage_url=url, study="g", space_path=str(space), target="command",
+                         settings=settings, n_trials=4, confirm_top=0, refine_share=0.0, seed=3,
+                         out_dir=str(tmp_path / "out"))
+    result = run_search(opts)
+    trials = {t.params["slots"]: t for t in result.trials if t.repeat_of is None}
+    assert set(trials) == {1, 2}, [(t.params, t.outcome, t.reason) for t in result.trials]
+    base, one = trials[2], trials[1]
+    # 2 slots of ~0.5 s serve ~4 req/s; the baseline's boundary is the incumbent one slot cannot meet
+    assert base.outcome == "ok" and 3.0 <= base.value <= 5.0, base.reason
+    assert one.outcome == "pruned" and "misses the SLO at the incumbent's boundary" in one.reason
+    repo = Repo(url)
+    stored = {m.metric: m.value for m in repo.get_trial(repo.get_run("g").id, one.number).measurements}
+    assert stored["goodput_measurements"] == 1 and stored["goodput_feasible"] == 0.0
+    study = optuna.load_study(study_name="g", storage=url)
+    frozen = study.trials[base.number]
+    assert frozen.user_attrs["constraints"][0] <= 0  # the SLO held at the boundary: a feasible trial for Optuna
