@@ -10,9 +10,10 @@ from pydantic import Field
 
 from tuner.settings import CommonSettings
 from tuner.targets.sglang.goodput import GoodputSettings
+from tuner.targets.sglang.loadshape import LoadShapeSettings
 
 
-class ServerSettings(CommonSettings, GoodputSettings):  # GoodputSettings: the goodput search's (issue 22)
+class ServerSettings(CommonSettings, GoodputSettings, LoadShapeSettings):  # the goodput search's and load shape's
     # the server
     model: str = ""
     """Model path or name (``--model-path``; the requests' ``model`` unless ``served_model_name``)."""

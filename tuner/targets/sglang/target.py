@@ -49,7 +49,7 @@ from typing import Any
 from search_spaces import Param
 from search_spaces.schema import LevelConstraint, Objective
 from storage.types import MetricRow
-from tuner.errors import TargetError
+from tuner.errors import SettingsError, TargetError
 from tuner.measurement import Measurement, Outcome
 from tuner.targets.base import LaunchSpec, PreflightReport, Reporter, Target
 from tuner.targets.sglang import failed, loadgen
@@ -197,6 +197,7 @@ class CommandTarget(Target):
                 report.facts["server version"] = flags.version
             self._check_flags(flags, report)
         self._report_rules(report)
+        self._load_shape(report)
         self._plan(report)
         gpus = self.resolved.hardware.gpu_count
         for p in self.flag_params():
@@ -206,6 +207,16 @@ class CommandTarget(Target):
                     report.will_not_run.append(f"`{p.name}` values {too_big} need more than the {gpus} GPUs here "
                                                "(refused by rule `tp-size-above-gpus`)")
         return report
+
+    def _load_shape(self, report: PreflightReport) -> None:
+        """The load's shape (a bad request file or contradicting shape settings: an error before any trial)."""
+        try:
+            cfg = loadgen.LoadConfig.from_settings(self.settings)
+        except (SettingsError, ValueError) as exc:
+            report.errors.append(str(exc))
+            return
+        if cfg.shape is not None:
+            report.facts["load shape"] = cfg.shape.describe()
 
     def _plan(self, report: PreflightReport) -> None:
         """The seconds one trial takes: a probe launch of the defaults (``probe_launch: true``, a failure of which
@@ -392,6 +403,7 @@ class CommandTarget(Target):
                 return Measurement(Outcome.REQUEST_ERROR, reason=probe.refused, metrics=metrics)
         cfg = probe.config
         metrics.append(MetricRow("ignore_eos", "", 1.0 if cfg.ignore_eos is not False else 0.0, "flag"))
+        metrics += cfg.shape.rows(cfg.seed) if cfg.shape else []  # the load's shape as sent (loadshape.py)
         obj = self.objective()
         if obj.is_goodput:  # issue 22: a boundary search under the SLO instead of the levels (goodput.py)
             return self._goodput(server, cfg, obj, metrics, deadline, should_abort)
