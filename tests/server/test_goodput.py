@@ -14,7 +14,7 @@ import pytest
 from search_spaces import Hardware, SpaceError, load_space_text, resolve
 from tests.server.conftest import standin_command
 from tuner.measurement import Outcome
-from tuner.targets.sglang.goodput import LEVEL, arrivals
+from tuner.targets.sglang.goodput import LEVEL, arrivals, plan
 from tuner.targets.sglang.target import CommandTarget
 
 
@@ -123,8 +123,9 @@ def test_the_rate_boundary_found_contains_the_standin_truth(tmp_path):
     assert m.value == pytest.approx(low) and m.metric("goodput_req_s", LEVEL) == pytest.approx(low)
     assert m.metric("goodput_tok_s", LEVEL) == pytest.approx(low * tokens)
     assert m.metric("ttft_ms_p95", "slo") <= 150 and m.metric("goodput_feasible", LEVEL) == 1.0
-    # both ends of the final bracket measured twice and pooled
+    # both ends of the final bracket measured twice and pooled, within what the dry-run's plan allows
     assert m.metric("measurements", f"r={low:g}") == 2 and m.metric("measurements", f"r={high:g}") == 2
+    assert m.metric("goodput_measurements", LEVEL) <= plan(t.config).measurements
 
 
 def test_the_concurrency_boundary_is_the_standin_max_running_requests():
@@ -202,3 +203,25 @@ def test_a_goodput_search_stores_the_boundary_and_prunes_a_trial_missing_the_inc
     study = optuna.load_study(study_name="g", storage=url)
     frozen = study.trials[base.number]
     assert frozen.user_attrs["constraints"][0] <= 0  # the SLO held at the boundary: a feasible trial for Optuna
+
+
+def test_the_dry_run_plan_adds_the_boundary_search_to_each_trial(tmp_path):
+    import json
+    import subprocess
+    import sys
+
+    space = tmp_path / "g.yaml"
+    space.write_text(SEARCH_YAML)
+    args = [sys.executable, "-m", "tuner.cli", "search", "--target", "command", "--space", str(space), "--model", "m",
+            "--budget", "1000s", "--dry-run", "--storage", f"sqlite:///{tmp_path / 't.db'}",
+            "--set", "command=" + json.dumps(standin_command()), "--set", "trial_estimate_s=20",
+            "--set", "goodput_start=4", "--set", "goodput_window_s=5"]
+    done = subprocess.run(args, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stdout + done.stderr
+    # doubling 4 -> 1024 is 8 steps after the start (halving to 0.05 would be 7), a factor-2 bracket bisects to 10%
+    # in 3, both ends re-measured twice: 16 measurements of 5 s
+    assert ("  goodput search: up to 16 measurements (bracket 9, bisect 3, ends re-measured 4; one when a trial "
+            "misses the incumbent's boundary) of at least 5.0 s each: 80 s a trial") in done.stdout, done.stdout
+    assert "  trial seconds: 20 (the space's trial_estimate_s; --set probe_launch=true measures one) + the goodput " \
+           "search's 80 = 100" in done.stdout
+    assert "  trials that fit the budget: about 10 (1000 s / 100 s a trial)" in done.stdout

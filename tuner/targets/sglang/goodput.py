@@ -359,6 +359,47 @@ def find_boundary(measure: Callable[[float], Sample], slo: Sequence[tuple[str, f
             return result(low, high, stopped=str(exc))
 
 
+# -- its cost ----------------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Plan:
+    """What one boundary search may take, at most (before ``goodput_max_measurements`` caps it)."""
+
+    bracket: int
+    bisect: int
+    confirm: int
+    measurements: int
+    measurement_s: float
+    """The least one measurement takes: its window, or ``goodput_min_requests`` arrivals at the start rate."""
+
+    @property
+    def seconds(self) -> float:
+        return self.measurements * self.measurement_s
+
+    def line(self) -> str:
+        return (f"up to {self.measurements} measurements (bracket {self.bracket}, bisect {self.bisect}, ends "
+                f"re-measured {self.confirm}; one when a trial misses the incumbent's boundary) of at least "
+                f"{self.measurement_s:.1f} s each: {self.seconds:.0f} s a trial besides start-up and teardown")
+
+
+def plan(s: GoodputSettings) -> Plan:
+    """The boundary search's cost for the dry-run: doubling (or halving) from the start to the far end of the range,
+    bisecting a factor-2 bracket down to the tolerance, and re-measuring both ends ``repeats - 1`` times."""
+    if s.goodput_mode == "concurrency":
+        up = math.ceil(math.log2(max(1.0, s.goodput_max / s.goodput_start)))
+        down = math.ceil(math.log2(max(1.0, s.goodput_start / max(1.0, s.goodput_min))))
+        bisect = math.ceil(math.log2(max(1.0, s.goodput_max / 2)))
+        each = s.goodput_window_s
+    else:
+        up = math.ceil(math.log2(max(1.0, s.goodput_max / s.goodput_start)))
+        down = math.ceil(math.log2(max(1.0, s.goodput_start / s.goodput_min)))
+        bisect = math.ceil(math.log2(math.log(2) / math.log(1 + s.goodput_tolerance)))
+        each = max(s.goodput_window_s, s.goodput_min_requests / s.goodput_start)
+    bracket = 1 + max(up, down)
+    confirm = 2 * (s.goodput_repeats - 1)
+    total = min(s.goodput_max_measurements, bracket + bisect + confirm)
+    return Plan(bracket, bisect, confirm, total, each)
+
+
 # -- one trial ---------------------------------------------------------------------------------------------------
 def incumbent_load(obj: Objective, value: float | None, gpus: int, cfg: LoadConfig, s: GoodputSettings
                    ) -> float | None:

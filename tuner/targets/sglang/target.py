@@ -237,6 +237,14 @@ class CommandTarget(Target):
             report.trial_s = self.config.trial_estimate_s
             report.facts["trial seconds"] = f"{self.config.trial_estimate_s:g} (the space's trial_estimate_s; " \
                                             "--set probe_launch=true measures one)"
+        if self.objective().is_goodput:  # issue 22: the boundary search replaces the levels (goodput.py)
+            from tuner.targets.sglang import goodput
+
+            cost = goodput.plan(self.config)
+            report.facts["goodput search"] = cost.line()
+            if report.trial_s and not self.config.probe_launch:  # a probe launch ran a whole search already
+                report.trial_s += cost.seconds
+                report.facts["trial seconds"] += f" + the goodput search's {cost.seconds:.0f} = {report.trial_s:.0f}"
 
     @property
     def allow_retry(self) -> bool:
