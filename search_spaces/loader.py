@@ -36,6 +36,7 @@ from search_spaces.schema import (
     COMBINES,
     GOODPUT_METRICS,
     PARAM_TYPES,
+    PARETO_METRICS,
     SLO_LEVEL,
     SLO_METRICS,
     Condition,
@@ -55,7 +56,7 @@ _PARAM_KEYS = {
     "type", "values", "low", "high", "step", "log", "default", "description", "flag", "kernel", "env", "when",
     "requires", "value_requires", "max_bs", "densities",
 }
-_OBJECTIVE_KEYS = {"metric", "direction", "combine", "levels", "level", "unit", "constraints", "slo"}
+_OBJECTIVE_KEYS = {"metric", "direction", "combine", "levels", "level", "unit", "constraints", "slo", "pareto"}
 _TARGETS = ("workload", "sglang", "kernels", "command")
 
 BUILTIN_DIR = Path(__file__).resolve().parent
@@ -304,8 +305,12 @@ def _objective(source: str, raw: Any) -> Objective:
     if metric in GOODPUT_METRICS and direction != "maximize":
         raise _fail(where, f"`{metric}` is the most load served within the SLO: `direction` must be maximize",
                     direction, "drop `direction` or write `direction: maximize`")
+    pareto = raw.get("pareto")
+    if pareto is not None and (pareto not in PARETO_METRICS or metric not in GOODPUT_METRICS):
+        raise _fail(where, "`pareto` names the second objective beside a goodput metric", pareto,
+                    f"write `pareto: {PARETO_METRICS[0]}` with `metric:` one of {list(GOODPUT_METRICS)}")
     return Objective(metric=metric, direction=direction, combine=combine, levels=tuple(levels), level=level,
-                     unit=str(unit), constraints=tuple(cons), slo=slo)
+                     unit=str(unit), constraints=tuple(cons), slo=slo, pareto=pareto)
 
 
 def _slo(where: str, metric: str, raw: Any) -> tuple[tuple[str, float], ...]:

@@ -42,6 +42,8 @@ def parse_args(argv=None):
     p.add_argument("--oom-under-load", action="store_true")
     p.add_argument("--print-argv", default=None, help="write sys.argv as JSON to this file")
     p.add_argument("--slot-log", default=None, help="append `waited_s held_s` per request to this file")
+    p.add_argument("--shared-tokens-per-second", type=float, default=0.0,
+                   help="a total rate the running requests share (each gets min(rate, total / running))")
     p.add_argument("--reject-field", action="append", default=[],
                    help="answer HTTP 422 to a request carrying this field (a strict server, e.g. ignore_eos)")
     return p.parse_args(argv)
@@ -60,6 +62,7 @@ class Server:
         self.rate = rate
         self.sem = asyncio.Semaphore(args.max_running_requests) if args.max_running_requests else None
         self.requests = 0
+        self.running = 0
 
     async def handle(self, reader, writer):
         try:
@@ -120,6 +123,7 @@ class Server:
         writer.write(b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nCache-Control: no-cache\r\n"
                      b"Connection: close\r\n\r\n")
         arrived = time.monotonic()
+        counted = False
         if self.sem is not None:
             await self.sem.acquire()
         try:
@@ -127,9 +131,18 @@ class Server:
             if self.args.ttft_ms:
                 await asyncio.sleep(self.args.ttft_ms / 1000)
             first = time.monotonic()
+            self.running += 1
+            counted = True
+            due = first
             for i in range(n):
-                # token i is due at first + i / rate: pace against the start, not the previous token
-                delay = first + i / self.rate - time.monotonic()
+                if self.args.shared_tokens_per_second:
+                    # a batch shares the decode: each of `running` requests gets its share of the total rate
+                    if i:
+                        due += 1 / min(self.rate, self.args.shared_tokens_per_second / self.running)
+                    delay = due - time.monotonic()
+                else:
+                    # token i is due at first + i / rate: pace against the start, not the previous token
+                    delay = first + i / self.rate - time.monotonic()
                 if delay > 0:
                     await asyncio.sleep(delay)
                 choice = {"index": 0, "delta": {"content": "tok "}} if chat else {"index": 0, "text": "tok "}
@@ -144,6 +157,7 @@ class Server:
                 with open(self.args.slot_log, "a") as f:
                     f.write(f"{start - arrived:.6f} {time.monotonic() - start:.6f}\n")
         finally:
+            self.running -= counted
             if self.sem is not None:
                 self.sem.release()
 

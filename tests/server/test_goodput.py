@@ -225,3 +225,63 @@ def test_the_dry_run_plan_adds_the_boundary_search_to_each_trial(tmp_path):
     assert "  trial seconds: 20 (the space's trial_estimate_s; --set probe_launch=true measures one) + the goodput " \
            "search's 80 = 100" in done.stdout
     assert "  trials that fit the budget: about 10 (1000 s / 100 s a trial)" in done.stdout
+
+
+FRONT_YAML = """
+name: goodput-front
+target: command
+objective: {metric: goodput_tok_s_per_gpu, slo: {ttft_ms_p95: 300}, pareto: tok_s_per_request}
+params:
+  slots: {type: categorical, values: [2, 4], default: 2, flag: --max-running-requests}
+"""
+
+
+def test_the_multi_objective_mode_tells_optuna_two_values_and_best_pareto_prints_the_front(tmp_path):
+    import subprocess
+    import sys
+
+    import optuna
+
+    from storage import Repo
+    from tuner.search.context import SearchOptions
+    from tuner.search.driver import run_search
+
+    space = tmp_path / "f.yaml"
+    space.write_text(FRONT_YAML)
+    url = f"sqlite:///{tmp_path / 'tuner.db'}"
+    # the running requests share 80 tok/s (each at most 40): more load, more throughput, slower users
+    settings = {"command": standin_command(), "model": "standin", "port_range": "34000-34999", "prompt_len": 4,
+                "output_len": 10, "warmup_requests": 1, "teardown_reserve_s": 3.0, "trial_timeout_s": 60,
+                "extra_args": ["--tokens-per-second", "40", "--shared-tokens-per-second", "80", "--ttft-ms", "20"],
+                "goodput_arrivals": "constant", "goodput_start": 2, "goodput_window_s": 1.5,
+                "goodput_min_requests": 8, "goodput_tolerance": 0.25, "goodput_repeats": 1}
+    opts = SearchOptions(budget_s=150, storage_url=url, study="f", space_path=str(space), target="command",
+                         settings=settings, n_trials=3, confirm_top=0, refine_share=0.0, seed=3,
+                         out_dir=str(tmp_path / "out"))
+    result = run_search(opts)
+    ran = [t for t in result.trials if t.repeat_of is None]
+    assert ran[0].outcome == "ok", ran[0].reason
+    study = optuna.load_study(study_name="f", storage=url)
+    assert len(study.directions) == 2
+    done = [t for t in study.trials if t.state == optuna.trial.TrialState.COMPLETE]
+    assert done and all(len(t.values) == 2 for t in done)
+    repo = Repo(url)
+    run = repo.get_run("f")
+    first = repo.get_trial(run.id, ran[0].number)
+    figs = {(m.metric, m.level): m.value for m in first.measurements}
+    assert done[0].values == [pytest.approx(figs[("goodput_tok_s_per_gpu", LEVEL)]),
+                              pytest.approx(figs[("tok_s_per_request", "slo")])]
+
+    out = subprocess.run([sys.executable, "-m", "tuner.cli", "best", "--pareto", "--storage", url, "--study", "f"],
+                         capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stdout + out.stderr
+    lines = out.stdout.splitlines()
+    assert lines[0].startswith("front of ") and "* = within the SLO (ttft_ms_p95<=300)" in lines[0], out.stdout
+    rows = [ln.split() for ln in lines[2:]]
+    assert len(rows) >= 2, out.stdout  # a trade-off: a lighter load is faster per user, a heavier one serves more
+    best = next(r for r in rows if "<-" in r)
+    goodputs = [m.value for t in repo.list_trials(run.id, with_measurements=True) if t.outcome == "ok"
+                for m in t.measurements if m.metric == "goodput_tok_s_per_gpu"]
+    assert best[2] == "*" and float(best[0]) == pytest.approx(max(goodputs), abs=0.06)
+    speeds = [float(r[1]) for r in rows]
+    assert speeds == sorted(speeds)  # along the front, by throughput falling, per-user speed rises

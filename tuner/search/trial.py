@@ -10,6 +10,7 @@ from typing import Any
 
 import optuna
 
+from search_spaces.schema import SLO_LEVEL
 from tuner.execution.isolation import TrialJob, TrialProcess
 from tuner.execution.persistent import persistent_worker
 from tuner.measurement import Measurement, Outcome
@@ -31,6 +32,16 @@ _logger = logging.getLogger(__name__)
 def penalty_value(direction: str) -> float:
     """What a failed trial is told as: worse than any real result, so TPE puts it in the bad group."""
     return 0.0 if direction == "maximize" else 1e30
+
+
+def told(ctx: SearchContext, value: float, m: Measurement | None = None) -> float | list[float]:
+    """What Optuna is told: ``value``, and in the multi-objective mode (``objective.pareto``) the second metric at
+    the SLO's level beside it (the penalty's when ``m`` is None or lacks it)."""
+    obj = ctx.resolved.space.objective
+    if not obj.pareto:
+        return value
+    second = m.metric(obj.pareto, SLO_LEVEL) if m is not None else None
+    return [value, second if second is not None and math.isfinite(second) else penalty_value("maximize")]
 
 
 def run_one(ctx: SearchContext, trial: optuna.Trial, progress: Progress | None, *, gpus: list[int] | None = None,
@@ -111,7 +122,7 @@ def _record(ctx: SearchContext, trial: optuna.Trial, params: dict[str, Any], m: 
     constraints = _level_constraints(space, m)
     if m.outcome is Outcome.OK and m.value is not None and math.isfinite(m.value):
         set_constraints(trial, constraints or [0.0])
-        state, values = optuna.trial.TrialState.COMPLETE, m.value
+        state, values = optuna.trial.TrialState.COMPLETE, told(ctx, m.value, m)
     elif m.outcome is Outcome.PRUNED:
         state, values = optuna.trial.TrialState.PRUNED, None
     elif m.outcome is Outcome.TIMEOUT and cut_by_deadline:
@@ -121,7 +132,7 @@ def _record(ctx: SearchContext, trial: optuna.Trial, params: dict[str, Any], m: 
         if m.outcome is Outcome.OK:  # ok but no finite value: treat as a crash of the measurement
             m.outcome, m.reason = Outcome.CRASH, m.reason or "the trial reported no finite objective value"
         set_constraints(trial, [1.0] * max(1, len(space.objective.constraints)))
-        state, values = optuna.trial.TrialState.COMPLETE, penalty_value(ctx.direction)
+        state, values = optuna.trial.TrialState.COMPLETE, told(ctx, penalty_value(ctx.direction))
     trial.set_user_attr("outcome", m.outcome.value)
     if repeat_of is not None:
         trial.set_user_attr("repeat_of", repeat_of)
