@@ -42,8 +42,8 @@ def parse_args(argv=None):
     p.add_argument("--oom-under-load", action="store_true")
     p.add_argument("--print-argv", default=None, help="write sys.argv as JSON to this file")
     p.add_argument("--slot-log", default=None, help="append `waited_s held_s` per request to this file")
-    p.add_argument("--shared-tokens-per-second", type=float, default=0.0,
-                   help="a total rate the running requests share (each gets min(rate, total / running))")
+    p.add_argument("--batch-slowdown", type=float, default=0.0,
+                   help="a batch shares the decode: with N running, each streams at rate / (1 + X (N - 1))")
     p.add_argument("--reject-field", action="append", default=[],
                    help="answer HTTP 422 to a request carrying this field (a strict server, e.g. ignore_eos)")
     return p.parse_args(argv)
@@ -135,10 +135,10 @@ class Server:
             counted = True
             due = first
             for i in range(n):
-                if self.args.shared_tokens_per_second:
-                    # a batch shares the decode: each of `running` requests gets its share of the total rate
+                if self.args.batch_slowdown:
+                    # a batch shares the decode: more running requests, more tokens in all, fewer for each
                     if i:
-                        due += 1 / min(self.rate, self.args.shared_tokens_per_second / self.running)
+                        due += (1 + self.args.batch_slowdown * (self.running - 1)) / self.rate
                     delay = due - time.monotonic()
                 else:
                     # token i is due at first + i / rate: pace against the start, not the previous token

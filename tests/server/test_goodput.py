@@ -160,6 +160,9 @@ def test_a_trial_missing_the_slo_at_the_incumbents_boundary_is_pruned_after_one_
     assert m.outcome is Outcome.PRUNED, m.reason
     assert "misses the SLO at the incumbent's boundary 40" in m.reason
     assert m.metric("goodput_measurements", LEVEL) == 1 and m.metric("meets_slo", "r=40") == 0.0
+    # cut as soon as more than 5% of the requests were certainly late: not 1 s of arrivals and 10 s of draining
+    assert m.metric("goodput_search_s", LEVEL) < 1.0
+    assert m.metric("error_rate", "r=40") == 0.0  # the requests cut short are late, not failed
 
 
 # -- a whole search -------------------------------------------------------------------------------------------------
@@ -249,10 +252,11 @@ def test_the_multi_objective_mode_tells_optuna_two_values_and_best_pareto_prints
     space = tmp_path / "f.yaml"
     space.write_text(FRONT_YAML)
     url = f"sqlite:///{tmp_path / 'tuner.db'}"
-    # the running requests share 80 tok/s (each at most 40): more load, more throughput, slower users
+    # a batch shares the decode (each of N running streams at 40 / (1 + (N - 1) / 2) tok/s): more load, more
+    # throughput in all, slower users
     settings = {"command": standin_command(), "model": "standin", "port_range": "34000-34999", "prompt_len": 4,
                 "output_len": 10, "warmup_requests": 1, "teardown_reserve_s": 3.0, "trial_timeout_s": 60,
-                "extra_args": ["--tokens-per-second", "40", "--shared-tokens-per-second", "80", "--ttft-ms", "20"],
+                "extra_args": ["--tokens-per-second", "40", "--batch-slowdown", "0.5", "--ttft-ms", "20"],
                 "goodput_arrivals": "constant", "goodput_start": 2, "goodput_window_s": 1.5,
                 "goodput_min_requests": 8, "goodput_tolerance": 0.25, "goodput_repeats": 1}
     opts = SearchOptions(budget_s=150, storage_url=url, study="f", space_path=str(space), target="command",

@@ -95,12 +95,26 @@ class Sample:
     wall_s: float
 
 
+def _late_limits(slo: Sequence[tuple[str, float]]) -> list[tuple[float, float]]:
+    """``(limit_s, share of requests allowed over it)`` of each TTFT limit of ``slo``."""
+    return [(limit / 1e3, 1 - int(name.rsplit("_p", 1)[1]) / 100) for name, limit in slo if name.startswith("ttft_ms")]
+
+
 async def _open_loop(base_url: str, cfg: LoadConfig, reqs: Sequence[RequestSpec], arrivals: Sequence[float],
-                     drain_s: float, deadline: float | None,
-                     should_abort: Callable[[], str | None] | None) -> tuple[list[RequestResult], float, str]:
+                     drain_s: float, deadline: float | None, should_abort: Callable[[], str | None] | None,
+                     slo: Sequence[tuple[str, float]] = ()) -> tuple[list[RequestResult], float, str]:
+    """Send ``reqs[i]`` at ``arrivals[i]`` whatever the others do. The measurement is cut (the requests left are
+    cancelled) ``drain_s`` after the last arrival, or as soon as more requests than a TTFT limit of ``slo`` allows
+    are certainly over it (the first token came late, or has not come that long after sending): the load misses the
+    SLO whatever the rest do. A request cut before its end counts as late (TTFT, if it had no token, and its end to
+    end latency infinite), never as an error; one never sent is left out."""
     limits = httpx.Limits(max_connections=None, max_keepalive_connections=64)
     timeout = httpx.Timeout(cfg.request_timeout_s, connect=10.0)
-    results: list[RequestResult | None] = [None] * len(reqs)
+    n = len(reqs)
+    results: list[RequestResult | None] = [None] * n
+    sent_at: list[float | None] = [None] * n
+    first: list[float | None] = [None] * n
+    late_limits = _late_limits(slo)
     async with httpx.AsyncClient(limits=limits, timeout=timeout, trust_env=False) as client:
         start = time.perf_counter()
 
@@ -108,9 +122,19 @@ async def _open_loop(base_url: str, cfg: LoadConfig, reqs: Sequence[RequestSpec]
             delay = start + arrivals[i] - time.perf_counter()
             if delay > 0:
                 await asyncio.sleep(delay)
-            results[i] = await loadgen.one_request(client, base_url, cfg, reqs[i])
+            sent_at[i] = time.perf_counter()
+            results[i] = await loadgen.one_request(client, base_url, cfg, reqs[i],
+                                                   on_first=lambda t: first.__setitem__(i, t))
 
-        tasks = {asyncio.create_task(send(i)) for i in range(len(reqs))}
+        def missed_already(now: float) -> bool:
+            for limit, share in late_limits:
+                late = sum(1 for i in range(n) if (first[i] is not None and first[i] > limit)
+                           or (first[i] is None and sent_at[i] is not None and now - sent_at[i] > limit))
+                if late > share * n:
+                    return True
+            return False
+
+        tasks = {asyncio.create_task(send(i)) for i in range(n)}
         cut_at = start + arrivals[-1] + drain_s
         aborted = ""
         pending = tasks
@@ -121,14 +145,20 @@ async def _open_loop(base_url: str, cfg: LoadConfig, reqs: Sequence[RequestSpec]
                 why = "deadline reached during the load"
             if why:
                 aborted = why
-            if pending and (why or time.perf_counter() >= cut_at):
+            now = time.perf_counter()
+            if pending and (why or now >= cut_at or missed_already(now)):
                 for t in pending:
                     t.cancel()
                 await asyncio.gather(*pending, return_exceptions=True)
                 break
         wall = time.perf_counter() - start
-    out = [r if r is not None else RequestResult(ok=False, error=f"unfinished {drain_s:g} s after the last arrival")
-           for r in results]
+    out = []
+    for i, r in enumerate(results):
+        if r is not None:
+            out.append(r)
+        elif sent_at[i] is not None:
+            out.append(RequestResult(ok=True, ttft_s=first[i] if first[i] is not None else math.inf,
+                                     e2e_s=math.inf, output_tokens=0))
     return out, wall, aborted
 
 
@@ -146,6 +176,8 @@ class Measurer:
     make_requests: Callable[[int, int], list[RequestSpec]]
     deadline: float | None = None
     should_abort: Callable[[], str | None] | None = None
+    slo: tuple[tuple[str, float], ...] = ()
+    """The limits a rate measurement is cut short by once they are certainly missed."""
     count: int = 0
 
     def __call__(self, load: float) -> Sample:
@@ -158,7 +190,7 @@ class Measurer:
             times = arrivals(load, n, self.cfg.seed * 1_000_003 + self.count, s.goodput_arrivals)
             reqs = self.make_requests(n, 10_000 * self.count)
             results, wall, aborted = asyncio.run(_open_loop(self.base_url, self.cfg, reqs, times, s.goodput_drain_s,
-                                                            self.deadline, self.should_abort))
+                                                            self.deadline, self.should_abort, self.slo))
         else:
             c = int(load)
             cfg = replace(self.cfg, level_s=s.goodput_window_s, requests_per_level=None,
@@ -176,6 +208,18 @@ class Measurer:
 
 
 # -- figures and the verdict -----------------------------------------------------------------------------------------
+def _pct(values: Sequence[float], q: float) -> float:
+    """The ``q`` quantile, linearly interpolated; a request cut short (``inf``) counts as later than every other."""
+    if not values:
+        return math.nan
+    s = sorted(values)
+    k = (len(s) - 1) * q
+    lo, hi = math.floor(k), math.ceil(k)
+    if s[lo] == s[hi]:
+        return s[lo]
+    return s[lo] + (s[hi] - s[lo]) * (k - lo)
+
+
 def figures(requests: Sequence[RequestResult]) -> dict[str, float]:
     """Per-request latency percentiles (``ttft_ms_p99``, ``tpot_ms_p95``...), means, and the error rate."""
     ok = [r for r in requests if r.ok]
@@ -190,7 +234,7 @@ def figures(requests: Sequence[RequestResult]) -> dict[str, float]:
     for name, vals in series.items():
         out[f"{name}_mean"] = loadgen._mean(vals)
         for q in (50, 90, 95, 99):
-            out[f"{name}_p{q}"] = loadgen._pct(vals, q / 100)
+            out[f"{name}_p{q}"] = _pct(vals, q / 100)
     rates = [(r.output_tokens - 1) / (r.e2e_s - r.ttft_s) for r in ok if r.output_tokens > 1 and r.e2e_s > r.ttft_s]
     out["tok_s_per_request"] = loadgen._mean(rates)
     return out
@@ -320,7 +364,10 @@ def find_boundary(measure: Callable[[float], Sample], slo: Sequence[tuple[str, f
 
     if incumbent is not None and incumbent > 0:
         load = norm(incumbent)
-        why = take(load)
+        try:
+            why = take(load)
+        except Aborted as exc:
+            return result(None, None, stopped=str(exc))
         if why:
             _logger.info("goodput: misses the SLO at the incumbent's load %g (%s): cannot beat it", load,
                          "; ".join(why))
@@ -451,7 +498,7 @@ def boundary_rows(b: Boundary, gpus: int) -> list[MetricRow]:
                  for k, v in figs.items() if k in ("ttft_ms_p99", "ttft_ms_p95", "tpot_ms_p99", "tpot_ms_p95",
                                                    "itl_ms_p99", "error_rate", "tok_s_per_request")
                  and not math.isnan(v)]
-    return [r for r in rows if not (isinstance(r.value, float) and math.isnan(r.value))]
+    return [r for r in rows if math.isfinite(r.value)]  # a cut request's infinite latency is never stored
 
 
 def point_tok_s(mode: str, p: Point, meets: bool) -> float:
@@ -471,7 +518,8 @@ def describe(b: Boundary) -> str:
     if b.low is None:
         at = b.at
         why = "; ".join(misses(at.figures(), b.slo)) if at else "nothing measured"
-        return f"infeasible: misses the SLO even at {at.load:g} {unit} ({why})" if at else f"infeasible: {why}"
+        text = f"infeasible: misses the SLO even at {at.load:g} {unit} ({why})" if at else f"infeasible: {why}"
+        return text + (f"; {b.stopped}" if b.stopped else "")
     high = f"{b.high:g}" if b.high is not None else "above"
     text = (f"goodput {b.goodput_req_s():.3g} req/s, {b.goodput_tok_s():.4g} tok/s; boundary in [{b.low:g}, {high}] "
             f"{unit} after {b.measurements} measurements ({b.seconds:.1f} s)")
@@ -482,6 +530,7 @@ def run_trial(measure: Measurer, obj: Objective, gpus: int, metrics: list[Metric
               incumbent: float | None) -> Measurement:
     """One goodput trial on a ready server: the boundary search, its rows, and the objective's value. An infeasible
     configuration is an ok trial worth 0 whose SLO constraints are violated (data, never a crash)."""
+    measure.slo = tuple(obj.slo)
     b = find_boundary(measure, obj.slo, measure.settings, incumbent=incumbent)
     rows = metrics + boundary_rows(b, gpus)
     if b.pruned:

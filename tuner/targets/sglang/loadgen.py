@@ -210,7 +210,9 @@ def _chunk_text(event: dict[str, Any]) -> str:
     return text
 
 
-async def one_request(client: httpx.AsyncClient, base_url: str, cfg: LoadConfig, req: RequestSpec) -> RequestResult:
+async def one_request(client: httpx.AsyncClient, base_url: str, cfg: LoadConfig, req: RequestSpec,
+                      on_first: Callable[[float], None] | None = None) -> RequestResult:
+    """One streamed request; ``on_first(ttft_s)`` is called when its first token arrives."""
     path, body = _body(cfg, req)
     start = time.perf_counter()
     last = None
@@ -241,6 +243,8 @@ async def one_request(client: httpx.AsyncClient, base_url: str, cfg: LoadConfig,
                     now = time.perf_counter()
                     if last is None:
                         ttft = now - start
+                        if on_first is not None:
+                            on_first(ttft)
                     else:
                         itl.append(now - last)
                     last = now
