@@ -75,6 +75,61 @@ def test_poisson_arrivals_are_seeded_and_at_the_rate():
     assert arrivals(4.0, 3, 0, "constant") == [0.25, 0.5, 0.75]
 
 
+# -- the boundary search, replayed on a known response ----------------------------------------------------------
+def _replay(ttft_ms_at, **settings):
+    """A boundary search over recorded-style samples: the 20 requests of a load's ``n``-th measurement have the
+    TTFTs ``ttft_ms_at(load, n)`` (one value: all of them)."""
+    from tuner.targets.sglang.goodput import GoodputSettings, Sample, find_boundary
+    from tuner.targets.sglang.loadgen import RequestResult
+
+    seen: dict[float, int] = {}
+    log: list[float] = []
+
+    def measure(load: float) -> Sample:
+        log.append(load)
+        n = seen[load] = seen.get(load, 0) + 1
+        got = ttft_ms_at(load, n)
+        ttfts = [v / 1e3 for v in (got if isinstance(got, list) else [got] * 20)]
+        return Sample(load, [RequestResult(ok=True, ttft_s=t, e2e_s=t + 0.1, output_tokens=5) for t in ttfts], 1.0)
+
+    s = GoodputSettings(**{"goodput_start": 1.0, "goodput_repeats": 2, **settings})
+    return find_boundary(measure, (("ttft_ms_p95", 100.0),), s), log
+
+
+def test_the_search_brackets_by_doubling_bisects_to_the_tolerance_and_re_measures_both_ends():
+    b, log = _replay(lambda load, n: 10 * load)  # the limit is met up to 10 req/s exactly
+    assert b.low <= 10 < b.high and b.high <= b.low * 1.1 and not b.stopped
+    assert log[:5] == [1, 2, 4, 8, 16]  # doubling until the SLO is missed
+    assert len(b.points[b.low].samples) == 2 and len(b.points[b.high].samples) == 2
+    assert b.measurements == len(log) <= plan(_settings(goodput_start=1.0, goodput_repeats=2)).measurements
+
+
+def test_an_end_that_flips_when_measured_again_moves_the_bracket():
+    # the truth is 10 ms per req/s; the first look at a load in (9, 10] is unlucky: 2 of its 20 requests twice as
+    # slow, a miss alone (10% over the limit), a pass once pooled with two more looks (2 of 60)
+    def ttfts(load, n):
+        base = 10 * load
+        return [base] * 18 + [2 * base] * 2 if n == 1 and 9 < load <= 10 else base
+
+    b, log = _replay(ttfts, goodput_repeats=3)
+    assert b.low <= 10 < b.high and 9 < b.low, (b.low, b.high, log)
+    flipped = [x for x in set(log) if 9 < x <= 10]
+    assert flipped and all(log.count(x) == 3 for x in flipped) and b.low in flipped  # missed first, then met
+
+
+def test_the_search_stops_at_goodput_max_and_after_goodput_max_measurements():
+    b, _ = _replay(lambda load, n: 1.0, goodput_max=64)
+    assert (b.low, b.high) == (64, None)
+    b, log = _replay(lambda load, n: 10 * load, goodput_max_measurements=4)
+    assert len(log) == 4 and b.stopped.startswith("stopped after 4 measurements")
+
+
+def _settings(**kw):
+    from tuner.targets.sglang.goodput import GoodputSettings
+
+    return GoodputSettings(**kw)
+
+
 # -- the boundary against the stand-in's truth ------------------------------------------------------------------------
 def _dd_c_truth(slots: int, service_s: float, ttft_s: float, limit_s: float, window_s: float, min_requests: int,
                 q: float = 0.95) -> float:
