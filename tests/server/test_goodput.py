@@ -8,6 +8,7 @@ from __future__ import annotations
 import heapq
 import math
 import time
+from pathlib import Path
 
 import pytest
 
@@ -261,6 +262,17 @@ def test_a_goodput_search_stores_the_boundary_and_prunes_a_trial_missing_the_inc
     study = optuna.load_study(study_name="g", storage=url)
     frozen = study.trials[base.number]
     assert frozen.user_attrs["constraints"][0] <= 0  # the SLO held at the boundary: a feasible trial for Optuna
+    # the export records the SLO and the boundary; verify measures that load again and finds it within the SLO
+    from tuner.export.script import read_recorded
+    from tuner.export.verify import verify_script
+
+    script = Path(result.export_dir) / "launch.sh"
+    rec = read_recorded(script)
+    assert rec["goodput"]["slo"] == [["ttft_ms_p95", 150.0]] and rec["goodput"]["load"] == pytest.approx(base.value)
+    res = verify_script(script, timeout_s=60, port_range="36000-36999")
+    assert res.ok and res.outcome is Outcome.OK, "\n".join(res.lines())
+    assert res.reason.startswith(f"meets the SLO at the recorded boundary {rec['goodput']['load']:g}")
+    assert res.value == pytest.approx(base.value)
 
 
 def test_the_dry_run_plan_adds_the_boundary_search_to_each_trial(tmp_path):

@@ -181,9 +181,15 @@ def _recorded(run, best_trial, best_levels: dict[str, float]) -> dict[str, Any]:
     metric = obj.metric if obj else "tok_s"
     by_level = {m.level.split("=", 1)[1]: m.value for m in (best_trial.measurements if best_trial else [])
                 if m.metric == metric and m.level.startswith("c=")}
-    return {"study": run.study_name, "target": run.target, "objective": run.objective,
-            **recorded_figures(obj, run.best_value, by_level, run.settings or {}, direction=run.direction,
-                               unit=run.unit)}
+    out = {"study": run.study_name, "target": run.target, "objective": run.objective,
+           **recorded_figures(obj, run.best_value, by_level, run.settings or {}, direction=run.direction,
+                              unit=run.unit)}
+    if obj is not None and obj.is_goodput and best_trial is not None:  # verify re-measures the boundary (issue 22)
+        from tuner.targets.sglang.goodput import recorded
+
+        out["goodput"] = recorded(obj, {(m.metric, m.level): m.value for m in best_trial.measurements},
+                                  run.settings or {})
+    return out
 
 
 def recorded_figures(objective, value: float | None, by_level: dict, settings: dict[str, Any], *,

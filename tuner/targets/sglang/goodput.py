@@ -447,6 +447,34 @@ def plan(s: GoodputSettings) -> Plan:
     return Plan(bracket, bisect, confirm, total, each)
 
 
+# -- verify -------------------------------------------------------------------------------------------------------
+def recorded(obj: Objective, rows: dict[tuple[str, str], float], settings: dict) -> dict:
+    """What an export records of a goodput trial for ``tuner verify``: the SLO, the boundary load and its mode."""
+    return {"slo": [list(x) for x in obj.slo], "load": rows.get(("goodput_low", LEVEL)),
+            "mode": settings.get("goodput_mode") or "rate", "gpus": rows.get(("gpus", LEVEL), 0.0)}
+
+
+def verify_load(measure: Measurer, rec: dict) -> tuple[bool, Boundary | None, str]:
+    """Measure the recorded boundary load again (``goodput_repeats`` times, pooled): whether it still meets the
+    SLO, the boundary that makes (its rows give the goodput, 0 when missed), and the figures that decided."""
+    slo = tuple((str(k), float(v)) for k, v in rec["slo"])
+    measure.slo = slo
+    load = rec.get("load")
+    if not load:
+        return False, None, "the recorded trial met the SLO at no load (infeasible): nothing to verify"
+    point = Point(float(load))
+    for _ in range(measure.settings.goodput_repeats):
+        point.samples.append(measure(float(load)))
+    figs = point.figures()
+    why = misses(figs, slo)
+    b = Boundary(measure.settings.goodput_mode, slo, {point.load: point}, None if why else point.load,
+                 point.load if why else None, len(point.samples), 0.0)
+    shown = "; ".join(f"{k} {figs.get(k, math.nan):.1f} (limit {v:g})" for k, v in slo)
+    text = (f"misses the SLO at the recorded boundary {load:g}: {'; '.join(why)}" if why
+            else f"meets the SLO at the recorded boundary {load:g}: {shown}")
+    return not why, b, text
+
+
 # -- one trial ---------------------------------------------------------------------------------------------------
 def incumbent_load(obj: Objective, value: float | None, gpus: int, cfg: LoadConfig, s: GoodputSettings
                    ) -> float | None:
