@@ -24,6 +24,7 @@ Format (see ``dsv4_flash.yaml`` for a full example)::
 
 from __future__ import annotations
 
+import difflib
 import math
 import re
 from pathlib import Path
@@ -34,7 +35,11 @@ import yaml
 from search_spaces.buckets import DENSITIES
 from search_spaces.schema import (
     COMBINES,
+    GOODPUT_METRICS,
     PARAM_TYPES,
+    PARETO_METRICS,
+    SLO_LEVEL,
+    SLO_METRICS,
     Condition,
     Constraint,
     LevelConstraint,
@@ -54,7 +59,7 @@ _PARAM_KEYS = {
     "requires", "value_requires", "max_bs", "densities", "server",
 }
 _SERVER_KEYS = {"flag", "env", "none", "values", "note", "see"}
-_OBJECTIVE_KEYS = {"metric", "direction", "combine", "levels", "level", "unit", "constraints"}
+_OBJECTIVE_KEYS = {"metric", "direction", "combine", "levels", "level", "unit", "constraints", "slo", "pareto"}
 _TARGETS = ("workload", "sglang", "kernels", "command")
 
 BUILTIN_DIR = Path(__file__).resolve().parent
@@ -336,5 +341,41 @@ def _objective(source: str, raw: Any) -> Objective:
         lvl = c.get("level", "")
         cons.append(LevelConstraint(metric=str(c["metric"]), level=f"c={lvl}" if isinstance(lvl, int) else str(lvl),
                                     min=c.get("min"), max=c.get("max")))
-    return Objective(metric=str(raw.get("metric", "tok_s")), direction=direction, combine=combine,
-                     levels=tuple(levels), level=level, unit=str(raw.get("unit", "tok/s")), constraints=tuple(cons))
+    metric = str(raw.get("metric", "tok_s"))
+    slo = _slo(where, metric, raw.get("slo"))
+    cons += [LevelConstraint(metric=k, level=SLO_LEVEL, max=v) for k, v in slo]
+    unit = raw.get("unit") or ("req/s" if metric.startswith("goodput_req") else "tok/s")
+    if metric in GOODPUT_METRICS and direction != "maximize":
+        raise _fail(where, f"`{metric}` is the most load served within the SLO: `direction` must be maximize",
+                    direction, "drop `direction` or write `direction: maximize`")
+    pareto = raw.get("pareto")
+    if pareto is not None and (pareto not in PARETO_METRICS or metric not in GOODPUT_METRICS):
+        raise _fail(where, "`pareto` names the second objective beside a goodput metric", pareto,
+                    f"write `pareto: {PARETO_METRICS[0]}` with `metric:` one of {list(GOODPUT_METRICS)}")
+    return Objective(metric=metric, direction=direction, combine=combine, levels=tuple(levels), level=level,
+                     unit=str(unit), constraints=tuple(cons), slo=slo, pareto=pareto)
+
+
+def _slo(where: str, metric: str, raw: Any) -> tuple[tuple[str, float], ...]:
+    """``slo: {ttft_ms_p99: 500, tpot_ms_p95: 50}``: the limits of a goodput objective, checked one by one."""
+    if raw is None:
+        if metric in GOODPUT_METRICS:
+            raise _fail(where, f"`{metric}` needs an `slo`", raw,
+                        "write e.g. `slo: {ttft_ms_p99: 500, tpot_ms_p95: 50}`")
+        return ()
+    if metric not in GOODPUT_METRICS:
+        raise _fail(where, f"`slo` is the limit of a goodput objective, not of `{metric}`", raw,
+                    f"use `metric:` one of {list(GOODPUT_METRICS)}, or limits as `constraints`")
+    if not isinstance(raw, dict) or not raw:
+        raise _fail(where, "`slo` must map latency metrics to limits", raw, "write `slo: {ttft_ms_p99: 500}`")
+    out = []
+    for key, limit in raw.items():
+        if key not in SLO_METRICS:
+            close = difflib.get_close_matches(str(key), SLO_METRICS, n=1)
+            raise _fail(f"{where} slo", "unknown latency metric", key,
+                        f"did you mean `{close[0]}`?" if close else f"use one of {list(SLO_METRICS)}")
+        if isinstance(limit, bool) or not isinstance(limit, (int, float)) or not limit > 0:
+            raise _fail(f"{where} slo `{key}`", "a limit must be a positive number of milliseconds", limit,
+                        f"write e.g. `{key}: 500`")
+        out.append((str(key), float(limit)))
+    return tuple(out)

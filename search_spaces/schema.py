@@ -16,6 +16,16 @@ from search_spaces.hardware import CAPABILITIES
 
 PARAM_TYPES = ("int", "pow2", "float", "categorical", "bool", "buckets")
 COMBINES = ("geomean", "level", "min", "mean")
+SLO_BASES = ("ttft_ms", "tpot_ms", "itl_ms", "e2e_ms")
+SLO_QUANTILES = ("p50", "p90", "p95", "p99")
+SLO_METRICS = tuple(f"{b}_{q}" for b in SLO_BASES for q in SLO_QUANTILES)
+"""What a latency SLO may limit: time to first token, time per output token, inter-token gap, end to end."""
+GOODPUT_METRICS = ("goodput_req_s", "goodput_tok_s", "goodput_req_s_per_gpu", "goodput_tok_s_per_gpu")
+"""Objective metrics of a goodput search: the most load a configuration serves within its SLO."""
+PARETO_METRICS = ("tok_s_per_request",)
+"""Second objectives of the multi-objective mode: per-user speed at the goodput's boundary (level ``slo``)."""
+SLO_LEVEL = "slo"
+"""The level of the SLO's constraint rows: each limit measured at the boundary found (or the lowest load tried)."""
 
 
 class SpaceError(ValueError):
@@ -167,8 +177,26 @@ class Objective:
     level: int | None = None
     unit: str = "tok/s"
     constraints: tuple[LevelConstraint, ...] = ()
+    slo: tuple[tuple[str, float], ...] = ()
+    """Latency limits of a goodput objective (``(("ttft_ms_p99", 500.0),)``); each is also a constraint at level
+    :data:`SLO_LEVEL`."""
+    pareto: str | None = None
+    """Multi-objective mode: this metric at level :data:`SLO_LEVEL` is a second objective, maximized beside the
+    goodput (throughput per GPU against per-user speed)."""
+
+    @property
+    def directions(self) -> tuple[str, ...]:
+        """One direction per Optuna objective."""
+        return (self.direction, "maximize") if self.pareto else (self.direction,)
+
+    @property
+    def is_goodput(self) -> bool:
+        return self.metric in GOODPUT_METRICS
 
     def describe(self) -> str:
+        if self.is_goodput:
+            text = f"{self.metric} within " + ", ".join(f"{k}<={v:g}" for k, v in self.slo)
+            return text + (f" against {self.pareto} (Pareto front)" if self.pareto else "")
         if self.combine == "level":
             return f"{self.metric} at c={self.level}"
         return f"{self.combine} of {self.metric} at c={','.join(map(str, self.levels))}"

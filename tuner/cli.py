@@ -250,9 +250,22 @@ def _time_split(measurements) -> str:
 @app.command()
 @reported
 def best(storage: StorageOpt = "sqlite:///tuner.db", study: StudyOpt = None,
-         as_json: Annotated[bool, typer.Option("--json")] = False) -> None:
-    """Print the best trial's parameters and figures."""
+         as_json: Annotated[bool, typer.Option("--json")] = False,
+         pareto: Annotated[bool, typer.Option("--pareto", help="A goodput study's throughput-latency front.")] = False
+         ) -> None:
+    """Print the best trial's parameters and figures (``--pareto``: the front of every load measured)."""
     repo, run = _open(storage, study)
+    if pareto:
+        from tuner.targets.sglang.front import front_lines, operating_points
+
+        points = operating_points(repo.list_trials(run.id, with_measurements=True))
+        if not points:
+            fail(f"study {run.study_name!r} has no measured load of a goodput objective; --pareto needs "
+                 "`objective: {metric: goodput_tok_s_per_gpu, slo: {...}}`")
+        slo = run.objective.split(" within ", 1)[-1].split(" against ")[0]
+        for line in front_lines(points, slo):
+            console.print(line, highlight=False)
+        return
     if run.best_trial_number is None:
         fail(f"study {run.study_name!r} has no successful trial yet")
     t = repo.get_trial(run.id, run.best_trial_number)

@@ -4,12 +4,14 @@ It honours flags like a real server and can misbehave on purpose::
 
     python standin_server.py --port 30001 --tokens-per-second 200 --startup-delay 0.5
         [--ttft-ms 5] [--max-running-requests N] [--context-length N] [--crash-after S] [--hang]
-        [--oom-at-start] [--oom-under-load] [--print-argv FILE] [--reject-field NAME ...]
+        [--oom-at-start] [--oom-under-load] [--print-argv FILE] [--reject-field NAME ...] [--slot-log FILE]
 
 Each request streams ``max_tokens`` tokens, one SSE chunk each, at exactly ``--tokens-per-second`` per request
-(paced against the request's own start, so the rate does not drift). ``/health`` answers 503 until the
-start-up delay is over, then 200; ``--hang`` never becomes ready. An unknown flag is an argparse error
-(``unrecognized arguments``, exit 2), like SGLang.
+(paced against the request's own start, so the rate does not drift). With ``--max-running-requests N`` at most N
+requests stream at a time, the others wait in arrival order (a FIFO queue of N slots); ``--slot-log`` appends one
+line per request, the seconds it waited for a slot and held it, so a test knows the service time the queue ran at.
+``/health`` answers 503 until the start-up delay is over, then 200; ``--hang`` never becomes ready. An unknown flag
+is an argparse error (``unrecognized arguments``, exit 2), like SGLang.
 """
 
 import argparse
@@ -39,6 +41,9 @@ def parse_args(argv=None):
     p.add_argument("--oom-at-start", action="store_true")
     p.add_argument("--oom-under-load", action="store_true")
     p.add_argument("--print-argv", default=None, help="write sys.argv as JSON to this file")
+    p.add_argument("--slot-log", default=None, help="append `waited_s held_s` per request to this file")
+    p.add_argument("--batch-slowdown", type=float, default=0.0,
+                   help="a batch shares the decode: with N running, each streams at rate / (1 + X (N - 1))")
     p.add_argument("--reject-field", action="append", default=[],
                    help="answer HTTP 422 to a request carrying this field (a strict server, e.g. ignore_eos)")
     return p.parse_args(argv)
@@ -57,6 +62,7 @@ class Server:
         self.rate = rate
         self.sem = asyncio.Semaphore(args.max_running_requests) if args.max_running_requests else None
         self.requests = 0
+        self.running = 0
 
     async def handle(self, reader, writer):
         try:
@@ -116,6 +122,8 @@ class Server:
         n = int(req.get("max_tokens") or 16)
         writer.write(b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nCache-Control: no-cache\r\n"
                      b"Connection: close\r\n\r\n")
+        arrived = time.monotonic()
+        counted = False
         if self.sem is not None:
             await self.sem.acquire()
         try:
@@ -123,9 +131,18 @@ class Server:
             if self.args.ttft_ms:
                 await asyncio.sleep(self.args.ttft_ms / 1000)
             first = time.monotonic()
+            self.running += 1
+            counted = True
+            due = first
             for i in range(n):
-                # token i is due at first + i / rate: pace against the start, not the previous token
-                delay = first + i / self.rate - time.monotonic()
+                if self.args.batch_slowdown:
+                    # a batch shares the decode: more running requests, more tokens in all, fewer for each
+                    if i:
+                        due += (1 + self.args.batch_slowdown * (self.running - 1)) / self.rate
+                    delay = due - time.monotonic()
+                else:
+                    # token i is due at first + i / rate: pace against the start, not the previous token
+                    delay = first + i / self.rate - time.monotonic()
                 if delay > 0:
                     await asyncio.sleep(delay)
                 choice = {"index": 0, "delta": {"content": "tok "}} if chat else {"index": 0, "text": "tok "}
@@ -136,8 +153,11 @@ class Server:
             usage = {"id": "x", "choices": [], "usage": {"prompt_tokens": 1, "completion_tokens": n}}
             writer.write(b"data: " + json.dumps(usage).encode() + b"\n\ndata: [DONE]\n\n")
             await writer.drain()
-            del start
+            if self.args.slot_log:
+                with open(self.args.slot_log, "a") as f:
+                    f.write(f"{start - arrived:.6f} {time.monotonic() - start:.6f}\n")
         finally:
+            self.running -= counted
             if self.sem is not None:
                 self.sem.release()
 

@@ -37,7 +37,10 @@ RECORD_MARK = "# tuner-recorded: "
 """The header line holding the recorded figures as JSON; ``tuner verify`` compares a re-run against it."""
 LOAD_KEYS = ("model", "served_model_name", "api", "prompt_len", "output_len", "length_jitter", "dataset",
              "requests_per_level", "rounds", "min_requests", "level_s", "warmup_requests", "ignore_eos", "seed",
-             "extra_body", "health_paths", "preset", "live_context")
+             "extra_body", "health_paths", "preset", "live_context",
+             # the load's shape and the goodput search's load (tuner.targets.sglang.loadshape, .goodput)
+             "load_shape", "length_distribution", "prompt_len_std", "output_len_std", "goodput_mode",
+             "goodput_arrivals", "goodput_window_s", "goodput_min_requests", "goodput_repeats", "goodput_tolerance")
 
 
 
@@ -261,10 +264,17 @@ def _recorded(run, best_runs: list) -> dict[str, Any]:
         obj = None
     metric = obj.metric if obj else "tok_s"
     by_level = {lvl.split("=", 1)[1]: v for lvl, v in level_medians(best_runs, metric).items() if lvl.startswith("c=")}
-    return {"study": run.study_name, "target": run.target, "objective": run.objective,
-            **recorded_figures(obj, run.best_value, by_level, run.settings or {}, direction=run.direction,
-                               unit=run.unit),
-            "runs": [r.number for r in best_runs]}
+    out = {"study": run.study_name, "target": run.target, "objective": run.objective,
+           **recorded_figures(obj, run.best_value, by_level, run.settings or {}, direction=run.direction,
+                              unit=run.unit),
+           "runs": [r.number for r in best_runs]}
+    best_trial = best_runs[-1] if best_runs else None
+    if obj is not None and obj.is_goodput and best_trial is not None:  # verify re-measures the boundary (issue 22)
+        from tuner.targets.sglang.goodput import recorded
+
+        out["goodput"] = recorded(obj, {(m.metric, m.level): m.value for m in best_trial.measurements},
+                                  run.settings or {})
+    return out
 
 
 def recorded_figures(objective, value: float | None, by_level: dict, settings: dict[str, Any], *,

@@ -85,6 +85,8 @@ def verify_script(path: str | Path, *, tolerance: float = 0.15, timeout_s: float
             result.outcome, result.reason = Outcome.REQUEST_ERROR, probe.refused
             return result
         cfg = probe.config
+        if rec.get("goodput"):  # issue 22: a goodput export re-measures its boundary load under the SLO
+            return _verify_goodput(result, server, cfg, rec, load, deadline)
         for i, c in enumerate(levels):
             res = loadgen.run_level(server.base_url, cfg, c, level_index=i, deadline=deadline,
                                     should_abort=lambda: (f.reason if (f := server.failure()) else None))
@@ -103,6 +105,28 @@ def verify_script(path: str | Path, *, tolerance: float = 0.15, timeout_s: float
         result.log = server.log_text()
         result.duration_s = time.time() - t0
         _logger.info("verify %s: %s", path, result.lines()[0])
+
+
+def _verify_goodput(result: VerifyResult, server: ServerProcess, cfg: loadgen.LoadConfig, rec: dict[str, Any],
+                    load: dict[str, Any], deadline: float) -> VerifyResult:
+    """A goodput script: its recorded boundary load measured again; verified when it still meets the SLO there."""
+    from tuner.targets.sglang import goodput
+
+    fields = goodput.GoodputSettings.model_fields
+    settings = goodput.GoodputSettings.parse({k: v for k, v in load.items() if k in fields}, owner="the recorded load")
+    measure = goodput.Measurer(server.base_url, cfg, settings, lambda n, off: loadgen.make_requests(cfg, n, off),
+                               deadline=deadline, should_abort=lambda: (f.reason if (f := server.failure()) else None))
+    try:
+        ok, boundary, text = goodput.verify_load(measure, rec["goodput"])
+    except goodput.Aborted as exc:
+        f = server.failure()
+        result.outcome, result.reason = (f.outcome, f.reason) if f else (Outcome.TIMEOUT, str(exc))
+        return result
+    result.outcome, result.ok, result.reason = Outcome.OK, ok, text
+    if boundary is not None:
+        rows = goodput.boundary_rows(boundary, int(rec["goodput"].get("gpus") or 0))
+        result.value = next((r.value for r in rows if r.metric == result.metric and r.level == goodput.LEVEL), None)
+    return result
 
 
 def dial_address(bind: str | None) -> str | None:

@@ -268,7 +268,7 @@ def open_context(options: SearchOptions, progress: Progress | None = None) -> Se
                 "hardware": hardware.to_json(), "out_dir": str(Path(options.out_dir).resolve()),
                 "space_path": space.source}
     if run is None:
-        study = optuna.create_study(study_name=name, storage=ostorage, direction=space.objective.direction,
+        study = optuna.create_study(study_name=name, storage=ostorage, directions=list(space.objective.directions),
                                     sampler=sampler, pruner=pruner, load_if_exists=False)
         study.set_user_attr("target", target.name)
         study.set_user_attr("space", space.name)

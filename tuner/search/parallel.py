@@ -56,7 +56,7 @@ from tuner.search.context import load_history
 from tuner.search.failfast import FailFast
 from tuner.search.leases import GpuLeaser
 from tuner.search.sampling import params_key, suggest
-from tuner.search.trial import penalty_value, run_one
+from tuner.search.trial import penalty_value, run_one, told
 
 _logger = logging.getLogger(__name__)
 # ask/tell with heartbeats is what this module is for; Optuna warns that it expects Study.optimize
@@ -452,7 +452,7 @@ def _refuse(ctx, trial: optuna.Trial, params: dict, outcome: Outcome, reason: st
     ctx.repo.finish_trial(ctx.run.id, trial.number, outcome=outcome.value, value=None, reason=reason)
     if teach:
         retry_db(lambda: trial.set_user_attr("constraints", [1.0]), what="tell")
-        retry_db(lambda: ctx.study.tell(trial, penalty_value(ctx.direction)), what="tell")
+        retry_db(lambda: ctx.study.tell(trial, told(ctx, penalty_value(ctx.direction))), what="tell")
     else:
         retry_db(lambda: ctx.study.tell(trial, state=TrialState.FAIL), what="tell")
     _logger.warning("trial %d %s: %s", trial.number, outcome.value, reason)

@@ -10,6 +10,7 @@ from typing import Any
 
 import optuna
 
+from search_spaces.schema import SLO_LEVEL
 from tuner.execution.isolation import TrialJob, TrialProcess
 from tuner.execution.persistent import persistent_worker
 from tuner.measurement import Measurement, Outcome
@@ -31,6 +32,16 @@ _logger = logging.getLogger(__name__)
 def penalty_value(direction: str) -> float:
     """What a failed trial is told as: worse than any real result, so TPE puts it in the bad group."""
     return 0.0 if direction == "maximize" else 1e30
+
+
+def told(ctx: SearchContext, value: float, m: Measurement | None = None) -> float | list[float]:
+    """What Optuna is told: ``value``, and in the multi-objective mode (``objective.pareto``) the second metric at
+    the SLO's level beside it (the penalty's when ``m`` is None or lacks it)."""
+    obj = ctx.resolved.space.objective
+    if not obj.pareto:
+        return value
+    second = m.metric(obj.pareto, SLO_LEVEL) if m is not None else None
+    return [value, second if second is not None and math.isfinite(second) else penalty_value("maximize")]
 
 
 def run_one(ctx: SearchContext, trial: optuna.Trial, progress: Progress | None, *, gpus: list[int] | None = None,
@@ -81,12 +92,13 @@ def _run_isolated(ctx: SearchContext, trial: optuna.Trial, params: dict[str, Any
         per_trial = max(60.0 if share == 0.5 else 30.0, share * ctx.deadline.budget_s)
     deadline = min(hard_end, time.time() + per_trial)
     hw = ctx.hardware
-    job = TrialJob(target=ctx.target.name, space_yaml=ctx.space_yaml, space_source=ctx.resolved.space.source,
-                   params=params, deadline=deadline, settings=ctx.options.settings,
-                   hardware=hw.to_json(), gpus=gpus)
-
     # the baseline (every ratio's reference) and a confirmation re-run (the winner's median) are measured whole
     prunable = not (trial.user_attrs.get(BASELINE_ATTR) or trial.user_attrs.get(CONFIRM_ATTR) is not None)
+    settings = ctx.options.settings
+    if prunable and ctx.resolved.space.objective.is_goodput and ctx.best is not None:
+        settings = {**settings, "incumbent_value": ctx.best.value}  # a goodput trial checks this load first
+    job = TrialJob(target=ctx.target.name, space_yaml=ctx.space_yaml, space_source=ctx.resolved.space.source,
+                   params=params, deadline=deadline, settings=settings, hardware=hw.to_json(), gpus=gpus)
 
     def reporter(step: int, value: float) -> bool:
         trial.report(value, step)
@@ -110,7 +122,7 @@ def _record(ctx: SearchContext, trial: optuna.Trial, params: dict[str, Any], m: 
     constraints = _level_constraints(space, m)
     if m.outcome is Outcome.OK and m.value is not None and math.isfinite(m.value):
         set_constraints(trial, constraints or [0.0])
-        state, values = optuna.trial.TrialState.COMPLETE, m.value
+        state, values = optuna.trial.TrialState.COMPLETE, told(ctx, m.value, m)
     elif m.outcome is Outcome.PRUNED:
         state, values = optuna.trial.TrialState.PRUNED, None
     elif m.outcome is Outcome.TIMEOUT and cut_by_deadline:
@@ -120,7 +132,7 @@ def _record(ctx: SearchContext, trial: optuna.Trial, params: dict[str, Any], m: 
         if m.outcome is Outcome.OK:  # ok but no finite value: treat as a crash of the measurement
             m.outcome, m.reason = Outcome.CRASH, m.reason or "the trial reported no finite objective value"
         set_constraints(trial, [1.0] * max(1, len(space.objective.constraints)))
-        state, values = optuna.trial.TrialState.COMPLETE, penalty_value(ctx.direction)
+        state, values = optuna.trial.TrialState.COMPLETE, told(ctx, penalty_value(ctx.direction))
     trial.set_user_attr("outcome", m.outcome.value)
     if repeat_of is not None:
         trial.set_user_attr("repeat_of", repeat_of)

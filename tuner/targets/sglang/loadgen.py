@@ -24,6 +24,7 @@ from typing import Any
 import httpx
 
 from storage.types import MetricRow
+from tuner.targets.sglang.loadshape import LoadShape
 
 _logger = logging.getLogger(__name__)
 
@@ -118,6 +119,8 @@ class LoadConfig:
     """Ask for the token counts in the stream (``stream_options.include_usage``); off when the server refuses it."""
     seed: int = 0
     extra_body: dict[str, Any] = field(default_factory=dict)
+    shape: LoadShape | None = None
+    """The request lengths (:mod:`tuner.targets.sglang.loadshape`); built by :meth:`from_settings`."""
 
     @classmethod
     def from_settings(cls, settings: dict[str, Any]) -> LoadConfig:
@@ -131,6 +134,7 @@ class LoadConfig:
             raise ValueError(f"settings `api` must be 'completions' or 'chat', but got {cfg.api!r}.")
         if not 0 <= cfg.length_jitter < 1:
             raise ValueError(f"settings `length_jitter` must be in [0, 1), but got {cfg.length_jitter!r}.")
+        cfg.shape = LoadShape.from_settings(settings, cfg.prompt_len, cfg.output_len, cfg.length_jitter)
         return cfg
 
     def n_requests(self, concurrency: int) -> int:
@@ -144,7 +148,10 @@ def _jitter(n: int, j: float, rng: random.Random) -> int:
 
 
 def make_requests(cfg: LoadConfig, count: int, offset: int = 0) -> list[RequestSpec]:
-    """``count`` requests: from the dataset (cycled) or synthetic prompts of ``prompt_len`` words."""
+    """``count`` requests: of the load's shape, else from the dataset (cycled) or synthetic prompts of
+    ``prompt_len`` words."""
+    if cfg.shape is not None:
+        return [RequestSpec(p, m) for p, m in cfg.shape.requests(count, cfg.seed, offset)]
     rng = random.Random(cfg.seed + offset)
     if cfg.dataset:
         rows = load_dataset(cfg.dataset)
@@ -203,7 +210,9 @@ def _chunk_text(event: dict[str, Any]) -> str:
     return text
 
 
-async def one_request(client: httpx.AsyncClient, base_url: str, cfg: LoadConfig, req: RequestSpec) -> RequestResult:
+async def one_request(client: httpx.AsyncClient, base_url: str, cfg: LoadConfig, req: RequestSpec,
+                      on_first: Callable[[float], None] | None = None) -> RequestResult:
+    """One streamed request; ``on_first(ttft_s)`` is called when its first token arrives."""
     path, body = _body(cfg, req)
     start = time.perf_counter()
     last = None
@@ -234,6 +243,8 @@ async def one_request(client: httpx.AsyncClient, base_url: str, cfg: LoadConfig,
                     now = time.perf_counter()
                     if last is None:
                         ttft = now - start
+                        if on_first is not None:
+                            on_first(ttft)
                     else:
                         itl.append(now - last)
                     last = now
@@ -335,7 +346,7 @@ def probe(base_url: str, cfg: LoadConfig, deadline: float | None = None) -> Prob
     output length is read from the usage counts. Any other refusal is ``refused``, naming the field and the setting
     that fixes it. Then the rest of ``warmup_requests`` is sent. Blocking."""
     t0 = time.time()
-    short = replace(cfg, output_len=min(cfg.output_len, 8), dataset=None, length_jitter=0.0)
+    short = replace(cfg, output_len=min(cfg.output_len, 8), dataset=None, length_jitter=0.0, shape=None)
     out = Probe(config=cfg)
     for _ in range(3):
         req = make_requests(short, 1)[0]

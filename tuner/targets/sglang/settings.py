@@ -9,9 +9,11 @@ from typing import Any
 from pydantic import Field
 
 from tuner.settings import CommonSettings
+from tuner.targets.sglang.goodput import GoodputSettings
+from tuner.targets.sglang.loadshape import LoadShapeSettings
 
 
-class ServerSettings(CommonSettings):
+class ServerSettings(CommonSettings, GoodputSettings, LoadShapeSettings):  # the goodput search's and load shape's
     # the server
     model: str = ""
     """Model path or name (``--model-path``; the requests' ``model`` unless ``served_model_name``)."""
@@ -52,7 +54,8 @@ class ServerSettings(CommonSettings):
     teardown_reserve_s: float = Field(15.0, ge=0)
     """Seconds kept before the deadline for teardown."""
     trial_estimate_s: float | None = Field(None, gt=0)
-    """What one trial takes (start-up, warm-up, levels, teardown), for the dry-run's plan."""
+    """What one trial takes (start-up, warm-up, levels, teardown), for the dry-run's plan; with a goodput objective
+    the plan adds the boundary search's measurements to it."""
     load_format: str | None = None
     """SGLang: ``--load-format`` of the trials only (``dummy``: random weights of the right shapes, so a large model
     starts without reading its weights); the exported launch keeps the real weights."""

@@ -49,7 +49,7 @@ from typing import Any
 from search_spaces import Param
 from search_spaces.schema import LevelConstraint, Objective
 from storage.types import MetricRow
-from tuner.errors import TargetError
+from tuner.errors import SettingsError, TargetError
 from tuner.measurement import Measurement, Outcome
 from tuner.targets.base import LaunchSpec, PreflightReport, Reporter, Target
 from tuner.targets.sglang import failed, loadgen
@@ -197,6 +197,7 @@ class CommandTarget(Target):
                 report.facts["server version"] = flags.version
             self._check_flags(flags, report)
         self._report_rules(report)
+        self._load_shape(report)
         self._plan(report)
         gpus = self.resolved.hardware.gpu_count
         for p in self.flag_params():
@@ -206,6 +207,16 @@ class CommandTarget(Target):
                     report.will_not_run.append(f"`{p.name}` values {too_big} need more than the {gpus} GPUs here "
                                                "(refused by rule `tp-size-above-gpus`)")
         return report
+
+    def _load_shape(self, report: PreflightReport) -> None:
+        """The load's shape (a bad request file or contradicting shape settings: an error before any trial)."""
+        try:
+            cfg = loadgen.LoadConfig.from_settings(self.settings)
+        except (SettingsError, ValueError) as exc:
+            report.errors.append(str(exc))
+            return
+        if cfg.shape is not None:
+            report.facts["load shape"] = cfg.shape.describe()
 
     def _plan(self, report: PreflightReport) -> None:
         """The seconds one trial takes: a probe launch of the defaults (``probe_launch: true``, a failure of which
@@ -226,6 +237,14 @@ class CommandTarget(Target):
             report.trial_s = self.config.trial_estimate_s
             report.facts["trial seconds"] = f"{self.config.trial_estimate_s:g} (the space's trial_estimate_s; " \
                                             "--set probe_launch=true measures one)"
+        if self.objective().is_goodput:  # issue 22: the boundary search replaces the levels (goodput.py)
+            from tuner.targets.sglang import goodput
+
+            cost = goodput.plan(self.config)
+            report.facts["goodput search"] = cost.line()
+            if report.trial_s and not self.config.probe_launch:  # a probe launch ran a whole search already
+                report.trial_s += cost.seconds
+                report.facts["trial seconds"] += f" + the goodput search's {cost.seconds:.0f} = {report.trial_s:.0f}"
 
     @property
     def allow_retry(self) -> bool:
@@ -353,6 +372,7 @@ class CommandTarget(Target):
                                ready_patterns=tuple(self.config.ready_patterns),
                                fatal_grace_s=self.config.fatal_grace_s)
         restore = _kill_server_on_sigterm(server)
+        self._trial_gpus = self.gpus_for(params)  # the goodput's per-GPU figures
         try:
             m = self._run(server, cfg, t0, work_deadline, report)
         finally:
@@ -391,7 +411,10 @@ class CommandTarget(Target):
                 return Measurement(Outcome.REQUEST_ERROR, reason=probe.refused, metrics=metrics)
         cfg = probe.config
         metrics.append(MetricRow("ignore_eos", "", 1.0 if cfg.ignore_eos is not False else 0.0, "flag"))
+        metrics += cfg.shape.rows(cfg.seed) if cfg.shape else []  # the load's shape as sent (loadshape.py)
         obj = self.objective()
+        if obj.is_goodput:  # issue 22: a boundary search under the SLO instead of the levels (goodput.py)
+            return self._goodput(server, cfg, obj, metrics, deadline, should_abort)
         by_level: dict[int, float] = {}
         for i, c in enumerate(obj.levels):
             res = loadgen.run_level(server.base_url, cfg, c, level_index=i, should_abort=should_abort,
@@ -423,6 +446,26 @@ class CommandTarget(Target):
             violation = lc.violation(got) if got is not None and not math.isnan(got) else 1e9
             metrics.append(MetricRow("constraint", constraint_name(lc), float(violation), ""))
         return Measurement(Outcome.OK, value=value, metrics=metrics, by_level=by_level)
+
+
+    def _goodput(self, server: ServerProcess, cfg: loadgen.LoadConfig, obj: Objective, metrics: list[MetricRow],
+                 deadline: float, should_abort) -> Measurement:
+        """The goodput objective: :func:`tuner.targets.sglang.goodput.run_trial` on this trial's server."""
+        from tuner.targets.sglang import goodput
+
+        gpus = self._trial_gpus
+        measure = goodput.Measurer(server.base_url, cfg, self.config, make_requests=self.load_requests(cfg),
+                                   deadline=deadline, should_abort=should_abort)
+        incumbent = goodput.incumbent_load(obj, self.config.incumbent_value, gpus, cfg, self.config)
+        m = goodput.run_trial(measure, obj, gpus, metrics, incumbent)
+        f = server.failure()
+        if f is not None and m.outcome is not Outcome.PRUNED:
+            return Measurement(f.outcome, reason=f"during the goodput search: {f.reason}", metrics=m.metrics)
+        return m
+
+    def load_requests(self, cfg: loadgen.LoadConfig):
+        """``(count, offset) -> requests`` of this trial's load."""
+        return lambda count, offset: loadgen.make_requests(cfg, count, offset)
 
 
 def _kill_server_on_sigterm(server: ServerProcess):

@@ -1,0 +1,358 @@
+"""The goodput objective on the stand-in server, whose limits make the SLO boundary computable: it serves at most
+``--max-running-requests`` requests at a time, each holding its slot for ``ttft + (tokens - 1) / tokens-per-second``
+seconds (FIFO), so the highest load meeting a TTFT limit follows from a queue of known service time. Real servers
+(subprocesses), real HTTP, real open-loop arrivals."""
+
+from __future__ import annotations
+
+import heapq
+import math
+import time
+from pathlib import Path
+
+import pytest
+
+from search_spaces import Hardware, SpaceError, load_space_text, resolve
+from tests.server.conftest import standin_command
+from tuner.measurement import Outcome
+from tuner.targets.sglang.goodput import LEVEL, arrivals, plan
+from tuner.targets.sglang.target import CommandTarget
+
+
+def _space(slo: str, metric: str = "goodput_req_s"):
+    text = f"""
+name: goodput
+target: command
+objective: {{metric: {metric}, slo: {slo}}}
+params:
+  fast_path: {{type: bool, default: false, flag: --enable-fast-path}}
+"""
+    return resolve(load_space_text(text, source="goodput.yaml"), Hardware())
+
+
+def _target(slo: str, standin: list[str], **settings) -> CommandTarget:
+    base = {"command": standin_command(), "model": "standin", "extra_args": standin, "port_range": "33000-33999",
+            "prompt_len": 4, "warmup_requests": 1, "fatal_grace_s": 0.5, "teardown_reserve_s": 5.0}
+    return CommandTarget(_space(slo), {**base, **settings})
+
+
+# -- the space ---------------------------------------------------------------------------------------------------
+def test_the_slo_of_a_goodput_objective_becomes_constraints_at_level_slo():
+    obj = _space("{ttft_ms_p99: 500, tpot_ms_p95: 50}").space.objective
+    assert obj.is_goodput and obj.slo == (("ttft_ms_p99", 500.0), ("tpot_ms_p95", 50.0))
+    assert [(c.metric, c.level, c.max) for c in obj.constraints] == [("ttft_ms_p99", "slo", 500.0),
+                                                                     ("tpot_ms_p95", "slo", 50.0)]
+    assert obj.unit == "req/s" and "ttft_ms_p99<=500" in obj.describe()
+
+
+@pytest.mark.parametrize("slo, metric, says", [
+    ("{ttft_ms_p98: 500}", "goodput_req_s", "unknown latency metric (got 'ttft_ms_p98'); did you mean `ttft_ms_p99`?"),
+    ("{ttft_ms_p99: -1}", "goodput_req_s", "a limit must be a positive number of milliseconds (got -1)"),
+    ("{ttft_ms_p99: 500}", "tok_s", "`slo` is the limit of a goodput objective, not of `tok_s`"),
+])
+def test_a_bad_slo_is_one_line_naming_the_key_the_value_and_the_fix(slo, metric, says):
+    with pytest.raises(SpaceError) as err:
+        _space(slo, metric)
+    assert says in str(err.value) and "\n" not in str(err.value)
+
+
+def test_a_goodput_objective_without_slo_is_refused():
+    text = "name: g\ntarget: command\nobjective: {metric: goodput_tok_s}\n" \
+        "params: {x: {type: bool, default: false, flag: --x}}\n"
+    with pytest.raises(SpaceError, match="`goodput_tok_s` needs an `slo`"):
+        load_space_text(text, source="g.yaml")
+
+
+# -- arrivals ----------------------------------------------------------------------------------------------------
+def test_poisson_arrivals_are_seeded_and_at_the_rate():
+    a, b, c = arrivals(20.0, 4000, 7), arrivals(20.0, 4000, 7), arrivals(20.0, 4000, 8)
+    assert a == b and a != c
+    gaps = [y - x for x, y in zip([0.0] + a, a)]
+    assert abs(sum(gaps) / len(gaps) - 1 / 20) < 0.05 / 20
+    # exponential gaps: their spread equals their mean (an even spacing would have none)
+    mean = sum(gaps) / len(gaps)
+    sd = math.sqrt(sum((g - mean) ** 2 for g in gaps) / len(gaps))
+    assert abs(sd / mean - 1) < 0.1
+    assert arrivals(4.0, 3, 0, "constant") == [0.25, 0.5, 0.75]
+
+
+# -- the boundary search, replayed on a known response ----------------------------------------------------------
+def _replay(ttft_ms_at, **settings):
+    """A boundary search over recorded-style samples: the 20 requests of a load's ``n``-th measurement have the
+    TTFTs ``ttft_ms_at(load, n)`` (one value: all of them)."""
+    from tuner.targets.sglang.goodput import GoodputSettings, Sample, find_boundary
+    from tuner.targets.sglang.loadgen import RequestResult
+
+    seen: dict[float, int] = {}
+    log: list[float] = []
+
+    def measure(load: float) -> Sample:
+        log.append(load)
+        n = seen[load] = seen.get(load, 0) + 1
+        got = ttft_ms_at(load, n)
+        ttfts = [v / 1e3 for v in (got if isinstance(got, list) else [got] * 20)]
+        return Sample(load, [RequestResult(ok=True, ttft_s=t, e2e_s=t + 0.1, output_tokens=5) for t in ttfts], 1.0)
+
+    s = GoodputSettings(**{"goodput_start": 1.0, "goodput_repeats": 2, **settings})
+    return find_boundary(measure, (("ttft_ms_p95", 100.0),), s), log
+
+
+def test_the_search_brackets_by_doubling_bisects_to_the_tolerance_and_re_measures_both_ends():
+    b, log = _replay(lambda load, n: 10 * load)  # the limit is met up to 10 req/s exactly
+    assert b.low <= 10 < b.high and b.high <= b.low * 1.1 and not b.stopped
+    assert log[:5] == [1, 2, 4, 8, 16]  # doubling until the SLO is missed
+    assert len(b.points[b.low].samples) == 2 and len(b.points[b.high].samples) == 2
+    assert b.measurements == len(log) <= plan(_settings(goodput_start=1.0, goodput_repeats=2)).measurements
+
+
+def test_an_end_that_flips_when_measured_again_moves_the_bracket():
+    # the truth is 10 ms per req/s; the first look at a load in (9, 10] is unlucky: 2 of its 20 requests twice as
+    # slow, a miss alone (10% over the limit), a pass once pooled with two more looks (2 of 60)
+    def ttfts(load, n):
+        base = 10 * load
+        return [base] * 18 + [2 * base] * 2 if n == 1 and 9 < load <= 10 else base
+
+    b, log = _replay(ttfts, goodput_repeats=3)
+    assert b.low <= 10 < b.high and 9 < b.low, (b.low, b.high, log)
+    flipped = [x for x in set(log) if 9 < x <= 10]
+    assert flipped and all(log.count(x) == 3 for x in flipped) and b.low in flipped  # missed first, then met
+
+
+def test_the_search_stops_at_goodput_max_and_after_goodput_max_measurements():
+    b, _ = _replay(lambda load, n: 1.0, goodput_max=64)
+    assert (b.low, b.high) == (64, None)
+    b, log = _replay(lambda load, n: 10 * load, goodput_max_measurements=4)
+    assert len(log) == 4 and b.stopped.startswith("stopped after 4 measurements")
+
+
+def _settings(**kw):
+    from tuner.targets.sglang.goodput import GoodputSettings
+
+    return GoodputSettings(**kw)
+
+
+# -- the boundary against the stand-in's truth ------------------------------------------------------------------------
+def _dd_c_truth(slots: int, service_s: float, ttft_s: float, limit_s: float, window_s: float, min_requests: int,
+                q: float = 0.95) -> float:
+    """The rate at which evenly spaced arrivals into ``slots`` FIFO slots of ``service_s`` each give a ``q``-quantile
+    TTFT of ``limit_s`` over one measurement (the same request count as the search's); deterministic, bisected."""
+    def quantile(rate: float) -> float:
+        n = max(min_requests, math.ceil(rate * window_s))
+        free = [0.0] * slots
+        ttft = []
+        for i in range(n):
+            t = (i + 1) / rate
+            start = max(t, heapq.heappop(free))
+            heapq.heappush(free, start + service_s)
+            ttft.append(start - t + ttft_s)
+        ttft.sort()
+        k = (n - 1) * q
+        return ttft[math.floor(k)] + (ttft[math.ceil(k)] - ttft[math.floor(k)]) * (k - math.floor(k))
+
+    lo, hi = 0.5 * slots / service_s, 2 * slots / service_s
+    for _ in range(60):
+        mid = (lo + hi) / 2
+        lo, hi = (mid, hi) if quantile(mid) <= limit_s else (lo, mid)
+    return lo
+
+
+def test_the_rate_boundary_found_contains_the_standin_truth(tmp_path):
+    # 8 slots of about 0.05 + 9 / 20 = 0.5 s: 16 req/s at most; evenly spaced arrivals queue only above that, and the
+    # TTFT limit (the first token's 50 ms + 100 ms of waiting) is crossed a little above it
+    slots, ttft_s, tokens, tps = 8, 0.05, 10, 20.0
+    log = tmp_path / "slots.log"
+    t = _target("{ttft_ms_p95: 150}", ["--tokens-per-second", str(tps), "--ttft-ms", "50",
+                                       "--max-running-requests", str(slots), "--slot-log", str(log)],
+                output_len=tokens, goodput_arrivals="constant", goodput_start=12, goodput_window_s=2.0,
+                goodput_min_requests=20, goodput_tolerance=0.05, goodput_repeats=2)
+    m = t.evaluate({"fast_path": False}, time.time() + 240)
+    assert m.outcome is Outcome.OK, m.reason
+    low, high = m.metric("goodput_low", LEVEL), m.metric("goodput_high", LEVEL)
+    assert high <= low * 1.05 + 1e-9, (low, high)
+    # the truth: the queue at the service time the stand-in's slots were held for (its log), plus the client's few
+    # milliseconds to the first token
+    held = sorted(float(line.split()[1]) for line in log.read_text().splitlines())
+    service = held[len(held) // 2]
+    assert service == pytest.approx(ttft_s + (tokens - 1) / tps, rel=0.1)
+    truth = _dd_c_truth(slots, service, ttft_s + 0.005, 0.150, 2.0, 20)
+    assert low <= truth <= high, (low, truth, high, service, m.reason)
+    assert m.value == pytest.approx(low) and m.metric("goodput_req_s", LEVEL) == pytest.approx(low)
+    assert m.metric("goodput_tok_s", LEVEL) == pytest.approx(low * tokens)
+    assert m.metric("ttft_ms_p95", "slo") <= 150 and m.metric("goodput_feasible", LEVEL) == 1.0
+    # both ends of the final bracket measured twice and pooled, within what the dry-run's plan allows
+    assert m.metric("measurements", f"r={low:g}") == 2 and m.metric("measurements", f"r={high:g}") == 2
+    assert m.metric("goodput_measurements", LEVEL) <= plan(t.config).measurements
+
+
+def test_the_concurrency_boundary_is_the_standin_max_running_requests():
+    # at 3 in flight nobody waits; at 4, one request in four waits a whole 0.2 s slot: p95 TTFT over 100 ms
+    t = _target("{ttft_ms_p95: 100}", ["--tokens-per-second", "50", "--ttft-ms", "20", "--max-running-requests", "3"],
+                output_len=10, goodput_mode="concurrency", goodput_start=1, goodput_window_s=1.5,
+                goodput_min_requests=12, goodput_repeats=2)
+    m = t.evaluate({"fast_path": False}, time.time() + 180)
+    assert m.outcome is Outcome.OK, m.reason
+    assert (m.metric("goodput_low", LEVEL), m.metric("goodput_high", LEVEL)) == (3, 4), m.reason
+    # 3 requests of 0.2 s in flight: 15 req/s completed
+    assert m.value == pytest.approx(15, rel=0.15)
+
+
+def test_an_infeasible_configuration_is_an_ok_trial_worth_zero_with_its_slo_constraint_violated():
+    # every token takes 20 ms; the limit is 10 ms: no load meets it
+    t = _target("{tpot_ms_p95: 10}", ["--tokens-per-second", "50"], output_len=6, goodput_start=2,
+                goodput_min=1, goodput_window_s=1.0, goodput_min_requests=6)
+    m = t.evaluate({"fast_path": False}, time.time() + 120)
+    assert m.outcome is Outcome.OK and m.value == 0.0, m.reason
+    assert m.reason.startswith("infeasible: misses the SLO even at 1 req/s (tpot_ms_p95 ")
+    assert m.metric("goodput_feasible", LEVEL) == 0.0 and m.metric("goodput_measurements", LEVEL) == 2
+    (c,) = t.space.objective.constraints
+    assert c.violation(m.metric(c.metric, c.level)) > 5  # ~20 ms against 10: Optuna sees an infeasible trial
+
+
+def test_a_trial_missing_the_slo_at_the_incumbents_boundary_is_pruned_after_one_measurement():
+    t = _target("{ttft_ms_p95: 150}", ["--tokens-per-second", "20", "--ttft-ms", "50", "--max-running-requests", "2"],
+                output_len=10, goodput_arrivals="constant", goodput_window_s=1.0, goodput_min_requests=10,
+                incumbent_value=40.0)  # 2 slots of 0.5 s serve 4 req/s: 40 is far out of reach
+    m = t.evaluate({"fast_path": False}, time.time() + 120)
+    assert m.outcome is Outcome.PRUNED, m.reason
+    assert "misses the SLO at the incumbent's boundary 40" in m.reason
+    assert m.metric("goodput_measurements", LEVEL) == 1 and m.metric("meets_slo", "r=40") == 0.0
+    # cut as soon as more than 5% of the requests were certainly late: not 1 s of arrivals and 10 s of draining
+    assert m.metric("goodput_search_s", LEVEL) < 1.0
+    assert m.metric("error_rate", "r=40") == 0.0  # the requests cut short are late, not failed
+
+
+# -- a whole search -------------------------------------------------------------------------------------------------
+SEARCH_YAML = """
+name: goodput-search
+target: command
+objective: {metric: goodput_req_s, slo: {ttft_ms_p95: 150}}
+params:
+  slots: {type: categorical, values: [2, 1], default: 2, flag: --max-running-requests}
+"""
+
+
+def test_a_goodput_search_stores_the_boundary_and_prunes_a_trial_missing_the_incumbents_load(tmp_path):
+    import optuna
+
+    from storage import Repo
+    from tuner.search.context import SearchOptions
+    from tuner.search.driver import run_search
+
+    space = tmp_path / "g.yaml"
+    space.write_text(SEARCH_YAML)
+    url = f"sqlite:///{tmp_path / 'tuner.db'}"
+    settings = {"command": standin_command(), "model": "standin", "port_range": "34000-34999", "prompt_len": 4,
+                "output_len": 10, "warmup_requests": 1, "teardown_reserve_s": 3.0, "trial_timeout_s": 60,
+                "extra_args": ["--tokens-per-second", "20", "--ttft-ms", "50"], "goodput_arrivals": "constant",
+                "goodput_start": 2, "goodput_window_s": 1.0, "goodput_min_requests": 8, "goodput_tolerance": 0.2,
+                "goodput_repeats": 1}
+    opts = SearchOptions(budget_s=150, storage_url=url, study="g", space_path=str(space), target="command",
+                         settings=settings, n_trials=4, confirm_top=0, refine_share=0.0, seed=3,
+                         out_dir=str(tmp_path / "out"))
+    result = run_search(opts)
+    trials = {t.params["slots"]: t for t in result.trials if t.repeat_of is None}
+    assert set(trials) == {1, 2}, [(t.params, t.outcome, t.reason) for t in result.trials]
+    base, one = trials[2], trials[1]
+    # 2 slots of ~0.5 s serve ~4 req/s; the baseline's boundary is the incumbent one slot cannot meet
+    assert base.outcome == "ok" and 3.0 <= base.value <= 5.0, base.reason
+    assert one.outcome == "pruned" and "misses the SLO at the incumbent's boundary" in one.reason
+    repo = Repo(url)
+    stored = {m.metric: m.value for m in repo.get_trial(repo.get_run("g").id, one.number).measurements}
+    assert stored["goodput_measurements"] == 1 and stored["goodput_feasible"] == 0.0
+    study = optuna.load_study(study_name="g", storage=url)
+    frozen = study.trials[base.number]
+    assert frozen.user_attrs["constraints"][0] <= 0  # the SLO held at the boundary: a feasible trial for Optuna
+    # the export records the SLO and the boundary; verify measures that load again and finds it within the SLO
+    from tuner.export.script import read_recorded
+    from tuner.export.verify import verify_script
+
+    script = Path(result.export_dir) / "launch.sh"
+    rec = read_recorded(script)
+    assert rec["goodput"]["slo"] == [["ttft_ms_p95", 150.0]] and rec["goodput"]["load"] == pytest.approx(base.value)
+    res = verify_script(script, timeout_s=60, port_range="36000-36999")
+    assert res.ok and res.outcome is Outcome.OK, "\n".join(res.lines())
+    assert res.reason.startswith(f"meets the SLO at the recorded boundary {rec['goodput']['load']:g}")
+    assert res.value == pytest.approx(base.value)
+
+
+def test_the_dry_run_plan_adds_the_boundary_search_to_each_trial(tmp_path):
+    import json
+    import subprocess
+    import sys
+
+    space = tmp_path / "g.yaml"
+    space.write_text(SEARCH_YAML)
+    args = [sys.executable, "-m", "tuner.cli", "search", "--target", "command", "--space", str(space), "--model", "m",
+            "--budget", "1000s", "--dry-run", "--storage", f"sqlite:///{tmp_path / 't.db'}",
+            "--set", "command=" + json.dumps(standin_command()), "--set", "trial_estimate_s=20",
+            "--set", "goodput_start=4", "--set", "goodput_window_s=5"]
+    done = subprocess.run(args, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stdout + done.stderr
+    # doubling 4 -> 1024 is 8 steps after the start (halving to 0.05 would be 7), a factor-2 bracket bisects to 10%
+    # in 3, both ends re-measured twice: 16 measurements of 5 s
+    assert ("  goodput search: up to 16 measurements (bracket 9, bisect 3, ends re-measured 4; one when a trial "
+            "misses the incumbent's boundary) of at least 5.0 s each: 80 s a trial") in done.stdout, done.stdout
+    assert "  trial seconds: 20 (the space's trial_estimate_s; --set probe_launch=true measures one) + the goodput " \
+           "search's 80 = 100" in done.stdout
+    assert "  trials that fit the budget: about 10 (1000 s / 100 s a trial)" in done.stdout
+
+
+FRONT_YAML = """
+name: goodput-front
+target: command
+objective: {metric: goodput_tok_s_per_gpu, slo: {ttft_ms_p95: 300}, pareto: tok_s_per_request}
+params:
+  slots: {type: categorical, values: [2, 4], default: 2, flag: --max-running-requests}
+"""
+
+
+def test_the_multi_objective_mode_tells_optuna_two_values_and_best_pareto_prints_the_front(tmp_path):
+    import subprocess
+    import sys
+
+    import optuna
+
+    from storage import Repo
+    from tuner.search.context import SearchOptions
+    from tuner.search.driver import run_search
+
+    space = tmp_path / "f.yaml"
+    space.write_text(FRONT_YAML)
+    url = f"sqlite:///{tmp_path / 'tuner.db'}"
+    # a batch shares the decode (each of N running streams at 40 / (1 + (N - 1) / 2) tok/s): more load, more
+    # throughput in all, slower users
+    settings = {"command": standin_command(), "model": "standin", "port_range": "34000-34999", "prompt_len": 4,
+                "output_len": 10, "warmup_requests": 1, "teardown_reserve_s": 3.0, "trial_timeout_s": 60,
+                "extra_args": ["--tokens-per-second", "40", "--batch-slowdown", "0.5", "--ttft-ms", "20"],
+                "goodput_arrivals": "constant", "goodput_start": 2, "goodput_window_s": 1.5,
+                "goodput_min_requests": 8, "goodput_tolerance": 0.25, "goodput_repeats": 1}
+    opts = SearchOptions(budget_s=150, storage_url=url, study="f", space_path=str(space), target="command",
+                         settings=settings, n_trials=3, confirm_top=0, refine_share=0.0, seed=3,
+                         out_dir=str(tmp_path / "out"))
+    result = run_search(opts)
+    ran = [t for t in result.trials if t.repeat_of is None]
+    assert ran[0].outcome == "ok", ran[0].reason
+    study = optuna.load_study(study_name="f", storage=url)
+    assert len(study.directions) == 2
+    done = [t for t in study.trials if t.state == optuna.trial.TrialState.COMPLETE]
+    assert done and all(len(t.values) == 2 for t in done)
+    repo = Repo(url)
+    run = repo.get_run("f")
+    first = repo.get_trial(run.id, ran[0].number)
+    figs = {(m.metric, m.level): m.value for m in first.measurements}
+    assert done[0].values == [pytest.approx(figs[("goodput_tok_s_per_gpu", LEVEL)]),
+                              pytest.approx(figs[("tok_s_per_request", "slo")])]
+
+    out = subprocess.run([sys.executable, "-m", "tuner.cli", "best", "--pareto", "--storage", url, "--study", "f"],
+                         capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stdout + out.stderr
+    lines = out.stdout.splitlines()
+    assert lines[0].startswith("front of ") and "* = within the SLO (ttft_ms_p95<=300)" in lines[0], out.stdout
+    rows = [ln.split() for ln in lines[2:]]
+    assert len(rows) >= 2, out.stdout  # a trade-off: a lighter load is faster per user, a heavier one serves more
+    best = next(r for r in rows if "<-" in r)
+    goodputs = [m.value for t in repo.list_trials(run.id, with_measurements=True) if t.outcome == "ok"
+                for m in t.measurements if m.metric == "goodput_tok_s_per_gpu"]
+    assert best[2] == "*" and float(best[0]) == pytest.approx(max(goodputs), abs=0.06)
+    speeds = [float(r[1]) for r in rows]
+    assert speeds == sorted(speeds)  # along the front, by throughput falling, per-user speed rises
