@@ -11,6 +11,7 @@ from optuna.trial import TrialState
 
 from api.schemas import ImportancesOut, ParamImportance
 from storage import Run
+from storage.segments import active_seconds
 
 _logger = logging.getLogger(__name__)
 
@@ -46,7 +47,8 @@ def importances(name: str, study: optuna.Study | None) -> ImportancesOut:
 
 
 def history_figure_json(run: Run, study: optuna.Study | None) -> str:
-    """Optuna's optimization history with time (seconds since the run started) on x and the baseline as a line."""
+    """Optuna's optimization history with the searched time on x (every segment of a resumed study, without the
+    gaps between them) and the baseline as a line."""
     import plotly.graph_objects as go
 
     if study is None or not _complete(study):
@@ -54,11 +56,10 @@ def history_figure_json(run: Run, study: optuna.Study | None) -> str:
         fig.update_layout(title="Optimization history (no complete trials yet)")
     else:
         fig = optuna.visualization.plot_optimization_history(study, target_name=run.objective or "objective")
-        t0 = run.started_at
         at: dict[int, float] = {}
         for t in study.get_trials(deepcopy=False):
             if t.datetime_complete is not None:
-                at[t.number] = _seconds(t.datetime_complete, t0)
+                at[t.number] = active_seconds(run, _utc(t.datetime_complete))
         for trace in fig.data:
             numbers = list(trace.x or ())
             if numbers and all(isinstance(n, int) and n in at for n in numbers):
@@ -84,7 +85,6 @@ def importances_figure_json(run: Run, study: optuna.Study | None) -> str:
     return fig.to_json()
 
 
-def _seconds(t: datetime, t0: datetime) -> float:
-    """Seconds from ``t0`` (naive UTC, as storage writes it) to ``t`` (naive local time, as Optuna writes it)."""
-    t = t.astimezone(timezone.utc).replace(tzinfo=None)
-    return round(max(0.0, (t - t0).total_seconds()), 3)
+def _utc(t: datetime) -> datetime:
+    """Optuna's naive local time as naive UTC (what the ``tuner_`` tables store)."""
+    return t.astimezone(timezone.utc).replace(tzinfo=None)

@@ -2,18 +2,27 @@
 
 from __future__ import annotations
 
-from datetime import datetime
-from typing import Any, Literal
+from datetime import datetime, timezone
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, Field
+from pydantic import AfterValidator, BaseModel, Field
 
 from storage.models import OUTCOMES
+from storage.names import STUDY_NAME_PATTERN
 
 TrialState = Literal["running", "complete", "failed", "pruned"]
 Outcome = Literal[OUTCOMES]  # type: ignore[valid-type]
 SortKey = Literal["number", "value", "duration"]
 Order = Literal["asc", "desc"]
 TargetName = Literal["kernels", "workload", "sglang"]
+
+
+def _utc(t: datetime) -> datetime:
+    """The ``tuner_`` tables store naive UTC; the API says so (``+00:00``), so no client reads it as local time."""
+    return t.replace(tzinfo=timezone.utc) if t.tzinfo is None else t.astimezone(timezone.utc)
+
+
+UtcDateTime = Annotated[datetime, AfterValidator(_utc)]
 
 
 class StudySummary(BaseModel):
@@ -24,10 +33,11 @@ class StudySummary(BaseModel):
     objective: str
     unit: str
     space: str
-    budget_s: float
-    elapsed_s: float
-    started_at: datetime
-    ended_at: datetime | None
+    budget_s: float = Field(description="the budgets of every search of the study together (a resume adds one)")
+    elapsed_s: float = Field(description="seconds searched, every segment together, without the gaps between them")
+    segments: int = Field(description="searches of this study: 1, plus 1 per resume")
+    started_at: UtcDateTime
+    ended_at: UtcDateTime | None
     n_trials: int
     trials_by_outcome: dict[str, int] = Field(description="outcome -> count; `running` for unfinished trials")
     best_value: float | None
@@ -51,8 +61,8 @@ class TrialSummary(BaseModel):
     is_baseline: bool
     worker: str
     reason: str
-    started_at: datetime
-    finished_at: datetime | None
+    started_at: UtcDateTime
+    finished_at: UtcDateTime | None
     duration_s: float | None
 
 
@@ -101,7 +111,7 @@ class ArtifactOut(BaseModel):
     kind: str
     path: str
     size: int
-    created_at: datetime
+    created_at: UtcDateTime
     url: str
 
 
@@ -121,11 +131,12 @@ class EventOut(BaseModel):
     kind: str
     trial_number: int | None
     payload: dict[str, Any]
-    created_at: datetime
+    created_at: UtcDateTime
 
 
 class SearchRequest(BaseModel):
-    study: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,99}$", examples=["dsv4-tiny-1"])
+    study: str = Field(pattern=STUDY_NAME_PATTERN, examples=["dsv4-tiny-1"],
+                       description="the study to create or resume (storage.names: the one rule for study names)")
     budget_s: float = Field(gt=0, le=7 * 86400, description="wall-clock budget of the search in seconds")
     space: str = Field(
         pattern=r"^[A-Za-z0-9_][A-Za-z0-9_./-]{0,199}$",

@@ -39,7 +39,8 @@ class KeyedCache:
 
 
 class ApiState:
-    """Opens the database once, on first use, so that ``create_app`` itself never touches it."""
+    """Opens the database once, on first use, so that ``create_app`` itself never touches it. It never creates
+    one: a missing SQLite file answers 503 until a search creates it."""
 
     def __init__(self, settings: ApiSettings) -> None:
         self.settings = settings
@@ -55,7 +56,7 @@ class ApiState:
         if self._repo is None:
             with self._lock:
                 if self._repo is None:
-                    self._repo = Repo(self.settings.storage_url, pool_size=20)
+                    self._repo = Repo(self.settings.storage_url, pool_size=20, create=False)
         return self._repo
 
     def opened_repo(self) -> Repo | None:
@@ -88,6 +89,17 @@ class ApiState:
         except (KeyError, LookupError, SQLAlchemyError, optuna.exceptions.OptunaError) as exc:
             _logger.info("optuna study %r not loadable: %s", name, exc)
             return None
+
+    def watch_search(self, name: str, proc: subprocess.Popen) -> None:
+        """Keep ``proc`` under ``name`` and reap it as soon as it exits (a thread waits on it), so a finished search
+        never lingers as a zombie process; :meth:`reap_searches` drops it from :attr:`searches` later."""
+        self.searches[name] = proc
+
+        def reap() -> None:
+            code = proc.wait()
+            _logger.info("search %r (pid %d) exited with %s", name, proc.pid, code)
+
+        threading.Thread(target=reap, name=f"reap-{proc.pid}", daemon=True).start()
 
     def reap_searches(self) -> None:
         for name, proc in list(self.searches.items()):

@@ -35,13 +35,13 @@ def fail(message: str, code: int = 2) -> None:
 
 def _user_errors():
     from search_spaces import SpaceError
-    from storage import StorageError
+    from storage import StorageError, StudyNameError
     from tuner.budget import BudgetError
     from tuner.export import ExportError
     from tuner.search import SearchError
     from tuner.targets import TargetError
 
-    return (SpaceError, StorageError, BudgetError, ExportError, SearchError, TargetError)
+    return (SpaceError, StorageError, StudyNameError, BudgetError, ExportError, SearchError, TargetError)
 
 
 def _parse_sets(items: list[str]) -> dict[str, Any]:
@@ -93,6 +93,13 @@ def search(
     from tuner.progress import RichProgress
     from tuner.search import SearchOptions, run_search
 
+    if study is not None:
+        from storage.names import StudyNameError, check_study_name
+
+        try:
+            check_study_name(study)
+        except StudyNameError as exc:
+            fail(str(exc))
     settings = _parse_sets(set_)
     if model is not None:
         settings["model"] = model
@@ -163,7 +170,7 @@ def _count(trials) -> dict[str, int]:
 def _open(storage: str, study: str | None):
     from storage import Repo
 
-    repo = Repo(storage)
+    repo = Repo(storage, create=False)  # a read-only command never creates a database
     if not repo.has_schema():
         fail(f"storage {storage!r} holds no tuner studies; run `tuner search` first or pass --storage")
     if study is None:
@@ -188,7 +195,7 @@ def status(storage: StorageOpt = "sqlite:///tuner.db", study: StudyOpt = None,
         if all_ or study is None:
             from storage import Repo
 
-            repo = Repo(storage)
+            repo = Repo(storage, create=False)
             runs = repo.list_runs() if repo.has_schema() else []
             table = Table("study", "target", "state", "elapsed", "trials", "best", "x baseline")
             for r in runs:
@@ -265,10 +272,14 @@ def export(storage: StorageOpt = "sqlite:///tuner.db", study: StudyOpt = None,
 
 
 @app.command()
-def serve(storage: StorageOpt = "sqlite:///tuner.db",
-          host: Annotated[str, typer.Option("--host")] = "127.0.0.1",
-          port: Annotated[int, typer.Option("--port")] = 8000) -> None:
-    """Serve the REST API and the dashboard over a study database."""
+def serve(storage: Annotated[str | None, typer.Option(
+              "--storage", help="SQLAlchemy URL of the study database [default: TUNER_API_STORAGE_URL, else "
+              "TUNER_STORAGE, else sqlite:///tuner.db].")] = None,
+          host: Annotated[str | None, typer.Option("--host", help="[default: TUNER_API_HOST, else 127.0.0.1]")
+                          ] = None,
+          port: Annotated[int | None, typer.Option("--port", help="[default: TUNER_API_PORT, else 8000]")] = None
+          ) -> None:
+    """Serve the REST API and the dashboard over a study database (never creates one)."""
     import uvicorn
 
     try:
@@ -278,14 +289,21 @@ def serve(storage: StorageOpt = "sqlite:///tuner.db",
         fail(f"the API is not available in this build ({exc})")
     from pydantic import ValidationError
 
+    from storage import Repo
+
+    given: dict[str, Any] = {"host": host, "port": port, "storage_url": storage}
+    if storage is None and "TUNER_API_STORAGE_URL" not in os.environ and os.environ.get("TUNER_STORAGE"):
+        given["storage_url"] = os.environ["TUNER_STORAGE"]
     try:
-        app_ = create_app(ApiSettings(storage_url=storage, host=host))
+        settings = ApiSettings(**{k: v for k, v in given.items() if v is not None})  # the rest from TUNER_API_*
+        Repo(settings.storage_url, create=False).engine.dispose()  # a mistyped path fails here, not on a request
+        app_ = create_app(settings)
     except ValidationError as exc:
         err = exc.errors()[0]
         fail(f"API setting {'.'.join(map(str, err.get('loc', ())))}: {err.get('msg')}; fix the TUNER_API_* variable")
     except _user_errors() as exc:
         fail(str(exc))
-    uvicorn.run(app_, host=host, port=port, log_level="info")
+    uvicorn.run(app_, host=settings.host, port=settings.port, log_level="info")
 
 
 @app.command()

@@ -27,6 +27,7 @@ import optuna
 from search_spaces import Hardware, ResolvedSpace, SpaceError, detect_hardware, load_space, resolve
 from storage import Repo, StorageError
 from storage.models import Run
+from storage.names import check_study_name
 from tuner import refine
 from tuner.budget import Deadline
 from tuner.fingerprint import fingerprint
@@ -234,7 +235,7 @@ def open_context(options: SearchOptions, progress: Progress | None = None) -> Se
     repo = Repo(options.storage_url)
     repo.create_schema()
     ostorage = open_optuna_storage(options.storage_url)
-    name = _pick_study_name(options, resolved, repo)
+    name = check_study_name(_pick_study_name(options, resolved, repo))  # before Optuna creates anything
     space = resolved.space
     run = repo.get_run(name)
     env = fingerprint()

@@ -39,12 +39,14 @@ def list_artifacts(run: RunDep, repo: RepoDep) -> list[ArtifactOut]:
 
 
 @router.get(
-    "/{name}/artifacts/{artifact_name}",
+    "/{name}/artifacts/{artifact_name:path}",
     response_class=Response,
     responses={200: {"content": {"application/octet-stream": {}}, "description": "the file itself"}},
 )
 def download_artifact(
-    run: RunDep, repo: RepoDep, artifact_name: Annotated[str, Path(min_length=1, max_length=255)]
+    run: RunDep,
+    repo: RepoDep,
+    artifact_name: Annotated[str, Path(min_length=1, max_length=255, description="the name as listed; it may hold `/`")],
 ) -> Response:
     art = repo.get_artifact(run.id, artifact_name)
     if art is None:

@@ -34,7 +34,7 @@ def search_argv(settings: ApiSettings, req: SearchRequest, *, resume: bool = Fal
         "--space", req.space,
         "--target", req.target,
         "--budget", f"{req.budget_s:g}s",
-        "--out", str(settings.search_out_dir / req.study),
+        "--out", str(settings.search_out_dir),  # the export adds <study>/ itself
     ]  # fmt: skip
     if resume:
         argv.append("--resume")
@@ -70,7 +70,7 @@ def start_search(req: SearchRequest, state: StateDep) -> SearchStarted:
             status.HTTP_503_SERVICE_UNAVAILABLE,
             f"cannot start {argv[0]!r}: {exc.strerror or exc}; set TUNER_API_SEARCH_COMMAND",
         ) from None
-    state.searches[req.study] = proc
+    state.watch_search(req.study, proc)
     _logger.info("started search %r as pid %d: %s (log %s)", req.study, proc.pid, argv, log_path)
     return SearchStarted(study=req.study, pid=proc.pid, argv=argv, log_path=str(log_path))
 

@@ -99,7 +99,50 @@ def test_environment(client: TestClient) -> None:
 
 
 def test_empty_database_has_no_studies(tmp_path) -> None:
+    import sqlite3
+
+    sqlite3.connect(tmp_path / "empty.db").execute("CREATE TABLE other (x)").connection.close()  # a file, no tables
     with TestClient(create_app(ApiSettings(storage_url=f"sqlite:///{tmp_path / 'empty.db'}"))) as c:
         assert c.get("/api/studies").json() == []
         assert c.get("/api/studies/x").status_code == 404
         assert c.get("/health").json()["status"] == "ok"
+
+
+def test_missing_database_file_is_503_and_never_created(tmp_path) -> None:
+    path = tmp_path / "typo.db"
+    with TestClient(create_app(ApiSettings(storage_url=f"sqlite:///{path}"))) as c:
+        r = c.get("/api/studies")
+        assert r.status_code == 503 and "no database file" in r.json()["detail"] and "typo.db" in r.json()["detail"]
+        assert c.get("/api/studies/x").status_code == 503
+        assert c.get("/health").json()["status"] == "degraded"
+    assert not path.exists()
+
+
+def test_times_are_utc_with_their_offset(client: TestClient) -> None:
+    from datetime import datetime, timedelta
+
+    study = client.get(f"/api/studies/{STUDY}").json()
+    trial = client.get(f"/api/studies/{STUDY}/trials/0").json()
+    for text in (study["started_at"], study["ended_at"], trial["started_at"], trial["finished_at"]):
+        t = datetime.fromisoformat(text)
+        assert t.utcoffset() == timedelta(0), text  # "+00:00" (or "Z"): no client reads it as local time
+
+
+def test_resumed_study_reports_every_segment(tmp_path) -> None:
+    import json
+    import time
+
+    url = f"sqlite:///{tmp_path / 'twice.db'}"
+    fake_search(url, "twice", n_trials=6, delay_s=0.05, budget_s=300)
+    time.sleep(1.0)  # the gap between the two searches is not searched time
+    fake_search(url, "twice", n_trials=6, delay_s=0.05, resume=True, seed=1, budget_s=300)
+    with TestClient(create_app(ApiSettings(storage_url=url))) as c:
+        s = c.get("/api/studies/twice").json()
+        first = c.get("/api/studies/twice/trials", params={"limit": 1}).json()["items"][0]
+        fig = json.loads(c.get("/api/studies/twice/plots/history").text)
+    assert s["budget_s"] == 600 and s["segments"] == 2 and s["n_trials"] == 12
+    assert s["started_at"] <= first["started_at"]  # the first search's start, not the resume's
+    assert 0.6 < s["elapsed_s"] < 1.0 + 0.6 * 2  # two segments of ~6 x 0.05 s and more, the 1 s gap left out
+    xs = next(t for t in fig["data"] if t.get("mode") == "markers")["x"]
+    assert len(xs) >= 8 and len({round(x, 2) for x in xs}) >= 7, xs  # not bunched at x = 0
+    assert max(xs) <= s["elapsed_s"] + 0.01
