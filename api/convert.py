@@ -4,7 +4,13 @@ from __future__ import annotations
 
 import math
 
-from api.schemas import MeasurementOut, StudyDetail, StudySummary, TrialDetail, TrialSummary
+from api.schemas import (
+    MeasurementOut,
+    StudyDetail,
+    StudySummary,
+    TrialDetail,
+    TrialSummary,
+)
 from storage import Run, TrialRecord
 from storage.segments import elapsed_s, first_started_at, segments, total_budget_s
 

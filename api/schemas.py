@@ -5,7 +5,7 @@ from __future__ import annotations
 from datetime import datetime, timezone
 from typing import Annotated, Any, Literal
 
-from pydantic import AfterValidator, BaseModel, Field
+from pydantic import AfterValidator, BaseModel, BeforeValidator, Field
 
 from storage.models import OUTCOMES
 from storage.names import STUDY_NAME_PATTERN
@@ -23,6 +23,27 @@ def _utc(t: datetime) -> datetime:
 
 
 UtcDateTime = Annotated[datetime, AfterValidator(_utc)]
+
+
+def _not_bool(v: Any) -> Any:
+    """An integer as JSON Schema means it (``1`` or ``1.0``), never ``true``/``false`` (Python counts them ints)."""
+    if isinstance(v, bool):
+        raise ValueError(f"an integer is required, but got the boolean {str(v).lower()}")
+    return v
+
+
+
+class ErrorOut(BaseModel):
+    detail: str = Field(description="what was wrong, naming the thing and its value")
+
+
+_ERROR_JSON = {"application/json": {"schema": {"$ref": "#/components/schemas/ErrorOut"}}}
+# the media type is spelled out: a route whose own responses are not JSON (the event stream) still answers its
+# errors in JSON
+NOT_FOUND = {404: {"model": ErrorOut, "content": _ERROR_JSON,
+                   "description": "no study of that name (or no such trial, artifact, best)"}}
+UNAVAILABLE = {503: {"model": ErrorOut, "content": _ERROR_JSON,
+                     "description": "the storage cannot be reached, or holds no database file"}}
 
 
 class StudySummary(BaseModel):
@@ -144,8 +165,9 @@ class SearchRequest(BaseModel):
         examples=["dsv4_flash_tiny"],
     )
     target: TargetName = "workload"
-    n_trials: int | None = Field(default=None, ge=1, le=1_000_000)
-    seed: int | None = Field(default=None, ge=0, le=2**31 - 1)
+    # the bounds before the validator, so that the schema says minimum/maximum
+    n_trials: Annotated[int, Field(ge=1, le=1_000_000), BeforeValidator(_not_bool)] | None = None
+    seed: Annotated[int, Field(ge=0, le=2**31 - 1), BeforeValidator(_not_bool)] | None = None
 
 
 class SearchStarted(BaseModel):

@@ -11,7 +11,7 @@ import subprocess
 from fastapi import APIRouter, HTTPException, status
 
 from api.deps import ControlDep, RunDep, StateDep
-from api.schemas import SearchRequest, SearchStarted, StopResult
+from api.schemas import NOT_FOUND, UNAVAILABLE, ErrorOut, SearchRequest, SearchStarted, StopResult
 from api.settings import ApiSettings
 
 router = APIRouter(tags=["control"], dependencies=[ControlDep])
@@ -21,7 +21,10 @@ _GUARDED = {
     401: {"description": "missing or wrong bearer token"},
     403: {"description": "control disabled: no TUNER_API_CONTROL_TOKEN configured"},
     409: {"description": "the study is in a state that does not allow it"},
+    **UNAVAILABLE,
 }
+_START = {**_GUARDED, 400: {"model": ErrorOut, "description": "the body is not JSON"}}
+_STOP = {**_GUARDED, **NOT_FOUND}
 
 
 def search_argv(settings: ApiSettings, req: SearchRequest, *, resume: bool = False) -> list[str]:
@@ -45,7 +48,7 @@ def search_argv(settings: ApiSettings, req: SearchRequest, *, resume: bool = Fal
     return argv
 
 
-@router.post("/api/searches", response_model=SearchStarted, status_code=status.HTTP_202_ACCEPTED, responses=_GUARDED)
+@router.post("/api/searches", response_model=SearchStarted, status_code=status.HTTP_202_ACCEPTED, responses=_START)
 def start_search(req: SearchRequest, state: StateDep) -> SearchStarted:
     """Start ``tuner search`` in its own process (``--resume`` when the study exists and has ended); watch it
     through the study's endpoints and events."""
@@ -76,7 +79,7 @@ def start_search(req: SearchRequest, state: StateDep) -> SearchStarted:
 
 
 @router.post("/api/studies/{name}/stop", response_model=StopResult, status_code=status.HTTP_202_ACCEPTED,
-             responses=_GUARDED)  # fmt: skip
+             responses=_STOP)  # fmt: skip
 def stop_search(run: RunDep, state: StateDep) -> StopResult:
     """Send SIGINT to the search process (it ends cleanly and exports the best so far); same host only."""
     name = run.study_name

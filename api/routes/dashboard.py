@@ -11,13 +11,15 @@ from fastapi.responses import FileResponse, HTMLResponse
 
 from api import optuna_views
 from api.deps import RunDep, StateDep
+from api.schemas import NOT_FOUND, UNAVAILABLE
 from api.queries import last_event_id
 
 router = APIRouter(tags=["dashboard"])
 
 STATIC_DIR = Path(__file__).resolve().parent.parent / "static"
 PLOTLY_JS = Path(plotly.__file__).resolve().parent / "package_data" / "plotly.min.js"
-_FIGURE = {200: {"content": {"application/json": {}}, "description": "a plotly figure (`fig.to_json()`)"}}
+_FIGURE = {200: {"content": {"application/json": {}}, "description": "a plotly figure (`fig.to_json()`)"},
+           **NOT_FOUND, **UNAVAILABLE}
 
 
 @router.get("/", response_class=HTMLResponse, include_in_schema=False)

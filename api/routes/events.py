@@ -18,11 +18,11 @@ from fastapi.concurrency import run_in_threadpool
 from fastapi.sse import EventSourceResponse, ServerSentEvent
 
 from api.deps import RunDep, StateDep
-from api.schemas import EventOut
+from api.schemas import NOT_FOUND, UNAVAILABLE, EventOut
 from api.state import ApiState
 from storage import Event
 
-router = APIRouter(prefix="/api/studies", tags=["events"])
+router = APIRouter(prefix="/api/studies", tags=["events"], responses=UNAVAILABLE)
 _logger = logging.getLogger(__name__)
 
 EVENT_KINDS = ("trial_started", "trial_finished", "trial_pruned", "trial_failed", "new_best", "search_ended")
@@ -39,6 +39,7 @@ def _sse(ev: Event) -> ServerSentEvent:
 
 @router.get(
     "/{name}/events",
+    responses=NOT_FOUND,
     response_class=EventSourceResponse,
     description="Event kinds (the SSE `event:` field): " + ", ".join(EVENT_KINDS) + ". `data:` is an EventOut.",
 )

@@ -7,9 +7,9 @@ from fastapi import APIRouter, HTTPException, status
 from api import convert, optuna_views
 from api.deps import RepoDep, RunDep, StateDep
 from api.queries import last_event_id, outcome_counts_by_run
-from api.schemas import BestOut, EnvironmentOut, ImportancesOut, StudyDetail, StudySummary
+from api.schemas import NOT_FOUND, UNAVAILABLE, BestOut, EnvironmentOut, ImportancesOut, StudyDetail, StudySummary
 
-router = APIRouter(prefix="/api/studies", tags=["studies"])
+router = APIRouter(prefix="/api/studies", tags=["studies"], responses=UNAVAILABLE)
 
 
 @router.get("", response_model=list[StudySummary])
@@ -22,12 +22,12 @@ def list_studies(state: StateDep) -> list[StudySummary]:
     return [convert.study_summary(run, counts.get(run.id, {})) for run in repo.list_runs()]
 
 
-@router.get("/{name}", response_model=StudyDetail)
+@router.get("/{name}", responses=NOT_FOUND, response_model=StudyDetail)
 def get_study(run: RunDep, repo: RepoDep) -> StudyDetail:
     return convert.study_detail(run, repo.outcome_counts(run.id))
 
 
-@router.get("/{name}/best", response_model=BestOut)
+@router.get("/{name}/best", responses=NOT_FOUND, response_model=BestOut)
 def get_best(run: RunDep, repo: RepoDep) -> BestOut:
     """The best trial so far with every measurement, and the exported launch script when there is one."""
     if run.best_trial_number is None or run.best_value is None:
@@ -48,7 +48,7 @@ def get_best(run: RunDep, repo: RepoDep) -> BestOut:
     )
 
 
-@router.get("/{name}/importances", response_model=ImportancesOut)
+@router.get("/{name}/importances", responses=NOT_FOUND, response_model=ImportancesOut)
 def get_importances(run: RunDep, state: StateDep) -> ImportancesOut:
     """Parameter importances (Optuna's default evaluator) over the completed trials (Optuna's), cached until the next event."""
     key = ("importances", run.study_name, last_event_id(state.repo(), run.id))
@@ -57,7 +57,7 @@ def get_importances(run: RunDep, state: StateDep) -> ImportancesOut:
     )
 
 
-@router.get("/{name}/environment", response_model=EnvironmentOut)
+@router.get("/{name}/environment", responses=NOT_FOUND, response_model=EnvironmentOut)
 def get_environment(run: RunDep) -> EnvironmentOut:
     """The hardware and software the search ran on (GPU, driver, torch, triton, server versions)."""
     return EnvironmentOut(study=run.study_name, environment=run.environment or {})
