@@ -28,7 +28,7 @@ UtcDateTime = Annotated[datetime, AfterValidator(_utc)]
 def _not_bool(v: Any) -> Any:
     """An integer as JSON Schema means it (``1`` or ``1.0``), never ``true``/``false`` (Python counts them ints)."""
     if isinstance(v, bool):
-        raise ValueError(f"an integer is required, but got the boolean {str(v).lower()}")
+        raise ValueError(f"an integer is required, but got the boolean {str(v).lower()}")  # noqa: TRY004 - pydantic needs ValueError
     return v
 
 

@@ -11,7 +11,14 @@ import subprocess
 from fastapi import APIRouter, HTTPException, status
 
 from api.deps import ControlDep, RunDep, StateDep
-from api.schemas import NOT_FOUND, UNAVAILABLE, ErrorOut, SearchRequest, SearchStarted, StopResult
+from api.schemas import (
+    NOT_FOUND,
+    UNAVAILABLE,
+    ErrorOut,
+    SearchRequest,
+    SearchStarted,
+    StopResult,
+)
 from api.settings import ApiSettings
 
 router = APIRouter(tags=["control"], dependencies=[ControlDep])

@@ -7,7 +7,15 @@ from fastapi import APIRouter, HTTPException, status
 from api import convert, optuna_views
 from api.deps import RepoDep, RunDep, StateDep
 from api.queries import last_event_id, outcome_counts_by_run
-from api.schemas import NOT_FOUND, UNAVAILABLE, BestOut, EnvironmentOut, ImportancesOut, StudyDetail, StudySummary
+from api.schemas import (
+    NOT_FOUND,
+    UNAVAILABLE,
+    BestOut,
+    EnvironmentOut,
+    ImportancesOut,
+    StudyDetail,
+    StudySummary,
+)
 
 router = APIRouter(prefix="/api/studies", tags=["studies"], responses=UNAVAILABLE)
 

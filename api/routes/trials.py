@@ -9,7 +9,16 @@ from fastapi import APIRouter, HTTPException, Path, Query, status
 from api import convert
 from api.deps import RepoDep, RunDep
 from api.queries import trial_page
-from api.schemas import NOT_FOUND, UNAVAILABLE, Order, Outcome, SortKey, TrialDetail, TrialPage, TrialState
+from api.schemas import (
+    NOT_FOUND,
+    UNAVAILABLE,
+    Order,
+    Outcome,
+    SortKey,
+    TrialDetail,
+    TrialPage,
+    TrialState,
+)
 
 router = APIRouter(prefix="/api/studies", tags=["trials"], responses=UNAVAILABLE)
 
