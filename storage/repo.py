@@ -228,20 +228,12 @@ class Repo:
         limit: int | None = None,
         with_measurements: bool = False,
     ) -> list[TrialRecord]:
-        q = select(TrialRecord).where(TrialRecord.run_id == run_id)
-        if state:
-            q = q.where(TrialRecord.state == state)
-        if outcome:
-            q = q.where(TrialRecord.outcome == outcome)
-        col = {"number": TrialRecord.number, "value": TrialRecord.value, "duration": TrialRecord.duration_s}[sort]
-        order = col.desc() if descending else col.asc()
-        q = q.order_by(col.is_(None), order, TrialRecord.number.asc()).offset(offset)
-        if limit is not None:
-            q = q.limit(limit)
-        if with_measurements:
-            q = q.options(selectinload(TrialRecord.measurements))
-        with self.session() as s:
-            return list(s.scalars(q))
+        """The trials of a run, filtered, sorted and paged by :func:`storage.queries.trial_page` (missing values
+        last in either order); every trial by default."""
+        from storage.queries import trial_page
+
+        return trial_page(self, run_id, state=state, outcome=outcome, sort=sort, descending=descending,
+                          offset=offset, limit=limit, with_measurements=with_measurements)[1]
 
     def count_trials(self, run_id: int, *, state: str | None = None, outcome: str | None = None) -> int:
         q = select(func.count()).select_from(TrialRecord).where(TrialRecord.run_id == run_id)

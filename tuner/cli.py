@@ -187,9 +187,21 @@ def _open(storage: str, study: str | None):
 
 @app.command()
 def status(storage: StorageOpt = "sqlite:///tuner.db", study: StudyOpt = None,
-           all_: Annotated[bool, typer.Option("--all", help="List every study.")] = False) -> None:
-    """Show the studies, or one study's trials with their outcomes."""
+           all_: Annotated[bool, typer.Option("--all", help="List every study.")] = False,
+           sort: Annotated[str, typer.Option("--sort", help="number | value | duration (missing values last).")
+                           ] = "number",
+           desc: Annotated[bool, typer.Option("--desc", help="Largest first.")] = False,
+           limit: Annotated[int | None, typer.Option("--limit", help="Show this many trials (default: all).")
+                            ] = None,
+           offset: Annotated[int, typer.Option("--offset", help="Skip this many trials first.")] = 0) -> None:
+    """Show the studies, or one study's trials with their outcomes (the API's trial page: same sort and paging)."""
+    from storage.queries import SORT_KEYS, trial_page
     from storage.repo import elapsed_s
+
+    if sort not in SORT_KEYS:
+        fail(f"--sort {sort!r} is not one of {', '.join(SORT_KEYS)}; e.g. --sort value --desc")
+    if (limit is not None and limit < 1) or offset < 0:
+        fail(f"--limit must be >= 1 and --offset >= 0, but got --limit {limit} --offset {offset}")
 
     try:
         if all_ or study is None:
@@ -212,8 +224,10 @@ def status(storage: StorageOpt = "sqlite:///tuner.db", study: StudyOpt = None,
         counts = repo.outcome_counts(run.id)
         console.print(f"study {run.study_name}: {run.state}, target {run.target}, objective {run.objective}; "
                       + ", ".join(f"{k} {v}" for k, v in sorted(counts.items())))
-        table = Table("#", "outcome", "value", "x base", "s", "params / reason")
-        for t in repo.list_trials(run.id):
+        total, page = trial_page(repo, run.id, sort=sort, descending=desc, offset=offset, limit=limit)
+        table = Table("#", "outcome", "value", "x base", "s", "params / reason",
+                      caption=f"trials {offset + 1}-{offset + len(page)} of {total}" if len(page) < total else None)
+        for t in page:
             ratio = f"{t.value / run.baseline_value:.2f}" if t.value and run.baseline_value else ""
             detail = ", ".join(f"{k}={v}" for k, v in t.params.items())
             if t.outcome not in ("ok", None) and t.reason:

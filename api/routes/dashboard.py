@@ -11,7 +11,7 @@ from fastapi.responses import FileResponse, HTMLResponse
 
 from api import optuna_views
 from api.deps import RunDep, StateDep
-from api.queries import last_event_id
+from storage.queries import last_event_id
 from api.schemas import NOT_FOUND, UNAVAILABLE
 
 router = APIRouter(tags=["dashboard"])

@@ -6,7 +6,7 @@ from fastapi import APIRouter, HTTPException, status
 
 from api import convert, optuna_views
 from api.deps import RepoDep, RunDep, StateDep
-from api.queries import last_event_id, outcome_counts_by_run
+from storage.queries import last_event_id, outcome_counts_by_run
 from api.schemas import (
     NOT_FOUND,
     UNAVAILABLE,

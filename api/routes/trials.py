@@ -8,7 +8,7 @@ from fastapi import APIRouter, HTTPException, Path, Query, status
 
 from api import convert
 from api.deps import RepoDep, RunDep
-from api.queries import trial_page
+from storage.queries import trial_page
 from api.schemas import (
     NOT_FOUND,
     UNAVAILABLE,

@@ -85,3 +85,24 @@ def test_search_refuses_a_study_name_outside_the_rule_before_writing(tmp_path, n
     r = tuner("search", "--budget", "1m", "--study", name, cwd=tmp_path)
     one_line_error(r, "study name", "not allowed", "--study ")
     assert sorted(p.name for p in tmp_path.iterdir()) == []
+
+
+def test_status_pages_trials_as_the_api_does(tmp_path) -> None:
+    from fastapi.testclient import TestClient
+
+    from api.app import create_app
+    from api.settings import ApiSettings
+
+    url = f"sqlite:///{tmp_path / 'paged.db'}"
+    fake_search(url, "paged", n_trials=10)
+    r = tuner("status", "--storage", url, "--study", "paged", "--sort", "value", "--desc", "--limit", "3",
+              "--offset", "1", cwd=tmp_path)  # fmt: skip
+    assert r.returncode == 0, r.stderr
+    shown = [int(line.split("│")[1].split()[0]) for line in r.stdout.splitlines() if line.startswith("│")]
+    with TestClient(create_app(ApiSettings(storage_url=url))) as c:
+        page = c.get("/api/studies/paged/trials", params={"sort": "value", "order": "desc", "limit": 3,
+                                                          "offset": 1}).json()  # fmt: skip
+    assert shown == [t["number"] for t in page["items"]] and len(shown) == 3
+    assert f"trials 2-4 of {page['total']}" in r.stdout
+    one_line_error(tuner("status", "--storage", url, "--study", "paged", "--sort", "params", cwd=tmp_path),
+                   "--sort 'params'")  # fmt: skip
