@@ -73,15 +73,21 @@ def history_figure_json(run: Run, study: optuna.Study | None) -> str:
     return fig.to_json()
 
 
-def importances_figure_json(run: Run, study: optuna.Study | None) -> str:
+def importances_figure_json(imp: ImportancesOut, target_name: str) -> str:
+    """A horizontal bar per parameter, most important on top (as Optuna's ``plot_param_importances`` draws it),
+    from importances already computed: drawing them costs no second evaluation."""
     import plotly.graph_objects as go
 
-    out = importances(run.study_name, study)
-    if study is None or not out.importances:
-        fig = go.Figure()
-        fig.update_layout(title=f"Parameter importances ({out.reason})")
+    fig = go.Figure()
+    if not imp.importances:
+        fig.update_layout(title=f"Parameter importances ({imp.reason})")
         return fig.to_json()
-    fig = optuna.visualization.plot_param_importances(study, target_name=run.objective or "objective")
+    rows = list(reversed(imp.importances))
+    fig.add_trace(go.Bar(x=[r.importance for r in rows], y=[r.param for r in rows], orientation="h",
+                         text=[f"{r.importance:.2f}" for r in rows], textposition="outside",
+                         hovertemplate="%{y}: %{x:.3f}<extra></extra>"))  # fmt: skip
+    fig.update_layout(title=f"Parameter importances for {target_name} ({imp.n_complete} complete trials)",
+                      xaxis_title="importance", yaxis_title="parameter")  # fmt: skip
     return fig.to_json()
 
 

@@ -5,37 +5,18 @@ from __future__ import annotations
 import logging
 import subprocess
 import threading
-from collections import OrderedDict
-from typing import Any, Callable
 
 import optuna
 from sqlalchemy.exc import SQLAlchemyError
 
+from api import optuna_views
+from api.derived import DerivedViews
+from api.schemas import ImportancesOut
 from api.settings import ApiSettings
-from storage import Repo
+from storage import Repo, Run
+from storage.queries import last_event_id
 
 _logger = logging.getLogger(__name__)
-
-
-class KeyedCache:
-    """A small thread-safe LRU: values are recomputed when their key (which includes a version) changes."""
-
-    def __init__(self, size: int = 64) -> None:
-        self._items: OrderedDict[Any, Any] = OrderedDict()
-        self._size = size
-        self._lock = threading.Lock()
-
-    def get_or_compute(self, key: Any, compute: Callable[[], Any]) -> Any:
-        with self._lock:
-            if key in self._items:
-                self._items.move_to_end(key)
-                return self._items[key]
-        value = compute()
-        with self._lock:
-            self._items[key] = value
-            while len(self._items) > self._size:
-                self._items.popitem(last=False)
-        return value
 
 
 class ApiState:
@@ -44,7 +25,8 @@ class ApiState:
 
     def __init__(self, settings: ApiSettings) -> None:
         self.settings = settings
-        self.cache = KeyedCache()
+        self.derived = DerivedViews(settings.derived_refresh_s)
+        """Importances and plot figures, computed once and refreshed on an interval (see :mod:`api.derived`)."""
         self.searches: dict[str, subprocess.Popen] = {}
         """Searches started by this process, by study name (reaped on the next control call)."""
         self._lock = threading.Lock()
@@ -100,6 +82,22 @@ class ApiState:
             _logger.info("search %r (pid %d) exited with %s", name, proc.pid, code)
 
         threading.Thread(target=reap, name=f"reap-{proc.pid}", daemon=True).start()
+
+    # -- derived views: one computation per study, refreshed on an interval (api.derived) --------------------
+    def importances(self, run: Run) -> ImportancesOut:
+        """The study's importances as held; ``/importances`` and ``/plots/importances`` share this one."""
+        return self.derived.get(("importances", run.study_name), last_event_id(self.repo(), run.id),
+                                lambda: optuna_views.importances(run.study_name, self.load_study(run.study_name)))
+
+    def importances_figure(self, run: Run) -> str:
+        imp = self.importances(run)
+        version = (imp.n_complete, imp.reason, tuple((i.param, i.importance) for i in imp.importances))
+        return self.derived.get(("importances-figure", run.study_name), version,
+                                lambda: optuna_views.importances_figure_json(imp, run.objective or "objective"))
+
+    def history_figure(self, run: Run) -> str:
+        return self.derived.get(("history", run.study_name), last_event_id(self.repo(), run.id),
+                                lambda: optuna_views.history_figure_json(run, self.load_study(run.study_name)))
 
     def reap_searches(self) -> None:
         for name, proc in list(self.searches.items()):

@@ -9,9 +9,7 @@ import plotly
 from fastapi import APIRouter, Response
 from fastapi.responses import FileResponse, HTMLResponse
 
-from api import optuna_views
 from api.deps import RunDep, StateDep
-from storage.queries import last_event_id
 from api.schemas import NOT_FOUND, UNAVAILABLE
 
 router = APIRouter(tags=["dashboard"])
@@ -32,19 +30,14 @@ def plotly_js() -> FileResponse:
     return FileResponse(PLOTLY_JS, media_type="text/javascript", headers={"Cache-Control": "max-age=86400"})
 
 
-def _figure(state, run, kind: str, make) -> Response:
-    key = ("plot", kind, run.study_name, last_event_id(state.repo(), run.id))
-    body = state.cache.get_or_compute(key, lambda: make(run, state.load_study(run.study_name)))
-    return Response(body, media_type="application/json")
-
-
 @router.get("/api/studies/{name}/plots/history", response_class=Response, responses=_FIGURE)
 def plot_history(run: RunDep, state: StateDep) -> Response:
-    """Optuna's optimization history, best so far against elapsed seconds, with the baseline as a line."""
-    return _figure(state, run, "history", optuna_views.history_figure_json)
+    """Optuna's optimization history, best so far against searched seconds, with the baseline as a line
+    (refreshed at most every ``derived_refresh_s`` while the study changes)."""
+    return Response(state.history_figure(run), media_type="application/json")
 
 
 @router.get("/api/studies/{name}/plots/importances", response_class=Response, responses=_FIGURE)
 def plot_importances(run: RunDep, state: StateDep) -> Response:
-    """Optuna's parameter-importance bar chart (Optuna's default evaluator over the completed trials)."""
-    return _figure(state, run, "importances", optuna_views.importances_figure_json)
+    """The importances of ``/importances`` as a bar chart (the same computation, not a second one)."""
+    return Response(state.importances_figure(run), media_type="application/json")

@@ -4,9 +4,8 @@ from __future__ import annotations
 
 from fastapi import APIRouter, HTTPException, status
 
-from api import convert, optuna_views
+from api import convert
 from api.deps import RepoDep, RunDep, StateDep
-from storage.queries import last_event_id, outcome_counts_by_run
 from api.schemas import (
     NOT_FOUND,
     UNAVAILABLE,
@@ -16,6 +15,7 @@ from api.schemas import (
     StudyDetail,
     StudySummary,
 )
+from storage.queries import outcome_counts_by_run
 
 router = APIRouter(prefix="/api/studies", tags=["studies"], responses=UNAVAILABLE)
 
@@ -58,11 +58,9 @@ def get_best(run: RunDep, repo: RepoDep) -> BestOut:
 
 @router.get("/{name}/importances", responses=NOT_FOUND, response_model=ImportancesOut)
 def get_importances(run: RunDep, state: StateDep) -> ImportancesOut:
-    """Parameter importances (Optuna's default evaluator) over the completed trials (Optuna's), cached until the next event."""
-    key = ("importances", run.study_name, last_event_id(state.repo(), run.id))
-    return state.cache.get_or_compute(
-        key, lambda: optuna_views.importances(run.study_name, state.load_study(run.study_name))
-    )
+    """Parameter importances (Optuna's default evaluator) over the completed trials (Optuna's); computed once,
+    then refreshed at most every ``derived_refresh_s`` while the study changes."""
+    return state.importances(run)
 
 
 @router.get("/{name}/environment", responses=NOT_FOUND, response_model=EnvironmentOut)

@@ -8,7 +8,6 @@ from fastapi import APIRouter, HTTPException, Path, Query, status
 
 from api import convert
 from api.deps import RepoDep, RunDep
-from storage.queries import trial_page
 from api.schemas import (
     NOT_FOUND,
     UNAVAILABLE,
@@ -19,6 +18,7 @@ from api.schemas import (
     TrialPage,
     TrialState,
 )
+from storage.queries import trial_page
 
 router = APIRouter(prefix="/api/studies", tags=["trials"], responses=UNAVAILABLE)
 
