@@ -83,7 +83,7 @@ class DerivedViews:
     def _refresh(self, key: Hashable, version: Hashable, compute: Callable[[], Any]) -> None:
         try:
             self._compute(key, version, compute)
-        except Exception:  # noqa: BLE001 - the value held stays; the next due request tries again
+        except Exception:  # the value held stays; the next due request tries again
             _logger.exception("refreshing %s failed; serving the value held", key)
             with self._lock:
                 if key in self._entries:

@@ -1,4 +1,8 @@
-"""What the API derives from Optuna's own study: parameter importances and plotly figures (as JSON)."""
+"""What the API derives from Optuna's own study: parameter importances and plotly figures (as JSON).
+
+The costly ones (importances, the history figure) run in the API's worker process (``*_in_worker``, called
+through ``ApiState.derived``), so their seconds of CPU on a large study never hold the server's GIL.
+"""
 
 from __future__ import annotations
 
@@ -94,3 +98,39 @@ def importances_figure_json(imp: ImportancesOut, target_name: str) -> str:
 def _utc(t: datetime) -> datetime:
     """Optuna's naive local time as naive UTC (what the ``tuner_`` tables store)."""
     return t.astimezone(timezone.utc).replace(tzinfo=None)
+
+
+# -- in the API's worker process ------------------------------------------------------------------------------
+_opened: dict[str, tuple] = {}
+
+
+def _storage(url: str):
+    """This worker's ``(Repo, Optuna storage)`` on ``url``, opened once (neither creates anything)."""
+    if url not in _opened:
+        from storage import Repo
+
+        _opened[url] = (Repo(url, create=False), optuna.storages.RDBStorage(
+            url, skip_table_creation=True, skip_compatibility_check=True))  # fmt: skip
+    return _opened[url]
+
+
+def _study(storage, name: str) -> optuna.Study | None:
+    try:
+        return optuna.load_study(study_name=name, storage=storage)
+    except (KeyError, optuna.exceptions.OptunaError) as exc:
+        _logger.info("optuna study %r not loadable: %s", name, exc)
+        return None
+
+
+def importances_in_worker(url: str, name: str) -> ImportancesOut:
+    return importances(name, _study(_storage(url)[1], name))
+
+
+def history_in_worker(url: str, name: str) -> str:
+    repo, storage = _storage(url)
+    run = repo.get_run(name)
+    if run is None:  # removed since the request found it: the storage is not what it was
+        from storage import StorageError
+
+        raise StorageError(f"study {name!r} is no longer in the storage")
+    return history_figure_json(run, _study(storage, name))

@@ -3,8 +3,13 @@
 from __future__ import annotations
 
 import logging
+import multiprocessing
 import subprocess
 import threading
+from collections.abc import Callable
+from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
+from typing import Any
 
 import optuna
 from sqlalchemy.exc import SQLAlchemyError
@@ -33,6 +38,7 @@ class ApiState:
         self._repo: Repo | None = None
         self._schema_ready = False
         self._optuna: optuna.storages.RDBStorage | None = None
+        self._pool: ProcessPoolExecutor | None = None
 
     def repo(self) -> Repo:
         if self._repo is None:
@@ -84,10 +90,25 @@ class ApiState:
         threading.Thread(target=reap, name=f"reap-{proc.pid}", daemon=True).start()
 
     # -- derived views: one computation per study, refreshed on an interval (api.derived) --------------------
+    def in_worker(self, fn: Callable[..., Any], *args: Any) -> Any:
+        """``fn(storage_url, *args)`` in this app's worker process (started on first use, spawned: no fork of a
+        threaded server), so a computation of seconds never holds the server's GIL; a broken worker is replaced."""
+        with self._lock:
+            if self._pool is None:
+                self._pool = ProcessPoolExecutor(max_workers=1, mp_context=multiprocessing.get_context("spawn"))
+            pool = self._pool
+        try:
+            return pool.submit(fn, self.settings.storage_url, *args).result()
+        except BrokenProcessPool:
+            with self._lock:
+                if self._pool is pool:
+                    self._pool = None
+            raise
+
     def importances(self, run: Run) -> ImportancesOut:
         """The study's importances as held; ``/importances`` and ``/plots/importances`` share this one."""
         return self.derived.get(("importances", run.study_name), last_event_id(self.repo(), run.id),
-                                lambda: optuna_views.importances(run.study_name, self.load_study(run.study_name)))
+                                lambda: self.in_worker(optuna_views.importances_in_worker, run.study_name))
 
     def importances_figure(self, run: Run) -> str:
         imp = self.importances(run)
@@ -97,7 +118,7 @@ class ApiState:
 
     def history_figure(self, run: Run) -> str:
         return self.derived.get(("history", run.study_name), last_event_id(self.repo(), run.id),
-                                lambda: optuna_views.history_figure_json(run, self.load_study(run.study_name)))
+                                lambda: self.in_worker(optuna_views.history_in_worker, run.study_name))
 
     def reap_searches(self) -> None:
         for name, proc in list(self.searches.items()):
@@ -106,6 +127,8 @@ class ApiState:
                 del self.searches[name]
 
     def close(self) -> None:
+        if self._pool is not None:
+            self._pool.shutdown(wait=False, cancel_futures=True)
         if self._repo is not None:
             self._repo.engine.dispose()
         if self._optuna is not None:
