@@ -128,7 +128,7 @@ class ApiState:
 
     def close(self) -> None:
         if self._pool is not None:
-            self._pool.shutdown(wait=False, cancel_futures=True)
+            self._pool.shutdown(wait=True, cancel_futures=True)
         if self._repo is not None:
             self._repo.engine.dispose()
         if self._optuna is not None:
