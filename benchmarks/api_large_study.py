@@ -37,7 +37,7 @@ import httpx
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from benchmarks.api_load import cpu_name, free_port  # noqa: E402
+from benchmarks.api_load import cpu_name, free_port
 
 _logger = logging.getLogger("api_large_study")
 STUDY = "large"
@@ -75,8 +75,8 @@ print(n, flush=True)
 def build_study(url: str, n_trials: int, seed: int = 0) -> None:
     """An Optuna study of ``n_trials`` trials (90% complete, 10% failed) and the ``tuner_`` rows a search writes."""
     import optuna
-    from sqlalchemy import insert
     from optuna.distributions import CategoricalDistribution
+    from sqlalchemy import insert
 
     from storage import Event, Repo, TrialRecord
 
@@ -96,13 +96,13 @@ def build_study(url: str, n_trials: int, seed: int = 0) -> None:
         value = rng.lognormvariate(5, 0.6) * (1 + params["split_k"] / 8) if ok else None
         state = optuna.trial.TrialState.COMPLETE if ok else optuna.trial.TrialState.FAIL
         frozen.append(optuna.trial.create_trial(state=state, value=value, params=params, distributions=dists))
-        rows.append(dict(run_id=run.id, number=n, state="complete" if ok else "failed",
-                         outcome="ok" if ok else "crash", value=value, params=params, is_baseline=n == 0,
-                         duration_s=rng.uniform(0.5, 30)))  # fmt: skip
+        rows.append({"run_id": run.id, "number": n, "state": "complete" if ok else "failed",
+                         "outcome": "ok" if ok else "crash", "value": value, "params": params, "is_baseline": n == 0,
+                         "duration_s": rng.uniform(0.5, 30)})  # fmt: skip
     study.add_trials(frozen)
     with repo.session() as s, s.begin():
         s.execute(insert(TrialRecord), rows)
-        s.execute(insert(Event), [dict(run_id=run.id, kind="trial_finished", trial_number=r["number"], payload={})
+        s.execute(insert(Event), [{"run_id": run.id, "kind": "trial_finished", "trial_number": r["number"], "payload": {}}
                                   for r in rows])  # fmt: skip
     repo.engine.dispose()
 
@@ -125,8 +125,13 @@ def start_server(url: str, port: int, server_root: Path) -> subprocess.Popen:
 
 
 def cpu_seconds(pid: int) -> float:
+    """CPU seconds of ``pid`` and of its live child processes (the API's worker process), user + system."""
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    own = (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    children = []
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        children += [int(c) for c in (task / "children").read_text().split()]
+    return own + sum(cpu_seconds(c) for c in children if Path(f"/proc/{c}").exists())
 
 
 async def measure(base: str, seconds: float) -> dict:
@@ -225,11 +230,11 @@ def report(files: list[Path]) -> str:
         lines += [f"## {r['label']}", "",
                   f"- date {r['date']}; machine {r['machine']}",
                   f"- server (API) commit {r['server_commit']}; benchmark commit {r['bench_commit']}",
-                  f"- study: {r['trials']:,} trials; {r['trials_written']} trials written during the {r['seconds']:g} s "
+                  (f"- study: {r['trials']:,} trials; {r['trials_written']} trials written during the {r['seconds']:g} s "
                   f"(one every {r['write_every_s']:g} s); 1-min load average before / after "
-                  f"{r['load_before']:.1f} / {r['load_after']:.1f}; non-200 answers: {r['errors']}",
-                  f"- server CPU during the warm phase: {r['server_cpu_s']:.1f} s, "
-                  f"{r['server_cpu_s'] / max(1, r['trials_written']):.2f} s per trial written", "",
+                  f"{r['load_before']:.1f} / {r['load_after']:.1f}; non-200 answers: {r['errors']}"),
+                  (f"- server CPU during the warm phase (its worker process included): {r['server_cpu_s']:.1f} s, "
+                  f"{r['server_cpu_s'] / max(1, r['trials_written']):.2f} s per trial written"), "",
                   "| endpoint | cold s | warm requests | warm p50 s | warm p99 s | warm max s |",
                   "| --- | ---: | ---: | ---: | ---: | ---: |"]  # fmt: skip
         for path, xs in r["warm_latency_s"].items():
