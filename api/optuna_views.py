@@ -101,36 +101,45 @@ def _utc(t: datetime) -> datetime:
 
 
 # -- in the API's worker process ------------------------------------------------------------------------------
-_opened: dict[str, tuple] = {}
+_opened: dict[tuple[str, str], object] = {}
 
 
-def _storage(url: str):
-    """This worker's ``(Repo, Optuna storage)`` on ``url``, opened once (neither creates anything)."""
-    if url not in _opened:
+def _repo(url: str):
+    """This worker's Repo on ``url``, opened once (it creates nothing)."""
+    if ("repo", url) not in _opened:
         from storage import Repo
 
-        _opened[url] = (Repo(url, create=False), optuna.storages.RDBStorage(
-            url, skip_table_creation=True, skip_compatibility_check=True))  # fmt: skip
-    return _opened[url]
+        _opened["repo", url] = Repo(url, create=False)
+    return _opened["repo", url]
 
 
-def _study(storage, name: str) -> optuna.Study | None:
+def _optuna(url: str) -> optuna.storages.RDBStorage:
+    """This worker's Optuna storage on ``url``, opened once; it never creates Optuna's tables."""
+    if ("optuna", url) not in _opened:
+        _opened["optuna", url] = optuna.storages.RDBStorage(url, skip_table_creation=True,
+                                                            skip_compatibility_check=True)  # fmt: skip
+    return _opened["optuna", url]
+
+
+def _study(url: str, name: str) -> optuna.Study | None:
+    """The Optuna study of that name, or None when Optuna holds none (yet: no Optuna tables, no such study)."""
+    from sqlalchemy.exc import SQLAlchemyError
+
     try:
-        return optuna.load_study(study_name=name, storage=storage)
-    except (KeyError, optuna.exceptions.OptunaError) as exc:
+        return optuna.load_study(study_name=name, storage=_optuna(url))
+    except (KeyError, SQLAlchemyError, optuna.exceptions.OptunaError) as exc:
         _logger.info("optuna study %r not loadable: %s", name, exc)
         return None
 
 
 def importances_in_worker(url: str, name: str) -> ImportancesOut:
-    return importances(name, _study(_storage(url)[1], name))
+    return importances(name, _study(url, name))
 
 
 def history_in_worker(url: str, name: str) -> str:
-    repo, storage = _storage(url)
-    run = repo.get_run(name)
+    run = _repo(url).get_run(name)
     if run is None:  # removed since the request found it: the storage is not what it was
         from storage import StorageError
 
         raise StorageError(f"study {name!r} is no longer in the storage")
-    return history_figure_json(run, _study(storage, name))
+    return history_figure_json(run, _study(url, name))

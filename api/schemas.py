@@ -113,6 +113,10 @@ class BestOut(BaseModel):
     speedup_vs_baseline: float | None
     trial: TrialDetail
     launch_script: str | None = Field(description="the exported launch script, when the search wrote one")
+    runs: list[int] = Field(description="the trials that timed this configuration; `value` is their median")
+    single_best_trial: int | None = Field(
+        description="Optuna's best trial: the single best timing, which may be another configuration's lucky draw")
+    why: str = Field(description="why `trial` is the best, and how it relates to Optuna's best trial")
 
 
 class ParamImportance(BaseModel):

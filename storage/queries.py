@@ -86,3 +86,12 @@ def trial_page(
             load = load.options(selectinload(TrialRecord.measurements))
         rows = {r.id: r for r in s.scalars(load)} if ids else {}
     return total, [rows[i] for i in ids]
+
+
+def config_runs(repo: Repo, run_id: int, params: dict, *, repeat_mark: str = "not run again") -> list[int]:
+    """Numbers of the ``ok`` trials that measured exactly these params (not answered from an earlier timing,
+    whose reason holds ``repeat_mark``): the runs a recorded best's median is taken over."""
+    q = select(TrialRecord.number, TrialRecord.params, TrialRecord.reason).where(
+        TrialRecord.run_id == run_id, TrialRecord.outcome == "ok", TrialRecord.value.is_not(None))
+    with repo.session() as s:
+        return sorted(n for n, p, reason in s.execute(q) if p == params and repeat_mark not in (reason or ""))

@@ -255,6 +255,7 @@ def open_context(options: SearchOptions, progress: Progress | None = None) -> Se
                                     sampler=sampler, pruner=pruner, load_if_exists=False)
         study.set_user_attr("target", target.name)
         study.set_user_attr("space", space.name)
+        _name_metric(study, space.objective)
         run = repo.create_run(name, target=target.name, budget_s=options.budget_s,
                               direction=space.objective.direction, objective=space.objective.describe(),
                               unit=space.objective.unit, space_name=space.name, space_yaml=space_yaml,
@@ -273,6 +274,14 @@ def open_context(options: SearchOptions, progress: Progress | None = None) -> Se
         defaults = resolved.defaults()
         study.enqueue_trial(suggestable(resolved, defaults), user_attrs={BASELINE_ATTR: True})
     return ctx
+
+
+def _name_metric(study: optuna.Study, objective) -> None:
+    """The objective's name for optuna-dashboard and Optuna's own plots (else they say "Objective 0")."""
+    name = objective.describe() + (f" ({objective.unit})" if objective.unit else "")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+        study.set_metric_names([name])
 
 
 def make_sampler(resolved: ResolvedSpace, seed: int | None, *,

@@ -3,10 +3,13 @@ the plot endpoints it renders (figures made by Optuna's visualization functions,
 
 from __future__ import annotations
 
+import functools
+import gzip
 from pathlib import Path
+from typing import Annotated
 
 import plotly
-from fastapi import APIRouter, Response
+from fastapi import APIRouter, Header, Response
 from fastapi.responses import FileResponse, HTMLResponse
 
 from api.deps import RunDep, StateDep
@@ -25,9 +28,24 @@ def dashboard() -> HTMLResponse:
     return HTMLResponse((STATIC_DIR / "dashboard.html").read_text(encoding="utf-8"))
 
 
+@router.get("/favicon.ico", include_in_schema=False)
+def favicon() -> FileResponse:
+    return FileResponse(STATIC_DIR / "favicon.svg", media_type="image/svg+xml",
+                        headers={"Cache-Control": "max-age=86400"})
+
+
+@functools.cache
+def _plotly_gzip() -> bytes:
+    """plotly.min.js gzipped once (4.8 MB -> about 1.4 MB), kept for every later request."""
+    return gzip.compress(PLOTLY_JS.read_bytes(), compresslevel=6, mtime=0)
+
+
 @router.get("/vendor/plotly.min.js", include_in_schema=False)
-def plotly_js() -> FileResponse:
-    return FileResponse(PLOTLY_JS, media_type="text/javascript", headers={"Cache-Control": "max-age=86400"})
+def plotly_js(accept_encoding: Annotated[str, Header()] = "") -> Response:
+    headers = {"Cache-Control": "max-age=86400", "Vary": "Accept-Encoding"}
+    if "gzip" in accept_encoding.lower():
+        return Response(_plotly_gzip(), media_type="text/javascript", headers={**headers, "Content-Encoding": "gzip"})
+    return FileResponse(PLOTLY_JS, media_type="text/javascript", headers=headers)
 
 
 @router.get("/api/studies/{name}/plots/history", response_class=Response, responses=_FIGURE)

@@ -15,7 +15,7 @@ from api.schemas import (
     StudyDetail,
     StudySummary,
 )
-from storage.queries import outcome_counts_by_run
+from storage.queries import config_runs, outcome_counts_by_run, trial_page
 
 router = APIRouter(prefix="/api/studies", tags=["studies"], responses=UNAVAILABLE)
 
@@ -46,6 +46,9 @@ def get_best(run: RunDep, repo: RepoDep) -> BestOut:
             status.HTTP_404_NOT_FOUND, f"best trial {run.best_trial_number} of study {run.study_name!r} not found"
         )
     script = next((a for a in repo.list_artifacts(run.id) if a.kind == "launch_script"), None)
+    runs = config_runs(repo, run.id, rec.params or {}) or [rec.number]
+    _, top = trial_page(repo, run.id, outcome="ok", sort="value", descending=run.direction == "maximize", limit=1)
+    single = top[0].number if top else None
     return BestOut(
         study=run.study_name,
         value=run.best_value,
@@ -53,7 +56,23 @@ def get_best(run: RunDep, repo: RepoDep) -> BestOut:
         speedup_vs_baseline=convert.speedup(run),
         trial=convert.trial_detail(rec),
         launch_script=script.content.decode("utf-8", "replace") if script else None,
+        runs=runs,
+        single_best_trial=single,
+        why=best_why(rec.number, runs, single),
     )
+
+
+def best_why(number: int, runs: list[int], single: int | None) -> str:
+    """The dashboard's word on the best row: a median over re-runs, and Optuna's best trial beside it."""
+    median = (f"the median of {len(runs)} runs of this configuration (trials {', '.join(map(str, runs))})"
+              if len(runs) > 1 else "this configuration's one run")  # fmt: skip
+    if single is None or single == number:
+        return f"Best: trial {number}, {median}; it is also Optuna's best trial."
+    if single in runs:
+        return f"Best: trial {number}, {median}; Optuna's best trial {single} is another run of it."
+    return (f"Best: trial {number}, {median}. Optuna's best trial is {single}, the single best timing of another "
+            "configuration: the search prefers a configuration confirmed by re-runs to one timed once, which may "
+            "be a lucky draw.")
 
 
 @router.get("/{name}/importances", responses=NOT_FOUND, response_model=ImportancesOut)

@@ -146,3 +146,29 @@ def test_resumed_study_reports_every_segment(tmp_path) -> None:
     xs = next(t for t in fig["data"] if t.get("mode") == "markers")["x"]
     assert len(xs) >= 8 and len({round(x, 2) for x in xs}) >= 7, xs  # not bunched at x = 0
     assert max(xs) <= s["elapsed_s"] + 0.01
+
+
+def test_best_of_a_rerun_configuration_names_its_runs_and_optunas_other_best(tmp_path) -> None:
+    from storage import Repo
+
+    url = f"sqlite:///{tmp_path / 'reruns.db'}"
+    repo = Repo(url)
+    repo.create_schema()
+    run = repo.create_run("reruns", target="workload", budget_s=60)
+    for number, params, value in ((0, {"a": 0}, 10.0), (1, {"a": 1}, 30.0), (2, {"a": 2}, 33.0), (3, {"a": 1}, 32.0)):
+        repo.start_trial(run.id, number, params, is_baseline=number == 0)
+        repo.finish_trial(run.id, number, outcome="ok", value=value)
+    repo.set_best(run.id, 3, 31.0)  # the median of trials 1 and 3; trial 2 timed once, higher
+    with TestClient(create_app(ApiSettings(storage_url=url))) as c:
+        best = c.get("/api/studies/reruns/best").json()
+    assert best["value"] == 31.0 and best["runs"] == [1, 3] and best["single_best_trial"] == 2
+    assert "median of 2 runs of this configuration (trials 1, 3)" in best["why"]
+    assert "Optuna's best trial is 2" in best["why"] and "lucky draw" in best["why"]
+
+
+def test_objective_is_named_for_optuna_dashboard(db_url: str, client: TestClient) -> None:
+    import optuna
+
+    study = client.get(f"/api/studies/{STUDY}").json()
+    names = optuna.load_study(study_name=STUDY, storage=db_url).metric_names
+    assert names == [f"{study['objective']} ({study['unit']})"]  # not "Objective 0"
