@@ -97,3 +97,19 @@ def test_page_in_headless_chromium_shows_trials_and_plots(db_url: str, live_serv
     subprocess.run([*common, f"--user-data-dir={tmp_path / 'profile2'}", f"--screenshot={shot}",
                     "--window-size=1280,900", url], capture_output=True, timeout=90)  # fmt: skip
     assert shot.exists() and shot.stat().st_size > 10_000
+
+
+@pytest.mark.timeout(180)
+@pytest.mark.skipif(CHROMIUM is None, reason="chromium is not installed (apt-get install chromium)")
+@pytest.mark.parametrize(("page", "drawn"), [("docs", 'class="opblock opblock-get"'), ("redoc", "api-content")])
+def test_docs_render_offline_in_headless_chromium(db_url: str, live_server, tmp_path, page: str, drawn: str) -> None:
+    server = live_server(ApiSettings(storage_url=db_url))
+    offline = "--host-resolver-rules=MAP * ~NOTFOUND , EXCLUDE 127.0.0.1"  # no name resolves: no CDN
+    dom = subprocess.run([str(CHROMIUM), "--headless", "--no-sandbox", "--disable-gpu", "--no-first-run",
+                          "--disable-background-networking", "--disable-component-update", "--disable-sync",
+                          "--disable-dev-shm-usage", "--virtual-time-budget=10000", offline,
+                          f"--user-data-dir={tmp_path / 'profile'}", "--dump-dom", f"{server.url}/{page}"],
+                         capture_output=True, text=True, timeout=120)  # fmt: skip
+    assert dom.returncode == 0, dom.stderr[-2000:]
+    assert drawn in dom.stdout, f"/{page} drew nothing offline"
+    assert "/api/studies/{name}/trials" in dom.stdout and "cdn." not in dom.stdout
