@@ -19,6 +19,7 @@ from api.derived import DerivedViews
 from api.schemas import ImportancesOut
 from api.settings import ApiSettings
 from storage import Repo, Run
+from storage.engine import sqlite_file
 from storage.queries import last_event_id
 
 _logger = logging.getLogger(__name__)
@@ -50,6 +51,11 @@ class ApiState:
     def opened_repo(self) -> Repo | None:
         """The repo when it is open already (no I/O), else None."""
         return self._repo
+
+    def database_exists(self) -> bool:
+        """False only for a SQLite file that is not there yet (a search started through the API creates it)."""
+        path = sqlite_file(self.settings.storage_url)
+        return path is None or path.is_file()
 
     def schema_ready(self) -> bool:
         """True once the ``tuner_`` tables exist (a fresh database has none until the first search)."""

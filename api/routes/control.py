@@ -62,7 +62,7 @@ def start_search(req: SearchRequest, state: StateDep) -> SearchStarted:
     state.reap_searches()
     if req.study in state.searches:
         raise HTTPException(status.HTTP_409_CONFLICT, f"study {req.study!r} is already being searched by this API")
-    run = state.repo().get_run(req.study) if state.schema_ready() else None
+    run = state.repo().get_run(req.study) if state.database_exists() and state.schema_ready() else None
     if run is not None and run.state == "running":
         raise HTTPException(status.HTTP_409_CONFLICT, f"study {req.study!r} is running already")
     argv = search_argv(state.settings, req, resume=run is not None)

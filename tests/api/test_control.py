@@ -84,6 +84,16 @@ def test_a_finished_search_is_reaped_not_left_a_zombie(make_client, tmp_path) ->
         time.sleep(0.05)
 
 
+def test_a_search_can_be_started_on_a_database_that_does_not_exist_yet(make_client, tmp_path) -> None:
+    record, db = tmp_path / "argv.json", tmp_path / "new.db"
+    c = make_client(storage_url=f"sqlite:///{db}", control_token=TOKEN, search_out_dir=tmp_path / "out",
+                    search_command=[sys.executable, "-c", RECORD_ARGV, str(record)])  # fmt: skip
+    r = c.post("/api/searches", json=BODY, headers=GOOD)
+    assert r.status_code == 202, r.text  # the search creates the database; the API itself never does
+    c.app.state.api.searches["api-started"].wait(timeout=30)
+    assert "--resume" not in json.loads(record.read_text()) and not db.exists()
+
+
 def test_restarting_an_ended_study_resumes_it(make_client, tmp_path) -> None:
     record = tmp_path / "argv.json"
     c = make_client(control_token=TOKEN, search_command=[sys.executable, "-c", RECORD_ARGV, str(record)],
