@@ -203,11 +203,11 @@ def run(args) -> dict:
 
 
 def commit(root: Path) -> str:
-    sha = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=root, capture_output=True, text=True).stdout
+    sha = subprocess.run(["git", "rev-parse", "--short", "HEAD"], check=False, cwd=root, capture_output=True, text=True).stdout
     if not sha.strip():
         marker = root / ".commit"  # a `git archive` copy names its commit there
         return marker.read_text().strip() if marker.exists() else "unknown"
-    dirty = subprocess.run(["git", "status", "--porcelain", "--", "api", "storage"], cwd=root, capture_output=True,
+    dirty = subprocess.run(["git", "status", "--porcelain", "--", "api", "storage"], check=False, cwd=root, capture_output=True,
                            text=True).stdout.strip()  # fmt: skip
     return sha.strip() + (" (api/ or storage/ modified)" if dirty else "")
 

@@ -37,7 +37,6 @@ def test_favicon_is_served_not_404(client: TestClient) -> None:
 
 
 def test_plotly_bundle_is_sent_gzipped_to_clients_that_accept_it(client: TestClient) -> None:
-    import gzip
 
     plain = client.get("/vendor/plotly.min.js", headers={"Accept-Encoding": "identity"})
     assert "content-encoding" not in plain.headers and len(plain.content) > 4_000_000
@@ -109,7 +108,7 @@ def test_docs_render_offline_in_headless_chromium(db_url: str, live_server, tmp_
                           "--disable-background-networking", "--disable-component-update", "--disable-sync",
                           "--disable-dev-shm-usage", "--virtual-time-budget=10000", offline,
                           f"--user-data-dir={tmp_path / 'profile'}", "--dump-dom", f"{server.url}/{page}"],
-                         capture_output=True, text=True, timeout=120)  # fmt: skip
+                         check=False, capture_output=True, text=True, timeout=120)  # fmt: skip
     assert dom.returncode == 0, dom.stderr[-2000:]
     assert drawn in dom.stdout, f"/{page} drew nothing offline"
     assert "/api/studies/{name}/trials" in dom.stdout and "cdn." not in dom.stdout

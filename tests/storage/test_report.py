@@ -11,7 +11,7 @@ from storage import Repo
 from storage.types import MetricRow
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
-from benchmarks import report  # noqa: E402
+from benchmarks import report
 
 
 def _trial(repo, run_id, number, params, levels, *, baseline=False, reason=""):
