@@ -6,7 +6,7 @@ one request of a few tokens), and measures medians over N trials of:
 - ``server_start``: spawning the stand-in bare until it prints its ready line (the server's own start time);
 - ``load``: the same warm-up and level against an already-running stand-in;
 - ``trial``: ``CommandTarget.evaluate`` in this process (port pick, spawn, readiness, load, teardown, port check);
-- ``isolated``: the same trial through ``tuner.isolation.run_trial`` (plus the per-trial worker process).
+- ``isolated``: the same trial through ``tuner.execution.isolation.run_trial`` (plus the per-trial worker process).
 
 overhead = trial - server_start - load. Writes ``benchmarks/results/harness_overhead.md``.
 
@@ -31,11 +31,11 @@ sys.path.insert(0, str(ROOT))
 
 from search_spaces import Hardware, load_space_text, resolve  # noqa: E402
 from tests.server.conftest import SPACE_YAML, STANDIN, standin_command  # noqa: E402
-from tuner import loadgen  # noqa: E402
-from tuner.isolation import TrialJob, run_trial  # noqa: E402
+from tuner.targets.sglang import loadgen  # noqa: E402
+from tuner.execution.isolation import TrialJob, run_trial  # noqa: E402
 from tuner.measurement import Outcome  # noqa: E402
-from tuner.server.launch import ServerProcess, pick_free_port  # noqa: E402
-from tuner.targets.sglang import CommandTarget  # noqa: E402
+from tuner.targets.sglang.launch import ServerProcess, pick_free_port  # noqa: E402
+from tuner.targets.sglang.target import CommandTarget  # noqa: E402
 
 PARAMS = {"context_length": 8192, "kv_cache_dtype": "auto", "buckets": "pow2:4", "fast_path": False}
 
@@ -127,7 +127,7 @@ def main() -> int:
         f"| server's own start (spawn -> ready line) | {s:.3f} |",
         f"| load alone (warm-up + one level, running server) | {ld:.3f} |",
         f"| trial in process (`CommandTarget.evaluate`) | {tr:.3f} |",
-        f"| trial isolated (`tuner.isolation.run_trial`) | {iso:.3f} |",
+        f"| trial isolated (`tuner.execution.isolation.run_trial`) | {iso:.3f} |",
         f"| **harness overhead, in process** (trial - start - load) | **{overhead:.3f}** |",
         f"| **harness overhead, isolated** (isolated - start - load) | **{overhead_iso:.3f}** |",
         "",

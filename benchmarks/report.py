@@ -25,11 +25,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from storage import Repo, Run, TrialRecord
-from storage.segments import elapsed_s, first_started_at, segments, total_budget_s
+from storage import Repo, Run, TrialRecord  # noqa: E402 - after the sys.path line above
+from storage.segments import elapsed_s, first_started_at, segments, total_budget_s  # noqa: E402
 
-REPEAT_MARK = "not run again"
-"""A trial answered from an earlier timing carries this in its reason (tuner.sampling.REPEAT_MARK): not a run."""
 
 
 @dataclass
@@ -53,9 +51,8 @@ class StudyReport:
         return next((t for t in self.trials if t.is_baseline and t.outcome == "ok"), None)
 
     def runs(self) -> list[TrialRecord]:
-        """Trials that measured (ok, not answered from an earlier timing)."""
-        return [t for t in self.trials if t.outcome == "ok" and t.value is not None
-                and REPEAT_MARK not in (t.reason or "")]  # fmt: skip
+        """Trials that measured (ok, not answered from an earlier timing: ``repeat_of`` unset)."""
+        return [t for t in self.trials if t.outcome == "ok" and t.value is not None and t.repeat_of is None]
 
     def by_config(self) -> list[list[TrialRecord]]:
         groups: dict[str, list[TrialRecord]] = {}

@@ -25,7 +25,7 @@ import optuna
 
 from storage import Repo
 from storage.repo import MetricRow
-from tuner.workers import open_worker_storage
+from tuner.search.parallel import open_worker_storage
 
 optuna.logging.set_verbosity(optuna.logging.WARNING)
 
@@ -95,7 +95,7 @@ def main() -> None:
         f"- commit: {commit}",
         f"- workload: {args.workers} threads in one process, {args.trials} trials; per trial: Optuna ask "
         "(RandomSampler) + tuner_trials start + finish (1 metric) + Optuna tell, heartbeat-enabled reconnecting "
-        "storage (`tuner.workers.open_worker_storage`)",
+        "storage (`tuner.search.parallel.open_worker_storage`)",
         "",
         "| storage | trials done | wall (s) | trials/s | p50 per trial (ms) | p95 (ms) | errors |",
         "| --- | --- | --- | --- | --- | --- | --- |",

@@ -57,13 +57,14 @@ def n_startup(n_params: int) -> int:
 
 @dataclass
 class _Record:
-    """One replayed trial as ``tuner.refine.choose_move`` reads a stored one."""
+    """One replayed trial as ``tuner.search.refine.choose_move`` reads a stored one."""
 
     number: int
     params: dict
     outcome: str
     value: float | None
-    reason: str = ""
+    repeat_of: int | None = None
+    """The earlier record whose timing this one copies (a configuration TPE proposed again)."""
 
 
 def resolved_space(space: dict, default: dict | None):
@@ -87,11 +88,9 @@ def replay_once(table: dict, space: dict, rule, budget: int, seed: int, strategy
     """One search over a measured table; returns (best time found, evaluations spent). ``first``: the configs
     enqueued before sampling (the default, then the kernel's seed configs), as the tuner does. ``lookahead``:
     trials asked before the oldest is told, as the kernel search does when it compiles ahead. ``strategy``:
-    ``tpe``, ``random``, ``tpe+moves`` (a repeat is followed by a one-change move from the best, ``tuner.refine``)
+    ``tpe``, ``random``, ``tpe+moves`` (a repeat is followed by a one-change move from the best, ``tuner.search.refine``)
     or ``tpe+refine:S`` (that, and moves before every ask in the last share S of the evaluations)."""
     import optuna
-
-    from tuner.sampling import REPEAT_MARK
 
     keys = list(space)
     if strategy.startswith("tpe"):
@@ -107,6 +106,7 @@ def replay_once(table: dict, space: dict, rule, budget: int, seed: int, strategy
     for config in first or []:
         study.enqueue_trial(config)
     seen: dict[tuple, float] = {}
+    timed_at: dict[tuple, int] = {}
     records: list[_Record] = []
     best, evals, repeats, asks = math.inf, 0, 0, 0
     move = False
@@ -123,7 +123,7 @@ def replay_once(table: dict, space: dict, rule, budget: int, seed: int, strategy
         key = tuple(config[k] for k in keys)
         if key in seen:
             study.tell(trial, seen[key])
-            records.append(_Record(len(records), config, "ok", seen[key], REPEAT_MARK))
+            records.append(_Record(len(records), config, "ok", seen[key], timed_at[key]))
             move = moves_on_repeat
             repeats += 1
             if repeats >= 25:  # tuner.search.MAX_REPEATS_IN_A_ROW
@@ -138,15 +138,15 @@ def replay_once(table: dict, space: dict, rule, budget: int, seed: int, strategy
             value, outcome = (t, "ok") if t is not None else (1e30, "failed")
             if t is not None:
                 best = min(best, t)
-        seen[key] = value
+        seen[key], timed_at[key] = value, len(records)
         records.append(_Record(len(records), config, outcome, value if outcome == "ok" else None))
         study.tell(trial, value)
     return best, evals
 
 
 def _enqueue_move(study, resolved, records: list[_Record], rule) -> None:
-    """Enqueue ``tuner.refine``'s next one-change move (the real chooser, over the replayed records)."""
-    from tuner.refine import asked_keys, choose_move
+    """Enqueue ``tuner.search.refine``'s next one-change move (the real chooser, over the replayed records)."""
+    from tuner.search.refine import asked_keys, choose_move
 
     m = choose_move(resolved, records, "minimize", lambda c: rule(c) or None, asked_keys(study, resolved))
     if m is not None:
@@ -158,7 +158,7 @@ def analyse(name: str, rows: list[dict], space: dict, rule, default: dict | None
             starts: list[dict] | None = None, lookahead: int = 1,
             strategies: tuple[str, ...] = ("tpe", "random"), firsts: tuple[bool, ...] = (True, False)) -> dict:
     """Replay TPE and random at each fraction of the table over ``seeds`` seeds; with ``starts`` (the kernel's
-    seed configs) the "first" runs enqueue the default and then them, as ``tuner.kernel_search`` does."""
+    seed configs) the "first" runs enqueue the default and then them, as ``tuner.search.kernel_search`` does."""
     import optuna
 
     optuna.logging.set_verbosity(optuna.logging.ERROR)
@@ -397,8 +397,8 @@ def vs_autotune(frac: float, out: Path) -> list[str]:
 
     from kernels.bench import do_bench
     from kernels.registry import get_kernel
-    from tuner.kernel_search import KernelCase, tune_cases
-    from tuner.search import SearchOptions
+    from tuner.search.kernel_search import KernelCase, tune_cases
+    from tuner.search.context import SearchOptions
 
     name, shape = next(c for c in GPU_CASES if c[0] == "indexer")
     kernel = get_kernel(name)
@@ -465,8 +465,8 @@ def end_to_end(budget_s: float, out: Path) -> list[str]:
     """A real ``run_kernel_search`` (trials in subprocesses, SQLite) on the first sparse_decode case."""
     import tempfile
 
-    from tuner.kernel_search import run_kernel_search
-    from tuner.search import SearchOptions
+    from tuner.search.kernel_search import run_kernel_search
+    from tuner.search.context import SearchOptions
 
     db = Path(tempfile.mkdtemp()) / "tuner.db"
     t0 = time.time()
@@ -575,7 +575,7 @@ def main(argv: list[str] | None = None) -> int:
                          "it has compile helpers)")
     ap.add_argument("--compare-refine", action="store_true",
                     help="replays: TPE alone, with a one-change move after each repeat (the kernel search), and with a "
-                         "refinement window (tuner.refine), default and seed configs first; writes "
+                         "refinement window (tuner.search.refine), default and seed configs first; writes "
                          "tuner_efficiency_refine.md")
     ap.add_argument("--autotune-probe", type=int, default=None, help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
@@ -604,7 +604,7 @@ def main(argv: list[str] | None = None) -> int:
                   f"(`{TABLE.relative_to(ROOT)}`, " + ", ".join(f"`{Path(f).name}`" for f in files) + "), "
                   f"{args.seeds} seeds per cell, {args.lookahead} trial(s) asked ahead, the default and the kernel's "
                   "seed configs first. `tpe`: TPE alone; `tpe+moves`: a configuration TPE proposes again is followed "
-                  "by one move from the best (`tuner.refine.choose_move`), as `tuner.kernel_search` does; "
+                  "by one move from the best (`tuner.search.refine.choose_move`), as `tuner.search.kernel_search` does; "
                   "`tpe+refine:S`: that, and a move before every ask in the last share S of the evaluations. "
                   "Cell: runs within 3% of the exhaustive best / seeds, median gap / worst gap.", "",
                   f"    python benchmarks/tuner_efficiency.py --compare-refine --seeds {args.seeds}"]

@@ -28,8 +28,8 @@ sys.path.insert(0, str(ROOT))
 
 
 def run_case(label: str, gpus: list[int], args, tmp: str) -> dict:
-    from tuner.sampling import is_repeat
-    from tuner.search import SearchOptions, run_search
+    from tuner.search.context import SearchOptions
+    from tuner.search.driver import run_search
 
     opts = SearchOptions(budget_s=args.budget_s, storage_url=f"sqlite:///{tmp}/{label}.db", study=label,
                          space_path=args.space, export=False, confirm_top=0, seed=args.seed,
@@ -41,7 +41,7 @@ def run_case(label: str, gpus: list[int], args, tmp: str) -> dict:
     counts: dict[str, int] = {}
     for t in result.trials:
         counts[t.outcome] = counts.get(t.outcome, 0) + 1
-    ran = [t for t in result.trials if not is_repeat(t.reason)]
+    ran = [t for t in result.trials if t.repeat_of is None]
     row = {"case": label, "gpus": gpus, "workers": len(gpus), "trials": len(result.trials), "ran": len(ran),
            "wall_s": round(wall, 1), "trials_per_hour": round(len(result.trials) / wall * 3600, 1),
            "outcomes": counts, "best_value": result.best_value, "stop_reason": result.stop_reason,

@@ -1,6 +1,6 @@
 """The decode workload on one GPU: the default configuration, single changes, and a hand-written best, side by side.
 
-Each configuration runs in its own subprocess (``python -m tuner.workload.run --json``) so a failing mode
+Each configuration runs in its own subprocess (``python -m tuner.targets.workload.run --json``) so a failing mode
 (torch.compile under CUDA graphs, say) is recorded with its reason and the rest still run. Writes a markdown table
 with date, GPU, versions and commit.
 
@@ -54,7 +54,7 @@ CASES = [
 
 
 def run_case(knobs: dict, preset: str, levels: str, repeats: int, timeout: float) -> dict:
-    argv = [sys.executable, "-m", "tuner.workload.run", "--preset", preset, "--levels", levels, "--json",
+    argv = [sys.executable, "-m", "tuner.targets.workload.run", "--preset", preset, "--levels", levels, "--json",
             "--repeats", str(repeats)]
     for k, v in knobs.items():
         argv += ["--knob", f"{k}={v}"]

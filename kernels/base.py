@@ -154,6 +154,18 @@ class TunableKernel(abc.ABC):
 
     name: str = ""
     batch_dim: str = "batch"
+    dtypes: tuple[str, ...] = ()
+    """Input dtypes the kernel runs (``dtype_name`` spelling, e.g. ``bfloat16``); empty: any."""
+
+    # --- optional hooks: each does nothing unless a kernel overrides it -------------------------------
+    def unavailable(self) -> str | None:
+        """Why this kernel cannot run here (e.g. a plug-in whose server is not installed), or None."""
+        return None
+
+    def recorded_time_us(self, config: dict, shape: dict) -> float | None:
+        """A recorded GPU timing of ``config`` at ``shape``, for kernels that replay measured tables on a CPU (tests,
+        strategy studies); None: time it for real."""
+        return None
 
     # --- configs -------------------------------------------------------------------------------
     @abc.abstractmethod

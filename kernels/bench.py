@@ -189,7 +189,7 @@ def measure_copy_bandwidth(nbytes: int = 2 * 1024**3, device: Any = "cuda") -> f
     n = nbytes // 4
     src = torch.randn(n, device=device)
     dst = torch.empty_like(src)
-    timing = do_bench(lambda: dst.copy_(src), flush_l2=False, cuda_graph=False, rep_ms=100, device=device)
+    timing = do_bench(lambda dst=dst, src=src: dst.copy_(src), flush_l2=False, cuda_graph=False, rep_ms=100, device=device)
     rate = 2 * n * 4 / (timing.median_us * 1e-6)
     logger.info("copy bandwidth %.2f TB/s (%s)", rate / 1e12, timing)
     del src, dst
@@ -200,7 +200,7 @@ def measure_matmul_tflops(n: int = 8192, dtype: torch.dtype = torch.bfloat16, de
     """Matrix-product rate in FLOP/s of an n×n×n product on random data through torch (cuBLAS)."""
     a = torch.randn(n, n, device=device, dtype=dtype)
     b = torch.randn(n, n, device=device, dtype=dtype)
-    timing = do_bench(lambda: a @ b, flush_l2=False, cuda_graph=False, rep_ms=100, device=device)
+    timing = do_bench(lambda a=a, b=b: a @ b, flush_l2=False, cuda_graph=False, rep_ms=100, device=device)
     rate = 2 * n**3 / (timing.median_us * 1e-6)
     logger.info("matmul %s %.0f TFLOP/s (%s)", dtype, rate / 1e12, timing)
     del a, b

@@ -4,6 +4,10 @@ File name: ``{kernel}__{GPU name, non-alphanumerics as _}__{dtype}__triton-{vers
 ``sparse_decode__NVIDIA_H200__bfloat16__triton-3.6.0.json``. Content: a flat mapping from shape-bucket
 keys (``TunableKernel.shape_key``) to ``{"config": {...}, "time_us": x, "default_time_us": y}``.
 
+An entry may also name the implementation that measured fastest for its key, ``"impl": "torch"`` or
+``"triton"`` (:func:`lookup_impl`; the GEMM's library-or-Triton choice): a tuned file never ships a Triton
+kernel where the library measured faster.
+
 Directory: ``$TUNER_KERNEL_CONFIG_DIR`` when set, else ``kernels/tuned/`` inside this package.
 
 Nearest key: among the file's keys with every non-batch dim equal to the shape's, the one whose
@@ -29,22 +33,23 @@ import triton
 from .base import dtype_name
 
 __all__ = [
+    "clear_cache",
     "config_dir",
     "config_path",
     "gpu_name",
-    "read_config_file",
-    "write_config_file",
     "lookup",
+    "tuned_config",
+    "lookup_impl",
     "nearest_key",
-    "clear_cache",
-    "register_cache",
+    "read_config_file",
+    "tuned_impl",
+    "write_config_file",
 ]
 
 logger = logging.getLogger(__name__)
 
 ENV_VAR = "TUNER_KERNEL_CONFIG_DIR"
 _CACHE: dict[tuple, dict] = {}
-_MODULE_CACHES: list[dict] = []
 
 
 def config_dir() -> Path:
@@ -171,14 +176,40 @@ def lookup(kernel_name: str, shape: dict, dtype, device: Any = None) -> dict:
     return config
 
 
-def register_cache(cache: dict) -> dict:
-    """Register a launcher's own per-shape cache of looked-up configs so ``clear_cache`` empties it."""
-    _MODULE_CACHES.append(cache)
-    return cache
+_LAUNCH: dict[tuple, dict] = {}
+
+
+def tuned_config(kernel, shape: dict, dtype, device: Any = None) -> dict:
+    """The config a launcher uses when it is given none: :func:`lookup`'s answer, remembered per (kernel, shape,
+    dtype, device), so a launch after the first pays one dict lookup. The one cache every kernel's launcher uses;
+    :func:`clear_cache` empties it."""
+    key = (kernel.name, tuple(sorted(shape.items())), str(dtype), str(device))
+    hit = _LAUNCH.get(key)
+    if hit is None:
+        hit = _LAUNCH[key] = lookup(kernel.name, shape, dtype, device)
+    return hit
+
+
+def lookup_impl(kernel_name: str, shape: dict, dtype, device: Any = None) -> str | None:
+    """The ``"impl"`` recorded with the nearest key of this GPU's file (``"torch"``, ``"triton"``), or None."""
+    from .registry import get_kernel
+
+    kernel = get_kernel(kernel_name)
+    entries = read_config_file(config_path(kernel_name, gpu_name(device), dtype))
+    found = nearest_key(entries, kernel.shape_key(shape), kernel.batch_dim)
+    impl = entries[found].get("impl") if found is not None else None
+    return impl if isinstance(impl, str) else None
+
+
+def tuned_impl(kernel, shape: dict, dtype, device: Any = None) -> str | None:
+    """:func:`lookup_impl`'s answer, remembered in the same cache as :func:`tuned_config`."""
+    key = ("impl", kernel.name, tuple(sorted(shape.items())), str(dtype), str(device))
+    if key not in _LAUNCH:
+        _LAUNCH[key] = lookup_impl(kernel.name, shape, dtype, device)  # type: ignore[assignment]
+    return _LAUNCH[key]  # type: ignore[return-value]
 
 
 def clear_cache() -> None:
     """Forget every looked-up config (call after changing files or $TUNER_KERNEL_CONFIG_DIR)."""
     _CACHE.clear()
-    for cache in _MODULE_CACHES:
-        cache.clear()
+    _LAUNCH.clear()

@@ -12,7 +12,12 @@ casts them (deterministic, no zero-fill, no atomics). Split-K is what gives a 1-
 programs to fill 132 SMs.
 
 Tunables: BLOCK_M, BLOCK_N, BLOCK_K, SPLIT_K, GROUP_M, num_warps, num_stages.
-``torch_linear(x, w, dtype)`` is the cuBLAS comparison through torch.
+``torch_linear(x, w, dtype)`` is the cuBLAS comparison through torch (``torch._scaled_mm`` for fp8).
+
+:func:`linear` is what a model calls: ``impl="torch"`` (the library), ``"triton"`` (this kernel) or ``"auto"``,
+the implementation the tuned-config file recorded as fastest for the nearest shape key (``"impl"`` of the entry,
+written by ``benchmarks/kernels.py`` and the kernel search from side-by-side timings), the library where no entry
+names one. So a tuned configuration never ships the Triton kernel at a shape where cuBLAS measured faster.
 """
 
 from __future__ import annotations
@@ -23,10 +28,10 @@ import torch
 import triton
 import triton.language as tl
 
-from .configs import register_cache
 from .base import Cost, TunableKernel, device_limits, tf32_matmul, zeroed_counters
+from .configs import tuned_config, tuned_impl
 
-__all__ = ["gemm", "torch_linear", "gemm_reference", "GemmKernel", "MODES"]
+__all__ = ["IMPLS", "MODES", "GemmKernel", "gemm", "gemm_reference", "linear", "resolve_impl", "torch_linear"]
 
 logger = logging.getLogger(__name__)
 
@@ -107,7 +112,7 @@ def _gemm_kernel(
             done = tl.atomic_add(lock_ptr + pid, 1, sem="acq_rel", scope="gpu")
             if done == n_splits - 1:
                 total = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-                for s in range(0, n_splits):
+                for s in range(n_splits):
                     total += tl.load(p_ptr + s * stride_ps + tile, mask=mask, other=0.0, cache_modifier=".cg")
                 tl.store(y_ptr + tile, total.to(y_ptr.dtype.element_ty), mask=mask)
                 tl.atomic_xchg(lock_ptr + pid, 0)
@@ -145,7 +150,6 @@ def _check(x, w, mode, x_scale, w_scale, out):
     return M, N, x.shape[1], out_dt
 
 
-_LOOKUP: dict[tuple, dict] = register_cache({})  # per-shape lookups, emptied by configs.clear_cache()
 _COUNTERS: dict[str, torch.Tensor] = {}
 
 
@@ -179,12 +183,7 @@ def gemm(
     shape = {"M": M, "N": N, "K": K}
     kernel = GemmKernel.instance
     if config is None:
-        key = (kernel.shape_key(shape), mode, str(x.device))
-        if key not in _LOOKUP:
-            from .configs import lookup
-
-            _LOOKUP[key] = lookup(kernel.name, shape, mode, x.device)
-        config = _LOOKUP[key]
+        config = tuned_config(kernel, shape, mode, x.device)
     else:
         kernel.require_config(config, shape, x.device, mode)
     if out is None:
@@ -231,6 +230,38 @@ def torch_linear(x, w, dtype=None, *, x_scale=None, w_scale=None) -> torch.Tenso
         return torch.nn.functional.linear(x, w)
 
 
+IMPLS = ("auto", "torch", "triton")
+
+
+def resolve_impl(impl: str, M: int, N: int, K: int, mode: str, device) -> str:
+    """``"torch"`` or ``"triton"`` for ``impl``; ``"auto"`` reads the tuned file's choice for the nearest key."""
+    if impl not in IMPLS:
+        raise ValueError(f"impl={impl!r} must be one of {IMPLS}")
+    if impl != "auto":
+        return impl
+    found = tuned_impl(GemmKernel.instance, {"M": M, "N": N, "K": K}, mode, device)
+    return found if found in ("torch", "triton") else "torch"
+
+
+def linear(
+    x: torch.Tensor,
+    w: torch.Tensor,
+    dtype: str | None = None,
+    impl: str = "auto",
+    config: dict | None = None,
+    *,
+    x_scale: torch.Tensor | None = None,
+    w_scale: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """``x @ w.T`` through the library or the Triton kernel (``impl``: auto, torch, triton; see the module doc).
+    ``config`` applies to the Triton kernel only."""
+    mode = ("tf32" if x.dtype == torch.float32 else _mode(x.dtype)) if dtype is None else _mode(dtype)
+    M, N, K, _ = _check(x, w, mode, x_scale, w_scale, None)
+    if resolve_impl(impl, M, N, K, mode, x.device) == "torch":
+        return torch_linear(x, w, mode, x_scale=x_scale, w_scale=w_scale)
+    return gemm(x, w, mode, config, x_scale=x_scale, w_scale=w_scale)
+
+
 def gemm_reference(x, w, dtype=None, x_scale=None, w_scale=None) -> torch.Tensor:
     dt = torch.float64 if x.device.type == "cpu" else torch.float32
     xr, wr = x.to(dt), w.to(dt)
@@ -243,7 +274,7 @@ def gemm_reference(x, w, dtype=None, x_scale=None, w_scale=None) -> torch.Tensor
 class GemmKernel(TunableKernel):
     name = "gemm"
     batch_dim = "M"
-    instance: "GemmKernel"
+    instance: GemmKernel
 
     def default_config(self, shape):
         M, N, K = shape["M"], shape["N"], shape["K"]

@@ -22,7 +22,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .configs import register_cache
+from .configs import tuned_config
 from .base import Cost, TunableKernel, dtype_of
 
 __all__ = ["fused_add_rmsnorm", "rope", "rmsnorm_reference", "rope_reference", "rope_cos_sin", "RMSNormKernel", "RopeKernel"]
@@ -70,18 +70,6 @@ def _add_rmsnorm_kernel(
             tl.store(y_row + offs, (s * rstd * w).to(y_ptr.dtype.element_ty), mask=mask)
 
 
-_LOOKUP: dict[tuple, dict] = register_cache({})  # per-shape lookups, emptied by configs.clear_cache()
-
-
-def _lookup(kernel, shape, dtype, device):
-    key = (kernel.name, kernel.shape_key(shape), dtype, str(device))
-    if key not in _LOOKUP:
-        from .configs import lookup
-
-        _LOOKUP[key] = lookup(kernel.name, shape, dtype, device)
-    return _LOOKUP[key]
-
-
 def fused_add_rmsnorm(
     x: torch.Tensor,
     residual: torch.Tensor,
@@ -108,7 +96,7 @@ def fused_add_rmsnorm(
     kernel = RMSNormKernel.instance
     shape = {"tokens": T, "hidden": N}
     if config is None:
-        config = _lookup(kernel, shape, x.dtype, x.device)
+        config = tuned_config(kernel, shape, x.dtype, x.device)
     else:
         kernel.require_config(config, shape, x.device, x.dtype)
     if out is None:
@@ -201,7 +189,7 @@ def rope(
     kernel = RopeKernel.instance
     shape = {"tokens": T, "heads": H, "head_dim": D, "rope_dim": rope_dim}
     if config is None:
-        config = _lookup(kernel, shape, x.dtype, x.device)
+        config = tuned_config(kernel, shape, x.dtype, x.device)
     else:
         kernel.require_config(config, shape, x.device, x.dtype)
     if out is None:

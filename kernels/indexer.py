@@ -31,7 +31,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .configs import register_cache
+from .configs import tuned_config
 from .base import Cost, TunableKernel, device_limits, dtype_of
 
 __all__ = ["indexer_scores", "indexer_topk", "indexer_reference", "indexer_torch", "IndexerKernel"]
@@ -116,7 +116,6 @@ def _check(q, k, w, k_scale, lengths, width):
     return B, H, D, width
 
 
-_LOOKUP: dict[tuple, dict] = register_cache({})  # per-shape lookups, emptied by configs.clear_cache()
 
 
 def indexer_scores(
@@ -139,12 +138,7 @@ def indexer_scores(
     shape = {"batch": B, "heads": H, "dim": D, "width": width, "shared_k": int(k.dim() == 2)}
     kernel = IndexerKernel.instance
     if config is None:
-        key = (kernel.shape_key(shape), q.dtype, str(q.device))
-        if key not in _LOOKUP:
-            from .configs import lookup
-
-            _LOOKUP[key] = lookup(kernel.name, shape, q.dtype, q.device)
-        config = _LOOKUP[key]
+        config = tuned_config(kernel, shape, q.dtype, q.device)
     else:
         kernel.require_config(config, shape, q.device, q.dtype)
     if out is None:

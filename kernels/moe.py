@@ -29,7 +29,7 @@ import triton
 import triton.language as tl
 
 from .base import Cost, TunableKernel, device_limits, shared_inputs, tf32_matmul
-from .configs import register_cache
+from .configs import tuned_config
 
 __all__ = ["fused_moe", "moe_align", "moe_reference", "moe_torch", "routed_inputs", "routed_rotation_bytes", "MoEKernel"]
 
@@ -196,7 +196,6 @@ def routed_rotation_bytes(shape: dict, dt: torch.dtype) -> float:
     return float(shape["tokens"] * (2 * shape["hidden"] * dt.itemsize + 8 * shape["topk"]))
 
 
-_LOOKUP: dict[tuple, dict] = register_cache({})
 
 
 def fused_moe(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor,
@@ -206,12 +205,7 @@ def fused_moe(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, ids: torch.T
     kernel = MoEKernel.instance
     shape = {"tokens": T, "hidden": H, "width": W, "experts": E, "topk": k}
     if config is None:
-        key = (kernel.shape_key(shape), str(x.dtype), str(x.device))
-        if key not in _LOOKUP:
-            from .configs import lookup
-
-            _LOOKUP[key] = lookup(kernel.name, shape, x.dtype, x.device)
-        config = _LOOKUP[key]
+        config = tuned_config(kernel, shape, x.dtype, x.device)
     else:
         kernel.require_config(config, shape, x.device, x.dtype)
     if out is None:

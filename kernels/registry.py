@@ -17,6 +17,8 @@ KERNELS: dict[str, str] = {
     "moe": "kernels.moe:MoEKernel",
     "rmsnorm": "kernels.glue:RMSNormKernel",
     "rope": "kernels.glue:RopeKernel",
+    # plug-ins: kernels that load a server's own Triton source (kernels/plugins/)
+    "sglang_fused_moe": "kernels.plugins.sglang_moe:SGLangFusedMoEKernel",
 }
 
 _INSTANCES: dict[str, TunableKernel] = {}

@@ -42,7 +42,13 @@ def run_checks(preset: str, dtypes: list[str] | None, device: str, max_shapes: i
     cuda = device.startswith("cuda")
     for name in KERNELS:
         kernel = get_kernel(name)
+        if kernel.unavailable():
+            logger.info("%s skipped: %s", name, kernel.unavailable())
+            continue
         for dtype in _dtypes(name, dtypes, cuda):
+            if kernel.dtypes and dtype_name(dtype) not in kernel.dtypes:
+                logger.info("%s skipped at %s: it runs %s", name, dtype, ", ".join(kernel.dtypes))
+                continue
             for shape in kernel.shapes(preset)[:max_shapes]:
                 rec = {"kernel": name, "dtype": dtype_name(dtype), "shape": kernel.shape_key(shape)}
                 try:
@@ -73,13 +79,16 @@ def compile_all(arch: int = 90) -> list[dict]:
 
     P = lambda t: "*" + t  # noqa: E731
     jobs = []
-    sd = {"q_ptr": P("bf16"), "kv_ptr": P("bf16"), "out_ptr": P("bf16"), "idx_ptr": "*i32", "part_ptr": "*fp32",
-          "lse_ptr": "*fp32", "lock_ptr": "*i32", "qk_scale": "fp32"}
-    for direct, fused, dt in ((True, False, 0), (False, False, 64), (False, True, 0)):
-        jobs.append(("sparse_decode", _sparse_decode_kernel, sd, dict(DV=512, DT=dt, D_TAIL=dt, BLOCK_H=16, BLOCK_T=64,
-                     DIRECT=direct, FUSED_COMBINE=fused), 4, 2))
+    sd = {"q_ptr": P("bf16"), "kv_ptr": P("bf16"), "kv_scale_ptr": "*fp32", "out_ptr": P("bf16"), "idx_ptr": "*i32",
+          "part_ptr": "*fp32", "lse_ptr": "*fp32", "lock_ptr": "*i32", "qk_scale": "fp32"}
+    for direct, fused, dt, fp8 in ((True, False, 0, False), (False, False, 64, False), (False, True, 0, False),
+                                   (False, False, 0, True)):
+        jobs.append((f"sparse_decode{' fp8 cache' if fp8 else ''}", _sparse_decode_kernel,
+                     sd | ({"kv_ptr": P("fp8e4nv")} if fp8 else {}),
+                     dict(DV=512, DT=dt, D_TAIL=dt, BLOCK_H=16, BLOCK_T=64, DIRECT=direct, FUSED_COMBINE=fused,
+                          KV_SCALED=fp8, PREFETCH=True, PDL=not direct and not fused), 4, 2))
     jobs.append(("sparse_decode combine", _combine_kernel, {"part_ptr": "*fp32", "lse_ptr": "*fp32", "out_ptr": P("bf16")},
-                 dict(DV=512, BLOCK_H=4), 4, 1))
+                 dict(S_PAD=32, BLOCK_D=128, PDL=True), 4, 1))
     jobs.append(("sparse_decode_simt", _sparse_decode_simt_kernel, {"q_ptr": P("bf16"), "kv_ptr": P("bf16"), "idx_ptr": "*i32",
                  "out_ptr": P("bf16"), "qk_scale": "fp32"}, dict(DV=512, DT=0, D_TAIL=0, BLOCK_T=16), 4, 1))
     for dt, skip in (("fp8e4nv", True), ("bf16", True), ("bf16", False)):  # False: every tile of the width computed

@@ -11,9 +11,20 @@ A request with no valid row gets zeros.
 
 Because all heads of a request read the same rows, one program gathers a tile of ``BLOCK_T`` rows
 once and feeds ``BLOCK_H`` heads through ``tl.dot`` (tensor cores), keeping an online softmax.
-The selected rows are split into ``S`` chunks (split-K) so that batch 1 still fills the GPU; the
-partial results (normalised output and log-sum-exp per split) are merged by a second small kernel.
-With ``S == 1`` the first kernel writes the output directly.
+The selected rows are split into at most ``S`` chunks of whole ``BLOCK_T`` tiles (split-K, see
+:func:`split_rows`) so that batch 1 still fills the GPU; the partial results (normalised output and
+log-sum-exp per split) are merged by a second kernel that takes all splits of one (request, head,
+column block) in one load: ``heads * d_v / BLOCK_D`` programs per request. (Before issue 20 the merge
+was 4-head programs looping over the splits: 16 programs at batch 1, and at 32 splits it cost more
+than the attention itself; on an H200 at the issue's batch-1 config the new pair measured 2.6x faster,
+``benchmarks/results/kernels_issue20_h200.md``.) The merge kernel is launched with programmatic
+dependent launch where the GPU has it (Hopper): its launch overlaps the split kernel and it waits
+in-kernel (``gdc_wait``) for that grid's stores. With ``S == 1`` the first kernel writes the output
+directly.
+
+The cache may be float8 e4m3 with one float32 scale per row (``kv_scale``): the rows are widened to
+q's dtype in registers (exact) and the scales multiply the [heads, rows] score and probability tiles,
+so the tensor-core math stays bf16/fp16.
 
 ``d_v`` must be a power of two (512); ``d_qk - d_v`` (0 for V4-Flash, 64 for V3.2's rope part) is
 handled as a separate, padded "tail" dot.
@@ -26,15 +37,32 @@ from __future__ import annotations
 
 import logging
 import math
+import os
 
 import torch
 import triton
 import triton.language as tl
 
-from .configs import register_cache
 from .base import Cost, TunableKernel, device_limits, dtype_of, zeroed_counters
 
-__all__ = ["sparse_decode", "sparse_decode_simt", "SparseDecodeKernel", "SparseDecodeSimtKernel"]
+try:  # programmatic dependent launch (Hopper+): the merge kernel's launch overlaps the split kernel
+    from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
+
+    _PDL = os.environ.get("TUNER_SPARSE_DECODE_PDL", "1") != "0"  # "0": plain launches, process-wide
+except ImportError:  # an older Triton: two plain launches
+    _PDL = False
+
+    @triton.jit
+    def gdc_launch_dependents():
+        pass
+
+    @triton.jit
+    def gdc_wait():
+        pass
+
+from .configs import tuned_config
+
+__all__ = ["SparseDecodeKernel", "SparseDecodeSimtKernel", "quantize_kv_fp8", "sparse_decode", "sparse_decode_simt", "split_rows"]
 
 logger = logging.getLogger(__name__)
 
@@ -44,9 +72,16 @@ LOG2E = 1.4426950408889634
 # ----------------------------------------------------------------------------------------------------
 # Kernels
 # ----------------------------------------------------------------------------------------------------
-@triton.jit(do_not_specialize=["B", "num_rows", "topk", "rows_per_split", "n_splits"])
+@triton.jit
+def _prefetch_l2(ptrs):
+    """Ask L2 for the lines of ``ptrs`` without waiting (PTX ``prefetch.global.L2``); returns a dummy."""
+    return tl.inline_asm_elementwise("prefetch.global.L2 [$1]; mov.u32 $0, 0;", "=r,l", [ptrs], dtype=tl.int32,
+                                     is_pure=False, pack=1)
+
+
+@triton.jit(do_not_specialize=["B", "num_rows", "n_splits"])
 def _sparse_decode_kernel(
-    q_ptr, kv_ptr, idx_ptr, part_ptr, lse_ptr, out_ptr, lock_ptr,
+    q_ptr, kv_ptr, kv_scale_ptr, idx_ptr, part_ptr, lse_ptr, out_ptr, lock_ptr,
     B, H, num_rows, topk, rows_per_split, n_splits, qk_scale,
     stride_qb, stride_qh, stride_kv, stride_ib,
     stride_pb, stride_ps, stride_ph,
@@ -54,10 +89,22 @@ def _sparse_decode_kernel(
     stride_ob, stride_oh,
     DV: tl.constexpr, DT: tl.constexpr, D_TAIL: tl.constexpr,
     BLOCK_H: tl.constexpr, BLOCK_T: tl.constexpr, DIRECT: tl.constexpr, FUSED_COMBINE: tl.constexpr,
+    KV_SCALED: tl.constexpr, PREFETCH: tl.constexpr, PDL: tl.constexpr,
 ):
     pid_h = tl.program_id(0)  # fastest: head blocks of one (request, split) run together, share L2
     pid_s = tl.program_id(1)
     pid_b = tl.program_id(2)
+    if PDL:
+        # programmatic dependent launch: the merge kernel may be launched now; it waits (gdc_wait) for this grid
+        # to complete before it reads a partial, so only its launch latency overlaps this kernel
+        gdc_launch_dependents()
+
+    start = pid_s * rows_per_split  # rows_per_split is a multiple of BLOCK_T: every split but the last is full
+    end = tl.minimum(start + rows_per_split, topk)
+    idx_base = idx_ptr + pid_b.to(tl.int64) * stride_ib
+    if PREFETCH:
+        # the first index tile's DRAM round trip overlaps the q load below instead of following it
+        _prefetch_l2(idx_base + start + tl.arange(0, BLOCK_T))
 
     offs_h = pid_h * BLOCK_H + tl.arange(0, BLOCK_H)
     h_mask = offs_h < H
@@ -69,30 +116,41 @@ def _sparse_decode_kernel(
         e_mask = offs_e < D_TAIL
         q_tail = tl.load(q_base + DV + offs_e[None, :], mask=h_mask[:, None] & e_mask[None, :], other=0.0)
 
-    start = pid_s * rows_per_split
-    end = tl.minimum(start + rows_per_split, topk)
-
     m_i = tl.full([BLOCK_H], float("-inf"), tl.float32)
     l_i = tl.zeros([BLOCK_H], tl.float32)
     acc = tl.zeros([BLOCK_H, DV], tl.float32)
-    idx_base = idx_ptr + pid_b.to(tl.int64) * stride_ib
     for t0 in range(start, end, BLOCK_T):
         offs_t = t0 + tl.arange(0, BLOCK_T)
         rows = tl.load(idx_base + offs_t, mask=offs_t < end, other=-1)
         valid = (rows >= 0) & (rows < num_rows)
-        row_ptr = kv_ptr + tl.where(valid, rows, 0).to(tl.int64)[:, None] * stride_kv
+        safe = tl.where(valid, rows, 0).to(tl.int64)
+        row_ptr = kv_ptr + safe[:, None] * stride_kv
         kv = tl.load(row_ptr + offs_d[None, :], mask=valid[:, None], other=0.0)  # [BLOCK_T, DV]: K and V
-        s = tl.dot(q, tl.trans(kv))
+        if KV_SCALED:
+            # fp8 e4m3 rows, one float32 scale per row: widen exactly, scale the [H, T] tiles instead. K is loaded
+            # a second time as a [DV, BLOCK_T] tile (from L2): widening a transposed fp8 tile in registers spills
+            k_t = tl.load(kv_ptr + safe[None, :] * stride_kv + offs_d[:, None], mask=valid[None, :], other=0.0)
+            row_scale = tl.load(kv_scale_ptr + safe, mask=valid, other=0.0)
+            s = tl.dot(q, k_t.to(q.dtype))
+            kv = kv.to(q.dtype)
+        else:
+            s = tl.dot(q, tl.trans(kv))
         if DT > 0:
             k_tail = tl.load(row_ptr + DV + offs_e[None, :], mask=valid[:, None] & e_mask[None, :], other=0.0)
-            s += tl.dot(q_tail, tl.trans(k_tail))
-        s = tl.where(valid[None, :], s * qk_scale, float("-inf"))
+            s += tl.dot(q_tail, tl.trans(k_tail.to(q.dtype)))
+        if KV_SCALED:
+            s = s * (row_scale * qk_scale)[None, :]
+        else:
+            s = s * qk_scale
+        s = tl.where(valid[None, :], s, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(s, 1))
         m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
         alpha = tl.exp2(m_i - m_safe)
         p = tl.exp2(s - m_safe[:, None])
         l_i = l_i * alpha + tl.sum(p, 1)
-        acc = acc * alpha[:, None] + tl.dot(p.to(kv.dtype), kv)
+        if KV_SCALED:
+            p = p * row_scale[None, :]
+        acc = tl.dot(p.to(q.dtype), kv, acc * alpha[:, None])
         m_i = m_new
 
     l_safe = tl.where(l_i > 0.0, l_i, 1.0)
@@ -125,12 +183,12 @@ def _merge_splits(part_base, lse_base, out_base, offs_h, h_mask, offs_d, n_split
                   CACHE: tl.constexpr):
     """out = sum_s 2^(lse_s - m) * o_s / sum_s 2^(lse_s - m), m = max_s lse_s (zeros if all -inf)."""
     m = tl.full([BLOCK_H], float("-inf"), tl.float32)
-    for s in range(0, n_splits):
+    for s in range(n_splits):
         m = tl.maximum(m, tl.load(lse_base + s * stride_ls + offs_h, mask=h_mask, other=float("-inf"), cache_modifier=CACHE))
     m_safe = tl.where(m == float("-inf"), 0.0, m)
     acc = tl.zeros([BLOCK_H, DV], tl.float32)
     wsum = tl.zeros([BLOCK_H], tl.float32)
-    for s in range(0, n_splits):
+    for s in range(n_splits):
         w = tl.exp2(tl.load(lse_base + s * stride_ls + offs_h, mask=h_mask, other=float("-inf"), cache_modifier=CACHE) - m_safe)
         acc += w[:, None] * tl.load(part_base + s * stride_ps + offs_h[:, None] * stride_ph + offs_d[None, :],
                                     mask=h_mask[:, None], other=0.0, cache_modifier=CACHE)
@@ -139,21 +197,32 @@ def _merge_splits(part_base, lse_base, out_base, offs_h, h_mask, offs_d, n_split
     tl.store(out_base + offs_h[:, None] * stride_oh + offs_d[None, :], o.to(out_base.dtype.element_ty), mask=h_mask[:, None])
 
 
-@triton.jit(do_not_specialize=["S"])
+@triton.jit(do_not_specialize=["n_splits"])
 def _combine_kernel(
-    part_ptr, lse_ptr, out_ptr, H, S,
+    part_ptr, lse_ptr, out_ptr, n_splits,
     stride_pb, stride_ps, stride_ph,
     stride_lb, stride_ls,
     stride_ob, stride_oh,
-    DV: tl.constexpr, BLOCK_H: tl.constexpr,
+    S_PAD: tl.constexpr, BLOCK_D: tl.constexpr, PDL: tl.constexpr,
 ):
-    """Merge S partial results by their log-sum-exp (base 2): the unfused second pass."""
-    pid_h = tl.program_id(0)
-    pid_b = tl.program_id(1)
-    offs_h = pid_h * BLOCK_H + tl.arange(0, BLOCK_H)
-    _merge_splits(part_ptr + pid_b.to(tl.int64) * stride_pb, lse_ptr + pid_b.to(tl.int64) * stride_lb,
-                  out_ptr + pid_b.to(tl.int64) * stride_ob, offs_h, offs_h < H, tl.arange(0, DV), S,
-                  stride_ps, stride_ph, stride_ls, stride_oh, BLOCK_H, DV, "")
+    """Merge the splits of one (request, head, column block) by their log-sum-exp (base 2), all splits at once:
+    one [S_PAD, BLOCK_D] load, no loop, so a batch-1 merge spreads over H * DV / BLOCK_D programs."""
+    pid_d = tl.program_id(0)
+    h = tl.program_id(1)
+    b = tl.program_id(2).to(tl.int64)
+    if PDL:
+        gdc_wait()  # launched early (programmatic dependent launch): wait for the split kernel's grid and its stores
+    offs_s = tl.arange(0, S_PAD)
+    s_mask = offs_s < n_splits
+    lse = tl.load(lse_ptr + b * stride_lb + offs_s * stride_ls + h, mask=s_mask, other=float("-inf"))
+    m = tl.max(lse, 0)
+    w = tl.exp2(lse - tl.where(m == float("-inf"), 0.0, m))  # 0 for empty splits
+    wsum = tl.sum(w, 0)
+    offs_d = pid_d * BLOCK_D + tl.arange(0, BLOCK_D)
+    parts = tl.load(part_ptr + b * stride_pb + offs_s[:, None] * stride_ps + h * stride_ph + offs_d[None, :],
+                    mask=s_mask[:, None], other=0.0)
+    o = tl.sum(w[:, None] * parts, 0) / tl.where(wsum > 0.0, wsum, 1.0)
+    tl.store(out_ptr + b * stride_ob + h * stride_oh + offs_d, o.to(out_ptr.dtype.element_ty))
 
 
 @triton.jit(do_not_specialize=["num_rows", "topk"])
@@ -203,9 +272,10 @@ def _sparse_decode_simt_kernel(
 # Launchers
 # ----------------------------------------------------------------------------------------------------
 _SUPPORTED = (torch.float16, torch.bfloat16, torch.float32)
+_FP8 = getattr(torch, "float8_e4m3fn", None)
 
 
-def _check_args(q, kv, indices, d_v, out):
+def _check_args(q, kv, indices, d_v, out, kv_scale=None):
     if q.dim() != 3:
         raise ValueError(f"q must be [batch, heads, d_qk], got shape {tuple(q.shape)}")
     if kv.dim() != 2:
@@ -217,8 +287,18 @@ def _check_args(q, kv, indices, d_v, out):
         raise ValueError(f"indices must be [batch={B}, topk], got shape {tuple(indices.shape)}")
     if indices.dtype != torch.int32:
         raise ValueError(f"indices.dtype must be torch.int32, got {indices.dtype}")
-    if q.dtype != kv.dtype or q.dtype not in _SUPPORTED:
-        raise ValueError(f"q.dtype={q.dtype} and kv.dtype={kv.dtype} must match and be one of {_SUPPORTED}")
+    if q.dtype not in _SUPPORTED:
+        raise ValueError(f"q.dtype={q.dtype} must be one of {_SUPPORTED}")
+    if _FP8 is not None and kv.dtype == _FP8:
+        if q.dtype not in (torch.bfloat16, torch.float16):
+            raise ValueError(f"an fp8 kv cache needs q in bfloat16 or float16, got q.dtype={q.dtype}")
+        if kv_scale is None or kv_scale.dtype != torch.float32 or tuple(kv_scale.shape) != (kv.shape[0],):
+            got = None if kv_scale is None else f"{tuple(kv_scale.shape)} {kv_scale.dtype}"
+            raise ValueError(f"an fp8 kv cache needs kv_scale: float32 [{kv.shape[0]}] (one scale per row), got {got}")
+    elif q.dtype != kv.dtype:
+        raise ValueError(f"q.dtype={q.dtype} and kv.dtype={kv.dtype} must match (or kv in float8_e4m3fn with kv_scale)")
+    elif kv_scale is not None:
+        raise ValueError(f"kv_scale is only for an fp8 kv cache; kv.dtype is {kv.dtype}")
     if not (q.device == kv.device == indices.device):
         raise ValueError(f"q, kv, indices on different devices: {q.device}, {kv.device}, {indices.device}")
     d_v = d_qk if d_v is None else int(d_v)
@@ -233,6 +313,14 @@ def _check_args(q, kv, indices, d_v, out):
     return B, H, d_qk, d_v
 
 
+def split_rows(topk: int, S: int, block_t: int) -> tuple[int, int]:
+    """(rows per split, splits that hold a row) for at most ``S`` splits of ``topk`` rows: rows per split is
+    rounded up to a whole number of ``block_t`` tiles, so no split runs a mostly empty tile (640 rows, S=32,
+    BLOCK_T=16: 20 splits of 32 rows, not 32 splits of 20 rows, each ending in a 4-row tile)."""
+    rows = triton.cdiv(triton.cdiv(topk, max(1, min(S, topk))), block_t) * block_t
+    return rows, triton.cdiv(topk, rows)
+
+
 def _tail(d_qk: int, d_v: int) -> tuple[int, int]:
     d_tail = d_qk - d_v
     return (0, 0) if d_tail == 0 else (max(16, triton.next_power_of_2(d_tail)), d_tail)
@@ -243,22 +331,12 @@ def _shape_of(q, kv, indices, d_v) -> dict:
             "topk": indices.shape[1], "num_rows": kv.shape[0]}
 
 
-_LOOKUP: dict[tuple, dict] = register_cache({})  # per-shape lookups, emptied by configs.clear_cache()
 _COUNTERS: dict[str, torch.Tensor] = {}
 
 
 def _split_counters(device, n: int) -> torch.Tensor:
     """Zeroed int32 counters, one per (request, head block); each launch leaves them at zero."""
     return zeroed_counters(_COUNTERS, device, n)
-
-
-def _config_for(name: str, shape: dict, dtype, device) -> dict:
-    key = (name, tuple(sorted(shape.items())), dtype, str(device))
-    if key not in _LOOKUP:
-        from .configs import lookup
-
-        _LOOKUP[key] = lookup(name, shape, dtype, device)
-    return _LOOKUP[key]
 
 
 def sparse_decode(
@@ -270,31 +348,37 @@ def sparse_decode(
     *,
     d_v: int | None = None,
     out: torch.Tensor | None = None,
+    kv_scale: torch.Tensor | None = None,
     fused_combine: bool = False,
+    pdl: bool | None = None,
 ) -> torch.Tensor:
     """Sparse MQA decode attention; returns ``[batch, heads, d_v]`` in ``q.dtype``.
 
+    ``kv`` in ``q.dtype``, or in float8 e4m3 with ``kv_scale`` (float32 ``[num_rows]``, row r holds
+    ``kv[r] * kv_scale[r]``): half the bytes of a bf16 cache, same bf16 tensor-core math (the fp8 values
+    widen exactly; the row scales multiply the [heads, rows] score and probability tiles).
     ``config`` keys: S, BLOCK_H, BLOCK_T, num_warps, num_stages; None looks up the tuned config
-    (``kernels.configs.lookup``, cached per shape) or the default.
+    (``kernels.configs.lookup``, cached per shape, keyed by the kv dtype) or the default. S is an upper bound:
+    see :func:`split_rows`.
     ``fused_combine``: with S > 1, True makes the last split to finish merge the partials in the same
     launch (per-(request, head block) counters reset by the kernel itself, so CUDA-graph replays are
     safe; calls in flight concurrently on two streams of one device must not overlap). Off by
-    default: on an H200 (run of 2026-11-29) the fused merge was slower than the second, wider
-    combine launch (B=1: 20.6 vs 17.1 µs; V3.2 B=1: 45.1 vs 31.6 µs), because one CTA per
-    (request, head block) merges serially what the combine kernel spreads over 4-head programs.
+    default: one CTA per (request, head block) merges serially what the combine kernel spreads over
+    ``heads * d_v / BLOCK_D`` programs (H200, 2026-11-29: B=1 20.6 vs 17.1 µs with the older 4-head combine).
+    ``pdl``: launch the merge kernel with programmatic dependent launch (its launch overlaps the split kernel; it
+    waits for that grid before reading), None = wherever the GPU supports it (compute capability 9.0 and up).
     """
-    B, H, d_qk, d_v = _check_args(q, kv, indices, d_v, out)
+    B, H, d_qk, d_v = _check_args(q, kv, indices, d_v, out, kv_scale)
     topk = indices.shape[1]
     sm_scale = 1.0 / math.sqrt(d_qk) if sm_scale is None else float(sm_scale)
     shape = _shape_of(q, kv, indices, d_v)
     kernel = SparseDecodeKernel.instance
     if config is None:
-        config = _config_for(kernel.name, shape, q.dtype, q.device)
+        config = tuned_config(kernel, shape, kv.dtype, q.device)
     else:
-        kernel.require_config(config, shape, q.device, q.dtype)
+        kernel.require_config(config, shape, q.device, kv.dtype)
     BLOCK_H, BLOCK_T = config["BLOCK_H"], config["BLOCK_T"]
-    rows_per_split = triton.cdiv(topk, min(config["S"], topk))
-    S = triton.cdiv(topk, rows_per_split)  # splits that hold at least one row
+    rows_per_split, S = split_rows(topk, config["S"], BLOCK_T)
     DT, D_TAIL = _tail(d_qk, d_v)
     if out is None:
         out = torch.empty((B, H, d_v), device=q.device, dtype=q.dtype)
@@ -310,25 +394,44 @@ def sparse_decode(
         lse = torch.empty((B, S, H), device=q.device, dtype=torch.float32)
         part_strides, lse_strides = part.stride()[:3], lse.stride()[:2]
         locks = _split_counters(q.device, B * n_hblocks) if fused_combine else indices
+    on_gpu = q.is_cuda and not _interpreted()
+    if pdl is None:
+        pdl = on_gpu and _PDL and _capability(q.device) >= (9, 0)
+    pdl = bool(pdl) and on_gpu and not direct and not fused_combine
     grid = (n_hblocks, S, B)
     _sparse_decode_kernel[grid](
-        q, kv, indices, part, lse, out, locks,
+        q, kv, kv if kv_scale is None else kv_scale, indices, part, lse, out, locks,
         B, H, kv.shape[0], topk, rows_per_split, S, sm_scale * LOG2E,
         q.stride(0), q.stride(1), kv.stride(0), indices.stride(0),
         *part_strides, *lse_strides,
         out.stride(0), out.stride(1),
         DV=d_v, DT=DT, D_TAIL=D_TAIL, BLOCK_H=BLOCK_H, BLOCK_T=BLOCK_T, DIRECT=direct,
-        FUSED_COMBINE=bool(fused_combine and not direct),
-        num_warps=config["num_warps"], num_stages=config["num_stages"],
+        FUSED_COMBINE=bool(fused_combine and not direct), KV_SCALED=kv_scale is not None,
+        PREFETCH=on_gpu, PDL=pdl, num_warps=config["num_warps"], num_stages=config["num_stages"],
     )
     if not direct and not fused_combine:
-        block_hc = 4
-        _combine_kernel[(triton.cdiv(H, block_hc), B)](
-            part, lse, out, H, S,
+        s_pad = triton.next_power_of_2(S)
+        block_d = min(d_v, max(32, 4096 // s_pad))  # [S_PAD, BLOCK_D] float32 tile: 32 values a thread
+        _combine_kernel[(d_v // block_d, H, B)](
+            part, lse, out, S,
             *part.stride()[:3], *lse.stride()[:2], out.stride(0), out.stride(1),
-            DV=d_v, BLOCK_H=block_hc, num_warps=4,
+            S_PAD=s_pad, BLOCK_D=block_d, PDL=pdl, num_warps=4, **({"launch_pdl": True} if pdl else {}),
         )
     return out
+
+
+def _interpreted() -> bool:
+    return os.environ.get("TRITON_INTERPRET") == "1"
+
+
+_CAPABILITY: dict[str, tuple[int, int]] = {}
+
+
+def _capability(device) -> tuple[int, int]:
+    key = str(device)
+    if key not in _CAPABILITY:
+        _CAPABILITY[key] = torch.cuda.get_device_capability(device)
+    return _CAPABILITY[key]
 
 
 def sparse_decode_simt(
@@ -348,7 +451,7 @@ def sparse_decode_simt(
     shape = _shape_of(q, kv, indices, d_v)
     kernel = SparseDecodeSimtKernel.instance
     if config is None:
-        config = _config_for(kernel.name, shape, q.dtype, q.device)
+        config = tuned_config(kernel, shape, q.dtype, q.device)
     else:
         kernel.require_config(config, shape, q.device, q.dtype)
     DT, D_TAIL = _tail(d_qk, d_v)
@@ -367,8 +470,9 @@ def sparse_decode_simt(
 # ----------------------------------------------------------------------------------------------------
 # Torch reference and baseline
 # ----------------------------------------------------------------------------------------------------
-def sparse_decode_reference(q, kv, indices, sm_scale=None, d_v=None, compute_dtype=None) -> torch.Tensor:
-    """Gather + matmul + softmax in float64 on CPU / float32 on GPU (or ``compute_dtype``)."""
+def sparse_decode_reference(q, kv, indices, sm_scale=None, d_v=None, compute_dtype=None, kv_scale=None) -> torch.Tensor:
+    """Gather + matmul + softmax in float64 on CPU / float32 on GPU (or ``compute_dtype``); an fp8 cache is
+    dequantised first (``kv * kv_scale[:, None]`` in that dtype)."""
     d_qk = q.shape[2]
     d_v = d_qk if d_v is None else d_v
     sm_scale = 1.0 / math.sqrt(d_qk) if sm_scale is None else sm_scale
@@ -376,23 +480,35 @@ def sparse_decode_reference(q, kv, indices, sm_scale=None, d_v=None, compute_dty
     valid = (indices >= 0) & (indices < kv.shape[0])
     rows = torch.where(valid, indices, torch.zeros_like(indices)).long()
     k = kv[rows].to(dt)  # [B, T, d_qk]
+    if kv_scale is not None:
+        k = k * kv_scale[rows].to(dt)[..., None]
     s = torch.einsum("bhd,btd->bht", q.to(dt), k) * sm_scale
     s = s.masked_fill(~valid[:, None, :], float("-inf"))
     p = torch.nan_to_num(torch.softmax(s, dim=-1), nan=0.0)
     return torch.einsum("bht,btd->bhd", p, k[..., :d_v])
 
 
-def sparse_decode_torch(q, kv, indices, sm_scale=None, d_v=None) -> torch.Tensor:
-    """Plain PyTorch in the input dtype: gather + bmm + float32 softmax + bmm (the baseline)."""
+def sparse_decode_torch(q, kv, indices, sm_scale=None, d_v=None, kv_scale=None) -> torch.Tensor:
+    """Plain PyTorch in q's dtype: gather (+ dequantise an fp8 cache) + bmm + float32 softmax + bmm (the baseline)."""
     d_qk = q.shape[2]
     d_v = d_qk if d_v is None else d_v
     sm_scale = 1.0 / math.sqrt(d_qk) if sm_scale is None else sm_scale
     valid = (indices >= 0) & (indices < kv.shape[0])
-    k = kv[torch.where(valid, indices, 0).long()]
+    rows = torch.where(valid, indices, 0).long()
+    k = kv[rows]
+    if kv_scale is not None:
+        k = (k.to(torch.float32) * kv_scale[rows][..., None]).to(q.dtype)
     s = torch.bmm(q, k.transpose(1, 2)).float() * sm_scale
     s = s.masked_fill(~valid[:, None, :], float("-inf"))
     p = torch.softmax(s, dim=-1).to(q.dtype)
     return torch.bmm(p, k[..., :d_v])
+
+
+def quantize_kv_fp8(kv: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(e4m3 rows, float32 per-row scales) of a cache: ``scale[r] = max|kv[r]| / 448`` (448: e4m3's largest value)."""
+    kv32 = kv.to(torch.float32)
+    scale = (kv32.abs().amax(dim=1) / 448.0).clamp(min=1e-12)
+    return (kv32 / scale[:, None]).to(_FP8), scale
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -414,8 +530,15 @@ class _SparseDecodeBase(TunableKernel):
         B, H, d_qk, d_v = shape["batch"], shape["heads"], shape["d_qk"], shape["d_v"]
         topk, num_rows = shape["topk"], shape["num_rows"]
         dt = dtype_of(dtype)
-        q = torch.randn(B, H, d_qk, generator=gen, device=dev).to(dt)
-        kv = torch.randn(num_rows, d_qk, generator=gen, device=dev).to(dt)
+        fp8 = dt == _FP8
+        q = torch.randn(B, H, d_qk, generator=gen, device=dev).to(torch.bfloat16 if fp8 else dt)
+        kv = torch.randn(num_rows, d_qk, generator=gen, device=dev)
+        kv_scale = None
+        if fp8:  # rows of different magnitudes, so that a wrong row's scale shows
+            kv = kv * torch.exp(0.5 * torch.randn(num_rows, 1, generator=gen, device=dev))
+            kv, kv_scale = quantize_kv_fp8(kv)
+        else:
+            kv = kv.to(dt)
         # distinct rows per request (like a real top-k), the cache's last row always in play
         if num_rows >= topk:
             idx = torch.rand(B, num_rows, generator=gen, device=dev).argsort(dim=1)[:, :topk]
@@ -428,23 +551,33 @@ class _SparseDecodeBase(TunableKernel):
             pos = torch.rand(B, topk, generator=gen, device=dev).argsort(dim=1)
             idx = torch.where(pos < keep, idx, torch.full_like(idx, -1))
         return {"q": q, "kv": kv, "indices": idx.to(device=device, dtype=torch.int32),
-                "sm_scale": 1.0 / math.sqrt(d_qk), "d_v": d_v}
+                "sm_scale": 1.0 / math.sqrt(d_qk), "d_v": d_v, "kv_scale": kv_scale}
 
     def output_like(self, inputs):
         q = inputs["q"]
         return torch.empty(q.shape[0], q.shape[1], inputs["d_v"], device=q.device, dtype=q.dtype)
 
     def reference(self, inputs):
-        return sparse_decode_reference(inputs["q"], inputs["kv"], inputs["indices"], inputs["sm_scale"], inputs["d_v"])
+        return sparse_decode_reference(inputs["q"], inputs["kv"], inputs["indices"], inputs["sm_scale"], inputs["d_v"],
+                                       kv_scale=inputs.get("kv_scale"))
 
     def torch_baseline(self, inputs):
-        return sparse_decode_torch(inputs["q"], inputs["kv"], inputs["indices"], inputs["sm_scale"], inputs["d_v"])
+        return sparse_decode_torch(inputs["q"], inputs["kv"], inputs["indices"], inputs["sm_scale"], inputs["d_v"],
+                                   kv_scale=inputs.get("kv_scale"))
+
+    def tolerance(self, dtype):
+        # an fp8 cache is compared with the float32 reference of its dequantised rows, so bf16 arithmetic bounds it
+        return 2e-2 if dtype_of(dtype) == _FP8 else super().tolerance(dtype)
 
     def cost(self, shape, dtype="bfloat16"):
-        elt = dtype_of(dtype).itemsize
+        """An fp8 cache moves one byte per value plus a float32 scale per row; q and out stay 16-bit."""
+        dt = dtype_of(dtype)
+        fp8 = dt == _FP8
+        row_bytes = shape["d_qk"] + 4 if fp8 else shape["d_qk"] * dt.itemsize
+        elt = 2 if fp8 else dt.itemsize
         B, H, d_qk, d_v, topk = (shape[k] for k in ("batch", "heads", "d_qk", "d_v", "topk"))
         rows = min(topk, shape.get("num_rows", topk) * 1)
-        nbytes = B * rows * d_qk * elt + B * topk * 4 + B * H * d_qk * elt + B * H * d_v * elt
+        nbytes = B * rows * row_bytes + B * topk * 4 + B * H * d_qk * elt + B * H * d_v * elt
         flops = 2 * B * H * topk * (d_qk + d_v)
         return Cost(float(nbytes), float(flops))
 
@@ -472,16 +605,22 @@ class SparseDecodeKernel(_SparseDecodeBase):
     """MMA form with split-K: ``sparse_decode``."""
 
     name = "sparse_decode"
-    instance: "SparseDecodeKernel"
+    instance: SparseDecodeKernel
 
     def default_config(self, shape):
+        """16-head tiles and enough splits for about two programs per SM (132), one 64-row tile per split at
+        most; 32-head tiles once 16-head tiles alone give more programs than SMs (each row is then read by half as
+        many programs). H200, V4-Flash, 2026-11-30: 9.9 / 20.3 / 41.3 µs at batch 1 / 16 / 64
+        against the sweep's best 9.5 / 20.2 / 38.9 (``benchmarks/results/kernels_issue20_h200.md``)."""
         B, H, topk = shape["batch"], shape["heads"], shape["topk"]
         block_t = 64  # 128 is often faster on an H200 but needs 256 KiB of shared memory in float32
-        programs = B * triton.cdiv(H, 16)
+        block_h = 32 if B * triton.cdiv(H, 16) > 132 else 16
+        programs = B * triton.cdiv(H, block_h)
+        tiles = triton.cdiv(topk, block_t)
         S = 1
-        while S < 32 and programs * S * 2 <= 264 and (S * 2) * block_t <= topk:
+        while S < 32 and programs * S * 2 <= 264 and S < tiles:
             S *= 2
-        return {"S": S, "BLOCK_H": 16, "BLOCK_T": block_t, "num_warps": 4, "num_stages": 2}
+        return {"S": S, "BLOCK_H": block_h, "BLOCK_T": block_t, "num_warps": 4, "num_stages": 2}
 
     def config_space(self, shape):
         return {"S": [1, 2, 4, 8, 16, 32], "BLOCK_H": [16, 32, 64], "BLOCK_T": [16, 32, 64, 128],
@@ -532,14 +671,14 @@ class SparseDecodeKernel(_SparseDecodeBase):
 
     def run(self, inputs, config=None, out=None):
         return sparse_decode(inputs["q"], inputs["kv"], inputs["indices"], inputs["sm_scale"], config,
-                             d_v=inputs["d_v"], out=out)
+                             d_v=inputs["d_v"], out=out, kv_scale=inputs.get("kv_scale"))
 
 
 class SparseDecodeSimtKernel(_SparseDecodeBase):
     """Per-head SIMT baseline: ``sparse_decode_simt``."""
 
     name = "sparse_decode_simt"
-    instance: "SparseDecodeSimtKernel"
+    instance: SparseDecodeSimtKernel
 
     def default_config(self, shape):
         return {"BLOCK_T": 16, "num_warps": 4}

@@ -6,6 +6,9 @@ cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
 $PY -m pip install -q torch==2.13.0
 $PY -m pip install -q -e '.[test,postgres]'
+# a real third-party server for tests/real_server: `transformers serve` (its serving extra) beside the CPU torch,
+# versions pinned in pyproject's `real-server` extra
+$PY -m pip install -q -e '.[real-server]'
 # SGLang's own argument parser for flag validation: the package without its GPU stack, plus what --help needs.
 $PY -m pip install -q --no-deps 'sglang==0.5.23' || $PY -m pip install -q --no-deps sglang
 $PY -m pip install -q orjson psutil pybase64 requests pillow msgspec pyzmq ipython aiohttp huggingface_hub

@@ -7,7 +7,7 @@ from search_spaces.buckets import DENSITIES, expand_buckets
 from search_spaces.hardware import Hardware, detect_hardware
 from search_spaces.loader import builtin_space_path, load_space, load_space_text
 from search_spaces.resolve import Inactive, ResolvedSpace, resolve
-from search_spaces.schema import Condition, Constraint, Objective, Param, Space, SpaceError
+from search_spaces.schema import Condition, Constraint, Objective, Param, ServerCounterpart, Space, SpaceError
 
 __all__ = [
     "DENSITIES",
@@ -18,6 +18,7 @@ __all__ = [
     "Objective",
     "Param",
     "ResolvedSpace",
+    "ServerCounterpart",
     "Space",
     "SpaceError",
     "builtin_space_path",

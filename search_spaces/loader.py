@@ -25,6 +25,7 @@ Format (see ``dsv4_flash.yaml`` for a full example)::
 from __future__ import annotations
 
 import math
+import re
 from pathlib import Path
 from typing import Any
 
@@ -39,6 +40,7 @@ from search_spaces.schema import (
     LevelConstraint,
     Objective,
     Param,
+    ServerCounterpart,
     Space,
     SpaceError,
     _fail,
@@ -49,8 +51,9 @@ from search_spaces.schema import (
 _TOP_KEYS = {"name", "description", "target", "preset", "settings", "objective", "params", "constraints"}
 _PARAM_KEYS = {
     "type", "values", "low", "high", "step", "log", "default", "description", "flag", "kernel", "env", "when",
-    "requires", "value_requires", "max_bs", "densities",
+    "requires", "value_requires", "max_bs", "densities", "server",
 }
+_SERVER_KEYS = {"flag", "env", "none", "values", "note", "see"}
 _OBJECTIVE_KEYS = {"metric", "direction", "combine", "levels", "level", "unit", "constraints"}
 _TARGETS = ("workload", "sglang", "kernels", "command")
 
@@ -209,6 +212,8 @@ def _param(source: str, name: str, pdef: Any) -> Param:
     elif ptype == "bool":
         if pdef.get("values") is not None:
             raise _fail(where, "a bool takes no `values`", pdef.get("values"), "drop `values`")
+    if "server" in pdef:
+        kw["server"] = _server(where, pdef["server"])
     if "when" in pdef:
         kw["when"] = Condition(_clauses(f"{where} when", pdef["when"]))
     if "requires" in pdef:
@@ -218,6 +223,10 @@ def _param(source: str, name: str, pdef: Any) -> Param:
         raise _fail(where, "`value_requires` must map values to capability lists", vreq, "write `{fp8: [fp8]}`")
     kw["value_requires"] = {v: check_requirements(f"{where} value {v!r}", r) for v, r in vreq.items()}
     param = Param(**kw)
+    for v in (param.server.values if param.server else {}):
+        if not param.contains(v):
+            raise _fail(f"{where} server", "`values` names a value the parameter cannot take", v,
+                        f"use values of `{name}`")
     for v in param.value_requires:
         if not param.contains(v):
             raise _fail(where, "`value_requires` names a value the parameter cannot take", v, "fix the value")
@@ -229,6 +238,40 @@ def _param(source: str, name: str, pdef: Any) -> Param:
     if ptype == "float" and isinstance(param.default, float) and math.isnan(param.default):
         raise _fail(where, "the default is NaN", param.default, "give a number")
     return param
+
+
+def _server(where: str, raw: Any) -> ServerCounterpart:
+    """``server: {flag: --x}``, ``{env: NAME}`` or ``{none: why}``, with optional ``values``, ``note``, ``see``."""
+    where = f"{where} server"
+    fix = "write `server: {flag: --context-length}`, `{env: SGLANG_NAME}` or `{none: why there is none}`"
+    if not isinstance(raw, dict):
+        raise _fail(where, "must be a mapping", raw, fix)
+    _unknown(where, raw, _SERVER_KEYS, "key")
+    kinds = [k for k in ("flag", "env", "none") if k in raw]
+    if len(kinds) != 1:
+        raise _fail(where, "needs exactly one of `flag`, `env`, `none`", kinds, fix)
+    flag, env, none = raw.get("flag"), raw.get("env"), raw.get("none")
+    if flag is not None and not (isinstance(flag, str) and flag.startswith("--")):
+        raise _fail(where, "`flag` must be a long option name", flag, "write e.g. `flag: --context-length`")
+    if env is not None and not (isinstance(env, str) and re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", env)):
+        raise _fail(where, "`env` must be an environment variable name", env, "write e.g. `env: SGLANG_MOE_CONFIG_DIR`")
+    if "none" in raw and not (isinstance(none, str) and none.strip()):
+        raise _fail(where, "`none` must say why there is no counterpart", none,
+                    "write `none: the twin's own Triton kernel; SGLang cannot load it`")
+    values = raw.get("values") or {}
+    if not isinstance(values, dict) or "none" in raw and values:
+        raise _fail(where, "`values` must map knob values to server values (and only with `flag` or `env`)", values,
+                    "write `values: {triton: true, torch: false}`")
+    for v in values.values():
+        if v is not None and not isinstance(v, (str, int, float, bool)):
+            raise _fail(where, "a server value must be a string, number, boolean or null", v, "quote it")
+    see = raw.get("see") or []
+    if isinstance(see, str):
+        see = [see]
+    if not isinstance(see, list) or not all(isinstance(x, str) and x for x in see):
+        raise _fail(where, "`see` must be a list of flag or variable names", see, "write `see: [--fp8-gemm-backend]`")
+    return ServerCounterpart(flag=flag, env=env, none=str(none or "").strip(), values=dict(values),
+                             note=str(raw.get("note", "")), see=tuple(see))
 
 
 def _clauses(where: str, raw: Any) -> tuple[tuple[str, tuple[Any, ...]], ...]:

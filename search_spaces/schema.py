@@ -41,6 +41,37 @@ class Condition:
 
 
 @dataclass(frozen=True)
+class ServerCounterpart:
+    """What sets the same thing as a workload knob in a real SGLang deployment: a launch ``flag``, an ``env``
+    variable, or nothing (``none``: the reason). ``values`` maps a knob value to the server's value when they are
+    spelled differently (``{triton: true}``); a value mapped to ``null`` leaves the flag out (the server's default).
+    ``see`` lists related flags or variables that do not set the same thing (named in the export, checked too)."""
+
+    flag: str | None = None
+    env: str | None = None
+    none: str = ""
+    """Why there is no counterpart (set only when ``flag`` and ``env`` are not)."""
+    values: dict[Any, Any] = field(default_factory=dict)
+    note: str = ""
+    see: tuple[str, ...] = ()
+
+    @property
+    def name(self) -> str | None:
+        return self.flag or self.env
+
+    def server_value(self, value: Any) -> Any:
+        """The server's value for a knob value (the same value unless ``values`` maps it; ``None``: leave out)."""
+        return self.values.get(value, value) if self.values else value
+
+    def describe(self) -> str:
+        if self.flag:
+            return f"flag {self.flag}"
+        if self.env:
+            return f"env {self.env}"
+        return f"no server counterpart: {self.none}"
+
+
+@dataclass(frozen=True)
 class Param:
     name: str
     type: str
@@ -57,6 +88,8 @@ class Param:
     """A kernel config field (``sparse_decode.num_splits``)."""
     env: str | None = None
     """An environment variable of the launched process."""
+    server: ServerCounterpart | None = None
+    """For workload knobs: the SGLang flag or variable that sets the same thing in a deployment, or why none does."""
     when: Condition | None = None
     requires: tuple[str, ...] = ()
     value_requires: dict[Any, tuple[str, ...]] = field(default_factory=dict)

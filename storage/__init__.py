@@ -12,13 +12,14 @@ from storage.types import OUTCOMES, MetricRow
 _LAZY = {
     "StorageError": "storage.engine", "make_engine": "storage.engine", "Repo": "storage.repo",
     "Artifact": "storage.models", "Base": "storage.models", "Event": "storage.models", "Measurement": "storage.models",
+    "FailedFlagSet": "storage.models",
     "Run": "storage.models", "TrialRecord": "storage.models",
     "StudyNameError": "storage.names", "check_study_name": "storage.names", "STUDY_NAME_PATTERN": "storage.names",
 }
 
 if TYPE_CHECKING:  # pragma: no cover
     from storage.engine import StorageError, make_engine
-    from storage.models import Artifact, Base, Event, Measurement, Run, TrialRecord
+    from storage.models import Artifact, Base, Event, FailedFlagSet, Measurement, Run, TrialRecord
     from storage.names import STUDY_NAME_PATTERN, StudyNameError, check_study_name
     from storage.repo import Repo
 
@@ -36,6 +37,7 @@ __all__ = [
     "Artifact",
     "Base",
     "Event",
+    "FailedFlagSet",
     "Measurement",
     "MetricRow",
     "Repo",

@@ -6,6 +6,8 @@
 - ``tuner_events``: an append-only feed (trial started/finished/pruned/failed, new best, search ended) that the
   API streams without polling Optuna.
 - ``tuner_artifacts``: exported files (launch script, best params, kernel configs), content kept in the database.
+- ``tuner_failed_flags``: flag sets whose launch failed (the server's version, command, environment and flags
+  hashed into ``key``), so a study in this database never spends a launch on one twice.
 """
 
 from __future__ import annotations
@@ -90,6 +92,8 @@ class TrialRecord(Base):
     started_at: Mapped[datetime] = mapped_column(DateTime, default=utcnow)
     finished_at: Mapped[datetime | None] = mapped_column(DateTime, nullable=True)
     duration_s: Mapped[float | None] = mapped_column(Float, nullable=True)
+    repeat_of: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    """The earlier trial whose timing this one copies: its configuration was timed already, so it was not run."""
 
     run: Mapped[Run] = relationship(back_populates="trials")
     measurements: Mapped[list[Measurement]] = relationship(
@@ -133,4 +137,21 @@ class Artifact(Base):
     name: Mapped[str] = mapped_column(String(255))
     path: Mapped[str] = mapped_column(Text, default="")
     content: Mapped[bytes] = mapped_column(LargeBinary)
+    created_at: Mapped[datetime] = mapped_column(DateTime, default=utcnow)
+
+
+class FailedFlagSet(Base):
+    """A server launch that failed in a way a rerun of the same flags would repeat (refused flags, OOM, crash)."""
+
+    __tablename__ = "tuner_failed_flags"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    key: Mapped[str] = mapped_column(String(64), index=True)
+    """A hash of everything that makes the launch what it is: server version, command, environment, flags, GPUs."""
+    run_id: Mapped[int] = mapped_column(ForeignKey("tuner_runs.id", ondelete="CASCADE"), index=True)
+    trial_number: Mapped[int] = mapped_column(Integer)
+    outcome: Mapped[str] = mapped_column(String(32))
+    reason: Mapped[str] = mapped_column(Text, default="")
+    args: Mapped[list] = mapped_column(JSON, default=list)
+    server_version: Mapped[str] = mapped_column(String(255), default="")
     created_at: Mapped[datetime] = mapped_column(DateTime, default=utcnow)

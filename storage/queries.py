@@ -80,7 +80,8 @@ def trial_page(
                 ids = list(s.scalars(page.offset(offset).limit(limit)))
             if limit is None or len(ids) < limit:
                 rest = ids_of.where(col.is_(None)).order_by(TrialRecord.number)
-                ids += s.scalars(rest.offset(max(0, offset - present)).limit(None if limit is None else limit - len(ids)))
+                room = None if limit is None else limit - len(ids)
+                ids += s.scalars(rest.offset(max(0, offset - present)).limit(room))
         load = select(TrialRecord).where(TrialRecord.id.in_(ids))
         if with_measurements:
             load = load.options(selectinload(TrialRecord.measurements))
@@ -88,10 +89,11 @@ def trial_page(
     return total, [rows[i] for i in ids]
 
 
-def config_runs(repo: Repo, run_id: int, params: dict, *, repeat_mark: str = "not run again") -> list[int]:
-    """Numbers of the ``ok`` trials that measured exactly these params (not answered from an earlier timing,
-    whose reason holds ``repeat_mark``): the runs a recorded best's median is taken over."""
-    q = select(TrialRecord.number, TrialRecord.params, TrialRecord.reason).where(
-        TrialRecord.run_id == run_id, TrialRecord.outcome == "ok", TrialRecord.value.is_not(None))
+def config_runs(repo: Repo, run_id: int, params: dict) -> list[int]:
+    """Numbers of the ``ok`` trials that measured exactly these params (not answered from an earlier timing:
+    ``repeat_of`` unset): the runs a recorded best's median is taken over."""
+    q = select(TrialRecord.number, TrialRecord.params).where(
+        TrialRecord.run_id == run_id, TrialRecord.outcome == "ok", TrialRecord.value.is_not(None),
+        TrialRecord.repeat_of.is_(None))
     with repo.session() as s:
-        return sorted(n for n, p, reason in s.execute(q) if p == params and repeat_mark not in (reason or ""))
+        return sorted(n for n, p in s.execute(q) if p == params)

@@ -10,16 +10,7 @@ from sqlalchemy.engine import Engine
 from sqlalchemy.orm import Session, selectinload, sessionmaker
 
 from storage.engine import make_engine
-from storage.models import (
-    OUTCOMES,
-    Artifact,
-    Base,
-    Event,
-    Measurement,
-    Run,
-    TrialRecord,
-    utcnow,
-)
+from storage.models import OUTCOMES, Artifact, Base, Event, FailedFlagSet, Measurement, Run, TrialRecord, utcnow
 from storage.names import check_study_name
 from storage.segments import (
     EARLIER_SEGMENTS,
@@ -29,6 +20,8 @@ from storage.segments import (
 from storage.types import MetricRow
 
 _logger = logging.getLogger(__name__)
+_UPGRADED: set[str] = set()
+"""Database URLs this process already brought up to the current tables (see ``storage.migrate``)."""
 
 
 class Repo:
@@ -44,11 +37,28 @@ class Repo:
             engine = make_engine(url, pool_size=pool_size, create=create)
         self.engine = engine
         self._session = sessionmaker(engine, expire_on_commit=False)
+        self._upgrade_once()
 
     # -- schema -------------------------------------------------------------------------------------------
     def create_schema(self) -> None:
         """Create the ``tuner_`` tables if missing. Called once by the process that starts a search."""
         Base.metadata.create_all(self.engine)
+        self._upgrade_once(force=True)
+
+    def _upgrade_once(self, force: bool = False) -> None:
+        """An existing database from an older ``tuner`` gets the columns added since (once per URL and process)."""
+        key = str(self.engine.url)
+        if key in _UPGRADED and not force:
+            return
+        from storage.migrate import missing_columns, upgrade
+
+        try:
+            if missing_columns(self.engine):
+                upgrade(self.engine)
+        except Exception as exc:  # noqa: BLE001 - e.g. a read-only file: reads of the old columns still work
+            _logger.warning("storage %s could not be upgraded: %s", self.engine.url, str(exc).splitlines()[0])
+            return
+        _UPGRADED.add(key)
 
     def has_schema(self) -> bool:
         from sqlalchemy import inspect
@@ -119,6 +129,11 @@ class Repo:
             if environment is not None:
                 run.environment = environment
 
+    def set_baseline(self, run_id: int, value: float) -> None:
+        """Record the baseline's value every ratio uses (the median over its runs, once it was re-run)."""
+        with self.session() as s, s.begin():
+            s.execute(update(Run).where(Run.id == run_id).values(baseline_value=value))
+
     def set_best(self, run_id: int, number: int, value: float) -> None:
         """Record the run's chosen best (e.g. the best median over confirmation re-runs, not the luckiest timing)."""
         with self.session() as s, s.begin():
@@ -161,8 +176,10 @@ class Repo:
         log_excerpt: str = "",
         metrics: Iterable[MetricRow] = (),
         duration_s: float | None = None,
+        repeat_of: int | None = None,
     ) -> bool:
-        """Record how a trial ended; return True when it is the run's new best (``ok`` outcomes only)."""
+        """Record how a trial ended; return True when it is the run's new best (``ok`` outcomes only).
+        ``repeat_of``: the earlier trial whose timing this one copies (the configuration was not run again)."""
         if outcome not in OUTCOMES:
             raise ValueError(f"`outcome` must be one of {OUTCOMES}, but got {outcome!r}.")
         state = "complete" if outcome == "ok" else ("pruned" if outcome == "pruned" else "failed")
@@ -179,6 +196,7 @@ class Repo:
             rec.log_excerpt = log_excerpt[-8000:]
             rec.finished_at = utcnow()
             rec.duration_s = duration_s
+            rec.repeat_of = repeat_of
             s.flush()
             for m in metrics:
                 s.add(Measurement(trial_id=rec.id, metric=m.metric, level=m.level, value=m.value, unit=m.unit))
@@ -262,6 +280,21 @@ class Repo:
                 .order_by(TrialRecord.number)
                 .limit(1)
             )
+
+    # -- failed flag sets ---------------------------------------------------------------------------------
+    def remember_failed_flags(self, run_id: int, trial_number: int, *, key: str, outcome: str, reason: str,
+                              args: Sequence[str], server_version: str = "") -> None:
+        """Keep a launch that failed (``key`` names the server, command, environment and flags)."""
+        with self.session() as s:
+            s.add(FailedFlagSet(key=key, run_id=run_id, trial_number=trial_number, outcome=outcome,
+                                reason=reason[:2000], args=list(args), server_version=server_version))
+            s.commit()
+
+    def failed_flags(self, key: str) -> FailedFlagSet | None:
+        """The latest failure of the launch ``key`` in this database (any study), or ``None``."""
+        with self.session() as s:
+            q = select(FailedFlagSet).where(FailedFlagSet.key == key).order_by(FailedFlagSet.id.desc()).limit(1)
+            return s.scalars(q).first()
 
     def mark_stale_running(self, run_id: int, *, reason: str) -> list[int]:
         """Turn trials left ``running`` by a dead process into ``crash`` failures; return their numbers."""

@@ -15,6 +15,7 @@ OUTCOMES = (
     "crash",
     "wrong_result",
     "pruned",
+    "request_error",
 )
 """Every outcome class a trial can end with. ``ok`` is the only one that carries an objective value."""
 

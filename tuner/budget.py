@@ -6,12 +6,10 @@ import re
 import time
 from dataclasses import dataclass
 
+from tuner.errors import BudgetError
+
 _PART = re.compile(r"(\d+(?:\.\d+)?)([hms])")
 _UNITS = {"h": 3600.0, "m": 60.0, "s": 1.0}
-
-
-class BudgetError(ValueError):
-    """A budget string that cannot be used."""
 
 
 def parse_budget(text: str) -> float:

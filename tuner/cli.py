@@ -6,6 +6,7 @@ the fix, and exit code 2.
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import os
@@ -33,15 +34,20 @@ def fail(message: str, code: int = 2) -> None:
     raise typer.Exit(code)
 
 
-def _user_errors():
-    from search_spaces import SpaceError
-    from storage import StorageError, StudyNameError
-    from tuner.budget import BudgetError
-    from tuner.export import ExportError
-    from tuner.search import SearchError
-    from tuner.targets import TargetError
+def reported(command):
+    """Wrap a command: a :class:`TunerError` (a space or storage error too, through ``tuner_errors``) ends it with
+    one ``error:`` line and exit code 2."""
+    from tuner.errors import TunerError, tuner_errors
 
-    return (SpaceError, StorageError, StudyNameError, BudgetError, ExportError, SearchError, TargetError)
+    @functools.wraps(command)
+    def run(*args, **kwargs):
+        try:
+            with tuner_errors():
+                return command(*args, **kwargs)
+        except TunerError as exc:
+            fail(str(exc))
+
+    return run
 
 
 def _parse_sets(items: list[str]) -> dict[str, Any]:
@@ -66,6 +72,7 @@ def _setup_logging(verbose: bool) -> None:
 
 
 @app.command()
+@reported
 def search(
     budget: Annotated[str, typer.Option("--budget", help="Wall-clock budget, export included: 90s, 10m, 2h, 1h30m.")],
     space: Annotated[Optional[str], typer.Option("--space", help="Search space YAML (default: dsv4_flash on a GPU, "
@@ -85,13 +92,17 @@ def search(
                                                 "one-change moves from the best so far (0 turns it off).")] = 0.25,
     workers: Annotated[int, typer.Option("--workers", help="Local workers running trials in parallel.")] = 1,
     gpus: Annotated[Optional[str], typer.Option("--gpus", help="GPU ids the workers lease from, e.g. 0,1,2,3.")] = None,
+    warm_start: Annotated[Optional[str], typer.Option("--warm-start", help="URL#STUDY of a twin (workload) study: "
+                                                      "its best configurations, translated to this space's flags, "
+                                                      "run first.")] = None,
     verbose: Annotated[bool, typer.Option("--verbose", "-v")] = False,
 ) -> None:
     """Search for the fastest configuration within a wall-clock budget, then export it."""
     _setup_logging(verbose)
     from tuner.budget import parse_budget
     from tuner.progress import RichProgress
-    from tuner.search import SearchOptions, run_search
+    from tuner.search.context import SearchOptions
+    from tuner.search.driver import run_search
 
     if study is not None:
         from storage.names import StudyNameError, check_study_name
@@ -111,7 +122,7 @@ def search(
              "turns it off")
     gpu_ids = None
     if gpus is not None:
-        from tuner.leases import parse_gpu_ids
+        from tuner.search.leases import parse_gpu_ids
 
         try:
             gpu_ids = parse_gpu_ids(gpus)
@@ -121,11 +132,8 @@ def search(
         opts = SearchOptions(budget_s=parse_budget(budget), storage_url=storage, study=study, space_path=space,
                              target=target, resume=resume, seed=seed, out_dir=out, settings=settings,
                              n_trials=n_trials, dry_run=dry_run, confirm_top=confirm_top,
-                             refine_share=refine_share, workers=workers, gpus=gpu_ids)
+                             refine_share=refine_share, workers=workers, gpus=gpu_ids, warm_start=warm_start)
         result = run_search(opts, progress)
-    except _user_errors() as exc:
-        progress.stop()
-        fail(str(exc))
     finally:
         progress.stop()
     if dry_run:
@@ -133,10 +141,14 @@ def search(
             console.print(line, highlight=False, markup=False)
         raise typer.Exit(0 if result.preflight.ok else 2)
     _print_result(result)
+    if not hasattr(result, "summary_lines") and (result.best is None or result.state == "failed"):
+        counts = ", ".join(f"{k} {v}" for k, v in sorted(_count(result.trials).items())) or "no trial"
+        err_console.print(f"error: {'the search gave up' if result.state == 'failed' else 'no trial succeeded'} "
+                          f"({counts}); `tuner status` lists each trial's reason", highlight=False, markup=False)
+        raise typer.Exit(1)
 
 
 def _print_result(result) -> None:
-    from tuner.sampling import is_repeat
 
     if hasattr(result, "summary_lines"):  # a kernel search: one line per kernel x shape case
         for line in result.summary_lines():
@@ -146,13 +158,16 @@ def _print_result(result) -> None:
                   + (f" ({result.stop_reason})" if result.stop_reason else "")
                   + f": {len(result.trials)} trials, "
                   + ", ".join(f"{k} {v}" for k, v in sorted(_count(result.trials).items())))
+    if result.note:
+        console.print(f"note: {result.note}", highlight=False)
     if result.best is None:
-        console.print("no trial succeeded; see `tuner status` for the failures")
         return
-    ratio = f" = {result.speedup:.2f}x baseline ({result.baseline_value:.2f})" if result.speedup else ""
-    runs = [t.value for t in result.trials if t.outcome == "ok" and t.params == result.best_params
-            and t.value is not None and not is_repeat(t.reason)]
-    spread = (f" (median of {len(runs)} runs, {min(runs):.2f}-{max(runs):.2f})" if len(runs) > 1 else "")
+    ratio = (f" = {result.speedup:.2f}x the baseline's median ({result.baseline_value:.2f}, "
+             f"{len(result.baseline_runs)} run(s))" if result.speedup else "")
+    values = {t.number: t.value for t in result.trials}
+    runs = [values[n] for n in result.best_runs if values.get(n) is not None]
+    spread = (f" (median of {len(runs)} runs, {min(runs):.2f}-{max(runs):.2f}, spread {result.best_spread:.1%})"
+              if len(runs) > 1 else " (one run)")
     console.print(f"best: trial {result.best.number}, {result.best_value:.2f}{spread}{ratio}")
     for k, v in result.best_params.items():
         console.print(f"  {k} = {v}", highlight=False)
@@ -186,6 +201,7 @@ def _open(storage: str, study: str | None):
 
 
 @app.command()
+@reported
 def status(storage: StorageOpt = "sqlite:///tuner.db", study: StudyOpt = None,
            all_: Annotated[bool, typer.Option("--all", help="List every study.")] = False,
            sort: Annotated[str, typer.Option("--sort", help="number | value | duration (missing values last).")
@@ -202,52 +218,61 @@ def status(storage: StorageOpt = "sqlite:///tuner.db", study: StudyOpt = None,
         fail(f"--sort {sort!r} is not one of {', '.join(SORT_KEYS)}; e.g. --sort value --desc")
     if (limit is not None and limit < 1) or offset < 0:
         fail(f"--limit must be >= 1 and --offset >= 0, but got --limit {limit} --offset {offset}")
+    if all_ or study is None:
+        from storage import Repo
 
-    try:
-        if all_ or study is None:
-            from storage import Repo
-
-            repo = Repo(storage, create=False)
-            runs = repo.list_runs() if repo.has_schema() else []
-            table = Table("study", "target", "state", "elapsed", "trials", "best", "x baseline")
-            for r in runs:
-                n = repo.count_trials(r.id)
-                ratio = f"{r.best_value / r.baseline_value:.2f}" if r.best_value and r.baseline_value else "-"
-                table.add_row(r.study_name, r.target, r.state, f"{elapsed_s(r):.0f}s", str(n),
-                              f"{r.best_value:.2f}" if r.best_value is not None else "-", ratio)
-            console.print(table)
-            if not (all_ or study is None) or not runs:
-                return
-            if study is None and len(runs) > 1:
-                return
-        repo, run = _open(storage, study)
-        counts = repo.outcome_counts(run.id)
-        console.print(f"study {run.study_name}: {run.state}, target {run.target}, objective {run.objective}; "
-                      + ", ".join(f"{k} {v}" for k, v in sorted(counts.items())))
-        total, page = trial_page(repo, run.id, sort=sort, descending=desc, offset=offset, limit=limit)
-        table = Table("#", "outcome", "value", "x base", "s", "params / reason",
-                      caption=f"trials {offset + 1}-{offset + len(page)} of {total}" if len(page) < total else None)
-        for t in page:
-            ratio = f"{t.value / run.baseline_value:.2f}" if t.value and run.baseline_value else ""
-            detail = ", ".join(f"{k}={v}" for k, v in t.params.items())
-            if t.outcome not in ("ok", None) and t.reason:
-                detail += f" — {t.reason[:100]}"
-            table.add_row(str(t.number) + (" b" if t.is_baseline else ""), t.outcome or t.state,
-                          f"{t.value:.2f}" if t.value is not None else "", ratio,
-                          f"{t.duration_s:.1f}" if t.duration_s else "", detail)
+        repo = Repo(storage, create=False)  # a read-only command never creates a database
+        runs = repo.list_runs() if repo.has_schema() else []
+        table = Table("study", "target", "state", "elapsed", "trials", "best", "x baseline")
+        for r in runs:
+            n = repo.count_trials(r.id)
+            ratio = f"{r.best_value / r.baseline_value:.2f}" if r.best_value and r.baseline_value else "-"
+            table.add_row(r.study_name, r.target, r.state, f"{elapsed_s(r):.0f}s", str(n),
+                          f"{r.best_value:.2f}" if r.best_value is not None else "-", ratio)
         console.print(table)
-    except _user_errors() as exc:
-        fail(str(exc))
+        if not (all_ or study is None) or not runs:
+            return
+        if study is None and len(runs) > 1:
+            return
+    repo, run = _open(storage, study)
+    counts = repo.outcome_counts(run.id)
+    console.print(f"study {run.study_name}: {run.state}, target {run.target}, objective {run.objective}; "
+                  + ", ".join(f"{k} {v}" for k, v in sorted(counts.items())))
+    total, trials = trial_page(repo, run.id, sort=sort, descending=desc, offset=offset, limit=limit,
+                               with_measurements=True)
+    num = {t.number: m.value for t in trials for m in t.measurements if m.metric == "numerics_rel_err"}
+    table = Table("#", "outcome", "value", "x base", "s", "start/warm/measure s", *(["num. err"] if num else []),
+                  "params / reason",
+                  caption=f"trials {offset + 1}-{offset + len(trials)} of {total}" if len(trials) < total else None)
+    for t in trials:
+        ratio = f"{t.value / run.baseline_value:.2f}" if t.value and run.baseline_value else ""
+        detail = ", ".join(f"{k}={v}" for k, v in t.params.items())
+        if t.outcome not in ("ok", None) and t.reason:
+            detail += f" — {t.reason[:300]}"
+        table.add_row(str(t.number) + (" b" if t.is_baseline else ""), t.outcome or t.state,
+                      f"{t.value:.2f}" if t.value is not None else "", ratio,
+                      f"{t.duration_s:.1f}" if t.duration_s else "", _time_split(t.measurements),
+                      *([f"{num[t.number]:.2g}" if t.number in num else ""] if num else []), detail)
+    console.print(table)
+
+
+def _time_split(measurements) -> str:
+    """``14.6/1.2/6.0``: a server trial's start-up, warm-up and measurement seconds (all levels); empty for others."""
+    got = {m.metric: 0.0 for m in measurements if m.metric in ("startup_s", "warmup_s", "measure_s")}
+    for m in measurements:
+        if m.metric in got:
+            got[m.metric] += m.value
+    if not got:
+        return ""
+    return "/".join(f"{got[k]:.1f}" if k in got else "-" for k in ("startup_s", "warmup_s", "measure_s"))
 
 
 @app.command()
+@reported
 def best(storage: StorageOpt = "sqlite:///tuner.db", study: StudyOpt = None,
          as_json: Annotated[bool, typer.Option("--json")] = False) -> None:
     """Print the best trial's parameters and figures."""
-    try:
-        repo, run = _open(storage, study)
-    except _user_errors() as exc:
-        fail(str(exc))
+    repo, run = _open(storage, study)
     if run.best_trial_number is None:
         fail(f"study {run.study_name!r} has no successful trial yet")
     t = repo.get_trial(run.id, run.best_trial_number)
@@ -262,30 +287,37 @@ def best(storage: StorageOpt = "sqlite:///tuner.db", study: StudyOpt = None,
                   + (f" = {doc['speedup']:.2f}x baseline ({run.baseline_value:.2f})" if doc["speedup"] else ""))
     for k, v in t.params.items():
         console.print(f"  {k} = {v}", highlight=False)
+    err = doc["metrics"].get("numerics_rel_err")
+    if err is not None:
+        console.print(f"numerics: output differs from the baseline configuration's by {err:.3g} (relative norm "
+                      f"error; tolerance {doc['metrics'].get('numerics_tolerance', float('nan')):.3g})",
+                      highlight=False)
 
 
 @app.command()
+@reported
 def export(storage: StorageOpt = "sqlite:///tuner.db", study: StudyOpt = None,
            out: Annotated[str, typer.Option("--out", "-o", help="Destination folder.")] = "tuner-out") -> None:
     """Write the best configuration's launch script, parameters and kernel configs."""
     from search_spaces import load_space_text, resolve
-    from tuner.export import export_run
+    from tuner.export.script import export_run
+    from tuner.settings import target_settings
     from tuner.targets import get_target_class
 
-    try:
-        repo, run = _open(storage, study)
-        from search_spaces import detect_hardware
+    repo, run = _open(storage, study)
+    from search_spaces import detect_hardware
 
-        space = load_space_text(run.space_yaml, source=run.settings.get("space_path", run.space_name))
-        target = get_target_class(run.target)(resolve(space, detect_hardware()), run.settings)
-        dest = export_run(repo, run.study_name, out, target=target)
-    except _user_errors() as exc:
-        fail(str(exc))
+    space = load_space_text(run.space_yaml, source=run.settings.get("space_path", run.space_name))
+    target = get_target_class(run.target)(resolve(space, detect_hardware()), target_settings(run.settings))
+    from tuner.search.parsimony import parsimony_for_run
+
+    dest = export_run(repo, run.study_name, out, target=target, parsimony=parsimony_for_run(repo, run))
     console.print(f"exported study {run.study_name} to {dest}")
     console.print(f"launch script: {dest / 'launch.sh'}")
 
 
 @app.command()
+@reported
 def serve(storage: Annotated[str | None, typer.Option(
               "--storage", help="SQLAlchemy URL of the study database [default: TUNER_API_STORAGE_URL, else "
               "TUNER_STORAGE, else sqlite:///tuner.db].")] = None,
@@ -315,12 +347,11 @@ def serve(storage: Annotated[str | None, typer.Option(
     except ValidationError as exc:
         err = exc.errors()[0]
         fail(f"API setting {'.'.join(map(str, err.get('loc', ())))}: {err.get('msg')}; fix the TUNER_API_* variable")
-    except _user_errors() as exc:
-        fail(str(exc))
     uvicorn.run(app_, host=settings.host, port=settings.port, log_level="info")
 
 
 @app.command()
+@reported
 def explain(storage: StorageOpt = "sqlite:///tuner.db", study: StudyOpt = None,
             level: Annotated[Optional[int], typer.Option("--level", help="Only this concurrency level.")] = None,
             no_profile: Annotated[bool, typer.Option("--no-profile", help="Importances only.")] = False,
@@ -332,8 +363,8 @@ def explain(storage: StorageOpt = "sqlite:///tuner.db", study: StudyOpt = None,
             ) -> None:
     """Why the best configuration won: parameter importances and baseline-vs-best op profiles."""
     _setup_logging(False)
-    from tuner.explain import ablate as run_ablate
     from tuner.explain import VIEWS
+    from tuner.explain import ablate as run_ablate
     from tuner.explain import explain as run_explain
 
     views = tuple(v.strip() for v in ablate_views.split(",") if v.strip())
@@ -356,7 +387,7 @@ def explain(storage: StorageOpt = "sqlite:///tuner.db", study: StudyOpt = None,
             except KeyboardInterrupt:
                 ex.notes.append(f"the ablation was interrupted after {len(ex.alone) + len(ex.ablation)} re-runs; "
                                 "the tables hold those")
-    except (ValueError, *_user_errors()) as exc:
+    except ValueError as exc:
         fail(str(exc))
     text = ex.markdown()
     console.print(text, highlight=False, markup=False)
@@ -377,19 +408,17 @@ def _write_report(path: str, text: str) -> None:
 
 
 @app.command()
+@reported
 def verify(script: Annotated[Path, typer.Argument(help="An exported launch.sh.")],
            tolerance: Annotated[float, typer.Option("--tolerance", help="Allowed shortfall, 0.15 = 15%.")] = 0.15,
            timeout: Annotated[str, typer.Option("--timeout", help="Wall-clock limit: 90s, 10m, 1h.")] = "1h") -> None:
     """Run an exported launch script once and compare with the figures it recorded (exit 1 when off)."""
     from tuner.budget import parse_budget
-    from tuner.verify import verify as run_verify
+    from tuner.export.verify import verify as run_verify
 
     if not (0 < tolerance < 1):
         fail(f"--tolerance must be between 0 and 1, but got {tolerance}; e.g. --tolerance 0.15")
-    try:
-        res = run_verify(script, tolerance=tolerance, timeout_s=parse_budget(timeout))
-    except _user_errors() as exc:
-        fail(str(exc))
+    res = run_verify(script, tolerance=tolerance, timeout_s=parse_budget(timeout))
     for line in res.lines():
         console.print(line, highlight=False, markup=False)
     raise typer.Exit(0 if res.ok else 1)

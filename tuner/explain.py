@@ -15,7 +15,7 @@ import optuna
 
 from storage import Repo
 from storage.models import Run, TrialRecord
-from tuner.sampling import is_repeat
+from tuner.settings import target_settings
 
 if TYPE_CHECKING:
     from search_spaces import Objective
@@ -32,7 +32,7 @@ class Explanation:
     importance_trials: int = 0
     """How many successful trials the importances come from."""
     profiles: dict[str, dict] = field(default_factory=dict)
-    """``{"baseline": profile, "best": profile}`` from ``tuner.workload.profile``."""
+    """``{"baseline": profile, "best": profile}`` from ``tuner.targets.workload.profile``."""
     notes: list[str] = field(default_factory=list)
     baseline_params: dict[str, Any] = field(default_factory=dict)
     best_params: dict[str, Any] = field(default_factory=dict)
@@ -50,6 +50,14 @@ class Explanation:
     """Trials the search itself ran one value away from the best (its refinement's moves, or TPE's): ``{"param",
     "best", "other", "trial", "ratio"}``, ``ratio`` = the best's objective over that trial's (inverse when minimized):
     > 1 when the best's value wins. No re-run: the search's own timings."""
+
+    numerics: dict[str, Any] = field(default_factory=dict)
+    """The numerics gate's errors (workload): ``{"best": err, "tolerance": tol, "rows": [{"param", "value",
+    "trials", "max_err"}], "wrong": [{"trial", "params", "err"}]}``, errors relative to the baseline's output."""
+
+    predicted: list[dict] = field(default_factory=list)
+    """Warm-started trials of a server study: ``{"trial", "twin_study", "twin_trial", "level", "predicted",
+    "measured"}``, each a ratio to its own study's baseline (the twin's prediction, the server's measurement)."""
 
     def markdown(self) -> str:
         out = [f"# Why the best configuration of `{self.study}` won", ""]
@@ -106,8 +114,38 @@ class Explanation:
             out += _ratio_table("What each change is worth: the best with one parameter put back to its baseline "
                                 "value", "best → baseline value", "x slower", self.ablation, "loss",
                                 sorted(self.best_by_level), reverse=True)
+        out += self._numerics_lines()
+        if self.predicted:
+            out += ["## Predicted by the twin against measured on the server (x each study's own baseline)", "",
+                    "| trial | twin trial | level | predicted | measured | measured / predicted |",
+                    "| --- | --- | --- | --- | --- | --- |"]
+            out += [f"| {r['trial']} | {r['twin_study']}#{r['twin_trial']} | {r['level']} | {r['predicted']:.2f}x | "
+                    + (f"{r['measured']:.2f}x | {r['measured'] / r['predicted']:.2f} |" if r["measured"] is not None
+                       else f"{r['outcome']} | - |") for r in self.predicted]
+            out.append("")
         out += [f"- {n}" for n in self.notes]
         return "\n".join(out) + "\n"
+
+    def _numerics_lines(self) -> list[str]:
+        n = self.numerics
+        if not n:
+            return []
+        out = ["## Numerics: each step's output against the baseline configuration's (relative norm error)", ""]
+        if n.get("best") is not None:
+            tol = n.get("tolerance")
+            out += [f"The best's output differs from the baseline's by {n['best']:.3g}"
+                    + (f" (tolerance {tol:.3g})." if tol is not None else "."), ""]
+        if n.get("rows"):
+            out += ["Largest error among the successful trials, per parameter value:", "",
+                    "| parameter | value | trials | max rel. error |", "| --- | --- | --- | --- |"]
+            out += [f"| {r['param']} | {r['value']} | {r['trials']} | {r['max_err']:.3g} |" for r in n["rows"]]
+            out.append("")
+        for w in n.get("wrong", []):
+            out.append(f"- trial {w['trial']} was wrong_result (error {w['err']:.3g}): "
+                       + ", ".join(f"{k}={v}" for k, v in w["params"].items()))
+        if n.get("wrong"):
+            out.append("")
+        return out
 
     def _in_short(self) -> list[str]:
         """The report's answer first: per level, the largest change alone and the costliest to undo (measured by
@@ -119,8 +157,9 @@ class Explanation:
             stages = (self.profiles.get(name) or {}).get("stages") or []
             if stages:
                 top = stages[0]
+                prof = self.profiles[name]
                 steps.append(f"the {name}'s step spends {100 * top['share']:.1f}% in the {top['stage']} stage "
-                             f"({self.profiles[name]['total_us'] / 1e3:.2f} ms at batch {self.profiles[name]['batch']})")
+                             f"({prof['total_us'] / 1e3:.2f} ms at batch {prof['batch']})")
         if steps:
             lines.append("Profiled: " + "; ".join(steps) + ".")
         if lines and not self.alone and not self.ablation:
@@ -191,7 +230,7 @@ def explain(storage_url: str, study: str, *, profile: bool = True, level: int | 
             timeout_s: float = 300.0) -> Explanation:
     """Importances from the study's successful trials; profiles of baseline and best (workload target only)."""
     from search_spaces import load_space_text
-    from tuner.search import open_optuna_storage
+    from tuner.search.context import open_optuna_storage
 
     repo = Repo(storage_url)
     run = repo.get_run(study)
@@ -201,7 +240,7 @@ def explain(storage_url: str, study: str, *, profile: bool = True, level: int | 
     frozen = ostudy.get_trials(deepcopy=False)
     ok = repo.list_trials(run.id, outcome="ok", with_measurements=True)
     ex = Explanation(study=study)
-    objective = {t.number: t.value for t in ok if t.value is not None and not is_repeat(t.reason)}
+    objective = {t.number: t.value for t in ok if t.value is not None and t.repeat_of is None}
     ex.importances["objective"] = _importances(frozen, objective)
     ex.importance_trials = len(objective)
     levels = sorted({m.level for t in ok for m in t.measurements if m.metric == "tok_s" and m.level},
@@ -210,7 +249,7 @@ def explain(storage_url: str, study: str, *, profile: bool = True, level: int | 
         levels = [lv for lv in levels if lv == f"c={level}"]
     for lv in levels:
         vals = {t.number: m.value for t in ok for m in t.measurements if m.metric == "tok_s" and m.level == lv
-                and not is_repeat(t.reason)}
+                and t.repeat_of is None}
         ex.importances[f"tok/s at {lv}"] = _importances(frozen, vals)
     if not any(ex.importances.values()):
         ex.notes.append("fewer than 3 successful trials with varying parameters: no importances yet")
@@ -221,6 +260,8 @@ def explain(storage_url: str, study: str, *, profile: bool = True, level: int | 
     if best is not None and best.value:
         space = load_space_text(run.space_yaml, source=run.space_name)
         ex.neighbours = _neighbours(space, best, ok, space.objective.direction)
+    ex.numerics = numerics_summary(repo, run.id, best)
+    ex.predicted = predicted_vs_measured(repo, run, base, frozen, ex.notes)
     if profile and run.target == "workload" and base and best:
         prof_level = level or max((int(lv.split("=")[1]) for lv in levels), default=64)
         for name, trial in (("baseline", base), ("best", best)):
@@ -233,13 +274,80 @@ def explain(storage_url: str, study: str, *, profile: bool = True, level: int | 
     return ex
 
 
+def predicted_vs_measured(repo: Repo, run: Run, base: TrialRecord | None, frozen, notes: list[str]) -> list[dict]:
+    """For each warm-started trial (``--warm-start``), the twin trial's ratio to the twin's baseline (predicted) and
+    the server trial's ratio to the server's baseline (measured), per level of the objective's metric."""
+    from tuner.search.warm_start import WARM_ATTR
+
+    warm = {t.number: t.user_attrs[WARM_ATTR] for t in frozen if WARM_ATTR in t.user_attrs}
+    if not warm:
+        return []
+
+    def by_level(t: TrialRecord | None) -> dict[str, float]:
+        return {m.level: m.value for m in (t.measurements if t else []) if m.metric == "tok_s" and m.level}
+
+    rows = []
+    twins: dict[tuple[str, str], tuple[Repo, Run, TrialRecord | None] | None] = {}
+    server_base = by_level(base)
+    for number, src in sorted(warm.items()):
+        key = (src["url"], src["study"])
+        if key not in twins:
+            try:
+                trepo = Repo(src["url"])
+                trun = trepo.get_run(src["study"])
+                twins[key] = (trepo, trun, trepo.baseline_trial(trun.id)) if trun else None
+            except Exception as exc:  # noqa: BLE001 - the twin's storage may be gone: say so, keep the rest
+                notes.append(f"the twin study {src['study']} at {src['url']} cannot be read ({exc}); no predictions")
+                twins[key] = None
+        if twins[key] is None:
+            continue
+        trepo, trun, tbase = twins[key]
+        twin_levels, twin_base = by_level(trepo.get_trial(trun.id, src["trial"])), by_level(tbase)
+        trial = repo.get_trial(run.id, number)
+        measured = by_level(trial)
+        for lv in sorted(twin_levels, key=lambda s: int(s.split("=")[1]) if s.startswith("c=") else 0):
+            if not twin_base.get(lv) or lv not in server_base:  # levels both studies measured
+                continue
+            got = measured.get(lv) / server_base[lv] if measured.get(lv) and server_base.get(lv) else None
+            rows.append({"trial": number, "twin_study": src["study"], "twin_trial": src["trial"], "level": lv,
+                         "predicted": twin_levels[lv] / twin_base[lv], "measured": got,
+                         "outcome": trial.outcome if trial else "not run"})
+    return rows
+
+
+def numerics_summary(repo: Repo, run_id: int, best: TrialRecord | None) -> dict[str, Any]:
+    """The numerics gate's stored errors (``numerics_rel_err``): the best's, the largest per parameter value among
+    the successful trials, and the trials it refused; ``{}`` when the study stored none."""
+    def err(t: TrialRecord) -> float | None:
+        return next((m.value for m in t.measurements if m.metric == "numerics_rel_err"), None)
+
+    def tol(t: TrialRecord) -> float | None:
+        return next((m.value for m in t.measurements if m.metric == "numerics_tolerance"), None)
+
+    ok = [t for t in repo.list_trials(run_id, outcome="ok", with_measurements=True) if err(t) is not None]
+    wrong = [t for t in repo.list_trials(run_id, outcome="wrong_result", with_measurements=True)
+             if err(t) is not None and t.repeat_of is None]
+    if not ok and not wrong:
+        return {}
+    rows: dict[tuple[str, str], dict] = {}
+    for t in ok:
+        for k, v in t.params.items():
+            r = rows.setdefault((k, str(v)), {"param": k, "value": v, "trials": 0, "max_err": 0.0})
+            r["trials"] += 1
+            r["max_err"] = max(r["max_err"], err(t))
+    best_err = err(best) if best is not None else None
+    return {"best": best_err, "tolerance": tol(best) if best is not None else None,
+            "rows": sorted(rows.values(), key=lambda r: (r["param"], -r["max_err"])),
+            "wrong": [{"trial": t.number, "params": t.params, "err": err(t)} for t in wrong]}
+
+
 def _neighbours(space, best: TrialRecord, ok: list[TrialRecord], direction: str) -> list[dict]:
     """The search's ok trials that differ from the best in one parameter (a conditional parameter that comes or goes
     with its parent's change does not count), one row per (parameter, value), the most telling first."""
     children = {p.name: set(p.when.names) for p in space.params if p.when is not None}
     rows: dict[tuple[str, str], dict] = {}
     for t in ok:
-        if t.number == best.number or not t.value or is_repeat(t.reason):
+        if t.number == best.number or not t.value or t.repeat_of is not None:
             continue
         diff = {k for k in best.params.keys() | t.params.keys() if best.params.get(k) != t.params.get(k)}
         diff = {k for k in diff if not (children.get(k, set()) & diff)}
@@ -266,7 +374,7 @@ def ablate(storage_url: str, study: str, *, timeout_s: float = 300.0, level: int
     interrupted ablation has both views of the first parameters. ``on_row`` sees the ranked tables so far after every
     re-run (a report that survives an interrupted ablation)."""
     from search_spaces import Hardware, detect_hardware, load_space_text, resolve
-    from tuner.isolation import TrialJob, run_trial
+    from tuner.execution.isolation import TrialJob, run_trial
 
     bad = [v for v in views if v not in VIEWS]
     if bad or not views:
@@ -289,7 +397,7 @@ def ablate(storage_url: str, study: str, *, timeout_s: float = 300.0, level: int
         ex.notes.append("the baseline has no stored measurements: the changes alone are run, but no gain is given")
     # the ratio of two values, oriented so that > 1 means the first (the better one if the change helps) is better
     better = (lambda a, b: a / b) if space.objective.direction == "maximize" else (lambda a, b: b / a)
-    settings = {k: v for k, v in run.settings.items() if k not in ("pid", "host", "out_dir", "space_path")}
+    settings = target_settings(run.settings)
 
     def rerun(wanted: dict[str, Any]) -> Measurement:
         params = resolved.walk(lambda p: wanted.get(p.name, p.default))
@@ -323,8 +431,15 @@ def ablate(storage_url: str, study: str, *, timeout_s: float = 300.0, level: int
         _logger.info("ablation: %s %s: %s, %s %s", name, what, m.outcome.value, key,
                      {c: round(x, 3) for c, x in ratio.items()})
         _rank(ex)
+        store()
         if on_row is not None:
             on_row(ex)
+
+    def store() -> None:  # the tables so far, for the export to name each flagless knob's measured gain
+        from tuner.export.sglang_command import ABLATION_ARTIFACT
+
+        doc = {"best_trial": best.number, "alone": ex.alone, "undo": ex.ablation}
+        repo.add_artifacts(run.id, [("ablation", ABLATION_ARTIFACT, "", json.dumps(doc, default=str).encode())])
 
     for name, value in best.params.items():
         if base.params.get(name) == value or name not in base.params:
@@ -363,7 +478,7 @@ def _profile(run: Run, params: dict[str, Any], level: int, timeout_s: float) -> 
 
     space = load_space_text(run.space_yaml, source=run.space_name) if run.space_yaml else None
     preset = run.settings.get("preset") or (space.preset if space else "dsv4-flash")
-    argv = [sys.executable, "-m", "tuner.workload.profile", "--preset", preset, "--level", str(level),
+    argv = [sys.executable, "-m", "tuner.targets.workload.profile", "--preset", preset, "--level", str(level),
             "--live-context", str(run.settings.get("live_context", 512))]
     kernel_of = {p.name: p.kernel for p in space.params if p.kernel} if space else {}
     for k, v in params.items():

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import enum
+import re
 from dataclasses import dataclass, field
 
 from storage.types import OUTCOMES, MetricRow
@@ -18,6 +19,9 @@ class Outcome(str, enum.Enum):
     CRASH = "crash"
     WRONG_RESULT = "wrong_result"
     PRUNED = "pruned"
+    REQUEST_ERROR = "request_error"
+    """The server ran, but refused the load's requests (HTTP 4xx): the load settings are at fault, not the
+    configuration (never remembered as a failed flag set)."""
 
 
 assert tuple(o.value for o in Outcome) == OUTCOMES  # one list of outcomes, two spellings (enum and storage)
@@ -68,3 +72,26 @@ class Measurement:
             log=data.get("log", ""),
             duration_s=float(data.get("duration_s", 0.0)),
         )
+
+
+_TRACEBACK = "Traceback (most recent call last):"
+_EXCEPTION = re.compile(r"([A-Za-z_][\w.]*(Error|Exception|Exit|Interrupt|Fault|Failure)|KeyboardInterrupt)(: .*)?")
+
+
+def exception_line(log: str) -> str | None:
+    """The exception line of the last traceback in ``log`` (``OSError: [Errno 98] Address already in use``), the
+    line a reason should quote, never the ``Traceback (most recent call last):`` header; ``None`` without a traceback.
+    A prefix written before the header on every line (``[rank0]: ``) is taken off."""
+    lines = log.splitlines()
+    starts = [i for i, ln in enumerate(lines) if _TRACEBACK in ln]
+    if not starts:
+        return None
+    i = starts[-1]
+    prefix = lines[i][:lines[i].index(_TRACEBACK)]
+    for ln in lines[i + 1:]:
+        if prefix and ln.startswith(prefix):
+            ln = ln[len(prefix):]
+        if ln.strip() and not ln[:1].isspace():
+            return ln.strip()
+    found = [ln.strip() for ln in lines[i + 1:] if _EXCEPTION.match(ln.strip())]
+    return found[-1] if found else None

@@ -11,8 +11,7 @@ from rich.table import Table
 from rich.text import Text
 
 from tuner.budget import format_seconds
-from tuner.sampling import is_repeat
-from tuner.search import Progress, SearchContext, TrialSummary
+from tuner.search.context import Progress, SearchContext, TrialSummary
 
 
 def _fmt_params(params: dict[str, Any], width: int = 110) -> str:
@@ -54,7 +53,7 @@ class RichProgress(Progress):
             val = f"{summary.value:.2f}" if summary.value is not None else "-"
             ratio = f" ({summary.value / base.value:.2f}x baseline)" if (summary.value and base and base.value) else ""
             tag = " [baseline]" if summary.is_baseline else ""
-            if is_repeat(summary.reason):
+            if summary.repeat_of is not None:
                 tag = " [" + summary.reason.split(":")[0] + "]"
             reason = f" — {summary.reason[:120]}" if summary.outcome != "ok" and summary.reason else ""
             self.console.print(f"trial {summary.number:>3} {summary.outcome:<16} {val}{ratio} "

@@ -20,7 +20,6 @@ import typer
 
 _logger = logging.getLogger(__name__)
 
-_BOOKKEEPING_SETTINGS = ("pid", "host", "out_dir", "space_path")
 
 
 def open_worker_context(storage_url: str, study_name: str, *, budget_s: float | None = None,
@@ -28,17 +27,30 @@ def open_worker_context(storage_url: str, study_name: str, *, budget_s: float | 
                         seed: int | None = None):
     """Load ``study_name`` from ``storage_url`` into a ``SearchContext`` for one worker process.
 
-    Returns ``(ctx, storage)``. Raises ``tuner.workers.WorkerError`` (no such study, SQLite) or
+    Returns ``(ctx, storage)``. Raises ``tuner.search.parallel.WorkerError`` (no such study, SQLite) or
     ``storage.StorageError`` (unreachable database) with the fix in the message.
     """
 
     from search_spaces import detect_hardware, load_space, load_space_text, resolve
     from storage import Repo
     from tuner.budget import Deadline
-    from tuner.search import SearchContext, SearchOptions, load_history, make_pruner, make_sampler
+    from tuner.errors import WorkerError
+    from tuner.search.context import (
+        SearchContext,
+        SearchOptions,
+        load_history,
+        make_pruner,
+        make_sampler,
+    )
+    from tuner.search.parallel import (
+        RetryingRepo,
+        StaleTrialHandler,
+        is_sqlite,
+        load_worker_study,
+        open_worker_storage,
+    )
+    from tuner.settings import target_settings
     from tuner.targets import get_target_class
-    from tuner.workers import (RetryingRepo, StaleTrialHandler, WorkerError, is_sqlite, load_worker_study,
-                               open_worker_storage)
 
     if is_sqlite(storage_url):
         raise WorkerError(f"--storage {storage_url!r} is SQLite, which one process only may write; several "
@@ -57,7 +69,7 @@ def open_worker_context(storage_url: str, study_name: str, *, budget_s: float | 
         space = load_space(space_source)
     hardware = detect_hardware()
     resolved = resolve(space, hardware)
-    settings = {k: v for k, v in settings_all.items() if k not in _BOOKKEEPING_SETTINGS}
+    settings = target_settings(settings_all)
     target = get_target_class(run.target)(resolved, settings)
     started = run.started_at.replace(tzinfo=timezone.utc).timestamp()
     deadline = Deadline(started, run.budget_s, min(60.0, max(2.0, 0.03 * run.budget_s)))
@@ -81,7 +93,7 @@ def open_worker_context(storage_url: str, study_name: str, *, budget_s: float | 
 def _watch_run(ctx, stop_watch: threading.Event) -> None:
     """Stop this worker (and kill its trial) when the run is no longer ``running`` (ended or interrupted)."""
     from tuner.measurement import Outcome
-    from tuner.workers import RUN_POLL_S
+    from tuner.search.parallel import RUN_POLL_S
 
     while not stop_watch.wait(RUN_POLL_S):
         try:
@@ -123,21 +135,21 @@ def worker_command(
 
     if not verbose:
         optuna.logging.set_verbosity(optuna.logging.WARNING)
-    from storage import StorageError
-    from tuner.budget import BudgetError, parse_budget
-    from tuner.leases import GpuLeaser, parse_gpu_ids
-    from tuner.workers import WorkerError, worker_loop, worker_name
-    from search_spaces import SpaceError
-    from tuner.targets import TargetError
+    from tuner.budget import parse_budget
+    from tuner.errors import TunerError, tuner_errors
+    from tuner.search.leases import GpuLeaser, parse_gpu_ids
+    from tuner.search.parallel import worker_loop, worker_name
 
     try:
-        gpu_ids = parse_gpu_ids(gpus)
-        budget_s = parse_budget(budget) if budget else None
-        if max_trials is not None and max_trials <= 0:
-            raise ValueError(f"--max-trials must be positive, but got {max_trials}.")
-        ctx, ostorage = open_worker_context(storage, study, budget_s=budget_s, heartbeat_interval=heartbeat_interval,
-                                            grace_period=grace_period, seed=seed)
-    except (WorkerError, StorageError, BudgetError, SpaceError, TargetError, ValueError) as exc:
+        with tuner_errors():
+            gpu_ids = parse_gpu_ids(gpus)
+            budget_s = parse_budget(budget) if budget else None
+            if max_trials is not None and max_trials <= 0:
+                raise ValueError(f"--max-trials must be positive, but got {max_trials}.")
+            ctx, ostorage = open_worker_context(storage, study, budget_s=budget_s,
+                                                heartbeat_interval=heartbeat_interval, grace_period=grace_period,
+                                                seed=seed)
+    except (TunerError, ValueError) as exc:
         typer.echo(f"error: {exc}", err=True)
         raise typer.Exit(2)
     if gpu_ids is None and ctx.hardware.gpu_count:

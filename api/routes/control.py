@@ -93,7 +93,9 @@ def stop_search(run: RunDep, state: StateDep) -> StopResult:
     if run.state != "running":
         raise HTTPException(status.HTTP_409_CONFLICT, f"study {name!r} is not running (state {run.state!r})")
     settings = run.settings or {}
-    pid, host, here = settings.get("pid"), settings.get("host"), socket.gethostname()
+    # the search records itself as run_pid/run_host (pid/host in runs before 2026-11-30)
+    pid = settings.get("run_pid", settings.get("pid"))
+    host, here = settings.get("run_host", settings.get("host")), socket.gethostname()
     if not isinstance(pid, int) or pid <= 1:
         raise HTTPException(status.HTTP_409_CONFLICT, f"study {name!r} recorded no process id to signal")
     if host != here:

@@ -179,7 +179,7 @@ def test_start_then_stop_a_real_search(make_client, tmp_path) -> None:
             if study.status_code == 200 and study.json()["best_value"] is not None:
                 break
             time.sleep(0.5)
-        assert study.json()["state"] == "running" and study.json()["settings"]["pid"] == proc.pid
+        assert study.json()["state"] == "running" and study.json()["settings"]["run_pid"] == proc.pid
         r = c.post("/api/studies/real/stop", headers=GOOD)
         assert r.status_code == 202 and r.json()["pid"] == proc.pid
         proc.wait(timeout=120)

@@ -88,7 +88,8 @@ def test_hostile_values_on_every_path(fuzz_app, path, s, s2, n, query, last_even
 @pytest.mark.timeout(300)
 @FAST
 @given(body=st.dictionaries(st.sampled_from(["study", "budget_s", "space", "target", "n_trials", "seed"]),
-                            st.one_of(HOSTILE, st.integers(), st.floats(), st.none(), st.booleans()), max_size=6),
+                            st.one_of(HOSTILE, st.integers(), st.floats(allow_nan=False, allow_infinity=False), st.none(),
+                                      st.booleans()), max_size=6),
        auth=st.sampled_from([None, f"Bearer {TOKEN}x", "Bearer", "Basic abc", "Bearer " + "ü" * 3]))  # fmt: skip
 def test_hostile_control_requests_are_refused(fuzz_app, body, auth) -> None:
     headers = {"Authorization": auth.encode("utf-8")} if auth else {}

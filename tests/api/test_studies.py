@@ -28,7 +28,7 @@ def test_get_study_has_detail(client: TestClient) -> None:
     r = client.get(f"/api/studies/{STUDY}")
     assert r.status_code == 200
     body = r.json()
-    assert body["name"] == STUDY and body["space_yaml"] and body["settings"]["host"]
+    assert body["name"] == STUDY and body["space_yaml"] and body["settings"]["run_host"]
     assert body["best_trial_number"] is not None and body["export_dir"]
 
 

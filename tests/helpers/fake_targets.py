@@ -8,23 +8,39 @@ from __future__ import annotations
 import os
 import signal
 import time
+from pathlib import Path
 from typing import Any
 
 from storage.types import MetricRow
 from tuner.measurement import Measurement, Outcome
+from tuner.settings import CommonSettings
 from tuner.targets.base import LaunchSpec, Target
+
+
+class FakeSettings(CommonSettings):
+    sleep_s: float = 0.0
+    """Seconds each trial sleeps before it answers."""
+    model: str = ""
+    moe_config_dir: str | None = None
+    """Accepted so a kernel phase's settings can reach it (the SGLang target's key)."""
+    crash_unless_x: float | None = None
+    """Every configuration with another ``x`` crashes (a broken environment that only the defaults survive)."""
+    noise: dict[str, float] = {}
+    """Per ``x`` (as text), a factor the value is multiplied by on every second run of that configuration in this
+    study (a noisy server): the runs then disagree by that much."""
 
 
 class FakeTarget(Target):
     name = "fake_targets:FakeTarget"
+    Settings = FakeSettings
 
     def evaluate(self, params: dict[str, Any], deadline: float, report=None) -> Measurement:
         mode = params.get("mode", "ok")
         x = float(params.get("x", 1.0))
-        sleep = float(self.settings.get("sleep_s", 0.0))
+        sleep = self.config.sleep_s
         if sleep:
             time.sleep(sleep)
-        if mode == "crash":
+        if mode == "crash" or (self.config.crash_unless_x is not None and x != self.config.crash_unless_x):
             os.kill(os.getpid(), signal.SIGSEGV)
         if mode == "hang":
             while True:
@@ -33,7 +49,13 @@ class FakeTarget(Target):
             raise RuntimeError("CUDA out of memory. Tried to allocate 2.00 GiB")
         if mode == "raise":
             raise ZeroDivisionError("the fake target divided by zero")
-        levels = {c: (10.0 + 5 * x) * c ** 0.5 for c in self.space.objective.levels}
+        factor = 1.0
+        if str(int(x)) in self.config.noise:  # every second run of this x (a count kept beside the study)
+            seen = Path(os.environ.get("TUNER_FAKE_NOISE_DIR", "/tmp")) / f"fake-noise-x{int(x)}"
+            n = int(seen.read_text()) if seen.exists() else 0
+            seen.write_text(str(n + 1))
+            factor = self.config.noise[str(int(x))] if n % 2 else 1.0
+        levels = {c: factor * (10.0 + 5 * x) * c ** 0.5 for c in self.space.objective.levels}
         for i, (c, v) in enumerate(levels.items()):
             if report is not None:
                 report(i, v)
@@ -43,5 +65,5 @@ class FakeTarget(Target):
 
     def launch_spec(self, params: dict[str, Any]) -> LaunchSpec:
         argv = ["echo", "serve"] + [f"--{k.replace('_', '-')}={v}" for k, v in params.items()]
-        return LaunchSpec(argv=argv, env={"FAKE_MODEL_PATH": str(self.settings.get("model", ""))},
+        return LaunchSpec(argv=argv, env={"FAKE_MODEL_PATH": self.config.model},
                           description="fake target")

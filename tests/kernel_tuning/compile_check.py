@@ -13,7 +13,7 @@ def assert_compiled_ahead_then_loaded(kernel_name: str, shape: dict, configs: li
                                       dtype: str = "bfloat16") -> None:
     """``cache`` is the ``TRITON_CACHE_DIR`` already set for this process (the helpers and the fresh one inherit it).
     Helpers compile ``configs``; the fresh process's checks are within tolerance and add no binary."""
-    from tuner.compile_ahead import CompileAhead
+    from tuner.execution.compile_ahead import CompileAhead
     from tuner.targets.kernels import load_kernel
 
     ahead = CompileAhead(2)

@@ -18,15 +18,16 @@ import torch
 
 from search_spaces import Hardware
 from storage import Repo
-from tuner.compile_ahead import MAX_HELPERS, default_helpers
-from tuner.kernel_search import KernelCase, compile_helpers, tune_case
-from tuner.search import SearchError, SearchOptions
+from tuner.execution.compile_ahead import MAX_HELPERS, default_helpers
+from tuner.search.kernel_search import KernelCase, compile_helpers, tune_case
+from tuner.errors import SearchError
+from tuner.search.context import SearchOptions
 
 REPLAY = "kernel_tuning_fakes:ReplayKernel"
 
 
 class RecordingAhead:
-    """Same interface as tuner.compile_ahead.CompileAhead; "compiling" takes 20 ms and is recorded."""
+    """Same interface as tuner.execution.compile_ahead.CompileAhead; "compiling" takes 20 ms and is recorded."""
 
     def __init__(self, helpers: int) -> None:
         self.helpers = helpers

@@ -11,8 +11,8 @@ import pytest
 
 from kernels.configs import config_path, lookup, read_config_file
 from search_spaces import Hardware
-from tuner.kernel_search import (KernelCase, is_kernel_plan, kernel_phase, run_kernel_search, tune_cases)
-from tuner.search import SearchOptions
+from tuner.search.kernel_search import KernelCase, is_kernel_plan, kernel_phase, run_kernel_search, tune_cases
+from tuner.search.context import SearchOptions
 from storage import Repo
 
 TINY = "kernel_tuning_fakes:TinyKernel"
@@ -125,7 +125,7 @@ def test_plan_search_and_dry_run(tmp_path, sqlite_url):
 
 
 def test_preflight_refuses_cpu_without_the_setting(tmp_path, sqlite_url):
-    from tuner.search import SearchError
+    from tuner.errors import SearchError
 
     with pytest.raises(SearchError, match="no CUDA GPU"):
         tune_cases([KernelCase(TINY, {"batch": 1, "width": 8})], _options(tmp_path, sqlite_url, settings={}),
@@ -134,12 +134,12 @@ def test_preflight_refuses_cpu_without_the_setting(tmp_path, sqlite_url):
 
 def test_kernel_phase_inside_a_system_search(tmp_path, sqlite_url, monkeypatch):
     """A workload-style search hands the shapes its params produce to kernel_phase; the configs dir is applied."""
-    from tuner.search import open_context
+    from tuner.search.context import open_context
 
     monkeypatch.delenv("TUNER_KERNEL_CONFIG_DIR", raising=False)
     space = tmp_path / "fake.yaml"
     space.write_text(FAKE_SPACE)
-    ctx = open_context(_options(tmp_path, sqlite_url, space_path=str(space), settings={"allow_cpu_interpreter": True}))
+    ctx = open_context(_options(tmp_path, sqlite_url, space_path=str(space), settings={"kernel_phase_settings": {"allow_cpu_interpreter": True}}))
     shapes = [(TINY, {"batch": 1, "width": 8}), (TINY, {"batch": 1, "width": 8}, "bfloat16")]
     res = kernel_phase(ctx, shapes, budget_s=60)
     assert len(res.cases) == 1 and res.cases[0].study.startswith(f"{ctx.run.study_name}.kernels.tiny.")
@@ -161,7 +161,7 @@ def test_more_cases_than_the_budget_holds_tunes_the_first_ones(tmp_path, sqlite_
     """An even share under MIN_SHARE_S each would tune nothing: the first cases get MIN_SHARE_S, the rest keep defaults."""
     import time
 
-    import tuner.kernel_search as ks
+    import tuner.search.kernel_search as ks
 
     monkeypatch.delenv("TUNER_KERNEL_CONFIG_DIR", raising=False)  # no cache hits from other tests
     shares = []
@@ -182,12 +182,12 @@ def test_more_cases_than_the_budget_holds_tunes_the_first_ones(tmp_path, sqlite_
 
 
 def test_a_config_tpe_proposes_again_is_followed_by_a_move_from_the_best(tmp_path, sqlite_url):
-    """Kernel search: the ask after a repeat takes a one-change move from the best (``tuner.refine``) while any
+    """Kernel search: the ask after a repeat takes a one-change move from the best (``tuner.search.refine``) while any
     runnable config is left untried; X=5 is refused by the kernel's rule, so no move goes there."""
     import optuna
 
-    from tuner.kernel_search import tune_case
-    from tuner.refine import REFINE_ATTR
+    from tuner.search.kernel_search import tune_case
+    from tuner.search.refine import REFINE_ATTR
 
     opts = _options(tmp_path, sqlite_url, n_trials=12, confirm_top=0, seed=2)
     tune_case(KernelCase(TINY, {"batch": 1, "width": 8}), opts, "m")

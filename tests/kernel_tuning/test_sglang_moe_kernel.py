@@ -14,9 +14,8 @@ import pytest
 import torch
 
 from search_spaces import Hardware, load_space, load_space_text, resolve
-from tuner.server.sglang_moe import (SGLangFusedMoEKernel, SGLangKernelUnavailable, align_block_size,
-                                     load_sglang_jit)
-from tuner.server.verify import read_moe_config_with_sglang
+from kernels.plugins.sglang_moe import SGLangFusedMoEKernel, SGLangKernelUnavailable, align_block_size, load_sglang_jit
+from kernels.plugins.sglang_moe_files import read_moe_config_with_sglang
 
 if importlib.util.find_spec("sglang") is None:  # CI installs it (no deps); its kernel source is all this needs
     pytest.skip("sglang is not installed (`pip install sglang --no-deps`)", allow_module_level=True)
@@ -82,7 +81,7 @@ def test_an_unknown_sglang_kernel_is_refused_with_its_parameters(tmp_path):
         load_sglang_jit("fused_moe_kernel", path=src)
     with pytest.raises(SGLangKernelUnavailable, match="no @triton.jit function 'other'"):
         load_sglang_jit("other", path=src)
-    from tuner.server.sglang_moe import _KNOWN_ARGS
+    from kernels.plugins.sglang_moe import _KNOWN_ARGS
 
     renamed = tmp_path / "renamed.py"  # a release that dropped one parameter the launcher passes
     renamed.write_text("import triton\n\n@triton.jit\ndef fused_moe_kernel(" +
@@ -127,8 +126,8 @@ def test_a_kernel_search_tunes_sglangs_kernel_and_writes_its_files(kernel_device
     the files in tuner's and SGLang's formats are written."""
     from kernels.configs import config_path, read_config_file
     from storage import Repo
-    from tuner.kernel_search import KernelCase, tune_cases
-    from tuner.search import SearchOptions
+    from tuner.search.kernel_search import KernelCase, tune_cases
+    from tuner.search.context import SearchOptions
 
     shape = KERNEL.shapes("test")[0]
     opts = SearchOptions(budget_s=120, storage_url=sqlite_url, out_dir=str(tmp_path / "out"), seed=1,
@@ -146,7 +145,7 @@ def test_a_kernel_search_tunes_sglangs_kernel_and_writes_its_files(kernel_device
 
 
 def test_preflight_names_a_missing_sglang(monkeypatch):
-    import tuner.server.sglang_moe as sm
+    import kernels.plugins.sglang_moe as sm
     from tuner.targets.kernels import KernelsTarget
 
     def missing():
@@ -165,7 +164,7 @@ def test_preflight_names_a_missing_sglang(monkeypatch):
 
 # -- the SGLang target's kernel phase ------------------------------------------------------------------------
 def _target(settings=None, hardware=None):
-    from tuner.targets.sglang import SGLangTarget
+    from tuner.targets.sglang.target import SGLangTarget
 
     space = load_space("sglang_dsv4_flash")
     return SGLangTarget(resolve(space, hardware or Hardware()), {**space.settings, **(settings or {})})
@@ -183,7 +182,7 @@ def test_kernel_phase_shapes_follow_the_launch_flags():
     ep = _target({"extra_args": ["--tp-size", "8", "--ep-size=8"]})
     assert {(s["experts"], s["width"]) for _, s in ep.kernel_shapes()} == {(32, 2048)}
     assert _target({"moe": None}).kernel_shapes() == []
-    from tuner.targets.base import TargetError
+    from tuner.errors import TargetError
 
     with pytest.raises(TargetError, match="setting `moe` must map hidden, width, experts and topk"):
         _target({"moe": {"hidden": 4096}}).kernel_shapes()
@@ -193,14 +192,14 @@ def test_kernel_phase_shapes_follow_the_launch_flags():
 
 def test_phase_files_go_to_every_later_launch_and_the_export(tmp_path, sqlite_url):
     from storage import Repo
-    from tuner.export import export_run
+    from tuner.export.script import export_run
 
     conf = tmp_path / "kc"
     KERNEL.write_server_configs([(KERNEL.shapes("v4flash")[0], {"config": SMALL})], "NVIDIA H200", "bfloat16", conf)
     t = _target()
     added = t.use_kernel_configs(str(conf))
     assert added == {"moe_config_dir": str(conf / "sglang_moe")}
-    t.settings.update(added)
+    t = _target(added)  # every later trial's target is built from the settings the phase added
     spec = t.launch_spec(load_space("sglang_dsv4_flash").defaults())
     assert spec.env["SGLANG_MOE_CONFIG_DIR"] == str(conf / "sglang_moe")
     assert _target({"moe_config_dir": "/mine"}).use_kernel_configs(str(conf)) == {}  # the user's folder wins
@@ -227,8 +226,9 @@ def test_a_system_search_hands_the_phase_files_to_later_trials(tmp_path, sqlite_
     ``use_kernel_configs`` returns reach the options every later trial worker is built from."""
     import dataclasses
 
-    import tuner.kernel_search as ks
-    from tuner.search import SearchOptions, _maybe_kernel_phase, open_context
+    import tuner.search.driver as driver
+    from tuner.search.context import SearchOptions, open_context
+    from tuner.search.driver import _maybe_kernel_phase
 
     space = tmp_path / "fake.yaml"
     space.write_text("name: fake\ntarget: fake_targets:FakeTarget\nsettings: {kernel_phase: true}\n"
@@ -245,7 +245,7 @@ def test_a_system_search_hands_the_phase_files_to_later_trials(tmp_path, sqlite_
         seen.append(shapes)
         return dataclasses.make_dataclass("R", [("config_dir", str)])(str(conf))
 
-    monkeypatch.setattr(ks, "kernel_phase", phase)
+    monkeypatch.setattr(driver, "kernel_phase", phase)
     sg = _target()
     monkeypatch.setattr(ctx.target, "kernel_shapes", sg.kernel_shapes, raising=False)
     monkeypatch.setattr(ctx.target, "use_kernel_configs", sg.use_kernel_configs, raising=False)
@@ -291,9 +291,9 @@ def test_timing_rotates_several_routings_over_shared_weights(kernel_device):
 
 
 def test_a_file_sglang_would_read_differently_is_reported_not_returned(tmp_path, monkeypatch, caplog):
-    import tuner.server.verify as verify
+    import kernels.plugins.sglang_moe as plugin
 
-    monkeypatch.setattr(verify, "read_moe_config_with_sglang", lambda root, **kw: {1: dict(SMALL, num_warps=8)})
+    monkeypatch.setattr(plugin, "read_moe_config_with_sglang", lambda root, **kw: {1: dict(SMALL, num_warps=8)})
     with caplog.at_level("ERROR"):
         paths = KERNEL.write_server_configs([(KERNEL.shapes("v4flash")[0], {"config": SMALL})], "NVIDIA H200",
                                             "bfloat16", tmp_path)

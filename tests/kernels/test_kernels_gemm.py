@@ -58,3 +58,25 @@ def test_fused_and_two_pass_split_k_agree_and_counters_reset():
     assert torch.equal(gemm(torch.cat([x] * 4), w, "fp32", cfg)[:5], two_pass)  # M=20: two-pass by default
     assert torch.equal(fused, two_pass)
     assert int(_COUNTERS[str(x.device)].abs().sum()) == 0
+
+
+def test_linear_implementations_agree_and_auto_follows_the_tuned_file(tmp_path, monkeypatch):
+    from kernels import configs
+    from kernels.gemm import linear, resolve_impl
+
+    x = torch.randn(3, 96, device=DEV)
+    w = torch.randn(40, 96, device=DEV)
+    ref = torch_linear(x, w, "fp32")
+    assert torch.allclose(linear(x, w, "fp32", "torch"), ref)
+    assert torch.allclose(linear(x, w, "fp32", "triton", _cfg(SK=2)), ref, rtol=1e-4, atol=1e-4)
+    monkeypatch.setenv(configs.ENV_VAR, str(tmp_path))
+    configs.clear_cache()
+    assert resolve_impl("auto", 3, 40, 96, "fp32", DEV) == "torch"  # no entry: the library
+    gpu = configs.gpu_name(DEV if CUDA else None)
+    configs.write_config_file("gemm", gpu, "fp32", {"K=96,M=4,N=40": {"config": _cfg(), "impl": "triton"}})
+    assert resolve_impl("auto", 3, 40, 96, "fp32", DEV) == "triton"  # nearest key M=4 names the Triton kernel
+    configs.write_config_file("gemm", gpu, "fp32", {"K=96,M=4,N=40": {"config": _cfg(), "impl": "torch"}})
+    assert resolve_impl("auto", 3, 40, 96, "fp32", DEV) == "torch"
+    with pytest.raises(ValueError, match="impl="):
+        linear(x, w, "fp32", "cublas")
+    configs.clear_cache()

@@ -94,9 +94,9 @@ def test_default_configs_pass_the_rules_on_v4flash_shapes():
 @pytest.mark.parametrize("batch", [1, 3, 16])  # 1: the gather path of the torch MoE; 3, 16: its capacity path
 def test_workload_moe_paths_agree(batch):
     """The decode workload's MoE through the fused kernel equals its torch path on the same weights and routing."""
-    from tuner.workload.gpu_ops import triton_moe
-    from tuner.workload.model import DecodeModel
-    from tuner.workload.presets import get_preset
+    from tuner.targets.workload.gpu_ops import triton_moe
+    from tuner.targets.workload.model import DecodeModel
+    from tuner.targets.workload.presets import get_preset
 
     p = get_preset("dsv4-flash-tiny")
     model = DecodeModel(p, {"gemm_moe": "fp32"}, DEV, seed=2)  # bf16 is broken in the Triton interpreter

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from search_spaces import Hardware, load_space_text, resolve
-from tuner.server.launch import group_members, port_is_free
+from tuner.targets.sglang.launch import group_members, port_is_free
 
 STANDIN = Path(__file__).with_name("standin_server.py")
 
@@ -56,15 +56,15 @@ def standin_space():
 
 @pytest.fixture
 def make_target(standin_space, tmp_path):
-    from tuner.targets.sglang import CommandTarget
+    from tuner.targets.sglang.target import CommandTarget
 
     def make(extra_args=(), yaml=None, **settings):
         space = standin_space if yaml is None else resolve(load_space_text(yaml, source="t.yaml"), Hardware())
         base = {
             "command": standin_command(), "model": "standin", "extra_args": list(extra_args),
-            "port_range": "31000-31999", "state_dir": str(tmp_path / "state"), "prompt_len": 8,
+            "port_range": "31000-31999", "prompt_len": 8,
             "output_len": 20, "min_requests": 4, "rounds": 1, "warmup_requests": 1, "fatal_grace_s": 0.5,
-            "teardown_reserve_s": 5.0,
+            "teardown_reserve_s": 5.0, "level_s": 0,
         }
         base.update(settings)
         return CommandTarget(space, base)

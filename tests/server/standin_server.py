@@ -4,7 +4,7 @@ It honours flags like a real server and can misbehave on purpose::
 
     python standin_server.py --port 30001 --tokens-per-second 200 --startup-delay 0.5
         [--ttft-ms 5] [--max-running-requests N] [--context-length N] [--crash-after S] [--hang]
-        [--oom-at-start] [--oom-under-load] [--print-argv FILE]
+        [--oom-at-start] [--oom-under-load] [--print-argv FILE] [--reject-field NAME ...]
 
 Each request streams ``max_tokens`` tokens, one SSE chunk each, at exactly ``--tokens-per-second`` per request
 (paced against the request's own start, so the rate does not drift). ``/health`` answers 503 until the
@@ -39,6 +39,8 @@ def parse_args(argv=None):
     p.add_argument("--oom-at-start", action="store_true")
     p.add_argument("--oom-under-load", action="store_true")
     p.add_argument("--print-argv", default=None, help="write sys.argv as JSON to this file")
+    p.add_argument("--reject-field", action="append", default=[],
+                   help="answer HTTP 422 to a request carrying this field (a strict server, e.g. ignore_eos)")
     return p.parse_args(argv)
 
 
@@ -93,7 +95,8 @@ class Server:
 
     async def respond(self, writer, code, obj):
         data = json.dumps(obj).encode()
-        reason = {200: "OK", 404: "Not Found", 503: "Service Unavailable"}.get(code, "Error")
+        reason = {200: "OK", 404: "Not Found", 422: "Unprocessable Entity",
+                  503: "Service Unavailable"}.get(code, "Error")
         writer.write(f"HTTP/1.1 {code} {reason}\r\nContent-Type: application/json\r\nContent-Length: {len(data)}\r\n"
                      f"Connection: close\r\n\r\n".encode() + data)
         await writer.drain()
@@ -101,6 +104,10 @@ class Server:
     async def stream(self, writer, req, chat):
         if not self.ready:
             await self.respond(writer, 503, {"error": "not ready"})
+            return
+        unexpected = sorted(set(req) & set(self.args.reject_field))
+        if unexpected:
+            await self.respond(writer, 422, {"detail": f"Unexpected fields in the request: {set(unexpected)}"})
             return
         self.requests += 1
         if self.args.oom_under_load and self.requests == 1:

@@ -9,15 +9,10 @@ import time
 
 import pytest
 
+from kernels.plugins.sglang_moe_files import read_moe_config_with_sglang, write_moe_config
+from tuner.export.script import read_recorded, recorded_figures, render_script
+from tuner.export.verify import verify_script
 from tuner.measurement import Outcome
-from tuner.server.verify import (
-    read_moe_config_with_sglang,
-    read_script_header,
-    recorded_header,
-    render_launch_script,
-    verify_script,
-    write_moe_config,
-)
 from tuner.targets.base import LaunchSpec
 
 HOSTILE = "/models/a b'c\"d;touch PWNED1\n$(touch PWNED2)`touch PWNED3` && rm -rf ~ #"
@@ -32,7 +27,7 @@ def test_hostile_values_reach_argv_intact_and_never_a_shell(make_target, tmp_pat
     spec = target.launch_spec(DEFAULTS)
     assert spec.argv[spec.argv.index("--model-path") + 1] == HOSTILE  # one argv item, untouched
     script = tmp_path / "launch.sh"
-    script.write_text(render_launch_script(spec, {"metric": "tok_s"}))
+    script.write_text(render_script(spec, header=[], recorded={"metric": "tok_s"}))
     done = subprocess.run(["bash", str(script), "--extra", "x y"], cwd=tmp_path, capture_output=True, text=True,
                           env={"PATH": "/usr/bin:/bin", "HOME": str(tmp_path / "home")}, timeout=30)
     assert done.returncode == 0, done.stderr
@@ -47,12 +42,11 @@ def test_hostile_values_reach_argv_intact_and_never_a_shell(make_target, tmp_pat
 
 def test_sglang_launch_spec_is_python_m_launch_server(tmp_path):
     from search_spaces import Hardware, builtin_space_path, load_space, resolve
-    from tuner.targets.sglang import SGLangTarget
+    from tuner.targets.sglang.target import SGLangTarget
 
     space = resolve(load_space(builtin_space_path("sglang_dsv4_flash")),
                     Hardware(gpu_name="NVIDIA H200", gpu_count=8, compute_capability=(9, 0)))
-    t = SGLangTarget(space, {"moe_config_dir": str(tmp_path / "moe"), "kernel_config_dir": str(tmp_path / "k"),
-                             "state_dir": str(tmp_path)})
+    t = SGLangTarget(space, {"moe_config_dir": str(tmp_path / "moe"), "kernel_config_dir": str(tmp_path / "k")})
     params = {**space.defaults(), "context_length": 131072, "cuda_graph_buckets": "pow2:64"}
     spec = t.launch_spec(params)
     assert spec.argv[1:5] == ["-m", "sglang.launch_server", "--model-path", "deepseek-ai/DeepSeek-V4-Flash"]
@@ -67,20 +61,21 @@ def test_sglang_launch_spec_is_python_m_launch_server(tmp_path):
 
 
 def test_verify_script_reruns_and_compares(make_target, tmp_path):
-    target = make_target(["--tokens-per-second", "100"], levels=[1, 2], min_requests=4, output_len=10)
+    target = make_target(["--tokens-per-second", "100"], levels=[1, 2], min_requests=4, output_len=10, level_s=1.0)
     m = target.evaluate(DEFAULTS, time.time() + 60)
     assert m.outcome is Outcome.OK, m.reason
     obj = target.objective()
     script = tmp_path / "launch.sh"
-    script.write_text(render_launch_script(target.launch_spec(DEFAULTS), recorded_header(m, obj, target.settings)))
-    assert read_script_header(script)["levels"] == [1, 2]
+    script.write_text(render_script(target.launch_spec(DEFAULTS), header=[],
+                                     recorded=recorded_figures(obj, m.value, m.by_level, target.settings)))
+    assert read_recorded(script)["levels"] == [1, 2]
     r = verify_script(script, port_range="32000-32999")
     assert r.outcome is Outcome.OK and r.ok, "\n".join(r.lines())
     assert set(r.ratios) == {1, 2} and all(0.85 < x < 1.15 for x in r.ratios.values())
     # a claim far above what the server does is refused
-    rec = recorded_header(m, obj, target.settings)
+    rec = recorded_figures(obj, m.value, m.by_level, target.settings)
     rec["by_level"] = {k: v * 3 for k, v in rec["by_level"].items()}
-    script.write_text(render_launch_script(target.launch_spec(DEFAULTS), rec))
+    script.write_text(render_script(target.launch_spec(DEFAULTS), header=[], recorded=rec))
     r = verify_script(script, port_range="32000-32999")
     assert r.outcome is Outcome.OK and not r.ok and "outside 15%" in r.reason
 
@@ -94,7 +89,7 @@ def test_verify_script_without_header_is_refused(tmp_path):
 
 def test_render_refuses_bad_env_names():
     with pytest.raises(ValueError, match="environment variable names"):
-        render_launch_script(LaunchSpec(argv=["x"], env={"A;B": "1"}))
+        render_script(LaunchSpec(argv=["x"], env={"A;B": "1"}), header=[], recorded=None)
 
 
 def test_moe_config_in_sglang_layout(tmp_path):

@@ -8,7 +8,7 @@ import sys
 import pytest
 
 from search_spaces import Hardware, builtin_space_path, load_space, load_space_text, resolve
-from tuner.server import flags as fl
+from tuner.targets.sglang import flags as fl
 
 HAS_SGLANG = importlib.util.find_spec("sglang") is not None
 needs_sglang = pytest.mark.skipif(not HAS_SGLANG, reason="sglang is not installed (pip install --no-deps sglang)")
@@ -58,7 +58,7 @@ def test_deprecations_are_read_from_the_parser(sglang_flags):
 
 
 def _target(yaml_text, **settings):
-    from tuner.targets.sglang import SGLangTarget
+    from tuner.targets.sglang.target import SGLangTarget
 
     space = resolve(load_space_text(yaml_text, source="t.yaml"), Hardware())
     return SGLangTarget(space, {"model": "/models/dsv4", **settings})
@@ -69,7 +69,8 @@ name: old
 target: sglang
 params:
   graph_max_bs: {type: categorical, values: [64, 128], default: 64, flag: --cuda-graph-max-bs}
-  decode_backend: {type: categorical, values: [flashmla_sparse, tilelang], default: tilelang, flag: --nsa-decode-backend}
+  decode_backend:
+    {type: categorical, values: [flashmla_sparse, tilelang], default: tilelang, flag: --nsa-decode-backend}
   kv: {type: categorical, values: [auto, fp8_e4m3, fp9_e9], default: auto, flag: --kv-cache-dtype}
   dp_attn: {type: bool, default: false, flag: --enable-dp-attention}
 """
@@ -91,7 +92,7 @@ def test_preflight_refuses_unknown_flags_with_closest_name_and_bad_choices():
 @needs_sglang
 def test_builtin_space_passes_preflight_against_installed_sglang():
     space = load_space(builtin_space_path("sglang_dsv4_flash"))
-    from tuner.targets.sglang import SGLangTarget
+    from tuner.targets.sglang.target import SGLangTarget
 
     target = SGLangTarget(resolve(space, Hardware(gpu_name="H200", gpu_count=8, compute_capability=(9, 0))),
                           {"model": "/models/dsv4"})

@@ -13,7 +13,7 @@ import pytest
 
 from tests.server.conftest import SPACE_YAML, assert_gone
 from tuner.measurement import Outcome
-from tuner.server import launch as ln
+from tuner.targets.sglang import launch as ln
 
 DEFAULTS = {"context_length": 8192, "kv_cache_dtype": "auto", "buckets": "pow2:8", "fast_path": False}
 
@@ -64,16 +64,26 @@ def test_flags_change_the_measured_rate(make_target, spy):
     assert fast.metric("tok_s_per_request", "c=2") == pytest.approx(150, rel=0.15)
 
 
-def test_refused_flag_is_invalid_config_and_remembered(make_target, spy):
+def test_refused_flag_is_invalid_config_and_remembered_in_the_storage(make_target, spy, tmp_path):
+    from storage import Repo
+
+    repo = Repo(f"sqlite:///{tmp_path / 'memory.db'}")
+    repo.create_schema()
+    run = repo.create_run("s", target="command", budget_s=60)
     target = make_target(["--no-such-flag", "1"])
     m = target.evaluate(DEFAULTS, time.time() + 30)
     assert m.outcome is Outcome.INVALID_CONFIG, m.reason
     assert "unrecognized arguments" in m.reason
+    target.remember_failure(repo, run.id, 3, DEFAULTS, m)
     # the identical flag set is refused before any launch next time; allow_retry lets it run
-    reason = target.check(DEFAULTS)
-    assert reason and "already failed" in reason and "invalid_config" in reason
-    assert target.check({**DEFAULTS, "fast_path": True}) is None
-    assert make_target(["--no-such-flag", "1"], allow_retry=True).check(DEFAULTS) is None
+    reason = target.known_failure(repo, DEFAULTS)
+    assert reason and "already failed" in reason and "trial 3, invalid_config" in reason
+    assert target.known_failure(repo, {**DEFAULTS, "fast_path": True}) is None
+    assert make_target(["--no-such-flag", "1"], allow_retry=True).known_failure(repo, DEFAULTS) is None
+    # another storage (another team's database) knows nothing of it
+    other = Repo(f"sqlite:///{tmp_path / 'other.db'}")
+    other.create_schema()
+    assert target.known_failure(other, DEFAULTS) is None
 
 
 def test_crash_after_start(make_target, spy):
@@ -124,7 +134,7 @@ def test_pruned_after_first_level(make_target, spy):
 
 def test_isolated_trial_killed_at_deadline_leaves_no_server(make_target, tmp_path):
     """The per-trial subprocess is killed from outside (timeout): its server, in its own group, dies too."""
-    from tuner.isolation import TrialJob, TrialProcess
+    from tuner.execution.isolation import TrialJob, TrialProcess
 
     target = make_target(["--hang"])
     marker = tmp_path / "argv.json"

@@ -8,8 +8,8 @@ import time
 import pytest
 
 from tests.server.conftest import assert_gone, standin_command
-from tuner import loadgen
-from tuner.server.launch import ServerProcess, pick_free_port
+from tuner.targets.sglang import loadgen
+from tuner.targets.sglang.launch import ServerProcess, pick_free_port
 
 
 @pytest.fixture(scope="module")
@@ -42,8 +42,8 @@ def test_rates_latencies_and_throughput(standin):
 
 def test_chat_api_dataset_and_jitter(standin, tmp_path):
     data = tmp_path / "prompts.jsonl"
-    data.write_text("\n".join(json.dumps(r) for r in [{"prompt": "hi", "max_tokens": 3},
-                                                     {"messages": [{"role": "user", "content": "yo"}], "output_len": 5}]))
+    rows = [{"prompt": "hi", "max_tokens": 3}, {"messages": [{"role": "user", "content": "yo"}], "output_len": 5}]
+    data.write_text("\n".join(json.dumps(r) for r in rows))
     cfg = loadgen.LoadConfig.from_settings({"model": "m", "api": "chat", "dataset": str(data), "requests_per_level": 4})
     res = loadgen.run_level(standin.base_url, cfg, 2)
     assert sorted(r.output_tokens for r in res.ok_requests) == [3, 3, 5, 5]

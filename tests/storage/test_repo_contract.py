@@ -140,7 +140,7 @@ def test_mark_stale_running_fails_only_running_trials(repo):
 
 
 def test_mark_trial_crashed_is_per_trial(repo):
-    from tuner.workers import mark_trial_crashed
+    from tuner.search.parallel import mark_trial_crashed
 
     run = _run(repo)
     repo.start_trial(run.id, 0, {"a": 1})

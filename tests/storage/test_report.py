@@ -14,10 +14,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 from benchmarks import report
 
 
-def _trial(repo, run_id, number, params, levels, *, baseline=False, reason=""):
+def _trial(repo, run_id, number, params, levels, *, baseline=False, repeat_of=None):
     repo.start_trial(run_id, number, params, is_baseline=baseline)
     geo = (levels[0] * levels[1]) ** 0.5
-    repo.finish_trial(run_id, number, outcome="ok", value=geo, reason=reason,
+    repo.finish_trial(run_id, number, outcome="ok", value=geo, repeat_of=repeat_of,
                       metrics=[MetricRow("tok_s", "c=1", levels[0]), MetricRow("tok_s", "c=16", levels[1])])
     return geo
 
@@ -33,7 +33,7 @@ def study_db(tmp_path) -> Path:
     _trial(repo, run.id, 1, {"a": 1}, (30.0, 80.0))  # the best configuration, first run
     _trial(repo, run.id, 2, {"a": 2}, (40.0, 100.0))  # a single lucky timing: Optuna's best, not the recorded one
     _trial(repo, run.id, 3, {"a": 1}, (34.0, 100.0))  # the best configuration's re-run
-    _trial(repo, run.id, 4, {"a": 1}, (34.0, 100.0), reason="same configuration as trial 3: not run again")
+    _trial(repo, run.id, 4, {"a": 1}, (34.0, 100.0), repeat_of=3)  # a copy of trial 3's timing, not a run
     med = ((30 * 80) ** 0.5 + (34 * 100) ** 0.5) / 2
     repo.set_best(run.id, 3, med)
     repo.end_run(run.id, "finished")

@@ -3,7 +3,6 @@
 import json
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 
@@ -140,3 +139,22 @@ def test_ctrl_c_ends_cleanly_and_still_exports(tmp_path):
     assert run.state == "interrupted"
     assert (tmp_path / "out" / "dsv4-flash-tiny-workload" / "launch.sh").exists()
     assert time.time() - t0 < 200
+
+
+def test_a_search_in_which_no_trial_succeeded_exits_non_zero_with_the_outcome_counts(tmp_path):
+    from spaces import FAKE_SPACE
+
+    (tmp_path / "s.yaml").write_text(FAKE_SPACE.replace("default: ok", "default: raise"))
+    r = tuner("search", "--budget", "2m", "--space", "s.yaml", "-o", "out", cwd=tmp_path)
+    assert r.returncode == 1, (r.stdout, r.stderr)
+    last = [ln for ln in r.stderr.splitlines() if ln.startswith("error: ")]
+    assert last == ["error: the search gave up (crash 1); `tuner status` lists each trial's reason"], r.stderr
+    assert "the baseline (trial 0) failed, crash: ZeroDivisionError" in r.stdout
+
+
+def test_a_misspelt_setting_is_one_error_naming_the_closest_valid_key(tmp_path):
+    _one_line_error(tuner("search", "--budget", "1m", "--set", "live_contex=1024", cwd=tmp_path),
+                    "setting `live_contex`", "did you mean `live_context`?")
+    _one_line_error(tuner("search", "--budget", "1m", "--set", "live_context=lots", cwd=tmp_path),
+                    "setting `live_context`", "'lots'")
+    assert not (tmp_path / "tuner.db").exists()

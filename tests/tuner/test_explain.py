@@ -5,11 +5,11 @@ import sys
 
 from spaces import FAKE_SPACE
 
-from storage import Repo
-
 from search_spaces import Hardware
+from storage import Repo
 from tuner.explain import ablate, explain
-from tuner.search import SearchOptions, run_search
+from tuner.search.context import SearchOptions
+from tuner.search.driver import run_search
 
 SPACE = FAKE_SPACE.replace("values: [ok, crash, hang, oom, raise]", "values: [ok]") + """
   y:
@@ -68,6 +68,13 @@ def test_ablation_reports_after_every_rerun_and_the_cli_keeps_the_file(tmp_path,
     assert n and len(ab.alone) == n
     # one call per re-run, each parameter alone on the baseline and then undone from the best
     assert seen == [(i // 2 + 1, (i + 1) // 2) for i in range(2 * n)]
+    # the tables are stored with the study, for the export to name each flagless knob's measured gain
+    from tuner.export.sglang_command import read_ablation
+
+    repo = Repo(sqlite_url)
+    stored = read_ablation(repo, repo.get_run("p").id)
+    assert [r["param"] for r in stored["undo"]] == [r["param"] for r in ab.ablation]
+    assert [r["param"] for r in stored["alone"]] == [r["param"] for r in ab.alone]
     report = tmp_path / "why.md"
     r = CliRunner().invoke(app, ["explain", "--storage", sqlite_url, "--study", "p", "--no-profile", "--ablate",
                                  "--out", str(report)])
@@ -108,7 +115,7 @@ def _study_with_best(tmp_path, sqlite_url, name, text, pick):
 
 def test_each_change_alone_on_the_baseline_follows_conditions_and_ranks_failures_last(tmp_path, sqlite_url,
                                                                                       monkeypatch):
-    import tuner.isolation
+    import tuner.execution.isolation
 
     repo, run = _study_with_best(tmp_path, sqlite_url, "c", COND_SPACE,
                                  lambda p: p == {"x": 4, "a": "on", "k": 3, "b": "on"})
@@ -116,8 +123,8 @@ def test_each_change_alone_on_the_baseline_follows_conditions_and_ranks_failures
     assert base.params == {"x": 0, "a": "off", "b": "off"}
     stored = {int(m.level[2:]): m.value for m in base.measurements if m.metric == "tok_s"}
     assert set(stored) == {1, 4}
-    jobs, real = [], tuner.isolation.run_trial
-    monkeypatch.setattr(tuner.isolation, "run_trial", lambda job: jobs.append(dict(job.params)) or real(job))
+    jobs, real = [], tuner.execution.isolation.run_trial
+    monkeypatch.setattr(tuner.execution.isolation, "run_trial", lambda job: jobs.append(dict(job.params)) or real(job))
     ab = ablate(sqlite_url, "c")
 
     # the baseline and the best re-run first (ratios side by side), then forward and backward per changed

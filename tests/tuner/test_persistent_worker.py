@@ -6,8 +6,8 @@ import time
 import pytest
 
 from spaces import FAKE_SPACE
-from tuner.isolation import TrialJob
-from tuner.persistent_worker import PersistentWorker, close_workers, persistent_worker
+from tuner.execution.isolation import TrialJob
+from tuner.execution.persistent import PersistentWorker, close_workers, persistent_worker
 from tuner.measurement import Outcome
 
 
@@ -91,7 +91,7 @@ def test_pool_gives_one_worker_per_gpu_set_and_closes_them():
 
 
 def test_a_fresh_trial_process_is_pruned_the_same_way():
-    from tuner.isolation import run_trial
+    from tuner.execution.isolation import run_trial
 
     steps = []
     m = run_trial(_job(x=5), lambda step, value: steps.append(step) or True)
@@ -99,7 +99,7 @@ def test_a_fresh_trial_process_is_pruned_the_same_way():
 
 
 def test_report_lines_and_a_failing_pruner():
-    from tuner.isolation import ask_pruner, parse_report
+    from tuner.execution.isolation import ask_pruner, parse_report
 
     assert parse_report('@@tuner {"step": 2, "value": 1.5}') == (2, 1.5)
     assert parse_report("@@tuner {not json") is None and parse_report("plain log line") is None

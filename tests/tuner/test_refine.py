@@ -7,9 +7,10 @@ from spaces import FAKE_SPACE
 
 from search_spaces import Hardware, load_space_text, resolve
 from storage import Repo
-from tuner.refine import REFINE_ATTR, enqueue_next, moves, next_move
-from tuner.sampling import params_key
-from tuner.search import SearchOptions, run_search
+from tuner.search.refine import REFINE_ATTR, enqueue_next, moves, next_move
+from tuner.search.sampling import params_key
+from tuner.search.context import SearchOptions
+from tuner.search.driver import run_search
 
 SPACE = """
 name: refine
@@ -154,7 +155,7 @@ def test_no_refinement_when_its_share_is_zero(tmp_path, sqlite_url):
 
 
 def test_a_parameter_that_already_had_moves_waits_its_round():
-    from tuner.refine import _order
+    from tuner.search.refine import _order
 
     cands = [(0.5, "buckets", "e", {}), (-0.1, "tile", 16, {}), (0.0, "buckets", "c", {})]
     assert [c[2] for c in _order(cands, {})] == ["e", 16, "c"]  # round 0 by gain, then buckets' second
@@ -187,8 +188,8 @@ def test_choose_move_reads_plain_records_and_honours_check_and_asked():
     from search_spaces.hardware import Hardware
     from search_spaces.loader import load_space_text
     from search_spaces.resolve import resolve
-    from tuner.refine import choose_move
-    from tuner.sampling import params_key
+    from tuner.search.refine import choose_move
+    from tuner.search.sampling import params_key
 
     resolved = resolve(load_space_text("""
 name: t
@@ -198,10 +199,10 @@ params:
   BLOCK: {type: categorical, values: [16, 32, 64], default: 32}
   warps: {type: categorical, values: [2, 4, 8], default: 4}
 """), Hardware())
-    recs = [R(number=0, params={"BLOCK": 32, "warps": 4}, outcome="ok", value=10.0, reason=""),
-            R(number=1, params={"BLOCK": 64, "warps": 4}, outcome="ok", value=8.0, reason=""),
-            R(number=2, params={"BLOCK": 16, "warps": 2}, outcome="ok", value=1.0, reason="not run again"),
-            R(number=3, params={"BLOCK": 16, "warps": 8}, outcome="failed", value=None, reason="")]
+    recs = [R(number=0, params={"BLOCK": 32, "warps": 4}, outcome="ok", value=10.0, repeat_of=None),
+            R(number=1, params={"BLOCK": 64, "warps": 4}, outcome="ok", value=8.0, repeat_of=None),
+            R(number=2, params={"BLOCK": 16, "warps": 2}, outcome="ok", value=1.0, repeat_of=0),
+            R(number=3, params={"BLOCK": 16, "warps": 8}, outcome="failed", value=None, repeat_of=None)]
     m = choose_move(resolved, recs, "minimize", lambda c: None)
     assert m.origin == 1 and {**m.params} != {"BLOCK": 64, "warps": 4}
     assert sum(m.params[k] != v for k, v in {"BLOCK": 64, "warps": 4}.items()) == 1

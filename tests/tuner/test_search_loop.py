@@ -8,7 +8,9 @@ from spaces import FAKE_SPACE
 
 from search_spaces import Hardware
 from storage import Repo
-from tuner.search import SearchError, SearchOptions, run_search
+from tuner.errors import SearchError
+from tuner.search.context import SearchOptions
+from tuner.search.driver import run_search
 
 CPU = Hardware()
 
@@ -51,7 +53,10 @@ def test_baseline_first_then_search_finds_better(tmp_path, sqlite_url):
     ("oom", "oom", "out of memory"),
     ("raise", "crash", "ZeroDivisionError"),
 ])
-def test_failed_trial_is_data_not_a_crash_of_the_search(tmp_path, sqlite_url, mode, outcome, reason_part):
+def test_a_failed_baseline_is_stored_classified_and_ends_the_search(tmp_path, sqlite_url, mode, outcome,
+                                                                    reason_part):
+    """A failed trial is data (its outcome class and reason stored, told to Optuna as infeasible); when it is the
+    baseline, nothing can be compared, so the search stops at once and says why (it ran 12 doomed launches before)."""
     space = _space(tmp_path, FAKE_SPACE.replace("default: ok", f"default: {mode}"))
     t0 = time.time()
     res = run_search(_opts(tmp_path, sqlite_url, n_trials=3, space_path=space, trial_timeout_s=2.0))
@@ -59,14 +64,57 @@ def test_failed_trial_is_data_not_a_crash_of_the_search(tmp_path, sqlite_url, mo
     first = res.trials[0]
     assert first.is_baseline and first.outcome == outcome and first.value is None
     assert reason_part.lower() in first.reason.lower()
-    assert len(res.trials) == 3  # the search went on after the failure
+    assert len(res.trials) == 1 and res.state == "failed"
+    assert "the baseline (trial 0) failed" in res.stop_reason and reason_part.lower() in res.stop_reason.lower()
     repo = Repo(sqlite_url)
-    rec = repo.get_trial(repo.get_run("s").id, 0)
-    assert rec.outcome == outcome and rec.state == "failed"
+    run = repo.get_run("s")
+    rec = repo.get_trial(run.id, 0)
+    assert rec.outcome == outcome and rec.state == "failed" and run.state == "failed"
     study = optuna.load_study(study_name="s", storage=sqlite_url)
     ft = study.trials[0]
     assert ft.user_attrs["outcome"] == outcome
     assert ft.user_attrs["constraints"][0] == 1.0  # told as infeasible, so TPE learns to avoid it
+
+
+def test_a_failed_trial_after_the_baseline_is_data_and_the_search_goes_on(tmp_path, sqlite_url):
+    space = _space(tmp_path, FAKE_SPACE.replace("settings: {sleep_s: 0.0}",
+                                                "settings: {sleep_s: 0.0, fail_fast_after: 0}"))
+    res = run_search(_opts(tmp_path, sqlite_url, n_trials=12, space_path=space, trial_timeout_s=2.0))
+    outcomes = [t.outcome for t in res.trials]
+    assert outcomes[0] == "ok" and len(res.trials) == 12 and res.state == "finished"
+    first_failure = next(i for i, o in enumerate(outcomes) if o not in ("ok", "pruned"))
+    assert "ok" in outcomes[first_failure + 1:]  # it went on, and later trials succeeded
+
+
+def test_a_run_of_identical_failures_ends_the_search_naming_the_reason(tmp_path, sqlite_url):
+    """Every configuration but the defaults crashes the same way (a broken environment): after
+    ``fail_fast_after`` such trials in a row the search stops, naming that failure, instead of using its budget."""
+    space = _space(tmp_path, FAKE_SPACE.replace("values: [ok, crash, hang, oom, raise]", "values: [ok]").replace(
+        "settings: {sleep_s: 0.0}", "settings: {sleep_s: 0.0, crash_unless_x: 0, fail_fast_after: 3}"))
+    res = run_search(_opts(tmp_path, sqlite_url, n_trials=20, space_path=space, trial_timeout_s=5.0))
+    ran = [t for t in res.trials if t.repeat_of is None]
+    assert ran[0].outcome == "ok" and [t.outcome for t in ran[-3:]] == ["crash"] * 3
+    assert res.state == "failed" and len(res.trials) < 20
+    assert "3 trials in a row failed the same way, crash" in res.stop_reason and "SIGSEGV" in res.stop_reason
+
+
+def test_fail_fast_counts_only_trials_that_ran_and_failed_alike():
+    from tuner.search.context import TrialSummary
+    from tuner.search.failfast import FailFast
+
+    ff = FailFast(3)
+    assert ff.observe(TrialSummary(0, {}, "ok", 1.0, is_baseline=True)) is None
+    for n, reason in enumerate(["OSError: port 30001 busy", "OSError: port 30002 busy"], start=1):
+        assert ff.observe(TrialSummary(n, {}, "crash", None, reason)) is None
+    assert ff.observe(TrialSummary(3, {}, "invalid_config", None, "violates constraint `x`")) is None  # neither
+    assert ff.observe(TrialSummary(4, {}, "crash", None, "copy", repeat_of=1)) is None  # a copy is no run
+    assert "3 trials in a row" in ff.observe(TrialSummary(5, {}, "crash", None, "OSError: port 30417 busy"))
+    ff = FailFast(3)
+    for n, reason in enumerate(["OSError: a", "ValueError: b", "OSError: a"]):
+        assert ff.observe(TrialSummary(n, {}, "crash", None, reason)) is None  # different failures: no run
+    assert FailFast(0).observe(TrialSummary(9, {}, "timeout", None, "slow")) is None
+    assert FailFast(3).observe(TrialSummary(0, {}, "timeout", None, "stopped at the search's deadline after 3s",
+                                            is_baseline=True)) is None  # the search's own cut says nothing
 
 
 def test_search_ends_by_the_deadline_and_times_out_the_running_trial(tmp_path, sqlite_url):
@@ -119,8 +167,8 @@ def test_unreachable_storage_is_a_clear_error(tmp_path):
 def test_baseline_and_confirmation_runs_are_never_pruned(tmp_path, sqlite_url, monkeypatch):
     """A pruner that prunes every odd-numbered trial: the baseline and the re-runs that confirm the winner still run
     whole (a pruned confirmation would leave the winner a single lucky timing)."""
-    import tuner.search as search
-    from tuner.search import BASELINE_ATTR, CONFIRM_ATTR
+    import tuner.search.context as search
+    from tuner.search.context import BASELINE_ATTR, CONFIRM_ATTR
 
     class OddPruner(optuna.pruners.BasePruner):
         def prune(self, study, trial):
@@ -139,7 +187,7 @@ def test_baseline_and_confirmation_runs_are_never_pruned(tmp_path, sqlite_url, m
 
 
 def _summary(n, x, value):
-    from tuner.search import TrialSummary
+    from tuner.search.context import TrialSummary
 
     return TrialSummary(n, {"x": x}, "ok", value)
 
@@ -149,7 +197,7 @@ def test_a_single_lucky_timing_never_beats_a_confirmed_median():
     was reported as the winner. Now it is re-run first, and only configurations timed twice can win."""
     from types import SimpleNamespace
 
-    from tuner.search import pick_best, unconfirmed_leader
+    from tuner.search.confirm import pick_best, unconfirmed_leader
 
     trials = [_summary(0, 1, 100.0), _summary(1, 2, 130.0), _summary(2, 3, 120.0), _summary(3, 4, 118.0),
               _summary(4, 2, 100.0), _summary(5, 3, 108.0)]  # 2 and 3 re-run lower; 4 was timed once
@@ -171,7 +219,7 @@ def test_confirmation_re_runs_the_new_leader(monkeypatch):
     """confirm_top re-runs its top picks, then the single timing that overtook them, before the search ends."""
     from types import SimpleNamespace
 
-    import tuner.search as search
+    import tuner.search.confirm as search
 
     later = {2: 100.0, 3: 108.0, 4: 119.0, 1: 95.0}  # what a re-run of each x measures
     trials = [_summary(0, 1, 100.0), _summary(1, 2, 130.0), _summary(2, 3, 120.0), _summary(3, 4, 118.0)]
@@ -179,7 +227,8 @@ def test_confirmation_re_runs_the_new_leader(monkeypatch):
     study = SimpleNamespace(enqueue_trial=lambda params, user_attrs: queued.append(params), ask=lambda: None)
     ctx = SimpleNamespace(trials=trials, direction="maximize", better=lambda a, b: a > b, study=study,
                           options=SimpleNamespace(confirm_top=2, n_trials=None), stop=SimpleNamespace(is_set=lambda: False),
-                          deadline=SimpleNamespace(remaining_for_trials=lambda: 1e9), resolved=None)
+                          deadline=SimpleNamespace(remaining_for_trials=lambda: 1e9), resolved=None, baseline=None,
+                          target=SimpleNamespace(config=SimpleNamespace(noise_tolerance=0.10)))
     monkeypatch.setattr(search, "suggestable", lambda resolved, params: dict(params))
 
     def run_one(ctx_, trial, progress):

@@ -9,7 +9,8 @@ from spaces import FAKE_SPACE
 
 from search_spaces import Hardware
 from storage import Repo
-from tuner.search import SearchOptions, run_search
+from tuner.search.context import SearchOptions
+from tuner.search.driver import run_search
 
 PG = os.environ.get("TUNER_TEST_POSTGRES_URL")
 pytestmark = [pytest.mark.postgres,

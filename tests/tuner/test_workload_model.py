@@ -4,9 +4,10 @@ import pytest
 import torch
 
 from search_spaces.buckets import bucket_for, expand_buckets
-from tuner.workload.bench import measure
-from tuner.workload.model import DecodeModel, KnobError
-from tuner.workload.presets import PRESETS, get_preset
+from tuner.errors import KnobError
+from tuner.targets.workload.bench import measure
+from tuner.targets.workload.model import DecodeModel
+from tuner.targets.workload.presets import PRESETS, get_preset
 
 TINY = get_preset("dsv4-flash-tiny")
 
@@ -130,7 +131,7 @@ def _first_requests(st: dict, n: int, *, batch: int) -> dict:
 
 def test_workload_target_refuses_kernel_configs_that_cannot_run_before_any_trial():
     from search_spaces import Hardware, load_space, resolve
-    from tuner.targets.workload import WorkloadTarget
+    from tuner.targets.workload.target import WorkloadTarget
 
     hw = Hardware(gpu_name="NVIDIA H200", gpu_count=1, compute_capability=(9, 0), has_triton=True)
     target = WorkloadTarget(resolve(load_space("dsv4_flash"), hw))
@@ -144,13 +145,16 @@ def test_workload_target_refuses_kernel_configs_that_cannot_run_before_any_trial
 
 
 def test_kernel_phase_runs_first_for_the_spaces_shapes_when_asked(tmp_path, monkeypatch):
-    import tuner.kernel_search as ks
+    import tuner.search.driver as driver
     from search_spaces import Hardware
-    from tuner.search import SearchOptions, run_search
+    from tuner.search.context import SearchOptions
+    from tuner.search.driver import run_search
 
     calls = []
 
     class Done:
+        config_dir = None  # nothing written: no settings for later trials
+
         def summary_lines(self):
             return ["kernel phase: done"]
 
@@ -158,7 +162,7 @@ def test_kernel_phase_runs_first_for_the_spaces_shapes_when_asked(tmp_path, monk
         calls.append((list(shapes), budget_s))
         return Done()
 
-    monkeypatch.setattr(ks, "kernel_phase", fake_phase)
+    monkeypatch.setattr(driver, "kernel_phase", fake_phase)
     gpu = Hardware(gpu_name="NVIDIA H200", gpu_count=1, compute_capability=(9, 0), has_triton=True)
     opts = dict(budget_s=60, storage_url=f"sqlite:///{tmp_path / 'k.db'}", space_path="dsv4_flash_tiny",
                 out_dir=str(tmp_path / "o"), hardware=gpu, n_trials=1, confirm_top=0)
@@ -175,7 +179,7 @@ def test_kernel_phase_runs_first_for_the_spaces_shapes_when_asked(tmp_path, monk
 
 def test_gpu_space_tunes_the_moe_kernel_and_leaves_the_indexer_width_to_the_server():
     from search_spaces import Hardware, load_space, resolve
-    from tuner.targets.workload import WorkloadTarget
+    from tuner.targets.workload.target import WorkloadTarget
 
     hw = Hardware(gpu_name="NVIDIA H200", gpu_count=1, compute_capability=(9, 0), has_triton=True)
     target = WorkloadTarget(resolve(load_space("dsv4_flash"), hw))
@@ -193,7 +197,7 @@ def test_profile_names_the_stage_the_step_goes_to():
     """Each stage's share of the step is reported (stage ranges only while profiling). The indexer scores the
     configured width: under a 4K cap it scores 1/32 of the 128K cap's rows and its time falls accordingly (which
     stage leads at this tiny size is CPU timing, so the test does not pin it)."""
-    from tuner.workload.profile import profile_step
+    from tuner.targets.workload.profile import profile_step
 
     base = DecodeModel(TINY, {}, "cpu")
     prof = profile_step(base, 1, 512)

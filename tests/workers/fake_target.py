@@ -14,6 +14,7 @@ import time
 from typing import Any
 
 from tuner.measurement import Measurement, Outcome
+from tuner.settings import CommonSettings
 from tuner.targets.base import LaunchSpec, Target
 
 NAME = "fake_target:FakeTarget"
@@ -44,21 +45,28 @@ def space_yaml(sleep_ms: int = 10, tp: list[int] | None = None) -> str:
     return SPACE_YAML.format(sleep_ms=sleep_ms, tp=json.dumps(tp), tp_default=tp[0])
 
 
+class FakeSettings(CommonSettings):
+    sleep_ms: float = 10.0
+    use_gpus: bool = False
+    """Lease ``tp`` GPUs per trial and check CUDA_VISIBLE_DEVICES."""
+
+
 class FakeTarget(Target):
     name = NAME
+    Settings = FakeSettings
 
     def gpus_for(self, params: dict[str, Any]) -> int:
-        return int(params.get("tp", 1)) if self.settings.get("use_gpus") else 0
+        return int(params.get("tp", 1)) if self.config.use_gpus else 0
 
     def evaluate(self, params, deadline, report=None) -> Measurement:
         t0 = time.time()
         visible = os.environ.get("CUDA_VISIBLE_DEVICES")
-        if self.settings.get("use_gpus"):
+        if self.config.use_gpus:
             ids = [int(x) for x in visible.split(",")] if visible else []
             if len(ids) != int(params["tp"]) or len(set(ids)) != len(ids):
                 return Measurement.failed(Outcome.CRASH, f"wrong GPUs: CUDA_VISIBLE_DEVICES={visible!r} for "
                                                          f"tp={params['tp']}")
-        pause = float(self.settings.get("sleep_ms", 10)) / 1000.0
+        pause = self.config.sleep_ms / 1000.0
         stall = os.environ.get("TUNER_FAKE_STALL_FILE")
         if stall and os.path.exists(stall):  # the test kills a worker while trials stall here
             with open(stall + ".entered", "a") as f:  # which trials are stalled: the test picks its victim among them

@@ -11,7 +11,8 @@ import time
 
 import pytest
 
-from tuner.leases import FileLocks, GpuLeaser, LeaseCancelled, LeaseError, parse_gpu_ids
+from tuner.search.leases import FileLocks, GpuLeaser, parse_gpu_ids
+from tuner.errors import LeaseCancelled, LeaseError
 from workerkit import write_space
 
 
@@ -61,7 +62,7 @@ def test_small_requests_backfill_until_the_big_one_has_waited_long_enough(tmp_pa
 
 
 def test_file_locks_keep_two_processes_off_one_gpu(tmp_path):
-    code = ("import sys,time; from tuner.leases import FileLocks; f=FileLocks(sys.argv[1]); "
+    code = ("import sys,time; from tuner.search.leases import FileLocks; f=FileLocks(sys.argv[1]); "
             "assert f.try_acquire(3); print('held', flush=True); time.sleep(30)")
     p = subprocess.Popen([sys.executable, "-c", code, str(tmp_path)], stdout=subprocess.PIPE, text=True)
     try:
@@ -90,7 +91,8 @@ def test_parse_gpu_ids():
 def test_threaded_search_gives_each_trial_only_its_gpus(tmp_path, monkeypatch):
     """3 worker threads over 4 fake GPUs, trials needing 1, 2 or 4: each trial subprocess checks it sees
     exactly its ids; the trial log shows no two overlapping trials on one id."""
-    from tuner.search import SearchOptions, run_search
+    from tuner.search.context import SearchOptions
+    from tuner.search.driver import run_search
 
     log = tmp_path / "trials.jsonl"
     monkeypatch.setenv("TUNER_FAKE_LOG", str(log))

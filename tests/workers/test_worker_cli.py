@@ -47,7 +47,8 @@ def test_worker_exits_at_once_when_the_run_deadline_has_passed(pg_url, tmp_path)
 @pytest.mark.timeout(90)
 def test_deadline_stops_every_thread_worker_and_records_timeouts(tmp_path, monkeypatch):
     from storage import Repo
-    from tuner.search import SearchOptions, run_search
+    from tuner.search.context import SearchOptions
+    from tuner.search.driver import run_search
 
     stall = tmp_path / "stall"
     stall.touch()  # every trial hangs until the deadline kills it

@@ -12,7 +12,6 @@ from pathlib import Path
 
 import pytest
 from optuna.trial import TrialState
-
 from workerkit import assert_consistent, spawn_worker, start_study, study_state, wait_all, write_space
 
 pytestmark = [pytest.mark.postgres, pytest.mark.slow]

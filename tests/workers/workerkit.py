@@ -126,7 +126,7 @@ def write_space(tmp_path: Path, *, sleep_ms: int = 10, tp: list[int] | None = No
 def start_study(url: str, space: str, *, budget_s: float = 240, settings: dict | None = None,
                 name: str | None = None):
     """What `tuner search` does first: schema, study, run, baseline enqueued. Returns (study name, run id)."""
-    from tuner.search import SearchOptions, open_context
+    from tuner.search.context import SearchOptions, open_context
 
     name = name or f"w-{uuid.uuid4().hex[:8]}"
     ctx = open_context(SearchOptions(budget_s=budget_s, storage_url=url, study=name, space_path=space,

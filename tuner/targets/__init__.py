@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import importlib
 
-from tuner.targets.base import LaunchSpec, PreflightReport, Target, TargetError
+from tuner.errors import TargetError
+from tuner.targets.base import LaunchSpec, PreflightReport, Target
 
 _REGISTRY = {
-    "workload": "tuner.targets.workload:WorkloadTarget",
-    "sglang": "tuner.targets.sglang:SGLangTarget",
-    "command": "tuner.targets.sglang:CommandTarget",
+    "workload": "tuner.targets.workload.target:WorkloadTarget",
+    "sglang": "tuner.targets.sglang.target:SGLangTarget",
+    "command": "tuner.targets.sglang.target:CommandTarget",
     "kernels": "tuner.targets.kernels:KernelsTarget",
 }
 

@@ -5,19 +5,17 @@ from __future__ import annotations
 import abc
 import logging
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any, Callable, ClassVar
 
 from search_spaces import ResolvedSpace
 from tuner.measurement import Measurement
+from tuner.settings import CommonSettings
 
 _logger = logging.getLogger(__name__)
 
 Reporter = Callable[[int, float], bool]
 """``report(step, value) -> should_stop``: an intermediate value (one concurrency level); True means pruned."""
 
-
-class TargetError(RuntimeError):
-    """A target cannot be set up at all (missing server, bad settings). Raised before the search starts."""
 
 
 @dataclass
@@ -30,10 +28,18 @@ class PreflightReport:
     rules: list[str] = field(default_factory=list)
     errors: list[str] = field(default_factory=list)
     facts: dict[str, Any] = field(default_factory=dict)
+    trial_s: float | None = None
+    """What one trial takes, when the target knows (a space's estimate or a probe launch): the dry-run's plan."""
 
     @property
     def ok(self) -> bool:
         return not self.errors
+
+    def plan(self, budget_s: float) -> None:
+        """Add how many trials of :attr:`trial_s` fit in ``budget_s`` to the facts (nothing when it is unknown)."""
+        if self.trial_s and self.trial_s > 0:
+            self.facts["trials that fit the budget"] = (f"about {int(budget_s // self.trial_s)} "
+                                                        f"({budget_s:.0f} s / {self.trial_s:.0f} s a trial)")
 
     def lines(self) -> list[str]:
         out = [f"preflight for target `{self.target}`:"]
@@ -54,6 +60,8 @@ class LaunchSpec:
     description: str = ""
     remeasure_argv: list[str] | None = None
     """The command that re-measures the configuration (defaults to ``argv``)."""
+    host: str | None = None
+    """The address the launched server binds (server targets): what ``tuner verify`` dials."""
 
 
 class Target(abc.ABC):
@@ -68,7 +76,7 @@ class Target(abc.ABC):
       a :class:`PreflightReport`; it never raises for a bad configuration, it reports it.
     - :meth:`check` runs before each trial in the search process: a reason string when the params cannot
       run (the trial becomes ``invalid_config`` without spending a subprocess), else ``None``.
-    - :meth:`evaluate` runs in the trial's own subprocess (see ``tuner.isolation``); it must return by
+    - :meth:`evaluate` runs in the trial's own subprocess (see ``tuner.execution.isolation``); it must return by
       ``deadline`` (``time.time()`` seconds) or it is killed and recorded as ``timeout``. It returns a
       :class:`Measurement` whose outcome classifies any failure; raising is allowed (the worker classifies the
       exception) but a crash, hang or CUDA error only ever fails this one trial.
@@ -83,10 +91,16 @@ class Target(abc.ABC):
     pay an interpreter + torch + CUDA start each). The kernels target sets it (a config trial is ~0.1-3 s of compile
     and timing) unless its setting ``persistent_worker`` is false."""
 
+    Settings: ClassVar[type[CommonSettings]] = CommonSettings
+    """The typed settings this target accepts (its own model extends :class:`~tuner.settings.CommonSettings`)."""
+
     def __init__(self, resolved: ResolvedSpace, settings: dict[str, Any] | None = None) -> None:
         self.resolved = resolved
         self.space = resolved.space
         self.settings = {**self.space.settings, **(settings or {})}
+        """The settings as given (the space's, then ``--set``): what trial processes and the stored run get."""
+        self.config = self.Settings.parse(self.settings, owner=f"target `{self.name}`")
+        """The same, typed and with every default filled in: what the target reads."""
 
     def preflight(self) -> PreflightReport:
         report = PreflightReport(target=self.name)
@@ -117,6 +131,26 @@ class Target(abc.ABC):
     def launch_spec(self, params: dict[str, Any]) -> LaunchSpec:
         """The command that deploys (or re-measures) ``params`` outside the tuner; used by the export."""
 
+    # -- optional hooks: each does nothing unless a target overrides it ---------------------------------------
     def kernel_config_dirs(self) -> list[str]:
         """Directories of tuned kernel configs this target's launch uses (copied beside the launch script)."""
         return []
+
+    def kernel_shapes(self) -> list[tuple[str, dict[str, int]]]:
+        """The ``(kernel, shape)`` cases this space's configurations run, for a kernel phase before the first trial
+        (``--set kernel_phase=true``); none by default."""
+        return []
+
+    def known_failure(self, repo: Any, params: dict[str, Any]) -> str | None:
+        """Why ``params`` need not run: the same launch already failed, as kept in the study's storage ``repo`` (a
+        :class:`storage.Repo`). The search never asks it about the baseline. ``None`` by default."""
+        return None
+
+    def remember_failure(self, repo: Any, run_id: int, number: int, params: dict[str, Any],
+                         measurement: Measurement) -> None:
+        """Keep trial ``number``'s failed launch in ``repo`` for :meth:`known_failure`; nothing by default."""
+
+    def use_kernel_configs(self, config_dir: str) -> dict[str, Any]:
+        """Settings that make later trials (and the export) use the configs a kernel phase wrote to
+        ``config_dir``; none by default."""
+        return {}

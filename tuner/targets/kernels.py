@@ -4,7 +4,7 @@ Settings (from the space's ``settings:`` or ``--set``):
 
 ``kernel``
     A registry name (``sparse_decode``), a plug-in's short name (``sglang_fused_moe``: SGLang's own fused-MoE
-    kernel, see :mod:`tuner.server.sglang_moe`) or a plug-in ``module:Class`` (a :class:`kernels.base.TunableKernel`).
+    kernel, see :mod:`kernels.plugins.sglang_moe`) or a plug-in ``module:Class`` (a :class:`kernels.base.TunableKernel`).
 ``shape``
     The shape dict (``{batch: 16, heads: 64, ...}``); a JSON string is accepted (``--set shape='{...}'``).
 ``dtype`` (``bfloat16``), ``seed`` (0)
@@ -41,8 +41,12 @@ from typing import Any
 
 from search_spaces import ResolvedSpace
 from storage.types import MetricRow
+from tuner.errors import TargetError
+from pydantic import Field
+
 from tuner.measurement import Measurement, Outcome
-from tuner.targets.base import LaunchSpec, PreflightReport, Reporter, Target, TargetError
+from tuner.settings import CommonSettings
+from tuner.targets.base import LaunchSpec, PreflightReport, Reporter, Target
 
 _logger = logging.getLogger(__name__)
 
@@ -52,14 +56,9 @@ ROTATE_BYTES = 2 * 1024**3  # at most this many bytes of distinct input sets for
 ROTATE_MAX = 4
 
 
-PLUGINS = {"sglang_fused_moe": "tuner.server.sglang_moe:SGLangFusedMoEKernel"}
-"""Kernels that live outside ``kernels/`` (they import a server's own code), by short name."""
-
-
 def load_kernel(name: str):
-    """The :class:`~kernels.base.TunableKernel` registered as ``name``, a plug-in's short name, or a plug-in
-    ``module:Class``."""
-    name = PLUGINS.get(name, name)
+    """The :class:`~kernels.base.TunableKernel` registered as ``name`` in ``kernels.registry``, or a plug-in given
+    as ``module:Class``."""
     if ":" in name:
         module, _, attr = name.partition(":")
         try:
@@ -94,28 +93,58 @@ def parse_shape(value: Any) -> dict[str, int]:
     return out
 
 
-def _truthy(value: Any) -> bool:
-    return value is True or str(value).lower() in ("1", "true", "yes", "on")
+class KernelsSettings(CommonSettings):
+    """Settings of the kernels target, and of a kernels plan (``tuner search --target kernels``)."""
+
+    kernel: str | None = None
+    """A registry name (``sparse_decode``, ``sglang_fused_moe``) or a plug-in ``module:Class``."""
+    shape: dict[str, int] | str | None = None
+    """The shape dict; a JSON string is accepted (``--set shape='{...}'``)."""
+    dtype: str = "bfloat16"
+    allow_cpu_interpreter: bool = False
+    """Let a CPU machine run Triton's interpreter (tests): correct or not, never a speed."""
+    persistent_worker: bool = True
+    """Run trials one after another in a long-lived worker per GPU set."""
+    rep_ms: float = Field(60.0, gt=0)
+    """Milliseconds of timing per config."""
+    peak_bytes_per_s: float = Field(H200_BYTES_PER_S, gt=0)
+    peak_flops: float = Field(H200_BF16_FLOPS, gt=0)
+    # a kernels plan
+    kernels: dict[str, Any] | None = None
+    """The plan: kernel name -> model dims and batch buckets."""
+    only: str | list[str] | None = None
+    """Tune only these kernels of the plan (``--set only=sparse_decode,indexer``)."""
+    max_cases: int | None = Field(None, ge=1)
+    retune: bool = False
+    """Tune again a case whose tuned-config file already holds it."""
+    retimes: int = Field(1, ge=0)
+    """Extra timings of the top configs before a case's winner is chosen."""
+    min_gain: float = Field(0.01, ge=0)
+    """A winner must beat the default by this much beyond the measured spread."""
+    compile_ahead: int | bool | str = "auto"
+    """Compile helpers: ``auto`` (the spare CPUs of a GPU host), a count, or false."""
 
 
 class KernelsTarget(Target):
     """Microbenchmark one config of one kernel at one shape (see the module docstring)."""
 
     name = "kernels"
+    Settings = KernelsSettings
+    config: KernelsSettings
 
     def __init__(self, resolved: ResolvedSpace, settings: dict[str, Any] | None = None) -> None:
         super().__init__(resolved, settings)
-        kernel_name = self.settings.get("kernel")
+        kernel_name = self.config.kernel
         if not kernel_name:
             raise TargetError("the kernels target needs setting `kernel` (e.g. sparse_decode) and `shape`; "
                               "use `tuner search --target kernels` with a kernels plan, or write them in the space")
         self.kernel_name = str(kernel_name)
-        self.shape = parse_shape(self.settings.get("shape"))
-        self.dtype = str(self.settings.get("dtype", "bfloat16"))
-        self.seed = int(self.settings.get("seed", 0))
-        self.allow_cpu = _truthy(self.settings.get("allow_cpu_interpreter", False))
+        self.shape = parse_shape(self.config.shape)
+        self.dtype = self.config.dtype
+        self.seed = self.config.seed
+        self.allow_cpu = self.config.allow_cpu_interpreter
         self.gpus_per_trial = 1 if resolved.hardware.gpu_count else 0
-        self.persistent_worker = _truthy(self.settings.get("persistent_worker", True))
+        self.persistent_worker = self.config.persistent_worker
         self._kernel = None
         self._limits_device: Any = None
 
@@ -153,7 +182,7 @@ class KernelsTarget(Target):
             report.errors.append(str(exc))
             return report
         hw = self.resolved.hardware
-        missing = getattr(kernel, "unavailable", lambda: None)()
+        missing = kernel.unavailable()
         if missing:
             report.errors.append(f"kernel {self.kernel_name!r} cannot run here: {missing}")
             return report
@@ -242,10 +271,10 @@ class KernelsTarget(Target):
 
     def _time(self, config: dict, device: str) -> dict[str, Any]:
         kernel = self.kernel
-        recorded = getattr(kernel, "recorded_time_us", None)
-        if device != "cuda" and callable(recorded):
+        recorded = kernel.recorded_time_us(config, self.shape) if device != "cuda" else None
+        if recorded is not None:
             # replay: a kernel that carries recorded GPU timings (tests, strategy studies) answers from its table
-            us = float(recorded(config, self.shape))
+            us = float(recorded)
             return {"median": us, "p20": us * 0.995, "p80": us * 1.005, "n": 1, "graph": True, "spread": 0.01,
                     "sets": 1, "replay": True}
         n_sets = max(1, min(ROTATE_MAX, int(ROTATE_BYTES // max(kernel.rotation_bytes(self.shape, self.dtype), 1.0))))
@@ -261,7 +290,7 @@ class KernelsTarget(Target):
         if device == "cuda":
             from kernels.bench import do_bench
 
-            t = do_bench(call, sets, rep_ms=float(self.settings.get("rep_ms", 60.0)))
+            t = do_bench(call, sets, rep_ms=self.config.rep_ms)
             return {"median": t.median_us, "p20": t.p20_us, "p80": t.p80_us, "n": t.n, "graph": t.graph,
                     "spread": t.spread, "sets": n_sets}
         samples = []  # the interpreter: wall time of whole calls, for tests only
@@ -277,8 +306,8 @@ class KernelsTarget(Target):
     def _measurement(self, t: dict[str, Any], err: float, first_s: float, device: str) -> Measurement:
         cost = self.kernel.cost(self.shape, self.dtype)
         us = t["median"]
-        peak_b = float(self.settings.get("peak_bytes_per_s", H200_BYTES_PER_S))
-        peak_f = float(self.settings.get("peak_flops", H200_BF16_FLOPS))
+        peak_b = self.config.peak_bytes_per_s
+        peak_f = self.config.peak_flops
         floor = cost.floor_us(peak_b, peak_f)
         metrics = [
             MetricRow("time_us", "", us, "us"),
@@ -308,8 +337,8 @@ class KernelsTarget(Target):
         return LaunchSpec(argv=argv, description=f"re-measure {self.kernel_name} at {self.shape} ({self.dtype})")
 
     def kernel_config_dirs(self) -> list[str]:
-        d = self.settings.get("kernel_config_dir")
-        return [str(d)] if d else []
+        d = self.config.kernel_config_dir
+        return [d] if d else []
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -1,0 +1,104 @@
+"""One call of each sparse decode variant, for Nsight Compute; and a summary of what ncu measured.
+
+Run under ncu, which profiles only the calls between ``cudaProfilerStart`` and ``cudaProfilerStop``::
+
+    ncu --profile-from-start off --clock-control none --section SpeedOfLight --section LaunchStats \\
+        --section Occupancy --section WarpStateStats --csv --page raw \\
+        python3 benchmarks/profile_sparse_decode.py > ncu.csv
+    python3 benchmarks/profile_sparse_decode.py --summarise ncu.csv
+
+Cases (V4-Flash shapes, fresh random inputs, each checked against the float32 reference first): the issue's batch-1
+config (S=32, BLOCK_H=16, BLOCK_T=16, 4 warps, 2 stages) in the previous kernel and in this one, and this one's
+shipped config at batch 1, 16 and 64 for the bf16 and the fp8 cache.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path[:] = [str(ROOT)] + [p for p in sys.path if Path(p or ".").resolve() not in (ROOT, Path(__file__).resolve().parent)]
+
+ISSUE_CFG = {"S": 32, "BLOCK_H": 16, "BLOCK_T": 16, "num_warps": 4, "num_stages": 2}
+COLUMNS = {  # ncu raw metric -> short name
+    "gpu__time_duration.sum": "time_ns",
+    "dram__throughput.avg.pct_of_peak_sustained_elapsed": "dram_%",
+    "sm__throughput.avg.pct_of_peak_sustained_elapsed": "sm_%",
+    "launch__registers_per_thread": "regs",
+    "launch__grid_size": "grid",
+    "sm__warps_active.avg.pct_of_peak_sustained_active": "occupancy_%",
+    "smsp__average_warp_latency_per_inst_issued.ratio": "cycles/issue",
+}
+
+
+def run_cases() -> None:
+    import torch
+
+    from benchmarks.baselines.sparse_decode_v1 import sparse_decode_v1
+    from kernels import get_kernel
+    from kernels.base import rel_error
+    from kernels.configs import lookup
+
+    sd = get_kernel("sparse_decode")
+    cases = []
+    b1 = sd.shapes("v4flash")[0]
+    cases.append(("v1 B=1 issue cfg", b1, "bfloat16", lambda i: sparse_decode_v1(i["q"], i["kv"], i["indices"], i["sm_scale"], ISSUE_CFG)))
+    cases.append(("new B=1 issue cfg", b1, "bfloat16", lambda i: sd.run(i, ISSUE_CFG)))
+    for dtype in ("bfloat16", "float8_e4m3fn"):
+        for shape in sd.shapes("v4flash"):
+            cfg = lookup("sparse_decode", shape, dtype, "cuda")
+            cases.append((f"new B={shape['batch']} {dtype} shipped {cfg}", shape, dtype, lambda i, c=cfg: sd.run(i, c)))
+    prepared = []
+    for name, shape, dtype, fn in cases:
+        inputs = sd.make_inputs(shape, dtype, "cuda", seed=7)
+        err = rel_error(fn(inputs), sd.reference(inputs))  # also compiles
+        print(f"{name}: rel error {err:.2e}", file=sys.stderr)
+        prepared.append((fn, inputs))
+    torch.cuda.synchronize()
+    torch.cuda.profiler.start()
+    for fn, inputs in prepared:
+        fn(inputs)
+        torch.cuda.synchronize()
+    torch.cuda.profiler.stop()
+
+
+def summarise(path: Path) -> str:
+    """One line per profiled kernel: time, DRAM and SM throughput, registers, occupancy, top stall reasons."""
+    text = path.read_text()
+    start = text.find('"ID"')
+    rows = list(csv.reader(text[start:].splitlines()))
+    header, data = rows[0], [r for r in rows[2:] if len(r) == len(rows[0])]
+    stall_cols = [i for i, h in enumerate(header) if "issue_stalled" in h]
+    ratio_cols = [i for i in stall_cols if header[i].endswith("per_issue_active.ratio")]
+    stall_cols = ratio_cols or stall_cols  # cycles stalled per issued instruction, by reason
+    lines = []
+    for r in data:
+        rec = {short: r[header.index(col)] for col, short in COLUMNS.items() if col in header}
+        stalls = []
+        for i in stall_cols:
+            try:
+                stalls.append((float(r[i].replace(",", "")), header[i].split("issue_stalled_")[1].split("_per_")[0]))
+            except ValueError:
+                continue
+        top = ", ".join(f"{name} {v:.2f}" for v, name in sorted(stalls, reverse=True)[:4])
+        lines.append(f"{r[header.index('Kernel Name')][:40]:40s} " + " ".join(f"{k}={v}" for k, v in rec.items())
+                     + (f" | top stalls: {top}" if top else ""))
+    return "\n".join(lines)
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--summarise", type=Path, default=None, help="print a summary of an ncu --csv --page raw file")
+    args = ap.parse_args(argv)
+    if args.summarise:
+        print(summarise(args.summarise))
+        return 0
+    run_cases()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,96 @@
+"""Report of a twin (workload) search from its stored study: best x default per level, the side-by-side table of
+``benchmarks/workload_gpu.py``, the numerics error of every knob value the successful trials kept, and the exported
+SGLang command, checked here with SGLang's own parser (needs SGLang installed, no GPU).
+
+    python benchmarks/twin_report.py --db twin19_h200.db --study twin19-h200 \\
+        [--side-by-side workload_twin19_h200.md] --out benchmarks/results/twin19_h200.md
+
+Every figure is read from the study database (or the side-by-side file, quoted whole); the report names both.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import sys
+import tempfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+
+def _levels(trial) -> dict[str, float]:
+    return {m.level: m.value for m in trial.measurements if m.metric == "tok_s" and m.level}
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--db", required=True, help="the study's SQLite file")
+    ap.add_argument("--study", required=True)
+    ap.add_argument("--side-by-side", default=None, help="the markdown benchmarks/workload_gpu.py wrote")
+    ap.add_argument("--out", required=True)
+    args = ap.parse_args()
+    from storage import Repo
+    from tuner.explain import numerics_summary
+    from tuner.export.sglang_command import parse_launch_script
+
+    repo = Repo(f"sqlite:///{args.db}")
+    run = repo.get_run(args.study)
+    if run is None or run.best_trial_number is None:
+        raise SystemExit(f"{args.db}: no study {args.study!r} with a best trial")
+    env = run.environment or {}
+    gpu = ", ".join(g["name"] for g in env.get("gpus", [])) or "cpu"
+    best = repo.get_trial(run.id, run.best_trial_number)
+    base = repo.baseline_trial(run.id)
+    counts = repo.outcome_counts(run.id)
+    lines = [f"# Twin search `{run.study_name}` on {gpu}", "",
+             f"Search started {run.started_at:%Y-%m-%d %H:%M} UTC, budget {run.budget_s:.0f} s, tuner commit "
+             f"{env.get('git_sha')}, torch {env.get('torch')}, triton {env.get('triton')}; report written "
+             f"{dt.date.today()} by `benchmarks/twin_report.py` from `{Path(args.db).name}`.", "",
+             "Trials: " + ", ".join(f"{k} {v}" for k, v in sorted(counts.items())), "",
+             f"## Best (trial {best.number}) against the default (trial {base.number if base else '?'}), as stored",
+             "", "| level | default tok/s | best tok/s | x default |", "| --- | --- | --- | --- |"]
+    b, d = _levels(best), _levels(base) if base else {}
+    for lv in sorted(b, key=lambda s: int(s.split("=")[1])):
+        ratio = f"{b[lv] / d[lv]:.2f}x" if d.get(lv) else "-"
+        lines.append(f"| {lv} | {d.get(lv, float('nan')):.1f} | {b[lv]:.1f} | {ratio} |")
+    lines += ["", "Best parameters: " + ", ".join(f"{k}={v}" for k, v in best.params.items()), ""]
+    if args.side_by_side:
+        text = Path(args.side_by_side).read_text()
+        lines += [f"## Side by side with the hand-written best (`{Path(args.side_by_side).name}`, "
+                  "benchmarks/workload_gpu.py --only-ends --study-best)", "", text.strip(), ""]
+    num = numerics_summary(repo, run.id, best)
+    lines += ["## Numerics: output against the default configuration's (relative norm error, fixed inputs)", ""]
+    if num:
+        lines.append(f"The best: {num['best']:.3g} (tolerance {num['tolerance']:.3g}).")
+        lines += ["", "| knob | value | successful trials | max error |", "| --- | --- | --- | --- |"]
+        lines += [f"| {r['param']} | {r['value']} | {r['trials']} | {r['max_err']:.3g} |" for r in num["rows"]]
+        lines += [""] + [f"- trial {w['trial']}: wrong_result, error {w['err']:.3g}: "
+                         + ", ".join(f"{k}={v}" for k, v in w["params"].items()) for w in num["wrong"]]
+    else:
+        lines.append("The study stored no numerics errors (searched before the gate existed, or with numerics off).")
+    art = repo.get_artifact(run.id, "launch.sh")
+    lines += ["", "## The exported SGLang command (launch.sh as stored with the study)", ""]
+    if art is None:
+        lines.append("No launch.sh stored with the study.")
+    else:
+        script = art.content.decode()
+        with tempfile.TemporaryDirectory() as d:
+            p = Path(d) / "launch.sh"
+            p.write_text(script)
+            try:
+                doc = parse_launch_script(p)
+                a = doc["args"]
+                ok = (f"SGLang {doc['sglang']}'s own parser accepts it (context_length={a.get('context_length')}, "
+                      f"cuda_graph_bs_decode={a.get('cuda_graph_bs_decode')}).")
+            except (ValueError, OSError) as exc:
+                ok = f"Not checked or refused by SGLang's parser here: {exc}"
+        lines += [ok, "", "```bash", script.strip(), "```", ""]
+    Path(args.out).write_text("\n".join(lines) + "\n")
+    print("\n".join(lines))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

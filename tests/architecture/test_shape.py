@@ -1,0 +1,101 @@
+"""The shape of the code: no import cycles inside ``tuner`` (function-level imports included), every package says
+what lives in it, and the layers and foundations hold (import-linter, the contracts in ``pyproject.toml``)."""
+
+from __future__ import annotations
+
+import ast
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import grimp
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+PACKAGES = ("tuner", "kernels", "search_spaces", "storage", "api")
+
+
+def _cycles(graph: grimp.ImportGraph, modules: set[str]) -> list[list[str]]:
+    """Strongly connected components of more than one module (Tarjan), each a set of modules in a circle."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on: set[str] = set()
+    out: list[list[str]] = []
+    counter = [0]
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = counter[0]
+        counter[0] += 1
+        stack.append(v)
+        on.add(v)
+        for w in graph.find_modules_directly_imported_by(v) & modules:
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            comp = []
+            while True:
+                w = stack.pop()
+                on.discard(w)
+                comp.append(w)
+                if w == v:
+                    break
+            if len(comp) > 1:
+                out.append(sorted(comp))
+
+    sys.setrecursionlimit(10000)
+    for m in sorted(modules):
+        if m not in index:
+            visit(m)
+    return out
+
+
+def _package_modules(graph: grimp.ImportGraph, package: str) -> set[str]:
+    """The modules of ``package`` (a package's ``__init__`` counts as the package itself: importing a submodule
+    runs it, so the package is left out as a node of its own)."""
+    return {m for m in graph.modules if m == package or m.startswith(package + ".")}
+
+
+@pytest.mark.parametrize("package", PACKAGES)
+def test_no_module_imports_another_in_a_circle(package):
+    graph = grimp.build_graph(package, include_external_packages=False)
+    modules = {m for m in _package_modules(graph, package)
+               if not (ROOT / (m.replace(".", "/") + "/__init__.py")).exists()}  # packages re-export downward
+    assert _cycles(graph, modules) == []
+
+
+def test_a_cycle_is_found_when_there_is_one(tmp_path, monkeypatch):
+    """The cycle finder itself: two modules importing each other inside functions are reported."""
+    pkg = tmp_path / "circ"
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text("")
+    (pkg / "a.py").write_text("def f():\n    from circ import b\n")
+    (pkg / "b.py").write_text("def g():\n    from circ import a\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    graph = grimp.build_graph("circ", include_external_packages=False, cache_dir=None)
+    assert _cycles(graph, {"circ.a", "circ.b"}) == [["circ.a", "circ.b"]]
+
+
+def test_every_package_says_what_lives_there():
+    for init in sorted(ROOT.glob("*/**/__init__.py")):
+        rel = init.relative_to(ROOT)
+        if rel.parts[0] not in PACKAGES:
+            continue
+        doc = ast.get_docstring(ast.parse(init.read_text()))
+        assert doc and len(doc) > 20, f"{rel} has no docstring saying what lives in its folder"
+
+
+def test_tuner_has_about_a_dozen_entries_at_its_top():
+    entries = [p.name for p in (ROOT / "tuner").iterdir()
+               if p.name not in ("__init__.py", "__main__.py", "__pycache__")]
+    assert len(entries) <= 15, sorted(entries)
+
+
+@pytest.mark.skipif(shutil.which("lint-imports") is None, reason="import-linter is not installed")
+def test_import_contracts_hold():
+    done = subprocess.run(["lint-imports", "--no-cache"], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stdout[-4000:]

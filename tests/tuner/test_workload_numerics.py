@@ -1,0 +1,120 @@
+"""The workload's numerics gate: each trial's step output against the baseline configuration's, on fixed inputs."""
+
+from __future__ import annotations
+
+import json
+import math
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from search_spaces import Hardware, load_space, load_space_text, resolve
+from storage import Repo
+from tuner.errors import SettingsError
+from tuner.measurement import Outcome
+from tuner.targets.workload import numerics as nm
+from tuner.targets.workload.target import WorkloadTarget
+
+FAST = {"warmup": 0, "repeats": 1}
+
+
+def tiny_target(**settings):
+    return WorkloadTarget(resolve(load_space("dsv4_flash_tiny"), Hardware()), {**FAST, **settings})
+
+
+def test_dtype_family_is_the_least_precise_gemm_and_bf16_on_a_gpu():
+    knobs = {"gemm_proj": "fp32", "gemm_indexer": "fp32", "gemm_moe": "bf16", "gemm_mhc": "tf32"}
+    assert nm.dtype_family(knobs, torch.device("cpu")) == "bf16"
+    assert nm.dtype_family({**knobs, "gemm_moe": "fp32", "gemm_mhc": "fp32"}, torch.device("cpu")) == "fp32"
+    assert nm.dtype_family({**knobs, "gemm_proj": "fp8"}, torch.device("cpu")) == "fp8"
+    assert nm.dtype_family({k: "fp32" for k in knobs}, torch.device("cuda")) == "bf16"
+    assert nm.DEFAULT_TOLERANCE["fp8"] > nm.DEFAULT_TOLERANCE["bf16"] > nm.DEFAULT_TOLERANCE["fp32"]
+
+
+def test_rel_err_is_infinite_for_a_non_finite_output():
+    ref = torch.ones(2, 4, dtype=torch.float64)
+    assert nm.rel_err(ref, ref) == 0.0
+    assert math.isclose(nm.rel_err(ref * 1.01, ref), 0.01, rel_tol=1e-9)
+    assert nm.rel_err(ref * float("nan"), ref) == math.inf
+
+
+def test_the_baseline_output_is_cached_and_recomputed_when_the_file_is_gone(tmp_path, monkeypatch):
+    monkeypatch.setenv("TUNER_NUMERICS_CACHE", str(tmp_path / "cache"))
+    t = tiny_target()
+    base = t.resolved.defaults()
+    m = t.evaluate(base, deadline=1e18)
+    assert m.outcome is Outcome.OK and m.metric("numerics_rel_err") == 0.0
+    files = list((tmp_path / "cache").glob("*.pt"))
+    assert len(files) == 1  # the baseline trial wrote its own output for the later trials
+    changed = {**base, "gemm_proj": "fp32", "gemm_moe": "fp32"}
+    from_cache = t.evaluate(changed, deadline=1e18).metric("numerics_rel_err")
+    files[0].unlink()
+    recomputed = t.evaluate(changed, deadline=1e18).metric("numerics_rel_err")
+    assert 0 < from_cache < nm.DEFAULT_TOLERANCE["bf16"] and from_cache == recomputed
+
+
+def test_beyond_the_tolerance_the_trial_is_wrong_result_with_its_error_stored(tmp_path, monkeypatch):
+    monkeypatch.setenv("TUNER_NUMERICS_CACHE", str(tmp_path / "cache"))
+    t = tiny_target(numerics_tolerance={"bf16": 1e-4})
+    m = t.evaluate({**t.resolved.defaults(), "gemm_proj": "fp32"}, deadline=1e18)
+    assert m.outcome is Outcome.WRONG_RESULT and m.value is None
+    assert m.metric("numerics_rel_err") > 1e-4 and m.metric("numerics_tolerance") == 1e-4
+    assert "tolerance 0.0001 (bf16 family" in m.reason
+
+
+def test_an_unknown_dtype_family_is_refused_naming_it():
+    with pytest.raises(SettingsError, match="numerics_tolerance.*unknown dtype family 'fp9'"):
+        tiny_target(numerics_tolerance={"fp9": 0.1})
+
+
+GATE_SPACE = """
+name: numerics-gate
+description: bf16 MoE GEMMs (8 significant bits) where the space asks for agreement with fp32 to 0.4%
+target: workload
+preset: dsv4-flash-tiny
+settings: {live_context: 512, warmup: 0, repeats: 2, numerics_tolerance: {bf16: 0.004}}
+objective: {metric: tok_s, combine: geomean, levels: [1, 16]}
+params:
+  indexer_width: {type: categorical, values: [static, live], default: static, server: {none: twin only}}
+  gemm_moe: {type: categorical, values: [fp32, bf16], default: fp32, server: {none: the checkpoint's}}
+  gemm_proj: {type: categorical, values: [fp32], default: fp32, server: {none: the checkpoint's}}
+  gemm_mhc: {type: categorical, values: [fp32], default: fp32, server: {none: fp32 in code}}
+"""
+
+
+def tuner(*args, cwd):
+    return subprocess.run([sys.executable, "-m", "tuner", *args], cwd=cwd, capture_output=True, text=True,
+                          timeout=600)
+
+
+def test_a_knob_that_breaks_numerics_is_wrong_result_and_the_fast_correct_values_win(tmp_path):
+    (tmp_path / "gate.yaml").write_text(GATE_SPACE)
+    load_space_text(GATE_SPACE)  # valid as written
+    r = tuner("search", "--space", "gate.yaml", "--budget", "5m", "--n-trials", "8", "--seed", "0",
+              "--confirm-top", "0", "-o", "out", "--study", "gate", cwd=tmp_path)
+    assert r.returncode == 0, r.stderr[-3000:]
+    repo = Repo(f"sqlite:///{tmp_path / 'tuner.db'}")
+    run = repo.get_run("gate")
+    trials = [t for t in repo.list_trials(run.id, with_measurements=True) if t.repeat_of is None]
+    err = {t.number: next(m.value for m in t.measurements if m.metric == "numerics_rel_err") for t in trials}
+    bf16 = [t for t in trials if t.params["gemm_moe"] == "bf16"]
+    fp32 = [t for t in trials if t.params["gemm_moe"] == "fp32"]
+    assert bf16 and fp32
+    assert all(t.outcome == "wrong_result" and t.value is None and err[t.number] > 0.004 for t in bf16)
+    assert all(t.outcome == "ok" and err[t.number] <= 1e-3 for t in fp32)
+    best = repo.get_trial(run.id, run.best_trial_number)
+    assert best.params["gemm_moe"] == "fp32"
+    live = [t for t in fp32 if t.params["indexer_width"] == "live"]
+    if live:  # the fast correct value: the live width scores 512/4 rows instead of the cap's 32K
+        assert best.params["indexer_width"] == "live"
+    # shown by status, best and explain
+    r = tuner("status", "--study", "gate", cwd=tmp_path)
+    assert r.returncode == 0 and "num. err" in r.stdout, r.stdout
+    r = tuner("best", "--study", "gate", cwd=tmp_path)
+    assert r.returncode == 0 and "numerics: output differs from the baseline configuration's by" in r.stdout
+    doc = json.loads(tuner("best", "--json", "--study", "gate", cwd=tmp_path).stdout)
+    assert doc["metrics"]["numerics_rel_err"] <= 1e-3
+    r = tuner("explain", "--no-profile", "--study", "gate", cwd=tmp_path)
+    assert r.returncode == 0 and "## Numerics" in r.stdout and "was wrong_result" in r.stdout, r.stdout

@@ -1,0 +1,300 @@
+"""Export the best configuration: a launch script, the best parameters as YAML, and the tuned kernel configs.
+
+The export is written into a temporary folder beside the destination and renamed into place, so a failure leaves
+nothing half-written. Every value in the script is shell-quoted (``shlex.quote``); header text is made single-line.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import re
+import shlex
+import shutil
+import statistics
+import tempfile
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from storage import Repo
+from tuner import __version__
+from tuner.errors import ExportError
+from tuner.export.sglang_command import REMEASURE_NAME
+from tuner.targets.base import LaunchSpec, Target
+
+_logger = logging.getLogger(__name__)
+
+SCRIPT_NAME = "launch.sh"
+PARAMS_NAME = "best_params.yaml"
+KERNEL_DIR = "kernel_configs"
+MOE_DIR = "sglang_moe_configs"  # SGLang's fused-MoE files, in SGLang's layout (configs/triton_<version>/...)
+MOE_ENV = "SGLANG_MOE_CONFIG_DIR"
+RECORD_MARK = "# tuner-recorded: "
+"""The header line holding the recorded figures as JSON; ``tuner verify`` compares a re-run against it."""
+LOAD_KEYS = ("model", "served_model_name", "api", "prompt_len", "output_len", "length_jitter", "dataset",
+             "requests_per_level", "rounds", "min_requests", "level_s", "warmup_requests", "ignore_eos", "seed",
+             "extra_body", "health_paths", "preset", "live_context")
+
+
+
+def _one_line(text: Any) -> str:
+    return re.sub(r"[\r\n\x00-\x1f]+", " ", str(text))
+
+
+def config_runs(repo: Repo, run_id: int, params: dict[str, Any] | None) -> list:
+    """The stored runs of one configuration: ok, measured (not a repeat's copy); what its median is taken over."""
+    if params is None:
+        return []
+    key = json.dumps(params, sort_keys=True, default=str)
+    return [t for t in repo.list_trials(run_id, outcome="ok", with_measurements=True)
+            if t.value is not None and t.repeat_of is None
+            and json.dumps(t.params, sort_keys=True, default=str) == key]
+
+
+def level_medians(runs: list, metric: str = "tok_s") -> dict[str, float]:
+    """Per level, the median of ``metric`` over ``runs`` (the same runs the objective's median is taken over)."""
+    by: dict[str, list[float]] = {}
+    for t in runs:
+        for m in t.measurements:
+            if m.metric == metric and m.level:
+                by.setdefault(m.level, []).append(m.value)
+    return {lvl: statistics.median(vs) for lvl, vs in by.items()}
+
+
+def render_script(spec: LaunchSpec, *, header: list[str], recorded: dict[str, Any] | None,
+                  kernel_dir: bool = False, moe_dir: bool = False) -> str:
+    """A bash script that runs ``spec``: every argv item and env value through ``shlex.quote``; header text made
+    single-line; a ``--port N`` becomes ``"$PORT"`` (default N) so a verifier can move it; ``"$@"`` passes extra
+    arguments through."""
+    argv = [str(a) for a in spec.argv]
+    port = argv[argv.index("--port") + 1] if "--port" in argv[:-1] else None
+    if port is not None and not port.isdigit():
+        raise ExportError(f"the value after --port must be a number, but got {port!r}; fix the target's settings")
+    lines = ["#!/usr/bin/env bash"]
+    lines += [f"# {_one_line(h)}" if h else "#" for h in header]
+    if recorded is not None:
+        lines.append(RECORD_MARK + json.dumps(recorded, sort_keys=True))
+    lines += ["set -euo pipefail", 'HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"']
+    if kernel_dir:
+        lines.append(f'export TUNER_KERNEL_CONFIG_DIR="$HERE/{KERNEL_DIR}"')
+    if moe_dir:
+        lines.append(f'export {MOE_ENV}="$HERE/{MOE_DIR}"')
+    for k, v in sorted(spec.env.items()):
+        if moe_dir and k == MOE_ENV:
+            continue
+        if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", k):
+            raise ExportError(f"environment variable names must be [A-Za-z_][A-Za-z0-9_]*, but got {k!r}; rename it")
+        lines.append(f"export {k}={shlex.quote(str(v))}")
+    if port is not None:
+        lines.append(f"PORT=${{PORT:-{port}}}")
+    parts = ['"$PORT"' if port is not None and i > 0 and argv[i - 1] == "--port" else shlex.quote(a)
+             for i, a in enumerate(argv)]
+    lines.append("exec " + " \\\n    ".join(parts) + ' \\\n    "$@"')
+    return "\n".join(lines) + "\n"
+
+
+def export_run(repo: Repo, study: str, out_dir: str | os.PathLike, *, target: Target, note: str = "",
+               parsimony=None) -> Path:
+    """Write ``out_dir/<study>/`` for the run's recorded best (launch script, params YAML, kernel configs); store
+    them as artifacts too. The figures per level are medians over the same runs as the recorded value. ``note``:
+    what the search said of its choice (e.g. that nothing beat the baseline beyond the noise). ``parsimony`` (a
+    ``tuner.search.parsimony.ParsimonyChoice``, made by the caller) says which trial to prefer and why: its choice
+    is exported and its reason written in the header. A workload (twin) study's launch.sh is SGLang's command
+    (:mod:`tuner.export.sglang_command`), its re-measure script beside it."""
+    run = repo.get_run(study)
+    if run is None:
+        raise ExportError(f"no study {study!r} in this storage; `tuner status` lists the studies")
+    best_trial = repo.get_trial(run.id, run.best_trial_number) if run.best_trial_number is not None else None
+    if best_trial is None:
+        raise ExportError(f"study {study!r} has no successful trial yet; nothing to export")
+    if parsimony is not None and parsimony.switched:
+        best_trial = repo.get_trial(run.id, parsimony.chosen.key)
+    best_params = best_trial.params
+    baseline = repo.baseline_trial(run.id)
+    spec = target.launch_spec(best_params)
+    best_runs = config_runs(repo, run.id, best_params) or [best_trial]
+    base_runs = config_runs(repo, run.id, baseline.params if baseline else None) or ([baseline] if baseline else [])
+    best_levels, base_levels = level_medians(best_runs), level_medians(base_runs)
+    env = run.environment or {}
+    gpus = ", ".join(g["name"] for g in env.get("gpus", [])) or "cpu"
+    header = [
+        f"Launch script exported by tuner {__version__} on {datetime.now(timezone.utc):%Y-%m-%d %H:%M} UTC",
+        f"study {run.study_name!r}, target {run.target}, space {run.space_name}; best trial "
+        f"{best_trial.number if best_trial else '?'}",
+        f"objective: {run.objective}",
+        spec.description,
+        "",
+        *([f"NOTE: {note}", ""] if note else []),
+        f"measured (tok/s, x baseline; medians over {len(best_runs)} run(s) of this configuration, trials "
+        f"{', '.join(str(r.number) for r in best_runs)}, and {len(base_runs)} of the baseline):",
+    ]
+    for lvl in sorted(best_levels, key=lambda s: int(s.split("=")[1]) if s.startswith("c=") else 0):
+        b = base_levels.get(lvl)
+        ratio = f"{best_levels[lvl] / b:.2f}x baseline {b:.1f}" if b else "no baseline"
+        header.append(f"  {lvl:>6}: {best_levels[lvl]:.1f} ({ratio})")
+    if run.best_value is not None and run.baseline_value:
+        vals = [r.value for r in best_runs]
+        spread = f", runs {min(vals):.2f}-{max(vals):.2f}" if len(vals) > 1 else ", one run"
+        header.append(f"  objective: {run.best_value:.2f} (median{spread}; {run.best_value / run.baseline_value:.2f}x "
+                      f"the baseline's median {run.baseline_value:.2f})")
+    header += [
+        "",
+        f"environment: {gpus}; torch {env.get('torch')}; triton {env.get('triton')}; sglang {env.get('sglang')}; "
+        f"cuda {env.get('cuda')}; driver {env.get('driver')}; tuner commit {env.get('git_sha')}",
+        "re-measure: tuner verify <this script>   (or run it: "
+        + " ".join(shlex.quote(str(a)) for a in (spec.remeasure_argv or spec.argv)) + ")",
+        "best parameters: " + ", ".join(f"{k}={v}" for k, v in best_params.items()),
+    ]
+    if parsimony is not None:
+        header.append("parsimony: " + parsimony.reason())
+    recorded = _recorded(run, best_runs)
+    if spec.host:
+        recorded["host"] = spec.host  # what the script binds: `tuner verify` dials it
+    dest_root = Path(out_dir)
+    try:
+        dest_root.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise ExportError(f"output folder {str(dest_root)!r} cannot be created ({exc.strerror}); "
+                          "pass a writable folder") from None
+    dest = dest_root / re.sub(r"[^A-Za-z0-9._-]+", "_", run.study_name)
+    tmp = Path(tempfile.mkdtemp(prefix=".tuner-export-", dir=dest_root))
+    try:
+        kdirs = [Path(d) for d in target.kernel_config_dirs() if Path(d).is_dir()]
+        if kdirs:
+            (tmp / KERNEL_DIR).mkdir()
+            for d in kdirs:
+                for f in sorted(d.glob("*.json")):
+                    shutil.copy2(f, tmp / KERNEL_DIR / f.name)
+        moe_src = Path(spec.env[MOE_ENV]) / "configs" if spec.env.get(MOE_ENV) else None
+        has_moe = bool(moe_src and moe_src.is_dir() and any(moe_src.rglob("*.json")))
+        if has_moe:
+            shutil.copytree(moe_src, tmp / MOE_DIR / "configs")
+        script = render_script(spec, header=header, recorded=recorded, kernel_dir=bool(kdirs), moe_dir=has_moe)
+        if run.target == "workload":  # the twin: launch.sh is SGLang's command, the twin's re-run sits beside it
+            (tmp / REMEASURE_NAME).write_text(script)
+            os.chmod(tmp / REMEASURE_NAME, 0o755)
+            script = _workload_command(repo, run, best_trial, (best_levels, base_levels), recorded, parsimony,
+                                       note, kdirs, tmp)
+        (tmp / SCRIPT_NAME).write_text(script)
+        os.chmod(tmp / SCRIPT_NAME, 0o755)
+        params_doc = {"study": run.study_name, "target": run.target, "objective": run.objective,
+                      "value": recorded["value"], "baseline_value": run.baseline_value, "params": best_params}
+        (tmp / PARAMS_NAME).write_text(yaml.safe_dump(params_doc, sort_keys=False))
+        if dest.exists():
+            old = dest.with_name(dest.name + f".old-{os.getpid()}")
+            dest.rename(old)
+            tmp.rename(dest)
+            shutil.rmtree(old, ignore_errors=True)
+        else:
+            tmp.rename(dest)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    items = [("launch_script", SCRIPT_NAME, str(dest / SCRIPT_NAME), (dest / SCRIPT_NAME).read_bytes()),
+             *([("remeasure_script", REMEASURE_NAME, str(dest / REMEASURE_NAME), (dest / REMEASURE_NAME).read_bytes())]
+               if (dest / REMEASURE_NAME).exists() else []),
+             ("best_params", PARAMS_NAME, str(dest / PARAMS_NAME), (dest / PARAMS_NAME).read_bytes())]
+    for f in sorted((dest / KERNEL_DIR).glob("*.json")) if (dest / KERNEL_DIR).is_dir() else []:
+        items.append(("kernel_config", f"{KERNEL_DIR}/{f.name}", str(f), f.read_bytes()))
+    for f in sorted((dest / MOE_DIR).rglob("*.json")) if (dest / MOE_DIR).is_dir() else []:
+        items.append(("kernel_config", f.relative_to(dest).as_posix(), str(f), f.read_bytes()))
+    repo.add_artifacts(run.id, items)
+    _logger.info("exported study %s to %s", run.study_name, dest)
+    return dest
+
+
+def _workload_command(repo: Repo, run, trial, levels: tuple[dict[str, float], dict[str, float]],
+                      recorded: dict[str, Any], parsimony, note: str, kdirs: list[Path], tmp: Path) -> str:
+    """launch.sh of a workload study: the SGLang command of ``trial``'s configuration (see
+    :mod:`tuner.export.sglang_command`), with the twin's figures and ``tuner verify``'s record pointing at
+    remeasure.sh."""
+    from search_spaces import load_space_text
+    from tuner.export import sglang_command as sc
+
+    space = load_space_text(run.space_yaml, source=run.space_name)
+    launch = sc.server_launch(space, trial.params)
+    argv = sc.sglang_argv(space, trial.params, launch)
+    moe = sc.copy_sglang_moe_configs(kdirs, tmp / MOE_DIR)
+    best_levels, base_levels = levels
+    err = {m.level: m.value for m in trial.measurements if m.metric == "numerics_rel_err"}
+    header = [
+        f"SGLang launch command exported by tuner {__version__} on {datetime.now(timezone.utc):%Y-%m-%d %H:%M} UTC",
+        f"from twin study {run.study_name!r} (workload target, space {run.space_name}), trial {trial.number}",
+        "",
+        sc.PREDICTED,
+        *([f"NOTE: {note}"] if note else []),
+        "what the twin measured (its decode step on random weights; tok/s, x the twin's default configuration):",
+    ]
+    for lvl in sorted(best_levels, key=lambda s: int(s.split("=")[1]) if s.startswith("c=") else 0):
+        b = base_levels.get(lvl)
+        ratio = f"{best_levels[lvl] / b:.2f}x {b:.1f}" if b else "no baseline"
+        header.append(f"  {lvl:>6}: {best_levels[lvl]:.1f} ({ratio})")
+    if err:
+        header.append("  output vs the default configuration's (relative norm error): "
+                      + ", ".join(f"{v:.2g}" for v in err.values()))
+    if parsimony is not None:
+        header.append("parsimony: " + parsimony.reason())
+    header += ["", "knobs carried over (twin knob=value -> SGLang):", *sc.carried_lines(launch)]
+    header += ["knobs with no SGLang flag (this command cannot set them):"]
+    header += sc.flagless_lines(launch, space.defaults(), sc.read_ablation(repo, run.id)) or ["  none"]
+    header += ["",
+               f"the twin's own re-measure: bash {sc.REMEASURE_NAME} (or: tuner verify {sc.REMEASURE_NAME}); "
+               "tuner verify launch.sh runs it too",
+               "random weights as the twin: add --load-format dummy; MODEL=path-or-id PORT=n bash launch.sh [flags]"]
+    rec = dict(recorded, remeasure=sc.REMEASURE_NAME)
+    return sc.render_command(argv, header=header, env=launch.env, moe_dir=MOE_DIR if moe else None,
+                             record_line=RECORD_MARK + json.dumps(rec, sort_keys=True))
+
+
+def _recorded(run, best_runs: list) -> dict[str, Any]:
+    """The figures ``tuner verify`` compares against: the objective (the median the run recorded), its metric per
+    level (medians over the same runs), and the load that made them."""
+    from search_spaces import SpaceError, load_space_text
+
+    try:
+        obj = load_space_text(run.space_yaml, source=run.space_name).objective if run.space_yaml else None
+    except SpaceError:
+        obj = None
+    metric = obj.metric if obj else "tok_s"
+    by_level = {lvl.split("=", 1)[1]: v for lvl, v in level_medians(best_runs, metric).items() if lvl.startswith("c=")}
+    return {"study": run.study_name, "target": run.target, "objective": run.objective,
+            **recorded_figures(obj, run.best_value, by_level, run.settings or {}, direction=run.direction,
+                               unit=run.unit),
+            "runs": [r.number for r in best_runs]}
+
+
+def recorded_figures(objective, value: float | None, by_level: dict, settings: dict[str, Any], *,
+                     direction: str | None = None, unit: str | None = None) -> dict[str, Any]:
+    """The one writer of what a launch script records for ``tuner verify``: the objective (a space's
+    ``Objective``, or None for the defaults), its value and its metric per level, and the load that made them."""
+    levels = [int(c) for c in (objective.levels if objective else [])] or sorted(int(c) for c in by_level)
+    return {
+        "metric": objective.metric if objective else "tok_s",
+        "direction": direction or (objective.direction if objective else "maximize"),
+        "unit": unit or (objective.unit if objective else ""),
+        "combine": objective.combine if objective else "geomean", "levels": levels,
+        "level": objective.level if objective else None,
+        "value": value, "by_level": {str(k): v for k, v in by_level.items()},
+        "load": {k: settings[k] for k in LOAD_KEYS if k in settings},
+    }
+
+
+def read_recorded(script: str | os.PathLike) -> dict[str, Any]:
+    """The figures an exported script recorded (its ``# tuner-recorded:`` line); ``ExportError`` when absent."""
+    try:
+        text = Path(script).read_text()
+    except OSError as exc:
+        raise ExportError(f"cannot read launch script {str(script)!r} ({exc.strerror}); give the exported launch.sh") \
+            from None
+    for line in text.splitlines():
+        if line.startswith(RECORD_MARK):
+            try:
+                return json.loads(line[len(RECORD_MARK):])
+            except json.JSONDecodeError as exc:
+                raise ExportError(f"{script}: the `{RECORD_MARK.strip()}` line is not JSON ({exc.msg}); "
+                                  "re-export it") from None
+    raise ExportError(f"{script}: no `{RECORD_MARK.strip()}` line; only scripts exported by tuner can be verified")

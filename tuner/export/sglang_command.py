@@ -1,0 +1,159 @@
+"""The export of a workload (twin) study: the SGLang launch command of its best configuration.
+
+The twin's knobs become SGLang 0.5.23 flags and variables through their spaces' ``server:`` annotations
+(:mod:`tuner.targets.workload.server_map`). The script is headed by what the twin measured, says that these are
+predictions to confirm on the real server, and lists the knobs no flag can set, each with its gain from a stored
+ablation (``tuner explain --ablate``) or "none measured". The model path is a variable the user sets. The twin's
+own re-measure script is written beside it (``remeasure.sh``), and ``tuner verify`` follows launch.sh to it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shlex
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from search_spaces import Space
+from tuner.targets.workload.presets import get_preset
+from tuner.targets.workload.server_map import ServerLaunch, server_launch
+
+REMEASURE_NAME = "remeasure.sh"
+ABLATION_ARTIFACT = "ablation.json"
+"""Where ``tuner explain --ablate`` stores its tables, for the export to name each flagless knob's gain."""
+PREDICTED = "predicted by the twin: confirm with `tuner verify` or a `--target sglang` search"
+MODEL_HINT = "set MODEL to the model path or Hugging Face id, e.g. deepseek-ai/DeepSeek-V4-Flash"
+SGLANG_MOE_GLOB = "E=*,N=*,device_name=*.json"
+DEFAULT_PORT = 30000
+
+
+def sglang_argv(space: Space, params: dict[str, Any], launch: ServerLaunch | None = None) -> list[str]:
+    """``python -m sglang.launch_server`` with the model path as ``$MODEL`` and the configuration's flags. The tensor
+    parallel size is the deployment the preset models (its experts over the local experts of one rank)."""
+    launch = launch or server_launch(space, params)
+    preset = get_preset(str(space.settings.get("preset") or space.preset))
+    tp = max(1, preset.experts_total // preset.experts_local)
+    return ["python", "-m", "sglang.launch_server", "--model-path", "$MODEL", "--trust-remote-code",
+            "--tp-size", str(tp), "--port", str(DEFAULT_PORT), *launch.args]
+
+
+def render_command(argv: list[str], *, header: list[str], env: dict[str, str], moe_dir: str | None,
+                   record_line: str | None) -> str:
+    """A bash script that runs ``argv``: ``$MODEL`` required, ``$PORT`` optional; values shell-quoted."""
+    lines = ["#!/usr/bin/env bash", *[f"# {h}".rstrip() for h in header]]
+    if record_line:
+        lines.append(record_line)
+    lines += ["set -euo pipefail", 'HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"',
+              f'MODEL="${{MODEL:?{MODEL_HINT}}}"', f"PORT=${{PORT:-{DEFAULT_PORT}}}"]
+    if moe_dir:
+        lines.append(f'export SGLANG_MOE_CONFIG_DIR="$HERE/{moe_dir}"')
+    lines += [f"export {k}={shlex.quote(v)}" for k, v in sorted(env.items())]
+    groups: list[list[str]] = [[]]
+    for i, a in enumerate(argv):
+        if a.startswith("--") and groups[-1]:
+            groups.append([])
+        if a == "$MODEL":
+            groups[-1].append('"$MODEL"')
+        elif i > 0 and argv[i - 1] == "--port":
+            groups[-1].append('"$PORT"')
+        else:
+            groups[-1].append(shlex.quote(a))
+    lines.append("exec " + " \\\n    ".join(" ".join(g) for g in groups) + ' \\\n    "$@"')
+    return "\n".join(lines) + "\n"
+
+
+def flagless_lines(launch: ServerLaunch, defaults: dict[str, Any], ablation: dict | None) -> list[str]:
+    """One line per knob with no SGLang counterpart: its value, the default, why, and the measured gain."""
+    out = []
+    rows = {}
+    for view, key in (("alone", "gain"), ("undo", "loss")):
+        for r in (ablation or {}).get(view, []):
+            rows.setdefault(r["param"], []).append((view, key, r))
+    for p, value in launch.unmapped:
+        head = f"  {p.name}={value}"
+        if defaults.get(p.name) == value:
+            out.append(f"{head} (the default; nothing to carry over) - {p.server.none}")
+            continue
+        gains = []
+        for view, key, r in rows.get(p.name, []):
+            ratios = r.get(key) or {}
+            if ratios:
+                text = ", ".join(f"c={c} {float(x):.2f}x" for c, x in sorted(ratios.items(), key=lambda i: int(i[0])))
+                gains.append(f"{'alone on the baseline' if view == 'alone' else 'undone from the best'}: {text}")
+            else:
+                gains.append(f"{view}: {r.get('outcome', 'no result')}")
+        gain = "; ".join(gains) if gains else "none measured (`tuner explain --ablate` measures it)"
+        out.append(f"{head} (default {defaults.get(p.name)}): measured gain {gain} - {p.server.none}")
+    return out
+
+
+def carried_lines(launch: ServerLaunch) -> list[str]:
+    out = []
+    for name, value, args in launch.carried:
+        out.append(f"  {name}={value} -> {' '.join(args) if args else 'the server default (no flag)'}")
+    return out
+
+
+def copy_sglang_moe_configs(kernel_dirs: list[Path], dest: Path) -> bool:
+    """Copy SGLang-format fused-MoE config files found under ``kernel_dirs`` into ``dest/configs/...`` (SGLang's
+    layout for ``SGLANG_MOE_CONFIG_DIR``); ``True`` when any was copied."""
+    found = False
+    for d in kernel_dirs:
+        for f in sorted(d.rglob(SGLANG_MOE_GLOB)):
+            rel = f.relative_to(d)
+            rel = rel if rel.parts[0] == "configs" else Path("configs") / rel
+            (dest / rel).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(f, dest / rel)
+            found = True
+    return found
+
+
+def read_ablation(repo, run_id: int) -> dict | None:
+    art = repo.get_artifact(run_id, ABLATION_ARTIFACT)
+    if art is None:
+        return None
+    try:
+        return json.loads(art.content)
+    except (ValueError, TypeError):
+        return None
+
+
+_PARSER_CHECK = """
+import argparse, json, sys
+argv = sys.argv[1:]
+if argv[:2] != ["-m", "sglang.launch_server"]:
+    sys.exit(f"not an SGLang launch: {argv[:2]}")
+import sglang
+from sglang.srt.server_args import ServerArgs
+parser = argparse.ArgumentParser()
+ServerArgs.add_cli_args(parser)
+ns = parser.parse_args(argv[2:])
+out = {k: v for k, v in vars(ns).items() if isinstance(v, (str, int, float, bool, list, type(None)))}
+print(json.dumps({"sglang": getattr(sglang, "__version__", None), "args": out}))
+"""
+
+
+def parse_launch_script(script: str | os.PathLike, *, env: dict[str, str] | None = None,
+                        python: str = sys.executable, timeout_s: float = 120.0) -> dict[str, Any]:
+    """Run an exported launch.sh with ``python`` on its PATH replaced by a checker that hands the exact argv bash
+    built to SGLang's own parser (``ServerArgs.add_cli_args``, unmodified) and returns the parsed values (``env`` is
+    added to the script's environment; ``MODEL`` defaults to a placeholder):
+    ``{"sglang": version, "args": {...}}``. Nothing is launched. ``ValueError`` with the parser's message when it
+    refuses the command."""
+    with tempfile.TemporaryDirectory(prefix="tuner-parse-") as d:
+        shim = Path(d)
+        (shim / "check.py").write_text(_PARSER_CHECK)
+        (shim / "python").write_text(f'#!/bin/sh\nexec {shlex.quote(python)} "{shim / "check.py"}" "$@"\n')
+        os.chmod(shim / "python", 0o755)
+        full = {**os.environ, "MODEL": "MODEL_PATH", **(env or {}),
+                "PATH": f"{shim}{os.pathsep}{os.environ.get('PATH', '')}"}
+        done = subprocess.run(["bash", str(script)], capture_output=True, text=True, timeout=timeout_s, env=full)
+    if done.returncode != 0:
+        tail = [ln for ln in done.stderr.splitlines() if ln.strip()][-1:] or ["no output"]
+        raise ValueError(f"SGLang's parser refused {script}: {tail[0]}")
+    return json.loads(done.stdout.strip().splitlines()[-1])

@@ -1,0 +1,359 @@
+"""The search's state: options, the context one search (or one worker) holds, opening or resuming a study.
+
+``open_context`` is the only place the schema and the Optuna study are created; the sampler and the pruner every
+process of a study uses are made here too."""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import threading
+import warnings
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import optuna
+
+from search_spaces import (
+    Hardware,
+    ResolvedSpace,
+    detect_hardware,
+    load_space,
+    resolve,
+)
+from storage import Repo, StorageError
+from storage.models import Run
+from storage.names import check_study_name
+from tuner.budget import Deadline
+from tuner.errors import SearchError, TargetError
+from tuner.execution.isolation import TrialProcess
+from tuner.fingerprint import fingerprint
+from tuner.search.sampling import (
+    params_key,
+    suggestable,
+)
+from tuner.targets import PreflightReport, Target, get_target_class
+
+_logger = logging.getLogger(__name__)
+
+BASELINE_ATTR = "tuner_baseline"
+CONFIRM_ATTR = "tuner_confirm_of"
+MAX_REPEATS_IN_A_ROW = 25
+_HAS_SET_CONSTRAINT = hasattr(optuna.trial.Trial, "set_constraint")  # Optuna >= 5; constraints_func before
+
+
+@dataclass
+class SearchOptions:
+    budget_s: float
+    storage_url: str = "sqlite:///tuner.db"
+    study: str | None = None
+    space_path: str | None = None
+    """A YAML file or a built-in name; ``None`` picks ``dsv4_flash`` on a GPU and ``dsv4_flash_tiny`` on a CPU."""
+    target: str | None = None
+    resume: bool = False
+    seed: int | None = None
+    out_dir: str = "tuner-out"
+    settings: dict[str, Any] = field(default_factory=dict)
+    n_trials: int | None = None
+    dry_run: bool = False
+    confirm_top: int = 3
+    refine_share: float = 0.25
+    """Share of the time for trials spent last on one-change moves from the best so far (``tuner.search.refine``)."""
+    export: bool = True
+    trial_timeout_s: float | None = None
+    hardware: Hardware | None = None
+    workers: int = 1
+    """Local worker threads, each running its trials in its own subprocess (see ``tuner.search.parallel``)."""
+    gpus: list[int] | None = None
+    """GPU ids the local workers lease from (``None``: every visible GPU, or none on a CPU machine)."""
+    warm_start: str | None = None
+    """``URL#STUDY`` of a twin (workload) study whose best configurations, translated, run first (server targets)."""
+
+
+@dataclass
+class TrialSummary:
+    number: int
+    params: dict[str, Any]
+    outcome: str
+    value: float | None
+    reason: str = ""
+    duration_s: float = 0.0
+    is_baseline: bool = False
+    repeat_of: int | None = None
+    """The earlier trial whose timing this one copies (its configuration was not run again)."""
+
+    @property
+    def is_repeat(self) -> bool:
+        return self.repeat_of is not None
+
+
+@dataclass
+class SearchResult:
+    study: str
+    storage_url: str
+    state: str
+    trials: list[TrialSummary]
+    baseline: TrialSummary | None
+    best: TrialSummary | None
+    best_params: dict[str, Any] | None
+    best_value: float | None
+    baseline_value: float | None
+    export_dir: str | None
+    preflight: PreflightReport
+    elapsed_s: float
+    stop_reason: str = ""
+    best_runs: list[int] = field(default_factory=list)
+    """The trials whose median is ``best_value`` (the winner's runs)."""
+    best_spread: float = 0.0
+    """(max - min) / median over the winner's runs."""
+    baseline_runs: list[int] = field(default_factory=list)
+    note: str = ""
+    """What the user must know about the choice (e.g. nothing beat the baseline beyond the noise)."""
+
+    @property
+    def speedup(self) -> float | None:
+        if self.best_value and self.baseline_value:
+            return self.best_value / self.baseline_value
+        return None
+
+
+class Progress:
+    """Receives what the search does; the CLI draws it, tests record it. Every method is optional."""
+
+    def started(self, ctx: SearchContext) -> None: ...
+    def trial_started(self, number: int, params: dict[str, Any]) -> None: ...
+    def trial_finished(self, summary: TrialSummary, ctx: SearchContext) -> None: ...
+    def message(self, text: str) -> None: ...
+
+
+@dataclass
+class SearchContext:
+    """Everything one search (or one worker) holds while it runs."""
+
+    options: SearchOptions
+    resolved: ResolvedSpace
+    space_yaml: str
+    target: Target
+    repo: Repo
+    study: optuna.Study
+    run: Run
+    deadline: Deadline
+    hardware: Hardware
+    counts: dict[str, int] = field(default_factory=dict)
+    trials: list[TrialSummary] = field(default_factory=list)
+    seen: dict[str, TrialSummary] = field(default_factory=dict)
+    stop: threading.Event = field(default_factory=threading.Event)
+    failed: threading.Event = field(default_factory=threading.Event)
+    """Set (with ``stop``) when the search gave up early (``tuner.search.failfast``); shared by its workers."""
+    stop_reason: str = ""
+    current: TrialProcess | None = None
+
+    @property
+    def direction(self) -> str:
+        return self.resolved.space.objective.direction
+
+    def better(self, a: float, b: float) -> bool:
+        return a > b if self.direction == "maximize" else a < b
+
+    @property
+    def baseline(self) -> TrialSummary | None:
+        return next((t for t in self.trials if t.is_baseline and t.outcome == "ok"), None)
+
+    @property
+    def best(self) -> TrialSummary | None:
+        best = None
+        for t in self.trials:
+            if t.outcome == "ok" and t.value is not None and (best is None or self.better(t.value, best.value)):
+                best = t
+        return best
+
+
+# -- set-up ----------------------------------------------------------------------------------------------------
+def default_space_path(hardware: Hardware) -> str:
+    return "dsv4_flash" if hardware.gpu_count else "dsv4_flash_tiny"
+
+
+def prepare(options: SearchOptions) -> tuple[ResolvedSpace, str, Target, PreflightReport, Hardware]:
+    """Load, validate and resolve the space and build the target; nothing touches the storage yet."""
+    hardware = options.hardware or detect_hardware()
+    space_path = options.space_path or default_space_path(hardware)
+    space = load_space(space_path)
+    space_yaml = Path(space.source).read_text() if Path(space.source).exists() else ""
+    target_name = options.target or space.target
+    if options.target and options.target != space.target:
+        raise SearchError(f"--target {options.target!r} does not match the space's target {space.target!r} "
+                          f"({space.source}); pass a space written for {options.target!r}")
+    resolved = resolve(space, hardware)
+    try:
+        target = get_target_class(target_name)(resolved, options.settings)
+    except (TargetError, ValueError) as exc:
+        raise SearchError(str(exc)) from None
+    report = target.preflight()
+    return resolved, space_yaml, target, report, hardware
+
+
+def study_name_for(options: SearchOptions, resolved: ResolvedSpace) -> str:
+    return options.study or f"{resolved.space.name}-{options.target or resolved.space.target}"
+
+
+def _pick_study_name(options: SearchOptions, resolved: ResolvedSpace, repo: Repo) -> str:
+    """A named study is used as named (a second search on it needs ``--resume``). Without a name, a new search gets
+    the first free ``<space>-<target>[-N]`` and ``--resume`` continues the newest of them, so the same command
+    can be run again."""
+    base = study_name_for(options, resolved)
+    if options.study:
+        return base
+    taken = {r.study_name: r for r in repo.list_runs()}
+    ours = [base] + [f"{base}-{i}" for i in range(2, len(taken) + 3)]
+    if options.resume:
+        existing = [taken[n] for n in ours if n in taken]
+        return max(existing, key=lambda r: r.started_at).study_name if existing else base
+    return next(n for n in ours if n not in taken)
+
+
+def open_optuna_storage(url: str, *, heartbeat: bool = False) -> optuna.storages.RDBStorage:
+    from storage.engine import normalize_url
+
+    kwargs: dict[str, Any] = {"engine_kwargs": {"pool_pre_ping": True}}
+    if heartbeat:
+        kwargs.update(heartbeat_interval=5, grace_period=20,
+                      failed_trial_callback=optuna.storages.RetryFailedTrialCallback(max_retry=1))
+    try:
+        return optuna.storages.RDBStorage(normalize_url(url), **kwargs)
+    except Exception as exc:  # noqa: BLE001 - any driver error means the same thing to the user
+        raise StorageError(f"Optuna cannot open storage {url!r}: {str(exc).splitlines()[0]}") from None
+
+
+def _check_out_dir(out_dir: str) -> None:
+    p = Path(out_dir)
+    try:
+        p.mkdir(parents=True, exist_ok=True)
+        probe = p / f".tuner-write-test-{os.getpid()}"
+        probe.write_text("")
+        probe.unlink()
+    except OSError as exc:
+        raise SearchError(f"output folder {out_dir!r} is not writable ({exc.strerror}); pass -o/--out DIR with "
+                          "a folder you can write") from None
+
+
+def open_context(options: SearchOptions, progress: Progress | None = None) -> SearchContext:
+    """Create (or, with ``resume``, load) the run and its Optuna study. The only place schema is created."""
+    resolved, space_yaml, target, report, hardware = prepare(options)
+    if not report.ok:
+        raise SearchError("preflight failed: " + "; ".join(report.errors))
+    warm = None
+    if options.warm_start and not options.resume:  # read and translated before anything is written
+        from tuner.search.warm_start import twin_translations
+
+        warm = twin_translations(options.warm_start, resolved)
+    if options.export:
+        _check_out_dir(options.out_dir)
+    repo = Repo(options.storage_url)
+    repo.create_schema()
+    ostorage = open_optuna_storage(options.storage_url)
+    name = check_study_name(_pick_study_name(options, resolved, repo))  # before Optuna creates anything
+    space = resolved.space
+    run = repo.get_run(name)
+    env = fingerprint()
+    deadline = Deadline.start_now(options.budget_s)
+    parallel = options.workers > 1 or len(options.gpus or []) > 1
+    sampler, pruner = make_sampler(resolved, options.seed, parallel=parallel), make_pruner()
+    if run is not None and not options.resume:
+        raise SearchError(f"study {name!r} already exists in {options.storage_url}; pass --resume to continue it "
+                          "or --study NEW_NAME to start another")
+    if run is None and options.resume:
+        raise SearchError(f"--resume: no study {name!r} in {options.storage_url}; drop --resume to start it")
+    settings = {**target.settings, "run_pid": os.getpid(), "run_host": socket.gethostname(),
+                "hardware": hardware.to_json(), "out_dir": str(Path(options.out_dir).resolve()),
+                "space_path": space.source}
+    if run is None:
+        study = optuna.create_study(study_name=name, storage=ostorage, direction=space.objective.direction,
+                                    sampler=sampler, pruner=pruner, load_if_exists=False)
+        study.set_user_attr("target", target.name)
+        study.set_user_attr("space", space.name)
+        _name_metric(study, space.objective)
+        run = repo.create_run(name, target=target.name, budget_s=options.budget_s,
+                              direction=space.objective.direction, objective=space.objective.describe(),
+                              unit=space.objective.unit, space_name=space.name, space_yaml=space_yaml,
+                              environment=env, settings=settings)
+    else:
+        study = optuna.load_study(study_name=name, storage=ostorage, sampler=sampler, pruner=pruner)
+        stale = repo.mark_stale_running(run.id, reason="left running by an earlier process; marked on resume")
+        for num in stale:
+            _fail_stale_optuna_trial(study, num)
+        repo.restart_run(run.id, budget_s=options.budget_s, environment=env,
+                         settings={k: settings[k] for k in ("run_pid", "run_host")})  # the live process, for stop
+        run = repo.get_run(name)
+    ctx = SearchContext(options=options, resolved=resolved, space_yaml=space_yaml, target=target, repo=repo,
+                        study=study, run=run, deadline=deadline, hardware=hardware)
+    load_history(ctx)
+    if ctx.baseline is None and not any(t.is_baseline for t in ctx.trials):
+        defaults = resolved.defaults()
+        study.enqueue_trial(suggestable(resolved, defaults), user_attrs={BASELINE_ATTR: True})
+        if warm is not None:  # the twin's best, translated, right after the baseline
+            from tuner.search.warm_start import enqueue_warm_start
+
+            enqueue_warm_start(study, resolved, options.warm_start, warm)
+    return ctx
+
+
+def _name_metric(study: optuna.Study, objective) -> None:
+    """The objective's name for optuna-dashboard and Optuna's own plots (else they say "Objective 0")."""
+    name = objective.describe() + (f" ({objective.unit})" if objective.unit else "")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+        study.set_metric_names([name])
+
+
+def make_sampler(resolved: ResolvedSpace, seed: int | None, *,
+                 parallel: bool = True) -> optuna.samplers.BaseSampler:
+    """The sampler every process of a study uses: multivariate TPE grouped for conditional parameters, learning
+    from failures through constraints; with several workers (``parallel``) a constant liar keeps them apart (it
+    costs about a third more sampling time, so a single worker goes without)."""
+    warnings.filterwarnings("ignore", category=optuna.exceptions.ExperimentalWarning)
+    return optuna.samplers.TPESampler(
+        seed=seed, multivariate=True, group=True, constant_liar=parallel,
+        n_startup_trials=max(5, min(10, len(resolved.params) + 2)),
+        **({} if _HAS_SET_CONSTRAINT else {"constraints_func": _constraints_of}),
+    )
+
+
+def make_pruner() -> optuna.pruners.BasePruner:
+    # keep the top 90% at each level: prune only a clearly bad trial, after the first level (c=1 says little)
+    return optuna.pruners.PercentilePruner(90.0, n_startup_trials=5, n_warmup_steps=1)
+
+
+def _fail_stale_optuna_trial(study: optuna.Study, number: int) -> None:
+    for ft in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.RUNNING,)):
+        if ft.number == number:
+            try:
+                study._storage.set_trial_state_values(ft._trial_id, optuna.trial.TrialState.FAIL)
+            except Exception:  # noqa: BLE001 - another process may have finished it meanwhile
+                _logger.warning("could not fail stale trial %d", number)
+
+
+def load_history(ctx: SearchContext) -> None:
+    for rec in ctx.repo.list_trials(ctx.run.id):
+        if rec.state == "running":
+            continue
+        s = TrialSummary(rec.number, rec.params, rec.outcome or "crash", rec.value, rec.reason,
+                         rec.duration_s or 0.0, rec.is_baseline, rec.repeat_of)
+        ctx.trials.append(s)
+        ctx.counts[s.outcome] = ctx.counts.get(s.outcome, 0) + 1
+        ctx.seen.setdefault(params_key(rec.params), s)
+
+
+def _constraints_of(frozen: optuna.trial.FrozenTrial) -> list[float]:
+    return list(frozen.user_attrs.get("constraints", [0.0]))
+
+
+def set_constraints(trial: optuna.Trial, values: list[float]) -> None:
+    """Feasibility for the sampler: every value <= 0 is feasible. Kept in user attrs for the API as well."""
+    trial.set_user_attr("constraints", values)
+    if _HAS_SET_CONSTRAINT:
+        for i, v in enumerate(values):
+            trial.set_constraint(f"c{i}", v)
+
+

@@ -1,0 +1,146 @@
+"""The search: an Optuna study in a real database, trials run for real in subprocesses, by a wall-clock deadline.
+
+Flow (one way): load the space -> resolve it for this machine -> preflight the target -> create the schema and the
+study once -> baseline first -> ask / check / run in a subprocess / store / tell, until the deadline -> re-run the
+top few (when time allows) -> export the best. The last share of the time for trials goes to one-change moves
+from the best so far (``tuner.search.refine``). A failed trial is data: it is stored with its outcome class and told
+to Optuna as a bad, infeasible result, so the sampler learns; the search never dies of one.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import signal
+import threading
+
+from tuner.execution.persistent import close_workers
+from tuner.export.script import export_run
+from tuner.measurement import Outcome
+from tuner.search.confirm import confirm_top, decide
+from tuner.search.context import (
+    Progress,
+    SearchContext,
+    SearchOptions,
+    SearchResult,
+    open_context,
+    prepare,
+    study_name_for,
+)
+from tuner.search.kernel_search import is_kernel_plan, kernel_phase, run_kernel_search
+from tuner.search.loop import sequential_loop
+from tuner.search.parallel import run_parallel
+from tuner.search.parsimony import parsimony_for_run
+
+_logger = logging.getLogger(__name__)
+
+
+def run_search(options: SearchOptions, progress: Progress | None = None) -> SearchResult:
+    """Run a whole search: set up, trials until the deadline, confirm the top few, export. See module docstring."""
+
+    if is_kernel_plan(options):  # one sub-study per kernel x shape; see tuner.search.kernel_search
+        return run_kernel_search(options, progress)
+    if options.dry_run:
+        resolved, _, target, report, _ = prepare(options)
+        report.plan(options.budget_s)
+        return SearchResult(study_name_for(options, resolved), options.storage_url, "dry_run", [], None, None,
+                            None, None, None, None, report, 0.0)
+    ctx = open_context(options, progress)
+    if progress:
+        progress.started(ctx)
+    state = "finished"
+    prev_handler = _install_sigint(ctx)
+    _maybe_kernel_phase(ctx, progress)
+    try:
+        if options.workers > 1 or options.gpus:
+            run_parallel(ctx, progress)
+        else:
+            sequential_loop(ctx, progress)
+        if not ctx.stop.is_set():
+            confirm_top(ctx, progress)
+        if ctx.failed.is_set():
+            state = "failed"
+        elif ctx.stop.is_set():
+            state = "interrupted"
+    except KeyboardInterrupt:
+        state = "interrupted"
+        ctx.stop_reason = ctx.stop_reason or "interrupted (Ctrl-C)"
+    finally:
+        _restore_sigint(prev_handler)
+    export_dir = None
+    best, base, note = decide(ctx)
+    if note:
+        _logger.warning("%s", note)
+        if progress:
+            progress.message(note)
+    if base is not None:  # every "x baseline" (status, best, the API, the export) uses the baseline's median
+        ctx.repo.set_baseline(ctx.run.id, base.value)
+    if best is not None:  # status, best, the API and the export all report the confirmed choice
+        ctx.repo.set_best(ctx.run.id, best.number, best.value)
+    if options.export and best is not None:
+        try:
+            export_dir = str(export_run(ctx.repo, ctx.run.study_name, options.out_dir, target=ctx.target,
+                                        note=note,
+                                        parsimony=parsimony_for_run(ctx.repo, ctx.repo.get_run(ctx.run.study_name))))
+        except Exception as exc:  # noqa: BLE001 - the trials are stored; say what failed
+            _logger.error("export failed: %s", exc)
+            if progress:
+                progress.message(f"export failed: {exc}")
+    ctx.repo.end_run(ctx.run.id, state, export_dir=export_dir)
+    if ctx.target.persistent_worker:
+        close_workers()
+    return SearchResult(ctx.run.study_name, options.storage_url, state, ctx.trials, ctx.baseline,
+                        best.summary if best else None, best.params if best else None, best.value if best else None,
+                        base.value if base else None, export_dir, ctx.target.preflight(), ctx.deadline.elapsed(),
+                        ctx.stop_reason, best_runs=best.runs if best else [],
+                        best_spread=best.spread if best else 0.0, baseline_runs=base.runs if base else [],
+                        note=note)
+
+
+def _maybe_kernel_phase(ctx: SearchContext, progress: Progress | None) -> None:
+    """With ``--set kernel_phase=true`` on a GPU, tune the kernels for exactly the shapes this space's
+    configurations produce before the first trial, from a share of the budget (``kernel_phase_share``, 0.2)."""
+    if not (ctx.target.config.kernel_phase and "triton" in ctx.hardware.capabilities):
+        return
+    shapes = ctx.target.kernel_shapes()
+    if not shapes:
+        if progress:
+            progress.message("kernel phase: this space names no kernel shape to tune (for SGLang: setting `moe`)")
+        return
+    share = ctx.target.config.kernel_phase_share
+    res = kernel_phase(ctx, shapes, budget_s=share * ctx.deadline.remaining_for_trials(), progress=progress)
+    added = ctx.target.use_kernel_configs(res.config_dir) if res.config_dir else {}
+    if added:
+        # every later trial's worker rebuilds the target from the options' settings, and so does the export
+        ctx.options = dataclasses.replace(ctx.options, settings={**ctx.options.settings, **added})
+        ctx.target = type(ctx.target)(ctx.resolved, ctx.options.settings)
+    if progress:
+        for line in res.summary_lines():
+            progress.message(line)
+
+
+def _install_sigint(ctx: SearchContext):
+    """First Ctrl-C (or SIGINT from the API): stop the running trial, end cleanly, export. Second: the default."""
+    if threading.current_thread() is not threading.main_thread():
+        return None
+
+    def handler(signum, frame):
+        if ctx.stop.is_set():
+            raise KeyboardInterrupt
+        ctx.stop.set()
+        ctx.stop_reason = "interrupted (Ctrl-C)" if signum == signal.SIGINT else "stopped (SIGTERM)"
+        if ctx.current is not None:
+            ctx.current.kill(Outcome.TIMEOUT)
+
+    prev = (signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM))
+    signal.signal(signal.SIGINT, handler)
+    signal.signal(signal.SIGTERM, handler)
+    return prev
+
+
+def _restore_sigint(prev) -> None:
+    if prev is not None:
+        signal.signal(signal.SIGINT, prev[0])
+        signal.signal(signal.SIGTERM, prev[1])
+
+

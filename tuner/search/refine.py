@@ -1,0 +1,198 @@
+"""The search's last phase: one-change moves from the best configuration so far (a greedy local search).
+
+TPE learns which values are good on average; with a few dozen trials over ten parameters it often stops one change
+short of a better configuration (a context cap one step lower, a GEMM dtype left at fp32). In its last
+``refine_share`` of the time for trials (of the trials, with ``--n-trials``) the search therefore tries, from the
+best configuration so far, the configurations that differ from it in one parameter, most promising first, and moves
+to any that beats it (so it climbs). Every parameter gets a move before any gets a second one; within that, moves
+are ordered by what the trials so far say of each value: the objective's mean over the trials that had it, against
+the mean over those that had the best's value (a value no trial had yet counts as even). A move is skipped when its
+configuration was already tried (or is running, or asked) or the target refuses it before running (its rules say
+why). When every move from the best has been tried (a local optimum), the moves start from the next best
+configuration, up to the third; after that the search goes back to TPE.
+At any time, a configuration TPE proposes again (timed already, so not run) is followed by one such move, here and
+in the kernel search: the ask TPE spent on a repeat goes to the best's neighbourhood instead. The kernel search has
+no window: replayed on the H200 sweeps, one would add nothing to those moves (``tuner_efficiency_refine.md``).
+
+A move is an enqueued Optuna trial (``tuner_refine_of`` = the trial it moves from), so local threads and ``tuner
+worker`` processes of one study take them like any other trial.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import statistics
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Callable
+
+from search_spaces import Param, ResolvedSpace
+from tuner.search.sampling import params_key, suggestable
+
+if TYPE_CHECKING:
+    from tuner.search.context import SearchContext
+
+_logger = logging.getLogger(__name__)
+
+REFINE_ATTR = "tuner_refine_of"
+"""User attribute of a refinement trial: the number of the trial whose configuration it changes by one value."""
+
+ORIGINS = 3
+"""Configurations moves start from: the best, then (once every move from it was tried) the next best ones."""
+
+ORDERED_TYPES = ("int", "pow2")
+"""Numeric parameter types whose moves are one step down or up; a categorical may move to any other value."""
+
+
+def in_window(ctx: SearchContext, reserve_s: float, done: int | None = None) -> bool:
+    """True in the last ``refine_share`` of the time for trials (after ``reserve_s`` kept for confirmation), or,
+    with ``--n-trials``, of those trials (``done`` of them run so far in this search)."""
+    share = ctx.options.refine_share
+    if share <= 0:
+        return False
+    if ctx.options.n_trials is not None and done is not None:
+        return done >= math.ceil((1.0 - share) * ctx.options.n_trials)
+    total = ctx.deadline.trials_end - ctx.deadline.start
+    return ctx.deadline.remaining_for_trials() - reserve_s <= share * total
+
+
+def moves(resolved: ResolvedSpace, params: dict[str, Any]) -> list[tuple[str, Any, dict[str, Any]]]:
+    """``(param, new value, configuration)`` for every configuration one value away from ``params``. A changed
+    parent brings its children in at their defaults (or drops them), as ``ResolvedSpace.walk`` builds them."""
+    out = []
+    for p in resolved.params:
+        if p.name not in params or p.type == "float":
+            continue
+        for value in _alternatives(p, params[p.name]):
+            wanted = {**params, p.name: value}
+            cfg = resolved.walk(lambda q: wanted[q.name] if q.name in wanted and q.contains(wanted[q.name])
+                                else q.default)
+            out.append((p.name, value, cfg))
+    return out
+
+
+def _alternatives(p: Param, current: Any) -> list[Any]:
+    choices = list(p.choices())
+    if p.type in ORDERED_TYPES and current in choices:
+        i = choices.index(current)
+        return [choices[j] for j in (i - 1, i + 1) if 0 <= j < len(choices)]
+    return [v for v in choices if v != current]
+
+
+@dataclass(frozen=True)
+class Move:
+    origin: int
+    """The trial whose configuration this changes."""
+    param: str
+    old: Any
+    new: Any
+    params: dict[str, Any]
+    """The whole configuration after the change."""
+
+    def __str__(self) -> str:
+        return f"trial {self.origin} with {self.param} {self.old!r} -> {self.new!r}"
+
+
+def next_move(ctx: SearchContext) -> Move | None:
+    """The most promising untried one-change move from the best ok configuration of the study (every process's
+    trials, read from the store); once every move from it was tried (a local optimum), from the next best, up to
+    ``ORIGINS`` configurations; ``None`` when all of theirs were tried."""
+    records = ctx.repo.list_trials(ctx.run.id)
+    return choose_move(ctx.resolved, records, ctx.direction, ctx.target.check, asked=asked_keys(ctx.study, ctx.resolved))
+
+
+def choose_move(resolved: ResolvedSpace, records: list, direction: str, check: Callable[[dict], str | None],
+                asked: set[str] = frozenset()) -> Move | None:
+    """:func:`next_move` over given trial records (``number``, ``params``, ``outcome``, ``value``, ``reason``):
+    ``check`` says why the target refuses a configuration (or returns nothing), ``asked`` holds the keys of
+    configurations asked and not yet recorded."""
+    tried = {_key(resolved, r.params) for r in records} | set(asked)
+    ok = [r for r in records if r.outcome == "ok" and r.value is not None and math.isfinite(r.value)
+          and r.repeat_of is None]  # a repeat's value is a copy, not a measurement
+    sign = 1.0 if direction == "maximize" else -1.0
+    score = _value_scores(ok, sign) if ok else {}
+    origins: dict[str, Any] = {}
+    for r in sorted(ok, key=lambda r: -sign * r.value):  # stable: of equal values, the earlier trial
+        origins.setdefault(_key(resolved, r.params), r)
+    for origin in list(origins.values())[:ORIGINS]:
+        move = _move_from(resolved, check, origin, tried, score)
+        if move is not None:
+            return move
+    return None
+
+
+def _move_from(resolved: ResolvedSpace, check, origin, tried: set[str], score: dict) -> Move | None:
+    candidates, done = [], {}
+    for name, value, cfg in moves(resolved, origin.params):
+        if _key(resolved, cfg) in tried:
+            done[name] = done.get(name, 0) + 1
+            continue
+        here = score.get((name, _k(origin.params.get(name))), 0.0)
+        gain = score.get((name, _k(value)), here) - here  # a value no trial had yet: no evidence either way
+        candidates.append((gain, name, value, cfg))
+    for gain, name, value, cfg in _order(candidates, done):
+        why = check(cfg)
+        if why:
+            _logger.debug("refine: %s=%r from trial %d refused by the target: %s", name, value, origin.number, why)
+            continue
+        return Move(origin.number, name, origin.params.get(name), value, cfg)
+    return None
+
+
+def _key(resolved: ResolvedSpace, params: dict[str, Any]) -> str:
+    return params_key(suggestable(resolved, params))
+
+
+def asked_keys(study, resolved: ResolvedSpace) -> set[str]:
+    """Keys of the configurations asked of Optuna and not yet in the store: enqueued and waiting, or taken by a worker
+    that is still waiting for its GPUs (a move another worker enqueued a moment ago is not made twice)."""
+    from optuna.trial import TrialState
+
+    out = set()
+    for t in study.get_trials(deepcopy=False, states=(TrialState.WAITING, TrialState.RUNNING)):
+        fixed = t.system_attrs.get("fixed_params") or {}
+        out.add(_key(resolved, {**fixed, **t.params}))
+    return out
+
+
+def _order(candidates: list[tuple[float, str, Any, dict]], done: dict[str, int]) -> list[tuple[float, str, Any, dict]]:
+    """Round by round: each parameter's most promising untried move, then each one's next, a parameter with ``done``
+    moves from this best already tried joining that many rounds later; within a round, by gain. So a parameter with
+    many values (the bucket lists) cannot use up the phase before every other one had a move, and the trials' means
+    (confounded by what else each trial set) only order moves, never exclude one."""
+    groups: dict[str, list] = {}
+    for c in sorted(candidates, key=lambda c: -c[0]):  # stable: ties keep the space's declaration order
+        groups.setdefault(c[1], []).append(c)
+    ranked = [(done.get(name, 0) + i, c) for name, g in groups.items() for i, c in enumerate(g)]
+    return [c for _, c in sorted(ranked, key=lambda rc: (rc[0], -rc[1][0]))]
+
+
+def _k(value: Any) -> str:
+    return repr(value)
+
+
+def _value_scores(ok: list, sign: float) -> dict[tuple[str, str], float]:
+    """Mean of ``sign * log(objective)`` (or of the value itself when not all positive) over the ok trials with
+    each (param, value): the trials' own word on which values help."""
+    positive = all(r.value > 0 for r in ok)
+    by: dict[tuple[str, str], list[float]] = {}
+    for r in ok:
+        v = sign * (math.log(r.value) if positive else r.value)
+        for name, value in r.params.items():
+            by.setdefault((name, _k(value)), []).append(v)
+    return {key: statistics.fmean(vals) for key, vals in by.items()}
+
+
+def enqueue_next(ctx: SearchContext, progress=None) -> Move | None:
+    """Enqueue the next move (the caller's ``study.ask()`` then takes it); ``None`` when there is none or refining
+    is off (``refine_share`` 0)."""
+    if ctx.options.refine_share <= 0:
+        return None
+    move = next_move(ctx)
+    if move is None:
+        return None
+    ctx.study.enqueue_trial(suggestable(ctx.resolved, move.params), user_attrs={REFINE_ATTR: move.origin})
+    _logger.info("refine: %s", move)
+    if progress:
+        progress.message(f"refining: {move}")
+    return move

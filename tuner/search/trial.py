@@ -1,0 +1,156 @@
+"""One trial: sample, check, run in its own process, store, tell Optuna. A failed trial is data, never an exception."""
+
+from __future__ import annotations
+
+import logging
+import math
+import socket
+import time
+from typing import Any
+
+import optuna
+
+from tuner.execution.isolation import TrialJob, TrialProcess
+from tuner.execution.persistent import persistent_worker
+from tuner.measurement import Measurement, Outcome
+from tuner.search.context import (
+    BASELINE_ATTR,
+    CONFIRM_ATTR,
+    Progress,
+    SearchContext,
+    TrialSummary,
+    set_constraints,
+)
+from tuner.search.sampling import (
+    params_key,
+    suggest,
+)
+
+_logger = logging.getLogger(__name__)
+
+def penalty_value(direction: str) -> float:
+    """What a failed trial is told as: worse than any real result, so TPE puts it in the bad group."""
+    return 0.0 if direction == "maximize" else 1e30
+
+
+def run_one(ctx: SearchContext, trial: optuna.Trial, progress: Progress | None, *, gpus: list[int] | None = None,
+            worker: str = "") -> TrialSummary:
+    """Sample, check, run (in a subprocess), store and tell one trial. Never raises for the trial's failure."""
+    resolved = ctx.resolved
+    params = suggest(trial, resolved)
+    is_baseline = bool(trial.user_attrs.get(BASELINE_ATTR))
+    confirm_of = trial.user_attrs.get(CONFIRM_ATTR)
+    ctx.repo.start_trial(ctx.run.id, trial.number, params, worker=worker or socket.gethostname(),
+                         is_baseline=is_baseline)
+    if progress:
+        progress.trial_started(trial.number, params)
+    key = params_key(params)
+    earlier = ctx.seen.get(key)
+    t0 = time.time()
+    if earlier is not None and confirm_of is None and not is_baseline:
+        m = Measurement(outcome=Outcome(earlier.outcome), value=earlier.value,
+                        reason=f"same configuration as trial {earlier.number}: not run again "
+                               f"({earlier.outcome}{'' if earlier.reason == '' else ': ' + earlier.reason[:200]})")
+        repeat_of = earlier.number
+    else:
+        repeat_of = None
+        reason = ctx.target.check(params)
+        if not reason and not is_baseline:  # the baseline always runs: every figure needs it
+            reason = ctx.target.known_failure(ctx.repo, params)
+        if reason:
+            m = Measurement.failed(Outcome.INVALID_CONFIG, reason)
+            _logger.info("trial %d refused before running: %s", trial.number, reason)
+        else:
+            m = _run_isolated(ctx, trial, params, gpus)
+    cut = m.outcome is Outcome.TIMEOUT and (ctx.stop.is_set() or time.time() >= ctx.deadline.trials_end - 0.5)
+    if cut:
+        m.reason = ("stopped when the search was interrupted" if ctx.stop.is_set()
+                    else "stopped at the search's deadline") + f" after {time.time() - t0:.1f}s"
+    m.duration_s = m.duration_s or (time.time() - t0)
+    return _record(ctx, trial, params, m, progress, is_baseline=is_baseline, repeat_of=repeat_of,
+                   cut_by_deadline=cut)
+
+
+def _run_isolated(ctx: SearchContext, trial: optuna.Trial, params: dict[str, Any], gpus: list[int] | None
+                  ) -> Measurement:
+    hard_end = ctx.deadline.trials_end
+    per_trial = ctx.options.trial_timeout_s or ctx.target.config.trial_timeout_s
+    if per_trial <= 0:
+        # the baseline is often the slowest configuration of all, and every ratio needs it: give it more room
+        share = 0.5 if trial.user_attrs.get(BASELINE_ATTR) else 0.25
+        per_trial = max(60.0 if share == 0.5 else 30.0, share * ctx.deadline.budget_s)
+    deadline = min(hard_end, time.time() + per_trial)
+    hw = ctx.hardware
+    job = TrialJob(target=ctx.target.name, space_yaml=ctx.space_yaml, space_source=ctx.resolved.space.source,
+                   params=params, deadline=deadline, settings=ctx.options.settings,
+                   hardware=hw.to_json(), gpus=gpus)
+
+    # the baseline (every ratio's reference) and a confirmation re-run (the winner's median) are measured whole
+    prunable = not (trial.user_attrs.get(BASELINE_ATTR) or trial.user_attrs.get(CONFIRM_ATTR) is not None)
+
+    def reporter(step: int, value: float) -> bool:
+        trial.report(value, step)
+        return prunable and trial.should_prune()
+
+    if ctx.target.persistent_worker:
+        proc = persistent_worker(gpus).start(job, reporter)
+    else:
+        proc = TrialProcess(job, reporter)
+    ctx.current = proc
+    try:
+        return proc.wait()
+    finally:
+        ctx.current = None
+
+
+def _record(ctx: SearchContext, trial: optuna.Trial, params: dict[str, Any], m: Measurement,
+            progress: Progress | None, *, is_baseline: bool, repeat_of: int | None, cut_by_deadline: bool = False
+            ) -> TrialSummary:
+    space = ctx.resolved.space
+    constraints = _level_constraints(space, m)
+    if m.outcome is Outcome.OK and m.value is not None and math.isfinite(m.value):
+        set_constraints(trial, constraints or [0.0])
+        state, values = optuna.trial.TrialState.COMPLETE, m.value
+    elif m.outcome is Outcome.PRUNED:
+        state, values = optuna.trial.TrialState.PRUNED, None
+    elif m.outcome is Outcome.TIMEOUT and cut_by_deadline:
+        # the search ended under it: says nothing about the configuration, so Optuna is not taught it is bad
+        state, values = optuna.trial.TrialState.FAIL, None
+    else:
+        if m.outcome is Outcome.OK:  # ok but no finite value: treat as a crash of the measurement
+            m.outcome, m.reason = Outcome.CRASH, m.reason or "the trial reported no finite objective value"
+        set_constraints(trial, [1.0] * max(1, len(space.objective.constraints)))
+        state, values = optuna.trial.TrialState.COMPLETE, penalty_value(ctx.direction)
+    trial.set_user_attr("outcome", m.outcome.value)
+    if repeat_of is not None:
+        trial.set_user_attr("repeat_of", repeat_of)
+    value = m.value if m.outcome is Outcome.OK else None
+    ctx.repo.finish_trial(ctx.run.id, trial.number, outcome=m.outcome.value, value=value, reason=m.reason,
+                          log_excerpt=m.log, metrics=m.metrics, duration_s=m.duration_s,
+                          repeat_of=repeat_of)
+    if m.outcome is not Outcome.OK and repeat_of is None and not cut_by_deadline:
+        ctx.target.remember_failure(ctx.repo, ctx.run.id, trial.number, params, m)
+    try:
+        ctx.study.tell(trial, values, state=state)
+    except Exception:  # noqa: BLE001 - e.g. a heartbeat already failed it; the tuner_ tables still hold the truth
+        _logger.exception("could not tell Optuna about trial %d", trial.number)
+    summary = TrialSummary(trial.number, params, m.outcome.value, value, m.reason, m.duration_s, is_baseline,
+                           repeat_of)
+    ctx.trials.append(summary)
+    ctx.counts[summary.outcome] = ctx.counts.get(summary.outcome, 0) + 1
+    ctx.seen.setdefault(params_key(params), summary)
+    level = logging.INFO if m.outcome in (Outcome.OK, Outcome.PRUNED) else logging.WARNING
+    _logger.log(level, "trial %d %s value=%s %s", trial.number, m.outcome.value, value, m.reason[:200])
+    if progress:
+        progress.trial_finished(summary, ctx)
+    return summary
+
+
+def _level_constraints(space, m: Measurement) -> list[float]:
+    out = []
+    for c in space.objective.constraints:
+        v = m.metric(c.metric, c.level)
+        out.append(1.0 if v is None else c.violation(v))
+    return out
+
+

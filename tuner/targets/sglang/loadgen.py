@@ -1,0 +1,447 @@
+"""Load an OpenAI-compatible server with concurrent streaming requests and measure it, one concurrency level at a time.
+
+Each request streams (``stream: true``, SSE ``data:`` lines). Per request: time to first token (TTFT), the gaps
+between streamed tokens (inter-token latency, ITL), end-to-end latency and output tokens (the server's ``usage``
+when it sends one, else one token per non-empty chunk). Per level: output tok/s and requests/s over the level's
+wall time, mean/p50/p99 of each latency, and errors; :func:`level_metrics` turns them into ``MetricRow`` s at
+level ``"c=N"``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import math
+import random
+import re
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from storage.types import MetricRow
+
+_logger = logging.getLogger(__name__)
+
+WORDS = ("the", "quick", "brown", "fox", "jumps", "over", "lazy", "dog", "and", "runs", "far", "away")
+
+
+@dataclass(frozen=True)
+class RequestSpec:
+    prompt: str | list[dict[str, str]]
+    max_tokens: int
+
+
+@dataclass
+class RequestResult:
+    ok: bool
+    ttft_s: float = math.nan
+    e2e_s: float = math.nan
+    output_tokens: int = 0
+    itl_s: list[float] = field(default_factory=list)
+    error: str = ""
+    status: int | None = None
+    """The HTTP status of a request the server answered with an error (4xx: the request's fault)."""
+
+    @property
+    def refused(self) -> bool:
+        return self.status is not None and 400 <= self.status < 500
+
+
+@dataclass
+class LevelResult:
+    concurrency: int
+    wall_s: float
+    requests: list[RequestResult]
+    aborted: str = ""
+
+    @property
+    def ok_requests(self) -> list[RequestResult]:
+        return [r for r in self.requests if r.ok]
+
+    @property
+    def errors(self) -> int:
+        return sum(1 for r in self.requests if not r.ok)
+
+    @property
+    def output_tokens(self) -> int:
+        return sum(r.output_tokens for r in self.ok_requests)
+
+    @property
+    def tok_s(self) -> float:
+        return self.output_tokens / self.wall_s if self.wall_s > 0 else 0.0
+
+    @property
+    def req_s(self) -> float:
+        return len(self.ok_requests) / self.wall_s if self.wall_s > 0 else 0.0
+
+    def first_error(self) -> str:
+        return next((r.error for r in self.requests if not r.ok), "")
+
+    @property
+    def all_refused(self) -> bool:
+        """Every request failed and the server refused each one (HTTP 4xx): the load is at fault, not the server."""
+        return bool(self.requests) and all(r.refused for r in self.requests)
+
+
+@dataclass
+class LoadConfig:
+    """What to send. Build with :meth:`from_settings`."""
+
+    model: str = "default"
+    api: str = "completions"
+    """``completions`` (``/v1/completions``) or ``chat`` (``/v1/chat/completions``)."""
+    prompt_len: int = 256
+    output_len: int = 128
+    length_jitter: float = 0.0
+    """0 = fixed lengths; 0.5 = each length uniform in [0.5x, 1.5x]."""
+    dataset: str | None = None
+    """A JSONL file of ``{"prompt": ...}`` or ``{"messages": [...]}`` (optional ``max_tokens``/``output_len``)."""
+    requests_per_level: int | None = None
+    """Requests sent at each level, exactly; default ``max(min_requests, rounds * concurrency)`` and at least
+    ``level_s`` seconds of sending."""
+    rounds: int = 2
+    min_requests: int = 8
+    level_s: float = 3.0
+    """Seconds each level is measured for at least, unless ``requests_per_level`` fixes the count: a fast server
+    answers the default 8 requests in a tenth of a second, too short a window for a stable figure."""
+    warmup_requests: int = 1
+    request_timeout_s: float = 600.0
+    ignore_eos: bool | None = None
+    """``True``: always send ``ignore_eos`` (a server refusing it fails the trial); ``False``: never; ``None`` (the
+    default): send it when the server accepts it (:func:`probe` finds out with the first request)."""
+    stream_usage: bool = True
+    """Ask for the token counts in the stream (``stream_options.include_usage``); off when the server refuses it."""
+    seed: int = 0
+    extra_body: dict[str, Any] = field(default_factory=dict)
+
+    @classmethod
+    def from_settings(cls, settings: dict[str, Any]) -> LoadConfig:
+        kw = {k: settings[k] for k in ("api", "prompt_len", "output_len", "length_jitter", "dataset",
+                                       "requests_per_level", "rounds", "min_requests", "level_s", "warmup_requests",
+                                       "request_timeout_s", "ignore_eos", "seed", "extra_body")
+              if settings.get(k) is not None}
+        kw["model"] = str(settings.get("served_model_name") or settings.get("model") or "default")
+        cfg = cls(**kw)
+        if cfg.api not in ("completions", "chat"):
+            raise ValueError(f"settings `api` must be 'completions' or 'chat', but got {cfg.api!r}.")
+        if not 0 <= cfg.length_jitter < 1:
+            raise ValueError(f"settings `length_jitter` must be in [0, 1), but got {cfg.length_jitter!r}.")
+        return cfg
+
+    def n_requests(self, concurrency: int) -> int:
+        if self.requests_per_level:
+            return int(self.requests_per_level)
+        return max(self.min_requests, self.rounds * concurrency)
+
+
+def _jitter(n: int, j: float, rng: random.Random) -> int:
+    return max(1, round(n * rng.uniform(1 - j, 1 + j))) if j else max(1, n)
+
+
+def make_requests(cfg: LoadConfig, count: int, offset: int = 0) -> list[RequestSpec]:
+    """``count`` requests: from the dataset (cycled) or synthetic prompts of ``prompt_len`` words."""
+    rng = random.Random(cfg.seed + offset)
+    if cfg.dataset:
+        rows = load_dataset(cfg.dataset)
+        out = []
+        for i in range(count):
+            row = rows[(offset + i) % len(rows)]
+            prompt = row.get("messages") or row.get("prompt") or row.get("text")
+            max_tokens = int(row.get("max_tokens") or row.get("output_len") or cfg.output_len)
+            out.append(RequestSpec(prompt, max_tokens))
+        return out
+    out = []
+    for _ in range(count):
+        n = _jitter(cfg.prompt_len, cfg.length_jitter, rng)
+        words = [rng.choice(WORDS) for _ in range(n)]
+        out.append(RequestSpec(" ".join(words), _jitter(cfg.output_len, cfg.length_jitter, rng)))
+    return out
+
+
+def load_dataset(path: str) -> list[dict[str, Any]]:
+    rows = []
+    with open(Path(path).expanduser()) as f:
+        for i, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError as exc:
+                raise ValueError(f"{path}:{i}: not a JSON line ({exc.msg}); one JSON object per line") from None
+            if isinstance(row, str):
+                row = {"prompt": row}
+            if not isinstance(row, dict) or not (row.get("prompt") or row.get("messages") or row.get("text")):
+                raise ValueError(f"{path}:{i}: a row needs `prompt` or `messages`, got {str(row)[:80]!r}")
+            rows.append(row)
+    if not rows:
+        raise ValueError(f"{path}: the dataset is empty; give one JSON object per line")
+    return rows
+
+
+def _body(cfg: LoadConfig, req: RequestSpec) -> tuple[str, dict[str, Any]]:
+    body: dict[str, Any] = {"model": cfg.model, "max_tokens": req.max_tokens, "temperature": 0.0, "stream": True}
+    if cfg.stream_usage:
+        body["stream_options"] = {"include_usage": True}
+    if cfg.ignore_eos is not False:
+        body["ignore_eos"] = True
+    body.update(cfg.extra_body)
+    if cfg.api == "chat" or isinstance(req.prompt, list):
+        msgs = req.prompt if isinstance(req.prompt, list) else [{"role": "user", "content": req.prompt}]
+        return "/v1/chat/completions", {**body, "messages": msgs}
+    return "/v1/completions", {**body, "prompt": req.prompt}
+
+
+def _chunk_text(event: dict[str, Any]) -> str:
+    text = ""
+    for choice in event.get("choices") or []:
+        text += choice.get("text") or (choice.get("delta") or {}).get("content") or ""
+    return text
+
+
+async def one_request(client: httpx.AsyncClient, base_url: str, cfg: LoadConfig, req: RequestSpec) -> RequestResult:
+    path, body = _body(cfg, req)
+    start = time.perf_counter()
+    last = None
+    ttft = math.nan
+    chunks = 0
+    usage_tokens = None
+    itl: list[float] = []
+    try:
+        async with client.stream("POST", base_url + path, json=body) as resp:
+            if resp.status_code != 200:
+                text = (await resp.aread()).decode(errors="replace")[:300]
+                return RequestResult(ok=False, error=f"HTTP {resp.status_code}: {text}", status=resp.status_code)
+            async for line in resp.aiter_lines():
+                if not line.startswith("data:"):
+                    continue
+                data = line[5:].strip()
+                if data == "[DONE]":
+                    break
+                try:
+                    event = json.loads(data)
+                except json.JSONDecodeError:
+                    continue
+                if event.get("error"):
+                    return RequestResult(ok=False, error=f"stream error: {str(event['error'])[:300]}")
+                if event.get("usage") and event["usage"].get("completion_tokens") is not None:
+                    usage_tokens = int(event["usage"]["completion_tokens"])
+                if _chunk_text(event):
+                    now = time.perf_counter()
+                    if last is None:
+                        ttft = now - start
+                    else:
+                        itl.append(now - last)
+                    last = now
+                    chunks += 1
+    except (httpx.HTTPError, OSError) as exc:
+        return RequestResult(ok=False, error=f"{type(exc).__name__}: {exc}"[:300])
+    end = time.perf_counter()
+    if chunks == 0:
+        return RequestResult(ok=False, error="the stream ended without a token")
+    tokens = usage_tokens if usage_tokens is not None else chunks
+    return RequestResult(ok=True, ttft_s=ttft, e2e_s=end - start, output_tokens=tokens, itl_s=itl)
+
+
+async def _run_level(base_url: str, cfg: LoadConfig, concurrency: int, reqs: Sequence[RequestSpec],
+                     should_abort: Callable[[], str | None] | None, deadline: float | None,
+                     min_s: float = 0.0) -> LevelResult:
+    """Send ``reqs`` with ``concurrency`` in flight; past the end of ``reqs`` keep sending them again (in order)
+    until ``min_s`` seconds have passed since the start, then let the requests in flight finish."""
+    limits = httpx.Limits(max_connections=concurrency + 4, max_keepalive_connections=concurrency + 4)
+    timeout = httpx.Timeout(cfg.request_timeout_s, connect=10.0)
+    results: list[RequestResult] = []
+    sent = 0
+    start = time.perf_counter()
+
+    def next_request() -> RequestSpec | None:
+        nonlocal sent
+        if sent >= len(reqs) and (time.perf_counter() - start >= min_s
+                                  or (deadline is not None and time.time() >= deadline)):
+            return None
+        req = reqs[sent % len(reqs)]
+        sent += 1
+        return req
+
+    async with httpx.AsyncClient(limits=limits, timeout=timeout, trust_env=False) as client:
+        async def worker() -> None:
+            while (req := next_request()) is not None:
+                results.append(await one_request(client, base_url, cfg, req))
+
+        start = time.perf_counter()
+        workers = [asyncio.create_task(worker()) for _ in range(min(concurrency, len(reqs)))]
+        aborted = ""
+        pending = set(workers)
+        while pending:
+            done, pending = await asyncio.wait(pending, timeout=0.1)
+            why = should_abort() if should_abort else None
+            if why is None and deadline is not None and time.time() >= deadline:
+                why = "deadline reached during the load"
+            if why:
+                aborted = why
+                for t in pending:
+                    t.cancel()
+                await asyncio.gather(*pending, return_exceptions=True)
+                break
+        wall = time.perf_counter() - start
+    return LevelResult(concurrency, wall, results, aborted)
+
+
+def run_level(base_url: str, cfg: LoadConfig, concurrency: int, *, level_index: int = 0,
+              should_abort: Callable[[], str | None] | None = None, deadline: float | None = None) -> LevelResult:
+    """Send ``cfg.n_requests(concurrency)`` requests with ``concurrency`` in flight; blocking."""
+    if concurrency < 1:
+        raise ValueError(f"`concurrency` must be >= 1, but got {concurrency}.")
+    reqs = make_requests(cfg, cfg.n_requests(concurrency), offset=1000 * (level_index + 1))
+    min_s = 0.0 if cfg.requests_per_level else cfg.level_s
+    result = asyncio.run(_run_level(base_url, cfg, concurrency, reqs, should_abort, deadline, min_s))
+    _logger.info("c=%d: %d ok, %d errors, %.1f tok/s, %.2f req/s in %.2fs", concurrency, len(result.ok_requests),
+                 result.errors, result.tok_s, result.req_s, result.wall_s)
+    return result
+
+
+@dataclass
+class Probe:
+    """What the first request after start-up learnt: the load the server accepts (``config``), what was changed
+    to get there (``adapted``), or why the load cannot run at all (``refused``); and how long the warm-up took."""
+
+    config: LoadConfig
+    adapted: list[str] = field(default_factory=list)
+    refused: str = ""
+    warmup_s: float = 0.0
+    first: RequestResult | None = None
+
+
+_CORE_FIELDS = ("model", "prompt", "messages", "max_tokens", "stream")
+
+
+def _named_field(error: str, body: dict[str, Any]) -> str | None:
+    """The request field an error text names (``Unexpected fields in the request: {'ignore_eos'}``, pydantic's
+    ``loc: [body, ignore_eos]``, ``Unrecognized request argument supplied: ignore_eos``)."""
+    for name in sorted(body, key=lambda k: (k in _CORE_FIELDS, -len(k))):
+        if re.search(rf"(?<![\w-]){re.escape(name)}(?![\w-])", error):
+            return name
+    return None
+
+
+def probe(base_url: str, cfg: LoadConfig, deadline: float | None = None) -> Probe:
+    """Send the first request (the warm-up's) and learn which request fields the server accepts. A field the load
+    adds on its own (``ignore_eos`` unless set true, ``stream_options``) that the server refuses with HTTP 4xx is
+    dropped and the request sent again: without ``ignore_eos`` every request keeps its fixed ``max_tokens`` and the
+    output length is read from the usage counts. Any other refusal is ``refused``, naming the field and the setting
+    that fixes it. Then the rest of ``warmup_requests`` is sent. Blocking."""
+    t0 = time.time()
+    short = replace(cfg, output_len=min(cfg.output_len, 8), dataset=None, length_jitter=0.0)
+    out = Probe(config=cfg)
+    for _ in range(3):
+        req = make_requests(short, 1)[0]
+        _, body = _body(short, req)
+        res = asyncio.run(_run_level(base_url, short, 1, [req], None, deadline))
+        first = res.requests[0] if res.requests else RequestResult(ok=False, error="no request was sent")
+        out.first = first
+        if first.ok or not first.refused:
+            break
+        name = _named_field(first.error, body)
+        if name == "ignore_eos" and cfg.ignore_eos is None:
+            cfg, short = replace(cfg, ignore_eos=False), replace(short, ignore_eos=False)
+            out.adapted.append("ignore_eos dropped (the server refuses it): fixed max_tokens, output length from "
+                               "the usage counts")
+        elif name == "stream_options" and cfg.stream_usage:
+            cfg, short = replace(cfg, stream_usage=False), replace(short, stream_usage=False)
+            out.adapted.append("stream_options dropped (the server refuses it): one token per streamed chunk")
+        else:
+            out.refused = _refusal(name, first.error, cfg)
+            break
+        _logger.warning("the server at %s refuses request field `%s`: %s", base_url, name, out.adapted[-1])
+    out.config = cfg
+    if out.first is not None and out.first.ok and cfg.warmup_requests > 1:
+        rest = make_requests(short, cfg.warmup_requests - 1, offset=1)
+        asyncio.run(_run_level(base_url, short, 1, rest, None, deadline))
+    out.warmup_s = time.time() - t0
+    return out
+
+
+def _refusal(name: str | None, error: str, cfg: LoadConfig) -> str:
+    if name == "ignore_eos":
+        fix = "set `ignore_eos: false` (or leave it unset: the load then goes without it)"
+    elif name in cfg.extra_body:
+        fix = f"remove `{name}` from setting `extra_body`"
+    elif name == "model":
+        fix = "set `served_model_name` (or `model`) to a name the server lists at /v1/models"
+    elif name in ("prompt", "messages"):
+        fix = "set `api: chat` or `api: completions` to the API the server has"
+    elif name:
+        fix = f"the load cannot run without `{name}`; use a server that accepts it"
+    else:
+        fix = "check settings `model`/`served_model_name` and `api`"
+    field_text = f"request field `{name}`" if name else "the load's request"
+    return f"the server refuses {field_text} ({error[:200]}); {fix}"
+
+
+def warmup(base_url: str, cfg: LoadConfig, deadline: float | None = None) -> Probe:
+    """The first requests after start-up: :func:`probe`."""
+    return probe(base_url, cfg, deadline)
+
+
+def _pct(values: Sequence[float], q: float) -> float:
+    if not values:
+        return math.nan
+    s = sorted(values)
+    k = (len(s) - 1) * q
+    lo, hi = math.floor(k), math.ceil(k)
+    return s[lo] + (s[hi] - s[lo]) * (k - lo)
+
+
+def _mean(values: Sequence[float]) -> float:
+    return sum(values) / len(values) if values else math.nan
+
+
+METRIC_UNITS = {"tok_s": "tok/s", "req_s": "req/s", "errors": "count", "error_rate": "fraction",
+                "ttft_ms": "ms", "itl_ms": "ms", "e2e_ms": "ms", "tok_s_per_request": "tok/s"}
+
+
+def level_summary(result: LevelResult) -> dict[str, float]:
+    """Every figure of one level by metric name (``ttft_ms_p99``, ``tok_s``...)."""
+    ok = result.ok_requests
+    out = {"tok_s": result.tok_s, "req_s": result.req_s, "errors": float(result.errors),
+           "error_rate": result.errors / len(result.requests) if result.requests else 1.0}
+    series = {
+        "ttft_ms": [r.ttft_s * 1e3 for r in ok],
+        "itl_ms": [g * 1e3 for r in ok for g in r.itl_s],
+        "e2e_ms": [r.e2e_s * 1e3 for r in ok],
+    }
+    for name, vals in series.items():
+        out[f"{name}_mean"] = _mean(vals)
+        out[f"{name}_p50"] = _pct(vals, 0.5)
+        out[f"{name}_p99"] = _pct(vals, 0.99)
+        out[name] = out[f"{name}_mean"]
+    rates = [(r.output_tokens - 1) / (r.e2e_s - r.ttft_s) for r in ok if r.output_tokens > 1 and r.e2e_s > r.ttft_s]
+    out["tok_s_per_request"] = _mean(rates)
+    return out
+
+
+SHORT_WINDOW_S = 1.0
+"""A level measured over less than this is flagged (metric ``short_window``): its figure is noise-prone."""
+
+
+def level_metrics(result: LevelResult) -> list[MetricRow]:
+    """Every figure of one level as rows at level ``c=N``, with the window it was measured over (``measure_s``,
+    ``requests``) and ``short_window`` = 1 when that window was under :data:`SHORT_WINDOW_S`."""
+    level = f"c={result.concurrency}"
+    rows = [MetricRow("measure_s", level, float(result.wall_s), "s"),
+            MetricRow("requests", level, float(len(result.requests)), "count")]
+    if result.wall_s < SHORT_WINDOW_S:
+        _logger.warning("c=%d measured over %.2fs only (%d requests): set `level_s` (seconds per level) or "
+                        "`requests_per_level` higher for a stable figure", result.concurrency, result.wall_s,
+                        len(result.requests))
+        rows.append(MetricRow("short_window", level, 1.0, "flag"))
+    for name, value in level_summary(result).items():
+        if value is None or (isinstance(value, float) and math.isnan(value)):
+            continue
+        base = name.rsplit("_", 1)[0] if name.endswith(("_mean", "_p50", "_p99")) else name
+        rows.append(MetricRow(name, level, float(value), METRIC_UNITS.get(base, "")))
+    return rows

@@ -1,0 +1,563 @@
+"""Serving targets: launch a real OpenAI-compatible server per trial, watch it, load it, tear it down.
+
+- :class:`CommandTarget`: any server started from a command template (an argv list with ``{port}``, ``{model}``,
+  ``{host}`` placeholders); the trial's flags are appended. Its flags are checked against the command's
+  ``--help`` output when it has one.
+- :class:`SGLangTarget`: ``python -m sglang.launch_server``; flags are checked against SGLang's own argparse
+  parser (names, aliases, choices, the parser's own type conversion), with closest-name suggestions.
+
+Settings (``Space.settings`` merged with ``--set key=value``; all optional unless noted):
+
+========================  ===========================================================================================
+``model``                 model path or name (``--model-path``; the ``model`` of requests unless
+                          ``served_model_name``)
+``command``               CommandTarget only, required: argv list, e.g. ``[python, server.py, --port, "{port}"]``
+``help_command``          CommandTarget: argv printing the flags (default ``command + [--help]``); ``[]`` skips
+``python`` / ``parser``   SGLang: the server's Python (default this one) / ``module:callable`` adding its options
+``host``, ``port``        bind host (``127.0.0.1``); the port written into the exported launch (30000)
+``port_range``            ports a trial may pick from (``30000-30999``)
+``extra_args``, ``env``   fixed flags (list) and environment (mapping) of every launch
+``kernel_config_dir``     tuned kernel configs: exported as ``TUNER_KERNEL_CONFIG_DIR``
+``moe_config_dir``        fused-MoE configs: exported as ``SGLANG_MOE_CONFIG_DIR``
+``health_paths``          readiness endpoints (``[/health, /v1/models]``); ``ready_patterns`` log lines
+``ready_timeout_s``       readiness limit (1800; never past the trial deadline)
+``fatal_grace_s``         seconds a server may linger after a fatal log line (2)
+``teardown_reserve_s``    seconds kept before the deadline for teardown (15)
+``levels``                concurrency levels (default: the objective's)
+load                      ``api`` (completions/chat), ``prompt_len``, ``output_len``, ``length_jitter``, ``dataset``
+                          (JSONL), ``requests_per_level``, ``rounds``, ``min_requests``, ``level_s`` (seconds per
+                          level, 3), ``warmup_requests``, ``request_timeout_s``, ``ignore_eos`` (unset: when the
+                          server accepts it), ``seed``, ``extra_body`` (see ``tuner.targets.sglang.loadgen``)
+``allow_retry``           run a flag set whose launch failed before (the memory is in the study's storage)
+``torch_compile_supported``  false when the model/build is known to reject torch.compile
+========================  ===========================================================================================
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+import signal
+import sys
+import threading
+import time
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+from search_spaces import Param
+from search_spaces.schema import LevelConstraint, Objective
+from storage.types import MetricRow
+from tuner.errors import TargetError
+from tuner.measurement import Measurement, Outcome
+from tuner.targets.base import LaunchSpec, PreflightReport, Reporter, Target
+from tuner.targets.sglang import failed, loadgen
+from tuner.targets.sglang import flags as fl
+from tuner.targets.sglang.launch import ServerProcess, parse_port_range, pick_free_port
+from tuner.targets.sglang.settings import ServerSettings
+
+_logger = logging.getLogger(__name__)
+
+DIR_ENVS = {"kernel_config_dir": "TUNER_KERNEL_CONFIG_DIR", "moe_config_dir": "SGLANG_MOE_CONFIG_DIR"}
+
+
+def constraint_name(lc: LevelConstraint) -> str:
+    """``ttft_ms_p99@c=16<=500``: the level of the ``constraint`` metric rows."""
+    bounds = (f">={lc.min:g}" if lc.min is not None else "") + (f"<={lc.max:g}" if lc.max is not None else "")
+    return f"{lc.metric}@{lc.level}{bounds}"
+
+
+class CommandTarget(Target):
+    name = "command"
+    gpus_per_trial = 0
+    Settings = ServerSettings
+    config: ServerSettings
+
+    def __init__(self, resolved, settings: dict[str, Any] | None = None) -> None:
+        super().__init__(resolved, settings)
+        self._check_model()
+        self._flags: fl.ServerFlags | None = None
+
+    # -- the command ----------------------------------------------------------------------------------------
+    def _check_model(self) -> None:
+        """A command that needs ``{model}`` without a model is refused here, before any trial (and in a dry-run)."""
+        if any("{model}" in str(a) for a in self.config.command or []) and not self.model:
+            raise TargetError("target `command`: setting `command` needs {model}, but no model is given; pass "
+                              "--model PATH or --set model=PATH")
+
+    @property
+    def model(self) -> str:
+        return self.config.model
+
+    @property
+    def host(self) -> str:
+        return self.config.host
+
+    def base_command(self, port: int | str) -> list[str]:
+        cmd = self.config.command
+        if not cmd:
+            raise TargetError("target `command` needs settings `command`: an argv list such as "
+                              "[python, server.py, --port, '{port}'] (never one shell string)")
+        subs = {"{port}": str(port), "{model}": self.model, "{host}": self.host}
+        out = []
+        for a in cmd:
+            a = str(a)
+            for k, v in subs.items():
+                a = a.replace(k, v)
+            out.append(a)
+        return out
+
+    def help_command(self) -> list[str]:
+        cmd = self.config.help_command
+        if cmd is not None:
+            return [str(a) for a in cmd]
+        return self.base_command(0) + ["--help"]
+
+    def server_argv(self, args: list[str], port: int | str) -> list[str]:
+        """The launch of ``args`` as deployed (the export's)."""
+        return self.base_command(port) + list(self.config.extra_args) + args
+
+    def trial_argv(self, args: list[str], port: int | str) -> list[str]:
+        """The launch of ``args`` in a trial: the deployed one, unless a target measures differently."""
+        return self.server_argv(args, port)
+
+    def flag_params(self) -> list[Param]:
+        return [p for p in self.space.params if p.flag]
+
+    def flag_args(self, params: dict[str, Any]) -> tuple[list[str], dict[str, str]]:
+        """Flag arguments and environment for ``params`` (pinned params of the resolved space included)."""
+        merged = {**self.resolved.fixed, **params}
+        return fl.params_to_args(self.space.params, merged)
+
+    def launch_env(self, param_env: dict[str, str]) -> dict[str, str]:
+        env = dict(self.config.env)
+        for key, var in DIR_ENVS.items():
+            if getattr(self.config, key):
+                env[var] = str(Path(getattr(self.config, key)).expanduser())
+        env.update(param_env)
+        return env
+
+    def server_version(self) -> str:
+        """The server's version as its flags report it (empty when they do not say)."""
+        return (self._flags.version if self._flags else None) or ""
+
+    def launch_command(self) -> list[str]:
+        """The command of every launch, the port left out (part of the failed-flag key)."""
+        return self.base_command("PORT")
+
+    def flag_key(self, args: list[str], env: dict[str, str]) -> str:
+        hw = self.resolved.hardware
+        return failed.flag_set_key(self.launch_command(), list(self.config.extra_args) + args, env,
+                                   server_version=self.server_version(),
+                                   gpus=f"{hw.gpu_count}x {hw.gpu_name}" if hw.gpu_count else "cpu")
+
+    # -- the failed-flag memory (the study's storage) -----------------------------------------------------------
+    def known_failure(self, repo: Any, params: dict[str, Any]) -> str | None:
+        if self.allow_retry:
+            return None
+        args, env = self.flag_args(params)
+        return failed.known_failure(repo, self.flag_key(args, self.launch_env(env)))
+
+    def remember_failure(self, repo: Any, run_id: int, number: int, params: dict[str, Any],
+                         measurement: Measurement) -> None:
+        args, env = self.flag_args(params)
+        failed.remember(repo, run_id, number, key=self.flag_key(args, self.launch_env(env)),
+                        outcome=measurement.outcome.value, reason=measurement.reason, args=args,
+                        server_version=self.server_version())
+
+    # -- flags of the installed server ------------------------------------------------------------------------
+    def load_flags(self, checks: list[tuple[str, list[Any]]]) -> fl.ServerFlags | None:
+        argv = self.help_command()
+        if not argv:
+            return None
+        return fl.help_flags(argv)
+
+    def _flag_checks(self) -> list[tuple[str, list[Any]]]:
+        return [(p.flag, fl.candidate_values(p)) for p in self.flag_params() if fl.candidate_values(p)]
+
+    def preflight(self) -> PreflightReport:
+        report = super().preflight()
+        report.target = self.name
+        try:
+            flags = self.load_flags(self._flag_checks())
+        except fl.FlagsUnavailable as exc:
+            report.errors.append(f"cannot read the server's flags: {exc}; install the server or fix settings "
+                                 "`command`/`python`")
+            return report
+        except TargetError as exc:
+            report.errors.append(str(exc))
+            return report
+        if flags is None:
+            report.will_not_run.append("flag names are not checked (settings `help_command: []`)")
+        else:
+            self._flags = flags
+            report.facts["server flags"] = f"{len(flags.options)} options from {flags.source}"
+            if flags.version:
+                report.facts["server version"] = flags.version
+            self._check_flags(flags, report)
+        self._report_rules(report)
+        self._plan(report)
+        gpus = self.resolved.hardware.gpu_count
+        for p in self.flag_params():
+            if p.flag in ("--tp-size", "--tensor-parallel-size") and gpus > 0:
+                too_big = [v for v in p.choices() if isinstance(v, int) and v > gpus]
+                if too_big:
+                    report.will_not_run.append(f"`{p.name}` values {too_big} need more than the {gpus} GPUs here "
+                                               "(refused by rule `tp-size-above-gpus`)")
+        return report
+
+    def _plan(self, report: PreflightReport) -> None:
+        """The seconds one trial takes: a probe launch of the defaults (``probe_launch: true``, a failure of which
+        is an error: the baseline could not run either), else the space's ``trial_estimate_s``."""
+        if self.config.probe_launch and report.ok:
+            t0 = time.time()
+            m = self.evaluate(self.resolved.defaults(), t0 + self.config.ready_timeout_s + 600)
+            if m.outcome is not Outcome.OK:
+                report.errors.append(f"probe launch of the defaults: {m.outcome.value}: {m.reason}")
+                return
+            split = ", ".join(f"{label} {m.metric(name):.1f} s" for label, name in
+                              (("start-up", "startup_s"), ("warm-up", "warmup_s")) if m.metric(name) is not None)
+            measure = sum(r.value for r in m.metrics if r.metric == "measure_s")
+            report.trial_s = m.duration_s
+            report.facts["trial seconds"] = (f"{m.duration_s:.1f} (probe launch of the defaults: {split}, "
+                                             f"measurement {measure:.1f} s, teardown included)")
+        elif self.config.trial_estimate_s:
+            report.trial_s = self.config.trial_estimate_s
+            report.facts["trial seconds"] = f"{self.config.trial_estimate_s:g} (the space's trial_estimate_s; " \
+                                            "--set probe_launch=true measures one)"
+
+    @property
+    def allow_retry(self) -> bool:
+        return self.config.allow_retry
+
+    def _check_flags(self, flags: fl.ServerFlags, report: PreflightReport) -> None:
+        where = f"server {flags.version}" if flags.version else "the server"
+        checked: list[tuple[str, str, Param | None]] = [(p.flag, f"param `{p.name}`", p) for p in self.flag_params()]
+        extra = fl.args_to_dict(list(self.config.extra_args))
+        checked += [(name, "settings `extra_args`", None) for name in extra]
+        if any(p.type == "buckets" and "none" in str(p.values) for p in self.flag_params()):
+            checked.append(("--disable-decode-cuda-graph", "bucket density `none`", None))
+        ok = 0
+        for flag, who, p in checked:
+            spec = flags.get(flag)
+            if spec is None:
+                hint = flags.suggest(flag)
+                report.errors.append(f"{who}: flag {flag} is not accepted by {where}"
+                                     + (f"; did you mean {hint}?" if hint else "; no similar flag exists"))
+                continue
+            if spec.removed:
+                report.errors.append(f"{who}: flag {flag} was removed from {where}: {spec.help[:200]}")
+                continue
+            if spec.deprecated:
+                report.rules.append(f"deprecated: {who} uses {flag}"
+                                    + (f"; use {spec.new_flag}" if spec.new_flag else f" ({spec.help[:160]})"))
+            if p is not None:
+                if p.type == "bool" and spec.takes_value:
+                    report.errors.append(f"{who}: {flag} takes a value, but a bool param becomes a bare switch; "
+                                         "make it categorical")
+                    continue
+                if p.type != "bool" and not spec.takes_value:
+                    report.errors.append(f"{who}: {flag} is a switch without a value; make `{p.name}` a bool")
+                    continue
+                if p.type == "buckets" and spec.nargs is not None and not spec.is_list:
+                    report.errors.append(f"{who}: {flag} takes one value, a bucket set needs a list flag "
+                                         "(e.g. --cuda-graph-bs-decode)")
+                    continue
+                bad = list(flags.value_errors.get(flag, []))
+                for v in fl.candidate_values(p):
+                    why = flags.check_value(flag, v)
+                    if why and not any(repr(str(v)) in b for b in bad):
+                        bad.append(why)
+                for why in bad:
+                    report.errors.append(f"{who}: {why}")
+                if bad:
+                    continue
+            elif extra.get(flag) and (why := flags.check_value(flag, extra[flag])):
+                report.errors.append(f"{who}: {why}")
+                continue
+            ok += 1
+        report.will_run.append(f"{ok} of {len(checked)} flags accepted by {where} ({flags.source})")
+
+    def _rule_ctx(self) -> dict[str, Any]:
+        return {"gpu_count": self.resolved.hardware.gpu_count, "server_flags": self._flags,
+                "torch_compile_supported": self.config.torch_compile_supported}
+
+    def _report_rules(self, report: PreflightReport) -> None:
+        used = {p.flag for p in self.flag_params()} | set(fl.args_to_dict(
+            list(self.config.extra_args)))
+        for rule in fl.RULES:
+            if used & set(rule.flags):
+                report.rules.append(f"rule `{rule.name}` ({'refuses' if rule.refuse else 'warns'}): "
+                                    f"{rule.description}")
+        args, _ = self.flag_args(self.resolved.defaults())
+        for hit in fl.apply_rules(self._all_args(args), self._rule_ctx()):
+            line = f"rule `{hit.rule}` fires on the defaults: {hit.message}"
+            (report.errors if hit.refuse else report.rules).append(line)
+
+    def _all_args(self, args: list[str]) -> list[str]:
+        return list(self.config.extra_args) + args
+
+    # -- before each trial ------------------------------------------------------------------------------------
+    def check(self, params: dict[str, Any]) -> str | None:
+        reason = super().check(params)
+        if reason:
+            return reason
+        args, env = self.flag_args(params)
+        refused = [h for h in fl.apply_rules(self._all_args(args), self._rule_ctx()) if h.refuse]
+        if refused:
+            return "; ".join(f"rule `{h.rule}`: {h.message}" for h in refused)
+        return None
+
+    def gpus_for(self, params: dict[str, Any]) -> int:
+        args, _ = self.flag_args(params)
+        d = fl.args_to_dict(args)
+        tp = d.get("--tp-size") or d.get("--tensor-parallel-size")
+        try:
+            return int(tp[0]) if tp else (self.config.gpus if self.config.gpus is not None else self.gpus_per_trial)
+        except (TypeError, ValueError):
+            return self.gpus_per_trial
+
+    # -- export -----------------------------------------------------------------------------------------------
+    def launch_spec(self, params: dict[str, Any]) -> LaunchSpec:
+        args, env = self.flag_args(params)
+        argv = self.server_argv(args, self.config.port)
+        return LaunchSpec(argv=argv, env=self.launch_env(env), host=self.host,
+                          description=f"{self.name} server with {len(args)} tuned flag arguments")
+
+    def kernel_config_dirs(self) -> list[str]:
+        return [str(Path(getattr(self.config, k)).expanduser()) for k in DIR_ENVS if getattr(self.config, k)]
+
+    # -- one trial --------------------------------------------------------------------------------------------
+    def objective(self) -> Objective:
+        obj = self.space.objective
+        levels = self.config.levels
+        if levels:
+            levels = tuple(int(c) for c in levels)
+            level = obj.level if obj.level in levels else None
+            obj = replace(obj, levels=levels, level=level if obj.combine == "level" else obj.level)
+        return obj
+
+    def evaluate(self, params: dict[str, Any], deadline: float, report: Reporter | None = None) -> Measurement:
+        t0 = time.time()
+        args, param_env = self.flag_args(params)
+        env = self.launch_env(param_env)
+        low, high = parse_port_range(self.config.port_range)
+        port = pick_free_port(low, high, self.host)
+        argv = self.trial_argv(args, port)
+        cfg = loadgen.LoadConfig.from_settings(self.settings)
+        reserve = min(self.config.teardown_reserve_s, 0.2 * max(0.0, deadline - t0))
+        work_deadline = deadline - reserve
+        server = ServerProcess(argv, env=env, port=port, host=self.host,
+                               health_paths=tuple(self.config.health_paths),
+                               ready_patterns=tuple(self.config.ready_patterns),
+                               fatal_grace_s=self.config.fatal_grace_s)
+        restore = _kill_server_on_sigterm(server)
+        try:
+            m = self._run(server, cfg, t0, work_deadline, report)
+        finally:
+            stop_t0 = time.time()
+            try:
+                server.stop(port_timeout_s=max(1.0, deadline - time.time()),
+                            gpu_timeout_s=max(1.0, deadline - time.time()))
+            finally:
+                restore()
+        m.metrics.append(MetricRow("teardown_s", "", time.time() - stop_t0, "s"))
+        m.log = server.log_text()
+        m.duration_s = time.time() - t0
+        if m.outcome is not Outcome.OK:
+            _logger.info("trial %s: %s", m.outcome.value, m.reason)
+        return m
+
+    def _run(self, server: ServerProcess, cfg: loadgen.LoadConfig, t0: float, deadline: float,
+             report: Reporter | None) -> Measurement:
+        ready_deadline = min(deadline, t0 + self.config.ready_timeout_s)
+        failure = server.wait_ready(ready_deadline)
+        if failure is not None:
+            return Measurement.failed(failure.outcome, failure.reason)
+        metrics = [MetricRow("startup_s", "", time.time() - t0, "s")]
+
+        def should_abort() -> str | None:
+            f = server.failure()
+            return f.reason if f else None
+
+        probe = loadgen.probe(server.base_url, cfg, deadline)
+        metrics.append(MetricRow("warmup_s", "", probe.warmup_s, "s"))
+        if probe.refused or (probe.first is not None and not probe.first.ok):
+            f = server.failure()
+            if f is not None:
+                return Measurement(f.outcome, reason=f"at the first request: {f.reason}", metrics=metrics)
+            if probe.refused:  # the load is at fault, not these flags
+                return Measurement(Outcome.REQUEST_ERROR, reason=probe.refused, metrics=metrics)
+        cfg = probe.config
+        metrics.append(MetricRow("ignore_eos", "", 1.0 if cfg.ignore_eos is not False else 0.0, "flag"))
+        obj = self.objective()
+        by_level: dict[int, float] = {}
+        for i, c in enumerate(obj.levels):
+            res = loadgen.run_level(server.base_url, cfg, c, level_index=i, should_abort=should_abort,
+                                    deadline=deadline)
+            if res.aborted:
+                f = server.failure()
+                if f is not None:
+                    return Measurement(f.outcome, reason=f"at c={c}: {f.reason}", metrics=metrics)
+                return Measurement(Outcome.TIMEOUT, reason=f"at c={c}: {res.aborted}", metrics=metrics)
+            if not res.ok_requests:
+                f = server.failure()
+                if f is not None:
+                    return Measurement(f.outcome, reason=f"at c={c}: {f.reason}", metrics=metrics)
+                if res.all_refused:
+                    return Measurement(Outcome.REQUEST_ERROR, reason=f"the server refused every request at c={c}: "
+                                                                     f"{res.first_error()}", metrics=metrics)
+                return Measurement(Outcome.CRASH, reason=f"every request failed at c={c}: {res.first_error()}",
+                                   metrics=metrics)
+            summary = loadgen.level_summary(res)
+            metrics += loadgen.level_metrics(res)
+            if obj.metric not in summary:
+                raise TargetError(f"objective metric {obj.metric!r} is not measured; use one of {sorted(summary)}")
+            by_level[c] = summary[obj.metric]
+            if report is not None and report(i, by_level[c]):
+                return Measurement(Outcome.PRUNED, reason=f"pruned after c={c}", metrics=metrics, by_level=by_level)
+        value = obj.combine_values(by_level)
+        for lc in obj.constraints:
+            got = next((r.value for r in metrics if r.metric == lc.metric and r.level == lc.level), None)
+            violation = lc.violation(got) if got is not None and not math.isnan(got) else 1e9
+            metrics.append(MetricRow("constraint", constraint_name(lc), float(violation), ""))
+        return Measurement(Outcome.OK, value=value, metrics=metrics, by_level=by_level)
+
+
+def _kill_server_on_sigterm(server: ServerProcess):
+    """While a trial runs in the main thread, SIGTERM (the parent pruning or timing out this trial process) kills
+    the server's own process group first, which the parent's group kill would not reach."""
+    if threading.current_thread() is not threading.main_thread():
+        return lambda: None
+
+    def handler(signum, frame):  # noqa: ARG001
+        server.kill_now()
+        os._exit(128 + signum)
+
+    try:
+        old = signal.signal(signal.SIGTERM, handler)
+    except ValueError:  # pragma: no cover - not the main interpreter
+        return lambda: None
+    return lambda: signal.signal(signal.SIGTERM, old)
+
+
+class SGLangTarget(CommandTarget):
+    name = "sglang"
+    gpus_per_trial = 1
+
+    @property
+    def python(self) -> str:
+        return self.config.python or sys.executable
+
+    def _check_model(self) -> None:
+        if not self.model:
+            raise TargetError("target `sglang` needs setting `model` (a model path or hub name); pass --model PATH "
+                              "or --set model=PATH")
+
+    def base_command(self, port: int | str) -> list[str]:
+        if not self.model:
+            raise TargetError("target `sglang` needs settings `model` (a model path or hub name); "
+                              "pass --model PATH or --set model=PATH")
+        return [self.python, "-m", "sglang.launch_server", "--model-path", self.model, "--host", self.host,
+                "--port", str(port)]
+
+    def help_command(self) -> list[str]:
+        return [self.python, "-m", "sglang.launch_server", "--help"]
+
+    def trial_argv(self, args: list[str], port: int | str) -> list[str]:
+        """A trial's launch: with ``load_format`` (e.g. ``dummy``) it runs on weights of the right shapes that are
+        never read from disk; the export (:meth:`launch_spec`) keeps the real ones."""
+        fmt = ["--load-format", self.config.load_format] if self.config.load_format else []
+        return self.server_argv(args, port) + fmt
+
+    def _check_flags(self, flags: fl.ServerFlags, report: PreflightReport) -> None:
+        super()._check_flags(flags, report)
+        fmt = self.config.load_format
+        if fmt:
+            why = ("--load-format is not accepted by this server" if flags.get("--load-format") is None
+                   else flags.check_value("--load-format", fmt))
+            if why:
+                report.errors.append(f"setting `load_format`: {why}")
+            else:
+                report.will_run.append(f"trials load `--load-format {fmt}` weights; the export keeps the real ones")
+
+    def load_flags(self, checks: list[tuple[str, list[Any]]]) -> fl.ServerFlags | None:
+        parser = self.config.parser or fl.SGLANG_PARSER
+        try:
+            return fl.introspect_parser(self.python, parser, checks)
+        except fl.FlagsUnavailable as exc:
+            _logger.info("parser introspection failed (%s); falling back to --help", exc)
+            return fl.help_flags(self.help_command())
+
+    def launch_command(self) -> list[str]:
+        return [self.python, "sglang", self.model]
+
+    def server_version(self) -> str:
+        if self._flags and self._flags.version:
+            return self._flags.version
+        if self.python == sys.executable:
+            from importlib.metadata import PackageNotFoundError, version
+
+            try:
+                return version("sglang")
+            except PackageNotFoundError:
+                return ""
+        return ""
+
+    # -- the kernel phase: SGLang's own fused-MoE kernel at the shapes this space's launches run ------------------
+    def _flag_values(self, flags: tuple[str, ...], default: int) -> list[int]:
+        """The values a launch can give the first of ``flags`` that is set: a parameter's (pinned) choices, a fixed
+        ``extra_args`` value, else ``default`` (the server's)."""
+        searched = {p.name for p in self.resolved.params}
+        for p in self.space.params:
+            if p.flag in flags:
+                if p.name in self.resolved.fixed:
+                    return [int(self.resolved.fixed[p.name])]
+                if p.name in searched:  # a dropped one (its requirement fails here) is never passed
+                    return sorted({int(v) for v in p.choices() if str(v).isdigit()}) or [default]
+        extra = list(self.config.extra_args)
+        for i, a in enumerate(extra):
+            name, _, value = a.partition("=")
+            if name in flags:
+                try:
+                    return [int(value or extra[i + 1])]
+                except (IndexError, ValueError):
+                    raise TargetError(f"setting `extra_args` gives {name} without an integer after it "
+                                      f"({extra[i:i + 2]}); write e.g. {name} 8") from None
+        return [default]
+
+    def kernel_shapes(self) -> list[tuple[str, dict[str, int]]]:
+        """SGLang's fused-MoE kernel at every shape this space's launches give it: one case per decode batch (each
+        objective level, and as padded to each CUDA-graph bucket it can take) and per tensor/expert-parallel split
+        of the routed experts (``E = experts / ep``, ``N = width / (tp / ep)``). Needs setting ``moe``
+        (``{hidden, width, experts, topk}``); without it there is nothing to tune."""
+        moe = self.config.moe
+        if not moe:
+            return []
+        try:
+            hidden, width, experts, topk = (int(moe[k]) for k in ("hidden", "width", "experts", "topk"))
+        except (KeyError, TypeError, ValueError):
+            raise TargetError(f"setting `moe` must map hidden, width, experts and topk to integers, but got {moe!r}; "
+                              "e.g. {hidden: 4096, width: 2048, experts: 256, topk: 6}") from None
+        from search_spaces.buckets import level_batches
+
+        batches = level_batches(self.space)
+        splits = []
+        for tp in self._flag_values(("--tp-size", "--tensor-parallel-size"), 1):
+            for ep in self._flag_values(("--ep-size", "--expert-parallel-size"), 1):
+                if tp % ep == 0 and experts % ep == 0 and width % (tp // ep) == 0:
+                    splits.append((experts // ep, width // (tp // ep)))
+        return [("sglang_fused_moe", {"tokens": b, "hidden": hidden, "width": n, "experts": e, "topk": topk})
+                for b in batches for e, n in dict.fromkeys(splits)]
+
+    def use_kernel_configs(self, config_dir: str) -> dict[str, str]:
+        """The settings that launch every later trial (and the export) with the SGLang MoE files a kernel phase
+        wrote to ``config_dir``; none when ``moe_config_dir`` is already set or no such file was written."""
+        from kernels.plugins.sglang_moe import SGLANG_MOE_SUBDIR
+
+        moe_dir = Path(config_dir) / SGLANG_MOE_SUBDIR
+        if self.config.moe_config_dir or not moe_dir.is_dir():
+            return {}
+        _logger.info("trials launch SGLang with SGLANG_MOE_CONFIG_DIR=%s", moe_dir)
+        return {"moe_config_dir": str(moe_dir)}

@@ -1,0 +1,98 @@
+"""The GPU implementations behind the workload's knobs, from ``kernels/`` (Triton).
+
+Each returns a callable with the same signature as its torch counterpart in ``tuner.targets.workload.ops``, so the
+model's step reads the same whatever the knobs. Kernel knobs arrive as ``"sparse_decode.S"``-style keys; a
+kernel field left unset takes the tuned config file's value (``TUNER_KERNEL_CONFIG_DIR``) or the default.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any, Callable
+
+import torch
+
+_logger = logging.getLogger(__name__)
+
+
+def kernel_overrides(knobs: dict[str, Any], kernel: str) -> dict[str, Any]:
+    prefix = kernel + "."
+    return {k[len(prefix):]: v for k, v in knobs.items() if k.startswith(prefix)}
+
+
+def triton_attention(impl: str, knobs: dict[str, Any]) -> Callable[..., torch.Tensor]:
+    """``fn(q [B,H,d], kv_pool [N,d], rows [B,T] (-1 masked), scale) -> [B,H,d]`` on a Triton kernel."""
+    from kernels import sparse_decode as sd
+
+    if impl == "mma":
+        launch, kernel, name = sd.sparse_decode, sd.SparseDecodeKernel.instance, "sparse_decode"
+    elif impl == "simt":
+        launch, kernel, name = sd.sparse_decode_simt, sd.SparseDecodeSimtKernel.instance, "sparse_decode_simt"
+    else:
+        raise ValueError(f"attention_impl {impl!r} has no Triton kernel; use torch, simt or mma")
+    overrides = kernel_overrides(knobs, name)
+    configs: dict[tuple, dict | None] = {}
+
+    def fn(q: torch.Tensor, pool: torch.Tensor, rows: torch.Tensor, scale: float) -> torch.Tensor:
+        idx = rows.to(torch.int32)
+        key = (tuple(q.shape), tuple(idx.shape))
+        if key not in configs:
+            if overrides:
+                shape = sd._shape_of(q, pool, idx, q.shape[-1])
+                configs[key] = {**kernel.default_config(shape), **overrides}
+            else:
+                configs[key] = None  # tuned config file or default, looked up by the kernel per shape
+        return launch(q, pool, idx, scale, configs[key])
+
+    return fn
+
+
+def triton_indexer(knobs: dict[str, Any]) -> Callable[..., torch.Tensor]:
+    """``fn(qi [B,Hi,Di], w [B,Hi], keys [B,W,Di], lengths [B], k_scale|None) -> scores [B,W]`` fused in Triton:
+    the [B, rows, heads] logits never reach memory. Tiles past the live length are computed on masked loads
+    (``indexer_dead_tiles=compute``, a server's capacity-sized grid) or skipped (``skip``)."""
+    from kernels.indexer import indexer_scores
+
+    overrides = kernel_overrides(knobs, "indexer") or None
+    skip_dead = knobs.get("indexer_dead_tiles", "compute") == "skip"
+
+    def fn(qi, w, keys, lengths, k_scale=None):
+        return indexer_scores(qi.to(keys.dtype).contiguous(), keys, w.float().contiguous(), k_scale, lengths,
+                              keys.shape[1], overrides, skip_dead=skip_dead)
+
+    return fn
+
+
+def triton_moe(knobs: dict[str, Any]) -> Callable[..., torch.Tensor]:
+    """``fn(x [T,hidden], w13 [E,hidden,2W], w2 [E,W,hidden], ids [T,k], weights [T,k]) -> [T,hidden]``: the
+    fused Triton MoE (``kernels.moe``), reading each routed expert's weights in place."""
+    from kernels.moe import MoEKernel, fused_moe
+
+    overrides = kernel_overrides(knobs, "moe")
+    configs: dict[tuple, dict | None] = {}
+
+    def fn(x, w13, w2, ids, weights):
+        key = tuple(ids.shape)
+        if key not in configs:
+            shape = {"tokens": ids.shape[0], "hidden": x.shape[1], "width": w2.shape[1], "experts": w13.shape[0],
+                     "topk": ids.shape[1]}
+            configs[key] = {**MoEKernel.instance.default_config(shape), **overrides} if overrides else None
+        return fused_moe(x, w13, w2, ids, weights, configs[key])
+
+    return fn
+
+
+def fused_glue() -> tuple[Callable, Callable]:
+    """(add_rms_norm, rope) from ``kernels.glue``: one pass each, casts included."""
+    from kernels import glue
+
+    def add_rms_norm(x, residual, weight):
+        return glue.fused_add_rmsnorm(x.contiguous(), residual.contiguous(), weight)
+
+    def rope(x, positions, cos_sin, rope_dim):
+        squeeze = x.dim() == 2
+        x3 = x.unsqueeze(1) if squeeze else x
+        y = glue.rope(x3.contiguous(), positions, cos_sin, rope_dim)
+        return y.squeeze(1) if squeeze else y
+
+    return add_rms_norm, rope

@@ -1,0 +1,390 @@
+"""A DeepSeek-V4-Flash-shaped decode step with random weights.
+
+What is modelled: every layer of the preset in V4-Flash's pattern (window-only, compress-4 with the indexer and
+top-k sparse attention over the selected compressed rows plus the sliding window, compress-128 attending to all
+of its compressed rows plus the window), the low-rank q path, the grouped low-rank output projection, an fp32
+"MHC-pre"-style linear per layer, RMSNorm/RoPE/residual glue, and an MoE on one expert-parallel rank (the rank's
+local experts; each token's top-k experts are mapped onto them) plus the shared expert. The MoE runs as torch ops
+(``moe_impl: torch``: with few pairs each pair's expert weights are gathered with ``index_select`` and multiplied by
+``bmm``, with many every expert runs a fixed-capacity batch, dropping pairs over capacity; static shapes either way)
+or as the fused Triton MoE of ``kernels.moe`` (``moe_impl: triton``: pairs sorted by expert, each routed expert's
+weights read in place, no pair dropped).
+
+What is not: no all-to-all between ranks, no FP4 experts, no LM head or sampling, no prefill; weights are shared
+between layers of the same kind (every layer still runs), and the KV of compressed rows is random (the cost of
+reading it is real, its content is not a model's).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import math
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import torch
+
+from tuner.errors import KnobError
+from tuner.targets.workload.ops import (
+    Linear,
+    add_rms_norm,
+    indexer_scores_torch,
+    rms_norm,
+    rope,
+    sparse_attention_torch,
+)
+from tuner.targets.workload.presets import Preset
+
+_logger = logging.getLogger(__name__)
+
+DEFAULT_KNOBS: dict[str, Any] = {
+    "context_length": None,  # None = the preset's max context
+    "indexer_width": "static",
+    "indexer_impl": "torch",
+    # the fused indexer on a capacity-sized grid computes its dead tiles too (SGLang 0.5.23 under CUDA graphs);
+    # `skip` is SGLang's open PR #40431, no launch flag: like `indexer_width`, a knob to measure, not searched
+    "indexer_dead_tiles": "compute",
+    "attention_impl": "torch",
+    "gemm_proj": "bf16",
+    "gemm_indexer": "fp32",
+    "gemm_moe": "bf16",
+    "gemm_mhc": "fp32",
+    "glue": "eager",
+    "moe_impl": "torch",
+}
+
+
+
+@dataclass
+class AttnWeights:
+    q_a: Linear
+    q_a_norm: torch.Tensor
+    q_b: Linear
+    kv: Linear
+    o_a: torch.Tensor  # [G, (H/G)*d, o_lora] in the projection dtype
+    o_b: Linear
+    idx_q: Linear | None
+    idx_w: Linear | None
+
+
+@dataclass
+class LayerWeights:
+    attn: dict[str, AttnWeights]
+    norm1: torch.Tensor
+    norm2: torch.Tensor
+    mhc: Linear
+    gate: Linear
+    w13: torch.Tensor  # [E, hidden, 2*width]
+    w2: torch.Tensor  # [E, width, hidden]
+    shared_w13: Linear
+    shared_w2: Linear
+
+
+class DecodeModel:
+    """Weights and knobs for one preset on one device. :meth:`state` builds a batch; :meth:`step` runs it."""
+
+    def __init__(self, preset: Preset, knobs: dict[str, Any], device: str | torch.device, seed: int = 0) -> None:
+        self.p = preset
+        # workload knobs, plus kernel fields as "kernel.FIELD" (e.g. "sparse_decode.S")
+        self.knobs = {**DEFAULT_KNOBS, **{k: v for k, v in knobs.items() if k in DEFAULT_KNOBS or "." in k}}
+        if self.knobs["context_length"] is None:
+            self.knobs["context_length"] = preset.max_context
+        self.device = torch.device(device)
+        self.act_dtype = torch.bfloat16 if self.device.type == "cuda" else torch.float32
+        self._check_knobs()
+        # weights are drawn on the device itself: a CPU draw of the full preset's ~1B numbers takes seconds
+        g = torch.Generator(device=self.device).manual_seed(seed)
+        self.w = self._init_weights(g)
+        self.attention_fn = self._attention_fn()
+        self.triton_indexer = None
+        if self.knobs["indexer_impl"] == "triton":
+            from tuner.targets.workload.gpu_ops import triton_indexer
+
+            self.triton_indexer = triton_indexer(self.knobs)
+        self.triton_moe = None
+        if self.knobs["moe_impl"] == "triton":
+            from tuner.targets.workload.gpu_ops import triton_moe
+
+            self.triton_moe = triton_moe(self.knobs)
+        self.add_rms_norm, self._rope_fn = self._glue_fns()
+        self.scale = 1.0 / math.sqrt(preset.head_dim)
+
+    def _glue_fns(self):
+        mode = self.knobs["glue"]
+        if mode == "fused":
+            from tuner.targets.workload.gpu_ops import fused_glue
+
+            fused_norm, fused_rope = fused_glue()
+            return fused_norm, lambda x, st: fused_rope(x, st["positions"], st["cos_sin"], self.p.rope_dim)
+
+        def eager_rope(x, st):
+            return rope(x, st["cos"], st["sin"], self.p.rope_dim)
+
+        if mode == "compile":
+            return torch.compile(add_rms_norm, dynamic=False), torch.compile(eager_rope, dynamic=False)
+        return add_rms_norm, eager_rope
+
+    # -- set-up -------------------------------------------------------------------------------------------
+    def _check_knobs(self) -> None:
+        k = self.knobs
+        for fam in ("gemm_proj", "gemm_indexer", "gemm_moe", "gemm_mhc"):
+            if k[fam] not in ("fp32", "tf32", "bf16", "fp16", "fp8"):
+                raise KnobError(f"workload knob `{fam}` must be fp32, tf32, bf16, fp16 or fp8, but got {k[fam]!r}")
+            if k[fam] == "fp8" and self.device.type != "cuda":
+                raise KnobError(f"workload knob `{fam}=fp8` needs a GPU with fp8 (compute capability >= 8.9)")
+        if k["indexer_width"] not in ("static", "live"):
+            raise KnobError(f"workload knob `indexer_width` must be static or live, but got {k['indexer_width']!r}")
+        ctx = int(k["context_length"])
+        if ctx < 1024:
+            raise KnobError(f"workload knob `context_length` must be >= 1024, but got {ctx}")
+        if k["glue"] not in ("eager", "fused", "compile"):
+            raise KnobError(f"workload knob `glue` must be eager, fused or compile, but got {k['glue']!r}")
+        if k["moe_impl"] not in ("torch", "triton"):
+            raise KnobError(f"workload knob `moe_impl` must be torch or triton, but got {k['moe_impl']!r}")
+        if k["indexer_impl"] not in ("torch", "triton"):
+            raise KnobError(f"workload knob `indexer_impl` must be torch or triton, but got {k['indexer_impl']!r}")
+        if k["indexer_dead_tiles"] not in ("compute", "skip"):
+            raise KnobError("workload knob `indexer_dead_tiles` must be compute or skip, "
+                            f"but got {k['indexer_dead_tiles']!r}")
+        if self.device.type != "cuda":
+            for knob, gpu_only in (("indexer_impl", "triton"), ("glue", "fused"), ("glue", "compile"),
+                                   ("moe_impl", "triton")):
+                if k[knob] == gpu_only:
+                    raise KnobError(f"workload knob `{knob}={gpu_only}` needs a GPU (Triton)")
+
+    def _rand(self, g: torch.Generator, *shape: int, scale: float | None = None) -> torch.Tensor:
+        fan_in = shape[-1] if scale is None else 1
+        t = torch.randn(*shape, generator=g, device=g.device)
+        return (t * (scale if scale is not None else 1.0 / math.sqrt(fan_in))).to(self.device)
+
+    def _init_weights(self, g: torch.Generator) -> LayerWeights:
+        p, k = self.p, self.knobs
+        proj, dt = k["gemm_proj"], self.act_dtype
+        attn = {}
+        for kind in sorted(set(p.kinds())):
+            gsize = (p.heads // p.o_groups) * p.head_dim
+            attn[kind] = AttnWeights(
+                q_a=Linear.make(self._rand(g, p.q_lora, p.hidden), proj),
+                q_a_norm=torch.ones(p.q_lora, device=self.device, dtype=dt),
+                q_b=Linear.make(self._rand(g, p.heads * p.head_dim, p.q_lora), proj),
+                kv=Linear.make(self._rand(g, p.head_dim, p.hidden), proj),
+                o_a=(self._rand(g, p.o_groups, gsize, p.o_lora, scale=1 / math.sqrt(gsize))).to(
+                    torch.bfloat16 if proj in ("bf16", "fp8") else torch.float32),
+                o_b=Linear.make(self._rand(g, p.hidden, p.o_groups * p.o_lora), proj),
+                idx_q=Linear.make(self._rand(g, p.indexer_heads * p.indexer_dim, p.q_lora), k["gemm_indexer"])
+                if kind == "csa" else None,
+                idx_w=Linear.make(self._rand(g, p.indexer_heads, p.hidden), k["gemm_indexer"])
+                if kind == "csa" else None,
+            )
+        moe_dt = torch.bfloat16 if k["gemm_moe"] in ("bf16", "fp8") else (
+            torch.float16 if k["gemm_moe"] == "fp16" else torch.float32)
+        E, W = p.experts_local, p.expert_width
+        return LayerWeights(
+            attn=attn,
+            norm1=torch.ones(p.hidden, device=self.device, dtype=dt),
+            norm2=torch.ones(p.hidden, device=self.device, dtype=dt),
+            mhc=Linear.make(self._rand(g, p.mhc_out, p.mhc_mult * p.hidden), k["gemm_mhc"]),
+            gate=Linear.make(self._rand(g, p.experts_total, p.hidden), "fp32"),
+            w13=self._rand(g, E, p.hidden, 2 * W, scale=1 / math.sqrt(p.hidden)).to(moe_dt),
+            w2=self._rand(g, E, W, p.hidden, scale=1 / math.sqrt(W)).to(moe_dt),
+            shared_w13=Linear.make(self._rand(g, 2 * W, p.hidden), k["gemm_moe"]),
+            shared_w2=Linear.make(self._rand(g, p.hidden, W), k["gemm_moe"]),
+        )
+
+    def _attention_fn(self) -> Callable[[torch.Tensor, torch.Tensor, torch.Tensor, float], torch.Tensor]:
+        impl = self.knobs["attention_impl"]
+        if impl == "torch":
+            return sparse_attention_torch
+        if self.device.type != "cuda":
+            raise KnobError(f"workload knob `attention_impl={impl}` needs a GPU (Triton kernel)")
+        from tuner.targets.workload.gpu_ops import triton_attention
+
+        return triton_attention(impl, self.knobs)
+
+    # -- a batch ------------------------------------------------------------------------------------------
+    def state(self, batch: int, live_context: int, seed: int = 1) -> dict[str, torch.Tensor]:
+        """Caches, block tables and inputs for ``batch`` requests with ``live_context`` tokens each.
+
+        Built once per batch size, outside the timed step (as a server's page tables are).
+        """
+        p, dev, dt = self.p, self.device, self.act_dtype
+        if live_context < p.window:
+            raise ValueError(f"`live_context` must be >= the window ({p.window}), but got {live_context}")
+        g = torch.Generator(device=dev).manual_seed(seed)
+
+        def rnd(*shape: int) -> torch.Tensor:
+            return torch.randn(*shape, generator=g, device=dev).to(dt)
+
+        B, L = batch, live_context
+        n_csa, n_hca = math.ceil(L / p.csa_ratio), math.ceil(L / p.hca_ratio)
+        ctx = int(self.knobs["context_length"])
+        if self.knobs["indexer_width"] == "static":
+            width = p.indexer_width(ctx)
+        else:
+            width = n_csa
+        width = max(width, n_csa)
+        ar = torch.arange(B, device=dev)
+        # compressed-4 rows of request b live at pool rows 1 + b*n_csa + j; row 0 is the padding row
+        j = torch.arange(width, device=dev)
+        csa_table = torch.where(j[None, :] < n_csa, 1 + ar[:, None] * n_csa + j[None, :], torch.zeros_like(j)[None, :])
+        hca_rows = 1 + ar[:, None] * n_hca + torch.arange(n_hca, device=dev)[None, :]
+        win_rows = ar[:, None] * p.window + torch.arange(p.window, device=dev)[None, :]
+        half = p.rope_dim // 2
+        inv = 1.0 / (10000 ** (torch.arange(half, device=dev, dtype=torch.float32) / half))
+        ang = torch.full((B, 1), float(L), device=dev) * inv[None, :]
+        extra: dict[str, torch.Tensor] = {}
+        if self.knobs["glue"] == "fused":
+            pos = torch.arange(L + 1, device=dev, dtype=torch.float32)[:, None] * inv[None, :]
+            extra["cos_sin"] = torch.cat([pos.cos(), pos.sin()], dim=1).contiguous()
+            extra["positions"] = torch.full((B,), L, device=dev, dtype=torch.int32)
+        # every random input is drawn in the same order whatever the knobs, so two configurations see the same inputs
+        # (the numerics gate compares their outputs)
+        base = {
+            "x": rnd(B, p.hidden),
+            "win_pool": rnd(B * p.window, p.head_dim),
+            "csa_pool": rnd(1 + B * n_csa, p.head_dim),
+            "csa_keys": rnd(1 + B * n_csa, p.indexer_dim),
+            "hca_pool": rnd(1 + B * n_hca, p.head_dim),
+        }
+        if self.triton_indexer is not None:  # the server's key cache, sized by the width it scores: the same keys
+            keys = base["csa_keys"][csa_table]
+            if self.knobs["gemm_indexer"] == "fp8":
+                keys = keys.float()
+                scale = keys.abs().amax(-1).clamp(min=1e-6) / 448.0
+                extra["csa_keys_dense"] = (keys / scale[..., None]).to(torch.float8_e4m3fn)
+                extra["csa_keys_scale"] = scale.float().contiguous()
+            else:
+                extra["csa_keys_dense"] = keys.to(torch.float32 if self.knobs["gemm_indexer"] in ("fp32", "tf32")
+                                                  else torch.bfloat16)
+            del keys
+        return extra | base | {
+            "csa_table": csa_table,
+            "csa_live": torch.full((B,), n_csa, device=dev, dtype=torch.long),
+            "hca_rows": hca_rows,
+            "win_rows": win_rows,
+            "win_slot": win_rows[:, (L - 1) % p.window],
+            "cos": torch.cos(ang),
+            "sin": torch.sin(ang),
+        }
+
+    # -- the step -----------------------------------------------------------------------------------------
+    profiling = False
+    """When set (by ``tuner.targets.workload.profile``), each stage of a step runs inside a ``stage::NAME`` profiler
+    range (glue, mhc, attention, indexer, moe), so a profile can say which stage the time goes to."""
+
+    def _stage(self, name: str):
+        return torch.profiler.record_function(f"stage::{name}") if self.profiling else contextlib.nullcontext()
+
+    def step(self, st: dict[str, torch.Tensor]) -> torch.Tensor:
+        """One decode step for every request of the batch: all layers, returning the final hidden state."""
+        x = st["x"]
+        residual = torch.zeros_like(x)
+        for kind in self.p.kinds():
+            with self._stage("glue"):
+                h, residual = self.add_rms_norm(x, residual, self.w.norm1)
+            with self._stage("mhc"):
+                x = self._mhc(h, x)
+            x = self._attention(kind, h, st)
+            with self._stage("glue"):
+                h, residual = self.add_rms_norm(x, residual, self.w.norm2)
+            with self._stage("moe"):
+                x = self._moe(h)
+        return rms_norm(x + residual, self.w.norm1)
+
+    def _mhc(self, h: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+        # the "MHC-pre" linear: mixing weights of the hyper-connection streams from all streams, in its own dtype
+        streams = h.repeat(1, self.p.mhc_mult)
+        mix = torch.sigmoid(self.w.mhc(streams).float()).mean(-1, keepdim=True)
+        return (x * mix.to(x.dtype)).to(x.dtype)
+
+    def _attention(self, kind: str, h: torch.Tensor, st: dict[str, torch.Tensor]) -> torch.Tensor:
+        with self._stage("attention"):
+            return self._attention_stage(kind, h, st)
+
+    def _attention_stage(self, kind: str, h: torch.Tensor, st: dict[str, torch.Tensor]) -> torch.Tensor:
+        p, w = self.p, self.w.attn[kind]
+        B = h.shape[0]
+        qa = rms_norm(w.q_a(h), w.q_a_norm)
+        q = self._rope_fn(w.q_b(qa).view(B, p.heads, p.head_dim), st)
+        kv_new = self._rope_fn(w.kv(h), st)
+        st["win_pool"].index_copy_(0, st["win_slot"], kv_new)
+        if kind == "window":
+            pool, rows = st["win_pool"], st["win_rows"]
+        elif kind == "hca":
+            pool = st["hca_pool"]
+            rows = torch.cat([st["hca_rows"], st["win_rows"] + pool.shape[0]], dim=1)
+            pool = torch.cat([pool, st["win_pool"]], dim=0)
+        else:
+            with self._stage("indexer"):
+                sel = self._indexer(w, qa, h, st)
+            pool = torch.cat([st["csa_pool"], st["win_pool"]], dim=0)
+            rows = torch.cat([sel, st["win_rows"] + st["csa_pool"].shape[0]], dim=1)
+        o = self.attention_fn(q, pool, rows, self.scale)  # [B, H, d]
+        og = o.reshape(B, p.o_groups, -1).transpose(0, 1).to(w.o_a.dtype)  # [G, B, (H/G)*d]
+        oa = torch.bmm(og, w.o_a).transpose(0, 1).reshape(B, -1).to(h.dtype)
+        return w.o_b(oa)
+
+    def _indexer(self, w: AttnWeights, qa: torch.Tensor, h: torch.Tensor, st: dict[str, torch.Tensor]) -> torch.Tensor:
+        """Score the request's compressed rows (the configured width or the live length) and pick the top-k."""
+        p = self.p
+        B = h.shape[0]
+        qi = w.idx_q(qa).view(B, p.indexer_heads, p.indexer_dim)
+        wts = w.idx_w(h)
+        table = st["csa_table"]  # [B, width]
+        if self.triton_indexer is not None:
+            keys = st["csa_keys_dense"]
+            scores = self.triton_indexer(qi, wts, keys, st["csa_live"].to(torch.int32), st.get("csa_keys_scale"))
+        else:
+            keys = st["csa_keys"][table]  # [B, width, Di]: the gather SGLang does over its page table
+            scores = indexer_scores_torch(qi, wts, keys, w.idx_q.weight.dtype if w.idx_q.dtype_name != "fp8"
+                                          else torch.float8_e4m3fn)
+            valid = torch.arange(table.shape[1], device=table.device)[None, :] < st["csa_live"][:, None]
+            scores = scores.masked_fill(~valid, float("-inf"))
+        k = min(p.index_topk, table.shape[1])
+        top = scores.topk(k, dim=-1)
+        rows = table.gather(1, top.indices)
+        return torch.where(torch.isfinite(top.values), rows, torch.full_like(rows, -1))
+
+    def _moe(self, h: torch.Tensor) -> torch.Tensor:
+        p, w = self.p, self.w
+        logits = w.gate(h.float())
+        gw, gi = torch.softmax(logits, dim=-1).topk(p.topk_experts, dim=-1)  # [B, k]
+        E = p.experts_local
+        if self.triton_moe is not None:
+            # the fused Triton MoE: pairs sorted by expert, each routed expert's weights read in place
+            out = self.triton_moe(h.to(w.w13.dtype).contiguous(), w.w13, w.w2, gi % E, gw).float()
+        else:
+            out = self._moe_torch(h, gi, gw)
+        su = w.shared_w13(h)
+        shared = w.shared_w2(torch.nn.functional.silu(su[:, : p.expert_width]) * su[:, p.expert_width:])
+        return (out + shared.float()).to(h.dtype)
+
+    def _moe_torch(self, h: torch.Tensor, gi: torch.Tensor, gw: torch.Tensor) -> torch.Tensor:
+        p, w = self.p, self.w
+        B, E = h.shape[0], p.experts_local
+        e = (gi % E).reshape(-1)
+        tok = torch.arange(B, device=h.device).repeat_interleave(p.topk_experts)
+        if 2 * e.numel() <= E:
+            # few (token, expert) pairs: read only the experts they use, one weight slice per pair
+            xe = h[tok].to(w.w13.dtype).unsqueeze(1)  # [P, 1, hidden]
+            gu = torch.bmm(xe, w.w13.index_select(0, e))
+            act = torch.nn.functional.silu(gu[..., : p.expert_width]) * gu[..., p.expert_width:]
+            ye = torch.bmm(act, w.w2.index_select(0, e)).squeeze(1)
+            contrib = ye.float() * gw.reshape(-1).unsqueeze(-1)
+        else:
+            # many pairs: every local expert runs a fixed-capacity batch (static shapes, CUDA-graph friendly)
+            cap = max(1, math.ceil(p.capacity_factor * B * p.topk_experts / E))
+            onehot = torch.nn.functional.one_hot(e, E)
+            pos = (onehot.cumsum(0) - 1).gather(1, e[:, None]).squeeze(1)
+            keep = pos < cap
+            slot = torch.where(keep, e * cap + pos, torch.full_like(pos, E * cap))
+            buf = torch.zeros(E * cap + 1, p.hidden, device=h.device, dtype=w.w13.dtype)
+            buf.index_copy_(0, slot, h[tok].to(w.w13.dtype))
+            xe = buf[:-1].view(E, cap, p.hidden)
+            gu = torch.bmm(xe, w.w13)
+            act = torch.nn.functional.silu(gu[..., : p.expert_width]) * gu[..., p.expert_width:]
+            ye = torch.bmm(act, w.w2).reshape(E * cap, p.hidden)
+            ye = torch.cat([ye, torch.zeros(1, p.hidden, device=h.device, dtype=ye.dtype)])
+            contrib = ye[slot].float() * (gw.reshape(-1) * keep).unsqueeze(-1)
+        return torch.zeros(B, p.hidden, device=h.device, dtype=torch.float32).index_add_(0, tok, contrib)

@@ -1,0 +1,131 @@
+"""The numerics gate of the workload: a configuration's step output against the baseline configuration's.
+
+Every trial runs one decode step on fixed inputs (a fixed seed, ``numerics_batch`` requests of ``live_context``
+tokens) and compares its output with the baseline configuration's on the same inputs, by relative norm error
+(float64). Beyond the tolerance of the configuration's dtype family (the narrowest GEMM dtype of either side, and
+bf16 on a GPU, whose activations are bf16) the trial is ``wrong_result`` and never wins.
+
+The baseline's output is cached in a file keyed by everything that changes it (preset, baseline knobs, weight and
+input seeds, batch, live context, device, torch and Triton versions, tuned kernel config files): the baseline trial,
+run first, writes it, and every later trial process reads it instead of building a second model (on the full preset:
+a second set of weights on the GPU, a 1M-wide torch indexer and a Triton compile per trial). A missing or unreadable
+file is recomputed in the trial's own process, so the cache only saves time and never decides a result.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import math
+import os
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from tuner.targets.workload.model import DEFAULT_KNOBS, DecodeModel
+from tuner.targets.workload.presets import Preset
+
+_logger = logging.getLogger(__name__)
+
+FAMILIES = ("fp32", "tf32", "fp16", "bf16", "fp8")
+"""Dtype families from the most to the least precise."""
+DEFAULT_TOLERANCE = {"fp32": 1e-3, "tf32": 1e-2, "fp16": 0.08, "bf16": 0.08, "fp8": 0.25}
+"""Relative norm error allowed per family: fp8 looser than bf16 than fp32 (per-tensor-scaled fp8 GEMMs through every
+layer of the step are a few per cent each; the twin's bf16 steps differ from its fp32 ones by 1-3%)."""
+GEMM_KNOBS = ("gemm_proj", "gemm_indexer", "gemm_moe", "gemm_mhc")
+INPUT_SEED = 20261130
+"""The numerics step's inputs (not the timed steps'): fixed, so the baseline's output can be cached."""
+
+
+def dtype_family(knobs: dict[str, Any], device: torch.device) -> str:
+    """The least precise dtype family a configuration computes in."""
+    names = [str(knobs.get(k, "fp32")) for k in GEMM_KNOBS]
+    if device.type == "cuda":
+        names.append("bf16")
+    return max((n for n in names if n in FAMILIES), key=FAMILIES.index, default="fp32")
+
+
+def tolerance_for(family: str, overrides: dict[str, float]) -> float:
+    return {**DEFAULT_TOLERANCE, **overrides}[family]
+
+
+def step_output(model: DecodeModel, batch: int, live_context: int) -> torch.Tensor:
+    """One eager decode step on the fixed inputs, as float64 on the CPU."""
+    st = model.state(batch, live_context, seed=INPUT_SEED)
+    with torch.inference_mode():
+        out = model.step(st)
+    if model.device.type == "cuda":
+        torch.cuda.synchronize(model.device)
+    return out.detach().to("cpu", torch.float64)
+
+
+def rel_err(out: torch.Tensor, ref: torch.Tensor) -> float:
+    """``||out - ref|| / ||ref||``; infinite for a non-finite output or a shape mismatch."""
+    if out.shape != ref.shape or not bool(torch.isfinite(out).all()):
+        return math.inf
+    denom = float(torch.linalg.vector_norm(ref))
+    return float(torch.linalg.vector_norm(out - ref)) / (denom if denom > 0 else 1.0)
+
+
+def normalized(preset: Preset, knobs: dict[str, Any]) -> dict[str, Any]:
+    """The knobs a :class:`DecodeModel` runs with (its defaults filled in), for comparing and keying."""
+    out = {**DEFAULT_KNOBS, **{k: v for k, v in knobs.items() if k in DEFAULT_KNOBS or "." in k}}
+    if out["context_length"] is None:
+        out["context_length"] = preset.max_context
+    return out
+
+
+def cache_key(preset: Preset, baseline_knobs: dict[str, Any], *, seed: int, batch: int, live_context: int,
+              device: torch.device) -> str:
+    dev = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
+    try:
+        import triton
+
+        triton_version = triton.__version__
+    except ImportError:
+        triton_version = None
+    kdir = os.environ.get("TUNER_KERNEL_CONFIG_DIR")  # tuned configs change a Triton kernel's summation order
+    configs = sorted((f.name, f.stat().st_size, f.stat().st_mtime_ns) for f in Path(kdir).glob("*.json")) \
+        if kdir and Path(kdir).is_dir() else []
+    doc = {"preset": preset.name, "knobs": {k: str(v) for k, v in sorted(baseline_knobs.items())}, "seed": seed,
+           "input_seed": INPUT_SEED, "batch": batch, "live_context": live_context, "device": dev,
+           "torch": torch.__version__, "triton": triton_version, "kernel_configs": [kdir, configs]}
+    return hashlib.sha256(json.dumps(doc, sort_keys=True).encode()).hexdigest()[:24]
+
+
+def cache_dir() -> Path:
+    return Path(os.environ.get("TUNER_NUMERICS_CACHE") or Path(tempfile.gettempdir()) / "tuner-numerics")
+
+
+def reference_output(preset: Preset, baseline_knobs: dict[str, Any], device: torch.device, *, seed: int,
+                     batch: int, live_context: int, own: DecodeModel | None = None) -> torch.Tensor:
+    """The baseline configuration's step output: from the cache file, else computed here (with ``own``, the trial's
+    model, when its knobs are the baseline's) and written for the next trial."""
+    baseline_knobs = normalized(preset, baseline_knobs)
+    path = cache_dir() / (cache_key(preset, baseline_knobs, seed=seed, batch=batch, live_context=live_context,
+                                    device=device) + ".pt")
+    try:
+        ref = torch.load(path, map_location="cpu")
+        if isinstance(ref, torch.Tensor):
+            return ref
+    except (OSError, RuntimeError, EOFError, ValueError):
+        pass
+    if own is not None and own.knobs == baseline_knobs:
+        ref = step_output(own, batch, live_context)
+    else:
+        base = DecodeModel(preset, baseline_knobs, device, seed=seed)
+        ref = step_output(base, batch, live_context)
+        del base
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(f".{path.name}.{os.getpid()}")
+        torch.save(ref, tmp)
+        os.replace(tmp, path)
+    except OSError as exc:
+        _logger.info("numerics: cannot cache the baseline output at %s (%s); each trial computes it", path, exc)
+    return ref

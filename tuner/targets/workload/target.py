@@ -1,0 +1,229 @@
+"""The built-in decode workload as a target: no server, no weights; random weights, real ops, real timings."""
+
+from __future__ import annotations
+
+import logging
+import math
+import sys
+from typing import Any
+
+from pydantic import Field, field_validator
+
+from search_spaces import ResolvedSpace
+from storage.types import MetricRow
+from tuner.errors import KnobError
+from tuner.measurement import Measurement, Outcome
+from tuner.settings import CommonSettings
+from tuner.targets.base import LaunchSpec, PreflightReport, Reporter, Target
+from tuner.targets.workload.model import DEFAULT_KNOBS
+from tuner.targets.workload.presets import get_preset
+
+_logger = logging.getLogger(__name__)
+
+
+class WorkloadSettings(CommonSettings):
+    """Settings of the built-in workload."""
+
+    preset: str | None = None
+    """Model dimensions (``dsv4-flash``, ``dsv4-flash-tiny``); default: the space's ``preset``."""
+    live_context: int = Field(512, ge=1)
+    """Tokens each request holds when a step is timed (the context cap bounds what the step may allocate)."""
+    warmup: int = Field(2, ge=0)
+    """Untimed steps before timing, per level."""
+    repeats: int = Field(5, ge=1)
+    """Timed steps per level (the median is kept)."""
+    numerics: bool = True
+    """Compare each trial's step output with the baseline configuration's (fixed inputs); beyond the tolerance of
+    its dtype family the trial is ``wrong_result``."""
+    numerics_tolerance: dict[str, float] = Field(default_factory=dict)
+    """Relative norm error allowed per dtype family (fp32, tf32, fp16, bf16, fp8), over the defaults of
+    ``tuner.targets.workload.numerics.DEFAULT_TOLERANCE``."""
+    numerics_batch: int = Field(2, ge=1)
+    """Requests in the numerics step. 2 keeps the torch MoE on its exact path (a larger batch sends it to its
+    fixed-capacity path, which drops pairs over capacity: an error of the baseline itself)."""
+
+    @field_validator("numerics_tolerance")
+    @classmethod
+    def _known_families(cls, v: dict[str, float]) -> dict[str, float]:
+        from tuner.targets.workload.numerics import FAMILIES
+
+        for fam, tol in v.items():
+            if fam not in FAMILIES:
+                raise ValueError(f"unknown dtype family {fam!r} (use {', '.join(FAMILIES)})")
+            if not tol > 0:
+                raise ValueError(f"the tolerance of {fam} must be > 0, but got {tol!r}")
+        return v
+
+
+class WorkloadTarget(Target):
+    """A DeepSeek-V4-Flash-shaped decode step (``tuner.targets.workload.model``) measured at each concurrency level."""
+
+    name = "workload"
+    Settings = WorkloadSettings
+    config: WorkloadSettings
+
+    def __init__(self, resolved: ResolvedSpace, settings: dict[str, Any] | None = None) -> None:
+        super().__init__(resolved, settings)
+        self.preset = get_preset(self.config.preset or self.space.preset)
+        self.gpus_per_trial = 1 if resolved.hardware.gpu_count else 0
+
+    def preflight(self) -> PreflightReport:
+        report = super().preflight()
+        hw = self.resolved.hardware
+        report.facts.update({
+            "preset": self.preset.name,
+            "device": hw.gpu_name if hw.gpu_count else "cpu (no CUDA GPU: Triton kernels and CUDA graphs inactive)",
+            "levels": list(self.space.objective.levels),
+            "objective": self.space.objective.describe(),
+            "live_context": self.config.live_context,
+        })
+        flags = [f"{p.name} -> {p.server.name}" for p in self.space.params if p.server and p.server.name]
+        flagless = [p.name for p in self.space.params if p.server and not p.server.name]
+        if flags or flagless:
+            report.facts["sglang counterparts"] = ", ".join(flags) + (
+                f"; no SGLang flag: {', '.join(flagless)}" if flagless else "")
+        for p in self.space.params:
+            if not (p.flag or p.kernel or p.env) and p.name not in DEFAULT_KNOBS and p.name != "cuda_graph_buckets":
+                report.errors.append(f"parameter `{p.name}` is not a knob of the workload; knobs are "
+                                     f"{sorted([*DEFAULT_KNOBS, 'cuda_graph_buckets'])}")
+        if "context_length" in self.space.names:
+            too_big = [v for v in self.space.param("context_length").choices() if v > self.preset.max_context]
+            if too_big:
+                report.errors.append(f"`context_length` values {too_big} exceed preset {self.preset.name}'s max "
+                                     f"context {self.preset.max_context}; drop them or use another preset")
+        return report
+
+    def check(self, params: dict[str, Any]) -> str | None:
+        """Constraints, then the attention kernel's own rules at every shape the levels produce, before any
+        subprocess or compile is spent on a configuration that cannot run."""
+        reason = super().check(params)
+        if reason or params.get("attention_impl") not in ("mma", "simt"):
+            return reason
+        fields = {p.kernel.split(".", 1)[1]: params[p.name] for p in self.space.params
+                  if p.kernel and p.kernel.startswith("sparse_decode.") and p.name in params}
+        if not fields or params["attention_impl"] != "mma":
+            return None
+        try:
+            from kernels.sparse_decode import SparseDecodeKernel
+        except ImportError:  # no Triton here: the trial itself will say so
+            return None
+        kernel, p = SparseDecodeKernel.instance, self.preset
+        live = self.config.live_context
+        rows = {"window": p.window, "hca": -(-live // p.hca_ratio) + p.window, "csa": p.index_topk + p.window}
+        for c in self.space.objective.levels:
+            for kind, topk in rows.items():
+                shape = {"batch": c, "heads": p.heads, "d_qk": p.head_dim, "d_v": p.head_dim, "topk": topk,
+                         "num_rows": 1 << 20}
+                why = kernel.check_config({**kernel.default_config(shape), **fields}, shape)
+                if why:
+                    return f"sparse_decode cannot run at batch {c} ({kind} layers, {topk} rows): {why}"
+        return None
+
+    def evaluate(self, params: dict[str, Any], deadline: float, report: Reporter | None = None) -> Measurement:
+        import torch
+
+        from tuner.targets.workload.bench import measure
+        from tuner.targets.workload.model import DecodeModel
+
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+        knobs = self._knobs(params)
+        try:
+            model = DecodeModel(self.preset, knobs, device, seed=self.config.seed)
+        except KnobError as exc:
+            return Measurement.failed(Outcome.INVALID_CONFIG, str(exc))
+        gate: list[MetricRow] = []
+        if self.config.numerics:
+            gate, wrong = self._numerics(model, knobs)
+            if wrong:
+                return Measurement(outcome=Outcome.WRONG_RESULT, reason=wrong, metrics=gate)
+        obj = self.space.objective
+        try:
+            res = measure(
+                model, list(obj.levels),
+                live_context=self.config.live_context,
+                warmup=self.config.warmup,
+                repeats=self.config.repeats,
+                buckets=params.get("cuda_graph_buckets"),
+                deadline=deadline,
+                report=report,
+            )
+        except TimeoutError as exc:
+            return Measurement.failed(Outcome.TIMEOUT, str(exc))
+        by_level = {lv.concurrency: lv.tok_s for lv in res.levels}
+        m = Measurement(outcome=Outcome.OK, metrics=res.metrics() + gate, by_level=by_level)
+        if len(by_level) == len(obj.levels):
+            m.value = obj.combine_values(by_level)
+        else:
+            m.outcome, m.reason = Outcome.PRUNED, f"stopped after levels {sorted(by_level)}"
+        return m
+
+    def _knobs(self, params: dict[str, Any]) -> dict[str, Any]:
+        knobs = dict(params)
+        for p in self.space.params:  # kernel params travel as "kernel.field" knobs
+            if p.kernel and p.name in params:
+                knobs[p.kernel] = params[p.name]
+        return knobs
+
+    def _numerics(self, model, knobs: dict[str, Any]) -> tuple[list[MetricRow], str]:
+        """The numerics gate: this configuration's step output against the baseline configuration's on the same
+        inputs (:mod:`tuner.targets.workload.numerics`). Returns the metric rows and a reason when beyond the
+        tolerance (``""`` when within)."""
+        from tuner.targets.workload import numerics as nm
+
+        base = self._knobs(self.resolved.defaults())
+        cfg = self.config
+        ref = nm.reference_output(self.preset, base, model.device, seed=cfg.seed, batch=cfg.numerics_batch,
+                                  live_context=cfg.live_context, own=model)
+        out = ref if model.knobs == nm.normalized(self.preset, base) else nm.step_output(
+            model, cfg.numerics_batch, cfg.live_context)
+        err = nm.rel_err(out, ref)
+        family = max(nm.dtype_family(model.knobs, model.device),
+                     nm.dtype_family(nm.normalized(self.preset, base), model.device), key=nm.FAMILIES.index)
+        tol = nm.tolerance_for(family, cfg.numerics_tolerance)
+        rows = [MetricRow("numerics_rel_err", "", err if math.isfinite(err) else 1e30, ""),
+                MetricRow("numerics_tolerance", "", tol, "")]
+        _logger.info("numerics: rel. error %.3g vs the baseline (tolerance %.3g, %s family)", err, tol, family)
+        if err <= tol:
+            return rows, ""
+        return rows, (f"output differs from the baseline configuration's by rel. norm error {err:.3g} > tolerance "
+                      f"{tol:.3g} ({family} family; setting numerics_tolerance)")
+
+    def kernel_shapes(self) -> list[tuple[str, dict[str, int]]]:
+        """The kernel shapes this space's configurations produce: every concurrency level (as the batch, and as
+        padded to each bucket size it can take) for the MMA attention and the fused MoE, and the indexer at every
+        context cap."""
+        p, live = self.preset, self.config.live_context
+        from search_spaces.buckets import level_batches
+
+        order = level_batches(self.space)  # the measured levels' own batches before the bucket paddings
+        widths = {-(-live // p.csa_ratio)}
+        if "context_length" in self.space.names:
+            widths |= {p.indexer_width(int(c)) for c in self.space.param("context_length").choices()}
+        # in the order a kernel phase short of budget should tune them: one attention and one MoE case per batch
+        # before the indexer at each of its widths
+        shapes: list[tuple[str, dict[str, int]]] = []
+        for b in order:
+            shapes.append(("sparse_decode", {"batch": b, "heads": p.heads, "d_qk": p.head_dim, "d_v": p.head_dim,
+                                             "topk": p.index_topk + p.window, "num_rows": 1 << 16}))
+            if "moe_impl" in self.space.names:
+                shapes.append(("moe", {"tokens": b, "hidden": p.hidden, "width": p.expert_width,
+                                       "experts": p.experts_local, "topk": p.topk_experts}))
+        for b in order:
+            shapes += [("indexer", {"batch": b, "heads": p.indexer_heads, "dim": p.indexer_dim, "width": w,
+                                    "shared_k": 0}) for w in sorted(widths)]
+        return shapes
+
+    def kernel_config_dirs(self) -> list[str]:
+        import os
+
+        d = self.config.kernel_config_dir or os.environ.get("TUNER_KERNEL_CONFIG_DIR")
+        return [str(d)] if d else []
+
+    def launch_spec(self, params: dict[str, Any]) -> LaunchSpec:
+        argv = [sys.executable, "-m", "tuner.targets.workload.run", "--preset", self.preset.name,
+                "--levels", ",".join(map(str, self.space.objective.levels)),
+                "--live-context", str(self.config.live_context),
+                "--repeats", str(self.config.repeats)]
+        for k, v in params.items():
+            argv += ["--knob", f"{k}={v}"]
+        return LaunchSpec(argv=argv, description="re-measure the best decode configuration of the built-in workload")
