@@ -10,7 +10,16 @@ from fastapi.responses import JSONResponse
 from fastapi.staticfiles import StaticFiles
 from sqlalchemy.exc import SQLAlchemyError
 
-from api.routes import artifacts, control, dashboard, events, health, studies, trials
+from api.routes import (
+    artifacts,
+    control,
+    dashboard,
+    docs,
+    events,
+    health,
+    studies,
+    trials,
+)
 from api.settings import ApiSettings
 from api.state import ApiState
 from storage import StorageError
@@ -34,11 +43,14 @@ def create_app(settings: ApiSettings | None = None) -> FastAPI:
         summary="Trial status, best configurations and live events of tuner searches.",
         version="0.1.0",
         lifespan=lifespan,
+        docs_url=None,  # api.routes.docs serves /docs and /redoc with local scripts (no CDN)
+        redoc_url=None,
     )
     app.state.api = state
-    for module in (health, studies, trials, artifacts, events, control, dashboard):
+    for module in (health, studies, trials, artifacts, events, control, dashboard, docs):
         app.include_router(module.router)
     app.mount("/static", StaticFiles(directory=dashboard.STATIC_DIR), name="static")
+    app.mount(docs.ASSETS_URL, StaticFiles(directory=docs.ASSETS_DIR), name="docs-assets")
 
     @app.exception_handler(StorageError)
     @app.exception_handler(SQLAlchemyError)

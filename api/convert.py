@@ -4,9 +4,15 @@ from __future__ import annotations
 
 import math
 
-from api.schemas import MeasurementOut, StudyDetail, StudySummary, TrialDetail, TrialSummary
+from api.schemas import (
+    MeasurementOut,
+    StudyDetail,
+    StudySummary,
+    TrialDetail,
+    TrialSummary,
+)
 from storage import Run, TrialRecord
-from storage.repo import elapsed_s
+from storage.segments import elapsed_s, first_started_at, segments, total_budget_s
 
 
 def finite(x: float | None) -> float | None:
@@ -30,9 +36,10 @@ def study_summary(run: Run, counts: dict[str, int]) -> StudySummary:
         objective=run.objective,
         unit=run.unit,
         space=run.space_name,
-        budget_s=run.budget_s,
+        budget_s=total_budget_s(run),
         elapsed_s=round(elapsed_s(run), 3),
-        started_at=run.started_at,
+        segments=len(segments(run)),
+        started_at=first_started_at(run),
         ended_at=run.ended_at,
         n_trials=sum(counts.values()),
         trials_by_outcome=counts,

@@ -1,4 +1,8 @@
-"""What the API derives from Optuna's own study: parameter importances and plotly figures (as JSON)."""
+"""What the API derives from Optuna's own study: parameter importances and plotly figures (as JSON).
+
+The costly ones (importances, the history figure) run in the API's worker process (``*_in_worker``, called
+through ``ApiState.derived``), so their seconds of CPU on a large study never hold the server's GIL.
+"""
 
 from __future__ import annotations
 
@@ -11,6 +15,7 @@ from optuna.trial import TrialState
 
 from api.schemas import ImportancesOut, ParamImportance
 from storage import Run
+from storage.segments import active_seconds
 
 _logger = logging.getLogger(__name__)
 
@@ -46,7 +51,8 @@ def importances(name: str, study: optuna.Study | None) -> ImportancesOut:
 
 
 def history_figure_json(run: Run, study: optuna.Study | None) -> str:
-    """Optuna's optimization history with time (seconds since the run started) on x and the baseline as a line."""
+    """Optuna's optimization history with the searched time on x (every segment of a resumed study, without the
+    gaps between them) and the baseline as a line."""
     import plotly.graph_objects as go
 
     if study is None or not _complete(study):
@@ -54,11 +60,10 @@ def history_figure_json(run: Run, study: optuna.Study | None) -> str:
         fig.update_layout(title="Optimization history (no complete trials yet)")
     else:
         fig = optuna.visualization.plot_optimization_history(study, target_name=run.objective or "objective")
-        t0 = run.started_at
         at: dict[int, float] = {}
         for t in study.get_trials(deepcopy=False):
             if t.datetime_complete is not None:
-                at[t.number] = _seconds(t.datetime_complete, t0)
+                at[t.number] = active_seconds(run, _utc(t.datetime_complete))
         for trace in fig.data:
             numbers = list(trace.x or ())
             if numbers and all(isinstance(n, int) and n in at for n in numbers):
@@ -72,19 +77,69 @@ def history_figure_json(run: Run, study: optuna.Study | None) -> str:
     return fig.to_json()
 
 
-def importances_figure_json(run: Run, study: optuna.Study | None) -> str:
+def importances_figure_json(imp: ImportancesOut, target_name: str) -> str:
+    """A horizontal bar per parameter, most important on top (as Optuna's ``plot_param_importances`` draws it),
+    from importances already computed: drawing them costs no second evaluation."""
     import plotly.graph_objects as go
 
-    out = importances(run.study_name, study)
-    if study is None or not out.importances:
-        fig = go.Figure()
-        fig.update_layout(title=f"Parameter importances ({out.reason})")
+    fig = go.Figure()
+    if not imp.importances:
+        fig.update_layout(title=f"Parameter importances ({imp.reason})")
         return fig.to_json()
-    fig = optuna.visualization.plot_param_importances(study, target_name=run.objective or "objective")
+    rows = list(reversed(imp.importances))
+    fig.add_trace(go.Bar(x=[r.importance for r in rows], y=[r.param for r in rows], orientation="h",
+                         text=[f"{r.importance:.2f}" for r in rows], textposition="outside",
+                         hovertemplate="%{y}: %{x:.3f}<extra></extra>"))  # fmt: skip
+    fig.update_layout(title=f"Parameter importances for {target_name} ({imp.n_complete} complete trials)",
+                      xaxis_title="importance", yaxis_title="parameter")  # fmt: skip
     return fig.to_json()
 
 
-def _seconds(t: datetime, t0: datetime) -> float:
-    """Seconds from ``t0`` (naive UTC, as storage writes it) to ``t`` (naive local time, as Optuna writes it)."""
-    t = t.astimezone(timezone.utc).replace(tzinfo=None)
-    return round(max(0.0, (t - t0).total_seconds()), 3)
+def _utc(t: datetime) -> datetime:
+    """Optuna's naive local time as naive UTC (what the ``tuner_`` tables store)."""
+    return t.astimezone(timezone.utc).replace(tzinfo=None)
+
+
+# -- in the API's worker process ------------------------------------------------------------------------------
+_opened: dict[tuple[str, str], object] = {}
+
+
+def _repo(url: str):
+    """This worker's Repo on ``url``, opened once (it creates nothing)."""
+    if ("repo", url) not in _opened:
+        from storage import Repo
+
+        _opened["repo", url] = Repo(url, create=False)
+    return _opened["repo", url]
+
+
+def _optuna(url: str) -> optuna.storages.RDBStorage:
+    """This worker's Optuna storage on ``url``, opened once; it never creates Optuna's tables."""
+    if ("optuna", url) not in _opened:
+        _opened["optuna", url] = optuna.storages.RDBStorage(url, skip_table_creation=True,
+                                                            skip_compatibility_check=True)  # fmt: skip
+    return _opened["optuna", url]
+
+
+def _study(url: str, name: str) -> optuna.Study | None:
+    """The Optuna study of that name, or None when Optuna holds none (yet: no Optuna tables, no such study)."""
+    from sqlalchemy.exc import SQLAlchemyError
+
+    try:
+        return optuna.load_study(study_name=name, storage=_optuna(url))
+    except (KeyError, SQLAlchemyError, optuna.exceptions.OptunaError) as exc:
+        _logger.info("optuna study %r not loadable: %s", name, exc)
+        return None
+
+
+def importances_in_worker(url: str, name: str) -> ImportancesOut:
+    return importances(name, _study(url, name))
+
+
+def history_in_worker(url: str, name: str) -> str:
+    run = _repo(url).get_run(name)
+    if run is None:  # removed since the request found it: the storage is not what it was
+        from storage import StorageError
+
+        raise StorageError(f"study {name!r} is no longer in the storage")
+    return history_figure_json(run, _study(url, name))

@@ -2,18 +2,48 @@
 
 from __future__ import annotations
 
-from datetime import datetime
-from typing import Any, Literal
+from datetime import datetime, timezone
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, Field
+from pydantic import AfterValidator, BaseModel, BeforeValidator, Field
 
 from storage.models import OUTCOMES
+from storage.names import STUDY_NAME_PATTERN
 
 TrialState = Literal["running", "complete", "failed", "pruned"]
 Outcome = Literal[OUTCOMES]  # type: ignore[valid-type]
 SortKey = Literal["number", "value", "duration"]
 Order = Literal["asc", "desc"]
 TargetName = Literal["kernels", "workload", "sglang"]
+
+
+def _utc(t: datetime) -> datetime:
+    """The ``tuner_`` tables store naive UTC; the API says so (``+00:00``), so no client reads it as local time."""
+    return t.replace(tzinfo=timezone.utc) if t.tzinfo is None else t.astimezone(timezone.utc)
+
+
+UtcDateTime = Annotated[datetime, AfterValidator(_utc)]
+
+
+def _not_bool(v: Any) -> Any:
+    """An integer as JSON Schema means it (``1`` or ``1.0``), never ``true``/``false`` (Python counts them ints)."""
+    if isinstance(v, bool):
+        raise ValueError(f"an integer is required, but got the boolean {str(v).lower()}")  # noqa: TRY004 - pydantic needs ValueError
+    return v
+
+
+
+class ErrorOut(BaseModel):
+    detail: str = Field(description="what was wrong, naming the thing and its value")
+
+
+_ERROR_JSON = {"application/json": {"schema": {"$ref": "#/components/schemas/ErrorOut"}}}
+# the media type is spelled out: a route whose own responses are not JSON (the event stream) still answers its
+# errors in JSON
+NOT_FOUND = {404: {"model": ErrorOut, "content": _ERROR_JSON,
+                   "description": "no study of that name (or no such trial, artifact, best)"}}
+UNAVAILABLE = {503: {"model": ErrorOut, "content": _ERROR_JSON,
+                     "description": "the storage cannot be reached, or holds no database file"}}
 
 
 class StudySummary(BaseModel):
@@ -24,10 +54,11 @@ class StudySummary(BaseModel):
     objective: str
     unit: str
     space: str
-    budget_s: float
-    elapsed_s: float
-    started_at: datetime
-    ended_at: datetime | None
+    budget_s: float = Field(description="the budgets of every search of the study together (a resume adds one)")
+    elapsed_s: float = Field(description="seconds searched, every segment together, without the gaps between them")
+    segments: int = Field(description="searches of this study: 1, plus 1 per resume")
+    started_at: UtcDateTime
+    ended_at: UtcDateTime | None
     n_trials: int
     trials_by_outcome: dict[str, int] = Field(description="outcome -> count; `running` for unfinished trials")
     best_value: float | None
@@ -51,8 +82,8 @@ class TrialSummary(BaseModel):
     is_baseline: bool
     worker: str
     reason: str
-    started_at: datetime
-    finished_at: datetime | None
+    started_at: UtcDateTime
+    finished_at: UtcDateTime | None
     duration_s: float | None
 
 
@@ -82,6 +113,10 @@ class BestOut(BaseModel):
     speedup_vs_baseline: float | None
     trial: TrialDetail
     launch_script: str | None = Field(description="the exported launch script, when the search wrote one")
+    runs: list[int] = Field(description="the trials that timed this configuration; `value` is their median")
+    single_best_trial: int | None = Field(
+        description="Optuna's best trial: the single best timing, which may be another configuration's lucky draw")
+    why: str = Field(description="why `trial` is the best, and how it relates to Optuna's best trial")
 
 
 class ParamImportance(BaseModel):
@@ -101,7 +136,7 @@ class ArtifactOut(BaseModel):
     kind: str
     path: str
     size: int
-    created_at: datetime
+    created_at: UtcDateTime
     url: str
 
 
@@ -121,11 +156,12 @@ class EventOut(BaseModel):
     kind: str
     trial_number: int | None
     payload: dict[str, Any]
-    created_at: datetime
+    created_at: UtcDateTime
 
 
 class SearchRequest(BaseModel):
-    study: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,99}$", examples=["dsv4-tiny-1"])
+    study: str = Field(pattern=STUDY_NAME_PATTERN, examples=["dsv4-tiny-1"],
+                       description="the study to create or resume (storage.names: the one rule for study names)")
     budget_s: float = Field(gt=0, le=7 * 86400, description="wall-clock budget of the search in seconds")
     space: str = Field(
         pattern=r"^[A-Za-z0-9_][A-Za-z0-9_./-]{0,199}$",
@@ -133,8 +169,9 @@ class SearchRequest(BaseModel):
         examples=["dsv4_flash_tiny"],
     )
     target: TargetName = "workload"
-    n_trials: int | None = Field(default=None, ge=1, le=1_000_000)
-    seed: int | None = Field(default=None, ge=0, le=2**31 - 1)
+    # the bounds before the validator, so that the schema says minimum/maximum
+    n_trials: Annotated[int, Field(ge=1, le=1_000_000), BeforeValidator(_not_bool)] | None = None
+    seed: Annotated[int, Field(ge=0, le=2**31 - 1), BeforeValidator(_not_bool)] | None = None
 
 
 class SearchStarted(BaseModel):

@@ -45,6 +45,8 @@ class ApiSettings(BaseSettings):
     """argv prefix of the tuner CLI (``search --budget ...`` is appended); default: this interpreter's."""
     search_out_dir: Path = Path("tuner-out")
     """Searches started through the API export to ``<search_out_dir>/<study>/`` and log to ``search.log`` there."""
+    derived_refresh_s: float = Field(default=5.0, ge=0, le=3600)
+    """Importances and plots of a study that changed are recomputed at most this often (or 10x their cost)."""
     sse_poll_s: float = Field(default=0.5, gt=0, le=10)
     sse_max_s: float = Field(default=3600.0, gt=0)
     """A live stream is closed after this long; the browser's EventSource reconnects with Last-Event-ID."""

@@ -14,11 +14,13 @@ _LAZY = {
     "Artifact": "storage.models", "Base": "storage.models", "Event": "storage.models", "Measurement": "storage.models",
     "FailedFlagSet": "storage.models",
     "Run": "storage.models", "TrialRecord": "storage.models",
+    "StudyNameError": "storage.names", "check_study_name": "storage.names", "STUDY_NAME_PATTERN": "storage.names",
 }
 
 if TYPE_CHECKING:  # pragma: no cover
     from storage.engine import StorageError, make_engine
     from storage.models import Artifact, Base, Event, FailedFlagSet, Measurement, Run, TrialRecord
+    from storage.names import STUDY_NAME_PATTERN, StudyNameError, check_study_name
     from storage.repo import Repo
 
 
@@ -31,6 +33,7 @@ def __getattr__(name: str):
 
 __all__ = [
     "OUTCOMES",
+    "STUDY_NAME_PATTERN",
     "Artifact",
     "Base",
     "Event",
@@ -40,6 +43,8 @@ __all__ = [
     "Repo",
     "Run",
     "StorageError",
+    "StudyNameError",
     "TrialRecord",
+    "check_study_name",
     "make_engine",
 ]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+from pathlib import Path
 
 from sqlalchemy import create_engine, event
 from sqlalchemy.engine import Engine, make_url
@@ -17,16 +18,17 @@ class StorageError(RuntimeError):
 
 def normalize_url(url: str) -> str:
     """Accept ``postgresql://`` and route it through psycopg 3, the driver this project installs."""
-    if url.startswith("postgresql://") or url.startswith("postgres://"):
+    if url.startswith(("postgresql://", "postgres://")):
         return "postgresql+psycopg://" + url.split("://", 1)[1]
     return url
 
 
-def make_engine(url: str, *, pool_size: int = 5) -> Engine:
+def make_engine(url: str, *, pool_size: int = 5, create: bool = True) -> Engine:
     """Create an engine for ``url``; raise :class:`StorageError` with the fix when it cannot be used.
 
     SQLite gets WAL journaling and a busy timeout so a reader (the API) never blocks the writer (the search).
     PostgreSQL gets ``pool_pre_ping`` so a restarted server costs a reconnect, not a failed trial.
+    With ``create=False`` a SQLite file that does not exist is an error (SQLite would create an empty one).
     """
     url = normalize_url(url)
     try:
@@ -36,6 +38,8 @@ def make_engine(url: str, *, pool_size: int = 5) -> Engine:
             f"storage URL {url!r} cannot be parsed ({exc}); give an SQLAlchemy URL such as "
             "sqlite:///tuner.db or postgresql://user:pass@host/db"
         ) from None
+    if not create:
+        _refuse_missing_sqlite_file(parsed)
     kwargs: dict = {"pool_pre_ping": True, "future": True}
     if parsed.get_backend_name() == "sqlite":
         kwargs["connect_args"] = {"timeout": 30, "check_same_thread": False}
@@ -57,6 +61,28 @@ def make_engine(url: str, *, pool_size: int = 5) -> Engine:
             "check the host, port, credentials and that the database exists"
         ) from None
     return engine
+
+
+def sqlite_file(url: str) -> Path | None:
+    """The file of a SQLite URL (None for another backend or an in-memory database)."""
+    try:
+        parsed = make_url(normalize_url(url))
+    except ArgumentError:
+        return None
+    if parsed.get_backend_name() != "sqlite" or parsed.database in (None, "", ":memory:"):
+        return None
+    if parsed.database.startswith("file:"):  # a URI filename (sqlite:///file:x.db?mode=ro&uri=true)
+        return Path(parsed.database[5:].split("?", 1)[0])
+    return Path(parsed.database)
+
+
+def _refuse_missing_sqlite_file(parsed) -> None:
+    path = sqlite_file(parsed.render_as_string(hide_password=False))
+    if path is not None and not path.is_file():
+        raise StorageError(
+            f"storage {parsed.render_as_string(hide_password=True)!r}: no database file at {str(path.resolve())!r}; "
+            "check the path (sqlite:///relative.db, sqlite:////absolute.db) or run `tuner search` to create it"
+        )
 
 
 def _sqlite_pragmas(dbapi_conn, _record) -> None:

@@ -28,7 +28,7 @@ from sqlalchemy import (
 )
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship
 
-from storage.types import OUTCOMES  # noqa: E402,F401 - re-exported
+from storage.types import OUTCOMES  # noqa: F401 - re-exported
 
 RUN_STATES = ("running", "finished", "interrupted", "failed")
 

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Iterable, Sequence
-from datetime import datetime
 
 from sqlalchemy import func, select, update
 from sqlalchemy.engine import Engine
@@ -12,7 +11,13 @@ from sqlalchemy.orm import Session, selectinload, sessionmaker
 
 from storage.engine import make_engine
 from storage.models import OUTCOMES, Artifact, Base, Event, FailedFlagSet, Measurement, Run, TrialRecord, utcnow
-from storage.types import MetricRow  # noqa: F401 - re-exported
+from storage.names import check_study_name
+from storage.segments import (
+    EARLIER_SEGMENTS,
+    Segment,
+    elapsed_s,  # noqa: F401 - re-exported: the CLI and the API import it from here
+)
+from storage.types import MetricRow
 
 _logger = logging.getLogger(__name__)
 _UPGRADED: set[str] = set()
@@ -22,11 +27,14 @@ _UPGRADED: set[str] = set()
 class Repo:
     """The project's own tables on one database URL (the same URL Optuna's ``RDBStorage`` uses)."""
 
-    def __init__(self, url: str | None = None, *, engine: Engine | None = None, pool_size: int = 5) -> None:
+    def __init__(self, url: str | None = None, *, engine: Engine | None = None, pool_size: int = 5,
+                 create: bool = True) -> None:
+        """``create=False`` for readers (``tuner status``, the API): a missing SQLite file is a
+        :class:`StorageError`, never a new empty database."""
         if engine is None:
             if url is None:
                 raise ValueError("Repo needs a `url` or an `engine`, got neither.")
-            engine = make_engine(url, pool_size=pool_size)
+            engine = make_engine(url, pool_size=pool_size, create=create)
         self.engine = engine
         self._session = sessionmaker(engine, expire_on_commit=False)
         self._upgrade_once()
@@ -75,6 +83,8 @@ class Repo:
         environment: dict | None = None,
         settings: dict | None = None,
     ) -> Run:
+        """A new run; ``study_name`` must follow :func:`storage.names.check_study_name` (else StudyNameError)."""
+        check_study_name(study_name)
         with self.session() as s, s.begin():
             run = Run(
                 study_name=study_name,
@@ -99,13 +109,25 @@ class Repo:
         with self.session() as s:
             return list(s.scalars(select(Run).order_by(Run.started_at.desc(), Run.id.desc())))
 
-    def restart_run(self, run_id: int, *, budget_s: float, environment: dict | None = None) -> None:
-        """Mark a resumed run as running again with the new budget."""
-        values: dict = {"state": "running", "ended_at": None, "budget_s": budget_s, "started_at": utcnow()}
-        if environment is not None:
-            values["environment"] = environment
+    def restart_run(self, run_id: int, *, budget_s: float, environment: dict | None = None,
+                    settings: dict | None = None) -> None:
+        """Mark a resumed run as running again: a new segment with the new budget (see :mod:`storage.segments`).
+
+        The segment that ended is kept in ``settings["earlier_segments"]``; one left running by a process that died
+        ends at its last event. ``settings`` (the new process's pid and host) are merged over the old ones.
+        """
         with self.session() as s, s.begin():
-            s.execute(update(Run).where(Run.id == run_id).values(**values))
+            run = s.get(Run, run_id)
+            if run is None:
+                raise ValueError(f"`run_id` {run_id} names no run in this storage.")
+            ended = run.ended_at or s.scalar(select(func.max(Event.created_at)).where(Event.run_id == run_id))
+            done = Segment(run.started_at, max(ended or run.started_at, run.started_at), run.budget_s)
+            old = dict(run.settings or {})
+            earlier = [*(old.get(EARLIER_SEGMENTS) or []), done.to_json()]
+            run.settings = {**old, **(settings or {}), EARLIER_SEGMENTS: earlier}
+            run.state, run.ended_at, run.budget_s, run.started_at = "running", None, budget_s, utcnow()
+            if environment is not None:
+                run.environment = environment
 
     def set_baseline(self, run_id: int, value: float) -> None:
         """Record the baseline's value every ratio uses (the median over its runs, once it was re-run)."""
@@ -224,20 +246,12 @@ class Repo:
         limit: int | None = None,
         with_measurements: bool = False,
     ) -> list[TrialRecord]:
-        q = select(TrialRecord).where(TrialRecord.run_id == run_id)
-        if state:
-            q = q.where(TrialRecord.state == state)
-        if outcome:
-            q = q.where(TrialRecord.outcome == outcome)
-        col = {"number": TrialRecord.number, "value": TrialRecord.value, "duration": TrialRecord.duration_s}[sort]
-        order = col.desc() if descending else col.asc()
-        q = q.order_by(col.is_(None), order, TrialRecord.number.asc()).offset(offset)
-        if limit is not None:
-            q = q.limit(limit)
-        if with_measurements:
-            q = q.options(selectinload(TrialRecord.measurements))
-        with self.session() as s:
-            return list(s.scalars(q))
+        """The trials of a run, filtered, sorted and paged by :func:`storage.queries.trial_page` (missing values
+        last in either order); every trial by default."""
+        from storage.queries import trial_page
+
+        return trial_page(self, run_id, state=state, outcome=outcome, sort=sort, descending=descending,
+                          offset=offset, limit=limit, with_measurements=with_measurements)[1]
 
     def count_trials(self, run_id: int, *, state: str | None = None, outcome: str | None = None) -> int:
         q = select(func.count()).select_from(TrialRecord).where(TrialRecord.run_id == run_id)
@@ -321,7 +335,3 @@ class Repo:
         with self.session() as s:
             return s.scalar(select(Artifact).where(Artifact.run_id == run_id, Artifact.name == name))
 
-
-def elapsed_s(run: Run, now: datetime | None = None) -> float:
-    end = run.ended_at or now or utcnow()
-    return max(0.0, (end - run.started_at).total_seconds())

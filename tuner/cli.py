@@ -104,6 +104,13 @@ def search(
     from tuner.search.context import SearchOptions
     from tuner.search.driver import run_search
 
+    if study is not None:
+        from storage.names import StudyNameError, check_study_name
+
+        try:
+            check_study_name(study)
+        except StudyNameError as exc:
+            fail(str(exc))
     settings = _parse_sets(set_)
     if model is not None:
         settings["model"] = model
@@ -178,7 +185,7 @@ def _count(trials) -> dict[str, int]:
 def _open(storage: str, study: str | None):
     from storage import Repo
 
-    repo = Repo(storage)
+    repo = Repo(storage, create=False)  # a read-only command never creates a database
     if not repo.has_schema():
         fail(f"storage {storage!r} holds no tuner studies; run `tuner search` first or pass --storage")
     if study is None:
@@ -196,14 +203,25 @@ def _open(storage: str, study: str | None):
 @app.command()
 @reported
 def status(storage: StorageOpt = "sqlite:///tuner.db", study: StudyOpt = None,
-           all_: Annotated[bool, typer.Option("--all", help="List every study.")] = False) -> None:
-    """Show the studies, or one study's trials with their outcomes."""
+           all_: Annotated[bool, typer.Option("--all", help="List every study.")] = False,
+           sort: Annotated[str, typer.Option("--sort", help="number | value | duration (missing values last).")
+                           ] = "number",
+           desc: Annotated[bool, typer.Option("--desc", help="Largest first.")] = False,
+           limit: Annotated[int | None, typer.Option("--limit", help="Show this many trials (default: all).")
+                            ] = None,
+           offset: Annotated[int, typer.Option("--offset", help="Skip this many trials first.")] = 0) -> None:
+    """Show the studies, or one study's trials with their outcomes (the API's trial page: same sort and paging)."""
+    from storage.queries import SORT_KEYS, trial_page
     from storage.repo import elapsed_s
 
+    if sort not in SORT_KEYS:
+        fail(f"--sort {sort!r} is not one of {', '.join(SORT_KEYS)}; e.g. --sort value --desc")
+    if (limit is not None and limit < 1) or offset < 0:
+        fail(f"--limit must be >= 1 and --offset >= 0, but got --limit {limit} --offset {offset}")
     if all_ or study is None:
         from storage import Repo
 
-        repo = Repo(storage)
+        repo = Repo(storage, create=False)  # a read-only command never creates a database
         runs = repo.list_runs() if repo.has_schema() else []
         table = Table("study", "target", "state", "elapsed", "trials", "best", "x baseline")
         for r in runs:
@@ -220,10 +238,12 @@ def status(storage: StorageOpt = "sqlite:///tuner.db", study: StudyOpt = None,
     counts = repo.outcome_counts(run.id)
     console.print(f"study {run.study_name}: {run.state}, target {run.target}, objective {run.objective}; "
                   + ", ".join(f"{k} {v}" for k, v in sorted(counts.items())))
-    trials = repo.list_trials(run.id, with_measurements=True)
+    total, trials = trial_page(repo, run.id, sort=sort, descending=desc, offset=offset, limit=limit,
+                               with_measurements=True)
     num = {t.number: m.value for t in trials for m in t.measurements if m.metric == "numerics_rel_err"}
     table = Table("#", "outcome", "value", "x base", "s", "start/warm/measure s", *(["num. err"] if num else []),
-                  "params / reason")
+                  "params / reason",
+                  caption=f"trials {offset + 1}-{offset + len(trials)} of {total}" if len(trials) < total else None)
     for t in trials:
         ratio = f"{t.value / run.baseline_value:.2f}" if t.value and run.baseline_value else ""
         detail = ", ".join(f"{k}={v}" for k, v in t.params.items())
@@ -311,10 +331,14 @@ def export(storage: StorageOpt = "sqlite:///tuner.db", study: StudyOpt = None,
 
 @app.command()
 @reported
-def serve(storage: StorageOpt = "sqlite:///tuner.db",
-          host: Annotated[str, typer.Option("--host")] = "127.0.0.1",
-          port: Annotated[int, typer.Option("--port")] = 8000) -> None:
-    """Serve the REST API and the dashboard over a study database."""
+def serve(storage: Annotated[str | None, typer.Option(
+              "--storage", help="SQLAlchemy URL of the study database [default: TUNER_API_STORAGE_URL, else "
+              "TUNER_STORAGE, else sqlite:///tuner.db].")] = None,
+          host: Annotated[str | None, typer.Option("--host", help="[default: TUNER_API_HOST, else 127.0.0.1]")
+                          ] = None,
+          port: Annotated[int | None, typer.Option("--port", help="[default: TUNER_API_PORT, else 8000]")] = None
+          ) -> None:
+    """Serve the REST API and the dashboard over a study database (never creates one)."""
     import uvicorn
 
     try:
@@ -324,12 +348,19 @@ def serve(storage: StorageOpt = "sqlite:///tuner.db",
         fail(f"the API is not available in this build ({exc})")
     from pydantic import ValidationError
 
+    from storage import Repo
+
+    given: dict[str, Any] = {"host": host, "port": port, "storage_url": storage}
+    if storage is None and "TUNER_API_STORAGE_URL" not in os.environ and os.environ.get("TUNER_STORAGE"):
+        given["storage_url"] = os.environ["TUNER_STORAGE"]
     try:
-        app_ = create_app(ApiSettings(storage_url=storage, host=host))
+        settings = ApiSettings(**{k: v for k, v in given.items() if v is not None})  # the rest from TUNER_API_*
+        Repo(settings.storage_url, create=False).engine.dispose()  # a mistyped path fails here, not on a request
+        app_ = create_app(settings)
     except ValidationError as exc:
         err = exc.errors()[0]
         fail(f"API setting {'.'.join(map(str, err.get('loc', ())))}: {err.get('msg')}; fix the TUNER_API_* variable")
-    uvicorn.run(app_, host=host, port=port, log_level="info")
+    uvicorn.run(app_, host=settings.host, port=settings.port, log_level="info")
 
 
 @app.command()

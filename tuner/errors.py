@@ -62,13 +62,14 @@ class LeaseCancelled(TunerError):
 
 @contextmanager
 def tuner_errors() -> Iterator[None]:
-    """Inside: a ``SpaceError`` or ``StorageError`` is raised again as :class:`InputError` (same message)."""
+    """Inside: a ``SpaceError``, ``StorageError`` or ``StudyNameError`` is raised again as :class:`InputError`
+    (same message)."""
     from search_spaces import SpaceError
-    from storage import StorageError
+    from storage import StorageError, StudyNameError
 
     try:
         yield
-    except (SpaceError, StorageError) as exc:
+    except (SpaceError, StorageError, StudyNameError) as exc:
         raise InputError(str(exc)) from exc
 
 

@@ -19,17 +19,26 @@ def _version(dist: str) -> str | None:
         return None
 
 
-def git_sha() -> str | None:
-    root = Path(__file__).resolve().parent.parent
-    try:
-        out = subprocess.run(["git", "-C", str(root), "rev-parse", "HEAD"], capture_output=True, text=True, timeout=5)
-    except (OSError, subprocess.TimeoutExpired):
+def git_sha(package_dir: Path | None = None) -> str | None:
+    """The commit of the checkout the ``tuner`` package runs from, ``-dirty`` when it has changes; None when the
+    package is not a checkout's own (``package_dir``'s parent must be the top level of the git repository that
+    holds it: an install copied into another repository records none, not that repository's commit)."""
+    root = (package_dir or Path(__file__).resolve().parent).parent
+
+    def git(*args: str) -> str | None:
+        try:
+            out = subprocess.run(["git", "-C", str(root), *args], capture_output=True, text=True, timeout=5)
+        except (OSError, subprocess.TimeoutExpired):
+            return None
+        return out.stdout.strip() if out.returncode == 0 else None
+
+    top = git("rev-parse", "--show-toplevel")
+    if top is None or Path(top).resolve() != root.resolve():
         return None
-    if out.returncode != 0:
+    sha = git("rev-parse", "HEAD")
+    if not sha:
         return None
-    sha = out.stdout.strip()
-    dirty = subprocess.run(["git", "-C", str(root), "status", "--porcelain", "--untracked-files=no"],
-                           capture_output=True, text=True, timeout=5).stdout.strip()
+    dirty = git("status", "--porcelain", "--untracked-files=no")
     return sha + ("-dirty" if dirty else "")
 
 

@@ -2,28 +2,31 @@
 
 from __future__ import annotations
 
-import mimetypes
 from typing import Annotated
 from urllib.parse import quote
 
 from fastapi import APIRouter, HTTPException, Path, Response, status
 
 from api.deps import RepoDep, RunDep
-from api.schemas import ArtifactOut
+from api.schemas import NOT_FOUND, UNAVAILABLE, ArtifactOut
 
-router = APIRouter(prefix="/api/studies", tags=["artifacts"])
+router = APIRouter(prefix="/api/studies", tags=["artifacts"], responses=UNAVAILABLE)
 
 _TYPES = {".sh": "text/x-shellscript", ".json": "application/json", ".md": "text/markdown", ".yaml": "application/yaml",
           ".yml": "application/yaml", ".txt": "text/plain", ".py": "text/x-python", ".html": "text/html"}
 
 
+MEDIA_TYPES = sorted({*_TYPES.values(), "application/octet-stream"})
+"""Every media type a download can have (what the OpenAPI description lists)."""
+
+
 def content_type(name: str) -> str:
     suffix = name[name.rfind("."):].lower() if "." in name else ""
-    ctype = _TYPES.get(suffix) or mimetypes.guess_type(name)[0] or "application/octet-stream"
+    ctype = _TYPES.get(suffix, "application/octet-stream")
     return f"{ctype}; charset=utf-8" if ctype.startswith("text/") or ctype.endswith("json") else ctype
 
 
-@router.get("/{name}/artifacts", response_model=list[ArtifactOut])
+@router.get("/{name}/artifacts", responses=NOT_FOUND, response_model=list[ArtifactOut])
 def list_artifacts(run: RunDep, repo: RepoDep) -> list[ArtifactOut]:
     return [
         ArtifactOut(
@@ -39,12 +42,14 @@ def list_artifacts(run: RunDep, repo: RepoDep) -> list[ArtifactOut]:
 
 
 @router.get(
-    "/{name}/artifacts/{artifact_name}",
+    "/{name}/artifacts/{artifact_name:path}",
     response_class=Response,
-    responses={200: {"content": {"application/octet-stream": {}}, "description": "the file itself"}},
+    responses={200: {"content": {t: {} for t in MEDIA_TYPES}, "description": "the file itself"}, **NOT_FOUND},
 )
 def download_artifact(
-    run: RunDep, repo: RepoDep, artifact_name: Annotated[str, Path(min_length=1, max_length=255)]
+    run: RunDep,
+    repo: RepoDep,
+    artifact_name: Annotated[str, Path(min_length=1, max_length=255, description="the name as listed; it may hold `/`")],
 ) -> Response:
     art = repo.get_artifact(run.id, artifact_name)
     if art is None:

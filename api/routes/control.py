@@ -11,7 +11,14 @@ import subprocess
 from fastapi import APIRouter, HTTPException, status
 
 from api.deps import ControlDep, RunDep, StateDep
-from api.schemas import SearchRequest, SearchStarted, StopResult
+from api.schemas import (
+    NOT_FOUND,
+    UNAVAILABLE,
+    ErrorOut,
+    SearchRequest,
+    SearchStarted,
+    StopResult,
+)
 from api.settings import ApiSettings
 
 router = APIRouter(tags=["control"], dependencies=[ControlDep])
@@ -21,7 +28,10 @@ _GUARDED = {
     401: {"description": "missing or wrong bearer token"},
     403: {"description": "control disabled: no TUNER_API_CONTROL_TOKEN configured"},
     409: {"description": "the study is in a state that does not allow it"},
+    **UNAVAILABLE,
 }
+_START = {**_GUARDED, 400: {"model": ErrorOut, "description": "the body is not JSON"}}
+_STOP = {**_GUARDED, **NOT_FOUND}
 
 
 def search_argv(settings: ApiSettings, req: SearchRequest, *, resume: bool = False) -> list[str]:
@@ -34,7 +44,7 @@ def search_argv(settings: ApiSettings, req: SearchRequest, *, resume: bool = Fal
         "--space", req.space,
         "--target", req.target,
         "--budget", f"{req.budget_s:g}s",
-        "--out", str(settings.search_out_dir / req.study),
+        "--out", str(settings.search_out_dir),  # the export adds <study>/ itself
     ]  # fmt: skip
     if resume:
         argv.append("--resume")
@@ -45,14 +55,14 @@ def search_argv(settings: ApiSettings, req: SearchRequest, *, resume: bool = Fal
     return argv
 
 
-@router.post("/api/searches", response_model=SearchStarted, status_code=status.HTTP_202_ACCEPTED, responses=_GUARDED)
+@router.post("/api/searches", response_model=SearchStarted, status_code=status.HTTP_202_ACCEPTED, responses=_START)
 def start_search(req: SearchRequest, state: StateDep) -> SearchStarted:
     """Start ``tuner search`` in its own process (``--resume`` when the study exists and has ended); watch it
     through the study's endpoints and events."""
     state.reap_searches()
     if req.study in state.searches:
         raise HTTPException(status.HTTP_409_CONFLICT, f"study {req.study!r} is already being searched by this API")
-    run = state.repo().get_run(req.study) if state.schema_ready() else None
+    run = state.repo().get_run(req.study) if state.database_exists() and state.schema_ready() else None
     if run is not None and run.state == "running":
         raise HTTPException(status.HTTP_409_CONFLICT, f"study {req.study!r} is running already")
     argv = search_argv(state.settings, req, resume=run is not None)
@@ -70,13 +80,13 @@ def start_search(req: SearchRequest, state: StateDep) -> SearchStarted:
             status.HTTP_503_SERVICE_UNAVAILABLE,
             f"cannot start {argv[0]!r}: {exc.strerror or exc}; set TUNER_API_SEARCH_COMMAND",
         ) from None
-    state.searches[req.study] = proc
+    state.watch_search(req.study, proc)
     _logger.info("started search %r as pid %d: %s (log %s)", req.study, proc.pid, argv, log_path)
     return SearchStarted(study=req.study, pid=proc.pid, argv=argv, log_path=str(log_path))
 
 
 @router.post("/api/studies/{name}/stop", response_model=StopResult, status_code=status.HTTP_202_ACCEPTED,
-             responses=_GUARDED)  # fmt: skip
+             responses=_STOP)  # fmt: skip
 def stop_search(run: RunDep, state: StateDep) -> StopResult:
     """Send SIGINT to the search process (it ends cleanly and exports the best so far); same host only."""
     name = run.study_name

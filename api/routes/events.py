@@ -1,8 +1,8 @@
 """Live events of a study as Server-Sent Events, read from the ``tuner_events`` table by id cursor.
 
 The stream first replays every event after the cursor (``Last-Event-ID`` header or ``?after=``), then polls the
-table every ``sse_poll_s`` in the threadpool. It ends after ``search_ended``, right after the replay when the
-run has already ended, after ``sse_max_s``, or when the client goes.
+table every ``sse_poll_s`` in the threadpool. It ends once the run has ended and every event is sent (a resumed
+study's earlier ``search_ended`` events do not end it), after ``sse_max_s``, or when the client goes.
 """
 
 from __future__ import annotations
@@ -18,11 +18,11 @@ from fastapi.concurrency import run_in_threadpool
 from fastapi.sse import EventSourceResponse, ServerSentEvent
 
 from api.deps import RunDep, StateDep
-from api.schemas import EventOut
+from api.schemas import NOT_FOUND, UNAVAILABLE, EventOut
 from api.state import ApiState
 from storage import Event
 
-router = APIRouter(prefix="/api/studies", tags=["events"])
+router = APIRouter(prefix="/api/studies", tags=["events"], responses=UNAVAILABLE)
 _logger = logging.getLogger(__name__)
 
 EVENT_KINDS = ("trial_started", "trial_finished", "trial_pruned", "trial_failed", "new_best", "search_ended")
@@ -39,6 +39,7 @@ def _sse(ev: Event) -> ServerSentEvent:
 
 @router.get(
     "/{name}/events",
+    responses=NOT_FOUND,
     response_class=EventSourceResponse,
     description="Event kinds (the SSE `event:` field): " + ", ".join(EVENT_KINDS) + ". `data:` is an EventOut.",
 )
@@ -46,10 +47,12 @@ async def stream_events(
     run: RunDep,
     state: StateDep,
     request: Request,
-    after: Annotated[int | None, Query(ge=0, le=2**62, description="replay events with a larger id")] = None,
-    last_event_id: Annotated[int | None, Header(alias="Last-Event-ID", ge=0, le=2**62)] = None,
+    # plain integers with a default, not `int | None`: a header cannot carry null, so the schema offers none
+    after: Annotated[int, Query(ge=0, le=2**62, description="replay events with a larger id")] = 0,
+    last_event_id: Annotated[int, Header(alias="Last-Event-ID", ge=0, le=2**62,
+                                         description="the browser's EventSource sends it on reconnect")] = 0,
 ) -> AsyncIterable[ServerSentEvent]:
-    cursor = max(after or 0, last_event_id or 0)
+    cursor = max(after, last_event_id)
     yield ServerSentEvent(comment=f"study {run.study_name}", retry=2000)
     async for ev in _follow(state, request, run.study_name, run.id, cursor, run.state == "running"):
         yield ev
@@ -58,7 +61,11 @@ async def stream_events(
 async def _follow(
     state: ApiState, request: Request, name: str, run_id: int, cursor: int, running: bool
 ) -> AsyncIterator[ServerSentEvent]:
-    """Replay events after ``cursor``, then poll for new ones until the search ends or the client goes."""
+    """Replay events after ``cursor``, then poll for new ones until the search ends or the client goes.
+
+    A ``search_ended`` ends the stream only when it is the newest event and the run is still ended when read
+    after it: a resumed study has one per earlier segment, and its replay goes on past them to the live events.
+    """
     repo, settings = state.repo(), state.settings
     deadline = time.monotonic() + settings.sse_max_s
     polls = 0
@@ -67,12 +74,15 @@ async def _follow(
         for ev in batch:
             cursor = ev.id
             yield _sse(ev)
-            if ev.kind == "search_ended":
-                return
         if len(batch) == 500:
             continue  # more to replay at once
-        if not running:
-            return
+        if batch and batch[-1].kind == "search_ended" or not running:
+            fresh = await run_in_threadpool(repo.get_run, name)
+            if fresh is None or fresh.state != "running":
+                if not await run_in_threadpool(repo.events_after, run_id, cursor, 1):
+                    return
+                continue  # events written between the two reads: send them first
+            running = True  # resumed since (or between) the events replayed
         if time.monotonic() > deadline or await request.is_disconnected():
             return
         polls += 1

@@ -1,10 +1,10 @@
-"""Liveness: whether the database answers."""
+"""Liveness: whether the database answers (GET or HEAD; 503 when it does not, so a load balancer can tell)."""
 
 from __future__ import annotations
 
 import logging
 
-from fastapi import APIRouter
+from fastapi import APIRouter, Response
 from sqlalchemy import text
 from sqlalchemy.exc import SQLAlchemyError
 
@@ -16,8 +16,12 @@ router = APIRouter(tags=["health"])
 _logger = logging.getLogger(__name__)
 
 
-@router.get("/health", response_model=HealthOut)
-def health(state: StateDep) -> HealthOut:
+_DEGRADED = {503: {"model": HealthOut, "description": "degraded: the storage cannot be reached"}}
+
+
+@router.head("/health", response_model=HealthOut, responses=_DEGRADED, operation_id="health_head")
+@router.get("/health", response_model=HealthOut, responses=_DEGRADED, operation_id="health")
+def health(state: StateDep, response: Response) -> HealthOut:
     try:
         with state.repo().engine.connect() as conn:
             conn.execute(text("SELECT 1"))
@@ -26,4 +30,5 @@ def health(state: StateDep) -> HealthOut:
     except (StorageError, SQLAlchemyError) as exc:
         _logger.warning("health: storage unavailable: %s", exc)
         storage, status = f"unavailable: {str(exc).splitlines()[0][:200]}", "degraded"
+        response.status_code = 503
     return HealthOut(status=status, storage=storage, control_enabled=state.settings.control_enabled)

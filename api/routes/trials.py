@@ -8,15 +8,24 @@ from fastapi import APIRouter, HTTPException, Path, Query, status
 
 from api import convert
 from api.deps import RepoDep, RunDep
-from api.queries import trial_page
-from api.schemas import Order, Outcome, SortKey, TrialDetail, TrialPage, TrialState
+from api.schemas import (
+    NOT_FOUND,
+    UNAVAILABLE,
+    Order,
+    Outcome,
+    SortKey,
+    TrialDetail,
+    TrialPage,
+    TrialState,
+)
+from storage.queries import trial_page
 
-router = APIRouter(prefix="/api/studies", tags=["trials"])
+router = APIRouter(prefix="/api/studies", tags=["trials"], responses=UNAVAILABLE)
 
 MAX_PAGE = 1000
 
 
-@router.get("/{name}/trials", response_model=TrialPage)
+@router.get("/{name}/trials", responses=NOT_FOUND, response_model=TrialPage)
 def list_trials(
     run: RunDep,
     repo: RepoDep,
@@ -34,7 +43,7 @@ def list_trials(
     return TrialPage(total=total, offset=offset, limit=limit, items=[convert.trial_summary(r) for r in items])
 
 
-@router.get("/{name}/trials/{number}", response_model=TrialDetail)
+@router.get("/{name}/trials/{number}", responses=NOT_FOUND, response_model=TrialDetail)
 def get_trial(run: RunDep, repo: RepoDep, number: Annotated[int, Path(ge=0, le=2**31 - 1)]) -> TrialDetail:
     """Params, every measurement, outcome, reason, log excerpt and timings of one trial."""
     rec = repo.get_trial(run.id, number)

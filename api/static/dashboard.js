@@ -1,7 +1,8 @@
 // tuner dashboard: reads the JSON API, draws Optuna's plotly figures, refreshes on the study's event stream.
 "use strict";
 const $ = (id) => document.getElementById(id);
-let current = null, source = null, lastEventId = 0, refreshTimer = null;
+let current = null, source = null, lastEventId = 0, refreshTimer = null, trialsOffset = 0;
+const PAGE = 50;
 
 async function getJSON(url) {
   const r = await fetch(url);
@@ -41,7 +42,11 @@ function renderStudies(studies) {
 }
 
 function renderTrials(page, bestNumber) {
-  $("trials-count").textContent = "(" + page.items.length + " of " + page.total + ", newest first)";
+  const first = page.items.length ? page.offset + 1 : 0;
+  $("trials-count").textContent = "(" + first + "–" + (page.offset + page.items.length) + " of " + page.total +
+    ", newest first)";
+  $("trials-newer").disabled = page.offset === 0;
+  $("trials-older").disabled = page.offset + page.items.length >= page.total;
   const body = $("trials").tBodies[0];
   body.replaceChildren();
   for (const t of page.items) {
@@ -68,7 +73,7 @@ async function refresh() {
   if (!current) return;
   const base = "/api/studies/" + encodeURIComponent(current);
   const study = await getJSON(base);
-  const page = await getJSON(base + "/trials?sort=number&order=desc&limit=200");
+  const page = await getJSON(base + "/trials?sort=number&order=desc&limit=" + PAGE + "&offset=" + trialsOffset);
   renderTrials(page, study.best_trial_number);
   const jobs = [drawFigure("plot-history", base + "/plots/history"),
                 drawFigure("plot-importances", base + "/plots/importances"),
@@ -77,6 +82,7 @@ async function refresh() {
     jobs.push(getJSON(base + "/best").then((best) => {
       $("best-summary").textContent = "trial " + best.trial.number + ": " + fmt(best.value) + " " + study.unit +
         (best.speedup_vs_baseline ? " (" + fmt(best.speedup_vs_baseline, 2) + "× baseline)" : "");
+      $("best-why").textContent = best.why;
       $("best-params").textContent = JSON.stringify(best.trial.params, null, 2);
       $("launch-script").textContent = best.launch_script || "not exported yet";
     }));
@@ -101,16 +107,17 @@ function listen(base) {
   for (const k of kinds) {
     source.addEventListener(k, (e) => {
       lastEventId = Math.max(lastEventId, Number(e.lastEventId) || 0);
-      if (k === "search_ended") stopListening();
-      scheduleRefresh();
+      scheduleRefresh();  // the refresh reads the study's state: a resumed study's old search_ended does not stop it
     });
   }
   source.onerror = () => { if (source && source.readyState === EventSource.CLOSED) stopListening(); };
 }
 function select(name) {
   stopListening();
-  current = name; lastEventId = 0;
+  current = name; lastEventId = 0; trialsOffset = 0;
   refresh().catch(console.error);
 }
 $("study-select").onchange = (e) => select(e.target.value);
+$("trials-newer").onclick = () => { trialsOffset = Math.max(0, trialsOffset - PAGE); refresh().catch(console.error); };
+$("trials-older").onclick = () => { trialsOffset += PAGE; refresh().catch(console.error); };
 refresh().catch((e) => { $("best-summary").textContent = "cannot load: " + e.message; });

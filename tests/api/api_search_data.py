@@ -22,6 +22,8 @@ STUDY = "s1"
 """The real search."""
 MIXED = "mixed"
 """The stand-in search."""
+KERNEL_CONFIG = "kernel_configs/moe_fp8/E=256,N=512,device_name=NVIDIA_H200.json"
+"""A kernel-config artifact of the stand-in search: its name holds ``/`` as the export writes them."""
 
 
 def real_search(url: str, study: str, out_dir: str, *, n_trials: int = 5, budget_s: float = 240.0) -> None:
@@ -35,20 +37,25 @@ def real_search(url: str, study: str, out_dir: str, *, n_trials: int = 5, budget
 
 
 def fake_search(url: str, study_name: str, *, n_trials: int = 12, seed: int = 0, delay_s: float = 0.0,
-                end: bool = True) -> Repo:  # fmt: skip
-    """A finite search on a stand-in objective: one baseline, ok trials, an out-of-resources one, a pruned one."""
+                end: bool = True, resume: bool = False, budget_s: float = 60.0) -> Repo:  # fmt: skip
+    """A finite search on a stand-in objective: one baseline, ok trials, an out-of-resources one, a pruned one.
+    With ``resume`` it continues the study as ``tuner search --resume`` does (``Repo.restart_run``)."""
     repo = Repo(url)
     repo.create_schema()
-    run = repo.create_run(
-        study_name, target="workload", budget_s=60.0, objective="decode_tok_s", unit="tok/s",
-        space_name="dsv4_flash_tiny", space_yaml="params: {}\n",
-        environment={"gpu": "cpu", "torch": "2.13", "host": socket.gethostname()},
-        settings={"pid": os.getpid(), "host": socket.gethostname()},
-    )  # fmt: skip
-    study = optuna.create_study(
-        storage=url, study_name=study_name, direction="maximize", sampler=optuna.samplers.TPESampler(seed=seed)
-    )
-    study.enqueue_trial({"split_k": 1, "block_n": 64, "context_cap": 1048576})
+    sampler = optuna.samplers.TPESampler(seed=seed)
+    if resume:
+        run = repo.get_run(study_name)
+        repo.restart_run(run.id, budget_s=budget_s, settings={"pid": os.getpid()})
+        study = optuna.load_study(storage=url, study_name=study_name, sampler=sampler)
+    else:
+        run = repo.create_run(
+            study_name, target="workload", budget_s=budget_s, objective="decode_tok_s", unit="tok/s",
+            space_name="dsv4_flash_tiny", space_yaml="params: {}\n",
+            environment={"gpu": "cpu", "torch": "2.13", "host": socket.gethostname()},
+            settings={"pid": os.getpid(), "host": socket.gethostname()},
+        )  # fmt: skip
+        study = optuna.create_study(storage=url, study_name=study_name, direction="maximize", sampler=sampler)
+        study.enqueue_trial({"split_k": 1, "block_n": 64, "context_cap": 1048576})
 
     def objective(trial: optuna.Trial) -> float:
         params = {
@@ -84,6 +91,7 @@ def fake_search(url: str, study_name: str, *, n_trials: int = 12, seed: int = 0,
         ("launch_script", "launch.sh", "out/launch.sh", script.encode()),
         ("best_params", "best_params.json", "out/best_params.json", b'{"split_k": 4}'),
         ("report", "report.md", "out/report.md", "# Report\n\nbest × 3.1 ✓\n".encode()),
+        ("kernel_config", KERNEL_CONFIG, f"out/{KERNEL_CONFIG}", b'{"BLOCK_N": 64}'),
     ])  # fmt: skip
     if end:
         repo.end_run(run.id, "finished", export_dir="out")

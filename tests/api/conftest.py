@@ -38,7 +38,7 @@ def make_client(db_url: str, tmp_path: Path) -> Callable[..., TestClient]:
 
     def make(**overrides) -> TestClient:
         overrides.setdefault("storage_url", db_url)
-        overrides.setdefault("search_log_dir", tmp_path / "logs")
+        overrides.setdefault("search_out_dir", tmp_path / "out")
         c = TestClient(create_app(ApiSettings(**overrides)))
         made.append(c)
         return c

@@ -66,8 +66,32 @@ def test_good_token_starts_the_search_command(make_client, tmp_path) -> None:
     assert argv[0] == "search" and argv[argv.index("--budget") + 1] == "30s"
     assert argv[argv.index("--study") + 1] == "api-started" and argv[argv.index("--space") + 1] == "dsv4_flash_tiny"
     assert argv[argv.index("--n-trials") + 1] == "2" and argv[argv.index("--seed") + 1] == "1"
-    assert argv[argv.index("--out") + 1] == str(tmp_path / "out" / "api-started") and "--resume" not in argv
+    # the search exports to <out>/<study>/ itself: the API passes <out>, not <out>/<study>
+    assert argv[argv.index("--out") + 1] == str(tmp_path / "out") and "--resume" not in argv
     assert (tmp_path / "out" / "api-started" / "search.log").exists()
+
+
+def test_a_finished_search_is_reaped_not_left_a_zombie(make_client, tmp_path) -> None:
+    from pathlib import Path
+
+    c = make_client(control_token=TOKEN, search_command=[sys.executable, "-c", "pass"], search_out_dir=tmp_path / "o")
+    r = c.post("/api/searches", json=BODY, headers=GOOD)
+    assert r.status_code == 202, r.text
+    proc = Path(f"/proc/{r.json()['pid']}")
+    deadline = time.monotonic() + 20
+    while proc.exists():  # a zombie keeps its /proc entry (state Z) until its parent waits for it
+        assert time.monotonic() < deadline, f"pid {proc.name} still in /proc: {(proc / 'stat').read_text()!r}"
+        time.sleep(0.05)
+
+
+def test_a_search_can_be_started_on_a_database_that_does_not_exist_yet(make_client, tmp_path) -> None:
+    record, db = tmp_path / "argv.json", tmp_path / "new.db"
+    c = make_client(storage_url=f"sqlite:///{db}", control_token=TOKEN, search_out_dir=tmp_path / "out",
+                    search_command=[sys.executable, "-c", RECORD_ARGV, str(record)])  # fmt: skip
+    r = c.post("/api/searches", json=BODY, headers=GOOD)
+    assert r.status_code == 202, r.text  # the search creates the database; the API itself never does
+    c.app.state.api.searches["api-started"].wait(timeout=30)
+    assert "--resume" not in json.loads(record.read_text()) and not db.exists()
 
 
 def test_restarting_an_ended_study_resumes_it(make_client, tmp_path) -> None:
@@ -81,7 +105,8 @@ def test_restarting_an_ended_study_resumes_it(make_client, tmp_path) -> None:
 
 @pytest.mark.parametrize(
     "body",
-    [{**BODY, "study": "-rf"}, {**BODY, "study": "a b"}, {**BODY, "study": "x" * 101}, {**BODY, "budget_s": 0},
+    [{**BODY, "study": "-rf"}, {**BODY, "study": "a b"}, {**BODY, "study": "x" * 201}, {**BODY, "study": "team/run1"},
+     {**BODY, "budget_s": 0},
      {**BODY, "budget_s": -5}, {**BODY, "space": "--set=x"}, {**BODY, "target": "bogus"}, {**BODY, "n_trials": 0},
      {"study": "x"}, {}],
 )  # fmt: skip

@@ -61,6 +61,43 @@ def test_resume_with_last_event_id_and_after(client: TestClient) -> None:
         assert [int(e["id"]) for e in parse_sse(r.iter_lines())] == [i for i in all_ids if i > cut]
     assert client.get(f"/api/studies/{STUDY}/events", params={"after": -1}).status_code == 422
     assert client.get(f"/api/studies/{STUDY}/events", headers={"Last-Event-ID": "x"}).status_code == 422
+    spec = client.get("/openapi.json").json()["paths"]["/api/studies/{name}/events"]["get"]
+    for p in spec["parameters"]:  # what the schema allows is accepted: no `null` where a number is expected
+        if p["name"] in ("after", "Last-Event-ID"):
+            assert p["schema"]["type"] == "integer" and "anyOf" not in p["schema"], p
+
+
+@pytest.mark.timeout(60)
+def test_replay_of_a_resumed_study_goes_past_its_first_search_ended(tmp_path) -> None:
+    url = f"sqlite:///{tmp_path / 'resumed.db'}"
+    fake_search(url, "twice", n_trials=4)
+    fake_search(url, "twice", n_trials=3, resume=True, seed=1)
+    stored = [e.kind for e in Repo(url).events_after(Repo(url).get_run("twice").id, limit=10_000)]
+    with TestClient(create_app(ApiSettings(storage_url=url))) as c, c.stream("GET", "/api/studies/twice/events") as r:
+        kinds = [e["event"] for e in parse_sse(r.iter_lines())]
+    assert kinds == stored and kinds.count("search_ended") == 2 and kinds.count("trial_started") == 7
+    assert kinds[-1] == "search_ended"
+
+
+@pytest.mark.timeout(60)
+def test_live_stream_of_a_resumed_running_study_replays_then_follows_to_its_end(tmp_path) -> None:
+    url = f"sqlite:///{tmp_path / 'resumed-live.db'}"
+    fake_search(url, "again", n_trials=4)
+    repo = Repo(url)
+    run_id = repo.get_run("again").id
+    first = len(repo.events_after(run_id, limit=10_000))
+    worker = run_in_thread(lambda: fake_search(url, "again", n_trials=5, delay_s=0.15, resume=True, seed=1))
+    deadline = time.monotonic() + 20
+    while repo.get_run("again").state != "running":
+        assert time.monotonic() < deadline, "the resume never started"
+        time.sleep(0.02)
+    settings = ApiSettings(storage_url=url, sse_poll_s=0.05)
+    with TestClient(create_app(settings)) as c, c.stream("GET", "/api/studies/again/events") as r:
+        events = parse_sse(r.iter_lines())  # no cursor: the first search's events, then the live ones
+    worker.join(timeout=20)
+    kinds = [e["event"] for e in events]
+    assert len(events) > first and kinds.count("trial_started") == 9, kinds
+    assert kinds.count("search_ended") == 2 and kinds[-1] == "search_ended"
 
 
 @pytest.mark.slow

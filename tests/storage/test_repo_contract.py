@@ -150,3 +150,62 @@ def test_mark_trial_crashed_is_per_trial(repo):
     assert mark_trial_crashed(repo, run.id, 7, reason="died before recording", params={"a": 9})
     assert repo.get_trial(run.id, 0).outcome == "crash" and repo.get_trial(run.id, 1).state == "running"
     assert repo.get_trial(run.id, 7).params == {"a": 9}
+
+
+def test_resume_keeps_the_first_start_and_counts_every_segment(repo):
+    from datetime import timedelta
+
+    from storage.segments import (
+        active_seconds,
+        first_started_at,
+        segments,
+        total_budget_s,
+    )
+
+    run = _run(repo, "twice")  # budget 60 s
+    first_start = repo.get_run("twice").started_at
+    repo.start_trial(run.id, 0, {"a": 1})
+    repo.finish_trial(run.id, 0, outcome="ok", value=1.0)
+    time.sleep(0.2)
+    repo.end_run(run.id, "finished")
+    time.sleep(0.3)  # a gap between the two searches: not searched time
+    repo.restart_run(run.id, budget_s=30, settings={"pid": 4242})
+    time.sleep(0.2)
+    repo.end_run(run.id, "finished")
+    got = repo.get_run("twice")
+    segs = segments(got)
+    assert len(segs) == 2 and first_started_at(got) == first_start and total_budget_s(got) == 90
+    assert got.budget_s == 30 and got.started_at > first_start  # the columns: the current segment (workers read it)
+    assert got.settings["pid"] == 4242 and got.settings["k"] == 1
+    assert 0.4 <= elapsed_s(got) < 0.4 + 0.25  # both segments, without the 0.3 s gap
+    # the history plot's x: a time in the second segment counts the first segment's length, not the gap
+    assert active_seconds(got, segs[1].started_at + timedelta(seconds=0.1)) == pytest.approx(
+        segs[0].seconds() + 0.1, abs=1e-3)
+    assert active_seconds(got, first_start) == 0.0
+
+
+def test_restart_of_a_run_left_running_ends_its_segment_at_the_last_event(repo):
+    from storage.segments import segments
+
+    run = _run(repo, "crashed")
+    repo.start_trial(run.id, 0, {"a": 1})
+    last = repo.events_after(run.id)[-1].created_at
+    time.sleep(0.2)
+    repo.restart_run(run.id, budget_s=60)
+    first = segments(repo.get_run("crashed"))[0]
+    assert first.ended_at == last
+
+
+@pytest.mark.parametrize("name", ["team/run1", "", "-rf", "a b", "x" * 201, "ü", "run\n1", "a?b", "%2F"])
+def test_study_names_outside_the_rule_are_refused_with_the_fix(repo, name):
+    from storage import StudyNameError
+
+    with pytest.raises(StudyNameError, match=r"study name .* is not allowed: .*e\.g\. --study "):
+        _run(repo, name)
+    assert repo.list_runs() == []
+
+
+@pytest.mark.parametrize("name", ["s1", "dsv4-flash-tiny-workload-2", "w10b.kernels.moe.E=256,N=512", "A_b+c",
+                                  "x" * 200])
+def test_study_names_within_the_rule_are_accepted(repo, name):
+    assert _run(repo, name).study_name == name

@@ -86,6 +86,48 @@ def test_gpu_graphs_pad_to_bucket_and_match_eager():
                            "glue": "fused"}, "cuda")
     res = measure(m, [3], live_context=64, warmup=1, repeats=3, buckets="pow2:8")
     assert res.levels[0].graphed and res.levels[0].batch == 4 and res.levels[0].capture_s > 0
+    # what measure() times: the step captured on the batch padded to its bucket (3 -> 4), replayed
+    padded = m.state(4, 64)
+    with torch.inference_mode():
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            m.step(padded)  # warm-up outside the capture, as bench._capture does
+        torch.cuda.current_stream().wait_stream(side)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            graphed = m.step(padded)
+        graph.replay()
+        torch.cuda.synchronize()
+        graphed = graphed.float().clone()
+        same_batch = m.step(padded).float()  # eager on the same padded state
+        alone = m.step(_first_requests(padded, 3, batch=4)).float()  # eager on the 3 real requests, no padding
+    assert torch.isfinite(graphed).all() and graphed.shape[0] == 4
+    assert _rel_err(graphed, same_batch) < 1e-2, "the graph replay differs from the eager step"
+    assert _rel_err(graphed[:3], alone) < 2e-2, "padding to the bucket changed the real requests' results"
+
+
+def _rel_err(a: torch.Tensor, b: torch.Tensor) -> float:
+    return float((a - b).norm() / b.norm().clamp(min=1e-12))
+
+
+def _first_requests(st: dict, n: int, *, batch: int) -> dict:
+    """The state of the first ``n`` requests of a ``batch``-request state (DecodeModel.state lays each request's
+    rows out on its own: per-request tensors lead with the batch; pools hold a padding row 0, then each request's
+    rows in turn; the window pool has ``window`` rows per request, no padding row)."""
+    per_request = {"x", "csa_table", "csa_live", "hca_rows", "win_rows", "win_slot", "cos", "sin", "positions",
+                   "csa_keys_dense", "csa_keys_scale"}
+    out = {}
+    for k, v in st.items():
+        if k in per_request:
+            out[k] = v[:n]
+        elif k in ("csa_pool", "csa_keys", "hca_pool"):
+            out[k] = v[:1 + n * ((v.shape[0] - 1) // batch)]
+        elif k == "win_pool":
+            out[k] = v[:n * (v.shape[0] // batch)]
+        else:  # shared by every request (the rope table)
+            out[k] = v
+    return {k: v.clone() for k, v in out.items()}
 
 
 def test_workload_target_refuses_kernel_configs_that_cannot_run_before_any_trial():

@@ -25,6 +25,7 @@ from search_spaces import (
 )
 from storage import Repo, StorageError
 from storage.models import Run
+from storage.names import check_study_name
 from tuner.budget import Deadline
 from tuner.errors import SearchError, TargetError
 from tuner.execution.isolation import TrialProcess
@@ -252,7 +253,7 @@ def open_context(options: SearchOptions, progress: Progress | None = None) -> Se
     repo = Repo(options.storage_url)
     repo.create_schema()
     ostorage = open_optuna_storage(options.storage_url)
-    name = _pick_study_name(options, resolved, repo)
+    name = check_study_name(_pick_study_name(options, resolved, repo))  # before Optuna creates anything
     space = resolved.space
     run = repo.get_run(name)
     env = fingerprint()
@@ -272,6 +273,7 @@ def open_context(options: SearchOptions, progress: Progress | None = None) -> Se
                                     sampler=sampler, pruner=pruner, load_if_exists=False)
         study.set_user_attr("target", target.name)
         study.set_user_attr("space", space.name)
+        _name_metric(study, space.objective)
         run = repo.create_run(name, target=target.name, budget_s=options.budget_s,
                               direction=space.objective.direction, objective=space.objective.describe(),
                               unit=space.objective.unit, space_name=space.name, space_yaml=space_yaml,
@@ -281,7 +283,8 @@ def open_context(options: SearchOptions, progress: Progress | None = None) -> Se
         stale = repo.mark_stale_running(run.id, reason="left running by an earlier process; marked on resume")
         for num in stale:
             _fail_stale_optuna_trial(study, num)
-        repo.restart_run(run.id, budget_s=options.budget_s, environment=env)
+        repo.restart_run(run.id, budget_s=options.budget_s, environment=env,
+                         settings={k: settings[k] for k in ("run_pid", "run_host")})  # the live process, for stop
         run = repo.get_run(name)
     ctx = SearchContext(options=options, resolved=resolved, space_yaml=space_yaml, target=target, repo=repo,
                         study=study, run=run, deadline=deadline, hardware=hardware)
@@ -294,6 +297,14 @@ def open_context(options: SearchOptions, progress: Progress | None = None) -> Se
 
             enqueue_warm_start(study, resolved, options.warm_start, warm)
     return ctx
+
+
+def _name_metric(study: optuna.Study, objective) -> None:
+    """The objective's name for optuna-dashboard and Optuna's own plots (else they say "Objective 0")."""
+    name = objective.describe() + (f" ({objective.unit})" if objective.unit else "")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+        study.set_metric_names([name])
 
 
 def make_sampler(resolved: ResolvedSpace, seed: int | None, *,

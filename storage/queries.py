@@ -1,10 +1,19 @@
-"""Read queries the API needs beyond ``storage.Repo``: aggregates in one statement, not one per study."""
+"""Read queries shared by the API and the CLI: the one trial page (filter, sort, page) and aggregates in one
+statement, not one per study. ``Repo.list_trials`` is this page too."""
 
 from __future__ import annotations
 
-from sqlalchemy import func, select
+from typing import TYPE_CHECKING
 
-from storage import Event, Repo, TrialRecord
+from sqlalchemy import func, select
+from sqlalchemy.orm import selectinload
+
+from storage.models import Event, TrialRecord
+
+if TYPE_CHECKING:  # pragma: no cover
+    from storage.repo import Repo
+
+SORT_KEYS = ("number", "value", "duration")
 
 
 def outcome_counts_by_run(repo: Repo) -> dict[int, dict[str, int]]:
@@ -35,13 +44,17 @@ def trial_page(
     sort: str = "number",
     descending: bool = False,
     offset: int = 0,
-    limit: int = 50,
+    limit: int | None = 50,
+    with_measurements: bool = False,
 ) -> tuple[int, list[TrialRecord]]:
-    """``(total matching, one page)`` of trials sorted by number, value or duration (missing values last), cheaply.
+    """``(total matching, one page)`` of trials sorted by number, value or duration (missing values last, in
+    either order; ties in creation order), cheaply; ``limit=None`` for every trial from ``offset`` on.
 
     The page's ids are chosen first on narrow rows (index-only for ``number`` and ``value``), then only those
     rows are loaded: no sort ever carries the wide columns (params, log excerpt) of every trial.
     """
+    if sort not in SORT_KEYS:
+        raise ValueError(f"`sort` must be one of {SORT_KEYS}, but got {sort!r}.")
     where = [TrialRecord.run_id == run_id]
     if state:
         where.append(TrialRecord.state == state)
@@ -65,8 +78,22 @@ def trial_page(
                 order = (col.desc(), TrialRecord.id.desc()) if descending else (col.asc(), TrialRecord.id.asc())
                 page = ids_of.where(col.is_not(None)).order_by(*order)
                 ids = list(s.scalars(page.offset(offset).limit(limit)))
-            if len(ids) < limit:
+            if limit is None or len(ids) < limit:
                 rest = ids_of.where(col.is_(None)).order_by(TrialRecord.number)
-                ids += s.scalars(rest.offset(max(0, offset - present)).limit(limit - len(ids)))
-        rows = {r.id: r for r in s.scalars(select(TrialRecord).where(TrialRecord.id.in_(ids)))} if ids else {}
+                room = None if limit is None else limit - len(ids)
+                ids += s.scalars(rest.offset(max(0, offset - present)).limit(room))
+        load = select(TrialRecord).where(TrialRecord.id.in_(ids))
+        if with_measurements:
+            load = load.options(selectinload(TrialRecord.measurements))
+        rows = {r.id: r for r in s.scalars(load)} if ids else {}
     return total, [rows[i] for i in ids]
+
+
+def config_runs(repo: Repo, run_id: int, params: dict) -> list[int]:
+    """Numbers of the ``ok`` trials that measured exactly these params (not answered from an earlier timing:
+    ``repeat_of`` unset): the runs a recorded best's median is taken over."""
+    q = select(TrialRecord.number, TrialRecord.params).where(
+        TrialRecord.run_id == run_id, TrialRecord.outcome == "ok", TrialRecord.value.is_not(None),
+        TrialRecord.repeat_of.is_(None))
+    with repo.session() as s:
+        return sorted(n for n, p in s.execute(q) if p == params)
