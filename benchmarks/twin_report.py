@@ -30,6 +30,8 @@ def main() -> int:
     ap.add_argument("--study", required=True)
     ap.add_argument("--side-by-side", default=None, help="the markdown benchmarks/workload_gpu.py wrote")
     ap.add_argument("--out", required=True)
+    ap.add_argument("--run-commit", default=None, help="the TUNER_COMMIT the search ran under, printed beside what "
+                    "the database recorded (a tree copied to a GPU host may carry a stale .git)")
     args = ap.parse_args()
     from storage import Repo
     from tuner.explain import numerics_summary
@@ -46,7 +48,9 @@ def main() -> int:
     counts = repo.outcome_counts(run.id)
     lines = [f"# Twin search `{run.study_name}` on {gpu}", "",
              f"Search started {run.started_at:%Y-%m-%d %H:%M} UTC, budget {run.budget_s:.0f} s, tuner commit "
-             f"{env.get('git_sha')}, torch {env.get('torch')}, triton {env.get('triton')}; report written "
+             + (f"{args.run_commit} (the run's TUNER_COMMIT; the database records {env.get('git_sha')}, read from the "
+                "copied tree's stale .git)" if args.run_commit and args.run_commit != env.get("git_sha")
+                else f"{env.get('git_sha')}") + f", torch {env.get('torch')}, triton {env.get('triton')}; report written "
              f"{dt.date.today()} by `benchmarks/twin_report.py` from `{Path(args.db).name}`.", "",
              "Trials: " + ", ".join(f"{k} {v}" for k, v in sorted(counts.items())), "",
              f"## Best (trial {best.number}) against the default (trial {base.number if base else '?'}), as stored",

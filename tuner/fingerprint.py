@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import os
 import platform
 import socket
 import subprocess
@@ -52,7 +53,9 @@ def fingerprint() -> dict:
         "triton": _version("triton"),
         "optuna": _version("optuna"),
         "sglang": _version("sglang"),
-        "git_sha": git_sha(),
+        # a tree copied to a GPU host may carry a stale .git: whoever starts a recorded run there names the commit
+        "git_sha": os.environ.get("TUNER_COMMIT") or git_sha(),
+        "git_sha_from": "TUNER_COMMIT" if os.environ.get("TUNER_COMMIT") else "git",
         "gpus": [],
         "gpu_count": 0,
     }

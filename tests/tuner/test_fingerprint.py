@@ -39,3 +39,13 @@ def test_an_install_copied_into_another_repository_records_no_commit(tmp_path) -
 def test_a_package_outside_any_repository_records_no_commit(tmp_path) -> None:
     (tmp_path / "plain" / "tuner").mkdir(parents=True)
     assert git_sha(tmp_path / "plain" / "tuner") is None
+
+
+def test_the_commit_a_runner_names_wins_over_a_copied_trees_stale_git(monkeypatch):
+    from tuner.fingerprint import fingerprint
+
+    monkeypatch.setenv("TUNER_COMMIT", "0819ad9")
+    fp = fingerprint()
+    assert fp["git_sha"] == "0819ad9" and fp["git_sha_from"] == "TUNER_COMMIT"
+    monkeypatch.delenv("TUNER_COMMIT")
+    assert fingerprint()["git_sha_from"] == "git"
