@@ -31,9 +31,9 @@ sys.path.insert(0, str(ROOT))
 
 from search_spaces import Hardware, load_space_text, resolve  # noqa: E402
 from tests.server.conftest import SPACE_YAML, STANDIN, standin_command  # noqa: E402
-from tuner.targets.sglang import loadgen  # noqa: E402
 from tuner.execution.isolation import TrialJob, run_trial  # noqa: E402
 from tuner.measurement import Outcome  # noqa: E402
+from tuner.targets.sglang import loadgen  # noqa: E402
 from tuner.targets.sglang.launch import ServerProcess, pick_free_port  # noqa: E402
 from tuner.targets.sglang.target import CommandTarget  # noqa: E402
 

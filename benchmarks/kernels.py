@@ -205,12 +205,14 @@ def _other_merge_time(name, cfg, sets, rep_ms):
         if name == "sparse_decode" and cfg["S"] > 1:
             from kernels.sparse_decode import sparse_decode
 
-            fn = lambda i: sparse_decode(i["q"], i["kv"], i["indices"], i["sm_scale"], cfg, d_v=i["d_v"],
-                                         kv_scale=i.get("kv_scale"), fused_combine=True)
+            def fn(i):
+                return sparse_decode(i["q"], i["kv"], i["indices"], i["sm_scale"], cfg, d_v=i["d_v"],
+                                                     kv_scale=i.get("kv_scale"), fused_combine=True)
         elif name == "gemm" and cfg["SPLIT_K"] > 1:
             from kernels.gemm import gemm
 
-            fn = lambda i: gemm(i["x"], i["w"], i["mode"], cfg, x_scale=i["x_scale"], w_scale=i["w_scale"], fused_split_k=i["x"].shape[0] > 16)
+            def fn(i):
+                return gemm(i["x"], i["w"], i["mode"], cfg, x_scale=i["x_scale"], w_scale=i["w_scale"], fused_split_k=i["x"].shape[0] > 16)
         else:
             return None
         return _time(fn, sets, rep_ms).median_us
@@ -243,7 +245,8 @@ def _prev_version_rows(row, shape, sets, ref, rep_ms, best_cfg):
             continue
         cfg = dict(cfg, S=min(cfg["S"], 32))
         try:
-            fn = lambda i, c=cfg: sparse_decode_v1(i["q"], i["kv"], i["indices"], i["sm_scale"], c, d_v=i["d_v"])
+            def fn(i, c=cfg):
+                return sparse_decode_v1(i["q"], i["kv"], i["indices"], i["sm_scale"], c, d_v=i["d_v"])
             err = rel_error(fn(sets[0]), ref)
             if not err <= kernel.tolerance(row["dtype"]):
                 row[f"{tag}_error"] = f"wrong result: rel error {err:.3g}"

@@ -29,7 +29,6 @@ from storage import Repo, Run, TrialRecord  # noqa: E402 - after the sys.path li
 from storage.segments import elapsed_s, first_started_at, segments, total_budget_s  # noqa: E402
 
 
-
 @dataclass
 class StudyReport:
     source: Path

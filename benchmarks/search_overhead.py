@@ -36,8 +36,8 @@ def main() -> int:
     from storage import Repo
     from storage.types import MetricRow
     from tuner.fingerprint import git_sha
-    from tuner.search.sampling import suggest
     from tuner.search.context import make_pruner, make_sampler, open_optuna_storage
+    from tuner.search.sampling import suggest
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     url = args.storage or f"sqlite:///{tempfile.mkdtemp()}/overhead.db"

@@ -26,9 +26,9 @@ import triton  # noqa: E402
 
 from kernels.base import check  # noqa: E402
 from kernels.bench import do_bench, measure_copy_bandwidth  # noqa: E402
-from search_spaces import load_space  # noqa: E402
 from kernels.plugins.sglang_moe import SGLANG_MOE_SUBDIR, SGLangFusedMoEKernel, sglang_version  # noqa: E402
 from kernels.plugins.sglang_moe_files import read_moe_config_with_sglang  # noqa: E402
+from search_spaces import load_space  # noqa: E402
 
 ROTATE_BYTES = 2 * 1024**3
 

@@ -397,8 +397,8 @@ def vs_autotune(frac: float, out: Path) -> list[str]:
 
     from kernels.bench import do_bench
     from kernels.registry import get_kernel
-    from tuner.search.kernel_search import KernelCase, tune_cases
     from tuner.search.context import SearchOptions
+    from tuner.search.kernel_search import KernelCase, tune_cases
 
     name, shape = next(c for c in GPU_CASES if c[0] == "indexer")
     kernel = get_kernel(name)
@@ -465,8 +465,8 @@ def end_to_end(budget_s: float, out: Path) -> list[str]:
     """A real ``run_kernel_search`` (trials in subprocesses, SQLite) on the first sparse_decode case."""
     import tempfile
 
-    from tuner.search.kernel_search import run_kernel_search
     from tuner.search.context import SearchOptions
+    from tuner.search.kernel_search import run_kernel_search
 
     db = Path(tempfile.mkdtemp()) / "tuner.db"
     t0 = time.time()

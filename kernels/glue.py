@@ -22,8 +22,8 @@ import torch
 import triton
 import triton.language as tl
 
-from .configs import tuned_config
 from .base import Cost, TunableKernel, dtype_of
+from .configs import tuned_config
 
 __all__ = ["fused_add_rmsnorm", "rope", "rmsnorm_reference", "rope_reference", "rope_cos_sin", "RMSNormKernel", "RopeKernel"]
 

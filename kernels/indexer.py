@@ -31,8 +31,8 @@ import torch
 import triton
 import triton.language as tl
 
-from .configs import tuned_config
 from .base import Cost, TunableKernel, device_limits, dtype_of
+from .configs import tuned_config
 
 __all__ = ["indexer_scores", "indexer_topk", "indexer_reference", "indexer_torch", "IndexerKernel"]
 

@@ -12,6 +12,10 @@ $PY -m pip install -q -e '.[real-server]'
 # SGLang's own argument parser for flag validation: the package without its GPU stack, plus what --help needs.
 $PY -m pip install -q --no-deps 'sglang==0.5.23' || $PY -m pip install -q --no-deps sglang
 $PY -m pip install -q orjson psutil pybase64 requests pillow msgspec pyzmq ipython aiohttp huggingface_hub
+# the shape of the code: lint and import order (ruff), the layers and foundations (import-linter's contracts in
+# pyproject.toml); either failing fails the run
+$PY -m ruff check .
+lint-imports --no-cache
 set +e
 $PY -m pytest -q -p no:cacheprovider "$@"
 rc=$?

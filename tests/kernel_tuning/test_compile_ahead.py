@@ -18,10 +18,10 @@ import torch
 
 from search_spaces import Hardware
 from storage import Repo
-from tuner.execution.compile_ahead import MAX_HELPERS, default_helpers
-from tuner.search.kernel_search import KernelCase, compile_helpers, tune_case
 from tuner.errors import SearchError
+from tuner.execution.compile_ahead import MAX_HELPERS, default_helpers
 from tuner.search.context import SearchOptions
+from tuner.search.kernel_search import KernelCase, compile_helpers, tune_case
 
 REPLAY = "kernel_tuning_fakes:ReplayKernel"
 
@@ -122,6 +122,7 @@ def test_helpers_fill_the_cache_that_the_trial_then_loads(tmp_path, monkeypatch)
     import itertools
 
     from compile_check import assert_compiled_ahead_then_loaded
+
     from kernels.registry import get_kernel
 
     cache = tmp_path / "cache"

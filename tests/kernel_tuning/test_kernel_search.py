@@ -11,9 +11,9 @@ import pytest
 
 from kernels.configs import config_path, lookup, read_config_file
 from search_spaces import Hardware
-from tuner.search.kernel_search import KernelCase, is_kernel_plan, kernel_phase, run_kernel_search, tune_cases
-from tuner.search.context import SearchOptions
 from storage import Repo
+from tuner.search.context import SearchOptions
+from tuner.search.kernel_search import KernelCase, is_kernel_plan, kernel_phase, run_kernel_search, tune_cases
 
 TINY = "kernel_tuning_fakes:TinyKernel"
 REPLAY = "kernel_tuning_fakes:ReplayKernel"

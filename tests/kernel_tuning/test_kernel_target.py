@@ -8,8 +8,8 @@ import pytest
 import yaml
 
 from search_spaces import detect_hardware, load_space_text, resolve
-from tuner.search.kernel_search import KernelCase, kernel_space_yaml
 from tuner.measurement import Outcome
+from tuner.search.kernel_search import KernelCase, kernel_space_yaml
 from tuner.targets.kernels import KernelsTarget
 
 TINY = "kernel_tuning_fakes:TinyKernel"

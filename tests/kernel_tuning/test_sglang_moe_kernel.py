@@ -13,9 +13,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from search_spaces import Hardware, load_space, load_space_text, resolve
 from kernels.plugins.sglang_moe import SGLangFusedMoEKernel, SGLangKernelUnavailable, align_block_size, load_sglang_jit
 from kernels.plugins.sglang_moe_files import read_moe_config_with_sglang
+from search_spaces import Hardware, load_space, load_space_text, resolve
 
 if importlib.util.find_spec("sglang") is None:  # CI installs it (no deps); its kernel source is all this needs
     pytest.skip("sglang is not installed (`pip install sglang --no-deps`)", allow_module_level=True)
@@ -126,8 +126,8 @@ def test_a_kernel_search_tunes_sglangs_kernel_and_writes_its_files(kernel_device
     the files in tuner's and SGLang's formats are written."""
     from kernels.configs import config_path, read_config_file
     from storage import Repo
-    from tuner.search.kernel_search import KernelCase, tune_cases
     from tuner.search.context import SearchOptions
+    from tuner.search.kernel_search import KernelCase, tune_cases
 
     shape = KERNEL.shapes("test")[0]
     opts = SearchOptions(budget_s=120, storage_url=sqlite_url, out_dir=str(tmp_path / "out"), seed=1,
@@ -261,6 +261,7 @@ def test_gpu_sglangs_kernel_at_v4_flash_shapes_and_compiled_ahead(tmp_path, monk
     """bf16 at the EP-8 and TP-8 shapes: default and two other configs within tolerance of the float32
     reference; a helper compiles from meta tensors what a fresh process then loads without compiling."""
     from compile_check import assert_compiled_ahead_then_loaded
+
     from kernels.base import check
 
     shapes = KERNEL.shapes("v4flash") + [{"tokens": 16, "hidden": 4096, "width": 256, "experts": 256, "topk": 6}]

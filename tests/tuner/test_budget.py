@@ -2,8 +2,8 @@ import time
 
 import pytest
 
-from tuner.errors import BudgetError
 from tuner.budget import Deadline, format_seconds, parse_budget
+from tuner.errors import BudgetError
 
 
 @pytest.mark.parametrize("text,seconds", [("90s", 90), ("10m", 600), ("2h", 7200), ("1h30m", 5400),

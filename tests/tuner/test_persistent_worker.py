@@ -4,8 +4,8 @@ import os
 import time
 
 import pytest
-
 from spaces import FAKE_SPACE
+
 from tuner.execution.isolation import TrialJob
 from tuner.execution.persistent import PersistentWorker, close_workers, persistent_worker
 from tuner.measurement import Outcome

@@ -7,10 +7,10 @@ from spaces import FAKE_SPACE
 
 from search_spaces import Hardware, load_space_text, resolve
 from storage import Repo
-from tuner.search.refine import REFINE_ATTR, enqueue_next, moves, next_move
-from tuner.search.sampling import params_key
 from tuner.search.context import SearchOptions
 from tuner.search.driver import run_search
+from tuner.search.refine import REFINE_ATTR, enqueue_next, moves, next_move
+from tuner.search.sampling import params_key
 
 SPACE = """
 name: refine
@@ -75,7 +75,8 @@ def _ctx(tmp_path, trials, refuse=()):
         repo.start_trial(run.id, i, full)
         if outcome is not None:
             repo.finish_trial(run.id, i, outcome=outcome, value=value)
-    check = (lambda cfg: "refused by a rule" if any(cfg.get(k) == v for k, v in refuse) else None)
+    def check(cfg):
+        return ("refused by a rule" if any(cfg.get(k) == v for k, v in refuse) else None)
     study = optuna.create_study(storage=f"sqlite:///{tmp_path / 'r.db'}", study_name="s", direction="maximize")
     return SimpleNamespace(repo=repo, run=run, resolved=res, direction="maximize", target=SimpleNamespace(check=check),
                            study=study, options=SimpleNamespace(refine_share=0.25))

@@ -10,10 +10,10 @@ import threading
 import time
 
 import pytest
-
-from tuner.search.leases import FileLocks, GpuLeaser, parse_gpu_ids
-from tuner.errors import LeaseCancelled, LeaseError
 from workerkit import write_space
+
+from tuner.errors import LeaseCancelled, LeaseError
+from tuner.search.leases import FileLocks, GpuLeaser, parse_gpu_ids
 
 
 def test_lease_packs_lowest_free_ids_and_releases_on_error(tmp_path):

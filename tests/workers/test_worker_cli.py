@@ -7,9 +7,9 @@ import time
 import pytest
 import typer
 from typer.testing import CliRunner
+from workerkit import start_study, write_space
 
 from tuner.worker_cli import worker_command
-from workerkit import start_study, write_space
 
 app = typer.Typer()
 app.command()(worker_command)

@@ -153,6 +153,17 @@ def pick_best(ctx: SearchContext) -> Choice | None:
     return best
 
 
+def choice_of(ctx: SearchContext, params: dict) -> Choice | None:
+    """The configuration ``params`` as a choice: its median over its runs (None when it never ran correctly)."""
+    runs = _runs_of(ctx, params)
+    if not runs:
+        return None
+    values = [r.value for r in runs]
+    last = max(runs, key=lambda r: r.number)
+    return Choice(last.number, last.params, statistics.median(values), sorted(r.number for r in runs),
+                  spread_of(values), any(r.is_baseline for r in runs))
+
+
 def baseline_choice(ctx: SearchContext) -> Choice | None:
     """The baseline configuration's median over its runs (every "x baseline" uses it), or None without one."""
     base = ctx.baseline

@@ -17,7 +17,7 @@ import threading
 from tuner.execution.persistent import close_workers
 from tuner.export.script import export_run
 from tuner.measurement import Outcome
-from tuner.search.confirm import confirm_top, decide
+from tuner.search.confirm import choice_of, confirm_top, decide
 from tuner.search.context import (
     Progress,
     SearchContext,
@@ -75,13 +75,19 @@ def run_search(options: SearchOptions, progress: Progress | None = None) -> Sear
             progress.message(note)
     if base is not None:  # every "x baseline" (status, best, the API, the export) uses the baseline's median
         ctx.repo.set_baseline(ctx.run.id, base.value)
+    parsimony = None
     if best is not None:  # status, best, the API and the export all report the confirmed choice
         ctx.repo.set_best(ctx.run.id, best.number, best.value)
+        parsimony = parsimony_for_run(ctx.repo, ctx.repo.get_run(ctx.run.study_name))
+        if parsimony is not None and parsimony.switched:  # fewer changes within the noise: that is the choice
+            best = choice_of(ctx, parsimony.chosen.params) or best
+            ctx.repo.set_best(ctx.run.id, best.number, best.value)
+            if progress:
+                progress.message(parsimony.reason())
     if options.export and best is not None:
         try:
             export_dir = str(export_run(ctx.repo, ctx.run.study_name, options.out_dir, target=ctx.target,
-                                        note=note,
-                                        parsimony=parsimony_for_run(ctx.repo, ctx.repo.get_run(ctx.run.study_name))))
+                                        note=note, parsimony=parsimony))
         except Exception as exc:  # noqa: BLE001 - the trials are stored; say what failed
             _logger.error("export failed: %s", exc)
             if progress:

@@ -6,8 +6,8 @@ import logging
 
 from tuner.search import refine
 from tuner.search.confirm import confirm_reserve
-from tuner.search.failfast import FailFast
 from tuner.search.context import MAX_REPEATS_IN_A_ROW, Progress, SearchContext
+from tuner.search.failfast import FailFast
 from tuner.search.trial import run_one
 
 _logger = logging.getLogger(__name__)

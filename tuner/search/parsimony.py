@@ -7,7 +7,9 @@ with the fewest changes from the defaults is then the one to deploy (fewer flags
 
 from __future__ import annotations
 
+import json
 import math
+import statistics
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -116,7 +118,15 @@ def parsimony_for_run(repo, run) -> ParsimonyChoice | None:
         rel = sorted(spreads[lv] / steps[lv] for lv in steps if lv in spreads)
         noise = rel[len(rel) // 2] if rel else 0.0
     noise = min(NOISE_CAP, noise)
-    below = [Candidate(t.number, t.params, t.value) for t in trials if t.params != best_trial.params
-             and (t.value <= best_value if maximize else t.value >= best_value)]
+    groups: dict[str, list] = {}  # a configuration competes with the median of its runs, never one lucky run
+    for t in trials:
+        if t.params != best_trial.params:
+            groups.setdefault(json.dumps(t.params, sort_keys=True, default=str), []).append(t)
+    below = []
+    for runs in groups.values():
+        value = statistics.median(r.value for r in runs)
+        if value <= best_value if maximize else value >= best_value:
+            last = max(runs, key=lambda r: r.number)
+            below.append(Candidate(last.number, last.params, value))
     return prefer_parsimonious([Candidate(best_trial.number, best_trial.params, best_value), *below],
                                space.defaults(), noise, maximize=maximize)

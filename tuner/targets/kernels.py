@@ -39,11 +39,11 @@ import sys
 import time
 from typing import Any
 
+from pydantic import Field
+
 from search_spaces import ResolvedSpace
 from storage.types import MetricRow
 from tuner.errors import TargetError
-from pydantic import Field
-
 from tuner.measurement import Measurement, Outcome
 from tuner.settings import CommonSettings
 from tuner.targets.base import LaunchSpec, PreflightReport, Reporter, Target
