@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 import socket
 import threading
 import warnings
@@ -195,7 +196,9 @@ def prepare(options: SearchOptions) -> tuple[ResolvedSpace, str, Target, Preflig
 
 
 def study_name_for(options: SearchOptions, resolved: ResolvedSpace) -> str:
-    return options.study or f"{resolved.space.name}-{options.target or resolved.space.target}"
+    # a plug-in target is named module:Class; a study name keeps to letters, digits and _ . , = + -
+    target = re.sub(r"[^A-Za-z0-9_.,=+-]+", "-", options.target or resolved.space.target)
+    return options.study or f"{resolved.space.name}-{target}"
 
 
 def _pick_study_name(options: SearchOptions, resolved: ResolvedSpace, repo: Repo) -> str:
@@ -304,7 +307,7 @@ def _name_metric(study: optuna.Study, objective) -> None:
     name = objective.describe() + (f" ({objective.unit})" if objective.unit else "")
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
-        study.set_metric_names([name])
+        study.set_metric_names([name] + ([objective.pareto] if objective.pareto else []))
 
 
 def make_sampler(resolved: ResolvedSpace, seed: int | None, *,
