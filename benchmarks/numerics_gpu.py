@@ -43,8 +43,9 @@ CASES: list[tuple[str, dict]] = [
     ("gemm_indexer=fp8", {"gemm_indexer": "fp8"}),
     ("gemm_proj=fp8", {"gemm_proj": "fp8"}),
     ("gemm_moe=fp8, moe_impl=triton", {"gemm_moe": "fp8", "moe_impl": "triton"}),
-    ("all GEMMs fp8, moe_impl=triton", {"gemm_proj": "fp8", "gemm_indexer": "fp8", "gemm_moe": "fp8",
-                                        "gemm_mhc": "fp8", "moe_impl": "triton"}),
+    ("gemm_proj=fp8, gemm_indexer=fp8", {"gemm_proj": "fp8", "gemm_indexer": "fp8"}),
+    ("every fp8 GEMM of the space, moe_impl=triton", {"gemm_proj": "fp8", "gemm_indexer": "fp8", "gemm_moe": "fp8",
+                                                      "moe_impl": "triton"}),  # the space has no fp8 MHC
 ]
 
 
@@ -98,7 +99,14 @@ def main() -> int:
         del base
         torch.cuda.empty_cache()
         for name, knobs in cases:
-            model = DecodeModel(preset, {**BASE, **knobs}, dev, seed=ws)
+            try:
+                model = DecodeModel(preset, {**BASE, **knobs}, dev, seed=ws)
+            except Exception as exc:  # noqa: BLE001 - a configuration the twin refuses is reported, not fatal
+                print(f"seed w{ws} {name}: cannot build ({exc})", flush=True)
+                rows.append({"case": name, "knobs": {k: str(v) for k, v in knobs.items()}, "weight_seed": ws,
+                             "input_seed": None, "family": None, "tolerance": None, "rel_err": None,
+                             "error": f"{type(exc).__name__}: {exc}"})
+                continue
             family = max(nm.dtype_family(model.knobs, dev), nm.dtype_family(nm.normalized(preset, BASE), dev),
                          key=nm.FAMILIES.index)
             for s in range(args.input_seeds):
@@ -140,6 +148,10 @@ def report(doc: dict, source: str) -> str:
     for r in doc["rows"]:
         by.setdefault(r["case"], []).append(r)
     for name, rs in by.items():
+        failed = [r for r in rs if r.get("error")]
+        if failed:
+            lines.append(f"| {name} | - | - | - | - | - | could not run: {failed[0]['error'][:120]} |")
+            continue
         errs = [r["rel_err"] if r["rel_err"] is not None else math.inf for r in rs]
         tol = rs[0]["tolerance"]
         over = sum(e > tol for e in errs)

@@ -118,3 +118,28 @@ def test_a_knob_that_breaks_numerics_is_wrong_result_and_the_fast_correct_values
     assert doc["metrics"]["numerics_rel_err"] <= 1e-3
     r = tuner("explain", "--no-profile", "--study", "gate", cwd=tmp_path)
     assert r.returncode == 0 and "## Numerics" in r.stdout and "was wrong_result" in r.stdout, r.stdout
+
+
+@pytest.mark.parametrize("knob", ["gemm_proj", "gemm_indexer", "gemm_moe", "gemm_mhc"])
+def test_every_gemm_dtype_knob_changes_the_step_output(knob):
+    """Each GEMM family's dtype reaches the step's output, so the gate can see what it does to the numbers (an H200
+    seed study found the MHC-pre GEMM's output dropped: `gemm_mhc` changed the time but never the output)."""
+    from tuner.targets.workload.model import DecodeModel
+    from tuner.targets.workload.presets import get_preset
+
+    preset = get_preset("dsv4-flash-tiny")
+    # 512 live tokens: the compressed rows (128) outnumber the indexer's top-k (64), so its scores decide something
+    outs = [nm.step_output(DecodeModel(preset, {knob: dt}, "cpu", seed=3), 2, 512) for dt in ("fp32", "bf16")]
+    assert 0 < nm.rel_err(outs[1], outs[0]) < nm.DEFAULT_TOLERANCE["bf16"]
+
+
+def test_a_cached_baseline_output_from_other_code_is_not_reused(monkeypatch):
+    """The cache key covers the source that computes a step: after a change to the twin's model (as the MHC fix of
+    2026-11-30 was) a trial must not compare itself with the old code's baseline output."""
+    from tuner.targets.workload.presets import get_preset
+
+    preset, dev = get_preset("dsv4-flash-tiny"), torch.device("cpu")
+    key = nm.cache_key(preset, {}, seed=0, batch=2, live_context=512, device=dev)
+    assert key == nm.cache_key(preset, {}, seed=0, batch=2, live_context=512, device=dev)
+    monkeypatch.setattr(nm, "code_digest", lambda: "other source")
+    assert key != nm.cache_key(preset, {}, seed=0, batch=2, live_context=512, device=dev)

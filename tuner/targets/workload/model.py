@@ -284,7 +284,7 @@ class DecodeModel:
             with self._stage("glue"):
                 h, residual = self.add_rms_norm(x, residual, self.w.norm1)
             with self._stage("mhc"):
-                x = self._mhc(h, x)
+                h = self._mhc(h)
             x = self._attention(kind, h, st)
             with self._stage("glue"):
                 h, residual = self.add_rms_norm(x, residual, self.w.norm2)
@@ -292,11 +292,12 @@ class DecodeModel:
                 x = self._moe(h)
         return rms_norm(x + residual, self.w.norm1)
 
-    def _mhc(self, h: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
-        # the "MHC-pre" linear: mixing weights of the hyper-connection streams from all streams, in its own dtype
+    def _mhc(self, h: torch.Tensor) -> torch.Tensor:
+        # the "MHC-pre" linear: mixing weights of the hyper-connection streams from all streams, in its own dtype;
+        # the mixed stream is the layer's input, so this GEMM's dtype reaches the output (and the numerics gate)
         streams = h.repeat(1, self.p.mhc_mult)
         mix = torch.sigmoid(self.w.mhc(streams).float()).mean(-1, keepdim=True)
-        return (x * mix.to(x.dtype)).to(x.dtype)
+        return (h * mix.to(h.dtype)).to(h.dtype)
 
     def _attention(self, kind: str, h: torch.Tensor, st: dict[str, torch.Tensor]) -> torch.Tensor:
         with self._stage("attention"):

@@ -6,7 +6,8 @@ tokens) and compares its output with the baseline configuration's on the same in
 bf16 on a GPU, whose activations are bf16) the trial is ``wrong_result`` and never wins.
 
 The baseline's output is cached in a file keyed by everything that changes it (preset, baseline knobs, weight and
-input seeds, batch, live context, device, torch and Triton versions, tuned kernel config files): the baseline trial,
+input seeds, batch, live context, device, torch and Triton versions, tuned kernel config files, the twin's and the
+kernels' source): the baseline trial,
 run first, writes it, and every later trial process reads it instead of building a second model (on the full preset:
 a second set of weights on the GPU, a 1M-wide torch indexer and a Triton compile per trial). A missing or unreadable
 file is recomputed in the trial's own process, so the cache only saves time and never decides a result.
@@ -78,6 +79,20 @@ def normalized(preset: Preset, knobs: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+def code_digest() -> str:
+    """A digest of the source that computes a step (the twin's model and operators, the Triton kernels): a cached
+    baseline output from other code is never read as this code's."""
+    import kernels
+
+    here = Path(__file__).resolve().parent
+    files = sorted(here.glob("*.py")) + sorted(Path(kernels.__file__).resolve().parent.rglob("*.py"))
+    h = hashlib.sha256()
+    for f in files:
+        h.update(f.name.encode())
+        h.update(f.read_bytes())
+    return h.hexdigest()[:16]
+
+
 def cache_key(preset: Preset, baseline_knobs: dict[str, Any], *, seed: int, batch: int, live_context: int,
               device: torch.device) -> str:
     dev = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
@@ -92,7 +107,8 @@ def cache_key(preset: Preset, baseline_knobs: dict[str, Any], *, seed: int, batc
         if kdir and Path(kdir).is_dir() else []
     doc = {"preset": preset.name, "knobs": {k: str(v) for k, v in sorted(baseline_knobs.items())}, "seed": seed,
            "input_seed": INPUT_SEED, "batch": batch, "live_context": live_context, "device": dev,
-           "torch": torch.__version__, "triton": triton_version, "kernel_configs": [kdir, configs]}
+           "torch": torch.__version__, "triton": triton_version, "kernel_configs": [kdir, configs],
+           "code": code_digest()}
     return hashlib.sha256(json.dumps(doc, sort_keys=True).encode()).hexdigest()[:24]
 
 
