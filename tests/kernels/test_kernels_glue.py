@@ -53,3 +53,26 @@ def test_errors():
         fused_add_rmsnorm(torch.randn(2, 8), torch.randn(2, 8), torch.randn(4))
     with pytest.raises(ValueError, match="rope_dim"):
         rope(torch.randn(2, 2, 8), torch.zeros(2, dtype=torch.int64), rope_cos_sin(4, 6), rope_dim=6)
+
+
+def test_the_twins_fused_glue_computes_what_its_eager_glue_computes():
+    """The decode twin's `glue=fused` (these kernels) and `glue=eager`/`compile` (tuner.targets.workload.ops) must be
+    one function: an H200 seed study found the fused glue's step 0.4-0.6 away (rel. norm) from the eager one's, the
+    eager RoPE rotating halves (NeoX) where the kernel, as DeepSeek's models, rotates interleaved pairs."""
+    from tuner.targets.workload import gpu_ops, ops
+
+    torch.manual_seed(0)
+    B, H, D, rope_dim, L = 3, 4, 64, 16, 37
+    fused_norm, fused_rope = gpu_ops.fused_glue()
+    x = torch.randn(B, H, D)
+    half = rope_dim // 2
+    inv = 1.0 / (10000 ** (torch.arange(half, dtype=torch.float32) / half))  # as DecodeModel.state builds them
+    ang = torch.full((B, 1), float(L)) * inv[None, :]
+    pos = torch.arange(L + 1, dtype=torch.float32)[:, None] * inv[None, :]
+    cos_sin = torch.cat([pos.cos(), pos.sin()], dim=1).contiguous()
+    eager = ops.rope(x, torch.cos(ang), torch.sin(ang), rope_dim)
+    fused = fused_rope(x, torch.full((B,), L, dtype=torch.int32), cos_sin, rope_dim)
+    assert (eager - fused).norm() / eager.norm() < 1e-5
+    h, res, w = torch.randn(B, 256), torch.randn(B, 256), torch.randn(256)
+    (n_e, s_e), (n_f, s_f) = ops.add_rms_norm(h, res, w), fused_norm(h, res, w)
+    assert (n_e - n_f).norm() / n_e.norm() < 1e-5 and torch.equal(s_e, s_f)

@@ -62,13 +62,13 @@ def add_rms_norm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor) 
 
 
 def rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, rope_dim: int) -> torch.Tensor:
-    """Rotate the last ``rope_dim`` dims (half-rotated form) of ``x`` [..., d]; cos/sin [B, rope_dim/2]."""
+    """Rotate the last ``rope_dim`` dims of ``x`` [..., d] as interleaved pairs (DeepSeek's convention, and the fused
+    glue kernel's: ``kernels.glue.rope``); cos/sin [B, rope_dim/2]."""
     nope, pe = x[..., :-rope_dim], x[..., -rope_dim:]
-    half = rope_dim // 2
-    x1, x2 = pe[..., :half].float(), pe[..., half:].float()
+    x1, x2 = pe[..., 0::2].float(), pe[..., 1::2].float()
     while cos.dim() < x1.dim():
         cos, sin = cos.unsqueeze(-2), sin.unsqueeze(-2)
-    rot = torch.cat([x1 * cos - x2 * sin, x1 * sin + x2 * cos], dim=-1).to(x.dtype)
+    rot = torch.stack([x1 * cos - x2 * sin, x1 * sin + x2 * cos], dim=-1).flatten(-2).to(x.dtype)
     return torch.cat([nope, rot], dim=-1)
 
 
