@@ -120,15 +120,16 @@ def test_a_knob_that_breaks_numerics_is_wrong_result_and_the_fast_correct_values
     assert r.returncode == 0 and "## Numerics" in r.stdout and "was wrong_result" in r.stdout, r.stdout
 
 
-@pytest.mark.parametrize("knob", ["gemm_proj", "gemm_indexer", "gemm_moe", "gemm_mhc"])
+@pytest.mark.parametrize("knob", ["gemm_proj", "gemm_moe", "gemm_mhc"])
 def test_every_gemm_dtype_knob_changes_the_step_output(knob):
-    """Each GEMM family's dtype reaches the step's output, so the gate can see what it does to the numbers (an H200
-    seed study found the MHC-pre GEMM's output dropped: `gemm_mhc` changed the time but never the output)."""
+    """Each GEMM family whose result flows into the hidden state reaches the step's output, so the gate can see what
+    its dtype does to the numbers (an H200 seed study found the MHC-pre GEMM's output dropped: `gemm_mhc` changed the
+    time but never the output). The indexer's GEMM is left out: it only chooses rows, so its dtype changes the output
+    only where it flips a choice (on the H200 preset it does: 0.010-0.018 for bf16, benchmarks/numerics_gpu.py)."""
     from tuner.targets.workload.model import DecodeModel
     from tuner.targets.workload.presets import get_preset
 
     preset = get_preset("dsv4-flash-tiny")
-    # 512 live tokens: the compressed rows (128) outnumber the indexer's top-k (64), so its scores decide something
     outs = [nm.step_output(DecodeModel(preset, {knob: dt}, "cpu", seed=3), 2, 512) for dt in ("fp32", "bf16")]
     assert 0 < nm.rel_err(outs[1], outs[0]) < nm.DEFAULT_TOLERANCE["bf16"]
 
