@@ -210,3 +210,24 @@ def test_profile_names_the_stage_the_step_goes_to():
     capped = {r["stage"]: r for r in profile_step(DecodeModel(TINY, {"context_length": 4096}, "cpu"), 1,
                                                   512)["stages"]}
     assert capped["indexer"]["time_us"] < stages["indexer"]["time_us"] / 3, (capped, stages)
+
+
+def test_fp8_linear_scales_each_token_and_each_output_channel():
+    """A token 1e4 times smaller than its neighbour keeps fp8's precision (a per-tensor scale sinks it into e4m3's
+    subnormals), and so does a small output channel; checked against the float64 product."""
+    from tuner.targets.workload.ops import Linear
+
+    torch.manual_seed(0)
+    x = torch.randn(3, 256)
+    x[0] *= 1e-4
+    w = torch.randn(64, 256) / 16
+    w[5] *= 1e-4
+    lin = Linear.make(w, "fp8")
+    assert lin.weight.dtype == torch.float8_e4m3fn and tuple(lin.scale.shape) == (1, 64)
+    y = lin(x).double()
+    ref = x.double() @ w.double().t()
+    for row in range(3):
+        assert (y[row] - ref[row]).norm() / ref[row].norm() < 0.08, row
+    deq = lin.weight.float() * lin.scale.t()  # the small channel's weights survive quantisation
+    assert (deq[5] - w[5]).norm() / w[5].norm() < 0.05
+    assert tuple(lin(x.view(3, 1, 256)).shape) == (3, 1, 64)

@@ -20,26 +20,30 @@ GEMM_DTYPES = {"fp32": torch.float32, "tf32": torch.float32, "bf16": torch.bfloa
 
 @dataclass
 class Linear:
-    """A weight stored in its family's dtype; ``fp8`` keeps e4m3 values and a per-tensor scale."""
+    """A weight stored in its family's dtype; ``fp8`` keeps e4m3 values with one scale per output channel, and scales
+    each activation row (token) on the fly, as fp8 serving does (DeepSeek's checkpoints scale 128-wide blocks; one
+    scale per whole tensor, as this twin first did, let a small token or channel sink into e4m3's subnormals: 0.20-0.34
+    rel. error for the fp8 MoE over 12 seeds on an H200, against a 0.25 tolerance)."""
 
     weight: torch.Tensor  # [out, in]
     dtype_name: str
-    scale: torch.Tensor | None = None
+    scale: torch.Tensor | None = None  # fp8: [1, out] float32
 
     @classmethod
     def make(cls, w: torch.Tensor, dtype_name: str) -> Linear:
         if dtype_name == "fp8":
-            scale = w.abs().amax().float().clamp(min=1e-12) / 448.0
-            return cls((w / scale).to(torch.float8_e4m3fn), dtype_name, scale)
+            scale = w.abs().amax(dim=1, keepdim=True).float().clamp(min=1e-12) / 448.0  # [out, 1]
+            return cls((w / scale).to(torch.float8_e4m3fn), dtype_name, scale.t().contiguous())
         return cls(w.to(GEMM_DTYPES[dtype_name]).contiguous(), dtype_name)
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         out_dtype = x.dtype
         if self.dtype_name == "fp8":
-            xs = x.float().abs().amax().clamp(min=1e-12) / 448.0
-            xq = (x.float() / xs).to(torch.float8_e4m3fn)
+            x2 = x.reshape(-1, x.shape[-1]).float()
+            xs = x2.abs().amax(dim=1, keepdim=True).clamp(min=1e-12) / 448.0  # [tokens, 1]
+            xq = (x2 / xs).to(torch.float8_e4m3fn)
             y = torch._scaled_mm(xq, self.weight.t(), scale_a=xs, scale_b=self.scale, out_dtype=torch.bfloat16)
-            return y.to(out_dtype)
+            return y.to(out_dtype).reshape(*x.shape[:-1], -1)
         if self.dtype_name == "tf32":
             prev = torch.backends.cuda.matmul.allow_tf32
             torch.backends.cuda.matmul.allow_tf32 = True
