@@ -100,6 +100,38 @@ def test_a_server_refusing_return_token_ids_is_compared_as_text(make_target):
     assert 0.5 < m.metric("greedy_agreement") < 0.9  # characters: the diverging prompts agree on about half
 
 
+def test_the_chat_api_is_checked_through_the_chat_endpoint(make_target):
+    _, base = _evaluate(make_target, api="chat")
+    ref = base.data["greedy"]
+    assert ref["completions"][0]["text"].startswith(" w") and ref["token_ids"] is True
+    _, m = _evaluate(make_target, ["--quantize"], api="chat", greedy_reference=ref)
+    assert m.outcome.value == "wrong_result"
+    assert m.metric("greedy_agreement") == pytest.approx(QUANTIZED_AGREEMENT)
+
+
+def test_a_reference_stored_first_by_another_worker_stays_and_the_late_trial_is_judged_against_it(make_target,
+                                                                                                tmp_path):
+    """Two trials found no reference (parallel workers): the first stored stays, the second is judged again."""
+    repo = Repo(f"sqlite:///{tmp_path / 'r.db'}")
+    repo.create_schema()
+    run = repo.create_run("r", target="command", budget_s=60)
+    target, base = _evaluate(make_target, greedy_is_baseline=True)
+    assert target.after_trial(repo, run.id, 0, base, is_baseline=True) is base and "greedy" not in base.data
+    _, late = _evaluate(make_target, ["--quantize"])  # no reference passed in: its own
+    assert late.outcome.value == "ok" and late.metric("greedy_reference") == 1.0
+    settled = target.after_trial(repo, run.id, 3, late, is_baseline=False)
+    assert settled.outcome.value == "wrong_result" and settled.value is None
+    assert settled.metric("greedy_agreement") == pytest.approx(QUANTIZED_AGREEMENT)
+    assert settled.metric("greedy_reference") is None
+    # the SLO's constraint row is kept, the check's replaced
+    assert sorted(r.level for r in settled.metrics if r.metric == "constraint") == \
+        ["greedy_agreement>=0.9", "ttft_ms_p99@c=4<=500"]
+    assert _reference(repo, "r")["trial"] == 0
+    # what the next trial process is given: the stored reference, and whether it is the baseline
+    given = target.trial_settings(repo, run.id, is_baseline=False)
+    assert given["greedy_reference"]["trial"] == 0 and given["greedy_is_baseline"] is False
+
+
 def _search(tmp_path: Path, n_trials: int, *, resume: bool = False, check=CHECK, name: str = "g") -> tuple:
     space = tmp_path / "space.yaml"
     space.write_text(SPACE)
