@@ -237,3 +237,18 @@ def test_the_dry_run_plan_lists_the_greedy_checks_cost(tmp_path):
     assert probe.returncode == 0, probe.stdout + probe.stderr
     line = next(ln for ln in probe.stdout.splitlines() if ln.startswith("  greedy check: "))
     assert line.endswith(" s in the probe launch"), line
+
+
+def test_sglangs_dummy_weights_with_the_greedy_check_are_flagged_in_the_preflight():
+    from search_spaces import Hardware as Hw
+    from search_spaces import builtin_space_path, load_space
+    from search_spaces import resolve as res
+    from tuner.targets.sglang.target import SGLangTarget
+
+    space = res(load_space(builtin_space_path("sglang_dsv4_flash")),
+                Hw(gpu_name="NVIDIA H200", gpu_count=8, compute_capability=(9, 0)))
+    report = SGLangTarget(space, {"load_format": "dummy", "greedy_check": CHECK}).preflight()
+    assert report.ok, "\n".join(report.lines())
+    assert any(r.startswith("greedy check on `--load-format dummy` weights") for r in report.rules), report.rules
+    plain = SGLangTarget(space, {"load_format": "dummy"}).preflight()
+    assert not any("greedy check" in r for r in plain.rules)

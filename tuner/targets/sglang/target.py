@@ -627,6 +627,11 @@ class SGLangTarget(CommandTarget):
                 report.errors.append(f"setting `load_format`: {why}")
             else:
                 report.will_run.append(f"trials load `--load-format {fmt}` weights; the export keeps the real ones")
+                if fmt == "dummy" and self.config.greedy_check is not None:
+                    report.rules.append("greedy check on `--load-format dummy` weights: SGLang's seeded random "
+                                        "weights (+-1e-3) give near-flat logits, so greedy completions hang on "
+                                        "near-ties; an agreement under 1.0 may be noise there (check with the "
+                                        "real weights)")
 
     def load_flags(self, checks: list[tuple[str, list[Any]]]) -> fl.ServerFlags | None:
         parser = self.config.parser or fl.SGLANG_PARSER
