@@ -240,13 +240,11 @@ def test_the_dry_run_plan_lists_the_greedy_checks_cost(tmp_path):
 
 
 def test_sglangs_dummy_weights_with_the_greedy_check_are_flagged_in_the_preflight():
-    from search_spaces import Hardware as Hw
-    from search_spaces import builtin_space_path, load_space
-    from search_spaces import resolve as res
+    from search_spaces import Hardware, builtin_space_path, load_space, resolve
     from tuner.targets.sglang.target import SGLangTarget
 
-    space = res(load_space(builtin_space_path("sglang_dsv4_flash")),
-                Hw(gpu_name="NVIDIA H200", gpu_count=8, compute_capability=(9, 0)))
+    space = resolve(load_space(builtin_space_path("sglang_dsv4_flash")),
+                    Hardware(gpu_name="NVIDIA H200", gpu_count=8, compute_capability=(9, 0)))
     report = SGLangTarget(space, {"load_format": "dummy", "greedy_check": CHECK}).preflight()
     assert report.ok, "\n".join(report.lines())
     assert any(r.startswith("greedy check on `--load-format dummy` weights") for r in report.rules), report.rules
