@@ -241,8 +241,9 @@ def status(storage: StorageOpt = "sqlite:///tuner.db", study: StudyOpt = None,
     total, trials = trial_page(repo, run.id, sort=sort, descending=desc, offset=offset, limit=limit,
                                with_measurements=True)
     num = {t.number: m.value for t in trials for m in t.measurements if m.metric == "numerics_rel_err"}
+    agree = {t.number: m.value for t in trials for m in t.measurements if m.metric == "greedy_agreement"}
     table = Table("#", "outcome", "value", "x base", "s", "start/warm/measure s", *(["num. err"] if num else []),
-                  "params / reason",
+                  *(["greedy agr."] if agree else []), "params / reason",
                   caption=f"trials {offset + 1}-{offset + len(trials)} of {total}" if len(trials) < total else None)
     for t in trials:
         ratio = f"{t.value / run.baseline_value:.2f}" if t.value and run.baseline_value else ""
@@ -252,7 +253,8 @@ def status(storage: StorageOpt = "sqlite:///tuner.db", study: StudyOpt = None,
         table.add_row(str(t.number) + (" b" if t.is_baseline else ""), t.outcome or t.state,
                       f"{t.value:.2f}" if t.value is not None else "", ratio,
                       f"{t.duration_s:.1f}" if t.duration_s else "", _time_split(t.measurements),
-                      *([f"{num[t.number]:.2g}" if t.number in num else ""] if num else []), detail)
+                      *([f"{num[t.number]:.2g}" if t.number in num else ""] if num else []),
+                      *([f"{agree[t.number]:.3f}" if t.number in agree else ""] if agree else []), detail)
     console.print(table)
 
 
@@ -304,6 +306,11 @@ def best(storage: StorageOpt = "sqlite:///tuner.db", study: StudyOpt = None,
     if err is not None:
         console.print(f"numerics: output differs from the baseline configuration's by {err:.3g} (relative norm "
                       f"error; tolerance {doc['metrics'].get('numerics_tolerance', float('nan')):.3g})",
+                      highlight=False)
+    agree = doc["metrics"].get("greedy_agreement")
+    if agree is not None:
+        console.print(f"greedy check: completions agree with the baseline's on {agree:.3f} (mean common prefix "
+                      f"share; min_agreement {doc['metrics'].get('greedy_min_agreement', float('nan')):g})",
                       highlight=False)
 
 

@@ -55,6 +55,11 @@ class Explanation:
     """The numerics gate's errors (workload): ``{"best": err, "tolerance": tol, "rows": [{"param", "value",
     "trials", "max_err"}], "wrong": [{"trial", "params", "err"}]}``, errors relative to the baseline's output."""
 
+    greedy: dict[str, Any] = field(default_factory=dict)
+    """The greedy check's agreements (server targets): ``{"best": rate, "min_agreement": m, "rows": [{"param",
+    "value", "trials", "min_agreement"}], "wrong": [{"trial", "params", "agreement"}]}``, each the mean common prefix
+    share of a trial's greedy completions with the baseline's."""
+
     predicted: list[dict] = field(default_factory=list)
     """Warm-started trials of a server study: ``{"trial", "twin_study", "twin_trial", "level", "predicted",
     "measured"}``, each a ratio to its own study's baseline (the twin's prediction, the server's measurement)."""
@@ -115,6 +120,7 @@ class Explanation:
                                 "value", "best → baseline value", "x slower", self.ablation, "loss",
                                 sorted(self.best_by_level), reverse=True)
         out += self._numerics_lines()
+        out += self._greedy_lines()
         if self.predicted:
             out += ["## Predicted by the twin against measured on the server (x each study's own baseline)", "",
                     "| trial | twin trial | level | predicted | measured | measured / predicted |",
@@ -144,6 +150,28 @@ class Explanation:
             out.append(f"- trial {w['trial']} was wrong_result (error {w['err']:.3g}): "
                        + ", ".join(f"{k}={v}" for k, v in w["params"].items()))
         if n.get("wrong"):
+            out.append("")
+        return out
+
+    def _greedy_lines(self) -> list[str]:
+        g = self.greedy
+        if not g:
+            return []
+        out = ["## Greedy check: fixed prompts completed at temperature 0 against the baseline's (common prefix share)",
+               ""]
+        if g.get("best") is not None:
+            m = g.get("min_agreement")
+            out += [f"The best's completions agree with the baseline's on {g['best']:.3f}"
+                    + (f" (min_agreement {m:g})." if m is not None else "."), ""]
+        if g.get("rows"):
+            out += ["Lowest agreement among the successful trials, per parameter value:", "",
+                    "| parameter | value | trials | min agreement |", "| --- | --- | --- | --- |"]
+            out += [f"| {r['param']} | {r['value']} | {r['trials']} | {r['min_agreement']:.3f} |" for r in g["rows"]]
+            out.append("")
+        for w in g.get("wrong", []):
+            out.append(f"- trial {w['trial']} was wrong_result (agreement {w['agreement']:.3f}): "
+                       + ", ".join(f"{k}={v}" for k, v in w["params"].items()))
+        if g.get("wrong"):
             out.append("")
         return out
 
@@ -261,6 +289,7 @@ def explain(storage_url: str, study: str, *, profile: bool = True, level: int | 
         space = load_space_text(run.space_yaml, source=run.space_name)
         ex.neighbours = _neighbours(space, best, ok, space.objective.direction)
     ex.numerics = numerics_summary(repo, run.id, best)
+    ex.greedy = greedy_summary(repo, run.id, best)
     ex.predicted = predicted_vs_measured(repo, run, base, frozen, ex.notes)
     if profile and run.target == "workload" and base and best:
         prof_level = level or max((int(lv.split("=")[1]) for lv in levels), default=64)
@@ -339,6 +368,31 @@ def numerics_summary(repo: Repo, run_id: int, best: TrialRecord | None) -> dict[
     return {"best": best_err, "tolerance": tol(best) if best is not None else None,
             "rows": sorted(rows.values(), key=lambda r: (r["param"], -r["max_err"])),
             "wrong": [{"trial": t.number, "params": t.params, "err": err(t)} for t in wrong]}
+
+
+def greedy_summary(repo: Repo, run_id: int, best: TrialRecord | None) -> dict[str, Any]:
+    """The greedy check's stored agreements (``greedy_agreement``): the best's, the lowest per parameter value among
+    the successful trials, and the trials it refused; ``{}`` when the study stored none."""
+    def metric(t: TrialRecord, name: str) -> float | None:
+        return next((m.value for m in t.measurements if m.metric == name), None)
+
+    ok = [t for t in repo.list_trials(run_id, outcome="ok", with_measurements=True)
+          if metric(t, "greedy_agreement") is not None]
+    wrong = [t for t in repo.list_trials(run_id, outcome="wrong_result", with_measurements=True)
+             if metric(t, "greedy_agreement") is not None and t.repeat_of is None]
+    if not ok and not wrong:
+        return {}
+    rows: dict[tuple[str, str], dict] = {}
+    for t in ok:
+        for k, v in t.params.items():
+            r = rows.setdefault((k, str(v)), {"param": k, "value": v, "trials": 0, "min_agreement": 1.0})
+            r["trials"] += 1
+            r["min_agreement"] = min(r["min_agreement"], metric(t, "greedy_agreement"))
+    return {"best": metric(best, "greedy_agreement") if best is not None else None,
+            "min_agreement": metric(best, "greedy_min_agreement") if best is not None else None,
+            "rows": sorted(rows.values(), key=lambda r: (r["param"], r["min_agreement"])),
+            "wrong": [{"trial": t.number, "params": t.params, "agreement": metric(t, "greedy_agreement")}
+                      for t in wrong]}
 
 
 def _neighbours(space, best: TrialRecord, ok: list[TrialRecord], direction: str) -> list[dict]:

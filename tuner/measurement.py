@@ -5,6 +5,7 @@ from __future__ import annotations
 import enum
 import re
 from dataclasses import dataclass, field
+from typing import Any
 
 from storage.types import OUTCOMES, MetricRow
 
@@ -39,6 +40,9 @@ class Measurement:
     reason: str = ""
     log: str = ""
     duration_s: float = 0.0
+    data: dict[str, Any] = field(default_factory=dict)
+    """What the trial hands back to the search beside its figures, as JSON (e.g. its greedy completions), for the
+    target's ``after_trial`` hook to keep in the study's storage; never shown as a figure."""
 
     @classmethod
     def failed(cls, outcome: Outcome, reason: str, log: str = "") -> Measurement:
@@ -59,6 +63,7 @@ class Measurement:
             "reason": self.reason,
             "log": self.log,
             "duration_s": self.duration_s,
+            "data": self.data,
         }
 
     @classmethod
@@ -71,6 +76,7 @@ class Measurement:
             reason=data.get("reason", ""),
             log=data.get("log", ""),
             duration_s=float(data.get("duration_s", 0.0)),
+            data=dict(data.get("data") or {}),
         )
 
 

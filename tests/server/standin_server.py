@@ -12,10 +12,17 @@ requests stream at a time, the others wait in arrival order (a FIFO queue of N s
 line per request, the seconds it waited for a slot and held it, so a test knows the service time the queue ran at.
 ``/health`` answers 503 until the start-up delay is over, then 200; ``--hang`` never becomes ready. An unknown flag
 is an argparse error (``unrecognized arguments``, exit 2), like SGLang.
+
+A request with ``stream: false`` gets one JSON answer whose completion is a deterministic function of its prompt
+(token i is a hash of the prompt and i; the text is the tokens as words), with ``token_ids`` when it asks for
+``return_token_ids`` (SGLang's field): what the greedy check compares. ``--quantize`` stands in for a knob that
+changes numbers: it serves 1.3x faster, and for every prompt of an even number of characters its completion
+diverges at token ``max_tokens // 2`` (so a greedy check of those prompts agrees on half their tokens).
 """
 
 import argparse
 import asyncio
+import hashlib
 import json
 import os
 import sys
@@ -44,6 +51,8 @@ def parse_args(argv=None):
     p.add_argument("--slot-log", default=None, help="append `waited_s held_s` per request to this file")
     p.add_argument("--batch-slowdown", type=float, default=0.0,
                    help="a batch shares the decode: with N running, each streams at rate / (1 + X (N - 1))")
+    p.add_argument("--quantize", action="store_true",
+                   help="1.3x faster, and greedy completions of even-length prompts diverge half-way")
     p.add_argument("--reject-field", action="append", default=[],
                    help="answer HTTP 422 to a request carrying this field (a strict server, e.g. ignore_eos)")
     return p.parse_args(argv)
@@ -59,6 +68,8 @@ class Server:
             rate /= 2
         if args.enable_fast_path:
             rate *= 1.5
+        if args.quantize:
+            rate *= 1.3
         self.rate = rate
         self.sem = asyncio.Semaphore(args.max_running_requests) if args.max_running_requests else None
         self.requests = 0
@@ -116,6 +127,9 @@ class Server:
             await self.respond(writer, 422, {"detail": f"Unexpected fields in the request: {set(unexpected)}"})
             return
         self.requests += 1
+        if req.get("stream") is False:
+            await self.respond(writer, 200, self.completion(req, chat))
+            return
         if self.args.oom_under_load and self.requests == 1:
             print("Traceback (most recent call last):", flush=True)
             print("torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB", flush=True)
@@ -160,6 +174,25 @@ class Server:
             self.running -= counted
             if self.sem is not None:
                 self.sem.release()
+
+
+    def completion(self, req, chat):
+        """The deterministic greedy completion of the request's prompt (see the module docstring)."""
+        prompt = req.get("prompt")
+        if chat:
+            prompt = "\n".join(str(m.get("content", "")) for m in req.get("messages") or [])
+        prompt = str(prompt or "")
+        n = int(req.get("max_tokens") or 16)
+        ids = [int(hashlib.sha256(f"{prompt}|{i}".encode()).hexdigest()[:6], 16) % 1000 for i in range(n)]
+        if self.args.quantize and len(prompt) % 2 == 0:
+            ids = ids[:n // 2] + [(t + 1) % 1000 for t in ids[n // 2:]]
+        text = "".join(f" w{t}" for t in ids)
+        choice = {"index": 0, "finish_reason": "length"}
+        choice.update({"message": {"role": "assistant", "content": text}} if chat else {"text": text})
+        if req.get("return_token_ids"):
+            choice["token_ids"] = ids
+        return {"id": "x", "object": "chat.completion" if chat else "text_completion", "choices": [choice],
+                "usage": {"prompt_tokens": 1, "completion_tokens": n, "total_tokens": n + 1}}
 
 
 async def main_async(args):

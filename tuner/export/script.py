@@ -144,6 +144,13 @@ def export_run(repo: Repo, study: str, out_dir: str | os.PathLike, *, target: Ta
         spread = f", runs {min(vals):.2f}-{max(vals):.2f}" if len(vals) > 1 else ", one run"
         header.append(f"  objective: {run.best_value:.2f} (median{spread}; {run.best_value / run.baseline_value:.2f}x "
                       f"the baseline's median {run.baseline_value:.2f})")
+    agree = [m.value for r in best_runs for m in r.measurements if m.metric == "greedy_agreement"]
+    if agree:
+        least = min(agree)
+        bound = next((m.value for m in best_trial.measurements if m.metric == "greedy_min_agreement"), None)
+        header.append(f"  greedy check: completions agree with the baseline's on {least:.3f} of the first tokens "
+                      f"(mean common prefix share{', lowest of its runs' if len(agree) > 1 else ''}"
+                      + (f"; min_agreement {bound:g}" if bound is not None else "") + ")")
     header += [
         "",
         f"environment: {gpus}; torch {env.get('torch')}; triton {env.get('triton')}; sglang {env.get('sglang')}; "

@@ -73,6 +73,7 @@ def run_one(ctx: SearchContext, trial: optuna.Trial, progress: Progress | None, 
             _logger.info("trial %d refused before running: %s", trial.number, reason)
         else:
             m = _run_isolated(ctx, trial, params, gpus)
+            m = ctx.target.after_trial(ctx.repo, ctx.run.id, trial.number, m, is_baseline=is_baseline)
     cut = m.outcome is Outcome.TIMEOUT and (ctx.stop.is_set() or time.time() >= ctx.deadline.trials_end - 0.5)
     if cut:
         m.reason = ("stopped when the search was interrupted" if ctx.stop.is_set()
@@ -97,6 +98,8 @@ def _run_isolated(ctx: SearchContext, trial: optuna.Trial, params: dict[str, Any
     settings = ctx.options.settings
     if prunable and ctx.resolved.space.objective.is_goodput and ctx.best is not None:
         settings = {**settings, "incumbent_value": ctx.best.value}  # a goodput trial checks this load first
+    settings = {**settings, **ctx.target.trial_settings(ctx.repo, ctx.run.id,
+                                                         is_baseline=bool(trial.user_attrs.get(BASELINE_ATTR)))}
     job = TrialJob(target=ctx.target.name, space_yaml=ctx.space_yaml, space_source=ctx.resolved.space.source,
                    params=params, deadline=deadline, settings=settings, hardware=hw.to_json(), gpus=gpus)
 
@@ -120,8 +123,9 @@ def _record(ctx: SearchContext, trial: optuna.Trial, params: dict[str, Any], m: 
             ) -> TrialSummary:
     space = ctx.resolved.space
     constraints = _level_constraints(space, m)
+    gates = [_own_constraint(m, name) for name in ctx.target.constraint_names()]
     if m.outcome is Outcome.OK and m.value is not None and math.isfinite(m.value):
-        set_constraints(trial, constraints or [0.0])
+        set_constraints(trial, constraints + gates or [0.0])
         state, values = optuna.trial.TrialState.COMPLETE, told(ctx, m.value, m)
     elif m.outcome is Outcome.PRUNED:
         state, values = optuna.trial.TrialState.PRUNED, None
@@ -131,7 +135,9 @@ def _record(ctx: SearchContext, trial: optuna.Trial, params: dict[str, Any], m: 
     else:
         if m.outcome is Outcome.OK:  # ok but no finite value: treat as a crash of the measurement
             m.outcome, m.reason = Outcome.CRASH, m.reason or "the trial reported no finite objective value"
-        set_constraints(trial, [1.0] * max(1, len(space.objective.constraints)))
+        # a failed trial is infeasible: a target's own check it failed (wrong_result) says by how much
+        set_constraints(trial, [1.0] * len(space.objective.constraints) + [g if g > 0 else 1.0 for g in gates]
+                        or [1.0])
         state, values = optuna.trial.TrialState.COMPLETE, told(ctx, penalty_value(ctx.direction))
     trial.set_user_attr("outcome", m.outcome.value)
     if repeat_of is not None:
@@ -166,3 +172,8 @@ def _level_constraints(space, m: Measurement) -> list[float]:
     return out
 
 
+def _own_constraint(m: Measurement, name: str) -> float:
+    """A target's own constraint (:meth:`~tuner.targets.base.Target.constraint_names`) as the trial stored it;
+    violated when it stored none (the trial failed before that check)."""
+    v = m.metric("constraint", name)
+    return 1.0 if v is None or not math.isfinite(v) else float(v)

@@ -150,6 +150,24 @@ class Target(abc.ABC):
                          measurement: Measurement) -> None:
         """Keep trial ``number``'s failed launch in ``repo`` for :meth:`known_failure`; nothing by default."""
 
+    def trial_settings(self, repo: Any, run_id: int, *, is_baseline: bool) -> dict[str, Any]:
+        """Settings one trial's process gets beside the study's, read from the study's storage ``repo`` in the search
+        process before the trial (e.g. the baseline's greedy completions to compare with); none by default."""
+        return {}
+
+    def after_trial(self, repo: Any, run_id: int, number: int, measurement: Measurement, *,
+                    is_baseline: bool) -> Measurement:
+        """In the search process, after trial ``number`` ran and before it is stored: keep what it handed back
+        (``measurement.data``) in ``repo`` for later trials, and settle its result against what is stored there;
+        returns the measurement to store. Returns it unchanged by default."""
+        return measurement
+
+    def constraint_names(self) -> list[str]:
+        """This target's own Optuna constraints beside the objective's SLO constraints: the levels of the
+        ``constraint`` metric rows a trial stores (a value <= 0 is feasible; a missing row counts as violated).
+        None by default."""
+        return []
+
     def use_kernel_configs(self, config_dir: str) -> dict[str, Any]:
         """Settings that make later trials (and the export) use the configs a kernel phase wrote to
         ``config_dir``; none by default."""

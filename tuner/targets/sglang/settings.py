@@ -10,10 +10,12 @@ from pydantic import Field
 
 from tuner.settings import CommonSettings
 from tuner.targets.sglang.goodput import GoodputSettings
+from tuner.targets.sglang.greedy import GreedySettings
 from tuner.targets.sglang.loadshape import LoadShapeSettings
 
 
-class ServerSettings(CommonSettings, GoodputSettings, LoadShapeSettings):  # the goodput search's and load shape's
+class ServerSettings(CommonSettings, GoodputSettings, LoadShapeSettings, GreedySettings):  # the goodput search's,
+    # the load shape's and the greedy check's (greedy_check)
     # the server
     model: str = ""
     """Model path or name (``--model-path``; the requests' ``model`` unless ``served_model_name``)."""

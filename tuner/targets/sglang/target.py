@@ -30,6 +30,8 @@ load                      ``api`` (completions/chat), ``prompt_len``, ``output_l
                           server accepts it), ``seed``, ``extra_body`` (see ``tuner.targets.sglang.loadgen``)
 ``allow_retry``           run a flag set whose launch failed before (the memory is in the study's storage)
 ``torch_compile_supported``  false when the model/build is known to reject torch.compile
+``greedy_check``          off unless set: ``{prompts: 8, tokens: 32, min_agreement: 0.9}``, fixed prompts completed
+                          greedily once per trial and compared with the baseline's (``tuner.targets.sglang.greedy``)
 ========================  ===========================================================================================
 """
 
@@ -52,7 +54,7 @@ from storage.types import MetricRow
 from tuner.errors import SettingsError, TargetError
 from tuner.measurement import Measurement, Outcome
 from tuner.targets.base import LaunchSpec, PreflightReport, Reporter, Target
-from tuner.targets.sglang import failed, loadgen
+from tuner.targets.sglang import failed, greedy, loadgen
 from tuner.targets.sglang import flags as fl
 from tuner.targets.sglang.launch import ServerProcess, parse_port_range, pick_free_port
 from tuner.targets.sglang.settings import ServerSettings
@@ -221,6 +223,7 @@ class CommandTarget(Target):
     def _plan(self, report: PreflightReport) -> None:
         """The seconds one trial takes: a probe launch of the defaults (``probe_launch: true``, a failure of which
         is an error: the baseline could not run either), else the space's ``trial_estimate_s``."""
+        m = None
         if self.config.probe_launch and report.ok:
             t0 = time.time()
             m = self.evaluate(self.resolved.defaults(), t0 + self.config.ready_timeout_s + 600)
@@ -237,6 +240,8 @@ class CommandTarget(Target):
             report.trial_s = self.config.trial_estimate_s
             report.facts["trial seconds"] = f"{self.config.trial_estimate_s:g} (the space's trial_estimate_s; " \
                                             "--set probe_launch=true measures one)"
+        if self.config.greedy_check is not None:
+            report.facts["greedy check"] = self._greedy_plan(m if self.config.probe_launch and report.ok else None)
         if self.objective().is_goodput:  # issue 22: the boundary search replaces the levels (goodput.py)
             from tuner.targets.sglang import goodput
 
@@ -245,6 +250,22 @@ class CommandTarget(Target):
             if report.trial_s and not self.config.probe_launch:  # a probe launch ran a whole search already
                 report.trial_s += cost.seconds
                 report.facts["trial seconds"] += f" + the goodput search's {cost.seconds:.0f} = {report.trial_s:.0f}"
+
+    def _greedy_plan(self, probe: Measurement | None) -> str:
+        """The greedy check's cost, for the dry-run's plan: its requests and tokens against the levels', and its
+        seconds when a probe launch measured them."""
+        check = self.config.greedy_check
+        n = len(check.prompt_list())
+        cfg = loadgen.LoadConfig.from_settings(self.settings)
+        level_tokens = sum(cfg.n_requests(c) * cfg.output_len for c in self.objective().levels)
+        line = (f"{n} fixed prompt{'s' if n != 1 else ''} x {check.tokens} tokens ({n * check.tokens} tokens, one "
+                f"request at a time) once per trial, after the warm-up and before the levels"
+                + (f" (the levels send at least {level_tokens})" if not self.objective().is_goodput else "")
+                + f"; below agreement {check.min_agreement:g} a trial is wrong_result")
+        secs = probe.metric("greedy_s") if probe is not None else None
+        if secs is not None:
+            return line + f"; {secs:.1f} s in the probe launch"
+        return line + "; counted in trial_estimate_s (--set probe_launch=true measures it)"
 
     @property
     def allow_retry(self) -> bool:
@@ -373,8 +394,11 @@ class CommandTarget(Target):
                                fatal_grace_s=self.config.fatal_grace_s)
         restore = _kill_server_on_sigterm(server)
         self._trial_gpus = self.gpus_for(params)  # the goodput's per-GPU figures
+        self._greedy_result: greedy.CheckResult | None = None
         try:
             m = self._run(server, cfg, t0, work_deadline, report)
+            if self._greedy_result is not None:  # handed back for the study's storage (after_trial)
+                m.data["greedy"] = self._greedy_doc(self._greedy_result, cfg)
         finally:
             stop_t0 = time.time()
             try:
@@ -412,6 +436,10 @@ class CommandTarget(Target):
         cfg = probe.config
         metrics.append(MetricRow("ignore_eos", "", 1.0 if cfg.ignore_eos is not False else 0.0, "flag"))
         metrics += cfg.shape.rows(cfg.seed) if cfg.shape else []  # the load's shape as sent (loadshape.py)
+        if self.config.greedy_check is not None:  # once per trial, before the levels (see greedy.py)
+            failure = self._greedy(server, cfg, deadline, metrics)
+            if failure is not None:
+                return failure
         obj = self.objective()
         if obj.is_goodput:  # issue 22: a boundary search under the SLO instead of the levels (goodput.py)
             return self._goodput(server, cfg, obj, metrics, deadline, should_abort)
@@ -447,6 +475,81 @@ class CommandTarget(Target):
             metrics.append(MetricRow("constraint", constraint_name(lc), float(violation), ""))
         return Measurement(Outcome.OK, value=value, metrics=metrics, by_level=by_level)
 
+
+    # -- the greedy check (greedy.py) ------------------------------------------------------------------------
+    def _greedy_key(self, cfg: loadgen.LoadConfig) -> str:
+        return greedy.reference_key(self.config.greedy_check, api=cfg.api, model=cfg.model)
+
+    def _greedy(self, server: ServerProcess, cfg: loadgen.LoadConfig, deadline: float,
+                metrics: list[MetricRow]) -> Measurement | None:
+        """Complete the fixed prompts greedily and judge them against the reference the search passed in; adds the
+        rows to ``metrics``; a measurement when the trial ends here (a failed request, or ``wrong_result``)."""
+        check = self.config.greedy_check
+        t0 = time.time()
+        try:
+            outs, ids = greedy.complete(server.base_url, check.prompt_list(), api=cfg.api, model=cfg.model,
+                                        tokens=check.tokens, deadline=deadline, timeout_s=cfg.request_timeout_s)
+        except greedy.GreedyRequestError as exc:
+            f = server.failure()
+            if f is not None:
+                return Measurement(f.outcome, reason=f"during the greedy check: {f.reason}", metrics=metrics)
+            outcome = (Outcome.REQUEST_ERROR if exc.status is not None and 400 <= exc.status < 500
+                       else Outcome.TIMEOUT if "deadline" in str(exc) else Outcome.CRASH)
+            return Measurement(outcome, reason=f"the greedy check failed: {exc}", metrics=metrics)
+        ref_doc = self.config.greedy_reference
+        key = self._greedy_key(cfg)
+        reference = greedy.completions_of(ref_doc) if ref_doc and ref_doc.get("key") == key else None
+        res = greedy.judge(check, outs, reference, is_baseline=self.config.greedy_is_baseline,
+                           seconds=time.time() - t0)
+        res.token_ids = ids
+        self._greedy_result = res
+        metrics += res.rows
+        _logger.info("greedy check: agreement %.3f over %d prompts (%s, %.1f s)", res.agreement, len(outs),
+                     "token ids" if ids else "text", res.seconds)
+        if res.wrong:
+            return Measurement(Outcome.WRONG_RESULT, reason=res.wrong, metrics=metrics)
+        return None
+
+    def _greedy_doc(self, res: greedy.CheckResult, cfg: loadgen.LoadConfig) -> dict[str, Any]:
+        check = self.config.greedy_check
+        return greedy.reference_doc(res.completions, key=self._greedy_key(cfg), trial=None,
+                                    is_baseline=self.config.greedy_is_baseline, prompts=check.prompt_list(),
+                                    tokens=check.tokens, token_ids=bool(res.token_ids))
+
+    def trial_settings(self, repo: Any, run_id: int, *, is_baseline: bool) -> dict[str, Any]:
+        """With the greedy check on: the stored reference completions, and whether this trial is the baseline."""
+        if self.config.greedy_check is None:
+            return {}
+        cfg = loadgen.LoadConfig.from_settings(self.settings)
+        return {"greedy_reference": greedy.stored_reference(repo, run_id, self._greedy_key(cfg)),
+                "greedy_is_baseline": is_baseline}
+
+    def after_trial(self, repo: Any, run_id: int, number: int, measurement: Measurement, *,
+                    is_baseline: bool) -> Measurement:
+        """Keep a trial's completions as the study's reference when none is stored. A trial that became its own
+        reference while another worker stored one first is judged again against the stored one."""
+        doc = measurement.data.pop("greedy", None)
+        check = self.config.greedy_check
+        if not doc or check is None:
+            return measurement
+        doc["trial"] = number
+        if greedy.store_reference(repo, run_id, doc) or measurement.metric("greedy_reference") is None \
+                or is_baseline:
+            return measurement
+        stored = greedy.stored_reference(repo, run_id, doc["key"])  # another trial's came first
+        res = greedy.judge(check, greedy.completions_of(doc), greedy.completions_of(stored), is_baseline=False,
+                           seconds=measurement.metric("greedy_s") or 0.0)
+        replaced = {(r.metric, r.level) for r in res.rows} | {("greedy_reference", "")}
+        measurement.metrics = [r for r in measurement.metrics if (r.metric, r.level) not in replaced] + res.rows
+        _logger.info("trial %d: judged again against trial %s's reference: agreement %.3f", number,
+                     stored.get("trial"), res.agreement)
+        if res.wrong and measurement.outcome is Outcome.OK:
+            measurement.outcome, measurement.value, measurement.reason = Outcome.WRONG_RESULT, None, res.wrong
+        return measurement
+
+    def constraint_names(self) -> list[str]:
+        check = self.config.greedy_check
+        return [greedy.constraint_name(check)] if check is not None else []
 
     def _goodput(self, server: ServerProcess, cfg: loadgen.LoadConfig, obj: Objective, metrics: list[MetricRow],
                  deadline: float, should_abort) -> Measurement:
@@ -524,6 +627,11 @@ class SGLangTarget(CommandTarget):
                 report.errors.append(f"setting `load_format`: {why}")
             else:
                 report.will_run.append(f"trials load `--load-format {fmt}` weights; the export keeps the real ones")
+                if fmt == "dummy" and self.config.greedy_check is not None:
+                    report.rules.append("greedy check on `--load-format dummy` weights: SGLang's seeded random "
+                                        "weights (+-1e-3) give near-flat logits, so greedy completions hang on "
+                                        "near-ties; an agreement under 1.0 may be noise there (check with the "
+                                        "real weights)")
 
     def load_flags(self, checks: list[tuple[str, list[Any]]]) -> fl.ServerFlags | None:
         parser = self.config.parser or fl.SGLANG_PARSER
