@@ -24,6 +24,24 @@ def _levels(trial) -> dict[str, float]:
     return {m.level: m.value for m in trial.measurements if m.metric == "tok_s" and m.level}
 
 
+def _sessions(trials, run, gap_s: float = 30.0) -> str:
+    """When the search ran, from its trials' own times: a resumed search shows as several sessions (a gap between
+    one trial's end and the next one's start longer than ``gap_s``)."""
+    spans: list[list] = []
+    for t in sorted(trials, key=lambda t: t.started_at):
+        end = t.finished_at or t.started_at
+        if spans and (t.started_at - spans[-1][1]).total_seconds() <= gap_s:
+            spans[-1][1] = max(spans[-1][1], end)
+        else:
+            spans.append([t.started_at, end])
+    if len(spans) <= 1:
+        return f"Search started {run.started_at:%Y-%m-%d %H:%M} UTC, budget {run.budget_s:.0f} s"
+    parts = ", ".join(f"{a:%H:%M:%S}-{b:%H:%M:%S}" for a, b in spans)
+    total = sum((b - a).total_seconds() for a, b in spans)
+    return (f"Search on {spans[0][0]:%Y-%m-%d} in {len(spans)} sessions (resumed with `--resume`), trials at {parts} "
+            f"UTC, {total:.0f} s of trials in all; the last session's budget {run.budget_s:.0f} s")
+
+
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--db", required=True, help="the study's SQLite file")
@@ -47,7 +65,7 @@ def main() -> int:
     base = repo.baseline_trial(run.id)
     counts = repo.outcome_counts(run.id)
     lines = [f"# Twin search `{run.study_name}` on {gpu}", "",
-             f"Search started {run.started_at:%Y-%m-%d %H:%M} UTC, budget {run.budget_s:.0f} s, tuner commit "
+             _sessions(repo.list_trials(run.id), run) + ", tuner commit "
              + (f"{args.run_commit} (the run's TUNER_COMMIT; the database records {env.get('git_sha')}, read from the "
                 "copied tree's stale .git)" if args.run_commit and args.run_commit != env.get("git_sha")
                 else f"{env.get('git_sha')}") + f", torch {env.get('torch')}, triton {env.get('triton')}; report written "

@@ -76,7 +76,7 @@ def flagless_lines(launch: ServerLaunch, defaults: dict[str, Any], ablation: dic
             rows.setdefault(r["param"], []).append((view, key, r))
     for p, value in launch.unmapped:
         head = f"  {p.name}={value}"
-        if defaults.get(p.name) == value:
+        if defaults.get(p.name, p.default) == value:
             out.append(f"{head} (the default; nothing to carry over) - {p.server.none}")
             continue
         gains = []
@@ -88,7 +88,10 @@ def flagless_lines(launch: ServerLaunch, defaults: dict[str, Any], ablation: dic
             else:
                 gains.append(f"{view}: {r.get('outcome', 'no result')}")
         gain = "; ".join(gains) if gains else "none measured (`tuner explain --ablate` measures it)"
-        out.append(f"{head} (default {defaults.get(p.name)}): measured gain {gain} - {p.server.none}")
+        # a knob inactive in the default configuration (a tile of a kernel the defaults do not run) has its own default
+        default = defaults.get(p.name, p.default)
+        was = "no default" if default is None else f"default {default}"
+        out.append(f"{head} ({was}): measured gain {gain} - {p.server.none}")
     return out
 
 
