@@ -7,7 +7,8 @@ close to the line. This script measures the same error, with the gate's own func
 (single dtype changes, the all-fp8 one, the hand-written best, and a stored study's best) over ``--weight-seeds`` x
 ``--input-seeds``, and writes the spread, so a tolerance is chosen from a distribution rather than from one draw.
 
-    python benchmarks/numerics_gpu.py --out $OUT [--study-best sqlite:///db#study]
+    python benchmarks/numerics_gpu.py --out $OUT [--study-best sqlite:///db#study] [--hand-best]
+    python benchmarks/numerics_gpu.py --report stored.json --out benchmarks/results/NAME.md   # the table, on a CPU
 
 Writes ``$OUT/numerics_gpu.json`` (every measured error) and ``$OUT/numerics_gpu.md`` (the table).
 """
@@ -72,7 +73,15 @@ def main() -> int:
     ap.add_argument("--live-context", type=int, default=512, help="as the space's live_context")
     ap.add_argument("--study-best", default=None, help="URL#STUDY: add that study's stored best as a case")
     ap.add_argument("--hand-best", action="store_true", help="add benchmarks/workload_gpu.py's hand-written best")
+    ap.add_argument("--report", metavar="JSON", help="only write the table (to --out, .md beside the name) from a "
+                    "stored JSON; runs on a CPU")
     args = ap.parse_args()
+    if args.report:
+        src = Path(args.report)
+        dest = Path(args.out) / (src.stem + ".md") if Path(args.out).is_dir() else Path(args.out)
+        dest.write_text(report(json.loads(src.read_text()), str(src)))
+        print(dest)
+        return 0
     if not torch.cuda.is_available():
         print("error: numerics_gpu.py needs a CUDA GPU (the fp8 and Triton paths run there only)", file=sys.stderr)
         return 2
