@@ -12,6 +12,8 @@ import os
 import signal
 import subprocess
 import sys
+import time
+from pathlib import Path
 
 try:  # loaded in the parent: nothing may be imported between fork and exec
     _LIBC = ctypes.CDLL("libc.so.6", use_errno=True) if sys.platform.startswith("linux") else None
@@ -29,8 +31,32 @@ def die_with_parent() -> None:  # pragma: no cover - runs in the child between f
             os._exit(1)
 
 
-def kill_group(proc: subprocess.Popen, grace_s: float = 2.0) -> None:
-    """SIGTERM the process group of ``proc`` (which we started with its own session), then SIGKILL."""
+def group_alive(pgid: int) -> bool:
+    """Whether a process of group ``pgid`` is still running (a zombie, which has let go of its memory and GPU, does
+    not count). Linux reads /proc; elsewhere, whether the group can still be signalled."""
+    proc = Path("/proc")
+    if not (proc / "self" / "stat").exists():
+        try:
+            os.killpg(pgid, 0)
+            return True
+        except ProcessLookupError:
+            return False
+        except PermissionError:
+            return True
+    for stat in proc.glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except (OSError, IndexError):
+            continue  # exited while we looked
+        if len(fields) > 2 and fields[2] == str(pgid) and fields[0] not in ("Z", "X"):
+            return True
+    return False
+
+
+def kill_group(proc: subprocess.Popen, grace_s: float = 2.0, exit_wait_s: float = 15.0) -> None:
+    """SIGTERM the process group of ``proc`` (which we started with its own session), then SIGKILL, and return once
+    no process of the group is left (up to ``exit_wait_s``): a killed server's workers hold their GPU memory until
+    they have exited, and the next trial must not start beside them."""
     try:
         pgid = os.getpgid(proc.pid)
     except ProcessLookupError:
@@ -45,14 +71,17 @@ def kill_group(proc: subprocess.Popen, grace_s: float = 2.0) -> None:
             return
         try:
             proc.wait(timeout=wait)
-            # the leader is gone; make sure no child of the group survives it
+            # the leader is gone; make sure no child of the group survives it, and wait until none is left
             try:
                 os.killpg(pgid, signal.SIGKILL)
             except ProcessLookupError:
-                pass
+                return
+            end = time.monotonic() + exit_wait_s
+            while group_alive(pgid) and time.monotonic() < end:
+                time.sleep(0.02)
             return
         except subprocess.TimeoutExpired:
             continue
 
 
-__all__ = ["die_with_parent", "kill_group"]
+__all__ = ["die_with_parent", "group_alive", "kill_group"]
