@@ -53,6 +53,45 @@ def group_alive(pgid: int) -> bool:
     return False
 
 
+ANNOUNCE_ENV = "TUNER_ANNOUNCE_GROUPS"
+"""Set by the trial runner in a trial's environment: the trial then names each process group it starts."""
+GROUP_MARK = "@@tuner-group "
+
+
+def announce_group(pgid: int) -> None:
+    """In a trial (``TUNER_ANNOUNCE_GROUPS=1``), tell the runner about a process group this trial started in its own
+    session (a model server): if the trial is killed, the runner kills that group too and waits for it."""
+    if os.environ.get(ANNOUNCE_ENV) == "1":
+        print(f"{GROUP_MARK}{pgid}", flush=True)
+
+
+def parse_group(line: str) -> int | None:
+    """The group id of an :func:`announce_group` line; None for any other line."""
+    if not line.startswith(GROUP_MARK):
+        return None
+    try:
+        return int(line[len(GROUP_MARK):].strip())
+    except ValueError:
+        return None
+
+
+def kill_pgid(pgid: int, grace_s: float = 5.0, exit_wait_s: float = 15.0) -> None:
+    """End a process group we did not start ourselves but were told of (:func:`announce_group`): SIGTERM, SIGKILL
+    after ``grace_s``, and return once none of it is left (up to ``exit_wait_s``)."""
+    for sig, wait in ((signal.SIGTERM, grace_s), (signal.SIGKILL, exit_wait_s)):
+        if not group_alive(pgid):
+            return
+        try:
+            os.killpg(pgid, sig)
+        except ProcessLookupError:
+            return
+        except PermissionError:  # the id was reused by someone else's group: never signal it
+            return
+        end = time.monotonic() + wait
+        while group_alive(pgid) and time.monotonic() < end:
+            time.sleep(0.02)
+
+
 def kill_group(proc: subprocess.Popen, grace_s: float = 2.0, exit_wait_s: float = 15.0) -> None:
     """SIGTERM the process group of ``proc`` (which we started with its own session), then SIGKILL, and return once
     no process of the group is left (up to ``exit_wait_s``): a killed server's workers hold their GPU memory until
@@ -84,4 +123,4 @@ def kill_group(proc: subprocess.Popen, grace_s: float = 2.0, exit_wait_s: float 
             continue
 
 
-__all__ = ["die_with_parent", "group_alive", "kill_group"]
+__all__ = ["announce_group", "die_with_parent", "group_alive", "kill_group", "kill_pgid", "parse_group"]

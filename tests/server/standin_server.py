@@ -53,6 +53,8 @@ def parse_args(argv=None):
                    help="a batch shares the decode: with N running, each streams at rate / (1 + X (N - 1))")
     p.add_argument("--quantize", action="store_true",
                    help="1.3x faster, and greedy completions of even-length prompts diverge half-way")
+    p.add_argument("--spawn-worker", default=None, help="start a worker process in the server's group that ignores "
+                   "SIGTERM (as a busy GPU worker may) and write its pid to this file")
     p.add_argument("--reject-field", action="append", default=[],
                    help="answer HTTP 422 to a request carrying this field (a strict server, e.g. ignore_eos)")
     return p.parse_args(argv)
@@ -220,6 +222,12 @@ async def main_async(args):
 
 def main():
     args = parse_args()
+    if args.spawn_worker:
+        import subprocess
+
+        subprocess.Popen([sys.executable, "-c", "import signal, sys, time; signal.signal(signal.SIGTERM, "
+                          "signal.SIG_IGN); open(sys.argv[1], 'w').write(str(__import__('os').getpid())); "
+                          "time.sleep(3600)", args.spawn_worker])
     if args.print_argv:
         with open(args.print_argv, "w") as f:
             json.dump(sys.argv, f)

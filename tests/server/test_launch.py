@@ -195,3 +195,31 @@ def test_pick_free_port_skips_busy_ports():
         assert not ln.port_is_free(busy)
         if ln.port_is_free(busy + 1):
             assert ln.pick_free_port(busy, busy + 1) == busy + 1
+
+
+def test_a_killed_trial_leaves_no_process_of_its_server_group(make_target, tmp_path):
+    """A server's worker that ignores SIGTERM and is no child of the trial (so no parent-death signal reaches it)
+    is gone when the killed trial's wait returns: the trial announced its server's group and the runner ended it."""
+    from tuner.execution.isolation import TrialJob, TrialProcess
+    from tuner.processes import group_alive
+
+    worker_pid = tmp_path / "worker.pid"
+    target = make_target(["--hang"])
+    settings = {**target.settings, "extra_args": ["--hang", "--spawn-worker", str(worker_pid)], "ready_timeout_s": 600,
+                "teardown_reserve_s": 0}
+    job = TrialJob(target="command", space_yaml=SPACE_YAML, space_source="standin.yaml", params=DEFAULTS,
+                   deadline=time.time() + 600, settings=settings, hardware={"gpu_name": "cpu", "gpu_count": 0})
+    proc = TrialProcess(job)
+    end = time.time() + 20
+    while not (worker_pid.exists() and worker_pid.read_text()) and time.time() < end:
+        time.sleep(0.05)
+    assert worker_pid.exists(), "the stand-in never started its worker"
+    pid = int(worker_pid.read_text())
+    try:
+        m = proc.wait(hard_deadline=time.time() + 0.5)
+        assert m.outcome is Outcome.TIMEOUT
+        assert proc.groups and not any(group_alive(g) for g in proc.groups), proc.groups
+        assert not _alive(pid), f"the server's worker {pid} outlived its killed trial"
+    finally:
+        if _alive(pid):
+            os.kill(pid, 9)

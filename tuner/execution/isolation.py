@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from tuner.measurement import Measurement, Outcome, exception_line
-from tuner.processes import kill_group
+from tuner.processes import ANNOUNCE_ENV, group_alive, kill_group, kill_pgid, parse_group
 
 _logger = logging.getLogger(__name__)
 
@@ -70,8 +70,10 @@ class TrialProcess:
         self.log: deque[str] = deque(maxlen=LOG_LINES)
         self._pruned = False
         self._killed_reason: Outcome | None = None
+        self.groups: list[int] = []
+        """Process groups the trial started in their own sessions (its servers), as it announced them."""
         self.result_path = new_result_path()
-        env = trial_env(job.gpus, job.env)
+        env = {**trial_env(job.gpus, job.env), ANNOUNCE_ENV: "1"}
         payload = job_payload(job, self.result_path)
         self.started = time.time()
         self.proc = subprocess.Popen(
@@ -92,6 +94,10 @@ class TrialProcess:
     def _read(self) -> None:
         for line in self.proc.stdout:  # type: ignore[union-attr]
             line = line.rstrip("\n")
+            group = parse_group(line)
+            if group is not None:
+                self.groups.append(group)
+                continue
             step = parse_report(line)
             if step is None:
                 self.log.append(line)
@@ -100,10 +106,18 @@ class TrialProcess:
                 self.kill(Outcome.PRUNED)
 
     def kill(self, why: Outcome) -> None:
-        """Kill the whole process group (the trial and anything it started): SIGTERM, then SIGKILL."""
+        """Kill the whole process group (the trial and anything it started), then every group the trial announced
+        (its servers, in their own sessions), and return when none of them is left."""
         if self._killed_reason is None:
             self._killed_reason = why
         kill_group(self.proc)
+        self._end_groups()
+
+    def _end_groups(self) -> None:
+        for pgid in self.groups:
+            if group_alive(pgid):
+                _logger.info("ending process group %d that trial process %d started", pgid, self.proc.pid)
+                kill_pgid(pgid)
 
     def wait(self, hard_deadline: float | None = None) -> Measurement:
         deadline = hard_deadline if hard_deadline is not None else self.job.deadline
@@ -117,6 +131,7 @@ class TrialProcess:
                     self.proc.wait()
                     break
         self._reader.join(timeout=2.0)
+        self._end_groups()  # a trial that died on its own may leave its server behind
         return finish_measurement(read_result(self.result_path), self._killed_reason, self.proc.returncode,
                                   "\n".join(self.log), time.time() - self.started)
 

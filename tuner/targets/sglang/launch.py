@@ -25,7 +25,7 @@ from dataclasses import dataclass
 import httpx
 
 from tuner.measurement import Outcome, exception_line
-from tuner.processes import die_with_parent, kill_group
+from tuner.processes import announce_group, die_with_parent, kill_group
 
 _logger = logging.getLogger(__name__)
 
@@ -196,6 +196,7 @@ class ServerProcess:
                                      stderr=subprocess.STDOUT, env=full_env, cwd=cwd, start_new_session=True,
                                      text=True, errors="replace", bufsize=1, preexec_fn=die_with_parent)
         self.pgid = self.proc.pid  # start_new_session: the leader's pid is the group id
+        announce_group(self.pgid)  # in a trial: the runner ends this group too if it must kill the trial
         self._reader = threading.Thread(target=self._read, name=f"server-log-{port}", daemon=True)
         self._reader.start()
 
