@@ -256,6 +256,19 @@ def cached_entry(case: KernelCase, gpu: str, dirs: Iterable[str | Path]) -> tupl
     return None
 
 
+# -- how a case is searched (benchmarks/tuner_efficiency.py replays exactly this) ------------------------------
+def kernel_sampler(resolved, seed: int | None, *, parallel: bool) -> optuna.samplers.BaseSampler:
+    """The sampler of every kernel sub-study: the study-wide TPE (:func:`tuner.search.make_sampler`); with trials
+    asked ahead (``parallel``, compile helpers) a constant liar keeps the pending ones apart."""
+    return make_sampler(resolved, seed, parallel=parallel)
+
+
+def starting_configs(case: KernelCase, device: str | None) -> list[dict[str, Any]]:
+    """The configs tried right after the default (the baseline) in a fresh sub-study: the kernel's
+    ``seed_configs``, in order."""
+    return list(load_kernel(case.kernel).seed_configs(case.shape, device, case.dtype))
+
+
 # -- one case ------------------------------------------------------------------------------------------------
 def _free_study_name(repo, name: str) -> str:
     n = 2
@@ -449,13 +462,11 @@ def tune_case(case: KernelCase, options: SearchOptions, study: str, progress: Pr
         progress.started(ctx)
         progress.message(f"tuning {case.kernel} at [{case.shape_key}] {case.dtype}: study {study}, "
                          f"{options.budget_s:.0f}s")
-    if ahead is not None:  # trials are asked ahead: a constant liar keeps the pending ones apart
-        ctx.study.sampler = make_sampler(ctx.resolved, options.seed, parallel=True)
+    ctx.study.sampler = kernel_sampler(ctx.resolved, options.seed, parallel=ahead is not None)
     defaults = ctx.resolved.defaults()
     if not ctx.trials:  # a fresh sub-study: after the default (the baseline), the kernel's own starting points
-        kernel = load_kernel(case.kernel)
         device = "cuda" if ctx.hardware.gpu_count else None
-        for cfg in kernel.seed_configs(case.shape, device, case.dtype):
+        for cfg in starting_configs(case, device):
             ctx.study.enqueue_trial(suggestable(ctx.resolved, cfg), user_attrs={SEED_ATTR: True})
     k = max(0, options.confirm_top)
     try:
@@ -689,4 +700,5 @@ def kernel_phase(ctx: SearchContext, shapes: Iterable[KernelCase | tuple], budge
 
 
 __all__ = ["KernelCase", "KernelCaseResult", "KernelSearchResult", "cached_entry", "is_kernel_plan",
-           "kernel_phase", "kernel_space_yaml", "plan_cases", "run_kernel_search", "tune_case", "tune_cases"]
+           "kernel_phase", "kernel_sampler", "kernel_space_yaml", "plan_cases", "run_kernel_search", "starting_configs",
+           "tune_case", "tune_cases"]
