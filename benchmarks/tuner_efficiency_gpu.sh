@@ -9,13 +9,13 @@
 #   sweep.log                       the sweep's progress
 # Afterwards, on a CPU: copy the JSON to benchmarks/results/data/tuner_efficiency_h200_issue20.json and run
 #   python benchmarks/tuner_efficiency.py --goal held_out --analyze-gpu benchmarks/results/data/tuner_efficiency_h200_issue20.json
-# TOTAL_S (default 430) bounds the tests and the sweep together.
+# TOTAL_S (default 440) bounds the tests and the sweep together.
 set -u
 OUT=${OUT:-benchmarks/results/gpu-run}
 mkdir -p "$OUT"
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
 export TUNER_COMMIT=${TUNER_COMMIT:-$(git rev-parse --short HEAD 2>/dev/null || echo unknown)}
-TOTAL_S=${TOTAL_S:-430}
+TOTAL_S=${TOTAL_S:-440}
 start=$(date +%s)
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader || true
 

@@ -274,6 +274,7 @@ def gemm_reference(x, w, dtype=None, x_scale=None, w_scale=None) -> torch.Tensor
 class GemmKernel(TunableKernel):
     name = "gemm"
     batch_dim = "M"
+    library_impl = "torch"  # torch_linear: cuBLAS through torch, torch._scaled_mm for fp8 (what linear(impl="torch") runs)
     instance: GemmKernel
 
     def default_config(self, shape):
