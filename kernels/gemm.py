@@ -23,6 +23,7 @@ names one. So a tuned configuration never ships the Triton kernel at a shape whe
 from __future__ import annotations
 
 import logging
+import math
 
 import torch
 import triton
@@ -290,6 +291,26 @@ class GemmKernel(TunableKernel):
         while split < 16 and tiles * split < 132 and K >= 2 * split * 2 * bk:
             split *= 2
         return {"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk, "SPLIT_K": split, "GROUP_M": 8, "num_warps": 4, "num_stages": stages}
+
+    def seed_configs(self, shape, device=None, dtype=None):
+        """Split-K grids of one to two waves: for each column tile (32, 64 and 128 wide) at the default's row tile,
+        the split count whose grid ``tiles * SPLIT_K`` is nearest to twice the SM count (log scale), 128-deep K
+        tiles, 4 warps, 4 stages. The H200 kernel searches behind the shipped files (``kernels/tuned``, 2026-11-30)
+        picked such grids at every decode shape: 128 to 512 programs, 32- or 64-wide column tiles, 4-5 stages."""
+        sms = device_limits(device)["sms"]
+        M, N, K = shape["M"], shape["N"], shape["K"]
+        default = self.default_config(shape)
+        bm, bk = default["BLOCK_M"], 128
+        seeds: list[dict] = []
+        for bn in (32, 64, 128):
+            tiles = triton.cdiv(M, bm) * triton.cdiv(N, bn)
+            splits = [s for s in self.config_space(shape)["SPLIT_K"] if (s - 1) * bk < K] or [1]
+            sk = min(splits, key=lambda s: abs(math.log2(tiles * s / (2 * sms))))
+            c = {"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk, "SPLIT_K": sk, "GROUP_M": default["GROUP_M"],
+                 "num_warps": 4, "num_stages": 4}
+            if c not in seeds and c != default and not self.check_config(c, shape, device, dtype):
+                seeds.append(c)
+        return seeds
 
     def config_space(self, shape):
         return {"BLOCK_M": [16, 32, 64, 128], "BLOCK_N": [32, 64, 128, 256], "BLOCK_K": [32, 64, 128, 256],
