@@ -8,7 +8,9 @@ categorical whose default is the kernel's known-good default, so the baseline tr
 sub-study ``f"{study}.{kernel}.{shape_key}"`` in the same storage, opened with :func:`tuner.search.open_context`
 and run trial by trial with :func:`tuner.search.run_one` on a share of the budget -> the top few configs and the
 default re-timed -> the winner (:func:`tuner.search.pick_best`, the median over its runs) kept only if it beats
-the default by more than the measured spread -> the entry written with :func:`kernels.configs.write_config_file`
+the default by more than the measured spread -> for a kernel with a library path (``kernel.library_impl``: the
+GEMM's cuBLAS through torch) the winner and the library timed side by side, the faster named as the entry's ``impl``
+(:func:`compare_library`) -> the entry written with :func:`kernels.configs.write_config_file`
 into ``<out>/kernel_configs/`` and, where configured, ``kernel_config_dir`` / ``$TUNER_KERNEL_CONFIG_DIR``.
 
 A system search calls :func:`kernel_phase` with the shapes its parameters produce.
