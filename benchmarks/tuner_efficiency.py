@@ -331,12 +331,12 @@ def sweep_configs(case: SweepCase, device: str | None) -> tuple[list[dict], int]
     if case.max_configs and case.max_configs < space_size:
         must = [kernel.default_config(case.shape), *_starts(case.kernel, case.shape, case.dtype)]
         must = [c for i, c in enumerate(must) if c in configs and c not in must[:i]]
-        configs = must + [c for c in configs if c not in must][: case.max_configs - len(must)]
+        configs = must + [c for c in configs if c not in must][: max(0, case.max_configs - len(must))]
         random.Random(1).shuffle(configs)
     return configs, space_size
 
 
-def _first_run(kernel, inputs, out, ref, config) -> float:
+def _first_run(kernel, inputs, out, ref, config, device: str) -> float:
     """One launch into a NaN-poisoned output, synchronised; the relative error against ``ref``."""
     import torch
 
@@ -347,36 +347,62 @@ def _first_run(kernel, inputs, out, ref, config) -> float:
         result = kernel.run(inputs, config, out=out)
     else:
         result = kernel.run(inputs, config)
-    torch.cuda.synchronize()
+    if device == "cuda":
+        torch.cuda.synchronize()
     return rel_error(result, ref)
 
 
-def gpu_sweep(cases: list[SweepCase], deadline_s: float, helpers: int, rep_ms: float, on_case=None) -> list[dict]:
+def _bench(fn, sets, rep_ms: float, device: str) -> dict:
+    """``kernels.bench.do_bench`` on a GPU; on a CPU (Triton's interpreter: tests of this script only) the median
+    wall time of three calls after a warm-up, which says nothing about speed."""
+    if device == "cuda":
+        from kernels.bench import do_bench
+
+        t = do_bench(fn, sets, rep_ms=rep_ms)
+        return {"time_us": t.median_us, "spread": t.spread, "graph": t.graph}
+    fn(sets[0])
+    samples = []
+    for i in range(3):
+        s = time.perf_counter()
+        fn(sets[i % len(sets)])
+        samples.append((time.perf_counter() - s) * 1e6)
+    return {"time_us": statistics.median(samples), "spread": None, "graph": False}
+
+
+def gpu_sweep(cases: list[SweepCase], deadline_s: float, helpers: int, rep_ms: float, on_case=None,
+              device: str = "cuda") -> list[dict]:
     """Every case's configs compiled by ``helpers`` processes (``tuner.execution.compile_ahead``: Triton's warmup
     path on meta tensors, nothing launched, so timings are not disturbed; every case's configs are queued at once so
     the helpers compile the next case while this one is timed), and in this process, config by config as their
     binaries arrive: one launch into a poisoned output checked against the float32 reference of the first input
     set, then ``kernels.bench.do_bench`` over the input sets (L2 flush, CUDA graphs for short calls, input rotation),
     and the torch path of the kernel timed the same way. Each case gets a share of the time left in proportion to
-    its config count; configs past its share stay untimed (``not_timed``) and their compiles are cancelled."""
+    its configs' cost; configs past its share stay untimed (``not_timed``) and their compiles are cancelled.
+    ``device="cpu"`` (no helpers, Triton's interpreter) exercises the same code in tests; its times mean nothing."""
     import torch
 
     from kernels.base import classify_failure
-    from kernels.bench import do_bench
     from kernels.registry import get_kernel
-    from tuner.execution.compile_ahead import CompileAhead
 
     start = time.time()
-    plans = [sweep_configs(c, "cuda") for c in cases]
-    ahead = CompileAhead(helpers)
-    futures = [[ahead.submit(c.kernel, c.shape, c.dtype, cfg) for cfg in configs] for c, (configs, _) in zip(cases, plans)]
+    plans = [sweep_configs(c, device if device == "cuda" else None) for c in cases]
+    ahead = None
+    if helpers and device == "cuda":
+        from tuner.execution.compile_ahead import CompileAhead
+
+        ahead = CompileAhead(helpers)
+        futures = [[ahead.submit(c.kernel, c.shape, c.dtype, cfg) for cfg in configs]
+                   for c, (configs, _) in zip(cases, plans)]
+    else:
+        futures = [[None] * len(configs) for configs, _ in plans]
     out_cases = []
     try:
         for i, (case, (configs, space_size)) in enumerate(zip(cases, plans)):
             left = deadline_s - (time.time() - start)
             if left < 5:  # nothing to time it with: not recorded at all
                 for fut in futures[i]:
-                    fut.cancel()
+                    if fut is not None:
+                        fut.cancel()
                 continue
             rest = sum(c.cost * len(p[0]) for c, p in zip(cases[i:], plans[i:]) if not c.optional)
             share = left if case.optional else left * case.cost * len(configs) / max(1.0, rest)
@@ -384,32 +410,34 @@ def gpu_sweep(cases: list[SweepCase], deadline_s: float, helpers: int, rep_ms: f
             kernel = get_kernel(case.kernel)
             sets = []
             for k in range(max(1, min(4, int(2 * 1024**3 // max(kernel.cost(case.shape, case.dtype).bytes, 1.0))))):
-                inputs = kernel.make_inputs(case.shape, case.dtype, "cuda", 1 + k)
+                inputs = kernel.make_inputs(case.shape, case.dtype, device, 1 + k)
                 sets.append((inputs, kernel.output_like(inputs)))
             ref = kernel.reference(sets[0][0])
             tol = kernel.tolerance(case.dtype)
-            torch_t = do_bench(lambda item: kernel.torch_baseline(item[0]), sets, rep_ms=rep_ms)
+            torch_t = _bench(lambda item: kernel.torch_baseline(item[0]), sets, rep_ms, device)
             rows = []
             for config, fut in zip(configs, futures[i]):
                 row = {"config": config, "status": "not_timed", "time_us": None}
                 rows.append(row)
                 if time.time() - t0 > share or time.time() - start > deadline_s:
-                    fut.cancel()
+                    if fut is not None:
+                        fut.cancel()
                     continue
-                try:
-                    row["compile_s"] = fut.result(timeout=max(1.0, min(120.0, share - (time.time() - t0))))
-                except Exception as exc:  # noqa: BLE001 - a helper's failure: the launch below compiles and says why
-                    row["helper_error"] = f"{type(exc).__name__}: {str(exc)[:160]}"
+                if fut is not None:
+                    try:
+                        row["compile_s"] = fut.result(timeout=max(1.0, min(120.0, share - (time.time() - t0))))
+                    except Exception as exc:  # noqa: BLE001 - a helper's failure: the launch below compiles, says why
+                        row["helper_error"] = f"{type(exc).__name__}: {str(exc)[:160]}"
                 s = time.time()
                 try:
-                    err = _first_run(kernel, sets[0][0], sets[0][1], ref, config)
+                    err = _first_run(kernel, sets[0][0], sets[0][1], ref, config, device)
                     row.update(rel_error=err, first_launch_s=time.time() - s)
                     if not err <= tol:
                         row["status"] = "wrong_result"
                         continue
                     s = time.time()
-                    t = do_bench(lambda item, c=config: kernel.run(item[0], c, out=item[1]), sets, rep_ms=rep_ms)
-                    row.update(status="ok", time_us=t.median_us, spread=t.spread, graph=t.graph, timing_s=time.time() - s)
+                    t = _bench(lambda item, c=config: kernel.run(item[0], c, out=item[1]), sets, rep_ms, device)
+                    row.update(status="ok", timing_s=time.time() - s, **t)
                 except Exception as exc:  # noqa: BLE001 - a config that fails is a data point
                     row.update(status=classify_failure(exc), reason=f"{type(exc).__name__}: {str(exc)[:200]}")
             timed = [r for r in rows if r["status"] != "not_timed"]
@@ -419,14 +447,16 @@ def gpu_sweep(cases: list[SweepCase], deadline_s: float, helpers: int, rep_ms: f
                 "space_size": space_size, "sampled": len(configs), "compiled": len(timed),
                 "compile_s_per_config": statistics.median(compiles) if compiles else COMPILE_S,
                 "case_wall_s": time.time() - t0, "share_s": share, "workers": helpers, "rows": rows,
-                "default": kernel.default_config(case.shape), "torch_us": torch_t.median_us,
+                "default": kernel.default_config(case.shape), "torch_us": torch_t["time_us"],
                 "floor_us": kernel.cost(case.shape, case.dtype).bytes / 4.27e6})
             del sets, ref
-            torch.cuda.empty_cache()
+            if device == "cuda":
+                torch.cuda.empty_cache()
             if on_case:
                 on_case(out_cases[-1])
     finally:
-        ahead.close()
+        if ahead is not None:
+            ahead.close()
     return out_cases
 
 
@@ -777,6 +807,10 @@ def main(argv: list[str] | None = None) -> int:
     else:
         import torch
 
+        if not torch.cuda.is_available():
+            print("error: --gpu needs a CUDA GPU (it compiles and times real kernels); run "
+                  "benchmarks/tuner_efficiency_gpu.sh on the GPU host, then --analyze-gpu FILE here", file=sys.stderr)
+            return 2
         start = time.time()
         helpers = args.helpers or max(1, (os.cpu_count() or 2) - 2)  # the rest: this process and the GPU's feeding
         data = {"gpu": torch.cuda.get_device_name(0), "date": date, "commit": _commit(), "cases": [],

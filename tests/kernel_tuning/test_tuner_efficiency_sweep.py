@@ -61,6 +61,30 @@ def test_gemm_samples_at_m1_and_m16_are_the_same_configs(te):
         assert te.sweep_configs(by[(1, n)], None)[0] == te.sweep_configs(by[(16, n)], None)[0]
 
 
+def test_the_sweep_checks_times_and_records_every_config_on_a_cpu(te):
+    """gpu_sweep's own code on a CPU (Triton's interpreter, no compile helpers): every sampled config checked
+    against the reference and timed, the torch path beside, the default in every table; the analysis reads it."""
+    from kernels.registry import get_kernel
+
+    sd_shape = get_kernel("sparse_decode").shapes("test")[0]
+    cases = [te.SweepCase("gemm", {"M": 3, "N": 40, "K": 96}, "float32", max_configs=4),
+             te.SweepCase("sparse_decode", sd_shape, "float16", max_configs=9)]
+    seen = []
+    out = te.gpu_sweep(cases, 600.0, 0, 1.0, seen.append, device="cpu")
+    assert [c["kernel"] for c in out] == ["gemm", "sparse_decode"] and seen == out
+    for case, sizes in zip(out, (4, 9)):
+        kernel = get_kernel(case["kernel"])
+        assert case["sampled"] == len(case["rows"]) == sizes and case["space_size"] > sizes
+        assert case["default"] in [r["config"] for r in case["rows"]]
+        assert case["torch_us"] > 0 and case["held_out"]
+        for r in case["rows"]:
+            assert r["status"] == "ok", r
+            assert r["time_us"] > 0 and r["rel_error"] <= kernel.tolerance(case["dtype"])
+    data = {"gpu": "cpu (interpreter)", "date": "today", "commit": "test", "cases": out}
+    res = te.gpu_analysis(data, 1, 1, held_out=True, strategies=("tpe+moves",), firsts=(True,))
+    assert [r["n"] for r in res] == [4, 9] and all(r["sampled"] for r in res)
+
+
 def _sweep_json(path: Path, *, held_out: bool) -> None:
     """The recorded H200 batch-16 sparse decode table in the sweep's JSON format."""
     from kernels.registry import get_kernel
@@ -104,3 +128,11 @@ def test_goal_report_leaves_out_tuning_tables_and_says_so(te, tmp_path, capsys):
 def test_goal_held_out_without_a_sweep_file_is_refused(te, tmp_path, capsys):
     assert te.main(["--goal", "held_out", "--out", str(tmp_path)]) == 2
     assert "--analyze-gpu" in capsys.readouterr().err
+
+
+@pytest.mark.skipif(__import__("torch").cuda.is_available(), reason="a GPU runs the sweep")
+def test_gpu_sweep_without_a_gpu_is_refused_in_one_line(te, tmp_path, capsys):
+    assert te.main(["--gpu", "--no-analysis", "--out", str(tmp_path)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "\n" not in err and "--gpu needs a CUDA GPU" in err
+    assert not list(tmp_path.iterdir())  # nothing half-written
