@@ -216,6 +216,12 @@ class TunableKernel(abc.ABC):
     @abc.abstractmethod
     def reference(self, inputs: dict) -> torch.Tensor: ...
 
+    library_impl: str | None = None
+    """The name of a library implementation a deployment can run in this kernel's place (its ``torch_baseline`` is
+    that path: the GEMM's cuBLAS through torch is ``"torch"``). The kernel search times it beside the tuned config,
+    the same way, and records in the tuned entry's ``impl`` whichever is faster; None: the torch path is only a
+    comparison."""
+
     def torch_baseline(self, inputs: dict) -> torch.Tensor:
         return self.reference(inputs)
 

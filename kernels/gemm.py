@@ -1,7 +1,7 @@
 """GEMM ``y = x @ W.T`` for skinny decode shapes (M = 1..256), with a dtype choice.
 
 Modes (the ``dtype`` argument): ``"fp32"`` (float32 in, IEEE float32 math), ``"tf32"`` (float32 in,
-tf32 tensor cores), ``"bf16"``, ``"fp16"``, ``"fp8"`` (float8 e4m3 in with per-tensor float32 scales
+tf32 tensor cores), ``"bf16"``, ``"fp16"``, ``"fp8"`` (float8 e4m3 in with float32 scales, per tensor or per row of x and of W,
 ``x_scale``, ``w_scale``; bf16 out; compute capability >= 8.9 only). Inputs come in the mode's storage
 dtype: a serving stack converts weights once, not per call. Output: float32 for fp32/tf32, the input
 dtype for bf16/fp16, bf16 for fp8.
@@ -23,6 +23,7 @@ names one. So a tuned configuration never ships the Triton kernel at a shape whe
 from __future__ import annotations
 
 import logging
+import math
 
 import torch
 import triton
@@ -58,7 +59,7 @@ def _mode(dtype) -> str:
 def _gemm_kernel(
     x_ptr, w_ptr, y_ptr, xs_ptr, ws_ptr, p_ptr, lock_ptr,
     M, N, K, k_per_split, n_splits,
-    stride_xm, stride_xk, stride_wn, stride_wk, stride_ym, stride_yn, stride_ps,
+    stride_xm, stride_xk, stride_wn, stride_wk, stride_ym, stride_yn, stride_ps, stride_xs, stride_ws,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
     EVEN_K: tl.constexpr, IEEE: tl.constexpr, HAS_SCALE: tl.constexpr, SPLIT: tl.constexpr, FUSED: tl.constexpr,
 ):
@@ -99,8 +100,8 @@ def _gemm_kernel(
             acc = tl.dot(a, b, acc)
         x_ptrs += BLOCK_K * stride_xk
         w_ptrs += BLOCK_K * stride_wk
-    if HAS_SCALE:
-        acc = acc * (tl.load(xs_ptr) * tl.load(ws_ptr))
+    if HAS_SCALE:  # one scale per row of x and per row of w (stride 1), or one per tensor (stride 0)
+        acc = acc * (tl.load(xs_ptr + offs_xm * stride_xs)[:, None] * tl.load(ws_ptr + offs_wn * stride_ws)[None, :])
     mask = (offs_m[:, None] < M) & (offs_n[None, :] < N)
     tile = offs_m[:, None] * stride_ym + offs_n[None, :] * stride_yn
     if SPLIT:
@@ -140,8 +141,12 @@ def _check(x, w, mode, x_scale, w_scale, out):
     if x.dtype != in_dt or w.dtype != in_dt:
         raise ValueError(f"dtype={mode!r} needs x and w in {in_dt}, got {x.dtype} and {w.dtype}")
     if mode == "fp8":
-        if x_scale is None or w_scale is None or x_scale.numel() != 1 or w_scale.numel() != 1:
-            raise ValueError("dtype='fp8' needs per-tensor float32 x_scale and w_scale (one element each)")
+        M, N = x.shape[0], w.shape[0]
+        if (x_scale is None or w_scale is None or x_scale.numel() not in (1, M) or w_scale.numel() not in (1, N)
+                or x_scale.dtype != torch.float32 or w_scale.dtype != torch.float32):
+            raise ValueError(f"dtype='fp8' needs float32 x_scale (1 or M={M} elements: per tensor or per row) and "
+                             f"w_scale (1 or N={N} elements), got {None if x_scale is None else x_scale.numel()} "
+                             f"and {None if w_scale is None else w_scale.numel()}")
         if x.is_cuda and torch.cuda.get_device_capability(x.device) < (8, 9):
             raise ValueError(f"dtype='fp8' needs compute capability >= 8.9, got {torch.cuda.get_device_capability(x.device)}")
     M, N = x.shape[0], w.shape[0]
@@ -198,11 +203,14 @@ def gemm(
     n_tiles = triton.cdiv(M, BM) * triton.cdiv(N, BN)
     partial = out if SK == 1 else torch.empty((SK, M, N), device=x.device, dtype=torch.float32)
     locks = _tile_counters(x.device, n_tiles) if SK > 1 and fused_split_k else x
-    scale_a = x_scale if x_scale is not None else x
-    scale_b = w_scale if w_scale is not None else w
+    scale_a = x_scale.reshape(-1).contiguous() if x_scale is not None else x
+    scale_b = w_scale.reshape(-1).contiguous() if w_scale is not None else w
+    xs_stride = 1 if x_scale is not None and x_scale.numel() > 1 else 0
+    ws_stride = 1 if w_scale is not None and w_scale.numel() > 1 else 0
     _gemm_kernel[(n_tiles, SK)](
         x, w, out, scale_a, scale_b, partial, locks, M, N, K, k_per_split, SK,
         x.stride(0), x.stride(1), w.stride(0), w.stride(1), out.stride(0), out.stride(1), partial.stride(0),
+        xs_stride, ws_stride,
         BLOCK_M=BM, BLOCK_N=BN, BLOCK_K=BK, GROUP_M=config["GROUP_M"],
         EVEN_K=(K % (SK * BK) == 0 and k_per_split * SK == K), IEEE=(mode == "fp32"),
         HAS_SCALE=(mode == "fp8"), SPLIT=SK > 1, FUSED=bool(fused_split_k),
@@ -219,11 +227,16 @@ def torch_linear(x, w, dtype=None, *, x_scale=None, w_scale=None) -> torch.Tenso
     to a multiple of 16, which it requires; the padding is part of the cost)."""
     mode = ("tf32" if x.dtype == torch.float32 else _mode(x.dtype)) if dtype is None else _mode(dtype)
     if mode == "fp8":
-        M = x.shape[0]
+        M, N = x.shape[0], w.shape[0]
         pad = (-M) % 16
         xp = torch.nn.functional.pad(x.view(torch.uint8), (0, 0, 0, pad)).view(x.dtype) if pad else x
-        y = torch._scaled_mm(xp, w.t(), scale_a=x_scale.reshape(()).float(), scale_b=w_scale.reshape(()).float(),
-                             out_dtype=torch.bfloat16)
+        if x_scale.numel() == 1 and w_scale.numel() == 1:
+            sa, sb = x_scale.reshape(()).float(), w_scale.reshape(()).float()
+        else:  # row-wise: torch takes [M, 1] and [1, N] (both row-wise), padded rows scaled by one
+            sa = x_scale.reshape(-1, 1).float().expand(M, 1)
+            sa = torch.cat([sa, sa.new_ones(pad, 1)]) if pad else sa.contiguous()
+            sb = w_scale.reshape(1, -1).float().expand(1, N).contiguous()
+        y = torch._scaled_mm(xp, w.t(), scale_a=sa, scale_b=sb, out_dtype=torch.bfloat16)
         y = y[0] if isinstance(y, tuple) else y
         return y[:M]
     with tf32_matmul(mode == "tf32"):
@@ -265,8 +278,9 @@ def linear(
 def gemm_reference(x, w, dtype=None, x_scale=None, w_scale=None) -> torch.Tensor:
     dt = torch.float64 if x.device.type == "cpu" else torch.float32
     xr, wr = x.to(dt), w.to(dt)
-    if x_scale is not None:
-        xr, wr = xr * x_scale.to(dt), wr * w_scale.to(dt)
+    if x_scale is not None:  # per tensor (one element) or per row of x and of w
+        xr = xr * x_scale.to(dt).reshape(-1, 1) if x_scale.numel() > 1 else xr * x_scale.to(dt)
+        wr = wr * w_scale.to(dt).reshape(-1, 1) if w_scale.numel() > 1 else wr * w_scale.to(dt)
     with tf32_matmul(False):
         return xr @ wr.t()
 
@@ -274,6 +288,7 @@ def gemm_reference(x, w, dtype=None, x_scale=None, w_scale=None) -> torch.Tensor
 class GemmKernel(TunableKernel):
     name = "gemm"
     batch_dim = "M"
+    library_impl = "torch"  # torch_linear: cuBLAS through torch, torch._scaled_mm for fp8 (what linear(impl="torch") runs)
     instance: GemmKernel
 
     def default_config(self, shape):
@@ -289,6 +304,26 @@ class GemmKernel(TunableKernel):
         while split < 16 and tiles * split < 132 and K >= 2 * split * 2 * bk:
             split *= 2
         return {"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk, "SPLIT_K": split, "GROUP_M": 8, "num_warps": 4, "num_stages": stages}
+
+    def seed_configs(self, shape, device=None, dtype=None):
+        """Split-K grids of one to two waves: for each column tile (32, 64 and 128 wide) at the default's row tile,
+        the split count whose grid ``tiles * SPLIT_K`` is nearest to twice the SM count (log scale), 128-deep K
+        tiles, 4 warps, 4 stages. The H200 kernel searches behind the shipped files (``kernels/tuned``, 2026-11-30)
+        picked such grids at every decode shape: 128 to 512 programs, 32- or 64-wide column tiles, 4-5 stages."""
+        sms = device_limits(device)["sms"]
+        M, N, K = shape["M"], shape["N"], shape["K"]
+        default = self.default_config(shape)
+        bm, bk = default["BLOCK_M"], 128
+        seeds: list[dict] = []
+        for bn in (32, 64, 128):
+            tiles = triton.cdiv(M, bm) * triton.cdiv(N, bn)
+            splits = [s for s in self.config_space(shape)["SPLIT_K"] if (s - 1) * bk < K] or [1]
+            sk = min(splits, key=lambda s: abs(math.log2(tiles * s / (2 * sms))))
+            c = {"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk, "SPLIT_K": sk, "GROUP_M": default["GROUP_M"],
+                 "num_warps": 4, "num_stages": 4}
+            if c not in seeds and c != default and not self.check_config(c, shape, device, dtype):
+                seeds.append(c)
+        return seeds
 
     def config_space(self, shape):
         return {"BLOCK_M": [16, 32, 64, 128], "BLOCK_N": [32, 64, 128, 256], "BLOCK_K": [32, 64, 128, 256],

@@ -80,3 +80,21 @@ def test_linear_implementations_agree_and_auto_follows_the_tuned_file(tmp_path, 
     with pytest.raises(ValueError, match="impl="):
         linear(x, w, "fp32", "cublas")
     configs.clear_cache()
+
+
+def test_torch_linear_takes_row_wise_fp8_scales_on_a_cpu():
+    """The library path with one scale per row of x and of W (torch._scaled_mm runs fp8 on a CPU too), against the
+    float64 product of the dequantised operands, and the checks that name a scale of the wrong size."""
+    from kernels.gemm import _check, gemm_reference, torch_linear
+
+    torch.manual_seed(3)
+    M, N, K = 3, 48, 64
+    x = torch.randn(M, K) * torch.tensor([1e-3, 1.0, 10.0])[:, None]
+    w = torch.randn(N, K) / 8
+    xs, ws = x.abs().amax(1) / 448.0, w.abs().amax(1) / 448.0
+    xq, wq = (x / xs[:, None]).to(torch.float8_e4m3fn), (w / ws[:, None]).to(torch.float8_e4m3fn)
+    y, ref = torch_linear(xq, wq, "fp8", x_scale=xs, w_scale=ws).double(), gemm_reference(xq, wq, "fp8", xs, ws)
+    for row in range(M):
+        assert (y[row] - ref[row]).norm() / ref[row].norm() < 1e-2, row
+    with pytest.raises(ValueError, match="x_scale"):
+        _check(xq, wq, "fp8", xs[:2], ws, None)

@@ -31,7 +31,7 @@ def test_the_brief_knobs_map_to_their_sglang_flags():
     assert flag["sparse_num_splits"] == "--triton-attention-num-kv-splits"
     assert flag["moe_impl"] == "--moe-runner-backend"
     assert flag["glue"] == "--enable-torch-compile"
-    for knob in ("gemm_proj", "gemm_indexer", "gemm_moe", "gemm_mhc", "sparse_block_t"):
+    for knob in ("gemm_proj", "gemm_indexer", "gemm_moe", "gemm_mhc", "gemm_impl", "sparse_block_t"):
         assert space.param(knob).server.none, knob  # marked as having no counterpart, with a reason
 
 
@@ -67,7 +67,7 @@ def test_server_launch_translates_values_and_lists_knobs_without_a_flag():
         ["1", "2", "4", "8", "16", "32"]
     assert a[a.index("--torch-compile-max-bs") + 1] == "32"  # no larger than the largest captured graph
     assert "--enable-dsa-fused-indexer" not in a  # torch indexer: the server's default path
-    assert {p.name for p, _ in launch.unmapped} == {"gemm_proj", "gemm_indexer", "gemm_moe", "gemm_mhc",
+    assert {p.name for p, _ in launch.unmapped} == {"gemm_proj", "gemm_indexer", "gemm_moe", "gemm_mhc", "gemm_impl",
                                                     "sparse_block_t", "sparse_block_h"}
     none = server_launch(space, {**space.defaults(), "cuda_graph_buckets": "none:1"})
     assert "--disable-decode-cuda-graph" in none.args

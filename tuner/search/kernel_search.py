@@ -8,7 +8,9 @@ categorical whose default is the kernel's known-good default, so the baseline tr
 sub-study ``f"{study}.{kernel}.{shape_key}"`` in the same storage, opened with :func:`tuner.search.open_context`
 and run trial by trial with :func:`tuner.search.run_one` on a share of the budget -> the top few configs and the
 default re-timed -> the winner (:func:`tuner.search.pick_best`, the median over its runs) kept only if it beats
-the default by more than the measured spread -> the entry written with :func:`kernels.configs.write_config_file`
+the default by more than the measured spread -> for a kernel with a library path (``kernel.library_impl``: the
+GEMM's cuBLAS through torch) the winner and the library timed side by side, the faster named as the entry's ``impl``
+(:func:`compare_library`) -> the entry written with :func:`kernels.configs.write_config_file`
 into ``<out>/kernel_configs/`` and, where configured, ``kernel_config_dir`` / ``$TUNER_KERNEL_CONFIG_DIR``.
 
 A system search calls :func:`kernel_phase` with the shapes its parameters produce.
@@ -103,6 +105,12 @@ class KernelCaseResult:
     counts: dict[str, int] = field(default_factory=dict)
     reason: str = ""
     elapsed_s: float = 0.0
+    impl: str | None = None
+    """For a kernel with a library path (``kernel.library_impl``): what the entry ships, the library's name or
+    ``triton``, whichever measured faster beside the other (:func:`compare_library`); None: not compared."""
+    library_time_us: float | None = None
+    impl_triton_time_us: float | None = None
+    """The tuned config's time measured beside the library's (same process, bench and inputs)."""
 
     @property
     def speedup(self) -> float | None:
@@ -112,9 +120,13 @@ class KernelCaseResult:
 
     def entry(self) -> dict[str, Any]:
         """The tuned-config file entry of this case."""
-        return {"config": self.config, "time_us": self.time_us, "default_time_us": self.default_time_us,
-                "spread": self.spread, "status": self.status, "study": self.study, "trials": self.trials,
-                "tuned_at": datetime.now(timezone.utc).isoformat(timespec="seconds")}
+        entry = {"config": self.config, "time_us": self.time_us, "default_time_us": self.default_time_us,
+                 "spread": self.spread, "status": self.status, "study": self.study, "trials": self.trials,
+                 "tuned_at": datetime.now(timezone.utc).isoformat(timespec="seconds")}
+        if self.impl is not None:  # read by kernels.configs.tuned_impl (kernels.gemm.linear(impl="auto"))
+            entry.update(impl=self.impl, library_time_us=self.library_time_us,
+                         impl_triton_time_us=self.impl_triton_time_us)
+        return entry
 
 
 @dataclass
@@ -146,6 +158,10 @@ class KernelSearchResult:
                        f"{c.evaluated} configs run of {c.trials} trials" + (f"; {c.reason}" if c.reason else ""))
             if c.status == "tuned" and c.config:
                 out.append(f"      config {c.config}")
+            if c.impl is not None:
+                lib = f"{c.library_time_us:.2f} us" if c.library_time_us is not None else "not correct"
+                tri = f"{c.impl_triton_time_us:.2f} us" if c.impl_triton_time_us is not None else "not correct"
+                out.append(f"      ships {c.impl}: library {lib}, tuned Triton {tri} (measured side by side)")
         if self.compile_ahead:
             out.append(self.compile_ahead)
         if self.config_dir:
@@ -254,6 +270,66 @@ def cached_entry(case: KernelCase, gpu: str, dirs: Iterable[str | Path]) -> tupl
             _logger.warning("cached config %s for %s [%s] in %s breaks a rule now; re-tuning", entry["config"],
                             kernel.name, key, path)
     return None
+
+
+# -- how a case is searched (benchmarks/tuner_efficiency.py replays exactly this) ------------------------------
+def kernel_sampler(resolved, seed: int | None, *, parallel: bool) -> optuna.samplers.BaseSampler:
+    """The sampler of every kernel sub-study: the study-wide TPE (:func:`tuner.search.make_sampler`); with trials
+    asked ahead (``parallel``, compile helpers) a constant liar keeps the pending ones apart."""
+    return make_sampler(resolved, seed, parallel=parallel)
+
+
+def starting_configs(case: KernelCase, device: str | None) -> list[dict[str, Any]]:
+    """The configs tried right after the default (the baseline) in a fresh sub-study: the kernel's
+    ``seed_configs``, in order."""
+    return list(load_kernel(case.kernel).seed_configs(case.shape, device, case.dtype))
+
+
+def choose_impl(triton_us: float | None, library_us: float | None, library: str) -> str:
+    """What a tuned entry ships: the Triton kernel only where it measured faster than the library beside it (so
+    no tuned configuration ships a kernel slower than the library's); the library where it is faster, ties, or the
+    Triton config did not run correctly; ``triton`` where the library path did not run correctly."""
+    if library_us is None:
+        return "triton" if triton_us is not None else library
+    return "triton" if triton_us is not None and triton_us < library_us else library
+
+
+def compare_library(res: KernelCaseResult, options: SearchOptions) -> None:
+    """Time ``res.config`` and its kernel's library path the same way (one fresh process: the kernels target's
+    bench, inputs and correctness check, ``python -m tuner.targets.kernels --compare-library``), and set
+    ``res.impl`` to the faster. A comparison that fails leaves ``impl`` unset (``linear(impl="auto")`` then runs
+    the library) and says why in ``res.reason``."""
+    import json
+    import subprocess
+    import sys
+
+    from tuner.execution.isolation import trial_env
+
+    kernel = load_kernel(res.kernel)
+    if kernel.library_impl is None or res.config is None:
+        return
+    config = {**kernel.default_config(res.shape), **res.config}
+    argv = [sys.executable, "-m", "tuner.targets.kernels", "--kernel", res.kernel, "--shape",
+            json.dumps(res.shape, sort_keys=True), "--dtype", res.dtype, "--config", json.dumps(config, sort_keys=True),
+            "--compare-library"]
+    if options.settings.get("allow_cpu_interpreter"):
+        argv.append("--allow-cpu-interpreter")
+    gpus = list(options.gpus[:1]) if options.gpus else None
+    try:
+        p = subprocess.run(argv, env=trial_env(gpus, {}), capture_output=True, text=True, timeout=300)
+        found = json.loads(p.stdout.strip().splitlines()[-1]) if p.returncode == 0 and p.stdout.strip() else None
+    except (OSError, subprocess.TimeoutExpired, json.JSONDecodeError) as exc:
+        p, found = None, None
+        why = f"{type(exc).__name__}: {exc}"
+    if found is None:
+        why = why if p is None else (p.stderr.strip().splitlines() or ["no output"])[-1]
+        res.reason = "; ".join(x for x in (res.reason, f"library comparison failed ({why[:200]})") if x)
+        _logger.warning("%s [%s]: library comparison failed: %s", res.kernel, res.shape_key, why)
+        return
+    res.library_time_us, res.impl_triton_time_us = found["library_us"], found["triton_us"]
+    res.impl = choose_impl(found["triton_us"], found["library_us"], kernel.library_impl)
+    _logger.info("%s [%s]: library %s us, tuned Triton %s us: ships %s", res.kernel, res.shape_key,
+                 found["library_us"], found["triton_us"], res.impl)
 
 
 # -- one case ------------------------------------------------------------------------------------------------
@@ -449,13 +525,11 @@ def tune_case(case: KernelCase, options: SearchOptions, study: str, progress: Pr
         progress.started(ctx)
         progress.message(f"tuning {case.kernel} at [{case.shape_key}] {case.dtype}: study {study}, "
                          f"{options.budget_s:.0f}s")
-    if ahead is not None:  # trials are asked ahead: a constant liar keeps the pending ones apart
-        ctx.study.sampler = make_sampler(ctx.resolved, options.seed, parallel=True)
+    ctx.study.sampler = kernel_sampler(ctx.resolved, options.seed, parallel=ahead is not None)
     defaults = ctx.resolved.defaults()
     if not ctx.trials:  # a fresh sub-study: after the default (the baseline), the kernel's own starting points
-        kernel = load_kernel(case.kernel)
         device = "cuda" if ctx.hardware.gpu_count else None
-        for cfg in kernel.seed_configs(case.shape, device, case.dtype):
+        for cfg in starting_configs(case, device):
             ctx.study.enqueue_trial(suggestable(ctx.resolved, cfg), user_attrs={SEED_ATTR: True})
     k = max(0, options.confirm_top)
     try:
@@ -474,6 +548,8 @@ def tune_case(case: KernelCase, options: SearchOptions, study: str, progress: Pr
         reason = "interrupted"
     res = _decide(ctx, case, defaults, KernelsSettings.parse(options.settings, owner="the kernels plan").min_gain)
     ctx.repo.end_run(ctx.run.id, "interrupted" if ctx.stop.is_set() else "finished")
+    if res.status in ("tuned", "default_kept") and not ctx.stop.is_set():
+        compare_library(res, options)
     res.reason = "; ".join(x for x in (res.reason, reason) if x)
     res.elapsed_s = time.time() - t0
     return res
@@ -533,7 +609,9 @@ def tune_cases(cases: list[KernelCase], options: SearchOptions, *, study: str, p
         results.append(KernelCaseResult(case.kernel, dict(case.shape), case.dtype, case.shape_key, "cached",
                                         config=entry["config"], time_us=entry.get("time_us"),
                                         default_time_us=entry.get("default_time_us"), spread=entry.get("spread"),
-                                        study=str(entry.get("study", "")), reason=f"reused from {path}"))
+                                        study=str(entry.get("study", "")), reason=f"reused from {path}",
+                                        impl=entry.get("impl"), library_time_us=entry.get("library_time_us"),
+                                        impl_triton_time_us=entry.get("impl_triton_time_us")))
         if progress:
             progress.message(f"{case.kernel} [{case.shape_key}]: reusing the tuned config in {path}")
     ahead = CompileAhead(helpers, list(options.gpus[:1]) if options.gpus else None) if helpers and todo else None
@@ -689,4 +767,5 @@ def kernel_phase(ctx: SearchContext, shapes: Iterable[KernelCase | tuple], budge
 
 
 __all__ = ["KernelCase", "KernelCaseResult", "KernelSearchResult", "cached_entry", "is_kernel_plan",
-           "kernel_phase", "kernel_space_yaml", "plan_cases", "run_kernel_search", "tune_case", "tune_cases"]
+           "choose_impl", "compare_library", "kernel_phase", "kernel_sampler", "kernel_space_yaml", "plan_cases", "run_kernel_search", "starting_configs",
+           "tune_case", "tune_cases"]

@@ -269,9 +269,30 @@ class KernelsTarget(Target):
             return Measurement.failed(Outcome(classify_failure(exc)), f"timing: {type(exc).__name__}: {exc}"[:2000])
         return self._measurement(timing, err, first_s, device)
 
-    def _time(self, config: dict, device: str) -> dict[str, Any]:
+    def compare_library(self, config: dict[str, Any], device: str) -> dict[str, Any]:
+        """``config`` and the kernel's library path (``kernel.torch_baseline``, named by ``kernel.library_impl``)
+        measured the same way in this process: each checked once on the correctness inputs against the reference,
+        then timed by the same bench on the same input sets, Triton first, the library second."""
+        from kernels.base import check as check_once
+        from kernels.base import rel_error
+
         kernel = self.kernel
-        recorded = kernel.recorded_time_us(config, self.shape) if device != "cuda" else None
+        if kernel.library_impl is None:
+            raise TargetError(f"kernel {self.kernel_name!r} names no library implementation to compare with")
+        tol = kernel.tolerance(self.dtype)
+        err = check_once(kernel, self.shape, self.dtype, config, device, self.seed)
+        inputs = kernel.make_inputs(self.shape, self.dtype, device, self.seed)
+        lib_err = rel_error(kernel.torch_baseline(inputs), kernel.reference(inputs))
+        out: dict[str, Any] = {"library_impl": kernel.library_impl, "rel_error": err, "library_rel_error": lib_err,
+                               "tolerance": tol}
+        out["triton_us"] = self._time(config, device)["median"] if err <= tol else None
+        out["library_us"] = self._time(config, device, library=True)["median"] if lib_err <= tol else None
+        return out
+
+    def _time(self, config: dict, device: str, library: bool = False) -> dict[str, Any]:
+        """Time ``config`` (or, with ``library``, the kernel's library path on the same input sets)."""
+        kernel = self.kernel
+        recorded = kernel.recorded_time_us(config, self.shape) if device != "cuda" and not library else None
         if recorded is not None:
             # replay: a kernel that carries recorded GPU timings (tests, strategy studies) answers from its table
             us = float(recorded)
@@ -285,6 +306,8 @@ class KernelsTarget(Target):
 
         def call(item):
             inputs, out = item
+            if library:
+                return kernel.torch_baseline(inputs)
             return kernel.run(inputs, config) if out is None else kernel.run(inputs, config, out=out)
 
         if device == "cuda":
@@ -294,6 +317,7 @@ class KernelsTarget(Target):
             return {"median": t.median_us, "p20": t.p20_us, "p80": t.p80_us, "n": t.n, "graph": t.graph,
                     "spread": t.spread, "sets": n_sets}
         samples = []  # the interpreter: wall time of whole calls, for tests only
+        call(sets[0])  # warm-up outside the timing, as on a GPU (first-call set-up is not the call's time)
         for i in range(3):
             s = time.perf_counter()
             call(sets[i % n_sets])
@@ -349,7 +373,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--config", required=True, help="JSON mapping of config fields")
     ap.add_argument("--dtype", default="bfloat16")
     ap.add_argument("--allow-cpu-interpreter", action="store_true")
+    ap.add_argument("--compare-library", action="store_true",
+                    help="time the config and the kernel's library path (torch) the same way; print both as JSON")
     args = ap.parse_args(argv)
+    import torch
+
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    if device == "cpu" and args.allow_cpu_interpreter:
+        os.environ.setdefault("TRITON_INTERPRET", "1")  # before anything imports Triton (detect_hardware does)
     from search_spaces import detect_hardware, load_space_text, resolve
 
     config = json.loads(args.config)
@@ -360,6 +391,13 @@ def main(argv: list[str] | None = None) -> int:
     target = KernelsTarget(resolve(space, detect_hardware()),
                            {"kernel": args.kernel, "shape": args.shape, "dtype": args.dtype,
                             "allow_cpu_interpreter": args.allow_cpu_interpreter})
+    if args.compare_library:
+        if device == "cpu" and not args.allow_cpu_interpreter:
+            print("error: --compare-library on a CPU runs Triton's interpreter; pass --allow-cpu-interpreter "
+                  "(tests) or run it on a GPU host", file=sys.stderr)
+            return 2
+        print(json.dumps(target.compare_library(config, device)))
+        return 0
     m = target.evaluate(config, time.time() + 600)
     print(json.dumps(m.to_json(), indent=1))
     return 0 if m.outcome is Outcome.OK else 1

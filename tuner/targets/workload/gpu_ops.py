@@ -82,6 +82,26 @@ def triton_moe(knobs: dict[str, Any]) -> Callable[..., torch.Tensor]:
     return fn
 
 
+def kernel_linear(lin: Any, x: torch.Tensor) -> torch.Tensor:
+    """``lin(x)`` (a :class:`tuner.targets.workload.ops.Linear`) through ``kernels.gemm.linear`` with ``lin.impl``
+    (``triton``: the Triton skinny GEMM at its tuned config; ``auto``: per shape, whichever the tuned-config file
+    recorded as faster, the library where none is recorded). The same dtypes as the torch path: fp8 quantises ``x``
+    per row against the weight's per-channel scales, as the torch path does, and returns bf16 cast to ``x``'s dtype."""
+    from kernels.gemm import linear
+
+    out_dtype = x.dtype
+    x2 = x.reshape(-1, x.shape[-1])
+    mode = lin.dtype_name
+    if mode == "fp8":
+        xs = x2.float().abs().amax(dim=1).clamp(min=1e-12) / 448.0  # [tokens]
+        xq = (x2.float() / xs[:, None]).to(torch.float8_e4m3fn)
+        y = linear(xq, lin.weight, "fp8", lin.impl, x_scale=xs.float(), w_scale=lin.scale.reshape(-1).float())
+    else:
+        xin = x2.float() if mode in ("fp32", "tf32") else x2.to(lin.weight.dtype)
+        y = linear(xin.contiguous(), lin.weight, mode, lin.impl)
+    return y.to(out_dtype).reshape(*x.shape[:-1], y.shape[-1])
+
+
 def fused_glue() -> tuple[Callable, Callable]:
     """(add_rms_norm, rope) from ``kernels.glue``: one pass each, casts included."""
     from kernels import glue

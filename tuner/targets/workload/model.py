@@ -27,6 +27,7 @@ import torch
 
 from tuner.errors import KnobError
 from tuner.targets.workload.ops import (
+    GEMM_IMPLS,
     Linear,
     add_rms_norm,
     indexer_scores_torch,
@@ -50,6 +51,7 @@ DEFAULT_KNOBS: dict[str, Any] = {
     "gemm_indexer": "fp32",
     "gemm_moe": "bf16",
     "gemm_mhc": "fp32",
+    "gemm_impl": "torch",  # every Linear's GEMM: torch (cuBLAS, _scaled_mm for fp8), triton (kernels/gemm.py) or auto
     "glue": "eager",
     "moe_impl": "torch",
 }
@@ -133,6 +135,8 @@ class DecodeModel:
                 raise KnobError(f"workload knob `{fam}` must be fp32, tf32, bf16, fp16 or fp8, but got {k[fam]!r}")
             if k[fam] == "fp8" and self.device.type != "cuda":
                 raise KnobError(f"workload knob `{fam}=fp8` needs a GPU with fp8 (compute capability >= 8.9)")
+        if k["gemm_impl"] not in GEMM_IMPLS:
+            raise KnobError(f"workload knob `gemm_impl` must be one of {', '.join(GEMM_IMPLS)}, but got {k['gemm_impl']!r}")
         if k["indexer_width"] not in ("static", "live"):
             raise KnobError(f"workload knob `indexer_width` must be static or live, but got {k['indexer_width']!r}")
         ctx = int(k["context_length"])
@@ -149,7 +153,7 @@ class DecodeModel:
                             f"but got {k['indexer_dead_tiles']!r}")
         if self.device.type != "cuda":
             for knob, gpu_only in (("indexer_impl", "triton"), ("glue", "fused"), ("glue", "compile"),
-                                   ("moe_impl", "triton")):
+                                   ("moe_impl", "triton"), ("gemm_impl", "triton"), ("gemm_impl", "auto")):
                 if k[knob] == gpu_only:
                     raise KnobError(f"workload knob `{knob}={gpu_only}` needs a GPU (Triton)")
 
@@ -158,6 +162,10 @@ class DecodeModel:
         t = torch.randn(*shape, generator=g, device=g.device)
         return (t * (scale if scale is not None else 1.0 / math.sqrt(fan_in))).to(self.device)
 
+    def _linear(self, w: torch.Tensor, dtype_name: str) -> Linear:
+        """A linear of the model: its family's dtype, its GEMM run by knob ``gemm_impl``."""
+        return Linear.make(w, dtype_name, self.knobs["gemm_impl"])
+
     def _init_weights(self, g: torch.Generator) -> LayerWeights:
         p, k = self.p, self.knobs
         proj, dt = k["gemm_proj"], self.act_dtype
@@ -165,16 +173,16 @@ class DecodeModel:
         for kind in sorted(set(p.kinds())):
             gsize = (p.heads // p.o_groups) * p.head_dim
             attn[kind] = AttnWeights(
-                q_a=Linear.make(self._rand(g, p.q_lora, p.hidden), proj),
+                q_a=self._linear(self._rand(g, p.q_lora, p.hidden), proj),
                 q_a_norm=torch.ones(p.q_lora, device=self.device, dtype=dt),
-                q_b=Linear.make(self._rand(g, p.heads * p.head_dim, p.q_lora), proj),
-                kv=Linear.make(self._rand(g, p.head_dim, p.hidden), proj),
+                q_b=self._linear(self._rand(g, p.heads * p.head_dim, p.q_lora), proj),
+                kv=self._linear(self._rand(g, p.head_dim, p.hidden), proj),
                 o_a=(self._rand(g, p.o_groups, gsize, p.o_lora, scale=1 / math.sqrt(gsize))).to(
                     torch.bfloat16 if proj in ("bf16", "fp8") else torch.float32),
-                o_b=Linear.make(self._rand(g, p.hidden, p.o_groups * p.o_lora), proj),
-                idx_q=Linear.make(self._rand(g, p.indexer_heads * p.indexer_dim, p.q_lora), k["gemm_indexer"])
+                o_b=self._linear(self._rand(g, p.hidden, p.o_groups * p.o_lora), proj),
+                idx_q=self._linear(self._rand(g, p.indexer_heads * p.indexer_dim, p.q_lora), k["gemm_indexer"])
                 if kind == "csa" else None,
-                idx_w=Linear.make(self._rand(g, p.indexer_heads, p.hidden), k["gemm_indexer"])
+                idx_w=self._linear(self._rand(g, p.indexer_heads, p.hidden), k["gemm_indexer"])
                 if kind == "csa" else None,
             )
         moe_dt = torch.bfloat16 if k["gemm_moe"] in ("bf16", "fp8") else (
@@ -184,12 +192,12 @@ class DecodeModel:
             attn=attn,
             norm1=torch.ones(p.hidden, device=self.device, dtype=dt),
             norm2=torch.ones(p.hidden, device=self.device, dtype=dt),
-            mhc=Linear.make(self._rand(g, p.mhc_out, p.mhc_mult * p.hidden), k["gemm_mhc"]),
-            gate=Linear.make(self._rand(g, p.experts_total, p.hidden), "fp32"),
+            mhc=self._linear(self._rand(g, p.mhc_out, p.mhc_mult * p.hidden), k["gemm_mhc"]),
+            gate=self._linear(self._rand(g, p.experts_total, p.hidden), "fp32"),
             w13=self._rand(g, E, p.hidden, 2 * W, scale=1 / math.sqrt(p.hidden)).to(moe_dt),
             w2=self._rand(g, E, W, p.hidden, scale=1 / math.sqrt(W)).to(moe_dt),
-            shared_w13=Linear.make(self._rand(g, 2 * W, p.hidden), k["gemm_moe"]),
-            shared_w2=Linear.make(self._rand(g, p.hidden, W), k["gemm_moe"]),
+            shared_w13=self._linear(self._rand(g, 2 * W, p.hidden), k["gemm_moe"]),
+            shared_w2=self._linear(self._rand(g, p.hidden, W), k["gemm_moe"]),
         )
 
     def _attention_fn(self) -> Callable[[torch.Tensor, torch.Tensor, torch.Tensor, float], torch.Tensor]:

@@ -18,25 +18,37 @@ GEMM_DTYPES = {"fp32": torch.float32, "tf32": torch.float32, "bf16": torch.bfloa
                "fp8": torch.float8_e4m3fn}
 
 
+GEMM_IMPLS = ("torch", "triton", "auto")
+"""Who runs a linear (knob ``gemm_impl``): the library through torch (cuBLAS; ``torch._scaled_mm`` for fp8), the Triton
+skinny GEMM of ``kernels/gemm.py``, or ``auto``: per shape, what the tuned-config file recorded as faster
+(``kernels.gemm.linear``; the library where no entry names one)."""
+
+
 @dataclass
 class Linear:
     """A weight stored in its family's dtype; ``fp8`` keeps e4m3 values with one scale per output channel, and scales
     each activation row (token) on the fly, as fp8 serving does (DeepSeek's checkpoints scale 128-wide blocks; one
     scale per whole tensor, as this twin first did, let a small token or channel sink into e4m3's subnormals: 0.20-0.34
-    rel. error for the fp8 MoE over 12 seeds on an H200, against a 0.25 tolerance)."""
+    rel. error for the fp8 MoE over 12 seeds on an H200, against a 0.25 tolerance). ``impl``: one of
+    :data:`GEMM_IMPLS`; anything but ``torch`` runs through ``kernels.gemm.linear`` (a GPU)."""
 
     weight: torch.Tensor  # [out, in]
     dtype_name: str
     scale: torch.Tensor | None = None  # fp8: [1, out] float32
+    impl: str = "torch"
 
     @classmethod
-    def make(cls, w: torch.Tensor, dtype_name: str) -> Linear:
+    def make(cls, w: torch.Tensor, dtype_name: str, impl: str = "torch") -> Linear:
         if dtype_name == "fp8":
             scale = w.abs().amax(dim=1, keepdim=True).float().clamp(min=1e-12) / 448.0  # [out, 1]
-            return cls((w / scale).to(torch.float8_e4m3fn), dtype_name, scale.t().contiguous())
-        return cls(w.to(GEMM_DTYPES[dtype_name]).contiguous(), dtype_name)
+            return cls((w / scale).to(torch.float8_e4m3fn), dtype_name, scale.t().contiguous(), impl)
+        return cls(w.to(GEMM_DTYPES[dtype_name]).contiguous(), dtype_name, None, impl)
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        if self.impl != "torch":
+            from tuner.targets.workload.gpu_ops import kernel_linear
+
+            return kernel_linear(self, x)
         out_dtype = x.dtype
         if self.dtype_name == "fp8":
             x2 = x.reshape(-1, x.shape[-1]).float()

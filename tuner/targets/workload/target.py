@@ -190,8 +190,8 @@ class WorkloadTarget(Target):
 
     def kernel_shapes(self) -> list[tuple[str, dict[str, int]]]:
         """The kernel shapes this space's configurations produce: every concurrency level (as the batch, and as
-        padded to each bucket size it can take) for the MMA attention and the fused MoE, and the indexer at every
-        context cap."""
+        padded to each bucket size it can take) for the MMA attention and the fused MoE, the indexer at every
+        context cap, and, with the ``gemm_impl`` knob, the linears' GEMMs."""
         p, live = self.preset, self.config.live_context
         from search_spaces.buckets import level_batches
 
@@ -211,7 +211,16 @@ class WorkloadTarget(Target):
         for b in order:
             shapes += [("indexer", {"batch": b, "heads": p.indexer_heads, "dim": p.indexer_dim, "width": w,
                                     "shared_k": 0}) for w in sorted(widths)]
+        if "gemm_impl" in self.space.names:  # last: the linears' (N, K) in bf16, whose entries gemm_impl=auto follows
+            for b in order:
+                shapes += [("gemm", {"M": b, "N": n, "K": k}) for n, k in dict.fromkeys(self.gemm_shapes())]
         return shapes
+
+    def gemm_shapes(self) -> list[tuple[int, int]]:
+        """(N, K) of the twin's bf16-family linears: the attention projections and the shared expert."""
+        p = self.preset
+        return [(p.q_lora, p.hidden), (p.heads * p.head_dim, p.q_lora), (p.head_dim, p.hidden),
+                (p.hidden, p.o_groups * p.o_lora), (2 * p.expert_width, p.hidden), (p.hidden, p.expert_width)]
 
     def kernel_config_dirs(self) -> list[str]:
         import os

@@ -1,0 +1,138 @@
+"""The CPU-runnable parts of the issue 20 GPU sweep (benchmarks/tuner_efficiency.py, tuner_efficiency_gpu.sh): the
+cases fixed before the run, their samples, and the held-out goal report replayed from a real recorded H200 table."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture(scope="module")
+def te():
+    """The benchmark script as a module (registered before it runs: its dataclasses look their module up)."""
+    spec = importlib.util.spec_from_file_location("tuner_efficiency", ROOT / "benchmarks" / "tuner_efficiency.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["tuner_efficiency"] = module
+    saved = list(sys.path)
+    try:
+        spec.loader.exec_module(module)
+        yield module
+    finally:
+        sys.path[:] = saved
+        sys.modules.pop("tuner_efficiency", None)
+
+
+def test_sweep_cases_cover_issue20_kernels_and_are_all_held_out(te):
+    cases = {(c.kernel, c.dtype, tuple(sorted(c.shape.items()))) for c in te.GPU_CASES}
+    sd = [c for c in te.GPU_CASES if c.kernel == "sparse_decode"]
+    assert sorted(c.shape["batch"] for c in sd if c.dtype == "bfloat16") == [1, 16, 64]
+    assert sorted(c.shape["batch"] for c in sd if c.dtype == "float8_e4m3fn") == [1, 64]
+    gemm = [c for c in te.GPU_CASES if c.kernel == "gemm"]
+    assert {(c.shape["M"], c.shape["N"], c.shape["K"]) for c in gemm} == {
+        (m, n, k) for n, k in ((1024, 4096), (4096, 2048)) for m in (1, 16, 64)}
+    assert len(cases) == len(te.GPU_CASES)  # no case twice
+    assert all(c.held_out for c in te.GPU_CASES)
+
+
+def test_every_sweep_case_times_its_default_and_starting_configs(te):
+    from kernels.registry import get_kernel
+
+    for case in te.GPU_CASES:
+        kernel = get_kernel(case.kernel)
+        configs, space_size = te.sweep_configs(case, None)
+        assert configs and len(configs) <= space_size
+        assert len(configs) == (min(case.max_configs, space_size) if case.max_configs else space_size)
+        assert kernel.default_config(case.shape) in configs, case
+        for c in te._starts(case.kernel, case.shape, case.dtype):
+            assert c in configs, (case, c)
+        assert len({json.dumps(c, sort_keys=True) for c in configs}) == len(configs)
+
+
+def test_gemm_samples_at_m1_and_m16_are_the_same_configs(te):
+    """M is not specialised by the GEMM kernel: the M=16 table reuses the M=1 table's compiled binaries."""
+    by = {(c.shape["M"], c.shape["N"]): c for c in te.GPU_CASES if c.kernel == "gemm"}
+    for n in (1024, 4096):
+        assert te.sweep_configs(by[(1, n)], None)[0] == te.sweep_configs(by[(16, n)], None)[0]
+
+
+def test_the_sweep_checks_times_and_records_every_config_on_a_cpu(te):
+    """gpu_sweep's own code on a CPU (Triton's interpreter, no compile helpers): every sampled config checked
+    against the reference and timed, the torch path beside, the default in every table; the analysis reads it."""
+    from kernels.registry import get_kernel
+
+    sd_shape = get_kernel("sparse_decode").shapes("test")[0]
+    cases = [te.SweepCase("gemm", {"M": 3, "N": 40, "K": 96}, "float32", max_configs=4),
+             te.SweepCase("sparse_decode", sd_shape, "float16", max_configs=9)]
+    seen = []
+    out = te.gpu_sweep(cases, 600.0, 0, 1.0, seen.append, device="cpu")
+    assert [c["kernel"] for c in out] == ["gemm", "sparse_decode"] and seen == out
+    for case, sizes in zip(out, (4, 9)):
+        kernel = get_kernel(case["kernel"])
+        assert case["sampled"] == len(case["rows"]) == sizes and case["space_size"] > sizes
+        assert case["default"] in [r["config"] for r in case["rows"]]
+        assert case["torch_us"] > 0 and case["held_out"]
+        for r in case["rows"]:
+            assert r["status"] == "ok", r
+            assert r["time_us"] > 0 and r["rel_error"] <= kernel.tolerance(case["dtype"])
+    data = {"gpu": "cpu (interpreter)", "date": "today", "commit": "test", "cases": out}
+    res = te.gpu_analysis(data, 1, 1, held_out=True, strategies=("tpe+moves",), firsts=(True,))
+    assert [r["n"] for r in res] == [4, 9] and all(r["sampled"] for r in res)
+
+
+def _sweep_json(path: Path, *, held_out: bool) -> None:
+    """The recorded H200 batch-16 sparse decode table in the sweep's JSON format."""
+    from kernels.registry import get_kernel
+
+    data = json.loads((ROOT / "tests/kernels/data/sparse_decode_sweep_h200_b16.json").read_text())
+    cols = data["columns"][:5]
+    kernel = get_kernel("sparse_decode")
+    shape = next(s for s in kernel.shapes("v4flash") if s["batch"] == data["batch"])
+    rows = [{"config": dict(zip(cols, r[:5])), "status": r[6], "time_us": r[5] if r[6] == "ok" else None,
+             "compile_s": 1.0, "timing_s": 0.03} for r in data["rows"]]
+    case = {"kernel": "sparse_decode", "shape": shape, "dtype": "bfloat16", "held_out": held_out,
+            "space_size": len(rows), "sampled": len(rows), "compiled": len(rows), "compile_s_per_config": 1.0,
+            "case_wall_s": 30.0, "share_s": 40.0, "workers": 14, "rows": rows, "default": kernel.default_config(shape),
+            "torch_us": 51.5, "floor_us": 2.97}
+    path.write_text(json.dumps({"gpu": "NVIDIA H200", "date": "2026-11-29", "commit": "634ba5c", "torch": "2.11",
+                                "triton": "3.6.0", "cases": [case]}))
+
+
+def test_goal_report_replays_held_out_tables_at_each_fraction(te, tmp_path):
+    sweep = tmp_path / "sweep.json"
+    _sweep_json(sweep, held_out=True)
+    assert te.main(["--goal", "held_out", "--analyze-gpu", str(sweep), "--seeds", "2", "--out", str(tmp_path)]) == 0
+    text = (tmp_path / "tuner_efficiency_goal_held_out.md").read_text()
+    row = next(line for line in text.splitlines() if line.startswith("| sparse_decode"))
+    cells = [c.strip() for c in row.strip("|").split("|")]
+    assert cells[1] == "324"  # the recorded table's configs
+    for cell, budget in zip(cells[3:6], (16, 32, 65)):  # 5, 10 and 20% of 324 evaluations
+        assert cell.endswith(f"/2 ({budget})"), row
+    assert cells[7] in ("met", "missed")
+    assert "goal" in text and "4 trials asked ahead" in text
+
+
+def test_goal_report_leaves_out_tuning_tables_and_says_so(te, tmp_path, capsys):
+    sweep = tmp_path / "sweep.json"
+    _sweep_json(sweep, held_out=False)
+    assert te.main(["--goal", "held_out", "--analyze-gpu", str(sweep), "--seeds", "1", "--out", str(tmp_path)]) == 2
+    assert "no held-out table" in capsys.readouterr().err
+    assert not (tmp_path / "tuner_efficiency_goal_held_out.md").exists()
+
+
+def test_goal_held_out_without_a_sweep_file_is_refused(te, tmp_path, capsys):
+    assert te.main(["--goal", "held_out", "--out", str(tmp_path)]) == 2
+    assert "--analyze-gpu" in capsys.readouterr().err
+
+
+@pytest.mark.skipif(__import__("torch").cuda.is_available(), reason="a GPU runs the sweep")
+def test_gpu_sweep_without_a_gpu_is_refused_in_one_line(te, tmp_path, capsys):
+    assert te.main(["--gpu", "--no-analysis", "--out", str(tmp_path)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "\n" not in err and "--gpu needs a CUDA GPU" in err
+    assert not list(tmp_path.iterdir())  # nothing half-written

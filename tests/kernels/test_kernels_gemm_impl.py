@@ -1,0 +1,82 @@
+"""The workload's `gemm_impl` knob: every linear of the twin through the library (torch) or the Triton skinny GEMM
+(kernels.gemm.linear; on a CPU in Triton's interpreter, float32 and float16), the same numbers either way."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+
+from kernels.configs import clear_cache
+from tuner.errors import KnobError
+from tuner.targets.workload.model import DecodeModel
+from tuner.targets.workload.ops import Linear
+from tuner.targets.workload.presets import get_preset
+
+CUDA = torch.cuda.is_available()
+DEVICE = "cuda" if CUDA else "cpu"
+RUNNABLE = CUDA or os.environ.get("TRITON_INTERPRET") == "1"
+
+
+def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
+    return ((a.double() - b.double()).norm() / b.double().norm()).item()
+
+
+@pytest.mark.skipif(not RUNNABLE, reason="no CUDA and Triton was imported before TRITON_INTERPRET=1")
+@pytest.mark.parametrize("dtype_name, tol", [("fp32", 1e-5), ("fp16", 2e-3)])
+@pytest.mark.parametrize("rows", [1, 5])
+def test_linear_through_triton_matches_the_torch_path(dtype_name, tol, rows):
+    g = torch.Generator().manual_seed(rows)
+    w = torch.randn(48, 80, generator=g) / 80**0.5
+    x = torch.randn(rows, 80, generator=g).to(DEVICE)
+    ref = Linear.make(w.to(DEVICE), dtype_name)(x)
+    got = Linear.make(w.to(DEVICE), dtype_name, "triton")(x)
+    assert got.shape == ref.shape and got.dtype == ref.dtype
+    assert torch.isfinite(got).all()
+    assert _rel(got, ref) < tol, _rel(got, ref)
+
+
+def test_linear_auto_without_a_tuned_entry_runs_the_library(monkeypatch, tmp_path):
+    monkeypatch.setenv("TUNER_KERNEL_CONFIG_DIR", str(tmp_path))  # an empty folder: no entry names an impl
+    clear_cache()
+    try:
+        g = torch.Generator().manual_seed(3)
+        w, x = torch.randn(24, 32, generator=g).to(DEVICE), torch.randn(2, 32, generator=g).to(DEVICE)
+        assert torch.equal(Linear.make(w, "fp32", "auto")(x), Linear.make(w, "fp32")(x))
+    finally:
+        clear_cache()
+
+
+@pytest.mark.parametrize("knobs, needle", [({"gemm_impl": "cublas"}, "torch, triton, auto"),
+                                           ({"gemm_impl": "triton"}, "GPU"), ({"gemm_impl": "auto"}, "GPU")])
+def test_gemm_impl_knob_is_checked(knobs, needle):
+    if CUDA and needle == "GPU":
+        pytest.skip("a GPU runs every gemm_impl")
+    with pytest.raises(KnobError, match=needle):
+        DecodeModel(get_preset("dsv4-flash-tiny"), knobs, "cpu")
+
+
+def test_gemm_impl_is_a_searched_knob_with_no_sglang_flag():
+    from search_spaces import load_space
+
+    for name in ("dsv4_flash", "dsv4_flash_tiny"):
+        p = load_space(name).param("gemm_impl")
+        assert p.default == "torch" and list(p.choices()) == ["torch", "triton", "auto"]
+        assert p.server.flag is None and "cannot load" in p.server.none
+
+
+def test_gemm_seed_configs_fill_one_to_two_waves_and_pass_the_rules():
+    from kernels.gemm import GemmKernel
+
+    k = GemmKernel.instance
+    for shape in k.shapes("v4flash"):
+        seeds = k.seed_configs(shape, None, "bf16")
+        assert seeds, shape
+        assert k.default_config(shape) not in seeds
+        assert len({tuple(sorted(c.items())) for c in seeds}) == len(seeds)
+        for c in seeds:
+            assert k.check_config(c, shape, None, dtype="bf16") is None, (shape, c)
+            tiles = -(-shape["M"] // c["BLOCK_M"]) * -(-shape["N"] // c["BLOCK_N"])
+            grid = tiles * c["SPLIT_K"]
+            assert 132 / 4 <= grid <= 132 * 8, (shape, c, grid)
