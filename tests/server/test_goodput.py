@@ -433,3 +433,27 @@ def test_a_stream_of_tokens_without_text_is_a_completed_request_first_seen_at_it
 
     figs = figures([r])
     assert figs["error_rate"] == 0 and math.isnan(figs["tpot_ms_p95"])  # no gap between tokens was seen
+
+
+def test_a_search_whose_baseline_is_infeasible_ends_with_the_feasible_configuration_best(tmp_path):
+    # every token takes 25 ms by default (40 tok/s), 16.7 ms on the fast path (x1.5): a 20 ms TPOT limit makes the
+    # baseline infeasible (worth 0) and the fast path the best; the search's decision once divided by the 0
+    from tuner.search.context import SearchOptions
+    from tuner.search.driver import run_search
+
+    space = tmp_path / "g.yaml"
+    space.write_text("name: g\ntarget: command\nobjective: {metric: goodput_req_s, slo: {tpot_ms_p95: 20}}\n"
+                     "params:\n  fast_path: {type: bool, default: false, flag: --enable-fast-path}\n")
+    url = f"sqlite:///{tmp_path / 'tuner.db'}"
+    settings = {"command": standin_command(), "model": "standin", "port_range": "34000-34999", "prompt_len": 4,
+                "output_len": 10, "warmup_requests": 1, "teardown_reserve_s": 3.0, "trial_timeout_s": 60,
+                "extra_args": ["--tokens-per-second", "40"], "goodput_arrivals": "constant", "goodput_start": 2,
+                "goodput_min": 1, "goodput_max": 4, "goodput_window_s": 1.0, "goodput_min_requests": 6,
+                "goodput_repeats": 1, "goodput_incumbent_check": False}
+    result = run_search(SearchOptions(budget_s=120, storage_url=url, study="g", space_path=str(space),
+                                      target="command", settings=settings, n_trials=2, confirm_top=0,
+                                      refine_share=0.0, seed=1, out_dir=str(tmp_path / "out")))
+    ran = {t.params["fast_path"]: t for t in result.trials if t.repeat_of is None}
+    assert ran[False].outcome == "ok" and ran[False].value == 0.0, ran[False].reason
+    assert ran[True].outcome == "ok" and ran[True].value > 0, ran[True].reason
+    assert result.best_params == {"fast_path": True} and result.baseline_value == 0.0
