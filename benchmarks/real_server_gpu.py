@@ -8,12 +8,8 @@ trial, the peak while it ran, and after its teardown, so that "memory is back to
     python benchmarks/real_server_gpu.py --budget-s 420                 # on the H200 (device cuda)
     python benchmarks/real_server_gpu.py --device cpu --hidden 64 --layers 2 --budget-s 150 --n-trials 3   # CPU
 
-Needs, beside torch: this project's wheels and transformers' serving extra. On the H200 image (Python 3.12, torch
-2.11, transformers 5.17 without fastapi/openai), carry ``.whl`` made here with
-``bash shared/offline-wheels.sh .whl 3.12 pydantic-settings python-dotenv openai==2.54.0 jiter distro
-transformers==5.24.0 tqdm typing-extensions`` and start the command with the install line of the device README.
-The server is started as ``python -c '...transformers.cli.transformers main' serve`` so that a ``transformers``
-installed with ``pip --target`` (no console script on PATH) is the one that runs.
+Needs what ``benchmarks/serve_bench.py`` says (this project's wheels and transformers' serving extra carried
+as ``.whl`` onto the H200 image).
 
 Writes ``real_server_gpu.json`` and ``real_server_gpu.md`` under ``$OUT`` (or ``--out``; default
 benchmarks/results), with the date, the GPU, the commit (``--commit`` or ``$TUNER_COMMIT``) and this file's name.
@@ -23,49 +19,30 @@ from __future__ import annotations
 
 import argparse
 import datetime as dt
-import importlib.util
 import json
-import os
-import shutil
-import subprocess
 import sys
 import tempfile
 import threading
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-# the trial processes and the servers import tuner from here too (nothing is installed on the GPU image)
-os.environ["PYTHONPATH"] = os.pathsep.join([str(ROOT)] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep)
-                                                          if p])
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from serve_bench import (  # noqa: E402
+    ROOT,
+    add_common_args,
+    build_model,
+    gpu_memory_mib,
+    gpu_name,
+    missing_packages,
+    model_doc,
+    serve_settings,
+    version,
+)
 
 SPACE = ROOT / "search_spaces" / "transformers_serve.yaml"
-SERVE = "import sys; from transformers.cli.transformers import main; sys.argv[0] = 'transformers'; main()"
-NEEDED = ("torch", "transformers", "fastapi", "uvicorn", "openai", "optuna", "sqlalchemy", "pydantic_settings",
-          "tokenizers", "safetensors", "typer", "rich", "httpx", "yaml")
 BACK_TO_LEVEL_MIB = 64
 """Memory after a trial's teardown counts as back to its level when within this of the level before it."""
-
-
-def gpu_memory_mib(index: int) -> float | None:
-    """Used memory of GPU ``index`` as nvidia-smi reports it (every process on it), or None without nvidia-smi."""
-    if shutil.which("nvidia-smi") is None:
-        return None
-    out = subprocess.run(["nvidia-smi", "-i", str(index), "--query-gpu=memory.used", "--format=csv,noheader,nounits"],
-                         capture_output=True, text=True, timeout=20)
-    try:
-        return float(out.stdout.strip().splitlines()[0])
-    except (IndexError, ValueError):
-        return None
-
-
-def gpu_name(index: int) -> str:
-    if shutil.which("nvidia-smi") is None:
-        return "none (CPU)"
-    out = subprocess.run(["nvidia-smi", "-i", str(index), "--query-gpu=name,driver_version", "--format=csv,noheader"],
-                         capture_output=True, text=True, timeout=20)
-    return out.stdout.strip() or "unknown"
 
 
 class MemoryWatch:
@@ -137,27 +114,17 @@ def stored_times(storage_url: str, study: str) -> dict[int, dict]:
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--budget-s", type=float, default=420.0)
-    ap.add_argument("--n-trials", type=int, default=None)
-    ap.add_argument("--device", default="cuda")
-    ap.add_argument("--gpu", type=int, default=0, help="the GPU (CUDA_VISIBLE_DEVICES for the servers)")
-    ap.add_argument("--hidden", type=int, default=1024)
-    ap.add_argument("--layers", type=int, default=8)
-    ap.add_argument("--dtype", default="bfloat16")
+    add_common_args(ap, budget_s=420.0)
     ap.add_argument("--level-s", type=float, default=5.0, help="seconds each concurrency level is measured")
     ap.add_argument("--levels", default="1,16", help="concurrency levels")
     ap.add_argument("--output-len", type=int, default=128)
-    ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--commit", default=os.environ.get("TUNER_COMMIT", ""))
-    ap.add_argument("--out", default=os.environ.get("OUT") or str(ROOT / "benchmarks" / "results"))
     args = ap.parse_args()
 
-    missing = [m for m in NEEDED if importlib.util.find_spec(m) is None]
+    missing = missing_packages()
     if missing:
-        print(f"error: missing Python packages {missing}; carry them as wheels (see this file's docstring)",
+        print(f"error: missing Python packages {missing}; carry them as wheels (see benchmarks/serve_bench.py)",
               file=sys.stderr)
         return 2
-    build_tiny_llama = _tiny_model_builder()
     from tuner.fingerprint import fingerprint
     from tuner.search.context import SearchOptions
     from tuner.search.driver import run_search
@@ -165,17 +132,10 @@ def main() -> int:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix="real-server-gpu-"))
-    t0 = time.time()
-    model = build_tiny_llama(tmp / "model", hidden=args.hidden, layers=args.layers, heads=max(4, args.hidden // 64),
-                             kv_heads=max(2, args.hidden // 256), dtype=args.dtype, seed=args.seed)
-    build_s = time.time() - t0
+    model, build_s = build_model(args, tmp / "model")
     levels = [int(c) for c in args.levels.split(",")]
-    settings = {
-        "model": str(model), "command": [sys.executable, "-c", SERVE, "serve", "{model}", "--host", "{host}",
-                                         "--port", "{port}", "--device", args.device, "--dtype", args.dtype],
-        "env": {"HF_HUB_OFFLINE": "1", "CUDA_VISIBLE_DEVICES": str(args.gpu)}, "levels": levels,
-        "level_s": args.level_s, "output_len": args.output_len, "trial_timeout_s": 180, "ready_timeout_s": 150,
-    }
+    settings = {**serve_settings(args, model), "levels": levels, "level_s": args.level_s,
+                "output_len": args.output_len, "trial_timeout_s": 180, "ready_timeout_s": 150}
     storage = f"sqlite:///{tmp / 'tuner.db'}"
     watch = MemoryWatch(args.gpu)
     level_before = gpu_memory_mib(args.gpu)
@@ -198,8 +158,7 @@ def main() -> int:
     doc = {
         "date": dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"), "gpu": gpu_name(args.gpu),
         "device": args.device, "commit": args.commit or env.get("git_sha"), "source": "benchmarks/real_server_gpu.py",
-        "torch": env.get("torch"), "transformers": _version("transformers"), "model": {
-            "hidden": args.hidden, "layers": args.layers, "dtype": args.dtype, "build_s": build_s},
+        "torch": env.get("torch"), "transformers": version("transformers"), "model": model_doc(args, build_s),
         "budget_s": args.budget_s, "wall_s": wall, "levels": levels, "level_s": args.level_s,
         "memory_before_search_mib": level_before, "memory_after_search_mib": gpu_memory_mib(args.gpu),
         "state": result.state, "stop_reason": result.stop_reason, "baseline_value": result.baseline_value,
@@ -210,24 +169,6 @@ def main() -> int:
     (out / "real_server_gpu.md").write_text(markdown(doc))
     print(markdown(doc))
     return 0 if result.best is not None else 1
-
-
-def _tiny_model_builder():
-    """``tests/real_server/tiny_model.py``'s builder, loaded by path (another package named ``tests`` may be
-    installed on the image)."""
-    spec = importlib.util.spec_from_file_location("tiny_model", ROOT / "tests" / "real_server" / "tiny_model.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module.build_tiny_llama
-
-
-def _version(name: str) -> str | None:
-    from importlib.metadata import PackageNotFoundError, version
-
-    try:
-        return version(name)
-    except PackageNotFoundError:
-        return None
 
 
 def _f(x, fmt: str = ".1f") -> str:

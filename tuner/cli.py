@@ -317,7 +317,13 @@ def best(storage: StorageOpt = "sqlite:///tuner.db", study: StudyOpt = None,
 @app.command()
 @reported
 def export(storage: StorageOpt = "sqlite:///tuner.db", study: StudyOpt = None,
-           out: Annotated[str, typer.Option("--out", "-o", help="Destination folder.")] = "tuner-out") -> None:
+           out: Annotated[str, typer.Option("--out", "-o", help="Destination folder.")] = "tuner-out",
+           point: Annotated[str | None, typer.Option(
+               "--point", help="A goodput study's point of the front: trial@load as `tuner best --pareto` prints "
+               "it (4@r=2), or a trial number (its goodput boundary).")] = None,
+           slo: Annotated[str | None, typer.Option(
+               "--slo", help="A goodput study's best configuration under this SLO, at the highest load meeting it: "
+               "'ttft_ms_p95<=500,tpot_ms_p95<=50'.")] = None) -> None:
     """Write the best configuration's launch script, parameters and kernel configs."""
     from search_spaces import load_space_text, resolve
     from tuner.export.script import export_run
@@ -325,15 +331,37 @@ def export(storage: StorageOpt = "sqlite:///tuner.db", study: StudyOpt = None,
     from tuner.targets import get_target_class
 
     repo, run = _open(storage, study)
+    chosen = _chosen_point(repo, run, point, slo) if point is not None or slo is not None else None
     from search_spaces import detect_hardware
 
     space = load_space_text(run.space_yaml, source=run.settings.get("space_path", run.space_name))
     target = get_target_class(run.target)(resolve(space, detect_hardware()), target_settings(run.settings))
     from tuner.search.parsimony import parsimony_for_run
 
-    dest = export_run(repo, run.study_name, out, target=target, parsimony=parsimony_for_run(repo, run))
-    console.print(f"exported study {run.study_name} to {dest}")
+    dest = export_run(repo, run.study_name, out, target=target, parsimony=parsimony_for_run(repo, run),
+                      chosen=chosen)
+    console.print(f"exported study {run.study_name} to {dest}" + (f" for {chosen.line}" if chosen else ""))
     console.print(f"launch script: {dest / 'launch.sh'}")
+
+
+def _chosen_point(repo, run, point: str | None, slo: str | None):
+    """The point of a goodput study's front ``--point`` names or ``--slo`` picks (``tuner.targets.sglang.front``)."""
+    from tuner.targets.sglang.front import operating_points, parse_slo, point_by_name, point_for_slo
+    from tuner.targets.sglang.goodput import LEVEL
+
+    if point is not None and slo is not None:
+        fail("give --point or --slo, not both")
+    limits = parse_slo(slo) if slo is not None else ()
+    trials = repo.list_trials(run.id, with_measurements=True)
+    points = operating_points(trials)
+    if not points:
+        fail(f"study {run.study_name!r} has no measured load of a goodput objective; --point and --slo need a "
+             "goodput study (`objective: {metric: goodput_tok_s_per_gpu, slo: {...}}`)")
+    if slo is not None:
+        return point_for_slo(points, limits)
+    lows = {t.number: m.value for t in trials for m in t.measurements if m.metric == "goodput_low"
+            and m.level == LEVEL}
+    return point_by_name(points, point, lows)
 
 
 @app.command()

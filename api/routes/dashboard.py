@@ -12,7 +12,7 @@ import plotly
 from fastapi import APIRouter, Header, Response
 from fastapi.responses import FileResponse, HTMLResponse
 
-from api.deps import RunDep, StateDep
+from api.deps import RepoDep, RunDep, StateDep
 from api.schemas import NOT_FOUND, UNAVAILABLE
 
 router = APIRouter(tags=["dashboard"])
@@ -59,3 +59,18 @@ def plot_history(run: RunDep, state: StateDep) -> Response:
 def plot_importances(run: RunDep, state: StateDep) -> Response:
     """The importances of ``/importances`` as a bar chart (the same computation, not a second one)."""
     return Response(state.importances_figure(run), media_type="application/json")
+
+
+@router.get("/api/studies/{name}/plots/front", response_class=Response, responses=_FIGURE)
+def plot_front(run: RunDep, repo: RepoDep) -> Response:
+    """A goodput study's throughput–latency front (tok/s per GPU against tok/s per user, every load measured) with
+    the SLO region marked (:mod:`api.front`); 404 for a study that measured no load of a goodput objective."""
+    from fastapi import HTTPException, status
+
+    from api.front import front_figure
+
+    doc = front_figure(run, repo.list_trials(run.id, with_measurements=True))
+    if doc is None:
+        raise HTTPException(status.HTTP_404_NOT_FOUND, f"study {run.study_name!r} measured no load of a goodput "
+                            "objective (objective: {metric: goodput_tok_s_per_gpu, slo: {...}}): no front")
+    return Response(doc, media_type="application/json")

@@ -66,6 +66,19 @@ async function drawFigure(div, url) {
   await Plotly.react($(div), fig.data || [], layout, { displaylogo: false, responsive: true });
 }
 
+async function drawFront(base) {
+  // a goodput study's front (404 for any other study: the section stays hidden)
+  const r = await fetch(base + "/plots/front");
+  if (!r.ok) { $("front-section").hidden = true; return; }
+  const fig = await r.json();
+  $("front-section").hidden = false;
+  const layout = Object.assign({}, fig.layout, { margin: { t: 40, l: 60, r: 10, b: 60 }, autosize: true });
+  await Plotly.react($("plot-front"), fig.data || [], layout, { displaylogo: false, responsive: true });
+  const m = fig.meta || {};
+  $("front-note").textContent = (m.best ? "best within the SLO: " + m.best : "no measured load met the SLO") +
+    "; front: " + (m.front || []).join(", ");
+}
+
 async function refresh() {
   const studies = await getJSON("/api/studies");
   if (!current && studies.length) current = new URLSearchParams(location.search).get("study") || studies[0].name;
@@ -77,7 +90,8 @@ async function refresh() {
   renderTrials(page, study.best_trial_number);
   const jobs = [drawFigure("plot-history", base + "/plots/history"),
                 drawFigure("plot-importances", base + "/plots/importances"),
-                getJSON(base + "/importances").then((imp) => { $("importances-reason").textContent = imp.reason; })];
+                getJSON(base + "/importances").then((imp) => { $("importances-reason").textContent = imp.reason; }),
+                drawFront(base)];
   if (study.best_trial_number !== null) {
     jobs.push(getJSON(base + "/best").then((best) => {
       $("best-summary").textContent = "trial " + best.trial.number + ": " + fmt(best.value) + " " + study.unit +

@@ -2,9 +2,12 @@
 tests and ``benchmarks/real_server_gpu.py`` serve with ``transformers serve``.
 
 The tokenizer is a byte-level BPE trained here with the ``tokenizers`` library on a few hundred random sentences;
-the model is a ``LlamaForCausalLM`` with random weights, saved with ``save_pretrained``. The end-of-sequence row of
-the output layer is zeroed, so greedy decoding (the load's ``temperature: 0``) never picks it and every request
-generates its full ``max_tokens`` even on a server that refuses ``ignore_eos``.
+the model is a ``LlamaForCausalLM`` with random weights, saved with ``save_pretrained``. The rows of the special
+tokens in the output layer are zeroed, so greedy decoding (the load's ``temperature: 0``) never picks one: every
+request generates its full ``max_tokens`` even on a server that refuses ``ignore_eos``, and no token decodes to
+nothing. The tokenizer's alphabet is the corpus's characters only (not all 256 bytes): a random model choosing
+among byte tokens emits bytes that are no UTF-8, which ``transformers serve`` holds back from its stream until they
+decode, so a request could stream no text at all and its time to first token would be its whole latency.
 """
 
 from __future__ import annotations
@@ -30,8 +33,7 @@ def build_tiny_llama(dest: str | Path, *, hidden: int = 64, layers: int = 2, hea
     bpe = Tokenizer(models.BPE(unk_token="<unk>"))
     bpe.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     bpe.decoder = decoders.ByteLevel()
-    bpe.train_from_iterator(corpus, trainers.BpeTrainer(vocab_size=vocab, special_tokens=["<unk>", "<s>", "</s>"],
-                                                        initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
+    bpe.train_from_iterator(corpus, trainers.BpeTrainer(vocab_size=vocab, special_tokens=["<unk>", "<s>", "</s>"]))
     tok = PreTrainedTokenizerFast(tokenizer_object=bpe, bos_token="<s>", eos_token="</s>", unk_token="<unk>",
                                   pad_token="</s>")
     tok.chat_template = "{% for m in messages %}{{ m['content'] }}\n{% endfor %}"
@@ -43,7 +45,8 @@ def build_tiny_llama(dest: str | Path, *, hidden: int = 64, layers: int = 2, hea
     torch.manual_seed(seed)
     model = LlamaForCausalLM(config).to(getattr(torch, dtype))
     with torch.no_grad():
-        model.lm_head.weight[tok.eos_token_id].zero_()
+        for special in tok.all_special_ids:
+            model.lm_head.weight[special].zero_()
     model.save_pretrained(dest)
     return dest
 

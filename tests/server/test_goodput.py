@@ -356,3 +356,104 @@ def test_the_multi_objective_mode_tells_optuna_two_values_and_best_pareto_prints
     assert best[2] == "*" and float(best[0]) == pytest.approx(max(goodputs), abs=0.06)
     speeds = [float(r[1]) for r in rows]
     assert speeds == sorted(speeds)  # along the front, by throughput falling, per-user speed rises
+
+
+# -- whether the server kept up with the arrivals ------------------------------------------------------------------
+def test_keep_up_compares_the_rate_completions_advanced_at_with_the_offered_rate():
+    from tuner.targets.sglang.goodput import keep_up
+
+    arr = [(i + 1) / 10 for i in range(40)]  # 10 req/s offered for 4 s
+    steady = keep_up(arr, [a + 0.3 + 0.1 * (i % 3) for i, a in enumerate(arr)], 0.15)
+    assert steady.ok is True and steady.achieved_req_s == pytest.approx(10, rel=0.05) and steady.why() == ""
+    # served at 5 req/s, one after the other: a growing queue, completions advance at half the offered rate
+    behind = keep_up(arr, [0.3 + (i + 1) / 5 for i in range(40)], 0.15)
+    assert behind.ok is False and behind.achieved_req_s == pytest.approx(5, rel=0.05)
+    assert "completed 5 of 10 req/s offered" in behind.why() and behind.backlog > 15
+    unfinished = keep_up(arr, [a + 0.3 for a in arr[:-2]] + [None, None], 0.15)
+    assert unfinished.ok is False and "2 requests unfinished" in unfinished.why()
+    assert keep_up(arr, [None] * 40, 0.15, judged=False).ok is None
+
+
+def test_a_rate_above_the_standins_capacity_is_not_kept_up_and_misses_the_slo():
+    # 8 slots of 0.05 + 9 / 20 = 0.5 s: the stand-in completes 16 req/s at most. The TTFT limit is loose (60 s): only
+    # falling behind makes a load miss, so the boundary lies between 16 and 16 / (1 - tolerance) req/s
+    capacity, tol = 16.0, 0.15
+    t = _target("{ttft_ms_p95: 60000}", ["--tokens-per-second", "20", "--ttft-ms", "50", "--max-running-requests",
+                                         "8"],
+                output_len=10, goodput_arrivals="constant", goodput_start=32, goodput_window_s=2.0,
+                goodput_min_requests=20, goodput_tolerance=0.1, goodput_repeats=1, goodput_keepup_tolerance=tol)
+    m = t.evaluate({"fast_path": False}, time.time() + 240)
+    assert m.outcome is Outcome.OK, m.reason
+    assert m.metric("kept_up", "r=32") == 0.0 and m.metric("meets_slo", "r=32") == 0.0
+    assert m.metric("offered_req_s", "r=32") == pytest.approx(32, rel=0.05)
+    assert m.metric("achieved_req_s", "r=32") == pytest.approx(capacity, rel=0.2)
+    low, high = m.metric("goodput_low", LEVEL), m.metric("goodput_high", LEVEL)
+    assert m.metric("kept_up", f"r={low:g}") == 1.0 and m.metric("kept_up", f"r={high:g}") == 0.0
+    assert capacity * 0.9 <= high and low <= capacity / (1 - tol) * 1.1, (low, high, m.reason)
+
+
+def test_a_stream_of_tokens_without_text_is_a_completed_request_first_seen_at_its_end():
+    # transformers serve holds back bytes that are no UTF-8 yet: a request can stream no text, only its usage
+    import asyncio
+    import json
+    import threading
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    import httpx
+
+    from tuner.targets.sglang.loadgen import LoadConfig, RequestSpec, one_request
+
+    class Silent(BaseHTTPRequestHandler):
+        def do_POST(self):  # noqa: N802
+            self.rfile.read(int(self.headers["Content-Length"]))
+            self.send_response(200)
+            self.send_header("Content-Type", "text/event-stream")
+            self.end_headers()
+            time.sleep(0.2)
+            done = {"choices": [{"text": "", "index": 0, "finish_reason": "length"}],
+                    "usage": {"prompt_tokens": 3, "completion_tokens": 7, "total_tokens": 10}}
+            self.wfile.write(f"data: {json.dumps(done)}\n\ndata: [DONE]\n\n".encode())
+
+        def log_message(self, *a):
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Silent)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        async def go():
+            async with httpx.AsyncClient(trust_env=False) as client:
+                return await one_request(client, f"http://127.0.0.1:{server.server_port}", LoadConfig(),
+                                         RequestSpec("the fox", 7))
+        r = asyncio.run(go())
+    finally:
+        server.shutdown()
+    assert r.ok, r.error
+    assert r.output_tokens == 7 and r.ttft_s == r.e2e_s >= 0.2
+    from tuner.targets.sglang.goodput import figures
+
+    figs = figures([r])
+    assert figs["error_rate"] == 0 and math.isnan(figs["tpot_ms_p95"])  # no gap between tokens was seen
+
+
+def test_a_search_whose_baseline_is_infeasible_ends_with_the_feasible_configuration_best(tmp_path):
+    # every token takes 25 ms by default (40 tok/s), 16.7 ms on the fast path (x1.5): a 20 ms TPOT limit makes the
+    # baseline infeasible (worth 0) and the fast path the best; the search's decision once divided by the 0
+    from tuner.search.context import SearchOptions
+    from tuner.search.driver import run_search
+
+    space = tmp_path / "g.yaml"
+    space.write_text("name: g\ntarget: command\nobjective: {metric: goodput_req_s, slo: {tpot_ms_p95: 20}}\n"
+                     "params:\n  fast_path: {type: bool, default: false, flag: --enable-fast-path}\n")
+    url = f"sqlite:///{tmp_path / 'tuner.db'}"
+    settings = {"command": standin_command(), "model": "standin", "port_range": "34000-34999", "prompt_len": 4,
+                "output_len": 10, "warmup_requests": 1, "teardown_reserve_s": 3.0, "trial_timeout_s": 60,
+                "extra_args": ["--tokens-per-second", "40"], "goodput_arrivals": "constant", "goodput_start": 2,
+                "goodput_min": 1, "goodput_max": 4, "goodput_window_s": 1.0, "goodput_min_requests": 6,
+                "goodput_repeats": 1, "goodput_incumbent_check": False}
+    result = run_search(SearchOptions(budget_s=120, storage_url=url, study="g", space_path=str(space),
+                                      target="command", settings=settings, n_trials=2, confirm_top=0,
+                                      refine_share=0.0, seed=1, out_dir=str(tmp_path / "out")))
+    ran = {t.params["fast_path"]: t for t in result.trials if t.repeat_of is None}
+    assert ran[False].outcome == "ok" and ran[False].value == 0.0, ran[False].reason
+    assert ran[True].outcome == "ok" and ran[True].value > 0, ran[True].reason
+    assert result.best_params == {"fast_path": True} and result.baseline_value == 0.0

@@ -101,20 +101,25 @@ def render_script(spec: LaunchSpec, *, header: list[str], recorded: dict[str, An
 
 
 def export_run(repo: Repo, study: str, out_dir: str | os.PathLike, *, target: Target, note: str = "",
-               parsimony=None) -> Path:
+               parsimony=None, chosen=None) -> Path:
     """Write ``out_dir/<study>/`` for the run's recorded best (launch script, params YAML, kernel configs); store
     them as artifacts too. The figures per level are medians over the same runs as the recorded value. ``note``:
     what the search said of its choice (e.g. that nothing beat the baseline beyond the noise). ``parsimony`` (a
     ``tuner.search.parsimony.ParsimonyChoice``, made by the caller) says which trial to prefer and why: its choice
     is exported and its reason written in the header. A workload (twin) study's launch.sh is SGLang's command
-    (:mod:`tuner.export.sglang_command`), its re-measure script beside it."""
+    (:mod:`tuner.export.sglang_command`), its re-measure script beside it. ``chosen`` (a goodput study's
+    :class:`tuner.targets.sglang.front.Chosen`): export that point of the front instead (its trial; ``tuner verify``
+    re-measures its load under its SLO), the header saying which point or SLO it was exported for."""
     run = repo.get_run(study)
     if run is None:
         raise ExportError(f"no study {study!r} in this storage; `tuner status` lists the studies")
     best_trial = repo.get_trial(run.id, run.best_trial_number) if run.best_trial_number is not None else None
     if best_trial is None:
         raise ExportError(f"study {study!r} has no successful trial yet; nothing to export")
-    if parsimony is not None and parsimony.switched:
+    if chosen is not None:
+        best_trial = repo.get_trial(run.id, chosen.trial)
+        parsimony = None  # the point asked for is exported, not the search's choice
+    elif parsimony is not None and parsimony.switched:
         best_trial = repo.get_trial(run.id, parsimony.chosen.key)
     best_params = best_trial.params
     baseline = repo.baseline_trial(run.id)
@@ -131,6 +136,7 @@ def export_run(repo: Repo, study: str, out_dir: str | os.PathLike, *, target: Ta
         f"objective: {run.objective}",
         spec.description,
         "",
+        *([f"exported for: {chosen.line}", ""] if chosen is not None else []),
         *([f"NOTE: {note}", ""] if note else []),
         f"measured (tok/s, x baseline; medians over {len(best_runs)} run(s) of this configuration, trials "
         f"{', '.join(str(r.number) for r in best_runs)}, and {len(base_runs)} of the baseline):",
@@ -162,6 +168,12 @@ def export_run(repo: Repo, study: str, out_dir: str | os.PathLike, *, target: Ta
     if parsimony is not None:
         header.append("parsimony: " + parsimony.reason())
     recorded = _recorded(run, best_runs)
+    if chosen is not None:
+        recorded["point"] = chosen.line
+        if recorded.get("goodput"):  # verify re-measures the chosen load, under the SLO it was chosen for
+            recorded["goodput"]["load"] = float(chosen.load.split("=", 1)[1])
+            if chosen.slo:
+                recorded["goodput"]["slo"] = [list(x) for x in chosen.slo]
     if spec.host:
         recorded["host"] = spec.host  # what the script binds: `tuner verify` dials it
     dest_root = Path(out_dir)
@@ -192,7 +204,8 @@ def export_run(repo: Repo, study: str, out_dir: str | os.PathLike, *, target: Ta
         (tmp / SCRIPT_NAME).write_text(script)
         os.chmod(tmp / SCRIPT_NAME, 0o755)
         params_doc = {"study": run.study_name, "target": run.target, "objective": run.objective,
-                      "value": recorded["value"], "baseline_value": run.baseline_value, "params": best_params}
+                      "value": recorded["value"], "baseline_value": run.baseline_value, "params": best_params,
+                      **({"point": chosen.line} if chosen is not None else {})}
         (tmp / PARAMS_NAME).write_text(yaml.safe_dump(params_doc, sort_keys=False))
         if dest.exists():
             old = dest.with_name(dest.name + f".old-{os.getpid()}")

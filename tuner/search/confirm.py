@@ -181,7 +181,9 @@ def decide(ctx: SearchContext) -> tuple[Choice | None, Choice | None, str]:
     best, base = pick_best(ctx), baseline_choice(ctx)
     if best is None or base is None or params_key(best.params) == params_key(base.params):
         return best, base, ""
-    gain = best.value / base.value if ctx.direction == "maximize" else base.value / best.value
+    num, den = (best.value, base.value) if ctx.direction == "maximize" else (base.value, best.value)
+    # a baseline worth 0 (an infeasible goodput configuration) is beaten by any configuration worth more
+    gain = num / den if den > 0 else (math.inf if num > den else 1.0)
     noise = max(best.spread, base.spread)
     if len(best.runs) > 1 and len(base.runs) > 1 and gain - 1.0 <= noise:
         return base, base, (f"nothing beat the baseline beyond the measured spread: the best ({best.params}) was "

@@ -5,9 +5,12 @@ the SLO is what an operator can run, its highest throughput the goodput."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import math
+import re
+from dataclasses import dataclass, field
 from typing import Any
 
+from tuner.errors import ExportError
 from tuner.targets.sglang.goodput import LEVEL
 
 
@@ -20,6 +23,19 @@ class OperatingPoint:
     tok_s_per_request: float
     meets_slo: bool
     params: dict[str, Any]
+    kept_up: bool | None = None
+    """Whether the server kept up with the arrivals at this load (rate mode); None when not judged."""
+    figures: dict[str, float] = field(default_factory=dict, compare=False)
+    """Every figure stored at this load (``ttft_ms_p95``, ``error_rate``...)."""
+
+    @property
+    def load_value(self) -> float:
+        return float(self.load.split("=", 1)[1])
+
+    @property
+    def name(self) -> str:
+        """``4@r=2``: the trial and the load, as ``tuner export --point`` takes it."""
+        return f"{self.trial}@{self.load}"
 
 
 def operating_points(trials) -> list[OperatingPoint]:
@@ -34,8 +50,10 @@ def operating_points(trials) -> list[OperatingPoint]:
             tok, user = rows.get((level, "tok_s")), rows.get((level, "tok_s_per_request"))
             if tok is None or user is None:
                 continue
+            kept = rows.get((level, "kept_up"))
             out.append(OperatingPoint(t.number, level, tok / gpus, user, rows.get((level, "meets_slo")) == 1.0,
-                                      dict(t.params)))
+                                      dict(t.params), None if kept is None else kept == 1.0,
+                                      {m: v for (lv, m), v in rows.items() if lv == level}))
     return out
 
 
@@ -57,15 +75,125 @@ def front_lines(points: list[OperatingPoint], slo: str) -> list[str]:
     on_front = {(p.trial, p.load) for p in front}
     best = within[0] if within else None
     lines = [f"front of {len(points)} operating points: output tok/s per GPU against tok/s per user; "
-             f"* = within the SLO ({slo})",
-             f"  {'tok/s/GPU':>10} {'tok/s/user':>10}  SLO  {'trial':>5}  {'load':<9} params"]
+             f"* = within the SLO ({slo}); kept up: whether the server kept up with the arrivals",
+             f"  {'tok/s/GPU':>10} {'tok/s/user':>10}  SLO  kept up  {'trial':>5}  {'load':<9} params"]
     for p in sorted({(p.trial, p.load): p for p in front + within}.values(), key=lambda p: -p.tok_s_per_gpu):
         mark = "*" if p.meets_slo else " "
         note = ("  <- best within the SLO" if best is p else "") + \
             ("" if (p.trial, p.load) in on_front else "  (on the front within the SLO only)")
         params = " ".join(f"{k}={v}" for k, v in p.params.items())
-        lines.append(f"  {p.tok_s_per_gpu:>10.1f} {p.tok_s_per_request:>10.2f}   {mark}   {p.trial:>5}  "
+        kept = "-" if p.kept_up is None else "yes" if p.kept_up else "no"
+        lines.append(f"  {p.tok_s_per_gpu:>10.1f} {p.tok_s_per_request:>10.2f}   {mark}   {kept:<7}  {p.trial:>5}  "
                      f"{p.load:<9} {params}{note}")
     if best is None:
         lines.append("  no measured load met the SLO")
     return lines
+
+
+# -- a point to export ---------------------------------------------------------------------------------------------
+SLO_METRICS = ("ttft_ms_p95", "ttft_ms_p99", "tpot_ms_p95", "tpot_ms_p99", "itl_ms_p99")
+"""The latency figures stored at each load measured, which an SLO given to ``tuner export --slo`` may limit."""
+
+
+@dataclass(frozen=True)
+class Chosen:
+    """A point of the front chosen for export: the trial, its load (``r=2``), the SLO it is exported for (the
+    study's when None) and the line the launch script's header says it with."""
+
+    trial: int
+    load: str
+    slo: tuple[tuple[str, float], ...] | None
+    line: str
+
+
+def parse_slo(text: str) -> tuple[tuple[str, float], ...]:
+    """``ttft_ms_p95<=500,tpot_ms_p95<=50`` as ``(("ttft_ms_p95", 500.0), ("tpot_ms_p95", 50.0))``; a bad part is
+    one ``ExportError`` naming it and the form."""
+    out = []
+    for part in [x.strip() for x in text.split(",") if x.strip()] or [text]:
+        m = re.fullmatch(r"([a-z0-9_]+)\s*<=\s*([0-9.eE+-]+)", part)
+        if not m:
+            raise ExportError(f"--slo part {part!r} is not `metric<=limit`; give e.g. "
+                              "--slo 'ttft_ms_p95<=500,tpot_ms_p95<=50'")
+        name, limit = m.group(1), m.group(2)
+        if name not in SLO_METRICS:
+            raise ExportError(f"--slo metric {name!r} is not measured at each load; use one of "
+                              f"{', '.join(SLO_METRICS)}")
+        try:
+            value = float(limit)
+        except ValueError:
+            value = math.nan
+        if not math.isfinite(value) or value <= 0:
+            raise ExportError(f"--slo limit {part!r} is not a positive number of ms; give e.g. {name}<=500")
+        out.append((name, value))
+    return tuple(out)
+
+
+def _slo_text(slo) -> str:
+    return ",".join(f"{k}<={v:g}" for k, v in slo)
+
+
+def _over(p: OperatingPoint, slo) -> list[str]:
+    """The limits of ``slo`` point ``p`` misses (a figure not stored counts as missed), failures and falling behind
+    first."""
+    out = []
+    if p.figures.get("error_rate", 0.0) > 0:
+        out.append(f"{p.figures['error_rate']:.0%} of requests failed")
+    if p.kept_up is False:
+        out.append("the server fell behind")
+    for name, limit in slo:
+        v = p.figures.get(name)
+        if v is None:
+            out.append(f"{name} not measured")
+        elif v > limit:
+            out.append(f"{name} {v:.1f} > {limit:g}")
+    return out
+
+
+def point_for_slo(points: list[OperatingPoint], slo: tuple[tuple[str, float], ...]) -> Chosen:
+    """The best configuration under ``slo``: of the loads measured that meet every limit (no failed request, the
+    server kept up), the one with the highest output tok/s per GPU (the higher load on a tie). None meets:
+    ``ExportError`` naming the closest (the smallest worst ratio of a figure to its limit)."""
+    meeting = [p for p in points if not _over(p, slo)]
+    if not meeting:
+        def worst(p: OperatingPoint) -> float:
+            ratios = [p.figures.get(k, math.inf) / v for k, v in slo]
+            bad = p.figures.get("error_rate", 0.0) > 0 or p.kept_up is False
+            return (math.inf if bad else 0.0) + max(ratios, default=math.inf)
+
+        close = min(points, key=worst, default=None)
+        near = (f"; the closest: {close.name} ({'; '.join(_over(close, slo))})" if close is not None else "")
+        raise ExportError(f"no measured load meets --slo {_slo_text(slo)!r}{near}; loosen the SLO or measure "
+                          "lower loads (setting goodput_min)")
+    best = max(meeting, key=lambda p: (p.tok_s_per_gpu, p.load_value))
+    figs = ", ".join(f"{k} {best.figures[k]:.1f}" for k, _ in slo)
+    return Chosen(best.trial, best.load, slo, f"SLO {_slo_text(slo)}: trial {best.trial} at {best.load} "
+                  f"({best.tok_s_per_gpu:.1f} tok/s per GPU, {figs}), the best configuration's highest load meeting it")
+
+
+def point_by_name(points: list[OperatingPoint], name: str, goodput_load: dict[int, float]) -> Chosen:
+    """The point ``name`` names: ``4@r=2`` (a trial and a load it measured, as ``tuner best --pareto`` prints
+    them), or ``4`` (the trial at its goodput boundary, ``goodput_load`` by trial). Unknown: ``ExportError``
+    listing the front's names."""
+    text = name.strip()
+    if re.fullmatch(r"\d+", text):
+        trial = int(text)
+        load = goodput_load.get(trial)
+        mine = [p for p in points if p.trial == trial]
+        hit = next((p for p in mine if load is not None and p.load.split("=", 1)[1] == f"{load:g}"), None)
+        if hit is None:
+            raise ExportError(_unknown(points, text, "trial whose goodput boundary was measured"))
+        return Chosen(hit.trial, hit.load, None, f"point {hit.name} (trial {hit.trial} at its goodput boundary "
+                      f"{hit.load}, {hit.tok_s_per_gpu:.1f} tok/s per GPU, {hit.tok_s_per_request:.1f} tok/s per user)")
+    hit = next((p for p in points if p.name == text.replace(" ", "")), None)
+    if hit is None:
+        raise ExportError(_unknown(points, text, "measured load"))
+    return Chosen(hit.trial, hit.load, None, f"point {hit.name} ({hit.tok_s_per_gpu:.1f} tok/s per GPU, "
+                  f"{hit.tok_s_per_request:.1f} tok/s per user, {'within' if hit.meets_slo else 'outside'} the "
+                  "study's SLO)")
+
+
+def _unknown(points: list[OperatingPoint], name: str, what: str) -> str:
+    names = [p.name for p in pareto_front(points)]
+    return (f"--point {name!r} names no {what} of this study; give trial@load, e.g. "
+            f"{', '.join(names[:6]) or 'none measured'} (the front; `tuner best --pareto` lists it)")

@@ -64,6 +64,9 @@ class GoodputSettings(Settings):
     """Measurements pooled at each end of the final bracket."""
     goodput_max_measurements: int = Field(24, ge=1)
     """Measurements one boundary search may take (the incumbent check included)."""
+    goodput_keepup_tolerance: float = Field(0.15, gt=0, lt=1)
+    """A rate the server completes requests at more than this fraction below the offered rate is not kept up (an SLO
+    miss, whatever the latencies): see :class:`KeptUp`."""
     goodput_drain_s: float = Field(60.0, gt=0)
     """Seconds after the last arrival a measurement waits for its requests; one left unfinished misses the SLO."""
     goodput_incumbent_check: bool = True
@@ -86,6 +89,61 @@ def arrivals(rate: float, count: int, seed: int, kind: str = "poisson") -> list[
     return out
 
 
+@dataclass(frozen=True)
+class KeptUp:
+    """Whether an open-loop measurement's server kept up with the arrivals. ``achieved_req_s`` is the rate completions
+    advanced at: the offered rate over the slope of the requests' completion times against their arrival times (a
+    server keeping up finishes each request a latency after it arrives, whenever it arrives: slope 1; one that falls
+    behind serves a growing queue: slope offered / served rate). Not kept up: a request still unfinished when the
+    measurement ended (``goodput_drain_s`` after the last arrival), or ``achieved_req_s`` more than ``tolerance``
+    below ``offered_req_s``. ``judged`` is false for a measurement cut short once its TTFT limit was certainly
+    missed (requests were never sent: nothing to compare)."""
+
+    offered_req_s: float
+    achieved_req_s: float
+    unfinished: int
+    backlog: int
+    """Requests in flight at the last arrival (that one included)."""
+    tolerance: float
+    judged: bool = True
+
+    @property
+    def ok(self) -> bool | None:
+        if not self.judged:
+            return None
+        return self.unfinished == 0 and self.achieved_req_s >= (1 - self.tolerance) * self.offered_req_s
+
+    def why(self) -> str:
+        """Why the server did not keep up (empty when it did, or when not judged)."""
+        if self.ok is not False:
+            return ""
+        if self.unfinished:
+            return f"the server fell behind: {self.unfinished} requests unfinished at the end of the measurement"
+        return (f"the server fell behind: completed {self.achieved_req_s:.3g} of {self.offered_req_s:.3g} req/s "
+                f"offered (more than {self.tolerance:.0%} short)")
+
+
+def keep_up(arrivals: Sequence[float], done_at: Sequence[float | None], tolerance: float,
+            judged: bool = True) -> KeptUp:
+    """:class:`KeptUp` of one open-loop measurement: ``arrivals[i]`` when request ``i`` was due and ``done_at[i]``
+    when it finished (``None``: unfinished), both in seconds from the start."""
+    n = len(arrivals)
+    offered = n / arrivals[-1] if n and arrivals[-1] > 0 else 0.0
+    pairs = [(a, d) for a, d in zip(arrivals, done_at) if d is not None]
+    achieved = 0.0
+    if len(pairs) >= 2:
+        ma = sum(a for a, _ in pairs) / len(pairs)
+        md = sum(d for _, d in pairs) / len(pairs)
+        var = sum((a - ma) ** 2 for a, _ in pairs)
+        slope = sum((a - ma) * (d - md) for a, d in pairs) / var if var > 0 else 1.0
+        achieved = offered / max(slope, 1.0) if slope > 0 else offered
+    elif pairs:
+        achieved = offered
+    last = arrivals[-1] if n else 0.0
+    backlog = sum(1 for a, d in zip(arrivals, done_at) if a <= last and (d is None or d > last))
+    return KeptUp(offered, achieved, sum(1 for d in done_at if d is None), backlog, tolerance, judged)
+
+
 @dataclass
 class Sample:
     """One measurement at one load."""
@@ -93,6 +151,8 @@ class Sample:
     load: float
     requests: list[RequestResult]
     wall_s: float
+    kept: KeptUp | None = None
+    """Rate mode: whether the server kept up with the arrivals."""
 
 
 def _late_limits(slo: Sequence[tuple[str, float]]) -> list[tuple[float, float]]:
@@ -102,18 +162,21 @@ def _late_limits(slo: Sequence[tuple[str, float]]) -> list[tuple[float, float]]:
 
 async def _open_loop(base_url: str, cfg: LoadConfig, reqs: Sequence[RequestSpec], arrivals: Sequence[float],
                      drain_s: float, deadline: float | None, should_abort: Callable[[], str | None] | None,
-                     slo: Sequence[tuple[str, float]] = ()) -> tuple[list[RequestResult], float, str]:
+                     slo: Sequence[tuple[str, float]] = (), tolerance: float = 0.15
+                     ) -> tuple[list[RequestResult], float, str, KeptUp]:
     """Send ``reqs[i]`` at ``arrivals[i]`` whatever the others do. The measurement is cut (the requests left are
     cancelled) ``drain_s`` after the last arrival, or as soon as more requests than a TTFT limit of ``slo`` allows
     are certainly over it (the first token came late, or has not come that long after sending): the load misses the
     SLO whatever the rest do. A request cut before its end counts as late (TTFT, if it had no token, and its end to
-    end latency infinite), never as an error; one never sent is left out."""
+    end latency infinite), never as an error; one never sent is left out. Also returns whether the server kept up
+    (:func:`keep_up`; not judged when the SLO cut the measurement short)."""
     limits = httpx.Limits(max_connections=None, max_keepalive_connections=64)
     timeout = httpx.Timeout(cfg.request_timeout_s, connect=10.0)
     n = len(reqs)
     results: list[RequestResult | None] = [None] * n
     sent_at: list[float | None] = [None] * n
     first: list[float | None] = [None] * n
+    done_at: list[float | None] = [None] * n
     late_limits = _late_limits(slo)
     async with httpx.AsyncClient(limits=limits, timeout=timeout, trust_env=False) as client:
         start = time.perf_counter()
@@ -125,6 +188,7 @@ async def _open_loop(base_url: str, cfg: LoadConfig, reqs: Sequence[RequestSpec]
             sent_at[i] = time.perf_counter()
             results[i] = await loadgen.one_request(client, base_url, cfg, reqs[i],
                                                    on_first=lambda t: first.__setitem__(i, t))
+            done_at[i] = time.perf_counter() - start
 
         def missed_already(now: float) -> bool:
             for limit, share in late_limits:
@@ -134,23 +198,19 @@ async def _open_loop(base_url: str, cfg: LoadConfig, reqs: Sequence[RequestSpec]
                     return True
             return False
 
-        tasks = {asyncio.create_task(send(i)) for i in range(n)}
+        tasks = [asyncio.create_task(send(i)) for i in range(n)]
         cut_at = start + arrivals[-1] + drain_s
-        aborted = ""
-        pending = tasks
-        while pending:
-            _, pending = await asyncio.wait(pending, timeout=0.1)
-            why = should_abort() if should_abort else None
-            if why is None and deadline is not None and time.time() >= deadline:
-                why = "deadline reached during the load"
-            if why:
-                aborted = why
+        slo_cut = False
+
+        def cut() -> bool:
+            nonlocal slo_cut
             now = time.perf_counter()
-            if pending and (why or now >= cut_at or missed_already(now)):
-                for t in pending:
-                    t.cancel()
-                await asyncio.gather(*pending, return_exceptions=True)
-                break
+            if now >= cut_at:
+                return True
+            slo_cut = missed_already(now)
+            return slo_cut
+
+        aborted = await loadgen.wait_or_abort(tasks, should_abort, deadline, cut)
         wall = time.perf_counter() - start
     out = []
     for i, r in enumerate(results):
@@ -159,7 +219,9 @@ async def _open_loop(base_url: str, cfg: LoadConfig, reqs: Sequence[RequestSpec]
         elif sent_at[i] is not None:
             out.append(RequestResult(ok=True, ttft_s=first[i] if first[i] is not None else math.inf,
                                      e2e_s=math.inf, output_tokens=0))
-    return out, wall, aborted
+    sent = [i for i in range(n) if sent_at[i] is not None]
+    kept = keep_up([arrivals[i] for i in sent], [done_at[i] for i in sent], tolerance, judged=not slo_cut)
+    return out, wall, aborted, kept
 
 
 class Aborted(Exception):
@@ -189,8 +251,9 @@ class Measurer:
             n = max(s.goodput_min_requests, math.ceil(load * s.goodput_window_s))
             times = arrivals(load, n, self.cfg.seed * 1_000_003 + self.count, s.goodput_arrivals)
             reqs = self.make_requests(n, 10_000 * self.count)
-            results, wall, aborted = asyncio.run(_open_loop(self.base_url, self.cfg, reqs, times, s.goodput_drain_s,
-                                                            self.deadline, self.should_abort, self.slo))
+            results, wall, aborted, kept = asyncio.run(_open_loop(
+                self.base_url, self.cfg, reqs, times, s.goodput_drain_s, self.deadline, self.should_abort, self.slo,
+                s.goodput_keepup_tolerance))
         else:
             c = int(load)
             cfg = replace(self.cfg, level_s=s.goodput_window_s, requests_per_level=None,
@@ -198,12 +261,15 @@ class Measurer:
             reqs = self.make_requests(cfg.n_requests(c), 10_000 * self.count)
             res = asyncio.run(loadgen._run_level(self.base_url, cfg, c, reqs, self.should_abort, self.deadline,
                                                  cfg.level_s))
-            results, wall, aborted = res.requests, res.wall_s, res.aborted
+            results, wall, aborted, kept = res.requests, res.wall_s, res.aborted, None
         if aborted:
             raise Aborted(aborted)
-        sample = Sample(load, results, wall)
-        _logger.info("goodput: %s %g: %d requests, %d failed, in %.2fs", s.goodput_mode, load, len(results),
-                     sum(1 for r in results if not r.ok), wall)
+        sample = Sample(load, results, wall, kept)
+        _logger.info("goodput: %s %g: %d requests, %d failed, in %.2fs%s", s.goodput_mode, load, len(results),
+                     sum(1 for r in results if not r.ok), wall,
+                     "" if kept is None or kept.ok is None else
+                     f"; completed {kept.achieved_req_s:.3g} of {kept.offered_req_s:.3g} req/s offered, "
+                     f"{'kept up' if kept.ok else 'fell behind'}")
         return sample
 
 
@@ -225,7 +291,8 @@ def figures(requests: Sequence[RequestResult]) -> dict[str, float]:
     ok = [r for r in requests if r.ok]
     series = {
         "ttft_ms": [r.ttft_s * 1e3 for r in ok],
-        "tpot_ms": [(r.e2e_s - r.ttft_s) * 1e3 / (r.output_tokens - 1) for r in ok if r.output_tokens > 1],
+        "tpot_ms": [(r.e2e_s - r.ttft_s) * 1e3 / (r.output_tokens - 1) for r in ok
+                    if r.output_tokens > 1 and r.e2e_s > r.ttft_s],
         "itl_ms": [g * 1e3 for r in ok for g in r.itl_s],
         "e2e_ms": [r.e2e_s * 1e3 for r in ok],
     }
@@ -245,6 +312,10 @@ def misses(figs: dict[str, float], slo: Sequence[tuple[str, float]]) -> list[str
     out = []
     if figs["error_rate"] > 0:
         out.append(f"{figs['error_rate']:.0%} of requests failed")
+    if figs.get("kept_up") == 0.0:
+        out.append(f"the server fell behind (completed {figs['achieved_req_s']:.3g} of {figs['offered_req_s']:.3g} "
+                   "req/s offered)" if not figs.get("unfinished") else
+                   f"the server fell behind ({figs['unfinished']:.0f} requests unfinished at the end)")
     for name, limit in slo:
         v = figs.get(name, math.nan)
         if math.isnan(v):
@@ -279,8 +350,25 @@ class Point:
     def req_s(self) -> float:
         return sum(1 for r in self.requests if r.ok) / self.wall_s if self.wall_s > 0 else 0.0
 
+    @property
+    def kept_up(self) -> bool | None:
+        """False when any measurement here fell behind the arrivals, True when all that were judged kept up, None
+        when none was judged (concurrency mode, or every measurement cut short by the SLO)."""
+        verdicts = [s.kept.ok for s in self.samples if s.kept is not None and s.kept.ok is not None]
+        return None if not verdicts else all(verdicts)
+
     def figures(self) -> dict[str, float]:
-        return figures(self.requests)
+        """The pooled latency figures, and (rate mode) the offered and achieved request rates (means over the
+        measurements judged), the requests left unfinished and ``kept_up`` (1/0)."""
+        out = figures(self.requests)
+        judged = [s.kept for s in self.samples if s.kept is not None and s.kept.judged]
+        if judged:
+            out["offered_req_s"] = sum(k.offered_req_s for k in judged) / len(judged)
+            out["achieved_req_s"] = sum(k.achieved_req_s for k in judged) / len(judged)
+            out["unfinished"] = float(sum(k.unfinished for k in judged))
+            out["backlog"] = float(max(k.backlog for k in judged))
+            out["kept_up"] = 1.0 if self.kept_up else 0.0
+        return out
 
 
 @dataclass
@@ -526,7 +614,13 @@ def boundary_rows(b: Boundary, gpus: int) -> list[MetricRow]:
                  for k, v in figs.items() if k in ("ttft_ms_p99", "ttft_ms_p95", "tpot_ms_p99", "tpot_ms_p95",
                                                    "itl_ms_p99", "error_rate", "tok_s_per_request")
                  and not math.isnan(v)]
+        rows += [MetricRow(k, level, figs[k], unit) for k, unit in KEEPUP_UNITS.items() if k in figs]
     return [r for r in rows if math.isfinite(r.value)]  # a cut request's infinite latency is never stored
+
+
+KEEPUP_UNITS = {"kept_up": "flag", "offered_req_s": "req/s", "achieved_req_s": "req/s", "unfinished": "count",
+                "backlog": "count"}
+"""The rows of whether the server kept up at one load (rate mode; none when no measurement there was judged)."""
 
 
 def point_tok_s(mode: str, p: Point, meets: bool) -> float:
@@ -539,10 +633,17 @@ def point_tok_s(mode: str, p: Point, meets: bool) -> float:
 
 
 def describe(b: Boundary) -> str:
-    """One line: the goodput and its interval, or why there is none."""
+    """One line: the goodput and its interval, or why there is none; and the loads the server fell behind at."""
     unit = "req/s" if b.mode == "rate" else "in flight"
     if b.pruned:
         return b.pruned
+    behind = sorted(load for load, p in b.points.items() if p.kept_up is False)
+    if behind:
+        return _describe(b, unit) + f"; the server fell behind at {', '.join(f'{x:g}' for x in behind)} {unit}"
+    return _describe(b, unit)
+
+
+def _describe(b: Boundary, unit: str) -> str:
     if b.low is None:
         at = b.at
         why = "; ".join(misses(at.figures(), b.slo)) if at else "nothing measured"

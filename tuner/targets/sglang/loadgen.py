@@ -16,7 +16,7 @@ import math
 import random
 import re
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -253,9 +253,34 @@ async def one_request(client: httpx.AsyncClient, base_url: str, cfg: LoadConfig,
         return RequestResult(ok=False, error=f"{type(exc).__name__}: {exc}"[:300])
     end = time.perf_counter()
     if chunks == 0:
+        if usage_tokens:
+            # the server generated tokens but streamed no text for them (``transformers serve`` holds back bytes
+            # that are not yet valid UTF-8, and skips special tokens): the request completed, and its first output
+            # a client could see came at the end
+            return RequestResult(ok=True, ttft_s=end - start, e2e_s=end - start, output_tokens=usage_tokens)
         return RequestResult(ok=False, error="the stream ended without a token")
     tokens = usage_tokens if usage_tokens is not None else chunks
     return RequestResult(ok=True, ttft_s=ttft, e2e_s=end - start, output_tokens=tokens, itl_s=itl)
+
+
+async def wait_or_abort(tasks: Iterable[asyncio.Task], should_abort: Callable[[], str | None] | None,
+                        deadline: float | None, cut: Callable[[], bool] | None = None) -> str:
+    """Wait for ``tasks``, looking every 0.1 s whether to stop early: ``should_abort()`` gives a reason (the server
+    failed), the ``deadline`` (``time.time()``) passed, or ``cut()`` says the measurement has seen enough. On a stop
+    the tasks left are cancelled (and awaited). Returns why it was aborted, ``""`` when it was not (a cut is no
+    abort)."""
+    pending = set(tasks)
+    while pending:
+        _, pending = await asyncio.wait(pending, timeout=0.1)
+        why = should_abort() if should_abort else None
+        if why is None and deadline is not None and time.time() >= deadline:
+            why = "deadline reached during the load"
+        if why or (pending and cut is not None and cut()):
+            for t in pending:
+                t.cancel()
+            await asyncio.gather(*pending, return_exceptions=True)
+            return why or ""
+    return ""
 
 
 async def _run_level(base_url: str, cfg: LoadConfig, concurrency: int, reqs: Sequence[RequestSpec],
@@ -285,19 +310,7 @@ async def _run_level(base_url: str, cfg: LoadConfig, concurrency: int, reqs: Seq
 
         start = time.perf_counter()
         workers = [asyncio.create_task(worker()) for _ in range(min(concurrency, len(reqs)))]
-        aborted = ""
-        pending = set(workers)
-        while pending:
-            done, pending = await asyncio.wait(pending, timeout=0.1)
-            why = should_abort() if should_abort else None
-            if why is None and deadline is not None and time.time() >= deadline:
-                why = "deadline reached during the load"
-            if why:
-                aborted = why
-                for t in pending:
-                    t.cancel()
-                await asyncio.gather(*pending, return_exceptions=True)
-                break
+        aborted = await wait_or_abort(workers, should_abort, deadline)
         wall = time.perf_counter() - start
     return LevelResult(concurrency, wall, results, aborted)
 
