@@ -26,7 +26,11 @@ import threading
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+# the project's root first and this folder last: run as a script, this folder is sys.path[0], and its kernels.py
+# would shadow the `kernels` package (transformers imports `kernels` on a GPU to look for hub kernels)
+_HERE = Path(__file__).resolve().parent
+sys.path[:] = [str(_HERE.parent)] + [p for p in sys.path if Path(p or ".").resolve() not in (_HERE, _HERE.parent)] \
+    + [str(_HERE)]
 
 from serve_bench import (  # noqa: E402
     ROOT,
