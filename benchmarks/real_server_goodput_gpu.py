@@ -21,7 +21,6 @@ from __future__ import annotations
 import argparse
 import datetime as dt
 import json
-import shutil
 import subprocess
 import sys
 import tempfile
@@ -40,6 +39,7 @@ from serve_bench import (  # noqa: E402
     ROOT,
     add_common_args,
     build_model,
+    copy_study_db,
     fmt,
     gpu_memory_mib,
     gpu_name,
@@ -163,7 +163,7 @@ def main() -> int:
     }
     (out / "real_server_goodput_gpu.json").write_text(json.dumps(doc, indent=1, default=str))
     (out / "real_server_goodput_gpu.md").write_text(markdown(doc))
-    shutil.copyfile(tmp / "tuner.db", out / "real_server_goodput_gpu.db")
+    copy_study_db(tmp / "tuner.db", out / "real_server_goodput_gpu.db")
     print(markdown(doc))
     return 0 if result.best is not None else 1
 

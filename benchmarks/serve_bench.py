@@ -116,3 +116,13 @@ def model_doc(args: argparse.Namespace, build_s: float) -> dict[str, Any]:
 def fmt(x, spec: str = ".1f") -> str:
     """``x`` formatted, ``-`` for None."""
     return "-" if x is None else format(x, spec)
+
+
+def copy_study_db(src: Path, dst: Path) -> None:
+    """Copy a study's SQLite database whole, with what its write-ahead log still holds (a plain file copy while the
+    search's engine is open leaves the trials in ``-wal`` behind: an H200 run brought back an empty database so)."""
+    import sqlite3
+
+    dst.unlink(missing_ok=True)
+    with sqlite3.connect(src) as a, sqlite3.connect(dst) as b:
+        a.backup(b)
