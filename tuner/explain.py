@@ -133,47 +133,19 @@ class Explanation:
         return "\n".join(out) + "\n"
 
     def _numerics_lines(self) -> list[str]:
-        n = self.numerics
-        if not n:
-            return []
-        out = ["## Numerics: each step's output against the baseline configuration's (relative norm error)", ""]
-        if n.get("best") is not None:
-            tol = n.get("tolerance")
-            out += [f"The best's output differs from the baseline's by {n['best']:.3g}"
-                    + (f" (tolerance {tol:.3g})." if tol is not None else "."), ""]
-        if n.get("rows"):
-            out += ["Largest error among the successful trials, per parameter value:", "",
-                    "| parameter | value | trials | max rel. error |", "| --- | --- | --- | --- |"]
-            out += [f"| {r['param']} | {r['value']} | {r['trials']} | {r['max_err']:.3g} |" for r in n["rows"]]
-            out.append("")
-        for w in n.get("wrong", []):
-            out.append(f"- trial {w['trial']} was wrong_result (error {w['err']:.3g}): "
-                       + ", ".join(f"{k}={v}" for k, v in w["params"].items()))
-        if n.get("wrong"):
-            out.append("")
-        return out
+        return _gate_lines(
+            self.numerics, "## Numerics: each step's output against the baseline configuration's (relative norm error)",
+            "The best's output differs from the baseline's by {:.3g}", "tolerance", "tolerance {:.3g}",
+            "Largest error among the successful trials, per parameter value:", "max rel. error", "max_err", "{:.3g}",
+            "error", "err")
 
     def _greedy_lines(self) -> list[str]:
-        g = self.greedy
-        if not g:
-            return []
-        out = ["## Greedy check: fixed prompts completed at temperature 0 against the baseline's (common prefix share)",
-               ""]
-        if g.get("best") is not None:
-            m = g.get("min_agreement")
-            out += [f"The best's completions agree with the baseline's on {g['best']:.3f}"
-                    + (f" (min_agreement {m:g})." if m is not None else "."), ""]
-        if g.get("rows"):
-            out += ["Lowest agreement among the successful trials, per parameter value:", "",
-                    "| parameter | value | trials | min agreement |", "| --- | --- | --- | --- |"]
-            out += [f"| {r['param']} | {r['value']} | {r['trials']} | {r['min_agreement']:.3f} |" for r in g["rows"]]
-            out.append("")
-        for w in g.get("wrong", []):
-            out.append(f"- trial {w['trial']} was wrong_result (agreement {w['agreement']:.3f}): "
-                       + ", ".join(f"{k}={v}" for k, v in w["params"].items()))
-        if g.get("wrong"):
-            out.append("")
-        return out
+        return _gate_lines(
+            self.greedy,
+            "## Greedy check: fixed prompts completed at temperature 0 against the baseline's (common prefix share)",
+            "The best's completions agree with the baseline's on {:.3f}", "min_agreement", "min_agreement {:g}",
+            "Lowest agreement among the successful trials, per parameter value:", "min agreement", "min_agreement",
+            "{:.3f}", "agreement", "agreement")
 
     def _in_short(self) -> list[str]:
         """The report's answer first: per level, the largest change alone and the costliest to undo (measured by
@@ -543,3 +515,25 @@ def _profile(run: Run, params: dict[str, Any], level: int, timeout_s: float) -> 
         tail = (out.stderr or out.stdout).strip().splitlines()[-1:] or ["no output"]
         raise ValueError(f"profiler exited with {out.returncode}: {tail[0][:300]}")
     return json.loads(lines[-1])
+
+
+def _gate_lines(g: dict | None, title: str, best_text: str, limit_key: str, limit_text: str, table_intro: str,
+                column: str, row_key: str, row_fmt: str, wrong_word: str, wrong_key: str) -> list[str]:
+    """A gate's section (the numerics gate, the greedy check): the best's figure against its limit, the worst figure
+    per parameter value among the successful trials, and the trials the gate made wrong_result."""
+    if not g:
+        return []
+    out = [title, ""]
+    if g.get("best") is not None:
+        limit = g.get(limit_key)
+        out += [best_text.format(g["best"]) + (f" ({limit_text.format(limit)})." if limit is not None else "."), ""]
+    if g.get("rows"):
+        out += [table_intro, "", f"| parameter | value | trials | {column} |", "| --- | --- | --- | --- |"]
+        out += [f"| {r['param']} | {r['value']} | {r['trials']} | {row_fmt.format(r[row_key])} |" for r in g["rows"]]
+        out.append("")
+    for w in g.get("wrong", []):
+        out.append(f"- trial {w['trial']} was wrong_result ({wrong_word} {row_fmt.format(w[wrong_key])}): "
+                   + ", ".join(f"{k}={v}" for k, v in w["params"].items()))
+    if g.get("wrong"):
+        out.append("")
+    return out
