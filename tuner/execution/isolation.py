@@ -131,7 +131,8 @@ class TrialProcess:
                     self.proc.wait()
                     break
         self._reader.join(timeout=2.0)
-        self._end_groups()  # a trial that died on its own may leave its server behind
+        if self.proc.returncode != 0:  # a trial that died may leave its server behind (one that ended well stopped
+            self._end_groups()         # it; a group id may be reused once its group is gone, so not checked then)
         return finish_measurement(read_result(self.result_path), self._killed_reason, self.proc.returncode,
                                   "\n".join(self.log), time.time() - self.started)
 
