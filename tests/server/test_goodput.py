@@ -269,10 +269,13 @@ def test_a_goodput_search_stores_the_boundary_and_prunes_a_trial_missing_the_inc
     script = Path(result.export_dir) / "launch.sh"
     rec = read_recorded(script)
     assert rec["goodput"]["slo"] == [["ttft_ms_p95", 150.0]] and rec["goodput"]["load"] == pytest.approx(base.value)
+    # verify measures at the boundary less its tolerance (15%): the boundary itself is the last load that met the SLO,
+    # a knife's edge where the noise decides (a CI run on a busy 2-core box missed it there)
     res = verify_script(script, timeout_s=60, port_range="36000-36999")
     assert res.ok and res.outcome is Outcome.OK, "\n".join(res.lines())
-    assert res.reason.startswith(f"meets the SLO at the recorded boundary {rec['goodput']['load']:g}")
-    assert res.value == pytest.approx(base.value)
+    at = rec["goodput"]["load"] * 0.85
+    assert res.reason.startswith(f"meets the SLO at {at:g} (the recorded boundary {rec['goodput']['load']:g} less 15%)")
+    assert res.value == pytest.approx(at)
 
 
 def test_the_dry_run_plan_adds_the_boundary_search_to_each_trial(tmp_path):

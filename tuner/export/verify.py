@@ -109,7 +109,8 @@ def verify_script(path: str | Path, *, tolerance: float = 0.15, timeout_s: float
 
 def _verify_goodput(result: VerifyResult, server: ServerProcess, cfg: loadgen.LoadConfig, rec: dict[str, Any],
                     load: dict[str, Any], deadline: float) -> VerifyResult:
-    """A goodput script: its recorded boundary load measured again; verified when it still meets the SLO there."""
+    """A goodput script: its recorded boundary load, less the tolerance, measured again; verified when it still meets
+    the SLO there."""
     from tuner.targets.sglang import goodput
 
     fields = goodput.GoodputSettings.model_fields
@@ -117,7 +118,7 @@ def _verify_goodput(result: VerifyResult, server: ServerProcess, cfg: loadgen.Lo
     measure = goodput.Measurer(server.base_url, cfg, settings, lambda n, off: loadgen.make_requests(cfg, n, off),
                                deadline=deadline, should_abort=lambda: (f.reason if (f := server.failure()) else None))
     try:
-        ok, boundary, text = goodput.verify_load(measure, rec["goodput"])
+        ok, boundary, text = goodput.verify_load(measure, rec["goodput"], shortfall=result.tolerance)
     except goodput.Aborted as exc:
         f = server.failure()
         result.outcome, result.reason = (f.outcome, f.reason) if f else (Outcome.TIMEOUT, str(exc))
