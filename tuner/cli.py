@@ -266,7 +266,9 @@ def _time_split(measurements) -> str:
             got[m.metric] += m.value
     if not got:
         return ""
-    return "/".join(f"{got[k]:.1f}" if k in got else "-" for k in ("startup_s", "warmup_s", "measure_s"))
+    # tenths, and two decimals below a tenth: a warm-up of 40 ms is not "0.0"
+    return "/".join((f"{got[k]:.1f}" if got[k] >= 0.1 else f"{got[k]:.2f}") if k in got else "-"
+                    for k in ("startup_s", "warmup_s", "measure_s"))
 
 
 @app.command()
