@@ -133,8 +133,11 @@ class ApiState:
                 del self.searches[name]
 
     def close(self) -> None:
-        if self._pool is not None:
-            self._pool.shutdown(wait=True, cancel_futures=True)
+        """End the worker and the connections; the state stays usable (an app served again starts them afresh)."""
+        with self._lock:
+            pool, self._pool = self._pool, None
+        if pool is not None:
+            pool.shutdown(wait=True, cancel_futures=True)
         if self._repo is not None:
             self._repo.engine.dispose()
         if self._optuna is not None:
