@@ -274,18 +274,6 @@ class Measurer:
 
 
 # -- figures and the verdict -----------------------------------------------------------------------------------------
-def _pct(values: Sequence[float], q: float) -> float:
-    """The ``q`` quantile, linearly interpolated; a request cut short (``inf``) counts as later than every other."""
-    if not values:
-        return math.nan
-    s = sorted(values)
-    k = (len(s) - 1) * q
-    lo, hi = math.floor(k), math.ceil(k)
-    if s[lo] == s[hi]:
-        return s[lo]
-    return s[lo] + (s[hi] - s[lo]) * (k - lo)
-
-
 def figures(requests: Sequence[RequestResult]) -> dict[str, float]:
     """Per-request latency percentiles (``ttft_ms_p99``, ``tpot_ms_p95``...), means, and the error rate."""
     ok = [r for r in requests if r.ok]
@@ -301,7 +289,7 @@ def figures(requests: Sequence[RequestResult]) -> dict[str, float]:
     for name, vals in series.items():
         out[f"{name}_mean"] = loadgen._mean(vals)
         for q in (50, 90, 95, 99):
-            out[f"{name}_p{q}"] = _pct(vals, q / 100)
+            out[f"{name}_p{q}"] = loadgen._pct(vals, q / 100)
     rates = [(r.output_tokens - 1) / (r.e2e_s - r.ttft_s) for r in ok if r.output_tokens > 1 and r.e2e_s > r.ttft_s]
     out["tok_s_per_request"] = loadgen._mean(rates)
     return out

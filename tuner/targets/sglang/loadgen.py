@@ -412,11 +412,14 @@ def warmup(base_url: str, cfg: LoadConfig, deadline: float | None = None) -> Pro
 
 
 def _pct(values: Sequence[float], q: float) -> float:
+    """The ``q`` quantile, linearly interpolated; a request cut short (``inf``) counts as later than every other."""
     if not values:
         return math.nan
     s = sorted(values)
     k = (len(s) - 1) * q
     lo, hi = math.floor(k), math.ceil(k)
+    if s[lo] == s[hi]:  # also inf == inf, where the interpolation would give nan
+        return s[lo]
     return s[lo] + (s[hi] - s[lo]) * (k - lo)
 
 
