@@ -9,7 +9,8 @@
 #   sweep.log                       the sweep's progress
 # Afterwards, on a CPU: copy the JSON to benchmarks/results/data/tuner_efficiency_h200_issue20.json and run
 #   python benchmarks/tuner_efficiency.py --goal held_out --analyze-gpu benchmarks/results/data/tuner_efficiency_h200_issue20.json
-# TOTAL_S (default 440) bounds the tests and the sweep together.
+# TOTAL_S (default 440) bounds the tests and the sweep together. ONLY=KERNEL[,KERNEL] sweeps those kernels' cases only;
+# HELPERS=N sets the compile helpers (default: CPUs - 2); TESTS=0 skips the GPU tests (two of these on a 2-GPU host).
 set -u
 OUT=${OUT:-benchmarks/results/gpu-run}
 mkdir -p "$OUT"
@@ -19,18 +20,22 @@ TOTAL_S=${TOTAL_S:-440}
 start=$(date +%s)
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader || true
 
-timeout 60 python3 -m pytest -q -p no:cacheprovider tests/kernels -k out_of_resources \
-  >"$OUT/gpu_tests_out_of_resources.log" 2>&1
-echo "exit status $?" >>"$OUT/gpu_tests_out_of_resources.log"
-tail -n 3 "$OUT/gpu_tests_out_of_resources.log"
-timeout 150 python3 -m pytest -q -p no:cacheprovider tests/kernels/test_kernels_gpu.py \
-  >"$OUT/gpu_tests_kernels.log" 2>&1
-echo "exit status $?" >>"$OUT/gpu_tests_kernels.log"
-tail -n 3 "$OUT/gpu_tests_kernels.log"
+if [ "${TESTS:-1}" != 0 ]; then
+  timeout 60 python3 -m pytest -q -p no:cacheprovider tests/kernels -k out_of_resources \
+    >"$OUT/gpu_tests_out_of_resources.log" 2>&1
+  echo "exit status $?" >>"$OUT/gpu_tests_out_of_resources.log"
+  tail -n 3 "$OUT/gpu_tests_out_of_resources.log"
+  # the kernels' GPU tests and the compile helpers' (what a helper compiles from meta tensors, the trial loads)
+  timeout 200 python3 -m pytest -q -p no:cacheprovider tests/kernels/test_kernels_gpu.py \
+    tests/kernel_tuning/test_compile_ahead.py -k "not out_of_resources" >"$OUT/gpu_tests_kernels.log" 2>&1
+  echo "exit status $?" >>"$OUT/gpu_tests_kernels.log"
+  tail -n 3 "$OUT/gpu_tests_kernels.log"
+fi
 
 left=$((TOTAL_S - ($(date +%s) - start)))
 echo "tests took $(($(date +%s) - start))s; sweeping for $((left - 25))s"
 # a fresh Triton cache: the compile times the sweep records are cold compiles
 TRITON_CACHE_DIR=$(mktemp -d /tmp/triton-sweep-XXXXXX) python3 benchmarks/tuner_efficiency.py --gpu --no-analysis \
-  --no-autotune --out "$OUT" --deadline-s $((left - 25)) 2>&1 | tee "$OUT/sweep.log"
+  --no-autotune --out "$OUT" --deadline-s $((left - 25)) ${ONLY:+--only "$ONLY"} ${HELPERS:+--helpers "$HELPERS"} \
+  2>&1 | tee "$OUT/sweep.log"
 echo "total $(($(date +%s) - start))s"

@@ -40,6 +40,7 @@ import contextlib
 import itertools
 import logging
 import math
+import os
 from dataclasses import dataclass
 from typing import Any, Iterator
 
@@ -147,6 +148,35 @@ def device_limits(device: Any = None) -> dict:
     limits["cc"] = (props.major, props.minor)
     limits["sms"] = int(props.multi_processor_count)
     return limits
+
+
+_TARGETS: dict[str, tuple[int, int] | None] = {}
+
+
+def gpu_target(device: Any) -> tuple[int, int] | None:
+    """The compute capability a Triton launch with tensors on ``device`` compiles for; None under the interpreter.
+
+    A launcher that picks code paths by GPU (prefetches, programmatic dependent launch) must ask this, not
+    ``tensor.is_cuda``: the compile helpers (``kernels.compile_only``) launch on *meta* tensors, and a binary they
+    compile with other constexprs than the trial's real CUDA launch is a cache miss, so the trial compiles again
+    (issue 20's sparse-decode sweep lost most of its configs so). CUDA tensors answer their device's capability;
+    any other tensor that reaches the compiler (meta in the helpers) answers the active Triton driver's target,
+    which is the GPU the helper compiles for.
+    """
+    if os.environ.get("TRITON_INTERPRET") == "1":
+        return None
+    dev = torch.device(device)
+    key = str(dev)
+    if key not in _TARGETS:
+        if dev.type == "cuda":
+            _TARGETS[key] = tuple(torch.cuda.get_device_capability(dev))
+        else:
+            from triton.runtime import driver
+
+            target = driver.active.get_current_target()
+            arch = target.arch if isinstance(target.arch, int) else 0
+            _TARGETS[key] = (arch // 10, arch % 10) if target.backend == "cuda" else None
+    return _TARGETS[key]
 
 
 class TunableKernel(abc.ABC):

@@ -131,3 +131,22 @@ def test_helpers_fill_the_cache_that_the_trial_then_loads(tmp_path, monkeypatch)
     shape = k.shapes("v4flash")[0]
     configs = [{**k.default_config(shape), **c} for c in itertools.islice(k.configs(shape, "cuda", "bfloat16"), 3)]
     assert_compiled_ahead_then_loaded("indexer", shape, configs, cache)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="the helpers compile for the GPU's target: needs CUDA")
+def test_helpers_compile_the_sparse_decode_binaries_that_the_trial_then_loads(tmp_path, monkeypatch):
+    """The sparse-decode launcher picks its prefetch and merge-launch paths by GPU; from the helpers' meta tensors
+    it must pick the same, or every trial compiles again (issue 20's held-out sweep lost most configs so)."""
+    import itertools
+
+    from compile_check import assert_compiled_ahead_then_loaded
+
+    from kernels.registry import get_kernel
+
+    cache = tmp_path / "cache"
+    monkeypatch.setenv("TRITON_CACHE_DIR", str(cache))
+    k = get_kernel("sparse_decode")
+    shape = k.shapes("v4flash")[0]  # batch 1: split rows, so the merge kernel is launched too
+    configs = [{**k.default_config(shape), **c} for c in itertools.islice(k.configs(shape, "cuda", "bfloat16"), 2)]
+    assert_compiled_ahead_then_loaded("sparse_decode", shape, configs, cache)

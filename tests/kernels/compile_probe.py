@@ -6,6 +6,7 @@ the CUDA one (nothing is launched: every launch goes through ``jit_compile_only`
 tensors, as the compile helpers do; ``real`` from real CPU tensors, as a trial's first launch specialises them.
 
     python compile_probe.py meta|real KERNEL[,KERNEL...]
+    python compile_probe.py launches KERNEL    (the keyword arguments of every launch, from meta tensors)
 """
 
 import json
@@ -48,6 +49,23 @@ def main() -> None:
     from kernels.registry import get_kernel
 
     out = {}
+    if mode == "launches":  # what each Triton launch of the default config is given (constexprs, options)
+        from triton.runtime.jit import JITFunction
+
+        kernel = get_kernel(names[0])
+        shape = kernel.shapes("test")[0]
+        inputs = meta_inputs(kernel.make_inputs(shape, "float16", "cpu", 0))
+        original = JITFunction.run
+
+        def record(self, *args, **kwargs):
+            out.setdefault(self.fn.__name__, []).append({k: v for k, v in kwargs.items()
+                                                        if isinstance(v, (bool, int, str)) and k != "warmup"})
+            return original(self, *args, **kwargs)
+
+        JITFunction.run = record
+        compile_config(kernel, inputs, kernel.default_config(shape))
+        print(json.dumps(out))
+        return
     for name in names:
         kernel = get_kernel(name)
         shape = kernel.shapes("test")[0]
