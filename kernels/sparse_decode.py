@@ -610,10 +610,11 @@ class SparseDecodeKernel(_SparseDecodeBase):
         return {"S": S, "BLOCK_H": block_h, "BLOCK_T": block_t, "num_warps": 4, "num_stages": 2}
 
     def config_space(self, shape):
-        # 16 warps (four warpgroups) since 2026-11-30: a 64-head tile's float32 accumulator is 128 registers a thread
-        # on 8 warps, and the H200 profile of the shipped configs read 255 registers (spilling) at batch 16 and 64
+        # No 16 warps: tried 2026-11-30 (6e5fadf, tuner_efficiency_h200_issue20_sd2.json, all 552 configs at batch
+        # 1/16/64, bf16 and fp8): never the best, its best 13-33% behind, and Nsight Compute read spills on 64-head
+        # tiles (128 registers a thread is the cap at 512 threads) and barrier stalls (kernels_issue20_h200_ncu2.txt)
         return {"S": [1, 2, 4, 8, 16, 32], "BLOCK_H": [16, 32, 64], "BLOCK_T": [16, 32, 64, 128],
-                "num_warps": [4, 8, 16], "num_stages": [1, 2, 3]}
+                "num_warps": [4, 8], "num_stages": [1, 2, 3]}
 
     def seed_configs(self, shape, device=None, dtype=None):
         """One wave: for each head tile (16, 32, 64) and row tile (64, 128), the split count whose grid
