@@ -90,6 +90,7 @@ def _sparse_decode_kernel(
     DV: tl.constexpr, DT: tl.constexpr, D_TAIL: tl.constexpr,
     BLOCK_H: tl.constexpr, BLOCK_T: tl.constexpr, DIRECT: tl.constexpr, FUSED_COMBINE: tl.constexpr,
     KV_SCALED: tl.constexpr, PREFETCH: tl.constexpr, PDL: tl.constexpr,
+    PREFETCH_NEXT: tl.constexpr = False, LINES: tl.constexpr = 8, LINE_ELTS: tl.constexpr = 64,
 ):
     pid_h = tl.program_id(0)  # fastest: head blocks of one (request, split) run together, share L2
     pid_s = tl.program_id(1)
@@ -126,6 +127,14 @@ def _sparse_decode_kernel(
         safe = tl.where(valid, rows, 0).to(tl.int64)
         row_ptr = kv_ptr + safe[:, None] * stride_kv
         kv = tl.load(row_ptr + offs_d[None, :], mask=valid[:, None], other=0.0)  # [BLOCK_T, DV]: K and V
+        if PREFETCH_NEXT:
+            # the next tile's rows, asked of L2 now: their DRAM round trip overlaps this tile's dots and softmax
+            # instead of following them (nothing else pipelines a gather below 64-head tiles)
+            nxt = offs_t + BLOCK_T
+            rows_n = tl.load(idx_base + nxt, mask=nxt < end, other=0)
+            rows_n = tl.where((rows_n >= 0) & (rows_n < num_rows), rows_n, 0).to(tl.int64)
+            cols = tl.minimum(tl.arange(0, LINES) * LINE_ELTS, DV + D_TAIL - 1)  # one address per 128-byte line
+            _prefetch_l2(kv_ptr + rows_n[:, None] * stride_kv + cols[None, :])
         if KV_SCALED:
             # fp8 e4m3 rows, one float32 scale per row: widen exactly, scale the [H, T] tiles instead. K is loaded
             # a second time as a [DV, BLOCK_T] tile (from L2): widening a transposed fp8 tile in registers spills
@@ -351,6 +360,7 @@ def sparse_decode(
     kv_scale: torch.Tensor | None = None,
     fused_combine: bool = False,
     pdl: bool | None = None,
+    prefetch_next: bool | None = None,
 ) -> torch.Tensor:
     """Sparse MQA decode attention; returns ``[batch, heads, d_v]`` in ``q.dtype``.
 
@@ -367,6 +377,8 @@ def sparse_decode(
     ``heads * d_v / BLOCK_D`` programs (H200, 2026-11-29: B=1 20.6 vs 17.1 µs with the older 4-head combine).
     ``pdl``: launch the merge kernel with programmatic dependent launch (its launch overlaps the split kernel; it
     waits for that grid before reading), None = wherever the GPU supports it (compute capability 9.0 and up).
+    ``prefetch_next``: while a tile is computed, ask L2 for the next tile's rows (PTX ``prefetch.global.L2``, one
+    per 128-byte line), None = on a GPU (never in the interpreter).
     """
     B, H, d_qk, d_v = _check_args(q, kv, indices, d_v, out, kv_scale)
     topk = indices.shape[1]
@@ -399,6 +411,9 @@ def sparse_decode(
     if pdl is None:
         pdl = on_gpu and _PDL and target >= (9, 0)
     pdl = bool(pdl) and on_gpu and not direct and not fused_combine
+    prefetch_next = on_gpu if prefetch_next is None else bool(prefetch_next) and on_gpu
+    row_bytes = kv.element_size() * d_qk
+    lines = triton.next_power_of_2(triton.cdiv(row_bytes, 128))
     grid = (n_hblocks, S, B)
     _sparse_decode_kernel[grid](
         q, kv, kv if kv_scale is None else kv_scale, indices, part, lse, out, locks,
@@ -408,7 +423,8 @@ def sparse_decode(
         out.stride(0), out.stride(1),
         DV=d_v, DT=DT, D_TAIL=D_TAIL, BLOCK_H=BLOCK_H, BLOCK_T=BLOCK_T, DIRECT=direct,
         FUSED_COMBINE=bool(fused_combine and not direct), KV_SCALED=kv_scale is not None,
-        PREFETCH=on_gpu, PDL=pdl, num_warps=config["num_warps"], num_stages=config["num_stages"],
+        PREFETCH=on_gpu, PDL=pdl, PREFETCH_NEXT=prefetch_next, LINES=lines, LINE_ELTS=128 // kv.element_size(),
+        num_warps=config["num_warps"], num_stages=config["num_stages"],
     )
     if not direct and not fused_combine:
         s_pad = triton.next_power_of_2(S)
