@@ -4,7 +4,8 @@ The kernel's loop used to load a tile's indices, then gather its rows, then comp
 tiles nothing pipelines the gather, and Nsight Compute read DRAM at 12-21% of its peak at batch 16 and 64 with one
 or two warps per scheduler (``benchmarks/results/data/kernels_issue20_h200_ncu2.txt``). ``prefetch_next`` loads the
 next tile's indices while this tile is computed and asks L2 for its rows (``prefetch.global.L2``), so the next
-gather starts from L2. This script times both on the same inputs, config by config:
+gather starts from L2. This script times both on the same inputs, config by config (result, 2026-11-30: slower, so
+the launcher keeps it off by default; ``benchmarks/results/sparse_decode_prefetch_h200.md``):
 
 * cases: V4-Flash shapes (64 heads, one 512-wide K=V latent, 640 rows) at batch 1, 16 and 64, bf16 and fp8 caches;
 * configs per case: the shipped tuned config, the default, and the best configs of the exhaustive H200 sweep of
@@ -210,9 +211,9 @@ def report(data: dict, source: str) -> str:
         b_on = min(ok, key=lambda r: r["us_on"], default=None)
         batch = case["shape"]["batch"]
         goal = "—"
-        if case["dtype"] == "bfloat16" and b_on:
-            g = GOALS[batch]
-            goal = "met" if b_on["us_on"] <= g else f"missed by {b_on['us_on'] - g:.1f} µs (goal {g:g})"
+        if case["dtype"] == "bfloat16" and b_on:  # the faster of the two bests
+            g, best = GOALS[batch], min(b_on["us_on"], b_off["us_off"])
+            goal = "met" if best <= g else f"missed by {best - g:.1f} µs (goal {g:g})"
         same = all(r.get("bit_identical") for r in case["configs"] if "bit_identical" in r)
         lines.append(
             f"| {case['dtype']} | {batch} | {_f(case['floor_us'], 2)} | {_f(case['torch_us'])} | "

@@ -651,6 +651,17 @@ def gpu_analysis(data: dict, seeds: int, lookahead: int = 1, held_out: bool | No
     return results
 
 
+def selects(selector: str, case: SweepCase) -> bool:
+    """``--only``'s test: ``gemm`` selects every GEMM case, ``gemm@M=16`` those whose shape has M = 16."""
+    kernel, _, cond = selector.strip().partition("@")
+    if kernel != case.kernel:
+        return False
+    if not cond:
+        return True
+    key, _, value = cond.partition("=")
+    return str(case.shape.get(key)) == value
+
+
 def load_sweeps(files: list[str]) -> dict:
     """Sweep JSONs written by ``--gpu``, their cases together (a later file's case replaces an earlier one's of the
     same kernel and shape)."""
@@ -736,7 +747,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--rep-ms", type=float, default=10.0, help="with --gpu: do_bench's timing window per config")
     ap.add_argument("--helpers", type=int, default=0, help="with --gpu: compile processes (default: CPUs - 2)")
     ap.add_argument("--e2e-budget", type=float, default=0.0, help="with --gpu: then a real kernel search of this budget")
-    ap.add_argument("--only", default="", help="with --gpu: comma-separated kernel names to sweep (default: all)")
+    ap.add_argument("--only", default="", help="with --gpu: the cases to sweep (default: all), comma-separated: a kernel "
+                    "name, or KERNEL@KEY=VALUE for its cases whose shape has that value (gemm@M=16)")
     ap.add_argument("--no-autotune", action="store_true", help="with --gpu: skip the triton.autotune probe")
     ap.add_argument("--vs-autotune", type=float, default=0.0, metavar="FRACTION",
                     help="on a GPU: real triton.autotune over every indexer config vs the tuner with this fraction "
@@ -822,7 +834,7 @@ def main(argv: list[str] | None = None) -> int:
         import triton
 
         data["triton"] = triton.__version__
-        cases = [c for c in GPU_CASES if not args.only or c.kernel in args.only.split(",")]
+        cases = [c for c in GPU_CASES if not args.only or any(selects(sel, c) for sel in args.only.split(","))]
 
         def keep(case: dict) -> None:
             data["cases"].append(case)
@@ -895,8 +907,10 @@ def _goal(args, date: str) -> int:
             return 2
         data = load_sweeps(args.analyze_gpu.split(","))
         res = gpu_analysis(data, args.seeds, ahead, held_out=True, **kw)
-        source = (", ".join(f"`{Path(f).name}`" for f in args.analyze_gpu.split(",")) + f" (measured {data['date']} on "
-                  f"{data['gpu']}, torch {data.get('torch')}, triton {data.get('triton')}, commit {data['commit']})")
+        source = ", ".join(f"`{Path(f).name}` (measured {m['date']} on {m['gpu']}, torch {m.get('torch')}, triton "
+                           f"{m.get('triton')}, commit {m['commit']})"
+                           for f, m in ((f, json.loads(Path(f).read_text())) for f in args.analyze_gpu.split(",")))
+        source += "; a later file's table replaces an earlier one's of the same kernel and shape"
         if not res:
             print(f"error: {args.analyze_gpu} holds no held-out table with a timed config; run "
                   "benchmarks/tuner_efficiency_gpu.sh on the GPU first", file=sys.stderr)

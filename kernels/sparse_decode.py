@@ -360,7 +360,7 @@ def sparse_decode(
     kv_scale: torch.Tensor | None = None,
     fused_combine: bool = False,
     pdl: bool | None = None,
-    prefetch_next: bool | None = None,
+    prefetch_next: bool = False,
 ) -> torch.Tensor:
     """Sparse MQA decode attention; returns ``[batch, heads, d_v]`` in ``q.dtype``.
 
@@ -377,8 +377,10 @@ def sparse_decode(
     ``heads * d_v / BLOCK_D`` programs (H200, 2026-11-29: B=1 20.6 vs 17.1 µs with the older 4-head combine).
     ``pdl``: launch the merge kernel with programmatic dependent launch (its launch overlaps the split kernel; it
     waits for that grid before reading), None = wherever the GPU supports it (compute capability 9.0 and up).
-    ``prefetch_next``: while a tile is computed, ask L2 for the next tile's rows (PTX ``prefetch.global.L2``, one
-    per 128-byte line), None = on a GPU (never in the interpreter).
+    ``prefetch_next``: while a tile is computed, load the next tile's indices and ask L2 for its rows (PTX
+    ``prefetch.global.L2``, one per 128-byte line). Off by default: measured slower on an H200 (2026-11-30, 5e448d4,
+    ``benchmarks/results/sparse_decode_prefetch_h200.md``: best config 0.88x at batch 16, 0.90x at 64, 1.04x only for
+    an fp8 cache at 64; the shipped batch-64 config spilled to 30x slower). Kept so that result can be re-measured.
     """
     B, H, d_qk, d_v = _check_args(q, kv, indices, d_v, out, kv_scale)
     topk = indices.shape[1]
@@ -411,7 +413,7 @@ def sparse_decode(
     if pdl is None:
         pdl = on_gpu and _PDL and target >= (9, 0)
     pdl = bool(pdl) and on_gpu and not direct and not fused_combine
-    prefetch_next = on_gpu if prefetch_next is None else bool(prefetch_next) and on_gpu
+    prefetch_next = bool(prefetch_next) and on_gpu
     row_bytes = kv.element_size() * d_qk
     lines = triton.next_power_of_2(triton.cdiv(row_bytes, 128))
     grid = (n_hblocks, S, B)

@@ -150,3 +150,12 @@ def test_gpu_sweep_without_a_gpu_is_refused_in_one_line(te, tmp_path, capsys):
     err = capsys.readouterr().err.strip()
     assert "\n" not in err and "--gpu needs a CUDA GPU" in err
     assert not list(tmp_path.iterdir())  # nothing half-written
+
+
+def test_only_selects_a_kernels_cases_or_those_with_one_shape_value(te):
+    gemm16 = [c for c in te.GPU_CASES if te.selects("gemm@M=16", c)]
+    assert gemm16 and all(c.kernel == "gemm" and c.shape["M"] == 16 for c in gemm16)
+    assert len(gemm16) == 2  # one per (N, K)
+    assert [c for c in te.GPU_CASES if te.selects("gemm", c)] == [c for c in te.GPU_CASES if c.kernel == "gemm"]
+    assert not any(te.selects("gemm@M=3", c) for c in te.GPU_CASES)
+    assert not any(te.selects("indexer", c) for c in te.GPU_CASES)
