@@ -3,29 +3,20 @@ cases fixed before the run, their samples, and the held-out goal report replayed
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import sys
 from pathlib import Path
 
 import pytest
+from benchmark_scripts import benchmark_script
 
 ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture(scope="module")
 def te():
-    """The benchmark script as a module (registered before it runs: its dataclasses look their module up)."""
-    spec = importlib.util.spec_from_file_location("tuner_efficiency", ROOT / "benchmarks" / "tuner_efficiency.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["tuner_efficiency"] = module
-    saved = list(sys.path)
-    try:
-        spec.loader.exec_module(module)
+    """The benchmark script as a module."""
+    with benchmark_script("tuner_efficiency") as module:
         yield module
-    finally:
-        sys.path[:] = saved
-        sys.modules.pop("tuner_efficiency", None)
 
 
 def test_sweep_cases_cover_issue20_kernels_and_are_all_held_out(te):

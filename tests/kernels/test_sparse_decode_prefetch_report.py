@@ -2,26 +2,16 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import sys
-from pathlib import Path
 
 import pytest
-
-ROOT = Path(__file__).resolve().parents[2]
+from benchmark_scripts import benchmark_script
 
 
 @pytest.fixture(scope="module")
 def sdp():
-    spec = importlib.util.spec_from_file_location("sparse_decode_prefetch", ROOT / "benchmarks" / "sparse_decode_prefetch.py")
-    module = importlib.util.module_from_spec(spec)
-    saved = list(sys.path)
-    try:
-        spec.loader.exec_module(module)
+    with benchmark_script("sparse_decode_prefetch") as module:
         yield module
-    finally:
-        sys.path[:] = saved
 
 
 def test_each_case_times_the_shipped_config_the_default_and_the_sweeps_fastest_once(sdp):

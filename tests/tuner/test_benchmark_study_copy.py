@@ -3,19 +3,16 @@ search's engine is open leaves the trials behind (an H200 goodput run came back 
 
 from __future__ import annotations
 
-import importlib.util
 import shutil
 import sqlite3
-from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[2]
+from benchmark_scripts import benchmark_script
+
 
 
 def _serve_bench():
-    spec = importlib.util.spec_from_file_location("serve_bench", ROOT / "benchmarks" / "serve_bench.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    with benchmark_script("serve_bench") as mod:
+        return mod
 
 
 def test_copy_study_db_keeps_what_the_write_ahead_log_holds(tmp_path):
