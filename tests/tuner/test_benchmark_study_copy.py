@@ -9,7 +9,6 @@ import sqlite3
 from benchmark_scripts import benchmark_script
 
 
-
 def _serve_bench():
     with benchmark_script("serve_bench") as mod:
         return mod
