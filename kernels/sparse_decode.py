@@ -91,8 +91,11 @@ def _sparse_decode_kernel(
     BLOCK_H: tl.constexpr, BLOCK_T: tl.constexpr, DIRECT: tl.constexpr, FUSED_COMBINE: tl.constexpr,
     KV_SCALED: tl.constexpr, PREFETCH: tl.constexpr, PDL: tl.constexpr,
     PREFETCH_NEXT: tl.constexpr = False, LINES: tl.constexpr = 8, LINE_ELTS: tl.constexpr = 64,
+    V_SPLIT: tl.constexpr = 1,
 ):
-    pid_h = tl.program_id(0)  # fastest: head blocks of one (request, split) run together, share L2
+    # fastest: the column parts, then the head blocks of one (request, split): they read the same rows, share L2
+    pid_h = tl.program_id(0) // V_SPLIT
+    pid_v = tl.program_id(0) % V_SPLIT  # which DV / V_SPLIT columns of V this program accumulates
     pid_s = tl.program_id(1)
     pid_b = tl.program_id(2)
     if PDL:
@@ -117,9 +120,11 @@ def _sparse_decode_kernel(
         e_mask = offs_e < D_TAIL
         q_tail = tl.load(q_base + DV + offs_e[None, :], mask=h_mask[:, None] & e_mask[None, :], other=0.0)
 
+    DVC: tl.constexpr = DV // V_SPLIT
+    offs_c = pid_v * DVC + tl.arange(0, DVC)  # this program's output columns (all of them when V_SPLIT == 1)
     m_i = tl.full([BLOCK_H], float("-inf"), tl.float32)
     l_i = tl.zeros([BLOCK_H], tl.float32)
-    acc = tl.zeros([BLOCK_H, DV], tl.float32)
+    acc = tl.zeros([BLOCK_H, DVC], tl.float32)
     for t0 in range(start, end, BLOCK_T):
         offs_t = t0 + tl.arange(0, BLOCK_T)
         rows = tl.load(idx_base + offs_t, mask=offs_t < end, other=-1)
@@ -159,19 +164,24 @@ def _sparse_decode_kernel(
         l_i = l_i * alpha + tl.sum(p, 1)
         if KV_SCALED:
             p = p * row_scale[None, :]
-        acc = tl.dot(p.to(q.dtype), kv, acc * alpha[:, None])
+        if V_SPLIT == 1:
+            v = kv
+        else:  # every part computes the same scores from whole rows; V is its own columns of them (from L1)
+            v = tl.load(row_ptr + offs_c[None, :], mask=valid[:, None], other=0.0).to(q.dtype)
+        acc = tl.dot(p.to(q.dtype), v, acc * alpha[:, None])
         m_i = m_new
 
     l_safe = tl.where(l_i > 0.0, l_i, 1.0)
     o = acc / l_safe[:, None]
     if DIRECT:
-        out_ptrs = out_ptr + pid_b.to(tl.int64) * stride_ob + offs_h[:, None] * stride_oh + offs_d[None, :]
+        out_ptrs = out_ptr + pid_b.to(tl.int64) * stride_ob + offs_h[:, None] * stride_oh + offs_c[None, :]
         tl.store(out_ptrs, o.to(out_ptr.dtype.element_ty), mask=h_mask[:, None])
     else:
-        part_ptrs = part_ptr + pid_b.to(tl.int64) * stride_pb + pid_s * stride_ps + offs_h[:, None] * stride_ph + offs_d[None, :]
+        part_ptrs = part_ptr + pid_b.to(tl.int64) * stride_pb + pid_s * stride_ps + offs_h[:, None] * stride_ph + offs_c[None, :]
         tl.store(part_ptrs, o, mask=h_mask[:, None])
-        lse = tl.where(l_i > 0.0, m_i + tl.log2(l_safe), float("-inf"))
-        tl.store(lse_ptr + pid_b.to(tl.int64) * stride_lb + pid_s * stride_ls + offs_h, lse, mask=h_mask)
+        lse = tl.where(l_i > 0.0, m_i + tl.log2(l_safe), float("-inf"))  # the same in every part: written once
+        tl.store(lse_ptr + pid_b.to(tl.int64) * stride_lb + pid_s * stride_ls + offs_h, lse,
+                 mask=h_mask & (tl.zeros([BLOCK_H], tl.int32) + pid_v == 0))
         if FUSED_COMBINE:
             # The last split of this (request, head block) to finish merges all splits: no second
             # launch. Barrier, then a gpu-scope acq_rel atomic publishes this CTA's partial stores
@@ -361,6 +371,7 @@ def sparse_decode(
     fused_combine: bool = False,
     pdl: bool | None = None,
     prefetch_next: bool = False,
+    v_split: int = 1,
 ) -> torch.Tensor:
     """Sparse MQA decode attention; returns ``[batch, heads, d_v]`` in ``q.dtype``.
 
@@ -381,8 +392,15 @@ def sparse_decode(
     ``prefetch.global.L2``, one per 128-byte line). Off by default: measured slower on an H200 (2026-11-30, 5e448d4,
     ``benchmarks/results/sparse_decode_prefetch_h200.md``: best config 0.88x at batch 16, 0.90x at 64, 1.04x only for
     an fp8 cache at 64; the shipped batch-64 config spilled to 30x slower). Kept so that result can be re-measured.
+    ``v_split``: each (request, head block, split) runs as ``v_split`` programs that compute the same scores from
+    whole rows and accumulate ``d_v / v_split`` columns of V each: a 1/v_split accumulator a program and v_split
+    times the programs, for the QK products and the rows' reads done v_split times (the rows from L2).
     """
     B, H, d_qk, d_v = _check_args(q, kv, indices, d_v, out, kv_scale)
+    if v_split not in (1, 2, 4) or d_v // v_split < 16:
+        raise ValueError(f"v_split={v_split} must be 1, 2 or 4 with d_v / v_split >= 16 (d_v={d_v})")
+    if v_split > 1 and fused_combine:
+        raise ValueError("v_split > 1 merges through the combine kernel: pass fused_combine=False")
     topk = indices.shape[1]
     sm_scale = 1.0 / math.sqrt(d_qk) if sm_scale is None else float(sm_scale)
     shape = _shape_of(q, kv, indices, d_v)
@@ -416,7 +434,7 @@ def sparse_decode(
     prefetch_next = bool(prefetch_next) and on_gpu
     row_bytes = kv.element_size() * d_qk
     lines = triton.next_power_of_2(triton.cdiv(row_bytes, 128))
-    grid = (n_hblocks, S, B)
+    grid = (n_hblocks * v_split, S, B)
     _sparse_decode_kernel[grid](
         q, kv, kv if kv_scale is None else kv_scale, indices, part, lse, out, locks,
         B, H, kv.shape[0], topk, rows_per_split, S, sm_scale * LOG2E,
@@ -426,7 +444,7 @@ def sparse_decode(
         DV=d_v, DT=DT, D_TAIL=D_TAIL, BLOCK_H=BLOCK_H, BLOCK_T=BLOCK_T, DIRECT=direct,
         FUSED_COMBINE=bool(fused_combine and not direct), KV_SCALED=kv_scale is not None,
         PREFETCH=on_gpu, PDL=pdl, PREFETCH_NEXT=prefetch_next, LINES=lines, LINE_ELTS=128 // kv.element_size(),
-        num_warps=config["num_warps"], num_stages=config["num_stages"],
+        V_SPLIT=v_split, num_warps=config["num_warps"], num_stages=config["num_stages"],
     )
     if not direct and not fused_combine:
         s_pad = triton.next_power_of_2(S)

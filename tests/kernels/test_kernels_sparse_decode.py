@@ -217,3 +217,43 @@ def test_fp8_cost_moves_half_the_cache_bytes():
     bf16, fp8 = MMA.cost(shape, "bfloat16"), MMA.cost(shape, "float8_e4m3fn")
     rows = shape["batch"] * shape["topk"]
     assert bf16.bytes - fp8.bytes == rows * (2 * 512 - (512 + 4)) and fp8.flops == bf16.flops
+
+
+@pytest.mark.parametrize("v_split", [2, 4])
+@pytest.mark.parametrize("cfg", [_cfg(1), _cfg(3), _cfg(2, 32, 32, 8, 2)], ids=str)
+def test_v_split_programs_each_write_their_columns_of_the_same_attention(v_split, cfg):
+    """v_split programs per (request, head block, split) share the scores and split V's columns: into a poisoned
+    output, every column is written (direct and through the combine, whose log-sum-exp one part writes)."""
+    from kernels.base import rel_error
+
+    for dtype in ("float16", "float32"):
+        inputs = MMA.make_inputs(dict(SHAPE, heads=20), dtype, DEV, seed=7 + v_split)
+        out = MMA.output_like(inputs).fill_(float("nan"))
+        sparse_decode(inputs["q"], inputs["kv"], inputs["indices"], inputs["sm_scale"], cfg, d_v=inputs["d_v"],
+                      out=out, v_split=v_split)
+        assert torch.isfinite(out).all()
+        assert rel_error(out, MMA.reference(inputs)) <= MMA.tolerance(dtype)
+        whole = sparse_decode(inputs["q"], inputs["kv"], inputs["indices"], inputs["sm_scale"], cfg, d_v=inputs["d_v"])
+        assert torch.allclose(out.float(), whole.float(), rtol=1e-3, atol=1e-3)
+
+
+def test_v_split_with_an_fp8_cache_and_a_rope_tail():
+    from kernels.base import rel_error
+
+    inputs = _fp8_inputs(dict(SHAPE, topk=100, num_rows=211), seed=4)
+    out = MMA.output_like(inputs).fill_(float("nan"))
+    sparse_decode(inputs["q"], inputs["kv"], inputs["indices"], inputs["sm_scale"], _cfg(3), d_v=inputs["d_v"],
+                  out=out, kv_scale=inputs["kv_scale"], v_split=2)
+    assert rel_error(out, MMA.reference(inputs)) <= MMA.tolerance("float8_e4m3fn")
+    tail = MMA.make_inputs(dict(SHAPE, d_qk=80, d_v=64), "float32", DEV, seed=5)  # V is the first 64 of 80 columns
+    got = sparse_decode(tail["q"], tail["kv"], tail["indices"], tail["sm_scale"], _cfg(2), d_v=64, v_split=2)
+    assert rel_error(got, MMA.reference(tail)) <= 5e-3
+
+
+def test_v_split_errors_name_the_argument():
+    inputs = MMA.make_inputs(SHAPE, "float16", DEV, seed=1)
+    args = (inputs["q"], inputs["kv"], inputs["indices"])
+    with pytest.raises(ValueError, match=r"v_split=3 must be 1, 2 or 4"):
+        sparse_decode(*args, config=_cfg(2), v_split=3)
+    with pytest.raises(ValueError, match=r"v_split > 1 .* fused_combine=False"):
+        sparse_decode(*args, config=_cfg(2), v_split=2, fused_combine=True)
