@@ -10,6 +10,8 @@ is computed:
   scores from whole rows and accumulate a half or a quarter of V's 512 columns: a smaller accumulator (Nsight
   Compute read 255 registers and spills at batch 64, one 4-warp program per SM), twice or four times the programs,
   and no split-K partials for it (the float32 partials of S = 2 at batch 64 are 34 MB written and read again).
+  Measured 2026-11-30 at c9272ae: slower but for an fp8 cache at batch 1
+  (``benchmarks/results/sparse_decode_variants_h200.md``); off by default.
 
 Each case (V4-Flash shapes: 64 heads, one 512-wide K=V latent, 640 rows; batch 1, 16, 64; bf16 and fp8 caches)
 times its configs: the shipped tuned config, the default, the fastest of the exhaustive H200 sweep of the shipped

@@ -651,6 +651,60 @@ def gpu_analysis(data: dict, seeds: int, lookahead: int = 1, held_out: bool | No
     return results
 
 
+def write_tuned(files: list[str], kernels: tuple[str, ...] = ("sparse_decode",), directory=None,
+                min_gain: float = 0.01) -> list[str]:
+    """Tuned-config entries from exhaustive sweep tables: for each table of ``kernels`` whose fastest config beats the
+    config shipped for its key by more than ``min_gain`` in the same table (or has no entry yet), that config with
+    its time and the default's, stamped with the sweep's date, commit and file. Sampled tables are skipped (their
+    best is not the space's), and so are kernels with a library path (the GEMM's entries also carry the
+    library-or-Triton choice, which a sweep of Triton configs alone cannot make). Returns one line per table."""
+    from kernels.configs import config_path, read_config_file, write_config_file
+    from kernels.registry import get_kernel
+
+    lines = []
+    for f in files:
+        data = json.loads(Path(f).read_text())
+        gpu, triton_version = data["gpu"], data.get("triton")
+        for case in data["cases"]:
+            kernel = get_kernel(case["kernel"])
+            name = f"{case['kernel']} {kernel.shape_key(case['shape'])} {case['dtype']}"
+            rows = [r for r in case["rows"] if r["status"] == "ok"]
+            if case["kernel"] not in kernels or kernel.library_impl or not rows:
+                continue
+            if len(case["rows"]) < case["space_size"] or any(r["status"] == "not_timed" for r in case["rows"]):
+                lines.append(f"{name}: skipped, a sample of the space")
+                continue
+            best = min(rows, key=lambda r: r["time_us"])
+            key = kernel.shape_key(case["shape"])
+            shipped = read_config_file(config_path(case["kernel"], gpu, case["dtype"], triton_version, directory)).get(key)
+            times = {json.dumps(r["config"], sort_keys=True): r["time_us"] for r in rows}
+
+            def launched(c, shape=case["shape"], kernel_name=case["kernel"]):
+                """The config as the launcher runs it: sparse decode's S is an upper bound (whole row tiles)."""
+                if kernel_name != "sparse_decode":
+                    return json.dumps(c, sort_keys=True)
+                from kernels.sparse_decode import split_rows
+
+                return json.dumps(dict(c, S=split_rows(shape["topk"], c["S"], c["BLOCK_T"])[1]), sort_keys=True)
+
+            # the shipped config's time: its fastest twin in the table (configs the launcher runs alike)
+            same = [r["time_us"] for r in rows if shipped and launched(r["config"]) == launched(shipped["config"])]
+            shipped_t = min(same) if same else None
+            if shipped_t is not None and best["time_us"] >= shipped_t * (1 - min_gain):
+                lines.append(f"{name}: kept {shipped['config']} ({shipped_t:.2f} µs; the best {best['time_us']:.2f})")
+                continue
+            default_t = times.get(json.dumps(case["default"], sort_keys=True))
+            entry = {"config": best["config"], "time_us": round(best["time_us"], 2),
+                     "measured": f"{data['date']}, commit {data['commit']}, {Path(f).name} (exhaustive sweep)"}
+            if default_t is not None:
+                entry["default_time_us"] = round(default_t, 2)
+            write_config_file(case["kernel"], gpu, case["dtype"], {key: entry}, triton_version=triton_version,
+                              directory=directory)
+            was = f"{shipped['config']} at {shipped_t:.2f} µs" if shipped_t is not None else "no entry timed here"
+            lines.append(f"{name}: wrote {best['config']} ({best['time_us']:.2f} µs; was {was})")
+    return lines
+
+
 def selects(selector: str, case: SweepCase) -> bool:
     """``--only``'s test: ``gemm`` selects every GEMM case, ``gemm@M=16`` those whose shape has M = 16."""
     kernel, _, cond = selector.strip().partition("@")
@@ -747,6 +801,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--rep-ms", type=float, default=10.0, help="with --gpu: do_bench's timing window per config")
     ap.add_argument("--helpers", type=int, default=0, help="with --gpu: compile processes (default: CPUs - 2)")
     ap.add_argument("--e2e-budget", type=float, default=0.0, help="with --gpu: then a real kernel search of this budget")
+    ap.add_argument("--write-tuned", metavar="SWEEP_JSON[,SWEEP_JSON]", default=None,
+                    help="write the sparse decode tuned configs from exhaustive sweep tables (where one beats the "
+                    "shipped config by more than 1%% in the same table) and exit")
     ap.add_argument("--only", default="", help="with --gpu: the cases to sweep (default: all), comma-separated: a kernel "
                     "name, or KERNEL@KEY=VALUE for its cases whose shape has that value (gemm@M=16)")
     ap.add_argument("--no-autotune", action="store_true", help="with --gpu: skip the triton.autotune probe")
@@ -767,6 +824,9 @@ def main(argv: list[str] | None = None) -> int:
                          "tuner_efficiency_goal_<set>.md")
     ap.add_argument("--autotune-probe", type=int, default=None, help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
+    if args.write_tuned:
+        print("\n".join(write_tuned(args.write_tuned.split(","))))
+        return 0
     if args.autotune_probe is not None:
         print(json.dumps(autotune_probe(args.autotune_probe)))
         return 0

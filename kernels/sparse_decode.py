@@ -394,7 +394,11 @@ def sparse_decode(
     an fp8 cache at 64; the shipped batch-64 config spilled to 30x slower). Kept so that result can be re-measured.
     ``v_split``: each (request, head block, split) runs as ``v_split`` programs that compute the same scores from
     whole rows and accumulate ``d_v / v_split`` columns of V each: a 1/v_split accumulator a program and v_split
-    times the programs, for the QK products and the rows' reads done v_split times (the rows from L2).
+    times the programs, for the QK products and the rows' reads done v_split times (the rows from L2). Off by
+    default: measured slower on an H200 (2026-11-30, c9272ae, ``benchmarks/results/sparse_decode_variants_h200.md``:
+    v_split=2's best against the shipped path's 0.96x at batch 1, 0.77x at 16, 0.55x at 64 with a bf16 cache; 1.05x
+    only for an fp8 cache at batch 1), so what bounds the kernel is the per-row work of the scores (gather, QK
+    product, softmax), not the accumulator. Kept, like ``prefetch_next``, to re-measure on other GPUs.
     """
     B, H, d_qk, d_v = _check_args(q, kv, indices, d_v, out, kv_scale)
     if v_split not in (1, 2, 4) or d_v // v_split < 16:

@@ -150,3 +150,34 @@ def test_only_selects_a_kernels_cases_or_those_with_one_shape_value(te):
     assert [c for c in te.GPU_CASES if te.selects("gemm", c)] == [c for c in te.GPU_CASES if c.kernel == "gemm"]
     assert not any(te.selects("gemm@M=3", c) for c in te.GPU_CASES)
     assert not any(te.selects("indexer", c) for c in te.GPU_CASES)
+
+
+def test_write_tuned_takes_an_exhaustive_tables_best_only_where_it_beats_the_shipped_config(te, tmp_path):
+    """From the recorded H200 sweep (2026-11-30): a table whose best beats the shipped config by more than 1% in the
+    same table gets that config; one where the shipped config is within 1% keeps it; a sample is skipped."""
+    from kernels.configs import config_path, read_config_file, write_config_file
+
+    src = ROOT / "benchmarks/results/data/tuner_efficiency_h200_issue20_sd2.json"
+    data = json.loads(src.read_text())
+    case = next(c for c in data["cases"] if c["dtype"] == "bfloat16" and c["shape"]["batch"] == 64)
+    ok = sorted((r for r in case["rows"] if r["status"] == "ok"), key=lambda r: r["time_us"])
+    best, slow = ok[0], ok[len(ok) // 2]
+    sampled = json.loads(json.dumps(case))
+    sampled["shape"] = dict(case["shape"], batch=3)
+    sampled["rows"][5]["status"] = "not_timed"
+    data["cases"] = [case, dict(case, dtype="float8_e4m3fn"), sampled]
+    f = tmp_path / "sweep.json"
+    f.write_text(json.dumps(data))
+    key = "batch=64,d_qk=512,d_v=512,heads=64,topk=640"
+    write_config_file("sparse_decode", data["gpu"], "bfloat16", {key: {"config": slow["config"]}},
+                      triton_version=data["triton"], directory=tmp_path)
+    write_config_file("sparse_decode", data["gpu"], "float8_e4m3fn", {key: {"config": best["config"]}},
+                      triton_version=data["triton"], directory=tmp_path)
+    lines = te.write_tuned([str(f)], directory=tmp_path)
+    assert lines[0].startswith(f"sparse_decode {key} bfloat16: wrote") and lines[1].split(": ")[1].startswith("kept")
+    assert lines[2].endswith("skipped, a sample of the space")
+    entry = read_config_file(config_path("sparse_decode", data["gpu"], "bfloat16", data["triton"], tmp_path))[key]
+    assert entry["config"] == best["config"] and entry["time_us"] == round(best["time_us"], 2)
+    assert "6e5fadf" in entry["measured"] and "sweep.json" in entry["measured"]
+    fp8 = read_config_file(config_path("sparse_decode", data["gpu"], "float8_e4m3fn", data["triton"], tmp_path))[key]
+    assert fp8 == {"config": best["config"]}  # kept as it was
