@@ -951,6 +951,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _goal(args, date: str) -> int:
+    commit = _commit()  # the code that runs: read now, not when the report is written (a commit may land meanwhile)
     ahead = search_lookahead()
     kw = {"strategies": ("tpe+moves",), "firsts": (True,)}
     if args.goal == "tuning":
@@ -976,7 +977,7 @@ def _goal(args, date: str) -> int:
                   "benchmarks/tuner_efficiency_gpu.sh on the GPU first", file=sys.stderr)
             return 2
     header = [f"# Kernel search against issue 20's goal: the {args.goal.replace('_', '-')} tables", "",
-              f"Analysed {date} at commit {_commit()} on a CPU (replay, no GPU) from {source}. Each table is searched "
+              f"Analysed {date} at commit {commit} on a CPU (replay, no GPU) from {source}. Each table is searched "
               f"{args.seeds} times (seeds 0..{args.seeds - 1}) as `tuner.search.kernel_search` searches it on the H200 "
               f"host: its sampler (`kernel_sampler`), the default then `starting_configs` first, a one-change move "
               f"after a repeat, {ahead} trials asked ahead (its compile helpers). Cell: seeds within 3% of the "
