@@ -4,7 +4,7 @@ Variants are launcher options of ``kernels.sparse_decode.sparse_decode`` that ch
 is computed:
 
 * ``prefetch_next``: while a tile is computed, load the next tile's indices and ask L2 for its rows
-  (``prefetch.global.L2``), so the next gather starts from L2 (below 64-head tiles nothing pipelines the gather).
+  (``prefetch.global.L2``), so the next gather starts from L2.
   Measured 2026-11-30 at 5e448d4: slower (``benchmarks/results/sparse_decode_prefetch_h200.md``); off by default.
 * ``v_split=2`` / ``v_split=4``: each (request, head block, split) runs as 2 or 4 programs that compute the same
   scores from whole rows and accumulate a half or a quarter of V's 512 columns: a smaller accumulator (Nsight

@@ -133,8 +133,8 @@ def _sparse_decode_kernel(
         row_ptr = kv_ptr + safe[:, None] * stride_kv
         kv = tl.load(row_ptr + offs_d[None, :], mask=valid[:, None], other=0.0)  # [BLOCK_T, DV]: K and V
         if PREFETCH_NEXT:
-            # the next tile's rows, asked of L2 now: their DRAM round trip overlaps this tile's dots and softmax
-            # instead of following them (nothing else pipelines a gather below 64-head tiles)
+            # the next tile's rows, asked of L2 now, so that their DRAM round trip overlaps this tile's dots and
+            # softmax (measured slower: see the launcher's docstring)
             nxt = offs_t + BLOCK_T
             rows_n = tl.load(idx_base + nxt, mask=nxt < end, other=0)
             rows_n = tl.where((rows_n >= 0) & (rows_n < num_rows), rows_n, 0).to(tl.int64)
