@@ -6,7 +6,8 @@ the CUDA one (nothing is launched: every launch goes through ``jit_compile_only`
 tensors, as the compile helpers do; ``real`` from real CPU tensors, as a trial's first launch specialises them.
 
     python compile_probe.py meta|real KERNEL[,KERNEL...]
-    python compile_probe.py launches KERNEL    (the keyword arguments of every launch, from meta tensors)
+    python compile_probe.py launches KERNEL    (the keyword arguments of every launch, from meta tensors: the
+                                               default config, then the first config of the space that splits)
 """
 
 import json
@@ -63,7 +64,11 @@ def main() -> None:
             return original(self, *args, **kwargs)
 
         JITFunction.run = record
-        compile_config(kernel, inputs, kernel.default_config(shape))
+        default = kernel.default_config(shape)
+        compile_config(kernel, inputs, default)
+        split = next((c for c in kernel.configs(shape, None, "float16") if c.get("S", 1) > 1), None)
+        if split is not None:
+            compile_config(kernel, inputs, {**default, **split})
         print(json.dumps(out))
         return
     for name in names:

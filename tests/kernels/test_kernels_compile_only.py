@@ -74,9 +74,8 @@ def test_sparse_decode_compiled_from_meta_tensors_takes_the_gpu_paths_of_a_real_
                        cwd=ROOT, capture_output=True, text=True, timeout=600)
     assert p.returncode == 0, p.stderr[-3000:]
     launches = json.loads(p.stdout.strip().splitlines()[-1])
-    (split,) = launches["_sparse_decode_kernel"]
-    assert split["PREFETCH"] is True
-    if not split["DIRECT"]:  # the test shape's default config splits: the merge kernel follows with PDL
-        assert split["PDL"] is True
-        (merge,) = launches["_combine_kernel"]
-        assert merge["PDL"] is True and merge["launch_pdl"] is True
+    direct, split = launches["_sparse_decode_kernel"]  # the default config (one split), then one that splits
+    assert direct["DIRECT"] is True and direct["PREFETCH"] is True
+    assert split["DIRECT"] is False and split["PREFETCH"] is True and split["PDL"] is True
+    (merge,) = launches["_combine_kernel"]  # the split config's merge, launched with PDL as on an H200
+    assert merge["PDL"] is True and merge["launch_pdl"] is True
