@@ -34,7 +34,6 @@ import datetime as dt
 import itertools
 import json
 import os
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -110,8 +109,10 @@ def measure(variants: list[str], grid: bool, helpers: int, rep_ms: float, json_p
     import torch
     import triton
 
+    from benchmarks.kernels import _time
+    from benchmarks.tuner_efficiency import _commit
     from kernels.base import classify_failure, rel_error
-    from kernels.bench import do_bench, measure_copy_bandwidth
+    from kernels.bench import measure_copy_bandwidth
     from kernels.configs import lookup
     from kernels.registry import get_kernel
     from kernels.sparse_decode import sparse_decode
@@ -135,17 +136,13 @@ def measure(variants: list[str], grid: bool, helpers: int, rep_ms: float, json_p
           f"({sum(1 for *_, e in compiled if e)} failed in a helper)", flush=True)
     copy_tb_s = measure_copy_bandwidth() / 1e12  # bytes read + written per second
 
-    def timed(fn, args) -> float:
-        try:
-            return do_bench(fn, args, rep_ms=rep_ms, max_reps=300, cuda_graph=True).median_us
-        except Exception:  # noqa: BLE001 - a call that cannot be captured in a graph is timed eagerly
-            torch.cuda.synchronize()
-            return do_bench(fn, args, rep_ms=rep_ms, max_reps=300, cuda_graph=False).median_us
+    def timed(fn, args) -> float:  # graph replays, eager where capture fails: as benchmarks/kernels.py times
+        return _time(fn, args, rep_ms).median_us
 
     cases = []
     meta = {"date": dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"), "gpu": torch.cuda.get_device_name(),
             "torch": torch.__version__, "triton": triton.__version__,
-            "commit": os.environ.get("TUNER_COMMIT") or _git_commit(), "copy_tb_s": copy_tb_s,
+            "commit": _commit(), "copy_tb_s": copy_tb_s,
             "compile_s": time.time() - t0, "rep_ms": rep_ms, "variants": names, "grid": grid}
     for dtype, shape, configs, shipped in plan:
         sets = [kernel.make_inputs(shape, dtype, "cuda", seed=1 + k) for k in range(4)]
@@ -207,14 +204,6 @@ def normalise(data: dict) -> dict:
             r["max_diff"] = {"prefetch_next": 0.0 if r.pop("bit_identical", False) else None}
             r["status"] = {"base": r.get("status"), "prefetch_next": r.get("status")}
     return data
-
-
-def _git_commit() -> str:
-    try:
-        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True,
-                              check=True).stdout.strip()
-    except Exception:  # noqa: BLE001
-        return "unknown"
 
 
 def _f(x, nd=1) -> str:

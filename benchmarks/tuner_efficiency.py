@@ -661,6 +661,7 @@ def write_tuned(files: list[str], kernels: tuple[str, ...] = ("sparse_decode",),
     its time and the default's, stamped with the sweep's date, commit and file. Sampled tables are skipped (their
     best is not the space's), and so are kernels with a library path (the GEMM's entries also carry the
     library-or-Triton choice, which a sweep of Triton configs alone cannot make). Returns one line per table."""
+    from benchmarks.kernels import _effective
     from kernels.configs import config_path, read_config_file, write_config_file
     from kernels.registry import get_kernel
 
@@ -682,16 +683,11 @@ def write_tuned(files: list[str], kernels: tuple[str, ...] = ("sparse_decode",),
             shipped = read_config_file(config_path(case["kernel"], gpu, case["dtype"], triton_version, directory)).get(key)
             times = {json.dumps(r["config"], sort_keys=True): r["time_us"] for r in rows}
 
-            def launched(c, shape=case["shape"], kernel_name=case["kernel"]):
-                """The config as the launcher runs it: sparse decode's S is an upper bound (whole row tiles)."""
-                if kernel_name != "sparse_decode":
-                    return json.dumps(c, sort_keys=True)
-                from kernels.sparse_decode import split_rows
-
-                return json.dumps(dict(c, S=split_rows(shape["topk"], c["S"], c["BLOCK_T"])[1]), sort_keys=True)
-
-            # the shipped config's time: its fastest twin in the table (configs the launcher runs alike)
-            same = [r["time_us"] for r in rows if shipped and launched(r["config"]) == launched(shipped["config"])]
+            # the shipped config's time: its fastest twin in the table (configs the launcher runs alike: sparse decode's
+            # S is an upper bound, benchmarks/kernels.py's _effective)
+            kname, shape = case["kernel"], case["shape"]
+            same = [r["time_us"] for r in rows
+                    if shipped and _effective(kname, r["config"], shape) == _effective(kname, shipped["config"], shape)]
             shipped_t = min(same) if same else None
             if shipped_t is not None and best["time_us"] >= shipped_t * (1 - min_gain):
                 lines.append(f"{name}: kept {shipped['config']} ({shipped_t:.2f} µs; the best {best['time_us']:.2f})")
