@@ -8,9 +8,14 @@ tensors, as the compile helpers do; ``real`` from real CPU tensors, as a trial's
     python compile_probe.py meta|real KERNEL[,KERNEL...]
     python compile_probe.py launches KERNEL    (the keyword arguments of every launch, from meta tensors: the
                                                default config, then the first config of the space that splits)
+    python compile_probe.py loads KERNEL DTYPE SHAPE_JSON [CONFIG_JSON]
+                                              (how each launched Triton kernel reads global memory, counted in its
+                                               sm_90 PTX: plain loads by width, async copies by bytes; from meta
+                                               tensors of the inputs the kernel makes for that shape)
 """
 
 import json
+import re
 import sys
 import time
 
@@ -50,6 +55,32 @@ def main() -> None:
     from kernels.registry import get_kernel
 
     out = {}
+    if mode == "loads":
+        from triton.runtime.jit import JITFunction
+
+        kernel = get_kernel(names[0])
+        shape = json.loads(sys.argv[4])
+        config = {**kernel.default_config(shape), **(json.loads(sys.argv[5]) if len(sys.argv) > 5 else {})}
+        inputs = meta_inputs(kernel.make_inputs(shape, sys.argv[3], "cpu", 0))
+        original = JITFunction.run
+
+        def count(self, *args, **kwargs):
+            compiled = original(self, *args, **kwargs)
+            ptx = compiled.asm["ptx"]
+            kinds: dict[str, int] = {}
+            for m in re.finditer(r"\bld\.global(?:\.\w+)*?\.(v[248]\.)?[bfsu](\d+)\b", ptx):
+                key = f"ld.{m.group(1) or ''}b{m.group(2)}"
+                kinds[key] = kinds.get(key, 0) + 1
+            for m in re.finditer(r"cp\.async\.c[ag]\.shared\.global[^;]*?,\s*(0x[0-9a-f]+|\d+)", ptx):
+                key = f"cp.async.{int(m.group(1), 0)}B"
+                kinds[key] = kinds.get(key, 0) + 1
+            out[self.fn.__name__] = kinds
+            return compiled
+
+        JITFunction.run = count
+        compile_config(kernel, inputs, config)
+        print(json.dumps(out))
+        return
     if mode == "launches":  # what each Triton launch of the default config is given (constexprs, options)
         from triton.runtime.jit import JITFunction
 
