@@ -257,6 +257,28 @@ def _prev_version_rows(row, shape, sets, ref, rep_ms, best_cfg):
             row[f"{tag}_error"] = f"{type(exc).__name__}: {str(exc)[:200]}"
 
 
+def _prev_gemm_rows(row, sets, ref, rep_ms, shipped_cfg, best_cfg):
+    """The frozen GEMM before its tiles were known to be aligned (``benchmarks/baselines/gemm_v1.py``): at the
+    shipped tuned config (tuned on that kernel) and at this run's best config."""
+    from benchmarks.baselines.gemm_v1 import gemm_v1
+
+    kernel = get_kernel("gemm")
+    for tag, cfg in (("prev_shipped", shipped_cfg), ("prev_at_best", best_cfg)):
+        if not cfg:
+            continue
+        try:
+            def fn(i, c=cfg):
+                return gemm_v1(i["x"], i["w"], i["mode"], c, x_scale=i["x_scale"], w_scale=i["w_scale"])
+            err = rel_error(fn(sets[0]), ref)
+            if not err <= kernel.tolerance(row["dtype"]):
+                row[f"{tag}_error"] = f"wrong result: rel error {err:.3g}"
+                continue
+            row[f"{tag}_us"] = _time(fn, sets, rep_ms).median_us
+            row[f"{tag}_config"] = cfg
+        except Exception as exc:
+            row[f"{tag}_error"] = f"{type(exc).__name__}: {str(exc)[:200]}"
+
+
 def bench_job(job, rates, failures, deadline, rep_ms) -> list[dict]:
     from kernels.configs import lookup
 
@@ -341,6 +363,8 @@ def bench_job(job, rates, failures, deadline, rep_ms) -> list[dict]:
                                      kv_scale=i["kv_scale"], pdl=False)
 
             row["best_no_pdl_us"] = _time(fn, sets, rep_ms).median_us
+        if kernel.name == "gemm" and row["dtype"] in ("bfloat16", "float8_e4m3fn"):
+            _prev_gemm_rows(row, sets, ref, rep_ms, shipped, row["best_config"])
         if kernel.name == "gemm":
             # the implementation a tuned file ships for this key: the library unless the Triton kernel measured faster
             triton_us = row["best_us"]
@@ -454,14 +478,19 @@ def gemm_table(rows) -> list[str]:
         return []
     lines = ["", "## Decode GEMMs: Triton beside the library (cuBLAS through torch; `torch._scaled_mm` for fp8)", "",
              ("impl = what a tuned file written from this run ships for the key (`kernels.gemm.linear(impl=\"auto\")`): "
-             "the Triton kernel only where it measured faster than the library."), "",
-             ("| dtype | shape | floor µs | library µs | Triton shipped µs | Triton best µs | best / library | impl | "
-             "shipped choice µs | linear(auto) at run time: impl, µs |"),
-             "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+             "the Triton kernel only where it measured faster than the library. prev = the kernel before its tiles were "
+             "known to be aligned (`benchmarks/baselines/gemm_v1.py`, 2-byte loads of W), at the shipped tuned config "
+             "and at this run's best config; prev / best is measured side by side in this run."), "",
+             ("| dtype | shape | floor µs | library µs | prev shipped µs | prev at best µs | Triton shipped µs | "
+             "Triton best µs | prev shipped / best | best / library | best / floor | impl | shipped choice µs | "
+             "linear(auto) at run time: impl, µs |"),
+             "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
     for r in gm:
         chosen = min(x for x in (r["torch_us"], r["best_us"]) if x) if (r["torch_us"] or r["best_us"]) else None
         lines.append(f"| {r['dtype']} | {_shape_text(r['shape'])} | {_f(r['floor_us'])} | {_f(r['torch_us'])} | "
-                     f"{_f(r.get('shipped_us'))} | {_f(r['best_us'])} | {_ratio_text(r['best_us'], r['torch_us'])} | "
+                     f"{_f(r.get('prev_shipped_us'))} | {_f(r.get('prev_at_best_us'))} | "
+                     f"{_f(r.get('shipped_us'))} | {_f(r['best_us'])} | {_ratio_text(r.get('prev_shipped_us'), r['best_us'])} | "
+                     f"{_ratio_text(r['best_us'], r['torch_us'])} | {_ratio_text(r['best_us'], r['floor_us'])} | "
                      f"{r.get('impl', '—')} | {_f(chosen)} | {r.get('auto_impl', '—')}, {_f(r.get('auto_us'))} |")
     return lines
 

@@ -323,6 +323,21 @@ GPU_CASES = [  # issue 20, second held-out set, fixed before it ran. Sparse deco
     *(SweepCase("gemm", {"M": m, **nk}) for nk in _GEMM for m in (1, 16)),
     *(SweepCase("gemm", {"M": 64, **nk}, max_configs=GEMM_SAMPLE, optional=True) for nk in _GEMM),
 ]
+_GEMM_TUNING = ({"N": 1024, "K": 4096}, {"N": 4096, "K": 2048})  # the shapes of the a39226e tuning tables
+GEMM_ALIGNED_TUNING = [  # the GEMM after 0998650 (16-byte async tile copies; every earlier GEMM table timed 2-byte
+    # loads, a different kernel): the tuning set's shapes again, exhaustive at M=1 and 16 and a sample at M=64. Tuning
+    # data: read to set the GEMM's seed configs; each replaces the earlier kernel's table of its shape.
+    *(SweepCase("gemm", {"M": m, **nk}, held_out=False) for nk in _GEMM_TUNING for m in (1, 16)),
+    *(SweepCase("gemm", {"M": 64, **nk}, held_out=False, max_configs=GEMM_SAMPLE) for nk in _GEMM_TUNING),
+]
+GEMM_ALIGNED_HELD_OUT = [  # the same kernel at the held-out set's GEMM shapes, fixed before either ran; never read
+    # to set anything, only reported
+    *(SweepCase("gemm", {"M": m, **nk}) for nk in _GEMM for m in (1, 16)),
+    *(SweepCase("gemm", {"M": 64, **nk}, max_configs=GEMM_SAMPLE) for nk in _GEMM),
+]
+CASE_SETS = {"issue20_held_out": GPU_CASES, "gemm_aligned_tuning": GEMM_ALIGNED_TUNING,
+             "gemm_aligned_held_out": GEMM_ALIGNED_HELD_OUT}
+"""``--cases``: which sweep ``--gpu`` runs (a tuning set and a held-out set go to separate files)."""
 
 
 def sweep_configs(case: SweepCase, device: str | None) -> tuple[list[dict], int]:
@@ -805,6 +820,8 @@ def main(argv: list[str] | None = None) -> int:
                     "shipped config by more than 1%% in the same table) and exit")
     ap.add_argument("--only", default="", help="with --gpu: the cases to sweep (default: all), comma-separated: a kernel "
                     "name, or KERNEL@KEY=VALUE for its cases whose shape has that value (gemm@M=16)")
+    ap.add_argument("--cases", choices=sorted(CASE_SETS), default="issue20_held_out",
+                    help="with --gpu: the set of tables to sweep (default: issue 20's second held-out set, GPU_CASES)")
     ap.add_argument("--no-autotune", action="store_true", help="with --gpu: skip the triton.autotune probe")
     ap.add_argument("--vs-autotune", type=float, default=0.0, metavar="FRACTION",
                     help="on a GPU: real triton.autotune over every indexer config vs the tuner with this fraction "
@@ -893,7 +910,8 @@ def main(argv: list[str] | None = None) -> int:
         import triton
 
         data["triton"] = triton.__version__
-        cases = [c for c in GPU_CASES if not args.only or any(selects(sel, c) for sel in args.only.split(","))]
+        cases = [c for c in CASE_SETS[args.cases] if not args.only or any(selects(sel, c) for sel in args.only.split(","))]
+        data["cases_set"] = args.cases
 
         def keep(case: dict) -> None:
             data["cases"].append(case)

@@ -10,7 +10,8 @@
 # Afterwards, on a CPU: copy the JSON to benchmarks/results/data/tuner_efficiency_h200_issue20.json and run
 #   python benchmarks/tuner_efficiency.py --goal held_out --analyze-gpu benchmarks/results/data/tuner_efficiency_h200_issue20.json
 # TOTAL_S (default 440) bounds the tests and the sweep together. ONLY=KERNEL[,KERNEL] sweeps those kernels' cases only;
-# HELPERS=N sets the compile helpers (default: CPUs - 2); TESTS=0 skips the GPU tests (two of these on a 2-GPU host).
+# HELPERS=N sets the compile helpers (default: CPUs - 2); TESTS=0 skips the GPU tests (two of these on a 2-GPU host);
+# CASES=SET sweeps another set of tables (tuner_efficiency.py --cases).
 set -u
 OUT=${OUT:-benchmarks/results/gpu-run}
 mkdir -p "$OUT"
@@ -37,5 +38,6 @@ echo "tests took $(($(date +%s) - start))s; sweeping for $((left - 25))s"
 # a fresh Triton cache: the compile times the sweep records are cold compiles
 TRITON_CACHE_DIR=$(mktemp -d /tmp/triton-sweep-XXXXXX) python3 benchmarks/tuner_efficiency.py --gpu --no-analysis \
   --no-autotune --out "$OUT" --deadline-s $((left - 25)) ${ONLY:+--only "$ONLY"} ${HELPERS:+--helpers "$HELPERS"} \
+  ${CASES:+--cases "$CASES"} \
   2>&1 | tee "$OUT/sweep.log"
 echo "total $(($(date +%s) - start))s"

@@ -45,6 +45,19 @@ def test_no_held_out_table_is_one_the_kernel_search_was_tuned_on(te):
         assert (c.kernel, c.dtype, json.dumps(c.shape, sort_keys=True)) not in gemm_tuned, c
 
 
+def test_aligned_gemm_sets_keep_tuning_and_held_out_shapes_apart(te):
+    """The GEMM after its aligned-load fix is swept twice, to separate files: the tuning set's shapes (read to set the
+    seed configs) and the held-out set's shapes (only reported). No shape may be in both, and each set is marked."""
+    tuning, held = te.CASE_SETS["gemm_aligned_tuning"], te.CASE_SETS["gemm_aligned_held_out"]
+    assert te.CASE_SETS["issue20_held_out"] is te.GPU_CASES
+    assert not any(c.held_out for c in tuning) and all(c.held_out for c in held)
+    nk = lambda cases: {(c.shape["N"], c.shape["K"]) for c in cases}  # noqa: E731
+    assert nk(tuning) == {(1024, 4096), (4096, 2048)} and nk(held) == {(2048, 4096), (4096, 1024)}
+    for cases in (tuning, held):
+        assert sorted(c.shape["M"] for c in cases) == [1, 1, 16, 16, 64, 64]
+        assert all((c.max_configs is None) == (c.shape["M"] < 64) for c in cases)  # M=1, 16 exhaustive
+
+
 def test_every_sweep_case_times_its_default_and_starting_configs(te):
     from kernels.registry import get_kernel
 
