@@ -280,11 +280,13 @@ def _commit() -> str:
 INDEXER_CASE = ("indexer", {"batch": 16, "heads": 64, "dim": 128, "width": 65536, "shared_k": 0})
 """The case of the triton.autotune comparisons (``--autotune-probe``, ``--vs-autotune``)."""
 RECORDED_SWEEPS = ("tuner_efficiency_h200_sweeps.json", "tuner_efficiency_h200_moe.json",
-                   "tuner_efficiency_h200_issue20.json")
+                   "tuner_efficiency_h200_issue20.json", "tuner_efficiency_h200_gemm_aligned_tuning.json")
 """The tuning set, with ``TABLE``: exhaustive H200 tables the kernel search's configuration may be tuned on. The first
 two were recorded before issue 20; the third (2026-11-30 at a39226e: GEMM samples at M = 1/16/64, N x K = 1024 x 4096
 and 4096 x 2048, the indexer at batch 1) was held out once, reported in that state, and then read to set the GEMM's
-``seed_configs``, so it is tuning data now."""
+``seed_configs``, so it is tuning data now. The fourth (2026-11-30 at a677738, ``--cases gemm_aligned_tuning``) holds
+the same GEMM shapes for the kernel with aligned tile copies; its tables replace the third file's GEMM tables (a later
+file's table of a kernel and shape wins), which timed the earlier kernel."""
 
 
 @dataclass(frozen=True)

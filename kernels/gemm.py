@@ -307,22 +307,27 @@ class GemmKernel(TunableKernel):
         return {"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk, "SPLIT_K": split, "GROUP_M": 8, "num_warps": 4, "num_stages": stages}
 
     def seed_configs(self, shape, device=None, dtype=None):
-        """Split-K grids with 256 of K per split (``SPLIT_K`` = K / 256, a power of two, at most 16) at the default's
-        row tile, in the three tile shapes that won the H200 tables: 64-wide columns with 128-deep K tiles on 8 warps,
-        64-wide with 32-deep K tiles on 8 warps, 32-wide with 64-deep K tiles on 4 warps; then a 64x64-deep one on 8
-        warps. Read from the exhaustive samples of 2026-11-30 (a39226e; M = 1/16/64, N x K = 1024 x 4096 and
-        4096 x 2048, ``benchmarks/results/data/tuner_efficiency_h200_issue20.json``, now in the tuning set): five of
-        their six bests split K into 256-long chunks, and each of these tiles was the best or within 1% on some table
-        (at some GROUP_M and stage count) and 7-62% off on others. The previous rule (a grid of twice the SM count,
-        128-deep tiles on 4 warps) had its best seed 9-41% above each table's best. Whether this rule generalises is
-        measured on tables it was not read from (``benchmarks/tuner_efficiency.py --goal held_out``)."""
-        K = shape["K"]
+        """One wave of programs in four tile shapes: for each, ``SPLIT_K`` is the largest power of two (at most 16,
+        no empty split) that keeps ``tiles x SPLIT_K`` within the SM count, at the default's row tile. Tiles
+        (BLOCK_N, BLOCK_K, warps, stages): 32x128 on 4 warps with 5 stages, 64x128 on 8 warps with 4, 128x64 on 8
+        warps with 5, 32x256 on 4 warps with 4.
+
+        Read from the exhaustive H200 tables of the kernel with aligned tile copies (2026-11-30 at a677738,
+        ``benchmarks/results/data/tuner_efficiency_h200_gemm_aligned_tuning.json``: M = 1/16, N x K = 1024 x 4096 and
+        4096 x 2048; M = 64 samples). Every table's best ran about 128 programs (one wave on 132 SMs) with a deep
+        pipeline; one of these seeds is within 1% of the best on each exhaustive table, and within 0.3% where GROUP_M
+        is 1 on the M = 64 samples. The kernel before 0998650 read W two bytes at a time, and its tables (which set
+        the previous rule, 256 of K per split) no longer describe it. Measured on tables it was not read from by
+        ``benchmarks/tuner_efficiency.py --goal held_out``."""
+        M, N, K = shape["M"], shape["N"], shape["K"]
         default = self.default_config(shape)
         bm = default["BLOCK_M"]
+        sms = device_limits(device)["sms"]
         space = self.config_space(shape)["SPLIT_K"]
-        sk = max([s for s in space if s * 256 <= K] or [1])
         seeds: list[dict] = []
-        for bn, bk, warps, stages in ((64, 128, 8, 3), (64, 32, 8, 4), (32, 64, 4, 4), (64, 64, 8, 4)):
+        for bn, bk, warps, stages in ((32, 128, 4, 5), (64, 128, 8, 4), (128, 64, 8, 5), (32, 256, 4, 4)):
+            tiles = triton.cdiv(M, bm) * triton.cdiv(N, bn)
+            sk = max([s for s in space if tiles * s <= sms and (s - 1) * bk < K] or [1])
             c = {"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk, "SPLIT_K": sk, "GROUP_M": default["GROUP_M"],
                  "num_warps": warps, "num_stages": stages}
             if c not in seeds and c != default and not self.check_config(c, shape, device, dtype):

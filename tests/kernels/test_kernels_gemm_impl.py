@@ -66,7 +66,11 @@ def test_gemm_impl_is_a_searched_knob_with_no_sglang_flag():
         assert p.server.flag is None and "cannot load" in p.server.none
 
 
-def test_gemm_seed_configs_split_k_into_256_long_chunks_and_pass_the_rules():
+def test_gemm_seed_configs_fill_one_wave_of_sms_and_pass_the_rules():
+    """Each seed's grid (tiles x SPLIT_K) fits the 132 SMs, and doubling its SPLIT_K would not (unless at 16 or out
+    of K); the tile shapes of the rule, and every seed passes the kernel's rules."""
+    import triton
+
     from kernels.gemm import GemmKernel
 
     k = GemmKernel.instance
@@ -77,5 +81,11 @@ def test_gemm_seed_configs_split_k_into_256_long_chunks_and_pass_the_rules():
         assert len({tuple(sorted(c.items())) for c in seeds}) == len(seeds)
         for c in seeds:
             assert k.check_config(c, shape, None, dtype="bf16") is None, (shape, c)
-            assert c["SPLIT_K"] * 256 <= shape["K"], (shape, c)
-            assert c["SPLIT_K"] == 16 or c["SPLIT_K"] * 512 > shape["K"], (shape, c)  # the most splits of 256
+            assert (c["BLOCK_N"], c["BLOCK_K"]) in ((32, 128), (64, 128), (128, 64), (32, 256)), c
+            tiles = triton.cdiv(shape["M"], c["BLOCK_M"]) * triton.cdiv(shape["N"], c["BLOCK_N"])
+            assert tiles * c["SPLIT_K"] <= 132 or c["SPLIT_K"] == 1, (shape, c)
+            assert (c["SPLIT_K"] == 16 or tiles * 2 * c["SPLIT_K"] > 132
+                    or (2 * c["SPLIT_K"] - 1) * c["BLOCK_K"] >= shape["K"]), (shape, c)  # the most splits that fit
+    one = k.seed_configs({"M": 1, "N": 1024, "K": 4096}, None, "bf16")  # 16 tiles of 64 columns: 8 splits
+    assert {"BLOCK_M": 16, "BLOCK_N": 64, "BLOCK_K": 128, "SPLIT_K": 8, "GROUP_M": 8, "num_warps": 8,
+            "num_stages": 4} in one
