@@ -37,7 +37,7 @@ import triton
 
 from kernels import classify_failure, get_kernel
 from kernels.base import dtype_name, rel_error
-from kernels.bench import do_bench, measure_copy_bandwidth, measure_matmul_tflops
+from kernels.bench import do_bench, measure_copy_bandwidth, measure_launch_us, measure_matmul_tflops
 
 log = logging.getLogger("benchmarks.kernels")
 
@@ -530,6 +530,8 @@ def report(rows, meta, ncu_summary: Path | None = None, source: Path | None = No
              "- floor = max(bytes / copy rate, FLOPs / matmul rate) from each kernel's cost model (fp8 GEMM: 2x the bf16 rate; sparse decode with an fp8 cache still multiplies in bf16: 1x; tf32: 0.5x; fp32: 60 TFLOP/s assumed)",
              ("- times: median µs of CUDA-graph replays, L2 flushed (256 MB clean read) before every replay; problems under 16 MB rotate 4 distinct "
              "input sets inside one graph, so every call reads cold data; torch = plain PyTorch in the same dtype (cuBLAS for GEMM)"),
+             *([f"- an empty kernel (one program storing one value), timed the same way: {meta['launch_us']:.1f} µs per call; "
+                "no kernel timed so goes below it"] if meta.get("launch_us") else []),
              f"- wall time of the run: {meta['wall_s']:.0f} s (precompile {meta['precompile_s']:.0f} s)", ""]
     lines += ["| kernel | dtype | shape | floor µs (bound) | torch µs | default µs | best µs | default/floor | best/floor | torch/best | best config | ok/failed |",
               "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
@@ -639,6 +641,7 @@ def main(argv=None) -> int:
     failures = precompile(jobs, args.jobs, t_start + 0.45 * args.budget_s)
     precompile_s = time.time() - t_start
     bw, flops = measure_copy_bandwidth(), measure_matmul_tflops()
+    launch_us = measure_launch_us().median_us
     rates = {"bw": bw, "flops": flops}
     log.info("copy %.2f TB/s, bf16 matmul %.0f TFLOP/s", bw / 1e12, flops / 1e12)
     rows = []
@@ -653,7 +656,7 @@ def main(argv=None) -> int:
     props = torch.cuda.get_device_properties(0)
     meta = {"date": dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"), "gpu": torch.cuda.get_device_name(0),
             "sms": props.multi_processor_count, "torch": torch.__version__, "triton": triton.__version__,
-            "cuda": torch.version.cuda, "commit": git_commit(), "bw": bw, "flops": flops,
+            "cuda": torch.version.cuda, "commit": git_commit(), "bw": bw, "flops": flops, "launch_us": launch_us,
             "wall_s": time.time() - t_start, "precompile_s": precompile_s}
     text = report(rows, meta)
     Path(args.out).write_text(text)

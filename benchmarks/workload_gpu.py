@@ -98,6 +98,9 @@ def main() -> int:
     ap.add_argument("--only-ends", action="store_true", help="only the default and the hand-written best")
     ap.add_argument("--study-best", action="append", default=[], metavar="URL#STUDY",
                     help="add a stored search's best trial as a case (repeatable)")
+    ap.add_argument("--gemm-impl", default="", metavar="IMPL[,IMPL]",
+                    help="add the hand-written best with its linears' GEMMs run by each IMPL (auto: the tuned files' "
+                         "choice per shape; triton: kernels/gemm.py everywhere), beside it with the library's")
     args = ap.parse_args()
     import torch
 
@@ -109,6 +112,8 @@ def main() -> int:
     cases = [c for c in CASES if not args.quick or "compile" not in c[0] and "no CUDA" not in c[0]]
     if args.only_ends:
         cases = [c for c in CASES if c[1] in (DEFAULT, HAND_BEST)]
+    cases += [(f"hand-written best, gemm_impl={impl}", {**HAND_BEST, "gemm_impl": impl})
+              for impl in args.gemm_impl.split(",") if impl]
     found = [study_best(spec) for spec in args.study_best]
     cases += found
     for name, knobs in cases:
@@ -144,6 +149,10 @@ def main() -> int:
             lines.append("Its knobs: " + ", ".join(f"{k}={v}" for k, v in knobs.items() if DEFAULT.get(k) != v))
             lines.append("")
     Path(args.out).write_text("\n".join(lines))
+    Path(args.out).with_suffix(".json").write_text(json.dumps(
+        {"gpu": gpu, "date": str(dt.date.today()), "commit": os.environ.get("TUNER_COMMIT") or env.get("git_sha"),
+         "torch": torch.__version__, "triton": env.get("triton"), "preset": args.preset, "repeats": args.repeats,
+         "cases": [{"name": n, "knobs": k, **r} for n, k, r in results]}, indent=1))
     print("\n".join(lines))
     return 0
 

@@ -27,8 +27,11 @@ from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
 import torch
+import triton
+import triton.language as tl
 
-__all__ = ["Timing", "do_bench", "flush_l2", "measure_copy_bandwidth", "measure_matmul_tflops", "wants_graph"]
+__all__ = ["Timing", "do_bench", "flush_l2", "measure_copy_bandwidth", "measure_launch_us", "measure_matmul_tflops",
+           "wants_graph"]
 
 LAUNCH_BOUND = 0.5
 """A call whose CPU enqueue time is at least this fraction of its GPU time is launch-bound (timed as a graph)."""
@@ -205,3 +208,18 @@ def measure_matmul_tflops(n: int = 8192, dtype: torch.dtype = torch.bfloat16, de
     logger.info("matmul %s %.0f TFLOP/s (%s)", dtype, rate / 1e12, timing)
     del a, b
     return rate
+
+
+@triton.jit
+def _store_one(ptr):
+    tl.store(ptr, 1.0)
+
+
+def measure_launch_us(rep_ms: float = 50.0, device: Any = "cuda") -> Timing:
+    """An empty kernel's time per call as :func:`do_bench` times small kernels: four launches of a one-program Triton
+    kernel that stores one value, each on its own buffer, in one CUDA graph replayed after an L2 flush. What no
+    kernel timed so can go below (launch, the graph's per-node gap, the flush's tail), beside a byte floor."""
+    bufs = [torch.empty(1, device=device) for _ in range(4)]
+    timing = do_bench(lambda b: _store_one[(1,)](b), bufs, rep_ms=rep_ms, cuda_graph=True, device=device)
+    logger.info("empty kernel %.2f us per call (%s)", timing.median_us, timing)
+    return timing
