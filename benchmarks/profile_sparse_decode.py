@@ -12,6 +12,7 @@ Cases (V4-Flash shapes, fresh random inputs, each checked against the float32 re
 config (S=32, BLOCK_H=16, BLOCK_T=16, 4 warps, 2 stages) in the previous kernel and in this one, and this one's
 shipped config at batch 1, 16 and 64 for the bf16 and the fp8 cache, and 64-head tiles on 16 warps at batch 16 and 64
 (not in the search space: tried on 2026-11-30 and slower everywhere; the profile shows why).
+``--gemm``: the decode GEMMs instead (``gemm_cases``), the Triton kernel at its shipped config beside cuBLAS.
 """
 
 from __future__ import annotations
@@ -41,11 +42,8 @@ COLUMNS = {  # ncu raw metric -> short name
 
 
 def run_cases() -> None:
-    import torch
-
     from benchmarks.baselines.sparse_decode_v1 import sparse_decode_v1
     from kernels import get_kernel
-    from kernels.base import rel_error
     from kernels.configs import lookup
 
     sd = get_kernel("sparse_decode")
@@ -60,11 +58,38 @@ def run_cases() -> None:
     for shape in sd.shapes("v4flash")[1:]:  # 64-head tiles on 16 warps (four warpgroups): 64 accumulator registers
         cfg = {"S": 4 if shape["batch"] == 16 else 2, "BLOCK_H": 64, "BLOCK_T": 64, "num_warps": 16, "num_stages": 2}
         cases.append((f"new B={shape['batch']} bfloat16 {cfg}", shape, "bfloat16", lambda i, c=cfg: sd.run(i, c)))
+    profile([(name, sd, shape, dtype, fn) for name, shape, dtype, fn in cases])
+
+
+def gemm_cases() -> list:
+    """The decode GEMMs at two V4-Flash shapes (N x K = 4096 x 1024, 1024 x 4096; M = 1, 16, 64), bf16: the Triton
+    kernel at its shipped tuned config and the library (cuBLAS through torch), one call each."""
+    from kernels import get_kernel
+    from kernels.configs import lookup
+    from kernels.gemm import gemm, torch_linear
+
+    gm = get_kernel("gemm")
+    cases = []
+    for n, k in ((4096, 1024), (1024, 4096)):
+        for m in (1, 16, 64):
+            shape = {"M": m, "N": n, "K": k}
+            cfg = lookup("gemm", shape, "bfloat16", "cuda")
+            cases.append((f"gemm triton {shape} {cfg}", shape, lambda i, c=cfg: gemm(i["x"], i["w"], "bf16", c)))
+            cases.append((f"gemm cuBLAS {shape}", shape, lambda i: torch_linear(i["x"], i["w"], "bf16")))
+    return [(name, gm, shape, "bfloat16", fn) for name, shape, fn in cases]
+
+
+def profile(cases) -> None:
+    """Check each case against its kernel's reference (and compile it), then run each once between profiler marks."""
+    import torch
+
+    from kernels.base import rel_error
+
     prepared = []
-    for name, shape, dtype, fn in cases:
-        inputs = sd.make_inputs(shape, dtype, "cuda", seed=7)
+    for name, kernel, shape, dtype, fn in cases:
+        inputs = kernel.make_inputs(shape, dtype, "cuda", seed=7)
         try:
-            err = rel_error(fn(inputs), sd.reference(inputs))  # also compiles
+            err = rel_error(fn(inputs), kernel.reference(inputs))  # also compiles
         except Exception as exc:  # noqa: BLE001 - a config the GPU refuses (out of resources) is left out, said why
             print(f"{name}: not profiled: {type(exc).__name__}: {str(exc)[:200]}", file=sys.stderr)
             continue
@@ -105,11 +130,15 @@ def summarise(path: Path) -> str:
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--summarise", type=Path, default=None, help="print a summary of an ncu --csv --page raw file")
+    ap.add_argument("--gemm", action="store_true", help="profile the decode GEMMs (gemm_cases) instead")
     args = ap.parse_args(argv)
     if args.summarise:
         print(summarise(args.summarise))
         return 0
-    run_cases()
+    if args.gemm:
+        profile(gemm_cases())
+    else:
+        run_cases()
     return 0
 
 
