@@ -6,6 +6,7 @@
 #          call each of the Triton kernel and cuBLAS (benchmarks/profile_sparse_decode.py --gemm)
 #   GPU 1: the decode workload's hand-written best with its linears on the library, on the tuned choice (auto) and on
 #          the Triton kernel, beside the default and the twin10 search's best (benchmarks/workload_gpu.py)
+# On a 1-GPU host, GPU_B=0 runs the workload after the rest, on the same GPU (never two timings at once).
 # Run from the repository root. Writes under $OUT (6 files):
 #   k/kernels_gemm_shipped.md k/kernels_gemm_shipped.json ncu_gemm.csv ncu_gemm_summary.txt
 #   wl/workload_gemm_impl.md wl/workload_gemm_impl.json
@@ -16,10 +17,14 @@ here=$(dirname "$0")
 export PYTHONUNBUFFERED=1
 export KERNELS_GIT_COMMIT=${KERNELS_GIT_COMMIT:-$(git rev-parse --short HEAD 2>/dev/null || echo unknown)}
 export TUNER_COMMIT=${TUNER_COMMIT:-$KERNELS_GIT_COMMIT}
-CUDA_VISIBLE_DEVICES=1 timeout ${WORKLOAD_S:-420} python3 "$here/workload_gpu.py" --only-ends --gemm-impl auto,triton \
-  --study-best "sqlite:///$here/results/studies/twin10_h200.db#twin10-h200" --out "$OUT/wl/workload_gemm_impl.md" \
-  >"$OUT/wl/workload.log" 2>&1 &
-wl=$!
+GPU_B=${GPU_B:-1}
+workload() {
+  CUDA_VISIBLE_DEVICES=$GPU_B timeout ${WORKLOAD_S:-420} python3 "$here/workload_gpu.py" --only-ends \
+    --gemm-impl auto,triton --study-best "sqlite:///$here/results/studies/twin10_h200.db#twin10-h200" \
+    --out "$OUT/wl/workload_gemm_impl.md" >"$OUT/wl/workload.log" 2>&1
+}
+wl=
+if [ "$GPU_B" != 0 ]; then workload & wl=$!; fi
 CUDA_VISIBLE_DEVICES=0 timeout ${KERNELS_S:-240} python3 "$here/kernels.py" --only gemm --no-gemm-sweep --jobs 14 \
   --out "$OUT/k/kernels_gemm_shipped.md" >"$OUT/k/kernels.log" 2>&1
 tail -n 3 "$OUT/k/kernels.log"
@@ -30,6 +35,6 @@ CUDA_VISIBLE_DEVICES=0 timeout ${NCU_S:-150} ncu $ncu_flags --metrics dram__byte
   python3 "$here/profile_sparse_decode.py" --gemm >"$OUT/ncu_gemm.csv" 2>"$OUT/ncu_gemm_summary.txt"
 python3 "$here/profile_sparse_decode.py" --summarise "$OUT/ncu_gemm.csv" >>"$OUT/ncu_gemm_summary.txt" 2>&1
 tail -n 14 "$OUT/ncu_gemm_summary.txt"
-wait $wl
+if [ -n "$wl" ]; then wait "$wl"; else workload; fi
 tail -n 12 "$OUT/wl/workload_gemm_impl.md"
 rm -f "$OUT/k/kernels.log" "$OUT/wl/workload.log"
