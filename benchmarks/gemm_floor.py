@@ -1,0 +1,268 @@
+"""How close can a decode GEMM get to its floor? The V4-Flash bf16 decode GEMMs side by side in one run, every time
+measured as ``benchmarks/kernels.py`` measures (CUDA-graph replays of four rotated input sets, L2 flushed):
+
+* read floor: a streaming Triton read of the same bytes (W and x), one 8 KiB block per program, summed to one value
+  per program: what any kernel that reads those bytes once, in one launch, pays;
+* an empty kernel (one program storing one value);
+* the library (cuBLAS through torch) and ``kernels/gemm.py`` at its shipped tuned config;
+* ``kernels/gemm.py`` with long K tiles outside its search space (BLOCK_K 512 / 1024: each program streams whole
+  runs of W's rows);
+* at M = 1, a split-K GEMV without tensor cores (this file's ``_gemv_kernel``: W tiles straight into registers, the
+  x chunk broadcast, a row sum; the last split of a column block sums the partials).
+
+Every config is checked against the float32 reference on a NaN-poisoned output before it is timed.
+
+    python benchmarks/gemm_floor.py --json gemm_floor.json          # on the GPU
+    python benchmarks/gemm_floor.py --report-from gemm_floor.json --out benchmarks/results/gemm_floor_h200.md
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import itertools
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path[:] = [str(ROOT)] + [p for p in sys.path if Path(p or ".").resolve() not in (ROOT, Path(__file__).resolve().parent)]
+
+import torch  # noqa: E402
+import triton  # noqa: E402
+import triton.language as tl  # noqa: E402
+
+READ_BLOCK = 4096  # elements of 2 bytes per program: 8 KiB
+
+
+@triton.jit
+def _read_kernel(src_ptr, out_ptr, n, BLOCK: tl.constexpr):
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    v = tl.load(src_ptr + offs, mask=offs < n, other=0.0)
+    tl.store(out_ptr + tl.program_id(0), tl.sum(v.to(tl.float32), 0))
+
+
+@triton.jit(do_not_specialize=["k_per_split", "n_splits"])
+def _gemv_kernel(x_ptr, w_ptr, y_ptr, p_ptr, lock_ptr, N, K, k_per_split, n_splits, stride_wn,
+                 BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SPLIT: tl.constexpr):
+    """y[0, n] = sum_k x[0, k] * w[n, k] for one row of x, split over K; fp32 accumulation."""
+    pid_n = tl.program_id(0)
+    pid_k = tl.program_id(1)
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    n_ok = offs_n < N
+    k_start = tl.multiple_of(pid_k * k_per_split, BLOCK_K)
+    acc = tl.zeros((BLOCK_N,), tl.float32)
+    for k0 in range(k_start, tl.minimum(k_start + k_per_split, K), BLOCK_K):
+        offs_k = k0 + tl.arange(0, BLOCK_K)
+        x = tl.load(x_ptr + offs_k).to(tl.float32)
+        w = tl.load(w_ptr + offs_n[:, None] * stride_wn + offs_k[None, :], mask=n_ok[:, None], other=0.0)
+        acc += tl.sum(w.to(tl.float32) * x[None, :], 1)
+    if SPLIT:
+        tl.store(p_ptr + pid_k * N + offs_n, acc, mask=n_ok)
+        tl.debug_barrier()
+        done = tl.atomic_add(lock_ptr + pid_n, 1, sem="acq_rel", scope="gpu")
+        if done == n_splits - 1:
+            total = tl.zeros((BLOCK_N,), tl.float32)
+            for s in range(n_splits):
+                total += tl.load(p_ptr + s * N + offs_n, mask=n_ok, other=0.0, cache_modifier=".cg")
+            tl.store(y_ptr + offs_n, total.to(y_ptr.dtype.element_ty), mask=n_ok)
+            tl.atomic_xchg(lock_ptr + pid_n, 0)
+    else:
+        tl.store(y_ptr + offs_n, acc.to(y_ptr.dtype.element_ty), mask=n_ok)
+
+
+_LOCKS: dict = {}
+
+
+def gemv(x: torch.Tensor, w: torch.Tensor, cfg: dict) -> torch.Tensor:
+    """``x @ w.T`` for x of one row, bf16 in and out (K a multiple of BLOCK_K x SPLIT_K)."""
+    (M, K), N = x.shape, w.shape[0]
+    assert M == 1 and K % (cfg["BLOCK_K"] * cfg["SPLIT_K"]) == 0, (x.shape, cfg)
+    out = torch.empty((1, N), device=x.device, dtype=x.dtype)
+    sk = cfg["SPLIT_K"]
+    nb = triton.cdiv(N, cfg["BLOCK_N"])
+    key = (x.device, nb)
+    if key not in _LOCKS:
+        _LOCKS[key] = torch.zeros(nb, device=x.device, dtype=torch.int32)
+    part = torch.empty((sk, N), device=x.device, dtype=torch.float32) if sk > 1 else out
+    _gemv_kernel[(nb, sk)](x, w, out, part, _LOCKS[key], N, K, K // sk, sk, w.stride(0), BLOCK_N=cfg["BLOCK_N"],
+                           BLOCK_K=cfg["BLOCK_K"], SPLIT=sk > 1, num_warps=cfg["num_warps"],
+                           num_stages=cfg["num_stages"])
+    return out
+
+
+def _shapes():
+    return [{"M": m, "N": n, "K": k} for (n, k) in ((1024, 4096), (4096, 1024), (2048, 4096), (4096, 2048))
+            for m in (1, 16, 64)]
+
+
+def _long_k_configs(shape):
+    from kernels.gemm import GemmKernel
+
+    kernel = GemmKernel.instance
+    bm = kernel.default_config(shape)["BLOCK_M"]
+    out = []
+    for bn, bk, stages, warps in itertools.product((16, 32), (512, 1024), (2, 3), (4, 8)):
+        tiles = triton.cdiv(shape["M"], bm) * triton.cdiv(shape["N"], bn)
+        for sk in (1, 2, 4, 8):
+            if sk > 1 and tiles * sk > 2 * 132 or sk * bk > shape["K"]:
+                continue
+            cfg = {"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk, "SPLIT_K": sk, "GROUP_M": 1, "num_warps": warps,
+                   "num_stages": stages}
+            if kernel.check_config(cfg, shape, None, dtype="bf16") is None:  # the launcher refuses the rest
+                out.append(cfg)
+    return out
+
+
+def _gemv_configs(shape):
+    out = []
+    for bn, bk, warps, stages in itertools.product((8, 16, 32), (256, 512, 1024), (4, 8), (1,)):
+        for sk in (1, 2, 4, 8):
+            if shape["K"] % (bk * sk) == 0 and bn * bk // (32 * warps) <= 128:
+                out.append({"BLOCK_N": bn, "BLOCK_K": bk, "SPLIT_K": sk, "num_warps": warps, "num_stages": stages})
+    return out
+
+
+def run(deadline_s: float, rep_ms: float) -> dict:
+    from kernels.base import rel_error
+    from kernels.bench import do_bench, measure_copy_bandwidth, measure_launch_us
+    from kernels.configs import lookup
+    from kernels.gemm import GemmKernel, gemm, torch_linear
+
+    start = time.time()
+    kernel = GemmKernel.instance
+    bw = measure_copy_bandwidth()
+    launch = measure_launch_us().median_us
+    rows = []
+
+    def time_it(fn, sets):
+        return do_bench(fn, sets, rep_ms=rep_ms, max_reps=300, cuda_graph=True).median_us
+
+    shapes = _shapes()
+    for i, shape in enumerate(shapes):
+        shape_deadline = time.time() + (deadline_s - (time.time() - start)) / (len(shapes) - i)
+        sets = [kernel.make_inputs(shape, "bf16", "cuda", seed=s) for s in range(4)]
+        ref = kernel.reference(sets[0])
+        nbytes = kernel.cost(shape, "bf16").bytes
+        row = {"shape": shape, "bytes": nbytes, "floor_us": nbytes / bw * 1e6, "trials": []}
+        # the read floor: the same bytes (W then x) streamed by one launch, from buffers of their own (cold each call)
+        bufs = [torch.cat([s["w"].reshape(-1), s["x"].reshape(-1)]) for s in sets]
+        sink = torch.empty(triton.cdiv(bufs[0].numel(), READ_BLOCK), device="cuda", dtype=torch.float32)
+        row["read_us"] = time_it(lambda b: _read_kernel[(sink.numel(),)](b, sink, b.numel(), BLOCK=READ_BLOCK), bufs)
+        del bufs
+        row["library_us"] = time_it(lambda s: torch_linear(s["x"], s["w"], "bf16"), sets)
+        shipped = lookup("gemm", shape, "bfloat16", "cuda")
+        row["shipped_config"] = shipped
+        row["shipped_us"] = time_it(lambda s: gemm(s["x"], s["w"], "bf16", shipped), sets)
+
+        def trial(kind, cfg, fn):
+            rec = {"kind": kind, "config": cfg}
+            try:
+                y = fn(sets[0])  # compiles; a fresh output each call, poisoned by torch.empty's garbage otherwise
+                torch.cuda.synchronize()
+                err = rel_error(y, ref)
+                rec["err"] = err
+                if not err <= kernel.tolerance("bf16"):
+                    rec["outcome"] = "wrong_result"
+                else:
+                    rec.update(outcome="ok", time_us=time_it(fn, sets))
+            except Exception as exc:  # noqa: BLE001 - a failed config is data
+                rec.update(outcome="failed", error=f"{type(exc).__name__}: {str(exc)[:200]}")
+            row["trials"].append(rec)
+
+        for cfg in _long_k_configs(shape):
+            if time.time() > shape_deadline:
+                row["truncated"] = True
+                break
+            trial("long_k", cfg, lambda s, c=cfg: gemm(s["x"], s["w"], "bf16", c))
+        if shape["M"] == 1:
+            for cfg in _gemv_configs(shape):
+                if time.time() > shape_deadline:
+                    row["truncated"] = True
+                    break
+                trial("gemv", cfg, lambda s, c=cfg: gemv(s["x"], s["w"], c))
+        for kind in ("long_k", "gemv"):
+            ok = [t for t in row["trials"] if t["kind"] == kind and t.get("outcome") == "ok"]
+            best = min(ok, key=lambda t: t["time_us"]) if ok else None
+            row[f"{kind}_best_us"] = best["time_us"] if best else None
+            row[f"{kind}_best_config"] = best["config"] if best else None
+            row[f"{kind}_n"] = len(ok)
+        print(json.dumps({k: v for k, v in row.items() if k != "trials"}), flush=True)
+        rows.append(row)
+        del sets
+        torch.cuda.empty_cache()
+    meta = {"date": dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"), "gpu": torch.cuda.get_device_name(0),
+            "torch": torch.__version__, "triton": triton.__version__, "bw": bw, "launch_us": launch,
+            "commit": os.environ.get("KERNELS_GIT_COMMIT", "unknown"), "wall_s": time.time() - start}
+    return {"meta": meta, "rows": rows}
+
+
+def _f(x, nd=1):
+    return "—" if x is None else f"{x:.{nd}f}"
+
+
+def report(data: dict, source: str) -> str:
+    m = data["meta"]
+    lines = [f"# Decode GEMMs against their floor: {m['gpu']}", "",
+             f"- date: {m['date']}; torch {m['torch']}, triton {m['triton']}; commit {m['commit']}",
+             f"- generated by `benchmarks/gemm_floor.py --report-from` from `{source}`",
+             f"- copy rate {m['bw'] / 1e12:.2f} TB/s (read+write, 2 GiB); an empty kernel {m['launch_us']:.1f} µs per call",
+             "- all times: median µs of CUDA-graph replays of four rotated input sets, L2 flushed before each replay "
+             "(as `benchmarks/kernels.py`), measured side by side in one run; bf16",
+             "- byte floor = bytes / copy rate; read floor = a streaming read of the same bytes in one launch",
+             "- long K = `kernels/gemm.py` with BLOCK_K 512 or 1024 (outside its search space); GEMV = split-K without "
+             "tensor cores (M = 1 only); each the best of its configs here", "",
+             "| shape | byte floor | read floor | library | shipped (impl) | long K best | GEMV best | best of all / library | "
+             "best of all / read floor |",
+             "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+    for r in data["rows"]:
+        from_tuned = None
+        try:
+            from kernels.gemm import resolve_impl
+
+            from_tuned = resolve_impl("auto", r["shape"]["M"], r["shape"]["N"], r["shape"]["K"], "bf16", "cuda")
+        except Exception:  # noqa: BLE001 - no tuned file here: say nothing of it
+            pass
+        cands = [x for x in (r["shipped_us"], r.get("long_k_best_us"), r.get("gemv_best_us")) if x]
+        best = min(cands) if cands else None
+        shape = ",".join(f"{k}={v}" for k, v in r["shape"].items())
+        lines.append(f"| {shape} | {_f(r['floor_us'])} | {_f(r['read_us'])} | {_f(r['library_us'])} | "
+                     f"{_f(r['shipped_us'])}{f' ({from_tuned})' if from_tuned else ''} | {_f(r.get('long_k_best_us'))} | "
+                     f"{_f(r.get('gemv_best_us'))} | {_f(best / r['library_us'], 2) if best else '—'}x | "
+                     f"{_f(best / r['read_us'], 2) if best else '—'}x |")
+    lines += ["", "Best configs:", ""]
+    for r in data["rows"]:
+        shape = ",".join(f"{k}={v}" for k, v in r["shape"].items())
+        lines.append(f"- {shape}: long K {r.get('long_k_best_config')} ({r.get('long_k_n', 0)} timed); GEMV "
+                     f"{r.get('gemv_best_config')} ({r.get('gemv_n', 0)} timed)")
+    return "\n".join(lines) + "\n"
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--json", default="gemm_floor.json")
+    ap.add_argument("--out", default=None, help="with --report-from: the markdown report")
+    ap.add_argument("--report-from", default=None, metavar="JSON")
+    ap.add_argument("--deadline-s", type=float, default=240.0)
+    ap.add_argument("--rep-ms", type=float, default=10.0)
+    args = ap.parse_args(argv)
+    if args.report_from:
+        text = report(json.loads(Path(args.report_from).read_text()), args.report_from)
+        if args.out:
+            Path(args.out).write_text(text)
+        print(text)
+        return 0
+    if not torch.cuda.is_available():
+        print("error: gemm_floor.py times kernels on a CUDA GPU; run it on the GPU host, then --report-from here",
+              file=sys.stderr)
+        return 2
+    data = run(args.deadline_s, args.rep_ms)
+    Path(args.json).write_text(json.dumps(data, indent=1, default=str))
+    print(report(data, args.json))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
