@@ -6,7 +6,6 @@ import os
 
 import pytest
 import torch
-
 from conftest import ROOT
 
 RUNNABLE = torch.cuda.is_available() or os.environ.get("TRITON_INTERPRET") == "1"
