@@ -110,6 +110,14 @@ def plan(quick: bool, gemm_sweep: bool = True) -> list[dict]:
         unique = list({json.dumps(c, sort_keys=True): c for c in sample}.values())
         jobs.append({"kernel": "gemm", "dtype": mode, "shapes": shapes, "configs": unique})
 
+    gv = get_kernel("gemv")  # the one-row GEMV, which linear(impl="auto") may ship at M = 1 (see choose_gemm_impls)
+    for mode, n in ((("bf16", 48), ("fp8", 24)) if gemm_sweep else (("bf16", 0), ("fp8", 0))):
+        shapes = gv.shapes("v4flash")
+        valid = list({json.dumps(c, sort_keys=True): c for s in shapes for c in gv.configs(s, dtype=mode)}.values())
+        sample = [*gv.seed_configs(shapes[0], dtype=mode), *rng.sample(valid, min(n if not quick else n // 2, len(valid)))]
+        jobs.append({"kernel": "gemv", "dtype": mode, "shapes": shapes,
+                     "configs": list({json.dumps(c, sort_keys=True): c for c in sample}.values())})
+
     moe = get_kernel("moe")
     shapes = moe.shapes("v4flash")
     sample = []
@@ -471,6 +479,20 @@ def issue_config_table(rows) -> list[str]:
             "| batch | prev µs | new µs | prev / new |", "| --- | --- | --- | --- |", *lines]
 
 
+def choose_gemm_impls(rows) -> None:
+    """Each GEMM row's ``impl``: the fastest of the library, the Triton GEMM's best and, at one row, the GEMV's best
+    (the GEMV row of the same dtype and shape in this run); a tuned file written from the run ships it."""
+    gemv = {(r["dtype"], r["key"]): r for r in rows if r["kernel"] == "gemv"}
+    for r in rows:
+        if r["kernel"] != "gemm":
+            continue
+        g = gemv.get((r["dtype"], r["key"]))
+        r["gemv_us"] = g["best_us"] if g else None
+        times = {"torch": r["torch_us"], "triton": r["best_us"], "gemv": r["gemv_us"]}
+        times = {k: v for k, v in times.items() if v}
+        r["impl"] = min(times, key=times.get) if times else "torch"
+
+
 def gemm_table(rows) -> list[str]:
     """Decode GEMMs: the Triton kernel (shipped tuned config, best of the run) beside the library, and the choice."""
     gm = [r for r in rows if r["kernel"] == "gemm" and r["dtype"] in ("bfloat16", "float8_e4m3fn")]
@@ -478,18 +500,21 @@ def gemm_table(rows) -> list[str]:
         return []
     lines = ["", "## Decode GEMMs: Triton beside the library (cuBLAS through torch; `torch._scaled_mm` for fp8)", "",
              ("impl = what a tuned file written from this run ships for the key (`kernels.gemm.linear(impl=\"auto\")`): "
-             "the Triton kernel only where it measured faster than the library. prev = the kernel before its tiles were "
+             "a Triton kernel (the GEMM, or at one row the GEMV of `kernels/gemv.py`) only where it measured faster "
+             "than the library. prev = the kernel before its tiles were "
              "known to be aligned (`benchmarks/baselines/gemm_v1.py`, 2-byte loads of W), at the shipped tuned config "
              "and at this run's best config; prev / best is measured side by side in this run."), "",
              ("| dtype | shape | floor µs | library µs | prev shipped µs | prev at best µs | Triton shipped µs | "
-             "Triton best µs | prev shipped / best | best / library | best / floor | impl | shipped choice µs | "
-             "linear(auto) at run time: impl, µs |"),
-             "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+             "Triton best µs | GEMV best µs | prev shipped / best | best / library | best / floor | impl | "
+             "shipped choice µs | linear(auto) at run time: impl, µs |"),
+             "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
     for r in gm:
-        chosen = min(x for x in (r["torch_us"], r["best_us"]) if x) if (r["torch_us"] or r["best_us"]) else None
+        found = [x for x in (r["torch_us"], r["best_us"], r.get("gemv_us")) if x]
+        chosen = min(found) if found else None
         lines.append(f"| {r['dtype']} | {_shape_text(r['shape'])} | {_f(r['floor_us'])} | {_f(r['torch_us'])} | "
                      f"{_f(r.get('prev_shipped_us'))} | {_f(r.get('prev_at_best_us'))} | "
-                     f"{_f(r.get('shipped_us'))} | {_f(r['best_us'])} | {_ratio_text(r.get('prev_shipped_us'), r['best_us'])} | "
+                     f"{_f(r.get('shipped_us'))} | {_f(r['best_us'])} | {_f(r.get('gemv_us'))} | "
+                     f"{_ratio_text(r.get('prev_shipped_us'), r['best_us'])} | "
                      f"{_ratio_text(r['best_us'], r['torch_us'])} | {_ratio_text(r['best_us'], r['floor_us'])} | "
                      f"{r.get('impl', '—')} | {_f(chosen)} | {r.get('auto_impl', '—')}, {_f(r.get('auto_us'))} |")
     return lines
@@ -514,7 +539,7 @@ def aims(rows) -> list[str]:
             ratio = r["best_us"] / r["floor_us"]
             out.append(f"- indexer {r['dtype']} B={r['shape']['batch']} 64K rows within 1.5x of floor: {ratio:.2f}x -> {'met' if ratio <= 1.5 else f'missed by {ratio / 1.5:.2f}x'}")
         if r["kernel"] == "gemm" and r["dtype"] in ("bfloat16", "float8_e4m3fn") and r["torch_us"]:
-            chosen = min(x for x in (r["torch_us"], r["best_us"]) if x)
+            chosen = min(x for x in (r["torch_us"], r["best_us"], r.get("gemv_us")) if x)
             out.append(f"- gemm {r['dtype']} {r['key']}: shipped choice ({r.get('impl')}) {chosen:.1f} us vs library "
                        f"{r['torch_us']:.1f} us -> {'never slower' if chosen <= r['torch_us'] else 'slower'}")
     return out
@@ -653,6 +678,7 @@ def main(argv=None) -> int:
             rows += bench_job(job, rates, failures, job_deadline, args.rep_ms)
         except Exception:
             log.error("job %s %s failed:\n%s", job["kernel"], job["dtype"], traceback.format_exc())
+    choose_gemm_impls(rows)
     props = torch.cuda.get_device_properties(0)
     meta = {"date": dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"), "gpu": torch.cuda.get_device_name(0),
             "sms": props.multi_processor_count, "torch": torch.__version__, "triton": triton.__version__,

@@ -18,6 +18,8 @@ Tunables: BLOCK_M, BLOCK_N, BLOCK_K, SPLIT_K, GROUP_M, num_warps, num_stages.
 the implementation the tuned-config file recorded as fastest for the nearest shape key (``"impl"`` of the entry,
 written by ``benchmarks/kernels.py`` and the kernel search from side-by-side timings), the library where no entry
 names one. So a tuned configuration never ships the Triton kernel at a shape where cuBLAS measured faster.
+``impl="gemv"`` runs ``kernels/gemv.py``'s split-K GEMV (one row of x only), which the tuned file may name for
+one-row keys where it measured fastest of the three.
 """
 
 from __future__ import annotations
@@ -244,17 +246,21 @@ def torch_linear(x, w, dtype=None, *, x_scale=None, w_scale=None) -> torch.Tenso
         return torch.nn.functional.linear(x, w)
 
 
-IMPLS = ("auto", "torch", "triton")
+IMPLS = ("auto", "torch", "triton", "gemv")
 
 
 def resolve_impl(impl: str, M: int, N: int, K: int, mode: str, device) -> str:
-    """``"torch"`` or ``"triton"`` for ``impl``; ``"auto"`` reads the tuned file's choice for the nearest key."""
+    """``"torch"``, ``"triton"`` or ``"gemv"`` for ``impl``; ``"auto"`` reads the tuned file's choice for the nearest
+    key (the GEMV only for one row: a choice recorded at M = 1 that a nearest-key lookup lends to M > 1 falls back to
+    the library)."""
     if impl not in IMPLS:
         raise ValueError(f"impl={impl!r} must be one of {IMPLS}")
     if impl != "auto":
         return impl
     found = tuned_impl(GemmKernel.instance, {"M": M, "N": N, "K": K}, mode, device)
-    return found if found in ("torch", "triton") else "torch"
+    if found == "gemv" and M != 1:
+        return "torch"
+    return found if found in ("torch", "triton", "gemv") else "torch"
 
 
 def linear(
@@ -267,12 +273,17 @@ def linear(
     x_scale: torch.Tensor | None = None,
     w_scale: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """``x @ w.T`` through the library or the Triton kernel (``impl``: auto, torch, triton; see the module doc).
-    ``config`` applies to the Triton kernel only."""
+    """``x @ w.T`` through the library, the Triton GEMM or the one-row GEMV (``impl``: auto, torch, triton, gemv;
+    see the module doc). ``config`` applies to the Triton kernel that runs (a GEMM or a GEMV config)."""
     mode = ("tf32" if x.dtype == torch.float32 else _mode(x.dtype)) if dtype is None else _mode(dtype)
     M, N, K, _ = _check(x, w, mode, x_scale, w_scale, None)
-    if resolve_impl(impl, M, N, K, mode, x.device) == "torch":
+    chosen = resolve_impl(impl, M, N, K, mode, x.device)
+    if chosen == "torch":
         return torch_linear(x, w, mode, x_scale=x_scale, w_scale=w_scale)
+    if chosen == "gemv":
+        from .gemv import gemv
+
+        return gemv(x, w, mode, config, x_scale=x_scale, w_scale=w_scale)
     return gemm(x, w, mode, config, x_scale=x_scale, w_scale=w_scale)
 
 

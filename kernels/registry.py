@@ -14,6 +14,7 @@ KERNELS: dict[str, str] = {
     "sparse_decode_simt": "kernels.sparse_decode:SparseDecodeSimtKernel",
     "indexer": "kernels.indexer:IndexerKernel",
     "gemm": "kernels.gemm:GemmKernel",
+    "gemv": "kernels.gemv:GemvKernel",
     "moe": "kernels.moe:MoEKernel",
     "rmsnorm": "kernels.glue:RMSNormKernel",
     "rope": "kernels.glue:RopeKernel",

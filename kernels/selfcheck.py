@@ -72,6 +72,7 @@ def compile_all(arch: int = 90) -> list[dict]:
     from triton.compiler import ASTSource
 
     from .gemm import _gemm_kernel, _split_k_reduce_kernel
+    from .gemv import _gemv_kernel
     from .glue import _add_rmsnorm_kernel, _rope_kernel
     from .indexer import _indexer_kernel
     from .moe import _moe_down_kernel, _moe_up_kernel
@@ -101,6 +102,10 @@ def compile_all(arch: int = 90) -> list[dict]:
                      "xs_ptr": "*fp32", "ws_ptr": "*fp32", "p_ptr": "*fp32", "lock_ptr": "*i32"},
                      dict(BLOCK_M=16, BLOCK_N=64, BLOCK_K=128, GROUP_M=8, EVEN_K=True, IEEE=ieee, HAS_SCALE=scale, SPLIT=True,
                           FUSED=True), 4, 4))
+    for dt, scale in (("bf16", False), ("fp8e4nv", True)):
+        jobs.append((f"gemv {dt}", _gemv_kernel, {"x_ptr": P(dt), "w_ptr": P(dt), "y_ptr": P("bf16"), "xs_ptr": "*fp32",
+                     "ws_ptr": "*fp32", "p_ptr": "*fp32", "lock_ptr": "*i32"},
+                     dict(BLOCK_N=8, BLOCK_K=1024, EVEN_K=True, HAS_SCALE=scale, SPLIT=True), 8, 1))
     jobs.append(("gemm split_k_reduce", _split_k_reduce_kernel, {"p_ptr": "*fp32", "y_ptr": P("bf16")}, dict(SPLIT_K=4, BLOCK=1024), 4, 1))
     moe = {"pair_ptr": "*i32", "block_expert_ptr": "*i32", "gw_ptr": "*fp32", "y_ptr": "*fp32"}
     jobs.append(("moe up", _moe_up_kernel, moe | {n: P("bf16") for n in ("x_ptr", "w_ptr", "act_ptr")},

@@ -111,3 +111,11 @@ def test_gemm_reads_its_tiles_in_16_byte_async_copies_on_sm90(tmp_path, shape, c
     assert not any(kind in loads for kind in ("ld.b16", "ld.v2.b16", "ld.b8")), loads
     assert loads.get("cp.async.16B", 0) > 0, loads
     assert set(k for k in loads if k.startswith("cp.async")) == {"cp.async.16B"}, loads
+
+
+@pytest.mark.slow
+def test_gemv_reads_w_in_16_byte_loads_on_sm90(tmp_path):
+    """The GEMV reads W straight into registers: at its V4-Flash default (8 rows x 1024 of K, 8 warps) every thread
+    reads 64 bytes of W, which must be four 16-byte loads, never 2-byte ones."""
+    loads = _global_loads(tmp_path, "gemv", "bfloat16", {"M": 1, "N": 1024, "K": 4096})["_gemv_kernel"]
+    assert loads.get("ld.v4.b32", 0) >= 4 and not any(k in loads for k in ("ld.b16", "ld.v2.b16", "ld.b8")), loads

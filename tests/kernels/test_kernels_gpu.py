@@ -220,3 +220,38 @@ def test_sparse_decode_next_tile_prefetch_leaves_the_output_bit_identical():
                                           kv_scale=i["kv_scale"], out=out, prefetch_next=pf))
             assert torch.equal(outs[0], outs[1]), (dtype, cfg)
             assert rel_error(outs[1], ref) <= SD.tolerance(dtype), (dtype, cfg)
+
+
+@pytest.mark.parametrize("mode", ["bf16", "fp16", "fp32", "fp8"])
+def test_gemv_decode_shapes(mode):
+    """The one-row GEMV at the V4-Flash decode shapes (default config, and a split config with a ragged N and K),
+    into NaN-poisoned outputs against the float32 reference."""
+    if mode == "fp8" and not FP8_OK:
+        pytest.skip("fp8 needs compute capability >= 8.9")
+    gemv_kernel = get_kernel("gemv")
+    for shape in gemv_kernel.shapes("v4flash") + [{"M": 1, "N": 1000, "K": 1030}]:
+        err = check(gemv_kernel, shape, mode, None, "cuda", seed=6)
+        assert err <= gemv_kernel.tolerance(mode), (shape, err)
+    cfg = {"BLOCK_N": 16, "BLOCK_K": 256, "SPLIT_K": 8, "num_warps": 8}
+    assert check(gemv_kernel, {"M": 1, "N": 2040, "K": 4000}, mode, cfg, "cuda") <= gemv_kernel.tolerance(mode)
+
+
+@pytest.mark.skipif(not FP8_OK, reason="fp8 needs compute capability >= 8.9")
+def test_gemv_fp8_row_wise_weight_scales_match_the_reference():
+    from kernels.gemm import gemm_reference
+    from kernels.gemv import gemv
+
+    g = torch.Generator(device="cuda").manual_seed(12)
+    N, K = 1024, 2048
+    x = torch.randn(1, K, generator=g, device="cuda")
+    w = torch.randn(N, K, generator=g, device="cuda") * torch.logspace(-3, 1, N, device="cuda")[:, None]
+    xs, ws = x.abs().amax(1) / 448.0, w.abs().amax(1) / 448.0
+    xq, wq = (x / xs[:, None]).to(torch.float8_e4m3fn), (w / ws[:, None]).to(torch.float8_e4m3fn)
+    ref = gemm_reference(xq, wq, "fp8", xs, ws)
+    out = torch.full((1, N), float("nan"), device="cuda", dtype=torch.bfloat16)
+    y = gemv(xq, wq, "fp8", {"BLOCK_N": 8, "BLOCK_K": 512, "SPLIT_K": 4, "num_warps": 8}, x_scale=xs, w_scale=ws,
+             out=out)
+    rows = torch.arange(N, device="cuda")
+    for lo in (rows < 64, rows >= N - 64):  # the smallest-scale and the largest-scale rows, each to bf16 precision
+        err = ((y[0, lo].float() - ref[0, lo]).norm() / ref[0, lo].norm()).item()
+        assert err < 1e-2, err

@@ -20,8 +20,9 @@ GEMM_DTYPES = {"fp32": torch.float32, "tf32": torch.float32, "bf16": torch.bfloa
 
 GEMM_IMPLS = ("torch", "triton", "auto")
 """Who runs a linear (knob ``gemm_impl``): the library through torch (cuBLAS; ``torch._scaled_mm`` for fp8), the Triton
-skinny GEMM of ``kernels/gemm.py``, or ``auto``: per shape, what the tuned-config file recorded as faster
-(``kernels.gemm.linear``; the library where no entry names one)."""
+skinny GEMM of ``kernels/gemm.py``, or ``auto``: per shape, what the tuned-config file recorded as fastest
+(``kernels.gemm.linear``: the library, the GEMM, or at one row the GEMV of ``kernels/gemv.py``; the library where no
+entry names one)."""
 
 
 @dataclass
