@@ -214,22 +214,15 @@ def report(data: dict, source: str) -> str:
              "- byte floor = bytes / copy rate; read floor = a streaming read of the same bytes in one launch",
              "- long K = `kernels/gemm.py` with BLOCK_K 512 or 1024 (outside its search space); GEMV = split-K without "
              "tensor cores (M = 1 only); each the best of its configs here", "",
-             "| shape | byte floor | read floor | library | shipped (impl) | long K best | GEMV best | best of all / library | "
+             "| shape | byte floor | read floor | library | GEMM shipped config | long K best | GEMV best | best of all / library | "
              "best of all / read floor |",
              "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
     for r in data["rows"]:
-        from_tuned = None
-        try:
-            from kernels.gemm import resolve_impl
-
-            from_tuned = resolve_impl("auto", r["shape"]["M"], r["shape"]["N"], r["shape"]["K"], "bf16", "cuda")
-        except Exception:  # noqa: BLE001 - no tuned file here: say nothing of it
-            pass
         cands = [x for x in (r["shipped_us"], r.get("long_k_best_us"), r.get("gemv_best_us")) if x]
         best = min(cands) if cands else None
         shape = ",".join(f"{k}={v}" for k, v in r["shape"].items())
         lines.append(f"| {shape} | {_f(r['floor_us'])} | {_f(r['read_us'])} | {_f(r['library_us'])} | "
-                     f"{_f(r['shipped_us'])}{f' ({from_tuned})' if from_tuned else ''} | {_f(r.get('long_k_best_us'))} | "
+                     f"{_f(r['shipped_us'])} | {_f(r.get('long_k_best_us'))} | "
                      f"{_f(r.get('gemv_best_us'))} | {_f(best / r['library_us'], 2) if best else '—'}x | "
                      f"{_f(best / r['read_us'], 2) if best else '—'}x |")
     lines += ["", "Best configs:", ""]

@@ -239,7 +239,14 @@ def torch_linear(x, w, dtype=None, *, x_scale=None, w_scale=None) -> torch.Tenso
             sa = x_scale.reshape(-1, 1).float().expand(M, 1)
             sa = torch.cat([sa, sa.new_ones(pad, 1)]) if pad else sa.contiguous()
             sb = w_scale.reshape(1, -1).float().expand(1, N).contiguous()
-        y = torch._scaled_mm(xp, w.t(), scale_a=sa, scale_b=sb, out_dtype=torch.bfloat16)
+        try:
+            y = torch._scaled_mm(xp, w.t(), scale_a=sa, scale_b=sb, out_dtype=torch.bfloat16)
+        except RuntimeError as exc:
+            # torch before 2.13 runs fp8 on a CPU with one scale per tensor only ("only supports per-tensor scaling
+            # for CPU backend"): there the library's product is the dequantised operands' float32 product
+            if x.device.type != "cpu" or "per-tensor" not in str(exc):
+                raise
+            y = ((xp.float() * sa) @ (w.float() * sb.reshape(-1, 1)).t()).to(torch.bfloat16)
         y = y[0] if isinstance(y, tuple) else y
         return y[:M]
     with tf32_matmul(mode == "tf32"):

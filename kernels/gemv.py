@@ -7,8 +7,8 @@ chunk of x and sums each row, so a program keeps little state and many programs 
 over programs: each writes a float32 partial of its ``BLOCK_N`` outputs, and the last split of a column block to
 finish (a per-block counter, reset by that program: CUDA-graph safe) sums them in the same launch.
 
-Measured on an H200 beside the library and ``kernels/gemm.py`` (``benchmarks/gemm_floor.py``,
-``benchmarks/results/gemm_floor_h200.md``): faster than both at three of the four V4-Flash decode shapes at M = 1.
+Measured on an H200 beside the library and ``kernels/gemm.py`` in one run (``benchmarks/kernels.py --only gemm,gemv``,
+``benchmarks/results/kernels_gemv_h200.md``): faster than both at every V4-Flash decode shape at M = 1, bf16 and fp8.
 
 Modes and inputs as ``kernels.gemm`` (fp32/tf32 run in float32 arithmetic, fp8 e4m3 with float32 scales per tensor
 or per row). The tuned choice of ``kernels.gemm.linear(impl="auto")`` may name it (``"gemv"``) for one-row keys.
@@ -130,23 +130,25 @@ class GemvKernel(GemmKernel):
     instance: GemvKernel
 
     def default_config(self, shape):
-        """8 rows of W per program, K tiles of up to 1024, 8 warps; split K until the grid has 512 programs (the
-        H200 bests of ``benchmarks/gemm_floor.py`` at 1300f20 ran 512-1024 programs)."""
+        """4 rows of W per program, K tiles of up to 1024, 4 warps, K split only until the grid has 256 programs:
+        the best of the H200 sweep at all four bf16 decode shapes (2026-11-30 at 393971c,
+        ``benchmarks/results/kernels_gemv_h200.md``; 256 to 1024 programs, one split)."""
         N, K = shape["N"], shape["K"]
         bk = min(1024, max(128, triton.next_power_of_2(K)))
-        blocks = triton.cdiv(N, 8)
+        blocks = triton.cdiv(N, 4)
         split = 1
-        while split < 16 and blocks * split < 512 and 2 * split * bk <= K:
+        while split < 16 and blocks * split < 256 and 2 * split * bk <= K:
             split *= 2
-        return {"BLOCK_N": 8, "BLOCK_K": bk, "SPLIT_K": split, "num_warps": 8}
+        return {"BLOCK_N": 4, "BLOCK_K": bk, "SPLIT_K": split, "num_warps": 4}
 
     def seed_configs(self, shape, device=None, dtype=None):
-        """The default's neighbours the H200 table ranked next: 16-row blocks with 256-long K tiles and the most
-        splits (the best at N x K = 2048 x 4096), and the default with one split fewer and one more."""
+        """The default on 8 warps (the fp8 best at two shapes), 8-row blocks on 8 warps (the fp8 best at the other
+        two), 16-row blocks with 256-long K tiles split 8 ways (the prototype's best at N x K = 2048 x 4096,
+        ``benchmarks/results/gemm_floor_h200.md``), and the default with twice the splits."""
         d = self.default_config(shape)
         out = []
-        for c in ({"BLOCK_N": 16, "BLOCK_K": 256, "SPLIT_K": 8, "num_warps": 8},
-                  dict(d, SPLIT_K=max(1, d["SPLIT_K"] // 2)), dict(d, SPLIT_K=min(16, 2 * d["SPLIT_K"]))):
+        for c in (dict(d, num_warps=8), dict(d, BLOCK_N=8, num_warps=8),
+                  {"BLOCK_N": 16, "BLOCK_K": 256, "SPLIT_K": 8, "num_warps": 8}, dict(d, SPLIT_K=min(16, 2 * d["SPLIT_K"]))):
             if c != d and c not in out and not self.check_config(c, shape, device, dtype):
                 out.append(c)
         return out

@@ -100,6 +100,29 @@ def test_torch_linear_takes_row_wise_fp8_scales_on_a_cpu():
         _check(xq, wq, "fp8", xs[:2], ws, None)
 
 
+def test_torch_linear_row_wise_fp8_on_a_cpu_whose_torch_takes_only_per_tensor_scales(monkeypatch):
+    """torch before 2.13 refuses row-wise fp8 scales on a CPU (the H200 image's torch 2.11 failed the test above):
+    the library path then multiplies the dequantised operands in float32, and every row still matches."""
+    from kernels.gemm import gemm_reference, torch_linear
+
+    def refuse(a, b, scale_a, scale_b, out_dtype=None):
+        if scale_a.numel() > 1 or scale_b.numel() > 1:
+            raise RuntimeError("Now _scaled_mm only supports per-tensor scaling for CPU backend.")
+        return real(a, b, scale_a=scale_a, scale_b=scale_b, out_dtype=out_dtype)
+
+    real = torch._scaled_mm
+    monkeypatch.setattr(torch, "_scaled_mm", refuse)
+    torch.manual_seed(4)
+    x = torch.randn(3, 64) * torch.tensor([1e-3, 1.0, 10.0])[:, None]
+    w = torch.randn(48, 64) / 8
+    xs, ws = x.abs().amax(1) / 448.0, w.abs().amax(1) / 448.0
+    xq, wq = (x / xs[:, None]).to(torch.float8_e4m3fn), (w / ws[:, None]).to(torch.float8_e4m3fn)
+    y, ref = torch_linear(xq, wq, "fp8", x_scale=xs, w_scale=ws), gemm_reference(xq, wq, "fp8", xs, ws)
+    assert y.dtype == torch.bfloat16 and y.shape == (3, 48)
+    for row in range(3):
+        assert (y[row].double() - ref[row]).norm() / ref[row].norm() < 1e-2, row
+
+
 @pytest.mark.parametrize("cfg", [_cfg(SK=2), _cfg(SK=4, BK=16, BN=64)], ids=str)
 def test_frozen_previous_gemm_matches_the_reference_as_the_current_one_does(cfg):
     """benchmarks/baselines/gemm_v1.py (the kernel before its tiles were known to be aligned), which

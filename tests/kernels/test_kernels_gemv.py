@@ -59,8 +59,10 @@ def test_gemv_default_and_seeds_pass_its_rules_at_the_decode_shapes():
     for shape in G.shapes("v4flash"):
         for c in [G.default_config(shape), *G.seed_configs(shape)]:
             assert G.check_config(c, shape, dtype="bf16") is None, (shape, c)
-    # the H200 best at N x K = 1024 x 4096 (benchmarks/results/gemm_floor_h200.md): 128 blocks of 8 rows, 4 splits
-    assert G.default_config({"M": 1, "N": 1024, "K": 4096}) == _cfg(BN=8, BK=1024, SK=4, nw=8)
+    # the H200 best at every bf16 decode shape (benchmarks/results/kernels_gemv_h200.md): 4-row blocks, no split
+    for n, k in ((1024, 4096), (4096, 1024), (2048, 4096), (4096, 2048)):
+        assert G.default_config({"M": 1, "N": n, "K": k}) == _cfg(BN=4, BK=1024, SK=1, nw=4)
+    assert G.default_config({"M": 1, "N": 256, "K": 8192})["SPLIT_K"] == 4  # 64 blocks: split until 256 programs
 
 
 def test_linear_auto_runs_the_gemv_where_the_tuned_file_names_it_and_only_for_one_row(monkeypatch, tmp_path):
