@@ -190,14 +190,20 @@ def tuned_config(kernel, shape: dict, dtype, device: Any = None) -> dict:
     return hit
 
 
-def lookup_impl(kernel_name: str, shape: dict, dtype, device: Any = None) -> str | None:
-    """The ``"impl"`` recorded with the nearest key of this GPU's file (``"torch"``, ``"triton"``), or None."""
+def lookup_entry(kernel_name: str, shape: dict, dtype, device: Any = None) -> dict | None:
+    """The whole entry of the nearest key of this GPU's file (config, times, ``impl``), or None."""
     from .registry import get_kernel
 
     kernel = get_kernel(kernel_name)
     entries = read_config_file(config_path(kernel_name, gpu_name(device), dtype))
     found = nearest_key(entries, kernel.shape_key(shape), kernel.batch_dim)
-    impl = entries[found].get("impl") if found is not None else None
+    return dict(entries[found], key=found) if found is not None else None
+
+
+def lookup_impl(kernel_name: str, shape: dict, dtype, device: Any = None) -> str | None:
+    """The ``"impl"`` recorded with the nearest key of this GPU's file (``"torch"``, ``"triton"``), or None."""
+    entry = lookup_entry(kernel_name, shape, dtype, device)
+    impl = entry.get("impl") if entry is not None else None
     return impl if isinstance(impl, str) else None
 
 
@@ -206,6 +212,14 @@ def tuned_impl(kernel, shape: dict, dtype, device: Any = None) -> str | None:
     key = ("impl", kernel.name, tuple(sorted(shape.items())), str(dtype), str(device))
     if key not in _LAUNCH:
         _LAUNCH[key] = lookup_impl(kernel.name, shape, dtype, device)  # type: ignore[assignment]
+    return _LAUNCH[key]  # type: ignore[return-value]
+
+
+def tuned_entry(kernel, shape: dict, dtype, device: Any = None) -> dict | None:
+    """:func:`lookup_entry`'s answer, remembered in the same cache as :func:`tuned_config`."""
+    key = ("entry", kernel.name, tuple(sorted(shape.items())), str(dtype), str(device))
+    if key not in _LAUNCH:
+        _LAUNCH[key] = lookup_entry(kernel.name, shape, dtype, device)  # type: ignore[assignment]
     return _LAUNCH[key]  # type: ignore[return-value]
 
 

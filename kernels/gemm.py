@@ -31,7 +31,7 @@ import triton
 import triton.language as tl
 
 from .base import Cost, TunableKernel, device_limits, tf32_matmul, zeroed_counters
-from .configs import tuned_config, tuned_impl
+from .configs import tuned_config, tuned_entry, tuned_impl
 
 __all__ = ["IMPLS", "MODES", "GemmKernel", "gemm", "gemm_reference", "linear", "resolve_impl", "torch_linear"]
 
@@ -257,17 +257,38 @@ IMPLS = ("auto", "torch", "triton", "gemv")
 
 
 def resolve_impl(impl: str, M: int, N: int, K: int, mode: str, device) -> str:
-    """``"torch"``, ``"triton"`` or ``"gemv"`` for ``impl``; ``"auto"`` reads the tuned file's choice for the nearest
-    key (the GEMV only for one row: a choice recorded at M = 1 that a nearest-key lookup lends to M > 1 falls back to
-    the library)."""
+    """``"torch"``, ``"triton"`` or ``"gemv"`` for ``impl``; ``"auto"`` reads the tuned GEMM file's choice for the
+    nearest key (``benchmarks/kernels.py`` names the GEMV there where it timed all three side by side). For one row,
+    a GEMV entry of the kernel search (tuned file ``gemv``, its ``impl`` "triton": it beat the library beside it) wins
+    where its speed-up over the library, measured beside it, exceeds the GEMM file's choice's. The GEMV only ever
+    runs one row: a choice recorded at M = 1 that a nearest-key lookup lends to M > 1 falls back to the library."""
     if impl not in IMPLS:
         raise ValueError(f"impl={impl!r} must be one of {IMPLS}")
     if impl != "auto":
         return impl
-    found = tuned_impl(GemmKernel.instance, {"M": M, "N": N, "K": K}, mode, device)
+    shape = {"M": M, "N": N, "K": K}
+    found = tuned_impl(GemmKernel.instance, shape, mode, device)
     if found == "gemv" and M != 1:
         return "torch"
-    return found if found in ("torch", "triton", "gemv") else "torch"
+    found = found if found in ("torch", "triton", "gemv") else "torch"
+    if M == 1 and found != "gemv":
+        from .gemv import GemvKernel
+
+        gv = tuned_entry(GemvKernel.instance, shape, mode, device)
+        if gv is not None and gv.get("impl") == "triton":  # a GEMV file holds one-row keys only
+            gemv_gain = _gain(gv)
+            gemm_gain = _gain(tuned_entry(GemmKernel.instance, shape, mode, device)) if found == "triton" else 1.0
+            if gemv_gain is not None and gemv_gain > (gemm_gain or 1.0):
+                return "gemv"
+    return found
+
+
+def _gain(entry: dict | None) -> float | None:
+    """An entry's speed-up over the library, both measured side by side when it was tuned; None when unrecorded."""
+    if not entry:
+        return None
+    lib, own = entry.get("library_time_us"), entry.get("impl_triton_time_us") or entry.get("time_us")
+    return lib / own if lib and own else None
 
 
 def linear(

@@ -98,3 +98,34 @@ def test_the_benchmark_ships_the_fastest_of_library_gemm_and_gemv():
     rows[1]["best_us"] = 6.5
     bench.choose_gemm_impls(rows)
     assert rows[0]["impl"] == "torch"
+
+
+def test_linear_auto_takes_a_kernel_search_gemv_entry_where_it_beat_the_library_by_more(monkeypatch, tmp_path):
+    """The kernel search writes the GEMM and the GEMV to their own files, each with the library timed beside it
+    (``impl`` "triton": the kernel won). At one row auto runs the GEMV where its speed-up over the library exceeds
+    the GEMM file's choice's; never at M > 1, never where the GEMV lost to the library."""
+    monkeypatch.setenv("TUNER_KERNEL_CONFIG_DIR", str(tmp_path))
+    gpu = "cpu" if not CUDA else torch.cuda.get_device_name()
+    gemm_cfg = {"BLOCK_M": 16, "BLOCK_N": 32, "BLOCK_K": 32, "SPLIT_K": 1, "GROUP_M": 8, "num_warps": 4, "num_stages": 2}
+
+    def write(gemm_impl, gemm_us, gemv_impl, gemv_us):
+        write_config_file("gemm", gpu, "float32", {"K=64,M=1,N=24": {
+            "config": gemm_cfg, "time_us": gemm_us, "impl": gemm_impl, "library_time_us": 10.0,
+            "impl_triton_time_us": gemm_us}}, directory=tmp_path)
+        write_config_file("gemv", gpu, "float32", {"K=64,M=1,N=24": {
+            "config": _cfg(), "time_us": gemv_us, "impl": gemv_impl, "library_time_us": 10.0,
+            "impl_triton_time_us": gemv_us}}, directory=tmp_path)
+        clear_cache()
+
+    try:
+        write("triton", 9.0, "triton", 8.0)
+        assert resolve_impl("auto", 1, 24, 64, "fp32", DEV) == "gemv"  # 1.25x the library beats the GEMM's 1.11x
+        assert resolve_impl("auto", 2, 24, 64, "fp32", DEV) == "triton"  # the GEMV never runs two rows
+        write("triton", 8.0, "triton", 9.0)
+        assert resolve_impl("auto", 1, 24, 64, "fp32", DEV) == "triton"
+        write("torch", 12.0, "torch", 11.0)  # both lost to the library
+        assert resolve_impl("auto", 1, 24, 64, "fp32", DEV) == "torch"
+        write("torch", 12.0, "triton", 9.5)
+        assert resolve_impl("auto", 1, 24, 64, "fp32", DEV) == "gemv"
+    finally:
+        clear_cache()

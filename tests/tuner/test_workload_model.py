@@ -172,7 +172,8 @@ def test_kernel_phase_runs_first_for_the_spaces_shapes_when_asked(tmp_path, monk
     run_search(SearchOptions(study="on", settings={"kernel_phase": True}, **opts))
     (shapes, budget), = calls
     kinds = {k for k, _ in shapes}
-    assert kinds == {"sparse_decode", "indexer", "gemm"}  # the tiny space has gemm_impl, no moe_impl
+    assert kinds == {"sparse_decode", "indexer", "gemm", "gemv"}  # the tiny space has gemm_impl, no moe_impl
+    assert {s["M"] for k, s in shapes if k == "gemv"} == {1}
     assert {s["batch"] for k, s in shapes if k == "sparse_decode"} >= {1, 16, 64}
     assert {s["width"] for k, s in shapes if k == "indexer"} >= {TINY.indexer_width(131072), 512 // TINY.csa_ratio}
     assert 0 < budget <= 0.2 * 60
@@ -189,10 +190,12 @@ def test_gpu_space_tunes_the_moe_kernel_and_leaves_the_indexer_width_to_the_serv
     moe = [s for k, s in target.kernel_shapes() if k == "moe"]
     assert [s["tokens"] for s in moe] == [1, 16, 64]  # every bucket set pads 1, 16, 64 to themselves
     kinds = [k for k, _ in target.kernel_shapes()]
-    # per batch: attention, MoE, the indexer at 5 caps + live, then the linears' 6 GEMM shapes (gemm_impl)
-    assert len(kinds) == 3 * (1 + 1 + 6) + 3 * 6
+    # per batch: attention, MoE, the indexer at 5 caps + live, then the linears' 6 GEMM shapes (gemm_impl), and at
+    # batch 1 their 6 GEMVs (what gemm_impl=auto may run at one row)
+    assert len(kinds) == 3 * (1 + 1 + 6) + 3 * 6 + 6
     assert kinds[:6] == ["sparse_decode", "moe"] * 3  # what a short kernel phase tunes first
-    assert kinds[-18:] == ["gemm"] * 18  # and last
+    assert kinds[-24:] == ["gemm"] * 18 + ["gemv"] * 6  # and last
+    assert all(s["M"] == 1 for k, s in target.kernel_shapes() if k == "gemv")
     assert all(s["experts"] == 32 and s["topk"] == 6 and s["width"] == 2048 for s in moe)
 
 

@@ -191,7 +191,7 @@ class WorkloadTarget(Target):
     def kernel_shapes(self) -> list[tuple[str, dict[str, int]]]:
         """The kernel shapes this space's configurations produce: every concurrency level (as the batch, and as
         padded to each bucket size it can take) for the MMA attention and the fused MoE, the indexer at every
-        context cap, and, with the ``gemm_impl`` knob, the linears' GEMMs."""
+        context cap, and, with the ``gemm_impl`` knob, the linears' GEMMs (and at batch 1 their GEMVs)."""
         p, live = self.preset, self.config.live_context
         from search_spaces.buckets import level_batches
 
@@ -214,6 +214,8 @@ class WorkloadTarget(Target):
         if "gemm_impl" in self.space.names:  # last: the linears' (N, K) in bf16, whose entries gemm_impl=auto follows
             for b in order:
                 shapes += [("gemm", {"M": b, "N": n, "K": k}) for n, k in dict.fromkeys(self.gemm_shapes())]
+            if 1 in order:  # at one row auto may run the GEMV instead, where it beat the library by more
+                shapes += [("gemv", {"M": 1, "N": n, "K": k}) for n, k in dict.fromkeys(self.gemm_shapes())]
         return shapes
 
     def gemm_shapes(self) -> list[tuple[int, int]]:
