@@ -5,10 +5,11 @@ Importable on a GPU host without the rest of the project. Public surface::
     from kernels import get_kernel, KERNELS              # registry
     from kernels.sparse_decode import sparse_decode, sparse_decode_simt
     from kernels.indexer import indexer_scores, indexer_topk
-    from kernels.gemm import gemm, torch_linear
+    from kernels.gemm import gemm, linear, torch_linear
+    from kernels.gemv import gemv
     from kernels.glue import fused_add_rmsnorm, rope
     from kernels.configs import lookup, write_config_file
-    from kernels.bench import do_bench, measure_copy_bandwidth, measure_matmul_tflops
+    from kernels.bench import do_bench, measure_copy_bandwidth, measure_launch_us, measure_matmul_tflops
 
 On a machine without CUDA set ``TRITON_INTERPRET=1`` before Triton is first imported to run the
 kernels in Triton's interpreter (tests/kernels/conftest.py does this).
