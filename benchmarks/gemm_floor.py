@@ -7,8 +7,8 @@ measured as ``benchmarks/kernels.py`` measures (CUDA-graph replays of four rotat
 * the library (cuBLAS through torch) and ``kernels/gemm.py`` at its shipped tuned config;
 * ``kernels/gemm.py`` with long K tiles outside its search space (BLOCK_K 512 / 1024: each program streams whole
   runs of W's rows);
-* at M = 1, a split-K GEMV without tensor cores (this file's ``_gemv_kernel``: W tiles straight into registers, the
-  x chunk broadcast, a row sum; the last split of a column block sums the partials).
+* at M = 1, the split-K GEMV without tensor cores of ``kernels/gemv.py`` over its config space (the run recorded at
+  1300f20, ``benchmarks/results/gemm_floor_h200.md``, timed this file's prototype of it, with a smaller space).
 
 Every config is checked against the float32 reference on a NaN-poisoned output before it is timed.
 
@@ -44,55 +44,6 @@ def _read_kernel(src_ptr, out_ptr, n, BLOCK: tl.constexpr):
     tl.store(out_ptr + tl.program_id(0), tl.sum(v.to(tl.float32), 0))
 
 
-@triton.jit(do_not_specialize=["k_per_split", "n_splits"])
-def _gemv_kernel(x_ptr, w_ptr, y_ptr, p_ptr, lock_ptr, N, K, k_per_split, n_splits, stride_wn,
-                 BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SPLIT: tl.constexpr):
-    """y[0, n] = sum_k x[0, k] * w[n, k] for one row of x, split over K; fp32 accumulation."""
-    pid_n = tl.program_id(0)
-    pid_k = tl.program_id(1)
-    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    n_ok = offs_n < N
-    k_start = tl.multiple_of(pid_k * k_per_split, BLOCK_K)
-    acc = tl.zeros((BLOCK_N,), tl.float32)
-    for k0 in range(k_start, tl.minimum(k_start + k_per_split, K), BLOCK_K):
-        offs_k = k0 + tl.arange(0, BLOCK_K)
-        x = tl.load(x_ptr + offs_k).to(tl.float32)
-        w = tl.load(w_ptr + offs_n[:, None] * stride_wn + offs_k[None, :], mask=n_ok[:, None], other=0.0)
-        acc += tl.sum(w.to(tl.float32) * x[None, :], 1)
-    if SPLIT:
-        tl.store(p_ptr + pid_k * N + offs_n, acc, mask=n_ok)
-        tl.debug_barrier()
-        done = tl.atomic_add(lock_ptr + pid_n, 1, sem="acq_rel", scope="gpu")
-        if done == n_splits - 1:
-            total = tl.zeros((BLOCK_N,), tl.float32)
-            for s in range(n_splits):
-                total += tl.load(p_ptr + s * N + offs_n, mask=n_ok, other=0.0, cache_modifier=".cg")
-            tl.store(y_ptr + offs_n, total.to(y_ptr.dtype.element_ty), mask=n_ok)
-            tl.atomic_xchg(lock_ptr + pid_n, 0)
-    else:
-        tl.store(y_ptr + offs_n, acc.to(y_ptr.dtype.element_ty), mask=n_ok)
-
-
-_LOCKS: dict = {}
-
-
-def gemv(x: torch.Tensor, w: torch.Tensor, cfg: dict, out: torch.Tensor | None = None) -> torch.Tensor:
-    """``x @ w.T`` for x of one row, in x's dtype (K a multiple of BLOCK_K x SPLIT_K)."""
-    (M, K), N = x.shape, w.shape[0]
-    assert M == 1 and K % (cfg["BLOCK_K"] * cfg["SPLIT_K"]) == 0, (x.shape, cfg)
-    out = torch.empty((1, N), device=x.device, dtype=x.dtype) if out is None else out
-    sk = cfg["SPLIT_K"]
-    nb = triton.cdiv(N, cfg["BLOCK_N"])
-    key = (x.device, nb)
-    if key not in _LOCKS:
-        _LOCKS[key] = torch.zeros(nb, device=x.device, dtype=torch.int32)
-    part = torch.empty((sk, N), device=x.device, dtype=torch.float32) if sk > 1 else out
-    _gemv_kernel[(nb, sk)](x, w, out, part, _LOCKS[key], N, K, K // sk, sk, w.stride(0), BLOCK_N=cfg["BLOCK_N"],
-                           BLOCK_K=cfg["BLOCK_K"], SPLIT=sk > 1, num_warps=cfg["num_warps"],
-                           num_stages=cfg["num_stages"])
-    return out
-
-
 def _shapes():
     return [{"M": m, "N": n, "K": k} for (n, k) in ((1024, 4096), (4096, 1024), (2048, 4096), (4096, 2048))
             for m in (1, 16, 64)]
@@ -117,12 +68,10 @@ def _long_k_configs(shape):
 
 
 def _gemv_configs(shape):
-    out = []
-    for bn, bk, warps, stages in itertools.product((8, 16, 32), (256, 512, 1024), (4, 8), (1,)):
-        for sk in (1, 2, 4, 8):
-            if shape["K"] % (bk * sk) == 0 and bn * bk // (32 * warps) <= 128:
-                out.append({"BLOCK_N": bn, "BLOCK_K": bk, "SPLIT_K": sk, "num_warps": warps, "num_stages": stages})
-    return out
+    """``kernels/gemv.py``'s configs at one row: its whole space (those its rules pass)."""
+    from kernels.gemv import GemvKernel
+
+    return list(GemvKernel.instance.configs(shape, None, dtype="bf16")) if shape["M"] == 1 else []
 
 
 def run(deadline_s: float, rep_ms: float) -> dict:
@@ -130,6 +79,7 @@ def run(deadline_s: float, rep_ms: float) -> dict:
     from kernels.bench import do_bench, measure_copy_bandwidth, measure_launch_us
     from kernels.configs import lookup
     from kernels.gemm import GemmKernel, gemm, torch_linear
+    from kernels.gemv import gemv
 
     start = time.time()
     kernel = GemmKernel.instance
@@ -183,7 +133,7 @@ def run(deadline_s: float, rep_ms: float) -> dict:
                 if time.time() > shape_deadline:
                     row["truncated"] = True
                     break
-                trial("gemv", cfg, lambda s, out=None, c=cfg: gemv(s["x"], s["w"], c, out))
+                trial("gemv", cfg, lambda s, out=None, c=cfg: gemv(s["x"], s["w"], "bf16", c, out=out))
         for kind in ("long_k", "gemv"):
             ok = [t for t in row["trials"] if t["kind"] == kind and t.get("outcome") == "ok"]
             best = min(ok, key=lambda t: t["time_us"]) if ok else None

@@ -238,6 +238,25 @@ def _effective(name, cfg, shape):
     return json.dumps(dict(cfg, S=split_rows(shape["topk"], cfg["S"], cfg["BLOCK_T"])[1]), sort_keys=True)
 
 
+def _frozen_rows(row, cases, run, tolerance, sets, ref, rep_ms):
+    """Time a frozen previous kernel side by side: ``run(inputs, config)`` at each ``{tag: config}`` of ``cases``,
+    checked against ``ref`` first; ``row[tag + "_us"]`` (or ``_error``) and ``_config``."""
+    for tag, cfg in cases.items():
+        if not cfg:
+            continue
+        try:
+            def fn(i, c=cfg):
+                return run(i, c)
+            err = rel_error(fn(sets[0]), ref)
+            if not err <= tolerance:
+                row[f"{tag}_error"] = f"wrong result: rel error {err:.3g}"
+                continue
+            row[f"{tag}_us"] = _time(fn, sets, rep_ms).median_us
+            row[f"{tag}_config"] = cfg
+        except Exception as exc:
+            row[f"{tag}_error"] = f"{type(exc).__name__}: {str(exc)[:200]}"
+
+
 def _prev_version_rows(row, shape, sets, ref, rep_ms, best_cfg):
     """The frozen previous sparse decode kernel: at its shipped tuned config and at this run's best config."""
     from benchmarks.baselines.sparse_decode_v1 import sparse_decode_v1
@@ -248,21 +267,10 @@ def _prev_version_rows(row, shape, sets, ref, rep_ms, best_cfg):
     key = nearest_key(old, kernel.shape_key(shape), kernel.batch_dim)
     cases = {"prev_shipped": old[key]["config"] if key else kernel.default_config(shape), "prev_at_best": best_cfg,
              "prev_at_issue": ISSUE_CFG}
-    for tag, cfg in cases.items():
-        if not cfg:
-            continue
-        cfg = dict(cfg, S=min(cfg["S"], 32))
-        try:
-            def fn(i, c=cfg):
-                return sparse_decode_v1(i["q"], i["kv"], i["indices"], i["sm_scale"], c, d_v=i["d_v"])
-            err = rel_error(fn(sets[0]), ref)
-            if not err <= kernel.tolerance(row["dtype"]):
-                row[f"{tag}_error"] = f"wrong result: rel error {err:.3g}"
-                continue
-            row[f"{tag}_us"] = _time(fn, sets, rep_ms).median_us
-            row[f"{tag}_config"] = cfg
-        except Exception as exc:
-            row[f"{tag}_error"] = f"{type(exc).__name__}: {str(exc)[:200]}"
+    cases = {tag: dict(cfg, S=min(cfg["S"], 32)) for tag, cfg in cases.items() if cfg}
+    _frozen_rows(row, cases, lambda i, c: sparse_decode_v1(i["q"], i["kv"], i["indices"], i["sm_scale"], c,
+                                                           d_v=i["d_v"]),
+                 kernel.tolerance(row["dtype"]), sets, ref, rep_ms)
 
 
 def _prev_gemm_rows(row, sets, ref, rep_ms, shipped_cfg, best_cfg):
@@ -270,21 +278,9 @@ def _prev_gemm_rows(row, sets, ref, rep_ms, shipped_cfg, best_cfg):
     shipped tuned config (tuned on that kernel) and at this run's best config."""
     from benchmarks.baselines.gemm_v1 import gemm_v1
 
-    kernel = get_kernel("gemm")
-    for tag, cfg in (("prev_shipped", shipped_cfg), ("prev_at_best", best_cfg)):
-        if not cfg:
-            continue
-        try:
-            def fn(i, c=cfg):
-                return gemm_v1(i["x"], i["w"], i["mode"], c, x_scale=i["x_scale"], w_scale=i["w_scale"])
-            err = rel_error(fn(sets[0]), ref)
-            if not err <= kernel.tolerance(row["dtype"]):
-                row[f"{tag}_error"] = f"wrong result: rel error {err:.3g}"
-                continue
-            row[f"{tag}_us"] = _time(fn, sets, rep_ms).median_us
-            row[f"{tag}_config"] = cfg
-        except Exception as exc:
-            row[f"{tag}_error"] = f"{type(exc).__name__}: {str(exc)[:200]}"
+    _frozen_rows(row, {"prev_shipped": shipped_cfg, "prev_at_best": best_cfg},
+                 lambda i, c: gemm_v1(i["x"], i["w"], i["mode"], c, x_scale=i["x_scale"], w_scale=i["w_scale"]),
+                 get_kernel("gemm").tolerance(row["dtype"]), sets, ref, rep_ms)
 
 
 def bench_job(job, rates, failures, deadline, rep_ms) -> list[dict]:

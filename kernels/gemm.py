@@ -56,6 +56,22 @@ def _mode(dtype) -> str:
     return name
 
 
+@triton.jit
+def sum_splits_if_last(lock, n_splits, part_ptrs, stride_ps, out_ptrs, mask):
+    """The last split of an output tile to arrive sums every split's float32 partial (``part_ptrs + s * stride_ps``)
+    into ``out_ptrs``: no second launch. Barrier, then a gpu-scope acq_rel atomic publishes this program's partial
+    stores (the split-K semaphore pattern, as in sparse_decode); the counter is reset for the next call (CUDA-graph
+    replays reuse it)."""
+    tl.debug_barrier()
+    done = tl.atomic_add(lock, 1, sem="acq_rel", scope="gpu")
+    if done == n_splits - 1:
+        total = tl.load(part_ptrs, mask=mask, other=0.0, cache_modifier=".cg")
+        for s in range(1, n_splits):
+            total += tl.load(part_ptrs + s * stride_ps, mask=mask, other=0.0, cache_modifier=".cg")
+        tl.store(out_ptrs, total.to(out_ptrs.dtype.element_ty), mask=mask)
+        tl.atomic_xchg(lock, 0)
+
+
 @triton.jit(do_not_specialize=["M", "k_per_split", "n_splits"])
 def _gemm_kernel(
     x_ptr, w_ptr, y_ptr, xs_ptr, ws_ptr, p_ptr, lock_ptr,
@@ -110,16 +126,7 @@ def _gemm_kernel(
     if SPLIT:
         tl.store(p_ptr + pid_k * stride_ps + tile, acc, mask=mask)  # float32 partial of this split
         if FUSED:
-            # last split of this output tile to finish sums the partials (semaphore pattern, as in
-            # sparse_decode): no second launch, and the counter is reset for the next call
-            tl.debug_barrier()
-            done = tl.atomic_add(lock_ptr + pid, 1, sem="acq_rel", scope="gpu")
-            if done == n_splits - 1:
-                total = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-                for s in range(n_splits):
-                    total += tl.load(p_ptr + s * stride_ps + tile, mask=mask, other=0.0, cache_modifier=".cg")
-                tl.store(y_ptr + tile, total.to(y_ptr.dtype.element_ty), mask=mask)
-                tl.atomic_xchg(lock_ptr + pid, 0)
+            sum_splits_if_last(lock_ptr + pid, n_splits, p_ptr + tile, stride_ps, y_ptr + tile, mask)
     else:
         tl.store(y_ptr + tile, acc.to(y_ptr.dtype.element_ty), mask=mask)
 
@@ -161,6 +168,15 @@ def _check(x, w, mode, x_scale, w_scale, out):
 _COUNTERS: dict[str, torch.Tensor] = {}
 
 
+def config_for(kernel: TunableKernel, shape: dict, mode: str, device, config: dict | None) -> dict:
+    """The launch config: the tuned one for ``shape`` when ``config`` is None, else ``config`` once it passes the
+    kernel's rules (``InvalidConfig`` names the rule it breaks)."""
+    if config is None:
+        return tuned_config(kernel, shape, mode, device)
+    kernel.require_config(config, shape, device, mode)
+    return config
+
+
 def _tile_counters(device, n: int) -> torch.Tensor:
     """Zeroed int32 counters, one per output tile; each launch leaves them at zero."""
     return zeroed_counters(_COUNTERS, device, n)
@@ -188,12 +204,7 @@ def gemm(
     mode = ("tf32" if x.dtype == torch.float32 else _mode(x.dtype)) if dtype is None else _mode(dtype)
     M, N, K, out_dt = _check(x, w, mode, x_scale, w_scale, out)
     fused_split_k = M <= 16 if fused_split_k is None else bool(fused_split_k)
-    shape = {"M": M, "N": N, "K": K}
-    kernel = GemmKernel.instance
-    if config is None:
-        config = tuned_config(kernel, shape, mode, x.device)
-    else:
-        kernel.require_config(config, shape, x.device, mode)
+    config = config_for(GemmKernel.instance, {"M": M, "N": N, "K": K}, mode, x.device, config)
     if out is None:
         out = torch.empty((M, N), device=x.device, dtype=out_dt)
     if M == 0 or N == 0:

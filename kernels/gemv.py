@@ -22,8 +22,7 @@ import triton
 import triton.language as tl
 
 from .base import zeroed_counters
-from .configs import tuned_config
-from .gemm import GemmKernel, _check, _mode
+from .gemm import GemmKernel, _check, _mode, config_for, sum_splits_if_last
 
 __all__ = ["GemvKernel", "gemv"]
 
@@ -59,15 +58,7 @@ def _gemv_kernel(
         acc = acc * (tl.load(xs_ptr) * tl.load(ws_ptr + offs_wn * stride_ws))
     if SPLIT:
         tl.store(p_ptr + pid_k * N + offs_n, acc, mask=n_ok)
-        # the last split of this column block to finish sums the partials (the semaphore pattern of kernels/gemm.py)
-        tl.debug_barrier()
-        done = tl.atomic_add(lock_ptr + pid_n, 1, sem="acq_rel", scope="gpu")
-        if done == n_splits - 1:
-            total = tl.zeros((BLOCK_N,), tl.float32)
-            for s in range(n_splits):
-                total += tl.load(p_ptr + s * N + offs_n, mask=n_ok, other=0.0, cache_modifier=".cg")
-            tl.store(y_ptr + offs_n, total.to(y_ptr.dtype.element_ty), mask=n_ok)
-            tl.atomic_xchg(lock_ptr + pid_n, 0)
+        sum_splits_if_last(lock_ptr + pid_n, n_splits, p_ptr + offs_n, N, y_ptr + offs_n, n_ok)
     else:
         tl.store(y_ptr + offs_n, acc.to(y_ptr.dtype.element_ty), mask=n_ok)
 
@@ -92,12 +83,7 @@ def gemv(
         raise ValueError(f"gemv: x must have one row (M=1), got M={M}; use kernels.gemm.gemm (or linear) for M > 1")
     if mode == "fp8" and x_scale.numel() != 1:
         raise ValueError(f"gemv: dtype='fp8' takes one x_scale for its one row, got {x_scale.numel()}")
-    shape = {"M": 1, "N": N, "K": K}
-    kernel = GemvKernel.instance
-    if config is None:
-        config = tuned_config(kernel, shape, mode, x.device)
-    else:
-        kernel.require_config(config, shape, x.device, mode)
+    config = config_for(GemvKernel.instance, {"M": 1, "N": N, "K": K}, mode, x.device, config)
     if out is None:
         out = torch.empty((1, N), device=x.device, dtype=out_dt)
     if N == 0:
