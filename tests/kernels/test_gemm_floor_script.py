@@ -3,11 +3,12 @@ against a float64 reference, and the configs it times."""
 
 import importlib.util
 import os
+from pathlib import Path
 
 import pytest
 import torch
-from conftest import ROOT
 
+ROOT = Path(__file__).resolve().parents[2]
 RUNNABLE = torch.cuda.is_available() or os.environ.get("TRITON_INTERPRET") == "1"
 pytestmark = pytest.mark.skipif(not RUNNABLE, reason="no CUDA and Triton was imported before TRITON_INTERPRET=1")
 DEV = "cuda" if torch.cuda.is_available() else "cpu"

@@ -2,16 +2,17 @@
 
 import importlib.util
 import os
+from pathlib import Path
 
 import pytest
 import torch
-from conftest import ROOT
 
 from kernels import check, get_kernel
 from kernels.configs import clear_cache, write_config_file
 from kernels.gemm import linear, resolve_impl, torch_linear
 from kernels.gemv import gemv
 
+ROOT = Path(__file__).resolve().parents[2]
 CUDA = torch.cuda.is_available()
 RUNNABLE = CUDA or os.environ.get("TRITON_INTERPRET") == "1"
 pytestmark = pytest.mark.skipif(not RUNNABLE, reason="no CUDA and Triton was imported before TRITON_INTERPRET=1")
