@@ -13,7 +13,8 @@ compiled and timed serially).
 GPU mode (``--gpu``, one H200; ``benchmarks/tuner_efficiency_gpu.sh`` runs it with the kernels' GPU tests in one
 command): the cases of ``GPU_CASES`` (issue 20: the sparse decode kernel at batch 1/16/64, its FP8 KV variant at batch
 1/64, the skinny GEMM at M=1/16/64 on two V4-Flash shapes as samples of its space, the indexer with the time left),
-every table HELD OUT from tuning the kernel search. Configs are compiled in helper processes
+every table HELD OUT from tuning the kernel search; ``--cases`` picks another set of ``CASE_SETS`` (the GEMM with
+aligned tile copies: its tuning tables and its held-out tables, swept to separate files). Configs are compiled in helper processes
 (``tuner.execution.compile_ahead``, nothing launched) while this process checks each config against the float32
 reference and times it with ``kernels.bench.do_bench`` (L2 flush, CUDA graphs, input rotation), the torch path beside;
 the tables are written as JSON and analysed on a CPU (``--analyze-gpu FILE``; ``--goal held_out`` reports issue 20's
