@@ -373,8 +373,8 @@ def bench_job(job, rates, failures, deadline, rep_ms) -> list[dict]:
             # the implementation a tuned file ships for this key: the library unless the Triton kernel measured faster
             triton_us = row["best_us"]
             row["impl"] = "triton" if triton_us and row["torch_us"] and triton_us < row["torch_us"] else "torch"
-            # and what a caller gets today: kernels.gemm.linear(impl="auto") with the tuned files of this checkout
-            from kernels.gemm import linear, resolve_impl
+            # and what a caller gets today: kernels.linear.linear(impl="auto") with the tuned files of this checkout
+            from kernels.linear import linear, resolve_impl
 
             def auto(i):
                 return linear(i["x"], i["w"], i["mode"], "auto", x_scale=i["x_scale"], w_scale=i["w_scale"])
@@ -495,7 +495,7 @@ def gemm_table(rows) -> list[str]:
     if not gm:
         return []
     lines = ["", "## Decode GEMMs: Triton beside the library (cuBLAS through torch; `torch._scaled_mm` for fp8)", "",
-             ("impl = what a tuned file written from this run ships for the key (`kernels.gemm.linear(impl=\"auto\")`): "
+             ("impl = what a tuned file written from this run ships for the key (`kernels.linear.linear(impl=\"auto\")`): "
              "a Triton kernel (the GEMM, or at one row the GEMV of `kernels/gemv.py`) only where it measured faster "
              "than the library. prev = the kernel before its tiles were "
              "known to be aligned (`benchmarks/baselines/gemm_v1.py`, 2-byte loads of W), at the shipped tuned config "

@@ -5,7 +5,8 @@ Importable on a GPU host without the rest of the project. Public surface::
     from kernels import get_kernel, KERNELS              # registry
     from kernels.sparse_decode import sparse_decode, sparse_decode_simt
     from kernels.indexer import indexer_scores, indexer_topk
-    from kernels.gemm import gemm, linear, torch_linear
+    from kernels.gemm import gemm, torch_linear
+    from kernels.linear import linear
     from kernels.gemv import gemv
     from kernels.glue import fused_add_rmsnorm, rope
     from kernels.configs import lookup, write_config_file

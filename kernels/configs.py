@@ -18,6 +18,7 @@ file (logged as a warning) means the kernel's default config. A tuned config tha
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import math
@@ -25,7 +26,7 @@ import os
 import re
 import tempfile
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 import torch
 import triton
@@ -103,26 +104,47 @@ def write_config_file(
 
     Written to a temporary file in the same folder, then renamed over the old one, so a reader sees
     either the old or the new content, never half of it. New entries replace old ones of the same key.
+    Writers of one folder take turns (an exclusive ``flock`` on the folder, where the OS has it), so two kernel
+    searches that tune into the same file at once both keep their entries: the read-merge-rename of one never
+    starts from a file the other is about to replace.
     """
     for key, entry in entries.items():
         if not isinstance(entry, dict) or not isinstance(entry.get("config"), dict):
             raise ValueError(f"entry for key {key!r} must be a dict with a 'config' dict, got {entry!r}")
     path = config_path(kernel_name, gpu, dtype, triton_version, directory)
     path.parent.mkdir(parents=True, exist_ok=True)
-    merged = read_config_file(path)
-    merged.update(entries)
-    fd, tmp = tempfile.mkstemp(prefix=path.name + ".", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w") as handle:
-            json.dump(merged, handle, indent=1, sort_keys=True)
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    with _folder_lock(path.parent):
+        merged = read_config_file(path)
+        merged.update(entries)
+        fd, tmp = tempfile.mkstemp(prefix=path.name + ".", suffix=".tmp", dir=path.parent)
+        try:
+            with os.fdopen(fd, "w") as handle:
+                json.dump(merged, handle, indent=1, sort_keys=True)
+                handle.flush()
+                os.fsync(handle.fileno())
+            os.replace(tmp, path)
+        except BaseException:
+            Path(tmp).unlink(missing_ok=True)
+            raise
     clear_cache()
     return path
+
+
+@contextlib.contextmanager
+def _folder_lock(folder: Path) -> Iterator[None]:
+    """An exclusive advisory lock on ``folder`` for this process and thread (``flock`` on the folder itself, so no
+    lock file is left behind); nothing where ``fcntl`` is missing."""
+    try:
+        import fcntl
+    except ImportError:  # not POSIX: writers are not serialised there
+        yield
+        return
+    fd = os.open(folder, os.O_RDONLY)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)  # closing the descriptor releases its lock
 
 
 def _parse_key(key: str) -> dict[str, int] | None:

@@ -14,12 +14,8 @@ programs to fill 132 SMs.
 Tunables: BLOCK_M, BLOCK_N, BLOCK_K, SPLIT_K, GROUP_M, num_warps, num_stages.
 ``torch_linear(x, w, dtype)`` is the cuBLAS comparison through torch (``torch._scaled_mm`` for fp8).
 
-:func:`linear` is what a model calls: ``impl="torch"`` (the library), ``"triton"`` (this kernel) or ``"auto"``,
-the implementation the tuned-config file recorded as fastest for the nearest shape key (``"impl"`` of the entry,
-written by ``benchmarks/kernels.py`` and the kernel search from side-by-side timings), the library where no entry
-names one. So a tuned configuration never ships the Triton kernel at a shape where cuBLAS measured faster.
-``impl="gemv"`` runs ``kernels/gemv.py``'s split-K GEMV (one row of x only), which the tuned file may name for
-one-row keys where it measured fastest of the three.
+``kernels.linear.linear`` is what a model calls: the library, this kernel or the one-row GEMV of ``kernels/gemv.py``,
+as the tuned file recorded fastest per shape.
 """
 
 from __future__ import annotations
@@ -31,9 +27,9 @@ import triton
 import triton.language as tl
 
 from .base import Cost, TunableKernel, device_limits, tf32_matmul, zeroed_counters
-from .configs import tuned_config, tuned_entry, tuned_impl
+from .configs import tuned_config
 
-__all__ = ["IMPLS", "MODES", "GemmKernel", "gemm", "gemm_reference", "linear", "resolve_impl", "torch_linear"]
+__all__ = ["MODES", "GemmKernel", "config_for", "gemm", "gemm_reference", "sum_splits_if_last", "torch_linear"]
 
 logger = logging.getLogger(__name__)
 
@@ -262,68 +258,6 @@ def torch_linear(x, w, dtype=None, *, x_scale=None, w_scale=None) -> torch.Tenso
         return y[:M]
     with tf32_matmul(mode == "tf32"):
         return torch.nn.functional.linear(x, w)
-
-
-IMPLS = ("auto", "torch", "triton", "gemv")
-
-
-def resolve_impl(impl: str, M: int, N: int, K: int, mode: str, device) -> str:
-    """``"torch"``, ``"triton"`` or ``"gemv"`` for ``impl``; ``"auto"`` reads the tuned GEMM file's choice for the
-    nearest key (``benchmarks/kernels.py`` names the GEMV there where it timed all three side by side). For one row,
-    a GEMV entry of the kernel search (tuned file ``gemv``, its ``impl`` "triton": it beat the library beside it) wins
-    where its speed-up over the library, measured beside it, exceeds the GEMM file's choice's. The GEMV only ever
-    runs one row: a choice recorded at M = 1 that a nearest-key lookup lends to M > 1 falls back to the library."""
-    if impl not in IMPLS:
-        raise ValueError(f"impl={impl!r} must be one of {IMPLS}")
-    if impl != "auto":
-        return impl
-    shape = {"M": M, "N": N, "K": K}
-    found = tuned_impl(GemmKernel.instance, shape, mode, device)
-    if found == "gemv" and M != 1:
-        return "torch"
-    found = found if found in ("torch", "triton", "gemv") else "torch"
-    if M == 1 and found != "gemv":
-        from .gemv import GemvKernel
-
-        gv = tuned_entry(GemvKernel.instance, shape, mode, device)
-        if gv is not None and gv.get("impl") == "triton":  # a GEMV file holds one-row keys only
-            gemv_gain = _gain(gv)
-            gemm_gain = _gain(tuned_entry(GemmKernel.instance, shape, mode, device)) if found == "triton" else 1.0
-            if gemv_gain is not None and gemv_gain > (gemm_gain or 1.0):
-                return "gemv"
-    return found
-
-
-def _gain(entry: dict | None) -> float | None:
-    """An entry's speed-up over the library, both measured side by side when it was tuned; None when unrecorded."""
-    if not entry:
-        return None
-    lib, own = entry.get("library_time_us"), entry.get("impl_triton_time_us") or entry.get("time_us")
-    return lib / own if lib and own else None
-
-
-def linear(
-    x: torch.Tensor,
-    w: torch.Tensor,
-    dtype: str | None = None,
-    impl: str = "auto",
-    config: dict | None = None,
-    *,
-    x_scale: torch.Tensor | None = None,
-    w_scale: torch.Tensor | None = None,
-) -> torch.Tensor:
-    """``x @ w.T`` through the library, the Triton GEMM or the one-row GEMV (``impl``: auto, torch, triton, gemv;
-    see the module doc). ``config`` applies to the Triton kernel that runs (a GEMM or a GEMV config)."""
-    mode = ("tf32" if x.dtype == torch.float32 else _mode(x.dtype)) if dtype is None else _mode(dtype)
-    M, N, K, _ = _check(x, w, mode, x_scale, w_scale, None)
-    chosen = resolve_impl(impl, M, N, K, mode, x.device)
-    if chosen == "torch":
-        return torch_linear(x, w, mode, x_scale=x_scale, w_scale=w_scale)
-    if chosen == "gemv":
-        from .gemv import gemv
-
-        return gemv(x, w, mode, config, x_scale=x_scale, w_scale=w_scale)
-    return gemm(x, w, mode, config, x_scale=x_scale, w_scale=w_scale)
 
 
 def gemm_reference(x, w, dtype=None, x_scale=None, w_scale=None) -> torch.Tensor:

@@ -11,7 +11,7 @@ Measured on an H200 beside the library and ``kernels/gemm.py`` in one run (``ben
 ``benchmarks/results/kernels_gemv_h200.md``): faster than both at every V4-Flash decode shape at M = 1, bf16 and fp8.
 
 Modes and inputs as ``kernels.gemm`` (fp32/tf32 run in float32 arithmetic, fp8 e4m3 with float32 scales per tensor
-or per row). The tuned choice of ``kernels.gemm.linear(impl="auto")`` may name it (``"gemv"``) for one-row keys.
+or per row). The tuned choice of ``kernels.linear.linear(impl="auto")`` may name it (``"gemv"``) for one-row keys.
 Tunables: BLOCK_N, BLOCK_K, SPLIT_K, num_warps.
 """
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from kernels.configs import clear_cache, config_path, read_config_file
-from kernels.gemm import resolve_impl
+from kernels.linear import resolve_impl
 from search_spaces import Hardware
 from tuner.search.context import SearchOptions
 from tuner.search.kernel_search import KernelCase, KernelCaseResult, _write, choose_impl, tune_cases

@@ -62,7 +62,7 @@ def test_fused_and_two_pass_split_k_agree_and_counters_reset():
 
 def test_linear_implementations_agree_and_auto_follows_the_tuned_file(tmp_path, monkeypatch):
     from kernels import configs
-    from kernels.gemm import linear, resolve_impl
+    from kernels.linear import linear, resolve_impl
 
     x = torch.randn(3, 96, device=DEV)
     w = torch.randn(40, 96, device=DEV)

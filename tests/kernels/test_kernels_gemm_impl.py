@@ -1,5 +1,5 @@
 """The workload's `gemm_impl` knob: every linear of the twin through the library (torch) or the Triton skinny GEMM
-(kernels.gemm.linear; on a CPU in Triton's interpreter, float32 and float16), the same numbers either way."""
+(kernels.linear.linear; on a CPU in Triton's interpreter, float32 and float16), the same numbers either way."""
 
 from __future__ import annotations
 

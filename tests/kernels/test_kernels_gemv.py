@@ -9,8 +9,9 @@ import torch
 
 from kernels import check, get_kernel
 from kernels.configs import clear_cache, write_config_file
-from kernels.gemm import linear, resolve_impl, torch_linear
+from kernels.gemm import torch_linear
 from kernels.gemv import gemv
+from kernels.linear import linear, resolve_impl
 
 ROOT = Path(__file__).resolve().parents[2]
 CUDA = torch.cuda.is_available()

@@ -123,7 +123,7 @@ class KernelCaseResult:
         entry = {"config": self.config, "time_us": self.time_us, "default_time_us": self.default_time_us,
                  "spread": self.spread, "status": self.status, "study": self.study, "trials": self.trials,
                  "tuned_at": datetime.now(timezone.utc).isoformat(timespec="seconds")}
-        if self.impl is not None:  # read by kernels.configs.tuned_impl (kernels.gemm.linear(impl="auto"))
+        if self.impl is not None:  # read by kernels.configs.tuned_impl (kernels.linear.linear(impl="auto"))
             entry.update(impl=self.impl, library_time_us=self.library_time_us,
                          impl_triton_time_us=self.impl_triton_time_us)
         return entry

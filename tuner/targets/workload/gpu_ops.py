@@ -83,11 +83,11 @@ def triton_moe(knobs: dict[str, Any]) -> Callable[..., torch.Tensor]:
 
 
 def kernel_linear(lin: Any, x: torch.Tensor) -> torch.Tensor:
-    """``lin(x)`` (a :class:`tuner.targets.workload.ops.Linear`) through ``kernels.gemm.linear`` with ``lin.impl``
+    """``lin(x)`` (a :class:`tuner.targets.workload.ops.Linear`) through ``kernels.linear.linear`` with ``lin.impl``
     (``triton``: the Triton skinny GEMM at its tuned config; ``auto``: per shape, whichever the tuned-config file
     recorded as faster, the library where none is recorded). The same dtypes as the torch path: fp8 quantises ``x``
     per row against the weight's per-channel scales, as the torch path does, and returns bf16 cast to ``x``'s dtype."""
-    from kernels.gemm import linear
+    from kernels.linear import linear
 
     out_dtype = x.dtype
     x2 = x.reshape(-1, x.shape[-1])

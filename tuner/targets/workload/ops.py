@@ -21,7 +21,7 @@ GEMM_DTYPES = {"fp32": torch.float32, "tf32": torch.float32, "bf16": torch.bfloa
 GEMM_IMPLS = ("torch", "triton", "auto")
 """Who runs a linear (knob ``gemm_impl``): the library through torch (cuBLAS; ``torch._scaled_mm`` for fp8), the Triton
 skinny GEMM of ``kernels/gemm.py``, or ``auto``: per shape, what the tuned-config file recorded as fastest
-(``kernels.gemm.linear``: the library, the GEMM, or at one row the GEMV of ``kernels/gemv.py``; the library where no
+(``kernels.linear.linear``: the library, the GEMM, or at one row the GEMV of ``kernels/gemv.py``; the library where no
 entry names one)."""
 
 
@@ -31,7 +31,7 @@ class Linear:
     each activation row (token) on the fly, as fp8 serving does (DeepSeek's checkpoints scale 128-wide blocks; one
     scale per whole tensor, as this twin first did, let a small token or channel sink into e4m3's subnormals: 0.20-0.34
     rel. error for the fp8 MoE over 12 seeds on an H200, against a 0.25 tolerance). ``impl``: one of
-    :data:`GEMM_IMPLS`; anything but ``torch`` runs through ``kernels.gemm.linear`` (a GPU)."""
+    :data:`GEMM_IMPLS`; anything but ``torch`` runs through ``kernels.linear.linear`` (a GPU)."""
 
     weight: torch.Tensor  # [out, in]
     dtype_name: str
