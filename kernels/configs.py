@@ -59,9 +59,12 @@ def config_dir() -> Path:
 
 
 def gpu_name(device: Any = None) -> str:
-    """GPU name as torch reports it ("NVIDIA H200"), or "cpu" without CUDA."""
+    """GPU name as torch reports it ("NVIDIA H200"), or "cpu" without CUDA or for a device that is not a GPU (a CPU
+    tensor's lookup on a GPU host reads the CPU's files: torch would raise for it)."""
+    if device is not None and torch.device(device).type not in ("cuda", "meta"):
+        return "cpu"
     if torch.cuda.is_available():
-        return torch.cuda.get_device_name(device)
+        return torch.cuda.get_device_name(None if device is None or torch.device(device).type == "meta" else device)
     return "cpu"
 
 

@@ -142,3 +142,19 @@ def test_shipped_tuned_files_hold_runnable_configs(monkeypatch):
             why = kernel.check_config({**kernel.default_config(shape), **entry["config"]}, shape, dtype=dtype)
             assert why is None, (path.name, key, why)
             assert entry["time_us"] <= entry["default_time_us"] * 1.02
+
+
+def test_gpu_name_of_a_cpu_device_is_cpu_on_a_gpu_host_too(monkeypatch):
+    """On the H200 host, resolving a CPU tensor's implementation asked torch for the name of device "cpu", which
+    raises ("Expected a cuda device"); a CPU device reads the CPU's tuned files wherever it runs."""
+    import torch
+
+    def name(device=None):
+        if device is not None and torch.device(device).type != "cuda":
+            raise ValueError(f"Expected a cuda device, but got: {device}")
+        return "NVIDIA H200"
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "get_device_name", name)
+    assert configs.gpu_name("cpu") == "cpu" and configs.gpu_name(torch.device("cpu")) == "cpu"
+    assert configs.gpu_name() == configs.gpu_name("cuda") == configs.gpu_name("cuda:0") == "NVIDIA H200"
