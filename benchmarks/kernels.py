@@ -370,10 +370,8 @@ def bench_job(job, rates, failures, deadline, rep_ms) -> list[dict]:
         if kernel.name == "gemm" and row["dtype"] in ("bfloat16", "float8_e4m3fn"):
             _prev_gemm_rows(row, sets, ref, rep_ms, shipped, row["best_config"])
         if kernel.name == "gemm":
-            # the implementation a tuned file ships for this key: the library unless the Triton kernel measured faster
-            triton_us = row["best_us"]
-            row["impl"] = "triton" if triton_us and row["torch_us"] and triton_us < row["torch_us"] else "torch"
-            # and what a caller gets today: kernels.linear.linear(impl="auto") with the tuned files of this checkout
+            # what a caller gets today (the implementation a tuned file ships is chosen once every row is in:
+            # choose_gemm_impls): kernels.linear.linear(impl="auto") with the tuned files of this checkout
             from kernels.linear import linear, resolve_impl
 
             def auto(i):
@@ -484,9 +482,14 @@ def choose_gemm_impls(rows) -> None:
             continue
         g = gemv.get((r["dtype"], r["key"]))
         r["gemv_us"] = g["best_us"] if g else None
-        times = {"torch": r["torch_us"], "triton": r["best_us"], "gemv": r["gemv_us"]}
-        times = {k: v for k, v in times.items() if v}
+        times = _impl_times(r)
         r["impl"] = min(times, key=times.get) if times else "torch"
+
+
+def _impl_times(r) -> dict[str, float]:
+    """A GEMM row's measured time per implementation: the library, the GEMM's best, the GEMV's best (where timed)."""
+    times = {"torch": r["torch_us"], "triton": r["best_us"], "gemv": r.get("gemv_us")}
+    return {k: v for k, v in times.items() if v}
 
 
 def gemm_table(rows) -> list[str]:
@@ -505,8 +508,7 @@ def gemm_table(rows) -> list[str]:
              "shipped choice µs | linear(auto) at run time: impl, µs |"),
              "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
     for r in gm:
-        found = [x for x in (r["torch_us"], r["best_us"], r.get("gemv_us")) if x]
-        chosen = min(found) if found else None
+        chosen = min(_impl_times(r).values(), default=None)
         lines.append(f"| {r['dtype']} | {_shape_text(r['shape'])} | {_f(r['floor_us'])} | {_f(r['torch_us'])} | "
                      f"{_f(r.get('prev_shipped_us'))} | {_f(r.get('prev_at_best_us'))} | "
                      f"{_f(r.get('shipped_us'))} | {_f(r['best_us'])} | {_f(r.get('gemv_us'))} | "
@@ -535,7 +537,7 @@ def aims(rows) -> list[str]:
             ratio = r["best_us"] / r["floor_us"]
             out.append(f"- indexer {r['dtype']} B={r['shape']['batch']} 64K rows within 1.5x of floor: {ratio:.2f}x -> {'met' if ratio <= 1.5 else f'missed by {ratio / 1.5:.2f}x'}")
         if r["kernel"] == "gemm" and r["dtype"] in ("bfloat16", "float8_e4m3fn") and r["torch_us"]:
-            chosen = min(x for x in (r["torch_us"], r["best_us"], r.get("gemv_us")) if x)
+            chosen = min(_impl_times(r).values())
             out.append(f"- gemm {r['dtype']} {r['key']}: shipped choice ({r.get('impl')}) {chosen:.1f} us vs library "
                        f"{r['torch_us']:.1f} us -> {'never slower' if chosen <= r['torch_us'] else 'slower'}")
     return out

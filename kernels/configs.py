@@ -222,7 +222,7 @@ def lookup_entry(kernel_name: str, shape: dict, dtype, device: Any = None) -> di
     kernel = get_kernel(kernel_name)
     entries = read_config_file(config_path(kernel_name, gpu_name(device), dtype))
     found = nearest_key(entries, kernel.shape_key(shape), kernel.batch_dim)
-    return dict(entries[found], key=found) if found is not None else None
+    return dict(entries[found]) if found is not None else None
 
 
 def lookup_impl(kernel_name: str, shape: dict, dtype, device: Any = None) -> str | None:
