@@ -22,7 +22,6 @@ import argparse
 import datetime as dt
 import itertools
 import json
-import os
 import sys
 import time
 from pathlib import Path
@@ -75,8 +74,9 @@ def _gemv_configs(shape):
 
 
 def run(deadline_s: float, rep_ms: float) -> dict:
-    from kernels.base import rel_error
-    from kernels.bench import do_bench, measure_copy_bandwidth, measure_launch_us
+    from benchmarks.kernels import _time, git_commit
+    from kernels.base import classify_failure, rel_error
+    from kernels.bench import measure_copy_bandwidth, measure_launch_us
     from kernels.configs import lookup
     from kernels.gemm import GemmKernel, gemm, torch_linear
     from kernels.gemv import gemv
@@ -87,8 +87,8 @@ def run(deadline_s: float, rep_ms: float) -> dict:
     launch = measure_launch_us().median_us
     rows = []
 
-    def time_it(fn, sets):
-        return do_bench(fn, sets, rep_ms=rep_ms, max_reps=300, cuda_graph=True).median_us
+    def time_it(fn, sets):  # as benchmarks/kernels.py times every kernel
+        return _time(fn, sets, rep_ms).median_us
 
     shapes = _shapes()
     for i, shape in enumerate(shapes):
@@ -120,7 +120,7 @@ def run(deadline_s: float, rep_ms: float) -> dict:
                 else:
                     rec.update(outcome="ok", time_us=time_it(fn, sets))
             except Exception as exc:  # noqa: BLE001 - a failed config is data
-                rec.update(outcome="failed", error=f"{type(exc).__name__}: {str(exc)[:200]}")
+                rec.update(outcome=classify_failure(exc), error=f"{type(exc).__name__}: {str(exc)[:200]}")
             row["trials"].append(rec)
 
         for cfg in _long_k_configs(shape):
@@ -145,7 +145,7 @@ def run(deadline_s: float, rep_ms: float) -> dict:
         torch.cuda.empty_cache()
     meta = {"date": dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"), "gpu": torch.cuda.get_device_name(0),
             "torch": torch.__version__, "triton": triton.__version__, "bw": bw, "launch_us": launch,
-            "commit": os.environ.get("KERNELS_GIT_COMMIT", "unknown"), "wall_s": time.time() - start}
+            "commit": git_commit(), "wall_s": time.time() - start}
     return {"meta": meta, "rows": rows}
 
 
