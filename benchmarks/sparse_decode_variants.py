@@ -12,6 +12,11 @@ is computed:
   and no split-K partials for it (the float32 partials of S = 2 at batch 64 are 34 MB written and read again).
   Measured 2026-11-30 at c9272ae: slower but for an fp8 cache at batch 1
   (``benchmarks/results/sparse_decode_variants_h200.md``); off by default.
+* ``idx_ahead``: each tile's indices are loaded one iteration early, so the gather's address round trip overlaps the
+  previous tile's products (the compiled loop had the next tile's index load, a plain ``ld.global``, right before
+  its gather, after this tile's products).
+* ``qk_ahead``: the next tile's gather and QK product are issued before this tile's softmax and PV product, so the
+  asynchronous tensor-core work of one tile can overlap the vector work of the other (16-bit caches only).
 
 Each case (V4-Flash shapes: 64 heads, one 512-wide K=V latent, 640 rows; batch 1, 16, 64; bf16 and fp8 caches)
 times its configs: the shipped tuned config, the default, the fastest of the exhaustive H200 sweep of the shipped
@@ -45,17 +50,19 @@ SWEEP = ROOT / "benchmarks" / "results" / "data" / "tuner_efficiency_h200_issue2
 CASES = [("bfloat16", 1), ("bfloat16", 16), ("bfloat16", 64), ("float8_e4m3fn", 1), ("float8_e4m3fn", 16),
          ("float8_e4m3fn", 64)]
 VARIANTS = {"base": {}, "prefetch_next": {"prefetch_next": True}, "v_split=2": {"v_split": 2},
-            "v_split=4": {"v_split": 4}}
+            "v_split=4": {"v_split": 4}, "idx_ahead": {"idx_ahead": True}, "qk_ahead": {"qk_ahead": True}}
 GOALS = {1: 9.0, 16: 12.0, 64: 17.0}  # issue 20, bf16 cache, µs
 TOP = 8
 GRID = {"S": [1, 2, 4], "BLOCK_H": [16, 32, 64], "BLOCK_T": [32, 64], "num_warps": [4, 8], "num_stages": [2]}
+DTYPES = sorted({d for d, _ in CASES})
 
 
 def _key(c: dict) -> str:
     return json.dumps(c, sort_keys=True)
 
 
-def case_configs(dtype: str, batch: int, sweep: dict, shipped: dict, default: dict, grid: bool = False) -> list[dict]:
+def case_configs(dtype: str, batch: int, sweep: dict, shipped: dict, default: dict, grid: bool = False,
+                 stages: tuple = (2,)) -> list[dict]:
     """The shipped config, the default, the sweep's fastest configs for this case, then the grid (see the doc)."""
     tables = [c for c in sweep["cases"] if c["dtype"] == dtype and c["shape"]["batch"] == batch]
     if not tables:
@@ -68,7 +75,7 @@ def case_configs(dtype: str, batch: int, sweep: dict, shipped: dict, default: di
         for bh in (16, 32, 64):
             picked += [r["config"] for r in ok if r["config"]["BLOCK_H"] == bh][:1]
     if grid:
-        picked += [dict(zip(GRID, values)) for values in itertools.product(*GRID.values())]
+        picked += [dict(zip(GRID, values)) for values in itertools.product(*{**GRID, "num_stages": list(stages)}.values())]
     out, seen = [], set()
     for c in picked:
         if _key(c) not in seen:
@@ -102,7 +109,8 @@ def _compile(task: tuple) -> tuple:
         return task, time.perf_counter() - t0, f"{type(exc).__name__}: {str(exc)[:160]}"
 
 
-def measure(variants: list[str], grid: bool, helpers: int, rep_ms: float, json_path: Path | None = None) -> dict:
+def measure(variants: list[str], grid: bool, helpers: int, rep_ms: float, json_path: Path | None = None,
+            dtypes: tuple = tuple(DTYPES), stages: tuple = (2,)) -> dict:
     """Compile, check and time every case (see the module doc); the JSON is rewritten after each case."""
     import multiprocessing as mp
 
@@ -122,10 +130,10 @@ def measure(variants: list[str], grid: bool, helpers: int, rep_ms: float, json_p
     base = kernel.shapes("v4flash")[0]
     names = ["base", *[v for v in variants if v != "base"]]
     plan = []
-    for dtype, batch in CASES:
+    for dtype, batch in [(d, b) for d, b in CASES if d in dtypes]:
         shape = dict(base, batch=batch)
         shipped = lookup("sparse_decode", shape, dtype, "cuda")
-        configs = case_configs(dtype, batch, sweep, shipped, kernel.default_config(shape), grid and batch > 1)
+        configs = case_configs(dtype, batch, sweep, shipped, kernel.default_config(shape), grid and batch > 1, stages)
         configs = [c for c in configs if kernel.check_config(c, shape, None, dtype) is None]
         plan.append((dtype, shape, configs, shipped))
     t0 = time.time()
@@ -143,7 +151,8 @@ def measure(variants: list[str], grid: bool, helpers: int, rep_ms: float, json_p
     meta = {"date": dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"), "gpu": torch.cuda.get_device_name(),
             "torch": torch.__version__, "triton": triton.__version__,
             "commit": _commit(), "copy_tb_s": copy_tb_s,
-            "compile_s": time.time() - t0, "rep_ms": rep_ms, "variants": names, "grid": grid}
+            "compile_s": time.time() - t0, "rep_ms": rep_ms, "variants": names, "grid": grid,
+            "grid_stages": list(stages)}
     for dtype, shape, configs, shipped in plan:
         sets = [kernel.make_inputs(shape, dtype, "cuda", seed=1 + k) for k in range(4)]
         outs = [kernel.output_like(s) for s in sets]
@@ -235,7 +244,8 @@ def report(data: dict, source: str) -> str:
         "described in the script's docstring",
         "- configs: the shipped tuned config, the default, the fastest configs of the exhaustive sweep of the shipped "
         "kernel (`tuner_efficiency_h200_issue20_sd2.json`)" + (", and a grid over S, BLOCK_H, BLOCK_T, num_warps at "
-                                                               "batch 16 and 64" if m.get("grid") else ""), "",
+                                                               "batch 16 and 64" if m.get("grid") else "")
+        + (f" (num_stages {', '.join(map(str, m['grid_stages']))})" if m.get("grid") and m.get("grid_stages") else ""), "",
         "| cache | batch | floor µs | torch µs | base shipped µs | base best µs | "
         + " | ".join(f"{v} best µs | base best / {v} best" for v in others)
         + " | fastest of all / floor | torch / fastest | goal (bf16) | fastest config |",
@@ -277,6 +287,8 @@ def main(argv=None) -> int:
                     "sparse_decode_variants_h200.md)")
     ap.add_argument("--variants", default="v_split=2,v_split=4", help=f"comma-separated, of {sorted(VARIANTS)}")
     ap.add_argument("--grid", action="store_true", help="also time the grid of configs at batch 16 and 64")
+    ap.add_argument("--stages", default="2", help="the grid's num_stages values, comma-separated (default 2)")
+    ap.add_argument("--dtypes", default=",".join(DTYPES), help=f"the caches to time, comma-separated, of {DTYPES}")
     ap.add_argument("--helpers", type=int, default=max(1, (os.cpu_count() or 2) - 2))
     ap.add_argument("--rep-ms", type=float, default=30.0)
     args = ap.parse_args(argv)
@@ -286,6 +298,17 @@ def main(argv=None) -> int:
         print(out.read_text())
         return 0
     variants = [v.strip() for v in args.variants.split(",") if v.strip()]
+    dtypes = tuple(d.strip() for d in args.dtypes.split(",") if d.strip())
+    if not dtypes or any(d not in DTYPES for d in dtypes):
+        print(f"error: --dtypes {args.dtypes!r}: give some of {DTYPES}, comma-separated", file=sys.stderr)
+        return 2
+    try:
+        stages = tuple(int(x) for x in args.stages.split(","))
+    except ValueError:
+        stages = ()
+    if not stages or any(n not in (1, 2, 3, 4) for n in stages):
+        print(f"error: --stages {args.stages!r}: give num_stages values from 1 to 4, comma-separated", file=sys.stderr)
+        return 2
     unknown = [v for v in variants if v not in VARIANTS]
     if unknown or not args.json:
         print(f"error: give --json OUT.json (measure, on a GPU) or --report-from FILE.json; --variants from "
@@ -296,7 +319,7 @@ def main(argv=None) -> int:
     if not torch.cuda.is_available():
         print("error: measuring needs a CUDA GPU; on a CPU use --report-from FILE.json", file=sys.stderr)
         return 2
-    data = measure(variants, args.grid, args.helpers, args.rep_ms, args.json)
+    data = measure(variants, args.grid, args.helpers, args.rep_ms, args.json, dtypes, stages)
     args.json.write_text(json.dumps(data, indent=1))
     print(report(data, str(args.json)))
     return 0

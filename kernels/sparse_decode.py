@@ -91,7 +91,7 @@ def _sparse_decode_kernel(
     BLOCK_H: tl.constexpr, BLOCK_T: tl.constexpr, DIRECT: tl.constexpr, FUSED_COMBINE: tl.constexpr,
     KV_SCALED: tl.constexpr, PREFETCH: tl.constexpr, PDL: tl.constexpr,
     PREFETCH_NEXT: tl.constexpr = False, LINES: tl.constexpr = 8, LINE_ELTS: tl.constexpr = 64,
-    V_SPLIT: tl.constexpr = 1,
+    V_SPLIT: tl.constexpr = 1, IDX_AHEAD: tl.constexpr = False, QK_AHEAD: tl.constexpr = False,
 ):
     # fastest: the column parts, then the head blocks of one (request, split): they read the same rows, share L2
     pid_h = tl.program_id(0) // V_SPLIT
@@ -125,9 +125,29 @@ def _sparse_decode_kernel(
     m_i = tl.full([BLOCK_H], float("-inf"), tl.float32)
     l_i = tl.zeros([BLOCK_H], tl.float32)
     acc = tl.zeros([BLOCK_H, DVC], tl.float32)
-    for t0 in range(start, end, BLOCK_T):
+    if QK_AHEAD:
+        # the next tile's gather and QK product are issued before this tile's softmax and PV product, so that the
+        # (asynchronous) tensor-core work of one overlaps the other's vector work (bf16/fp16 cache, one V part only)
+        kv_c, valid_c, safe_c = _gather_tile(kv_ptr, idx_base, start, end, num_rows, stride_kv, offs_d, BLOCK_T)
+        s_c = _tile_scores(q, q_tail if DT > 0 else q, kv_c, valid_c, safe_c, kv_ptr, stride_kv, qk_scale, DV, DT, D_TAIL)
+        for t0 in range(start + BLOCK_T, end, BLOCK_T):
+            kv_n, valid_n, safe_n = _gather_tile(kv_ptr, idx_base, t0, end, num_rows, stride_kv, offs_d, BLOCK_T)
+            s_n = _tile_scores(q, q_tail if DT > 0 else q, kv_n, valid_n, safe_n, kv_ptr, stride_kv, qk_scale, DV, DT, D_TAIL)
+            m_i, l_i, acc = _online_pv(s_c, kv_c, m_i, l_i, acc)
+            kv_c = kv_n
+            s_c = s_n
+        m_i, l_i, acc = _online_pv(s_c, kv_c, m_i, l_i, acc)
+    if IDX_AHEAD:
+        rows_next = tl.load(idx_base + start + tl.arange(0, BLOCK_T), mask=start + tl.arange(0, BLOCK_T) < end, other=-1)
+    for t0 in range(start, end if not QK_AHEAD else start, BLOCK_T):
         offs_t = t0 + tl.arange(0, BLOCK_T)
-        rows = tl.load(idx_base + offs_t, mask=offs_t < end, other=-1)
+        if IDX_AHEAD:
+            # this tile's indices were loaded one iteration ago; the next tile's load overlaps this tile's work
+            rows = rows_next
+            nxt = offs_t + BLOCK_T
+            rows_next = tl.load(idx_base + nxt, mask=nxt < end, other=-1)
+        else:
+            rows = tl.load(idx_base + offs_t, mask=offs_t < end, other=-1)
         valid = (rows >= 0) & (rows < num_rows)
         safe = tl.where(valid, rows, 0).to(tl.int64)
         row_ptr = kv_ptr + safe[:, None] * stride_kv
@@ -194,6 +214,43 @@ def _sparse_decode_kernel(
                               out_ptr + pid_b.to(tl.int64) * stride_ob, offs_h, h_mask, offs_d, n_splits,
                               stride_ps, stride_ph, stride_ls, stride_oh, BLOCK_H, DV, ".cg")
                 tl.atomic_xchg(lock, 0)  # ready for the next call (CUDA-graph replays reuse the counters)
+
+
+@triton.jit
+def _gather_tile(kv_ptr, idx_base, t0, end, num_rows, stride_kv, offs_d, BLOCK_T: tl.constexpr):
+    """Rows ``t0 .. t0 + BLOCK_T`` of this split: (the [BLOCK_T, DV] tile, valid mask, safe row numbers)."""
+    offs_t = t0 + tl.arange(0, BLOCK_T)
+    rows = tl.load(idx_base + offs_t, mask=offs_t < end, other=-1)
+    valid = (rows >= 0) & (rows < num_rows)
+    safe = tl.where(valid, rows, 0).to(tl.int64)
+    kv = tl.load(kv_ptr + safe[:, None] * stride_kv + offs_d[None, :], mask=valid[:, None], other=0.0)
+    return kv, valid, safe
+
+
+@triton.jit
+def _tile_scores(q, q_tail, kv, valid, safe, kv_ptr, stride_kv, qk_scale, DV: tl.constexpr, DT: tl.constexpr,
+                 D_TAIL: tl.constexpr):
+    """[BLOCK_H, BLOCK_T] scores in log2 units, -inf where a row is padding."""
+    s = tl.dot(q, tl.trans(kv))
+    if DT > 0:
+        offs_e = tl.arange(0, DT)
+        e_mask = offs_e < D_TAIL
+        k_tail = tl.load(kv_ptr + safe[:, None] * stride_kv + DV + offs_e[None, :], mask=valid[:, None] & e_mask[None, :],
+                         other=0.0)
+        s += tl.dot(q_tail, tl.trans(k_tail.to(q.dtype)))
+    return tl.where(valid[None, :], s * qk_scale, float("-inf"))
+
+
+@triton.jit
+def _online_pv(s, v, m_i, l_i, acc):
+    """One online-softmax step: fold the [BLOCK_H, BLOCK_T] scores ``s`` and their rows ``v`` into (m, l, acc)."""
+    m_new = tl.maximum(m_i, tl.max(s, 1))
+    m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+    alpha = tl.exp2(m_i - m_safe)
+    p = tl.exp2(s - m_safe[:, None])
+    l_i = l_i * alpha + tl.sum(p, 1)
+    acc = tl.dot(p.to(v.dtype), v, acc * alpha[:, None])
+    return m_new, l_i, acc
 
 
 @triton.jit
@@ -372,6 +429,8 @@ def sparse_decode(
     pdl: bool | None = None,
     prefetch_next: bool = False,
     v_split: int = 1,
+    idx_ahead: bool = False,
+    qk_ahead: bool = False,
 ) -> torch.Tensor:
     """Sparse MQA decode attention; returns ``[batch, heads, d_v]`` in ``q.dtype``.
 
@@ -399,10 +458,17 @@ def sparse_decode(
     v_split=2's best against the shipped path's 0.96x at batch 1, 0.77x at 16, 0.55x at 64 with a bf16 cache; 1.05x
     only for an fp8 cache at batch 1), so what bounds the kernel is the per-row work of the scores (gather, QK
     product, softmax), not the accumulator. Kept, like ``prefetch_next``, to re-measure on other GPUs.
+    ``idx_ahead``: load each tile's indices one iteration early (a loop-carried tile), so that the gather's
+    address round trip to DRAM overlaps the previous tile's products instead of preceding its own gather.
+    ``qk_ahead``: gather the next tile and issue its QK product before this tile's softmax and PV product (the
+    next tile's scores are carried to the next iteration), so the asynchronous tensor-core work of one tile can
+    overlap the vector work of the other; a 16-bit cache and ``v_split=1`` only.
     """
     B, H, d_qk, d_v = _check_args(q, kv, indices, d_v, out, kv_scale)
     if v_split not in (1, 2, 4) or d_v // v_split < 16:
         raise ValueError(f"v_split={v_split} must be 1, 2 or 4 with d_v / v_split >= 16 (d_v={d_v})")
+    if qk_ahead and (kv_scale is not None or v_split != 1 or prefetch_next):
+        raise ValueError("qk_ahead needs a 16-bit kv cache, v_split=1 and prefetch_next=False: drop qk_ahead or those")
     if v_split > 1 and fused_combine:
         raise ValueError("v_split > 1 merges through the combine kernel: pass fused_combine=False")
     topk = indices.shape[1]
@@ -448,7 +514,7 @@ def sparse_decode(
         DV=d_v, DT=DT, D_TAIL=D_TAIL, BLOCK_H=BLOCK_H, BLOCK_T=BLOCK_T, DIRECT=direct,
         FUSED_COMBINE=bool(fused_combine and not direct), KV_SCALED=kv_scale is not None,
         PREFETCH=on_gpu, PDL=pdl, PREFETCH_NEXT=prefetch_next, LINES=lines, LINE_ELTS=128 // kv.element_size(),
-        V_SPLIT=v_split, num_warps=config["num_warps"], num_stages=config["num_stages"],
+        V_SPLIT=v_split, IDX_AHEAD=bool(idx_ahead), QK_AHEAD=bool(qk_ahead), num_warps=config["num_warps"], num_stages=config["num_stages"],
     )
     if not direct and not fused_combine:
         s_pad = triton.next_power_of_2(S)

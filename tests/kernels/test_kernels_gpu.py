@@ -222,6 +222,24 @@ def test_sparse_decode_next_tile_prefetch_leaves_the_output_bit_identical():
             assert rel_error(outs[1], ref) <= SD.tolerance(dtype), (dtype, cfg)
 
 
+def test_sparse_decode_ahead_schedules_match_the_reference_at_v4_flash_shapes():
+    """idx_ahead and qk_ahead reorder the loop only: bf16 cache, ragged padding, several tiles per split, the
+    mma.sync and the wgmma paths; into NaN-poisoned outputs, against the float32 reference and the plain loop."""
+    from kernels.base import rel_error
+    from kernels.sparse_decode import sparse_decode
+
+    shape = dict(SD.shapes("v4flash")[0], batch=5, ragged=1)
+    i = SD.make_inputs(shape, "bfloat16", "cuda", seed=12)
+    ref = SD.reference(i)
+    for cfg in (_sd(1, 16, 64, 4, 2), _sd(2, 32, 128, 4, 2), _sd(2, 64, 64, 8, 2), _sd(4, 64, 32, 8, 3)):
+        plain = sparse_decode(i["q"], i["kv"], i["indices"], i["sm_scale"], cfg, d_v=512)
+        for opt in ("idx_ahead", "qk_ahead"):
+            out = torch.full((5, 64, 512), float("nan"), device="cuda", dtype=torch.bfloat16)
+            got = sparse_decode(i["q"], i["kv"], i["indices"], i["sm_scale"], cfg, d_v=512, out=out, **{opt: True})
+            assert rel_error(got, ref) <= SD.tolerance("bfloat16"), (opt, cfg)
+            assert torch.allclose(got.float(), plain.float(), rtol=2e-2, atol=2e-2), (opt, cfg)
+
+
 @pytest.mark.parametrize("mode", ["bf16", "fp16", "fp32", "fp8"])
 def test_gemv_decode_shapes(mode):
     """The one-row GEMV at the V4-Flash decode shapes (default config, and a split config with a ragged N and K),

@@ -257,3 +257,51 @@ def test_v_split_errors_name_the_argument():
         sparse_decode(*args, config=_cfg(2), v_split=3)
     with pytest.raises(ValueError, match=r"v_split > 1 .* fused_combine=False"):
         sparse_decode(*args, config=_cfg(2), v_split=2, fused_combine=True)
+
+
+@pytest.mark.parametrize("option", ["idx_ahead", "qk_ahead"])
+@pytest.mark.parametrize("cfg", [_cfg(1), _cfg(3), _cfg(2, 32, 16, 8, 2), _cfg(1, 16, 32)], ids=str)
+def test_ahead_schedules_give_the_attention_into_a_poisoned_output(option, cfg):
+    """idx_ahead (indices one tile early) and qk_ahead (the next tile's QK before this tile's softmax) only reorder
+    the loop: with ragged padding, splits of one to three tiles and a last tile partly past the split's end, every
+    output is written and within tolerance of the float64 reference, and agrees with the plain schedule."""
+    from kernels.base import rel_error
+
+    for dtype in ("float16", "float32"):
+        inputs = MMA.make_inputs(dict(SHAPE, heads=20), dtype, DEV, seed=13)
+        out = MMA.output_like(inputs).fill_(float("nan"))
+        sparse_decode(inputs["q"], inputs["kv"], inputs["indices"], inputs["sm_scale"], cfg, d_v=inputs["d_v"],
+                      out=out, **{option: True})
+        assert torch.isfinite(out).all(), (option, cfg, dtype)
+        assert rel_error(out, MMA.reference(inputs)) <= MMA.tolerance(dtype), (option, cfg, dtype)
+        plain = sparse_decode(inputs["q"], inputs["kv"], inputs["indices"], inputs["sm_scale"], cfg, d_v=inputs["d_v"])
+        assert torch.allclose(out.float(), plain.float(), rtol=1e-3, atol=1e-3), (option, cfg, dtype)
+
+
+@pytest.mark.parametrize("option", ["idx_ahead", "qk_ahead"])
+def test_ahead_schedules_with_a_rope_tail(option):
+    from kernels.base import rel_error
+
+    tail = MMA.make_inputs(dict(SHAPE, d_qk=80, d_v=64), "float32", DEV, seed=5)  # V is the first 64 of 80 columns
+    got = sparse_decode(tail["q"], tail["kv"], tail["indices"], tail["sm_scale"], _cfg(2), d_v=64, **{option: True})
+    assert rel_error(got, MMA.reference(tail)) <= 5e-3
+
+
+def test_idx_ahead_with_an_fp8_cache():
+    from kernels.base import rel_error
+
+    inputs = _fp8_inputs(dict(SHAPE, topk=100, num_rows=211), seed=4)
+    out = MMA.output_like(inputs).fill_(float("nan"))
+    sparse_decode(inputs["q"], inputs["kv"], inputs["indices"], inputs["sm_scale"], _cfg(3), d_v=inputs["d_v"],
+                  out=out, kv_scale=inputs["kv_scale"], idx_ahead=True)
+    assert rel_error(out, MMA.reference(inputs)) <= MMA.tolerance("float8_e4m3fn")
+
+
+def test_qk_ahead_refuses_what_it_does_not_handle_by_name():
+    inputs = _fp8_inputs(dict(SHAPE, topk=100, num_rows=211), seed=4)
+    with pytest.raises(ValueError, match=r"qk_ahead needs a 16-bit kv cache, v_split=1 and prefetch_next=False"):
+        sparse_decode(inputs["q"], inputs["kv"], inputs["indices"], config=_cfg(2), kv_scale=inputs["kv_scale"],
+                      qk_ahead=True)
+    plain = MMA.make_inputs(SHAPE, "float16", DEV, seed=1)
+    with pytest.raises(ValueError, match=r"qk_ahead needs .* v_split=1"):
+        sparse_decode(plain["q"], plain["kv"], plain["indices"], config=_cfg(2), v_split=2, qk_ahead=True)
