@@ -17,6 +17,9 @@ is computed:
   its gather, after this tile's products).
 * ``qk_ahead``: the next tile's gather and QK product are issued before this tile's softmax and PV product, so the
   asynchronous tensor-core work of one tile can overlap the vector work of the other (16-bit caches only).
+* ``fused_combine``: the last split of a (request, head block) to finish merges the splits in the same launch (64
+  columns at a time), instead of the merge kernel: no second launch and no wait for the whole grid, but one program
+  per (request, head block) merges. ``fused_combine+idx_ahead``: both.
 
 Each case (V4-Flash shapes: 64 heads, one 512-wide K=V latent, 640 rows; batch 1, 16, 64; bf16 and fp8 caches)
 times its configs: the shipped tuned config, the default, the fastest of the exhaustive H200 sweep of the shipped
@@ -50,7 +53,8 @@ SWEEP = ROOT / "benchmarks" / "results" / "data" / "tuner_efficiency_h200_issue2
 CASES = [("bfloat16", 1), ("bfloat16", 16), ("bfloat16", 64), ("float8_e4m3fn", 1), ("float8_e4m3fn", 16),
          ("float8_e4m3fn", 64)]
 VARIANTS = {"base": {}, "prefetch_next": {"prefetch_next": True}, "v_split=2": {"v_split": 2},
-            "v_split=4": {"v_split": 4}, "idx_ahead": {"idx_ahead": True}, "qk_ahead": {"qk_ahead": True}}
+            "v_split=4": {"v_split": 4}, "idx_ahead": {"idx_ahead": True}, "qk_ahead": {"qk_ahead": True},
+            "fused_combine": {"fused_combine": True}, "fused_combine+idx_ahead": {"fused_combine": True, "idx_ahead": True}}
 GOALS = {1: 9.0, 16: 12.0, 64: 17.0}  # issue 20, bf16 cache, µs
 TOP = 8
 GRID = {"S": [1, 2, 4], "BLOCK_H": [16, 32, 64], "BLOCK_T": [32, 64], "num_warps": [4, 8], "num_stages": [2]}

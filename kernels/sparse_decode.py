@@ -211,7 +211,7 @@ def _sparse_decode_kernel(
             done = tl.atomic_add(lock, 1, sem="acq_rel", scope="gpu")
             if done == n_splits - 1:
                 _merge_splits(part_ptr + pid_b.to(tl.int64) * stride_pb, lse_ptr + pid_b.to(tl.int64) * stride_lb,
-                              out_ptr + pid_b.to(tl.int64) * stride_ob, offs_h, h_mask, offs_d, n_splits,
+                              out_ptr + pid_b.to(tl.int64) * stride_ob, offs_h, h_mask, n_splits,
                               stride_ps, stride_ph, stride_ls, stride_oh, BLOCK_H, DV, ".cg")
                 tl.atomic_xchg(lock, 0)  # ready for the next call (CUDA-graph replays reuse the counters)
 
@@ -254,23 +254,29 @@ def _online_pv(s, v, m_i, l_i, acc):
 
 
 @triton.jit
-def _merge_splits(part_base, lse_base, out_base, offs_h, h_mask, offs_d, n_splits,
+def _merge_splits(part_base, lse_base, out_base, offs_h, h_mask, n_splits,
                   stride_ps, stride_ph, stride_ls, stride_oh, BLOCK_H: tl.constexpr, DV: tl.constexpr,
                   CACHE: tl.constexpr):
-    """out = sum_s 2^(lse_s - m) * o_s / sum_s 2^(lse_s - m), m = max_s lse_s (zeros if all -inf)."""
+    """out = sum_s 2^(lse_s - m) * o_s / sum_s 2^(lse_s - m), m = max_s lse_s (zeros if all -inf), 64 columns at a
+    time: a [BLOCK_H, 64] float32 tile a step, so the merge adds no register pressure to the split's program."""
     m = tl.full([BLOCK_H], float("-inf"), tl.float32)
     for s in range(n_splits):
         m = tl.maximum(m, tl.load(lse_base + s * stride_ls + offs_h, mask=h_mask, other=float("-inf"), cache_modifier=CACHE))
     m_safe = tl.where(m == float("-inf"), 0.0, m)
-    acc = tl.zeros([BLOCK_H, DV], tl.float32)
     wsum = tl.zeros([BLOCK_H], tl.float32)
     for s in range(n_splits):
-        w = tl.exp2(tl.load(lse_base + s * stride_ls + offs_h, mask=h_mask, other=float("-inf"), cache_modifier=CACHE) - m_safe)
-        acc += w[:, None] * tl.load(part_base + s * stride_ps + offs_h[:, None] * stride_ph + offs_d[None, :],
-                                    mask=h_mask[:, None], other=0.0, cache_modifier=CACHE)
-        wsum += w
-    o = acc / tl.where(wsum > 0.0, wsum, 1.0)[:, None]
-    tl.store(out_base + offs_h[:, None] * stride_oh + offs_d[None, :], o.to(out_base.dtype.element_ty), mask=h_mask[:, None])
+        wsum += tl.exp2(tl.load(lse_base + s * stride_ls + offs_h, mask=h_mask, other=float("-inf"), cache_modifier=CACHE) - m_safe)
+    inv = 1.0 / tl.where(wsum > 0.0, wsum, 1.0)
+    BD: tl.constexpr = 64 if DV > 64 else DV
+    for d0 in tl.static_range(0, DV, BD):
+        offs_c = d0 + tl.arange(0, BD)
+        acc = tl.zeros([BLOCK_H, BD], tl.float32)
+        for s in range(n_splits):
+            w = tl.exp2(tl.load(lse_base + s * stride_ls + offs_h, mask=h_mask, other=float("-inf"), cache_modifier=CACHE) - m_safe)
+            acc += w[:, None] * tl.load(part_base + s * stride_ps + offs_h[:, None] * stride_ph + offs_c[None, :],
+                                        mask=h_mask[:, None], other=0.0, cache_modifier=CACHE)
+        tl.store(out_base + offs_h[:, None] * stride_oh + offs_c[None, :], (acc * inv[:, None]).to(out_base.dtype.element_ty),
+                 mask=h_mask[:, None])
 
 
 @triton.jit(do_not_specialize=["n_splits"])

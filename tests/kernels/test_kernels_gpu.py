@@ -231,7 +231,8 @@ def test_sparse_decode_ahead_schedules_match_the_reference_at_v4_flash_shapes():
     shape = dict(SD.shapes("v4flash")[0], batch=5, ragged=1)
     i = SD.make_inputs(shape, "bfloat16", "cuda", seed=12)
     ref = SD.reference(i)
-    for cfg in (_sd(1, 16, 64, 4, 2), _sd(2, 32, 128, 4, 2), _sd(2, 64, 64, 8, 2), _sd(4, 64, 32, 8, 3)):
+    # configs whose qk_ahead build fits the H200's shared memory (32-head, 128-row tiles need 288 KiB with it)
+    for cfg in (_sd(1, 16, 64, 4, 2), _sd(2, 32, 64, 4, 2), _sd(2, 64, 64, 8, 2), _sd(4, 64, 32, 8, 3)):
         plain = sparse_decode(i["q"], i["kv"], i["indices"], i["sm_scale"], cfg, d_v=512)
         for opt in ("idx_ahead", "qk_ahead"):
             out = torch.full((5, 64, 512), float("nan"), device="cuda", dtype=torch.bfloat16)
