@@ -84,12 +84,13 @@ def resolved_space(space: dict, default: dict | None):
 
 
 def replay_once(table: dict, space: dict, rule, budget: int, seed: int, strategy: str, first: list[dict] | None,
-                lookahead: int = 1, resolved=None) -> tuple[float, int]:
+                lookahead: int = 1, resolved=None, canonical=None) -> tuple[float, int]:
     """One search over a measured table; returns (best time found, evaluations spent). ``first``: the configs
     enqueued before sampling (the default, then the kernel's seed configs), as the tuner does. ``lookahead``:
     trials asked before the oldest is told, as the kernel search does when it compiles ahead. ``strategy``:
     ``tpe``, ``random``, ``tpe+moves`` (a repeat is followed by a one-change move from the best, ``tuner.search.refine``)
-    or ``tpe+refine:S`` (that, and moves before every ask in the last share S of the evaluations)."""
+    or ``tpe+refine:S`` (that, and moves before every ask in the last share S of the evaluations). ``canonical``: the
+    kernel's ``canonical_config``; a config whose canonical form was seen is a repeat, as in the kernel search."""
     import optuna
 
     from tuner.search.context import set_constraints
@@ -123,7 +124,7 @@ def replay_once(table: dict, space: dict, rule, budget: int, seed: int, strategy
             trial = study.ask()  # sampled when asked, as the kernel search does before compiling ahead
             pending.append((trial, {k: trial.suggest_categorical(k, space[k]) for k in keys}))
         trial, config = pending.pop(0)
-        key = tuple(config[k] for k in keys)
+        key = tuple((canonical(config) if canonical else config)[k] for k in keys)
         if key in seen:  # told what the earlier trial was told, as tuner.search.run_one does
             set_constraints(trial, [0.0 if seen[key] < penalty_value("minimize") else 1.0])
             study.tell(trial, seen[key])
@@ -161,23 +162,29 @@ def _enqueue_move(study, resolved, records: list[_Record], rule) -> None:
 def analyse(name: str, rows: list[dict], space: dict, rule, default: dict | None, seeds: int,
             compile_s: float, timing_s: float, autotune_timing_s: float = AUTOTUNE_TIMING_S,
             starts: list[dict] | None = None, lookahead: int = 1,
-            strategies: tuple[str, ...] = ("tpe", "random"), firsts: tuple[bool, ...] = (True, False)) -> dict:
+            strategies: tuple[str, ...] = ("tpe", "random"), firsts: tuple[bool, ...] = (True, False),
+            canonical=None) -> dict:
     """Replay TPE and random at each fraction of the table over ``seeds`` seeds; with ``starts`` (the kernel's
-    seed configs) the "first" runs enqueue the default and then them, as ``tuner.search.kernel_search`` does."""
+    seed configs) the "first" runs enqueue the default and then them, as ``tuner.search.kernel_search`` does.
+    ``canonical`` (the kernel's ``canonical_config``): rows of one program are one row (its fastest timing), the
+    fractions are of the programs, and a config is looked up by its program, as the kernel search finds repeats."""
     import optuna
 
     optuna.logging.set_verbosity(optuna.logging.ERROR)
     warnings.filterwarnings("ignore")
     keys = list(space)
+    if canonical is not None:
+        rows = collapse_programs(rows, canonical)
     table = {tuple(r["config"][k] for k in keys): r["time_us"] for r in rows}
     ok = [r for r in rows if r["time_us"] is not None]
     best_all = min(r["time_us"] for r in ok)
     passing = [r for r in ok if not rule(r["config"])]
     best_rules = min(r["time_us"] for r in passing) if passing else math.inf
-    default_t = table.get(tuple(default[k] for k in keys)) if default else None
+    canon = canonical or (lambda c: c)
+    default_t = table.get(tuple(canon(default)[k] for k in keys)) if default else None
     n = len(rows)
     keyset = set(table)
-    starts = [c for c in (starts or []) if tuple(c[k] for k in keys) in keyset]
+    starts = [c for c in (starts or []) if tuple(canon(c)[k] for k in keys) in keyset]
     first = ([default] if default else []) + starts
     resolved = resolved_space(space, default)
     out = {"name": name, "n": n, "ok": len(ok), "starts": len(starts), "failed": n - len(ok), "rule_pruned": sum(1 for r in rows if rule(r["config"])),
@@ -189,7 +196,7 @@ def analyse(name: str, rows: list[dict], space: dict, rule, default: dict | None
                 gaps, evals = [], []
                 for seed in range(seeds):
                     b, e = replay_once(table, space, rule, budget, seed, strategy, first if with_default else None,
-                                       lookahead, resolved)
+                                       lookahead, resolved, canonical)
                     gaps.append(b / best_all - 1 if math.isfinite(b) else math.inf)
                     evals.append(e)
                 out["runs"].append({"frac": frac, "budget": budget, "strategy": strategy, "default_first": with_default,
@@ -206,6 +213,22 @@ def analyse(name: str, rows: list[dict], space: dict, rule, default: dict | None
         "autotune_s": n * (compile_s + autotune_timing_s),
     }
     return out
+
+
+def collapse_programs(rows: list[dict], canonical) -> list[dict]:
+    """One row per program: rows whose configs have the same ``canonical`` form merge into the first of them, with
+    that form as its config and the fastest of their timings (``None`` only if every one failed)."""
+    merged: dict[str, dict] = {}
+    for r in rows:
+        c = canonical(r["config"])
+        key = json.dumps(c, sort_keys=True)
+        if key not in merged:
+            merged[key] = {**r, "config": c}
+        elif r["time_us"] is not None:
+            t = merged[key]["time_us"]
+            merged[key] = {**merged[key], "time_us": r["time_us"] if t is None else min(t, r["time_us"]),
+                           "status": "ok"}
+    return list(merged.values())
 
 
 def _starts(kernel: str, shape: dict, dtype: str) -> list[dict]:
@@ -647,7 +670,8 @@ def gpu_analysis(data: dict, seeds: int, lookahead: int = 1, held_out: bool | No
 
         name = f"{case['kernel']} {kernel.shape_key(shape)} {case['dtype']} (measured on {data['gpu']})"
         res = analyse(name, rows, space, rule, case["default"], seeds, compile_s, timing_s,
-                      starts=_starts(case["kernel"], shape, case["dtype"]), lookahead=lookahead, **kw)
+                      starts=_starts(case["kernel"], shape, case["dtype"]), lookahead=lookahead,
+                      canonical=lambda c, kernel=kernel, shape=shape: kernel.canonical_config(c, shape), **kw)
         res["held_out"] = bool(case.get("held_out", False))
         res["sampled"] = len(rows) < case["space_size"]
         res["torch_us"], res["floor_us"] = case.get("torch_us"), case.get("floor_us")

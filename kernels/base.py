@@ -208,6 +208,12 @@ class TunableKernel(abc.ABC):
         """Starting points beyond the default (rule-passing, no repeats); none unless a kernel knows better."""
         return []
 
+    def canonical_config(self, config: dict, shape: dict) -> dict:
+        """``config`` with every field that cannot change the launched program at ``shape`` set to one fixed value,
+        so that configs which run the same program compare equal (a search times each program once); ``config``
+        itself unless a kernel knows such fields."""
+        return config
+
     def check_config(self, config: dict, shape: dict, device: Any = None, dtype: Any = None) -> str | None:
         """Base rules: every parameter known and present. Subclasses add their own rules."""
         space = self.config_space(shape)

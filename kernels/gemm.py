@@ -318,6 +318,14 @@ class GemmKernel(TunableKernel):
                 seeds.append(c)
         return seeds
 
+    def canonical_config(self, config, shape):
+        """GROUP_M orders row blocks; with one row block (M <= BLOCK_M) every GROUP_M maps each program to the same
+        tile, so it is set to 1. At M = 1 and 16 that is half the space: on the H200 tables the two copies of one
+        program timed 0.4% apart at the median (``tuner_efficiency_h200_gemm_aligned_*.json``)."""
+        if config.get("GROUP_M", 1) != 1 and "BLOCK_M" in config and triton.cdiv(shape["M"], config["BLOCK_M"]) == 1:
+            return {**config, "GROUP_M": 1}
+        return config
+
     def config_space(self, shape):
         return {"BLOCK_M": [16, 32, 64, 128], "BLOCK_N": [32, 64, 128, 256], "BLOCK_K": [32, 64, 128, 256],
                 "SPLIT_K": [1, 2, 4, 8, 16], "GROUP_M": [1, 8], "num_warps": [4, 8], "num_stages": [2, 3, 4, 5]}

@@ -87,6 +87,36 @@ class TinyKernel(_Identity):
 TinyKernel.instance = TinyKernel()
 
 
+class TwinKernel(_Identity):
+    """``X`` in 1..4 sets the time (X=3 the fastest); ``ORDER`` in {1, 2} changes nothing when the shape has one row
+    block (``rows == 1``), and its ``canonical_config`` says so."""
+
+    name = "twin"
+    batch_dim = "batch"
+    TIMES = {1: 100.0, 2: 80.0, 3: 40.0, 4: 70.0}
+
+    def default_config(self, shape):
+        return {"X": 1, "ORDER": 2}
+
+    def config_space(self, shape):
+        return {"X": [1, 2, 3, 4], "ORDER": [1, 2]}
+
+    def canonical_config(self, config, shape):
+        return {**config, "ORDER": 1} if shape["rows"] == 1 else config
+
+    def recorded_time_us(self, config, shape):
+        return self.TIMES[config["X"]]
+
+    def cost(self, shape, dtype="bfloat16"):
+        return Cost(1e6, 1e6)
+
+    def shapes(self, preset="v4flash"):
+        return [{"batch": 1, "rows": 1}]
+
+
+TwinKernel.instance = TwinKernel()
+
+
 class ReplayKernel(_Identity):
     """The recorded H200 sweep behind the real sparse_decode contract (same name, so files are what it loads)."""
 

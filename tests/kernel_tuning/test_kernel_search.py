@@ -205,3 +205,28 @@ def test_a_config_tpe_proposes_again_is_followed_by_a_move_from_the_best(tmp_pat
             assert REFINE_ATTR in attrs and trials[n + 1].params["X"] in runnable - tried, (n, attrs)
             checked += 1
     assert checked, "no repeat happened while a config was left untried"
+
+
+def test_configs_that_run_the_same_program_are_timed_once(tmp_path, sqlite_url):
+    """TwinKernel's ORDER changes nothing at one row block (its canonical_config): every config whose program was
+    already timed is a repeat of that trial, told its value and not run, so at most four programs ever run."""
+    from tuner.search.kernel_search import tune_case
+
+    opts = _options(tmp_path, sqlite_url, n_trials=16, confirm_top=0, seed=3)
+    tune_case(KernelCase("kernel_tuning_fakes:TwinKernel", {"batch": 1, "rows": 1}), opts, "twins")
+    repo = Repo(sqlite_url)
+    trials = sorted(repo.list_trials(repo.get_run("twins").id), key=lambda t: t.number)
+    ran: dict[int, int] = {}  # X -> the trial that timed that program
+    twins = 0
+    for t in trials:
+        x = t.params["X"]
+        if t.repeat_of is None and not t.is_baseline:
+            assert x not in ran, f"trial {t.number} ran X={x} again (trial {ran[x]} timed that program)"
+            ran[x] = t.number
+        elif t.repeat_of is not None and x in ran and t.params["ORDER"] != trials[ran[x]].params["ORDER"]:
+            assert t.repeat_of == ran[x] and t.value == trials[ran[x]].value, t
+            twins += 1
+        if t.is_baseline:
+            ran.setdefault(x, t.number)
+    assert twins, "the test needs the search to ask for a twin of a timed config"
+    assert len([t for t in trials if t.repeat_of is None]) <= 4

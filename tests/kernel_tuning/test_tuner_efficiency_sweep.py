@@ -194,3 +194,31 @@ def test_write_tuned_takes_an_exhaustive_tables_best_only_where_it_beats_the_shi
     assert "6e5fadf" in entry["measured"] and "sweep.json" in entry["measured"]
     fp8 = read_config_file(config_path("sparse_decode", data["gpu"], "float8_e4m3fn", data["triton"], tmp_path))[key]
     assert fp8 == {"config": best["config"]}  # kept as it was
+
+
+def test_replay_merges_rows_of_one_program_and_answers_a_twin_from_its_row(te):
+    """GEMM at one row block: GROUP_M 1 and 8 are one program. collapse_programs keeps one row per program (its
+    fastest timing); a replayed search that asks for GROUP_M=8 is answered from the GROUP_M=1 row (counted, timed),
+    where without the canonical form that config is missing from the table and free."""
+    from kernels import get_kernel
+
+    gemm_kernel = get_kernel("gemm")
+    shape = {"M": 16, "N": 256, "K": 512}
+
+    def canonical(c):
+        return gemm_kernel.canonical_config(c, shape)
+
+    base = {"BLOCK_M": 16, "BLOCK_N": 32, "BLOCK_K": 64, "SPLIT_K": 1, "num_warps": 4, "num_stages": 2}
+    rows = [{"config": {**base, "GROUP_M": 1}, "time_us": 10.0, "status": "ok"},
+            {"config": {**base, "GROUP_M": 8}, "time_us": 9.5, "status": "ok"},
+            {"config": {**base, "BLOCK_N": 64, "GROUP_M": 8}, "time_us": None, "status": "failed"},
+            {"config": {**base, "BLOCK_N": 64, "GROUP_M": 1}, "time_us": 12.0, "status": "ok"}]
+    merged = te.collapse_programs(rows, canonical)
+    assert [(r["config"]["BLOCK_N"], r["config"]["GROUP_M"], r["time_us"]) for r in merged] == [(32, 1, 9.5), (64, 1, 12.0)]
+    space = {k: [v] for k, v in base.items()} | {"GROUP_M": [8]}  # the search can only ask for the twin
+    keys = list(space)
+    table = {tuple({**base, "GROUP_M": 1}[k] for k in keys): 10.0}  # the table timed the GROUP_M=1 copy only
+    twin = {**base, "GROUP_M": 8}
+    assert te.replay_once(table, space, lambda c: None, 1, 0, "random", [twin], canonical=canonical) == (10.0, 1)
+    found, evals = te.replay_once(table, space, lambda c: None, 1, 0, "random", [twin])
+    assert (found, evals) == (float("inf"), 0)  # without the canonical form the twin is missing from the table

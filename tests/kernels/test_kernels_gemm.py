@@ -138,3 +138,30 @@ def test_frozen_previous_gemm_matches_the_reference_as_the_current_one_does(cfg)
         new = gemm(inputs["x"], inputs["w"], "fp16", cfg).double()
         for y in (old, new):
             assert ((y - ref).norm() / ref.norm()).item() <= G.tolerance("fp16")
+
+
+def test_group_m_is_canonical_only_where_there_is_one_row_block():
+    """GROUP_M orders row blocks: with one (M <= BLOCK_M) every value is the same program, so the canonical config
+    says 1; with several it is kept. The GEMV (no GROUP_M) is left as it is."""
+    gemm_kernel = get_kernel("gemm")
+    cfg = {"BLOCK_M": 16, "BLOCK_N": 64, "BLOCK_K": 64, "SPLIT_K": 2, "GROUP_M": 8, "num_warps": 4, "num_stages": 3}
+    assert gemm_kernel.canonical_config(cfg, {"M": 16, "N": 256, "K": 512})["GROUP_M"] == 1
+    assert gemm_kernel.canonical_config(cfg, {"M": 1, "N": 256, "K": 512})["GROUP_M"] == 1
+    assert gemm_kernel.canonical_config(cfg, {"M": 17, "N": 256, "K": 512})["GROUP_M"] == 8
+    assert gemm_kernel.canonical_config({**cfg, "BLOCK_M": 64}, {"M": 64, "N": 256, "K": 512})["GROUP_M"] == 1
+    gemv_cfg = get_kernel("gemv").default_config({"M": 1, "N": 256, "K": 512})
+    assert get_kernel("gemv").canonical_config(gemv_cfg, {"M": 1, "N": 256, "K": 512}) == gemv_cfg
+
+
+def test_group_m_twins_compute_the_same_bits():
+    """The two GROUP_M values at one row block launch the same tiles: bit-identical outputs, several row counts."""
+    gemm_kernel = get_kernel("gemm")
+    for m in (1, 5, 16):
+        shape = {"M": m, "N": 96, "K": 256}
+        inputs = gemm_kernel.make_inputs(shape, "fp16", DEV, seed=m)
+        cfg = {"BLOCK_M": 16, "BLOCK_N": 32, "BLOCK_K": 64, "SPLIT_K": 2, "GROUP_M": 8, "num_warps": 4, "num_stages": 2}
+        twin = gemm_kernel.canonical_config(cfg, shape)
+        assert twin["GROUP_M"] == 1
+        a = gemm(inputs["x"], inputs["w"], "fp16", cfg)
+        b = gemm(inputs["x"], inputs["w"], "fp16", twin)
+        assert torch.equal(a, b), m

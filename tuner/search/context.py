@@ -151,6 +151,11 @@ class SearchContext:
     stop_reason: str = ""
     current: TrialProcess | None = None
 
+    def key_of(self, params: dict[str, Any]) -> str:
+        """The identity of ``params`` for finding repeats: configurations the target runs as the same thing
+        (``Target.canonical_params``) share one key, so the second is told the first's result and not run."""
+        return params_key(self.target.canonical_params(params))
+
     @property
     def direction(self) -> str:
         return self.resolved.space.objective.direction
@@ -345,7 +350,7 @@ def load_history(ctx: SearchContext) -> None:
                          rec.duration_s or 0.0, rec.is_baseline, rec.repeat_of)
         ctx.trials.append(s)
         ctx.counts[s.outcome] = ctx.counts.get(s.outcome, 0) + 1
-        ctx.seen.setdefault(params_key(rec.params), s)
+        ctx.seen.setdefault(ctx.key_of(rec.params), s)
 
 
 def _constraints_of(frozen: optuna.trial.FrozenTrial) -> list[float]:

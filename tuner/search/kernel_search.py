@@ -406,10 +406,10 @@ def _loop(ctx: SearchContext, progress: Progress | None, reserve, case: KernelCa
 def _compile_early(ctx: SearchContext, trial, case: KernelCase, ahead: CompileAhead, submitted: set[str]
                    ) -> Future | None:
     """Hand an asked trial's config to the compile helpers, unless it was seen, already sent, or breaks a rule."""
-    from tuner.search.sampling import params_key, suggest
+    from tuner.search.sampling import suggest
 
     params = suggest(trial, ctx.resolved)  # run_one's own suggest returns these same values
-    key = params_key(params)
+    key = ctx.key_of(params)
     if key in ctx.seen or key in submitted or ctx.target.check(params):
         return None
     submitted.add(key)

@@ -55,7 +55,7 @@ from tuner.search import refine
 from tuner.search.context import load_history
 from tuner.search.failfast import FailFast
 from tuner.search.leases import GpuLeaser
-from tuner.search.sampling import params_key, suggest
+from tuner.search.sampling import suggest
 from tuner.search.trial import penalty_value, run_one, told
 
 _logger = logging.getLogger(__name__)
@@ -428,9 +428,9 @@ def _run_trial(ctx, trial: optuna.Trial, progress, run_one, *, name: str, leaser
         params = retry_db(lambda: suggest(trial, ctx.resolved), what="sample")  # run_one gets the same values
         frozen = retry_db(lambda: ctx.study._storage.get_trial(trial._trial_id), what="read the trial")
         if frozen.system_attrs.get("failed_trial") is not None:  # a retry of a lost trial: run it, do not dedupe
-            earlier = ctx.seen.get(params_key(params))
+            earlier = ctx.seen.get(ctx.key_of(params))
             if earlier is not None and earlier.outcome == "crash":
-                ctx.seen.pop(params_key(params), None)
+                ctx.seen.pop(ctx.key_of(params), None)
         # under a GPU leaser a trial holds at least one GPU: it never sees all of them, nor none
         need = max(1, ctx.target.gpus_for(params)) if leaser is not None and leaser.size else 0
         try:

@@ -23,7 +23,6 @@ from tuner.search.context import (
     set_constraints,
 )
 from tuner.search.sampling import (
-    params_key,
     suggest,
 )
 
@@ -55,7 +54,7 @@ def run_one(ctx: SearchContext, trial: optuna.Trial, progress: Progress | None, 
                          is_baseline=is_baseline)
     if progress:
         progress.trial_started(trial.number, params)
-    key = params_key(params)
+    key = ctx.key_of(params)
     earlier = ctx.seen.get(key)
     t0 = time.time()
     if earlier is not None and confirm_of is None and not is_baseline:
@@ -156,7 +155,7 @@ def _record(ctx: SearchContext, trial: optuna.Trial, params: dict[str, Any], m: 
                            repeat_of)
     ctx.trials.append(summary)
     ctx.counts[summary.outcome] = ctx.counts.get(summary.outcome, 0) + 1
-    ctx.seen.setdefault(params_key(params), summary)
+    ctx.seen.setdefault(ctx.key_of(params), summary)
     level = logging.INFO if m.outcome in (Outcome.OK, Outcome.PRUNED) else logging.WARNING
     _logger.log(level, "trial %d %s value=%s %s", trial.number, m.outcome.value, value, m.reason[:200])
     if progress:

@@ -141,6 +141,12 @@ class Target(abc.ABC):
         (``--set kernel_phase=true``); none by default."""
         return []
 
+    def canonical_params(self, params: dict[str, Any]) -> dict[str, Any]:
+        """``params`` with every value that cannot change what a trial runs set to one fixed value, so that the
+        search finds two configurations that run the same thing to be one (the second is a repeat, not run);
+        ``params`` themselves by default."""
+        return params
+
     def known_failure(self, repo: Any, params: dict[str, Any]) -> str | None:
         """Why ``params`` need not run: the same launch already failed, as kept in the study's storage ``repo`` (a
         :class:`storage.Repo`). The search never asks it about the baseline. ``None`` by default."""

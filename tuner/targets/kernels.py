@@ -221,6 +221,21 @@ class KernelsTarget(Target):
                                      "(or, for tests only, --set allow_cpu_interpreter=true)")
         return report
 
+    def canonical_params(self, params: dict[str, Any]) -> dict[str, Any]:
+        """The kernel's ``canonical_config`` of ``params``' config, read back into the searched parameters (GEMM:
+        GROUP_M is 1 wherever there is one row block)."""
+        config = self.config_of(params)
+        canonical = self.kernel.canonical_config(config, self.shape)
+        if canonical == config:
+            return params
+        by_name = {p.name: p for p in self.space.params}
+        out = dict(params)
+        for name in params:
+            p = by_name.get(name)
+            field = p.kernel.split(".", 1)[-1] if p is not None and p.kernel else name
+            out[name] = canonical.get(field, params[name])
+        return out
+
     def check(self, params: dict[str, Any]) -> str | None:
         why = super().check(params)
         if why:
