@@ -118,7 +118,7 @@ def replay_once(table: dict, space: dict, rule, budget: int, seed: int, strategy
     while evals < budget and asks < 40 * budget + 200:
         while len(pending) < max(1, min(lookahead, budget - evals)):
             if moves_on_repeat and (move or (share and evals >= math.ceil((1 - share) * budget))):
-                _enqueue_move(study, resolved, records, rule)
+                _enqueue_move(study, resolved, records, rule, canonical)
             move = False
             asks += 1
             trial = study.ask()  # sampled when asked, as the kernel search does before compiling ahead
@@ -150,11 +150,12 @@ def replay_once(table: dict, space: dict, rule, budget: int, seed: int, strategy
     return best, evals
 
 
-def _enqueue_move(study, resolved, records: list[_Record], rule) -> None:
+def _enqueue_move(study, resolved, records: list[_Record], rule, canonical=None) -> None:
     """Enqueue ``tuner.search.refine``'s next one-change move (the real chooser, over the replayed records)."""
     from tuner.search.refine import asked_keys, choose_move
 
-    m = choose_move(resolved, records, "minimize", lambda c: rule(c) or None, asked_keys(study, resolved))
+    m = choose_move(resolved, records, "minimize", lambda c: rule(c) or None, asked_keys(study, resolved, canonical),
+                    canonical)
     if m is not None:
         study.enqueue_trial(m.params)
 

@@ -78,7 +78,7 @@ def _ctx(tmp_path, trials, refuse=()):
     def check(cfg):
         return ("refused by a rule" if any(cfg.get(k) == v for k, v in refuse) else None)
     study = optuna.create_study(storage=f"sqlite:///{tmp_path / 'r.db'}", study_name="s", direction="maximize")
-    return SimpleNamespace(repo=repo, run=run, resolved=res, direction="maximize", target=SimpleNamespace(check=check),
+    return SimpleNamespace(repo=repo, run=run, resolved=res, direction="maximize", target=SimpleNamespace(check=check, canonical_params=lambda p: p),
                            study=study, options=SimpleNamespace(refine_share=0.25))
 
 
@@ -214,3 +214,34 @@ params:
     assert choose_move(resolved, recs, "minimize", lambda c: "no" if c["BLOCK"] != 64 else None, asked) is None
     from_next = choose_move(resolved, recs, "minimize", lambda c: "no" if c["BLOCK"] != 32 else None)
     assert from_next.origin == 0 and from_next.param == "warps" and from_next.params["BLOCK"] == 32
+
+
+def test_no_move_goes_to_a_configuration_that_runs_the_same_thing_as_a_tried_one():
+    """With the target's canonical form (here: warps is a no-op once BLOCK is 64), a one-change move that only
+    changes warps from the best (BLOCK 64) is a tried configuration: the chooser takes a BLOCK move instead."""
+    from types import SimpleNamespace as R
+
+    from search_spaces.hardware import Hardware
+    from search_spaces.loader import load_space_text
+    from search_spaces.resolve import resolve
+    from tuner.search.refine import choose_move
+
+    resolved = resolve(load_space_text("""
+name: t
+target: kernels
+objective: {metric: time_us, direction: minimize, combine: level, levels: [1], level: 1}
+params:
+  BLOCK: {type: categorical, values: [16, 32, 64], default: 32}
+  warps: {type: categorical, values: [2, 4, 8], default: 4}
+"""), Hardware())
+
+    def canonical(p):
+        return {**p, "warps": 4} if p["BLOCK"] == 64 else p
+
+    recs = [R(number=0, params={"BLOCK": 32, "warps": 4}, outcome="ok", value=10.0, repeat_of=None),
+            R(number=1, params={"BLOCK": 64, "warps": 4}, outcome="ok", value=8.0, repeat_of=None),
+            R(number=2, params={"BLOCK": 16, "warps": 2}, outcome="ok", value=20.0, repeat_of=None)]
+    plain = choose_move(resolved, recs, "minimize", lambda c: None)
+    assert plain.origin == 1 and plain.param == "warps"  # warps 2 and 8 score as untried: the plain chooser goes there
+    same = choose_move(resolved, recs, "minimize", lambda c: None, canonical=canonical)
+    assert same.origin == 1 and same.param == "BLOCK" and same.params["warps"] == 4

@@ -98,33 +98,36 @@ def next_move(ctx: SearchContext) -> Move | None:
     trials, read from the store); once every move from it was tried (a local optimum), from the next best, up to
     ``ORIGINS`` configurations; ``None`` when all of theirs were tried."""
     records = ctx.repo.list_trials(ctx.run.id)
-    return choose_move(ctx.resolved, records, ctx.direction, ctx.target.check, asked=asked_keys(ctx.study, ctx.resolved))
+    same = ctx.target.canonical_params
+    return choose_move(ctx.resolved, records, ctx.direction, ctx.target.check,
+                       asked=asked_keys(ctx.study, ctx.resolved, same), canonical=same)
 
 
 def choose_move(resolved: ResolvedSpace, records: list, direction: str, check: Callable[[dict], str | None],
-                asked: set[str] = frozenset()) -> Move | None:
+                asked: set[str] = frozenset(), canonical: Callable[[dict], dict] | None = None) -> Move | None:
     """:func:`next_move` over given trial records (``number``, ``params``, ``outcome``, ``value``, ``reason``):
     ``check`` says why the target refuses a configuration (or returns nothing), ``asked`` holds the keys of
-    configurations asked and not yet recorded."""
-    tried = {_key(resolved, r.params) for r in records} | set(asked)
+    configurations asked and not yet recorded; ``canonical`` (``Target.canonical_params``) makes a configuration
+    that runs the same thing as a tried one tried too (no move goes there)."""
+    tried = {_key(resolved, r.params, canonical) for r in records} | set(asked)
     ok = [r for r in records if r.outcome == "ok" and r.value is not None and math.isfinite(r.value)
           and r.repeat_of is None]  # a repeat's value is a copy, not a measurement
     sign = 1.0 if direction == "maximize" else -1.0
     score = _value_scores(ok, sign) if ok else {}
     origins: dict[str, Any] = {}
     for r in sorted(ok, key=lambda r: -sign * r.value):  # stable: of equal values, the earlier trial
-        origins.setdefault(_key(resolved, r.params), r)
+        origins.setdefault(_key(resolved, r.params, canonical), r)
     for origin in list(origins.values())[:ORIGINS]:
-        move = _move_from(resolved, check, origin, tried, score)
+        move = _move_from(resolved, check, origin, tried, score, canonical)
         if move is not None:
             return move
     return None
 
 
-def _move_from(resolved: ResolvedSpace, check, origin, tried: set[str], score: dict) -> Move | None:
+def _move_from(resolved: ResolvedSpace, check, origin, tried: set[str], score: dict, canonical=None) -> Move | None:
     candidates, done = [], {}
     for name, value, cfg in moves(resolved, origin.params):
-        if _key(resolved, cfg) in tried:
+        if _key(resolved, cfg, canonical) in tried:
             done[name] = done.get(name, 0) + 1
             continue
         here = score.get((name, _k(origin.params.get(name))), 0.0)
@@ -139,11 +142,11 @@ def _move_from(resolved: ResolvedSpace, check, origin, tried: set[str], score: d
     return None
 
 
-def _key(resolved: ResolvedSpace, params: dict[str, Any]) -> str:
-    return params_key(suggestable(resolved, params))
+def _key(resolved: ResolvedSpace, params: dict[str, Any], canonical: Callable[[dict], dict] | None = None) -> str:
+    return params_key(suggestable(resolved, canonical(params) if canonical else params))
 
 
-def asked_keys(study, resolved: ResolvedSpace) -> set[str]:
+def asked_keys(study, resolved: ResolvedSpace, canonical: Callable[[dict], dict] | None = None) -> set[str]:
     """Keys of the configurations asked of Optuna and not yet in the store: enqueued and waiting, or taken by a worker
     that is still waiting for its GPUs (a move another worker enqueued a moment ago is not made twice)."""
     from optuna.trial import TrialState
@@ -151,7 +154,7 @@ def asked_keys(study, resolved: ResolvedSpace) -> set[str]:
     out = set()
     for t in study.get_trials(deepcopy=False, states=(TrialState.WAITING, TrialState.RUNNING)):
         fixed = t.system_attrs.get("fixed_params") or {}
-        out.add(_key(resolved, {**fixed, **t.params}))
+        out.add(_key(resolved, {**fixed, **t.params}, canonical))
     return out
 
 
