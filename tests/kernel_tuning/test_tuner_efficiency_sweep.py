@@ -66,10 +66,27 @@ def test_every_sweep_case_times_its_default_and_starting_configs(te):
         configs, space_size = te.sweep_configs(case, None)
         assert configs and len(configs) <= space_size
         assert len(configs) == (min(case.max_configs, space_size) if case.max_configs else space_size)
-        assert kernel.default_config(case.shape) in configs, case
+        assert kernel.canonical_config(kernel.default_config(case.shape), case.shape) in configs, case
         for c in te._starts(case.kernel, case.shape, case.dtype):
-            assert c in configs, (case, c)
+            assert kernel.canonical_config(c, case.shape) in configs, (case, c)
         assert len({json.dumps(c, sort_keys=True) for c in configs}) == len(configs)
+        assert all(kernel.canonical_config(c, case.shape) == c for c in configs), case  # each program once
+
+
+def test_gemm_sweeps_time_each_program_once(te):
+    """At M=16 every GEMM config has one row block, so GROUP_M 1 and 8 are one program: the sweep times half the
+    rule-passing configs; at M=64 only the 64-row tiles have twins."""
+    from kernels.registry import get_kernel
+
+    gemm_kernel = get_kernel("gemm")
+    for m in (16, 64):
+        case = te.SweepCase("gemm", {"M": m, "N": 7168, "K": 2048})
+        configs, programs = te.sweep_configs(case, None)
+        every = list(gemm_kernel.configs(case.shape, None, dtype="bfloat16"))
+        twins = sum(1 for c in every if c["GROUP_M"] == 8 and c["BLOCK_M"] >= m)
+        assert programs == len(configs) == len(every) - twins and twins > 0
+        if m == 16:
+            assert 2 * programs == len(every)
 
 
 def test_gemm_samples_at_m1_and_m16_are_the_same_configs(te):
@@ -93,7 +110,7 @@ def test_the_sweep_checks_times_and_records_every_config_on_a_cpu(te):
     for case, sizes in zip(out, (6, 9)):
         kernel = get_kernel(case["kernel"])
         assert case["sampled"] == len(case["rows"]) == sizes and case["space_size"] > sizes
-        assert case["default"] in [r["config"] for r in case["rows"]]
+        assert kernel.canonical_config(case["default"], case["shape"]) in [r["config"] for r in case["rows"]]
         assert case["torch_us"] > 0 and case["held_out"]
         for r in case["rows"]:
             assert r["status"] == "ok", r
