@@ -450,7 +450,9 @@ def sparse_decode(
     launch (per-(request, head block) counters reset by the kernel itself, so CUDA-graph replays are
     safe; calls in flight concurrently on two streams of one device must not overlap). Off by
     default: one CTA per (request, head block) merges serially what the combine kernel spreads over
-    ``heads * d_v / BLOCK_D`` programs (H200, 2026-11-29: B=1 20.6 vs 17.1 µs with the older 4-head combine).
+    ``heads * d_v / BLOCK_D`` programs (H200, 2026-11-29: B=1 20.6 vs 17.1 µs with the older 4-head combine;
+    2026-11-30 at 7b6c32a, merging 64 columns at a time: 0.35x / 0.76x / 1.00x the merge kernel's best at batch
+    1 / 16 / 64, ``benchmarks/results/sparse_decode_fused_h200.md``).
     ``pdl``: launch the merge kernel with programmatic dependent launch (its launch overlaps the split kernel; it
     waits for that grid before reading), None = wherever the GPU supports it (compute capability 9.0 and up).
     ``prefetch_next``: while a tile is computed, load the next tile's indices and ask L2 for its rows (PTX
@@ -465,10 +467,16 @@ def sparse_decode(
     only for an fp8 cache at batch 1), so what bounds the kernel is the per-row work of the scores (gather, QK
     product, softmax), not the accumulator. Kept, like ``prefetch_next``, to re-measure on other GPUs.
     ``idx_ahead``: load each tile's indices one iteration early (a loop-carried tile), so that the gather's
-    address round trip to DRAM overlaps the previous tile's products instead of preceding its own gather.
+    address round trip to DRAM overlaps the previous tile's products instead of preceding its own gather (the
+    compiled loop had the next tile's index load, a plain ``ld.global``, right before its gather). Off by default:
+    on an H200 (2026-11-30, 77f77f3 and 7b6c32a, ``benchmarks/results/sparse_decode_ahead_h200.md`` and
+    ``sparse_decode_fused_h200.md``) its best config beat the plain loop's best by 1.01-1.05x at batch 1/16/64,
+    but per config it ranged 0.61-1.77x (mostly gains with 3 stages), so it is a choice per config, which the
+    config space does not hold yet.
     ``qk_ahead``: gather the next tile and issue its QK product before this tile's softmax and PV product (the
     next tile's scores are carried to the next iteration), so the asynchronous tensor-core work of one tile can
-    overlap the vector work of the other; a 16-bit cache and ``v_split=1`` only.
+    overlap the vector work of the other; a 16-bit cache and ``v_split=1`` only. Measured slower (same run:
+    0.78-0.94x at the best configs; 32-head, 128-row tiles no longer fit shared memory). Kept to re-measure.
     """
     B, H, d_qk, d_v = _check_args(q, kv, indices, d_v, out, kv_scale)
     if v_split not in (1, 2, 4) or d_v // v_split < 16:
