@@ -181,18 +181,13 @@ def test_a_configuration_proposed_again_is_followed_by_a_move_from_the_best(tmp_
             assert "not run again" not in res.trials[n + 1].reason
 
 
-def test_choose_move_reads_plain_records_and_honours_check_and_asked():
-    """The chooser the search and the kernel-search replay (benchmarks/tuner_efficiency.py) share: the best record is
-    the origin, a repeat's copied value never is, refused and asked configurations are skipped."""
-    from types import SimpleNamespace as R
-
+def _block_warps_space():
+    """A two-parameter kernel space (BLOCK, warps) for the chooser's tests."""
     from search_spaces.hardware import Hardware
     from search_spaces.loader import load_space_text
     from search_spaces.resolve import resolve
-    from tuner.search.refine import choose_move
-    from tuner.search.sampling import params_key
 
-    resolved = resolve(load_space_text("""
+    return resolve(load_space_text("""
 name: t
 target: kernels
 objective: {metric: time_us, direction: minimize, combine: level, levels: [1], level: 1}
@@ -200,6 +195,17 @@ params:
   BLOCK: {type: categorical, values: [16, 32, 64], default: 32}
   warps: {type: categorical, values: [2, 4, 8], default: 4}
 """), Hardware())
+
+
+def test_choose_move_reads_plain_records_and_honours_check_and_asked():
+    """The chooser the search and the kernel-search replay (benchmarks/tuner_efficiency.py) share: the best record is
+    the origin, a repeat's copied value never is, refused and asked configurations are skipped."""
+    from types import SimpleNamespace as R
+
+    from tuner.search.refine import choose_move
+    from tuner.search.sampling import params_key
+
+    resolved = _block_warps_space()
     recs = [R(number=0, params={"BLOCK": 32, "warps": 4}, outcome="ok", value=10.0, repeat_of=None),
             R(number=1, params={"BLOCK": 64, "warps": 4}, outcome="ok", value=8.0, repeat_of=None),
             R(number=2, params={"BLOCK": 16, "warps": 2}, outcome="ok", value=1.0, repeat_of=0),
@@ -221,19 +227,9 @@ def test_no_move_goes_to_a_configuration_that_runs_the_same_thing_as_a_tried_one
     changes warps from the best (BLOCK 64) is a tried configuration: the chooser takes a BLOCK move instead."""
     from types import SimpleNamespace as R
 
-    from search_spaces.hardware import Hardware
-    from search_spaces.loader import load_space_text
-    from search_spaces.resolve import resolve
     from tuner.search.refine import choose_move
 
-    resolved = resolve(load_space_text("""
-name: t
-target: kernels
-objective: {metric: time_us, direction: minimize, combine: level, levels: [1], level: 1}
-params:
-  BLOCK: {type: categorical, values: [16, 32, 64], default: 32}
-  warps: {type: categorical, values: [2, 4, 8], default: 4}
-"""), Hardware())
+    resolved = _block_warps_space()
 
     def canonical(p):
         return {**p, "warps": 4} if p["BLOCK"] == 64 else p
