@@ -251,3 +251,24 @@ def test_repeats_report_reads_twins_and_runs_from_the_study_database(tmp_path, s
     assert row["twin"] > 0 and row["same"] + row["twin"] == sum(1 for t in trials if t.repeat_of is not None)
     assert row["best_us"] == 40.0 and row["best_config"]["X"] == 3
     assert "| twins |" in text
+
+
+def test_retimes_rerun_each_top_program_under_the_params_it_was_timed_with(tmp_path, sqlite_url):
+    """The re-timing at the end takes the top programs, not configurations: a twin told a copied value is not among
+    them, so no program is timed again under its twin's params (seen on an H200: both GROUP_M twins of one GEMM
+    program re-timed)."""
+    import optuna
+
+    from tuner.search.kernel_search import tune_case
+
+    opts = _options(tmp_path, sqlite_url, n_trials=16, confirm_top=3, seed=3)
+    tune_case(KernelCase("kernel_tuning_fakes:TwinKernel", {"batch": 1, "rows": 1}), opts, "retime")
+    repo = Repo(sqlite_url)
+    trials = {t.number: t for t in repo.list_trials(repo.get_run("retime").id)}
+    attrs = {t.number: t.user_attrs for t in optuna.load_study(study_name="retime", storage=sqlite_url).trials}
+    retimed = [t for n, t in trials.items() if "tuner_confirm_of" in attrs.get(n, {})]
+    assert retimed, "the test needs the search to re-time its top configs"
+    timed = [t for n, t in trials.items() if t.repeat_of is None and n not in {r.number for r in retimed}]
+    for r in retimed:
+        first = [t for t in timed if t.params["X"] == r.params["X"]]
+        assert first and r.params == first[0].params, (r.number, r.params, [t.params for t in first])

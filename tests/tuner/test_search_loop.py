@@ -198,10 +198,11 @@ def test_a_single_lucky_timing_never_beats_a_confirmed_median():
     from types import SimpleNamespace
 
     from tuner.search.confirm import pick_best, unconfirmed_leader
+    from tuner.search.sampling import params_key
 
     trials = [_summary(0, 1, 100.0), _summary(1, 2, 130.0), _summary(2, 3, 120.0), _summary(3, 4, 118.0),
               _summary(4, 2, 100.0), _summary(5, 3, 108.0)]  # 2 and 3 re-run lower; 4 was timed once
-    ctx = SimpleNamespace(trials=trials, direction="maximize", better=lambda a, b: a > b)
+    ctx = SimpleNamespace(trials=trials, direction="maximize", better=lambda a, b: a > b, key_of=params_key)
     assert unconfirmed_leader(ctx).params == {"x": 4}
     assert pick_best(ctx).params == {"x": 2} and pick_best(ctx).value == 115.0  # median of 130 and 100
     ctx.trials.append(_summary(6, 4, 119.0))  # the challenger, confirmed
@@ -211,7 +212,7 @@ def test_a_single_lucky_timing_never_beats_a_confirmed_median():
     assert unconfirmed_leader(ctx) is None and pick_best(ctx).params == {"x": 2}
     # minimized objectives the same way round
     low = SimpleNamespace(trials=[_summary(0, 1, 10.0), _summary(1, 1, 12.0), _summary(2, 2, 9.0)],
-                          direction="minimize", better=lambda a, b: a < b)
+                          direction="minimize", better=lambda a, b: a < b, key_of=params_key)
     assert unconfirmed_leader(low).params == {"x": 2} and pick_best(low).params == {"x": 1}
 
 
@@ -220,12 +221,13 @@ def test_confirmation_re_runs_the_new_leader(monkeypatch):
     from types import SimpleNamespace
 
     import tuner.search.confirm as search
+    from tuner.search.sampling import params_key
 
     later = {2: 100.0, 3: 108.0, 4: 119.0, 1: 95.0}  # what a re-run of each x measures
     trials = [_summary(0, 1, 100.0), _summary(1, 2, 130.0), _summary(2, 3, 120.0), _summary(3, 4, 118.0)]
     queued = []
     study = SimpleNamespace(enqueue_trial=lambda params, user_attrs: queued.append(params), ask=lambda: None)
-    ctx = SimpleNamespace(trials=trials, direction="maximize", better=lambda a, b: a > b, study=study,
+    ctx = SimpleNamespace(trials=trials, direction="maximize", better=lambda a, b: a > b, study=study, key_of=params_key,
                           options=SimpleNamespace(confirm_top=2, n_trials=None), stop=SimpleNamespace(is_set=lambda: False),
                           deadline=SimpleNamespace(remaining_for_trials=lambda: 1e9), resolved=None, baseline=None,
                           target=SimpleNamespace(config=SimpleNamespace(noise_tolerance=0.10)))

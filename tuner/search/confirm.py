@@ -10,7 +10,6 @@ from typing import Any
 
 from tuner.search.context import CONFIRM_ATTR, Progress, SearchContext, TrialSummary
 from tuner.search.sampling import (
-    params_key,
     suggestable,
 )
 from tuner.search.trial import run_one
@@ -43,7 +42,7 @@ def confirm_top(ctx: SearchContext, progress: Progress | None) -> None:
         return
     distinct: dict[str, TrialSummary] = {}
     for t in sorted(ok, key=lambda t: t.value, reverse=ctx.direction == "maximize"):
-        distinct.setdefault(params_key(t.params), t)
+        distinct.setdefault(ctx.key_of(t.params), t)
     top = list(distinct.values())[:k]
     mean_dur = statistics.median(t.duration_s for t in ok if t.repeat_of is None) or 1.0
 
@@ -64,9 +63,9 @@ def confirm_top(ctx: SearchContext, progress: Progress | None) -> None:
     if base is not None and len(_runs_of(ctx, base.params)) < 2:
         if not rerun(base, "(the baseline) to confirm it"):
             return
-        confirmed.add(params_key(base.params))
+        confirmed.add(ctx.key_of(base.params))
     for t in top:
-        if params_key(t.params) in confirmed:
+        if ctx.key_of(t.params) in confirmed:
             continue
         if not rerun(t):
             return
@@ -87,13 +86,13 @@ def _runs_by_config(ctx: SearchContext) -> list[list[TrialSummary]]:
     groups: dict[str, list[TrialSummary]] = {}
     for t in ctx.trials:
         if t.outcome == "ok" and t.value is not None and t.repeat_of is None:
-            groups.setdefault(params_key(t.params), []).append(t)
+            groups.setdefault(ctx.key_of(t.params), []).append(t)  # twins of one program are one configuration
     return list(groups.values())
 
 
 def _runs_of(ctx: SearchContext, params: dict) -> list[TrialSummary]:
-    key = params_key(params)
-    return next((runs for runs in _runs_by_config(ctx) if params_key(runs[0].params) == key), [])
+    key = ctx.key_of(params)
+    return next((runs for runs in _runs_by_config(ctx) if ctx.key_of(runs[0].params) == key), [])
 
 
 def spread_of(values: list[float]) -> float:
@@ -179,7 +178,7 @@ def decide(ctx: SearchContext) -> tuple[Choice | None, Choice | None, str]:
     """``(best, baseline, note)``: the winner by median; the baseline instead when the winner does not beat it by
     more than their measured spread (then the note says so, and the export is the defaults)."""
     best, base = pick_best(ctx), baseline_choice(ctx)
-    if best is None or base is None or params_key(best.params) == params_key(base.params):
+    if best is None or base is None or ctx.key_of(best.params) == ctx.key_of(base.params):
         return best, base, ""
     num, den = (best.value, base.value) if ctx.direction == "maximize" else (base.value, best.value)
     # a baseline worth 0 (an infeasible goodput configuration) is beaten by any configuration worth more

@@ -449,21 +449,20 @@ def _within_spread(ctx: SearchContext, numbers: list[int]) -> list[float]:
 
 def _decide(ctx: SearchContext, case: KernelCase, defaults: dict[str, Any], min_gain: float
             ) -> KernelCaseResult:
-    from tuner.search.sampling import params_key
 
     kernel = load_kernel(case.kernel)
     target = ctx.target
     runs: dict[str, list] = {}
-    for t in ctx.trials:
+    for t in ctx.trials:  # the timings of each program (Target.canonical_params: twins are one)
         if t.outcome == "ok" and t.value is not None and t.repeat_of is None:
-            runs.setdefault(params_key(t.params), []).append(t)
+            runs.setdefault(ctx.key_of(t.params), []).append(t)
     counts = dict(ctx.counts)
-    evaluated = len({params_key(t.params) for t in ctx.trials
+    evaluated = len({ctx.key_of(t.params) for t in ctx.trials
                      if t.repeat_of is None and t.outcome != "invalid_config"})
     res = KernelCaseResult(case.kernel, dict(case.shape), case.dtype, kernel.shape_key(case.shape), "failed",
                            study=ctx.run.study_name, trials=len(ctx.trials), evaluated=evaluated, counts=counts)
     best = pick_best(ctx)
-    d_runs = runs.get(params_key(defaults), [])
+    d_runs = runs.get(ctx.key_of(defaults), [])
     d_med = statistics.median(r.value for r in d_runs) if d_runs else None
     res.default_time_us = d_med
     if best is None:
@@ -476,7 +475,7 @@ def _decide(ctx: SearchContext, case: KernelCase, defaults: dict[str, Any], min_
             f"{k} {v}" for k, v in sorted(counts.items()))
         res.config = target.config_of(defaults)
         return res
-    b_runs = runs[params_key(best.params)]
+    b_runs = runs[ctx.key_of(best.params)]
 
     def rel_range(rs) -> float:
         vals = [r.value for r in rs]
@@ -488,11 +487,11 @@ def _decide(ctx: SearchContext, case: KernelCase, defaults: dict[str, Any], min_
     if d_med is None:
         res.status, res.config, res.time_us = "tuned", target.config_of(best.params), best.value
         res.reason = "the default config did not run correctly here; the best correct config is kept"
-    elif params_key(best.params) != params_key(defaults) and best.value < d_med * (1.0 - spread):
+    elif ctx.key_of(best.params) != ctx.key_of(defaults) and best.value < d_med * (1.0 - spread):
         res.status, res.config, res.time_us = "tuned", target.config_of(best.params), best.value
     else:
         res.status, res.config, res.time_us = "default_kept", target.config_of(defaults), d_med
-        if params_key(best.params) != params_key(defaults):
+        if ctx.key_of(best.params) != ctx.key_of(defaults):
             res.reason = (f"best {best.value:.3g} us vs default {d_med:.3g} us is within the measured spread "
                           f"{spread:.1%}")
     return res
@@ -503,7 +502,7 @@ def tune_case(case: KernelCase, options: SearchOptions, study: str, progress: Pr
     """Run the sub-study of one case on ``options.budget_s`` seconds and decide its winner (no file written);
     with ``ahead``, configs are compiled by its helpers while earlier trials are timed."""
     from storage import Repo
-    from tuner.search.sampling import params_key, suggestable
+    from tuner.search.sampling import suggestable
 
     t0 = time.time()
     settings = {k: v for k, v in options.settings.items() if k in PASS_THROUGH}
@@ -536,12 +535,13 @@ def tune_case(case: KernelCase, options: SearchOptions, study: str, progress: Pr
         reason = _loop(ctx, progress, lambda: _reserve(ctx, k), case, ahead)
         if k and not ctx.stop.is_set():
             ranked: dict[str, dict] = {}
-            for t in sorted((t for t in ctx.trials if t.outcome == "ok" and t.value is not None),
+            # one entry per program timed (a repeat's or a twin's value is a copy; Target.canonical_params)
+            for t in sorted((t for t in ctx.trials if t.outcome == "ok" and t.value is not None and t.repeat_of is None),
                             key=lambda t: t.value):
-                ranked.setdefault(params_key(t.params), t.params)
+                ranked.setdefault(ctx.key_of(t.params), t.params)
             top = list(ranked.values())[:k]
-            if params_key(defaults) in ranked and params_key(defaults) not in {params_key(p) for p in top}:
-                top.append(defaults)
+            if ctx.key_of(defaults) in ranked and ctx.key_of(defaults) not in {ctx.key_of(p) for p in top}:
+                top.append(ranked[ctx.key_of(defaults)])
             _retime(ctx, progress, top, KernelsSettings.parse(options.settings, owner="the kernels plan").retimes)
     except KeyboardInterrupt:
         ctx.stop.set()
