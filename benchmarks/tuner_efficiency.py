@@ -1036,7 +1036,10 @@ def _goal(args, date: str) -> int:
               f"{args.seeds} times (seeds 0..{args.seeds - 1}) as `tuner.search.kernel_search` searches it on the H200 "
               f"host: its sampler (`kernel_sampler`), the default then `starting_configs` first, a one-change move "
               f"after a repeat, {ahead} trials asked ahead (its compile helpers). Cell: seeds within 3% of the "
-              f"table's best / seeds (evaluations). Rule-pruned configs and repeats cost no evaluation.", "",
+              f"table's best / seeds (evaluations). Rule-pruned configs and repeats cost no evaluation. Configs counts "
+              f"programs: configs that run the same program (the kernel's `canonical_config`; GEMM: GROUP_M where "
+              f"there is one row block) are one row, its fastest timing, and asking for one that was timed is a "
+              f"repeat, as in the kernel search.", "",
               f"    python benchmarks/tuner_efficiency.py --goal {args.goal} --seeds {args.seeds}"
               + (f" --analyze-gpu {args.analyze_gpu}" if args.analyze_gpu else "")]
     text = goal_report(res, header)
