@@ -88,7 +88,8 @@ def compile_all(arch: int = 90) -> list[dict]:
                      sd | ({"kv_ptr": P("fp8e4nv")} if fp8 else {}),
                      dict(DV=512, DT=dt, D_TAIL=dt, BLOCK_H=16, BLOCK_T=64, DIRECT=direct, FUSED_COMBINE=fused,
                           KV_SCALED=fp8, PREFETCH=True, PDL=not direct and not fused, PREFETCH_NEXT=True,
-                          LINES=4 if fp8 else 8, LINE_ELTS=128 if fp8 else 64, V_SPLIT=1 if fused else 2), 4, 2))
+                          LINES=4 if fp8 else 8, LINE_ELTS=128 if fp8 else 64, V_SPLIT=1 if fused else 2,
+                          IDX_AHEAD=dt > 0 or fp8, QK_AHEAD=fused), 4, 2))
     jobs.append(("sparse_decode combine", _combine_kernel, {"part_ptr": "*fp32", "lse_ptr": "*fp32", "out_ptr": P("bf16")},
                  dict(S_PAD=32, BLOCK_D=128, PDL=True), 4, 1))
     jobs.append(("sparse_decode_simt", _sparse_decode_simt_kernel, {"q_ptr": P("bf16"), "kv_ptr": P("bf16"), "idx_ptr": "*i32",
