@@ -449,7 +449,6 @@ def _within_spread(ctx: SearchContext, numbers: list[int]) -> list[float]:
 
 def _decide(ctx: SearchContext, case: KernelCase, defaults: dict[str, Any], min_gain: float
             ) -> KernelCaseResult:
-
     kernel = load_kernel(case.kernel)
     target = ctx.target
     runs: dict[str, list] = {}
