@@ -137,59 +137,60 @@ def _sparse_decode_kernel(
             kv_c = kv_n
             s_c = s_n
         m_i, l_i, acc = _online_pv(s_c, kv_c, m_i, l_i, acc)
-    if IDX_AHEAD:
-        rows_next = tl.load(idx_base + start + tl.arange(0, BLOCK_T), mask=start + tl.arange(0, BLOCK_T) < end, other=-1)
-    for t0 in range(start, end if not QK_AHEAD else start, BLOCK_T):
-        offs_t = t0 + tl.arange(0, BLOCK_T)
+    else:
         if IDX_AHEAD:
-            # this tile's indices were loaded one iteration ago; the next tile's load overlaps this tile's work
-            rows = rows_next
-            nxt = offs_t + BLOCK_T
-            rows_next = tl.load(idx_base + nxt, mask=nxt < end, other=-1)
-        else:
-            rows = tl.load(idx_base + offs_t, mask=offs_t < end, other=-1)
-        valid = (rows >= 0) & (rows < num_rows)
-        safe = tl.where(valid, rows, 0).to(tl.int64)
-        row_ptr = kv_ptr + safe[:, None] * stride_kv
-        kv = tl.load(row_ptr + offs_d[None, :], mask=valid[:, None], other=0.0)  # [BLOCK_T, DV]: K and V
-        if PREFETCH_NEXT:
-            # the next tile's rows, asked of L2 now, so that their DRAM round trip overlaps this tile's dots and
-            # softmax (measured slower: see the launcher's docstring)
-            nxt = offs_t + BLOCK_T
-            rows_n = tl.load(idx_base + nxt, mask=nxt < end, other=0)
-            rows_n = tl.where((rows_n >= 0) & (rows_n < num_rows), rows_n, 0).to(tl.int64)
-            cols = tl.minimum(tl.arange(0, LINES) * LINE_ELTS, DV + D_TAIL - 1)  # one address per 128-byte line
-            _prefetch_l2(kv_ptr + rows_n[:, None] * stride_kv + cols[None, :])
-        if KV_SCALED:
-            # fp8 e4m3 rows, one float32 scale per row: widen exactly, scale the [H, T] tiles instead. K is loaded
-            # a second time as a [DV, BLOCK_T] tile (from L2): widening a transposed fp8 tile in registers spills
-            k_t = tl.load(kv_ptr + safe[None, :] * stride_kv + offs_d[:, None], mask=valid[None, :], other=0.0)
-            row_scale = tl.load(kv_scale_ptr + safe, mask=valid, other=0.0)
-            s = tl.dot(q, k_t.to(q.dtype))
-            kv = kv.to(q.dtype)
-        else:
-            s = tl.dot(q, tl.trans(kv))
-        if DT > 0:
-            k_tail = tl.load(row_ptr + DV + offs_e[None, :], mask=valid[:, None] & e_mask[None, :], other=0.0)
-            s += tl.dot(q_tail, tl.trans(k_tail.to(q.dtype)))
-        if KV_SCALED:
-            s = s * (row_scale * qk_scale)[None, :]
-        else:
-            s = s * qk_scale
-        s = tl.where(valid[None, :], s, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(s, 1))
-        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
-        alpha = tl.exp2(m_i - m_safe)
-        p = tl.exp2(s - m_safe[:, None])
-        l_i = l_i * alpha + tl.sum(p, 1)
-        if KV_SCALED:
-            p = p * row_scale[None, :]
-        if V_SPLIT == 1:
-            v = kv
-        else:  # every part computes the same scores from whole rows; V is its own columns of them (from L1)
-            v = tl.load(row_ptr + offs_c[None, :], mask=valid[:, None], other=0.0).to(q.dtype)
-        acc = tl.dot(p.to(q.dtype), v, acc * alpha[:, None])
-        m_i = m_new
+            rows_next = tl.load(idx_base + start + tl.arange(0, BLOCK_T), mask=start + tl.arange(0, BLOCK_T) < end, other=-1)
+        for t0 in range(start, end, BLOCK_T):
+            offs_t = t0 + tl.arange(0, BLOCK_T)
+            if IDX_AHEAD:
+                # this tile's indices were loaded one iteration ago; the next tile's load overlaps this tile's work
+                rows = rows_next
+                nxt = offs_t + BLOCK_T
+                rows_next = tl.load(idx_base + nxt, mask=nxt < end, other=-1)
+            else:
+                rows = tl.load(idx_base + offs_t, mask=offs_t < end, other=-1)
+            valid = (rows >= 0) & (rows < num_rows)
+            safe = tl.where(valid, rows, 0).to(tl.int64)
+            row_ptr = kv_ptr + safe[:, None] * stride_kv
+            kv = tl.load(row_ptr + offs_d[None, :], mask=valid[:, None], other=0.0)  # [BLOCK_T, DV]: K and V
+            if PREFETCH_NEXT:
+                # the next tile's rows, asked of L2 now, so that their DRAM round trip overlaps this tile's dots and
+                # softmax (measured slower: see the launcher's docstring)
+                nxt = offs_t + BLOCK_T
+                rows_n = tl.load(idx_base + nxt, mask=nxt < end, other=0)
+                rows_n = tl.where((rows_n >= 0) & (rows_n < num_rows), rows_n, 0).to(tl.int64)
+                cols = tl.minimum(tl.arange(0, LINES) * LINE_ELTS, DV + D_TAIL - 1)  # one address per 128-byte line
+                _prefetch_l2(kv_ptr + rows_n[:, None] * stride_kv + cols[None, :])
+            if KV_SCALED:
+                # fp8 e4m3 rows, one float32 scale per row: widen exactly, scale the [H, T] tiles instead. K is loaded
+                # a second time as a [DV, BLOCK_T] tile (from L2): widening a transposed fp8 tile in registers spills
+                k_t = tl.load(kv_ptr + safe[None, :] * stride_kv + offs_d[:, None], mask=valid[None, :], other=0.0)
+                row_scale = tl.load(kv_scale_ptr + safe, mask=valid, other=0.0)
+                s = tl.dot(q, k_t.to(q.dtype))
+                kv = kv.to(q.dtype)
+            else:
+                s = tl.dot(q, tl.trans(kv))
+            if DT > 0:
+                k_tail = tl.load(row_ptr + DV + offs_e[None, :], mask=valid[:, None] & e_mask[None, :], other=0.0)
+                s += tl.dot(q_tail, tl.trans(k_tail.to(q.dtype)))
+            if KV_SCALED:
+                s = s * (row_scale * qk_scale)[None, :]
+            else:
+                s = s * qk_scale
+            s = tl.where(valid[None, :], s, float("-inf"))
+            m_new = tl.maximum(m_i, tl.max(s, 1))
+            m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+            alpha = tl.exp2(m_i - m_safe)
+            p = tl.exp2(s - m_safe[:, None])
+            l_i = l_i * alpha + tl.sum(p, 1)
+            if KV_SCALED:
+                p = p * row_scale[None, :]
+            if V_SPLIT == 1:
+                v = kv
+            else:  # every part computes the same scores from whole rows; V is its own columns of them (from L1)
+                v = tl.load(row_ptr + offs_c[None, :], mask=valid[:, None], other=0.0).to(q.dtype)
+            acc = tl.dot(p.to(q.dtype), v, acc * alpha[:, None])
+            m_i = m_new
 
     l_safe = tl.where(l_i > 0.0, l_i, 1.0)
     o = acc / l_safe[:, None]
