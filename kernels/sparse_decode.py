@@ -62,7 +62,8 @@ except ImportError:  # an older Triton: two plain launches
 
 from .configs import tuned_config
 
-__all__ = ["SparseDecodeKernel", "SparseDecodeSimtKernel", "quantize_kv_fp8", "sparse_decode", "sparse_decode_simt", "split_rows"]
+__all__ = ["SparseDecodeKernel", "SparseDecodeSimtKernel", "launch_combine", "quantize_kv_fp8", "sparse_decode", "sparse_decode_simt",
+           "split_rows"]
 
 logger = logging.getLogger(__name__)
 
@@ -532,14 +533,22 @@ def sparse_decode(
         V_SPLIT=v_split, IDX_AHEAD=bool(idx_ahead), QK_AHEAD=bool(qk_ahead), num_warps=config["num_warps"], num_stages=config["num_stages"],
     )
     if not direct and not fused_combine:
-        s_pad = triton.next_power_of_2(S)
-        block_d = min(d_v, max(32, 4096 // s_pad))  # [S_PAD, BLOCK_D] float32 tile: 32 values a thread
-        _combine_kernel[(d_v // block_d, H, B)](
-            part, lse, out, S,
-            *part.stride()[:3], *lse.stride()[:2], out.stride(0), out.stride(1),
-            S_PAD=s_pad, BLOCK_D=block_d, PDL=pdl, num_warps=4, **({"launch_pdl": True} if pdl else {}),
-        )
+        launch_combine(part, lse, out, pdl)
     return out
+
+
+def launch_combine(part: torch.Tensor, lse: torch.Tensor, out: torch.Tensor, pdl: bool) -> None:
+    """Merge the split partials ``part [B, S, H, d_v]`` (float32, normalised) by their log-sum-exp ``lse [B, S, H]``
+    (base 2) into ``out [B, H, d_v]``; ``pdl``: launched with programmatic dependent launch (it waits in-kernel for
+    the grid that wrote the partials)."""
+    B, S, H, d_v = part.shape
+    s_pad = triton.next_power_of_2(S)
+    block_d = min(d_v, max(32, 4096 // s_pad))  # [S_PAD, BLOCK_D] float32 tile: 32 values a thread
+    _combine_kernel[(d_v // block_d, H, B)](
+        part, lse, out, S,
+        *part.stride()[:3], *lse.stride()[:2], out.stride(0), out.stride(1),
+        S_PAD=s_pad, BLOCK_D=block_d, PDL=pdl, num_warps=4, **({"launch_pdl": True} if pdl else {}),
+    )
 
 
 def sparse_decode_simt(

@@ -12,6 +12,9 @@ tensors, as the compile helpers do; ``real`` from real CPU tensors, as a trial's
                                               (how each launched Triton kernel reads global memory, counted in its
                                                sm_90 PTX: plain loads by width, async copies by bytes; from meta
                                                tensors of the inputs the kernel makes for that shape)
+    python compile_probe.py wgmma SHAPE_JSON CONFIG_JSON
+                                              (the Gluon sparse-decode kernel's sm_90 build: instruction counts
+                                               in its PTX; registers and local memory by cuobjdump)
 """
 
 import json
@@ -48,6 +51,54 @@ def configs(kernel, shape):
     return [default] + ([{**default, **other}] if other else [])
 
 
+def wgmma_build(shape: dict, config: dict) -> dict:
+    """Compile ``kernels.sparse_decode_wgmma`` for ``shape`` (bf16, meta tensors) and read its split kernel's PTX."""
+    import os
+    import subprocess
+    import tempfile
+
+    import torch
+    import triton
+    from triton.runtime.jit import JITFunction
+
+    from kernels.compile_only import jit_compile_only
+    from kernels.sparse_decode_wgmma import sparse_decode_wgmma
+
+    builds = {}
+    original = JITFunction.run
+
+    def keep(self, *args, **kwargs):
+        compiled = original(self, *args, **kwargs)
+        builds[self.fn.__name__] = compiled
+        return compiled
+
+    JITFunction.run = keep
+    q = torch.empty(shape["batch"], shape["heads"], shape["d_qk"], dtype=torch.bfloat16, device="meta")
+    kv = torch.empty(shape["num_rows"], shape["d_qk"], dtype=torch.bfloat16, device="meta")
+    idx = torch.empty(shape["batch"], shape["topk"], dtype=torch.int32, device="meta")
+    with jit_compile_only():
+        sparse_decode_wgmma(q, kv, idx, None, config)
+    compiled = builds["_sparse_decode_wgmma_kernel"]
+    ptx = compiled.asm["ptx"]
+    counts = {"wgmma": len(re.findall(r"wgmma\.mma_async", ptx)), "mma.sync": len(re.findall(r"\bmma\.sync", ptx)),
+              "ld.global.v4": len(re.findall(r"\bld\.global(?:\.\w+)*?\.v4\.", ptx))}
+    for m in re.finditer(r"cp\.async\.c[ag]\.shared\.global[^;]*?,\s*(0x[0-9a-f]+|\d+)", ptx):
+        key = f"cp.async.{int(m.group(1), 0)}B"
+        counts[key] = counts.get(key, 0) + 1
+    counts.setdefault("cp.async.16B", 0)
+    usage = None  # what the cubin's function uses, by cuobjdump (shipped with Triton's NVIDIA backend)
+    cuobjdump = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "cuobjdump")
+    if os.path.exists(cuobjdump):
+        with tempfile.NamedTemporaryFile("wb", suffix=".cubin", delete=False) as f:
+            f.write(compiled.asm["cubin"])
+        r = subprocess.run([cuobjdump, "--dump-resource-usage", f.name], capture_output=True, text=True)
+        os.unlink(f.name)
+        m = re.search(r"REG:(\d+) STACK:(\d+) SHARED:\d+ LOCAL:(\d+)", r.stdout)
+        if m:
+            usage = {"registers": int(m.group(1)), "stack": int(m.group(2)), "local": int(m.group(3))}
+    return {"ptx": counts, "usage": usage, "shared_bytes": compiled.metadata.shared}
+
+
 def main() -> None:
     mode, names = sys.argv[1], sys.argv[2].split(",")
     driver.set_active(Sm90())
@@ -55,6 +106,9 @@ def main() -> None:
     from kernels.registry import get_kernel
 
     out = {}
+    if mode == "wgmma":
+        print(json.dumps(wgmma_build(json.loads(sys.argv[2]), json.loads(sys.argv[3]))))
+        return
     if mode == "loads":
         from triton.runtime.jit import JITFunction
 

@@ -1,0 +1,222 @@
+"""The Gluon wgmma sparse-decode kernel against the ``tl.dot`` kernel, the torch path and the floor, in one run (issue 20).
+
+Each case (V4-Flash shapes: 64 heads, one 512-wide K=V latent, 640 selected rows of 65536, bf16 cache; batch 1, 16,
+64) times, one after another in one process on one GPU:
+
+* ``tl.dot``: :func:`kernels.sparse_decode.sparse_decode` at its shipped tuned config and at the fastest configs of
+  the last side-by-side run (``benchmarks/results/data/sparse_decode_ahead_h200.json``: the plain loop's and
+  ``idx_ahead``'s 4 fastest per batch, each with its option);
+* ``wgmma``: :func:`kernels.sparse_decode_wgmma.sparse_decode_wgmma` over its whole space (S, BLOCK_T, STAGES);
+* the torch path (gather + two bmm) and the floor (bytes / the copy bandwidth measured in the same run).
+
+Every (kernel, config) is first checked against the float32 reference into a NaN-poisoned output (and, for the
+wgmma kernel, on ragged inputs where most requests keep a random number of rows), then timed with
+``kernels.bench.do_bench`` (CUDA-graph replays, L2 flushed before each, 4 input sets rotating).
+
+    python3 benchmarks/sparse_decode_wgmma.py --json OUT.json                   # on an H200
+    python3 benchmarks/sparse_decode_wgmma.py --report-from OUT.json --out X.md  # on any machine
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import itertools
+import json
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path[:] = [str(ROOT)] + [p for p in sys.path if Path(p or ".").resolve() not in (ROOT, Path(__file__).resolve().parent)]
+
+PREVIOUS = ROOT / "benchmarks" / "results" / "data" / "sparse_decode_ahead_h200.json"
+BATCHES = (1, 16, 64)
+GOALS = {1: 9.0, 16: 12.0, 64: 17.0}  # issue 20, bf16 cache, µs
+WGMMA_SPACE = {"S": [1, 2, 3, 4, 5, 8, 10, 16, 20], "BLOCK_T": [32, 64], "STAGES": [2, 3, 4]}
+TOP = 4
+
+
+def wgmma_configs() -> list[dict]:
+    """The wgmma kernel's space, less the configs whose ring does not fit 227 KiB of shared memory (q's 64 KiB plus
+    STAGES tiles of BLOCK_T rows of 1 KiB) and the split counts that repeat a smaller one's partition."""
+    from kernels.sparse_decode import split_rows
+
+    out, seen = [], set()
+    for s, bt, st in itertools.product(*WGMMA_SPACE.values()):
+        if 64 * 1024 + st * bt * 1024 > 227 * 1024:
+            continue
+        key = (split_rows(640, s, bt), st)
+        if key not in seen:
+            seen.add(key)
+            out.append({"S": s, "BLOCK_T": bt, "STAGES": st})
+    return out
+
+
+def tldot_configs(batch: int, shipped: dict) -> list[tuple[dict, dict]]:
+    """(config, launcher options): the shipped config, then the previous run's fastest plain and idx_ahead configs."""
+    picked = [(shipped, {})]
+    if PREVIOUS.exists():
+        prev = json.loads(PREVIOUS.read_text())
+        for case in prev["cases"]:
+            if case["dtype"] != "bfloat16" or case["shape"]["batch"] != batch:
+                continue
+            for variant, opts in (("base", {}), ("idx_ahead", {"idx_ahead": True})):
+                rows = sorted((r for r in case["configs"] if variant in r["us"]), key=lambda r: r["us"][variant])
+                picked += [(r["config"], opts) for r in rows[:TOP]]
+    out, seen = [], set()
+    for c, o in picked:
+        k = json.dumps([c, o], sort_keys=True)
+        if k not in seen:
+            seen.add(k)
+            out.append((c, o))
+    return out
+
+
+def measure(rep_ms: float, json_path: Path | None, batches=BATCHES) -> dict:
+    import torch
+    import triton
+
+    from benchmarks.kernels import _time
+    from benchmarks.tuner_efficiency import _commit
+    from kernels.base import classify_failure, rel_error
+    from kernels.bench import measure_copy_bandwidth
+    from kernels.configs import lookup
+    from kernels.registry import get_kernel
+    from kernels.sparse_decode import sparse_decode
+    from kernels.sparse_decode_wgmma import sparse_decode_wgmma
+
+    kernel = get_kernel("sparse_decode")
+    base = kernel.shapes("v4flash")[0]
+    copy_tb_s = measure_copy_bandwidth() / 1e12
+    meta = {"date": dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"), "gpu": torch.cuda.get_device_name(),
+            "torch": torch.__version__, "triton": triton.__version__, "commit": _commit(), "copy_tb_s": copy_tb_s,
+            "rep_ms": rep_ms}
+    cases = []
+    for batch in batches:
+        shape = dict(base, batch=batch)
+        sets = [kernel.make_inputs(shape, "bfloat16", "cuda", seed=1 + k) for k in range(4)]
+        ragged = kernel.make_inputs({**shape, "ragged": 1}, "bfloat16", "cuda", seed=99)
+        refs = [kernel.reference(sets[0]), kernel.reference(ragged)]
+        outs = [kernel.output_like(s) for s in sets]
+        tol = kernel.tolerance("bfloat16")
+        shipped = lookup("sparse_decode", shape, "bfloat16", "cuda")
+        case = {"batch": batch, "shape": shape, "floor_us": kernel.cost(shape, "bfloat16").bytes / (copy_tb_s * 1e6),
+                "torch_us": _time(kernel.torch_baseline, sets, rep_ms).median_us, "shipped": shipped, "rows": []}
+        runs = [("tl.dot", c, o) for c, o in tldot_configs(batch, shipped)] + [("wgmma", c, {}) for c in wgmma_configs()]
+        for name, config, opts in runs:
+            def call(i, out, c=config, o=opts, name=name):
+                if name == "wgmma":
+                    return sparse_decode_wgmma(i["q"], i["kv"], i["indices"], i["sm_scale"], c, out=out)
+                return sparse_decode(i["q"], i["kv"], i["indices"], i["sm_scale"], c, d_v=i["d_v"], out=out, **o)
+
+            row = {"kernel": name, "config": config, "options": opts}
+            try:
+                errs = []
+                for inputs, ref in ((sets[0], refs[0]), (ragged, refs[1])):
+                    out = kernel.output_like(inputs).fill_(float("nan"))
+                    errs.append(rel_error(call(inputs, out), ref))
+                    torch.cuda.synchronize()
+                row["err"], row["err_ragged"] = errs
+                row["status"] = "ok" if max(errs) <= tol else "wrong_result"
+            except Exception as exc:  # noqa: BLE001 - a config that fails is data
+                row["status"] = classify_failure(exc)
+                row["reason"] = f"{type(exc).__name__}: {str(exc)[:200]}"
+            if row["status"] == "ok":
+                row["us"] = _time(lambda j, call=call: call(sets[j], outs[j]), list(range(len(sets))), rep_ms).median_us
+            case["rows"].append(row)
+        cases.append(case)
+        best = {k: min((r["us"] for r in case["rows"] if r["kernel"] == k and "us" in r), default=float("nan"))
+                for k in ("tl.dot", "wgmma")}
+        print(f"batch {batch}: tl.dot best {best['tl.dot']:.1f} µs, wgmma best {best['wgmma']:.1f} µs, torch "
+              f"{case['torch_us']:.1f} µs, floor {case['floor_us']:.2f} µs", flush=True)
+        if json_path is not None:
+            json_path.write_text(json.dumps({"meta": meta, "cases": cases}, indent=1))
+        torch.cuda.empty_cache()
+    return {"meta": meta, "cases": cases}
+
+
+def _f(x, nd=1) -> str:
+    return "—" if x is None else f"{x:.{nd}f}"
+
+
+def _cfg(row: dict) -> str:
+    c = " ".join(f"{k}={v}" for k, v in row["config"].items())
+    return c + "".join(f" +{k}" for k, v in row.get("options", {}).items() if v)
+
+
+def report(data: dict, source: str) -> str:
+    m = data["meta"]
+    lines = [
+        "# Sparse decode: the Gluon wgmma kernel against the tl.dot kernel, side by side", "",
+        f"- date: {m['date']}; GPU: {m['gpu']}; torch {m['torch']}, triton {m['triton']}; commit {m['commit']}",
+        f"- generated by `benchmarks/sparse_decode_wgmma.py --report-from {Path(source).name}` from the stored results "
+        f"`benchmarks/results/data/{Path(source).name}`",
+        f"- V4-Flash shapes: 64 heads, d_qk = d_v = 512, 640 selected rows of 65536, bf16 cache; floor = bytes / "
+        f"{m['copy_tb_s']:.2f} TB/s (copy bandwidth measured in the same run)",
+        "- times: median µs of CUDA-graph replays, L2 flushed before each, 4 input sets rotating; every (kernel, "
+        "config) checked first against the float32 reference into a NaN-poisoned output, on the timed inputs and on "
+        "ragged ones",
+        "- tl.dot: `kernels.sparse_decode` at its shipped tuned config and the previous run's fastest configs (plain "
+        "and idx_ahead); wgmma: `kernels.sparse_decode_wgmma` over its whole space", "",
+        "| batch | floor µs | torch µs | tl.dot shipped µs | tl.dot best µs | wgmma best µs | tl.dot best / wgmma best "
+        "| wgmma best / floor | torch / wgmma best | goal | wgmma best config |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+    for case in data["cases"]:
+        ok = [r for r in case["rows"] if "us" in r]
+        shipped = next((r for r in ok if r["kernel"] == "tl.dot" and r["config"] == case["shipped"] and not r["options"]), None)
+        bt = min((r for r in ok if r["kernel"] == "tl.dot"), key=lambda r: r["us"], default=None)
+        bw = min((r for r in ok if r["kernel"] == "wgmma"), key=lambda r: r["us"], default=None)
+        fastest = min((r["us"] for r in (bt, bw) if r), default=None)
+        g = GOALS[case["batch"]]
+        goal = "—" if fastest is None else ("met" if fastest <= g else f"missed by {fastest - g:.1f} µs (goal {g:g})")
+        lines.append(
+            f"| {case['batch']} | {_f(case['floor_us'], 2)} | {_f(case['torch_us'])} | {_f(shipped and shipped['us'])} | "
+            f"{_f(bt and bt['us'])} | {_f(bw and bw['us'])} | {_f(bt and bw and bt['us'] / bw['us'], 2)}x | "
+            f"{_f(bw and bw['us'] / case['floor_us'])}x | {_f(bw and case['torch_us'] / bw['us'])}x | {goal} | "
+            f"{bw and _cfg(bw)} |")
+    lines += ["", "Every (kernel, config) (µs; a blank: not timed, the status says why):", "",
+              "| batch | kernel | config | µs | rel. error | rel. error, ragged | status |",
+              "| --- | --- | --- | --- | --- | --- | --- |"]
+    for case in data["cases"]:
+        for r in sorted(case["rows"], key=lambda r: r.get("us", 1e9)):
+            lines.append(f"| {case['batch']} | {r['kernel']} | {_cfg(r)} | {_f(r.get('us'))} | "
+                         f"{_f(r.get('err'), 5) if 'err' in r else ''} | {_f(r.get('err_ragged'), 5) if 'err' in r else ''} | "
+                         f"{r['status'] if r['status'] == 'ok' else r['status'] + ': ' + r.get('reason', '')[:90]} |")
+    return "\n".join(lines) + "\n"
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--json", type=Path, help="measure on the GPU and write the results here")
+    ap.add_argument("--report-from", type=Path, help="write the markdown report of a stored JSON")
+    ap.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "sparse_decode_wgmma_h200.md")
+    ap.add_argument("--batches", default=",".join(map(str, BATCHES)), help="comma-separated, of 1, 16, 64")
+    ap.add_argument("--rep-ms", type=float, default=30.0)
+    args = ap.parse_args(argv)
+    if args.report_from:
+        args.out.write_text(report(json.loads(args.report_from.read_text()), str(args.report_from)))
+        print(args.out.read_text())
+        return 0
+    try:
+        batches = tuple(int(b) for b in args.batches.split(","))
+    except ValueError:
+        batches = ()
+    if not batches or any(b not in BATCHES for b in batches):
+        print(f"error: --batches {args.batches!r}: give some of {BATCHES}, comma-separated", file=sys.stderr)
+        return 2
+    if not args.json:
+        print("error: give --json OUT.json (measure, on a GPU) or --report-from FILE.json", file=sys.stderr)
+        return 2
+    import torch
+
+    if not torch.cuda.is_available():
+        print("error: measuring needs a CUDA GPU; on a CPU use --report-from FILE.json", file=sys.stderr)
+        return 2
+    data = measure(args.rep_ms, args.json, batches)
+    args.json.write_text(json.dumps(data, indent=1))
+    print(report(data, str(args.json)))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

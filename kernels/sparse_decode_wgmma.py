@@ -1,0 +1,215 @@
+"""Sparse MLA decode for Hopper written in Gluon: 64-head tiles on ``wgmma``, gathered rows in a ``cp.async`` ring.
+
+The same computation as :func:`kernels.sparse_decode.sparse_decode` (its docstring has the maths), for the shapes
+V4-Flash serves: 64 query heads per request, one shared K=V latent row of ``d_v`` = 512 columns (``d_qk == d_v``),
+a 16-bit cache. Issue 20's profile of the ``tl.dot`` kernel showed why it stays far from the floor: every loop
+iteration waited for all its asynchronous copies, so each tile's gather (a DRAM round trip) ran in series with its
+two products. Triton's pipeliner does not overlap an indirect gather, and Triton 3.6 does not warp-specialise the
+loop on Hopper. Gluon states the schedule instead of asking a pass for it:
+
+- one program per (request, split of the selected rows), all 64 heads, 8 warps (two warpgroups);
+- ``q`` [64, 512] sits in shared memory for the whole program;
+- the selected rows of each ``BLOCK_T`` tile are copied with ``cp.async`` (16 bytes a thread, zero-filled where a
+  row is padding) into a ring of ``STAGES`` shared-memory slots; the copies of tile ``t + STAGES - 1`` are issued
+  before tile ``t``'s products, so the gather runs while the tensor cores work;
+- S = q K^T is one ``wgmma`` chain per warpgroup (each warpgroup half the tile's rows), the online softmax runs
+  on S in registers, and O += P V is one ``wgmma`` chain per warpgroup for its 256 columns of V, reading the same
+  shared tile as K (V is the first ``d_v`` columns of K): each row leaves DRAM once;
+- one barrier per tile: after it every warp has finished the previous tile, so its slot is free to refill.
+
+Split-K partials and the merge are the ``tl.dot`` kernel's (same layout, same merge kernel, launched with
+programmatic dependent launch), so the two kernels are interchangeable behind :func:`sparse_decode_wgmma`.
+
+Needs an sm_90 GPU and a Triton with Gluon's Hopper API (3.6 on the GPU image). It is compiled on CPU by the
+sm_90 compile test; its numerics are checked on the GPU (tests/kernels/test_sparse_decode_wgmma_gpu.py).
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import triton
+
+from .base import gpu_target
+from .sparse_decode import _PDL, LOG2E, _check_args, launch_combine, split_rows
+
+try:
+    from triton.experimental import gluon
+    from triton.experimental.gluon import language as gl
+    from triton.experimental.gluon.language.nvidia.ampere import async_copy
+    from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, warpgroup_mma
+
+    HAVE_GLUON = True
+except ImportError:  # a Triton without Gluon: sparse_decode_wgmma raises, the tl.dot kernel stays available
+    HAVE_GLUON = False
+
+__all__ = ["DEFAULT_CONFIG", "HAVE_GLUON", "WGMMA_HEADS", "WGMMA_WARPS", "sparse_decode_wgmma"]
+
+DEFAULT_CONFIG = {"S": 8, "BLOCK_T": 64, "STAGES": 2}
+
+WGMMA_HEADS = 64  # one wgmma M: every head of a V4-Flash request in one program
+WGMMA_WARPS = 8  # two warpgroups: each holds a [64, 256] float32 accumulator (128 registers a thread)
+
+
+if HAVE_GLUON:
+    # renamed between Triton 3.6 (the GPU image) and 3.9: the barrier, and the cp.async copy (the old name raises)
+    _thread_barrier = getattr(gl, "thread_barrier", None) or gl.barrier
+    _async_load = getattr(async_copy, "async_load", None) or async_copy.async_copy_global_to_shared
+
+    @gluon.jit
+    def _issue_tile(slot, kv_ptr, idx_base, t0, end, num_rows, stride_kv, offs_t, offs_d):
+        """Start the ``cp.async`` copies of rows ``t0 .. t0 + BLOCK_T`` of this split into ``slot`` (zeros for padding
+        rows and for rows past ``end``) and commit them as one group."""
+        ot = t0 + offs_t
+        rows = gl.load(idx_base + ot, mask=ot < end, other=-1)
+        valid = (rows >= 0) & (rows < num_rows)
+        safe = gl.where(valid, rows, 0).to(gl.int64)
+        ptrs = kv_ptr + safe[:, None] * stride_kv + offs_d[None, :]
+        _async_load(slot, ptrs, mask=valid[:, None])
+        async_copy.commit_group()
+
+    @gluon.jit
+    def _sparse_decode_wgmma_kernel(
+        q_ptr, kv_ptr, idx_ptr, part_ptr, lse_ptr, out_ptr,
+        H, num_rows, topk, rows_per_split, qk_scale,
+        stride_qb, stride_qh, stride_kv, stride_ib,
+        stride_pb, stride_ps, stride_ph,
+        stride_lb, stride_ls,
+        stride_ob, stride_oh,
+        DV: gl.constexpr, BLOCK_H: gl.constexpr, BLOCK_T: gl.constexpr, STAGES: gl.constexpr,
+        DIRECT: gl.constexpr,
+    ):
+        gl.static_assert(BLOCK_H == 64, "one wgmma M of heads per program")
+        gl.static_assert(DV == 512, "two warpgroups of 256 columns of V")
+        gl.static_assert(STAGES >= 2, "a ring of at least two slots")
+        dtype: gl.constexpr = q_ptr.dtype.element_ty
+        pid_s = gl.program_id(0)
+        pid_b = gl.program_id(1)
+
+        # layouts: a coalesced 16-byte-a-thread blocked layout for the copies, wgmma's for the two products (4 warps
+        # along the heads, the two warpgroups side by side along the columns), 128-byte swizzled shared tiles
+        copy_l: gl.constexpr = gl.BlockedLayout([1, 8], [1, 32], [8, 1], [1, 0])
+        s_l: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 2], instr_shape=[16, BLOCK_T // 2, 16])
+        o_l: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 2], instr_shape=[16, DV // 2, 16])
+        p_l: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_l, k_width=2)
+        tile_sl: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=2)
+
+        start = pid_s * rows_per_split  # a multiple of BLOCK_T: every split but the last is whole tiles
+        end = gl.minimum(start + rows_per_split, topk)
+        idx_base = idx_ptr + pid_b.to(gl.int64) * stride_ib
+        offs_t = gl.arange(0, BLOCK_T, layout=gl.SliceLayout(1, copy_l))
+        offs_d = gl.arange(0, DV, layout=gl.SliceLayout(0, copy_l))
+
+        kv_smem = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_T, DV], tile_sl)
+        for i in gl.static_range(STAGES - 1):  # the first tiles' gathers overlap the q load below
+            _issue_tile(kv_smem.index(i), kv_ptr, idx_base, start + i * BLOCK_T, end, num_rows, stride_kv, offs_t, offs_d)
+
+        offs_hq = gl.arange(0, BLOCK_H, layout=gl.SliceLayout(1, copy_l))
+        q = gl.load(q_ptr + pid_b.to(gl.int64) * stride_qb + offs_hq[:, None] * stride_qh + offs_d[None, :],
+                    mask=(offs_hq < H)[:, None], other=0.0)
+        q_smem = gl.allocate_shared_memory(dtype, [BLOCK_H, DV], tile_sl, q)
+
+        offs_ts = gl.arange(0, BLOCK_T, layout=gl.SliceLayout(0, s_l))
+        m_i = gl.full([BLOCK_H], float("-inf"), gl.float32, layout=gl.SliceLayout(1, s_l))
+        l_i = gl.zeros([BLOCK_H], gl.float32, layout=gl.SliceLayout(1, s_l))
+        acc = gl.zeros([BLOCK_H, DV], gl.float32, layout=o_l)
+        s_zero = gl.zeros([BLOCK_H, BLOCK_T], gl.float32, layout=s_l)
+        n_tiles = gl.cdiv(end - start, BLOCK_T)
+        for t in range(n_tiles):
+            async_copy.wait_group(STAGES - 2)  # this thread's copies of tile t have landed
+            fence_async_shared()  # ... and are visible to the tensor cores' (async proxy) reads
+            _thread_barrier()  # every thread's copies of tile t, and every warp is done with tile t - 1's slot
+            nxt = t + STAGES - 1
+            _issue_tile(kv_smem.index(nxt % STAGES), kv_ptr, idx_base, start + nxt * BLOCK_T, end, num_rows, stride_kv,
+                        offs_t, offs_d)
+            tile = kv_smem.index(t % STAGES)
+            # the tile's padding, for the scores (an L1 hit: the copies read these indices)
+            ot = start + t * BLOCK_T + offs_ts
+            rows = gl.load(idx_base + ot, mask=ot < end, other=-1)
+            valid = (rows >= 0) & (rows < num_rows)
+            s = warpgroup_mma(q_smem, tile.permute((1, 0)), s_zero, use_acc=False)
+            s = gl.where(valid[None, :], s * qk_scale, float("-inf"))
+            m_new = gl.maximum(m_i, gl.max(s, 1))
+            m_safe = gl.where(m_new == float("-inf"), 0.0, m_new)
+            alpha = gl.exp2(m_i - m_safe)
+            p = gl.exp2(s - m_safe[:, None])
+            l_i = l_i * alpha + gl.sum(p, 1)
+            alpha_o = gl.convert_layout(alpha, gl.SliceLayout(1, o_l))
+            acc = warpgroup_mma(gl.convert_layout(p.to(dtype), p_l), tile, acc * alpha_o[:, None])
+            m_i = m_new
+        async_copy.wait_group(0)  # no copy outlives the program (the ring's last slots: padding rows, zeros)
+
+        l_safe = gl.where(l_i > 0.0, l_i, 1.0)
+        o = acc / gl.convert_layout(l_safe, gl.SliceLayout(1, o_l))[:, None]
+        offs_ho = gl.arange(0, BLOCK_H, layout=gl.SliceLayout(1, o_l))
+        offs_c = gl.arange(0, DV, layout=gl.SliceLayout(0, o_l))
+        h_mask = (offs_ho < H)[:, None]
+        if DIRECT:
+            gl.store(out_ptr + pid_b.to(gl.int64) * stride_ob + offs_ho[:, None] * stride_oh + offs_c[None, :],
+                     o.to(out_ptr.dtype.element_ty), mask=h_mask)
+        else:
+            gl.store(part_ptr + pid_b.to(gl.int64) * stride_pb + pid_s * stride_ps + offs_ho[:, None] * stride_ph
+                     + offs_c[None, :], o, mask=h_mask)
+            offs_hs = gl.arange(0, BLOCK_H, layout=gl.SliceLayout(1, s_l))
+            lse = gl.where(l_i > 0.0, m_i + gl.log2(l_safe), float("-inf"))
+            gl.store(lse_ptr + pid_b.to(gl.int64) * stride_lb + pid_s * stride_ls + offs_hs, lse, mask=offs_hs < H)
+
+
+def sparse_decode_wgmma(q: torch.Tensor, kv: torch.Tensor, indices: torch.Tensor, sm_scale: float | None = None,
+                        config: dict | None = None, *, d_v: int | None = None, out: torch.Tensor | None = None,
+                        pdl: bool | None = None) -> torch.Tensor:
+    """Sparse MLA decode on Hopper tensor cores (Gluon); ``q [B, H <= 64, 512]``, ``kv [num_rows, 512]`` in q's
+    dtype (bf16/fp16), ``indices [B, topk]`` int32 (negative or >= num_rows: padding); returns ``[B, H, 512]``.
+
+    ``config`` keys (each optional): ``S`` (at most this many splits of the selected rows, see
+    :func:`kernels.sparse_decode.split_rows`), ``BLOCK_T`` (rows a tile: 32 or 64), ``STAGES`` (ring slots, 2 to 4);
+    a launch is always 8 warps and 64 heads. ``pdl``: launch the merge kernel with programmatic dependent launch;
+    None = where the GPU has it."""
+    if not HAVE_GLUON:
+        raise RuntimeError(f"sparse_decode_wgmma: this Triton ({triton.__version__}) has no Gluon Hopper API; "
+                           "use kernels.sparse_decode.sparse_decode")
+    B, H, d_qk, d_v = _check_args(q, kv, indices, d_v, out)
+    problems = []
+    if H > WGMMA_HEADS:
+        problems.append(f"heads={H} (at most {WGMMA_HEADS})")
+    if d_qk != 512 or d_v != 512:
+        problems.append(f"d_qk={d_qk}, d_v={d_v} (both 512)")
+    if q.dtype not in (torch.bfloat16, torch.float16):
+        problems.append(f"dtype {q.dtype} (bfloat16 or float16)")
+    if problems:
+        raise ValueError(f"sparse_decode_wgmma: {'; '.join(problems)}: use kernels.sparse_decode.sparse_decode")
+    config = {**DEFAULT_CONFIG, **(config or {})}
+    unknown = set(config) - set(DEFAULT_CONFIG)
+    if unknown or config["BLOCK_T"] not in (32, 64) or config["STAGES"] not in (2, 3, 4) or config["S"] < 1:
+        raise ValueError(f"sparse_decode_wgmma: config {config}: keys S, BLOCK_T, STAGES; BLOCK_T 32 or 64, "
+                         "STAGES 2 to 4, S >= 1")
+    topk = indices.shape[1]
+    sm_scale = 1.0 / math.sqrt(d_qk) if sm_scale is None else float(sm_scale)
+    rows_per_split, n_splits = split_rows(topk, config["S"], config["BLOCK_T"])
+    if out is None:
+        out = torch.empty((B, H, d_v), device=q.device, dtype=q.dtype)
+    if B == 0:
+        return out
+    direct = n_splits == 1
+    if direct:
+        part, lse = out, out  # unused
+        part_strides, lse_strides = (0, 0, 0), (0, 0)
+    else:
+        part = torch.empty((B, n_splits, H, d_v), device=q.device, dtype=torch.float32)
+        lse = torch.empty((B, n_splits, H), device=q.device, dtype=torch.float32)
+        part_strides, lse_strides = part.stride()[:3], lse.stride()[:2]
+    _sparse_decode_wgmma_kernel[(n_splits, B)](
+        q, kv, indices, part, lse, out,
+        H, kv.shape[0], topk, rows_per_split, sm_scale * LOG2E,
+        q.stride(0), q.stride(1), kv.stride(0), indices.stride(0),
+        *part_strides, *lse_strides,
+        out.stride(0), out.stride(1),
+        DV=d_v, BLOCK_H=WGMMA_HEADS, BLOCK_T=config["BLOCK_T"], STAGES=config["STAGES"], DIRECT=direct,
+        num_warps=WGMMA_WARPS,
+    )
+    if not direct:
+        target = gpu_target(q.device)
+        pdl = (_PDL and target is not None and target >= (9, 0)) if pdl is None else bool(pdl)
+        launch_combine(part, lse, out, pdl)
+    return out

@@ -1,0 +1,111 @@
+"""The Gluon wgmma sparse-decode kernel (kernels/sparse_decode_wgmma.py).
+
+On any machine: its launcher rejects what it cannot run with a one-line error, and it compiles for sm_90 with the
+schedule its docstring states (wgmma products, cp.async gathers, no spills). On an sm_90 GPU: it matches the
+float32 reference into NaN-poisoned outputs at V4-Flash shapes, ragged padding, every split and ring depth.
+"""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from kernels import get_kernel
+from kernels.base import rel_error
+from kernels.sparse_decode_wgmma import HAVE_GLUON, sparse_decode_wgmma
+
+ROOT = Path(__file__).resolve().parents[2]
+SD = get_kernel("sparse_decode")
+HOPPER = torch.cuda.is_available() and torch.cuda.get_device_capability() == (9, 0)
+needs_gluon = pytest.mark.skipif(not HAVE_GLUON, reason="this Triton has no Gluon Hopper API")
+
+
+def _inputs(batch, dtype=torch.bfloat16, heads=64, d=512, topk=640, rows=4096, device="cpu"):
+    q = torch.randn(batch, heads, d, dtype=dtype, device=device)
+    kv = torch.randn(rows, d, dtype=dtype, device=device)
+    idx = torch.randint(0, rows, (batch, topk), dtype=torch.int32, device=device)
+    return q, kv, idx
+
+
+@needs_gluon
+@pytest.mark.parametrize("change, fragment", [
+    ({"heads": 128}, "heads=128 (at most 64)"),
+    ({"d": 256}, "d_qk=256, d_v=256 (both 512)"),
+    ({"dtype": torch.float32}, "dtype torch.float32 (bfloat16 or float16)"),
+], ids=["heads", "width", "dtype"])
+def test_sparse_decode_wgmma_rejects_shapes_it_cannot_run_with_one_line(change, fragment):
+    with pytest.raises(ValueError) as err:
+        sparse_decode_wgmma(*_inputs(1, **change))
+    assert fragment in str(err.value) and "use kernels.sparse_decode.sparse_decode" in str(err.value)
+    assert "\n" not in str(err.value)
+
+
+@needs_gluon
+@pytest.mark.parametrize("config", [{"BLOCK_T": 16}, {"STAGES": 1}, {"S": 0}, {"num_warps": 4}], ids=str)
+def test_sparse_decode_wgmma_rejects_a_config_outside_its_space(config):
+    with pytest.raises(ValueError, match="keys S, BLOCK_T, STAGES; BLOCK_T 32 or 64, STAGES 2 to 4, S >= 1"):
+        sparse_decode_wgmma(*_inputs(1), config=config)
+
+
+@needs_gluon
+def test_sparse_decode_wgmma_compiles_for_sm90_to_wgmma_and_cp_async_without_spills():
+    """The schedule the module states, in its sm_90 PTX: wgmma for both products, the gathers as 16-byte cp.async
+    (each BLOCK_T x 512 bf16 tile: BLOCK_T * 64 copies over 256 threads), and no local memory (no spill)."""
+    probe = ROOT / "tests" / "kernels" / "compile_probe.py"
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    env.pop("TRITON_INTERPRET", None)
+    for config in ({"S": 5, "BLOCK_T": 64, "STAGES": 2}, {"S": 1, "BLOCK_T": 32, "STAGES": 4}):
+        shape = {"batch": 16, "heads": 64, "d_qk": 512, "d_v": 512, "topk": 640, "num_rows": 65536}
+        r = subprocess.run([sys.executable, str(probe), "wgmma", json.dumps(shape), json.dumps(config)],
+                           capture_output=True, text=True, env=env, timeout=600)
+        assert r.returncode == 0, r.stderr[-2000:]
+        got = json.loads(r.stdout.strip().splitlines()[-1])
+        ptx = got["ptx"]
+        assert ptx["wgmma"] > 0 and ptx["mma.sync"] == 0, ptx
+        assert ptx["cp.async.16B"] > 0 and ptx["ld.global.v4"] <= 16, ptx  # the v4 loads: q (16 a thread), once
+        assert got["usage"] is not None, "cuobjdump did not report the cubin's resource usage"
+        assert got["usage"]["local"] == 0 and got["usage"]["stack"] == 0, got["usage"]  # no spill
+
+
+needs_hopper = pytest.mark.skipif(not (HOPPER and HAVE_GLUON), reason="needs an sm_90 GPU and Gluon")
+
+
+@pytest.mark.gpu
+@needs_hopper
+@pytest.mark.parametrize("config", [
+    {"S": 1, "BLOCK_T": 64, "STAGES": 2}, {"S": 5, "BLOCK_T": 64, "STAGES": 2}, {"S": 3, "BLOCK_T": 64, "STAGES": 2},
+    {"S": 1, "BLOCK_T": 32, "STAGES": 4}, {"S": 8, "BLOCK_T": 32, "STAGES": 3}, {"S": 20, "BLOCK_T": 32, "STAGES": 2},
+], ids=str)
+@pytest.mark.parametrize("batch", [1, 5, 64])
+def test_sparse_decode_wgmma_matches_the_reference_at_v4_flash_shapes(batch, config):
+    """Ragged padding (requests after the first keep a random number of rows, some none), one to twenty tiles a
+    split, ring depths 2-4, into NaN-poisoned outputs; a request with no row gets zeros."""
+    shape = dict(SD.shapes("v4flash")[0], batch=batch, ragged=1)
+    i = SD.make_inputs(shape, "bfloat16", "cuda", seed=batch * 7 + config["S"])
+    if batch > 1:
+        i["indices"][1] = -1  # a request with every row padding
+    ref = SD.reference(i)
+    out = torch.full((batch, 64, 512), float("nan"), device="cuda", dtype=torch.bfloat16)
+    got = sparse_decode_wgmma(i["q"], i["kv"], i["indices"], i["sm_scale"], config, out=out)
+    assert rel_error(got, ref) <= SD.tolerance("bfloat16")
+    if batch > 1:
+        assert torch.count_nonzero(got[1]) == 0
+
+
+@pytest.mark.gpu
+@needs_hopper
+def test_sparse_decode_wgmma_fp16_and_fewer_heads_match_the_reference():
+    """fp16 q and cache; 16 heads (the tile's other 48 rows masked); indices past the cache's end are padding."""
+    for dtype, heads in ((torch.float16, 64), (torch.bfloat16, 16)):
+        g = torch.Generator(device="cuda").manual_seed(heads)
+        q = torch.randn(3, heads, 512, generator=g, device="cuda").to(dtype)
+        kv = torch.randn(8192, 512, generator=g, device="cuda").to(dtype)
+        idx = torch.randint(0, 8192 + 500, (3, 640), generator=g, device="cuda", dtype=torch.int32)
+        ref = SD.reference({"q": q, "kv": kv, "indices": idx, "sm_scale": 0.05, "d_v": 512, "kv_scale": None})
+        out = torch.full((3, heads, 512), float("nan"), device="cuda", dtype=dtype)
+        got = sparse_decode_wgmma(q, kv, idx, 0.05, {"S": 4, "BLOCK_T": 32, "STAGES": 3}, out=out)
+        assert rel_error(got, ref) <= SD.tolerance("bfloat16"), (dtype, heads)
