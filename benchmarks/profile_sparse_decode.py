@@ -15,6 +15,7 @@ shipped config at batch 1, 16 and 64 for the bf16 and the fp8 cache, and 64-head
 ``--gemm``: the decode GEMMs instead (``gemm_cases``), the Triton kernel at its shipped config beside cuBLAS.
 ``--ahead``: the loop schedules of ``sparse_decode``'s ``idx_ahead`` and ``qk_ahead`` beside the plain one, bf16 cache
 at batch 16 and 64, on the shipped config and on 64-head (wgmma) tiles (``ahead_cases``).
+``--wgmma``: the Gluon wgmma kernel beside the tl.dot kernel's shipped configs (``wgmma_cases``).
 """
 
 from __future__ import annotations
@@ -89,6 +90,30 @@ def ahead_cases() -> list:
     return cases
 
 
+def wgmma_cases() -> list:
+    """bf16 cache: the Gluon wgmma kernel (``kernels.sparse_decode_wgmma``) at batch 1 with one split (one program
+    walking all 20 tiles: the cost of a tile) and at the fastest split counts of its first H200 run, beside the
+    tl.dot kernel's shipped config at each batch."""
+    from kernels import get_kernel
+    from kernels.configs import lookup
+    from kernels.sparse_decode import sparse_decode
+    from kernels.sparse_decode_wgmma import sparse_decode_wgmma
+
+    sd = get_kernel("sparse_decode")
+    cases = []
+    picks = {1: [{"S": 1, "BLOCK_T": 32, "STAGES": 2}, {"S": 20, "BLOCK_T": 32, "STAGES": 2}],
+             16: [{"S": 8, "BLOCK_T": 32, "STAGES": 2}, {"S": 4, "BLOCK_T": 64, "STAGES": 2}],
+             64: [{"S": 2, "BLOCK_T": 32, "STAGES": 2}, {"S": 2, "BLOCK_T": 64, "STAGES": 2}]}
+    for shape in sd.shapes("v4flash"):
+        shipped = lookup("sparse_decode", shape, "bfloat16", "cuda")
+        cases.append((f"B={shape['batch']} tl.dot {shipped}", sd, shape, "bfloat16",
+                      lambda i, c=shipped: sparse_decode(i["q"], i["kv"], i["indices"], i["sm_scale"], c, d_v=i["d_v"])))
+        for cfg in picks[shape["batch"]]:
+            cases.append((f"B={shape['batch']} wgmma {cfg}", sd, shape, "bfloat16",
+                          lambda i, c=cfg: sparse_decode_wgmma(i["q"], i["kv"], i["indices"], i["sm_scale"], c)))
+    return cases
+
+
 def gemm_cases() -> list:
     """The decode GEMMs at two V4-Flash shapes (N x K = 4096 x 1024, 1024 x 4096; M = 1, 16, 64), bf16: the Triton
     kernel at its shipped tuned config and the library (cuBLAS through torch), one call each."""
@@ -160,6 +185,7 @@ def main(argv=None) -> int:
     ap.add_argument("--summarise", type=Path, default=None, help="print a summary of an ncu --csv --page raw file")
     ap.add_argument("--gemm", action="store_true", help="profile the decode GEMMs (gemm_cases) instead")
     ap.add_argument("--ahead", action="store_true", help="profile the sparse decode loop schedules (ahead_cases)")
+    ap.add_argument("--wgmma", action="store_true", help="profile the Gluon wgmma kernel (wgmma_cases)")
     args = ap.parse_args(argv)
     if args.summarise:
         print(summarise(args.summarise))
@@ -168,6 +194,8 @@ def main(argv=None) -> int:
         profile(gemm_cases())
     elif args.ahead:
         profile(ahead_cases())
+    elif args.wgmma:
+        profile(wgmma_cases())
     else:
         run_cases()
     return 0

@@ -38,7 +38,7 @@ try:
     from triton.experimental import gluon
     from triton.experimental.gluon import language as gl
     from triton.experimental.gluon.language.nvidia.ampere import async_copy
-    from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, warpgroup_mma
+    from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, warpgroup_mma, warpgroup_mma_wait
 
     HAVE_GLUON = True
 except ImportError:  # a Triton without Gluon: sparse_decode_wgmma raises, the tl.dot kernel stays available
@@ -58,16 +58,18 @@ if HAVE_GLUON:
     _async_load = getattr(async_copy, "async_load", None) or async_copy.async_copy_global_to_shared
 
     @gluon.jit
-    def _issue_tile(slot, kv_ptr, idx_base, t0, end, num_rows, stride_kv, offs_t, offs_d):
-        """Start the ``cp.async`` copies of rows ``t0 .. t0 + BLOCK_T`` of this split into ``slot`` (zeros for padding
-        rows and for rows past ``end``) and commit them as one group."""
-        ot = t0 + offs_t
-        rows = gl.load(idx_base + ot, mask=ot < end, other=-1)
+    def _tile_rows(idx_base, start, end, t, offs_t):
+        """Tile ``t``'s row numbers (-1 past the split's end), in ``offs_t``'s layout."""
+        ot = start + t * offs_t.shape[0] + offs_t
+        return gl.load(idx_base + ot, mask=ot < end, other=-1)
+
+    @gluon.jit
+    def _issue_tile(slot, kv_ptr, rows, num_rows, stride_kv, offs_d):
+        """Start the ``cp.async`` copies of the rows ``rows`` into ``slot`` (zeros for padding rows); the caller
+        commits the group."""
         valid = (rows >= 0) & (rows < num_rows)
         safe = gl.where(valid, rows, 0).to(gl.int64)
-        ptrs = kv_ptr + safe[:, None] * stride_kv + offs_d[None, :]
-        _async_load(slot, ptrs, mask=valid[:, None])
-        async_copy.commit_group()
+        _async_load(slot, kv_ptr + safe[:, None] * stride_kv + offs_d[None, :], mask=valid[:, None])
 
     @gluon.jit
     def _sparse_decode_wgmma_kernel(
@@ -97,38 +99,44 @@ if HAVE_GLUON:
 
         start = pid_s * rows_per_split  # a multiple of BLOCK_T: every split but the last is whole tiles
         end = gl.minimum(start + rows_per_split, topk)
+        n_tiles = gl.cdiv(end - start, BLOCK_T)
         idx_base = idx_ptr + pid_b.to(gl.int64) * stride_ib
-        offs_t = gl.arange(0, BLOCK_T, layout=gl.SliceLayout(1, copy_l))
+        offs_t = gl.arange(0, BLOCK_T, layout=gl.SliceLayout(1, copy_l))  # a tile's rows, as the copies take them
+        offs_ts = gl.arange(0, BLOCK_T, layout=gl.SliceLayout(0, s_l))  # ... and as the scores' columns
         offs_d = gl.arange(0, DV, layout=gl.SliceLayout(0, copy_l))
 
         kv_smem = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_T, DV], tile_sl)
         for i in gl.static_range(STAGES - 1):  # the first tiles' gathers overlap the q load below
-            _issue_tile(kv_smem.index(i), kv_ptr, idx_base, start + i * BLOCK_T, end, num_rows, stride_kv, offs_t, offs_d)
-
+            if i < n_tiles:
+                _issue_tile(kv_smem.index(i), kv_ptr, _tile_rows(idx_base, start, end, i, offs_t), num_rows, stride_kv,
+                            offs_d)
+            async_copy.commit_group()
+        # indices run one tile ahead of their use (loop-carried), so no gather waits for its indices' DRAM round trip
+        rows_c = _tile_rows(idx_base, start, end, STAGES - 1, offs_t)  # the next tile to gather
+        rows_v = _tile_rows(idx_base, start, end, 0, offs_ts)  # the tile to compute, for its padding mask
         offs_hq = gl.arange(0, BLOCK_H, layout=gl.SliceLayout(1, copy_l))
         q = gl.load(q_ptr + pid_b.to(gl.int64) * stride_qb + offs_hq[:, None] * stride_qh + offs_d[None, :],
                     mask=(offs_hq < H)[:, None], other=0.0)
         q_smem = gl.allocate_shared_memory(dtype, [BLOCK_H, DV], tile_sl, q)
 
-        offs_ts = gl.arange(0, BLOCK_T, layout=gl.SliceLayout(0, s_l))
         m_i = gl.full([BLOCK_H], float("-inf"), gl.float32, layout=gl.SliceLayout(1, s_l))
         l_i = gl.zeros([BLOCK_H], gl.float32, layout=gl.SliceLayout(1, s_l))
         acc = gl.zeros([BLOCK_H, DV], gl.float32, layout=o_l)
         s_zero = gl.zeros([BLOCK_H, BLOCK_T], gl.float32, layout=s_l)
-        n_tiles = gl.cdiv(end - start, BLOCK_T)
         for t in range(n_tiles):
             async_copy.wait_group(STAGES - 2)  # this thread's copies of tile t have landed
             fence_async_shared()  # ... and are visible to the tensor cores' (async proxy) reads
             _thread_barrier()  # every thread's copies of tile t, and every warp is done with tile t - 1's slot
-            nxt = t + STAGES - 1
-            _issue_tile(kv_smem.index(nxt % STAGES), kv_ptr, idx_base, start + nxt * BLOCK_T, end, num_rows, stride_kv,
-                        offs_t, offs_d)
             tile = kv_smem.index(t % STAGES)
-            # the tile's padding, for the scores (an L1 hit: the copies read these indices)
-            ot = start + t * BLOCK_T + offs_ts
-            rows = gl.load(idx_base + ot, mask=ot < end, other=-1)
-            valid = (rows >= 0) & (rows < num_rows)
-            s = warpgroup_mma(q_smem, tile.permute((1, 0)), s_zero, use_acc=False)
+            s_tok = warpgroup_mma(q_smem, tile.permute((1, 0)), s_zero, use_acc=False, is_async=True)
+            nxt = t + STAGES - 1  # its gather is issued while the tensor cores compute this tile's scores
+            if nxt < n_tiles:
+                _issue_tile(kv_smem.index(nxt % STAGES), kv_ptr, rows_c, num_rows, stride_kv, offs_d)
+            async_copy.commit_group()
+            rows_c = _tile_rows(idx_base, start, end, nxt + 1, offs_t)
+            valid = (rows_v >= 0) & (rows_v < num_rows)
+            rows_v = _tile_rows(idx_base, start, end, t + 1, offs_ts)
+            s = warpgroup_mma_wait(0, deps=[s_tok])
             s = gl.where(valid[None, :], s * qk_scale, float("-inf"))
             m_new = gl.maximum(m_i, gl.max(s, 1))
             m_safe = gl.where(m_new == float("-inf"), 0.0, m_new)
