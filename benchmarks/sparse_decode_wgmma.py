@@ -32,7 +32,7 @@ sys.path[:] = [str(ROOT)] + [p for p in sys.path if Path(p or ".").resolve() not
 PREVIOUS = ROOT / "benchmarks" / "results" / "data" / "sparse_decode_ahead_h200.json"
 BATCHES = (1, 16, 64)
 GOALS = {1: 9.0, 16: 12.0, 64: 17.0}  # issue 20, bf16 cache, µs
-WGMMA_SPACE = {"S": [1, 2, 3, 4, 5, 8, 10, 16, 20], "BLOCK_T": [32, 64], "STAGES": [2, 3, 4]}
+WGMMA_SPACE = {"S": [1, 2, 3, 4, 5, 8, 10, 16, 20], "BLOCK_T": [32, 64], "STAGES": [2, 3, 4], "P_SMEM": [0, 1]}
 TOP = 4
 
 
@@ -42,13 +42,13 @@ def wgmma_configs() -> list[dict]:
     from kernels.sparse_decode import split_rows
 
     out, seen = [], set()
-    for s, bt, st in itertools.product(*WGMMA_SPACE.values()):
-        if 64 * 1024 + st * bt * 1024 > 227 * 1024:
+    for s, bt, st, ps in itertools.product(*WGMMA_SPACE.values()):
+        if 64 * 1024 + st * bt * 1024 + ps * 64 * bt * 2 > 227 * 1024:
             continue
-        key = (split_rows(640, s, bt), st)
+        key = (split_rows(640, s, bt), st, ps)
         if key not in seen:
             seen.add(key)
-            out.append({"S": s, "BLOCK_T": bt, "STAGES": st})
+            out.append({"S": s, "BLOCK_T": bt, "STAGES": st, "P_SMEM": ps})
     return out
 
 

@@ -46,7 +46,7 @@ except ImportError:  # a Triton without Gluon: sparse_decode_wgmma raises, the t
 
 __all__ = ["DEFAULT_CONFIG", "HAVE_GLUON", "WGMMA_HEADS", "WGMMA_WARPS", "sparse_decode_wgmma"]
 
-DEFAULT_CONFIG = {"S": 8, "BLOCK_T": 64, "STAGES": 2}
+DEFAULT_CONFIG = {"S": 8, "BLOCK_T": 64, "STAGES": 2, "P_SMEM": 0}
 
 WGMMA_HEADS = 64  # one wgmma M: every head of a V4-Flash request in one program
 WGMMA_WARPS = 8  # two warpgroups: each holds a [64, 256] float32 accumulator (128 registers a thread)
@@ -80,7 +80,7 @@ if HAVE_GLUON:
         stride_lb, stride_ls,
         stride_ob, stride_oh,
         DV: gl.constexpr, BLOCK_H: gl.constexpr, BLOCK_T: gl.constexpr, STAGES: gl.constexpr,
-        DIRECT: gl.constexpr,
+        DIRECT: gl.constexpr, P_SMEM: gl.constexpr,
     ):
         gl.static_assert(BLOCK_H == 64, "one wgmma M of heads per program")
         gl.static_assert(DV == 512, "two warpgroups of 256 columns of V")
@@ -95,6 +95,8 @@ if HAVE_GLUON:
         s_l: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 2], instr_shape=[16, BLOCK_T // 2, 16])
         o_l: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 2], instr_shape=[16, DV // 2, 16])
         p_l: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_l, k_width=2)
+        p_sl: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=BLOCK_T * 2 if BLOCK_T < 64 else 128, element_bitwidth=16,
+                                                  rank=2)
         tile_sl: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=2)
 
         start = pid_s * rows_per_split  # a multiple of BLOCK_T: every split but the last is whole tiles
@@ -118,6 +120,7 @@ if HAVE_GLUON:
         q = gl.load(q_ptr + pid_b.to(gl.int64) * stride_qb + offs_hq[:, None] * stride_qh + offs_d[None, :],
                     mask=(offs_hq < H)[:, None], other=0.0)
         q_smem = gl.allocate_shared_memory(dtype, [BLOCK_H, DV], tile_sl, q)
+        p_smem = gl.allocate_shared_memory(dtype, [BLOCK_H, BLOCK_T], p_sl)  # each warpgroup's half of P, for both
 
         m_i = gl.full([BLOCK_H], float("-inf"), gl.float32, layout=gl.SliceLayout(1, s_l))
         l_i = gl.zeros([BLOCK_H], gl.float32, layout=gl.SliceLayout(1, s_l))
@@ -144,7 +147,13 @@ if HAVE_GLUON:
             p = gl.exp2(s - m_safe[:, None])
             l_i = l_i * alpha + gl.sum(p, 1)
             alpha_o = gl.convert_layout(alpha, gl.SliceLayout(1, o_l))
-            acc = warpgroup_mma(gl.convert_layout(p.to(dtype), p_l), tile, acc * alpha_o[:, None])
+            if P_SMEM:  # P as wgmma's A from shared memory: each warpgroup writes its half of the columns, one barrier
+                p_smem.store(p.to(dtype))
+                fence_async_shared()
+                _thread_barrier()
+                acc = warpgroup_mma(p_smem, tile, acc * alpha_o[:, None])
+            else:  # P as wgmma's A from registers: both warpgroups need every column, a layout conversion
+                acc = warpgroup_mma(gl.convert_layout(p.to(dtype), p_l), tile, acc * alpha_o[:, None])
             m_i = m_new
         async_copy.wait_group(0)  # no copy outlives the program (the ring's last slots: padding rows, zeros)
 
@@ -171,7 +180,8 @@ def sparse_decode_wgmma(q: torch.Tensor, kv: torch.Tensor, indices: torch.Tensor
     dtype (bf16/fp16), ``indices [B, topk]`` int32 (negative or >= num_rows: padding); returns ``[B, H, 512]``.
 
     ``config`` keys (each optional): ``S`` (at most this many splits of the selected rows, see
-    :func:`kernels.sparse_decode.split_rows`), ``BLOCK_T`` (rows a tile: 32 or 64), ``STAGES`` (ring slots, 2 to 4);
+    :func:`kernels.sparse_decode.split_rows`), ``BLOCK_T`` (rows a tile: 32 or 64), ``STAGES`` (ring slots, 2 to 4),
+    ``P_SMEM`` (1: the probabilities reach the PV product through shared memory, 0: from registers);
     a launch is always 8 warps and 64 heads. ``pdl``: launch the merge kernel with programmatic dependent launch;
     None = where the GPU has it."""
     if not HAVE_GLUON:
@@ -189,9 +199,10 @@ def sparse_decode_wgmma(q: torch.Tensor, kv: torch.Tensor, indices: torch.Tensor
         raise ValueError(f"sparse_decode_wgmma: {'; '.join(problems)}: use kernels.sparse_decode.sparse_decode")
     config = {**DEFAULT_CONFIG, **(config or {})}
     unknown = set(config) - set(DEFAULT_CONFIG)
-    if unknown or config["BLOCK_T"] not in (32, 64) or config["STAGES"] not in (2, 3, 4) or config["S"] < 1:
-        raise ValueError(f"sparse_decode_wgmma: config {config}: keys S, BLOCK_T, STAGES; BLOCK_T 32 or 64, "
-                         "STAGES 2 to 4, S >= 1")
+    if (unknown or config["BLOCK_T"] not in (32, 64) or config["STAGES"] not in (2, 3, 4) or config["S"] < 1
+            or config["P_SMEM"] not in (0, 1)):
+        raise ValueError(f"sparse_decode_wgmma: config {config}: keys S, BLOCK_T, STAGES, P_SMEM; BLOCK_T 32 or 64, "
+                         "STAGES 2 to 4, S >= 1, P_SMEM 0 or 1")
     topk = indices.shape[1]
     sm_scale = 1.0 / math.sqrt(d_qk) if sm_scale is None else float(sm_scale)
     rows_per_split, n_splits = split_rows(topk, config["S"], config["BLOCK_T"])
@@ -214,6 +225,7 @@ def sparse_decode_wgmma(q: torch.Tensor, kv: torch.Tensor, indices: torch.Tensor
         *part_strides, *lse_strides,
         out.stride(0), out.stride(1),
         DV=d_v, BLOCK_H=WGMMA_HEADS, BLOCK_T=config["BLOCK_T"], STAGES=config["STAGES"], DIRECT=direct,
+        P_SMEM=bool(config["P_SMEM"]),
         num_warps=WGMMA_WARPS,
     )
     if not direct:

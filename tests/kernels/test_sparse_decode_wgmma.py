@@ -45,9 +45,9 @@ def test_sparse_decode_wgmma_rejects_shapes_it_cannot_run_with_one_line(change, 
 
 
 @needs_gluon
-@pytest.mark.parametrize("config", [{"BLOCK_T": 16}, {"STAGES": 1}, {"S": 0}, {"num_warps": 4}], ids=str)
+@pytest.mark.parametrize("config", [{"BLOCK_T": 16}, {"STAGES": 1}, {"S": 0}, {"P_SMEM": 2}, {"num_warps": 4}], ids=str)
 def test_sparse_decode_wgmma_rejects_a_config_outside_its_space(config):
-    with pytest.raises(ValueError, match="keys S, BLOCK_T, STAGES; BLOCK_T 32 or 64, STAGES 2 to 4, S >= 1"):
+    with pytest.raises(ValueError, match="keys S, BLOCK_T, STAGES, P_SMEM; BLOCK_T 32 or 64, STAGES 2 to 4, S >= 1, P_SMEM 0 or 1"):
         sparse_decode_wgmma(*_inputs(1), config=config)
 
 
@@ -79,6 +79,7 @@ needs_hopper = pytest.mark.skipif(not (HOPPER and HAVE_GLUON), reason="needs an 
 @pytest.mark.parametrize("config", [
     {"S": 1, "BLOCK_T": 64, "STAGES": 2}, {"S": 5, "BLOCK_T": 64, "STAGES": 2}, {"S": 3, "BLOCK_T": 64, "STAGES": 2},
     {"S": 1, "BLOCK_T": 32, "STAGES": 4}, {"S": 8, "BLOCK_T": 32, "STAGES": 3}, {"S": 20, "BLOCK_T": 32, "STAGES": 2},
+    {"S": 5, "BLOCK_T": 64, "STAGES": 2, "P_SMEM": 1}, {"S": 8, "BLOCK_T": 32, "STAGES": 3, "P_SMEM": 1},
 ], ids=str)
 @pytest.mark.parametrize("batch", [1, 5, 64])
 def test_sparse_decode_wgmma_matches_the_reference_at_v4_flash_shapes(batch, config):
