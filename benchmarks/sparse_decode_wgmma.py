@@ -38,14 +38,15 @@ TOP = 4
 
 def wgmma_configs() -> list[dict]:
     """The wgmma kernel's space, less the configs whose ring does not fit 227 KiB of shared memory (q's 64 KiB plus
-    STAGES tiles of BLOCK_T rows of 1 KiB) and the split counts that repeat a smaller one's partition."""
+    STAGES tiles of BLOCK_T rows of 1 KiB, and P's tile with P_SMEM) and the split counts that repeat a smaller one's
+    partition at the same tile size."""
     from kernels.sparse_decode import split_rows
 
     out, seen = [], set()
     for s, bt, st, ps in itertools.product(*WGMMA_SPACE.values()):
         if 64 * 1024 + st * bt * 1024 + ps * 64 * bt * 2 > 227 * 1024:
             continue
-        key = (split_rows(640, s, bt), st, ps)
+        key = (split_rows(640, s, bt), bt, st, ps)
         if key not in seen:
             seen.add(key)
             out.append({"S": s, "BLOCK_T": bt, "STAGES": st, "P_SMEM": ps})

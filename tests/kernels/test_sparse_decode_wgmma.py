@@ -110,3 +110,16 @@ def test_sparse_decode_wgmma_fp16_and_fewer_heads_match_the_reference():
         out = torch.full((3, heads, 512), float("nan"), device="cuda", dtype=dtype)
         got = sparse_decode_wgmma(q, kv, idx, 0.05, {"S": 4, "BLOCK_T": 32, "STAGES": 3}, out=out)
         assert rel_error(got, ref) <= SD.tolerance("bfloat16"), (dtype, heads)
+
+
+def test_the_wgmma_benchmark_times_every_partition_at_both_tile_sizes():
+    """S=2 splits 640 rows into 320-row halves at BLOCK_T 32 and at 64: both are timed (they were deduplicated as one,
+    so 64-row tiles were never timed at S = 1, 2, 5, 10), and S = 16 repeats S = 10's partition at 64-row tiles."""
+    sys.path.insert(0, str(ROOT))
+    from benchmarks.sparse_decode_wgmma import wgmma_configs
+
+    configs = wgmma_configs()
+    at = {(c["S"], c["BLOCK_T"]) for c in configs if c["STAGES"] == 2 and c["P_SMEM"] == 0}
+    assert {(1, 64), (2, 64), (5, 64), (10, 64), (1, 32), (2, 32), (20, 32)} <= at
+    assert (16, 64) not in at and (8, 64) not in at
+    assert all(64 * 1024 + c["STAGES"] * c["BLOCK_T"] * 1024 + c["P_SMEM"] * 64 * c["BLOCK_T"] * 2 <= 227 * 1024 for c in configs)
