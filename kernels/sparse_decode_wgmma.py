@@ -20,8 +20,17 @@ loop on Hopper. Gluon states the schedule instead of asking a pass for it:
 Split-K partials and the merge are the ``tl.dot`` kernel's (same layout, same merge kernel, launched with
 programmatic dependent launch), so the two kernels are interchangeable behind :func:`sparse_decode_wgmma`.
 
-Needs an sm_90 GPU and a Triton with Gluon's Hopper API (3.6 on the GPU image). It is compiled on CPU by the
-sm_90 compile test; its numerics are checked on the GPU (tests/kernels/test_sparse_decode_wgmma_gpu.py).
+Measured on an H200 (2026-11-30, 77158f4, ``benchmarks/results/sparse_decode_wgmma_h200.md``, side by side with the
+``tl.dot`` kernel's shipped and fastest configs): 12.3 / 18.3 / 31.5 µs at batch 1 / 16 / 64 against 9.3 / 19.3 /
+36.6 µs, so 0.76x at batch 1 and 1.06x / 1.16x at 16 / 64. What bounds it (Nsight Compute, same commit): the tensor
+pipe is busy a quarter of the time and DRAM runs at 26-30% of its peak; the stalls are barriers and the load/store
+queue. Each warpgroup computes half of a tile's scores, so each reads all of q from shared memory for every tile,
+and the softmax's row reductions cross the two warpgroups. FlashMLA's answer is warp specialisation: one warpgroup
+computes a whole tile's scores while the other works on the previous tile (not done here).
+``P_SMEM`` (P through shared memory instead of a register layout conversion) measured within 1.5% either way.
+
+Needs an sm_90 GPU and a Triton with Gluon's Hopper API (3.6 on the GPU image; the compile test also runs on 3.9).
+Its sm_90 build is checked on CPU and its numerics on the GPU (``tests/kernels/test_sparse_decode_wgmma.py``).
 """
 
 from __future__ import annotations
@@ -44,9 +53,18 @@ try:
 except ImportError:  # a Triton without Gluon: sparse_decode_wgmma raises, the tl.dot kernel stays available
     HAVE_GLUON = False
 
-__all__ = ["DEFAULT_CONFIG", "HAVE_GLUON", "WGMMA_HEADS", "WGMMA_WARPS", "sparse_decode_wgmma"]
+__all__ = ["DEFAULT_CONFIG", "HAVE_GLUON", "WGMMA_HEADS", "WGMMA_WARPS", "default_config", "sparse_decode_wgmma"]
 
 DEFAULT_CONFIG = {"S": 8, "BLOCK_T": 64, "STAGES": 2, "P_SMEM": 0}
+PROGRAMS = 128  # about one program per SM of an H200 (132)
+
+
+def default_config(batch: int, topk: int) -> dict:
+    """About one program per SM: ``S = ceil(128 / batch)`` splits, 64-row tiles from batch 16 up (32-row ones below,
+    so that batch 1 still has 20 programs). On the H200 run of 77158f4 this picks the fastest config of the whole
+    space at batch 1, 16 and 64: 20 splits of 32 rows; 5 splits of 128 rows in 64-row tiles; 2 of 320."""
+    block_t = 64 if batch >= 16 else 32
+    return {**DEFAULT_CONFIG, "BLOCK_T": block_t, "S": max(1, min(-(-PROGRAMS // max(batch, 1)), -(-topk // block_t)))}
 
 WGMMA_HEADS = 64  # one wgmma M: every head of a V4-Flash request in one program
 WGMMA_WARPS = 8  # two warpgroups: each holds a [64, 256] float32 accumulator (128 registers a thread)
@@ -179,7 +197,7 @@ def sparse_decode_wgmma(q: torch.Tensor, kv: torch.Tensor, indices: torch.Tensor
     """Sparse MLA decode on Hopper tensor cores (Gluon); ``q [B, H <= 64, 512]``, ``kv [num_rows, 512]`` in q's
     dtype (bf16/fp16), ``indices [B, topk]`` int32 (negative or >= num_rows: padding); returns ``[B, H, 512]``.
 
-    ``config`` keys (each optional): ``S`` (at most this many splits of the selected rows, see
+    ``config`` keys (each optional, the rest from :func:`default_config`): ``S`` (at most this many splits of the selected rows, see
     :func:`kernels.sparse_decode.split_rows`), ``BLOCK_T`` (rows a tile: 32 or 64), ``STAGES`` (ring slots, 2 to 4),
     ``P_SMEM`` (1: the probabilities reach the PV product through shared memory, 0: from registers);
     a launch is always 8 warps and 64 heads. ``pdl``: launch the merge kernel with programmatic dependent launch;
@@ -197,7 +215,7 @@ def sparse_decode_wgmma(q: torch.Tensor, kv: torch.Tensor, indices: torch.Tensor
         problems.append(f"dtype {q.dtype} (bfloat16 or float16)")
     if problems:
         raise ValueError(f"sparse_decode_wgmma: {'; '.join(problems)}: use kernels.sparse_decode.sparse_decode")
-    config = {**DEFAULT_CONFIG, **(config or {})}
+    config = {**default_config(B, indices.shape[1]), **(config or {})}
     unknown = set(config) - set(DEFAULT_CONFIG)
     if (unknown or config["BLOCK_T"] not in (32, 64) or config["STAGES"] not in (2, 3, 4) or config["S"] < 1
             or config["P_SMEM"] not in (0, 1)):

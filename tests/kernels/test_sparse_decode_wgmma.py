@@ -123,3 +123,17 @@ def test_the_wgmma_benchmark_times_every_partition_at_both_tile_sizes():
     assert {(1, 64), (2, 64), (5, 64), (10, 64), (1, 32), (2, 32), (20, 32)} <= at
     assert (16, 64) not in at and (8, 64) not in at
     assert all(64 * 1024 + c["STAGES"] * c["BLOCK_T"] * 1024 + c["P_SMEM"] * 64 * c["BLOCK_T"] * 2 <= 227 * 1024 for c in configs)
+
+
+def test_the_wgmma_default_config_is_the_measured_fastest_at_v4_flash_batches():
+    """The default rule against the stored H200 sweep (benchmarks/results/data/sparse_decode_wgmma_h200.json): at each
+    batch it names a config whose split of the rows and tile size are those of the fastest timed config."""
+    from kernels.sparse_decode import split_rows
+    from kernels.sparse_decode_wgmma import default_config
+
+    data = json.loads((ROOT / "benchmarks" / "results" / "data" / "sparse_decode_wgmma_h200.json").read_text())
+    for case in data["cases"]:
+        best = min((r for r in case["rows"] if r["kernel"] == "wgmma" and "us" in r), key=lambda r: r["us"])["config"]
+        got = default_config(case["batch"], 640)
+        assert got["BLOCK_T"] == best["BLOCK_T"], (case["batch"], got, best)
+        assert split_rows(640, got["S"], got["BLOCK_T"]) == split_rows(640, best["S"], best["BLOCK_T"]), (case["batch"], got, best)
