@@ -132,14 +132,40 @@ def gemm_cases() -> list:
     return [(name, gm, shape, "bfloat16", fn) for name, shape, fn in cases]
 
 
-def profile(cases) -> None:
-    """Check each case against its kernel's reference (and compile it), then run each once between profiler marks."""
+def source_summary(path: Path, top: int = 45) -> str:
+    """The SASS instructions with most warp-stall samples (ncu ``--page source --csv --print-source sass``), in
+    program order, with their share of the samples and the columns that name a stall reason."""
+    text = path.read_text(errors="replace")
+    start = text.find('"Address"') if '"Address"' in text else text.find('"#"')
+    rows = list(csv.reader(text[start:].splitlines()))
+    header, data = rows[0], [r for r in rows[1:] if len(r) == len(rows[0])]
+    col = next((i for i, h in enumerate(header) if h.startswith("Warp Stall Sampling (All")), None)
+    src = next((i for i, h in enumerate(header) if h == "Source"), None)
+    if col is None or src is None:
+        return "no 'Warp Stall Sampling (All Samples)' / 'Source' columns; header: " + ", ".join(header[:40])
+
+    def num(x: str) -> float:
+        try:
+            return float(x.replace(",", ""))
+        except ValueError:
+            return 0.0
+    total = sum(num(r[col]) for r in data) or 1.0
+    ranked = sorted(range(len(data)), key=lambda i: -num(data[i][col]))[:top]
+    lines = [f"{len(data)} SASS lines, {total:.0f} stall samples; the top {top} in program order:"]
+    for i in sorted(ranked):
+        lines.append(f"{i:5d} {100 * num(data[i][col]) / total:5.1f}%  {data[i][src][:110]}")
+    return "\n".join(lines)
+
+
+def profile(cases, only=()) -> None:
+    """Check each case against its kernel's reference (and compile it), then run each once between profiler marks;
+    with ``only``, just the cases whose name contains one of its strings."""
     import torch
 
     from kernels.base import rel_error
 
     prepared = []
-    for name, kernel, shape, dtype, fn in cases:
+    for name, kernel, shape, dtype, fn in [c for c in cases if not only or any(o in c[0] for o in only)]:
         inputs = kernel.make_inputs(shape, dtype, "cuda", seed=7)
         try:
             err = rel_error(fn(inputs), kernel.reference(inputs))  # also compiles
@@ -186,16 +212,23 @@ def main(argv=None) -> int:
     ap.add_argument("--gemm", action="store_true", help="profile the decode GEMMs (gemm_cases) instead")
     ap.add_argument("--ahead", action="store_true", help="profile the sparse decode loop schedules (ahead_cases)")
     ap.add_argument("--wgmma", action="store_true", help="profile the Gluon wgmma kernel (wgmma_cases)")
+    ap.add_argument("--case", action="append", default=[], help="only the cases whose name contains this (repeatable)")
+    ap.add_argument("--source-summary", type=Path, default=None,
+                    help="print the SASS lines that hold most warp-stall samples in an `ncu --page source --csv` file")
     args = ap.parse_args(argv)
     if args.summarise:
         print(summarise(args.summarise))
         return 0
+    if args.source_summary:
+        print(source_summary(args.source_summary))
+        return 0
+
     if args.gemm:
-        profile(gemm_cases())
+        profile(gemm_cases(), args.case)
     elif args.ahead:
-        profile(ahead_cases())
+        profile(ahead_cases(), args.case)
     elif args.wgmma:
-        profile(wgmma_cases())
+        profile(wgmma_cases(), args.case)
     else:
         run_cases()
     return 0
