@@ -151,7 +151,27 @@ def source_summary(path: Path, top: int = 45) -> str:
             return 0.0
     total = sum(num(r[col]) for r in data) or 1.0
     ranked = sorted(range(len(data)), key=lambda i: -num(data[i][col]))[:top]
-    lines = [f"{len(data)} SASS lines, {total:.0f} stall samples; the top {top} in program order:"]
+    lines = [f"{len(data)} SASS lines, {total:.0f} stall samples"]
+    # by kind of instruction, and by program region: before the first tensor-core instruction, up to the last one,
+    # after it (for a kernel whose main loop holds its products, the prologue, the loop and the epilogue)
+    kinds = {"global store": ("STG",), "global load": ("LDG.",), "cp.async": ("LDGSTS", "LDGDEPBAR", "DEPBAR"),
+             "barrier": ("BAR.SYNC", "BAR.ARV"), "wgmma and its waits": ("HGMMA", "WARPGROUP"), "shared": ("LDS", "STS"),
+             "exp2": ("MUFU",)}
+    by_kind = {k: 0.0 for k in kinds}
+    for r in data:
+        op = r[src].split("  ")[-1].strip()
+        for k, prefixes in kinds.items():
+            if any(p in op for p in prefixes):
+                by_kind[k] += num(r[col])
+                break
+    mma = [i for i, r in enumerate(data) if "HGMMA" in r[src] or "WARPGROUP" in r[src]]
+    if mma:
+        parts = {"before the first wgmma": data[:mma[0]], "the wgmma region": data[mma[0]:mma[-1] + 1],
+                 "after the last wgmma": data[mma[-1] + 1:]}
+        lines.append("by region: " + ", ".join(f"{k} {100 * sum(num(r[col]) for r in v) / total:.1f}%"
+                                               for k, v in parts.items()))
+    lines.append("by instruction: " + ", ".join(f"{k} {100 * v / total:.1f}%" for k, v in by_kind.items()))
+    lines.append(f"the top {top} lines in program order:")
     for i in sorted(ranked):
         lines.append(f"{i:5d} {100 * num(data[i][col]) / total:5.1f}%  {data[i][src][:110]}")
     return "\n".join(lines)
