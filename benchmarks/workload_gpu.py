@@ -5,7 +5,7 @@ Each configuration runs in its own subprocess (``python -m tuner.targets.workloa
 with date, GPU, versions and commit.
 
     python benchmarks/workload_gpu.py --out results.md [--preset dsv4-flash] [--levels 1,16,64]
-        [--study-best sqlite:///tuner.db#dsv4-flash-workload] [--only-ends]
+        [--study-best sqlite:///tuner.db#dsv4-flash-workload] [--only-ends] [--gemm-impl auto] [--attention-impl wgmma]
 
 ``--study-best URL#STUDY`` adds the stored best trial of a search as a case, so "found / hand-written best" is a
 ratio of two runs made side by side here, not of figures from different runs; ``--only-ends`` keeps just the
@@ -101,6 +101,9 @@ def main() -> int:
     ap.add_argument("--gemm-impl", default="", metavar="IMPL[,IMPL]",
                     help="add the hand-written best with its linears' GEMMs run by each IMPL (auto: the tuned files' "
                          "choice per shape; triton: kernels/gemm.py everywhere), beside it with the library's")
+    ap.add_argument("--attention-impl", default="", metavar="IMPL[,IMPL]",
+                    help="add the hand-written best with its sparse decode attention run by each IMPL (wgmma: the "
+                         "Gluon Hopper kernel), beside it with the mma kernel")
     args = ap.parse_args()
     import torch
 
@@ -114,6 +117,8 @@ def main() -> int:
         cases = [c for c in CASES if c[1] in (DEFAULT, HAND_BEST)]
     cases += [(f"hand-written best, gemm_impl={impl}", {**HAND_BEST, "gemm_impl": impl})
               for impl in args.gemm_impl.split(",") if impl]
+    cases += [(f"hand-written best, attention_impl={impl}", {**HAND_BEST, "attention_impl": impl})
+              for impl in args.attention_impl.split(",") if impl]
     found = [study_best(spec) for spec in args.study_best]
     cases += found
     for name, knobs in cases:

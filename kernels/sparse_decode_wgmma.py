@@ -125,8 +125,14 @@ if HAVE_GLUON:
         offs_ts = gl.arange(0, BLOCK_T, layout=gl.SliceLayout(0, s_l))  # ... and as the scores' columns
         offs_d = gl.arange(0, DV, layout=gl.SliceLayout(0, copy_l))
 
+        # q first, as its own group of copies: its DRAM round trip overlaps the index loads and the first gathers
+        offs_hq = gl.arange(0, BLOCK_H, layout=gl.SliceLayout(1, copy_l))
+        q_smem = gl.allocate_shared_memory(dtype, [BLOCK_H, DV], tile_sl)
+        _async_load(q_smem, q_ptr + pid_b.to(gl.int64) * stride_qb + offs_hq[:, None] * stride_qh + offs_d[None, :],
+                    mask=(offs_hq < H)[:, None])
+        async_copy.commit_group()
         kv_smem = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_T, DV], tile_sl)
-        for i in gl.static_range(STAGES - 1):  # the first tiles' gathers overlap the q load below
+        for i in gl.static_range(STAGES - 1):  # the first tiles' gathers
             if i < n_tiles:
                 _issue_tile(kv_smem.index(i), kv_ptr, _tile_rows(idx_base, start, end, i, offs_t), num_rows, stride_kv,
                             offs_d)
@@ -134,10 +140,6 @@ if HAVE_GLUON:
         # indices run one tile ahead of their use (loop-carried), so no gather waits for its indices' DRAM round trip
         rows_c = _tile_rows(idx_base, start, end, STAGES - 1, offs_t)  # the next tile to gather
         rows_v = _tile_rows(idx_base, start, end, 0, offs_ts)  # the tile to compute, for its padding mask
-        offs_hq = gl.arange(0, BLOCK_H, layout=gl.SliceLayout(1, copy_l))
-        q = gl.load(q_ptr + pid_b.to(gl.int64) * stride_qb + offs_hq[:, None] * stride_qh + offs_d[None, :],
-                    mask=(offs_hq < H)[:, None], other=0.0)
-        q_smem = gl.allocate_shared_memory(dtype, [BLOCK_H, DV], tile_sl, q)
         p_smem = gl.allocate_shared_memory(dtype, [BLOCK_H, BLOCK_T], p_sl)  # each warpgroup's half of P, for both
 
         m_i = gl.full([BLOCK_H], float("-inf"), gl.float32, layout=gl.SliceLayout(1, s_l))
@@ -145,7 +147,7 @@ if HAVE_GLUON:
         acc = gl.zeros([BLOCK_H, DV], gl.float32, layout=o_l)
         s_zero = gl.zeros([BLOCK_H, BLOCK_T], gl.float32, layout=s_l)
         for t in range(n_tiles):
-            async_copy.wait_group(STAGES - 2)  # this thread's copies of tile t have landed
+            async_copy.wait_group(STAGES - 2)  # this thread's copies of tile t (and of q, before tile 0) have landed
             fence_async_shared()  # ... and are visible to the tensor cores' (async proxy) reads
             _thread_barrier()  # every thread's copies of tile t, and every warp is done with tile t - 1's slot
             tile = kv_smem.index(t % STAGES)

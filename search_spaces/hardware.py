@@ -15,6 +15,7 @@ CAPABILITIES = {
     "bf16_tc": "bf16 tensor cores (compute capability >= 8.0)",
     "fp8": "fp8 e4m3 tensor cores (compute capability >= 8.9)",
     "fp4": "fp4 tensor cores (compute capability >= 10.0)",
+    "wgmma": "Hopper warpgroup MMA (compute capability 9.0) and a Triton with Gluon's Hopper API",
     "torch_compile": "torch.compile with a working backend compiler",
     "multi_gpu": "two or more GPUs",
 }
@@ -30,6 +31,7 @@ class Hardware:
     has_triton: bool = False
     has_torch_compile: bool = False
     extra: frozenset[str] = field(default_factory=frozenset)
+    has_gluon: bool = False
 
     @property
     def capabilities(self) -> frozenset[str]:
@@ -45,6 +47,8 @@ class Hardware:
                 caps.add("fp8")
             if cc >= (10, 0):
                 caps.add("fp4")
+            if cc == (9, 0) and self.has_triton and self.has_gluon:
+                caps.add("wgmma")
             if self.gpu_count >= 2:
                 caps.add("multi_gpu")
         if self.has_torch_compile:
@@ -56,14 +60,15 @@ class Hardware:
         return {"gpu_name": self.gpu_name, "gpu_count": self.gpu_count,
                 "compute_capability": list(self.compute_capability) if self.compute_capability else None,
                 "has_triton": self.has_triton, "has_torch_compile": self.has_torch_compile,
-                "extra": sorted(self.extra)}
+                "extra": sorted(self.extra), "has_gluon": self.has_gluon}
 
     @classmethod
     def from_json(cls, data: dict) -> Hardware:
         cc = data.get("compute_capability")
         return cls(gpu_name=data.get("gpu_name", "cpu"), gpu_count=int(data.get("gpu_count", 0)),
                    compute_capability=tuple(cc) if cc else None, has_triton=bool(data.get("has_triton")),
-                   has_torch_compile=bool(data.get("has_torch_compile")), extra=frozenset(data.get("extra", ())))
+                   has_torch_compile=bool(data.get("has_torch_compile")), extra=frozenset(data.get("extra", ())),
+                   has_gluon=bool(data.get("has_gluon")))
 
     def missing(self, required: tuple[str, ...]) -> list[str]:
         return [r for r in required if r not in self.capabilities]
@@ -94,5 +99,11 @@ def detect_hardware() -> Hardware:
 
         # Inductor on the CPU needs a C++ compiler.
         has_compile = shutil.which("g++") is not None or shutil.which("c++") is not None
+    try:  # the Hopper half of Gluon (kernels/sparse_decode_wgmma.py is written in it)
+        import triton.experimental.gluon.language.nvidia.hopper  # noqa: F401
+
+        has_gluon = True
+    except ImportError:
+        has_gluon = False
     return Hardware(gpu_name=name, gpu_count=count, compute_capability=cc, has_triton=has_triton,
-                    has_torch_compile=has_compile)
+                    has_torch_compile=has_compile, has_gluon=has_gluon)

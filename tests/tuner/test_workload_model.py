@@ -145,6 +145,50 @@ def test_workload_target_refuses_kernel_configs_that_cannot_run_before_any_trial
     assert "splits-need-rows" in target.check(params)  # the space's own named rule
 
 
+def test_workload_target_refuses_wgmma_attention_for_a_preset_it_cannot_run():
+    """The Gluon kernel runs V4-Flash's 64 heads of 512 columns; the tiny preset (8 heads of 64) is refused before any
+    trial, with the fix, and V4-Flash itself passes."""
+    from search_spaces import Hardware, load_space, resolve
+    from tuner.targets.workload.target import WorkloadTarget
+
+    hw = Hardware(gpu_name="NVIDIA H200", gpu_count=1, compute_capability=(9, 0), has_triton=True, has_gluon=True)
+    space = resolve(load_space("dsv4_flash"), hw)
+    params = {**space.defaults(), "attention_impl": "wgmma"}
+    why = WorkloadTarget(space, {"preset": "dsv4-flash-tiny"}).check(params)
+    assert why == ("attention_impl=wgmma runs 64 heads of 512 columns (V4-Flash); preset dsv4-flash-tiny has 8 heads "
+                   "of 64: use mma")
+    assert WorkloadTarget(space).check(params) is None
+
+
+def test_triton_attention_names_every_kernel_it_has():
+    from tuner.targets.workload.gpu_ops import triton_attention
+
+    with pytest.raises(ValueError, match="attention_impl 'flash' has no Triton kernel; use torch, simt, mma or wgmma"):
+        triton_attention("flash", {})
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not (torch.cuda.is_available() and torch.cuda.get_device_capability() == (9, 0)),
+                    reason="the Gluon wgmma kernel needs an sm_90 GPU")
+def test_wgmma_attention_matches_the_torch_attention_at_the_workloads_shapes():
+    """What the twin's attention layers hand the kernel: 64 heads of 512, a pool with the window rows appended,
+    rows padded with -1 (window 128, HCA 132, CSA 640 rows), batch 1 / 5 / 64; against its torch attention."""
+    from tuner.targets.workload.gpu_ops import triton_attention
+    from tuner.targets.workload.ops import sparse_attention_torch
+
+    fn = triton_attention("wgmma", {})
+    g = torch.Generator(device="cuda").manual_seed(3)
+    pool = torch.randn(20000, 512, generator=g, device="cuda").to(torch.bfloat16)
+    for batch in (1, 5, 64):
+        q = torch.randn(batch, 64, 512, generator=g, device="cuda").to(torch.bfloat16)
+        for topk in (128, 132, 640):
+            rows = torch.randint(0, pool.shape[0], (batch, topk), generator=g, device="cuda")
+            rows[:, topk // 2:] = torch.where(torch.rand(batch, topk - topk // 2, generator=g, device="cuda") < 0.3,
+                                              -1, rows[:, topk // 2:])
+            got, ref = fn(q, pool, rows, 0.044).float(), sparse_attention_torch(q, pool, rows, 0.044).float()
+            assert _rel_err(got, ref) < 1e-2, (batch, topk)
+
+
 def test_kernel_phase_runs_first_for_the_spaces_shapes_when_asked(tmp_path, monkeypatch):
     import tuner.search.driver as driver
     from search_spaces import Hardware

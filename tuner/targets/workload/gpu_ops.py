@@ -24,12 +24,17 @@ def triton_attention(impl: str, knobs: dict[str, Any]) -> Callable[..., torch.Te
     """``fn(q [B,H,d], kv_pool [N,d], rows [B,T] (-1 masked), scale) -> [B,H,d]`` on a Triton kernel."""
     from kernels import sparse_decode as sd
 
+    if impl == "wgmma":
+        from kernels.sparse_decode_wgmma import sparse_decode_wgmma
+
+        overrides = kernel_overrides(knobs, "sparse_decode_wgmma") or None  # unset: one program per SM, by batch
+        return lambda q, pool, rows, scale: sparse_decode_wgmma(q, pool, rows.to(torch.int32), scale, overrides)
     if impl == "mma":
         launch, kernel, name = sd.sparse_decode, sd.SparseDecodeKernel.instance, "sparse_decode"
     elif impl == "simt":
         launch, kernel, name = sd.sparse_decode_simt, sd.SparseDecodeSimtKernel.instance, "sparse_decode_simt"
     else:
-        raise ValueError(f"attention_impl {impl!r} has no Triton kernel; use torch, simt or mma")
+        raise ValueError(f"attention_impl {impl!r} has no Triton kernel; use torch, simt, mma or wgmma")
     overrides = kernel_overrides(knobs, name)
     configs: dict[tuple, dict | None] = {}
 

@@ -97,6 +97,12 @@ class WorkloadTarget(Target):
         """Constraints, then the attention kernel's own rules at every shape the levels produce, before any
         subprocess or compile is spent on a configuration that cannot run."""
         reason = super().check(params)
+        if not reason and params.get("attention_impl") == "wgmma":
+            p = self.preset
+            if p.heads > 64 or p.head_dim != 512:
+                return (f"attention_impl=wgmma runs 64 heads of 512 columns (V4-Flash); preset {p.name} has "
+                        f"{p.heads} heads of {p.head_dim}: use mma")
+            return None
         if reason or params.get("attention_impl") not in ("mma", "simt"):
             return reason
         fields = {p.kernel.split(".", 1)[1]: params[p.name] for p in self.space.params
