@@ -20,13 +20,20 @@ loop on Hopper. Gluon states the schedule instead of asking a pass for it:
 Split-K partials and the merge are the ``tl.dot`` kernel's (same layout, same merge kernel, launched with
 programmatic dependent launch), so the two kernels are interchangeable behind :func:`sparse_decode_wgmma`.
 
-Measured on an H200 (2026-11-30, 77158f4, ``benchmarks/results/sparse_decode_wgmma_h200.md``, side by side with the
-``tl.dot`` kernel's shipped and fastest configs): 12.3 / 18.3 / 31.5 µs at batch 1 / 16 / 64 against 9.3 / 19.3 /
-36.6 µs, so 0.76x at batch 1 and 1.06x / 1.16x at 16 / 64. What bounds it (Nsight Compute, same commit): the tensor
-pipe is busy a quarter of the time and DRAM runs at 26-30% of its peak; the stalls are barriers and the load/store
-queue. Each warpgroup computes half of a tile's scores, so each reads all of q from shared memory for every tile,
-and the softmax's row reductions cross the two warpgroups. FlashMLA's answer is warp specialisation: one warpgroup
-computes a whole tile's scores while the other works on the previous tile (not done here).
+Measured on an H200 (2026-11-30, e53ca92, ``benchmarks/results/sparse_decode_wgmma_h200.md``, side by side with the
+``tl.dot`` kernel's shipped and fastest configs): 12.3 / 17.7 / 30.8 µs at batch 1 / 16 / 64 against 9.4 / 19.3 /
+36.3 µs, so 0.76x at batch 1 and 1.09x / 1.18x at 16 / 64 (issue 20's goals, 9 / 12 / 17 µs, are still missed). In
+the decode workload (``attention_impl=wgmma``, V4-Flash twin at live context 512, the hand-written best otherwise)
+that is 0.99x / 1.00x / 1.00x end to end (``benchmarks/results/workload_attention_wgmma_h200_e53ca92.md``).
+What bounds it (Nsight Compute at batch 64, ``data/ncu_sparse_decode_wgmma_h200_77158f4.txt`` and the per-line stall
+samples in ``data/ncu_source_sparse_decode_wgmma_b64_h200_f1e6b8c.txt``): the tensor pipe is busy a quarter of the
+time and DRAM runs at 26-30% of its peak. A quarter of the stall samples fall before the first product (loads of
+q and the first indices; q comes by ``cp.async`` since, and the next run read 17.7 / 30.8 µs at batch 16 / 64
+against 18.3 / 31.5 µs: two runs, not side by side), a quarter after the last one (the float32
+split-K partials: 128 KiB a program), half in the loop, where the largest single wait is for the PV product. Each
+warpgroup computes half of a tile's scores, so each reads all of q from shared memory for every tile, and the
+softmax's row reductions cross the two warpgroups. FlashMLA's answer is warp specialisation: one warpgroup computes
+a whole tile's scores while the other works on the previous tile, and producer warps gather (not done here).
 ``P_SMEM`` (P through shared memory instead of a register layout conversion) measured within 1.5% either way.
 
 Needs an sm_90 GPU and a Triton with Gluon's Hopper API (3.6 on the GPU image; the compile test also runs on 3.9).
@@ -61,8 +68,9 @@ PROGRAMS = 128  # about one program per SM of an H200 (132)
 
 def default_config(batch: int, topk: int) -> dict:
     """About one program per SM: ``S = ceil(128 / batch)`` splits, 64-row tiles from batch 16 up (32-row ones below,
-    so that batch 1 still has 20 programs). On the H200 run of 77158f4 this picks the fastest config of the whole
-    space at batch 1, 16 and 64: 20 splits of 32 rows; 5 splits of 128 rows in 64-row tiles; 2 of 320."""
+    so that batch 1 still has 20 programs). On the H200 runs of 77158f4 and e53ca92 this picks the partition and tile
+    of the fastest config of the whole space at batch 1, 16 and 64: 20 splits of 32 rows; 5 splits of 128 rows in
+    64-row tiles; 2 of 320."""
     block_t = 64 if batch >= 16 else 32
     return {**DEFAULT_CONFIG, "BLOCK_T": block_t, "S": max(1, min(-(-PROGRAMS // max(batch, 1)), -(-topk // block_t)))}
 
