@@ -137,3 +137,14 @@ def test_the_wgmma_default_config_is_the_measured_fastest_at_v4_flash_batches():
         got = default_config(case["batch"], 640)
         assert got["BLOCK_T"] == best["BLOCK_T"], (case["batch"], got, best)
         assert split_rows(640, got["S"], got["BLOCK_T"]) == split_rows(640, best["S"], best["BLOCK_T"]), (case["batch"], got, best)
+
+
+def test_the_workload_share_report_counts_only_sparse_decode_kernels():
+    sys.path.insert(0, str(ROOT))
+    from benchmarks.workload_attention_share import is_sparse_decode, report
+
+    assert is_sparse_decode("_sparse_decode_wgmma_kernel") and is_sparse_decode("_combine_kernel")
+    assert not is_sparse_decode("_indexer_kernel") and not is_sparse_decode("void cutlass::Kernel<sparse_decode>")
+    data = {"meta": {"date": "d", "gpu": "g", "torch": "t", "triton": "tr", "commit": "c", "live_context": 512},
+            "rows": [{"impl": "wgmma", "batch": 64, "step_kernels_us": 1000.0, "sparse_decode_us": 200.0}]}
+    assert "| wgmma | 64 | 1000 | 200 | 20.0% | 1.250x |" in report(data, "x.json")
