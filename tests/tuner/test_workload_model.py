@@ -280,3 +280,17 @@ def test_fp8_linear_scales_each_token_and_each_output_channel():
     deq = lin.weight.float() * lin.scale.t()  # the small channel's weights survive quantisation
     assert (deq[5] - w[5]).norm() / w[5].norm() < 0.05
     assert tuple(lin(x.view(3, 1, 256)).shape) == (3, 1, 64)
+
+
+def test_profile_reads_a_stage_with_no_linked_device_time_as_zero():
+    """On torch 2.11 a profiler event has ``device_time_total`` and no ``cuda_time_total``; a stage whose kernels are
+    all Triton launches reads 0 device time. That 0 made the old fallback ask for ``cuda_time_total`` and crash the
+    GPU profile (H200, attention_impl=wgmma, at 8ae5301)."""
+    from types import SimpleNamespace
+
+    from tuner.targets.workload.profile import device_time
+
+    assert device_time(SimpleNamespace(device_time_total=0.0), "device_time_total") == 0.0
+    assert device_time(SimpleNamespace(self_device_time_total=12.5), "self_device_time_total") == 12.5
+    assert device_time(SimpleNamespace(cuda_time_total=7.0), "device_time_total") == 7.0  # an older torch
+    assert device_time(SimpleNamespace(), "self_device_time_total") == 0.0

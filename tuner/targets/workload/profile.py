@@ -17,6 +17,15 @@ import sys
 from collections import defaultdict
 
 
+def device_time(event, name: str) -> float:
+    """An event's ``device_time_total``-style field, or its older ``cuda_*`` name (torch < 2.4); 0 when it has
+    neither. A stage whose kernels are all Triton launches (not linked to a torch op) reads 0, which is data."""
+    value = getattr(event, name, None)
+    if value is None:
+        value = getattr(event, name.replace("device", "cuda"), None)
+    return float(value or 0.0)
+
+
 def profile_step(model, batch: int, live_context: int, top: int = 12, buckets: str | None = None) -> dict:
     import torch
     from torch.profiler import ProfilerActivity, profile
@@ -49,8 +58,7 @@ def profile_step(model, batch: int, live_context: int, top: int = 12, buckets: s
             # the CPU-side range, whose device time is that of the kernels launched inside it (the GPU-side copy of
             # the range spans first to last kernel, idle gaps included, and would count the stage twice)
             if device_type is None or cpu_side:
-                stages[e.key.split("::", 1)[1]] += (getattr(e, "device_time_total", None) or e.cuda_time_total) \
-                    if cuda else e.cpu_time_total
+                stages[e.key.split("::", 1)[1]] += device_time(e, "device_time_total") if cuda else e.cpu_time_total
             continue
         if cuda and cpu_side:  # a torch op: its kernels are counted as the GPU-side events
             if e.input_shapes and (getattr(e, "self_device_time_total", None) or 0) > 0:
@@ -59,8 +67,7 @@ def profile_step(model, batch: int, live_context: int, top: int = 12, buckets: s
             continue
         if not cuda and e.key.startswith("ProfilerStep"):
             continue
-        t = (getattr(e, "self_device_time_total", None) or getattr(e, "self_cuda_time_total", 0.0)) if cuda \
-            else e.self_cpu_time_total
+        t = device_time(e, "self_device_time_total") if cuda else e.self_cpu_time_total
         total += t
         rows.append({"op": e.key, "time_us": t, "count": e.count,
                      "shapes": str(e.input_shapes)[:160] if e.input_shapes else ""})
