@@ -9,13 +9,8 @@
 #   tuning/tuner_efficiency_gpu.json tuning/sweep.log held_out/tuner_efficiency_gpu.json held_out/sweep.log
 # Afterwards, on a CPU: copy the JSON files to benchmarks/results/data/, write the report and the tuned files with
 #   python benchmarks/kernels.py --report-from ... ; python benchmarks/kernels.py --write-tuned ...
-set -u
-OUT=${OUT:-benchmarks/results/gpu-run}
+. "$(dirname "$0")/gpu_env.sh"
 mkdir -p "$OUT/k" "$OUT/tuning" "$OUT/held_out"
-here=$(dirname "$0")
-export PYTHONUNBUFFERED=1
-export KERNELS_GIT_COMMIT=${KERNELS_GIT_COMMIT:-$(git rev-parse --short HEAD 2>/dev/null || echo unknown)}
-export TUNER_COMMIT=${TUNER_COMMIT:-$KERNELS_GIT_COMMIT}
 (
   CUDA_VISIBLE_DEVICES=1 OUT="$OUT/tuning" CASES=gemm_aligned_tuning ONLY=gemm TESTS=0 HELPERS=14 \
     TOTAL_S=${TUNING_S:-270} bash "$here/tuner_efficiency_gpu.sh" >/dev/null 2>&1

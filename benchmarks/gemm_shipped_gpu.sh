@@ -10,13 +10,8 @@
 # Run from the repository root. Writes under $OUT (6 files):
 #   k/kernels_gemm_shipped.md k/kernels_gemm_shipped.json ncu_gemm.csv ncu_gemm_summary.txt
 #   wl/workload_gemm_impl.md wl/workload_gemm_impl.json
-set -u
-OUT=${OUT:-benchmarks/results/gpu-run}
+. "$(dirname "$0")/gpu_env.sh"
 mkdir -p "$OUT/k" "$OUT/wl"
-here=$(dirname "$0")
-export PYTHONUNBUFFERED=1
-export KERNELS_GIT_COMMIT=${KERNELS_GIT_COMMIT:-$(git rev-parse --short HEAD 2>/dev/null || echo unknown)}
-export TUNER_COMMIT=${TUNER_COMMIT:-$KERNELS_GIT_COMMIT}
 GPU_B=${GPU_B:-1}
 workload() {
   CUDA_VISIBLE_DEVICES=$GPU_B timeout ${WORKLOAD_S:-420} python3 "$here/workload_gpu.py" --only-ends \
@@ -28,8 +23,6 @@ if [ "$GPU_B" != 0 ]; then workload & wl=$!; fi
 CUDA_VISIBLE_DEVICES=0 timeout ${KERNELS_S:-240} python3 "$here/kernels.py" --only gemm --no-gemm-sweep --jobs 14 \
   --out "$OUT/k/kernels_gemm_shipped.md" >"$OUT/k/kernels.log" 2>&1
 tail -n 3 "$OUT/k/kernels.log"
-ncu_flags="--profile-from-start off --clock-control none --section SpeedOfLight --section LaunchStats --section Occupancy
-  --section WarpStateStats --section MemoryWorkloadAnalysis --csv --page raw"
 # shellcheck disable=SC2086
 CUDA_VISIBLE_DEVICES=0 timeout ${NCU_S:-150} ncu $ncu_flags --metrics dram__bytes_read.sum,lts__t_sector_hit_rate.pct \
   python3 "$here/profile_sparse_decode.py" --gemm >"$OUT/ncu_gemm.csv" 2>"$OUT/ncu_gemm_summary.txt"

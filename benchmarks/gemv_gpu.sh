@@ -8,13 +8,8 @@
 # Run from the repository root. Writes under $OUT (5 files):
 #   k/kernels_gemv.md k/kernels_gemv.json k/gpu_tests_gemv.log wl/workload_gemv.md wl/workload_gemv.json
 # Afterwards, on a CPU: python benchmarks/kernels.py --write-tuned benchmarks/results/data/<the JSON>
-set -u
-OUT=${OUT:-benchmarks/results/gpu-run}
+. "$(dirname "$0")/gpu_env.sh"
 mkdir -p "$OUT/k" "$OUT/wl"
-here=$(dirname "$0")
-export PYTHONUNBUFFERED=1
-export KERNELS_GIT_COMMIT=${KERNELS_GIT_COMMIT:-$(git rev-parse --short HEAD 2>/dev/null || echo unknown)}
-export TUNER_COMMIT=${TUNER_COMMIT:-$KERNELS_GIT_COMMIT}
 timeout ${KERNELS_S:-330} python3 "$here/kernels.py" --only gemm,gemv --jobs 14 --budget-s ${BUDGET_S:-270} \
   --out "$OUT/k/kernels_gemv.md" >"$OUT/k/kernels.log" 2>&1
 tail -n 6 "$OUT/k/kernels.log"

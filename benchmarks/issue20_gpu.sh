@@ -8,16 +8,12 @@
 #   gemm/gpu_tests_kernels.log gemm/gpu_tests_out_of_resources.log ncu.csv ncu_summary.txt
 # Afterwards, on a CPU: copy the two JSON files to benchmarks/results/data/ and run
 #   python benchmarks/tuner_efficiency.py --goal held_out --analyze-gpu SD_JSON,GEMM_JSON
-set -u
-OUT=${OUT:-benchmarks/results/gpu-run}
+. "$(dirname "$0")/gpu_env.sh"
 mkdir -p "$OUT/sd" "$OUT/gemm"
-here=$(dirname "$0")
 CUDA_VISIBLE_DEVICES=0 OUT="$OUT/sd" ONLY=sparse_decode TESTS=0 HELPERS=15 TOTAL_S=${SD_S:-540} \
   bash "$here/tuner_efficiency_gpu.sh" >/dev/null 2>&1 &
 sd=$!
 CUDA_VISIBLE_DEVICES=1 OUT="$OUT/gemm" ONLY=gemm HELPERS=14 TOTAL_S=${GEMM_S:-380} bash "$here/tuner_efficiency_gpu.sh"
-ncu_flags="--profile-from-start off --clock-control none --section SpeedOfLight --section LaunchStats --section Occupancy
-  --section WarpStateStats --section MemoryWorkloadAnalysis --csv --page raw"
 metrics="--metrics dram__bytes_read.sum,lts__t_sector_hit_rate.pct,smsp__sass_inst_executed_op_local_ld.sum"
 # shellcheck disable=SC2086
 CUDA_VISIBLE_DEVICES=1 timeout ${NCU_S:-150} ncu $ncu_flags $metrics python3 "$here/profile_sparse_decode.py" \
