@@ -19,7 +19,6 @@ wgmma kernel, on ragged inputs where most requests keep a random number of rows)
 
 from __future__ import annotations
 
-import argparse
 import datetime as dt
 import itertools
 import json
@@ -186,37 +185,26 @@ def report(data: dict, source: str) -> str:
     return "\n".join(lines) + "\n"
 
 
-def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--json", type=Path, help="measure on the GPU and write the results here")
-    ap.add_argument("--report-from", type=Path, help="write the markdown report of a stored JSON")
-    ap.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "sparse_decode_wgmma_h200.md")
-    ap.add_argument("--batches", default=",".join(map(str, BATCHES)), help="comma-separated, of 1, 16, 64")
-    ap.add_argument("--rep-ms", type=float, default=30.0)
-    args = ap.parse_args(argv)
-    if args.report_from:
-        args.out.write_text(report(json.loads(args.report_from.read_text()), str(args.report_from)))
-        print(args.out.read_text())
-        return 0
+def _measure(args, json_path: Path) -> dict | None:
     try:
         batches = tuple(int(b) for b in args.batches.split(","))
     except ValueError:
         batches = ()
     if not batches or any(b not in BATCHES for b in batches):
         print(f"error: --batches {args.batches!r}: give some of {BATCHES}, comma-separated", file=sys.stderr)
-        return 2
-    if not args.json:
-        print("error: give --json OUT.json (measure, on a GPU) or --report-from FILE.json", file=sys.stderr)
-        return 2
-    import torch
+        return None
+    data = measure(args.rep_ms, json_path, batches)
+    json_path.write_text(json.dumps(data, indent=1))
+    return data
 
-    if not torch.cuda.is_available():
-        print("error: measuring needs a CUDA GPU; on a CPU use --report-from FILE.json", file=sys.stderr)
-        return 2
-    data = measure(args.rep_ms, args.json, batches)
-    args.json.write_text(json.dumps(data, indent=1))
-    print(report(data, str(args.json)))
-    return 0
+
+def main(argv=None) -> int:
+    from benchmarks.report_cli import run
+
+    def extra(ap):
+        ap.add_argument("--batches", default=",".join(map(str, BATCHES)), help="comma-separated, of 1, 16, 64")
+        ap.add_argument("--rep-ms", type=float, default=30.0)
+    return run(argv, __doc__, ROOT / "benchmarks" / "results" / "sparse_decode_wgmma_h200.md", report, _measure, extra)
 
 
 if __name__ == "__main__":

@@ -13,7 +13,6 @@ sparse decode took no time at all.
 
 from __future__ import annotations
 
-import argparse
 import datetime as dt
 import json
 import os
@@ -85,25 +84,10 @@ def report(data: dict, source: str) -> str:
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--json", type=Path, help="measure on the GPU and write the results here")
-    ap.add_argument("--report-from", type=Path, help="write the markdown report of a stored JSON")
-    ap.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "workload_attention_share_h200.md")
-    args = ap.parse_args(argv)
-    if args.report_from:
-        args.out.write_text(report(json.loads(args.report_from.read_text()), str(args.report_from)))
-        print(args.out.read_text())
-        return 0
-    if not args.json:
-        print("error: give --json OUT.json (measure, on a GPU) or --report-from FILE.json", file=sys.stderr)
-        return 2
-    import torch
+    from benchmarks.report_cli import run
 
-    if not torch.cuda.is_available():
-        print("error: measuring needs a CUDA GPU; on a CPU use --report-from FILE.json", file=sys.stderr)
-        return 2
-    print(report(measure(args.json), str(args.json)))
-    return 0
+    return run(argv, __doc__, ROOT / "benchmarks" / "results" / "workload_attention_share_h200.md", report,
+               lambda args, path: measure(path))
 
 
 if __name__ == "__main__":

@@ -148,3 +148,20 @@ def test_the_workload_share_report_counts_only_sparse_decode_kernels():
     data = {"meta": {"date": "d", "gpu": "g", "torch": "t", "triton": "tr", "commit": "c", "live_context": 512},
             "rows": [{"impl": "wgmma", "batch": 64, "step_kernels_us": 1000.0, "sparse_decode_us": 200.0}]}
     assert "| wgmma | 64 | 1000 | 200 | 20.0% | 1.250x |" in report(data, "x.json")
+
+
+def test_the_benchmarks_report_a_stored_json_on_any_machine_and_refuse_to_measure_without_a_gpu(tmp_path):
+    """benchmarks/report_cli.py, as sparse_decode_wgmma.py uses it: --report-from writes the report of the stored run;
+    no --json and no --report-from, or --json on a machine without CUDA, exit 2 with one line."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    script = ROOT / "benchmarks" / "sparse_decode_wgmma.py"
+    data = ROOT / "benchmarks" / "results" / "data" / "sparse_decode_wgmma_h200.json"
+    r = subprocess.run([sys.executable, str(script), "--report-from", str(data), "--out", str(tmp_path / "r.md")],
+                       capture_output=True, text=True, env=env)
+    assert r.returncode == 0 and "| 64 | 11.80 |" in (tmp_path / "r.md").read_text()
+    r = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, env=env)
+    assert r.returncode == 2 and r.stderr.strip().count("\n") == 0 and "--report-from" in r.stderr
+    if not torch.cuda.is_available():
+        r = subprocess.run([sys.executable, str(script), "--json", str(tmp_path / "x.json")], capture_output=True,
+                           text=True, env=env)
+        assert r.returncode == 2 and "needs a CUDA GPU" in r.stderr and not (tmp_path / "x.json").exists()
