@@ -87,6 +87,44 @@ def study_best(spec: str) -> tuple[str, dict]:
     return f"best found by `{study}` (trial {trial.number}, stored {run.best_value:.2f})", knobs
 
 
+def report(data: dict) -> str:
+    """The markdown of a run (``main`` writes it beside its JSON; ``--report-from`` rewrites it from a stored one):
+    every case against the default, and each case in ``compared`` (a search's best, a variant of the hand-written
+    best) against the hand-written best measured in the same run."""
+    cases = data["cases"]
+    levels = data.get("levels") or sorted({lv for c in cases for lv in c.get("tok_s", {})},
+                                          key=lambda lv: int(lv.split("=")[1]))
+    base = cases[0].get("tok_s", {})
+    lines = [f"# Decode workload ({data['preset']}) side by side on {data['gpu']}", "",
+             f"date {data['date']}, torch {data['torch']}, triton {data['triton']}, commit {data['commit']}, live context "
+             f"512, median of {data['repeats']} steps after warm-up; tok/s = batch / step time; x = versus the default",
+             *([f"written by `benchmarks/workload_gpu.py --report-from {Path(data['source']).name}` from the stored "
+                f"results `benchmarks/results/data/{Path(data['source']).name}`"] if data.get("source") else []),
+             "", "| configuration | " + " | ".join(f"{lv} tok/s (x)" for lv in levels) + " | wall s |",
+             "| --- | " + " | ".join("---" for _ in levels) + " | --- |"]
+    for c in cases:
+        if "error" in c:
+            lines.append(f"| {c['name']} | failed: {c['error']} |" + " |" * (len(levels) - 1) + f" {c['wall_s']:.0f} |")
+            continue
+        cells = []
+        for lv in levels:
+            v = c["tok_s"].get(lv)
+            ratio = f" ({v / base[lv]:.2f}x)" if base.get(lv) and v else ""
+            cells.append(f"{v:.1f}{ratio}" if v else "-")
+        lines.append(f"| {c['name']} | " + " | ".join(cells) + f" | {c['wall_s']:.0f} |")
+    lines += ["", "Knobs of the hand-written best: " + ", ".join(f"{k}={v}" for k, v in HAND_BEST.items()), ""]
+    hand = next((c for c in cases if c["knobs"] == HAND_BEST and "tok_s" in c), None)
+    for c in cases:
+        if c["name"] in data.get("compared", []) and hand and "tok_s" in c:
+            ratios = [c["tok_s"][lv] / hand["tok_s"][lv] for lv in levels if hand["tok_s"].get(lv) and c["tok_s"].get(lv)]
+            geo = math.exp(sum(math.log(x) for x in ratios) / len(ratios)) if ratios else float("nan")
+            lines.append(f"{c['name']} / hand-written best, measured side by side: "
+                         + ", ".join(f"{lv} {x:.3f}" for lv, x in zip(levels, ratios)) + f"; geomean {geo:.3f}")
+            lines.append("Its knobs: " + ", ".join(f"{k}={v}" for k, v in c["knobs"].items() if DEFAULT.get(k) != v))
+            lines.append("")
+    return "\n".join(lines)
+
+
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default="workload_gpu.md")
@@ -104,7 +142,18 @@ def main() -> int:
     ap.add_argument("--attention-impl", default="", metavar="IMPL[,IMPL]",
                     help="add the hand-written best with its sparse decode attention run by each IMPL (wgmma: the "
                          "Gluon Hopper kernel), beside it with the mma kernel")
+    ap.add_argument("--report-from", type=Path, default=None,
+                    help="rewrite --out from a stored run's JSON (no GPU needed): adds the side-by-side ratios of its "
+                         "variants and found bests to the hand-written best (a JSON without 'compared': every case "
+                         "named 'hand-written best, ...' or 'best found by ...')")
     args = ap.parse_args()
+    if args.report_from:
+        data = {**json.loads(args.report_from.read_text()), "source": str(args.report_from)}
+        data.setdefault("compared", [c["name"] for c in data["cases"]
+                                     if c["name"].startswith(("hand-written best, ", "best found by "))])
+        Path(args.out).write_text(report(data))
+        print(Path(args.out).read_text())
+        return 0
     import torch
 
     from tuner.fingerprint import fingerprint
@@ -115,49 +164,25 @@ def main() -> int:
     cases = [c for c in CASES if not args.quick or "compile" not in c[0] and "no CUDA" not in c[0]]
     if args.only_ends:
         cases = [c for c in CASES if c[1] in (DEFAULT, HAND_BEST)]
-    cases += [(f"hand-written best, gemm_impl={impl}", {**HAND_BEST, "gemm_impl": impl})
-              for impl in args.gemm_impl.split(",") if impl]
-    cases += [(f"hand-written best, attention_impl={impl}", {**HAND_BEST, "attention_impl": impl})
-              for impl in args.attention_impl.split(",") if impl]
+    variants = [(f"hand-written best, gemm_impl={impl}", {**HAND_BEST, "gemm_impl": impl})
+                for impl in args.gemm_impl.split(",") if impl]
+    variants += [(f"hand-written best, attention_impl={impl}", {**HAND_BEST, "attention_impl": impl})
+                 for impl in args.attention_impl.split(",") if impl]
+    cases += variants
     found = [study_best(spec) for spec in args.study_best]
     cases += found
     for name, knobs in cases:
         r = run_case(knobs, args.preset, args.levels, args.repeats, args.timeout)
         results.append((name, knobs, r))
         print(name, json.dumps(r), flush=True)
-    base = results[0][2].get("tok_s", {})
-    gpu = env["gpus"][0]["name"] if env["gpus"] else "cpu"
-    lines = [f"# Decode workload ({args.preset}) side by side on {gpu}", "",
-             f"date {dt.date.today()}, torch {torch.__version__}, triton {env.get('triton')}, "
-             f"commit {os.environ.get('TUNER_COMMIT') or env.get('git_sha')}, live context 512, median of "
-             f"{args.repeats} steps after warm-up; tok/s = batch / step time; x = versus the default", "",
-             "| configuration | " + " | ".join(f"{lv} tok/s (x)" for lv in levels) + " | wall s |",
-             "| --- | " + " | ".join("---" for _ in levels) + " | --- |"]
-    for name, knobs, r in results:
-        if "error" in r:
-            lines.append(f"| {name} | failed: {r['error']} |" + " |" * (len(levels) - 1) + f" {r['wall_s']:.0f} |")
-            continue
-        cells = []
-        for lv in levels:
-            v = r["tok_s"].get(lv)
-            ratio = f" ({v / base[lv]:.2f}x)" if base.get(lv) else ""
-            cells.append(f"{v:.1f}{ratio}" if v else "-")
-        lines.append(f"| {name} | " + " | ".join(cells) + f" | {r['wall_s']:.0f} |")
-    lines += ["", "Knobs of the hand-written best: " + ", ".join(f"{k}={v}" for k, v in HAND_BEST.items()), ""]
-    hand = next((r for _, k, r in results if k is HAND_BEST and "tok_s" in r), None)
-    for name, knobs, r in results:
-        if (name, knobs) in found and hand and "tok_s" in r:
-            ratios = [r["tok_s"][lv] / hand["tok_s"][lv] for lv in levels if hand["tok_s"].get(lv) and r["tok_s"].get(lv)]
-            geo = math.exp(sum(math.log(x) for x in ratios) / len(ratios)) if ratios else float("nan")
-            lines.append(f"{name} / hand-written best, measured side by side: "
-                         + ", ".join(f"{lv} {x:.3f}" for lv, x in zip(levels, ratios)) + f"; geomean {geo:.3f}")
-            lines.append("Its knobs: " + ", ".join(f"{k}={v}" for k, v in knobs.items() if DEFAULT.get(k) != v))
-            lines.append("")
+    data = {"gpu": env["gpus"][0]["name"] if env["gpus"] else "cpu", "date": str(dt.date.today()),
+            "commit": os.environ.get("TUNER_COMMIT") or env.get("git_sha"), "torch": torch.__version__,
+            "triton": env.get("triton"), "preset": args.preset, "repeats": args.repeats,
+            "levels": levels, "cases": [{"name": n, "knobs": k, **r} for n, k, r in results],
+            "compared": [n for n, _ in found] + [n for n, _ in variants]}
+    lines = report(data).splitlines()
     Path(args.out).write_text("\n".join(lines))
-    Path(args.out).with_suffix(".json").write_text(json.dumps(
-        {"gpu": gpu, "date": str(dt.date.today()), "commit": os.environ.get("TUNER_COMMIT") or env.get("git_sha"),
-         "torch": torch.__version__, "triton": env.get("triton"), "preset": args.preset, "repeats": args.repeats,
-         "cases": [{"name": n, "knobs": k, **r} for n, k, r in results]}, indent=1))
+    Path(args.out).with_suffix(".json").write_text(json.dumps(data, indent=1))
     print("\n".join(lines))
     return 0
 

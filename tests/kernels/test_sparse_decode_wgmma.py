@@ -165,3 +165,18 @@ def test_the_benchmarks_report_a_stored_json_on_any_machine_and_refuse_to_measur
         r = subprocess.run([sys.executable, str(script), "--json", str(tmp_path / "x.json")], capture_output=True,
                            text=True, env=env)
         assert r.returncode == 2 and "needs a CUDA GPU" in r.stderr and not (tmp_path / "x.json").exists()
+
+
+def test_the_workload_report_states_the_wgmma_attention_against_the_hand_written_best_from_its_stored_run(tmp_path):
+    """benchmarks/workload_gpu.py --report-from: the ratio to the hand-written best measured in the same run, from the
+    stored JSON (the README quotes it)."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    data = ROOT / "benchmarks" / "results" / "data" / "workload_attention_wgmma_h200_e53ca92.json"
+    out = tmp_path / "w.md"
+    r = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "workload_gpu.py"), "--report-from", str(data),
+                        "--out", str(out)], capture_output=True, text=True, env=env)
+    assert r.returncode == 0, r.stderr
+    text = out.read_text()
+    assert ("hand-written best, attention_impl=wgmma / hand-written best, measured side by side: c=1 0.991, "
+            "c=16 0.999, c=64 1.004; geomean 0.998") in text
+    assert text == (ROOT / "benchmarks" / "results" / "workload_attention_wgmma_h200_e53ca92.md").read_text()
