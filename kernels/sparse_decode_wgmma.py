@@ -24,7 +24,7 @@ Measured on an H200 (2026-11-30, e53ca92, ``benchmarks/results/sparse_decode_wgm
 ``tl.dot`` kernel's shipped and fastest configs): 12.3 / 17.7 / 30.8 µs at batch 1 / 16 / 64 against 9.4 / 19.3 /
 36.3 µs, so 0.76x at batch 1 and 1.09x / 1.18x at 16 / 64 (issue 20's goals, 9 / 12 / 17 µs, are still missed). In
 the decode workload (``attention_impl=wgmma``, V4-Flash twin at live context 512, the hand-written best otherwise)
-that is 0.99x / 1.00x / 1.00x end to end (``benchmarks/results/workload_attention_wgmma_h200_e53ca92.md``).
+that is 0.991 / 0.999 / 1.004 the mma kernel's step end to end (``benchmarks/results/workload_attention_wgmma_h200_e53ca92.md``).
 What bounds it (Nsight Compute at batch 64, ``data/ncu_sparse_decode_wgmma_h200_77158f4.txt`` and the per-line stall
 samples in ``data/ncu_source_sparse_decode_wgmma_b64_h200_f1e6b8c.txt``): the tensor pipe is busy a quarter of the
 time and DRAM runs at 26-30% of its peak. A quarter of the stall samples fall before the first product (loads of
