@@ -62,7 +62,9 @@ except ImportError:  # a Triton without Gluon: sparse_decode_wgmma raises, the t
 
 __all__ = ["DEFAULT_CONFIG", "HAVE_GLUON", "WGMMA_HEADS", "WGMMA_WARPS", "default_config", "sparse_decode_wgmma"]
 
-DEFAULT_CONFIG = {"S": 8, "BLOCK_T": 64, "STAGES": 2, "P_SMEM": 0}
+WGMMA_HEADS = 64  # one wgmma M: every head of a V4-Flash request in one program
+WGMMA_WARPS = 8  # two warpgroups: each holds a [64, 256] float32 accumulator (128 registers a thread)
+DEFAULT_CONFIG = {"S": 8, "BLOCK_T": 64, "STAGES": 2, "P_SMEM": 0}  # S and BLOCK_T: see default_config
 PROGRAMS = 128  # about one program per SM of an H200 (132)
 
 
@@ -73,9 +75,6 @@ def default_config(batch: int, topk: int) -> dict:
     64-row tiles; 2 of 320."""
     block_t = 64 if batch >= 16 else 32
     return {**DEFAULT_CONFIG, "BLOCK_T": block_t, "S": max(1, min(-(-PROGRAMS // max(batch, 1)), -(-topk // block_t)))}
-
-WGMMA_HEADS = 64  # one wgmma M: every head of a V4-Flash request in one program
-WGMMA_WARPS = 8  # two warpgroups: each holds a [64, 256] float32 accumulator (128 registers a thread)
 
 
 if HAVE_GLUON:
@@ -215,6 +214,9 @@ def sparse_decode_wgmma(q: torch.Tensor, kv: torch.Tensor, indices: torch.Tensor
     if not HAVE_GLUON:
         raise RuntimeError(f"sparse_decode_wgmma: this Triton ({triton.__version__}) has no Gluon Hopper API; "
                            "use kernels.sparse_decode.sparse_decode")
+    if kv.dtype != q.dtype:  # before _check_args, whose fp8 message asks for a kv_scale this kernel does not take
+        raise ValueError(f"sparse_decode_wgmma: kv {kv.dtype} must be q's dtype ({q.dtype}); an fp8 cache with row "
+                         "scales: use kernels.sparse_decode.sparse_decode")
     B, H, d_qk, d_v = _check_args(q, kv, indices, d_v, out)
     problems = []
     if H > WGMMA_HEADS:

@@ -45,6 +45,14 @@ def test_sparse_decode_wgmma_rejects_shapes_it_cannot_run_with_one_line(change, 
 
 
 @needs_gluon
+def test_sparse_decode_wgmma_sends_an_fp8_cache_to_the_kernel_that_takes_row_scales():
+    q, kv, idx = _inputs(1)
+    with pytest.raises(ValueError, match=r"kv torch.float8_e4m3fn must be q's dtype \(torch.bfloat16\); an fp8 cache "
+                                         r"with row scales: use kernels.sparse_decode.sparse_decode"):
+        sparse_decode_wgmma(q, kv.to(torch.float8_e4m3fn), idx)
+
+
+@needs_gluon
 @pytest.mark.parametrize("config", [{"BLOCK_T": 16}, {"STAGES": 1}, {"S": 0}, {"P_SMEM": 2}, {"num_warps": 4}], ids=str)
 def test_sparse_decode_wgmma_rejects_a_config_outside_its_space(config):
     with pytest.raises(ValueError, match="keys S, BLOCK_T, STAGES, P_SMEM; BLOCK_T 32 or 64, STAGES 2 to 4, S >= 1, P_SMEM 0 or 1"):
