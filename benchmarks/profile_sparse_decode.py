@@ -133,8 +133,9 @@ def gemm_cases() -> list:
 
 
 def source_summary(path: Path, top: int = 45) -> str:
-    """The SASS instructions with most warp-stall samples (ncu ``--page source --csv --print-source sass``), in
-    program order, with their share of the samples and the columns that name a stall reason."""
+    """Where a kernel's warp-stall samples fall (ncu ``--page source --csv --print-source sass``): by program region
+    (before the first wgmma, up to the last, after it), by kind of instruction, and the ``top`` SASS lines in program
+    order with their share of the samples."""
     text = path.read_text(errors="replace")
     start = text.find('"Address"') if '"Address"' in text else text.find('"#"')
     rows = list(csv.reader(text[start:].splitlines()))
@@ -154,8 +155,9 @@ def source_summary(path: Path, top: int = 45) -> str:
     lines = [f"{len(data)} SASS lines, {total:.0f} stall samples"]
     # by kind of instruction, and by program region: before the first tensor-core instruction, up to the last one,
     # after it (for a kernel whose main loop holds its products, the prologue, the loop and the epilogue)
-    kinds = {"global store": ("STG",), "global load": ("LDG.",), "cp.async": ("LDGSTS", "LDGDEPBAR", "DEPBAR"),
-             "barrier": ("BAR.SYNC", "BAR.ARV"), "wgmma and its waits": ("HGMMA", "WARPGROUP"), "shared": ("LDS", "STS"),
+    # first match wins: the wgmma waits (WARPGROUP.DEPBAR) before the cp.async waits (DEPBAR.LE SB...)
+    kinds = {"wgmma and its waits": ("HGMMA", "WARPGROUP"), "global store": ("STG",), "global load": ("LDG.",),
+             "cp.async": ("LDGSTS", "LDGDEPBAR", "DEPBAR"), "barrier": ("BAR.SYNC", "BAR.ARV"), "shared": ("LDS", "STS"),
              "exp2": ("MUFU",)}
     by_kind = {k: 0.0 for k in kinds}
     for r in data:
