@@ -1,9 +1,10 @@
-# per-instruction stall sampling of the wgmma kernel: batch 1 with one split (one CTA alone) and batch 64 S=2 BT=64
+# per-instruction stall sampling of the wgmma kernel (Nsight Compute, full set, SASS source page): batch 1 with one
+# split (one CTA alone) and batch 64 with S=2 and 64-row tiles; writes the --source-summary of each under $OUT
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl >/dev/null 2>&1
 export PYTHONPATH=/tmp/site:$PWD
 for c in "B=1 wgmma {'S': 1," "B=64 wgmma {'S': 2, 'BLOCK_T': 64"; do
   tag=$(echo "$c" | cut -c1-4 | tr -d '= ')
-  timeout 200 ncu --profile-from-start off --clock-control none --set full --import-source yes --sampling-interval 0 -k regex:wgmma \
+  timeout 200 ncu --profile-from-start off --clock-control none --set full --import-source yes -k regex:wgmma \
     -o /tmp/prof_$tag python3 benchmarks/profile_sparse_decode.py --wgmma --case "$c" > /tmp/ncu_$tag.log 2>&1
   tail -2 /tmp/ncu_$tag.log
   ncu -i /tmp/prof_$tag.ncu-rep --page source --csv --print-source sass > /tmp/src_$tag.csv 2>/dev/null
