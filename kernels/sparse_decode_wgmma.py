@@ -25,15 +25,16 @@ Measured on an H200 (2026-11-30, e53ca92, ``benchmarks/results/sparse_decode_wgm
 36.3 µs, so 0.76x at batch 1 and 1.09x / 1.18x at 16 / 64 (issue 20's goals, 9 / 12 / 17 µs, are still missed). In
 the decode workload (``attention_impl=wgmma``, V4-Flash twin at live context 512, the hand-written best otherwise)
 that is 0.991 / 0.999 / 1.004 the mma kernel's step end to end (``benchmarks/results/workload_attention_wgmma_h200_e53ca92.md``).
-What bounds it (Nsight Compute at batch 64, ``data/ncu_sparse_decode_wgmma_h200_77158f4.txt`` and the per-line stall
-samples in ``data/ncu_source_sparse_decode_wgmma_b64_h200_f1e6b8c.txt``): the tensor pipe is busy a quarter of the
-time and DRAM runs at 26-30% of its peak. A quarter of the stall samples fall before the first product (loads of
-q and the first indices; q comes by ``cp.async`` since, and the next run read 17.7 / 30.8 µs at batch 16 / 64
-against 18.3 / 31.5 µs: two runs, not side by side), a quarter after the last one (the float32
-split-K partials: 128 KiB a program), half in the loop, where the largest single wait is for the PV product. Each
-warpgroup computes half of a tile's scores, so each reads all of q from shared memory for every tile, and the
-softmax's row reductions cross the two warpgroups. FlashMLA's answer is warp specialisation: one warpgroup computes
-a whole tile's scores while the other works on the previous tile, and producer warps gather (not done here).
+What bounds it (Nsight Compute at batch 64, S=2, 64-row tiles; ``data/ncu_sparse_decode_wgmma_h200_77158f4.txt``, and
+the stall samples per SASS line at b452160 in ``data/ncu_source_sparse_decode_wgmma_b64_h200_b452160.txt``): the
+tensor pipe is busy a quarter of the time and DRAM runs at 26-30% of its peak. 22% of the stall samples fall before
+the first product (q and the first indices), 22% after the last one (global stores alone 18%: the float32 split-K
+partials, 128 KiB a program), 56% in the loop, where the largest single wait (11%) is for the PV product and the
+gathers' waits are about 7%. Each warpgroup computes half of a tile's scores (32 columns), so each reads all of q
+from shared memory for every tile, and the softmax's row reductions cross the two warpgroups. FlashMLA's answer is
+warp specialisation: one warpgroup computes a whole tile's scores while the other works on the previous tile, and
+producer warps gather (not done here: sparse decode is 2-4% of the workload's step,
+``benchmarks/results/workload_attention_share_h200.md``).
 ``P_SMEM`` (P through shared memory instead of a register layout conversion) measured within 1.5% either way.
 
 Needs an sm_90 GPU and a Triton with Gluon's Hopper API (3.6 on the GPU image; the compile test also runs on 3.9).
