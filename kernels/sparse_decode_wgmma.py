@@ -65,7 +65,7 @@ __all__ = ["DEFAULT_CONFIG", "HAVE_GLUON", "WGMMA_HEADS", "WGMMA_WARPS", "defaul
 
 WGMMA_HEADS = 64  # one wgmma M: every head of a V4-Flash request in one program
 WGMMA_WARPS = 8  # two warpgroups: each holds a [64, 256] float32 accumulator (128 registers a thread)
-DEFAULT_CONFIG = {"S": 8, "BLOCK_T": 64, "STAGES": 2, "P_SMEM": 0}  # S and BLOCK_T: see default_config
+DEFAULT_CONFIG = {"S": 8, "BLOCK_T": 64, "STAGES": 2, "P_SMEM": 0, "V_SPLIT": 1, "PART16": 0}  # S and BLOCK_T: see default_config
 PROGRAMS = 128  # about one program per SM of an H200 (132)
 
 
@@ -106,20 +106,23 @@ if HAVE_GLUON:
         stride_lb, stride_ls,
         stride_ob, stride_oh,
         DV: gl.constexpr, BLOCK_H: gl.constexpr, BLOCK_T: gl.constexpr, STAGES: gl.constexpr,
-        DIRECT: gl.constexpr, P_SMEM: gl.constexpr,
+        DIRECT: gl.constexpr, P_SMEM: gl.constexpr, V_SPLIT: gl.constexpr,
     ):
         gl.static_assert(BLOCK_H == 64, "one wgmma M of heads per program")
         gl.static_assert(DV == 512, "two warpgroups of 256 columns of V")
         gl.static_assert(STAGES >= 2, "a ring of at least two slots")
+        gl.static_assert(V_SPLIT == 1 or V_SPLIT == 2, "all of V's columns, or one half of them")
         dtype: gl.constexpr = q_ptr.dtype.element_ty
-        pid_s = gl.program_id(0)
-        pid_b = gl.program_id(1)
+        DO: gl.constexpr = DV // V_SPLIT  # the output columns this program computes
+        pid_s = gl.program_id(0) // V_SPLIT  # the V_SPLIT programs of a split are neighbours: they run together and
+        pid_b = gl.program_id(1)  # the second one's gathers hit L2
+        col_off = (gl.program_id(0) % V_SPLIT) * DO
 
         # layouts: a coalesced 16-byte-a-thread blocked layout for the copies, wgmma's for the two products (4 warps
         # along the heads, the two warpgroups side by side along the columns), 128-byte swizzled shared tiles
         copy_l: gl.constexpr = gl.BlockedLayout([1, 8], [1, 32], [8, 1], [1, 0])
         s_l: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 2], instr_shape=[16, BLOCK_T // 2, 16])
-        o_l: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 2], instr_shape=[16, DV // 2, 16])
+        o_l: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 2], instr_shape=[16, DO // 2, 16])
         p_l: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_l, k_width=2)
         p_sl: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=BLOCK_T * 2 if BLOCK_T < 64 else 128, element_bitwidth=16,
                                                   rank=2)
@@ -132,6 +135,11 @@ if HAVE_GLUON:
         offs_t = gl.arange(0, BLOCK_T, layout=gl.SliceLayout(1, copy_l))  # a tile's rows, as the copies take them
         offs_ts = gl.arange(0, BLOCK_T, layout=gl.SliceLayout(0, s_l))  # ... and as the scores' columns
         offs_d = gl.arange(0, DV, layout=gl.SliceLayout(0, copy_l))
+        if V_SPLIT > 1:
+            # q and every row are copied rotated by this program's first column: q K^T does not change (the same
+            # permutation of both operands' columns), and this program's columns of V are the tile's first DO
+            # (col_off is a multiple of DO by construction, so the compiler keeps the copies 16 bytes wide)
+            offs_d = (offs_d + col_off) % DV
 
         # q first, as its own group of copies: its DRAM round trip overlaps the index loads and the first gathers
         offs_hq = gl.arange(0, BLOCK_H, layout=gl.SliceLayout(1, copy_l))
@@ -152,13 +160,14 @@ if HAVE_GLUON:
 
         m_i = gl.full([BLOCK_H], float("-inf"), gl.float32, layout=gl.SliceLayout(1, s_l))
         l_i = gl.zeros([BLOCK_H], gl.float32, layout=gl.SliceLayout(1, s_l))
-        acc = gl.zeros([BLOCK_H, DV], gl.float32, layout=o_l)
+        acc = gl.zeros([BLOCK_H, DO], gl.float32, layout=o_l)
         s_zero = gl.zeros([BLOCK_H, BLOCK_T], gl.float32, layout=s_l)
         for t in range(n_tiles):
             async_copy.wait_group(STAGES - 2)  # this thread's copies of tile t (and of q, before tile 0) have landed
             fence_async_shared()  # ... and are visible to the tensor cores' (async proxy) reads
             _thread_barrier()  # every thread's copies of tile t, and every warp is done with tile t - 1's slot
             tile = kv_smem.index(t % STAGES)
+            v_tile = tile if V_SPLIT == 1 else tile.slice(0, DO, dim=1)
             s_tok = warpgroup_mma(q_smem, tile.permute((1, 0)), s_zero, use_acc=False, is_async=True)
             nxt = t + STAGES - 1  # its gather is issued while the tensor cores compute this tile's scores
             if nxt < n_tiles:
@@ -179,26 +188,27 @@ if HAVE_GLUON:
                 p_smem.store(p.to(dtype))
                 fence_async_shared()
                 _thread_barrier()
-                acc = warpgroup_mma(p_smem, tile, acc * alpha_o[:, None])
+                acc = warpgroup_mma(p_smem, v_tile, acc * alpha_o[:, None])
             else:  # P as wgmma's A from registers: both warpgroups need every column, a layout conversion
-                acc = warpgroup_mma(gl.convert_layout(p.to(dtype), p_l), tile, acc * alpha_o[:, None])
+                acc = warpgroup_mma(gl.convert_layout(p.to(dtype), p_l), v_tile, acc * alpha_o[:, None])
             m_i = m_new
         async_copy.wait_group(0)  # no copy outlives the program (the ring's last slots: padding rows, zeros)
 
         l_safe = gl.where(l_i > 0.0, l_i, 1.0)
         o = acc / gl.convert_layout(l_safe, gl.SliceLayout(1, o_l))[:, None]
         offs_ho = gl.arange(0, BLOCK_H, layout=gl.SliceLayout(1, o_l))
-        offs_c = gl.arange(0, DV, layout=gl.SliceLayout(0, o_l))
+        offs_c = col_off + gl.arange(0, DO, layout=gl.SliceLayout(0, o_l))
         h_mask = (offs_ho < H)[:, None]
         if DIRECT:
             gl.store(out_ptr + pid_b.to(gl.int64) * stride_ob + offs_ho[:, None] * stride_oh + offs_c[None, :],
                      o.to(out_ptr.dtype.element_ty), mask=h_mask)
         else:
             gl.store(part_ptr + pid_b.to(gl.int64) * stride_pb + pid_s * stride_ps + offs_ho[:, None] * stride_ph
-                     + offs_c[None, :], o, mask=h_mask)
+                     + offs_c[None, :], o.to(part_ptr.dtype.element_ty), mask=h_mask)  # float32, or q's with PART16
             offs_hs = gl.arange(0, BLOCK_H, layout=gl.SliceLayout(1, s_l))
             lse = gl.where(l_i > 0.0, m_i + gl.log2(l_safe), float("-inf"))
-            gl.store(lse_ptr + pid_b.to(gl.int64) * stride_lb + pid_s * stride_ls + offs_hs, lse, mask=offs_hs < H)
+            gl.store(lse_ptr + pid_b.to(gl.int64) * stride_lb + pid_s * stride_ls + offs_hs, lse,
+                     mask=(offs_hs < H) & (col_off == 0))  # one of the V_SPLIT programs (they computed the same)
 
 
 def sparse_decode_wgmma(q: torch.Tensor, kv: torch.Tensor, indices: torch.Tensor, sm_scale: float | None = None,
@@ -209,7 +219,11 @@ def sparse_decode_wgmma(q: torch.Tensor, kv: torch.Tensor, indices: torch.Tensor
 
     ``config`` keys (each optional, the rest from :func:`default_config`): ``S`` (at most this many splits of the selected rows, see
     :func:`kernels.sparse_decode.split_rows`), ``BLOCK_T`` (rows a tile: 32 or 64), ``STAGES`` (ring slots, 2 to 4),
-    ``P_SMEM`` (1: the probabilities reach the PV product through shared memory, 0: from registers);
+    ``P_SMEM`` (1: the probabilities reach the PV product through shared memory, 0: from registers), ``V_SPLIT``
+    (2: two programs a split, each computes the scores and half of V's columns, so a batch needs half the splits,
+    and half the float32 partials, for the same number of programs; their gathers share the rows through L2),
+    ``PART16`` (1: the split-K partials are stored in q's 16-bit dtype instead of float32, half the bytes written and
+    merged, at the cost of one more rounding of each partial; the log-sum-exps stay float32);
     a launch is always 8 warps and 64 heads. ``pdl``: launch the merge kernel with programmatic dependent launch;
     None = where the GPU has it."""
     if not HAVE_GLUON:
@@ -231,9 +245,9 @@ def sparse_decode_wgmma(q: torch.Tensor, kv: torch.Tensor, indices: torch.Tensor
     config = {**default_config(B, indices.shape[1]), **(config or {})}
     unknown = set(config) - set(DEFAULT_CONFIG)
     if (unknown or config["BLOCK_T"] not in (32, 64) or config["STAGES"] not in (2, 3, 4) or config["S"] < 1
-            or config["P_SMEM"] not in (0, 1)):
-        raise ValueError(f"sparse_decode_wgmma: config {config}: keys S, BLOCK_T, STAGES, P_SMEM; BLOCK_T 32 or 64, "
-                         "STAGES 2 to 4, S >= 1, P_SMEM 0 or 1")
+            or config["P_SMEM"] not in (0, 1) or config["V_SPLIT"] not in (1, 2) or config["PART16"] not in (0, 1)):
+        raise ValueError(f"sparse_decode_wgmma: config {config}: keys S, BLOCK_T, STAGES, P_SMEM, V_SPLIT, PART16; "
+                         "BLOCK_T 32 or 64, STAGES 2 to 4, S >= 1, P_SMEM 0 or 1, V_SPLIT 1 or 2, PART16 0 or 1")
     topk = indices.shape[1]
     sm_scale = 1.0 / math.sqrt(d_qk) if sm_scale is None else float(sm_scale)
     rows_per_split, n_splits = split_rows(topk, config["S"], config["BLOCK_T"])
@@ -246,17 +260,17 @@ def sparse_decode_wgmma(q: torch.Tensor, kv: torch.Tensor, indices: torch.Tensor
         part, lse = out, out  # unused
         part_strides, lse_strides = (0, 0, 0), (0, 0)
     else:
-        part = torch.empty((B, n_splits, H, d_v), device=q.device, dtype=torch.float32)
+        part = torch.empty((B, n_splits, H, d_v), device=q.device, dtype=q.dtype if config["PART16"] else torch.float32)
         lse = torch.empty((B, n_splits, H), device=q.device, dtype=torch.float32)
         part_strides, lse_strides = part.stride()[:3], lse.stride()[:2]
-    _sparse_decode_wgmma_kernel[(n_splits, B)](
+    _sparse_decode_wgmma_kernel[(n_splits * config["V_SPLIT"], B)](
         q, kv, indices, part, lse, out,
         H, kv.shape[0], topk, rows_per_split, sm_scale * LOG2E,
         q.stride(0), q.stride(1), kv.stride(0), indices.stride(0),
         *part_strides, *lse_strides,
         out.stride(0), out.stride(1),
         DV=d_v, BLOCK_H=WGMMA_HEADS, BLOCK_T=config["BLOCK_T"], STAGES=config["STAGES"], DIRECT=direct,
-        P_SMEM=bool(config["P_SMEM"]),
+        P_SMEM=bool(config["P_SMEM"]), V_SPLIT=config["V_SPLIT"],
         num_warps=WGMMA_WARPS,
     )
     if not direct:

@@ -53,20 +53,24 @@ def test_sparse_decode_wgmma_sends_an_fp8_cache_to_the_kernel_that_takes_row_sca
 
 
 @needs_gluon
-@pytest.mark.parametrize("config", [{"BLOCK_T": 16}, {"STAGES": 1}, {"S": 0}, {"P_SMEM": 2}, {"num_warps": 4}], ids=str)
+@pytest.mark.parametrize("config", [{"BLOCK_T": 16}, {"STAGES": 1}, {"S": 0}, {"P_SMEM": 2}, {"V_SPLIT": 4},
+                                    {"PART16": 2}, {"num_warps": 4}], ids=str)
 def test_sparse_decode_wgmma_rejects_a_config_outside_its_space(config):
-    with pytest.raises(ValueError, match="keys S, BLOCK_T, STAGES, P_SMEM; BLOCK_T 32 or 64, STAGES 2 to 4, S >= 1, P_SMEM 0 or 1"):
+    with pytest.raises(ValueError, match="keys S, BLOCK_T, STAGES, P_SMEM, V_SPLIT, PART16; BLOCK_T 32 or 64, STAGES 2 "
+                                         "to 4, S >= 1, P_SMEM 0 or 1, V_SPLIT 1 or 2, PART16 0 or 1"):
         sparse_decode_wgmma(*_inputs(1), config=config)
 
 
 @needs_gluon
 def test_sparse_decode_wgmma_compiles_for_sm90_to_wgmma_and_cp_async_without_spills():
     """The schedule the module states, in its sm_90 PTX: wgmma for both products, the gathers as 16-byte cp.async
-    (each BLOCK_T x 512 bf16 tile: BLOCK_T * 64 copies over 256 threads), and no local memory (no spill)."""
+    (each BLOCK_T x 512 bf16 tile: BLOCK_T * 64 copies over 256 threads), and no local memory (no spill). With
+    V_SPLIT=2 the copies are rotated by the program's first column of V, and must stay 16 bytes wide."""
     probe = ROOT / "tests" / "kernels" / "compile_probe.py"
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     env.pop("TRITON_INTERPRET", None)
-    for config in ({"S": 5, "BLOCK_T": 64, "STAGES": 2}, {"S": 1, "BLOCK_T": 32, "STAGES": 4}):
+    for config in ({"S": 5, "BLOCK_T": 64, "STAGES": 2}, {"S": 1, "BLOCK_T": 32, "STAGES": 4},
+                   {"S": 2, "BLOCK_T": 64, "STAGES": 2, "V_SPLIT": 2}):
         shape = {"batch": 16, "heads": 64, "d_qk": 512, "d_v": 512, "topk": 640, "num_rows": 65536}
         r = subprocess.run([sys.executable, str(probe), "wgmma", json.dumps(shape), json.dumps(config)],
                            capture_output=True, text=True, env=env, timeout=600)
@@ -75,6 +79,7 @@ def test_sparse_decode_wgmma_compiles_for_sm90_to_wgmma_and_cp_async_without_spi
         ptx = got["ptx"]
         assert ptx["wgmma"] > 0 and ptx["mma.sync"] == 0, ptx
         assert ptx["cp.async.16B"] > 0 and ptx["ld.global.v4"] == 0, ptx  # q too arrives by cp.async
+        assert not [k for k in ptx if k.startswith("cp.async.") and k != "cp.async.16B"], ptx  # no narrower copy
         assert got["usage"] is not None, "cuobjdump did not report the cubin's resource usage"
         assert got["usage"]["local"] == 0 and got["usage"]["stack"] == 0, got["usage"]  # no spill
 
@@ -88,13 +93,17 @@ needs_hopper = pytest.mark.skipif(not (HOPPER and HAVE_GLUON), reason="needs an 
     {"S": 1, "BLOCK_T": 64, "STAGES": 2}, {"S": 5, "BLOCK_T": 64, "STAGES": 2}, {"S": 3, "BLOCK_T": 64, "STAGES": 2},
     {"S": 1, "BLOCK_T": 32, "STAGES": 4}, {"S": 8, "BLOCK_T": 32, "STAGES": 3}, {"S": 20, "BLOCK_T": 32, "STAGES": 2},
     {"S": 5, "BLOCK_T": 64, "STAGES": 2, "P_SMEM": 1}, {"S": 8, "BLOCK_T": 32, "STAGES": 3, "P_SMEM": 1},
+    {"S": 1, "BLOCK_T": 64, "STAGES": 2, "V_SPLIT": 2}, {"S": 3, "BLOCK_T": 64, "STAGES": 2, "V_SPLIT": 2},
+    {"S": 20, "BLOCK_T": 32, "STAGES": 4, "V_SPLIT": 2, "P_SMEM": 1}, {"S": 4, "BLOCK_T": 32, "STAGES": 3, "V_SPLIT": 2},
+    {"S": 5, "BLOCK_T": 64, "STAGES": 2, "PART16": 1}, {"S": 2, "BLOCK_T": 64, "STAGES": 2, "V_SPLIT": 2, "PART16": 1},
 ], ids=str)
 @pytest.mark.parametrize("batch", [1, 5, 64])
 def test_sparse_decode_wgmma_matches_the_reference_at_v4_flash_shapes(batch, config):
     """Ragged padding (requests after the first keep a random number of rows, some none), one to twenty tiles a
-    split, ring depths 2-4, into NaN-poisoned outputs; a request with no row gets zeros."""
+    split, ring depths 2-4, one program or two (V_SPLIT) a split, into NaN-poisoned outputs; a request with no row
+    gets zeros."""
     shape = dict(SD.shapes("v4flash")[0], batch=batch, ragged=1)
-    i = SD.make_inputs(shape, "bfloat16", "cuda", seed=batch * 7 + config["S"])
+    i = SD.make_inputs(shape, "bfloat16", "cuda", seed=batch * 7 + config["S"] + 100 * config.get("V_SPLIT", 1))
     if batch > 1:
         i["indices"][1] = -1  # a request with every row padding
     ref = SD.reference(i)
@@ -116,8 +125,10 @@ def test_sparse_decode_wgmma_fp16_and_fewer_heads_match_the_reference():
         idx = torch.randint(0, 8192 + 500, (3, 640), generator=g, device="cuda", dtype=torch.int32)
         ref = SD.reference({"q": q, "kv": kv, "indices": idx, "sm_scale": 0.05, "d_v": 512, "kv_scale": None})
         out = torch.full((3, heads, 512), float("nan"), device="cuda", dtype=dtype)
-        got = sparse_decode_wgmma(q, kv, idx, 0.05, {"S": 4, "BLOCK_T": 32, "STAGES": 3}, out=out)
-        assert rel_error(got, ref) <= SD.tolerance("bfloat16"), (dtype, heads)
+        for v_split in (1, 2):
+            out.fill_(float("nan"))
+            got = sparse_decode_wgmma(q, kv, idx, 0.05, {"S": 4, "BLOCK_T": 32, "STAGES": 3, "V_SPLIT": v_split}, out=out)
+            assert rel_error(got, ref) <= SD.tolerance("bfloat16"), (dtype, heads, v_split)
 
 
 def test_the_wgmma_benchmark_times_every_partition_at_both_tile_sizes():
@@ -131,6 +142,22 @@ def test_the_wgmma_benchmark_times_every_partition_at_both_tile_sizes():
     assert {(1, 64), (2, 64), (5, 64), (10, 64), (1, 32), (2, 32), (20, 32)} <= at
     assert (16, 64) not in at and (8, 64) not in at
     assert all(64 * 1024 + c["STAGES"] * c["BLOCK_T"] * 1024 + c["P_SMEM"] * 64 * c["BLOCK_T"] * 2 <= 227 * 1024 for c in configs)
+
+
+def test_the_wgmma_benchmark_skips_configs_of_more_than_two_waves_and_16_bit_partials_without_splits():
+    """At batch 64 on 132 SMs: 2 splits of two programs (256) are timed, 3 splits of two (384) and 5 of one (320) are
+    not; PART16 only where there are partials to store."""
+    sys.path.insert(0, str(ROOT))
+    from benchmarks.sparse_decode_wgmma import wgmma_configs
+    from kernels.sparse_decode import split_rows
+
+    at64 = wgmma_configs(64, sms=132)
+    got = {(c["S"], c["BLOCK_T"], c["V_SPLIT"]) for c in at64}
+    assert (2, 64, 2) in got and (4, 32, 1) in got and (1, 64, 2) in got
+    assert (3, 64, 2) not in got and (5, 64, 1) not in got
+    assert all(64 * split_rows(640, c["S"], c["BLOCK_T"])[1] * c["V_SPLIT"] <= 2 * 132 for c in at64)
+    assert all(split_rows(640, c["S"], c["BLOCK_T"])[1] > 1 for c in wgmma_configs() if c["PART16"])
+    assert len(wgmma_configs(1)) > len(at64)
 
 
 def test_the_wgmma_default_config_is_the_measured_fastest_at_v4_flash_batches():
