@@ -7,7 +7,7 @@ Each case (V4-Flash shapes: 64 heads, one 512-wide K=V latent, 640 selected rows
   the last side-by-side run (``benchmarks/results/data/sparse_decode_ahead_h200.json``: the plain loop's and
   ``idx_ahead``'s 4 fastest per batch, each with its option);
 * ``wgmma``: :func:`kernels.sparse_decode_wgmma.sparse_decode_wgmma` over its whole space (S, BLOCK_T, STAGES,
-  P_SMEM, V_SPLIT); its fastest ``V_SPLIT=1`` config is the previous version's schedule (each program all 512
+  P_SMEM, V_SPLIT, PART16, STORE_CVT); its fastest ``V_SPLIT=1`` config is the previous version's schedule (each program all 512
   columns of V), so the report states what the column split gains as a ratio measured in the same run;
 * the torch path (gather + two bmm) and the floor (bytes / the copy bandwidth measured in the same run).
 
@@ -35,7 +35,7 @@ BATCHES = (1, 16, 64)
 GOALS = {1: 9.0, 16: 12.0, 64: 17.0}  # issue 20, bf16 cache, µs
 # STAGES 4 left out: never faster than 2 or 3 by more than noise in the e53ca92 sweep
 WGMMA_SPACE = {"S": [1, 2, 3, 4, 5, 8, 10, 16, 20], "BLOCK_T": [32, 64], "STAGES": [2, 3], "P_SMEM": [0, 1],
-               "V_SPLIT": [1, 2], "PART16": [0, 1]}
+               "V_SPLIT": [1, 2], "PART16": [0, 1], "STORE_CVT": [0, 1]}
 WAVES = 2  # configs of more than this many programs an SM are not timed (at 1.2 waves they already ran 1.5x slower)
 TOP = 4
 
@@ -49,16 +49,16 @@ def wgmma_configs(batch: int | None = None, sms: int = 132) -> list[dict]:
     from kernels.sparse_decode import split_rows
 
     out, seen = [], set()
-    for s, bt, st, ps, vs, p16 in itertools.product(*WGMMA_SPACE.values()):
+    for s, bt, st, ps, vs, p16, cvt in itertools.product(*WGMMA_SPACE.values()):
         if 64 * 1024 + st * bt * 1024 + ps * 64 * bt * 2 > 227 * 1024:
             continue
         rows, splits = split_rows(640, s, bt)
         if (p16 and splits == 1) or (batch is not None and batch * splits * vs > WAVES * sms):
             continue
-        key = (rows, bt, st, ps, vs, p16)
+        key = (rows, bt, st, ps, vs, p16, cvt)
         if key not in seen:
             seen.add(key)
-            out.append({"S": s, "BLOCK_T": bt, "STAGES": st, "P_SMEM": ps, "V_SPLIT": vs, "PART16": p16})
+            out.append({"S": s, "BLOCK_T": bt, "STAGES": st, "P_SMEM": ps, "V_SPLIT": vs, "PART16": p16, "STORE_CVT": cvt})
     return out
 
 

@@ -65,7 +65,7 @@ __all__ = ["DEFAULT_CONFIG", "HAVE_GLUON", "WGMMA_HEADS", "WGMMA_WARPS", "defaul
 
 WGMMA_HEADS = 64  # one wgmma M: every head of a V4-Flash request in one program
 WGMMA_WARPS = 8  # two warpgroups: each holds a [64, 256] float32 accumulator (128 registers a thread)
-DEFAULT_CONFIG = {"S": 8, "BLOCK_T": 64, "STAGES": 2, "P_SMEM": 0, "V_SPLIT": 1, "PART16": 0}  # S and BLOCK_T: see default_config
+DEFAULT_CONFIG = {"S": 8, "BLOCK_T": 64, "STAGES": 2, "P_SMEM": 0, "V_SPLIT": 1, "PART16": 0, "STORE_CVT": 0}  # S and BLOCK_T: see default_config
 PROGRAMS = 128  # about one program per SM of an H200 (132)
 
 
@@ -106,7 +106,7 @@ if HAVE_GLUON:
         stride_lb, stride_ls,
         stride_ob, stride_oh,
         DV: gl.constexpr, BLOCK_H: gl.constexpr, BLOCK_T: gl.constexpr, STAGES: gl.constexpr,
-        DIRECT: gl.constexpr, P_SMEM: gl.constexpr, V_SPLIT: gl.constexpr,
+        DIRECT: gl.constexpr, P_SMEM: gl.constexpr, V_SPLIT: gl.constexpr, STORE_CVT: gl.constexpr,
     ):
         gl.static_assert(BLOCK_H == 64, "one wgmma M of heads per program")
         gl.static_assert(DV == 512, "two warpgroups of 256 columns of V")
@@ -196,15 +196,21 @@ if HAVE_GLUON:
 
         l_safe = gl.where(l_i > 0.0, l_i, 1.0)
         o = acc / gl.convert_layout(l_safe, gl.SliceLayout(1, o_l))[:, None]
-        offs_ho = gl.arange(0, BLOCK_H, layout=gl.SliceLayout(1, o_l))
-        offs_c = col_off + gl.arange(0, DO, layout=gl.SliceLayout(0, o_l))
+        o = o.to(out_ptr.dtype.element_ty if DIRECT else part_ptr.dtype.element_ty)  # partials: float32 or PART16's
+        if STORE_CVT:  # through shared memory into a layout where a warp writes whole rows, 16 bytes or more a thread
+            st_l: gl.constexpr = gl.BlockedLayout([1, 8], [1, 32], [8, 1], [1, 0])
+            o = gl.convert_layout(o, st_l)
+        else:  # from the wgmma layout: 8 (float32) or 4 (16-bit) bytes a thread, 4 threads a row
+            st_l: gl.constexpr = o_l
+        offs_ho = gl.arange(0, BLOCK_H, layout=gl.SliceLayout(1, st_l))
+        offs_c = col_off + gl.arange(0, DO, layout=gl.SliceLayout(0, st_l))
         h_mask = (offs_ho < H)[:, None]
         if DIRECT:
-            gl.store(out_ptr + pid_b.to(gl.int64) * stride_ob + offs_ho[:, None] * stride_oh + offs_c[None, :],
-                     o.to(out_ptr.dtype.element_ty), mask=h_mask)
+            gl.store(out_ptr + pid_b.to(gl.int64) * stride_ob + offs_ho[:, None] * stride_oh + offs_c[None, :], o,
+                     mask=h_mask)
         else:
             gl.store(part_ptr + pid_b.to(gl.int64) * stride_pb + pid_s * stride_ps + offs_ho[:, None] * stride_ph
-                     + offs_c[None, :], o.to(part_ptr.dtype.element_ty), mask=h_mask)  # float32, or q's with PART16
+                     + offs_c[None, :], o, mask=h_mask)
             offs_hs = gl.arange(0, BLOCK_H, layout=gl.SliceLayout(1, s_l))
             lse = gl.where(l_i > 0.0, m_i + gl.log2(l_safe), float("-inf"))
             gl.store(lse_ptr + pid_b.to(gl.int64) * stride_lb + pid_s * stride_ls + offs_hs, lse,
@@ -223,7 +229,9 @@ def sparse_decode_wgmma(q: torch.Tensor, kv: torch.Tensor, indices: torch.Tensor
     (2: two programs a split, each computes the scores and half of V's columns, so a batch needs half the splits,
     and half the float32 partials, for the same number of programs; their gathers share the rows through L2),
     ``PART16`` (1: the split-K partials are stored in q's 16-bit dtype instead of float32, half the bytes written and
-    merged, at the cost of one more rounding of each partial; the log-sum-exps stay float32);
+    merged, at the cost of one more rounding of each partial; the log-sum-exps stay float32), ``STORE_CVT`` (1: the
+    output or partials go through shared memory into a layout of 16-byte stores, whole rows a warp; 0: straight from
+    the wgmma layout, 4 threads a row, 8 bytes a thread in float32 and 4 in 16 bits);
     a launch is always 8 warps and 64 heads. ``pdl``: launch the merge kernel with programmatic dependent launch;
     None = where the GPU has it."""
     if not HAVE_GLUON:
@@ -245,9 +253,10 @@ def sparse_decode_wgmma(q: torch.Tensor, kv: torch.Tensor, indices: torch.Tensor
     config = {**default_config(B, indices.shape[1]), **(config or {})}
     unknown = set(config) - set(DEFAULT_CONFIG)
     if (unknown or config["BLOCK_T"] not in (32, 64) or config["STAGES"] not in (2, 3, 4) or config["S"] < 1
-            or config["P_SMEM"] not in (0, 1) or config["V_SPLIT"] not in (1, 2) or config["PART16"] not in (0, 1)):
-        raise ValueError(f"sparse_decode_wgmma: config {config}: keys S, BLOCK_T, STAGES, P_SMEM, V_SPLIT, PART16; "
-                         "BLOCK_T 32 or 64, STAGES 2 to 4, S >= 1, P_SMEM 0 or 1, V_SPLIT 1 or 2, PART16 0 or 1")
+            or config["P_SMEM"] not in (0, 1) or config["V_SPLIT"] not in (1, 2) or config["PART16"] not in (0, 1)
+            or config["STORE_CVT"] not in (0, 1)):
+        raise ValueError(f"sparse_decode_wgmma: config {config}: keys S, BLOCK_T, STAGES, P_SMEM, V_SPLIT, PART16, "
+                         "STORE_CVT; BLOCK_T 32 or 64, STAGES 2 to 4, S >= 1, the rest 0 or 1 (V_SPLIT 1 or 2)")
     topk = indices.shape[1]
     sm_scale = 1.0 / math.sqrt(d_qk) if sm_scale is None else float(sm_scale)
     rows_per_split, n_splits = split_rows(topk, config["S"], config["BLOCK_T"])
@@ -271,6 +280,7 @@ def sparse_decode_wgmma(q: torch.Tensor, kv: torch.Tensor, indices: torch.Tensor
         out.stride(0), out.stride(1),
         DV=d_v, BLOCK_H=WGMMA_HEADS, BLOCK_T=config["BLOCK_T"], STAGES=config["STAGES"], DIRECT=direct,
         P_SMEM=bool(config["P_SMEM"]), V_SPLIT=config["V_SPLIT"],
+        STORE_CVT=bool(config["STORE_CVT"]),
         num_warps=WGMMA_WARPS,
     )
     if not direct:

@@ -81,7 +81,9 @@ def wgmma_build(shape: dict, config: dict) -> dict:
     compiled = builds["_sparse_decode_wgmma_kernel"]
     ptx = compiled.asm["ptx"]
     counts = {"wgmma": len(re.findall(r"wgmma\.mma_async", ptx)), "mma.sync": len(re.findall(r"\bmma\.sync", ptx)),
-              "ld.global.v4": len(re.findall(r"\bld\.global(?:\.\w+)*?\.v4\.", ptx))}
+              "ld.global.v4": len(re.findall(r"\bld\.global(?:\.\w+)*?\.v4\.", ptx)),
+              "st.global.v4": len(re.findall(r"\bst\.global(?:\.\w+)*?\.v4\.", ptx)),
+              "st.global.v2": len(re.findall(r"\bst\.global(?:\.\w+)*?\.v2\.", ptx))}
     for m in re.finditer(r"cp\.async\.c[ag]\.shared\.global[^;]*?,\s*(0x[0-9a-f]+|\d+)", ptx):
         key = f"cp.async.{int(m.group(1), 0)}B"
         counts[key] = counts.get(key, 0) + 1

@@ -54,10 +54,10 @@ def test_sparse_decode_wgmma_sends_an_fp8_cache_to_the_kernel_that_takes_row_sca
 
 @needs_gluon
 @pytest.mark.parametrize("config", [{"BLOCK_T": 16}, {"STAGES": 1}, {"S": 0}, {"P_SMEM": 2}, {"V_SPLIT": 4},
-                                    {"PART16": 2}, {"num_warps": 4}], ids=str)
+                                    {"PART16": 2}, {"STORE_CVT": 2}, {"num_warps": 4}], ids=str)
 def test_sparse_decode_wgmma_rejects_a_config_outside_its_space(config):
-    with pytest.raises(ValueError, match="keys S, BLOCK_T, STAGES, P_SMEM, V_SPLIT, PART16; BLOCK_T 32 or 64, STAGES 2 "
-                                         "to 4, S >= 1, P_SMEM 0 or 1, V_SPLIT 1 or 2, PART16 0 or 1"):
+    with pytest.raises(ValueError, match=r"keys S, BLOCK_T, STAGES, P_SMEM, V_SPLIT, PART16, STORE_CVT; BLOCK_T 32 or "
+                                         r"64, STAGES 2 to 4, S >= 1, the rest 0 or 1 \(V_SPLIT 1 or 2\)"):
         sparse_decode_wgmma(*_inputs(1), config=config)
 
 
@@ -96,6 +96,8 @@ needs_hopper = pytest.mark.skipif(not (HOPPER and HAVE_GLUON), reason="needs an 
     {"S": 1, "BLOCK_T": 64, "STAGES": 2, "V_SPLIT": 2}, {"S": 3, "BLOCK_T": 64, "STAGES": 2, "V_SPLIT": 2},
     {"S": 20, "BLOCK_T": 32, "STAGES": 4, "V_SPLIT": 2, "P_SMEM": 1}, {"S": 4, "BLOCK_T": 32, "STAGES": 3, "V_SPLIT": 2},
     {"S": 5, "BLOCK_T": 64, "STAGES": 2, "PART16": 1}, {"S": 2, "BLOCK_T": 64, "STAGES": 2, "V_SPLIT": 2, "PART16": 1},
+    {"S": 2, "BLOCK_T": 64, "STAGES": 2, "STORE_CVT": 1}, {"S": 1, "BLOCK_T": 64, "STAGES": 2, "V_SPLIT": 2, "STORE_CVT": 1},
+    {"S": 20, "BLOCK_T": 32, "STAGES": 3, "V_SPLIT": 2, "PART16": 1, "STORE_CVT": 1},
 ], ids=str)
 @pytest.mark.parametrize("batch", [1, 5, 64])
 def test_sparse_decode_wgmma_matches_the_reference_at_v4_flash_shapes(batch, config):
@@ -127,8 +129,27 @@ def test_sparse_decode_wgmma_fp16_and_fewer_heads_match_the_reference():
         out = torch.full((3, heads, 512), float("nan"), device="cuda", dtype=dtype)
         for v_split in (1, 2):
             out.fill_(float("nan"))
-            got = sparse_decode_wgmma(q, kv, idx, 0.05, {"S": 4, "BLOCK_T": 32, "STAGES": 3, "V_SPLIT": v_split}, out=out)
+            got = sparse_decode_wgmma(q, kv, idx, 0.05, {"S": 4, "BLOCK_T": 32, "STAGES": 3, "V_SPLIT": v_split,
+                                                         "STORE_CVT": v_split - 1}, out=out)
             assert rel_error(got, ref) <= SD.tolerance("bfloat16"), (dtype, heads, v_split)
+
+
+@needs_gluon
+@pytest.mark.parametrize("part16, v4", [(0, 32), (1, 16)], ids=["float32", "bf16"])
+def test_sparse_decode_wgmma_store_cvt_writes_its_partials_in_16_byte_stores_on_sm90(part16, v4):
+    """From the wgmma layout a thread holds 2 adjacent values of a row: 8-byte (float32) or 4-byte (16-bit) stores,
+    4 threads a row (16-bit partials then write half sectors, measured 0.6-0.96x slower at fc9135f). STORE_CVT
+    converts the [64, 512] partials first: 16-byte stores only, 64 KiB (or 128 KiB) over 256 threads."""
+    probe = ROOT / "tests" / "kernels" / "compile_probe.py"
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    env.pop("TRITON_INTERPRET", None)
+    shape = {"batch": 16, "heads": 64, "d_qk": 512, "d_v": 512, "topk": 640, "num_rows": 65536}
+    config = {"S": 2, "BLOCK_T": 64, "STAGES": 2, "PART16": part16, "STORE_CVT": 1}
+    r = subprocess.run([sys.executable, str(probe), "wgmma", json.dumps(shape), json.dumps(config)],
+                       capture_output=True, text=True, env=env, timeout=600)
+    assert r.returncode == 0, r.stderr[-2000:]
+    ptx = json.loads(r.stdout.strip().splitlines()[-1])["ptx"]
+    assert ptx["st.global.v4"] == v4 and ptx["st.global.v2"] == 0, ptx
 
 
 def test_the_wgmma_benchmark_times_every_partition_at_both_tile_sizes():
