@@ -70,12 +70,18 @@ PROGRAMS = 128  # about one program per SM of an H200 (132)
 
 
 def default_config(batch: int, topk: int) -> dict:
-    """About one program per SM: ``S = ceil(128 / batch)`` splits, 64-row tiles from batch 16 up (32-row ones below,
-    so that batch 1 still has 20 programs). On the H200 runs of 77158f4 and e53ca92 this picks the partition and tile
-    of the fastest config of the whole space at batch 1, 16 and 64: 20 splits of 32 rows; 5 splits of 128 rows in
-    64-row tiles; 2 of 320."""
+    """About one program per SM: two programs a split (``V_SPLIT``) up to batch 16, where the products are cheap and
+    the partials are not, one above; ``S = ceil(128 / (batch * V_SPLIT))`` splits; 64-row tiles from batch 16 up
+    (32-row ones below, so that batch 1 still has 40 programs). On the H200 run of 163d496
+    (``benchmarks/results/sparse_decode_wgmma_h200.md``) this picks the partition, tile and V_SPLIT of the fastest
+    config of the whole space at batch 1, 16 and 64: 20 splits of 32 rows, two programs each; 4 splits of 160 rows
+    in 64-row tiles, two programs each; 2 splits of 320, one program each. Float32 partials from the wgmma layout
+    (``PART16=0, STORE_CVT=0``): 16-bit partials through the converted stores were faster only at batch 1 (10.1
+    against 10.5 µs there) and double a bf16 output's rounding error of the reference (0.0024 against 0.0019)."""
     block_t = 64 if batch >= 16 else 32
-    return {**DEFAULT_CONFIG, "BLOCK_T": block_t, "S": max(1, min(-(-PROGRAMS // max(batch, 1)), -(-topk // block_t)))}
+    v_split = 2 if batch <= 16 else 1
+    s = max(1, min(-(-PROGRAMS // (max(batch, 1) * v_split)), -(-topk // block_t)))
+    return {**DEFAULT_CONFIG, "BLOCK_T": block_t, "S": s, "V_SPLIT": v_split}
 
 
 if HAVE_GLUON:
