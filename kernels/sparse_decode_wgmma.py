@@ -20,11 +20,14 @@ loop on Hopper. Gluon states the schedule instead of asking a pass for it:
 Split-K partials and the merge are the ``tl.dot`` kernel's (same layout, same merge kernel, launched with
 programmatic dependent launch), so the two kernels are interchangeable behind :func:`sparse_decode_wgmma`.
 
-Measured on an H200 (2026-11-30, e53ca92, ``benchmarks/results/sparse_decode_wgmma_h200.md``, side by side with the
-``tl.dot`` kernel's shipped and fastest configs): 12.3 / 17.7 / 30.8 µs at batch 1 / 16 / 64 against 9.4 / 19.3 /
-36.3 µs, so 0.76x at batch 1 and 1.09x / 1.18x at 16 / 64 (issue 20's goals, 9 / 12 / 17 µs, are still missed). In
-the decode workload (``attention_impl=wgmma``, V4-Flash twin at live context 512, the hand-written best otherwise)
-that is 0.991 / 0.999 / 1.004 the mma kernel's step end to end (``benchmarks/results/workload_attention_wgmma_h200_e53ca92.md``).
+Measured on an H200 (2026-12-01, 163d496, ``benchmarks/results/sparse_decode_wgmma_h200.md``, side by side with the
+``tl.dot`` kernel's shipped and fastest configs): 10.1 / 16.9 / 31.0 µs at batch 1 / 16 / 64 against 9.4 / 19.3 /
+36.5 µs, so 0.93x at batch 1 and 1.15x / 1.18x at 16 / 64 (issue 20's goals, 9 / 12 / 17 µs, are still missed).
+``V_SPLIT`` (two programs a split, each all the scores and half of V's columns) is 1.11x / 1.05x / 1.00x the fastest
+one-program config in the same run; 16-bit partials pay only through converted stores, and only at batch 1. In the
+decode workload (``attention_impl=wgmma``, V4-Flash twin at live context 512, the hand-written best otherwise) the
+default configs are 0.998 / 1.003 / 1.005 the mma kernel's step end to end
+(``benchmarks/results/workload_attention_wgmma_h200_30dc2ab.md``).
 What bounds it (Nsight Compute at batch 64, S=2, 64-row tiles; ``data/ncu_sparse_decode_wgmma_h200_77158f4.txt``, and
 the stall samples per SASS line at b452160 in ``data/ncu_source_sparse_decode_wgmma_b64_h200_b452160.txt``): the
 tensor pipe is busy a quarter of the time and DRAM runs at 26-30% of its peak. 22% of the stall samples fall before
