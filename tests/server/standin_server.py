@@ -5,11 +5,15 @@ It honours flags like a real server and can misbehave on purpose::
     python standin_server.py --port 30001 --tokens-per-second 200 --startup-delay 0.5
         [--ttft-ms 5] [--max-running-requests N] [--context-length N] [--crash-after S] [--hang]
         [--oom-at-start] [--oom-under-load] [--print-argv FILE] [--reject-field NAME ...] [--slot-log FILE]
+        [--stall-request K --stall-ms MS]
 
 Each request streams ``max_tokens`` tokens, one SSE chunk each, at exactly ``--tokens-per-second`` per request
 (paced against the request's own start, so the rate does not drift). With ``--max-running-requests N`` at most N
 requests stream at a time, the others wait in arrival order (a FIFO queue of N slots); ``--slot-log`` appends one
 line per request, the seconds it waited for a slot and held it, so a test knows the service time the queue ran at.
+``--stall-request K`` (repeatable) makes the K-th completion request (1-based, counting every one the server got,
+the warm-up's included) wait ``--stall-ms`` more for its first token, holding its slot: one slow request (a long
+prefill, a busy host's stall).
 ``/health`` answers 503 until the start-up delay is over, then 200; ``--hang`` never becomes ready. An unknown flag
 is an argparse error (``unrecognized arguments``, exit 2), like SGLang.
 
@@ -55,6 +59,10 @@ def parse_args(argv=None):
                    help="1.3x faster, and greedy completions of even-length prompts diverge half-way")
     p.add_argument("--spawn-worker", default=None, help="start a worker process in the server's group that ignores "
                    "SIGTERM (as a busy GPU worker may) and write its pid to this file")
+    p.add_argument("--stall-request", type=int, action="append", default=[],
+                   help="the K-th completion request (1-based, warm-up included) waits --stall-ms more for its first "
+                   "token")
+    p.add_argument("--stall-ms", type=float, default=0.0)
     p.add_argument("--reject-field", action="append", default=[],
                    help="answer HTTP 422 to a request carrying this field (a strict server, e.g. ignore_eos)")
     return p.parse_args(argv)
@@ -136,6 +144,7 @@ class Server:
             print("Traceback (most recent call last):", flush=True)
             print("torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB", flush=True)
         n = int(req.get("max_tokens") or 16)
+        stall = self.args.stall_ms / 1000 if self.requests in self.args.stall_request else 0.0
         writer.write(b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nCache-Control: no-cache\r\n"
                      b"Connection: close\r\n\r\n")
         arrived = time.monotonic()
@@ -144,8 +153,8 @@ class Server:
             await self.sem.acquire()
         try:
             start = time.monotonic()
-            if self.args.ttft_ms:
-                await asyncio.sleep(self.args.ttft_ms / 1000)
+            if self.args.ttft_ms or stall:
+                await asyncio.sleep(self.args.ttft_ms / 1000 + stall)
             first = time.monotonic()
             self.running += 1
             counted = True

@@ -156,8 +156,18 @@ class Sample:
 
 
 def _late_limits(slo: Sequence[tuple[str, float]]) -> list[tuple[float, float]]:
-    """``(limit_s, share of requests allowed over it)`` of each TTFT limit of ``slo``."""
-    return [(limit / 1e3, 1 - int(name.rsplit("_p", 1)[1]) / 100) for name, limit in slo if name.startswith("ttft_ms")]
+    """``(limit_s, quantile)`` of each TTFT limit of ``slo`` (``ttft_ms_p95``: 0.95, as :func:`figures` reads it)."""
+    return [(limit / 1e3, int(name.rsplit("_p", 1)[1]) / 100) for name, limit in slo if name.startswith("ttft_ms")]
+
+
+def late_needed(n: int, q: float) -> int:
+    """The fewest of ``n`` requests over a limit that put their ``q`` quantile over it whatever the others' values.
+    The quantile (:func:`loadgen._pct`) interpolates between the sorted values at ``floor((n - 1) q)`` and the next:
+    it is certainly over the limit once the lower one is, that is once ``n - floor((n - 1) q)`` requests are. One
+    fewer is not enough (the upper value just over the limit, the lower one under it: the quantile can be under):
+    with 8 requests a p95 is 0.35 of the second slowest plus 0.65 of the slowest, and one slow request alone need not
+    miss it."""
+    return n - math.floor((n - 1) * q)
 
 
 async def _open_loop(base_url: str, cfg: LoadConfig, reqs: Sequence[RequestSpec], arrivals: Sequence[float],
@@ -165,9 +175,9 @@ async def _open_loop(base_url: str, cfg: LoadConfig, reqs: Sequence[RequestSpec]
                      slo: Sequence[tuple[str, float]] = (), tolerance: float = 0.15
                      ) -> tuple[list[RequestResult], float, str, KeptUp]:
     """Send ``reqs[i]`` at ``arrivals[i]`` whatever the others do. The measurement is cut (the requests left are
-    cancelled) ``drain_s`` after the last arrival, or as soon as more requests than a TTFT limit of ``slo`` allows
-    are certainly over it (the first token came late, or has not come that long after sending): the load misses the
-    SLO whatever the rest do. A request cut before its end counts as late (TTFT, if it had no token, and its end to
+    cancelled) ``drain_s`` after the last arrival, or as soon as enough requests are over a TTFT limit of ``slo``
+    (the first token came late, or has not come that long after sending) that its quantile misses whatever the rest
+    do (:func:`late_needed`). A request cut before its end counts as late (TTFT, if it had no token, and its end to
     end latency infinite), never as an error; one never sent is left out. Also returns whether the server kept up
     (:func:`keep_up`; not judged when the SLO cut the measurement short)."""
     limits = httpx.Limits(max_connections=None, max_keepalive_connections=64)
@@ -191,10 +201,10 @@ async def _open_loop(base_url: str, cfg: LoadConfig, reqs: Sequence[RequestSpec]
             done_at[i] = time.perf_counter() - start
 
         def missed_already(now: float) -> bool:
-            for limit, share in late_limits:
+            for limit, q in late_limits:
                 late = sum(1 for i in range(n) if (first[i] is not None and first[i] > limit)
                            or (first[i] is None and sent_at[i] is not None and now - sent_at[i] > limit))
-                if late > share * n:
+                if late >= late_needed(n, q):
                     return True
             return False
 
