@@ -20,14 +20,14 @@ loop on Hopper. Gluon states the schedule instead of asking a pass for it:
 Split-K partials and the merge are the ``tl.dot`` kernel's (same layout, same merge kernel, launched with
 programmatic dependent launch), so the two kernels are interchangeable behind :func:`sparse_decode_wgmma`.
 
-Measured on an H200 (2026-12-01, 163d496, ``benchmarks/results/sparse_decode_wgmma_h200.md``, side by side with the
-``tl.dot`` kernel's shipped and fastest configs): 10.1 / 16.9 / 31.0 µs at batch 1 / 16 / 64 against 9.4 / 19.3 /
-36.5 µs, so 0.93x at batch 1 and 1.15x / 1.18x at 16 / 64 (issue 20's goals, 9 / 12 / 17 µs, are still missed).
-``V_SPLIT`` (two programs a split, each all the scores and half of V's columns) is 1.11x / 1.05x / 1.00x the fastest
-one-program config in the same run; 16-bit partials pay only through converted stores, and only at batch 1. In the
-decode workload (``attention_impl=wgmma``, V4-Flash twin at live context 512, the hand-written best otherwise) the
-default configs are 0.998 / 1.003 / 1.005 the mma kernel's step end to end
-(``benchmarks/results/workload_attention_wgmma_h200_30dc2ab.md``).
+Measured on an H200 (2026-12-01, db89c65, ``benchmarks/results/sparse_decode_wgmma_h200.md``, side by side with the
+``tl.dot`` kernel's shipped and fastest configs): 9.4 / 16.9 / 30.8 µs at batch 1 / 16 / 64 against 9.3 / 19.4 /
+36.4 µs, so 0.99x at batch 1 and 1.14x / 1.18x at 16 / 64 (issue 20's goals, 9 / 12 / 17 µs, are still missed).
+``V_SPLIT`` (two or four programs a split, each all the scores and its share of V's columns) is 1.20x / 1.04x /
+1.00x the fastest one-program config in the same run; 16-bit partials pay only through converted stores, and only
+at batch 1. In the decode workload (``attention_impl=wgmma``, V4-Flash twin at live context 512, the hand-written
+best otherwise) the default configs of 30dc2ab (two programs a split at batch 1 and 16) were 0.998 / 1.003 / 1.005
+the mma kernel's step end to end (``benchmarks/results/workload_attention_wgmma_h200_30dc2ab.md``).
 What bounds it (Nsight Compute at batch 64, S=2, 64-row tiles; ``data/ncu_sparse_decode_wgmma_h200_77158f4.txt``, and
 the stall samples per SASS line at b452160 in ``data/ncu_source_sparse_decode_wgmma_b64_h200_b452160.txt``): the
 tensor pipe is busy a quarter of the time and DRAM runs at 26-30% of its peak. 22% of the stall samples fall before
@@ -68,23 +68,25 @@ __all__ = ["DEFAULT_CONFIG", "HAVE_GLUON", "WGMMA_HEADS", "WGMMA_WARPS", "defaul
 
 WGMMA_HEADS = 64  # one wgmma M: every head of a V4-Flash request in one program
 WGMMA_WARPS = 8  # two warpgroups: each holds a [64, 256] float32 accumulator (128 registers a thread)
-DEFAULT_CONFIG = {"S": 8, "BLOCK_T": 64, "STAGES": 2, "P_SMEM": 0, "V_SPLIT": 1, "PART16": 0, "STORE_CVT": 0}  # S and BLOCK_T: see default_config
+DEFAULT_CONFIG = {"S": 8, "BLOCK_T": 64, "STAGES": 2, "P_SMEM": 0, "V_SPLIT": 1, "PART16": 0, "STORE_CVT": 0}  # S, V_SPLIT: see default_config
 PROGRAMS = 128  # about one program per SM of an H200 (132)
 
 
 def default_config(batch: int, topk: int) -> dict:
-    """About one program per SM: two programs a split (``V_SPLIT``) up to batch 16, where the products are cheap and
-    the partials are not, one above; ``S = ceil(128 / (batch * V_SPLIT))`` splits; 64-row tiles from batch 16 up
-    (32-row ones below, so that batch 1 still has 40 programs). On the H200 run of 163d496
-    (``benchmarks/results/sparse_decode_wgmma_h200.md``) this picks the partition, tile and V_SPLIT of the fastest
-    config of the whole space at batch 1, 16 and 64: 20 splits of 32 rows, two programs each; 4 splits of 160 rows
-    in 64-row tiles, two programs each; 2 splits of 320, one program each. Float32 partials from the wgmma layout
-    (``PART16=0, STORE_CVT=0``): 16-bit partials through the converted stores were faster only at batch 1 (10.1
-    against 10.5 µs there) and double a bf16 output's rounding error of the reference (0.0024 against 0.0019)."""
-    block_t = 64 if batch >= 16 else 32
-    v_split = 2 if batch <= 16 else 1
-    s = max(1, min(-(-PROGRAMS // (max(batch, 1) * v_split)), -(-topk // block_t)))
-    return {**DEFAULT_CONFIG, "BLOCK_T": block_t, "S": s, "V_SPLIT": v_split}
+    """About one program per SM, 64-row tiles. Programs a split (``V_SPLIT``): one from batch 64, where the products
+    bound the loop and each extra program recomputes the scores; four where two programs a tile would still leave
+    most SMs idle (batch * tiles * 2 < 64, so batch 1-3 at V4-Flash's 10 tiles); two between, where the partials,
+    which fewer splits reduce, cost more than the scores. ``S = ceil(128 / (batch * V_SPLIT))`` splits, at most one
+    a tile. On the H200 run of db89c65 (``benchmarks/results/sparse_decode_wgmma_h200.md``) this picks the partition,
+    tile and V_SPLIT of the fastest float32-partial config of the whole space at batch 1, 16 and 64: 10 splits of
+    64 rows, four programs each; 4 splits of 160 rows, two each; 2 splits of 320, one each (batches between these
+    were not measured). Float32 partials from the wgmma layout (``PART16=0, STORE_CVT=0``): 16-bit partials through
+    the converted stores were faster only at batch 1 (9.4 against 9.6 µs there) and bring the rounding error of a
+    bf16 output against the float32 reference from 0.0020 to 0.0024."""
+    tiles = -(-topk // 64)
+    v_split = 1 if batch >= 64 else 4 if batch * tiles * 2 < PROGRAMS // 2 else 2
+    s = max(1, min(-(-PROGRAMS // (max(batch, 1) * v_split)), tiles))
+    return {**DEFAULT_CONFIG, "BLOCK_T": 64, "S": s, "V_SPLIT": v_split}
 
 
 if HAVE_GLUON:
