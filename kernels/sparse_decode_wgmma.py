@@ -26,8 +26,8 @@ Measured on an H200 (2026-12-01, db89c65, ``benchmarks/results/sparse_decode_wgm
 ``V_SPLIT`` (two or four programs a split, each all the scores and its share of V's columns) is 1.20x / 1.04x /
 1.00x the fastest one-program config in the same run; 16-bit partials pay only through converted stores, and only
 at batch 1. In the decode workload (``attention_impl=wgmma``, V4-Flash twin at live context 512, the hand-written
-best otherwise) the default configs of 30dc2ab (two programs a split at batch 1 and 16) were 0.998 / 1.003 / 1.005
-the mma kernel's step end to end (``benchmarks/results/workload_attention_wgmma_h200_30dc2ab.md``).
+best otherwise) the default configs are 1.004 / 1.000 / 1.002 the mma kernel's step end to end at c=1 / 16 / 64
+(``benchmarks/results/workload_attention_wgmma_h200_64dc16a.md``).
 What bounds it (Nsight Compute at batch 64, S=2, 64-row tiles; ``data/ncu_sparse_decode_wgmma_h200_77158f4.txt``, and
 the stall samples per SASS line at b452160 in ``data/ncu_source_sparse_decode_wgmma_b64_h200_b452160.txt``): the
 tensor pipe is busy a quarter of the time and DRAM runs at 26-30% of its peak. 22% of the stall samples fall before
