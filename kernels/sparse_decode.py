@@ -538,7 +538,8 @@ def sparse_decode(
 
 
 def launch_combine(part: torch.Tensor, lse: torch.Tensor, out: torch.Tensor, pdl: bool) -> None:
-    """Merge the split partials ``part [B, S, H, d_v]`` (float32, normalised) by their log-sum-exp ``lse [B, S, H]``
+    """Merge the split partials ``part [B, S, H, d_v]`` (normalised; float32, or 16-bit from the wgmma kernel's
+    ``PART16``, read and summed in float32) by their log-sum-exp ``lse [B, S, H]``
     (base 2) into ``out [B, H, d_v]``; ``pdl``: launched with programmatic dependent launch (it waits in-kernel for
     the grid that wrote the partials)."""
     B, S, H, d_v = part.shape

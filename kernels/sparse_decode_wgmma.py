@@ -13,8 +13,9 @@ loop on Hopper. Gluon states the schedule instead of asking a pass for it:
   row is padding) into a ring of ``STAGES`` shared-memory slots; the copies of tile ``t + STAGES - 1`` are issued
   before tile ``t``'s products, so the gather runs while the tensor cores work;
 - S = q K^T is one ``wgmma`` chain per warpgroup (each warpgroup half the tile's rows), the online softmax runs
-  on S in registers, and O += P V is one ``wgmma`` chain per warpgroup for its 256 columns of V, reading the same
-  shared tile as K (V is the first ``d_v`` columns of K): each row leaves DRAM once;
+  on S in registers, and O += P V is one ``wgmma`` chain per warpgroup for its half of the program's columns of V
+  (all 512, or a half or quarter with ``V_SPLIT``), reading the same shared tile as K (V is the first ``d_v``
+  columns of K): each row leaves DRAM once;
 - one barrier per tile: after it every warp has finished the previous tile, so its slot is free to refill.
 
 Split-K partials and the merge are the ``tl.dot`` kernel's (same layout, same merge kernel, launched with
@@ -67,7 +68,7 @@ except ImportError:  # a Triton without Gluon: sparse_decode_wgmma raises, the t
 __all__ = ["DEFAULT_CONFIG", "HAVE_GLUON", "WGMMA_HEADS", "WGMMA_WARPS", "default_config", "sparse_decode_wgmma"]
 
 WGMMA_HEADS = 64  # one wgmma M: every head of a V4-Flash request in one program
-WGMMA_WARPS = 8  # two warpgroups: each holds a [64, 256] float32 accumulator (128 registers a thread)
+WGMMA_WARPS = 8  # two warpgroups: each holds a [64, 256 / V_SPLIT] float32 accumulator (128 / V_SPLIT registers a thread)
 DEFAULT_CONFIG = {"S": 8, "BLOCK_T": 64, "STAGES": 2, "P_SMEM": 0, "V_SPLIT": 1, "PART16": 0, "STORE_CVT": 0}  # S, V_SPLIT: see default_config
 PROGRAMS = 128  # about one program per SM of an H200 (132)
 
