@@ -35,7 +35,7 @@ BATCHES = (1, 16, 64)
 GOALS = {1: 9.0, 16: 12.0, 64: 17.0}  # issue 20, bf16 cache, µs
 # STAGES 4 left out: never faster than 2 or 3 by more than noise in the e53ca92 sweep
 WGMMA_SPACE = {"S": [1, 2, 3, 4, 5, 8, 10, 16, 20], "BLOCK_T": [32, 64], "STAGES": [2, 3], "P_SMEM": [0, 1],
-               "V_SPLIT": [1, 2, 4], "PART16": [0, 1], "STORE_CVT": [0, 1]}
+               "V_SPLIT": [1, 2, 4, 8], "PART16": [0, 1], "STORE_CVT": [0, 1]}
 WAVES = 2  # configs of more than this many programs an SM are not timed (at 1.2 waves they already ran 1.5x slower)
 TOP = 4
 

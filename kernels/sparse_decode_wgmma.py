@@ -14,7 +14,7 @@ loop on Hopper. Gluon states the schedule instead of asking a pass for it:
   before tile ``t``'s products, so the gather runs while the tensor cores work;
 - S = q K^T is one ``wgmma`` chain per warpgroup (each warpgroup half the tile's rows), the online softmax runs
   on S in registers, and O += P V is one ``wgmma`` chain per warpgroup for its half of the program's columns of V
-  (all 512, or a half or quarter with ``V_SPLIT``), reading the same shared tile as K (V is the first ``d_v``
+  (all 512, or a half, quarter or eighth with ``V_SPLIT``), reading the same shared tile as K (V is the first ``d_v``
   columns of K): each row leaves DRAM once;
 - one barrier per tile: after it every warp has finished the previous tile, so its slot is free to refill.
 
@@ -123,7 +123,7 @@ if HAVE_GLUON:
         gl.static_assert(BLOCK_H == 64, "one wgmma M of heads per program")
         gl.static_assert(DV == 512, "two warpgroups of 256 columns of V")
         gl.static_assert(STAGES >= 2, "a ring of at least two slots")
-        gl.static_assert(V_SPLIT == 1 or V_SPLIT == 2 or V_SPLIT == 4, "all of V's columns, a half or a quarter")
+        gl.static_assert(V_SPLIT == 1 or V_SPLIT == 2 or V_SPLIT == 4 or V_SPLIT == 8, "all of V's columns, or 1/2, 1/4, 1/8")
         dtype: gl.constexpr = q_ptr.dtype.element_ty
         DO: gl.constexpr = DV // V_SPLIT  # the output columns this program computes
         pid_s = gl.program_id(0) // V_SPLIT  # the V_SPLIT programs of a split are neighbours: they run together and
@@ -238,7 +238,7 @@ def sparse_decode_wgmma(q: torch.Tensor, kv: torch.Tensor, indices: torch.Tensor
     ``config`` keys (each optional, the rest from :func:`default_config`): ``S`` (at most this many splits of the selected rows, see
     :func:`kernels.sparse_decode.split_rows`), ``BLOCK_T`` (rows a tile: 32 or 64), ``STAGES`` (ring slots, 2 to 4),
     ``P_SMEM`` (1: the probabilities reach the PV product through shared memory, 0: from registers), ``V_SPLIT``
-    (2 or 4: that many programs a split, each computes the scores and its share of V's columns, so a batch needs
+    (2, 4 or 8: that many programs a split, each computes the scores and its share of V's columns, so a batch needs
     fewer splits, and fewer float32 partials, for the same number of programs; their gathers share the rows
     through L2),
     ``PART16`` (1: the split-K partials are stored in q's 16-bit dtype instead of float32, half the bytes written and
@@ -266,10 +266,10 @@ def sparse_decode_wgmma(q: torch.Tensor, kv: torch.Tensor, indices: torch.Tensor
     config = {**default_config(B, indices.shape[1]), **(config or {})}
     unknown = set(config) - set(DEFAULT_CONFIG)
     if (unknown or config["BLOCK_T"] not in (32, 64) or config["STAGES"] not in (2, 3, 4) or config["S"] < 1
-            or config["P_SMEM"] not in (0, 1) or config["V_SPLIT"] not in (1, 2, 4) or config["PART16"] not in (0, 1)
+            or config["P_SMEM"] not in (0, 1) or config["V_SPLIT"] not in (1, 2, 4, 8) or config["PART16"] not in (0, 1)
             or config["STORE_CVT"] not in (0, 1)):
         raise ValueError(f"sparse_decode_wgmma: config {config}: keys S, BLOCK_T, STAGES, P_SMEM, V_SPLIT, PART16, "
-                         "STORE_CVT; BLOCK_T 32 or 64, STAGES 2 to 4, S >= 1, the rest 0 or 1 (V_SPLIT 1, 2 or 4)")
+                         "STORE_CVT; BLOCK_T 32 or 64, STAGES 2 to 4, S >= 1, the rest 0 or 1 (V_SPLIT 1, 2, 4 or 8)")
     topk = indices.shape[1]
     sm_scale = 1.0 / math.sqrt(d_qk) if sm_scale is None else float(sm_scale)
     rows_per_split, n_splits = split_rows(topk, config["S"], config["BLOCK_T"])

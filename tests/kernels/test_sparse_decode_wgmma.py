@@ -57,7 +57,7 @@ def test_sparse_decode_wgmma_sends_an_fp8_cache_to_the_kernel_that_takes_row_sca
                                     {"PART16": 2}, {"STORE_CVT": 2}, {"num_warps": 4}], ids=str)
 def test_sparse_decode_wgmma_rejects_a_config_outside_its_space(config):
     with pytest.raises(ValueError, match=r"keys S, BLOCK_T, STAGES, P_SMEM, V_SPLIT, PART16, STORE_CVT; BLOCK_T 32 or "
-                                         r"64, STAGES 2 to 4, S >= 1, the rest 0 or 1 \(V_SPLIT 1, 2 or 4\)"):
+                                         r"64, STAGES 2 to 4, S >= 1, the rest 0 or 1 \(V_SPLIT 1, 2, 4 or 8\)"):
         sparse_decode_wgmma(*_inputs(1), config=config)
 
 
@@ -99,6 +99,7 @@ needs_hopper = pytest.mark.skipif(not (HOPPER and HAVE_GLUON), reason="needs an 
     {"S": 2, "BLOCK_T": 64, "STAGES": 2, "STORE_CVT": 1, "V_SPLIT": 1}, {"S": 1, "BLOCK_T": 64, "STAGES": 2, "V_SPLIT": 2, "STORE_CVT": 1},
     {"S": 20, "BLOCK_T": 32, "STAGES": 3, "V_SPLIT": 2, "PART16": 1, "STORE_CVT": 1},
     {"S": 20, "BLOCK_T": 32, "STAGES": 2, "V_SPLIT": 4}, {"S": 2, "BLOCK_T": 64, "STAGES": 2, "V_SPLIT": 4, "PART16": 1, "STORE_CVT": 1},
+    {"S": 10, "BLOCK_T": 64, "STAGES": 2, "V_SPLIT": 8, "P_SMEM": 1}, {"S": 20, "BLOCK_T": 32, "STAGES": 2, "V_SPLIT": 8, "PART16": 1, "STORE_CVT": 1},
 ], ids=str)
 @pytest.mark.parametrize("batch", [1, 5, 64])
 def test_sparse_decode_wgmma_matches_the_reference_at_v4_flash_shapes(batch, config):
@@ -128,7 +129,7 @@ def test_sparse_decode_wgmma_fp16_and_fewer_heads_match_the_reference():
         idx = torch.randint(0, 8192 + 500, (3, 640), generator=g, device="cuda", dtype=torch.int32)
         ref = SD.reference({"q": q, "kv": kv, "indices": idx, "sm_scale": 0.05, "d_v": 512, "kv_scale": None})
         out = torch.full((3, heads, 512), float("nan"), device="cuda", dtype=dtype)
-        for v_split in (1, 2, 4):
+        for v_split in (1, 2, 4, 8):
             out.fill_(float("nan"))
             got = sparse_decode_wgmma(q, kv, idx, 0.05, {"S": 4, "BLOCK_T": 32, "STAGES": 3, "V_SPLIT": v_split,
                                                          "STORE_CVT": int(v_split > 1)}, out=out)
