@@ -21,14 +21,15 @@ loop on Hopper. Gluon states the schedule instead of asking a pass for it:
 Split-K partials and the merge are the ``tl.dot`` kernel's (same layout, same merge kernel, launched with
 programmatic dependent launch), so the two kernels are interchangeable behind :func:`sparse_decode_wgmma`.
 
-Measured on an H200 (2026-12-01, db89c65, ``benchmarks/results/sparse_decode_wgmma_h200.md``, side by side with the
-``tl.dot`` kernel's shipped and fastest configs): 9.4 / 16.9 / 30.8 µs at batch 1 / 16 / 64 against 9.3 / 19.4 /
-36.4 µs, so 0.99x at batch 1 and 1.14x / 1.18x at 16 / 64 (issue 20's goals, 9 / 12 / 17 µs, are still missed).
-``V_SPLIT`` (two or four programs a split, each all the scores and its share of V's columns) is 1.20x / 1.04x /
-1.00x the fastest one-program config in the same run; 16-bit partials pay only through converted stores, and only
-at batch 1. In the decode workload (``attention_impl=wgmma``, V4-Flash twin at live context 512, the hand-written
-best otherwise) the default configs are 1.004 / 1.000 / 1.002 the mma kernel's step end to end at c=1 / 16 / 64
-(``benchmarks/results/workload_attention_wgmma_h200_64dc16a.md``).
+Measured on an H200 (2026-12-01, side by side with the ``tl.dot`` kernel's shipped and fastest configs; batch 1 and
+16 at 4750e24, ``benchmarks/results/sparse_decode_wgmma_h200.md``, batch 64 at db89c65,
+``sparse_decode_wgmma_h200_db89c65.md``): 9.4 / 17.1 / 30.8 µs at batch 1 / 16 / 64 against 9.4 / 19.3 / 36.4 µs, so
+1.00x at batch 1 and 1.13x / 1.18x at 16 / 64 (issue 20's goals, 9 / 12 / 17 µs, are still missed). ``V_SPLIT``
+(2, 4 or 8 programs a split, each all the scores and its share of V's columns) is 1.22x / 1.04x / 1.00x the fastest
+one-program config in the same runs; 16-bit partials pay only through converted stores, and only at batch 1. In the
+decode workload (``attention_impl=wgmma``, V4-Flash twin at live context 512, the hand-written best otherwise) the
+default configs of 64dc16a (four programs a split at batch 1, two at 16) were 1.004 / 1.000 / 1.002 the mma
+kernel's step end to end at c=1 / 16 / 64 (``benchmarks/results/workload_attention_wgmma_h200_64dc16a.md``).
 What bounds it (Nsight Compute at batch 64, S=2, 64-row tiles; ``data/ncu_sparse_decode_wgmma_h200_77158f4.txt``, and
 the stall samples per SASS line at b452160 in ``data/ncu_source_sparse_decode_wgmma_b64_h200_b452160.txt``): the
 tensor pipe is busy a quarter of the time and DRAM runs at 26-30% of its peak. 22% of the stall samples fall before
@@ -75,18 +76,21 @@ PROGRAMS = 128  # about one program per SM of an H200 (132)
 
 def default_config(batch: int, topk: int) -> dict:
     """About one program per SM, 64-row tiles. Programs a split (``V_SPLIT``): one from batch 64, where the products
-    bound the loop and each extra program recomputes the scores; four where two programs a tile would still leave
-    most SMs idle (batch * tiles * 2 < 64, so batch 1-3 at V4-Flash's 10 tiles); two between, where the partials,
-    which fewer splits reduce, cost more than the scores. ``S = ceil(128 / (batch * V_SPLIT))`` splits, at most one
-    a tile. On the H200 run of db89c65 (``benchmarks/results/sparse_decode_wgmma_h200.md``) this picks the partition,
-    tile and V_SPLIT of the fastest float32-partial config of the whole space at batch 1, 16 and 64: 10 splits of
-    64 rows, four programs each; 4 splits of 160 rows, two each; 2 splits of 320, one each (batches between these
-    were not measured). Float32 partials from the wgmma layout (``PART16=0, STORE_CVT=0``): 16-bit partials through
-    the converted stores were faster only at batch 1 (9.4 against 9.6 µs there) and bring the rounding error of a
-    bf16 output against the float32 reference from 0.0020 to 0.0024."""
+    bound the loop and each extra program recomputes the scores; below, the most of 8, 4, 2 that keeps one program a
+    tile within 128 programs (batch * tiles * V_SPLIT <= 128: 8 at batch 1 with V4-Flash's 10 tiles), and 2 where
+    none does, since the partials, which fewer splits reduce, cost more than the scores there.
+    ``S = ceil(128 / (batch * V_SPLIT))`` splits, at most one a tile. On the H200 this picks the partition, tile and
+    V_SPLIT of the fastest float32-partial config of the whole space in the newest sweep of each batch (batch 1 and
+    16 at 4750e24, ``benchmarks/results/sparse_decode_wgmma_h200.md``; 64 at db89c65,
+    ``sparse_decode_wgmma_h200_db89c65.md``): 10 splits of 64 rows, eight programs each; 4 splits of 160 rows, two
+    each; 2 splits of 320, one each (batches between these were not measured). Float32 partials from the wgmma
+    layout (``PART16=0, STORE_CVT=0``): 16-bit partials through the converted stores were no faster at batch 1
+    (9.5 against 9.4 µs at 4750e24) and bring the rounding error of a bf16 output against the float32 reference
+    from 0.0020 to 0.0024."""
     tiles = -(-topk // 64)
-    v_split = 1 if batch >= 64 else 4 if batch * tiles * 2 < PROGRAMS // 2 else 2
-    s = max(1, min(-(-PROGRAMS // (max(batch, 1) * v_split)), tiles))
+    batch = max(batch, 1)
+    v_split = 1 if batch >= 64 else next((v for v in (8, 4, 2) if batch * tiles * v <= PROGRAMS), 2)
+    s = max(1, min(-(-PROGRAMS // (batch * v_split)), tiles))
     return {**DEFAULT_CONFIG, "BLOCK_T": 64, "S": s, "V_SPLIT": v_split}
 
 
