@@ -33,32 +33,31 @@ sys.path[:] = [str(ROOT)] + [p for p in sys.path if Path(p or ".").resolve() not
 PREVIOUS = ROOT / "benchmarks" / "results" / "data" / "sparse_decode_ahead_h200.json"
 BATCHES = (1, 16, 64)
 GOALS = {1: 9.0, 16: 12.0, 64: 17.0}  # issue 20, bf16 cache, µs
-# STAGES 4 left out: never faster than 2 or 3 by more than noise in the e53ca92 sweep
-WGMMA_SPACE = {"S": [1, 2, 3, 4, 5, 8, 10, 16, 20], "BLOCK_T": [32, 64], "STAGES": [2, 3], "P_SMEM": [0, 1],
-               "V_SPLIT": [1, 2, 4, 8], "PART16": [0, 1], "STORE_CVT": [0, 1]}
+STAGES = [2, 3]  # of the kernel's 2-4: 4 was never faster than 2 or 3 by more than noise in the e53ca92 sweep
+TOP = 4  # the previous run's fastest configs of each tl.dot variant timed again
 WAVES = 2  # configs of more than this many programs an SM are not timed (at 1.2 waves they already ran 1.5x slower)
-TOP = 4
 
 
 def wgmma_configs(batch: int | None = None, sms: int = 132) -> list[dict]:
-    """The wgmma kernel's space, less the configs whose ring does not fit 227 KiB of shared memory (q's 64 KiB plus
-    STAGES tiles of BLOCK_T rows of 1 KiB, and P's tile with P_SMEM), the split counts that repeat a smaller one's
-    partition at the same tile size, PART16 where there is one split (no partials), and, given the batch, the configs
-    of more than ``WAVES`` programs an SM (one program fits an SM: the 2026-11-30 sweep at e53ca92 ran 160 programs
-    at batch 16 1.6x slower than 80, and 1280 at batch 64 5x slower than 128)."""
+    """The wgmma kernel's space (``SparseDecodeWgmmaKernel.config_space``, ``STAGES`` 2 and 3), less the configs its
+    rules reject (shared memory), those that run the same program as another (its ``canonical_config``: a split
+    count that repeats a smaller one's partition at the same tile size, PART16 where there is one split) and, given
+    the batch, the configs of more than ``WAVES`` programs an SM (one program fits an SM: the 2026-11-30 sweep at
+    e53ca92 ran 160 programs at batch 16 1.6x slower than 80, and 1280 at batch 64 5x slower than 128)."""
+    from kernels.registry import get_kernel
     from kernels.sparse_decode import split_rows
 
-    out, seen = [], set()
-    for s, bt, st, ps, vs, p16, cvt in itertools.product(*WGMMA_SPACE.values()):
-        if 64 * 1024 + st * bt * 1024 + ps * 64 * bt * 2 > 227 * 1024:
+    kernel = get_kernel("sparse_decode_wgmma")
+    shape = dict(kernel.shapes("v4flash")[0], batch=batch or 1)
+    space = {**kernel.config_space(shape), "STAGES": STAGES}
+    out = []
+    for values in itertools.product(*space.values()):
+        config = dict(zip(space, values))
+        if kernel.check_config(config, shape) or kernel.canonical_config(config, shape) != config:
             continue
-        rows, splits = split_rows(640, s, bt)
-        if (p16 and splits == 1) or (batch is not None and batch * splits * vs > WAVES * sms):
-            continue
-        key = (rows, bt, st, ps, vs, p16, cvt)
-        if key not in seen:
-            seen.add(key)
-            out.append({"S": s, "BLOCK_T": bt, "STAGES": st, "P_SMEM": ps, "V_SPLIT": vs, "PART16": p16, "STORE_CVT": cvt})
+        splits = split_rows(shape["topk"], config["S"], config["BLOCK_T"])[1]
+        if batch is None or batch * splits * config["V_SPLIT"] <= WAVES * sms:
+            out.append(config)
     return out
 
 

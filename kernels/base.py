@@ -186,6 +186,8 @@ class TunableKernel(abc.ABC):
     batch_dim: str = "batch"
     dtypes: tuple[str, ...] = ()
     """Input dtypes the kernel runs (``dtype_name`` spelling, e.g. ``bfloat16``); empty: any."""
+    switches: tuple[str, ...] = ()
+    """Config fields that are on/off switches (0 or 1); every other field must be a positive int."""
 
     # --- optional hooks: each does nothing unless a kernel overrides it -------------------------------
     def unavailable(self) -> str | None:
@@ -224,7 +226,10 @@ class TunableKernel(abc.ABC):
         if missing:
             return f"missing_param: {missing}"
         for key, value in config.items():
-            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+            if key in self.switches:
+                if not isinstance(value, int) or isinstance(value, bool) or value not in (0, 1):
+                    return f"switch: {key}={value!r} must be 0 or 1"
+            elif not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 return f"positive_int: {key}={value!r} must be a positive int"
         return None
 

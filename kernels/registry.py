@@ -12,6 +12,7 @@ __all__ = ["KERNELS", "get_kernel", "kernel_names"]
 KERNELS: dict[str, str] = {
     "sparse_decode": "kernels.sparse_decode:SparseDecodeKernel",
     "sparse_decode_simt": "kernels.sparse_decode:SparseDecodeSimtKernel",
+    "sparse_decode_wgmma": "kernels.sparse_decode_wgmma:SparseDecodeWgmmaKernel",
     "indexer": "kernels.indexer:IndexerKernel",
     "gemm": "kernels.gemm:GemmKernel",
     "gemv": "kernels.gemv:GemvKernel",

@@ -53,8 +53,9 @@ import math
 import torch
 import triton
 
-from .base import gpu_target
-from .sparse_decode import _PDL, LOG2E, _check_args, launch_combine, split_rows
+from .base import device_limits, gpu_target
+from .configs import tuned_config
+from .sparse_decode import _PDL, LOG2E, _check_args, _shape_of, _SparseDecodeBase, launch_combine, split_rows
 
 try:
     from triton.experimental import gluon
@@ -66,7 +67,8 @@ try:
 except ImportError:  # a Triton without Gluon: sparse_decode_wgmma raises, the tl.dot kernel stays available
     HAVE_GLUON = False
 
-__all__ = ["DEFAULT_CONFIG", "HAVE_GLUON", "WGMMA_HEADS", "WGMMA_WARPS", "default_config", "sparse_decode_wgmma"]
+__all__ = ["DEFAULT_CONFIG", "HAVE_GLUON", "WGMMA_HEADS", "WGMMA_WARPS", "SparseDecodeWgmmaKernel", "default_config",
+           "sparse_decode_wgmma"]
 
 WGMMA_HEADS = 64  # one wgmma M: every head of a V4-Flash request in one program
 WGMMA_WARPS = 8  # two warpgroups: each holds a [64, 256 / V_SPLIT] float32 accumulator (128 / V_SPLIT registers a thread)
@@ -239,7 +241,9 @@ def sparse_decode_wgmma(q: torch.Tensor, kv: torch.Tensor, indices: torch.Tensor
     """Sparse MLA decode on Hopper tensor cores (Gluon); ``q [B, H <= 64, 512]``, ``kv [num_rows, 512]`` in q's
     dtype (bf16/fp16), ``indices [B, topk]`` int32 (negative or >= num_rows: padding); returns ``[B, H, 512]``.
 
-    ``config`` keys (each optional, the rest from :func:`default_config`): ``S`` (at most this many splits of the selected rows, see
+    ``config``: None = the tuned config for this GPU and shape (``kernels/configs``), else :func:`default_config`;
+    a dict's keys are each optional, the rest from :func:`default_config`: ``S`` (at most this many splits of the
+    selected rows, see
     :func:`kernels.sparse_decode.split_rows`), ``BLOCK_T`` (rows a tile: 32 or 64), ``STAGES`` (ring slots, 2 to 4),
     ``P_SMEM`` (1: the probabilities reach the PV product through shared memory, 0: from registers), ``V_SPLIT``
     (2, 4 or 8: that many programs a split, each computes the scores and its share of V's columns, so a batch needs
@@ -267,13 +271,13 @@ def sparse_decode_wgmma(q: torch.Tensor, kv: torch.Tensor, indices: torch.Tensor
         problems.append(f"dtype {q.dtype} (bfloat16 or float16)")
     if problems:
         raise ValueError(f"sparse_decode_wgmma: {'; '.join(problems)}: use kernels.sparse_decode.sparse_decode")
-    config = {**default_config(B, indices.shape[1]), **(config or {})}
-    unknown = set(config) - set(DEFAULT_CONFIG)
-    if (unknown or config["BLOCK_T"] not in (32, 64) or config["STAGES"] not in (2, 3, 4) or config["S"] < 1
-            or config["P_SMEM"] not in (0, 1) or config["V_SPLIT"] not in (1, 2, 4, 8) or config["PART16"] not in (0, 1)
-            or config["STORE_CVT"] not in (0, 1)):
-        raise ValueError(f"sparse_decode_wgmma: config {config}: keys S, BLOCK_T, STAGES, P_SMEM, V_SPLIT, PART16, "
-                         "STORE_CVT; BLOCK_T 32 or 64, STAGES 2 to 4, S >= 1, the rest 0 or 1 (V_SPLIT 1, 2, 4 or 8)")
+    kernel = SparseDecodeWgmmaKernel.instance
+    shape = _shape_of(q, kv, indices, d_v)
+    if config is None:
+        config = tuned_config(kernel, shape, q.dtype, q.device)
+    else:
+        config = {**kernel.default_config(shape), **config}
+        kernel.require_config(config, shape, q.device, q.dtype)
     topk = indices.shape[1]
     sm_scale = 1.0 / math.sqrt(d_qk) if sm_scale is None else float(sm_scale)
     rows_per_split, n_splits = split_rows(topk, config["S"], config["BLOCK_T"])
@@ -305,3 +309,81 @@ def sparse_decode_wgmma(q: torch.Tensor, kv: torch.Tensor, indices: torch.Tensor
         pdl = (_PDL and target is not None and target >= (9, 0)) if pdl is None else bool(pdl)
         launch_combine(part, lse, out, pdl)
     return out
+
+
+class SparseDecodeWgmmaKernel(_SparseDecodeBase):
+    """The Gluon Hopper kernel, ``sparse_decode_wgmma``, as the kernel search and the tuned-config files see it: 64
+    heads of 512 at most, a 16-bit cache, an sm_90 GPU (Gluon does not run in the Triton interpreter)."""
+
+    name = "sparse_decode_wgmma"
+    dtypes = ("bfloat16", "float16")
+    switches = ("P_SMEM", "PART16", "STORE_CVT")
+    instance: SparseDecodeWgmmaKernel
+
+    def unavailable(self):
+        if not HAVE_GLUON:
+            return f"this Triton ({triton.__version__}) has no Gluon Hopper API"
+        if not torch.cuda.is_available():
+            return "it needs an sm_90 CUDA GPU (Gluon kernels do not run in the Triton interpreter)"
+        cc = torch.cuda.get_device_capability()
+        if cc != (9, 0):
+            return f"it needs compute capability 9.0 (wgmma); this GPU is {cc[0]}.{cc[1]}"
+        return None
+
+    def default_config(self, shape):
+        return default_config(shape["batch"], shape["topk"])
+
+    def config_space(self, shape):
+        return {"S": [1, 2, 3, 4, 5, 8, 10, 16, 20], "BLOCK_T": [32, 64], "STAGES": [2, 3, 4], "P_SMEM": [0, 1],
+                "V_SPLIT": [1, 2, 4, 8], "PART16": [0, 1], "STORE_CVT": [0, 1]}
+
+    def canonical_config(self, config, shape):
+        """The smallest S of the space that splits the rows the same way at this tile size (S = 16 and 10 both make
+        ten 64-row splits of 640 rows), and float32 partials where there is one split (no partials)."""
+        if "S" not in config or "BLOCK_T" not in config:
+            return config
+        split = split_rows(shape["topk"], config["S"], config["BLOCK_T"])
+        s = min((v for v in self.config_space(shape)["S"] if split_rows(shape["topk"], v, config["BLOCK_T"]) == split),
+                default=config["S"])
+        out = {**config, "S": s}
+        if split[1] == 1 and "PART16" in out:
+            out["PART16"] = 0
+        return out
+
+    def smem_bytes(self, config, shape):
+        """q, the ring of gathered tiles, and P's tile with P_SMEM (16-bit each). The sm_90 build adds 4 KiB of
+        scratch (200704 bytes for 64-row tiles at 2 slots, with or without STORE_CVT); every config this passes ran
+        on the H200 sweeps."""
+        return 2 * (WGMMA_HEADS * shape["d_qk"] + config["STAGES"] * config["BLOCK_T"] * shape["d_qk"]
+                    + config["P_SMEM"] * WGMMA_HEADS * config["BLOCK_T"])
+
+    def check_config(self, config, shape, device=None, dtype=None):
+        why = super().check_config(config, shape, device)
+        if why:
+            return why
+        if shape["heads"] > WGMMA_HEADS:
+            return f"heads: {shape['heads']} > {WGMMA_HEADS} (one wgmma M of heads a program)"
+        if shape["d_qk"] != 512 or shape["d_v"] != 512:
+            return f"width: d_qk={shape['d_qk']}, d_v={shape['d_v']} (both 512: two warpgroups of 256 columns)"
+        for key, allowed in (("BLOCK_T", (32, 64)), ("STAGES", (2, 3, 4)), ("V_SPLIT", (1, 2, 4, 8))):
+            if config[key] not in allowed:
+                return f"{key.lower()}: {key}={config[key]} must be one of {allowed}"
+        smem, limit = self.smem_bytes(config, shape), device_limits(device)["shared_memory"]
+        if smem > limit:
+            return f"shared_memory: {smem // 1024} KiB > {limit // 1024} KiB"
+        return None
+
+    def shapes(self, preset="v4flash"):
+        if preset == "test":  # the widths it runs, few heads and rows: the GPU tests' quick shape
+            return [{"batch": 3, "heads": 16, "d_qk": 512, "d_v": 512, "topk": 40, "num_rows": 97, "ragged": 1}]
+        if preset != "v4flash":
+            raise ValueError(f"unknown preset {preset!r} for {self.name}; use 'v4flash' or 'test' (64 heads of 512 "
+                             "at most)")
+        return super().shapes(preset)
+
+    def run(self, inputs, config=None, out=None):
+        return sparse_decode_wgmma(inputs["q"], inputs["kv"], inputs["indices"], inputs["sm_scale"], config,
+                                   d_v=inputs["d_v"], out=out)
+
+
+SparseDecodeWgmmaKernel.instance = SparseDecodeWgmmaKernel()

@@ -53,12 +53,43 @@ def test_sparse_decode_wgmma_sends_an_fp8_cache_to_the_kernel_that_takes_row_sca
 
 
 @needs_gluon
-@pytest.mark.parametrize("config", [{"BLOCK_T": 16}, {"STAGES": 1}, {"S": 0}, {"P_SMEM": 2}, {"V_SPLIT": 3},
-                                    {"PART16": 2}, {"STORE_CVT": 2}, {"num_warps": 4}], ids=str)
-def test_sparse_decode_wgmma_rejects_a_config_outside_its_space(config):
-    with pytest.raises(ValueError, match=r"keys S, BLOCK_T, STAGES, P_SMEM, V_SPLIT, PART16, STORE_CVT; BLOCK_T 32 or "
-                                         r"64, STAGES 2 to 4, S >= 1, the rest 0 or 1 \(V_SPLIT 1, 2, 4 or 8\)"):
+@pytest.mark.parametrize("config, rule", [
+    ({"BLOCK_T": 16}, r"block_t: BLOCK_T=16 must be one of \(32, 64\)"), ({"STAGES": 1}, r"stages: STAGES=1"),
+    ({"S": 0}, "positive_int: S=0"), ({"P_SMEM": 2}, "switch: P_SMEM=2 must be 0 or 1"),
+    ({"V_SPLIT": 3}, r"v_split: V_SPLIT=3 must be one of \(1, 2, 4, 8\)"), ({"PART16": 2}, "switch: PART16=2"),
+    ({"STORE_CVT": 2}, "switch: STORE_CVT=2"), ({"num_warps": 4}, r"unknown_param: \['num_warps'\]"),
+    ({"STAGES": 3, "BLOCK_T": 64}, "shared_memory: 256 KiB > 227 KiB"),
+], ids=str)
+def test_sparse_decode_wgmma_rejects_a_config_outside_its_space_in_one_line_naming_the_rule(config, rule):
+    from kernels.base import InvalidConfig
+
+    with pytest.raises(InvalidConfig, match=r"sparse_decode_wgmma: config .* cannot run for shape .*: " + rule) as err:
         sparse_decode_wgmma(*_inputs(1), config=config)
+    assert "\n" not in str(err.value)
+
+
+def test_the_wgmma_kernel_is_registered_tunable_and_says_why_it_cannot_run_here():
+    """The kernel search and tuned-config files see it as ``sparse_decode_wgmma``: its default passes its rules at
+    every V4-Flash batch, configs that launch the same program share one canonical form, and on a machine without
+    an sm_90 GPU (or without Gluon) it names the reason instead of running."""
+    from kernels.registry import get_kernel
+
+    k = get_kernel("sparse_decode_wgmma")
+    for shape in k.shapes("v4flash") + k.shapes("test"):
+        assert k.check_config(k.default_config(shape), shape) is None
+    b16 = k.shapes("v4flash")[1]
+    base = {"BLOCK_T": 64, "STAGES": 2, "P_SMEM": 0, "V_SPLIT": 1, "PART16": 1, "STORE_CVT": 0}
+    assert k.canonical_config({**base, "S": 16}, b16) == {**base, "S": 10}  # ten 64-row splits either way
+    assert k.canonical_config({**base, "S": 1}, b16)["PART16"] == 0  # one split: no partials
+    assert k.canonical_config({**base, "S": 4}, b16) == {**base, "S": 4}
+    assert k.check_config({**base, "S": 4, "heads": 1}, b16).startswith("unknown_param")
+    assert k.check_config({**base, "S": 4}, {**b16, "heads": 128}).startswith("heads: 128 > 64")
+    if not (HOPPER and HAVE_GLUON):
+        assert k.unavailable() and ("sm_90" in k.unavailable() or "9.0" in k.unavailable() or "Gluon" in k.unavailable())
+    else:
+        assert k.unavailable() is None
+    with pytest.raises(ValueError, match="unknown preset 'v32' for sparse_decode_wgmma"):
+        k.shapes("v32")
 
 
 @needs_gluon

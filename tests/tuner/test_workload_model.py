@@ -243,6 +243,26 @@ def test_gpu_space_tunes_the_moe_kernel_and_leaves_the_indexer_width_to_the_serv
     assert all(s["experts"] == 32 and s["topk"] == 6 and s["width"] == 2048 for s in moe)
 
 
+def test_a_kernel_phase_tunes_the_gluon_attention_only_where_attention_impl_wgmma_can_run():
+    """On an H200 with Gluon the space keeps attention_impl=wgmma, and the kernel phase tunes sparse_decode_wgmma at
+    every level's batch after the indexer and before the linears; without Gluon the value is dropped, and so are
+    its kernel cases."""
+    from search_spaces import Hardware, load_space, resolve
+    from tuner.targets.workload.target import WorkloadTarget
+
+    kinds = {}
+    for gluon in (True, False):
+        hw = Hardware(gpu_name="NVIDIA H200", gpu_count=1, compute_capability=(9, 0), has_triton=True, has_gluon=gluon)
+        kinds[gluon] = WorkloadTarget(resolve(load_space("dsv4_flash"), hw)).kernel_shapes()
+    wg = [(i, s) for i, (k, s) in enumerate(kinds[True]) if k == "sparse_decode_wgmma"]
+    assert [s["batch"] for _, s in wg] == [1, 16, 64]
+    assert all(s["heads"] == 64 and s["d_qk"] == s["d_v"] == 512 for _, s in wg)
+    names = [k for k, _ in kinds[True]]
+    assert max(i for i, k in enumerate(names) if k == "indexer") < wg[0][0] and wg[-1][0] < names.index("gemm")
+    assert "sparse_decode_wgmma" not in {k for k, _ in kinds[False]}
+    assert [x for x in kinds[True] if x[0] != "sparse_decode_wgmma"] == kinds[False]
+
+
 def test_profile_names_the_stage_the_step_goes_to():
     """Each stage's share of the step is reported (stage ranges only while profiling). The indexer scores the
     configured width: under a 4K cap it scores 1/32 of the 128K cap's rows and its time falls accordingly (which

@@ -197,7 +197,8 @@ class WorkloadTarget(Target):
     def kernel_shapes(self) -> list[tuple[str, dict[str, int]]]:
         """The kernel shapes this space's configurations produce: every concurrency level (as the batch, and as
         padded to each bucket size it can take) for the MMA attention and the fused MoE, the indexer at every
-        context cap, and, with the ``gemm_impl`` knob, the linears' GEMMs (and at batch 1 their GEMVs)."""
+        context cap, the Gluon attention where ``attention_impl=wgmma`` can run, and, with the ``gemm_impl`` knob,
+        the linears' GEMMs (and at batch 1 their GEMVs)."""
         p, live = self.preset, self.config.live_context
         from search_spaces.buckets import level_batches
 
@@ -217,6 +218,12 @@ class WorkloadTarget(Target):
         for b in order:
             shapes += [("indexer", {"batch": b, "heads": p.indexer_heads, "dim": p.indexer_dim, "width": w,
                                     "shared_k": 0}) for w in sorted(widths)]
+        attention = {par.name: par for par in self.resolved.params}.get("attention_impl")
+        if "wgmma" in (attention.choices() if attention else (self.resolved.fixed.get("attention_impl"),)):
+            # the Gluon kernel, where this GPU runs it (the space dropped the value elsewhere): after the indexer,
+            # since its default configs already name the sweeps' fastest partitions at batch 1, 16 and 64
+            shapes += [("sparse_decode_wgmma", {"batch": b, "heads": p.heads, "d_qk": p.head_dim, "d_v": p.head_dim,
+                                                "topk": p.index_topk + p.window, "num_rows": 1 << 16}) for b in order]
         if "gemm_impl" in self.space.names:  # last: the linears' (N, K) in bf16, whose entries gemm_impl=auto follows
             for b in order:
                 shapes += [("gemm", {"M": b, "N": n, "K": k}) for n, k in dict.fromkeys(self.gemm_shapes())]
