@@ -261,6 +261,11 @@ def test_a_kernel_phase_tunes_the_gluon_attention_only_where_attention_impl_wgmm
     assert max(i for i, k in enumerate(names) if k == "indexer") < wg[0][0] and wg[-1][0] < names.index("gemm")
     assert "sparse_decode_wgmma" not in {k for k, _ in kinds[False]}
     assert [x for x in kinds[True] if x[0] != "sparse_decode_wgmma"] == kinds[False]
+    # a preset the kernel cannot run (8 heads of 64) refuses attention_impl=wgmma, and so gets no kernel case for it
+    hw = Hardware(gpu_name="NVIDIA H200", gpu_count=1, compute_capability=(9, 0), has_triton=True, has_gluon=True)
+    tiny = WorkloadTarget(resolve(load_space("dsv4_flash"), hw), {"preset": "dsv4-flash-tiny"})
+    assert "wgmma" in {par.name: par for par in tiny.resolved.params}["attention_impl"].choices()
+    assert "sparse_decode_wgmma" not in {k for k, _ in tiny.kernel_shapes()}
 
 
 def test_profile_names_the_stage_the_step_goes_to():

@@ -219,7 +219,8 @@ class WorkloadTarget(Target):
             shapes += [("indexer", {"batch": b, "heads": p.indexer_heads, "dim": p.indexer_dim, "width": w,
                                     "shared_k": 0}) for w in sorted(widths)]
         attention = {par.name: par for par in self.resolved.params}.get("attention_impl")
-        if "wgmma" in (attention.choices() if attention else (self.resolved.fixed.get("attention_impl"),)):
+        wgmma = "wgmma" in (attention.choices() if attention else (self.resolved.fixed.get("attention_impl"),))
+        if wgmma and p.heads <= 64 and p.head_dim == 512:  # other presets refuse the value (check)
             # the Gluon kernel, where this GPU runs it (the space dropped the value elsewhere): after the indexer,
             # since its default configs already name the sweeps' fastest partitions at batch 1, 16 and 64
             shapes += [("sparse_decode_wgmma", {"batch": b, "heads": p.heads, "d_qk": p.head_dim, "d_v": p.head_dim,
