@@ -199,6 +199,26 @@ def test_the_wgmma_benchmark_times_every_partition_at_both_tile_sizes():
     assert all(64 * 1024 + c["STAGES"] * c["BLOCK_T"] * 1024 + c["P_SMEM"] * 64 * c["BLOCK_T"] * 2 <= 227 * 1024 for c in configs)
 
 
+def test_the_wgmma_benchmark_times_the_shipped_tl_dot_config_and_the_previous_runs_fastest_of_each_variant():
+    """The tl.dot side of the side-by-side (CPU: the stored previous run): the shipped config first, then up to TOP
+    fastest configs of the plain loop and TOP of idx_ahead from sparse_decode_ahead_h200.json, none twice. (A
+    refactor once dropped TOP; only a linter caught it.)"""
+    sys.path.insert(0, str(ROOT))
+    from benchmarks.sparse_decode_wgmma import PREVIOUS, TOP, tldot_configs
+
+    shipped = {"S": 4, "BLOCK_H": 16, "BLOCK_T": 64, "num_warps": 4, "num_stages": 2}
+    got = tldot_configs(16, shipped)
+    assert got[0] == (shipped, {})
+    ahead = [c for c, o in got if o == {"idx_ahead": True}]
+    plain = [c for c, o in got[1:] if not o]
+    assert 1 <= len(ahead) <= TOP and 1 <= len(plain) <= TOP
+    assert len({json.dumps(x, sort_keys=True) for x in got}) == len(got)
+    prev = json.loads(PREVIOUS.read_text())
+    case = next(c for c in prev["cases"] if c["dtype"] == "bfloat16" and c["shape"]["batch"] == 16)
+    fastest = min((r for r in case["configs"] if "idx_ahead" in r["us"]), key=lambda r: r["us"]["idx_ahead"])
+    assert fastest["config"] in ahead
+
+
 def test_the_wgmma_benchmark_skips_configs_of_more_than_two_waves_and_16_bit_partials_without_splits():
     """At batch 64 on 132 SMs: 2 splits of two programs (256) are timed, 3 splits of two (384) and 5 of one (320) are
     not; PART16 only where there are partials to store."""
