@@ -28,8 +28,8 @@ Measured on an H200 (2026-12-01, side by side with the ``tl.dot`` kernel's shipp
 (2, 4 or 8 programs a split, each all the scores and its share of V's columns) is 1.22x / 1.04x / 1.00x the fastest
 one-program config in the same runs; 16-bit partials pay only through converted stores, and only at batch 1. In the
 decode workload (``attention_impl=wgmma``, V4-Flash twin at live context 512, the hand-written best otherwise) the
-default configs of 64dc16a (four programs a split at batch 1, two at 16) were 1.004 / 1.000 / 1.002 the mma
-kernel's step end to end at c=1 / 16 / 64 (``benchmarks/results/workload_attention_wgmma_h200_64dc16a.md``).
+default configs are 0.997 / 1.002 / 1.005 the mma kernel's step end to end at c=1 / 16 / 64
+(``benchmarks/results/workload_attention_wgmma_h200_197b672.md``).
 What bounds it (Nsight Compute at batch 64, S=2, 64-row tiles; ``data/ncu_sparse_decode_wgmma_h200_77158f4.txt``, and
 the stall samples per SASS line at b452160 in ``data/ncu_source_sparse_decode_wgmma_b64_h200_b452160.txt``): the
 tensor pipe is busy a quarter of the time and DRAM runs at 26-30% of its peak. 22% of the stall samples fall before
