@@ -365,7 +365,9 @@ class SparseDecodeWgmmaKernel(_SparseDecodeBase):
             return f"heads: {shape['heads']} > {WGMMA_HEADS} (one wgmma M of heads a program)"
         if shape["d_qk"] != 512 or shape["d_v"] != 512:
             return f"width: d_qk={shape['d_qk']}, d_v={shape['d_v']} (both 512: two warpgroups of 256 columns)"
-        for key, allowed in (("BLOCK_T", (32, 64)), ("STAGES", (2, 3, 4)), ("V_SPLIT", (1, 2, 4, 8))):
+        space = self.config_space(shape)
+        for key in ("BLOCK_T", "STAGES", "V_SPLIT"):  # the values the kernel compiles for: those of its space
+            allowed = tuple(space[key])
             if config[key] not in allowed:
                 return f"{key.lower()}: {key}={config[key]} must be one of {allowed}"
         smem, limit = self.smem_bytes(config, shape), device_limits(device)["shared_memory"]
