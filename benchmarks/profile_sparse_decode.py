@@ -91,24 +91,23 @@ def ahead_cases() -> list:
 
 
 def wgmma_cases() -> list:
-    """bf16 cache: the Gluon wgmma kernel (``kernels.sparse_decode_wgmma``) at batch 1 with one split (one program
-    walking all 20 tiles: the cost of a tile) and at the fastest split counts of its first H200 run, beside the
-    tl.dot kernel's shipped config at each batch."""
+    """bf16 cache: the Gluon wgmma kernel (``kernels.sparse_decode_wgmma``) at its default config for each batch in
+    both schedules (WS 0: every warp gathers and computes; 1: a producer warpgroup gathers), and at batch 64 with one
+    split (each program walks all 10 tiles: the cost of a tile), beside the tl.dot kernel's shipped config."""
     from kernels import get_kernel
     from kernels.configs import lookup
     from kernels.sparse_decode import sparse_decode
-    from kernels.sparse_decode_wgmma import sparse_decode_wgmma
+    from kernels.sparse_decode_wgmma import default_config, sparse_decode_wgmma
 
     sd = get_kernel("sparse_decode")
     cases = []
-    picks = {1: [{"S": 1, "BLOCK_T": 32, "STAGES": 2}, {"S": 20, "BLOCK_T": 32, "STAGES": 2}],
-             16: [{"S": 8, "BLOCK_T": 32, "STAGES": 2}, {"S": 4, "BLOCK_T": 64, "STAGES": 2}],
-             64: [{"S": 2, "BLOCK_T": 32, "STAGES": 2}, {"S": 2, "BLOCK_T": 64, "STAGES": 2}]}
     for shape in sd.shapes("v4flash"):
         shipped = lookup("sparse_decode", shape, "bfloat16", "cuda")
         cases.append((f"B={shape['batch']} tl.dot {shipped}", sd, shape, "bfloat16",
                       lambda i, c=shipped: sparse_decode(i["q"], i["kv"], i["indices"], i["sm_scale"], c, d_v=i["d_v"])))
-        for cfg in picks[shape["batch"]]:
+        base = default_config(shape["batch"], shape["topk"])
+        picks = [base] + ([{**base, "S": 1, "V_SPLIT": 1}] if shape["batch"] == 64 else [])
+        for cfg in [{**c, "WS": ws} for c in picks for ws in (0, 1)]:
             cases.append((f"B={shape['batch']} wgmma {cfg}", sd, shape, "bfloat16",
                           lambda i, c=cfg: sparse_decode_wgmma(i["q"], i["kv"], i["indices"], i["sm_scale"], c)))
     return cases

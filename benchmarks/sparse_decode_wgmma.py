@@ -39,18 +39,23 @@ TOP = 4  # the previous run's fastest configs of each tl.dot variant timed again
 WAVES = 2  # configs of more than this many programs an SM are not timed (at 1.2 waves they already ran 1.5x slower)
 
 
-def wgmma_configs(batch: int | None = None, sms: int = 132) -> list[dict]:
+def wgmma_configs(batch: int | None = None, sms: int = 132, space: dict | None = None) -> list[dict]:
     """The wgmma kernel's space (``SparseDecodeWgmmaKernel.config_space``, ``STAGES`` 2 and 3), less the configs its
     rules reject (shared memory), those that run the same program as another (its ``canonical_config``: a split
     count that repeats a smaller one's partition at the same tile size, PART16 where there is one split) and, given
     the batch, the configs of more than ``WAVES`` programs an SM (one program fits an SM: the 2026-11-30 sweep at
-    e53ca92 ran 160 programs at batch 16 1.6x slower than 80, and 1280 at batch 64 5x slower than 128)."""
+    e53ca92 ran 160 programs at batch 16 1.6x slower than 80, and 1280 at batch 64 5x slower than 128).
+    ``space``: values that replace the space's for some keys (``--space``), each a subset of the kernel's."""
     from kernels.registry import get_kernel
     from kernels.sparse_decode import split_rows
 
     kernel = get_kernel("sparse_decode_wgmma")
     shape = dict(kernel.shapes("v4flash")[0], batch=batch or 1)
-    space = {**kernel.config_space(shape), "STAGES": STAGES}
+    full = kernel.config_space(shape)
+    space = {**full, "STAGES": STAGES, **(space or {})}
+    bad = [f"{k}={v}" for k, v in space.items() if k not in full or not set(v) <= set(full[k])]
+    if bad:
+        raise ValueError(f"{', '.join(bad)} not in the kernel's space {full}; give a subset of its values")
     out = []
     for values in itertools.product(*space.values()):
         config = dict(zip(space, values))
@@ -82,7 +87,7 @@ def tldot_configs(batch: int, shipped: dict) -> list[tuple[dict, dict]]:
     return out
 
 
-def measure(rep_ms: float, json_path: Path | None, batches=BATCHES) -> dict:
+def measure(rep_ms: float, json_path: Path | None, batches=BATCHES, space: dict | None = None) -> dict:
     import torch
     import triton
 
@@ -101,7 +106,7 @@ def measure(rep_ms: float, json_path: Path | None, batches=BATCHES) -> dict:
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     meta = {"date": dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"), "gpu": torch.cuda.get_device_name(),
             "torch": torch.__version__, "triton": triton.__version__, "commit": _commit(), "copy_tb_s": copy_tb_s,
-            "rep_ms": rep_ms, "sms": sms}
+            "rep_ms": rep_ms, "sms": sms, "space": space or {}}
     cases = []
     for batch in batches:
         shape = dict(base, batch=batch)
@@ -114,7 +119,7 @@ def measure(rep_ms: float, json_path: Path | None, batches=BATCHES) -> dict:
         case = {"batch": batch, "shape": shape, "floor_us": kernel.cost(shape, "bfloat16").bytes / (copy_tb_s * 1e6),
                 "torch_us": _time(kernel.torch_baseline, sets, rep_ms).median_us, "shipped": shipped, "rows": []}
         runs = [("tl.dot", c, o) for c, o in tldot_configs(batch, shipped)] + [("wgmma", c, {})
-                                                                   for c in wgmma_configs(batch, sms)]
+                                                                   for c in wgmma_configs(batch, sms, space)]
         for name, config, opts in runs:
             def call(i, out, c=config, o=opts, name=name):
                 if name == "wgmma":
@@ -169,11 +174,14 @@ def report(data: dict, source: str) -> str:
         "config) checked first against the float32 reference into a NaN-poisoned output, on the timed inputs and on "
         "ragged ones",
         "- tl.dot: `kernels.sparse_decode` at its shipped tuned config and the previous run's fastest configs (plain "
-        "and idx_ahead); wgmma: `kernels.sparse_decode_wgmma` over its whole space", "",
-        "| batch | floor µs | torch µs | tl.dot shipped µs | tl.dot best µs | wgmma V_SPLIT=1 best µs | wgmma best µs "
-        "| tl.dot best / wgmma best | V_SPLIT=1 best / wgmma best | wgmma best / floor | torch / wgmma best | goal "
-        "| wgmma best config |",
-        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+        "and idx_ahead); wgmma: `kernels.sparse_decode_wgmma` over its whole space"
+        + (f" with {json.dumps(m['space'])} (`--space`)" if m.get("space") else ""),
+        "- WS=0 best: the fastest config of the single-partition schedule (every warp gathers and computes; runs "
+        "before WS have no WS key), the previous version of the kernel, timed in the same run", "",
+        "| batch | floor µs | torch µs | tl.dot shipped µs | tl.dot best µs | wgmma V_SPLIT=1 best µs | wgmma WS=0 best µs "
+        "| wgmma best µs | tl.dot best / wgmma best | V_SPLIT=1 best / wgmma best | WS=0 best / wgmma best "
+        "| wgmma best / floor | torch / wgmma best | goal | wgmma best config |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
     for case in data["cases"]:
         ok = [r for r in case["rows"] if "us" in r]
         shipped = next((r for r in ok if r["kernel"] == "tl.dot" and r["config"] == case["shipped"] and not r["options"]), None)
@@ -181,13 +189,16 @@ def report(data: dict, source: str) -> str:
         bw = min((r for r in ok if r["kernel"] == "wgmma"), key=lambda r: r["us"], default=None)
         b1 = min((r for r in ok if r["kernel"] == "wgmma" and r["config"].get("V_SPLIT", 1) == 1), key=lambda r: r["us"],
                  default=None)  # the schedule before the column split (runs before it have no V_SPLIT key)
+        b0 = min((r for r in ok if r["kernel"] == "wgmma" and not r["config"].get("WS")), key=lambda r: r["us"],
+                 default=None)
         fastest = min((r["us"] for r in (bt, bw) if r), default=None)
         g = GOALS[case["batch"]]
         goal = "—" if fastest is None else ("met" if fastest <= g else f"missed by {fastest - g:.1f} µs (goal {g:g})")
         lines.append(
             f"| {case['batch']} | {_f(case['floor_us'], 2)} | {_f(case['torch_us'])} | {_f(shipped and shipped['us'])} | "
-            f"{_f(bt and bt['us'])} | {_f(b1 and b1['us'])} | {_f(bw and bw['us'])} | "
+            f"{_f(bt and bt['us'])} | {_f(b1 and b1['us'])} | {_f(b0 and b0['us'])} | {_f(bw and bw['us'])} | "
             f"{_f(bt and bw and bt['us'] / bw['us'], 2)}x | {_f(b1 and bw and b1['us'] / bw['us'], 2)}x | "
+            f"{_f(b0 and bw and b0['us'] / bw['us'], 2)}x | "
             f"{_f(bw and bw['us'] / case['floor_us'])}x | {_f(bw and case['torch_us'] / bw['us'])}x | {goal} | "
             f"{bw and _cfg(bw)} |")
     lines += ["", "Every (kernel, config) (µs; a blank: not timed, the status says why):", "",
@@ -209,7 +220,16 @@ def _measure(args, json_path: Path) -> dict | None:
     if not batches or any(b not in BATCHES for b in batches):
         print(f"error: --batches {args.batches!r}: give some of {BATCHES}, comma-separated", file=sys.stderr)
         return None
-    data = measure(args.rep_ms, json_path, batches)
+    try:
+        space = json.loads(args.space) if args.space else None
+        if space is not None and not (isinstance(space, dict) and all(isinstance(v, list) for v in space.values())):
+            raise ValueError("not an object of lists")
+        if space:
+            wgmma_configs(1, space=space)  # its one-line error names what is outside the kernel's space
+    except ValueError as exc:
+        print(f"error: --space {args.space!r}: {exc}", file=sys.stderr)
+        return None
+    data = measure(args.rep_ms, json_path, batches, space)
     json_path.write_text(json.dumps(data, indent=1))
     return data
 
@@ -220,6 +240,8 @@ def main(argv=None) -> int:
     def extra(ap):
         ap.add_argument("--batches", default=",".join(map(str, BATCHES)), help="comma-separated, of 1, 16, 64")
         ap.add_argument("--rep-ms", type=float, default=30.0)
+        ap.add_argument("--space", default="", help='JSON: values replacing the wgmma space\'s for some keys, e.g. '
+                        '\'{"P_SMEM": [0], "STAGES": [2, 4]}\' (a subset of the kernel\'s)')
     return run(argv, __doc__, ROOT / "benchmarks" / "results" / "sparse_decode_wgmma_h200.md", report, _measure, extra)
 
 

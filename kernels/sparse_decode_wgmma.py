@@ -61,7 +61,12 @@ try:
     from triton.experimental import gluon
     from triton.experimental.gluon import language as gl
     from triton.experimental.gluon.language.nvidia.ampere import async_copy
-    from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, warpgroup_mma, warpgroup_mma_wait
+    from triton.experimental.gluon.language.nvidia.hopper import (
+        fence_async_shared,
+        mbarrier,
+        warpgroup_mma,
+        warpgroup_mma_wait,
+    )
 
     HAVE_GLUON = True
 except ImportError:  # a Triton without Gluon: sparse_decode_wgmma raises, the tl.dot kernel stays available
@@ -72,8 +77,14 @@ __all__ = ["DEFAULT_CONFIG", "HAVE_GLUON", "WGMMA_HEADS", "WGMMA_WARPS", "Sparse
 
 WGMMA_HEADS = 64  # one wgmma M: every head of a V4-Flash request in one program
 WGMMA_WARPS = 8  # two warpgroups: each holds a [64, 256 / V_SPLIT] float32 accumulator (128 / V_SPLIT registers a thread)
-DEFAULT_CONFIG = {"S": 8, "BLOCK_T": 64, "STAGES": 2, "P_SMEM": 0, "V_SPLIT": 1, "PART16": 0, "STORE_CVT": 0}  # S, V_SPLIT: see default_config
+DEFAULT_CONFIG = {"S": 8, "BLOCK_T": 64, "STAGES": 2, "P_SMEM": 0, "V_SPLIT": 1, "PART16": 0, "STORE_CVT": 0, "WS": 0}  # S, V_SPLIT: see default_config
 PROGRAMS = 128  # about one program per SM of an H200 (132)
+# WS=1: a producer warpgroup beside the two consumer ones. Registers are granted per warpgroup: the launch caps all
+# 384 threads at WS_MAXNREG (65536 / 384, rounded down to 8), and the producer hands all but GATHER_REGS of its
+# share to the consumers (setmaxnreg), which then hold 168 + (168 - GATHER_REGS) / 2.
+GATHER_WARPS = 4
+GATHER_REGS = 88
+WS_MAXNREG = 168
 
 
 def default_config(batch: int, topk: int) -> dict:
@@ -212,6 +223,17 @@ if HAVE_GLUON:
             m_i = m_new
         async_copy.wait_group(0)  # no copy outlives the program (the ring's last slots: padding rows, zeros)
 
+        _write_result(acc, m_i, l_i, part_ptr, lse_ptr, out_ptr, pid_b, pid_s, col_off, H,
+                      stride_pb, stride_ps, stride_ph, stride_lb, stride_ls, stride_ob, stride_oh,
+                      BLOCK_H, DO, DIRECT, STORE_CVT, s_l, o_l)
+
+    @gluon.jit
+    def _write_result(acc, m_i, l_i, part_ptr, lse_ptr, out_ptr, pid_b, pid_s, col_off, H,
+                      stride_pb, stride_ps, stride_ph, stride_lb, stride_ls, stride_ob, stride_oh,
+                      BLOCK_H: gl.constexpr, DO: gl.constexpr, DIRECT: gl.constexpr, STORE_CVT: gl.constexpr,
+                      s_l: gl.constexpr, o_l: gl.constexpr):
+        """The program's normalised output: straight into ``out`` with one split, else its split-K partial and (from
+        the program with the split's first columns) the log-sum-exp (base 2) of its heads."""
         l_safe = gl.where(l_i > 0.0, l_i, 1.0)
         o = acc / gl.convert_layout(l_safe, gl.SliceLayout(1, o_l))[:, None]
         o = o.to(out_ptr.dtype.element_ty if DIRECT else part_ptr.dtype.element_ty)  # partials: float32 or PART16's
@@ -235,6 +257,140 @@ if HAVE_GLUON:
                      mask=(offs_hs < H) & (col_off == 0))  # one of the V_SPLIT programs (they computed the same)
 
 
+
+    @gluon.jit
+    def _ws_gather(q_ptr, kv_ptr, idx_ptr, q_smem, kv_smem, q_bar, ready, empty,
+                   H, num_rows, topk, rows_per_split, stride_qb, stride_qh, stride_kv, stride_ib,
+                   DV: gl.constexpr, BLOCK_H: gl.constexpr, BLOCK_T: gl.constexpr, STAGES: gl.constexpr,
+                   V_SPLIT: gl.constexpr, GATHER_WARPS: gl.constexpr):
+        """WS's producer warpgroup: q, then each tile's selected rows into the ring by ``cp.async``. A slot is
+        refilled once the consumers have released it (``empty``); each thread's copies arrive on the slot's
+        ``ready`` barrier when they land (``cp.async.mbarrier.arrive.noinc``), so no warp waits for a copy here."""
+        DO: gl.constexpr = DV // V_SPLIT
+        pid_s = gl.program_id(0) // V_SPLIT
+        pid_b = gl.program_id(1)
+        col_off = (gl.program_id(0) % V_SPLIT) * DO
+        copy_l: gl.constexpr = gl.BlockedLayout([1, 8], [1, 32], [GATHER_WARPS, 1], [1, 0])
+        start = pid_s * rows_per_split
+        end = gl.minimum(start + rows_per_split, topk)
+        n_tiles = gl.cdiv(end - start, BLOCK_T)
+        idx_base = idx_ptr + pid_b.to(gl.int64) * stride_ib
+        offs_t = gl.arange(0, BLOCK_T, layout=gl.SliceLayout(1, copy_l))
+        offs_d = gl.arange(0, DV, layout=gl.SliceLayout(0, copy_l))
+        if V_SPLIT > 1:  # rotated as in the single-partition kernel
+            offs_d = (offs_d + col_off) % DV
+        offs_hq = gl.arange(0, BLOCK_H, layout=gl.SliceLayout(1, copy_l))
+        _async_load(q_smem, q_ptr + pid_b.to(gl.int64) * stride_qb + offs_hq[:, None] * stride_qh + offs_d[None, :],
+                    mask=(offs_hq < H)[:, None])
+        async_copy.mbarrier_arrive(q_bar, increment_count=False)
+        rows = _tile_rows(idx_base, start, end, 0, offs_t)
+        for t in range(n_tiles):
+            slot = t % STAGES
+            rows_next = _tile_rows(idx_base, start, end, t + 1, offs_t)  # the next indices' round trip overlaps
+            mbarrier.wait(empty.index(slot), ((t // STAGES) & 1) ^ 1)  # the first pass finds every slot free
+            _issue_tile(kv_smem.index(slot), kv_ptr, rows, num_rows, stride_kv, offs_d)
+            async_copy.mbarrier_arrive(ready.index(slot), increment_count=False)
+            rows = rows_next
+
+    @gluon.jit
+    def _ws_compute(q_smem, kv_smem, p_smem, q_bar, ready, empty, idx_ptr, part_ptr, lse_ptr, out_ptr,
+                    H, num_rows, topk, rows_per_split, qk_scale, stride_ib,
+                    stride_pb, stride_ps, stride_ph, stride_lb, stride_ls, stride_ob, stride_oh,
+                    DV: gl.constexpr, BLOCK_H: gl.constexpr, BLOCK_T: gl.constexpr, STAGES: gl.constexpr,
+                    DIRECT: gl.constexpr, P_SMEM: gl.constexpr, V_SPLIT: gl.constexpr, STORE_CVT: gl.constexpr):
+        """WS's two consumer warpgroups: the single-partition kernel's loop without its copies and its block-wide
+        barrier; each warpgroup releases a slot (one arrival each) once its products have read it."""
+        dtype: gl.constexpr = q_smem.dtype
+        DO: gl.constexpr = DV // V_SPLIT
+        pid_s = gl.program_id(0) // V_SPLIT
+        pid_b = gl.program_id(1)
+        col_off = (gl.program_id(0) % V_SPLIT) * DO
+        s_l: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 2], instr_shape=[16, BLOCK_T // 2, 16])
+        o_l: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 2], instr_shape=[16, DO // 2, 16])
+        p_l: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_l, k_width=2)
+        start = pid_s * rows_per_split
+        end = gl.minimum(start + rows_per_split, topk)
+        n_tiles = gl.cdiv(end - start, BLOCK_T)
+        idx_base = idx_ptr + pid_b.to(gl.int64) * stride_ib
+        offs_ts = gl.arange(0, BLOCK_T, layout=gl.SliceLayout(0, s_l))
+        rows_v = _tile_rows(idx_base, start, end, 0, offs_ts)
+        m_i = gl.full([BLOCK_H], float("-inf"), gl.float32, layout=gl.SliceLayout(1, s_l))
+        l_i = gl.zeros([BLOCK_H], gl.float32, layout=gl.SliceLayout(1, s_l))
+        acc = gl.zeros([BLOCK_H, DO], gl.float32, layout=o_l)
+        s_zero = gl.zeros([BLOCK_H, BLOCK_T], gl.float32, layout=s_l)
+        mbarrier.wait(q_bar, 0)
+        for t in range(n_tiles):
+            slot = t % STAGES
+            mbarrier.wait(ready.index(slot), (t // STAGES) & 1)
+            fence_async_shared()  # the copies (generic proxy) before the tensor cores' reads (async proxy)
+            tile = kv_smem.index(slot)
+            v_tile = tile if V_SPLIT == 1 else tile.slice(0, DO, dim=1)
+            s_tok = warpgroup_mma(q_smem, tile.permute((1, 0)), s_zero, use_acc=False, is_async=True)
+            valid = (rows_v >= 0) & (rows_v < num_rows)
+            rows_v = _tile_rows(idx_base, start, end, t + 1, offs_ts)
+            s = warpgroup_mma_wait(0, deps=[s_tok])
+            s = gl.where(valid[None, :], s * qk_scale, float("-inf"))
+            m_new = gl.maximum(m_i, gl.max(s, 1))
+            m_safe = gl.where(m_new == float("-inf"), 0.0, m_new)
+            alpha = gl.exp2(m_i - m_safe)
+            p = gl.exp2(s - m_safe[:, None])
+            l_i = l_i * alpha + gl.sum(p, 1)
+            alpha_o = gl.convert_layout(alpha, gl.SliceLayout(1, o_l))
+            if P_SMEM:
+                p_smem.store(p.to(dtype))
+                fence_async_shared()
+                _thread_barrier()
+                acc = warpgroup_mma(p_smem, v_tile, acc * alpha_o[:, None])
+            else:
+                acc = warpgroup_mma(gl.convert_layout(p.to(dtype), p_l), v_tile, acc * alpha_o[:, None])
+            mbarrier.arrive(empty.index(slot))  # this warpgroup's products are done with the slot
+            m_i = m_new
+        _write_result(acc, m_i, l_i, part_ptr, lse_ptr, out_ptr, pid_b, pid_s, col_off, H,
+                      stride_pb, stride_ps, stride_ph, stride_lb, stride_ls, stride_ob, stride_oh,
+                      BLOCK_H, DO, DIRECT, STORE_CVT, s_l, o_l)
+
+    @gluon.jit
+    def _sparse_decode_wgmma_ws_kernel(
+        q_ptr, kv_ptr, idx_ptr, part_ptr, lse_ptr, out_ptr,
+        H, num_rows, topk, rows_per_split, qk_scale,
+        stride_qb, stride_qh, stride_kv, stride_ib,
+        stride_pb, stride_ps, stride_ph,
+        stride_lb, stride_ls,
+        stride_ob, stride_oh,
+        DV: gl.constexpr, BLOCK_H: gl.constexpr, BLOCK_T: gl.constexpr, STAGES: gl.constexpr,
+        DIRECT: gl.constexpr, P_SMEM: gl.constexpr, V_SPLIT: gl.constexpr, STORE_CVT: gl.constexpr,
+        GATHER_WARPS: gl.constexpr, GATHER_REGS: gl.constexpr,
+    ):
+        """The warp-specialised schedule (``WS=1``): a producer warpgroup gathers, two consumer warpgroups compute;
+        they meet on mbarriers, one ``ready`` and one ``empty`` per ring slot."""
+        gl.static_assert(BLOCK_H == 64, "one wgmma M of heads per program")
+        gl.static_assert(DV == 512, "two warpgroups of 256 columns of V")
+        gl.static_assert(STAGES >= 2, "a ring of at least two slots")
+        dtype: gl.constexpr = q_ptr.dtype.element_ty
+        tile_sl: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=2)
+        p_sl: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=BLOCK_T * 2 if BLOCK_T < 64 else 128, element_bitwidth=16,
+                                                  rank=2)
+        q_smem = gl.allocate_shared_memory(dtype, [BLOCK_H, DV], tile_sl)
+        kv_smem = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_T, DV], tile_sl)
+        p_smem = gl.allocate_shared_memory(dtype, [BLOCK_H, BLOCK_T], p_sl)
+        q_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+        ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+        empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+        mbarrier.init(q_bar, count=GATHER_WARPS * 32)  # one arrival per producer thread, when its copies land
+        for i in gl.static_range(STAGES):
+            mbarrier.init(ready.index(i), count=GATHER_WARPS * 32)
+            mbarrier.init(empty.index(i), count=1)  # one arrival: Gluon arrives once a partition, after its barrier
+        fence_async_shared()
+        gl.warp_specialize([
+            (_ws_compute, (q_smem, kv_smem, p_smem, q_bar, ready, empty, idx_ptr, part_ptr, lse_ptr, out_ptr,
+                           H, num_rows, topk, rows_per_split, qk_scale, stride_ib,
+                           stride_pb, stride_ps, stride_ph, stride_lb, stride_ls, stride_ob, stride_oh,
+                           DV, BLOCK_H, BLOCK_T, STAGES, DIRECT, P_SMEM, V_SPLIT, STORE_CVT)),
+            (_ws_gather, (q_ptr, kv_ptr, idx_ptr, q_smem, kv_smem, q_bar, ready, empty,
+                          H, num_rows, topk, rows_per_split, stride_qb, stride_qh, stride_kv, stride_ib,
+                          DV, BLOCK_H, BLOCK_T, STAGES, V_SPLIT, GATHER_WARPS)),
+        ], [GATHER_WARPS], [GATHER_REGS])
+
 def sparse_decode_wgmma(q: torch.Tensor, kv: torch.Tensor, indices: torch.Tensor, sm_scale: float | None = None,
                         config: dict | None = None, *, d_v: int | None = None, out: torch.Tensor | None = None,
                         pdl: bool | None = None) -> torch.Tensor:
@@ -252,8 +408,10 @@ def sparse_decode_wgmma(q: torch.Tensor, kv: torch.Tensor, indices: torch.Tensor
     ``PART16`` (1: the split-K partials are stored in q's 16-bit dtype instead of float32, half the bytes written and
     merged, at the cost of one more rounding of each partial; the log-sum-exps stay float32), ``STORE_CVT`` (1: the
     output or partials go through shared memory into a layout of 16-byte stores, whole rows a warp; 0: straight from
-    the wgmma layout, 4 threads a row, 8 bytes a thread in float32 and 4 in 16 bits);
-    a launch is always 8 warps and 64 heads. ``pdl``: launch the merge kernel with programmatic dependent launch;
+    the wgmma layout, 4 threads a row, 8 bytes a thread in float32 and 4 in 16 bits), ``WS`` (1: warp-specialised,
+    a fourth warpgroup issues the index loads and gathers and the two compute warpgroups only wait on mbarriers;
+    0: every warp does both, with one block-wide barrier a tile);
+    a launch is always 8 compute warps (12 with WS) and 64 heads. ``pdl``: launch the merge kernel with programmatic dependent launch;
     None = where the GPU has it."""
     if not HAVE_GLUON:
         raise RuntimeError(f"sparse_decode_wgmma: this Triton ({triton.__version__}) has no Gluon Hopper API; "
@@ -293,17 +451,20 @@ def sparse_decode_wgmma(q: torch.Tensor, kv: torch.Tensor, indices: torch.Tensor
         part = torch.empty((B, n_splits, H, d_v), device=q.device, dtype=q.dtype if config["PART16"] else torch.float32)
         lse = torch.empty((B, n_splits, H), device=q.device, dtype=torch.float32)
         part_strides, lse_strides = part.stride()[:3], lse.stride()[:2]
-    _sparse_decode_wgmma_kernel[(n_splits * config["V_SPLIT"], B)](
-        q, kv, indices, part, lse, out,
-        H, kv.shape[0], topk, rows_per_split, sm_scale * LOG2E,
-        q.stride(0), q.stride(1), kv.stride(0), indices.stride(0),
-        *part_strides, *lse_strides,
-        out.stride(0), out.stride(1),
-        DV=d_v, BLOCK_H=WGMMA_HEADS, BLOCK_T=config["BLOCK_T"], STAGES=config["STAGES"], DIRECT=direct,
-        P_SMEM=bool(config["P_SMEM"]), V_SPLIT=config["V_SPLIT"],
-        STORE_CVT=bool(config["STORE_CVT"]),
-        num_warps=WGMMA_WARPS,
-    )
+    args = (q, kv, indices, part, lse, out,
+            H, kv.shape[0], topk, rows_per_split, sm_scale * LOG2E,
+            q.stride(0), q.stride(1), kv.stride(0), indices.stride(0),
+            *part_strides, *lse_strides,
+            out.stride(0), out.stride(1))
+    meta = dict(DV=d_v, BLOCK_H=WGMMA_HEADS, BLOCK_T=config["BLOCK_T"], STAGES=config["STAGES"], DIRECT=direct,
+                P_SMEM=bool(config["P_SMEM"]), V_SPLIT=config["V_SPLIT"], STORE_CVT=bool(config["STORE_CVT"]),
+                num_warps=WGMMA_WARPS)
+    grid = (n_splits * config["V_SPLIT"], B)
+    if config.get("WS"):
+        _sparse_decode_wgmma_ws_kernel[grid](*args, **meta, GATHER_WARPS=GATHER_WARPS, GATHER_REGS=GATHER_REGS,
+                                             maxnreg=WS_MAXNREG)
+    else:
+        _sparse_decode_wgmma_kernel[grid](*args, **meta)
     if not direct:
         target = gpu_target(q.device)
         pdl = (_PDL and target is not None and target >= (9, 0)) if pdl is None else bool(pdl)
@@ -317,7 +478,7 @@ class SparseDecodeWgmmaKernel(_SparseDecodeBase):
 
     name = "sparse_decode_wgmma"
     dtypes = ("bfloat16", "float16")
-    switches = ("P_SMEM", "PART16", "STORE_CVT")
+    switches = ("P_SMEM", "PART16", "STORE_CVT", "WS")
     instance: SparseDecodeWgmmaKernel
 
     def unavailable(self):
@@ -335,7 +496,7 @@ class SparseDecodeWgmmaKernel(_SparseDecodeBase):
 
     def config_space(self, shape):
         return {"S": [1, 2, 3, 4, 5, 8, 10, 16, 20], "BLOCK_T": [32, 64], "STAGES": [2, 3, 4], "P_SMEM": [0, 1],
-                "V_SPLIT": [1, 2, 4, 8], "PART16": [0, 1], "STORE_CVT": [0, 1]}
+                "V_SPLIT": [1, 2, 4, 8], "PART16": [0, 1], "STORE_CVT": [0, 1], "WS": [0, 1]}
 
     def canonical_config(self, config, shape):
         """The smallest S of the space that splits the rows the same way at this tile size (S = 16 and 10 both make

@@ -78,12 +78,19 @@ def wgmma_build(shape: dict, config: dict) -> dict:
     idx = torch.empty(shape["batch"], shape["topk"], dtype=torch.int32, device="meta")
     with jit_compile_only():
         sparse_decode_wgmma(q, kv, idx, None, config)
-    compiled = builds["_sparse_decode_wgmma_kernel"]
+    compiled = next(v for k, v in builds.items() if k.startswith("_sparse_decode_wgmma"))  # plain or WS
     ptx = compiled.asm["ptx"]
+    if os.environ.get("PROBE_PTX"):  # for reading by hand
+        with open(os.environ["PROBE_PTX"], "w") as f:
+            f.write(ptx)
     counts = {"wgmma": len(re.findall(r"wgmma\.mma_async", ptx)), "mma.sync": len(re.findall(r"\bmma\.sync", ptx)),
               "ld.global.v4": len(re.findall(r"\bld\.global(?:\.\w+)*?\.v4\.", ptx)),
               "st.global.v4": len(re.findall(r"\bst\.global(?:\.\w+)*?\.v4\.", ptx)),
-              "st.global.v2": len(re.findall(r"\bst\.global(?:\.\w+)*?\.v2\.", ptx))}
+              "st.global.v2": len(re.findall(r"\bst\.global(?:\.\w+)*?\.v2\.", ptx)),
+              "setmaxnreg": len(re.findall(r"\bsetmaxnreg\.", ptx)),
+              "copy_arrive": len(re.findall(r"\bcp\.async\.mbarrier\.arrive", ptx)),
+              "mbarrier.try_wait": len(re.findall(r"\bmbarrier\.try_wait", ptx)),
+              "copy_wait_group": len(re.findall(r"\bcp\.async\.wait_group", ptx))}
     for m in re.finditer(r"cp\.async\.c[ag]\.shared\.global[^;]*?,\s*(0x[0-9a-f]+|\d+)", ptx):
         key = f"cp.async.{int(m.group(1), 0)}B"
         counts[key] = counts.get(key, 0) + 1

@@ -5,8 +5,10 @@ schedule its docstring states (wgmma products, cp.async gathers, no spills). On 
 float32 reference into NaN-poisoned outputs at V4-Flash shapes, ragged padding, every split and ring depth.
 """
 
+import itertools
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -115,6 +117,37 @@ def test_sparse_decode_wgmma_compiles_for_sm90_to_wgmma_and_cp_async_without_spi
         assert got["usage"]["local"] == 0 and got["usage"]["stack"] == 0, got["usage"]  # no spill
 
 
+@needs_gluon
+@pytest.mark.parametrize("config", [
+    {"S": 4, "BLOCK_T": 64, "STAGES": 2, "V_SPLIT": 8},
+    {"S": 20, "BLOCK_T": 32, "STAGES": 4, "V_SPLIT": 4, "PART16": 1, "STORE_CVT": 1},
+    {"S": 4, "BLOCK_T": 64, "STAGES": 2, "V_SPLIT": 2, "P_SMEM": 1},
+], ids=["v8", "v4-ring4-part16", "v2-psmem"])
+def test_sparse_decode_wgmma_ws_compiles_to_a_producer_warpgroup_and_mbarriers_without_spills(config):
+    """WS=1's sm_90 build: the gathers leave the compute warps. A producer warpgroup gives up registers
+    (setmaxnreg) and its 16-byte copies arrive on mbarriers as they land (cp.async.mbarrier.arrive); the consumer
+    warpgroups wait on mbarriers (try_wait), and no thread waits on its own copy group (cp.async.wait_group: the
+    single-partition kernel's wait). 384 threads at the launch's register cap, no spill."""
+    probe = ROOT / "tests" / "kernels" / "compile_probe.py"
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    env.pop("TRITON_INTERPRET", None)
+    shape = {"batch": 16, "heads": 64, "d_qk": 512, "d_v": 512, "topk": 640, "num_rows": 65536}
+    got = {}
+    for ws in (0, 1):
+        r = subprocess.run([sys.executable, str(probe), "wgmma", json.dumps(shape), json.dumps({**config, "WS": ws})],
+                           capture_output=True, text=True, env=env, timeout=600)
+        assert r.returncode == 0, r.stderr[-2000:]
+        got[ws] = json.loads(r.stdout.strip().splitlines()[-1])
+    plain, ws = got[0]["ptx"], got[1]["ptx"]
+    assert plain["copy_wait_group"] > 0 and plain["copy_arrive"] == 0 and plain["setmaxnreg"] == 0
+    assert ws["copy_wait_group"] == 0, ws
+    assert ws["copy_arrive"] == 2 and ws["mbarrier.try_wait"] >= 3 and ws["setmaxnreg"] > 0, ws
+    assert ws["wgmma"] > 0 and ws["mma.sync"] == 0 and ws["ld.global.v4"] == 0, ws
+    widths = [k for k in ws if re.fullmatch(r"cp\.async\.\d+B", k)]
+    assert ws["cp.async.16B"] > 0 and widths == ["cp.async.16B"], ws
+    assert got[1]["usage"] == {"registers": 168, "stack": 0, "local": 0}, got[1]["usage"]
+
+
 needs_hopper = pytest.mark.skipif(not (HOPPER and HAVE_GLUON), reason="needs an sm_90 GPU and Gluon")
 
 
@@ -131,6 +164,10 @@ needs_hopper = pytest.mark.skipif(not (HOPPER and HAVE_GLUON), reason="needs an 
     {"S": 20, "BLOCK_T": 32, "STAGES": 3, "V_SPLIT": 2, "PART16": 1, "STORE_CVT": 1},
     {"S": 20, "BLOCK_T": 32, "STAGES": 2, "V_SPLIT": 4}, {"S": 2, "BLOCK_T": 64, "STAGES": 2, "V_SPLIT": 4, "PART16": 1, "STORE_CVT": 1},
     {"S": 10, "BLOCK_T": 64, "STAGES": 2, "V_SPLIT": 8, "P_SMEM": 1}, {"S": 20, "BLOCK_T": 32, "STAGES": 2, "V_SPLIT": 8, "PART16": 1, "STORE_CVT": 1},
+    {"S": 1, "BLOCK_T": 64, "STAGES": 2, "V_SPLIT": 1, "WS": 1}, {"S": 2, "BLOCK_T": 64, "STAGES": 2, "V_SPLIT": 1, "WS": 1},
+    {"S": 5, "BLOCK_T": 64, "STAGES": 2, "V_SPLIT": 2, "P_SMEM": 1, "WS": 1}, {"S": 20, "BLOCK_T": 32, "STAGES": 4, "V_SPLIT": 1, "WS": 1},
+    {"S": 8, "BLOCK_T": 32, "STAGES": 3, "V_SPLIT": 4, "PART16": 1, "STORE_CVT": 1, "WS": 1},
+    {"S": 10, "BLOCK_T": 64, "STAGES": 2, "V_SPLIT": 8, "WS": 1}, {"S": 1, "BLOCK_T": 32, "STAGES": 2, "V_SPLIT": 8, "STORE_CVT": 1, "WS": 1},
 ], ids=str)
 @pytest.mark.parametrize("batch", [1, 5, 64])
 def test_sparse_decode_wgmma_matches_the_reference_at_v4_flash_shapes(batch, config):
@@ -160,11 +197,11 @@ def test_sparse_decode_wgmma_fp16_and_fewer_heads_match_the_reference():
         idx = torch.randint(0, 8192 + 500, (3, 640), generator=g, device="cuda", dtype=torch.int32)
         ref = SD.reference({"q": q, "kv": kv, "indices": idx, "sm_scale": 0.05, "d_v": 512, "kv_scale": None})
         out = torch.full((3, heads, 512), float("nan"), device="cuda", dtype=dtype)
-        for v_split in (1, 2, 4, 8):
+        for v_split, ws in itertools.product((1, 2, 4, 8), (0, 1)):
             out.fill_(float("nan"))
             got = sparse_decode_wgmma(q, kv, idx, 0.05, {"S": 4, "BLOCK_T": 32, "STAGES": 3, "V_SPLIT": v_split,
-                                                         "STORE_CVT": int(v_split > 1)}, out=out)
-            assert rel_error(got, ref) <= SD.tolerance("bfloat16"), (dtype, heads, v_split)
+                                                         "STORE_CVT": int(v_split > 1), "WS": ws}, out=out)
+            assert rel_error(got, ref) <= SD.tolerance("bfloat16"), (dtype, heads, v_split, ws)
 
 
 @needs_gluon
@@ -233,6 +270,43 @@ def test_the_wgmma_benchmark_skips_configs_of_more_than_two_waves_and_16_bit_par
     assert all(64 * split_rows(640, c["S"], c["BLOCK_T"])[1] * c["V_SPLIT"] <= 2 * 132 for c in at64)
     assert all(split_rows(640, c["S"], c["BLOCK_T"])[1] > 1 for c in wgmma_configs() if c["PART16"])
     assert len(wgmma_configs(1)) > len(at64)
+
+
+def test_the_wgmma_benchmark_space_option_narrows_the_sweep_and_refuses_values_outside_the_kernels_space(tmp_path):
+    """--space replaces some keys' values (here: P_SMEM 0, ring depths 2 and 4) and keeps both schedules (WS 0
+    and 1) as twins; a value outside the kernel's space is a one-line error, exit 2, before anything is measured."""
+    sys.path.insert(0, str(ROOT))
+    from benchmarks.sparse_decode_wgmma import wgmma_configs
+
+    narrow = wgmma_configs(16, sms=132, space={"P_SMEM": [0], "STAGES": [2, 4]})
+    assert {c["P_SMEM"] for c in narrow} == {0} and {c["STAGES"] for c in narrow} == {2, 4}
+    assert {json.dumps({**c, "WS": 0}, sort_keys=True) for c in narrow if c["WS"]} == \
+        {json.dumps(c, sort_keys=True) for c in narrow if not c["WS"]}
+    assert len(narrow) < len(wgmma_configs(16, sms=132))
+    with pytest.raises(ValueError, match=r"WS=\[2\] not in the kernel's space"):
+        wgmma_configs(16, space={"WS": [2]})
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "CUDA_VISIBLE_DEVICES": ""}
+    for bad in ('{"WS": [2]}', '{"WS": 1}', "[1]", "{"):
+        r = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "sparse_decode_wgmma.py"), "--json",
+                            str(tmp_path / "x.json"), "--space", bad], capture_output=True, text=True, env=env)
+        assert r.returncode == 2 and r.stderr.strip().count("\n") == 0, (bad, r.stderr)
+        assert not (tmp_path / "x.json").exists()
+
+
+def test_the_wgmma_report_states_the_single_partition_schedules_best_beside_the_best():
+    """The WS column: from a stored run whose configs have no WS key (all single-partition), the WS=0 best is the
+    best, a ratio of 1.00x; a WS=1 row twice as fast halves it."""
+    sys.path.insert(0, str(ROOT))
+    from benchmarks.sparse_decode_wgmma import report
+
+    data = json.loads((ROOT / "benchmarks" / "results" / "data" / "sparse_decode_wgmma_h200_db89c65.json").read_text())
+    line = next(x for x in report(data, "x.json").splitlines() if x.startswith("| 64 | 11.80 |"))
+    assert line.split(" | ")[6:11] == ["30.8", "30.8", "1.18x", "1.00x", "1.00x"], line
+    case = next(c for c in data["cases"] if c["batch"] == 64)
+    best = min((r for r in case["rows"] if r["kernel"] == "wgmma" and "us" in r), key=lambda r: r["us"])
+    case["rows"].append({**best, "config": {**best["config"], "WS": 1}, "us": best["us"] / 2})
+    line = next(x for x in report(data, "x.json").splitlines() if x.startswith("| 64 | 11.80 |"))
+    assert line.split(" | ")[6:8] == ["30.8", "15.4"] and line.split(" | ")[10] == "2.00x", line
 
 
 def test_the_wgmma_default_config_is_the_measured_fastest_at_v4_flash_batches():
