@@ -1,9 +1,14 @@
-# per-instruction stall sampling of the wgmma kernel (Nsight Compute, full set, SASS source page): batch 1 with one
-# split (one CTA alone) and batch 64 with S=2 and 64-row tiles; writes the --source-summary of each under $OUT
+# per-instruction stall sampling of the wgmma kernel (Nsight Compute, full set, SASS source page), one profile per
+# case of `profile_sparse_decode.py --wgmma` whose name contains each '|'-separated fragment of CASES (default: the
+# batch-1 and batch-64 defaults, single-partition); writes the --source-summary of each under $OUT, tagged 1, 2, ...
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl >/dev/null 2>&1
 export PYTHONPATH=/tmp/site:$PWD
-for c in "B=1 wgmma {'S': 1," "B=64 wgmma {'S': 2, 'BLOCK_T': 64"; do
-  tag=$(echo "$c" | cut -c1-4 | tr -d '= ')
+default="B=1 wgmma {'S': 10,|B=64 wgmma {'S': 2, 'BLOCK_T': 64, 'STAGES': 2, 'P_SMEM': 0, 'V_SPLIT': 1, 'PART16': 0, 'STORE_CVT': 0, 'WS': 0"
+IFS='|' read -r -a cases <<<"${CASES:-$default}"
+n=0
+for c in "${cases[@]}"; do
+  n=$((n + 1)); tag=$n
+  echo "case $tag: $c" > $OUT/ncu_source_wgmma_case_$tag.txt
   timeout 200 ncu --profile-from-start off --clock-control none --set full --import-source yes -k regex:wgmma \
     -o /tmp/prof_$tag python3 benchmarks/profile_sparse_decode.py --wgmma --case "$c" > /tmp/ncu_$tag.log 2>&1
   tail -2 /tmp/ncu_$tag.log
