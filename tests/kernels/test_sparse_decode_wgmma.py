@@ -80,7 +80,7 @@ def test_the_wgmma_kernel_is_registered_tunable_and_says_why_it_cannot_run_here(
     for shape in k.shapes("v4flash") + k.shapes("test"):
         assert k.check_config(k.default_config(shape), shape) is None
     b16 = k.shapes("v4flash")[1]
-    base = {"BLOCK_T": 64, "STAGES": 2, "P_SMEM": 0, "V_SPLIT": 1, "PART16": 1, "STORE_CVT": 0}
+    base = {"BLOCK_T": 64, "STAGES": 2, "P_SMEM": 0, "V_SPLIT": 1, "PART16": 1, "STORE_CVT": 0, "WS": 0}
     assert k.canonical_config({**base, "S": 16}, b16) == {**base, "S": 10}  # ten 64-row splits either way
     assert k.canonical_config({**base, "S": 1}, b16)["PART16"] == 0  # one split: no partials
     assert k.canonical_config({**base, "S": 4}, b16) == {**base, "S": 4}
