@@ -21,24 +21,30 @@ loop on Hopper. Gluon states the schedule instead of asking a pass for it:
 Split-K partials and the merge are the ``tl.dot`` kernel's (same layout, same merge kernel, launched with
 programmatic dependent launch), so the two kernels are interchangeable behind :func:`sparse_decode_wgmma`.
 
-Measured on an H200 (2026-12-01, side by side with the ``tl.dot`` kernel's shipped and fastest configs; batch 1 and
-16 at 4750e24, ``benchmarks/results/sparse_decode_wgmma_h200.md``, batch 64 at db89c65,
-``sparse_decode_wgmma_h200_db89c65.md``): 9.4 / 17.1 / 30.8 µs at batch 1 / 16 / 64 against 9.4 / 19.3 / 36.4 µs, so
-1.00x at batch 1 and 1.13x / 1.18x at 16 / 64 (issue 20's goals, 9 / 12 / 17 µs, are still missed). ``V_SPLIT``
-(2, 4 or 8 programs a split, each all the scores and its share of V's columns) is 1.22x / 1.04x / 1.00x the fastest
-one-program config in the same runs; 16-bit partials pay only through converted stores, and only at batch 1. In the
-decode workload (``attention_impl=wgmma``, V4-Flash twin at live context 512, the hand-written best otherwise) the
-default configs are 0.997 / 1.002 / 1.005 the mma kernel's step end to end at c=1 / 16 / 64
-(``benchmarks/results/workload_attention_wgmma_h200_197b672.md``).
-What bounds it (Nsight Compute at batch 64, S=2, 64-row tiles; ``data/ncu_sparse_decode_wgmma_h200_77158f4.txt``, and
-the stall samples per SASS line at b452160 in ``data/ncu_source_sparse_decode_wgmma_b64_h200_b452160.txt``): the
-tensor pipe is busy a quarter of the time and DRAM runs at 26-30% of its peak. 22% of the stall samples fall before
-the first product (q and the first indices), 22% after the last one (global stores alone 18%: the float32 split-K
-partials, 128 KiB a program), 56% in the loop, where the largest single wait (11%) is for the PV product and the
-gathers' waits are about 7%. Each warpgroup computes half of a tile's scores (32 columns), so each reads all of q
-from shared memory for every tile, and the softmax's row reductions cross the two warpgroups. FlashMLA's answer is
-warp specialisation: one warpgroup computes a whole tile's scores while the other works on the previous tile, and
-producer warps gather (not done here: sparse decode is 2-4% of the workload's step,
+With ``WS=1`` the schedule is warp-specialised instead: a fourth warpgroup (the producer, 88 registers a thread)
+loads q and the indices and issues every gather; each thread's copies arrive on the ring slot's ``ready`` mbarrier
+when they land (``cp.async.mbarrier.arrive.noinc``), and the two compute warpgroups (208 registers) wait on it and
+release the slot on its ``empty`` mbarrier after their products. No compute warp issues a copy or waits for one.
+
+Measured on an H200 (2026-12-01, b1b01f3, ``benchmarks/results/sparse_decode_wgmma_h200_b1b01f3.md``, side by side
+with the ``tl.dot`` kernel's shipped and fastest configs, over the space with ``P_SMEM=0`` and rings of 2 or 4):
+9.4 / 16.4 / 28.5 µs at batch 1 / 16 / 64 against 9.4 / 19.2 / 36.6 µs, so 1.00x / 1.17x / 1.28x (issue 20's goals,
+9 / 12 / 17 µs, are still missed). WS against the single-partition schedule's best in the same run: 1.00x / 1.04x /
+1.09x; its gain grows with the tiles a program walks (a program of one tile pays for the handshake, 0.975x median),
+and at batch 64 it lets one split of 640 rows (no partials, no merge) beat two. ``V_SPLIT`` (2, 4 or 8 programs a
+split, each all the scores and its share of V's columns) is 1.20x / 1.08x / 1.05x the fastest one-program config
+in the same run. Earlier runs: 9.4 / 17.1 / 30.8 µs before WS (``sparse_decode_wgmma_h200.md`` at 4750e24,
+``sparse_decode_wgmma_h200_db89c65.md``). In the decode workload (``attention_impl=wgmma``, V4-Flash twin at live
+context 512, the hand-written best otherwise) the kernel is 2-4% of the step: 0.997 / 1.002 / 1.005 the mma kernel's
+step end to end at c=1 / 16 / 64 before WS (``benchmarks/results/workload_attention_wgmma_h200_197b672.md``).
+What bounds it (Nsight Compute at batch 64, one split, 64-row tiles, 0d565da,
+``data/ncu_source_sparse_decode_wgmma_ws_b64_s1_h200_0d565da.txt`` beside the single-partition
+``..._b64_s1_h200_0d565da.txt``): WS takes the copies off the compute warps (the tensor pipe busy 34% of the time
+against 32%), and the compute warpgroups' samples then sit on the two products' waits (9-10% each). Each
+warpgroup computes half of a tile's scores (a 64 x 32 x 512 product with q as the shared-memory operand), so q
+leaves shared memory twice a tile, and the softmax's row reductions cross the two warpgroups through shared memory
+and a barrier. FlashMLA's answer is the next step: one warpgroup computes a whole tile's scores while the other
+works on the previous tile (not done here: sparse decode is 2-4% of the workload's step,
 ``benchmarks/results/workload_attention_share_h200.md``).
 ``P_SMEM`` (P through shared memory instead of a register layout conversion) measured within 1.5% either way.
 
@@ -88,23 +94,26 @@ WS_MAXNREG = 168
 
 
 def default_config(batch: int, topk: int) -> dict:
-    """About one program per SM, 64-row tiles. Programs a split (``V_SPLIT``): one from batch 64, where the products
-    bound the loop and each extra program recomputes the scores; below, the most of 8, 4, 2 that keeps one program a
-    tile within 128 programs (batch * tiles * V_SPLIT <= 128: 8 at batch 1 with V4-Flash's 10 tiles), and 2 where
-    none does, since the partials, which fewer splits reduce, cost more than the scores there.
-    ``S = ceil(128 / (batch * V_SPLIT))`` splits, at most one a tile. On the H200 this picks the partition, tile and
-    V_SPLIT of the fastest float32-partial config of the whole space in the newest sweep of each batch (batch 1 and
-    16 at 4750e24, ``benchmarks/results/sparse_decode_wgmma_h200.md``; 64 at db89c65,
-    ``sparse_decode_wgmma_h200_db89c65.md``): 10 splits of 64 rows, eight programs each; 4 splits of 160 rows, two
-    each; 2 splits of 320, one each (batches between these were not measured). Float32 partials from the wgmma
-    layout (``PART16=0, STORE_CVT=0``): 16-bit partials through the converted stores were no faster at batch 1
-    (9.5 against 9.4 µs at 4750e24) and bring the rounding error of a bf16 output against the float32 reference
-    from 0.0020 to 0.0024."""
+    """About one program per SM, 64-row tiles. Programs a split (``V_SPLIT``): the most of 8, 4, 2 that keeps one
+    program a tile within 128 programs (batch * tiles * V_SPLIT <= 128: 8 at batch 1 with V4-Flash's 10 tiles), else
+    2 while two programs a request fit in 128 (batch <= 64), else 1: for the same number of programs, fewer splits
+    store and merge fewer float32 partials. ``S = ceil(128 / (batch * V_SPLIT))`` splits, at most one a tile.
+    ``WS`` (the producer warpgroup) where a program walks three tiles or more: its gain grew with the tiles a program
+    walks (median 0.975x / 1.00x / 1.02x / 1.04-1.06x at 1 / 2 / 3 / 4+ tiles, b1b01f3 sweep). ``STORE_CVT`` where
+    there is one split: the bf16 output from the wgmma layout is written in 4-byte stores (half sectors).
+    On the H200 this names the fastest float32-partial config of the newest sweep at each batch (b1b01f3,
+    ``benchmarks/results/sparse_decode_wgmma_h200_b1b01f3.md``: 9.4 / 16.4 / 28.5 µs): 10 splits of 64 rows, eight
+    programs each, single-partition; 4 splits of 160 rows, two each, WS; one split of 640, two programs a request,
+    WS, converted stores (batches between these were not measured). Float32 partials (``PART16=0``): 16-bit partials
+    through the converted stores were no faster at batch 1 (9.5 against 9.4 µs) and bring the rounding error of a
+    bf16 output against the float32 reference from 0.0020 to 0.0024."""
     tiles = -(-topk // 64)
     batch = max(batch, 1)
-    v_split = 1 if batch >= 64 else next((v for v in (8, 4, 2) if batch * tiles * v <= PROGRAMS), 2)
+    v_split = next((v for v in (8, 4, 2) if batch * tiles * v <= PROGRAMS), 2 if 2 * batch <= PROGRAMS else 1)
     s = max(1, min(-(-PROGRAMS // (batch * v_split)), tiles))
-    return {**DEFAULT_CONFIG, "BLOCK_T": 64, "S": s, "V_SPLIT": v_split}
+    rows_per_split, n_splits = split_rows(max(topk, 1), s, 64)
+    return {**DEFAULT_CONFIG, "BLOCK_T": 64, "S": s, "V_SPLIT": v_split, "WS": int(-(-rows_per_split // 64) >= 3),
+            "STORE_CVT": int(n_splits == 1)}
 
 
 if HAVE_GLUON:

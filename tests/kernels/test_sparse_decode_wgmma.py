@@ -311,8 +311,9 @@ def test_the_wgmma_report_states_the_single_partition_schedules_best_beside_the_
 
 def test_the_wgmma_default_config_is_the_measured_fastest_at_v4_flash_batches():
     """The default rule against the stored H200 sweeps (benchmarks/results/data/sparse_decode_wgmma_h200*.json), the
-    newest of each batch: it names a config whose split of the rows, tile size and programs a split are those of the
-    fastest timed config with float32 partials (the default keeps them: see default_config)."""
+    newest of each batch: it names a config whose split of the rows, tile size, programs a split, schedule (WS) and
+    stores (STORE_CVT) are those of the fastest timed config with float32 partials (the default keeps them: see
+    default_config). Sweeps before WS have no WS key (0)."""
     from kernels.sparse_decode import split_rows
     from kernels.sparse_decode_wgmma import default_config
 
@@ -328,6 +329,7 @@ def test_the_wgmma_default_config_is_the_measured_fastest_at_v4_flash_batches():
                    key=lambda r: r["us"])["config"]
         got = default_config(case["batch"], 640)
         assert got["BLOCK_T"] == best["BLOCK_T"] and got["V_SPLIT"] == best.get("V_SPLIT", 1), (case["batch"], got, best)
+        assert (got["WS"], got["STORE_CVT"]) == (best.get("WS", 0), best.get("STORE_CVT", 0)), (case["batch"], got, best)
         assert split_rows(640, got["S"], got["BLOCK_T"]) == split_rows(640, best["S"], best["BLOCK_T"]), (case["batch"], got, best)
 
 
