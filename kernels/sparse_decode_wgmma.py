@@ -35,8 +35,9 @@ and at batch 64 it lets one split of 640 rows (no partials, no merge) beat two. 
 split, each all the scores and its share of V's columns) is 1.20x / 1.08x / 1.05x the fastest one-program config
 in the same run. Earlier runs: 9.4 / 17.1 / 30.8 µs before WS (``sparse_decode_wgmma_h200.md`` at 4750e24,
 ``sparse_decode_wgmma_h200_db89c65.md``). In the decode workload (``attention_impl=wgmma``, V4-Flash twin at live
-context 512, the hand-written best otherwise) the kernel is 2-4% of the step: 0.997 / 1.002 / 1.005 the mma kernel's
-step end to end at c=1 / 16 / 64 before WS (``benchmarks/results/workload_attention_wgmma_h200_197b672.md``).
+context 512, the hand-written best otherwise) the kernel is 2-4% of the step: with the tuned configs of the H200
+kernel search after WS (``kernels/tuned``), 0.995 / 1.001 / 1.016 the mma kernel's step end to end at c=1 / 16 / 64
+(``benchmarks/results/workload_attention_wgmma_h200_d2aed67.md``; 0.997 / 1.002 / 1.005 before WS, 197b672).
 What bounds it (Nsight Compute at batch 64, one split, 64-row tiles, 0d565da,
 ``data/ncu_source_sparse_decode_wgmma_ws_b64_s1_h200_0d565da.txt`` beside the single-partition
 ``..._b64_s1_h200_0d565da.txt``): WS takes the copies off the compute warps (the tensor pipe busy 34% of the time
