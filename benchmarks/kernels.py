@@ -88,6 +88,16 @@ def plan(quick: bool, gemm_sweep: bool = True) -> list[dict]:
         jobs.append({"kernel": "sparse_decode", "dtype": dtype, "shapes": shapes, "configs": configs, "preset": preset})
     jobs.append({"kernel": "sparse_decode_simt", "dtype": "bfloat16", "shapes": sd.shapes("v4flash"),
                  "configs": list(get_kernel("sparse_decode_simt").configs(sd.shapes("v4flash")[0]))})
+    wg = get_kernel("sparse_decode_wgmma")
+    if wg.unavailable() is None:  # an sm_90 GPU with Gluon: the Hopper kernel beside the tl.dot one (issue 20)
+        from benchmarks.sparse_decode_wgmma import wgmma_configs
+
+        shapes = sd.shapes("v4flash")
+        space = wgmma_configs(None, space={"P_SMEM": [0], "STAGES": [2]})  # canonical configs, one ring depth
+        seeds = [wg.default_config(s) for s in shapes]
+        sample = seeds + rng.sample(space, min(24 if quick else 64, len(space)))
+        jobs.append({"kernel": "sparse_decode_wgmma", "dtype": "bfloat16", "shapes": shapes,
+                     "configs": list({json.dumps(c, sort_keys=True): c for c in sample}.values())})
 
     idx = get_kernel("indexer")
     for dtype, n in (("float8_e4m3fn", 20), ("bfloat16", 12)):
@@ -230,7 +240,10 @@ def _other_merge_time(name, cfg, sets, rep_ms):
 
 
 def _effective(name, cfg, shape):
-    """The config as the launcher runs it: sparse decode's S is an upper bound (whole row tiles per split)."""
+    """The config as the launcher runs it: sparse decode's S is an upper bound (whole row tiles per split); the
+    wgmma kernel's canonical form (the smallest S of the same partition, no 16-bit partials without splits)."""
+    if name == "sparse_decode_wgmma":
+        return json.dumps(get_kernel(name).canonical_config(cfg, shape), sort_keys=True)
     if name != "sparse_decode":
         return json.dumps(cfg, sort_keys=True)
     from kernels.sparse_decode import split_rows
@@ -271,6 +284,29 @@ def _prev_version_rows(row, shape, sets, ref, rep_ms, best_cfg):
     _frozen_rows(row, cases, lambda i, c: sparse_decode_v1(i["q"], i["kv"], i["indices"], i["sm_scale"], c,
                                                            d_v=i["d_v"]),
                  kernel.tolerance(row["dtype"]), sets, ref, rep_ms)
+
+
+WGMMA_WAVES = 2  # the wgmma kernel: configs of more than this many programs an SM are not timed
+
+
+def _wgmma_programs(cfg, shape) -> int:
+    from kernels.sparse_decode import split_rows
+
+    return shape["batch"] * split_rows(shape["topk"], cfg["S"], cfg["BLOCK_T"])[1] * cfg["V_SPLIT"]
+
+
+def _prev_schedule_rows(row, shape, trial, best_cfg):
+    """The wgmma kernel's previous version is its single-partition schedule (``WS=0``: every warp gathers and
+    computes): timed at this run's best config with the schedule flipped, and the fastest ``WS=0`` trial of the
+    sweep (``prev_best_us``)."""
+    kernel = get_kernel("sparse_decode_wgmma")
+    other = {**best_cfg, "WS": 1 - best_cfg["WS"]}
+    done = next((t for t in row["trials"] if _effective(kernel.name, t["config"], shape)
+                 == _effective(kernel.name, other, shape)), None)
+    rec = done or (trial(other, "other_schedule") if kernel.check_config(other, shape) is None else None)
+    row["other_schedule"] = rec  # beside the trials: the best stays the sweep's
+    prev = [t for t in row["trials"] + [rec] if t and t.get("outcome") == "ok" and not t["config"].get("WS")]
+    row["prev_best_us"] = min((t["time_us"] for t in prev), default=None)
 
 
 def _prev_gemm_rows(row, sets, ref, rep_ms, shipped_cfg, best_cfg):
@@ -348,6 +384,8 @@ def bench_job(job, rates, failures, deadline, rep_ms) -> list[dict]:
             seen.add(_effective(kernel.name, cfg, shape))
             if kernel.name == "sparse_decode" and cfg["S"] > 1 and shape["batch"] * triton.cdiv(shape["heads"], cfg["BLOCK_H"]) * cfg["S"] > 2048:
                 continue  # far more programs than 132 SMs need: pruned
+            if kernel.name == "sparse_decode_wgmma" and _wgmma_programs(cfg, shape) > WGMMA_WAVES * rates["sms"]:
+                continue  # more than two programs an SM (one fits): pruned, as benchmarks/sparse_decode_wgmma.py does
             row["trials"].append(trial(cfg, "sweep"))
         ok = [t for t in row["trials"] if t.get("outcome") == "ok"]
         best = min(ok, key=lambda t: t["time_us"]) if ok else None
@@ -367,6 +405,8 @@ def bench_job(job, rates, failures, deadline, rep_ms) -> list[dict]:
                                      kv_scale=i["kv_scale"], pdl=False)
 
             row["best_no_pdl_us"] = _time(fn, sets, rep_ms).median_us
+        if kernel.name == "sparse_decode_wgmma" and best:
+            _prev_schedule_rows(row, shape, trial, best["config"])
         if kernel.name == "gemm" and row["dtype"] in ("bfloat16", "float8_e4m3fn"):
             _prev_gemm_rows(row, sets, ref, rep_ms, shipped, row["best_config"])
         if kernel.name == "gemm":
@@ -457,6 +497,46 @@ def sparse_decode_table(rows) -> list[str]:
     return lines
 
 
+def sparse_decode_wgmma_table(rows) -> list[str]:
+    """The Gluon wgmma sparse decode beside the tl.dot kernel's best of the same run (same shapes, bf16 cache), the
+    torch path, the floor, and its own previous schedule (WS=0)."""
+    wg = [r for r in rows if r["kernel"] == "sparse_decode_wgmma"]
+    if not wg:
+        return []
+    tl = {r["key"]: r for r in rows if r["kernel"] == "sparse_decode" and r["dtype"] == "bfloat16"}
+    lines = ["", "## Sparse decode on Hopper: the Gluon wgmma kernel (V4-Flash, bf16 cache)", "",
+             ("wgmma = `kernels/sparse_decode_wgmma.py`: default config, the tuned config shipped in `kernels/tuned/`, "
+              "and the best of this run's sample of its space (one ring depth, P in registers; the kernel's own "
+              "benchmark, `benchmarks/sparse_decode_wgmma.py`, sweeps the rest); previous = its single-partition "
+              "schedule (WS=0: every warp gathers and computes), at the best config with the schedule flipped and at "
+              "its own best of the sample; tl.dot best = `kernels/sparse_decode.py`'s best in this run."), "",
+             ("| batch | floor µs | torch µs | tl.dot best µs | default µs | shipped µs | best µs | other schedule at best "
+              "µs | WS=0 best µs | tl.dot best / best | WS=0 best / best | torch / best | best / floor | goal | best "
+              "config |"),
+             "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+    for r in wg:
+        b, best = r["shape"]["batch"], r["best_us"]
+        t = tl.get(r["key"])
+        other = (r.get("other_schedule") or {}).get("time_us")
+        verdict = "—"
+        if best and b in GOALS_US:
+            misses = []
+            if best > GOALS_US[b]:
+                misses.append(f"{best - GOALS_US[b]:.1f} µs over {GOALS_US[b]:g}")
+            if b == 64 and best / r["floor_us"] > FLOOR_GOAL:
+                misses.append(f"{best / r['floor_us']:.2f}x floor > {FLOOR_GOAL}")
+            if r["torch_us"] and r["torch_us"] / best < TORCH_GOAL:
+                misses.append(f"{r['torch_us'] / best:.1f}x torch < {TORCH_GOAL:g}")
+            verdict = "met" if not misses else "missed: " + "; ".join(misses)
+        cfg = "" if not r["best_config"] else " ".join(f"{k}={v}" for k, v in r["best_config"].items())
+        lines.append(f"| {b} | {_f(r['floor_us'], 2)} | {_f(r['torch_us'])} | {_f(t and t['best_us'])} | "
+                     f"{_f(r['default_us'])} | {_f(r.get('shipped_us'))} | {_f(best)} | {_f(other)} | "
+                     f"{_f(r.get('prev_best_us'))} | {_ratio_text(t and t['best_us'], best)} | "
+                     f"{_ratio_text(r.get('prev_best_us'), best)} | {_ratio_text(r['torch_us'], best, 1)} | "
+                     f"{_ratio_text(best, r['floor_us'])} | {verdict} | {cfg} |")
+    return lines
+
+
 def issue_config_table(rows) -> list[str]:
     """Issue 20's question: at the same config (S=32, BLOCK_H=16, BLOCK_T=16, 4 warps, 2 stages), the old kernel and
     the new one, per batch (the old splits 640 rows into 32 splits of 20; the new into 20 whole 32-row tiles)."""
@@ -521,18 +601,20 @@ def gemm_table(rows) -> list[str]:
 def aims(rows) -> list[str]:
     out = []
     for r in rows:
-        if r["kernel"] == "sparse_decode" and r["shape"]["topk"] == 640 and r["best_us"] and r["dtype"] == "bfloat16":
+        if (r["kernel"] in ("sparse_decode", "sparse_decode_wgmma") and r["shape"]["topk"] == 640 and r["best_us"]
+                and r["dtype"] == "bfloat16"):
             b = r["shape"]["batch"]
             goal = GOALS_US[b]
-            out.append(f"- sparse decode B={b} <= {goal:g} us: {r['best_us']:.1f} us -> "
+            out.append(f"- {r['kernel'].replace('_', ' ')} B={b} <= {goal:g} us: {r['best_us']:.1f} us -> "
                        f"{'met' if r['best_us'] <= goal else 'missed by {:.1f} us ({:.2f}x)'.format(r['best_us'] - goal, r['best_us'] / goal)}")
             if b == 64:
                 ratio = r["best_us"] / r["floor_us"]
-                out.append(f"- sparse decode B=64 within {FLOOR_GOAL}x of floor: {ratio:.2f}x -> "
+                out.append(f"- {r['kernel'].replace('_', ' ')} B=64 within {FLOOR_GOAL}x of floor: {ratio:.2f}x -> "
                            f"{'met' if ratio <= FLOOR_GOAL else f'missed by {ratio / FLOOR_GOAL:.2f}x'}")
             if r["torch_us"]:
                 sp = r["torch_us"] / r["best_us"]
-                out.append(f"- sparse decode B={b} >= {TORCH_GOAL:g}x faster than PyTorch: {sp:.1f}x -> {'met' if sp >= TORCH_GOAL else 'missed'}")
+                out.append(f"- {r['kernel'].replace('_', ' ')} B={b} >= {TORCH_GOAL:g}x faster than PyTorch: {sp:.1f}x -> "
+                           f"{'met' if sp >= TORCH_GOAL else 'missed'}")
         if r["kernel"] == "indexer" and r["shape"]["width"] == 65536 and r["best_us"]:
             ratio = r["best_us"] / r["floor_us"]
             out.append(f"- indexer {r['dtype']} B={r['shape']['batch']} 64K rows within 1.5x of floor: {ratio:.2f}x -> {'met' if ratio <= 1.5 else f'missed by {ratio / 1.5:.2f}x'}")
@@ -563,7 +645,7 @@ def report(rows, meta, ncu_summary: Path | None = None, source: Path | None = No
         lines.append(f"| {r['kernel']} | {r['dtype']} | {_shape_text(r['shape'])} | {_f(r['floor_us'])} ({r['bound'][:3]}) | {_f(r['torch_us'])} | "
                      f"{_f(r['default_us'])} | {_f(r['best_us'])} | {_f(_r(r['default_us'], r['floor_us']), 2)} | {_f(_r(r['best_us'], r['floor_us']), 2)} | "
                      f"{_f(_r(r['torch_us'], r['best_us']), 2)} | {cfg} | {r['n_ok']}/{r['n_failed']}{' (cut by budget)' if r.get('truncated') else ''} |")
-    lines += sparse_decode_table(rows) + issue_config_table(rows) + gemm_table(rows)
+    lines += sparse_decode_table(rows) + sparse_decode_wgmma_table(rows) + issue_config_table(rows) + gemm_table(rows)
     two = [r for r in rows if r.get("default_other_merge_us") and r.get("default_us")]
     if two:
         lines += ["", "## Split-K merge: the launcher's default path vs the other one (default config)", "",
@@ -665,7 +747,7 @@ def main(argv=None) -> int:
     precompile_s = time.time() - t_start
     bw, flops = measure_copy_bandwidth(), measure_matmul_tflops()
     launch_us = measure_launch_us().median_us
-    rates = {"bw": bw, "flops": flops}
+    rates = {"bw": bw, "flops": flops, "sms": torch.cuda.get_device_properties(0).multi_processor_count}
     log.info("copy %.2f TB/s, bf16 matmul %.0f TFLOP/s", bw / 1e12, flops / 1e12)
     rows = []
     weights = [len(j["shapes"]) * (1 + len(j["configs"])) for j in jobs]

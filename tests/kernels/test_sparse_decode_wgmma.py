@@ -374,3 +374,67 @@ def test_the_workload_report_states_the_wgmma_attention_against_the_hand_written
     assert ("hand-written best, attention_impl=wgmma / hand-written best, measured side by side: c=1 0.991, "
             "c=16 0.999, c=64 1.004; geomean 0.998") in text
     assert text == (ROOT / "benchmarks" / "results" / "workload_attention_wgmma_h200_e53ca92.md").read_text()
+
+
+def test_the_kernels_benchmark_plans_the_wgmma_kernel_only_where_it_can_run(monkeypatch):
+    """benchmarks/kernels.py: a sparse_decode_wgmma job (V4-Flash shapes, bf16, each batch's default config first,
+    then a sample of the canonical space) where the kernel says it can run, none where it cannot."""
+    sys.path.insert(0, str(ROOT))
+    import benchmarks.kernels as bk
+    from kernels.sparse_decode_wgmma import SparseDecodeWgmmaKernel, default_config
+
+    monkeypatch.setattr(SparseDecodeWgmmaKernel, "unavailable", lambda self: "no sm_90 here")
+    assert not [j for j in bk.plan(quick=True, gemm_sweep=False) if j["kernel"] == "sparse_decode_wgmma"]
+    monkeypatch.setattr(SparseDecodeWgmmaKernel, "unavailable", lambda self: None)
+    job = next(j for j in bk.plan(quick=True, gemm_sweep=False) if j["kernel"] == "sparse_decode_wgmma")
+    assert job["dtype"] == "bfloat16" and [s["batch"] for s in job["shapes"]] == [1, 16, 64]
+    defaults = [default_config(b, 640) for b in (1, 16, 64)]
+    assert job["configs"][:3] == defaults and len(job["configs"]) > 20
+    assert {c["WS"] for c in job["configs"]} == {0, 1} and {c["STAGES"] for c in job["configs"]} == {2}
+
+
+def test_the_kernels_benchmark_times_the_wgmma_kernels_previous_schedule_at_its_best_config_once():
+    """The previous version of the wgmma kernel is its single-partition schedule: the best config with WS flipped is
+    timed unless the sweep already timed the same program (its canonical twin), and the WS=0 best counts it."""
+    sys.path.insert(0, str(ROOT))
+    import benchmarks.kernels as bk
+
+    shape = dict(get_kernel("sparse_decode_wgmma").shapes("v4flash")[2])  # batch 64
+    best = {"S": 1, "BLOCK_T": 64, "STAGES": 2, "P_SMEM": 0, "V_SPLIT": 2, "PART16": 0, "STORE_CVT": 1, "WS": 1}
+    timed = []
+
+    def trial(cfg, tag):
+        timed.append((cfg, tag))
+        return {"config": cfg, "tag": tag, "outcome": "ok", "time_us": 31.0}
+
+    row = {"trials": [{"config": best, "tag": "sweep", "outcome": "ok", "time_us": 28.5},
+                      {"config": {**best, "S": 2, "V_SPLIT": 1, "WS": 0}, "tag": "sweep", "outcome": "ok",
+                       "time_us": 33.0}]}
+    bk._prev_schedule_rows(row, shape, trial, best)
+    assert timed == [({**best, "WS": 0}, "other_schedule")]
+    assert row["other_schedule"]["time_us"] == 31.0 and row["prev_best_us"] == 31.0
+    row = {"trials": [{"config": {**best, "PART16": 1, "WS": 0}, "tag": "sweep", "outcome": "ok", "time_us": 30.0}]}
+    timed.clear()
+    bk._prev_schedule_rows(row, shape, trial, best)  # PART16 with one split is the same program as PART16=0
+    assert timed == [] and row["other_schedule"]["time_us"] == 30.0 and row["prev_best_us"] == 30.0
+
+
+def test_the_kernels_report_puts_the_wgmma_kernel_beside_the_tl_dot_best_torch_floor_and_its_previous_schedule():
+    sys.path.insert(0, str(ROOT))
+    import benchmarks.kernels as bk
+
+    shape = dict(get_kernel("sparse_decode_wgmma").shapes("v4flash")[2])
+    key = get_kernel("sparse_decode").shape_key(shape)
+    base = {"dtype": "bfloat16", "shape": shape, "key": key, "floor_us": 11.8, "bound": "memory", "torch_us": 108.0,
+            "n_ok": 1, "n_failed": 0, "trials": []}
+    rows = [dict(base, kernel="sparse_decode", default_us=40.0, best_us=36.0, best_config={"S": 2}),
+            dict(base, kernel="sparse_decode_wgmma", default_us=29.0, shipped_us=28.0, best_us=27.0,
+                 best_config={"S": 1, "WS": 1}, other_schedule={"time_us": 30.0}, prev_best_us=29.7)]
+    meta = {"gpu": "NVIDIA H200", "date": "d", "sms": 132, "torch": "t", "triton": "3.6.0", "cuda": "c",
+            "commit": "abc", "bw": 4.2e12, "flops": 7e14, "wall_s": 1.0, "precompile_s": 0.0}
+    text = bk.report(rows, meta)
+    line = next(x for x in text.splitlines() if x.startswith("| 64 | 11.80 | 108.0 | 36.0 |"))
+    cells = line.split(" | ")
+    assert cells[4:13] == ["29.0", "28.0", "27.0", "30.0", "29.7", "1.33x", "1.10x", "4.0x", "2.29x"], cells
+    assert "missed: 10.0 µs over 17" in line
+    assert "- sparse decode wgmma B=64 <= 17 us: 27.0 us" in text
