@@ -84,7 +84,8 @@ __all__ = ["DEFAULT_CONFIG", "HAVE_GLUON", "WGMMA_HEADS", "WGMMA_WARPS", "Sparse
 
 WGMMA_HEADS = 64  # one wgmma M: every head of a V4-Flash request in one program
 WGMMA_WARPS = 8  # two warpgroups: each holds a [64, 256 / V_SPLIT] float32 accumulator (128 / V_SPLIT registers a thread)
-DEFAULT_CONFIG = {"S": 8, "BLOCK_T": 64, "STAGES": 2, "P_SMEM": 0, "V_SPLIT": 1, "PART16": 0, "STORE_CVT": 0, "WS": 0}  # S, V_SPLIT: see default_config
+DEFAULT_CONFIG = {"S": 8, "BLOCK_T": 64, "STAGES": 2, "P_SMEM": 0, "V_SPLIT": 1, "PART16": 0, "STORE_CVT": 0, "WS": 0,
+                  "MERGE": 0}  # S, V_SPLIT: see default_config
 PROGRAMS = 128  # about one program per SM of an H200 (132)
 # WS=1: a producer warpgroup beside the two consumer ones. Registers are granted per warpgroup: the launch caps all
 # 384 threads at WS_MAXNREG (65536 / 384, rounded down to 8), and the producer hands all but GATHER_REGS of its
@@ -138,14 +139,15 @@ if HAVE_GLUON:
 
     @gluon.jit
     def _sparse_decode_wgmma_kernel(
-        q_ptr, kv_ptr, idx_ptr, part_ptr, lse_ptr, out_ptr,
-        H, num_rows, topk, rows_per_split, qk_scale,
+        q_ptr, kv_ptr, idx_ptr, part_ptr, lse_ptr, out_ptr, sem_ptr,
+        H, num_rows, topk, rows_per_split, qk_scale, n_splits,
         stride_qb, stride_qh, stride_kv, stride_ib,
         stride_pb, stride_ps, stride_ph,
         stride_lb, stride_ls,
         stride_ob, stride_oh,
         DV: gl.constexpr, BLOCK_H: gl.constexpr, BLOCK_T: gl.constexpr, STAGES: gl.constexpr,
         DIRECT: gl.constexpr, P_SMEM: gl.constexpr, V_SPLIT: gl.constexpr, STORE_CVT: gl.constexpr,
+        MERGE: gl.constexpr, S_PAD: gl.constexpr,
     ):
         gl.static_assert(BLOCK_H == 64, "one wgmma M of heads per program")
         gl.static_assert(DV == 512, "two warpgroups of 256 columns of V")
@@ -233,17 +235,20 @@ if HAVE_GLUON:
             m_i = m_new
         async_copy.wait_group(0)  # no copy outlives the program (the ring's last slots: padding rows, zeros)
 
-        _write_result(acc, m_i, l_i, part_ptr, lse_ptr, out_ptr, pid_b, pid_s, col_off, H,
+        _write_result(acc, m_i, l_i, part_ptr, lse_ptr, out_ptr, sem_ptr, pid_b, pid_s, col_off, H, n_splits,
                       stride_pb, stride_ps, stride_ph, stride_lb, stride_ls, stride_ob, stride_oh,
-                      BLOCK_H, DO, DIRECT, STORE_CVT, s_l, o_l)
+                      BLOCK_H, DO, V_SPLIT, DIRECT, STORE_CVT, MERGE, S_PAD, s_l, o_l)
 
     @gluon.jit
-    def _write_result(acc, m_i, l_i, part_ptr, lse_ptr, out_ptr, pid_b, pid_s, col_off, H,
+    def _write_result(acc, m_i, l_i, part_ptr, lse_ptr, out_ptr, sem_ptr, pid_b, pid_s, col_off, H, n_splits,
                       stride_pb, stride_ps, stride_ph, stride_lb, stride_ls, stride_ob, stride_oh,
-                      BLOCK_H: gl.constexpr, DO: gl.constexpr, DIRECT: gl.constexpr, STORE_CVT: gl.constexpr,
+                      BLOCK_H: gl.constexpr, DO: gl.constexpr, V_SPLIT: gl.constexpr, DIRECT: gl.constexpr,
+                      STORE_CVT: gl.constexpr, MERGE: gl.constexpr, S_PAD: gl.constexpr,
                       s_l: gl.constexpr, o_l: gl.constexpr):
-        """The program's normalised output: straight into ``out`` with one split, else its split-K partial and (from
-        the program with the split's first columns) the log-sum-exp (base 2) of its heads."""
+        """The program's normalised output: straight into ``out`` with one split, else its split-K partial and the
+        log-sum-exp (base 2) of its heads (from the program with the split's first columns; with MERGE from every
+        program, at its own column slice). With MERGE the last program of a request's splits (at these columns)
+        to finish merges them into ``out``: no second launch."""
         l_safe = gl.where(l_i > 0.0, l_i, 1.0)
         o = acc / gl.convert_layout(l_safe, gl.SliceLayout(1, o_l))[:, None]
         o = o.to(out_ptr.dtype.element_ty if DIRECT else part_ptr.dtype.element_ty)  # partials: float32 or PART16's
@@ -255,6 +260,7 @@ if HAVE_GLUON:
         offs_ho = gl.arange(0, BLOCK_H, layout=gl.SliceLayout(1, st_l))
         offs_c = col_off + gl.arange(0, DO, layout=gl.SliceLayout(0, st_l))
         h_mask = (offs_ho < H)[:, None]
+        vslice = col_off // DO
         if DIRECT:
             gl.store(out_ptr + pid_b.to(gl.int64) * stride_ob + offs_ho[:, None] * stride_oh + offs_c[None, :], o,
                      mask=h_mask)
@@ -263,10 +269,58 @@ if HAVE_GLUON:
                      + offs_c[None, :], o, mask=h_mask)
             offs_hs = gl.arange(0, BLOCK_H, layout=gl.SliceLayout(1, s_l))
             lse = gl.where(l_i > 0.0, m_i + gl.log2(l_safe), float("-inf"))
-            gl.store(lse_ptr + pid_b.to(gl.int64) * stride_lb + pid_s * stride_ls + offs_hs, lse,
-                     mask=(offs_hs < H) & (col_off == 0))  # one of the V_SPLIT programs (they computed the same)
+            if MERGE:  # each program its own slot [split, column slice]: the merger of a slice reads its own
+                gl.store(lse_ptr + pid_b.to(gl.int64) * stride_lb + (pid_s * V_SPLIT + vslice) * stride_ls + offs_hs,
+                         lse, mask=offs_hs < H)
+                _thread_barrier()  # every thread's stores issued before the release below
+                cnt = sem_ptr + pid_b * V_SPLIT + vslice
+                arrived = gl.atomic_add(cnt, 1, sem="acq_rel", scope="gpu")  # releases ours, acquires the others'
+                if arrived == n_splits - 1:  # the last to finish: every other split's partial is visible
+                    gl.atomic_xchg(cnt, 0, sem="relaxed", scope="gpu")  # back to 0 for the next launch
+                    _merge_splits(part_ptr, lse_ptr, out_ptr, pid_b, col_off, vslice, H, n_splits,
+                                  stride_pb, stride_ps, stride_ph, stride_lb, stride_ls, stride_ob, stride_oh,
+                                  BLOCK_H, DO, V_SPLIT, S_PAD)
+            else:
+                gl.store(lse_ptr + pid_b.to(gl.int64) * stride_lb + pid_s * stride_ls + offs_hs, lse,
+                         mask=(offs_hs < H) & (col_off == 0))  # one of the V_SPLIT programs (they computed the same)
 
-
+    @gluon.jit
+    def _merge_splits(part_ptr, lse_ptr, out_ptr, pid_b, col_off, vslice, H, n_splits,
+                      stride_pb, stride_ps, stride_ph, stride_lb, stride_ls, stride_ob, stride_oh,
+                      BLOCK_H: gl.constexpr, DO: gl.constexpr, V_SPLIT: gl.constexpr, S_PAD: gl.constexpr):
+        """``launch_combine``'s merge for one request's heads at this program's DO columns, in column chunks of
+        [S_PAD, 64, CW] (every split's partial in flight at once, 64 float32 a thread), the next chunk's loads issued
+        before this chunk is summed. Reads bypass L1 (``.cg``): the partials were written by other SMs."""
+        NW: gl.constexpr = 8  # the compute warps (both kernels)
+        CW: gl.constexpr = (64 * 32 * NW) // (S_PAD * BLOCK_H) if (64 * 32 * NW) // (S_PAD * BLOCK_H) < DO else DO
+        TC: gl.constexpr = CW // 4 if CW // 4 < 32 else 32
+        ml: gl.constexpr = gl.BlockedLayout([1, 1, 4], [1, 32 // TC, TC], [1, NW, 1], [2, 1, 0])  # [split, head, col]
+        sh_l: gl.constexpr = gl.SliceLayout(2, ml)  # [split, head]
+        hc_l: gl.constexpr = gl.SliceLayout(0, ml)  # [head, col]
+        offs_s = gl.arange(0, S_PAD, layout=gl.SliceLayout(1, sh_l))
+        offs_h = gl.arange(0, BLOCK_H, layout=gl.SliceLayout(0, sh_l))
+        lse = gl.load(lse_ptr + pid_b.to(gl.int64) * stride_lb + (offs_s[:, None] * V_SPLIT + vslice) * stride_ls
+                      + offs_h[None, :], mask=(offs_s < n_splits)[:, None] & (offs_h < H)[None, :],
+                      other=float("-inf"), cache_modifier=".cg")
+        m = gl.max(lse, 0)
+        w = gl.exp2(lse - gl.where(m == float("-inf"), 0.0, m)[None, :])  # 0 for empty and absent splits
+        wsum = gl.sum(w, 0)
+        inv = gl.convert_layout(1.0 / gl.where(wsum > 0.0, wsum, 1.0), gl.SliceLayout(1, hc_l))
+        w3 = w[:, :, None]
+        offs_c = gl.arange(0, CW, layout=gl.SliceLayout(0, gl.SliceLayout(1, ml)))
+        base = (part_ptr + pid_b.to(gl.int64) * stride_pb + offs_s[:, None, None] * stride_ps
+                + offs_h[None, :, None] * stride_ph + col_off + offs_c[None, None, :])
+        mask3 = (offs_s < n_splits)[:, None, None] & (offs_h < H)[None, :, None]
+        offs_ho = gl.arange(0, BLOCK_H, layout=gl.SliceLayout(1, hc_l))
+        offs_co = gl.arange(0, CW, layout=gl.SliceLayout(0, hc_l))
+        out_base = out_ptr + pid_b.to(gl.int64) * stride_ob + offs_ho[:, None] * stride_oh + col_off + offs_co[None, :]
+        nxt = gl.load(base, mask=mask3, other=0.0, cache_modifier=".cg")
+        for c in gl.static_range(DO // CW):
+            cur = nxt
+            if c + 1 < DO // CW:
+                nxt = gl.load(base + (c + 1) * CW, mask=mask3, other=0.0, cache_modifier=".cg")
+            o = gl.sum(w3 * cur.to(gl.float32), 0) * inv[:, None]
+            gl.store(out_base + c * CW, o.to(out_ptr.dtype.element_ty), mask=(offs_ho < H)[:, None])
 
     @gluon.jit
     def _ws_gather(q_ptr, kv_ptr, idx_ptr, q_smem, kv_smem, q_bar, ready, empty,
@@ -303,11 +357,12 @@ if HAVE_GLUON:
             rows = rows_next
 
     @gluon.jit
-    def _ws_compute(q_smem, kv_smem, p_smem, q_bar, ready, empty, idx_ptr, part_ptr, lse_ptr, out_ptr,
-                    H, num_rows, topk, rows_per_split, qk_scale, stride_ib,
+    def _ws_compute(q_smem, kv_smem, p_smem, q_bar, ready, empty, idx_ptr, part_ptr, lse_ptr, out_ptr, sem_ptr,
+                    H, num_rows, topk, rows_per_split, qk_scale, n_splits, stride_ib,
                     stride_pb, stride_ps, stride_ph, stride_lb, stride_ls, stride_ob, stride_oh,
                     DV: gl.constexpr, BLOCK_H: gl.constexpr, BLOCK_T: gl.constexpr, STAGES: gl.constexpr,
-                    DIRECT: gl.constexpr, P_SMEM: gl.constexpr, V_SPLIT: gl.constexpr, STORE_CVT: gl.constexpr):
+                    DIRECT: gl.constexpr, P_SMEM: gl.constexpr, V_SPLIT: gl.constexpr, STORE_CVT: gl.constexpr,
+                    MERGE: gl.constexpr, S_PAD: gl.constexpr):
         """WS's two consumer warpgroups: the single-partition kernel's loop without its copies and its block-wide
         barrier; each warpgroup releases a slot (one arrival each) once its products have read it."""
         dtype: gl.constexpr = q_smem.dtype
@@ -355,21 +410,21 @@ if HAVE_GLUON:
                 acc = warpgroup_mma(gl.convert_layout(p.to(dtype), p_l), v_tile, acc * alpha_o[:, None])
             mbarrier.arrive(empty.index(slot))  # this warpgroup's products are done with the slot
             m_i = m_new
-        _write_result(acc, m_i, l_i, part_ptr, lse_ptr, out_ptr, pid_b, pid_s, col_off, H,
+        _write_result(acc, m_i, l_i, part_ptr, lse_ptr, out_ptr, sem_ptr, pid_b, pid_s, col_off, H, n_splits,
                       stride_pb, stride_ps, stride_ph, stride_lb, stride_ls, stride_ob, stride_oh,
-                      BLOCK_H, DO, DIRECT, STORE_CVT, s_l, o_l)
+                      BLOCK_H, DO, V_SPLIT, DIRECT, STORE_CVT, MERGE, S_PAD, s_l, o_l)
 
     @gluon.jit
     def _sparse_decode_wgmma_ws_kernel(
-        q_ptr, kv_ptr, idx_ptr, part_ptr, lse_ptr, out_ptr,
-        H, num_rows, topk, rows_per_split, qk_scale,
+        q_ptr, kv_ptr, idx_ptr, part_ptr, lse_ptr, out_ptr, sem_ptr,
+        H, num_rows, topk, rows_per_split, qk_scale, n_splits,
         stride_qb, stride_qh, stride_kv, stride_ib,
         stride_pb, stride_ps, stride_ph,
         stride_lb, stride_ls,
         stride_ob, stride_oh,
         DV: gl.constexpr, BLOCK_H: gl.constexpr, BLOCK_T: gl.constexpr, STAGES: gl.constexpr,
         DIRECT: gl.constexpr, P_SMEM: gl.constexpr, V_SPLIT: gl.constexpr, STORE_CVT: gl.constexpr,
-        GATHER_WARPS: gl.constexpr, GATHER_REGS: gl.constexpr,
+        MERGE: gl.constexpr, S_PAD: gl.constexpr, GATHER_WARPS: gl.constexpr, GATHER_REGS: gl.constexpr,
     ):
         """The warp-specialised schedule (``WS=1``): a producer warpgroup gathers, two consumer warpgroups compute;
         they meet on mbarriers, one ``ready`` and one ``empty`` per ring slot."""
@@ -392,14 +447,29 @@ if HAVE_GLUON:
             mbarrier.init(empty.index(i), count=1)  # one arrival: Gluon arrives once a partition, after its barrier
         fence_async_shared()
         gl.warp_specialize([
-            (_ws_compute, (q_smem, kv_smem, p_smem, q_bar, ready, empty, idx_ptr, part_ptr, lse_ptr, out_ptr,
-                           H, num_rows, topk, rows_per_split, qk_scale, stride_ib,
+            (_ws_compute, (q_smem, kv_smem, p_smem, q_bar, ready, empty, idx_ptr, part_ptr, lse_ptr, out_ptr, sem_ptr,
+                           H, num_rows, topk, rows_per_split, qk_scale, n_splits, stride_ib,
                            stride_pb, stride_ps, stride_ph, stride_lb, stride_ls, stride_ob, stride_oh,
-                           DV, BLOCK_H, BLOCK_T, STAGES, DIRECT, P_SMEM, V_SPLIT, STORE_CVT)),
+                           DV, BLOCK_H, BLOCK_T, STAGES, DIRECT, P_SMEM, V_SPLIT, STORE_CVT, MERGE, S_PAD)),
             (_ws_gather, (q_ptr, kv_ptr, idx_ptr, q_smem, kv_smem, q_bar, ready, empty,
                           H, num_rows, topk, rows_per_split, stride_qb, stride_qh, stride_kv, stride_ib,
                           DV, BLOCK_H, BLOCK_T, STAGES, V_SPLIT, GATHER_WARPS)),
         ], [GATHER_WARPS], [GATHER_REGS])
+
+_COUNTERS: dict[str, torch.Tensor] = {}
+
+
+def _counters(device, n: int) -> torch.Tensor:
+    """MERGE's arrival counters, one per (request, column slice): int32 zeros, kept per device and grown on demand.
+    The last program of a request's splits resets its counter, so a launch leaves them at zero for the next one (and
+    a CUDA graph replays without a reset). One stream at a time: two launches in flight on different streams would
+    share the counters."""
+    key = str(torch.device(device))
+    buf = _COUNTERS.get(key)
+    if buf is None or buf.numel() < n:
+        buf = _COUNTERS[key] = torch.zeros(max(n, 1024), device=device, dtype=torch.int32)
+    return buf
+
 
 def sparse_decode_wgmma(q: torch.Tensor, kv: torch.Tensor, indices: torch.Tensor, sm_scale: float | None = None,
                         config: dict | None = None, *, d_v: int | None = None, out: torch.Tensor | None = None,
@@ -454,28 +524,32 @@ def sparse_decode_wgmma(q: torch.Tensor, kv: torch.Tensor, indices: torch.Tensor
     if B == 0:
         return out
     direct = n_splits == 1
+    merge = bool(config.get("MERGE")) and not direct
+    v_split = config["V_SPLIT"]
+    sem = _counters(q.device, B * v_split) if merge else out  # unused without MERGE
     if direct:
         part, lse = out, out  # unused
         part_strides, lse_strides = (0, 0, 0), (0, 0)
     else:
         part = torch.empty((B, n_splits, H, d_v), device=q.device, dtype=q.dtype if config["PART16"] else torch.float32)
-        lse = torch.empty((B, n_splits, H), device=q.device, dtype=torch.float32)
+        # with MERGE each program stores its heads' log-sum-exp in its own slot: [request, split * V_SPLIT + slice]
+        lse = torch.empty((B, n_splits * (v_split if merge else 1), H), device=q.device, dtype=torch.float32)
         part_strides, lse_strides = part.stride()[:3], lse.stride()[:2]
-    args = (q, kv, indices, part, lse, out,
-            H, kv.shape[0], topk, rows_per_split, sm_scale * LOG2E,
+    args = (q, kv, indices, part, lse, out, sem,
+            H, kv.shape[0], topk, rows_per_split, sm_scale * LOG2E, n_splits,
             q.stride(0), q.stride(1), kv.stride(0), indices.stride(0),
             *part_strides, *lse_strides,
             out.stride(0), out.stride(1))
     meta = dict(DV=d_v, BLOCK_H=WGMMA_HEADS, BLOCK_T=config["BLOCK_T"], STAGES=config["STAGES"], DIRECT=direct,
-                P_SMEM=bool(config["P_SMEM"]), V_SPLIT=config["V_SPLIT"], STORE_CVT=bool(config["STORE_CVT"]),
-                num_warps=WGMMA_WARPS)
-    grid = (n_splits * config["V_SPLIT"], B)
+                P_SMEM=bool(config["P_SMEM"]), V_SPLIT=v_split, STORE_CVT=bool(config["STORE_CVT"]),
+                MERGE=merge, S_PAD=max(2, triton.next_power_of_2(n_splits)), num_warps=WGMMA_WARPS)
+    grid = (n_splits * v_split, B)
     if config.get("WS"):
         _sparse_decode_wgmma_ws_kernel[grid](*args, **meta, GATHER_WARPS=GATHER_WARPS, GATHER_REGS=GATHER_REGS,
                                              maxnreg=WS_MAXNREG)
     else:
         _sparse_decode_wgmma_kernel[grid](*args, **meta)
-    if not direct:
+    if not direct and not merge:
         target = gpu_target(q.device)
         pdl = (_PDL and target is not None and target >= (9, 0)) if pdl is None else bool(pdl)
         launch_combine(part, lse, out, pdl)
@@ -488,7 +562,7 @@ class SparseDecodeWgmmaKernel(_SparseDecodeBase):
 
     name = "sparse_decode_wgmma"
     dtypes = ("bfloat16", "float16")
-    switches = ("P_SMEM", "PART16", "STORE_CVT", "WS")
+    switches = ("P_SMEM", "PART16", "STORE_CVT", "WS", "MERGE")
     instance: SparseDecodeWgmmaKernel
 
     def unavailable(self):
@@ -506,19 +580,21 @@ class SparseDecodeWgmmaKernel(_SparseDecodeBase):
 
     def config_space(self, shape):
         return {"S": [1, 2, 3, 4, 5, 8, 10, 16, 20], "BLOCK_T": [32, 64], "STAGES": [2, 3, 4], "P_SMEM": [0, 1],
-                "V_SPLIT": [1, 2, 4, 8], "PART16": [0, 1], "STORE_CVT": [0, 1], "WS": [0, 1]}
+                "V_SPLIT": [1, 2, 4, 8], "PART16": [0, 1], "STORE_CVT": [0, 1], "WS": [0, 1],
+                "MERGE": [0, 1]}
 
     def canonical_config(self, config, shape):
         """The smallest S of the space that splits the rows the same way at this tile size (S = 16 and 10 both make
-        ten 64-row splits of 640 rows), and float32 partials where there is one split (no partials)."""
+        ten 64-row splits of 640 rows), and float32 partials and no MERGE where there is one split (no partials)."""
         if "S" not in config or "BLOCK_T" not in config:
             return config
         split = split_rows(shape["topk"], config["S"], config["BLOCK_T"])
         s = min((v for v in self.config_space(shape)["S"] if split_rows(shape["topk"], v, config["BLOCK_T"]) == split),
                 default=config["S"])
         out = {**config, "S": s}
-        if split[1] == 1 and "PART16" in out:
-            out["PART16"] = 0
+        for key in ("PART16", "MERGE"):  # nothing to store or merge with one split
+            if split[1] == 1 and key in out:
+                out[key] = 0
         return out
 
     def smem_bytes(self, config, shape):

@@ -90,7 +90,9 @@ def wgmma_build(shape: dict, config: dict) -> dict:
               "setmaxnreg": len(re.findall(r"\bsetmaxnreg\.", ptx)),
               "copy_arrive": len(re.findall(r"\bcp\.async\.mbarrier\.arrive", ptx)),
               "mbarrier.try_wait": len(re.findall(r"\bmbarrier\.try_wait", ptx)),
-              "copy_wait_group": len(re.findall(r"\bcp\.async\.wait_group", ptx))}
+              "copy_wait_group": len(re.findall(r"\bcp\.async\.wait_group", ptx)),
+              "atom.acq_rel.add": len(re.findall(r"\batom\.global\.gpu\.acq_rel\.add", ptx)),
+              "ld.global.cg": len(re.findall(r"\bld\.global\.cg", ptx))}
     for m in re.finditer(r"cp\.async\.c[ag]\.shared\.global[^;]*?,\s*(0x[0-9a-f]+|\d+)", ptx):
         key = f"cp.async.{int(m.group(1), 0)}B"
         counts[key] = counts.get(key, 0) + 1

@@ -80,9 +80,10 @@ def test_the_wgmma_kernel_is_registered_tunable_and_says_why_it_cannot_run_here(
     for shape in k.shapes("v4flash") + k.shapes("test"):
         assert k.check_config(k.default_config(shape), shape) is None
     b16 = k.shapes("v4flash")[1]
-    base = {"BLOCK_T": 64, "STAGES": 2, "P_SMEM": 0, "V_SPLIT": 1, "PART16": 1, "STORE_CVT": 0, "WS": 0}
+    base = {"BLOCK_T": 64, "STAGES": 2, "P_SMEM": 0, "V_SPLIT": 1, "PART16": 1, "STORE_CVT": 0, "WS": 0, "MERGE": 1}
     assert k.canonical_config({**base, "S": 16}, b16) == {**base, "S": 10}  # ten 64-row splits either way
     assert k.canonical_config({**base, "S": 1}, b16)["PART16"] == 0  # one split: no partials
+    assert k.canonical_config({**base, "S": 1}, b16)["MERGE"] == 0  # ... and nothing to merge
     assert k.canonical_config({**base, "S": 4}, b16) == {**base, "S": 4}
     assert k.check_config({**base, "S": 4, "heads": 1}, b16).startswith("unknown_param")
     assert k.check_config({**base, "S": 4}, {**b16, "heads": 128}).startswith("heads: 128 > 64")
@@ -102,8 +103,8 @@ def test_sparse_decode_wgmma_compiles_for_sm90_to_wgmma_and_cp_async_without_spi
     probe = ROOT / "tests" / "kernels" / "compile_probe.py"
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     env.pop("TRITON_INTERPRET", None)
-    for config in ({"S": 5, "BLOCK_T": 64, "STAGES": 2, "V_SPLIT": 1}, {"S": 1, "BLOCK_T": 32, "STAGES": 4},
-                   {"S": 2, "BLOCK_T": 64, "STAGES": 2, "V_SPLIT": 2}):
+    for config in ({"S": 5, "BLOCK_T": 64, "STAGES": 2, "V_SPLIT": 1, "WS": 0}, {"S": 1, "BLOCK_T": 32, "STAGES": 4, "WS": 0},
+                   {"S": 2, "BLOCK_T": 64, "STAGES": 2, "V_SPLIT": 2, "WS": 0}):  # the single-partition kernel
         shape = {"batch": 16, "heads": 64, "d_qk": 512, "d_v": 512, "topk": 640, "num_rows": 65536}
         r = subprocess.run([sys.executable, str(probe), "wgmma", json.dumps(shape), json.dumps(config)],
                            capture_output=True, text=True, env=env, timeout=600)
@@ -148,6 +149,28 @@ def test_sparse_decode_wgmma_ws_compiles_to_a_producer_warpgroup_and_mbarriers_w
     assert got[1]["usage"] == {"registers": 168, "stack": 0, "local": 0}, got[1]["usage"]
 
 
+@needs_gluon
+@pytest.mark.parametrize("ws", [0, 1])
+def test_sparse_decode_wgmma_merge_builds_one_release_acquire_counter_and_l2_reads_of_the_partials(ws):
+    """MERGE=1's sm_90 build: one acq_rel atomic add a program (the arrival count that releases its partial and
+    acquires the others'), the merge's reads of other SMs' partials past L1 (ld.global.cg), no spill; MERGE=0 has
+    neither."""
+    probe = ROOT / "tests" / "kernels" / "compile_probe.py"
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    env.pop("TRITON_INTERPRET", None)
+    shape = {"batch": 1, "heads": 64, "d_qk": 512, "d_v": 512, "topk": 640, "num_rows": 65536}
+    got = {}
+    for merge in (0, 1):
+        config = {"S": 10, "BLOCK_T": 64, "STAGES": 2, "V_SPLIT": 8, "WS": ws, "MERGE": merge}
+        r = subprocess.run([sys.executable, str(probe), "wgmma", json.dumps(shape), json.dumps(config)],
+                           capture_output=True, text=True, env=env, timeout=600)
+        assert r.returncode == 0, r.stderr[-2000:]
+        got[merge] = json.loads(r.stdout.strip().splitlines()[-1])
+    assert got[0]["ptx"]["atom.acq_rel.add"] == 0 and got[0]["ptx"]["ld.global.cg"] == 0, got[0]["ptx"]
+    assert got[1]["ptx"]["atom.acq_rel.add"] == 1 and got[1]["ptx"]["ld.global.cg"] > 0, got[1]["ptx"]
+    assert got[1]["usage"]["local"] == 0 and got[1]["usage"]["stack"] == 0, got[1]["usage"]
+
+
 needs_hopper = pytest.mark.skipif(not (HOPPER and HAVE_GLUON), reason="needs an sm_90 GPU and Gluon")
 
 
@@ -168,6 +191,9 @@ needs_hopper = pytest.mark.skipif(not (HOPPER and HAVE_GLUON), reason="needs an 
     {"S": 5, "BLOCK_T": 64, "STAGES": 2, "V_SPLIT": 2, "P_SMEM": 1, "WS": 1}, {"S": 20, "BLOCK_T": 32, "STAGES": 4, "V_SPLIT": 1, "WS": 1},
     {"S": 8, "BLOCK_T": 32, "STAGES": 3, "V_SPLIT": 4, "PART16": 1, "STORE_CVT": 1, "WS": 1},
     {"S": 10, "BLOCK_T": 64, "STAGES": 2, "V_SPLIT": 8, "WS": 1}, {"S": 1, "BLOCK_T": 32, "STAGES": 2, "V_SPLIT": 8, "STORE_CVT": 1, "WS": 1},
+    {"S": 10, "BLOCK_T": 64, "STAGES": 2, "V_SPLIT": 8, "WS": 0, "MERGE": 1}, {"S": 4, "BLOCK_T": 64, "STAGES": 2, "V_SPLIT": 2, "WS": 1, "MERGE": 1},
+    {"S": 2, "BLOCK_T": 64, "STAGES": 2, "V_SPLIT": 1, "WS": 1, "MERGE": 1}, {"S": 20, "BLOCK_T": 32, "STAGES": 3, "V_SPLIT": 4, "PART16": 1, "STORE_CVT": 1, "MERGE": 1},
+    {"S": 3, "BLOCK_T": 64, "STAGES": 2, "V_SPLIT": 1, "WS": 0, "MERGE": 1, "P_SMEM": 1},
 ], ids=str)
 @pytest.mark.parametrize("batch", [1, 5, 64])
 def test_sparse_decode_wgmma_matches_the_reference_at_v4_flash_shapes(batch, config):
@@ -400,7 +426,8 @@ def test_the_kernels_benchmark_times_the_wgmma_kernels_previous_schedule_at_its_
     import benchmarks.kernels as bk
 
     shape = dict(get_kernel("sparse_decode_wgmma").shapes("v4flash")[2])  # batch 64
-    best = {"S": 1, "BLOCK_T": 64, "STAGES": 2, "P_SMEM": 0, "V_SPLIT": 2, "PART16": 0, "STORE_CVT": 1, "WS": 1}
+    best = {"S": 1, "BLOCK_T": 64, "STAGES": 2, "P_SMEM": 0, "V_SPLIT": 2, "PART16": 0, "STORE_CVT": 1, "WS": 1,
+            "MERGE": 0}
     timed = []
 
     def trial(cfg, tag):
@@ -438,3 +465,32 @@ def test_the_kernels_report_puts_the_wgmma_kernel_beside_the_tl_dot_best_torch_f
     assert cells[4:13] == ["29.0", "28.0", "27.0", "30.0", "29.7", "1.33x", "1.10x", "4.0x", "2.29x"], cells
     assert "missed: 10.0 µs over 17" in line
     assert "- sparse decode wgmma B=64 <= 17 us: 27.0 us" in text
+
+
+@pytest.mark.gpu
+@needs_hopper
+@pytest.mark.parametrize("ws", [0, 1])
+def test_sparse_decode_wgmma_merge_leaves_its_counters_at_zero_across_launches_and_graph_replays(ws):
+    """MERGE's arrival counters are reset by each request's last program: eager launches one after another, then a
+    CUDA graph replayed on fresh inputs, each matches the float32 reference, and the counters read zero after."""
+    from kernels.sparse_decode_wgmma import _counters
+
+    shape = dict(SD.shapes("v4flash")[0], batch=16)
+    config = {"S": 4, "BLOCK_T": 64, "STAGES": 2, "V_SPLIT": 2, "WS": ws, "MERGE": 1}
+    sets = [SD.make_inputs(shape, "bfloat16", "cuda", seed=500 + k) for k in range(3)]
+    for i in sets:
+        got = sparse_decode_wgmma(i["q"], i["kv"], i["indices"], i["sm_scale"], config)
+        assert rel_error(got, SD.reference(i)) <= SD.tolerance("bfloat16")
+    static = {k: v.clone() if torch.is_tensor(v) else v for k, v in sets[0].items()}
+    out = torch.empty(16, 64, 512, device="cuda", dtype=torch.bfloat16)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        sparse_decode_wgmma(static["q"], static["kv"], static["indices"], static["sm_scale"], config, out=out)
+    for i in sets[1:] + sets[:1]:
+        for k in ("q", "kv", "indices"):
+            static[k].copy_(i[k])
+        out.fill_(float("nan"))
+        graph.replay()
+        torch.cuda.synchronize()
+        assert rel_error(out, SD.reference(i)) <= SD.tolerance("bfloat16")
+    assert torch.count_nonzero(_counters("cuda", 32)[:32]) == 0
