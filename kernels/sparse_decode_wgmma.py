@@ -48,6 +48,11 @@ and a barrier. FlashMLA's answer is the next step: one warpgroup computes a whol
 works on the previous tile (not done here: sparse decode is 2-4% of the workload's step,
 ``benchmarks/results/workload_attention_share_h200.md``).
 ``P_SMEM`` (P through shared memory instead of a register layout conversion) measured within 1.5% either way.
+``MERGE`` (the split-K merge folded in: the last program of a request's splits to finish merges them, no second
+launch) measured slower than the separate merge kernel with programmatic dependent launch: median 0.88x / 0.92x /
+0.975x over the same configs at batch 1 / 16 / 64 (6958938, ``sparse_decode_wgmma_h200_6958938.md``). One program
+reading every split's partial from L2 takes longer than the merge kernel's many programs, whose launch already
+overlaps the split kernel's tail. It stays a tunable switch, off by default.
 
 Needs an sm_90 GPU and a Triton with Gluon's Hopper API (3.6 on the GPU image; the compile test also runs on 3.9).
 Its sm_90 build is checked on CPU and its numerics on the GPU (``tests/kernels/test_sparse_decode_wgmma.py``).
@@ -488,7 +493,9 @@ def sparse_decode_wgmma(q: torch.Tensor, kv: torch.Tensor, indices: torch.Tensor
     ``PART16`` (1: the split-K partials are stored in q's 16-bit dtype instead of float32, half the bytes written and
     merged, at the cost of one more rounding of each partial; the log-sum-exps stay float32), ``STORE_CVT`` (1: the
     output or partials go through shared memory into a layout of 16-byte stores, whole rows a warp; 0: straight from
-    the wgmma layout, 4 threads a row, 8 bytes a thread in float32 and 4 in 16 bits), ``WS`` (1: warp-specialised,
+    the wgmma layout, 4 threads a row, 8 bytes a thread in float32 and 4 in 16 bits), ``MERGE`` (1: no merge
+    kernel; the last program of each request's splits merges them, through an arrival counter per request and
+    column slice; one stream at a time, see ``_counters``), ``WS`` (1: warp-specialised,
     a fourth warpgroup issues the index loads and gathers and the two compute warpgroups only wait on mbarriers;
     0: every warp does both, with one block-wide barrier a tile);
     a launch is always 8 compute warps (12 with WS) and 64 heads. ``pdl``: launch the merge kernel with programmatic dependent launch;
