@@ -38,10 +38,11 @@ in the same run. Earlier runs: 9.4 / 17.1 / 30.8 µs before WS (``sparse_decode_
 context 512, the hand-written best otherwise) the kernel is 2-4% of the step: with the tuned configs of the H200
 kernel search after WS (``kernels/tuned``), 0.995 / 1.001 / 1.016 the mma kernel's step end to end at c=1 / 16 / 64
 (``benchmarks/results/workload_attention_wgmma_h200_d2aed67.md``; 0.997 / 1.002 / 1.005 before WS, 197b672).
-What bounds it (Nsight Compute at batch 64, one split, 64-row tiles, 0d565da,
-``data/ncu_source_sparse_decode_wgmma_ws_b64_s1_h200_0d565da.txt`` beside the single-partition
-``..._b64_s1_h200_0d565da.txt``): WS takes the copies off the compute warps (the tensor pipe busy 34% of the time
-against 32%), and the compute warpgroups' samples then sit on the two products' waits (9-10% each). Each
+What bounds it (Nsight Compute at batch 64, one split, 64-row tiles, 0d565da: the stall samples per SASS line in
+``data/ncu_source_sparse_decode_wgmma_ws_b64_s1_h200_0d565da.txt`` and its ``ncu_details_...csv``, beside the
+single-partition ``..._b64_s1_h200_0d565da`` pair): WS takes the copies off the compute warps (35.2 against 39.8 µs,
+DRAM at 22% of its peak against 20%), and the compute warpgroups' samples then sit on the two products' waits (9-10%
+each). Each
 warpgroup computes half of a tile's scores (a 64 x 32 x 512 product with q as the shared-memory operand), so q
 leaves shared memory twice a tile, and the softmax's row reductions cross the two warpgroups through shared memory
 and a barrier. FlashMLA's answer is the next step: one warpgroup computes a whole tile's scores while the other
@@ -50,9 +51,9 @@ works on the previous tile (not done here: sparse decode is 2-4% of the workload
 ``P_SMEM`` (P through shared memory instead of a register layout conversion) measured within 1.5% either way.
 ``MERGE`` (the split-K merge folded in: the last program of a request's splits to finish merges them, no second
 launch) measured slower than the separate merge kernel with programmatic dependent launch: median 0.88x / 0.92x /
-0.975x over the same configs at batch 1 / 16 / 64 (6958938, ``sparse_decode_wgmma_h200_6958938.md``). One program
-reading every split's partial from L2 takes longer than the merge kernel's many programs, whose launch already
-overlaps the split kernel's tail. It stays a tunable switch, off by default.
+0.975x over the same configs at batch 1 / 16 / 64 (6958938, ``sparse_decode_wgmma_h200_6958938.md``). The likely
+reason, not profiled: one program reads every split's partial from L2, where the merge kernel spreads that over
+many programs and its launch overlaps the split kernel's tail. It stays a tunable switch, off by default.
 
 Needs an sm_90 GPU and a Triton with Gluon's Hopper API (3.6 on the GPU image; the compile test also runs on 3.9).
 Its sm_90 build is checked on CPU and its numerics on the GPU (``tests/kernels/test_sparse_decode_wgmma.py``).
