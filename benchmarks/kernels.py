@@ -454,6 +454,20 @@ def _ratio_text(a, b, nd=2):
     return "—" if r is None else f"{r:.{nd}f}x"
 
 
+def _goal_verdict(r, best) -> str:
+    """Issue 20's sparse-decode goals for a V4-Flash row at its batch: the time, the floor (batch 64), the torch
+    ratio; ``met`` or what is missed."""
+    b, goal = r["shape"]["batch"], GOALS_US[r["shape"]["batch"]]
+    misses = []
+    if best > goal:
+        misses.append(f"{best - goal:.1f} µs over {goal:g}")
+    if b == 64 and best / r["floor_us"] > FLOOR_GOAL:
+        misses.append(f"{best / r['floor_us']:.2f}x floor > {FLOOR_GOAL}")
+    if r["torch_us"] and r["torch_us"] / best < TORCH_GOAL:
+        misses.append(f"{r['torch_us'] / best:.1f}x torch < {TORCH_GOAL:g}")
+    return "met" if not misses else "missed: " + "; ".join(misses)
+
+
 def sparse_decode_table(rows) -> list[str]:
     """V4-Flash sparse decode: floor, torch, the previous kernel, and this one, side by side (same run, same inputs)."""
     sd = [r for r in rows if r["kernel"] == "sparse_decode"]
@@ -478,14 +492,7 @@ def sparse_decode_table(rows) -> list[str]:
         if r["dtype"] == "float8_e4m3fn":
             verdict = "—"
         elif goal and best:
-            misses = []
-            if best > goal:
-                misses.append(f"{best - goal:.1f} µs over {goal:g}")
-            if b == 64 and best / r["floor_us"] > FLOOR_GOAL:
-                misses.append(f"{best / r['floor_us']:.2f}x floor > {FLOOR_GOAL}")
-            if r["torch_us"] and r["torch_us"] / best < TORCH_GOAL:
-                misses.append(f"{r['torch_us'] / best:.1f}x torch < {TORCH_GOAL:g}")
-            verdict = "met" if not misses else "missed: " + "; ".join(misses)
+            verdict = _goal_verdict(r, best)
         else:
             verdict = "—"
         cfg = "" if not r["best_config"] else " ".join(f"{k}={v}" for k, v in r["best_config"].items())
@@ -518,16 +525,7 @@ def sparse_decode_wgmma_table(rows) -> list[str]:
         b, best = r["shape"]["batch"], r["best_us"]
         t = tl.get(r["key"])
         other = (r.get("other_schedule") or {}).get("time_us")
-        verdict = "—"
-        if best and b in GOALS_US:
-            misses = []
-            if best > GOALS_US[b]:
-                misses.append(f"{best - GOALS_US[b]:.1f} µs over {GOALS_US[b]:g}")
-            if b == 64 and best / r["floor_us"] > FLOOR_GOAL:
-                misses.append(f"{best / r['floor_us']:.2f}x floor > {FLOOR_GOAL}")
-            if r["torch_us"] and r["torch_us"] / best < TORCH_GOAL:
-                misses.append(f"{r['torch_us'] / best:.1f}x torch < {TORCH_GOAL:g}")
-            verdict = "met" if not misses else "missed: " + "; ".join(misses)
+        verdict = _goal_verdict(r, best) if best and b in GOALS_US else "—"
         cfg = "" if not r["best_config"] else " ".join(f"{k}={v}" for k, v in r["best_config"].items())
         lines.append(f"| {b} | {_f(r['floor_us'], 2)} | {_f(r['torch_us'])} | {_f(t and t['best_us'])} | "
                      f"{_f(r['default_us'])} | {_f(r.get('shipped_us'))} | {_f(best)} | {_f(other)} | "

@@ -224,26 +224,33 @@ if HAVE_GLUON:
             valid = (rows_v >= 0) & (rows_v < num_rows)
             rows_v = _tile_rows(idx_base, start, end, t + 1, offs_ts)
             s = warpgroup_mma_wait(0, deps=[s_tok])
-            s = gl.where(valid[None, :], s * qk_scale, float("-inf"))
-            m_new = gl.maximum(m_i, gl.max(s, 1))
-            m_safe = gl.where(m_new == float("-inf"), 0.0, m_new)
-            alpha = gl.exp2(m_i - m_safe)
-            p = gl.exp2(s - m_safe[:, None])
-            l_i = l_i * alpha + gl.sum(p, 1)
-            alpha_o = gl.convert_layout(alpha, gl.SliceLayout(1, o_l))
-            if P_SMEM:  # P as wgmma's A from shared memory: each warpgroup writes its half of the columns, one barrier
-                p_smem.store(p.to(dtype))
-                fence_async_shared()
-                _thread_barrier()
-                acc = warpgroup_mma(p_smem, v_tile, acc * alpha_o[:, None])
-            else:  # P as wgmma's A from registers: both warpgroups need every column, a layout conversion
-                acc = warpgroup_mma(gl.convert_layout(p.to(dtype), p_l), v_tile, acc * alpha_o[:, None])
-            m_i = m_new
+            acc, m_i, l_i = _softmax_pv(s, valid, qk_scale, m_i, l_i, acc, p_smem, v_tile, P_SMEM, o_l, p_l)
         async_copy.wait_group(0)  # no copy outlives the program (the ring's last slots: padding rows, zeros)
 
         _write_result(acc, m_i, l_i, part_ptr, lse_ptr, out_ptr, sem_ptr, pid_b, pid_s, col_off, H, n_splits,
                       stride_pb, stride_ps, stride_ph, stride_lb, stride_ls, stride_ob, stride_oh,
                       BLOCK_H, DO, V_SPLIT, DIRECT, STORE_CVT, MERGE, S_PAD, s_l, o_l)
+
+    @gluon.jit
+    def _softmax_pv(s, valid, qk_scale, m_i, l_i, acc, p_smem, v_tile, P_SMEM: gl.constexpr, o_l: gl.constexpr,
+                    p_l: gl.constexpr):
+        """One tile's online softmax on its raw scores ``s`` (padding rows masked to -inf) and O += P V: the new
+        (acc, m_i, l_i)."""
+        s = gl.where(valid[None, :], s * qk_scale, float("-inf"))
+        m_new = gl.maximum(m_i, gl.max(s, 1))
+        m_safe = gl.where(m_new == float("-inf"), 0.0, m_new)
+        alpha = gl.exp2(m_i - m_safe)
+        p = gl.exp2(s - m_safe[:, None])
+        l_i = l_i * alpha + gl.sum(p, 1)
+        alpha_o = gl.convert_layout(alpha, gl.SliceLayout(1, o_l))
+        if P_SMEM:  # P as wgmma's A from shared memory: each warpgroup writes its half of the columns, one barrier
+            p_smem.store(p.to(p_smem.dtype))
+            fence_async_shared()
+            _thread_barrier()
+            acc = warpgroup_mma(p_smem, v_tile, acc * alpha_o[:, None])
+        else:  # P as wgmma's A from registers: both warpgroups need every column, a layout conversion
+            acc = warpgroup_mma(gl.convert_layout(p.to(v_tile.dtype), p_l), v_tile, acc * alpha_o[:, None])
+        return acc, m_new, l_i
 
     @gluon.jit
     def _write_result(acc, m_i, l_i, part_ptr, lse_ptr, out_ptr, sem_ptr, pid_b, pid_s, col_off, H, n_splits,
@@ -370,8 +377,8 @@ if HAVE_GLUON:
                     DIRECT: gl.constexpr, P_SMEM: gl.constexpr, V_SPLIT: gl.constexpr, STORE_CVT: gl.constexpr,
                     MERGE: gl.constexpr, S_PAD: gl.constexpr):
         """WS's two consumer warpgroups: the single-partition kernel's loop without its copies and its block-wide
-        barrier; each warpgroup releases a slot (one arrival each) once its products have read it."""
-        dtype: gl.constexpr = q_smem.dtype
+        barrier; they release a slot (one arrival: Gluon arrives once a partition, after the partition's barrier)
+        once both warpgroups' products have read it."""
         DO: gl.constexpr = DV // V_SPLIT
         pid_s = gl.program_id(0) // V_SPLIT
         pid_b = gl.program_id(1)
@@ -400,22 +407,8 @@ if HAVE_GLUON:
             valid = (rows_v >= 0) & (rows_v < num_rows)
             rows_v = _tile_rows(idx_base, start, end, t + 1, offs_ts)
             s = warpgroup_mma_wait(0, deps=[s_tok])
-            s = gl.where(valid[None, :], s * qk_scale, float("-inf"))
-            m_new = gl.maximum(m_i, gl.max(s, 1))
-            m_safe = gl.where(m_new == float("-inf"), 0.0, m_new)
-            alpha = gl.exp2(m_i - m_safe)
-            p = gl.exp2(s - m_safe[:, None])
-            l_i = l_i * alpha + gl.sum(p, 1)
-            alpha_o = gl.convert_layout(alpha, gl.SliceLayout(1, o_l))
-            if P_SMEM:
-                p_smem.store(p.to(dtype))
-                fence_async_shared()
-                _thread_barrier()
-                acc = warpgroup_mma(p_smem, v_tile, acc * alpha_o[:, None])
-            else:
-                acc = warpgroup_mma(gl.convert_layout(p.to(dtype), p_l), v_tile, acc * alpha_o[:, None])
-            mbarrier.arrive(empty.index(slot))  # this warpgroup's products are done with the slot
-            m_i = m_new
+            acc, m_i, l_i = _softmax_pv(s, valid, qk_scale, m_i, l_i, acc, p_smem, v_tile, P_SMEM, o_l, p_l)
+            mbarrier.arrive(empty.index(slot))  # both warpgroups' products are done with the slot
         _write_result(acc, m_i, l_i, part_ptr, lse_ptr, out_ptr, sem_ptr, pid_b, pid_s, col_off, H, n_splits,
                       stride_pb, stride_ps, stride_ph, stride_lb, stride_ls, stride_ob, stride_oh,
                       BLOCK_H, DO, V_SPLIT, DIRECT, STORE_CVT, MERGE, S_PAD, s_l, o_l)

@@ -33,6 +33,17 @@ def _inputs(batch, dtype=torch.bfloat16, heads=64, d=512, topk=640, rows=4096, d
     return q, kv, idx
 
 
+def _sm90_build(shape: dict, config: dict) -> dict:
+    """compile_probe.py's report of the kernel's sm_90 build (PTX instruction counts, registers, local memory), from
+    a subprocess without TRITON_INTERPRET."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    env.pop("TRITON_INTERPRET", None)
+    r = subprocess.run([sys.executable, str(ROOT / "tests" / "kernels" / "compile_probe.py"), "wgmma", json.dumps(shape),
+                        json.dumps(config)], capture_output=True, text=True, env=env, timeout=600)
+    assert r.returncode == 0, r.stderr[-2000:]
+    return json.loads(r.stdout.strip().splitlines()[-1])
+
+
 @needs_gluon
 @pytest.mark.parametrize("change, fragment", [
     ({"heads": 128}, "heads=128 (at most 64)"),
@@ -100,16 +111,10 @@ def test_sparse_decode_wgmma_compiles_for_sm90_to_wgmma_and_cp_async_without_spi
     """The schedule the module states, in its sm_90 PTX: wgmma for both products, the gathers as 16-byte cp.async
     (each BLOCK_T x 512 bf16 tile: BLOCK_T * 64 copies over 256 threads), and no local memory (no spill). With
     V_SPLIT=2 the copies are rotated by the program's first column of V, and must stay 16 bytes wide."""
-    probe = ROOT / "tests" / "kernels" / "compile_probe.py"
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    env.pop("TRITON_INTERPRET", None)
     for config in ({"S": 5, "BLOCK_T": 64, "STAGES": 2, "V_SPLIT": 1, "WS": 0}, {"S": 1, "BLOCK_T": 32, "STAGES": 4, "WS": 0},
                    {"S": 2, "BLOCK_T": 64, "STAGES": 2, "V_SPLIT": 2, "WS": 0}):  # the single-partition kernel
         shape = {"batch": 16, "heads": 64, "d_qk": 512, "d_v": 512, "topk": 640, "num_rows": 65536}
-        r = subprocess.run([sys.executable, str(probe), "wgmma", json.dumps(shape), json.dumps(config)],
-                           capture_output=True, text=True, env=env, timeout=600)
-        assert r.returncode == 0, r.stderr[-2000:]
-        got = json.loads(r.stdout.strip().splitlines()[-1])
+        got = _sm90_build(shape, config)
         ptx = got["ptx"]
         assert ptx["wgmma"] > 0 and ptx["mma.sync"] == 0, ptx
         assert ptx["cp.async.16B"] > 0 and ptx["ld.global.v4"] == 0, ptx  # q too arrives by cp.async
@@ -129,16 +134,8 @@ def test_sparse_decode_wgmma_ws_compiles_to_a_producer_warpgroup_and_mbarriers_w
     (setmaxnreg) and its 16-byte copies arrive on mbarriers as they land (cp.async.mbarrier.arrive); the consumer
     warpgroups wait on mbarriers (try_wait), and no thread waits on its own copy group (cp.async.wait_group: the
     single-partition kernel's wait). 384 threads at the launch's register cap, no spill."""
-    probe = ROOT / "tests" / "kernels" / "compile_probe.py"
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    env.pop("TRITON_INTERPRET", None)
     shape = {"batch": 16, "heads": 64, "d_qk": 512, "d_v": 512, "topk": 640, "num_rows": 65536}
-    got = {}
-    for ws in (0, 1):
-        r = subprocess.run([sys.executable, str(probe), "wgmma", json.dumps(shape), json.dumps({**config, "WS": ws})],
-                           capture_output=True, text=True, env=env, timeout=600)
-        assert r.returncode == 0, r.stderr[-2000:]
-        got[ws] = json.loads(r.stdout.strip().splitlines()[-1])
+    got = {ws: _sm90_build(shape, {**config, "WS": ws}) for ws in (0, 1)}
     plain, ws = got[0]["ptx"], got[1]["ptx"]
     assert plain["copy_wait_group"] > 0 and plain["copy_arrive"] == 0 and plain["setmaxnreg"] == 0
     assert ws["copy_wait_group"] == 0, ws
@@ -155,17 +152,9 @@ def test_sparse_decode_wgmma_merge_builds_one_release_acquire_counter_and_l2_rea
     """MERGE=1's sm_90 build: one acq_rel atomic add a program (the arrival count that releases its partial and
     acquires the others'), the merge's reads of other SMs' partials past L1 (ld.global.cg), no spill; MERGE=0 has
     neither."""
-    probe = ROOT / "tests" / "kernels" / "compile_probe.py"
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    env.pop("TRITON_INTERPRET", None)
     shape = {"batch": 1, "heads": 64, "d_qk": 512, "d_v": 512, "topk": 640, "num_rows": 65536}
-    got = {}
-    for merge in (0, 1):
-        config = {"S": 10, "BLOCK_T": 64, "STAGES": 2, "V_SPLIT": 8, "WS": ws, "MERGE": merge}
-        r = subprocess.run([sys.executable, str(probe), "wgmma", json.dumps(shape), json.dumps(config)],
-                           capture_output=True, text=True, env=env, timeout=600)
-        assert r.returncode == 0, r.stderr[-2000:]
-        got[merge] = json.loads(r.stdout.strip().splitlines()[-1])
+    got = {merge: _sm90_build(shape, {"S": 10, "BLOCK_T": 64, "STAGES": 2, "V_SPLIT": 8, "WS": ws, "MERGE": merge})
+           for merge in (0, 1)}
     assert got[0]["ptx"]["atom.acq_rel.add"] == 0 and got[0]["ptx"]["ld.global.cg"] == 0, got[0]["ptx"]
     assert got[1]["ptx"]["atom.acq_rel.add"] == 1 and got[1]["ptx"]["ld.global.cg"] > 0, got[1]["ptx"]
     assert got[1]["usage"]["local"] == 0 and got[1]["usage"]["stack"] == 0, got[1]["usage"]
@@ -237,15 +226,8 @@ def test_sparse_decode_wgmma_store_cvt_writes_its_partials_in_16_byte_stores_on_
     4 threads a row (16-bit partials then write half sectors: 0.59-0.96x the float32 ones on the H200 at db89c65,
     benchmarks/results/data/sparse_decode_wgmma_h200_db89c65.json). STORE_CVT
     converts the [64, 512] partials first: 16-byte stores only, 64 KiB (or 128 KiB) over 256 threads."""
-    probe = ROOT / "tests" / "kernels" / "compile_probe.py"
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    env.pop("TRITON_INTERPRET", None)
     shape = {"batch": 16, "heads": 64, "d_qk": 512, "d_v": 512, "topk": 640, "num_rows": 65536}
-    config = {"S": 2, "BLOCK_T": 64, "STAGES": 2, "V_SPLIT": 1, "PART16": part16, "STORE_CVT": 1}
-    r = subprocess.run([sys.executable, str(probe), "wgmma", json.dumps(shape), json.dumps(config)],
-                       capture_output=True, text=True, env=env, timeout=600)
-    assert r.returncode == 0, r.stderr[-2000:]
-    ptx = json.loads(r.stdout.strip().splitlines()[-1])["ptx"]
+    ptx = _sm90_build(shape, {"S": 2, "BLOCK_T": 64, "STAGES": 2, "V_SPLIT": 1, "PART16": part16, "STORE_CVT": 1})["ptx"]
     assert ptx["st.global.v4"] == v4 and ptx["st.global.v2"] == 0, ptx
 
 
