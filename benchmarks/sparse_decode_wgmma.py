@@ -25,6 +25,7 @@ from __future__ import annotations
 import datetime as dt
 import itertools
 import json
+import statistics
 import sys
 from pathlib import Path
 
@@ -201,6 +202,7 @@ def report(data: dict, source: str) -> str:
             f"{_f(b0 and bw and b0['us'] / bw['us'], 2)}x | "
             f"{_f(bw and bw['us'] / case['floor_us'])}x | {_f(bw and case['torch_us'] / bw['us'])}x | {goal} | "
             f"{bw and _cfg(bw)} |")
+    lines += switch_gains(data)
     lines += ["", "Every (kernel, config) (µs; a blank: not timed, the status says why):", "",
               "| batch | kernel | config | µs | rel. error | rel. error, ragged | status |",
               "| --- | --- | --- | --- | --- | --- | --- |"]
@@ -210,6 +212,41 @@ def report(data: dict, source: str) -> str:
                          f"{_f(r.get('err'), 5) if 'err' in r else ''} | {_f(r.get('err_ragged'), 5) if 'err' in r else ''} | "
                          f"{r['status'] if r['status'] == 'ok' else r['status'] + ': ' + r.get('reason', '')[:90]} |")
     return "\n".join(lines) + "\n"
+
+
+def switch_gains(data: dict) -> list[str]:
+    """For each 0/1 switch timed both ways (WS, MERGE), per batch: the time with it off over the time with it on,
+    over every wgmma config timed both ways (the other keys equal); WS also by the tiles each program walks."""
+    from kernels.sparse_decode import split_rows
+
+    lines = []
+    for key in ("WS", "MERGE"):
+        rows = []
+        for case in data["cases"]:
+            pairs: dict[str, dict[int, dict]] = {}
+            for r in case["rows"]:
+                if r["kernel"] == "wgmma" and "us" in r and key in r["config"]:
+                    pairs.setdefault(json.dumps({**r["config"], key: 0}, sort_keys=True), {})[r["config"][key]] = r
+            both = [(v[0]["us"] / v[1]["us"], v[0]["config"]) for v in pairs.values() if 0 in v and 1 in v]
+            if not both:
+                continue
+            groups = {"all": [g for g, _ in both]}
+            if key == "WS":
+                for g, c in both:
+                    rows_per_split = split_rows(case["shape"]["topk"], c["S"], c["BLOCK_T"])[0]
+                    tiles = -(-rows_per_split // c["BLOCK_T"])
+                    groups.setdefault(f"{tiles} tile{'s' if tiles > 1 else ''}" if tiles < 4 else "4+ tiles",
+                                      []).append(g)
+            for name in ["all"] + sorted(k for k in groups if k != "all"):
+                g = sorted(groups[name])
+                rows.append(f"| {case['batch']} | {name} | {len(g)} | {statistics.median(g):.3f}x | {g[0]:.3f}x | "
+                            f"{g[-1]:.3f}x |")
+        if rows:
+            lines += ["", f"{key}=1 against {key}=0 (time with it off / time with it on, every config timed both ways; "
+                      "above 1: the switch pays):", "",
+                      "| batch | configs (tiles a program walks) | pairs | median | min | max |",
+                      "| --- | --- | --- | --- | --- | --- |"] + rows
+    return lines
 
 
 def _measure(args, json_path: Path) -> dict | None:

@@ -30,7 +30,7 @@ Measured on an H200 (2026-12-01, b1b01f3, ``benchmarks/results/sparse_decode_wgm
 with the ``tl.dot`` kernel's shipped and fastest configs, over the space with ``P_SMEM=0`` and rings of 2 or 4):
 9.4 / 16.4 / 28.5 µs at batch 1 / 16 / 64 against 9.4 / 19.2 / 36.6 µs, so 1.00x / 1.17x / 1.28x (issue 20's goals,
 9 / 12 / 17 µs, are still missed). WS against the single-partition schedule's best in the same run: 1.00x / 1.04x /
-1.09x; its gain grows with the tiles a program walks (a program of one tile pays for the handshake, 0.975x median),
+1.09x; its gain grows with the tiles a program walks (a program of one tile pays for the handshake: 0.975-0.984x),
 and at batch 64 it lets one split of 640 rows (no partials, no merge) beat two. ``V_SPLIT`` (2, 4 or 8 programs a
 split, each all the scores and its share of V's columns) is 1.20x / 1.08x / 1.05x the fastest one-program config
 in the same run. Earlier runs: 9.4 / 17.1 / 30.8 µs before WS (``sparse_decode_wgmma_h200.md`` at 4750e24,
@@ -107,7 +107,8 @@ def default_config(batch: int, topk: int) -> dict:
     2 while two programs a request fit in 128 (batch <= 64), else 1: for the same number of programs, fewer splits
     store and merge fewer float32 partials. ``S = ceil(128 / (batch * V_SPLIT))`` splits, at most one a tile.
     ``WS`` (the producer warpgroup) where a program walks three tiles or more: its gain grew with the tiles a program
-    walks (median 0.975x / 1.00x / 1.02x / 1.04-1.06x at 1 / 2 / 3 / 4+ tiles, b1b01f3 sweep). ``STORE_CVT`` where
+    walks (medians over batch 1 / 16 / 64: 0.975-0.984x at one tile, 0.99-1.00x at two, 1.01-1.03x at three,
+    1.04-1.06x at four or more; the WS table of ``sparse_decode_wgmma_h200_b1b01f3.md``). ``STORE_CVT`` where
     there is one split: the bf16 output from the wgmma layout is written in 4-byte stores (half sectors).
     On the H200 this names the fastest float32-partial config of the newest sweep at each batch (b1b01f3,
     ``benchmarks/results/sparse_decode_wgmma_h200_b1b01f3.md``: 9.4 / 16.4 / 28.5 µs): 10 splits of 64 rows, eight

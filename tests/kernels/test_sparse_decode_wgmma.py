@@ -476,3 +476,24 @@ def test_sparse_decode_wgmma_merge_leaves_its_counters_at_zero_across_launches_a
         torch.cuda.synchronize()
         assert rel_error(out, SD.reference(i)) <= SD.tolerance("bfloat16")
     assert torch.count_nonzero(_counters("cuda", 32)[:32]) == 0
+
+
+def test_the_wgmma_report_states_what_each_switch_gains_over_the_configs_timed_both_ways():
+    """switch_gains: per batch, (time with the switch off) / (time with it on) over the configs timed both ways; WS
+    also by the tiles a program walks. A stored run with no WS key has no such table; a WS=1 twin of every batch-64
+    config at half the time reads 2.000x everywhere."""
+    sys.path.insert(0, str(ROOT))
+    from benchmarks.sparse_decode_wgmma import switch_gains
+
+    data = json.loads((ROOT / "benchmarks" / "results" / "data" / "sparse_decode_wgmma_h200_db89c65.json").read_text())
+    assert switch_gains(data) == []
+    case = next(c for c in data["cases"] if c["batch"] == 64)
+    timed = [r for r in case["rows"] if r["kernel"] == "wgmma" and "us" in r]
+    for r in timed:
+        r["config"]["WS"] = 0
+        case["rows"].append({**r, "config": {**r["config"], "WS": 1}, "us": r["us"] / 2})
+    lines = switch_gains(data)
+    assert lines[1].startswith("WS=1 against WS=0")
+    rows = [x.strip("| ").split(" | ") for x in lines if x.startswith("| 64 |")]
+    assert rows[0][1:4] == ["all", str(len(timed)), "2.000x"] and all(r[3:6] == ["2.000x"] * 3 for r in rows)
+    assert {r[1] for r in rows[1:]} <= {"1 tile", "2 tiles", "3 tiles", "4+ tiles"} and len(rows) > 2
