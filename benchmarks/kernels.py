@@ -286,15 +286,6 @@ def _prev_version_rows(row, shape, sets, ref, rep_ms, best_cfg):
                  kernel.tolerance(row["dtype"]), sets, ref, rep_ms)
 
 
-WGMMA_WAVES = 2  # the wgmma kernel: configs of more than this many programs an SM are not timed
-
-
-def _wgmma_programs(cfg, shape) -> int:
-    from kernels.sparse_decode import split_rows
-
-    return shape["batch"] * split_rows(shape["topk"], cfg["S"], cfg["BLOCK_T"])[1] * cfg["V_SPLIT"]
-
-
 def _prev_schedule_rows(row, shape, trial, best_cfg):
     """The wgmma kernel's previous version is its single-partition schedule (``WS=0``: every warp gathers and
     computes): timed at this run's best config with the schedule flipped, and the fastest ``WS=0`` trial of the
@@ -384,8 +375,11 @@ def bench_job(job, rates, failures, deadline, rep_ms) -> list[dict]:
             seen.add(_effective(kernel.name, cfg, shape))
             if kernel.name == "sparse_decode" and cfg["S"] > 1 and shape["batch"] * triton.cdiv(shape["heads"], cfg["BLOCK_H"]) * cfg["S"] > 2048:
                 continue  # far more programs than 132 SMs need: pruned
-            if kernel.name == "sparse_decode_wgmma" and _wgmma_programs(cfg, shape) > WGMMA_WAVES * rates["sms"]:
-                continue  # more than two programs an SM (one fits): pruned, as benchmarks/sparse_decode_wgmma.py does
+            if kernel.name == "sparse_decode_wgmma":
+                from benchmarks.sparse_decode_wgmma import WAVES, programs
+
+                if programs(cfg, shape["batch"], shape["topk"]) > WAVES * rates["sms"]:
+                    continue  # more than two programs an SM (one fits): pruned, as its own benchmark does
             row["trials"].append(trial(cfg, "sweep"))
         ok = [t for t in row["trials"] if t.get("outcome") == "ok"]
         best = min(ok, key=lambda t: t["time_us"]) if ok else None

@@ -49,7 +49,6 @@ def wgmma_configs(batch: int | None = None, sms: int = 132, space: dict | None =
     e53ca92 ran 160 programs at batch 16 1.6x slower than 80, and 1280 at batch 64 5x slower than 128).
     ``space``: values that replace the space's for some keys (``--space``), each a subset of the kernel's."""
     from kernels.registry import get_kernel
-    from kernels.sparse_decode import split_rows
 
     kernel = get_kernel("sparse_decode_wgmma")
     shape = dict(kernel.shapes("v4flash")[0], batch=batch or 1)
@@ -63,10 +62,16 @@ def wgmma_configs(batch: int | None = None, sms: int = 132, space: dict | None =
         config = dict(zip(space, values))
         if kernel.check_config(config, shape) or kernel.canonical_config(config, shape) != config:
             continue
-        splits = split_rows(shape["topk"], config["S"], config["BLOCK_T"])[1]
-        if batch is None or batch * splits * config["V_SPLIT"] <= WAVES * sms:
+        if batch is None or programs(config, batch, shape["topk"]) <= WAVES * sms:
             out.append(config)
     return out
+
+
+def programs(config: dict, batch: int, topk: int) -> int:
+    """The programs one launch of the wgmma kernel runs: batch x splits x V_SPLIT."""
+    from kernels.sparse_decode import split_rows
+
+    return batch * split_rows(topk, config["S"], config["BLOCK_T"])[1] * config["V_SPLIT"]
 
 
 def tldot_configs(batch: int, shipped: dict) -> list[tuple[dict, dict]]:
