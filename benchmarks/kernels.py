@@ -241,9 +241,11 @@ def _other_merge_time(name, cfg, sets, rep_ms):
 
 def _effective(name, cfg, shape):
     """The config as the launcher runs it: sparse decode's S is an upper bound (whole row tiles per split); the
-    wgmma kernel's canonical form (the smallest S of the same partition, no 16-bit partials without splits)."""
-    if name == "sparse_decode_wgmma":
-        return json.dumps(get_kernel(name).canonical_config(cfg, shape), sort_keys=True)
+    wgmma kernel's canonical form (the smallest S of the same partition, no 16-bit partials without splits), keys
+    missing from it (a config from before they existed) at their defaults."""
+    if name == "sparse_decode_wgmma":  # keys a stored config predates: their defaults
+        kernel = get_kernel(name)
+        return json.dumps(kernel.canonical_config({**kernel.default_config(shape), **cfg}, shape), sort_keys=True)
     if name != "sparse_decode":
         return json.dumps(cfg, sort_keys=True)
     from kernels.sparse_decode import split_rows
@@ -287,11 +289,14 @@ def _prev_version_rows(row, shape, sets, ref, rep_ms, best_cfg):
 
 
 def _prev_schedule_rows(row, shape, trial, best_cfg):
-    """The wgmma kernel's previous version is its single-partition schedule (``WS=0``: every warp gathers and
-    computes): timed at this run's best config with the schedule flipped, and the fastest ``WS=0`` trial of the
-    sweep (``prev_best_us``)."""
+    """The wgmma kernel's previous versions: its single-partition schedule (``WS=0``: every warp gathers and
+    computes), and its warp-specialised one with both compute warpgroups on every tile (``SPLIT_WG=0``). Timed at
+    this run's best config with the schedule flipped (SPLIT_WG where the best has it, else WS), and the fastest
+    ``WS=0`` trial of the sweep (``prev_best_us``)."""
     kernel = get_kernel("sparse_decode_wgmma")
-    other = {**best_cfg, "WS": 1 - best_cfg["WS"]}
+    best_cfg = {**kernel.default_config(shape), **best_cfg}  # a config from before a key existed: the key's default
+    flip = "SPLIT_WG" if best_cfg["SPLIT_WG"] else "WS"
+    other = {**best_cfg, flip: 1 - best_cfg[flip]}
     done = next((t for t in row["trials"] if _effective(kernel.name, t["config"], shape)
                  == _effective(kernel.name, other, shape)), None)
     rec = done or (trial(other, "other_schedule") if kernel.check_config(other, shape) is None else None)
@@ -508,9 +513,9 @@ def sparse_decode_wgmma_table(rows) -> list[str]:
     lines = ["", "## Sparse decode on Hopper: the Gluon wgmma kernel (V4-Flash, bf16 cache)", "",
              ("wgmma = `kernels/sparse_decode_wgmma.py`: default config, the tuned config shipped in `kernels/tuned/`, "
               "and the best of this run's sample of its space (one ring depth, P in registers; the kernel's own "
-              "benchmark, `benchmarks/sparse_decode_wgmma.py`, sweeps the rest); previous = its single-partition "
-              "schedule (WS=0: every warp gathers and computes), at the best config with the schedule flipped and at "
-              "its own best of the sample; tl.dot best = `kernels/sparse_decode.py`'s best in this run."), "",
+              "benchmark, `benchmarks/sparse_decode_wgmma.py`, sweeps the rest); other schedule = the best config "
+              "with SPLIT_WG flipped where it has it, else WS; WS=0 best = the single-partition schedule's best of "
+              "the sample (every warp gathers and computes); tl.dot best = `kernels/sparse_decode.py`'s best in this run."), "",
              ("| batch | floor µs | torch µs | tl.dot best µs | default µs | shipped µs | best µs | other schedule at best "
               "µs | WS=0 best µs | tl.dot best / best | WS=0 best / best | torch / best | best / floor | goal | best "
               "config |"),

@@ -184,11 +184,13 @@ def report(data: dict, source: str) -> str:
         "and idx_ahead); wgmma: `kernels.sparse_decode_wgmma` over its whole space"
         + (f" with {json.dumps(m['space'])} (`--space`)" if m.get("space") else ""),
         "- WS=0 best: the fastest config of the single-partition schedule (every warp gathers and computes; runs "
-        "before WS have no WS key), the previous version of the kernel, timed in the same run", "",
+        "before WS have no WS key); SPLIT_WG=0 best: the fastest config where both compute warpgroups work on every "
+        "tile (runs before SPLIT_WG have no such key); both previous versions of the kernel, timed in the same run", "",
         "| batch | floor µs | torch µs | tl.dot shipped µs | tl.dot best µs | wgmma V_SPLIT=1 best µs | wgmma WS=0 best µs "
-        "| wgmma best µs | tl.dot best / wgmma best | V_SPLIT=1 best / wgmma best | WS=0 best / wgmma best "
+        "| wgmma SPLIT_WG=0 best µs | wgmma best µs | tl.dot best / wgmma best | V_SPLIT=1 best / wgmma best "
+        "| WS=0 best / wgmma best | SPLIT_WG=0 best / wgmma best "
         "| wgmma best / floor | torch / wgmma best | goal | wgmma best config |",
-        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
     for case in data["cases"]:
         ok = [r for r in case["rows"] if "us" in r]
         shipped = next((r for r in ok if r["kernel"] == "tl.dot" and r["config"] == case["shipped"] and not r["options"]), None)
@@ -198,14 +200,17 @@ def report(data: dict, source: str) -> str:
                  default=None)  # the schedule before the column split (runs before it have no V_SPLIT key)
         b0 = min((r for r in ok if r["kernel"] == "wgmma" and not r["config"].get("WS")), key=lambda r: r["us"],
                  default=None)
+        b2 = min((r for r in ok if r["kernel"] == "wgmma" and not r["config"].get("SPLIT_WG")), key=lambda r: r["us"],
+                 default=None)
         fastest = min((r["us"] for r in (bt, bw) if r), default=None)
         g = GOALS[case["batch"]]
         goal = "—" if fastest is None else ("met" if fastest <= g else f"missed by {fastest - g:.1f} µs (goal {g:g})")
         lines.append(
             f"| {case['batch']} | {_f(case['floor_us'], 2)} | {_f(case['torch_us'])} | {_f(shipped and shipped['us'])} | "
-            f"{_f(bt and bt['us'])} | {_f(b1 and b1['us'])} | {_f(b0 and b0['us'])} | {_f(bw and bw['us'])} | "
+            f"{_f(bt and bt['us'])} | {_f(b1 and b1['us'])} | {_f(b0 and b0['us'])} | {_f(b2 and b2['us'])} | "
+            f"{_f(bw and bw['us'])} | "
             f"{_f(bt and bw and bt['us'] / bw['us'], 2)}x | {_f(b1 and bw and b1['us'] / bw['us'], 2)}x | "
-            f"{_f(b0 and bw and b0['us'] / bw['us'], 2)}x | "
+            f"{_f(b0 and bw and b0['us'] / bw['us'], 2)}x | {_f(b2 and bw and b2['us'] / bw['us'], 2)}x | "
             f"{_f(bw and bw['us'] / case['floor_us'])}x | {_f(bw and case['torch_us'] / bw['us'])}x | {goal} | "
             f"{bw and _cfg(bw)} |")
     lines += switch_gains(data)
@@ -221,12 +226,13 @@ def report(data: dict, source: str) -> str:
 
 
 def switch_gains(data: dict) -> list[str]:
-    """For each 0/1 switch timed both ways (WS, MERGE), per batch: the time with it off over the time with it on,
-    over every wgmma config timed both ways (the other keys equal); WS also by the tiles each program walks."""
+    """For each 0/1 switch timed both ways (WS, MERGE, SPLIT_WG), per batch: the time with it off over the time with
+    it on, over every wgmma config timed both ways (the other keys equal); WS and SPLIT_WG also by the tiles each
+    program walks."""
     from kernels.sparse_decode import split_rows
 
     lines = []
-    for key in ("WS", "MERGE"):
+    for key in ("WS", "MERGE", "SPLIT_WG"):
         rows = []
         for case in data["cases"]:
             pairs: dict[str, dict[int, dict]] = {}
@@ -237,7 +243,7 @@ def switch_gains(data: dict) -> list[str]:
             if not both:
                 continue
             groups = {"all": [g for g, _ in both]}
-            if key == "WS":
+            if key in ("WS", "SPLIT_WG"):
                 for g, c in both:
                     rows_per_split = split_rows(case["shape"]["topk"], c["S"], c["BLOCK_T"])[0]
                     tiles = -(-rows_per_split // c["BLOCK_T"])

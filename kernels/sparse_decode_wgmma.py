@@ -91,7 +91,7 @@ __all__ = ["DEFAULT_CONFIG", "HAVE_GLUON", "WGMMA_HEADS", "WGMMA_WARPS", "Sparse
 WGMMA_HEADS = 64  # one wgmma M: every head of a V4-Flash request in one program
 WGMMA_WARPS = 8  # two warpgroups: each holds a [64, 256 / V_SPLIT] float32 accumulator (128 / V_SPLIT registers a thread)
 DEFAULT_CONFIG = {"S": 8, "BLOCK_T": 64, "STAGES": 2, "P_SMEM": 0, "V_SPLIT": 1, "PART16": 0, "STORE_CVT": 0, "WS": 0,
-                  "MERGE": 0}  # S, V_SPLIT: see default_config
+                  "MERGE": 0, "SPLIT_WG": 0}  # S, V_SPLIT: see default_config
 PROGRAMS = 128  # about one program per SM of an H200 (132)
 # WS=1: a producer warpgroup beside the two consumer ones. Registers are granted per warpgroup: the launch caps all
 # 384 threads at WS_MAXNREG (65536 / 384, rounded down to 8), and the producer hands all but GATHER_REGS of its
@@ -99,6 +99,7 @@ PROGRAMS = 128  # about one program per SM of an H200 (132)
 GATHER_WARPS = 4
 GATHER_REGS = 88
 WS_MAXNREG = 168
+WG_REGS = 208  # SPLIT_WG: the second consumer warpgroup's registers (the first, the default partition, gets the rest)
 
 
 def default_config(batch: int, topk: int) -> dict:
@@ -230,7 +231,7 @@ if HAVE_GLUON:
 
         _write_result(acc, m_i, l_i, part_ptr, lse_ptr, out_ptr, sem_ptr, pid_b, pid_s, col_off, H, n_splits,
                       stride_pb, stride_ps, stride_ph, stride_lb, stride_ls, stride_ob, stride_oh,
-                      BLOCK_H, DO, V_SPLIT, DIRECT, STORE_CVT, MERGE, S_PAD, s_l, o_l)
+                      BLOCK_H, DO, V_SPLIT, DIRECT, STORE_CVT, MERGE, S_PAD, s_l, o_l, 8)
 
     @gluon.jit
     def _softmax_pv(s, valid, qk_scale, m_i, l_i, acc, p_smem, v_tile, P_SMEM: gl.constexpr, o_l: gl.constexpr,
@@ -258,7 +259,7 @@ if HAVE_GLUON:
                       stride_pb, stride_ps, stride_ph, stride_lb, stride_ls, stride_ob, stride_oh,
                       BLOCK_H: gl.constexpr, DO: gl.constexpr, V_SPLIT: gl.constexpr, DIRECT: gl.constexpr,
                       STORE_CVT: gl.constexpr, MERGE: gl.constexpr, S_PAD: gl.constexpr,
-                      s_l: gl.constexpr, o_l: gl.constexpr):
+                      s_l: gl.constexpr, o_l: gl.constexpr, NW: gl.constexpr):
         """The program's normalised output: straight into ``out`` with one split, else its split-K partial and the
         log-sum-exp (base 2) of its heads (from the program with the split's first columns; with MERGE from every
         program, at its own column slice). With MERGE the last program of a request's splits (at these columns)
@@ -267,7 +268,7 @@ if HAVE_GLUON:
         o = acc / gl.convert_layout(l_safe, gl.SliceLayout(1, o_l))[:, None]
         o = o.to(out_ptr.dtype.element_ty if DIRECT else part_ptr.dtype.element_ty)  # partials: float32 or PART16's
         if STORE_CVT:  # through shared memory into a layout where a warp writes whole rows, 16 bytes or more a thread
-            st_l: gl.constexpr = gl.BlockedLayout([1, 8], [1, 32], [8, 1], [1, 0])
+            st_l: gl.constexpr = gl.BlockedLayout([1, 8], [1, 32], [NW, 1], [1, 0])
             o = gl.convert_layout(o, st_l)
         else:  # from the wgmma layout: 8 (float32) or 4 (16-bit) bytes a thread, 4 threads a row
             st_l: gl.constexpr = o_l
@@ -293,7 +294,7 @@ if HAVE_GLUON:
                     gl.atomic_xchg(cnt, 0, sem="relaxed", scope="gpu")  # back to 0 for the next launch
                     _merge_splits(part_ptr, lse_ptr, out_ptr, pid_b, col_off, vslice, H, n_splits,
                                   stride_pb, stride_ps, stride_ph, stride_lb, stride_ls, stride_ob, stride_oh,
-                                  BLOCK_H, DO, V_SPLIT, S_PAD)
+                                  BLOCK_H, DO, V_SPLIT, S_PAD, NW)
             else:
                 gl.store(lse_ptr + pid_b.to(gl.int64) * stride_lb + pid_s * stride_ls + offs_hs, lse,
                          mask=(offs_hs < H) & (col_off == 0))  # one of the V_SPLIT programs (they computed the same)
@@ -301,11 +302,12 @@ if HAVE_GLUON:
     @gluon.jit
     def _merge_splits(part_ptr, lse_ptr, out_ptr, pid_b, col_off, vslice, H, n_splits,
                       stride_pb, stride_ps, stride_ph, stride_lb, stride_ls, stride_ob, stride_oh,
-                      BLOCK_H: gl.constexpr, DO: gl.constexpr, V_SPLIT: gl.constexpr, S_PAD: gl.constexpr):
+                      BLOCK_H: gl.constexpr, DO: gl.constexpr, V_SPLIT: gl.constexpr, S_PAD: gl.constexpr,
+                      NW: gl.constexpr):
         """``launch_combine``'s merge for one request's heads at this program's DO columns, in column chunks of
         [S_PAD, 64, CW] (every split's partial in flight at once, 64 float32 a thread), the next chunk's loads issued
-        before this chunk is summed. Reads bypass L1 (``.cg``): the partials were written by other SMs."""
-        NW: gl.constexpr = 8  # the compute warps (both kernels)
+        before this chunk is summed, by the ``NW`` compute warps of the program. Reads bypass L1 (``.cg``): the partials
+        were written by other SMs."""
         CW: gl.constexpr = (64 * 32 * NW) // (S_PAD * BLOCK_H) if (64 * 32 * NW) // (S_PAD * BLOCK_H) < DO else DO
         TC: gl.constexpr = CW // 4 if CW // 4 < 32 else 32
         ml: gl.constexpr = gl.BlockedLayout([1, 1, 4], [1, 32 // TC, TC], [1, NW, 1], [2, 1, 0])  # [split, head, col]
@@ -412,7 +414,91 @@ if HAVE_GLUON:
             mbarrier.arrive(empty.index(slot))  # both warpgroups' products are done with the slot
         _write_result(acc, m_i, l_i, part_ptr, lse_ptr, out_ptr, sem_ptr, pid_b, pid_s, col_off, H, n_splits,
                       stride_pb, stride_ps, stride_ph, stride_lb, stride_ls, stride_ob, stride_oh,
-                      BLOCK_H, DO, V_SPLIT, DIRECT, STORE_CVT, MERGE, S_PAD, s_l, o_l)
+                      BLOCK_H, DO, V_SPLIT, DIRECT, STORE_CVT, MERGE, S_PAD, s_l, o_l, 8)
+
+    if hasattr(gl.shared_memory_descriptor, "reinterpret"):  # Triton 3.9
+        @gluon.jit
+        def _as_f32(buf, shape: gl.constexpr, layout: gl.constexpr):
+            """The shared buffer ``buf`` seen as float32 of ``shape`` (no more bytes than it has)."""
+            return buf.reinterpret(gl.float32, shape, layout)
+    else:  # Triton 3.6 (the GPU image)
+        @gluon.jit
+        def _as_f32(buf, shape: gl.constexpr, layout: gl.constexpr):
+            """The shared buffer ``buf`` seen as float32 of ``shape`` (no more bytes than it has)."""
+            return buf._reinterpret(gl.float32, shape, layout)
+
+    @gluon.jit
+    def _ws_compute_wg(q_smem, kv_smem, p_smem, q_bar, ready, empty, done, hand_ml, idx_ptr, part_ptr, lse_ptr,
+                       out_ptr, sem_ptr, H, num_rows, topk, rows_per_split, qk_scale, n_splits, stride_ib,
+                       stride_pb, stride_ps, stride_ph, stride_lb, stride_ls, stride_ob, stride_oh,
+                       DV: gl.constexpr, BLOCK_H: gl.constexpr, BLOCK_T: gl.constexpr, STAGES: gl.constexpr,
+                       DIRECT: gl.constexpr, P_SMEM: gl.constexpr, V_SPLIT: gl.constexpr, STORE_CVT: gl.constexpr,
+                       MERGE: gl.constexpr, S_PAD: gl.constexpr, WG: gl.constexpr):
+        """SPLIT_WG's consumer warpgroup ``WG`` (0: the default partition, 1: a worker): the split's tiles ``WG``,
+        ``WG + 2``, ... whole (a 64 x BLOCK_T x 512 score product, its own online softmax, O += P V for the program's
+        DO <= 256 columns), with no exchange with the other warpgroup until the end: then warpgroup 1 hands its
+        (acc, m, l) over through shared memory (q's buffer, free once both are done) and warpgroup 0 merges the two
+        as two splits and writes the result. ``done[0]``: warpgroup 0 has finished its tiles (q and the ring are
+        free); ``done[1]``: warpgroup 1's state is in shared memory. A slot is always consumed by one warpgroup, in
+        order (STAGES even: a slot's tiles all have one parity), so no wait runs ahead of its barrier's phase."""
+        DO: gl.constexpr = DV // V_SPLIT
+        pid_s = gl.program_id(0) // V_SPLIT
+        pid_b = gl.program_id(1)
+        col_off = (gl.program_id(0) % V_SPLIT) * DO
+        s_l: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, BLOCK_T, 16])
+        o_l: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, DO, 16])
+        p_l: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_l, k_width=2)
+        start = pid_s * rows_per_split
+        end = gl.minimum(start + rows_per_split, topk)
+        n_tiles = gl.cdiv(end - start, BLOCK_T)
+        idx_base = idx_ptr + pid_b.to(gl.int64) * stride_ib
+        offs_ts = gl.arange(0, BLOCK_T, layout=gl.SliceLayout(0, s_l))
+        m_i = gl.full([BLOCK_H], float("-inf"), gl.float32, layout=gl.SliceLayout(1, s_l))
+        l_i = gl.zeros([BLOCK_H], gl.float32, layout=gl.SliceLayout(1, s_l))
+        acc = gl.zeros([BLOCK_H, DO], gl.float32, layout=o_l)
+        s_zero = gl.zeros([BLOCK_H, BLOCK_T], gl.float32, layout=s_l)
+        p_own = p_smem.index(WG)
+        mbarrier.wait(q_bar, 0)
+        for t in range(WG, n_tiles, 2):
+            slot = t % STAGES
+            mbarrier.wait(ready.index(slot), (t // STAGES) & 1)
+            fence_async_shared()
+            tile = kv_smem.index(slot)
+            s_tok = warpgroup_mma(q_smem, tile.permute((1, 0)), s_zero, use_acc=False, is_async=True)
+            # the tile's indices (for the padding mask) load while the scores' product runs: not carried over from
+            # the previous tile, as in the two-warpgroup schedule, because a warpgroup holding whole 64-row tiles
+            # would keep 16 row numbers and their 64-bit addresses live across the loop (ptxas spilled them)
+            rows_v = _tile_rows(idx_base, start, end, t, offs_ts)
+            valid = (rows_v >= 0) & (rows_v < num_rows)
+            s = warpgroup_mma_wait(0, deps=[s_tok])
+            acc, m_i, l_i = _softmax_pv(s, valid, qk_scale, m_i, l_i, acc, p_own, tile.slice(0, DO, dim=1), P_SMEM,
+                                        o_l, p_l)
+            mbarrier.arrive(empty.index(slot))
+        hand_sl: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, [1, 0])
+        hand = _as_f32(q_smem, [BLOCK_H, DO], hand_sl)  # 64 x DO float32: no more than q's 64 x 512 16-bit
+        ml_l: gl.constexpr = gl.SliceLayout(1, s_l)
+        if WG == 0:
+            mbarrier.arrive(done.index(0))  # q and the ring are no longer read here
+            mbarrier.wait(done.index(1), 0)
+            m_o = hand_ml.index(0).load(ml_l)
+            l_o = hand_ml.index(1).load(ml_l)
+            m_new = gl.maximum(m_i, m_o)
+            m_safe = gl.where(m_new == float("-inf"), 0.0, m_new)
+            a = gl.exp2(m_i - m_safe)
+            b = gl.exp2(m_o - m_safe)
+            l_i = l_i * a + l_o * b
+            a_o = gl.convert_layout(a, gl.SliceLayout(1, o_l))
+            b_o = gl.convert_layout(b, gl.SliceLayout(1, o_l))
+            acc = acc * a_o[:, None] + hand.load(o_l) * b_o[:, None]
+            _write_result(acc, m_new, l_i, part_ptr, lse_ptr, out_ptr, sem_ptr, pid_b, pid_s, col_off, H, n_splits,
+                          stride_pb, stride_ps, stride_ph, stride_lb, stride_ls, stride_ob, stride_oh,
+                          BLOCK_H, DO, V_SPLIT, DIRECT, STORE_CVT, MERGE, S_PAD, s_l, o_l, 4)
+        else:
+            mbarrier.wait(done.index(0), 0)  # warpgroup 0's products are done with q
+            hand.store(acc)
+            hand_ml.index(0).store(m_i)
+            hand_ml.index(1).store(l_i)
+            mbarrier.arrive(done.index(1))
 
     @gluon.jit
     def _sparse_decode_wgmma_ws_kernel(
@@ -425,6 +511,7 @@ if HAVE_GLUON:
         DV: gl.constexpr, BLOCK_H: gl.constexpr, BLOCK_T: gl.constexpr, STAGES: gl.constexpr,
         DIRECT: gl.constexpr, P_SMEM: gl.constexpr, V_SPLIT: gl.constexpr, STORE_CVT: gl.constexpr,
         MERGE: gl.constexpr, S_PAD: gl.constexpr, GATHER_WARPS: gl.constexpr, GATHER_REGS: gl.constexpr,
+        SPLIT_WG: gl.constexpr = False, WG_REGS: gl.constexpr = 0,
     ):
         """The warp-specialised schedule (``WS=1``): a producer warpgroup gathers, two consumer warpgroups compute;
         they meet on mbarriers, one ``ready`` and one ``empty`` per ring slot."""
@@ -437,7 +524,10 @@ if HAVE_GLUON:
                                                   rank=2)
         q_smem = gl.allocate_shared_memory(dtype, [BLOCK_H, DV], tile_sl)
         kv_smem = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_T, DV], tile_sl)
-        p_smem = gl.allocate_shared_memory(dtype, [BLOCK_H, BLOCK_T], p_sl)
+        if SPLIT_WG:
+            p_smem = gl.allocate_shared_memory(dtype, [2, BLOCK_H, BLOCK_T], p_sl)  # each warpgroup its own P
+        else:
+            p_smem = gl.allocate_shared_memory(dtype, [BLOCK_H, BLOCK_T], p_sl)
         q_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
         ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
         empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
@@ -445,16 +535,40 @@ if HAVE_GLUON:
         for i in gl.static_range(STAGES):
             mbarrier.init(ready.index(i), count=GATHER_WARPS * 32)
             mbarrier.init(empty.index(i), count=1)  # one arrival: Gluon arrives once a partition, after its barrier
-        fence_async_shared()
-        gl.warp_specialize([
-            (_ws_compute, (q_smem, kv_smem, p_smem, q_bar, ready, empty, idx_ptr, part_ptr, lse_ptr, out_ptr, sem_ptr,
-                           H, num_rows, topk, rows_per_split, qk_scale, n_splits, stride_ib,
-                           stride_pb, stride_ps, stride_ph, stride_lb, stride_ls, stride_ob, stride_oh,
-                           DV, BLOCK_H, BLOCK_T, STAGES, DIRECT, P_SMEM, V_SPLIT, STORE_CVT, MERGE, S_PAD)),
-            (_ws_gather, (q_ptr, kv_ptr, idx_ptr, q_smem, kv_smem, q_bar, ready, empty,
-                          H, num_rows, topk, rows_per_split, stride_qb, stride_qh, stride_kv, stride_ib,
-                          DV, BLOCK_H, BLOCK_T, STAGES, V_SPLIT, GATHER_WARPS)),
-        ], [GATHER_WARPS], [GATHER_REGS])
+        if SPLIT_WG:
+            gl.static_assert(V_SPLIT > 1, "one warpgroup's accumulator: at most 256 columns of V")
+            gl.static_assert(STAGES % 2 == 0, "each ring slot consumed by one warpgroup")
+            done = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+            hand_ml = gl.allocate_shared_memory(gl.float32, [2, BLOCK_H], gl.SwizzledSharedLayout(1, 1, 1, [0]))
+            mbarrier.init(done.index(0), count=1)
+            mbarrier.init(done.index(1), count=1)
+            fence_async_shared()
+            # the producer is the default partition (its registers: what the two consumers leave, 88), so both
+            # consumers are workers with the same register budget
+            gl.warp_specialize([
+                (_ws_gather, (q_ptr, kv_ptr, idx_ptr, q_smem, kv_smem, q_bar, ready, empty,
+                              H, num_rows, topk, rows_per_split, stride_qb, stride_qh, stride_kv, stride_ib,
+                              DV, BLOCK_H, BLOCK_T, STAGES, V_SPLIT, GATHER_WARPS)),
+                (_ws_compute_wg, (q_smem, kv_smem, p_smem, q_bar, ready, empty, done, hand_ml, idx_ptr, part_ptr, lse_ptr,
+                                  out_ptr, sem_ptr, H, num_rows, topk, rows_per_split, qk_scale, n_splits, stride_ib,
+                                  stride_pb, stride_ps, stride_ph, stride_lb, stride_ls, stride_ob, stride_oh,
+                                  DV, BLOCK_H, BLOCK_T, STAGES, DIRECT, P_SMEM, V_SPLIT, STORE_CVT, MERGE, S_PAD, 0)),
+                (_ws_compute_wg, (q_smem, kv_smem, p_smem, q_bar, ready, empty, done, hand_ml, idx_ptr, part_ptr, lse_ptr,
+                                  out_ptr, sem_ptr, H, num_rows, topk, rows_per_split, qk_scale, n_splits, stride_ib,
+                                  stride_pb, stride_ps, stride_ph, stride_lb, stride_ls, stride_ob, stride_oh,
+                                  DV, BLOCK_H, BLOCK_T, STAGES, DIRECT, P_SMEM, V_SPLIT, STORE_CVT, MERGE, S_PAD, 1)),
+            ], [4, 4], [WG_REGS, WG_REGS])
+        else:
+            fence_async_shared()
+            gl.warp_specialize([
+                (_ws_compute, (q_smem, kv_smem, p_smem, q_bar, ready, empty, idx_ptr, part_ptr, lse_ptr, out_ptr, sem_ptr,
+                               H, num_rows, topk, rows_per_split, qk_scale, n_splits, stride_ib,
+                               stride_pb, stride_ps, stride_ph, stride_lb, stride_ls, stride_ob, stride_oh,
+                               DV, BLOCK_H, BLOCK_T, STAGES, DIRECT, P_SMEM, V_SPLIT, STORE_CVT, MERGE, S_PAD)),
+                (_ws_gather, (q_ptr, kv_ptr, idx_ptr, q_smem, kv_smem, q_bar, ready, empty,
+                              H, num_rows, topk, rows_per_split, stride_qb, stride_qh, stride_kv, stride_ib,
+                              DV, BLOCK_H, BLOCK_T, STAGES, V_SPLIT, GATHER_WARPS)),
+            ], [GATHER_WARPS], [GATHER_REGS])
 
 _COUNTERS: dict[str, torch.Tensor] = {}
 
@@ -546,7 +660,11 @@ def sparse_decode_wgmma(q: torch.Tensor, kv: torch.Tensor, indices: torch.Tensor
                 P_SMEM=bool(config["P_SMEM"]), V_SPLIT=v_split, STORE_CVT=bool(config["STORE_CVT"]),
                 MERGE=merge, S_PAD=max(2, triton.next_power_of_2(n_splits)), num_warps=WGMMA_WARPS)
     grid = (n_splits * v_split, B)
-    if config.get("WS"):
+    if config.get("SPLIT_WG"):  # two 4-warp consumer partitions beside the producer: 12 warps, as WS
+        meta["num_warps"] = 4
+        _sparse_decode_wgmma_ws_kernel[grid](*args, **meta, GATHER_WARPS=GATHER_WARPS, GATHER_REGS=GATHER_REGS,
+                                             SPLIT_WG=True, WG_REGS=WG_REGS, maxnreg=WS_MAXNREG)
+    elif config.get("WS"):
         _sparse_decode_wgmma_ws_kernel[grid](*args, **meta, GATHER_WARPS=GATHER_WARPS, GATHER_REGS=GATHER_REGS,
                                              maxnreg=WS_MAXNREG)
     else:
@@ -564,7 +682,7 @@ class SparseDecodeWgmmaKernel(_SparseDecodeBase):
 
     name = "sparse_decode_wgmma"
     dtypes = ("bfloat16", "float16")
-    switches = ("P_SMEM", "PART16", "STORE_CVT", "WS", "MERGE")
+    switches = ("P_SMEM", "PART16", "STORE_CVT", "WS", "MERGE", "SPLIT_WG")
     instance: SparseDecodeWgmmaKernel
 
     def unavailable(self):
@@ -583,11 +701,12 @@ class SparseDecodeWgmmaKernel(_SparseDecodeBase):
     def config_space(self, shape):
         return {"S": [1, 2, 3, 4, 5, 8, 10, 16, 20], "BLOCK_T": [32, 64], "STAGES": [2, 3, 4], "P_SMEM": [0, 1],
                 "V_SPLIT": [1, 2, 4, 8], "PART16": [0, 1], "STORE_CVT": [0, 1], "WS": [0, 1],
-                "MERGE": [0, 1]}
+                "MERGE": [0, 1], "SPLIT_WG": [0, 1]}
 
     def canonical_config(self, config, shape):
         """The smallest S of the space that splits the rows the same way at this tile size (S = 16 and 10 both make
-        ten 64-row splits of 640 rows), and float32 partials and no MERGE where there is one split (no partials)."""
+        ten 64-row splits of 640 rows), float32 partials and no MERGE where there is one split (no partials), and WS
+        with SPLIT_WG (which is a warp-specialised schedule either way)."""
         if "S" not in config or "BLOCK_T" not in config:
             return config
         split = split_rows(shape["topk"], config["S"], config["BLOCK_T"])
@@ -597,14 +716,17 @@ class SparseDecodeWgmmaKernel(_SparseDecodeBase):
         for key in ("PART16", "MERGE"):  # nothing to store or merge with one split
             if split[1] == 1 and key in out:
                 out[key] = 0
+        if out.get("SPLIT_WG"):  # always the warp-specialised schedule
+            out["WS"] = 1
         return out
 
     def smem_bytes(self, config, shape):
         """q, the ring of gathered tiles, and P's tile with P_SMEM (16-bit each). The sm_90 build adds 4 KiB of
         scratch (200704 bytes for 64-row tiles at 2 slots, with or without STORE_CVT); every config this passes ran
         on the H200 sweeps."""
+        p_tiles = config["P_SMEM"] * (2 if config.get("SPLIT_WG") else 1)  # SPLIT_WG: one P tile a warpgroup
         return 2 * (WGMMA_HEADS * shape["d_qk"] + config["STAGES"] * config["BLOCK_T"] * shape["d_qk"]
-                    + config["P_SMEM"] * WGMMA_HEADS * config["BLOCK_T"])
+                    + p_tiles * WGMMA_HEADS * config["BLOCK_T"])
 
     def check_config(self, config, shape, device=None, dtype=None):
         why = super().check_config(config, shape, device)
@@ -619,6 +741,10 @@ class SparseDecodeWgmmaKernel(_SparseDecodeBase):
             allowed = tuple(space[key])
             if config[key] not in allowed:
                 return f"{key.lower()}: {key}={config[key]} must be one of {allowed}"
+        if config.get("SPLIT_WG") and (config["V_SPLIT"] == 1 or config["STAGES"] % 2):
+            return (f"split_wg: SPLIT_WG=1 needs V_SPLIT >= 2 (one warpgroup holds the program's columns: 256 at "
+                    f"most) and an even ring (each slot read by one warpgroup); got V_SPLIT={config['V_SPLIT']}, "
+                    f"STAGES={config['STAGES']}")
         smem, limit = self.smem_bytes(config, shape), device_limits(device)["shared_memory"]
         if smem > limit:
             return f"shared_memory: {smem // 1024} KiB > {limit // 1024} KiB"

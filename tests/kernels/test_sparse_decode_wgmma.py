@@ -72,6 +72,9 @@ def test_sparse_decode_wgmma_sends_an_fp8_cache_to_the_kernel_that_takes_row_sca
     ({"V_SPLIT": 3}, r"v_split: V_SPLIT=3 must be one of \(1, 2, 4, 8\)"), ({"PART16": 2}, "switch: PART16=2"),
     ({"STORE_CVT": 2}, "switch: STORE_CVT=2"), ({"num_warps": 4}, r"unknown_param: \['num_warps'\]"),
     ({"STAGES": 3, "BLOCK_T": 64}, "shared_memory: 256 KiB > 227 KiB"),
+    ({"SPLIT_WG": 1, "V_SPLIT": 1}, r"split_wg: SPLIT_WG=1 needs V_SPLIT >= 2 .*got V_SPLIT=1, STAGES=2"),
+    ({"SPLIT_WG": 1, "V_SPLIT": 2, "STAGES": 3, "BLOCK_T": 32}, r"split_wg: .*an even ring .*got V_SPLIT=2, STAGES=3"),
+    ({"SPLIT_WG": 2}, "switch: SPLIT_WG=2 must be 0 or 1"),
 ], ids=str)
 def test_sparse_decode_wgmma_rejects_a_config_outside_its_space_in_one_line_naming_the_rule(config, rule):
     from kernels.base import InvalidConfig
@@ -91,11 +94,13 @@ def test_the_wgmma_kernel_is_registered_tunable_and_says_why_it_cannot_run_here(
     for shape in k.shapes("v4flash") + k.shapes("test"):
         assert k.check_config(k.default_config(shape), shape) is None
     b16 = k.shapes("v4flash")[1]
-    base = {"BLOCK_T": 64, "STAGES": 2, "P_SMEM": 0, "V_SPLIT": 1, "PART16": 1, "STORE_CVT": 0, "WS": 0, "MERGE": 1}
+    base = {"BLOCK_T": 64, "STAGES": 2, "P_SMEM": 0, "V_SPLIT": 1, "PART16": 1, "STORE_CVT": 0, "WS": 0, "MERGE": 1,
+            "SPLIT_WG": 0}
     assert k.canonical_config({**base, "S": 16}, b16) == {**base, "S": 10}  # ten 64-row splits either way
     assert k.canonical_config({**base, "S": 1}, b16)["PART16"] == 0  # one split: no partials
     assert k.canonical_config({**base, "S": 1}, b16)["MERGE"] == 0  # ... and nothing to merge
     assert k.canonical_config({**base, "S": 4}, b16) == {**base, "S": 4}
+    assert k.canonical_config({**base, "S": 4, "V_SPLIT": 2, "SPLIT_WG": 1}, b16)["WS"] == 1  # warp-specialised anyway
     assert k.check_config({**base, "S": 4, "heads": 1}, b16).startswith("unknown_param")
     assert k.check_config({**base, "S": 4}, {**b16, "heads": 128}).startswith("heads: 128 > 64")
     if not (HOPPER and HAVE_GLUON):
@@ -160,6 +165,24 @@ def test_sparse_decode_wgmma_merge_builds_one_release_acquire_counter_and_l2_rea
     assert got[1]["usage"]["local"] == 0 and got[1]["usage"]["stack"] == 0, got[1]["usage"]
 
 
+@needs_gluon
+@pytest.mark.parametrize("config", [
+    {"S": 2, "BLOCK_T": 64, "STAGES": 2, "V_SPLIT": 4},
+    {"S": 4, "BLOCK_T": 32, "STAGES": 4, "V_SPLIT": 8, "STORE_CVT": 1},
+], ids=["t64-v4", "t32-ring4-v8"])
+def test_sparse_decode_wgmma_split_wg_compiles_to_two_consumer_partitions_each_with_its_own_products(config):
+    """SPLIT_WG=1's sm_90 build: beside the producer, two 4-warp consumer partitions, each its own copy of the
+    products (twice WS's wgmma instructions, each 64 heads by a whole tile), each waiting on the ring's mbarriers and
+    on the other's hand-over barrier (more waits than WS), nobody waiting on a copy group, and no spill."""
+    shape = {"batch": 64, "heads": 64, "d_qk": 512, "d_v": 512, "topk": 640, "num_rows": 65536}
+    got = {wg: _sm90_build(shape, {**config, "WS": 1, "SPLIT_WG": wg}) for wg in (0, 1)}
+    ws, split = got[0]["ptx"], got[1]["ptx"]
+    assert split["wgmma"] == 2 * ws["wgmma"], (ws, split)
+    assert split["setmaxnreg"] > ws["setmaxnreg"] and split["mbarrier.try_wait"] > ws["mbarrier.try_wait"], (ws, split)
+    assert split["copy_wait_group"] == 0 and split["copy_arrive"] == 2 and split["mma.sync"] == 0, split
+    assert got[1]["usage"] == {"registers": 168, "stack": 0, "local": 0}, got[1]["usage"]
+
+
 needs_hopper = pytest.mark.skipif(not (HOPPER and HAVE_GLUON), reason="needs an sm_90 GPU and Gluon")
 
 
@@ -183,6 +206,11 @@ needs_hopper = pytest.mark.skipif(not (HOPPER and HAVE_GLUON), reason="needs an 
     {"S": 10, "BLOCK_T": 64, "STAGES": 2, "V_SPLIT": 8, "WS": 0, "MERGE": 1}, {"S": 4, "BLOCK_T": 64, "STAGES": 2, "V_SPLIT": 2, "WS": 1, "MERGE": 1},
     {"S": 2, "BLOCK_T": 64, "STAGES": 2, "V_SPLIT": 1, "WS": 1, "MERGE": 1}, {"S": 20, "BLOCK_T": 32, "STAGES": 3, "V_SPLIT": 4, "PART16": 1, "STORE_CVT": 1, "MERGE": 1},
     {"S": 3, "BLOCK_T": 64, "STAGES": 2, "V_SPLIT": 1, "WS": 0, "MERGE": 1, "P_SMEM": 1},
+    {"S": 1, "BLOCK_T": 64, "STAGES": 2, "V_SPLIT": 2, "STORE_CVT": 1, "SPLIT_WG": 1},
+    {"S": 4, "BLOCK_T": 64, "STAGES": 2, "V_SPLIT": 2, "SPLIT_WG": 1}, {"S": 10, "BLOCK_T": 64, "STAGES": 2, "V_SPLIT": 8, "SPLIT_WG": 1},
+    {"S": 2, "BLOCK_T": 32, "STAGES": 4, "V_SPLIT": 4, "P_SMEM": 1, "SPLIT_WG": 1},
+    {"S": 4, "BLOCK_T": 32, "STAGES": 2, "V_SPLIT": 2, "MERGE": 1, "SPLIT_WG": 1},
+    {"S": 3, "BLOCK_T": 64, "STAGES": 2, "V_SPLIT": 4, "PART16": 1, "STORE_CVT": 1, "SPLIT_WG": 1},
 ], ids=str)
 @pytest.mark.parametrize("batch", [1, 5, 64])
 def test_sparse_decode_wgmma_matches_the_reference_at_v4_flash_shapes(batch, config):
@@ -212,10 +240,13 @@ def test_sparse_decode_wgmma_fp16_and_fewer_heads_match_the_reference():
         idx = torch.randint(0, 8192 + 500, (3, 640), generator=g, device="cuda", dtype=torch.int32)
         ref = SD.reference({"q": q, "kv": kv, "indices": idx, "sm_scale": 0.05, "d_v": 512, "kv_scale": None})
         out = torch.full((3, heads, 512), float("nan"), device="cuda", dtype=dtype)
-        for v_split, ws in itertools.product((1, 2, 4, 8), (0, 1)):
+        for v_split, ws in itertools.product((1, 2, 4, 8), (0, 1, 2)):  # ws 2: SPLIT_WG (two columns of V at least)
+            if ws == 2 and v_split == 1:
+                continue
             out.fill_(float("nan"))
-            got = sparse_decode_wgmma(q, kv, idx, 0.05, {"S": 4, "BLOCK_T": 32, "STAGES": 3, "V_SPLIT": v_split,
-                                                         "STORE_CVT": int(v_split > 1), "WS": ws}, out=out)
+            got = sparse_decode_wgmma(q, kv, idx, 0.05, {"S": 4, "BLOCK_T": 32, "STAGES": 2 if ws == 2 else 3,
+                                                         "V_SPLIT": v_split, "STORE_CVT": int(v_split > 1),
+                                                         "WS": int(ws > 0), "SPLIT_WG": int(ws == 2)}, out=out)
             assert rel_error(got, ref) <= SD.tolerance("bfloat16"), (dtype, heads, v_split, ws)
 
 
@@ -282,14 +313,16 @@ def test_the_wgmma_benchmark_skips_configs_of_more_than_two_waves_and_16_bit_par
 
 def test_the_wgmma_benchmark_space_option_narrows_the_sweep_and_refuses_values_outside_the_kernels_space(tmp_path):
     """--space replaces some keys' values (here: P_SMEM 0, ring depths 2 and 4) and keeps both schedules (WS 0
-    and 1) as twins; a value outside the kernel's space is a one-line error, exit 2, before anything is measured."""
+    and 1) as twins, and SPLIT_WG only where it runs (WS, two programs a split or more, an even ring); a value outside the kernel's space is a one-line error, exit 2, before anything is measured."""
     sys.path.insert(0, str(ROOT))
     from benchmarks.sparse_decode_wgmma import wgmma_configs
 
     narrow = wgmma_configs(16, sms=132, space={"P_SMEM": [0], "STAGES": [2, 4]})
     assert {c["P_SMEM"] for c in narrow} == {0} and {c["STAGES"] for c in narrow} == {2, 4}
-    assert {json.dumps({**c, "WS": 0}, sort_keys=True) for c in narrow if c["WS"]} == \
+    assert {json.dumps({**c, "WS": 0}, sort_keys=True) for c in narrow if c["WS"] and not c["SPLIT_WG"]} == \
         {json.dumps(c, sort_keys=True) for c in narrow if not c["WS"]}
+    split = [c for c in narrow if c["SPLIT_WG"]]  # a warp-specialised schedule of two or more programs a split
+    assert split and all(c["WS"] == 1 and c["V_SPLIT"] > 1 and c["STAGES"] % 2 == 0 for c in split)
     assert len(narrow) < len(wgmma_configs(16, sms=132))
     with pytest.raises(ValueError, match=r"WS=\[2\] not in the kernel's space"):
         wgmma_configs(16, space={"WS": [2]})
@@ -302,19 +335,23 @@ def test_the_wgmma_benchmark_space_option_narrows_the_sweep_and_refuses_values_o
 
 
 def test_the_wgmma_report_states_the_single_partition_schedules_best_beside_the_best():
-    """The WS column: from a stored run whose configs have no WS key (all single-partition), the WS=0 best is the
-    best, a ratio of 1.00x; a WS=1 row twice as fast halves it."""
+    """The WS and SPLIT_WG columns: from a stored run whose configs have neither key (all single-partition), the
+    WS=0 and SPLIT_WG=0 bests are the best, ratios of 1.00x; a WS=1 row twice as fast halves both, then a SPLIT_WG=1
+    row twice as fast again halves the best once more (SPLIT_WG=0 best / best: 2.00x)."""
     sys.path.insert(0, str(ROOT))
     from benchmarks.sparse_decode_wgmma import report
 
     data = json.loads((ROOT / "benchmarks" / "results" / "data" / "sparse_decode_wgmma_h200_db89c65.json").read_text())
     line = next(x for x in report(data, "x.json").splitlines() if x.startswith("| 64 | 11.80 |"))
-    assert line.split(" | ")[6:11] == ["30.8", "30.8", "1.18x", "1.00x", "1.00x"], line
+    assert line.split(" | ")[6:13] == ["30.8", "30.8", "30.8", "1.18x", "1.00x", "1.00x", "1.00x"], line
     case = next(c for c in data["cases"] if c["batch"] == 64)
     best = min((r for r in case["rows"] if r["kernel"] == "wgmma" and "us" in r), key=lambda r: r["us"])
     case["rows"].append({**best, "config": {**best["config"], "WS": 1}, "us": best["us"] / 2})
     line = next(x for x in report(data, "x.json").splitlines() if x.startswith("| 64 | 11.80 |"))
-    assert line.split(" | ")[6:8] == ["30.8", "15.4"] and line.split(" | ")[10] == "2.00x", line
+    assert line.split(" | ")[6:9] == ["30.8", "15.4", "15.4"] and line.split(" | ")[11:13] == ["2.00x", "1.00x"], line
+    case["rows"].append({**best, "config": {**best["config"], "WS": 1, "SPLIT_WG": 1}, "us": best["us"] / 4})
+    line = next(x for x in report(data, "x.json").splitlines() if x.startswith("| 64 | 11.80 |"))
+    assert line.split(" | ")[6:9] == ["30.8", "15.4", "7.7"] and line.split(" | ")[11:13] == ["4.00x", "2.00x"], line
 
 
 def test_the_wgmma_default_config_is_the_measured_fastest_at_v4_flash_batches():
@@ -420,8 +457,11 @@ def test_the_kernels_benchmark_times_the_wgmma_kernels_previous_schedule_at_its_
                       {"config": {**best, "S": 2, "V_SPLIT": 1, "WS": 0}, "tag": "sweep", "outcome": "ok",
                        "time_us": 33.0}]}
     bk._prev_schedule_rows(row, shape, trial, best)
-    assert timed == [({**best, "WS": 0}, "other_schedule")]
+    assert timed == [({**best, "WS": 0, "SPLIT_WG": 0}, "other_schedule")]  # a key the config predates: its default
     assert row["other_schedule"]["time_us"] == 31.0 and row["prev_best_us"] == 31.0
+    timed.clear()
+    bk._prev_schedule_rows(row, shape, trial, {**best, "SPLIT_WG": 1})  # the newest schedule: SPLIT_WG flipped,
+    assert timed == [] and row["other_schedule"]["time_us"] == 28.5  # which the sweep timed (best, SPLIT_WG 0)
     row = {"trials": [{"config": {**best, "PART16": 1, "WS": 0}, "tag": "sweep", "outcome": "ok", "time_us": 30.0}]}
     timed.clear()
     bk._prev_schedule_rows(row, shape, trial, best)  # PART16 with one split is the same program as PART16=0
