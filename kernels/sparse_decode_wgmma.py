@@ -721,12 +721,21 @@ class SparseDecodeWgmmaKernel(_SparseDecodeBase):
         return out
 
     def smem_bytes(self, config, shape):
-        """q, the ring of gathered tiles, and P's tile with P_SMEM (16-bit each). The sm_90 build adds 4 KiB of
-        scratch (200704 bytes for 64-row tiles at 2 slots, with or without STORE_CVT); every config this passes ran
-        on the H200 sweeps."""
-        p_tiles = config["P_SMEM"] * (2 if config.get("SPLIT_WG") else 1)  # SPLIT_WG: one P tile a warpgroup
+        """q, the ring of gathered tiles and P's tile with P_SMEM (one a warpgroup with SPLIT_WG), 16-bit each, and
+        the sm_90 build's scratch: 4 KiB of layout conversions and the mbarriers, and with WS the converted stores'
+        (STORE_CVT) staging of the program's [64, DO] result, which the warp-specialised build does not overlay on
+        the ring: 64 x DO bytes (less the 4 KiB it shares with the rest with WS, all of it with SPLIT_WG). Read off
+        the Triton 3.6 builds (``tests/kernels/compile_probe.py``): this is at most 4 KiB over them (the test
+        ``test_the_wgmma_shared_memory_rule_bounds_the_sm90_build`` checks it); 229420 bytes for a WS config of
+        64-row tiles, one program a split and converted stores, 237612 with P_SMEM too (over the H200's 227 KiB:
+        it failed to launch before this rule counted the staging)."""
+        p_tiles = config["P_SMEM"] * (2 if config.get("SPLIT_WG") else 1)
+        scratch = 4096 + 128
+        if config.get("WS") and config.get("STORE_CVT"):
+            do = shape["d_v"] // config["V_SPLIT"]
+            scratch += 64 * do if config.get("SPLIT_WG") else max(0, 64 * do - 4096)
         return 2 * (WGMMA_HEADS * shape["d_qk"] + config["STAGES"] * config["BLOCK_T"] * shape["d_qk"]
-                    + p_tiles * WGMMA_HEADS * config["BLOCK_T"])
+                    + p_tiles * WGMMA_HEADS * config["BLOCK_T"]) + scratch
 
     def check_config(self, config, shape, device=None, dtype=None):
         why = super().check_config(config, shape, device)
