@@ -116,12 +116,20 @@ def default_config(batch: int, topk: int) -> dict:
     programs each, single-partition; 4 splits of 160 rows, two each, WS; one split of 640, two programs a request,
     WS, converted stores (batches between these were not measured). Float32 partials (``PART16=0``): 16-bit partials
     through the converted stores were no faster at batch 1 (9.5 against 9.4 µs) and bring the rounding error of a
-    bf16 output against the float32 reference from 0.0020 to 0.0024."""
+    bf16 output against the float32 reference from 0.0020 to 0.0024.
+    ``SPLIT_WG`` (each compute warpgroup whole tiles, alternately) where one split walks four 64-row tiles or more
+    (batch 64 at V4-Flash): with 32-row tiles in a ring of four, so each warpgroup has two slots in flight (with
+    64-row tiles only two slots fit beside q, one each, and SPLIT_WG was 0.81x). The a9df7f9 sweep
+    (``sparse_decode_wgmma_h200_a9df7f9.md``): 27.9 against 28.7 µs for the previous default at batch 64; at
+    batch 16 (three tiles a program) the two-warpgroup tiles stayed faster (16.7 against 17.6 µs)."""
     tiles = -(-topk // 64)
     batch = max(batch, 1)
     v_split = next((v for v in (8, 4, 2) if batch * tiles * v <= PROGRAMS), 2 if 2 * batch <= PROGRAMS else 1)
     s = max(1, min(-(-PROGRAMS // (batch * v_split)), tiles))
     rows_per_split, n_splits = split_rows(max(topk, 1), s, 64)
+    if n_splits == 1 and v_split > 1 and rows_per_split >= 4 * 64:  # SPLIT_WG: each warpgroup two 32-row slots
+        return {**DEFAULT_CONFIG, "BLOCK_T": 32, "STAGES": 4, "S": 1, "V_SPLIT": v_split, "WS": 1, "SPLIT_WG": 1,
+                "STORE_CVT": 1}
     return {**DEFAULT_CONFIG, "BLOCK_T": 64, "S": s, "V_SPLIT": v_split, "WS": int(-(-rows_per_split // 64) >= 3),
             "STORE_CVT": int(n_splits == 1)}
 

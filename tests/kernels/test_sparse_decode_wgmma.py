@@ -18,7 +18,7 @@ import torch
 
 from kernels import get_kernel
 from kernels.base import rel_error
-from kernels.sparse_decode_wgmma import HAVE_GLUON, sparse_decode_wgmma
+from kernels.sparse_decode_wgmma import DEFAULT_CONFIG, HAVE_GLUON, sparse_decode_wgmma
 
 ROOT = Path(__file__).resolve().parents[2]
 SD = get_kernel("sparse_decode")
@@ -203,7 +203,7 @@ def test_the_wgmma_shared_memory_rule_bounds_the_sm90_build(config):
     rejection test), nor more than 4 KiB over, for configs that fit."""
     k = get_kernel("sparse_decode_wgmma")
     shape = {"batch": 64, "heads": 64, "d_qk": 512, "d_v": 512, "topk": 640, "num_rows": 65536}
-    config = {**k.default_config(shape), **config}
+    config = {**DEFAULT_CONFIG, **config}  # the keys not given: off (the batch-64 default turns SPLIT_WG on)
     built = _sm90_build(shape, config)["shared_bytes"]
     assert built <= k.smem_bytes(config, shape) <= built + 4096, (built, k.smem_bytes(config, shape))
 
@@ -248,8 +248,8 @@ def test_sparse_decode_wgmma_matches_the_reference_at_v4_flash_shapes(batch, con
         i["indices"][1] = -1  # a request with every row padding
     ref = SD.reference(i)
     out = torch.full((batch, 64, 512), float("nan"), device="cuda", dtype=torch.bfloat16)
-    # a config without WS runs the single-partition schedule at every batch (the default turns WS on at batch 64)
-    got = sparse_decode_wgmma(i["q"], i["kv"], i["indices"], i["sm_scale"], {"WS": 0, **config}, out=out)
+    # a config without WS (SPLIT_WG) runs without it at every batch (the batch-64 default turns both on)
+    got = sparse_decode_wgmma(i["q"], i["kv"], i["indices"], i["sm_scale"], {"WS": 0, "SPLIT_WG": 0, **config}, out=out)
     assert rel_error(got, ref) <= SD.tolerance("bfloat16")
     if batch > 1:
         assert torch.count_nonzero(got[1]) == 0
@@ -382,9 +382,9 @@ def test_the_wgmma_report_states_the_single_partition_schedules_best_beside_the_
 
 def test_the_wgmma_default_config_is_the_measured_fastest_at_v4_flash_batches():
     """The default rule against the stored H200 sweeps (benchmarks/results/data/sparse_decode_wgmma_h200*.json), the
-    newest of each batch: it names a config whose split of the rows, tile size, programs a split, schedule (WS) and
-    stores (STORE_CVT) are those of the fastest timed config with float32 partials (the default keeps them: see
-    default_config). Sweeps before WS have no WS key (0)."""
+    newest of each batch: it names a config whose split of the rows, tile size, ring depth, programs a split,
+    schedule (WS, SPLIT_WG) and stores (STORE_CVT) are those of the fastest timed config with float32 partials (the
+    default keeps them: see default_config). Sweeps before WS or SPLIT_WG have no such key (0)."""
     from kernels.sparse_decode import split_rows
     from kernels.sparse_decode_wgmma import default_config
 
@@ -401,6 +401,7 @@ def test_the_wgmma_default_config_is_the_measured_fastest_at_v4_flash_batches():
         got = default_config(case["batch"], 640)
         assert got["BLOCK_T"] == best["BLOCK_T"] and got["V_SPLIT"] == best.get("V_SPLIT", 1), (case["batch"], got, best)
         assert (got["WS"], got["STORE_CVT"]) == (best.get("WS", 0), best.get("STORE_CVT", 0)), (case["batch"], got, best)
+        assert (got["SPLIT_WG"], got["STAGES"]) == (best.get("SPLIT_WG", 0), best["STAGES"]), (case["batch"], got, best)
         assert split_rows(640, got["S"], got["BLOCK_T"]) == split_rows(640, best["S"], best["BLOCK_T"]), (case["batch"], got, best)
 
 
