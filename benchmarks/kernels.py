@@ -241,11 +241,12 @@ def _other_merge_time(name, cfg, sets, rep_ms):
 
 def _effective(name, cfg, shape):
     """The config as the launcher runs it: sparse decode's S is an upper bound (whole row tiles per split); the
-    wgmma kernel's canonical form (the smallest S of the same partition, no 16-bit partials without splits), keys
-    missing from it (a config from before they existed) at their defaults."""
-    if name == "sparse_decode_wgmma":  # keys a stored config predates: their defaults
-        kernel = get_kernel(name)
-        return json.dumps(kernel.canonical_config({**kernel.default_config(shape), **cfg}, shape), sort_keys=True)
+    wgmma kernel's canonical form (the smallest S of the same partition, no 16-bit partials without splits), switches
+    missing from it (a config from before they existed) off."""
+    if name == "sparse_decode_wgmma":  # switches a stored config predates: off, as it ran
+        from kernels.sparse_decode_wgmma import DEFAULT_CONFIG
+
+        return json.dumps(get_kernel(name).canonical_config({**DEFAULT_CONFIG, **cfg}, shape), sort_keys=True)
     if name != "sparse_decode":
         return json.dumps(cfg, sort_keys=True)
     from kernels.sparse_decode import split_rows
@@ -293,8 +294,10 @@ def _prev_schedule_rows(row, shape, trial, best_cfg):
     computes), and its warp-specialised one with both compute warpgroups on every tile (``SPLIT_WG=0``). Timed at
     this run's best config with the schedule flipped (SPLIT_WG where the best has it, else WS), and the fastest
     ``WS=0`` trial of the sweep (``prev_best_us``)."""
+    from kernels.sparse_decode_wgmma import DEFAULT_CONFIG
+
     kernel = get_kernel("sparse_decode_wgmma")
-    best_cfg = {**kernel.default_config(shape), **best_cfg}  # a config from before a key existed: the key's default
+    best_cfg = {**DEFAULT_CONFIG, **best_cfg}  # a config from before a switch existed ran with it off
     flip = "SPLIT_WG" if best_cfg["SPLIT_WG"] else "WS"
     other = {**best_cfg, flip: 1 - best_cfg[flip]}
     done = next((t for t in row["trials"] if _effective(kernel.name, t["config"], shape)

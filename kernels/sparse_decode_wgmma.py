@@ -26,10 +26,20 @@ loads q and the indices and issues every gather; each thread's copies arrive on 
 when they land (``cp.async.mbarrier.arrive.noinc``), and the two compute warpgroups (208 registers) wait on it and
 release the slot on its ``empty`` mbarrier after their products. No compute warp issues a copy or waits for one.
 
-Measured on an H200 (2026-12-01, b1b01f3, ``benchmarks/results/sparse_decode_wgmma_h200_b1b01f3.md``, side by side
-with the ``tl.dot`` kernel's shipped and fastest configs, over the space with ``P_SMEM=0`` and rings of 2 or 4):
-9.4 / 16.4 / 28.5 µs at batch 1 / 16 / 64 against 9.4 / 19.2 / 36.6 µs, so 1.00x / 1.17x / 1.28x (issue 20's goals,
-9 / 12 / 17 µs, are still missed). WS against the single-partition schedule's best in the same run: 1.00x / 1.04x /
+With ``SPLIT_WG=1`` (on top of WS, two programs a split or more, an even ring) the two compute warpgroups are two
+partitions that take alternate whole tiles: each computes a whole tile's scores (64 heads x ``BLOCK_T`` x 512), runs
+its own online softmax and O += P V for the program's columns, and releases the slot; nothing crosses between them
+per tile (no shared-memory row reductions, no barrier between the two), so one's softmax runs while the other's
+products do. At the end the second hands its (acc, m, l) over through q's buffer and the first merges the two like
+two splits and writes the result.
+
+Measured on an H200 (2026-12-01, a9df7f9, ``benchmarks/results/sparse_decode_wgmma_h200_a9df7f9.md``, side by side
+with the ``tl.dot`` kernel's shipped and fastest configs, over the space with ``P_SMEM=0``, rings of 2 or 4, no MERGE
+and float32 partials): 9.5 / 16.7 / 27.9 µs at batch 1 / 16 / 64 against 9.4 / 19.4 / 36.8 µs, so 1.00x / 1.16x /
+1.32x (issue 20's goals, 9 / 12 / 17 µs, are still missed). ``SPLIT_WG`` against the best config without it in the
+same run: 1.00x / 1.00x / 1.03x; at batch 64 with 32-row tiles in a ring of four it ran 27.9 against 39.1 µs for the
+same config without it, but with 64-row tiles (one ring slot a warpgroup beside q) 35.3 against 28.7. The run
+before it (b1b01f3, ``sparse_decode_wgmma_h200_b1b01f3.md``): 9.4 / 16.4 / 28.5 µs. WS against the single-partition schedule's best in the same run: 1.00x / 1.04x /
 1.09x; its gain grows with the tiles a program walks (a program of one tile pays for the handshake: 0.975-0.984x),
 and at batch 64 it lets one split of 640 rows (no partials, no merge) beat two. ``V_SPLIT`` (2, 4 or 8 programs a
 split, each all the scores and its share of V's columns) is 1.20x / 1.08x / 1.05x the fastest one-program config
@@ -45,8 +55,9 @@ DRAM at 22% of its peak against 20%), and the compute warpgroups' samples then s
 each). Each
 warpgroup computes half of a tile's scores (a 64 x 32 x 512 product with q as the shared-memory operand), so q
 leaves shared memory twice a tile, and the softmax's row reductions cross the two warpgroups through shared memory
-and a barrier. FlashMLA's answer is the next step: one warpgroup computes a whole tile's scores while the other
-works on the previous tile (not done here: sparse decode is 2-4% of the workload's step,
+and a barrier. ``SPLIT_WG`` removes both (each warpgroup reads q once for a whole tile and reduces its own rows);
+what it cannot fix is the ring: q's 64 KiB stay resident, so only 128 KiB of gathered rows fit, two 64-row slots or
+four 32-row ones, and each warpgroup has at most two tiles in flight (sparse decode is 2-4% of the workload's step,
 ``benchmarks/results/workload_attention_share_h200.md``).
 ``P_SMEM`` (P through shared memory instead of a register layout conversion) measured within 1.5% either way.
 ``MERGE`` (the split-K merge folded in: the last program of a request's splits to finish merges them, no second
@@ -448,7 +459,11 @@ if HAVE_GLUON:
         (acc, m, l) over through shared memory (q's buffer, free once both are done) and warpgroup 0 merges the two
         as two splits and writes the result. ``done[0]``: warpgroup 0 has finished its tiles (q and the ring are
         free); ``done[1]``: warpgroup 1's state is in shared memory. A slot is always consumed by one warpgroup, in
-        order (STAGES even: a slot's tiles all have one parity), so no wait runs ahead of its barrier's phase."""
+        order (STAGES even: a slot's tiles all have one parity), so no wait runs ahead of its barrier's phase.
+        Registers: with 64-row tiles at two programs a split the build spills (the sm_90 build by Triton 3.6: 392
+        bytes a thread, 3.9: 216; at four programs a split 16 under 3.6): a [64, 256] float32 accumulator, a [64, 64]
+        score tile and its probabilities in 208 registers. Those configs ran 0.81x their SPLIT_WG=0 twins on the
+        H200 (a9df7f9); 32-row tiles do not spill under either Triton."""
         DO: gl.constexpr = DV // V_SPLIT
         pid_s = gl.program_id(0) // V_SPLIT
         pid_b = gl.program_id(1)
@@ -614,8 +629,10 @@ def sparse_decode_wgmma(q: torch.Tensor, kv: torch.Tensor, indices: torch.Tensor
     kernel; the last program of each request's splits merges them, through an arrival counter per request and
     column slice; one stream at a time, see ``_counters``), ``WS`` (1: warp-specialised,
     a fourth warpgroup issues the index loads and gathers and the two compute warpgroups only wait on mbarriers;
-    0: every warp does both, with one block-wide barrier a tile);
-    a launch is always 8 compute warps (12 with WS) and 64 heads. ``pdl``: launch the merge kernel with programmatic dependent launch;
+    0: every warp does both, with one block-wide barrier a tile), ``SPLIT_WG`` (1: the two compute warpgroups take
+    alternate whole tiles, each its own softmax, merged at the end; always warp-specialised, needs V_SPLIT >= 2 and
+    an even STAGES);
+    a launch is always 8 compute warps (12 with WS or SPLIT_WG) and 64 heads. ``pdl``: launch the merge kernel with programmatic dependent launch;
     None = where the GPU has it."""
     if not HAVE_GLUON:
         raise RuntimeError(f"sparse_decode_wgmma: this Triton ({triton.__version__}) has no Gluon Hopper API; "

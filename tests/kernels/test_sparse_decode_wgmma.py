@@ -462,7 +462,8 @@ def test_the_kernels_benchmark_plans_the_wgmma_kernel_only_where_it_can_run(monk
     assert job["dtype"] == "bfloat16" and [s["batch"] for s in job["shapes"]] == [1, 16, 64]
     defaults = [default_config(b, 640) for b in (1, 16, 64)]
     assert job["configs"][:3] == defaults and len(job["configs"]) > 20
-    assert {c["WS"] for c in job["configs"]} == {0, 1} and {c["STAGES"] for c in job["configs"]} == {2}
+    assert {c["WS"] for c in job["configs"]} == {0, 1}
+    assert {c["STAGES"] for c in job["configs"][3:]} == {2}  # the sample: one ring depth (a default may have another)
 
 
 def test_the_kernels_benchmark_times_the_wgmma_kernels_previous_schedule_at_its_best_config_once():
