@@ -165,6 +165,18 @@ if HAVE_GLUON:
         _async_load(slot, kv_ptr + safe[:, None] * stride_kv + offs_d[None, :], mask=valid[:, None])
 
     @gluon.jit
+    def _program_split(rows_per_split, topk, BLOCK_T: gl.constexpr, V_SPLIT: gl.constexpr, DO: gl.constexpr):
+        """This program's (split, request, first column of V, first row, end row, tiles). The V_SPLIT programs of a
+        split are neighbours: they run together and the second one's gathers hit L2. Every split but the last starts
+        at a multiple of BLOCK_T (whole tiles)."""
+        pid_s = gl.program_id(0) // V_SPLIT
+        pid_b = gl.program_id(1)
+        col_off = (gl.program_id(0) % V_SPLIT) * DO
+        start = pid_s * rows_per_split
+        end = gl.minimum(start + rows_per_split, topk)
+        return pid_s, pid_b, col_off, start, end, gl.cdiv(end - start, BLOCK_T)
+
+    @gluon.jit
     def _sparse_decode_wgmma_kernel(
         q_ptr, kv_ptr, idx_ptr, part_ptr, lse_ptr, out_ptr, sem_ptr,
         H, num_rows, topk, rows_per_split, qk_scale, n_splits,
@@ -182,9 +194,7 @@ if HAVE_GLUON:
         gl.static_assert(V_SPLIT == 1 or V_SPLIT == 2 or V_SPLIT == 4 or V_SPLIT == 8, "all of V's columns, or 1/2, 1/4, 1/8")
         dtype: gl.constexpr = q_ptr.dtype.element_ty
         DO: gl.constexpr = DV // V_SPLIT  # the output columns this program computes
-        pid_s = gl.program_id(0) // V_SPLIT  # the V_SPLIT programs of a split are neighbours: they run together and
-        pid_b = gl.program_id(1)  # the second one's gathers hit L2
-        col_off = (gl.program_id(0) % V_SPLIT) * DO
+        pid_s, pid_b, col_off, start, end, n_tiles = _program_split(rows_per_split, topk, BLOCK_T, V_SPLIT, DO)
 
         # layouts: a coalesced 16-byte-a-thread blocked layout for the copies, wgmma's for the two products (4 warps
         # along the heads, the two warpgroups side by side along the columns), 128-byte swizzled shared tiles
@@ -196,9 +206,6 @@ if HAVE_GLUON:
                                                   rank=2)
         tile_sl: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=2)
 
-        start = pid_s * rows_per_split  # a multiple of BLOCK_T: every split but the last is whole tiles
-        end = gl.minimum(start + rows_per_split, topk)
-        n_tiles = gl.cdiv(end - start, BLOCK_T)
         idx_base = idx_ptr + pid_b.to(gl.int64) * stride_ib
         offs_t = gl.arange(0, BLOCK_T, layout=gl.SliceLayout(1, copy_l))  # a tile's rows, as the copies take them
         offs_ts = gl.arange(0, BLOCK_T, layout=gl.SliceLayout(0, s_l))  # ... and as the scores' columns
@@ -366,13 +373,8 @@ if HAVE_GLUON:
         refilled once the consumers have released it (``empty``); each thread's copies arrive on the slot's
         ``ready`` barrier when they land (``cp.async.mbarrier.arrive.noinc``), so no warp waits for a copy here."""
         DO: gl.constexpr = DV // V_SPLIT
-        pid_s = gl.program_id(0) // V_SPLIT
-        pid_b = gl.program_id(1)
-        col_off = (gl.program_id(0) % V_SPLIT) * DO
+        pid_s, pid_b, col_off, start, end, n_tiles = _program_split(rows_per_split, topk, BLOCK_T, V_SPLIT, DO)
         copy_l: gl.constexpr = gl.BlockedLayout([1, 8], [1, 32], [GATHER_WARPS, 1], [1, 0])
-        start = pid_s * rows_per_split
-        end = gl.minimum(start + rows_per_split, topk)
-        n_tiles = gl.cdiv(end - start, BLOCK_T)
         idx_base = idx_ptr + pid_b.to(gl.int64) * stride_ib
         offs_t = gl.arange(0, BLOCK_T, layout=gl.SliceLayout(1, copy_l))
         offs_d = gl.arange(0, DV, layout=gl.SliceLayout(0, copy_l))
@@ -402,15 +404,10 @@ if HAVE_GLUON:
         barrier; they release a slot (one arrival: Gluon arrives once a partition, after the partition's barrier)
         once both warpgroups' products have read it."""
         DO: gl.constexpr = DV // V_SPLIT
-        pid_s = gl.program_id(0) // V_SPLIT
-        pid_b = gl.program_id(1)
-        col_off = (gl.program_id(0) % V_SPLIT) * DO
+        pid_s, pid_b, col_off, start, end, n_tiles = _program_split(rows_per_split, topk, BLOCK_T, V_SPLIT, DO)
         s_l: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 2], instr_shape=[16, BLOCK_T // 2, 16])
         o_l: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 2], instr_shape=[16, DO // 2, 16])
         p_l: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_l, k_width=2)
-        start = pid_s * rows_per_split
-        end = gl.minimum(start + rows_per_split, topk)
-        n_tiles = gl.cdiv(end - start, BLOCK_T)
         idx_base = idx_ptr + pid_b.to(gl.int64) * stride_ib
         offs_ts = gl.arange(0, BLOCK_T, layout=gl.SliceLayout(0, s_l))
         rows_v = _tile_rows(idx_base, start, end, 0, offs_ts)
@@ -465,15 +462,10 @@ if HAVE_GLUON:
         score tile and its probabilities in 208 registers. Those configs ran 0.81x their SPLIT_WG=0 twins on the
         H200 (a9df7f9); 32-row tiles do not spill under either Triton."""
         DO: gl.constexpr = DV // V_SPLIT
-        pid_s = gl.program_id(0) // V_SPLIT
-        pid_b = gl.program_id(1)
-        col_off = (gl.program_id(0) % V_SPLIT) * DO
+        pid_s, pid_b, col_off, start, end, n_tiles = _program_split(rows_per_split, topk, BLOCK_T, V_SPLIT, DO)
         s_l: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, BLOCK_T, 16])
         o_l: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, DO, 16])
         p_l: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_l, k_width=2)
-        start = pid_s * rows_per_split
-        end = gl.minimum(start + rows_per_split, topk)
-        n_tiles = gl.cdiv(end - start, BLOCK_T)
         idx_base = idx_ptr + pid_b.to(gl.int64) * stride_ib
         offs_ts = gl.arange(0, BLOCK_T, layout=gl.SliceLayout(0, s_l))
         m_i = gl.full([BLOCK_H], float("-inf"), gl.float32, layout=gl.SliceLayout(1, s_l))
