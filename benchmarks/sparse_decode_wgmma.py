@@ -7,10 +7,11 @@ Each case (V4-Flash shapes: 64 heads, one 512-wide K=V latent, 640 selected rows
   the last side-by-side run (``benchmarks/results/data/sparse_decode_ahead_h200.json``: the plain loop's and
   ``idx_ahead``'s 4 fastest per batch, each with its option);
 * ``wgmma``: :func:`kernels.sparse_decode_wgmma.sparse_decode_wgmma` over its whole space (S, BLOCK_T, STAGES,
-  P_SMEM, V_SPLIT, PART16, STORE_CVT, WS, MERGE), or the part ``--space`` keeps; its fastest ``V_SPLIT=1`` config
-  and its fastest ``WS=0`` config are the previous versions' schedules (each program all 512 columns of V; every
-  warp gathers and computes), so the report states what the column split and the producer warpgroup gain as ratios
-  measured in the same run, and what each switch (WS, MERGE) gains over the configs timed both ways;
+  P_SMEM, V_SPLIT, PART16, STORE_CVT, WS, MERGE, SPLIT_WG), or the part ``--space`` keeps; its fastest
+  ``V_SPLIT=1``, ``WS=0`` and ``SPLIT_WG=0`` configs are the previous versions' schedules (each program all 512
+  columns of V; every warp gathers and computes; both compute warpgroups on every tile), so the report states what
+  the column split, the producer warpgroup and the split of tiles between the warpgroups gain as ratios measured in
+  the same run, and what each switch (WS, MERGE, SPLIT_WG) gains over the configs timed both ways;
 * the torch path (gather + two bmm) and the floor (bytes / the copy bandwidth measured in the same run).
 
 Every (kernel, config) is first checked against the float32 reference into a NaN-poisoned output (and, for the

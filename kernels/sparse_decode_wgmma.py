@@ -39,8 +39,8 @@ and float32 partials): 9.5 / 16.7 / 27.9 µs at batch 1 / 16 / 64 against 9.4 / 
 1.32x (issue 20's goals, 9 / 12 / 17 µs, are still missed). ``SPLIT_WG`` against the best config without it in the
 same run: 1.00x / 1.00x / 1.03x; at batch 64 with 32-row tiles in a ring of four it ran 27.9 against 39.1 µs for the
 same config without it, but with 64-row tiles (one ring slot a warpgroup beside q) 35.3 against 28.7. The run
-before it (b1b01f3, ``sparse_decode_wgmma_h200_b1b01f3.md``): 9.4 / 16.4 / 28.5 µs. WS against the single-partition schedule's best in the same run: 1.00x / 1.04x /
-1.09x; its gain grows with the tiles a program walks (a program of one tile pays for the handshake: 0.975-0.984x),
+before it (b1b01f3, ``sparse_decode_wgmma_h200_b1b01f3.md``): 9.4 / 16.4 / 28.5 µs. WS against the single-partition
+schedule's best in that run: 1.00x / 1.04x / 1.09x; its gain grows with the tiles a program walks (a program of one tile pays for the handshake: 0.975-0.984x),
 and at batch 64 it lets one split of 640 rows (no partials, no merge) beat two. ``V_SPLIT`` (2, 4 or 8 programs a
 split, each all the scores and its share of V's columns) is 1.20x / 1.08x / 1.05x the fastest one-program config
 in the same run. Earlier runs: 9.4 / 17.1 / 30.8 µs before WS (``sparse_decode_wgmma_h200.md`` at 4750e24,
@@ -110,7 +110,7 @@ PROGRAMS = 128  # about one program per SM of an H200 (132)
 GATHER_WARPS = 4
 GATHER_REGS = 88
 WS_MAXNREG = 168
-WG_REGS = 208  # SPLIT_WG: the second consumer warpgroup's registers (the first, the default partition, gets the rest)
+WG_REGS = 208  # SPLIT_WG: each consumer warpgroup's registers (the producer, the default partition, keeps the rest: 88)
 
 
 def default_config(batch: int, topk: int) -> dict:
@@ -450,12 +450,12 @@ if HAVE_GLUON:
                        DV: gl.constexpr, BLOCK_H: gl.constexpr, BLOCK_T: gl.constexpr, STAGES: gl.constexpr,
                        DIRECT: gl.constexpr, P_SMEM: gl.constexpr, V_SPLIT: gl.constexpr, STORE_CVT: gl.constexpr,
                        MERGE: gl.constexpr, S_PAD: gl.constexpr, WG: gl.constexpr):
-        """SPLIT_WG's consumer warpgroup ``WG`` (0: the default partition, 1: a worker): the split's tiles ``WG``,
+        """SPLIT_WG's consumer warpgroup ``WG`` (0 or 1, each a worker partition): the split's tiles ``WG``,
         ``WG + 2``, ... whole (a 64 x BLOCK_T x 512 score product, its own online softmax, O += P V for the program's
         DO <= 256 columns), with no exchange with the other warpgroup until the end: then warpgroup 1 hands its
         (acc, m, l) over through shared memory (q's buffer, free once both are done) and warpgroup 0 merges the two
-        as two splits and writes the result. ``done[0]``: warpgroup 0 has finished its tiles (q and the ring are
-        free); ``done[1]``: warpgroup 1's state is in shared memory. A slot is always consumed by one warpgroup, in
+        as two splits and writes the result. ``done[0]``: warpgroup 0 has finished its tiles (its products no
+        longer read q); ``done[1]``: warpgroup 1's state is in shared memory. A slot is always consumed by one warpgroup, in
         order (STAGES even: a slot's tiles all have one parity), so no wait runs ahead of its barrier's phase.
         Registers: with 64-row tiles at two programs a split the build spills (the sm_90 build by Triton 3.6: 392
         bytes a thread, 3.9: 216; at four programs a split 16 under 3.6): a [64, 256] float32 accumulator, a [64, 64]
@@ -624,8 +624,8 @@ def sparse_decode_wgmma(q: torch.Tensor, kv: torch.Tensor, indices: torch.Tensor
     0: every warp does both, with one block-wide barrier a tile), ``SPLIT_WG`` (1: the two compute warpgroups take
     alternate whole tiles, each its own softmax, merged at the end; always warp-specialised, needs V_SPLIT >= 2 and
     an even STAGES);
-    a launch is always 8 compute warps (12 with WS or SPLIT_WG) and 64 heads. ``pdl``: launch the merge kernel with programmatic dependent launch;
-    None = where the GPU has it."""
+    a launch is always 8 compute warps (12 warps in all with WS or SPLIT_WG) and 64 heads. ``pdl``: launch the merge
+    kernel with programmatic dependent launch; None = where the GPU has it."""
     if not HAVE_GLUON:
         raise RuntimeError(f"sparse_decode_wgmma: this Triton ({triton.__version__}) has no Gluon Hopper API; "
                            "use kernels.sparse_decode.sparse_decode")
@@ -677,7 +677,7 @@ def sparse_decode_wgmma(q: torch.Tensor, kv: torch.Tensor, indices: torch.Tensor
                 P_SMEM=bool(config["P_SMEM"]), V_SPLIT=v_split, STORE_CVT=bool(config["STORE_CVT"]),
                 MERGE=merge, S_PAD=max(2, triton.next_power_of_2(n_splits)), num_warps=WGMMA_WARPS)
     grid = (n_splits * v_split, B)
-    if config.get("SPLIT_WG"):  # two 4-warp consumer partitions beside the producer: 12 warps, as WS
+    if config.get("SPLIT_WG"):  # the producer's 4 warps are the default partition, two 4-warp consumers: 12 warps
         meta["num_warps"] = 4
         _sparse_decode_wgmma_ws_kernel[grid](*args, **meta, GATHER_WARPS=GATHER_WARPS, GATHER_REGS=GATHER_REGS,
                                              SPLIT_WG=True, WG_REGS=WG_REGS, maxnreg=WS_MAXNREG)
