@@ -114,14 +114,21 @@ def report(data: dict) -> str:
         lines.append(f"| {c['name']} | " + " | ".join(cells) + f" | {c['wall_s']:.0f} |")
     lines += ["", "Knobs of the hand-written best: " + ", ".join(f"{k}={v}" for k, v in HAND_BEST.items()), ""]
     hand = next((c for c in cases if c["knobs"] == HAND_BEST and "tok_s" in c), None)
+    by_name = {c["name"]: c for c in cases if "tok_s" in c}
     for c in cases:
-        if c["name"] in data.get("compared", []) and hand and "tok_s" in c:
-            ratios = [c["tok_s"][lv] / hand["tok_s"][lv] for lv in levels if hand["tok_s"].get(lv) and c["tok_s"].get(lv)]
-            geo = math.exp(sum(math.log(x) for x in ratios) / len(ratios)) if ratios else float("nan")
-            lines.append(f"{c['name']} / hand-written best, measured side by side: "
-                         + ", ".join(f"{lv} {x:.3f}" for lv, x in zip(levels, ratios)) + f"; geomean {geo:.3f}")
-            lines.append("Its knobs: " + ", ".join(f"{k}={v}" for k, v in c["knobs"].items() if DEFAULT.get(k) != v))
-            lines.append("")
+        if c["name"] not in data.get("compared", []) or "tok_s" not in c:
+            continue
+        # against the case it varies (a found best's attention_impl variant: that found best), else the hand-written
+        base = by_name.get(c.get("base", ""), hand)
+        if base is None:
+            continue
+        ratios = [(lv, c["tok_s"][lv] / base["tok_s"][lv]) for lv in levels
+                  if base["tok_s"].get(lv) and c["tok_s"].get(lv)]
+        geo = math.exp(sum(math.log(x) for _, x in ratios) / len(ratios)) if ratios else float("nan")
+        lines.append(f"{c['name']} / {'hand-written best' if base is hand else base['name']}, measured side by side: "
+                     + ", ".join(f"{lv} {x:.3f}" for lv, x in ratios) + f"; geomean {geo:.3f}")
+        lines.append("Its knobs: " + ", ".join(f"{k}={v}" for k, v in c["knobs"].items() if DEFAULT.get(k) != v))
+        lines.append("")
     return "\n".join(lines)
 
 
@@ -140,8 +147,8 @@ def main() -> int:
                     help="add the hand-written best with its linears' GEMMs run by each IMPL (auto: the tuned files' "
                          "choice per shape; triton: kernels/gemm.py everywhere), beside it with the library's")
     ap.add_argument("--attention-impl", default="", metavar="IMPL[,IMPL]",
-                    help="add the hand-written best with its sparse decode attention run by each IMPL (wgmma: the "
-                         "Gluon Hopper kernel), beside it with the mma kernel")
+                    help="add the hand-written best (and each --study-best) with its sparse decode attention run by "
+                         "each IMPL (wgmma: the Gluon Hopper kernel), beside it with its own")
     ap.add_argument("--report-from", type=Path, default=None,
                     help="rewrite --out from a stored run's JSON (no GPU needed): adds the side-by-side ratios of its "
                          "variants and found bests to the hand-written best (a JSON without 'compared': every case "
@@ -171,6 +178,12 @@ def main() -> int:
     cases += variants
     found = [study_best(spec) for spec in args.study_best]
     cases += found
+    # each found best again with each --attention-impl, compared with that found best as measured here
+    found_variants = [(f"{name}, attention_impl={impl}", {**knobs, "attention_impl": impl}, name)
+                      for name, knobs in found for impl in args.attention_impl.split(",")
+                      if impl and knobs.get("attention_impl") != impl]
+    cases += [(name, knobs) for name, knobs, _ in found_variants]
+    bases = {name: base for name, _, base in found_variants}
     for name, knobs in cases:
         r = run_case(knobs, args.preset, args.levels, args.repeats, args.timeout)
         results.append((name, knobs, r))
@@ -178,8 +191,9 @@ def main() -> int:
     data = {"gpu": env["gpus"][0]["name"] if env["gpus"] else "cpu", "date": str(dt.date.today()),
             "commit": os.environ.get("TUNER_COMMIT") or env.get("git_sha"), "torch": torch.__version__,
             "triton": env.get("triton"), "preset": args.preset, "repeats": args.repeats,
-            "levels": levels, "cases": [{"name": n, "knobs": k, **r} for n, k, r in results],
-            "compared": [n for n, _ in found] + [n for n, _ in variants]}
+            "levels": levels,
+            "cases": [{"name": n, "knobs": k, **({"base": bases[n]} if n in bases else {}), **r} for n, k, r in results],
+            "compared": [n for n, _ in found] + [n for n, _ in variants] + list(bases)}
     lines = report(data).splitlines()
     Path(args.out).write_text("\n".join(lines))
     Path(args.out).with_suffix(".json").write_text(json.dumps(data, indent=1))

@@ -448,6 +448,68 @@ def test_the_workload_report_states_the_wgmma_attention_against_the_hand_written
     assert text == (ROOT / "benchmarks" / "results" / "workload_attention_wgmma_h200_e53ca92.md").read_text()
 
 
+def test_the_locality_probe_rewrites_only_the_indices_and_reports_each_pattern_against_spread(tmp_path):
+    """benchmarks/sparse_decode_wgmma_locality.py: ``shared`` gives every request the first request's rows and
+    ``one_row`` one row everywhere, nothing else of the inputs changes; the report states spread / each pattern from
+    the stored rows, and the script says in one line that measuring needs a GPU."""
+    sys.path.insert(0, str(ROOT))
+    import benchmarks.sparse_decode_wgmma_locality as loc
+
+    kernel = get_kernel("sparse_decode")
+    inputs = kernel.make_inputs({**kernel.shapes("v4flash")[0], "batch": 3}, "float32", "cpu", seed=5)
+    shared, one = loc.with_pattern(inputs, "shared"), loc.with_pattern(inputs, "one_row")
+    assert torch.equal(shared["indices"], inputs["indices"][:1].repeat(3, 1)) and shared["q"] is inputs["q"]
+    assert (one["indices"] == inputs["indices"][0, 0]).all() and one["indices"].shape == inputs["indices"].shape
+    assert not torch.equal(inputs["indices"][1], inputs["indices"][0])  # the spread pattern is left as it was
+    cfg = loc.configs(64)[0]
+    rows = [{"batch": 64, "config": cfg, "pattern": p, "err": 0.002, "status": "ok", "us": us}
+            for p, us in (("spread", 30.0), ("shared", 20.0), ("one_row", 12.0))]
+    data = {"meta": {"date": "d", "gpu": "G", "torch": "t", "triton": "tr", "commit": "c", "rep_ms": 1}, "rows": rows}
+    path = tmp_path / "l.json"
+    path.write_text(json.dumps(data))
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    script = ROOT / "benchmarks" / "sparse_decode_wgmma_locality.py"
+    r = subprocess.run([sys.executable, str(script), "--report-from", str(path), "--out", str(tmp_path / "l.md")],
+                       capture_output=True, text=True, env=env)
+    assert r.returncode == 0, r.stderr
+    assert "| 30.0 | 20.0 | 12.0 | 1.50x | 2.50x |" in (tmp_path / "l.md").read_text()
+    if not torch.cuda.is_available():
+        r = subprocess.run([sys.executable, str(script), "--json", str(tmp_path / "x.json")], capture_output=True,
+                           text=True, env=env)
+        assert r.returncode == 2 and "needs a CUDA GPU" in r.stderr and not (tmp_path / "x.json").exists()
+
+
+def test_the_workload_report_compares_a_found_bests_attention_variant_with_that_found_best(tmp_path):
+    """A --study-best run with --attention-impl: the found best's wgmma variant is stated against the found best as
+    measured in the same run (its "base"), the hand-written best's variant against the hand-written best."""
+    sys.path.insert(0, str(ROOT))
+    from benchmarks.workload_gpu import DEFAULT, HAND_BEST
+
+    found = "best found by `s` (trial 3, stored 100.00)"
+    found_knobs = {**DEFAULT, "attention_impl": "mma", "context_length": 32768}
+    levels = ["c=1", "c=64"]
+    cases = [{"name": "default", "knobs": DEFAULT, "tok_s": {"c=1": 10.0, "c=64": 50.0}, "wall_s": 1},
+             {"name": "hand-written best", "knobs": HAND_BEST, "tok_s": {"c=1": 40.0, "c=64": 400.0}, "wall_s": 1},
+             {"name": "hand-written best, attention_impl=wgmma", "knobs": {**HAND_BEST, "attention_impl": "wgmma"},
+              "tok_s": {"c=1": 44.0, "c=64": 400.0}, "wall_s": 1},
+             {"name": found, "knobs": found_knobs, "tok_s": {"c=1": 20.0, "c=64": 200.0}, "wall_s": 1},
+             {"name": f"{found}, attention_impl=wgmma", "knobs": {**found_knobs, "attention_impl": "wgmma"},
+              "base": found, "tok_s": {"c=1": 25.0, "c=64": 180.0}, "wall_s": 1}]
+    data = {"gpu": "G", "date": "d", "commit": "c", "torch": "t", "triton": "tr", "preset": "dsv4-flash",
+            "repeats": 3, "levels": levels, "cases": cases,
+            "compared": [found, "hand-written best, attention_impl=wgmma", f"{found}, attention_impl=wgmma"]}
+    path = tmp_path / "w.json"
+    path.write_text(json.dumps(data))
+    out = tmp_path / "w.md"
+    r = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "workload_gpu.py"), "--report-from", str(path),
+                        "--out", str(out)], capture_output=True, text=True, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert r.returncode == 0, r.stderr
+    text = out.read_text()
+    assert f"{found}, attention_impl=wgmma / {found}, measured side by side: c=1 1.250, c=64 0.900; geomean 1.061" in text
+    assert "hand-written best, attention_impl=wgmma / hand-written best, measured side by side: c=1 1.100, c=64 1.000" in text
+    assert f"{found} / hand-written best, measured side by side: c=1 0.500, c=64 0.500" in text
+
+
 def test_the_kernels_benchmark_plans_the_wgmma_kernel_only_where_it_can_run(monkeypatch):
     """benchmarks/kernels.py: a sparse_decode_wgmma job (V4-Flash shapes, bf16, each batch's default config first,
     then a sample of the canonical space) where the kernel says it can run, none where it cannot."""

@@ -1,0 +1,136 @@
+"""Where the wgmma sparse decode's time goes: the same configs on gathers that leave DRAM less (issue 20).
+
+The kernel at the V4-Flash shapes (64 heads, a 512-wide K=V latent, 640 selected rows, bf16 cache) is timed on three
+index patterns, one after another in one process, each checked first against the float32 reference into a
+NaN-poisoned output:
+
+* ``spread``: each request its own 640 distinct rows of 65536 (what the benchmarks time; every row from DRAM);
+* ``shared``: every request the same 640 rows (one request's rows leave DRAM, the batch's other reads hit L2);
+* ``one_row``: every selected row the same row (the gathers hit L1/L2 at once: what is left is the kernel's own
+  work, its products, softmax, synchronisation and stores).
+
+If ``shared`` runs as ``spread`` does, DRAM is not what bounds the config; if ``one_row`` does too, the gathers are
+not either, and the time is on-chip (products, softmax, the handshakes). Times: ``kernels.bench.do_bench`` medians of
+CUDA-graph replays, L2 flushed before each (by reading a clean 256 MB buffer), 4 input sets rotating.
+
+    python3 benchmarks/sparse_decode_wgmma_locality.py --json OUT.json                   # on an H200
+    python3 benchmarks/sparse_decode_wgmma_locality.py --report-from OUT.json --out X.md  # on any machine
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path[:] = [str(ROOT)] + [p for p in sys.path if Path(p or ".").resolve() not in (ROOT, Path(__file__).resolve().parent)]
+
+PATTERNS = ("spread", "shared", "one_row")
+
+
+def configs(batch: int) -> list[dict]:
+    """The batch's default config, and at batch 64 the previous default (64-row tiles, no SPLIT_WG) and one program
+    a request (all of V's columns: no score computed twice)."""
+    from kernels.sparse_decode_wgmma import default_config
+
+    base = default_config(batch, 640)
+    out = [base]
+    if batch == 64:
+        prev = {**base, "SPLIT_WG": 0, "BLOCK_T": 64, "STAGES": 2}
+        out += [prev, {**prev, "V_SPLIT": 1}]
+    return out
+
+
+def with_pattern(inputs: dict, pattern: str) -> dict:
+    """``inputs`` with its indices rewritten to ``pattern`` (the first request's rows for all, or one row)."""
+    idx = inputs["indices"]
+    if pattern == "shared":
+        idx = idx[:1].expand_as(idx).contiguous()
+    elif pattern == "one_row":
+        idx = idx[:1, :1].expand_as(idx).contiguous()
+    return {**inputs, "indices": idx}
+
+
+def measure(args, json_path: Path) -> dict:
+    import torch
+    import triton
+
+    from benchmarks.kernels import _time
+    from benchmarks.tuner_efficiency import _commit
+    from kernels.base import rel_error
+    from kernels.registry import get_kernel
+    from kernels.sparse_decode_wgmma import sparse_decode_wgmma
+
+    kernel = get_kernel("sparse_decode")
+    base = kernel.shapes("v4flash")[0]
+    meta = {"date": dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"), "gpu": torch.cuda.get_device_name(),
+            "torch": torch.__version__, "triton": triton.__version__, "commit": _commit(), "rep_ms": args.rep_ms}
+    rows = []
+    for batch in (64, 16, 1):
+        shape = dict(base, batch=batch)
+        plain = [kernel.make_inputs(shape, "bfloat16", "cuda", seed=1 + k) for k in range(4)]
+        tol = kernel.tolerance("bfloat16")
+        for config in configs(batch):
+            for pattern in PATTERNS:
+                sets = [with_pattern(s, pattern) for s in plain]
+                outs = [kernel.output_like(s) for s in sets]
+                out = kernel.output_like(sets[0]).fill_(float("nan"))
+                err = rel_error(sparse_decode_wgmma(sets[0]["q"], sets[0]["kv"], sets[0]["indices"],
+                                                    sets[0]["sm_scale"], config, out=out), kernel.reference(sets[0]))
+                row = {"batch": batch, "config": config, "pattern": pattern, "err": err,
+                       "status": "ok" if err <= tol else "wrong_result"}
+                if row["status"] == "ok":
+                    row["us"] = _time(lambda j, c=config, sets=sets, outs=outs: sparse_decode_wgmma(
+                        sets[j]["q"], sets[j]["kv"], sets[j]["indices"], sets[j]["sm_scale"], c, out=outs[j]),
+                        list(range(len(sets))), args.rep_ms).median_us
+                rows.append(row)
+                print(f"batch {batch} {pattern} {row.get('us', row['status'])}", flush=True)
+        torch.cuda.empty_cache()
+    data = {"meta": meta, "rows": rows}
+    json_path.write_text(json.dumps(data, indent=1))
+    return data
+
+
+def _cfg(config: dict) -> str:
+    return " ".join(f"{k}={v}" for k, v in config.items())
+
+
+def report(data: dict, source: str) -> str:
+    meta = data["meta"]
+    lines = ["# Sparse decode (wgmma kernel): the same configs on gathers that leave DRAM less", "",
+             f"- date: {meta['date']}; GPU: {meta['gpu']}; torch {meta['torch']}, triton {meta['triton']}; commit "
+             f"{meta['commit']}",
+             f"- generated by `benchmarks/sparse_decode_wgmma_locality.py --report-from {Path(source).name}` from the "
+             f"stored results `benchmarks/results/data/{Path(source).name}`",
+             "- V4-Flash shapes (64 heads, 512-wide K=V latent, 640 selected rows of 65536, bf16); µs: median of "
+             "CUDA-graph replays, L2 flushed before each, 4 input sets rotating; each checked against the float32 "
+             "reference first",
+             "- spread: each request its own rows (all from DRAM); shared: every request the first request's rows; "
+             "one_row: every selected row the same row", "",
+             "| batch | config | spread µs | shared µs | one_row µs | spread / shared | spread / one_row |",
+             "| --- | --- | --- | --- | --- | --- | --- |"]
+    keyed: dict = {}
+    for r in data["rows"]:
+        keyed.setdefault((r["batch"], _cfg(r["config"])), {})[r["pattern"]] = r
+    for (batch, cfg), by in keyed.items():
+        us = {p: by[p].get("us") if p in by else None for p in PATTERNS}
+        cells = [f"{us[p]:.1f}" if us[p] else (by[p]["status"] if p in by else "-") for p in PATTERNS]
+        ratios = [f"{us['spread'] / us[p]:.2f}x" if us["spread"] and us[p] else "-" for p in ("shared", "one_row")]
+        lines.append(f"| {batch} | {cfg} | " + " | ".join(cells + ratios) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def main(argv=None) -> int:
+    from benchmarks.report_cli import run
+
+    def extra(ap):
+        ap.add_argument("--rep-ms", type=float, default=30.0)
+
+    return run(argv, __doc__, ROOT / "benchmarks" / "results" / "sparse_decode_wgmma_locality_h200.md", report,
+               measure, extra)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

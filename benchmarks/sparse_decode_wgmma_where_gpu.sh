@@ -1,0 +1,20 @@
+#!/usr/bin/env bash
+# Where the wgmma sparse decode's time goes, in one device command (about 5 minutes cold):
+#   1. benchmarks/sparse_decode_wgmma_locality.py: the defaults on gathers that leave DRAM less (spread/shared/one_row)
+#   2. Nsight Compute, the summary page of every case of profile_sparse_decode.py --wgmma (merge kernels included)
+#   3. the per-SASS-line stall profile (sparse_decode_wgmma_source_profile.sh) of the batch-64 default and of the
+#      same without SPLIT_WG (override with CASES)
+# Writes under $OUT: sparse_decode_wgmma_locality_h200.{json,md}, ncu_wgmma.csv, ncu_wgmma_summary.txt and the source
+# profile's files. Run from the repository root, with the offline wheels in .whl (gpu_env.sh).
+. "$(dirname "$0")/gpu_env.sh"
+python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl >/dev/null 2>&1
+export PYTHONPATH=/tmp/site:$PWD
+timeout ${LOCALITY_S:-150} python3 "$here/sparse_decode_wgmma_locality.py" --json "$OUT/sparse_decode_wgmma_locality_h200.json" \
+  --out "$OUT/sparse_decode_wgmma_locality_h200.md" 2>&1 | tail -n 14
+# shellcheck disable=SC2086
+timeout ${NCU_S:-150} ncu $ncu_flags $ncu_metrics python3 "$here/profile_sparse_decode.py" --wgmma \
+  >"$OUT/ncu_wgmma.csv" 2>"$OUT/ncu_wgmma_summary.txt"
+python3 "$here/profile_sparse_decode.py" --summarise "$OUT/ncu_wgmma.csv" >>"$OUT/ncu_wgmma_summary.txt" 2>&1
+tail -n 24 "$OUT/ncu_wgmma_summary.txt" | cut -c1-400
+export CASES=${CASES:-"B=64 wgmma {'S': 1, 'BLOCK_T': 32, 'STAGES': 4, 'P_SMEM': 0, 'V_SPLIT': 2, 'PART16': 0, 'STORE_CVT': 1, 'WS': 1, 'MERGE': 0, 'SPLIT_WG': 1}|B=64 wgmma {'S': 1, 'BLOCK_T': 64, 'STAGES': 2, 'P_SMEM': 0, 'V_SPLIT': 2, 'PART16': 0, 'STORE_CVT': 1, 'WS': 1, 'MERGE': 0, 'SPLIT_WG': 0}"}
+bash "$here/sparse_decode_wgmma_source_profile.sh" 2>&1 | head -n 80 | cut -c1-200
