@@ -9,7 +9,7 @@ n=0
 for c in "${cases[@]}"; do
   n=$((n + 1)); tag=$n
   echo "case $tag: $c" > $OUT/ncu_source_wgmma_case_$tag.txt
-  timeout 200 ncu --profile-from-start off --clock-control none --set full --import-source yes -k regex:wgmma \
+  timeout ${NCU_CASE_S:-200} ncu --profile-from-start off --clock-control none --set full --import-source yes -k regex:wgmma \
     -o /tmp/prof_$tag python3 benchmarks/profile_sparse_decode.py --wgmma --case "$c" > /tmp/ncu_$tag.log 2>&1
   tail -2 /tmp/ncu_$tag.log
   ncu -i /tmp/prof_$tag.ncu-rep --page source --csv --print-source sass > /tmp/src_$tag.csv 2>/dev/null
