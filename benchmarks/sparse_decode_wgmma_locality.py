@@ -9,8 +9,14 @@ NaN-poisoned output:
 * ``one_row``: every selected row the same row (the gathers hit L1/L2 at once: what is left is the kernel's own
   work, its products, softmax, synchronisation and stores).
 
-If ``shared`` runs as ``spread`` does, DRAM is not what bounds the config; if ``one_row`` does too, the gathers are
-not either, and the time is on-chip (products, softmax, the handshakes). Times: ``kernels.bench.do_bench`` medians of
+If ``shared`` runs as ``spread`` does, DRAM is not what bounds the config. (``one_row`` turned out slower than
+``spread``: 128 programs reading one 1 KB row hit the same L2 lines at once.)
+
+For the warp-specialised configs (WS or SPLIT_WG) two timing probes of the same build on the ``spread`` inputs
+(``sparse_decode_wgmma(..., _probe=...)``, their output is garbage and is not checked): ``no_copies``, the ring's
+handshakes and every product without the rows' copies (what the compute warpgroups take when a gather costs nothing),
+and ``no_products``, the gathers and handshakes without the products (what the producer takes when computing costs
+nothing). Their sum against the full time says how much of the two overlaps. Times: ``kernels.bench.do_bench`` medians of
 CUDA-graph replays, L2 flushed before each (by reading a clean 256 MB buffer), 4 input sets rotating.
 
     python3 benchmarks/sparse_decode_wgmma_locality.py --json OUT.json                   # on an H200
@@ -28,6 +34,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path[:] = [str(ROOT)] + [p for p in sys.path if Path(p or ".").resolve() not in (ROOT, Path(__file__).resolve().parent)]
 
 PATTERNS = ("spread", "shared", "one_row")
+PROBES = ("no_copies", "no_products")
 
 
 def configs(batch: int) -> list[dict]:
@@ -87,6 +94,16 @@ def measure(args, json_path: Path) -> dict:
                         list(range(len(sets))), args.rep_ms).median_us
                 rows.append(row)
                 print(f"batch {batch} {pattern} {row.get('us', row['status'])}", flush=True)
+            if not (config["WS"] or config["SPLIT_WG"]):
+                continue
+            outs = [kernel.output_like(s) for s in plain]
+            for probe in PROBES:
+                us = _time(lambda j, c=config, p=probe: sparse_decode_wgmma(
+                    plain[j]["q"], plain[j]["kv"], plain[j]["indices"], plain[j]["sm_scale"], c, out=outs[j], _probe=p),
+                    list(range(len(plain))), args.rep_ms).median_us
+                rows.append({"batch": batch, "config": config, "pattern": "spread", "probe": probe, "status": "probe",
+                             "us": us})
+                print(f"batch {batch} {probe} {us}", flush=True)
         torch.cuda.empty_cache()
     data = {"meta": meta, "rows": rows}
     json_path.write_text(json.dumps(data, indent=1))
@@ -109,16 +126,24 @@ def report(data: dict, source: str) -> str:
              "reference first",
              "- spread: each request its own rows (all from DRAM); shared: every request the first request's rows; "
              "one_row: every selected row the same row", "",
-             "| batch | config | spread µs | shared µs | one_row µs | spread / shared | spread / one_row |",
-             "| --- | --- | --- | --- | --- | --- | --- |"]
+             "- no_copies / no_products (warp-specialised configs only, spread inputs): the same build without the "
+             "rows' copies / without the products (timing probes, output not checked); overlap = (no_copies + "
+             "no_products - spread) / min(no_copies, no_products): 1 when the shorter hides wholly under the longer, "
+             "0 when they run one after the other", "",
+             "| batch | config | spread µs | shared µs | one_row µs | spread / shared | spread / one_row | no_copies µs "
+             "| no_products µs | overlap |",
+             "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
     keyed: dict = {}
     for r in data["rows"]:
-        keyed.setdefault((r["batch"], _cfg(r["config"])), {})[r["pattern"]] = r
+        keyed.setdefault((r["batch"], _cfg(r["config"])), {})[r.get("probe") or r["pattern"]] = r
     for (batch, cfg), by in keyed.items():
-        us = {p: by[p].get("us") if p in by else None for p in PATTERNS}
+        us = {p: by[p].get("us") if p in by else None for p in PATTERNS + PROBES}
         cells = [f"{us[p]:.1f}" if us[p] else (by[p]["status"] if p in by else "-") for p in PATTERNS]
         ratios = [f"{us['spread'] / us[p]:.2f}x" if us["spread"] and us[p] else "-" for p in ("shared", "one_row")]
-        lines.append(f"| {batch} | {cfg} | " + " | ".join(cells + ratios) + " |")
+        probes = [f"{us[p]:.1f}" if us[p] else "-" for p in PROBES]
+        a, b, full = us["no_copies"], us["no_products"], us["spread"]
+        overlap = f"{(a + b - full) / min(a, b):.2f}" if a and b and full else "-"
+        lines.append(f"| {batch} | {cfg} | " + " | ".join(cells + ratios + probes + [overlap]) + " |")
     return "\n".join(lines) + "\n"
 
 

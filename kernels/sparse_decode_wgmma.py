@@ -368,10 +368,11 @@ if HAVE_GLUON:
     def _ws_gather(q_ptr, kv_ptr, idx_ptr, q_smem, kv_smem, q_bar, ready, empty,
                    H, num_rows, topk, rows_per_split, stride_qb, stride_qh, stride_kv, stride_ib,
                    DV: gl.constexpr, BLOCK_H: gl.constexpr, BLOCK_T: gl.constexpr, STAGES: gl.constexpr,
-                   V_SPLIT: gl.constexpr, GATHER_WARPS: gl.constexpr):
+                   V_SPLIT: gl.constexpr, GATHER_WARPS: gl.constexpr, PROBE: gl.constexpr = 0):
         """WS's producer warpgroup: q, then each tile's selected rows into the ring by ``cp.async``. A slot is
         refilled once the consumers have released it (``empty``); each thread's copies arrive on the slot's
-        ``ready`` barrier when they land (``cp.async.mbarrier.arrive.noinc``), so no warp waits for a copy here."""
+        ``ready`` barrier when they land (``cp.async.mbarrier.arrive.noinc``), so no warp waits for a copy here.
+        ``PROBE=1`` (a timing probe, see ``_PROBES``): the ring's handshakes without the rows' copies."""
         DO: gl.constexpr = DV // V_SPLIT
         pid_s, pid_b, col_off, start, end, n_tiles = _program_split(rows_per_split, topk, BLOCK_T, V_SPLIT, DO)
         copy_l: gl.constexpr = gl.BlockedLayout([1, 8], [1, 32], [GATHER_WARPS, 1], [1, 0])
@@ -389,7 +390,8 @@ if HAVE_GLUON:
             slot = t % STAGES
             rows_next = _tile_rows(idx_base, start, end, t + 1, offs_t)  # the next indices' round trip overlaps
             mbarrier.wait(empty.index(slot), ((t // STAGES) & 1) ^ 1)  # the first pass finds every slot free
-            _issue_tile(kv_smem.index(slot), kv_ptr, rows, num_rows, stride_kv, offs_d)
+            if PROBE != 1:
+                _issue_tile(kv_smem.index(slot), kv_ptr, rows, num_rows, stride_kv, offs_d)
             async_copy.mbarrier_arrive(ready.index(slot), increment_count=False)
             rows = rows_next
 
@@ -399,7 +401,7 @@ if HAVE_GLUON:
                     stride_pb, stride_ps, stride_ph, stride_lb, stride_ls, stride_ob, stride_oh,
                     DV: gl.constexpr, BLOCK_H: gl.constexpr, BLOCK_T: gl.constexpr, STAGES: gl.constexpr,
                     DIRECT: gl.constexpr, P_SMEM: gl.constexpr, V_SPLIT: gl.constexpr, STORE_CVT: gl.constexpr,
-                    MERGE: gl.constexpr, S_PAD: gl.constexpr):
+                    MERGE: gl.constexpr, S_PAD: gl.constexpr, PROBE: gl.constexpr = 0):
         """WS's two consumer warpgroups: the single-partition kernel's loop without its copies and its block-wide
         barrier; they release a slot (one arrival: Gluon arrives once a partition, after the partition's barrier)
         once both warpgroups' products have read it."""
@@ -420,13 +422,14 @@ if HAVE_GLUON:
             slot = t % STAGES
             mbarrier.wait(ready.index(slot), (t // STAGES) & 1)
             fence_async_shared()  # the copies (generic proxy) before the tensor cores' reads (async proxy)
-            tile = kv_smem.index(slot)
-            v_tile = tile if V_SPLIT == 1 else tile.slice(0, DO, dim=1)
-            s_tok = warpgroup_mma(q_smem, tile.permute((1, 0)), s_zero, use_acc=False, is_async=True)
-            valid = (rows_v >= 0) & (rows_v < num_rows)
-            rows_v = _tile_rows(idx_base, start, end, t + 1, offs_ts)
-            s = warpgroup_mma_wait(0, deps=[s_tok])
-            acc, m_i, l_i = _softmax_pv(s, valid, qk_scale, m_i, l_i, acc, p_smem, v_tile, P_SMEM, o_l, p_l)
+            if PROBE != 2:
+                tile = kv_smem.index(slot)
+                v_tile = tile if V_SPLIT == 1 else tile.slice(0, DO, dim=1)
+                s_tok = warpgroup_mma(q_smem, tile.permute((1, 0)), s_zero, use_acc=False, is_async=True)
+                valid = (rows_v >= 0) & (rows_v < num_rows)
+                rows_v = _tile_rows(idx_base, start, end, t + 1, offs_ts)
+                s = warpgroup_mma_wait(0, deps=[s_tok])
+                acc, m_i, l_i = _softmax_pv(s, valid, qk_scale, m_i, l_i, acc, p_smem, v_tile, P_SMEM, o_l, p_l)
             mbarrier.arrive(empty.index(slot))  # both warpgroups' products are done with the slot
         _write_result(acc, m_i, l_i, part_ptr, lse_ptr, out_ptr, sem_ptr, pid_b, pid_s, col_off, H, n_splits,
                       stride_pb, stride_ps, stride_ph, stride_lb, stride_ls, stride_ob, stride_oh,
@@ -449,7 +452,7 @@ if HAVE_GLUON:
                        stride_pb, stride_ps, stride_ph, stride_lb, stride_ls, stride_ob, stride_oh,
                        DV: gl.constexpr, BLOCK_H: gl.constexpr, BLOCK_T: gl.constexpr, STAGES: gl.constexpr,
                        DIRECT: gl.constexpr, P_SMEM: gl.constexpr, V_SPLIT: gl.constexpr, STORE_CVT: gl.constexpr,
-                       MERGE: gl.constexpr, S_PAD: gl.constexpr, WG: gl.constexpr):
+                       MERGE: gl.constexpr, S_PAD: gl.constexpr, WG: gl.constexpr, PROBE: gl.constexpr = 0):
         """SPLIT_WG's consumer warpgroup ``WG`` (0 or 1, each a worker partition): the split's tiles ``WG``,
         ``WG + 2``, ... whole (a 64 x BLOCK_T x 512 score product, its own online softmax, O += P V for the program's
         DO <= 256 columns), with no exchange with the other warpgroup until the end: then warpgroup 1 hands its
@@ -478,16 +481,17 @@ if HAVE_GLUON:
             slot = t % STAGES
             mbarrier.wait(ready.index(slot), (t // STAGES) & 1)
             fence_async_shared()
-            tile = kv_smem.index(slot)
-            s_tok = warpgroup_mma(q_smem, tile.permute((1, 0)), s_zero, use_acc=False, is_async=True)
-            # the tile's indices (for the padding mask) load while the scores' product runs: not carried over from
-            # the previous tile, as in the two-warpgroup schedule, because a warpgroup holding whole 64-row tiles
-            # would keep 16 row numbers and their 64-bit addresses live across the loop (ptxas spilled them)
-            rows_v = _tile_rows(idx_base, start, end, t, offs_ts)
-            valid = (rows_v >= 0) & (rows_v < num_rows)
-            s = warpgroup_mma_wait(0, deps=[s_tok])
-            acc, m_i, l_i = _softmax_pv(s, valid, qk_scale, m_i, l_i, acc, p_own, tile.slice(0, DO, dim=1), P_SMEM,
-                                        o_l, p_l)
+            if PROBE != 2:
+                tile = kv_smem.index(slot)
+                s_tok = warpgroup_mma(q_smem, tile.permute((1, 0)), s_zero, use_acc=False, is_async=True)
+                # the tile's indices (for the padding mask) load while the scores' product runs: not carried over
+                # from the previous tile, as in the two-warpgroup schedule, because a warpgroup holding whole 64-row
+                # tiles would keep 16 row numbers and their 64-bit addresses live across the loop (ptxas spilled them)
+                rows_v = _tile_rows(idx_base, start, end, t, offs_ts)
+                valid = (rows_v >= 0) & (rows_v < num_rows)
+                s = warpgroup_mma_wait(0, deps=[s_tok])
+                acc, m_i, l_i = _softmax_pv(s, valid, qk_scale, m_i, l_i, acc, p_own, tile.slice(0, DO, dim=1),
+                                            P_SMEM, o_l, p_l)
             mbarrier.arrive(empty.index(slot))
         hand_sl: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, [1, 0])
         hand = _as_f32(q_smem, [BLOCK_H, DO], hand_sl)  # 64 x DO float32: no more than q's 64 x 512 16-bit
@@ -526,7 +530,7 @@ if HAVE_GLUON:
         DV: gl.constexpr, BLOCK_H: gl.constexpr, BLOCK_T: gl.constexpr, STAGES: gl.constexpr,
         DIRECT: gl.constexpr, P_SMEM: gl.constexpr, V_SPLIT: gl.constexpr, STORE_CVT: gl.constexpr,
         MERGE: gl.constexpr, S_PAD: gl.constexpr, GATHER_WARPS: gl.constexpr, GATHER_REGS: gl.constexpr,
-        SPLIT_WG: gl.constexpr = False, WG_REGS: gl.constexpr = 0,
+        SPLIT_WG: gl.constexpr = False, WG_REGS: gl.constexpr = 0, PROBE: gl.constexpr = 0,
     ):
         """The warp-specialised schedule (``WS=1``): a producer warpgroup gathers, two consumer warpgroups compute;
         they meet on mbarriers, one ``ready`` and one ``empty`` per ring slot."""
@@ -563,15 +567,17 @@ if HAVE_GLUON:
             gl.warp_specialize([
                 (_ws_gather, (q_ptr, kv_ptr, idx_ptr, q_smem, kv_smem, q_bar, ready, empty,
                               H, num_rows, topk, rows_per_split, stride_qb, stride_qh, stride_kv, stride_ib,
-                              DV, BLOCK_H, BLOCK_T, STAGES, V_SPLIT, GATHER_WARPS)),
+                              DV, BLOCK_H, BLOCK_T, STAGES, V_SPLIT, GATHER_WARPS, PROBE)),
                 (_ws_compute_wg, (q_smem, kv_smem, p_smem, q_bar, ready, empty, done, hand_ml, idx_ptr, part_ptr, lse_ptr,
                                   out_ptr, sem_ptr, H, num_rows, topk, rows_per_split, qk_scale, n_splits, stride_ib,
                                   stride_pb, stride_ps, stride_ph, stride_lb, stride_ls, stride_ob, stride_oh,
-                                  DV, BLOCK_H, BLOCK_T, STAGES, DIRECT, P_SMEM, V_SPLIT, STORE_CVT, MERGE, S_PAD, 0)),
+                                  DV, BLOCK_H, BLOCK_T, STAGES, DIRECT, P_SMEM, V_SPLIT, STORE_CVT, MERGE, S_PAD, 0,
+                                  PROBE)),
                 (_ws_compute_wg, (q_smem, kv_smem, p_smem, q_bar, ready, empty, done, hand_ml, idx_ptr, part_ptr, lse_ptr,
                                   out_ptr, sem_ptr, H, num_rows, topk, rows_per_split, qk_scale, n_splits, stride_ib,
                                   stride_pb, stride_ps, stride_ph, stride_lb, stride_ls, stride_ob, stride_oh,
-                                  DV, BLOCK_H, BLOCK_T, STAGES, DIRECT, P_SMEM, V_SPLIT, STORE_CVT, MERGE, S_PAD, 1)),
+                                  DV, BLOCK_H, BLOCK_T, STAGES, DIRECT, P_SMEM, V_SPLIT, STORE_CVT, MERGE, S_PAD, 1,
+                                  PROBE)),
             ], [4, 4], [WG_REGS, WG_REGS])
         else:
             fence_async_shared()
@@ -579,12 +585,16 @@ if HAVE_GLUON:
                 (_ws_compute, (q_smem, kv_smem, p_smem, q_bar, ready, empty, idx_ptr, part_ptr, lse_ptr, out_ptr, sem_ptr,
                                H, num_rows, topk, rows_per_split, qk_scale, n_splits, stride_ib,
                                stride_pb, stride_ps, stride_ph, stride_lb, stride_ls, stride_ob, stride_oh,
-                               DV, BLOCK_H, BLOCK_T, STAGES, DIRECT, P_SMEM, V_SPLIT, STORE_CVT, MERGE, S_PAD)),
+                               DV, BLOCK_H, BLOCK_T, STAGES, DIRECT, P_SMEM, V_SPLIT, STORE_CVT, MERGE, S_PAD,
+                               PROBE)),
                 (_ws_gather, (q_ptr, kv_ptr, idx_ptr, q_smem, kv_smem, q_bar, ready, empty,
                               H, num_rows, topk, rows_per_split, stride_qb, stride_qh, stride_kv, stride_ib,
-                              DV, BLOCK_H, BLOCK_T, STAGES, V_SPLIT, GATHER_WARPS)),
+                              DV, BLOCK_H, BLOCK_T, STAGES, V_SPLIT, GATHER_WARPS, PROBE)),
             ], [GATHER_WARPS], [GATHER_REGS])
 
+# timing probes of the warp-specialised schedule (their output is garbage): its handshakes and products without the
+# rows' copies (what is left when the gathers cost nothing), and its gathers and handshakes without the products
+_PROBES = {"no_copies": 1, "no_products": 2}
 _COUNTERS: dict[str, torch.Tensor] = {}
 
 
@@ -602,7 +612,7 @@ def _counters(device, n: int) -> torch.Tensor:
 
 def sparse_decode_wgmma(q: torch.Tensor, kv: torch.Tensor, indices: torch.Tensor, sm_scale: float | None = None,
                         config: dict | None = None, *, d_v: int | None = None, out: torch.Tensor | None = None,
-                        pdl: bool | None = None) -> torch.Tensor:
+                        pdl: bool | None = None, _probe: str = "") -> torch.Tensor:
     """Sparse MLA decode on Hopper tensor cores (Gluon); ``q [B, H <= 64, 512]``, ``kv [num_rows, 512]`` in q's
     dtype (bf16/fp16), ``indices [B, topk]`` int32 (negative or >= num_rows: padding); returns ``[B, H, 512]``.
 
@@ -625,7 +635,8 @@ def sparse_decode_wgmma(q: torch.Tensor, kv: torch.Tensor, indices: torch.Tensor
     alternate whole tiles, each its own softmax, merged at the end; always warp-specialised, needs V_SPLIT >= 2 and
     an even STAGES);
     a launch is always 8 compute warps (12 warps in all with WS or SPLIT_WG) and 64 heads. ``pdl``: launch the merge
-    kernel with programmatic dependent launch; None = where the GPU has it."""
+    kernel with programmatic dependent launch; None = where the GPU has it. ``_probe`` (timing only, the result is
+    garbage): a name of ``_PROBES``, for a warp-specialised config (WS or SPLIT_WG)."""
     if not HAVE_GLUON:
         raise RuntimeError(f"sparse_decode_wgmma: this Triton ({triton.__version__}) has no Gluon Hopper API; "
                            "use kernels.sparse_decode.sparse_decode")
@@ -677,6 +688,10 @@ def sparse_decode_wgmma(q: torch.Tensor, kv: torch.Tensor, indices: torch.Tensor
                 P_SMEM=bool(config["P_SMEM"]), V_SPLIT=v_split, STORE_CVT=bool(config["STORE_CVT"]),
                 MERGE=merge, S_PAD=max(2, triton.next_power_of_2(n_splits)), num_warps=WGMMA_WARPS)
     grid = (n_splits * v_split, B)
+    if _probe:
+        if _probe not in _PROBES or not (config.get("WS") or config.get("SPLIT_WG")):
+            raise ValueError(f"sparse_decode_wgmma: _probe={_probe!r}: one of {sorted(_PROBES)}, with WS=1 or SPLIT_WG=1")
+        meta["PROBE"] = _PROBES[_probe]
     if config.get("SPLIT_WG"):  # the producer's 4 warps are the default partition, two 4-warp consumers: 12 warps
         meta["num_warps"] = 4
         _sparse_decode_wgmma_ws_kernel[grid](*args, **meta, GATHER_WARPS=GATHER_WARPS, GATHER_REGS=GATHER_REGS,

@@ -464,6 +464,8 @@ def test_the_locality_probe_rewrites_only_the_indices_and_reports_each_pattern_a
     cfg = loc.configs(64)[0]
     rows = [{"batch": 64, "config": cfg, "pattern": p, "err": 0.002, "status": "ok", "us": us}
             for p, us in (("spread", 30.0), ("shared", 20.0), ("one_row", 12.0))]
+    rows += [{"batch": 64, "config": cfg, "pattern": "spread", "probe": p, "status": "probe", "us": us}
+             for p, us in (("no_copies", 16.0), ("no_products", 24.0))]
     data = {"meta": {"date": "d", "gpu": "G", "torch": "t", "triton": "tr", "commit": "c", "rep_ms": 1}, "rows": rows}
     path = tmp_path / "l.json"
     path.write_text(json.dumps(data))
@@ -472,7 +474,7 @@ def test_the_locality_probe_rewrites_only_the_indices_and_reports_each_pattern_a
     r = subprocess.run([sys.executable, str(script), "--report-from", str(path), "--out", str(tmp_path / "l.md")],
                        capture_output=True, text=True, env=env)
     assert r.returncode == 0, r.stderr
-    assert "| 30.0 | 20.0 | 12.0 | 1.50x | 2.50x |" in (tmp_path / "l.md").read_text()
+    assert "| 30.0 | 20.0 | 12.0 | 1.50x | 2.50x | 16.0 | 24.0 | 0.62 |" in (tmp_path / "l.md").read_text()
     if not torch.cuda.is_available():
         r = subprocess.run([sys.executable, str(script), "--json", str(tmp_path / "x.json")], capture_output=True,
                            text=True, env=env)
