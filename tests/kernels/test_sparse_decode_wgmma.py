@@ -481,6 +481,31 @@ def test_the_locality_probe_rewrites_only_the_indices_and_reports_each_pattern_a
         assert r.returncode == 2 and "needs a CUDA GPU" in r.stderr and not (tmp_path / "x.json").exists()
 
 
+def test_the_wgmma_rates_report_projects_each_schedules_products_from_the_stored_rates(tmp_path):
+    """benchmarks/wgmma_rates.py: the products' time of a schedule is its pairs x (scores' product + PV product) at
+    the two-programs-an-SM rates, halved (two warpgroups share the SM); a missing rate leaves the cell empty."""
+    sys.path.insert(0, str(ROOT))
+    import benchmarks.wgmma_rates as wr
+
+    rows = [{"mode": m, "N": n, "K": k, "per_sm": ps, "reps": 1, "us": 1.0, "err": 1e-3, "tflops": 100.0,
+             "ns_per_product": ns}
+            for m, n, k, ps, ns in (("SS", 32, 512, 2, 1000.0), ("RS", 256, 32, 2, 500.0), ("SS", 32, 512, 1, 1.0),
+                                    ("RS", 128, 64, 2, 700.0))]
+    data = {"meta": {"date": "d", "gpu": "G", "sms": 132, "torch": "t", "triton": "tr", "commit": "c"}, "rows": rows}
+    assert wr.projection(data, 32, 256, 32, 20) == 20 * 1500.0 / 2 / 1e3
+    assert wr.projection(data, 32, 256, 64, 10) is None
+    path = tmp_path / "r.json"
+    path.write_text(json.dumps(data))
+    r = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "wgmma_rates.py"), "--report-from", str(path),
+                        "--out", str(tmp_path / "r.md")], capture_output=True, text=True,
+                       env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert r.returncode == 0, r.stderr
+    text = (tmp_path / "r.md").read_text()
+    assert "| 64 x 32 x 512 | 64 x 256 x 32 | 20 + 20 | 15.0 |" in text
+    assert "| 64 x 32 x 512 | 64 x 128 x 64 | 20 + 20 | 17.0 |" in text
+    assert "| 64 x 32 x 512 | 64 x 256 x 64 | 10 + 10 | - |" in text
+
+
 def test_the_workload_report_compares_a_found_bests_attention_variant_with_that_found_best(tmp_path):
     """A --study-best run with --attention-impl: the found best's wgmma variant is stated against the found best as
     measured in the same run (its "base"), the hand-written best's variant against the hand-written best."""
