@@ -96,7 +96,7 @@ try:
 except ImportError:  # a Triton without Gluon: sparse_decode_wgmma raises, the tl.dot kernel stays available
     HAVE_GLUON = False
 
-__all__ = ["DEFAULT_CONFIG", "HAVE_GLUON", "WGMMA_HEADS", "WGMMA_WARPS", "SparseDecodeWgmmaKernel", "default_config",
+__all__ = ["DEFAULT_CONFIG", "HAVE_GLUON", "WGMMA_HEADS", "WGMMA_WARPS", "SparseDecodeWgmmaKernel", "default_config", "index_tiles",
            "sparse_decode_wgmma"]
 
 WGMMA_HEADS = 64  # one wgmma M: every head of a V4-Flash request in one program
@@ -111,6 +111,23 @@ GATHER_WARPS = 4
 GATHER_REGS = 88
 WS_MAXNREG = 168
 WG_REGS = 208  # SPLIT_WG: each consumer warpgroup's registers (the producer, the default partition, keeps the rest: 88)
+IDX_TABLE_MAX = 8192  # bytes: WS/SPLIT_WG's producer keeps its split's row numbers in shared memory up to this
+SM90_SMEM = 227 * 1024  # an sm_90 block's shared memory (opt-in maximum)
+
+
+def index_tiles(config: dict, shape: dict) -> int:
+    """Rows of the producer's index table (``IDX_TILES``, a power of two of ``BLOCK_T``-row tiles): with WS or
+    SPLIT_WG the producer loads its split's row numbers once, at the start, into shared memory, so no gather waits
+    for its tile's indices to come from DRAM (loaded one tile ahead, each tile's indices were a DRAM round trip in
+    series with its gathers). 0 (the indices loaded a tile ahead, as before) where the table would pass
+    ``IDX_TABLE_MAX`` or the block's shared memory."""
+    if not (config.get("WS") or config.get("SPLIT_WG")):
+        return 0
+    rows_per_split, _ = split_rows(max(shape["topk"], 1), config["S"], config["BLOCK_T"])
+    tiles = triton.next_power_of_2(-(-rows_per_split // config["BLOCK_T"]))
+    nbytes = tiles * config["BLOCK_T"] * 4
+    fits = nbytes <= IDX_TABLE_MAX and SparseDecodeWgmmaKernel.smem_bytes_without_table(config, shape) + nbytes <= SM90_SMEM
+    return tiles if fits else 0
 
 
 def default_config(batch: int, topk: int) -> dict:
@@ -368,11 +385,14 @@ if HAVE_GLUON:
     def _ws_gather(q_ptr, kv_ptr, idx_ptr, q_smem, kv_smem, q_bar, ready, empty,
                    H, num_rows, topk, rows_per_split, stride_qb, stride_qh, stride_kv, stride_ib,
                    DV: gl.constexpr, BLOCK_H: gl.constexpr, BLOCK_T: gl.constexpr, STAGES: gl.constexpr,
-                   V_SPLIT: gl.constexpr, GATHER_WARPS: gl.constexpr, PROBE: gl.constexpr = 0):
+                   V_SPLIT: gl.constexpr, GATHER_WARPS: gl.constexpr, PROBE: gl.constexpr,
+                   idx_smem, IDX_TILES: gl.constexpr):
         """WS's producer warpgroup: q, then each tile's selected rows into the ring by ``cp.async``. A slot is
         refilled once the consumers have released it (``empty``); each thread's copies arrive on the slot's
         ``ready`` barrier when they land (``cp.async.mbarrier.arrive.noinc``), so no warp waits for a copy here.
-        ``PROBE=1`` (a timing probe, see ``_PROBES``): the ring's handshakes without the rows' copies."""
+        ``PROBE=1`` (a timing probe, see ``_PROBES``): the ring's handshakes without the rows' copies.
+        ``IDX_TILES`` (see :func:`index_tiles`): the split's row numbers are loaded once into ``idx_smem``
+        [IDX_TILES, BLOCK_T] (-1 past the split's end) and each tile's read from there; 0: loaded a tile ahead."""
         DO: gl.constexpr = DV // V_SPLIT
         pid_s, pid_b, col_off, start, end, n_tiles = _program_split(rows_per_split, topk, BLOCK_T, V_SPLIT, DO)
         copy_l: gl.constexpr = gl.BlockedLayout([1, 8], [1, 32], [GATHER_WARPS, 1], [1, 0])
@@ -385,15 +405,31 @@ if HAVE_GLUON:
         _async_load(q_smem, q_ptr + pid_b.to(gl.int64) * stride_qb + offs_hq[:, None] * stride_qh + offs_d[None, :],
                     mask=(offs_hq < H)[:, None])
         async_copy.mbarrier_arrive(q_bar, increment_count=False)
-        rows = _tile_rows(idx_base, start, end, 0, offs_t)
-        for t in range(n_tiles):
-            slot = t % STAGES
-            rows_next = _tile_rows(idx_base, start, end, t + 1, offs_t)  # the next indices' round trip overlaps
-            mbarrier.wait(empty.index(slot), ((t // STAGES) & 1) ^ 1)  # the first pass finds every slot free
-            if PROBE != 1:
-                _issue_tile(kv_smem.index(slot), kv_ptr, rows, num_rows, stride_kv, offs_d)
-            async_copy.mbarrier_arrive(ready.index(slot), increment_count=False)
-            rows = rows_next
+        if IDX_TILES > 0:  # every row number of the split in one round trip, then each tile's from shared memory
+            il: gl.constexpr = gl.BlockedLayout([1, 1], [1, 32], [GATHER_WARPS, 1], [1, 0])
+            it = gl.arange(0, IDX_TILES, layout=gl.SliceLayout(1, il))
+            ij = gl.arange(0, BLOCK_T, layout=gl.SliceLayout(0, il))
+            pos = start + it[:, None] * BLOCK_T + ij[None, :]
+            _view(idx_smem, gl.int32, [IDX_TILES, BLOCK_T], gl.SwizzledSharedLayout(1, 1, 1, [1, 0])).store(
+                gl.load(idx_base + pos, mask=pos < end, other=-1))
+            _thread_barrier()  # the producer's warps: every row number is in the table
+            for t in range(n_tiles):
+                slot = t % STAGES
+                rows = idx_smem.index(t).load(gl.SliceLayout(1, copy_l))
+                mbarrier.wait(empty.index(slot), ((t // STAGES) & 1) ^ 1)  # the first pass finds every slot free
+                if PROBE != 1:
+                    _issue_tile(kv_smem.index(slot), kv_ptr, rows, num_rows, stride_kv, offs_d)
+                async_copy.mbarrier_arrive(ready.index(slot), increment_count=False)
+        else:
+            rows = _tile_rows(idx_base, start, end, 0, offs_t)
+            for t in range(n_tiles):
+                slot = t % STAGES
+                rows_next = _tile_rows(idx_base, start, end, t + 1, offs_t)  # the next indices' round trip overlaps
+                mbarrier.wait(empty.index(slot), ((t // STAGES) & 1) ^ 1)  # the first pass finds every slot free
+                if PROBE != 1:
+                    _issue_tile(kv_smem.index(slot), kv_ptr, rows, num_rows, stride_kv, offs_d)
+                async_copy.mbarrier_arrive(ready.index(slot), increment_count=False)
+                rows = rows_next
 
     @gluon.jit
     def _ws_compute(q_smem, kv_smem, p_smem, q_bar, ready, empty, idx_ptr, part_ptr, lse_ptr, out_ptr, sem_ptr,
@@ -437,14 +473,14 @@ if HAVE_GLUON:
 
     if hasattr(gl.shared_memory_descriptor, "reinterpret"):  # Triton 3.9
         @gluon.jit
-        def _as_f32(buf, shape: gl.constexpr, layout: gl.constexpr):
-            """The shared buffer ``buf`` seen as float32 of ``shape`` (no more bytes than it has)."""
-            return buf.reinterpret(gl.float32, shape, layout)
+        def _view(buf, dtype: gl.constexpr, shape: gl.constexpr, layout: gl.constexpr):
+            """The shared buffer ``buf`` seen as ``dtype`` of ``shape`` in ``layout`` (no more bytes than it has)."""
+            return buf.reinterpret(dtype, shape, layout)
     else:  # Triton 3.6 (the GPU image)
         @gluon.jit
-        def _as_f32(buf, shape: gl.constexpr, layout: gl.constexpr):
-            """The shared buffer ``buf`` seen as float32 of ``shape`` (no more bytes than it has)."""
-            return buf._reinterpret(gl.float32, shape, layout)
+        def _view(buf, dtype: gl.constexpr, shape: gl.constexpr, layout: gl.constexpr):
+            """The shared buffer ``buf`` seen as ``dtype`` of ``shape`` in ``layout`` (no more bytes than it has)."""
+            return buf._reinterpret(dtype, shape, layout)
 
     @gluon.jit
     def _ws_compute_wg(q_smem, kv_smem, p_smem, q_bar, ready, empty, done, hand_ml, idx_ptr, part_ptr, lse_ptr,
@@ -494,7 +530,7 @@ if HAVE_GLUON:
                                             P_SMEM, o_l, p_l)
             mbarrier.arrive(empty.index(slot))
         hand_sl: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, [1, 0])
-        hand = _as_f32(q_smem, [BLOCK_H, DO], hand_sl)  # 64 x DO float32: no more than q's 64 x 512 16-bit
+        hand = _view(q_smem, gl.float32, [BLOCK_H, DO], hand_sl)  # 64 x DO float32: no more than q's 64 x 512 16-bit
         ml_l: gl.constexpr = gl.SliceLayout(1, s_l)
         if WG == 0:
             mbarrier.arrive(done.index(0))  # q and the ring are no longer read here
@@ -531,6 +567,7 @@ if HAVE_GLUON:
         DIRECT: gl.constexpr, P_SMEM: gl.constexpr, V_SPLIT: gl.constexpr, STORE_CVT: gl.constexpr,
         MERGE: gl.constexpr, S_PAD: gl.constexpr, GATHER_WARPS: gl.constexpr, GATHER_REGS: gl.constexpr,
         SPLIT_WG: gl.constexpr = False, WG_REGS: gl.constexpr = 0, PROBE: gl.constexpr = 0,
+        IDX_TILES: gl.constexpr = 0,
     ):
         """The warp-specialised schedule (``WS=1``): a producer warpgroup gathers, two consumer warpgroups compute;
         they meet on mbarriers, one ``ready`` and one ``empty`` per ring slot."""
@@ -547,6 +584,10 @@ if HAVE_GLUON:
             p_smem = gl.allocate_shared_memory(dtype, [2, BLOCK_H, BLOCK_T], p_sl)  # each warpgroup its own P
         else:
             p_smem = gl.allocate_shared_memory(dtype, [BLOCK_H, BLOCK_T], p_sl)
+        if IDX_TILES > 0:  # the producer's table of the split's row numbers
+            idx_smem = gl.allocate_shared_memory(gl.int32, [IDX_TILES, BLOCK_T], gl.SwizzledSharedLayout(1, 1, 1, [0]))
+        else:
+            idx_smem = q_smem  # unused (warp_specialize takes no None)
         q_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
         ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
         empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
@@ -567,7 +608,7 @@ if HAVE_GLUON:
             gl.warp_specialize([
                 (_ws_gather, (q_ptr, kv_ptr, idx_ptr, q_smem, kv_smem, q_bar, ready, empty,
                               H, num_rows, topk, rows_per_split, stride_qb, stride_qh, stride_kv, stride_ib,
-                              DV, BLOCK_H, BLOCK_T, STAGES, V_SPLIT, GATHER_WARPS, PROBE)),
+                              DV, BLOCK_H, BLOCK_T, STAGES, V_SPLIT, GATHER_WARPS, PROBE, idx_smem, IDX_TILES)),
                 (_ws_compute_wg, (q_smem, kv_smem, p_smem, q_bar, ready, empty, done, hand_ml, idx_ptr, part_ptr, lse_ptr,
                                   out_ptr, sem_ptr, H, num_rows, topk, rows_per_split, qk_scale, n_splits, stride_ib,
                                   stride_pb, stride_ps, stride_ph, stride_lb, stride_ls, stride_ob, stride_oh,
@@ -589,12 +630,13 @@ if HAVE_GLUON:
                                PROBE)),
                 (_ws_gather, (q_ptr, kv_ptr, idx_ptr, q_smem, kv_smem, q_bar, ready, empty,
                               H, num_rows, topk, rows_per_split, stride_qb, stride_qh, stride_kv, stride_ib,
-                              DV, BLOCK_H, BLOCK_T, STAGES, V_SPLIT, GATHER_WARPS, PROBE)),
+                              DV, BLOCK_H, BLOCK_T, STAGES, V_SPLIT, GATHER_WARPS, PROBE, idx_smem, IDX_TILES)),
             ], [GATHER_WARPS], [GATHER_REGS])
 
-# timing probes of the warp-specialised schedule (their output is garbage): its handshakes and products without the
-# rows' copies (what is left when the gathers cost nothing), and its gathers and handshakes without the products
-_PROBES = {"no_copies": 1, "no_products": 2}
+# timing probes of the warp-specialised schedule: its handshakes and products without the rows' copies (what is left
+# when the gathers cost nothing), its gathers and handshakes without the products (both: garbage output), and the
+# previous producer, which loads each tile's indices a tile ahead instead of from its index table (a correct output)
+_PROBES = {"no_copies": 1, "no_products": 2, "indices_ahead": 0}  # indices_ahead: no index table (a correct result)
 _COUNTERS: dict[str, torch.Tensor] = {}
 
 
@@ -688,10 +730,14 @@ def sparse_decode_wgmma(q: torch.Tensor, kv: torch.Tensor, indices: torch.Tensor
                 P_SMEM=bool(config["P_SMEM"]), V_SPLIT=v_split, STORE_CVT=bool(config["STORE_CVT"]),
                 MERGE=merge, S_PAD=max(2, triton.next_power_of_2(n_splits)), num_warps=WGMMA_WARPS)
     grid = (n_splits * v_split, B)
+    if config.get("WS") or config.get("SPLIT_WG"):
+        meta["IDX_TILES"] = index_tiles(config, shape)
     if _probe:
         if _probe not in _PROBES or not (config.get("WS") or config.get("SPLIT_WG")):
             raise ValueError(f"sparse_decode_wgmma: _probe={_probe!r}: one of {sorted(_PROBES)}, with WS=1 or SPLIT_WG=1")
         meta["PROBE"] = _PROBES[_probe]
+        if _probe == "indices_ahead":
+            meta["IDX_TILES"] = 0
     if config.get("SPLIT_WG"):  # the producer's 4 warps are the default partition, two 4-warp consumers: 12 warps
         meta["num_warps"] = 4
         _sparse_decode_wgmma_ws_kernel[grid](*args, **meta, GATHER_WARPS=GATHER_WARPS, GATHER_REGS=GATHER_REGS,
@@ -753,6 +799,11 @@ class SparseDecodeWgmmaKernel(_SparseDecodeBase):
         return out
 
     def smem_bytes(self, config, shape):
+        """:meth:`smem_bytes_without_table` and the producer's index table where it is used (:func:`index_tiles`)."""
+        return self.smem_bytes_without_table(config, shape) + 4 * index_tiles(config, shape) * config["BLOCK_T"]
+
+    @staticmethod
+    def smem_bytes_without_table(config, shape):
         """q, the ring of gathered tiles and P's tile with P_SMEM (one a warpgroup with SPLIT_WG), 16-bit each, and
         the sm_90 build's scratch: 4 KiB of layout conversions and the mbarriers, and with WS the converted stores'
         (STORE_CVT) staging of the program's [64, DO] result, which the warp-specialised build does not overlay on

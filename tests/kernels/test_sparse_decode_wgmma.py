@@ -211,6 +211,25 @@ def test_the_wgmma_shared_memory_rule_bounds_the_sm90_build(config):
 needs_hopper = pytest.mark.skipif(not (HOPPER and HAVE_GLUON), reason="needs an sm_90 GPU and Gluon")
 
 
+def test_the_producer_keeps_its_splits_row_numbers_in_shared_memory_where_they_fit():
+    """index_tiles: with WS or SPLIT_WG the producer's table holds a power of two of tiles covering its split (the
+    batch-64 default: 20 tiles of 32 rows -> 32; batch 16: 3 tiles -> 4), counted by the shared-memory rule; none
+    without a producer, and none where the table would not fit beside q, the ring and the converted stores' staging
+    (then the indices are loaded a tile ahead, as before)."""
+    from kernels.sparse_decode_wgmma import SparseDecodeWgmmaKernel, default_config, index_tiles
+
+    kernel = SparseDecodeWgmmaKernel.instance
+    shape = {"batch": 64, "heads": 64, "d_qk": 512, "d_v": 512, "topk": 640, "num_rows": 65536}
+    b64 = default_config(64, 640)
+    assert index_tiles(b64, shape) == 32
+    assert kernel.smem_bytes(b64, shape) == kernel.smem_bytes_without_table(b64, shape) + 32 * 32 * 4
+    assert index_tiles(default_config(16, 640), {**shape, "batch": 16}) == 4
+    assert index_tiles({**b64, "WS": 0, "SPLIT_WG": 0}, shape) == 0
+    full = {**b64, "SPLIT_WG": 0, "BLOCK_T": 64, "STAGES": 2, "V_SPLIT": 1, "STORE_CVT": 1}
+    assert kernel.smem_bytes_without_table(full, shape) + 16 * 64 * 4 > 227 * 1024 and index_tiles(full, shape) == 0
+    assert kernel.smem_bytes(full, shape) == kernel.smem_bytes_without_table(full, shape)
+
+
 @pytest.mark.gpu
 @needs_hopper
 @pytest.mark.parametrize("config", [
@@ -236,6 +255,7 @@ needs_hopper = pytest.mark.skipif(not (HOPPER and HAVE_GLUON), reason="needs an 
     {"S": 2, "BLOCK_T": 32, "STAGES": 4, "V_SPLIT": 4, "P_SMEM": 1, "SPLIT_WG": 1},
     {"S": 4, "BLOCK_T": 32, "STAGES": 2, "V_SPLIT": 2, "MERGE": 1, "SPLIT_WG": 1},
     {"S": 3, "BLOCK_T": 64, "STAGES": 2, "V_SPLIT": 4, "PART16": 1, "STORE_CVT": 1, "SPLIT_WG": 1},
+    {"S": 1, "BLOCK_T": 64, "STAGES": 2, "V_SPLIT": 1, "WS": 1, "STORE_CVT": 1},  # no room for the index table
 ], ids=str)
 @pytest.mark.parametrize("batch", [1, 5, 64])
 def test_sparse_decode_wgmma_matches_the_reference_at_v4_flash_shapes(batch, config):
@@ -465,7 +485,7 @@ def test_the_locality_probe_rewrites_only_the_indices_and_reports_each_pattern_a
     rows = [{"batch": 64, "config": cfg, "pattern": p, "err": 0.002, "status": "ok", "us": us}
             for p, us in (("spread", 30.0), ("shared", 20.0), ("one_row", 12.0))]
     rows += [{"batch": 64, "config": cfg, "pattern": "spread", "probe": p, "status": "probe", "us": us}
-             for p, us in (("no_copies", 16.0), ("no_products", 24.0))]
+             for p, us in (("no_copies", 16.0), ("no_products", 24.0), ("indices_ahead", 36.0))]
     data = {"meta": {"date": "d", "gpu": "G", "torch": "t", "triton": "tr", "commit": "c", "rep_ms": 1}, "rows": rows}
     path = tmp_path / "l.json"
     path.write_text(json.dumps(data))
@@ -474,7 +494,7 @@ def test_the_locality_probe_rewrites_only_the_indices_and_reports_each_pattern_a
     r = subprocess.run([sys.executable, str(script), "--report-from", str(path), "--out", str(tmp_path / "l.md")],
                        capture_output=True, text=True, env=env)
     assert r.returncode == 0, r.stderr
-    assert "| 30.0 | 20.0 | 12.0 | 1.50x | 2.50x | 16.0 | 24.0 | 0.62 |" in (tmp_path / "l.md").read_text()
+    assert "| 30.0 | 20.0 | 12.0 | 1.50x | 2.50x | 16.0 | 24.0 | 0.62 | 36.0 | 1.20x |" in (tmp_path / "l.md").read_text()
     if not torch.cuda.is_available():
         r = subprocess.run([sys.executable, str(script), "--json", str(tmp_path / "x.json")], capture_output=True,
                            text=True, env=env)
