@@ -36,6 +36,7 @@ sys.path[:] = [str(ROOT)] + [p for p in sys.path if Path(p or ".").resolve() not
 PATTERNS = ("spread", "shared", "one_row")
 PROBES = ("no_copies", "no_products")
 PREVIOUS = "indices_ahead"  # the producer before its index table: each tile's indices loaded a tile ahead
+TRIAL = "qk_ahead"  # SPLIT_WG with a ring of 4: each consumer issues its next tile's scores before this softmax
 
 
 def configs(batch: int) -> list[dict]:
@@ -98,17 +99,27 @@ def measure(args, json_path: Path) -> dict:
             if not (config["WS"] or config["SPLIT_WG"]):
                 continue
             outs = [kernel.output_like(s) for s in plain]
-            out = kernel.output_like(plain[0]).fill_(float("nan"))
-            err = rel_error(sparse_decode_wgmma(plain[0]["q"], plain[0]["kv"], plain[0]["indices"], plain[0]["sm_scale"],
-                                                config, out=out, _probe=PREVIOUS), kernel.reference(plain[0]))
-            row = {"batch": batch, "config": config, "pattern": "spread", "probe": PREVIOUS, "err": err,
-                   "status": "ok" if err <= tol else "wrong_result"}
-            if row["status"] == "ok":
-                row["us"] = _time(lambda j, c=config: sparse_decode_wgmma(
-                    plain[j]["q"], plain[j]["kv"], plain[j]["indices"], plain[j]["sm_scale"], c, out=outs[j],
-                    _probe=PREVIOUS), list(range(len(plain))), args.rep_ms).median_us
-            rows.append(row)
-            print(f"batch {batch} {PREVIOUS} {row.get('us', row['status'])}", flush=True)
+            variants = {PREVIOUS: {"_probe": PREVIOUS}}
+            if config["SPLIT_WG"] and config["STAGES"] >= 4:
+                variants[TRIAL] = {"_qk_ahead": True}
+            for name, opts in variants.items():  # checked against the reference like the plain runs
+                ref = kernel.reference(plain[0])
+                out = kernel.output_like(plain[0]).fill_(float("nan"))
+                err = rel_error(sparse_decode_wgmma(plain[0]["q"], plain[0]["kv"], plain[0]["indices"],
+                                                    plain[0]["sm_scale"], config, out=out, **opts), ref)
+                ragged = kernel.make_inputs({**shape, "ragged": 1}, "bfloat16", "cuda", seed=99)
+                out = kernel.output_like(ragged).fill_(float("nan"))
+                err = max(err, rel_error(sparse_decode_wgmma(ragged["q"], ragged["kv"], ragged["indices"],
+                                                             ragged["sm_scale"], config, out=out, **opts),
+                                         kernel.reference(ragged)))
+                row = {"batch": batch, "config": config, "pattern": "spread", "probe": name, "err": err,
+                       "status": "ok" if err <= tol else "wrong_result"}
+                if row["status"] == "ok":
+                    row["us"] = _time(lambda j, c=config, o=opts: sparse_decode_wgmma(
+                        plain[j]["q"], plain[j]["kv"], plain[j]["indices"], plain[j]["sm_scale"], c, out=outs[j], **o),
+                        list(range(len(plain))), args.rep_ms).median_us
+                rows.append(row)
+                print(f"batch {batch} {name} {row.get('us', row['status'])}", flush=True)
             for probe in PROBES:
                 us = _time(lambda j, c=config, p=probe: sparse_decode_wgmma(
                     plain[j]["q"], plain[j]["kv"], plain[j]["indices"], plain[j]["sm_scale"], c, out=outs[j], _probe=p),
@@ -144,22 +155,27 @@ def report(data: dict, source: str) -> str:
              "0 when they run one after the other", "",
              "- indices_ahead (warp-specialised configs only, spread inputs, checked like the rest): the producer as it "
              "was before its index table, each tile's row numbers loaded from global memory a tile ahead; its time / "
-             "spread's is the table's gain, measured side by side", "",
+             "spread's is the table's gain, measured side by side",
+             "- qk_ahead (SPLIT_WG with a ring of four; checked on the timed and on ragged inputs): each consumer "
+             "warpgroup issues its next tile's scores' product before this tile's softmax (`_qk_ahead`); spread / "
+             "qk_ahead is its gain", "",
              "| batch | config | spread µs | shared µs | one_row µs | spread / shared | spread / one_row | no_copies µs "
-             "| no_products µs | overlap | indices_ahead µs | indices_ahead / spread |",
-             "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+             "| no_products µs | overlap | indices_ahead µs | indices_ahead / spread | qk_ahead µs | spread / qk_ahead |",
+             "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
     keyed: dict = {}
     for r in data["rows"]:
         keyed.setdefault((r["batch"], _cfg(r["config"])), {})[r.get("probe") or r["pattern"]] = r
     for (batch, cfg), by in keyed.items():
-        us = {p: by[p].get("us") if p in by else None for p in PATTERNS + PROBES + (PREVIOUS,)}
+        us = {p: by[p].get("us") if p in by else None for p in PATTERNS + PROBES + (PREVIOUS, TRIAL)}
         cells = [f"{us[p]:.1f}" if us[p] else (by[p]["status"] if p in by else "-") for p in PATTERNS]
         ratios = [f"{us['spread'] / us[p]:.2f}x" if us["spread"] and us[p] else "-" for p in ("shared", "one_row")]
         probes = [f"{us[p]:.1f}" if us[p] else "-" for p in PROBES]
         a, b, full = us["no_copies"], us["no_products"], us["spread"]
         overlap = f"{(a + b - full) / min(a, b):.2f}" if a and b and full else "-"
         prev = [f"{us[PREVIOUS]:.1f}" if us[PREVIOUS] else (by[PREVIOUS]["status"] if PREVIOUS in by else "-"),
-                f"{us[PREVIOUS] / full:.2f}x" if us[PREVIOUS] and full else "-"]
+                f"{us[PREVIOUS] / full:.2f}x" if us[PREVIOUS] and full else "-",
+                f"{us[TRIAL]:.1f}" if us[TRIAL] else (by[TRIAL]["status"] if TRIAL in by else "-"),
+                f"{full / us[TRIAL]:.2f}x" if us[TRIAL] and full else "-"]
         lines.append(f"| {batch} | {cfg} | " + " | ".join(cells + ratios + probes + [overlap] + prev) + " |")
     return "\n".join(lines) + "\n"
 
