@@ -59,6 +59,15 @@ and a barrier. ``SPLIT_WG`` removes both (each warpgroup reads q once for a whol
 what it cannot fix is the ring: q's 64 KiB stay resident, so only 128 KiB of gathered rows fit, two 64-row slots or
 four 32-row ones, and each warpgroup has at most two tiles in flight (sparse decode is 2-4% of the workload's step,
 ``benchmarks/results/workload_attention_share_h200.md``).
+Measured again at the SPLIT_WG default (H200, 2026-12-01): DRAM is not what bounds it (every request reading the
+same rows, so a 64th of the bytes leave DRAM, runs 1.04x: ``sparse_decode_wgmma_locality_h200_c63889b.md``); without
+the rows' copies (``_probe="no_copies"``) it still takes 23.8 of 27.5 µs, without the products 16.7 µs, and its
+products alone at the tensor cores' measured rates take 11.9 µs (``benchmarks/wgmma_rates.py``,
+``wgmma_rates_h200_b68f14f.md``): the compute warpgroups' per-tile chain (wait, scores, softmax, PV, release) keeps
+the tensor cores about half busy. The scores' product with q in shared memory runs 566-628 TFLOP/s at 32-row tiles
+against 805-853 with q in registers (which does not fit beside a 256-column accumulator) and 824-856 at 64-row tiles.
+Tried and removed: each warpgroup issuing its next tile's scores before this tile's softmax (0.84x at c63889b; the
+build spilled 104 bytes a thread). The producer's index table (``index_tiles``) is 0.98-1.02x side by side.
 ``P_SMEM`` (P through shared memory instead of a register layout conversion) measured within 1.5% either way.
 ``MERGE`` (the split-K merge folded in: the last program of a request's splits to finish merges them, no second
 launch) measured slower than the separate merge kernel with programmatic dependent launch: median 0.88x / 0.92x /
@@ -488,8 +497,7 @@ if HAVE_GLUON:
                        stride_pb, stride_ps, stride_ph, stride_lb, stride_ls, stride_ob, stride_oh,
                        DV: gl.constexpr, BLOCK_H: gl.constexpr, BLOCK_T: gl.constexpr, STAGES: gl.constexpr,
                        DIRECT: gl.constexpr, P_SMEM: gl.constexpr, V_SPLIT: gl.constexpr, STORE_CVT: gl.constexpr,
-                       MERGE: gl.constexpr, S_PAD: gl.constexpr, WG: gl.constexpr, PROBE: gl.constexpr = 0,
-                       QK_AHEAD: gl.constexpr = False):
+                       MERGE: gl.constexpr, S_PAD: gl.constexpr, WG: gl.constexpr, PROBE: gl.constexpr = 0):
         """SPLIT_WG's consumer warpgroup ``WG`` (0 or 1, each a worker partition): the split's tiles ``WG``,
         ``WG + 2``, ... whole (a 64 x BLOCK_T x 512 score product, its own online softmax, O += P V for the program's
         DO <= 256 columns), with no exchange with the other warpgroup until the end: then warpgroup 1 hands its
@@ -514,36 +522,7 @@ if HAVE_GLUON:
         s_zero = gl.zeros([BLOCK_H, BLOCK_T], gl.float32, layout=s_l)
         p_own = p_smem.index(WG)
         mbarrier.wait(q_bar, 0)
-        n_plain = n_tiles  # the tiles the plain loop below walks (none once QK_AHEAD has walked them)
-        if QK_AHEAD:
-            if PROBE == 0:
-                n_plain = 0
-                if WG < n_tiles:
-                    # the scores' product of this warpgroup's next tile is issued before this tile's softmax, so the tensor
-                    # cores work while the softmax does (the PV product's wait then also waits for it)
-                    mbarrier.wait(ready.index(WG % STAGES), (WG // STAGES) & 1)
-                    fence_async_shared()
-                    s = warpgroup_mma(q_smem, kv_smem.index(WG % STAGES).permute((1, 0)), s_zero, use_acc=False)
-                    rows_v = _tile_rows(idx_base, start, end, WG, offs_ts)
-                    for t in range(WG, n_tiles - 2, 2):  # every tile of this warpgroup with a next one
-                        slot = t % STAGES
-                        nxt = t + 2
-                        mbarrier.wait(ready.index(nxt % STAGES), (nxt // STAGES) & 1)
-                        fence_async_shared()
-                        s_tok = warpgroup_mma(q_smem, kv_smem.index(nxt % STAGES).permute((1, 0)), s_zero, use_acc=False,
-                                              is_async=True)
-                        valid = (rows_v >= 0) & (rows_v < num_rows)
-                        rows_v = _tile_rows(idx_base, start, end, nxt, offs_ts)
-                        acc, m_i, l_i = _softmax_pv(s, valid, qk_scale, m_i, l_i, acc, p_own,
-                                                    kv_smem.index(slot).slice(0, DO, dim=1), P_SMEM, o_l, p_l)
-                        s = warpgroup_mma_wait(0, deps=[s_tok])
-                        mbarrier.arrive(empty.index(slot))
-                    last = WG + ((n_tiles - 1 - WG) // 2) * 2  # this warpgroup's last tile
-                    valid = (rows_v >= 0) & (rows_v < num_rows)
-                    acc, m_i, l_i = _softmax_pv(s, valid, qk_scale, m_i, l_i, acc, p_own,
-                                                kv_smem.index(last % STAGES).slice(0, DO, dim=1), P_SMEM, o_l, p_l)
-                    mbarrier.arrive(empty.index(last % STAGES))
-        for t in range(WG, n_plain, 2):
+        for t in range(WG, n_tiles, 2):
             slot = t % STAGES
             mbarrier.wait(ready.index(slot), (t // STAGES) & 1)
             fence_async_shared()
@@ -597,7 +576,7 @@ if HAVE_GLUON:
         DIRECT: gl.constexpr, P_SMEM: gl.constexpr, V_SPLIT: gl.constexpr, STORE_CVT: gl.constexpr,
         MERGE: gl.constexpr, S_PAD: gl.constexpr, GATHER_WARPS: gl.constexpr, GATHER_REGS: gl.constexpr,
         SPLIT_WG: gl.constexpr = False, WG_REGS: gl.constexpr = 0, PROBE: gl.constexpr = 0,
-        IDX_TILES: gl.constexpr = 0, QK_AHEAD: gl.constexpr = False,
+        IDX_TILES: gl.constexpr = 0,
     ):
         """The warp-specialised schedule (``WS=1``): a producer warpgroup gathers, two consumer warpgroups compute;
         they meet on mbarriers, one ``ready`` and one ``empty`` per ring slot."""
@@ -643,12 +622,12 @@ if HAVE_GLUON:
                                   out_ptr, sem_ptr, H, num_rows, topk, rows_per_split, qk_scale, n_splits, stride_ib,
                                   stride_pb, stride_ps, stride_ph, stride_lb, stride_ls, stride_ob, stride_oh,
                                   DV, BLOCK_H, BLOCK_T, STAGES, DIRECT, P_SMEM, V_SPLIT, STORE_CVT, MERGE, S_PAD, 0,
-                                  PROBE, QK_AHEAD)),
+                                  PROBE)),
                 (_ws_compute_wg, (q_smem, kv_smem, p_smem, q_bar, ready, empty, done, hand_ml, idx_ptr, part_ptr, lse_ptr,
                                   out_ptr, sem_ptr, H, num_rows, topk, rows_per_split, qk_scale, n_splits, stride_ib,
                                   stride_pb, stride_ps, stride_ph, stride_lb, stride_ls, stride_ob, stride_oh,
                                   DV, BLOCK_H, BLOCK_T, STAGES, DIRECT, P_SMEM, V_SPLIT, STORE_CVT, MERGE, S_PAD, 1,
-                                  PROBE, QK_AHEAD)),
+                                  PROBE)),
             ], [4, 4], [WG_REGS, WG_REGS])
         else:
             fence_async_shared()
@@ -684,7 +663,7 @@ def _counters(device, n: int) -> torch.Tensor:
 
 def sparse_decode_wgmma(q: torch.Tensor, kv: torch.Tensor, indices: torch.Tensor, sm_scale: float | None = None,
                         config: dict | None = None, *, d_v: int | None = None, out: torch.Tensor | None = None,
-                        pdl: bool | None = None, _probe: str = "", _qk_ahead: bool = False) -> torch.Tensor:
+                        pdl: bool | None = None, _probe: str = "") -> torch.Tensor:
     """Sparse MLA decode on Hopper tensor cores (Gluon); ``q [B, H <= 64, 512]``, ``kv [num_rows, 512]`` in q's
     dtype (bf16/fp16), ``indices [B, topk]`` int32 (negative or >= num_rows: padding); returns ``[B, H, 512]``.
 
@@ -708,8 +687,7 @@ def sparse_decode_wgmma(q: torch.Tensor, kv: torch.Tensor, indices: torch.Tensor
     an even STAGES);
     a launch is always 8 compute warps (12 warps in all with WS or SPLIT_WG) and 64 heads. ``pdl``: launch the merge
     kernel with programmatic dependent launch; None = where the GPU has it. ``_probe`` (timing only, the result is
-    garbage): a name of ``_PROBES``, for a warp-specialised config (WS or SPLIT_WG). ``_qk_ahead`` (SPLIT_WG, on
-    trial): each consumer issues its next tile's scores' product before this tile's softmax."""
+    garbage): a name of ``_PROBES``, for a warp-specialised config (WS or SPLIT_WG)."""
     if not HAVE_GLUON:
         raise RuntimeError(f"sparse_decode_wgmma: this Triton ({triton.__version__}) has no Gluon Hopper API; "
                            "use kernels.sparse_decode.sparse_decode")
@@ -769,14 +747,10 @@ def sparse_decode_wgmma(q: torch.Tensor, kv: torch.Tensor, indices: torch.Tensor
         meta["PROBE"] = _PROBES[_probe]
         if _probe == "indices_ahead":
             meta["IDX_TILES"] = 0
-    if _qk_ahead and not (config.get("SPLIT_WG") and config["STAGES"] >= 4):
-        raise ValueError(f"sparse_decode_wgmma: _qk_ahead needs SPLIT_WG=1 and STAGES >= 4 (each warpgroup holds two "
-                         f"slots), not SPLIT_WG={config.get('SPLIT_WG')} STAGES={config['STAGES']}")
     if config.get("SPLIT_WG"):  # the producer's 4 warps are the default partition, two 4-warp consumers: 12 warps
         meta["num_warps"] = 4
         _sparse_decode_wgmma_ws_kernel[grid](*args, **meta, GATHER_WARPS=GATHER_WARPS, GATHER_REGS=GATHER_REGS,
-                                             SPLIT_WG=True, WG_REGS=WG_REGS, maxnreg=WS_MAXNREG,
-                                             QK_AHEAD=bool(_qk_ahead))
+                                             SPLIT_WG=True, WG_REGS=WG_REGS, maxnreg=WS_MAXNREG)
     elif config.get("WS"):
         _sparse_decode_wgmma_ws_kernel[grid](*args, **meta, GATHER_WARPS=GATHER_WARPS, GATHER_REGS=GATHER_REGS,
                                              maxnreg=WS_MAXNREG)

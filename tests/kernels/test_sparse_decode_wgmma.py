@@ -277,30 +277,6 @@ def test_sparse_decode_wgmma_matches_the_reference_at_v4_flash_shapes(batch, con
 
 @pytest.mark.gpu
 @needs_hopper
-@pytest.mark.parametrize("config", [
-    {"S": 1, "BLOCK_T": 32, "STAGES": 4, "V_SPLIT": 2, "STORE_CVT": 1}, {"S": 4, "BLOCK_T": 32, "STAGES": 4, "V_SPLIT": 2},
-    {"S": 5, "BLOCK_T": 32, "STAGES": 4, "V_SPLIT": 4, "P_SMEM": 1}, {"S": 10, "BLOCK_T": 32, "STAGES": 4, "V_SPLIT": 2},
-    {"S": 20, "BLOCK_T": 32, "STAGES": 4, "V_SPLIT": 8, "PART16": 1, "STORE_CVT": 1},
-], ids=str)
-@pytest.mark.parametrize("batch", [1, 5, 64])
-def test_sparse_decode_wgmma_scores_one_tile_ahead_match_the_reference(batch, config):
-    """SPLIT_WG with each consumer issuing its next tile's scores' product before this tile's softmax (``_qk_ahead``):
-    twenty, five (three and two a warpgroup), four, two and one tiles a split (then the second warpgroup has none),
-    ragged padding and a request of padding only, into NaN-poisoned outputs."""
-    shape = dict(SD.shapes("v4flash")[0], batch=batch, ragged=1)
-    i = SD.make_inputs(shape, "bfloat16", "cuda", seed=batch * 11 + config["S"])
-    if batch > 1:
-        i["indices"][1] = -1
-    out = torch.full((batch, 64, 512), float("nan"), device="cuda", dtype=torch.bfloat16)
-    got = sparse_decode_wgmma(i["q"], i["kv"], i["indices"], i["sm_scale"], {**config, "WS": 1, "SPLIT_WG": 1},
-                              out=out, _qk_ahead=True)
-    assert rel_error(got, SD.reference(i)) <= SD.tolerance("bfloat16")
-    if batch > 1:
-        assert torch.count_nonzero(got[1]) == 0
-
-
-@pytest.mark.gpu
-@needs_hopper
 def test_sparse_decode_wgmma_fp16_and_fewer_heads_match_the_reference():
     """fp16 q and cache; 16 heads (the tile's other 48 rows masked); indices past the cache's end are padding."""
     for dtype, heads in ((torch.float16, 64), (torch.bfloat16, 16)):
