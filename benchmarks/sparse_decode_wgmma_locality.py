@@ -9,7 +9,8 @@ NaN-poisoned output:
 * ``one_row``: every selected row the same row (the gathers hit L1/L2 at once: what is left is the kernel's own
   work, its products, softmax, synchronisation and stores).
 
-If ``shared`` runs as ``spread`` does, DRAM is not what bounds the config. (``one_row`` turned out slower than
+If ``shared`` runs as ``spread`` does, DRAM is not what bounds the config. The batch-64 default is also timed at 64
+to 640 selected rows (2 to 20 tiles), and a least-squares line splits its time into a fixed part and a part a tile. (``one_row`` turned out slower than
 ``spread``: 128 programs reading one 1 KB row hit the same L2 lines at once.)
 
 For the warp-specialised configs (WS or SPLIT_WG) two timing probes of the same build on the ``spread`` inputs
@@ -34,6 +35,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path[:] = [str(ROOT)] + [p for p in sys.path if Path(p or ".").resolve() not in (ROOT, Path(__file__).resolve().parent)]
 
 PATTERNS = ("spread", "shared", "one_row")
+TOPKS = (64, 128, 256, 384, 512, 640)  # the scaling run: 2 to 20 tiles of 32 rows, one split
 PROBES = ("no_copies", "no_products")
 PREVIOUS = "indices_ahead"  # the producer before its index table: each tile's indices loaded a tile ahead
 # SPLIT_WG with a ring of 4, each consumer issuing its next tile's scores' product before this tile's softmax: timed
@@ -129,9 +131,39 @@ def measure(args, json_path: Path) -> dict:
                              "us": us})
                 print(f"batch {batch} {probe} {us}", flush=True)
         torch.cuda.empty_cache()
-    data = {"meta": meta, "rows": rows}
+    # the batch-64 default at fewer selected rows (the same config, so the same schedule): time = fixed + tiles x
+    # per-tile, what a program costs before and after its tiles against what each tile adds
+    config = configs(64)[0]
+    scaling = []
+    for topk in TOPKS:
+        shape = dict(base, batch=64, topk=topk)
+        sets = [kernel.make_inputs(shape, "bfloat16", "cuda", seed=1 + k) for k in range(4)]
+        outs = [kernel.output_like(s) for s in sets]
+        out = kernel.output_like(sets[0]).fill_(float("nan"))
+        err = rel_error(sparse_decode_wgmma(sets[0]["q"], sets[0]["kv"], sets[0]["indices"], sets[0]["sm_scale"],
+                                            config, out=out), kernel.reference(sets[0]))
+        row = {"topk": topk, "config": config, "err": err, "status": "ok" if err <= tol else "wrong_result"}
+        if row["status"] == "ok":
+            row["us"] = _time(lambda j, sets=sets, outs=outs: sparse_decode_wgmma(
+                sets[j]["q"], sets[j]["kv"], sets[j]["indices"], sets[j]["sm_scale"], config, out=outs[j]),
+                list(range(len(sets))), args.rep_ms).median_us
+        scaling.append(row)
+        print(f"batch 64 topk {topk} {row.get('us', row['status'])}", flush=True)
+    data = {"meta": meta, "rows": rows, "scaling": scaling}
     json_path.write_text(json.dumps(data, indent=1))
     return data
+
+
+def fit(scaling: list[dict]) -> tuple[float, float] | None:
+    """Least-squares (fixed µs, µs a tile) of the scaling rows' times against their tiles of 32 rows."""
+    pts = [(r["topk"] / 32, r["us"]) for r in scaling if r.get("us")]
+    if len(pts) < 2:
+        return None
+    n = len(pts)
+    mx, my = sum(x for x, _ in pts) / n, sum(y for _, y in pts) / n
+    sxx = sum((x - mx) ** 2 for x, _ in pts)
+    slope = sum((x - mx) * (y - my) for x, y in pts) / sxx
+    return my - slope * mx, slope
 
 
 def _cfg(config: dict) -> str:
@@ -178,6 +210,18 @@ def report(data: dict, source: str) -> str:
                 f"{us[TRIAL]:.1f}" if us[TRIAL] else (by[TRIAL]["status"] if TRIAL in by else "-"),
                 f"{full / us[TRIAL]:.2f}x" if us[TRIAL] and full else "-"]
         lines.append(f"| {batch} | {cfg} | " + " | ".join(cells + ratios + probes + [overlap] + prev) + " |")
+    if data.get("scaling"):
+        cfg = _cfg(data["scaling"][0]["config"])
+        lines += ["", f"The batch-64 default ({cfg}) at fewer selected rows (the same config, one split; 32-row tiles, "
+                  "half of them each compute warpgroup's):", "", "| selected rows | tiles | µs | rel. error |",
+                  "| --- | --- | --- | --- |"]
+        for r in data["scaling"]:
+            us = f"{r['us']:.1f}" if r.get("us") else r["status"]
+            lines.append(f"| {r['topk']} | {r['topk'] // 32} | {us} | {r['err']:.5f} |")
+        line = fit(data["scaling"])
+        if line:
+            lines += ["", f"Least-squares line: {line[0]:.1f} µs fixed (launch, q, the first gathers, the hand-over and "
+                      f"the stores) + {line[1]:.2f} µs a tile of 32 rows."]
     return "\n".join(lines) + "\n"
 
 

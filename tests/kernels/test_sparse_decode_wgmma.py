@@ -486,7 +486,10 @@ def test_the_locality_probe_rewrites_only_the_indices_and_reports_each_pattern_a
             for p, us in (("spread", 30.0), ("shared", 20.0), ("one_row", 12.0))]
     rows += [{"batch": 64, "config": cfg, "pattern": "spread", "probe": p, "status": "probe", "us": us}
              for p, us in (("no_copies", 16.0), ("no_products", 24.0), ("indices_ahead", 36.0), ("qk_ahead", 25.0))]
-    data = {"meta": {"date": "d", "gpu": "G", "torch": "t", "triton": "tr", "commit": "c", "rep_ms": 1}, "rows": rows}
+    scaling = [{"topk": k, "config": cfg, "err": 0.002, "status": "ok", "us": 3.0 + 0.5 * k / 32} for k in (64, 320, 640)]
+    data = {"meta": {"date": "d", "gpu": "G", "torch": "t", "triton": "tr", "commit": "c", "rep_ms": 1}, "rows": rows,
+            "scaling": scaling}
+    assert loc.fit(scaling) == pytest.approx((3.0, 0.5))
     path = tmp_path / "l.json"
     path.write_text(json.dumps(data))
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
@@ -495,6 +498,7 @@ def test_the_locality_probe_rewrites_only_the_indices_and_reports_each_pattern_a
                        capture_output=True, text=True, env=env)
     assert r.returncode == 0, r.stderr
     assert "| 30.0 | 20.0 | 12.0 | 1.50x | 2.50x | 16.0 | 24.0 | 0.62 | 36.0 | 1.20x | 25.0 | 1.20x |" in (tmp_path / "l.md").read_text()
+    assert "3.0 µs fixed" in (tmp_path / "l.md").read_text() and "+ 0.50 µs a tile" in (tmp_path / "l.md").read_text()
     if not torch.cuda.is_available():
         r = subprocess.run([sys.executable, str(script), "--json", str(tmp_path / "x.json")], capture_output=True,
                            text=True, env=env)
