@@ -64,7 +64,8 @@ same rows, so a 64th of the bytes leave DRAM, runs 1.04x: ``sparse_decode_wgmma_
 the rows' copies (``_probe="no_copies"``) it still takes 23.8 of 27.5 µs, without the products 16.7 µs, and its
 products alone at the tensor cores' measured rates take 11.9 µs (``benchmarks/wgmma_rates.py``,
 ``wgmma_rates_h200_b68f14f.md``): the compute warpgroups' per-tile chain (wait, scores, softmax, PV, release) keeps
-the tensor cores about half busy. The scores' product with q in shared memory runs 566-628 TFLOP/s at 32-row tiles
+the tensor cores about half busy; at 64 to 640 selected rows (``..._locality_h200_b4f8724.md``) the same config
+takes 9.4 µs fixed plus 0.92 µs a 32-row tile. The scores' product with q in shared memory runs 566-628 TFLOP/s at 32-row tiles
 against 805-853 with q in registers (which does not fit beside a 256-column accumulator) and 824-856 at 64-row tiles.
 Tried and removed: each warpgroup issuing its next tile's scores before this tile's softmax (0.84x at c63889b; the
 build spilled 104 bytes a thread). The producer's index table (``index_tiles``) is 0.98-1.02x side by side.
