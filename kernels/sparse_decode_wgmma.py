@@ -396,13 +396,14 @@ if HAVE_GLUON:
                    H, num_rows, topk, rows_per_split, stride_qb, stride_qh, stride_kv, stride_ib,
                    DV: gl.constexpr, BLOCK_H: gl.constexpr, BLOCK_T: gl.constexpr, STAGES: gl.constexpr,
                    V_SPLIT: gl.constexpr, GATHER_WARPS: gl.constexpr, PROBE: gl.constexpr,
-                   idx_smem, IDX_TILES: gl.constexpr):
+                   idx_smem, idx_bar, IDX_TILES: gl.constexpr):
         """WS's producer warpgroup: q, then each tile's selected rows into the ring by ``cp.async``. A slot is
         refilled once the consumers have released it (``empty``); each thread's copies arrive on the slot's
         ``ready`` barrier when they land (``cp.async.mbarrier.arrive.noinc``), so no warp waits for a copy here.
         ``PROBE=1`` (a timing probe, see ``_PROBES``): the ring's handshakes without the rows' copies.
         ``IDX_TILES`` (see :func:`index_tiles`): the split's row numbers are loaded once into ``idx_smem``
-        [IDX_TILES, BLOCK_T] (-1 past the split's end) and each tile's read from there; 0: loaded a tile ahead."""
+        [IDX_TILES, BLOCK_T] (-1 past the split's end) and each tile's read from there (the consumers read their
+        padding masks there too, once ``idx_bar`` says the table is written); 0: loaded a tile ahead."""
         DO: gl.constexpr = DV // V_SPLIT
         pid_s, pid_b, col_off, start, end, n_tiles = _program_split(rows_per_split, topk, BLOCK_T, V_SPLIT, DO)
         copy_l: gl.constexpr = gl.BlockedLayout([1, 8], [1, 32], [GATHER_WARPS, 1], [1, 0])
@@ -423,6 +424,7 @@ if HAVE_GLUON:
             _view(idx_smem, gl.int32, [IDX_TILES, BLOCK_T], gl.SwizzledSharedLayout(1, 1, 1, [1, 0])).store(
                 gl.load(idx_base + pos, mask=pos < end, other=-1))
             _thread_barrier()  # the producer's warps: every row number is in the table
+            mbarrier.arrive(idx_bar)  # ... and the consumers may read it (release; their wait acquires)
             for t in range(n_tiles):
                 slot = t % STAGES
                 rows = idx_smem.index(t).load(gl.SliceLayout(1, copy_l))
@@ -447,7 +449,8 @@ if HAVE_GLUON:
                     stride_pb, stride_ps, stride_ph, stride_lb, stride_ls, stride_ob, stride_oh,
                     DV: gl.constexpr, BLOCK_H: gl.constexpr, BLOCK_T: gl.constexpr, STAGES: gl.constexpr,
                     DIRECT: gl.constexpr, P_SMEM: gl.constexpr, V_SPLIT: gl.constexpr, STORE_CVT: gl.constexpr,
-                    MERGE: gl.constexpr, S_PAD: gl.constexpr, PROBE: gl.constexpr = 0):
+                    MERGE: gl.constexpr, S_PAD: gl.constexpr, PROBE: gl.constexpr, idx_smem, idx_bar,
+                    IDX_TILES: gl.constexpr):
         """WS's two consumer warpgroups: the single-partition kernel's loop without its copies and its block-wide
         barrier; they release a slot (one arrival: Gluon arrives once a partition, after the partition's barrier)
         once both warpgroups' products have read it."""
@@ -464,6 +467,8 @@ if HAVE_GLUON:
         acc = gl.zeros([BLOCK_H, DO], gl.float32, layout=o_l)
         s_zero = gl.zeros([BLOCK_H, BLOCK_T], gl.float32, layout=s_l)
         mbarrier.wait(q_bar, 0)
+        if IDX_TILES > 0:
+            mbarrier.wait(idx_bar, 0)
         for t in range(n_tiles):
             slot = t % STAGES
             mbarrier.wait(ready.index(slot), (t // STAGES) & 1)
@@ -472,8 +477,12 @@ if HAVE_GLUON:
                 tile = kv_smem.index(slot)
                 v_tile = tile if V_SPLIT == 1 else tile.slice(0, DO, dim=1)
                 s_tok = warpgroup_mma(q_smem, tile.permute((1, 0)), s_zero, use_acc=False, is_async=True)
-                valid = (rows_v >= 0) & (rows_v < num_rows)
-                rows_v = _tile_rows(idx_base, start, end, t + 1, offs_ts)
+                if IDX_TILES > 0:  # the padding mask from the producer's table
+                    rows_t = idx_smem.index(t).load(gl.SliceLayout(0, s_l))
+                    valid = (rows_t >= 0) & (rows_t < num_rows)
+                else:
+                    valid = (rows_v >= 0) & (rows_v < num_rows)
+                    rows_v = _tile_rows(idx_base, start, end, t + 1, offs_ts)
                 s = warpgroup_mma_wait(0, deps=[s_tok])
                 acc, m_i, l_i = _softmax_pv(s, valid, qk_scale, m_i, l_i, acc, p_smem, v_tile, P_SMEM, o_l, p_l)
             mbarrier.arrive(empty.index(slot))  # both warpgroups' products are done with the slot
@@ -498,7 +507,8 @@ if HAVE_GLUON:
                        stride_pb, stride_ps, stride_ph, stride_lb, stride_ls, stride_ob, stride_oh,
                        DV: gl.constexpr, BLOCK_H: gl.constexpr, BLOCK_T: gl.constexpr, STAGES: gl.constexpr,
                        DIRECT: gl.constexpr, P_SMEM: gl.constexpr, V_SPLIT: gl.constexpr, STORE_CVT: gl.constexpr,
-                       MERGE: gl.constexpr, S_PAD: gl.constexpr, WG: gl.constexpr, PROBE: gl.constexpr = 0):
+                       MERGE: gl.constexpr, S_PAD: gl.constexpr, WG: gl.constexpr, PROBE: gl.constexpr, idx_smem,
+                       idx_bar, IDX_TILES: gl.constexpr):
         """SPLIT_WG's consumer warpgroup ``WG`` (0 or 1, each a worker partition): the split's tiles ``WG``,
         ``WG + 2``, ... whole (a 64 x BLOCK_T x 512 score product, its own online softmax, O += P V for the program's
         DO <= 256 columns), with no exchange with the other warpgroup until the end: then warpgroup 1 hands its
@@ -523,6 +533,8 @@ if HAVE_GLUON:
         s_zero = gl.zeros([BLOCK_H, BLOCK_T], gl.float32, layout=s_l)
         p_own = p_smem.index(WG)
         mbarrier.wait(q_bar, 0)
+        if IDX_TILES > 0:
+            mbarrier.wait(idx_bar, 0)
         for t in range(WG, n_tiles, 2):
             slot = t % STAGES
             mbarrier.wait(ready.index(slot), (t // STAGES) & 1)
@@ -533,7 +545,10 @@ if HAVE_GLUON:
                 # the tile's indices (for the padding mask) load while the scores' product runs: not carried over
                 # from the previous tile, as in the two-warpgroup schedule, because a warpgroup holding whole 64-row
                 # tiles would keep 16 row numbers and their 64-bit addresses live across the loop (ptxas spilled them)
-                rows_v = _tile_rows(idx_base, start, end, t, offs_ts)
+                if IDX_TILES > 0:  # the padding mask from the producer's table
+                    rows_v = idx_smem.index(t).load(gl.SliceLayout(0, s_l))
+                else:
+                    rows_v = _tile_rows(idx_base, start, end, t, offs_ts)
                 valid = (rows_v >= 0) & (rows_v < num_rows)
                 s = warpgroup_mma_wait(0, deps=[s_tok])
                 acc, m_i, l_i = _softmax_pv(s, valid, qk_scale, m_i, l_i, acc, p_own, tile.slice(0, DO, dim=1),
@@ -599,9 +614,11 @@ if HAVE_GLUON:
         else:
             idx_smem = q_smem  # unused (warp_specialize takes no None)
         q_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+        idx_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
         ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
         empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
         mbarrier.init(q_bar, count=GATHER_WARPS * 32)  # one arrival per producer thread, when its copies land
+        mbarrier.init(idx_bar, count=1)  # the producer's table is written (one arrival: the partition's)
         for i in gl.static_range(STAGES):
             mbarrier.init(ready.index(i), count=GATHER_WARPS * 32)
             mbarrier.init(empty.index(i), count=1)  # one arrival: Gluon arrives once a partition, after its barrier
@@ -618,17 +635,18 @@ if HAVE_GLUON:
             gl.warp_specialize([
                 (_ws_gather, (q_ptr, kv_ptr, idx_ptr, q_smem, kv_smem, q_bar, ready, empty,
                               H, num_rows, topk, rows_per_split, stride_qb, stride_qh, stride_kv, stride_ib,
-                              DV, BLOCK_H, BLOCK_T, STAGES, V_SPLIT, GATHER_WARPS, PROBE, idx_smem, IDX_TILES)),
+                              DV, BLOCK_H, BLOCK_T, STAGES, V_SPLIT, GATHER_WARPS, PROBE, idx_smem, idx_bar,
+                              IDX_TILES)),
                 (_ws_compute_wg, (q_smem, kv_smem, p_smem, q_bar, ready, empty, done, hand_ml, idx_ptr, part_ptr, lse_ptr,
                                   out_ptr, sem_ptr, H, num_rows, topk, rows_per_split, qk_scale, n_splits, stride_ib,
                                   stride_pb, stride_ps, stride_ph, stride_lb, stride_ls, stride_ob, stride_oh,
                                   DV, BLOCK_H, BLOCK_T, STAGES, DIRECT, P_SMEM, V_SPLIT, STORE_CVT, MERGE, S_PAD, 0,
-                                  PROBE)),
+                                  PROBE, idx_smem, idx_bar, IDX_TILES)),
                 (_ws_compute_wg, (q_smem, kv_smem, p_smem, q_bar, ready, empty, done, hand_ml, idx_ptr, part_ptr, lse_ptr,
                                   out_ptr, sem_ptr, H, num_rows, topk, rows_per_split, qk_scale, n_splits, stride_ib,
                                   stride_pb, stride_ps, stride_ph, stride_lb, stride_ls, stride_ob, stride_oh,
                                   DV, BLOCK_H, BLOCK_T, STAGES, DIRECT, P_SMEM, V_SPLIT, STORE_CVT, MERGE, S_PAD, 1,
-                                  PROBE)),
+                                  PROBE, idx_smem, idx_bar, IDX_TILES)),
             ], [4, 4], [WG_REGS, WG_REGS])
         else:
             fence_async_shared()
@@ -637,10 +655,11 @@ if HAVE_GLUON:
                                H, num_rows, topk, rows_per_split, qk_scale, n_splits, stride_ib,
                                stride_pb, stride_ps, stride_ph, stride_lb, stride_ls, stride_ob, stride_oh,
                                DV, BLOCK_H, BLOCK_T, STAGES, DIRECT, P_SMEM, V_SPLIT, STORE_CVT, MERGE, S_PAD,
-                               PROBE)),
+                               PROBE, idx_smem, idx_bar, IDX_TILES)),
                 (_ws_gather, (q_ptr, kv_ptr, idx_ptr, q_smem, kv_smem, q_bar, ready, empty,
                               H, num_rows, topk, rows_per_split, stride_qb, stride_qh, stride_kv, stride_ib,
-                              DV, BLOCK_H, BLOCK_T, STAGES, V_SPLIT, GATHER_WARPS, PROBE, idx_smem, IDX_TILES)),
+                              DV, BLOCK_H, BLOCK_T, STAGES, V_SPLIT, GATHER_WARPS, PROBE, idx_smem, idx_bar,
+                              IDX_TILES)),
             ], [GATHER_WARPS], [GATHER_REGS])
 
 # timing probes of the warp-specialised schedule: its handshakes and products without the rows' copies (what is left
