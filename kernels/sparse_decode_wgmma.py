@@ -68,7 +68,8 @@ the tensor cores about half busy; at 64 to 640 selected rows (``..._locality_h20
 takes 9.4 µs fixed plus 0.92 µs a 32-row tile. The scores' product with q in shared memory runs 566-628 TFLOP/s at 32-row tiles
 against 805-853 with q in registers (which does not fit beside a 256-column accumulator) and 824-856 at 64-row tiles.
 Tried and removed: each warpgroup issuing its next tile's scores before this tile's softmax (0.84x at c63889b; the
-build spilled 104 bytes a thread). The producer's index table (``index_tiles``) is 0.98-1.02x side by side.
+build spilled 104 bytes a thread). The index table (``index_tiles``: the split's row numbers in shared memory for the producer's gathers and the
+consumers' padding masks) is 1.07x at the batch-64 default, side by side (``..._locality_h200_8fe2a9d.md``).
 ``P_SMEM`` (P through shared memory instead of a register layout conversion) measured within 1.5% either way.
 ``MERGE`` (the split-K merge folded in: the last program of a request's splits to finish merges them, no second
 launch) measured slower than the separate merge kernel with programmatic dependent launch: median 0.88x / 0.92x /
@@ -121,17 +122,20 @@ GATHER_WARPS = 4
 GATHER_REGS = 88
 WS_MAXNREG = 168
 WG_REGS = 208  # SPLIT_WG: each consumer warpgroup's registers (the producer, the default partition, keeps the rest: 88)
-IDX_TABLE_MAX = 8192  # bytes: WS/SPLIT_WG's producer keeps its split's row numbers in shared memory up to this
+IDX_TABLE_MAX = 8192  # bytes: SPLIT_WG's producer keeps its split's row numbers in shared memory up to this
 SM90_SMEM = 227 * 1024  # an sm_90 block's shared memory (opt-in maximum)
 
 
 def index_tiles(config: dict, shape: dict) -> int:
-    """Rows of the producer's index table (``IDX_TILES``, a power of two of ``BLOCK_T``-row tiles): with WS or
-    SPLIT_WG the producer loads its split's row numbers once, at the start, into shared memory, so no gather waits
-    for its tile's indices to come from DRAM (loaded one tile ahead, each tile's indices were a DRAM round trip in
-    series with its gathers). 0 (the indices loaded a tile ahead, as before) where the table would pass
-    ``IDX_TABLE_MAX`` or the block's shared memory."""
-    if not (config.get("WS") or config.get("SPLIT_WG")):
+    """Rows of the producer's index table (``IDX_TILES``, a power of two of ``BLOCK_T``-row tiles): with SPLIT_WG the
+    producer loads its split's row numbers once, at the start, into shared memory, and issues each tile's gathers
+    from there, and each compute warpgroup reads its tile's padding mask there (not a global load a tile, which its
+    scores' product waited for). Measured side by side against the previous producer and consumers
+    (``_probe="indices_ahead"``, ``sparse_decode_wgmma_locality_h200_8fe2a9d.md``): 1.07x at the batch-64 default
+    (26.0 against 27.8 µs); the WS schedule's consumers already carried their mask a tile ahead, and there a table
+    for the producer alone measured 0.97-1.00x (b68f14f, c63889b, b4f8724), so WS keeps loading indices a tile ahead.
+    0 (no table) without SPLIT_WG, and where the table would pass ``IDX_TABLE_MAX`` or the block's shared memory."""
+    if not config.get("SPLIT_WG"):
         return 0
     rows_per_split, _ = split_rows(max(shape["topk"], 1), config["S"], config["BLOCK_T"])
     tiles = triton.next_power_of_2(-(-rows_per_split // config["BLOCK_T"]))
@@ -449,8 +453,7 @@ if HAVE_GLUON:
                     stride_pb, stride_ps, stride_ph, stride_lb, stride_ls, stride_ob, stride_oh,
                     DV: gl.constexpr, BLOCK_H: gl.constexpr, BLOCK_T: gl.constexpr, STAGES: gl.constexpr,
                     DIRECT: gl.constexpr, P_SMEM: gl.constexpr, V_SPLIT: gl.constexpr, STORE_CVT: gl.constexpr,
-                    MERGE: gl.constexpr, S_PAD: gl.constexpr, PROBE: gl.constexpr, idx_smem, idx_bar,
-                    IDX_TILES: gl.constexpr):
+                    MERGE: gl.constexpr, S_PAD: gl.constexpr, PROBE: gl.constexpr = 0):
         """WS's two consumer warpgroups: the single-partition kernel's loop without its copies and its block-wide
         barrier; they release a slot (one arrival: Gluon arrives once a partition, after the partition's barrier)
         once both warpgroups' products have read it."""
@@ -467,8 +470,6 @@ if HAVE_GLUON:
         acc = gl.zeros([BLOCK_H, DO], gl.float32, layout=o_l)
         s_zero = gl.zeros([BLOCK_H, BLOCK_T], gl.float32, layout=s_l)
         mbarrier.wait(q_bar, 0)
-        if IDX_TILES > 0:
-            mbarrier.wait(idx_bar, 0)
         for t in range(n_tiles):
             slot = t % STAGES
             mbarrier.wait(ready.index(slot), (t // STAGES) & 1)
@@ -477,12 +478,8 @@ if HAVE_GLUON:
                 tile = kv_smem.index(slot)
                 v_tile = tile if V_SPLIT == 1 else tile.slice(0, DO, dim=1)
                 s_tok = warpgroup_mma(q_smem, tile.permute((1, 0)), s_zero, use_acc=False, is_async=True)
-                if IDX_TILES > 0:  # the padding mask from the producer's table
-                    rows_t = idx_smem.index(t).load(gl.SliceLayout(0, s_l))
-                    valid = (rows_t >= 0) & (rows_t < num_rows)
-                else:
-                    valid = (rows_v >= 0) & (rows_v < num_rows)
-                    rows_v = _tile_rows(idx_base, start, end, t + 1, offs_ts)
+                valid = (rows_v >= 0) & (rows_v < num_rows)
+                rows_v = _tile_rows(idx_base, start, end, t + 1, offs_ts)
                 s = warpgroup_mma_wait(0, deps=[s_tok])
                 acc, m_i, l_i = _softmax_pv(s, valid, qk_scale, m_i, l_i, acc, p_smem, v_tile, P_SMEM, o_l, p_l)
             mbarrier.arrive(empty.index(slot))  # both warpgroups' products are done with the slot
@@ -655,7 +652,7 @@ if HAVE_GLUON:
                                H, num_rows, topk, rows_per_split, qk_scale, n_splits, stride_ib,
                                stride_pb, stride_ps, stride_ph, stride_lb, stride_ls, stride_ob, stride_oh,
                                DV, BLOCK_H, BLOCK_T, STAGES, DIRECT, P_SMEM, V_SPLIT, STORE_CVT, MERGE, S_PAD,
-                               PROBE, idx_smem, idx_bar, IDX_TILES)),
+                               PROBE)),
                 (_ws_gather, (q_ptr, kv_ptr, idx_ptr, q_smem, kv_smem, q_bar, ready, empty,
                               H, num_rows, topk, rows_per_split, stride_qb, stride_qh, stride_kv, stride_ib,
                               DV, BLOCK_H, BLOCK_T, STAGES, V_SPLIT, GATHER_WARPS, PROBE, idx_smem, idx_bar,

@@ -211,23 +211,23 @@ def test_the_wgmma_shared_memory_rule_bounds_the_sm90_build(config):
 needs_hopper = pytest.mark.skipif(not (HOPPER and HAVE_GLUON), reason="needs an sm_90 GPU and Gluon")
 
 
-def test_the_producer_keeps_its_splits_row_numbers_in_shared_memory_where_they_fit():
-    """index_tiles: with WS or SPLIT_WG the producer's table holds a power of two of tiles covering its split (the
-    batch-64 default: 20 tiles of 32 rows -> 32; batch 16: 3 tiles -> 4), counted by the shared-memory rule; none
-    without a producer, and none where the table would not fit beside q, the ring and the converted stores' staging
-    (then the indices are loaded a tile ahead, as before)."""
+def test_the_split_wg_producer_keeps_its_splits_row_numbers_in_shared_memory_where_they_fit():
+    """index_tiles: with SPLIT_WG the table holds a power of two of tiles covering the split (the batch-64 default:
+    20 tiles of 32 rows -> 32), counted by the shared-memory rule; none for the WS schedule (its consumers carry
+    their masks a tile ahead) or the single-partition one, and none where the table would not fit beside q, the
+    ring, P's tiles and the converted stores' staging (then the indices are loaded a tile ahead, as before)."""
     from kernels.sparse_decode_wgmma import SparseDecodeWgmmaKernel, default_config, index_tiles
 
     kernel = SparseDecodeWgmmaKernel.instance
     shape = {"batch": 64, "heads": 64, "d_qk": 512, "d_v": 512, "topk": 640, "num_rows": 65536}
     b64 = default_config(64, 640)
-    assert index_tiles(b64, shape) == 32
+    assert b64["SPLIT_WG"] == 1 and index_tiles(b64, shape) == 32
     assert kernel.smem_bytes(b64, shape) == kernel.smem_bytes_without_table(b64, shape) + 32 * 32 * 4
-    assert index_tiles(default_config(16, 640), {**shape, "batch": 16}) == 4
-    assert index_tiles({**b64, "WS": 0, "SPLIT_WG": 0}, shape) == 0
-    full = {**b64, "SPLIT_WG": 0, "BLOCK_T": 64, "STAGES": 2, "V_SPLIT": 1, "STORE_CVT": 1}
-    assert kernel.smem_bytes_without_table(full, shape) + 16 * 64 * 4 > 227 * 1024 and index_tiles(full, shape) == 0
-    assert kernel.smem_bytes(full, shape) == kernel.smem_bytes_without_table(full, shape)
+    assert index_tiles(default_config(16, 640), {**shape, "batch": 16}) == 0  # WS, not SPLIT_WG
+    assert index_tiles({**b64, "SPLIT_WG": 0}, shape) == 0 and index_tiles({**b64, "WS": 0, "SPLIT_WG": 0}, shape) == 0
+    long = {**shape, "topk": 4096}  # one split of 128 tiles: a 16 KiB table, over IDX_TABLE_MAX
+    assert index_tiles(b64, long) == 0 and kernel.smem_bytes(b64, long) == kernel.smem_bytes_without_table(b64, long)
+    assert index_tiles(b64, {**shape, "topk": 2048}) == 64  # 8 KiB: the most it takes
 
 
 @pytest.mark.gpu
@@ -255,7 +255,6 @@ def test_the_producer_keeps_its_splits_row_numbers_in_shared_memory_where_they_f
     {"S": 2, "BLOCK_T": 32, "STAGES": 4, "V_SPLIT": 4, "P_SMEM": 1, "SPLIT_WG": 1},
     {"S": 4, "BLOCK_T": 32, "STAGES": 2, "V_SPLIT": 2, "MERGE": 1, "SPLIT_WG": 1},
     {"S": 3, "BLOCK_T": 64, "STAGES": 2, "V_SPLIT": 4, "PART16": 1, "STORE_CVT": 1, "SPLIT_WG": 1},
-    {"S": 1, "BLOCK_T": 64, "STAGES": 2, "V_SPLIT": 1, "WS": 1, "STORE_CVT": 1},  # no room for the index table
 ], ids=str)
 @pytest.mark.parametrize("batch", [1, 5, 64])
 def test_sparse_decode_wgmma_matches_the_reference_at_v4_flash_shapes(batch, config):
@@ -273,6 +272,26 @@ def test_sparse_decode_wgmma_matches_the_reference_at_v4_flash_shapes(batch, con
     assert rel_error(got, ref) <= SD.tolerance("bfloat16")
     if batch > 1:
         assert torch.count_nonzero(got[1]) == 0
+
+
+@pytest.mark.gpu
+@needs_hopper
+@pytest.mark.parametrize("config", [
+    {"S": 1, "BLOCK_T": 32, "STAGES": 4, "V_SPLIT": 2, "STORE_CVT": 1}, {"S": 4, "BLOCK_T": 64, "STAGES": 2, "V_SPLIT": 2},
+], ids=str)
+@pytest.mark.parametrize("batch", [5, 64])
+def test_sparse_decode_wgmma_split_wg_without_its_index_table_matches_the_reference(batch, config):
+    """SPLIT_WG's indices loaded a tile ahead from global memory (the path a split too long for its table takes,
+    forced here by ``_probe="indices_ahead"``), ragged padding and a request of padding only, into NaN-poisoned
+    outputs."""
+    shape = dict(SD.shapes("v4flash")[0], batch=batch, ragged=1)
+    i = SD.make_inputs(shape, "bfloat16", "cuda", seed=batch * 13 + config["S"])
+    i["indices"][1] = -1
+    out = torch.full((batch, 64, 512), float("nan"), device="cuda", dtype=torch.bfloat16)
+    got = sparse_decode_wgmma(i["q"], i["kv"], i["indices"], i["sm_scale"], {**config, "WS": 1, "SPLIT_WG": 1},
+                              out=out, _probe="indices_ahead")
+    assert rel_error(got, SD.reference(i)) <= SD.tolerance("bfloat16")
+    assert torch.count_nonzero(got[1]) == 0
 
 
 @pytest.mark.gpu
