@@ -59,17 +59,17 @@ and a barrier. ``SPLIT_WG`` removes both (each warpgroup reads q once for a whol
 what it cannot fix is the ring: q's 64 KiB stay resident, so only 128 KiB of gathered rows fit, two 64-row slots or
 four 32-row ones, and each warpgroup has at most two tiles in flight (sparse decode is 2-4% of the workload's step,
 ``benchmarks/results/workload_attention_share_h200.md``).
-Measured again at the SPLIT_WG default (H200, 2026-12-01): DRAM is not what bounds it (every request reading the
-same rows, so a 64th of the bytes leave DRAM, runs 1.04x: ``sparse_decode_wgmma_locality_h200_c63889b.md``); without
-the rows' copies (``_probe="no_copies"``) it still takes 23.8 of 27.5 µs, without the products 16.7 µs, and its
+Measured again at the SPLIT_WG default (H200, 2026-12-01, ``sparse_decode_wgmma_locality_h200_48454a2.md``): DRAM
+is not what bounds it (every request reading the same rows, so a 64th of the bytes leave DRAM, runs 1.04x); without
+the rows' copies (``_probe="no_copies"``) it still takes 22.6 of 26.2 µs, without the products 16.8 µs, and its
 products alone at the tensor cores' measured rates take 11.9 µs (``benchmarks/wgmma_rates.py``,
 ``wgmma_rates_h200_b68f14f.md``): the compute warpgroups' per-tile chain (wait, scores, softmax, PV, release) keeps
-the tensor cores about half busy; at 64 to 640 selected rows (``..._locality_h200_b4f8724.md``) the same config
-takes 9.4 µs fixed plus 0.92 µs a 32-row tile. The scores' product with q in shared memory runs 566-628 TFLOP/s at 32-row tiles
-against 805-853 with q in registers (which does not fit beside a 256-column accumulator) and 824-856 at 64-row tiles.
-Tried and removed: each warpgroup issuing its next tile's scores before this tile's softmax (0.84x at c63889b; the
-build spilled 104 bytes a thread). The index table (``index_tiles``: the split's row numbers in shared memory for the producer's gathers and the
-consumers' padding masks) is 1.07x at the batch-64 default, side by side (``..._locality_h200_8fe2a9d.md``).
+the tensor cores about half busy; at 64 to 640 selected rows the same config takes 9.4 µs fixed plus 0.86 µs a
+32-row tile. The scores' product with q in shared memory runs 566-628 TFLOP/s at 32-row tiles against 805-853 with
+q in registers (which does not fit beside a 256-column accumulator) and 824-856 at 64-row tiles. The index table
+(``index_tiles``, SPLIT_WG: the split's row numbers in shared memory for the producer's gathers and the consumers'
+padding masks) is 1.07x at the batch-64 default, side by side. Tried and removed: each warpgroup issuing its next
+tile's scores before this tile's softmax (0.84x at c63889b; the build spilled 104 bytes a thread).
 ``P_SMEM`` (P through shared memory instead of a register layout conversion) measured within 1.5% either way.
 ``MERGE`` (the split-K merge folded in: the last program of a request's splits to finish merges them, no second
 launch) measured slower than the separate merge kernel with programmatic dependent launch: median 0.88x / 0.92x /
