@@ -81,52 +81,44 @@ def measure(args, json_path: Path) -> dict:
     base = kernel.shapes("v4flash")[0]
     meta = {"date": dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"), "gpu": torch.cuda.get_device_name(),
             "torch": torch.__version__, "triton": triton.__version__, "commit": _commit(), "rep_ms": args.rep_ms}
+    tol = kernel.tolerance("bfloat16")
+
+    def run(inputs, config, out, **opts):
+        return sparse_decode_wgmma(inputs["q"], inputs["kv"], inputs["indices"], inputs["sm_scale"], config, out=out,
+                                   **opts)
+
+    def checked(config, sets, checks, **opts) -> dict:
+        """The worst error against the float32 reference over ``checks`` (each into a NaN-poisoned output), then,
+        within the tolerance, the median time over ``sets``."""
+        err = max(rel_error(run(i, config, kernel.output_like(i).fill_(float("nan")), **opts), kernel.reference(i))
+                  for i in checks)
+        row = {"err": err, "status": "ok" if err <= tol else "wrong_result"}
+        if row["status"] == "ok":
+            outs = [kernel.output_like(i) for i in sets]
+            row["us"] = _time(lambda j: run(sets[j], config, outs[j], **opts), list(range(len(sets))),
+                              args.rep_ms).median_us
+        return row
+
     rows = []
     for batch in (64, 16, 1):
         shape = dict(base, batch=batch)
         plain = [kernel.make_inputs(shape, "bfloat16", "cuda", seed=1 + k) for k in range(4)]
-        tol = kernel.tolerance("bfloat16")
         for config in configs(batch):
             for pattern in PATTERNS:
                 sets = [with_pattern(s, pattern) for s in plain]
-                outs = [kernel.output_like(s) for s in sets]
-                out = kernel.output_like(sets[0]).fill_(float("nan"))
-                err = rel_error(sparse_decode_wgmma(sets[0]["q"], sets[0]["kv"], sets[0]["indices"],
-                                                    sets[0]["sm_scale"], config, out=out), kernel.reference(sets[0]))
-                row = {"batch": batch, "config": config, "pattern": pattern, "err": err,
-                       "status": "ok" if err <= tol else "wrong_result"}
-                if row["status"] == "ok":
-                    row["us"] = _time(lambda j, c=config, sets=sets, outs=outs: sparse_decode_wgmma(
-                        sets[j]["q"], sets[j]["kv"], sets[j]["indices"], sets[j]["sm_scale"], c, out=outs[j]),
-                        list(range(len(sets))), args.rep_ms).median_us
-                rows.append(row)
-                print(f"batch {batch} {pattern} {row.get('us', row['status'])}", flush=True)
+                rows.append({"batch": batch, "config": config, "pattern": pattern, **checked(config, sets, sets[:1])})
+                print(f"batch {batch} {pattern} {rows[-1].get('us', rows[-1]['status'])}", flush=True)
             if not (config["WS"] or config["SPLIT_WG"]):
                 continue
+            # the previous producer and consumers, checked on the timed inputs and on ragged ones
+            ragged = kernel.make_inputs({**shape, "ragged": 1}, "bfloat16", "cuda", seed=99)
+            rows.append({"batch": batch, "config": config, "pattern": "spread", "probe": PREVIOUS,
+                         **checked(config, plain, [plain[0], ragged], _probe=PREVIOUS)})
+            print(f"batch {batch} {PREVIOUS} {rows[-1].get('us', rows[-1]['status'])}", flush=True)
             outs = [kernel.output_like(s) for s in plain]
-            variants = {PREVIOUS: {"_probe": PREVIOUS}}
-            for name, opts in variants.items():  # checked against the reference like the plain runs
-                ref = kernel.reference(plain[0])
-                out = kernel.output_like(plain[0]).fill_(float("nan"))
-                err = rel_error(sparse_decode_wgmma(plain[0]["q"], plain[0]["kv"], plain[0]["indices"],
-                                                    plain[0]["sm_scale"], config, out=out, **opts), ref)
-                ragged = kernel.make_inputs({**shape, "ragged": 1}, "bfloat16", "cuda", seed=99)
-                out = kernel.output_like(ragged).fill_(float("nan"))
-                err = max(err, rel_error(sparse_decode_wgmma(ragged["q"], ragged["kv"], ragged["indices"],
-                                                             ragged["sm_scale"], config, out=out, **opts),
-                                         kernel.reference(ragged)))
-                row = {"batch": batch, "config": config, "pattern": "spread", "probe": name, "err": err,
-                       "status": "ok" if err <= tol else "wrong_result"}
-                if row["status"] == "ok":
-                    row["us"] = _time(lambda j, c=config, o=opts: sparse_decode_wgmma(
-                        plain[j]["q"], plain[j]["kv"], plain[j]["indices"], plain[j]["sm_scale"], c, out=outs[j], **o),
-                        list(range(len(plain))), args.rep_ms).median_us
-                rows.append(row)
-                print(f"batch {batch} {name} {row.get('us', row['status'])}", flush=True)
-            for probe in PROBES:
-                us = _time(lambda j, c=config, p=probe: sparse_decode_wgmma(
-                    plain[j]["q"], plain[j]["kv"], plain[j]["indices"], plain[j]["sm_scale"], c, out=outs[j], _probe=p),
-                    list(range(len(plain))), args.rep_ms).median_us
+            for probe in PROBES:  # garbage output: timed only
+                us = _time(lambda j, p=probe: run(plain[j], config, outs[j], _probe=p), list(range(len(plain))),
+                           args.rep_ms).median_us
                 rows.append({"batch": batch, "config": config, "pattern": "spread", "probe": probe, "status": "probe",
                              "us": us})
                 print(f"batch {batch} {probe} {us}", flush=True)
@@ -136,19 +128,9 @@ def measure(args, json_path: Path) -> dict:
     config = configs(64)[0]
     scaling = []
     for topk in TOPKS:
-        shape = dict(base, batch=64, topk=topk)
-        sets = [kernel.make_inputs(shape, "bfloat16", "cuda", seed=1 + k) for k in range(4)]
-        outs = [kernel.output_like(s) for s in sets]
-        out = kernel.output_like(sets[0]).fill_(float("nan"))
-        err = rel_error(sparse_decode_wgmma(sets[0]["q"], sets[0]["kv"], sets[0]["indices"], sets[0]["sm_scale"],
-                                            config, out=out), kernel.reference(sets[0]))
-        row = {"topk": topk, "config": config, "err": err, "status": "ok" if err <= tol else "wrong_result"}
-        if row["status"] == "ok":
-            row["us"] = _time(lambda j, sets=sets, outs=outs: sparse_decode_wgmma(
-                sets[j]["q"], sets[j]["kv"], sets[j]["indices"], sets[j]["sm_scale"], config, out=outs[j]),
-                list(range(len(sets))), args.rep_ms).median_us
-        scaling.append(row)
-        print(f"batch 64 topk {topk} {row.get('us', row['status'])}", flush=True)
+        sets = [kernel.make_inputs(dict(base, batch=64, topk=topk), "bfloat16", "cuda", seed=1 + k) for k in range(4)]
+        scaling.append({"topk": topk, "config": config, **checked(config, sets, sets[:1])})
+        print(f"batch 64 topk {topk} {scaling[-1].get('us', scaling[-1]['status'])}", flush=True)
     data = {"meta": meta, "rows": rows, "scaling": scaling}
     json_path.write_text(json.dumps(data, indent=1))
     return data
