@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The Gluon wgmma sparse-decode kernel on one H200 in one device command (about 7 minutes; BATCHES=64,16 picks;
-# SPACE='{"P_SMEM": [0]}' narrows the wgmma sweep, see the benchmark's --space; the benchmark runs only if the tests pass):
+# SPACE='{"P_SMEM": [0]}' narrows the wgmma sweep, see the benchmark's --space; TESTS_K='seesaw' runs the tests pytest's
+# -k selects; the benchmark runs only if the tests pass):
 #   1. its GPU tests (V4-Flash shapes, ragged padding, every split and ring depth, into poisoned outputs)
 #   2. benchmarks/sparse_decode_wgmma.py: batch 1 / 16 / 64 beside the tl.dot kernel, torch and the floor
 #   3. Nsight Compute over benchmarks/profile_sparse_decode.py --wgmma (NCU=0 skips it)
@@ -9,7 +10,8 @@
 # Afterwards, on a CPU: copy the JSON to benchmarks/results/data/ and run
 #   python benchmarks/sparse_decode_wgmma.py --report-from benchmarks/results/data/<the JSON> --out <report>
 . "$(dirname "$0")/gpu_env.sh"
-timeout 200 python3 -m pytest -q -p no:cacheprovider tests/kernels/test_sparse_decode_wgmma.py >"$OUT/gpu_tests_wgmma.log" 2>&1
+timeout ${TESTS_S:-200} python3 -m pytest -q -p no:cacheprovider tests/kernels/test_sparse_decode_wgmma.py -k "${TESTS_K:-}" \
+  >"$OUT/gpu_tests_wgmma.log" 2>&1
 echo "exit status $?" >>"$OUT/gpu_tests_wgmma.log"
 tail -n 3 "$OUT/gpu_tests_wgmma.log"
 grep -q "^exit status 0$" "$OUT/gpu_tests_wgmma.log" || exit 1

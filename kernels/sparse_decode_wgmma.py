@@ -100,6 +100,7 @@ try:
         fence_async_shared,
         mbarrier,
         warpgroup_mma,
+        warpgroup_mma_init,
         warpgroup_mma_wait,
     )
 
@@ -113,7 +114,7 @@ __all__ = ["DEFAULT_CONFIG", "HAVE_GLUON", "WGMMA_HEADS", "WGMMA_WARPS", "Sparse
 WGMMA_HEADS = 64  # one wgmma M: every head of a V4-Flash request in one program
 WGMMA_WARPS = 8  # two warpgroups: each holds a [64, 256 / V_SPLIT] float32 accumulator (128 / V_SPLIT registers a thread)
 DEFAULT_CONFIG = {"S": 8, "BLOCK_T": 64, "STAGES": 2, "P_SMEM": 0, "V_SPLIT": 1, "PART16": 0, "STORE_CVT": 0, "WS": 0,
-                  "MERGE": 0, "SPLIT_WG": 0}  # S, V_SPLIT: see default_config
+                  "MERGE": 0, "SPLIT_WG": 0, "SEESAW": 0}  # S, V_SPLIT: see default_config
 PROGRAMS = 128  # about one program per SM of an H200 (132)
 # WS=1: a producer warpgroup beside the two consumer ones. Registers are granted per warpgroup: the launch caps all
 # 384 threads at WS_MAXNREG (65536 / 384, rounded down to 8), and the producer hands all but GATHER_REGS of its
@@ -135,7 +136,7 @@ def index_tiles(config: dict, shape: dict) -> int:
     (26.0 against 27.8 µs); the WS schedule's consumers already carried their mask a tile ahead, and there a table
     for the producer alone measured 0.97-1.00x (b68f14f, c63889b, b4f8724), so WS keeps loading indices a tile ahead.
     0 (no table) without SPLIT_WG, and where the table would pass ``IDX_TABLE_MAX`` or the block's shared memory."""
-    if not config.get("SPLIT_WG"):
+    if not (config.get("SPLIT_WG") or config.get("SEESAW")):
         return 0
     rows_per_split, _ = split_rows(max(shape["topk"], 1), config["S"], config["BLOCK_T"])
     tiles = triton.next_power_of_2(-(-rows_per_split // config["BLOCK_T"]))
@@ -291,15 +292,20 @@ if HAVE_GLUON:
                       BLOCK_H, DO, V_SPLIT, DIRECT, STORE_CVT, MERGE, S_PAD, s_l, o_l, 8)
 
     @gluon.jit
+    def _online_softmax(s, valid, qk_scale, m_i):
+        """One tile's raw scores ``s`` (padding rows masked to -inf) against the running row max ``m_i``: the
+        probabilities P (base 2), the factor ``alpha`` that rescales what was summed before, and the new max."""
+        s = gl.where(valid[None, :], s * qk_scale, float("-inf"))
+        m_new = gl.maximum(m_i, gl.max(s, 1))
+        m_safe = gl.where(m_new == float("-inf"), 0.0, m_new)
+        return gl.exp2(s - m_safe[:, None]), gl.exp2(m_i - m_safe), m_new
+
+    @gluon.jit
     def _softmax_pv(s, valid, qk_scale, m_i, l_i, acc, p_smem, v_tile, P_SMEM: gl.constexpr, o_l: gl.constexpr,
                     p_l: gl.constexpr):
         """One tile's online softmax on its raw scores ``s`` (padding rows masked to -inf) and O += P V: the new
         (acc, m_i, l_i)."""
-        s = gl.where(valid[None, :], s * qk_scale, float("-inf"))
-        m_new = gl.maximum(m_i, gl.max(s, 1))
-        m_safe = gl.where(m_new == float("-inf"), 0.0, m_new)
-        alpha = gl.exp2(m_i - m_safe)
-        p = gl.exp2(s - m_safe[:, None])
+        p, alpha, m_new = _online_softmax(s, valid, qk_scale, m_i)
         l_i = l_i * alpha + gl.sum(p, 1)
         alpha_o = gl.convert_layout(alpha, gl.SliceLayout(1, o_l))
         if P_SMEM:  # P as wgmma's A from shared memory: each warpgroup writes its half of the columns, one barrier
@@ -578,6 +584,103 @@ if HAVE_GLUON:
             mbarrier.arrive(done.index(1))
 
     @gluon.jit
+    def _seesaw_other(acc, m_i, l_i, t, kv_smem, p_smem, st_smem, ready, pready, STAGES: gl.constexpr, WG: gl.constexpr,
+                      DO: gl.constexpr, ml_l: gl.constexpr, mo_l: gl.constexpr):
+        """SEESAW: the other warpgroup's tile ``t``: once it has published its P and statistics (``pready``), this
+        warpgroup's running (m, l) take them and O += P V for its columns is issued (asynchronously; ``acc`` must
+        be complete)."""
+        slot = t % STAGES
+        mbarrier.wait(pready.index(slot), (t // STAGES) & 1)
+        mbarrier.wait(ready.index(slot), (t // STAGES) & 1)  # passed already (the owner waited); this thread's view
+        fence_async_shared()
+        alpha_o = st_smem.index(3 * slot).load(mo_l)
+        l_i = l_i * st_smem.index(3 * slot).load(ml_l) + st_smem.index(3 * slot + 2).load(ml_l)
+        m_i = st_smem.index(3 * slot + 1).load(ml_l)
+        acc = warpgroup_mma(p_smem.index(slot), kv_smem.index(slot).slice(WG * DO, DO, dim=1), acc * alpha_o[:, None],
+                            is_async=True)
+        return acc, m_i, l_i
+
+    @gluon.jit
+    def _ws_compute_seesaw(q_smem, kv_smem, p_smem, st_smem, q_bar, ready, empty, pready, idx_ptr, part_ptr, lse_ptr,
+                           out_ptr, sem_ptr, H, num_rows, topk, rows_per_split, qk_scale, n_splits, stride_ib,
+                           stride_pb, stride_ps, stride_ph, stride_lb, stride_ls, stride_ob, stride_oh,
+                           DV: gl.constexpr, BLOCK_H: gl.constexpr, BLOCK_T: gl.constexpr, STAGES: gl.constexpr,
+                           DIRECT: gl.constexpr, S_PAD: gl.constexpr, WG: gl.constexpr, idx_smem, idx_bar,
+                           IDX_TILES: gl.constexpr):
+        """SEESAW's consumer warpgroup ``WG`` (0 or 1): it owns the split's tiles ``WG``, ``WG + 2``, ... and holds
+        columns ``[WG * 256, WG * 256 + 256)`` of O. For its own tile it computes the whole scores' product (64 x
+        BLOCK_T x 512, once for both), the online softmax against the running max after the previous tile (which
+        the other warpgroup published), publishes P and (alpha, max, row sum) in shared memory (``pready``), and
+        adds P V for its columns; for the other's tile it waits for that publication and adds P V for its columns.
+        Both apply every tile's statistics in order, so both end with the same (m, l) and each writes its own
+        columns: no hand-over. The other's softmax runs while this one's products do. A slot is released
+        (``empty``, two arrivals) once both warpgroups' products have read it."""
+        DO: gl.constexpr = DV // 2
+        dtype: gl.constexpr = q_smem.dtype
+        pid_s, pid_b, col_off, start, end, n_tiles = _program_split(rows_per_split, topk, BLOCK_T, 1, DV)
+        s_l: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, BLOCK_T, 16])
+        o_l: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, DO, 16])
+        p_l: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_l, k_width=2)
+        ml_l: gl.constexpr = gl.SliceLayout(1, s_l)
+        mo_l: gl.constexpr = gl.SliceLayout(1, o_l)
+        idx_base = idx_ptr + pid_b.to(gl.int64) * stride_ib
+        offs_ts = gl.arange(0, BLOCK_T, layout=gl.SliceLayout(0, s_l))
+        m_i = gl.full([BLOCK_H], float("-inf"), gl.float32, layout=ml_l)
+        l_i = gl.zeros([BLOCK_H], gl.float32, layout=ml_l)
+        # the accumulator is carried as wgmma's asynchronous accumulator (a product may be in flight across the
+        # loop's and the branches' edges); warpgroup_mma_wait gives the tensor back
+        acc_a = warpgroup_mma_init(gl.zeros([BLOCK_H, DO], gl.float32, layout=o_l))
+        s_zero = gl.zeros([BLOCK_H, BLOCK_T], gl.float32, layout=s_l)
+        mbarrier.wait(q_bar, 0)
+        if IDX_TILES > 0:
+            mbarrier.wait(idx_bar, 0)
+        for t in range(WG, n_tiles, 2):
+            slot = t % STAGES
+            acc = warpgroup_mma_wait(0, deps=[acc_a])  # this warpgroup's product of its previous tile (t - 2)
+            if t >= 2:
+                mbarrier.arrive(empty.index((t - 2) % STAGES))
+            mbarrier.wait(ready.index(slot), (t // STAGES) & 1)
+            fence_async_shared()
+            tile = kv_smem.index(slot)
+            s_tok = warpgroup_mma(q_smem, tile.permute((1, 0)), s_zero, use_acc=False, is_async=True)
+            if IDX_TILES > 0:
+                rows_v = idx_smem.index(t).load(gl.SliceLayout(0, s_l))
+            else:
+                rows_v = _tile_rows(idx_base, start, end, t, offs_ts)
+            valid = (rows_v >= 0) & (rows_v < num_rows)
+            if t >= 1:  # the other's tile t - 1 (its statistics bring m_i to the max before this tile)
+                acc_a, m_i, l_i = _seesaw_other(acc, m_i, l_i, t - 1, kv_smem, p_smem, st_smem, ready, pready, STAGES,
+                                                WG, DO, ml_l, mo_l)
+                s = warpgroup_mma_wait(1, deps=[s_tok])  # the scores; t - 1's product may still run
+            else:
+                acc_a = warpgroup_mma_init(acc)
+                s = warpgroup_mma_wait(0, deps=[s_tok])
+            p, alpha, m_i = _online_softmax(s, valid, qk_scale, m_i)
+            rs = gl.sum(p, 1)
+            p16 = p.to(dtype)
+            p_smem.index(slot).store(p16)
+            st_smem.index(3 * slot).store(alpha)
+            st_smem.index(3 * slot + 1).store(m_i)
+            st_smem.index(3 * slot + 2).store(rs)
+            fence_async_shared()  # P (generic proxy writes) before the other's tensor-core reads
+            mbarrier.arrive(pready.index(slot))
+            l_i = l_i * alpha + rs
+            acc = warpgroup_mma_wait(0, deps=[acc_a])
+            if t >= 1:
+                mbarrier.arrive(empty.index((t - 1) % STAGES))
+            acc_a = warpgroup_mma(gl.convert_layout(p16, p_l), tile.slice(WG * DO, DO, dim=1),
+                                  acc * gl.convert_layout(alpha, mo_l)[:, None], is_async=True)
+        acc = warpgroup_mma_wait(0, deps=[acc_a])
+        if n_tiles > 0:
+            if (n_tiles - 1) % 2 != WG:  # the last tile is the other's
+                acc_a, m_i, l_i = _seesaw_other(acc, m_i, l_i, n_tiles - 1, kv_smem, p_smem, st_smem, ready, pready,
+                                                STAGES, WG, DO, ml_l, mo_l)
+                acc = warpgroup_mma_wait(0, deps=[acc_a])
+        _write_result(acc, m_i, l_i, part_ptr, lse_ptr, out_ptr, sem_ptr, pid_b, pid_s, WG * DO, H, n_splits,
+                      stride_pb, stride_ps, stride_ph, stride_lb, stride_ls, stride_ob, stride_oh,
+                      BLOCK_H, DO, 2, DIRECT, False, False, S_PAD, s_l, o_l, 4)
+
+    @gluon.jit
     def _sparse_decode_wgmma_ws_kernel(
         q_ptr, kv_ptr, idx_ptr, part_ptr, lse_ptr, out_ptr, sem_ptr,
         H, num_rows, topk, rows_per_split, qk_scale, n_splits,
@@ -589,7 +692,7 @@ if HAVE_GLUON:
         DIRECT: gl.constexpr, P_SMEM: gl.constexpr, V_SPLIT: gl.constexpr, STORE_CVT: gl.constexpr,
         MERGE: gl.constexpr, S_PAD: gl.constexpr, GATHER_WARPS: gl.constexpr, GATHER_REGS: gl.constexpr,
         SPLIT_WG: gl.constexpr = False, WG_REGS: gl.constexpr = 0, PROBE: gl.constexpr = 0,
-        IDX_TILES: gl.constexpr = 0,
+        IDX_TILES: gl.constexpr = 0, SEESAW: gl.constexpr = False,
     ):
         """The warp-specialised schedule (``WS=1``): a producer warpgroup gathers, two consumer warpgroups compute;
         they meet on mbarriers, one ``ready`` and one ``empty`` per ring slot."""
@@ -602,7 +705,9 @@ if HAVE_GLUON:
                                                   rank=2)
         q_smem = gl.allocate_shared_memory(dtype, [BLOCK_H, DV], tile_sl)
         kv_smem = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_T, DV], tile_sl)
-        if SPLIT_WG:
+        if SEESAW:
+            p_smem = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_H, BLOCK_T], p_sl)  # each ring slot's P
+        elif SPLIT_WG:
             p_smem = gl.allocate_shared_memory(dtype, [2, BLOCK_H, BLOCK_T], p_sl)  # each warpgroup its own P
         else:
             p_smem = gl.allocate_shared_memory(dtype, [BLOCK_H, BLOCK_T], p_sl)
@@ -618,8 +723,34 @@ if HAVE_GLUON:
         mbarrier.init(idx_bar, count=1)  # the producer's table is written (one arrival: the partition's)
         for i in gl.static_range(STAGES):
             mbarrier.init(ready.index(i), count=GATHER_WARPS * 32)
-            mbarrier.init(empty.index(i), count=1)  # one arrival: Gluon arrives once a partition, after its barrier
-        if SPLIT_WG:
+            # one arrival a consumer partition (Gluon arrives once a partition, after its barrier); SEESAW's two
+            # consumers both read every slot
+            mbarrier.init(empty.index(i), count=2 if SEESAW else 1)
+        if SEESAW:
+            gl.static_assert(V_SPLIT == 1, "each warpgroup half of all 512 columns")
+            pready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+            # each slot's (alpha, max, row sum) of its tile's softmax, from the owner to the other warpgroup
+            st_smem = gl.allocate_shared_memory(gl.float32, [3 * STAGES, BLOCK_H], gl.SwizzledSharedLayout(1, 1, 1, [0]))
+            for i in gl.static_range(STAGES):
+                mbarrier.init(pready.index(i), count=1)
+            fence_async_shared()
+            gl.warp_specialize([
+                (_ws_gather, (q_ptr, kv_ptr, idx_ptr, q_smem, kv_smem, q_bar, ready, empty,
+                              H, num_rows, topk, rows_per_split, stride_qb, stride_qh, stride_kv, stride_ib,
+                              DV, BLOCK_H, BLOCK_T, STAGES, V_SPLIT, GATHER_WARPS, PROBE, idx_smem, idx_bar,
+                              IDX_TILES)),
+                (_ws_compute_seesaw, (q_smem, kv_smem, p_smem, st_smem, q_bar, ready, empty, pready, idx_ptr, part_ptr,
+                                      lse_ptr, out_ptr, sem_ptr, H, num_rows, topk, rows_per_split, qk_scale, n_splits,
+                                      stride_ib, stride_pb, stride_ps, stride_ph, stride_lb, stride_ls, stride_ob,
+                                      stride_oh, DV, BLOCK_H, BLOCK_T, STAGES, DIRECT, S_PAD, 0, idx_smem, idx_bar,
+                                      IDX_TILES)),
+                (_ws_compute_seesaw, (q_smem, kv_smem, p_smem, st_smem, q_bar, ready, empty, pready, idx_ptr, part_ptr,
+                                      lse_ptr, out_ptr, sem_ptr, H, num_rows, topk, rows_per_split, qk_scale, n_splits,
+                                      stride_ib, stride_pb, stride_ps, stride_ph, stride_lb, stride_ls, stride_ob,
+                                      stride_oh, DV, BLOCK_H, BLOCK_T, STAGES, DIRECT, S_PAD, 1, idx_smem, idx_bar,
+                                      IDX_TILES)),
+            ], [4, 4], [WG_REGS, WG_REGS])
+        elif SPLIT_WG:
             gl.static_assert(V_SPLIT > 1, "one warpgroup's accumulator: at most 256 columns of V")
             gl.static_assert(STAGES % 2 == 0, "each ring slot consumed by one warpgroup")
             done = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
@@ -756,18 +887,23 @@ def sparse_decode_wgmma(q: torch.Tensor, kv: torch.Tensor, indices: torch.Tensor
                 P_SMEM=bool(config["P_SMEM"]), V_SPLIT=v_split, STORE_CVT=bool(config["STORE_CVT"]),
                 MERGE=merge, S_PAD=max(2, triton.next_power_of_2(n_splits)), num_warps=WGMMA_WARPS)
     grid = (n_splits * v_split, B)
-    if config.get("WS") or config.get("SPLIT_WG"):
+    if config.get("WS") or config.get("SPLIT_WG") or config.get("SEESAW"):
         meta["IDX_TILES"] = index_tiles(config, shape)
     if _probe:
-        if _probe not in _PROBES or not (config.get("WS") or config.get("SPLIT_WG")):
-            raise ValueError(f"sparse_decode_wgmma: _probe={_probe!r}: one of {sorted(_PROBES)}, with WS=1 or SPLIT_WG=1")
+        if _probe not in _PROBES or not (config.get("WS") or config.get("SPLIT_WG") or config.get("SEESAW")):
+            raise ValueError(f"sparse_decode_wgmma: _probe={_probe!r}: one of {sorted(_PROBES)}, with WS=1, "
+                             "SPLIT_WG=1 or SEESAW=1")
+        if _probe == "no_products" and config.get("SEESAW"):
+            raise ValueError("sparse_decode_wgmma: _probe='no_products' is not built for SEESAW=1 (its consumers "
+                             "wait on each other's softmax); use no_copies or indices_ahead")
         meta["PROBE"] = _PROBES[_probe]
         if _probe == "indices_ahead":
             meta["IDX_TILES"] = 0
-    if config.get("SPLIT_WG"):  # the producer's 4 warps are the default partition, two 4-warp consumers: 12 warps
-        meta["num_warps"] = 4
+    if config.get("SPLIT_WG") or config.get("SEESAW"):  # the producer's 4 warps are the default partition, two
+        meta["num_warps"] = 4  # 4-warp consumers: 12 warps
         _sparse_decode_wgmma_ws_kernel[grid](*args, **meta, GATHER_WARPS=GATHER_WARPS, GATHER_REGS=GATHER_REGS,
-                                             SPLIT_WG=True, WG_REGS=WG_REGS, maxnreg=WS_MAXNREG)
+                                             SPLIT_WG=not config.get("SEESAW"), SEESAW=bool(config.get("SEESAW")),
+                                             WG_REGS=WG_REGS, maxnreg=WS_MAXNREG)
     elif config.get("WS"):
         _sparse_decode_wgmma_ws_kernel[grid](*args, **meta, GATHER_WARPS=GATHER_WARPS, GATHER_REGS=GATHER_REGS,
                                              maxnreg=WS_MAXNREG)
@@ -786,7 +922,7 @@ class SparseDecodeWgmmaKernel(_SparseDecodeBase):
 
     name = "sparse_decode_wgmma"
     dtypes = ("bfloat16", "float16")
-    switches = ("P_SMEM", "PART16", "STORE_CVT", "WS", "MERGE", "SPLIT_WG")
+    switches = ("P_SMEM", "PART16", "STORE_CVT", "WS", "MERGE", "SPLIT_WG", "SEESAW")
     instance: SparseDecodeWgmmaKernel
 
     def unavailable(self):
@@ -805,7 +941,7 @@ class SparseDecodeWgmmaKernel(_SparseDecodeBase):
     def config_space(self, shape):
         return {"S": [1, 2, 3, 4, 5, 8, 10, 16, 20], "BLOCK_T": [32, 64], "STAGES": [2, 3, 4], "P_SMEM": [0, 1],
                 "V_SPLIT": [1, 2, 4, 8], "PART16": [0, 1], "STORE_CVT": [0, 1], "WS": [0, 1],
-                "MERGE": [0, 1], "SPLIT_WG": [0, 1]}
+                "MERGE": [0, 1], "SPLIT_WG": [0, 1], "SEESAW": [0, 1]}
 
     def canonical_config(self, config, shape):
         """The smallest S of the space that splits the rows the same way at this tile size (S = 16 and 10 both make
@@ -820,8 +956,10 @@ class SparseDecodeWgmmaKernel(_SparseDecodeBase):
         for key in ("PART16", "MERGE"):  # nothing to store or merge with one split
             if split[1] == 1 and key in out:
                 out[key] = 0
-        if out.get("SPLIT_WG"):  # always the warp-specialised schedule
+        if out.get("SPLIT_WG") or out.get("SEESAW"):  # always the warp-specialised schedule
             out["WS"] = 1
+        if out.get("SEESAW") and "P_SMEM" in out:  # P always reaches the other warpgroup through shared memory
+            out["P_SMEM"] = 0
         return out
 
     def smem_bytes(self, config, shape):
@@ -838,8 +976,10 @@ class SparseDecodeWgmmaKernel(_SparseDecodeBase):
         ``test_the_wgmma_shared_memory_rule_bounds_the_sm90_build`` checks it); 229420 bytes for a WS config of
         64-row tiles, one program a split and converted stores, 237612 with P_SMEM too (over the H200's 227 KiB:
         it failed to launch before this rule counted the staging)."""
-        p_tiles = config["P_SMEM"] * (2 if config.get("SPLIT_WG") else 1)
+        p_tiles = config["STAGES"] if config.get("SEESAW") else config["P_SMEM"] * (2 if config.get("SPLIT_WG") else 1)
         scratch = 4096 + 128
+        if config.get("SEESAW"):  # each slot's (alpha, max, row sum) and its P barrier
+            scratch += config["STAGES"] * (3 * WGMMA_HEADS * 4 + 8)
         if config.get("WS") and config.get("STORE_CVT"):
             do = shape["d_v"] // config["V_SPLIT"]
             scratch += 64 * do if config.get("SPLIT_WG") else max(0, 64 * do - 4096)
@@ -863,6 +1003,11 @@ class SparseDecodeWgmmaKernel(_SparseDecodeBase):
             return (f"split_wg: SPLIT_WG=1 needs V_SPLIT >= 2 (one warpgroup holds the program's columns: 256 at "
                     f"most) and an even ring (each slot read by one warpgroup); got V_SPLIT={config['V_SPLIT']}, "
                     f"STAGES={config['STAGES']}")
+        if config.get("SEESAW") and (config.get("SPLIT_WG") or config["V_SPLIT"] != 1 or config.get("MERGE")
+                                     or config.get("STORE_CVT")):
+            return (f"seesaw: SEESAW=1 needs V_SPLIT=1 (its two warpgroups hold all 512 columns), SPLIT_WG=0, MERGE=0 "
+                    f"and STORE_CVT=0; got V_SPLIT={config['V_SPLIT']}, SPLIT_WG={config.get('SPLIT_WG', 0)}, "
+                    f"MERGE={config.get('MERGE', 0)}, STORE_CVT={config.get('STORE_CVT', 0)}")
         smem, limit = self.smem_bytes(config, shape), device_limits(device)["shared_memory"]
         if smem > limit:
             return f"shared_memory: {smem // 1024} KiB > {limit // 1024} KiB"

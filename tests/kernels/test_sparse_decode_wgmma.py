@@ -76,6 +76,10 @@ def test_sparse_decode_wgmma_sends_an_fp8_cache_to_the_kernel_that_takes_row_sca
     ({"SPLIT_WG": 1, "V_SPLIT": 1}, r"split_wg: SPLIT_WG=1 needs V_SPLIT >= 2 .*got V_SPLIT=1, STAGES=2"),
     ({"SPLIT_WG": 1, "V_SPLIT": 2, "STAGES": 3, "BLOCK_T": 32}, r"split_wg: .*an even ring .*got V_SPLIT=2, STAGES=3"),
     ({"SPLIT_WG": 2}, "switch: SPLIT_WG=2 must be 0 or 1"),
+    ({"SEESAW": 1, "V_SPLIT": 2}, r"seesaw: SEESAW=1 needs V_SPLIT=1 .*got V_SPLIT=2, SPLIT_WG=0, MERGE=0, STORE_CVT=0"),
+    ({"SEESAW": 1, "V_SPLIT": 1, "MERGE": 1}, r"seesaw: .*got V_SPLIT=1, SPLIT_WG=0, MERGE=1, STORE_CVT=0"),
+    ({"SEESAW": 1, "V_SPLIT": 1, "STORE_CVT": 1}, r"seesaw: .*got V_SPLIT=1, SPLIT_WG=0, MERGE=0, STORE_CVT=1"),
+    ({"SEESAW": 1, "V_SPLIT": 2, "SPLIT_WG": 1}, r"seesaw: .*got V_SPLIT=2, SPLIT_WG=1"),
 ], ids=str)
 def test_sparse_decode_wgmma_rejects_a_config_outside_its_space_in_one_line_naming_the_rule(config, rule):
     from kernels.base import InvalidConfig
@@ -96,12 +100,14 @@ def test_the_wgmma_kernel_is_registered_tunable_and_says_why_it_cannot_run_here(
         assert k.check_config(k.default_config(shape), shape) is None
     b16 = k.shapes("v4flash")[1]
     base = {"BLOCK_T": 64, "STAGES": 2, "P_SMEM": 0, "V_SPLIT": 1, "PART16": 1, "STORE_CVT": 0, "WS": 0, "MERGE": 1,
-            "SPLIT_WG": 0}
+            "SPLIT_WG": 0, "SEESAW": 0}
     assert k.canonical_config({**base, "S": 16}, b16) == {**base, "S": 10}  # ten 64-row splits either way
     assert k.canonical_config({**base, "S": 1}, b16)["PART16"] == 0  # one split: no partials
     assert k.canonical_config({**base, "S": 1}, b16)["MERGE"] == 0  # ... and nothing to merge
     assert k.canonical_config({**base, "S": 4}, b16) == {**base, "S": 4}
     assert k.canonical_config({**base, "S": 4, "V_SPLIT": 2, "SPLIT_WG": 1}, b16)["WS"] == 1  # warp-specialised anyway
+    seesaw = k.canonical_config({**base, "S": 4, "SEESAW": 1, "P_SMEM": 1}, b16)  # its P always through shared memory
+    assert (seesaw["WS"], seesaw["P_SMEM"]) == (1, 0)
     assert k.check_config({**base, "S": 4, "heads": 1}, b16).startswith("unknown_param")
     assert k.check_config({**base, "S": 4}, {**b16, "heads": 128}).startswith("heads: 128 > 64")
     if not (HOPPER and HAVE_GLUON):
@@ -186,6 +192,23 @@ def test_sparse_decode_wgmma_split_wg_compiles_to_two_consumer_partitions_each_w
 
 
 @needs_gluon
+def test_sparse_decode_wgmma_seesaw_compiles_to_two_consumers_that_each_own_the_scores_of_half_the_tiles():
+    """SEESAW=1's sm_90 build at 32-row tiles: beside the producer, two 4-warp consumer partitions, each with one
+    scores' product a tile it owns (64 x 32 x 512: 32 wgmma of K 16) and three O += P V sites for its 256 columns
+    (its own tile from registers, the other's tile in the loop and after it: 2 wgmma of K 16 each), so 76 wgmma in
+    all, where SPLIT_WG at the same tiles has 68 (a scores' product and one PV site a consumer); both wait on the
+    other's published softmax (more mbarrier waits than SPLIT_WG), nobody waits on a copy group, and no spill."""
+    shape = {"batch": 64, "heads": 64, "d_qk": 512, "d_v": 512, "topk": 640, "num_rows": 65536}
+    ring = {"S": 2, "BLOCK_T": 32, "STAGES": 4, "WS": 1, "STORE_CVT": 0}
+    seesaw = _sm90_build(shape, {**ring, "V_SPLIT": 1, "SEESAW": 1, "SPLIT_WG": 0})
+    split = _sm90_build(shape, {**ring, "V_SPLIT": 2, "SPLIT_WG": 1})
+    assert seesaw["ptx"]["wgmma"] == 2 * (32 + 3 * 2) and split["ptx"]["wgmma"] == 2 * (32 + 2), (seesaw, split)
+    assert seesaw["ptx"]["mbarrier.try_wait"] > split["ptx"]["mbarrier.try_wait"], (seesaw, split)
+    assert seesaw["ptx"]["copy_wait_group"] == 0 and seesaw["ptx"]["copy_arrive"] == 2, seesaw
+    assert seesaw["usage"] == {"registers": 168, "stack": 0, "local": 0}, seesaw["usage"]
+
+
+@needs_gluon
 @pytest.mark.parametrize("config", [
     {"S": 5, "BLOCK_T": 64, "STAGES": 2, "V_SPLIT": 2, "P_SMEM": 1, "WS": 1, "STORE_CVT": 1},
     {"S": 1, "BLOCK_T": 64, "STAGES": 2, "V_SPLIT": 1, "WS": 1, "STORE_CVT": 1},
@@ -194,8 +217,10 @@ def test_sparse_decode_wgmma_split_wg_compiles_to_two_consumer_partitions_each_w
     {"S": 1, "BLOCK_T": 64, "STAGES": 2, "V_SPLIT": 2, "WS": 1, "SPLIT_WG": 1, "STORE_CVT": 1},
     {"S": 5, "BLOCK_T": 32, "STAGES": 4, "V_SPLIT": 2, "P_SMEM": 1, "WS": 1, "SPLIT_WG": 1, "STORE_CVT": 1},
     {"S": 5, "BLOCK_T": 32, "STAGES": 4, "V_SPLIT": 4, "WS": 1, "SPLIT_WG": 1, "STORE_CVT": 0},
+    {"S": 2, "BLOCK_T": 32, "STAGES": 4, "V_SPLIT": 1, "WS": 1, "SEESAW": 1},
+    {"S": 2, "BLOCK_T": 64, "STAGES": 2, "V_SPLIT": 1, "WS": 1, "SEESAW": 1, "PART16": 1},
 ], ids=["ws-v2-psmem-cvt", "ws-v1-cvt", "plain-v2-psmem", "ws-v8-cvt", "split-wg-v2-cvt", "split-wg-t32-psmem-cvt",
-        "split-wg-v4"])
+        "split-wg-v4", "seesaw-t32-ring4", "seesaw-t64-part16"])
 def test_the_wgmma_shared_memory_rule_bounds_the_sm90_build(config):
     """check_config rejects a config by smem_bytes: it must not be under what the sm_90 build allocates (a config
     that passes and then cannot launch is a failed trial and a failed test: WS with converted stores and P in shared
@@ -296,6 +321,35 @@ def test_sparse_decode_wgmma_split_wg_without_its_index_table_matches_the_refere
 
 @pytest.mark.gpu
 @needs_hopper
+@pytest.mark.parametrize("config", [
+    {"S": 1, "BLOCK_T": 32, "STAGES": 4}, {"S": 2, "BLOCK_T": 32, "STAGES": 4}, {"S": 2, "BLOCK_T": 32, "STAGES": 2},
+    {"S": 8, "BLOCK_T": 32, "STAGES": 3}, {"S": 20, "BLOCK_T": 32, "STAGES": 4}, {"S": 3, "BLOCK_T": 64, "STAGES": 2},
+    {"S": 10, "BLOCK_T": 64, "STAGES": 2}, {"S": 5, "BLOCK_T": 64, "STAGES": 2, "PART16": 1},
+    {"S": 4, "BLOCK_T": 32, "STAGES": 4, "probe": "indices_ahead"},
+], ids=str)
+@pytest.mark.parametrize("batch", [1, 5, 64])
+def test_sparse_decode_wgmma_seesaw_matches_the_reference(batch, config):
+    """SEESAW=1 (each consumer owns alternate tiles' softmax, both add every tile's P V for their half of the
+    columns): splits of one tile (the second consumer owns none), of an odd and an even number of tiles, rings of
+    2-4, 16-bit partials, its indices loaded a tile ahead instead of its index table; ragged padding and a request
+    of padding only, into NaN-poisoned outputs."""
+    config = dict(config)
+    probe = config.pop("probe", "")
+    shape = dict(SD.shapes("v4flash")[0], batch=batch, ragged=1)
+    i = SD.make_inputs(shape, "bfloat16", "cuda", seed=batch * 17 + config["S"] + config["STAGES"])
+    if batch > 1:
+        i["indices"][1] = -1
+    out = torch.full((batch, 64, 512), float("nan"), device="cuda", dtype=torch.bfloat16)
+    got = sparse_decode_wgmma(i["q"], i["kv"], i["indices"], i["sm_scale"],
+                              {**config, "V_SPLIT": 1, "WS": 1, "SPLIT_WG": 0, "SEESAW": 1, "STORE_CVT": 0, "MERGE": 0},
+                              out=out, _probe=probe)
+    assert rel_error(got, SD.reference(i)) <= SD.tolerance("bfloat16")
+    if batch > 1:
+        assert torch.count_nonzero(got[1]) == 0
+
+
+@pytest.mark.gpu
+@needs_hopper
 def test_sparse_decode_wgmma_fp16_and_fewer_heads_match_the_reference():
     """fp16 q and cache; 16 heads (the tile's other 48 rows masked); indices past the cache's end are padding."""
     for dtype, heads in ((torch.float16, 64), (torch.bfloat16, 16)):
@@ -305,13 +359,15 @@ def test_sparse_decode_wgmma_fp16_and_fewer_heads_match_the_reference():
         idx = torch.randint(0, 8192 + 500, (3, 640), generator=g, device="cuda", dtype=torch.int32)
         ref = SD.reference({"q": q, "kv": kv, "indices": idx, "sm_scale": 0.05, "d_v": 512, "kv_scale": None})
         out = torch.full((3, heads, 512), float("nan"), device="cuda", dtype=dtype)
-        for v_split, ws in itertools.product((1, 2, 4, 8), (0, 1, 2)):  # ws 2: SPLIT_WG (two columns of V at least)
-            if ws == 2 and v_split == 1:
+        # ws 2: SPLIT_WG (two columns of V at least); 3: SEESAW (all 512 columns)
+        for v_split, ws in itertools.product((1, 2, 4, 8), (0, 1, 2, 3)):
+            if (ws == 2 and v_split == 1) or (ws == 3 and v_split > 1):
                 continue
             out.fill_(float("nan"))
             got = sparse_decode_wgmma(q, kv, idx, 0.05, {"S": 4, "BLOCK_T": 32, "STAGES": 2 if ws == 2 else 3,
                                                          "V_SPLIT": v_split, "STORE_CVT": int(v_split > 1),
-                                                         "WS": int(ws > 0), "SPLIT_WG": int(ws == 2)}, out=out)
+                                                         "WS": int(ws > 0), "SPLIT_WG": int(ws == 2),
+                                                         "SEESAW": int(ws == 3)}, out=out)
             assert rel_error(got, ref) <= SD.tolerance("bfloat16"), (dtype, heads, v_split, ws)
 
 
