@@ -197,7 +197,8 @@ def test_sparse_decode_wgmma_seesaw_compiles_to_two_consumers_that_each_own_the_
     scores' product a tile it owns (64 x 32 x 512: 32 wgmma of K 16) and three O += P V sites for its 256 columns
     (its own tile from registers, the other's tile in the loop and after it: 2 wgmma of K 16 each), so 76 wgmma in
     all, where SPLIT_WG at the same tiles has 68 (a scores' product and one PV site a consumer); both wait on the
-    other's published softmax (more mbarrier waits than SPLIT_WG), nobody waits on a copy group, and no spill."""
+    other's published softmax (more mbarrier waits than SPLIT_WG), nobody waits on a copy group, and no local
+    memory (no spill) under Triton 3.9, at most the 40-byte stack frame Triton 3.6 leaves."""
     shape = {"batch": 64, "heads": 64, "d_qk": 512, "d_v": 512, "topk": 640, "num_rows": 65536}
     ring = {"S": 2, "BLOCK_T": 32, "STAGES": 4, "WS": 1, "STORE_CVT": 0}
     seesaw = _sm90_build(shape, {**ring, "V_SPLIT": 1, "SEESAW": 1, "SPLIT_WG": 0})
@@ -205,7 +206,12 @@ def test_sparse_decode_wgmma_seesaw_compiles_to_two_consumers_that_each_own_the_
     assert seesaw["ptx"]["wgmma"] == 2 * (32 + 3 * 2) and split["ptx"]["wgmma"] == 2 * (32 + 2), (seesaw, split)
     assert seesaw["ptx"]["mbarrier.try_wait"] > split["ptx"]["mbarrier.try_wait"], (seesaw, split)
     assert seesaw["ptx"]["copy_wait_group"] == 0 and seesaw["ptx"]["copy_arrive"] == 2, seesaw
-    assert seesaw["usage"] == {"registers": 168, "stack": 0, "local": 0}, seesaw["usage"]
+    # Triton 3.9 keeps it in registers; 3.6 (the GPU image) leaves a 40-byte stack frame (measured 2026-12-01)
+    import triton
+
+    stack = 0 if tuple(int(x) for x in triton.__version__.split(".")[:2]) >= (3, 9) else 40
+    assert seesaw["usage"]["registers"] == 168 and seesaw["usage"]["local"] == 0, seesaw["usage"]
+    assert seesaw["usage"]["stack"] <= stack, seesaw["usage"]
 
 
 @needs_gluon
