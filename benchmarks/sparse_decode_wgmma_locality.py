@@ -44,9 +44,15 @@ PREVIOUS = "indices_ahead"  # the producer before its index table: each tile's i
 TRIAL = "qk_ahead"
 
 
+SEESAW = {"BLOCK_T": 32, "STAGES": 4, "V_SPLIT": 1, "WS": 1, "SPLIT_WG": 0, "SEESAW": 1, "STORE_CVT": 0, "MERGE": 0,
+          "PART16": 0, "P_SMEM": 0}
+SEESAW_SPLITS = {64: (2, 3), 16: (8, 5)}  # about one program an SM (128 / 96 at batch 64, 112 / 80 at batch 16)
+
+
 def configs(batch: int) -> list[dict]:
-    """The batch's default config, and at batch 64 the previous default (64-row tiles, no SPLIT_WG) and one program
-    a request (all of V's columns: no score computed twice)."""
+    """The batch's default config, at batch 64 the previous default (64-row tiles, no SPLIT_WG) and one program
+    a request (all of V's columns: no score computed twice), and at batch 64 and 16 the SEESAW schedule (each tile's
+    scores computed once, by alternate warpgroups, each warpgroup half of V's columns) at two split counts."""
     from kernels.sparse_decode_wgmma import default_config
 
     base = default_config(batch, 640)
@@ -54,7 +60,7 @@ def configs(batch: int) -> list[dict]:
     if batch == 64:
         prev = {**base, "SPLIT_WG": 0, "BLOCK_T": 64, "STAGES": 2}
         out += [prev, {**prev, "V_SPLIT": 1}]
-    return out
+    return out + [{**base, **SEESAW, "S": s} for s in SEESAW_SPLITS.get(batch, ())]
 
 
 def with_pattern(inputs: dict, pattern: str) -> dict:
@@ -108,7 +114,7 @@ def measure(args, json_path: Path) -> dict:
                 sets = [with_pattern(s, pattern) for s in plain]
                 rows.append({"batch": batch, "config": config, "pattern": pattern, **checked(config, sets, sets[:1])})
                 print(f"batch {batch} {pattern} {rows[-1].get('us', rows[-1]['status'])}", flush=True)
-            if not (config["WS"] or config["SPLIT_WG"]):
+            if not (config["WS"] or config["SPLIT_WG"] or config.get("SEESAW")):
                 continue
             # the previous producer and consumers, checked on the timed inputs and on ragged ones
             ragged = kernel.make_inputs({**shape, "ragged": 1}, "bfloat16", "cuda", seed=99)
@@ -117,6 +123,8 @@ def measure(args, json_path: Path) -> dict:
             print(f"batch {batch} {PREVIOUS} {rows[-1].get('us', rows[-1]['status'])}", flush=True)
             outs = [kernel.output_like(s) for s in plain]
             for probe in PROBES:  # garbage output: timed only
+                if probe == "no_products" and config.get("SEESAW"):  # not built: its consumers wait on each other
+                    continue
                 us = _time(lambda j, p=probe: run(plain[j], config, outs[j], _probe=p), list(range(len(plain))),
                            args.rep_ms).median_us
                 rows.append({"batch": batch, "config": config, "pattern": "spread", "probe": probe, "status": "probe",
@@ -191,6 +199,15 @@ def report(data: dict, source: str) -> str:
                 f"{us[TRIAL]:.1f}" if us[TRIAL] else (by[TRIAL]["status"] if TRIAL in by else "-"),
                 f"{full / us[TRIAL]:.2f}x" if us[TRIAL] and full else "-"]
         lines.append(f"| {batch} | {cfg} | " + " | ".join(cells + ratios + probes + [overlap] + prev) + " |")
+    seesaw = [(b, c, by) for (b, c), by in keyed.items() if "SEESAW=1" in c.split() and by.get("spread", {}).get("us")]
+    if seesaw:
+        lines += ["", "SEESAW against the batch's default (the first config of its batch above), spread inputs, same run:",
+                  ""]
+        for batch, cfg, by in seesaw:
+            first = next(v for (b, _), v in keyed.items() if b == batch)
+            if first.get("spread", {}).get("us"):
+                lines.append(f"- batch {batch}, {cfg}: {by['spread']['us']:.1f} µs against {first['spread']['us']:.1f} "
+                             f"(default / SEESAW {first['spread']['us'] / by['spread']['us']:.2f}x)")
     if data.get("scaling"):
         cfg = _cfg(data["scaling"][0]["config"])
         lines += ["", f"The batch-64 default ({cfg}) at fewer selected rows (the same config, one split; 32-row tiles, "

@@ -668,7 +668,9 @@ if HAVE_GLUON:
             acc = warpgroup_mma_wait(0, deps=[acc_a])
             if t >= 1:
                 mbarrier.arrive(empty.index((t - 1) % STAGES))
-            acc_a = warpgroup_mma(gl.convert_layout(p16, p_l), tile.slice(WG * DO, DO, dim=1),
+            # P from shared memory (where the other reads it; the arrive above came after this partition's stores and
+            # fence), not a register layout conversion: Triton 3.6's build serialised every wgmma with it (C7512)
+            acc_a = warpgroup_mma(p_smem.index(slot), tile.slice(WG * DO, DO, dim=1),
                                   acc * gl.convert_layout(alpha, mo_l)[:, None], is_async=True)
         acc = warpgroup_mma_wait(0, deps=[acc_a])
         if n_tiles > 0:
