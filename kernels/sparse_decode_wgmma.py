@@ -620,7 +620,6 @@ if HAVE_GLUON:
         pid_s, pid_b, col_off, start, end, n_tiles = _program_split(rows_per_split, topk, BLOCK_T, 1, DV)
         s_l: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, BLOCK_T, 16])
         o_l: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, DO, 16])
-        p_l: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_l, k_width=2)
         ml_l: gl.constexpr = gl.SliceLayout(1, s_l)
         mo_l: gl.constexpr = gl.SliceLayout(1, o_l)
         idx_base = idx_ptr + pid_b.to(gl.int64) * stride_ib
