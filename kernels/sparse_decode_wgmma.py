@@ -584,21 +584,16 @@ if HAVE_GLUON:
             mbarrier.arrive(done.index(1))
 
     @gluon.jit
-    def _seesaw_other(acc, m_i, l_i, t, kv_smem, p_smem, st_smem, ready, pready, STAGES: gl.constexpr, WG: gl.constexpr,
-                      DO: gl.constexpr, ml_l: gl.constexpr, mo_l: gl.constexpr):
-        """SEESAW: the other warpgroup's tile ``t``: once it has published its P and statistics (``pready``), this
-        warpgroup's running (m, l) take them and O += P V for its columns is issued (asynchronously; ``acc`` must
-        be complete)."""
+    def _seesaw_stats(m_i, l_i, t, st_smem, ready, pready, STAGES: gl.constexpr, ml_l: gl.constexpr,
+                      mo_l: gl.constexpr):
+        """SEESAW: the other warpgroup's tile ``t``, once it has published its P and statistics (``pready``): this
+        warpgroup's running (m, l) after it, and the factor (alpha) its accumulator takes before that tile's P V."""
         slot = t % STAGES
         mbarrier.wait(pready.index(slot), (t // STAGES) & 1)
         mbarrier.wait(ready.index(slot), (t // STAGES) & 1)  # passed already (the owner waited); this thread's view
         fence_async_shared()
-        alpha_o = st_smem.index(3 * slot).load(mo_l)
         l_i = l_i * st_smem.index(3 * slot).load(ml_l) + st_smem.index(3 * slot + 2).load(ml_l)
-        m_i = st_smem.index(3 * slot + 1).load(ml_l)
-        acc = warpgroup_mma(p_smem.index(slot), kv_smem.index(slot).slice(WG * DO, DO, dim=1), acc * alpha_o[:, None],
-                            is_async=True)
-        return acc, m_i, l_i
+        return st_smem.index(3 * slot + 1).load(ml_l), l_i, st_smem.index(3 * slot).load(mo_l)
 
     @gluon.jit
     def _ws_compute_seesaw(q_smem, kv_smem, p_smem, st_smem, q_bar, ready, empty, pready, idx_ptr, part_ptr, lse_ptr,
@@ -647,36 +642,37 @@ if HAVE_GLUON:
             else:
                 rows_v = _tile_rows(idx_base, start, end, t, offs_ts)
             valid = (rows_v >= 0) & (rows_v < num_rows)
-            if t >= 1:  # the other's tile t - 1 (its statistics bring m_i to the max before this tile)
-                acc_a, m_i, l_i = _seesaw_other(acc, m_i, l_i, t - 1, kv_smem, p_smem, st_smem, ready, pready, STAGES,
-                                                WG, DO, ml_l, mo_l)
-                s = warpgroup_mma_wait(1, deps=[s_tok])  # the scores; t - 1's product may still run
+            if t >= 1:  # the other's tile t - 1: its statistics bring m_i to the max before this tile
+                m_i, l_i, alpha_prev = _seesaw_stats(m_i, l_i, t - 1, st_smem, ready, pready, STAGES, ml_l, mo_l)
             else:
-                acc_a = warpgroup_mma_init(acc)
-                s = warpgroup_mma_wait(0, deps=[s_tok])
+                alpha_prev = gl.full([BLOCK_H], 1.0, gl.float32, layout=mo_l)
+            s = warpgroup_mma_wait(0, deps=[s_tok])
+            # this tile's softmax and its publication first: the other warpgroup's next softmax waits for them (the
+            # chain from tile to tile), and nothing else stands between its wait and this publication
             p, alpha, m_i = _online_softmax(s, valid, qk_scale, m_i)
             rs = gl.sum(p, 1)
-            p16 = p.to(dtype)
-            p_smem.index(slot).store(p16)
+            p_smem.index(slot).store(p.to(dtype))
             st_smem.index(3 * slot).store(alpha)
             st_smem.index(3 * slot + 1).store(m_i)
             st_smem.index(3 * slot + 2).store(rs)
-            fence_async_shared()  # P (generic proxy writes) before the other's tensor-core reads
-            mbarrier.arrive(pready.index(slot))
+            fence_async_shared()  # P (generic proxy writes) before the tensor cores' reads (the other's and ours)
+            mbarrier.arrive(pready.index(slot))  # after the partition's barrier: every warp's P is written
             l_i = l_i * alpha + rs
-            acc = warpgroup_mma_wait(0, deps=[acc_a])
-            if t >= 1:
-                mbarrier.arrive(empty.index((t - 1) % STAGES))
-            # P from shared memory (where the other reads it; the arrive above came after this partition's stores and
-            # fence), not a register layout conversion: Triton 3.6's build serialised every wgmma with it (C7512)
+            if t >= 1:  # then O += P V of the other's tile t - 1, and of this one (P from shared memory, where the
+                # other reads it: a register layout conversion made Triton 3.6 serialise every wgmma, ptxas C7512)
+                po = (t - 1) % STAGES
+                acc = warpgroup_mma(p_smem.index(po), kv_smem.index(po).slice(WG * DO, DO, dim=1),
+                                    acc * alpha_prev[:, None])
+                mbarrier.arrive(empty.index(po))
             acc_a = warpgroup_mma(p_smem.index(slot), tile.slice(WG * DO, DO, dim=1),
                                   acc * gl.convert_layout(alpha, mo_l)[:, None], is_async=True)
         acc = warpgroup_mma_wait(0, deps=[acc_a])
         if n_tiles > 0:
             if (n_tiles - 1) % 2 != WG:  # the last tile is the other's
-                acc_a, m_i, l_i = _seesaw_other(acc, m_i, l_i, n_tiles - 1, kv_smem, p_smem, st_smem, ready, pready,
-                                                STAGES, WG, DO, ml_l, mo_l)
-                acc = warpgroup_mma_wait(0, deps=[acc_a])
+                m_i, l_i, alpha_prev = _seesaw_stats(m_i, l_i, n_tiles - 1, st_smem, ready, pready, STAGES, ml_l, mo_l)
+                po = (n_tiles - 1) % STAGES
+                acc = warpgroup_mma(p_smem.index(po), kv_smem.index(po).slice(WG * DO, DO, dim=1),
+                                    acc * alpha_prev[:, None])
         _write_result(acc, m_i, l_i, part_ptr, lse_ptr, out_ptr, sem_ptr, pid_b, pid_s, WG * DO, H, n_splits,
                       stride_pb, stride_ps, stride_ph, stride_lb, stride_ls, stride_ob, stride_oh,
                       BLOCK_H, DO, 2, DIRECT, False, False, S_PAD, s_l, o_l, 4)
