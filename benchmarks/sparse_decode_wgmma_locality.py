@@ -46,7 +46,7 @@ TRIAL = "qk_ahead"
 
 SEESAW = {"BLOCK_T": 32, "STAGES": 4, "V_SPLIT": 1, "WS": 1, "SPLIT_WG": 0, "SEESAW": 1, "STORE_CVT": 0, "MERGE": 0,
           "PART16": 0, "P_SMEM": 0}
-SEESAW_SPLITS = {64: (2, 3), 16: (8, 5)}  # about one program an SM (128 / 96 at batch 64, 112 / 80 at batch 16)
+SEESAW_SPLITS = {64: (2, 3), 16: (8, 5)}  # programs: 128 / 192 at batch 64, 112 / 80 at batch 16 (132 SMs)
 
 
 def configs(batch: int) -> list[dict]:
