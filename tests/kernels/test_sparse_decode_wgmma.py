@@ -446,16 +446,21 @@ def test_the_wgmma_benchmark_skips_configs_of_more_than_two_waves_and_16_bit_par
 
 def test_the_wgmma_benchmark_space_option_narrows_the_sweep_and_refuses_values_outside_the_kernels_space(tmp_path):
     """--space replaces some keys' values (here: P_SMEM 0, ring depths 2 and 4) and keeps both schedules (WS 0
-    and 1) as twins, and SPLIT_WG only where it runs (WS, two programs a split or more, an even ring); a value outside the kernel's space is a one-line error, exit 2, before anything is measured."""
+    and 1) as twins, SPLIT_WG only where it runs (WS, two programs a split or more, an even ring) and SEESAW only
+    where it runs (WS, one program a split); a value outside the kernel's space is a one-line error, exit 2, before
+    anything is measured."""
     sys.path.insert(0, str(ROOT))
     from benchmarks.sparse_decode_wgmma import wgmma_configs
 
     narrow = wgmma_configs(16, sms=132, space={"P_SMEM": [0], "STAGES": [2, 4]})
     assert {c["P_SMEM"] for c in narrow} == {0} and {c["STAGES"] for c in narrow} == {2, 4}
-    assert {json.dumps({**c, "WS": 0}, sort_keys=True) for c in narrow if c["WS"] and not c["SPLIT_WG"]} == \
-        {json.dumps(c, sort_keys=True) for c in narrow if not c["WS"]}
+    assert {json.dumps({**c, "WS": 0}, sort_keys=True) for c in narrow if c["WS"] and not (c["SPLIT_WG"] or c["SEESAW"])} \
+        == {json.dumps(c, sort_keys=True) for c in narrow if not c["WS"]}
     split = [c for c in narrow if c["SPLIT_WG"]]  # a warp-specialised schedule of two or more programs a split
     assert split and all(c["WS"] == 1 and c["V_SPLIT"] > 1 and c["STAGES"] % 2 == 0 for c in split)
+    seesaw = [c for c in narrow if c["SEESAW"]]  # warp-specialised, one program a split, no staging of the stores
+    assert seesaw and all(c["WS"] == 1 and c["V_SPLIT"] == 1 and not (c["STORE_CVT"] or c["SPLIT_WG"] or c["MERGE"])
+                          for c in seesaw)
     assert len(narrow) < len(wgmma_configs(16, sms=132))
     with pytest.raises(ValueError, match=r"WS=\[2\] not in the kernel's space"):
         wgmma_configs(16, space={"WS": [2]})
@@ -690,7 +695,7 @@ def test_the_kernels_benchmark_times_the_wgmma_kernels_previous_schedule_at_its_
                       {"config": {**best, "S": 2, "V_SPLIT": 1, "WS": 0}, "tag": "sweep", "outcome": "ok",
                        "time_us": 33.0}]}
     bk._prev_schedule_rows(row, shape, trial, best)
-    assert timed == [({**best, "WS": 0, "SPLIT_WG": 0}, "other_schedule")]  # a key the config predates: its default
+    assert timed == [({**best, "WS": 0, "SPLIT_WG": 0, "SEESAW": 0}, "other_schedule")]  # keys it predates: defaults
     assert row["other_schedule"]["time_us"] == 31.0 and row["prev_best_us"] == 31.0
     timed.clear()
     bk._prev_schedule_rows(row, shape, trial, {**best, "SPLIT_WG": 1})  # the newest schedule: SPLIT_WG flipped,
@@ -699,6 +704,9 @@ def test_the_kernels_benchmark_times_the_wgmma_kernels_previous_schedule_at_its_
     timed.clear()
     bk._prev_schedule_rows(row, shape, trial, best)  # PART16 with one split is the same program as PART16=0
     assert timed == [] and row["other_schedule"]["time_us"] == 30.0 and row["prev_best_us"] == 30.0
+    seesaw = {**best, "S": 2, "V_SPLIT": 1, "STORE_CVT": 0, "SEESAW": 1}  # SEESAW flipped, not WS (its WS is 1 anyway)
+    bk._prev_schedule_rows(row, shape, trial, seesaw)
+    assert timed == [({**seesaw, "SPLIT_WG": 0, "SEESAW": 0}, "other_schedule")]
 
 
 def test_the_kernels_report_puts_the_wgmma_kernel_beside_the_tl_dot_best_torch_floor_and_its_previous_schedule():
