@@ -93,8 +93,9 @@ def ahead_cases() -> list:
 def wgmma_cases() -> list:
     """bf16 cache: the Gluon wgmma kernel (``kernels.sparse_decode_wgmma``) at its default config for each batch in
     both schedules (WS 0: every warp gathers and computes; 1: a producer warpgroup gathers; a SPLIT_WG default: it
-    and the same without SPLIT_WG, 64-row tiles in a ring of two), and at batch 64 with one program a request (each
-    walks all 10 tiles and all of V's columns: the cost of a tile), beside the tl.dot kernel's shipped config."""
+    and the same without SPLIT_WG, 64-row tiles in a ring of two), at batch 64 with one program a request (each
+    walks all 10 tiles and all of V's columns: the cost of a tile) and SEESAW at two splits, beside the tl.dot
+    kernel's shipped config."""
     from kernels import get_kernel
     from kernels.configs import lookup
     from kernels.sparse_decode import sparse_decode
@@ -111,7 +112,10 @@ def wgmma_cases() -> list:
         if base["SPLIT_WG"]:  # the default without SPLIT_WG: 64-row tiles, a ring of two, both warpgroups a tile
             picks = [base, {**base, "SPLIT_WG": 0, "BLOCK_T": 64, "STAGES": 2},
                      {**base, "SPLIT_WG": 0, "BLOCK_T": 64, "STAGES": 2, "S": 1, "V_SPLIT": 1}]
-        for cfg in [{**c, "WS": ws} for c in picks for ws in (0, 1) if not (c["SPLIT_WG"] and ws == 0)]:
+        if shape["batch"] == 64:  # SEESAW: each tile's scores once, alternate warpgroups, two splits a request
+            picks.append({**base, "S": 2, "BLOCK_T": 32, "STAGES": 4, "V_SPLIT": 1, "SPLIT_WG": 0, "SEESAW": 1,
+                          "STORE_CVT": 0})
+        for cfg in [{**c, "WS": ws} for c in picks for ws in (0, 1) if not ((c["SPLIT_WG"] or c.get("SEESAW")) and ws == 0)]:
             cases.append((f"B={shape['batch']} wgmma {cfg}", sd, shape, "bfloat16",
                           lambda i, c=cfg: sparse_decode_wgmma(i["q"], i["kv"], i["indices"], i["sm_scale"], c)))
     return cases
