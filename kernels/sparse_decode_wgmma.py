@@ -18,6 +18,19 @@ loop on Hopper. Gluon states the schedule instead of asking a pass for it:
   columns of K): each row leaves DRAM once;
 - one barrier per tile: after it every warp has finished the previous tile, so its slot is free to refill.
 
+With ``SEESAW=1`` (FlashMLA's schedule: on top of WS, one program a split, all 512 columns) each compute warpgroup
+holds half of O's columns and owns alternate tiles: for its own tile it computes the whole scores' product (once for
+both, where SPLIT_WG's two column programs each compute it), the online softmax against the max the other published
+for the tile before, and publishes P and (alpha, max, row sum) in shared memory; both add every tile's P V for their
+columns in order, so both end with the same (m, l) and each writes its own columns. Correct, but slower on the H200
+(2026-12-01, ``sparse_decode_wgmma_locality_h200_600ccd2.md``, side by side): 30.1 against the SPLIT_WG default's
+26.2 µs at batch 64 (two splits a request), 17.9 against 16.4 at batch 16 (0.87x / 0.92x); without the gathers
+(``no_copies``) it still takes 27.1 µs, and its split kernel alone ran 26.1 µs under Nsight Compute
+(``data/ncu_details_sparse_decode_wgmma_seesaw_b64_s2_h200_e46ff2e.csv``). Its first build (7619863) converted P to
+a register operand for the owner's own product, and ptxas serialised every wgmma for lack of registers (C7512; 33.6
+µs, ``sparse_decode_wgmma_h200_7619863.md``): the owner now reads P from shared memory, and a CPU test reads the
+ptxas log. A tunable switch, off by default.
+
 Split-K partials and the merge are the ``tl.dot`` kernel's (same layout, same merge kernel, launched with
 programmatic dependent launch), so the two kernels are interchangeable behind :func:`sparse_decode_wgmma`.
 
@@ -829,8 +842,9 @@ def sparse_decode_wgmma(q: torch.Tensor, kv: torch.Tensor, indices: torch.Tensor
     a fourth warpgroup issues the index loads and gathers and the two compute warpgroups only wait on mbarriers;
     0: every warp does both, with one block-wide barrier a tile), ``SPLIT_WG`` (1: the two compute warpgroups take
     alternate whole tiles, each its own softmax, merged at the end; always warp-specialised, needs V_SPLIT >= 2 and
-    an even STAGES);
-    a launch is always 8 compute warps (12 warps in all with WS or SPLIT_WG) and 64 heads. ``pdl``: launch the merge
+    an even STAGES), ``SEESAW`` (1: the two compute warpgroups each hold half of all 512 columns and own alternate
+    tiles' scores and softmax, publishing P to the other; warp-specialised, V_SPLIT=1, no MERGE or STORE_CVT);
+    a launch is always 8 compute warps (12 warps in all with WS, SPLIT_WG or SEESAW) and 64 heads. ``pdl``: launch the merge
     kernel with programmatic dependent launch; None = where the GPU has it. ``_probe`` (timing only, the result is
     garbage): a name of ``_PROBES``, for a warp-specialised config (WS or SPLIT_WG)."""
     if not HAVE_GLUON:
