@@ -148,7 +148,8 @@ def index_tiles(config: dict, shape: dict) -> int:
     (``_probe="indices_ahead"``, ``sparse_decode_wgmma_locality_h200_8fe2a9d.md``): 1.07x at the batch-64 default
     (26.0 against 27.8 µs); the WS schedule's consumers already carried their mask a tile ahead, and there a table
     for the producer alone measured 0.97-1.00x (b68f14f, c63889b, b4f8724), so WS keeps loading indices a tile ahead.
-    0 (no table) without SPLIT_WG, and where the table would pass ``IDX_TABLE_MAX`` or the block's shared memory."""
+    SEESAW's consumers read their masks there too. 0 (no table) without SPLIT_WG or SEESAW, and where the table would
+    pass ``IDX_TABLE_MAX`` or the block's shared memory."""
     if not (config.get("SPLIT_WG") or config.get("SEESAW")):
         return 0
     rows_per_split, _ = split_rows(max(shape["topk"], 1), config["S"], config["BLOCK_T"])
@@ -846,7 +847,8 @@ def sparse_decode_wgmma(q: torch.Tensor, kv: torch.Tensor, indices: torch.Tensor
     tiles' scores and softmax, publishing P to the other; warp-specialised, V_SPLIT=1, no MERGE or STORE_CVT);
     a launch is always 8 compute warps (12 warps in all with WS, SPLIT_WG or SEESAW) and 64 heads. ``pdl``: launch the merge
     kernel with programmatic dependent launch; None = where the GPU has it. ``_probe`` (timing only, the result is
-    garbage): a name of ``_PROBES``, for a warp-specialised config (WS or SPLIT_WG)."""
+    garbage but for ``indices_ahead``): a name of ``_PROBES``, for a warp-specialised config (WS, SPLIT_WG or SEESAW;
+    ``no_products`` is not built for SEESAW)."""
     if not HAVE_GLUON:
         raise RuntimeError(f"sparse_decode_wgmma: this Triton ({triton.__version__}) has no Gluon Hopper API; "
                            "use kernels.sparse_decode.sparse_decode")

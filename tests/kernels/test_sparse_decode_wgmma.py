@@ -93,6 +93,21 @@ def test_sparse_decode_wgmma_rejects_a_config_outside_its_space_in_one_line_nami
     assert "\n" not in str(err.value)
 
 
+@needs_gluon
+@pytest.mark.parametrize("config, probe, message", [
+    ({"WS": 0, "SPLIT_WG": 0}, "no_copies", r"_probe='no_copies': one of .*, with WS=1, SPLIT_WG=1 or SEESAW=1"),
+    ({"WS": 1}, "bogus", r"_probe='bogus': one of \['indices_ahead', 'no_copies', 'no_products'\]"),
+    ({"S": 2, "BLOCK_T": 32, "STAGES": 4, "V_SPLIT": 1, "SPLIT_WG": 0, "STORE_CVT": 0, "SEESAW": 1}, "no_products",
+     r"_probe='no_products' is not built for SEESAW=1 .*use no_copies or indices_ahead"),
+], ids=["plain", "unknown", "seesaw-no-products"])
+def test_sparse_decode_wgmma_refuses_a_timing_probe_its_config_has_not_in_one_line(config, probe, message):
+    """The timing probes exist only in the warp-specialised builds, and ``no_products`` not in SEESAW's (its
+    consumers wait on each other's softmax): asking for one elsewhere is a one-line error before anything runs."""
+    with pytest.raises(ValueError, match=r"sparse_decode_wgmma: " + message) as err:
+        sparse_decode_wgmma(*_inputs(64), config=config, _probe=probe)
+    assert "\n" not in str(err.value)
+
+
 def test_the_wgmma_kernel_is_registered_tunable_and_says_why_it_cannot_run_here():
     """The kernel search and tuned-config files see it as ``sparse_decode_wgmma``: its default passes its rules at
     every V4-Flash batch, configs that launch the same program share one canonical form, and on a machine without
