@@ -13,7 +13,11 @@ If ``shared`` runs as ``spread`` does, DRAM is not what bounds the config. The b
 to 640 selected rows (2 to 20 tiles), and a least-squares line splits its time into a fixed part and a part a tile. (``one_row`` turned out slower than
 ``spread``: 128 programs reading one 1 KB row hit the same L2 lines at once.)
 
-For the warp-specialised configs (WS or SPLIT_WG) two timing probes of the same build on the ``spread`` inputs
+At batch 64 and 16 the SEESAW schedule is timed beside the default (each tile's scores computed once, by alternate
+compute warpgroups, each holding half of V's columns), and the report states default / SEESAW.
+
+For the warp-specialised configs (WS, SPLIT_WG or SEESAW; SEESAW has no ``no_products`` build) two timing probes of
+the same build on the ``spread`` inputs
 (``sparse_decode_wgmma(..., _probe=...)``, their output is garbage and is not checked): ``no_copies``, the ring's
 handshakes and every product without the rows' copies (what the compute warpgroups take when a gather costs nothing),
 and ``no_products``, the gathers and handshakes without the products (what the producer takes when computing costs
