@@ -203,7 +203,8 @@ def report(data: dict, source: str) -> str:
                 f"{us[TRIAL]:.1f}" if us[TRIAL] else (by[TRIAL]["status"] if TRIAL in by else "-"),
                 f"{full / us[TRIAL]:.2f}x" if us[TRIAL] and full else "-"]
         lines.append(f"| {batch} | {cfg} | " + " | ".join(cells + ratios + probes + [overlap] + prev) + " |")
-    seesaw = [(b, c, by) for (b, c), by in keyed.items() if "SEESAW=1" in c.split() and by.get("spread", {}).get("us")]
+    seesaw = [(b, c, by) for (b, c), by in keyed.items()
+              if by.get("spread", {}).get("us") and by["spread"]["config"].get("SEESAW")]
     if seesaw:
         lines += ["", "SEESAW against the batch's default (the first config of its batch above), spread inputs, same run:",
                   ""]
