@@ -308,6 +308,24 @@ def _prev_schedule_rows(row, shape, trial, best_cfg):
     row["prev_best_us"] = min((t["time_us"] for t in prev), default=None)
 
 
+def _wgmma_launch_rows(row, shape, sets, rep_ms, best_cfg):
+    """The wgmma kernel's best config (where a merge kernel follows: more than one split, no MERGE) launched the two
+    ways before 2026-12-01: the merge with programmatic dependent launch but started only as the split kernel's
+    programs exit (``best_no_trigger_us``), and both launched plainly (``best_no_pdl_us``); the best's own time is
+    with the split kernel starting the merge at once."""
+    from kernels.sparse_decode import split_rows
+    from kernels.sparse_decode_wgmma import sparse_decode_wgmma
+
+    cfg = {**get_kernel("sparse_decode_wgmma").default_config(shape), **best_cfg}
+    if split_rows(shape["topk"], cfg["S"], cfg["BLOCK_T"])[1] == 1 or cfg.get("MERGE"):
+        return
+    for key, opts in (("best_no_trigger_us", {"pdl": True, "_pdl_trigger": False}), ("best_no_pdl_us", {"pdl": False})):
+        def fn(i, opts=opts):
+            return sparse_decode_wgmma(i["q"], i["kv"], i["indices"], i["sm_scale"], cfg, **opts)
+
+        row[key] = _time(fn, sets, rep_ms).median_us
+
+
 def _prev_gemm_rows(row, sets, ref, rep_ms, shipped_cfg, best_cfg):
     """The frozen GEMM before its tiles were known to be aligned (``benchmarks/baselines/gemm_v1.py``): at the
     shipped tuned config (tuned on that kernel) and at this run's best config."""
@@ -409,6 +427,7 @@ def bench_job(job, rates, failures, deadline, rep_ms) -> list[dict]:
             row["best_no_pdl_us"] = _time(fn, sets, rep_ms).median_us
         if kernel.name == "sparse_decode_wgmma" and best:
             _prev_schedule_rows(row, shape, trial, best["config"])
+            _wgmma_launch_rows(row, shape, sets, rep_ms, best["config"])
         if kernel.name == "gemm" and row["dtype"] in ("bfloat16", "float8_e4m3fn"):
             _prev_gemm_rows(row, sets, ref, rep_ms, shipped, row["best_config"])
         if kernel.name == "gemm":
@@ -534,6 +553,19 @@ def sparse_decode_wgmma_table(rows) -> list[str]:
                      f"{_f(r.get('prev_best_us'))} | {_ratio_text(t and t['best_us'], best)} | "
                      f"{_ratio_text(r.get('prev_best_us'), best)} | {_ratio_text(r['torch_us'], best, 1)} | "
                      f"{_ratio_text(best, r['floor_us'])} | {verdict} | {cfg} |")
+    launch = [r for r in wg if r.get("best_no_trigger_us")]
+    if launch:
+        lines += ["", ("The best config's merge kernel, launched three ways in the same run: now (programmatic dependent "
+                       "launch, the split kernel letting the merge start as soon as all its programs have started; the "
+                       "merge waits in-kernel for the partials), before 2026-12-01 (the merge launched the same way but "
+                       "started only as the split kernel's programs exit) and plainly (the merge after the split "
+                       "kernel, no PDL):"), "",
+                  "| batch | best µs | merge started at exit µs | plain launches µs | at exit / best | plain / best |",
+                  "| --- | --- | --- | --- | --- | --- |"]
+        for r in launch:
+            lines.append(f"| {r['shape']['batch']} | {_f(r['best_us'])} | {_f(r['best_no_trigger_us'])} | "
+                         f"{_f(r.get('best_no_pdl_us'))} | {_ratio_text(r['best_no_trigger_us'], r['best_us'])} | "
+                         f"{_ratio_text(r.get('best_no_pdl_us'), r['best_us'])} |")
     return lines
 
 

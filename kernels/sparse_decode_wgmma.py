@@ -197,6 +197,15 @@ if HAVE_GLUON:
     _async_load = getattr(async_copy, "async_load", None) or async_copy.async_copy_global_to_shared
 
     @gluon.jit
+    def _launch_merge_early(PDL: gl.constexpr):
+        """Programmatic dependent launch: the merge kernel (launched with ``launch_pdl``) may start now. It waits
+        in-kernel (``gdc_wait``) for this whole grid to complete and its stores to land before it reads a partial, so
+        only its launch and prologue overlap this kernel. Without it the merge starts as this grid's programs exit."""
+        if PDL:
+            gl.inline_asm_elementwise("griddepcontrol.launch_dependents; // dummy $0", "=r", [], dtype=gl.int32,
+                                      is_pure=False, pack=1)
+
+    @gluon.jit
     def _tile_rows(idx_base, start, end, t, offs_t):
         """Tile ``t``'s row numbers (-1 past the split's end), in ``offs_t``'s layout."""
         ot = start + t * offs_t.shape[0] + offs_t
@@ -232,9 +241,10 @@ if HAVE_GLUON:
         stride_ob, stride_oh,
         DV: gl.constexpr, BLOCK_H: gl.constexpr, BLOCK_T: gl.constexpr, STAGES: gl.constexpr,
         DIRECT: gl.constexpr, P_SMEM: gl.constexpr, V_SPLIT: gl.constexpr, STORE_CVT: gl.constexpr,
-        MERGE: gl.constexpr, S_PAD: gl.constexpr,
+        MERGE: gl.constexpr, S_PAD: gl.constexpr, PDL: gl.constexpr = False,
     ):
         gl.static_assert(BLOCK_H == 64, "one wgmma M of heads per program")
+        _launch_merge_early(PDL)
         gl.static_assert(DV == 512, "two warpgroups of 256 columns of V")
         gl.static_assert(STAGES >= 2, "a ring of at least two slots")
         gl.static_assert(V_SPLIT == 1 or V_SPLIT == 2 or V_SPLIT == 4 or V_SPLIT == 8, "all of V's columns, or 1/2, 1/4, 1/8")
@@ -703,11 +713,12 @@ if HAVE_GLUON:
         DIRECT: gl.constexpr, P_SMEM: gl.constexpr, V_SPLIT: gl.constexpr, STORE_CVT: gl.constexpr,
         MERGE: gl.constexpr, S_PAD: gl.constexpr, GATHER_WARPS: gl.constexpr, GATHER_REGS: gl.constexpr,
         SPLIT_WG: gl.constexpr = False, WG_REGS: gl.constexpr = 0, PROBE: gl.constexpr = 0,
-        IDX_TILES: gl.constexpr = 0, SEESAW: gl.constexpr = False,
+        IDX_TILES: gl.constexpr = 0, SEESAW: gl.constexpr = False, PDL: gl.constexpr = False,
     ):
         """The warp-specialised schedule (``WS=1``): a producer warpgroup gathers, two consumer warpgroups compute;
         they meet on mbarriers, one ``ready`` and one ``empty`` per ring slot."""
         gl.static_assert(BLOCK_H == 64, "one wgmma M of heads per program")
+        _launch_merge_early(PDL)
         gl.static_assert(DV == 512, "two warpgroups of 256 columns of V")
         gl.static_assert(STAGES >= 2, "a ring of at least two slots")
         dtype: gl.constexpr = q_ptr.dtype.element_ty
@@ -822,7 +833,7 @@ def _counters(device, n: int) -> torch.Tensor:
 
 def sparse_decode_wgmma(q: torch.Tensor, kv: torch.Tensor, indices: torch.Tensor, sm_scale: float | None = None,
                         config: dict | None = None, *, d_v: int | None = None, out: torch.Tensor | None = None,
-                        pdl: bool | None = None, _probe: str = "") -> torch.Tensor:
+                        pdl: bool | None = None, _probe: str = "", _pdl_trigger: bool = True) -> torch.Tensor:
     """Sparse MLA decode on Hopper tensor cores (Gluon); ``q [B, H <= 64, 512]``, ``kv [num_rows, 512]`` in q's
     dtype (bf16/fp16), ``indices [B, topk]`` int32 (negative or >= num_rows: padding); returns ``[B, H, 512]``.
 
@@ -846,7 +857,10 @@ def sparse_decode_wgmma(q: torch.Tensor, kv: torch.Tensor, indices: torch.Tensor
     an even STAGES), ``SEESAW`` (1: the two compute warpgroups each hold half of all 512 columns and own alternate
     tiles' scores and softmax, publishing P to the other; warp-specialised, V_SPLIT=1, no MERGE or STORE_CVT);
     a launch is always 8 compute warps (12 warps in all with WS, SPLIT_WG or SEESAW) and 64 heads. ``pdl``: launch the merge
-    kernel with programmatic dependent launch; None = where the GPU has it. ``_probe`` (timing only, the result is
+    kernel with programmatic dependent launch, the split kernel letting it start as soon as every program of its own
+    has started (``griddepcontrol.launch_dependents``; the merge waits in-kernel for the split kernel's stores);
+    None = where the GPU has it. ``_pdl_trigger=False`` (timing only, a correct result): the merge launched with
+    PDL but started only as the split kernel's programs exit, as before 2026-12-01. ``_probe`` (timing only, the result is
     garbage but for ``indices_ahead``): a name of ``_PROBES``, for a warp-specialised config (WS, SPLIT_WG or SEESAW;
     ``no_products`` is not built for SEESAW)."""
     if not HAVE_GLUON:
@@ -900,6 +914,10 @@ def sparse_decode_wgmma(q: torch.Tensor, kv: torch.Tensor, indices: torch.Tensor
                 P_SMEM=bool(config["P_SMEM"]), V_SPLIT=v_split, STORE_CVT=bool(config["STORE_CVT"]),
                 MERGE=merge, S_PAD=max(2, triton.next_power_of_2(n_splits)), num_warps=WGMMA_WARPS)
     grid = (n_splits * v_split, B)
+    if not direct and not merge:
+        target = gpu_target(q.device)
+        pdl = (_PDL and target is not None and target >= (9, 0)) if pdl is None else bool(pdl)
+        meta["PDL"] = pdl and _pdl_trigger  # the split kernel starts the merge early
     if config.get("WS") or config.get("SPLIT_WG") or config.get("SEESAW"):
         meta["IDX_TILES"] = index_tiles(config, shape)
     if _probe:
@@ -923,8 +941,6 @@ def sparse_decode_wgmma(q: torch.Tensor, kv: torch.Tensor, indices: torch.Tensor
     else:
         _sparse_decode_wgmma_kernel[grid](*args, **meta)
     if not direct and not merge:
-        target = gpu_target(q.device)
-        pdl = (_PDL and target is not None and target >= (9, 0)) if pdl is None else bool(pdl)
         launch_combine(part, lse, out, pdl)
     return out
 

@@ -12,9 +12,10 @@ tensors, as the compile helpers do; ``real`` from real CPU tensors, as a trial's
                                               (how each launched Triton kernel reads global memory, counted in its
                                                sm_90 PTX: plain loads by width, async copies by bytes; from meta
                                                tensors of the inputs the kernel makes for that shape)
-    python compile_probe.py wgmma SHAPE_JSON CONFIG_JSON
+    python compile_probe.py wgmma SHAPE_JSON CONFIG_JSON [KWARGS_JSON]
                                               (the Gluon sparse-decode kernel's sm_90 build: instruction counts
-                                               in its PTX; registers and local memory by cuobjdump)
+                                               in its PTX; registers and local memory by cuobjdump; KWARGS: more
+                                               keyword arguments of the launch, such as pdl)
 """
 
 import json
@@ -51,7 +52,7 @@ def configs(kernel, shape):
     return [default] + ([{**default, **other}] if other else [])
 
 
-def wgmma_build(shape: dict, config: dict) -> dict:
+def wgmma_build(shape: dict, config: dict, kwargs: dict | None = None) -> dict:
     """Compile ``kernels.sparse_decode_wgmma`` for ``shape`` (bf16, meta tensors) and read its split kernel's PTX."""
     import os
     import subprocess
@@ -77,7 +78,7 @@ def wgmma_build(shape: dict, config: dict) -> dict:
     kv = torch.empty(shape["num_rows"], shape["d_qk"], dtype=torch.bfloat16, device="meta")
     idx = torch.empty(shape["batch"], shape["topk"], dtype=torch.int32, device="meta")
     with jit_compile_only():
-        sparse_decode_wgmma(q, kv, idx, None, config)
+        sparse_decode_wgmma(q, kv, idx, None, config, **(kwargs or {}))
     compiled = next(v for k, v in builds.items() if k.startswith("_sparse_decode_wgmma"))  # plain or WS
     ptx = compiled.asm["ptx"]
     if os.environ.get("PROBE_PTX"):  # for reading by hand
@@ -92,7 +93,8 @@ def wgmma_build(shape: dict, config: dict) -> dict:
               "mbarrier.try_wait": len(re.findall(r"\bmbarrier\.try_wait", ptx)),
               "copy_wait_group": len(re.findall(r"\bcp\.async\.wait_group", ptx)),
               "atom.acq_rel.add": len(re.findall(r"\batom\.global\.gpu\.acq_rel\.add", ptx)),
-              "ld.global.cg": len(re.findall(r"\bld\.global\.cg", ptx))}
+              "ld.global.cg": len(re.findall(r"\bld\.global\.cg", ptx)),
+              "griddepcontrol.launch_dependents": len(re.findall(r"\bgriddepcontrol\.launch_dependents", ptx))}
     for m in re.finditer(r"cp\.async\.c[ag]\.shared\.global[^;]*?,\s*(0x[0-9a-f]+|\d+)", ptx):
         key = f"cp.async.{int(m.group(1), 0)}B"
         counts[key] = counts.get(key, 0) + 1
@@ -107,7 +109,9 @@ def wgmma_build(shape: dict, config: dict) -> dict:
         m = re.search(r"REG:(\d+) STACK:(\d+) SHARED:\d+ LOCAL:(\d+)", r.stdout)
         if m:
             usage = {"registers": int(m.group(1)), "stack": int(m.group(2)), "local": int(m.group(3))}
-    return {"ptx": counts, "usage": usage, "shared_bytes": compiled.metadata.shared}
+    merge = builds.get("_combine_kernel")  # launched after the split kernel unless one split writes the output
+    return {"ptx": counts, "usage": usage, "shared_bytes": compiled.metadata.shared,
+            "merge_launch_pdl": None if merge is None else bool(merge.metadata.launch_pdl)}
 
 
 def main() -> None:
@@ -118,7 +122,8 @@ def main() -> None:
 
     out = {}
     if mode == "wgmma":
-        print(json.dumps(wgmma_build(json.loads(sys.argv[2]), json.loads(sys.argv[3]))))
+        print(json.dumps(wgmma_build(json.loads(sys.argv[2]), json.loads(sys.argv[3]),
+                                     json.loads(sys.argv[4]) if len(sys.argv) > 4 else None)))
         return
     if mode == "loads":
         from triton.runtime.jit import JITFunction

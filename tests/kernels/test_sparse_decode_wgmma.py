@@ -33,16 +33,17 @@ def _inputs(batch, dtype=torch.bfloat16, heads=64, d=512, topk=640, rows=4096, d
     return q, kv, idx
 
 
-def _sm90_build(shape: dict, config: dict, ptxas_log: bool = False) -> dict:
+def _sm90_build(shape: dict, config: dict, ptxas_log: bool = False, kwargs: dict | None = None) -> dict:
     """compile_probe.py's report of the kernel's sm_90 build (PTX instruction counts, registers, local memory), from
     a subprocess without TRITON_INTERPRET; with ``ptxas_log``, freshly compiled and with ptxas's ``-v`` log (what
-    Triton prints before the report) under ``"ptxas_log"``."""
+    Triton prints before the report) under ``"ptxas_log"``; ``kwargs``: more keyword arguments of the launch."""
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     env.pop("TRITON_INTERPRET", None)
     if ptxas_log:
         env.update(TRITON_DUMP_PTXAS_LOG="1", TRITON_ALWAYS_COMPILE="1")
     r = subprocess.run([sys.executable, str(ROOT / "tests" / "kernels" / "compile_probe.py"), "wgmma", json.dumps(shape),
-                        json.dumps(config)], capture_output=True, text=True, env=env, timeout=600)
+                        json.dumps(config), json.dumps(kwargs or {})], capture_output=True, text=True, env=env,
+                       timeout=600)
     assert r.returncode == 0, r.stderr[-2000:]
     lines = r.stdout.strip().splitlines()
     return {**json.loads(lines[-1]), **({"ptxas_log": "\n".join(lines[:-1])} if ptxas_log else {})}
@@ -135,6 +136,27 @@ def test_the_wgmma_kernel_is_registered_tunable_and_says_why_it_cannot_run_here(
         assert k.unavailable() is None
     with pytest.raises(ValueError, match="unknown preset 'v32' for sparse_decode_wgmma"):
         k.shapes("v32")
+
+
+@needs_gluon
+@pytest.mark.parametrize("config", [
+    {"S": 10, "BLOCK_T": 64, "STAGES": 2, "V_SPLIT": 8, "WS": 0},  # batch 1's default: the single-partition kernel
+    {"S": 4, "BLOCK_T": 32, "STAGES": 4, "V_SPLIT": 2, "WS": 1, "SPLIT_WG": 1},  # warp-specialised
+], ids=["plain", "split_wg"])
+def test_sparse_decode_wgmma_split_kernel_starts_its_pdl_merge_early_only_when_the_merge_waits_for_it(config):
+    """With ``pdl`` the merge kernel is launched with programmatic dependent launch (it waits in-kernel for the split
+    kernel's stores) and the split kernel lets it start at once (one ``griddepcontrol.launch_dependents`` in its
+    sm_90 PTX). Without ``pdl``, with ``_pdl_trigger=False`` (the launch before 2026-12-01), or with one split (no
+    merge kernel follows), the split kernel has none."""
+    shape = {"batch": 16, "heads": 64, "d_qk": 512, "d_v": 512, "topk": 640, "num_rows": 65536}
+    cases = [({"pdl": True}, config, 1, True), ({"pdl": False}, config, 0, False),
+             ({"pdl": True, "_pdl_trigger": False}, config, 0, True)]
+    if not config.get("SPLIT_WG"):
+        cases.append(({"pdl": True}, {**config, "S": 1, "V_SPLIT": 2}, 0, None))  # one split: the output directly
+    for kwargs, cfg, triggers, merge_pdl in cases:
+        got = _sm90_build(shape, cfg, kwargs=kwargs)
+        assert got["ptx"]["griddepcontrol.launch_dependents"] == triggers, (kwargs, cfg, got["ptx"])
+        assert got["merge_launch_pdl"] is merge_pdl, (kwargs, cfg, got["merge_launch_pdl"])
 
 
 @needs_gluon
@@ -745,6 +767,26 @@ def test_the_kernels_report_puts_the_wgmma_kernel_beside_the_tl_dot_best_torch_f
     assert "- sparse decode wgmma B=64 <= 17 us: 27.0 us" in text
 
 
+def test_the_kernels_report_states_the_wgmma_merge_launched_three_ways_beside_the_best():
+    """Where the best config has a merge kernel, the report puts its time beside the same config with the merge
+    started only as the split kernel exits (the launch before 2026-12-01) and with plain launches; a batch whose best
+    has no merge kernel (one split) has no such line."""
+    sys.path.insert(0, str(ROOT))
+    import benchmarks.kernels as bk
+
+    wg = get_kernel("sparse_decode_wgmma")
+    rows = []
+    for b, extra in ((1, {"best_no_trigger_us": 9.0, "best_no_pdl_us": 9.9}), (64, {})):
+        shape = dict(wg.shapes("v4flash")[0], batch=b)
+        rows.append({"kernel": "sparse_decode_wgmma", "dtype": "bfloat16", "shape": shape,
+                     "key": wg.shape_key(shape), "floor_us": 0.2, "bound": "memory", "torch_us": 34.0, "n_ok": 1,
+                     "n_failed": 0, "trials": [], "default_us": 8.5, "best_us": 8.2, "best_config": {"S": 10},
+                     **extra})
+    lines = bk.sparse_decode_wgmma_table(rows)
+    assert "| 1 | 8.2 | 9.0 | 9.9 | 1.10x | 1.21x |" in lines
+    assert not [x for x in lines[lines.index("| --- | --- | --- | --- | --- | --- |"):] if x.startswith("| 64 |")]
+
+
 @pytest.mark.gpu
 @needs_hopper
 @pytest.mark.parametrize("ws", [0, 1])
@@ -772,6 +814,48 @@ def test_sparse_decode_wgmma_merge_leaves_its_counters_at_zero_across_launches_a
         torch.cuda.synchronize()
         assert rel_error(out, SD.reference(i)) <= SD.tolerance("bfloat16")
     assert torch.count_nonzero(_counters("cuda", 32)[:32]) == 0
+
+
+@pytest.mark.gpu
+@needs_hopper
+@pytest.mark.parametrize("config", [
+    {"S": 10, "BLOCK_T": 64, "STAGES": 2, "V_SPLIT": 8, "WS": 0},  # batch 1's default
+    {"S": 4, "BLOCK_T": 64, "STAGES": 2, "V_SPLIT": 2, "WS": 1},  # batch 16's
+    {"S": 4, "BLOCK_T": 32, "STAGES": 4, "V_SPLIT": 2, "SPLIT_WG": 1},
+    {"S": 5, "BLOCK_T": 32, "STAGES": 4, "SEESAW": 1},
+], ids=["plain", "ws", "split_wg", "seesaw"])
+@pytest.mark.parametrize("batch", [1, 16])
+def test_sparse_decode_wgmma_chained_with_pdl_in_a_cuda_graph_matches_the_reference_at_every_step(batch, config):
+    """Programmatic dependent launch lets each merge kernel start before its split kernel ends: three calls chained
+    in one CUDA graph, each call's q the previous call's output and its partials in the buffers the previous call
+    freed, replayed into NaN-poisoned outputs; every step matches the float32 reference of its actual input (a merge
+    that read its partials early, or a split that read q before the merge before it wrote it, would not)."""
+    shape = dict(SD.shapes("v4flash")[0], batch=batch, ragged=1)
+    i = SD.make_inputs(shape, "bfloat16", "cuda", seed=900 + batch)
+    q0 = i["q"].clone()
+    outs = [torch.empty(batch, 64, 512, device="cuda", dtype=torch.bfloat16) for _ in range(3)]
+
+    def run(q, o):
+        return sparse_decode_wgmma(q, i["kv"], i["indices"], i["sm_scale"], config, out=o, pdl=True)
+
+    run(q0, outs[0])  # compile outside the capture
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        q = q0
+        for o in outs:
+            run(q, o)
+            q = o * 8.0  # a kernel between the calls, as a decode step has (and keeps the scores' scale)
+    for seed in range(3):
+        q0.copy_(torch.randn_like(q0, generator=torch.Generator("cuda").manual_seed(seed)))
+        for o in outs:
+            o.fill_(float("nan"))
+        graph.replay()
+        torch.cuda.synchronize()
+        for step, o in enumerate(outs):
+            q_in = q0 if step == 0 else outs[step - 1] * 8.0
+            ref = SD.reference({**i, "q": q_in})
+            assert rel_error(o, ref) <= SD.tolerance("bfloat16"), (seed, step)
 
 
 def test_the_wgmma_report_states_what_each_switch_gains_over_the_configs_timed_both_ways():
