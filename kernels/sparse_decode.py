@@ -537,18 +537,24 @@ def sparse_decode(
     return out
 
 
+def combine_grid(B: int, S: int, H: int, d_v: int) -> tuple[int, int, int]:
+    """The merge kernel's grid for ``S`` splits: (column blocks, heads, requests), each program one [S_PAD, BLOCK_D]
+    float32 tile of 32 values a thread."""
+    block_d = min(d_v, max(32, 4096 // triton.next_power_of_2(S)))
+    return d_v // block_d, H, B
+
+
 def launch_combine(part: torch.Tensor, lse: torch.Tensor, out: torch.Tensor, pdl: bool) -> None:
     """Merge the split partials ``part [B, S, H, d_v]`` (normalised; float32, or 16-bit from the wgmma kernel's
     ``PART16``, read and summed in float32) by their log-sum-exp ``lse [B, S, H]``
     (base 2) into ``out [B, H, d_v]``; ``pdl``: launched with programmatic dependent launch (it waits in-kernel for
     the grid that wrote the partials)."""
     B, S, H, d_v = part.shape
-    s_pad = triton.next_power_of_2(S)
-    block_d = min(d_v, max(32, 4096 // s_pad))  # [S_PAD, BLOCK_D] float32 tile: 32 values a thread
-    _combine_kernel[(d_v // block_d, H, B)](
+    grid = combine_grid(B, S, H, d_v)
+    _combine_kernel[grid](
         part, lse, out, S,
         *part.stride()[:3], *lse.stride()[:2], out.stride(0), out.stride(1),
-        S_PAD=s_pad, BLOCK_D=block_d, PDL=pdl, num_warps=4, **({"launch_pdl": True} if pdl else {}),
+        S_PAD=triton.next_power_of_2(S), BLOCK_D=d_v // grid[0], PDL=pdl, num_warps=4, **({"launch_pdl": True} if pdl else {}),
     )
 
 

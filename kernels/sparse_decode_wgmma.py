@@ -103,7 +103,16 @@ import triton
 
 from .base import device_limits, gpu_target
 from .configs import tuned_config
-from .sparse_decode import _PDL, LOG2E, _check_args, _shape_of, _SparseDecodeBase, launch_combine, split_rows
+from .sparse_decode import (
+    _PDL,
+    LOG2E,
+    _check_args,
+    _shape_of,
+    _SparseDecodeBase,
+    combine_grid,
+    launch_combine,
+    split_rows,
+)
 
 try:
     from triton.experimental import gluon
@@ -122,7 +131,7 @@ except ImportError:  # a Triton without Gluon: sparse_decode_wgmma raises, the t
     HAVE_GLUON = False
 
 __all__ = ["DEFAULT_CONFIG", "HAVE_GLUON", "WGMMA_HEADS", "WGMMA_WARPS", "SparseDecodeWgmmaKernel", "default_config", "index_tiles",
-           "sparse_decode_wgmma"]
+           "merge_starts_early", "sparse_decode_wgmma"]
 
 WGMMA_HEADS = 64  # one wgmma M: every head of a V4-Flash request in one program
 WGMMA_WARPS = 8  # two warpgroups: each holds a [64, 256 / V_SPLIT] float32 accumulator (128 / V_SPLIT registers a thread)
@@ -138,6 +147,20 @@ WS_MAXNREG = 168
 WG_REGS = 208  # SPLIT_WG: each consumer warpgroup's registers (the producer, the default partition, keeps the rest: 88)
 IDX_TABLE_MAX = 8192  # bytes: SPLIT_WG's producer keeps its split's row numbers in shared memory up to this
 SM90_SMEM = 227 * 1024  # an sm_90 block's shared memory (opt-in maximum)
+EARLY_MERGE_PER_IDLE_SM = 8
+"""The split kernel starts its PDL-launched merge at once (:func:`merge_starts_early`) while the merge has at most
+this many programs for each SM the split kernel leaves idle."""
+
+
+def merge_starts_early(programs: int, merge_programs: int, sms: int) -> bool:
+    """Whether the split kernel (``programs``, one a resident block) should let its merge kernel (``merge_programs``)
+    start at once rather than as its own programs exit. Started early, the merge's programs land on the SMs the split
+    kernel leaves idle and wait there: its launch overlaps the split kernel (batch 1: 80 programs, a merge of 128;
+    8.7 against 9.2 µs on an H200, ``kernels_sparse_decode_wgmma_pdl_h200_a0b4bea.md``), but a merge of many programs
+    crowds those few SMs while the rest start late (batch 16: 128 programs, a merge of 1024 on 4 idle SMs; 16.8
+    against 16.4 µs, same run)."""
+    idle = sms - programs
+    return idle > 0 and merge_programs <= EARLY_MERGE_PER_IDLE_SM * idle
 
 
 def index_tiles(config: dict, shape: dict) -> int:
@@ -833,7 +856,7 @@ def _counters(device, n: int) -> torch.Tensor:
 
 def sparse_decode_wgmma(q: torch.Tensor, kv: torch.Tensor, indices: torch.Tensor, sm_scale: float | None = None,
                         config: dict | None = None, *, d_v: int | None = None, out: torch.Tensor | None = None,
-                        pdl: bool | None = None, _probe: str = "", _pdl_trigger: bool = True) -> torch.Tensor:
+                        pdl: bool | None = None, _probe: str = "", _pdl_trigger: bool | None = None) -> torch.Tensor:
     """Sparse MLA decode on Hopper tensor cores (Gluon); ``q [B, H <= 64, 512]``, ``kv [num_rows, 512]`` in q's
     dtype (bf16/fp16), ``indices [B, topk]`` int32 (negative or >= num_rows: padding); returns ``[B, H, 512]``.
 
@@ -857,10 +880,11 @@ def sparse_decode_wgmma(q: torch.Tensor, kv: torch.Tensor, indices: torch.Tensor
     an even STAGES), ``SEESAW`` (1: the two compute warpgroups each hold half of all 512 columns and own alternate
     tiles' scores and softmax, publishing P to the other; warp-specialised, V_SPLIT=1, no MERGE or STORE_CVT);
     a launch is always 8 compute warps (12 warps in all with WS, SPLIT_WG or SEESAW) and 64 heads. ``pdl``: launch the merge
-    kernel with programmatic dependent launch, the split kernel letting it start as soon as every program of its own
-    has started (``griddepcontrol.launch_dependents``; the merge waits in-kernel for the split kernel's stores);
-    None = where the GPU has it. ``_pdl_trigger=False`` (timing only, a correct result): the merge launched with
-    PDL but started only as the split kernel's programs exit, as before 2026-12-01. ``_probe`` (timing only, the result is
+    kernel with programmatic dependent launch (the merge waits in-kernel for the split kernel's stores), the split
+    kernel letting it start as soon as every program of its own has started (``griddepcontrol.launch_dependents``)
+    where :func:`merge_starts_early` says so; None = where the GPU has it. ``_pdl_trigger`` (timing only, a correct
+    result either way): True / False overrides that rule (False: the merge starts as the split kernel's programs
+    exit, as before 2026-12-01). ``_probe`` (timing only, the result is
     garbage but for ``indices_ahead``): a name of ``_PROBES``, for a warp-specialised config (WS, SPLIT_WG or SEESAW;
     ``no_products`` is not built for SEESAW)."""
     if not HAVE_GLUON:
@@ -917,7 +941,10 @@ def sparse_decode_wgmma(q: torch.Tensor, kv: torch.Tensor, indices: torch.Tensor
     if not direct and not merge:
         target = gpu_target(q.device)
         pdl = (_PDL and target is not None and target >= (9, 0)) if pdl is None else bool(pdl)
-        meta["PDL"] = pdl and _pdl_trigger  # the split kernel starts the merge early
+        if pdl and _pdl_trigger is None:
+            _pdl_trigger = merge_starts_early(grid[0] * grid[1], math.prod(combine_grid(B, n_splits, H, d_v)),
+                                              device_limits(q.device)["sms"])
+        meta["PDL"] = pdl and bool(_pdl_trigger)  # the split kernel starts the merge early
     if config.get("WS") or config.get("SPLIT_WG") or config.get("SEESAW"):
         meta["IDX_TILES"] = index_tiles(config, shape)
     if _probe:

@@ -138,6 +138,18 @@ def test_the_wgmma_kernel_is_registered_tunable_and_says_why_it_cannot_run_here(
         k.shapes("v32")
 
 
+def test_the_split_kernel_starts_its_merge_early_only_while_the_merge_fits_the_sms_it_leaves_idle():
+    """Batch 1's default (80 programs, a merge of 128 programs, 52 idle SMs of 132) starts it early; batch 16's (128
+    programs, a merge of 1024 on 4 idle SMs) and a split kernel of more programs than SMs do not."""
+    from kernels.sparse_decode_wgmma import EARLY_MERGE_PER_IDLE_SM, merge_starts_early
+
+    assert merge_starts_early(80, 128, 132)
+    assert not merge_starts_early(128, 1024, 132)
+    assert not merge_starts_early(132, 1, 132) and not merge_starts_early(192, 64, 132)
+    assert merge_starts_early(100, EARLY_MERGE_PER_IDLE_SM * 32, 132)
+    assert not merge_starts_early(100, EARLY_MERGE_PER_IDLE_SM * 32 + 1, 132)
+
+
 @needs_gluon
 @pytest.mark.parametrize("config", [
     {"S": 10, "BLOCK_T": 64, "STAGES": 2, "V_SPLIT": 8, "WS": 0},  # batch 1's default: the single-partition kernel
@@ -145,18 +157,22 @@ def test_the_wgmma_kernel_is_registered_tunable_and_says_why_it_cannot_run_here(
 ], ids=["plain", "split_wg"])
 def test_sparse_decode_wgmma_split_kernel_starts_its_pdl_merge_early_only_when_the_merge_waits_for_it(config):
     """With ``pdl`` the merge kernel is launched with programmatic dependent launch (it waits in-kernel for the split
-    kernel's stores) and the split kernel lets it start at once (one ``griddepcontrol.launch_dependents`` in its
-    sm_90 PTX). Without ``pdl``, with ``_pdl_trigger=False`` (the launch before 2026-12-01), or with one split (no
-    merge kernel follows), the split kernel has none."""
-    shape = {"batch": 16, "heads": 64, "d_qk": 512, "d_v": 512, "topk": 640, "num_rows": 65536}
-    cases = [({"pdl": True}, config, 1, True), ({"pdl": False}, config, 0, False),
-             ({"pdl": True, "_pdl_trigger": False}, config, 0, True)]
+    kernel's stores) and, at batch 1 (few programs, a small merge: ``merge_starts_early``), the split kernel lets it
+    start at once (one ``griddepcontrol.launch_dependents`` in its sm_90 PTX). Without ``pdl``, with
+    ``_pdl_trigger=False`` (the launch before 2026-12-01), at batch 16 by the rule (unless ``_pdl_trigger=True``), or
+    with one split (no merge kernel follows), the split kernel has none."""
+    b1 = {"batch": 1, "heads": 64, "d_qk": 512, "d_v": 512, "topk": 640, "num_rows": 65536}
+    b16 = {**b1, "batch": 16}
+    cases = [(b1, {"pdl": True}, config, 1, True), (b1, {"pdl": False}, config, 0, False),
+             (b1, {"pdl": True, "_pdl_trigger": False}, config, 0, True), (b16, {"pdl": True}, config, 0, True),
+             (b16, {"pdl": True, "_pdl_trigger": True}, config, 1, True)]
     if not config.get("SPLIT_WG"):
-        cases.append(({"pdl": True}, {**config, "S": 1, "V_SPLIT": 2}, 0, None))  # one split: the output directly
-    for kwargs, cfg, triggers, merge_pdl in cases:
+        cases.append((b1, {"pdl": True}, {**config, "S": 1, "V_SPLIT": 2}, 0, None))  # one split: the output directly
+    for shape, kwargs, cfg, triggers, merge_pdl in cases:
         got = _sm90_build(shape, cfg, kwargs=kwargs)
-        assert got["ptx"]["griddepcontrol.launch_dependents"] == triggers, (kwargs, cfg, got["ptx"])
-        assert got["merge_launch_pdl"] is merge_pdl, (kwargs, cfg, got["merge_launch_pdl"])
+        where = (shape["batch"], kwargs, cfg)
+        assert got["ptx"]["griddepcontrol.launch_dependents"] == triggers, (where, got["ptx"])
+        assert got["merge_launch_pdl"] is merge_pdl, (where, got["merge_launch_pdl"])
 
 
 @needs_gluon
@@ -597,6 +613,33 @@ def test_the_workload_report_states_the_wgmma_attention_against_the_hand_written
     assert text == (ROOT / "benchmarks" / "results" / "workload_attention_wgmma_h200_e53ca92.md").read_text()
 
 
+def test_the_pdl_benchmark_counts_each_defaults_programs_and_reports_each_launch_against_early(tmp_path):
+    """benchmarks/sparse_decode_wgmma_pdl.py: the split and merge programs of a config (batch 1's default: 10 splits
+    of 8 column programs, a merge of 2 column blocks x 64 heads; one split: no merge), and a stored run's report (the
+    merge's programs for each idle SM, exit / early and plain / early, the worst error); it refuses to measure
+    without a GPU."""
+    sys.path.insert(0, str(ROOT))
+    import benchmarks.sparse_decode_wgmma_pdl as pdl
+    from kernels.sparse_decode_wgmma import default_config
+
+    assert pdl.grids(1, default_config(1, 640)) == (80, 128)
+    assert pdl.grids(16, default_config(16, 640)) == (128, 1024)
+    assert pdl.grids(64, default_config(64, 640)) == (128, 0)
+    data = {"meta": {"date": "d", "gpu": "NVIDIA H200", "torch": "t", "triton": "3.6.0", "commit": "abc", "sms": 132},
+            "rows": [{"batch": 1, "config": {"S": 10}, "programs": 80, "merge_programs": 128, "idle_sms": 52,
+                      "early_us": 8.0, "exit_us": 8.8, "plain_us": 9.2, "early_err": 0.002, "exit_err": 0.003,
+                      "plain_err": 0.002},
+                     {"batch": 24, "config": {"S": 3}, "programs": 144, "merge_programs": 1536, "idle_sms": -12,
+                      "early_us": 20.0, "exit_us": 19.0, "early_err": 0.002, "exit_err": 0.002, "plain_err": 0.5}]}
+    text = pdl.report(data, "x.json")
+    assert "| 1 | S=10 | 80 | 128 | 52 | 2.5 | 8.0 | 8.8 | 9.2 | 1.10x | 1.15x | 0.00300 |" in text
+    assert "| 24 | S=3 | 144 | 1536 | -12 | none idle | 20.0 | 19.0 | wrong_result | 0.95x | - | 0.50000 |" in text
+    script = ROOT / "benchmarks" / "sparse_decode_wgmma_pdl.py"
+    r = subprocess.run([sys.executable, str(script), "--json", str(tmp_path / "x.json")], capture_output=True, text=True,
+                       env={**os.environ, "CUDA_VISIBLE_DEVICES": ""})
+    assert r.returncode == 2 and "measuring needs a CUDA GPU" in r.stderr
+
+
 def test_the_locality_probe_rewrites_only_the_indices_and_reports_each_pattern_against_spread(tmp_path):
     """benchmarks/sparse_decode_wgmma_locality.py: ``shared`` gives every request the first request's rows and
     ``one_row`` one row everywhere, nothing else of the inputs changes; the report states spread / each pattern from
@@ -768,9 +811,9 @@ def test_the_kernels_report_puts_the_wgmma_kernel_beside_the_tl_dot_best_torch_f
 
 
 def test_the_kernels_report_states_the_wgmma_merge_launched_three_ways_beside_the_best():
-    """Where the best config has a merge kernel, the report puts its time beside the same config with the merge
-    started only as the split kernel exits (the launch before 2026-12-01) and with plain launches; a batch whose best
-    has no merge kernel (one split) has no such line."""
+    """Where the best config has a merge kernel, the report puts its time (the launcher's rule) beside the same
+    config with the merge started at once, started only as the split kernel exits (the launch before 2026-12-01) and
+    with plain launches; a batch whose best has no merge kernel (one split) has no such line."""
     sys.path.insert(0, str(ROOT))
     import benchmarks.kernels as bk
 
@@ -782,9 +825,15 @@ def test_the_kernels_report_states_the_wgmma_merge_launched_three_ways_beside_th
                      "key": wg.shape_key(shape), "floor_us": 0.2, "bound": "memory", "torch_us": 34.0, "n_ok": 1,
                      "n_failed": 0, "trials": [], "default_us": 8.5, "best_us": 8.2, "best_config": {"S": 10},
                      **extra})
+    rows[0]["best_early_us"] = 8.1
     lines = bk.sparse_decode_wgmma_table(rows)
-    assert "| 1 | 8.2 | 9.0 | 9.9 | 1.10x | 1.21x |" in lines
-    assert not [x for x in lines[lines.index("| --- | --- | --- | --- | --- | --- |"):] if x.startswith("| 64 |")]
+    assert "| 1 | 8.2 | 8.1 | 9.0 | 9.9 | 0.99x | 1.10x | 1.21x |" in lines
+    assert any("best = the launcher's choice (`merge_starts_early`)" in x for x in lines)
+    del rows[0]["best_early_us"]  # a run at a0b4bea, before the rule: its best is the early launch
+    old = bk.sparse_decode_wgmma_table(rows)
+    assert "| 1 | 8.2 | 8.2 | 9.0 | 9.9 | 1.00x | 1.10x | 1.21x |" in old
+    assert any("best = early (this run's launcher started every merge early)" in x for x in old)
+    assert not [x for x in lines[lines.index("| --- | --- | --- | --- | --- | --- | --- | --- |"):] if x.startswith("| 64 |")]
 
 
 @pytest.mark.gpu
@@ -822,11 +871,12 @@ def test_sparse_decode_wgmma_merge_leaves_its_counters_at_zero_across_launches_a
     {"S": 10, "BLOCK_T": 64, "STAGES": 2, "V_SPLIT": 8, "WS": 0},  # batch 1's default
     {"S": 4, "BLOCK_T": 64, "STAGES": 2, "V_SPLIT": 2, "WS": 1},  # batch 16's
     {"S": 4, "BLOCK_T": 32, "STAGES": 4, "V_SPLIT": 2, "SPLIT_WG": 1},
-    {"S": 5, "BLOCK_T": 32, "STAGES": 4, "SEESAW": 1},
+    {"S": 5, "BLOCK_T": 32, "STAGES": 4, "V_SPLIT": 1, "SEESAW": 1},
 ], ids=["plain", "ws", "split_wg", "seesaw"])
 @pytest.mark.parametrize("batch", [1, 16])
 def test_sparse_decode_wgmma_chained_with_pdl_in_a_cuda_graph_matches_the_reference_at_every_step(batch, config):
-    """Programmatic dependent launch lets each merge kernel start before its split kernel ends: three calls chained
+    """Programmatic dependent launch, the merge started at once (``_pdl_trigger=True``, whatever the rule says for
+    the batch), lets each merge kernel start before its split kernel ends: three calls chained
     in one CUDA graph, each call's q the previous call's output and its partials in the buffers the previous call
     freed, replayed into NaN-poisoned outputs; every step matches the float32 reference of its actual input (a merge
     that read its partials early, or a split that read q before the merge before it wrote it, would not)."""
@@ -836,7 +886,8 @@ def test_sparse_decode_wgmma_chained_with_pdl_in_a_cuda_graph_matches_the_refere
     outs = [torch.empty(batch, 64, 512, device="cuda", dtype=torch.bfloat16) for _ in range(3)]
 
     def run(q, o):
-        return sparse_decode_wgmma(q, i["kv"], i["indices"], i["sm_scale"], config, out=o, pdl=True)
+        return sparse_decode_wgmma(q, i["kv"], i["indices"], i["sm_scale"], config, out=o, pdl=True,
+                                   _pdl_trigger=True)
 
     run(q0, outs[0])  # compile outside the capture
     torch.cuda.synchronize()
