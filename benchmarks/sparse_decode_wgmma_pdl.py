@@ -101,7 +101,7 @@ def report(data: dict, source: str) -> str:
              "checked against the float32 reference first (timed and ragged inputs)",
              "- early: programmatic dependent launch, the split kernel lets the merge start at once; exit: the same "
              "launch, the merge starts as the split kernel's programs exit; plain: no PDL",
-             f"- merge / idle SM: the merge's programs for each of the {meta['sms']} SMs the split kernel leaves idle",
+             f"- merge / idle SM: the merge's programs for each SM the split kernel leaves idle (of {meta['sms']})",
              "", "| batch | config | split programs | merge programs | idle SMs | merge / idle SM | early µs | exit µs | "
              "plain µs | exit / early | plain / early | rel. error (worst) |",
              "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]

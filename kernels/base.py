@@ -194,6 +194,12 @@ class TunableKernel(abc.ABC):
         """Why this kernel cannot run here (e.g. a plug-in whose server is not installed), or None."""
         return None
 
+    def adapt_config(self, config: dict, tuned_shape: dict, shape: dict) -> dict:
+        """A config tuned at ``tuned_shape`` (the nearest key of a tuned file: another batch), made fit for ``shape``;
+        ``config`` itself unless a kernel knows which fields scale with the batch (split counts, programs a request).
+        The result is checked by ``check_config`` like any tuned config (the default config if it fails)."""
+        return config
+
     def recorded_time_us(self, config: dict, shape: dict) -> float | None:
         """A recorded GPU timing of ``config`` at ``shape``, for kernels that replay measured tables on a CPU (tests,
         strategy studies); None: time it for real."""

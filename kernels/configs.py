@@ -192,6 +192,8 @@ def lookup(kernel_name: str, shape: dict, dtype, device: Any = None) -> dict:
     found = nearest_key(entries, key, kernel.batch_dim)
     if found is not None:
         tuned = {**config, **entries[found].get("config", {})}
+        if found != key:  # tuned at another batch: the kernel may adapt what scales with it
+            tuned = kernel.adapt_config(tuned, {**shape, kernel.batch_dim: _parse_key(found)[kernel.batch_dim]}, shape)
         why = kernel.check_config(tuned, shape, device, dtype=dtype)
         if why is None:
             config = tuned

@@ -131,7 +131,7 @@ except ImportError:  # a Triton without Gluon: sparse_decode_wgmma raises, the t
     HAVE_GLUON = False
 
 __all__ = ["DEFAULT_CONFIG", "HAVE_GLUON", "WGMMA_HEADS", "WGMMA_WARPS", "SparseDecodeWgmmaKernel", "default_config", "index_tiles",
-           "merge_starts_early", "sparse_decode_wgmma"]
+           "merge_starts_early", "sparse_decode_wgmma", "splits_within"]
 
 WGMMA_HEADS = 64  # one wgmma M: every head of a V4-Flash request in one program
 WGMMA_WARPS = 8  # two warpgroups: each holds a [64, 256 / V_SPLIT] float32 accumulator (128 / V_SPLIT registers a thread)
@@ -155,10 +155,11 @@ this many programs for each SM the split kernel leaves idle."""
 def merge_starts_early(programs: int, merge_programs: int, sms: int) -> bool:
     """Whether the split kernel (``programs``, one a resident block) should let its merge kernel (``merge_programs``)
     start at once rather than as its own programs exit. Started early, the merge's programs land on the SMs the split
-    kernel leaves idle and wait there: its launch overlaps the split kernel (batch 1: 80 programs, a merge of 128;
-    8.7 against 9.2 µs on an H200, ``kernels_sparse_decode_wgmma_pdl_h200_a0b4bea.md``), but a merge of many programs
-    crowds those few SMs while the rest start late (batch 16: 128 programs, a merge of 1024 on 4 idle SMs; 16.8
-    against 16.4 µs, same run)."""
+    kernel leaves idle and wait there: its launch overlaps the split kernel, but a merge of many programs crowds those
+    few SMs while the rest of it starts late. Each batch's default timed both ways on an H200 (2026-12-01,
+    ``sparse_decode_wgmma_pdl_h200_a387428.md``; at exit / early, above 1: early pays), by the merge's programs for
+    each idle SM: 2.5 (batch 1) 1.11x, 4.9 (batch 2) 1.03x, 9.8 (batches 4 and 8) 0.94x and 1.01x, 32-512 (batches 3,
+    6, 12, 16, 32) 0.85-1.00x; with no SM idle (batch 24, 144 programs) 1.02x, left at exit."""
     idle = sms - programs
     return idle > 0 and merge_programs <= EARLY_MERGE_PER_IDLE_SM * idle
 
@@ -182,11 +183,22 @@ def index_tiles(config: dict, shape: dict) -> int:
     return tiles if fits else 0
 
 
+def splits_within(batch: int, topk: int, v_split: int, block_t: int) -> int:
+    """The most splits of ``topk`` rows (whole ``block_t`` tiles, :func:`kernels.sparse_decode.split_rows`) that keep
+    ``batch * v_split * splits`` within ``PROGRAMS`` (one program an SM, one wave); 1 where even one split does not."""
+    tiles = -(-max(topk, 1) // block_t)
+    return next((n for n in (split_rows(max(topk, 1), s, block_t)[1] for s in range(tiles, 0, -1))
+                 if batch * v_split * n <= PROGRAMS), 1)
+
+
 def default_config(batch: int, topk: int) -> dict:
     """About one program per SM, 64-row tiles. Programs a split (``V_SPLIT``): the most of 8, 4, 2 that keeps one
     program a tile within 128 programs (batch * tiles * V_SPLIT <= 128: 8 at batch 1 with V4-Flash's 10 tiles), else
     2 while two programs a request fit in 128 (batch <= 64), else 1: for the same number of programs, fewer splits
-    store and merge fewer float32 partials. ``S = ceil(128 / (batch * V_SPLIT))`` splits, at most one a tile.
+    store and merge fewer float32 partials. ``S``: the most splits of whole 64-row tiles that keep
+    ``batch * V_SPLIT * S`` within 128 programs (:func:`splits_within`, one wave; before 2026-12-01
+    ``S = ceil(128 / (batch * V_SPLIT))``, which launched a second wave at batches such as 7, 13-15, 17-31 and 33-63,
+    e.g. 144 programs at batch 24).
     ``WS`` (the producer warpgroup) where a program walks three tiles or more: its gain grew with the tiles a program
     walks (medians over batch 1 / 16 / 64: 0.975-0.984x at one tile, 0.99-1.00x at two, 1.01-1.03x at three,
     1.04-1.06x at four or more; the WS table of ``sparse_decode_wgmma_h200_b1b01f3.md``). ``STORE_CVT`` where
@@ -205,7 +217,7 @@ def default_config(batch: int, topk: int) -> dict:
     tiles = -(-topk // 64)
     batch = max(batch, 1)
     v_split = next((v for v in (8, 4, 2) if batch * tiles * v <= PROGRAMS), 2 if 2 * batch <= PROGRAMS else 1)
-    s = max(1, min(-(-PROGRAMS // (batch * v_split)), tiles))
+    s = splits_within(batch, topk, v_split, 64)
     rows_per_split, n_splits = split_rows(max(topk, 1), s, 64)
     if n_splits == 1 and v_split > 1 and rows_per_split >= 4 * 64:  # SPLIT_WG: each warpgroup two 32-row slots
         return {**DEFAULT_CONFIG, "BLOCK_T": 32, "STAGES": 4, "S": 1, "V_SPLIT": v_split, "WS": 1, "SPLIT_WG": 1,
@@ -993,6 +1005,17 @@ class SparseDecodeWgmmaKernel(_SparseDecodeBase):
 
     def default_config(self, shape):
         return default_config(shape["batch"], shape["topk"])
+
+    def adapt_config(self, config, tuned_shape, shape):
+        """A config tuned at another batch keeps its tiles, ring and switches, but its split count is set for this
+        batch: the most splits (``splits_within``) that keep ``batch * V_SPLIT * S`` within one wave of programs (a
+        batch-16 config of 4 splits of two programs would launch 192 programs at batch 24, 256 at 32). Where even one
+        split does not fit (``V_SPLIT * batch`` over 128), this batch's default config."""
+        if shape["batch"] == tuned_shape["batch"]:
+            return config
+        if config["V_SPLIT"] * shape["batch"] > PROGRAMS:
+            return self.default_config(shape)
+        return {**config, "S": splits_within(shape["batch"], shape["topk"], config["V_SPLIT"], config["BLOCK_T"])}
 
     def config_space(self, shape):
         return {"S": [1, 2, 3, 4, 5, 8, 10, 16, 20], "BLOCK_T": [32, 64], "STAGES": [2, 3, 4], "P_SMEM": [0, 1],

@@ -158,3 +158,19 @@ def test_gpu_name_of_a_cpu_device_is_cpu_on_a_gpu_host_too(monkeypatch):
     monkeypatch.setattr(torch.cuda, "get_device_name", name)
     assert configs.gpu_name("cpu") == "cpu" and configs.gpu_name(torch.device("cpu")) == "cpu"
     assert configs.gpu_name() == configs.gpu_name("cuda") == configs.gpu_name("cuda:0") == "NVIDIA H200"
+
+
+def test_a_wgmma_config_tuned_at_another_batch_gets_its_splits_set_for_the_batch_it_is_looked_up_at():
+    """The nearest key's config keeps its tiles and switches, but its split count is set so that the batch launches
+    one wave of programs: a batch-16 config of 4 splits of two programs (128 programs) gets 2 splits at batch 24 (96,
+    not 192) and at 32 (128, not 256), keeps 4 at 16, and at batch 96 (two programs a request do not fit in 128) the
+    batch's default config."""
+    wg = get_kernel("sparse_decode_wgmma")
+    shape = {"batch": 16, "heads": 64, "d_qk": 512, "d_v": 512, "topk": 640, "num_rows": 65536}
+    tuned = {**wg.default_config(shape), "S": 4, "BLOCK_T": 64, "STAGES": 2, "V_SPLIT": 2, "WS": 1, "P_SMEM": 1}
+    write_config_file("sparse_decode_wgmma", configs.gpu_name(), "bfloat16", {wg.shape_key(shape): {"config": tuned}})
+    assert lookup("sparse_decode_wgmma", shape, "bfloat16") == tuned
+    for batch, splits in ((24, 2), (32, 2), (8, 5)):  # 8: 10 splits of one tile are 160 programs, 5 of two 80
+        assert lookup("sparse_decode_wgmma", dict(shape, batch=batch), "bfloat16") == dict(tuned, S=splits), batch
+    b96 = dict(shape, batch=96)
+    assert lookup("sparse_decode_wgmma", b96, "bfloat16") == wg.default_config(b96)

@@ -545,6 +545,21 @@ def test_the_wgmma_report_states_the_single_partition_schedules_best_beside_the_
     assert line.split(" | ")[6:9] == ["30.8", "15.4", "7.7"] and line.split(" | ")[11:13] == ["4.00x", "2.00x"], line
 
 
+def test_the_wgmma_default_config_launches_one_wave_of_programs_at_every_batch_that_fits_one():
+    """At every batch up to 128 (V4-Flash's 640 rows) the default launches at most 128 programs (one an SM of an
+    H200's 132): the rule before 2026-12-01 rounded its split count up and launched a second wave at 85 batches
+    (144 programs at batch 24, 192 at 48)."""
+    from kernels.sparse_decode import split_rows
+    from kernels.sparse_decode_wgmma import PROGRAMS, default_config
+
+    for batch in range(1, 129):
+        got = default_config(batch, 640)
+        programs = batch * got["V_SPLIT"] * split_rows(640, got["S"], got["BLOCK_T"])[1]
+        assert programs <= PROGRAMS, (batch, got, programs)
+        assert got["S"] == split_rows(640, got["S"], got["BLOCK_T"])[1], (batch, got)  # S names its splits
+    assert default_config(24, 640)["S"] == 2 and default_config(7, 640)["S"] == 5
+
+
 def test_the_wgmma_default_config_is_the_measured_fastest_at_v4_flash_batches():
     """The default rule against the stored H200 sweeps (benchmarks/results/data/sparse_decode_wgmma_h200*.json), the
     newest of each batch: it names a config whose split of the rows, tile size, ring depth, programs a split,
@@ -638,6 +653,32 @@ def test_the_pdl_benchmark_counts_each_defaults_programs_and_reports_each_launch
     r = subprocess.run([sys.executable, str(script), "--json", str(tmp_path / "x.json")], capture_output=True, text=True,
                        env={**os.environ, "CUDA_VISIBLE_DEVICES": ""})
     assert r.returncode == 2 and "measuring needs a CUDA GPU" in r.stderr
+
+
+def test_the_batches_benchmark_puts_each_batchs_config_now_beside_before(tmp_path, monkeypatch):
+    """benchmarks/sparse_decode_wgmma_batches.py: at batch 24 the frozen rule from before launches 144 programs and the
+    default now 96; a batch-16 tuned config runs as tuned before (192 programs) and with its splits set now (96); its
+    report states each way's time, programs and before / now."""
+    sys.path.insert(0, str(ROOT))
+    import benchmarks.sparse_decode_wgmma_batches as bb
+    from kernels import configs
+    from kernels.configs import write_config_file
+
+    monkeypatch.setenv("TUNER_KERNEL_CONFIG_DIR", str(tmp_path))
+    configs.clear_cache()
+    wg = get_kernel("sparse_decode_wgmma")
+    shape = dict(SD.shapes("v4flash")[0], batch=16)
+    tuned = {**wg.default_config(shape), "S": 4, "V_SPLIT": 2, "WS": 1}
+    write_config_file("sparse_decode_wgmma", configs.gpu_name(), "bfloat16", {wg.shape_key(shape): {"config": tuned}})
+    got = bb.configs_for(24, dict(shape, batch=24), None)
+    configs.clear_cache()
+    assert {w: bb.programs(c, 24) for w, c in got.items()} == {"tuned_before": 192, "tuned_now": 96,
+                                                                "default_before": 144, "default_now": 96}
+    rows = [{"batch": 24, "way": w, "config": c, "programs": bb.programs(c, 24), "err": 0.002, "us": us}
+            for (w, c), us in zip(got.items(), (30.0, 20.0, 27.0, 20.0))]
+    text = bb.report({"meta": {"date": "d", "gpu": "NVIDIA H200", "torch": "t", "triton": "3.6.0", "commit": "abc"},
+                      "rows": rows}, "x.json")
+    assert "| 24 | 30.0 (192) | 20.0 (96) | 1.50x | 27.0 (144) | 20.0 (96) | 1.35x |" in text
 
 
 def test_the_locality_probe_rewrites_only_the_indices_and_reports_each_pattern_against_spread(tmp_path):
