@@ -3,7 +3,7 @@
 The H200's tuned file (``kernels/tuned``) holds batch 1, 16 and 64; any other batch takes the nearest key's config.
 Before 2026-12-01 that config ran as tuned, so a batch-16 config of 4 splits of two programs launched 192 programs
 at batch 24 and 256 at batch 32 (one program fits an SM: two waves); without a tuned file the default rule rounded
-its split count up and launched a second wave at 85 batches up to 128. Now the nearest key's split count is set for
+its split count up and launched a second wave at 108 of the batches up to 132 (an H200's SMs). Now the nearest key's split count is set for
 the batch (``SparseDecodeWgmmaKernel.adapt_config``) and the default keeps one wave (``splits_within``).
 
 For each batch (V4-Flash shapes), one after another in one process, each config checked first against the float32

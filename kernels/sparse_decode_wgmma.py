@@ -138,6 +138,7 @@ WGMMA_WARPS = 8  # two warpgroups: each holds a [64, 256 / V_SPLIT] float32 accu
 DEFAULT_CONFIG = {"S": 8, "BLOCK_T": 64, "STAGES": 2, "P_SMEM": 0, "V_SPLIT": 1, "PART16": 0, "STORE_CVT": 0, "WS": 0,
                   "MERGE": 0, "SPLIT_WG": 0, "SEESAW": 0}  # S, V_SPLIT: see default_config
 PROGRAMS = 128  # about one program per SM of an H200 (132)
+ONE_WAVE = 132  # an H100's or H200's SMs: one resident program each (a program's shared memory fills an SM)
 # WS=1: a producer warpgroup beside the two consumer ones. Registers are granted per warpgroup: the launch caps all
 # 384 threads at WS_MAXNREG (65536 / 384, rounded down to 8), and the producer hands all but GATHER_REGS of its
 # share to the consumers (setmaxnreg), which then hold 168 + (168 - GATHER_REGS) / 2.
@@ -185,10 +186,13 @@ def index_tiles(config: dict, shape: dict) -> int:
 
 def splits_within(batch: int, topk: int, v_split: int, block_t: int) -> int:
     """The most splits of ``topk`` rows (whole ``block_t`` tiles, :func:`kernels.sparse_decode.split_rows`) that keep
-    ``batch * v_split * splits`` within ``PROGRAMS`` (one program an SM, one wave); 1 where even one split does not."""
+    ``batch * v_split * splits`` within ``ONE_WAVE`` (one program an SM); 1 where even one split does not. Measured
+    on an H200 (2026-12-01, ``sparse_decode_wgmma_batches_h200_470243f.md``): a second wave costs 1.3-1.5x (batch 24:
+    27.0 µs at 144 programs, 20.4 at 96), while 130 programs, within the 132 SMs, ran 15.2 µs against 15.9 at 104
+    (batch 13)."""
     tiles = -(-max(topk, 1) // block_t)
     return next((n for n in (split_rows(max(topk, 1), s, block_t)[1] for s in range(tiles, 0, -1))
-                 if batch * v_split * n <= PROGRAMS), 1)
+                 if batch * v_split * n <= ONE_WAVE), 1)
 
 
 def default_config(batch: int, topk: int) -> dict:
@@ -196,9 +200,9 @@ def default_config(batch: int, topk: int) -> dict:
     program a tile within 128 programs (batch * tiles * V_SPLIT <= 128: 8 at batch 1 with V4-Flash's 10 tiles), else
     2 while two programs a request fit in 128 (batch <= 64), else 1: for the same number of programs, fewer splits
     store and merge fewer float32 partials. ``S``: the most splits of whole 64-row tiles that keep
-    ``batch * V_SPLIT * S`` within 128 programs (:func:`splits_within`, one wave; before 2026-12-01
-    ``S = ceil(128 / (batch * V_SPLIT))``, which launched a second wave at batches such as 7, 13-15, 17-31 and 33-63,
-    e.g. 144 programs at batch 24).
+    ``batch * V_SPLIT * S`` within one wave of 132 programs (:func:`splits_within`; before 2026-12-01
+    ``S = ceil(128 / (batch * V_SPLIT))``, which launched a second wave at 108 of the batches up to 132, e.g. 144
+    programs at batch 24: 27.0 against 20.4 µs now).
     ``WS`` (the producer warpgroup) where a program walks three tiles or more: its gain grew with the tiles a program
     walks (medians over batch 1 / 16 / 64: 0.975-0.984x at one tile, 0.99-1.00x at two, 1.01-1.03x at three,
     1.04-1.06x at four or more; the WS table of ``sparse_decode_wgmma_h200_b1b01f3.md``). ``STORE_CVT`` where
@@ -1009,11 +1013,12 @@ class SparseDecodeWgmmaKernel(_SparseDecodeBase):
     def adapt_config(self, config, tuned_shape, shape):
         """A config tuned at another batch keeps its tiles, ring and switches, but its split count is set for this
         batch: the most splits (``splits_within``) that keep ``batch * V_SPLIT * S`` within one wave of programs (a
-        batch-16 config of 4 splits of two programs would launch 192 programs at batch 24, 256 at 32). Where even one
-        split does not fit (``V_SPLIT * batch`` over 128), this batch's default config."""
+        batch-16 config of 4 splits of two programs would launch 192 programs at batch 24, 256 at 32: 27.4 and 28.8
+        µs against 20.4 and 21.7 with the splits set, ``sparse_decode_wgmma_batches_h200_470243f.md``). Where even one
+        split does not fit (``V_SPLIT * batch`` over 132), this batch's default config."""
         if shape["batch"] == tuned_shape["batch"]:
             return config
-        if config["V_SPLIT"] * shape["batch"] > PROGRAMS:
+        if config["V_SPLIT"] * shape["batch"] > ONE_WAVE:
             return self.default_config(shape)
         return {**config, "S": splits_within(shape["batch"], shape["topk"], config["V_SPLIT"], config["BLOCK_T"])}
 

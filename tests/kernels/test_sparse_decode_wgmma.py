@@ -546,18 +546,22 @@ def test_the_wgmma_report_states_the_single_partition_schedules_best_beside_the_
 
 
 def test_the_wgmma_default_config_launches_one_wave_of_programs_at_every_batch_that_fits_one():
-    """At every batch up to 128 (V4-Flash's 640 rows) the default launches at most 128 programs (one an SM of an
-    H200's 132): the rule before 2026-12-01 rounded its split count up and launched a second wave at 85 batches
-    (144 programs at batch 24, 192 at 48)."""
+    """At every batch up to 132 (V4-Flash's 640 rows) the default launches at most 132 programs (one an SM of an
+    H200): the rule before 2026-12-01 rounded its split count up and launched a second wave at 108 of these batches
+    (144 programs at batch 24, 192 at 48; ``benchmarks/sparse_decode_wgmma_batches.py`` keeps it)."""
     from kernels.sparse_decode import split_rows
-    from kernels.sparse_decode_wgmma import PROGRAMS, default_config
+    from kernels.sparse_decode_wgmma import ONE_WAVE, default_config
 
-    for batch in range(1, 129):
+    for batch in range(1, ONE_WAVE + 1):
         got = default_config(batch, 640)
         programs = batch * got["V_SPLIT"] * split_rows(640, got["S"], got["BLOCK_T"])[1]
-        assert programs <= PROGRAMS, (batch, got, programs)
+        assert programs <= ONE_WAVE, (batch, got, programs)
         assert got["S"] == split_rows(640, got["S"], got["BLOCK_T"])[1], (batch, got)  # S names its splits
     assert default_config(24, 640)["S"] == 2 and default_config(7, 640)["S"] == 5
+    sys.path.insert(0, str(ROOT))
+    from benchmarks.sparse_decode_wgmma_batches import default_before, programs
+
+    assert sum(programs(default_before(b, 640), b) > ONE_WAVE for b in range(1, ONE_WAVE + 1)) == 108
 
 
 def test_the_wgmma_default_config_is_the_measured_fastest_at_v4_flash_batches():
