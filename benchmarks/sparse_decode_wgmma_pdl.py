@@ -9,7 +9,10 @@ checked first against the float32 reference into a NaN-poisoned output:
 
 * ``early``: PDL, the merge started at once (``_pdl_trigger=True``);
 * ``exit``: PDL, the merge started as the split kernel's programs exit (``_pdl_trigger=False``, before 2026-12-01);
-* ``plain``: no PDL (``pdl=False``).
+* ``plain``: no PDL (``pdl=False``);
+* ``early_wide`` and ``exit_wide``: early and exit with the merge's grid widened to at least 512 programs
+  (``_merge_programs``: batch 1's merge is 128 programs of [16 splits, 256 columns], 32 values a thread; widened,
+  512 of 64 columns).
 
 Beside each: the split kernel's programs, the merge's programs and the SMs the split kernel leaves idle, which is
 what the launcher's rule (``kernels.sparse_decode_wgmma.merge_starts_early``) reads. Times: ``kernels.bench.do_bench``
@@ -29,17 +32,22 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path[:] = [str(ROOT)] + [p for p in sys.path if Path(p or ".").resolve() not in (ROOT, Path(__file__).resolve().parent)]
 
-BATCHES = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32)
+BATCHES = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32)  # at 2b6e86b (one wave) batch 24 has 96 programs
 WAYS = {"early": {"pdl": True, "_pdl_trigger": True}, "exit": {"pdl": True, "_pdl_trigger": False},
         "plain": {"pdl": False}}
+WIDE = 512  # the merge's grid widened to at least this many programs (narrower column blocks, fewer values a thread)
+WIDE_WAYS = {"early_wide": {**WAYS["early"], "_merge_programs": WIDE},
+             "exit_wide": {**WAYS["exit"], "_merge_programs": WIDE}}
 
 
-def grids(batch: int, config: dict, topk: int = 640, heads: int = 64, d_v: int = 512) -> tuple[int, int]:
+def grids(batch: int, config: dict, topk: int = 640, heads: int = 64, d_v: int = 512,
+          min_merge_programs: int = 0) -> tuple[int, int]:
     """(the split kernel's programs, the merge kernel's programs; 0 without a merge) of ``config`` at ``batch``."""
     from kernels.sparse_decode import combine_grid, split_rows
 
     n_splits = split_rows(topk, config["S"], config["BLOCK_T"])[1]
-    merge = 0 if n_splits == 1 or config.get("MERGE") else math.prod(combine_grid(batch, n_splits, heads, d_v))
+    merge = 0 if n_splits == 1 or config.get("MERGE") else math.prod(combine_grid(batch, n_splits, heads, d_v,
+                                                                                   min_merge_programs))
     return n_splits * config["V_SPLIT"] * batch, merge
 
 
@@ -70,8 +78,9 @@ def measure(args, json_path: Path) -> dict:
             continue
         sets = [kernel.make_inputs(dict(base, batch=batch), "bfloat16", "cuda", seed=1 + k) for k in range(4)]
         ragged = kernel.make_inputs(dict(base, batch=batch, ragged=1), "bfloat16", "cuda", seed=99)
-        row = {"batch": batch, "config": config, "programs": programs, "merge_programs": merge, "idle_sms": sms - programs}
-        for way, opts in WAYS.items():
+        row = {"batch": batch, "config": config, "programs": programs, "merge_programs": merge, "idle_sms": sms - programs,
+               "wide_merge_programs": grids(batch, config, base["topk"], base["heads"], base["d_v"], WIDE)[1]}
+        for way, opts in {**WAYS, **WIDE_WAYS}.items():
             def run(i, out, opts=opts):
                 return sparse_decode_wgmma(i["q"], i["kv"], i["indices"], i["sm_scale"], config, out=out, **opts)
 
@@ -114,6 +123,20 @@ def report(data: dict, source: str) -> str:
         err = max(r[f"{w}_err"] for w in WAYS)
         lines.append(f"| {r['batch']} | {cfg} | {r['programs']} | {r['merge_programs']} | {r['idle_sms']} | {per} | "
                      + " | ".join(cells + ratios) + f" | {err:.5f} |")
+    wide = [r for r in data["rows"] if "early_wide_err" in r]
+    if wide:
+        lines += ["", f"The merge's grid widened to at least {WIDE} programs (narrower column blocks), same run, same "
+                  "configs:", "", "| batch | merge programs | widened | early µs | early widened µs | exit µs | exit "
+                  "widened µs | early / early widened | exit / exit widened | rel. error (worst) |",
+                  "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+        for r in wide:
+            us = {w: r.get(f"{w}_us") for w in ("early", "early_wide", "exit", "exit_wide")}
+            cells = [f"{us[w]:.1f}" if us[w] else "wrong_result" for w in us]
+            ratios = [f"{us[a] / us[b]:.2f}x" if us[a] and us[b] else "-"
+                      for a, b in (("early", "early_wide"), ("exit", "exit_wide"))]
+            err = max(r[f"{w}_err"] for w in WIDE_WAYS)
+            lines.append(f"| {r['batch']} | {r['merge_programs']} | {r['wide_merge_programs']} | "
+                         + " | ".join(cells + ratios) + f" | {err:.5f} |")
     return "\n".join(lines) + "\n"
 
 

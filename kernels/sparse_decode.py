@@ -537,20 +537,23 @@ def sparse_decode(
     return out
 
 
-def combine_grid(B: int, S: int, H: int, d_v: int) -> tuple[int, int, int]:
+def combine_grid(B: int, S: int, H: int, d_v: int, min_programs: int = 0) -> tuple[int, int, int]:
     """The merge kernel's grid for ``S`` splits: (column blocks, heads, requests), each program one [S_PAD, BLOCK_D]
-    float32 tile of 32 values a thread."""
+    float32 tile of 32 values a thread; with ``min_programs``, narrower column blocks (down to 32 columns, fewer
+    values a thread) until the grid has that many programs."""
     block_d = min(d_v, max(32, 4096 // triton.next_power_of_2(S)))
+    while block_d > 32 and (d_v // block_d) * H * B < min_programs:
+        block_d //= 2
     return d_v // block_d, H, B
 
 
-def launch_combine(part: torch.Tensor, lse: torch.Tensor, out: torch.Tensor, pdl: bool) -> None:
+def launch_combine(part: torch.Tensor, lse: torch.Tensor, out: torch.Tensor, pdl: bool, min_programs: int = 0) -> None:
     """Merge the split partials ``part [B, S, H, d_v]`` (normalised; float32, or 16-bit from the wgmma kernel's
     ``PART16``, read and summed in float32) by their log-sum-exp ``lse [B, S, H]``
     (base 2) into ``out [B, H, d_v]``; ``pdl``: launched with programmatic dependent launch (it waits in-kernel for
-    the grid that wrote the partials)."""
+    the grid that wrote the partials); ``min_programs``: see :func:`combine_grid`."""
     B, S, H, d_v = part.shape
-    grid = combine_grid(B, S, H, d_v)
+    grid = combine_grid(B, S, H, d_v, min_programs)
     _combine_kernel[grid](
         part, lse, out, S,
         *part.stride()[:3], *lse.stride()[:2], out.stride(0), out.stride(1),

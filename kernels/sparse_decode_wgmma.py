@@ -872,7 +872,8 @@ def _counters(device, n: int) -> torch.Tensor:
 
 def sparse_decode_wgmma(q: torch.Tensor, kv: torch.Tensor, indices: torch.Tensor, sm_scale: float | None = None,
                         config: dict | None = None, *, d_v: int | None = None, out: torch.Tensor | None = None,
-                        pdl: bool | None = None, _probe: str = "", _pdl_trigger: bool | None = None) -> torch.Tensor:
+                        pdl: bool | None = None, _probe: str = "", _pdl_trigger: bool | None = None,
+                        _merge_programs: int = 0) -> torch.Tensor:
     """Sparse MLA decode on Hopper tensor cores (Gluon); ``q [B, H <= 64, 512]``, ``kv [num_rows, 512]`` in q's
     dtype (bf16/fp16), ``indices [B, topk]`` int32 (negative or >= num_rows: padding); returns ``[B, H, 512]``.
 
@@ -900,7 +901,8 @@ def sparse_decode_wgmma(q: torch.Tensor, kv: torch.Tensor, indices: torch.Tensor
     kernel letting it start as soon as every program of its own has started (``griddepcontrol.launch_dependents``)
     where :func:`merge_starts_early` says so; None = where the GPU has it. ``_pdl_trigger`` (timing only, a correct
     result either way): True / False overrides that rule (False: the merge starts as the split kernel's programs
-    exit, as before 2026-12-01). ``_probe`` (timing only, the result is
+    exit, as before 2026-12-01). ``_merge_programs`` (timing only): the merge kernel's grid widened to at least this
+    many programs (``kernels.sparse_decode.combine_grid``). ``_probe`` (timing only, the result is
     garbage but for ``indices_ahead``): a name of ``_PROBES``, for a warp-specialised config (WS, SPLIT_WG or SEESAW;
     ``no_products`` is not built for SEESAW)."""
     if not HAVE_GLUON:
@@ -958,7 +960,8 @@ def sparse_decode_wgmma(q: torch.Tensor, kv: torch.Tensor, indices: torch.Tensor
         target = gpu_target(q.device)
         pdl = (_PDL and target is not None and target >= (9, 0)) if pdl is None else bool(pdl)
         if pdl and _pdl_trigger is None:
-            _pdl_trigger = merge_starts_early(grid[0] * grid[1], math.prod(combine_grid(B, n_splits, H, d_v)),
+            _pdl_trigger = merge_starts_early(grid[0] * grid[1],
+                                              math.prod(combine_grid(B, n_splits, H, d_v, _merge_programs)),
                                               device_limits(q.device)["sms"])
         meta["PDL"] = pdl and bool(_pdl_trigger)  # the split kernel starts the merge early
     if config.get("WS") or config.get("SPLIT_WG") or config.get("SEESAW"):
@@ -984,7 +987,7 @@ def sparse_decode_wgmma(q: torch.Tensor, kv: torch.Tensor, indices: torch.Tensor
     else:
         _sparse_decode_wgmma_kernel[grid](*args, **meta)
     if not direct and not merge:
-        launch_combine(part, lse, out, pdl)
+        launch_combine(part, lse, out, pdl, _merge_programs)
     return out
 
 

@@ -305,3 +305,23 @@ def test_qk_ahead_refuses_what_it_does_not_handle_by_name():
     plain = MMA.make_inputs(SHAPE, "float16", DEV, seed=1)
     with pytest.raises(ValueError, match=r"qk_ahead needs .* v_split=1"):
         sparse_decode(plain["q"], plain["kv"], plain["indices"], config=_cfg(2), v_split=2, qk_ahead=True)
+
+
+@pytest.mark.parametrize("splits, min_programs", [(10, 512), (10, 16), (3, 64), (1, 0)])
+def test_the_split_k_merge_with_a_wider_grid_matches_the_float64_merge(splits, min_programs):
+    """``launch_combine(min_programs=...)`` narrows the merge's column blocks (down to 32 columns) until its grid has
+    that many programs (batch 1, 10 splits: 8 column blocks of 64 for 512 programs, against 2 of 256); each result
+    matches a float64 merge of the same partials by their log-sum-exps, into NaN-poisoned outputs."""
+    from kernels.sparse_decode import combine_grid, launch_combine
+
+    g = torch.Generator().manual_seed(splits)
+    B, H, d_v = 1, 4, 512
+    part = torch.randn(B, splits, H, d_v, generator=g)
+    lse = torch.randn(B, splits, H, generator=g) * 3
+    w = torch.softmax(lse.double() * math.log(2), dim=1)  # base-2 log-sum-exps
+    ref = (w[..., None] * part.double()).sum(1)
+    out = torch.full((B, H, d_v), float("nan"))
+    launch_combine(part, lse, out, pdl=False, min_programs=min_programs)
+    assert (out.double() - ref).norm() / ref.norm() < 1e-5
+    grid = combine_grid(B, splits, H, d_v, min_programs)
+    assert grid[0] * H * B >= min(min_programs, d_v // 32 * H * B)

@@ -653,6 +653,11 @@ def test_the_pdl_benchmark_counts_each_defaults_programs_and_reports_each_launch
     text = pdl.report(data, "x.json")
     assert "| 1 | S=10 | 80 | 128 | 52 | 2.5 | 8.0 | 8.8 | 9.2 | 1.10x | 1.15x | 0.00300 |" in text
     assert "| 24 | S=3 | 144 | 1536 | -12 | none idle | 20.0 | 19.0 | wrong_result | 0.95x | - | 0.50000 |" in text
+    assert "widened" not in text  # a run before the widened merge
+    data["rows"][0].update(wide_merge_programs=512, early_wide_us=7.5, exit_wide_us=8.0, early_wide_err=0.002,
+                           exit_wide_err=0.004)
+    assert "| 1 | 128 | 512 | 8.0 | 7.5 | 8.8 | 8.0 | 1.07x | 1.10x | 0.00400 |" in pdl.report(data, "x.json")
+    assert pdl.grids(1, default_config(1, 640), min_merge_programs=512) == (80, 512)
     script = ROOT / "benchmarks" / "sparse_decode_wgmma_pdl.py"
     r = subprocess.run([sys.executable, str(script), "--json", str(tmp_path / "x.json")], capture_output=True, text=True,
                        env={**os.environ, "CUDA_VISIBLE_DEVICES": ""})
