@@ -32,7 +32,15 @@ a register operand for the owner's own product, and ptxas serialised every wgmma
 ptxas log. A tunable switch, off by default.
 
 Split-K partials and the merge are the ``tl.dot`` kernel's (same layout, same merge kernel, launched with
-programmatic dependent launch), so the two kernels are interchangeable behind :func:`sparse_decode_wgmma`.
+programmatic dependent launch), so the two kernels are interchangeable behind :func:`sparse_decode_wgmma`. Where
+the merge fits the SMs the split kernel leaves idle (:func:`merge_starts_early`) the split kernel lets it start at
+once (``griddepcontrol.launch_dependents``): batch 1 at 8.7 against 9.3 µs with the merge started as the split
+kernel exits (H200, 2026-12-01, ``kernels_sparse_decode_wgmma_h200_2b6e86b.md``). A wider merge grid (512 programs
+of 64 columns at batch 1, against 128 of 256) measured slower with the early start (0.92x at batch 1, 0.84x at 2;
+``sparse_decode_wgmma_pdl_h200_9105b94.md``) and is not used (``_merge_programs`` times it). Under Nsight Compute,
+which runs each kernel alone with cold caches, batch 1's split kernel took 6.4 µs (749,520 warp instructions over
+80 programs of 8 warps, 7.2 cycles an issue, long-scoreboard stalls first) and its merge 6.0 µs (its 1.3 MB of partials from DRAM, where in a
+decode step they are still in L2; ``data/ncu_wgmma_b1_summary_5e1901b.txt``).
 
 With ``WS=1`` the schedule is warp-specialised instead: a fourth warpgroup (the producer, 88 registers a thread)
 loads q and the indices and issues every gather; each thread's copies arrive on the ring slot's ``ready`` mbarrier
