@@ -216,6 +216,27 @@ def _time(fn, sets, rep_ms):
         return do_bench(fn, sets, rep_ms=rep_ms, max_reps=300, cuda_graph=False)
 
 
+def checked_time(kernel, run, sets, checks, rep_ms, dtype="bfloat16") -> dict:
+    """``run(inputs, out)`` checked first against ``kernel.reference`` on each input set of ``checks``, each into a
+    NaN-poisoned output: ``{"err": worst relative error, "status": "ok" | "wrong_result"}``; within the dtype's
+    tolerance also ``"us"``, the median of :func:`_time` over ``sets`` (one output each)."""
+    err = max(rel_error(run(i, kernel.output_like(i).fill_(float("nan"))), kernel.reference(i)) for i in checks)
+    row = {"err": err, "status": "ok" if err <= kernel.tolerance(dtype) else "wrong_result"}
+    if row["status"] == "ok":
+        outs = [kernel.output_like(i) for i in sets]
+        row["us"] = _time(lambda j: run(sets[j], outs[j]), list(range(len(sets))), rep_ms).median_us
+    return row
+
+
+def run_meta(rep_ms: float, **extra) -> dict:
+    """A GPU run's provenance for a stored JSON (``report_cli.provenance`` prints it): UTC date, GPU, torch, Triton,
+    commit, the timing window."""
+    from benchmarks.tuner_efficiency import _commit
+
+    return {"date": dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"), "gpu": torch.cuda.get_device_name(),
+            "torch": torch.__version__, "triton": triton.__version__, "commit": _commit(), "rep_ms": rep_ms, **extra}
+
+
 def _other_merge_time(name, cfg, sets, rep_ms):
     """The default config with the other split-K merge than the launcher's default (sparse_decode:
     fused into the main launch; gemm: the opposite of its M <= 16 rule)."""

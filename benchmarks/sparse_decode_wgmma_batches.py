@@ -21,7 +21,6 @@ of CUDA-graph replays, L2 flushed before each, 4 input sets rotating):
 
 from __future__ import annotations
 
-import datetime as dt
 import json
 import sys
 from pathlib import Path
@@ -72,19 +71,14 @@ def configs_for(batch: int, shape: dict, device) -> dict:
 
 def measure(args, json_path: Path) -> dict:
     import torch
-    import triton
 
-    from benchmarks.kernels import _time
-    from benchmarks.tuner_efficiency import _commit
-    from kernels.base import rel_error
+    from benchmarks.kernels import checked_time, run_meta
     from kernels.registry import get_kernel
     from kernels.sparse_decode_wgmma import sparse_decode_wgmma
 
     kernel = get_kernel("sparse_decode")
     base = kernel.shapes("v4flash")[0]
-    meta = {"date": dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"), "gpu": torch.cuda.get_device_name(),
-            "torch": torch.__version__, "triton": triton.__version__, "commit": _commit(), "rep_ms": args.rep_ms}
-    tol = kernel.tolerance("bfloat16")
+    meta = run_meta(args.rep_ms)
     rows = []
     for batch in BATCHES:
         shape = dict(base, batch=batch)
@@ -99,14 +93,8 @@ def measure(args, json_path: Path) -> dict:
                 def run(i, out, config=config):
                     return sparse_decode_wgmma(i["q"], i["kv"], i["indices"], i["sm_scale"], config, out=out)
 
-                err = max(rel_error(run(i, kernel.output_like(i).fill_(float("nan"))), kernel.reference(i))
-                          for i in (sets[0], ragged))
-                rec = {"err": err}
-                if err <= tol:
-                    outs = [kernel.output_like(i) for i in sets]
-                    rec["us"] = _time(lambda j, run=run: run(sets[j], outs[j]), list(range(len(sets))),
-                                      args.rep_ms).median_us
-                timed[key] = rec
+                got = checked_time(kernel, run, sets, (sets[0], ragged), args.rep_ms)
+                timed[key] = {k: got[k] for k in ("err", "us") if k in got}
             rows.append({"batch": batch, "way": way, "config": config, "programs": programs(config, batch),
                          **timed[key]})
             print(f"batch {batch} {way} {rows[-1].get('us', 'wrong_result')}", flush=True)

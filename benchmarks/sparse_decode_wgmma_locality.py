@@ -30,7 +30,6 @@ CUDA-graph replays, L2 flushed before each (by reading a clean 256 MB buffer), 4
 
 from __future__ import annotations
 
-import datetime as dt
 import json
 import sys
 from pathlib import Path
@@ -79,19 +78,14 @@ def with_pattern(inputs: dict, pattern: str) -> dict:
 
 def measure(args, json_path: Path) -> dict:
     import torch
-    import triton
 
-    from benchmarks.kernels import _time
-    from benchmarks.tuner_efficiency import _commit
-    from kernels.base import rel_error
+    from benchmarks.kernels import _time, checked_time, run_meta
     from kernels.registry import get_kernel
     from kernels.sparse_decode_wgmma import sparse_decode_wgmma
 
     kernel = get_kernel("sparse_decode")
     base = kernel.shapes("v4flash")[0]
-    meta = {"date": dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"), "gpu": torch.cuda.get_device_name(),
-            "torch": torch.__version__, "triton": triton.__version__, "commit": _commit(), "rep_ms": args.rep_ms}
-    tol = kernel.tolerance("bfloat16")
+    meta = run_meta(args.rep_ms)
 
     def run(inputs, config, out, **opts):
         return sparse_decode_wgmma(inputs["q"], inputs["kv"], inputs["indices"], inputs["sm_scale"], config, out=out,
@@ -100,14 +94,7 @@ def measure(args, json_path: Path) -> dict:
     def checked(config, sets, checks, **opts) -> dict:
         """The worst error against the float32 reference over ``checks`` (each into a NaN-poisoned output), then,
         within the tolerance, the median time over ``sets``."""
-        err = max(rel_error(run(i, config, kernel.output_like(i).fill_(float("nan")), **opts), kernel.reference(i))
-                  for i in checks)
-        row = {"err": err, "status": "ok" if err <= tol else "wrong_result"}
-        if row["status"] == "ok":
-            outs = [kernel.output_like(i) for i in sets]
-            row["us"] = _time(lambda j: run(sets[j], config, outs[j], **opts), list(range(len(sets))),
-                              args.rep_ms).median_us
-        return row
+        return checked_time(kernel, lambda i, out: run(i, config, out, **opts), sets, checks, args.rep_ms)
 
     rows = []
     for batch in (64, 16, 1):

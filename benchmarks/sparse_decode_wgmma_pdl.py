@@ -24,7 +24,6 @@ medians of CUDA-graph replays, L2 flushed before each, 4 input sets rotating.
 
 from __future__ import annotations
 
-import datetime as dt
 import math
 import sys
 from pathlib import Path
@@ -55,21 +54,16 @@ def measure(args, json_path: Path) -> dict:
     import json
 
     import torch
-    import triton
 
-    from benchmarks.kernels import _time
-    from benchmarks.tuner_efficiency import _commit
-    from kernels.base import device_limits, rel_error
+    from benchmarks.kernels import checked_time, run_meta
+    from kernels.base import device_limits
     from kernels.registry import get_kernel
     from kernels.sparse_decode_wgmma import default_config, sparse_decode_wgmma
 
     kernel = get_kernel("sparse_decode")
     base = kernel.shapes("v4flash")[0]
     sms = device_limits("cuda")["sms"]
-    meta = {"date": dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"), "gpu": torch.cuda.get_device_name(),
-            "torch": torch.__version__, "triton": triton.__version__, "commit": _commit(), "rep_ms": args.rep_ms,
-            "sms": sms}
-    tol = kernel.tolerance("bfloat16")
+    meta = run_meta(args.rep_ms, sms=sms)
     rows = []
     for batch in BATCHES:
         config = default_config(batch, base["topk"])
@@ -84,13 +78,10 @@ def measure(args, json_path: Path) -> dict:
             def run(i, out, opts=opts):
                 return sparse_decode_wgmma(i["q"], i["kv"], i["indices"], i["sm_scale"], config, out=out, **opts)
 
-            err = max(rel_error(run(i, kernel.output_like(i).fill_(float("nan"))), kernel.reference(i))
-                      for i in (sets[0], ragged))
-            row[f"{way}_err"] = err
-            if err <= tol:
-                outs = [kernel.output_like(i) for i in sets]
-                row[f"{way}_us"] = _time(lambda j, run=run: run(sets[j], outs[j]), list(range(len(sets))),
-                                         args.rep_ms).median_us
+            got = checked_time(kernel, run, sets, (sets[0], ragged), args.rep_ms)
+            row[f"{way}_err"] = got["err"]
+            if "us" in got:
+                row[f"{way}_us"] = got["us"]
             print(f"batch {batch} {way} {row.get(f'{way}_us', 'wrong_result')}", flush=True)
         rows.append(row)
         torch.cuda.empty_cache()
