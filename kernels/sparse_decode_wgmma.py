@@ -39,8 +39,8 @@ kernel exits (H200, 2026-12-01, ``kernels_sparse_decode_wgmma_h200_2b6e86b.md``)
 of 64 columns at batch 1, against 128 of 256) measured slower with the early start (0.92x at batch 1, 0.84x at 2;
 ``sparse_decode_wgmma_pdl_h200_9105b94.md``) and is not used (``_merge_programs`` times it). Under Nsight Compute,
 which runs each kernel alone with cold caches, batch 1's split kernel took 6.4 µs (749,520 warp instructions over
-80 programs of 8 warps, 7.2 cycles an issue, long-scoreboard stalls first) and its merge 6.0 µs (its 1.3 MB of partials from DRAM, where in a
-decode step they are still in L2; ``data/ncu_wgmma_b1_summary_5e1901b.txt``).
+80 programs of 8 warps, 7.2 cycles an issue, long-scoreboard stalls first) and its merge 6.0 µs (its 1.3 MB of
+partials from DRAM, where in a decode step they are still in L2; ``data/ncu_wgmma_b1_summary_5e1901b.txt``).
 
 With ``WS=1`` the schedule is warp-specialised instead: a fourth warpgroup (the producer, 88 registers a thread)
 loads q and the indices and issues every gather; each thread's copies arrive on the ring slot's ``ready`` mbarrier
@@ -104,6 +104,7 @@ Its sm_90 build is checked on CPU and its numerics on the GPU (``tests/kernels/t
 
 from __future__ import annotations
 
+import functools
 import math
 
 import torch
@@ -866,6 +867,12 @@ _PROBES = {"no_copies": 1, "no_products": 2, "indices_ahead": 0}  # indices_ahea
 _COUNTERS: dict[str, torch.Tensor] = {}
 
 
+@functools.lru_cache(maxsize=None)
+def _sms(device: str) -> int:
+    """The SM count of ``device`` (an H200's 132 without a GPU), read once."""
+    return device_limits(device)["sms"]
+
+
 def _counters(device, n: int) -> torch.Tensor:
     """MERGE's arrival counters, one per (request, column slice): int32 zeros, kept per device and grown on demand.
     The last program of a request's splits resets its counter, so a launch leaves them at zero for the next one (and
@@ -970,7 +977,7 @@ def sparse_decode_wgmma(q: torch.Tensor, kv: torch.Tensor, indices: torch.Tensor
         if pdl and _pdl_trigger is None:
             _pdl_trigger = merge_starts_early(grid[0] * grid[1],
                                               math.prod(combine_grid(B, n_splits, H, d_v, _merge_programs)),
-                                              device_limits(q.device)["sms"])
+                                              _sms(str(q.device)))
         meta["PDL"] = pdl and bool(_pdl_trigger)  # the split kernel starts the merge early
     if config.get("WS") or config.get("SPLIT_WG") or config.get("SEESAW"):
         meta["IDX_TILES"] = index_tiles(config, shape)
