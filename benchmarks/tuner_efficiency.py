@@ -369,8 +369,16 @@ GEMM_M64_HELD_OUT = [  # fixed 2026-11-30 before it ran, after the kernel search
     *(SweepCase("gemm", {"M": 64, **nk}) for nk in _GEMM_FRESH),
     *(SweepCase("gemm", {"M": 64, **nk}, optional=True) for nk in _GEMM),
 ]
+WGMMA_SAMPLE = 600
+WGMMA_HELD_OUT = [  # fixed 2026-12-01 before it ran: the Gluon wgmma sparse decode (the H200's default attention
+    # kernel; 4389 canonical configs a batch, too many to compile and time whole in one device session), a uniform
+    # sample at batch 64 then 1; never read to set anything, only reported
+    SweepCase("sparse_decode_wgmma", {"batch": 64, **_SD}, max_configs=WGMMA_SAMPLE),
+    SweepCase("sparse_decode_wgmma", {"batch": 1, **_SD}, max_configs=WGMMA_SAMPLE, optional=True),
+]
 CASE_SETS = {"issue20_held_out": GPU_CASES, "gemm_aligned_tuning": GEMM_ALIGNED_TUNING,
-             "gemm_aligned_held_out": GEMM_ALIGNED_HELD_OUT, "gemm_m64_held_out": GEMM_M64_HELD_OUT}
+             "gemm_aligned_held_out": GEMM_ALIGNED_HELD_OUT, "gemm_m64_held_out": GEMM_M64_HELD_OUT,
+             "wgmma_held_out": WGMMA_HELD_OUT}
 """``--cases``: which sweep ``--gpu`` runs (a tuning set and a held-out set go to separate files)."""
 
 

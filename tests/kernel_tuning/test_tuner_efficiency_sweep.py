@@ -58,6 +58,21 @@ def test_aligned_gemm_sets_keep_tuning_and_held_out_shapes_apart(te):
         assert all((c.max_configs is None) == (c.shape["M"] < 64) for c in cases)  # M=1, 16 exhaustive
 
 
+def test_the_wgmma_held_out_set_samples_the_kernels_space_with_its_default_in_it(te):
+    """The Gluon sparse decode's held-out set: a 600-config sample of its canonical configs at batch 64 and 1, held
+    out, each holding the batch's default (every search runs it first)."""
+    from kernels.registry import get_kernel
+
+    wg = get_kernel("sparse_decode_wgmma")
+    cases = te.CASE_SETS["wgmma_held_out"]
+    assert [c.shape["batch"] for c in cases] == [64, 1] and all(c.held_out for c in cases)
+    for case in cases:
+        configs, space_size = te.sweep_configs(case, None)
+        assert len(configs) == te.WGMMA_SAMPLE < space_size
+        assert wg.canonical_config(wg.default_config(case.shape), case.shape) in configs
+        assert all(wg.canonical_config(c, case.shape) == c for c in configs)
+
+
 def test_every_sweep_case_times_its_default_and_starting_configs(te):
     from kernels.registry import get_kernel
 
