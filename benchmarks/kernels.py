@@ -335,11 +335,11 @@ def _wgmma_launch_rows(row, shape, sets, rep_ms, best_cfg):
     (``best_early_us``), started only as the split kernel's programs exit (``best_no_trigger_us``, the launch before
     2026-12-01), and both kernels launched plainly (``best_no_pdl_us``); the best's own time is the launcher's choice
     (``merge_starts_early``)."""
-    from kernels.sparse_decode import split_rows
+    from benchmarks.sparse_decode_wgmma_pdl import grids
     from kernels.sparse_decode_wgmma import sparse_decode_wgmma
 
     cfg = {**get_kernel("sparse_decode_wgmma").default_config(shape), **best_cfg}
-    if split_rows(shape["topk"], cfg["S"], cfg["BLOCK_T"])[1] == 1 or cfg.get("MERGE"):
+    if not grids(shape["batch"], cfg, shape["topk"], shape["heads"], shape["d_v"])[1]:  # no merge kernel follows
         return
     for key, opts in (("best_early_us", {"pdl": True, "_pdl_trigger": True}),
                       ("best_no_trigger_us", {"pdl": True, "_pdl_trigger": False}), ("best_no_pdl_us", {"pdl": False})):
