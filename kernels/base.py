@@ -200,6 +200,11 @@ class TunableKernel(abc.ABC):
         The result is checked by ``check_config`` like any tuned config (the default config if it fails)."""
         return config
 
+    def fit_dtype(self, config: dict, shape: dict, dtype: Any) -> dict:
+        """``config`` (a default or tuned config, which are dtype-blind) made fit for inputs of ``dtype``; ``config``
+        itself unless some dtype needs other fields (a schedule that widens an fp8 cache, a smaller ring)."""
+        return config
+
     def recorded_time_us(self, config: dict, shape: dict) -> float | None:
         """A recorded GPU timing of ``config`` at ``shape``, for kernels that replay measured tables on a CPU (tests,
         strategy studies); None: time it for real."""

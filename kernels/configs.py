@@ -187,7 +187,7 @@ def lookup(kernel_name: str, shape: dict, dtype, device: Any = None) -> dict:
     cached = _CACHE.get(cache_key)
     if cached is not None:
         return dict(cached)
-    config = kernel.default_config(shape)
+    config = kernel.fit_dtype(kernel.default_config(shape), shape, dtype)
     entries = read_config_file(config_path(kernel_name, gpu, dtype))
     found = nearest_key(entries, key, kernel.batch_dim)
     if found is not None:

@@ -110,9 +110,10 @@ import math
 import torch
 import triton
 
-from .base import device_limits, gpu_target
+from .base import device_limits, dtype_of, gpu_target
 from .configs import tuned_config
 from .sparse_decode import (
+    _FP8,
     _PDL,
     LOG2E,
     _check_args,
@@ -202,6 +203,19 @@ def splits_within(batch: int, topk: int, v_split: int, block_t: int) -> int:
     tiles = -(-max(topk, 1) // block_t)
     return next((n for n in (split_rows(max(topk, 1), s, block_t)[1] for s in range(tiles, 0, -1))
                  if batch * v_split * n <= ONE_WAVE), 1)
+
+
+FP8_STAGES_MAX = 4
+"""An fp8 cache: at most this many staging slots of gathered fp8 rows in the producer (three tiles in flight)."""
+
+
+def fp8_stages(config: dict, shape: dict) -> int:
+    """The producer's fp8 staging slots for ``config`` (:func:`_ws_gather_fp8`): as many as the block's shared
+    memory holds beside the 16-bit ring, q and the rest, up to ``FP8_STAGES_MAX``; below 2 the config cannot take an
+    fp8 cache."""
+    per = config["BLOCK_T"] * (shape["d_qk"] + 4)  # a tile's fp8 rows and their float32 scales
+    free = SM90_SMEM - SparseDecodeWgmmaKernel.instance.smem_bytes(config, shape)
+    return max(0, min(FP8_STAGES_MAX, free // per))
 
 
 def default_config(batch: int, topk: int) -> dict:
@@ -474,11 +488,87 @@ if HAVE_GLUON:
             gl.store(out_base + c * CW, o.to(out_ptr.dtype.element_ty), mask=(offs_ho < H)[:, None])
 
     @gluon.jit
+    def _fp8_rows(idx_base, idx_smem, start, end, t, offs, IDX_TILES: gl.constexpr, LAYOUT: gl.constexpr):
+        """Tile ``t``'s row numbers in ``offs``' layout (``LAYOUT``): from the producer's index table (past its last
+        tile, the last tile's: such rows are never copied), or from DRAM (-1 past the split's end)."""
+        if IDX_TILES > 0:
+            rows = idx_smem.index(gl.minimum(t, IDX_TILES - 1)).load(LAYOUT)
+        else:
+            rows = _tile_rows(idx_base, start, end, t, offs)
+        return rows
+
+    @gluon.jit
+    def _issue_fp8_tile(stage, sc_stage, kv_ptr, scale_ptr, rows, rows_s, num_rows, stride_kv, offs_d):
+        """Start the ``cp.async`` copies of an fp8 tile's rows into ``stage`` and of their scales into ``sc_stage``
+        (zeros for padding rows); the caller commits the group."""
+        _issue_tile(stage, kv_ptr, rows, num_rows, stride_kv, offs_d)
+        valid = (rows_s >= 0) & (rows_s < num_rows)
+        _async_load(sc_stage, scale_ptr + gl.where(valid, rows_s, 0).to(gl.int64), mask=valid)
+
+    @gluon.jit
+    def _dequant_tile(stage, sc_stage, dst, BLOCK_T: gl.constexpr, DV: gl.constexpr, GATHER_WARPS: gl.constexpr):
+        """Widen a landed fp8 tile to the ring's 16-bit dtype, each row times its scale, 64 columns at a time (32
+        values a thread at most: the producer holds 88 registers)."""
+        CH: gl.constexpr = 64
+        cv_l: gl.constexpr = gl.BlockedLayout([1, 16], [8, 4], [GATHER_WARPS, 1], [1, 0])
+        sc = sc_stage.load(gl.SliceLayout(1, cv_l))
+        for c in gl.static_range(DV // CH):
+            x = stage.slice(c * CH, CH, dim=1).load(cv_l)
+            dst.slice(c * CH, CH, dim=1).store((x.to(gl.float32) * sc[:, None]).to(dst.dtype))
+
+    @gluon.jit
+    def _ws_gather_fp8(kv_ptr, scale_ptr, idx_base, kv_smem, stage_smem, sc_smem, ready, empty, idx_smem,
+                       start, end, n_tiles, num_rows, stride_kv, col_off, DV: gl.constexpr, BLOCK_T: gl.constexpr,
+                       STAGES: gl.constexpr, V_SPLIT: gl.constexpr, GATHER_WARPS: gl.constexpr,
+                       IDX_TILES: gl.constexpr, FP8_STAGES: gl.constexpr):
+        """The producer's loop for an fp8 cache: each tile's rows (512 bytes each) and their float32 scales are copied
+        by ``cp.async`` into a staging ring of ``FP8_STAGES`` slots, ``FP8_STAGES - 1`` tiles ahead; once a tile has
+        landed the producer widens it (:func:`_dequant_tile`) into the 16-bit ring slot the consumers released and
+        arrives on its ``ready`` barrier (one arrival, after the partition's barrier). The consumers see a 16-bit
+        tile, as from a 16-bit cache: half the bytes leave DRAM, and the rows are rounded to 16 bits once, here."""
+        c8_l: gl.constexpr = gl.BlockedLayout([1, 16], [1, 32], [GATHER_WARPS, 1], [1, 0])  # 16 fp8 a thread
+        sc_l: gl.constexpr = gl.BlockedLayout([1], [32], [GATHER_WARPS], [0])
+        rl: gl.constexpr = gl.SliceLayout(1, c8_l)
+        offs_t = gl.arange(0, BLOCK_T, layout=rl)
+        offs_s = gl.arange(0, BLOCK_T, layout=sc_l)
+        offs_d = gl.arange(0, DV, layout=gl.SliceLayout(0, c8_l))
+        if V_SPLIT > 1:  # rotated as the 16-bit copies are
+            offs_d = (offs_d + col_off) % DV
+        for i in gl.static_range(FP8_STAGES - 1):
+            if i < n_tiles:
+                _issue_fp8_tile(stage_smem.index(i), sc_smem.index(i), kv_ptr, scale_ptr,
+                                _fp8_rows(idx_base, idx_smem, start, end, i, offs_t, IDX_TILES, rl),
+                                _fp8_rows(idx_base, idx_smem, start, end, i, offs_s, IDX_TILES, sc_l),
+                                num_rows, stride_kv, offs_d)
+            async_copy.commit_group()
+        rows_c = _fp8_rows(idx_base, idx_smem, start, end, FP8_STAGES - 1, offs_t, IDX_TILES, rl)
+        rows_cs = _fp8_rows(idx_base, idx_smem, start, end, FP8_STAGES - 1, offs_s, IDX_TILES, sc_l)
+        for t in range(n_tiles):
+            nxt = t + FP8_STAGES - 1  # its staging slot was widened at t - 1, before that iteration's barrier
+            if nxt < n_tiles:
+                _issue_fp8_tile(stage_smem.index(nxt % FP8_STAGES), sc_smem.index(nxt % FP8_STAGES), kv_ptr,
+                                scale_ptr, rows_c, rows_cs, num_rows, stride_kv, offs_d)
+            async_copy.commit_group()
+            rows_c = _fp8_rows(idx_base, idx_smem, start, end, nxt + 1, offs_t, IDX_TILES, rl)
+            rows_cs = _fp8_rows(idx_base, idx_smem, start, end, nxt + 1, offs_s, IDX_TILES, sc_l)
+            async_copy.wait_group(FP8_STAGES - 1)  # this thread's copies of tile t have landed
+            _thread_barrier()  # ... and every producer thread's
+            slot = t % STAGES
+            mbarrier.wait(empty.index(slot), ((t // STAGES) & 1) ^ 1)  # the first pass finds every slot free
+            _dequant_tile(stage_smem.index(t % FP8_STAGES), sc_smem.index(t % FP8_STAGES), kv_smem.index(slot),
+                          BLOCK_T, DV, GATHER_WARPS)
+            fence_async_shared()  # the widened tile (generic proxy writes) before the tensor cores' reads
+            _thread_barrier()  # every producer thread's part of the tile is written
+            mbarrier.arrive(ready.index(slot))
+        async_copy.wait_group(0)  # no copy outlives the program
+
+    @gluon.jit
     def _ws_gather(q_ptr, kv_ptr, idx_ptr, q_smem, kv_smem, q_bar, ready, empty,
                    H, num_rows, topk, rows_per_split, stride_qb, stride_qh, stride_kv, stride_ib,
                    DV: gl.constexpr, BLOCK_H: gl.constexpr, BLOCK_T: gl.constexpr, STAGES: gl.constexpr,
                    V_SPLIT: gl.constexpr, GATHER_WARPS: gl.constexpr, PROBE: gl.constexpr,
-                   idx_smem, idx_bar, IDX_TILES: gl.constexpr):
+                   idx_smem, idx_bar, IDX_TILES: gl.constexpr,
+                   scale_ptr, stage_smem, sc_smem, FP8_STAGES: gl.constexpr):
         """WS's producer warpgroup: q, then each tile's selected rows into the ring by ``cp.async``. A slot is
         refilled once the consumers have released it (``empty``); each thread's copies arrive on the slot's
         ``ready`` barrier when they land (``cp.async.mbarrier.arrive.noinc``), so no warp waits for a copy here.
@@ -507,6 +597,11 @@ if HAVE_GLUON:
                 gl.load(idx_base + pos, mask=pos < end, other=-1))
             _thread_barrier()  # the producer's warps: every row number is in the table
             mbarrier.arrive(idx_bar)  # ... and the consumers may read it (release; their wait acquires)
+        if FP8_STAGES > 0:
+            _ws_gather_fp8(kv_ptr, scale_ptr, idx_base, kv_smem, stage_smem, sc_smem, ready, empty, idx_smem,
+                           start, end, n_tiles, num_rows, stride_kv, col_off, DV, BLOCK_T, STAGES, V_SPLIT,
+                           GATHER_WARPS, IDX_TILES, FP8_STAGES)
+        elif IDX_TILES > 0:
             for t in range(n_tiles):
                 slot = t % STAGES
                 rows = idx_smem.index(t).load(gl.SliceLayout(1, copy_l))
@@ -762,6 +857,7 @@ if HAVE_GLUON:
         MERGE: gl.constexpr, S_PAD: gl.constexpr, GATHER_WARPS: gl.constexpr, GATHER_REGS: gl.constexpr,
         SPLIT_WG: gl.constexpr = False, WG_REGS: gl.constexpr = 0, PROBE: gl.constexpr = 0,
         IDX_TILES: gl.constexpr = 0, SEESAW: gl.constexpr = False, PDL: gl.constexpr = False,
+        scale_ptr=None, FP8_STAGES: gl.constexpr = 0,
     ):
         """The warp-specialised schedule (``WS=1``): a producer warpgroup gathers, two consumer warpgroups compute;
         they meet on mbarriers, one ``ready`` and one ``empty`` per ring slot."""
@@ -785,6 +881,14 @@ if HAVE_GLUON:
             idx_smem = gl.allocate_shared_memory(gl.int32, [IDX_TILES, BLOCK_T], gl.SwizzledSharedLayout(1, 1, 1, [0]))
         else:
             idx_smem = q_smem  # unused (warp_specialize takes no None)
+        if FP8_STAGES > 0:  # an fp8 cache: the producer's staging ring of fp8 rows and their float32 scales
+            stage_smem = gl.allocate_shared_memory(kv_ptr.dtype.element_ty, [FP8_STAGES, BLOCK_T, DV],
+                                                   gl.NVMMASharedLayout(swizzle_byte_width=64, element_bitwidth=8,
+                                                                        rank=2))
+            sc_smem = gl.allocate_shared_memory(gl.float32, [FP8_STAGES, BLOCK_T], gl.SwizzledSharedLayout(1, 1, 1, [0]))
+        else:
+            stage_smem = q_smem  # unused
+            sc_smem = q_smem
         q_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
         idx_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
         ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
@@ -792,7 +896,8 @@ if HAVE_GLUON:
         mbarrier.init(q_bar, count=GATHER_WARPS * 32)  # one arrival per producer thread, when its copies land
         mbarrier.init(idx_bar, count=1)  # the producer's table is written (one arrival: the partition's)
         for i in gl.static_range(STAGES):
-            mbarrier.init(ready.index(i), count=GATHER_WARPS * 32)
+            # one arrival per producer thread as its copies land; an fp8 tile: one, once the partition widened it
+            mbarrier.init(ready.index(i), count=1 if FP8_STAGES > 0 else GATHER_WARPS * 32)
             # one arrival a consumer partition (Gluon arrives once a partition, after its barrier); SEESAW's two
             # consumers both read every slot
             mbarrier.init(empty.index(i), count=2 if SEESAW else 1)
@@ -808,7 +913,7 @@ if HAVE_GLUON:
                 (_ws_gather, (q_ptr, kv_ptr, idx_ptr, q_smem, kv_smem, q_bar, ready, empty,
                               H, num_rows, topk, rows_per_split, stride_qb, stride_qh, stride_kv, stride_ib,
                               DV, BLOCK_H, BLOCK_T, STAGES, V_SPLIT, GATHER_WARPS, PROBE, idx_smem, idx_bar,
-                              IDX_TILES)),
+                              IDX_TILES, scale_ptr, stage_smem, sc_smem, FP8_STAGES)),
                 (_ws_compute_seesaw, (q_smem, kv_smem, p_smem, st_smem, q_bar, ready, empty, pready, idx_ptr, part_ptr,
                                       lse_ptr, out_ptr, sem_ptr, H, num_rows, topk, rows_per_split, qk_scale, n_splits,
                                       stride_ib, stride_pb, stride_ps, stride_ph, stride_lb, stride_ls, stride_ob,
@@ -834,7 +939,7 @@ if HAVE_GLUON:
                 (_ws_gather, (q_ptr, kv_ptr, idx_ptr, q_smem, kv_smem, q_bar, ready, empty,
                               H, num_rows, topk, rows_per_split, stride_qb, stride_qh, stride_kv, stride_ib,
                               DV, BLOCK_H, BLOCK_T, STAGES, V_SPLIT, GATHER_WARPS, PROBE, idx_smem, idx_bar,
-                              IDX_TILES)),
+                              IDX_TILES, scale_ptr, stage_smem, sc_smem, FP8_STAGES)),
                 (_ws_compute_wg, (q_smem, kv_smem, p_smem, q_bar, ready, empty, done, hand_ml, idx_ptr, part_ptr, lse_ptr,
                                   out_ptr, sem_ptr, H, num_rows, topk, rows_per_split, qk_scale, n_splits, stride_ib,
                                   stride_pb, stride_ps, stride_ph, stride_lb, stride_ls, stride_ob, stride_oh,
@@ -857,7 +962,7 @@ if HAVE_GLUON:
                 (_ws_gather, (q_ptr, kv_ptr, idx_ptr, q_smem, kv_smem, q_bar, ready, empty,
                               H, num_rows, topk, rows_per_split, stride_qb, stride_qh, stride_kv, stride_ib,
                               DV, BLOCK_H, BLOCK_T, STAGES, V_SPLIT, GATHER_WARPS, PROBE, idx_smem, idx_bar,
-                              IDX_TILES)),
+                              IDX_TILES, scale_ptr, stage_smem, sc_smem, FP8_STAGES)),
             ], [GATHER_WARPS], [GATHER_REGS])
 
 # timing probes of the warp-specialised schedule: its handshakes and products without the rows' copies (what is left
@@ -887,10 +992,14 @@ def _counters(device, n: int) -> torch.Tensor:
 
 def sparse_decode_wgmma(q: torch.Tensor, kv: torch.Tensor, indices: torch.Tensor, sm_scale: float | None = None,
                         config: dict | None = None, *, d_v: int | None = None, out: torch.Tensor | None = None,
-                        pdl: bool | None = None, _probe: str = "", _pdl_trigger: bool | None = None,
-                        _merge_programs: int = 0) -> torch.Tensor:
+                        kv_scale: torch.Tensor | None = None, pdl: bool | None = None, _probe: str = "",
+                        _pdl_trigger: bool | None = None, _merge_programs: int = 0) -> torch.Tensor:
     """Sparse MLA decode on Hopper tensor cores (Gluon); ``q [B, H <= 64, 512]``, ``kv [num_rows, 512]`` in q's
-    dtype (bf16/fp16), ``indices [B, topk]`` int32 (negative or >= num_rows: padding); returns ``[B, H, 512]``.
+    dtype (bf16/fp16) or in float8 e4m3 with ``kv_scale`` (float32 ``[num_rows]``, row r holds
+    ``kv[r] * kv_scale[r]``, as :func:`kernels.sparse_decode.sparse_decode` takes it: half the bytes of a 16-bit
+    cache; the producer warpgroup widens each gathered tile to q's dtype, so an fp8 cache needs WS, SPLIT_WG or
+    SEESAW, and :meth:`SparseDecodeWgmmaKernel.fit_dtype` makes a config fit), ``indices [B, topk]`` int32 (negative
+    or >= num_rows: padding); returns ``[B, H, 512]``.
 
     ``config``: None = the tuned config for this GPU and shape (``kernels/configs``), else :func:`default_config`;
     a dict's keys are each optional, the rest from :func:`default_config`: ``S`` (at most this many splits of the
@@ -923,10 +1032,8 @@ def sparse_decode_wgmma(q: torch.Tensor, kv: torch.Tensor, indices: torch.Tensor
     if not HAVE_GLUON:
         raise RuntimeError(f"sparse_decode_wgmma: this Triton ({triton.__version__}) has no Gluon Hopper API; "
                            "use kernels.sparse_decode.sparse_decode")
-    if kv.dtype != q.dtype:  # before _check_args, whose fp8 message asks for a kv_scale this kernel does not take
-        raise ValueError(f"sparse_decode_wgmma: kv {kv.dtype} must be q's dtype ({q.dtype}); an fp8 cache with row "
-                         "scales: use kernels.sparse_decode.sparse_decode")
-    B, H, d_qk, d_v = _check_args(q, kv, indices, d_v, out)
+    B, H, d_qk, d_v = _check_args(q, kv, indices, d_v, out, kv_scale)
+    fp8 = kv.dtype != q.dtype  # _check_args: an fp8 cache with its row scales
     problems = []
     if H > WGMMA_HEADS:
         problems.append(f"heads={H} (at most {WGMMA_HEADS})")
@@ -939,10 +1046,10 @@ def sparse_decode_wgmma(q: torch.Tensor, kv: torch.Tensor, indices: torch.Tensor
     kernel = SparseDecodeWgmmaKernel.instance
     shape = _shape_of(q, kv, indices, d_v)
     if config is None:
-        config = tuned_config(kernel, shape, q.dtype, q.device)
+        config = tuned_config(kernel, shape, kv.dtype, q.device)
     else:
-        config = {**kernel.default_config(shape), **config}
-        kernel.require_config(config, shape, q.device, q.dtype)
+        config = {**kernel.fit_dtype(kernel.default_config(shape), shape, kv.dtype), **config}
+        kernel.require_config(config, shape, q.device, kv.dtype)
     topk = indices.shape[1]
     sm_scale = 1.0 / math.sqrt(d_qk) if sm_scale is None else float(sm_scale)
     rows_per_split, n_splits = split_rows(topk, config["S"], config["BLOCK_T"])
@@ -981,7 +1088,11 @@ def sparse_decode_wgmma(q: torch.Tensor, kv: torch.Tensor, indices: torch.Tensor
         meta["PDL"] = pdl and bool(_pdl_trigger)  # the split kernel starts the merge early
     if config.get("WS") or config.get("SPLIT_WG") or config.get("SEESAW"):
         meta["IDX_TILES"] = index_tiles(config, shape)
+    if fp8:
+        meta["FP8_STAGES"] = fp8_stages(config, shape)
     if _probe:
+        if fp8:
+            raise ValueError(f"sparse_decode_wgmma: _probe={_probe!r} is not built for an fp8 cache; drop _probe")
         if _probe not in _PROBES or not (config.get("WS") or config.get("SPLIT_WG") or config.get("SEESAW")):
             raise ValueError(f"sparse_decode_wgmma: _probe={_probe!r}: one of {sorted(_PROBES)}, with WS=1, "
                              "SPLIT_WG=1 or SEESAW=1")
@@ -991,14 +1102,15 @@ def sparse_decode_wgmma(q: torch.Tensor, kv: torch.Tensor, indices: torch.Tensor
         meta["PROBE"] = _PROBES[_probe]
         if _probe == "indices_ahead":
             meta["IDX_TILES"] = 0
+    scale = kv_scale if fp8 else kv  # unused without an fp8 cache (warp_specialize takes no None)
     if config.get("SPLIT_WG") or config.get("SEESAW"):  # the producer's 4 warps are the default partition, two
         meta["num_warps"] = 4  # 4-warp consumers: 12 warps
         _sparse_decode_wgmma_ws_kernel[grid](*args, **meta, GATHER_WARPS=GATHER_WARPS, GATHER_REGS=GATHER_REGS,
                                              SPLIT_WG=not config.get("SEESAW"), SEESAW=bool(config.get("SEESAW")),
-                                             WG_REGS=WG_REGS, maxnreg=WS_MAXNREG)
+                                             WG_REGS=WG_REGS, maxnreg=WS_MAXNREG, scale_ptr=scale)
     elif config.get("WS"):
         _sparse_decode_wgmma_ws_kernel[grid](*args, **meta, GATHER_WARPS=GATHER_WARPS, GATHER_REGS=GATHER_REGS,
-                                             maxnreg=WS_MAXNREG)
+                                             maxnreg=WS_MAXNREG, scale_ptr=scale)
     else:
         _sparse_decode_wgmma_kernel[grid](*args, **meta)
     if not direct and not merge:
@@ -1011,7 +1123,7 @@ class SparseDecodeWgmmaKernel(_SparseDecodeBase):
     heads of 512 at most, a 16-bit cache, an sm_90 GPU (Gluon does not run in the Triton interpreter)."""
 
     name = "sparse_decode_wgmma"
-    dtypes = ("bfloat16", "float16")
+    dtypes = ("bfloat16", "float16", "float8_e4m3fn")
     switches = ("P_SMEM", "PART16", "STORE_CVT", "WS", "MERGE", "SPLIT_WG", "SEESAW")
     instance: SparseDecodeWgmmaKernel
 
@@ -1027,6 +1139,24 @@ class SparseDecodeWgmmaKernel(_SparseDecodeBase):
 
     def default_config(self, shape):
         return default_config(shape["batch"], shape["topk"])
+
+    def fit_dtype(self, config, shape, dtype):
+        """An fp8 cache: the warp-specialised producer widens its rows (``WS=1`` where the config has no producer
+        warpgroup), and the 16-bit ring gives up slots (two at least, an even count with SPLIT_WG) until two fp8
+        staging slots fit beside it (:func:`fp8_stages`); where even two slots of 64-row tiles leave no room (q's 64
+        KiB, the ring's 128 and two 32 KiB staging slots are over the block's 227), 32-row tiles (the same splits)."""
+        if dtype_of(dtype) != _FP8:
+            return config
+        out = dict(config)
+        if not (out.get("WS") or out.get("SPLIT_WG") or out.get("SEESAW")):
+            out["WS"] = 1
+        for block_t in dict.fromkeys((out["BLOCK_T"], 32)):
+            fit = {**out, "BLOCK_T": block_t}
+            while fp8_stages(fit, shape) < 2 and fit["STAGES"] > 2:
+                fit["STAGES"] -= 2 if fit.get("SPLIT_WG") else 1
+            if fp8_stages(fit, shape) >= 2:
+                return fit
+        return out
 
     def adapt_config(self, config, tuned_shape, shape):
         """A config tuned at another batch keeps its tiles, ring and switches, but its split count is set for this
@@ -1113,6 +1243,14 @@ class SparseDecodeWgmmaKernel(_SparseDecodeBase):
         smem, limit = self.smem_bytes(config, shape), device_limits(device)["shared_memory"]
         if smem > limit:
             return f"shared_memory: {smem // 1024} KiB > {limit // 1024} KiB"
+        if dtype is not None and dtype_of(dtype) == _FP8:
+            if not (config.get("WS") or config.get("SPLIT_WG") or config.get("SEESAW")):
+                return ("fp8_cache: an fp8 cache needs the producer warpgroup that widens its rows (WS=1, SPLIT_WG=1 "
+                        "or SEESAW=1); got WS=0")
+            if fp8_stages(config, shape) < 2:
+                per = config["BLOCK_T"] * (shape["d_qk"] + 4)
+                return (f"shared_memory: an fp8 cache needs two staging slots of {per // 1024} KiB beside "
+                        f"{smem // 1024} KiB (at most {SM90_SMEM // 1024} KiB); lower STAGES or BLOCK_T")
         return None
 
     def shapes(self, preset="v4flash"):
@@ -1125,7 +1263,7 @@ class SparseDecodeWgmmaKernel(_SparseDecodeBase):
 
     def run(self, inputs, config=None, out=None):
         return sparse_decode_wgmma(inputs["q"], inputs["kv"], inputs["indices"], inputs["sm_scale"], config,
-                                   d_v=inputs["d_v"], out=out)
+                                   d_v=inputs["d_v"], out=out, kv_scale=inputs.get("kv_scale"))
 
 
 SparseDecodeWgmmaKernel.instance = SparseDecodeWgmmaKernel()

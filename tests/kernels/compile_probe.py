@@ -15,7 +15,8 @@ tensors, as the compile helpers do; ``real`` from real CPU tensors, as a trial's
     python compile_probe.py wgmma SHAPE_JSON CONFIG_JSON [KWARGS_JSON]
                                               (the Gluon sparse-decode kernel's sm_90 build: instruction counts
                                                in its PTX; registers and local memory by cuobjdump; KWARGS: more
-                                               keyword arguments of the launch, such as pdl)
+                                               keyword arguments of the launch, such as pdl; kv_fp8: an fp8
+                                               cache with row scales)
 """
 
 import json
@@ -74,11 +75,16 @@ def wgmma_build(shape: dict, config: dict, kwargs: dict | None = None) -> dict:
         return compiled
 
     JITFunction.run = keep
+    kwargs = dict(kwargs or {})
+    fp8 = kwargs.pop("kv_fp8", False)  # an fp8 cache with row scales
     q = torch.empty(shape["batch"], shape["heads"], shape["d_qk"], dtype=torch.bfloat16, device="meta")
-    kv = torch.empty(shape["num_rows"], shape["d_qk"], dtype=torch.bfloat16, device="meta")
+    kv = torch.empty(shape["num_rows"], shape["d_qk"], dtype=torch.float8_e4m3fn if fp8 else torch.bfloat16,
+                     device="meta")
+    if fp8:
+        kwargs["kv_scale"] = torch.empty(shape["num_rows"], dtype=torch.float32, device="meta")
     idx = torch.empty(shape["batch"], shape["topk"], dtype=torch.int32, device="meta")
     with jit_compile_only():
-        sparse_decode_wgmma(q, kv, idx, None, config, **(kwargs or {}))
+        sparse_decode_wgmma(q, kv, idx, None, config, **kwargs)
     compiled = next(v for k, v in builds.items() if k.startswith("_sparse_decode_wgmma"))  # plain or WS
     ptx = compiled.asm["ptx"]
     if os.environ.get("PROBE_PTX"):  # for reading by hand

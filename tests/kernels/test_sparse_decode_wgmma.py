@@ -63,11 +63,108 @@ def test_sparse_decode_wgmma_rejects_shapes_it_cannot_run_with_one_line(change, 
 
 
 @needs_gluon
-def test_sparse_decode_wgmma_sends_an_fp8_cache_to_the_kernel_that_takes_row_scales():
+def test_sparse_decode_wgmma_asks_an_fp8_cache_for_its_row_scales_and_refuses_timing_probes_on_it():
     q, kv, idx = _inputs(1)
-    with pytest.raises(ValueError, match=r"kv torch.float8_e4m3fn must be q's dtype \(torch.bfloat16\); an fp8 cache "
-                                         r"with row scales: use kernels.sparse_decode.sparse_decode"):
+    with pytest.raises(ValueError, match=r"an fp8 kv cache needs kv_scale: float32 \[4096\] \(one scale per row\), "
+                                         r"got None"):
         sparse_decode_wgmma(q, kv.to(torch.float8_e4m3fn), idx)
+    scale = torch.ones(4096)
+    with pytest.raises(ValueError, match=r"_probe='no_copies' is not built for an fp8 cache; drop _probe"):
+        sparse_decode_wgmma(q.to("meta"), kv.to(torch.float8_e4m3fn).to("meta"), idx.to("meta"),
+                            config={"WS": 1, "BLOCK_T": 32}, kv_scale=scale.to("meta"), _probe="no_copies")
+
+
+FP8 = "float8_e4m3fn"
+V4 = {"batch": 16, "heads": 64, "d_qk": 512, "d_v": 512, "topk": 640, "num_rows": 65536}
+
+
+@needs_gluon
+@pytest.mark.parametrize("config, rule", [
+    ({"S": 4, "BLOCK_T": 32, "STAGES": 2, "V_SPLIT": 2, "WS": 0},
+     r"fp8_cache: an fp8 cache needs the producer warpgroup that widens its rows \(WS=1, SPLIT_WG=1 or SEESAW=1\); "
+     r"got WS=0"),
+    ({"S": 4, "BLOCK_T": 64, "STAGES": 2, "V_SPLIT": 2, "WS": 1},
+     r"shared_memory: an fp8 cache needs two staging slots of 32 KiB beside 196 KiB \(at most 227 KiB\); lower "
+     r"STAGES or BLOCK_T"),
+], ids=["no-producer", "no-room"])
+def test_an_fp8_config_without_a_producer_or_room_for_two_staging_slots_is_refused_in_one_line(config, rule):
+    k = get_kernel("sparse_decode_wgmma")
+    config = {**DEFAULT_CONFIG, **config}
+    why = k.check_config(config, V4, None, FP8)
+    assert re.fullmatch(rule, why), why
+    assert k.check_config(config, V4, None, "bfloat16") is None  # a 16-bit cache runs it
+
+
+@needs_gluon
+def test_fit_dtype_gives_every_default_and_tuned_config_an_fp8_producer_and_leaves_16_bit_configs_alone():
+    """Every batch's default and the H200's tuned bf16 configs, made fit for an fp8 cache, pass the fp8 rules: a
+    producer warpgroup (WS where there was none), 32-row tiles where 64-row ones leave no room for two staging
+    slots, the ring cut (evenly with SPLIT_WG) only as far as needed; bf16 configs come back unchanged."""
+    from kernels.sparse_decode_wgmma import fp8_stages
+
+    k = get_kernel("sparse_decode_wgmma")
+    files = sorted((ROOT / "kernels" / "tuned").glob("sparse_decode_wgmma__NVIDIA_H200__bfloat16__*.json"))
+    assert files, "the H200's tuned bf16 file"
+    tuned = json.loads(files[-1].read_text())
+    cases = [(dict(V4, batch=b), k.default_config(dict(V4, batch=b))) for b in range(1, 133)]
+    cases += [(dict(V4, batch=int(key.split("batch=")[1].split(",")[0])), {**DEFAULT_CONFIG, **e["config"]})
+              for key, e in tuned.items()]
+    for shape, config in cases:
+        assert k.fit_dtype(config, shape, "bfloat16") is config
+        fit = k.fit_dtype(config, shape, FP8)
+        assert k.check_config(fit, shape, None, FP8) is None, (shape["batch"], config, fit)
+        assert fp8_stages(fit, shape) >= 2
+        assert fit["WS"] == 1 and fit["S"] == config["S"] and fit["V_SPLIT"] == config["V_SPLIT"]
+        assert fit["BLOCK_T"] == (config["BLOCK_T"] if fp8_stages({**config, "WS": 1, "STAGES": 2}, shape) >= 2
+                                  else 32)
+        if k.check_config({**config, "WS": 1}, shape, None, FP8) is None:  # fits as it is: nothing cut
+            assert fit == {**config, "WS": 1}
+
+
+@needs_gluon
+def test_the_tuned_lookup_of_an_fp8_cache_gives_the_wgmma_kernel_a_config_it_can_run(tmp_path, monkeypatch):
+    """No fp8 file for the wgmma kernel: the lookup's default is made fit for fp8 (kernels.configs.lookup calls
+    fit_dtype), not the bf16 default, which has no producer at batch 1."""
+    from kernels.configs import clear_cache, lookup
+
+    monkeypatch.setenv("TUNER_KERNEL_CONFIG_DIR", str(tmp_path))
+    clear_cache()
+    try:
+        k = get_kernel("sparse_decode_wgmma")
+        shape = dict(V4, batch=1)
+        assert k.default_config(shape)["WS"] == 0
+        got = lookup("sparse_decode_wgmma", shape, FP8)
+        assert k.check_config(got, shape, None, FP8) is None and got["WS"] == 1
+        assert lookup("sparse_decode_wgmma", shape, "bfloat16") == k.default_config(shape)
+    finally:
+        clear_cache()
+
+
+@needs_gluon
+@pytest.mark.parametrize("config", [
+    {"S": 10, "BLOCK_T": 32, "STAGES": 2, "V_SPLIT": 8, "WS": 1},
+    {"S": 1, "BLOCK_T": 32, "STAGES": 2, "V_SPLIT": 2, "WS": 1, "SPLIT_WG": 1, "STORE_CVT": 1},
+    {"S": 4, "BLOCK_T": 32, "STAGES": 2, "V_SPLIT": 1, "SEESAW": 1},
+], ids=["ws-v8", "split-wg-table", "seesaw"])
+def test_an_fp8_cache_compiles_to_staged_row_and_scale_copies_widened_by_the_producer_without_spills(config):
+    """The fp8 build for sm_90: the producer copies 16 bytes of fp8 a thread and each row's 4-byte scale by cp.async
+    into its staging ring and waits on its own copy groups (the 16-bit ring's copies arrive on mbarriers instead:
+    only q's does here); the consumers still run wgmma; no local memory; the shared memory rule (the 16-bit
+    schedule's bytes plus the staging slots) bounds the build."""
+    from kernels.sparse_decode_wgmma import SM90_SMEM, fp8_stages
+
+    k = get_kernel("sparse_decode_wgmma")
+    config = {**DEFAULT_CONFIG, **config}
+    shape = dict(V4, batch=64 if config.get("SPLIT_WG") else 16)
+    fp8, bf16 = (_sm90_build(shape, config, kwargs={"kv_fp8": f}) for f in (True, False))
+    assert fp8["ptx"]["cp.async.4B"] > 0 and bf16["ptx"].get("cp.async.4B", 0) == 0, fp8["ptx"]
+    assert fp8["ptx"]["copy_arrive"] == 1 and bf16["ptx"]["copy_arrive"] == 2, (fp8["ptx"], bf16["ptx"])
+    assert fp8["ptx"]["copy_wait_group"] > 0 and bf16["ptx"]["copy_wait_group"] == 0
+    assert fp8["ptx"]["wgmma"] == bf16["ptx"]["wgmma"] > 0
+    assert fp8["usage"]["local"] == 0, fp8["usage"]
+    staging = fp8_stages(config, shape) * config["BLOCK_T"] * (512 + 4)
+    assert fp8["shared_bytes"] <= k.smem_bytes(config, shape) + staging <= fp8["shared_bytes"] + 4096
+    assert fp8["shared_bytes"] <= SM90_SMEM
 
 
 @needs_gluon
@@ -362,6 +459,39 @@ def test_sparse_decode_wgmma_matches_the_reference_at_v4_flash_shapes(batch, con
     assert rel_error(got, ref) <= SD.tolerance("bfloat16")
     if batch > 1:
         assert torch.count_nonzero(got[1]) == 0
+
+
+@pytest.mark.gpu
+@needs_hopper
+@pytest.mark.parametrize("config", [
+    {"S": 10, "BLOCK_T": 32, "STAGES": 2, "V_SPLIT": 8, "WS": 1},
+    {"S": 4, "BLOCK_T": 32, "STAGES": 3, "V_SPLIT": 2, "WS": 1},
+    {"S": 20, "BLOCK_T": 32, "STAGES": 2, "V_SPLIT": 4, "WS": 1, "PART16": 1, "STORE_CVT": 1},
+    {"S": 2, "BLOCK_T": 32, "STAGES": 2, "V_SPLIT": 1, "WS": 1, "MERGE": 1},
+    {"S": 1, "BLOCK_T": 32, "STAGES": 2, "V_SPLIT": 2, "SPLIT_WG": 1, "STORE_CVT": 1},
+    {"S": 3, "BLOCK_T": 32, "STAGES": 2, "V_SPLIT": 4, "SPLIT_WG": 1},
+    {"S": 4, "BLOCK_T": 32, "STAGES": 2, "V_SPLIT": 1, "SEESAW": 1, "STORE_CVT": 0},
+], ids=str)
+@pytest.mark.parametrize("batch", [1, 5, 64])
+def test_sparse_decode_wgmma_with_an_fp8_cache_matches_the_reference_of_its_dequantised_rows(batch, config):
+    """An fp8 e4m3 cache with a float32 scale per row (rows of different magnitudes, so a scale applied to the wrong
+    row shows), ragged padding and a request with no row, every schedule with a producer (WS, SPLIT_WG with its
+    index table, SEESAW), 1 to 20 splits, merged by the kernel or by the last program (MERGE), into NaN-poisoned
+    outputs: within the fp8 tolerance of the float32 reference of the dequantised cache."""
+    shape = dict(SD.shapes("v4flash")[0], batch=batch, ragged=1)
+    i = SD.make_inputs(shape, "float8_e4m3fn", "cuda", seed=batch * 11 + config["S"] + 100 * config["V_SPLIT"])
+    if batch > 1:
+        i["indices"][1] = -1
+    ref = SD.reference(i)
+    out = torch.full((batch, 64, 512), float("nan"), device="cuda", dtype=torch.bfloat16)
+    got = sparse_decode_wgmma(i["q"], i["kv"], i["indices"], i["sm_scale"], {"SPLIT_WG": 0, "SEESAW": 0, **config},
+                              out=out, kv_scale=i["kv_scale"])
+    assert rel_error(got, ref) <= SD.tolerance("float8_e4m3fn")
+    if batch > 1:
+        assert torch.count_nonzero(got[1]) == 0
+    if batch == 64:  # the launcher's own config (the default made fit for fp8) on the same inputs
+        again = sparse_decode_wgmma(i["q"], i["kv"], i["indices"], i["sm_scale"], kv_scale=i["kv_scale"])
+        assert rel_error(again, ref) <= SD.tolerance("float8_e4m3fn")
 
 
 @pytest.mark.gpu

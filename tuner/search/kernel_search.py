@@ -224,7 +224,8 @@ def kernel_space_yaml(case: KernelCase, settings: dict[str, Any] | None = None) 
     """The single-kernel space of ``case``: one categorical per config field, the default config as defaults."""
     kernel = load_kernel(case.kernel)
     try:
-        default, space, key = kernel.default_config(case.shape), kernel.config_space(case.shape), case.shape_key
+        default = kernel.fit_dtype(kernel.default_config(case.shape), case.shape, case.dtype)
+        space, key = kernel.config_space(case.shape), case.shape_key
     except (KeyError, TypeError, ValueError) as exc:
         raise SearchError(f"shape {case.shape} does not fit kernel {case.kernel!r} ({type(exc).__name__}: {exc}); "
                           f"give every dim, like {kernel.shapes('v4flash')[0]}") from None

@@ -161,7 +161,7 @@ class KernelsTarget(Target):
         A parameter goes to the config field named by its ``kernel:`` destination (``sparse_decode.S`` -> ``S``),
         else to the field of its own name.
         """
-        config = dict(self.kernel.default_config(self.shape))
+        config = dict(self.kernel.fit_dtype(self.kernel.default_config(self.shape), self.shape, self.dtype))
         by_name = {p.name: p for p in self.space.params}
         for name, value in params.items():
             p = by_name.get(name)
@@ -204,7 +204,8 @@ class KernelsTarget(Target):
             if field not in space_fields:
                 report.errors.append(f"parameter `{p.name}` is not a config field of kernel {self.kernel_name!r}; "
                                      f"fields are {sorted(space_fields)}")
-        why = kernel.check_config(kernel.default_config(self.shape), self.shape, None, dtype=self.dtype)
+        why = kernel.check_config(kernel.fit_dtype(kernel.default_config(self.shape), self.shape, self.dtype),
+                                  self.shape, None, dtype=self.dtype)
         if why:
             report.errors.append(f"the default config of {self.kernel_name!r} fails its own rule at {key}: {why}")
         report.rules.append(f"{self.kernel_name}.check_config rules prune a config before it is compiled "

@@ -1,0 +1,238 @@
+"""The wgmma sparse decode with an fp8 cache, beside the ``tl.dot`` kernel that served fp8 caches until now.
+
+V4-Flash serves its compressed KV cache in float8 e4m3 with a float32 scale per row: half the bytes of a bf16
+cache, so half the floor. Until 2026-12-01 only the ``tl.dot`` kernel (``kernels.sparse_decode``) took such a
+cache; the Gluon wgmma kernel now does too (its producer warpgroup stages the fp8 rows and their scales by
+``cp.async`` and widens each tile to bf16 in shared memory, ``_ws_gather_fp8``).
+
+For each batch (V4-Flash shapes, 640 selected rows of 65536), in one process, on the same inputs (an fp8 cache
+with row scales of different magnitudes; q in bf16), each config checked first against the float32 reference of
+the dequantised cache into a NaN-poisoned output (timed and ragged inputs), then timed with
+``kernels.bench.do_bench`` (medians of CUDA-graph replays, L2 flushed before each, 4 input sets rotating):
+
+* ``torch``: the gather + bmm path on the dequantised rows (``sparse_decode_torch``);
+* ``tl_dot``: the ``tl.dot`` kernel at its shipped H200 fp8 config;
+* ``wgmma_default``: the wgmma kernel's default made fit for fp8 (``fit_dtype``): what it launches untuned;
+* ``wgmma_bf16``: the wgmma kernel at its shipped bf16 config on the same rows widened to a bf16 cache (the
+  16-bit kernel this variant should beat: twice the bytes);
+* ``sweep``: fp8 configs of the wgmma kernel (32-row tiles, every schedule with a producer, one wave of programs
+  at most), the bf16 tuned config made fit first, then a seeded shuffle, until ``--budget-s`` a batch.
+
+    python3 benchmarks/sparse_decode_wgmma_fp8.py --json OUT.json                   # on an H200
+    python3 benchmarks/sparse_decode_wgmma_fp8.py --report-from OUT.json --out X.md  # on any machine
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import random
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path[:] = [str(ROOT)] + [p for p in sys.path if Path(p or ".").resolve() not in (ROOT, Path(__file__).resolve().parent)]
+
+BATCHES = (1, 16, 64)
+FP8 = "float8_e4m3fn"
+ONE_WAVE = 132
+
+
+def fp8_space(batch: int) -> list[dict]:
+    """The canonical fp8 configs of the wgmma kernel at ``batch`` that pass its rules and launch one wave at most."""
+    from benchmarks.sparse_decode_wgmma import programs
+    from kernels.registry import get_kernel
+
+    kernel = get_kernel("sparse_decode_wgmma")
+    shape = dict(kernel.shapes("v4flash")[0], batch=batch)
+    space = {**kernel.config_space(shape), "BLOCK_T": [32], "STAGES": [2, 3, 4], "P_SMEM": [0], "PART16": [0],
+             "WS": [1], "MERGE": [0]}
+    out = []
+    for values in itertools.product(*space.values()):
+        config = dict(zip(space, values))
+        if kernel.check_config(config, shape, None, FP8) or kernel.canonical_config(config, shape) != config:
+            continue
+        if programs(config, batch, shape["topk"]) <= ONE_WAVE:
+            out.append(config)
+    return out
+
+
+def first_configs(batch: int, shape: dict, device) -> dict:
+    """The named configs: the shipped ``tl.dot`` fp8 one, the wgmma default made fit for fp8, the shipped bf16
+    wgmma one (for the bf16 cache) and the same made fit for fp8."""
+    from kernels.configs import lookup
+    from kernels.registry import get_kernel
+
+    wg = get_kernel("sparse_decode_wgmma")
+    bf16 = lookup("sparse_decode_wgmma", shape, "bfloat16", device)
+    return {"tl_dot": lookup("sparse_decode", shape, FP8, device),
+            "wgmma_default": wg.fit_dtype(wg.default_config(shape), shape, FP8),
+            "wgmma_bf16": bf16, "bf16_fit": wg.fit_dtype(bf16, shape, FP8)}
+
+
+def measure(args, json_path: Path) -> dict:
+    import torch
+
+    from benchmarks.kernels import checked_time, run_meta
+    from kernels.registry import get_kernel
+    from kernels.sparse_decode import sparse_decode, sparse_decode_torch
+    from kernels.sparse_decode_wgmma import sparse_decode_wgmma
+
+    kernel = get_kernel("sparse_decode")
+    base = kernel.shapes("v4flash")[0]
+    meta = run_meta(args.rep_ms, budget_s=args.budget_s)
+    rows = []
+    for batch in BATCHES:
+        shape = dict(base, batch=batch)
+        key_shape = {k: shape[k] for k in base}
+        sets = [kernel.make_inputs(shape, FP8, "cuda", seed=1 + k) for k in range(4)]
+        ragged = kernel.make_inputs(dict(shape, ragged=1), FP8, "cuda", seed=99)
+        # the same rows as a bf16 cache (dequantised, then rounded to bf16): what the 16-bit kernel reads
+        wide = [{**i, "kv": (i["kv"].float() * i["kv_scale"][:, None]).to(torch.bfloat16), "kv_scale": None}
+                for i in sets]
+        wide_ragged = {**ragged, "kv": (ragged["kv"].float() * ragged["kv_scale"][:, None]).to(torch.bfloat16),
+                       "kv_scale": None}
+        named = first_configs(batch, key_shape, "cuda")
+
+        def wg_run(i, out, config):
+            return sparse_decode_wgmma(i["q"], i["kv"], i["indices"], i["sm_scale"], config, out=out,
+                                       kv_scale=i["kv_scale"])
+
+        def add(way, config, got):
+            rows.append({"batch": batch, "way": way, "config": config, **{k: got[k] for k in ("err", "us") if k in got}})
+            print(f"batch {batch} {way} {config} {got.get('us', 'wrong_result')}", flush=True)
+
+        add("torch", None, checked_time(kernel, lambda i, out: out.copy_(sparse_decode_torch(
+            i["q"], i["kv"], i["indices"], i["sm_scale"], kv_scale=i["kv_scale"])), sets, (sets[0], ragged),
+            args.rep_ms, FP8))
+        add("tl_dot", named["tl_dot"], checked_time(kernel, lambda i, out: sparse_decode(
+            i["q"], i["kv"], i["indices"], i["sm_scale"], named["tl_dot"], out=out, kv_scale=i["kv_scale"]),
+            sets, (sets[0], ragged), args.rep_ms, FP8))
+        add("wgmma_bf16", named["wgmma_bf16"], checked_time(kernel, lambda i, out: sparse_decode_wgmma(
+            i["q"], i["kv"], i["indices"], i["sm_scale"], named["wgmma_bf16"], out=out), wide, (wide[0], wide_ragged),
+            args.rep_ms))
+        timed: dict[str, dict] = {}
+
+        def fp8_time(way, config):
+            key = json.dumps(config, sort_keys=True)
+            if key not in timed:
+                timed[key] = checked_time(kernel, lambda i, out: wg_run(i, out, config), sets, (sets[0], ragged),
+                                          args.rep_ms, FP8)
+            add(way, config, timed[key])
+
+        fp8_time("wgmma_default", named["wgmma_default"])
+        fp8_time("sweep", named["bf16_fit"])
+        rest = fp8_space(batch)
+        random.Random(batch).shuffle(rest)
+        t0 = time.monotonic()
+        for config in rest:
+            if time.monotonic() - t0 > args.budget_s:
+                break
+            if json.dumps(config, sort_keys=True) in timed:
+                continue
+            try:
+                fp8_time("sweep", config)
+            except Exception as exc:  # a config that fails to build or launch is a row, not the end of the run
+                rows.append({"batch": batch, "way": "sweep", "config": config, "failed": f"{type(exc).__name__}: {exc}"[:300]})
+        rows.append({"batch": batch, "way": "space", "n": len(rest) + 1})
+        torch.cuda.empty_cache()
+    data = {"meta": meta, "rows": rows}
+    json_path.write_text(json.dumps(data, indent=1))
+    return data
+
+
+def floor_us(batch: int, dtype: str) -> float:
+    """Bytes of the kernel's cost model over the H200's measured copy rate (4.27 TB/s, ``benchmarks/gemm_floor``)."""
+    from kernels.registry import get_kernel
+
+    kernel = get_kernel("sparse_decode")
+    shape = dict(kernel.shapes("v4flash")[0], batch=batch)
+    return kernel.cost(shape, dtype).bytes / 4.27e12 * 1e6
+
+
+def summary(data: dict) -> dict:
+    """Per batch: each named way's row, the sweep's fastest (with the default and the bf16 fit among its rows),
+    how many fp8 configs were timed and the space's size."""
+    out: dict = {}
+    for r in data["rows"]:
+        b = out.setdefault(r["batch"], {"sweep": [], "failed": 0})
+        if r["way"] == "space":
+            b["space"] = r["n"]
+        elif "failed" in r:
+            b["failed"] += 1
+        elif r["way"] in ("sweep", "wgmma_default"):
+            b["sweep"].append(r)
+            if r["way"] == "wgmma_default":
+                b["wgmma_default"] = r
+        else:
+            b[r["way"]] = r
+    for b in out.values():
+        ok = [r for r in b["sweep"] if r.get("us")]
+        b["best"] = min(ok, key=lambda r: r["us"]) if ok else None
+        b["timed"] = len({json.dumps(r["config"], sort_keys=True) for r in b["sweep"]})
+    return out
+
+
+def report(data: dict, source: str) -> str:
+    from benchmarks.report_cli import provenance
+
+    meta = data["meta"]
+    lines = ["# Sparse decode with an fp8 cache: the wgmma kernel beside the tl.dot kernel, torch and the bf16 cache", "",
+             *provenance(meta, "sparse_decode_wgmma_fp8.py", source),
+             "- V4-Flash shapes (64 heads, 512-wide K=V latent, 640 selected rows of 65536); an fp8 e4m3 cache with a "
+             "float32 scale per row, q in bf16; µs: median of CUDA-graph replays, L2 flushed before each, 4 input sets "
+             "rotating; each config checked against the float32 reference of the dequantised cache first (timed and "
+             "ragged inputs, NaN-poisoned outputs)",
+             "- floor: the fp8 cache's bytes (rows, scales, indices, q, output) over 4.27 TB/s; bf16 wgmma: the same "
+             "rows widened to a bf16 cache, at the kernel's shipped bf16 config",
+             f"- sweep: fp8 configs of the wgmma kernel timed within {meta.get('budget_s')} s a batch (32-row tiles, "
+             "every schedule with a producer warpgroup, one wave of programs at most), its best is a measured best "
+             "of a sample, not of the whole space", "",
+             "| batch | floor µs | torch µs | tl.dot fp8 µs | wgmma bf16 µs | wgmma fp8 default µs | wgmma fp8 best µs "
+             "| tl.dot / best | bf16 / best | torch / best | best / floor | timed / space |",
+             "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+
+    def us(r):
+        return f"{r['us']:.1f}" if r and r.get("us") else "wrong_result" if r else "-"
+
+    def ratio(a, b):
+        return f"{a['us'] / b['us']:.2f}x" if a and b and a.get("us") and b.get("us") else "-"
+
+    s = summary(data)
+    for batch, b in s.items():
+        best, fl = b["best"], floor_us(batch, FP8)
+        lines.append(f"| {batch} | {fl:.2f} | {us(b.get('torch'))} | {us(b.get('tl_dot'))} | {us(b.get('wgmma_bf16'))} "
+                     f"| {us(b.get('wgmma_default'))} | {us(best)} | {ratio(b.get('tl_dot'), best)} | "
+                     f"{ratio(b.get('wgmma_bf16'), best)} | {ratio(b.get('torch'), best)} | "
+                     f"{best['us'] / fl:.1f}x | {b['timed']} / {b.get('space', '-')} |" if best else
+                     f"| {batch} | {fl:.2f} | {us(b.get('torch'))} | {us(b.get('tl_dot'))} | {us(b.get('wgmma_bf16'))} "
+                     f"| {us(b.get('wgmma_default'))} | - | - | - | - | - | {b['timed']} / {b.get('space', '-')} |")
+    lines += ["", "Configs (rel. error against the float32 reference of the dequantised cache):", ""]
+    for batch, b in s.items():
+        for way in ("tl_dot", "wgmma_bf16", "wgmma_default", "best"):
+            r = b.get(way)
+            if r:
+                cfg = " ".join(f"{k}={v}" for k, v in r["config"].items())
+                lines.append(f"- batch {batch}, {way.replace('best', 'wgmma fp8 best')}: {cfg} (rel. error {r['err']:.5f})")
+        if b["failed"]:
+            lines.append(f"- batch {batch}: {b['failed']} sweep configs failed to build or launch")
+    worst = max((r["err"] for b in s.values() for r in b["sweep"] if "err" in r), default=None)
+    if worst is not None:
+        lines += ["", f"Worst rel. error of any fp8 wgmma config timed: {worst:.5f} (tolerance 0.02)."]
+    return "\n".join(lines) + "\n"
+
+
+def main(argv=None) -> int:
+    from benchmarks.report_cli import run
+
+    def extra(ap):
+        ap.add_argument("--rep-ms", type=float, default=30.0)
+        ap.add_argument("--budget-s", type=float, default=60.0, help="seconds of fp8 sweep a batch")
+
+    return run(argv, __doc__, ROOT / "benchmarks" / "results" / "sparse_decode_wgmma_fp8_h200.md", report,
+               measure, extra)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
