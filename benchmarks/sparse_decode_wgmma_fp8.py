@@ -74,7 +74,7 @@ def first_configs(batch: int, shape: dict, device) -> dict:
 def measure(args, json_path: Path) -> dict:
     import torch
 
-    from benchmarks.kernels import checked_time, run_meta
+    from benchmarks.kernels import _time, checked_time, run_meta
     from kernels.registry import get_kernel
     from kernels.sparse_decode import sparse_decode, sparse_decode_torch
     from kernels.sparse_decode_wgmma import sparse_decode_wgmma
@@ -136,6 +136,21 @@ def measure(args, json_path: Path) -> dict:
             except Exception as exc:  # a config that fails to build or launch is a row, not the end of the run
                 rows.append({"batch": batch, "way": "sweep", "config": config, "failed": f"{type(exc).__name__}: {exc}"[:300]})
         rows.append({"batch": batch, "way": "space", "n": len(rest) + 1})
+        # where the time goes, at the default and the sweep's best: the same launch without widening the tiles
+        # (fp8_no_widen) and without the fp8 copies too (fp8_no_copies), both garbage results, and the 16-bit kernel
+        # at the same config on the widened cache (its ring as small as the fp8 build's)
+        ok = [r for r in rows if r["batch"] == batch and r["way"] in ("sweep", "wgmma_default") and r.get("us")]
+        picks = {json.dumps(c, sort_keys=True): c for c in [named["wgmma_default"]]
+                 + ([min(ok, key=lambda r: r["us"])["config"]] if ok else [])}
+        for config in picks.values():
+            for probe in ("fp8_no_widen", "fp8_no_copies"):
+                us = _time(lambda j, config=config, probe=probe: sparse_decode_wgmma(
+                    sets[j]["q"], sets[j]["kv"], sets[j]["indices"], sets[j]["sm_scale"], config,
+                    kv_scale=sets[j]["kv_scale"], _probe=probe), list(range(len(sets))), args.rep_ms).median_us
+                add(f"probe:{probe}", config, {"us": us})
+            add("probe:bf16_same_config", config, checked_time(kernel, lambda i, out, config=config: sparse_decode_wgmma(
+                i["q"], i["kv"], i["indices"], i["sm_scale"], config, out=out), wide, (wide[0], wide_ragged),
+                args.rep_ms))
         torch.cuda.empty_cache()
     data = {"meta": meta, "rows": rows}
     json_path.write_text(json.dumps(data, indent=1))
@@ -161,6 +176,8 @@ def summary(data: dict) -> dict:
             b["space"] = r["n"]
         elif "failed" in r:
             b["failed"] += 1
+        elif r["way"].startswith("probe:"):
+            b.setdefault("probes", []).append(r)
         elif r["way"] in ("sweep", "wgmma_default"):
             b["sweep"].append(r)
             if r["way"] == "wgmma_default":
@@ -217,6 +234,20 @@ def report(data: dict, source: str) -> str:
                 lines.append(f"- batch {batch}, {way.replace('best', 'wgmma fp8 best')}: {cfg} (rel. error {r['err']:.5f})")
         if b["failed"]:
             lines.append(f"- batch {batch}: {b['failed']} sweep configs failed to build or launch")
+    probes = [(batch, r) for batch, b in s.items() for r in b.get("probes", [])]
+    if probes:
+        lines += ["", "Where the time goes (the fp8 probes' results are garbage; timed like the rest):", "",
+                  "| batch | config | fp8 µs | without widening µs | without the fp8 copies either µs | bf16 cache, same "
+                  "config µs |", "| --- | --- | --- | --- | --- | --- |"]
+        by: dict = {}
+        for batch, r in probes:
+            by.setdefault((batch, json.dumps(r["config"], sort_keys=True)), {})[r["way"][6:]] = r
+        for (batch, key), w in by.items():
+            cfg = json.loads(key)
+            full = next((r for r in s[batch]["sweep"] if r["config"] == cfg and r.get("us")), None)
+            short = " ".join(f"{k}={v}" for k, v in cfg.items() if v and k not in ("BLOCK_T",))
+            lines.append(f"| {batch} | {short} | {us(full)} | {us(w.get('fp8_no_widen'))} | "
+                         f"{us(w.get('fp8_no_copies'))} | {us(w.get('bf16_same_config'))} |")
     worst = max((r["err"] for b in s.values() for r in b["sweep"] if "err" in r), default=None)
     if worst is not None:
         lines += ["", f"Worst rel. error of any fp8 wgmma config timed: {worst:.5f} (tolerance 0.02)."]

@@ -520,7 +520,7 @@ if HAVE_GLUON:
     def _ws_gather_fp8(kv_ptr, scale_ptr, idx_base, kv_smem, stage_smem, sc_smem, ready, empty, idx_smem,
                        start, end, n_tiles, num_rows, stride_kv, col_off, DV: gl.constexpr, BLOCK_T: gl.constexpr,
                        STAGES: gl.constexpr, V_SPLIT: gl.constexpr, GATHER_WARPS: gl.constexpr,
-                       IDX_TILES: gl.constexpr, FP8_STAGES: gl.constexpr):
+                       IDX_TILES: gl.constexpr, FP8_STAGES: gl.constexpr, PROBE: gl.constexpr = 0):
         """The producer's loop for an fp8 cache: each tile's rows (512 bytes each) and their float32 scales are copied
         by ``cp.async`` into a staging ring of ``FP8_STAGES`` slots, ``FP8_STAGES - 1`` tiles ahead; once a tile has
         landed the producer widens it (:func:`_dequant_tile`) into the 16-bit ring slot the consumers released and
@@ -545,7 +545,7 @@ if HAVE_GLUON:
         rows_cs = _fp8_rows(idx_base, idx_smem, start, end, FP8_STAGES - 1, offs_s, IDX_TILES, sc_l)
         for t in range(n_tiles):
             nxt = t + FP8_STAGES - 1  # its staging slot was widened at t - 1, before that iteration's barrier
-            if nxt < n_tiles:
+            if nxt < n_tiles and PROBE != 4:
                 _issue_fp8_tile(stage_smem.index(nxt % FP8_STAGES), sc_smem.index(nxt % FP8_STAGES), kv_ptr,
                                 scale_ptr, rows_c, rows_cs, num_rows, stride_kv, offs_d)
             async_copy.commit_group()
@@ -555,8 +555,9 @@ if HAVE_GLUON:
             _thread_barrier()  # ... and every producer thread's
             slot = t % STAGES
             mbarrier.wait(empty.index(slot), ((t // STAGES) & 1) ^ 1)  # the first pass finds every slot free
-            _dequant_tile(stage_smem.index(t % FP8_STAGES), sc_smem.index(t % FP8_STAGES), kv_smem.index(slot),
-                          BLOCK_T, DV, GATHER_WARPS)
+            if PROBE != 3:
+                _dequant_tile(stage_smem.index(t % FP8_STAGES), sc_smem.index(t % FP8_STAGES), kv_smem.index(slot),
+                              BLOCK_T, DV, GATHER_WARPS)
             fence_async_shared()  # the widened tile (generic proxy writes) before the tensor cores' reads
             _thread_barrier()  # every producer thread's part of the tile is written
             mbarrier.arrive(ready.index(slot))
@@ -600,7 +601,7 @@ if HAVE_GLUON:
         if FP8_STAGES > 0:
             _ws_gather_fp8(kv_ptr, scale_ptr, idx_base, kv_smem, stage_smem, sc_smem, ready, empty, idx_smem,
                            start, end, n_tiles, num_rows, stride_kv, col_off, DV, BLOCK_T, STAGES, V_SPLIT,
-                           GATHER_WARPS, IDX_TILES, FP8_STAGES)
+                           GATHER_WARPS, IDX_TILES, FP8_STAGES, PROBE)
         elif IDX_TILES > 0:
             for t in range(n_tiles):
                 slot = t % STAGES
@@ -968,7 +969,9 @@ if HAVE_GLUON:
 # timing probes of the warp-specialised schedule: its handshakes and products without the rows' copies (what is left
 # when the gathers cost nothing), its gathers and handshakes without the products (both: garbage output), and the
 # previous producer, which loads each tile's indices a tile ahead instead of from its index table (a correct output)
-_PROBES = {"no_copies": 1, "no_products": 2, "indices_ahead": 0}  # indices_ahead: no index table (a correct result)
+_PROBES = {"no_copies": 1, "no_products": 2, "indices_ahead": 0,  # indices_ahead: no index table (a correct result)
+           "fp8_no_widen": 3, "fp8_no_copies": 4}  # an fp8 cache: the producer's copies without widening, or neither
+_FP8_PROBES = ("no_products", "fp8_no_widen", "fp8_no_copies")
 _COUNTERS: dict[str, torch.Tensor] = {}
 
 
@@ -1091,10 +1094,13 @@ def sparse_decode_wgmma(q: torch.Tensor, kv: torch.Tensor, indices: torch.Tensor
     if fp8:
         meta["FP8_STAGES"] = fp8_stages(config, shape)
     if _probe:
-        if fp8:
-            raise ValueError(f"sparse_decode_wgmma: _probe={_probe!r} is not built for an fp8 cache; drop _probe")
+        if fp8 != (_probe in _FP8_PROBES[1:]) and _probe != "no_products":
+            raise ValueError(f"sparse_decode_wgmma: _probe={_probe!r} is not built for "
+                             f"{'an fp8' if fp8 else 'a 16-bit'} cache; use one of "
+                             f"{list(_FP8_PROBES) if fp8 else [p for p in _PROBES if p not in _FP8_PROBES[1:]]}")
         if _probe not in _PROBES or not (config.get("WS") or config.get("SPLIT_WG") or config.get("SEESAW")):
-            raise ValueError(f"sparse_decode_wgmma: _probe={_probe!r}: one of {sorted(_PROBES)}, with WS=1, "
+            names = sorted(p for p in _PROBES if p not in _FP8_PROBES[1:])
+            raise ValueError(f"sparse_decode_wgmma: _probe={_probe!r}: one of {names}, with WS=1, "
                              "SPLIT_WG=1 or SEESAW=1")
         if _probe == "no_products" and config.get("SEESAW"):
             raise ValueError("sparse_decode_wgmma: _probe='no_products' is not built for SEESAW=1 (its consumers "

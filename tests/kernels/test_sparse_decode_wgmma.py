@@ -69,7 +69,8 @@ def test_sparse_decode_wgmma_asks_an_fp8_cache_for_its_row_scales_and_refuses_ti
                                          r"got None"):
         sparse_decode_wgmma(q, kv.to(torch.float8_e4m3fn), idx)
     scale = torch.ones(4096)
-    with pytest.raises(ValueError, match=r"_probe='no_copies' is not built for an fp8 cache; drop _probe"):
+    with pytest.raises(ValueError, match=r"_probe='no_copies' is not built for an fp8 cache; use one of "
+                                         r"\['no_products', 'fp8_no_widen', 'fp8_no_copies'\]"):
         sparse_decode_wgmma(q.to("meta"), kv.to(torch.float8_e4m3fn).to("meta"), idx.to("meta"),
                             config={"WS": 1, "BLOCK_T": 32}, kv_scale=scale.to("meta"), _probe="no_copies")
 
