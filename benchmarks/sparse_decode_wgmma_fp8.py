@@ -237,7 +237,7 @@ def report(data: dict, source: str) -> str:
     probes = [(batch, r) for batch, b in s.items() for r in b.get("probes", [])]
     if probes:
         lines += ["", "Where the time goes (the fp8 probes' results are garbage; timed like the rest):", "",
-                  "| batch | config | fp8 µs | without widening µs | without the fp8 copies either µs | bf16 cache, same "
+                  "| batch | config | fp8 µs | without widening µs | without the fp8 copies (still widening) µs | bf16 cache, same "
                   "config µs |", "| --- | --- | --- | --- | --- | --- |"]
         by: dict = {}
         for batch, r in probes:
@@ -254,15 +254,58 @@ def report(data: dict, source: str) -> str:
     return "\n".join(lines) + "\n"
 
 
+def write_tuned(data: dict, source: str, directory: Path) -> Path:
+    """The sweep's fastest fp8 config at each batch as the GPU's tuned-config file of the wgmma kernel for an fp8
+    cache (``kernels.configs`` format, keyed like the kernel's shapes, with the default's time beside it and where
+    it was measured): the launcher looks it up, and adapts its split count at other batches."""
+    from kernels.configs import config_path
+    from kernels.registry import get_kernel
+
+    kernel = get_kernel("sparse_decode_wgmma")
+    meta = data["meta"]
+    base = kernel.shapes("v4flash")[0]
+    entries = {}
+    for batch, b in sorted(summary(data).items()):
+        if not b["best"]:
+            continue
+        shape = dict(base, batch=batch)
+        default = b.get("wgmma_default")
+        entries[kernel.shape_key(shape)] = {
+            "config": b["best"]["config"], "time_us": round(b["best"]["us"], 3),
+            "default_time_us": round(default["us"], 3) if default and default.get("us") else None,
+            "measured": f"{meta['date']}, commit {meta['commit']}, {Path(source).name} (sampled sweep: {b['timed']} of "
+                        f"{b.get('space')} configs)"}
+    path = config_path(kernel.name, meta["gpu"], FP8, triton_version=meta["triton"], directory=directory)
+    path.write_text(json.dumps(entries, indent=2, sort_keys=True) + "\n")
+    return path
+
+
 def main(argv=None) -> int:
+    import argparse
+
     from benchmarks.report_cli import run
+
+    argv = list(sys.argv[1:] if argv is None else argv)
+    pre = argparse.ArgumentParser(add_help=False)
+    pre.add_argument("--write-tuned", type=Path)
+    pre.add_argument("--report-from", type=Path)
+    known, _ = pre.parse_known_args(argv)
 
     def extra(ap):
         ap.add_argument("--rep-ms", type=float, default=30.0)
         ap.add_argument("--budget-s", type=float, default=60.0, help="seconds of fp8 sweep a batch")
+        ap.add_argument("--write-tuned", type=Path, metavar="DIR",
+                        help="with --report-from: also write the sweep's fastest config a batch as DIR's tuned file")
 
-    return run(argv, __doc__, ROOT / "benchmarks" / "results" / "sparse_decode_wgmma_fp8_h200.md", report,
-               measure, extra)
+    if known.write_tuned and not known.report_from:
+        print("error: --write-tuned DIR needs --report-from FILE.json (the stored run it takes the configs from)",
+              file=sys.stderr)
+        return 2
+    rc = run(argv, __doc__, ROOT / "benchmarks" / "results" / "sparse_decode_wgmma_fp8_h200.md", report,
+             measure, extra)
+    if rc == 0 and known.write_tuned:
+        print(f"wrote {write_tuned(json.loads(known.report_from.read_text()), str(known.report_from), known.write_tuned)}")
+    return rc
 
 
 if __name__ == "__main__":

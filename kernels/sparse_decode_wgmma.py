@@ -2,7 +2,7 @@
 
 The same computation as :func:`kernels.sparse_decode.sparse_decode` (its docstring has the maths), for the shapes
 V4-Flash serves: 64 query heads per request, one shared K=V latent row of ``d_v`` = 512 columns (``d_qk == d_v``),
-a 16-bit cache. Issue 20's profile of the ``tl.dot`` kernel showed why it stays far from the floor: every loop
+a 16-bit cache or an fp8 one (below). Issue 20's profile of the ``tl.dot`` kernel showed why it stays far from the floor: every loop
 iteration waited for all its asynchronous copies, so each tile's gather (a DRAM round trip) ran in series with its
 two products. Triton's pipeliner does not overlap an indirect gather, and Triton 3.6 does not warp-specialise the
 loop on Hopper. Gluon states the schedule instead of asking a pass for it:
@@ -97,6 +97,15 @@ launch) measured slower than the separate merge kernel with programmatic depende
 0.975x over the same configs at batch 1 / 16 / 64 (6958938, ``sparse_decode_wgmma_h200_6958938.md``). The likely
 reason, not profiled: one program reads every split's partial from L2, where the merge kernel spreads that over
 many programs and its launch overlaps the split kernel's tail. It stays a tunable switch, off by default.
+
+An fp8 e4m3 cache with a float32 scale per row (``kv_scale``, as :func:`kernels.sparse_decode.sparse_decode`
+takes it) runs on the warp-specialised schedules: the producer copies each tile's fp8 rows and scales by ``cp.async``
+into a staging ring of up to four slots (``FP8_STAGES``, what shared memory holds beside the 16-bit ring), widens a
+landed tile to bf16 times its rows' scales into the ring slot the consumers released, and arrives on its ``ready``
+barrier (:func:`_ws_gather_fp8`); the consumers are the 16-bit ones. Measured on an H200 (2026-12-01, 9a692a1,
+``sparse_decode_wgmma_fp8_h200_9a692a1.md``): 1.33x / 1.46x the ``tl.dot`` kernel's tuned fp8 configs at batch 16 / 64,
+0.95x at batch 1, and 0.74-0.84x the same rows as a bf16 cache: the widening costs the producer 1-10 µs a launch and
+the staging slots cut the 16-bit ring (``fit_dtype``: 32-row tiles, fewer slots).
 
 Needs an sm_90 GPU and a Triton with Gluon's Hopper API (3.6 on the GPU image; the compile test also runs on 3.9).
 Its sm_90 build is checked on CPU and its numerics on the GPU (``tests/kernels/test_sparse_decode_wgmma.py``).
@@ -1126,7 +1135,7 @@ def sparse_decode_wgmma(q: torch.Tensor, kv: torch.Tensor, indices: torch.Tensor
 
 class SparseDecodeWgmmaKernel(_SparseDecodeBase):
     """The Gluon Hopper kernel, ``sparse_decode_wgmma``, as the kernel search and the tuned-config files see it: 64
-    heads of 512 at most, a 16-bit cache, an sm_90 GPU (Gluon does not run in the Triton interpreter)."""
+    heads of 512 at most, a 16-bit cache or an fp8 one with row scales, an sm_90 GPU (Gluon does not run in the Triton interpreter)."""
 
     name = "sparse_decode_wgmma"
     dtypes = ("bfloat16", "float16", "float8_e4m3fn")
