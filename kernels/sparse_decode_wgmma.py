@@ -220,10 +220,11 @@ FP8_STAGES_MAX = 4
 
 def fp8_stages(config: dict, shape: dict) -> int:
     """The producer's fp8 staging slots for ``config`` (:func:`_ws_gather_fp8`): as many as the block's shared
-    memory holds beside the 16-bit ring, q and the rest, up to ``FP8_STAGES_MAX``; below 2 the config cannot take an
-    fp8 cache."""
+    memory holds beside the 16-bit ring (and its slots' row scales), q and the rest, up to ``FP8_STAGES_MAX``; below 2
+    the config cannot take an fp8 cache."""
     per = config["BLOCK_T"] * (shape["d_qk"] + 4)  # a tile's fp8 rows and their float32 scales
-    free = SM90_SMEM - SparseDecodeWgmmaKernel.instance.smem_bytes(config, shape)
+    ring_scales = config["STAGES"] * config["BLOCK_T"] * 4  # each 16-bit ring slot's row scales, for the consumers
+    free = SM90_SMEM - SparseDecodeWgmmaKernel.instance.smem_bytes(config, shape) - ring_scales
     return max(0, min(FP8_STAGES_MAX, free // per))
 
 
@@ -387,21 +388,29 @@ if HAVE_GLUON:
                       BLOCK_H, DO, V_SPLIT, DIRECT, STORE_CVT, MERGE, S_PAD, s_l, o_l, 8)
 
     @gluon.jit
-    def _online_softmax(s, valid, qk_scale, m_i):
+    def _online_softmax(s, valid, qk_scale, m_i, scl=None, KV_SCALED: gl.constexpr = False):
         """One tile's raw scores ``s`` (padding rows masked to -inf) against the running row max ``m_i``: the
-        probabilities P (base 2), the factor ``alpha`` that rescales what was summed before, and the new max."""
-        s = gl.where(valid[None, :], s * qk_scale, float("-inf"))
+        probabilities P (base 2), the factor ``alpha`` that rescales what was summed before, and the new max.
+        ``KV_SCALED``: the tile's rows are an fp8 cache's, widened without their scales ``scl`` (one a row, in the
+        scores' column layout), which multiply the scores here."""
+        if KV_SCALED:
+            s = gl.where(valid[None, :], s * (scl * qk_scale)[None, :], float("-inf"))
+        else:
+            s = gl.where(valid[None, :], s * qk_scale, float("-inf"))
         m_new = gl.maximum(m_i, gl.max(s, 1))
         m_safe = gl.where(m_new == float("-inf"), 0.0, m_new)
         return gl.exp2(s - m_safe[:, None]), gl.exp2(m_i - m_safe), m_new
 
     @gluon.jit
     def _softmax_pv(s, valid, qk_scale, m_i, l_i, acc, p_smem, v_tile, P_SMEM: gl.constexpr, o_l: gl.constexpr,
-                    p_l: gl.constexpr):
+                    p_l: gl.constexpr, scl=None, KV_SCALED: gl.constexpr = False):
         """One tile's online softmax on its raw scores ``s`` (padding rows masked to -inf) and O += P V: the new
-        (acc, m_i, l_i)."""
-        p, alpha, m_new = _online_softmax(s, valid, qk_scale, m_i)
+        (acc, m_i, l_i). ``KV_SCALED``: the rows' scales ``scl`` multiply the scores and, for the product with the
+        unscaled V, the probabilities (not their row sum)."""
+        p, alpha, m_new = _online_softmax(s, valid, qk_scale, m_i, scl, KV_SCALED)
         l_i = l_i * alpha + gl.sum(p, 1)
+        if KV_SCALED:
+            p = p * scl[None, :]
         alpha_o = gl.convert_layout(alpha, gl.SliceLayout(1, o_l))
         if P_SMEM:  # P as wgmma's A from shared memory: each warpgroup writes its half of the columns, one barrier
             p_smem.store(p.to(p_smem.dtype))
@@ -515,21 +524,25 @@ if HAVE_GLUON:
         _async_load(sc_stage, scale_ptr + gl.where(valid, rows_s, 0).to(gl.int64), mask=valid)
 
     @gluon.jit
-    def _dequant_tile(stage, sc_stage, dst, BLOCK_T: gl.constexpr, DV: gl.constexpr, GATHER_WARPS: gl.constexpr):
-        """Widen a landed fp8 tile to the ring's 16-bit dtype, each row times its scale, 64 columns at a time (32
-        values a thread at most: the producer holds 88 registers)."""
+    def _dequant_tile(stage, sc_stage, dst, dst_sc, BLOCK_T: gl.constexpr, DV: gl.constexpr,
+                      GATHER_WARPS: gl.constexpr):
+        """Widen a landed fp8 tile to the ring's float16 (exact: e4m3 is a subset, one ``cvt`` for two values), 64
+        columns at a time, and hand its rows' scales to the ring slot's scale row (the consumers apply them to the
+        scores and the probabilities: no multiply here)."""
         CH: gl.constexpr = 64
         cv_l: gl.constexpr = gl.BlockedLayout([1, 16], [8, 4], [GATHER_WARPS, 1], [1, 0])
-        sc = sc_stage.load(gl.SliceLayout(1, cv_l))
+        sc_l: gl.constexpr = gl.BlockedLayout([1], [32], [GATHER_WARPS], [0])
+        dst_sc.store(sc_stage.load(sc_l))
         for c in gl.static_range(DV // CH):
             x = stage.slice(c * CH, CH, dim=1).load(cv_l)
-            dst.slice(c * CH, CH, dim=1).store((x.to(gl.float32) * sc[:, None]).to(dst.dtype))
+            dst.slice(c * CH, CH, dim=1).store(x.to(dst.dtype))
 
     @gluon.jit
-    def _ws_gather_fp8(kv_ptr, scale_ptr, idx_base, kv_smem, stage_smem, sc_smem, ready, empty, idx_smem,
-                       start, end, n_tiles, num_rows, stride_kv, col_off, DV: gl.constexpr, BLOCK_T: gl.constexpr,
-                       STAGES: gl.constexpr, V_SPLIT: gl.constexpr, GATHER_WARPS: gl.constexpr,
-                       IDX_TILES: gl.constexpr, FP8_STAGES: gl.constexpr, PROBE: gl.constexpr = 0):
+    def _ws_gather_fp8(kv_ptr, scale_ptr, idx_base, q_smem, q_bar, kv_smem, stage_smem, sc_smem, sc_ring, ready,
+                       empty, idx_smem, start, end, n_tiles, num_rows, stride_kv, col_off, DV: gl.constexpr,
+                       BLOCK_H: gl.constexpr, BLOCK_T: gl.constexpr, STAGES: gl.constexpr, V_SPLIT: gl.constexpr,
+                       GATHER_WARPS: gl.constexpr, IDX_TILES: gl.constexpr, FP8_STAGES: gl.constexpr,
+                       PROBE: gl.constexpr = 0):
         """The producer's loop for an fp8 cache: each tile's rows (512 bytes each) and their float32 scales are copied
         by ``cp.async`` into a staging ring of ``FP8_STAGES`` slots, ``FP8_STAGES - 1`` tiles ahead; once a tile has
         landed the producer widens it (:func:`_dequant_tile`) into the 16-bit ring slot the consumers released and
@@ -550,6 +563,17 @@ if HAVE_GLUON:
                                 _fp8_rows(idx_base, idx_smem, start, end, i, offs_s, IDX_TILES, sc_l),
                                 num_rows, stride_kv, offs_d)
             async_copy.commit_group()
+        # q (its bf16 copies, the first group) to float16 in place, while the first tiles' copies are in flight
+        async_copy.wait_group(FP8_STAGES - 1)
+        _thread_barrier()  # every producer thread's copies of q
+        qv_l: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [GATHER_WARPS, 1], [1, 0])
+        q16 = _view(q_smem, gl.float16, [BLOCK_H, DV], gl.NVMMASharedLayout(swizzle_byte_width=128,
+                                                                           element_bitwidth=16, rank=2))
+        for c in gl.static_range(DV // 64):
+            q16.slice(c * 64, 64, dim=1).store(q_smem.slice(c * 64, 64, dim=1).load(qv_l).to(gl.float16))
+        fence_async_shared()  # q (generic proxy writes) before the tensor cores' reads
+        _thread_barrier()
+        mbarrier.arrive(q_bar)
         rows_c = _fp8_rows(idx_base, idx_smem, start, end, FP8_STAGES - 1, offs_t, IDX_TILES, rl)
         rows_cs = _fp8_rows(idx_base, idx_smem, start, end, FP8_STAGES - 1, offs_s, IDX_TILES, sc_l)
         for t in range(n_tiles):
@@ -566,7 +590,7 @@ if HAVE_GLUON:
             mbarrier.wait(empty.index(slot), ((t // STAGES) & 1) ^ 1)  # the first pass finds every slot free
             if PROBE != 3:
                 _dequant_tile(stage_smem.index(t % FP8_STAGES), sc_smem.index(t % FP8_STAGES), kv_smem.index(slot),
-                              BLOCK_T, DV, GATHER_WARPS)
+                              sc_ring.index(slot), BLOCK_T, DV, GATHER_WARPS)
             fence_async_shared()  # the widened tile (generic proxy writes) before the tensor cores' reads
             _thread_barrier()  # every producer thread's part of the tile is written
             mbarrier.arrive(ready.index(slot))
@@ -578,7 +602,7 @@ if HAVE_GLUON:
                    DV: gl.constexpr, BLOCK_H: gl.constexpr, BLOCK_T: gl.constexpr, STAGES: gl.constexpr,
                    V_SPLIT: gl.constexpr, GATHER_WARPS: gl.constexpr, PROBE: gl.constexpr,
                    idx_smem, idx_bar, IDX_TILES: gl.constexpr,
-                   scale_ptr, stage_smem, sc_smem, FP8_STAGES: gl.constexpr):
+                   scale_ptr, stage_smem, sc_smem, sc_ring, FP8_STAGES: gl.constexpr):
         """WS's producer warpgroup: q, then each tile's selected rows into the ring by ``cp.async``. A slot is
         refilled once the consumers have released it (``empty``); each thread's copies arrive on the slot's
         ``ready`` barrier when they land (``cp.async.mbarrier.arrive.noinc``), so no warp waits for a copy here.
@@ -597,7 +621,10 @@ if HAVE_GLUON:
         offs_hq = gl.arange(0, BLOCK_H, layout=gl.SliceLayout(1, copy_l))
         _async_load(q_smem, q_ptr + pid_b.to(gl.int64) * stride_qb + offs_hq[:, None] * stride_qh + offs_d[None, :],
                     mask=(offs_hq < H)[:, None])
-        async_copy.mbarrier_arrive(q_bar, increment_count=False)
+        if FP8_STAGES > 0:  # q is widened to float16 in place once it has landed (_ws_gather_fp8)
+            async_copy.commit_group()
+        else:
+            async_copy.mbarrier_arrive(q_bar, increment_count=False)
         if IDX_TILES > 0:  # every row number of the split in one round trip, then each tile's from shared memory
             il: gl.constexpr = gl.BlockedLayout([1, 1], [1, 32], [GATHER_WARPS, 1], [1, 0])
             it = gl.arange(0, IDX_TILES, layout=gl.SliceLayout(1, il))
@@ -608,9 +635,9 @@ if HAVE_GLUON:
             _thread_barrier()  # the producer's warps: every row number is in the table
             mbarrier.arrive(idx_bar)  # ... and the consumers may read it (release; their wait acquires)
         if FP8_STAGES > 0:
-            _ws_gather_fp8(kv_ptr, scale_ptr, idx_base, kv_smem, stage_smem, sc_smem, ready, empty, idx_smem,
-                           start, end, n_tiles, num_rows, stride_kv, col_off, DV, BLOCK_T, STAGES, V_SPLIT,
-                           GATHER_WARPS, IDX_TILES, FP8_STAGES, PROBE)
+            _ws_gather_fp8(kv_ptr, scale_ptr, idx_base, q_smem, q_bar, kv_smem, stage_smem, sc_smem, sc_ring, ready,
+                           empty, idx_smem, start, end, n_tiles, num_rows, stride_kv, col_off, DV, BLOCK_H, BLOCK_T,
+                           STAGES, V_SPLIT, GATHER_WARPS, IDX_TILES, FP8_STAGES, PROBE)
         elif IDX_TILES > 0:
             for t in range(n_tiles):
                 slot = t % STAGES
@@ -636,7 +663,8 @@ if HAVE_GLUON:
                     stride_pb, stride_ps, stride_ph, stride_lb, stride_ls, stride_ob, stride_oh,
                     DV: gl.constexpr, BLOCK_H: gl.constexpr, BLOCK_T: gl.constexpr, STAGES: gl.constexpr,
                     DIRECT: gl.constexpr, P_SMEM: gl.constexpr, V_SPLIT: gl.constexpr, STORE_CVT: gl.constexpr,
-                    MERGE: gl.constexpr, S_PAD: gl.constexpr, PROBE: gl.constexpr = 0):
+                    MERGE: gl.constexpr, S_PAD: gl.constexpr, PROBE: gl.constexpr = 0, sc_ring=None,
+                    KV_SCALED: gl.constexpr = False):
         """WS's two consumer warpgroups: the single-partition kernel's loop without its copies and its block-wide
         barrier; they release a slot (one arrival: Gluon arrives once a partition, after the partition's barrier)
         once both warpgroups' products have read it."""
@@ -663,8 +691,13 @@ if HAVE_GLUON:
                 s_tok = warpgroup_mma(q_smem, tile.permute((1, 0)), s_zero, use_acc=False, is_async=True)
                 valid = (rows_v >= 0) & (rows_v < num_rows)
                 rows_v = _tile_rows(idx_base, start, end, t + 1, offs_ts)
+                if KV_SCALED:
+                    scl = sc_ring.index(slot).load(gl.SliceLayout(0, s_l))
+                else:
+                    scl = None
                 s = warpgroup_mma_wait(0, deps=[s_tok])
-                acc, m_i, l_i = _softmax_pv(s, valid, qk_scale, m_i, l_i, acc, p_smem, v_tile, P_SMEM, o_l, p_l)
+                acc, m_i, l_i = _softmax_pv(s, valid, qk_scale, m_i, l_i, acc, p_smem, v_tile, P_SMEM, o_l, p_l, scl,
+                                            KV_SCALED)
             mbarrier.arrive(empty.index(slot))  # both warpgroups' products are done with the slot
         _write_result(acc, m_i, l_i, part_ptr, lse_ptr, out_ptr, sem_ptr, pid_b, pid_s, col_off, H, n_splits,
                       stride_pb, stride_ps, stride_ph, stride_lb, stride_ls, stride_ob, stride_oh,
@@ -688,7 +721,7 @@ if HAVE_GLUON:
                        DV: gl.constexpr, BLOCK_H: gl.constexpr, BLOCK_T: gl.constexpr, STAGES: gl.constexpr,
                        DIRECT: gl.constexpr, P_SMEM: gl.constexpr, V_SPLIT: gl.constexpr, STORE_CVT: gl.constexpr,
                        MERGE: gl.constexpr, S_PAD: gl.constexpr, WG: gl.constexpr, PROBE: gl.constexpr, idx_smem,
-                       idx_bar, IDX_TILES: gl.constexpr):
+                       idx_bar, IDX_TILES: gl.constexpr, sc_ring=None, KV_SCALED: gl.constexpr = False):
         """SPLIT_WG's consumer warpgroup ``WG`` (0 or 1, each a worker partition): the split's tiles ``WG``,
         ``WG + 2``, ... whole (a 64 x BLOCK_T x 512 score product, its own online softmax, O += P V for the program's
         DO <= 256 columns), with no exchange with the other warpgroup until the end: then warpgroup 1 hands its
@@ -730,9 +763,13 @@ if HAVE_GLUON:
                 else:
                     rows_v = _tile_rows(idx_base, start, end, t, offs_ts)
                 valid = (rows_v >= 0) & (rows_v < num_rows)
+                if KV_SCALED:
+                    scl = sc_ring.index(slot).load(gl.SliceLayout(0, s_l))
+                else:
+                    scl = None
                 s = warpgroup_mma_wait(0, deps=[s_tok])
                 acc, m_i, l_i = _softmax_pv(s, valid, qk_scale, m_i, l_i, acc, p_own, tile.slice(0, DO, dim=1),
-                                            P_SMEM, o_l, p_l)
+                                            P_SMEM, o_l, p_l, scl, KV_SCALED)
             mbarrier.arrive(empty.index(slot))
         hand_sl: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, [1, 0])
         hand = _view(q_smem, gl.float32, [BLOCK_H, DO], hand_sl)  # 64 x DO float32: no more than q's 64 x 512 16-bit
@@ -778,7 +815,7 @@ if HAVE_GLUON:
                            stride_pb, stride_ps, stride_ph, stride_lb, stride_ls, stride_ob, stride_oh,
                            DV: gl.constexpr, BLOCK_H: gl.constexpr, BLOCK_T: gl.constexpr, STAGES: gl.constexpr,
                            DIRECT: gl.constexpr, S_PAD: gl.constexpr, WG: gl.constexpr, idx_smem, idx_bar,
-                           IDX_TILES: gl.constexpr):
+                           IDX_TILES: gl.constexpr, sc_ring=None, KV_SCALED: gl.constexpr = False):
         """SEESAW's consumer warpgroup ``WG`` (0 or 1): it owns the split's tiles ``WG``, ``WG + 2``, ... and holds
         columns ``[WG * 256, WG * 256 + 256)`` of O. For its own tile it computes the whole scores' product (64 x
         BLOCK_T x 512, once for both), the online softmax against the running max after the previous tile (which
@@ -823,11 +860,17 @@ if HAVE_GLUON:
                 m_i, l_i, alpha_prev = _seesaw_stats(m_i, l_i, t - 1, st_smem, ready, pready, STAGES, ml_l, mo_l)
             else:
                 alpha_prev = gl.full([BLOCK_H], 1.0, gl.float32, layout=mo_l)
+            if KV_SCALED:
+                scl = sc_ring.index(slot).load(gl.SliceLayout(0, s_l))
+            else:
+                scl = None
             s = warpgroup_mma_wait(0, deps=[s_tok])
             # this tile's softmax and its publication first: the other warpgroup's next softmax waits for them (the
             # chain from tile to tile), and nothing else stands between its wait and this publication
-            p, alpha, m_i = _online_softmax(s, valid, qk_scale, m_i)
+            p, alpha, m_i = _online_softmax(s, valid, qk_scale, m_i, scl, KV_SCALED)
             rs = gl.sum(p, 1)
+            if KV_SCALED:  # both warpgroups multiply this P by the unscaled V rows
+                p = p * scl[None, :]
             p_smem.index(slot).store(p.to(dtype))
             st_smem.index(3 * slot).store(alpha)
             st_smem.index(3 * slot + 1).store(m_i)
@@ -880,13 +923,19 @@ if HAVE_GLUON:
         p_sl: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=BLOCK_T * 2 if BLOCK_T < 64 else 128, element_bitwidth=16,
                                                   rank=2)
         q_smem = gl.allocate_shared_memory(dtype, [BLOCK_H, DV], tile_sl)
-        kv_smem = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_T, DV], tile_sl)
-        if SEESAW:
-            p_smem = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_H, BLOCK_T], p_sl)  # each ring slot's P
-        elif SPLIT_WG:
-            p_smem = gl.allocate_shared_memory(dtype, [2, BLOCK_H, BLOCK_T], p_sl)  # each warpgroup its own P
+        if FP8_STAGES > 0:  # an fp8 cache: the products run in float16 (e4m3 widens exactly; q is widened in place)
+            mma_dtype: gl.constexpr = gl.float16
+            q_mma = _view(q_smem, gl.float16, [BLOCK_H, DV], tile_sl)
         else:
-            p_smem = gl.allocate_shared_memory(dtype, [BLOCK_H, BLOCK_T], p_sl)
+            mma_dtype: gl.constexpr = dtype
+            q_mma = q_smem
+        kv_smem = gl.allocate_shared_memory(mma_dtype, [STAGES, BLOCK_T, DV], tile_sl)
+        if SEESAW:
+            p_smem = gl.allocate_shared_memory(mma_dtype, [STAGES, BLOCK_H, BLOCK_T], p_sl)  # each ring slot's P
+        elif SPLIT_WG:
+            p_smem = gl.allocate_shared_memory(mma_dtype, [2, BLOCK_H, BLOCK_T], p_sl)  # each warpgroup its own P
+        else:
+            p_smem = gl.allocate_shared_memory(mma_dtype, [BLOCK_H, BLOCK_T], p_sl)
         if IDX_TILES > 0:  # the producer's table of the split's row numbers
             idx_smem = gl.allocate_shared_memory(gl.int32, [IDX_TILES, BLOCK_T], gl.SwizzledSharedLayout(1, 1, 1, [0]))
         else:
@@ -896,14 +945,18 @@ if HAVE_GLUON:
                                                    gl.NVMMASharedLayout(swizzle_byte_width=64, element_bitwidth=8,
                                                                         rank=2))
             sc_smem = gl.allocate_shared_memory(gl.float32, [FP8_STAGES, BLOCK_T], gl.SwizzledSharedLayout(1, 1, 1, [0]))
+            # each ring slot's row scales, from the producer to the consumers (scores and probabilities)
+            sc_ring = gl.allocate_shared_memory(gl.float32, [STAGES, BLOCK_T], gl.SwizzledSharedLayout(1, 1, 1, [0]))
         else:
             stage_smem = q_smem  # unused
             sc_smem = q_smem
+            sc_ring = q_smem
         q_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
         idx_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
         ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
         empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-        mbarrier.init(q_bar, count=GATHER_WARPS * 32)  # one arrival per producer thread, when its copies land
+        # one arrival per producer thread, when its copies land; with an fp8 cache one, once q is widened
+        mbarrier.init(q_bar, count=1 if FP8_STAGES > 0 else GATHER_WARPS * 32)
         mbarrier.init(idx_bar, count=1)  # the producer's table is written (one arrival: the partition's)
         for i in gl.static_range(STAGES):
             # one arrival per producer thread as its copies land; an fp8 tile: one, once the partition widened it
@@ -923,17 +976,17 @@ if HAVE_GLUON:
                 (_ws_gather, (q_ptr, kv_ptr, idx_ptr, q_smem, kv_smem, q_bar, ready, empty,
                               H, num_rows, topk, rows_per_split, stride_qb, stride_qh, stride_kv, stride_ib,
                               DV, BLOCK_H, BLOCK_T, STAGES, V_SPLIT, GATHER_WARPS, PROBE, idx_smem, idx_bar,
-                              IDX_TILES, scale_ptr, stage_smem, sc_smem, FP8_STAGES)),
-                (_ws_compute_seesaw, (q_smem, kv_smem, p_smem, st_smem, q_bar, ready, empty, pready, idx_ptr, part_ptr,
+                              IDX_TILES, scale_ptr, stage_smem, sc_smem, sc_ring, FP8_STAGES)),
+                (_ws_compute_seesaw, (q_mma, kv_smem, p_smem, st_smem, q_bar, ready, empty, pready, idx_ptr, part_ptr,
                                       lse_ptr, out_ptr, sem_ptr, H, num_rows, topk, rows_per_split, qk_scale, n_splits,
                                       stride_ib, stride_pb, stride_ps, stride_ph, stride_lb, stride_ls, stride_ob,
                                       stride_oh, DV, BLOCK_H, BLOCK_T, STAGES, DIRECT, S_PAD, 0, idx_smem, idx_bar,
-                                      IDX_TILES)),
-                (_ws_compute_seesaw, (q_smem, kv_smem, p_smem, st_smem, q_bar, ready, empty, pready, idx_ptr, part_ptr,
+                                      IDX_TILES, sc_ring, FP8_STAGES > 0)),
+                (_ws_compute_seesaw, (q_mma, kv_smem, p_smem, st_smem, q_bar, ready, empty, pready, idx_ptr, part_ptr,
                                       lse_ptr, out_ptr, sem_ptr, H, num_rows, topk, rows_per_split, qk_scale, n_splits,
                                       stride_ib, stride_pb, stride_ps, stride_ph, stride_lb, stride_ls, stride_ob,
                                       stride_oh, DV, BLOCK_H, BLOCK_T, STAGES, DIRECT, S_PAD, 1, idx_smem, idx_bar,
-                                      IDX_TILES)),
+                                      IDX_TILES, sc_ring, FP8_STAGES > 0)),
             ], [4, 4], [WG_REGS, WG_REGS])
         elif SPLIT_WG:
             gl.static_assert(V_SPLIT > 1, "one warpgroup's accumulator: at most 256 columns of V")
@@ -949,30 +1002,30 @@ if HAVE_GLUON:
                 (_ws_gather, (q_ptr, kv_ptr, idx_ptr, q_smem, kv_smem, q_bar, ready, empty,
                               H, num_rows, topk, rows_per_split, stride_qb, stride_qh, stride_kv, stride_ib,
                               DV, BLOCK_H, BLOCK_T, STAGES, V_SPLIT, GATHER_WARPS, PROBE, idx_smem, idx_bar,
-                              IDX_TILES, scale_ptr, stage_smem, sc_smem, FP8_STAGES)),
-                (_ws_compute_wg, (q_smem, kv_smem, p_smem, q_bar, ready, empty, done, hand_ml, idx_ptr, part_ptr, lse_ptr,
+                              IDX_TILES, scale_ptr, stage_smem, sc_smem, sc_ring, FP8_STAGES)),
+                (_ws_compute_wg, (q_mma, kv_smem, p_smem, q_bar, ready, empty, done, hand_ml, idx_ptr, part_ptr, lse_ptr,
                                   out_ptr, sem_ptr, H, num_rows, topk, rows_per_split, qk_scale, n_splits, stride_ib,
                                   stride_pb, stride_ps, stride_ph, stride_lb, stride_ls, stride_ob, stride_oh,
                                   DV, BLOCK_H, BLOCK_T, STAGES, DIRECT, P_SMEM, V_SPLIT, STORE_CVT, MERGE, S_PAD, 0,
-                                  PROBE, idx_smem, idx_bar, IDX_TILES)),
-                (_ws_compute_wg, (q_smem, kv_smem, p_smem, q_bar, ready, empty, done, hand_ml, idx_ptr, part_ptr, lse_ptr,
+                                  PROBE, idx_smem, idx_bar, IDX_TILES, sc_ring, FP8_STAGES > 0)),
+                (_ws_compute_wg, (q_mma, kv_smem, p_smem, q_bar, ready, empty, done, hand_ml, idx_ptr, part_ptr, lse_ptr,
                                   out_ptr, sem_ptr, H, num_rows, topk, rows_per_split, qk_scale, n_splits, stride_ib,
                                   stride_pb, stride_ps, stride_ph, stride_lb, stride_ls, stride_ob, stride_oh,
                                   DV, BLOCK_H, BLOCK_T, STAGES, DIRECT, P_SMEM, V_SPLIT, STORE_CVT, MERGE, S_PAD, 1,
-                                  PROBE, idx_smem, idx_bar, IDX_TILES)),
+                                  PROBE, idx_smem, idx_bar, IDX_TILES, sc_ring, FP8_STAGES > 0)),
             ], [4, 4], [WG_REGS, WG_REGS])
         else:
             fence_async_shared()
             gl.warp_specialize([
-                (_ws_compute, (q_smem, kv_smem, p_smem, q_bar, ready, empty, idx_ptr, part_ptr, lse_ptr, out_ptr, sem_ptr,
+                (_ws_compute, (q_mma, kv_smem, p_smem, q_bar, ready, empty, idx_ptr, part_ptr, lse_ptr, out_ptr, sem_ptr,
                                H, num_rows, topk, rows_per_split, qk_scale, n_splits, stride_ib,
                                stride_pb, stride_ps, stride_ph, stride_lb, stride_ls, stride_ob, stride_oh,
                                DV, BLOCK_H, BLOCK_T, STAGES, DIRECT, P_SMEM, V_SPLIT, STORE_CVT, MERGE, S_PAD,
-                               PROBE)),
+                               PROBE, sc_ring, FP8_STAGES > 0)),
                 (_ws_gather, (q_ptr, kv_ptr, idx_ptr, q_smem, kv_smem, q_bar, ready, empty,
                               H, num_rows, topk, rows_per_split, stride_qb, stride_qh, stride_kv, stride_ib,
                               DV, BLOCK_H, BLOCK_T, STAGES, V_SPLIT, GATHER_WARPS, PROBE, idx_smem, idx_bar,
-                              IDX_TILES, scale_ptr, stage_smem, sc_smem, FP8_STAGES)),
+                              IDX_TILES, scale_ptr, stage_smem, sc_smem, sc_ring, FP8_STAGES)),
             ], [GATHER_WARPS], [GATHER_REGS])
 
 # timing probes of the warp-specialised schedule: its handshakes and products without the rows' copies (what is left

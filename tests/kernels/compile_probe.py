@@ -100,7 +100,9 @@ def wgmma_build(shape: dict, config: dict, kwargs: dict | None = None) -> dict:
               "copy_wait_group": len(re.findall(r"\bcp\.async\.wait_group", ptx)),
               "atom.acq_rel.add": len(re.findall(r"\batom\.global\.gpu\.acq_rel\.add", ptx)),
               "ld.global.cg": len(re.findall(r"\bld\.global\.cg", ptx)),
-              "griddepcontrol.launch_dependents": len(re.findall(r"\bgriddepcontrol\.launch_dependents", ptx))}
+              "griddepcontrol.launch_dependents": len(re.findall(r"\bgriddepcontrol\.launch_dependents", ptx)),
+              "cvt.f16x2.e4m3x2": len(re.findall(r"\bcvt\.rn\.f16x2\.e4m3x2", ptx)),
+              "cvt.f32.f16": len(re.findall(r"\bcvt\.f32\.f16\b", ptx))}
     for m in re.finditer(r"cp\.async\.c[ag]\.shared\.global[^;]*?,\s*(0x[0-9a-f]+|\d+)", ptx):
         key = f"cp.async.{int(m.group(1), 0)}B"
         counts[key] = counts.get(key, 0) + 1

@@ -149,9 +149,10 @@ def test_the_tuned_lookup_of_an_fp8_cache_gives_the_wgmma_kernel_a_config_it_can
 ], ids=["ws-v8", "split-wg-table", "seesaw"])
 def test_an_fp8_cache_compiles_to_staged_row_and_scale_copies_widened_by_the_producer_without_spills(config):
     """The fp8 build for sm_90: the producer copies 16 bytes of fp8 a thread and each row's 4-byte scale by cp.async
-    into its staging ring and waits on its own copy groups (the 16-bit ring's copies arrive on mbarriers instead:
-    only q's does here); the consumers still run wgmma; no local memory; the shared memory rule (the 16-bit
-    schedule's bytes plus the staging slots) bounds the build."""
+    into its staging ring and waits on its own copy groups (the 16-bit ring's copies arrive on mbarriers instead; q
+    too, which is widened in place here), widens the rows with one cvt for two values (e4m3 to float16, no float32
+    round trip); the consumers still run wgmma; no local memory; the shared memory rule (the 16-bit schedule's
+    bytes plus the staging slots and the ring's row scales) bounds the build."""
     from kernels.sparse_decode_wgmma import SM90_SMEM, fp8_stages
 
     k = get_kernel("sparse_decode_wgmma")
@@ -159,11 +160,13 @@ def test_an_fp8_cache_compiles_to_staged_row_and_scale_copies_widened_by_the_pro
     shape = dict(V4, batch=64 if config.get("SPLIT_WG") else 16)
     fp8, bf16 = (_sm90_build(shape, config, kwargs={"kv_fp8": f}) for f in (True, False))
     assert fp8["ptx"]["cp.async.4B"] > 0 and bf16["ptx"].get("cp.async.4B", 0) == 0, fp8["ptx"]
-    assert fp8["ptx"]["copy_arrive"] == 1 and bf16["ptx"]["copy_arrive"] == 2, (fp8["ptx"], bf16["ptx"])
+    assert fp8["ptx"]["copy_arrive"] == 0 and bf16["ptx"]["copy_arrive"] == 2, (fp8["ptx"], bf16["ptx"])
     assert fp8["ptx"]["copy_wait_group"] > 0 and bf16["ptx"]["copy_wait_group"] == 0
+    assert fp8["ptx"]["cvt.f16x2.e4m3x2"] > 0 and fp8["ptx"]["cvt.f32.f16"] == 0, fp8["ptx"]
     assert fp8["ptx"]["wgmma"] == bf16["ptx"]["wgmma"] > 0
     assert fp8["usage"]["local"] == 0, fp8["usage"]
-    staging = fp8_stages(config, shape) * config["BLOCK_T"] * (512 + 4)
+    staging = (fp8_stages(config, shape) * config["BLOCK_T"] * (512 + 4)  # the staging ring, its scales
+               + config["STAGES"] * config["BLOCK_T"] * 4)  # and the 16-bit ring's row scales
     assert fp8["shared_bytes"] <= k.smem_bytes(config, shape) + staging <= fp8["shared_bytes"] + 4096
     assert fp8["shared_bytes"] <= SM90_SMEM
 
