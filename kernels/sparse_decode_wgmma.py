@@ -101,11 +101,14 @@ many programs and its launch overlaps the split kernel's tail. It stays a tunabl
 An fp8 e4m3 cache with a float32 scale per row (``kv_scale``, as :func:`kernels.sparse_decode.sparse_decode`
 takes it) runs on the warp-specialised schedules: the producer copies each tile's fp8 rows and scales by ``cp.async``
 into a staging ring of up to four slots (``FP8_STAGES``, what shared memory holds beside the 16-bit ring), widens a
-landed tile to bf16 times its rows' scales into the ring slot the consumers released, and arrives on its ``ready``
-barrier (:func:`_ws_gather_fp8`); the consumers are the 16-bit ones. Measured on an H200 (2026-12-01, 9a692a1,
-``sparse_decode_wgmma_fp8_h200_9a692a1.md``): 1.33x / 1.46x the ``tl.dot`` kernel's tuned fp8 configs at batch 16 / 64,
-0.95x at batch 1, and 0.74-0.84x the same rows as a bf16 cache: the widening costs the producer 1-10 µs a launch and
-the staging slots cut the 16-bit ring (``fit_dtype``: 32-row tiles, fewer slots).
+landed tile to float16 (exact: one ``cvt`` for two values) into the ring slot the consumers released, hands its row
+scales over beside it and arrives on its ``ready`` barrier (:func:`_ws_gather_fp8`); q is widened to float16 in
+place, and the consumers, the 16-bit ones, multiply the scores and the probabilities by the scales. Measured on an
+H200 (2026-12-01, 4ac0e78, ``sparse_decode_wgmma_fp8_h200_4ac0e78.md``): 1.30x / 1.50x the ``tl.dot`` kernel's tuned
+fp8 configs at batch 16 / 64, 0.94x at batch 1, and 0.75-0.81x the same rows as a bf16 cache: the staging slots cut
+the 16-bit ring (``fit_dtype``: 32-row tiles, fewer slots; the bf16 kernel at the fp8 best's config is within 7-17%
+of it), and the widening and scales cost the rest. Widening through float32 times the scale in the producer (9a692a1)
+measured the same within 0.8 µs and erred 0.0043 against 0.0017.
 
 Needs an sm_90 GPU and a Triton with Gluon's Hopper API (3.6 on the GPU image; the compile test also runs on 3.9).
 Its sm_90 build is checked on CPU and its numerics on the GPU (``tests/kernels/test_sparse_decode_wgmma.py``).
