@@ -84,13 +84,16 @@ def resolved_space(space: dict, default: dict | None):
 
 
 def replay_once(table: dict, space: dict, rule, budget: int, seed: int, strategy: str, first: list[dict] | None,
-                lookahead: int = 1, resolved=None, canonical=None) -> tuple[float, int]:
+                lookahead: int = 1, resolved=None, canonical=None, nearest=None) -> tuple[float, int]:
     """One search over a measured table; returns (best time found, evaluations spent). ``first``: the configs
     enqueued before sampling (the default, then the kernel's seed configs), as the tuner does. ``lookahead``:
     trials asked before the oldest is told, as the kernel search does when it compiles ahead. ``strategy``:
     ``tpe``, ``random``, ``tpe+moves`` (a repeat is followed by a one-change move from the best, ``tuner.search.refine``)
     or ``tpe+refine:S`` (that, and moves before every ask in the last share S of the evaluations). ``canonical``: the
-    kernel's ``canonical_config``; a config whose canonical form was seen is a repeat, as in the kernel search."""
+    kernel's ``canonical_config``; a config whose canonical form was seen is a repeat, as in the kernel search.
+    ``nearest`` (a sampled table): a rule-passing config outside the table is one evaluation that gets the time of
+    the table's config ``nearest(key)`` names (the sample stands for the space around it); without it such a config
+    is pruned for free, as every rule-passing config of an exhaustive table is in it."""
     import optuna
 
     from tuner.search.context import set_constraints
@@ -135,11 +138,11 @@ def replay_once(table: dict, space: dict, rule, budget: int, seed: int, strategy
                 break
             continue
         repeats = 0
-        if key not in table or rule(config):
+        if rule(config) or (key not in table and nearest is None):
             value, outcome = penalty_value("minimize"), "invalid_config"  # pruned before compile: free
         else:
             evals += 1
-            t = table[key]
+            t = table[key] if key in table else table[nearest(key)]
             value, outcome = (t, "ok") if t is not None else (penalty_value("minimize"), "failed")
             if t is not None:
                 best = min(best, t)
@@ -164,11 +167,13 @@ def analyse(name: str, rows: list[dict], space: dict, rule, default: dict | None
             compile_s: float, timing_s: float, autotune_timing_s: float = AUTOTUNE_TIMING_S,
             starts: list[dict] | None = None, lookahead: int = 1,
             strategies: tuple[str, ...] = ("tpe", "random"), firsts: tuple[bool, ...] = (True, False),
-            canonical=None) -> dict:
+            canonical=None, sampled: bool = False) -> dict:
     """Replay TPE and random at each fraction of the table over ``seeds`` seeds; with ``starts`` (the kernel's
     seed configs) the "first" runs enqueue the default and then them, as ``tuner.search.kernel_search`` does.
     ``canonical`` (the kernel's ``canonical_config``): rows of one program are one row (its fastest timing), the
-    fractions are of the programs, and a config is looked up by its program, as the kernel search finds repeats."""
+    fractions are of the programs, and a config is looked up by its program, as the kernel search finds repeats.
+    ``sampled``: the rows are a sample of the space; a draw outside it takes its nearest sampled config's time
+    (:func:`nearest_in`)."""
     import optuna
 
     optuna.logging.set_verbosity(optuna.logging.ERROR)
@@ -188,6 +193,7 @@ def analyse(name: str, rows: list[dict], space: dict, rule, default: dict | None
     starts = [c for c in (starts or []) if tuple(canon(c)[k] for k in keys) in keyset]
     first = ([default] if default else []) + starts
     resolved = resolved_space(space, default)
+    nearest = nearest_in(list(table), space) if sampled else None
     out = {"name": name, "n": n, "ok": len(ok), "starts": len(starts), "failed": n - len(ok), "rule_pruned": sum(1 for r in rows if rule(r["config"])),
            "best": best_all, "best_rules": best_rules, "default": default_t, "runs": []}
     for frac in FRACTIONS:
@@ -197,7 +203,7 @@ def analyse(name: str, rows: list[dict], space: dict, rule, default: dict | None
                 gaps, evals = [], []
                 for seed in range(seeds):
                     b, e = replay_once(table, space, rule, budget, seed, strategy, first if with_default else None,
-                                       lookahead, resolved, canonical)
+                                       lookahead, resolved, canonical, nearest)
                     gaps.append(b / best_all - 1 if math.isfinite(b) else math.inf)
                     evals.append(e)
                 out["runs"].append({"frac": frac, "budget": budget, "strategy": strategy, "default_first": with_default,
@@ -214,6 +220,25 @@ def analyse(name: str, rows: list[dict], space: dict, rule, default: dict | None
         "autotune_s": n * (compile_s + autotune_timing_s),
     }
     return out
+
+
+def nearest_in(keys: list[tuple], space: dict):
+    """``nearest(key)``: the key of ``keys`` (a sampled table's) with the fewest fields different from ``key``, ties
+    broken by the summed log2 distance of the differing values, then by the table's order; remembered per key."""
+    names = list(space)
+    memo: dict[tuple, tuple] = {}
+
+    def dist(a: tuple, b: tuple) -> tuple[int, float]:
+        diff = [(x, y) for x, y in zip(a, b) if x != y]
+        return len(diff), sum(abs(math.log2(max(float(x), 1.0) / max(float(y), 1.0))) for x, y in diff)
+
+    def nearest(key: tuple) -> tuple:
+        if key not in memo:
+            memo[key] = min(keys, key=lambda k: dist(key, k))
+        return memo[key]
+
+    assert all(len(k) == len(names) for k in keys)
+    return nearest
 
 
 def collapse_programs(rows: list[dict], canonical) -> list[dict]:
@@ -688,11 +713,13 @@ def gpu_analysis(data: dict, seeds: int, lookahead: int = 1, held_out: bool | No
             return kernel.check_config(config, shape, None, dtype=dtype)
 
         name = f"{case['kernel']} {kernel.shape_key(shape)} {case['dtype']} (measured on {data['gpu']})"
+        sampled = len(rows) < case["space_size"]
         res = analyse(name, rows, space, rule, case["default"], seeds, compile_s, timing_s,
                       starts=_starts(case["kernel"], shape, case["dtype"]), lookahead=lookahead,
-                      canonical=lambda c, kernel=kernel, shape=shape: kernel.canonical_config(c, shape), **kw)
+                      canonical=lambda c, kernel=kernel, shape=shape: kernel.canonical_config(c, shape),
+                      sampled=sampled, **kw)
         res["held_out"] = bool(case.get("held_out", False))
-        res["sampled"] = len(rows) < case["space_size"]
+        res["sampled"] = sampled
         res["torch_us"], res["floor_us"] = case.get("torch_us"), case.get("floor_us")
         statuses: dict[str, int] = {}
         for r in case["rows"]:
@@ -708,7 +735,9 @@ def gpu_analysis(data: dict, seeds: int, lookahead: int = 1, held_out: bool | No
                      f"{statistics.median(firsts):.2f} s per config in a worker), then timed serially in "
                      f"{case['timing_wall_s']:.1f} s ({timing_s * 1e3:.0f} ms per config); outcomes {statuses}. ")
         res["extra"] = [sweep + ("The table is a uniform random sample of the space (time cap): gaps are relative "
-                                 "to the sample's best. " if res["sampled"] else "")
+                                 "to the sample's best, and a rule-passing config outside the sample is one evaluation "
+                                 "at its nearest sampled config's time (fewest differing fields). "
+                                 if res["sampled"] else "")
                         + (f"torch path {case['torch_us']:.2f} us, floor {case['floor_us']:.2f} us, best config "
                            f"{res['best']:.2f} us." if case.get("torch_us") else "")]
         results.append(res)
@@ -879,6 +908,11 @@ def main(argv: list[str] | None = None) -> int:
                     help="replays: TPE alone, with a one-change move after each repeat (the kernel search), and with a "
                          "refinement window (tuner.search.refine), default and seed configs first; writes "
                          "tuner_efficiency_refine.md")
+    ap.add_argument("--no-starts", action="store_true",
+                    help="with --goal: the sampler alone, without the default and the seed configs first (where a "
+                         "table's default is its best, the configured search finds it at the first evaluation)")
+    ap.add_argument("--report-name", default=None,
+                    help="with --goal: the report's file name (default: tuner_efficiency_goal_<set>.md)")
     ap.add_argument("--goal", choices=("tuning", "held_out"), default=None,
                     help="replays of the kernel search as it runs on the H200 (its sampler, default and seed configs "
                          "first, moves on repeats, its compile helpers' lookahead) against issue 20's goal: on the "
@@ -1016,7 +1050,7 @@ def main(argv: list[str] | None = None) -> int:
 def _goal(args, date: str) -> int:
     commit = _commit()  # the code that runs: read now, not when the report is written (a commit may land meanwhile)
     ahead = search_lookahead()
-    kw = {"strategies": ("tpe+moves",), "firsts": (True,)}
+    kw = {"strategies": ("tpe+moves",), "firsts": (not args.no_starts,)}
     if args.goal == "tuning":
         files = [str(ROOT / "benchmarks/results/data" / f) for f in RECORDED_SWEEPS]
         res = [recorded_case(args.seeds, ahead, **kw)] + gpu_analysis(load_sweeps(files), args.seeds, ahead, **kw)
@@ -1042,18 +1076,22 @@ def _goal(args, date: str) -> int:
     header = [f"# Kernel search against issue 20's goal: the {args.goal.replace('_', '-')} tables", "",
               f"Analysed {date} at commit {commit} on a CPU (replay, no GPU) from {source}. Each table is searched "
               f"{args.seeds} times (seeds 0..{args.seeds - 1}) as `tuner.search.kernel_search` searches it on the H200 "
-              f"host: its sampler (`kernel_sampler`), the default then `starting_configs` first, a one-change move "
+              f"host: its sampler (`kernel_sampler`), "
+              + ("without the default and `starting_configs` first (`--no-starts`: the sampler alone)"
+                 if args.no_starts else "the default then `starting_configs` first")
+              + f", a one-change move "
               f"after a repeat, {ahead} trials asked ahead (its compile helpers). Cell: seeds within 3% of the "
               f"table's best / seeds (evaluations). Rule-pruned configs and repeats cost no evaluation. Configs counts "
               f"programs: configs that run the same program (the kernel's `canonical_config`; GEMM: GROUP_M where "
               f"there is one row block) are one row, its fastest timing, and asking for one that was timed is a "
               f"repeat, as in the kernel search.", "",
               f"    python benchmarks/tuner_efficiency.py --goal {args.goal} --seeds {args.seeds}"
+              + (" --no-starts" if args.no_starts else "")
               + (f" --analyze-gpu {args.analyze_gpu}" if args.analyze_gpu else "")]
     text = goal_report(res, header)
     out = Path(args.out or ROOT / "benchmarks" / "results")
     out.mkdir(parents=True, exist_ok=True)
-    (out / f"tuner_efficiency_goal_{args.goal}.md").write_text(text)
+    (out / (args.report_name or f"tuner_efficiency_goal_{args.goal}.md")).write_text(text)
     print(text)
     return 0
 

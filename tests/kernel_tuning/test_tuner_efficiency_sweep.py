@@ -254,3 +254,21 @@ def test_replay_merges_rows_of_one_program_and_answers_a_twin_from_its_row(te):
     assert te.replay_once(table, space, lambda c: None, 1, 0, "random", [twin], canonical=canonical) == (10.0, 1)
     found, evals = te.replay_once(table, space, lambda c: None, 1, 0, "random", [twin])
     assert (found, evals) == (float("inf"), 0)  # without the canonical form the twin is missing from the table
+
+
+def test_a_sampled_tables_replay_times_an_off_sample_config_at_its_nearest_sampled_config(te):
+    """A sampled table (a 600-config sample of the wgmma kernel's 4,389): a rule-passing config outside the sample
+    is one evaluation at the time of the sampled config with the fewest different fields (ties by log2 distance),
+    not a free prune (which made the replay draw thousands of free configs and never finish); a rule-failing config
+    stays free; an exhaustive table's replay is unchanged (no nearest)."""
+    space = {"S": [1, 2, 4, 8], "B": [16, 32]}
+    table = {(1, 16): 30.0, (8, 32): 10.0, (1, 32): 20.0}
+    nearest = te.nearest_in(list(table), space)
+    assert nearest((2, 16)) == (1, 16) and nearest((8, 16)) == (8, 32)  # one field apart from one key only
+    assert nearest((2, 32)) == (1, 32)  # one field from both (1, 32) and (8, 32): log2(2/1) = 1 < log2(8/2) = 2
+    assert nearest((4, 16)) == (1, 16)  # log2(4) = 2 against log2(8/4) + ... two fields from (8, 32)
+    only = {"S": [4], "B": [32]}  # the search can only ask for (4, 32), which the sample lacks: nearest (8, 32)
+    off = {"S": 4, "B": 32}
+    assert te.replay_once(table, only, lambda c: None, 1, 0, "random", [off], nearest=nearest) == (10.0, 1)
+    assert te.replay_once(table, only, lambda c: None, 1, 0, "random", [off]) == (float("inf"), 0)  # pruned, free
+    assert te.replay_once(table, only, lambda c: "rule", 1, 0, "random", [off], nearest=nearest) == (float("inf"), 0)
