@@ -439,6 +439,7 @@ def sparse_decode(
     v_split: int = 1,
     idx_ahead: bool = False,
     qk_ahead: bool = False,
+    _pdl_trigger: bool | None = None,
 ) -> torch.Tensor:
     """Sparse MQA decode attention; returns ``[batch, heads, d_v]`` in ``q.dtype``.
 
@@ -475,6 +476,9 @@ def sparse_decode(
     ``sparse_decode_fused_h200.md``) its best config beat the plain loop's best by 1.01-1.05x at batch 1/16/64,
     but per config it ranged 0.61-1.77x (mostly gains with 3 stages), so it is a choice per config, which the
     config space does not hold yet.
+    ``_pdl_trigger`` (timing only, a correct result either way): with a PDL-launched merge, False keeps the split
+    kernel from letting it start early (``griddepcontrol.launch_dependents``), so it starts as the split kernel's
+    programs exit; None or True: early, as always before.
     ``qk_ahead``: gather the next tile and issue its QK product before this tile's softmax and PV product (the
     next tile's scores are carried to the next iteration), so the asynchronous tensor-core work of one tile can
     overlap the vector work of the other; a 16-bit cache and ``v_split=1`` only. Measured slower (same run:
@@ -529,7 +533,7 @@ def sparse_decode(
         out.stride(0), out.stride(1),
         DV=d_v, DT=DT, D_TAIL=D_TAIL, BLOCK_H=BLOCK_H, BLOCK_T=BLOCK_T, DIRECT=direct,
         FUSED_COMBINE=bool(fused_combine and not direct), KV_SCALED=kv_scale is not None,
-        PREFETCH=on_gpu, PDL=pdl, PREFETCH_NEXT=prefetch_next, LINES=lines, LINE_ELTS=128 // kv.element_size(),
+        PREFETCH=on_gpu, PDL=pdl and _pdl_trigger is not False, PREFETCH_NEXT=prefetch_next, LINES=lines, LINE_ELTS=128 // kv.element_size(),
         V_SPLIT=v_split, IDX_AHEAD=bool(idx_ahead), QK_AHEAD=bool(qk_ahead), num_warps=config["num_warps"], num_stages=config["num_stages"],
     )
     if not direct and not fused_combine:
