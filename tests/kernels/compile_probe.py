@@ -12,6 +12,9 @@ tensors, as the compile helpers do; ``real`` from real CPU tensors, as a trial's
                                               (how each launched Triton kernel reads global memory, counted in its
                                                sm_90 PTX: plain loads by width, async copies by bytes; from meta
                                                tensors of the inputs the kernel makes for that shape)
+    python compile_probe.py tldot SHAPE_JSON CONFIG_JSON [KWARGS_JSON]
+                                              (the tl.dot sparse decode's sm_90 build: its split kernel's
+                                               launch_dependents count, the merge's PDL launch)
     python compile_probe.py wgmma SHAPE_JSON CONFIG_JSON [KWARGS_JSON]
                                               (the Gluon sparse-decode kernel's sm_90 build: instruction counts
                                                in its PTX; registers and local memory by cuobjdump; KWARGS: more
@@ -122,9 +125,42 @@ def wgmma_build(shape: dict, config: dict, kwargs: dict | None = None) -> dict:
             "merge_launch_pdl": None if merge is None else bool(merge.metadata.launch_pdl)}
 
 
+def tldot_build(shape: dict, config: dict, kwargs: dict | None = None) -> dict:
+    """Compile ``kernels.sparse_decode.sparse_decode`` (bf16, meta tensors) for ``shape``: its split kernel's
+    ``griddepcontrol.launch_dependents`` count and whether the merge kernel is launched with PDL."""
+    import torch
+    from triton.runtime.jit import JITFunction
+
+    from kernels.compile_only import jit_compile_only
+    from kernels.sparse_decode import sparse_decode
+
+    builds = {}
+    original = JITFunction.run
+
+    def keep(self, *args, **kw):
+        compiled = original(self, *args, **kw)
+        builds[self.fn.__name__] = compiled
+        return compiled
+
+    JITFunction.run = keep
+    q = torch.empty(shape["batch"], shape["heads"], shape["d_qk"], dtype=torch.bfloat16, device="meta")
+    kv = torch.empty(shape["num_rows"], shape["d_qk"], dtype=torch.bfloat16, device="meta")
+    idx = torch.empty(shape["batch"], shape["topk"], dtype=torch.int32, device="meta")
+    with jit_compile_only():
+        sparse_decode(q, kv, idx, None, config, **(kwargs or {}))
+    ptx = builds["_sparse_decode_kernel"].asm["ptx"]
+    merge = builds.get("_combine_kernel")
+    return {"launch_dependents": len(re.findall(r"\bgriddepcontrol\.launch_dependents", ptx)),
+            "merge_launch_pdl": None if merge is None else bool(merge.metadata.launch_pdl)}
+
+
 def main() -> None:
     mode, names = sys.argv[1], sys.argv[2].split(",")
     driver.set_active(Sm90())
+    if mode == "tldot":
+        print(json.dumps(tldot_build(json.loads(sys.argv[2]), json.loads(sys.argv[3]),
+                                     json.loads(sys.argv[4]) if len(sys.argv) > 4 else None)))
+        return
     from kernels.compile_only import compile_config, jit_compile_only, meta_inputs
     from kernels.registry import get_kernel
 

@@ -81,6 +81,29 @@ def test_sparse_decode_compiled_from_meta_tensors_takes_the_gpu_paths_of_a_real_
     assert merge["PDL"] is True and merge["launch_pdl"] is True
 
 
+@pytest.mark.parametrize("kwargs, triggers, merge_pdl", [
+    ({}, 1, True), ({"_pdl_trigger": False}, 0, True), ({"pdl": False}, 0, False),
+], ids=["early", "at-exit", "plain"])
+def test_the_tl_dot_split_kernel_lets_its_pdl_merge_start_early_unless_told_to_wait(tmp_path, kwargs, triggers,
+                                                                                    merge_pdl):
+    """The sm_90 build of a split config: by default the split kernel lets its PDL-launched merge start at once (one
+    ``griddepcontrol.launch_dependents``); ``_pdl_trigger=False`` (what sparse_decode_batches.py times as "at exit")
+    drops it while the merge is still launched with PDL; without PDL, neither."""
+    try:
+        import triton.backends.nvidia  # noqa: F401
+    except ImportError:
+        pytest.skip("Triton has no NVIDIA backend here")
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env.update(PYTHONPATH=str(ROOT), TRITON_CACHE_DIR=str(tmp_path / "cache"))
+    shape = {"batch": 4, "heads": 64, "d_qk": 512, "d_v": 512, "topk": 640, "num_rows": 65536}
+    config = {"S": 4, "BLOCK_H": 16, "BLOCK_T": 64, "num_warps": 4, "num_stages": 2}
+    p = subprocess.run([sys.executable, str(HERE / "compile_probe.py"), "tldot", json.dumps(shape), json.dumps(config),
+                        json.dumps(kwargs)], env=env, cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert p.returncode == 0, p.stderr[-3000:]
+    got = json.loads(p.stdout.strip().splitlines()[-1])
+    assert got == {"launch_dependents": triggers, "merge_launch_pdl": merge_pdl}
+
+
 def _global_loads(tmp_path, kernel, dtype, shape, config=None):
     """How each Triton kernel that ``kernel.run`` launches reads global memory in its sm_90 PTX (compile_probe's
     ``loads``): ``{"ld.b16": n, "cp.async.16B": n, ...}`` per Triton function."""

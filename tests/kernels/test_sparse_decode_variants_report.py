@@ -68,3 +68,31 @@ def test_the_first_runs_json_reads_as_base_and_prefetch(sdv):
     assert "prefetch_next best µs" in text and "commit 5e448d4" in text
     row64 = next(line for line in text.splitlines() if line.startswith("| bfloat16 | 64 |"))
     assert "0.90x" in row64  # the prefetch's best against the shipped kernel's, as first reported
+
+
+def test_the_tl_dot_batches_report_finds_the_nearest_configs_row_by_its_splits_and_states_each_ratio(tmp_path):
+    """benchmarks/sparse_decode_batches.py's report from a stored JSON: the nearest tuned config's row is the split
+    count that partitions the rows as its S does (S=16 and S=10 both make ten 64-row splits of 640), its time against
+    the fastest split count, and the merge's start at exit and without PDL against early."""
+    import json
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2]
+    tiles = {"BLOCK_H": 16, "BLOCK_T": 64, "num_warps": 8, "num_stages": 2}
+    rows = [{"dtype": "bfloat16", "batch": 2, "way": f"S={s}", "config": {**tiles, "S": s}, "splits": n,
+             "programs": 8 * n, "nearest_S": 16, "err": 0.002, "us": us}
+            for s, n, us in ((1, 1, 20.0), (2, 2, 12.0), (4, 4, 9.0), (8, 8, 8.0), (10, 10, 10.0))]
+    rows += [{"dtype": "bfloat16", "batch": 2, "way": f"{who}:{way}", "config": {**tiles, "S": s}, "us": us,
+              "programs": 8 * s} for who, s in (("nearest", 16), ("best_S", 8))
+             for way, us in (("early", 10.0), ("at_exit", 11.0), ("plain", 12.5))]
+    stored = tmp_path / "b.json"
+    stored.write_text(json.dumps({"meta": {"date": "2026-12-01", "gpu": "NVIDIA H200", "torch": "2.11", "triton": "3.6.0",
+                                           "commit": "c1a88e2", "rep_ms": 20.0}, "rows": rows}))
+    out = tmp_path / "b.md"
+    r = subprocess.run([sys.executable, str(root / "benchmarks" / "sparse_decode_batches.py"), "--report-from",
+                        str(stored), "--out", str(out)], capture_output=True, text=True, cwd=root)
+    assert r.returncode == 0, r.stderr
+    row = next(line for line in out.read_text().splitlines() if line.startswith("| bfloat16 | 2 |"))
+    assert row == "| bfloat16 | 2 | 10 (80) | 10.0 | 8 (64) | 8.0 | 1.25x | 1.10x | 1.10x | 1.25x |"
