@@ -36,13 +36,13 @@ sys.path[:] = [str(ROOT)] + [p for p in sys.path if Path(p or ".").resolve() not
 
 BATCHES = (1, 16, 64)
 FP8 = "float8_e4m3fn"
-ONE_WAVE = 132
 
 
 def fp8_space(batch: int) -> list[dict]:
     """The canonical fp8 configs of the wgmma kernel at ``batch`` that pass its rules and launch one wave at most."""
     from benchmarks.sparse_decode_wgmma import programs
     from kernels.registry import get_kernel
+    from kernels.sparse_decode_wgmma import ONE_WAVE
 
     kernel = get_kernel("sparse_decode_wgmma")
     shape = dict(kernel.shapes("v4flash")[0], batch=batch)
