@@ -211,7 +211,8 @@ def analyse(name: str, rows: list[dict], space: dict, rule, default: dict | None
                                     "within3": sum(g <= 0.03 for g in gaps), "seeds": seeds,
                                     "mean_evals": statistics.mean(evals)})
     per_eval = compile_s + timing_s
-    tpe10 = next(r for r in out["runs"] if r["frac"] == 0.10 and r["strategy"] == strategies[0] and r["default_first"])
+    tpe10 = next(r for r in out["runs"] if r["frac"] == 0.10 and r["strategy"] == strategies[0]
+                 and r["default_first"] == firsts[0])
     out["wall"] = {
         "per_eval_s": per_eval,
         "tpe10_s": tpe10["mean_evals"] * per_eval,

@@ -167,6 +167,19 @@ def test_goal_report_replays_held_out_tables_at_each_fraction(te, tmp_path):
     assert "goal" in text and "4 trials asked ahead" in text
 
 
+def test_goal_report_without_the_starting_configs_replays_the_sampler_alone_and_says_so(te, tmp_path):
+    sweep = tmp_path / "sweep.json"
+    _sweep_json(sweep, held_out=True)
+    assert te.main(["--goal", "held_out", "--no-starts", "--analyze-gpu", str(sweep), "--seeds", "2", "--out",
+                    str(tmp_path), "--report-name", "alone.md"]) == 0
+    text = (tmp_path / "alone.md").read_text()
+    assert "without the default and `starting_configs` first (`--no-starts`: the sampler alone)" in text
+    assert "--goal held_out --seeds 2 --no-starts --analyze-gpu" in text
+    row = next(line for line in text.splitlines() if line.startswith("| sparse_decode"))
+    assert row.split("|")[4].strip().endswith("/2 (16)")  # 5% of 324
+    assert not (tmp_path / "tuner_efficiency_goal_held_out.md").exists()
+
+
 def test_goal_report_leaves_out_tuning_tables_and_says_so(te, tmp_path, capsys):
     sweep = tmp_path / "sweep.json"
     _sweep_json(sweep, held_out=False)
