@@ -548,9 +548,11 @@ if HAVE_GLUON:
                        PROBE: gl.constexpr = 0):
         """The producer's loop for an fp8 cache: each tile's rows (512 bytes each) and their float32 scales are copied
         by ``cp.async`` into a staging ring of ``FP8_STAGES`` slots, ``FP8_STAGES - 1`` tiles ahead; once a tile has
-        landed the producer widens it (:func:`_dequant_tile`) into the 16-bit ring slot the consumers released and
-        arrives on its ``ready`` barrier (one arrival, after the partition's barrier). The consumers see a 16-bit
-        tile, as from a 16-bit cache: half the bytes leave DRAM, and the rows are rounded to 16 bits once, here."""
+        landed the producer widens it (:func:`_dequant_tile`) into the float16 ring slot the consumers released, with
+        the rows' scales beside it, and arrives on its ``ready`` barrier (one arrival, after the partition's barrier).
+        Before the first tile it widens q (its bf16 or fp16 copies, the first group) to float16 in place and arrives
+        on ``q_bar``. The consumers see a float16 tile (exact: e4m3 is a subset) and apply the scales: half the bytes
+        of a 16-bit cache leave DRAM."""
         c8_l: gl.constexpr = gl.BlockedLayout([1, 16], [1, 32], [GATHER_WARPS, 1], [1, 0])  # 16 fp8 a thread
         sc_l: gl.constexpr = gl.BlockedLayout([1], [32], [GATHER_WARPS], [0])
         rl: gl.constexpr = gl.SliceLayout(1, c8_l)
@@ -1065,8 +1067,9 @@ def sparse_decode_wgmma(q: torch.Tensor, kv: torch.Tensor, indices: torch.Tensor
     """Sparse MLA decode on Hopper tensor cores (Gluon); ``q [B, H <= 64, 512]``, ``kv [num_rows, 512]`` in q's
     dtype (bf16/fp16) or in float8 e4m3 with ``kv_scale`` (float32 ``[num_rows]``, row r holds
     ``kv[r] * kv_scale[r]``, as :func:`kernels.sparse_decode.sparse_decode` takes it: half the bytes of a 16-bit
-    cache; the producer warpgroup widens each gathered tile to q's dtype, so an fp8 cache needs WS, SPLIT_WG or
-    SEESAW, and :meth:`SparseDecodeWgmmaKernel.fit_dtype` makes a config fit), ``indices [B, topk]`` int32 (negative
+    cache; the producer warpgroup widens each gathered tile and q to float16 and the products run in float16, so an
+    fp8 cache needs WS, SPLIT_WG or SEESAW, and :meth:`SparseDecodeWgmmaKernel.fit_dtype` makes a config fit; q's
+    values must fit float16, within 65504), ``indices [B, topk]`` int32 (negative
     or >= num_rows: padding); returns ``[B, H, 512]``.
 
     ``config``: None = the tuned config for this GPU and shape (``kernels/configs``), else :func:`default_config`;
