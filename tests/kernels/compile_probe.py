@@ -56,20 +56,11 @@ def configs(kernel, shape):
     return [default] + ([{**default, **other}] if other else [])
 
 
-def wgmma_build(shape: dict, config: dict, kwargs: dict | None = None) -> dict:
-    """Compile ``kernels.sparse_decode_wgmma`` for ``shape`` (bf16, meta tensors) and read its split kernel's PTX."""
-    import os
-    import subprocess
-    import tempfile
-
-    import torch
-    import triton
+def _keep_builds() -> dict:
+    """From now on every Triton launch's compiled kernel is kept here, by its function's name."""
     from triton.runtime.jit import JITFunction
 
-    from kernels.compile_only import jit_compile_only
-    from kernels.sparse_decode_wgmma import sparse_decode_wgmma
-
-    builds = {}
+    builds: dict = {}
     original = JITFunction.run
 
     def keep(self, *args, **kwargs):
@@ -78,6 +69,22 @@ def wgmma_build(shape: dict, config: dict, kwargs: dict | None = None) -> dict:
         return compiled
 
     JITFunction.run = keep
+    return builds
+
+
+def wgmma_build(shape: dict, config: dict, kwargs: dict | None = None) -> dict:
+    """Compile ``kernels.sparse_decode_wgmma`` for ``shape`` (bf16, meta tensors) and read its split kernel's PTX."""
+    import os
+    import subprocess
+    import tempfile
+
+    import torch
+    import triton
+
+    from kernels.compile_only import jit_compile_only
+    from kernels.sparse_decode_wgmma import sparse_decode_wgmma
+
+    builds = _keep_builds()
     kwargs = dict(kwargs or {})
     fp8 = kwargs.pop("kv_fp8", False)  # an fp8 cache with row scales
     q = torch.empty(shape["batch"], shape["heads"], shape["d_qk"], dtype=torch.bfloat16, device="meta")
@@ -129,20 +136,11 @@ def tldot_build(shape: dict, config: dict, kwargs: dict | None = None) -> dict:
     """Compile ``kernels.sparse_decode.sparse_decode`` (bf16, meta tensors) for ``shape``: its split kernel's
     ``griddepcontrol.launch_dependents`` count and whether the merge kernel is launched with PDL."""
     import torch
-    from triton.runtime.jit import JITFunction
 
     from kernels.compile_only import jit_compile_only
     from kernels.sparse_decode import sparse_decode
 
-    builds = {}
-    original = JITFunction.run
-
-    def keep(self, *args, **kw):
-        compiled = original(self, *args, **kw)
-        builds[self.fn.__name__] = compiled
-        return compiled
-
-    JITFunction.run = keep
+    builds = _keep_builds()
     q = torch.empty(shape["batch"], shape["heads"], shape["d_qk"], dtype=torch.bfloat16, device="meta")
     kv = torch.empty(shape["num_rows"], shape["d_qk"], dtype=torch.bfloat16, device="meta")
     idx = torch.empty(shape["batch"], shape["topk"], dtype=torch.int32, device="meta")
