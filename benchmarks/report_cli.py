@@ -13,8 +13,9 @@ from typing import Callable
 def run(argv, doc: str, default_out: Path, report: Callable[[dict, str], str],
         measure: Callable[[argparse.Namespace, Path], dict],
         add_args: Callable[[argparse.ArgumentParser], None] | None = None) -> int:
-    """Parse ``argv``; report from a stored JSON, or check for a GPU and ``measure(args, json_path)`` (which writes
-    the JSON) then write and print its report. ``measure`` returns None after printing a one-line error: exit 2."""
+    """Parse ``argv``; report from a stored JSON, or check for a GPU and ``measure(args, json_path)`` (which may write
+    the JSON as it goes, so that a run cut short keeps what it finished), then store the data it returns there and
+    write and print its report. ``measure`` returns None after printing a one-line error: exit 2."""
     ap = argparse.ArgumentParser(description=doc.split("\n")[0])
     ap.add_argument("--json", type=Path, help="measure on the GPU and write the results here")
     ap.add_argument("--report-from", type=Path, help="write the markdown report of a stored JSON")
@@ -37,6 +38,7 @@ def run(argv, doc: str, default_out: Path, report: Callable[[dict, str], str],
     data = measure(args, args.json)
     if data is None:
         return 2
+    args.json.write_text(json.dumps(data, indent=1))  # the stored results every report is written from
     args.out.write_text(report(data, str(args.json)))
     print(args.out.read_text())
     return 0

@@ -21,7 +21,6 @@ of CUDA-graph replays, L2 flushed before each, 4 input sets rotating):
 
 from __future__ import annotations
 
-import json
 import sys
 from pathlib import Path
 
@@ -89,7 +88,6 @@ def measure(args, json_path: Path) -> dict:
             print(f"{dtype} batch {batch}: nearest S={nearest['S']} best S={best['S']}", flush=True)
             torch.cuda.empty_cache()
     data = {"meta": meta, "rows": rows}
-    json_path.write_text(json.dumps(data, indent=1))
     return data
 
 

@@ -281,9 +281,7 @@ def _measure(args, json_path: Path) -> dict | None:
     except ValueError as exc:
         print(f"error: --space {args.space!r}: {exc}", file=sys.stderr)
         return None
-    data = measure(args.rep_ms, json_path, batches, space)
-    json_path.write_text(json.dumps(data, indent=1))
-    return data
+    return measure(args.rep_ms, json_path, batches, space)
 
 
 def main(argv=None) -> int:

@@ -100,7 +100,6 @@ def measure(args, json_path: Path) -> dict:
             print(f"batch {batch} {way} {rows[-1].get('us', 'wrong_result')}", flush=True)
         torch.cuda.empty_cache()
     data = {"meta": meta, "rows": rows}
-    json_path.write_text(json.dumps(data, indent=1))
     return data
 
 

@@ -153,7 +153,6 @@ def measure(args, json_path: Path) -> dict:
                 args.rep_ms))
         torch.cuda.empty_cache()
     data = {"meta": meta, "rows": rows}
-    json_path.write_text(json.dumps(data, indent=1))
     return data
 
 

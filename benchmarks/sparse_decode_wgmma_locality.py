@@ -30,7 +30,6 @@ CUDA-graph replays, L2 flushed before each (by reading a clean 256 MB buffer), 4
 
 from __future__ import annotations
 
-import json
 import sys
 from pathlib import Path
 
@@ -131,7 +130,6 @@ def measure(args, json_path: Path) -> dict:
         scaling.append({"topk": topk, "config": config, **checked(config, sets, sets[:1])})
         print(f"batch 64 topk {topk} {scaling[-1].get('us', scaling[-1]['status'])}", flush=True)
     data = {"meta": meta, "rows": rows, "scaling": scaling}
-    json_path.write_text(json.dumps(data, indent=1))
     return data
 
 

@@ -22,7 +22,6 @@ ns of its PV product), at two programs an SM (the two compute warpgroups).
 from __future__ import annotations
 
 import datetime as dt
-import json
 import statistics
 import sys
 from pathlib import Path
@@ -138,7 +137,6 @@ def measure(args, json_path: Path) -> dict:
             print(f"{mode} N={n} K={k} x{per_sm}: {row['tflops']:.0f} TFLOP/s, {row['ns_per_product']:.0f} ns a "
                   f"product a program, rel err {err:.1e}", flush=True)
     data = {"meta": meta, "rows": rows}
-    json_path.write_text(json.dumps(data, indent=1))
     return data
 
 

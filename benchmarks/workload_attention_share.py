@@ -14,7 +14,6 @@ sparse decode took no time at all.
 from __future__ import annotations
 
 import datetime as dt
-import json
 import os
 import sys
 from pathlib import Path
@@ -61,7 +60,6 @@ def measure(json_path: Path) -> dict:
         gc.collect()
         torch.cuda.empty_cache()
     data = {"meta": meta, "rows": rows}
-    json_path.write_text(json.dumps(data, indent=1))
     return data
 
 

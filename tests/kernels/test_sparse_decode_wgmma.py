@@ -751,6 +751,30 @@ def test_the_benchmarks_report_a_stored_json_on_any_machine_and_refuse_to_measur
         assert r.returncode == 2 and "needs a CUDA GPU" in r.stderr and not (tmp_path / "x.json").exists()
 
 
+def test_a_benchmark_run_stores_what_its_measure_returns_and_reports_from_it(tmp_path, monkeypatch):
+    """report_cli.run, once ``measure`` returns its data (on a GPU, here a stand-in measure with CUDA said present):
+    the data is stored at --json, whatever measure wrote there as it went, and the report is written from it; a
+    measure that returns None (its one-line error printed) stores and reports nothing, exit 2."""
+    from benchmarks.report_cli import run
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    data = {"meta": {"date": "d"}, "rows": [{"us": 1.5}]}
+
+    def measure(args, json_path):
+        json_path.write_text('{"partial": true}')  # what a run cut short would have kept
+        return data
+
+    out, stored = tmp_path / "r.md", tmp_path / "x.json"
+    assert run(["--json", str(stored), "--out", str(out)], "doc", out, lambda d, src: f"{d['rows']} from {src}\n",
+               measure) == 0
+    assert json.loads(stored.read_text()) == data
+    assert out.read_text() == f"[{{'us': 1.5}}] from {stored}\n"
+    none = tmp_path / "none.json"
+    assert run(["--json", str(none), "--out", str(tmp_path / "n.md")], "doc", out, lambda d, src: "",
+               lambda args, path: None) == 2
+    assert not none.exists() and not (tmp_path / "n.md").exists()
+
+
 def test_the_workload_report_states_the_wgmma_attention_against_the_hand_written_best_from_its_stored_run(tmp_path):
     """benchmarks/workload_gpu.py --report-from: the ratio to the hand-written best measured in the same run, from the
     stored JSON (the README quotes it)."""
