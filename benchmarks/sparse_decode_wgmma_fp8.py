@@ -75,13 +75,14 @@ def measure(args, json_path: Path) -> dict:
     import torch
 
     from benchmarks.kernels import _time, checked_time, run_meta
+    from kernels.bench import measure_copy_bandwidth
     from kernels.registry import get_kernel
     from kernels.sparse_decode import sparse_decode, sparse_decode_torch
     from kernels.sparse_decode_wgmma import sparse_decode_wgmma
 
     kernel = get_kernel("sparse_decode")
     base = kernel.shapes("v4flash")[0]
-    meta = run_meta(args.rep_ms, budget_s=args.budget_s)
+    meta = run_meta(args.rep_ms, budget_s=args.budget_s, copy_tb_s=measure_copy_bandwidth() / 1e12)
     rows = []
     for batch in BATCHES:
         shape = dict(base, batch=batch)
@@ -89,10 +90,10 @@ def measure(args, json_path: Path) -> dict:
         sets = [kernel.make_inputs(shape, FP8, "cuda", seed=1 + k) for k in range(4)]
         ragged = kernel.make_inputs(dict(shape, ragged=1), FP8, "cuda", seed=99)
         # the same rows as a bf16 cache (dequantised, then rounded to bf16): what the 16-bit kernel reads
-        wide = [{**i, "kv": (i["kv"].float() * i["kv_scale"][:, None]).to(torch.bfloat16), "kv_scale": None}
-                for i in sets]
-        wide_ragged = {**ragged, "kv": (ragged["kv"].float() * ragged["kv_scale"][:, None]).to(torch.bfloat16),
-                       "kv_scale": None}
+        def widened(i):
+            return {**i, "kv": (i["kv"].float() * i["kv_scale"][:, None]).to(torch.bfloat16), "kv_scale": None}
+
+        wide, wide_ragged = [widened(i) for i in sets], widened(ragged)
         named = first_configs(batch, key_shape, "cuda")
 
         def wg_run(i, out, config):
@@ -156,13 +157,19 @@ def measure(args, json_path: Path) -> dict:
     return data
 
 
-def floor_us(batch: int, dtype: str) -> float:
-    """Bytes of the kernel's cost model over the H200's measured copy rate (4.27 TB/s, ``benchmarks/gemm_floor``)."""
+COPY_TB_S = 4.27
+"""The H200's copy rate (TB/s, read + write) that ``benchmarks/kernels.py`` measured on 2026-12-01 at 2b6e86b
+(``kernels_sparse_decode_wgmma_h200_2b6e86b.md``): the floor of the runs stored before a run measured its own
+(``copy_tb_s`` in its meta, ``kernels.bench.measure_copy_bandwidth``)."""
+
+
+def floor_us(batch: int, dtype: str, copy_tb_s: float) -> float:
+    """Bytes of the kernel's cost model over the copy rate ``copy_tb_s`` (TB/s)."""
     from kernels.registry import get_kernel
 
     kernel = get_kernel("sparse_decode")
     shape = dict(kernel.shapes("v4flash")[0], batch=batch)
-    return kernel.cost(shape, dtype).bytes / 4.27e12 * 1e6
+    return kernel.cost(shape, dtype).bytes / (copy_tb_s * 1e6)
 
 
 def summary(data: dict) -> dict:
@@ -194,13 +201,17 @@ def report(data: dict, source: str) -> str:
     from benchmarks.report_cli import provenance
 
     meta = data["meta"]
+    copy_tb_s = meta.get("copy_tb_s", COPY_TB_S)
     lines = ["# Sparse decode with an fp8 cache: the wgmma kernel beside the tl.dot kernel, torch and the bf16 cache", "",
              *provenance(meta, "sparse_decode_wgmma_fp8.py", source),
              "- V4-Flash shapes (64 heads, 512-wide K=V latent, 640 selected rows of 65536); an fp8 e4m3 cache with a "
              "float32 scale per row, q in bf16; µs: median of CUDA-graph replays, L2 flushed before each, 4 input sets "
              "rotating; each config checked against the float32 reference of the dequantised cache first (timed and "
              "ragged inputs, NaN-poisoned outputs)",
-             "- floor: the fp8 cache's bytes (rows, scales, indices, q, output) over 4.27 TB/s; bf16 wgmma: the same "
+             f"- floor: the fp8 cache's bytes (rows, scales, indices, q, output) over {copy_tb_s:.2f} TB/s"
+             + (" (copy bandwidth measured in the same run)" if "copy_tb_s" in meta else
+                " (the H200's copy rate measured by kernels.py at 2b6e86b; this run did not measure its own)")
+             + "; bf16 wgmma: the same "
              "rows widened to a bf16 cache, at the kernel's shipped bf16 config",
              f"- sweep: fp8 configs of the wgmma kernel timed within {meta.get('budget_s')} s a batch (32-row tiles, "
              "every schedule with a producer warpgroup, one wave of programs at most), its best is a measured best "
@@ -217,7 +228,7 @@ def report(data: dict, source: str) -> str:
 
     s = summary(data)
     for batch, b in s.items():
-        best, fl = b["best"], floor_us(batch, FP8)
+        best, fl = b["best"], floor_us(batch, FP8, copy_tb_s)
         lines.append(f"| {batch} | {fl:.2f} | {us(b.get('torch'))} | {us(b.get('tl_dot'))} | {us(b.get('wgmma_bf16'))} "
                      f"| {us(b.get('wgmma_default'))} | {us(best)} | {ratio(b.get('tl_dot'), best)} | "
                      f"{ratio(b.get('wgmma_bf16'), best)} | {ratio(b.get('torch'), best)} | "
