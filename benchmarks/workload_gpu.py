@@ -6,6 +6,7 @@ with date, GPU, versions and commit.
 
     python benchmarks/workload_gpu.py --out results.md [--preset dsv4-flash] [--levels 1,16,64]
         [--study-best sqlite:///tuner.db#dsv4-flash-workload] [--only-ends] [--gemm-impl auto] [--attention-impl wgmma]
+        [--kv-cache-dtype fp8_e4m3]
 
 ``--study-best URL#STUDY`` adds the stored best trial of a search as a case, so "found / hand-written best" is a
 ratio of two runs made side by side here, not of figures from different runs; ``--only-ends`` keeps just the
@@ -149,6 +150,9 @@ def main() -> int:
     ap.add_argument("--attention-impl", default="", metavar="IMPL[,IMPL]",
                     help="add the hand-written best (and each --study-best) with its sparse decode attention run by "
                          "each IMPL (wgmma: the Gluon Hopper kernel), beside it with its own")
+    ap.add_argument("--kv-cache-dtype", default="", metavar="DTYPE[,DTYPE]",
+                    help="add the hand-written best and each of its --attention-impl variants with the KV cache in "
+                         "each DTYPE (fp8_e4m3: e4m3 rows and a scale per row), each beside the same case with bf16")
     ap.add_argument("--report-from", type=Path, default=None,
                     help="rewrite --out from a stored run's JSON (no GPU needed): adds the side-by-side ratios of its "
                          "variants and found bests to the hand-written best (a JSON without 'compared': every case "
@@ -176,6 +180,11 @@ def main() -> int:
     variants += [(f"hand-written best, attention_impl={impl}", {**HAND_BEST, "attention_impl": impl})
                  for impl in args.attention_impl.split(",") if impl]
     cases += variants
+    # the hand-written best and its attention variants with each --kv-cache-dtype, each against its bf16 case
+    kv_variants = [(f"{name}, kv_cache_dtype={dt}", {**knobs, "kv_cache_dtype": dt}, name)
+                   for name, knobs in [("hand-written best", HAND_BEST)] + variants
+                   for dt in args.kv_cache_dtype.split(",") if dt and knobs.get("kv_cache_dtype", "bf16") != dt]
+    cases += [(name, knobs) for name, knobs, _ in kv_variants]
     found = [study_best(spec) for spec in args.study_best]
     cases += found
     # each found best again with each --attention-impl, compared with that found best as measured here
@@ -183,7 +192,7 @@ def main() -> int:
                       for name, knobs in found for impl in args.attention_impl.split(",")
                       if impl and knobs.get("attention_impl") != impl]
     cases += [(name, knobs) for name, knobs, _ in found_variants]
-    bases = {name: base for name, _, base in found_variants}
+    bases = {name: base for name, _, base in found_variants + kv_variants}
     for name, knobs in cases:
         r = run_case(knobs, args.preset, args.levels, args.repeats, args.timeout)
         results.append((name, knobs, r))

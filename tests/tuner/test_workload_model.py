@@ -63,6 +63,45 @@ def test_step_is_finite_and_measure_reports_every_level():
     assert torch.isfinite(m.step(m.state(2, 64))).all()
 
 
+def test_fp8_kv_cache_stores_e4m3_rows_with_a_scale_each_and_quantises_the_new_row():
+    m = DecodeModel(TINY, {"context_length": 4096, "kv_cache_dtype": "fp8_e4m3"}, "cpu")
+    ref = DecodeModel(TINY, {"context_length": 4096}, "cpu")
+    st, st_ref = m.state(3, 512), ref.state(3, 512)
+    for name in ("win", "csa", "hca"):
+        pool, scale = st[f"{name}_pool"], st[f"{name}_scale"]
+        assert pool.dtype == torch.float8_e4m3fn and scale.dtype == torch.float32 and scale.shape == (pool.shape[0],)
+        # the same rows as the bf16 cache's (the same draws), within e4m3's rounding (3 mantissa bits: 2^-4 a value)
+        err = (pool.float() * scale[:, None] - st_ref[f"{name}_pool"]).abs()
+        assert float(err.max()) <= float(st_ref[f"{name}_pool"].abs().max()) / 16
+    slot = st["win_slot"]
+    before = st["win_scale"][slot].clone()
+    with torch.inference_mode():
+        out, out_ref = m.step(st), ref.step(st_ref)
+    assert not torch.equal(st["win_scale"][slot], before)  # the step wrote its new rows, quantised, with their scales
+    new = st["win_pool"][slot].float() * st["win_scale"][slot][:, None]
+    # the last layer's new rows: the bf16 step's, but for the error the fp8 cache put into the layers before
+    assert _rel_err(new, st_ref["win_pool"][slot].float()) < 0.1
+    assert torch.isfinite(out).all()
+    err = float((out - out_ref).norm() / out_ref.norm())
+    assert 1e-4 < err < 0.3, err  # quantised (not the bf16 cache), within the fp8 family's tolerance
+
+
+def test_torch_attention_on_an_fp8_pool_is_the_attention_on_the_dequantised_rows():
+    from kernels.sparse_decode import quantize_kv_fp8
+    from tuner.targets.workload.ops import sparse_attention_torch
+
+    g = torch.Generator().manual_seed(5)
+    pool = torch.randn(300, 64, generator=g)
+    q = torch.randn(2, 8, 64, generator=g)
+    rows = torch.randint(0, 300, (2, 40), generator=g)
+    rows[:, 30:] = -1
+    pool8, scale = quantize_kv_fp8(pool)
+    got = sparse_attention_torch(q, pool8, rows, 0.125, scale)
+    ref = sparse_attention_torch(q, pool8.float() * scale[:, None], rows, 0.125)
+    torch.testing.assert_close(got, ref, rtol=1e-6, atol=1e-6)
+    assert float((got - sparse_attention_torch(q, pool, rows, 0.125)).abs().max()) > 0  # it read the fp8 rows
+
+
 def test_padding_to_buckets():
     sizes = expand_buckets("pow2:64")
     assert [bucket_for(c, sizes) for c in (1, 3, 16, 17, 64, 65)] == [1, 4, 16, 32, 64, None]
@@ -73,7 +112,10 @@ def test_padding_to_buckets():
                                           ({"indexer_width": "wide"}, "static or live"),
                                           ({"indexer_dead_tiles": "drop"}, "compute or skip"),
                                           ({"moe_impl": "triton"}, "GPU"),
-                                          ({"moe_impl": "grouped"}, "torch or triton")])
+                                          ({"moe_impl": "grouped"}, "torch or triton"),
+                                          ({"kv_cache_dtype": "fp16"}, "one of bf16, fp8_e4m3, but got 'fp16'"),
+                                          ({"kv_cache_dtype": "fp8_e4m3", "attention_impl": "simt"},
+                                           "needs attention_impl torch, mma, wgmma .* got attention_impl='simt'")])
 def test_bad_knobs_are_refused_with_the_reason(knobs, needle):
     with pytest.raises(KnobError, match=needle):
         DecodeModel(TINY, knobs, "cpu")
@@ -145,6 +187,22 @@ def test_workload_target_refuses_kernel_configs_that_cannot_run_before_any_trial
     assert "splits-need-rows" in target.check(params)  # the space's own named rule
 
 
+def test_workload_target_refuses_an_fp8_cache_on_the_simt_kernel_by_the_spaces_rule():
+    from search_spaces import Hardware, load_space, resolve
+    from tuner.targets.workload.target import WorkloadTarget
+
+    hw = Hardware(gpu_name="NVIDIA H200", gpu_count=1, compute_capability=(9, 0), has_triton=True, has_gluon=True)
+    target = WorkloadTarget(resolve(load_space("dsv4_flash"), hw))
+    params = {**target.resolved.defaults(), "kv_cache_dtype": "fp8_e4m3"}
+    assert params["attention_impl"] == "simt"
+    assert "fp8-cache-needs-its-kernels" in target.check(params)
+    for impl in ("torch", "mma", "wgmma"):
+        extra = {"sparse_num_splits": 2, "sparse_block_t": 64, "sparse_block_h": 16} if impl == "mma" else {}
+        assert target.check({**params, "attention_impl": impl, **extra}) is None, impl
+    cpu = resolve(load_space("dsv4_flash_tiny"), Hardware())
+    assert cpu.fixed["kv_cache_dtype"] == "bf16"  # fp8 needs a GPU with fp8
+
+
 def test_workload_target_refuses_wgmma_attention_for_a_preset_it_cannot_run():
     """The Gluon kernel runs V4-Flash's 64 heads of 512 columns; the tiny preset (8 heads of 64) is refused before any
     trial, with the fix, and V4-Flash itself passes."""
@@ -187,6 +245,51 @@ def test_wgmma_attention_matches_the_torch_attention_at_the_workloads_shapes():
                                               -1, rows[:, topk // 2:])
             got, ref = fn(q, pool, rows, 0.044).float(), sparse_attention_torch(q, pool, rows, 0.044).float()
             assert _rel_err(got, ref) < 1e-2, (batch, topk)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not (torch.cuda.is_available() and torch.cuda.get_device_capability() == (9, 0)),
+                    reason="the Gluon wgmma kernel needs an sm_90 GPU")
+@pytest.mark.parametrize("impl", ["mma", "wgmma"])
+def test_fp8_cache_attention_kernels_match_the_torch_attention_at_the_workloads_shapes(impl):
+    """The twin's fp8 cache as its attention layers hand it over (a pool of e4m3 rows with its per-row scales, rows
+    padded with -1), batch 1 / 5 / 64; against the torch attention on the same fp8 pool."""
+    from kernels.sparse_decode import quantize_kv_fp8
+    from tuner.targets.workload.gpu_ops import triton_attention
+    from tuner.targets.workload.ops import sparse_attention_torch
+
+    fn = triton_attention(impl, {})
+    g = torch.Generator(device="cuda").manual_seed(4)
+    pool, scale = quantize_kv_fp8(torch.randn(20000, 512, generator=g, device="cuda"))
+    for batch in (1, 5, 64):
+        q = torch.randn(batch, 64, 512, generator=g, device="cuda").to(torch.bfloat16)
+        for topk in (128, 132, 640):
+            rows = torch.randint(0, pool.shape[0], (batch, topk), generator=g, device="cuda")
+            rows[:, topk // 2:] = torch.where(torch.rand(batch, topk - topk // 2, generator=g, device="cuda") < 0.3,
+                                              -1, rows[:, topk // 2:])
+            got = fn(q, pool, rows, 0.044, scale).float()
+            ref = sparse_attention_torch(q, pool, rows, 0.044, scale).float()
+            assert _rel_err(got, ref) < 1e-2, (impl, batch, topk)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not (torch.cuda.is_available() and torch.cuda.get_device_capability() == (9, 0)),
+                    reason="the Gluon wgmma kernel needs an sm_90 GPU")
+def test_fp8_cache_step_under_cuda_graphs_matches_the_eager_torch_attention_step():
+    full = PRESETS["dsv4-flash"]
+    knobs = {"context_length": 8192, "kv_cache_dtype": "fp8_e4m3", "gemm_indexer": "bf16"}
+    outs = {}
+    for impl in ("torch", "mma", "wgmma"):
+        m = DecodeModel(full, {**knobs, "attention_impl": impl}, "cuda")
+        with torch.inference_mode():
+            outs[impl] = m.step(m.state(4, 512, seed=9)).float()
+        if impl == "wgmma":
+            res = measure(m, [4], live_context=512, warmup=1, repeats=2, buckets="pow2:8")
+            assert res.levels[0].graphed and res.levels[0].tok_s > 0
+        del m
+        torch.cuda.empty_cache()
+    for impl in ("mma", "wgmma"):
+        assert _rel_err(outs[impl], outs["torch"]) < 2e-2, impl
 
 
 def test_kernel_phase_runs_first_for_the_spaces_shapes_when_asked(tmp_path, monkeypatch):

@@ -29,6 +29,8 @@ def test_dtype_family_is_the_least_precise_gemm_and_bf16_on_a_gpu():
     assert nm.dtype_family(knobs, torch.device("cpu")) == "bf16"
     assert nm.dtype_family({**knobs, "gemm_moe": "fp32", "gemm_mhc": "fp32"}, torch.device("cpu")) == "fp32"
     assert nm.dtype_family({**knobs, "gemm_proj": "fp8"}, torch.device("cpu")) == "fp8"
+    assert nm.dtype_family({**knobs, "kv_cache_dtype": "fp8_e4m3"}, torch.device("cuda")) == "fp8"
+    assert nm.dtype_family({**knobs, "kv_cache_dtype": "bf16"}, torch.device("cuda")) == "bf16"
     assert nm.dtype_family({k: "fp32" for k in knobs}, torch.device("cuda")) == "bf16"
     assert nm.DEFAULT_TOLERANCE["fp8"] > nm.DEFAULT_TOLERANCE["bf16"] > nm.DEFAULT_TOLERANCE["fp32"]
 

@@ -69,6 +69,9 @@ def test_server_launch_translates_values_and_lists_knobs_without_a_flag():
     assert "--enable-dsa-fused-indexer" not in a  # torch indexer: the server's default path
     assert {p.name for p, _ in launch.unmapped} == {"gemm_proj", "gemm_indexer", "gemm_moe", "gemm_mhc", "gemm_impl",
                                                     "sparse_block_t", "sparse_block_h"}
+    assert a[a.index("--kv-cache-dtype") + 1] == "bf16"
+    fp8 = server_launch(space, {**params, "kv_cache_dtype": "fp8_e4m3"}).args
+    assert fp8[fp8.index("--kv-cache-dtype") + 1] == "fp8_e4m3"
     none = server_launch(space, {**space.defaults(), "cuda_graph_buckets": "none:1"})
     assert "--disable-decode-cuda-graph" in none.args
 

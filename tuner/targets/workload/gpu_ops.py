@@ -21,14 +21,16 @@ def kernel_overrides(knobs: dict[str, Any], kernel: str) -> dict[str, Any]:
 
 
 def triton_attention(impl: str, knobs: dict[str, Any]) -> Callable[..., torch.Tensor]:
-    """``fn(q [B,H,d], kv_pool [N,d], rows [B,T] (-1 masked), scale) -> [B,H,d]`` on a Triton kernel."""
+    """``fn(q [B,H,d], kv_pool [N,d], rows [B,T] (-1 masked), scale, kv_scale [N] | None) -> [B,H,d]`` on a Triton
+    kernel; an fp8 pool comes with its per-row scales (the SIMT kernel takes a 16-bit pool only)."""
     from kernels import sparse_decode as sd
 
     if impl == "wgmma":
         from kernels.sparse_decode_wgmma import sparse_decode_wgmma
 
         overrides = kernel_overrides(knobs, "sparse_decode_wgmma") or None  # unset: one program per SM, by batch
-        return lambda q, pool, rows, scale: sparse_decode_wgmma(q, pool, rows.to(torch.int32), scale, overrides)
+        return lambda q, pool, rows, scale, kv_scale=None: sparse_decode_wgmma(q, pool, rows.to(torch.int32), scale,
+                                                                             overrides, kv_scale=kv_scale)
     if impl == "mma":
         launch, kernel, name = sd.sparse_decode, sd.SparseDecodeKernel.instance, "sparse_decode"
     elif impl == "simt":
@@ -38,16 +40,19 @@ def triton_attention(impl: str, knobs: dict[str, Any]) -> Callable[..., torch.Te
     overrides = kernel_overrides(knobs, name)
     configs: dict[tuple, dict | None] = {}
 
-    def fn(q: torch.Tensor, pool: torch.Tensor, rows: torch.Tensor, scale: float) -> torch.Tensor:
+    def fn(q: torch.Tensor, pool: torch.Tensor, rows: torch.Tensor, scale: float,
+           kv_scale: torch.Tensor | None = None) -> torch.Tensor:
         idx = rows.to(torch.int32)
-        key = (tuple(q.shape), tuple(idx.shape))
+        key = (tuple(q.shape), tuple(idx.shape), pool.dtype)
         if key not in configs:
             if overrides:
                 shape = sd._shape_of(q, pool, idx, q.shape[-1])
-                configs[key] = {**kernel.default_config(shape), **overrides}
+                configs[key] = {**kernel.fit_dtype(kernel.default_config(shape), shape, pool.dtype), **overrides}
             else:
                 configs[key] = None  # tuned config file or default, looked up by the kernel per shape
-        return launch(q, pool, idx, scale, configs[key])
+        if kv_scale is None:
+            return launch(q, pool, idx, scale, configs[key])
+        return launch(q, pool, idx, scale, configs[key], kv_scale=kv_scale)
 
     return fn
 

@@ -39,6 +39,10 @@ from tuner.targets.workload.presets import Preset
 
 _logger = logging.getLogger(__name__)
 
+KV_CACHE_DTYPES = ("bf16", "fp8_e4m3")
+FP8_KV_ATTENTION = ("torch", "mma", "wgmma")
+"""The attention implementations that read an fp8 cache (the per-head SIMT kernel takes a 16-bit one only)."""
+
 DEFAULT_KNOBS: dict[str, Any] = {
     "context_length": None,  # None = the preset's max context
     "indexer_width": "static",
@@ -47,6 +51,9 @@ DEFAULT_KNOBS: dict[str, Any] = {
     # `skip` is SGLang's open PR #40431, no launch flag: like `indexer_width`, a knob to measure, not searched
     "indexer_dead_tiles": "compute",
     "attention_impl": "torch",
+    # the attention's KV cache: bf16 (the activations' dtype: float32 on a CPU) or fp8_e4m3 (e4m3 rows and a float32
+    # scale per row, as V4-Flash serves with --kv-cache-dtype fp8_e4m3): half the bytes every attention reads
+    "kv_cache_dtype": "bf16",
     "gemm_proj": "bf16",
     "gemm_indexer": "fp32",
     "gemm_moe": "bf16",
@@ -81,6 +88,18 @@ class LayerWeights:
     w2: torch.Tensor  # [E, width, hidden]
     shared_w13: Linear
     shared_w2: Linear
+
+
+def _bytes(t: torch.Tensor) -> torch.Tensor:
+    return t.view(torch.uint8) if t.dtype == torch.float8_e4m3fn else t
+
+
+def quantize_kv_rows(kv: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(e4m3 rows, float32 scale per row) of KV rows, in the layout the sparse decode kernels read
+    (``kernels.sparse_decode.quantize_kv_fp8``: ``scale[r] = max|kv[r]| / 448``)."""
+    from kernels.sparse_decode import quantize_kv_fp8
+
+    return quantize_kv_fp8(kv)
 
 
 class DecodeModel:
@@ -137,6 +156,13 @@ class DecodeModel:
                 raise KnobError(f"workload knob `{fam}=fp8` needs a GPU with fp8 (compute capability >= 8.9)")
         if k["gemm_impl"] not in GEMM_IMPLS:
             raise KnobError(f"workload knob `gemm_impl` must be one of {', '.join(GEMM_IMPLS)}, but got {k['gemm_impl']!r}")
+        if k["kv_cache_dtype"] not in KV_CACHE_DTYPES:
+            raise KnobError(f"workload knob `kv_cache_dtype` must be one of {', '.join(KV_CACHE_DTYPES)}, "
+                            f"but got {k['kv_cache_dtype']!r}")
+        if k["kv_cache_dtype"] == "fp8_e4m3" and k["attention_impl"] not in FP8_KV_ATTENTION:
+            raise KnobError(f"workload knob `kv_cache_dtype=fp8_e4m3` needs attention_impl {', '.join(FP8_KV_ATTENTION)} "
+                            f"(the {k['attention_impl']} kernel reads a 16-bit cache), but got "
+                            f"attention_impl={k['attention_impl']!r}: set attention_impl or kv_cache_dtype=bf16")
         if k["indexer_width"] not in ("static", "live"):
             raise KnobError(f"workload knob `indexer_width` must be static or live, but got {k['indexer_width']!r}")
         ctx = int(k["context_length"])
@@ -255,6 +281,9 @@ class DecodeModel:
             "csa_keys": rnd(1 + B * n_csa, p.indexer_dim),
             "hca_pool": rnd(1 + B * n_hca, p.head_dim),
         }
+        if self.knobs["kv_cache_dtype"] == "fp8_e4m3":  # the same rows, stored as the server's fp8 cache stores them
+            for name in ("win", "csa", "hca"):
+                base[f"{name}_pool"], base[f"{name}_scale"] = quantize_kv_rows(base[f"{name}_pool"])
         if self.triton_indexer is not None:  # the server's key cache, sized by the width it scores: the same keys
             keys = base["csa_keys"][csa_table]
             if self.knobs["gemm_indexer"] == "fp8":
@@ -317,19 +346,29 @@ class DecodeModel:
         qa = rms_norm(w.q_a(h), w.q_a_norm)
         q = self._rope_fn(w.q_b(qa).view(B, p.heads, p.head_dim), st)
         kv_new = self._rope_fn(w.kv(h), st)
-        st["win_pool"].index_copy_(0, st["win_slot"], kv_new)
+        fp8 = "win_scale" in st
+        if fp8:  # the new row quantised as it is written, a scale per row
+            kv_new, new_scale = quantize_kv_rows(kv_new)
+            st["win_scale"].index_copy_(0, st["win_slot"], new_scale)
+        # through a byte view: index_copy_ has no float8 kernel on a CPU
+        _bytes(st["win_pool"]).index_copy_(0, st["win_slot"], _bytes(kv_new))
         if kind == "window":
-            pool, rows = st["win_pool"], st["win_rows"]
+            other = None
+            rows = st["win_rows"]
         elif kind == "hca":
-            pool = st["hca_pool"]
-            rows = torch.cat([st["hca_rows"], st["win_rows"] + pool.shape[0]], dim=1)
-            pool = torch.cat([pool, st["win_pool"]], dim=0)
+            other = "hca"
+            rows = torch.cat([st["hca_rows"], st["win_rows"] + st["hca_pool"].shape[0]], dim=1)
         else:
             with self._stage("indexer"):
                 sel = self._indexer(w, qa, h, st)
-            pool = torch.cat([st["csa_pool"], st["win_pool"]], dim=0)
+            other = "csa"
             rows = torch.cat([sel, st["win_rows"] + st["csa_pool"].shape[0]], dim=1)
-        o = self.attention_fn(q, pool, rows, self.scale)  # [B, H, d]
+        if other is None:
+            pool, kv_scale = st["win_pool"], st.get("win_scale")
+        else:
+            pool = torch.cat([st[f"{other}_pool"], st["win_pool"]], dim=0)
+            kv_scale = torch.cat([st[f"{other}_scale"], st["win_scale"]]) if fp8 else None
+        o = self.attention_fn(q, pool, rows, self.scale, kv_scale)  # [B, H, d]
         og = o.reshape(B, p.o_groups, -1).transpose(0, 1).to(w.o_a.dtype)  # [G, B, (H/G)*d]
         oa = torch.bmm(og, w.o_a).transpose(0, 1).reshape(B, -1).to(h.dtype)
         return w.o_b(oa)

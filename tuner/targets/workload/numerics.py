@@ -47,8 +47,10 @@ INPUT_SEED = 20261130
 
 
 def dtype_family(knobs: dict[str, Any], device: torch.device) -> str:
-    """The least precise dtype family a configuration computes in."""
+    """The least precise dtype family a configuration computes in (its GEMMs' dtypes, its KV cache's)."""
     names = [str(knobs.get(k, "fp32")) for k in GEMM_KNOBS]
+    if knobs.get("kv_cache_dtype") == "fp8_e4m3":
+        names.append("fp8")
     if device.type == "cuda":
         names.append("bf16")
     return max((n for n in names if n in FAMILIES), key=FAMILIES.index, default="fp32")

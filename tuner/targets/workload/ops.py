@@ -89,13 +89,19 @@ def rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, rope_dim: int) -
     return torch.cat([nope, rot], dim=-1)
 
 
-def sparse_attention_torch(q: torch.Tensor, kv_pool: torch.Tensor, rows: torch.Tensor, scale: float) -> torch.Tensor:
-    """Reference sparse MQA decode: q [B, H, d], kv_pool [N, d] (K = V), rows [B, T] (-1 = masked) -> [B, H, d]."""
-    kv = kv_pool[rows.clamp(min=0)]  # [B, T, d]
-    s = torch.einsum("bhd,btd->bht", q.float(), kv.float()) * scale
+def sparse_attention_torch(q: torch.Tensor, kv_pool: torch.Tensor, rows: torch.Tensor, scale: float,
+                           kv_scale: torch.Tensor | None = None) -> torch.Tensor:
+    """Reference sparse MQA decode: q [B, H, d], kv_pool [N, d] (K = V), rows [B, T] (-1 = masked) -> [B, H, d].
+    An fp8 pool comes with ``kv_scale`` [N] (row r holds ``kv_pool[r] * kv_scale[r]``): the gathered rows are
+    dequantised in float32."""
+    safe = rows.clamp(min=0)
+    kv = kv_pool[safe].float()  # [B, T, d]
+    if kv_scale is not None:
+        kv = kv * kv_scale[safe].unsqueeze(-1)
+    s = torch.einsum("bhd,btd->bht", q.float(), kv) * scale
     s = s.masked_fill((rows < 0).unsqueeze(1), float("-inf"))
     p = torch.softmax(s, dim=-1)
-    return torch.einsum("bht,btd->bhd", p, kv.float()).to(q.dtype)
+    return torch.einsum("bht,btd->bhd", p, kv).to(q.dtype)
 
 
 def indexer_scores_torch(qi: torch.Tensor, w: torch.Tensor, keys: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
