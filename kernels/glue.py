@@ -4,6 +4,10 @@
   returns ``(rmsnorm(s) * weight`` in ``out_dtype``, ``s`` in ``residual.dtype``) — the new residual.
   With ``BLOCK >= hidden`` a row lives in registers (one read, two writes); a smaller BLOCK loops
   twice over the row (the second read of the new residual hits L2).
+* ``store_kv_rows(rows, pool, pool_scale, slots)``: each new KV row quantised to the cache's e4m3 with its float32
+  scale (``max|row| / 448``, the layout ``kernels.sparse_decode.quantize_kv_fp8`` makes) and written at its slot of
+  the cache and of its scales, in one launch (the same in torch ops is seven: cast, abs, max, divide, clamp, cast,
+  and a copy each into the cache and the scales).
 * ``rope(x, positions, cos_sin, rope_dim=64)``: rotary embedding on the LAST ``rope_dim`` dims of
   each head (DeepSeek's 448 nope + 64 rope layout), **interleaved** pairs ``(x[2i], x[2i+1])`` as in
   DeepSeek's reference ``apply_rotary_emb`` (complex multiply of consecutive pairs); other dims are
@@ -25,7 +29,7 @@ import triton.language as tl
 from .base import Cost, TunableKernel, dtype_of
 from .configs import tuned_config
 
-__all__ = ["fused_add_rmsnorm", "rope", "rmsnorm_reference", "rope_reference", "rope_cos_sin", "RMSNormKernel", "RopeKernel"]
+__all__ = ["fused_add_rmsnorm", "store_kv_rows", "rope", "rmsnorm_reference", "rope_reference", "rope_cos_sin", "RMSNormKernel", "RopeKernel"]
 
 logger = logging.getLogger(__name__)
 
@@ -219,6 +223,44 @@ def rope_reference(x, positions, cos_sin, rope_dim=64):
     r[..., 0::2] = x0 * cos - x1 * sin
     r[..., 1::2] = x0 * sin + x1 * cos
     return y
+
+
+# ----------------------------------------------------------------------------------------------------
+# new KV rows quantised into an fp8 cache
+# ----------------------------------------------------------------------------------------------------
+@triton.jit
+def _store_kv_rows_kernel(x_ptr, slot_ptr, pool_ptr, scale_ptr, D, stride_x, stride_pool, BLOCK_D: tl.constexpr):
+    i = tl.program_id(0)
+    slot = tl.load(slot_ptr + i).to(tl.int64)
+    offs = tl.arange(0, BLOCK_D)
+    mask = offs < D
+    x = tl.load(x_ptr + i.to(tl.int64) * stride_x + offs, mask=mask, other=0.0).to(tl.float32)
+    scale = tl.maximum(tl.max(tl.abs(x), 0) / 448.0, 1e-12)
+    tl.store(pool_ptr + slot * stride_pool + offs, (x / scale).to(pool_ptr.dtype.element_ty), mask=mask)
+    tl.store(scale_ptr + slot, scale)
+
+
+def store_kv_rows(rows: torch.Tensor, pool: torch.Tensor, pool_scale: torch.Tensor, slots: torch.Tensor) -> None:
+    """Quantise ``rows [n, d]`` (16- or 32-bit) and write row ``i`` at ``pool[slots[i]]`` with its scale at
+    ``pool_scale[slots[i]]``: ``pool [N, d]`` (float8 e4m3; float16 or float32 where Triton's interpreter runs it,
+    whose e4m3 rounding is wrong), ``pool_scale [N]`` float32, ``slots [n]`` integer. Row r of the cache then holds
+    ``pool[r] * pool_scale[r]``, as :func:`kernels.sparse_decode.quantize_kv_fp8` lays it out."""
+    n, d = rows.shape
+    problems = []
+    if pool.dim() != 2 or pool.shape[1] != d or pool.stride(1) != 1:
+        problems.append(f"pool {tuple(pool.shape)} (contiguous rows of {d})")
+    if pool_scale.dtype != torch.float32 or tuple(pool_scale.shape) != (pool.shape[0],):
+        problems.append(f"pool_scale {tuple(pool_scale.shape)} {pool_scale.dtype} (float32 [{pool.shape[0]}])")
+    if tuple(slots.shape) != (n,):
+        problems.append(f"slots {tuple(slots.shape)} ([{n}])")
+    if rows.dtype not in _FLOAT or rows.stride(1) != 1:
+        problems.append(f"rows {rows.dtype} (contiguous float16, bfloat16 or float32)")
+    if problems:
+        raise ValueError("store_kv_rows: " + "; ".join(problems))
+    if n == 0:
+        return
+    _store_kv_rows_kernel[(n,)](rows, slots, pool, pool_scale, d, rows.stride(0), pool.stride(0),
+                                BLOCK_D=triton.next_power_of_2(d), num_warps=4)
 
 
 # ----------------------------------------------------------------------------------------------------

@@ -76,3 +76,57 @@ def test_the_twins_fused_glue_computes_what_its_eager_glue_computes():
     h, res, w = torch.randn(B, 256), torch.randn(B, 256), torch.randn(256)
     (n_e, s_e), (n_f, s_f) = ops.add_rms_norm(h, res, w), fused_norm(h, res, w)
     assert (n_e - n_f).norm() / n_e.norm() < 1e-5 and torch.equal(s_e, s_f)
+
+
+@pytest.mark.parametrize("d", [64, 512, 576])
+@pytest.mark.parametrize("src", ["float16", "float32"])
+def test_store_kv_rows_writes_each_row_over_its_scale_at_its_slot_and_nothing_else(d, src):
+    """The values before e4m3's rounding (a float32 cache: the interpreter's e4m3 rounding is wrong; the GPU test
+    below checks the e4m3 bytes), the scales ``max|row| / 448``, every other row of the cache and its scales left
+    as it was (NaN-poisoned), a zero row with the scales' floor."""
+    from kernels.glue import store_kv_rows
+
+    g = torch.Generator(device=DEV).manual_seed(d)
+    rows = (torch.randn(5, d, generator=g, device=DEV) * torch.logspace(-3, 2, 5, device=DEV)[:, None]).to(getattr(torch, src))
+    rows[3] = 0
+    pool = torch.full((40, d), float("nan"), device=DEV)
+    scale = torch.full((40,), float("nan"), device=DEV)
+    slots = torch.tensor([7, 0, 39, 21, 8], device=DEV)
+    store_kv_rows(rows, pool, scale, slots)
+    ref_scale = (rows.float().abs().amax(1) / 448).clamp(min=1e-12)
+    torch.testing.assert_close(scale[slots], ref_scale, rtol=1e-6, atol=0)
+    torch.testing.assert_close(pool[slots], rows.float() / ref_scale[:, None], rtol=1e-5, atol=1e-5)
+    assert float(pool[slots].abs().amax()) == pytest.approx(448, rel=1e-5)
+    others = torch.ones(40, dtype=torch.bool, device=DEV)
+    others[slots] = False
+    assert bool(pool[others].isnan().all()) and bool(scale[others].isnan().all())
+
+
+def test_store_kv_rows_names_each_bad_argument():
+    from kernels.glue import store_kv_rows
+
+    rows = torch.randn(2, 64, device=DEV)
+    with pytest.raises(ValueError, match=r"store_kv_rows: pool \(8, 32\) \(contiguous rows of 64\); pool_scale \(8,\) "
+                                         r"torch.float16 \(float32 \[8\]\); slots \(3,\) \(\[2\]\)"):
+        store_kv_rows(rows, torch.empty(8, 32, device=DEV), torch.empty(8, device=DEV).half(),
+                      torch.zeros(3, dtype=torch.long, device=DEV))
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not CUDA, reason="e4m3 rounding needs a GPU (the interpreter's is wrong)")
+def test_store_kv_rows_writes_the_bytes_torch_quantisation_writes_on_a_gpu():
+    from kernels.glue import store_kv_rows
+    from kernels.sparse_decode import quantize_kv_fp8
+
+    g = torch.Generator(device="cuda").manual_seed(1)
+    rows = torch.randn(64, 512, generator=g, device="cuda").to(torch.bfloat16)
+    pool = torch.zeros(100, 512, device="cuda", dtype=torch.float8_e4m3fn)
+    scale = torch.zeros(100, device="cuda")
+    slots = torch.randperm(100, generator=g, device="cuda")[:64]
+    store_kv_rows(rows, pool, scale, slots)
+    ref, ref_scale = quantize_kv_fp8(rows)
+    torch.testing.assert_close(scale[slots], ref_scale, rtol=1e-6, atol=0)
+    got, want = pool[slots].float(), ref.float()
+    differ = got != want  # a division rounded the other way may land one e4m3 step off, rarely
+    assert float(differ.float().mean()) < 1e-3
+    assert bool(((got - want).abs() <= want.abs() / 8 + 2.0 ** -9)[differ].all())

@@ -275,21 +275,24 @@ def test_fp8_cache_attention_kernels_match_the_torch_attention_at_the_workloads_
 @pytest.mark.gpu
 @pytest.mark.skipif(not (torch.cuda.is_available() and torch.cuda.get_device_capability() == (9, 0)),
                     reason="the Gluon wgmma kernel needs an sm_90 GPU")
-def test_fp8_cache_step_under_cuda_graphs_matches_the_eager_torch_attention_step():
+def test_fp8_cache_steps_of_each_attention_kernel_match_the_torch_attention_and_replay_as_cuda_graphs():
     full = PRESETS["dsv4-flash"]
     knobs = {"context_length": 8192, "kv_cache_dtype": "fp8_e4m3", "gemm_indexer": "bf16"}
     outs = {}
-    for impl in ("torch", "mma", "wgmma"):
-        m = DecodeModel(full, {**knobs, "attention_impl": impl}, "cuda")
+    for impl in ("torch", "mma", "wgmma", "wgmma+fused"):
+        extra = {"glue": "fused"} if impl.endswith("+fused") else {}  # the cache written by kernels.glue.store_kv_rows
+        m = DecodeModel(full, {**knobs, "attention_impl": impl.split("+")[0], **extra}, "cuda")
         with torch.inference_mode():
             outs[impl] = m.step(m.state(4, 512, seed=9)).float()
-        if impl == "wgmma":
+        if impl.startswith("wgmma"):
             res = measure(m, [4], live_context=512, warmup=1, repeats=2, buckets="pow2:8")
             assert res.levels[0].graphed and res.levels[0].tok_s > 0
         del m
         torch.cuda.empty_cache()
-    for impl in ("mma", "wgmma"):
-        assert _rel_err(outs[impl], outs["torch"]) < 2e-2, impl
+    # through 43 layers of bf16 arithmetic in another order (the H200 at 288eaa2: 0.027 for mma); a kernel reading
+    # the rows without their scales, or as bf16, is off by far more
+    for impl in ("mma", "wgmma", "wgmma+fused"):
+        assert _rel_err(outs[impl], outs["torch"]) < 0.05, impl
 
 
 def test_kernel_phase_runs_first_for_the_spaces_shapes_when_asked(tmp_path, monkeypatch):
@@ -395,9 +398,12 @@ def test_fp8_linear_scales_each_token_and_each_output_channel():
     from tuner.targets.workload.ops import Linear
 
     torch.manual_seed(0)
-    x = torch.randn(3, 256)
+    # on a GPU where there is one (a CPU's torch._scaled_mm takes per-row and per-channel scales from torch 2.13 on;
+    # the GPU image's 2.11 refuses them there)
+    dev = "cuda" if torch.cuda.is_available() else "cpu"
+    x = torch.randn(3, 256, device=dev)
     x[0] *= 1e-4
-    w = torch.randn(64, 256) / 16
+    w = torch.randn(64, 256, device=dev) / 16
     w[5] *= 1e-4
     lin = Linear.make(w, "fp8")
     assert lin.weight.dtype == torch.float8_e4m3fn and tuple(lin.scale.shape) == (1, 64)

@@ -126,3 +126,11 @@ def fused_glue() -> tuple[Callable, Callable]:
         return y.squeeze(1) if squeeze else y
 
     return add_rms_norm, rope
+
+
+def fused_store_kv() -> Callable[..., None]:
+    """``fn(rows [n,d], pool [N,d] e4m3, pool_scale [N], slots [n])``: the new KV rows quantised and written into the
+    fp8 cache and its scales in one launch (``kernels.glue.store_kv_rows``)."""
+    from kernels import glue
+
+    return lambda rows, pool, pool_scale, slots: glue.store_kv_rows(rows.contiguous(), pool, pool_scale, slots)

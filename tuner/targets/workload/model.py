@@ -90,16 +90,20 @@ class LayerWeights:
     shared_w2: Linear
 
 
-def _bytes(t: torch.Tensor) -> torch.Tensor:
-    return t.view(torch.uint8) if t.dtype == torch.float8_e4m3fn else t
-
-
 def quantize_kv_rows(kv: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """(e4m3 rows, float32 scale per row) of KV rows, in the layout the sparse decode kernels read
     (``kernels.sparse_decode.quantize_kv_fp8``: ``scale[r] = max|kv[r]| / 448``)."""
     from kernels.sparse_decode import quantize_kv_fp8
 
     return quantize_kv_fp8(kv)
+
+
+def store_kv_rows_torch(rows: torch.Tensor, pool: torch.Tensor, pool_scale: torch.Tensor, slots: torch.Tensor) -> None:
+    """The new KV rows quantised and written at ``slots`` of the fp8 cache and its scales, as torch ops (the fused
+    glue does it in one launch: ``kernels.glue.store_kv_rows``)."""
+    q, scale = quantize_kv_rows(rows)
+    pool_scale.index_copy_(0, slots, scale)
+    pool.view(torch.uint8).index_copy_(0, slots, q.view(torch.uint8))  # index_copy_ has no float8 kernel on a CPU
 
 
 class DecodeModel:
@@ -129,6 +133,11 @@ class DecodeModel:
 
             self.triton_moe = triton_moe(self.knobs)
         self.add_rms_norm, self._rope_fn = self._glue_fns()
+        self._store_kv = store_kv_rows_torch
+        if self.knobs["glue"] == "fused" and self.knobs["kv_cache_dtype"] == "fp8_e4m3":
+            from tuner.targets.workload.gpu_ops import fused_store_kv
+
+            self._store_kv = fused_store_kv()  # one launch a layer, as a server's quantised cache write
         self.scale = 1.0 / math.sqrt(preset.head_dim)
 
     def _glue_fns(self):
@@ -348,10 +357,9 @@ class DecodeModel:
         kv_new = self._rope_fn(w.kv(h), st)
         fp8 = "win_scale" in st
         if fp8:  # the new row quantised as it is written, a scale per row
-            kv_new, new_scale = quantize_kv_rows(kv_new)
-            st["win_scale"].index_copy_(0, st["win_slot"], new_scale)
-        # through a byte view: index_copy_ has no float8 kernel on a CPU
-        _bytes(st["win_pool"]).index_copy_(0, st["win_slot"], _bytes(kv_new))
+            self._store_kv(kv_new, st["win_pool"], st["win_scale"], st["win_slot"])
+        else:
+            st["win_pool"].index_copy_(0, st["win_slot"], kv_new)
         if kind == "window":
             other = None
             rows = st["win_rows"]
