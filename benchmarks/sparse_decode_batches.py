@@ -15,7 +15,7 @@ of CUDA-graph replays, L2 flushed before each, 4 input sets rotating):
 * ``early`` / ``at_exit`` / ``plain``: the nearest config and the fastest split count with the merge started at
   once, as the split kernel's programs exit, and without PDL.
 
-    python3 benchmarks/sparse_decode_batches.py --json OUT.json                   # on an H200
+    python3 benchmarks/sparse_decode_batches.py --json OUT.json [--batches 3,10,20]  # on an H200
     python3 benchmarks/sparse_decode_batches.py --report-from OUT.json --out X.md  # on any machine
 """
 
@@ -51,7 +51,7 @@ def measure(args, json_path: Path) -> dict:
     meta = run_meta(args.rep_ms)
     rows = []
     for dtype in DTYPES:
-        for batch in BATCHES:
+        for batch in [int(b) for b in args.batches.split(",")]:
             shape = dict(base, batch=batch)
             entry = lookup_entry("sparse_decode", shape, dtype, "cuda")
             nearest = {**kernel.default_config(shape), **entry["config"]}
@@ -100,7 +100,7 @@ def by_case(data: dict) -> dict:
 
 def report(data: dict, source: str) -> str:
     from benchmarks.report_cli import provenance
-    from kernels.sparse_decode import split_rows
+    from kernels.sparse_decode import SparseDecodeKernel, split_rows
 
     meta = data["meta"]
     lines = ["# Sparse decode (tl.dot kernel) between its tuned batches: split counts and the merge's start", "",
@@ -110,9 +110,13 @@ def report(data: dict, source: str) -> str:
              "reference first (timed and ragged inputs)",
              "- nearest: the nearest key of the H200's tuned file (batch 1, 16, 64) as it runs now; best S: the "
              "fastest split count with the nearest config's tiles; programs: batch x head blocks x splits", "",
+             "- one wave: the split count `SparseDecodeKernel.adapt_config` now gives the nearest key's config at this "
+             "batch (the most splits within one program an SM, 132 on the H200), and its time over the best's", "",
              "| cache | batch | nearest S (programs) | nearest µs | best S (programs) | best µs | nearest / best | "
-             "at exit / early, nearest | at exit / early, best S | plain / early, best S |",
-             "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+             "one wave S | one wave / best | at exit / early, nearest | at exit / early, best S | plain / early, best S |",
+             "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+    kernel = SparseDecodeKernel.instance
+    shape = {"heads": 64, "d_qk": 512, "d_v": 512, "topk": 640}
     for (dtype, batch), rs in by_case(data).items():
         split = [r for r in rs if r["way"].startswith("S=") and r.get("us")]
         near = next((r for r in split if r["splits"] == split_rows(640, r["nearest_S"], r["config"]["BLOCK_T"])[1]),
@@ -123,11 +127,17 @@ def report(data: dict, source: str) -> str:
         def ratio(a, b):
             return f"{w[a] / w[b]:.2f}x" if a in w and b in w else "-"
 
+        wave_s = kernel.splits_in_one_wave(best["config"], {**shape, "batch": batch})
+        wave_n = split_rows(640, wave_s, best["config"]["BLOCK_T"])[1]
+        wave = next((r for r in split if r["splits"] == wave_n), None)
+        wave_cells = f"{wave_s} | {wave['us'] / best['us']:.2f}x" if wave else f"{wave_s} | -"
+
         lines.append(f"| {dtype} | {batch} | {near['config']['S'] if near else '-'} ({near['programs'] if near else '-'}) "
                      f"| {near['us']:.1f} | {best['config']['S']} ({best['programs']}) | {best['us']:.1f} | "
-                     f"{near['us'] / best['us']:.2f}x | {ratio('nearest:at_exit', 'nearest:early')} | "
+                     f"{near['us'] / best['us']:.2f}x | {wave_cells} | {ratio('nearest:at_exit', 'nearest:early')} | "
                      f"{ratio('best_S:at_exit', 'best_S:early')} | {ratio('best_S:plain', 'best_S:early')} |"
-                     if near else f"| {dtype} | {batch} | - | - | {best['config']['S']} | {best['us']:.1f} | - | - | - | - |")
+                     if near else f"| {dtype} | {batch} | - | - | {best['config']['S']} | {best['us']:.1f} | - | {wave_cells} "
+                     "| - | - | - |")
     lines += ["", "Every split count (µs; programs):", ""]
     for (dtype, batch), rs in by_case(data).items():
         cells = ", ".join(f"S={r['config']['S']} {r['us']:.1f} ({r['programs']})" if r.get("us") else
@@ -146,6 +156,9 @@ def main(argv=None) -> int:
 
     def extra(ap):
         ap.add_argument("--rep-ms", type=float, default=20.0)
+        ap.add_argument("--batches", default=",".join(map(str, BATCHES)),
+                        help="the batches to time (default: those the one-wave split rule was read off; others check "
+                             "it on batches it was not read from)")
 
     return run(argv, __doc__, ROOT / "benchmarks" / "results" / "sparse_decode_batches_h200.md", report, measure, extra)
 

@@ -229,9 +229,10 @@ def rope_reference(x, positions, cos_sin, rope_dim=64):
 # new KV rows quantised into an fp8 cache
 # ----------------------------------------------------------------------------------------------------
 @triton.jit
-def _store_kv_rows_kernel(x_ptr, slot_ptr, pool_ptr, scale_ptr, D, stride_x, stride_pool, BLOCK_D: tl.constexpr):
+def _store_kv_rows_kernel(x_ptr, slot_ptr, pool_ptr, scale_ptr, D, stride_x, stride_slot, stride_pool,
+                          BLOCK_D: tl.constexpr):
     i = tl.program_id(0)
-    slot = tl.load(slot_ptr + i).to(tl.int64)
+    slot = tl.load(slot_ptr + i * stride_slot).to(tl.int64)
     offs = tl.arange(0, BLOCK_D)
     mask = offs < D
     x = tl.load(x_ptr + i.to(tl.int64) * stride_x + offs, mask=mask, other=0.0).to(tl.float32)
@@ -242,7 +243,7 @@ def _store_kv_rows_kernel(x_ptr, slot_ptr, pool_ptr, scale_ptr, D, stride_x, str
 
 def store_kv_rows(rows: torch.Tensor, pool: torch.Tensor, pool_scale: torch.Tensor, slots: torch.Tensor) -> None:
     """Quantise ``rows [n, d]`` (16- or 32-bit) and write row ``i`` at ``pool[slots[i]]`` with its scale at
-    ``pool_scale[slots[i]]``: ``pool [N, d]`` (float8 e4m3; float16 or float32 where Triton's interpreter runs it,
+    ``pool_scale[slots[i]]`` (``slots`` may be strided: a column of a per-request table): ``pool [N, d]`` (float8 e4m3; float16 or float32 where Triton's interpreter runs it,
     whose e4m3 rounding is wrong), ``pool_scale [N]`` float32, ``slots [n]`` integer. Row r of the cache then holds
     ``pool[r] * pool_scale[r]``, as :func:`kernels.sparse_decode.quantize_kv_fp8` lays it out."""
     n, d = rows.shape
@@ -259,7 +260,7 @@ def store_kv_rows(rows: torch.Tensor, pool: torch.Tensor, pool_scale: torch.Tens
         raise ValueError("store_kv_rows: " + "; ".join(problems))
     if n == 0:
         return
-    _store_kv_rows_kernel[(n,)](rows, slots, pool, pool_scale, d, rows.stride(0), pool.stride(0),
+    _store_kv_rows_kernel[(n,)](rows, slots, pool, pool_scale, d, rows.stride(0), slots.stride(0), pool.stride(0),
                                 BLOCK_D=triton.next_power_of_2(d), num_warps=4)
 
 

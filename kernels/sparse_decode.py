@@ -753,6 +753,28 @@ class SparseDecodeKernel(_SparseDecodeBase):
             S *= 2
         return {"S": S, "BLOCK_H": block_h, "BLOCK_T": block_t, "num_warps": 4, "num_stages": 2}
 
+    def adapt_config(self, config, tuned_shape, shape):
+        """A config tuned at another batch keeps its tiles, warps and stages; its split count is set for this batch:
+        the most splits of the space whose grid ``batch * ceil(heads / BLOCK_H) * splits`` (whole tiles,
+        :func:`split_rows`) stays within one program an SM, S=1 where none does. Measured on an H200 (2026-12-01,
+        ``sparse_decode_batches_h200_936ffa3.md``, every split count at batches 2-96 with the nearest key's tiles, bf16
+        and fp8 caches): the rule picks the fastest split count in all 18 cases (fp8 batch 7: 23.6 µs, against 23.9
+        at the next), where the nearest key's own count ran up to 1.33x slower (fp8 batch 32: 8 splits, 224 programs,
+        49.0 µs against 36.7 at 4 splits and 128)."""
+        if shape["batch"] == tuned_shape["batch"]:
+            return config
+        return {**config, "S": self.splits_in_one_wave(config, shape)}
+
+    def splits_in_one_wave(self, config: dict, shape: dict) -> int:
+        """The split count of the space giving the most splits (whole tiles: two counts may give the same; the smaller
+        then) whose grid fits one program an SM (``device_limits``), else 1."""
+        sms = device_limits("cuda" if torch.cuda.is_available() else None)["sms"]
+        per_split = shape["batch"] * triton.cdiv(shape["heads"], config["BLOCK_H"])
+        splits = {s: split_rows(shape["topk"], s, config["BLOCK_T"])[1] for s in self.config_space(shape)["S"]
+                  if s <= shape["topk"]}
+        fits = [s for s, n in splits.items() if per_split * n <= sms]
+        return min(fits, key=lambda s: (-splits[s], s), default=1)
+
     def config_space(self, shape):
         # No 16 warps: tried 2026-11-30 (6e5fadf, tuner_efficiency_h200_issue20_sd2.json, all 552 configs at batch
         # 1/16/64, bf16 and fp8): never the best, its best 13-33% behind, and Nsight Compute read spills on 64-head

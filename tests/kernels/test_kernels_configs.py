@@ -103,7 +103,10 @@ def test_lookup_missing_file_gives_default():
 
 def test_lookup_takes_nearest_tuned_entry():
     _write({SD.shape_key(dict(SHAPE, batch=32)): {"config": TUNED, "time_us": 1.0, "default_time_us": 2.0}})
-    assert lookup("sparse_decode", dict(SHAPE, batch=20), "bfloat16") == TUNED
+    # the nearest key's tiles, its split count set for this batch (SparseDecodeKernel.adapt_config: one wave)
+    at20 = lookup("sparse_decode", dict(SHAPE, batch=20), "bfloat16")
+    assert at20 == {**TUNED, "S": SD.splits_in_one_wave(TUNED, dict(SHAPE, batch=20))} and at20["S"] != TUNED["S"]
+    assert lookup("sparse_decode", dict(SHAPE, batch=32), "bfloat16") == TUNED  # at its own batch, as tuned
     assert lookup("sparse_decode", dict(SHAPE, batch=20, topk=2048), "bfloat16") == SD.default_config(dict(SHAPE, batch=20, topk=2048))
     assert lookup("sparse_decode", SHAPE, "float16") == SD.default_config(SHAPE)  # other dtype, other file
 

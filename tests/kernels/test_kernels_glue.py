@@ -62,18 +62,22 @@ def test_the_twins_fused_glue_computes_what_its_eager_glue_computes():
     from tuner.targets.workload import gpu_ops, ops
 
     torch.manual_seed(0)
-    B, H, D, rope_dim, L = 3, 4, 64, 16, 37
-    fused_norm, fused_rope = gpu_ops.fused_glue()
-    x = torch.randn(B, H, D)
-    half = rope_dim // 2
-    inv = 1.0 / (10000 ** (torch.arange(half, dtype=torch.float32) / half))  # as DecodeModel.state builds them
-    ang = torch.full((B, 1), float(L)) * inv[None, :]
-    pos = torch.arange(L + 1, dtype=torch.float32)[:, None] * inv[None, :]
-    cos_sin = torch.cat([pos.cos(), pos.sin()], dim=1).contiguous()
-    eager = ops.rope(x, torch.cos(ang), torch.sin(ang), rope_dim)
-    fused = fused_rope(x, torch.full((B,), L, dtype=torch.int32), cos_sin, rope_dim)
+    torch.set_default_device(DEV)  # the kernels' device: a GPU, or the CPU under the interpreter
+    try:
+        B, H, D, rope_dim, L = 3, 4, 64, 16, 37
+        fused_norm, fused_rope = gpu_ops.fused_glue()
+        x = torch.randn(B, H, D)
+        half = rope_dim // 2
+        inv = 1.0 / (10000 ** (torch.arange(half, dtype=torch.float32) / half))  # as DecodeModel.state builds them
+        ang = torch.full((B, 1), float(L)) * inv[None, :]
+        pos = torch.arange(L + 1, dtype=torch.float32)[:, None] * inv[None, :]
+        cos_sin = torch.cat([pos.cos(), pos.sin()], dim=1).contiguous()
+        eager = ops.rope(x, torch.cos(ang), torch.sin(ang), rope_dim)
+        fused = fused_rope(x, torch.full((B,), L, dtype=torch.int32), cos_sin, rope_dim)
+        h, res, w = torch.randn(B, 256), torch.randn(B, 256), torch.randn(256)
+    finally:
+        torch.set_default_device(None)
     assert (eager - fused).norm() / eager.norm() < 1e-5
-    h, res, w = torch.randn(B, 256), torch.randn(B, 256), torch.randn(256)
     (n_e, s_e), (n_f, s_f) = ops.add_rms_norm(h, res, w), fused_norm(h, res, w)
     assert (n_e - n_f).norm() / n_e.norm() < 1e-5 and torch.equal(s_e, s_f)
 
@@ -91,7 +95,8 @@ def test_store_kv_rows_writes_each_row_over_its_scale_at_its_slot_and_nothing_el
     rows[3] = 0
     pool = torch.full((40, d), float("nan"), device=DEV)
     scale = torch.full((40,), float("nan"), device=DEV)
-    slots = torch.tensor([7, 0, 39, 21, 8], device=DEV)
+    # a column of a per-request table, as the twin's window slots are (strided)
+    slots = torch.tensor([[7, 1], [0, 2], [39, 3], [21, 4], [8, 5]], device=DEV)[:, 0]
     store_kv_rows(rows, pool, scale, slots)
     ref_scale = (rows.float().abs().amax(1) / 448).clamp(min=1e-12)
     torch.testing.assert_close(scale[slots], ref_scale, rtol=1e-6, atol=0)

@@ -95,4 +95,52 @@ def test_the_tl_dot_batches_report_finds_the_nearest_configs_row_by_its_splits_a
                         str(stored), "--out", str(out)], capture_output=True, text=True, cwd=root)
     assert r.returncode == 0, r.stderr
     row = next(line for line in out.read_text().splitlines() if line.startswith("| bfloat16 | 2 |"))
-    assert row == "| bfloat16 | 2 | 10 (80) | 10.0 | 8 (64) | 8.0 | 1.25x | 1.10x | 1.10x | 1.25x |"
+    # one wave: S=16 (ten 64-row splits, 80 programs within 132), the row of ten splits
+    assert row == "| bfloat16 | 2 | 10 (80) | 10.0 | 8 (64) | 8.0 | 1.25x | 16 | 1.25x | 1.10x | 1.10x | 1.25x |"
+
+
+def test_the_tl_dot_one_wave_split_rule_picks_the_fastest_split_count_in_every_stored_h200_case(tmp_path):
+    """SparseDecodeKernel.adapt_config's split count against the H200 run it was read off (936ffa3: every split count
+    at batches 2-96 with the nearest tuned key's tiles, bf16 and fp8): within 1% of the fastest in each of the 18
+    cases, and the stored report is what the script writes from the stored JSON."""
+    import json
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from kernels.sparse_decode import SparseDecodeKernel, split_rows
+
+    root = Path(__file__).resolve().parents[2]
+    stored = root / "benchmarks/results/data/sparse_decode_batches_h200_936ffa3.json"
+    data = json.loads(stored.read_text())
+    kernel = SparseDecodeKernel.instance
+    cases: dict = {}
+    for r in data["rows"]:
+        if r["way"].startswith("S=") and r.get("us"):
+            cases.setdefault((r["dtype"], r["batch"]), []).append(r)
+    assert len(cases) == 18
+    for (dtype, batch), rows in cases.items():
+        tiles = rows[0]["config"]
+        tuned_batch = min((1, 16, 64), key=lambda b: abs(b - batch))
+        shape = {"batch": batch, "heads": 64, "d_qk": 512, "d_v": 512, "topk": 640}
+        s = kernel.adapt_config(dict(tiles), {**shape, "batch": tuned_batch}, shape)["S"]
+        picked = next(r for r in rows if r["splits"] == split_rows(640, s, tiles["BLOCK_T"])[1])
+        assert picked["us"] <= 1.01 * min(r["us"] for r in rows), (dtype, batch, s)
+    out = tmp_path / "b.md"
+    r = subprocess.run([sys.executable, str(root / "benchmarks" / "sparse_decode_batches.py"), "--report-from",
+                        str(stored), "--out", str(out)], capture_output=True, text=True, cwd=root, timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert out.read_text() == (root / "benchmarks/results/sparse_decode_batches_h200_936ffa3.md").read_text()
+
+
+def test_the_tl_dot_kernel_keeps_a_config_at_its_own_batch_and_sets_only_the_split_count_at_another():
+    from kernels.sparse_decode import SparseDecodeKernel
+
+    kernel = SparseDecodeKernel.instance
+    tuned = {"S": 2, "BLOCK_H": 16, "BLOCK_T": 128, "num_warps": 8, "num_stages": 2}
+    shape = {"batch": 16, "heads": 64, "d_qk": 512, "d_v": 512, "topk": 640}
+    assert kernel.adapt_config(tuned, shape, shape) is tuned
+    # 24 requests x 4 head tiles: two splits make 192 programs, one 96
+    assert kernel.adapt_config(tuned, shape, {**shape, "batch": 24}) == {**tuned, "S": 1}
+    assert kernel.adapt_config(tuned, shape, {**shape, "batch": 7}) == {**tuned, "S": 4}  # 84 programs
+    assert kernel.adapt_config(tuned, shape, {**shape, "batch": 200})["S"] == 1  # no split count fits: one
