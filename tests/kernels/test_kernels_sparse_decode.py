@@ -308,7 +308,7 @@ def test_qk_ahead_refuses_what_it_does_not_handle_by_name():
 
 
 @pytest.mark.parametrize("splits, min_programs", [(10, 512), (10, 16), (3, 64), (1, 0)])
-def test_the_split_k_merge_with_a_wider_grid_matches_the_float64_merge(splits, min_programs):
+def test_the_split_k_merge_with_a_wider_grid_matches_the_float64_merge(splits, min_programs, device):
     """``launch_combine(min_programs=...)`` narrows the merge's column blocks (down to 32 columns) until its grid has
     that many programs (batch 1, 10 splits: 8 column blocks of 64 for 512 programs, against 2 of 256); each result
     matches a float64 merge of the same partials by their log-sum-exps, into NaN-poisoned outputs."""
@@ -320,8 +320,8 @@ def test_the_split_k_merge_with_a_wider_grid_matches_the_float64_merge(splits, m
     lse = torch.randn(B, splits, H, generator=g) * 3
     w = torch.softmax(lse.double() * math.log(2), dim=1)  # base-2 log-sum-exps
     ref = (w[..., None] * part.double()).sum(1)
-    out = torch.full((B, H, d_v), float("nan"))
-    launch_combine(part, lse, out, pdl=False, min_programs=min_programs)
-    assert (out.double() - ref).norm() / ref.norm() < 1e-5
+    out = torch.full((B, H, d_v), float("nan"), device=device)
+    launch_combine(part.to(device), lse.to(device), out, pdl=False, min_programs=min_programs)
+    assert (out.double().cpu() - ref).norm() / ref.norm() < 1e-5
     grid = combine_grid(B, splits, H, d_v, min_programs)
     assert grid[0] * H * B >= min(min_programs, d_v // 32 * H * B)
