@@ -38,7 +38,8 @@ def test_width_below_num_rows_and_lengths_mask():
     assert out.shape == (3, 70)
     assert torch.isinf(out[1]).all() and torch.isinf(out[2, 33:]).all() and torch.isfinite(out[2, :33]).all()
     fin = torch.isfinite(ref)
-    assert torch.allclose(out[fin].double().cpu(), ref[fin].double().cpu(), rtol=1e-3, atol=1e-3)
+    tol = 1e-3 if DEV == "cpu" else K.tolerance("float32")  # float32 dots run as tf32 on an NVIDIA GPU
+    assert torch.allclose(out[fin].double().cpu(), ref[fin].double().cpu(), rtol=tol, atol=tol)
 
 
 @pytest.mark.parametrize("skip_dead", [True, False])
