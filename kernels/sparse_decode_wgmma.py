@@ -153,14 +153,14 @@ except ImportError:  # a Triton without Gluon: sparse_decode_wgmma raises, the t
     HAVE_GLUON = False
 
 __all__ = ["DEFAULT_CONFIG", "HAVE_GLUON", "WGMMA_HEADS", "WGMMA_WARPS", "SparseDecodeWgmmaKernel", "default_config", "index_tiles",
-           "merge_starts_early", "sparse_decode_wgmma", "splits_within"]
+           "merge_starts_early", "one_wave", "sparse_decode_wgmma", "splits_within"]
 
 WGMMA_HEADS = 64  # one wgmma M: every head of a V4-Flash request in one program
 WGMMA_WARPS = 8  # two warpgroups: each holds a [64, 256 / V_SPLIT] float32 accumulator (128 / V_SPLIT registers a thread)
 DEFAULT_CONFIG = {"S": 8, "BLOCK_T": 64, "STAGES": 2, "P_SMEM": 0, "V_SPLIT": 1, "PART16": 0, "STORE_CVT": 0, "WS": 0,
                   "MERGE": 0, "SPLIT_WG": 0, "SEESAW": 0}  # S, V_SPLIT: see default_config
 PROGRAMS = 128  # about one program per SM of an H200 (132)
-ONE_WAVE = 132  # an H100's or H200's SMs: one resident program each (a program's shared memory fills an SM)
+ONE_WAVE = 132  # an H100 SXM's or H200's SMs: one resident program each (a program's shared memory fills an SM)
 # WS=1: a producer warpgroup beside the two consumer ones. Registers are granted per warpgroup: the launch caps all
 # 384 threads at WS_MAXNREG (65536 / 384, rounded down to 8), and the producer hands all but GATHER_REGS of its
 # share to the consumers (setmaxnreg), which then hold 168 + (168 - GATHER_REGS) / 2.
@@ -206,15 +206,22 @@ def index_tiles(config: dict, shape: dict) -> int:
     return tiles if fits else 0
 
 
-def splits_within(batch: int, topk: int, v_split: int, block_t: int) -> int:
+def one_wave() -> int:
+    """Programs in one wave of the split kernel, one an SM: this process's GPU's SM count (an H100 PCIe has 114),
+    ``ONE_WAVE`` (an H200's 132) without a GPU."""
+    return device_limits("cuda" if torch.cuda.is_available() else None)["sms"]
+
+
+def splits_within(batch: int, topk: int, v_split: int, block_t: int, sms: int | None = None) -> int:
     """The most splits of ``topk`` rows (whole ``block_t`` tiles, :func:`kernels.sparse_decode.split_rows`) that keep
-    ``batch * v_split * splits`` within ``ONE_WAVE`` (one program an SM); 1 where even one split does not. Measured
+    ``batch * v_split * splits`` within one wave (``sms``, default :func:`one_wave`: one program an SM); 1 where even
+    one split does not. Measured
     on an H200 (2026-12-01, ``sparse_decode_wgmma_batches_h200_470243f.md``): a second wave costs 1.3-1.5x (batch 24:
     27.0 µs at 144 programs, 20.4 at 96), while 130 programs, within the 132 SMs, ran 15.2 µs against 15.9 at 104
     (batch 13)."""
     tiles = -(-max(topk, 1) // block_t)
     return next((n for n in (split_rows(max(topk, 1), s, block_t)[1] for s in range(tiles, 0, -1))
-                 if batch * v_split * n <= ONE_WAVE), 1)
+                 if batch * v_split * n <= (sms or one_wave())), 1)
 
 
 FP8_STAGES_MAX = 4
@@ -1237,10 +1244,11 @@ class SparseDecodeWgmmaKernel(_SparseDecodeBase):
         batch: the most splits (``splits_within``) that keep ``batch * V_SPLIT * S`` within one wave of programs (a
         batch-16 config of 4 splits of two programs would launch 192 programs at batch 24, 256 at 32: 27.4 and 28.8
         µs against 20.4 and 21.7 with the splits set, ``sparse_decode_wgmma_batches_h200_470243f.md``). Where even one
-        split does not fit (``V_SPLIT * batch`` over 132), this batch's default config."""
+        split does not fit (``V_SPLIT * batch`` over one wave: the GPU's SMs, :func:`one_wave`), this batch's default
+        config."""
         if shape["batch"] == tuned_shape["batch"]:
             return config
-        if config["V_SPLIT"] * shape["batch"] > ONE_WAVE:
+        if config["V_SPLIT"] * shape["batch"] > one_wave():
             return self.default_config(shape)
         return {**config, "S": splits_within(shape["batch"], shape["topk"], config["V_SPLIT"], config["BLOCK_T"])}
 

@@ -679,6 +679,28 @@ def test_the_wgmma_report_states_the_single_partition_schedules_best_beside_the_
     assert line.split(" | ")[6:9] == ["30.8", "15.4", "7.7"] and line.split(" | ")[11:13] == ["4.00x", "2.00x"], line
 
 
+def test_the_one_wave_rules_count_the_gpus_own_sms(monkeypatch):
+    """An H100 PCIe has 114 SMs, not the H200's 132: the split count set for another batch, and the fall-back to the
+    default where one split of ``V_SPLIT`` programs a request is more than a wave, follow the GPU's SM count."""
+    import kernels.sparse_decode_wgmma as w
+    from kernels.sparse_decode import split_rows
+
+    assert w.one_wave() == (torch.cuda.get_device_properties(0).multi_processor_count if torch.cuda.is_available()
+                            else w.ONE_WAVE)
+    # batch 24, two programs a split, 64-row tiles: 2 splits (96 programs) fit 114 and 132; batch 13: 5 fit 132 only
+    assert w.splits_within(24, 640, 2, 64, sms=114) == 2
+    assert split_rows(640, w.splits_within(13, 640, 2, 64, sms=132), 64)[1] == 5
+    assert split_rows(640, w.splits_within(13, 640, 2, 64, sms=114), 64)[1] == 4
+    kernel = w.SparseDecodeWgmmaKernel.instance
+    tuned = {**w.default_config(16, 640), "V_SPLIT": 2, "S": 4}
+    at16 = {"batch": 16, "heads": 64, "d_qk": 512, "d_v": 512, "topk": 640}
+    at60 = {**at16, "batch": 60}
+    monkeypatch.setattr(w, "one_wave", lambda: 132)
+    assert kernel.adapt_config(tuned, at16, at60) == {**tuned, "S": 1}  # 120 programs: one split fits
+    monkeypatch.setattr(w, "one_wave", lambda: 114)
+    assert kernel.adapt_config(tuned, at16, at60) == kernel.default_config(at60)  # 120 > 114: the default
+
+
 def test_the_wgmma_default_config_launches_one_wave_of_programs_at_every_batch_that_fits_one():
     """At every batch up to 132 (V4-Flash's 640 rows) the default launches at most 132 programs (one an SM of an
     H200): the rule before 2026-12-01 rounded its split count up and launched a second wave at 108 of these batches
