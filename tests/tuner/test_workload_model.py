@@ -237,14 +237,21 @@ def test_wgmma_attention_matches_the_torch_attention_at_the_workloads_shapes():
     fn = triton_attention("wgmma", {})
     g = torch.Generator(device="cuda").manual_seed(3)
     pool = torch.randn(20000, 512, generator=g, device="cuda").to(torch.bfloat16)
+    for batch, topk, q, rows in _attention_cases(g, pool.shape[0]):
+        got, ref = fn(q, pool, rows, 0.044).float(), sparse_attention_torch(q, pool, rows, 0.044).float()
+        assert _rel_err(got, ref) < 1e-2, (batch, topk)
+
+
+def _attention_cases(g: torch.Generator, pool_rows: int):
+    """(batch, topk, q, rows) as the twin's attention layers hand them over: batch 1 / 5 / 64, window 128, HCA 132 and
+    CSA 640 rows, the second half of each request's rows padded with -1 at random."""
     for batch in (1, 5, 64):
         q = torch.randn(batch, 64, 512, generator=g, device="cuda").to(torch.bfloat16)
         for topk in (128, 132, 640):
-            rows = torch.randint(0, pool.shape[0], (batch, topk), generator=g, device="cuda")
+            rows = torch.randint(0, pool_rows, (batch, topk), generator=g, device="cuda")
             rows[:, topk // 2:] = torch.where(torch.rand(batch, topk - topk // 2, generator=g, device="cuda") < 0.3,
                                               -1, rows[:, topk // 2:])
-            got, ref = fn(q, pool, rows, 0.044).float(), sparse_attention_torch(q, pool, rows, 0.044).float()
-            assert _rel_err(got, ref) < 1e-2, (batch, topk)
+            yield batch, topk, q, rows
 
 
 @pytest.mark.gpu
@@ -261,15 +268,10 @@ def test_fp8_cache_attention_kernels_match_the_torch_attention_at_the_workloads_
     fn = triton_attention(impl, {})
     g = torch.Generator(device="cuda").manual_seed(4)
     pool, scale = quantize_kv_fp8(torch.randn(20000, 512, generator=g, device="cuda"))
-    for batch in (1, 5, 64):
-        q = torch.randn(batch, 64, 512, generator=g, device="cuda").to(torch.bfloat16)
-        for topk in (128, 132, 640):
-            rows = torch.randint(0, pool.shape[0], (batch, topk), generator=g, device="cuda")
-            rows[:, topk // 2:] = torch.where(torch.rand(batch, topk - topk // 2, generator=g, device="cuda") < 0.3,
-                                              -1, rows[:, topk // 2:])
-            got = fn(q, pool, rows, 0.044, scale).float()
-            ref = sparse_attention_torch(q, pool, rows, 0.044, scale).float()
-            assert _rel_err(got, ref) < 1e-2, (impl, batch, topk)
+    for batch, topk, q, rows in _attention_cases(g, pool.shape[0]):
+        got = fn(q, pool, rows, 0.044, scale).float()
+        ref = sparse_attention_torch(q, pool, rows, 0.044, scale).float()
+        assert _rel_err(got, ref) < 1e-2, (impl, batch, topk)
 
 
 @pytest.mark.gpu
