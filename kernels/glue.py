@@ -6,8 +6,8 @@
   twice over the row (the second read of the new residual hits L2).
 * ``store_kv_rows(rows, pool, pool_scale, slots)``: each new KV row quantised to the cache's e4m3 with its float32
   scale (``max|row| / 448``, the layout ``kernels.sparse_decode.quantize_kv_fp8`` makes) and written at its slot of
-  the cache and of its scales, in one launch (the same in torch ops is seven: cast, abs, max, divide, clamp, cast,
-  and a copy each into the cache and the scales).
+  the cache and of its scales, in one launch (the same in torch ops is nine: cast, abs, row max, two divisions,
+  clamp, cast to e4m3, and a copy each into the cache and the scales).
 * ``rope(x, positions, cos_sin, rope_dim=64)``: rotary embedding on the LAST ``rope_dim`` dims of
   each head (DeepSeek's 448 nope + 64 rope layout), **interleaved** pairs ``(x[2i], x[2i+1])`` as in
   DeepSeek's reference ``apply_rotary_emb`` (complex multiply of consecutive pairs); other dims are
