@@ -332,11 +332,12 @@ def test_kernel_phase_runs_first_for_the_spaces_shapes_when_asked(tmp_path, monk
     assert calls == []  # opt-in
     run_search(SearchOptions(study="on", settings={"kernel_phase": True}, **opts))
     (shapes, budget), = calls
-    kinds = {k for k, _ in shapes}
+    kinds = {k for k, *_ in shapes}
     assert kinds == {"sparse_decode", "indexer", "gemm", "gemv"}  # the tiny space has gemm_impl, no moe_impl
-    assert {s["M"] for k, s in shapes if k == "gemv"} == {1}
-    assert {s["batch"] for k, s in shapes if k == "sparse_decode"} >= {1, 16, 64}
-    assert {s["width"] for k, s in shapes if k == "indexer"} >= {TINY.indexer_width(131072), 512 // TINY.csa_ratio}
+    assert {s["M"] for k, s, *_ in shapes if k == "gemv"} == {1}
+    assert {s["batch"] for k, s, *_ in shapes if k == "sparse_decode"} >= {1, 16, 64}
+    assert {s["width"] for k, s, *_ in shapes if k == "indexer"} >= {TINY.indexer_width(131072), 512 // TINY.csa_ratio}
+    assert {x[2] for x in shapes if len(x) == 3} == {"float8_e4m3fn"}  # the tl.dot attention on an fp8 cache too
     assert 0 < budget <= 0.2 * 60
 
 
@@ -348,15 +349,15 @@ def test_gpu_space_tunes_the_moe_kernel_and_leaves_the_indexer_width_to_the_serv
     target = WorkloadTarget(resolve(load_space("dsv4_flash"), hw))
     assert "indexer_width" not in target.space.names  # not a launch flag: the context cap has to do it
     assert target.resolved.defaults()["moe_impl"] == "torch"
-    moe = [s for k, s in target.kernel_shapes() if k == "moe"]
+    moe = [s for k, s, *_ in target.kernel_shapes() if k == "moe"]
     assert [s["tokens"] for s in moe] == [1, 16, 64]  # every bucket set pads 1, 16, 64 to themselves
-    kinds = [k for k, _ in target.kernel_shapes()]
-    # per batch: attention, MoE, the indexer at 5 caps + live, then the linears' 6 GEMM shapes (gemm_impl), and at
-    # batch 1 their 6 GEMVs (what gemm_impl=auto may run at one row)
-    assert len(kinds) == 3 * (1 + 1 + 6) + 3 * 6 + 6
+    kinds = [k for k, *_ in target.kernel_shapes()]
+    # per batch: attention, MoE, the indexer at 5 caps + live, the attention on an fp8 cache, then the linears' 6 GEMM
+    # shapes (gemm_impl), and at batch 1 their 6 GEMVs (what gemm_impl=auto may run at one row)
+    assert len(kinds) == 3 * (1 + 1 + 6) + 3 + 3 * 6 + 6
     assert kinds[:6] == ["sparse_decode", "moe"] * 3  # what a short kernel phase tunes first
     assert kinds[-24:] == ["gemm"] * 18 + ["gemv"] * 6  # and last
-    assert all(s["M"] == 1 for k, s in target.kernel_shapes() if k == "gemv")
+    assert all(s["M"] == 1 for k, s, *_ in target.kernel_shapes() if k == "gemv")
     assert all(s["experts"] == 32 and s["topk"] == 6 and s["width"] == 2048 for s in moe)
 
 
@@ -371,18 +372,38 @@ def test_a_kernel_phase_tunes_the_gluon_attention_only_where_attention_impl_wgmm
     for gluon in (True, False):
         hw = Hardware(gpu_name="NVIDIA H200", gpu_count=1, compute_capability=(9, 0), has_triton=True, has_gluon=gluon)
         kinds[gluon] = WorkloadTarget(resolve(load_space("dsv4_flash"), hw)).kernel_shapes()
-    wg = [(i, s) for i, (k, s) in enumerate(kinds[True]) if k == "sparse_decode_wgmma"]
+    wg = [(i, x[1]) for i, x in enumerate(kinds[True]) if x[0] == "sparse_decode_wgmma" and len(x) == 2]
     assert [s["batch"] for _, s in wg] == [1, 16, 64]
     assert all(s["heads"] == 64 and s["d_qk"] == s["d_v"] == 512 for _, s in wg)
-    names = [k for k, _ in kinds[True]]
+    names = [x[0] for x in kinds[True]]
     assert max(i for i, k in enumerate(names) if k == "indexer") < wg[0][0] and wg[-1][0] < names.index("gemm")
-    assert "sparse_decode_wgmma" not in {k for k, _ in kinds[False]}
+    assert "sparse_decode_wgmma" not in {x[0] for x in kinds[False]}
     assert [x for x in kinds[True] if x[0] != "sparse_decode_wgmma"] == kinds[False]
     # a preset the kernel cannot run (8 heads of 64) refuses attention_impl=wgmma, and so gets no kernel case for it
     hw = Hardware(gpu_name="NVIDIA H200", gpu_count=1, compute_capability=(9, 0), has_triton=True, has_gluon=True)
     tiny = WorkloadTarget(resolve(load_space("dsv4_flash"), hw), {"preset": "dsv4-flash-tiny"})
     assert "wgmma" in {par.name: par for par in tiny.resolved.params}["attention_impl"].choices()
-    assert "sparse_decode_wgmma" not in {k for k, _ in tiny.kernel_shapes()}
+    assert "sparse_decode_wgmma" not in {x[0] for x in tiny.kernel_shapes()}
+
+
+def test_a_kernel_phase_tunes_the_attention_on_an_fp8_cache_where_kv_cache_dtype_fp8_can_run():
+    """On a GPU with fp8 the space keeps kv_cache_dtype=fp8_e4m3, and the kernel phase tunes each attention kernel it
+    can run on an fp8 cache, at every level's batch, after the bf16 cases and before the linears; on a GPU without
+    fp8 (an A100) the value is dropped, and so are those cases."""
+    from search_spaces import Hardware, load_space, resolve
+    from tuner.targets.workload.target import WorkloadTarget
+
+    h200 = Hardware(gpu_name="NVIDIA H200", gpu_count=1, compute_capability=(9, 0), has_triton=True, has_gluon=True)
+    cases = WorkloadTarget(resolve(load_space("dsv4_flash"), h200)).kernel_shapes()
+    fp8 = [(i, x[0], x[1]["batch"]) for i, x in enumerate(cases) if len(x) == 3]
+    assert all(x[2] == "float8_e4m3fn" for x in cases if len(x) == 3)
+    assert [(k, b) for _, k, b in fp8] == [("sparse_decode", b) for b in (1, 16, 64)] + \
+        [("sparse_decode_wgmma", b) for b in (1, 16, 64)]
+    names = [x[0] for x in cases]
+    last_bf16 = max(i for i, x in enumerate(cases) if x[0].startswith("sparse_decode") and len(x) == 2)
+    assert last_bf16 < fp8[0][0] and fp8[-1][0] < names.index("gemm")
+    a100 = Hardware(gpu_name="NVIDIA A100", gpu_count=1, compute_capability=(8, 0), has_triton=True)
+    assert all(len(x) == 2 for x in WorkloadTarget(resolve(load_space("dsv4_flash"), a100)).kernel_shapes())
 
 
 def test_profile_names_the_stage_the_step_goes_to():

@@ -136,9 +136,9 @@ class Target(abc.ABC):
         """Directories of tuned kernel configs this target's launch uses (copied beside the launch script)."""
         return []
 
-    def kernel_shapes(self) -> list[tuple[str, dict[str, int]]]:
-        """The ``(kernel, shape)`` cases this space's configurations run, for a kernel phase before the first trial
-        (``--set kernel_phase=true``); none by default."""
+    def kernel_shapes(self) -> list[tuple]:
+        """The ``(kernel, shape)`` cases this space's configurations run (``(kernel, shape, dtype)`` where the dtype is
+        not bfloat16), for a kernel phase before the first trial (``--set kernel_phase=true``); none by default."""
         return []
 
     def canonical_params(self, params: dict[str, Any]) -> dict[str, Any]:

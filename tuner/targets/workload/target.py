@@ -194,11 +194,12 @@ class WorkloadTarget(Target):
         return rows, (f"output differs from the baseline configuration's by rel. norm error {err:.3g} > tolerance "
                       f"{tol:.3g} ({family} family; setting numerics_tolerance)")
 
-    def kernel_shapes(self) -> list[tuple[str, dict[str, int]]]:
+    def kernel_shapes(self) -> list[tuple]:
         """The kernel shapes this space's configurations produce: every concurrency level (as the batch, and as
         padded to each bucket size it can take) for the MMA attention and the fused MoE, the indexer at every
-        context cap, the Gluon attention where ``attention_impl=wgmma`` can run, and, with the ``gemm_impl`` knob,
-        the linears' GEMMs (and at batch 1 their GEMVs)."""
+        context cap, the Gluon attention where ``attention_impl=wgmma`` can run, both attentions again on an fp8
+        cache where ``kv_cache_dtype=fp8_e4m3`` can run (``(kernel, shape, "float8_e4m3fn")``), and, with the
+        ``gemm_impl`` knob, the linears' GEMMs (and at batch 1 their GEMVs)."""
         p, live = self.preset, self.config.live_context
         from search_spaces.buckets import level_batches
 
@@ -208,29 +209,41 @@ class WorkloadTarget(Target):
             widths |= {p.indexer_width(int(c)) for c in self.space.param("context_length").choices()}
         # in the order a kernel phase short of budget should tune them: one attention and one MoE case per batch
         # before the indexer at each of its widths
-        shapes: list[tuple[str, dict[str, int]]] = []
+        shapes: list[tuple] = []
+
+        def attention(b: int) -> dict[str, int]:
+            return {"batch": b, "heads": p.heads, "d_qk": p.head_dim, "d_v": p.head_dim,
+                    "topk": p.index_topk + p.window, "num_rows": 1 << 16}
+
         for b in order:
-            shapes.append(("sparse_decode", {"batch": b, "heads": p.heads, "d_qk": p.head_dim, "d_v": p.head_dim,
-                                             "topk": p.index_topk + p.window, "num_rows": 1 << 16}))
+            shapes.append(("sparse_decode", attention(b)))
             if "moe_impl" in self.space.names:
                 shapes.append(("moe", {"tokens": b, "hidden": p.hidden, "width": p.expert_width,
                                        "experts": p.experts_local, "topk": p.topk_experts}))
         for b in order:
             shapes += [("indexer", {"batch": b, "heads": p.indexer_heads, "dim": p.indexer_dim, "width": w,
                                     "shared_k": 0}) for w in sorted(widths)]
-        attention = {par.name: par for par in self.resolved.params}.get("attention_impl")
-        wgmma = "wgmma" in (attention.choices() if attention else (self.resolved.fixed.get("attention_impl"),))
-        if wgmma and p.heads <= 64 and p.head_dim == 512:  # other presets refuse the value (check)
+        impls = self._choices("attention_impl")
+        wgmma = "wgmma" in impls and p.heads <= 64 and p.head_dim == 512  # other presets refuse the value (check)
+        if wgmma:
             # the Gluon kernel, where this GPU runs it (the space dropped the value elsewhere): after the indexer,
             # since its default configs already name the sweeps' fastest partitions at batch 1, 16 and 64
-            shapes += [("sparse_decode_wgmma", {"batch": b, "heads": p.heads, "d_qk": p.head_dim, "d_v": p.head_dim,
-                                                "topk": p.index_topk + p.window, "num_rows": 1 << 16}) for b in order]
+            shapes += [("sparse_decode_wgmma", attention(b)) for b in order]
+        if "fp8_e4m3" in self._choices("kv_cache_dtype"):  # after the bf16 cases: the cache a search keeps less often
+            fp8 = "float8_e4m3fn"
+            shapes += [("sparse_decode", attention(b), fp8) for b in order if "mma" in impls]
+            shapes += [("sparse_decode_wgmma", attention(b), fp8) for b in order if wgmma]
         if "gemm_impl" in self.space.names:  # last: the linears' (N, K) in bf16, whose entries gemm_impl=auto follows
             for b in order:
                 shapes += [("gemm", {"M": b, "N": n, "K": k}) for n, k in dict.fromkeys(self.gemm_shapes())]
             if 1 in order:  # at one row auto may run the GEMV instead, where it beat the library by more
                 shapes += [("gemv", {"M": 1, "N": n, "K": k}) for n, k in dict.fromkeys(self.gemm_shapes())]
         return shapes
+
+    def _choices(self, name: str) -> tuple:
+        """The values parameter ``name`` takes on this machine (its one value where the space fixes it)."""
+        par = {q.name: q for q in self.resolved.params}.get(name)
+        return tuple(par.choices()) if par else (self.resolved.fixed.get(name),)
 
     def gemm_shapes(self) -> list[tuple[int, int]]:
         """(N, K) of the twin's bf16-family linears: the attention projections and the shared expert."""
