@@ -86,12 +86,16 @@ def test_replayed_h200_sweep_and_nearest_key(tmp_path, sqlite_url, monkeypatch):
     assert case.status in ("tuned", "default_kept")
     assert tuple(case.config[c] for c in k.columns) != k.best
     assert case.time_us <= case.default_time_us
-    # nearest key: a batch-12 call of the real sparse_decode reads the batch-16 entry of this "GPU" ("cpu")
+    # nearest key: a batch-12 call of the real sparse_decode reads the batch-16 entry of this "GPU" ("cpu"), its split
+    # count set for batch 12 (SparseDecodeKernel.adapt_config: the most splits within one wave)
     monkeypatch.setenv("TUNER_KERNEL_CONFIG_DIR", res.config_dir)
     from kernels.configs import clear_cache
+    from kernels.sparse_decode import SparseDecodeKernel
 
     clear_cache()
-    assert lookup("sparse_decode", {**shape, "batch": 12}, "bfloat16") == case.config
+    at12 = {**shape, "batch": 12}
+    assert lookup("sparse_decode", at12, "bfloat16") == {
+        **case.config, "S": SparseDecodeKernel.instance.splits_in_one_wave(case.config, at12)}
     assert lookup("sparse_decode", {**shape, "heads": 32}, "bfloat16") == k.default_config({**shape, "heads": 32})
     clear_cache()
 
