@@ -181,9 +181,9 @@ def main() -> int:
                  for impl in args.attention_impl.split(",") if impl]
     cases += variants
     # the hand-written best and its attention variants with each --kv-cache-dtype, each against its bf16 case
-    kv_variants = [(f"{name}, kv_cache_dtype={dt}", {**knobs, "kv_cache_dtype": dt}, name)
+    kv_variants = [(f"{name}, kv_cache_dtype={kv}", {**knobs, "kv_cache_dtype": kv}, name)
                    for name, knobs in [("hand-written best", HAND_BEST)] + variants
-                   for dt in args.kv_cache_dtype.split(",") if dt and knobs.get("kv_cache_dtype", "bf16") != dt]
+                   for kv in args.kv_cache_dtype.split(",") if kv and knobs.get("kv_cache_dtype", "bf16") != kv]
     cases += [(name, knobs) for name, knobs, _ in kv_variants]
     found = [study_best(spec) for spec in args.study_best]
     cases += found

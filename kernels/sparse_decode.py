@@ -35,6 +35,7 @@ baseline: one program per (request, head), no tensor cores, every head re-reads 
 
 from __future__ import annotations
 
+import functools
 import logging
 import math
 import os
@@ -62,8 +63,8 @@ except ImportError:  # an older Triton: two plain launches
 
 from .configs import tuned_config
 
-__all__ = ["SparseDecodeKernel", "SparseDecodeSimtKernel", "launch_combine", "quantize_kv_fp8", "sparse_decode", "sparse_decode_simt",
-           "split_rows"]
+__all__ = ["SparseDecodeKernel", "SparseDecodeSimtKernel", "launch_combine", "one_wave", "quantize_kv_fp8", "sparse_decode",
+           "sparse_decode_simt", "split_rows"]
 
 logger = logging.getLogger(__name__)
 
@@ -395,6 +396,13 @@ def _check_args(q, kv, indices, d_v, out, kv_scale=None):
     if out is not None and (tuple(out.shape) != (B, H, d_v) or out.dtype != q.dtype or out.stride(2) != 1):
         raise ValueError(f"out must be [{B}, {H}, {d_v}] of {q.dtype}, got {tuple(out.shape)} {out.dtype}")
     return B, H, d_qk, d_v
+
+
+@functools.lru_cache(maxsize=None)
+def one_wave() -> int:
+    """Programs in one wave of a split kernel at one program an SM: this process's GPU's SM count (an H100 PCIe has
+    114), an H200's 132 without a GPU. Read once: the split-count rules ask for it at every default config."""
+    return device_limits("cuda" if torch.cuda.is_available() else None)["sms"]
 
 
 def split_rows(topk: int, S: int, block_t: int) -> tuple[int, int]:
@@ -767,8 +775,8 @@ class SparseDecodeKernel(_SparseDecodeBase):
 
     def splits_in_one_wave(self, config: dict, shape: dict) -> int:
         """The split count of the space giving the most splits (whole tiles: two counts may give the same; the smaller
-        then) whose grid fits one program an SM (``device_limits``), else 1."""
-        sms = device_limits("cuda" if torch.cuda.is_available() else None)["sms"]
+        then) whose grid fits one program an SM (:func:`one_wave`), else 1."""
+        sms = one_wave()
         per_split = shape["batch"] * triton.cdiv(shape["heads"], config["BLOCK_H"])
         splits = {s: split_rows(shape["topk"], s, config["BLOCK_T"])[1] for s in self.config_space(shape)["S"]
                   if s <= shape["topk"]}

@@ -133,6 +133,7 @@ from .sparse_decode import (
     _SparseDecodeBase,
     combine_grid,
     launch_combine,
+    one_wave,
     split_rows,
 )
 
@@ -206,15 +207,10 @@ def index_tiles(config: dict, shape: dict) -> int:
     return tiles if fits else 0
 
 
-def one_wave() -> int:
-    """Programs in one wave of the split kernel, one an SM: this process's GPU's SM count (an H100 PCIe has 114),
-    ``ONE_WAVE`` (an H200's 132) without a GPU."""
-    return device_limits("cuda" if torch.cuda.is_available() else None)["sms"]
-
-
 def splits_within(batch: int, topk: int, v_split: int, block_t: int, sms: int | None = None) -> int:
     """The most splits of ``topk`` rows (whole ``block_t`` tiles, :func:`kernels.sparse_decode.split_rows`) that keep
-    ``batch * v_split * splits`` within one wave (``sms``, default :func:`one_wave`: one program an SM); 1 where even
+    ``batch * v_split * splits`` within one wave (``sms``, default ``kernels.sparse_decode.one_wave``: one program an
+    SM); 1 where even
     one split does not. Measured
     on an H200 (2026-12-01, ``sparse_decode_wgmma_batches_h200_470243f.md``): a second wave costs 1.3-1.5x (batch 24:
     27.0 µs at 144 programs, 20.4 at 96), while 130 programs, within the 132 SMs, ran 15.2 µs against 15.9 at 104

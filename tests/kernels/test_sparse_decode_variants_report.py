@@ -103,8 +103,8 @@ def _h200_sms(monkeypatch):
     """The tl.dot rule counts this machine's SMs; these tests read the H200's (132, what a CPU assumes)."""
     import kernels.sparse_decode as sd
 
-    limits = sd.device_limits(None)
-    monkeypatch.setattr(sd, "device_limits", lambda device=None: dict(limits))
+    sms = sd.device_limits(None)["sms"]
+    monkeypatch.setattr(sd, "one_wave", lambda: sms)
 
 
 def test_the_tl_dot_one_wave_split_rule_picks_the_fastest_split_count_in_every_stored_h200_case(tmp_path, monkeypatch):
