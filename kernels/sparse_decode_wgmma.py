@@ -90,7 +90,13 @@ the tensor cores about half busy; at 64 to 640 selected rows the same config tak
 q in registers (which does not fit beside a 256-column accumulator) and 824-856 at 64-row tiles. The index table
 (``index_tiles``, SPLIT_WG: the split's row numbers in shared memory for the producer's gathers and the consumers'
 padding masks) is 1.07x at the batch-64 default, side by side. Tried and removed: each warpgroup issuing its next
-tile's scores before this tile's softmax (0.84x at c63889b; the build spilled 104 bytes a thread).
+tile's scores before this tile's softmax (0.84x at c63889b; the build spilled 104 bytes a thread). Tried and removed:
+each tile's O += P V left in flight behind the next tile's scores' product, both waited for together and the slot
+released then (WS and SPLIT_WG, the first tile peeled off so that ptxas kept the wgmma asynchronous: a waited-for
+product read between two in flight, or a constant accumulator on the loop's zero-trip path, made it serialise them,
+C7514 / C7515): 0.91x at the batch-64 default, 0.97x at batch 16, median 0.97x over nine warp-specialised configs
+(55b8397, ``sparse_decode_wgmma_async_pv_h200_55b8397.md``). Likely, not profiled: a slot released a product
+later shortens the ring's prefetch, and each warpgroup's serial chain was already hidden by the other's.
 ``P_SMEM`` (P through shared memory instead of a register layout conversion) measured within 1.5% either way.
 ``MERGE`` (the split-K merge folded in: the last program of a request's splits to finish merges them, no second
 launch) measured slower than the separate merge kernel with programmatic dependent launch: median 0.88x / 0.92x /
@@ -171,9 +177,6 @@ WS_MAXNREG = 168
 WG_REGS = 208  # SPLIT_WG: each consumer warpgroup's registers (the producer, the default partition, keeps the rest: 88)
 IDX_TABLE_MAX = 8192  # bytes: SPLIT_WG's producer keeps its split's row numbers in shared memory up to this
 SM90_SMEM = 227 * 1024  # an sm_90 block's shared memory (opt-in maximum)
-ASYNC_PV = False
-"""The warp-specialised consumers (WS, SPLIT_WG) leave each tile's O += P V in flight behind the next tile's scores'
-product (``_ws_compute``, ``_ws_compute_wg``); False: each waits for it before releasing the tile's slot."""
 EARLY_MERGE_PER_IDLE_SM = 8
 """The split kernel starts its PDL-launched merge at once (:func:`merge_starts_early`) while the merge has at most
 this many programs for each SM the split kernel leaves idle."""
@@ -412,12 +415,10 @@ if HAVE_GLUON:
 
     @gluon.jit
     def _softmax_pv(s, valid, qk_scale, m_i, l_i, acc, p_smem, v_tile, P_SMEM: gl.constexpr, o_l: gl.constexpr,
-                    p_l: gl.constexpr, scl=None, KV_SCALED: gl.constexpr = False, ASYNC: gl.constexpr = False):
+                    p_l: gl.constexpr, scl=None, KV_SCALED: gl.constexpr = False):
         """One tile's online softmax on its raw scores ``s`` (padding rows masked to -inf) and O += P V: the new
         (acc, m_i, l_i). ``KV_SCALED``: the rows' scales ``scl`` multiply the scores and, for the product with the
-        unscaled V, the probabilities (not their row sum). ``ASYNC``: the product is issued and not waited for (acc is
-        wgmma's asynchronous accumulator: the caller waits for it, ``warpgroup_mma_wait``, before it reads acc, writes
-        P's shared tile again or releases V's slot)."""
+        unscaled V, the probabilities (not their row sum)."""
         p, alpha, m_new = _online_softmax(s, valid, qk_scale, m_i, scl, KV_SCALED)
         l_i = l_i * alpha + gl.sum(p, 1)
         if KV_SCALED:
@@ -427,10 +428,9 @@ if HAVE_GLUON:
             p_smem.store(p.to(p_smem.dtype))
             fence_async_shared()
             _thread_barrier()
-            acc = warpgroup_mma(p_smem, v_tile, acc * alpha_o[:, None], is_async=ASYNC)
+            acc = warpgroup_mma(p_smem, v_tile, acc * alpha_o[:, None])
         else:  # P as wgmma's A from registers: both warpgroups need every column, a layout conversion
-            acc = warpgroup_mma(gl.convert_layout(p.to(v_tile.dtype), p_l), v_tile, acc * alpha_o[:, None],
-                                is_async=ASYNC)
+            acc = warpgroup_mma(gl.convert_layout(p.to(v_tile.dtype), p_l), v_tile, acc * alpha_o[:, None])
         return acc, m_new, l_i
 
     @gluon.jit
@@ -678,13 +678,10 @@ if HAVE_GLUON:
                     DV: gl.constexpr, BLOCK_H: gl.constexpr, BLOCK_T: gl.constexpr, STAGES: gl.constexpr,
                     DIRECT: gl.constexpr, P_SMEM: gl.constexpr, V_SPLIT: gl.constexpr, STORE_CVT: gl.constexpr,
                     MERGE: gl.constexpr, S_PAD: gl.constexpr, PROBE: gl.constexpr = 0, sc_ring=None,
-                    KV_SCALED: gl.constexpr = False, ASYNC_PV: gl.constexpr = False):
+                    KV_SCALED: gl.constexpr = False):
         """WS's two consumer warpgroups: the single-partition kernel's loop without its copies and its block-wide
         barrier; they release a slot (one arrival: Gluon arrives once a partition, after the partition's barrier)
-        once both warpgroups' products have read it. ``ASYNC_PV``: a tile's O += P V is left in flight; the next
-        tile's scores' product is issued behind it, and the slot is released once both are done
-        (:func:`_ws_tile_async`)."""
-        ASYNC: gl.constexpr = ASYNC_PV and PROBE != 2
+        once both warpgroups' products have read it."""
         DO: gl.constexpr = DV // V_SPLIT
         pid_s, pid_b, col_off, start, end, n_tiles = _program_split(rows_per_split, topk, BLOCK_T, V_SPLIT, DO)
         s_l: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 2], instr_shape=[16, BLOCK_T // 2, 16])
@@ -698,70 +695,27 @@ if HAVE_GLUON:
         acc = gl.zeros([BLOCK_H, DO], gl.float32, layout=o_l)
         s_zero = gl.zeros([BLOCK_H, BLOCK_T], gl.float32, layout=s_l)
         mbarrier.wait(q_bar, 0)
-        if ASYNC:  # the first tile peeled off, as in _ws_compute_wg
-            if n_tiles > 0:
-                acc_a, m_i, l_i, rows_v = _ws_tile_async(0, True, acc, m_i, l_i, rows_v, q_smem, kv_smem, p_smem, ready,
-                                                         empty, sc_ring, idx_base, start, end, num_rows, qk_scale,
-                                                         s_zero, offs_ts, STAGES, DO, V_SPLIT, P_SMEM, KV_SCALED, s_l,
-                                                         o_l, p_l)
-                for t in range(1, n_tiles):
-                    acc_a, m_i, l_i, rows_v = _ws_tile_async(t, False, acc_a, m_i, l_i, rows_v, q_smem, kv_smem, p_smem,
-                                                             ready, empty, sc_ring, idx_base, start, end, num_rows,
-                                                             qk_scale, s_zero, offs_ts, STAGES, DO, V_SPLIT, P_SMEM,
-                                                             KV_SCALED, s_l, o_l, p_l)
-                acc = warpgroup_mma_wait(0, deps=[acc_a])  # the last tile's product (its slot is never refilled)
-        else:
-            for t in range(n_tiles):
-                slot = t % STAGES
-                mbarrier.wait(ready.index(slot), (t // STAGES) & 1)
-                fence_async_shared()  # the copies (generic proxy) before the tensor cores' reads (async proxy)
-                if PROBE != 2:
-                    tile = kv_smem.index(slot)
-                    v_tile = tile if V_SPLIT == 1 else tile.slice(0, DO, dim=1)
-                    s_tok = warpgroup_mma(q_smem, tile.permute((1, 0)), s_zero, use_acc=False, is_async=True)
-                    valid = (rows_v >= 0) & (rows_v < num_rows)
-                    rows_v = _tile_rows(idx_base, start, end, t + 1, offs_ts)
-                    if KV_SCALED:
-                        scl = sc_ring.index(slot).load(gl.SliceLayout(0, s_l))
-                    else:
-                        scl = None
-                    s = warpgroup_mma_wait(0, deps=[s_tok])
-                    acc, m_i, l_i = _softmax_pv(s, valid, qk_scale, m_i, l_i, acc, p_smem, v_tile, P_SMEM, o_l, p_l,
-                                                scl, KV_SCALED)
-                mbarrier.arrive(empty.index(slot))  # both warpgroups' products are done with the slot
+        for t in range(n_tiles):
+            slot = t % STAGES
+            mbarrier.wait(ready.index(slot), (t // STAGES) & 1)
+            fence_async_shared()  # the copies (generic proxy) before the tensor cores' reads (async proxy)
+            if PROBE != 2:
+                tile = kv_smem.index(slot)
+                v_tile = tile if V_SPLIT == 1 else tile.slice(0, DO, dim=1)
+                s_tok = warpgroup_mma(q_smem, tile.permute((1, 0)), s_zero, use_acc=False, is_async=True)
+                valid = (rows_v >= 0) & (rows_v < num_rows)
+                rows_v = _tile_rows(idx_base, start, end, t + 1, offs_ts)
+                if KV_SCALED:
+                    scl = sc_ring.index(slot).load(gl.SliceLayout(0, s_l))
+                else:
+                    scl = None
+                s = warpgroup_mma_wait(0, deps=[s_tok])
+                acc, m_i, l_i = _softmax_pv(s, valid, qk_scale, m_i, l_i, acc, p_smem, v_tile, P_SMEM, o_l, p_l, scl,
+                                            KV_SCALED)
+            mbarrier.arrive(empty.index(slot))  # both warpgroups' products are done with the slot
         _write_result(acc, m_i, l_i, part_ptr, lse_ptr, out_ptr, sem_ptr, pid_b, pid_s, col_off, H, n_splits,
                       stride_pb, stride_ps, stride_ph, stride_lb, stride_ls, stride_ob, stride_oh,
                       BLOCK_H, DO, V_SPLIT, DIRECT, STORE_CVT, MERGE, S_PAD, s_l, o_l, 8)
-
-    @gluon.jit
-    def _ws_tile_async(t, FIRST: gl.constexpr, acc_a, m_i, l_i, rows_v, q_smem, kv_smem, p_smem, ready, empty,
-                       sc_ring, idx_base, start, end, num_rows, qk_scale, s_zero, offs_ts, STAGES: gl.constexpr,
-                       DO: gl.constexpr, V_SPLIT: gl.constexpr, P_SMEM: gl.constexpr, KV_SCALED: gl.constexpr,
-                       s_l: gl.constexpr, o_l: gl.constexpr, p_l: gl.constexpr):
-        """WS with ``ASYNC_PV``: tile ``t`` of the two consumer warpgroups, as :func:`_wg_tile_async` (the scores'
-        product issued behind the previous tile's O += P V, both waited for together, the previous slot released,
-        this tile's O += P V left in flight); ``rows_v``, this tile's row numbers, in and the next tile's out."""
-        slot = t % STAGES
-        mbarrier.wait(ready.index(slot), (t // STAGES) & 1)
-        fence_async_shared()
-        tile = kv_smem.index(slot)
-        v_tile = tile if V_SPLIT == 1 else tile.slice(0, DO, dim=1)
-        s_tok = warpgroup_mma(q_smem, tile.permute((1, 0)), s_zero, use_acc=False, is_async=True)
-        valid = (rows_v >= 0) & (rows_v < num_rows)
-        rows_v = _tile_rows(idx_base, start, end, t + 1, offs_ts)
-        if KV_SCALED:
-            scl = sc_ring.index(slot).load(gl.SliceLayout(0, s_l))
-        else:
-            scl = None
-        if FIRST:
-            s = warpgroup_mma_wait(0, deps=[s_tok])
-            acc = acc_a
-        else:
-            s, acc = warpgroup_mma_wait(0, deps=[s_tok, acc_a])
-            mbarrier.arrive(empty.index((t + STAGES - 1) % STAGES))  # the previous tile's products are done with it
-        acc, m_i, l_i = _softmax_pv(s, valid, qk_scale, m_i, l_i, acc, p_smem, v_tile, P_SMEM, o_l, p_l, scl,
-                                    KV_SCALED, True)
-        return acc, m_i, l_i, rows_v
 
     if hasattr(gl.shared_memory_descriptor, "reinterpret"):  # Triton 3.9
         @gluon.jit
@@ -775,55 +729,13 @@ if HAVE_GLUON:
             return buf._reinterpret(dtype, shape, layout)
 
     @gluon.jit
-    def _tile_mask(t, idx_smem, idx_base, start, end, num_rows, offs_ts, IDX_TILES: gl.constexpr,
-                   s_l: gl.constexpr):
-        """SPLIT_WG: tile ``t``'s padding mask (from the producer's index table, else from DRAM), in the scores'
-        column layout."""
-        if IDX_TILES > 0:
-            rows_v = idx_smem.index(t).load(gl.SliceLayout(0, s_l))
-        else:
-            rows_v = _tile_rows(idx_base, start, end, t, offs_ts)
-        return (rows_v >= 0) & (rows_v < num_rows)
-
-    @gluon.jit
-    def _wg_tile_async(t, FIRST: gl.constexpr, acc_a, m_i, l_i, q_smem, kv_smem, p_own, ready, empty, idx_smem,
-                       sc_ring, idx_base, start, end, num_rows, qk_scale, s_zero, offs_ts, BLOCK_T: gl.constexpr,
-                       STAGES: gl.constexpr, DO: gl.constexpr, IDX_TILES: gl.constexpr, P_SMEM: gl.constexpr,
-                       KV_SCALED: gl.constexpr, s_l: gl.constexpr, o_l: gl.constexpr, p_l: gl.constexpr):
-        """SPLIT_WG with ``ASYNC_PV``: one tile ``t`` of a consumer warpgroup. Its scores' product is issued behind
-        the warpgroup's previous O += P V (tile ``t - 2``, still in flight: wgmma runs a warpgroup's products in
-        order, so the tensor cores go from one to the next without a wait and an issue between them); both are
-        waited for together (the softmax needs the scores, its rescale the accumulator), the previous tile's slot
-        is released, and this tile's O += P V is issued and left in flight: the returned accumulator is wgmma's
-        asynchronous one. ``FIRST``: ``acc_a`` is the zero accumulator, nothing in flight."""
-        slot = t % STAGES
-        mbarrier.wait(ready.index(slot), (t // STAGES) & 1)
-        fence_async_shared()
-        tile = kv_smem.index(slot)
-        s_tok = warpgroup_mma(q_smem, tile.permute((1, 0)), s_zero, use_acc=False, is_async=True)
-        valid = _tile_mask(t, idx_smem, idx_base, start, end, num_rows, offs_ts, IDX_TILES, s_l)
-        if KV_SCALED:
-            scl = sc_ring.index(slot).load(gl.SliceLayout(0, s_l))
-        else:
-            scl = None
-        if FIRST:
-            s = warpgroup_mma_wait(0, deps=[s_tok])
-            acc = acc_a
-        else:
-            s, acc = warpgroup_mma_wait(0, deps=[s_tok, acc_a])
-            mbarrier.arrive(empty.index((t - 2) % STAGES))  # the previous tile's products are done with its slot
-        return _softmax_pv(s, valid, qk_scale, m_i, l_i, acc, p_own, tile.slice(0, DO, dim=1), P_SMEM, o_l, p_l,
-                           scl, KV_SCALED, True)
-
-    @gluon.jit
     def _ws_compute_wg(q_smem, kv_smem, p_smem, q_bar, ready, empty, done, hand_ml, idx_ptr, part_ptr, lse_ptr,
                        out_ptr, sem_ptr, H, num_rows, topk, rows_per_split, qk_scale, n_splits, stride_ib,
                        stride_pb, stride_ps, stride_ph, stride_lb, stride_ls, stride_ob, stride_oh,
                        DV: gl.constexpr, BLOCK_H: gl.constexpr, BLOCK_T: gl.constexpr, STAGES: gl.constexpr,
                        DIRECT: gl.constexpr, P_SMEM: gl.constexpr, V_SPLIT: gl.constexpr, STORE_CVT: gl.constexpr,
                        MERGE: gl.constexpr, S_PAD: gl.constexpr, WG: gl.constexpr, PROBE: gl.constexpr, idx_smem,
-                       idx_bar, IDX_TILES: gl.constexpr, sc_ring=None, KV_SCALED: gl.constexpr = False,
-                       ASYNC_PV: gl.constexpr = False):
+                       idx_bar, IDX_TILES: gl.constexpr, sc_ring=None, KV_SCALED: gl.constexpr = False):
         """SPLIT_WG's consumer warpgroup ``WG`` (0 or 1, each a worker partition): the split's tiles ``WG``,
         ``WG + 2``, ... whole (a 64 x BLOCK_T x 512 score product, its own online softmax, O += P V for the program's
         DO <= 256 columns), with no exchange with the other warpgroup until the end: then warpgroup 1 hands its
@@ -834,10 +746,7 @@ if HAVE_GLUON:
         Registers: with 64-row tiles at two programs a split the build spills (the sm_90 build by Triton 3.6: 392
         bytes a thread, 3.9: 216; at four programs a split 16 under 3.6): a [64, 256] float32 accumulator, a [64, 64]
         score tile and its probabilities in 208 registers. Those configs ran 0.81x their SPLIT_WG=0 twins on the
-        H200 (a9df7f9); 32-row tiles do not spill under either Triton. ``ASYNC_PV``: a tile's O += P V is left in
-        flight while the warpgroup waits for its next tile and issues that tile's scores' product
-        (:func:`_wg_tile_async`)."""
-        ASYNC: gl.constexpr = ASYNC_PV and PROBE != 2
+        H200 (a9df7f9); 32-row tiles do not spill under either Triton."""
         DO: gl.constexpr = DV // V_SPLIT
         pid_s, pid_b, col_off, start, end, n_tiles = _program_split(rows_per_split, topk, BLOCK_T, V_SPLIT, DO)
         s_l: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, BLOCK_T, 16])
@@ -853,41 +762,29 @@ if HAVE_GLUON:
         mbarrier.wait(q_bar, 0)
         if IDX_TILES > 0:
             mbarrier.wait(idx_bar, 0)
-        if ASYNC:
-            # the first tile peeled off: the loop's asynchronous accumulator never starts from a constant, whose
-            # register moves on the loop's zero-trip path made ptxas serialise every wgmma (C7515)
-            if WG < n_tiles:
-                acc_a, m_i, l_i = _wg_tile_async(WG, True, acc, m_i, l_i, q_smem, kv_smem, p_own, ready, empty,
-                                                 idx_smem, sc_ring, idx_base, start, end, num_rows, qk_scale, s_zero,
-                                                 offs_ts, BLOCK_T, STAGES, DO, IDX_TILES, P_SMEM, KV_SCALED, s_l, o_l,
-                                                 p_l)
-                for t in range(WG + 2, n_tiles, 2):
-                    acc_a, m_i, l_i = _wg_tile_async(t, False, acc_a, m_i, l_i, q_smem, kv_smem, p_own, ready, empty,
-                                                     idx_smem, sc_ring, idx_base, start, end, num_rows, qk_scale,
-                                                     s_zero, offs_ts, BLOCK_T, STAGES, DO, IDX_TILES, P_SMEM,
-                                                     KV_SCALED, s_l, o_l, p_l)
-                acc = warpgroup_mma_wait(0, deps=[acc_a])  # the last tile's product (its slot is never refilled)
-        else:
-            for t in range(WG, n_tiles, 2):
-                slot = t % STAGES
-                mbarrier.wait(ready.index(slot), (t // STAGES) & 1)
-                fence_async_shared()
-                if PROBE != 2:
-                    tile = kv_smem.index(slot)
-                    s_tok = warpgroup_mma(q_smem, tile.permute((1, 0)), s_zero, use_acc=False, is_async=True)
-                    # the tile's indices (for the padding mask) load while the scores' product runs: not carried
-                    # over from the previous tile, as in the two-warpgroup schedule, because a warpgroup holding whole
-                    # 64-row tiles would keep 16 row numbers and their 64-bit addresses live across the loop (ptxas
-                    # spilled them)
-                    valid = _tile_mask(t, idx_smem, idx_base, start, end, num_rows, offs_ts, IDX_TILES, s_l)
-                    if KV_SCALED:
-                        scl = sc_ring.index(slot).load(gl.SliceLayout(0, s_l))
-                    else:
-                        scl = None
-                    s = warpgroup_mma_wait(0, deps=[s_tok])
-                    acc, m_i, l_i = _softmax_pv(s, valid, qk_scale, m_i, l_i, acc, p_own, tile.slice(0, DO, dim=1),
-                                                P_SMEM, o_l, p_l, scl, KV_SCALED)
-                mbarrier.arrive(empty.index(slot))
+        for t in range(WG, n_tiles, 2):
+            slot = t % STAGES
+            mbarrier.wait(ready.index(slot), (t // STAGES) & 1)
+            fence_async_shared()
+            if PROBE != 2:
+                tile = kv_smem.index(slot)
+                s_tok = warpgroup_mma(q_smem, tile.permute((1, 0)), s_zero, use_acc=False, is_async=True)
+                # the tile's indices (for the padding mask) load while the scores' product runs: not carried over
+                # from the previous tile, as in the two-warpgroup schedule, because a warpgroup holding whole 64-row
+                # tiles would keep 16 row numbers and their 64-bit addresses live across the loop (ptxas spilled them)
+                if IDX_TILES > 0:  # the padding mask from the producer's table
+                    rows_v = idx_smem.index(t).load(gl.SliceLayout(0, s_l))
+                else:
+                    rows_v = _tile_rows(idx_base, start, end, t, offs_ts)
+                valid = (rows_v >= 0) & (rows_v < num_rows)
+                if KV_SCALED:
+                    scl = sc_ring.index(slot).load(gl.SliceLayout(0, s_l))
+                else:
+                    scl = None
+                s = warpgroup_mma_wait(0, deps=[s_tok])
+                acc, m_i, l_i = _softmax_pv(s, valid, qk_scale, m_i, l_i, acc, p_own, tile.slice(0, DO, dim=1),
+                                            P_SMEM, o_l, p_l, scl, KV_SCALED)
+            mbarrier.arrive(empty.index(slot))
         hand_sl: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, [1, 0])
         hand = _view(q_smem, gl.float32, [BLOCK_H, DO], hand_sl)  # 64 x DO float32: no more than q's 64 x 512 16-bit
         ml_l: gl.constexpr = gl.SliceLayout(1, s_l)
@@ -1027,7 +924,7 @@ if HAVE_GLUON:
         MERGE: gl.constexpr, S_PAD: gl.constexpr, GATHER_WARPS: gl.constexpr, GATHER_REGS: gl.constexpr,
         SPLIT_WG: gl.constexpr = False, WG_REGS: gl.constexpr = 0, PROBE: gl.constexpr = 0,
         IDX_TILES: gl.constexpr = 0, SEESAW: gl.constexpr = False, PDL: gl.constexpr = False,
-        scale_ptr=None, FP8_STAGES: gl.constexpr = 0, ASYNC_PV: gl.constexpr = False,
+        scale_ptr=None, FP8_STAGES: gl.constexpr = 0,
     ):
         """The warp-specialised schedule (``WS=1``): a producer warpgroup gathers, two consumer warpgroups compute;
         they meet on mbarriers, one ``ready`` and one ``empty`` per ring slot."""
@@ -1124,12 +1021,12 @@ if HAVE_GLUON:
                                   out_ptr, sem_ptr, H, num_rows, topk, rows_per_split, qk_scale, n_splits, stride_ib,
                                   stride_pb, stride_ps, stride_ph, stride_lb, stride_ls, stride_ob, stride_oh,
                                   DV, BLOCK_H, BLOCK_T, STAGES, DIRECT, P_SMEM, V_SPLIT, STORE_CVT, MERGE, S_PAD, 0,
-                                  PROBE, idx_smem, idx_bar, IDX_TILES, sc_ring, FP8_STAGES > 0, ASYNC_PV)),
+                                  PROBE, idx_smem, idx_bar, IDX_TILES, sc_ring, FP8_STAGES > 0)),
                 (_ws_compute_wg, (q_mma, kv_smem, p_smem, q_bar, ready, empty, done, hand_ml, idx_ptr, part_ptr, lse_ptr,
                                   out_ptr, sem_ptr, H, num_rows, topk, rows_per_split, qk_scale, n_splits, stride_ib,
                                   stride_pb, stride_ps, stride_ph, stride_lb, stride_ls, stride_ob, stride_oh,
                                   DV, BLOCK_H, BLOCK_T, STAGES, DIRECT, P_SMEM, V_SPLIT, STORE_CVT, MERGE, S_PAD, 1,
-                                  PROBE, idx_smem, idx_bar, IDX_TILES, sc_ring, FP8_STAGES > 0, ASYNC_PV)),
+                                  PROBE, idx_smem, idx_bar, IDX_TILES, sc_ring, FP8_STAGES > 0)),
             ], [4, 4], [WG_REGS, WG_REGS])
         else:
             fence_async_shared()
@@ -1138,7 +1035,7 @@ if HAVE_GLUON:
                                H, num_rows, topk, rows_per_split, qk_scale, n_splits, stride_ib,
                                stride_pb, stride_ps, stride_ph, stride_lb, stride_ls, stride_ob, stride_oh,
                                DV, BLOCK_H, BLOCK_T, STAGES, DIRECT, P_SMEM, V_SPLIT, STORE_CVT, MERGE, S_PAD,
-                               PROBE, sc_ring, FP8_STAGES > 0, ASYNC_PV)),
+                               PROBE, sc_ring, FP8_STAGES > 0)),
                 (_ws_gather, (q_ptr, kv_ptr, idx_ptr, q_smem, kv_smem, q_bar, ready, empty,
                               H, num_rows, topk, rows_per_split, stride_qb, stride_qh, stride_kv, stride_ib,
                               DV, BLOCK_H, BLOCK_T, STAGES, V_SPLIT, GATHER_WARPS, PROBE, idx_smem, idx_bar,
@@ -1175,8 +1072,7 @@ def _counters(device, n: int) -> torch.Tensor:
 def sparse_decode_wgmma(q: torch.Tensor, kv: torch.Tensor, indices: torch.Tensor, sm_scale: float | None = None,
                         config: dict | None = None, *, d_v: int | None = None, out: torch.Tensor | None = None,
                         kv_scale: torch.Tensor | None = None, pdl: bool | None = None, _probe: str = "",
-                        _pdl_trigger: bool | None = None, _merge_programs: int = 0,
-                        _async_pv: bool | None = None) -> torch.Tensor:
+                        _pdl_trigger: bool | None = None, _merge_programs: int = 0) -> torch.Tensor:
     """Sparse MLA decode on Hopper tensor cores (Gluon); ``q [B, H <= 64, 512]``, ``kv [num_rows, 512]`` in q's
     dtype (bf16/fp16) or in float8 e4m3 with ``kv_scale`` (float32 ``[num_rows]``, row r holds
     ``kv[r] * kv_scale[r]``, as :func:`kernels.sparse_decode.sparse_decode` takes it: half the bytes of a 16-bit
@@ -1210,9 +1106,7 @@ def sparse_decode_wgmma(q: torch.Tensor, kv: torch.Tensor, indices: torch.Tensor
     where :func:`merge_starts_early` says so; None = where the GPU has it. ``_pdl_trigger`` (timing only, a correct
     result either way): True / False overrides that rule (False: the merge starts as the split kernel's programs
     exit, as before 2026-12-01). ``_merge_programs`` (timing only): the merge kernel's grid widened to at least this
-    many programs (``kernels.sparse_decode.combine_grid``). ``_async_pv`` (timing only, a correct result either
-    way): the warp-specialised consumers leave each tile's O += P V in flight behind the next tile's scores (True)
-    or wait for it (False); None = ``ASYNC_PV``. ``_probe`` (timing only, the result is
+    many programs (``kernels.sparse_decode.combine_grid``). ``_probe`` (timing only, the result is
     garbage but for ``indices_ahead``): a name of ``_PROBES``, for a warp-specialised config (WS, SPLIT_WG or SEESAW;
     ``no_products`` is not built for SEESAW)."""
     if not HAVE_GLUON:
@@ -1274,7 +1168,6 @@ def sparse_decode_wgmma(q: torch.Tensor, kv: torch.Tensor, indices: torch.Tensor
         meta["PDL"] = pdl and bool(_pdl_trigger)  # the split kernel starts the merge early
     if config.get("WS") or config.get("SPLIT_WG") or config.get("SEESAW"):
         meta["IDX_TILES"] = index_tiles(config, shape)
-        meta["ASYNC_PV"] = ASYNC_PV if _async_pv is None else bool(_async_pv)
     if fp8:
         meta["FP8_STAGES"] = fp8_stages(config, shape)
     if _probe:
