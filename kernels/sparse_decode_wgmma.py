@@ -290,6 +290,23 @@ if HAVE_GLUON:
                                       is_pure=False, pack=1)
 
     @gluon.jit
+    def _stamp(stamp_ptr, k: gl.constexpr, PROBE: gl.constexpr, WHAT: gl.constexpr = 0):
+        """The timeline probe (``PROBE == 5``, see ``TIMELINE_STAMPS``): this program's stamp ``k``, the SM's cycle
+        counter (``WHAT=0``), the GPU's nanosecond timer (1) or the SM's number (2), into its row of ``stamp_ptr``
+        (int64, ``STAMPS`` a program). Every thread of the calling partition stores the same value. No code in any
+        other build."""
+        if PROBE == 5:
+            if WHAT == 1:
+                asm: gl.constexpr = "mov.u64 $0, %globaltimer;"
+            elif WHAT == 2:
+                asm: gl.constexpr = "cvt.u64.u32 $0, %smid;"
+            else:
+                asm: gl.constexpr = "mov.u64 $0, %clock64;"
+            v = gl.inline_asm_elementwise(asm, "=l", [], dtype=gl.int64, is_pure=False, pack=1)
+            pid = gl.program_id(1) * gl.num_programs(0) + gl.program_id(0)
+            gl.store(stamp_ptr + pid.to(gl.int64) * 16 + k, v)
+
+    @gluon.jit
     def _tile_rows(idx_base, start, end, t, offs_t):
         """Tile ``t``'s row numbers (-1 past the split's end), in ``offs_t``'s layout."""
         ot = start + t * offs_t.shape[0] + offs_t
@@ -611,7 +628,7 @@ if HAVE_GLUON:
         async_copy.wait_group(0)  # no copy outlives the program
 
     @gluon.jit
-    def _ws_gather(q_ptr, kv_ptr, idx_ptr, q_smem, kv_smem, q_bar, ready, empty,
+    def _ws_gather(q_ptr, kv_ptr, idx_ptr, sem_ptr, q_smem, kv_smem, q_bar, ready, empty,
                    H, num_rows, topk, rows_per_split, stride_qb, stride_qh, stride_kv, stride_ib,
                    DV: gl.constexpr, BLOCK_H: gl.constexpr, BLOCK_T: gl.constexpr, STAGES: gl.constexpr,
                    V_SPLIT: gl.constexpr, GATHER_WARPS: gl.constexpr, PROBE: gl.constexpr,
@@ -639,6 +656,7 @@ if HAVE_GLUON:
             async_copy.commit_group()
         else:
             async_copy.mbarrier_arrive(q_bar, increment_count=False)
+        _stamp(sem_ptr, 2, PROBE)  # the timeline probe: q's copies issued
         if IDX_TILES > 0:  # every row number of the split in one round trip, then each tile's from shared memory
             il: gl.constexpr = gl.BlockedLayout([1, 1], [1, 32], [GATHER_WARPS, 1], [1, 0])
             it = gl.arange(0, IDX_TILES, layout=gl.SliceLayout(1, il))
@@ -648,6 +666,7 @@ if HAVE_GLUON:
                 gl.load(idx_base + pos, mask=pos < end, other=-1))
             _thread_barrier()  # the producer's warps: every row number is in the table
             mbarrier.arrive(idx_bar)  # ... and the consumers may read it (release; their wait acquires)
+        _stamp(sem_ptr, 3, PROBE)  # the index table written (without one: as the first tile's indices are asked for)
         if FP8_STAGES > 0:
             _ws_gather_fp8(kv_ptr, scale_ptr, idx_base, q_smem, q_bar, kv_smem, stage_smem, sc_smem, sc_ring, ready,
                            empty, idx_smem, start, end, n_tiles, num_rows, stride_kv, col_off, DV, BLOCK_H, BLOCK_T,
@@ -670,6 +689,7 @@ if HAVE_GLUON:
                     _issue_tile(kv_smem.index(slot), kv_ptr, rows, num_rows, stride_kv, offs_d)
                 async_copy.mbarrier_arrive(ready.index(slot), increment_count=False)
                 rows = rows_next
+        _stamp(sem_ptr, 4, PROBE)  # the last tile's copies issued
 
     @gluon.jit
     def _ws_compute(q_smem, kv_smem, p_smem, q_bar, ready, empty, idx_ptr, part_ptr, lse_ptr, out_ptr, sem_ptr,
@@ -695,9 +715,13 @@ if HAVE_GLUON:
         acc = gl.zeros([BLOCK_H, DO], gl.float32, layout=o_l)
         s_zero = gl.zeros([BLOCK_H, BLOCK_T], gl.float32, layout=s_l)
         mbarrier.wait(q_bar, 0)
+        _stamp(sem_ptr, 5, PROBE)  # the timeline probe: q has landed
         for t in range(n_tiles):
             slot = t % STAGES
             mbarrier.wait(ready.index(slot), (t // STAGES) & 1)
+            if PROBE == 5:
+                if t == 0:
+                    _stamp(sem_ptr, 6, PROBE)  # the first tile has landed
             fence_async_shared()  # the copies (generic proxy) before the tensor cores' reads (async proxy)
             if PROBE != 2:
                 tile = kv_smem.index(slot)
@@ -713,9 +737,12 @@ if HAVE_GLUON:
                 acc, m_i, l_i = _softmax_pv(s, valid, qk_scale, m_i, l_i, acc, p_smem, v_tile, P_SMEM, o_l, p_l, scl,
                                             KV_SCALED)
             mbarrier.arrive(empty.index(slot))  # both warpgroups' products are done with the slot
+        _stamp(sem_ptr, 7, PROBE)  # the last tile's products done
         _write_result(acc, m_i, l_i, part_ptr, lse_ptr, out_ptr, sem_ptr, pid_b, pid_s, col_off, H, n_splits,
                       stride_pb, stride_ps, stride_ph, stride_lb, stride_ls, stride_ob, stride_oh,
                       BLOCK_H, DO, V_SPLIT, DIRECT, STORE_CVT, MERGE, S_PAD, s_l, o_l, 8)
+        _stamp(sem_ptr, 8, PROBE)  # the result written
+        _stamp(sem_ptr, 13, PROBE, 1)
 
     if hasattr(gl.shared_memory_descriptor, "reinterpret"):  # Triton 3.9
         @gluon.jit
@@ -762,9 +789,13 @@ if HAVE_GLUON:
         mbarrier.wait(q_bar, 0)
         if IDX_TILES > 0:
             mbarrier.wait(idx_bar, 0)
+        _stamp(sem_ptr, 5 + 4 * WG, PROBE)  # the timeline probe: q (and the index table) have landed
         for t in range(WG, n_tiles, 2):
             slot = t % STAGES
             mbarrier.wait(ready.index(slot), (t // STAGES) & 1)
+            if PROBE == 5:
+                if t == WG:
+                    _stamp(sem_ptr, 6 + 4 * WG, PROBE)  # this warpgroup's first tile has landed
             fence_async_shared()
             if PROBE != 2:
                 tile = kv_smem.index(slot)
@@ -785,6 +816,7 @@ if HAVE_GLUON:
                 acc, m_i, l_i = _softmax_pv(s, valid, qk_scale, m_i, l_i, acc, p_own, tile.slice(0, DO, dim=1),
                                             P_SMEM, o_l, p_l, scl, KV_SCALED)
             mbarrier.arrive(empty.index(slot))
+        _stamp(sem_ptr, 7 + 4 * WG, PROBE)  # this warpgroup's last tile's products done
         hand_sl: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, [1, 0])
         hand = _view(q_smem, gl.float32, [BLOCK_H, DO], hand_sl)  # 64 x DO float32: no more than q's 64 x 512 16-bit
         ml_l: gl.constexpr = gl.SliceLayout(1, s_l)
@@ -804,12 +836,15 @@ if HAVE_GLUON:
             _write_result(acc, m_new, l_i, part_ptr, lse_ptr, out_ptr, sem_ptr, pid_b, pid_s, col_off, H, n_splits,
                           stride_pb, stride_ps, stride_ph, stride_lb, stride_ls, stride_ob, stride_oh,
                           BLOCK_H, DO, V_SPLIT, DIRECT, STORE_CVT, MERGE, S_PAD, s_l, o_l, 4)
+            _stamp(sem_ptr, 8, PROBE)  # the merged result written
+            _stamp(sem_ptr, 13, PROBE, 1)
         else:
             mbarrier.wait(done.index(0), 0)  # warpgroup 0's products are done with q
             hand.store(acc)
             hand_ml.index(0).store(m_i)
             hand_ml.index(1).store(l_i)
             mbarrier.arrive(done.index(1))
+            _stamp(sem_ptr, 12, PROBE)  # the hand-over written
 
     @gluon.jit
     def _seesaw_stats(m_i, l_i, t, st_smem, ready, pready, STAGES: gl.constexpr, ml_l: gl.constexpr,
@@ -929,6 +964,9 @@ if HAVE_GLUON:
         """The warp-specialised schedule (``WS=1``): a producer warpgroup gathers, two consumer warpgroups compute;
         they meet on mbarriers, one ``ready`` and one ``empty`` per ring slot."""
         gl.static_assert(BLOCK_H == 64, "one wgmma M of heads per program")
+        _stamp(sem_ptr, 0, PROBE, 1)  # the timeline probe: the program's start, its SM
+        _stamp(sem_ptr, 1, PROBE)
+        _stamp(sem_ptr, 14, PROBE, 2)
         _launch_merge_early(PDL)
         gl.static_assert(DV == 512, "two warpgroups of 256 columns of V")
         gl.static_assert(STAGES >= 2, "a ring of at least two slots")
@@ -987,7 +1025,7 @@ if HAVE_GLUON:
                 mbarrier.init(pready.index(i), count=1)
             fence_async_shared()
             gl.warp_specialize([
-                (_ws_gather, (q_ptr, kv_ptr, idx_ptr, q_smem, kv_smem, q_bar, ready, empty,
+                (_ws_gather, (q_ptr, kv_ptr, idx_ptr, sem_ptr, q_smem, kv_smem, q_bar, ready, empty,
                               H, num_rows, topk, rows_per_split, stride_qb, stride_qh, stride_kv, stride_ib,
                               DV, BLOCK_H, BLOCK_T, STAGES, V_SPLIT, GATHER_WARPS, PROBE, idx_smem, idx_bar,
                               IDX_TILES, scale_ptr, stage_smem, sc_smem, sc_ring, FP8_STAGES)),
@@ -1013,7 +1051,7 @@ if HAVE_GLUON:
             # the producer is the default partition (its registers: what the two consumers leave, 88), so both
             # consumers are workers with the same register budget
             gl.warp_specialize([
-                (_ws_gather, (q_ptr, kv_ptr, idx_ptr, q_smem, kv_smem, q_bar, ready, empty,
+                (_ws_gather, (q_ptr, kv_ptr, idx_ptr, sem_ptr, q_smem, kv_smem, q_bar, ready, empty,
                               H, num_rows, topk, rows_per_split, stride_qb, stride_qh, stride_kv, stride_ib,
                               DV, BLOCK_H, BLOCK_T, STAGES, V_SPLIT, GATHER_WARPS, PROBE, idx_smem, idx_bar,
                               IDX_TILES, scale_ptr, stage_smem, sc_smem, sc_ring, FP8_STAGES)),
@@ -1036,7 +1074,7 @@ if HAVE_GLUON:
                                stride_pb, stride_ps, stride_ph, stride_lb, stride_ls, stride_ob, stride_oh,
                                DV, BLOCK_H, BLOCK_T, STAGES, DIRECT, P_SMEM, V_SPLIT, STORE_CVT, MERGE, S_PAD,
                                PROBE, sc_ring, FP8_STAGES > 0)),
-                (_ws_gather, (q_ptr, kv_ptr, idx_ptr, q_smem, kv_smem, q_bar, ready, empty,
+                (_ws_gather, (q_ptr, kv_ptr, idx_ptr, sem_ptr, q_smem, kv_smem, q_bar, ready, empty,
                               H, num_rows, topk, rows_per_split, stride_qb, stride_qh, stride_kv, stride_ib,
                               DV, BLOCK_H, BLOCK_T, STAGES, V_SPLIT, GATHER_WARPS, PROBE, idx_smem, idx_bar,
                               IDX_TILES, scale_ptr, stage_smem, sc_smem, sc_ring, FP8_STAGES)),
@@ -1046,7 +1084,19 @@ if HAVE_GLUON:
 # when the gathers cost nothing), its gathers and handshakes without the products (both: garbage output), and the
 # previous producer, which loads each tile's indices a tile ahead instead of from its index table (a correct output)
 _PROBES = {"no_copies": 1, "no_products": 2, "indices_ahead": 0,  # indices_ahead: no index table (a correct result)
-           "fp8_no_widen": 3, "fp8_no_copies": 4}  # an fp8 cache: the producer's copies without widening, or neither
+           "fp8_no_widen": 3, "fp8_no_copies": 4,  # an fp8 cache: the producer's copies without widening, or neither
+           "timeline": 5}  # a correct result, and each program's clock at each phase (TIMELINE_STAMPS) in _stamps
+STAMPS = 16
+"""The timeline probe's int64 stamps a program (a row of ``_stamps``)."""
+TIMELINE_STAMPS = {
+    0: "start (ns, %globaltimer)", 1: "start (clock)", 14: "SM (%smid)",
+    2: "producer: q's copies issued", 3: "producer: index table written (or none)", 4: "producer: last copies issued",
+    5: "consumer 0: q landed", 6: "consumer 0: first tile landed", 7: "consumer 0: last products done",
+    8: "consumer 0: result written", 13: "consumer 0: end (ns, %globaltimer)",
+    9: "consumer 1: q landed", 10: "consumer 1: first tile landed", 11: "consumer 1: last products done",
+    12: "consumer 1: hand-over written"}
+"""What each of a program's stamps is (``_probe="timeline"``): the SM's cycle counter unless named otherwise; WS has
+one consumer partition (stamps 5-8), SPLIT_WG two (5-8 and 9-12); a stamp not reached stays 0."""
 _FP8_PROBES = ("no_products", "fp8_no_widen", "fp8_no_copies")
 _COUNTERS: dict[str, torch.Tensor] = {}
 
@@ -1072,7 +1122,8 @@ def _counters(device, n: int) -> torch.Tensor:
 def sparse_decode_wgmma(q: torch.Tensor, kv: torch.Tensor, indices: torch.Tensor, sm_scale: float | None = None,
                         config: dict | None = None, *, d_v: int | None = None, out: torch.Tensor | None = None,
                         kv_scale: torch.Tensor | None = None, pdl: bool | None = None, _probe: str = "",
-                        _pdl_trigger: bool | None = None, _merge_programs: int = 0) -> torch.Tensor:
+                        _pdl_trigger: bool | None = None, _merge_programs: int = 0,
+                        _stamps: torch.Tensor | None = None) -> torch.Tensor:
     """Sparse MLA decode on Hopper tensor cores (Gluon); ``q [B, H <= 64, 512]``, ``kv [num_rows, 512]`` in q's
     dtype (bf16/fp16) or in float8 e4m3 with ``kv_scale`` (float32 ``[num_rows]``, row r holds
     ``kv[r] * kv_scale[r]``, as :func:`kernels.sparse_decode.sparse_decode` takes it: half the bytes of a 16-bit
@@ -1107,8 +1158,10 @@ def sparse_decode_wgmma(q: torch.Tensor, kv: torch.Tensor, indices: torch.Tensor
     result either way): True / False overrides that rule (False: the merge starts as the split kernel's programs
     exit, as before 2026-12-01). ``_merge_programs`` (timing only): the merge kernel's grid widened to at least this
     many programs (``kernels.sparse_decode.combine_grid``). ``_probe`` (timing only, the result is
-    garbage but for ``indices_ahead``): a name of ``_PROBES``, for a warp-specialised config (WS, SPLIT_WG or SEESAW;
-    ``no_products`` is not built for SEESAW)."""
+    garbage but for ``indices_ahead`` and ``timeline``): a name of ``_PROBES``, for a warp-specialised config (WS,
+    SPLIT_WG or SEESAW; ``no_products`` is not built for SEESAW, ``timeline`` neither, nor for MERGE); ``timeline``
+    writes each program's stamps (``TIMELINE_STAMPS``) into ``_stamps`` (int64, a row of ``STAMPS`` a program,
+    row ``request * programs a request + program``)."""
     if not HAVE_GLUON:
         raise RuntimeError(f"sparse_decode_wgmma: this Triton ({triton.__version__}) has no Gluon Hopper API; "
                            "use kernels.sparse_decode.sparse_decode")
@@ -1171,7 +1224,7 @@ def sparse_decode_wgmma(q: torch.Tensor, kv: torch.Tensor, indices: torch.Tensor
     if fp8:
         meta["FP8_STAGES"] = fp8_stages(config, shape)
     if _probe:
-        if fp8 != (_probe in _FP8_PROBES[1:]) and _probe != "no_products":
+        if fp8 != (_probe in _FP8_PROBES[1:]) and _probe not in ("no_products", "timeline"):
             raise ValueError(f"sparse_decode_wgmma: _probe={_probe!r} is not built for "
                              f"{'an fp8' if fp8 else 'a 16-bit'} cache; use one of "
                              f"{list(_FP8_PROBES) if fp8 else [p for p in _PROBES if p not in _FP8_PROBES[1:]]}")
@@ -1185,6 +1238,16 @@ def sparse_decode_wgmma(q: torch.Tensor, kv: torch.Tensor, indices: torch.Tensor
         meta["PROBE"] = _PROBES[_probe]
         if _probe == "indices_ahead":
             meta["IDX_TILES"] = 0
+        if _probe == "timeline":
+            programs = grid[0] * grid[1]
+            if merge or config.get("SEESAW"):
+                raise ValueError("sparse_decode_wgmma: _probe='timeline' is not built for MERGE=1 or SEESAW=1; use "
+                                 "MERGE=0 with WS=1 or SPLIT_WG=1")
+            if (_stamps is None or _stamps.dtype != torch.int64 or _stamps.device != q.device
+                    or _stamps.numel() < programs * STAMPS):
+                raise ValueError(f"sparse_decode_wgmma: _probe='timeline' needs _stamps, an int64 tensor on {q.device} "
+                                 f"of at least {programs} x {STAMPS} values (one row a program)")
+            args = args[:6] + (_stamps,) + args[7:]  # the kernels' sem_ptr: the stamps, not MERGE's counters
     scale = kv_scale if fp8 else kv  # unused without an fp8 cache (warp_specialize takes no None)
     if config.get("SPLIT_WG") or config.get("SEESAW"):  # the producer's 4 warps are the default partition, two
         meta["num_warps"] = 4  # 4-warp consumers: 12 warps

@@ -19,7 +19,8 @@ tensors, as the compile helpers do; ``real`` from real CPU tensors, as a trial's
                                               (the Gluon sparse-decode kernel's sm_90 build: instruction counts
                                                in its PTX; registers and local memory by cuobjdump; KWARGS: more
                                                keyword arguments of the launch, such as pdl; kv_fp8: an fp8
-                                               cache with row scales)
+                                               cache with row scales; stamps: a meta buffer
+                                               for _probe="timeline")
 """
 
 import json
@@ -92,6 +93,8 @@ def wgmma_build(shape: dict, config: dict, kwargs: dict | None = None) -> dict:
                      device="meta")
     if fp8:
         kwargs["kv_scale"] = torch.empty(shape["num_rows"], dtype=torch.float32, device="meta")
+    if kwargs.pop("stamps", False):  # the timeline probe's stamps: as many rows as any config launches programs
+        kwargs["_stamps"] = torch.empty(shape["batch"] * shape["topk"] * 8, 16, dtype=torch.int64, device="meta")
     idx = torch.empty(shape["batch"], shape["topk"], dtype=torch.int32, device="meta")
     with jit_compile_only():
         sparse_decode_wgmma(q, kv, idx, None, config, **kwargs)
@@ -112,7 +115,8 @@ def wgmma_build(shape: dict, config: dict, kwargs: dict | None = None) -> dict:
               "ld.global.cg": len(re.findall(r"\bld\.global\.cg", ptx)),
               "griddepcontrol.launch_dependents": len(re.findall(r"\bgriddepcontrol\.launch_dependents", ptx)),
               "cvt.f16x2.e4m3x2": len(re.findall(r"\bcvt\.rn\.f16x2\.e4m3x2", ptx)),
-              "cvt.f32.f16": len(re.findall(r"\bcvt\.f32\.f16\b", ptx))}
+              "cvt.f32.f16": len(re.findall(r"\bcvt\.f32\.f16\b", ptx)),
+              "%clock64": ptx.count("%clock64"), "%globaltimer": ptx.count("%globaltimer")}
     for m in re.finditer(r"cp\.async\.c[ag]\.shared\.global[^;]*?,\s*(0x[0-9a-f]+|\d+)", ptx):
         key = f"cp.async.{int(m.group(1), 0)}B"
         counts[key] = counts.get(key, 0) + 1

@@ -198,16 +198,26 @@ def test_sparse_decode_wgmma_rejects_a_config_outside_its_space_in_one_line_nami
 @needs_gluon
 @pytest.mark.parametrize("config, probe, message", [
     ({"WS": 0, "SPLIT_WG": 0}, "no_copies", r"_probe='no_copies': one of .*, with WS=1, SPLIT_WG=1 or SEESAW=1"),
-    ({"WS": 1}, "bogus", r"_probe='bogus': one of \['indices_ahead', 'no_copies', 'no_products'\]"),
+    ({"WS": 1}, "bogus", r"_probe='bogus': one of \['indices_ahead', 'no_copies', 'no_products', 'timeline'\]"),
     ({"S": 2, "BLOCK_T": 32, "STAGES": 4, "V_SPLIT": 1, "SPLIT_WG": 0, "STORE_CVT": 0, "SEESAW": 1}, "no_products",
      r"_probe='no_products' is not built for SEESAW=1 .*use no_copies or indices_ahead"),
-], ids=["plain", "unknown", "seesaw-no-products"])
+    ({"S": 4, "WS": 1}, "timeline", r"_probe='timeline' needs _stamps, an int64 tensor on cpu of at least 512 x 16 "),
+    ({"S": 4, "WS": 1, "MERGE": 1}, "timeline", r"_probe='timeline' is not built for MERGE=1 or SEESAW=1"),
+    ({"S": 2, "BLOCK_T": 32, "STAGES": 4, "V_SPLIT": 1, "SPLIT_WG": 0, "STORE_CVT": 0, "SEESAW": 1}, "timeline",
+     r"_probe='timeline' is not built for MERGE=1 or SEESAW=1"),
+], ids=["plain", "unknown", "seesaw-no-products", "timeline-without-stamps", "timeline-merge", "timeline-seesaw"])
 def test_sparse_decode_wgmma_refuses_a_timing_probe_its_config_has_not_in_one_line(config, probe, message):
-    """The timing probes exist only in the warp-specialised builds, and ``no_products`` not in SEESAW's (its
-    consumers wait on each other's softmax): asking for one elsewhere is a one-line error before anything runs."""
+    """The timing probes exist only in the warp-specialised builds, ``no_products`` not in SEESAW's (its consumers
+    wait on each other's softmax), and ``timeline`` neither there nor with MERGE (whose counters its stamps'
+    buffer replaces), and only with a buffer of a row a program: asking otherwise is a one-line error before
+    anything runs."""
     with pytest.raises(ValueError, match=r"sparse_decode_wgmma: " + message) as err:
         sparse_decode_wgmma(*_inputs(64), config=config, _probe=probe)
     assert "\n" not in str(err.value)
+    if probe == "timeline" and "needs" in message:  # a buffer of the wrong dtype or too small: the same line
+        for bad in (torch.zeros(512, 16, dtype=torch.int32), torch.zeros(511, 16, dtype=torch.int64)):
+            with pytest.raises(ValueError, match="needs _stamps"):
+                sparse_decode_wgmma(*_inputs(64), config=config, _probe=probe, _stamps=bad)
 
 
 def test_the_wgmma_kernel_is_registered_tunable_and_says_why_it_cannot_run_here():
@@ -347,6 +357,23 @@ def test_sparse_decode_wgmma_split_wg_compiles_to_two_consumer_partitions_each_w
     assert split["setmaxnreg"] > ws["setmaxnreg"] and split["mbarrier.try_wait"] > ws["mbarrier.try_wait"], (ws, split)
     assert split["copy_wait_group"] == 0 and split["copy_arrive"] == 2 and split["mma.sync"] == 0, split
     assert got[1]["usage"] == {"registers": 168, "stack": 0, "local": 0}, got[1]["usage"]
+
+
+@needs_gluon
+@pytest.mark.parametrize("config", [
+    {"S": 1, "BLOCK_T": 32, "STAGES": 4, "V_SPLIT": 2, "WS": 1, "SPLIT_WG": 1, "STORE_CVT": 1},
+    {"S": 4, "BLOCK_T": 64, "STAGES": 2, "V_SPLIT": 2, "WS": 1},
+], ids=["split-wg", "ws"])
+def test_the_timeline_probe_reads_the_clocks_only_in_its_own_build(config):
+    """``_probe="timeline"``: the same schedule (as many wgmma and copies) with the SM's cycle counter read at each
+    phase (start, the producer's three, each consumer's four: 8 with WS's one consumer partition, 12 with SPLIT_WG's
+    two) and the GPU's timer at the start and the end; the plain build reads neither."""
+    shape = {"batch": 16, "heads": 64, "d_qk": 512, "d_v": 512, "topk": 640, "num_rows": 65536}
+    plain = _sm90_build(shape, config)["ptx"]
+    probe = _sm90_build(shape, config, kwargs={"_probe": "timeline", "stamps": True})["ptx"]
+    assert plain["%clock64"] == 0 and plain["%globaltimer"] == 0, plain
+    assert probe["%clock64"] == (12 if config.get("SPLIT_WG") else 8) and probe["%globaltimer"] == 2, probe
+    assert probe["wgmma"] == plain["wgmma"] and probe["cp.async.16B"] == plain["cp.async.16B"], (plain, probe)
 
 
 @needs_gluon
@@ -496,6 +523,41 @@ def test_sparse_decode_wgmma_with_an_fp8_cache_matches_the_reference_of_its_dequ
     if batch == 64:  # the launcher's own config (the default made fit for fp8) on the same inputs
         again = sparse_decode_wgmma(i["q"], i["kv"], i["indices"], i["sm_scale"], kv_scale=i["kv_scale"])
         assert rel_error(again, ref) <= SD.tolerance("float8_e4m3fn")
+
+
+@pytest.mark.gpu
+@needs_hopper
+@pytest.mark.parametrize("config", [
+    {"S": 1, "BLOCK_T": 32, "STAGES": 4, "V_SPLIT": 2, "WS": 1, "SPLIT_WG": 1, "STORE_CVT": 1},
+    {"S": 4, "BLOCK_T": 32, "STAGES": 4, "V_SPLIT": 2, "WS": 1, "SPLIT_WG": 1},
+    {"S": 4, "BLOCK_T": 64, "STAGES": 2, "V_SPLIT": 2, "WS": 1},
+], ids=str)
+@pytest.mark.parametrize("batch", [5, 64])
+def test_the_timeline_probe_gives_the_result_and_each_programs_stamps_in_order(batch, config):
+    """``_probe="timeline"`` into a NaN-poisoned output matches the reference, and each program's row of stamps is
+    what ``TIMELINE_STAMPS`` says: every stamp of its schedule reached, the SM's number one of the GPU's, each
+    partition's clock stamps in order after the start (the producer's q before its index table; each consumer's q,
+    first tile, last products, result or hand-over), the timer's end after its start; rows past the grid untouched."""
+    from kernels.base import device_limits
+    from kernels.sparse_decode import split_rows
+    from kernels.sparse_decode_wgmma import STAMPS
+
+    shape = dict(SD.shapes("v4flash")[0], batch=batch, ragged=1)
+    i = SD.make_inputs(shape, "bfloat16", "cuda", seed=batch * 23 + config["S"])
+    stamps = torch.zeros(batch * 64 + 1, STAMPS, dtype=torch.int64, device="cuda")
+    out = torch.full((batch, 64, 512), float("nan"), device="cuda", dtype=torch.bfloat16)
+    got = sparse_decode_wgmma(i["q"], i["kv"], i["indices"], i["sm_scale"], {**DEFAULT_CONFIG, **config}, out=out,
+                              _probe="timeline", _stamps=stamps)
+    assert rel_error(got, SD.reference(i)) <= SD.tolerance("bfloat16")
+    programs = split_rows(640, config["S"], config["BLOCK_T"])[1] * config["V_SPLIT"] * batch
+    rows = stamps.cpu().tolist()
+    assert all(v == 0 for row in rows[programs:] for v in row)
+    chains = [(1, 2, 3), (1, 5, 6, 7, 8)] + ([(1, 9, 10, 11, 12)] if config.get("SPLIT_WG") else [])
+    for row in rows[:programs]:
+        assert 0 <= row[14] < device_limits("cuda")["sms"] and row[13] > row[0] > 0, row
+        for chain in chains:
+            assert all(row[a] <= row[b] for a, b in zip(chain, chain[1:])) and row[chain[-1]] > row[1], (chain, row)
+        assert row[4] >= row[3], row
 
 
 @pytest.mark.gpu
@@ -810,6 +872,40 @@ def test_the_workload_report_states_the_wgmma_attention_against_the_hand_written
     assert ("hand-written best, attention_impl=wgmma / hand-written best, measured side by side: c=1 0.991, "
             "c=16 0.999, c=64 1.004; geomean 0.998") in text
     assert text == (ROOT / "benchmarks" / "results" / "workload_attention_wgmma_h200_e53ca92.md").read_text()
+
+
+def test_the_timeline_report_reads_each_phase_and_the_sm_clock_from_the_stored_stamps():
+    """benchmarks/sparse_decode_wgmma_timeline.py's report from stored stamps: each launch's rows normalised (timer
+    stamps from the launch's first start, clock stamps from each program's own, an unreached stamp None and left out
+    of its phases' medians), the SM clock from each program's cycles over its timer's nanoseconds, each phase's median
+    in µs at that clock, the spread of the starts, the span to the last end, and the timeline build against the
+    plain one."""
+    from benchmarks.sparse_decode_wgmma_timeline import normalise, report
+
+    def program(start_ns, first_tile, loop, sm):  # 2 GHz: 2 cycles a nanosecond
+        c1 = 10**9 + sm
+        clocks = {2: 100, 3: 2000, 4: 30000, 5: 1000, 6: first_tile, 7: first_tile + loop, 8: first_tile + loop + 3000,
+                  9: 1000, 10: first_tile + 400, 11: first_tile + loop - 1000, 12: 0}  # 12: not reached (stays 0)
+        row = [start_ns, c1] + [c1 + clocks[k] if clocks[k] else 0 for k in range(2, 13)]
+        return row + [start_ns + (first_tile + loop + 3000) // 2, sm]
+
+    launches = [[program(10**12 + 300 * p, 4000 + 200 * p, 30000, p) for p in range(4)] for _ in range(3)]
+    stored = [normalise(run) for run in launches]
+    assert stored[0][1][0] == 300 and stored[0][1][1] == 0 and stored[0][1][12] is None and stored[0][1][14] == 1
+    meta = {"date": "d", "gpu": "NVIDIA H200", "torch": "t", "triton": "3.6.0", "commit": "abc", "rep_ms": 30,
+            "sms": 132, "runs": 3, "empty_kernel_us": 1.6}
+    row = {"batch": 64, "topk": 640, "config": {"S": 1, "BLOCK_T": 32, "SPLIT_WG": 1}, "plain_us": 26.0,
+           "timeline_us": 26.26, "plain_err": 0.002, "timeline_err": 0.0021, "stamps": stored}
+    text = report({"meta": meta, "rows": [row]}, "x.json")
+    assert "plain build 26.0 µs, timeline build 26.3 µs (1.010x); relative error 0.00210" in text
+    assert "4 programs; SM clock 2.00 GHz; the programs' starts spread over 0.90 µs" in text
+    # the last program ends at 900 + (4600 + 33000) / 2 ns after the first start
+    assert "first start to last end 19.70 µs" in text
+    assert "| start to first tile landed (consumer 0) | 2.15 |" in text  # median of 4000..4600 cycles: 4300
+    assert "| first tile landed to last products done (consumer 0) | 15.00 |" in text
+    assert "| last products done to result written (consumer 0) | 1.50 |" in text
+    assert "| last products done to hand-over written (consumer 1) | - |" in text  # stamp 12 never reached
+    assert "| first tile landed to last products done (consumer 1) | 14.30 |" in text
 
 
 def test_the_pdl_benchmark_counts_each_defaults_programs_and_reports_each_launch_against_early(tmp_path):
