@@ -15,6 +15,8 @@ nanosecond timer at each program's start and end, and its SM. Per config:
   gives medians over programs and runs of each phase (cycles, and µs at the SM clock the stamps themselves show:
   cycles over timer nanoseconds from each program's start to its end), the spread of the programs' starts, and the
   span from the first start to the last end against the timed kernel;
+* the producer's previous order (``_probe="q_first"``: q's copies issued before it asks for the split's row
+  numbers, the order before 2026-12-02) checked and timed the same way, beside the plain build;
 * an empty kernel timed the same way (one program storing one value: what any launch costs in a graph replay).
 
     python3 benchmarks/sparse_decode_wgmma_timeline.py --json OUT.json                   # on an H200
@@ -64,7 +66,10 @@ def measure(args, json_path: Path) -> dict:
         ragged = kernel.make_inputs(dict(shape, ragged=1), "bfloat16", "cuda", seed=99)
         stamps = torch.zeros(batch * 4096, STAMPS, dtype=torch.int64, device="cuda")
         row = {"batch": batch, "topk": topk, "config": config}
-        for way, opts in (("plain", {}), ("timeline", {"_probe": "timeline", "_stamps": stamps})):
+        ways = {"plain": {}, "q_first": {"_probe": "q_first"}, "timeline": {"_probe": "timeline", "_stamps": stamps}}
+        if args.no_previous:
+            del ways["q_first"]
+        for way, opts in ways.items():
             def run(i, out, opts=opts):
                 return sparse_decode_wgmma(i["q"], i["kv"], i["indices"], i["sm_scale"], config, out=out, **opts)
 
@@ -135,11 +140,13 @@ def report(data: dict, source: str) -> str:
         ghz = clock_ghz(runs)
         spread, span = spans(runs)
         cfg = " ".join(f"{k}={v}" for k, v in r["config"].items())
-        plain, probed = r.get("plain_us"), r.get("timeline_us")
+        plain, probed, previous = r.get("plain_us"), r.get("timeline_us"), r.get("q_first_us")
         lines += [f"## batch {r['batch']}, {r['topk']} selected rows: {cfg}", "",
                   f"- timed: plain build {plain:.1f} µs, timeline build {probed:.1f} µs ({probed / plain:.3f}x); "
-                  f"relative error {max(r['plain_err'], r['timeline_err']):.5f}" if plain and probed else
-                  "- timed: wrong result",
+                  f"relative error {max(r['plain_err'], r['timeline_err'], r.get('q_first_err', 0)):.5f}"
+                  + (f"; the producer's previous order (q's copies issued before it asks for the row numbers, "
+                     f"``_probe=\"q_first\"``) {previous:.1f} µs, {previous / plain:.3f}x the plain build" if previous else "")
+                  if plain and probed else "- timed: wrong result",
                   f"- {len(runs[0])} programs; SM clock {ghz:.2f} GHz; the programs' starts spread over {spread:.2f} "
                   f"µs; first start to last end {span:.2f} µs (eager launch, the split kernel only)", "",
                   "| phase | µs |", "| --- | --- |"]
@@ -157,6 +164,7 @@ def main(argv=None) -> int:
     def extra(ap):
         ap.add_argument("--rep-ms", type=float, default=30.0)
         ap.add_argument("--runs", type=int, default=10, help="eager launches whose stamps are stored")
+        ap.add_argument("--no-previous", action="store_true", help="do not time the producer's previous order")
 
     return run(argv, __doc__, ROOT / "benchmarks" / "results" / "sparse_decode_wgmma_timeline_h200.md", report,
                measure, extra)

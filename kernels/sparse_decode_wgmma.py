@@ -650,20 +650,29 @@ if HAVE_GLUON:
         if V_SPLIT > 1:  # rotated as in the single-partition kernel
             offs_d = (offs_d + col_off) % DV
         offs_hq = gl.arange(0, BLOCK_H, layout=gl.SliceLayout(1, copy_l))
-        _async_load(q_smem, q_ptr + pid_b.to(gl.int64) * stride_qb + offs_hq[:, None] * stride_qh + offs_d[None, :],
-                    mask=(offs_hq < H)[:, None])
+        q_ptrs = q_ptr + pid_b.to(gl.int64) * stride_qb + offs_hq[:, None] * stride_qh + offs_d[None, :]
+        il: gl.constexpr = gl.BlockedLayout([1, 1], [1, 32], [GATHER_WARPS, 1], [1, 0])
+        if PROBE == 6:  # the previous order (a timing probe, "q_first"): q's copies, then the row numbers
+            _async_load(q_smem, q_ptrs, mask=(offs_hq < H)[:, None])
+        # the split's row numbers are asked for first: their DRAM round trip runs while q's copies are issued (about
+        # a microsecond of cp.async at the program's start), and the first gathers wait for them, q only for the
+        # first product
+        if IDX_TILES > 0:  # every row number of the split in one round trip, then each tile's from shared memory
+            it = gl.arange(0, IDX_TILES, layout=gl.SliceLayout(1, il))
+            ij = gl.arange(0, BLOCK_T, layout=gl.SliceLayout(0, il))
+            pos = start + it[:, None] * BLOCK_T + ij[None, :]
+            table = gl.load(idx_base + pos, mask=pos < end, other=-1)
+        elif FP8_STAGES == 0:
+            rows = _tile_rows(idx_base, start, end, 0, offs_t)  # the first tile's, for the loop below
+        if PROBE != 6:
+            _async_load(q_smem, q_ptrs, mask=(offs_hq < H)[:, None])
         if FP8_STAGES > 0:  # q is widened to float16 in place once it has landed (_ws_gather_fp8)
             async_copy.commit_group()
         else:
             async_copy.mbarrier_arrive(q_bar, increment_count=False)
         _stamp(sem_ptr, 2, PROBE)  # the timeline probe: q's copies issued
-        if IDX_TILES > 0:  # every row number of the split in one round trip, then each tile's from shared memory
-            il: gl.constexpr = gl.BlockedLayout([1, 1], [1, 32], [GATHER_WARPS, 1], [1, 0])
-            it = gl.arange(0, IDX_TILES, layout=gl.SliceLayout(1, il))
-            ij = gl.arange(0, BLOCK_T, layout=gl.SliceLayout(0, il))
-            pos = start + it[:, None] * BLOCK_T + ij[None, :]
-            _view(idx_smem, gl.int32, [IDX_TILES, BLOCK_T], gl.SwizzledSharedLayout(1, 1, 1, [1, 0])).store(
-                gl.load(idx_base + pos, mask=pos < end, other=-1))
+        if IDX_TILES > 0:
+            _view(idx_smem, gl.int32, [IDX_TILES, BLOCK_T], gl.SwizzledSharedLayout(1, 1, 1, [1, 0])).store(table)
             _thread_barrier()  # the producer's warps: every row number is in the table
             mbarrier.arrive(idx_bar)  # ... and the consumers may read it (release; their wait acquires)
         _stamp(sem_ptr, 3, PROBE)  # the index table written (without one: as the first tile's indices are asked for)
@@ -680,7 +689,6 @@ if HAVE_GLUON:
                     _issue_tile(kv_smem.index(slot), kv_ptr, rows, num_rows, stride_kv, offs_d)
                 async_copy.mbarrier_arrive(ready.index(slot), increment_count=False)
         else:
-            rows = _tile_rows(idx_base, start, end, 0, offs_t)
             for t in range(n_tiles):
                 slot = t % STAGES
                 rows_next = _tile_rows(idx_base, start, end, t + 1, offs_t)  # the next indices' round trip overlaps
@@ -1085,7 +1093,8 @@ if HAVE_GLUON:
 # previous producer, which loads each tile's indices a tile ahead instead of from its index table (a correct output)
 _PROBES = {"no_copies": 1, "no_products": 2, "indices_ahead": 0,  # indices_ahead: no index table (a correct result)
            "fp8_no_widen": 3, "fp8_no_copies": 4,  # an fp8 cache: the producer's copies without widening, or neither
-           "timeline": 5}  # a correct result, and each program's clock at each phase (TIMELINE_STAMPS) in _stamps
+           "timeline": 5,  # a correct result, and each program's clock at each phase (TIMELINE_STAMPS) in _stamps
+           "q_first": 6}  # a correct result: the producer issues q's copies before it asks for the row numbers
 STAMPS = 16
 """The timeline probe's int64 stamps a program (a row of ``_stamps``)."""
 TIMELINE_STAMPS = {

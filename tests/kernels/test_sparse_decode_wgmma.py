@@ -198,7 +198,7 @@ def test_sparse_decode_wgmma_rejects_a_config_outside_its_space_in_one_line_nami
 @needs_gluon
 @pytest.mark.parametrize("config, probe, message", [
     ({"WS": 0, "SPLIT_WG": 0}, "no_copies", r"_probe='no_copies': one of .*, with WS=1, SPLIT_WG=1 or SEESAW=1"),
-    ({"WS": 1}, "bogus", r"_probe='bogus': one of \['indices_ahead', 'no_copies', 'no_products', 'timeline'\]"),
+    ({"WS": 1}, "bogus", r"_probe='bogus': one of \['indices_ahead', 'no_copies', 'no_products', 'q_first', 'timeline'\]"),
     ({"S": 2, "BLOCK_T": 32, "STAGES": 4, "V_SPLIT": 1, "SPLIT_WG": 0, "STORE_CVT": 0, "SEESAW": 1}, "no_products",
      r"_probe='no_products' is not built for SEESAW=1 .*use no_copies or indices_ahead"),
     ({"S": 4, "WS": 1}, "timeline", r"_probe='timeline' needs _stamps, an int64 tensor on cpu of at least 512 x 16 "),
@@ -534,7 +534,8 @@ def test_sparse_decode_wgmma_with_an_fp8_cache_matches_the_reference_of_its_dequ
 ], ids=str)
 @pytest.mark.parametrize("batch", [5, 64])
 def test_the_timeline_probe_gives_the_result_and_each_programs_stamps_in_order(batch, config):
-    """``_probe="timeline"`` into a NaN-poisoned output matches the reference, and each program's row of stamps is
+    """``_probe="timeline"`` and ``_probe="q_first"`` (the producer's previous order) into NaN-poisoned outputs
+    match the reference, and each program's row of stamps is
     what ``TIMELINE_STAMPS`` says: every stamp of its schedule reached, the SM's number one of the GPU's, each
     partition's clock stamps in order after the start (the producer's q before its index table; each consumer's q,
     first tile, last products, result or hand-over), the timer's end after its start; rows past the grid untouched."""
@@ -548,7 +549,11 @@ def test_the_timeline_probe_gives_the_result_and_each_programs_stamps_in_order(b
     out = torch.full((batch, 64, 512), float("nan"), device="cuda", dtype=torch.bfloat16)
     got = sparse_decode_wgmma(i["q"], i["kv"], i["indices"], i["sm_scale"], {**DEFAULT_CONFIG, **config}, out=out,
                               _probe="timeline", _stamps=stamps)
-    assert rel_error(got, SD.reference(i)) <= SD.tolerance("bfloat16")
+    ref = SD.reference(i)
+    assert rel_error(got, ref) <= SD.tolerance("bfloat16")
+    previous = sparse_decode_wgmma(i["q"], i["kv"], i["indices"], i["sm_scale"], {**DEFAULT_CONFIG, **config},
+                                   out=torch.full_like(out, float("nan")), _probe="q_first")  # the previous order
+    assert rel_error(previous, ref) <= SD.tolerance("bfloat16")
     programs = split_rows(640, config["S"], config["BLOCK_T"])[1] * config["V_SPLIT"] * batch
     rows = stamps.cpu().tolist()
     assert all(v == 0 for row in rows[programs:] for v in row)
