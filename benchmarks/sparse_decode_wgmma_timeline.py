@@ -15,8 +15,9 @@ nanosecond timer at each program's start and end, and its SM. Per config:
   gives medians over programs and runs of each phase (cycles, and µs at the SM clock the stamps themselves show:
   cycles over timer nanoseconds from each program's start to its end), the spread of the programs' starts, and the
   span from the first start to the last end against the timed kernel;
-* the producer's previous order (``_probe="q_first"``: q's copies issued before it asks for the split's row
-  numbers, the order before 2026-12-02) checked and timed the same way, beside the plain build;
+* in the run at 88b8d14 (``sparse_decode_wgmma_timeline_h200_88b8d14.md``), where the producer asked for the
+  split's row numbers before it issued q's copies, that build's previous order (``_probe="q_first"``, q's copies
+  first, as now) was timed beside it, and the report states it where a stored run has it;
 * an empty kernel timed the same way (one program storing one value: what any launch costs in a graph replay).
 
     python3 benchmarks/sparse_decode_wgmma_timeline.py --json OUT.json                   # on an H200
@@ -66,10 +67,7 @@ def measure(args, json_path: Path) -> dict:
         ragged = kernel.make_inputs(dict(shape, ragged=1), "bfloat16", "cuda", seed=99)
         stamps = torch.zeros(batch * 4096, STAMPS, dtype=torch.int64, device="cuda")
         row = {"batch": batch, "topk": topk, "config": config}
-        ways = {"plain": {}, "q_first": {"_probe": "q_first"}, "timeline": {"_probe": "timeline", "_stamps": stamps}}
-        if args.no_previous:
-            del ways["q_first"]
-        for way, opts in ways.items():
+        for way, opts in (("plain", {}), ("timeline", {"_probe": "timeline", "_stamps": stamps})):
             def run(i, out, opts=opts):
                 return sparse_decode_wgmma(i["q"], i["kv"], i["indices"], i["sm_scale"], config, out=out, **opts)
 
@@ -164,7 +162,6 @@ def main(argv=None) -> int:
     def extra(ap):
         ap.add_argument("--rep-ms", type=float, default=30.0)
         ap.add_argument("--runs", type=int, default=10, help="eager launches whose stamps are stored")
-        ap.add_argument("--no-previous", action="store_true", help="do not time the producer's previous order")
 
     return run(argv, __doc__, ROOT / "benchmarks" / "results" / "sparse_decode_wgmma_timeline_h200.md", report,
                measure, extra)

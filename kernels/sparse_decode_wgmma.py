@@ -104,6 +104,22 @@ launch) measured slower than the separate merge kernel with programmatic depende
 reason, not profiled: one program reads every split's partial from L2, where the merge kernel spreads that over
 many programs and its launch overlaps the split kernel's tail. It stays a tunable switch, off by default.
 
+Where a program's time goes, read off its own clock (``_probe="timeline"``: each partition stores the SM's cycle
+counter at each phase, ``TIMELINE_STAMPS``; ``benchmarks/sparse_decode_wgmma_timeline.py``, H200, 2026-12-02,
+``sparse_decode_wgmma_timeline_h200_a572e83.md``, medians over 128 programs and 10 launches): at the batch-64 default
+(26.5 µs timed) the first tile lands 4.1 µs after a program starts (q's 64 KiB of copies take the producer about a
+microsecond to issue, then the index table's round trip, then the gathers, while every program fetches q and its
+first tiles at once), the 20 tiles take 15.9 µs (1.6 µs a tile for each warpgroup), and the result is written 3.8
+µs after the first warpgroup's last products (1.4 µs waiting for the second, whose last tile comes later, 1.1 µs its
+hand-over through shared memory, the merge and the stores); the programs' starts spread over 0.1 µs, and the timed
+kernel is 1.8 µs longer than its programs (launch and drain). At 64 selected rows the same config takes 11.1 µs
+timed, 4.1 + 1.3 + 3.6 µs inside. At batch 16 (WS) the first tile lands at 3.4 µs, 2.5 tiles of 64 rows take 6.2 µs,
+the partials are written 1.6 µs later, and the merge kernel and the launches take the remaining 4.7 of 16.5 µs.
+Tried after it: the producer asking for the row numbers before issuing q's copies (the first tile landed at 3.4
+instead of 4.1 µs, in another run) timed 1.001x / 0.999x its previous order side by side at batch 64 / 16 (88b8d14,
+``sparse_decode_wgmma_timeline_h200_88b8d14.md``) and was not kept: the start is the whole grid's fetch of q and its
+first tiles, not one program's chain.
+
 An fp8 e4m3 cache with a float32 scale per row (``kv_scale``, as :func:`kernels.sparse_decode.sparse_decode`
 takes it) runs on the warp-specialised schedules: the producer copies each tile's fp8 rows and scales by ``cp.async``
 into a staging ring of up to four slots (``FP8_STAGES``, what shared memory holds beside the 16-bit ring), widens a
@@ -650,29 +666,20 @@ if HAVE_GLUON:
         if V_SPLIT > 1:  # rotated as in the single-partition kernel
             offs_d = (offs_d + col_off) % DV
         offs_hq = gl.arange(0, BLOCK_H, layout=gl.SliceLayout(1, copy_l))
-        q_ptrs = q_ptr + pid_b.to(gl.int64) * stride_qb + offs_hq[:, None] * stride_qh + offs_d[None, :]
-        il: gl.constexpr = gl.BlockedLayout([1, 1], [1, 32], [GATHER_WARPS, 1], [1, 0])
-        if PROBE == 6:  # the previous order (a timing probe, "q_first"): q's copies, then the row numbers
-            _async_load(q_smem, q_ptrs, mask=(offs_hq < H)[:, None])
-        # the split's row numbers are asked for first: their DRAM round trip runs while q's copies are issued (about
-        # a microsecond of cp.async at the program's start), and the first gathers wait for them, q only for the
-        # first product
-        if IDX_TILES > 0:  # every row number of the split in one round trip, then each tile's from shared memory
-            it = gl.arange(0, IDX_TILES, layout=gl.SliceLayout(1, il))
-            ij = gl.arange(0, BLOCK_T, layout=gl.SliceLayout(0, il))
-            pos = start + it[:, None] * BLOCK_T + ij[None, :]
-            table = gl.load(idx_base + pos, mask=pos < end, other=-1)
-        elif FP8_STAGES == 0:
-            rows = _tile_rows(idx_base, start, end, 0, offs_t)  # the first tile's, for the loop below
-        if PROBE != 6:
-            _async_load(q_smem, q_ptrs, mask=(offs_hq < H)[:, None])
+        _async_load(q_smem, q_ptr + pid_b.to(gl.int64) * stride_qb + offs_hq[:, None] * stride_qh + offs_d[None, :],
+                    mask=(offs_hq < H)[:, None])
         if FP8_STAGES > 0:  # q is widened to float16 in place once it has landed (_ws_gather_fp8)
             async_copy.commit_group()
         else:
             async_copy.mbarrier_arrive(q_bar, increment_count=False)
         _stamp(sem_ptr, 2, PROBE)  # the timeline probe: q's copies issued
-        if IDX_TILES > 0:
-            _view(idx_smem, gl.int32, [IDX_TILES, BLOCK_T], gl.SwizzledSharedLayout(1, 1, 1, [1, 0])).store(table)
+        if IDX_TILES > 0:  # every row number of the split in one round trip, then each tile's from shared memory
+            il: gl.constexpr = gl.BlockedLayout([1, 1], [1, 32], [GATHER_WARPS, 1], [1, 0])
+            it = gl.arange(0, IDX_TILES, layout=gl.SliceLayout(1, il))
+            ij = gl.arange(0, BLOCK_T, layout=gl.SliceLayout(0, il))
+            pos = start + it[:, None] * BLOCK_T + ij[None, :]
+            _view(idx_smem, gl.int32, [IDX_TILES, BLOCK_T], gl.SwizzledSharedLayout(1, 1, 1, [1, 0])).store(
+                gl.load(idx_base + pos, mask=pos < end, other=-1))
             _thread_barrier()  # the producer's warps: every row number is in the table
             mbarrier.arrive(idx_bar)  # ... and the consumers may read it (release; their wait acquires)
         _stamp(sem_ptr, 3, PROBE)  # the index table written (without one: as the first tile's indices are asked for)
@@ -689,6 +696,7 @@ if HAVE_GLUON:
                     _issue_tile(kv_smem.index(slot), kv_ptr, rows, num_rows, stride_kv, offs_d)
                 async_copy.mbarrier_arrive(ready.index(slot), increment_count=False)
         else:
+            rows = _tile_rows(idx_base, start, end, 0, offs_t)
             for t in range(n_tiles):
                 slot = t % STAGES
                 rows_next = _tile_rows(idx_base, start, end, t + 1, offs_t)  # the next indices' round trip overlaps
@@ -1093,8 +1101,7 @@ if HAVE_GLUON:
 # previous producer, which loads each tile's indices a tile ahead instead of from its index table (a correct output)
 _PROBES = {"no_copies": 1, "no_products": 2, "indices_ahead": 0,  # indices_ahead: no index table (a correct result)
            "fp8_no_widen": 3, "fp8_no_copies": 4,  # an fp8 cache: the producer's copies without widening, or neither
-           "timeline": 5,  # a correct result, and each program's clock at each phase (TIMELINE_STAMPS) in _stamps
-           "q_first": 6}  # a correct result: the producer issues q's copies before it asks for the row numbers
+           "timeline": 5}  # a correct result, and each program's clock at each phase (TIMELINE_STAMPS) in _stamps
 STAMPS = 16
 """The timeline probe's int64 stamps a program (a row of ``_stamps``)."""
 TIMELINE_STAMPS = {
