@@ -402,9 +402,15 @@ WGMMA_HELD_OUT = [  # fixed 2026-12-01 before it ran: the Gluon wgmma sparse dec
     SweepCase("sparse_decode_wgmma", {"batch": 64, **_SD}, max_configs=WGMMA_SAMPLE),
     SweepCase("sparse_decode_wgmma", {"batch": 1, **_SD}, max_configs=WGMMA_SAMPLE, optional=True),
 ]
+WGMMA_EXHAUSTIVE = [  # fixed 2026-12-02 before it ran: the wgmma kernel's whole space at batch 64 then 1 (4389
+    # canonical configs a batch, 1710 distinct builds, the same at both batches, so the second batch's compiles are
+    # cached: the H200 host's 14 compile helpers make one session enough); never read to set anything, only reported
+    SweepCase("sparse_decode_wgmma", {"batch": 64, **_SD}),
+    SweepCase("sparse_decode_wgmma", {"batch": 1, **_SD}, optional=True),
+]
 CASE_SETS = {"issue20_held_out": GPU_CASES, "gemm_aligned_tuning": GEMM_ALIGNED_TUNING,
              "gemm_aligned_held_out": GEMM_ALIGNED_HELD_OUT, "gemm_m64_held_out": GEMM_M64_HELD_OUT,
-             "wgmma_held_out": WGMMA_HELD_OUT}
+             "wgmma_held_out": WGMMA_HELD_OUT, "wgmma_exhaustive": WGMMA_EXHAUSTIVE}
 """``--cases``: which sweep ``--gpu`` runs (a tuning set and a held-out set go to separate files)."""
 
 

@@ -73,6 +73,23 @@ def test_the_wgmma_held_out_set_samples_the_kernels_space_with_its_default_in_it
         assert all(wg.canonical_config(c, case.shape) == c for c in configs)
 
 
+def test_the_wgmma_exhaustive_set_times_the_kernels_whole_space_at_batch_64_then_1(te):
+    """The Gluon sparse decode's exhaustive set: every canonical config of its space (no cap, so no config is left
+    out by a sample), each program once, at batch 64 then 1 (the second optional: it takes what time is left),
+    held out."""
+    from kernels.registry import get_kernel
+
+    wg = get_kernel("sparse_decode_wgmma")
+    cases = te.CASE_SETS["wgmma_exhaustive"]
+    assert [c.shape["batch"] for c in cases] == [64, 1] and all(c.held_out for c in cases)
+    assert [c.optional for c in cases] == [False, True] and not any(c.max_configs for c in cases)
+    for case in cases:
+        configs, space_size = te.sweep_configs(case, None)
+        assert len(configs) == space_size == len(list(wg.configs(case.shape, None, dtype="bfloat16")))  \
+            - sum(wg.canonical_config(c, case.shape) != c for c in wg.configs(case.shape, None, dtype="bfloat16"))
+        assert len({json.dumps(c, sort_keys=True) for c in configs}) == len(configs)
+
+
 def test_every_sweep_case_times_its_default_and_starting_configs(te):
     from kernels.registry import get_kernel
 
