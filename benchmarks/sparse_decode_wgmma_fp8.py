@@ -34,6 +34,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path[:] = [str(ROOT)] + [p for p in sys.path if Path(p or ".").resolve() not in (ROOT, Path(__file__).resolve().parent)]
 
+from tuner.targets.kernels import H200_BYTES_PER_S  # noqa: E402 - after the path: the H200's measured copy rate
+
 BATCHES = (1, 16, 64)
 FP8 = "float8_e4m3fn"
 
@@ -157,7 +159,7 @@ def measure(args, json_path: Path) -> dict:
     return data
 
 
-COPY_TB_S = 4.27
+COPY_TB_S = H200_BYTES_PER_S / 1e12
 """The H200's copy rate (TB/s, read + write) that ``benchmarks/kernels.py`` measured on 2026-12-01 at 2b6e86b
 (``kernels_sparse_decode_wgmma_h200_2b6e86b.md``): the floor of the runs stored before a run measured its own
 (``copy_tb_s`` in its meta, ``kernels.bench.measure_copy_bandwidth``)."""

@@ -481,6 +481,7 @@ def gpu_sweep(cases: list[SweepCase], deadline_s: float, helpers: int, rep_ms: f
 
     from kernels.base import classify_failure
     from kernels.registry import get_kernel
+    from tuner.targets.kernels import H200_BYTES_PER_S  # the H200's measured copy rate: each case's floor
 
     start = time.time()
     plans = [sweep_configs(c, device if device == "cuda" else None) for c in cases]
@@ -546,7 +547,7 @@ def gpu_sweep(cases: list[SweepCase], deadline_s: float, helpers: int, rep_ms: f
                 "compile_s_per_config": statistics.median(compiles) if compiles else COMPILE_S,
                 "case_wall_s": time.time() - t0, "share_s": share, "workers": helpers, "rows": rows,
                 "default": kernel.default_config(case.shape), "torch_us": torch_t["time_us"],
-                "floor_us": kernel.cost(case.shape, case.dtype).bytes / 4.27e6})
+                "floor_us": kernel.cost(case.shape, case.dtype).bytes / H200_BYTES_PER_S * 1e6})
             del sets, ref
             if device == "cuda":
                 torch.cuda.empty_cache()
