@@ -320,7 +320,7 @@ if HAVE_GLUON:
                 asm: gl.constexpr = "mov.u64 $0, %clock64;"
             v = gl.inline_asm_elementwise(asm, "=l", [], dtype=gl.int64, is_pure=False, pack=1)
             pid = gl.program_id(1) * gl.num_programs(0) + gl.program_id(0)
-            gl.store(stamp_ptr + pid.to(gl.int64) * 16 + k, v)
+            gl.store(stamp_ptr + pid.to(gl.int64) * 16 + k, v)  # 16: STAMPS
 
     @gluon.jit
     def _tile_rows(idx_base, start, end, t, offs_t):
