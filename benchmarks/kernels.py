@@ -228,6 +228,20 @@ def checked_time(kernel, run, sets, checks, rep_ms, dtype="bfloat16") -> dict:
     return row
 
 
+def checked_ways(kernel, ways: dict, launch, sets, checks, rep_ms, row: dict, say=None) -> dict:
+    """Each of ``ways`` (a name: keyword arguments of ``launch(inputs, out, **kwargs)``) checked and timed by
+    :func:`checked_time`, one after another: ``row["NAME_err"]`` and, within tolerance, ``row["NAME_us"]``;
+    ``say(name, µs or "wrong_result")`` after each. Returns ``row``."""
+    for way, opts in ways.items():
+        got = checked_time(kernel, lambda i, out, opts=opts: launch(i, out, **opts), sets, checks, rep_ms)
+        row[f"{way}_err"] = got["err"]
+        if "us" in got:
+            row[f"{way}_us"] = got["us"]
+        if say:
+            say(way, row.get(f"{way}_us", "wrong_result"))
+    return row
+
+
 def run_meta(rep_ms: float, **extra) -> dict:
     """A GPU run's provenance for a stored JSON (``report_cli.provenance`` prints it): UTC date, GPU, torch, Triton,
     commit, the timing window."""

@@ -54,7 +54,7 @@ def measure(args, json_path: Path) -> dict:
 
     import torch
 
-    from benchmarks.kernels import checked_time, run_meta
+    from benchmarks.kernels import checked_ways, run_meta
     from kernels.base import device_limits
     from kernels.registry import get_kernel
     from kernels.sparse_decode_wgmma import default_config, sparse_decode_wgmma
@@ -73,15 +73,9 @@ def measure(args, json_path: Path) -> dict:
         ragged = kernel.make_inputs(dict(base, batch=batch, ragged=1), "bfloat16", "cuda", seed=99)
         row = {"batch": batch, "config": config, "programs": programs, "merge_programs": merge, "idle_sms": sms - programs,
                "wide_merge_programs": grids(batch, config, base["topk"], base["heads"], base["d_v"], WIDE)[1]}
-        for way, opts in {**WAYS, **WIDE_WAYS}.items():
-            def run(i, out, opts=opts):
-                return sparse_decode_wgmma(i["q"], i["kv"], i["indices"], i["sm_scale"], config, out=out, **opts)
-
-            got = checked_time(kernel, run, sets, (sets[0], ragged), args.rep_ms)
-            row[f"{way}_err"] = got["err"]
-            if "us" in got:
-                row[f"{way}_us"] = got["us"]
-            print(f"batch {batch} {way} {row.get(f'{way}_us', 'wrong_result')}", flush=True)
+        checked_ways(kernel, {**WAYS, **WIDE_WAYS}, lambda i, out, config=config, **opts: sparse_decode_wgmma(
+            i["q"], i["kv"], i["indices"], i["sm_scale"], config, out=out, **opts), sets, (sets[0], ragged),
+            args.rep_ms, row, lambda way, us, batch=batch: print(f"batch {batch} {way} {us}", flush=True))
         rows.append(row)
         torch.cuda.empty_cache()
     data = {"meta": meta, "rows": rows}

@@ -49,7 +49,7 @@ PHASES_WG1 = (("start to first tile landed (consumer 1)", 1, 10),
 def measure(args, json_path: Path) -> dict:
     import torch
 
-    from benchmarks.kernels import checked_time, run_meta
+    from benchmarks.kernels import checked_ways, run_meta
     from kernels.base import device_limits
     from kernels.bench import flush_l2, measure_launch_us
     from kernels.registry import get_kernel
@@ -67,14 +67,10 @@ def measure(args, json_path: Path) -> dict:
         ragged = kernel.make_inputs(dict(shape, ragged=1), "bfloat16", "cuda", seed=99)
         stamps = torch.zeros(batch * 4096, STAMPS, dtype=torch.int64, device="cuda")
         row = {"batch": batch, "topk": topk, "config": config}
-        for way, opts in (("plain", {}), ("timeline", {"_probe": "timeline", "_stamps": stamps})):
-            def run(i, out, opts=opts):
-                return sparse_decode_wgmma(i["q"], i["kv"], i["indices"], i["sm_scale"], config, out=out, **opts)
-
-            got = checked_time(kernel, run, sets, (sets[0], ragged), args.rep_ms)
-            row[f"{way}_err"] = got["err"]
-            if "us" in got:
-                row[f"{way}_us"] = got["us"]
+        checked_ways(kernel, {"plain": {}, "timeline": {"_probe": "timeline", "_stamps": stamps}},
+                     lambda i, out, config=config, **opts: sparse_decode_wgmma(
+                         i["q"], i["kv"], i["indices"], i["sm_scale"], config, out=out, **opts),
+                     sets, (sets[0], ragged), args.rep_ms, row)
         out = kernel.output_like(sets[0])
         runs = []
         for r in range(args.runs + 2):  # two warm-up launches

@@ -909,6 +909,32 @@ def test_the_timeline_report_reads_each_phase_and_the_sm_clock_from_the_stored_s
     assert "| first tile landed to last products done (consumer 1) | 14.30 |" in text
 
 
+def test_checked_ways_checks_and_times_each_way_with_its_own_arguments_and_keeps_no_time_for_a_wrong_one():
+    """``benchmarks.kernels.checked_ways`` (the benchmarks' loop over the ways they time side by side): each way's
+    keyword arguments reach the launch, its error is kept, its time only where the result was within tolerance, and
+    ``say`` hears every way in order. On the CPU: the launch runs and is checked for real against the kernel's
+    reference; only the timing (CUDA graphs) is replaced by a fixed number."""
+    import benchmarks.kernels as bk
+
+    i = SD.make_inputs(dict(SD.shapes("v4flash")[0], batch=2, topk=64, num_rows=512), "float32", "cpu", seed=3)
+    heard, calls = [], []
+
+    def launch(inputs, out, scale=1.0):
+        calls.append(scale)
+        return out.copy_(SD.reference(inputs) * scale)
+
+    real = bk._time
+    bk._time = lambda fn, sets, rep_ms: type("T", (), {"median_us": 7.5})()
+    try:
+        row = bk.checked_ways(SD, {"right": {}, "wrong": {"scale": 1.5}}, launch, [i], (i,), 1.0, {"batch": 2},
+                              lambda way, us: heard.append((way, us)))
+    finally:
+        bk._time = real
+    assert row["batch"] == 2 and row["right_err"] < 1e-6 and row["right_us"] == 7.5
+    assert abs(row["wrong_err"] - 0.5) < 1e-3 and "wrong_us" not in row
+    assert heard == [("right", 7.5), ("wrong", "wrong_result")] and 1.5 in calls
+
+
 @pytest.mark.parametrize("commit", ["a572e83", "88b8d14"])
 def test_the_stored_timeline_reports_are_rewritten_from_their_stamps(commit):
     """The timeline figures the kernel's notes quote: each stored report is what the benchmark's report makes of its
