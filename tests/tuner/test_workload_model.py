@@ -407,9 +407,12 @@ def test_a_kernel_phase_tunes_the_attention_on_an_fp8_cache_where_kv_cache_dtype
 
 
 def test_profile_names_the_stage_the_step_goes_to():
-    """Each stage's share of the step is reported (stage ranges only while profiling). The indexer scores the
-    configured width: under a 4K cap it scores 1/32 of the 128K cap's rows and its time falls accordingly (which
-    stage leads at this tiny size is CPU timing, so the test does not pin it)."""
+    """Each stage's share of the step is reported (stage ranges only while profiling), with a context cap as
+    without. Which stage leads at this tiny size, and by how much the cap shortens the indexer's time, is CPU
+    timing, so the test pins neither: the cap's effect on what the indexer scores is test_indexer_width_follows_the_knob's
+    (a 4K cap: 1/32 of the 128K cap's rows), its effect on time the GPU benchmarks' (`benchmarks/workload_gpu.py`).
+    Until 2026-12-02 this test also asked the capped indexer for a third of the uncapped one's CPU time; a CI run
+    under load measured 2.6x and failed it."""
     from tuner.targets.workload.profile import profile_step
 
     base = DecodeModel(TINY, {}, "cpu")
@@ -419,9 +422,9 @@ def test_profile_names_the_stage_the_step_goes_to():
     assert sum(r["share"] for r in prof["stages"]) <= 1.0 + 1e-9
     assert [r["share"] for r in prof["stages"]] == sorted((r["share"] for r in prof["stages"]), reverse=True)
     assert base.profiling is False
-    capped = {r["stage"]: r for r in profile_step(DecodeModel(TINY, {"context_length": 4096}, "cpu"), 1,
-                                                  512)["stages"]}
-    assert capped["indexer"]["time_us"] < stages["indexer"]["time_us"] / 3, (capped, stages)
+    capped = profile_step(DecodeModel(TINY, {"context_length": 4096}, "cpu"), 1, 512)["stages"]
+    assert {r["stage"] for r in capped} == set(stages) and all(r["time_us"] > 0 for r in capped), capped
+    assert sum(r["share"] for r in capped) <= 1.0 + 1e-9
 
 
 def test_fp8_linear_scales_each_token_and_each_output_channel():
