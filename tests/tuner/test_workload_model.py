@@ -412,7 +412,7 @@ def test_profile_names_the_stage_the_step_goes_to():
     timing, so the test pins neither: the cap's effect on what the indexer scores is test_indexer_width_follows_the_knob's
     (a 4K cap: 1/32 of the 128K cap's rows), its effect on time the GPU benchmarks' (`benchmarks/workload_gpu.py`).
     Until 2026-12-02 this test also asked the capped indexer for a third of the uncapped one's CPU time; a CI run
-    under load measured 2.6x and failed it."""
+    (a fresh clone's `.ci/run` on this 2-core machine) measured 2.6x and failed it."""
     from tuner.targets.workload.profile import profile_step
 
     base = DecodeModel(TINY, {}, "cpu")
