@@ -1209,7 +1209,8 @@ def sparse_decode_wgmma(q: torch.Tensor, kv: torch.Tensor, indices: torch.Tensor
     direct = n_splits == 1
     merge = bool(config.get("MERGE")) and not direct
     v_split = config["V_SPLIT"]
-    sem = _counters(q.device, B * v_split) if merge else out  # unused without MERGE
+    # the kernels' sem_ptr: MERGE's counters, the timeline probe's stamps (checked below), else unused
+    sem = _counters(q.device, B * v_split) if merge else _stamps if _probe == "timeline" and _stamps is not None else out
     if direct:
         part, lse = out, out  # unused
         part_strides, lse_strides = (0, 0, 0), (0, 0)
@@ -1263,7 +1264,6 @@ def sparse_decode_wgmma(q: torch.Tensor, kv: torch.Tensor, indices: torch.Tensor
                     or _stamps.numel() < programs * STAMPS):
                 raise ValueError(f"sparse_decode_wgmma: _probe='timeline' needs _stamps, an int64 tensor on {q.device} "
                                  f"of at least {programs} x {STAMPS} values (one row a program)")
-            args = args[:6] + (_stamps,) + args[7:]  # the kernels' sem_ptr: the stamps, not MERGE's counters
     scale = kv_scale if fp8 else kv  # unused without an fp8 cache (warp_specialize takes no None)
     if config.get("SPLIT_WG") or config.get("SEESAW"):  # the producer's 4 warps are the default partition, two
         meta["num_warps"] = 4  # 4-warp consumers: 12 warps
