@@ -229,20 +229,20 @@ def report(data: dict, source: str) -> str:
 
 
 def switch_gains(data: dict) -> list[str]:
-    """For each 0/1 switch timed both ways (WS, MERGE, SPLIT_WG), per batch: the time with it off over the time with
-    it on, over every wgmma config timed both ways (the other keys equal); WS and SPLIT_WG also by the tiles each
-    program walks."""
+    """For each switch timed both ways (WS, MERGE=1, MERGE=2, SPLIT_WG), per batch: the time with it off (0) over
+    the time with it on, over every wgmma config timed both ways (the other keys equal); WS and SPLIT_WG also by the
+    tiles each program walks."""
     from kernels.sparse_decode import split_rows
 
     lines = []
-    for key in ("WS", "MERGE", "SPLIT_WG"):
+    for key, on in (("WS", 1), ("MERGE", 1), ("MERGE", 2), ("SPLIT_WG", 1)):
         rows = []
         for case in data["cases"]:
             pairs: dict[str, dict[int, dict]] = {}
             for r in case["rows"]:
                 if r["kernel"] == "wgmma" and "us" in r and key in r["config"]:
                     pairs.setdefault(json.dumps({**r["config"], key: 0}, sort_keys=True), {})[r["config"][key]] = r
-            both = [(v[0]["us"] / v[1]["us"], v[0]["config"]) for v in pairs.values() if 0 in v and 1 in v]
+            both = [(v[0]["us"] / v[on]["us"], v[0]["config"]) for v in pairs.values() if 0 in v and on in v]
             if not both:
                 continue
             groups = {"all": [g for g, _ in both]}
@@ -257,7 +257,7 @@ def switch_gains(data: dict) -> list[str]:
                 rows.append(f"| {case['batch']} | {name} | {len(g)} | {statistics.median(g):.3f}x | {g[0]:.3f}x | "
                             f"{g[-1]:.3f}x |")
         if rows:
-            lines += ["", f"{key}=1 against {key}=0 (time with it off / time with it on, every config timed both ways; "
+            lines += ["", f"{key}={on} against {key}=0 (time with it off / time with it on, every config timed both ways; "
                       "above 1: the switch pays):", "",
                       "| batch | configs (tiles a program walks) | pairs | median | min | max |",
                       "| --- | --- | --- | --- | --- | --- |"] + rows
