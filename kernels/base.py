@@ -187,9 +187,7 @@ class TunableKernel(abc.ABC):
     dtypes: tuple[str, ...] = ()
     """Input dtypes the kernel runs (``dtype_name`` spelling, e.g. ``bfloat16``); empty: any."""
     switches: tuple[str, ...] = ()
-    """Config fields that are on/off switches (0 or 1); every other field must be a positive int (or one of ``modes``)."""
-    modes: dict[str, tuple[int, ...]] = {}
-    """Config fields that pick one of a few numbered modes (0 allowed): their allowed values."""
+    """Config fields that are on/off switches (0 or 1); every other field must be a positive int."""
 
     # --- optional hooks: each does nothing unless a kernel overrides it -------------------------------
     def unavailable(self) -> str | None:
@@ -242,9 +240,6 @@ class TunableKernel(abc.ABC):
             if key in self.switches:
                 if not isinstance(value, int) or isinstance(value, bool) or value not in (0, 1):
                     return f"switch: {key}={value!r} must be 0 or 1"
-            elif key in self.modes:
-                if not isinstance(value, int) or isinstance(value, bool) or value not in self.modes[key]:
-                    return f"mode: {key}={value!r} must be one of {self.modes[key]}"
             elif not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 return f"positive_int: {key}={value!r} must be a positive int"
         return None

@@ -102,7 +102,15 @@ later shortens the ring's prefetch, and each warpgroup's serial chain was alread
 launch) measured slower than the separate merge kernel with programmatic dependent launch: median 0.88x / 0.92x /
 0.975x over the same configs at batch 1 / 16 / 64 (6958938, ``sparse_decode_wgmma_h200_6958938.md``). The likely
 reason, not profiled: one program reads every split's partial from L2, where the merge kernel spreads that over
-many programs and its launch overlaps the split kernel's tail. It stays a tunable switch, off by default.
+many programs and its launch overlaps the split kernel's tail. It stays a tunable switch, off by default. Tried
+and removed (3057f3e): a spread merge, ``MERGE=2``, that takes both the second launch and the one merging program
+away. The launch was cooperative (every program resident), and each program of a request's splits added its
+arrival (a release add after its partial), waited for the others (acquire loads), then merged its share of the heads
+and left (the last to leave reset the counters). It was correct in its GPU tests, but slower than the merge kernel
+at every config timed both ways: median 0.949x over 64 pairs at batch 16 (its best 16.7 against 16.6 µs), 0.900x
+over 69 at batch 1 (H200, 2026-12-02, ``sparse_decode_wgmma_merge2_b16_h200_3057f3e.md``, ``..._b1_...``). Not
+profiled: the wait for a request's slowest split and the merge's reads stay on the critical path either way, and
+what the launch costs is hidden by programmatic dependent launch.
 
 Where a program's time goes, read off its own clock (``_probe="timeline"``: each partition stores the SM's cycle
 counter at each phase, ``TIMELINE_STAMPS``; ``benchmarks/sparse_decode_wgmma_timeline.py``, H200, 2026-12-02,
@@ -474,9 +482,8 @@ if HAVE_GLUON:
                       s_l: gl.constexpr, o_l: gl.constexpr, NW: gl.constexpr):
         """The program's normalised output: straight into ``out`` with one split, else its split-K partial and the
         log-sum-exp (base 2) of its heads (from the program with the split's first columns; with MERGE from every
-        program, at its own column slice). With MERGE=1 the last program of a request's splits (at these columns)
-        to finish merges them into ``out``; with MERGE=2 every one of them merges a share (:func:`_merge_spread`):
-        no second launch either way."""
+        program, at its own column slice). With MERGE the last program of a request's splits (at these columns)
+        to finish merges them into ``out``: no second launch."""
         l_safe = gl.where(l_i > 0.0, l_i, 1.0)
         o = acc / gl.convert_layout(l_safe, gl.SliceLayout(1, o_l))[:, None]
         o = o.to(out_ptr.dtype.element_ty if DIRECT else part_ptr.dtype.element_ty)  # partials: float32 or PART16's
@@ -501,16 +508,11 @@ if HAVE_GLUON:
                 gl.store(lse_ptr + pid_b.to(gl.int64) * stride_lb + (pid_s * V_SPLIT + vslice) * stride_ls + offs_hs,
                          lse, mask=offs_hs < H)
                 _thread_barrier()  # every thread's stores issued before the release below
-                if MERGE == 1:
-                    cnt = sem_ptr + pid_b * V_SPLIT + vslice
-                    arrived = gl.atomic_add(cnt, 1, sem="acq_rel", scope="gpu")  # releases ours, acquires the others'
-                    if arrived == n_splits - 1:  # the last to finish: every other split's partial is visible
-                        gl.atomic_xchg(cnt, 0, sem="relaxed", scope="gpu")  # back to 0 for the next launch
-                        _merge_splits(part_ptr, lse_ptr, out_ptr, pid_b, col_off, vslice, H, n_splits,
-                                      stride_pb, stride_ps, stride_ph, stride_lb, stride_ls, stride_ob, stride_oh,
-                                      BLOCK_H, DO, V_SPLIT, S_PAD, NW)
-                else:
-                    _merge_spread(part_ptr, lse_ptr, out_ptr, sem_ptr, pid_b, pid_s, col_off, vslice, H, n_splits,
+                cnt = sem_ptr + pid_b * V_SPLIT + vslice
+                arrived = gl.atomic_add(cnt, 1, sem="acq_rel", scope="gpu")  # releases ours, acquires the others'
+                if arrived == n_splits - 1:  # the last to finish: every other split's partial is visible
+                    gl.atomic_xchg(cnt, 0, sem="relaxed", scope="gpu")  # back to 0 for the next launch
+                    _merge_splits(part_ptr, lse_ptr, out_ptr, pid_b, col_off, vslice, H, n_splits,
                                   stride_pb, stride_ps, stride_ph, stride_lb, stride_ls, stride_ob, stride_oh,
                                   BLOCK_H, DO, V_SPLIT, S_PAD, NW)
             else:
@@ -555,73 +557,6 @@ if HAVE_GLUON:
                 nxt = gl.load(base + (c + 1) * CW, mask=mask3, other=0.0, cache_modifier=".cg")
             o = gl.sum(w3 * cur.to(gl.float32), 0) * inv[:, None]
             gl.store(out_base + c * CW, o.to(out_ptr.dtype.element_ty), mask=(offs_ho < H)[:, None])
-
-    @gluon.constexpr_function
-    def _spread_layout(S_PAD, HM, CW, NW):
-        """[split, head, column] over ``NW`` warps for :func:`_merge_spread`'s chunks of [S_PAD, HM, CW] (64 x CW
-        values, 4 contiguous float32 a thread): threads and warps first along the columns, then the heads, then the
-        splits, none past the chunk's extent (so no value is held twice)."""
-        S_PAD, HM, CW, NW = (getattr(v, "value", v) for v in (S_PAD, HM, CW, NW))
-        tc = min(32, CW // 4)
-        th = min(32 // tc, HM)
-        ts = 32 // tc // th
-        wc = min(NW, max(1, CW // (4 * tc)))
-        wh = min(NW // wc, max(1, HM // th))
-        ws = NW // wc // wh
-        return gl.BlockedLayout([1, 1, 4], [ts, th, tc], [ws, wh, wc], [2, 1, 0])
-
-    @gluon.jit
-    def _merge_spread(part_ptr, lse_ptr, out_ptr, sem_ptr, pid_b, pid_s, col_off, vslice, H, n_splits,
-                      stride_pb, stride_ps, stride_ph, stride_lb, stride_ls, stride_ob, stride_oh,
-                      BLOCK_H: gl.constexpr, DO: gl.constexpr, V_SPLIT: gl.constexpr, S_PAD: gl.constexpr,
-                      NW: gl.constexpr):
-        """MERGE=2: every program of a request's splits (at these columns) merges a share of them. Each adds one to
-        the group's arrival count (releasing its partial and log-sum-exps, stored before it), waits until all
-        ``n_splits`` have arrived (acquiring theirs; the launch is cooperative, so every program of the grid is
-        resident and the wait ends), then merges heads ``[c * HM, (c + 1) * HM)`` for ``c = pid_s, pid_s +
-        n_splits, ...`` below ``S_PAD`` (``HM = BLOCK_H / S_PAD``) over its ``DO`` columns, every split's partial in
-        flight at once. Then it adds one to the group's departure count; the last to leave (every other has left
-        the wait) sets both counts back to zero for the next launch."""
-        cnt = sem_ptr + 2 * (pid_b * V_SPLIT + vslice)  # [arrived, left] a (request, column slice)
-        gl.atomic_add(cnt, 1, sem="release", scope="gpu")
-        arrived = gl.atomic_add(cnt, 0, sem="acquire", scope="gpu")
-        while arrived < n_splits:
-            arrived = gl.atomic_add(cnt, 0, sem="acquire", scope="gpu")
-        HM: gl.constexpr = BLOCK_H // S_PAD
-        CW: gl.constexpr = DO if DO < 32 * NW else 32 * NW  # 64 x CW values: 64 float32 a thread at most
-        ml: gl.constexpr = _spread_layout(S_PAD, HM, CW, NW)
-        sh_l: gl.constexpr = gl.SliceLayout(2, ml)  # [split, head]
-        hc_l: gl.constexpr = gl.SliceLayout(0, ml)  # [head, column]
-        offs_s = gl.arange(0, S_PAD, layout=gl.SliceLayout(1, sh_l))
-        offs_hm = gl.arange(0, HM, layout=gl.SliceLayout(0, sh_l))
-        offs_c = gl.arange(0, CW, layout=gl.SliceLayout(0, gl.SliceLayout(1, ml)))
-        offs_ho = gl.arange(0, HM, layout=gl.SliceLayout(1, hc_l))
-        offs_co = gl.arange(0, CW, layout=gl.SliceLayout(0, hc_l))
-        s_ok = offs_s < n_splits
-        for c in range(pid_s, S_PAD, n_splits):
-            offs_h = c * HM + offs_hm
-            lse = gl.load(lse_ptr + pid_b.to(gl.int64) * stride_lb + (offs_s[:, None] * V_SPLIT + vslice) * stride_ls
-                          + offs_h[None, :], mask=s_ok[:, None] & (offs_h < H)[None, :], other=float("-inf"),
-                          cache_modifier=".cg")
-            m = gl.max(lse, 0)
-            w = gl.exp2(lse - gl.where(m == float("-inf"), 0.0, m)[None, :])  # 0 for empty and absent splits
-            wsum = gl.sum(w, 0)
-            inv = gl.convert_layout(1.0 / gl.where(wsum > 0.0, wsum, 1.0), gl.SliceLayout(1, hc_l))
-            w3 = w[:, :, None]
-            base = (part_ptr + pid_b.to(gl.int64) * stride_pb + offs_s[:, None, None] * stride_ps
-                    + offs_h[None, :, None] * stride_ph + col_off + offs_c[None, None, :])
-            mask3 = s_ok[:, None, None] & (offs_h < H)[None, :, None]
-            h_out = c * HM + offs_ho
-            out_base = (out_ptr + pid_b.to(gl.int64) * stride_ob + h_out[:, None] * stride_oh + col_off
-                        + offs_co[None, :])
-            for k in gl.static_range(DO // CW):
-                cur = gl.load(base + k * CW, mask=mask3, other=0.0, cache_modifier=".cg")
-                o = gl.sum(w3 * cur.to(gl.float32), 0) * inv[:, None]
-                gl.store(out_base + k * CW, o.to(out_ptr.dtype.element_ty), mask=(h_out < H)[:, None])
-        left = gl.atomic_add(cnt + 1, 1, sem="relaxed", scope="gpu")
-        if left == n_splits - 1:  # the last to leave: every other program is past its wait
-            gl.atomic_xchg(cnt, 0, sem="relaxed", scope="gpu")
-            gl.atomic_xchg(cnt + 1, 0, sem="relaxed", scope="gpu")
 
     @gluon.jit
     def _fp8_rows(idx_base, idx_smem, start, end, t, offs, IDX_TILES: gl.constexpr, LAYOUT: gl.constexpr):
@@ -1280,15 +1215,10 @@ def sparse_decode_wgmma(q: torch.Tensor, kv: torch.Tensor, indices: torch.Tensor
     if B == 0:
         return out
     direct = n_splits == 1
+    merge = bool(config.get("MERGE")) and not direct
     v_split = config["V_SPLIT"]
-    grid = (n_splits * v_split, B)
-    merge = 0 if direct else int(config.get("MERGE") or 0)
-    if merge == 2 and grid[0] * grid[1] > _sms(str(q.device)):  # a cooperative grid must be resident at once
-        merge = 0
-    # the kernels' sem_ptr: MERGE's counters (one a request and column slice, two with MERGE=2), the timeline probe's
-    # stamps (checked below), else unused
-    sem = (_counters(q.device, B * v_split * merge) if merge else _stamps if _probe == "timeline" and _stamps is not None
-           else out)
+    # the kernels' sem_ptr: MERGE's counters, the timeline probe's stamps (checked below), else unused
+    sem = _counters(q.device, B * v_split) if merge else _stamps if _probe == "timeline" and _stamps is not None else out
     if direct:
         part, lse = out, out  # unused
         part_strides, lse_strides = (0, 0, 0), (0, 0)
@@ -1305,8 +1235,7 @@ def sparse_decode_wgmma(q: torch.Tensor, kv: torch.Tensor, indices: torch.Tensor
     meta = dict(DV=d_v, BLOCK_H=WGMMA_HEADS, BLOCK_T=config["BLOCK_T"], STAGES=config["STAGES"], DIRECT=direct,
                 P_SMEM=bool(config["P_SMEM"]), V_SPLIT=v_split, STORE_CVT=bool(config["STORE_CVT"]),
                 MERGE=merge, S_PAD=max(2, triton.next_power_of_2(n_splits)), num_warps=WGMMA_WARPS)
-    if merge == 2:
-        meta["launch_cooperative_grid"] = True  # every program waits for its request's others
+    grid = (n_splits * v_split, B)
     if not direct and not merge:
         target = gpu_target(q.device)
         pdl = (_PDL and target is not None and target >= (9, 0)) if pdl is None else bool(pdl)
@@ -1337,8 +1266,8 @@ def sparse_decode_wgmma(q: torch.Tensor, kv: torch.Tensor, indices: torch.Tensor
         if _probe == "timeline":
             programs = grid[0] * grid[1]
             if merge or config.get("SEESAW"):
-                raise ValueError("sparse_decode_wgmma: _probe='timeline' is not built for MERGE=1 or 2 or SEESAW=1; "
-                                 "use MERGE=0 with WS=1 or SPLIT_WG=1")
+                raise ValueError("sparse_decode_wgmma: _probe='timeline' is not built for MERGE=1 or SEESAW=1; use "
+                                 "MERGE=0 with WS=1 or SPLIT_WG=1")
             if (_stamps is None or _stamps.dtype != torch.int64 or _stamps.device != q.device
                     or _stamps.numel() < programs * STAMPS):
                 raise ValueError(f"sparse_decode_wgmma: _probe='timeline' needs _stamps, an int64 tensor on {q.device} "
@@ -1365,8 +1294,7 @@ class SparseDecodeWgmmaKernel(_SparseDecodeBase):
 
     name = "sparse_decode_wgmma"
     dtypes = ("bfloat16", "float16", "float8_e4m3fn")
-    switches = ("P_SMEM", "PART16", "STORE_CVT", "WS", "SPLIT_WG", "SEESAW")
-    modes = {"MERGE": (0, 1, 2)}  # the merge kernel, the last program, every program a share
+    switches = ("P_SMEM", "PART16", "STORE_CVT", "WS", "MERGE", "SPLIT_WG", "SEESAW")
     instance: SparseDecodeWgmmaKernel
 
     def unavailable(self):
@@ -1416,13 +1344,12 @@ class SparseDecodeWgmmaKernel(_SparseDecodeBase):
     def config_space(self, shape):
         return {"S": [1, 2, 3, 4, 5, 8, 10, 16, 20], "BLOCK_T": [32, 64], "STAGES": [2, 3, 4], "P_SMEM": [0, 1],
                 "V_SPLIT": [1, 2, 4, 8], "PART16": [0, 1], "STORE_CVT": [0, 1], "WS": [0, 1],
-                "MERGE": [0, 1, 2], "SPLIT_WG": [0, 1], "SEESAW": [0, 1]}
+                "MERGE": [0, 1], "SPLIT_WG": [0, 1], "SEESAW": [0, 1]}
 
     def canonical_config(self, config, shape):
         """The smallest S of the space that splits the rows the same way at this tile size (S = 16 and 10 both make
-        ten 64-row splits of 640 rows), float32 partials and no MERGE where there is one split (no partials), the
-        merge kernel (MERGE=0) for MERGE=2 where the grid is more than one wave (:func:`one_wave`: the launcher runs
-        it so), and WS with SPLIT_WG (which is a warp-specialised schedule either way)."""
+        ten 64-row splits of 640 rows), float32 partials and no MERGE where there is one split (no partials), and WS
+        with SPLIT_WG (which is a warp-specialised schedule either way)."""
         if "S" not in config or "BLOCK_T" not in config:
             return config
         split = split_rows(shape["topk"], config["S"], config["BLOCK_T"])
@@ -1432,8 +1359,6 @@ class SparseDecodeWgmmaKernel(_SparseDecodeBase):
         for key in ("PART16", "MERGE"):  # nothing to store or merge with one split
             if split[1] == 1 and key in out:
                 out[key] = 0
-        if out.get("MERGE") == 2 and "V_SPLIT" in out and split[1] * out["V_SPLIT"] * shape["batch"] > one_wave():
-            out["MERGE"] = 0
         if out.get("SPLIT_WG") or out.get("SEESAW"):  # always the warp-specialised schedule
             out["WS"] = 1
         if out.get("SEESAW") and "P_SMEM" in out:  # P always reaches the other warpgroup through shared memory

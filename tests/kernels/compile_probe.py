@@ -112,8 +112,6 @@ def wgmma_build(shape: dict, config: dict, kwargs: dict | None = None) -> dict:
               "mbarrier.try_wait": len(re.findall(r"\bmbarrier\.try_wait", ptx)),
               "copy_wait_group": len(re.findall(r"\bcp\.async\.wait_group", ptx)),
               "atom.acq_rel.add": len(re.findall(r"\batom\.global\.gpu\.acq_rel\.add", ptx)),
-              "release.add": len(re.findall(r"\b(?:atom|red)\.global\.gpu\.release\.add", ptx)),
-              "ld.acquire": len(re.findall(r"\bld\.global\.gpu\.acquire\.", ptx)),
               "ld.global.cg": len(re.findall(r"\bld\.global\.cg", ptx)),
               "griddepcontrol.launch_dependents": len(re.findall(r"\bgriddepcontrol\.launch_dependents", ptx)),
               "cvt.f16x2.e4m3x2": len(re.findall(r"\bcvt\.rn\.f16x2\.e4m3x2", ptx)),
@@ -135,8 +133,7 @@ def wgmma_build(shape: dict, config: dict, kwargs: dict | None = None) -> dict:
             usage = {"registers": int(m.group(1)), "stack": int(m.group(2)), "local": int(m.group(3))}
     merge = builds.get("_combine_kernel")  # launched after the split kernel unless one split writes the output
     return {"ptx": counts, "usage": usage, "shared_bytes": compiled.metadata.shared,
-            "merge_launch_pdl": None if merge is None else bool(merge.metadata.launch_pdl),
-            "cooperative": bool(getattr(compiled.metadata, "launch_cooperative_grid", False))}
+            "merge_launch_pdl": None if merge is None else bool(merge.metadata.launch_pdl)}
 
 
 def tldot_build(shape: dict, config: dict, kwargs: dict | None = None) -> dict:
