@@ -399,10 +399,11 @@ def _check_args(q, kv, indices, d_v, out, kv_scale=None):
 
 
 @functools.lru_cache(maxsize=None)
-def one_wave() -> int:
-    """Programs in one wave of a split kernel at one program an SM: this process's GPU's SM count (an H100 PCIe has
-    114), an H200's 132 without a GPU. Read once: the split-count rules ask for it at every default config."""
-    return device_limits("cuda" if torch.cuda.is_available() else None)["sms"]
+def one_wave(device: torch.device | str | None = None) -> int:
+    """Programs in one wave of a split kernel at one program an SM: the SM count of ``device`` (a tensor's device;
+    None: this process's current GPU) (an H100 PCIe has 114), an H200's 132 without a GPU. Read once a device: the
+    split-count rules ask for it at every default config, the wgmma launcher at every launch."""
+    return device_limits(("cuda" if torch.cuda.is_available() else None) if device is None else device)["sms"]
 
 
 def split_rows(topk: int, S: int, block_t: int) -> tuple[int, int]:

@@ -146,7 +146,6 @@ Its sm_90 build is checked on CPU and its numerics on the GPU (``tests/kernels/t
 
 from __future__ import annotations
 
-import functools
 import math
 
 import torch
@@ -1125,12 +1124,6 @@ _FP8_PROBES = ("no_products", "fp8_no_widen", "fp8_no_copies")
 _COUNTERS: dict[str, torch.Tensor] = {}
 
 
-@functools.lru_cache(maxsize=None)
-def _sms(device: str) -> int:
-    """The SM count of ``device`` (an H200's 132 without a GPU), read once."""
-    return device_limits(device)["sms"]
-
-
 def _counters(device, n: int) -> torch.Tensor:
     """MERGE's arrival counters, one per (request, column slice): int32 zeros, kept per device and grown on demand.
     The last program of a request's splits resets its counter, so a launch leaves them at zero for the next one (and
@@ -1242,7 +1235,7 @@ def sparse_decode_wgmma(q: torch.Tensor, kv: torch.Tensor, indices: torch.Tensor
         if pdl and _pdl_trigger is None:
             _pdl_trigger = merge_starts_early(grid[0] * grid[1],
                                               math.prod(combine_grid(B, n_splits, H, d_v, _merge_programs)),
-                                              _sms(str(q.device)))
+                                              one_wave(q.device))
         meta["PDL"] = pdl and bool(_pdl_trigger)  # the split kernel starts the merge early
     if config.get("WS") or config.get("SPLIT_WG") or config.get("SEESAW"):
         meta["IDX_TILES"] = index_tiles(config, shape)
