@@ -338,20 +338,22 @@ def classify_failure(exc: BaseException) -> str:
 # --- correctness ---------------------------------------------------------------------------------------
 def rel_error(out: torch.Tensor, ref: torch.Tensor) -> float:
     """``|out - ref| / |ref|`` over finite entries; inf when shapes differ, NaN appears, or the
-    positions of infinities differ (a masked score must stay masked)."""
+    positions or signs of infinities differ (a masked score must stay masked).
+
+    Computed in float64 on ``out``'s device; only three numbers come back to the host. (Until 2026-12-02 both
+    tensors were copied to the host first: about 0.14 s for a batch-64 sparse-decode output of 2M values on an idle
+    CPU, more beside busy compile helpers, in every kernel trial's check.)"""
     if tuple(out.shape) != tuple(ref.shape):
         return math.inf
-    out64 = out.detach().to(torch.float64).cpu()
-    ref64 = ref.detach().to(torch.float64).cpu()
-    if torch.isnan(out64).any():
-        return math.inf
+    out64 = out.detach().to(torch.float64)
+    ref64 = ref.detach().to(device=out64.device, dtype=torch.float64)
     out_inf, ref_inf = torch.isinf(out64), torch.isinf(ref64)
-    if not torch.equal(out_inf, ref_inf) or not torch.equal(out64[out_inf], ref64[ref_inf]):
-        return math.inf
-    finite = ~ref_inf
-    diff = torch.linalg.vector_norm(out64[finite] - ref64[finite]).item()
-    norm = torch.linalg.vector_norm(ref64[finite]).item()
-    return diff / max(norm, 1e-30)
+    zero = out64.new_zeros(())
+    bad = torch.isnan(out64).any() | (out_inf != ref_inf).any() | (ref_inf & (out64 != ref64)).any()
+    diff = torch.linalg.vector_norm(torch.where(ref_inf, zero, out64 - ref64))
+    norm = torch.linalg.vector_norm(torch.where(ref_inf, zero, ref64))
+    bad, diff, norm = torch.stack([bad.to(torch.float64), diff, norm]).tolist()
+    return math.inf if bad else diff / max(norm, 1e-30)
 
 
 def check(
