@@ -26,7 +26,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .base import Cost, TunableKernel, device_limits, tf32_matmul, zeroed_counters
+from .base import Cost, TunableKernel, cdiv, device_limits, tf32_matmul, zeroed_counters
 from .configs import tuned_config
 
 __all__ = ["MODES", "GemmKernel", "config_for", "gemm", "gemm_reference", "sum_splits_if_last", "torch_linear"]
@@ -206,11 +206,11 @@ def gemm(
     if M == 0 or N == 0:
         return out
     BM, BN, BK, SK = config["BLOCK_M"], config["BLOCK_N"], config["BLOCK_K"], config["SPLIT_K"]
-    k_per_split = triton.cdiv(K, SK * BK) * BK
-    SK = triton.cdiv(K, k_per_split)  # splits that hold at least one K tile
+    k_per_split = cdiv(K, SK * BK) * BK
+    SK = cdiv(K, k_per_split)  # splits that hold at least one K tile
     if SK > 1 and not out.is_contiguous():
         raise ValueError("out must be contiguous when SPLIT_K > 1")
-    n_tiles = triton.cdiv(M, BM) * triton.cdiv(N, BN)
+    n_tiles = cdiv(M, BM) * cdiv(N, BN)
     partial = out if SK == 1 else torch.empty((SK, M, N), device=x.device, dtype=torch.float32)
     locks = _tile_counters(x.device, n_tiles) if SK > 1 and fused_split_k else x
     scale_a = x_scale.reshape(-1).contiguous() if x_scale is not None else x
@@ -228,7 +228,7 @@ def gemm(
     )
     if SK > 1 and not fused_split_k:
         block = 1024
-        _split_k_reduce_kernel[(triton.cdiv(M * N, block),)](partial, out, M * N, SPLIT_K=SK, BLOCK=block, num_warps=4)
+        _split_k_reduce_kernel[(cdiv(M * N, block),)](partial, out, M * N, SPLIT_K=SK, BLOCK=block, num_warps=4)
     return out
 
 
@@ -284,7 +284,7 @@ class GemmKernel(TunableKernel):
             bm, bn, bk, stages = max(16, triton.next_power_of_2(M)), 64, 128, 3
         else:
             bm, bn, bk, stages = 64, 128, 64, 3
-        tiles = triton.cdiv(M, bm) * triton.cdiv(N, bn)
+        tiles = cdiv(M, bm) * cdiv(N, bn)
         split = 1
         while split < 16 and tiles * split < 132 and K >= 2 * split * 2 * bk:
             split *= 2
@@ -310,7 +310,7 @@ class GemmKernel(TunableKernel):
         space = self.config_space(shape)["SPLIT_K"]
         seeds: list[dict] = []
         for bn, bk, warps, stages in ((32, 128, 4, 5), (64, 128, 8, 4), (128, 64, 8, 5), (32, 256, 4, 4)):
-            tiles = triton.cdiv(M, bm) * triton.cdiv(N, bn)
+            tiles = cdiv(M, bm) * cdiv(N, bn)
             sk = max([s for s in space if tiles * s <= sms and (s - 1) * bk < K] or [1])
             c = {"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk, "SPLIT_K": sk, "GROUP_M": default["GROUP_M"],
                  "num_warps": warps, "num_stages": stages}
@@ -322,7 +322,7 @@ class GemmKernel(TunableKernel):
         """GROUP_M orders row blocks; with one row block (M <= BLOCK_M) every GROUP_M maps each program to the same
         tile, so it is set to 1. At M = 1 and 16 that is half the space: on the H200 tables the two copies of one
         program timed 0.4% apart at the median (``tuner_efficiency_h200_gemm_aligned_*.json``)."""
-        if config.get("GROUP_M", 1) != 1 and "BLOCK_M" in config and triton.cdiv(shape["M"], config["BLOCK_M"]) == 1:
+        if config.get("GROUP_M", 1) != 1 and "BLOCK_M" in config and cdiv(shape["M"], config["BLOCK_M"]) == 1:
             return {**config, "GROUP_M": 1}
         return config
 

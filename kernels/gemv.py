@@ -21,7 +21,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .base import zeroed_counters
+from .base import cdiv, zeroed_counters
 from .gemm import GemmKernel, _check, _mode, config_for, sum_splits_if_last
 
 __all__ = ["GemvKernel", "gemv"]
@@ -93,9 +93,9 @@ def gemv(
     if x.stride(1) != 1 or w.stride(1) != 1:
         raise ValueError(f"gemv: x and w must be contiguous along K, got strides {x.stride()} and {w.stride()}")
     BN, BK, SK = config["BLOCK_N"], config["BLOCK_K"], config["SPLIT_K"]
-    k_per_split = triton.cdiv(K, SK * BK) * BK
-    SK = triton.cdiv(K, k_per_split)  # splits that hold at least one K tile
-    n_blocks = triton.cdiv(N, BN)
+    k_per_split = cdiv(K, SK * BK) * BK
+    SK = cdiv(K, k_per_split)  # splits that hold at least one K tile
+    n_blocks = cdiv(N, BN)
     partial = out if SK == 1 else torch.empty((SK, N), device=x.device, dtype=torch.float32)
     locks = zeroed_counters(_COUNTERS, x.device, n_blocks) if SK > 1 else x
     scale_a = x_scale.reshape(-1).contiguous() if x_scale is not None else x
@@ -121,7 +121,7 @@ class GemvKernel(GemmKernel):
         ``benchmarks/results/kernels_gemv_h200.md``; 256 to 1024 programs, one split)."""
         N, K = shape["N"], shape["K"]
         bk = min(1024, max(128, triton.next_power_of_2(K)))
-        blocks = triton.cdiv(N, 4)
+        blocks = cdiv(N, 4)
         split = 1
         while split < 16 and blocks * split < 256 and 2 * split * bk <= K:
             split *= 2

@@ -26,7 +26,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .base import Cost, TunableKernel, dtype_of
+from .base import Cost, TunableKernel, cdiv, dtype_of
 from .configs import tuned_config
 
 __all__ = ["fused_add_rmsnorm", "store_kv_rows", "rope", "rmsnorm_reference", "rope_reference", "rope_cos_sin", "RMSNormKernel", "RopeKernel"]
@@ -203,7 +203,7 @@ def rope(
     if T == 0:
         return out
     nope = D - rope_dim
-    _rope_kernel[(T, triton.cdiv(H, config["BLOCK_H"]))](
+    _rope_kernel[(T, cdiv(H, config["BLOCK_H"]))](
         x, positions, cos_sin, out, H,
         x.stride(0), x.stride(1), out.stride(0), out.stride(1), cos_sin.stride(0),
         NOPE=nope, BLOCK_NOPE=max(1, triton.next_power_of_2(nope)), HALF=half, BLOCK_H=config["BLOCK_H"],

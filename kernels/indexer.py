@@ -31,7 +31,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .base import Cost, TunableKernel, device_limits, dtype_of
+from .base import Cost, TunableKernel, cdiv, device_limits, dtype_of
 from .configs import tuned_config
 
 __all__ = ["indexer_scores", "indexer_topk", "indexer_reference", "indexer_torch", "IndexerKernel"]
@@ -151,7 +151,7 @@ def indexer_scores(
     stride_kb = k.stride(0) if k.dim() == 3 else 0
     stride_ksb = (k_scale.stride(0) if k_scale.dim() == 2 else 0) if k_scale is not None else 0
     per_program = config["BLOCK_N"] * config["TILES"]
-    grid = (B, triton.cdiv(width, per_program))
+    grid = (B, cdiv(width, per_program))
     _indexer_kernel[grid](
         q, k, w, k_scale if k_scale is not None else w, lengths if lengths is not None else w, out,
         width, H,

@@ -28,7 +28,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .base import Cost, TunableKernel, device_limits, shared_inputs, tf32_matmul
+from .base import Cost, TunableKernel, cdiv, device_limits, shared_inputs, tf32_matmul
 from .configs import tuned_config
 
 __all__ = ["fused_moe", "moe_align", "moe_reference", "moe_torch", "routed_inputs", "routed_rotation_bytes", "MoEKernel"]
@@ -136,7 +136,7 @@ def moe_align(ids: torch.Tensor, n_experts: int, block_m: int) -> tuple[torch.Te
     for blocks past the last run). Sizes depend only on ``T*k``, ``n_experts`` and ``block_m``."""
     flat = ids.reshape(-1).to(torch.int64)
     P, dev = flat.numel(), flat.device
-    n_blocks = triton.cdiv(P + min(P, n_experts) * (block_m - 1), block_m)
+    n_blocks = cdiv(P + min(P, n_experts) * (block_m - 1), block_m)
     counts = torch.zeros(n_experts, dtype=torch.int64, device=dev).scatter_add_(0, flat, torch.ones_like(flat))
     padded = (counts + block_m - 1) // block_m * block_m
     ends = padded.cumsum(0)
@@ -222,11 +222,11 @@ def fused_moe(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, ids: torch.T
     gw = weights.reshape(-1).to(torch.float32).contiguous()
     ieee = x.dtype == torch.float32
     launch = {"num_warps": config["num_warps"], "num_stages": config["num_stages"]}
-    _moe_up_kernel[(n_blocks, triton.cdiv(W, BN))](
+    _moe_up_kernel[(n_blocks, cdiv(W, BN))](
         x, w13, act, sorted_pair, block_expert, T * k, H, W,
         x.stride(0), w13.stride(0), w13.stride(1), w13.stride(2), act.stride(0),
         TOPK=k, N_EXPERTS=E, BLOCK_M=BM, BLOCK_N=BN, BLOCK_K=BK, EVEN_K=H % BK == 0, IEEE=ieee, **launch)
-    _moe_down_kernel[(n_blocks, triton.cdiv(H, BN))](
+    _moe_down_kernel[(n_blocks, cdiv(H, BN))](
         act, w2, ypair, gw, sorted_pair, block_expert, T * k, W, H,
         act.stride(0), w2.stride(0), w2.stride(1), w2.stride(2), ypair.stride(0),
         N_EXPERTS=E, BLOCK_M=BM, BLOCK_N=BN, BLOCK_K=BK, EVEN_K=W % BK == 0, IEEE=ieee, **launch)

@@ -44,7 +44,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .base import Cost, TunableKernel, device_limits, dtype_of, gpu_target, zeroed_counters
+from .base import Cost, TunableKernel, cdiv, device_limits, dtype_of, gpu_target, zeroed_counters
 
 try:  # programmatic dependent launch (Hopper+): the merge kernel's launch overlaps the split kernel
     from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
@@ -406,12 +406,13 @@ def one_wave(device: torch.device | str | None = None) -> int:
     return device_limits(("cuda" if torch.cuda.is_available() else None) if device is None else device)["sms"]
 
 
+@functools.lru_cache(maxsize=4096)
 def split_rows(topk: int, S: int, block_t: int) -> tuple[int, int]:
     """(rows per split, splits that hold a row) for at most ``S`` splits of ``topk`` rows: rows per split is
     rounded up to a whole number of ``block_t`` tiles, so no split runs a mostly empty tile (640 rows, S=32,
     BLOCK_T=16: 20 splits of 32 rows, not 32 splits of 20 rows, each ending in a 4-row tile)."""
-    rows = triton.cdiv(triton.cdiv(topk, max(1, min(S, topk))), block_t) * block_t
-    return rows, triton.cdiv(topk, rows)
+    rows = cdiv(cdiv(topk, max(1, min(S, topk))), block_t) * block_t
+    return rows, cdiv(topk, rows)
 
 
 def _tail(d_qk: int, d_v: int) -> tuple[int, int]:
@@ -516,7 +517,7 @@ def sparse_decode(
     if B == 0:
         return out
     direct = S == 1
-    n_hblocks = triton.cdiv(H, BLOCK_H)
+    n_hblocks = cdiv(H, BLOCK_H)
     if direct:
         part, lse, locks = out, out, indices  # unused
         part_strides, lse_strides = (0, 0, 0), (0, 0)
@@ -532,7 +533,7 @@ def sparse_decode(
     pdl = bool(pdl) and on_gpu and not direct and not fused_combine
     prefetch_next = bool(prefetch_next) and on_gpu
     row_bytes = kv.element_size() * d_qk
-    lines = triton.next_power_of_2(triton.cdiv(row_bytes, 128))
+    lines = triton.next_power_of_2(cdiv(row_bytes, 128))
     grid = (n_hblocks * v_split, S, B)
     _sparse_decode_kernel[grid](
         q, kv, kv if kv_scale is None else kv_scale, indices, part, lse, out, locks,
@@ -754,9 +755,9 @@ class SparseDecodeKernel(_SparseDecodeBase):
         against the sweep's best 9.5 / 20.2 / 38.9 (``benchmarks/results/kernels_issue20_h200.md``)."""
         B, H, topk = shape["batch"], shape["heads"], shape["topk"]
         block_t = 64  # 128 is often faster on an H200 but needs 256 KiB of shared memory in float32
-        block_h = 32 if B * triton.cdiv(H, 16) > 132 else 16
-        programs = B * triton.cdiv(H, block_h)
-        tiles = triton.cdiv(topk, block_t)
+        block_h = 32 if B * cdiv(H, 16) > 132 else 16
+        programs = B * cdiv(H, block_h)
+        tiles = cdiv(topk, block_t)
         S = 1
         while S < 32 and programs * S * 2 <= 264 and S < tiles:
             S *= 2
@@ -778,7 +779,7 @@ class SparseDecodeKernel(_SparseDecodeBase):
         """The split count of the space giving the most splits (whole tiles: two counts may give the same; the smaller
         then) whose grid fits one program an SM (:func:`one_wave`), else 1."""
         sms = one_wave()
-        per_split = shape["batch"] * triton.cdiv(shape["heads"], config["BLOCK_H"])
+        per_split = shape["batch"] * cdiv(shape["heads"], config["BLOCK_H"])
         splits = {s: split_rows(shape["topk"], s, config["BLOCK_T"])[1] for s in self.config_space(shape)["S"]
                   if s <= shape["topk"]}
         fits = [s for s, n in splits.items() if per_split * n <= sms]
@@ -802,7 +803,7 @@ class SparseDecodeKernel(_SparseDecodeBase):
         default = self.default_config(shape)
         seeds: list[dict] = []
         for bh in (16, 32, 64):
-            s = min(splits, key=lambda n: abs(math.log2(B * triton.cdiv(H, bh) * n / sms)))
+            s = min(splits, key=lambda n: abs(math.log2(B * cdiv(H, bh) * n / sms)))
             for bt in (64, 128):
                 c = {"S": s, "BLOCK_H": bh, "BLOCK_T": bt, "num_warps": 8 if bh == 64 else 4, "num_stages": 2}
                 if c not in seeds and c != default and not self.check_config(c, shape, device, dtype):

@@ -38,7 +38,7 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels.base import TunableKernel, device_limits, dtype_of, tf32_matmul
+from kernels.base import TunableKernel, cdiv, device_limits, dtype_of, tf32_matmul
 from kernels.moe import MoEKernel, routed_inputs, routed_rotation_bytes
 from kernels.plugins.sglang_moe_files import MOE_KEYS, read_moe_config_with_sglang, write_moe_config
 
@@ -146,7 +146,7 @@ def align_block_size(topk_ids: torch.Tensor, block_m: int, num_experts: int
     else:
         size = numel + (num_experts + 1) * (block_m - 1)
     size = (size + 3) // 4 * 4
-    n_blocks = triton.cdiv(size, block_m)
+    n_blocks = cdiv(size, block_m)
     sorted_ids = torch.full((size,), numel, dtype=torch.int32, device=dev)
     if dev.type == "meta":  # compile-only: shapes are all a compile needs
         return sorted_ids, torch.empty(n_blocks, dtype=torch.int32, device=dev), torch.empty(1, dtype=torch.int32,
@@ -170,7 +170,7 @@ def _invoke(kernel, A, B, C, topk_weights, topk_ids, aligned, mul_routed_weight:
     sorted_ids, expert_ids, ntp = aligned
     bm, bn, bk = config["BLOCK_SIZE_M"], config["BLOCK_SIZE_N"], config["BLOCK_SIZE_K"]
     K = B.shape[2]
-    grid = (triton.cdiv(sorted_ids.shape[0], bm) * triton.cdiv(B.shape[1], bn),)
+    grid = (cdiv(sorted_ids.shape[0], bm) * cdiv(B.shape[1], bn),)
     extra = {}
     # SGLang's is_arch_support_pdl(); meta tensors (a compile-ahead helper) compile for this process's GPU
     on_gpu = A.is_cuda or (A.device.type == "meta" and torch.cuda.is_available())
@@ -273,7 +273,7 @@ class SGLangFusedMoEKernel(TunableKernel):
             return f"block_m: BLOCK_SIZE_M={bm} > tokens*topk={pairs} rounded up to a power of two (all padding)"
         numel, E = pairs, shape["experts"]
         rows = numel * bm if numel < E + 1 else numel + (E + 1) * (bm - 1)
-        m_blocks = triton.cdiv((rows + 3) // 4 * 4, bm)
+        m_blocks = cdiv((rows + 3) // 4 * 4, bm)
         groups = self.config_space(shape)["GROUP_SIZE_M"]
         g = config["GROUP_SIZE_M"]
         if g in groups and g != groups[0] and groups[groups.index(g) - 1] >= m_blocks:

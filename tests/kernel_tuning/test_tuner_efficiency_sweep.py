@@ -197,6 +197,27 @@ def test_goal_report_without_the_starting_configs_replays_the_sampler_alone_and_
     assert not (tmp_path / "tuner_efficiency_goal_held_out.md").exists()
 
 
+def test_goal_report_replays_only_the_fractions_asked_and_says_so(te, tmp_path, capsys):
+    """--fractions 0.05,0.1: the 20% column reads "not replayed", the others as a full run's, and the command line in
+    the report carries the option; fractions outside the report's, or without the goal's 10%, exit 2 in one line and
+    write nothing."""
+    sweep = tmp_path / "sweep.json"
+    _sweep_json(sweep, held_out=True)
+    assert te.main(["--goal", "held_out", "--analyze-gpu", str(sweep), "--seeds", "2", "--out", str(tmp_path),
+                    "--fractions", "0.05,0.1", "--report-name", "two.md"]) == 0
+    text = (tmp_path / "two.md").read_text()
+    row = next(line for line in text.splitlines() if line.startswith("| sparse_decode"))
+    cells = [c.strip() for c in row.strip("|").split("|")]
+    assert cells[3].endswith("/2 (16)") and cells[4].endswith("/2 (32)") and cells[5] == "not replayed", row
+    assert "--seeds 2 --fractions 0.05,0.1 --analyze-gpu" in text
+    for bad in ("0.05,0.2", "0.1,0.3", "x"):
+        assert te.main(["--goal", "held_out", "--analyze-gpu", str(sweep), "--seeds", "1", "--out", str(tmp_path),
+                        "--fractions", bad, "--report-name", "bad.md"]) == 2
+        err = capsys.readouterr().err
+        assert f"--fractions {bad!r}" in err and err.strip().count("\n") == 0
+    assert not (tmp_path / "bad.md").exists()
+
+
 def test_goal_report_leaves_out_tuning_tables_and_says_so(te, tmp_path, capsys):
     sweep = tmp_path / "sweep.json"
     _sweep_json(sweep, held_out=False)
