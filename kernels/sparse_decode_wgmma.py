@@ -54,6 +54,10 @@ per tile (no shared-memory row reductions, no barrier between the two), so one's
 products do. At the end the second hands its (acc, m, l) over through q's buffer and the first merges the two like
 two splits and writes the result.
 
+Its whole space, timed (H200, 2026-12-02, 3d03109, every one of the 4389 canonical configs a batch checked and timed,
+``benchmarks/results/data/tuner_efficiency_h200_wgmma_exhaustive_3d03109.json``, reported in
+``benchmarks/results/tuner_efficiency_goal_wgmma_exhaustive.md``): the default config is the fastest of the space at
+batch 64 (26.4 µs) and at batch 1 (8.8 µs).
 Measured on an H200 (2026-12-01, a9df7f9, ``benchmarks/results/sparse_decode_wgmma_h200_a9df7f9.md``, side by side
 with the ``tl.dot`` kernel's shipped and fastest configs, over the space with ``P_SMEM=0``, rings of 2 or 4, no MERGE
 and float32 partials): 9.5 / 16.7 / 27.9 µs at batch 1 / 16 / 64 against 9.4 / 19.4 / 36.8 µs, so 1.00x / 1.16x /

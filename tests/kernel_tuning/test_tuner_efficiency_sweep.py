@@ -90,6 +90,24 @@ def test_the_wgmma_exhaustive_set_times_the_kernels_whole_space_at_batch_64_then
         assert {json.dumps(c, sort_keys=True) for c in configs} == {json.dumps(c, sort_keys=True) for c in canonical}
 
 
+def test_the_stored_wgmma_exhaustive_tables_are_whole_and_their_fastest_config_is_the_default(te):
+    """The H200 run of the wgmma kernel's whole space (3d03109): every canonical config of the space at batch 64 and
+    1 timed and correct (the configs the case set asks for, no more), and at both batches the kernel's default
+    config is the table's fastest, as its docstring says."""
+    from kernels.registry import get_kernel
+
+    wg = get_kernel("sparse_decode_wgmma")
+    data = json.loads((ROOT / "benchmarks/results/data/tuner_efficiency_h200_wgmma_exhaustive_3d03109.json").read_text())
+    assert [c["shape"]["batch"] for c in data["cases"]] == [64, 1]
+    for case, asked in zip(data["cases"], te.CASE_SETS["wgmma_exhaustive"]):
+        configs, _ = te.sweep_configs(asked, None)
+        assert {json.dumps(r["config"], sort_keys=True) for r in case["rows"]} == {json.dumps(c, sort_keys=True)
+                                                                                 for c in configs}
+        assert all(r["status"] == "ok" and r["rel_error"] <= wg.tolerance("bfloat16") for r in case["rows"])
+        fastest = min(case["rows"], key=lambda r: r["time_us"])
+        assert fastest["config"] == wg.canonical_config(wg.default_config(case["shape"]), case["shape"])
+
+
 def test_every_sweep_case_times_its_default_and_starting_configs(te):
     from kernels.registry import get_kernel
 
