@@ -337,10 +337,10 @@ def classify_failure(exc: BaseException) -> str:
 
 # --- correctness ---------------------------------------------------------------------------------------
 def cdiv(a: int, b: int) -> int:
-    """Ceil division of host-side ints. ``triton.cdiv`` is a ``ConstexprFunction`` in Triton 3.6 and 3.9, about 8 µs
-    a call from Python: the kernel search's move choice (``tuner.search.refine``) asks ``canonical_config`` of every
-    neighbour, ``split_rows`` two ``cdiv`` each, and a replay of 219 trials of the wgmma kernel spent 60 of its 107
-    s there."""
+    """Ceil division of host-side ints. ``triton.cdiv`` is a ``ConstexprFunction`` in Triton 3.6 and 3.9, each call
+    from Python a trip through its wrapper: the kernel search's move choice (``tuner.search.refine``) asks
+    ``canonical_config`` of every neighbour, ``split_rows`` two ``cdiv`` each, and a profile of a replay of the kernel
+    search on the wgmma kernel's whole table (2026-12-02) found most of its time there."""
     return -(-a // b)
 
 
@@ -349,8 +349,9 @@ def rel_error(out: torch.Tensor, ref: torch.Tensor) -> float:
     positions or signs of infinities differ (a masked score must stay masked).
 
     Computed in float64 on ``out``'s device; only three numbers come back to the host. (Until 2026-12-02 both
-    tensors were copied to the host first: about 0.14 s for a batch-64 sparse-decode output of 2M values on an idle
-    CPU, more beside busy compile helpers, in every kernel trial's check.)"""
+    tensors were copied to the host first, in every kernel trial's check: the wgmma kernel's exhaustive sweep spent
+    0.30 s a config on its first launch at batch 64 with the copy, 0.004 s without it,
+    ``benchmarks/results/data/tuner_efficiency_h200_wgmma_exhaustive_*.json``.)"""
     if tuple(out.shape) != tuple(ref.shape):
         return math.inf
     out64 = out.detach().to(torch.float64)
