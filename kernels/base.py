@@ -179,6 +179,14 @@ def gpu_target(device: Any) -> tuple[int, int] | None:
     return _TARGETS[key]
 
 
+def cdiv(a: int, b: int) -> int:
+    """Ceil division of host-side ints. ``triton.cdiv`` is a ``ConstexprFunction`` in Triton 3.6 and 3.9, each call
+    from Python a trip through its wrapper: the kernel search's move choice (``tuner.search.refine``) asks
+    ``canonical_config`` of every neighbour, ``split_rows`` two ``cdiv`` each, and a profile of a replay of the kernel
+    search on the wgmma kernel's whole table (2026-12-02) found most of its time there."""
+    return -(-a // b)
+
+
 class TunableKernel(abc.ABC):
     """One tunable Triton kernel; contract in the module docstring."""
 
@@ -336,14 +344,6 @@ def classify_failure(exc: BaseException) -> str:
 
 
 # --- correctness ---------------------------------------------------------------------------------------
-def cdiv(a: int, b: int) -> int:
-    """Ceil division of host-side ints. ``triton.cdiv`` is a ``ConstexprFunction`` in Triton 3.6 and 3.9, each call
-    from Python a trip through its wrapper: the kernel search's move choice (``tuner.search.refine``) asks
-    ``canonical_config`` of every neighbour, ``split_rows`` two ``cdiv`` each, and a profile of a replay of the kernel
-    search on the wgmma kernel's whole table (2026-12-02) found most of its time there."""
-    return -(-a // b)
-
-
 def rel_error(out: torch.Tensor, ref: torch.Tensor) -> float:
     """``|out - ref| / |ref|`` over finite entries; inf when shapes differ, NaN appears, or the
     positions or signs of infinities differ (a masked score must stay masked).

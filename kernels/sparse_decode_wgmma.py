@@ -155,7 +155,7 @@ import math
 import torch
 import triton
 
-from .base import device_limits, dtype_of, gpu_target
+from .base import cdiv, device_limits, dtype_of, gpu_target
 from .configs import tuned_config
 from .sparse_decode import (
     _FP8,
@@ -234,7 +234,7 @@ def index_tiles(config: dict, shape: dict) -> int:
     if not (config.get("SPLIT_WG") or config.get("SEESAW")):
         return 0
     rows_per_split, _ = split_rows(max(shape["topk"], 1), config["S"], config["BLOCK_T"])
-    tiles = triton.next_power_of_2(-(-rows_per_split // config["BLOCK_T"]))
+    tiles = triton.next_power_of_2(cdiv(rows_per_split, config["BLOCK_T"]))
     nbytes = tiles * config["BLOCK_T"] * 4
     fits = nbytes <= IDX_TABLE_MAX and SparseDecodeWgmmaKernel.smem_bytes_without_table(config, shape) + nbytes <= SM90_SMEM
     return tiles if fits else 0
@@ -248,7 +248,7 @@ def splits_within(batch: int, topk: int, v_split: int, block_t: int, sms: int | 
     on an H200 (2026-12-01, ``sparse_decode_wgmma_batches_h200_470243f.md``): a second wave costs 1.3-1.5x (batch 24:
     27.0 µs at 144 programs, 20.4 at 96), while 130 programs, within the 132 SMs, ran 15.2 µs against 15.9 at 104
     (batch 13)."""
-    tiles = -(-max(topk, 1) // block_t)
+    tiles = cdiv(max(topk, 1), block_t)
     return next((n for n in (split_rows(max(topk, 1), s, block_t)[1] for s in range(tiles, 0, -1))
                  if batch * v_split * n <= (sms or one_wave())), 1)
 
@@ -290,7 +290,7 @@ def default_config(batch: int, topk: int) -> dict:
     64-row tiles only two slots fit beside q, one each, and SPLIT_WG was 0.81x). The a9df7f9 sweep
     (``sparse_decode_wgmma_h200_a9df7f9.md``): 27.9 against 28.7 µs for the previous default at batch 64; at
     batch 16 (three tiles a program) the two-warpgroup tiles stayed faster (16.7 against 17.6 µs)."""
-    tiles = -(-topk // 64)
+    tiles = cdiv(topk, 64)
     batch = max(batch, 1)
     v_split = next((v for v in (8, 4, 2) if batch * tiles * v <= PROGRAMS), 2 if 2 * batch <= PROGRAMS else 1)
     s = splits_within(batch, topk, v_split, 64)
@@ -298,7 +298,7 @@ def default_config(batch: int, topk: int) -> dict:
     if n_splits == 1 and v_split > 1 and rows_per_split >= 4 * 64:  # SPLIT_WG: each warpgroup two 32-row slots
         return {**DEFAULT_CONFIG, "BLOCK_T": 32, "STAGES": 4, "S": 1, "V_SPLIT": v_split, "WS": 1, "SPLIT_WG": 1,
                 "STORE_CVT": 1}
-    return {**DEFAULT_CONFIG, "BLOCK_T": 64, "S": s, "V_SPLIT": v_split, "WS": int(-(-rows_per_split // 64) >= 3),
+    return {**DEFAULT_CONFIG, "BLOCK_T": 64, "S": s, "V_SPLIT": v_split, "WS": int(cdiv(rows_per_split, 64) >= 3),
             "STORE_CVT": int(n_splits == 1)}
 
 
