@@ -82,6 +82,7 @@ def test_replayed_h200_sweep_and_nearest_key(tmp_path, sqlite_url, monkeypatch):
     seeds = k.seed_configs(shape)  # the wave-filling starting points come right after the default
     assert seeds and [t.params for t in trials[1:1 + len(seeds)]] == seeds
     refused = [t for t in trials if t.outcome == "invalid_config"]
+    assert refused, [t.outcome for t in trials]  # the recorded sweep's failures are refused by the rules
     assert all((t.duration_s or 0) < 1.0 for t in refused)  # no subprocess was spent on them
     assert case.status in ("tuned", "default_kept")
     assert tuple(case.config[c] for c in k.columns) != k.best

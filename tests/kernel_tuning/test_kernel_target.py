@@ -8,6 +8,7 @@ import pytest
 import yaml
 
 from search_spaces import detect_hardware, load_space_text, resolve
+from tuner.errors import SearchError
 from tuner.measurement import Outcome
 from tuner.search.kernel_search import KernelCase, kernel_space_yaml
 from tuner.targets.kernels import KernelsTarget
@@ -45,7 +46,7 @@ def test_preflight_names_a_bad_shape():
     report = _target(KernelCase("sparse_decode", {"batch": 1, "heads": 16, "d_qk": 64, "d_v": 64, "topk": 40,
                                                   "num_rows": 97}), allow_cpu_interpreter=True).preflight()
     assert report.ok
-    with pytest.raises(Exception, match="shape"):
+    with pytest.raises(SearchError, match=r"shape \{'batch': 1, 'heads': 16\} does not fit kernel 'sparse_decode' \(KeyError: 'topk'\)"):
         _target(KernelCase("sparse_decode", {"batch": 1, "heads": 16}))
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import time
 
 import pytest
+from sqlalchemy.exc import IntegrityError
 
 from storage import Repo
 from storage.repo import MetricRow, elapsed_s
@@ -28,13 +29,15 @@ def test_create_and_get_run_round_trips_every_field(repo):
     assert got.id == run.id and got.state == "running" and got.target == "workload"
     assert got.space_yaml == "name: tiny\n" and got.environment == {"gpu": "cpu"} and got.settings == {"k": 1}
     assert got.budget_s == 60 and got.started_at is not None and got.ended_at is None
+    assert (got.direction, got.objective, got.unit, got.space_name) == ("maximize", "tok/s", "tok/s", "tiny")
     assert repo.get_run("nope") is None
 
 
 def test_study_names_are_unique(repo):
     _run(repo)
-    with pytest.raises(Exception):
+    with pytest.raises(IntegrityError):
         _run(repo)
+    assert [r.study_name for r in repo.list_runs()] == ["s1"]
 
 
 def test_trial_lifecycle_outcomes_best_and_baseline(repo):
