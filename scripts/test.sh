@@ -1,7 +1,13 @@
 #!/usr/bin/env bash
-# Install tuner with its test dependencies (CPU build of torch first, so no multi-GB CUDA wheel is pulled),
-# then run the whole test suite. GPU tests skip themselves with a reason on a machine without CUDA.
+# Install tuner with everything its tests need (CPU build of torch first, so no multi-GB CUDA wheel is pulled; as
+# root on Debian also PostgreSQL and Chromium), start a PostgreSQL server of this run's own, then run the checks of
+# the code's shape and the whole test suite on every core. GPU tests skip themselves with a reason on a machine
+# without CUDA; the run prints every skip reason and its slowest tests.
+# `bash scripts/test.sh` runs every test but those marked `slow` (real third-party servers, the 5000-trial study,
+# the sm_90 compile checks, ...): at most 12 minutes on 2 cores; `bash scripts/test.sh --slow` runs those alone.
 set -euo pipefail
+marks="not slow"
+if [ "${1:-}" = "--slow" ]; then marks="slow"; shift; fi
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
 $PY -m pip install -q torch==2.13.0
@@ -12,12 +18,32 @@ $PY -m pip install -q -e '.[real-server]'
 # SGLang's own argument parser for flag validation: the package without its GPU stack, plus what --help needs.
 $PY -m pip install -q --no-deps 'sglang==0.5.23' || $PY -m pip install -q --no-deps sglang
 $PY -m pip install -q orjson psutil pybase64 requests pillow msgspec pyzmq ipython aiohttp huggingface_hub
+
+# PostgreSQL (the many-worker storage) and Chromium (the dashboard's page tests): Debian's packages, as root
+if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null && { ! ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 \
+     || ! command -v chromium >/dev/null; }; then
+  export DEBIAN_FRONTEND=noninteractive
+  apt-get update -qq
+  apt-get install -y -qq postgresql chromium chromium-driver >/dev/null
+fi
+if [ -z "${TUNER_TEST_POSTGRES_URL:-}" ] && [ "$(id -u)" = 0 ] && ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1; then
+  PGBIN=/usr/lib/postgresql/$(ls /usr/lib/postgresql | sort -V | tail -n1)/bin
+  # a data directory and a port of this run's own: two runs on one machine do not share (or stop) one server
+  PGDATA=$(mktemp -d /tmp/tuner-test-pg.XXXXXX); chown postgres "$PGDATA"
+  PGPORT=$($PY -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
+  su postgres -c "$PGBIN/initdb -D $PGDATA -A trust -U postgres" >/dev/null
+  su postgres -c "$PGBIN/pg_ctl -D $PGDATA -l $PGDATA/log -o '-p $PGPORT -k /tmp -c max_connections=300' -w start" >/dev/null
+  trap 'su postgres -c "$PGBIN/pg_ctl -D $PGDATA -m immediate stop" >/dev/null 2>&1 || true; rm -rf "$PGDATA"' EXIT
+  export TUNER_TEST_POSTGRES_URL="postgresql://postgres@127.0.0.1:$PGPORT/postgres"
+fi
+[ -n "${TUNER_TEST_POSTGRES_URL:-}" ] || echo "note: no PostgreSQL (run as root on Debian, or set TUNER_TEST_POSTGRES_URL): its tests skip"
+
 # the shape of the code: lint and import order (ruff), the layers and foundations (import-linter's contracts in
 # pyproject.toml); either failing fails the run
 $PY -m ruff check .
 lint-imports --no-cache
 set +e
-$PY -m pytest -q -p no:cacheprovider "$@"
+$PY -m pytest -q -p no:cacheprovider -n "${TUNER_TEST_WORKERS:-auto}" --dist loadfile -rs --durations=25 -m "$marks" "$@"
 rc=$?
 set -e
 # pytest exits 5 when nothing was collected: that is a failure of the suite, not a pass.
