@@ -221,3 +221,25 @@ def test_the_split_k_merge_matches_the_float64_merge(splits, device):
     launch_combine(part.to(device), lse.to(device), out, pdl=False)
     assert (out.double().cpu() - ref).norm() / ref.norm() < 1e-5
     assert combine_grid(B, splits, H, d_v)[1:] == (H, B)
+
+
+def _h200_sms(monkeypatch):
+    """The tl.dot rule counts this machine's SMs; these tests read the H200's (132, what a CPU assumes)."""
+    import kernels.sparse_decode as sd
+
+    sms = sd.device_limits(None)["sms"]
+    monkeypatch.setattr(sd, "one_wave", lambda: sms)
+
+
+def test_the_tl_dot_kernel_keeps_a_config_at_its_own_batch_and_sets_only_the_split_count_at_another(monkeypatch):
+    from kernels.sparse_decode import SparseDecodeKernel
+
+    _h200_sms(monkeypatch)
+    kernel = SparseDecodeKernel.instance
+    tuned = {"S": 2, "BLOCK_H": 16, "BLOCK_T": 128, "num_warps": 8, "num_stages": 2}
+    shape = {"batch": 16, "heads": 64, "d_qk": 512, "d_v": 512, "topk": 640}
+    assert kernel.adapt_config(tuned, shape, shape) is tuned
+    # 24 requests x 4 head tiles: two splits make 192 programs, one 96
+    assert kernel.adapt_config(tuned, shape, {**shape, "batch": 24}) == {**tuned, "S": 1}
+    assert kernel.adapt_config(tuned, shape, {**shape, "batch": 7}) == {**tuned, "S": 4}  # 84 programs
+    assert kernel.adapt_config(tuned, shape, {**shape, "batch": 200})["S"] == 1  # no split count fits: one
