@@ -595,5 +595,3 @@ if HAVE_GLUON:
                               DV, BLOCK_H, BLOCK_T, STAGES, V_SPLIT, GATHER_WARPS, idx_smem, idx_bar,
                               IDX_TILES, scale_ptr, stage_smem, sc_smem, sc_ring, FP8_STAGES)),
             ], [GATHER_WARPS], [GATHER_REGS])
-
-# timing probes of the warp-specialised schedule: its handshakes and products without the rows' copies (what is left

@@ -27,7 +27,7 @@ WGMMA_HEADS = 64  # one wgmma M: every head of a V4-Flash request in one program
 WGMMA_WARPS = 8  # two warpgroups: each holds a [64, 256 / V_SPLIT] float32 accumulator (128 / V_SPLIT registers a thread)
 DEFAULT_CONFIG = {"S": 8, "BLOCK_T": 64, "STAGES": 2, "P_SMEM": 0, "V_SPLIT": 1, "PART16": 0, "STORE_CVT": 0, "WS": 0,
                   "MERGE": 0, "SPLIT_WG": 0, "SEESAW": 0}  # S, V_SPLIT: see default_config
-PROGRAMS = 128  # default_config's budget of programs for V_SPLIT: a power of two of programs a little under one wave
+PROGRAMS = 128  # default_config's budget of programs for V_SPLIT (the H200 sweeps' choice, under its 132 SMs)
 # WS=1: a producer warpgroup beside the two consumer ones. Registers are granted per warpgroup: the launch caps all
 # 384 threads at WS_MAXNREG (65536 / 384, rounded down to 8), and the producer hands all but GATHER_REGS of its
 # share to the consumers (setmaxnreg), which then hold 168 + (168 - GATHER_REGS) / 2.

@@ -313,7 +313,7 @@ def test_sparse_decode_wgmma_merge_builds_one_release_acquire_counter_and_l2_rea
     {"S": 2, "BLOCK_T": 32, "STAGES": 4, "V_SPLIT": 4},
     {"S": 4, "BLOCK_T": 32, "STAGES": 4, "V_SPLIT": 8, "STORE_CVT": 1},
 ], ids=["t32-ring4-v4", "t32-ring4-v8"])  # no spill under Triton 3.6 and 3.9 (64-row tiles spill 16-400 bytes, see
-# the note in kernels/sparse_decode_wgmma.py)
+# the note of _ws_compute_wg in kernels/sparse_decode_wgmma/gluon_kernels.py)
 def test_sparse_decode_wgmma_split_wg_compiles_to_two_consumer_partitions_each_with_its_own_products(config):
     """SPLIT_WG=1's sm_90 build: beside the producer, two 4-warp consumer partitions, each its own copy of the
     products (twice WS's wgmma instructions, each 64 heads by a whole tile), each waiting on the ring's mbarriers and
@@ -386,16 +386,17 @@ def test_the_split_wg_producer_keeps_its_splits_row_numbers_in_shared_memory_whe
     their masks a tile ahead) or the single-partition one, and none where the table would not fit beside q, the
     ring, P's tiles and the converted stores' staging (then the indices are loaded a tile ahead, as before)."""
     from kernels.sparse_decode_wgmma import SparseDecodeWgmmaKernel, default_config, index_tiles
+    from kernels.sparse_decode_wgmma.rules import smem_bytes_without_table
 
     kernel = SparseDecodeWgmmaKernel.instance
     shape = {"batch": 64, "heads": 64, "d_qk": 512, "d_v": 512, "topk": 640, "num_rows": 65536}
     b64 = default_config(64, 640)
     assert b64["SPLIT_WG"] == 1 and index_tiles(b64, shape) == 32
-    assert kernel.smem_bytes(b64, shape) == kernel.smem_bytes_without_table(b64, shape) + 32 * 32 * 4
+    assert kernel.smem_bytes(b64, shape) == smem_bytes_without_table(b64, shape) + 32 * 32 * 4
     assert index_tiles(default_config(16, 640), {**shape, "batch": 16}) == 0  # WS, not SPLIT_WG
     assert index_tiles({**b64, "SPLIT_WG": 0}, shape) == 0 and index_tiles({**b64, "WS": 0, "SPLIT_WG": 0}, shape) == 0
     long = {**shape, "topk": 4096}  # one split of 128 tiles: a 16 KiB table, over IDX_TABLE_MAX
-    assert index_tiles(b64, long) == 0 and kernel.smem_bytes(b64, long) == kernel.smem_bytes_without_table(b64, long)
+    assert index_tiles(b64, long) == 0 and kernel.smem_bytes(b64, long) == smem_bytes_without_table(b64, long)
     assert index_tiles(b64, {**shape, "topk": 2048}) == 64  # 8 KiB: the most it takes
 
 
