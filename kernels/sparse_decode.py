@@ -323,9 +323,8 @@ class SparseDecodeKernel(SparseDecodeBase):
 
     def default_config(self, shape):
         """16-head tiles and enough splits for about two programs per SM (:func:`one_wave`: 132 on an H200), one
-        64-row tile per split at
-        most; 32-head tiles once 16-head tiles alone give more programs than SMs (each row is then read by half as
-        many programs). H200, V4-Flash, 2026-11-30: 9.9 / 20.3 / 41.3 µs at batch 1 / 16 / 64
+        64-row tile per split at most; 32-head tiles once 16-head tiles alone give more programs than SMs (each row
+        is then read by half as many programs). H200, V4-Flash, 2026-11-30: 9.9 / 20.3 / 41.3 µs at batch 1 / 16 / 64
         against the sweep's best 9.5 / 20.2 / 38.9 (``benchmarks/results/kernels_issue20_h200.md``)."""
         B, H, topk = shape["batch"], shape["heads"], shape["topk"]
         block_t = 64  # 128 is often faster on an H200 but needs 256 KiB of shared memory in float32
@@ -334,7 +333,7 @@ class SparseDecodeKernel(SparseDecodeBase):
         programs = B * cdiv(H, block_h)
         tiles = cdiv(topk, block_t)
         S = 1
-        while S < 32 and programs * S <= sms and S < tiles:
+        while S < 32 and programs * S * 2 <= 2 * sms and S < tiles:  # doubled, the grid stays within two an SM
             S *= 2
         return {"S": S, "BLOCK_H": block_h, "BLOCK_T": block_t, "num_warps": 4, "num_stages": 2}
 
