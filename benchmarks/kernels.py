@@ -252,16 +252,10 @@ def run_meta(rep_ms: float, **extra) -> dict:
 
 
 def _other_merge_time(name, cfg, sets, rep_ms):
-    """The default config with the other split-K merge than the launcher's default (sparse_decode:
-    fused into the main launch; gemm: the opposite of its M <= 16 rule)."""
+    """The default config with the other split-K merge than the launcher's default (gemm: the opposite of its
+    M <= 16 rule)."""
     try:
-        if name == "sparse_decode" and cfg["S"] > 1:
-            from kernels.sparse_decode import sparse_decode
-
-            def fn(i):
-                return sparse_decode(i["q"], i["kv"], i["indices"], i["sm_scale"], cfg, d_v=i["d_v"],
-                                                     kv_scale=i.get("kv_scale"), fused_combine=True)
-        elif name == "gemm" and cfg["SPLIT_K"] > 1:
+        if name == "gemm" and cfg["SPLIT_K"] > 1:
             from kernels.gemm import gemm
 
             def fn(i):
@@ -341,26 +335,6 @@ def _prev_schedule_rows(row, shape, trial, best_cfg):
     row["other_schedule"] = rec  # beside the trials: the best stays the sweep's
     prev = [t for t in row["trials"] + [rec] if t and t.get("outcome") == "ok" and not t["config"].get("WS")]
     row["prev_best_us"] = min((t["time_us"] for t in prev), default=None)
-
-
-def _wgmma_launch_rows(row, shape, sets, rep_ms, best_cfg):
-    """The wgmma kernel's best config (where a merge kernel follows: more than one split, no MERGE) with its merge
-    launched each way: with programmatic dependent launch and started at once by the split kernel
-    (``best_early_us``), started only as the split kernel's programs exit (``best_no_trigger_us``, the launch before
-    2026-12-01), and both kernels launched plainly (``best_no_pdl_us``); the best's own time is the launcher's choice
-    (``merge_starts_early``)."""
-    from benchmarks.sparse_decode_wgmma_pdl import grids
-    from kernels.sparse_decode_wgmma import sparse_decode_wgmma
-
-    cfg = {**get_kernel("sparse_decode_wgmma").default_config(shape), **best_cfg}
-    if not grids(shape["batch"], cfg, shape["topk"], shape["heads"], shape["d_v"])[1]:  # no merge kernel follows
-        return
-    for key, opts in (("best_early_us", {"pdl": True, "_pdl_trigger": True}),
-                      ("best_no_trigger_us", {"pdl": True, "_pdl_trigger": False}), ("best_no_pdl_us", {"pdl": False})):
-        def fn(i, opts=opts):
-            return sparse_decode_wgmma(i["q"], i["kv"], i["indices"], i["sm_scale"], cfg, **opts)
-
-        row[key] = _time(fn, sets, rep_ms).median_us
 
 
 def _prev_gemm_rows(row, sets, ref, rep_ms, shipped_cfg, best_cfg):
@@ -464,7 +438,6 @@ def bench_job(job, rates, failures, deadline, rep_ms) -> list[dict]:
             row["best_no_pdl_us"] = _time(fn, sets, rep_ms).median_us
         if kernel.name == "sparse_decode_wgmma" and best:
             _prev_schedule_rows(row, shape, trial, best["config"])
-            _wgmma_launch_rows(row, shape, sets, rep_ms, best["config"])
         if kernel.name == "gemm" and row["dtype"] in ("bfloat16", "float8_e4m3fn"):
             _prev_gemm_rows(row, sets, ref, rep_ms, shipped, row["best_config"])
         if kernel.name == "gemm":

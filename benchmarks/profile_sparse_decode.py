@@ -13,8 +13,6 @@ config (S=32, BLOCK_H=16, BLOCK_T=16, 4 warps, 2 stages) in the previous kernel 
 shipped config at batch 1, 16 and 64 for the bf16 and the fp8 cache, and 64-head tiles on 16 warps at batch 16 and 64
 (not in the search space: tried on 2026-11-30 and slower everywhere; the profile shows why).
 ``--gemm``: the decode GEMMs instead (``gemm_cases``), the Triton kernel at its shipped config beside cuBLAS.
-``--ahead``: the loop schedules of ``sparse_decode``'s ``idx_ahead`` and ``qk_ahead`` beside the plain one, bf16 cache
-at batch 16 and 64, on the shipped config and on 64-head (wgmma) tiles (``ahead_cases``).
 ``--wgmma``: the Gluon wgmma kernel beside the tl.dot kernel's shipped configs (``wgmma_cases``).
 """
 
@@ -65,29 +63,6 @@ def run_cases() -> None:
         cfg = {"S": 4 if shape["batch"] == 16 else 2, "BLOCK_H": 64, "BLOCK_T": 64, "num_warps": 16, "num_stages": 2}
         cases.append((f"new B={shape['batch']} bfloat16 {cfg}", shape, "bfloat16", lambda i, c=cfg: sd.run(i, c)))
     profile([(name, sd, shape, dtype, fn) for name, shape, dtype, fn in cases])
-
-
-def ahead_cases() -> list:
-    """bf16 cache, batch 16 and 64: the shipped config and two 64-head configs on 8 warps (the wgmma path), each with
-    the plain loop, ``idx_ahead`` and ``qk_ahead``."""
-    from kernels import get_kernel
-    from kernels.configs import lookup
-    from kernels.sparse_decode import sparse_decode
-
-    sd = get_kernel("sparse_decode")
-    cases = []
-    for shape in sd.shapes("v4flash")[1:]:
-        shipped = lookup("sparse_decode", shape, "bfloat16", "cuda")
-        wide = [{"S": 2 if shape["batch"] == 64 else 8, "BLOCK_H": 64, "BLOCK_T": bt, "num_warps": 8, "num_stages": st}
-                for bt, st in ((64, 2), (32, 3))]
-        for cfg in [shipped, *wide]:
-            for opt in ("plain", "idx_ahead", "qk_ahead"):
-                kw = {} if opt == "plain" else {opt: True}
-
-                def fn(i, c=cfg, kw=kw):
-                    return sparse_decode(i["q"], i["kv"], i["indices"], i["sm_scale"], c, d_v=i["d_v"], **kw)
-                cases.append((f"B={shape['batch']} bfloat16 {opt} {cfg}", sd, shape, "bfloat16", fn))
-    return cases
 
 
 def wgmma_cases() -> list:
@@ -239,7 +214,6 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--summarise", type=Path, default=None, help="print a summary of an ncu --csv --page raw file")
     ap.add_argument("--gemm", action="store_true", help="profile the decode GEMMs (gemm_cases) instead")
-    ap.add_argument("--ahead", action="store_true", help="profile the sparse decode loop schedules (ahead_cases)")
     ap.add_argument("--wgmma", action="store_true", help="profile the Gluon wgmma kernel (wgmma_cases)")
     ap.add_argument("--case", action="append", default=[], help="only the cases whose name contains this (repeatable)")
     ap.add_argument("--source-summary", type=Path, default=None,
@@ -254,8 +228,6 @@ def main(argv=None) -> int:
 
     if args.gemm:
         profile(gemm_cases(), args.case)
-    elif args.ahead:
-        profile(ahead_cases(), args.case)
     elif args.wgmma:
         profile(wgmma_cases(), args.case)
     else:

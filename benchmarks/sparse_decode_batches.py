@@ -12,8 +12,9 @@ of CUDA-graph replays, L2 flushed before each, 4 input sets rotating):
 
 * ``nearest``: the nearest tuned key's config as it runs now;
 * ``S=n``: the same tiles with each split count of the kernel's space (what an adapted split count could pick);
-* ``early`` / ``at_exit`` / ``plain``: the nearest config and the fastest split count with the merge started at
-  once, as the split kernel's programs exit, and without PDL.
+* ``early`` / ``plain``: the nearest config and the fastest split count with the merge started at once (the
+  shipped launch) and without PDL. The stored run (936ffa3) also timed ``at_exit`` (the merge started as the split
+  kernel's programs exit, through a timing-only switch since removed); the report shows it where a run has it.
 
     python3 benchmarks/sparse_decode_batches.py --json OUT.json [--batches 3,10,20]  # on an H200
     python3 benchmarks/sparse_decode_batches.py --report-from OUT.json --out X.md  # on any machine
@@ -79,8 +80,7 @@ def measure(args, json_path: Path) -> dict:
             for name, config in (("nearest", nearest), ("best_S", best)):
                 if split_rows(shape["topk"], config["S"], config["BLOCK_T"])[1] == 1:
                     continue  # one split: no merge
-                for way, kw in (("early", {"_pdl_trigger": True}), ("at_exit", {"_pdl_trigger": False}),
-                                ("plain", {"pdl": False})):
+                for way, kw in (("early", {}), ("plain", {"pdl": False})):
                     us = _time(lambda j, config=config, kw=kw: run(sets[j], None, config, **kw),
                                list(range(len(sets))), args.rep_ms).median_us
                     rows.append({"dtype": dtype, "batch": batch, "way": f"{name}:{way}", "config": config, "us": us,

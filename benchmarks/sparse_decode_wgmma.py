@@ -3,9 +3,9 @@
 Each case (V4-Flash shapes: 64 heads, one 512-wide K=V latent, 640 selected rows of 65536, bf16 cache; batch 1, 16,
 64) times, one after another in one process on one GPU:
 
-* ``tl.dot``: :func:`kernels.sparse_decode.sparse_decode` at its shipped tuned config and at the fastest configs of
-  the last side-by-side run (``benchmarks/results/data/sparse_decode_ahead_h200.json``: the plain loop's and
-  ``idx_ahead``'s 4 fastest per batch, each with its option);
+* ``tl.dot``: :func:`kernels.sparse_decode.sparse_decode` at its shipped tuned config and at the plain loop's 4
+  fastest configs per batch of the last side-by-side run (``benchmarks/results/data/sparse_decode_ahead_h200.json``;
+  its ``idx_ahead`` loop was removed from the kernel, measured no faster at the best configs);
 * ``wgmma``: :func:`kernels.sparse_decode_wgmma.sparse_decode_wgmma` over its whole space (S, BLOCK_T, STAGES,
   P_SMEM, V_SPLIT, PART16, STORE_CVT, WS, MERGE, SPLIT_WG), or the part ``--space`` keeps; its fastest
   ``V_SPLIT=1``, ``WS=0`` and ``SPLIT_WG=0`` configs are the previous versions' schedules (each program all 512
@@ -76,14 +76,14 @@ def programs(config: dict, batch: int, topk: int) -> int:
 
 
 def tldot_configs(batch: int, shipped: dict) -> list[tuple[dict, dict]]:
-    """(config, launcher options): the shipped config, then the previous run's fastest plain and idx_ahead configs."""
+    """(config, launcher options): the shipped config, then the previous run's fastest plain-loop configs."""
     picked = [(shipped, {})]
     if PREVIOUS.exists():
         prev = json.loads(PREVIOUS.read_text())
         for case in prev["cases"]:
             if case["dtype"] != "bfloat16" or case["shape"]["batch"] != batch:
                 continue
-            for variant, opts in (("base", {}), ("idx_ahead", {"idx_ahead": True})):
+            for variant, opts in (("base", {}),):
                 rows = sorted((r for r in case["configs"] if variant in r["us"]), key=lambda r: r["us"][variant])
                 picked += [(r["config"], opts) for r in rows[:TOP]]
     out, seen = [], set()

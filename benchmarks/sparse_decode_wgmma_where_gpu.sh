@@ -1,19 +1,16 @@
 #!/usr/bin/env bash
 # Where the wgmma sparse decode's time goes, in one device command (about 5 minutes cold):
-#   1. benchmarks/sparse_decode_wgmma_locality.py: the defaults on gathers that leave DRAM less (spread/shared/one_row)
-#   2. Nsight Compute, the summary page of every case of profile_sparse_decode.py --wgmma (merge kernels included)
-#   3. the per-SASS-line stall profile (sparse_decode_wgmma_source_profile.sh) of the batch-64 default and of the
+#   1. Nsight Compute, the summary page of every case of profile_sparse_decode.py --wgmma (merge kernels included)
+#   2. the per-SASS-line stall profile (sparse_decode_wgmma_source_profile.sh) of the batch-64 default and of the
 #      same without SPLIT_WG (override with CASES)
 # Writes everything into one archive, $OUT/where.tar.gz (the device returns at most 8 files):
-# sparse_decode_wgmma_locality_h200.{json,md}, ncu_wgmma.csv, ncu_wgmma_summary.txt, the source profile's files and
+# ncu_wgmma.csv, ncu_wgmma_summary.txt, the source profile's files and
 # the per-line source CSVs. Run from the repository root, with the offline wheels in .whl (gpu_env.sh).
 . "$(dirname "$0")/gpu_env.sh"
 final=$OUT
 OUT=/tmp/where; mkdir -p $OUT
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl >/dev/null 2>&1
 export PYTHONPATH=/tmp/site:$PWD
-timeout ${LOCALITY_S:-150} python3 "$here/sparse_decode_wgmma_locality.py" --json "$OUT/sparse_decode_wgmma_locality_h200.json" \
-  --out "$OUT/sparse_decode_wgmma_locality_h200.md" 2>&1 | tail -n 14
 # shellcheck disable=SC2086
 timeout ${NCU_S:-150} ncu $ncu_flags $ncu_metrics python3 "$here/profile_sparse_decode.py" --wgmma \
   >"$OUT/ncu_wgmma.csv" 2>"$OUT/ncu_wgmma_summary.txt"

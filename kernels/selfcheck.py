@@ -76,21 +76,19 @@ def compile_all(arch: int = 90) -> list[dict]:
     from .glue import _add_rmsnorm_kernel, _rope_kernel
     from .indexer import _indexer_kernel
     from .moe import _moe_down_kernel, _moe_up_kernel
-    from .sparse_decode import _combine_kernel, _sparse_decode_kernel, _sparse_decode_simt_kernel
+    from .sparse_decode import _sparse_decode_kernel, _sparse_decode_simt_kernel
+    from .sparse_decode_common import combine_kernel
 
     P = lambda t: "*" + t  # noqa: E731
     jobs = []
     sd = {"q_ptr": P("bf16"), "kv_ptr": P("bf16"), "kv_scale_ptr": "*fp32", "out_ptr": P("bf16"), "idx_ptr": "*i32",
-          "part_ptr": "*fp32", "lse_ptr": "*fp32", "lock_ptr": "*i32", "qk_scale": "fp32"}
-    for direct, fused, dt, fp8 in ((True, False, 0, False), (False, False, 64, False), (False, True, 0, False),
-                                   (False, False, 0, True)):
+          "part_ptr": "*fp32", "lse_ptr": "*fp32", "qk_scale": "fp32"}
+    for direct, dt, fp8 in ((True, 0, False), (False, 64, False), (False, 0, True)):
         jobs.append((f"sparse_decode{' fp8 cache' if fp8 else ''}", _sparse_decode_kernel,
                      sd | ({"kv_ptr": P("fp8e4nv")} if fp8 else {}),
-                     dict(DV=512, DT=dt, D_TAIL=dt, BLOCK_H=16, BLOCK_T=64, DIRECT=direct, FUSED_COMBINE=fused,
-                          KV_SCALED=fp8, PREFETCH=True, PDL=not direct and not fused, PREFETCH_NEXT=True,
-                          LINES=4 if fp8 else 8, LINE_ELTS=128 if fp8 else 64, V_SPLIT=1 if fused else 2,
-                          IDX_AHEAD=dt > 0 or fp8, QK_AHEAD=fused), 4, 2))
-    jobs.append(("sparse_decode combine", _combine_kernel, {"part_ptr": "*fp32", "lse_ptr": "*fp32", "out_ptr": P("bf16")},
+                     dict(DV=512, DT=dt, D_TAIL=dt, BLOCK_H=16, BLOCK_T=64, DIRECT=direct, KV_SCALED=fp8, PREFETCH=True,
+                          PDL=not direct), 4, 2))
+    jobs.append(("sparse_decode combine", combine_kernel, {"part_ptr": "*fp32", "lse_ptr": "*fp32", "out_ptr": P("bf16")},
                  dict(S_PAD=32, BLOCK_D=128, PDL=True), 4, 1))
     jobs.append(("sparse_decode_simt", _sparse_decode_simt_kernel, {"q_ptr": P("bf16"), "kv_ptr": P("bf16"), "idx_ptr": "*i32",
                  "out_ptr": P("bf16"), "qk_scale": "fp32"}, dict(DV=512, DT=0, D_TAIL=0, BLOCK_T=16), 4, 1))

@@ -19,8 +19,7 @@ tensors, as the compile helpers do; ``real`` from real CPU tensors, as a trial's
                                               (the Gluon sparse-decode kernel's sm_90 build: instruction counts
                                                in its PTX; registers and local memory by cuobjdump; KWARGS: more
                                                keyword arguments of the launch, such as pdl; kv_fp8: an fp8
-                                               cache with row scales; stamps: a meta buffer
-                                               for _probe="timeline")
+                                               cache with row scales)
 """
 
 import json
@@ -93,12 +92,10 @@ def wgmma_build(shape: dict, config: dict, kwargs: dict | None = None) -> dict:
                      device="meta")
     if fp8:
         kwargs["kv_scale"] = torch.empty(shape["num_rows"], dtype=torch.float32, device="meta")
-    if kwargs.pop("stamps", False):  # the timeline probe's stamps: as many rows as any config launches programs
-        kwargs["_stamps"] = torch.empty(shape["batch"] * shape["topk"] * 8, 16, dtype=torch.int64, device="meta")
     idx = torch.empty(shape["batch"], shape["topk"], dtype=torch.int32, device="meta")
     with jit_compile_only():
         sparse_decode_wgmma(q, kv, idx, None, config, **kwargs)
-    compiled = next(v for k, v in builds.items() if k.startswith("_sparse_decode_wgmma"))  # plain or WS
+    compiled = next(v for k, v in builds.items() if k.startswith("sparse_decode_wgmma"))  # plain or WS
     ptx = compiled.asm["ptx"]
     if os.environ.get("PROBE_PTX"):  # for reading by hand
         with open(os.environ["PROBE_PTX"], "w") as f:
@@ -131,7 +128,7 @@ def wgmma_build(shape: dict, config: dict, kwargs: dict | None = None) -> dict:
         m = re.search(r"REG:(\d+) STACK:(\d+) SHARED:\d+ LOCAL:(\d+)", r.stdout)
         if m:
             usage = {"registers": int(m.group(1)), "stack": int(m.group(2)), "local": int(m.group(3))}
-    merge = builds.get("_combine_kernel")  # launched after the split kernel unless one split writes the output
+    merge = builds.get("combine_kernel")  # launched after the split kernel unless one split writes the output
     return {"ptx": counts, "usage": usage, "shared_bytes": compiled.metadata.shared,
             "merge_launch_pdl": None if merge is None else bool(merge.metadata.launch_pdl)}
 
@@ -151,7 +148,7 @@ def tldot_build(shape: dict, config: dict, kwargs: dict | None = None) -> dict:
     with jit_compile_only():
         sparse_decode(q, kv, idx, None, config, **(kwargs or {}))
     ptx = builds["_sparse_decode_kernel"].asm["ptx"]
-    merge = builds.get("_combine_kernel")
+    merge = builds.get("combine_kernel")
     return {"launch_dependents": len(re.findall(r"\bgriddepcontrol\.launch_dependents", ptx)),
             "merge_launch_pdl": None if merge is None else bool(merge.metadata.launch_pdl)}
 

@@ -77,18 +77,17 @@ def test_sparse_decode_compiled_from_meta_tensors_takes_the_gpu_paths_of_a_real_
     direct, split = launches["_sparse_decode_kernel"]  # the default config (one split), then one that splits
     assert direct["DIRECT"] is True and direct["PREFETCH"] is True
     assert split["DIRECT"] is False and split["PREFETCH"] is True and split["PDL"] is True
-    (merge,) = launches["_combine_kernel"]  # the split config's merge, launched with PDL as on an H200
+    (merge,) = launches["combine_kernel"]  # the split config's merge, launched with PDL as on an H200
     assert merge["PDL"] is True and merge["launch_pdl"] is True
 
 
 @pytest.mark.parametrize("kwargs, triggers, merge_pdl", [
-    ({}, 1, True), ({"_pdl_trigger": False}, 0, True), ({"pdl": False}, 0, False),
-], ids=["early", "at-exit", "plain"])
-def test_the_tl_dot_split_kernel_lets_its_pdl_merge_start_early_unless_told_to_wait(tmp_path, kwargs, triggers,
-                                                                                    merge_pdl):
+    ({}, 1, True), ({"pdl": False}, 0, False),
+], ids=["early", "plain"])
+def test_the_tl_dot_split_kernel_lets_its_pdl_merge_start_early_and_without_pdl_neither(tmp_path, kwargs, triggers,
+                                                                                        merge_pdl):
     """The sm_90 build of a split config: by default the split kernel lets its PDL-launched merge start at once (one
-    ``griddepcontrol.launch_dependents``); ``_pdl_trigger=False`` (what sparse_decode_batches.py times as "at exit")
-    drops it while the merge is still launched with PDL; without PDL, neither."""
+    ``griddepcontrol.launch_dependents``); without PDL, neither."""
     try:
         import triton.backends.nvidia  # noqa: F401
     except ImportError:

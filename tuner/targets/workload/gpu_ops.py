@@ -46,7 +46,7 @@ def triton_attention(impl: str, knobs: dict[str, Any]) -> Callable[..., torch.Te
         key = (tuple(q.shape), tuple(idx.shape), pool.dtype)
         if key not in configs:
             if overrides:
-                shape = sd._shape_of(q, pool, idx, q.shape[-1])
+                shape = sd.shape_of(q, pool, idx, q.shape[-1])
                 configs[key] = {**kernel.fit_dtype(kernel.default_config(shape), shape, pool.dtype), **overrides}
             else:
                 configs[key] = None  # tuned config file or default, looked up by the kernel per shape
