@@ -69,3 +69,65 @@ def test_a_winner_inside_the_noise_of_the_baseline_exports_the_defaults_and_says
     assert res.best_params == {"mode": "ok", "x": 0} and res.speedup == pytest.approx(1.0)
     script = (tmp_path / "out" / "s" / "launch.sh").read_text()
     assert "--x=0" in script and "NOTE: nothing beat the baseline" in script
+
+
+def test_a_candidate_measured_once_far_beyond_the_noise_wins_over_the_defaults_marked_measured_once(
+        tmp_path, sqlite_url, monkeypatch):
+    """Seen on a loaded 2-core CPU: trial 7 measured 17.75x the baseline once, its re-run did not fit the budget,
+    and only the baseline (timed twice) could win, so the defaults were exported at 1.00x. Here the baseline's
+    re-run halves (its runs 67% apart) and every re-run of x=7 outlasts the trial timeout: x=7 is measured once,
+    6x the baseline's median, far beyond that noise."""
+    monkeypatch.setenv("TUNER_FAKE_NOISE_DIR", str(tmp_path))
+    space = _space(tmp_path, '{"0": 0.5}, slow_rerun_s: {"7": 30.0}')
+    res = run_search(SearchOptions(budget_s=60.0, storage_url=sqlite_url, study="s", space_path=space, seed=3,
+                                   out_dir=str(tmp_path / "out"), hardware=Hardware(), trial_timeout_s=4.0,
+                                   confirm_top=1))
+    outcomes = [(t.params["x"], t.outcome) for t in res.trials if t.repeat_of is None]
+    assert ("7", "timeout") in [(str(x), o) for x, o in outcomes], outcomes  # its re-run did not fit
+    assert len(res.baseline_runs) == 2  # the baseline was confirmed: the noise is measured
+    assert res.best_params == {"mode": "ok", "x": 7}
+    assert len(res.best_runs) == 1 and "measured once" in res.note, res.note
+    assert res.speedup == pytest.approx(_geomean(7) / (0.75 * _geomean(0)))
+    run = Repo(sqlite_url).get_run("s")
+    assert run.best_trial_number == res.best_runs[0] and run.best_value == pytest.approx(_geomean(7))
+    rec = read_recorded(tmp_path / "out" / "s" / "launch.sh")
+    assert rec["runs"] == res.best_runs
+
+
+def test_the_cpu_main_job_s_stored_study_never_exports_the_defaults_when_a_trial_measured_beyond_the_noise(
+        tmp_path):
+    """The README's 2-minute CPU job as it was stored on a loaded machine: the baseline timed twice 7.2x apart,
+    trial 7 once at 17.75x the baseline's first run, the others once. The decision over the stored study picks
+    trial 7, measured once, and not the defaults."""
+    from pathlib import Path
+
+    from search_spaces import load_space
+    from tuner.search.winner import decision_for_run
+
+    space_path = Path(__file__).resolve().parents[2] / "search_spaces" / "dsv4_flash_tiny.yaml"
+    space = load_space(str(space_path))
+    repo = Repo(f"sqlite:///{tmp_path / 't.db'}")
+    repo.create_schema()
+    run = repo.create_run("cpu", target="workload", budget_s=120, objective="geomean", space_name=space.name,
+                          space_yaml=space_path.read_text())
+    d = space.defaults()
+    stored = [(0, d, 1.0), (1, {**d, "context_length": 4096}, 1.3), (2, {**d, "gemm_proj": "fp32"}, 0.9),
+              (3, {**d, "indexer_width": "live"}, 1.1), (7, {**d, "context_length": 4096, "gemm_moe": "fp32"}, 17.75),
+              (9, d, 7.2)]
+    for n, params, value in stored:
+        repo.start_trial(run.id, n, params, is_baseline=params == d)
+        repo.finish_trial(run.id, n, outcome="ok", value=value, duration_s=10.0)
+    decision = decision_for_run(repo, repo.get_run("cpu"))
+    assert decision.baseline.runs == [0, 9] and decision.baseline.value == pytest.approx(4.1)
+    assert decision.best.number == 7 and decision.best.measured_once
+    assert "measured once" in decision.note and "trial 7" in decision.note
+    # and a single draw inside that noise does not: at 5x the first baseline run (1.2x the median) the defaults stay
+    repo2 = Repo(f"sqlite:///{tmp_path / 'u.db'}")
+    repo2.create_schema()
+    run2 = repo2.create_run("cpu", target="workload", budget_s=120, objective="geomean", space_name=space.name,
+                            space_yaml=space_path.read_text())
+    for n, params, value in [(0, d, 1.0), (7, stored[4][1], 5.0), (9, d, 7.2)]:
+        repo2.start_trial(run2.id, n, params, is_baseline=params == d)
+        repo2.finish_trial(run2.id, n, outcome="ok", value=value, duration_s=10.0)
+    kept = decision_for_run(repo2, repo2.get_run("cpu"))
+    assert kept.best.is_baseline and kept.note == ""
