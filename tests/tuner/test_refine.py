@@ -281,5 +281,6 @@ def test_a_move_that_ties_within_the_noise_with_fewer_changes_is_kept_as_the_ori
               ({"tile": 64}, "ok", 29.5)]
     ctx = _ctx(tmp_path, trials, step_spread=0.03)
     assert next_move(ctx).origin == 2
+    (tmp_path / "b").mkdir()
     outside = _ctx(tmp_path / "b", [({}, "ok", 10.0), trials[1], ({"tile": 64}, "ok", 28.0)], step_spread=0.03)
     assert next_move(outside).origin == 1  # 6.7% below: not a tie, the best stays the origin
