@@ -131,3 +131,47 @@ def test_the_cpu_main_job_s_stored_study_never_exports_the_defaults_when_a_trial
         repo2.finish_trial(run2.id, n, outcome="ok", value=value, duration_s=10.0)
     kept = decision_for_run(repo2, repo2.get_run("cpu"))
     assert kept.best.is_baseline and kept.note == ""
+
+
+def test_confirmation_time_is_reserved_from_each_configuration_s_measured_cost(tmp_path, sqlite_url):
+    """A configuration that compiles for a minute is planned at a minute: the reserve is the baseline and the top
+    configurations' own measured durations (x1.2), a challenger and the winner's extra re-runs, cut to 30% of the
+    budget; it counts from the first trial, not from the fifth, and a cheap top makes it small."""
+    from tuner.search.confirm import MAX_SHARE, confirm_plan, confirm_reserve
+    from tuner.search.context import TrialSummary, open_context
+
+    made = []
+
+    def ctx_with(durations):
+        made.append(durations)
+        opts = SearchOptions(budget_s=1000.0, storage_url=sqlite_url, study=f"s{len(made)}",
+                             space_path=_space(tmp_path, "{}"), seed=3, out_dir=str(tmp_path / "out"),
+                             hardware=Hardware(), confirm_top=3)
+        ctx = open_context(opts)
+        for n, (x, value, dur) in enumerate(durations):
+            ctx.trials.append(TrialSummary(n, {"mode": "ok", "x": x}, "ok", value, "", dur, is_baseline=n == 0))
+        return ctx
+
+    # the baseline (2 s), the top three by value: x=7 (60 s, compiles), x=3 (5 s), x=5 (4 s)
+    ctx = ctx_with([(0, 10.0, 2.0), (7, 45.0, 60.0), (3, 25.0, 5.0), (5, 35.0, 4.0)])
+    plan = confirm_plan(ctx)
+    names = [w for w, _ in plan.runs]
+    assert names[:4] == ["trial 0 (the baseline)", "trial 1", "trial 3", "trial 2"], names
+    planned = 1.2 * (2.0 + 60.0 + 4.0 + 5.0) + 1.2 * 60.0  # + a challenger at the dearest top cost
+    assert plan.total_s == pytest.approx(planned + 1.2 * 60.0) and plan.dropped == 1  # one extra re-run fits 300 s
+    assert confirm_reserve(ctx) == pytest.approx(plan.total_s) and plan.total_s <= MAX_SHARE * 1000.0
+    cheap = ctx_with([(0, 10.0, 2.0), (7, 45.0, 3.0), (3, 25.0, 5.0), (5, 35.0, 4.0)])
+    assert confirm_reserve(cheap) == pytest.approx(1.2 * (2 + 3 + 4 + 5) + 1.2 * 5 + 2 * 1.2 * 3)
+    assert "trial 0 (the baseline)" in confirm_plan(ctx_with([(0, 10.0, 2.0), (7, 45.0, 3.0)])).line()
+
+
+def test_the_dry_run_plan_shows_the_time_kept_for_confirmation(tmp_path, sqlite_url):
+    from tuner.search.confirm import planned_line
+
+    res = run_search(SearchOptions(budget_s=120.0, storage_url=sqlite_url, space_path=_space(tmp_path, "{}"),
+                                   hardware=Hardware(), dry_run=True, out_dir=str(tmp_path / "out")))
+    assert "the baseline and the top 3 re-run at the end" in res.preflight.facts["confirmation"]
+    line = planned_line(3, None, 500.0, 20.0)
+    assert line.startswith("144 s kept at the end for 6 re-run(s): trial 0 (the baseline) 24 s"), line
+    assert "1 more left out to fit 30% of the budget" in line
+    assert planned_line(0, None, 600.0, 20.0) == "none (--confirm-top 0)"

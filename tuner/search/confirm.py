@@ -89,6 +89,23 @@ def confirm_plan(ctx: SearchContext) -> ConfirmPlan:
     return plan_confirmation(rows, k=ctx.options.confirm_top, budget_s=ctx.deadline.budget_s)
 
 
+def planned_line(confirm_top: int, n_trials: int | None, budget_s: float, trial_s: float | None) -> str:
+    """The dry-run plan's line for confirmation: what :func:`plan_confirmation` keeps at the end when every trial
+    costs the target's estimate ``trial_s`` (the search plans it again from the trials' measured cost)."""
+    if confirm_top <= 0 or n_trials is not None:
+        return "none (" + ("--confirm-top 0" if confirm_top <= 0 else "--n-trials: every trial runs once") + ")"
+    if not trial_s or trial_s <= 0:
+        return (f"the baseline and the top {confirm_top} re-run at the end, in time planned from the trials' "
+                f"measured cost (no estimate of a trial's cost before the first one runs)")
+    rows = [("trial 0", trial_s, False)] + [(f"the {_nth(i + 1)} best", trial_s, False) for i in range(confirm_top)]
+    plan = plan_confirmation(rows, k=confirm_top, budget_s=budget_s)
+    return f"{plan.line()} (at {trial_s:.0f} s a trial; planned again from the trials' measured cost)"
+
+
+def _nth(i: int) -> str:
+    return {1: "1st", 2: "2nd", 3: "3rd"}.get(i, f"{i}th")
+
+
 def _cost_by_key(ctx: SearchContext) -> dict[str, float]:
     """Each configuration's measured duration (the median over its runs)."""
     by: dict[str, list[float]] = {}

@@ -17,7 +17,7 @@ import threading
 from tuner.execution.persistent import close_workers
 from tuner.export.script import export_run
 from tuner.measurement import Outcome
-from tuner.search.confirm import confirm_top
+from tuner.search.confirm import confirm_top, planned_line
 from tuner.search.context import (
     Progress,
     SearchContext,
@@ -44,6 +44,8 @@ def run_search(options: SearchOptions, progress: Progress | None = None) -> Sear
     if options.dry_run:
         resolved, _, target, report, _ = prepare(options)
         report.plan(options.budget_s)
+        report.facts["confirmation"] = planned_line(options.confirm_top, options.n_trials, options.budget_s,
+                                                    report.trial_s)
         return SearchResult(study_name_for(options, resolved), options.storage_url, "dry_run", [], None, None,
                             None, None, None, None, report, 0.0)
     ctx = open_context(options, progress)
