@@ -84,8 +84,8 @@ def test_a_candidate_measured_once_far_beyond_the_noise_wins_over_the_defaults_m
                                    confirm_top=1))
     outcomes = [(t.params["x"], t.outcome) for t in res.trials if t.repeat_of is None]
     assert ("7", "timeout") in [(str(x), o) for x, o in outcomes], outcomes  # its re-run did not fit
+    assert res.best_params == {"mode": "ok", "x": 7}, (res.best_params, res.note)  # not the defaults
     assert len(res.baseline_runs) == 2  # the baseline was confirmed: the noise is measured
-    assert res.best_params == {"mode": "ok", "x": 7}
     assert len(res.best_runs) == 1 and "measured once" in res.note, res.note
     assert res.speedup == pytest.approx(_geomean(7) / (0.75 * _geomean(0)))
     run = Repo(sqlite_url).get_run("s")
@@ -175,3 +175,27 @@ def test_the_dry_run_plan_shows_the_time_kept_for_confirmation(tmp_path, sqlite_
     assert line.startswith("144 s kept at the end for 6 re-run(s): trial 0 (the baseline) 24 s"), line
     assert "1 more left out to fit 30% of the budget" in line
     assert planned_line(0, None, 600.0, 20.0) == "none (--confirm-top 0)"
+
+
+def test_the_per_trial_lines_and_the_final_figure_use_the_same_baseline(tmp_path, sqlite_url, monkeypatch):
+    """The baseline's re-run halves: its median (0.75 of its first run) is the figure of the last per-trial lines
+    printed and of the result, not the first run's in one place and the median in the other."""
+    import io
+    import re
+
+    from rich.console import Console
+
+    from tuner.progress import RichProgress
+
+    monkeypatch.setenv("TUNER_FAKE_NOISE_DIR", str(tmp_path))
+    out = io.StringIO()
+    progress = RichProgress(Console(file=out, force_terminal=False, width=300))
+    res = run_search(SearchOptions(budget_s=45.0, storage_url=sqlite_url, study="s", seed=3, hardware=Hardware(),
+                                   space_path=_space(tmp_path, '{"0": 0.5}'), out_dir=str(tmp_path / "out"),
+                                   trial_timeout_s=10.0, confirm_top=2), progress)
+    progress.stop()
+    assert res.baseline_value == pytest.approx(0.75 * _geomean(0))
+    lines = [ln for ln in out.getvalue().splitlines() if re.match(r"trial +\d+ ok", ln) and "x baseline" in ln]
+    last = lines[-1]
+    value, ratio = re.search(r"ok +([\d.]+) \(([\d.]+)x baseline\)", last).groups()
+    assert float(ratio) == pytest.approx(float(value) / res.baseline_value, abs=0.01), last

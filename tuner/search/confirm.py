@@ -156,6 +156,9 @@ def confirm_top(ctx: SearchContext, progress: Progress | None) -> None:
         if not rerun(base, "(the baseline) to confirm it"):
             return
         confirmed.add(ctx.key_of(base.params))
+        if progress and ctx.baseline_value is not None:
+            progress.message(f"the baseline's median over its runs, {ctx.baseline_value:.2f}, is the figure every "
+                             f"\"x baseline\" uses from here on, the final line's included")
     for t in top:
         if ctx.key_of(t.params) in confirmed:
             continue

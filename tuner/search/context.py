@@ -9,6 +9,7 @@ import logging
 import os
 import re
 import socket
+import statistics
 import threading
 import warnings
 from dataclasses import dataclass, field
@@ -166,6 +167,18 @@ class SearchContext:
     @property
     def baseline(self) -> TrialSummary | None:
         return next((t for t in self.trials if t.is_baseline and t.outcome == "ok"), None)
+
+    @property
+    def baseline_value(self) -> float | None:
+        """The baseline configuration's median over its runs so far: the one figure every "x baseline" uses (the
+        per-trial lines, the live panel, the final line, the stored run)."""
+        base = self.baseline
+        if base is None:
+            return None
+        key = self.key_of(base.params)
+        runs = [t.value for t in self.trials if t.outcome == "ok" and t.value is not None and t.repeat_of is None
+                and self.key_of(t.params) == key]
+        return statistics.median(runs) if runs else base.value
 
     @property
     def best(self) -> TrialSummary | None:
