@@ -199,3 +199,48 @@ def test_the_per_trial_lines_and_the_final_figure_use_the_same_baseline(tmp_path
     last = lines[-1]
     value, ratio = re.search(r"ok +([\d.]+) \(([\d.]+)x baseline\)", last).groups()
     assert float(ratio) == pytest.approx(float(value) / res.baseline_value, abs=0.01), last
+
+
+@pytest.mark.slow
+def test_the_cpu_main_job_never_exports_the_defaults_when_a_trial_measured_beyond_the_noise(tmp_path):
+    """The README's main job on this CPU, shortened to a minute (the built-in twin, real trials in subprocesses, a
+    real SQLite study), on whatever load the machine has: what it exports is the stored study's decision, and when
+    any configuration measured beyond the noise of the baseline's runs, that is not the defaults."""
+    import subprocess
+    import sys
+
+    import yaml
+
+    from tuner.search.winner import FAR_BEYOND, decision_for_run, group_runs, params_json, widest_spread
+
+    r = subprocess.run([sys.executable, "-m", "tuner", "search", "--budget", "60s", "--seed", "3", "-o", "out",
+                        "--storage", f"sqlite:///{tmp_path / 't.db'}"], cwd=tmp_path, capture_output=True, text=True,
+                       timeout=240)
+    assert r.returncode == 0, r.stderr[-3000:]
+    repo = Repo(f"sqlite:///{tmp_path / 't.db'}")
+    run = repo.list_runs()[0]
+    decision = decision_for_run(repo, run)
+    exported = yaml.safe_load(next((tmp_path / "out").glob("*/best_params.yaml")).read_text())["params"]
+    assert exported == decision.best.params and run.best_trial_number == decision.best.number
+    groups = group_runs(repo.list_trials(run.id, outcome="ok"), params_json)
+    base = next(g for g in groups if g.is_baseline)
+    noise = max(widest_spread(groups), 0.10)
+    beyond = [g for g in groups if not g.is_baseline and g.median > base.median * (1 + FAR_BEYOND * noise)]
+    if beyond:
+        assert not decision.best.is_baseline, (decision.note, [(g.numbers, g.values) for g in groups])
+
+
+def test_a_single_timing_beyond_the_noise_of_the_baseline_wins_when_the_best_repeated_one_ties_the_baseline():
+    """The best configuration timed twice (1.1x) is within the runs' spread of the baseline, so it is not a winner;
+    a configuration timed once at 1.7x the baseline's median, beyond twice the widest spread (30%), is: not the
+    defaults. At 1.5x it is not beyond, and the defaults are kept."""
+    from tuner.search.winner import Measured, decide
+
+    def groups(single):
+        return [Measured("base", {"x": 0}, (0, 5), (0.85, 1.15), is_baseline=True),
+                Measured("c", {"x": 1}, (1, 6), (1.0, 1.2)), Measured("g", {"x": 2}, (2,), (single,))]
+
+    won = decide(groups(1.7), defaults={"x": 0}, tolerance=0.10)
+    assert won.best.params == {"x": 2} and won.best.measured_once and "the baseline" in won.note
+    kept = decide(groups(1.5), defaults={"x": 0}, tolerance=0.10)
+    assert kept.best.is_baseline and "defaults are exported" in kept.note

@@ -232,16 +232,25 @@ def pick_best(groups: Sequence[Measured], *, maximize: bool, tolerance: float = 
     if not repeated:
         return max(groups, key=lambda g: sign * g.median), ""
     best = max(repeated, key=lambda g: sign * g.median)
+    lead, note = _single_beyond(groups, best, widest_spread(groups), maximize=maximize, tolerance=tolerance)
+    return (lead, note) if lead is not None else (best, "")
+
+
+def _single_beyond(groups: Sequence[Measured], reference: Measured, noise: float, *, maximize: bool,
+                   tolerance: float) -> tuple[Measured | None, str]:
+    """The best configuration timed once when its lead over ``reference`` (a repeated median) is beyond ``noise``
+    (:func:`beyond_noise`), with the note that says so; ``(None, "")`` otherwise."""
+    sign = 1.0 if maximize else -1.0
     singles = [g for g in groups if len(g.values) == 1]
-    if singles:
-        lead = max(singles, key=lambda g: sign * g.median)
-        noise = widest_spread(groups)
-        gain = lead_of(lead.median, best.median, maximize)
-        if beyond_noise(gain, noise, tolerance):
-            return lead, (f"measured once: trial {lead.last} ({dict(lead.params)}) was {gain:.2f}x the best "
-                          f"configuration timed more than once, far beyond the widest spread between repeated runs "
-                          f"({noise:.1%}); the budget left no time to re-run it")
-    return best, ""
+    if not singles:
+        return None, ""
+    lead = max(singles, key=lambda g: sign * g.median)
+    gain = lead_of(lead.median, reference.median, maximize)
+    if not beyond_noise(gain, noise, tolerance):
+        return None, ""
+    what = "the baseline" if reference.is_baseline else "the best configuration timed more than once"
+    return lead, (f"measured once: trial {lead.last} ({dict(lead.params)}) was {gain:.2f}x {what}, far beyond "
+                  f"the widest spread between repeated runs ({noise:.1%}); the budget left no time to re-run it")
 
 
 def decide(groups: Sequence[Measured], *, defaults: Mapping[str, Any], maximize: bool = True,
@@ -259,6 +268,9 @@ def decide(groups: Sequence[Measured], *, defaults: Mapping[str, Any], maximize:
         gain = lead_of(best_g.median, base_g.median, maximize)
         spread = max(best_g.spread, base_g.spread)
         if len(best_g.values) > 1 and len(base_g.values) > 1 and gain - 1.0 <= spread:
+            single, why = _single_beyond(groups, base_g, noise, maximize=maximize, tolerance=tolerance)
+            if single is not None:  # the best repeated one is the baseline's equal; one timed once is not
+                return Decision(Choice.of(single), base, why, None, noise)
             return Decision(base, base, (f"nothing beat the baseline beyond the measured spread: the best "
                                          f"({dict(best_g.params)}) was {gain:.3f}x it, within the runs' spread of "
                                          f"{spread:.1%}; the defaults are exported"), None, noise)
