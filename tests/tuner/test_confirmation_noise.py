@@ -202,10 +202,12 @@ def test_the_per_trial_lines_and_the_final_figure_use_the_same_baseline(tmp_path
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(420)
 def test_the_cpu_main_job_never_exports_the_defaults_when_a_trial_measured_beyond_the_noise(tmp_path):
-    """The README's main job on this CPU, shortened to a minute (the built-in twin, real trials in subprocesses, a
-    real SQLite study), on whatever load the machine has: what it exports is the stored study's decision, and when
-    any configuration measured beyond the noise of the baseline's runs, that is not the defaults."""
+    """The README's main job on this CPU (``tuner search --budget 2m``: the built-in twin, real trials in
+    subprocesses, a real SQLite study), on whatever load the machine has: what it exports is the stored study's
+    decision, and when any configuration measured beyond the noise of the baseline's runs, that is not the
+    defaults. (A minute does not fit: on a 2-core machine under load the baseline alone took 57 s.)"""
     import subprocess
     import sys
 
@@ -213,9 +215,9 @@ def test_the_cpu_main_job_never_exports_the_defaults_when_a_trial_measured_beyon
 
     from tuner.search.winner import FAR_BEYOND, decision_for_run, group_runs, params_json, widest_spread
 
-    r = subprocess.run([sys.executable, "-m", "tuner", "search", "--budget", "60s", "--seed", "3", "-o", "out",
+    r = subprocess.run([sys.executable, "-m", "tuner", "search", "--budget", "2m", "--seed", "3", "-o", "out",
                         "--storage", f"sqlite:///{tmp_path / 't.db'}"], cwd=tmp_path, capture_output=True, text=True,
-                       timeout=240)
+                       timeout=400)
     assert r.returncode == 0, r.stderr[-3000:]
     repo = Repo(f"sqlite:///{tmp_path / 't.db'}")
     run = repo.list_runs()[0]

@@ -289,6 +289,9 @@ def decide(groups: Sequence[Measured], *, defaults: Mapping[str, Any], maximize:
     chosen = best_g
     if parsimony.switched:
         chosen = next(g for g in below if g.last == parsimony.chosen.key)
+        if note:  # the measured-once winner gave way to one with fewer changes within its noise
+            note += (f"; trial {chosen.last}, {len(chosen.values)} run(s) and fewer changes, is within its noise and "
+                     f"is the choice")
     return Decision(Choice.of(chosen), base, note, parsimony, noise)
 
 
