@@ -8,6 +8,7 @@ from search_spaces.hardware import Hardware, detect_hardware
 from search_spaces.loader import builtin_space_path, load_space, load_space_text
 from search_spaces.resolve import Inactive, ResolvedSpace, resolve
 from search_spaces.schema import Condition, Constraint, Objective, Param, ServerCounterpart, Space, SpaceError
+from search_spaces.targets import TARGET_NAMES
 
 __all__ = [
     "DENSITIES",
@@ -21,6 +22,7 @@ __all__ = [
     "ServerCounterpart",
     "Space",
     "SpaceError",
+    "TARGET_NAMES",
     "builtin_space_path",
     "detect_hardware",
     "expand_buckets",

@@ -52,6 +52,7 @@ from search_spaces.schema import (
     check_bucket_values,
     check_requirements,
 )
+from search_spaces.targets import TARGET_NAMES
 
 _TOP_KEYS = {"name", "description", "target", "preset", "settings", "objective", "params", "constraints"}
 _PARAM_KEYS = {
@@ -60,7 +61,6 @@ _PARAM_KEYS = {
 }
 _SERVER_KEYS = {"flag", "env", "none", "values", "note", "see"}
 _OBJECTIVE_KEYS = {"metric", "direction", "combine", "levels", "level", "unit", "constraints", "slo", "pareto"}
-_TARGETS = ("workload", "sglang", "kernels", "command")
 
 BUILTIN_DIR = Path(__file__).resolve().parent
 
@@ -101,8 +101,8 @@ def load_space_text(text: str, *, source: str = "<string>") -> Space:
     if not isinstance(name, str) or not name:
         raise _fail(source, "`name` must be a non-empty string", name, "add `name: my-space`")
     target = data.get("target", "workload")
-    if target not in _TARGETS and not (isinstance(target, str) and ":" in target):
-        raise _fail(source, "unknown `target`", target, f"use one of {_TARGETS} or a plug-in module.path:ClassName")
+    if target not in TARGET_NAMES and not (isinstance(target, str) and ":" in target):
+        raise _fail(source, "unknown `target`", target, f"use one of {TARGET_NAMES} or a plug-in module.path:ClassName")
     raw_params = data.get("params")
     if not isinstance(raw_params, dict) or not raw_params:
         raise _fail(source, "`params` must be a non-empty mapping of parameter name to definition", raw_params,

@@ -3,20 +3,24 @@ statement, not one per study. ``Repo.list_trials`` is this page too."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from sqlalchemy import func, select
-from sqlalchemy.orm import selectinload
+from sqlalchemy.orm import Session, selectinload
 
 from storage.models import Event, TrialRecord
 
-if TYPE_CHECKING:  # pragma: no cover
-    from storage.repo import Repo
+
+class HasSession(Protocol):
+    """What a query needs of a store: a session (``storage.repo.Repo`` is one). A protocol, so that ``repo`` may
+    import these queries and these queries never import ``repo``."""
+
+    def session(self) -> Session: ...
 
 SORT_KEYS = ("number", "value", "duration")
 
 
-def outcome_counts_by_run(repo: Repo) -> dict[int, dict[str, int]]:
+def outcome_counts_by_run(repo: HasSession) -> dict[int, dict[str, int]]:
     """``{run_id: {outcome: n}}`` for every run in one grouped query (served by the run/outcome index)."""
     q = select(TrialRecord.run_id, TrialRecord.outcome, func.count()).group_by(
         TrialRecord.run_id, TrialRecord.outcome
@@ -28,7 +32,7 @@ def outcome_counts_by_run(repo: Repo) -> dict[int, dict[str, int]]:
     return out
 
 
-def last_event_id(repo: Repo, run_id: int) -> int:
+def last_event_id(repo: HasSession, run_id: int) -> int:
     """The newest event id of a run: a cheap version number for caches of derived views (plots, importances)."""
     with repo.session() as s:
         return int(s.scalar(select(func.max(Event.id)).where(Event.run_id == run_id)) or 0)
@@ -36,7 +40,7 @@ def last_event_id(repo: Repo, run_id: int) -> int:
 
 
 def trial_page(
-    repo: Repo,
+    repo: HasSession,
     run_id: int,
     *,
     state: str | None = None,
@@ -89,7 +93,7 @@ def trial_page(
     return total, [rows[i] for i in ids]
 
 
-def config_runs(repo: Repo, run_id: int, params: dict) -> list[int]:
+def config_runs(repo: HasSession, run_id: int, params: dict) -> list[int]:
     """Numbers of the ``ok`` trials that measured exactly these params (not answered from an earlier timing:
     ``repeat_of`` unset): the runs a recorded best's median is taken over."""
     q = select(TrialRecord.number, TrialRecord.params).where(

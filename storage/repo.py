@@ -12,6 +12,7 @@ from sqlalchemy.orm import Session, selectinload, sessionmaker
 from storage.engine import make_engine
 from storage.models import OUTCOMES, Artifact, Base, Event, FailedFlagSet, Measurement, Run, TrialRecord, utcnow
 from storage.names import check_study_name
+from storage.queries import trial_page
 from storage.segments import (
     EARLIER_SEGMENTS,
     Segment,
@@ -248,8 +249,6 @@ class Repo:
     ) -> list[TrialRecord]:
         """The trials of a run, filtered, sorted and paged by :func:`storage.queries.trial_page` (missing values
         last in either order); every trial by default."""
-        from storage.queries import trial_page
-
         return trial_page(self, run_id, state=state, outcome=outcome, sort=sort, descending=descending,
                           offset=offset, limit=limit, with_measurements=with_measurements)[1]
 

@@ -338,7 +338,7 @@ def export(storage: StorageOpt = "sqlite:///tuner.db", study: StudyOpt = None,
 
     space = load_space_text(run.space_yaml, source=run.settings.get("space_path", run.space_name))
     target = get_target_class(run.target)(resolve(space, detect_hardware()), target_settings(run.settings))
-    from tuner.search.parsimony import parsimony_for_run
+    from tuner.search.winner import parsimony_for_run
 
     dest = export_run(repo, run.study_name, out, target=target, parsimony=parsimony_for_run(repo, run),
                       chosen=chosen)

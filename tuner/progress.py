@@ -49,9 +49,9 @@ class RichProgress(Progress):
     def trial_finished(self, summary: TrialSummary, ctx: SearchContext) -> None:
         self.current = None
         if self.live is None:
-            base = ctx.baseline
+            base = ctx.baseline_value  # the baseline's median so far: the figure the final line uses too
             val = f"{summary.value:.2f}" if summary.value is not None else "-"
-            ratio = f" ({summary.value / base.value:.2f}x baseline)" if (summary.value and base and base.value) else ""
+            ratio = f" ({summary.value / base:.2f}x baseline)" if (summary.value and base) else ""
             tag = " [baseline]" if summary.is_baseline else ""
             if summary.repeat_of is not None:
                 tag = " [" + summary.reason.split(":")[0] + "]"
@@ -87,9 +87,9 @@ class RichProgress(Progress):
         t = Table.grid(padding=(0, 2))
         t.add_row("elapsed", f"{format_seconds(ctx.deadline.elapsed())} / {format_seconds(ctx.deadline.budget_s)}")
         t.add_row("trials", f"{done} done · {c.get('ok', 0)} ok · {failed} failed · {c.get('pruned', 0)} pruned")
-        best, base = ctx.best, ctx.baseline
+        best, base = ctx.best, ctx.baseline_value
         if best is not None:
-            ratio = f" = {best.value / base.value:.2f}x baseline ({base.value:.2f})" if base and base.value else ""
+            ratio = f" = {best.value / base:.2f}x baseline ({base:.2f})" if base else ""
             t.add_row("best", f"{best.value:.2f} {ctx.resolved.space.objective.unit}{ratio} (trial {best.number})")
             t.add_row("", _fmt_params(best.params))
         if self.current is not None:

@@ -28,6 +28,9 @@ class FakeSettings(CommonSettings):
     noise: dict[str, float] = {}
     """Per ``x`` (as text), a factor the value is multiplied by on every second run of that configuration in this
     study (a noisy server): the runs then disagree by that much."""
+    slow_rerun_s: dict[str, float] = {}
+    """Per ``x`` (as text), seconds every run of that configuration after its first sleeps (a re-run that does not
+    fit the time left: with a shorter trial timeout it times out)."""
 
 
 class FakeTarget(Target):
@@ -50,11 +53,14 @@ class FakeTarget(Target):
         if mode == "raise":
             raise ZeroDivisionError("the fake target divided by zero")
         factor = 1.0
-        if str(int(x)) in self.config.noise:  # every second run of this x (a count kept beside the study)
+        name = str(int(x))
+        if name in self.config.noise or name in self.config.slow_rerun_s:  # a count of runs kept beside the study
             seen = Path(os.environ.get("TUNER_FAKE_NOISE_DIR", "/tmp")) / f"fake-noise-x{int(x)}"
             n = int(seen.read_text()) if seen.exists() else 0
             seen.write_text(str(n + 1))
-            factor = self.config.noise[str(int(x))] if n % 2 else 1.0
+            factor = self.config.noise.get(name, 1.0) if n % 2 else 1.0
+            if n and name in self.config.slow_rerun_s:
+                time.sleep(self.config.slow_rerun_s[name])
         levels = {c: factor * (10.0 + 5 * x) * c ** 0.5 for c in self.space.objective.levels}
         for i, (c, v) in enumerate(levels.items()):
             if report is not None:

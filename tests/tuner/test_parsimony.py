@@ -2,7 +2,7 @@
 
 import pytest
 
-from tuner.search.parsimony import Candidate, changes_from, prefer_parsimonious
+from tuner.search.winner import Candidate, changes_from, prefer_parsimonious
 
 D = {"a": 1, "b": 1, "c": 1}
 

@@ -106,7 +106,7 @@ def test_the_export_prefers_fewer_changes_within_the_noise_and_says_so(tmp_path)
     from storage import Repo
     from storage.types import MetricRow
     from tuner.export.script import export_run
-    from tuner.search.parsimony import parsimony_for_run
+    from tuner.search.winner import parsimony_for_run
     from tuner.targets.workload.target import WorkloadTarget
 
     space_path = Path(__file__).resolve().parents[2] / "search_spaces" / "dsv4_flash_tiny.yaml"

@@ -105,7 +105,7 @@ def export_run(repo: Repo, study: str, out_dir: str | os.PathLike, *, target: Ta
     """Write ``out_dir/<study>/`` for the run's recorded best (launch script, params YAML, kernel configs); store
     them as artifacts too. The figures per level are medians over the same runs as the recorded value. ``note``:
     what the search said of its choice (e.g. that nothing beat the baseline beyond the noise). ``parsimony`` (a
-    ``tuner.search.parsimony.ParsimonyChoice``, made by the caller) says which trial to prefer and why: its choice
+    ``tuner.search.winner.ParsimonyChoice``, made by the caller) says which trial to prefer and why: its choice
     is exported and its reason written in the header. A workload (twin) study's launch.sh is SGLang's command
     (:mod:`tuner.export.sglang_command`), its re-measure script beside it. ``chosen`` (a goodput study's
     :class:`tuner.targets.sglang.front.Chosen`): export that point of the front instead (its trial; ``tuner verify``

@@ -1,18 +1,19 @@
-"""The end of a search: re-run the top configurations, and pick the winner by the median over its runs."""
+"""The end of a search: re-run the baseline and the top configurations, in time kept for it from the start.
+
+Which configuration wins is decided in :mod:`tuner.search.winner`; this module only plans and runs the re-runs."""
 
 from __future__ import annotations
 
 import logging
-import math
 import statistics
 from dataclasses import dataclass
-from typing import Any
 
 from tuner.search.context import CONFIRM_ATTR, Progress, SearchContext, TrialSummary
 from tuner.search.sampling import (
     suggestable,
 )
 from tuner.search.trial import run_one
+from tuner.search.winner import Measured, group_runs, pick_best
 
 _logger = logging.getLogger(__name__)
 
@@ -20,14 +21,103 @@ EXTRA_RERUNS = 2
 """Re-runs of the winner at most, beyond the top-k round, while its runs disagree by more than the tolerance."""
 
 
+MAX_SHARE = 0.3
+"""At most this share of the budget is kept for confirmation; a plan that needs more re-runs fewer candidates."""
+
+MARGIN = 1.2
+"""A re-run is planned at its configuration's measured duration times this (a re-run may be slower)."""
+
+
+@dataclass(frozen=True)
+class ConfirmPlan:
+    """The re-runs the end of the search keeps time for: ``(what, seconds)`` each, from the trials' measured cost."""
+
+    runs: tuple[tuple[str, float], ...]
+    cap_s: float
+    dropped: int = 0
+    """Planned re-runs left out because they did not fit :data:`MAX_SHARE` of the budget."""
+
+    @property
+    def total_s(self) -> float:
+        return sum(s for _, s in self.runs)
+
+    def line(self) -> str:
+        if not self.runs:
+            return "no re-run planned yet (nothing measured)"
+        what = ", ".join(f"{w} {s:.0f} s" for w, s in self.runs)
+        more = f"; {self.dropped} more left out to fit {MAX_SHARE:.0%} of the budget" if self.dropped else ""
+        return f"{self.total_s:.0f} s kept at the end for {len(self.runs)} re-run(s): {what}{more}"
+
+
+def plan_confirmation(durations: list[tuple[str, float, bool]], *, k: int, budget_s: float) -> ConfirmPlan:
+    """The re-runs to keep time for. ``durations`` holds one ``(name, measured seconds, timed twice already)`` per
+    configuration, the baseline first and then the rest best first: the baseline and the top ``k`` not yet timed
+    twice, one challenger that may overtake them (at the dearest of those) and :data:`EXTRA_RERUNS` of the winner
+    while its runs disagree (at the top one's cost). Each at its own measured cost times :data:`MARGIN`: a
+    configuration that compiles for a minute is planned at a minute. Cut from the end to fit ``MAX_SHARE`` of
+    ``budget_s``."""
+    if not durations:
+        return ConfirmPlan((), MAX_SHARE * budget_s)
+    base, rest = durations[0], durations[1:k + 1]
+    runs = [] if base[2] else [(f"{base[0]} (the baseline)", MARGIN * base[1])]
+    runs += [(name, MARGIN * d) for name, d, twice in rest if not twice]
+    if rest:
+        runs.append(("a challenger", MARGIN * max(d for _, d, _ in rest)))
+        runs += [(f"{rest[0][0]} again", MARGIN * rest[0][1])] * EXTRA_RERUNS
+    cap, kept = MAX_SHARE * budget_s, []
+    for r in runs:
+        if sum(s for _, s in kept) + r[1] > cap:
+            break
+        kept.append(r)
+    return ConfirmPlan(tuple(kept), cap, len(runs) - len(kept))
+
+
+def confirm_plan(ctx: SearchContext) -> ConfirmPlan:
+    """:func:`plan_confirmation` over the search's trials so far (nothing while no trial ran correctly, and
+    nothing with ``--n-trials`` or ``--confirm-top 0``)."""
+    if ctx.options.confirm_top <= 0 or ctx.options.n_trials is not None:
+        return ConfirmPlan((), 0.0)
+    groups = group_runs(ctx.trials, ctx.key_of)
+    cost = _cost_by_key(ctx)
+    base = next((g for g in groups if g.is_baseline), None)
+    sign = 1.0 if ctx.direction == "maximize" else -1.0
+    ranked = sorted((g for g in groups if g is not base), key=lambda g: -sign * g.median)
+    rows = ([(f"trial {base.numbers[0]}", cost[base.key], len(base.values) > 1)] if base else [])
+    if not rows:
+        return ConfirmPlan((), MAX_SHARE * ctx.deadline.budget_s)
+    rows += [(f"trial {g.numbers[0]}", cost[g.key], len(g.values) > 1) for g in ranked]
+    return plan_confirmation(rows, k=ctx.options.confirm_top, budget_s=ctx.deadline.budget_s)
+
+
+def planned_line(confirm_top: int, n_trials: int | None, budget_s: float, trial_s: float | None) -> str:
+    """The dry-run plan's line for confirmation: what :func:`plan_confirmation` keeps at the end when every trial
+    costs the target's estimate ``trial_s`` (the search plans it again from the trials' measured cost)."""
+    if confirm_top <= 0 or n_trials is not None:
+        return "none (" + ("--confirm-top 0" if confirm_top <= 0 else "--n-trials: every trial runs once") + ")"
+    if not trial_s or trial_s <= 0:
+        return (f"the baseline and the top {confirm_top} re-run at the end, in time planned from the trials' "
+                f"measured cost (no estimate of a trial's cost before the first one runs)")
+    rows = [("trial 0", trial_s, False)] + [(f"the {_nth(i + 1)} best", trial_s, False) for i in range(confirm_top)]
+    plan = plan_confirmation(rows, k=confirm_top, budget_s=budget_s)
+    return f"{plan.line()} (at {trial_s:.0f} s a trial; planned again from the trials' measured cost)"
+
+
+def _nth(i: int) -> str:
+    return {1: "1st", 2: "2nd", 3: "3rd"}.get(i, f"{i}th")
+
+
+def _cost_by_key(ctx: SearchContext) -> dict[str, float]:
+    """Each configuration's measured duration (the median over its runs)."""
+    by: dict[str, list[float]] = {}
+    for t in ctx.trials:
+        if t.outcome == "ok" and t.repeat_of is None:
+            by.setdefault(ctx.key_of(t.params), []).append(t.duration_s)
+    return {k: statistics.median(v) for k, v in by.items()}
+
+
 def confirm_reserve(ctx: SearchContext) -> float:
-    """Time kept back at the end to re-run the baseline, the top configurations, one that may overtake them and
-    the winner while its runs disagree (none until there is something to confirm)."""
-    ok = [t.duration_s for t in ctx.trials if t.outcome == "ok" and t.repeat_of is None]
-    if ctx.options.confirm_top <= 0 or ctx.options.n_trials is not None or len(ok) < 5:
-        return 0.0
-    runs = ctx.options.confirm_top + 2 + EXTRA_RERUNS
-    return min(0.2 * ctx.deadline.budget_s, 1.2 * runs * statistics.median(ok))
+    """Time kept back at the end for :func:`confirm_plan`'s re-runs."""
+    return confirm_plan(ctx).total_s
 
 
 def confirm_top(ctx: SearchContext, progress: Progress | None) -> None:
@@ -45,9 +135,11 @@ def confirm_top(ctx: SearchContext, progress: Progress | None) -> None:
         distinct.setdefault(ctx.key_of(t.params), t)
     top = list(distinct.values())[:k]
     mean_dur = statistics.median(t.duration_s for t in ok if t.repeat_of is None) or 1.0
+    cost = _cost_by_key(ctx)
 
     def rerun(t: TrialSummary, why: str = "to confirm it") -> bool:
-        if ctx.stop.is_set() or ctx.deadline.remaining_for_trials() < 1.5 * mean_dur:
+        need = MARGIN * (cost.get(ctx.key_of(t.params)) or mean_dur)  # its own measured cost, not the median's
+        if ctx.stop.is_set() or ctx.deadline.remaining_for_trials() < need:
             return False
         if ctx.options.n_trials is not None:
             return False
@@ -64,6 +156,9 @@ def confirm_top(ctx: SearchContext, progress: Progress | None) -> None:
         if not rerun(base, "(the baseline) to confirm it"):
             return
         confirmed.add(ctx.key_of(base.params))
+        if progress and ctx.baseline_value is not None:
+            progress.message(f"the baseline's median over its runs, {ctx.baseline_value:.2f}, is the figure every "
+                             f"\"x baseline\" uses from here on, the final line's included")
     for t in top:
         if ctx.key_of(t.params) in confirmed:
             continue
@@ -75,116 +170,35 @@ def confirm_top(ctx: SearchContext, progress: Progress | None) -> None:
             break
     tolerance = ctx.target.config.noise_tolerance
     for _ in range(EXTRA_RERUNS):
-        best = pick_best(ctx)
+        best = _best(ctx)
         if best is None or best.spread <= tolerance:
             return
-        if not rerun(best, f"again: its runs differ by {best.spread:.0%}, more than the {tolerance:.0%} tolerance"):
+        again = next(t for t in ctx.trials if t.number == best.last)
+        if not rerun(again, f"again: its runs differ by {best.spread:.0%}, more than the {tolerance:.0%} tolerance"):
             return
 
 
-def _runs_by_config(ctx: SearchContext) -> list[list[TrialSummary]]:
-    groups: dict[str, list[TrialSummary]] = {}
-    for t in ctx.trials:
-        if t.outcome == "ok" and t.value is not None and t.repeat_of is None:
-            groups.setdefault(ctx.key_of(t.params), []).append(t)  # twins of one program are one configuration
-    return list(groups.values())
-
-
-def _runs_of(ctx: SearchContext, params: dict) -> list[TrialSummary]:
+def _runs_of(ctx: SearchContext, params: dict) -> list[int]:
     key = ctx.key_of(params)
-    return next((runs for runs in _runs_by_config(ctx) if ctx.key_of(runs[0].params) == key), [])
+    return next((list(g.numbers) for g in group_runs(ctx.trials, ctx.key_of) if g.key == key), [])
 
 
-def spread_of(values: list[float]) -> float:
-    """The relative range of repeated timings: (max - min) / median; 0 for a single one."""
-    if len(values) < 2:
-        return 0.0
-    med = statistics.median(values)
-    return (max(values) - min(values)) / abs(med) if med else math.inf
+def _best(ctx: SearchContext) -> Measured | None:
+    return pick_best(group_runs(ctx.trials, ctx.key_of), maximize=ctx.direction == "maximize",
+                     tolerance=ctx.target.config.noise_tolerance)[0]
 
 
 def unconfirmed_leader(ctx: SearchContext) -> TrialSummary | None:
     """The configuration timed once whose value beats the best median of every configuration timed more than once
     (None when there is no such one, or nothing was timed twice)."""
-    groups = _runs_by_config(ctx)
-    confirmed = [statistics.median(r.value for r in runs) for runs in groups if len(runs) > 1]
-    singles = [runs[0] for runs in groups if len(runs) == 1]
+    groups = group_runs(ctx.trials, ctx.key_of)
+    confirmed = [g.median for g in groups if len(g.values) > 1]
+    singles = [g for g in groups if len(g.values) == 1]
     if not confirmed or not singles:
         return None
     best_confirmed = max(confirmed) if ctx.direction == "maximize" else min(confirmed)
-    lead = max(singles, key=lambda t: t.value) if ctx.direction == "maximize" else min(singles, key=lambda t: t.value)
-    return lead if ctx.better(lead.value, best_confirmed) else None
-
-
-@dataclass
-class Choice:
-    """The configuration a search reports and exports: its median over its runs and how far those runs spread."""
-
-    number: int
-    """The latest run of the configuration (its parameters, its stored record)."""
-    params: dict[str, Any]
-    value: float
-    """The median of the objective over :attr:`runs`."""
-    runs: list[int]
-    spread: float
-    """(max - min) / median over the runs; 0 for one run."""
-    is_baseline: bool = False
-
-    @property
-    def summary(self) -> TrialSummary:
-        return TrialSummary(self.number, self.params, "ok", self.value, "", 0.0, self.is_baseline)
-
-
-def pick_best(ctx: SearchContext) -> Choice | None:
-    """The configuration with the best median over its runs. Once any configuration was timed more than once,
-    only those compete: a single timing is never preferred to a confirmed one (it may be the lucky draw)."""
-    groups = _runs_by_config(ctx)
-    if any(len(runs) > 1 for runs in groups):
-        groups = [runs for runs in groups if len(runs) > 1]
-    best: Choice | None = None
-    for runs in groups:
-        values = [r.value for r in runs]
-        med = statistics.median(values)
-        if best is None or ctx.better(med, best.value):
-            last = max(runs, key=lambda r: r.number)
-            best = Choice(last.number, last.params, med, sorted(r.number for r in runs), spread_of(values),
-                          any(r.is_baseline for r in runs))
-    return best
-
-
-def choice_of(ctx: SearchContext, params: dict) -> Choice | None:
-    """The configuration ``params`` as a choice: its median over its runs (None when it never ran correctly)."""
-    runs = _runs_of(ctx, params)
-    if not runs:
+    pick = max if ctx.direction == "maximize" else min
+    lead = pick(singles, key=lambda g: g.median)
+    if not ctx.better(lead.median, best_confirmed):
         return None
-    values = [r.value for r in runs]
-    last = max(runs, key=lambda r: r.number)
-    return Choice(last.number, last.params, statistics.median(values), sorted(r.number for r in runs),
-                  spread_of(values), any(r.is_baseline for r in runs))
-
-
-def baseline_choice(ctx: SearchContext) -> Choice | None:
-    """The baseline configuration's median over its runs (every "x baseline" uses it), or None without one."""
-    base = ctx.baseline
-    if base is None:
-        return None
-    runs = _runs_of(ctx, base.params) or [base]
-    values = [r.value for r in runs]
-    return Choice(base.number, base.params, statistics.median(values), sorted(r.number for r in runs),
-                  spread_of(values), True)
-
-
-def decide(ctx: SearchContext) -> tuple[Choice | None, Choice | None, str]:
-    """``(best, baseline, note)``: the winner by median; the baseline instead when the winner does not beat it by
-    more than their measured spread (then the note says so, and the export is the defaults)."""
-    best, base = pick_best(ctx), baseline_choice(ctx)
-    if best is None or base is None or ctx.key_of(best.params) == ctx.key_of(base.params):
-        return best, base, ""
-    num, den = (best.value, base.value) if ctx.direction == "maximize" else (base.value, best.value)
-    # a baseline worth 0 (an infeasible goodput configuration) is beaten by any configuration worth more
-    gain = num / den if den > 0 else (math.inf if num > den else 1.0)
-    noise = max(best.spread, base.spread)
-    if len(best.runs) > 1 and len(base.runs) > 1 and gain - 1.0 <= noise:
-        return base, base, (f"nothing beat the baseline beyond the measured spread: the best ({best.params}) was "
-                            f"{gain:.3f}x it, within the runs' spread of {noise:.1%}; the defaults are exported")
-    return best, base, ""
+    return next(t for t in ctx.trials if t.number == lead.last)

@@ -1,7 +1,8 @@
-"""The search's state: options, the context one search (or one worker) holds, opening or resuming a study.
+"""The state one search (or one worker) holds, and opening or resuming its study.
 
-``open_context`` is the only place the schema and the Optuna study are created; the sampler and the pruner every
-process of a study uses are made here too."""
+``open_context`` is the only place the schema and the Optuna study are created. The options
+(``tuner.search.options``), the result types (``tuner.search.results``) and the sampler (``tuner.search.sampling``)
+live in their own modules; their names are importable from here too, as callers have long done."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import logging
 import os
 import re
 import socket
+import statistics
 import threading
 import warnings
 from dataclasses import dataclass, field
@@ -31,8 +33,13 @@ from tuner.budget import Deadline
 from tuner.errors import SearchError, TargetError
 from tuner.execution.isolation import TrialProcess
 from tuner.fingerprint import fingerprint
+from tuner.search.options import SearchOptions
+from tuner.search.results import Progress, SearchResult, TrialSummary
 from tuner.search.sampling import (
+    make_pruner,
+    make_sampler,
     params_key,
+    set_constraints,
     suggestable,
 )
 from tuner.targets import PreflightReport, Target, get_target_class
@@ -42,91 +49,6 @@ _logger = logging.getLogger(__name__)
 BASELINE_ATTR = "tuner_baseline"
 CONFIRM_ATTR = "tuner_confirm_of"
 MAX_REPEATS_IN_A_ROW = 25
-_HAS_SET_CONSTRAINT = hasattr(optuna.trial.Trial, "set_constraint")  # Optuna >= 5; constraints_func before
-
-
-@dataclass
-class SearchOptions:
-    budget_s: float
-    storage_url: str = "sqlite:///tuner.db"
-    study: str | None = None
-    space_path: str | None = None
-    """A YAML file or a built-in name; ``None`` picks ``dsv4_flash`` on a GPU and ``dsv4_flash_tiny`` on a CPU."""
-    target: str | None = None
-    resume: bool = False
-    seed: int | None = None
-    out_dir: str = "tuner-out"
-    settings: dict[str, Any] = field(default_factory=dict)
-    n_trials: int | None = None
-    dry_run: bool = False
-    confirm_top: int = 3
-    refine_share: float = 0.25
-    """Share of the time for trials spent last on one-change moves from the best so far (``tuner.search.refine``)."""
-    export: bool = True
-    trial_timeout_s: float | None = None
-    hardware: Hardware | None = None
-    workers: int = 1
-    """Local worker threads, each running its trials in its own subprocess (see ``tuner.search.parallel``)."""
-    gpus: list[int] | None = None
-    """GPU ids the local workers lease from (``None``: every visible GPU, or none on a CPU machine)."""
-    warm_start: str | None = None
-    """``URL#STUDY`` of a twin (workload) study whose best configurations, translated, run first (server targets)."""
-
-
-@dataclass
-class TrialSummary:
-    number: int
-    params: dict[str, Any]
-    outcome: str
-    value: float | None
-    reason: str = ""
-    duration_s: float = 0.0
-    is_baseline: bool = False
-    repeat_of: int | None = None
-    """The earlier trial whose timing this one copies (its configuration was not run again)."""
-
-    @property
-    def is_repeat(self) -> bool:
-        return self.repeat_of is not None
-
-
-@dataclass
-class SearchResult:
-    study: str
-    storage_url: str
-    state: str
-    trials: list[TrialSummary]
-    baseline: TrialSummary | None
-    best: TrialSummary | None
-    best_params: dict[str, Any] | None
-    best_value: float | None
-    baseline_value: float | None
-    export_dir: str | None
-    preflight: PreflightReport
-    elapsed_s: float
-    stop_reason: str = ""
-    best_runs: list[int] = field(default_factory=list)
-    """The trials whose median is ``best_value`` (the winner's runs)."""
-    best_spread: float = 0.0
-    """(max - min) / median over the winner's runs."""
-    baseline_runs: list[int] = field(default_factory=list)
-    note: str = ""
-    """What the user must know about the choice (e.g. nothing beat the baseline beyond the noise)."""
-
-    @property
-    def speedup(self) -> float | None:
-        if self.best_value and self.baseline_value:
-            return self.best_value / self.baseline_value
-        return None
-
-
-class Progress:
-    """Receives what the search does; the CLI draws it, tests record it. Every method is optional."""
-
-    def started(self, ctx: SearchContext) -> None: ...
-    def trial_started(self, number: int, params: dict[str, Any]) -> None: ...
-    def trial_finished(self, summary: TrialSummary, ctx: SearchContext) -> None: ...
-    def message(self, text: str) -> None: ...
 
 
 @dataclass
@@ -168,12 +90,29 @@ class SearchContext:
         return next((t for t in self.trials if t.is_baseline and t.outcome == "ok"), None)
 
     @property
+    def baseline_value(self) -> float | None:
+        """The baseline configuration's median over its runs so far: the one figure every "x baseline" uses (the
+        per-trial lines, the live panel, the final line, the stored run)."""
+        base = self.baseline
+        if base is None:
+            return None
+        key = self.key_of(base.params)
+        runs = [t.value for t in self.trials if t.outcome == "ok" and t.value is not None and t.repeat_of is None
+                and self.key_of(t.params) == key]
+        return statistics.median(runs) if runs else base.value
+
+    @property
     def best(self) -> TrialSummary | None:
         best = None
         for t in self.trials:
             if t.outcome == "ok" and t.value is not None and (best is None or self.better(t.value, best.value)):
                 best = t
         return best
+
+
+__all__ = ["BASELINE_ATTR", "CONFIRM_ATTR", "MAX_REPEATS_IN_A_ROW", "Progress", "SearchContext", "SearchOptions",
+           "SearchResult", "TrialSummary", "load_history", "make_pruner", "make_sampler", "open_context",
+           "open_optuna_storage", "prepare", "set_constraints", "study_name_for"]
 
 
 # -- set-up ----------------------------------------------------------------------------------------------------
@@ -315,24 +254,6 @@ def _name_metric(study: optuna.Study, objective) -> None:
         study.set_metric_names([name] + ([objective.pareto] if objective.pareto else []))
 
 
-def make_sampler(resolved: ResolvedSpace, seed: int | None, *,
-                 parallel: bool = True) -> optuna.samplers.BaseSampler:
-    """The sampler every process of a study uses: multivariate TPE grouped for conditional parameters, learning
-    from failures through constraints; with several workers (``parallel``) a constant liar keeps them apart (it
-    costs about a third more sampling time, so a single worker goes without)."""
-    warnings.filterwarnings("ignore", category=optuna.exceptions.ExperimentalWarning)
-    return optuna.samplers.TPESampler(
-        seed=seed, multivariate=True, group=True, constant_liar=parallel,
-        n_startup_trials=max(5, min(10, len(resolved.params) + 2)),
-        **({} if _HAS_SET_CONSTRAINT else {"constraints_func": _constraints_of}),
-    )
-
-
-def make_pruner() -> optuna.pruners.BasePruner:
-    # keep the top 90% at each level: prune only a clearly bad trial, after the first level (c=1 says little)
-    return optuna.pruners.PercentilePruner(90.0, n_startup_trials=5, n_warmup_steps=1)
-
-
 def _fail_stale_optuna_trial(study: optuna.Study, number: int) -> None:
     for ft in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.RUNNING,)):
         if ft.number == number:
@@ -351,17 +272,5 @@ def load_history(ctx: SearchContext) -> None:
         ctx.trials.append(s)
         ctx.counts[s.outcome] = ctx.counts.get(s.outcome, 0) + 1
         ctx.seen.setdefault(ctx.key_of(rec.params), s)
-
-
-def _constraints_of(frozen: optuna.trial.FrozenTrial) -> list[float]:
-    return list(frozen.user_attrs.get("constraints", [0.0]))
-
-
-def set_constraints(trial: optuna.Trial, values: list[float]) -> None:
-    """Feasibility for the sampler: every value <= 0 is feasible. Kept in user attrs for the API as well."""
-    trial.set_user_attr("constraints", values)
-    if _HAS_SET_CONSTRAINT:
-        for i, v in enumerate(values):
-            trial.set_constraint(f"c{i}", v)
 
 

@@ -17,12 +17,13 @@ import threading
 from tuner.execution.persistent import close_workers
 from tuner.export.script import export_run
 from tuner.measurement import Outcome
-from tuner.search.confirm import choice_of, confirm_top, decide
+from tuner.search.confirm import confirm_top, planned_line
 from tuner.search.context import (
     Progress,
     SearchContext,
     SearchOptions,
     SearchResult,
+    TrialSummary,
     open_context,
     prepare,
     study_name_for,
@@ -30,7 +31,7 @@ from tuner.search.context import (
 from tuner.search.kernel_search import is_kernel_plan, kernel_phase, run_kernel_search
 from tuner.search.loop import sequential_loop
 from tuner.search.parallel import run_parallel
-from tuner.search.parsimony import parsimony_for_run
+from tuner.search.winner import decide_for_search
 
 _logger = logging.getLogger(__name__)
 
@@ -43,6 +44,8 @@ def run_search(options: SearchOptions, progress: Progress | None = None) -> Sear
     if options.dry_run:
         resolved, _, target, report, _ = prepare(options)
         report.plan(options.budget_s)
+        report.facts["confirmation"] = planned_line(options.confirm_top, options.n_trials, options.budget_s,
+                                                    report.trial_s)
         return SearchResult(study_name_for(options, resolved), options.storage_url, "dry_run", [], None, None,
                             None, None, None, None, report, 0.0)
     ctx = open_context(options, progress)
@@ -68,22 +71,17 @@ def run_search(options: SearchOptions, progress: Progress | None = None) -> Sear
     finally:
         _restore_sigint(prev_handler)
     export_dir = None
-    best, base, note = decide(ctx)
-    if note:
-        _logger.warning("%s", note)
-        if progress:
-            progress.message(note)
+    decision = decide_for_search(ctx)  # the winner, the baseline and why: tuner.search.winner
+    best, base, note, parsimony = decision.best, decision.baseline, decision.note, decision.parsimony
+    for line in (note, parsimony.reason() if parsimony is not None and parsimony.switched else ""):
+        if line:
+            _logger.warning("%s", line)
+            if progress:
+                progress.message(line)
     if base is not None:  # every "x baseline" (status, best, the API, the export) uses the baseline's median
         ctx.repo.set_baseline(ctx.run.id, base.value)
-    parsimony = None
-    if best is not None:  # status, best, the API and the export all report the confirmed choice
+    if best is not None:  # status, best, the API and the export all report the decided choice
         ctx.repo.set_best(ctx.run.id, best.number, best.value)
-        parsimony = parsimony_for_run(ctx.repo, ctx.repo.get_run(ctx.run.study_name))
-        if parsimony is not None and parsimony.switched:  # fewer changes within the noise: that is the choice
-            best = choice_of(ctx, parsimony.chosen.params) or best
-            ctx.repo.set_best(ctx.run.id, best.number, best.value)
-            if progress:
-                progress.message(parsimony.reason())
     if options.export and best is not None:
         try:
             export_dir = str(export_run(ctx.repo, ctx.run.study_name, options.out_dir, target=ctx.target,
@@ -96,7 +94,8 @@ def run_search(options: SearchOptions, progress: Progress | None = None) -> Sear
     if ctx.target.persistent_worker:
         close_workers()
     return SearchResult(ctx.run.study_name, options.storage_url, state, ctx.trials, ctx.baseline,
-                        best.summary if best else None, best.params if best else None, best.value if best else None,
+                        TrialSummary(best.number, best.params, "ok", best.value, "", 0.0, best.is_baseline)
+                        if best else None, best.params if best else None, best.value if best else None,
                         base.value if base else None, export_dir, ctx.target.preflight(), ctx.deadline.elapsed(),
                         ctx.stop_reason, best_runs=best.runs if best else [],
                         best_spread=best.spread if best else 0.0, baseline_runs=base.runs if base else [],

@@ -7,7 +7,7 @@ unless ``retune``) -> else a generated single-kernel space (every field of ``ker
 categorical whose default is the kernel's known-good default, so the baseline trial is the default config) -> a
 sub-study ``f"{study}.{kernel}.{shape_key}"`` in the same storage, opened with :func:`tuner.search.open_context`
 and run trial by trial with :func:`tuner.search.run_one` on a share of the budget -> the top few configs and the
-default re-timed -> the winner (:func:`tuner.search.pick_best`, the median over its runs) kept only if it beats
+default re-timed -> the winner (:func:`tuner.search.winner.pick_best`, the median over its runs) kept only if it beats
 the default by more than the measured spread -> for a kernel with a library path (``kernel.library_impl``: the
 GEMM's cuBLAS through torch) the winner and the library timed side by side, the faster named as the entry's ``impl``
 (:func:`compare_library`) -> the entry written with :func:`kernels.configs.write_config_file`
@@ -39,7 +39,6 @@ from search_spaces import Space, load_space
 from tuner.errors import SearchError, TargetError
 from tuner.execution.compile_ahead import CompileAhead, default_helpers
 from tuner.search import refine
-from tuner.search.confirm import pick_best
 from tuner.search.context import (
     CONFIRM_ATTR,
     MAX_REPEATS_IN_A_ROW,
@@ -50,6 +49,7 @@ from tuner.search.context import (
     open_context,
 )
 from tuner.search.trial import run_one
+from tuner.search.winner import beats_beyond, group_runs, pick_best
 from tuner.targets.base import PreflightReport
 from tuner.targets.kernels import KernelsSettings, load_kernel, parse_shape
 
@@ -452,18 +452,15 @@ def _decide(ctx: SearchContext, case: KernelCase, defaults: dict[str, Any], min_
             ) -> KernelCaseResult:
     kernel = load_kernel(case.kernel)
     target = ctx.target
-    runs: dict[str, list] = {}
-    for t in ctx.trials:  # the timings of each program (Target.canonical_params: twins are one)
-        if t.outcome == "ok" and t.value is not None and t.repeat_of is None:
-            runs.setdefault(ctx.key_of(t.params), []).append(t)
+    groups = {g.key: g for g in group_runs(ctx.trials, ctx.key_of)}  # twins of one program are one
     counts = dict(ctx.counts)
     evaluated = len({ctx.key_of(t.params) for t in ctx.trials
                      if t.repeat_of is None and t.outcome != "invalid_config"})
     res = KernelCaseResult(case.kernel, dict(case.shape), case.dtype, kernel.shape_key(case.shape), "failed",
                            study=ctx.run.study_name, trials=len(ctx.trials), evaluated=evaluated, counts=counts)
-    best = pick_best(ctx)
-    d_runs = runs.get(ctx.key_of(defaults), [])
-    d_med = statistics.median(r.value for r in d_runs) if d_runs else None
+    best, _ = pick_best(list(groups.values()), maximize=ctx.direction == "maximize")
+    d_group = groups.get(ctx.key_of(defaults))
+    d_med = d_group.median if d_group else None
     res.default_time_us = d_med
     if best is None:
         cut = [t for t in ctx.trials if t.outcome == "timeout" and t.reason.startswith("stopped at the search's")]
@@ -475,24 +472,19 @@ def _decide(ctx: SearchContext, case: KernelCase, defaults: dict[str, Any], min_
             f"{k} {v}" for k, v in sorted(counts.items()))
         res.config = target.config_of(defaults)
         return res
-    b_runs = runs[ctx.key_of(best.params)]
-
-    def rel_range(rs) -> float:
-        vals = [r.value for r in rs]
-        return (max(vals) - min(vals)) / statistics.median(vals) if len(vals) > 1 else 0.0
-
-    within = _within_spread(ctx, [r.number for r in b_runs + d_runs])
-    spread = max([rel_range(b_runs), rel_range(d_runs), min_gain] + ([statistics.median(within)] if within else []))
+    within = _within_spread(ctx, list(best.numbers) + list(d_group.numbers if d_group else ()))
+    spread = max([best.spread, d_group.spread if d_group else 0.0, min_gain]
+                 + ([statistics.median(within)] if within else []))
     res.spread = spread
     if d_med is None:
-        res.status, res.config, res.time_us = "tuned", target.config_of(best.params), best.value
+        res.status, res.config, res.time_us = "tuned", target.config_of(best.params), best.median
         res.reason = "the default config did not run correctly here; the best correct config is kept"
-    elif ctx.key_of(best.params) != ctx.key_of(defaults) and best.value < d_med * (1.0 - spread):
-        res.status, res.config, res.time_us = "tuned", target.config_of(best.params), best.value
+    elif ctx.key_of(best.params) != ctx.key_of(defaults) and beats_beyond(best.median, d_med, spread, maximize=ctx.direction == "maximize"):
+        res.status, res.config, res.time_us = "tuned", target.config_of(best.params), best.median
     else:
         res.status, res.config, res.time_us = "default_kept", target.config_of(defaults), d_med
         if ctx.key_of(best.params) != ctx.key_of(defaults):
-            res.reason = (f"best {best.value:.3g} us vs default {d_med:.3g} us is within the measured spread "
+            res.reason = (f"best {best.median:.3g} us vs default {d_med:.3g} us is within the measured spread "
                           f"{spread:.1%}")
     return res
 

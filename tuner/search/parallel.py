@@ -3,16 +3,9 @@
 
 What this module adds on top of Optuna, and why:
 
-- **Heartbeats that survive a database outage.** Optuna's ``HeartbeatThread`` dies on the first failed write,
-  so a worker cut off from the database for a moment would later be taken for dead. :class:`Heartbeat` logs
-  and keeps beating. A worker that really dies (kill -9, machine loss) stops beating; the next worker that
-  calls ``fail_stale_trials`` fails its trial after the grace period, marks it ``crash`` in the ``tuner_``
-  tables (:func:`mark_trial_crashed`) and enqueues the configuration once more (``RetryFailedTrialCallback``
-  with ``max_retry=1``: a retry that is lost again is not retried).
-- **Reconnecting with backoff.** :class:`ReconnectingRDBStorage` and :class:`RetryingRepo` retry a call that
-  failed because the connection failed (server restart, network cut, SQLite busy) with exponential backoff
-  capped at 30 s, for up to ``max_outage_s``; a finished trial's result is therefore written, not dropped.
-  ``pool_pre_ping`` discards dead pooled connections.
+- **Heartbeats and lost workers** (``tuner.search.heartbeat``) and **database calls that survive a lost
+  connection** (``tuner.search.db_retry``): a worker's trial beats while it runs, a lost one is failed, marked
+  ``crash`` and retried once; a finished trial's result is written even across a database restart.
 - **A study-wide trial cap** (``max_trials``): workers ask only while the study holds fewer than that many
   trials that finished or are running (waiting retries are always taken). The check and the ask happen under
   one lock (a PostgreSQL advisory lock across processes, a thread lock inside one), so N workers stop at
@@ -30,7 +23,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import functools
 import hashlib
 import logging
 import os
@@ -38,22 +30,33 @@ import socket
 import threading
 import time
 import warnings
-from collections.abc import Callable, Iterator
-from typing import Any, TypeVar
+from collections.abc import Iterator
 
 import optuna
 from optuna.trial import TrialState
-from sqlalchemy import exc as sa_exc
-from sqlalchemy import select, text
+from sqlalchemy import text
 
 from storage import Repo
-from storage.engine import normalize_url
-from storage.models import Event, TrialRecord, utcnow
 from tuner.errors import LeaseCancelled, LeaseError, WorkerError
 from tuner.measurement import Outcome
 from tuner.search import refine
 from tuner.search.context import load_history
+from tuner.search.db_retry import (
+    ReconnectingRDBStorage,
+    RetryingRepo,
+    is_disconnect,
+    is_sqlite,
+    retry_db,
+)
 from tuner.search.failfast import FailFast
+from tuner.search.heartbeat import (
+    HEARTBEAT_INTERVAL_S,
+    Heartbeat,
+    StaleTrialHandler,
+    fail_stale_trials,
+    mark_trial_crashed,
+    open_worker_storage,
+)
 from tuner.search.leases import GpuLeaser
 from tuner.search.sampling import suggest
 from tuner.search.trial import penalty_value, run_one, told
@@ -62,236 +65,8 @@ _logger = logging.getLogger(__name__)
 # ask/tell with heartbeats is what this module is for; Optuna warns that it expects Study.optimize
 warnings.filterwarnings("ignore", message="Heartbeat of storage is supposed to be used with Study.optimize")
 
-T = TypeVar("T")
-
-HEARTBEAT_INTERVAL_S = 5
-GRACE_PERIOD_S = 20
-MAX_RETRY = 1
-BACKOFF_FIRST_S = 0.5
-BACKOFF_MAX_S = 30.0
-MAX_OUTAGE_S = 900.0
-"""How long a worker keeps retrying one database call before it gives up and raises."""
 RUN_POLL_S = 2.0
 
-
-
-def is_sqlite(url: str) -> bool:
-    return normalize_url(url).startswith("sqlite")
-
-
-# -- reconnecting --------------------------------------------------------------------------------------------
-def is_disconnect(exc: BaseException) -> bool:
-    """True when ``exc`` (or what caused it) says the connection failed, not that the request was wrong."""
-    seen = 0
-    e: BaseException | None = exc
-    while e is not None and seen < 8:
-        if isinstance(e, (sa_exc.OperationalError, sa_exc.InterfaceError)):
-            return True
-        if isinstance(e, sa_exc.DBAPIError) and e.connection_invalidated:
-            return True
-        if type(e).__module__.startswith("psycopg") and type(e).__name__ in ("OperationalError", "InterfaceError"):
-            return True
-        e, seen = e.__cause__ or e.__context__, seen + 1
-    return False
-
-
-def retry_db(fn: Callable[[], T], *, what: str, max_outage_s: float = MAX_OUTAGE_S,
-             on_retry: Callable[[BaseException], None] | None = None) -> T:
-    """Call ``fn`` until it stops failing for connection reasons: backoff 0.5 s doubling to 30 s, for at most
-    ``max_outage_s``; any other error, or the last connection error, is raised."""
-    delay, give_up = BACKOFF_FIRST_S, time.time() + max_outage_s
-    while True:
-        try:
-            return fn()
-        except Exception as exc:  # noqa: BLE001 - classified below
-            if not is_disconnect(exc) or time.time() + delay > give_up:
-                raise
-            _logger.warning("database unreachable during %s (%s); retrying in %.1fs", what,
-                            str(exc).strip().splitlines()[0][:200] if str(exc).strip() else type(exc).__name__, delay)
-            if on_retry is not None:
-                on_retry(exc)
-            time.sleep(delay)
-            delay = min(BACKOFF_MAX_S, delay * 2)
-
-
-_STORAGE_METHODS = (
-    "create_new_study", "delete_study", "set_study_user_attr", "set_study_system_attr", "get_study_id_from_name",
-    "get_study_name_from_id", "get_study_directions", "get_study_user_attrs", "get_study_system_attrs",
-    "get_all_studies", "create_new_trial", "set_trial_param", "get_trial_id_from_study_id_trial_number",
-    "get_trial_number_from_id", "get_trial_param", "set_trial_state_values", "set_trial_intermediate_value",
-    "set_trial_user_attr", "set_trial_system_attr", "get_trial", "get_all_trials", "get_n_trials",
-    "get_best_trial", "record_heartbeat", "_get_stale_trial_ids",
-)
-
-
-class ReconnectingRDBStorage(optuna.storages.RDBStorage):
-    """``RDBStorage`` whose calls survive a lost connection (see :func:`retry_db`).
-
-    A state change retried after a lost acknowledgement may find the trial already finished by the first
-    attempt; that ``UpdateFinishedTrialError`` counts as success. ``max_outage_s`` bounds the retrying.
-    """
-
-    max_outage_s: float = MAX_OUTAGE_S
-
-
-def _retrying(name: str, base: Callable[..., Any]) -> Callable[..., Any]:
-    @functools.wraps(base)
-    def call(self, *args, **kwargs):
-        failed_once = []
-
-        def attempt():
-            try:
-                return base(self, *args, **kwargs)
-            except optuna.exceptions.UpdateFinishedTrialError:
-                if name == "set_trial_state_values" and failed_once:
-                    return True  # the first attempt was committed; its acknowledgement was lost
-                raise
-
-        return retry_db(attempt, what=f"optuna {name}", max_outage_s=self.max_outage_s,
-                        on_retry=failed_once.append)
-
-    return call
-
-
-for _name in _STORAGE_METHODS:
-    if hasattr(optuna.storages.RDBStorage, _name):
-        setattr(ReconnectingRDBStorage, _name, _retrying(_name, getattr(optuna.storages.RDBStorage, _name)))
-
-
-class RetryingRepo:
-    """A :class:`storage.Repo` whose every method is retried on a lost connection (same policy as above)."""
-
-    def __init__(self, repo: Repo, *, max_outage_s: float = MAX_OUTAGE_S) -> None:
-        self._repo = repo
-        self._max_outage_s = max_outage_s
-
-    @property
-    def engine(self):
-        return self._repo.engine
-
-    def session(self):
-        return self._repo.session()
-
-    def __getattr__(self, name: str) -> Any:
-        attr = getattr(self._repo, name)
-        if not callable(attr) or name.startswith("_"):
-            return attr
-
-        @functools.wraps(attr)
-        def call(*args, **kwargs):
-            return retry_db(lambda: attr(*args, **kwargs), what=f"tuner {name}", max_outage_s=self._max_outage_s)
-
-        return call
-
-
-# -- crash recovery ------------------------------------------------------------------------------------------
-def mark_trial_crashed(repo: Repo | RetryingRepo, run_id: int, number: int, *, reason: str,
-                       params: dict | None = None) -> bool:
-    """Record trial ``number`` as a ``crash`` if it is still ``running`` (or missing) in the ``tuner_`` tables.
-
-    Returns True when it changed something. A per-trial variant of ``Repo.mark_stale_running``.
-    """
-    def write() -> bool:
-        with repo.session() as s, s.begin():
-            rec = s.scalar(select(TrialRecord).where(TrialRecord.run_id == run_id, TrialRecord.number == number))
-            if rec is None:
-                rec = TrialRecord(run_id=run_id, number=number, params=dict(params or {}), worker="")
-                s.add(rec)
-            elif rec.state != "running":
-                return False
-            rec.state, rec.outcome, rec.reason, rec.finished_at = "failed", "crash", reason[:4000], utcnow()
-            s.add(Event(run_id=run_id, kind="trial_failed", trial_number=number,
-                        payload={"outcome": "crash", "reason": reason[:300]}))
-            return True
-
-    return retry_db(write, what="mark a lost trial crashed")
-
-
-class StaleTrialHandler:
-    """Optuna's heartbeat-stale callback: mark the lost trial ``crash`` in ``tuner_`` tables, then retry it once.
-
-    ``run_id`` is set once the run is known (the storage is opened before the study is loaded).
-    """
-
-    def __init__(self, repo: Repo | RetryingRepo | None = None, run_id: int | None = None, *,
-                 grace_period_s: int = GRACE_PERIOD_S, max_retry: int = MAX_RETRY) -> None:
-        self.repo, self.run_id, self.grace_period_s = repo, run_id, grace_period_s
-        retry_cls = getattr(optuna.storages, "RetryHeartbeatStaleTrialCallback", None) or \
-            optuna.storages.RetryFailedTrialCallback  # renamed in Optuna 4.9
-        with _quiet_experimental():
-            self.retry = retry_cls(max_retry=max_retry)
-        self.max_retry = max_retry
-        self.handled: list[int] = []
-
-    def __call__(self, study: optuna.Study, trial: optuna.trial.FrozenTrial) -> None:
-        history = list(trial.system_attrs.get("retry_history", [])) + [trial.number]
-        retried = len(history) <= self.max_retry
-        worker = trial.user_attrs.get("tuner_worker", "its worker")
-        reason = (f"lost: {worker} sent no heartbeat for {self.grace_period_s}s (killed, or cut off from the "
-                  "database); " + ("its configuration is retried once as a new trial" if retried else
-                                   f"not retried again (already a retry of trial {history[0]})"))
-        _logger.warning("trial %d %s", trial.number, reason)
-        if self.repo is not None and self.run_id is not None:
-            mark_trial_crashed(self.repo, self.run_id, trial.number, reason=reason, params=trial.params)
-        self.retry(study, trial)
-        self.handled.append(trial.number)
-
-
-def open_worker_storage(url: str, *, pool_size: int = 5, heartbeat_interval: int = HEARTBEAT_INTERVAL_S,
-                        grace_period: int = GRACE_PERIOD_S, on_stale: StaleTrialHandler | None = None,
-                        max_outage_s: float = MAX_OUTAGE_S) -> ReconnectingRDBStorage:
-    """The Optuna storage a worker uses: heartbeats on, stale trials failed and retried once, reconnecting,
-    a pool of at least ``pool_size`` connections with ``pool_pre_ping``. Never creates a study."""
-    engine_kwargs: dict[str, Any] = {"pool_pre_ping": True}
-    if not is_sqlite(url):
-        engine_kwargs.update(pool_size=pool_size, max_overflow=pool_size)
-    stale = on_stale or StaleTrialHandler(grace_period_s=grace_period)
-    with _quiet_experimental():
-        storage = ReconnectingRDBStorage(normalize_url(url), engine_kwargs=engine_kwargs,
-                                         heartbeat_interval=heartbeat_interval, grace_period=grace_period,
-                                         heartbeat_stale_trial_callback=stale)
-    storage.max_outage_s = max_outage_s
-    return storage
-
-
-@contextlib.contextmanager
-def _quiet_experimental() -> Iterator[None]:
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
-        yield
-
-
-def fail_stale_trials(study: optuna.Study) -> None:
-    """Fail the study's trials whose worker stopped beating (runs the stale callback on each)."""
-    with _quiet_experimental():
-        optuna.storages.fail_stale_trials(study)
-
-
-class Heartbeat:
-    """Beat for one trial every ``interval_s`` until the ``with`` ends; a failed beat is logged, not fatal."""
-
-    def __init__(self, storage: optuna.storages.RDBStorage, trial_id: int, interval_s: float) -> None:
-        self.storage, self.trial_id, self.interval_s = storage, trial_id, interval_s
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._beat, name=f"heartbeat-{trial_id}", daemon=True)
-
-    def _beat(self) -> None:
-        while True:
-            try:  # the plain RDBStorage method: one attempt, the next beat is the retry
-                optuna.storages.RDBStorage.record_heartbeat(self.storage, self.trial_id)
-            except Exception as exc:  # noqa: BLE001 - keep beating; the grace period covers short outages
-                _logger.warning("heartbeat for trial id %d failed: %s", self.trial_id,
-                                str(exc).strip().splitlines()[0][:200] if str(exc).strip() else type(exc).__name__)
-            if self._stop.wait(self.interval_s):
-                return
-
-    def __enter__(self) -> Heartbeat:
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._stop.set()
-        self._thread.join(timeout=10)
 
 
 # -- the study-wide cap --------------------------------------------------------------------------------------

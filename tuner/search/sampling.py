@@ -1,8 +1,11 @@
-"""Turn a resolved space into Optuna suggestions (define-by-run: conditional parameters only when active)."""
+"""How trials are sampled: the sampler and pruner every process of a study uses, the constraints that teach the
+sampler from failures, and a resolved space turned into Optuna suggestions (define-by-run: conditional parameters
+only when active)."""
 
 from __future__ import annotations
 
 import json
+import warnings
 from typing import Any
 
 import optuna
@@ -32,3 +35,36 @@ def suggestable(resolved: ResolvedSpace, params: dict[str, Any]) -> dict[str, An
 def params_key(params: dict[str, Any]) -> str:
     """A stable identity of a configuration, for finding repeats."""
     return json.dumps(params, sort_keys=True, default=str)
+
+
+_HAS_SET_CONSTRAINT = hasattr(optuna.trial.Trial, "set_constraint")  # Optuna >= 5; constraints_func before
+
+
+def make_sampler(resolved: ResolvedSpace, seed: int | None, *,
+                 parallel: bool = True) -> optuna.samplers.BaseSampler:
+    """The sampler every process of a study uses: multivariate TPE grouped for conditional parameters, learning
+    from failures through constraints; with several workers (``parallel``) a constant liar keeps them apart (it
+    costs about a third more sampling time, so a single worker goes without)."""
+    warnings.filterwarnings("ignore", category=optuna.exceptions.ExperimentalWarning)
+    return optuna.samplers.TPESampler(
+        seed=seed, multivariate=True, group=True, constant_liar=parallel,
+        n_startup_trials=max(5, min(10, len(resolved.params) + 2)),
+        **({} if _HAS_SET_CONSTRAINT else {"constraints_func": _constraints_of}),
+    )
+
+
+def make_pruner() -> optuna.pruners.BasePruner:
+    # keep the top 90% at each level: prune only a clearly bad trial, after the first level (c=1 says little)
+    return optuna.pruners.PercentilePruner(90.0, n_startup_trials=5, n_warmup_steps=1)
+
+
+def _constraints_of(frozen: optuna.trial.FrozenTrial) -> list[float]:
+    return list(frozen.user_attrs.get("constraints", [0.0]))
+
+
+def set_constraints(trial: optuna.Trial, values: list[float]) -> None:
+    """Feasibility for the sampler: every value <= 0 is feasible. Kept in user attrs for the API as well."""
+    trial.set_user_attr("constraints", values)
+    if _HAS_SET_CONSTRAINT:
+        for i, v in enumerate(values):
+            trial.set_constraint(f"c{i}", v)

@@ -4,19 +4,22 @@ from __future__ import annotations
 
 import importlib
 
+from search_spaces import TARGET_NAMES
 from tuner.errors import TargetError
 from tuner.targets.base import LaunchSpec, PreflightReport, Target
 
-_REGISTRY = {
+_CLASSES = {
     "workload": "tuner.targets.workload.target:WorkloadTarget",
     "sglang": "tuner.targets.sglang.target:SGLangTarget",
     "command": "tuner.targets.sglang.target:CommandTarget",
     "kernels": "tuner.targets.kernels:KernelsTarget",
 }
+"""Where each of ``search_spaces.TARGET_NAMES`` lives (the names themselves are the space loader's too)."""
+_REGISTRY = {name: _CLASSES[name] for name in TARGET_NAMES}
 
 
 def target_names() -> tuple[str, ...]:
-    return tuple(_REGISTRY)
+    return TARGET_NAMES
 
 
 def get_target_class(name: str) -> type[Target]:
