@@ -74,7 +74,7 @@ def _gemv_configs(shape):
 
 
 def run(deadline_s: float, rep_ms: float) -> dict:
-    from benchmarks.kernels import _time, git_commit
+    from benchmarks.common import _time, git_commit
     from kernels.base import classify_failure, rel_error
     from kernels.bench import measure_copy_bandwidth, measure_launch_us
     from kernels.configs import lookup

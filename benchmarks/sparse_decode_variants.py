@@ -121,8 +121,8 @@ def measure(variants: list[str], grid: bool, helpers: int, rep_ms: float, json_p
     import torch
     import triton
 
-    from benchmarks.kernels import _time
-    from benchmarks.tuner_efficiency import _commit
+    from benchmarks.common import _time
+    from benchmarks.common import short_commit as _commit
     from kernels.base import classify_failure, rel_error
     from kernels.bench import measure_copy_bandwidth
     from kernels.configs import lookup

@@ -99,8 +99,8 @@ def measure(rep_ms: float, json_path: Path | None, batches=BATCHES, space: dict 
     import torch
     import triton
 
-    from benchmarks.kernels import _time
-    from benchmarks.tuner_efficiency import _commit
+    from benchmarks.common import _time
+    from benchmarks.common import short_commit as _commit
     from kernels.base import classify_failure, rel_error
     from kernels.bench import measure_copy_bandwidth
     from kernels.configs import lookup

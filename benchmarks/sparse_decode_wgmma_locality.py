@@ -78,7 +78,7 @@ def with_pattern(inputs: dict, pattern: str) -> dict:
 def measure(args, json_path: Path) -> dict:
     import torch
 
-    from benchmarks.kernels import _time, checked_time, run_meta
+    from benchmarks.common import _time, checked_time, run_meta
     from kernels.registry import get_kernel
     from kernels.sparse_decode_wgmma import sparse_decode_wgmma
 

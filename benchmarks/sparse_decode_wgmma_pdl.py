@@ -54,7 +54,7 @@ def measure(args, json_path: Path) -> dict:
 
     import torch
 
-    from benchmarks.kernels import checked_ways, run_meta
+    from benchmarks.common import checked_ways, run_meta
     from kernels.base import device_limits
     from kernels.registry import get_kernel
     from kernels.sparse_decode_wgmma import default_config, sparse_decode_wgmma

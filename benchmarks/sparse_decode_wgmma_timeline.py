@@ -49,7 +49,7 @@ PHASES_WG1 = (("start to first tile landed (consumer 1)", 1, 10),
 def measure(args, json_path: Path) -> dict:
     import torch
 
-    from benchmarks.kernels import checked_ways, run_meta
+    from benchmarks.common import checked_ways, run_meta
     from kernels.base import device_limits
     from kernels.bench import flush_l2, measure_launch_us
     from kernels.registry import get_kernel

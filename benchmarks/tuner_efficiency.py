@@ -45,6 +45,8 @@ ROOT = Path(__file__).resolve().parents[1]
 # run as a script, this folder is sys.path[0] and its kernels.py would shadow the `kernels` package
 sys.path[:] = [str(ROOT)] + [p for p in sys.path if Path(p or ".").resolve() not in (ROOT, Path(__file__).resolve().parent)]
 
+from benchmarks.common import short_commit
+
 TABLE = ROOT / "tests" / "kernels" / "data" / "sparse_decode_sweep_h200_b16.json"
 COMPILE_S = 1.15  # recorded: compiling one config of the sparse decode kernel on the H200 host
 TIMING_S = 0.06  # recorded: timing one config
@@ -315,17 +317,6 @@ def markdown(results: list[dict], header: list[str]) -> str:
         if "extra" in res:
             lines += res["extra"] + [""]
     return "\n".join(lines) + "\n"
-
-
-def _commit() -> str:
-    """``$TUNER_COMMIT`` when set (a copy of the tree on a GPU host may carry a stale .git), else git's HEAD."""
-    if os.environ.get("TUNER_COMMIT"):
-        return os.environ["TUNER_COMMIT"]
-    try:
-        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True,
-                              timeout=10).stdout.strip() or "unknown"
-    except OSError:
-        return "unknown"
 
 
 # -- GPU: exhaustive sweep ----------------------------------------------------------------------------------------
@@ -757,17 +748,20 @@ def gpu_analysis(data: dict, seeds: int, lookahead: int = 1, held_out: bool | No
     return results
 
 
-def write_tuned(files: list[str], kernels: tuple[str, ...] = ("sparse_decode",), directory=None,
+def write_tuned(files: list[str], directory, kernels: tuple[str, ...] = ("sparse_decode",),
                 min_gain: float = 0.01) -> list[str]:
     """Tuned-config entries from exhaustive sweep tables: for each table of ``kernels`` whose fastest config beats the
     config shipped for its key by more than ``min_gain`` in the same table (or has no entry yet), that config with
     its time and the default's, stamped with the sweep's date, commit and file. Sampled tables are skipped (their
     best is not the space's), and so are kernels with a library path (the GEMM's entries also carry the
-    library-or-Triton choice, which a sweep of Triton configs alone cannot make). Returns one line per table."""
-    from benchmarks.kernels import _effective
+    library-or-Triton choice, which a sweep of Triton configs alone cannot make). Written into ``directory`` (any folder
+    but ``kernels/tuned/``, which only ``tuner search --target kernels`` writes); the config compared against is the
+    folder's entry, else the shipped one. Returns one line per table."""
+    from benchmarks.common import _effective, tuned_output_dir
     from kernels.configs import config_path, read_config_file, write_config_file
     from kernels.registry import get_kernel
 
+    directory = tuned_output_dir(directory)
     lines = []
     for f in files:
         data = json.loads(Path(f).read_text())
@@ -783,7 +777,8 @@ def write_tuned(files: list[str], kernels: tuple[str, ...] = ("sparse_decode",),
                 continue
             best = min(rows, key=lambda r: r["time_us"])
             key = kernel.shape_key(case["shape"])
-            shipped = read_config_file(config_path(case["kernel"], gpu, case["dtype"], triton_version, directory)).get(key)
+            shipped = (read_config_file(config_path(case["kernel"], gpu, case["dtype"], triton_version, directory)).get(key)
+                       or read_config_file(config_path(case["kernel"], gpu, case["dtype"], triton_version)).get(key))
             times = {json.dumps(r["config"], sort_keys=True): r["time_us"] for r in rows}
 
             # the shipped config's time: its fastest twin in the table (configs the launcher runs alike: sparse decode's
@@ -906,7 +901,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--e2e-budget", type=float, default=0.0, help="with --gpu: then a real kernel search of this budget")
     ap.add_argument("--write-tuned", metavar="SWEEP_JSON[,SWEEP_JSON]", default=None,
                     help="write the sparse decode tuned configs from exhaustive sweep tables (where one beats the "
-                    "shipped config by more than 1%% in the same table) and exit")
+                    "shipped config by more than 1%% in the same table) into --tuned-dir and exit")
+    ap.add_argument("--tuned-dir", metavar="DIR", default=None,
+                    help="with --write-tuned: the folder to write (not kernels/tuned/, which only `tuner search "
+                         "--target kernels` writes; read it with TUNER_KERNEL_CONFIG_DIR=DIR)")
     ap.add_argument("--only", default="", help="with --gpu: the cases to sweep (default: all), comma-separated: a kernel "
                     "name, or KERNEL@KEY=VALUE for its cases whose shape has that value (gemm@M=16)")
     ap.add_argument("--cases", choices=sorted(CASE_SETS), default="issue20_held_out",
@@ -939,7 +937,17 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--autotune-probe", type=int, default=None, help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if args.write_tuned:
-        print("\n".join(write_tuned(args.write_tuned.split(","))))
+        from tuner.errors import InputError
+
+        if not args.tuned_dir:
+            print("error: --write-tuned needs --tuned-dir DIR (a folder of your own; kernels/tuned/ is written only "
+                  "by `tuner search --target kernels`)", file=sys.stderr)
+            return 2
+        try:
+            print("\n".join(write_tuned(args.write_tuned.split(","), args.tuned_dir)))
+        except InputError as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            return 2
         return 0
     if args.autotune_probe is not None:
         print(json.dumps(autotune_probe(args.autotune_probe)))
@@ -964,7 +972,7 @@ def main(argv: list[str] | None = None) -> int:
         res = [recorded_case(args.seeds, args.lookahead, **kw)]
         res += gpu_analysis(load_sweeps(files), args.seeds, args.lookahead, **kw)
         header = ["# Refining in the kernel search: replays of the H200 sweeps", "",
-                  f"Date {date}, commit {_commit()}, CPU replay (no GPU) of the exhaustive H200 sweeps "
+                  f"Date {date}, commit {short_commit()}, CPU replay (no GPU) of the exhaustive H200 sweeps "
                   f"(`{TABLE.relative_to(ROOT)}`, " + ", ".join(f"`{Path(f).name}`" for f in files) + "), "
                   f"{args.seeds} seeds per cell, {args.lookahead} trial(s) asked ahead, the default and the kernel's "
                   "seed configs first. `tpe`: TPE alone; `tpe+moves`: a configuration TPE proposes again is followed "
@@ -980,7 +988,7 @@ def main(argv: list[str] | None = None) -> int:
     if not args.gpu and not args.analyze_gpu:
         res = [recorded_case(args.seeds, args.lookahead)]
         header = ["# Tuner efficiency: replay of the recorded H200 sweep", "",
-                  f"Date {date}, commit {_commit()}, run on {platform.node()} ({os.cpu_count()} CPUs, no GPU): a replay "
+                  f"Date {date}, commit {short_commit()}, run on {platform.node()} ({os.cpu_count()} CPUs, no GPU): a replay "
                   f"of `{TABLE.relative_to(ROOT)}` (one H200, torch 2.11, triton 3.6), {args.seeds} seeds per cell. "
                   "Gap = best time found / exhaustive best - 1. An evaluation is one compiled and timed config; "
                   "rule-pruned configs and repeats cost none. `python benchmarks/tuner_efficiency.py`."]
@@ -1002,7 +1010,7 @@ def main(argv: list[str] | None = None) -> int:
             return 2
         start = time.time()
         helpers = args.helpers or max(1, (os.cpu_count() or 2) - 2)  # the rest: this process and the GPU's feeding
-        data = {"gpu": torch.cuda.get_device_name(0), "date": date, "commit": _commit(), "cases": [],
+        data = {"gpu": torch.cuda.get_device_name(0), "date": date, "commit": short_commit(), "cases": [],
                 "torch": torch.__version__, "rep_ms": args.rep_ms, "helpers": helpers,
                 "source": "benchmarks/tuner_efficiency.py --gpu"}
         import triton
@@ -1066,7 +1074,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _goal(args, date: str) -> int:
-    commit = _commit()  # the code that runs: read now, not when the report is written (a commit may land meanwhile)
+    commit = short_commit()  # the code that runs: read now, not when the report is written (a commit may land meanwhile)
     ahead = search_lookahead()
     try:
         fractions = tuple(sorted({float(f) for f in args.fractions.split(",")}))

@@ -236,27 +236,6 @@ def test_configs_that_run_the_same_program_are_timed_once(tmp_path, sqlite_url):
     assert len([t for t in trials if t.repeat_of is None]) <= 4
 
 
-def test_repeats_report_reads_twins_and_runs_from_the_study_database(tmp_path, sqlite_url):
-    """benchmarks/kernel_search_repeats.py on a real study: the twins TwinKernel's search did not run are counted
-    apart from configs asked again, and the best is a trial that ran."""
-    from benchmark_scripts import benchmark_script
-
-    from tuner.search.kernel_search import tune_case
-
-    opts = _options(tmp_path, sqlite_url, n_trials=16, confirm_top=0, seed=3)
-    tune_case(KernelCase("kernel_tuning_fakes:TwinKernel", {"batch": 1, "rows": 1}), opts, "twins")
-    with benchmark_script("kernel_search_repeats") as script:
-        rows = script.summarise(sqlite_url)
-        text = script.report(rows, sqlite_url, None)
-    (row,) = rows
-    repo = Repo(sqlite_url)
-    trials = repo.list_trials(repo.get_run("twins").id)
-    assert row["trials"] == len(trials) and row["ran"] == sum(1 for t in trials if t.repeat_of is None)
-    assert row["twin"] > 0 and row["same"] + row["twin"] == sum(1 for t in trials if t.repeat_of is not None)
-    assert row["best_us"] == 40.0 and row["best_config"]["X"] == 3
-    assert "| twins |" in text
-
-
 def test_retimes_rerun_each_top_program_under_the_params_it_was_timed_with(tmp_path, sqlite_url):
     """The re-timing at the end takes the top programs, not configurations: a twin told a copied value is not among
     them, so no program is timed again under its twin's params (seen on an H200: both GROUP_M twins of one GEMM
