@@ -1,6 +1,6 @@
 """Load benchmark of the API: 10,000 trials in SQLite, a real uvicorn server, 100 concurrent httpx clients.
 
-    python benchmarks/api_load.py [--trials 10000] [--clients 100] [--seconds 20] [--out benchmarks/results/api_load.md]
+    python benchmarks/api_load.py [--trials 10000] [--clients 100] [--seconds 20] [--out benchmarks/results/api_load/cpu/2026-11-29_1fb9790.md]
 
 Two phases against the study and trials endpoints:
 

@@ -122,3 +122,34 @@ def tuned_output_dir(directory: str | Path) -> Path:
         raise InputError(f"--tuned-dir {directory}: kernels/tuned/ is written only by `tuner search --target "
                              "kernels`; give a folder of your own (then TUNER_KERNEL_CONFIG_DIR=<folder>)")
     return path
+
+
+def stored_path(source) -> str:
+    """A stored result's path as a report names it: relative to the repository root where the file lies in it
+    (``benchmarks/results/<benchmark>/<gpu>/<date>_<commit>.json``), else as given."""
+    path = Path(source)
+    try:
+        return path.resolve().relative_to(ROOT).as_posix() if path.is_absolute() else path.as_posix()
+    except ValueError:
+        return path.as_posix()
+
+
+def read_json(path):
+    """A stored result: a ``.json`` file, or a gzip-compressed one (``.json.gz``: the large sweep tables)."""
+    import gzip
+
+    path = Path(path)
+    if path.suffix == ".gz":
+        with gzip.open(path, "rt") as handle:
+            return json.load(handle)
+    return json.loads(path.read_text())
+
+
+RESULTS = ROOT / "benchmarks" / "results"
+
+
+def result_path(benchmark: str, gpu: str, variant: str = "", ext: str = "md") -> Path:
+    """Where a new run files its result: ``benchmarks/results/<benchmark>/<gpu>/<UTC date>_<commit>[_<variant>].<ext>``
+    (``gpu``: ``h200``, ``h200x2``, ``cpu``, ...), the layout ``benchmarks/results/README.md`` indexes."""
+    date = dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d")
+    return RESULTS / benchmark / gpu / (f"{date}_{short_commit()}" + (f"_{variant}" if variant else "") + f".{ext}")

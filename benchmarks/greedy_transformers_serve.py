@@ -4,7 +4,7 @@ Llama's greedy completions from the float32 baseline's, and whether the baseline
 Builds the test's tiny model (``tests/real_server/tiny_model.py``: random weights, its own tokenizer, no download),
 then runs the ``command`` target's own trial (``CommandTarget.evaluate``: launch, warm-up, the greedy check, one
 load level, teardown) for the baseline (``--dtype auto``, the float32 weights) and for each other dtype, each judged
-against the baseline's completions. Writes ``benchmarks/results/greedy_transformers_serve_cpu.md`` with the date,
+against the baseline's completions. Writes ``benchmarks/results/greedy_transformers_serve/cpu/2026-11-30_d2d0c2d.md`` with the date,
 the machine, the commit and every prompt's agreement.
 
     python benchmarks/greedy_transformers_serve.py [--dtypes auto,float16,bfloat16] [--prompts 8] [--tokens 32]

@@ -8,7 +8,7 @@ one request of a few tokens), and measures medians over N trials of:
 - ``trial``: ``CommandTarget.evaluate`` in this process (port pick, spawn, readiness, load, teardown, port check);
 - ``isolated``: the same trial through ``tuner.execution.isolation.run_trial`` (plus the per-trial worker process).
 
-overhead = trial - server_start - load. Writes ``benchmarks/results/harness_overhead.md``.
+overhead = trial - server_start - load. Writes ``benchmarks/results/harness_overhead/cpu/2026-11-29_e04a57d.md``.
 
     python benchmarks/harness_overhead.py [--trials 10]
 """

@@ -3,7 +3,7 @@ the study: Optuna ask + suggest over the real dsv4_flash space + tuner_ start/fi
 
     python benchmarks/search_overhead.py [--storage sqlite:///x.db] [--prefill 1000] [--measure 200]
 
-Writes ``benchmarks/results/search_overhead.md`` (date, machine, commit). Aim: median <= 50 ms on SQLite.
+Writes ``benchmarks/results/search_overhead/cpu/2026-11-29_c8309d2.md`` (date, machine, commit). Aim: median <= 50 ms on SQLite.
 """
 
 from __future__ import annotations

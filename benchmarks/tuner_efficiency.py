@@ -20,7 +20,7 @@ reference and times it with ``kernels.bench.do_bench`` (L2 flush, CUDA graphs, i
 the tables are written as JSON and analysed on a CPU (``--analyze-gpu FILE``; ``--goal held_out`` reports issue 20's
 goal per table; ``--goal tuning`` the same on the recorded tables the configuration was tuned on).
 
-    python benchmarks/tuner_efficiency.py                       # replay -> benchmarks/results/tuner_efficiency.md
+    python benchmarks/tuner_efficiency.py                       # replay -> benchmarks/results/tuner_efficiency/cpu/2026-11-29_06bbf3e.md
     python benchmarks/tuner_efficiency.py --gpu --out $OUT      # GPU sweep -> $OUT/tuner_efficiency_gpu.md
 """
 
@@ -45,7 +45,7 @@ ROOT = Path(__file__).resolve().parents[1]
 # run as a script, this folder is sys.path[0] and its kernels.py would shadow the `kernels` package
 sys.path[:] = [str(ROOT)] + [p for p in sys.path if Path(p or ".").resolve() not in (ROOT, Path(__file__).resolve().parent)]
 
-from benchmarks.common import short_commit
+from benchmarks.common import read_json, short_commit
 
 TABLE = ROOT / "tests" / "kernels" / "data" / "sparse_decode_sweep_h200_b16.json"
 COMPILE_S = 1.15  # recorded: compiling one config of the sparse decode kernel on the H200 host
@@ -322,8 +322,11 @@ def markdown(results: list[dict], header: list[str]) -> str:
 # -- GPU: exhaustive sweep ----------------------------------------------------------------------------------------
 INDEXER_CASE = ("indexer", {"batch": 16, "heads": 64, "dim": 128, "width": 65536, "shared_k": 0})
 """The case of the triton.autotune comparisons (``--autotune-probe``, ``--vs-autotune``)."""
-RECORDED_SWEEPS = ("tuner_efficiency_h200_sweeps.json", "tuner_efficiency_h200_moe.json",
-                   "tuner_efficiency_h200_issue20.json", "tuner_efficiency_h200_gemm_aligned_tuning.json")
+RESULTS = ROOT / "benchmarks" / "results"
+RECORDED_SWEEPS = ("tuner_efficiency/h200/2026-11-29_634ba5c_sweeps.json.gz",
+                   "tuner_efficiency/h200/2026-11-29_634ba5c_moe.json.gz",
+                   "tuner_efficiency/h200/2026-11-30_a39226e_issue20.json.gz",
+                   "tuner_efficiency/h200/2026-11-30_a677738_gemm_aligned_tuning.json.gz")
 """The tuning set, with ``TABLE``: exhaustive H200 tables the kernel search's configuration may be tuned on. The first
 two were recorded before issue 20; the third (2026-11-30 at a39226e: GEMM samples at M = 1/16/64, N x K = 1024 x 4096
 and 4096 x 2048, the indexer at batch 1) was held out once, reported in that state, and then read to set the GEMM's
@@ -396,10 +399,10 @@ WGMMA_HELD_OUT = [  # fixed 2026-12-01 before it ran: the Gluon wgmma sparse dec
 ]
 WGMMA_EXHAUSTIVE = [  # fixed 2026-12-02 before it ran: the wgmma kernel's whole space at batch 64 then 1 (4389
     # canonical configs a batch, 1710 distinct builds, the same at both batches); never read to set anything, only
-    # reported. Its first run (b7d17bf, data/tuner_efficiency_h200_wgmma_exhaustive_partial_b7d17bf.json) timed 1596
+    # reported. Its first run (b7d17bf, in git history: benchmarks/results/data/tuner_efficiency_h200_wgmma_exhaustive_partial_b7d17bf.json at d1e7663) timed 1596
     # of batch 64's 4389 in a 540 s window: each config's first launch took 0.30 s (median), most of it rel_error's
     # copy of the 2M-value output and reference to the host beside 14 busy compile helpers. With rel_error on the
-    # GPU (3d03109, data/tuner_efficiency_h200_wgmma_exhaustive_3d03109.json) first launches took 0.004 s and both
+    # GPU (3d03109, tuner_efficiency/h200/2026-12-02_3d03109_wgmma_exhaustive.json.gz) first launches took 0.004 s and both
     # batches were timed whole in one call (418 + 91 s, bound by the compiles)
     SweepCase("sparse_decode_wgmma", {"batch": 64, **_SD}),
     SweepCase("sparse_decode_wgmma", {"batch": 1, **_SD}, optional=True),
@@ -764,7 +767,7 @@ def write_tuned(files: list[str], directory, kernels: tuple[str, ...] = ("sparse
     directory = tuned_output_dir(directory)
     lines = []
     for f in files:
-        data = json.loads(Path(f).read_text())
+        data = read_json(f)
         gpu, triton_version = data["gpu"], data.get("triton")
         for case in data["cases"]:
             kernel = get_kernel(case["kernel"])
@@ -816,7 +819,7 @@ def selects(selector: str, case: SweepCase) -> bool:
 def load_sweeps(files: list[str]) -> dict:
     """Sweep JSONs written by ``--gpu``, their cases together (a later file's case replaces an earlier one's of the
     same kernel and shape)."""
-    parts = [json.loads(Path(f).read_text()) for f in files]
+    parts = [read_json(f) for f in files]
     data = parts[0]
     for extra in parts[1:]:
         names = {json.dumps([c["kernel"], c["shape"]], sort_keys=True) for c in extra["cases"]}
@@ -967,8 +970,7 @@ def main(argv: list[str] | None = None) -> int:
         return _goal(args, date)
     if args.compare_refine:
         kw = {"strategies": REFINE_STRATEGIES, "firsts": (True,)}
-        files = (args.analyze_gpu or ",".join(str(ROOT / "benchmarks/results/data" / f"tuner_efficiency_h200_{n}.json")
-                                              for n in ("sweeps", "moe"))).split(",")  # the MoE file's cases win
+        files = (args.analyze_gpu or ",".join(str(RESULTS / f) for f in RECORDED_SWEEPS[:2])).split(",")  # MoE's cases win
         res = [recorded_case(args.seeds, args.lookahead, **kw)]
         res += gpu_analysis(load_sweeps(files), args.seeds, args.lookahead, **kw)
         header = ["# Refining in the kernel search: replays of the H200 sweeps", "",
@@ -1086,22 +1088,22 @@ def _goal(args, date: str) -> int:
         return 2
     kw = {"strategies": ("tpe+moves",), "firsts": (not args.no_starts,), "fractions": fractions}
     if args.goal == "tuning":
-        files = [str(ROOT / "benchmarks/results/data" / f) for f in RECORDED_SWEEPS]
+        files = [str(RESULTS / f) for f in RECORDED_SWEEPS]
         res = [recorded_case(args.seeds, ahead, **kw)] + gpu_analysis(load_sweeps(files), args.seeds, ahead, **kw)
-        meta = [json.loads(Path(f).read_text()) for f in files]
+        meta = [read_json(f) for f in files]
         source = (", ".join(f"`{p}`" for p in [str(TABLE.relative_to(ROOT)), *RECORDED_SWEEPS]) + " (measured "
                   + "; ".join(sorted({f"{m['date']} on {m['gpu']} at {m['commit']}" for m in meta})) + ")")
     else:
         if not args.analyze_gpu:
             print("error: --goal held_out needs --analyze-gpu FILE (the sweep JSON of benchmarks/tuner_efficiency_gpu.sh); "
-                  "e.g. --goal held_out --analyze-gpu benchmarks/results/data/tuner_efficiency_h200_issue20.json",
+                  "e.g. --goal held_out --analyze-gpu benchmarks/results/tuner_efficiency/h200/2026-11-30_a39226e_issue20.json.gz",
                   file=sys.stderr)
             return 2
         data = load_sweeps(args.analyze_gpu.split(","))
         res = gpu_analysis(data, args.seeds, ahead, held_out=True, **kw)
         source = ", ".join(f"`{Path(f).name}` (measured {m['date']} on {m['gpu']}, torch {m.get('torch')}, triton "
                            f"{m.get('triton')}, commit {m['commit']})"
-                           for f, m in ((f, json.loads(Path(f).read_text())) for f in args.analyze_gpu.split(",")))
+                           for f, m in ((f, read_json(f)) for f in args.analyze_gpu.split(",")))
         source += "; a later file's table replaces an earlier one's of the same kernel and shape"
         if not res:
             print(f"error: {args.analyze_gpu} holds no held-out table with a timed config; run "

@@ -9,6 +9,8 @@ from pathlib import Path
 import pytest
 from benchmark_scripts import benchmark_script
 
+from benchmarks.common import read_json
+
 ROOT = Path(__file__).resolve().parents[2]
 
 
@@ -37,7 +39,7 @@ def test_no_held_out_table_is_one_the_kernel_search_was_tuned_on(te):
     tuning tables were recorded, so only its earlier tables are tuning data; the GEMM shapes must all be new."""
     tuned = set()
     for f in te.RECORDED_SWEEPS:
-        for case in json.loads((ROOT / "benchmarks/results/data" / f).read_text())["cases"]:
+        for case in read_json(te.RESULTS / f)["cases"]:
             tuned.add((case["kernel"], case.get("dtype", "bfloat16"), json.dumps(case["shape"], sort_keys=True)))
     gemm_tuned = {k for k in tuned if k[0] == "gemm"}
     assert gemm_tuned  # the a39226e GEMM samples are in the tuning set now
@@ -97,7 +99,7 @@ def test_the_stored_wgmma_exhaustive_tables_are_whole_and_their_fastest_config_i
     from kernels.registry import get_kernel
 
     wg = get_kernel("sparse_decode_wgmma")
-    data = json.loads((ROOT / "benchmarks/results/data/tuner_efficiency_h200_wgmma_exhaustive_3d03109.json").read_text())
+    data = read_json(ROOT / "benchmarks/results/tuner_efficiency/h200/2026-12-02_3d03109_wgmma_exhaustive.json.gz")
     assert [c["shape"]["batch"] for c in data["cases"]] == [64, 1]
     for case, asked in zip(data["cases"], te.CASE_SETS["wgmma_exhaustive"]):
         configs, _ = te.sweep_configs(asked, None)
@@ -271,8 +273,8 @@ def test_write_tuned_takes_an_exhaustive_tables_best_only_where_it_beats_the_shi
     same table gets that config; one where the shipped config is within 1% keeps it; a sample is skipped."""
     from kernels.configs import config_path, read_config_file, write_config_file
 
-    src = ROOT / "benchmarks/results/data/tuner_efficiency_h200_issue20_sd2.json"
-    data = json.loads(src.read_text())
+    src = ROOT / "benchmarks/results/tuner_efficiency/h200/2026-11-30_6e5fadf_issue20_sd2.json.gz"
+    data = read_json(src)
     case = next(c for c in data["cases"] if c["dtype"] == "bfloat16" and c["shape"]["batch"] == 64)
     ok = sorted((r for r in case["rows"] if r["status"] == "ok"), key=lambda r: r["time_us"])
     best, slow = ok[0], ok[len(ok) // 2]

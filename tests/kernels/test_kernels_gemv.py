@@ -60,7 +60,7 @@ def test_gemv_default_and_seeds_pass_its_rules_at_the_decode_shapes():
     for shape in G.shapes("v4flash"):
         for c in [G.default_config(shape), *G.seed_configs(shape)]:
             assert G.check_config(c, shape, dtype="bf16") is None, (shape, c)
-    # the H200 best at every bf16 decode shape (benchmarks/results/kernels_gemv_h200.md): 4-row blocks, no split
+    # the H200 best at every bf16 decode shape (benchmarks/results/kernels/h200/2026-11-30_393971c_gemv.md): 4-row blocks, no split
     for n, k in ((1024, 4096), (4096, 1024), (2048, 4096), (4096, 2048)):
         assert G.default_config({"M": 1, "N": n, "K": k}) == _cfg(BN=4, BK=1024, SK=1, nw=4)
     assert G.default_config({"M": 1, "N": 256, "K": 8192})["SPLIT_K"] == 4  # 64 blocks: split until 256 programs

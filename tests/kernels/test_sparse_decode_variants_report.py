@@ -63,7 +63,7 @@ def test_a_variant_that_failed_is_shown_with_its_outcome_and_left_out_of_the_bes
 def test_the_first_runs_json_reads_as_base_and_prefetch(sdv):
     from benchmark_scripts import ROOT
 
-    data = json.loads((ROOT / "benchmarks/results/data/sparse_decode_prefetch_h200.json").read_text())
+    data = json.loads((ROOT / "benchmarks/results/sparse_decode_prefetch/h200/2026-11-30_5e448d4.json").read_text())
     text = sdv.report(data, "sparse_decode_prefetch_h200.json")
     assert "prefetch_next best µs" in text and "commit 5e448d4" in text
     row64 = next(line for line in text.splitlines() if line.startswith("| bfloat16 | 64 |"))
@@ -120,7 +120,7 @@ def test_the_tl_dot_one_wave_split_rule_picks_the_fastest_split_count_in_every_s
 
     _h200_sms(monkeypatch)
     root = Path(__file__).resolve().parents[2]
-    stored = root / "benchmarks/results/data/sparse_decode_batches_h200_936ffa3.json"
+    stored = root / "benchmarks/results/sparse_decode_batches/h200/2026-12-01_936ffa3.json"
     data = json.loads(stored.read_text())
     kernel = SparseDecodeKernel.instance
     cases: dict = {}
@@ -139,7 +139,7 @@ def test_the_tl_dot_one_wave_split_rule_picks_the_fastest_split_count_in_every_s
     r = subprocess.run([sys.executable, str(root / "benchmarks" / "sparse_decode_batches.py"), "--report-from",
                         str(stored), "--out", str(out)], capture_output=True, text=True, cwd=root, timeout=120)
     assert r.returncode == 0, r.stderr
-    assert out.read_text() == (root / "benchmarks/results/sparse_decode_batches_h200_936ffa3.md").read_text()
+    assert out.read_text() == (root / "benchmarks/results/sparse_decode_batches/h200/2026-12-01_936ffa3.md").read_text()
 
 
 def test_the_tl_dot_kernel_keeps_a_config_at_its_own_batch_and_sets_only_the_split_count_at_another(monkeypatch):

@@ -638,7 +638,7 @@ def test_sparse_decode_wgmma_fp16_and_fewer_heads_match_the_reference():
 def test_sparse_decode_wgmma_store_cvt_writes_its_partials_in_16_byte_stores_on_sm90(part16, v4):
     """From the wgmma layout a thread holds 2 adjacent values of a row: 8-byte (float32) or 4-byte (16-bit) stores,
     4 threads a row (16-bit partials then write half sectors: 0.59-0.96x the float32 ones on the H200 at db89c65,
-    benchmarks/results/data/sparse_decode_wgmma_h200_db89c65.json). STORE_CVT
+    benchmarks/results/sparse_decode_wgmma/h200/2026-12-01_db89c65.json). STORE_CVT
     converts the [64, 512] partials first: 16-byte stores only, 64 KiB (or 128 KiB) over 256 threads."""
     shape = {"batch": 16, "heads": 64, "d_qk": 512, "d_v": 512, "topk": 640, "num_rows": 65536}
     ptx = _sm90_build(shape, {"S": 2, "BLOCK_T": 64, "STAGES": 2, "V_SPLIT": 1, "PART16": part16, "STORE_CVT": 1})["ptx"]
@@ -729,7 +729,7 @@ def test_the_wgmma_report_states_the_single_partition_schedules_best_beside_the_
     sys.path.insert(0, str(ROOT))
     from benchmarks.sparse_decode_wgmma import report
 
-    data = json.loads((ROOT / "benchmarks" / "results" / "data" / "sparse_decode_wgmma_h200_db89c65.json").read_text())
+    data = json.loads((ROOT / "benchmarks" / "results" / "sparse_decode_wgmma" / "h200" / "2026-12-01_db89c65.json").read_text())
     line = next(x for x in report(data, "x.json").splitlines() if x.startswith("| 64 | 11.80 |"))
     assert line.split(" | ")[6:13] == ["30.8", "30.8", "30.8", "1.18x", "1.00x", "1.00x", "1.00x"], line
     case = next(c for c in data["cases"] if c["batch"] == 64)
@@ -792,7 +792,7 @@ def test_the_wgmma_default_config_is_the_measured_fastest_at_v4_flash_batches():
     from kernels.sparse_decode_wgmma import default_config
 
     newest = {}
-    for path in (ROOT / "benchmarks" / "results" / "data").glob("sparse_decode_wgmma_h200*.json"):
+    for path in (ROOT / "benchmarks" / "results" / "sparse_decode_wgmma" / "h200").glob("*.json"):
         data = json.loads(path.read_text())
         for case in data["cases"]:
             if case["batch"] not in newest or data["meta"]["date"] > newest[case["batch"]][0]:
@@ -824,7 +824,7 @@ def test_the_benchmarks_report_a_stored_json_on_any_machine_and_refuse_to_measur
     no --json and no --report-from, or --json on a machine without CUDA, exit 2 with one line."""
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     script = ROOT / "benchmarks" / "sparse_decode_wgmma.py"
-    data = ROOT / "benchmarks" / "results" / "data" / "sparse_decode_wgmma_h200_db89c65.json"
+    data = ROOT / "benchmarks" / "results" / "sparse_decode_wgmma" / "h200" / "2026-12-01_db89c65.json"
     r = subprocess.run([sys.executable, str(script), "--report-from", str(data), "--out", str(tmp_path / "r.md")],
                        capture_output=True, text=True, env=env)
     assert r.returncode == 0 and "| 64 | 11.80 |" in (tmp_path / "r.md").read_text()
@@ -864,7 +864,7 @@ def test_the_workload_report_states_the_wgmma_attention_against_the_hand_written
     """benchmarks/workload_gpu.py --report-from: the ratio to the hand-written best measured in the same run, from the
     stored JSON (the README quotes it)."""
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    data = ROOT / "benchmarks" / "results" / "data" / "workload_attention_wgmma_h200_e53ca92.json"
+    data = ROOT / "benchmarks" / "results" / "workload" / "h200" / "2026-12-01_e53ca92_attention_wgmma.json"
     out = tmp_path / "w.md"
     r = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "workload_gpu.py"), "--report-from", str(data),
                         "--out", str(out)], capture_output=True, text=True, env=env)
@@ -872,7 +872,7 @@ def test_the_workload_report_states_the_wgmma_attention_against_the_hand_written
     text = out.read_text()
     assert ("hand-written best, attention_impl=wgmma / hand-written best, measured side by side: c=1 0.991, "
             "c=16 0.999, c=64 1.004; geomean 0.998") in text
-    assert text == (ROOT / "benchmarks" / "results" / "workload_attention_wgmma_h200_e53ca92.md").read_text()
+    assert text == (ROOT / "benchmarks" / "results" / "workload" / "h200" / "2026-12-01_e53ca92_attention_wgmma.md").read_text()
 
 
 def test_the_timeline_report_reads_each_phase_and_the_sm_clock_from_the_stored_stamps():
@@ -941,10 +941,10 @@ def test_the_stored_timeline_reports_are_rewritten_from_their_stamps(commit):
     stored stamps, byte for byte."""
     from benchmarks.sparse_decode_wgmma_timeline import report
 
-    name = f"sparse_decode_wgmma_timeline_h200_{commit}"
-    data = json.loads((ROOT / "benchmarks" / "results" / "data" / f"{name}.json").read_text())
-    text = report(data, str(Path("benchmarks") / "results" / "data" / f"{name}.json"))
-    assert text == (ROOT / "benchmarks" / "results" / f"{name}.md").read_text()
+    name = Path("benchmarks") / "results" / "sparse_decode_wgmma_timeline" / "h200" / f"2026-12-02_{commit}"
+    data = json.loads((ROOT / f"{name}.json").read_text())
+    text = report(data, f"{name}.json")
+    assert text == (ROOT / f"{name}.md").read_text()
 
 
 def test_the_pdl_benchmark_counts_each_defaults_programs_and_reports_each_launch_against_early(tmp_path):
@@ -1281,7 +1281,7 @@ def test_the_wgmma_report_states_what_each_switch_gains_over_the_configs_timed_b
     sys.path.insert(0, str(ROOT))
     from benchmarks.sparse_decode_wgmma import switch_gains
 
-    data = json.loads((ROOT / "benchmarks" / "results" / "data" / "sparse_decode_wgmma_h200_db89c65.json").read_text())
+    data = json.loads((ROOT / "benchmarks" / "results" / "sparse_decode_wgmma" / "h200" / "2026-12-01_db89c65.json").read_text())
     assert switch_gains(data) == []
     case = next(c for c in data["cases"] if c["batch"] == 64)
     timed = [r for r in case["rows"] if r["kernel"] == "wgmma" and "us" in r]
@@ -1312,14 +1312,14 @@ def test_the_stored_spread_merge_runs_are_reported_byte_for_byte_with_merge2_aga
                                                                                             median):
     """The two H200 runs of MERGE=2 (the spread merge, removed after them) are reported from their JSON exactly as
     committed, and the report sets MERGE=2 against MERGE=0 over every config timed both ways."""
-    name = f"sparse_decode_wgmma_merge2_b{batch}_h200_3057f3e"
+    name = Path("benchmarks") / "results" / "sparse_decode_wgmma_merge2" / "h200" / f"2026-12-02_3057f3e_b{batch}"
     out = tmp_path / "r.md"
     r = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "sparse_decode_wgmma.py"), "--report-from",
-                        str(ROOT / "benchmarks" / "results" / "data" / f"{name}.json"), "--out", str(out)],
+                        str(ROOT / f"{name}.json"), "--out", str(out)],
                        capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stderr[-2000:]
     text = out.read_text()
-    assert text == (ROOT / "benchmarks" / "results" / f"{name}.md").read_text()
+    assert text == (ROOT / f"{name}.md").read_text()
     lines = text.splitlines()
     at = lines.index(next(x for x in lines if x.startswith("MERGE=2 against MERGE=0")))
     assert next(x for x in lines[at:] if x.startswith(f"| {batch} | all |")).startswith(f"| {batch} | all | {pairs} | {median} |")
@@ -1329,14 +1329,14 @@ def test_the_fp8_benchmark_reports_its_stored_run_and_rewrites_the_shipped_fp8_t
     """The stored H200 run's report is regenerated byte for byte, and the shipped fp8 tuned file of the wgmma kernel
     is exactly what ``--write-tuned`` writes from that run (the sweep's fastest config a batch, each passing the fp8
     rules, none slower than the default it was timed beside)."""
-    stored = ROOT / "benchmarks" / "results" / "data" / "sparse_decode_wgmma_fp8_h200_4ac0e78.json"
+    stored = ROOT / "benchmarks" / "results" / "sparse_decode_wgmma_fp8" / "h200" / "2026-12-01_4ac0e78.json"
     shipped = ROOT / "kernels" / "tuned" / "sparse_decode_wgmma__NVIDIA_H200__float8_e4m3fn__triton-3.6.0.json"
     out = tmp_path / "r.md"
     r = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "sparse_decode_wgmma_fp8.py"), "--report-from",
                         str(stored), "--out", str(out), "--write-tuned", str(tmp_path)], capture_output=True, text=True,
                        cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)})
     assert r.returncode == 0, r.stderr
-    assert out.read_text() == (ROOT / "benchmarks" / "results" / "sparse_decode_wgmma_fp8_h200_4ac0e78.md").read_text()
+    assert out.read_text() == (ROOT / "benchmarks" / "results" / "sparse_decode_wgmma_fp8" / "h200" / "2026-12-01_4ac0e78.md").read_text()
     assert (tmp_path / shipped.name).read_text() == shipped.read_text()
     k = get_kernel("sparse_decode_wgmma")
     for key, entry in json.loads(shipped.read_text()).items():
