@@ -86,6 +86,8 @@ def test_replayed_h200_sweep_and_nearest_key(tmp_path, sqlite_url, monkeypatch):
     assert case.status in ("tuned", "default_kept")
     assert tuple(case.config[c] for c in k.columns) != k.best
     assert case.time_us <= case.default_time_us
+    (path,) = Path(res.config_dir).glob("sparse_decode__*.json")  # the file names the sub-study its entry came from
+    assert read_config_file(path)[case.shape_key]["source"] == f"kernel search study {case.study} (tuner search --target kernels)"
     # nearest key: a batch-12 call of the real sparse_decode reads the batch-16 entry of this "GPU" ("cpu"), its split
     # count set for batch 12 (SparseDecodeKernel.adapt_config: the most splits within one wave)
     monkeypatch.setenv("TUNER_KERNEL_CONFIG_DIR", res.config_dir)
