@@ -8,8 +8,8 @@
 #      configs at batch 16 and 64), with the tensor pipes' activity
 # Run from the repository root. Writes under $OUT (5 files):
 #   gpu_tests_sparse_decode.log sparse_decode_ahead.json sparse_decode_ahead.md ncu_ahead.csv ncu_ahead_summary.txt
-# Afterwards, on a CPU: copy the JSON to benchmarks/results/data/ and run
-#   python benchmarks/sparse_decode_variants.py --report-from benchmarks/results/data/<the JSON> --out <report>
+# Afterwards, on a CPU: copy the JSON to benchmarks/results/<benchmark>/<gpu>/ and run
+#   python benchmarks/sparse_decode_variants.py --report-from benchmarks/results/<benchmark>/<gpu>/<the JSON> --out <report>
 . "$(dirname "$0")/gpu_env.sh"
 timeout 150 python3 -m pytest -q -p no:cacheprovider tests/kernels/test_kernels_sparse_decode.py \
   tests/kernels/test_kernels_gpu.py -k "sparse_decode or ahead or fused" >"$OUT/gpu_tests_sparse_decode.log" 2>&1
