@@ -910,11 +910,11 @@ def test_the_timeline_report_reads_each_phase_and_the_sm_clock_from_the_stored_s
 
 
 def test_checked_ways_checks_and_times_each_way_with_its_own_arguments_and_keeps_no_time_for_a_wrong_one():
-    """``benchmarks.kernels.checked_ways`` (the benchmarks' loop over the ways they time side by side): each way's
+    """``benchmarks.common.checked_ways`` (the benchmarks' loop over the ways they time side by side): each way's
     keyword arguments reach the launch, its error is kept, its time only where the result was within tolerance, and
     ``say`` hears every way in order. On the CPU: the launch runs and is checked for real against the kernel's
     reference; only the timing (CUDA graphs) is replaced by a fixed number."""
-    import benchmarks.kernels as bk
+    import benchmarks.common as bk
 
     i = SD.make_inputs(dict(SD.shapes("v4flash")[0], batch=2, topk=64, num_rows=512), "float32", "cpu", seed=3)
     heard, calls = [], []
