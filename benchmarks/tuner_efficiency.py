@@ -20,7 +20,7 @@ reference and times it with ``kernels.bench.do_bench`` (L2 flush, CUDA graphs, i
 the tables are written as JSON and analysed on a CPU (``--analyze-gpu FILE``; ``--goal held_out`` reports issue 20's
 goal per table; ``--goal tuning`` the same on the recorded tables the configuration was tuned on).
 
-    python benchmarks/tuner_efficiency.py                       # replay -> benchmarks/results/tuner_efficiency/cpu/2026-11-29_06bbf3e.md
+    python benchmarks/tuner_efficiency.py                       # replay -> benchmarks/results/tuner_efficiency/cpu/<date>_<commit>.md
     python benchmarks/tuner_efficiency.py --gpu --out $OUT      # GPU sweep -> $OUT/tuner_efficiency_gpu.md
 """
 
@@ -45,7 +45,7 @@ ROOT = Path(__file__).resolve().parents[1]
 # run as a script, this folder is sys.path[0] and its kernels.py would shadow the `kernels` package
 sys.path[:] = [str(ROOT)] + [p for p in sys.path if Path(p or ".").resolve() not in (ROOT, Path(__file__).resolve().parent)]
 
-from benchmarks.common import read_json, short_commit
+from benchmarks.common import read_json, result_path, short_commit
 
 TABLE = ROOT / "tests" / "kernels" / "data" / "sparse_decode_sweep_h200_b16.json"
 COMPILE_S = 1.15  # recorded: compiling one config of the sparse decode kernel on the H200 host
@@ -983,8 +983,9 @@ def main(argv: list[str] | None = None) -> int:
                   "Cell: runs within 3% of the exhaustive best / seeds, median gap / worst gap.", "",
                   f"    python benchmarks/tuner_efficiency.py --compare-refine --seeds {args.seeds}"]
         text = refine_comparison(res, header)
-        out = Path(args.out or ROOT / "benchmarks" / "results")
-        (out / "tuner_efficiency_refine.md").write_text(text)
+        path = Path(args.out) / "tuner_efficiency_refine.md" if args.out else result_path("tuner_efficiency", "cpu", "refine")
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text)
         print(text)
         return 0
     if not args.gpu and not args.analyze_gpu:
@@ -995,7 +996,8 @@ def main(argv: list[str] | None = None) -> int:
                   "Gap = best time found / exhaustive best - 1. An evaluation is one compiled and timed config; "
                   "rule-pruned configs and repeats cost none. `python benchmarks/tuner_efficiency.py`."]
         text = markdown(res, header)
-        path = ROOT / "benchmarks" / "results" / "tuner_efficiency.md"
+        path = result_path("tuner_efficiency", "cpu")
+        path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(text)
         print(text)
         return 0
@@ -1126,9 +1128,10 @@ def _goal(args, date: str) -> int:
               + (f" --fractions {args.fractions}" if fractions != FRACTIONS else "")
               + (f" --analyze-gpu {args.analyze_gpu}" if args.analyze_gpu else "")]
     text = goal_report(res, header)
-    out = Path(args.out or ROOT / "benchmarks" / "results")
-    out.mkdir(parents=True, exist_ok=True)
-    (out / (args.report_name or f"tuner_efficiency_goal_{args.goal}.md")).write_text(text)
+    name = args.report_name or f"tuner_efficiency_goal_{args.goal}.md"
+    path = Path(args.out) / name if args.out else result_path("tuner_efficiency", "cpu", Path(name).stem.removeprefix("tuner_efficiency_"))
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text)
     print(text)
     return 0
 
