@@ -31,7 +31,6 @@ from tuner.targets.sglang import greedy  # noqa: E402
 from tuner.targets.sglang.target import CommandTarget  # noqa: E402
 
 
-
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--dtypes", default="auto,float16,bfloat16", help="the dtypes after the baseline's second start")
