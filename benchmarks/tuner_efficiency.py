@@ -51,7 +51,7 @@ TABLE = ROOT / "tests" / "kernels" / "data" / "sparse_decode_sweep_h200_b16.json
 COMPILE_S = 1.15  # recorded: compiling one config of the sparse decode kernel on the H200 host
 TIMING_S = 0.06  # recorded: timing one config
 TRIAL_OVERHEAD_S = 2.0  # a fresh trial process (python + torch import), measured on the CPU box; the kernel
-# search's persistent worker pays it once per GPU (then ~0.1 s per trial on the H200, tuner_efficiency_h200.md)
+# search's persistent worker pays it once per GPU (then ~0.1 s per trial on the H200, benchmarks/results/tuner_efficiency/h200/2026-11-29_e12a643.md)
 AUTOTUNE_TIMING_S = 0.125  # triton.testing.do_bench defaults used by triton.autotune: warmup 25 ms + rep 100 ms
 FRACTIONS = (0.05, 0.10, 0.20)
 

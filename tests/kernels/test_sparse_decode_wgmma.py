@@ -784,7 +784,7 @@ def test_the_wgmma_default_config_launches_one_wave_of_programs_at_every_batch_t
 
 
 def test_the_wgmma_default_config_is_the_measured_fastest_at_v4_flash_batches():
-    """The default rule against the stored H200 sweeps (benchmarks/results/data/sparse_decode_wgmma_h200*.json), the
+    """The default rule against the stored H200 sweeps (benchmarks/results/sparse_decode_wgmma/h200/*.json), the
     newest of each batch: it names a config whose split of the rows, tile size, ring depth, programs a split,
     schedule (WS, SPLIT_WG) and stores (STORE_CVT) are those of the fastest timed config with float32 partials (the
     default keeps them: see default_config). Sweeps before WS or SPLIT_WG have no such key (0)."""
