@@ -11,8 +11,8 @@ does. Measured:
 - warm, while the writer writes: a dashboard refresh (the three at once) every 2 s, and 10 clients paging
   ``/trials`` at 2 req/s each: latency of each, and the server's CPU seconds per trial written.
 
-Writes ``benchmarks/results/data/api_large_study_<label>.json``; ``--report`` turns every such file into
-``benchmarks/results/api_large_study.md``.
+Writes ``benchmarks/results/api_large_study/cpu/<date>_<commit>_<label>.json``; ``--report`` turns every such file
+of the folder into ``<date>_<commit>.md`` there (the current one: ``benchmarks/results/README.md``).
 """
 
 from __future__ import annotations
@@ -38,10 +38,11 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from benchmarks.api_load import cpu_name, free_port
+from benchmarks.common import result_path
 
 _logger = logging.getLogger("api_large_study")
 STUDY = "large"
-DATA = ROOT / "benchmarks" / "results" / "data"
+DATA = ROOT / "benchmarks" / "results" / "api_large_study" / "cpu"
 DERIVED = ("/importances", "/plots/history", "/plots/importances")
 _WRITER = r"""
 import random, sys, time
@@ -260,11 +261,11 @@ def main() -> None:
     if not args.report:
         doc = run(args)
         DATA.mkdir(parents=True, exist_ok=True)
-        path = DATA / f"api_large_study_{args.label}.json"
+        path = result_path("api_large_study", "cpu", args.label, "json")
         path.write_text(json.dumps(doc, indent=1) + "\n")
         _logger.info("wrote %s", path)
-    files = sorted(DATA.glob("api_large_study_*.json"), key=lambda f: json.loads(f.read_text())["date"])
-    out = ROOT / "benchmarks" / "results" / "api_large_study.md"
+    files = sorted(DATA.glob("*.json"), key=lambda f: json.loads(f.read_text())["date"])
+    out = result_path("api_large_study", "cpu")
     out.write_text(report(files) + "\n")
     _logger.info("wrote %s", out)
 

@@ -1,6 +1,6 @@
 """Load benchmark of the API: 10,000 trials in SQLite, a real uvicorn server, 100 concurrent httpx clients.
 
-    python benchmarks/api_load.py [--trials 10000] [--clients 100] [--seconds 20] [--out benchmarks/results/api_load.md]
+    python benchmarks/api_load.py [--trials 10000] [--clients 100] [--seconds 20] [--out FILE.md]
 
 Two phases against the study and trials endpoints:
 
@@ -245,7 +245,8 @@ def main() -> None:
     ap.add_argument("--rate", type=float, default=1.0, help="requests per second per client in the paced phase")
     ap.add_argument("--server-cpus", default=None, help="pin the server to these CPUs (taskset list, e.g. 0); "
                     "pin this process, the clients, elsewhere with taskset to keep them from sharing cores")
-    ap.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "api_load.md")
+    ap.add_argument("--out", type=Path, default=None,
+                    help="the report (default: benchmarks/results/api_load/cpu/<date>_<commit>.md)")
     args = ap.parse_args()
     args.load_before = os.getloadavg()[0]
     with tempfile.TemporaryDirectory() as tmp:
@@ -268,6 +269,9 @@ def main() -> None:
             server.terminate()
             server.wait(timeout=30)
     text = report(args, phases)
+    from benchmarks.common import result_path
+
+    args.out = args.out or result_path("api_load", "cpu")
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(text + "\n")
     _logger.info("wrote %s", args.out)

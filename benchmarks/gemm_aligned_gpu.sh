@@ -7,8 +7,9 @@
 # Run from the repository root with KERNELS_GIT_COMMIT (or a git checkout). Writes under $OUT (7 files):
 #   k/kernels_gemm.md k/kernels_gemm.json k/gpu_tests_gemm.log
 #   tuning/tuner_efficiency_gpu.json tuning/sweep.log held_out/tuner_efficiency_gpu.json held_out/sweep.log
-# Afterwards, on a CPU: copy the JSON files to benchmarks/results/data/, write the report and the tuned files with
-#   python benchmarks/kernels.py --report-from ... ; python benchmarks/kernels.py --write-tuned ...
+# Afterwards, on a CPU: copy the JSON files to benchmarks/results/, write the report and (to try them) tuned files with
+#   python benchmarks/kernels.py --report-from ... ; python benchmarks/kernels.py --write-tuned ... --tuned-dir DIR
+#   (kernels/tuned/ is written only by `tuner search --target kernels`)
 . "$(dirname "$0")/gpu_env.sh"
 mkdir -p "$OUT/k" "$OUT/tuning" "$OUT/held_out"
 (

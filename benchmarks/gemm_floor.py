@@ -8,12 +8,12 @@ measured as ``benchmarks/kernels.py`` measures (CUDA-graph replays of four rotat
 * ``kernels/gemm.py`` with long K tiles outside its search space (BLOCK_K 512 / 1024: each program streams whole
   runs of W's rows);
 * at M = 1, the split-K GEMV without tensor cores of ``kernels/gemv.py`` over its config space (the run recorded at
-  1300f20, ``benchmarks/results/gemm_floor_h200.md``, timed this file's prototype of it, with a smaller space).
+  1300f20, ``benchmarks/results/gemm_floor/h200/2026-11-30_1300f20.md``, timed this file's prototype of it, with a smaller space).
 
 Every config is checked against the float32 reference on a NaN-poisoned output before it is timed.
 
     python benchmarks/gemm_floor.py --json gemm_floor.json          # on the GPU
-    python benchmarks/gemm_floor.py --report-from gemm_floor.json --out benchmarks/results/gemm_floor_h200.md
+    python benchmarks/gemm_floor.py --report-from gemm_floor.json --out benchmarks/results/gemm_floor/h200/2026-11-30_1300f20.md
 """
 
 from __future__ import annotations
@@ -74,7 +74,7 @@ def _gemv_configs(shape):
 
 
 def run(deadline_s: float, rep_ms: float) -> dict:
-    from benchmarks.kernels import _time, git_commit
+    from benchmarks.common import _time, git_commit
     from kernels.base import classify_failure, rel_error
     from kernels.bench import measure_copy_bandwidth, measure_launch_us
     from kernels.configs import lookup

@@ -4,7 +4,7 @@ Llama's greedy completions from the float32 baseline's, and whether the baseline
 Builds the test's tiny model (``tests/real_server/tiny_model.py``: random weights, its own tokenizer, no download),
 then runs the ``command`` target's own trial (``CommandTarget.evaluate``: launch, warm-up, the greedy check, one
 load level, teardown) for the baseline (``--dtype auto``, the float32 weights) and for each other dtype, each judged
-against the baseline's completions. Writes ``benchmarks/results/greedy_transformers_serve_cpu.md`` with the date,
+against the baseline's completions. Writes ``benchmarks/results/greedy_transformers_serve/cpu/<date>_<commit>.md`` with the date,
 the machine, the commit and every prompt's agreement.
 
     python benchmarks/greedy_transformers_serve.py [--dtypes auto,float16,bfloat16] [--prompts 8] [--tokens 32]
@@ -30,15 +30,14 @@ from tests.real_server.tiny_model import build_tiny_llama  # noqa: E402
 from tuner.targets.sglang import greedy  # noqa: E402
 from tuner.targets.sglang.target import CommandTarget  # noqa: E402
 
-OUT = ROOT / "benchmarks" / "results" / "greedy_transformers_serve_cpu.md"
-
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--dtypes", default="auto,float16,bfloat16", help="the dtypes after the baseline's second start")
     ap.add_argument("--prompts", type=int, default=8)
     ap.add_argument("--tokens", type=int, default=32)
-    ap.add_argument("--out", default=str(OUT))
+    ap.add_argument("--out", default=None,
+                    help="the report (default: benchmarks/results/greedy_transformers_serve/cpu/<date>_<commit>.md)")
     args = ap.parse_args()
     dtypes = [d.strip() for d in args.dtypes.split(",") if d.strip()]
     space = ("name: transformers-serve-dtype\ntarget: command\nobjective: {metric: tok_s, levels: [1]}\nparams:\n"
@@ -88,7 +87,11 @@ def main() -> int:
         agree = m.metric("greedy_agreement")
         lines.append(f"| {dtype} | {m.outcome.value} | {agree:.3f} | {per} | {m.metric('greedy_s') or 0:.1f} |"
                      if agree is not None else f"| {dtype} | {m.outcome.value} | - | - | - |")
-    Path(args.out).write_text("\n".join(lines) + "\n")
+    from benchmarks.common import result_path
+
+    out = Path(args.out) if args.out else result_path("greedy_transformers_serve", "cpu")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
     return 0
 

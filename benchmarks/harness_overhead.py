@@ -8,7 +8,7 @@ one request of a few tokens), and measures medians over N trials of:
 - ``trial``: ``CommandTarget.evaluate`` in this process (port pick, spawn, readiness, load, teardown, port check);
 - ``isolated``: the same trial through ``tuner.execution.isolation.run_trial`` (plus the per-trial worker process).
 
-overhead = trial - server_start - load. Writes ``benchmarks/results/harness_overhead.md``.
+overhead = trial - server_start - load. Writes ``benchmarks/results/harness_overhead/cpu/<date>_<commit>.md``.
 
     python benchmarks/harness_overhead.py [--trials 10]
 """
@@ -70,7 +70,7 @@ def time_load(cfg: loadgen.LoadConfig, base_url: str) -> float:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--trials", type=int, default=10)
-    ap.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "harness_overhead.md"))
+    ap.add_argument("--out", default=None, help="the report (default: benchmarks/results/harness_overhead/cpu/<date>_<commit>.md)")
     args = ap.parse_args()
     state = tempfile.mkdtemp(prefix="tuner-bench-")
     st = settings(state)
@@ -137,7 +137,11 @@ def main() -> int:
         "",
         "Reproduce: `python benchmarks/harness_overhead.py --trials 10`.",
     ]
-    Path(args.out).write_text("\n".join(lines) + "\n")
+    from benchmarks.common import result_path
+
+    out = Path(args.out) if args.out else result_path("harness_overhead", "cpu")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text("\n".join(lines) + "\n")
     sys.stdout.write("\n".join(lines) + "\n")
     return 0
 

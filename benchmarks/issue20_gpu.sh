@@ -6,7 +6,7 @@
 # Run from the repository root. Writes under $OUT (8 files, the device's limit):
 #   sd/tuner_efficiency_gpu.json sd/sweep.log gemm/tuner_efficiency_gpu.json gemm/sweep.log
 #   gemm/gpu_tests_kernels.log gemm/gpu_tests_out_of_resources.log ncu.csv ncu_summary.txt
-# Afterwards, on a CPU: copy the two JSON files to benchmarks/results/data/ and run
+# Afterwards, on a CPU: copy the two JSON files to benchmarks/results/<benchmark>/<gpu>/ and run
 #   python benchmarks/tuner_efficiency.py --goal held_out --analyze-gpu SD_JSON,GEMM_JSON
 . "$(dirname "$0")/gpu_env.sh"
 mkdir -p "$OUT/sd" "$OUT/gemm"

@@ -22,7 +22,6 @@ import logging
 import multiprocessing as mp
 import os
 import random
-import subprocess
 import sys
 import time
 import traceback
@@ -35,9 +34,10 @@ sys.path[:] = [str(ROOT)] + [p for p in sys.path if Path(p or ".").resolve() not
 import torch
 import triton
 
+from benchmarks.common import _effective, _time, git_commit, read_json, stored_path
 from kernels import classify_failure, get_kernel
 from kernels.base import dtype_name, rel_error
-from kernels.bench import do_bench, measure_copy_bandwidth, measure_launch_us, measure_matmul_tflops
+from kernels.bench import measure_copy_bandwidth, measure_launch_us, measure_matmul_tflops
 
 log = logging.getLogger("benchmarks.kernels")
 
@@ -206,51 +206,6 @@ def _input_sets(kernel, shape, dtype, cost_bytes):
     return [kernel.make_inputs(shape, dtype, "cuda", seed=i) for i in range(n)]
 
 
-def _time(fn, sets, rep_ms):
-    """Decode runs inside CUDA graphs: time graph replays (cold L2 each replay); eager if capture fails."""
-    try:
-        return do_bench(fn, sets, rep_ms=rep_ms, max_reps=300, cuda_graph=True)
-    except Exception as exc:
-        log.warning("graph capture failed (%s: %s); timing eagerly", type(exc).__name__, str(exc)[:120])
-        torch.cuda.synchronize()
-        return do_bench(fn, sets, rep_ms=rep_ms, max_reps=300, cuda_graph=False)
-
-
-def checked_time(kernel, run, sets, checks, rep_ms, dtype="bfloat16") -> dict:
-    """``run(inputs, out)`` checked first against ``kernel.reference`` on each input set of ``checks``, each into a
-    NaN-poisoned output: ``{"err": worst relative error, "status": "ok" | "wrong_result"}``; within the dtype's
-    tolerance also ``"us"``, the median of :func:`_time` over ``sets`` (one output each)."""
-    err = max(rel_error(run(i, kernel.output_like(i).fill_(float("nan"))), kernel.reference(i)) for i in checks)
-    row = {"err": err, "status": "ok" if err <= kernel.tolerance(dtype) else "wrong_result"}
-    if row["status"] == "ok":
-        outs = [kernel.output_like(i) for i in sets]
-        row["us"] = _time(lambda j: run(sets[j], outs[j]), list(range(len(sets))), rep_ms).median_us
-    return row
-
-
-def checked_ways(kernel, ways: dict, launch, sets, checks, rep_ms, row: dict, say=None) -> dict:
-    """Each of ``ways`` (a name: keyword arguments of ``launch(inputs, out, **kwargs)``) checked and timed by
-    :func:`checked_time`, one after another: ``row["NAME_err"]`` and, within tolerance, ``row["NAME_us"]``;
-    ``say(name, µs or "wrong_result")`` after each. Returns ``row``."""
-    for way, opts in ways.items():
-        got = checked_time(kernel, lambda i, out, opts=opts: launch(i, out, **opts), sets, checks, rep_ms)
-        row[f"{way}_err"] = got["err"]
-        if "us" in got:
-            row[f"{way}_us"] = got["us"]
-        if say:
-            say(way, row.get(f"{way}_us", "wrong_result"))
-    return row
-
-
-def run_meta(rep_ms: float, **extra) -> dict:
-    """A GPU run's provenance for a stored JSON (``report_cli.provenance`` prints it): UTC date, GPU, torch, Triton,
-    commit, the timing window."""
-    from benchmarks.tuner_efficiency import _commit
-
-    return {"date": dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"), "gpu": torch.cuda.get_device_name(),
-            "torch": torch.__version__, "triton": triton.__version__, "commit": _commit(), "rep_ms": rep_ms, **extra}
-
-
 def _other_merge_time(name, cfg, sets, rep_ms):
     """The default config with the other split-K merge than the launcher's default (gemm: the opposite of its
     M <= 16 rule)."""
@@ -266,21 +221,6 @@ def _other_merge_time(name, cfg, sets, rep_ms):
     except Exception as exc:
         log.warning("other-merge timing failed: %s", exc)
         return None
-
-
-def _effective(name, cfg, shape):
-    """The config as the launcher runs it: sparse decode's S is an upper bound (whole row tiles per split); the
-    wgmma kernel's canonical form (the smallest S of the same partition, no 16-bit partials without splits), switches
-    missing from it (a config from before they existed) off."""
-    if name == "sparse_decode_wgmma":  # switches a stored config predates: off, as it ran
-        from kernels.sparse_decode_wgmma import DEFAULT_CONFIG
-
-        return json.dumps(get_kernel(name).canonical_config({**DEFAULT_CONFIG, **cfg}, shape), sort_keys=True)
-    if name != "sparse_decode":
-        return json.dumps(cfg, sort_keys=True)
-    from kernels.sparse_decode import split_rows
-
-    return json.dumps(dict(cfg, S=split_rows(shape["topk"], cfg["S"], cfg["BLOCK_T"])[1]), sort_keys=True)
 
 
 def _frozen_rows(row, cases, run, tolerance, sets, ref, rep_ms):
@@ -677,8 +617,8 @@ def report(rows, meta, ncu_summary: Path | None = None, source: Path | None = No
     lines = [f"# Kernel benchmarks: {meta['gpu']}", "",
              f"- date: {meta['date']}", f"- GPU: {meta['gpu']} ({meta['sms']} SMs)", f"- torch {meta['torch']}, triton {meta['triton']}, CUDA {meta['cuda']}",
              f"- git commit: {meta['commit']}",
-             *([(f"- generated by `benchmarks/kernels.py --report-from {source.name}` from the stored results "
-                f"`benchmarks/results/data/{source.name}`")] if source else []),
+             *([(f"- generated by `benchmarks/kernels.py --report-from {stored_path(source)}` from the stored results "
+                f"`{stored_path(source)}`")] if source else []),
              f"- measured in this run: copy {meta['bw'] / 1e12:.2f} TB/s (read+write), bf16 matmul {meta['flops'] / 1e12:.0f} TFLOP/s (8192^3, cuBLAS)",
              "- floor = max(bytes / copy rate, FLOPs / matmul rate) from each kernel's cost model (fp8 GEMM: 2x the bf16 rate; sparse decode with an fp8 cache still multiplies in bf16: 1x; tf32: 0.5x; fp32: 60 TFLOP/s assumed)",
              ("- times: median µs of CUDA-graph replays, L2 flushed (256 MB clean read) before every replay; problems under 16 MB rotate 4 distinct "
@@ -720,29 +660,23 @@ def report(rows, meta, ncu_summary: Path | None = None, source: Path | None = No
     return "\n".join(lines) + "\n"
 
 
-def write_tuned(results: Path) -> list[Path]:
-    """Tuned-config files from the ``tuned`` part of a results JSON (GPU and Triton version from its ``meta``);
-    each entry records the run's commit and date beside its config and times."""
+def write_tuned(results: Path, directory: Path) -> list[Path]:
+    """Tuned-config files in ``directory`` (any folder but ``kernels/tuned/``, which only ``tuner search --target
+    kernels`` writes) from the ``tuned`` part of a results JSON (GPU and Triton version from its ``meta``); each
+    entry records the run's commit and date beside its config and times."""
+    from benchmarks.common import tuned_output_dir
     from kernels.configs import write_config_file
 
-    data = json.loads(results.read_text())
+    directory = tuned_output_dir(directory)
+    data = read_json(results)
     meta = data["meta"]
     paths = []
     for name_dtype, entries in data["tuned"].items():
         name, dtype = name_dtype.split("|")
         stamped = {k: dict(v, measured=f"{meta['date']}, commit {meta['commit'][:12]}, {results.name}") for k, v in entries.items()}
-        paths.append(write_config_file(name, meta["gpu"], dtype, stamped, triton_version=meta["triton"]))
+        paths.append(write_config_file(name, meta["gpu"], dtype, stamped, triton_version=meta["triton"],
+                                       directory=directory))
     return paths
-
-
-def git_commit() -> str:
-    """``$KERNELS_GIT_COMMIT`` when set (a copy of the tree on a GPU host may carry a stale .git), else git's HEAD."""
-    if os.environ.get("KERNELS_GIT_COMMIT"):
-        return os.environ["KERNELS_GIT_COMMIT"]
-    try:
-        return subprocess.check_output(["git", "rev-parse", "HEAD"], cwd=ROOT, stderr=subprocess.DEVNULL, text=True).strip()
-    except Exception:
-        return "unknown"
 
 
 def main(argv=None) -> int:
@@ -763,16 +697,30 @@ def main(argv=None) -> int:
     ap.add_argument("--ncu-summary", metavar="FILE", default=None,
                     help="append this Nsight Compute summary (benchmarks/profile_sparse_decode.py --summarise) to the report")
     ap.add_argument("--write-tuned", metavar="RESULTS_JSON", default=None,
-                    help="no benchmark: write the tuned-config files of a results JSON into $TUNER_KERNEL_CONFIG_DIR "
-                         "(else kernels/tuned/), for the GPU and Triton version it names")
+                    help="no benchmark: write the tuned-config files of a results JSON into --tuned-dir, for the GPU "
+                         "and Triton version it names")
+    ap.add_argument("--tuned-dir", metavar="DIR", default=None,
+                    help="with --write-tuned: the folder to write (not kernels/tuned/, which only `tuner search "
+                         "--target kernels` writes; read it with TUNER_KERNEL_CONFIG_DIR=DIR)")
     args = ap.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s", stream=sys.stdout)
     if args.write_tuned:
-        for path in write_tuned(Path(args.write_tuned)):
+        from tuner.errors import InputError
+
+        if not args.tuned_dir:
+            print("error: --write-tuned needs --tuned-dir DIR (a folder of your own; kernels/tuned/ is written only "
+                  "by `tuner search --target kernels`)", file=sys.stderr)
+            return 2
+        try:
+            paths = write_tuned(Path(args.write_tuned), Path(args.tuned_dir))
+        except InputError as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            return 2
+        for path in paths:
             print(path)
         return 0
     if args.report_from:
-        data = json.loads(Path(args.report_from).read_text())
+        data = read_json(args.report_from)
         text = report(data["rows"], data["meta"], Path(args.ncu_summary) if args.ncu_summary else None,
                       source=Path(args.report_from))
         Path(args.out).write_text(text)

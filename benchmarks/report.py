@@ -1,13 +1,14 @@
 """Results tables of recorded studies, read from their databases (issue 21, item 13): the published figures come
 from here, never typed.
 
-    python benchmarks/report.py benchmarks/results/studies/*.db [--out-dir benchmarks/results]
+    python benchmarks/report.py benchmarks/results/studies/*/*.db --out-dir OUT
 
 For each database and each study in it, ``<out-dir>/study_<file stem>.md`` holds: where it ran (GPU, host,
 dates) and the commit the run recorded; trials and outcomes; the baseline and the recorded best at every level
 with the ratio (× baseline); every configuration timed more than once (re-runs) with its runs and median; and
 Optuna's best single trial beside the recorded best (the median of re-runs, which the search reports).
-``<out-dir>/studies.md`` is the one-line-per-study summary. Every file names the database it was read from.
+``<out-dir>/studies.md`` is the one-line-per-study summary. Every file names the database it was read from. The
+stored ones are filed as ``benchmarks/results/studies/<gpu>/<date>_<commit>_<study>.md`` beside their databases.
 """
 
 from __future__ import annotations

@@ -3,7 +3,7 @@ the study: Optuna ask + suggest over the real dsv4_flash space + tuner_ start/fi
 
     python benchmarks/search_overhead.py [--storage sqlite:///x.db] [--prefill 1000] [--measure 200]
 
-Writes ``benchmarks/results/search_overhead.md`` (date, machine, commit). Aim: median <= 50 ms on SQLite.
+Writes ``benchmarks/results/search_overhead/cpu/<date>_<commit>.md`` (date, machine, commit). Aim: median <= 50 ms on SQLite.
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ def main() -> int:
     ap.add_argument("--storage", default=None)
     ap.add_argument("--prefill", type=int, default=1000)
     ap.add_argument("--measure", type=int, default=200)
-    ap.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "search_overhead.md"))
+    ap.add_argument("--out", default=None, help="the report (default: benchmarks/results/search_overhead/cpu/<date>_<commit>.md)")
     args = ap.parse_args()
 
     import optuna
@@ -81,7 +81,11 @@ def main() -> int:
         f"| ask + suggest + tuner_ rows (start, finish, 3 metrics, events) + tell | {med:.1f} | {p95:.1f} |",
         "", f"Aim <= 50 ms median on SQLite: {'met' if med <= 50 else 'missed'}.", "",
     ]
-    Path(args.out).write_text("\n".join(lines))
+    from benchmarks.common import result_path
+
+    out = Path(args.out) if args.out else result_path("search_overhead", "cpu")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text("\n".join(lines))
     print("\n".join(lines))
     return 0
 

@@ -42,7 +42,7 @@ def programs(config: dict, batch: int, heads: int = 64, topk: int = 640) -> int:
 def measure(args, json_path: Path) -> dict:
     import torch
 
-    from benchmarks.kernels import _time, checked_time, run_meta
+    from benchmarks.common import _time, checked_time, run_meta
     from kernels.configs import lookup_entry
     from kernels.registry import get_kernel
     from kernels.sparse_decode import sparse_decode, split_rows

@@ -72,7 +72,7 @@ def configs_for(batch: int, shape: dict, device) -> dict:
 def measure(args, json_path: Path) -> dict:
     import torch
 
-    from benchmarks.kernels import checked_time, run_meta
+    from benchmarks.common import checked_time, run_meta
     from kernels.registry import get_kernel
     from kernels.sparse_decode_wgmma import sparse_decode_wgmma
 

@@ -76,7 +76,7 @@ def first_configs(batch: int, shape: dict, device) -> dict:
 def measure(args, json_path: Path) -> dict:
     import torch
 
-    from benchmarks.kernels import checked_time, run_meta
+    from benchmarks.common import _time, checked_time, run_meta
     from kernels.bench import measure_copy_bandwidth
     from kernels.registry import get_kernel
     from kernels.sparse_decode import sparse_decode, sparse_decode_torch
@@ -265,9 +265,11 @@ def write_tuned(data: dict, source: str, directory: Path) -> Path:
     """The sweep's fastest fp8 config at each batch as the GPU's tuned-config file of the wgmma kernel for an fp8
     cache (``kernels.configs`` format, keyed like the kernel's shapes, with the default's time beside it and where
     it was measured): the launcher looks it up, and adapts its split count at other batches."""
+    from benchmarks.common import stored_path, tuned_output_dir
     from kernels.configs import config_path
     from kernels.registry import get_kernel
 
+    directory = tuned_output_dir(directory)
     kernel = get_kernel("sparse_decode_wgmma")
     meta = data["meta"]
     base = kernel.shapes("v4flash")[0]
@@ -281,7 +283,9 @@ def write_tuned(data: dict, source: str, directory: Path) -> Path:
             "config": b["best"]["config"], "time_us": round(b["best"]["us"], 3),
             "default_time_us": round(default["us"], 3) if default and default.get("us") else None,
             "measured": f"{meta['date']}, commit {meta['commit']}, {Path(source).name} (sampled sweep: {b['timed']} of "
-                        f"{b.get('space')} configs)"}
+                        f"{b.get('space')} configs)",
+            "source": f"{stored_path(source)} (benchmarks/sparse_decode_wgmma_fp8.py --write-tuned: the sampled sweep's "
+                      "fastest)"}
     path = config_path(kernel.name, meta["gpu"], FP8, triton_version=meta["triton"], directory=directory)
     path.write_text(json.dumps(entries, indent=2, sort_keys=True) + "\n")
     return path

@@ -7,8 +7,8 @@
 #   3. Nsight Compute over benchmarks/profile_sparse_decode.py --wgmma (NCU=0 skips it)
 # Run from the repository root. Writes under $OUT:
 #   gpu_tests_wgmma.log sparse_decode_wgmma_h200.json sparse_decode_wgmma_h200.md ncu_wgmma.csv ncu_wgmma_summary.txt
-# Afterwards, on a CPU: copy the JSON to benchmarks/results/data/ and run
-#   python benchmarks/sparse_decode_wgmma.py --report-from benchmarks/results/data/<the JSON> --out <report>
+# Afterwards, on a CPU: copy the JSON to benchmarks/results/<benchmark>/<gpu>/ and run
+#   python benchmarks/sparse_decode_wgmma.py --report-from benchmarks/results/<benchmark>/<gpu>/<the JSON> --out <report>
 . "$(dirname "$0")/gpu_env.sh"
 timeout ${TESTS_S:-200} python3 -m pytest -q -p no:cacheprovider tests/kernels/test_sparse_decode_wgmma.py -k "${TESTS_K:-}" \
   >"$OUT/gpu_tests_wgmma.log" 2>&1

@@ -6,7 +6,7 @@ with the heartbeat-enabled, reconnecting storage workers use. Runs on SQLite (a 
 given, on PostgreSQL; writes a Markdown table.
 
     python benchmarks/storage_throughput.py --postgres postgresql://postgres@127.0.0.1:55432/postgres \
-        --out benchmarks/results/storage_throughput.md
+        --out benchmarks/results/storage_throughput/cpu/2026-11-29_5b43e25.md
 """
 
 from __future__ import annotations

@@ -20,7 +20,7 @@ reference and times it with ``kernels.bench.do_bench`` (L2 flush, CUDA graphs, i
 the tables are written as JSON and analysed on a CPU (``--analyze-gpu FILE``; ``--goal held_out`` reports issue 20's
 goal per table; ``--goal tuning`` the same on the recorded tables the configuration was tuned on).
 
-    python benchmarks/tuner_efficiency.py                       # replay -> benchmarks/results/tuner_efficiency.md
+    python benchmarks/tuner_efficiency.py                       # replay -> benchmarks/results/tuner_efficiency/cpu/<date>_<commit>.md
     python benchmarks/tuner_efficiency.py --gpu --out $OUT      # GPU sweep -> $OUT/tuner_efficiency_gpu.md
 """
 
@@ -45,11 +45,13 @@ ROOT = Path(__file__).resolve().parents[1]
 # run as a script, this folder is sys.path[0] and its kernels.py would shadow the `kernels` package
 sys.path[:] = [str(ROOT)] + [p for p in sys.path if Path(p or ".").resolve() not in (ROOT, Path(__file__).resolve().parent)]
 
+from benchmarks.common import read_json, result_path, short_commit
+
 TABLE = ROOT / "tests" / "kernels" / "data" / "sparse_decode_sweep_h200_b16.json"
 COMPILE_S = 1.15  # recorded: compiling one config of the sparse decode kernel on the H200 host
 TIMING_S = 0.06  # recorded: timing one config
 TRIAL_OVERHEAD_S = 2.0  # a fresh trial process (python + torch import), measured on the CPU box; the kernel
-# search's persistent worker pays it once per GPU (then ~0.1 s per trial on the H200, tuner_efficiency_h200.md)
+# search's persistent worker pays it once per GPU (then ~0.1 s per trial on the H200, benchmarks/results/tuner_efficiency/h200/2026-11-29_e12a643.md)
 AUTOTUNE_TIMING_S = 0.125  # triton.testing.do_bench defaults used by triton.autotune: warmup 25 ms + rep 100 ms
 FRACTIONS = (0.05, 0.10, 0.20)
 
@@ -317,22 +319,14 @@ def markdown(results: list[dict], header: list[str]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def _commit() -> str:
-    """``$TUNER_COMMIT`` when set (a copy of the tree on a GPU host may carry a stale .git), else git's HEAD."""
-    if os.environ.get("TUNER_COMMIT"):
-        return os.environ["TUNER_COMMIT"]
-    try:
-        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True,
-                              timeout=10).stdout.strip() or "unknown"
-    except OSError:
-        return "unknown"
-
-
 # -- GPU: exhaustive sweep ----------------------------------------------------------------------------------------
 INDEXER_CASE = ("indexer", {"batch": 16, "heads": 64, "dim": 128, "width": 65536, "shared_k": 0})
 """The case of the triton.autotune comparisons (``--autotune-probe``, ``--vs-autotune``)."""
-RECORDED_SWEEPS = ("tuner_efficiency_h200_sweeps.json", "tuner_efficiency_h200_moe.json",
-                   "tuner_efficiency_h200_issue20.json", "tuner_efficiency_h200_gemm_aligned_tuning.json")
+RESULTS = ROOT / "benchmarks" / "results"
+RECORDED_SWEEPS = ("tuner_efficiency/h200/2026-11-29_634ba5c_sweeps.json.gz",
+                   "tuner_efficiency/h200/2026-11-29_634ba5c_moe.json.gz",
+                   "tuner_efficiency/h200/2026-11-30_a39226e_issue20.json.gz",
+                   "tuner_efficiency/h200/2026-11-30_a677738_gemm_aligned_tuning.json.gz")
 """The tuning set, with ``TABLE``: exhaustive H200 tables the kernel search's configuration may be tuned on. The first
 two were recorded before issue 20; the third (2026-11-30 at a39226e: GEMM samples at M = 1/16/64, N x K = 1024 x 4096
 and 4096 x 2048, the indexer at batch 1) was held out once, reported in that state, and then read to set the GEMM's
@@ -405,10 +399,10 @@ WGMMA_HELD_OUT = [  # fixed 2026-12-01 before it ran: the Gluon wgmma sparse dec
 ]
 WGMMA_EXHAUSTIVE = [  # fixed 2026-12-02 before it ran: the wgmma kernel's whole space at batch 64 then 1 (4389
     # canonical configs a batch, 1710 distinct builds, the same at both batches); never read to set anything, only
-    # reported. Its first run (b7d17bf, data/tuner_efficiency_h200_wgmma_exhaustive_partial_b7d17bf.json) timed 1596
+    # reported. Its first run (b7d17bf, in git history: benchmarks/results/data/tuner_efficiency_h200_wgmma_exhaustive_partial_b7d17bf.json at d1e7663) timed 1596
     # of batch 64's 4389 in a 540 s window: each config's first launch took 0.30 s (median), most of it rel_error's
     # copy of the 2M-value output and reference to the host beside 14 busy compile helpers. With rel_error on the
-    # GPU (3d03109, data/tuner_efficiency_h200_wgmma_exhaustive_3d03109.json) first launches took 0.004 s and both
+    # GPU (3d03109, tuner_efficiency/h200/2026-12-02_3d03109_wgmma_exhaustive.json.gz) first launches took 0.004 s and both
     # batches were timed whole in one call (418 + 91 s, bound by the compiles)
     SweepCase("sparse_decode_wgmma", {"batch": 64, **_SD}),
     SweepCase("sparse_decode_wgmma", {"batch": 1, **_SD}, optional=True),
@@ -757,20 +751,23 @@ def gpu_analysis(data: dict, seeds: int, lookahead: int = 1, held_out: bool | No
     return results
 
 
-def write_tuned(files: list[str], kernels: tuple[str, ...] = ("sparse_decode",), directory=None,
+def write_tuned(files: list[str], directory, kernels: tuple[str, ...] = ("sparse_decode",),
                 min_gain: float = 0.01) -> list[str]:
     """Tuned-config entries from exhaustive sweep tables: for each table of ``kernels`` whose fastest config beats the
     config shipped for its key by more than ``min_gain`` in the same table (or has no entry yet), that config with
     its time and the default's, stamped with the sweep's date, commit and file. Sampled tables are skipped (their
     best is not the space's), and so are kernels with a library path (the GEMM's entries also carry the
-    library-or-Triton choice, which a sweep of Triton configs alone cannot make). Returns one line per table."""
-    from benchmarks.kernels import _effective
+    library-or-Triton choice, which a sweep of Triton configs alone cannot make). Written into ``directory`` (any folder
+    but ``kernels/tuned/``, which only ``tuner search --target kernels`` writes); the config compared against is the
+    folder's entry, else the shipped one. Returns one line per table."""
+    from benchmarks.common import _effective, tuned_output_dir
     from kernels.configs import config_path, read_config_file, write_config_file
     from kernels.registry import get_kernel
 
+    directory = tuned_output_dir(directory)
     lines = []
     for f in files:
-        data = json.loads(Path(f).read_text())
+        data = read_json(f)
         gpu, triton_version = data["gpu"], data.get("triton")
         for case in data["cases"]:
             kernel = get_kernel(case["kernel"])
@@ -783,7 +780,8 @@ def write_tuned(files: list[str], kernels: tuple[str, ...] = ("sparse_decode",),
                 continue
             best = min(rows, key=lambda r: r["time_us"])
             key = kernel.shape_key(case["shape"])
-            shipped = read_config_file(config_path(case["kernel"], gpu, case["dtype"], triton_version, directory)).get(key)
+            shipped = (read_config_file(config_path(case["kernel"], gpu, case["dtype"], triton_version, directory)).get(key)
+                       or read_config_file(config_path(case["kernel"], gpu, case["dtype"], triton_version)).get(key))
             times = {json.dumps(r["config"], sort_keys=True): r["time_us"] for r in rows}
 
             # the shipped config's time: its fastest twin in the table (configs the launcher runs alike: sparse decode's
@@ -821,7 +819,7 @@ def selects(selector: str, case: SweepCase) -> bool:
 def load_sweeps(files: list[str]) -> dict:
     """Sweep JSONs written by ``--gpu``, their cases together (a later file's case replaces an earlier one's of the
     same kernel and shape)."""
-    parts = [json.loads(Path(f).read_text()) for f in files]
+    parts = [read_json(f) for f in files]
     data = parts[0]
     for extra in parts[1:]:
         names = {json.dumps([c["kernel"], c["shape"]], sort_keys=True) for c in extra["cases"]}
@@ -906,7 +904,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--e2e-budget", type=float, default=0.0, help="with --gpu: then a real kernel search of this budget")
     ap.add_argument("--write-tuned", metavar="SWEEP_JSON[,SWEEP_JSON]", default=None,
                     help="write the sparse decode tuned configs from exhaustive sweep tables (where one beats the "
-                    "shipped config by more than 1%% in the same table) and exit")
+                    "shipped config by more than 1%% in the same table) into --tuned-dir and exit")
+    ap.add_argument("--tuned-dir", metavar="DIR", default=None,
+                    help="with --write-tuned: the folder to write (not kernels/tuned/, which only `tuner search "
+                         "--target kernels` writes; read it with TUNER_KERNEL_CONFIG_DIR=DIR)")
     ap.add_argument("--only", default="", help="with --gpu: the cases to sweep (default: all), comma-separated: a kernel "
                     "name, or KERNEL@KEY=VALUE for its cases whose shape has that value (gemm@M=16)")
     ap.add_argument("--cases", choices=sorted(CASE_SETS), default="issue20_held_out",
@@ -939,7 +940,17 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--autotune-probe", type=int, default=None, help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if args.write_tuned:
-        print("\n".join(write_tuned(args.write_tuned.split(","))))
+        from tuner.errors import InputError
+
+        if not args.tuned_dir:
+            print("error: --write-tuned needs --tuned-dir DIR (a folder of your own; kernels/tuned/ is written only "
+                  "by `tuner search --target kernels`)", file=sys.stderr)
+            return 2
+        try:
+            print("\n".join(write_tuned(args.write_tuned.split(","), args.tuned_dir)))
+        except InputError as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            return 2
         return 0
     if args.autotune_probe is not None:
         print(json.dumps(autotune_probe(args.autotune_probe)))
@@ -959,12 +970,11 @@ def main(argv: list[str] | None = None) -> int:
         return _goal(args, date)
     if args.compare_refine:
         kw = {"strategies": REFINE_STRATEGIES, "firsts": (True,)}
-        files = (args.analyze_gpu or ",".join(str(ROOT / "benchmarks/results/data" / f"tuner_efficiency_h200_{n}.json")
-                                              for n in ("sweeps", "moe"))).split(",")  # the MoE file's cases win
+        files = (args.analyze_gpu or ",".join(str(RESULTS / f) for f in RECORDED_SWEEPS[:2])).split(",")  # MoE's cases win
         res = [recorded_case(args.seeds, args.lookahead, **kw)]
         res += gpu_analysis(load_sweeps(files), args.seeds, args.lookahead, **kw)
         header = ["# Refining in the kernel search: replays of the H200 sweeps", "",
-                  f"Date {date}, commit {_commit()}, CPU replay (no GPU) of the exhaustive H200 sweeps "
+                  f"Date {date}, commit {short_commit()}, CPU replay (no GPU) of the exhaustive H200 sweeps "
                   f"(`{TABLE.relative_to(ROOT)}`, " + ", ".join(f"`{Path(f).name}`" for f in files) + "), "
                   f"{args.seeds} seeds per cell, {args.lookahead} trial(s) asked ahead, the default and the kernel's "
                   "seed configs first. `tpe`: TPE alone; `tpe+moves`: a configuration TPE proposes again is followed "
@@ -973,19 +983,21 @@ def main(argv: list[str] | None = None) -> int:
                   "Cell: runs within 3% of the exhaustive best / seeds, median gap / worst gap.", "",
                   f"    python benchmarks/tuner_efficiency.py --compare-refine --seeds {args.seeds}"]
         text = refine_comparison(res, header)
-        out = Path(args.out or ROOT / "benchmarks" / "results")
-        (out / "tuner_efficiency_refine.md").write_text(text)
+        path = Path(args.out) / "tuner_efficiency_refine.md" if args.out else result_path("tuner_efficiency", "cpu", "refine")
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text)
         print(text)
         return 0
     if not args.gpu and not args.analyze_gpu:
         res = [recorded_case(args.seeds, args.lookahead)]
         header = ["# Tuner efficiency: replay of the recorded H200 sweep", "",
-                  f"Date {date}, commit {_commit()}, run on {platform.node()} ({os.cpu_count()} CPUs, no GPU): a replay "
+                  f"Date {date}, commit {short_commit()}, run on {platform.node()} ({os.cpu_count()} CPUs, no GPU): a replay "
                   f"of `{TABLE.relative_to(ROOT)}` (one H200, torch 2.11, triton 3.6), {args.seeds} seeds per cell. "
                   "Gap = best time found / exhaustive best - 1. An evaluation is one compiled and timed config; "
                   "rule-pruned configs and repeats cost none. `python benchmarks/tuner_efficiency.py`."]
         text = markdown(res, header)
-        path = ROOT / "benchmarks" / "results" / "tuner_efficiency.md"
+        path = result_path("tuner_efficiency", "cpu")
+        path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(text)
         print(text)
         return 0
@@ -1002,7 +1014,7 @@ def main(argv: list[str] | None = None) -> int:
             return 2
         start = time.time()
         helpers = args.helpers or max(1, (os.cpu_count() or 2) - 2)  # the rest: this process and the GPU's feeding
-        data = {"gpu": torch.cuda.get_device_name(0), "date": date, "commit": _commit(), "cases": [],
+        data = {"gpu": torch.cuda.get_device_name(0), "date": date, "commit": short_commit(), "cases": [],
                 "torch": torch.__version__, "rep_ms": args.rep_ms, "helpers": helpers,
                 "source": "benchmarks/tuner_efficiency.py --gpu"}
         import triton
@@ -1066,7 +1078,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _goal(args, date: str) -> int:
-    commit = _commit()  # the code that runs: read now, not when the report is written (a commit may land meanwhile)
+    commit = short_commit()  # the code that runs: read now, not when the report is written (a commit may land meanwhile)
     ahead = search_lookahead()
     try:
         fractions = tuple(sorted({float(f) for f in args.fractions.split(",")}))
@@ -1078,22 +1090,22 @@ def _goal(args, date: str) -> int:
         return 2
     kw = {"strategies": ("tpe+moves",), "firsts": (not args.no_starts,), "fractions": fractions}
     if args.goal == "tuning":
-        files = [str(ROOT / "benchmarks/results/data" / f) for f in RECORDED_SWEEPS]
+        files = [str(RESULTS / f) for f in RECORDED_SWEEPS]
         res = [recorded_case(args.seeds, ahead, **kw)] + gpu_analysis(load_sweeps(files), args.seeds, ahead, **kw)
-        meta = [json.loads(Path(f).read_text()) for f in files]
+        meta = [read_json(f) for f in files]
         source = (", ".join(f"`{p}`" for p in [str(TABLE.relative_to(ROOT)), *RECORDED_SWEEPS]) + " (measured "
                   + "; ".join(sorted({f"{m['date']} on {m['gpu']} at {m['commit']}" for m in meta})) + ")")
     else:
         if not args.analyze_gpu:
             print("error: --goal held_out needs --analyze-gpu FILE (the sweep JSON of benchmarks/tuner_efficiency_gpu.sh); "
-                  "e.g. --goal held_out --analyze-gpu benchmarks/results/data/tuner_efficiency_h200_issue20.json",
+                  "e.g. --goal held_out --analyze-gpu benchmarks/results/tuner_efficiency/h200/2026-11-30_a39226e_issue20.json.gz",
                   file=sys.stderr)
             return 2
         data = load_sweeps(args.analyze_gpu.split(","))
         res = gpu_analysis(data, args.seeds, ahead, held_out=True, **kw)
         source = ", ".join(f"`{Path(f).name}` (measured {m['date']} on {m['gpu']}, torch {m.get('torch')}, triton "
                            f"{m.get('triton')}, commit {m['commit']})"
-                           for f, m in ((f, json.loads(Path(f).read_text())) for f in args.analyze_gpu.split(",")))
+                           for f, m in ((f, read_json(f)) for f in args.analyze_gpu.split(",")))
         source += "; a later file's table replaces an earlier one's of the same kernel and shape"
         if not res:
             print(f"error: {args.analyze_gpu} holds no held-out table with a timed config; run "
@@ -1116,9 +1128,10 @@ def _goal(args, date: str) -> int:
               + (f" --fractions {args.fractions}" if fractions != FRACTIONS else "")
               + (f" --analyze-gpu {args.analyze_gpu}" if args.analyze_gpu else "")]
     text = goal_report(res, header)
-    out = Path(args.out or ROOT / "benchmarks" / "results")
-    out.mkdir(parents=True, exist_ok=True)
-    (out / (args.report_name or f"tuner_efficiency_goal_{args.goal}.md")).write_text(text)
+    name = args.report_name or f"tuner_efficiency_goal_{args.goal}.md"
+    path = Path(args.out) / name if args.out else result_path("tuner_efficiency", "cpu", Path(name).stem.removeprefix("tuner_efficiency_"))
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text)
     print(text)
     return 0
 

@@ -7,8 +7,8 @@
 #   gpu_tests_kernels.log           pytest tests/kernels/test_kernels_gpu.py
 #   tuner_efficiency_gpu.json       the sweep tables (written after every case)
 #   sweep.log                       the sweep's progress
-# Afterwards, on a CPU: copy the JSON to benchmarks/results/data/tuner_efficiency_h200_issue20.json and run
-#   python benchmarks/tuner_efficiency.py --goal held_out --analyze-gpu benchmarks/results/data/tuner_efficiency_h200_issue20.json
+# Afterwards, on a CPU: copy the JSON to benchmarks/results/tuner_efficiency/h200/2026-11-30_a39226e_issue20.json.gz and run
+#   python benchmarks/tuner_efficiency.py --goal held_out --analyze-gpu benchmarks/results/tuner_efficiency/h200/2026-11-30_a39226e_issue20.json.gz
 # TOTAL_S (default 440) bounds the tests and the sweep together. ONLY=KERNEL[,KERNEL] sweeps those kernels' cases only;
 # HELPERS=N sets the compile helpers (default: CPUs - 2); TESTS=0 skips the GPU tests (two of these on a 2-GPU host);
 # CASES=SET sweeps another set of tables (tuner_efficiency.py --cases).

@@ -10,7 +10,7 @@
 # with SGLang 0.5.23 installed (no GPU needed), write the report, which also checks the exported command with
 # SGLang's own parser:
 #   python benchmarks/twin_report.py --db twin19_h200.db --study twin19-h200 \
-#       --side-by-side workload_twin19_h200.md --out benchmarks/results/twin19_h200.md
+#       --side-by-side benchmarks/results/workload/h200/2026-11-30_4fdb1ff_twin19.md --out benchmarks/results/twin_report/h200/2026-11-30_0819ad9_twin19.md
 set -euo pipefail
 DB=${DB:-twin19_h200.db}     # ignored by git: kept on a warm device machine between calls, or carried
 STUDY=${STUDY:-twin19-h200}

@@ -3,7 +3,7 @@
 SGLang command, checked here with SGLang's own parser (needs SGLang installed, no GPU).
 
     python benchmarks/twin_report.py --db twin19_h200.db --study twin19-h200 \\
-        [--side-by-side workload_twin19_h200.md] --out benchmarks/results/twin19_h200.md
+        [--side-by-side workload_twin19_h200.md] --out benchmarks/results/twin_report/h200/2026-11-30_0819ad9_twin19.md
 
 Every figure is read from the study database (or the side-by-side file, quoted whole); the report names both.
 """

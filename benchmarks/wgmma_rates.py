@@ -92,7 +92,7 @@ def measure(args, json_path: Path) -> dict:
     import torch
     import triton
 
-    from benchmarks.tuner_efficiency import _commit
+    from benchmarks.common import short_commit as _commit
 
     products = _kernels()
     sms = torch.cuda.get_device_properties(0).multi_processor_count

@@ -92,6 +92,8 @@ def report(data: dict) -> str:
     """The markdown of a run (``main`` writes it beside its JSON; ``--report-from`` rewrites it from a stored one):
     every case against the default, and each case in ``compared`` (a search's best, a variant of the hand-written
     best) against the hand-written best measured in the same run."""
+    from benchmarks.common import stored_path
+
     cases = data["cases"]
     levels = data.get("levels") or sorted({lv for c in cases for lv in c.get("tok_s", {})},
                                           key=lambda lv: int(lv.split("=")[1]))
@@ -99,8 +101,8 @@ def report(data: dict) -> str:
     lines = [f"# Decode workload ({data['preset']}) side by side on {data['gpu']}", "",
              f"date {data['date']}, torch {data['torch']}, triton {data['triton']}, commit {data['commit']}, live context "
              f"512, median of {data['repeats']} steps after warm-up; tok/s = batch / step time; x = versus the default",
-             *([f"written by `benchmarks/workload_gpu.py --report-from {Path(data['source']).name}` from the stored "
-                f"results `benchmarks/results/data/{Path(data['source']).name}`"] if data.get("source") else []),
+             *([f"written by `benchmarks/workload_gpu.py --report-from {stored_path(data['source'])}` from the stored "
+                f"results `{stored_path(data['source'])}`"] if data.get("source") else []),
              "", "| configuration | " + " | ".join(f"{lv} tok/s (x)" for lv in levels) + " | wall s |",
              "| --- | " + " | ".join("---" for _ in levels) + " | --- |"]
     for c in cases:

@@ -351,7 +351,7 @@ def rel_error(out: torch.Tensor, ref: torch.Tensor) -> float:
     Computed in float64 on ``out``'s device; only three numbers come back to the host. (Until 2026-12-02 both
     tensors were copied to the host first, in every kernel trial's check: the wgmma kernel's exhaustive sweep spent
     0.30 s a config on its first launch at batch 64 with the copy, 0.004 s without it,
-    ``benchmarks/results/data/tuner_efficiency_h200_wgmma_exhaustive_*.json``.)"""
+    ``benchmarks/results/tuner_efficiency/h200/2026-12-02_3d03109_wgmma_exhaustive.json.gz``.)"""
     if tuple(out.shape) != tuple(ref.shape):
         return math.inf
     out64 = out.detach().to(torch.float64)

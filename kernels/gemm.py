@@ -297,7 +297,7 @@ class GemmKernel(TunableKernel):
         warps with 5, 32x256 on 4 warps with 4.
 
         Read from the exhaustive H200 tables of the kernel with aligned tile copies (2026-11-30 at a677738,
-        ``benchmarks/results/data/tuner_efficiency_h200_gemm_aligned_tuning.json``: M = 1/16, N x K = 1024 x 4096 and
+        ``benchmarks/results/tuner_efficiency/h200/2026-11-30_a677738_gemm_aligned_tuning.json.gz``: M = 1/16, N x K = 1024 x 4096 and
         4096 x 2048; M = 64 samples). Every table's best ran about 128 programs (one wave on 132 SMs) with a deep
         pipeline; one of these seeds is within 1% of the best on each exhaustive table, and within 0.3% where GROUP_M
         is 1 on the M = 64 samples. The kernel before 0998650 read W two bytes at a time, and its tables (which set

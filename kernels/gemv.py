@@ -8,7 +8,7 @@ over programs: each writes a float32 partial of its ``BLOCK_N`` outputs, and the
 finish (a per-block counter, reset by that program: CUDA-graph safe) sums them in the same launch.
 
 Measured on an H200 beside the library and ``kernels/gemm.py`` in one run (``benchmarks/kernels.py --only gemm,gemv``,
-``benchmarks/results/kernels_gemv_h200.md``): faster than both at every V4-Flash decode shape at M = 1, bf16 and fp8.
+``benchmarks/results/kernels/h200/2026-11-30_393971c_gemv.md``): faster than both at every V4-Flash decode shape at M = 1, bf16 and fp8.
 
 Modes and inputs as ``kernels.gemm`` (fp32/tf32 run in float32 arithmetic, fp8 e4m3 with float32 scales per tensor
 or per row). The tuned choice of ``kernels.linear.linear(impl="auto")`` may name it (``"gemv"``) for one-row keys.
@@ -118,7 +118,7 @@ class GemvKernel(GemmKernel):
     def default_config(self, shape):
         """4 rows of W per program, K tiles of up to 1024, 4 warps, K split only until the grid has 256 programs:
         the best of the H200 sweep at all four bf16 decode shapes (2026-11-30 at 393971c,
-        ``benchmarks/results/kernels_gemv_h200.md``; 256 to 1024 programs, one split)."""
+        ``benchmarks/results/kernels/h200/2026-11-30_393971c_gemv.md``; 256 to 1024 programs, one split)."""
         N, K = shape["N"], shape["K"]
         bk = min(1024, max(128, triton.next_power_of_2(K)))
         blocks = cdiv(N, 4)
@@ -130,7 +130,7 @@ class GemvKernel(GemmKernel):
     def seed_configs(self, shape, device=None, dtype=None):
         """The default on 8 warps (the fp8 best at two shapes), 8-row blocks on 8 warps (the fp8 best at the other
         two), 16-row blocks with 256-long K tiles split 8 ways (the prototype's best at N x K = 2048 x 4096,
-        ``benchmarks/results/gemm_floor_h200.md``), and the default with twice the splits."""
+        ``benchmarks/results/gemm_floor/h200/2026-11-30_1300f20.md``), and the default with twice the splits."""
         d = self.default_config(shape)
         out = []
         for c in (dict(d, num_warps=8), dict(d, BLOCK_N=8, num_warps=8),

@@ -87,6 +87,8 @@ def test_replayed_h200_sweep_and_nearest_key(tmp_path, sqlite_url, monkeypatch):
     assert case.status in ("tuned", "default_kept")
     assert tuple(case.config[c] for c in k.columns) != k.best
     assert case.time_us <= case.default_time_us
+    (path,) = Path(res.config_dir).glob("sparse_decode__*.json")  # the file names the sub-study its entry came from
+    assert read_config_file(path)[case.shape_key]["source"] == f"kernel search study {case.study} (tuner search --target kernels)"
     # nearest key: a batch-12 call of the real sparse_decode reads the batch-16 entry of this "GPU" ("cpu"), its split
     # count set for batch 12 (SparseDecodeKernel.adapt_config: the most splits within one wave)
     monkeypatch.setenv("TUNER_KERNEL_CONFIG_DIR", res.config_dir)
@@ -235,27 +237,6 @@ def test_configs_that_run_the_same_program_are_timed_once(tmp_path, sqlite_url):
             ran.setdefault(x, t.number)
     assert twins, "the test needs the search to ask for a twin of a timed config"
     assert len([t for t in trials if t.repeat_of is None]) <= 4
-
-
-def test_repeats_report_reads_twins_and_runs_from_the_study_database(tmp_path, sqlite_url):
-    """benchmarks/kernel_search_repeats.py on a real study: the twins TwinKernel's search did not run are counted
-    apart from configs asked again, and the best is a trial that ran."""
-    from benchmark_scripts import benchmark_script
-
-    from tuner.search.kernel_search import tune_case
-
-    opts = _options(tmp_path, sqlite_url, n_trials=16, confirm_top=0, seed=3)
-    tune_case(KernelCase("kernel_tuning_fakes:TwinKernel", {"batch": 1, "rows": 1}), opts, "twins")
-    with benchmark_script("kernel_search_repeats") as script:
-        rows = script.summarise(sqlite_url)
-        text = script.report(rows, sqlite_url, None)
-    (row,) = rows
-    repo = Repo(sqlite_url)
-    trials = repo.list_trials(repo.get_run("twins").id)
-    assert row["trials"] == len(trials) and row["ran"] == sum(1 for t in trials if t.repeat_of is None)
-    assert row["twin"] > 0 and row["same"] + row["twin"] == sum(1 for t in trials if t.repeat_of is not None)
-    assert row["best_us"] == 40.0 and row["best_config"]["X"] == 3
-    assert "| twins |" in text
 
 
 def test_retimes_rerun_each_top_program_under_the_params_it_was_timed_with(tmp_path, sqlite_url):

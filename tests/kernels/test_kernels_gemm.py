@@ -123,23 +123,6 @@ def test_torch_linear_row_wise_fp8_on_a_cpu_whose_torch_takes_only_per_tensor_sc
         assert (y[row].double() - ref[row]).norm() / ref[row].norm() < 1e-2, row
 
 
-@pytest.mark.parametrize("cfg", [_cfg(SK=2), _cfg(SK=4, BK=16, BN=64)], ids=str)
-def test_frozen_previous_gemm_matches_the_reference_as_the_current_one_does(cfg):
-    """benchmarks/baselines/gemm_v1.py (the kernel before its tiles were known to be aligned), which
-    benchmarks/kernels.py times beside the current kernel: same inputs, both within tolerance of the float64
-    reference, fused split-K (M <= 16) and the two-pass one (M = 17)."""
-    from benchmarks.baselines.gemm_v1 import gemm_v1
-    from kernels.gemm import gemm_reference
-
-    for shape in G.shapes("test"):
-        inputs = G.make_inputs(shape, "fp16", DEV, seed=5)
-        ref = gemm_reference(inputs["x"], inputs["w"])
-        old = gemm_v1(inputs["x"], inputs["w"], "fp16", cfg).double()
-        new = gemm(inputs["x"], inputs["w"], "fp16", cfg).double()
-        for y in (old, new):
-            assert ((y - ref).norm() / ref.norm()).item() <= G.tolerance("fp16")
-
-
 def test_group_m_is_canonical_only_where_there_is_one_row_block():
     """GROUP_M orders row blocks: with one (M <= BLOCK_M) every value is the same program, so the canonical config
     says 1; with several it is kept. The GEMV (no GROUP_M) is left as it is."""

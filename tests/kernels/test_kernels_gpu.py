@@ -42,21 +42,11 @@ def test_sparse_decode_v4flash_fp8_cache(cfg):
 
 
 def test_sparse_decode_many_splits_bf16():
-    """Batch 1 at the split counts that used to cost most (S=32, 64 with 16-row tiles) and the previous version agree
-    with the reference."""
-    import sys
-    from pathlib import Path
-
-    sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
-    from benchmarks.baselines.sparse_decode_v1 import sparse_decode_v1
-    from kernels.base import rel_error
-
+    """Batch 1 at the split counts that used to cost most (S=32, 64 with 16-row tiles) agrees with the reference
+    (the previous version at the same configs: benchmarks/tests/test_baselines.py)."""
     shape = dict(SD.shapes("v4flash")[0], ragged=1)
     for cfg in (_sd(32, 16, 16, 4, 2), _sd(64, 16, 16, 4, 2), _sd(64, 64, 16, 8, 2)):
         assert check(SD, shape, "bfloat16", cfg, "cuda", seed=cfg["S"]) <= SD.tolerance("bfloat16")
-        inp = SD.make_inputs(shape, "bfloat16", "cuda", seed=1)
-        old = sparse_decode_v1(inp["q"], inp["kv"], inp["indices"], inp["sm_scale"], dict(cfg, S=min(cfg["S"], 32)))
-        assert rel_error(old, SD.reference(inp)) <= SD.tolerance("bfloat16")
 
 
 def test_sparse_decode_merge_with_programmatic_dependent_launch_in_a_graph():

@@ -553,7 +553,7 @@ def test_sparse_decode_wgmma_fp16_and_fewer_heads_match_the_reference():
 def test_sparse_decode_wgmma_store_cvt_writes_its_partials_in_16_byte_stores_on_sm90(part16, v4):
     """From the wgmma layout a thread holds 2 adjacent values of a row: 8-byte (float32) or 4-byte (16-bit) stores,
     4 threads a row (16-bit partials then write half sectors: 0.59-0.96x the float32 ones on the H200 at db89c65,
-    benchmarks/results/data/sparse_decode_wgmma_h200_db89c65.json). STORE_CVT
+    benchmarks/results/sparse_decode_wgmma/h200/2026-12-01_db89c65.json). STORE_CVT
     converts the [64, 512] partials first: 16-byte stores only, 64 KiB (or 128 KiB) over 256 threads."""
     shape = {"batch": 16, "heads": 64, "d_qk": 512, "d_v": 512, "topk": 640, "num_rows": 65536}
     ptx = _sm90_build(shape, {"S": 2, "BLOCK_T": 64, "STAGES": 2, "V_SPLIT": 1, "PART16": part16, "STORE_CVT": 1})["ptx"]
@@ -601,7 +601,7 @@ def test_the_wgmma_default_config_launches_one_wave_of_programs_at_every_batch_t
 
 
 def test_the_wgmma_default_config_is_the_measured_fastest_at_v4_flash_batches():
-    """The default rule against the stored H200 sweeps (benchmarks/results/data/sparse_decode_wgmma_h200*.json), the
+    """The default rule against the stored H200 sweeps (benchmarks/results/sparse_decode_wgmma/h200/*.json), the
     newest of each batch: it names a config whose split of the rows, tile size, ring depth, programs a split,
     schedule (WS, SPLIT_WG) and stores (STORE_CVT) are those of the fastest timed config with float32 partials (the
     default keeps them: see default_config). Sweeps before WS or SPLIT_WG have no such key (0)."""
@@ -609,7 +609,7 @@ def test_the_wgmma_default_config_is_the_measured_fastest_at_v4_flash_batches():
     from kernels.sparse_decode_wgmma import default_config
 
     newest = {}
-    for path in (ROOT / "benchmarks" / "results" / "data").glob("sparse_decode_wgmma_h200*.json"):
+    for path in (ROOT / "benchmarks" / "results" / "sparse_decode_wgmma" / "h200").glob("*.json"):
         data = json.loads(path.read_text())
         for case in data["cases"]:
             if case["batch"] not in newest or data["meta"]["date"] > newest[case["batch"]][0]:

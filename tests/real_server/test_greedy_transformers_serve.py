@@ -6,7 +6,7 @@ warm-up, the check, one load level, the teardown), as a search runs it.
   completions agree with the first's on 1.0.
 - A knob that changes numbers: ``--dtype bfloat16`` is measured against the float32 reference: on this model it
   agrees under ``min_agreement`` 0.9 (half the prompts diverge; the figures are in
-  ``benchmarks/results/greedy_transformers_serve_cpu.md``), so the trial is ``wrong_result``.
+  ``benchmarks/results/greedy_transformers_serve/cpu/2026-11-30_d2d0c2d.md``), so the trial is ``wrong_result``.
 
 ``transformers serve`` refuses SGLang's request field ``return_token_ids`` (HTTP 422), so the check compares text.
 About a minute on 2 busy CPU cores (three server starts of ~10 s each).
@@ -74,7 +74,7 @@ def test_bfloat16_agrees_under_min_agreement_with_the_float32_reference_and_is_w
     _, _, bf16 = trials
     got = bf16.metric("greedy_agreement")
     assert got is not None, bf16.reason + bf16.log[-2000:]
-    # bfloat16 changes this model's greedy completions (benchmarks/results/greedy_transformers_serve_cpu.md)
+    # bfloat16 changes this model's greedy completions (benchmarks/results/greedy_transformers_serve/cpu/2026-11-30_d2d0c2d.md)
     assert 0.0 <= got < 0.9
     assert bf16.metric("constraint", "greedy_agreement>=0.9") == pytest.approx(0.9 - got)
     assert bf16.outcome.value == "wrong_result" and "min_agreement 0.9" in bf16.reason

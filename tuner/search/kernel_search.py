@@ -119,10 +119,12 @@ class KernelCaseResult:
         return None
 
     def entry(self) -> dict[str, Any]:
-        """The tuned-config file entry of this case."""
+        """The tuned-config file entry of this case; ``source`` names the study it came from (every shipped entry
+        has one: ``kernels/tuned/`` is written by this search only)."""
         entry = {"config": self.config, "time_us": self.time_us, "default_time_us": self.default_time_us,
                  "spread": self.spread, "status": self.status, "study": self.study, "trials": self.trials,
-                 "tuned_at": datetime.now(timezone.utc).isoformat(timespec="seconds")}
+                 "tuned_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+                 "source": f"kernel search study {self.study} (tuner search --target kernels)"}
         if self.impl is not None:  # read by kernels.configs.tuned_impl (kernels.linear.linear(impl="auto"))
             entry.update(impl=self.impl, library_time_us=self.library_time_us,
                          impl_triton_time_us=self.impl_triton_time_us)

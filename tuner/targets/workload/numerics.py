@@ -35,7 +35,7 @@ FAMILIES = ("fp32", "tf32", "fp16", "bf16", "fp8")
 """Dtype families from the most to the least precise."""
 DEFAULT_TOLERANCE = {"fp32": 1e-3, "tf32": 1e-2, "fp16": 0.08, "bf16": 0.08, "fp8": 0.30}
 """Relative norm error allowed per family, read off the errors measured over 3 weight x 4 input seeds on an H200
-(``benchmarks/results/numerics_gpu_h200_10b81fc.md``, ``benchmarks/numerics_gpu.py``): single bf16 changes and the
+(``benchmarks/results/numerics_gpu/h200/2026-11-30_10b81fc.md``, ``benchmarks/numerics_gpu.py``): single bf16 changes and the
 hand-written best stay within 0.04 (bf16 0.08, twice that); fp8 projections 0.06-0.10, and the fp8 shared-expert GEMMs
 through every layer 0.19-0.26 (all of the space's fp8 GEMMs together as well), which a V4 deployment runs (its
 checkpoint is fp8), so fp8 admits them with a margin (0.30; 0.25 cut through that spread: 2 of 12 draws beyond it).

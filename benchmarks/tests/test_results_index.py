@@ -1,0 +1,44 @@
+"""benchmarks/results/ as a newcomer meets it: the index (README.md) names a current file for every benchmark folder
+and every file it links exists; each result is filed as <benchmark>/<gpu>/<date>_<commit>[_<variant>].<ext>; no logs;
+the tree stays under 10 MB."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+RESULTS = Path(__file__).resolve().parents[1] / "results"
+INDEX = RESULTS / "README.md"
+NAME = re.compile(r"\d{4}-\d\d-\d\d_[0-9a-f]{7}(_[a-z0-9_]+)?\.(md|json|json\.gz|db|txt|csv)")
+LINK = re.compile(r"\]\(([^)]+)\)")
+
+
+def test_every_file_the_index_links_exists():
+    links = LINK.findall(INDEX.read_text())
+    assert len(links) > 30
+    missing = [link for link in links if not (RESULTS / link).is_file()]
+    assert not missing, missing
+
+
+def test_the_index_links_a_file_of_every_benchmark_folder():
+    linked = {link.split("/")[0] for link in LINK.findall(INDEX.read_text())}
+    folders = {p.name for p in RESULTS.iterdir() if p.is_dir()}
+    assert folders - linked == set(), sorted(folders - linked)
+
+
+def test_every_result_is_filed_by_benchmark_gpu_date_and_commit():
+    misfiled = []
+    for path in RESULTS.rglob("*"):
+        if not path.is_file() or path.parent == RESULTS and path.name in ("README.md", "MOVES.md",
+                                                                          "sparse_decode_history.md"):
+            continue
+        rel = path.relative_to(RESULTS).parts
+        if len(rel) != 3 or not NAME.fullmatch(rel[2]):
+            misfiled.append("/".join(rel))
+    assert not misfiled, misfiled
+
+
+def test_the_results_stay_under_10_mb_with_no_logs():
+    files = [p for p in RESULTS.rglob("*") if p.is_file()]
+    assert not [p.name for p in files if p.suffix == ".log"]
+    assert sum(p.stat().st_size for p in files) < 10e6
