@@ -242,6 +242,10 @@ class DecodeModel:
         if impl == "torch":
             return sparse_attention_torch
         if impl in FLASHMLA:
+            if self.p.head_dim != 512 or self.p.heads not in (64, 128):
+                raise KnobError(f"workload knob `attention_impl={impl}` runs FlashMLA, which takes head dim 512 and "
+                                f"64 or 128 heads, but preset {self.p.name} has {self.p.heads} heads of "
+                                f"{self.p.head_dim}: use the dsv4-flash preset or another attention_impl")
             if self.device.type != "cuda":
                 raise KnobError(f"workload knob `attention_impl={impl}` needs an sm_90 GPU (FlashMLA)")
             try:
