@@ -78,3 +78,57 @@ def test_the_installed_sglang_checks_the_commands_flags():
     launch = server_launch(space, command_config(space, BEST, "sm_90").params)
     check = for_installed_release(launch)
     assert "installed SGLang 0.5.23" in check.line and check.moved == []
+
+
+# A CPU-runnable space in which the exported command always differs from the twin's best: each value of gemm_mhc is
+# marked as a code change whose `instead` is the other one, so the command's configuration runs (on a CPU) and is
+# measured beside the best.
+SWAP_SPACE = """
+name: swap
+target: workload
+preset: dsv4-flash-tiny
+settings: {live_context: 128, warmup: 1, repeats: 1}
+objective: {metric: tok_s, combine: geomean, levels: [1, 16], unit: tok/s}
+params:
+  context_length:
+    type: categorical
+    server: {flag: --context-length}
+    values: [4096, 131072]
+    default: 131072
+  gemm_mhc:
+    type: categorical
+    server:
+      none: a test's stand-in for a code change
+      not_deployable:
+        fp32: {kind: code_change, why: a test mark, source: this test, instead: bf16}
+        bf16: {kind: code_change, why: a test mark, source: this test, instead: fp32}
+    values: [fp32, bf16]
+    default: fp32
+"""
+
+
+@pytest.mark.slow
+def test_a_workload_search_measures_the_command_beside_the_best_and_the_export_gives_both(tmp_path):
+    import json
+    import subprocess
+    import sys
+
+    (tmp_path / "swap.yaml").write_text(SWAP_SPACE)
+    r = subprocess.run([sys.executable, "-m", "tuner", "search", "--budget", "300s", "--space", "swap.yaml",
+                        "--seed", "1", "--confirm-top", "1", "-o", "out"], cwd=tmp_path, capture_output=True,
+                       text=True, timeout=600)
+    assert r.returncode == 0, r.stderr[-3000:]
+    dest = next((tmp_path / "out").iterdir())
+    text = (dest / "launch.sh").read_text()
+    command = next(ln for ln in text.splitlines() if ln.startswith("#   this command: "))
+    changes = next(ln for ln in text.splitlines() if ln.startswith("#   with these code changes: "))
+    assert "not measured" not in command and "x (" in command and "trials" in command, command
+    assert "x (" in changes, changes
+    best = next(ln for ln in text.splitlines() if ln.startswith("#   gemm_mhc="))
+    assert "(the command runs gemm_mhc=" in best  # credited under the code changes only
+    rec = json.loads(next(ln for ln in text.splitlines() if ln.startswith("# tuner-recorded: "))[18:])
+    assert rec["remeasure_command"] == "remeasure_command.sh" and (dest / "remeasure_command.sh").is_file()
+    v = subprocess.run([sys.executable, "-m", "tuner", "verify", str(dest / "launch.sh"), "--tolerance", "0.95"],
+                       cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    assert "the exported command's configuration (remeasure_command.sh)" in v.stdout, v.stdout + v.stderr
+    assert v.stdout.count("c=16:") == 2, v.stdout

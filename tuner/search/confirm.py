@@ -18,6 +18,9 @@ _logger = logging.getLogger(__name__)
 
 EXTRA_RERUNS = 2
 """Re-runs of the winner at most, beyond the top-k round, while its runs disagree by more than the tolerance."""
+SIDE_BY_SIDE_RUNS = 2
+"""Runs of what the target measures beside the best before the confirmation round (``Target.side_by_side``: the
+workload twin's exported command), kept in the same reserve."""
 
 
 def confirm_reserve(ctx: SearchContext) -> float:
@@ -26,7 +29,7 @@ def confirm_reserve(ctx: SearchContext) -> float:
     ok = [t.duration_s for t in ctx.trials if t.outcome == "ok" and t.repeat_of is None]
     if ctx.options.confirm_top <= 0 or ctx.options.n_trials is not None or len(ok) < 5:
         return 0.0
-    runs = ctx.options.confirm_top + 2 + EXTRA_RERUNS
+    runs = ctx.options.confirm_top + 2 + EXTRA_RERUNS + SIDE_BY_SIDE_RUNS
     return min(0.2 * ctx.deadline.budget_s, 1.2 * runs * statistics.median(ok))
 
 
