@@ -89,6 +89,14 @@ class Hardware:
         return [r for r in required if r not in self.capabilities]
 
 
+def arch_of_environment(env: dict | None) -> str | None:
+    """The first GPU's architecture (:attr:`Hardware.arch`) of a stored run's environment fingerprint (``{"gpus":
+    [{"name", "compute_capability": "9.0"}]}``); None for a CPU run."""
+    gpu = ((env or {}).get("gpus") or [{}])[0]
+    cc = tuple(int(x) for x in str(gpu.get("compute_capability") or "").split(".") if x.isdigit()) or None
+    return Hardware(gpu_name=gpu.get("name", "cpu"), gpu_count=1 if gpu else 0, compute_capability=cc).arch
+
+
 def detect_hardware() -> Hardware:
     """Probe torch/triton for this machine. Never raises: a missing piece only removes capabilities."""
     try:

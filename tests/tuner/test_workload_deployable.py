@@ -132,3 +132,7 @@ def test_a_workload_search_measures_the_command_beside_the_best_and_the_export_g
                        cwd=tmp_path, capture_output=True, text=True, timeout=300)
     assert "the exported command's configuration (remeasure_command.sh)" in v.stdout, v.stdout + v.stderr
     assert v.stdout.count("c=16:") == 2, v.stdout
+    from tuner.explain import explain
+
+    md = explain(f"sqlite:///{tmp_path / 'tuner.db'}", dest.name, profile=False).markdown()
+    assert "## The exported command against the twin's best" in md and "| best / command |" in md, md

@@ -246,14 +246,12 @@ def _workload_command(repo: Repo, run, trial, levels: tuple[dict[str, float], di
     predictions, "this command" (the runs of that configuration) and "with these code changes" (the twin's best),
     each knob listed under the one it belongs to; ``tuner verify``'s record points at remeasure.sh (the best) and
     remeasure_command.sh (the command's configuration)."""
-    from search_spaces import Hardware, load_space_text
+    from search_spaces import load_space_text
+    from search_spaces.hardware import arch_of_environment
     from tuner.export import sglang_command as sc
 
     space = load_space_text(run.space_yaml, source=run.space_name)
-    env = run.environment or {}
-    gpu = (env.get("gpus") or [{}])[0]
-    cc = tuple(int(x) for x in str(gpu.get("compute_capability") or "").split(".") if x.isdigit()) or None
-    arch = Hardware(gpu_name=gpu.get("name", "cpu"), gpu_count=1 if gpu else 0, compute_capability=cc).arch
+    arch = arch_of_environment(run.environment)
     cmd = sc.command_config(space, trial.params, arch)
     launch = sc.server_launch(space, cmd.params)
     release = sc.for_installed_release(launch)
