@@ -108,13 +108,14 @@ params:
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(900)
 def test_a_workload_search_measures_the_command_beside_the_best_and_the_export_gives_both(tmp_path):
     import json
     import subprocess
     import sys
 
     (tmp_path / "swap.yaml").write_text(SWAP_SPACE)
-    r = subprocess.run([sys.executable, "-m", "tuner", "search", "--budget", "300s", "--space", "swap.yaml",
+    r = subprocess.run([sys.executable, "-m", "tuner", "search", "--budget", "240s", "--space", "swap.yaml",
                         "--seed", "1", "--confirm-top", "1", "-o", "out"], cwd=tmp_path, capture_output=True,
                        text=True, timeout=600)
     assert r.returncode == 0, r.stderr[-3000:]

@@ -196,6 +196,16 @@ def dequantize_v4(cache: torch.Tensor, n: int) -> torch.Tensor:
     return torch.cat([nope.reshape(-1, V4_NOPE), rope], dim=-1)[:n]
 
 
+def _topk_indices(rows: torch.Tensor, multiple: int = 64) -> torch.Tensor:
+    """``rows`` [B, T] as FlashMLA's indices [B, 1, T'] (int32), padded with -1 (masked) to a multiple of 64, the
+    kernels' top-k tile (SGLang pads its page indices likewise)."""
+    pad = -rows.shape[1] % multiple
+    idx = rows.to(torch.int32)
+    if pad:
+        idx = torch.nn.functional.pad(idx, (0, pad), value=-1)
+    return idx.unsqueeze(1).contiguous()
+
+
 def flashmla_attention(impl: str) -> Callable[..., torch.Tensor]:
     """``fn(q [B,H,512], pool, rows [B,T] (-1 masked), scale, kv_scale) -> [B,H,512]`` on FlashMLA (the
     sgl-flash-mla wheel), as SGLang 0.5.23 calls it. ``flashmla_kv``: ``flash_mla_with_kvcache(..., use_legacy=True,
@@ -208,7 +218,7 @@ def flashmla_attention(impl: str) -> Callable[..., torch.Tensor]:
         def sparse(q, pool, rows, scale, kv_scale=None):
             if kv_scale is not None or pool.dtype != torch.bfloat16:
                 raise ValueError("attention_impl=flashmla_sparse reads a bf16 cache; set kv_cache_dtype=bf16")
-            idx = rows.to(torch.int32).unsqueeze(1).contiguous()  # [B, 1, T], -1 = masked
+            idx = _topk_indices(rows)  # [B, 1, T], -1 = masked
             out = flash_mla.flash_mla_sparse_fwd(q.contiguous(), pool.unsqueeze(1), idx, scale, q.shape[-1],
                                                  use_legacy=True, return_log2_lse=False)[0]
             return out.to(q.dtype)
@@ -220,8 +230,8 @@ def flashmla_attention(impl: str) -> Callable[..., torch.Tensor]:
 
     def decode(q, cache, rows, scale, kv_scale=None, extra=None, extra_rows=None):
         """``cache``/``rows``: the window (SGLang's SWA cache); ``extra``/``extra_rows``: the compressed rows."""
-        idx = rows.to(torch.int32).unsqueeze(1).contiguous()  # [B, 1, T]: token = page * page_size + slot
-        eidx = None if extra_rows is None else extra_rows.to(torch.int32).unsqueeze(1).contiguous()
+        idx = _topk_indices(rows)  # [B, 1, T]: token = page * page_size + slot, -1 = masked
+        eidx = None if extra_rows is None else _topk_indices(extra_rows)
         key = (tuple(q.shape), tuple(idx.shape), None if eidx is None else tuple(eidx.shape))
         if key not in metas:  # one schedule per shape, as SGLang keeps one per CUDA graph
             metas[key] = flash_mla.get_mla_metadata()[0]
