@@ -37,7 +37,7 @@ import triton
 from benchmarks.common import _effective, _time, git_commit, read_json, stored_path
 from kernels import classify_failure, get_kernel
 from kernels.base import dtype_name, rel_error
-from kernels.bench import measure_copy_bandwidth, measure_launch_us, measure_matmul_tflops
+from kernels.bench import do_bench, measure_copy_bandwidth, measure_launch_us, measure_matmul_tflops
 
 log = logging.getLogger("benchmarks.kernels")
 
@@ -679,6 +679,72 @@ def write_tuned(results: Path, directory: Path) -> list[Path]:
     return paths
 
 
+def flashmla_table(out: Path, batches=(1, 16, 64), rows: int = 65536, topk: int = 640, heads: int = 64,
+                   rep_ms: float = 12.0) -> str:
+    """FlashMLA (the sgl-flash-mla wheel, as SGLang 0.5.23 calls it: ``flash_mla_with_kvcache(..., use_legacy=True,
+    kv_format="V4")`` on V4's fp8 cache, ``flash_mla_sparse_fwd(..., use_legacy=True)`` on a bf16 cache) beside the
+    project's sparse decode (``wgmma`` on bf16 and on its fp8 cache, ``mma``) at V4-Flash's shape (64 heads, d 512,
+    top-k 640), each checked against the float32 reference first, in one run (one CUDA-graph replay a call, L2
+    flushed), with each cache format's memory floor (the bytes it reads over the copy bandwidth measured in the same
+    run). Writes the markdown table (date, GPU, commit, this file) to ``out`` and its JSON beside it."""
+    from kernels.sparse_decode import quantize_kv_fp8, sparse_decode
+    from kernels.sparse_decode_wgmma import sparse_decode_wgmma
+    from tuner.targets.workload.gpu_ops import V4_BYTES, dequantize_v4, flashmla_attention, quantize_v4
+    from tuner.targets.workload.ops import sparse_attention_torch
+
+    bw = measure_copy_bandwidth()
+    d, scale = 512, 512 ** -0.5
+    g = torch.Generator(device="cuda").manual_seed(0)
+    pool = torch.randn(rows, d, device="cuda", generator=g).to(torch.bfloat16)
+    fp8, fp8_scale = quantize_kv_fp8(pool)
+    v4 = quantize_v4(pool.float())
+    v4_rows = dequantize_v4(v4, rows).to(torch.bfloat16)
+    kv_fn, sparse_fn = flashmla_attention("flashmla_kv"), flashmla_attention("flashmla_sparse")
+    ways = {  # name: (cache format, bytes a selected row, the call, the pool its reference reads)
+        "flashmla_kv (FlashMLA, V4 fp8 cache)": ("V4 fp8", V4_BYTES, lambda q, i: kv_fn(q, v4, i, scale), v4_rows),
+        "flashmla_sparse (FlashMLA, bf16 cache)": ("bf16", 2 * d, lambda q, i: sparse_fn(q, pool, i, scale), pool),
+        "wgmma (project, bf16 cache)": ("bf16", 2 * d, lambda q, i: sparse_decode_wgmma(q, pool, i, scale), pool),
+        "wgmma (project, fp8 cache)": ("e4m3 + fp32 scale", d + 4, lambda q, i: sparse_decode_wgmma(
+            q, fp8, i, scale, kv_scale=fp8_scale), (fp8.float() * fp8_scale[:, None]).to(torch.bfloat16)),
+        "mma (project, bf16 cache)": ("bf16", 2 * d, lambda q, i: sparse_decode(q, pool, i, scale), pool),
+    }
+    results = []
+    for b in batches:
+        q = torch.randn(b, heads, d, device="cuda", generator=g).to(torch.bfloat16)
+        idx = torch.randint(0, rows, (b, topk), device="cuda", generator=g, dtype=torch.int32)
+        for name, (fmt, row_bytes, call, ref_pool) in ways.items():
+            row = {"batch": b, "way": name, "format": fmt, "bytes_per_row": row_bytes}
+            try:
+                ref = sparse_attention_torch(q.float(), ref_pool.float(), idx.long(), scale)
+                row["err"] = rel_error(call(q, idx).float(), ref)
+                row["us"] = do_bench(lambda _: call(q, idx), [0], rep_ms=rep_ms, cuda_graph=True).median_us
+            except Exception as exc:  # noqa: BLE001 - a way that cannot run here is a row with its reason
+                row["error"] = f"{type(exc).__name__}: {str(exc)[:160]}"
+            moved = b * topk * row_bytes + 2 * b * heads * d * 2  # the selected rows, q in and o out
+            row["floor_us"] = moved / bw * 1e6
+            results.append(row)
+            log.info("%s", row)
+    meta = {"date": dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+            "gpu": torch.cuda.get_device_name(0), "torch": torch.__version__, "triton": triton.__version__,
+            "commit": git_commit(), "source": "benchmarks/kernels.py --flashmla", "bw": bw}
+    lines = [f"# FlashMLA beside the project's sparse decode ({meta['date']}, {meta['gpu']}, commit {meta['commit']})",
+             "", f"From `{meta['source']}` (torch {meta['torch']}, triton {meta['triton']}); V4-Flash's decode "
+             f"attention: {heads} heads, d {d}, top-k {topk}, {rows} cached rows; one CUDA-graph replay a call, L2 "
+             f"flushed; floor = bytes read / copy bandwidth {bw / 1e12:.2f} TB/s measured in the same run.", "",
+             "| batch | way | cache format (bytes a row) | µs | floor µs | x floor | rel. error |",
+             "| --- | --- | --- | --- | --- | --- | --- |"]
+    for r in results:
+        us = f"{r['us']:.1f}" if "us" in r else r.get("error", "-")
+        xf = f"{r['us'] / r['floor_us']:.2f}" if "us" in r else "-"
+        err = f"{r['err']:.1e}" if "err" in r else "-"
+        lines.append(f"| {r['batch']} | {r['way']} | {r['format']} ({r['bytes_per_row']}) | {us} | "
+                     f"{r['floor_us']:.1f} | {xf} | {err} |")
+    text = "\n".join(lines) + "\n"
+    out.write_text(text)
+    out.with_suffix(".json").write_text(json.dumps({"meta": meta, "rows": results}, indent=1, default=str))
+    return text
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--out", default="kernels.md")
@@ -697,13 +763,19 @@ def main(argv=None) -> int:
     ap.add_argument("--ncu-summary", metavar="FILE", default=None,
                     help="append this Nsight Compute summary (benchmarks/profile_sparse_decode.py --summarise) to the report")
     ap.add_argument("--write-tuned", metavar="RESULTS_JSON", default=None,
-                    help="no benchmark: write the tuned-config files of a results JSON into --tuned-dir, for the GPU "
-                         "and Triton version it names")
-    ap.add_argument("--tuned-dir", metavar="DIR", default=None,
-                    help="with --write-tuned: the folder to write (not kernels/tuned/, which only `tuner search "
-                         "--target kernels` writes; read it with TUNER_KERNEL_CONFIG_DIR=DIR)")
+                    help="no benchmark: write the tuned-config files of a results JSON into $TUNER_KERNEL_CONFIG_DIR "
+                         "(else kernels/tuned/), for the GPU and Triton version it names")
+    ap.add_argument("--flashmla", metavar="OUT_MD", default=None,
+                    help="only time FlashMLA beside the project's sparse decode at V4-Flash's shape (needs sm_90 and "
+                         "sgl-flash-mla) and write that table")
     args = ap.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s", stream=sys.stdout)
+    if args.flashmla:
+        if not torch.cuda.is_available():
+            log.error("no CUDA device: nothing to benchmark")
+            return 2
+        print(flashmla_table(Path(args.flashmla), rep_ms=args.rep_ms))
+        return 0
     if args.write_tuned:
         from tuner.errors import InputError
 

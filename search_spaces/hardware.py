@@ -18,6 +18,7 @@ CAPABILITIES = {
     "wgmma": "Hopper warpgroup MMA (compute capability 9.0) and a Triton with Gluon's Hopper API",
     "torch_compile": "torch.compile with a working backend compiler",
     "multi_gpu": "two or more GPUs",
+    "flash_mla": "FlashMLA's Hopper kernels: an sm_90 GPU and the sgl-flash-mla wheel (`pip install tuner[flashmla]`)",
 }
 
 
@@ -32,6 +33,18 @@ class Hardware:
     has_torch_compile: bool = False
     extra: frozenset[str] = field(default_factory=frozenset)
     has_gluon: bool = False
+    has_flash_mla: bool = False
+    """The ``flash_mla`` module (the sgl-flash-mla wheel) imports."""
+
+    @property
+    def arch(self) -> str | None:
+        """The GPU's architecture as SGLang's gates name it: ``gfx950`` (MI350/MI355X), else ``sm_XY``; None on a CPU."""
+        if not self.gpu_count:
+            return None
+        if any(m in self.gpu_name for m in ("MI355", "MI350", "gfx950")):
+            return "gfx950"
+        cc = self.compute_capability
+        return f"sm_{cc[0]}{cc[1]}" if cc else None
 
     @property
     def capabilities(self) -> frozenset[str]:
@@ -49,6 +62,8 @@ class Hardware:
                 caps.add("fp4")
             if cc == (9, 0) and self.has_triton and self.has_gluon:
                 caps.add("wgmma")
+            if cc == (9, 0) and self.has_flash_mla:
+                caps.add("flash_mla")
             if self.gpu_count >= 2:
                 caps.add("multi_gpu")
         if self.has_torch_compile:
@@ -60,7 +75,7 @@ class Hardware:
         return {"gpu_name": self.gpu_name, "gpu_count": self.gpu_count,
                 "compute_capability": list(self.compute_capability) if self.compute_capability else None,
                 "has_triton": self.has_triton, "has_torch_compile": self.has_torch_compile,
-                "extra": sorted(self.extra), "has_gluon": self.has_gluon}
+                "extra": sorted(self.extra), "has_gluon": self.has_gluon, "has_flash_mla": self.has_flash_mla}
 
     @classmethod
     def from_json(cls, data: dict) -> Hardware:
@@ -68,10 +83,18 @@ class Hardware:
         return cls(gpu_name=data.get("gpu_name", "cpu"), gpu_count=int(data.get("gpu_count", 0)),
                    compute_capability=tuple(cc) if cc else None, has_triton=bool(data.get("has_triton")),
                    has_torch_compile=bool(data.get("has_torch_compile")), extra=frozenset(data.get("extra", ())),
-                   has_gluon=bool(data.get("has_gluon")))
+                   has_gluon=bool(data.get("has_gluon")), has_flash_mla=bool(data.get("has_flash_mla")))
 
     def missing(self, required: tuple[str, ...]) -> list[str]:
         return [r for r in required if r not in self.capabilities]
+
+
+def arch_of_environment(env: dict | None) -> str | None:
+    """The first GPU's architecture (:attr:`Hardware.arch`) of a stored run's environment fingerprint (``{"gpus":
+    [{"name", "compute_capability": "9.0"}]}``); None for a CPU run."""
+    gpu = ((env or {}).get("gpus") or [{}])[0]
+    cc = tuple(int(x) for x in str(gpu.get("compute_capability") or "").split(".") if x.isdigit()) or None
+    return Hardware(gpu_name=gpu.get("name", "cpu"), gpu_count=1 if gpu else 0, compute_capability=cc).arch
 
 
 def detect_hardware() -> Hardware:
@@ -105,5 +128,8 @@ def detect_hardware() -> Hardware:
         has_gluon = True
     except ImportError:
         has_gluon = False
+    import importlib.util
+
+    has_flash_mla = importlib.util.find_spec("flash_mla") is not None  # imported by the trial, not here
     return Hardware(gpu_name=name, gpu_count=count, compute_capability=cc, has_triton=has_triton,
-                    has_torch_compile=has_compile, has_gluon=has_gluon)
+                    has_torch_compile=has_compile, has_gluon=has_gluon, has_flash_mla=has_flash_mla)

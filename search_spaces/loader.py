@@ -35,6 +35,7 @@ import yaml
 from search_spaces.buckets import DENSITIES
 from search_spaces.schema import (
     COMBINES,
+    DEPLOY_KINDS,
     GOODPUT_METRICS,
     PARAM_TYPES,
     PARETO_METRICS,
@@ -43,6 +44,7 @@ from search_spaces.schema import (
     Condition,
     Constraint,
     LevelConstraint,
+    NotDeployable,
     Objective,
     Param,
     ServerCounterpart,
@@ -59,7 +61,8 @@ _PARAM_KEYS = {
     "type", "values", "low", "high", "step", "log", "default", "description", "flag", "kernel", "env", "when",
     "requires", "value_requires", "max_bs", "densities", "server",
 }
-_SERVER_KEYS = {"flag", "env", "none", "values", "note", "see"}
+_SERVER_KEYS = {"flag", "env", "none", "values", "note", "see", "not_deployable", "deploys_as"}
+_NOT_DEPLOYABLE_KEYS = {"kind", "why", "source", "instead", "except_on"}
 _OBJECTIVE_KEYS = {"metric", "direction", "combine", "levels", "level", "unit", "constraints", "slo", "pareto"}
 
 BUILTIN_DIR = Path(__file__).resolve().parent
@@ -232,6 +235,14 @@ def _param(source: str, name: str, pdef: Any) -> Param:
         if not param.contains(v):
             raise _fail(f"{where} server", "`values` names a value the parameter cannot take", v,
                         f"use values of `{name}`")
+    for v, mark in (param.server.not_deployable.items() if param.server else ()):
+        for what, x in (("`not_deployable` names", v), (f"`not_deployable.{v}.instead` is", mark.instead)):
+            if not param.contains(x):
+                raise _fail(f"{where} server", f"{what} a value the parameter cannot take", x,
+                            f"use values of `{name}`")
+    if param.server and param.server.deploys_as is not None and not param.contains(param.server.deploys_as):
+        raise _fail(f"{where} server", "`deploys_as` is a value the parameter cannot take", param.server.deploys_as,
+                    f"use a value of `{name}`")
     for v in param.value_requires:
         if not param.contains(v):
             raise _fail(where, "`value_requires` names a value the parameter cannot take", v, "fix the value")
@@ -275,8 +286,39 @@ def _server(where: str, raw: Any) -> ServerCounterpart:
         see = [see]
     if not isinstance(see, list) or not all(isinstance(x, str) and x for x in see):
         raise _fail(where, "`see` must be a list of flag or variable names", see, "write `see: [--fp8-gemm-backend]`")
+    marks = raw.get("not_deployable") or {}
+    if not isinstance(marks, dict):
+        raise _fail(where, "`not_deployable` must map knob values to {kind, why, source, instead}", marks,
+                    "write `not_deployable: {triton: {kind: declined, why: ..., source: ..., instead: torch}}`")
+    if "deploys_as" in raw and "none" not in raw:
+        raise _fail(where, "`deploys_as` goes with `none` only", raw["deploys_as"],
+                    "mark a flag's values with `not_deployable` instead")
     return ServerCounterpart(flag=flag, env=env, none=str(none or "").strip(), values=dict(values),
-                             note=str(raw.get("note", "")), see=tuple(see))
+                             note=str(raw.get("note", "")), see=tuple(see),
+                             not_deployable={v: _not_deployable(f"{where} not_deployable {v!r}", m)
+                                             for v, m in marks.items()},
+                             deploys_as=raw.get("deploys_as"))
+
+
+def _not_deployable(where: str, raw: Any) -> NotDeployable:
+    fix = "write `{kind: declined, why: ..., source: sglang/..., instead: torch}`"
+    if not isinstance(raw, dict):
+        raise _fail(where, "must be a mapping", raw, fix)
+    _unknown(where, raw, _NOT_DEPLOYABLE_KEYS, "key")
+    if raw.get("kind") not in DEPLOY_KINDS:
+        raise _fail(where, "`kind` must be one of " + ", ".join(DEPLOY_KINDS), raw.get("kind"), fix)
+    for key in ("why", "source"):
+        if not (isinstance(raw.get(key), str) and raw[key].strip()):
+            raise _fail(where, f"`{key}` must be a non-empty text", raw.get(key), fix)
+    if "instead" not in raw:
+        raise _fail(where, "`instead` (the value SGLang runs in its place) is missing", None, fix)
+    except_on = raw.get("except_on") or []
+    if isinstance(except_on, str):
+        except_on = [except_on]
+    if not isinstance(except_on, list) or not all(isinstance(x, str) and x for x in except_on):
+        raise _fail(where, "`except_on` must be a list of GPU architectures", except_on, "write `[gfx950]`")
+    return NotDeployable(kind=raw["kind"], why=" ".join(raw["why"].split()), source=raw["source"].strip(),
+                         instead=raw["instead"], except_on=tuple(except_on))
 
 
 def _clauses(where: str, raw: Any) -> tuple[tuple[str, tuple[Any, ...]], ...]:

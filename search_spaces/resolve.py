@@ -54,8 +54,10 @@ class ResolvedSpace:
         return self.walk(lambda p: p.default)
 
 
-def resolve(space: Space, hardware: Hardware) -> ResolvedSpace:
-    """Cut ``space`` to ``hardware``. A parameter whose every value needs something missing is pinned."""
+def resolve(space: Space, hardware: Hardware, *, deployable_only: bool = False) -> ResolvedSpace:
+    """Cut ``space`` to ``hardware``. A parameter whose every value needs something missing is pinned. With
+    ``deployable_only``, also every value the exported SGLang command cannot give on this GPU (a value its
+    ``server:`` marks ``not_deployable`` here, or not its ``deploys_as``): the search's best is then the command."""
     params: list[Param] = []
     fixed: dict[str, Any] = {}
     inactive: list[Inactive] = []
@@ -79,14 +81,20 @@ def resolve(space: Space, hardware: Hardware) -> ResolvedSpace:
         keep = []
         for v in p.choices():
             miss = hardware.missing(p.value_requires.get(v, ()))
+            blocker = p.server.blocker(v, hardware.arch) if deployable_only and p.server else None
             if miss:
                 inactive.append(Inactive(p.name, v, _why(miss)))
+            elif blocker is not None:
+                inactive.append(Inactive(p.name, v, f"deployable_only: the command cannot set it ({blocker.describe()})"))
             else:
                 keep.append(v)
         default = p.default
         if default not in keep:
-            default = keep[0] if keep else p.default
-            notes.append(f"`{p.name}` default {p.default!r} cannot run here ({_why(hardware.missing(p.value_requires.get(p.default, ())))}); the baseline uses {default!r}")
+            mark = p.server.blocker(default, hardware.arch) if deployable_only and p.server else None
+            default = mark.instead if mark is not None and mark.instead in keep else (keep[0] if keep else p.default)
+            miss = hardware.missing(p.value_requires.get(p.default, ()))
+            why = _why(miss) if miss else "deployable_only: the exported command cannot set it"
+            notes.append(f"`{p.name}` default {p.default!r} cannot run here ({why}); the baseline uses {default!r}")
         if len(keep) <= 1:
             fixed[p.name] = default
             if keep:

@@ -50,6 +50,35 @@ class Condition:
         return tuple(name for name, _ in self.clauses)
 
 
+DEPLOY_KINDS = {
+    "declined": "SGLang declines the flag on this GPU (it logs a reason and runs its own path instead)",
+    "fails": "known to fail in SGLang",
+    "code_change": "a change to SGLang's code (no flag or variable sets it)",
+}
+"""Why the exported command cannot give a knob value (``server: {not_deployable: {value: {kind: ...}}}``)."""
+
+
+@dataclass(frozen=True)
+class NotDeployable:
+    """A knob value the exported SGLang command cannot give: ``kind`` (:data:`DEPLOY_KINDS`), ``why``, the ``source``
+    it is known from, ``instead`` (the knob value SGLang runs in its place) and ``except_on`` (GPU architectures,
+    e.g. ``gfx950`` or ``sm_90``, where the command does give it)."""
+
+    kind: str
+    why: str
+    source: str
+    instead: Any
+    except_on: tuple[str, ...] = ()
+
+    def applies(self, arch: str | None) -> bool:
+        """Whether the command cannot give the value on a GPU of architecture ``arch`` (None: unknown)."""
+        return not (arch and arch in self.except_on)
+
+    def describe(self) -> str:
+        where = f" (except on {', '.join(self.except_on)})" if self.except_on else ""
+        return f"{self.kind.replace('_', ' ')}{where}: {self.why} [source: {self.source}]"
+
+
 @dataclass(frozen=True)
 class ServerCounterpart:
     """What sets the same thing as a workload knob in a real SGLang deployment: a launch ``flag``, an ``env``
@@ -64,10 +93,25 @@ class ServerCounterpart:
     values: dict[Any, Any] = field(default_factory=dict)
     note: str = ""
     see: tuple[str, ...] = ()
+    not_deployable: dict[Any, NotDeployable] = field(default_factory=dict)
+    """Knob values the exported command cannot give (declined, known to fail, or a code change), each with its
+    source and what SGLang runs instead."""
+    deploys_as: Any = None
+    """With ``none``: the knob value SGLang's own code runs (the checkpoint's dtype, its library GEMM); every other
+    value is a code change (the ``none`` text says why). ``None``: not stated."""
 
     @property
     def name(self) -> str | None:
         return self.flag or self.env
+
+    def blocker(self, value: Any, arch: str | None = None) -> NotDeployable | None:
+        """Why the command cannot give ``value`` on a GPU of architecture ``arch``; ``None`` when it can."""
+        mark = self.not_deployable.get(value)
+        if mark is not None:
+            return mark if mark.applies(arch) else None
+        if not self.flag and not self.env and self.deploys_as is not None and value != self.deploys_as:
+            return NotDeployable("code_change", self.none, "this space's `server: none`", self.deploys_as)
+        return None
 
     def server_value(self, value: Any) -> Any:
         """The server's value for a knob value (the same value unless ``values`` maps it; ``None``: leave out)."""

@@ -64,6 +64,10 @@ class Explanation:
     """Warm-started trials of a server study: ``{"trial", "twin_study", "twin_trial", "level", "predicted",
     "measured"}``, each a ratio to its own study's baseline (the twin's prediction, the server's measurement)."""
 
+    command: dict[str, Any] = field(default_factory=dict)
+    """A workload study: the exported command's configuration against the twin's best (``{"params", "changes"
+    (lines), "runs", "by_level", "best_by_level"}``, per-level medians; ``runs`` empty when it was not measured)."""
+
     def markdown(self) -> str:
         out = [f"# Why the best configuration of `{self.study}` won", ""]
         changed = {k: (self.baseline_params.get(k), v) for k, v in self.best_params.items()
@@ -129,8 +133,28 @@ class Explanation:
                     + (f"{r['measured']:.2f}x | {r['measured'] / r['predicted']:.2f} |" if r["measured"] is not None
                        else f"{r['outcome']} | - |") for r in self.predicted]
             out.append("")
+        out += self._command_lines()
         out += [f"- {n}" for n in self.notes]
         return "\n".join(out) + "\n"
+
+    def _command_lines(self) -> list[str]:
+        c = self.command
+        if not c:
+            return []
+        out = ["## The exported command against the twin's best", ""]
+        if not c["changes"]:
+            return out + ["The best is the command: every value it has, the exported command sets.", ""]
+        out += ["What the command cannot give (it runs the value after the arrow instead):", "",
+                *[f"- {ln.strip()}" for ln in c["changes"]], ""]
+        if not c["runs"]:
+            return out + ["The command's configuration was not measured in this study (`tuner verify launch.sh` "
+                          "measures it).", ""]
+        out += [f"The command's configuration, trials {', '.join(map(str, c['runs']))} (medians, tok/s):", "",
+                "| level | the twin's best | this command | best / command |", "| --- | --- | --- | --- |"]
+        for lv in sorted(c["by_level"], key=lambda x: int(x.split("=")[1]) if x.startswith("c=") else 0):
+            b, m = c["best_by_level"].get(lv), c["by_level"][lv]
+            out.append(f"| {lv} | {b:.1f} | {m:.1f} | {b / m:.2f}x |" if b and m else f"| {lv} | - | {m:.1f} | - |")
+        return out + [""]
 
     def _numerics_lines(self) -> list[str]:
         return _gate_lines(
@@ -263,6 +287,8 @@ def explain(storage_url: str, study: str, *, profile: bool = True, level: int | 
     ex.numerics = numerics_summary(repo, run.id, best)
     ex.greedy = greedy_summary(repo, run.id, best)
     ex.predicted = predicted_vs_measured(repo, run, base, frozen, ex.notes)
+    if run.target == "workload" and best is not None:
+        ex.command = command_vs_best(repo, run, best)
     if profile and run.target == "workload" and base and best:
         prof_level = level or max((int(lv.split("=")[1]) for lv in levels), default=64)
         for name, trial in (("baseline", base), ("best", best)):
@@ -314,6 +340,21 @@ def predicted_vs_measured(repo: Repo, run: Run, base: TrialRecord | None, frozen
                          "predicted": twin_levels[lv] / twin_base[lv], "measured": got,
                          "outcome": trial.outcome if trial else "not run"})
     return rows
+
+
+def command_vs_best(repo: Repo, run: Run, best: TrialRecord) -> dict[str, Any]:
+    """The exported command's configuration (``server_map.command_config`` on the study's GPU) against the best:
+    what it cannot give, and both configurations' per-level medians over their stored runs."""
+    from search_spaces import load_space_text
+    from search_spaces.hardware import arch_of_environment
+    from tuner.export.script import config_runs, level_medians
+    from tuner.targets.workload.server_map import command_config
+
+    arch = arch_of_environment(run.environment)
+    cmd = command_config(load_space_text(run.space_yaml, source=run.space_name), best.params, arch)
+    runs = config_runs(repo, run.id, cmd.params) if cmd.changes else []
+    return {"params": cmd.params, "changes": cmd.lines(), "runs": [r.number for r in runs],
+            "by_level": level_medians(runs), "best_by_level": level_medians(config_runs(repo, run.id, best.params))}
 
 
 def numerics_summary(repo: Repo, run_id: int, best: TrialRecord | None) -> dict[str, Any]:

@@ -68,6 +68,9 @@ class CommonSettings(Settings):
     """How far (max - min, over the median) the winner's runs may differ before it is run again (at the end)."""
     fail_fast_after: int = Field(8, ge=0)
     """End the search after this many trials in a row failed the same way (same outcome and reason); 0: never."""
+    deployable_only: bool = False
+    """Explore only the knob values the exported SGLang command can set on this GPU (a space's ``server:`` marks the
+    others ``not_deployable`` or names what SGLang runs with ``deploys_as``), so the best is the command."""
 
 
 def target_settings(stored: Mapping[str, Any] | None) -> dict[str, Any]:

@@ -68,8 +68,8 @@ def open_worker_context(storage_url: str, study_name: str, *, budget_s: float | 
     else:
         space = load_space(space_source)
     hardware = detect_hardware()
-    resolved = resolve(space, hardware)
     settings = target_settings(settings_all)
+    resolved = resolve(space, hardware, deployable_only=bool(settings.get("deployable_only")))  # as the search did
     target = get_target_class(run.target)(resolved, settings)
     started = run.started_at.replace(tzinfo=timezone.utc).timestamp()
     deadline = Deadline(started, run.budget_s, min(60.0, max(2.0, 0.03 * run.budget_s)))

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib.util
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -152,3 +153,30 @@ params:
                                                  "backend": "server_default", "frac": 0.8, "knob": "b"})
     assert args == ["--cuda-graph-bs-decode", "1", "2", "4", "8", "--enable-x", "--mem-fraction-static", "0.8"]
     assert env == {"MY_KNOB": "b"}
+
+
+def test_an_export_for_sglang_0_5_12_uses_its_flag_names_and_moves_what_it_cannot_set():
+    """The workload export built for 0.5.12's parser (its option names as vendored from its server_args.py by
+    scripts/sglang_flag_names.py): a renamed flag under 0.5.12's name, a flag 0.5.12 lacks moved out with one line."""
+    from search_spaces import load_space
+    from tuner.export.sglang_command import for_installed_release
+    from tuner.targets.sglang.flags import FlagSpec, ServerFlags
+    from tuner.targets.workload.server_map import command_config, server_launch
+
+    text = (Path(__file__).parent / "data" / "sglang_0.5.12_flags.txt").read_text().splitlines()
+    names = [n for n in text if n.startswith("--")]
+    flags = ServerFlags([FlagSpec(names=(n,)) for n in names], source="sglang 0.5.12 server_args.py",
+                        version="0.5.12")
+    space = load_space("dsv4_flash")
+    best = {"context_length": 131072, "indexer_impl": "triton", "attention_impl": "mma", "kv_cache_dtype": "fp8_e4m3",
+            "sparse_num_splits": 4, "sparse_block_t": 64, "sparse_block_h": 16, "gemm_proj": "fp8",
+            "gemm_indexer": "fp8", "gemm_moe": "fp8", "moe_impl": "triton", "gemm_mhc": "fp32", "gemm_impl": "torch",
+            "cuda_graph_buckets": "pow2:64", "glue": "eager"}
+    launch = server_launch(space, command_config(space, best, "gfx950").params)  # gfx950: the fused indexer is kept
+    assert "--cuda-graph-bs-decode" in launch.args and "--enable-dsa-fused-indexer" in launch.args
+    check = for_installed_release(launch, flags)
+    assert check.line == "flags checked by the installed SGLang 0.5.12's own parser"
+    assert [a for a in launch.args if a.startswith("--") and a not in names] == []
+    assert launch.args[launch.args.index("--cuda-graph-bs") + 1] == "1"
+    assert check.moved == ["  indexer_impl=triton: SGLang 0.5.12 has no flag --enable-dsa-fused-indexer; moved under "
+                           "the code changes (this command leaves the server's default)"]

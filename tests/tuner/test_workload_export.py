@@ -37,8 +37,8 @@ def test_the_cpu_main_job_exports_an_sglang_command_its_parser_accepts(tmp_path)
     dest = tmp_path / "out" / "dsv4-flash-tiny-workload"
     launch, remeasure = dest / "launch.sh", dest / "remeasure.sh"
     text = launch.read_text()
-    assert PREDICTED in text and "what the twin measured" in text
-    assert "knobs with no SGLang flag" in text and "gemm_proj=" in text
+    assert PREDICTED in text and "this command: " in text and "with these code changes: " in text
+    assert "with these code changes (the twin's best" in text and "gemm_proj=" in text
     assert "exec python -m sglang.launch_server" in text and '--model-path "$MODEL"' in text
     best = yaml.safe_load((dest / "best_params.yaml").read_text())["params"]
     parsed = parse_with_sglang(launch, {"MODEL": "/models/dsv4", "PORT": "31234"})

@@ -115,7 +115,7 @@ def test_padding_to_buckets():
                                           ({"moe_impl": "grouped"}, "torch or triton"),
                                           ({"kv_cache_dtype": "fp16"}, "one of bf16, fp8_e4m3, but got 'fp16'"),
                                           ({"kv_cache_dtype": "fp8_e4m3", "attention_impl": "simt"},
-                                           "needs attention_impl torch, mma, wgmma .* got attention_impl='simt'")])
+                                           "needs attention_impl torch, mma, wgmma, flashmla_kv .* got attention_impl='simt'")])
 def test_bad_knobs_are_refused_with_the_reason(knobs, needle):
     with pytest.raises(KnobError, match=needle):
         DecodeModel(TINY, knobs, "cpu")

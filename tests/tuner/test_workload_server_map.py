@@ -27,7 +27,7 @@ def test_the_brief_knobs_map_to_their_sglang_flags():
     assert flag["context_length"] == "--context-length"
     assert flag["cuda_graph_buckets"] == "--cuda-graph-bs-decode"
     assert flag["indexer_impl"] == "--enable-dsa-fused-indexer"
-    assert flag["attention_impl"] == "--dsa-decode-backend"
+    assert flag["attention_impl"] == "--dsv4-attn-backend"  # V4's decode; --dsa-decode-backend is V3.2's
     assert flag["sparse_num_splits"] == "--triton-attention-num-kv-splits"
     assert flag["moe_impl"] == "--moe-runner-backend"
     assert flag["glue"] == "--enable-torch-compile"
@@ -60,7 +60,8 @@ def test_server_launch_translates_values_and_lists_knobs_without_a_flag():
     launch = server_launch(space, params)
     a = launch.args
     assert a[a.index("--context-length") + 1] == "131072"
-    assert a[a.index("--dsa-decode-backend") + 1] == "triton"
+    # every twin attention leaves DeepSeek-V4's default (FlashMLA on Hopper); --dsa-decode-backend does not govern it
+    assert "--dsv4-attn-backend" not in a and "--dsa-decode-backend" not in a
     assert a[a.index("--triton-attention-num-kv-splits") + 1] == "4"
     assert a[a.index("--moe-runner-backend") + 1] == "triton"
     assert a[a.index("--cuda-graph-bs-decode") + 1:a.index("--cuda-graph-bs-decode") + 7] == \
@@ -83,6 +84,11 @@ def test_server_launch_translates_values_and_lists_knobs_without_a_flag():
     ("{flag: --a, values: {x: 1}}", "cannot take"),
     ("{flag: --a, colour: red}", "unknown key `colour`"),
     ("--context-length", "must be a mapping"),
+    ("{flag: --a, not_deployable: {x: {kind: broken, why: w, source: s, instead: x}}}", "`kind` must be one of"),
+    ("{flag: --a, not_deployable: {x: {kind: fails, why: w, source: s}}}", "`instead`"),
+    ("{flag: --a, not_deployable: {x: {kind: fails, why: w, source: s, instead: nope}}}", "cannot take"),
+    ("{flag: --a, not_deployable: {x: {kind: fails, why: '', source: s, instead: x}}}", "`why` must be"),
+    ("{flag: --a, deploys_as: x}", "goes with `none` only"),
 ])
 def test_a_bad_server_annotation_is_one_line_naming_it(server, why):
     with pytest.raises(SpaceError) as err:

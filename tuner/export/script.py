@@ -23,7 +23,7 @@ import yaml
 from storage import Repo
 from tuner import __version__
 from tuner.errors import ExportError
-from tuner.export.sglang_command import REMEASURE_NAME
+from tuner.export.sglang_command import REMEASURE_COMMAND_NAME, REMEASURE_NAME
 from tuner.targets.base import LaunchSpec, Target
 
 _logger = logging.getLogger(__name__)
@@ -200,7 +200,7 @@ def export_run(repo: Repo, study: str, out_dir: str | os.PathLike, *, target: Ta
             (tmp / REMEASURE_NAME).write_text(script)
             os.chmod(tmp / REMEASURE_NAME, 0o755)
             script = _workload_command(repo, run, best_trial, (best_levels, base_levels), recorded, parsimony,
-                                       note, kdirs, tmp)
+                                       note, kdirs, tmp, target=target)
         (tmp / SCRIPT_NAME).write_text(script)
         os.chmod(tmp / SCRIPT_NAME, 0o755)
         params_doc = {"study": run.study_name, "target": run.target, "objective": run.objective,
@@ -218,8 +218,8 @@ def export_run(repo: Repo, study: str, out_dir: str | os.PathLike, *, target: Ta
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     items = [("launch_script", SCRIPT_NAME, str(dest / SCRIPT_NAME), (dest / SCRIPT_NAME).read_bytes()),
-             *([("remeasure_script", REMEASURE_NAME, str(dest / REMEASURE_NAME), (dest / REMEASURE_NAME).read_bytes())]
-               if (dest / REMEASURE_NAME).exists() else []),
+             *[("remeasure_script", name, str(dest / name), (dest / name).read_bytes())
+               for name in (REMEASURE_NAME, REMEASURE_COMMAND_NAME) if (dest / name).exists()],
              ("best_params", PARAMS_NAME, str(dest / PARAMS_NAME), (dest / PARAMS_NAME).read_bytes())]
     for f in sorted((dest / KERNEL_DIR).glob("*.json")) if (dest / KERNEL_DIR).is_dir() else []:
         items.append(("kernel_config", f"{KERNEL_DIR}/{f.name}", str(f), f.read_bytes()))
@@ -230,45 +230,83 @@ def export_run(repo: Repo, study: str, out_dir: str | os.PathLike, *, target: Ta
     return dest
 
 
+def _prediction(levels: dict[str, float], base: dict[str, float]) -> str:
+    if not levels:
+        return "not measured"
+    return ", ".join(f"{lvl} {v / base[lvl]:.2f}x ({v:.1f})" if base.get(lvl) else f"{lvl} {v:.1f}"
+                     for lvl, v in sorted(levels.items(), key=lambda i: int(i[0].split("=")[1])
+                                          if i[0].startswith("c=") else 0))
+
+
 def _workload_command(repo: Repo, run, trial, levels: tuple[dict[str, float], dict[str, float]],
-                      recorded: dict[str, Any], parsimony, note: str, kdirs: list[Path], tmp: Path) -> str:
-    """launch.sh of a workload study: the SGLang command of ``trial``'s configuration (see
-    :mod:`tuner.export.sglang_command`), with the twin's figures and ``tuner verify``'s record pointing at
-    remeasure.sh."""
+                      recorded: dict[str, Any], parsimony, note: str, kdirs: list[Path], tmp: Path, *,
+                      target: Target | None = None) -> str:
+    """launch.sh of a workload study: the SGLang command of ``trial``'s configuration with every value the command
+    cannot give replaced by what SGLang runs instead (see :mod:`tuner.export.sglang_command`), headed by two
+    predictions, "this command" (the runs of that configuration) and "with these code changes" (the twin's best),
+    each knob listed under the one it belongs to; ``tuner verify``'s record points at remeasure.sh (the best) and
+    remeasure_command.sh (the command's configuration)."""
     from search_spaces import load_space_text
+    from search_spaces.hardware import arch_of_environment
     from tuner.export import sglang_command as sc
 
     space = load_space_text(run.space_yaml, source=run.space_name)
-    launch = sc.server_launch(space, trial.params)
-    argv = sc.sglang_argv(space, trial.params, launch)
+    arch = arch_of_environment(run.environment)
+    cmd = sc.command_config(space, trial.params, arch)
+    launch = sc.server_launch(space, cmd.params)
+    release = sc.for_installed_release(launch)
+    argv = sc.sglang_argv(space, cmd.params, launch)
     moe = sc.copy_sglang_moe_configs(kdirs, tmp / MOE_DIR)
     best_levels, base_levels = levels
+    cmd_runs = config_runs(repo, run.id, cmd.params)
+    cmd_levels = level_medians(cmd_runs)
     err = {m.level: m.value for m in trial.measurements if m.metric == "numerics_rel_err"}
+    same = not cmd.changes and not release.moved
     header = [
         f"SGLang launch command exported by tuner {__version__} on {datetime.now(timezone.utc):%Y-%m-%d %H:%M} UTC",
         f"from twin study {run.study_name!r} (workload target, space {run.space_name}), trial {trial.number}",
         "",
         sc.PREDICTED,
         *([f"NOTE: {note}"] if note else []),
-        "what the twin measured (its decode step on random weights; tok/s, x the twin's default configuration):",
+        "two predictions by the twin (its decode step on random weights; x the twin's default configuration, tok/s):",
+        f"  this command: {_prediction(cmd_levels, base_levels)}"
+        + ("" if same else f" (its configuration's runs: trials {', '.join(str(r.number) for r in cmd_runs)})"
+           if cmd_runs else " (`tuner verify launch.sh` measures it)"),
+        f"  with these code changes: {_prediction(best_levels, base_levels)} (the twin's best"
+        + (", the same configuration: nothing below needs a code change)" if same else ")"),
     ]
-    for lvl in sorted(best_levels, key=lambda s: int(s.split("=")[1]) if s.startswith("c=") else 0):
-        b = base_levels.get(lvl)
-        ratio = f"{best_levels[lvl] / b:.2f}x {b:.1f}" if b else "no baseline"
-        header.append(f"  {lvl:>6}: {best_levels[lvl]:.1f} ({ratio})")
     if err:
-        header.append("  output vs the default configuration's (relative norm error): "
+        header.append("  the best's output vs the default configuration's (relative norm error): "
                       + ", ".join(f"{v:.2g}" for v in err.values()))
     if parsimony is not None:
         header.append("parsimony: " + parsimony.reason())
-    header += ["", "knobs carried over (twin knob=value -> SGLang):", *sc.carried_lines(launch)]
-    header += ["knobs with no SGLang flag (this command cannot set them):"]
-    header += sc.flagless_lines(launch, space.defaults(), sc.read_ablation(repo, run.id)) or ["  none"]
-    header += ["",
-               f"the twin's own re-measure: bash {sc.REMEASURE_NAME} (or: tuner verify {sc.REMEASURE_NAME}); "
-               "tuner verify launch.sh runs it too",
-               "random weights as the twin: add --load-format dummy; MODEL=path-or-id PORT=n bash launch.sh [flags]"]
+    header += ["", release.line, "this command (twin knob=value -> SGLang):", *sc.carried_lines(launch)]
+    header += [f"  {p.name}={v}: what SGLang's own code runs ({p.server.none})" for p, v in launch.unmapped
+               if p.server and p.server.deploys_as == v]
+    header += sc.flagless_lines(sc.ServerLaunch(unmapped=[(p, v) for p, v in launch.unmapped
+                                                          if not (p.server and p.server.deploys_as == v)]),
+                                space.defaults(), sc.read_ablation(repo, run.id))
+    header += ["with these code changes (the twin's best; this command cannot give them):",
+               *(cmd.lines() + release.moved or ["  none"])]
     rec = dict(recorded, remeasure=sc.REMEASURE_NAME)
+    if target is not None and not same:
+        try:
+            spec = target.launch_spec(cmd.params)
+        except Exception as exc:  # noqa: BLE001 - the command's configuration may not run here; say so
+            header.append(f"(no {sc.REMEASURE_COMMAND_NAME}: the command's configuration cannot run here: {exc})")
+        else:
+            crec = _recorded(run, cmd_runs)
+            crec["value"] = (statistics.median(r.value for r in cmd_runs) if cmd_runs else None)
+            (tmp / sc.REMEASURE_COMMAND_NAME).write_text(render_script(spec, header=[
+                f"the twin's re-measure of the exported command's configuration (study {run.study_name!r})",
+                "params: " + ", ".join(f"{k}={v}" for k, v in cmd.params.items())], recorded=crec,
+                kernel_dir=bool(kdirs)))
+            os.chmod(tmp / sc.REMEASURE_COMMAND_NAME, 0o755)
+            rec["remeasure_command"] = sc.REMEASURE_COMMAND_NAME
+    header += ["",
+               f"the twin's own re-measure: bash {sc.REMEASURE_NAME} (the best) and bash {sc.REMEASURE_COMMAND_NAME} "
+               "(this command's configuration); tuner verify launch.sh runs both",
+               "random weights as the twin: add --load-format dummy; MODEL=path-or-id PORT=n bash launch.sh [flags]"]
     return sc.render_command(argv, header=header, env=launch.env, moe_dir=MOE_DIR if moe else None,
                              record_line=RECORD_MARK + json.dumps(rec, sort_keys=True))
 

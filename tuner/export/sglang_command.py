@@ -16,14 +16,19 @@ import shutil
 import subprocess
 import sys
 import tempfile
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from search_spaces import Space
 from tuner.targets.workload.presets import get_preset
-from tuner.targets.workload.server_map import ServerLaunch, server_launch
+from tuner.targets.workload.server_map import CommandConfig, ServerLaunch, command_config, server_launch
+
+__all__ = ["CommandConfig", "ServerLaunch", "command_config", "server_launch"]
 
 REMEASURE_NAME = "remeasure.sh"
+REMEASURE_COMMAND_NAME = "remeasure_command.sh"
+"""The twin's re-measure of the command's configuration (the best with what the command cannot give replaced)."""
 ABLATION_ARTIFACT = "ablation.json"
 """Where ``tuner explain --ablate`` stores its tables, for the export to name each flagless knob's gain."""
 PREDICTED = "predicted by the twin: confirm with `tuner verify` or a `--target sglang` search"
@@ -160,3 +165,57 @@ def parse_launch_script(script: str | os.PathLike, *, env: dict[str, str] | None
         tail = [ln for ln in done.stderr.splitlines() if ln.strip()][-1:] or ["no output"]
         raise ValueError(f"SGLang's parser refused {script}: {tail[0]}")
     return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+@dataclass
+class ReleaseCheck:
+    """The command built for one SGLang release: ``line`` says which release checked it, ``moved`` has one line per
+    knob that release cannot set (taken out of the command)."""
+
+    line: str
+    moved: list[str] = field(default_factory=list)
+
+
+def for_installed_release(launch: ServerLaunch, flags=None) -> ReleaseCheck:
+    """Rewrite ``launch`` (in place) for the installed SGLang's parser (``flags``: a ``ServerFlags``; read with
+    ``introspect_parser`` when None): a flag that release knows under another name (its row of
+    ``RELEASE_RENAMES``) is written under that name; a knob whose flag it does not know is taken out of the command,
+    with one line saying so. Where no SGLang is installed, the command stays as written for ``SPACE_RELEASE``."""
+    from tuner.errors import FlagsUnavailable
+    from tuner.targets.sglang.flags import SPACE_RELEASE, introspect_parser, name_in_release
+
+    if flags is None:
+        try:
+            flags = introspect_parser()
+        except FlagsUnavailable:
+            return ReleaseCheck(f"flags checked against SGLang {SPACE_RELEASE} (the release the space is written for); "
+                                "no SGLang is installed here to check them")
+    release = flags.version or "?"
+    out = ReleaseCheck(f"flags checked by the installed SGLang {release}'s own parser")
+    args: list[str] = []
+    carried = []
+    for name, value, kargs in launch.carried:
+        if not kargs or not kargs[0].startswith("--"):
+            args += kargs
+            carried.append((name, value, kargs))
+            continue
+        new = list(kargs)
+        missing = []
+        for i, a in enumerate(kargs):
+            if a.startswith("--"):
+                known = name_in_release(a, flags)
+                if known is None:
+                    missing.append(a)
+                else:
+                    new[i] = known
+        if missing:
+            out.moved.append(f"  {name}={value}: SGLang {release} has no flag {', '.join(missing)}; moved under the "
+                             "code changes (this command leaves the server's default)")
+            carried.append((name, value, []))
+            continue
+        args += new
+        carried.append((name, value, new))
+    leftover = [a for a in launch.args if a not in {x for _, _, k in launch.carried for x in k}]
+    launch.args[:] = args + leftover
+    launch.carried[:] = carried
+    return out

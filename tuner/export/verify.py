@@ -38,6 +38,8 @@ class VerifyResult:
     reason: str = ""
     log: str = ""
     duration_s: float = 0.0
+    command: VerifyResult | None = None
+    """A workload export's second prediction: the command's configuration re-measured (remeasure_command.sh)."""
 
     def lines(self) -> list[str]:
         head = "verified" if self.ok else "NOT verified"
@@ -51,6 +53,9 @@ class VerifyResult:
                        + (f" ({ratio:.2f}x)" if ratio is not None else ""))
         if self.reason:
             out.append(f"  {self.reason}")
+        if self.command is not None:
+            out.append("the exported command's configuration (remeasure_command.sh), the second prediction:")
+            out += ["  " + ln for ln in self.command.lines()]
         return out
 
 
@@ -179,6 +184,10 @@ def _verify_workload(path: Path, rec: dict[str, Any], tolerance: float, timeout_
     res = VerifyResult(False, Outcome.CRASH, rec.get("metric", "tok_s"), None, rec.get("value"),
                        recorded_by_level=recorded, tolerance=tolerance)
     t0 = time.time()
+    if rec.get("remeasure_command"):  # both predictions: the command's configuration too (issue 42)
+        cpath = path.parent / str(rec["remeasure_command"])
+        if cpath.is_file():
+            res.command = _verify_workload(cpath, read_recorded(cpath), tolerance, timeout_s)
     if rec.get("remeasure"):  # a twin's launch.sh is SGLang's command: its re-measure script sits beside it
         path = path.parent / str(rec["remeasure"])
         if not path.is_file():
@@ -203,4 +212,6 @@ def _verify_workload(path: Path, rec: dict[str, Any], tolerance: float, timeout_
     res.outcome = Outcome.OK
     res.value = _combine(rec, res.by_level)
     compare(res, maximize=rec.get("direction", "maximize") == "maximize")
+    if res.command is not None and not res.command.ok:
+        res.ok = False
     return res

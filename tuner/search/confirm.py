@@ -19,6 +19,9 @@ _logger = logging.getLogger(__name__)
 
 EXTRA_RERUNS = 2
 """Re-runs of the winner at most, beyond the top-k round, while its runs disagree by more than the tolerance."""
+SIDE_BY_SIDE_RUNS = 2
+"""Runs of what the target measures beside the best before the confirmation round (``Target.side_by_side``: the
+workload twin's exported command), kept in the same reserve."""
 
 
 MAX_SHARE = 0.3

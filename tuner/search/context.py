@@ -130,7 +130,7 @@ def prepare(options: SearchOptions) -> tuple[ResolvedSpace, str, Target, Preflig
     if options.target and options.target != space.target:
         raise SearchError(f"--target {options.target!r} does not match the space's target {space.target!r} "
                           f"({space.source}); pass a space written for {options.target!r}")
-    resolved = resolve(space, hardware)
+    resolved = resolve(space, hardware, deployable_only=bool((options.settings or {}).get("deployable_only")))
     try:
         target = get_target_class(target_name)(resolved, options.settings)
     except (TargetError, ValueError) as exc:

@@ -17,8 +17,9 @@ import threading
 from tuner.execution.persistent import close_workers
 from tuner.export.script import export_run
 from tuner.measurement import Outcome
-from tuner.search.confirm import confirm_top, planned_line
+from tuner.search.confirm import SIDE_BY_SIDE_RUNS, confirm_top, planned_line
 from tuner.search.context import (
+    CONFIRM_ATTR,
     Progress,
     SearchContext,
     SearchOptions,
@@ -31,6 +32,8 @@ from tuner.search.context import (
 from tuner.search.kernel_search import is_kernel_plan, kernel_phase, run_kernel_search
 from tuner.search.loop import sequential_loop
 from tuner.search.parallel import run_parallel
+from tuner.search.sampling import suggestable
+from tuner.search.trial import run_one
 from tuner.search.winner import decide_for_search
 
 _logger = logging.getLogger(__name__)
@@ -60,6 +63,7 @@ def run_search(options: SearchOptions, progress: Progress | None = None) -> Sear
         else:
             sequential_loop(ctx, progress)
         if not ctx.stop.is_set():
+            _side_by_side(ctx, progress)
             confirm_top(ctx, progress)
         if ctx.failed.is_set():
             state = "failed"
@@ -100,6 +104,25 @@ def run_search(options: SearchOptions, progress: Progress | None = None) -> Sear
                         ctx.stop_reason, best_runs=best.runs if best else [],
                         best_spread=best.spread if best else 0.0, baseline_runs=base.runs if base else [],
                         note=note)
+
+
+def _side_by_side(ctx: SearchContext, progress: Progress | None, runs: int = SIDE_BY_SIDE_RUNS) -> None:
+    """Before the confirmation round, run what the target asks to see beside the best so far
+    (:meth:`Target.side_by_side`; the workload twin: the exported command's configuration) ``runs`` times, each
+    measured whole, while time allows; the confirmation round then re-runs the best beside them."""
+    best = ctx.best
+    if best is None or ctx.options.n_trials is not None:
+        return
+    durations = [t.duration_s for t in ctx.trials if t.outcome == "ok" and t.repeat_of is None]
+    need = 1.5 * (sorted(durations)[len(durations) // 2] if durations else 1.0)
+    for label, params in ctx.target.side_by_side(best.params):
+        for _ in range(runs):
+            if ctx.stop.is_set() or ctx.deadline.remaining_for_trials() < need:
+                return
+            ctx.study.enqueue_trial(suggestable(ctx.resolved, params), user_attrs={CONFIRM_ATTR: -1})
+            if progress:
+                progress.message(f"measuring {label} beside the best (trial {best.number})")
+            run_one(ctx, ctx.study.ask(), progress)
 
 
 def _maybe_kernel_phase(ctx: SearchContext, progress: Progress | None) -> None:

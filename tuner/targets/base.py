@@ -174,6 +174,12 @@ class Target(abc.ABC):
         None by default."""
         return []
 
+    def side_by_side(self, best_params: dict[str, Any]) -> list[tuple[str, dict[str, Any]]]:
+        """At the end of a search, configurations to re-measure beside the chosen best ``best_params``, each with a
+        label (the workload twin: the exported command's configuration, so its export gives both predictions
+        measured); the best itself is re-run between them. None by default."""
+        return []
+
     def use_kernel_configs(self, config_dir: str) -> dict[str, Any]:
         """Settings that make later trials (and the export) use the configs a kernel phase wrote to
         ``config_dir``; none by default."""

@@ -44,6 +44,31 @@ KNOWN_RENAMES = {
     "--enable-dp-attention": "--attn-dp-size",
 }
 
+SPACE_RELEASE = "0.5.23"
+"""The SGLang release the spaces' flags are written for (and checked against where none is installed)."""
+RELEASE_RENAMES: dict[str, dict[str, str]] = {
+    # per older release: a 0.5.23 flag -> the name that release knows (DESIGN.md; 0.5.12's own --help)
+    "0.5.12": {
+        "--cuda-graph-bs-decode": "--cuda-graph-bs",
+        "--cuda-graph-max-bs-decode": "--cuda-graph-max-bs",
+        "--disable-decode-cuda-graph": "--disable-cuda-graph",
+        "--dsa-decode-backend": "--nsa-decode-backend",
+        "--dsa-prefill-backend": "--nsa-prefill-backend",
+    },
+}
+
+
+def name_in_release(flag: str, flags: ServerFlags) -> str | None:
+    """``flag`` (a 0.5.23 name) as the parser ``flags`` knows it: itself, or its name in an older release's rename
+    table (:data:`RELEASE_RENAMES`) when that name is the one this parser has; ``None`` when it has neither."""
+    if flag in flags and not (flags.get(flag).removed):
+        return flag
+    for table in RELEASE_RENAMES.values():
+        old = table.get(flag)
+        if old and old in flags:
+            return old
+    return None
+
 
 
 @dataclass(frozen=True)

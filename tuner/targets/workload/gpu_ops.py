@@ -134,3 +134,111 @@ def fused_store_kv() -> Callable[..., None]:
     from kernels import glue
 
     return lambda rows, pool, pool_scale, slots: glue.store_kv_rows(rows.contiguous(), pool, pool_scale, slots)
+
+
+V4_NOPE, V4_ROPE, V4_TILE, V4_PAGE = 448, 64, 64, 64
+V4_BYTES = V4_NOPE + 2 * V4_ROPE + V4_NOPE // V4_TILE + 1  # 584: 448 e4m3, 64 bf16, 7 ue8m0 scales and one pad byte
+"""DeepSeek-V4's fp8 KV cache as SGLang 0.5.23 stores it for FlashMLA (``KVLayout.V4`` in
+``sglang/kernels/ops/attention/dsv4/kv_layout.py``): per page, every token's 576 data bytes, then its 8 scale
+bytes; the page padded to a multiple of 576."""
+
+
+def v4_page_bytes(page: int = V4_PAGE) -> int:
+    return -(-page * V4_BYTES // 576) * 576
+
+
+def v4_rows(rows: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """``rows`` [n, 512] as V4 bytes: data [n, 576] (each 64-value tile of the 448 nope values in e4m3 under a
+    power-of-two ue8m0 scale, then the 64 rope values in bf16) and scales [n, 8] (7 ue8m0 bytes and a pad)."""
+    n, d = rows.shape
+    assert d == V4_NOPE + V4_ROPE, f"V4's cache holds 512 values a token, got {d}"
+    x = rows.float()
+    nope = x[:, :V4_NOPE].reshape(n, V4_NOPE // V4_TILE, V4_TILE)
+    exp = torch.ceil(torch.log2(nope.abs().amax(-1).clamp(min=1e-30) / 448.0)).clamp(-127, 127)
+    q = (nope / torch.exp2(exp)[..., None]).to(torch.float8_e4m3fn).view(torch.uint8).reshape(n, V4_NOPE)
+    rope = x[:, V4_NOPE:].to(torch.bfloat16).contiguous().view(torch.uint8).reshape(n, 2 * V4_ROPE)
+    scales = torch.zeros(n, 8, dtype=torch.uint8, device=rows.device)
+    scales[:, :V4_NOPE // V4_TILE] = (exp + 127).to(torch.uint8)
+    return torch.cat([q, rope], dim=-1), scales
+
+
+def quantize_v4(rows: torch.Tensor, page: int = V4_PAGE) -> torch.Tensor:
+    """``rows`` [N, 512] (float) as V4 pages: uint8 ``[ceil(N/page), page, 1, 584]``, a view over padded pages, as
+    SGLang's ``deepseek_v4_backend`` hands FlashMLA its cache (write more rows with :func:`store_v4`)."""
+    pages = -(-rows.shape[0] // page)
+    buf = torch.zeros(pages, v4_page_bytes(page), dtype=torch.uint8, device=rows.device)
+    cache = buf[:, :page * V4_BYTES].view(pages, page, 1, V4_BYTES)
+    store_v4(cache, rows, torch.arange(rows.shape[0], device=rows.device))
+    return cache
+
+
+def store_v4(cache: torch.Tensor, rows: torch.Tensor, slots: torch.Tensor) -> None:
+    """Write ``rows`` [n, 512] at token ``slots`` [n] of the V4 ``cache`` (quantised as SGLang's store does)."""
+    pages, page = cache.shape[0], cache.shape[1]
+    flat = torch.as_strided(cache, (pages * cache.stride(0),), (1,))
+    data, scales = v4_rows(rows)
+    slots = slots.long()
+    base = (slots // page) * cache.stride(0) + (slots % page) * 576
+    sbase = (slots // page) * cache.stride(0) + page * 576 + (slots % page) * 8
+    flat[(base[:, None] + torch.arange(576, device=rows.device)).reshape(-1)] = data.reshape(-1)
+    flat[(sbase[:, None] + torch.arange(8, device=rows.device)).reshape(-1)] = scales.reshape(-1)
+
+
+def dequantize_v4(cache: torch.Tensor, n: int) -> torch.Tensor:
+    """The float32 rows [n, 512] a V4 cache holds (the reference FlashMLA's output is checked against)."""
+    pages, page = cache.shape[0], cache.shape[1]
+    raw = torch.as_strided(cache, (pages, v4_page_bytes(page)), (cache.stride(0), 1))
+    data = raw[:, :page * 576].reshape(pages * page, 576)
+    scales = raw[:, page * 576:page * 576 + page * 8].reshape(pages * page, 8)[:, :V4_NOPE // V4_TILE]
+    nope = data[:, :V4_NOPE].contiguous().view(torch.float8_e4m3fn).float().reshape(-1, V4_NOPE // V4_TILE, V4_TILE)
+    nope = nope * torch.exp2(scales.float() - 127)[..., None]
+    rope = data[:, V4_NOPE:].contiguous().view(torch.bfloat16).float()
+    return torch.cat([nope.reshape(-1, V4_NOPE), rope], dim=-1)[:n]
+
+
+def _topk_indices(rows: torch.Tensor, multiple: int = 64) -> torch.Tensor:
+    """``rows`` [B, T] as FlashMLA's indices [B, 1, T'] (int32), padded with -1 (masked) to a multiple of 64, the
+    kernels' top-k tile (SGLang pads its page indices likewise)."""
+    pad = -rows.shape[1] % multiple
+    idx = rows.to(torch.int32)
+    if pad:
+        idx = torch.nn.functional.pad(idx, (0, pad), value=-1)
+    return idx.unsqueeze(1).contiguous()
+
+
+def flashmla_attention(impl: str) -> Callable[..., torch.Tensor]:
+    """``fn(q [B,H,512], pool, rows [B,T] (-1 masked), scale, kv_scale) -> [B,H,512]`` on FlashMLA (the
+    sgl-flash-mla wheel), as SGLang 0.5.23 calls it. ``flashmla_kv``: ``flash_mla_with_kvcache(..., use_legacy=True,
+    kv_format="V4")``, the SM90 sparse decode SGLang's DeepSeek-V4 backend runs, on the V4 fp8 cache (``pool`` is
+    then the uint8 V4 pages of :func:`quantize_v4`, ``kv_scale`` None). ``flashmla_sparse``:
+    ``flash_mla_sparse_fwd(..., use_legacy=True)`` on a bf16 pool [N, 512]."""
+    import flash_mla
+
+    if impl == "flashmla_sparse":
+        def sparse(q, pool, rows, scale, kv_scale=None):
+            if kv_scale is not None or pool.dtype != torch.bfloat16:
+                raise ValueError("attention_impl=flashmla_sparse reads a bf16 cache; set kv_cache_dtype=bf16")
+            idx = _topk_indices(rows)  # [B, 1, T], -1 = masked
+            out = flash_mla.flash_mla_sparse_fwd(q.contiguous(), pool.unsqueeze(1), idx, scale, q.shape[-1],
+                                                 use_legacy=True, return_log2_lse=False)[0]
+            return out.to(q.dtype)
+
+        return sparse
+    if impl != "flashmla_kv":
+        raise ValueError(f"attention_impl {impl!r} is not a FlashMLA value; use flashmla_kv or flashmla_sparse")
+    metas: dict[tuple, Any] = {}
+
+    def decode(q, cache, rows, scale, kv_scale=None, extra=None, extra_rows=None):
+        """``cache``/``rows``: the window (SGLang's SWA cache); ``extra``/``extra_rows``: the compressed rows."""
+        idx = _topk_indices(rows)  # [B, 1, T]: token = page * page_size + slot, -1 = masked
+        eidx = None if extra_rows is None else _topk_indices(extra_rows)
+        key = (tuple(q.shape), tuple(idx.shape), None if eidx is None else tuple(eidx.shape))
+        if key not in metas:  # one schedule per shape, as SGLang keeps one per CUDA graph
+            metas[key] = flash_mla.get_mla_metadata()[0]
+        out, _ = flash_mla.flash_mla_with_kvcache(q.unsqueeze(1).contiguous(), cache, None, None, q.shape[-1],
+                                                  metas[key], softmax_scale=scale, is_fp8_kvcache=True,
+                                                  indices=idx, extra_k_cache=extra, extra_indices_in_kvcache=eidx,
+                                                  use_legacy=True, kv_format="V4")
+        return out.squeeze(1).to(q.dtype)
+
+    return decode

@@ -40,7 +40,9 @@ from tuner.targets.workload.presets import Preset
 _logger = logging.getLogger(__name__)
 
 KV_CACHE_DTYPES = ("bf16", "fp8_e4m3")
-FP8_KV_ATTENTION = ("torch", "mma", "wgmma")
+FP8_KV_ATTENTION = ("torch", "mma", "wgmma", "flashmla_kv")
+FLASHMLA = ("flashmla_kv", "flashmla_sparse")
+"""SGLang's own attention kernels (the sgl-flash-mla wheel): flashmla_kv on V4's fp8 cache, flashmla_sparse on bf16."""
 """The attention implementations that read an fp8 cache (the per-head SIMT kernel takes a 16-bit one only)."""
 
 DEFAULT_KNOBS: dict[str, Any] = {
@@ -239,6 +241,20 @@ class DecodeModel:
         impl = self.knobs["attention_impl"]
         if impl == "torch":
             return sparse_attention_torch
+        if impl in FLASHMLA:
+            if self.p.head_dim != 512 or self.p.heads not in (64, 128):
+                raise KnobError(f"workload knob `attention_impl={impl}` runs FlashMLA, which takes head dim 512 and "
+                                f"64 or 128 heads, but preset {self.p.name} has {self.p.heads} heads of "
+                                f"{self.p.head_dim}: use the dsv4-flash preset or another attention_impl")
+            if self.device.type != "cuda":
+                raise KnobError(f"workload knob `attention_impl={impl}` needs an sm_90 GPU (FlashMLA)")
+            try:
+                from tuner.targets.workload.gpu_ops import flashmla_attention
+
+                return flashmla_attention(impl)
+            except ImportError:
+                raise KnobError(f"workload knob `attention_impl={impl}` needs the sgl-flash-mla wheel: "
+                                "pip install 'tuner[flashmla]'") from None
         if self.device.type != "cuda":
             raise KnobError(f"workload knob `attention_impl={impl}` needs a GPU (Triton kernel)")
         from tuner.targets.workload.gpu_ops import triton_attention
@@ -290,6 +306,11 @@ class DecodeModel:
             "csa_keys": rnd(1 + B * n_csa, p.indexer_dim),
             "hca_pool": rnd(1 + B * n_hca, p.head_dim),
         }
+        if self.knobs["attention_impl"] == "flashmla_kv":  # the same rows in V4's cache, as SGLang's pool holds them
+            from tuner.targets.workload.gpu_ops import quantize_v4
+
+            for name in ("win", "csa", "hca"):
+                base[f"{name}_v4"] = quantize_v4(base[f"{name}_pool"])
         if self.knobs["kv_cache_dtype"] == "fp8_e4m3":  # the same rows, stored as the server's fp8 cache stores them
             for name in ("win", "csa", "hca"):
                 base[f"{name}_pool"], base[f"{name}_scale"] = quantize_kv_rows(base[f"{name}_pool"])
@@ -356,6 +377,8 @@ class DecodeModel:
         q = self._rope_fn(w.q_b(qa).view(B, p.heads, p.head_dim), st)
         kv_new = self._rope_fn(w.kv(h), st)
         fp8 = "win_scale" in st
+        if "win_v4" in st:  # FlashMLA on V4's cache: the window is the main cache, the compressed rows the extra one
+            return self._flashmla_kv(kind, w, q, kv_new, h, qa, st)
         if fp8:  # the new row quantised as it is written, a scale per row
             self._store_kv(kv_new, st["win_pool"], st["win_scale"], st["win_slot"])
         else:
@@ -378,6 +401,26 @@ class DecodeModel:
             kv_scale = torch.cat([st[f"{other}_scale"], st["win_scale"]]) if fp8 else None
         o = self.attention_fn(q, pool, rows, self.scale, kv_scale)  # [B, H, d]
         og = o.reshape(B, p.o_groups, -1).transpose(0, 1).to(w.o_a.dtype)  # [G, B, (H/G)*d]
+        oa = torch.bmm(og, w.o_a).transpose(0, 1).reshape(B, -1).to(h.dtype)
+        return w.o_b(oa)
+
+    def _flashmla_kv(self, kind: str, w: AttnWeights, q: torch.Tensor, kv_new: torch.Tensor, h: torch.Tensor,
+                     qa: torch.Tensor, st: dict[str, torch.Tensor]) -> torch.Tensor:
+        """The attention as SGLang's DeepSeek-V4 backend runs it on Hopper: the new row stored into the V4 window
+        cache, then one FlashMLA sparse decode over the window (main) and the compressed rows (extra)."""
+        from tuner.targets.workload.gpu_ops import store_v4
+
+        B, p = h.shape[0], self.p
+        store_v4(st["win_v4"], kv_new, st["win_slot"])
+        extra = extra_rows = None
+        if kind == "hca":
+            extra, extra_rows = st["hca_v4"], st["hca_rows"]
+        elif kind != "window":
+            with self._stage("indexer"):
+                extra_rows = self._indexer(w, qa, h, st)
+            extra = st["csa_v4"]
+        o = self.attention_fn(q, st["win_v4"], st["win_rows"], self.scale, None, extra, extra_rows)
+        og = o.reshape(B, p.o_groups, -1).transpose(0, 1).to(w.o_a.dtype)
         oa = torch.bmm(og, w.o_a).transpose(0, 1).reshape(B, -1).to(h.dtype)
         return w.o_b(oa)
 

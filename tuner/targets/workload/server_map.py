@@ -157,3 +157,56 @@ def counterpart_checks(space: Space) -> list[tuple[str, list[Any]]]:
         if vals:
             checks.append((s.flag, list(dict.fromkeys(vals))))
     return checks
+
+
+@dataclass
+class CodeChange:
+    """A knob value of the twin's best that the exported command cannot give: ``instead`` is what the command runs
+    (``None``: the knob drops out of the command, ``owner`` being the knob whose change removed it)."""
+
+    param: str
+    value: Any
+    instead: Any
+    why: str
+    owner: str | None = None
+
+
+@dataclass
+class CommandConfig:
+    """The twin's best configuration split in two: ``params``, the configuration the exported command runs (every
+    value it cannot give replaced by what SGLang does instead), and ``changes``, what the best has beyond it."""
+
+    params: dict[str, Any]
+    changes: list[CodeChange] = field(default_factory=list)
+
+    def lines(self) -> list[str]:
+        """One line per code change, a knob that drops out with its owner indented under it."""
+        out = []
+        for c in self.changes:
+            if c.owner is None:
+                out.append(f"  {c.param}={c.value} (the command runs {c.param}={c.instead}): {c.why}")
+                out += [f"    {d.param}={d.value}: {d.why}" for d in self.changes if d.owner == c.param]
+        return out
+
+
+def command_config(space: Space, params: dict[str, Any], arch: str | None = None) -> CommandConfig:
+    """``params`` with every value the exported command cannot give on a GPU of architecture ``arch`` replaced by what
+    SGLang runs instead (a value's ``not_deployable`` mark, or a flagless knob's ``deploys_as``); a conditional knob
+    whose condition no longer holds drops out, listed under the knob that removed it."""
+    out: dict[str, Any] = {}
+    changes: list[CodeChange] = []
+    for p in space.params:
+        if p.name not in params:
+            continue
+        if p.when is not None and not p.when.holds(out):
+            owner = next((n for n in p.when.names if out.get(n) != params.get(n)), p.when.names[0])
+            changes.append(CodeChange(p.name, params[p.name], None,
+                                      f"a knob of {owner}={params.get(owner)}, which the command does not run", owner))
+            continue
+        value = params[p.name]
+        mark = p.server.blocker(value, arch) if p.server else None
+        if mark is not None:
+            changes.append(CodeChange(p.name, value, mark.instead, mark.describe()))
+            value = mark.instead
+        out[p.name] = value
+    return CommandConfig(out, changes)

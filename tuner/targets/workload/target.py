@@ -257,6 +257,24 @@ class WorkloadTarget(Target):
         d = self.config.kernel_config_dir or os.environ.get("TUNER_KERNEL_CONFIG_DIR")
         return [str(d)] if d else []
 
+    def side_by_side(self, best_params: dict[str, Any]) -> list[tuple[str, dict[str, Any]]]:
+        """The exported command's configuration (``server_map.command_config``: every value the command cannot give
+        on this GPU replaced by what SGLang runs), when it differs from the best and runs here."""
+        from tuner.targets.workload.server_map import command_config
+
+        cmd = command_config(self.space, best_params, self.resolved.hardware.arch)
+        if not cmd.changes:
+            return []
+        why = self.check(cmd.params) or next(
+            (f"`{p.name}={cmd.params[p.name]}` cannot run here" for p in self.resolved.params
+             if p.name in cmd.params and cmd.params[p.name] not in p.choices()), None) or next(
+            (f"`{n}={cmd.params[n]}` cannot run here" for n, v in self.resolved.fixed.items()
+             if n in cmd.params and cmd.params[n] != v), None)
+        if why:
+            _logger.warning("the exported command's configuration is not measured beside the best: %s", why)
+            return []
+        return [("the exported command's configuration", cmd.params)]
+
     def launch_spec(self, params: dict[str, Any]) -> LaunchSpec:
         argv = [sys.executable, "-m", "tuner.targets.workload.run", "--preset", self.preset.name,
                 "--levels", ",".join(map(str, self.space.objective.levels)),
