@@ -76,7 +76,7 @@ def first_configs(batch: int, shape: dict, device) -> dict:
 def measure(args, json_path: Path) -> dict:
     import torch
 
-    from benchmarks.common import _time, checked_time, run_meta
+    from benchmarks.common import checked_time, run_meta
     from kernels.bench import measure_copy_bandwidth
     from kernels.registry import get_kernel
     from kernels.sparse_decode import sparse_decode, sparse_decode_torch
