@@ -3,6 +3,7 @@ where a stored report exists). Moved here from tests/kernels: tests/ does not im
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -541,3 +542,29 @@ def test_source_summary_splits_stalls_by_region_and_counts_wgmma_waits_as_wgmma(
     assert text.splitlines()[-3:] == ["    2  15.0%          DEPBAR.LE SB0, 0x0",
                                       "    4  30.0%          WARPGROUP.DEPBAR.LE gsb0, 0x0",
                                       "    7  20.0%    @!P2  STG.E.64 desc[UR60][R6.64+0x180], R74"]
+
+
+@pytest.mark.parametrize("name", ["sparse_decode_batches", "sparse_decode_wgmma", "sparse_decode_wgmma_batches",
+                                  "sparse_decode_wgmma_fp8", "wgmma_rates", "workload_attention_share"])
+def test_a_new_run_of_each_sparse_decode_benchmark_files_its_report_by_benchmark_gpu_date_and_commit(name):
+    """Without --out a run's report goes to ``benchmarks/results/<benchmark>/h200/<date>_<commit>.md`` (the layout
+    benchmarks/results/README.md indexes), not the flat ``benchmarks/results/<benchmark>_h200.md`` of before."""
+    r = subprocess.run([sys.executable, str(ROOT / "benchmarks" / f"{name}.py"), "--help"], capture_output=True,
+                       text=True, env={**os.environ, "PYTHONPATH": str(ROOT), "COLUMNS": "500"}, timeout=120)
+    assert r.returncode == 0, r.stderr
+    default = r.stdout.split("the report's path (default: ")[1].split(")")[0]
+    assert re.fullmatch(rf"benchmarks/results/{name}/h200/\d{{4}}-\d\d-\d\d_[0-9a-f]{{7}}\.md", default), default
+
+
+def test_a_report_from_a_stored_run_makes_the_folder_of_its_report(tmp_path):
+    """report_cli.run writes a report into a <benchmark>/<gpu>/ folder that does not exist yet (a new benchmark's or
+    GPU's first run), reading the stored run through benchmarks.common.read_json (a .json.gz as well)."""
+    import gzip
+
+    from benchmarks.report_cli import run
+
+    stored = tmp_path / "x.json.gz"
+    stored.write_bytes(gzip.compress(json.dumps({"rows": [1, 2]}).encode()))
+    out = tmp_path / "bench" / "h200" / "r.md"
+    assert run(["--report-from", str(stored)], "doc", out, lambda d, src: f"{d['rows']}\n", lambda a, p: None) == 0
+    assert out.read_text() == "[1, 2]\n"
