@@ -8,7 +8,7 @@ close to the line. This script measures the same error, with the gate's own func
 ``--input-seeds``, and writes the spread, so a tolerance is chosen from a distribution rather than from one draw.
 
     python benchmarks/numerics_gpu.py --out $OUT [--study-best sqlite:///db#study] [--hand-best]
-    python benchmarks/numerics_gpu.py --report stored.json --out benchmarks/results/numerics_gpu/h200/DATE_COMMIT.md   # the table, on a CPU
+    python benchmarks/numerics_gpu.py --report stored.json --out benchmarks/results/numerics_gpu/h200/<date>_<commit>.md   # the table, on a CPU
 
 Writes ``$OUT/numerics_gpu.json`` (every measured error) and ``$OUT/numerics_gpu.md`` (the table).
 """

@@ -19,12 +19,17 @@ def run(argv, doc: str, default_out: Path, report: Callable[[dict, str], str],
     ap = argparse.ArgumentParser(description=doc.split("\n")[0])
     ap.add_argument("--json", type=Path, help="measure on the GPU and write the results here")
     ap.add_argument("--report-from", type=Path, help="write the markdown report of a stored JSON")
-    ap.add_argument("--out", type=Path, default=default_out, help=f"the report's path (default: {default_out.name})")
+    from benchmarks.common import stored_path
+
+    ap.add_argument("--out", type=Path, default=default_out, help=f"the report's path (default: {stored_path(default_out)})")
     if add_args:
         add_args(ap)
     args = ap.parse_args(argv)
     if args.report_from:
-        args.out.write_text(report(json.loads(args.report_from.read_text()), str(args.report_from)))
+        from benchmarks.common import read_json
+
+        args.out.parent.mkdir(parents=True, exist_ok=True)  # a new run's folder, <benchmark>/<gpu>/
+        args.out.write_text(report(read_json(args.report_from), str(args.report_from)))
         print(args.out.read_text())
         return 0
     if not args.json:
@@ -39,6 +44,7 @@ def run(argv, doc: str, default_out: Path, report: Callable[[dict, str], str],
     if data is None:
         return 2
     args.json.write_text(json.dumps(data, indent=1))  # the stored results every report is written from
+    args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(report(data, str(args.json)))
     print(args.out.read_text())
     return 0

@@ -3,7 +3,8 @@
 The H200's tuned files of ``kernels.sparse_decode`` (bf16 and fp8 caches) hold batch 1, 16 and 64; any other batch
 takes the nearest key's config as it is (its split count tuned for another batch), and the split kernel always lets
 its PDL-launched merge start at once (``griddepcontrol.launch_dependents``). The wgmma kernel measured both costing
-up to 1.5x (``sparse_decode_wgmma_batches_h200_2b6e86b.md``, ``sparse_decode_wgmma_pdl_h200_a387428.md``); its
+up to 1.5x (``benchmarks/results/sparse_decode_wgmma_batches/h200/2026-12-01_2b6e86b.md``,
+``benchmarks/results/sparse_decode_wgmma_pdl/h200/2026-12-01_a387428.md``); its
 programs fill an SM each, the ``tl.dot`` kernel's are small and share SMs, so its rules need their own measurement.
 
 For each batch and cache dtype (V4-Flash shapes), in one process, every config checked first against the float32
@@ -152,6 +153,7 @@ def report(data: dict, source: str) -> str:
 
 
 def main(argv=None) -> int:
+    from benchmarks.common import result_path
     from benchmarks.report_cli import run
 
     def extra(ap):
@@ -160,7 +162,7 @@ def main(argv=None) -> int:
                         help="the batches to time (default: those the one-wave split rule was read off; others check "
                              "it on batches it was not read from)")
 
-    return run(argv, __doc__, ROOT / "benchmarks" / "results" / "sparse_decode_batches_h200.md", report, measure, extra)
+    return run(argv, __doc__, result_path("sparse_decode_batches", "h200"), report, measure, extra)
 
 
 if __name__ == "__main__":

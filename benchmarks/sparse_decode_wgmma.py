@@ -287,6 +287,7 @@ def _measure(args, json_path: Path) -> dict | None:
 
 
 def main(argv=None) -> int:
+    from benchmarks.common import result_path
     from benchmarks.report_cli import run
 
     def extra(ap):
@@ -294,7 +295,7 @@ def main(argv=None) -> int:
         ap.add_argument("--rep-ms", type=float, default=30.0)
         ap.add_argument("--space", default="", help='JSON: values replacing the wgmma space\'s for some keys, e.g. '
                         '\'{"P_SMEM": [0], "STAGES": [2, 4]}\' (a subset of the kernel\'s)')
-    return run(argv, __doc__, ROOT / "benchmarks" / "results" / "sparse_decode_wgmma_h200.md", report, _measure, extra)
+    return run(argv, __doc__, result_path("sparse_decode_wgmma", "h200"), report, _measure, extra)
 
 
 if __name__ == "__main__":

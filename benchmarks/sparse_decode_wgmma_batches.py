@@ -143,12 +143,13 @@ def report(data: dict, source: str) -> str:
 
 
 def main(argv=None) -> int:
+    from benchmarks.common import result_path
     from benchmarks.report_cli import run
 
     def extra(ap):
         ap.add_argument("--rep-ms", type=float, default=30.0)
 
-    return run(argv, __doc__, ROOT / "benchmarks" / "results" / "sparse_decode_wgmma_batches_h200.md", report,
+    return run(argv, __doc__, result_path("sparse_decode_wgmma_batches", "h200"), report,
                measure, extra)
 
 

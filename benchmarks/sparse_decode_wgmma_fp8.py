@@ -156,7 +156,8 @@ def measure(args, json_path: Path) -> dict:
 
 COPY_TB_S = H200_BYTES_PER_S / 1e12
 """The H200's copy rate (TB/s, read + write) that ``benchmarks/kernels.py`` measured on 2026-12-01 at 2b6e86b
-(``kernels_sparse_decode_wgmma_h200_2b6e86b.md``): the floor of the runs stored before a run measured its own
+(``benchmarks/results/kernels/h200/2026-12-01_2b6e86b_sparse_decode_wgmma.md``): the floor of the runs stored
+before a run measured its own
 (``copy_tb_s`` in its meta, ``kernels.bench.measure_copy_bandwidth``)."""
 
 
@@ -294,6 +295,7 @@ def write_tuned(data: dict, source: str, directory: Path) -> Path:
 def main(argv=None) -> int:
     import argparse
 
+    from benchmarks.common import result_path
     from benchmarks.report_cli import run
 
     argv = list(sys.argv[1:] if argv is None else argv)
@@ -312,7 +314,7 @@ def main(argv=None) -> int:
         print("error: --write-tuned DIR needs --report-from FILE.json (the stored run it takes the configs from)",
               file=sys.stderr)
         return 2
-    rc = run(argv, __doc__, ROOT / "benchmarks" / "results" / "sparse_decode_wgmma_fp8_h200.md", report,
+    rc = run(argv, __doc__, result_path("sparse_decode_wgmma_fp8", "h200"), report,
              measure, extra)
     if rc == 0 and known.write_tuned:
         print(f"wrote {write_tuned(json.loads(known.report_from.read_text()), str(known.report_from), known.write_tuned)}")

@@ -399,7 +399,8 @@ WGMMA_HELD_OUT = [  # fixed 2026-12-01 before it ran: the Gluon wgmma sparse dec
 ]
 WGMMA_EXHAUSTIVE = [  # fixed 2026-12-02 before it ran: the wgmma kernel's whole space at batch 64 then 1 (4389
     # canonical configs a batch, 1710 distinct builds, the same at both batches); never read to set anything, only
-    # reported. Its first run (b7d17bf, in git history: benchmarks/results/data/tuner_efficiency_h200_wgmma_exhaustive_partial_b7d17bf.json at d1e7663) timed 1596
+    # reported. Its first run (b7d17bf, in git history:
+    # git show d1e7663:benchmarks/results/data/tuner_efficiency_h200_wgmma_exhaustive_partial_b7d17bf.json) timed 1596
     # of batch 64's 4389 in a 540 s window: each config's first launch took 0.30 s (median), most of it rel_error's
     # copy of the 2M-value output and reference to the host beside 14 busy compile helpers. With rel_error on the
     # GPU (3d03109, tuner_efficiency/h200/2026-12-02_3d03109_wgmma_exhaustive.json.gz) first launches took 0.004 s and both

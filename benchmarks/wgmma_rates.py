@@ -191,12 +191,13 @@ def report(data: dict, source: str) -> str:
 
 
 def main(argv=None) -> int:
+    from benchmarks.common import result_path
     from benchmarks.report_cli import run
 
     def extra(ap):
         ap.add_argument("--work", type=float, default=2e9, help="multiply-adds a program repeats (sets R)")
 
-    return run(argv, __doc__, ROOT / "benchmarks" / "results" / "wgmma_rates_h200.md", report, measure, extra)
+    return run(argv, __doc__, result_path("wgmma_rates", "h200"), report, measure, extra)
 
 
 if __name__ == "__main__":

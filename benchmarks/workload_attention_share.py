@@ -84,9 +84,10 @@ def report(data: dict, source: str) -> str:
 
 
 def main(argv=None) -> int:
+    from benchmarks.common import result_path
     from benchmarks.report_cli import run
 
-    return run(argv, __doc__, ROOT / "benchmarks" / "results" / "workload_attention_share_h200.md", report,
+    return run(argv, __doc__, result_path("workload_attention_share", "h200"), report,
                lambda args, path: measure(path))
 
 

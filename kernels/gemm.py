@@ -321,7 +321,8 @@ class GemmKernel(TunableKernel):
     def canonical_config(self, config, shape):
         """GROUP_M orders row blocks; with one row block (M <= BLOCK_M) every GROUP_M maps each program to the same
         tile, so it is set to 1. At M = 1 and 16 that is half the space: on the H200 tables the two copies of one
-        program timed 0.4% apart at the median (``tuner_efficiency_h200_gemm_aligned_*.json``)."""
+        program timed 0.4% apart at the median
+        (``benchmarks/results/tuner_efficiency/h200/2026-11-30_a677738_gemm_aligned_*.json.gz``)."""
         if config.get("GROUP_M", 1) != 1 and "BLOCK_M" in config and cdiv(shape["M"], config["BLOCK_M"]) == 1:
             return {**config, "GROUP_M": 1}
         return config

@@ -42,3 +42,33 @@ def test_the_results_stay_under_10_mb_with_no_logs():
     files = [p for p in RESULTS.rglob("*") if p.is_file()]
     assert not [p.name for p in files if p.suffix == ".log"]
     assert sum(p.stat().st_size for p in files) < 10e6
+
+
+CITED = re.compile(r"(?<![:\w/])benchmarks/results/[\w./-]+\.(?:md|json\.gz|json|db|txt|csv)")
+
+
+def _citing_files() -> list[Path]:
+    root = RESULTS.parents[1]
+    return sorted([*(root / "kernels").rglob("*.py"), *(root / "benchmarks").glob("*.py"),
+                   *(root / "benchmarks").glob("*.sh"), root / "README.md", *RESULTS.glob("*.md")])
+
+
+def test_every_stored_result_a_kernel_a_benchmark_or_the_readme_cites_exists():
+    """Each ``benchmarks/results/<file>`` that a kernel's notes, a benchmark script, the README or the results' own
+    notes name lies there (a removed one is named as ``git show <commit>:benchmarks/results/<old path>``)."""
+    root = RESULTS.parents[1]
+    cited = {(str(path.relative_to(root)), c) for path in _citing_files() for c in CITED.findall(path.read_text())}
+    assert len(cited) > 50
+    missing = sorted((where, c) for where, c in cited if not (root / c).is_file())
+    assert not missing, missing
+
+
+def test_every_file_the_sparse_decode_history_links_exists():
+    """benchmarks/results/sparse_decode_history.md (linked from the index) links each run by its path under
+    benchmarks/results/, and every link resolves."""
+    history = RESULTS / "sparse_decode_history.md"
+    assert "(sparse_decode_history.md)" in INDEX.read_text()
+    links = LINK.findall(history.read_text())
+    assert len(links) > 20
+    missing = [link for link in links if not (RESULTS / link).is_file()]
+    assert not missing, missing

@@ -3,6 +3,7 @@ where a stored report exists). Moved here from tests/kernels: tests/ does not im
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -53,8 +54,8 @@ def test_the_wgmma_benchmark_times_every_partition_at_both_tile_sizes():
 
 def test_the_wgmma_benchmark_times_the_shipped_tl_dot_config_and_the_previous_runs_fastest_plain_configs():
     """The tl.dot side of the side-by-side (CPU: the stored previous run): the shipped config first, then up to TOP
-    fastest configs of the plain loop from sparse_decode_ahead_h200.json, none twice. (A refactor once dropped TOP;
-    only a linter caught it.)"""
+    fastest configs of the plain loop from benchmarks/results/sparse_decode_ahead/h200/2026-11-30_77f77f3.json, none
+    twice. (A refactor once dropped TOP; only a linter caught it.)"""
     from benchmarks.sparse_decode_wgmma import PREVIOUS, TOP, tldot_configs
 
     shipped = {"S": 4, "BLOCK_H": 16, "BLOCK_T": 64, "num_warps": 4, "num_stages": 2}
@@ -120,7 +121,7 @@ def test_the_wgmma_report_states_the_single_partition_schedules_best_beside_the_
     sys.path.insert(0, str(ROOT))
     from benchmarks.sparse_decode_wgmma import report
 
-    data = json.loads((ROOT / "benchmarks" / "results" / "data" / "sparse_decode_wgmma_h200_db89c65.json").read_text())
+    data = json.loads((ROOT / "benchmarks" / "results" / "sparse_decode_wgmma" / "h200" / "2026-12-01_db89c65.json").read_text())
     line = next(x for x in report(data, "x.json").splitlines() if x.startswith("| 64 | 11.80 |"))
     assert line.split(" | ")[6:13] == ["30.8", "30.8", "30.8", "1.18x", "1.00x", "1.00x", "1.00x"], line
     case = next(c for c in data["cases"] if c["batch"] == 64)
@@ -149,7 +150,7 @@ def test_the_benchmarks_report_a_stored_json_on_any_machine_and_refuse_to_measur
     no --json and no --report-from, or --json on a machine without CUDA, exit 2 with one line."""
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     script = ROOT / "benchmarks" / "sparse_decode_wgmma.py"
-    data = ROOT / "benchmarks" / "results" / "data" / "sparse_decode_wgmma_h200_db89c65.json"
+    data = ROOT / "benchmarks" / "results" / "sparse_decode_wgmma" / "h200" / "2026-12-01_db89c65.json"
     r = subprocess.run([sys.executable, str(script), "--report-from", str(data), "--out", str(tmp_path / "r.md")],
                        capture_output=True, text=True, env=env)
     assert r.returncode == 0 and "| 64 | 11.80 |" in (tmp_path / "r.md").read_text()
@@ -189,7 +190,7 @@ def test_the_workload_report_states_the_wgmma_attention_against_the_hand_written
     """benchmarks/workload_gpu.py --report-from: the ratio to the hand-written best measured in the same run, from the
     stored JSON (the README quotes it)."""
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    data = ROOT / "benchmarks" / "results" / "data" / "workload_attention_wgmma_h200_e53ca92.json"
+    data = ROOT / "benchmarks" / "results" / "workload" / "h200" / "2026-12-01_e53ca92_attention_wgmma.json"
     out = tmp_path / "w.md"
     r = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "workload_gpu.py"), "--report-from", str(data),
                         "--out", str(out)], capture_output=True, text=True, env=env)
@@ -197,15 +198,15 @@ def test_the_workload_report_states_the_wgmma_attention_against_the_hand_written
     text = out.read_text()
     assert ("hand-written best, attention_impl=wgmma / hand-written best, measured side by side: c=1 0.991, "
             "c=16 0.999, c=64 1.004; geomean 0.998") in text
-    assert text == (ROOT / "benchmarks" / "results" / "workload_attention_wgmma_h200_e53ca92.md").read_text()
+    assert text == (ROOT / "benchmarks" / "results" / "workload" / "h200" / "2026-12-01_e53ca92_attention_wgmma.md").read_text()
 
 
 def test_checked_ways_checks_and_times_each_way_with_its_own_arguments_and_keeps_no_time_for_a_wrong_one():
-    """``benchmarks.kernels.checked_ways`` (the benchmarks' loop over the ways they time side by side): each way's
+    """``benchmarks.common.checked_ways`` (the benchmarks' loop over the ways they time side by side): each way's
     keyword arguments reach the launch, its error is kept, its time only where the result was within tolerance, and
     ``say`` hears every way in order. On the CPU: the launch runs and is checked for real against the kernel's
     reference; only the timing (CUDA graphs) is replaced by a fixed number."""
-    import benchmarks.kernels as bk
+    import benchmarks.common as bk
 
     i = SD.make_inputs(dict(SD.shapes("v4flash")[0], batch=2, topk=64, num_rows=512), "float32", "cpu", seed=3)
     heard, calls = [], []
@@ -387,7 +388,7 @@ def test_the_wgmma_report_states_what_each_switch_gains_over_the_configs_timed_b
     sys.path.insert(0, str(ROOT))
     from benchmarks.sparse_decode_wgmma import switch_gains
 
-    data = json.loads((ROOT / "benchmarks" / "results" / "data" / "sparse_decode_wgmma_h200_db89c65.json").read_text())
+    data = json.loads((ROOT / "benchmarks" / "results" / "sparse_decode_wgmma" / "h200" / "2026-12-01_db89c65.json").read_text())
     assert switch_gains(data) == []
     case = next(c for c in data["cases"] if c["batch"] == 64)
     timed = [r for r in case["rows"] if r["kernel"] == "wgmma" and "us" in r]
@@ -418,14 +419,14 @@ def test_the_stored_spread_merge_runs_are_reported_byte_for_byte_with_merge2_aga
                                                                                             median):
     """The two H200 runs of MERGE=2 (the spread merge, removed after them) are reported from their JSON exactly as
     committed, and the report sets MERGE=2 against MERGE=0 over every config timed both ways."""
-    name = f"sparse_decode_wgmma_merge2_b{batch}_h200_3057f3e"
+    name = Path("benchmarks") / "results" / "sparse_decode_wgmma_merge2" / "h200" / f"2026-12-02_3057f3e_b{batch}"
     out = tmp_path / "r.md"
     r = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "sparse_decode_wgmma.py"), "--report-from",
-                        str(ROOT / "benchmarks" / "results" / "data" / f"{name}.json"), "--out", str(out)],
+                        str(ROOT / f"{name}.json"), "--out", str(out)],
                        capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stderr[-2000:]
     text = out.read_text()
-    assert text == (ROOT / "benchmarks" / "results" / f"{name}.md").read_text()
+    assert text == (ROOT / f"{name}.md").read_text()
     lines = text.splitlines()
     at = lines.index(next(x for x in lines if x.startswith("MERGE=2 against MERGE=0")))
     assert next(x for x in lines[at:] if x.startswith(f"| {batch} | all |")).startswith(f"| {batch} | all | {pairs} | {median} |")
@@ -435,14 +436,14 @@ def test_the_fp8_benchmark_reports_its_stored_run_and_rewrites_the_shipped_fp8_t
     """The stored H200 run's report is regenerated byte for byte, and the shipped fp8 tuned file of the wgmma kernel
     is exactly what ``--write-tuned`` writes from that run (the sweep's fastest config a batch, each passing the fp8
     rules, none slower than the default it was timed beside)."""
-    stored = ROOT / "benchmarks" / "results" / "data" / "sparse_decode_wgmma_fp8_h200_4ac0e78.json"
+    stored = ROOT / "benchmarks" / "results" / "sparse_decode_wgmma_fp8" / "h200" / "2026-12-01_4ac0e78.json"
     shipped = ROOT / "kernels" / "tuned" / "sparse_decode_wgmma__NVIDIA_H200__float8_e4m3fn__triton-3.6.0.json"
     out = tmp_path / "r.md"
     r = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "sparse_decode_wgmma_fp8.py"), "--report-from",
                         str(stored), "--out", str(out), "--write-tuned", str(tmp_path)], capture_output=True, text=True,
                        cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)})
     assert r.returncode == 0, r.stderr
-    assert out.read_text() == (ROOT / "benchmarks" / "results" / "sparse_decode_wgmma_fp8_h200_4ac0e78.md").read_text()
+    assert out.read_text() == (ROOT / "benchmarks" / "results" / "sparse_decode_wgmma_fp8" / "h200" / "2026-12-01_4ac0e78.md").read_text()
     assert (tmp_path / shipped.name).read_text() == shipped.read_text()
     k = get_kernel("sparse_decode_wgmma")
     for key, entry in json.loads(shipped.read_text()).items():
@@ -483,14 +484,6 @@ def test_the_tl_dot_batches_report_finds_the_nearest_configs_row_by_its_splits_a
     assert row == "| bfloat16 | 2 | 10 (80) | 10.0 | 8 (64) | 8.0 | 1.25x | 16 | 1.25x | 1.10x | 1.10x | 1.25x |"
 
 
-def _h200_sms(monkeypatch):
-    """The tl.dot rule counts this machine's SMs; these tests read the H200's (132, what a CPU assumes)."""
-    import kernels.sparse_decode as sd
-
-    sms = sd.device_limits(None)["sms"]
-    monkeypatch.setattr(sd, "one_wave", lambda: sms)
-
-
 def test_the_tl_dot_one_wave_split_rule_picks_the_fastest_split_count_in_every_stored_h200_case(tmp_path, monkeypatch):
     """SparseDecodeKernel.adapt_config's split count against the H200 run it was read off (936ffa3: every split count
     at batches 2-96 with the nearest tuned key's tiles, bf16 and fp8): within 1% of the fastest in each of the 18
@@ -503,7 +496,7 @@ def test_the_tl_dot_one_wave_split_rule_picks_the_fastest_split_count_in_every_s
 
     _h200_sms(monkeypatch)
     root = ROOT
-    stored = root / "benchmarks/results/data/sparse_decode_batches_h200_936ffa3.json"
+    stored = root / "benchmarks/results/sparse_decode_batches/h200/2026-12-01_936ffa3.json"
     data = json.loads(stored.read_text())
     kernel = SparseDecodeKernel.instance
     cases: dict = {}
@@ -522,7 +515,7 @@ def test_the_tl_dot_one_wave_split_rule_picks_the_fastest_split_count_in_every_s
     r = subprocess.run([sys.executable, str(root / "benchmarks" / "sparse_decode_batches.py"), "--report-from",
                         str(stored), "--out", str(out)], capture_output=True, text=True, cwd=root, timeout=120)
     assert r.returncode == 0, r.stderr
-    assert out.read_text() == (root / "benchmarks/results/sparse_decode_batches_h200_936ffa3.md").read_text()
+    assert out.read_text() == (root / "benchmarks/results/sparse_decode_batches/h200/2026-12-01_936ffa3.md").read_text()
 
 
 CSV = '''"Address","Source","Warp Stall Sampling (All Samples)","Warp Stall Sampling (Not-issued Samples)"
@@ -549,3 +542,29 @@ def test_source_summary_splits_stalls_by_region_and_counts_wgmma_waits_as_wgmma(
     assert text.splitlines()[-3:] == ["    2  15.0%          DEPBAR.LE SB0, 0x0",
                                       "    4  30.0%          WARPGROUP.DEPBAR.LE gsb0, 0x0",
                                       "    7  20.0%    @!P2  STG.E.64 desc[UR60][R6.64+0x180], R74"]
+
+
+@pytest.mark.parametrize("name", ["sparse_decode_batches", "sparse_decode_wgmma", "sparse_decode_wgmma_batches",
+                                  "sparse_decode_wgmma_fp8", "wgmma_rates", "workload_attention_share"])
+def test_a_new_run_of_each_sparse_decode_benchmark_files_its_report_by_benchmark_gpu_date_and_commit(name):
+    """Without --out a run's report goes to ``benchmarks/results/<benchmark>/h200/<date>_<commit>.md`` (the layout
+    benchmarks/results/README.md indexes), not the flat ``benchmarks/results/<benchmark>_h200.md`` of before."""
+    r = subprocess.run([sys.executable, str(ROOT / "benchmarks" / f"{name}.py"), "--help"], capture_output=True,
+                       text=True, env={**os.environ, "PYTHONPATH": str(ROOT), "COLUMNS": "500"}, timeout=120)
+    assert r.returncode == 0, r.stderr
+    default = r.stdout.split("the report's path (default: ")[1].split(")")[0]
+    assert re.fullmatch(rf"benchmarks/results/{name}/h200/\d{{4}}-\d\d-\d\d_[0-9a-f]{{7}}\.md", default), default
+
+
+def test_a_report_from_a_stored_run_makes_the_folder_of_its_report(tmp_path):
+    """report_cli.run writes a report into a <benchmark>/<gpu>/ folder that does not exist yet (a new benchmark's or
+    GPU's first run), reading the stored run through benchmarks.common.read_json (a .json.gz as well)."""
+    import gzip
+
+    from benchmarks.report_cli import run
+
+    stored = tmp_path / "x.json.gz"
+    stored.write_bytes(gzip.compress(json.dumps({"rows": [1, 2]}).encode()))
+    out = tmp_path / "bench" / "h200" / "r.md"
+    assert run(["--report-from", str(stored)], "doc", out, lambda d, src: f"{d['rows']}\n", lambda a, p: None) == 0
+    assert out.read_text() == "[1, 2]\n"

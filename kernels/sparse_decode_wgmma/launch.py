@@ -210,7 +210,8 @@ class SparseDecodeWgmmaKernel(SparseDecodeBase):
         """A config tuned at another batch keeps its tiles, ring and switches, but its split count is set for this
         batch: the most splits (``splits_within``) that keep ``batch * V_SPLIT * S`` within one wave of programs (a
         batch-16 config of 4 splits of two programs would launch 192 programs at batch 24, 256 at 32: 27.4 and 28.8
-        µs against 20.4 and 21.7 with the splits set, ``sparse_decode_wgmma_batches_h200_470243f.md``). Where even one
+        µs against 20.4 and 21.7 with the splits set,
+        ``benchmarks/results/sparse_decode_wgmma_batches/h200/2026-12-01_470243f.md``). Where even one
         split does not fit (``V_SPLIT * batch`` over one wave: the GPU's SMs, :func:`one_wave`), this batch's default
         config."""
         if shape["batch"] == tuned_shape["batch"]:

@@ -46,7 +46,8 @@ def merge_starts_early(programs: int, merge_programs: int, sms: int) -> bool:
     start at once rather than as its own programs exit. Started early, the merge's programs land on the SMs the split
     kernel leaves idle and wait there: its launch overlaps the split kernel, but a merge of many programs crowds those
     few SMs while the rest of it starts late. Each batch's default timed both ways on an H200 (2026-12-01,
-    ``sparse_decode_wgmma_pdl_h200_a387428.md``; at exit / early, above 1: early pays), by the merge's programs for
+    ``benchmarks/results/sparse_decode_wgmma_pdl/h200/2026-12-01_a387428.md``; at exit / early, above 1: early
+    pays), by the merge's programs for
     each idle SM: 2.5 (batch 1) 1.11x, 4.9 (batch 2) 1.03x, 9.8 (batches 4 and 8) 0.94x and 1.01x, 32-512 (batches 3,
     6, 12, 16, 32) 0.85-1.00x; with no SM idle (batch 24, 144 programs) 1.02x, left at exit."""
     idle = sms - programs
@@ -58,7 +59,7 @@ def index_tiles(config: dict, shape: dict) -> int:
     producer loads its split's row numbers once, at the start, into shared memory, and issues each tile's gathers
     from there, and each compute warpgroup reads its tile's padding mask there (not a global load a tile, which its
     scores' product waited for). Measured side by side against the previous producer and consumers
-    (``sparse_decode_wgmma_locality_h200_8fe2a9d.md``): 1.07x at the batch-64 default
+    (``benchmarks/results/sparse_decode_wgmma_locality/h200/2026-12-01_8fe2a9d.md``): 1.07x at the batch-64 default
     (26.0 against 27.8 µs); the WS schedule's consumers already carried their mask a tile ahead, and there a table
     for the producer alone measured 0.97-1.00x (b68f14f, c63889b, b4f8724), so WS keeps loading indices a tile ahead.
     SEESAW's consumers read their masks there too. 0 (no table) without SPLIT_WG or SEESAW, and where the table would
@@ -77,7 +78,8 @@ def splits_within(batch: int, topk: int, v_split: int, block_t: int, sms: int | 
     ``batch * v_split * splits`` within one wave (``sms``, default ``kernels.sparse_decode.one_wave``: one program an
     SM); 1 where even
     one split does not. Measured
-    on an H200 (2026-12-01, ``sparse_decode_wgmma_batches_h200_470243f.md``): a second wave costs 1.3-1.5x (batch 24:
+    on an H200 (2026-12-01, ``benchmarks/results/sparse_decode_wgmma_batches/h200/2026-12-01_470243f.md``): a
+    second wave costs 1.3-1.5x (batch 24:
     27.0 µs at 144 programs, 20.4 at 96), while 130 programs, within the 132 SMs, ran 15.2 µs against 15.9 at 104
     (batch 13)."""
     tiles = cdiv(max(topk, 1), block_t)
@@ -109,10 +111,12 @@ def default_config(batch: int, topk: int) -> dict:
     programs at batch 24: 27.0 against 20.4 µs now).
     ``WS`` (the producer warpgroup) where a program walks three tiles or more: its gain grew with the tiles a program
     walks (medians over batch 1 / 16 / 64: 0.975-0.984x at one tile, 0.99-1.00x at two, 1.01-1.03x at three,
-    1.04-1.06x at four or more; the WS table of ``sparse_decode_wgmma_h200_b1b01f3.md``). ``STORE_CVT`` where
+    1.04-1.06x at four or more; the WS table of
+    ``benchmarks/results/sparse_decode_wgmma/h200/2026-12-01_b1b01f3.md``). ``STORE_CVT`` where
     there is one split: the bf16 output from the wgmma layout is written in 4-byte stores (half sectors).
     On the H200 this names the fastest float32-partial config of the newest sweep at each batch (b1b01f3,
-    ``benchmarks/results/sparse_decode_wgmma_h200_b1b01f3.md``: 9.4 / 16.4 / 28.5 µs): 10 splits of 64 rows, eight
+    ``benchmarks/results/sparse_decode_wgmma/h200/2026-12-01_b1b01f3.md``: 9.4 / 16.4 / 28.5 µs): 10 splits of 64
+    rows, eight
     programs each, single-partition; 4 splits of 160 rows, two each, WS; one split of 640, two programs a request,
     WS, converted stores (batches between these were not measured). Float32 partials (``PART16=0``): 16-bit partials
     through the converted stores were no faster at batch 1 (9.5 against 9.4 µs) and bring the rounding error of a
@@ -120,7 +124,8 @@ def default_config(batch: int, topk: int) -> dict:
     ``SPLIT_WG`` (each compute warpgroup whole tiles, alternately) where one split walks four 64-row tiles or more
     (batch 64 at V4-Flash): with 32-row tiles in a ring of four, so each warpgroup has two slots in flight (with
     64-row tiles only two slots fit beside q, one each, and SPLIT_WG was 0.81x). The a9df7f9 sweep
-    (``sparse_decode_wgmma_h200_a9df7f9.md``): 27.9 against 28.7 µs for the previous default at batch 64; at
+    (``benchmarks/results/sparse_decode_wgmma/h200/2026-12-01_a9df7f9.md``): 27.9 against 28.7 µs for the previous
+    default at batch 64; at
     batch 16 (three tiles a program) the two-warpgroup tiles stayed faster (16.7 against 17.6 µs)."""
     tiles = cdiv(topk, 64)
     batch = max(batch, 1)
