@@ -245,7 +245,7 @@ def status(storage: StorageOpt = "sqlite:///tuner.db", study: StudyOpt = None,
     phases = {t.number: _trial_phases(t.measurements) for t in trials}
     phased = any(phases.values())
     table = Table("#", "outcome", "value", "x base", "s", "start/warm/measure s",
-                  *(["/".join(p[:4] for p in TRIAL_PHASES) + " s"] if phased else []), *(["num. err"] if num else []),
+                  *(["spawn/build/num/compile/capture/measure s"] if phased else []), *(["num. err"] if num else []),
                   *(["greedy agr."] if agree else []), "params / reason",
                   caption=f"trials {offset + 1}-{offset + len(trials)} of {total}" if len(trials) < total else None)
     for t in trials:

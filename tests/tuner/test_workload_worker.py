@@ -157,3 +157,31 @@ def test_the_workload_runs_in_a_persistent_worker_unless_its_setting_says_not():
     assert WorkloadTarget(resolved).persistent_worker
     assert not WorkloadTarget(resolved, {"persistent_worker": False}).persistent_worker
     assert model_mod.WEIGHT_CACHE_SIZE >= 1
+
+
+def test_status_shows_each_trials_time_split_and_the_studys_median_per_phase(tmp_path):
+    import subprocess
+    import sys
+
+    from storage import Repo
+    from storage.types import MetricRow
+
+    repo = Repo(f"sqlite:///{tmp_path / 'tuner.db'}")
+    repo.create_schema()
+    run = repo.create_run("twin", target="workload", budget_s=60, objective="geomean", space_name="dsv4-flash-tiny",
+                          space_yaml=SPACE_PATH.read_text())
+    splits = [{"spawn": 4.2, "build": 0.5, "numerics": 1.0, "compile": 0.3, "capture": 0.0, "measure": 2.0},
+              {"spawn": 0.01, "build": 0.02, "numerics": 0.2, "compile": 0.0, "capture": 0.0, "measure": 1.8},
+              {"spawn": 0.03, "build": 0.04, "numerics": 0.4, "compile": 0.1, "capture": 0.0, "measure": 1.6}]
+    for n, split in enumerate(splits):
+        repo.start_trial(run.id, n, {"context_length": 4096}, is_baseline=n == 0)
+        repo.finish_trial(run.id, n, outcome="ok", value=10.0 + n, duration_s=sum(split.values()) + 0.1,
+                          metrics=[MetricRow("trial_time_s", k, v, "s") for k, v in split.items()])
+    out = subprocess.run([sys.executable, "-m", "tuner", "status", "--study", "twin", "--storage",
+                          f"sqlite:///{tmp_path / 'tuner.db'}"], capture_output=True, text=True, timeout=120,
+                         env={**__import__("os").environ, "COLUMNS": "250"})
+    assert out.returncode == 0, out.stderr
+    assert "spawn/build/num/compile/capture/measure s" in out.stdout
+    assert "4.2/0.5/1.0/0.3/0.00/2.0" in out.stdout and "0.01/0.02/0.2/0.00/0.00/1.8" in out.stdout
+    assert ("time per trial (median s over 3 trials): spawn 0.03, build 0.04, numerics 0.4, compile 0.1, "
+            "capture 0.00, measure 1.8") in out.stdout
