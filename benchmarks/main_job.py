@@ -100,6 +100,8 @@ def measure(out_dir: Path, preset: str, repeats: int, timeout: float) -> dict:
     if not runs:
         raise SystemExit(f"error: no stored run under {out_dir} (seed-*/run.json); run `main_job.py search` first")
     with_best = [r for r in runs if r.get("best_trial") is not None]
+    for i, r in enumerate(with_best):  # workload_gpu.py runs the two ends, then each --study-best in order: every
+        r["side_case"] = 2 + i  # fresh folder's study has the same name, so a run finds its case by position
     argv = [sys.executable, str(ROOT / "benchmarks" / "workload_gpu.py"), "--only-ends", "--preset", preset,
             "--repeats", str(repeats), "--timeout", str(timeout), "--out", str(out_dir / "side_by_side.md")]
     for r in with_best:
@@ -127,7 +129,7 @@ def found_over_hand(data: dict) -> dict[str, float]:
     hand = next(c for c in side["cases"] if c["name"] == "hand-written best")
     out = {}
     for r in data["runs"]:
-        case = next((c for c in side["cases"] if c["name"].startswith(f"best found by `{r['study']}` ")), None)
+        case = side["cases"][r["side_case"]] if r.get("side_case") is not None else None
         if case is None or "tok_s" not in case or "tok_s" not in hand:
             continue
         out[r["study"] + f" (seed {r['seed']})"] = _geomean([case["tok_s"][lv] / hand["tok_s"][lv] for lv in levels])

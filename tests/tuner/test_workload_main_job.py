@@ -25,10 +25,13 @@ def _run(seed, study, ratio, trials=12, searched=360.0):
 def test_the_report_is_written_from_stored_data_with_the_found_over_hand_written_distribution():
     hand = {"c=1": 50.0, "c=16": 500.0, "c=64": 1600.0}
     runs = [_run(0, "a", 0.8, trials=12), _run(1, "b", 1.0, trials=30), _run(2, "c", 0.9, trials=24)]
+    for i, r in enumerate(runs):
+        r["side_case"] = 2 + i
+    runs.append({**_run(3, "d", 0.5), "best_trial": None, "best_value": None})  # no trial succeeded: no case
     cases = [{"name": "default (...)", "knobs": {}, "tok_s": {lv: v / 5 for lv, v in hand.items()}, "wall_s": 30},
              {"name": "hand-written best", "knobs": {}, "tok_s": hand, "wall_s": 30}]
     cases += [{"name": f"best found by `{r['study']}` (trial 3, stored 1.00)", "knobs": {},
-               "tok_s": {lv: v * r["best_value"] / 100.0 for lv, v in hand.items()}, "wall_s": 30} for r in runs]
+               "tok_s": {lv: v * r["best_value"] / 100.0 for lv, v in hand.items()}, "wall_s": 30} for r in runs[:3]]
     data = {"preset": "dsv4-flash", "runs": runs, "measured": {},
             "side_by_side": {"gpu": "NVIDIA H200", "date": "2026-12-02", "commit": "abc1234", "levels": LEVELS,
                              "cases": cases}}
@@ -37,7 +40,8 @@ def test_the_report_is_written_from_stored_data_with_the_found_over_hand_written
         ratios = mj.found_over_hand(data)
     assert [round(v, 6) for v in ratios.values()] == [0.8, 1.0, 0.9]
     assert "found / hand-written best (geomean over c=1, c=16, c=64, 3 runs): min 0.800, median 0.900, max 1.000" in text
-    assert "trials per minute: min 2.00, median 4.00, max 5.00" in text
+    assert "trials per minute: min 2.00, median 3.00, max 5.00" in text
+    assert "| 3 | d | 12 | 360 | 2.00 | 8.0 | 0.01/0.20/-/-/-/1.50 | - |" in text
     assert "NVIDIA H200 on 2026-12-02 at commit abc1234" in text and "`main_job.json`" in text
     assert "| 1 | b | 30 | 360 | 5.00 | 8.0 | 0.01/0.20/-/-/-/1.50 | 1.000 |" in text
 
@@ -64,5 +68,6 @@ def test_the_main_job_benchmark_runs_two_seeds_on_the_cpu_twin_and_writes_its_js
     with benchmark_script("main_job") as mj:
         assert (out / "main_job.md").read_text() == mj.report(data, source=out / "main_job.json")
         ratios = mj.found_over_hand(data)
+    assert [r["side_case"] for r in with_best] == list(range(2, 2 + len(with_best)))
     assert len(ratios) == len([c for c in side["cases"][2:] if "tok_s" in c])
     assert all(v > 0 for v in ratios.values())
