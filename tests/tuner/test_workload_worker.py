@@ -185,3 +185,29 @@ def test_status_shows_each_trials_time_split_and_the_studys_median_per_phase(tmp
     assert "4.2/0.5/1.0/0.3/0.00/2.0" in out.stdout and "0.01/0.02/0.2/0.00/0.00/1.8" in out.stdout
     assert ("time per trial (median s over 3 trials): spawn 0.03, build 0.04, numerics 0.4, compile 0.1, "
             "capture 0.00, measure 1.8") in out.stdout
+
+
+GPU_CONFIG = {"context_length": 4096, "attention_impl": "mma", "glue": "compile", "moe_impl": "triton",
+              "cuda_graph_buckets": "pow2:8"}
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="Triton kernels, torch.compile and CUDA graphs need a GPU")
+def test_gpu_a_reused_worker_gives_the_numbers_of_a_fresh_process_and_pays_the_compile_once():
+    fresh = TrialProcess(_job(GPU_CONFIG, timeout=300)).wait()
+    assert fresh.outcome is Outcome.OK, fresh.reason
+    w = PersistentWorker()
+    try:
+        first, other, again = (w.start(_job(p, timeout=300)).wait() for p in (GPU_CONFIG, OTHER, GPU_CONFIG))
+        assert all(m.outcome is Outcome.OK for m in (first, other, again)), [first.reason, other.reason, again.reason]
+        assert w.started_processes == 1 and _metric(again, "weights_reused") == 1.0
+        assert _metric(again, "numerics_rel_err") == _metric(first, "numerics_rel_err") == _metric(
+            fresh, "numerics_rel_err")
+
+        def paid(m):  # start, build, and compile (the numerics step's first call compiles too): paid once a worker
+            return sum(_metric(m, "trial_time_s", k) or 0.0 for k in ("spawn", "build", "numerics", "compile"))
+
+        assert paid(again) < 0.5 * paid(fresh), (paid(again), paid(fresh))
+        assert again.duration_s < fresh.duration_s
+    finally:
+        w.stop()
