@@ -111,8 +111,8 @@ def _tensors(obj: Any):
 
 
 def weights_fingerprint(w: LayerWeights) -> tuple[float, ...]:
-    """The sum and the sum of squares of every weight tensor (float64 sums, one device sync): any write into them
-    changes it."""
+    """The sum and the sum of squares of every weight tensor (float64 sums, one device sync): a stray write into them
+    changes it (one that only permutes values would not; a kernel's out-of-bounds store does not do that)."""
     with torch.no_grad():
         parts = [torch.stack([t.float().sum(dtype=torch.float64), t.float().square().sum(dtype=torch.float64)])
                  for t in _tensors(w)]
@@ -120,7 +120,7 @@ def weights_fingerprint(w: LayerWeights) -> tuple[float, ...]:
 
 
 def clear_weights() -> None:
-    """Drop the weights kept for reuse (an out-of-memory retry, a test)."""
+    """Drop the weights kept for reuse (tests; a fresh process starts with none)."""
     _WEIGHTS.clear()
 
 
