@@ -186,6 +186,10 @@ class DecodeModel:
             return rope(x, st["cos"], st["sin"], self.p.rope_dim)
 
         if mode == "compile":
+            # one compiled entry per function and input shape (the RoPE takes two a batch): a long-lived trial worker
+            # meets every bucket set's padded batches, past dynamo's default of 8 entries a function, beyond which it
+            # would run the glue eagerly without a word
+            torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 64)
             return torch.compile(add_rms_norm, dynamic=False), torch.compile(eager_rope, dynamic=False)
         return add_rms_norm, eager_rope
 
