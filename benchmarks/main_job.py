@@ -96,7 +96,9 @@ def study_figures(url: str) -> dict:
 def measure(out_dir: Path, preset: str, repeats: int, timeout: float) -> dict:
     """Every stored run's best beside the default and the hand-written best, in one run of workload_gpu.py; then
     ``main_job.json`` and the report."""
-    runs = [json.loads(p.read_text()) for p in sorted(out_dir.glob("seed-*/run.json"))]
+    # each run's database where it lies now (the folders may have been copied from the machine that searched)
+    runs = [{**json.loads(p.read_text()), "storage": f"sqlite:///{p.parent / 'tuner.db'}"}
+            for p in sorted(out_dir.glob("seed-*/run.json"))]
     if not runs:
         raise SystemExit(f"error: no stored run under {out_dir} (seed-*/run.json); run `main_job.py search` first")
     with_best = [r for r in runs if r.get("best_trial") is not None]
