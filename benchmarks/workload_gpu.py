@@ -37,6 +37,18 @@ HAND_BEST = {  # what a deployment can set: the indexer stays sized by the confi
     **DEFAULT, "context_length": 8192, "indexer_impl": "triton", "attention_impl": "mma",
     "gemm_indexer": "bf16", "gemm_mhc": "bf16", "glue": "fused", "moe_impl": "triton", "cuda_graph_buckets": "pow2:64",
 }
+TINY_DEFAULT = {  # the CPU twin's (dsv4-flash-tiny on a CPU) defaults: its space's, less the GPU-only values
+    "context_length": 131072, "indexer_width": "static", "attention_impl": "torch", "kv_cache_dtype": "bf16",
+    "gemm_proj": "bf16", "gemm_indexer": "fp32", "gemm_moe": "bf16", "gemm_mhc": "fp32", "gemm_impl": "torch",
+}
+TINY_HAND_BEST = {**TINY_DEFAULT, "context_length": 4096, "indexer_width": "live"}  # an eager CPU step scores the live length
+
+
+def ends(preset: str) -> tuple[dict, dict]:
+    """(default, hand-written best) of a preset: the GPU twin's above, or the CPU twin's for ``dsv4-flash-tiny``."""
+    return (TINY_DEFAULT, TINY_HAND_BEST) if preset == "dsv4-flash-tiny" else (DEFAULT, HAND_BEST)
+
+
 CASES = [
     ("default (1M cap, static indexer, SIMT, fp32 indexer+MHC, eager glue, server buckets)", DEFAULT),
     ("default + context cap 8192", {**DEFAULT, "context_length": 8192}),
@@ -72,8 +84,8 @@ def run_case(knobs: dict, preset: str, levels: str, repeats: int, timeout: float
     return {"tok_s": json.loads(lines[-1]), "wall_s": time.time() - t0}
 
 
-def study_best(spec: str) -> tuple[str, dict]:
-    """``URL#STUDY`` -> (case name, knobs) of that study's recorded best trial."""
+def study_best(spec: str, default: dict | None = None) -> tuple[str, dict]:
+    """``URL#STUDY`` -> (case name, knobs) of that study's recorded best trial (over ``default``: :data:`DEFAULT`)."""
     from storage import Repo
 
     url, _, study = spec.rpartition("#")
@@ -84,7 +96,7 @@ def study_best(spec: str) -> tuple[str, dict]:
     if run is None or run.best_trial_number is None:
         raise SystemExit(f"--study-best: no study {study!r} with a best trial in {url}; `tuner status` lists them")
     trial = repo.get_trial(run.id, run.best_trial_number)
-    knobs = {**DEFAULT, **{k: v for k, v in trial.params.items() if v is not None}}
+    knobs = {**(DEFAULT if default is None else default), **{k: v for k, v in trial.params.items() if v is not None}}
     return f"best found by `{study}` (trial {trial.number}, stored {run.best_value:.2f})", knobs
 
 
@@ -98,6 +110,7 @@ def report(data: dict) -> str:
     levels = data.get("levels") or sorted({lv for c in cases for lv in c.get("tok_s", {})},
                                           key=lambda lv: int(lv.split("=")[1]))
     base = cases[0].get("tok_s", {})
+    default, hand_best = data.get("default_knobs", DEFAULT), data.get("hand_knobs", HAND_BEST)
     lines = [f"# Decode workload ({data['preset']}) side by side on {data['gpu']}", "",
              f"date {data['date']}, torch {data['torch']}, triton {data['triton']}, commit {data['commit']}, live context "
              f"512, median of {data['repeats']} steps after warm-up; tok/s = batch / step time; x = versus the default",
@@ -115,8 +128,8 @@ def report(data: dict) -> str:
             ratio = f" ({v / base[lv]:.2f}x)" if base.get(lv) and v else ""
             cells.append(f"{v:.1f}{ratio}" if v else "-")
         lines.append(f"| {c['name']} | " + " | ".join(cells) + f" | {c['wall_s']:.0f} |")
-    lines += ["", "Knobs of the hand-written best: " + ", ".join(f"{k}={v}" for k, v in HAND_BEST.items()), ""]
-    hand = next((c for c in cases if c["knobs"] == HAND_BEST and "tok_s" in c), None)
+    lines += ["", "Knobs of the hand-written best: " + ", ".join(f"{k}={v}" for k, v in hand_best.items()), ""]
+    hand = next((c for c in cases if c["knobs"] == hand_best and "tok_s" in c), None)
     by_name = {c["name"]: c for c in cases if "tok_s" in c}
     for c in cases:
         if c["name"] not in data.get("compared", []) or "tok_s" not in c:
@@ -130,7 +143,7 @@ def report(data: dict) -> str:
         geo = math.exp(sum(math.log(x) for _, x in ratios) / len(ratios)) if ratios else float("nan")
         lines.append(f"{c['name']} / {'hand-written best' if base is hand else base['name']}, measured side by side: "
                      + ", ".join(f"{lv} {x:.3f}" for lv, x in ratios) + f"; geomean {geo:.3f}")
-        lines.append("Its knobs: " + ", ".join(f"{k}={v}" for k, v in c["knobs"].items() if DEFAULT.get(k) != v))
+        lines.append("Its knobs: " + ", ".join(f"{k}={v}" for k, v in c["knobs"].items() if default.get(k) != v))
         lines.append("")
     return "\n".join(lines)
 
@@ -143,7 +156,8 @@ def main() -> int:
     ap.add_argument("--repeats", type=int, default=10)
     ap.add_argument("--timeout", type=float, default=120)
     ap.add_argument("--quick", action="store_true", help="only the default, single changes that matter, hand best")
-    ap.add_argument("--only-ends", action="store_true", help="only the default and the hand-written best")
+    ap.add_argument("--only-ends", action="store_true", help="only the default and the hand-written best (with "
+                    "--preset dsv4-flash-tiny: the CPU twin's)")
     ap.add_argument("--study-best", action="append", default=[], metavar="URL#STUDY",
                     help="add a stored search's best trial as a case (repeatable)")
     ap.add_argument("--gemm-impl", default="", metavar="IMPL[,IMPL]",
@@ -175,8 +189,11 @@ def main() -> int:
     levels = [f"c={c}" for c in args.levels.split(",")]
     results = []
     cases = [c for c in CASES if not args.quick or "compile" not in c[0] and "no CUDA" not in c[0]]
+    default, hand_best = ends(args.preset)
     if args.only_ends:
         cases = [c for c in CASES if c[1] in (DEFAULT, HAND_BEST)]
+        if hand_best is not HAND_BEST:
+            cases = [("default (the CPU twin's space defaults)", default), ("hand-written best", hand_best)]
     variants = [(f"hand-written best, gemm_impl={impl}", {**HAND_BEST, "gemm_impl": impl})
                 for impl in args.gemm_impl.split(",") if impl]
     variants += [(f"hand-written best, attention_impl={impl}", {**HAND_BEST, "attention_impl": impl})
@@ -187,7 +204,7 @@ def main() -> int:
                    for name, knobs in [("hand-written best", HAND_BEST)] + variants
                    for kv in args.kv_cache_dtype.split(",") if kv and knobs.get("kv_cache_dtype", "bf16") != kv]
     cases += [(name, knobs) for name, knobs, _ in kv_variants]
-    found = [study_best(spec) for spec in args.study_best]
+    found = [study_best(spec, default) for spec in args.study_best]
     cases += found
     # each found best again with each --attention-impl, compared with that found best as measured here
     found_variants = [(f"{name}, attention_impl={impl}", {**knobs, "attention_impl": impl}, name)
@@ -202,7 +219,7 @@ def main() -> int:
     data = {"gpu": env["gpus"][0]["name"] if env["gpus"] else "cpu", "date": str(dt.date.today()),
             "commit": os.environ.get("TUNER_COMMIT") or env.get("git_sha"), "torch": torch.__version__,
             "triton": env.get("triton"), "preset": args.preset, "repeats": args.repeats,
-            "levels": levels,
+            "levels": levels, "default_knobs": default, "hand_knobs": hand_best,
             "cases": [{"name": n, "knobs": k, **({"base": bases[n]} if n in bases else {}), **r} for n, k, r in results],
             "compared": [n for n, _ in found] + [n for n, _ in variants] + list(bases)}
     lines = report(data).splitlines()

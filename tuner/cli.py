@@ -242,7 +242,10 @@ def status(storage: StorageOpt = "sqlite:///tuner.db", study: StudyOpt = None,
                                with_measurements=True)
     num = {t.number: m.value for t in trials for m in t.measurements if m.metric == "numerics_rel_err"}
     agree = {t.number: m.value for t in trials for m in t.measurements if m.metric == "greedy_agreement"}
-    table = Table("#", "outcome", "value", "x base", "s", "start/warm/measure s", *(["num. err"] if num else []),
+    phases = {t.number: _trial_phases(t.measurements) for t in trials}
+    phased = any(phases.values())
+    table = Table("#", "outcome", "value", "x base", "s", "start/warm/measure s",
+                  *(["spawn/build/num/compile/capture/measure s"] if phased else []), *(["num. err"] if num else []),
                   *(["greedy agr."] if agree else []), "params / reason",
                   caption=f"trials {offset + 1}-{offset + len(trials)} of {total}" if len(trials) < total else None)
     for t in trials:
@@ -253,9 +256,43 @@ def status(storage: StorageOpt = "sqlite:///tuner.db", study: StudyOpt = None,
         table.add_row(str(t.number) + (" b" if t.is_baseline else ""), t.outcome or t.state,
                       f"{t.value:.2f}" if t.value is not None else "", ratio,
                       f"{t.duration_s:.1f}" if t.duration_s else "", _time_split(t.measurements),
+                      *([_phase_split(phases[t.number])] if phased else []),
                       *([f"{num[t.number]:.2g}" if t.number in num else ""] if num else []),
                       *([f"{agree[t.number]:.3f}" if t.number in agree else ""] if agree else []), detail)
     console.print(table)
+    if phased:
+        console.print(trial_time_line([phases[t.number] for t in trials]), highlight=False)
+
+
+TRIAL_PHASES = ("spawn", "build", "numerics", "compile", "capture", "measure")
+"""Where a trial's time went (the ``trial_time_s`` rows a workload trial stores, ``spawn`` for any trial run in a
+trial process): the process start and imports (~0 in a reused worker), the model build, the numerics gate, the first
+steps' compile, CUDA-graph capture, and the measurement itself."""
+
+
+def _trial_phases(measurements) -> dict[str, float]:
+    return {m.level: m.value for m in measurements if m.metric == "trial_time_s" and m.level in TRIAL_PHASES}
+
+
+def _fmt_s(v: float) -> str:
+    return f"{v:.1f}" if v >= 0.1 else f"{v:.2f}"
+
+
+def _phase_split(phases: dict[str, float]) -> str:
+    """``0.00/0.3/0.5/0.1/-/1.2``: a trial's seconds per :data:`TRIAL_PHASES` (``-``: none stored)."""
+    if not phases:
+        return ""
+    return "/".join(_fmt_s(phases[k]) if k in phases else "-" for k in TRIAL_PHASES)
+
+
+def trial_time_line(per_trial: list[dict[str, float]]) -> str:
+    """One line for a study: the median seconds per phase over the trials that stored their phases."""
+    import statistics
+
+    stored = [p for p in per_trial if p]
+    parts = [f"{k} {_fmt_s(statistics.median(vals))}" for k in TRIAL_PHASES
+             if (vals := [p[k] for p in stored if k in p])]
+    return f"time per trial (median s over {len(stored)} trials): " + ", ".join(parts)
 
 
 def _time_split(measurements) -> str:

@@ -13,9 +13,11 @@ import json
 import logging
 import os
 import sys
+import time
 import traceback
 
-from tuner.execution.isolation import DONE_MARK, MARK
+from storage.types import MetricRow
+from tuner.execution.isolation import DONE_MARK, MARK, RETIRE_MARK
 from tuner.measurement import Measurement, Outcome
 from tuner.processes import die_with_parent
 
@@ -64,19 +66,31 @@ def _target(job: dict, cache: dict):
     return cache[key]
 
 
-def _run(job: dict, cache: dict) -> None:
+def _run(job: dict, cache: dict, served: int = 0):
+    """Evaluate one job and write its result file; returns the target (None when it could not be built) and the
+    measurement. Every measurement gets ``trial_time_s@spawn`` (from the parent sending the job to the evaluation's
+    start: a fresh interpreter's start and imports, ~0 in a reused worker) and ``worker_trial`` (how many trials this
+    process ran before: 0 in a fresh one)."""
+    target = None
+    started = time.time()
     try:
         target = _target(job, cache)
+        started = time.time()
         m = target.evaluate(job["params"], float(job["deadline"]), report)
     except BaseException as exc:  # noqa: BLE001 - every failure is data
         if isinstance(exc, KeyboardInterrupt):
             raise
         m = Measurement.failed(classify_exception(exc), f"{type(exc).__name__}: {exc}"[:2000],
                                traceback.format_exc()[-6000:])
+    sent = job.get("sent_at")
+    if isinstance(sent, (int, float)):
+        m.metrics.append(MetricRow("trial_time_s", "spawn", max(0.0, started - float(sent)), "s"))
+    m.metrics.append(MetricRow("worker_trial", "", float(served), ""))
     tmp = job["result_path"] + ".tmp"
     with open(tmp, "w") as f:
         json.dump(m.to_json(), f)
     os.replace(tmp, job["result_path"])
+    return target, m
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -87,12 +101,19 @@ def main(argv: list[str] | None = None) -> int:
     if "--serve" not in argv:
         _run(json.load(sys.stdin), cache)
         return 0
+    served = 0
     for line in sys.stdin:
         if not line.strip():
             continue
         job = json.loads(line)
-        _run(job, cache)
+        target, m = _run(job, cache, served)
+        served += 1
+        retire = target is not None and not target.worker_reusable(m)  # the target does not trust this process
+        if retire:
+            print(RETIRE_MARK, flush=True)
         print(DONE_MARK + job["result_path"], flush=True)
+        if retire:
+            return 0
     return 0
 
 

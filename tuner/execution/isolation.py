@@ -36,6 +36,9 @@ _logger = logging.getLogger(__name__)
 
 MARK = "@@tuner "
 DONE_MARK = "@@tuner-done "
+RETIRE_MARK = "@@tuner-retire"
+"""Printed by a persistent worker just before a trial's done line when its target does not trust the process with
+the next trial (:meth:`~tuner.targets.base.Target.worker_reusable`): the parent retires it."""
 LOG_LINES = 200
 
 _FATAL_PATTERNS = (
@@ -175,7 +178,7 @@ def trial_env(gpus: list[int] | None, extra: dict[str, str]) -> dict[str, str]:
 def job_payload(job: TrialJob, result_path: str) -> dict[str, Any]:
     return {"target": job.target, "space_yaml": job.space_yaml, "space_source": job.space_source,
             "params": job.params, "deadline": job.deadline, "settings": job.settings,
-            "hardware": job.hardware, "result_path": result_path}
+            "hardware": job.hardware, "result_path": result_path, "sent_at": time.time()}
 
 
 def read_result(path: str) -> Measurement | None:

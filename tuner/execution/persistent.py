@@ -5,7 +5,8 @@ For short trials such as kernel configs, where a fresh interpreter + torch + CUD
 the trial. Same contract as :class:`tuner.execution.isolation.TrialProcess` (``wait``/``kill``, intermediate values to the
 pruner, the process group killed at the deadline); a trial that times out, is pruned, dies, or ends with an outcome
 outside :data:`KEEP_ALIVE` (a crash or OOM may leave the CUDA context broken) retires the process, and the next
-trial starts a fresh one.
+trial starts a fresh one; so does a trial after which the target says the process is not to be trusted
+(:meth:`~tuner.targets.base.Target.worker_reusable`: the workload's numerics failure).
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from collections.abc import Callable
 from tuner.execution.isolation import (
     DONE_MARK,
     LOG_LINES,
+    RETIRE_MARK,
     TrialJob,
     ask_pruner,
     finish_measurement,
@@ -57,6 +59,7 @@ class PersistentWorker:
         self.log: deque[str] = deque(maxlen=LOG_LINES)
         self._done = threading.Event()
         self._expect = ""  # the result path of the trial in flight: only its done line counts
+        self._retire = False  # the trial in flight's target asked for a fresh process after it
         self._reporter: Callable[[int, float], bool] | None = None
         self._on_prune: Callable[[], None] | None = None
 
@@ -76,7 +79,9 @@ class PersistentWorker:
     def _read(self, proc: subprocess.Popen) -> None:
         for line in proc.stdout:  # type: ignore[union-attr]
             line = line.rstrip("\n")
-            if line.startswith(DONE_MARK):
+            if line == RETIRE_MARK:
+                self._retire = True
+            elif line.startswith(DONE_MARK):
                 if line[len(DONE_MARK):] == self._expect:
                     self._done.set()
             elif (step := parse_report(line)) is None:
@@ -115,6 +120,7 @@ class PersistentTrial:
         self._killed_reason: Outcome | None = None
         worker.log.clear()
         worker._done.clear()
+        worker._retire = False
         worker._expect = self.result_path
         worker._reporter = reporter
         worker._on_prune = lambda: self.kill(Outcome.PRUNED)
@@ -150,7 +156,8 @@ class PersistentTrial:
         m = finish_measurement(read_result(self.result_path), self._killed_reason,
                                None if proc.poll() is None else proc.returncode,  # type: ignore[union-attr]
                                "\n".join(w.log), time.time() - self.started)
-        if self._killed_reason is not None or proc.poll() is not None or m.outcome.value not in KEEP_ALIVE:
+        if (self._killed_reason is not None or proc.poll() is not None or m.outcome.value not in KEEP_ALIVE
+                or w._retire):
             w.stop()  # a fresh process for the next trial
         return m
 

@@ -168,6 +168,12 @@ class Target(abc.ABC):
         returns the measurement to store. Returns it unchanged by default."""
         return measurement
 
+    def worker_reusable(self, measurement: Measurement) -> bool:
+        """In a persistent worker (:attr:`persistent_worker`), after a trial ended with ``measurement``: whether the
+        process may run the next trial. The worker retires it anyway after a timeout, a prune, a death or an outcome
+        that may leave the CUDA context broken (crash, OOM); True by default."""
+        return True
+
     def constraint_names(self) -> list[str]:
         """This target's own Optuna constraints beside the objective's SLO constraints: the levels of the
         ``constraint`` metric rows a trial stores (a value <= 0 is feasible; a missing row counts as violated).

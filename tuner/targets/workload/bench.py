@@ -28,6 +28,13 @@ class LevelResult:
     spread_s: float
     capture_s: float = 0.0
     graph_mem_mb: float = 0.0
+    first_call_s: float = 0.0
+    """Wall time of the level's first step (the first warm-up step, or the first before capture): what compiles."""
+
+    @property
+    def compile_s(self) -> float:
+        """The first step's time beyond a steady step's: the kernels compiled (or loaded) for this level."""
+        return max(0.0, self.first_call_s - self.step_s)
 
     @property
     def tok_s(self) -> float:
@@ -39,6 +46,16 @@ class WorkloadResult:
     levels: list[LevelResult] = field(default_factory=list)
     peak_mem_mb: float = 0.0
     setup_s: float = 0.0
+    wall_s: float = 0.0
+    """Wall time of the whole measurement (every level: states, compile, capture, warm-up, timed steps)."""
+
+    def phases(self) -> dict[str, float]:
+        """Where :attr:`wall_s` went: ``compile`` (first steps beyond a steady step), ``capture`` (CUDA graphs, less
+        their compile) and ``measure`` (the rest: inputs, warm-up and timed steps)."""
+        compile_s = sum(lv.compile_s for lv in self.levels)
+        capture_s = sum(max(0.0, lv.capture_s - lv.compile_s) for lv in self.levels if lv.graphed)
+        return {"compile": compile_s, "capture": capture_s,
+                "measure": max(0.0, self.wall_s - compile_s - capture_s)}
 
     def metrics(self) -> list[MetricRow]:
         rows = []
@@ -59,10 +76,17 @@ def _sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def _time_steps(fn: Callable[[], Any], device: torch.device, warmup: int, repeats: int) -> tuple[float, float]:
-    """Median and interquartile spread of ``repeats`` calls after ``warmup`` untimed ones."""
-    for _ in range(warmup):
+def _time_steps(fn: Callable[[], Any], device: torch.device, warmup: int, repeats: int
+                ) -> tuple[float, float, float]:
+    """Median and interquartile spread of ``repeats`` calls after ``warmup`` untimed ones, and the wall time of the
+    first warm-up call (0 without warm-up)."""
+    first = 0.0
+    for i in range(warmup):
+        t0 = time.perf_counter()
         fn()
+        if i == 0:
+            _sync(device)
+            first = time.perf_counter() - t0
     _sync(device)
     times = []
     for _ in range(repeats):
@@ -83,7 +107,7 @@ def _time_steps(fn: Callable[[], Any], device: torch.device, warmup: int, repeat
         spread = q[2] - q[0]
     else:
         spread = max(times) - min(times)
-    return med, spread
+    return med, spread, first
 
 
 def measure(
@@ -112,12 +136,12 @@ def measure(
         st = model.state(batch, live_context)
         with torch.inference_mode():
             if bucket is None:
-                step_s, spread = _time_steps(lambda st=st: model.step(st), dev, warmup, repeats)
-                lv = LevelResult(c, batch, False, step_s, spread)
+                step_s, spread, first = _time_steps(lambda st=st: model.step(st), dev, warmup, repeats)
+                lv = LevelResult(c, batch, False, step_s, spread, first_call_s=first)
             else:
-                graph, capture_s, mem_mb = _capture(model, st)
-                step_s, spread = _time_steps(graph.replay, dev, warmup, repeats)
-                lv = LevelResult(c, batch, True, step_s, spread, capture_s, mem_mb)
+                graph, capture_s, mem_mb, first = _capture(model, st)
+                step_s, spread, _ = _time_steps(graph.replay, dev, warmup, repeats)
+                lv = LevelResult(c, batch, True, step_s, spread, capture_s, mem_mb, first)
                 del graph
         del st
         res.levels.append(lv)
@@ -128,23 +152,29 @@ def measure(
         res.peak_mem_mb = torch.cuda.max_memory_allocated(dev) / 2**20
     else:
         res.peak_mem_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-    res.setup_s = time.time() - t0 - sum(lv.step_s * repeats for lv in res.levels)
+    res.wall_s = time.time() - t0
+    res.setup_s = res.wall_s - sum(lv.step_s * repeats for lv in res.levels)
     return res
 
 
-def _capture(model: DecodeModel, st: dict) -> tuple[torch.cuda.CUDAGraph, float, float]:
-    """Capture one decode step as a CUDA graph; return it, the capture time and the memory it holds."""
+def _capture(model: DecodeModel, st: dict) -> tuple[torch.cuda.CUDAGraph, float, float, float]:
+    """Capture one decode step as a CUDA graph; return it, the capture time, the memory it holds and the wall time of
+    the first (compiling) step before capture."""
     dev = model.device
     t0 = time.time()
     before = torch.cuda.memory_allocated(dev)
     s = torch.cuda.Stream(dev)
     s.wait_stream(torch.cuda.current_stream(dev))
+    first = 0.0
     with torch.cuda.stream(s):
-        for _ in range(2):
+        for i in range(2):
             model.step(st)
+            if i == 0:
+                torch.cuda.synchronize(dev)
+                first = time.time() - t0
     torch.cuda.current_stream(dev).wait_stream(s)
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
         model.step(st)
     torch.cuda.synchronize(dev)
-    return graph, time.time() - t0, (torch.cuda.memory_allocated(dev) - before) / 2**20
+    return graph, time.time() - t0, (torch.cuda.memory_allocated(dev) - before) / 2**20, first

@@ -18,8 +18,10 @@ reading it is real, its content is not a model's).
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
 import math
+from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Any, Callable
 
@@ -92,6 +94,38 @@ class LayerWeights:
     shared_w2: Linear
 
 
+WEIGHT_KNOBS = ("gemm_proj", "gemm_indexer", "gemm_moe", "gemm_mhc", "gemm_impl")
+"""The knobs the weights depend on (their dtypes, and the GEMM implementation each :class:`Linear` holds)."""
+WEIGHT_CACHE_SIZE = 2
+"""Weight sets a process keeps for the next model (a long-lived trial worker): the full preset's are ~2.3 GB each."""
+_WEIGHTS: OrderedDict[tuple, tuple[LayerWeights, tuple[float, ...]]] = OrderedDict()
+
+
+def _tensors(obj: Any):
+    if isinstance(obj, torch.Tensor):
+        yield obj
+    elif isinstance(obj, dict):
+        for v in obj.values():
+            yield from _tensors(v)
+    elif dataclasses.is_dataclass(obj):
+        for f in dataclasses.fields(obj):
+            yield from _tensors(getattr(obj, f.name))
+
+
+def weights_fingerprint(w: LayerWeights) -> tuple[float, ...]:
+    """The sum and the sum of squares of every weight tensor (float64 sums, one device sync): a stray write into them
+    changes it (one that only permutes values would not; a kernel's out-of-bounds store does not do that)."""
+    with torch.no_grad():
+        parts = [torch.stack([t.float().sum(dtype=torch.float64), t.float().square().sum(dtype=torch.float64)])
+                 for t in _tensors(w)]
+        return tuple(torch.cat(parts).tolist())
+
+
+def clear_weights() -> None:
+    """Drop the weights kept for reuse (tests; a fresh process starts with none)."""
+    _WEIGHTS.clear()
+
+
 def quantize_kv_rows(kv: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """(e4m3 rows, float32 scale per row) of KV rows, in the layout the sparse decode kernels read
     (``kernels.sparse_decode.quantize_kv_fp8``: ``scale[r] = max|kv[r]| / 448``)."""
@@ -120,9 +154,9 @@ class DecodeModel:
         self.device = torch.device(device)
         self.act_dtype = torch.bfloat16 if self.device.type == "cuda" else torch.float32
         self._check_knobs()
-        # weights are drawn on the device itself: a CPU draw of the full preset's ~1B numbers takes seconds
-        g = torch.Generator(device=self.device).manual_seed(seed)
-        self.w = self._init_weights(g)
+        # weights are drawn on the device itself: a CPU draw of the full preset's ~1B numbers takes seconds; a
+        # long-lived trial worker reuses the last ones built with the same key (see `_weights`)
+        self.w, self.weights_reused = self._weights(seed)
         self.attention_fn = self._attention_fn()
         self.triton_indexer = None
         if self.knobs["indexer_impl"] == "triton":
@@ -154,6 +188,10 @@ class DecodeModel:
             return rope(x, st["cos"], st["sin"], self.p.rope_dim)
 
         if mode == "compile":
+            # one compiled entry per function and input shape (the RoPE takes two a batch): a long-lived trial worker
+            # meets every bucket set's padded batches, past dynamo's default of 8 entries a function, beyond which it
+            # would run the glue eagerly without a word
+            torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 64)
             return torch.compile(add_rms_norm, dynamic=False), torch.compile(eager_rope, dynamic=False)
         return add_rms_norm, eager_rope
 
@@ -193,6 +231,30 @@ class DecodeModel:
                                    ("moe_impl", "triton"), ("gemm_impl", "triton"), ("gemm_impl", "auto")):
                 if k[knob] == gpu_only:
                     raise KnobError(f"workload knob `{knob}={gpu_only}` needs a GPU (Triton)")
+
+    def weights_key(self, seed: int) -> tuple:
+        """Everything the random weights depend on: the preset, the seed, the device, the activations' dtype and the
+        GEMM families' dtypes and implementation (the draws themselves are the same whatever the knobs)."""
+        return (self.p, seed, str(self.device), str(self.act_dtype), *(self.knobs[k] for k in WEIGHT_KNOBS))
+
+    def _weights(self, seed: int) -> tuple[LayerWeights, bool]:
+        """The weights of this key, from :data:`_WEIGHTS` when an earlier model in this process built them and they
+        still hold the values they were built with (their fingerprint), else drawn now; and whether they were
+        reused. A trial that wrote into them (a kernel's stray store) cannot pass its values on: the next model
+        finds the fingerprint changed and draws them again."""
+        key = self.weights_key(seed)
+        hit = _WEIGHTS.pop(key, None)
+        if hit is not None:
+            if weights_fingerprint(hit[0]) == hit[1]:
+                _WEIGHTS[key] = hit
+                return hit[0], True
+            _logger.warning("cached weights of %s changed since they were built; drawing them again", self.p.name)
+        g = torch.Generator(device=self.device).manual_seed(seed)
+        w = self._init_weights(g)
+        _WEIGHTS[key] = (w, weights_fingerprint(w))
+        while len(_WEIGHTS) > WEIGHT_CACHE_SIZE:
+            _WEIGHTS.popitem(last=False)
+        return w, False
 
     def _rand(self, g: torch.Generator, *shape: int, scale: float | None = None) -> torch.Tensor:
         fan_in = shape[-1] if scale is None else 1

@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import math
 import sys
+import time
 from typing import Any
 
 from pydantic import Field, field_validator
@@ -38,6 +39,9 @@ class WorkloadSettings(CommonSettings):
     numerics_tolerance: dict[str, float] = Field(default_factory=dict)
     """Relative norm error allowed per dtype family (fp32, tf32, fp16, bf16, fp8), over the defaults of
     ``tuner.targets.workload.numerics.DEFAULT_TOLERANCE``."""
+    persistent_worker: bool = True
+    """Run trials one after another in a long-lived worker per GPU set (torch and Triton imported once, the
+    weights of a preset built once, compiled kernels kept); false: a fresh process per trial."""
     numerics_batch: int = Field(2, ge=1)
     """Requests in the numerics step. 2 keeps the torch MoE on its exact path (a larger batch sends it to its
     fixed-capacity path, which drops pairs over capacity: an error of the baseline itself)."""
@@ -66,6 +70,7 @@ class WorkloadTarget(Target):
         super().__init__(resolved, settings)
         self.preset = get_preset(self.config.preset or self.space.preset)
         self.gpus_per_trial = 1 if resolved.hardware.gpu_count else 0
+        self.persistent_worker = self.config.persistent_worker
 
     def preflight(self) -> PreflightReport:
         report = super().preflight()
@@ -133,15 +138,20 @@ class WorkloadTarget(Target):
 
         device = "cuda" if torch.cuda.is_available() else "cpu"
         knobs = self._knobs(params)
+        t0 = time.time()
         try:
             model = DecodeModel(self.preset, knobs, device, seed=self.config.seed)
         except KnobError as exc:
             return Measurement.failed(Outcome.INVALID_CONFIG, str(exc))
+        times = [MetricRow("trial_time_s", "build", time.time() - t0, "s"),
+                 MetricRow("weights_reused", "", float(model.weights_reused), "")]
         gate: list[MetricRow] = []
         if self.config.numerics:
+            t0 = time.time()
             gate, wrong = self._numerics(model, knobs)
+            times.append(MetricRow("trial_time_s", "numerics", time.time() - t0, "s"))
             if wrong:
-                return Measurement(outcome=Outcome.WRONG_RESULT, reason=wrong, metrics=gate)
+                return Measurement(outcome=Outcome.WRONG_RESULT, reason=wrong, metrics=gate + times)
         obj = self.space.objective
         try:
             res = measure(
@@ -156,12 +166,18 @@ class WorkloadTarget(Target):
         except TimeoutError as exc:
             return Measurement.failed(Outcome.TIMEOUT, str(exc))
         by_level = {lv.concurrency: lv.tok_s for lv in res.levels}
-        m = Measurement(outcome=Outcome.OK, metrics=res.metrics() + gate, by_level=by_level)
+        times += [MetricRow("trial_time_s", phase, v, "s") for phase, v in res.phases().items()]
+        m = Measurement(outcome=Outcome.OK, metrics=res.metrics() + gate + times, by_level=by_level)
         if len(by_level) == len(obj.levels):
             m.value = obj.combine_values(by_level)
         else:
             m.outcome, m.reason = Outcome.PRUNED, f"stopped after levels {sorted(by_level)}"
         return m
+
+    def worker_reusable(self, measurement: Measurement) -> bool:
+        """A numerics failure retires the worker too: a configuration whose output is wrong may have written where
+        it should not (the weights kept for the next trial are fingerprinted, but not everything a process holds)."""
+        return measurement.outcome is not Outcome.WRONG_RESULT
 
     def _knobs(self, params: dict[str, Any]) -> dict[str, Any]:
         knobs = dict(params)

@@ -1,0 +1,73 @@
+"""`benchmarks/main_job.py`, the benchmark of the search itself: its report from stored data, and a real run of the
+README's main job twice on the CPU twin with each best measured side by side."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from benchmark_scripts import ROOT, benchmark_script
+
+LEVELS = ["c=1", "c=16", "c=64"]
+
+
+def _run(seed, study, ratio, trials=12, searched=360.0):
+    return {"seed": seed, "budget": "7m", "study": study, "storage": f"sqlite:///x/seed-{seed}/tuner.db",
+            "trials": trials, "searched_s": searched, "trials_per_min": 60.0 * trials / searched,
+            "median_trial_s": 8.0, "median_phase_s": {"spawn": 0.01, "build": 0.2, "measure": 1.5},
+            "best_trial": 3, "best_value": 100.0 * ratio, "baseline_value": 10.0, "wall_s": searched + 5,
+            "gpu": "NVIDIA H200", "date": "2026-12-02", "commit": "abc1234", "torch": "2.13.0"}
+
+
+def test_the_report_is_written_from_stored_data_with_the_found_over_hand_written_distribution():
+    hand = {"c=1": 50.0, "c=16": 500.0, "c=64": 1600.0}
+    runs = [_run(0, "a", 0.8, trials=12), _run(1, "b", 1.0, trials=30), _run(2, "c", 0.9, trials=24)]
+    for i, r in enumerate(runs):
+        r["side_case"] = 2 + i
+    runs.append({**_run(3, "d", 0.5), "best_trial": None, "best_value": None})  # no trial succeeded: no case
+    cases = [{"name": "default (...)", "knobs": {}, "tok_s": {lv: v / 5 for lv, v in hand.items()}, "wall_s": 30},
+             {"name": "hand-written best", "knobs": {}, "tok_s": hand, "wall_s": 30}]
+    cases += [{"name": f"best found by `{r['study']}` (trial 3, stored 1.00)", "knobs": {},
+               "tok_s": {lv: v * r["best_value"] / 100.0 for lv, v in hand.items()}, "wall_s": 30} for r in runs[:3]]
+    data = {"preset": "dsv4-flash", "runs": runs, "measured": {},
+            "side_by_side": {"gpu": "NVIDIA H200", "date": "2026-12-02", "commit": "abc1234", "levels": LEVELS,
+                             "cases": cases}}
+    with benchmark_script("main_job") as mj:
+        text = mj.report(data, source="x/main_job.json")
+        ratios = mj.found_over_hand(data)
+    assert [round(v, 6) for v in ratios.values()] == [0.8, 1.0, 0.9]
+    assert "found / hand-written best (geomean over c=1, c=16, c=64, 3 runs): min 0.800, median 0.900, max 1.000" in text
+    assert "trials per minute: min 2.00, median 3.00, max 5.00" in text
+    assert "| 3 | d | 12 | 360 | 2.00 | 8.0 | 0.01/0.20/-/-/-/1.50 | - |" in text
+    assert "NVIDIA H200 on 2026-12-02 at commit abc1234" in text and "`main_job.json`" in text
+    assert "| 1 | b | 30 | 360 | 5.00 | 8.0 | 0.01/0.20/-/-/-/1.50 | 1.000 |" in text
+
+
+def test_the_main_job_benchmark_runs_two_seeds_on_the_cpu_twin_and_writes_its_json_and_report(tmp_path):
+    out = tmp_path / "main_job"
+    env = {**os.environ, "CUDA_VISIBLE_DEVICES": "", "TUNER_NUMERICS_CACHE": str(tmp_path / "numerics")}
+    proc = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "main_job.py"), "all", "--seeds", "0,1",
+                           "--budget", "40s", "--out-dir", str(out), "--repeats", "1", "--timeout", "300"],
+                          capture_output=True, text=True, env=env, cwd=tmp_path, timeout=900)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    data = json.loads((out / "main_job.json").read_text())
+    assert [r["seed"] for r in data["runs"]] == [0, 1] and data["preset"] == "dsv4-flash-tiny"
+    for r in data["runs"]:
+        assert r["trials"] >= 1 and r["searched_s"] <= 50 and r["gpu"] == "cpu"
+        assert r["exit_code"] == (0 if r["best_trial"] is not None else 1)
+        assert Path(r["storage"].removeprefix("sqlite:///")).parent == out / f"seed-{r['seed']}"
+    side = data["side_by_side"]
+    names = [c["name"] for c in side["cases"]]
+    assert names[:2] == ["default (the CPU twin's space defaults)", "hand-written best"]
+    assert all("tok_s" in c for c in side["cases"][:2]), side["cases"][:2]
+    with_best = [r for r in data["runs"] if r["best_trial"] is not None]
+    assert len(names) == 2 + len(with_best)
+    with benchmark_script("main_job") as mj:
+        assert (out / "main_job.md").read_text() == mj.report(data, source=out / "main_job.json")
+        ratios = mj.found_over_hand(data)
+    assert [r["side_case"] for r in with_best] == list(range(2, 2 + len(with_best)))
+    assert len(ratios) == len([c for c in side["cases"][2:] if "tok_s" in c])
+    assert all(v > 0 for v in ratios.values())
