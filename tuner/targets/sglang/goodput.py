@@ -29,6 +29,7 @@ import httpx
 from pydantic import Field
 
 from search_spaces.schema import SLO_LEVEL, Objective
+from storage.front import GOODPUT_LEVEL
 from storage.types import MetricRow
 from tuner.measurement import Measurement, Outcome
 from tuner.settings import Settings
@@ -37,7 +38,7 @@ from tuner.targets.sglang.loadgen import LoadConfig, RequestResult, RequestSpec
 
 _logger = logging.getLogger(__name__)
 
-LEVEL = "goodput"
+LEVEL = GOODPUT_LEVEL
 """The level of a goodput search's own rows (the objective, the interval, the search's cost)."""
 
 

@@ -29,6 +29,7 @@ load                      ``api`` (completions/chat), ``prompt_len``, ``output_l
                           level, 3), ``warmup_requests``, ``request_timeout_s``, ``ignore_eos`` (unset: when the
                           server accepts it), ``seed``, ``extra_body`` (see ``tuner.targets.sglang.loadgen``)
 ``allow_retry``           run a flag set whose launch failed before (the memory is in the study's storage)
+``failed_scope``          ``study`` (default): only this study's failed starts refuse a launch; ``storage``: all
 ``torch_compile_supported``  false when the model/build is known to reject torch.compile
 ``greedy_check``          off unless set: ``{prompts: 8, tokens: 32, min_agreement: 0.9}``, fixed prompts completed
                           greedily once per trial and compared with the baseline's (``tuner.targets.sglang.greedy``)
@@ -155,18 +156,20 @@ class CommandTarget(Target):
                                    gpus=f"{hw.gpu_count}x {hw.gpu_name}" if hw.gpu_count else "cpu")
 
     # -- the failed-flag memory (the study's storage) -----------------------------------------------------------
-    def known_failure(self, repo: Any, params: dict[str, Any]) -> str | None:
+    def known_failure(self, repo: Any, params: dict[str, Any], run_id: int | None = None) -> str | None:
         if self.allow_retry:
             return None
         args, env = self.flag_args(params)
-        return failed.known_failure(repo, self.flag_key(args, self.launch_env(env)))
+        scope = None if self.config.failed_scope == "storage" else run_id
+        return failed.known_failure(repo, self.flag_key(args, self.launch_env(env)), scope)
 
     def remember_failure(self, repo: Any, run_id: int, number: int, params: dict[str, Any],
                          measurement: Measurement) -> None:
         args, env = self.flag_args(params)
         failed.remember(repo, run_id, number, key=self.flag_key(args, self.launch_env(env)),
                         outcome=measurement.outcome.value, reason=measurement.reason, args=args,
-                        server_version=self.server_version())
+                        server_version=self.server_version(),
+                        at_start=measurement.metric("startup_s") is None)  # never ready: a failed start
 
     # -- flags of the installed server ------------------------------------------------------------------------
     def load_flags(self, checks: list[tuple[str, list[Any]]]) -> fl.ServerFlags | None:
