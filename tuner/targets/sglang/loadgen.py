@@ -511,8 +511,9 @@ def _warm_until_settled(base_url: str, short: LoadConfig, first: RequestResult, 
         req = make_requests(short, 1, offset=n)[0]
         res = asyncio.run(_run_level(base_url, short, 1, [req], None, deadline))
         n += 1
-        if res.requests and res.requests[0].ok:
-            ttfts.append(res.requests[0].ttft_s * 1e3)
+        if not (res.requests and res.requests[0].ok):
+            break  # a failing server: the levels see it and say why
+        ttfts.append(res.requests[0].ttft_s * 1e3)
     out.warmup_requests = n
     out.warmup_ttft_ms = ttfts
 
