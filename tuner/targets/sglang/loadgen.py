@@ -255,6 +255,7 @@ async def one_request(client: httpx.AsyncClient, base_url: str, cfg: LoadConfig,
     chunks = 0
     usage_tokens = None
     text: list[str] = []
+    finished = False  # [DONE] or a finish_reason: the stream ran to its end (not cut by a dying server)
     itl: list[float] = []
     try:
         async with client.stream("POST", base_url + path, json=body) as resp:
@@ -267,6 +268,7 @@ async def one_request(client: httpx.AsyncClient, base_url: str, cfg: LoadConfig,
                     continue
                 data = line[5:].strip()
                 if data == "[DONE]":
+                    finished = True
                     break
                 try:
                     event = json.loads(data)
@@ -275,6 +277,7 @@ async def one_request(client: httpx.AsyncClient, base_url: str, cfg: LoadConfig,
                 if event.get("error"):
                     return RequestResult(ok=False, error=f"stream error: {str(event['error'])[:300]}",
                                          asked=req.max_tokens)
+                finished = finished or any(c.get("finish_reason") for c in event.get("choices") or [])
                 if event.get("usage") and event["usage"].get("completion_tokens") is not None:
                     usage_tokens = int(event["usage"]["completion_tokens"])
                 if piece := _chunk_text(event):
@@ -301,6 +304,9 @@ async def one_request(client: httpx.AsyncClient, base_url: str, cfg: LoadConfig,
         return RequestResult(ok=False, error="the stream ended without a token", asked=req.max_tokens)
     if usage_tokens is not None:
         tokens, source = usage_tokens, "usage"
+    elif not finished:
+        return RequestResult(ok=False, asked=req.max_tokens,
+                             error=f"the stream was cut after {chunks} chunks (no [DONE], no finish_reason)")
     elif cfg.count_tokens is not None:
         tokens, source = cfg.count_tokens("".join(text)), "tokenizer"
     else:
@@ -412,10 +418,13 @@ def _named_field(error: str, body: dict[str, Any]) -> str | None:
 
 
 def load_tokenizer(name: str) -> Callable[[str], int]:
-    """A counter of the tokens of a text with the model's own tokenizer (``transformers``' ``AutoTokenizer``)."""
+    """A counter of the tokens of a text with the model's own tokenizer (``transformers``' ``AutoTokenizer``, from a
+    path or the local hub cache)."""
     from transformers import AutoTokenizer
 
-    tok = AutoTokenizer.from_pretrained(str(Path(name).expanduser()) if Path(name).expanduser().exists() else name)
+    path = Path(name).expanduser()
+    # local files only (a hub name from the cache the server read too): a trial never waits on the network
+    tok = AutoTokenizer.from_pretrained(str(path) if path.exists() else name, local_files_only=True)
     return lambda text: len(tok.encode(text, add_special_tokens=False))
 
 
