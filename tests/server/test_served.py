@@ -69,20 +69,29 @@ def word_tokenizer(tmp_path_factory):
 def test_a_stream_without_usage_is_counted_by_the_model_tokenizer_not_by_chunks(word_tokenizer):
     server = _standin("--no-usage", "--tokens-per-chunk", "2", "--tokens-per-second", "400")
     try:
-        cfg = loadgen.LoadConfig(model="m", output_len=20, prompt_len=4, requests_per_level=4,
-                                 tokenizer=word_tokenizer)
+        # the model's tokenizer: the setting `model` (a path here; the requests name `served_model_name`)
+        cfg = loadgen.LoadConfig.from_settings({"model": word_tokenizer, "served_model_name": "m", "output_len": 20,
+                                                "prompt_len": 4, "requests_per_level": 4})
         p = loadgen.probe(server.base_url, cfg)
-        assert not p.refused and not p.ignored, (p.refused, p.ignored)
-        assert any("tokens counted by the tokenizer" in a for a in p.adapted)
         res = loadgen.run_level(server.base_url, p.config, 2)
         # 20 tokens in 10 chunks of 2: the count is the tokens, never the chunks
         assert [r.output_tokens for r in res.requests] == [20] * 4
+        assert not p.refused and not p.ignored, (p.refused, p.ignored)
+        assert any("tokens counted by the tokenizer" in a for a in p.adapted)
         assert res.count_source == "tokenizer" and res.delivered == 1.0
         rows = {(r.metric, r.level) for r in loadgen.level_metrics(res)}
         assert ("count:tokenizer", "c=2") in rows
-        # without a tokenizer the load is refused, naming the setting that fixes it
-        bad = loadgen.probe(server.base_url, loadgen.LoadConfig(model="m", output_len=20, tokenizer=None))
-        assert "set `tokenizer`" in bad.refused
+    finally:
+        server.stop()
+        assert_gone(server.pgid, server.port)
+
+
+def test_a_stream_without_usage_and_without_a_tokenizer_is_refused_naming_the_setting(tmp_path):
+    server = _standin("--no-usage")
+    try:
+        p = loadgen.probe(server.base_url, loadgen.LoadConfig(model="m", output_len=20,
+                                                              tokenizer=str(tmp_path / "none")))
+        assert "streams no token counts" in p.refused and "set `tokenizer`" in p.refused
     finally:
         server.stop()
         assert_gone(server.pgid, server.port)
@@ -93,8 +102,8 @@ def test_warm_up_runs_until_the_time_to_first_token_settles(make_target, spy):  
                          min_requests=4)
     m = target.evaluate(DEFAULTS, time.time() + 60)
     assert m.outcome is Outcome.OK, m.reason
-    assert m.metric("warmup_requests") >= 7  # the six slow ones and the settling after them
     assert m.metric("ttft_ms_p99", "c=1") < 100
+    assert m.metric("warmup_requests") >= 7  # the six slow ones and the settling after them
 
 
 def test_ttft_settled_waits_for_the_falling_times_to_stop_falling():
