@@ -82,6 +82,8 @@ def parse_args(argv=None):
                    help="the first N completion requests wait --slow-first-ms more for their first token (a cold "
                    "server: compiling, caches filling)")
     p.add_argument("--slow-first-ms", type=float, default=300.0)
+    p.add_argument("--ignore-token-ids", action="store_true",
+                   help="accept return_token_ids and send no token ids (a server ignoring the field)")
     p.add_argument("--pid-file", default=None, help="write the server's pid to this file when ready")
     return p.parse_args(argv)
 
@@ -236,7 +238,7 @@ class Server:
         text = "".join(f" w{t}" for t in ids)
         choice = {"index": 0, "finish_reason": "length"}
         choice.update({"message": {"role": "assistant", "content": text}} if chat else {"text": text})
-        if req.get("return_token_ids"):
+        if req.get("return_token_ids") and not self.args.ignore_token_ids:
             choice["token_ids"] = ids
         return {"id": "x", "object": "chat.completion" if chat else "text_completion", "choices": [choice],
                 "usage": {"prompt_tokens": 1, "completion_tokens": n, "total_tokens": n + 1}}
