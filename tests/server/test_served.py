@@ -152,3 +152,17 @@ def test_the_failed_flag_memory_keeps_repeating_start_failures_of_this_study_onl
     for n in (3, 4):
         crash.remember_failure(repo, one.id, n, DEFAULTS, m)
     assert crash.known_failure(repo, DEFAULTS, run_id=one.id) is None
+
+
+def test_verify_of_a_server_cancelling_in_flight_streams_is_request_error_not_a_figure(make_target, tmp_path):
+    from tuner.export.script import recorded_figures, render_script
+    from tuner.export.verify import verify_script
+
+    target = make_target(["--cancel-on-new", "--tokens-per-second", "200"], levels=[4], min_requests=8)
+    script = tmp_path / "launch.sh"
+    script.write_text(render_script(target.launch_spec(DEFAULTS), header=[],
+                                    recorded=recorded_figures(target.objective(), 100.0, {4: 100.0},
+                                                              target.settings)))
+    r = verify_script(script, port_range="32000-32999", timeout_s=60)
+    assert r.outcome is Outcome.REQUEST_ERROR and not r.ok, "\n".join(r.lines())
+    assert r.reason.startswith("at c=4:") and "asked tokens delivered" in r.reason

@@ -38,6 +38,8 @@ RECORD_MARK = "# tuner-recorded: "
 LOAD_KEYS = ("model", "served_model_name", "api", "prompt_len", "output_len", "length_jitter", "dataset",
              "requests_per_level", "rounds", "min_requests", "level_s", "warmup_requests", "ignore_eos", "seed",
              "extra_body", "health_paths", "preset", "live_context",
+             # what a level must serve to count, and how its tokens are counted (tuner.targets.sglang.loadgen)
+             "tokenizer", "warmup_s", "warmup_max_requests", "max_error_rate", "min_delivered",
              # the load's shape and the goodput search's load (tuner.targets.sglang.loadshape, .goodput)
              "load_shape", "length_distribution", "prompt_len_std", "output_len_std", "goodput_mode",
              "goodput_arrivals", "goodput_window_s", "goodput_min_requests", "goodput_repeats", "goodput_tolerance")

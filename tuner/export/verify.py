@@ -97,6 +97,11 @@ def verify_script(path: str | Path, *, tolerance: float = 0.15, timeout_s: float
                 result.outcome = f.outcome if f else (Outcome.TIMEOUT if res.aborted else Outcome.CRASH)
                 result.reason = f"at c={c}: " + (f.reason if f else res.aborted or res.first_error())
                 return result
+            served = loadgen.served_problem(res, float(load.get("max_error_rate", loadgen.MAX_ERROR_RATE)),
+                                           float(load.get("min_delivered", loadgen.MIN_DELIVERED)))
+            if served:  # a level that served too little of what was asked verifies nothing
+                result.outcome, result.reason = Outcome.REQUEST_ERROR, f"at c={c}: {served}"
+                return result
             result.by_level[c] = loadgen.level_summary(res)[metric]
         result.outcome = Outcome.OK
         result.value = _combine(rec, result.by_level)
