@@ -26,8 +26,13 @@ Settings (``Space.settings`` merged with ``--set key=value``; all optional unles
 ``levels``                concurrency levels (default: the objective's)
 load                      ``api`` (completions/chat), ``prompt_len``, ``output_len``, ``length_jitter``, ``dataset``
                           (JSONL), ``requests_per_level``, ``rounds``, ``min_requests``, ``level_s`` (seconds per
-                          level, 3), ``warmup_requests``, ``request_timeout_s``, ``ignore_eos`` (unset: when the
-                          server accepts it), ``seed``, ``extra_body`` (see ``tuner.targets.sglang.loadgen``)
+                          level, 3), ``warmup_requests`` (at least; the warm-up goes on until the time to first
+                          token settles, within ``warmup_s`` 30 and ``warmup_max_requests`` 64),
+                          ``request_timeout_s``, ``ignore_eos`` (unset: when the server accepts it), ``seed``,
+                          ``extra_body``, ``tokenizer`` (counts the text of a server that streams no usage; default
+                          ``model``) (see ``tuner.targets.sglang.loadgen``)
+served                    ``max_error_rate`` (0.01) and ``min_delivered`` (0.95, of the asked tokens): a level beyond
+                          either is no figure, the trial ``request_error``
 ``allow_retry``           run a flag set whose launch failed before (the memory is in the study's storage)
 ``failed_scope``          ``study`` (default): only this study's failed starts refuse a launch; ``storage``: all
 ``torch_compile_supported``  false when the model/build is known to reject torch.compile
