@@ -5,60 +5,18 @@ tok/s per GPU against the speed one user sees (output tok/s of one request). The
 beats on both. The SLO comes from the study's space (``objective.slo``); a p95/p99 TPOT limit bounds the speed one
 user sees from below (``1000 / limit`` tok/s), so that band is the SLO region drawn; each point says whether it met
 the whole SLO (TTFT too) and whether the server kept up with the arrivals there. Reads only the stored rows (the API
-imports nothing of the tuner).
+imports nothing of the tuner); the points and the front are :mod:`storage.front`'s, the tuner's too.
 """
 
 from __future__ import annotations
 
 import json
-import math
-from dataclasses import dataclass
-from typing import Any
 
 import plotly.graph_objects as go
 
 from search_spaces import SpaceError, load_space_text
 from storage import Run
-
-GOODPUT_LEVEL = "goodput"
-
-
-@dataclass(frozen=True)
-class Point:
-    trial: int
-    load: str
-    tok_s_per_gpu: float
-    tok_s_per_request: float
-    meets_slo: bool
-    kept_up: bool | None
-    params: dict[str, Any]
-
-
-def points(trials) -> list[Point]:
-    """Every load measured by the ok and pruned trials (``TrialRecord`` s with their measurements)."""
-    out = []
-    for t in trials:
-        if t.outcome not in ("ok", "pruned"):
-            continue
-        rows = {(m.level, m.metric): m.value for m in t.measurements}
-        gpus = max(1.0, rows.get((GOODPUT_LEVEL, "gpus"), 1.0))
-        for level in sorted({lv for lv, _ in rows if lv.startswith(("r=", "c="))}):
-            tok, user = rows.get((level, "tok_s")), rows.get((level, "tok_s_per_request"))
-            if tok is None or user is None or not (math.isfinite(tok) and math.isfinite(user)):
-                continue
-            kept = rows.get((level, "kept_up"))
-            out.append(Point(t.number, level, tok / gpus, user, rows.get((level, "meets_slo")) == 1.0,
-                             None if kept is None else kept == 1.0, dict(t.params or {})))
-    return out
-
-
-def front(pts: list[Point]) -> list[Point]:
-    """The points no other point dominates (both figures maximized), by per-user speed."""
-    def dominated(p: Point) -> bool:
-        return any(q.tok_s_per_gpu >= p.tok_s_per_gpu and q.tok_s_per_request >= p.tok_s_per_request
-                   and (q.tok_s_per_gpu > p.tok_s_per_gpu or q.tok_s_per_request > p.tok_s_per_request) for q in pts)
-
-    return sorted((p for p in pts if not dominated(p)), key=lambda p: p.tok_s_per_request)
+from storage.front import OperatingPoint, operating_points, pareto_front
 
 
 def slo_of(run: Run) -> tuple[tuple[str, float], ...]:
@@ -70,7 +28,7 @@ def slo_of(run: Run) -> tuple[tuple[str, float], ...]:
     return tuple(obj.slo) if obj is not None and obj.slo else ()
 
 
-def _hover(p: Point) -> str:
+def _hover(p: OperatingPoint) -> str:
     kept = "-" if p.kept_up is None else "yes" if p.kept_up else "no"
     params = "<br>".join(f"{k}={v}" for k, v in p.params.items())
     return (f"trial {p.trial} at {p.load}<br>{p.tok_s_per_gpu:.1f} tok/s per GPU, {p.tok_s_per_request:.1f} tok/s "
@@ -79,7 +37,7 @@ def _hover(p: Point) -> str:
 
 def front_figure(run: Run, trials) -> str | None:
     """The figure as plotly JSON, or None when the study measured no load of a goodput objective."""
-    pts = points(trials)
+    pts = operating_points(trials)
     if not pts:
         return None
     slo = slo_of(run)
@@ -99,7 +57,7 @@ def front_figure(run: Run, trials) -> str | None:
                 marker={"color": color, "size": 9,
                         "symbol": ["x" if p.kept_up is False else "circle" for p in sel]},
                 text=[_hover(p) for p in sel], hoverinfo="text"))
-    line = front(pts)
+    line = sorted(pareto_front(pts), key=lambda p: p.tok_s_per_request)  # drawn left to right
     fig.add_trace(go.Scatter(x=[p.tok_s_per_request for p in line], y=[p.tok_s_per_gpu for p in line],
                              mode="lines", name="front", line={"color": "#1f5fa8", "dash": "dot"}, hoverinfo="skip"))
     if best is not None:

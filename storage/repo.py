@@ -295,6 +295,14 @@ class Repo:
             q = select(FailedFlagSet).where(FailedFlagSet.key == key).order_by(FailedFlagSet.id.desc()).limit(1)
             return s.scalars(q).first()
 
+    def failed_flag_history(self, key: str, run_id: int | None = None) -> list[FailedFlagSet]:
+        """Every kept failure of the launch ``key``, oldest first: of study run ``run_id``, or of every study."""
+        with self.session() as s:
+            q = select(FailedFlagSet).where(FailedFlagSet.key == key)
+            if run_id is not None:
+                q = q.where(FailedFlagSet.run_id == run_id)
+            return list(s.scalars(q.order_by(FailedFlagSet.id)))
+
     def mark_stale_running(self, run_id: int, *, reason: str) -> list[int]:
         """Turn trials left ``running`` by a dead process into ``crash`` failures; return their numbers."""
         with self.session() as s, s.begin():

@@ -496,16 +496,28 @@ def _write_report(path: str, text: str) -> None:
 
 @app.command()
 @reported
-def verify(script: Annotated[Path, typer.Argument(help="An exported launch.sh.")],
+def verify(script: Annotated[Optional[Path], typer.Argument(
+               help="An exported launch.sh (default with --storage: the study's last export there).")] = None,
            tolerance: Annotated[float, typer.Option("--tolerance", help="Allowed shortfall, 0.15 = 15%.")] = 0.15,
-           timeout: Annotated[str, typer.Option("--timeout", help="Wall-clock limit: 90s, 10m, 1h.")] = "1h") -> None:
+           timeout: Annotated[str, typer.Option("--timeout", help="Wall-clock limit: 90s, 10m, 1h.")] = "1h",
+           storage: Annotated[Optional[str], typer.Option(
+               "--storage", help="The study's database: verify its export (or SCRIPT) and store the result there.")
+           ] = None,
+           study: StudyOpt = None) -> None:
     """Run an exported launch script once and compare with the figures it recorded (exit 1 when off)."""
     from tuner.budget import parse_budget
     from tuner.export.verify import verify as run_verify
+    from tuner.export.verify import verify_stored
 
     if not (0 < tolerance < 1):
         fail(f"--tolerance must be between 0 and 1, but got {tolerance}; e.g. --tolerance 0.15")
-    res = run_verify(script, tolerance=tolerance, timeout_s=parse_budget(timeout))
+    if script is None and storage is None:
+        fail("give the exported script (tuner verify out/STUDY/launch.sh) or --storage URL [--study NAME]")
+    if storage is not None:
+        repo, run = _open(storage, study)
+        res = verify_stored(repo, run.study_name, script=script, tolerance=tolerance, timeout_s=parse_budget(timeout))
+    else:
+        res = run_verify(script, tolerance=tolerance, timeout_s=parse_budget(timeout))
     for line in res.lines():
         console.print(line, highlight=False, markup=False)
     raise typer.Exit(0 if res.ok else 1)

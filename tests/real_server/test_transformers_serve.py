@@ -65,6 +65,11 @@ def test_search_tunes_transformers_serve_and_exports_the_best(searched):
     assert got[("startup_s", "")] > 0 and got[("warmup_s", "")] > 0
     assert got[("measure_s", "c=1")] >= 1.0 and got[("measure_s", "c=4")] >= 1.0
     assert got[("tok_s", "c=1")] > 0 and got[("tok_s", "c=4")] > 0
+    # what was served: no failed request, every asked token delivered, and how the tokens were counted
+    for level in ("c=1", "c=4"):
+        assert got[("error_rate", level)] == 0.0 and got[("delivered", level)] >= 0.95, got
+        assert [m for m, lv in got if lv == level and m.startswith("count:")] in (["count:usage"], ["count:tokenizer"])
+    assert got[("length_honoured", "")] == 1.0  # max_tokens honoured (the model never picks EOS)
 
 
 def test_status_and_best_read_the_study(searched):

@@ -5,7 +5,8 @@ It honours flags like a real server and can misbehave on purpose::
     python standin_server.py --port 30001 --tokens-per-second 200 --startup-delay 0.5
         [--ttft-ms 5] [--max-running-requests N] [--context-length N] [--crash-after S] [--hang]
         [--oom-at-start] [--oom-under-load] [--print-argv FILE] [--reject-field NAME ...] [--slot-log FILE]
-        [--stall-request K --stall-ms MS]
+        [--stall-request K --stall-ms MS] [--cancel-on-new] [--ignore-eos-ignored N] [--no-usage]
+        [--tokens-per-chunk K] [--slow-first N --slow-first-ms MS] [--pid-file FILE]
 
 Each request streams ``max_tokens`` tokens, one SSE chunk each, at exactly ``--tokens-per-second`` per request
 (paced against the request's own start, so the rate does not drift). With ``--max-running-requests N`` at most N
@@ -14,6 +15,11 @@ line per request, the seconds it waited for a slot and held it, so a test knows 
 ``--stall-request K`` (repeatable) makes the K-th completion request (1-based, counting every one the server got,
 the warm-up's included) wait ``--stall-ms`` more for its first token, holding its slot: one slow request (a long
 prefill, a busy host's stall).
+The misbehaviours of real servers, each an option: ``--cancel-on-new`` ends every stream in flight when a new
+request arrives (no token more, the stream just ends); ``--ignore-eos-ignored N`` accepts ``ignore_eos`` and stops
+after N tokens anyway; ``--no-usage`` streams no token counts, and ``--tokens-per-chunk K`` puts K tokens (``tok``
+words) in one text chunk; ``--slow-first N`` makes the first N requests slower to their first token, the first by
+``--slow-first-ms`` and each next one by less (a cold server warming up).
 ``/health`` answers 503 until the start-up delay is over, then 200; ``--hang`` never becomes ready. An unknown flag
 is an argparse error (``unrecognized arguments``, exit 2), like SGLang.
 
@@ -65,6 +71,20 @@ def parse_args(argv=None):
     p.add_argument("--stall-ms", type=float, default=0.0)
     p.add_argument("--reject-field", action="append", default=[],
                    help="answer HTTP 422 to a request carrying this field (a strict server, e.g. ignore_eos)")
+    p.add_argument("--cancel-on-new", action="store_true",
+                   help="a new completion request ends every stream in flight at once, without a token more (a "
+                   "server that cancels in-flight streams on a new request)")
+    p.add_argument("--ignore-eos-ignored", type=int, default=0, metavar="N",
+                   help="accept ignore_eos but stop every completion after N tokens (a model reaching EOS)")
+    p.add_argument("--no-usage", action="store_true", help="never send token counts (usage) in a stream")
+    p.add_argument("--tokens-per-chunk", type=int, default=1, help="stream this many tokens in one text chunk")
+    p.add_argument("--slow-first", type=int, default=0, metavar="N",
+                   help="the first N completion requests wait --slow-first-ms more for their first token (a cold "
+                   "server: compiling, caches filling)")
+    p.add_argument("--slow-first-ms", type=float, default=300.0)
+    p.add_argument("--ignore-token-ids", action="store_true",
+                   help="accept return_token_ids and send no token ids (a server ignoring the field)")
+    p.add_argument("--pid-file", default=None, help="write the server's pid to this file when ready")
     return p.parse_args(argv)
 
 
@@ -84,6 +104,8 @@ class Server:
         self.sem = asyncio.Semaphore(args.max_running_requests) if args.max_running_requests else None
         self.requests = 0
         self.running = 0
+        self.generation = 0
+        """Bumped by every completion request with --cancel-on-new: a stream of an older generation stops."""
 
     async def handle(self, reader, writer):
         try:
@@ -144,7 +166,13 @@ class Server:
             print("Traceback (most recent call last):", flush=True)
             print("torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB", flush=True)
         n = int(req.get("max_tokens") or 16)
+        if self.args.ignore_eos_ignored:
+            n = min(n, self.args.ignore_eos_ignored)
         stall = self.args.stall_ms / 1000 if self.requests in self.args.stall_request else 0.0
+        if self.requests <= self.args.slow_first:  # slowest first, then less and less: a server warming up
+            stall += self.args.slow_first_ms / 1000 * (self.args.slow_first - self.requests + 1) / self.args.slow_first
+        self.generation += 1
+        generation = self.generation
         writer.write(b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nCache-Control: no-cache\r\n"
                      b"Connection: close\r\n\r\n")
         arrived = time.monotonic()
@@ -159,7 +187,12 @@ class Server:
             self.running += 1
             counted = True
             due = first
+            per_chunk = max(1, self.args.tokens_per_chunk)
+            sent = 0
             for i in range(n):
+                if self.args.cancel_on_new and self.generation != generation:
+                    break  # a newer request came: this stream ends here
+                sent += 1
                 if self.args.batch_slowdown:
                     # a batch shares the decode: more running requests, more tokens in all, fewer for each
                     if i:
@@ -170,13 +203,18 @@ class Server:
                     delay = first + i / self.rate - time.monotonic()
                 if delay > 0:
                     await asyncio.sleep(delay)
-                choice = {"index": 0, "delta": {"content": "tok "}} if chat else {"index": 0, "text": "tok "}
+                if sent % per_chunk and i < n - 1:
+                    continue  # several tokens to one chunk: the chunk goes with its last token
+                words = "tok " * (sent % per_chunk or per_chunk)
+                choice = {"index": 0, "delta": {"content": words}} if chat else {"index": 0, "text": words}
                 event = {"id": "x", "object": "chat.completion.chunk" if chat else "text_completion",
                          "choices": [choice]}
                 writer.write(b"data: " + json.dumps(event).encode() + b"\n\n")
                 await writer.drain()
-            usage = {"id": "x", "choices": [], "usage": {"prompt_tokens": 1, "completion_tokens": n}}
-            writer.write(b"data: " + json.dumps(usage).encode() + b"\n\ndata: [DONE]\n\n")
+            if not self.args.no_usage:
+                usage = {"id": "x", "choices": [], "usage": {"prompt_tokens": 1, "completion_tokens": sent}}
+                writer.write(b"data: " + json.dumps(usage).encode() + b"\n\n")
+            writer.write(b"data: [DONE]\n\n")
             await writer.drain()
             if self.args.slot_log:
                 with open(self.args.slot_log, "a") as f:
@@ -200,7 +238,7 @@ class Server:
         text = "".join(f" w{t}" for t in ids)
         choice = {"index": 0, "finish_reason": "length"}
         choice.update({"message": {"role": "assistant", "content": text}} if chat else {"text": text})
-        if req.get("return_token_ids"):
+        if req.get("return_token_ids") and not self.args.ignore_token_ids:
             choice["token_ids"] = ids
         return {"id": "x", "object": "chat.completion" if chat else "text_completion", "choices": [choice],
                 "usage": {"prompt_tokens": 1, "completion_tokens": n, "total_tokens": n + 1}}
@@ -219,6 +257,9 @@ async def main_async(args):
     if args.startup_delay:
         await asyncio.sleep(args.startup_delay)
     server.ready = True
+    if args.pid_file:
+        with open(args.pid_file, "w") as f:
+            f.write(str(os.getpid()))
     print("The server is fired up and ready to roll!", flush=True)
     if args.crash_after is not None:
         await asyncio.sleep(args.crash_after)

@@ -100,6 +100,19 @@ def test_a_server_refusing_return_token_ids_is_compared_as_text(make_target):
     assert 0.5 < m.metric("greedy_agreement") < 0.9  # characters: the diverging prompts agree on about half
 
 
+def test_a_server_ignoring_return_token_ids_records_no_token_ids(make_target):
+    _, base = _evaluate(make_target, ["--ignore-token-ids"])
+    ref = base.data["greedy"]
+    assert ref["token_ids"] is False and all(c["token_ids"] is None for c in ref["completions"])
+
+
+def test_the_dry_run_plan_says_the_greedy_check_is_not_timed_without_an_estimate(make_target):
+    t = make_target(greedy_check=CHECK)
+    line = t._greedy_plan(None)
+    assert "counted in trial_estimate_s" not in line and "not timed (set `trial_estimate_s`" in line
+    assert "counted in trial_estimate_s" in make_target(greedy_check=CHECK, trial_estimate_s=20)._greedy_plan(None)
+
+
 def test_the_chat_api_is_checked_through_the_chat_endpoint(make_target):
     _, base = _evaluate(make_target, api="chat")
     ref = base.data["greedy"]

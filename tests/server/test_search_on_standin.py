@@ -115,7 +115,8 @@ def _ran_oom(result) -> list:
     return [t for t in result.trials if t.params.get("oom") and t.repeat_of is None]
 
 
-def test_a_failed_flag_set_is_kept_in_the_studys_storage_and_refused_by_the_next_study_there_only(tmp_path):
+def test_a_failed_start_is_kept_in_the_storage_and_refuses_a_launch_only_when_it_repeats_in_the_scope_asked(
+        tmp_path):
     first, repo = _search_space(tmp_path, OOM_SPACE, "a.db", "first", 6)
     oom = _ran_oom(first)
     assert oom and oom[0].outcome == "oom", [(t.params, t.outcome, t.reason) for t in first.trials]
@@ -126,13 +127,14 @@ def test_a_failed_flag_set_is_kept_in_the_studys_storage_and_refused_by_the_next
 
         kept = s.scalars(select(FailedFlagSet)).all()
     assert [(k.trial_number, k.outcome) for k in kept] == [(oom[0].number, "oom")]
+    # the memory is the study's: the next study in the same storage runs the flag set (and sees the OOM itself)
     second, _ = _search_space(tmp_path, OOM_SPACE, "a.db", "second", 6)
-    refused = _ran_oom(second)
-    assert refused and all(t.outcome == "invalid_config" and "already failed" in t.reason for t in refused), \
-        [(t.params, t.outcome, t.reason) for t in second.trials]
-    # a study in another database was never told: it runs the flag set (and sees the OOM itself)
-    elsewhere, _ = _search_space(tmp_path, OOM_SPACE, "b.db", "elsewhere", 6)
-    assert any(t.outcome == "oom" for t in _ran_oom(elsewhere))
+    assert any(t.outcome == "oom" for t in _ran_oom(second)), [(t.params, t.outcome, t.reason) for t in second.trials]
+    # asked for the storage's memory, a start that failed the same way twice (in the two studies) is refused
+    third, _ = _search_space(tmp_path, OOM_SPACE, "a.db", "third", 6, failed_scope="storage")
+    refused = _ran_oom(third)
+    assert refused and all(t.outcome == "invalid_config" and "failed at start 2 times" in t.reason for t in refused), \
+        [(t.params, t.outcome, t.reason) for t in third.trials]
 
 
 def test_the_memory_never_refuses_the_baseline(tmp_path):

@@ -38,6 +38,8 @@ RECORD_MARK = "# tuner-recorded: "
 LOAD_KEYS = ("model", "served_model_name", "api", "prompt_len", "output_len", "length_jitter", "dataset",
              "requests_per_level", "rounds", "min_requests", "level_s", "warmup_requests", "ignore_eos", "seed",
              "extra_body", "health_paths", "preset", "live_context",
+             # what a level must serve to count, and how its tokens are counted (tuner.targets.sglang.loadgen)
+             "tokenizer", "warmup_s", "warmup_max_requests", "max_error_rate", "min_delivered",
              # the load's shape and the goodput search's load (tuner.targets.sglang.loadshape, .goodput)
              "load_shape", "length_distribution", "prompt_len_std", "output_len_std", "goodput_mode",
              "goodput_arrivals", "goodput_window_s", "goodput_min_requests", "goodput_repeats", "goodput_tolerance")
@@ -121,6 +123,8 @@ def export_run(repo: Repo, study: str, out_dir: str | os.PathLike, *, target: Ta
         parsimony = None  # the point asked for is exported, not the search's choice
     elif parsimony is not None and parsimony.switched:
         best_trial = repo.get_trial(run.id, parsimony.chosen.key)
+    if chosen is None:
+        _refuse_infeasible(run, best_trial)
     best_params = best_trial.params
     baseline = repo.baseline_trial(run.id)
     spec = target.launch_spec(best_params)
@@ -171,6 +175,10 @@ def export_run(repo: Repo, study: str, out_dir: str | os.PathLike, *, target: Ta
     if chosen is not None:
         recorded["point"] = chosen.line
         if recorded.get("goodput"):  # verify re-measures the chosen load, under the SLO it was chosen for
+            from tuner.targets.sglang.goodput import value_at
+
+            rows = {(m.metric, m.level): m.value for m in best_trial.measurements}
+            recorded["value"] = value_at(str(recorded.get("metric")), rows, chosen.load)  # the point's, not the run's
             recorded["goodput"]["load"] = float(chosen.load.split("=", 1)[1])
             if chosen.slo:
                 recorded["goodput"]["slo"] = [list(x) for x in chosen.slo]
@@ -333,6 +341,15 @@ def _recorded(run, best_runs: list) -> dict[str, Any]:
         out["goodput"] = recorded(obj, {(m.metric, m.level): m.value for m in best_trial.measurements},
                                   run.settings or {})
     return out
+
+
+def _refuse_infeasible(run, trial) -> None:
+    """A goodput study's best that never met the SLO is no configuration to deploy: ``ExportError`` saying so."""
+    feasible = next((m.value for m in trial.measurements if m.metric == "goodput_feasible"), None)
+    if feasible == 0.0:
+        raise ExportError(f"study {run.study_name!r}: no configuration met the SLO ({run.objective}); the best, "
+                          f"trial {trial.number}, missed it at every load measured: nothing to export; loosen the "
+                          "SLO, or measure lower loads (setting goodput_min)")
 
 
 def recorded_figures(objective, value: float | None, by_level: dict, settings: dict[str, Any], *,

@@ -3,7 +3,8 @@
 A server script (sglang, command targets) is launched with ``PORT`` set, loaded at the recorded levels with the
 recorded load and torn down (:func:`verify_script`); a workload script re-measures itself (``--json``). Either way
 the result says, per level, the new figure, the recorded one and their ratio. The recorded figures are the
-script's ``# tuner-recorded:`` line, written by :mod:`tuner.export.script`.
+script's ``# tuner-recorded:`` line, written by :mod:`tuner.export.script`. :func:`verify_stored` verifies the
+script a study's storage keeps (its export's artifacts) and stores the result there (artifact ``verify.json``).
 """
 
 from __future__ import annotations
@@ -17,7 +18,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from tuner.export.script import read_recorded
+from tuner.errors import ExportError
+from tuner.export.script import REMEASURE_NAME, SCRIPT_NAME, read_recorded
 from tuner.measurement import Outcome
 from tuner.targets.sglang import loadgen
 from tuner.targets.sglang.launch import ServerProcess, parse_port_range, pick_free_port
@@ -99,6 +101,11 @@ def verify_script(path: str | Path, *, tolerance: float = 0.15, timeout_s: float
                 f = server.failure()
                 result.outcome = f.outcome if f else (Outcome.TIMEOUT if res.aborted else Outcome.CRASH)
                 result.reason = f"at c={c}: " + (f.reason if f else res.aborted or res.first_error())
+                return result
+            served = loadgen.served_problem(res, float(load.get("max_error_rate", loadgen.MAX_ERROR_RATE)),
+                                           float(load.get("min_delivered", loadgen.MIN_DELIVERED)))
+            if served:  # a level that served too little of what was asked verifies nothing
+                result.outcome, result.reason = Outcome.REQUEST_ERROR, f"at c={c}: {served}"
                 return result
             result.by_level[c] = loadgen.level_summary(res)[metric]
         result.outcome = Outcome.OK
@@ -214,4 +221,37 @@ def _verify_workload(path: Path, rec: dict[str, Any], tolerance: float, timeout_
     compare(res, maximize=rec.get("direction", "maximize") == "maximize")
     if res.command is not None and not res.command.ok:
         res.ok = False
+    return res
+
+
+VERIFY_NAME = "verify.json"
+"""The artifact a verification of a stored export leaves in the study's storage."""
+
+
+def verify_stored(repo: Any, study: str | None, *, script: str | Path | None = None, tolerance: float = 0.15,
+                  timeout_s: float = 3600.0, settings: dict[str, Any] | None = None):
+    """Verify study ``study``'s exported launch script (``script``, else the one its storage keeps from its last
+    export), and store the result in that storage as the artifact :data:`VERIFY_NAME`. A study without an export:
+    ``ExportError`` naming the command that makes one."""
+    import tempfile
+
+    run = repo.get_run(study) if study else next(iter(repo.list_runs()), None)
+    if run is None:
+        raise ExportError(f"no study {study!r} in this storage; `tuner status` lists the studies")
+    with tempfile.TemporaryDirectory(prefix="tuner-verify-") as tmp:
+        if script is None:
+            art = repo.get_artifact(run.id, SCRIPT_NAME)
+            if art is None:
+                raise ExportError(f"study {run.study_name!r} has no exported launch script in this storage; run "
+                                  f"`tuner export --study {run.study_name}` first, or give the script's path")
+            script = Path(tmp) / SCRIPT_NAME
+            script.write_bytes(art.content)
+            extra = repo.get_artifact(run.id, REMEASURE_NAME)
+            if extra is not None:
+                (Path(tmp) / REMEASURE_NAME).write_bytes(extra.content)
+        res = verify(script, tolerance=tolerance, timeout_s=timeout_s, settings=settings)
+    doc = {"ok": res.ok, "outcome": res.outcome.value, "metric": res.metric, "value": res.value,
+           "recorded_value": res.recorded_value, "tolerance": tolerance, "reason": res.reason,
+           "lines": res.lines(), "at": time.time()}
+    repo.add_artifacts(run.id, [("verify", VERIFY_NAME, str(script), json.dumps(doc).encode())])
     return res

@@ -66,7 +66,7 @@ def run_one(ctx: SearchContext, trial: optuna.Trial, progress: Progress | None, 
         repeat_of = None
         reason = ctx.target.check(params)
         if not reason and not is_baseline:  # the baseline always runs: every figure needs it
-            reason = ctx.target.known_failure(ctx.repo, params)
+            reason = ctx.target.known_failure(ctx.repo, params, run_id=ctx.run.id)
         if reason:
             m = Measurement.failed(Outcome.INVALID_CONFIG, reason)
             _logger.info("trial %d refused before running: %s", trial.number, reason)

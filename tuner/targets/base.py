@@ -147,9 +147,10 @@ class Target(abc.ABC):
         ``params`` themselves by default."""
         return params
 
-    def known_failure(self, repo: Any, params: dict[str, Any]) -> str | None:
+    def known_failure(self, repo: Any, params: dict[str, Any], run_id: int | None = None) -> str | None:
         """Why ``params`` need not run: the same launch already failed, as kept in the study's storage ``repo`` (a
-        :class:`storage.Repo`). The search never asks it about the baseline. ``None`` by default."""
+        :class:`storage.Repo`), in study run ``run_id`` (the search passes its own). The search never asks it about
+        the baseline. ``None`` by default."""
         return None
 
     def remember_failure(self, repo: Any, run_id: int, number: int, params: dict[str, Any],

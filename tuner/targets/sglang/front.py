@@ -1,70 +1,18 @@
-"""The throughput–latency front of a goodput study: every load a trial measured is one operating point, its output
-throughput per GPU against the speed one user sees (output tok/s of one request); a point is on the front when no
-other point is at least as good on both and better on one. Points that met the SLO are marked: the front within
-the SLO is what an operator can run, its highest throughput the goodput."""
+"""The throughput–latency front of a goodput study as the tuner prints and exports it: the points and the front
+themselves are :mod:`storage.front`'s (one front for the tuner and the API). Points that met the SLO are marked: the
+front within the SLO is what an operator can run, its highest throughput the goodput."""
 
 from __future__ import annotations
 
 import math
 import re
-from dataclasses import dataclass, field
-from typing import Any
+from dataclasses import dataclass
 
+from storage.front import OperatingPoint, operating_points, pareto_front
 from tuner.errors import ExportError
-from tuner.targets.sglang.goodput import LEVEL
 
-
-@dataclass(frozen=True)
-class OperatingPoint:
-    trial: int
-    load: str
-    """``r=12.3`` (req/s) or ``c=8`` (in flight)."""
-    tok_s_per_gpu: float
-    tok_s_per_request: float
-    meets_slo: bool
-    params: dict[str, Any]
-    kept_up: bool | None = None
-    """Whether the server kept up with the arrivals at this load (rate mode); None when not judged."""
-    figures: dict[str, float] = field(default_factory=dict, compare=False)
-    """Every figure stored at this load (``ttft_ms_p95``, ``error_rate``...)."""
-
-    @property
-    def load_value(self) -> float:
-        return float(self.load.split("=", 1)[1])
-
-    @property
-    def name(self) -> str:
-        """``4@r=2``: the trial and the load, as ``tuner export --point`` takes it."""
-        return f"{self.trial}@{self.load}"
-
-
-def operating_points(trials) -> list[OperatingPoint]:
-    """Every load measured by the ok and pruned trials (stored ``TrialRecord`` s with their measurements)."""
-    out = []
-    for t in trials:
-        if t.outcome not in ("ok", "pruned"):
-            continue
-        rows: dict[tuple[str, str], float] = {(m.level, m.metric): m.value for m in t.measurements}
-        gpus = max(1.0, rows.get((LEVEL, "gpus"), 1.0))
-        for level in sorted({lv for lv, _ in rows if lv.startswith(("r=", "c="))}):
-            tok, user = rows.get((level, "tok_s")), rows.get((level, "tok_s_per_request"))
-            if tok is None or user is None:
-                continue
-            kept = rows.get((level, "kept_up"))
-            out.append(OperatingPoint(t.number, level, tok / gpus, user, rows.get((level, "meets_slo")) == 1.0,
-                                      dict(t.params), None if kept is None else kept == 1.0,
-                                      {m: v for (lv, m), v in rows.items() if lv == level}))
-    return out
-
-
-def pareto_front(points: list[OperatingPoint]) -> list[OperatingPoint]:
-    """The points no other point dominates (both figures maximized), by throughput, highest first."""
-    def dominated(p: OperatingPoint) -> bool:
-        return any(q.tok_s_per_gpu >= p.tok_s_per_gpu and q.tok_s_per_request >= p.tok_s_per_request
-                   and (q.tok_s_per_gpu > p.tok_s_per_gpu or q.tok_s_per_request > p.tok_s_per_request)
-                   for q in points)
-
-    return sorted((p for p in points if not dominated(p)), key=lambda p: -p.tok_s_per_gpu)
+__all__ = ["OperatingPoint", "operating_points", "pareto_front", "front_lines", "parse_slo", "point_for_slo",
+           "point_by_name", "Chosen", "SLO_METRICS"]
 
 
 def front_lines(points: list[OperatingPoint], slo: str) -> list[str]:

@@ -29,6 +29,7 @@ import httpx
 from pydantic import Field
 
 from search_spaces.schema import SLO_LEVEL, Objective
+from storage.front import GOODPUT_LEVEL
 from storage.types import MetricRow
 from tuner.measurement import Measurement, Outcome
 from tuner.settings import Settings
@@ -37,7 +38,7 @@ from tuner.targets.sglang.loadgen import LoadConfig, RequestResult, RequestSpec
 
 _logger = logging.getLogger(__name__)
 
-LEVEL = "goodput"
+LEVEL = GOODPUT_LEVEL
 """The level of a goodput search's own rows (the objective, the interval, the search's cost)."""
 
 
@@ -294,8 +295,10 @@ def figures(requests: Sequence[RequestResult]) -> dict[str, float]:
         "itl_ms": [g * 1e3 for r in ok for g in r.itl_s],
         "e2e_ms": [r.e2e_s * 1e3 for r in ok],
     }
+    asked = sum(r.asked for r in requests)
     out = {"requests": float(len(requests)),
-           "error_rate": (len(requests) - len(ok)) / len(requests) if requests else 1.0}
+           "error_rate": (len(requests) - len(ok)) / len(requests) if requests else 1.0,
+           "delivered": sum(r.output_tokens for r in ok if r.asked) / asked if asked else 1.0}
     for name, vals in series.items():
         out[f"{name}_mean"] = loadgen._mean(vals)
         for q in (50, 90, 95, 99):
@@ -305,11 +308,23 @@ def figures(requests: Sequence[RequestResult]) -> dict[str, float]:
     return out
 
 
-def misses(figs: dict[str, float], slo: Sequence[tuple[str, float]]) -> list[str]:
-    """The SLO limits ``figs`` miss (``ttft_ms_p99 812 > 500``), failed requests first; empty when it meets."""
+def shown(name: str, value: float, limit: float) -> str:
+    """A figure against its limit: ``ttft_ms_p95 812.0 > 500``; a percentile of a measurement cut short once the
+    limit was certainly missed (``inf``) is ``ttft_ms_p95 > 500 (cut short)``."""
+    if math.isinf(value):
+        return f"{name} > {limit:g} (cut short)"
+    return f"{name} {value:.1f} > {limit:g}"
+
+
+def misses(figs: dict[str, float], slo: Sequence[tuple[str, float]],
+           min_delivered: float = loadgen.MIN_DELIVERED) -> list[str]:
+    """The SLO limits ``figs`` miss (``ttft_ms_p99 812 > 500``), failed requests and short completions first; empty
+    when it meets."""
     out = []
     if figs["error_rate"] > 0:
         out.append(f"{figs['error_rate']:.0%} of requests failed")
+    if figs.get("delivered", 1.0) < min_delivered:
+        out.append(f"{figs['delivered']:.0%} of the asked tokens delivered")
     if figs.get("kept_up") == 0.0:
         out.append(f"the server fell behind (completed {figs['achieved_req_s']:.3g} of {figs['offered_req_s']:.3g} "
                    "req/s offered)" if not figs.get("unfinished") else
@@ -321,7 +336,7 @@ def misses(figs: dict[str, float], slo: Sequence[tuple[str, float]]) -> list[str
                 continue  # one-token outputs have no gap: nothing to limit
             out.append(f"{name} not measured")
         elif v > limit:
-            out.append(f"{name} {v:.1f} > {limit:g}")
+            out.append(shown(name, v, limit))
     return out
 
 
@@ -558,10 +573,10 @@ def verify_load(measure: Measurer, rec: dict, shortfall: float = 0.0) -> tuple[b
     why = misses(figs, slo)
     b = Boundary(measure.settings.goodput_mode, slo, {point.load: point}, None if why else point.load,
                  point.load if why else None, len(point.samples), 0.0)
-    shown = "; ".join(f"{k} {figs.get(k, math.nan):.1f} (limit {v:g})" for k, v in slo)
+    met = "; ".join(f"{k} {figs.get(k, math.nan):.1f} (limit {v:g})" for k, v in slo)
     where = f"{at:g} (the recorded boundary {load:g} less {shortfall:.0%})" if shortfall else \
         f"the recorded boundary {load:g}"
-    text = (f"misses the SLO at {where}: {'; '.join(why)}" if why else f"meets the SLO at {where}: {shown}")
+    text = (f"misses the SLO at {where}: {'; '.join(why)}" if why else f"meets the SLO at {where}: {met}")
     return not why, b, text
 
 
@@ -670,3 +685,20 @@ def run_trial(measure: Measurer, obj: Objective, gpus: int, metrics: list[Metric
         return Measurement(Outcome.TIMEOUT, reason=b.stopped, metrics=rows)
     value = next(r.value for r in rows if r.metric == obj.metric and r.level == LEVEL)
     return Measurement(Outcome.OK, value=value, metrics=rows, reason=describe(b), by_level={})
+
+
+def value_at(metric: str, rows: dict[tuple[str, str], float], level: str) -> float | None:
+    """The objective ``metric`` (``goodput_tok_s_per_gpu``...) of one measured load ``level`` (``r=2``) of a trial's
+    stored ``rows`` (``(metric, level) -> value``): the value the search would have given the trial had its boundary
+    been there, so an exported point records the figure it is exported for."""
+    gpus = max(1.0, rows.get(("gpus", LEVEL), 1.0))
+    base = metric.removesuffix("_per_gpu")
+    if base == "goodput_tok_s":
+        v = rows.get(("tok_s", level))
+    elif base == "goodput_req_s":
+        v = float(level.split("=", 1)[1]) if level.startswith("r=") else rows.get(("req_s", level))
+    else:
+        return None
+    if v is None:
+        return None
+    return v / gpus if metric.endswith("_per_gpu") else v

@@ -174,8 +174,9 @@ def _completion(doc: dict[str, Any]) -> Completion:
 
 def complete(base_url: str, prompts: list[str], *, api: str, model: str, tokens: int, deadline: float,
              timeout_s: float = 600.0) -> tuple[list[Completion], bool]:
-    """Each prompt's greedy completion, one request at a time; and whether token ids were asked for (False when
-    the server refused :data:`REQUEST_FIELD`). :class:`GreedyRequestError` when a request fails."""
+    """Each prompt's greedy completion, one request at a time; and whether every completion carries token ids
+    (False when the server refused :data:`REQUEST_FIELD`, or accepted it and sent none). :class:`GreedyRequestError`
+    when a request fails."""
     ids = True
     out: list[Completion] = []
     with httpx.Client(timeout=httpx.Timeout(timeout_s, connect=10.0), trust_env=False) as client:
@@ -201,7 +202,7 @@ def complete(base_url: str, prompts: list[str], *, api: str, model: str, tokens:
             except (ValueError, TypeError, AttributeError) as exc:
                 raise GreedyRequestError(f"greedy prompt {i}: not a completion ({exc})") from None
             i += 1
-    return out, ids
+    return out, ids and all(c.token_ids is not None for c in out)
 
 
 @dataclass

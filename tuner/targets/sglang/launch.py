@@ -21,6 +21,7 @@ import time
 from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass
+from pathlib import Path
 
 import httpx
 
@@ -37,7 +38,6 @@ CLASSIFY_PATTERNS: tuple[tuple[str, Outcome], ...] = (
     ("CUDA out of memory", Outcome.OOM),
     ("OutOfMemoryError", Outcome.OOM),
     ("out of memory", Outcome.OOM),
-    ("Killed", Outcome.OOM),  # the host OOM killer's line from a shell wrapper
     ("OutOfResources", Outcome.OUT_OF_RESOURCES),
     ("out of resource", Outcome.OUT_OF_RESOURCES),
     ("unrecognized arguments", Outcome.INVALID_CONFIG),
@@ -85,6 +85,42 @@ def classify(log: str, default: Outcome = Outcome.CRASH) -> Outcome:
         if pattern in log:
             return outcome
     return default
+
+
+def oom_kill_count() -> int | None:
+    """The kernel's count of OOM kills in this process's memory cgroup (``oom_kill`` of cgroup v2's
+    ``memory.events``, or v1's ``memory.oom_control``), or ``None`` where it cannot be read."""
+    try:
+        lines = Path("/proc/self/cgroup").read_text().splitlines()
+    except OSError:
+        return None
+    paths = []
+    for ln in lines:
+        _, controllers, path = ln.split(":", 2)
+        if controllers == "":
+            paths.append(Path("/sys/fs/cgroup") / path.lstrip("/") / "memory.events")
+        elif "memory" in controllers.split(","):
+            paths.append(Path("/sys/fs/cgroup/memory") / path.lstrip("/") / "memory.oom_control")
+    for f in paths:
+        try:
+            for ln in f.read_text().splitlines():
+                key, _, value = ln.partition(" ")
+                if key == "oom_kill":
+                    return int(value)
+        except (OSError, ValueError):
+            continue
+    return None
+
+
+def kernel_oom_record(pid: int) -> str | None:
+    """The kernel's OOM-killer line about ``pid`` (``Out of memory: Killed process N``, ``oom-kill:... pid=N``) from
+    ``dmesg``, where the kernel log is readable; else ``None``."""
+    try:
+        out = subprocess.run(["dmesg"], capture_output=True, text=True, timeout=5, errors="replace").stdout
+    except (OSError, subprocess.SubprocessError):
+        return None
+    pat = re.compile(rf"(Killed process {pid}\b|oom-kill:.*\bpid={pid}\b)")
+    return next((ln.strip() for ln in reversed(out.splitlines()) if pat.search(ln)), None)
 
 
 def port_is_free(port: int, host: str = "127.0.0.1") -> bool:
@@ -190,6 +226,7 @@ class ServerProcess:
         self._lock = threading.Lock()
         self._stopped = False
         self.started = time.time()
+        self._oom_kills = oom_kill_count()  # an OOM kill is told apart from another signal by this count growing
         full_env = {**os.environ, **(env or {}), "PYTHONUNBUFFERED": "1"}
         _logger.info("starting server on port %d: %s", port, " ".join(self.argv))
         self.proc = subprocess.Popen(self.argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
@@ -239,9 +276,11 @@ class ServerProcess:
                                                              f"{usage[:300]}")
             last = self._reason_line(log)
             how = f"killed by signal {-code}" if code < 0 else f"exited with code {code}"
-            if code == -9 and outcome is Outcome.CRASH:
-                outcome = Outcome.OOM
-                how += " (SIGKILL from outside: likely the host OOM killer)"
+            if code < 0 and outcome is Outcome.CRASH:  # a signal: oom only with the kernel's evidence
+                evidence = self._oom_evidence()
+                if evidence:
+                    outcome = Outcome.OOM
+                    how += f" ({evidence})"
             when = "after becoming ready" if self.ready else "before becoming ready"
             return ServerFailure(outcome, f"server {how} {when}: {last.strip()[:300]}")
         if self._fatal_at is not None and time.time() - self._fatal_at >= self.fatal_grace_s:
@@ -249,6 +288,17 @@ class ServerProcess:
             return ServerFailure(classify(log), f"server logged a fatal line and did not exit: "
                                                 f"{self._reason_line(log)[:300]}")
         return None
+
+    def _oom_evidence(self) -> str:
+        """The kernel's word that the server was killed for memory: its OOM-killer record of the server's pid, or
+        the memory cgroup's OOM-kill count grown since the start; ``""`` without evidence."""
+        record = kernel_oom_record(self.proc.pid)
+        if record:
+            return f"the kernel's OOM killer: {record[:200]}"
+        now = oom_kill_count()
+        if now is not None and self._oom_kills is not None and now > self._oom_kills:
+            return f"the memory cgroup counted {now - self._oom_kills} OOM kill(s) since the start"
+        return ""
 
     def _reason_line(self, log: str) -> str:
         """The line a failure's reason quotes: a traceback's exception line, else the fatal line, else the last."""

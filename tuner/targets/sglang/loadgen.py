@@ -1,10 +1,12 @@
 """Load an OpenAI-compatible server with concurrent streaming requests and measure it, one concurrency level at a time.
 
 Each request streams (``stream: true``, SSE ``data:`` lines). Per request: time to first token (TTFT), the gaps
-between streamed tokens (inter-token latency, ITL), end-to-end latency and output tokens (the server's ``usage``
-when it sends one, else one token per non-empty chunk). Per level: output tok/s and requests/s over the level's
-wall time, mean/p50/p99 of each latency, and errors; :func:`level_metrics` turns them into ``MetricRow`` s at
-level ``"c=N"``.
+between streamed tokens (inter-token latency, ITL), end-to-end latency, the tokens asked (``max_tokens``) and the
+output tokens, counted from tokens: the server's ``usage`` when it sends one, else the model's own tokenizer on the
+streamed text (never one token per text chunk); the result says which count was used. Per level: output tok/s and
+requests/s over the level's wall time, mean/p50/p99 of each latency, the request error rate and the share of the
+asked tokens delivered; :func:`level_metrics` turns them into ``MetricRow`` s at level ``"c=N"``, and
+:func:`served_problem` says when a level served too little to count (the trial is then ``request_error``).
 """
 
 from __future__ import annotations
@@ -47,6 +49,11 @@ class RequestResult:
     error: str = ""
     status: int | None = None
     """The HTTP status of a request the server answered with an error (4xx: the request's fault)."""
+    asked: int = 0
+    """The tokens the request asked for (``max_tokens``)."""
+    count_source: str = ""
+    """Where ``output_tokens`` came from: ``usage`` (the server's count) or ``tokenizer`` (the model's tokenizer on
+    the streamed text)."""
 
     @property
     def refused(self) -> bool:
@@ -71,6 +78,21 @@ class LevelResult:
     @property
     def output_tokens(self) -> int:
         return sum(r.output_tokens for r in self.ok_requests)
+
+    @property
+    def error_rate(self) -> float:
+        return self.errors / len(self.requests) if self.requests else 1.0
+
+    @property
+    def delivered(self) -> float:
+        """The share of the asked tokens delivered, over every request sent (a failed request delivered none)."""
+        asked = sum(r.asked for r in self.requests)
+        return sum(r.output_tokens for r in self.ok_requests) / asked if asked else 1.0
+
+    @property
+    def count_source(self) -> str:
+        """How the level's tokens were counted: ``usage``, ``tokenizer``, or both (``usage+tokenizer``)."""
+        return "+".join(sorted({r.count_source for r in self.ok_requests if r.count_source})) or "none"
 
     @property
     def tok_s(self) -> float:
@@ -117,6 +139,16 @@ class LoadConfig:
     default): send it when the server accepts it (:func:`probe` finds out with the first request)."""
     stream_usage: bool = True
     """Ask for the token counts in the stream (``stream_options.include_usage``); off when the server refuses it."""
+    tokenizer: str | None = None
+    """The tokenizer that counts the streamed text when the server sends no usage (default: ``model``)."""
+    count_tokens: Callable[[str], int] | None = None
+    """Counts the tokens of a streamed text (the model's tokenizer); loaded by :func:`probe` when the server streams
+    without usage."""
+    warmup_s: float = 30.0
+    """The warm-up's limit in seconds: it runs until the time to first token settles (:func:`ttft_settled`), at
+    least ``warmup_requests`` requests, at most this long."""
+    warmup_max_requests: int = 64
+    """The warm-up's limit in requests."""
     seed: int = 0
     extra_body: dict[str, Any] = field(default_factory=dict)
     shape: LoadShape | None = None
@@ -126,9 +158,12 @@ class LoadConfig:
     def from_settings(cls, settings: dict[str, Any]) -> LoadConfig:
         kw = {k: settings[k] for k in ("api", "prompt_len", "output_len", "length_jitter", "dataset",
                                        "requests_per_level", "rounds", "min_requests", "level_s", "warmup_requests",
-                                       "request_timeout_s", "ignore_eos", "seed", "extra_body")
+                                       "request_timeout_s", "ignore_eos", "seed", "extra_body", "tokenizer",
+                                       "warmup_s", "warmup_max_requests")
               if settings.get(k) is not None}
         kw["model"] = str(settings.get("served_model_name") or settings.get("model") or "default")
+        if not kw.get("tokenizer") and settings.get("model"):
+            kw["tokenizer"] = str(settings["model"])
         cfg = cls(**kw)
         if cfg.api not in ("completions", "chat"):
             raise ValueError(f"settings `api` must be 'completions' or 'chat', but got {cfg.api!r}.")
@@ -219,27 +254,34 @@ async def one_request(client: httpx.AsyncClient, base_url: str, cfg: LoadConfig,
     ttft = math.nan
     chunks = 0
     usage_tokens = None
+    text: list[str] = []
+    finished = False  # [DONE] or a finish_reason: the stream ran to its end (not cut by a dying server)
     itl: list[float] = []
     try:
         async with client.stream("POST", base_url + path, json=body) as resp:
             if resp.status_code != 200:
                 text = (await resp.aread()).decode(errors="replace")[:300]
-                return RequestResult(ok=False, error=f"HTTP {resp.status_code}: {text}", status=resp.status_code)
+                return RequestResult(ok=False, error=f"HTTP {resp.status_code}: {text}", status=resp.status_code,
+                                     asked=req.max_tokens)
             async for line in resp.aiter_lines():
                 if not line.startswith("data:"):
                     continue
                 data = line[5:].strip()
                 if data == "[DONE]":
+                    finished = True
                     break
                 try:
                     event = json.loads(data)
                 except json.JSONDecodeError:
                     continue
                 if event.get("error"):
-                    return RequestResult(ok=False, error=f"stream error: {str(event['error'])[:300]}")
+                    return RequestResult(ok=False, error=f"stream error: {str(event['error'])[:300]}",
+                                         asked=req.max_tokens)
+                finished = finished or any(c.get("finish_reason") for c in event.get("choices") or [])
                 if event.get("usage") and event["usage"].get("completion_tokens") is not None:
                     usage_tokens = int(event["usage"]["completion_tokens"])
-                if _chunk_text(event):
+                if piece := _chunk_text(event):
+                    text.append(piece)
                     now = time.perf_counter()
                     if last is None:
                         ttft = now - start
@@ -250,17 +292,29 @@ async def one_request(client: httpx.AsyncClient, base_url: str, cfg: LoadConfig,
                     last = now
                     chunks += 1
     except (httpx.HTTPError, OSError) as exc:
-        return RequestResult(ok=False, error=f"{type(exc).__name__}: {exc}"[:300])
+        return RequestResult(ok=False, error=f"{type(exc).__name__}: {exc}"[:300], asked=req.max_tokens)
     end = time.perf_counter()
     if chunks == 0:
         if usage_tokens:
             # the server generated tokens but streamed no text for them (``transformers serve`` holds back bytes
             # that are not yet valid UTF-8, and skips special tokens): the request completed, and its first output
             # a client could see came at the end
-            return RequestResult(ok=True, ttft_s=end - start, e2e_s=end - start, output_tokens=usage_tokens)
-        return RequestResult(ok=False, error="the stream ended without a token")
-    tokens = usage_tokens if usage_tokens is not None else chunks
-    return RequestResult(ok=True, ttft_s=ttft, e2e_s=end - start, output_tokens=tokens, itl_s=itl)
+            return RequestResult(ok=True, ttft_s=end - start, e2e_s=end - start, output_tokens=usage_tokens,
+                                 asked=req.max_tokens, count_source="usage")
+        return RequestResult(ok=False, error="the stream ended without a token", asked=req.max_tokens)
+    if usage_tokens is not None:
+        tokens, source = usage_tokens, "usage"
+    elif not finished:
+        return RequestResult(ok=False, asked=req.max_tokens,
+                             error=f"the stream was cut after {chunks} chunks (no [DONE], no finish_reason)")
+    elif cfg.count_tokens is not None:
+        tokens, source = cfg.count_tokens("".join(text)), "tokenizer"
+    else:
+        return RequestResult(ok=False, asked=req.max_tokens,
+                             error="the server streamed no token counts (usage) and no tokenizer counts its text; "
+                                   "set `tokenizer` to the model's tokenizer (a path or hub name)")
+    return RequestResult(ok=True, ttft_s=ttft, e2e_s=end - start, output_tokens=tokens, itl_s=itl,
+                         asked=req.max_tokens, count_source=source)
 
 
 async def wait_or_abort(tasks: Iterable[asyncio.Task], should_abort: Callable[[], str | None] | None,
@@ -323,24 +377,35 @@ def run_level(base_url: str, cfg: LoadConfig, concurrency: int, *, level_index: 
     reqs = make_requests(cfg, cfg.n_requests(concurrency), offset=1000 * (level_index + 1))
     min_s = 0.0 if cfg.requests_per_level else cfg.level_s
     result = asyncio.run(_run_level(base_url, cfg, concurrency, reqs, should_abort, deadline, min_s))
-    _logger.info("c=%d: %d ok, %d errors, %.1f tok/s, %.2f req/s in %.2fs", concurrency, len(result.ok_requests),
-                 result.errors, result.tok_s, result.req_s, result.wall_s)
+    _logger.info("c=%d: %d ok, %d errors, %.1f tok/s, %.2f req/s in %.2fs, %.0f%% of the asked tokens delivered",
+                 concurrency, len(result.ok_requests), result.errors, result.tok_s, result.req_s, result.wall_s,
+                 100 * result.delivered)
     return result
 
 
 @dataclass
 class Probe:
-    """What the first request after start-up learnt: the load the server accepts (``config``), what was changed
-    to get there (``adapted``), or why the load cannot run at all (``refused``); and how long the warm-up took."""
+    """What the first requests after start-up learnt: the load the server accepts (``config``), what was changed
+    to get there (``adapted``), what the server does not honour (``ignored``: ``ignore_eos`` or ``max_tokens``), or
+    why the load cannot run at all (``refused``); and the warm-up's length."""
 
     config: LoadConfig
     adapted: list[str] = field(default_factory=list)
     refused: str = ""
     warmup_s: float = 0.0
     first: RequestResult | None = None
+    ignored: str = ""
+    """One line when the server delivered another count of tokens than asked with ``ignore_eos`` sent."""
+    warmup_requests: int = 0
+    warmup_ttft_ms: list[float] = field(default_factory=list)
+
+    @property
+    def honours_length(self) -> bool:
+        return not self.ignored
 
 
 _CORE_FIELDS = ("model", "prompt", "messages", "max_tokens", "stream")
+_NO_COUNT = "the server streamed no token counts (usage)"
 
 
 def _named_field(error: str, body: dict[str, Any]) -> str | None:
@@ -352,41 +417,114 @@ def _named_field(error: str, body: dict[str, Any]) -> str | None:
     return None
 
 
+def load_tokenizer(name: str) -> Callable[[str], int]:
+    """A counter of the tokens of a text with the model's own tokenizer (``transformers``' ``AutoTokenizer``, from a
+    path or the local hub cache)."""
+    from transformers import AutoTokenizer
+
+    path = Path(name).expanduser()
+    # local files only (a hub name from the cache the server read too): a trial never waits on the network
+    tok = AutoTokenizer.from_pretrained(str(path) if path.exists() else name, local_files_only=True)
+    return lambda text: len(tok.encode(text, add_special_tokens=False))
+
+
 def probe(base_url: str, cfg: LoadConfig, deadline: float | None = None) -> Probe:
-    """Send the first request (the warm-up's) and learn which request fields the server accepts. A field the load
-    adds on its own (``ignore_eos`` unless set true, ``stream_options``) that the server refuses with HTTP 4xx is
-    dropped and the request sent again: without ``ignore_eos`` every request keeps its fixed ``max_tokens`` and the
-    output length is read from the usage counts. Any other refusal is ``refused``, naming the field and the setting
-    that fixes it. Then the rest of ``warmup_requests`` is sent. Blocking."""
+    """Send the first request and learn which request fields the server accepts. A field the load adds on its own
+    (``ignore_eos`` unless set true, ``stream_options``) that the server refuses with HTTP 4xx is dropped and the
+    request sent again: without ``ignore_eos`` every request keeps its fixed ``max_tokens``. A server that streams
+    no usage gets its tokens counted by the model's tokenizer (setting ``tokenizer``, default the model); without
+    one the load is refused. Any other refusal is ``refused``, naming the field and the setting that fixes it. The
+    first answer tells whether the server honours ``max_tokens`` with ``ignore_eos`` (``ignored`` when not). Then
+    the warm-up runs until the time to first token settles (:func:`ttft_settled`). Blocking."""
     t0 = time.time()
     short = replace(cfg, output_len=min(cfg.output_len, 8), dataset=None, length_jitter=0.0, shape=None)
     out = Probe(config=cfg)
-    for _ in range(3):
+    for _ in range(4):
         req = make_requests(short, 1)[0]
         _, body = _body(short, req)
         res = asyncio.run(_run_level(base_url, short, 1, [req], None, deadline))
         first = res.requests[0] if res.requests else RequestResult(ok=False, error="no request was sent")
         out.first = first
+        if not first.ok and first.error.startswith(_NO_COUNT) and cfg.count_tokens is None:
+            try:
+                counter = load_tokenizer(cfg.tokenizer) if cfg.tokenizer else None
+            except Exception as exc:  # noqa: BLE001 - any failure to load names the setting that fixes it
+                counter, why = None, f"{type(exc).__name__}: {str(exc).splitlines()[0][:200]}"
+            else:
+                why = "setting `tokenizer` is not set"
+            if counter is None:
+                out.refused = (f"the server streams no token counts (usage) and the model's tokenizer "
+                               f"{cfg.tokenizer!r} cannot count its text ({why}); set `tokenizer` to the model's "
+                               "tokenizer (a path or hub name)")
+                break
+            cfg, short = replace(cfg, count_tokens=counter), replace(short, count_tokens=counter)
+            out.adapted.append(f"the server streams no usage: tokens counted by the tokenizer {cfg.tokenizer!r}")
+            _logger.warning("the server at %s streams no usage: %s", base_url, out.adapted[-1])
+            continue
         if first.ok or not first.refused:
             break
         name = _named_field(first.error, body)
         if name == "ignore_eos" and cfg.ignore_eos is None:
             cfg, short = replace(cfg, ignore_eos=False), replace(short, ignore_eos=False)
             out.adapted.append("ignore_eos dropped (the server refuses it): fixed max_tokens, output length from "
-                               "the usage counts")
+                               "the token counts")
         elif name == "stream_options" and cfg.stream_usage:
             cfg, short = replace(cfg, stream_usage=False), replace(short, stream_usage=False)
-            out.adapted.append("stream_options dropped (the server refuses it): one token per streamed chunk")
+            out.adapted.append("stream_options dropped (the server refuses it): no usage asked for")
         else:
             out.refused = _refusal(name, first.error, cfg)
             break
         _logger.warning("the server at %s refuses request field `%s`: %s", base_url, name, out.adapted[-1])
     out.config = cfg
-    if out.first is not None and out.first.ok and cfg.warmup_requests > 1:
-        rest = make_requests(short, cfg.warmup_requests - 1, offset=1)
-        asyncio.run(_run_level(base_url, short, 1, rest, None, deadline))
+    first = out.first
+    if first is not None and first.ok and first.output_tokens != first.asked:
+        what = ("ignore_eos" if cfg.ignore_eos is not False else "max_tokens") if first.output_tokens < first.asked \
+            else "max_tokens"
+        out.ignored = (f"the server does not honour {what}: asked {first.asked} tokens, got {first.output_tokens} "
+                       f"({first.count_source} count); throughput counts the tokens delivered, and a level "
+                       "delivering too few is request_error")
+        _logger.warning("%s", out.ignored)
+    if first is not None and first.ok:
+        _warm_until_settled(base_url, short, first, out, deadline)
     out.warmup_s = time.time() - t0
     return out
+
+
+WARMUP_WINDOW = 3
+"""Requests per window of :func:`ttft_settled`."""
+
+
+def ttft_settled(ttft_ms: Sequence[float], window: int = WARMUP_WINDOW) -> bool:
+    """The time to first token has settled: the median of the newest ``window`` requests is no longer falling
+    (at least 0.7x the median of the ``window`` before them). Slow first requests (compiling, caches filling) fall
+    window after window; noise around a settled value does not."""
+    if len(ttft_ms) < 2 * window:
+        return False
+    new, old = sorted(ttft_ms[-window:]), sorted(ttft_ms[-2 * window:-window])
+    return new[window // 2] >= 0.7 * old[window // 2]
+
+
+def _warm_until_settled(base_url: str, short: LoadConfig, first: RequestResult, out: Probe,
+                        deadline: float | None) -> None:
+    """One request at a time after the first, until at least ``warmup_requests`` were sent and the time to first
+    token settled, or the warm-up's time (``warmup_s``) or request limit (``warmup_max_requests``) is spent."""
+    cfg = out.config
+    ttfts = [first.ttft_s * 1e3]
+    t0 = time.time()
+    n = 1
+    while n < cfg.warmup_max_requests and time.time() - t0 < cfg.warmup_s:
+        if n >= max(1, cfg.warmup_requests) and ttft_settled(ttfts):
+            break
+        if deadline is not None and time.time() >= deadline:
+            break
+        req = make_requests(short, 1, offset=n)[0]
+        res = asyncio.run(_run_level(base_url, short, 1, [req], None, deadline))
+        n += 1
+        if not (res.requests and res.requests[0].ok):
+            break  # a failing server: the levels see it and say why
+        ttfts.append(res.requests[0].ttft_s * 1e3)
+    out.warmup_requests = n
+    out.warmup_ttft_ms = ttfts
 
 
 def _refusal(name: str | None, error: str, cfg: LoadConfig) -> str:
@@ -428,6 +566,7 @@ def _mean(values: Sequence[float]) -> float:
 
 
 METRIC_UNITS = {"tok_s": "tok/s", "req_s": "req/s", "errors": "count", "error_rate": "fraction",
+                "delivered": "fraction",
                 "ttft_ms": "ms", "itl_ms": "ms", "e2e_ms": "ms", "tok_s_per_request": "tok/s"}
 
 
@@ -435,7 +574,7 @@ def level_summary(result: LevelResult) -> dict[str, float]:
     """Every figure of one level by metric name (``ttft_ms_p99``, ``tok_s``...)."""
     ok = result.ok_requests
     out = {"tok_s": result.tok_s, "req_s": result.req_s, "errors": float(result.errors),
-           "error_rate": result.errors / len(result.requests) if result.requests else 1.0}
+           "error_rate": result.error_rate, "delivered": result.delivered}
     series = {
         "ttft_ms": [r.ttft_s * 1e3 for r in ok],
         "itl_ms": [g * 1e3 for r in ok for g in r.itl_s],
@@ -466,9 +605,30 @@ def level_metrics(result: LevelResult) -> list[MetricRow]:
                         "`requests_per_level` higher for a stable figure", result.concurrency, result.wall_s,
                         len(result.requests))
         rows.append(MetricRow("short_window", level, 1.0, "flag"))
+    rows.append(MetricRow(f"count:{result.count_source}", level, 1.0, "flag"))  # how the tokens were counted
     for name, value in level_summary(result).items():
         if value is None or (isinstance(value, float) and math.isnan(value)):
             continue
         base = name.rsplit("_", 1)[0] if name.endswith(("_mean", "_p50", "_p99")) else name
         rows.append(MetricRow(name, level, float(value), METRIC_UNITS.get(base, "")))
     return rows
+
+
+MAX_ERROR_RATE = 0.01
+"""A level with more failed requests than this share is not counted (setting ``max_error_rate``)."""
+MIN_DELIVERED = 0.95
+"""A level that delivered less than this share of the asked tokens is not counted (setting ``min_delivered``)."""
+
+
+def served_problem(result: LevelResult, max_error_rate: float = MAX_ERROR_RATE,
+                   min_delivered: float = MIN_DELIVERED) -> str:
+    """Why a level does not count (it served too little of what was asked), or ``""``: a request error rate above
+    ``max_error_rate`` or a share of the asked tokens delivered below ``min_delivered``."""
+    why = []
+    if result.error_rate > max_error_rate:
+        why.append(f"{100 * result.error_rate:.1f}% of {len(result.requests)} requests failed (limit "
+                   f"{100 * max_error_rate:g}%: setting `max_error_rate`; first: {result.first_error()[:160]})")
+    if result.delivered < min_delivered:
+        why.append(f"{100 * result.delivered:.1f}% of the asked tokens delivered (at least {100 * min_delivered:g}%: "
+                   "setting `min_delivered`)")
+    return "; ".join(why)

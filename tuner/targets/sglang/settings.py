@@ -4,7 +4,7 @@ place those defaults live)."""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import Field
 
@@ -66,7 +66,10 @@ class ServerSettings(CommonSettings, GoodputSettings, LoadShapeSettings, GreedyS
     state_dir: str | None = None
     """No longer read: the failed-flag memory is kept in the study's storage (accepted so older spaces load)."""
     allow_retry: bool = False
-    """Run a flag set whose launch failed before (in any study of this storage) anyway."""
+    """Run a flag set whose launch failed before anyway."""
+    failed_scope: Literal["study", "storage"] = "study"
+    """Where the failed-flag memory refuses a launch: failures of this study only (``study``), or of every study in
+    the storage (``storage``)."""
     # the load (None: LoadConfig's default)
     levels: list[int] | None = None
     """Concurrency levels (default: the objective's)."""
@@ -81,6 +84,17 @@ class ServerSettings(CommonSettings, GoodputSettings, LoadShapeSettings, GreedyS
     level_s: float | None = Field(None, ge=0)
     """Seconds each level is measured for at least (3) unless ``requests_per_level`` fixes the count."""
     warmup_requests: int | None = Field(None, ge=0)
+    """Requests the warm-up sends at least (1); it goes on until the time to first token settles."""
+    warmup_s: float | None = Field(None, ge=0)
+    """The warm-up's limit in seconds (30)."""
+    warmup_max_requests: int | None = Field(None, ge=1)
+    """The warm-up's limit in requests (64)."""
+    tokenizer: str | None = None
+    """The tokenizer counting the streamed text of a server that sends no usage (default: ``model``)."""
+    max_error_rate: float = Field(0.01, ge=0, le=1)
+    """A level with a larger share of failed requests does not count: the trial is ``request_error``."""
+    min_delivered: float = Field(0.95, ge=0, le=1)
+    """A level that delivered a smaller share of the asked tokens does not count: the trial is ``request_error``."""
     request_timeout_s: float | None = Field(None, gt=0)
     ignore_eos: bool | None = None
     """Send ``ignore_eos``: true always, false never, unset when the server accepts it (the first request finds

@@ -26,9 +26,15 @@ Settings (``Space.settings`` merged with ``--set key=value``; all optional unles
 ``levels``                concurrency levels (default: the objective's)
 load                      ``api`` (completions/chat), ``prompt_len``, ``output_len``, ``length_jitter``, ``dataset``
                           (JSONL), ``requests_per_level``, ``rounds``, ``min_requests``, ``level_s`` (seconds per
-                          level, 3), ``warmup_requests``, ``request_timeout_s``, ``ignore_eos`` (unset: when the
-                          server accepts it), ``seed``, ``extra_body`` (see ``tuner.targets.sglang.loadgen``)
+                          level, 3), ``warmup_requests`` (at least; the warm-up goes on until the time to first
+                          token settles, within ``warmup_s`` 30 and ``warmup_max_requests`` 64),
+                          ``request_timeout_s``, ``ignore_eos`` (unset: when the server accepts it), ``seed``,
+                          ``extra_body``, ``tokenizer`` (counts the text of a server that streams no usage; default
+                          ``model``) (see ``tuner.targets.sglang.loadgen``)
+served                    ``max_error_rate`` (0.01) and ``min_delivered`` (0.95, of the asked tokens): a level beyond
+                          either is no figure, the trial ``request_error``
 ``allow_retry``           run a flag set whose launch failed before (the memory is in the study's storage)
+``failed_scope``          ``study`` (default): only this study's failed starts refuse a launch; ``storage``: all
 ``torch_compile_supported``  false when the model/build is known to reject torch.compile
 ``greedy_check``          off unless set: ``{prompts: 8, tokens: 32, min_agreement: 0.9}``, fixed prompts completed
                           greedily once per trial and compared with the baseline's (``tuner.targets.sglang.greedy``)
@@ -155,18 +161,20 @@ class CommandTarget(Target):
                                    gpus=f"{hw.gpu_count}x {hw.gpu_name}" if hw.gpu_count else "cpu")
 
     # -- the failed-flag memory (the study's storage) -----------------------------------------------------------
-    def known_failure(self, repo: Any, params: dict[str, Any]) -> str | None:
+    def known_failure(self, repo: Any, params: dict[str, Any], run_id: int | None = None) -> str | None:
         if self.allow_retry:
             return None
         args, env = self.flag_args(params)
-        return failed.known_failure(repo, self.flag_key(args, self.launch_env(env)))
+        scope = None if self.config.failed_scope == "storage" else run_id
+        return failed.known_failure(repo, self.flag_key(args, self.launch_env(env)), scope)
 
     def remember_failure(self, repo: Any, run_id: int, number: int, params: dict[str, Any],
                          measurement: Measurement) -> None:
         args, env = self.flag_args(params)
         failed.remember(repo, run_id, number, key=self.flag_key(args, self.launch_env(env)),
                         outcome=measurement.outcome.value, reason=measurement.reason, args=args,
-                        server_version=self.server_version())
+                        server_version=self.server_version(),
+                        at_start=measurement.metric("startup_s") is None)  # never ready: a failed start
 
     # -- flags of the installed server ------------------------------------------------------------------------
     def load_flags(self, checks: list[tuple[str, list[Any]]]) -> fl.ServerFlags | None:
@@ -230,6 +238,8 @@ class CommandTarget(Target):
             if m.outcome is not Outcome.OK:
                 report.errors.append(f"probe launch of the defaults: {m.outcome.value}: {m.reason}")
                 return
+            for note in m.data.pop("notes", None) or []:  # said once, here, before any trial
+                report.rules.append(f"the server: {note}")
             split = ", ".join(f"{label} {m.metric(name):.1f} s" for label, name in
                               (("start-up", "startup_s"), ("warm-up", "warmup_s")) if m.metric(name) is not None)
             measure = sum(r.value for r in m.metrics if r.metric == "measure_s")
@@ -265,7 +275,9 @@ class CommandTarget(Target):
         secs = probe.metric("greedy_s") if probe is not None else None
         if secs is not None:
             return line + f"; {secs:.1f} s in the probe launch"
-        return line + "; counted in trial_estimate_s (--set probe_launch=true measures it)"
+        if self.config.trial_estimate_s:
+            return line + "; counted in trial_estimate_s (--set probe_launch=true measures it)"
+        return line + "; not timed (set `trial_estimate_s`, or --set probe_launch=true measures it)"
 
     @property
     def allow_retry(self) -> bool:
@@ -434,7 +446,14 @@ class CommandTarget(Target):
             if probe.refused:  # the load is at fault, not these flags
                 return Measurement(Outcome.REQUEST_ERROR, reason=probe.refused, metrics=metrics)
         cfg = probe.config
-        metrics.append(MetricRow("ignore_eos", "", 1.0 if cfg.ignore_eos is not False else 0.0, "flag"))
+        # ignore_eos = 1 only when it was sent and the server honoured it (delivered the tokens asked)
+        sent = cfg.ignore_eos is not False
+        metrics.append(MetricRow("ignore_eos", "", 1.0 if sent and probe.honours_length else 0.0, "flag"))
+        metrics.append(MetricRow("length_honoured", "", 1.0 if probe.honours_length else 0.0, "flag"))
+        metrics.append(MetricRow("warmup_requests", "", float(probe.warmup_requests), "count"))
+        if probe.first is not None and probe.first.count_source:
+            metrics.append(MetricRow(f"count:{probe.first.count_source}", "", 1.0, "flag"))
+        notes = probe.adapted + ([probe.ignored] if probe.ignored else [])
         metrics += cfg.shape.rows(cfg.seed) if cfg.shape else []  # the load's shape as sent (loadshape.py)
         if self.config.greedy_check is not None:  # once per trial, before the levels (see greedy.py)
             failure = self._greedy(server, cfg, deadline, metrics)
@@ -442,7 +461,10 @@ class CommandTarget(Target):
                 return failure
         obj = self.objective()
         if obj.is_goodput:  # issue 22: a boundary search under the SLO instead of the levels (goodput.py)
-            return self._goodput(server, cfg, obj, metrics, deadline, should_abort)
+            m = self._goodput(server, cfg, obj, metrics, deadline, should_abort)
+            if notes:
+                m.data["notes"] = notes
+            return m
         by_level: dict[int, float] = {}
         for i, c in enumerate(obj.levels):
             res = loadgen.run_level(server.base_url, cfg, c, level_index=i, should_abort=should_abort,
@@ -463,6 +485,10 @@ class CommandTarget(Target):
                                    metrics=metrics)
             summary = loadgen.level_summary(res)
             metrics += loadgen.level_metrics(res)
+            served = loadgen.served_problem(res, self.config.max_error_rate, self.config.min_delivered)
+            if served:  # a level that served too little of what was asked is no figure: the trial cannot win
+                return Measurement(Outcome.REQUEST_ERROR, reason=f"at c={c}: {served}", metrics=metrics,
+                                   data={"notes": notes} if notes else {})
             if obj.metric not in summary:
                 raise TargetError(f"objective metric {obj.metric!r} is not measured; use one of {sorted(summary)}")
             by_level[c] = summary[obj.metric]
@@ -473,7 +499,8 @@ class CommandTarget(Target):
             got = next((r.value for r in metrics if r.metric == lc.metric and r.level == lc.level), None)
             violation = lc.violation(got) if got is not None and not math.isnan(got) else 1e9
             metrics.append(MetricRow("constraint", constraint_name(lc), float(violation), ""))
-        return Measurement(Outcome.OK, value=value, metrics=metrics, by_level=by_level)
+        return Measurement(Outcome.OK, value=value, metrics=metrics, by_level=by_level,
+                           data={"notes": notes} if notes else {})
 
 
     # -- the greedy check (greedy.py) ------------------------------------------------------------------------
@@ -528,6 +555,7 @@ class CommandTarget(Target):
                     is_baseline: bool) -> Measurement:
         """Keep a trial's completions as the study's reference when none is stored. A trial that became its own
         reference while another worker stored one first is judged again against the stored one."""
+        self._say_notes(measurement.data.pop("notes", None) or [])
         doc = measurement.data.pop("greedy", None)
         check = self.config.greedy_check
         if not doc or check is None:
@@ -546,6 +574,15 @@ class CommandTarget(Target):
         if res.wrong and measurement.outcome is Outcome.OK:
             measurement.outcome, measurement.value, measurement.reason = Outcome.WRONG_RESULT, None, res.wrong
         return measurement
+
+    def _say_notes(self, notes: list[str]) -> None:
+        """What the first requests learnt of the server (a field dropped, no usage, ``ignore_eos`` not honoured):
+        said once per search, not once per trial."""
+        said = self.__dict__.setdefault("_said", set())
+        for note in notes:
+            if note not in said:
+                said.add(note)
+                _logger.warning("the server: %s", note)
 
     def constraint_names(self) -> list[str]:
         check = self.config.greedy_check
