@@ -2,7 +2,7 @@
 ``deployable_only``), the export's two predictions as the search recorded them, the same re-measured by ``tuner verify``,
 and ``tuner explain``'s command-against-best table; the date, GPU and commit are read from the export itself.
 
-    python benchmarks/deployable_report.py out/off out/on > benchmarks/results/deployable_h200.md
+    python benchmarks/deployable_report.py out/off out/on > benchmarks/results/deployable/h200/<date>_<commit>.md
 """
 
 from __future__ import annotations
