@@ -4,7 +4,8 @@
 # the code's shape and the whole test suite on every core. GPU tests skip themselves with a reason on a machine
 # without CUDA; the run prints every skip reason and its slowest tests.
 # `bash scripts/test.sh` runs every test but those marked `slow` (real third-party servers, the 5000-trial study,
-# the sm_90 compile checks, ...): at most 12 minutes on 2 cores; `bash scripts/test.sh --slow` runs those alone.
+# the sm_90 compile checks, ...): at most 12 minutes on 2 cores; `bash scripts/test.sh --slow` runs those, then the
+# benchmarks' own tests (benchmarks/tests).
 set -euo pipefail
 marks="not slow"
 if [ "${1:-}" = "--slow" ]; then marks="slow"; shift; fi
@@ -45,6 +46,12 @@ lint-imports --no-cache
 set +e
 $PY -m pytest -q -p no:cacheprovider -n "${TUNER_TEST_WORKERS:-auto}" --dist loadfile -rs --durations=25 -m "$marks" "$@"
 rc=$?
+if [ "$marks" = slow ] && [ $rc = 0 ]; then
+  # the benchmarks' own tests (their reports rewritten from stored data, the results index, the lab's shape): a
+  # process of their own, as tests/ never imports benchmarks/
+  $PY -m pytest -q -p no:cacheprovider -n "${TUNER_TEST_WORKERS:-auto}" --dist loadfile -rs benchmarks/tests
+  rc=$?
+fi
 set -e
 # pytest exits 5 when nothing was collected: that is a failure of the suite, not a pass.
 exit $rc
