@@ -197,8 +197,8 @@ def dequantize_v4(cache: torch.Tensor, n: int) -> torch.Tensor:
 
 
 def _topk_indices(rows: torch.Tensor, multiple: int = 64) -> torch.Tensor:
-    """``rows`` [B, T] as FlashMLA's indices [B, 1, T'] (int32), padded with -1 (masked) to a multiple of 64, the
-    kernels' top-k tile (SGLang pads its page indices likewise)."""
+    """``rows`` [B, T] as FlashMLA's indices [B, 1, T'] (int32), padded with -1 (masked) to a multiple of
+    ``multiple`` (64: the decode kernel's top-k tile; SGLang pads its page indices likewise)."""
     pad = -rows.shape[1] % multiple
     idx = rows.to(torch.int32)
     if pad:
@@ -218,7 +218,8 @@ def flashmla_attention(impl: str) -> Callable[..., torch.Tensor]:
         def sparse(q, pool, rows, scale, kv_scale=None):
             if kv_scale is not None or pool.dtype != torch.bfloat16:
                 raise ValueError("attention_impl=flashmla_sparse reads a bf16 cache; set kv_cache_dtype=bf16")
-            idx = _topk_indices(rows)  # [B, 1, T], -1 = masked
+            # its sparse kernel takes the top-k in pairs of 64-row tiles (FlashMLA asserts topk % 128 == 0 on sm_90)
+            idx = _topk_indices(rows, 128)  # [B, 1, T], -1 = masked
             out = flash_mla.flash_mla_sparse_fwd(q.contiguous(), pool.unsqueeze(1), idx, scale, q.shape[-1],
                                                  use_legacy=True, return_log2_lse=False)[0]
             return out.to(q.dtype)
