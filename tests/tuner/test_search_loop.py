@@ -41,7 +41,8 @@ def test_baseline_first_then_search_finds_better(tmp_path, sqlite_url):
     assert run.state == "finished" and run.baseline_value == pytest.approx(res.baseline_value)
     recs = repo.list_trials(run.id, with_measurements=True)
     assert len(recs) == 14
-    assert {m.level for m in recs[0].measurements} == {"c=1", "c=4"}
+    assert {m.level for m in recs[0].measurements if m.metric not in ("trial_time_s", "worker_trial")} == {"c=1", "c=4"}
+    assert {m.level for m in recs[0].measurements if m.metric == "trial_time_s"} == {"spawn"}  # the child stores its start
     study = optuna.load_study(study_name="s", storage=sqlite_url)
     assert len(study.trials) == 14
     assert (tmp_path / "out" / "s" / "launch.sh").exists()
