@@ -69,12 +69,12 @@ def test_translate_maps_twin_knobs_onto_the_sglang_space_by_flag():
     params = {**twin.defaults(), "context_length": 131072, "cuda_graph_buckets": "pow2:64", "attention_impl": "mma",
               "sparse_num_splits": 4, "sparse_block_t": 64, "sparse_block_h": 16, "gemm_proj": "fp8"}
     wanted, notes = translate(twin, params, server)
-    assert wanted == {"context_length": 131072, "cuda_graph_buckets": "pow2:64", "dsa_decode_backend": "triton",
+    assert wanted == {"context_length": 131072, "cuda_graph_buckets": "pow2:64", "dsv4_attn_backend": "auto",
                       "triton_num_kv_splits": 4, "kv_cache_dtype": "bf16"}
     assert translate(twin, {**params, "kv_cache_dtype": "fp8_e4m3"}, server)[0]["kv_cache_dtype"] == "fp8_e4m3"
     assert any("moe_impl" in n and "no parameter for --moe-runner-backend" in n for n in notes)
     wanted, notes = translate(twin, {**params, "attention_impl": "torch", "sparse_num_splits": 1}, server)
-    assert wanted["dsa_decode_backend"] == "server_default"  # the server's own default backend
+    assert wanted["dsv4_attn_backend"] == "auto"  # the server's own default: V4 decode attention is --dsv4-attn-backend
     assert "triton_num_kv_splits" not in wanted and any("1 is not a value of `triton_num_kv_splits`" in n
                                                           for n in notes)
 
