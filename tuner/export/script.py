@@ -297,7 +297,11 @@ def _workload_command(repo: Repo, run, trial, levels: tuple[dict[str, float], di
     header += ["with these code changes (the twin's best; this command cannot give them):",
                *(cmd.lines() + release.moved or ["  none"])]
     rec = dict(recorded, remeasure=sc.REMEASURE_NAME)
-    if target is not None and not same:
+    if target is not None and not same and not cmd_runs:
+        # the search measures the command's configuration only where it runs here (Target.side_by_side): with no
+        # run there is no second prediction to re-measure
+        header.append(f"(no {sc.REMEASURE_COMMAND_NAME}: the command's configuration was not measured here)")
+    elif target is not None and not same:
         try:
             spec = target.launch_spec(cmd.params)
         except Exception as exc:  # noqa: BLE001 - the command's configuration may not run here; say so
