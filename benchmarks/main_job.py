@@ -108,6 +108,8 @@ def measure(out_dir: Path, preset: str, repeats: int, timeout: float) -> dict:
             "--repeats", str(repeats), "--timeout", str(timeout), "--out", str(out_dir / "side_by_side.md")]
     for r in with_best:
         argv += ["--study-best", f"{r['storage']}#{r['study']}"]
+    for r in with_best:  # after every best (the positions above stay): each exported command's configuration
+        argv += ["--study-command", f"{r['storage']}#{r['study']}"]
     out = subprocess.run(argv, capture_output=True, text=True, cwd=ROOT)
     (out_dir / "side_by_side.log").write_text(out.stdout + out.stderr)
     if out.returncode != 0:
@@ -169,7 +171,18 @@ def report(data: dict, source: Path | str = "main_job.json") -> str:
                      f"min {v[0]:.3f}, median {statistics.median(v):.3f}, max {v[-1]:.3f}")
     else:
         lines.append("found / hand-written best: no run had a best measured side by side")
-    lines += ["", "Side by side (tok/s, one run of `benchmarks/workload_gpu.py --only-ends --study-best ...`):", ""]
+    hand = next((c for c in side["cases"] if c["name"] == "hand-written best" and "tok_s" in c), None)
+    by_name = {c["name"]: c for c in side["cases"] if "tok_s" in c}
+    for c in side["cases"]:  # each exported command's configuration (workload_gpu.py --study-command)
+        best = by_name.get(c.get("base", ""))
+        if not c["name"].startswith("the exported command of") or "tok_s" not in c or best is None:
+            continue
+        vs_best = _geomean([c["tok_s"][lv] / best["tok_s"][lv] for lv in side["levels"]])
+        vs_hand = _geomean([c["tok_s"][lv] / hand["tok_s"][lv] for lv in side["levels"]]) if hand else float("nan")
+        lines.append(f"{c['name']}: {vs_best:.3f} of its best, {vs_hand:.3f} of the hand-written best (geomean, "
+                     "side by side)")
+    lines += ["", "Side by side (tok/s, one run of `benchmarks/workload_gpu.py --only-ends --study-best ... "
+              "--study-command ...`):", ""]
     lines += ["| configuration | " + " | ".join(side["levels"]) + " |",
               "| --- | " + " | ".join("---:" for _ in side["levels"]) + " |"]
     for c in side["cases"]:

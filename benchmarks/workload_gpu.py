@@ -100,6 +100,28 @@ def study_best(spec: str, default: dict | None = None) -> tuple[str, dict]:
     return f"best found by `{study}` (trial {trial.number}, stored {run.best_value:.2f})", knobs
 
 
+def study_command(spec: str, default: dict | None = None) -> tuple[str, dict, str] | None:
+    """``URL#STUDY`` -> (case name, knobs, the best's case name) of the configuration that study's exported command
+    runs (``server_map.command_config`` on the study's GPU: every value the command cannot give replaced by what SGLang
+    does instead); ``None`` when the command runs the best itself."""
+    from search_spaces import load_space_text
+    from search_spaces.hardware import arch_of_environment
+    from storage import Repo
+    from tuner.targets.workload.server_map import command_config
+
+    best_name, knobs = study_best(spec, default)
+    url, _, study = spec.rpartition("#")
+    repo = Repo(url)
+    run = repo.get_run(study)
+    trial = repo.get_trial(run.id, run.best_trial_number)
+    cmd = command_config(load_space_text(run.space_yaml, source=run.space_name), trial.params,
+                         arch_of_environment(run.environment))
+    if not cmd.changes:
+        return None
+    knobs = {**(DEFAULT if default is None else default), **{k: v for k, v in cmd.params.items() if v is not None}}
+    return f"the exported command of `{study}` (its best less {len(cmd.changes)} code changes)", knobs, best_name
+
+
 def report(data: dict) -> str:
     """The markdown of a run (``main`` writes it beside its JSON; ``--report-from`` rewrites it from a stored one):
     every case against the default, and each case in ``compared`` (a search's best, a variant of the hand-written
@@ -160,6 +182,10 @@ def main() -> int:
                     "--preset dsv4-flash-tiny: the CPU twin's)")
     ap.add_argument("--study-best", action="append", default=[], metavar="URL#STUDY",
                     help="add a stored search's best trial as a case (repeatable)")
+    ap.add_argument("--study-command", action="append", default=[], metavar="URL#STUDY",
+                    help="add the configuration a stored search's exported command runs (its best with every value "
+                         "the command cannot give replaced by SGLang's), compared with that best (repeatable; give "
+                         "the same URL#STUDY as --study-best)")
     ap.add_argument("--gemm-impl", default="", metavar="IMPL[,IMPL]",
                     help="add the hand-written best with its linears' GEMMs run by each IMPL (auto: the tuned files' "
                          "choice per shape; triton: kernels/gemm.py everywhere), beside it with the library's")
@@ -211,7 +237,9 @@ def main() -> int:
                       for name, knobs in found for impl in args.attention_impl.split(",")
                       if impl and knobs.get("attention_impl") != impl]
     cases += [(name, knobs) for name, knobs, _ in found_variants]
-    bases = {name: base for name, _, base in found_variants + kv_variants}
+    commands = [c for c in (study_command(spec, default) for spec in args.study_command) if c is not None]
+    cases += [(name, knobs) for name, knobs, _ in commands]
+    bases = {name: base for name, _, base in found_variants + kv_variants + commands}
     for name, knobs in cases:
         r = run_case(knobs, args.preset, args.levels, args.repeats, args.timeout)
         results.append((name, knobs, r))

@@ -64,10 +64,15 @@ def test_the_main_job_benchmark_runs_two_seeds_on_the_cpu_twin_and_writes_its_js
     assert names[:2] == ["default (the CPU twin's space defaults)", "hand-written best"]
     assert all("tok_s" in c for c in side["cases"][:2]), side["cases"][:2]
     with_best = [r for r in data["runs"] if r["best_trial"] is not None]
-    assert len(names) == 2 + len(with_best)
+    bests, commands = side["cases"][2:2 + len(with_best)], side["cases"][2 + len(with_best):]
+    assert all(c["name"].startswith("best found by") for c in bests)
+    # then each exported command's configuration (where it differs from its best), compared with that best
+    assert all(c["name"].startswith("the exported command of") and c["base"] in [b["name"] for b in bests]
+               for c in commands)
     with benchmark_script("main_job") as mj:
         assert (out / "main_job.md").read_text() == mj.report(data, source=out / "main_job.json")
         ratios = mj.found_over_hand(data)
     assert [r["side_case"] for r in with_best] == list(range(2, 2 + len(with_best)))
-    assert len(ratios) == len([c for c in side["cases"][2:] if "tok_s" in c])
+    assert len(ratios) == len([c for c in bests if "tok_s" in c])
+    assert all(f"{c['name']}: " in (out / "main_job.md").read_text() for c in commands if "tok_s" in c)
     assert all(v > 0 for v in ratios.values())
