@@ -213,6 +213,7 @@ def status(storage: StorageOpt = "sqlite:///tuner.db", study: StudyOpt = None,
     """Show the studies, or one study's trials with their outcomes (the API's trial page: same sort and paging)."""
     from storage.queries import SORT_KEYS, trial_page
     from storage.repo import elapsed_s
+    from tuner.measurement import served_shortfall
 
     if sort not in SORT_KEYS:
         fail(f"--sort {sort!r} is not one of {', '.join(SORT_KEYS)}; e.g. --sort value --desc")
@@ -244,9 +245,11 @@ def status(storage: StorageOpt = "sqlite:///tuner.db", study: StudyOpt = None,
     agree = {t.number: m.value for t in trials for m in t.measurements if m.metric == "greedy_agreement"}
     phases = {t.number: _trial_phases(t.measurements) for t in trials}
     phased = any(phases.values())
+    served = {t.number: served_shortfall(t.measurements) for t in trials}
     table = Table("#", "outcome", "value", "x base", "s", "start/warm/measure s",
                   *(["spawn/build/num/compile/capture/measure s"] if phased else []), *(["num. err"] if num else []),
-                  *(["greedy agr."] if agree else []), "params / reason",
+                  *(["greedy agr."] if agree else []), *(["not served in full"] if any(served.values()) else []),
+                  "params / reason",
                   caption=f"trials {offset + 1}-{offset + len(trials)} of {total}" if len(trials) < total else None)
     for t in trials:
         ratio = f"{t.value / run.baseline_value:.2f}" if t.value and run.baseline_value else ""
@@ -258,7 +261,8 @@ def status(storage: StorageOpt = "sqlite:///tuner.db", study: StudyOpt = None,
                       f"{t.duration_s:.1f}" if t.duration_s else "", _time_split(t.measurements),
                       *([_phase_split(phases[t.number])] if phased else []),
                       *([f"{num[t.number]:.2g}" if t.number in num else ""] if num else []),
-                      *([f"{agree[t.number]:.3f}" if t.number in agree else ""] if agree else []), detail)
+                      *([f"{agree[t.number]:.3f}" if t.number in agree else ""] if agree else []),
+                      *([served[t.number]] if any(served.values()) else []), detail)
     console.print(table)
     if phased:
         console.print(trial_time_line([phases[t.number] for t in trials]), highlight=False)

@@ -22,6 +22,9 @@ class TrialSummary:
     is_baseline: bool = False
     repeat_of: int | None = None
     """The earlier trial whose timing this one copies (its configuration was not run again)."""
+    served: str = ""
+    """The loads not served in full (failed requests, tokens short of those asked):
+    :func:`tuner.measurement.served_shortfall`; empty when all were."""
 
     @property
     def is_repeat(self) -> bool:
