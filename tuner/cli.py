@@ -164,6 +164,8 @@ def _print_result(result) -> None:
         return
     ratio = (f" = {result.speedup:.2f}x the baseline's median ({result.baseline_value:.2f}, "
              f"{len(result.baseline_runs)} run(s))" if result.speedup else "")
+    if result.baseline_value == 0:  # a ratio over 0 is no figure (it was inf)
+        ratio = f"; the baseline met nothing (median 0 over {len(result.baseline_runs)} run(s)): no ratio"
     values = {t.number: t.value for t in result.trials}
     runs = [values[n] for n in result.best_runs if values.get(n) is not None]
     spread = (f" (median of {len(runs)} runs, {min(runs):.2f}-{max(runs):.2f}, spread {result.best_spread:.1%})"

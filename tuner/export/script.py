@@ -147,9 +147,12 @@ def export_run(repo: Repo, study: str, out_dir: str | os.PathLike, *, target: Ta
     ]
     for lvl in sorted(best_levels, key=lambda s: int(s.split("=")[1]) if s.startswith("c=") else 0):
         b = base_levels.get(lvl)
-        ratio = f"{best_levels[lvl] / b:.2f}x baseline {b:.1f}" if b else "no baseline"
+        ratio = (f"{best_levels[lvl] / b:.2f}x baseline {b:.1f}" if b
+                 else "the baseline met nothing here" if b == 0 else "no baseline")
         header.append(f"  {lvl:>6}: {best_levels[lvl]:.1f} ({ratio})")
-    if run.best_value is not None and run.baseline_value:
+    if run.best_value is not None and run.baseline_value == 0:
+        header.append(f"  objective: {run.best_value:.2f}; the baseline met nothing (median 0): no ratio")
+    elif run.best_value is not None and run.baseline_value:
         vals = [r.value for r in best_runs]
         spread = f", runs {min(vals):.2f}-{max(vals):.2f}" if len(vals) > 1 else ", one run"
         header.append(f"  objective: {run.best_value:.2f} (median{spread}; {run.best_value / run.baseline_value:.2f}x "
