@@ -141,6 +141,9 @@ def search(
             console.print(line, highlight=False, markup=False)
         raise typer.Exit(0 if result.preflight.ok else 2)
     _print_result(result)
+    if not hasattr(result, "summary_lines") and result.infeasible:  # stored, not exported: say so, exit 1
+        err_console.print(f"error: {result.infeasible}", highlight=False, markup=False, soft_wrap=True)
+        raise typer.Exit(1)
     if not hasattr(result, "summary_lines") and (result.best is None or result.state == "failed"):
         counts = ", ".join(f"{k} {v}" for k, v in sorted(_count(result.trials).items())) or "no trial"
         err_console.print(f"error: {'the search gave up' if result.state == 'failed' else 'no trial succeeded'} "

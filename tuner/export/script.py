@@ -350,13 +350,22 @@ def _recorded(run, best_runs: list) -> dict[str, Any]:
     return out
 
 
+def nothing_met_the_slo(run, trial, consequence: str = "nothing to export") -> str:
+    """When ``trial`` (a goodput study's best) met the SLO at no load measured: one line naming the SLO, what
+    follows (``consequence``) and how to relax it; empty otherwise (a feasible best, or a study without an SLO)."""
+    feasible = next((m.value for m in trial.measurements if m.metric == "goodput_feasible"), None)
+    if feasible != 0.0:
+        return ""
+    return (f"study {run.study_name!r}: no configuration met the SLO ({run.objective}); the best, trial "
+            f"{trial.number}, missed it at every load measured: {consequence}; loosen the SLO (the space's "
+            "objective.slo), or measure lower loads (setting goodput_min)")
+
+
 def _refuse_infeasible(run, trial) -> None:
     """A goodput study's best that never met the SLO is no configuration to deploy: ``ExportError`` saying so."""
-    feasible = next((m.value for m in trial.measurements if m.metric == "goodput_feasible"), None)
-    if feasible == 0.0:
-        raise ExportError(f"study {run.study_name!r}: no configuration met the SLO ({run.objective}); the best, "
-                          f"trial {trial.number}, missed it at every load measured: nothing to export; loosen the "
-                          "SLO, or measure lower loads (setting goodput_min)")
+    line = nothing_met_the_slo(run, trial)
+    if line:
+        raise ExportError(line)
 
 
 def recorded_figures(objective, value: float | None, by_level: dict, settings: dict[str, Any], *,

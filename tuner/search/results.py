@@ -53,6 +53,9 @@ class SearchResult:
     baseline_runs: list[int] = field(default_factory=list)
     note: str = ""
     """What the user must know about the choice (e.g. nothing beat the baseline beyond the noise)."""
+    infeasible: str = ""
+    """A goodput search in which no configuration met the SLO: the line that says so (nothing was exported; the
+    command exits non-zero)."""
 
     @property
     def speedup(self) -> float | None:
