@@ -152,6 +152,7 @@ def search(
 
 
 def _print_result(result) -> None:
+    from tuner.search.results import trial_tally
 
     if hasattr(result, "summary_lines"):  # a kernel search: one line per kernel x shape case
         for line in result.summary_lines():
@@ -159,8 +160,7 @@ def _print_result(result) -> None:
         return
     console.print(f"\nsearch {result.state} after {result.elapsed_s:.0f}s"
                   + (f" ({result.stop_reason})" if result.stop_reason else "")
-                  + f": {len(result.trials)} trials, "
-                  + ", ".join(f"{k} {v}" for k, v in sorted(_count(result.trials).items())))
+                  + f": {trial_tally(result.trials)}")
     if result.note:
         console.print(f"note: {result.note}", highlight=False)
     if result.best is None:

@@ -77,11 +77,12 @@ def run_search(options: SearchOptions, progress: Progress | None = None) -> Sear
     export_dir = None
     decision = decide_for_search(ctx)  # the winner, the baseline and why: tuner.search.winner
     best, base, note, parsimony = decision.best, decision.baseline, decision.note, decision.parsimony
-    for line in (note, parsimony.reason() if parsimony is not None and parsimony.switched else ""):
-        if line:
-            _logger.warning("%s", line)
-            if progress:
-                progress.message(line)
+    if note:  # the result carries it: the CLI prints it once, after the search
+        _logger.info("%s", note)
+    if parsimony is not None and parsimony.switched:
+        _logger.info("%s", parsimony.reason())
+        if progress:
+            progress.message(parsimony.reason())
     if base is not None:  # every "x baseline" (status, best, the API, the export) uses the baseline's median
         ctx.repo.set_baseline(ctx.run.id, base.value)
     if best is not None:  # status, best, the API and the export all report the decided choice

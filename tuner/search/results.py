@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -62,6 +63,33 @@ class SearchResult:
         if self.best_value and self.baseline_value:
             return self.best_value / self.baseline_value
         return None
+
+
+def trial_tally(trials: list[TrialSummary]) -> str:
+    """What a search's trials were, each counted once: the configurations measured, by the outcome of their first
+    run, then how many trials were a repeat told an earlier result (not run) or a re-run of a configuration already
+    measured (confirmation, side by side): ``2 configurations: ok 2 (31 trials: 25 repeats not run again, 4 re-runs
+    of a measured configuration)``."""
+    first: dict[str, str] = {}
+    repeats = reruns = 0
+    for t in sorted(trials, key=lambda t: t.number):
+        key = json.dumps(t.params, sort_keys=True, default=str)
+        if t.repeat_of is not None:
+            repeats += 1
+        elif key in first:
+            reruns += 1
+        else:
+            first[key] = t.outcome
+    counts: dict[str, int] = {}
+    for outcome in first.values():
+        counts[outcome] = counts.get(outcome, 0) + 1
+    text = f"{len(first)} configuration{'s' if len(first) != 1 else ''}"
+    if counts:
+        text += ": " + ", ".join(f"{k} {v}" for k, v in sorted(counts.items()))
+    extra = [part for n, part in ((repeats, f"{repeats} repeat{'s' if repeats != 1 else ''} not run again"),
+                                  (reruns, f"{reruns} re-run{'s' if reruns != 1 else ''} of a measured "
+                                           "configuration")) if n]
+    return text + (f" ({len(trials)} trials: {', '.join(extra)})" if extra else "")
 
 
 class Progress:

@@ -81,6 +81,12 @@ def group_runs(records: Iterable, key_of: Callable[[dict], str]) -> list[Measure
     return out
 
 
+def baseline_of(groups: Sequence[Measured]) -> Measured | None:
+    """The baseline configuration among ``groups`` (the one any of whose runs was the baseline trial): its median is
+    the one figure every "x baseline" uses (the per-trial lines, ``tuner status``, the final line, the export)."""
+    return next((g for g in groups if g.is_baseline), None)
+
+
 FAR_BEYOND = 2.0
 """A configuration timed once beats a repeated median when it leads by more than this many times the measured
 noise (:func:`beyond_noise`)."""
@@ -269,7 +275,7 @@ def decide(groups: Sequence[Measured], *, defaults: Mapping[str, Any], maximize:
     """The winner of ``groups`` (see the module docstring): best median, then the baseline check, then parsimony.
     ``tolerance`` is the space's ``noise_tolerance`` (a single timing must lead by more); ``noise_of_single``
     gives parsimony's noise for a winner timed once (e.g. its step times' spread; 0 without it)."""
-    base_g = next((g for g in groups if g.is_baseline), None)
+    base_g = baseline_of(groups)
     base = Choice.of(base_g) if base_g else None
     best_g, note = pick_best(groups, maximize=maximize, tolerance=tolerance)
     noise = widest_spread(groups)
