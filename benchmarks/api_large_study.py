@@ -219,6 +219,11 @@ def _q(xs: list[float], q: int) -> float:
     return statistics.quantiles(xs, n=100, method="inclusive")[q - 1]
 
 
+WARM_TARGET_S = 1.0
+"""The speed target: every derived view answers in under this warm, while a search writes (issue 21, item 5). A
+benchmark's figure (this report's "within target" column), not a test's assertion: a loaded CI box is no measurement."""
+
+
 def report(files: list[Path]) -> str:
     runs = [json.loads(f.read_text()) for f in files]
     lines = ["# The dashboard's derived views on a large study while a search writes to it", "",
@@ -236,12 +241,12 @@ def report(files: list[Path]) -> str:
                   f"{r['load_before']:.1f} / {r['load_after']:.1f}; non-200 answers: {r['errors']}"),
                   (f"- server CPU during the warm phase (its worker process included): {r['server_cpu_s']:.1f} s, "
                   f"{r['server_cpu_s'] / max(1, r['trials_written']):.2f} s per trial written"), "",
-                  "| endpoint | cold s | warm requests | warm p50 s | warm p99 s | warm max s |",
-                  "| --- | ---: | ---: | ---: | ---: | ---: |"]  # fmt: skip
+                  f"| endpoint | cold s | warm requests | warm p50 s | warm p99 s | warm max s | max < {WARM_TARGET_S:g} s |",
+                  "| --- | ---: | ---: | ---: | ---: | ---: | --- |"]  # fmt: skip
         for path, xs in r["warm_latency_s"].items():
             cold = r["cold_s"].get(path)
             lines.append(f"| {path} | {'' if cold is None else f'{cold:.2f}'} | {len(xs)} | {_q(xs, 50):.3f} | "
-                         f"{_q(xs, 99):.3f} | {max(xs):.3f} |")  # fmt: skip
+                         f"{_q(xs, 99):.3f} | {max(xs):.3f} | {'yes' if max(xs) < WARM_TARGET_S else 'no'} |")  # fmt: skip
         lines.append("")
     return "\n".join(lines)
 

@@ -141,6 +141,9 @@ def search(
             console.print(line, highlight=False, markup=False)
         raise typer.Exit(0 if result.preflight.ok else 2)
     _print_result(result)
+    if not hasattr(result, "summary_lines") and result.infeasible:  # stored, not exported: say so, exit 1
+        err_console.print(f"error: {result.infeasible}", highlight=False, markup=False, soft_wrap=True)
+        raise typer.Exit(1)
     if not hasattr(result, "summary_lines") and (result.best is None or result.state == "failed"):
         counts = ", ".join(f"{k} {v}" for k, v in sorted(_count(result.trials).items())) or "no trial"
         err_console.print(f"error: {'the search gave up' if result.state == 'failed' else 'no trial succeeded'} "
@@ -149,6 +152,7 @@ def search(
 
 
 def _print_result(result) -> None:
+    from tuner.search.results import trial_tally
 
     if hasattr(result, "summary_lines"):  # a kernel search: one line per kernel x shape case
         for line in result.summary_lines():
@@ -156,14 +160,15 @@ def _print_result(result) -> None:
         return
     console.print(f"\nsearch {result.state} after {result.elapsed_s:.0f}s"
                   + (f" ({result.stop_reason})" if result.stop_reason else "")
-                  + f": {len(result.trials)} trials, "
-                  + ", ".join(f"{k} {v}" for k, v in sorted(_count(result.trials).items())))
+                  + f": {trial_tally(result.trials)}")
     if result.note:
         console.print(f"note: {result.note}", highlight=False)
     if result.best is None:
         return
     ratio = (f" = {result.speedup:.2f}x the baseline's median ({result.baseline_value:.2f}, "
              f"{len(result.baseline_runs)} run(s))" if result.speedup else "")
+    if result.baseline_value == 0:  # a ratio over 0 is no figure (it was inf)
+        ratio = f"; the baseline met nothing (median 0 over {len(result.baseline_runs)} run(s)): no ratio"
     values = {t.number: t.value for t in result.trials}
     runs = [values[n] for n in result.best_runs if values.get(n) is not None]
     spread = (f" (median of {len(runs)} runs, {min(runs):.2f}-{max(runs):.2f}, spread {result.best_spread:.1%})"
@@ -213,6 +218,7 @@ def status(storage: StorageOpt = "sqlite:///tuner.db", study: StudyOpt = None,
     """Show the studies, or one study's trials with their outcomes (the API's trial page: same sort and paging)."""
     from storage.queries import SORT_KEYS, trial_page
     from storage.repo import elapsed_s
+    from tuner.measurement import served_shortfall
 
     if sort not in SORT_KEYS:
         fail(f"--sort {sort!r} is not one of {', '.join(SORT_KEYS)}; e.g. --sort value --desc")
@@ -244,9 +250,11 @@ def status(storage: StorageOpt = "sqlite:///tuner.db", study: StudyOpt = None,
     agree = {t.number: m.value for t in trials for m in t.measurements if m.metric == "greedy_agreement"}
     phases = {t.number: _trial_phases(t.measurements) for t in trials}
     phased = any(phases.values())
+    served = {t.number: served_shortfall(t.measurements) for t in trials}
     table = Table("#", "outcome", "value", "x base", "s", "start/warm/measure s",
                   *(["spawn/build/num/compile/capture/measure s"] if phased else []), *(["num. err"] if num else []),
-                  *(["greedy agr."] if agree else []), "params / reason",
+                  *(["greedy agr."] if agree else []), *(["not served in full"] if any(served.values()) else []),
+                  "params / reason",
                   caption=f"trials {offset + 1}-{offset + len(trials)} of {total}" if len(trials) < total else None)
     for t in trials:
         ratio = f"{t.value / run.baseline_value:.2f}" if t.value and run.baseline_value else ""
@@ -258,7 +266,8 @@ def status(storage: StorageOpt = "sqlite:///tuner.db", study: StudyOpt = None,
                       f"{t.duration_s:.1f}" if t.duration_s else "", _time_split(t.measurements),
                       *([_phase_split(phases[t.number])] if phased else []),
                       *([f"{num[t.number]:.2g}" if t.number in num else ""] if num else []),
-                      *([f"{agree[t.number]:.3f}" if t.number in agree else ""] if agree else []), detail)
+                      *([f"{agree[t.number]:.3f}" if t.number in agree else ""] if agree else []),
+                      *([served[t.number]] if any(served.values()) else []), detail)
     console.print(table)
     if phased:
         console.print(trial_time_line([phases[t.number] for t in trials]), highlight=False)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import enum
+import math
 import re
 from dataclasses import dataclass, field
 from typing import Any
@@ -78,6 +79,35 @@ class Measurement:
             duration_s=float(data.get("duration_s", 0.0)),
             data=dict(data.get("data") or {}),
         )
+
+
+def _level_order(level: str) -> tuple[str, float]:
+    kind, _, n = level.partition("=")
+    try:
+        return kind, float(n)
+    except ValueError:
+        return level, 0.0
+
+
+def served_shortfall(rows) -> str:
+    """The loads of a server trial that were not served in full, from its rows (``MetricRow`` s or stored
+    measurements: ``metric``, ``level``, ``value``): ``c=8: 3% errors, 91% delivered; c=16: 12% errors`` for each
+    level whose ``error_rate`` is above 0 or whose ``delivered`` (share of the asked tokens) is below 1; empty when
+    every level was served in full or the trial stored neither figure."""
+    got: dict[str, dict[str, float]] = {}
+    for m in rows:
+        if m.metric in ("error_rate", "delivered") and m.value is not None:
+            got.setdefault(m.level, {})[m.metric] = m.value
+    parts = []
+    for level in sorted(got, key=_level_order):
+        figs, what = got[level], []
+        if figs.get("error_rate", 0.0) > 0:  # rounded up and down: a shortfall never reads as 0% or 100%
+            what.append(f"{math.ceil(1000 * figs['error_rate']) / 10:g}% errors")
+        if figs.get("delivered", 1.0) < 1:
+            what.append(f"{math.floor(1000 * figs['delivered']) / 10:g}% delivered")
+        if what:
+            parts.append(f"{level}: {', '.join(what)}")
+    return "; ".join(parts)
 
 
 _TRACEBACK = "Traceback (most recent call last):"

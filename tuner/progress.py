@@ -56,6 +56,8 @@ class RichProgress(Progress):
             if summary.repeat_of is not None:
                 tag = " [" + summary.reason.split(":")[0] + "]"
             reason = f" — {summary.reason[:120]}" if summary.outcome != "ok" and summary.reason else ""
+            if summary.served:
+                reason += f" — not served in full: {summary.served}"
             self.console.print(f"trial {summary.number:>3} {summary.outcome:<16} {val}{ratio} "
                                f"{summary.duration_s:5.1f}s{tag}  {_fmt_params(summary.params, 90)}{reason}",
                                highlight=False, markup=False)

@@ -20,6 +20,14 @@ def test_every_file_the_index_links_exists():
     assert not missing, missing
 
 
+def test_the_index_retypes_no_test_count_it_links_the_file_that_holds_it():
+    """A figure is a line a script printed from stored data (STYLE.md): the index links each gpu_tests file, whose own
+    ``Result:`` line (filed by benchmarks/gpu_tests.py from the pytest log) holds the count; a count typed again
+    here goes stale without anyone seeing."""
+    retyped = re.findall(r"\b\d+ (?:passed|failed|skipped|deselected)\b", INDEX.read_text())
+    assert not retyped, retyped
+
+
 def test_the_index_links_a_file_of_every_benchmark_folder():
     linked = {link.split("/")[0] for link in LINK.findall(INDEX.read_text())}
     folders = {p.name for p in RESULTS.iterdir() if p.is_dir()}

@@ -1,7 +1,7 @@
 """Derived views (importances, plots) are computed once, then served from memory and refreshed on an interval,
-never per event: on a small study the computations are counted; on a 5,000-trial study they stay under 1 s warm
-while a search writes to it (benchmarks/tests/test_api_large_study.py; benchmarks/api_large_study.py measures the same
-with a real server)."""
+never per event: on a small study the computations are counted; a 5,000-trial study answers while a search writes
+to it (benchmarks/tests/test_api_large_study.py), and how fast (under 1 s warm) is benchmarks/api_large_study.py's
+figure, with a real server."""
 
 from __future__ import annotations
 

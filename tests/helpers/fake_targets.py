@@ -28,6 +28,9 @@ class FakeSettings(CommonSettings):
     noise: dict[str, float] = {}
     """Per ``x`` (as text), a factor the value is multiplied by on every second run of that configuration in this
     study (a noisy server): the runs then disagree by that much."""
+    served: dict[str, list[float]] = {}
+    """Per ``x`` (as text), ``[error_rate, delivered]`` the trial stores at its highest level (a server that failed
+    some requests or cut answers short); every other level stores ``[0, 1]``. Empty: no such rows at all."""
     slow_rerun_s: dict[str, float] = {}
     """Per ``x`` (as text), seconds every run of that configuration after its first sleeps (a re-run that does not
     fit the time left: with a shorter trial timeout it times out)."""
@@ -66,6 +69,10 @@ class FakeTarget(Target):
             if report is not None:
                 report(i, v)
         metrics = [MetricRow("tok_s", f"c={c}", v, "tok/s") for c, v in levels.items()]
+        for c in levels if self.config.served else ():
+            err, delivered = self.config.served.get(name, [0.0, 1.0]) if c == max(levels) else [0.0, 1.0]
+            metrics += [MetricRow("error_rate", f"c={c}", err, "fraction"),
+                        MetricRow("delivered", f"c={c}", delivered, "fraction")]
         return Measurement(outcome=Outcome.OK, value=self.space.objective.combine_values(levels), metrics=metrics,
                            by_level=levels)
 

@@ -88,3 +88,23 @@ def test_a_study_where_nothing_met_the_slo_exports_nothing(tmp_path):
     done = _tuner("export", "--storage", url, "--study", "none", "--out", str(tmp_path / "o"))
     assert done.returncode == 2
     assert "no configuration met the SLO" in done.stderr and "nothing to export" in done.stderr
+
+
+def test_a_search_where_nothing_met_the_slo_exits_1_naming_the_slo_and_its_relaxation_and_stores_every_trial(
+        tmp_path):
+    import yaml
+
+    space = tmp_path / "g.yaml"
+    space.write_text(SPACE_YAML.replace("values: [400, 20]", "values: [400]")
+                     + yaml.safe_dump({"settings": SETTINGS}))
+    url = f"sqlite:///{tmp_path / 'tuner.db'}"
+    done = _tuner("search", "--budget", "150s", "--space", str(space), "--target", "command", "--storage", url,
+                  "--study", "none", "--n-trials", "2", "--confirm-top", "0", "--refine-share", "0",
+                  "--out", str(tmp_path / "out"))
+    assert done.returncode == 1, (done.stdout, done.stderr)
+    errors = [ln for ln in done.stderr.splitlines() if ln.startswith("error: ")]
+    assert len(errors) == 1 and "no configuration met the SLO" in errors[0], done.stderr
+    assert "ttft_ms_p95<=150" in errors[0] and "loosen the SLO" in errors[0] and "goodput_min" in errors[0]
+    repo = Repo(url)
+    assert len(repo.list_trials(repo.get_run("none").id)) == 2  # every trial stored
+    assert not list((tmp_path / "out").rglob("launch.sh"))  # nothing exported

@@ -147,9 +147,12 @@ def export_run(repo: Repo, study: str, out_dir: str | os.PathLike, *, target: Ta
     ]
     for lvl in sorted(best_levels, key=lambda s: int(s.split("=")[1]) if s.startswith("c=") else 0):
         b = base_levels.get(lvl)
-        ratio = f"{best_levels[lvl] / b:.2f}x baseline {b:.1f}" if b else "no baseline"
+        ratio = (f"{best_levels[lvl] / b:.2f}x baseline {b:.1f}" if b
+                 else "the baseline met nothing here" if b == 0 else "no baseline")
         header.append(f"  {lvl:>6}: {best_levels[lvl]:.1f} ({ratio})")
-    if run.best_value is not None and run.baseline_value:
+    if run.best_value is not None and run.baseline_value == 0:
+        header.append(f"  objective: {run.best_value:.2f}; the baseline met nothing (median 0): no ratio")
+    elif run.best_value is not None and run.baseline_value:
         vals = [r.value for r in best_runs]
         spread = f", runs {min(vals):.2f}-{max(vals):.2f}" if len(vals) > 1 else ", one run"
         header.append(f"  objective: {run.best_value:.2f} (median{spread}; {run.best_value / run.baseline_value:.2f}x "
@@ -347,13 +350,22 @@ def _recorded(run, best_runs: list) -> dict[str, Any]:
     return out
 
 
+def nothing_met_the_slo(run, trial, consequence: str = "nothing to export") -> str:
+    """When ``trial`` (a goodput study's best) met the SLO at no load measured: one line naming the SLO, what
+    follows (``consequence``) and how to relax it; empty otherwise (a feasible best, or a study without an SLO)."""
+    feasible = next((m.value for m in trial.measurements if m.metric == "goodput_feasible"), None)
+    if feasible != 0.0:
+        return ""
+    return (f"study {run.study_name!r}: no configuration met the SLO ({run.objective}); the best, trial "
+            f"{trial.number}, missed it at every load measured: {consequence}; loosen the SLO (the space's "
+            "objective.slo), or measure lower loads (setting goodput_min)")
+
+
 def _refuse_infeasible(run, trial) -> None:
     """A goodput study's best that never met the SLO is no configuration to deploy: ``ExportError`` saying so."""
-    feasible = next((m.value for m in trial.measurements if m.metric == "goodput_feasible"), None)
-    if feasible == 0.0:
-        raise ExportError(f"study {run.study_name!r}: no configuration met the SLO ({run.objective}); the best, "
-                          f"trial {trial.number}, missed it at every load measured: nothing to export; loosen the "
-                          "SLO, or measure lower loads (setting goodput_min)")
+    line = nothing_met_the_slo(run, trial)
+    if line:
+        raise ExportError(line)
 
 
 def recorded_figures(objective, value: float | None, by_level: dict, settings: dict[str, Any], *,

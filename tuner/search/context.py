@@ -10,7 +10,6 @@ import logging
 import os
 import re
 import socket
-import statistics
 import threading
 import warnings
 from dataclasses import dataclass, field
@@ -42,6 +41,7 @@ from tuner.search.sampling import (
     set_constraints,
     suggestable,
 )
+from tuner.search.winner import baseline_of, group_runs
 from tuner.targets import PreflightReport, Target, get_target_class
 
 _logger = logging.getLogger(__name__)
@@ -91,15 +91,11 @@ class SearchContext:
 
     @property
     def baseline_value(self) -> float | None:
-        """The baseline configuration's median over its runs so far: the one figure every "x baseline" uses (the
-        per-trial lines, the live panel, the final line, the stored run)."""
-        base = self.baseline
-        if base is None:
-            return None
-        key = self.key_of(base.params)
-        runs = [t.value for t in self.trials if t.outcome == "ok" and t.value is not None and t.repeat_of is None
-                and self.key_of(t.params) == key]
-        return statistics.median(runs) if runs else base.value
+        """The baseline configuration's median over its runs so far (:func:`tuner.search.winner.baseline_of`, the
+        decision's own): the one figure every "x baseline" uses (the per-trial lines, the live panel, the final
+        line, and the stored run that ``tuner status`` reads, kept equal to it after every baseline run)."""
+        base = baseline_of(group_runs(self.trials, self.key_of))
+        return base.median if base is not None else None
 
     @property
     def best(self) -> TrialSummary | None:

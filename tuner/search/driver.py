@@ -15,7 +15,7 @@ import signal
 import threading
 
 from tuner.execution.persistent import close_workers
-from tuner.export.script import export_run
+from tuner.export.script import export_run, nothing_met_the_slo
 from tuner.measurement import Outcome
 from tuner.search.confirm import SIDE_BY_SIDE_RUNS, confirm_top, planned_line
 from tuner.search.context import (
@@ -77,16 +77,22 @@ def run_search(options: SearchOptions, progress: Progress | None = None) -> Sear
     export_dir = None
     decision = decide_for_search(ctx)  # the winner, the baseline and why: tuner.search.winner
     best, base, note, parsimony = decision.best, decision.baseline, decision.note, decision.parsimony
-    for line in (note, parsimony.reason() if parsimony is not None and parsimony.switched else ""):
-        if line:
-            _logger.warning("%s", line)
-            if progress:
-                progress.message(line)
+    if note:  # the result carries it: the CLI prints it once, after the search
+        _logger.info("%s", note)
+    if parsimony is not None and parsimony.switched:
+        _logger.info("%s", parsimony.reason())
+        if progress:
+            progress.message(parsimony.reason())
     if base is not None:  # every "x baseline" (status, best, the API, the export) uses the baseline's median
         ctx.repo.set_baseline(ctx.run.id, base.value)
     if best is not None:  # status, best, the API and the export all report the decided choice
         ctx.repo.set_best(ctx.run.id, best.number, best.value)
-    if options.export and best is not None:
+    infeasible = ""
+    if best is not None and ctx.resolved.space.objective.is_goodput:
+        rec = ctx.repo.get_trial(ctx.run.id, best.number)
+        infeasible = nothing_met_the_slo(ctx.run, rec, f"nothing exported; all {len(ctx.trials)} trials are "
+                                         "stored (`tuner status`)") if rec is not None else ""
+    if options.export and best is not None and not infeasible:
         try:
             export_dir = str(export_run(ctx.repo, ctx.run.study_name, options.out_dir, target=ctx.target,
                                         note=note, parsimony=parsimony))
@@ -103,7 +109,7 @@ def run_search(options: SearchOptions, progress: Progress | None = None) -> Sear
                         base.value if base else None, export_dir, ctx.target.preflight(), ctx.deadline.elapsed(),
                         ctx.stop_reason, best_runs=best.runs if best else [],
                         best_spread=best.spread if best else 0.0, baseline_runs=base.runs if base else [],
-                        note=note)
+                        note=note, infeasible=infeasible)
 
 
 def _side_by_side(ctx: SearchContext, progress: Progress | None, runs: int = SIDE_BY_SIDE_RUNS) -> None:

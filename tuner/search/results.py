@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -22,6 +23,9 @@ class TrialSummary:
     is_baseline: bool = False
     repeat_of: int | None = None
     """The earlier trial whose timing this one copies (its configuration was not run again)."""
+    served: str = ""
+    """The loads not served in full (failed requests, tokens short of those asked):
+    :func:`tuner.measurement.served_shortfall`; empty when all were."""
 
     @property
     def is_repeat(self) -> bool:
@@ -50,12 +54,42 @@ class SearchResult:
     baseline_runs: list[int] = field(default_factory=list)
     note: str = ""
     """What the user must know about the choice (e.g. nothing beat the baseline beyond the noise)."""
+    infeasible: str = ""
+    """A goodput search in which no configuration met the SLO: the line that says so (nothing was exported; the
+    command exits non-zero)."""
 
     @property
     def speedup(self) -> float | None:
         if self.best_value and self.baseline_value:
             return self.best_value / self.baseline_value
         return None
+
+
+def trial_tally(trials: list[TrialSummary]) -> str:
+    """What a search's trials were, each counted once: the configurations measured, by the outcome of their first
+    run, then how many trials were a repeat told an earlier result (not run) or a re-run of a configuration already
+    measured (confirmation, side by side): ``2 configurations: ok 2 (31 trials: 25 repeats not run again, 4 re-runs
+    of a measured configuration)``."""
+    first: dict[str, str] = {}
+    repeats = reruns = 0
+    for t in sorted(trials, key=lambda t: t.number):
+        key = json.dumps(t.params, sort_keys=True, default=str)
+        if t.repeat_of is not None:
+            repeats += 1
+        elif key in first:
+            reruns += 1
+        else:
+            first[key] = t.outcome
+    counts: dict[str, int] = {}
+    for outcome in first.values():
+        counts[outcome] = counts.get(outcome, 0) + 1
+    text = f"{len(first)} configuration{'s' if len(first) != 1 else ''}"
+    if counts:
+        text += ": " + ", ".join(f"{k} {v}" for k, v in sorted(counts.items()))
+    extra = [part for n, part in ((repeats, f"{repeats} repeat{'s' if repeats != 1 else ''} not run again"),
+                                  (reruns, f"{reruns} re-run{'s' if reruns != 1 else ''} of a measured "
+                                           "configuration")) if n]
+    return text + (f" ({len(trials)} trials: {', '.join(extra)})" if extra else "")
 
 
 class Progress:

@@ -13,7 +13,7 @@ import optuna
 from search_spaces.schema import SLO_LEVEL
 from tuner.execution.isolation import TrialJob, TrialProcess
 from tuner.execution.persistent import persistent_worker
-from tuner.measurement import Measurement, Outcome
+from tuner.measurement import Measurement, Outcome, served_shortfall
 from tuner.search.context import (
     BASELINE_ATTR,
     CONFIRM_ATTR,
@@ -152,10 +152,14 @@ def _record(ctx: SearchContext, trial: optuna.Trial, params: dict[str, Any], m: 
     except Exception:  # noqa: BLE001 - e.g. a heartbeat already failed it; the tuner_ tables still hold the truth
         _logger.exception("could not tell Optuna about trial %d", trial.number)
     summary = TrialSummary(trial.number, params, m.outcome.value, value, m.reason, m.duration_s, is_baseline,
-                           repeat_of)
+                           repeat_of, served_shortfall(m.metrics))
     ctx.trials.append(summary)
     ctx.counts[summary.outcome] = ctx.counts.get(summary.outcome, 0) + 1
     ctx.seen.setdefault(ctx.key_of(params), summary)
+    base = ctx.baseline
+    if summary.outcome == "ok" and repeat_of is None and base is not None and ctx.key_of(params) == ctx.key_of(
+            base.params) and ctx.baseline_value is not None:  # a baseline run moves its median: status reads it
+        ctx.repo.set_baseline(ctx.run.id, ctx.baseline_value)
     level = logging.INFO if m.outcome in (Outcome.OK, Outcome.PRUNED) else logging.WARNING
     _logger.log(level, "trial %d %s value=%s %s", trial.number, m.outcome.value, value, m.reason[:200])
     if progress:

@@ -57,8 +57,9 @@ class Measured:
 
 
 def spread_of(values: list[float]) -> float:
-    """The relative range of repeated timings: (max - min) / median; 0 for a single one."""
-    if len(values) < 2:
+    """The relative range of repeated timings: (max - min) / median; 0 for a single one or identical ones (runs
+    that all met nothing, 0, agree); ``inf`` for runs that differ around a median of 0."""
+    if len(values) < 2 or max(values) == min(values):
         return 0.0
     med = statistics.median(values)
     return (max(values) - min(values)) / abs(med) if med else math.inf
@@ -80,6 +81,12 @@ def group_runs(records: Iterable, key_of: Callable[[dict], str]) -> list[Measure
     return out
 
 
+def baseline_of(groups: Sequence[Measured]) -> Measured | None:
+    """The baseline configuration among ``groups`` (the one any of whose runs was the baseline trial): its median is
+    the one figure every "x baseline" uses (the per-trial lines, ``tuner status``, the final line, the export)."""
+    return next((g for g in groups if g.is_baseline), None)
+
+
 FAR_BEYOND = 2.0
 """A configuration timed once beats a repeated median when it leads by more than this many times the measured
 noise (:func:`beyond_noise`)."""
@@ -87,8 +94,15 @@ noise (:func:`beyond_noise`)."""
 
 def widest_spread(groups: Sequence[Measured]) -> float:
     """The largest (max - min) / median over the runs of any configuration timed more than once: the measured
-    noise (0 when nothing was timed twice)."""
-    return max((g.spread for g in groups if len(g.values) > 1), default=0.0)
+    noise (0 when nothing was timed twice). A configuration whose median is 0 (it met nothing, e.g. a goodput
+    baseline that missed the SLO) has no relative spread and is left out: its ``inf`` would make every lead noise."""
+    return max((g.spread for g in groups if len(g.values) > 1 and g.median != 0), default=0.0)
+
+
+def met_nothing(g: Measured, maximize: bool) -> bool:
+    """True when a maximized objective's median is 0 or less: the configuration met nothing (a goodput search's
+    baseline that missed the SLO at every load). No ratio over it means anything."""
+    return maximize and g.median <= 0
 
 
 def lead_of(a: float, b: float, maximize: bool) -> float:
@@ -249,6 +263,9 @@ def _single_beyond(groups: Sequence[Measured], reference: Measured, noise: float
     if not beyond_noise(gain, noise, tolerance):
         return None, ""
     what = "the baseline" if reference.is_baseline else "the best configuration timed more than once"
+    if met_nothing(reference, maximize):
+        return lead, (f"measured once: trial {lead.last} ({dict(lead.params)}) scored {lead.median:.2f} where "
+                      f"{what} met nothing (median 0); the budget left no time to re-run it")
     return lead, (f"measured once: trial {lead.last} ({dict(lead.params)}) was {gain:.2f}x {what}, far beyond "
                   f"the widest spread between repeated runs ({noise:.1%}); the budget left no time to re-run it")
 
@@ -258,13 +275,14 @@ def decide(groups: Sequence[Measured], *, defaults: Mapping[str, Any], maximize:
     """The winner of ``groups`` (see the module docstring): best median, then the baseline check, then parsimony.
     ``tolerance`` is the space's ``noise_tolerance`` (a single timing must lead by more); ``noise_of_single``
     gives parsimony's noise for a winner timed once (e.g. its step times' spread; 0 without it)."""
-    base_g = next((g for g in groups if g.is_baseline), None)
+    base_g = baseline_of(groups)
     base = Choice.of(base_g) if base_g else None
     best_g, note = pick_best(groups, maximize=maximize, tolerance=tolerance)
     noise = widest_spread(groups)
     if best_g is None:
         return Decision(None, base, "", None, noise)
-    if base_g is not None and best_g.key != base_g.key and not note:
+    # a baseline that met nothing (median 0) is beaten by any configuration that met something: no ratio to judge
+    if base_g is not None and best_g.key != base_g.key and not note and not met_nothing(base_g, maximize):
         gain = lead_of(best_g.median, base_g.median, maximize)
         spread = max(best_g.spread, base_g.spread)
         if len(best_g.values) > 1 and len(base_g.values) > 1 and gain - 1.0 <= spread:
