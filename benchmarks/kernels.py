@@ -483,7 +483,7 @@ def sparse_decode_wgmma_table(rows) -> list[str]:
         return []
     tl = {r["key"]: r for r in rows if r["kernel"] == "sparse_decode" and r["dtype"] == "bfloat16"}
     lines = ["", "## Sparse decode on Hopper: the Gluon wgmma kernel (V4-Flash, bf16 cache)", "",
-             ("wgmma = `kernels/sparse_decode_wgmma.py`: default config, the tuned config shipped in `kernels/tuned/`, "
+             ("wgmma = `kernels/sparse_decode_wgmma/`: default config, the tuned config shipped in `kernels/tuned/`, "
               "and the best of this run's sample of its space (one ring depth, P in registers; the kernel's own "
               "benchmark, `benchmarks/sparse_decode_wgmma.py`, sweeps the rest); other schedule = the best config "
               "with SPLIT_WG flipped where it has it, else WS; WS=0 best = the single-partition schedule's best of "

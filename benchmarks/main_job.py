@@ -7,8 +7,9 @@ side by side with the default and the hand-written best in one run, and a report
     # then one invocation for all: every stored run's best beside the default and the hand-written best, in ONE run of
     # `benchmarks/workload_gpu.py --only-ends --study-best ...` (OUT/side_by_side.{json,md}), then the report
     python benchmarks/main_job.py measure --out-dir OUT
-    # the report again from the stored JSON (no search, no device)
+    # the report again from the stored JSON (no search, no device); --from: a JSON filed under benchmarks/results/
     python benchmarks/main_job.py report --out-dir OUT
+    python benchmarks/main_job.py report --from benchmarks/results/main_job/h200/<date>_<commit>_7m.json
     # all of it in one go (a CPU test: --seeds 0,1 --budget 20s)
     python benchmarks/main_job.py all --seeds 0,1 --budget 20s --out-dir OUT
 
@@ -150,7 +151,7 @@ def report(data: dict, source: Path | str = "main_job.json") -> str:
              "",
              f"searches on {first['gpu']} on {first['date']} at commit {first['commit']}; side by side on "
              f"{side['gpu']} on {side['date']} at commit {side['commit']}; written by `benchmarks/main_job.py report` "
-             f"from `{Path(source).name}`", "",
+             f"from `{source if isinstance(source, str) else Path(source).name}`", "",
              "| seed | study | trials | searched s | trials/min | median trial s | median s per phase "
              f"({'/'.join(PHASES)}) | found / hand-written (geomean, side by side) |",
              "| ---: | --- | ---: | ---: | ---: | ---: | --- | ---: |"]
@@ -194,7 +195,10 @@ def report(data: dict, source: Path | str = "main_job.json") -> str:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("step", choices=["search", "measure", "report", "all"])
-    ap.add_argument("--out-dir", type=Path, required=True)
+    ap.add_argument("--out-dir", type=Path, default=None, help="search, measure, all, report: the runs' folder")
+    ap.add_argument("--from", dest="from_json", type=Path, default=None,
+                    help="report: a stored main_job.json filed elsewhere (benchmarks/results/...); writes the .md "
+                         "beside it")
     ap.add_argument("--seed", type=int, default=0, help="search: the run's seed")
     ap.add_argument("--seeds", default="0,1,2", help="all: the runs' seeds")
     ap.add_argument("--budget", default="7m", help="search, all: each run's budget (tuner's syntax: 20s, 7m, 1h)")
@@ -203,6 +207,17 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--repeats", type=int, default=10, help="measure: timed steps per level")
     ap.add_argument("--timeout", type=float, default=180, help="measure: seconds per configuration")
     args = ap.parse_args(argv)
+    if args.step == "report" and args.from_json is not None:
+        from benchmarks.common import stored_path
+
+        if not args.from_json.is_file():
+            raise SystemExit(f"error: --from {args.from_json}: no such file; give a stored main_job JSON")
+        text = report(json.loads(args.from_json.read_text()), source=stored_path(args.from_json.resolve()))
+        args.from_json.with_suffix(".md").write_text(text)
+        print(text)
+        return 0
+    if args.out_dir is None:
+        raise SystemExit(f"error: {args.step} needs --out-dir DIR (the runs' folder), e.g. --out-dir out/main_job")
     out_dir = args.out_dir.resolve()
     out_dir.mkdir(parents=True, exist_ok=True)
     if args.preset is None:

@@ -122,7 +122,7 @@ def detect_hardware() -> Hardware:
 
         # Inductor on the CPU needs a C++ compiler.
         has_compile = shutil.which("g++") is not None or shutil.which("c++") is not None
-    try:  # the Hopper half of Gluon (kernels/sparse_decode_wgmma.py is written in it)
+    try:  # the Hopper half of Gluon (kernels/sparse_decode_wgmma/ is written in it)
         import triton.experimental.gluon.language.nvidia.hopper  # noqa: F401
 
         has_gluon = True

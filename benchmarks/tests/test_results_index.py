@@ -9,7 +9,7 @@ from pathlib import Path
 
 RESULTS = Path(__file__).resolve().parents[1] / "results"
 INDEX = RESULTS / "README.md"
-NAME = re.compile(r"\d{4}-\d\d-\d\d_[0-9a-f]{7}(_[a-z0-9_]+)?\.(md|json|json\.gz|db|txt|csv)")
+NAME = re.compile(r"\d{4}-\d\d-\d\d_[0-9a-f]{7}(_[a-z0-9_]+)?\.(md|json|json\.gz|db|db\.gz|txt|csv)")
 LINK = re.compile(r"\]\(([^)]+)\)")
 
 

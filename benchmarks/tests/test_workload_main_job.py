@@ -32,6 +32,9 @@ def test_the_report_is_written_from_stored_data_with_the_found_over_hand_written
              {"name": "hand-written best", "knobs": {}, "tok_s": hand, "wall_s": 30}]
     cases += [{"name": f"best found by `{r['study']}` (trial 3, stored 1.00)", "knobs": {},
                "tok_s": {lv: v * r["best_value"] / 100.0 for lv, v in hand.items()}, "wall_s": 30} for r in runs[:3]]
+    # run a's exported command at half its best (workload_gpu.py --study-command: compared with that best)
+    cases.append({"name": "the exported command of `a` (its best less 3 code changes)", "knobs": {},
+                  "base": cases[2]["name"], "tok_s": {lv: v * 0.4 for lv, v in hand.items()}, "wall_s": 30})
     data = {"preset": "dsv4-flash", "runs": runs, "measured": {},
             "side_by_side": {"gpu": "NVIDIA H200", "date": "2026-12-02", "commit": "abc1234", "levels": LEVELS,
                              "cases": cases}}
@@ -42,8 +45,30 @@ def test_the_report_is_written_from_stored_data_with_the_found_over_hand_written
     assert "found / hand-written best (geomean over c=1, c=16, c=64, 3 runs): min 0.800, median 0.900, max 1.000" in text
     assert "trials per minute: min 2.00, median 3.00, max 5.00" in text
     assert "| 3 | d | 12 | 360 | 2.00 | 8.0 | 0.01/0.20/-/-/-/1.50 | - |" in text
-    assert "NVIDIA H200 on 2026-12-02 at commit abc1234" in text and "`main_job.json`" in text
+    assert "NVIDIA H200 on 2026-12-02 at commit abc1234" in text and "`x/main_job.json`" in text
+    assert ("the exported command of `a` (its best less 3 code changes): 0.500 of its best, 0.400 of the "
+            "hand-written best") in text
     assert "| 1 | b | 30 | 360 | 5.00 | 8.0 | 0.01/0.20/-/-/-/1.50 | 1.000 |" in text
+
+
+def test_report_from_a_filed_json_writes_the_md_beside_it_naming_that_file(tmp_path):
+    runs = [{**_run(0, "a", 0.9), "side_case": 2}]
+    hand = {"c=1": 50.0, "c=16": 500.0, "c=64": 1600.0}
+    cases = [{"name": "default (...)", "knobs": {}, "tok_s": hand, "wall_s": 1},
+             {"name": "hand-written best", "knobs": {}, "tok_s": hand, "wall_s": 1},
+             {"name": "best found by `a` (trial 3, stored 1.00)", "knobs": {},
+              "tok_s": {lv: v * 0.9 for lv, v in hand.items()}, "wall_s": 1}]
+    filed = tmp_path / "2026-12-02_abc1234_7m.json"
+    filed.write_text(json.dumps({"preset": "dsv4-flash", "runs": runs, "measured": {}, "side_by_side": {
+        "gpu": "NVIDIA H200", "date": "2026-12-02", "commit": "abc1234", "levels": LEVELS, "cases": cases}}))
+    proc = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "main_job.py"), "report", "--from", str(filed)],
+                          capture_output=True, text=True, cwd=tmp_path, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    text = filed.with_suffix(".md").read_text()
+    assert f"from `{filed.as_posix()}`" in text and "min 0.900, median 0.900, max 0.900" in text
+    missing = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "main_job.py"), "report", "--from",
+                              str(tmp_path / "nope.json")], capture_output=True, text=True, cwd=tmp_path, timeout=120)
+    assert missing.returncode != 0 and "nope.json: no such file" in missing.stderr
 
 
 def test_the_main_job_benchmark_runs_two_seeds_on_the_cpu_twin_and_writes_its_json_and_report(tmp_path):
