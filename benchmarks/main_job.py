@@ -10,6 +10,8 @@ side by side with the default and the hand-written best in one run, and a report
     # the report again from the stored JSON (no search, no device); --from: a JSON filed under benchmarks/results/
     python benchmarks/main_job.py report --out-dir OUT
     python benchmarks/main_job.py report --from benchmarks/results/main_job/h200/<date>_<commit>_7m.json
+    # a CPU's before and after: per seed, this checkout's main job and an older commit's at the same time
+    python benchmarks/main_job.py compare --tree /tmp/old --seeds 0,1,2 --budget 2m --out-dir OUT
     # all of it in one go (a CPU test: --seeds 0,1 --budget 20s)
     python benchmarks/main_job.py all --seeds 0,1 --budget 20s --out-dir OUT
 
@@ -45,15 +47,18 @@ def _env() -> dict:
             "commit": os.environ.get("TUNER_COMMIT") or env.get("git_sha"), "torch": env.get("torch")}
 
 
-def run_search(seed: int, budget: str, out_dir: Path) -> dict:
-    """The README's main job in a fresh folder ``out_dir/seed-S``; returns (and stores as ``run.json``) its figures
-    read back from the study's database."""
-    folder = out_dir / f"seed-{seed}"
+def run_search(seed: int, budget: str, out_dir: Path, tree: Path | None = None) -> dict:
+    """The README's main job in a fresh folder ``out_dir/seed-S`` (``seed-S-<commit>`` when ``tree``: that checkout's
+    tuner, e.g. an older commit's, run the same way); returns (and stores as ``run.json``) its figures read back from
+    the study's database."""
+    code = ROOT if tree is None else tree.resolve()
+    commit = None if tree is None else _tree_commit(code)
+    folder = out_dir / (f"seed-{seed}" + (f"-{commit}" if commit else ""))
     if folder.exists() and any(folder.iterdir()):
         raise SystemExit(f"error: {folder} is not empty; the main job runs in a fresh folder: remove it or use "
                          "another --out-dir")
     folder.mkdir(parents=True, exist_ok=True)
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep)}
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(code), os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep)}
     t0 = time.time()
     out = subprocess.run([sys.executable, "-m", "tuner.cli", "search", "--budget", budget, "--seed", str(seed)],
                          cwd=folder, env=env, capture_output=True, text=True)
@@ -64,8 +69,34 @@ def run_search(seed: int, budget: str, out_dir: Path) -> dict:
                          f"{out.returncode} and stored no study; see {folder / 'search.log'}")
     run = {"seed": seed, "budget": budget, "wall_s": wall, "exit_code": out.returncode,
            **study_figures(f"sqlite:///{folder / 'tuner.db'}"), **_env()}
+    if commit:
+        run["commit"] = commit
     (folder / "run.json").write_text(json.dumps(run, indent=1))
     return run
+
+
+def _tree_commit(tree: Path) -> str:
+    got = subprocess.run(["git", "-C", str(tree), "rev-parse", "--short", "HEAD"], capture_output=True, text=True)
+    if got.returncode != 0 or not (tree / "tuner" / "cli.py").is_file():
+        raise SystemExit(f"error: --tree {tree}: not a git checkout of tuner; give a clone at the commit to compare")
+    return got.stdout.strip()
+
+
+def compare(tree: Path, seeds: list[int], budget: str, out_dir: Path) -> dict:
+    """Per seed, this checkout's main job and ``tree``'s (an older commit's) run at the same time, so that both see
+    the same load; then ``runs.json`` and its report (no side-by-side run: a CPU's before and after)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    compared_with = _tree_commit(tree.resolve())  # a wrong --tree is refused before anything runs
+    runs = []
+    for seed in seeds:
+        with ThreadPoolExecutor(2) as pool:
+            pair = [pool.submit(run_search, seed, budget, out_dir), pool.submit(run_search, seed, budget, out_dir, tree)]
+            runs += [f.result() for f in pair]
+    data = {"runs": runs, "compared_with": compared_with, "measured": _env()}
+    (out_dir / "runs.json").write_text(json.dumps(data, indent=1))
+    (out_dir / "runs.md").write_text(runs_report(data, source=out_dir / "runs.json"))
+    return data
 
 
 def study_figures(url: str) -> dict:
@@ -192,9 +223,34 @@ def report(data: dict, source: Path | str = "main_job.json") -> str:
     return "\n".join(lines) + "\n"
 
 
+def runs_report(data: dict, source: Path | str = "runs.json") -> str:
+    """The Markdown of a stored ``runs.json`` (:func:`compare`: this checkout's main job and an older commit's, run
+    at the same time per seed on the same machine)."""
+    runs, env = data["runs"], data["measured"]
+    budgets = sorted({r["budget"] for r in runs})
+    lines = [f"# The main job before and after: `tuner search --budget {', '.join(budgets)}` at two commits, run at "
+             "the same time", "",
+             f"on {env['gpu']} on {env['date']}, commits {', '.join(dict.fromkeys(r['commit'] for r in runs))} "
+             f"(each seed's two searches side by side on the same load); written by `benchmarks/main_job.py report` "
+             f"from `{source if isinstance(source, str) else Path(source).name}`", "",
+             "| seed | commit | trials | outcomes | trials/min | median trial s | exported | x baseline |",
+             "| ---: | --- | ---: | --- | ---: | ---: | --- | ---: |"]
+    for r in runs:
+        outcomes = ", ".join(f"{k} {v}" for k, v in sorted(r.get("outcomes", {}).items()))
+        best = r.get("best_trial")
+        exported = "nothing" if best is None else ("the defaults (trial 0)" if best == 0 else f"trial {best}")
+        gain = (f"{r['best_value'] / r['baseline_value']:.2f}" if best is not None and r.get("baseline_value")
+                else "-")
+        lines.append(f"| {r['seed']} | {r['commit']} | {r['trials']} | {outcomes} | {r['trials_per_min']:.2f} | "
+                     f"{r['median_trial_s']:.1f} | {exported} | {gain} |")
+    return "\n".join(lines) + "\n"
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("step", choices=["search", "measure", "report", "all"])
+    ap.add_argument("step", choices=["search", "measure", "report", "all", "compare"])
+    ap.add_argument("--tree", type=Path, default=None, help="search, compare: another checkout (an older commit) "
+                    "whose main job runs the same way; compare runs it at the same time as this one's")
     ap.add_argument("--out-dir", type=Path, default=None, help="search, measure, all, report: the runs' folder")
     ap.add_argument("--from", dest="from_json", type=Path, default=None,
                     help="report: a stored main_job.json filed elsewhere (benchmarks/results/...); writes the .md "
@@ -212,7 +268,8 @@ def main(argv: list[str] | None = None) -> int:
 
         if not args.from_json.is_file():
             raise SystemExit(f"error: --from {args.from_json}: no such file; give a stored main_job JSON")
-        text = report(json.loads(args.from_json.read_text()), source=stored_path(args.from_json.resolve()))
+        stored = json.loads(args.from_json.read_text())
+        text = (report if "side_by_side" in stored else runs_report)(stored, source=stored_path(args.from_json.resolve()))
         args.from_json.with_suffix(".md").write_text(text)
         print(text)
         return 0
@@ -230,7 +287,14 @@ def main(argv: list[str] | None = None) -> int:
             raise SystemExit(f"error: no {path}; run `main_job.py measure --out-dir {args.out_dir}` first")
         (out_dir / "main_job.md").write_text(report(json.loads(path.read_text()), source=path))
     elif args.step == "search":
-        print(json.dumps(run_search(args.seed, args.budget, out_dir)))
+        print(json.dumps(run_search(args.seed, args.budget, out_dir, args.tree)))
+        return 0
+    elif args.step == "compare":
+        if args.tree is None:
+            raise SystemExit("error: compare needs --tree DIR, a checkout of the commit to compare with "
+                             "(git worktree add DIR COMMIT)")
+        compare(args.tree, [int(x) for x in args.seeds.split(",") if x.strip()], args.budget, out_dir)
+        print((out_dir / "runs.md").read_text())
         return 0
     else:
         if args.step == "all":

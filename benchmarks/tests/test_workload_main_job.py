@@ -101,3 +101,25 @@ def test_the_main_job_benchmark_runs_two_seeds_on_the_cpu_twin_and_writes_its_js
     assert len(ratios) == len([c for c in bests if "tok_s" in c])
     assert all(f"{c['name']}: " in (out / "main_job.md").read_text() for c in commands if "tok_s" in c)
     assert all(v > 0 for v in ratios.values())
+
+
+def test_compare_runs_this_checkout_and_another_at_the_same_time_and_reports_both_commits(tmp_path):
+    other = tmp_path / "other"
+    subprocess.run(["git", "clone", "-q", "--shared", str(ROOT), str(other)], check=True, timeout=120)
+    head = subprocess.run(["git", "-C", str(other), "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
+                          check=True).stdout.strip()
+    out = tmp_path / "cmp"
+    env = {**os.environ, "CUDA_VISIBLE_DEVICES": "", "TUNER_NUMERICS_CACHE": str(tmp_path / "numerics")}
+    proc = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "main_job.py"), "compare", "--tree", str(other),
+                           "--seeds", "0", "--budget", "20s", "--out-dir", str(out)],
+                          capture_output=True, text=True, env=env, cwd=tmp_path, timeout=600)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    data = json.loads((out / "runs.json").read_text())
+    assert [r["seed"] for r in data["runs"]] == [0, 0] and data["runs"][1]["commit"] == head == data["compared_with"]
+    assert sorted(p.name for p in out.glob("seed-*")) == sorted(["seed-0", f"seed-0-{head}"])
+    with benchmark_script("main_job") as mj:
+        assert (out / "runs.md").read_text() == mj.runs_report(data, source=out / "runs.json")
+    assert all(r["trials"] >= 1 for r in data["runs"])
+    bad = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "main_job.py"), "compare", "--tree",
+                          str(tmp_path), "--out-dir", str(out)], capture_output=True, text=True, timeout=120)
+    assert bad.returncode != 0 and "not a git checkout of tuner" in bad.stderr
