@@ -230,7 +230,7 @@ def runs_report(data: dict, source: Path | str = "runs.json") -> str:
     budgets = sorted({r["budget"] for r in runs})
     lines = [f"# The main job before and after: `tuner search --budget {', '.join(budgets)}` at two commits, run at "
              "the same time", "",
-             f"on {env['gpu']} on {env['date']}, commits {', '.join(dict.fromkeys(r['commit'] for r in runs))} "
+             f"on {env['gpu']} on {env['date']}, commits {', '.join(dict.fromkeys(r['commit'][:7] for r in runs))} "
              f"(each seed's two searches side by side on the same load); written by `benchmarks/main_job.py report` "
              f"from `{source if isinstance(source, str) else Path(source).name}`", "",
              "| seed | commit | trials | outcomes | trials/min | median trial s | exported | x baseline |",
@@ -241,7 +241,7 @@ def runs_report(data: dict, source: Path | str = "runs.json") -> str:
         exported = "nothing" if best is None else ("the defaults (trial 0)" if best == 0 else f"trial {best}")
         gain = (f"{r['best_value'] / r['baseline_value']:.2f}" if best is not None and r.get("baseline_value")
                 else "-")
-        lines.append(f"| {r['seed']} | {r['commit']} | {r['trials']} | {outcomes} | {r['trials_per_min']:.2f} | "
+        lines.append(f"| {r['seed']} | {r['commit'][:7]} | {r['trials']} | {outcomes} | {r['trials_per_min']:.2f} | "
                      f"{r['median_trial_s']:.1f} | {exported} | {gain} |")
     return "\n".join(lines) + "\n"
 
