@@ -76,3 +76,27 @@ def cpu_main_job(cpu_main_job_built: Path, tmp_path: Path) -> subprocess.Complet
         shutil.copytree(cpu_main_job_built / "out", tmp_path / "out")
     r = json.loads((cpu_main_job_built / "result.json").read_text())
     return subprocess.CompletedProcess(MAIN_JOB, r["returncode"], r["stdout"], r["stderr"])
+
+
+@pytest.fixture(autouse=True, scope="session")
+def sglang_parser_read_once():
+    """SGLang's argument parser is read (``introspect_parser``: a subprocess that imports sglang, 6-15 s) once per
+    test process for each Python, parser, set of candidate values and PYTHONPATH, the inputs its dump depends on;
+    each caller gets its own copy. A test that replaces ``introspect_parser`` (monkeypatch) replaces this too."""
+    import copy
+
+    from tuner.targets.sglang import flags as fl
+
+    real = fl.introspect_parser
+    read: dict[tuple, object] = {}
+
+    def introspect_parser(python: str = sys.executable, parser: str = fl.SGLANG_PARSER, checks=(),
+                          timeout_s: float = 120.0):
+        key = (python, parser, repr([(f, list(vals)) for f, vals in checks]), os.environ.get("PYTHONPATH"))
+        if key not in read:
+            read[key] = real(python, parser, checks, timeout_s)  # a failure raises, and is not kept
+        return copy.deepcopy(read[key])
+
+    fl.introspect_parser = introspect_parser
+    yield
+    fl.introspect_parser = real

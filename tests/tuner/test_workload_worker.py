@@ -97,8 +97,10 @@ def test_a_reused_worker_gives_the_numbers_of_a_fresh_process_and_stores_where_t
         w.stop()
 
 
-@pytest.mark.parametrize("fault,outcome", [("crash", Outcome.CRASH), ("oom", Outcome.OOM),
-                                           ("hang", Outcome.TIMEOUT)])
+# each fault spawns two workers (torch, weights, numerics): the crash runs in the fast suite, the others under `slow`
+@pytest.mark.parametrize("fault,outcome", [("crash", Outcome.CRASH),
+                                           pytest.param("oom", Outcome.OOM, marks=pytest.mark.slow),
+                                           pytest.param("hang", Outcome.TIMEOUT, marks=pytest.mark.slow)])
 def test_a_trial_that_corrupts_the_worker_and_fails_does_not_reach_the_next_trial(fault, outcome):
     w = PersistentWorker()
     try:
