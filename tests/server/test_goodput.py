@@ -186,6 +186,7 @@ def test_the_rate_boundary_found_contains_the_standin_truth(tmp_path):
     assert m.metric("goodput_measurements", LEVEL) <= plan(t.config).measurements
 
 
+@pytest.mark.slow  # real load on a stand-in server, second-long windows: the boundary needs them
 def test_the_concurrency_boundary_is_the_standin_max_running_requests():
     # at 3 in flight nobody waits; at 4, one request in four waits a whole 0.2 s slot: p95 TTFT over 100 ms
     t = _target("{ttft_ms_p95: 100}", ["--tokens-per-second", "50", "--ttft-ms", "20", "--max-running-requests", "3"],
