@@ -120,6 +120,8 @@ def test_a_trial_that_corrupts_the_worker_and_fails_does_not_reach_the_next_tria
         w.stop()
 
 
+@pytest.mark.slow  # a worker and its weights built twice; the rule it relies on (kept weights written into are
+# drawn again) is checked in-process, fast, by test_weights_written_into_after_they_were_built_are_drawn_again
 def test_a_trial_that_corrupts_the_kept_weights_silently_does_not_reach_the_next_trial():
     w = PersistentWorker()
     try:
