@@ -27,13 +27,14 @@ KERNEL_CONFIG = "kernel_configs/moe_fp8/E=256,N=512,device_name=NVIDIA_H200.json
 
 
 def real_search(url: str, study: str, out_dir: str, *, n_trials: int = 5, budget_s: float = 240.0) -> None:
-    """``tuner.search.run_search`` on the CPU space; no top-k confirmation, to keep the tests short."""
+    """``tuner.search.run_search`` on the CPU space; no top-k confirmation, no warmup step and one timed step per
+    level (the API tests read what a search stores, not how precisely it timed), to keep the tests short."""
     from tuner.search.context import SearchOptions
     from tuner.search.driver import run_search
 
     run_search(SearchOptions(budget_s=budget_s, storage_url=url, study=study, space_path="dsv4_flash_tiny",
                              target="workload", n_trials=n_trials, out_dir=out_dir, seed=0,
-                             confirm_top=0))  # fmt: skip
+                             settings={"warmup": 0, "repeats": 1}, confirm_top=0))  # fmt: skip
 
 
 def fake_search(url: str, study_name: str, *, n_trials: int = 12, seed: int = 0, delay_s: float = 0.0,

@@ -136,6 +136,7 @@ def test_the_tuned_lookup_of_an_fp8_cache_gives_the_wgmma_kernel_a_config_it_can
         clear_cache()
 
 
+@pytest.mark.slow  # sm_90 builds through ptxas in a subprocess: 3-19 s each on a 2-core CPU
 @needs_gluon
 @pytest.mark.parametrize("config", [
     {"S": 10, "BLOCK_T": 32, "STAGES": 2, "V_SPLIT": 8, "WS": 1},
@@ -231,6 +232,7 @@ def test_the_split_kernel_starts_its_merge_early_only_while_the_merge_fits_the_s
     assert not merge_starts_early(100, EARLY_MERGE_PER_IDLE_SM * 32 + 1, 132)
 
 
+@pytest.mark.slow  # sm_90 builds through ptxas in a subprocess: 3-19 s each on a 2-core CPU
 @needs_gluon
 @pytest.mark.parametrize("config", [
     {"S": 10, "BLOCK_T": 64, "STAGES": 2, "V_SPLIT": 8, "WS": 0},  # batch 1's default: the single-partition kernel
@@ -254,6 +256,7 @@ def test_sparse_decode_wgmma_split_kernel_starts_its_pdl_merge_early_only_when_t
         assert got["merge_launch_pdl"] is merge_pdl, (where, got["merge_launch_pdl"])
 
 
+@pytest.mark.slow  # sm_90 builds through ptxas in a subprocess: 3-19 s each on a 2-core CPU
 @needs_gluon
 def test_sparse_decode_wgmma_compiles_for_sm90_to_wgmma_and_cp_async_without_spills():
     """The schedule the module states, in its sm_90 PTX: wgmma for both products, the gathers as 16-byte cp.async
@@ -271,6 +274,7 @@ def test_sparse_decode_wgmma_compiles_for_sm90_to_wgmma_and_cp_async_without_spi
         assert got["usage"]["local"] == 0 and got["usage"]["stack"] == 0, got["usage"]  # no spill
 
 
+@pytest.mark.slow  # sm_90 builds through ptxas in a subprocess: 3-19 s each on a 2-core CPU
 @needs_gluon
 @pytest.mark.parametrize("config", [
     {"S": 4, "BLOCK_T": 64, "STAGES": 2, "V_SPLIT": 8},
@@ -294,6 +298,7 @@ def test_sparse_decode_wgmma_ws_compiles_to_a_producer_warpgroup_and_mbarriers_w
     assert got[1]["usage"] == {"registers": 168, "stack": 0, "local": 0}, got[1]["usage"]
 
 
+@pytest.mark.slow  # sm_90 builds through ptxas in a subprocess: 3-19 s each on a 2-core CPU
 @needs_gluon
 @pytest.mark.parametrize("ws", [0, 1])
 def test_sparse_decode_wgmma_merge_builds_one_release_acquire_counter_and_l2_reads_of_the_partials(ws):
@@ -308,6 +313,7 @@ def test_sparse_decode_wgmma_merge_builds_one_release_acquire_counter_and_l2_rea
     assert got[1]["usage"]["local"] == 0 and got[1]["usage"]["stack"] == 0, got[1]["usage"]
 
 
+@pytest.mark.slow  # sm_90 builds through ptxas in a subprocess: 3-19 s each on a 2-core CPU
 @needs_gluon
 @pytest.mark.parametrize("config", [
     {"S": 2, "BLOCK_T": 32, "STAGES": 4, "V_SPLIT": 4},
@@ -327,6 +333,7 @@ def test_sparse_decode_wgmma_split_wg_compiles_to_two_consumer_partitions_each_w
     assert got[1]["usage"] == {"registers": 168, "stack": 0, "local": 0}, got[1]["usage"]
 
 
+@pytest.mark.slow  # sm_90 builds through ptxas in a subprocess: 3-19 s each on a 2-core CPU
 @needs_gluon
 def test_sparse_decode_wgmma_seesaw_compiles_to_two_consumers_that_each_own_the_scores_of_half_the_tiles():
     """SEESAW=1's sm_90 build at 32-row tiles: beside the producer, two 4-warp consumer partitions, each with one
@@ -352,6 +359,7 @@ def test_sparse_decode_wgmma_seesaw_compiles_to_two_consumers_that_each_own_the_
     assert seesaw["usage"]["stack"] <= 40, seesaw["usage"]
 
 
+@pytest.mark.slow  # sm_90 builds through ptxas in a subprocess: 3-19 s each on a 2-core CPU
 @needs_gluon
 @pytest.mark.parametrize("config", [
     {"S": 5, "BLOCK_T": 64, "STAGES": 2, "V_SPLIT": 2, "P_SMEM": 1, "WS": 1, "STORE_CVT": 1},
@@ -548,6 +556,7 @@ def test_sparse_decode_wgmma_fp16_and_fewer_heads_match_the_reference():
             assert rel_error(got, ref) <= SD.tolerance("bfloat16"), (dtype, heads, v_split, ws)
 
 
+@pytest.mark.slow  # sm_90 builds through ptxas in a subprocess: 3-19 s each on a 2-core CPU
 @needs_gluon
 @pytest.mark.parametrize("part16, v4", [(0, 32), (1, 16)], ids=["float32", "bf16"])
 def test_sparse_decode_wgmma_store_cvt_writes_its_partials_in_16_byte_stores_on_sm90(part16, v4):

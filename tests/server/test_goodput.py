@@ -157,6 +157,7 @@ def _dd_c_truth(slots: int, service_s: float, ttft_s: float, limit_s: float, win
     return lo
 
 
+@pytest.mark.slow  # real open-loop load on stand-in servers, second-long windows: the boundary needs them
 def test_the_rate_boundary_found_contains_the_standin_truth(tmp_path):
     # 8 slots of about 0.05 + 9 / 20 = 0.5 s: 16 req/s at most; evenly spaced arrivals queue only above that, and the
     # TTFT limit (the first token's 50 ms + 100 ms of waiting) is crossed a little above it
@@ -185,6 +186,7 @@ def test_the_rate_boundary_found_contains_the_standin_truth(tmp_path):
     assert m.metric("goodput_measurements", LEVEL) <= plan(t.config).measurements
 
 
+@pytest.mark.slow  # real load on a stand-in server, second-long windows: the boundary needs them
 def test_the_concurrency_boundary_is_the_standin_max_running_requests():
     # at 3 in flight nobody waits; at 4, one request in four waits a whole 0.2 s slot: p95 TTFT over 100 ms
     t = _target("{ttft_ms_p95: 100}", ["--tokens-per-second", "50", "--ttft-ms", "20", "--max-running-requests", "3"],
@@ -282,6 +284,7 @@ params:
 """
 
 
+@pytest.mark.slow  # real open-loop load on stand-in servers, second-long windows: the boundary needs them
 def test_a_goodput_search_stores_the_boundary_and_prunes_a_trial_missing_the_incumbents_load(tmp_path):
     import optuna
 
@@ -363,6 +366,7 @@ params:
 """
 
 
+@pytest.mark.slow  # real open-loop load on stand-in servers, second-long windows: the boundary needs them
 def test_the_multi_objective_mode_tells_optuna_two_values_and_best_pareto_prints_the_front(tmp_path):
     import subprocess
     import sys
@@ -431,6 +435,7 @@ def test_keep_up_compares_the_rate_completions_advanced_at_with_the_offered_rate
     assert keep_up(arr, [None] * 40, 0.15, judged=False).ok is None
 
 
+@pytest.mark.slow  # real open-loop load on stand-in servers, second-long windows: the boundary needs them
 def test_a_rate_above_the_standins_capacity_is_not_kept_up_and_misses_the_slo():
     # 8 slots of 0.05 + 9 / 20 = 0.5 s: the stand-in completes 16 req/s at most. The TTFT limit is loose (60 s): only
     # falling behind makes a load miss, so the boundary lies between 16 and 16 / (1 - tolerance) req/s
@@ -492,6 +497,7 @@ def test_a_stream_of_tokens_without_text_is_a_completed_request_first_seen_at_it
     assert figs["error_rate"] == 0 and math.isnan(figs["tpot_ms_p95"])  # no gap between tokens was seen
 
 
+@pytest.mark.slow  # real open-loop load on stand-in servers, second-long windows: the boundary needs them
 def test_a_search_whose_baseline_is_infeasible_ends_with_the_feasible_configuration_best(tmp_path):
     # every token takes 25 ms by default (40 tok/s), 16.7 ms on the fast path (x1.5): a 20 ms TPOT limit makes the
     # baseline infeasible (worth 0) and the fast path the best; the search's decision once divided by the 0

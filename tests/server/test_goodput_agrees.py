@@ -48,6 +48,7 @@ def _tuner(*args: str) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "tuner.cli", *args], capture_output=True, text=True, timeout=120)
 
 
+@pytest.mark.slow  # a goodput search, export and verify on stand-in servers: 20-40 s of real load
 def test_the_configuration_meeting_the_slo_is_one_decision_and_one_value_everywhere(tmp_path):
     url, result = _search(tmp_path, "g", 2)
     ran = {t.params["ttft"]: t for t in result.trials if t.repeat_of is None}

@@ -62,8 +62,8 @@ def test_read_commands_on_empty_storage(tmp_path):
     _one_line_error(tuner("export", cwd=tmp_path), "tuner search")
 
 
-def test_search_status_best_export_end_to_end(tmp_path):
-    r = tuner("search", "--budget", "90s", "--n-trials", "4", "--seed", "3", "-o", "out", cwd=tmp_path)
+def test_search_status_best_export_end_to_end(tmp_path, cpu_main_job):
+    r = cpu_main_job  # `tuner search --budget 4m --n-trials 4 --seed 3 -o out` in tmp_path (conftest's MAIN_JOB)
     assert r.returncode == 0, r.stderr
     assert "best: trial" in r.stdout and "launch script: out/dsv4-flash-tiny-workload/launch.sh" in r.stdout
     script = tmp_path / "out" / "dsv4-flash-tiny-workload" / "launch.sh"
@@ -71,7 +71,9 @@ def test_search_status_best_export_end_to_end(tmp_path):
     # a named study is refused a second search without --resume; an unnamed search takes the next free name
     r = tuner("search", "--budget", "90s", "--n-trials", "1", "--study", "dsv4-flash-tiny-workload", cwd=tmp_path)
     _one_line_error(r, "--resume")
-    r = tuner("search", "--budget", "90s", "--n-trials", "1", "--confirm-top", "0", cwd=tmp_path)
+    # (the baseline alone, timed with one step per level: this search is here for its name)
+    r = tuner("search", "--budget", "90s", "--n-trials", "1", "--confirm-top", "0", "--set", "warmup=0", "--set",
+              "repeats=1", cwd=tmp_path)
     assert r.returncode == 0 and "study dsv4-flash-tiny-workload-2" in r.stdout, r.stderr
     r = tuner("status", cwd=tmp_path)
     assert r.returncode == 0 and "dsv4-flash-tiny-workload" in r.stdout and "workload-2" in r.stdout
@@ -117,7 +119,9 @@ def test_ctrl_c_ends_cleanly_and_still_exports(tmp_path):
 
     from storage import Repo
 
-    proc = subprocess.Popen([sys.executable, "-m", "tuner", "search", "--budget", "5m", "-o", "out"], cwd=tmp_path,
+    # one timed step per level: the trials only have to finish (the interrupt, not the timing, is under test)
+    proc = subprocess.Popen([sys.executable, "-m", "tuner", "search", "--budget", "5m", "-o", "out", "--set",
+                             "warmup=0", "--set", "repeats=1"], cwd=tmp_path,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     url = f"sqlite:///{tmp_path / 'tuner.db'}"
     t0 = time.time()

@@ -216,9 +216,11 @@ def test_changes_that_remove_the_same_cost_are_named_as_overlapping():
 
 def test_explain_profiles_say_which_stage_each_step_spends_its_time_in(tmp_path, sqlite_url):
     """The built-in tiny decode workload on CPU: both profiles carry the share of each stage of the step, and the
-    report gives them in a sentence, largest first (which stage leads is timing, tested in test_workload_model)."""
+    report gives them in a sentence, largest first (which stage leads is timing, tested in test_workload_model).
+    The search times one step per level, no warmup: the profiles, not the trials' timings, are under test."""
     run_search(SearchOptions(budget_s=120, storage_url=sqlite_url, study="w", space_path="dsv4_flash_tiny",
-                             out_dir=str(tmp_path / "o"), hardware=Hardware(), n_trials=3, seed=1, confirm_top=0))
+                             out_dir=str(tmp_path / "o"), hardware=Hardware(), n_trials=3, seed=1, confirm_top=0,
+                             settings={"warmup": 0, "repeats": 1}))
     ex = explain(sqlite_url, "w", level=1)
     for name in ("baseline", "best"):
         stages = ex.profiles[name]["stages"]

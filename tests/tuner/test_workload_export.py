@@ -30,9 +30,8 @@ def parse_with_sglang(script: Path, env: dict[str, str]) -> dict:
     return doc["args"]
 
 
-def test_the_cpu_main_job_exports_an_sglang_command_its_parser_accepts(tmp_path):
-    r = subprocess.run([sys.executable, "-m", "tuner", "search", "--budget", "4m", "--n-trials", "3", "--seed", "3",
-                        "--confirm-top", "0", "-o", "out"], cwd=tmp_path, capture_output=True, text=True, timeout=420)
+def test_the_cpu_main_job_exports_an_sglang_command_its_parser_accepts(tmp_path, cpu_main_job):
+    r = cpu_main_job  # `tuner search --budget 4m --n-trials 4 --seed 3 -o out` in tmp_path, shared with test_cli
     assert r.returncode == 0, r.stderr[-3000:]
     dest = tmp_path / "out" / "dsv4-flash-tiny-workload"
     launch, remeasure = dest / "launch.sh", dest / "remeasure.sh"

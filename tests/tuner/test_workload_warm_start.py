@@ -21,7 +21,7 @@ TWIN = """
 name: twin
 target: workload
 preset: dsv4-flash-tiny
-settings: {live_context: 128, warmup: 1, repeats: 5}  # the 128K cap's indexer scores 30x the rows of the 4K cap's
+settings: {live_context: 128, warmup: 1, repeats: 2}  # the 128K cap's indexer scores 30x the rows of the 4K cap's
 objective: {metric: tok_s, combine: geomean, levels: [16]}
 params:
   context_length:

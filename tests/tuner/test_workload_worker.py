@@ -97,8 +97,10 @@ def test_a_reused_worker_gives_the_numbers_of_a_fresh_process_and_stores_where_t
         w.stop()
 
 
-@pytest.mark.parametrize("fault,outcome", [("crash", Outcome.CRASH), ("oom", Outcome.OOM),
-                                           ("hang", Outcome.TIMEOUT)])
+# each fault spawns two workers (torch, weights, numerics): the crash runs in the fast suite, the others under `slow`
+@pytest.mark.parametrize("fault,outcome", [("crash", Outcome.CRASH),
+                                           pytest.param("oom", Outcome.OOM, marks=pytest.mark.slow),
+                                           pytest.param("hang", Outcome.TIMEOUT, marks=pytest.mark.slow)])
 def test_a_trial_that_corrupts_the_worker_and_fails_does_not_reach_the_next_trial(fault, outcome):
     w = PersistentWorker()
     try:
@@ -118,6 +120,8 @@ def test_a_trial_that_corrupts_the_worker_and_fails_does_not_reach_the_next_tria
         w.stop()
 
 
+@pytest.mark.slow  # a worker and its weights built twice; the rule it relies on (kept weights written into are
+# drawn again) is checked in-process, fast, by test_weights_written_into_after_they_were_built_are_drawn_again
 def test_a_trial_that_corrupts_the_kept_weights_silently_does_not_reach_the_next_trial():
     w = PersistentWorker()
     try:
