@@ -763,8 +763,11 @@ def main(argv=None) -> int:
     ap.add_argument("--ncu-summary", metavar="FILE", default=None,
                     help="append this Nsight Compute summary (benchmarks/profile_sparse_decode.py --summarise) to the report")
     ap.add_argument("--write-tuned", metavar="RESULTS_JSON", default=None,
-                    help="no benchmark: write the tuned-config files of a results JSON into $TUNER_KERNEL_CONFIG_DIR "
-                         "(else kernels/tuned/), for the GPU and Triton version it names")
+                    help="no benchmark: write the tuned-config files of a results JSON into --tuned-dir, for the GPU "
+                         "and Triton version it names")
+    ap.add_argument("--tuned-dir", metavar="DIR", default=None,
+                    help="with --write-tuned: a folder of your own (never kernels/tuned/, which only `tuner search "
+                         "--target kernels` writes); point $TUNER_KERNEL_CONFIG_DIR at it to use its configs")
     ap.add_argument("--flashmla", metavar="OUT_MD", default=None,
                     help="only time FlashMLA beside the project's sparse decode at V4-Flash's shape (needs sm_90 and "
                          "sgl-flash-mla) and write that table")
