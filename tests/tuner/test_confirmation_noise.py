@@ -99,17 +99,11 @@ def test_the_cpu_main_job_s_stored_study_never_exports_the_defaults_when_a_trial
     """The README's 2-minute CPU job as it was stored on a loaded machine: the baseline timed twice 7.2x apart,
     trial 7 once at 17.75x the baseline's first run, the others once. The decision over the stored study picks
     trial 7, measured once, and not the defaults."""
-    from pathlib import Path
+    from spaces import tiny_workload_run
 
-    from search_spaces import load_space
     from tuner.search.winner import decision_for_run
 
-    space_path = Path(__file__).resolve().parents[2] / "search_spaces" / "dsv4_flash_tiny.yaml"
-    space = load_space(str(space_path))
-    repo = Repo(f"sqlite:///{tmp_path / 't.db'}")
-    repo.create_schema()
-    run = repo.create_run("cpu", target="workload", budget_s=120, objective="geomean", space_name=space.name,
-                          space_yaml=space_path.read_text())
+    repo, run, space = tiny_workload_run(f"sqlite:///{tmp_path / 't.db'}", "cpu", budget_s=120)
     d = space.defaults()
     stored = [(0, d, 1.0), (1, {**d, "context_length": 4096}, 1.3), (2, {**d, "gemm_proj": "fp32"}, 0.9),
               (3, {**d, "indexer_width": "live"}, 1.1), (7, {**d, "context_length": 4096, "gemm_moe": "fp32"}, 17.75),
@@ -122,10 +116,7 @@ def test_the_cpu_main_job_s_stored_study_never_exports_the_defaults_when_a_trial
     assert decision.best.number == 7 and decision.best.measured_once
     assert "measured once" in decision.note and "trial 7" in decision.note
     # and a single draw inside that noise does not: at 5x the first baseline run (1.2x the median) the defaults stay
-    repo2 = Repo(f"sqlite:///{tmp_path / 'u.db'}")
-    repo2.create_schema()
-    run2 = repo2.create_run("cpu", target="workload", budget_s=120, objective="geomean", space_name=space.name,
-                            space_yaml=space_path.read_text())
+    repo2, run2, _ = tiny_workload_run(f"sqlite:///{tmp_path / 'u.db'}", "cpu", budget_s=120)
     for n, params, value in [(0, d, 1.0), (7, stored[4][1], 5.0), (9, d, 7.2)]:
         repo2.start_trial(run2.id, n, params, is_baseline=params == d)
         repo2.finish_trial(run2.id, n, outcome="ok", value=value, duration_s=10.0)

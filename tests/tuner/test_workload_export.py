@@ -101,19 +101,15 @@ def test_sglang_moe_config_files_travel_beside_the_command(tmp_path):
 
 
 def test_the_export_prefers_fewer_changes_within_the_noise_and_says_so(tmp_path):
+    from spaces import tiny_workload_run
+
     from search_spaces import Hardware, resolve
-    from storage import Repo
     from storage.types import MetricRow
     from tuner.export.script import export_run
     from tuner.search.winner import parsimony_for_run
     from tuner.targets.workload.target import WorkloadTarget
 
-    space_path = Path(__file__).resolve().parents[2] / "search_spaces" / "dsv4_flash_tiny.yaml"
-    space = load_space(str(space_path))
-    repo = Repo(f"sqlite:///{tmp_path / 't.db'}")
-    repo.create_schema()
-    run = repo.create_run("twin", target="workload", budget_s=60, objective="geomean", space_name=space.name,
-                          space_yaml=space_path.read_text())
+    repo, run, space = tiny_workload_run(f"sqlite:///{tmp_path / 't.db'}", "twin", budget_s=60)
     d = space.defaults()
     stored = [(0, d, 10.0), (1, {**d, "context_length": 4096, "indexer_width": "live", "gemm_proj": "fp32"}, 20.0),
               (2, {**d, "context_length": 4096}, 19.7),  # 1.5% below the best, one change

@@ -5,10 +5,10 @@ never reaching the next trial's numbers. All on the CPU twin (tiny preset), in r
 from __future__ import annotations
 
 import time
-from pathlib import Path
 
 import pytest
 import torch
+from spaces import TINY_SPACE_PATH
 
 from tuner.execution.isolation import TrialJob, TrialProcess
 from tuner.execution.persistent import PersistentWorker
@@ -18,7 +18,7 @@ from tuner.targets.workload.model import DecodeModel, clear_weights
 from tuner.targets.workload.numerics import step_output
 from tuner.targets.workload.presets import get_preset
 
-SPACE_PATH = Path(__file__).resolve().parents[2] / "search_spaces" / "dsv4_flash_tiny.yaml"
+SPACE_PATH = TINY_SPACE_PATH
 TINY = get_preset("dsv4-flash-tiny")
 # short contexts so a CPU step takes milliseconds; a bf16 MHC so the output is not the baseline's own (and another
 # weights key than OTHER's fp32 MoE)
