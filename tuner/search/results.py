@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from tuner.search.winner import params_json
 from tuner.targets import PreflightReport
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -73,7 +73,7 @@ def trial_tally(trials: list[TrialSummary]) -> str:
     first: dict[str, str] = {}
     repeats = reruns = 0
     for t in sorted(trials, key=lambda t: t.number):
-        key = json.dumps(t.params, sort_keys=True, default=str)
+        key = params_json(t.params)
         if t.repeat_of is not None:
             repeats += 1
         elif key in first:

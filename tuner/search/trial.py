@@ -158,8 +158,10 @@ def _record(ctx: SearchContext, trial: optuna.Trial, params: dict[str, Any], m: 
     ctx.seen.setdefault(ctx.key_of(params), summary)
     base = ctx.baseline
     if summary.outcome == "ok" and repeat_of is None and base is not None and ctx.key_of(params) == ctx.key_of(
-            base.params) and ctx.baseline_value is not None:  # a baseline run moves its median: status reads it
-        ctx.repo.set_baseline(ctx.run.id, ctx.baseline_value)
+            base.params):  # a baseline run moves its median: status reads it
+        median = ctx.baseline_value
+        if median is not None:
+            ctx.repo.set_baseline(ctx.run.id, median)
     level = logging.INFO if m.outcome in (Outcome.OK, Outcome.PRUNED) else logging.WARNING
     _logger.log(level, "trial %d %s value=%s %s", trial.number, m.outcome.value, value, m.reason[:200])
     if progress:
