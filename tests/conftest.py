@@ -1,19 +1,16 @@
 """Shared fixtures. Trial subprocesses import test-only targets (``fake_targets``) through PYTHONPATH. What is costly
-to build and only read (the CPU main job's study) is built once per test run (:func:`built_once`)."""
+to build and only read (the CPU main job's study) is built once per test run (``helpers/built_once.py``)."""
 
 from __future__ import annotations
 
 import json
 import os
 import shutil
-import sqlite3
 import subprocess
 import sys
-from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from filelock import FileLock
 
 TESTS = Path(__file__).resolve().parent
 ROOT = TESTS.parent
@@ -23,32 +20,12 @@ for p in _paths:
     if p not in sys.path:
         sys.path.insert(0, p)
 
+from built_once import built_once, copy_database  # noqa: E402  (tests/helpers, put on sys.path just above)
+
 
 @pytest.fixture
 def sqlite_url(tmp_path) -> str:
     return f"sqlite:///{tmp_path / 'tuner.db'}"
-
-
-def built_once(tmp_path_factory: pytest.TempPathFactory, name: str, build: Callable[[Path], None]) -> Path:
-    """A folder that ``build`` fills once per test run: under pytest-xdist in the first worker that asks (the others
-    wait on a lock, then read what it built). Tests copy what they change out of it (:func:`copy_database`)."""
-    shared = tmp_path_factory.getbasetemp()
-    if os.environ.get("PYTEST_XDIST_WORKER"):
-        shared = shared.parent  # the run's folder, above every worker's own
-    built = shared / f"{name}-built"
-    with FileLock(str(shared / f"{name}.lock")):
-        if not (built / "done").exists():
-            shutil.rmtree(built, ignore_errors=True)
-            built.mkdir()
-            build(built)
-            (built / "done").write_text("")
-    return built
-
-
-def copy_database(src: Path, dst: Path) -> None:
-    """A copy of the SQLite database ``src`` with what its write-ahead log still holds, not the main file alone."""
-    with sqlite3.connect(src) as a, sqlite3.connect(dst) as b:
-        a.backup(b)
 
 
 MAIN_JOB = ["search", "--budget", "4m", "--n-trials", "4", "--seed", "3", "-o", "out"]

@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-import os
 import shutil
-import sqlite3
 import threading
 import time
 from collections.abc import Callable
@@ -12,8 +10,8 @@ from pathlib import Path
 
 import pytest
 from api_search_data import MIXED, STUDY, fake_search, real_search
+from built_once import built_once, copy_database
 from fastapi.testclient import TestClient
-from filelock import FileLock
 
 from api.app import create_app
 from api.settings import ApiSettings
@@ -24,21 +22,15 @@ def db_url(tmp_path_factory: pytest.TempPathFactory) -> str:
     """One database with a real 6-trial search (``s1``) and the stand-in search (``mixed``). Under pytest-xdist the
     searches run once, in the first worker that asks (the others wait on a lock), and each worker gets its own copy
     of the finished database, so no worker's writes reach another's tests."""
-    shared = tmp_path_factory.getbasetemp()
-    if os.environ.get("PYTEST_XDIST_WORKER"):
-        shared = shared.parent  # the run's folder, above every worker's own
-    built = shared / "api-db-built"
-    with FileLock(str(shared / "api-db.lock")):
-        if not (built / "done").exists():
-            built.mkdir(exist_ok=True)
-            url = f"sqlite:///{built / 'tuner.db'}"
-            real_search(url, STUDY, str(built / "out"))
-            fake_search(url, MIXED)
-            (built / "done").write_text("")
+    def build(built: Path) -> None:
+        url = f"sqlite:///{built / 'tuner.db'}"
+        real_search(url, STUDY, str(built / "out"))
+        fake_search(url, MIXED)
+
+    built = built_once(tmp_path_factory, "api-db", build)
     folder = tmp_path_factory.mktemp("api-db")
     shutil.copytree(built / "out", folder / "out")
-    with sqlite3.connect(built / "tuner.db") as src, sqlite3.connect(folder / "tuner.db") as dst:
-        src.backup(dst)  # the database with what its write-ahead log still holds, not the main file alone
+    copy_database(built / "tuner.db", folder / "tuner.db")
     return f"sqlite:///{folder / 'tuner.db'}"
 
 
