@@ -88,14 +88,10 @@ def section(name: str, d: Path) -> list[str]:
 
 def side_by_side(path: Path) -> list[str]:
     """workload_gpu.py's report of a stored side-by-side JSON (its own ``--report-from`` text)."""
+    from benchmarks import workload_gpu
     from benchmarks.common import read_json, stored_path
 
-    sys.path.insert(0, str(ROOT / "benchmarks"))
-    import workload_gpu
-
-    data = {**read_json(path), "source": stored_path(path.resolve())}
-    data.setdefault("compared", [c["name"] for c in data["cases"] if c.get("base") or c["name"].startswith(
-        "best found by ")])
+    data = {**read_json(path), "source": stored_path(path.resolve())}  # workload_gpu.py stored its "compared"
     body = workload_gpu.report(data).splitlines()
     # each deployable-only best (its best is its command) against each other search's exported command
     ok = {c["name"]: c for c in data["cases"] if "tok_s" in c}
