@@ -54,7 +54,19 @@ def from_study(name: str, spec: str, work: Path) -> Path:
         raise SystemExit(f"error: tuner export of {name}={spec} exited {out.returncode}: {out.stderr.strip()[-300:]}")
     _tuner("explain", "--study", study, "--storage", local, "--no-profile", "-o", str(d / "explain.md"))
     (d / "source.txt").write_text(f"{db.as_posix()}#{study}")
+    (d / "searched.txt").write_text(searched_on(local, study))
     return d
+
+
+def searched_on(url: str, study: str) -> str:
+    """Where and when a stored study searched, from its own record: GPU, date, torch and the commit it ran."""
+    from storage import Repo
+
+    run = Repo(url, create=False).get_run(study)
+    env = run.environment or {}
+    gpu = ", ".join(g.get("name", "?") for g in env.get("gpus") or []) or "cpu"
+    return (f"searched on {gpu} on {run.started_at:%Y-%m-%d}, torch {env.get('torch')}, commit "
+            f"{env.get('git_sha')}")
 
 
 def section(name: str, d: Path) -> list[str]:
@@ -76,7 +88,9 @@ def section(name: str, d: Path) -> list[str]:
     source = (d / "source.txt").read_text() if (d / "source.txt").exists() else launch.as_posix()
     made = ("exported here by `tuner export` from the stored study" if (d / "source.txt").exists()
             else "exported by the search")
-    return [f"## {name}: `{launch.parent.name}`", "", f"- {exported}", *([f"- {env}"] if env else []),
+    searched = (d / "searched.txt").read_text() if (d / "searched.txt").exists() else None
+    return [f"## {name}: `{launch.parent.name}`", "", *([f"- {searched}"] if searched else []), f"- {exported}",
+            *([f"- {env}"] if env else []),
             f"- source: `{source}` ({made})", *[f"- {c}" for c in checked], "",
             "Predictions recorded by the search:", "", "```", *keep, *code, "```", "", "The command:", "", "```",
             *cmd, "```", "",
@@ -104,7 +118,8 @@ def side_by_side(path: Path) -> list[str]:
             extra.append(f"{b['name']} / {c['name']}, measured side by side: "
                          + ", ".join(f"{lv} {x:.3f}" for lv, x in zip(data["levels"], ratios))
                          + f"; geomean {math.exp(sum(map(math.log, ratios)) / len(ratios)):.3f}")
-    return ["## Side by side: the searches' bests and the exported command in one run", "", *body[1:], "", *extra, ""]
+    return [f"## Side by side on {data['gpu']}: the searches' bests and the exported command in one run", "",
+            *body[1:], "", *extra, ""]
 
 
 def main(argv: list[str]) -> int:

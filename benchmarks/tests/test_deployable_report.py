@@ -30,6 +30,9 @@ def test_the_filed_report_is_what_the_script_writes_from_the_filed_studies():
     text = proc.stdout
     assert text.count("  this command: c=1") == 2 and text.count("  with these code changes: c=1") == 2
     assert "--context-length 8192" in text and "--context-length 32768" in text
+    # where each search and the side-by-side run ran, read from the study's record and the JSON
+    assert text.count("- searched on NVIDIA H200 on 2026-12-02, torch 2.11.0, commit 5f687fb") == 2
+    assert "## Side by side on NVIDIA H200:" in text
     assert "best found by `dsv4-deployable-on` (trial 30, stored 262.68) / the exported command of" in text
 
 
