@@ -19,6 +19,8 @@ CAPABILITIES = {
     "torch_compile": "torch.compile with a working backend compiler",
     "multi_gpu": "two or more GPUs",
     "flash_mla": "FlashMLA's Hopper kernels: an sm_90 GPU and the sgl-flash-mla wheel (`pip install tuner[flashmla]`)",
+    "deep_gemm": "DeepGEMM's kernels as SGLang runs them: an sm_90 or sm_100 GPU and the deep_gemm module (SGLang's "
+                 "sgl-deep-gemm wheel, or DeepGEMM built from source: benchmarks/deepgemm_build.sh)",
 }
 
 
@@ -35,6 +37,8 @@ class Hardware:
     has_gluon: bool = False
     has_flash_mla: bool = False
     """The ``flash_mla`` module (the sgl-flash-mla wheel) imports."""
+    has_deep_gemm: bool = False
+    """The ``deep_gemm`` module is installed (SGLang's sgl-deep-gemm wheel or a build from source)."""
 
     @property
     def arch(self) -> str | None:
@@ -64,6 +68,8 @@ class Hardware:
                 caps.add("wgmma")
             if cc == (9, 0) and self.has_flash_mla:
                 caps.add("flash_mla")
+            if cc in ((9, 0), (10, 0)) and self.has_deep_gemm:
+                caps.add("deep_gemm")
             if self.gpu_count >= 2:
                 caps.add("multi_gpu")
         if self.has_torch_compile:
@@ -75,7 +81,8 @@ class Hardware:
         return {"gpu_name": self.gpu_name, "gpu_count": self.gpu_count,
                 "compute_capability": list(self.compute_capability) if self.compute_capability else None,
                 "has_triton": self.has_triton, "has_torch_compile": self.has_torch_compile,
-                "extra": sorted(self.extra), "has_gluon": self.has_gluon, "has_flash_mla": self.has_flash_mla}
+                "extra": sorted(self.extra), "has_gluon": self.has_gluon, "has_flash_mla": self.has_flash_mla,
+                "has_deep_gemm": self.has_deep_gemm}
 
     @classmethod
     def from_json(cls, data: dict) -> Hardware:
@@ -83,7 +90,8 @@ class Hardware:
         return cls(gpu_name=data.get("gpu_name", "cpu"), gpu_count=int(data.get("gpu_count", 0)),
                    compute_capability=tuple(cc) if cc else None, has_triton=bool(data.get("has_triton")),
                    has_torch_compile=bool(data.get("has_torch_compile")), extra=frozenset(data.get("extra", ())),
-                   has_gluon=bool(data.get("has_gluon")), has_flash_mla=bool(data.get("has_flash_mla")))
+                   has_gluon=bool(data.get("has_gluon")), has_flash_mla=bool(data.get("has_flash_mla")),
+                   has_deep_gemm=bool(data.get("has_deep_gemm")))
 
     def missing(self, required: tuple[str, ...]) -> list[str]:
         return [r for r in required if r not in self.capabilities]
@@ -131,5 +139,7 @@ def detect_hardware() -> Hardware:
     import importlib.util
 
     has_flash_mla = importlib.util.find_spec("flash_mla") is not None  # imported by the trial, not here
+    has_deep_gemm = importlib.util.find_spec("deep_gemm") is not None
     return Hardware(gpu_name=name, gpu_count=count, compute_capability=cc, has_triton=has_triton,
-                    has_torch_compile=has_compile, has_gluon=has_gluon, has_flash_mla=has_flash_mla)
+                    has_torch_compile=has_compile, has_gluon=has_gluon, has_flash_mla=has_flash_mla,
+                    has_deep_gemm=has_deep_gemm)

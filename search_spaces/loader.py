@@ -33,6 +33,7 @@ from typing import Any
 import yaml
 
 from search_spaces.buckets import DENSITIES
+from search_spaces.deployment import load_deployment
 from search_spaces.schema import (
     COMBINES,
     DEPLOY_KINDS,
@@ -56,13 +57,13 @@ from search_spaces.schema import (
 )
 from search_spaces.targets import TARGET_NAMES
 
-_TOP_KEYS = {"name", "description", "target", "preset", "settings", "objective", "params", "constraints"}
+_TOP_KEYS = {"name", "description", "target", "preset", "settings", "objective", "params", "constraints", "deployment"}
 _PARAM_KEYS = {
     "type", "values", "low", "high", "step", "log", "default", "description", "flag", "kernel", "env", "when",
     "requires", "value_requires", "max_bs", "densities", "server",
 }
 _SERVER_KEYS = {"flag", "env", "none", "values", "note", "see", "not_deployable", "deploys_as"}
-_NOT_DEPLOYABLE_KEYS = {"kind", "why", "source", "instead", "except_on"}
+_NOT_DEPLOYABLE_KEYS = {"kind", "why", "source", "instead", "except_on", "only_on"}
 _OBJECTIVE_KEYS = {"metric", "direction", "combine", "levels", "level", "unit", "constraints", "slo", "pareto"}
 
 BUILTIN_DIR = Path(__file__).resolve().parent
@@ -139,12 +140,33 @@ def load_space_text(text: str, *, source: str = "<string>") -> Space:
         description=str(data.get("description", "")),
         source=source,
         settings=dict(settings),
+        deployment=_deployment(source, data.get("deployment"), params),
     )
     bad = space.violated_constraints(space.defaults())
     if bad:
         raise _fail(source, f"the defaults violate constraint `{bad[0].name}`", space.defaults(),
                     "change the defaults or the constraint so the baseline is valid")
     return space
+
+
+def _deployment(source: str, name: Any, params: list[Param]):
+    """The space's deployment map, each ``twin`` value checked against the space's parameters."""
+    if name is None:
+        return None
+    if not isinstance(name, str) or not name:
+        raise _fail(source, "`deployment` must name a map in search_spaces/deployments/", name,
+                    "write `deployment: sglang-0.5.23-dsv4`")
+    dep = load_deployment(name, f"{source}: deployment")
+    by_name = {p.name: p for p in params}
+    for run in dep.runs:
+        for knob, value in (run.twin or {}).items():
+            where = f"{source}: deployment {name} ({run.component}, {run.source})"
+            if knob not in by_name:
+                raise _fail(where, "names a knob the space does not have", knob, f"use one of {sorted(by_name)}")
+            if value not in by_name[knob].choices():
+                raise _fail(where, f"names a value `{knob}` does not have", value,
+                            f"use one of {list(by_name[knob].choices())}")
+    return dep
 
 
 def _unknown(where: str, data: dict, allowed: set[str], what: str) -> None:
@@ -312,13 +334,18 @@ def _not_deployable(where: str, raw: Any) -> NotDeployable:
             raise _fail(where, f"`{key}` must be a non-empty text", raw.get(key), fix)
     if "instead" not in raw:
         raise _fail(where, "`instead` (the value SGLang runs in its place) is missing", None, fix)
-    except_on = raw.get("except_on") or []
-    if isinstance(except_on, str):
-        except_on = [except_on]
-    if not isinstance(except_on, list) or not all(isinstance(x, str) and x for x in except_on):
-        raise _fail(where, "`except_on` must be a list of GPU architectures", except_on, "write `[gfx950]`")
+    archs = {}
+    for key in ("except_on", "only_on"):
+        value = raw.get(key) or []
+        if isinstance(value, str):
+            value = [value]
+        if not isinstance(value, list) or not all(isinstance(x, str) and x for x in value):
+            raise _fail(where, f"`{key}` must be a list of GPU architectures", value, "write `[gfx950]`")
+        archs[key] = tuple(value)
+    if archs["except_on"] and archs["only_on"]:
+        raise _fail(where, "`except_on` and `only_on` exclude each other", archs, "keep one of them")
     return NotDeployable(kind=raw["kind"], why=" ".join(raw["why"].split()), source=raw["source"].strip(),
-                         instead=raw["instead"], except_on=tuple(except_on))
+                         instead=raw["instead"], **archs)
 
 
 def _clauses(where: str, raw: Any) -> tuple[tuple[str, tuple[Any, ...]], ...]:

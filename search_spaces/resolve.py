@@ -57,11 +57,13 @@ class ResolvedSpace:
 def resolve(space: Space, hardware: Hardware, *, deployable_only: bool = False) -> ResolvedSpace:
     """Cut ``space`` to ``hardware``. A parameter whose every value needs something missing is pinned. With
     ``deployable_only``, also every value the exported SGLang command cannot give on this GPU (a value its
-    ``server:`` marks ``not_deployable`` here, or not its ``deploys_as``): the search's best is then the command."""
+    ``server:`` marks ``not_deployable`` here, or not its ``deploys_as``): the search's best is then the command.
+    On a GPU the space's deployment map covers, each default is what the deployment runs there, where it can run."""
     params: list[Param] = []
     fixed: dict[str, Any] = {}
     inactive: list[Inactive] = []
     notes: list[str] = []
+    deployed = _deployed_baseline(space, hardware, notes)
     dropped: set[str] = set()
     for p in space.params:
         missing = hardware.missing(p.requires)
@@ -88,13 +90,18 @@ def resolve(space: Space, hardware: Hardware, *, deployable_only: bool = False) 
                 inactive.append(Inactive(p.name, v, f"deployable_only: the command cannot set it ({blocker.describe()})"))
             else:
                 keep.append(v)
-        default = p.default
+        wanted = deployed.get(p.name, p.default)
+        default = wanted
         if default not in keep:
             mark = p.server.blocker(default, hardware.arch) if deployable_only and p.server else None
-            default = mark.instead if mark is not None and mark.instead in keep else (keep[0] if keep else p.default)
-            miss = hardware.missing(p.value_requires.get(p.default, ()))
+            fallback = p.default if p.default in keep else (keep[0] if keep else p.default)
+            default = mark.instead if mark is not None and mark.instead in keep else fallback
+            miss = hardware.missing(p.value_requires.get(wanted, ()))
             why = _why(miss) if miss else "deployable_only: the exported command cannot set it"
-            notes.append(f"`{p.name}` default {p.default!r} cannot run here ({why}); the baseline uses {default!r}")
+            notes.append(f"`{p.name}` default {wanted!r} cannot run here ({why}); the baseline uses {default!r}")
+        elif p.name in deployed and wanted != p.default:
+            notes.append(f"`{p.name}`: the baseline runs {wanted!r}, what {space.deployment.release} runs on "
+                         f"{hardware.arch} (the space's default is {p.default!r})")
         if len(keep) <= 1:
             fixed[p.name] = default
             if keep:
@@ -107,6 +114,27 @@ def resolve(space: Space, hardware: Hardware, *, deployable_only: bool = False) 
         _logger.info("%s", item)
     return ResolvedSpace(space=space, hardware=hardware, params=tuple(params), fixed=fixed,
                          inactive=tuple(inactive), notes=tuple(notes), dropped=frozenset(dropped))
+
+
+def _deployed_baseline(space: Space, hardware: Hardware, notes: list[str]) -> dict[str, Any]:
+    """The knob values of the deployment's default path on this GPU, one run (component) at a time: a run whose
+    values cannot all run here keeps the space's defaults for its knobs, with a note naming the missing piece."""
+    if space.deployment is None:
+        return {}
+    out: dict[str, Any] = {}
+    by_name = {p.name: p for p in space.params}
+    for run in space.deployment.default_runs(hardware.arch):
+        if not run.twin:
+            continue
+        missing = sorted({m for knob, value in run.twin.items()
+                          for m in hardware.missing(by_name[knob].requires + tuple(by_name[knob].value_requires.get(value, ())))})
+        if missing:
+            values = ", ".join(f"{k}={v}" for k, v in run.twin.items())
+            notes.append(f"{space.deployment.release} runs {run.component} on {hardware.arch} as {values}, which cannot "
+                         f"run here ({_why(missing)}); the baseline keeps the space's defaults for it")
+            continue
+        out.update(run.twin)
+    return out
 
 
 def _condition_cannot_hold(p: Param, params: list[Param], fixed: dict[str, Any], dropped: set[str]) -> str | None:

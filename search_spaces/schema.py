@@ -61,21 +61,26 @@ DEPLOY_KINDS = {
 @dataclass(frozen=True)
 class NotDeployable:
     """A knob value the exported SGLang command cannot give: ``kind`` (:data:`DEPLOY_KINDS`), ``why``, the ``source``
-    it is known from, ``instead`` (the knob value SGLang runs in its place) and ``except_on`` (GPU architectures,
-    e.g. ``gfx950`` or ``sm_90``, where the command does give it)."""
+    it is known from, ``instead`` (the knob value SGLang runs in its place), ``except_on`` (GPU architectures,
+    e.g. ``gfx950`` or ``sm_90``, where the command does give it) and ``only_on`` (where set, the only
+    architectures the mark holds on: SGLang runs another kernel for that component there)."""
 
     kind: str
     why: str
     source: str
     instead: Any
     except_on: tuple[str, ...] = ()
+    only_on: tuple[str, ...] = ()
 
     def applies(self, arch: str | None) -> bool:
         """Whether the command cannot give the value on a GPU of architecture ``arch`` (None: unknown)."""
+        if self.only_on:
+            return bool(arch) and arch in self.only_on
         return not (arch and arch in self.except_on)
 
     def describe(self) -> str:
-        where = f" (except on {', '.join(self.except_on)})" if self.except_on else ""
+        where = (f" (except on {', '.join(self.except_on)})" if self.except_on else
+                 f" (on {', '.join(self.only_on)})" if self.only_on else "")
         return f"{self.kind.replace('_', ' ')}{where}: {self.why} [source: {self.source}]"
 
 
@@ -271,6 +276,9 @@ class Space:
     source: str = "<memory>"
     settings: dict[str, Any] = field(default_factory=dict)
     """Target settings that are not searched (``live_context: 512``, ``model: /path``)."""
+    deployment: Any = None
+    """The deployment map (:class:`search_spaces.deployment.Deployment`) whose default path is the baseline on the
+    GPUs it covers; None: the space's defaults everywhere."""
 
     def param(self, name: str) -> Param:
         for p in self.params:

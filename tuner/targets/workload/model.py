@@ -43,6 +43,9 @@ _logger = logging.getLogger(__name__)
 
 KV_CACHE_DTYPES = ("bf16", "fp8_e4m3")
 FP8_KV_ATTENTION = ("torch", "mma", "wgmma", "flashmla_kv")
+INDEXER_IMPLS = ("torch", "triton", "deepgemm")
+"""The indexer: the twin's torch ops, its fused Triton kernel, or SGLang's Hopper path (DeepGEMM's paged logits over
+SGLang's paged fp8 index cache, then a top-k of the live columns: ``tuner.targets.workload.sglang_indexer``)."""
 FLASHMLA = ("flashmla_kv", "flashmla_sparse")
 """SGLang's own attention kernels (the sgl-flash-mla wheel): flashmla_kv on V4's fp8 cache, flashmla_sparse on bf16."""
 """The attention implementations that read an fp8 cache (the per-head SIMT kernel takes a 16-bit one only)."""
@@ -163,6 +166,11 @@ class DecodeModel:
             from tuner.targets.workload.gpu_ops import triton_indexer
 
             self.triton_indexer = triton_indexer(self.knobs)
+        self.sglang_indexer = None
+        if self.knobs["indexer_impl"] == "deepgemm":
+            from tuner.targets.workload.sglang_indexer import SGLangIndexer
+
+            self.sglang_indexer = SGLangIndexer(preset.index_topk)
         self.triton_moe = None
         if self.knobs["moe_impl"] == "triton":
             from tuner.targets.workload.gpu_ops import triton_moe
@@ -221,8 +229,16 @@ class DecodeModel:
             raise KnobError(f"workload knob `glue` must be eager, fused or compile, but got {k['glue']!r}")
         if k["moe_impl"] not in ("torch", "triton"):
             raise KnobError(f"workload knob `moe_impl` must be torch or triton, but got {k['moe_impl']!r}")
-        if k["indexer_impl"] not in ("torch", "triton"):
-            raise KnobError(f"workload knob `indexer_impl` must be torch or triton, but got {k['indexer_impl']!r}")
+        if k["indexer_impl"] not in INDEXER_IMPLS:
+            raise KnobError(f"workload knob `indexer_impl` must be one of {', '.join(INDEXER_IMPLS)}, "
+                            f"but got {k['indexer_impl']!r}")
+        if k["indexer_impl"] == "deepgemm":
+            if self.device.type != "cuda":
+                raise KnobError("workload knob `indexer_impl=deepgemm` needs an sm_90 or sm_100 GPU with deep_gemm")
+            if self.p.indexer_heads not in (32, 64) or self.p.indexer_dim != 128:
+                raise KnobError(f"workload knob `indexer_impl=deepgemm` needs an indexer of 32 or 64 heads of 128 "
+                                f"(DeepGEMM's sm_90 paged logits), but preset {self.p.name} has "
+                                f"{self.p.indexer_heads} of {self.p.indexer_dim}: use indexer_impl=torch or triton")
         if k["indexer_dead_tiles"] not in ("compute", "skip"):
             raise KnobError("workload knob `indexer_dead_tiles` must be compute or skip, "
                             f"but got {k['indexer_dead_tiles']!r}")
@@ -376,6 +392,14 @@ class DecodeModel:
         if self.knobs["kv_cache_dtype"] == "fp8_e4m3":  # the same rows, stored as the server's fp8 cache stores them
             for name in ("win", "csa", "hca"):
                 base[f"{name}_pool"], base[f"{name}_scale"] = quantize_kv_rows(base[f"{name}_pool"])
+        if self.sglang_indexer is not None:  # SGLang's paged index cache and page table, the cap sizing the table
+            from tuner.targets.workload.sglang_indexer import COMPRESSED_PAGE_ROWS, page_table_width, paged_index_state
+
+            pages = (page_table_width(ctx, p.csa_ratio) if self.knobs["indexer_width"] == "static"
+                     else math.ceil(n_csa / COMPRESSED_PAGE_ROWS))
+            extra |= paged_index_state(base["csa_keys"], B, n_csa, pages)
+            extra["idx_schedule"] = self.sglang_indexer.schedule(extra["idx_lens"])
+            extra["idx_live"] = n_csa
         if self.triton_indexer is not None:  # the server's key cache, sized by the width it scores: the same keys
             keys = base["csa_keys"][csa_table]
             if self.knobs["gemm_indexer"] == "fp8":
@@ -492,6 +516,8 @@ class DecodeModel:
         B = h.shape[0]
         qi = w.idx_q(qa).view(B, p.indexer_heads, p.indexer_dim)
         wts = w.idx_w(h)
+        if self.sglang_indexer is not None:
+            return self.sglang_indexer(qi, wts, st)
         table = st["csa_table"]  # [B, width]
         if self.triton_indexer is not None:
             keys = st["csa_keys_dense"]
