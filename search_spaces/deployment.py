@@ -81,6 +81,24 @@ class Deployment:
     def default_runs(self, arch: str | None) -> tuple[Run, ...]:
         return tuple(r for r in self.on(arch) if r.default)
 
+    def fidelity_lines(self, arch: str | None, params: dict[str, Any]) -> list[str]:
+        """One line per component of the release's default path on ``arch``: whether a configuration (``params``)
+        ran the release's own kernel for it, a stand-in (which), or none of the two (what it ran instead)."""
+        out = []
+        for r in self.default_runs(arch):
+            if r.twin is None:
+                out.append(f"  {r.component}: {r.kernel}: no counterpart in the twin [{r.source}]")
+                continue
+            ran = {k: params.get(k) for k in r.twin}
+            if ran != r.twin:
+                values = ", ".join(f"{k}={v}" for k, v in ran.items())
+                out.append(f"  {r.component}: the twin ran {values} (not SGLang's {r.kernel}) [{r.source}]")
+            elif r.fidelity == "kernel":
+                out.append(f"  {r.component}: SGLang's own kernel, {r.kernel} [{r.source}]")
+            else:
+                out.append(f"  {r.component}: a stand-in for {r.kernel}: {r.stand_in} [{r.source}]")
+        return out
+
 
 def _fail(where: str, what: str, value: Any, fix: str) -> SpaceError:
     return SpaceError(f"{where}: {what} (got {value!r}); {fix}")

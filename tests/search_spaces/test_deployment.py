@@ -109,3 +109,15 @@ def test_an_unknown_deployment_map_is_one_error_line_naming_the_known_ones():
                                                                       "deployment: sglang-9.9")
     with pytest.raises(SpaceError, match=r"unknown deployment map \(got 'sglang-9.9'\); use one of \['sglang-0.5.23-dsv4'\]"):
         load_space_text(text, source="x.yaml")
+
+
+def test_the_fidelity_lines_say_which_component_ran_sglangs_kernel_a_stand_in_or_neither():
+    space = load_space("dsv4_flash")
+    base = resolve(space, H200_ALL).defaults()
+    lines = {line.split(":")[0].strip(): line for line in space.deployment.fidelity_lines("sm_90", base)}
+    assert "SGLang's own kernel" in lines["indexer_logits"] and "SGLang's own kernel" in lines["sparse_attention"]
+    assert "a stand-in for FlashInfer cutlass_fused_moe" in lines["routed_moe"]
+    other = space.deployment.fidelity_lines("sm_90", {**base, "attention_impl": "wgmma", "kv_cache_dtype": "bf16"})
+    assert any(line.startswith("  sparse_attention: the twin ran attention_impl=wgmma, kv_cache_dtype=bf16 (not SGLang's")
+               for line in other)
+    assert space.deployment.fidelity_lines(None, base) == []

@@ -86,13 +86,13 @@ def test_resolve_cpu_drops_gpu_only_values_with_reasons():
     assert any("attention_impl" in n for n in r.notes)
 
 
-def test_resolve_h200_keeps_everything_but_fp4():
+def test_resolve_h200_keeps_everything_but_fp4_and_its_baseline_is_sglangs_path():
     s = load_space("dsv4_flash")
     hw = Hardware(gpu_name="NVIDIA H200", gpu_count=1, compute_capability=(9, 0), has_triton=True,
-                  has_torch_compile=True, has_gluon=True, has_flash_mla=True)
+                  has_torch_compile=True, has_gluon=True, has_flash_mla=True, has_deep_gemm=True)
     r = resolve(s, hw)
     assert r.inactive == ()
-    assert r.defaults() == s.defaults()
+    assert r.defaults() == {**s.defaults(), **s.deployment.baseline("sm_90")} != s.defaults()
     names = {p.name for p in r.params}
     assert {"cuda_graph_buckets", "sparse_num_splits", "attention_impl"} <= names
 

@@ -291,7 +291,12 @@ def _workload_command(repo: Repo, run, trial, levels: tuple[dict[str, float], di
                       + ", ".join(f"{v:.2g}" for v in err.values()))
     if parsimony is not None:
         header.append("parsimony: " + parsimony.reason())
-    header += ["", release.line, "this command (twin knob=value -> SGLang):", *sc.carried_lines(launch)]
+    header += ["", release.line]
+    if space.deployment is not None and space.deployment.covers(arch):
+        header += [f"what this command's configuration ran for each component {space.deployment.release} runs on "
+                   f"{arch} (sources: files of that release):",
+                   *space.deployment.fidelity_lines(arch, cmd.params)]
+    header += ["this command (twin knob=value -> SGLang):", *sc.carried_lines(launch)]
     header += [f"  {p.name}={v}: what SGLang's own code runs ({p.server.none})" for p, v in launch.unmapped
                if p.server and p.server.deploys_as == v]
     header += sc.flagless_lines(sc.ServerLaunch(unmapped=[(p, v) for p, v in launch.unmapped
