@@ -11,6 +11,12 @@ needs, their configs, ``MANIFEST.json`` and one AROUND hook per replaced functio
 as they are). With nothing chosen it writes nothing; :attr:`Plugin.lines` is what launch.sh's header says either way.
 
 The interface to the rest of the export is :func:`export_plugin` (records of a study in, lines out).
+
+The second prediction "with this plug-in" (issue 47) needs the twin measured with the plug-in's kernels in place of
+SGLang's. The twin never runs SGLang's kernels: its ``glue=fused`` is timed against eager torch, while SGLang's q
+path is already a fused CUDA kernel, so no twin configuration stands for what the plug-in changes. :data:`CARRIES`
+is the seam: a hook target mapped to the twin knob values that would measure it; while it maps none, the header says
+the prediction is not measured (:data:`NO_PREDICTION`).
 """
 
 from __future__ import annotations
@@ -54,6 +60,14 @@ HOOKS = {
         "fused_q_norm_rope", ("q_input", "q_output", "eps", "freqs_cis", "positions"), "sglang_q_norm_rope.py",
         "configs/q_norm_rope.json"),
 }
+
+
+CARRIES: dict[str, dict[str, Any]] = {}
+"""Hook target -> the twin's knob values that run that replacement beside the exported command (none yet: the twin
+has no knob for "SGLang's own kernel" of the q path to compare with)."""
+NO_PREDICTION = ("with this plug-in: not predicted; the twin runs none of the SGLang kernels the plug-in replaces "
+                 "(its glue=fused is timed against eager torch, SGLang's q path is already fused); the per-kernel "
+                 "figures above are what was measured")
 
 
 @dataclass(frozen=True)
@@ -285,4 +299,5 @@ def export_plugin(records: list[SideBySide], out: Path, *, study: str, commit: s
         f"  install: pip install ./{DIR}   (SGLang loads it at start; with SGLANG_PLUGINS set, list {ENTRY} in it)",
         f"  off: {DISABLE_ENV}=1 bash launch.sh;  remove: pip uninstall {DIST};  this script runs unchanged "
         "without it",
+        *([] if all(h["target"] in CARRIES for h in manifest["hooks"]) else [f"  {NO_PREDICTION}"]),
     ])
