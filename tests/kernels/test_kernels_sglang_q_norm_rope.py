@@ -80,3 +80,70 @@ def test_a_wrong_layout_is_refused_naming_the_argument():
         fused_q_norm_rope(q, torch.empty_like(q), 1e-6, freqs, pos[:1])
     with pytest.raises(ValueError, match="q_output must be"):
         fused_q_norm_rope(q, torch.empty_like(q).half(), 1e-6, freqs, pos)
+
+
+def _plugin_hook(tmp_path, arch):
+    """The AROUND hook of an exported plug-in (its own files, imported from where the export wrote them), for
+    records measured on ``arch`` at batch 2 (faster) and 4 (slower): it runs ours for batch 1-2 only."""
+    import importlib
+    import json
+    import sys
+
+    from tuner.export.sglang_plugin import SideBySide, choose, write_plugin
+
+    def rec(batch, ours):
+        return SideBySide(target="sglang.kernels.ops.attention.dsv4.norm_rope.fused_q_norm_rope", batch=batch,
+                          shape={"heads": 4, "head_dim": 128, "rope_dim": 64, "norm": True},
+                          dtypes={"dtype": "float32", "out_dtype": "float32"}, ours_us=ours, sglang_us=5.0,
+                          rel_err=1e-7, gpu="cpu", arch=arch, date="2026-12-03", commit="c", sglang="0.5.23",
+                          config={"BLOCK_H": 2, "num_warps": 1})
+
+    dest = tmp_path / "sglang_plugin"
+    man = write_plugin(dest, choose([rec(2, 4.0), rec(4, 6.0)]), study="s", commit="c", sglang="0.5.23")
+    sys.path.insert(0, str(dest))
+    try:
+        hooks = importlib.import_module("tuner_sglang_plugin.hooks")
+        hook = hooks.fused_q_norm_rope(man["hooks"][0], dest / "tuner_sglang_plugin")
+    finally:
+        sys.path.remove(str(dest))
+        for name in [n for n in sys.modules if n.startswith("tuner_sglang_plugin")]:
+            del sys.modules[name]
+    assert json.loads((dest / "MANIFEST.json").read_text())["hooks"][0]["cases"][0]["buckets"][0]["batch_range"] \
+        == [1, 2]
+    return hook
+
+
+@pytest.mark.skipif(CUDA, reason="the CPU arch key: the interpreter's path")
+def test_the_plugins_hook_runs_ours_in_its_measured_bucket_and_sglangs_elsewhere(tmp_path):
+    hook = _plugin_hook(tmp_path, "cpu")
+    calls = []
+
+    def sglangs(q_input, q_output, eps, freqs_cis, positions):  # SGLang's semantics, counting its calls
+        calls.append(q_input.shape[0])
+        q_output.copy_(q_norm_rope_reference(q_input, eps, freqs_cis, positions))
+
+    for B, expect_sglang in ((1, False), (2, False), (3, True), (4, True), (9, True)):
+        q, freqs, pos = _inputs(B, 4, 128, 64, torch.float32, seed=B)
+        out = torch.full_like(q, float("nan"))
+        calls.clear()
+        hook(sglangs, q, out, 1e-6, freqs, pos)
+        assert calls == ([B] if expect_sglang else []), B
+        assert _rel(out, q_norm_rope_reference(q, 1e-6, freqs, pos)) <= TOL[torch.float32]
+    q, freqs, pos = _inputs(2, 4, 128, 64, torch.float32, seed=1)
+    for args in ((q, torch.empty_like(q), None, freqs, pos),  # no norm: not measured
+                 (q[:, :2], torch.empty_like(q[:, :2]), 1e-6, freqs, pos),  # 2 heads: not measured
+                 (q.half(), torch.empty_like(q.half()), 1e-6, freqs, pos)):  # float16: not measured
+        calls.clear()
+        hook(sglangs, *args)
+        assert calls == [2]
+    calls.clear()
+    hook(sglangs, q, torch.empty_like(q), 1e-6, freqs, positions=pos)  # keyword arguments bind as SGLang's
+    assert calls == []
+
+
+def test_a_plugin_measured_on_another_arch_leaves_every_call_to_sglang(tmp_path):
+    hook = _plugin_hook(tmp_path, "sm_90" if not CUDA else "sm_0")
+    calls = []
+    q, freqs, pos = _inputs(1, 4, 128, 64, torch.float32, seed=1)
+    hook(lambda *a: calls.append(1), q, torch.empty_like(q), 1e-6, freqs, pos)
+    assert calls == [1]

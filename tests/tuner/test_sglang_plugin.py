@@ -103,7 +103,7 @@ def test_the_plugin_ships_the_faster_buckets_with_their_figures_and_stored_recor
     assert f'name = "{DIST}"' in pyproject and '[project.entry-points."sglang.srt.plugins"]' in pyproject
     assert f'version = "{man["version"]}"' in pyproject and "+twin.pl.g" in man["version"]
     text = (dest / "launch.sh").read_text()
-    assert "# SGLang plug-in sglang_plugin/" in text and "fused_q_norm_rope at batch 1-1 (1.25x), 17-64 (1.29x)" in text
+    assert "# SGLang plug-in sglang_plugin/" in text and "fused_q_norm_rope at batch 1 (1.25x), 17-64 (1.29x)" in text
     assert "#   install: pip install ./sglang_plugin" in text and f"list {ENTRY} in it" in text
     assert "#   with this plug-in: not predicted; the twin runs none of the SGLang kernels" in text
     assert "SGLANG_PLUGINS" not in text.split("set -euo pipefail")[1]  # runs unchanged without the plug-in

@@ -273,7 +273,7 @@ packages = ["{PACKAGE}", "{PACKAGE}.kernels"]
 def _summary(manifest: dict[str, Any]) -> str:
     parts = []
     for h in manifest["hooks"]:
-        ranges = ", ".join(f"{b['batch_range'][0]}-{b['batch_range'][1]} ({b['speedup']:.2f}x)"
+        ranges = ", ".join(f"{'-'.join(str(x) for x in sorted(set(b['batch_range'])))} ({b['speedup']:.2f}x)"
                            for c in h["cases"] for b in c["buckets"])
         parts.append(f"{h['target'].rsplit('.', 1)[-1]} at batch {ranges}")
     return "; ".join(parts)

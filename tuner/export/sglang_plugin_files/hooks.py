@@ -17,8 +17,11 @@ _ARCH: dict[int, str] = {}
 
 
 def _arch(device) -> str:
+    """``sm_90`` on an H100/H200; ``cpu`` for a CPU tensor (Triton's interpreter: the plug-in's own tests)."""
     import torch
 
+    if device.type != "cuda":
+        return device.type
     idx = device.index if device.index is not None else torch.cuda.current_device()
     if idx not in _ARCH:
         major, minor = torch.cuda.get_device_capability(idx)
@@ -60,7 +63,7 @@ def fused_q_norm_rope(hook: dict, package_dir: Path):
         if a is None or broken:
             return original(*args, **kwargs)
         q, out, freqs = a["q_input"], a["q_output"], a["freqs_cis"]
-        if not (isinstance(q, torch.Tensor) and q.is_cuda and q.dim() == 3 and isinstance(out, torch.Tensor)
+        if not (isinstance(q, torch.Tensor) and q.dim() == 3 and isinstance(out, torch.Tensor)
                 and out.shape == q.shape and q.stride(2) == 1 and out.stride(2) == 1
                 and freqs.dtype == torch.complex64 and freqs.dim() == 2):
             return original(*args, **kwargs)
