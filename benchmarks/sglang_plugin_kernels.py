@@ -98,10 +98,14 @@ def measure(args, say) -> list[dict]:
             theirs = None
     if theirs is None:
         theirs, baseline = torch_q_norm_rope, "torch"
-    import sglang
+    try:
+        from importlib.metadata import version
 
+        release = version("sglang")
+    except Exception:  # noqa: BLE001 - named in the records
+        release = "not installed"
     meta = {"gpu": torch.cuda.get_device_name(), "arch": "sm_%d%d" % torch.cuda.get_device_capability(),
-            "date": dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%dT%H:%M"), "sglang": sglang.__version__,
+            "date": dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%dT%H:%M"), "sglang": release,
             "commit": os.environ.get("TUNER_COMMIT") or os.environ.get("KERNELS_GIT_COMMIT") or _commit()}
     records = []
     for batch in args.batches:
