@@ -147,3 +147,40 @@ def test_a_plugin_measured_on_another_arch_leaves_every_call_to_sglang(tmp_path)
     q, freqs, pos = _inputs(1, 4, 128, 64, torch.float32, seed=1)
     hook(lambda *a: calls.append(1), q, torch.empty_like(q), 1e-6, freqs, pos)
     assert calls == [1]
+
+
+COMPILE = r"""
+import sys
+sys.path[:0] = [sys.argv[1], sys.argv[2]]
+from compile_probe import Sm90
+from triton.runtime import driver
+driver.set_active(Sm90())
+import torch
+from kernels.compile_only import jit_compile_only
+from kernels.sglang_q_norm_rope import DEFAULT_CONFIG, q_norm_rope
+with jit_compile_only():  # V4-Flash's decode q path: 64 heads of 512, rope 64, bf16
+    for cfg in (DEFAULT_CONFIG, {"BLOCK_H": 8, "num_warps": 8}):
+        for eps in (1e-6, None):
+            q = torch.empty(64, 64, 512, dtype=torch.bfloat16, device="meta")
+            q_norm_rope(q, torch.empty_like(q), eps, torch.empty(4096, 64, device="meta"),
+                        torch.empty(64, dtype=torch.int64, device="meta"), cfg)
+print("compiled for sm_90")
+"""
+
+
+@pytest.mark.slow
+def test_it_compiles_for_sm90_at_v4_flash_shapes():
+    """The file the plug-in ships lowers to PTX and cubin for Hopper with the installed Triton (no GPU needed)."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    try:
+        import triton.backends.nvidia  # noqa: F401
+    except ImportError:
+        pytest.skip("Triton has no NVIDIA backend here")
+    here = Path(__file__).resolve().parent
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    done = subprocess.run([sys.executable, "-c", COMPILE, str(here.parents[1]), str(here)], env=env,
+                          capture_output=True, text=True, timeout=240)
+    assert done.returncode == 0 and "compiled for sm_90" in done.stdout, done.stderr[-3000:]
