@@ -19,6 +19,8 @@ $PY -m pip install -q -e '.[real-server]'
 # SGLang's own argument parser for flag validation: the package without its GPU stack, plus what --help needs.
 $PY -m pip install -q --no-deps 'sglang==0.5.23' || $PY -m pip install -q --no-deps sglang
 $PY -m pip install -q orjson psutil pybase64 requests pillow msgspec pyzmq ipython aiohttp huggingface_hub
+# the DeepSeek-V4 kernel modules the SGLang plug-in hooks import tvm_ffi (SGLang 0.5.23 pins 0.1.11)
+$PY -m pip install -q --no-deps 'apache-tvm-ffi==0.1.11'
 
 # PostgreSQL (the many-worker storage) and Chromium (the dashboard's page tests): Debian's packages, as root
 if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null && { ! ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 \

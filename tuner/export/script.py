@@ -33,6 +33,9 @@ PARAMS_NAME = "best_params.yaml"
 KERNEL_DIR = "kernel_configs"
 MOE_DIR = "sglang_moe_configs"  # SGLang's fused-MoE files, in SGLang's layout (configs/triton_<version>/...)
 MOE_ENV = "SGLANG_MOE_CONFIG_DIR"
+PLUGIN_MANIFEST = "sglang_plugin/MANIFEST.json"
+PLUGIN_TARGETS = ("workload", "sglang")
+"""The targets whose launch.sh starts SGLang: their export carries the SGLang plug-in, or says why none."""
 RECORD_MARK = "# tuner-recorded: "
 """The header line holding the recorded figures as JSON; ``tuner verify`` compares a re-run against it."""
 LOAD_KEYS = ("model", "served_model_name", "api", "prompt_len", "output_len", "length_jitter", "dataset",
@@ -206,12 +209,14 @@ def export_run(repo: Repo, study: str, out_dir: str | os.PathLike, *, target: Ta
         has_moe = bool(moe_src and moe_src.is_dir() and any(moe_src.rglob("*.json")))
         if has_moe:
             shutil.copytree(moe_src, tmp / MOE_DIR / "configs")
-        script = render_script(spec, header=header, recorded=recorded, kernel_dir=bool(kdirs), moe_dir=has_moe)
+        plugin = _plugin(repo, run, tmp)
+        script = render_script(spec, header=header + (["", *plugin.lines] if plugin else []), recorded=recorded,
+                               kernel_dir=bool(kdirs), moe_dir=has_moe)
         if run.target == "workload":  # the twin: launch.sh is SGLang's command, the twin's re-run sits beside it
             (tmp / REMEASURE_NAME).write_text(script)
             os.chmod(tmp / REMEASURE_NAME, 0o755)
             script = _workload_command(repo, run, best_trial, (best_levels, base_levels), recorded, parsimony,
-                                       note, kdirs, tmp, target=target)
+                                       note, kdirs, tmp, target=target, plugin_lines=plugin.lines if plugin else [])
         (tmp / SCRIPT_NAME).write_text(script)
         os.chmod(tmp / SCRIPT_NAME, 0o755)
         params_doc = {"study": run.study_name, "target": run.target, "objective": run.objective,
@@ -236,9 +241,26 @@ def export_run(repo: Repo, study: str, out_dir: str | os.PathLike, *, target: Ta
         items.append(("kernel_config", f"{KERNEL_DIR}/{f.name}", str(f), f.read_bytes()))
     for f in sorted((dest / MOE_DIR).rglob("*.json")) if (dest / MOE_DIR).is_dir() else []:
         items.append(("kernel_config", f.relative_to(dest).as_posix(), str(f), f.read_bytes()))
+    if (dest / PLUGIN_MANIFEST).is_file():
+        items.append(("sglang_plugin", PLUGIN_MANIFEST, str(dest / PLUGIN_MANIFEST), (dest / PLUGIN_MANIFEST).read_bytes()))
     repo.add_artifacts(run.id, items)
     _logger.info("exported study %s to %s", run.study_name, dest)
     return dest
+
+
+def _plugin(repo: Repo, run, tmp: Path):
+    """The SGLang plug-in of a study whose launch.sh starts SGLang (:mod:`tuner.export.sglang_plugin`), written into
+    ``tmp``; None for other targets."""
+    if run.target not in PLUGIN_TARGETS:
+        return None
+    from tuner.export.sglang_plugin import export_plugin, read_records
+    from tuner.fingerprint import git_sha
+
+    env = run.environment or {}
+    gpus = [g.get("name") for g in env.get("gpus", []) if g.get("name")]
+    return export_plugin(read_records(repo, run.id), tmp, study=run.study_name,
+                         commit=os.environ.get("TUNER_COMMIT") or git_sha(), gpu=gpus[0] if gpus else None,
+                         sglang=env.get("sglang"))
 
 
 def _prediction(levels: dict[str, float], base: dict[str, float]) -> str:
@@ -251,7 +273,7 @@ def _prediction(levels: dict[str, float], base: dict[str, float]) -> str:
 
 def _workload_command(repo: Repo, run, trial, levels: tuple[dict[str, float], dict[str, float]],
                       recorded: dict[str, Any], parsimony, note: str, kdirs: list[Path], tmp: Path, *,
-                      target: Target | None = None) -> str:
+                      target: Target | None = None, plugin_lines: list[str] | None = None) -> str:
     """launch.sh of a workload study: the SGLang command of ``trial``'s configuration with every value the command
     cannot give replaced by what SGLang runs instead (see :mod:`tuner.export.sglang_command`), headed by two
     predictions, "this command" (the runs of that configuration) and "with these code changes" (the twin's best),
@@ -291,7 +313,7 @@ def _workload_command(repo: Repo, run, trial, levels: tuple[dict[str, float], di
                       + ", ".join(f"{v:.2g}" for v in err.values()))
     if parsimony is not None:
         header.append("parsimony: " + parsimony.reason())
-    header += ["", release.line]
+    header += ["", release.line, *(plugin_lines or [])]
     if space.deployment is not None and space.deployment.covers(arch):
         header += [f"what this command's configuration ran for each component {space.deployment.release} runs on "
                    f"{arch} (sources: files of that release):",
