@@ -8,6 +8,9 @@
 #   export PYTHONPATH=DEST:$PYTHONPATH                   # then `import deep_gemm` works
 # Idempotent: a DEST whose deep_gemm already imports is kept. Its JIT compiles kernels with $CUDA_HOME/bin/nvcc at
 # first use, cached under $DG_JIT_CACHE_DIR (default ~/.deep_gemm).
+# On the lent H200 image (torch 2.11, CUDA 13.0) the first JIT call segfaulted inside std::regex (DeepGEMM's include
+# parser) unless the system libstdc++ is loaded first: run with LD_PRELOAD=/usr/lib/x86_64-linux-gnu/libstdc++.so.6
+# (seen 2026-12-03; the backtrace ended in std::__detail::_Compiler, called from IncludeParser::get_includes).
 set -euo pipefail
 src=${1:?usage: deepgemm_build.sh SRC.tgz [DEST]}
 dest=${2:-/tmp/deepgemm}
