@@ -262,9 +262,10 @@ def _param(source: str, name: str, pdef: Any) -> Param:
             if not param.contains(x):
                 raise _fail(f"{where} server", f"{what} a value the parameter cannot take", x,
                             f"use values of `{name}`")
-    if param.server and param.server.deploys_as is not None and not param.contains(param.server.deploys_as):
-        raise _fail(f"{where} server", "`deploys_as` is a value the parameter cannot take", param.server.deploys_as,
-                    f"use a value of `{name}`")
+    for deployed in ([param.server.deploys_as, *param.server.deploys_as_on.values()] if param.server else []):
+        if deployed is not None and not param.contains(deployed):
+            raise _fail(f"{where} server", "`deploys_as` is a value the parameter cannot take", deployed,
+                        f"use a value of `{name}`")
     for v in param.value_requires:
         if not param.contains(v):
             raise _fail(where, "`value_requires` names a value the parameter cannot take", v, "fix the value")
@@ -319,7 +320,17 @@ def _server(where: str, raw: Any) -> ServerCounterpart:
                              note=str(raw.get("note", "")), see=tuple(see),
                              not_deployable={v: _not_deployable(f"{where} not_deployable {v!r}", m)
                                              for v, m in marks.items()},
-                             deploys_as=raw.get("deploys_as"))
+                             **_deploys_as(where, raw.get("deploys_as")))
+
+
+def _deploys_as(where: str, raw: Any) -> dict[str, Any]:
+    """``deploys_as: fp8``, or per GPU architecture ``{sm_90: deepgemm, default: torch}``."""
+    if not isinstance(raw, dict):
+        return {"deploys_as": raw}
+    if "default" not in raw:
+        raise _fail(where, "a per-architecture `deploys_as` needs a `default`", raw,
+                    "write `deploys_as: {sm_90: deepgemm, default: torch}`")
+    return {"deploys_as": raw["default"], "deploys_as_on": {str(k): v for k, v in raw.items() if k != "default"}}
 
 
 def _not_deployable(where: str, raw: Any) -> NotDeployable:

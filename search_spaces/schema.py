@@ -104,6 +104,13 @@ class ServerCounterpart:
     deploys_as: Any = None
     """With ``none``: the knob value SGLang's own code runs (the checkpoint's dtype, its library GEMM); every other
     value is a code change (the ``none`` text says why). ``None``: not stated."""
+    deploys_as_on: dict[str, Any] = field(default_factory=dict)
+    """Where SGLang's own code runs another value on some GPU architectures (``deploys_as: {sm_90: deepgemm,
+    default: torch}``): that value there, ``deploys_as`` elsewhere."""
+
+    def deployed_value(self, arch: str | None = None) -> Any:
+        """The value SGLang's own code runs for a flagless knob on a GPU of architecture ``arch``."""
+        return self.deploys_as_on.get(arch, self.deploys_as) if arch else self.deploys_as
 
     @property
     def name(self) -> str | None:
@@ -114,8 +121,9 @@ class ServerCounterpart:
         mark = self.not_deployable.get(value)
         if mark is not None:
             return mark if mark.applies(arch) else None
-        if not self.flag and not self.env and self.deploys_as is not None and value != self.deploys_as:
-            return NotDeployable("code_change", self.none, "this space's `server: none`", self.deploys_as)
+        deployed = self.deployed_value(arch)
+        if not self.flag and not self.env and deployed is not None and value != deployed:
+            return NotDeployable("code_change", self.none, "this space's `server: none`", deployed)
         return None
 
     def server_value(self, value: Any) -> Any:

@@ -123,3 +123,44 @@ def test_the_decode_step_runs_with_sglangs_indexer_within_the_fp8_tolerance_of_t
         outs[impl] = model.step(st).float()
     err = ((outs["deepgemm"] - outs["torch"]).norm() / outs["torch"].norm()).item()
     assert err < 0.30  # the numerics gate's fp8 family tolerance
+
+
+def test_block_and_group_scales_hold_the_values_within_e4m3s_error():
+    from tuner.targets.workload.ops import block_quantize, deepgemm_servable, group_quantize
+
+    g = torch.Generator().manual_seed(3)
+    w = torch.randn(192, 256, generator=g)  # 192 rows: the last block of rows half full
+    q, s = block_quantize(w)
+    assert q.dtype == torch.float8_e4m3fn and tuple(q.shape) == (192, 256) and tuple(s.shape) == (2, 2)
+    back = (q.float().view(192, 2, 128) * s.repeat_interleave(128, 0)[:192, :, None]).view(192, 256)
+    assert 0 < ((back - w).norm() / w.norm()).item() < 0.04
+    assert torch.allclose(s[0, 1], w[:128, 128:].abs().max() / 448.0)
+    x = torch.randn(5, 256, generator=g)
+    xq, xs = group_quantize(x)
+    assert tuple(xs.shape) == (5, 2)
+    xb = (xq.float().view(5, 2, 128) * xs[..., None]).view(5, 256)
+    assert 0 < ((xb - x).norm() / x.norm()).item() < 0.04
+    assert deepgemm_servable(4096, 8192) and deepgemm_servable(64, 4096) and not deepgemm_servable(100, 4096)
+
+
+@pytest.mark.gpu
+@needs_deep_gemm
+@pytest.mark.parametrize("m,n,k", [(1, 32768, 1024), (16, 4096, 8192), (64, 64, 4096)])
+def test_the_deepgemm_linear_agrees_with_float64_and_captures_in_a_graph(m, n, k):
+    from tuner.targets.workload.ops import Linear
+
+    g = torch.Generator(device="cuda").manual_seed(m + n)
+    w = torch.randn(n, k, device="cuda", generator=g) / k ** 0.5
+    x = torch.randn(m, k, device="cuda", generator=g).to(torch.bfloat16)
+    lin = Linear.make(w, "fp8", "deepgemm")
+    assert lin.impl == "deepgemm" and tuple(lin.scale.shape) == (-(-n // 128), k // 128)
+    y = torch.full((m, n), float("nan"), device="cuda", dtype=torch.bfloat16)
+    y.copy_(lin(x))
+    ref = x.double() @ w.double().t()
+    assert ((y.double() - ref).norm() / ref.norm()).item() < 0.08  # two e4m3 operands
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = lin(x)
+    graph.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(out, lin(x))

@@ -320,9 +320,9 @@ def _workload_command(repo: Repo, run, trial, levels: tuple[dict[str, float], di
                    *space.deployment.fidelity_lines(arch, cmd.params)]
     header += ["this command (twin knob=value -> SGLang):", *sc.carried_lines(launch)]
     header += [f"  {p.name}={v}: what SGLang's own code runs ({p.server.none})" for p, v in launch.unmapped
-               if p.server and p.server.deploys_as == v]
+               if p.server and p.server.deployed_value(arch) == v]
     header += sc.flagless_lines(sc.ServerLaunch(unmapped=[(p, v) for p, v in launch.unmapped
-                                                          if not (p.server and p.server.deploys_as == v)]),
+                                                          if not (p.server and p.server.deployed_value(arch) == v)]),
                                 space.defaults(), sc.read_ablation(repo, run.id))
     header += ["with these code changes (the twin's best; this command cannot give them):",
                *(cmd.lines() + release.moved or ["  none"])]

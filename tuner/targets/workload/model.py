@@ -244,7 +244,8 @@ class DecodeModel:
                             f"but got {k['indexer_dead_tiles']!r}")
         if self.device.type != "cuda":
             for knob, gpu_only in (("indexer_impl", "triton"), ("glue", "fused"), ("glue", "compile"),
-                                   ("moe_impl", "triton"), ("gemm_impl", "triton"), ("gemm_impl", "auto")):
+                                   ("moe_impl", "triton"), ("gemm_impl", "triton"), ("gemm_impl", "auto"),
+                                   ("gemm_impl", "deepgemm")):
                 if k[knob] == gpu_only:
                     raise KnobError(f"workload knob `{knob}={gpu_only}` needs a GPU (Triton)")
 

@@ -18,11 +18,38 @@ GEMM_DTYPES = {"fp32": torch.float32, "tf32": torch.float32, "bf16": torch.bfloa
                "fp8": torch.float8_e4m3fn}
 
 
-GEMM_IMPLS = ("torch", "triton", "auto")
+GEMM_IMPLS = ("torch", "triton", "auto", "deepgemm")
 """Who runs a linear (knob ``gemm_impl``): the library through torch (cuBLAS; ``torch._scaled_mm`` for fp8), the Triton
-skinny GEMM of ``kernels/gemm.py``, or ``auto``: per shape, what the tuned-config file recorded as fastest
+skinny GEMM of ``kernels/gemm.py``, ``auto``: per shape, what the tuned-config file recorded as fastest
 (``kernels.linear.linear``: the library, the GEMM, or at one row the GEMV of ``kernels/gemv.py``; the library where no
-entry names one)."""
+entry names one), or ``deepgemm``: an fp8 linear as SGLang runs V4's block-quantized ones on sm_90 (DeepGEMM's
+``fp8_gemm_nt``, 128x128 weight and 1x128 activation scales; a 16-bit linear through torch, as SGLang's)."""
+BLOCK = 128
+"""DeepSeek's fp8 block: a scale per 128 x 128 weights, per 128 values of an activation row."""
+
+
+def block_quantize(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """``w`` [N, K] (K a multiple of 128) as e4m3 with one float32 scale per 128 x 128 block: ([N, K], [ceil(N/128), K/128])."""
+    n, k = w.shape
+    rows = -(-n // BLOCK) * BLOCK
+    wp = torch.zeros(rows, k, device=w.device, dtype=torch.float32)
+    wp[:n] = w.float()
+    scale = wp.view(rows // BLOCK, BLOCK, k // BLOCK, BLOCK).abs().amax(dim=(1, 3)).clamp(min=1e-12) / 448.0
+    q = (wp.view(rows // BLOCK, BLOCK, k // BLOCK, BLOCK) / scale[:, None, :, None]).to(torch.float8_e4m3fn)
+    return q.view(rows, k)[:n].contiguous(), scale.contiguous()
+
+
+def group_quantize(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Activation rows [M, K] as e4m3 with one float32 scale per 128 values of a row: ([M, K], [M, K/128])."""
+    m, k = x.shape
+    v = x.float().reshape(m, k // BLOCK, BLOCK)
+    scale = v.abs().amax(-1).clamp(min=1e-12) / 448.0
+    return (v / scale[..., None]).to(torch.float8_e4m3fn).view(m, k), scale.contiguous()
+
+
+def deepgemm_servable(n: int, k: int) -> bool:
+    """The shapes DeepGEMM serves for [128, 128] blocks (SGLang's ``fp8_utils.py`` sends the others to Triton)."""
+    return n % 64 == 0 and k % BLOCK == 0
 
 
 @dataclass
@@ -35,17 +62,30 @@ class Linear:
 
     weight: torch.Tensor  # [out, in]
     dtype_name: str
-    scale: torch.Tensor | None = None  # fp8: [1, out] float32
+    scale: torch.Tensor | None = None  # fp8: [1, out] float32 (deepgemm: [ceil(out/128), in/128], a scale a block)
     impl: str = "torch"
 
     @classmethod
     def make(cls, w: torch.Tensor, dtype_name: str, impl: str = "torch") -> Linear:
+        if dtype_name == "fp8" and impl == "deepgemm" and deepgemm_servable(*w.shape):
+            q, scale = block_quantize(w)
+            return cls(q, dtype_name, scale, impl)
+        if impl == "deepgemm":  # a 16-bit linear, or a shape DeepGEMM does not serve: torch, as below
+            impl = "torch"
         if dtype_name == "fp8":
             scale = w.abs().amax(dim=1, keepdim=True).float().clamp(min=1e-12) / 448.0  # [out, 1]
             return cls((w / scale).to(torch.float8_e4m3fn), dtype_name, scale.t().contiguous(), impl)
         return cls(w.to(GEMM_DTYPES[dtype_name]).contiguous(), dtype_name, None, impl)
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        if self.impl == "deepgemm":
+            import deep_gemm
+
+            x2 = x.reshape(-1, x.shape[-1])
+            xq, xs = group_quantize(x2)
+            out = torch.empty(x2.shape[0], self.weight.shape[0], device=x.device, dtype=torch.bfloat16)
+            deep_gemm.fp8_gemm_nt((xq, xs), (self.weight, self.scale), out)
+            return out.to(x.dtype).reshape(*x.shape[:-1], -1)
         if self.impl != "torch":
             from tuner.targets.workload.gpu_ops import kernel_linear
 
