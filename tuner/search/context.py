@@ -25,6 +25,7 @@ from search_spaces import (
     load_space,
     resolve,
 )
+from search_spaces.loader import space_text
 from storage import Repo, StorageError
 from storage.models import Run
 from storage.names import check_study_name
@@ -121,7 +122,7 @@ def prepare(options: SearchOptions) -> tuple[ResolvedSpace, str, Target, Preflig
     hardware = options.hardware or detect_hardware()
     space_path = options.space_path or default_space_path(hardware)
     space = load_space(space_path)
-    space_yaml = Path(space.source).read_text() if Path(space.source).exists() else ""
+    space_yaml = space_text(space.source) if Path(space.source).exists() else ""
     target_name = options.target or space.target
     if options.target and options.target != space.target:
         raise SearchError(f"--target {options.target!r} does not match the space's target {space.target!r} "
