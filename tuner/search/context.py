@@ -34,7 +34,7 @@ from tuner.errors import SearchError, TargetError
 from tuner.execution.isolation import TrialProcess
 from tuner.fingerprint import fingerprint
 from tuner.search.options import SearchOptions
-from tuner.search.results import Progress, SearchResult, TrialSummary
+from tuner.search.results import SearchResult, TrialSummary
 from tuner.search.sampling import (
     make_pruner,
     make_sampler,
@@ -50,6 +50,15 @@ _logger = logging.getLogger(__name__)
 BASELINE_ATTR = "tuner_baseline"
 CONFIRM_ATTR = "tuner_confirm_of"
 MAX_REPEATS_IN_A_ROW = 25
+
+
+class Progress:
+    """Receives what the search does; the CLI draws it, tests record it. Every method is optional."""
+
+    def started(self, ctx: SearchContext) -> None: ...
+    def trial_started(self, number: int, params: dict[str, Any]) -> None: ...
+    def trial_finished(self, summary: TrialSummary, ctx: SearchContext) -> None: ...
+    def message(self, text: str) -> None: ...
 
 
 @dataclass
