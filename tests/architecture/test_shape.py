@@ -89,3 +89,18 @@ def test_tuner_has_about_a_dozen_entries_at_its_top():
 def test_import_contracts_hold():
     done = subprocess.run(["lint-imports", "--no-cache"], cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stdout[-4000:]
+
+
+def test_the_export_asks_the_target_what_it_deploys_instead_of_naming_a_target():
+    """``tuner/export/`` reaches a target's deployment through ``Target`` (its ``deployment`` hook): no module of it
+    imports the workload twin's internals (``tuner.targets.workload``) or compares a study's target with a name."""
+    found = []
+    for path in sorted((ROOT / "tuner" / "export").glob("*.py")):
+        tree = ast.parse(path.read_text())
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("tuner.targets.workload"):
+                found.append(f"{path.name}:{node.lineno}: imports {node.module}")
+            if isinstance(node, ast.Compare) and isinstance(node.left, ast.Attribute) and node.left.attr == "target" \
+                    and any(isinstance(c, ast.Constant) and isinstance(c.value, str) for c in node.comparators):
+                found.append(f"{path.name}:{node.lineno}: compares .target with a name")
+    assert not found, found

@@ -6,7 +6,7 @@ import itertools
 import pytest
 
 from search_spaces import Hardware, load_space, resolve
-from tuner.export.sglang_command import for_installed_release
+from tuner.targets.workload.deploy import for_installed_release
 from tuner.targets.workload.server_map import command_config, server_launch
 
 H200 = Hardware(gpu_name="NVIDIA H200", gpu_count=1, compute_capability=(9, 0), has_triton=True,
