@@ -19,8 +19,13 @@ SCRIPT = ROOT / "benchmarks" / "kernels_gpu_after_cleanup.sh"
 @pytest.mark.slow  # two Python starts that import torch: about 20 s on a 2-core CPU
 @pytest.mark.skipif(torch.cuda.is_available(), reason="the CPU part: a GPU host runs the tests themselves")
 def test_the_kernels_gpu_script_refuses_to_run_without_a_cuda_device_and_files_nothing(tmp_path):
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "OUT": str(tmp_path / "out"), "TUNER_COMMIT": "abc1234",
-           "CUDA_VISIBLE_DEVICES": ""}
+    env = {
+        **os.environ,
+        "PYTHONPATH": str(ROOT),
+        "OUT": str(tmp_path / "out"),
+        "TUNER_COMMIT": "abc1234",
+        "CUDA_VISIBLE_DEVICES": "",
+    }
     r = subprocess.run(["bash", str(SCRIPT)], capture_output=True, text=True, cwd=ROOT, env=env, timeout=300)
     assert r.returncode == 2, r.stderr
     assert r.stderr.count("gpu_tests: no CUDA device here; run it on a GPU host") == 2, r.stderr
@@ -29,7 +34,7 @@ def test_the_kernels_gpu_script_refuses_to_run_without_a_cuda_device_and_files_n
 
 def test_the_kernels_gpu_script_runs_the_gpu_tests_then_the_sm90_build_tests_as_two_records():
     text = SCRIPT.read_text()
-    first, second = (line for line in text.splitlines() if "gpu_tests.py\" run" in line)
+    first, second = (line for line in text.splitlines() if 'gpu_tests.py" run' in line)
     assert "tests/kernels --out" in first and "--marks" not in first  # pytest -m gpu tests/kernels
     assert '--marks "slow and not gpu"' in second and "test_sparse_decode_wgmma.py" in second
     assert "--suffix _sm90_builds" in text
@@ -40,7 +45,19 @@ def test_gpu_tests_report_files_the_pytest_summary_line(tmp_path):
     log.write_text("....\n4 passed, 2 deselected in 3.00s\n")
     info.write_text("NVIDIA H200, torch 2.11, triton 3.6.0, commit abc1234, 2026-12-03\n")
     out = tmp_path / "r.md"
-    r = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "gpu_tests.py"), "report", str(log), "--gpu-info",
-                        str(info), "--out", str(out)], capture_output=True, text=True)
+    r = subprocess.run(
+        [
+            sys.executable,
+            str(ROOT / "benchmarks" / "gpu_tests.py"),
+            "report",
+            str(log),
+            "--gpu-info",
+            str(info),
+            "--out",
+            str(out),
+        ],
+        capture_output=True,
+        text=True,
+    )
     assert r.returncode == 0, r.stderr
     assert "Result: **4 passed, 2 deselected in 3.00s**" in out.read_text()

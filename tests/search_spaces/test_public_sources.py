@@ -26,9 +26,16 @@ def _private(text: str) -> list[str]:
 
 def test_the_check_catches_a_local_path_and_an_internal_issue_number():
     assert _private("source: the seed (/work/shared/seed/000_44bf5d70ef8d5cbb.txt); issue 42") == [
-        "/work/shared/seed/000_44bf5d70ef8d5cbb.txt);", "issue 42"]
-    assert _private("source: sglang 0.5.23 srt/layers/attention/dsa/utils.py:72; "
-                    "https://github.com/sgl-project/sglang/issues/1234; benchmarks/results/a/b.md") == []
+        "/work/shared/seed/000_44bf5d70ef8d5cbb.txt);",
+        "issue 42",
+    ]
+    assert (
+        _private(
+            "source: sglang 0.5.23 srt/layers/attention/dsa/utils.py:72; "
+            "https://github.com/sgl-project/sglang/issues/1234; benchmarks/results/a/b.md"
+        )
+        == []
+    )
 
 
 def test_there_are_shipped_spaces_to_check():

@@ -68,13 +68,19 @@ constraints:
     assert [(c.name, c.then) for c in s.constraints] == [("b-small-on-y", (("b", (1,)),))]  # c-on-z went with c
 
 
-@pytest.mark.parametrize("child, needle", [
-    ("extends: nowhere\nname: c\nparams: {a: {values: [x]}}\n", "`extends` names no space"),
-    ("extends: base\nname: c\nparams: {zz: null}\n", "removes a param the extended space does not have"),
-    ("extends: base\nname: c\nparams: {a: {unset: [server.flag]}}\n", "`unset` names a key the parent's param does "
-                                                                      "not have"),
-    ("extends: child\nname: c\nparams: {a: {values: [x]}}\n", "`extends` goes round in a circle"),
-], ids=["missing", "remove-unknown", "unset-unknown", "circle"])
+@pytest.mark.parametrize(
+    "child, needle",
+    [
+        ("extends: nowhere\nname: c\nparams: {a: {values: [x]}}\n", "`extends` names no space"),
+        ("extends: base\nname: c\nparams: {zz: null}\n", "removes a param the extended space does not have"),
+        (
+            "extends: base\nname: c\nparams: {a: {unset: [server.flag]}}\n",
+            "`unset` names a key the parent's param does not have",
+        ),
+        ("extends: child\nname: c\nparams: {a: {values: [x]}}\n", "`extends` goes round in a circle"),
+    ],
+    ids=["missing", "remove-unknown", "unset-unknown", "circle"],
+)
 def test_a_bad_extends_is_one_error_line_naming_the_problem(tmp_path, child, needle):
     (tmp_path / "base.yaml").write_text(PARENT)
     (tmp_path / "child.yaml").write_text(child)
