@@ -93,7 +93,7 @@ def plan(quick: bool, gemm_sweep: bool = True) -> list[dict]:
         from benchmarks.sparse_decode_wgmma import wgmma_configs
 
         shapes = sd.shapes("v4flash")
-        space = wgmma_configs(None, space={"P_SMEM": [0], "STAGES": [2]})  # canonical configs, one ring depth
+        space = wgmma_configs(None, space={"STAGES": [2]})  # canonical configs, one ring depth
         seeds = [wg.default_config(s) for s in shapes]
         sample = seeds + rng.sample(space, min(24 if quick else 64, len(space)))
         jobs.append({"kernel": "sparse_decode_wgmma", "dtype": "bfloat16", "shapes": shapes,
@@ -260,14 +260,14 @@ def _prev_version_rows(row, shape, sets, ref, rep_ms, best_cfg):
 
 def _prev_schedule_rows(row, shape, trial, best_cfg):
     """The wgmma kernel's previous versions: its single-partition schedule (``WS=0``: every warp gathers and
-    computes), and its warp-specialised one with both compute warpgroups on every tile (``SPLIT_WG=0``, or
-    ``SEESAW=0``). Timed at this run's best config with the schedule flipped (SEESAW or SPLIT_WG where the best has
-    it, else WS), and the fastest ``WS=0`` trial of the sweep (``prev_best_us``)."""
+    computes), and its warp-specialised one with both compute warpgroups on every tile (``SPLIT_WG=0``). Timed at
+    this run's best config with the schedule flipped (SPLIT_WG where the best has it, else WS), and the fastest
+    ``WS=0`` trial of the sweep (``prev_best_us``)."""
     from kernels.sparse_decode_wgmma import DEFAULT_CONFIG
 
     kernel = get_kernel("sparse_decode_wgmma")
     best_cfg = {**DEFAULT_CONFIG, **best_cfg}  # a config from before a switch existed ran with it off
-    flip = next((k for k in ("SEESAW", "SPLIT_WG") if best_cfg[k]), "WS")
+    flip = "SPLIT_WG" if best_cfg["SPLIT_WG"] else "WS"
     other = {**best_cfg, flip: 1 - best_cfg[flip]}
     done = next((t for t in row["trials"] if _effective(kernel.name, t["config"], shape)
                  == _effective(kernel.name, other, shape)), None)

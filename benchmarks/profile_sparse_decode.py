@@ -87,10 +87,7 @@ def wgmma_cases() -> list:
         if base["SPLIT_WG"]:  # the default without SPLIT_WG: 64-row tiles, a ring of two, both warpgroups a tile
             picks = [base, {**base, "SPLIT_WG": 0, "BLOCK_T": 64, "STAGES": 2},
                      {**base, "SPLIT_WG": 0, "BLOCK_T": 64, "STAGES": 2, "S": 1, "V_SPLIT": 1}]
-        if shape["batch"] == 64:  # SEESAW: each tile's scores once, alternate warpgroups, two splits a request
-            picks.append({**base, "S": 2, "BLOCK_T": 32, "STAGES": 4, "V_SPLIT": 1, "SPLIT_WG": 0, "SEESAW": 1,
-                          "STORE_CVT": 0})
-        for cfg in [{**c, "WS": ws} for c in picks for ws in (0, 1) if not ((c["SPLIT_WG"] or c.get("SEESAW")) and ws == 0)]:
+        for cfg in [{**c, "WS": ws} for c in picks for ws in (0, 1) if not (c["SPLIT_WG"] and ws == 0)]:
             cases.append((f"B={shape['batch']} wgmma {cfg}", sd, shape, "bfloat16",
                           lambda i, c=cfg: sparse_decode_wgmma(i["q"], i["kv"], i["indices"], i["sm_scale"], c)))
     return cases

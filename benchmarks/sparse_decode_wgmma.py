@@ -7,11 +7,12 @@ Each case (V4-Flash shapes: 64 heads, one 512-wide K=V latent, 640 selected rows
   fastest configs per batch of the last side-by-side run (``benchmarks/results/sparse_decode_ahead/h200/2026-11-30_77f77f3.json``;
   its ``idx_ahead`` loop was removed from the kernel, measured no faster at the best configs);
 * ``wgmma``: :func:`kernels.sparse_decode_wgmma.sparse_decode_wgmma` over its whole space (S, BLOCK_T, STAGES,
-  P_SMEM, V_SPLIT, PART16, STORE_CVT, WS, MERGE, SPLIT_WG), or the part ``--space`` keeps; its fastest
+  V_SPLIT, STORE_CVT, WS, SPLIT_WG), or the part ``--space`` keeps; its fastest
   ``V_SPLIT=1``, ``WS=0`` and ``SPLIT_WG=0`` configs are the previous versions' schedules (each program all 512
   columns of V; every warp gathers and computes; both compute warpgroups on every tile), so the report states what
   the column split, the producer warpgroup and the split of tiles between the warpgroups gain as ratios measured in
-  the same run, and what each switch (WS, MERGE, SPLIT_WG) gains over the configs timed both ways;
+  the same run, and what each switch (WS, SPLIT_WG; MERGE in the stored runs that timed it) gains over the configs
+  timed both ways;
 * the torch path (gather + two bmm) and the floor (bytes / the copy bandwidth measured in the same run).
 
 Every (kernel, config) is first checked against the float32 reference into a NaN-poisoned output (and, for the

@@ -34,10 +34,11 @@ WAYS = ("tuned_before", "tuned_now", "default_before", "default_now")
 
 def default_before(batch: int, topk: int) -> dict:
     """``default_config`` as it was before 2026-12-01 (frozen): ``S = ceil(128 / (batch * V_SPLIT))``, at most one
-    a tile."""
+    a tile, with the fixed budget of 128 programs it had then (an H200's 132 SMs rounded down)."""
     from kernels.sparse_decode import split_rows
-    from kernels.sparse_decode_wgmma import DEFAULT_CONFIG, PROGRAMS
+    from kernels.sparse_decode_wgmma import DEFAULT_CONFIG
 
+    PROGRAMS = 128
     tiles = -(-topk // 64)
     batch = max(batch, 1)
     v_split = next((v for v in (8, 4, 2) if batch * tiles * v <= PROGRAMS), 2 if 2 * batch <= PROGRAMS else 1)

@@ -48,8 +48,7 @@ def fp8_space(batch: int) -> list[dict]:
 
     kernel = get_kernel("sparse_decode_wgmma")
     shape = dict(kernel.shapes("v4flash")[0], batch=batch)
-    space = {**kernel.config_space(shape), "BLOCK_T": [32], "STAGES": [2, 3, 4], "P_SMEM": [0], "PART16": [0],
-             "WS": [1], "MERGE": [0]}
+    space = {**kernel.config_space(shape), "BLOCK_T": [32], "STAGES": [2, 3, 4], "WS": [1]}
     out = []
     for values in itertools.product(*space.values()):
         config = dict(zip(space, values))
@@ -262,8 +261,23 @@ def report(data: dict, source: str) -> str:
     return "\n".join(lines) + "\n"
 
 
+def runnable_best(kernel, rows: list[dict], shape: dict) -> dict | None:
+    """The fastest of the timed ``rows`` whose config the kernel runs now, in its current keys: a stored config
+    with a switch the kernel no longer has is kept where that switch was off (the key is dropped) and left out
+    where it was on (a schedule removed from the kernel)."""
+    space = kernel.config_space(shape)
+    runnable = []
+    for r in rows:
+        if not r.get("us") or any(v for k, v in r["config"].items() if k not in space):
+            continue
+        config = {k: v for k, v in r["config"].items() if k in space}
+        if kernel.check_config(config, shape, None, FP8) is None:
+            runnable.append({**r, "config": config})
+    return min(runnable, key=lambda r: r["us"], default=None)
+
+
 def write_tuned(data: dict, source: str, directory: Path) -> Path:
-    """The sweep's fastest fp8 config at each batch as the GPU's tuned-config file of the wgmma kernel for an fp8
+    """The sweep's fastest fp8 config at each batch that the kernel runs now (:func:`runnable_best`) as the GPU's tuned-config file of the wgmma kernel for an fp8
     cache (``kernels.configs`` format, keyed like the kernel's shapes, with the default's time beside it and where
     it was measured): the launcher looks it up, and adapts its split count at other batches."""
     from benchmarks.common import stored_path, tuned_output_dir
@@ -276,17 +290,18 @@ def write_tuned(data: dict, source: str, directory: Path) -> Path:
     base = kernel.shapes("v4flash")[0]
     entries = {}
     for batch, b in sorted(summary(data).items()):
-        if not b["best"]:
-            continue
         shape = dict(base, batch=batch)
+        best = runnable_best(kernel, b["sweep"], shape)
+        if not best:
+            continue
         default = b.get("wgmma_default")
         entries[kernel.shape_key(shape)] = {
-            "config": b["best"]["config"], "time_us": round(b["best"]["us"], 3),
+            "config": best["config"], "time_us": round(best["us"], 3),
             "default_time_us": round(default["us"], 3) if default and default.get("us") else None,
             "measured": f"{meta['date']}, commit {meta['commit']}, {Path(source).name} (sampled sweep: {b['timed']} of "
                         f"{b.get('space')} configs)",
             "source": f"{stored_path(source)} (benchmarks/sparse_decode_wgmma_fp8.py --write-tuned: the sampled sweep's "
-                      "fastest)"}
+                      "fastest config the kernel runs now)"}
     path = config_path(kernel.name, meta["gpu"], FP8, triton_version=meta["triton"], directory=directory)
     path.write_text(json.dumps(entries, indent=2, sort_keys=True) + "\n")
     return path

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The Gluon wgmma sparse-decode kernel on one H200 in one device command (about 7 minutes; BATCHES=64,16 picks;
-# SPACE='{"P_SMEM": [0]}' narrows the wgmma sweep, see the benchmark's --space; TESTS_K='seesaw' runs the tests pytest's
+# SPACE='{"STAGES": [2]}' narrows the wgmma sweep, see the benchmark's --space; TESTS_K='split_wg' runs the tests pytest's
 # -k selects; the benchmark runs only if the tests pass):
 #   1. its GPU tests (V4-Flash shapes, ragged padding, every split and ring depth, into poisoned outputs)
 #   2. benchmarks/sparse_decode_wgmma.py: batch 1 / 16 / 64 beside the tl.dot kernel, torch and the floor

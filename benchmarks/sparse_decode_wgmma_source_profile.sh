@@ -3,7 +3,7 @@
 # batch-1 and batch-64 defaults, single-partition); writes the --source-summary of each under $OUT, tagged 1, 2, ...
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl >/dev/null 2>&1
 export PYTHONPATH=/tmp/site:$PWD
-default="B=1 wgmma {'S': 10,|B=64 wgmma {'S': 2, 'BLOCK_T': 64, 'STAGES': 2, 'P_SMEM': 0, 'V_SPLIT': 1, 'PART16': 0, 'STORE_CVT': 0, 'WS': 0"
+default="B=1 wgmma {'S': 10,|B=64 wgmma {'S': 1, 'BLOCK_T': 64, 'STAGES': 2, 'V_SPLIT': 1, 'STORE_CVT': 1, 'WS': 0"
 IFS='|' read -r -a cases <<<"${CASES:-$default}"
 n=0
 for c in "${cases[@]}"; do

@@ -16,7 +16,7 @@ timeout ${NCU_S:-150} ncu $ncu_flags $ncu_metrics python3 "$here/profile_sparse_
   >"$OUT/ncu_wgmma.csv" 2>"$OUT/ncu_wgmma_summary.txt"
 python3 "$here/profile_sparse_decode.py" --summarise "$OUT/ncu_wgmma.csv" >>"$OUT/ncu_wgmma_summary.txt" 2>&1
 tail -n 24 "$OUT/ncu_wgmma_summary.txt" | cut -c1-400
-export CASES=${CASES:-"B=64 wgmma {'S': 1, 'BLOCK_T': 32, 'STAGES': 4, 'P_SMEM': 0, 'V_SPLIT': 2, 'PART16': 0, 'STORE_CVT': 1, 'WS': 1, 'MERGE': 0, 'SPLIT_WG': 1}|B=64 wgmma {'S': 1, 'BLOCK_T': 64, 'STAGES': 2, 'P_SMEM': 0, 'V_SPLIT': 2, 'PART16': 0, 'STORE_CVT': 1, 'WS': 1, 'MERGE': 0, 'SPLIT_WG': 0}"}
+export CASES=${CASES:-"B=64 wgmma {'S': 1, 'BLOCK_T': 32, 'STAGES': 4, 'V_SPLIT': 2, 'STORE_CVT': 1, 'WS': 1, 'SPLIT_WG': 1}|B=64 wgmma {'S': 1, 'BLOCK_T': 64, 'STAGES': 2, 'V_SPLIT': 2, 'STORE_CVT': 1, 'WS': 1, 'SPLIT_WG': 0}"}
 export OUT
 bash "$here/sparse_decode_wgmma_source_profile.sh" >/dev/null 2>&1
 cp /tmp/src_*.csv "$OUT"/ 2>/dev/null

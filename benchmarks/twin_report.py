@@ -53,7 +53,7 @@ def main() -> int:
     args = ap.parse_args()
     from storage import Repo
     from tuner.explain import numerics_summary
-    from tuner.export.sglang_command import parse_launch_script
+    from tuner.targets.workload.deploy import parse_launch_script
 
     repo = Repo(f"sqlite:///{args.db}")
     run = repo.get_run(args.study)

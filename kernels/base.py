@@ -129,13 +129,16 @@ def dtype_name(dtype: str | torch.dtype) -> str:
     return str(dtype_of(dtype)).replace("torch.", "")
 
 
-def device_limits(device: Any = None) -> dict:
-    """Per-block limits of ``device`` (shared memory bytes, registers) or H200-like defaults.
+CPU_FALLBACK_LIMITS = {"shared_memory": 227 * 1024, "registers_per_thread": 255, "cc": (9, 0), "sms": 132}
+"""The limits :func:`device_limits` assumes without a CUDA device (CPU, the Triton interpreter, compile-only
+builds): an H200's, the GPU the shipped configs were tuned on, so that ``check_config`` and the default configs
+choose the same way there as on that GPU."""
 
-    Without a CUDA device (CPU, interpreter) the limits of an H100/H200 are assumed, so that
-    ``check_config`` prunes the same way everywhere.
-    """
-    limits = {"shared_memory": 227 * 1024, "registers_per_thread": 255, "cc": (9, 0), "sms": 132}
+
+def device_limits(device: Any = None) -> dict:
+    """Per-block limits of ``device`` (shared memory bytes, registers), its compute capability and SM count, read
+    from the device; :data:`CPU_FALLBACK_LIMITS` without a CUDA device."""
+    limits = dict(CPU_FALLBACK_LIMITS)
     if device is None or not torch.cuda.is_available():
         return limits
     dev = torch.device(device)
@@ -150,6 +153,12 @@ def device_limits(device: Any = None) -> dict:
     return limits
 
 
+def sm_count(device: Any = None) -> int:
+    """The SM count of ``device`` (None: this process's current CUDA GPU), asked of the device; without a CUDA
+    device, :data:`CPU_FALLBACK_LIMITS`' 132 (an H200's)."""
+    return device_limits(("cuda" if torch.cuda.is_available() else None) if device is None else device)["sms"]
+
+
 _TARGETS: dict[str, tuple[int, int] | None] = {}
 
 
@@ -158,8 +167,8 @@ def gpu_target(device: Any) -> tuple[int, int] | None:
 
     A launcher that picks code paths by GPU (prefetches, programmatic dependent launch) must ask this, not
     ``tensor.is_cuda``: the compile helpers (``kernels.compile_only``) launch on *meta* tensors, and a binary they
-    compile with other constexprs than the trial's real CUDA launch is a cache miss, so the trial compiles again
-    (issue 20's sparse-decode sweep lost most of its configs so). CUDA tensors answer their device's capability;
+    compile with other constexprs than the trial's real CUDA launch is a cache miss, so the trial compiles again.
+    CUDA tensors answer their device's capability;
     any other tensor that reaches the compiler (meta in the helpers) answers the active Triton driver's target,
     which is the GPU the helper compiles for.
     """
@@ -182,8 +191,7 @@ def gpu_target(device: Any) -> tuple[int, int] | None:
 def cdiv(a: int, b: int) -> int:
     """Ceil division of host-side ints. ``triton.cdiv`` is a ``ConstexprFunction`` in Triton 3.6 and 3.9, each call
     from Python a trip through its wrapper: the kernel search's move choice (``tuner.search.refine``) asks
-    ``canonical_config`` of every neighbour, ``split_rows`` two ``cdiv`` each, and a profile of a replay of the kernel
-    search on the wgmma kernel's whole table (2026-12-02) found most of its time there."""
+    ``canonical_config`` of every neighbour, ``split_rows`` two ``cdiv`` each: a hot path of the kernel search."""
     return -(-a // b)
 
 
@@ -348,10 +356,8 @@ def rel_error(out: torch.Tensor, ref: torch.Tensor) -> float:
     """``|out - ref| / |ref|`` over finite entries; inf when shapes differ, NaN appears, or the
     positions or signs of infinities differ (a masked score must stay masked).
 
-    Computed in float64 on ``out``'s device; only three numbers come back to the host. (Until 2026-12-02 both
-    tensors were copied to the host first, in every kernel trial's check: the wgmma kernel's exhaustive sweep spent
-    0.30 s a config on its first launch at batch 64 with the copy, 0.004 s without it,
-    ``benchmarks/results/tuner_efficiency/h200/2026-12-02_3d03109_wgmma_exhaustive.json.gz``.)"""
+    Computed in float64 on ``out``'s device; only three numbers come back to the host (every kernel trial's check
+    runs it, so no tensor is copied to the host)."""
     if tuple(out.shape) != tuple(ref.shape):
         return math.inf
     out64 = out.detach().to(torch.float64)

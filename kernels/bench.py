@@ -6,7 +6,7 @@
   kernel neither hits its own data nor pays for writing back a flush's dirty lines (a write-based
   flush, ``buf.zero_()``, leaves up to 60 MB of dirty L2 lines whose write-back lands inside the
   timing of the next kernel). The flush is outside the events.
-* Short calls (estimated under ``graph_below_us``, 20 µs by default) and launch-bound calls (enqueueing
+* Short calls (estimated under ``graph_below_us`` microseconds, 20 by default) and launch-bound calls (enqueueing
   them takes the CPU at least half as long as the GPU takes to run them: a wrapper of many small
   launches, such as the fused MoE at one token) are timed as CUDA-graph replays: one graph holds one
   call per input set of ``args_list`` (rotation), so launch gaps are those of decode-in-a-graph, the

@@ -9,7 +9,7 @@ dtype for bf16/fp16, bf16 for fp8.
 The kernel is Triton's matmul tutorial with grouped ordering (GROUP_M) plus split-K: with
 ``SPLIT_K > 1`` every split writes a float32 partial ``[SPLIT_K, M, N]`` and a second pass sums and
 casts them (deterministic, no zero-fill, no atomics). Split-K is what gives a 1-row GEMM enough
-programs to fill 132 SMs.
+programs to fill the GPU's SMs.
 
 Tunables: BLOCK_M, BLOCK_N, BLOCK_K, SPLIT_K, GROUP_M, num_warps, num_stages.
 ``torch_linear(x, w, dtype)`` is the cuBLAS comparison through torch (``torch._scaled_mm`` for fp8).
@@ -26,7 +26,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .base import Cost, TunableKernel, cdiv, device_limits, tf32_matmul, zeroed_counters
+from .base import Cost, TunableKernel, cdiv, device_limits, sm_count, tf32_matmul, zeroed_counters
 from .configs import tuned_config
 
 __all__ = ["MODES", "GemmKernel", "config_for", "gemm", "gemm_reference", "sum_splits_if_last", "torch_linear"]
@@ -194,8 +194,7 @@ def gemm(
     ``fused_split_k``: with SPLIT_K > 1, True makes the last split of each output tile sum the
     float32 partials in the same launch (self-resetting per-tile counters; CUDA-graph safe; two
     calls in flight on different streams of one device must not overlap); False uses a second
-    reduce pass. None (default): fused for M <= 16, where it measured 0-1 µs faster on an H200,
-    two-pass above (M=64, N=1024, K=4096: fused 29.0 vs two-pass 26.3 µs).
+    reduce pass. None (default): fused for M <= 16, two-pass above (where each measured faster on an H200).
     """
     mode = ("tf32" if x.dtype == torch.float32 else _mode(x.dtype)) if dtype is None else _mode(dtype)
     M, N, K, out_dt = _check(x, w, mode, x_scale, w_scale, out)
@@ -285,8 +284,8 @@ class GemmKernel(TunableKernel):
         else:
             bm, bn, bk, stages = 64, 128, 64, 3
         tiles = cdiv(M, bm) * cdiv(N, bn)
-        split = 1
-        while split < 16 and tiles * split < 132 and K >= 2 * split * 2 * bk:
+        split, sms = 1, sm_count()
+        while split < 16 and tiles * split < sms and K >= 2 * split * 2 * bk:
             split *= 2
         return {"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk, "SPLIT_K": split, "GROUP_M": 8, "num_warps": 4, "num_stages": stages}
 
@@ -296,13 +295,10 @@ class GemmKernel(TunableKernel):
         (BLOCK_N, BLOCK_K, warps, stages): 32x128 on 4 warps with 5 stages, 64x128 on 8 warps with 4, 128x64 on 8
         warps with 5, 32x256 on 4 warps with 4.
 
-        Read from the exhaustive H200 tables of the kernel with aligned tile copies (2026-11-30 at a677738,
-        ``benchmarks/results/tuner_efficiency/h200/2026-11-30_a677738_gemm_aligned_tuning.json.gz``: M = 1/16, N x K = 1024 x 4096 and
-        4096 x 2048; M = 64 samples). Every table's best ran about 128 programs (one wave on 132 SMs) with a deep
-        pipeline; one of these seeds is within 1% of the best on each exhaustive table, and within 0.3% where GROUP_M
-        is 1 on the M = 64 samples. The kernel before 0998650 read W two bytes at a time, and its tables (which set
-        the previous rule, 256 of K per split) no longer describe it. Measured on tables it was not read from by
-        ``benchmarks/tuner_efficiency.py --goal held_out``."""
+        Read from the exhaustive H200 tables of the kernel with aligned tile copies
+        (``benchmarks/results/tuner_efficiency/h200/2026-11-30_a677738_gemm_aligned_tuning.json.gz``): every table's
+        best ran about one wave of programs with a deep pipeline, and one of these seeds is within 1% of the best on
+        each. Measured on tables it was not read from by ``benchmarks/tuner_efficiency.py --goal held_out``."""
         M, N, K = shape["M"], shape["N"], shape["K"]
         default = self.default_config(shape)
         bm = default["BLOCK_M"]

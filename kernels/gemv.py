@@ -117,8 +117,8 @@ class GemvKernel(GemmKernel):
 
     def default_config(self, shape):
         """4 rows of W per program, K tiles of up to 1024, 4 warps, K split only until the grid has 256 programs:
-        the best of the H200 sweep at all four bf16 decode shapes (2026-11-30 at 393971c,
-        ``benchmarks/results/kernels/h200/2026-11-30_393971c_gemv.md``; 256 to 1024 programs, one split)."""
+        the best of the H200 sweep at all four bf16 decode shapes
+        (``benchmarks/results/kernels/h200/2026-11-30_393971c_gemv.md``)."""
         N, K = shape["N"], shape["K"]
         bk = min(1024, max(128, triton.next_power_of_2(K)))
         blocks = cdiv(N, 4)

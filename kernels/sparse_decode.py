@@ -14,10 +14,8 @@ once and feeds ``BLOCK_H`` heads through ``tl.dot`` (tensor cores), keeping an o
 The selected rows are split into at most ``S`` chunks of whole ``BLOCK_T`` tiles (split-K, see
 :func:`split_rows`) so that batch 1 still fills the GPU; the partial results (normalised output and
 log-sum-exp per split) are merged by a second kernel that takes all splits of one (request, head,
-column block) in one load: ``heads * d_v / BLOCK_D`` programs per request. (Before issue 20 the merge
-was 4-head programs looping over the splits: 16 programs at batch 1, and at 32 splits it cost more
-than the attention itself; on an H200 at the issue's batch-1 config the new pair measured 2.6x faster,
-``benchmarks/results/kernels/h200/2026-11-30_6462420_issue20.md``.) The merge kernel is launched with
+column block) in one load: ``heads * d_v / BLOCK_D`` programs per request, so the merge stays small beside the
+attention at every split count (``benchmarks/results/kernels/h200/2026-11-30_6462420_issue20.md``). The merge kernel is launched with
 programmatic dependent launch where the GPU has it (Hopper): its launch overlaps the split kernel and it waits
 in-kernel (``gdc_wait``) for that grid's stores. With ``S == 1`` the first kernel writes the output
 directly.
@@ -324,8 +322,7 @@ class SparseDecodeKernel(SparseDecodeBase):
     def default_config(self, shape):
         """16-head tiles and enough splits for about two programs per SM (:func:`one_wave`: 132 on an H200), one
         64-row tile per split at most; 32-head tiles once 16-head tiles alone give more programs than SMs (each row
-        is then read by half as many programs). H200, V4-Flash, 2026-11-30: 9.9 / 20.3 / 41.3 µs at batch 1 / 16 / 64
-        against the sweep's best 9.5 / 20.2 / 38.9
+        is then read by half as many programs); within a few percent of the H200 sweep's best at V4-Flash's batches
         (``benchmarks/results/kernels/h200/2026-11-30_6462420_issue20.md``)."""
         B, H, topk = shape["batch"], shape["heads"], shape["topk"]
         block_t = 64  # 128 is often faster on an H200 but needs 256 KiB of shared memory in float32
@@ -341,12 +338,9 @@ class SparseDecodeKernel(SparseDecodeBase):
     def adapt_config(self, config, tuned_shape, shape):
         """A config tuned at another batch keeps its tiles, warps and stages; its split count is set for this batch:
         the most splits of the space whose grid ``batch * ceil(heads / BLOCK_H) * splits`` (whole tiles,
-        :func:`split_rows`) stays within one program an SM, S=1 where none does. Measured on an H200 (2026-12-01,
-        ``benchmarks/results/sparse_decode_batches/h200/2026-12-01_936ffa3.md``, every split count at batches 2-96
-        with the nearest key's tiles, bf16
-        and fp8 caches): the rule picks the fastest split count in all 18 cases (fp8 batch 7: 23.6 µs, against 23.9
-        at the next), where the nearest key's own count ran up to 1.33x slower (fp8 batch 32: 8 splits, 224 programs,
-        49.0 µs against 36.7 at 4 splits and 128)."""
+        :func:`split_rows`) stays within one program an SM, S=1 where none does: the fastest split count at every
+        batch the H200 measured, bf16 and fp8, where the nearest key's own count was slower
+        (``benchmarks/results/sparse_decode_batches/h200/2026-12-01_936ffa3.md``)."""
         if shape["batch"] == tuned_shape["batch"]:
             return config
         return {**config, "S": self.splits_in_one_wave(config, shape)}
@@ -362,10 +356,8 @@ class SparseDecodeKernel(SparseDecodeBase):
         return min(fits, key=lambda s: (-splits[s], s), default=1)
 
     def config_space(self, shape):
-        # No 16 warps: tried 2026-11-30 (6e5fadf, all 552 configs at batch 1/16/64, bf16 and fp8,
-        # benchmarks/results/tuner_efficiency/h200/2026-11-30_6e5fadf_issue20_sd2.json.gz): never the best, its best
-        # 13-33% behind, and Nsight Compute read spills on 64-head tiles (128 registers a thread is the cap at 512
-        # threads) and barrier stalls (git show d1e7663:benchmarks/results/data/kernels_issue20_h200_ncu2.txt)
+        # No 16 warps: never the best on the H200 (spills on 64-head tiles at 512 threads, barrier stalls;
+        # benchmarks/results/tuner_efficiency/h200/2026-11-30_6e5fadf_issue20_sd2.json.gz)
         return {"S": [1, 2, 4, 8, 16, 32], "BLOCK_H": [16, 32, 64], "BLOCK_T": [16, 32, 64, 128],
                 "num_warps": [4, 8], "num_stages": [1, 2, 3]}
 

@@ -16,7 +16,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .base import Cost, TunableKernel, cdiv, device_limits, dtype_of
+from .base import Cost, TunableKernel, cdiv, dtype_of, sm_count
 
 try:  # programmatic dependent launch (Hopper+): the merge kernel's launch overlaps the split kernel
     from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
@@ -112,7 +112,7 @@ def one_wave(device: torch.device | str | None = None) -> int:
     """Programs in one wave of a split kernel at one program an SM: the SM count of ``device`` (a tensor's device;
     None: this process's current GPU) (an H100 PCIe has 114), an H200's 132 without a GPU. Read once a device: the
     split-count rules ask for it at every default config, the wgmma launcher at every launch."""
-    return device_limits(("cuda" if torch.cuda.is_available() else None) if device is None else device)["sms"]
+    return sm_count(device)
 
 
 @functools.lru_cache(maxsize=4096)

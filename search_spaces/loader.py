@@ -20,6 +20,9 @@ Format (see ``dsv4_flash.yaml`` for a full example)::
       - name: simt-has-no-split
         if: {attention_impl: [simt]}
         then: {num_splits: [1]}
+
+A space can extend another (``extends: dsv4_flash``: a built-in name, or a file relative to the extending one) and
+state only what differs (:func:`merge_spaces` has the rules); ``dsv4_flash_tiny.yaml`` extends ``dsv4_flash.yaml``.
 """
 
 from __future__ import annotations
@@ -57,7 +60,9 @@ from search_spaces.schema import (
 )
 from search_spaces.targets import TARGET_NAMES
 
-_TOP_KEYS = {"name", "description", "target", "preset", "settings", "objective", "params", "constraints", "deployment"}
+_TOP_KEYS = {"name", "description", "target", "preset", "settings", "objective", "params", "constraints", "extends",
+             "deployment"}
+_UNSET = "unset"  # in an extending space's param: the parent's keys it drops (``unset: [description, server.deploys_as]``)
 _PARAM_KEYS = {
     "type", "values", "low", "high", "step", "log", "default", "description", "flag", "kernel", "env", "when",
     "requires", "value_requires", "max_bs", "densities", "server",
@@ -90,17 +95,149 @@ def load_space(path: str | Path) -> Space:
     return load_space_text(text, source=str(p))
 
 
-def load_space_text(text: str, *, source: str = "<string>") -> Space:
+def space_text(path: str | Path) -> str:
+    """The text a study stores for the space at ``path`` (a file or a built-in name): the file as written, or, for a
+    space that extends another, the resolved space as YAML, so the stored copy stands alone."""
+    p = Path(path)
+    if not p.exists() and builtin_space_path(str(path)).exists():
+        p = builtin_space_path(str(path))
+    text = p.read_text()
+    data = _parse(text, str(p))
+    if not (isinstance(data, dict) and "extends" in data):
+        return text
+    resolved = _resolve_extends(data, str(p), (str(p.resolve()),))
+    return (f"# {p.name} resolved (it extends {data['extends']})\n"
+            + yaml.safe_dump(resolved, sort_keys=False, width=120, allow_unicode=True, default_flow_style=None))
+
+
+def _parse(text: str, source: str) -> Any:
     try:
-        data = yaml.safe_load(text)
+        return yaml.safe_load(text)
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         at = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
         problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
         raise SpaceError(f"{source}: broken YAML{at}: {problem}; fix the syntax there") from None
+
+
+def _parent_path(name: Any, source: str) -> Path:
+    """Where ``extends: name`` points from the space at ``source``: a file beside it, else a built-in space."""
+    if not isinstance(name, str) or not name:
+        raise _fail(source, "`extends` must name a space", name, "write `extends: dsv4_flash` (a built-in name or a "
+                                                               "file beside this one)")
+    here = Path(source).parent if source and not source.startswith("<") else Path(".")
+    for candidate in (here / name, here / f"{name}.yaml", builtin_space_path(name)):
+        if candidate.is_file():
+            return candidate
+    builtins = sorted(x.stem for x in BUILTIN_DIR.glob("*.yaml"))
+    raise _fail(source, "`extends` names no space", name, f"give a file beside this one or a built-in name {builtins}")
+
+
+def _resolve_extends(data: dict, source: str, chain: tuple[str, ...]) -> dict:
+    """``data`` with its ``extends`` (and the parent's, in turn) merged in; a space extending itself, directly or
+    not, is an error."""
+    if "extends" not in data:
+        return data
+    parent_path = _parent_path(data["extends"], source)
+    key = str(parent_path.resolve())
+    if key in chain:
+        raise _fail(source, "`extends` goes round in a circle", " -> ".join([*chain, key]), "remove one `extends`")
+    parent = _parse(parent_path.read_text(), str(parent_path))
+    if not isinstance(parent, dict):
+        raise _fail(str(parent_path), "a space must be a YAML mapping", type(parent).__name__,
+                    "start with `name:` and `params:`")
+    return merge_spaces(_resolve_extends(parent, str(parent_path), (*chain, key)), data, source)
+
+
+def _deep_merge(base: Any, over: Any) -> Any:
+    """Mappings merged key by key (recursively); anything else (lists, scalars) replaced by ``over``."""
+    if isinstance(base, dict) and isinstance(over, dict):
+        out = dict(base)
+        for k, v in over.items():
+            out[k] = _deep_merge(base[k], v) if k in base else v
+        return out
+    return over
+
+
+def _drop(where: str, pdef: dict, dotted: Any) -> None:
+    """Remove ``server.deploys_as``-style dotted keys from a merged param (``unset``)."""
+    if not isinstance(dotted, str) or not dotted:
+        raise _fail(where, "`unset` must list keys of the parent's param", dotted, "write `unset: [description]`")
+    *path, last = dotted.split(".")
+    node: Any = pdef
+    for k in path:
+        node = node.get(k) if isinstance(node, dict) else None
+    if not isinstance(node, dict) or last not in node:
+        raise _fail(where, "`unset` names a key the parent's param does not have", dotted,
+                    "list only keys the extended space sets")
+    del node[last]
+
+
+def merge_spaces(parent: dict, child: dict, source: str) -> dict:
+    """The space ``child`` (which has ``extends``) makes of ``parent``, as a YAML mapping:
+
+    - top-level keys: the child's replace the parent's, except ``settings`` (merged key by key);
+    - ``params``: in the parent's order; a param the child names is merged into the parent's (mappings key by key,
+      lists and scalars replaced; ``unset: [key, server.key]`` drops the parent's keys), and ``name: null`` removes
+      it; a param the parent does not have is placed after the child's entry before it (first if none);
+    - ``constraints``: the parent's, each replaced by the child's of the same name; the child's others appended;
+      a constraint that names a removed param goes with it."""
+    where = f"{source}: extends {child['extends']}"
+    out = {k: v for k, v in parent.items() if k != "extends"}
+    for key, value in child.items():
+        if key in ("extends", "params", "constraints"):
+            continue
+        out[key] = _deep_merge(parent.get(key), value) if key == "settings" else value
+    params = dict(parent.get("params") or {})
+    order = list(params)
+    removed: set[str] = set()
+    at = -1  # where the child's previous entry sits in ``order``
+    for name, pdef in (child.get("params") or {}).items():
+        if pdef is None:
+            if name not in params:
+                raise _fail(where, "`params` removes a param the extended space does not have", name,
+                            "remove only the parent's params")
+            at = order.index(name) - 1
+            order.remove(name)
+            del params[name]
+            removed.add(name)
+            continue
+        if not isinstance(pdef, dict):
+            raise _fail(f"{where}: param `{name}`", "a param must be a mapping", pdef, "write `name: {values: [...]}`")
+        if name in params:
+            merged = _deep_merge(params[name], {k: v for k, v in pdef.items() if k != _UNSET})
+            for dotted in pdef.get(_UNSET) or ():
+                _drop(f"{where}: param `{name}`", merged, dotted)
+            params[name] = merged
+            at = order.index(name)
+        else:
+            if _UNSET in pdef:
+                raise _fail(f"{where}: param `{name}`", "`unset` in a param the extended space does not have",
+                            pdef[_UNSET], f"drop `unset` from `{name}`")
+            params[name] = pdef
+            at += 1
+            order.insert(at, name)
+    out["params"] = {n: params[n] for n in order}
+    mine = {c.get("name"): c for c in child.get("constraints") or [] if isinstance(c, dict)}
+    constraints = []
+    for c in parent.get("constraints") or []:
+        c = mine.pop(c.get("name"), c) if isinstance(c, dict) else c
+        names = set((c.get("if") or {}) | (c.get("then") or {})) if isinstance(c, dict) else set()
+        if not names & removed:
+            constraints.append(c)
+    constraints += list(mine.values())
+    if constraints or "constraints" in parent:
+        out["constraints"] = constraints
+    return out
+
+
+def load_space_text(text: str, *, source: str = "<string>") -> Space:
+    data = _parse(text, source)
     if not isinstance(data, dict):
         raise _fail(source, "a space must be a YAML mapping", type(data).__name__, "start with `name:` and `params:`")
     _unknown(source, data, _TOP_KEYS, "top-level key")
+    if "extends" in data:
+        data = _resolve_extends(data, source, (str(Path(source).resolve()),) if not source.startswith("<") else ())
     name = data.get("name")
     if not isinstance(name, str) or not name:
         raise _fail(source, "`name` must be a non-empty string", name, "add `name: my-space`")

@@ -503,7 +503,7 @@ def ablate(storage_url: str, study: str, *, timeout_s: float = 300.0, level: int
             on_row(ex)
 
     def store() -> None:  # the tables so far, for the export to name each flagless knob's measured gain
-        from tuner.export.sglang_command import ABLATION_ARTIFACT
+        from tuner.targets.workload.deploy import ABLATION_ARTIFACT
 
         doc = {"best_trial": best.number, "alone": ex.alone, "undo": ex.ablation}
         repo.add_artifacts(run.id, [("ablation", ABLATION_ARTIFACT, "", json.dumps(doc, default=str).encode())])

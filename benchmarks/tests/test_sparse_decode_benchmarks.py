@@ -46,10 +46,10 @@ def test_the_wgmma_benchmark_times_every_partition_at_both_tile_sizes():
     from benchmarks.sparse_decode_wgmma import wgmma_configs
 
     configs = wgmma_configs()
-    at = {(c["S"], c["BLOCK_T"]) for c in configs if c["STAGES"] == 2 and c["P_SMEM"] == 0}
+    at = {(c["S"], c["BLOCK_T"]) for c in configs if c["STAGES"] == 2}
     assert {(1, 64), (2, 64), (5, 64), (10, 64), (1, 32), (2, 32), (20, 32)} <= at
     assert (16, 64) not in at and (8, 64) not in at
-    assert all(64 * 1024 + c["STAGES"] * c["BLOCK_T"] * 1024 + c["P_SMEM"] * 64 * c["BLOCK_T"] * 2 <= 227 * 1024 for c in configs)
+    assert all(64 * 1024 + c["STAGES"] * c["BLOCK_T"] * 1024 <= 227 * 1024 for c in configs)
 
 
 def test_the_wgmma_benchmark_times_the_shipped_tl_dot_config_and_the_previous_runs_fastest_plain_configs():
@@ -70,9 +70,9 @@ def test_the_wgmma_benchmark_times_the_shipped_tl_dot_config_and_the_previous_ru
     assert fastest["config"] in plain
 
 
-def test_the_wgmma_benchmark_skips_configs_of_more_than_two_waves_and_16_bit_partials_without_splits():
+def test_the_wgmma_benchmark_skips_configs_of_more_than_two_waves():
     """At batch 64 on 132 SMs: 2 splits of two programs (256) are timed, 3 splits of two (384) and 5 of one (320) are
-    not; PART16 only where there are partials to store."""
+    not."""
     sys.path.insert(0, str(ROOT))
     from benchmarks.sparse_decode_wgmma import wgmma_configs
     from kernels.sparse_decode import split_rows
@@ -82,30 +82,27 @@ def test_the_wgmma_benchmark_skips_configs_of_more_than_two_waves_and_16_bit_par
     assert (2, 64, 2) in got and (4, 32, 1) in got and (1, 64, 2) in got
     assert (3, 64, 2) not in got and (5, 64, 1) not in got
     assert all(64 * split_rows(640, c["S"], c["BLOCK_T"])[1] * c["V_SPLIT"] <= 2 * 132 for c in at64)
-    assert all(split_rows(640, c["S"], c["BLOCK_T"])[1] > 1 for c in wgmma_configs() if c["PART16"])
     assert len(wgmma_configs(1)) > len(at64)
 
 
 def test_the_wgmma_benchmark_space_option_narrows_the_sweep_and_refuses_values_outside_the_kernels_space(tmp_path):
-    """--space replaces some keys' values (here: P_SMEM 0, ring depths 2 and 4) and keeps both schedules (WS 0
-    and 1) as twins, SPLIT_WG only where it runs (WS, two programs a split or more, an even ring) and SEESAW only
-    where it runs (WS, one program a split); a value outside the kernel's space is a one-line error, exit 2, before
-    anything is measured."""
+    """--space replaces some keys' values (here: ring depths 2 and 4, one or two programs a split) and keeps both schedules (WS 0 and 1) as twins,
+    SPLIT_WG only where it runs (WS, two programs a split or more, an even ring); a value outside the kernel's space
+    (a removed switch too) is a one-line error, exit 2, before anything is measured."""
     sys.path.insert(0, str(ROOT))
     from benchmarks.sparse_decode_wgmma import wgmma_configs
 
-    narrow = wgmma_configs(16, sms=132, space={"P_SMEM": [0], "STAGES": [2, 4]})
-    assert {c["P_SMEM"] for c in narrow} == {0} and {c["STAGES"] for c in narrow} == {2, 4}
-    assert {json.dumps({**c, "WS": 0}, sort_keys=True) for c in narrow if c["WS"] and not (c["SPLIT_WG"] or c["SEESAW"])} \
+    narrow = wgmma_configs(16, sms=132, space={"STAGES": [2, 4], "V_SPLIT": [1, 2]})
+    assert {c["STAGES"] for c in narrow} == {2, 4} and {c["V_SPLIT"] for c in narrow} == {1, 2}
+    assert {json.dumps({**c, "WS": 0}, sort_keys=True) for c in narrow if c["WS"] and not c["SPLIT_WG"]} \
         == {json.dumps(c, sort_keys=True) for c in narrow if not c["WS"]}
     split = [c for c in narrow if c["SPLIT_WG"]]  # a warp-specialised schedule of two or more programs a split
     assert split and all(c["WS"] == 1 and c["V_SPLIT"] > 1 and c["STAGES"] % 2 == 0 for c in split)
-    seesaw = [c for c in narrow if c["SEESAW"]]  # warp-specialised, one program a split, no staging of the stores
-    assert seesaw and all(c["WS"] == 1 and c["V_SPLIT"] == 1 and not (c["STORE_CVT"] or c["SPLIT_WG"] or c["MERGE"])
-                          for c in seesaw)
     assert len(narrow) < len(wgmma_configs(16, sms=132))
     with pytest.raises(ValueError, match=r"WS=\[2\] not in the kernel's space"):
         wgmma_configs(16, space={"WS": [2]})
+    with pytest.raises(ValueError, match=r"SEESAW=\[0\] not in the kernel's space"):
+        wgmma_configs(16, space={"SEESAW": [0]})
     env = {**os.environ, "PYTHONPATH": str(ROOT), "CUDA_VISIBLE_DEVICES": ""}
     for bad in ('{"WS": [2]}', '{"WS": 1}', "[1]", "{"):
         r = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "sparse_decode_wgmma.py"), "--json",
@@ -334,8 +331,7 @@ def test_the_kernels_benchmark_times_the_wgmma_kernels_previous_schedule_at_its_
     import benchmarks.kernels as bk
 
     shape = dict(get_kernel("sparse_decode_wgmma").shapes("v4flash")[2])  # batch 64
-    best = {"S": 1, "BLOCK_T": 64, "STAGES": 2, "P_SMEM": 0, "V_SPLIT": 2, "PART16": 0, "STORE_CVT": 1, "WS": 1,
-            "MERGE": 0}
+    best = {"S": 1, "BLOCK_T": 64, "STAGES": 2, "V_SPLIT": 2, "STORE_CVT": 1, "WS": 1}
     timed = []
 
     def trial(cfg, tag):
@@ -346,18 +342,11 @@ def test_the_kernels_benchmark_times_the_wgmma_kernels_previous_schedule_at_its_
                       {"config": {**best, "S": 2, "V_SPLIT": 1, "WS": 0}, "tag": "sweep", "outcome": "ok",
                        "time_us": 33.0}]}
     bk._prev_schedule_rows(row, shape, trial, best)
-    assert timed == [({**best, "WS": 0, "SPLIT_WG": 0, "SEESAW": 0}, "other_schedule")]  # keys it predates: defaults
+    assert timed == [({**best, "WS": 0, "SPLIT_WG": 0}, "other_schedule")]  # keys it predates: defaults
     assert row["other_schedule"]["time_us"] == 31.0 and row["prev_best_us"] == 31.0
     timed.clear()
     bk._prev_schedule_rows(row, shape, trial, {**best, "SPLIT_WG": 1})  # the newest schedule: SPLIT_WG flipped,
     assert timed == [] and row["other_schedule"]["time_us"] == 28.5  # which the sweep timed (best, SPLIT_WG 0)
-    row = {"trials": [{"config": {**best, "PART16": 1, "WS": 0}, "tag": "sweep", "outcome": "ok", "time_us": 30.0}]}
-    timed.clear()
-    bk._prev_schedule_rows(row, shape, trial, best)  # PART16 with one split is the same program as PART16=0
-    assert timed == [] and row["other_schedule"]["time_us"] == 30.0 and row["prev_best_us"] == 30.0
-    seesaw = {**best, "S": 2, "V_SPLIT": 1, "STORE_CVT": 0, "SEESAW": 1}  # SEESAW flipped, not WS (its WS is 1 anyway)
-    bk._prev_schedule_rows(row, shape, trial, seesaw)
-    assert timed == [({**seesaw, "SPLIT_WG": 0, "SEESAW": 0}, "other_schedule")]
 
 
 def test_the_kernels_report_puts_the_wgmma_kernel_beside_the_tl_dot_best_torch_floor_and_its_previous_schedule():

@@ -4,7 +4,7 @@ The computation of :func:`kernels.sparse_decode.sparse_decode` (its docstring ha
 V4-Flash serves: 64 query heads a request, one shared K=V latent row of 512 columns, a 16-bit cache or an fp8 one
 with a float32 scale a row. The ``tl.dot`` kernel waits for each tile's gather before its products (Triton's
 pipeliner does not overlap an indirect gather); Gluon states the schedule instead. What ships
-(:func:`default_config`, the H200's tuned configs in ``kernels/tuned``):
+(:func:`default_config`, the H200's tuned configs in ``kernels/tuned``), at V4-Flash's batches on an H200:
 
 - one program per (request, split of the selected rows, ``V_SPLIT`` share of V's columns), all 64 heads; q
   [64, 512] in shared memory for the whole program; the selected rows of each ``BLOCK_T`` tile copied by
@@ -20,8 +20,7 @@ pipeliner does not overlap an indirect gather); Gluon states the schedule instea
   programmatic dependent launch, started early where it fits the SMs the split kernel leaves idle;
 - an fp8 cache: the producer copies fp8 rows and scales into a staging ring, widens each landed tile to float16
   (exact) into the 16-bit ring, and the consumers apply the scales to the scores and probabilities
-  (:meth:`SparseDecodeWgmmaKernel.fit_dtype`). The tuned fp8 config at batch 64 uses ``SEESAW`` (each consumer
-  owns alternate tiles' scores and softmax and publishes P to the other).
+  (:meth:`SparseDecodeWgmmaKernel.fit_dtype`).
 
 Modules: :mod:`.rules` (default config, split counts, shared memory), :mod:`.gluon_parts` and
 :mod:`.gluon_kernels` (device code), :mod:`.launch` (the launcher and the tunable kernel). The measurements behind
@@ -33,21 +32,21 @@ from __future__ import annotations
 
 from ..sparse_decode_common import one_wave
 from .gluon_parts import HAVE_GLUON
-from .launch import SparseDecodeWgmmaKernel, merge_counters, sparse_decode_wgmma
+from .launch import SparseDecodeWgmmaKernel, sparse_decode_wgmma
 from .rules import (
     DEFAULT_CONFIG,
     EARLY_MERGE_PER_IDLE_SM,
-    PROGRAMS,
     WGMMA_HEADS,
     WGMMA_WARPS,
     default_config,
     fp8_stages,
     index_tiles,
     merge_starts_early,
+    programs,
     smem_limit,
     splits_within,
 )
 
-__all__ = ["DEFAULT_CONFIG", "EARLY_MERGE_PER_IDLE_SM", "HAVE_GLUON", "PROGRAMS", "WGMMA_HEADS", "WGMMA_WARPS",
-           "SparseDecodeWgmmaKernel", "default_config", "fp8_stages", "index_tiles", "merge_counters",
-           "merge_starts_early", "one_wave", "smem_limit", "sparse_decode_wgmma", "splits_within"]
+__all__ = ["DEFAULT_CONFIG", "EARLY_MERGE_PER_IDLE_SM", "HAVE_GLUON", "WGMMA_HEADS", "WGMMA_WARPS",
+           "SparseDecodeWgmmaKernel", "default_config", "fp8_stages", "index_tiles", "merge_starts_early", "one_wave",
+           "programs", "smem_limit", "sparse_decode_wgmma", "splits_within"]

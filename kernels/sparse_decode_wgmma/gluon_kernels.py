@@ -1,7 +1,6 @@
 """The wgmma kernel's two launchable schedules (see the package docstring): the single-partition kernel (``WS=0``),
 and the warp-specialised one (``WS=1``), whose producer warpgroup gathers while two consumer warpgroups compute,
-each tile both (WS), alternate whole tiles (``SPLIT_WG``, the batch-64 default), or alternate tiles' scores with
-P shared (``SEESAW``, which the tuned fp8 config at batch 64 uses)."""
+each tile both (WS) or alternate whole tiles (``SPLIT_WG``, the batch-64 default)."""
 
 from __future__ import annotations
 
@@ -15,7 +14,6 @@ if HAVE_GLUON:
         fence_async_shared,
         mbarrier,
         warpgroup_mma,
-        warpgroup_mma_init,
         warpgroup_mma_wait,
     )
 
@@ -26,7 +24,6 @@ if HAVE_GLUON:
         issue_fp8_tile,
         issue_tile,
         launch_merge_early,
-        online_softmax,
         program_split,
         softmax_pv,
         thread_barrier,
@@ -39,15 +36,15 @@ if HAVE_GLUON:
 
     @gluon.jit
     def sparse_decode_wgmma_kernel(
-        q_ptr, kv_ptr, idx_ptr, part_ptr, lse_ptr, out_ptr, sem_ptr,
+        q_ptr, kv_ptr, idx_ptr, part_ptr, lse_ptr, out_ptr,
         H, num_rows, topk, rows_per_split, qk_scale, n_splits,
         stride_qb, stride_qh, stride_kv, stride_ib,
         stride_pb, stride_ps, stride_ph,
         stride_lb, stride_ls,
         stride_ob, stride_oh,
         DV: gl.constexpr, BLOCK_H: gl.constexpr, BLOCK_T: gl.constexpr, STAGES: gl.constexpr,
-        DIRECT: gl.constexpr, P_SMEM: gl.constexpr, V_SPLIT: gl.constexpr, STORE_CVT: gl.constexpr,
-        MERGE: gl.constexpr, S_PAD: gl.constexpr, PDL: gl.constexpr = False,
+        DIRECT: gl.constexpr, V_SPLIT: gl.constexpr, STORE_CVT: gl.constexpr,
+        PDL: gl.constexpr = False,
     ):
         gl.static_assert(BLOCK_H == 64, "one wgmma M of heads per program")
         launch_merge_early(PDL)
@@ -64,8 +61,6 @@ if HAVE_GLUON:
         s_l: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 2], instr_shape=[16, BLOCK_T // 2, 16])
         o_l: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 2], instr_shape=[16, DO // 2, 16])
         p_l: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_l, k_width=2)
-        p_sl: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=BLOCK_T * 2 if BLOCK_T < 64 else 128, element_bitwidth=16,
-                                                  rank=2)
         tile_sl: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=2)
 
         idx_base = idx_ptr + pid_b.to(gl.int64) * stride_ib
@@ -93,7 +88,6 @@ if HAVE_GLUON:
         # indices run one tile ahead of their use (loop-carried), so no gather waits for its indices' DRAM round trip
         rows_c = tile_rows(idx_base, start, end, STAGES - 1, offs_t)  # the next tile to gather
         rows_v = tile_rows(idx_base, start, end, 0, offs_ts)  # the tile to compute, for its padding mask
-        p_smem = gl.allocate_shared_memory(dtype, [BLOCK_H, BLOCK_T], p_sl)  # each warpgroup's half of P, for both
 
         m_i = gl.full([BLOCK_H], float("-inf"), gl.float32, layout=gl.SliceLayout(1, s_l))
         l_i = gl.zeros([BLOCK_H], gl.float32, layout=gl.SliceLayout(1, s_l))
@@ -114,12 +108,12 @@ if HAVE_GLUON:
             valid = (rows_v >= 0) & (rows_v < num_rows)
             rows_v = tile_rows(idx_base, start, end, t + 1, offs_ts)
             s = warpgroup_mma_wait(0, deps=[s_tok])
-            acc, m_i, l_i = softmax_pv(s, valid, qk_scale, m_i, l_i, acc, p_smem, v_tile, P_SMEM, o_l, p_l)
+            acc, m_i, l_i = softmax_pv(s, valid, qk_scale, m_i, l_i, acc, v_tile, o_l, p_l)
         async_copy.wait_group(0)  # no copy outlives the program (the ring's last slots: padding rows, zeros)
 
-        write_result(acc, m_i, l_i, part_ptr, lse_ptr, out_ptr, sem_ptr, pid_b, pid_s, col_off, H, n_splits,
+        write_result(acc, m_i, l_i, part_ptr, lse_ptr, out_ptr, pid_b, pid_s, col_off, H,
                       stride_pb, stride_ps, stride_ph, stride_lb, stride_ls, stride_ob, stride_oh,
-                      BLOCK_H, DO, V_SPLIT, DIRECT, STORE_CVT, MERGE, S_PAD, s_l, o_l, 8)
+                      BLOCK_H, DO, DIRECT, STORE_CVT, s_l, o_l, 8)
 
     @gluon.jit
     def _ws_gather_fp8(kv_ptr, scale_ptr, idx_base, q_smem, q_bar, kv_smem, stage_smem, sc_smem, sc_ring, ready,
@@ -181,7 +175,7 @@ if HAVE_GLUON:
         async_copy.wait_group(0)  # no copy outlives the program
 
     @gluon.jit
-    def _ws_gather(q_ptr, kv_ptr, idx_ptr, sem_ptr, q_smem, kv_smem, q_bar, ready, empty,
+    def _ws_gather(q_ptr, kv_ptr, idx_ptr, q_smem, kv_smem, q_bar, ready, empty,
                    H, num_rows, topk, rows_per_split, stride_qb, stride_qh, stride_kv, stride_ib,
                    DV: gl.constexpr, BLOCK_H: gl.constexpr, BLOCK_T: gl.constexpr, STAGES: gl.constexpr,
                    V_SPLIT: gl.constexpr, GATHER_WARPS: gl.constexpr,
@@ -239,12 +233,12 @@ if HAVE_GLUON:
                 rows = rows_next
 
     @gluon.jit
-    def _ws_compute(q_smem, kv_smem, p_smem, q_bar, ready, empty, idx_ptr, part_ptr, lse_ptr, out_ptr, sem_ptr,
+    def _ws_compute(q_smem, kv_smem, q_bar, ready, empty, idx_ptr, part_ptr, lse_ptr, out_ptr,
                     H, num_rows, topk, rows_per_split, qk_scale, n_splits, stride_ib,
                     stride_pb, stride_ps, stride_ph, stride_lb, stride_ls, stride_ob, stride_oh,
                     DV: gl.constexpr, BLOCK_H: gl.constexpr, BLOCK_T: gl.constexpr, STAGES: gl.constexpr,
-                    DIRECT: gl.constexpr, P_SMEM: gl.constexpr, V_SPLIT: gl.constexpr, STORE_CVT: gl.constexpr,
-                    MERGE: gl.constexpr, S_PAD: gl.constexpr, sc_ring=None,
+                    DIRECT: gl.constexpr, V_SPLIT: gl.constexpr, STORE_CVT: gl.constexpr,
+                    sc_ring=None,
                     KV_SCALED: gl.constexpr = False):
         """WS's two consumer warpgroups: the single-partition kernel's loop without its copies and its block-wide
         barrier; they release a slot (one arrival: Gluon arrives once a partition, after the partition's barrier)
@@ -276,20 +270,19 @@ if HAVE_GLUON:
             else:
                 scl = None
             s = warpgroup_mma_wait(0, deps=[s_tok])
-            acc, m_i, l_i = softmax_pv(s, valid, qk_scale, m_i, l_i, acc, p_smem, v_tile, P_SMEM, o_l, p_l, scl,
-                                        KV_SCALED)
+            acc, m_i, l_i = softmax_pv(s, valid, qk_scale, m_i, l_i, acc, v_tile, o_l, p_l, scl, KV_SCALED)
             mbarrier.arrive(empty.index(slot))  # both warpgroups' products are done with the slot
-        write_result(acc, m_i, l_i, part_ptr, lse_ptr, out_ptr, sem_ptr, pid_b, pid_s, col_off, H, n_splits,
+        write_result(acc, m_i, l_i, part_ptr, lse_ptr, out_ptr, pid_b, pid_s, col_off, H,
                       stride_pb, stride_ps, stride_ph, stride_lb, stride_ls, stride_ob, stride_oh,
-                      BLOCK_H, DO, V_SPLIT, DIRECT, STORE_CVT, MERGE, S_PAD, s_l, o_l, 8)
+                      BLOCK_H, DO, DIRECT, STORE_CVT, s_l, o_l, 8)
 
     @gluon.jit
-    def _ws_compute_wg(q_smem, kv_smem, p_smem, q_bar, ready, empty, done, hand_ml, idx_ptr, part_ptr, lse_ptr,
-                       out_ptr, sem_ptr, H, num_rows, topk, rows_per_split, qk_scale, n_splits, stride_ib,
+    def _ws_compute_wg(q_smem, kv_smem, q_bar, ready, empty, done, hand_ml, idx_ptr, part_ptr, lse_ptr,
+                       out_ptr, H, num_rows, topk, rows_per_split, qk_scale, n_splits, stride_ib,
                        stride_pb, stride_ps, stride_ph, stride_lb, stride_ls, stride_ob, stride_oh,
                        DV: gl.constexpr, BLOCK_H: gl.constexpr, BLOCK_T: gl.constexpr, STAGES: gl.constexpr,
-                       DIRECT: gl.constexpr, P_SMEM: gl.constexpr, V_SPLIT: gl.constexpr, STORE_CVT: gl.constexpr,
-                       MERGE: gl.constexpr, S_PAD: gl.constexpr, WG: gl.constexpr, idx_smem,
+                       DIRECT: gl.constexpr, V_SPLIT: gl.constexpr, STORE_CVT: gl.constexpr,
+                       WG: gl.constexpr, idx_smem,
                        idx_bar, IDX_TILES: gl.constexpr, sc_ring=None, KV_SCALED: gl.constexpr = False):
         """SPLIT_WG's consumer warpgroup ``WG`` (0 or 1, each a worker partition): the split's tiles ``WG``,
         ``WG + 2``, ... whole (a 64 x BLOCK_T x 512 score product, its own online softmax, O += P V for the program's
@@ -298,10 +291,9 @@ if HAVE_GLUON:
         as two splits and writes the result. ``done[0]``: warpgroup 0 has finished its tiles (its products no
         longer read q); ``done[1]``: warpgroup 1's state is in shared memory. A slot is always consumed by one warpgroup, in
         order (STAGES even: a slot's tiles all have one parity), so no wait runs ahead of its barrier's phase.
-        Registers: with 64-row tiles at two programs a split the build spills (the sm_90 build by Triton 3.6: 392
-        bytes a thread, 3.9: 216; at four programs a split 16 under 3.6): a [64, 256] float32 accumulator, a [64, 64]
-        score tile and its probabilities in 208 registers. Those configs ran 0.81x their SPLIT_WG=0 twins on the
-        H200 (a9df7f9); 32-row tiles do not spill under either Triton."""
+        Registers: a [64, DO] float32 accumulator, a [64, BLOCK_T] score tile and its probabilities in ``WG_REGS``;
+        with 64-row tiles at two programs a split the sm_90 build spills, which is why the schedule ships with 32-row
+        tiles (no spill under Triton 3.6 or 3.9)."""
         DO: gl.constexpr = DV // V_SPLIT
         pid_s, pid_b, col_off, start, end, n_tiles = program_split(rows_per_split, topk, BLOCK_T, V_SPLIT, DO)
         s_l: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, BLOCK_T, 16])
@@ -313,7 +305,6 @@ if HAVE_GLUON:
         l_i = gl.zeros([BLOCK_H], gl.float32, layout=gl.SliceLayout(1, s_l))
         acc = gl.zeros([BLOCK_H, DO], gl.float32, layout=o_l)
         s_zero = gl.zeros([BLOCK_H, BLOCK_T], gl.float32, layout=s_l)
-        p_own = p_smem.index(WG)
         mbarrier.wait(q_bar, 0)
         if IDX_TILES > 0:
             mbarrier.wait(idx_bar, 0)
@@ -336,8 +327,8 @@ if HAVE_GLUON:
             else:
                 scl = None
             s = warpgroup_mma_wait(0, deps=[s_tok])
-            acc, m_i, l_i = softmax_pv(s, valid, qk_scale, m_i, l_i, acc, p_own, tile.slice(0, DO, dim=1),
-                                        P_SMEM, o_l, p_l, scl, KV_SCALED)
+            acc, m_i, l_i = softmax_pv(s, valid, qk_scale, m_i, l_i, acc, tile.slice(0, DO, dim=1), o_l, p_l, scl,
+                                        KV_SCALED)
             mbarrier.arrive(empty.index(slot))
         hand_sl: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, [1, 0])
         hand = view(q_smem, gl.float32, [BLOCK_H, DO], hand_sl)  # 64 x DO float32: no more than q's 64 x 512 16-bit
@@ -355,9 +346,9 @@ if HAVE_GLUON:
             a_o = gl.convert_layout(a, gl.SliceLayout(1, o_l))
             b_o = gl.convert_layout(b, gl.SliceLayout(1, o_l))
             acc = acc * a_o[:, None] + hand.load(o_l) * b_o[:, None]
-            write_result(acc, m_new, l_i, part_ptr, lse_ptr, out_ptr, sem_ptr, pid_b, pid_s, col_off, H, n_splits,
+            write_result(acc, m_new, l_i, part_ptr, lse_ptr, out_ptr, pid_b, pid_s, col_off, H,
                           stride_pb, stride_ps, stride_ph, stride_lb, stride_ls, stride_ob, stride_oh,
-                          BLOCK_H, DO, V_SPLIT, DIRECT, STORE_CVT, MERGE, S_PAD, s_l, o_l, 4)
+                          BLOCK_H, DO, DIRECT, STORE_CVT, s_l, o_l, 4)
         else:
             mbarrier.wait(done.index(0), 0)  # warpgroup 0's products are done with q
             hand.store(acc)
@@ -366,118 +357,18 @@ if HAVE_GLUON:
             mbarrier.arrive(done.index(1))
 
     @gluon.jit
-    def _seesaw_stats(m_i, l_i, t, st_smem, ready, pready, STAGES: gl.constexpr, ml_l: gl.constexpr,
-                      mo_l: gl.constexpr):
-        """SEESAW: the other warpgroup's tile ``t``, once it has published its P and statistics (``pready``): this
-        warpgroup's running (m, l) after it, and the factor (alpha) its accumulator takes before that tile's P V."""
-        slot = t % STAGES
-        mbarrier.wait(pready.index(slot), (t // STAGES) & 1)
-        mbarrier.wait(ready.index(slot), (t // STAGES) & 1)  # passed already (the owner waited); this thread's view
-        fence_async_shared()
-        l_i = l_i * st_smem.index(3 * slot).load(ml_l) + st_smem.index(3 * slot + 2).load(ml_l)
-        return st_smem.index(3 * slot + 1).load(ml_l), l_i, st_smem.index(3 * slot).load(mo_l)
-
-    @gluon.jit
-    def _ws_compute_seesaw(q_smem, kv_smem, p_smem, st_smem, q_bar, ready, empty, pready, idx_ptr, part_ptr, lse_ptr,
-                           out_ptr, sem_ptr, H, num_rows, topk, rows_per_split, qk_scale, n_splits, stride_ib,
-                           stride_pb, stride_ps, stride_ph, stride_lb, stride_ls, stride_ob, stride_oh,
-                           DV: gl.constexpr, BLOCK_H: gl.constexpr, BLOCK_T: gl.constexpr, STAGES: gl.constexpr,
-                           DIRECT: gl.constexpr, S_PAD: gl.constexpr, WG: gl.constexpr, idx_smem, idx_bar,
-                           IDX_TILES: gl.constexpr, sc_ring=None, KV_SCALED: gl.constexpr = False):
-        """SEESAW's consumer warpgroup ``WG`` (0 or 1): it owns the split's tiles ``WG``, ``WG + 2``, ... and holds
-        columns ``[WG * 256, WG * 256 + 256)`` of O. For its own tile it computes the whole scores' product (64 x
-        BLOCK_T x 512, once for both), the online softmax against the running max after the previous tile (which
-        the other warpgroup published), publishes P and (alpha, max, row sum) in shared memory (``pready``), and
-        adds P V for its columns; for the other's tile it waits for that publication and adds P V for its columns.
-        Both apply every tile's statistics in order, so both end with the same (m, l) and each writes its own
-        columns: no hand-over. The other's softmax runs while this one's products do. A slot is released
-        (``empty``, two arrivals) once both warpgroups' products have read it."""
-        DO: gl.constexpr = DV // 2
-        dtype: gl.constexpr = q_smem.dtype
-        pid_s, pid_b, col_off, start, end, n_tiles = program_split(rows_per_split, topk, BLOCK_T, 1, DV)
-        s_l: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, BLOCK_T, 16])
-        o_l: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, DO, 16])
-        ml_l: gl.constexpr = gl.SliceLayout(1, s_l)
-        mo_l: gl.constexpr = gl.SliceLayout(1, o_l)
-        idx_base = idx_ptr + pid_b.to(gl.int64) * stride_ib
-        offs_ts = gl.arange(0, BLOCK_T, layout=gl.SliceLayout(0, s_l))
-        m_i = gl.full([BLOCK_H], float("-inf"), gl.float32, layout=ml_l)
-        l_i = gl.zeros([BLOCK_H], gl.float32, layout=ml_l)
-        # the accumulator is carried as wgmma's asynchronous accumulator (a product may be in flight across the
-        # loop's and the branches' edges); warpgroup_mma_wait gives the tensor back
-        acc_a = warpgroup_mma_init(gl.zeros([BLOCK_H, DO], gl.float32, layout=o_l))
-        s_zero = gl.zeros([BLOCK_H, BLOCK_T], gl.float32, layout=s_l)
-        mbarrier.wait(q_bar, 0)
-        if IDX_TILES > 0:
-            mbarrier.wait(idx_bar, 0)
-        for t in range(WG, n_tiles, 2):
-            slot = t % STAGES
-            acc = warpgroup_mma_wait(0, deps=[acc_a])  # this warpgroup's product of its previous tile (t - 2)
-            if t >= 2:
-                mbarrier.arrive(empty.index((t - 2) % STAGES))
-            mbarrier.wait(ready.index(slot), (t // STAGES) & 1)
-            fence_async_shared()
-            tile = kv_smem.index(slot)
-            s_tok = warpgroup_mma(q_smem, tile.permute((1, 0)), s_zero, use_acc=False, is_async=True)
-            if IDX_TILES > 0:
-                rows_v = idx_smem.index(t).load(gl.SliceLayout(0, s_l))
-            else:
-                rows_v = tile_rows(idx_base, start, end, t, offs_ts)
-            valid = (rows_v >= 0) & (rows_v < num_rows)
-            if t >= 1:  # the other's tile t - 1: its statistics bring m_i to the max before this tile
-                m_i, l_i, alpha_prev = _seesaw_stats(m_i, l_i, t - 1, st_smem, ready, pready, STAGES, ml_l, mo_l)
-            else:
-                alpha_prev = gl.full([BLOCK_H], 1.0, gl.float32, layout=mo_l)
-            if KV_SCALED:
-                scl = sc_ring.index(slot).load(gl.SliceLayout(0, s_l))
-            else:
-                scl = None
-            s = warpgroup_mma_wait(0, deps=[s_tok])
-            # this tile's softmax and its publication first: the other warpgroup's next softmax waits for them (the
-            # chain from tile to tile), and nothing else stands between its wait and this publication
-            p, alpha, m_i = online_softmax(s, valid, qk_scale, m_i, scl, KV_SCALED)
-            rs = gl.sum(p, 1)
-            if KV_SCALED:  # both warpgroups multiply this P by the unscaled V rows
-                p = p * scl[None, :]
-            p_smem.index(slot).store(p.to(dtype))
-            st_smem.index(3 * slot).store(alpha)
-            st_smem.index(3 * slot + 1).store(m_i)
-            st_smem.index(3 * slot + 2).store(rs)
-            fence_async_shared()  # P (generic proxy writes) before the tensor cores' reads (the other's and ours)
-            mbarrier.arrive(pready.index(slot))  # after the partition's barrier: every warp's P is written
-            l_i = l_i * alpha + rs
-            if t >= 1:  # then O += P V of the other's tile t - 1, and of this one (P from shared memory, where the
-                # other reads it: a register layout conversion made Triton 3.6 serialise every wgmma, ptxas C7512)
-                po = (t - 1) % STAGES
-                acc = warpgroup_mma(p_smem.index(po), kv_smem.index(po).slice(WG * DO, DO, dim=1),
-                                    acc * alpha_prev[:, None])
-                mbarrier.arrive(empty.index(po))
-            acc_a = warpgroup_mma(p_smem.index(slot), tile.slice(WG * DO, DO, dim=1),
-                                  acc * gl.convert_layout(alpha, mo_l)[:, None], is_async=True)
-        acc = warpgroup_mma_wait(0, deps=[acc_a])
-        if n_tiles > 0:
-            if (n_tiles - 1) % 2 != WG:  # the last tile is the other's
-                m_i, l_i, alpha_prev = _seesaw_stats(m_i, l_i, n_tiles - 1, st_smem, ready, pready, STAGES, ml_l, mo_l)
-                po = (n_tiles - 1) % STAGES
-                acc = warpgroup_mma(p_smem.index(po), kv_smem.index(po).slice(WG * DO, DO, dim=1),
-                                    acc * alpha_prev[:, None])
-        write_result(acc, m_i, l_i, part_ptr, lse_ptr, out_ptr, sem_ptr, pid_b, pid_s, WG * DO, H, n_splits,
-                      stride_pb, stride_ps, stride_ph, stride_lb, stride_ls, stride_ob, stride_oh,
-                      BLOCK_H, DO, 2, DIRECT, False, False, S_PAD, s_l, o_l, 4)
-
-    @gluon.jit
     def sparse_decode_wgmma_ws_kernel(
-        q_ptr, kv_ptr, idx_ptr, part_ptr, lse_ptr, out_ptr, sem_ptr,
+        q_ptr, kv_ptr, idx_ptr, part_ptr, lse_ptr, out_ptr,
         H, num_rows, topk, rows_per_split, qk_scale, n_splits,
         stride_qb, stride_qh, stride_kv, stride_ib,
         stride_pb, stride_ps, stride_ph,
         stride_lb, stride_ls,
         stride_ob, stride_oh,
         DV: gl.constexpr, BLOCK_H: gl.constexpr, BLOCK_T: gl.constexpr, STAGES: gl.constexpr,
-        DIRECT: gl.constexpr, P_SMEM: gl.constexpr, V_SPLIT: gl.constexpr, STORE_CVT: gl.constexpr,
-        MERGE: gl.constexpr, S_PAD: gl.constexpr, GATHER_WARPS: gl.constexpr, GATHER_REGS: gl.constexpr,
+        DIRECT: gl.constexpr, V_SPLIT: gl.constexpr, STORE_CVT: gl.constexpr,
+        GATHER_WARPS: gl.constexpr, GATHER_REGS: gl.constexpr,
         SPLIT_WG: gl.constexpr = False, WG_REGS: gl.constexpr = 0,
-        IDX_TILES: gl.constexpr = 0, SEESAW: gl.constexpr = False, PDL: gl.constexpr = False,
+        IDX_TILES: gl.constexpr = 0, PDL: gl.constexpr = False,
         scale_ptr=None, FP8_STAGES: gl.constexpr = 0,
     ):
         """The warp-specialised schedule (``WS=1``): a producer warpgroup gathers, two consumer warpgroups compute;
@@ -488,8 +379,6 @@ if HAVE_GLUON:
         gl.static_assert(STAGES >= 2, "a ring of at least two slots")
         dtype: gl.constexpr = q_ptr.dtype.element_ty
         tile_sl: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=2)
-        p_sl: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=BLOCK_T * 2 if BLOCK_T < 64 else 128, element_bitwidth=16,
-                                                  rank=2)
         q_smem = gl.allocate_shared_memory(dtype, [BLOCK_H, DV], tile_sl)
         if FP8_STAGES > 0:  # an fp8 cache: the products run in float16 (e4m3 widens exactly; q is widened in place)
             mma_dtype: gl.constexpr = gl.float16
@@ -498,12 +387,6 @@ if HAVE_GLUON:
             mma_dtype: gl.constexpr = dtype
             q_mma = q_smem
         kv_smem = gl.allocate_shared_memory(mma_dtype, [STAGES, BLOCK_T, DV], tile_sl)
-        if SEESAW:
-            p_smem = gl.allocate_shared_memory(mma_dtype, [STAGES, BLOCK_H, BLOCK_T], p_sl)  # each ring slot's P
-        elif SPLIT_WG:
-            p_smem = gl.allocate_shared_memory(mma_dtype, [2, BLOCK_H, BLOCK_T], p_sl)  # each warpgroup its own P
-        else:
-            p_smem = gl.allocate_shared_memory(mma_dtype, [BLOCK_H, BLOCK_T], p_sl)
         if IDX_TILES > 0:  # the producer's table of the split's row numbers
             idx_smem = gl.allocate_shared_memory(gl.int32, [IDX_TILES, BLOCK_T], gl.SwizzledSharedLayout(1, 1, 1, [0]))
         else:
@@ -529,34 +412,9 @@ if HAVE_GLUON:
         for i in gl.static_range(STAGES):
             # one arrival per producer thread as its copies land; an fp8 tile: one, once the partition widened it
             mbarrier.init(ready.index(i), count=1 if FP8_STAGES > 0 else GATHER_WARPS * 32)
-            # one arrival a consumer partition (Gluon arrives once a partition, after its barrier); SEESAW's two
-            # consumers both read every slot
-            mbarrier.init(empty.index(i), count=2 if SEESAW else 1)
-        if SEESAW:
-            gl.static_assert(V_SPLIT == 1, "each warpgroup half of all 512 columns")
-            pready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-            # each slot's (alpha, max, row sum) of its tile's softmax, from the owner to the other warpgroup
-            st_smem = gl.allocate_shared_memory(gl.float32, [3 * STAGES, BLOCK_H], gl.SwizzledSharedLayout(1, 1, 1, [0]))
-            for i in gl.static_range(STAGES):
-                mbarrier.init(pready.index(i), count=1)
-            fence_async_shared()
-            gl.warp_specialize([
-                (_ws_gather, (q_ptr, kv_ptr, idx_ptr, sem_ptr, q_smem, kv_smem, q_bar, ready, empty,
-                              H, num_rows, topk, rows_per_split, stride_qb, stride_qh, stride_kv, stride_ib,
-                              DV, BLOCK_H, BLOCK_T, STAGES, V_SPLIT, GATHER_WARPS, idx_smem, idx_bar,
-                              IDX_TILES, scale_ptr, stage_smem, sc_smem, sc_ring, FP8_STAGES)),
-                (_ws_compute_seesaw, (q_mma, kv_smem, p_smem, st_smem, q_bar, ready, empty, pready, idx_ptr, part_ptr,
-                                      lse_ptr, out_ptr, sem_ptr, H, num_rows, topk, rows_per_split, qk_scale, n_splits,
-                                      stride_ib, stride_pb, stride_ps, stride_ph, stride_lb, stride_ls, stride_ob,
-                                      stride_oh, DV, BLOCK_H, BLOCK_T, STAGES, DIRECT, S_PAD, 0, idx_smem, idx_bar,
-                                      IDX_TILES, sc_ring, FP8_STAGES > 0)),
-                (_ws_compute_seesaw, (q_mma, kv_smem, p_smem, st_smem, q_bar, ready, empty, pready, idx_ptr, part_ptr,
-                                      lse_ptr, out_ptr, sem_ptr, H, num_rows, topk, rows_per_split, qk_scale, n_splits,
-                                      stride_ib, stride_pb, stride_ps, stride_ph, stride_lb, stride_ls, stride_ob,
-                                      stride_oh, DV, BLOCK_H, BLOCK_T, STAGES, DIRECT, S_PAD, 1, idx_smem, idx_bar,
-                                      IDX_TILES, sc_ring, FP8_STAGES > 0)),
-            ], [4, 4], [WG_REGS, WG_REGS])
-        elif SPLIT_WG:
+            # one arrival a consumer partition (Gluon arrives once a partition, after its barrier)
+            mbarrier.init(empty.index(i), count=1)
+        if SPLIT_WG:
             gl.static_assert(V_SPLIT > 1, "one warpgroup's accumulator: at most 256 columns of V")
             gl.static_assert(STAGES % 2 == 0, "each ring slot consumed by one warpgroup")
             done = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
@@ -567,30 +425,30 @@ if HAVE_GLUON:
             # the producer is the default partition (its registers: what the two consumers leave, 88), so both
             # consumers are workers with the same register budget
             gl.warp_specialize([
-                (_ws_gather, (q_ptr, kv_ptr, idx_ptr, sem_ptr, q_smem, kv_smem, q_bar, ready, empty,
+                (_ws_gather, (q_ptr, kv_ptr, idx_ptr, q_smem, kv_smem, q_bar, ready, empty,
                               H, num_rows, topk, rows_per_split, stride_qb, stride_qh, stride_kv, stride_ib,
                               DV, BLOCK_H, BLOCK_T, STAGES, V_SPLIT, GATHER_WARPS, idx_smem, idx_bar,
                               IDX_TILES, scale_ptr, stage_smem, sc_smem, sc_ring, FP8_STAGES)),
-                (_ws_compute_wg, (q_mma, kv_smem, p_smem, q_bar, ready, empty, done, hand_ml, idx_ptr, part_ptr, lse_ptr,
-                                  out_ptr, sem_ptr, H, num_rows, topk, rows_per_split, qk_scale, n_splits, stride_ib,
+                (_ws_compute_wg, (q_mma, kv_smem, q_bar, ready, empty, done, hand_ml, idx_ptr, part_ptr, lse_ptr,
+                                  out_ptr, H, num_rows, topk, rows_per_split, qk_scale, n_splits, stride_ib,
                                   stride_pb, stride_ps, stride_ph, stride_lb, stride_ls, stride_ob, stride_oh,
-                                  DV, BLOCK_H, BLOCK_T, STAGES, DIRECT, P_SMEM, V_SPLIT, STORE_CVT, MERGE, S_PAD, 0,
+                                  DV, BLOCK_H, BLOCK_T, STAGES, DIRECT, V_SPLIT, STORE_CVT, 0,
                                   idx_smem, idx_bar, IDX_TILES, sc_ring, FP8_STAGES > 0)),
-                (_ws_compute_wg, (q_mma, kv_smem, p_smem, q_bar, ready, empty, done, hand_ml, idx_ptr, part_ptr, lse_ptr,
-                                  out_ptr, sem_ptr, H, num_rows, topk, rows_per_split, qk_scale, n_splits, stride_ib,
+                (_ws_compute_wg, (q_mma, kv_smem, q_bar, ready, empty, done, hand_ml, idx_ptr, part_ptr, lse_ptr,
+                                  out_ptr, H, num_rows, topk, rows_per_split, qk_scale, n_splits, stride_ib,
                                   stride_pb, stride_ps, stride_ph, stride_lb, stride_ls, stride_ob, stride_oh,
-                                  DV, BLOCK_H, BLOCK_T, STAGES, DIRECT, P_SMEM, V_SPLIT, STORE_CVT, MERGE, S_PAD, 1,
+                                  DV, BLOCK_H, BLOCK_T, STAGES, DIRECT, V_SPLIT, STORE_CVT, 1,
                                   idx_smem, idx_bar, IDX_TILES, sc_ring, FP8_STAGES > 0)),
             ], [4, 4], [WG_REGS, WG_REGS])
         else:
             fence_async_shared()
             gl.warp_specialize([
-                (_ws_compute, (q_mma, kv_smem, p_smem, q_bar, ready, empty, idx_ptr, part_ptr, lse_ptr, out_ptr, sem_ptr,
+                (_ws_compute, (q_mma, kv_smem, q_bar, ready, empty, idx_ptr, part_ptr, lse_ptr, out_ptr,
                                H, num_rows, topk, rows_per_split, qk_scale, n_splits, stride_ib,
                                stride_pb, stride_ps, stride_ph, stride_lb, stride_ls, stride_ob, stride_oh,
-                               DV, BLOCK_H, BLOCK_T, STAGES, DIRECT, P_SMEM, V_SPLIT, STORE_CVT, MERGE, S_PAD,
+                               DV, BLOCK_H, BLOCK_T, STAGES, DIRECT, V_SPLIT, STORE_CVT,
                                sc_ring, FP8_STAGES > 0)),
-                (_ws_gather, (q_ptr, kv_ptr, idx_ptr, sem_ptr, q_smem, kv_smem, q_bar, ready, empty,
+                (_ws_gather, (q_ptr, kv_ptr, idx_ptr, q_smem, kv_smem, q_bar, ready, empty,
                               H, num_rows, topk, rows_per_split, stride_qb, stride_qh, stride_kv, stride_ib,
                               DV, BLOCK_H, BLOCK_T, STAGES, V_SPLIT, GATHER_WARPS, idx_smem, idx_bar,
                               IDX_TILES, scale_ptr, stage_smem, sc_smem, sc_ring, FP8_STAGES)),

@@ -1,6 +1,5 @@
 """The Gluon device functions the wgmma kernel's schedules share: a tile's row numbers and its ``cp.async`` gather,
-the program's split, the online softmax and O += P V, the result's stores (and MERGE's in-kernel merge), and the fp8
-cache's staging helpers. The schedules themselves are in :mod:`.gluon_kernels`."""
+the program's split, the online softmax and O += P V, the result's stores, and the fp8 cache's staging helpers. The schedules themselves are in :mod:`.gluon_kernels`."""
 
 from __future__ import annotations
 
@@ -8,7 +7,7 @@ try:
     from triton.experimental import gluon
     from triton.experimental.gluon import language as gl
     from triton.experimental.gluon.language.nvidia.ampere import async_copy
-    from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, warpgroup_mma
+    from triton.experimental.gluon.language.nvidia.hopper import warpgroup_mma
 
     HAVE_GLUON = True
 except ImportError:  # a Triton without Gluon: sparse_decode_wgmma raises, the tl.dot kernel stays available
@@ -72,38 +71,30 @@ if HAVE_GLUON:
         return gl.exp2(s - m_safe[:, None]), gl.exp2(m_i - m_safe), m_new
 
     @gluon.jit
-    def softmax_pv(s, valid, qk_scale, m_i, l_i, acc, p_smem, v_tile, P_SMEM: gl.constexpr, o_l: gl.constexpr,
-                    p_l: gl.constexpr, scl=None, KV_SCALED: gl.constexpr = False):
-        """One tile's online softmax on its raw scores ``s`` (padding rows masked to -inf) and O += P V: the new
-        (acc, m_i, l_i). ``KV_SCALED``: the rows' scales ``scl`` multiply the scores and, for the product with the
-        unscaled V, the probabilities (not their row sum)."""
+    def softmax_pv(s, valid, qk_scale, m_i, l_i, acc, v_tile, o_l: gl.constexpr, p_l: gl.constexpr, scl=None,
+                   KV_SCALED: gl.constexpr = False):
+        """One tile's online softmax on its raw scores ``s`` (padding rows masked to -inf) and O += P V, P as wgmma's
+        A from registers: the new (acc, m_i, l_i). ``KV_SCALED``: the rows' scales ``scl`` multiply the scores and,
+        for the product with the unscaled V, the probabilities (not their row sum)."""
         p, alpha, m_new = online_softmax(s, valid, qk_scale, m_i, scl, KV_SCALED)
         l_i = l_i * alpha + gl.sum(p, 1)
         if KV_SCALED:
             p = p * scl[None, :]
         alpha_o = gl.convert_layout(alpha, gl.SliceLayout(1, o_l))
-        if P_SMEM:  # P as wgmma's A from shared memory: each warpgroup writes its half of the columns, one barrier
-            p_smem.store(p.to(p_smem.dtype))
-            fence_async_shared()
-            thread_barrier()
-            acc = warpgroup_mma(p_smem, v_tile, acc * alpha_o[:, None])
-        else:  # P as wgmma's A from registers: both warpgroups need every column, a layout conversion
-            acc = warpgroup_mma(gl.convert_layout(p.to(v_tile.dtype), p_l), v_tile, acc * alpha_o[:, None])
+        acc = warpgroup_mma(gl.convert_layout(p.to(v_tile.dtype), p_l), v_tile, acc * alpha_o[:, None])
         return acc, m_new, l_i
 
     @gluon.jit
-    def write_result(acc, m_i, l_i, part_ptr, lse_ptr, out_ptr, sem_ptr, pid_b, pid_s, col_off, H, n_splits,
-                      stride_pb, stride_ps, stride_ph, stride_lb, stride_ls, stride_ob, stride_oh,
-                      BLOCK_H: gl.constexpr, DO: gl.constexpr, V_SPLIT: gl.constexpr, DIRECT: gl.constexpr,
-                      STORE_CVT: gl.constexpr, MERGE: gl.constexpr, S_PAD: gl.constexpr,
-                      s_l: gl.constexpr, o_l: gl.constexpr, NW: gl.constexpr):
-        """The program's normalised output: straight into ``out`` with one split, else its split-K partial and the
-        log-sum-exp (base 2) of its heads (from the program with the split's first columns; with MERGE from every
-        program, at its own column slice). With MERGE the last program of a request's splits (at these columns)
-        to finish merges them into ``out``: no second launch."""
+    def write_result(acc, m_i, l_i, part_ptr, lse_ptr, out_ptr, pid_b, pid_s, col_off, H,
+                     stride_pb, stride_ps, stride_ph, stride_lb, stride_ls, stride_ob, stride_oh,
+                     BLOCK_H: gl.constexpr, DO: gl.constexpr, DIRECT: gl.constexpr, STORE_CVT: gl.constexpr,
+                     s_l: gl.constexpr, o_l: gl.constexpr, NW: gl.constexpr):
+        """The program's normalised output: straight into ``out`` with one split, else its float32 split-K partial and
+        the log-sum-exp (base 2) of its heads (from the program with the split's first columns), for the merge
+        kernel (:func:`kernels.sparse_decode_common.launch_combine`)."""
         l_safe = gl.where(l_i > 0.0, l_i, 1.0)
         o = acc / gl.convert_layout(l_safe, gl.SliceLayout(1, o_l))[:, None]
-        o = o.to(out_ptr.dtype.element_ty if DIRECT else part_ptr.dtype.element_ty)  # partials: float32 or PART16's
+        o = o.to(out_ptr.dtype.element_ty if DIRECT else part_ptr.dtype.element_ty)
         if STORE_CVT:  # through shared memory into a layout where a warp writes whole rows, 16 bytes or more a thread
             st_l: gl.constexpr = gl.BlockedLayout([1, 8], [1, 32], [NW, 1], [1, 0])
             o = gl.convert_layout(o, st_l)
@@ -112,7 +103,6 @@ if HAVE_GLUON:
         offs_ho = gl.arange(0, BLOCK_H, layout=gl.SliceLayout(1, st_l))
         offs_c = col_off + gl.arange(0, DO, layout=gl.SliceLayout(0, st_l))
         h_mask = (offs_ho < H)[:, None]
-        vslice = col_off // DO
         if DIRECT:
             gl.store(out_ptr + pid_b.to(gl.int64) * stride_ob + offs_ho[:, None] * stride_oh + offs_c[None, :], o,
                      mask=h_mask)
@@ -121,59 +111,8 @@ if HAVE_GLUON:
                      + offs_c[None, :], o, mask=h_mask)
             offs_hs = gl.arange(0, BLOCK_H, layout=gl.SliceLayout(1, s_l))
             lse = gl.where(l_i > 0.0, m_i + gl.log2(l_safe), float("-inf"))
-            if MERGE:  # each program its own slot [split, column slice]: the merger of a slice reads its own
-                gl.store(lse_ptr + pid_b.to(gl.int64) * stride_lb + (pid_s * V_SPLIT + vslice) * stride_ls + offs_hs,
-                         lse, mask=offs_hs < H)
-                thread_barrier()  # every thread's stores issued before the release below
-                cnt = sem_ptr + pid_b * V_SPLIT + vslice
-                arrived = gl.atomic_add(cnt, 1, sem="acq_rel", scope="gpu")  # releases ours, acquires the others'
-                if arrived == n_splits - 1:  # the last to finish: every other split's partial is visible
-                    gl.atomic_xchg(cnt, 0, sem="relaxed", scope="gpu")  # back to 0 for the next launch
-                    _merge_splits(part_ptr, lse_ptr, out_ptr, pid_b, col_off, vslice, H, n_splits,
-                                  stride_pb, stride_ps, stride_ph, stride_lb, stride_ls, stride_ob, stride_oh,
-                                  BLOCK_H, DO, V_SPLIT, S_PAD, NW)
-            else:
-                gl.store(lse_ptr + pid_b.to(gl.int64) * stride_lb + pid_s * stride_ls + offs_hs, lse,
-                         mask=(offs_hs < H) & (col_off == 0))  # one of the V_SPLIT programs (they computed the same)
-
-    @gluon.jit
-    def _merge_splits(part_ptr, lse_ptr, out_ptr, pid_b, col_off, vslice, H, n_splits,
-                      stride_pb, stride_ps, stride_ph, stride_lb, stride_ls, stride_ob, stride_oh,
-                      BLOCK_H: gl.constexpr, DO: gl.constexpr, V_SPLIT: gl.constexpr, S_PAD: gl.constexpr,
-                      NW: gl.constexpr):
-        """``launch_combine``'s merge for one request's heads at this program's DO columns, in column chunks of
-        [S_PAD, 64, CW] (every split's partial in flight at once, 64 float32 a thread), the next chunk's loads issued
-        before this chunk is summed, by the ``NW`` compute warps of the program. Reads bypass L1 (``.cg``): the partials
-        were written by other SMs."""
-        CW: gl.constexpr = (64 * 32 * NW) // (S_PAD * BLOCK_H) if (64 * 32 * NW) // (S_PAD * BLOCK_H) < DO else DO
-        TC: gl.constexpr = CW // 4 if CW // 4 < 32 else 32
-        ml: gl.constexpr = gl.BlockedLayout([1, 1, 4], [1, 32 // TC, TC], [1, NW, 1], [2, 1, 0])  # [split, head, col]
-        sh_l: gl.constexpr = gl.SliceLayout(2, ml)  # [split, head]
-        hc_l: gl.constexpr = gl.SliceLayout(0, ml)  # [head, col]
-        offs_s = gl.arange(0, S_PAD, layout=gl.SliceLayout(1, sh_l))
-        offs_h = gl.arange(0, BLOCK_H, layout=gl.SliceLayout(0, sh_l))
-        lse = gl.load(lse_ptr + pid_b.to(gl.int64) * stride_lb + (offs_s[:, None] * V_SPLIT + vslice) * stride_ls
-                      + offs_h[None, :], mask=(offs_s < n_splits)[:, None] & (offs_h < H)[None, :],
-                      other=float("-inf"), cache_modifier=".cg")
-        m = gl.max(lse, 0)
-        w = gl.exp2(lse - gl.where(m == float("-inf"), 0.0, m)[None, :])  # 0 for empty and absent splits
-        wsum = gl.sum(w, 0)
-        inv = gl.convert_layout(1.0 / gl.where(wsum > 0.0, wsum, 1.0), gl.SliceLayout(1, hc_l))
-        w3 = w[:, :, None]
-        offs_c = gl.arange(0, CW, layout=gl.SliceLayout(0, gl.SliceLayout(1, ml)))
-        base = (part_ptr + pid_b.to(gl.int64) * stride_pb + offs_s[:, None, None] * stride_ps
-                + offs_h[None, :, None] * stride_ph + col_off + offs_c[None, None, :])
-        mask3 = (offs_s < n_splits)[:, None, None] & (offs_h < H)[None, :, None]
-        offs_ho = gl.arange(0, BLOCK_H, layout=gl.SliceLayout(1, hc_l))
-        offs_co = gl.arange(0, CW, layout=gl.SliceLayout(0, hc_l))
-        out_base = out_ptr + pid_b.to(gl.int64) * stride_ob + offs_ho[:, None] * stride_oh + col_off + offs_co[None, :]
-        nxt = gl.load(base, mask=mask3, other=0.0, cache_modifier=".cg")
-        for c in gl.static_range(DO // CW):
-            cur = nxt
-            if c + 1 < DO // CW:
-                nxt = gl.load(base + (c + 1) * CW, mask=mask3, other=0.0, cache_modifier=".cg")
-            o = gl.sum(w3 * cur.to(gl.float32), 0) * inv[:, None]
-            gl.store(out_base + c * CW, o.to(out_ptr.dtype.element_ty), mask=(offs_ho < H)[:, None])
+            gl.store(lse_ptr + pid_b.to(gl.int64) * stride_lb + pid_s * stride_ls + offs_hs, lse,
+                     mask=(offs_hs < H) & (col_off == 0))  # one of the V_SPLIT programs (they computed the same)
 
     @gluon.jit
     def fp8_rows(idx_base, idx_smem, start, end, t, offs, IDX_TILES: gl.constexpr, LAYOUT: gl.constexpr):

@@ -41,20 +41,7 @@ from .rules import (
 if HAVE_GLUON:
     from .gluon_kernels import sparse_decode_wgmma_kernel, sparse_decode_wgmma_ws_kernel
 
-__all__ = ["SparseDecodeWgmmaKernel", "merge_counters", "sparse_decode_wgmma"]
-
-_COUNTERS: dict[str, torch.Tensor] = {}
-
-def merge_counters(device, n: int) -> torch.Tensor:
-    """MERGE's arrival counters, one per (request, column slice): int32 zeros, kept per device and grown on demand.
-    The last program of a request's splits resets its counter, so a launch leaves them at zero for the next one (and
-    a CUDA graph replays without a reset). One stream at a time: two launches in flight on different streams would
-    share the counters."""
-    key = str(torch.device(device))
-    buf = _COUNTERS.get(key)
-    if buf is None or buf.numel() < n:
-        buf = _COUNTERS[key] = torch.zeros(max(n, 1024), device=device, dtype=torch.int32)
-    return buf
+__all__ = ["SparseDecodeWgmmaKernel", "sparse_decode_wgmma"]
 
 
 def sparse_decode_wgmma(q: torch.Tensor, kv: torch.Tensor, indices: torch.Tensor, sm_scale: float | None = None,
@@ -64,30 +51,22 @@ def sparse_decode_wgmma(q: torch.Tensor, kv: torch.Tensor, indices: torch.Tensor
     dtype (bf16/fp16) or in float8 e4m3 with ``kv_scale`` (float32 ``[num_rows]``, row r holds
     ``kv[r] * kv_scale[r]``, as :func:`kernels.sparse_decode.sparse_decode` takes it: half the bytes of a 16-bit
     cache; the producer warpgroup widens each gathered tile and q to float16 and the products run in float16, so an
-    fp8 cache needs WS, SPLIT_WG or SEESAW, and :meth:`SparseDecodeWgmmaKernel.fit_dtype` makes a config fit; q's
+    fp8 cache needs WS or SPLIT_WG, and :meth:`SparseDecodeWgmmaKernel.fit_dtype` makes a config fit; q's
     values must fit float16, within 65504), ``indices [B, topk]`` int32 (negative
     or >= num_rows: padding); returns ``[B, H, 512]``.
 
     ``config``: None = the tuned config for this GPU and shape (``kernels/configs``), else :func:`default_config`;
     a dict's keys are each optional, the rest from :func:`default_config`: ``S`` (at most this many splits of the
-    selected rows, see
-    :func:`kernels.sparse_decode.split_rows`), ``BLOCK_T`` (rows a tile: 32 or 64), ``STAGES`` (ring slots, 2 to 4),
-    ``P_SMEM`` (1: the probabilities reach the PV product through shared memory, 0: from registers), ``V_SPLIT``
-    (2, 4 or 8: that many programs a split, each computes the scores and its share of V's columns, so a batch needs
-    fewer splits, and fewer float32 partials, for the same number of programs; their gathers share the rows
-    through L2),
-    ``PART16`` (1: the split-K partials are stored in q's 16-bit dtype instead of float32, half the bytes written and
-    merged, at the cost of one more rounding of each partial; the log-sum-exps stay float32), ``STORE_CVT`` (1: the
-    output or partials go through shared memory into a layout of 16-byte stores, whole rows a warp; 0: straight from
-    the wgmma layout, 4 threads a row, 8 bytes a thread in float32 and 4 in 16 bits), ``MERGE`` (1: no merge
-    kernel; the last program of each request's splits merges them, through an arrival counter per request and
-    column slice; one stream at a time, see :func:`merge_counters`), ``WS`` (1: warp-specialised,
-    a fourth warpgroup issues the index loads and gathers and the two compute warpgroups only wait on mbarriers;
-    0: every warp does both, with one block-wide barrier a tile), ``SPLIT_WG`` (1: the two compute warpgroups take
-    alternate whole tiles, each its own softmax, merged at the end; always warp-specialised, needs V_SPLIT >= 2 and
-    an even STAGES), ``SEESAW`` (1: the two compute warpgroups each hold half of all 512 columns and own alternate
-    tiles' scores and softmax, publishing P to the other; warp-specialised, V_SPLIT=1, no MERGE or STORE_CVT);
-    a launch is always 8 compute warps (12 warps in all with WS, SPLIT_WG or SEESAW) and 64 heads. ``pdl``: launch the merge
+    selected rows, see :func:`kernels.sparse_decode.split_rows`), ``BLOCK_T`` (rows a tile: 32 or 64), ``STAGES``
+    (ring slots, 2 to 4), ``V_SPLIT`` (2, 4 or 8: that many programs a split, each computes the scores and its share
+    of V's columns, so a batch needs fewer splits, and fewer float32 partials, for the same number of programs; their
+    gathers share the rows through L2), ``STORE_CVT`` (1: the output or partials go through shared memory into a
+    layout of 16-byte stores, whole rows a warp; 0: straight from the wgmma layout, 4 threads a row, 8 bytes a
+    thread in float32 and 4 in 16 bits), ``WS`` (1: warp-specialised, a fourth warpgroup issues the index loads and
+    gathers and the two compute warpgroups only wait on mbarriers; 0: every warp does both, with one block-wide
+    barrier a tile), ``SPLIT_WG`` (1: the two compute warpgroups take alternate whole tiles, each its own softmax,
+    merged at the end; always warp-specialised, needs V_SPLIT >= 2 and an even STAGES); a launch is always 8 compute
+    warps (12 warps in all with WS or SPLIT_WG) and 64 heads. ``pdl``: launch the merge
     kernel with programmatic dependent launch (the merge waits in-kernel for the split kernel's stores), the split
     kernel letting it start as soon as every program of its own has started (``griddepcontrol.launch_dependents``)
     where :func:`merge_starts_early` says so; None = where the GPU has it."""
@@ -120,48 +99,43 @@ def sparse_decode_wgmma(q: torch.Tensor, kv: torch.Tensor, indices: torch.Tensor
     if B == 0:
         return out
     direct = n_splits == 1
-    merge = bool(config.get("MERGE")) and not direct
     v_split = config["V_SPLIT"]
-    sem = merge_counters(q.device, B * v_split) if merge else out  # the kernels' sem_ptr: MERGE's counters, else unused
     if direct:
         part, lse = out, out  # unused
         part_strides, lse_strides = (0, 0, 0), (0, 0)
     else:
-        part = torch.empty((B, n_splits, H, d_v), device=q.device, dtype=q.dtype if config["PART16"] else torch.float32)
-        # with MERGE each program stores its heads' log-sum-exp in its own slot: [request, split * V_SPLIT + slice]
-        lse = torch.empty((B, n_splits * (v_split if merge else 1), H), device=q.device, dtype=torch.float32)
+        part = torch.empty((B, n_splits, H, d_v), device=q.device, dtype=torch.float32)
+        lse = torch.empty((B, n_splits, H), device=q.device, dtype=torch.float32)
         part_strides, lse_strides = part.stride()[:3], lse.stride()[:2]
-    args = (q, kv, indices, part, lse, out, sem,
+    args = (q, kv, indices, part, lse, out,
             H, kv.shape[0], topk, rows_per_split, sm_scale * LOG2E, n_splits,
             q.stride(0), q.stride(1), kv.stride(0), indices.stride(0),
             *part_strides, *lse_strides,
             out.stride(0), out.stride(1))
     meta = dict(DV=d_v, BLOCK_H=WGMMA_HEADS, BLOCK_T=config["BLOCK_T"], STAGES=config["STAGES"], DIRECT=direct,
-                P_SMEM=bool(config["P_SMEM"]), V_SPLIT=v_split, STORE_CVT=bool(config["STORE_CVT"]),
-                MERGE=merge, S_PAD=max(2, triton.next_power_of_2(n_splits)), num_warps=WGMMA_WARPS)
+                V_SPLIT=v_split, STORE_CVT=bool(config["STORE_CVT"]), num_warps=WGMMA_WARPS)
     grid = (n_splits * v_split, B)
-    if not direct and not merge:
+    if not direct:
         target = gpu_target(q.device)
         pdl = (PDL and target is not None and target >= (9, 0)) if pdl is None else bool(pdl)
         # the split kernel starts the merge early where that pays
         meta["PDL"] = pdl and merge_starts_early(grid[0] * grid[1], math.prod(combine_grid(B, n_splits, H, d_v)),
                                                  one_wave(q.device))
-    if config.get("WS") or config.get("SPLIT_WG") or config.get("SEESAW"):
+    if config.get("WS") or config.get("SPLIT_WG"):
         meta["IDX_TILES"] = index_tiles(config, shape)
     if fp8:
         meta["FP8_STAGES"] = fp8_stages(config, shape)
     scale = kv_scale if fp8 else kv  # unused without an fp8 cache (warp_specialize takes no None)
-    if config.get("SPLIT_WG") or config.get("SEESAW"):  # the producer's 4 warps are the default partition, two
-        meta["num_warps"] = 4  # 4-warp consumers: 12 warps
+    if config.get("SPLIT_WG"):  # the producer's 4 warps are the default partition, two 4-warp consumers: 12 warps
+        meta["num_warps"] = 4
         sparse_decode_wgmma_ws_kernel[grid](*args, **meta, GATHER_WARPS=GATHER_WARPS, GATHER_REGS=GATHER_REGS,
-                                             SPLIT_WG=not config.get("SEESAW"), SEESAW=bool(config.get("SEESAW")),
-                                             WG_REGS=WG_REGS, maxnreg=WS_MAXNREG, scale_ptr=scale)
+                                             SPLIT_WG=True, WG_REGS=WG_REGS, maxnreg=WS_MAXNREG, scale_ptr=scale)
     elif config.get("WS"):
         sparse_decode_wgmma_ws_kernel[grid](*args, **meta, GATHER_WARPS=GATHER_WARPS, GATHER_REGS=GATHER_REGS,
                                              maxnreg=WS_MAXNREG, scale_ptr=scale)
     else:
         sparse_decode_wgmma_kernel[grid](*args, **meta)
-    if not direct and not merge:
+    if not direct:
         launch_combine(part, lse, out, pdl)
     return out
 
@@ -172,7 +146,7 @@ class SparseDecodeWgmmaKernel(SparseDecodeBase):
 
     name = "sparse_decode_wgmma"
     dtypes = ("bfloat16", "float16", "float8_e4m3fn")
-    switches = ("P_SMEM", "PART16", "STORE_CVT", "WS", "MERGE", "SPLIT_WG", "SEESAW")
+    switches = ("STORE_CVT", "WS", "SPLIT_WG")
     instance: SparseDecodeWgmmaKernel
 
     def unavailable(self):
@@ -196,7 +170,7 @@ class SparseDecodeWgmmaKernel(SparseDecodeBase):
         if dtype_of(dtype) != FP8:
             return config
         out = dict(config)
-        if not (out.get("WS") or out.get("SPLIT_WG") or out.get("SEESAW")):
+        if not (out.get("WS") or out.get("SPLIT_WG")):
             out["WS"] = 1
         for block_t in dict.fromkeys((out["BLOCK_T"], 32)):
             fit = {**out, "BLOCK_T": block_t}
@@ -209,11 +183,8 @@ class SparseDecodeWgmmaKernel(SparseDecodeBase):
     def adapt_config(self, config, tuned_shape, shape):
         """A config tuned at another batch keeps its tiles, ring and switches, but its split count is set for this
         batch: the most splits (``splits_within``) that keep ``batch * V_SPLIT * S`` within one wave of programs (a
-        batch-16 config of 4 splits of two programs would launch 192 programs at batch 24, 256 at 32: 27.4 and 28.8
-        µs against 20.4 and 21.7 with the splits set,
-        ``benchmarks/results/sparse_decode_wgmma_batches/h200/2026-12-01_470243f.md``). Where even one
-        split does not fit (``V_SPLIT * batch`` over one wave: the GPU's SMs, :func:`one_wave`), this batch's default
-        config."""
+        batch-16 config of 4 splits of two programs would launch 192 programs at batch 24). Where even one split does
+        not fit (``V_SPLIT * batch`` over one wave: the GPU's SMs, :func:`one_wave`), this batch's default config."""
         if shape["batch"] == tuned_shape["batch"]:
             return config
         if config["V_SPLIT"] * shape["batch"] > one_wave():
@@ -221,31 +192,24 @@ class SparseDecodeWgmmaKernel(SparseDecodeBase):
         return {**config, "S": splits_within(shape["batch"], shape["topk"], config["V_SPLIT"], config["BLOCK_T"])}
 
     def config_space(self, shape):
-        return {"S": [1, 2, 3, 4, 5, 8, 10, 16, 20], "BLOCK_T": [32, 64], "STAGES": [2, 3, 4], "P_SMEM": [0, 1],
-                "V_SPLIT": [1, 2, 4, 8], "PART16": [0, 1], "STORE_CVT": [0, 1], "WS": [0, 1],
-                "MERGE": [0, 1], "SPLIT_WG": [0, 1], "SEESAW": [0, 1]}
+        return {"S": [1, 2, 3, 4, 5, 8, 10, 16, 20], "BLOCK_T": [32, 64], "STAGES": [2, 3, 4], "V_SPLIT": [1, 2, 4, 8],
+                "STORE_CVT": [0, 1], "WS": [0, 1], "SPLIT_WG": [0, 1]}
 
     def canonical_config(self, config, shape):
         """The smallest S of the space that splits the rows the same way at this tile size (S = 16 and 10 both make
-        ten 64-row splits of 640 rows), float32 partials and no MERGE where there is one split (no partials), and WS
-        with SPLIT_WG (which is a warp-specialised schedule either way)."""
+        ten 64-row splits of 640 rows), and WS with SPLIT_WG (which is a warp-specialised schedule either way)."""
         if "S" not in config or "BLOCK_T" not in config:
             return config
         split = split_rows(shape["topk"], config["S"], config["BLOCK_T"])
         s = min((v for v in self.config_space(shape)["S"] if split_rows(shape["topk"], v, config["BLOCK_T"]) == split),
                 default=config["S"])
         out = {**config, "S": s}
-        for key in ("PART16", "MERGE"):  # nothing to store or merge with one split
-            if split[1] == 1 and key in out:
-                out[key] = 0
-        if out.get("SPLIT_WG") or out.get("SEESAW"):  # always the warp-specialised schedule
+        if out.get("SPLIT_WG"):  # always the warp-specialised schedule
             out["WS"] = 1
-        if out.get("SEESAW") and "P_SMEM" in out:  # P always reaches the other warpgroup through shared memory
-            out["P_SMEM"] = 0
         return out
 
     def smem_bytes(self, config, shape):
-        """q, the ring, P's tiles, the index table and the build's scratch: :func:`.rules.smem_bytes`."""
+        """q, the ring, the index table and the build's scratch: :func:`.rules.smem_bytes`."""
         return smem_bytes(config, shape)
 
     def check_config(self, config, shape, device=None, dtype=None):
@@ -265,18 +229,13 @@ class SparseDecodeWgmmaKernel(SparseDecodeBase):
             return (f"split_wg: SPLIT_WG=1 needs V_SPLIT >= 2 (one warpgroup holds the program's columns: 256 at "
                     f"most) and an even ring (each slot read by one warpgroup); got V_SPLIT={config['V_SPLIT']}, "
                     f"STAGES={config['STAGES']}")
-        if config.get("SEESAW") and (config.get("SPLIT_WG") or config["V_SPLIT"] != 1 or config.get("MERGE")
-                                     or config.get("STORE_CVT")):
-            return (f"seesaw: SEESAW=1 needs V_SPLIT=1 (its two warpgroups hold all 512 columns), SPLIT_WG=0, MERGE=0 "
-                    f"and STORE_CVT=0; got V_SPLIT={config['V_SPLIT']}, SPLIT_WG={config.get('SPLIT_WG', 0)}, "
-                    f"MERGE={config.get('MERGE', 0)}, STORE_CVT={config.get('STORE_CVT', 0)}")
         smem, limit = self.smem_bytes(config, shape), device_limits(device)["shared_memory"]
         if smem > limit:
             return f"shared_memory: {smem // 1024} KiB > {limit // 1024} KiB"
         if dtype is not None and dtype_of(dtype) == FP8:
-            if not (config.get("WS") or config.get("SPLIT_WG") or config.get("SEESAW")):
-                return ("fp8_cache: an fp8 cache needs the producer warpgroup that widens its rows (WS=1, SPLIT_WG=1 "
-                        "or SEESAW=1); got WS=0")
+            if not (config.get("WS") or config.get("SPLIT_WG")):
+                return ("fp8_cache: an fp8 cache needs the producer warpgroup that widens its rows (WS=1 or "
+                        "SPLIT_WG=1); got WS=0")
             if fp8_stages(config, shape) < 2:
                 per = config["BLOCK_T"] * (shape["d_qk"] + 4)
                 return (f"shared_memory: an fp8 cache needs two staging slots of {per // 1024} KiB beside "

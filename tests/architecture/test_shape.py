@@ -1,5 +1,5 @@
-"""The shape of the code: no import cycles inside ``tuner`` (function-level imports included), every package says
-what lives in it, and the layers and foundations hold (import-linter, the contracts in ``pyproject.toml``)."""
+"""The shape of the code: no import cycles inside ``tuner`` (function-level and ``TYPE_CHECKING`` imports included),
+every package says what lives in it, and the layers and foundations hold (import-linter, the contracts in ``pyproject.toml``)."""
 
 from __future__ import annotations
 
@@ -36,8 +36,9 @@ def _package_modules(graph: grimp.ImportGraph, package: str) -> set[str]:
 
 @pytest.mark.parametrize("package", PACKAGES)
 def test_no_module_imports_another_in_a_circle(package):
-    # imports under `if TYPE_CHECKING:` never run, so they cannot close a circle at import time
-    graph = grimp.build_graph(package, include_external_packages=False, exclude_type_checking_imports=True)
+    # imports under `if TYPE_CHECKING:` count: they never run, but two modules that name each other's types are one
+    # concept in two files all the same
+    graph = grimp.build_graph(package, include_external_packages=False, exclude_type_checking_imports=False)
     modules = {m for m in _package_modules(graph, package)
                if not (ROOT / (m.replace(".", "/") + "/__init__.py")).exists()}  # packages re-export downward
     assert _cycles(graph, modules) == set()
@@ -53,6 +54,20 @@ def test_a_cycle_is_found_when_there_is_one(tmp_path, monkeypatch):
     monkeypatch.syspath_prepend(str(tmp_path))
     graph = grimp.build_graph("circ", include_external_packages=False, cache_dir=None)
     assert len(_cycles(graph, {"circ.a", "circ.b"})) == 1
+
+
+def test_a_cycle_closed_by_a_type_checking_import_is_found(tmp_path, monkeypatch):
+    """The graph the circle test builds counts an import under ``if TYPE_CHECKING:``: a module that imports another
+    and is named back only for its types is a circle (tuner/search/context.py and results.py were one)."""
+    pkg = tmp_path / "circt"
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text("")
+    (pkg / "a.py").write_text("from circt import b\n")
+    (pkg / "b.py").write_text("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from circt import a\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    graph = grimp.build_graph("circt", include_external_packages=False, exclude_type_checking_imports=False,
+                              cache_dir=None)
+    assert len(_cycles(graph, {"circt.a", "circt.b"})) == 1
 
 
 def test_every_package_says_what_lives_there():
@@ -74,3 +89,18 @@ def test_tuner_has_about_a_dozen_entries_at_its_top():
 def test_import_contracts_hold():
     done = subprocess.run(["lint-imports", "--no-cache"], cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stdout[-4000:]
+
+
+def test_the_export_asks_the_target_what_it_deploys_instead_of_naming_a_target():
+    """``tuner/export/`` reaches a target's deployment through ``Target`` (its ``deployment`` hook): no module of it
+    imports the workload twin's internals (``tuner.targets.workload``) or compares a study's target with a name."""
+    found = []
+    for path in sorted((ROOT / "tuner" / "export").glob("*.py")):
+        tree = ast.parse(path.read_text())
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("tuner.targets.workload"):
+                found.append(f"{path.name}:{node.lineno}: imports {node.module}")
+            if isinstance(node, ast.Compare) and isinstance(node.left, ast.Attribute) and node.left.attr == "target" \
+                    and any(isinstance(c, ast.Constant) and isinstance(c.value, str) for c in node.comparators):
+                found.append(f"{path.name}:{node.lineno}: compares .target with a name")
+    assert not found, found

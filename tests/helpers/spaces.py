@@ -27,11 +27,12 @@ def tiny_workload_run(url: str, name: str, budget_s: float):
     """A fresh workload study of the CPU twin's space in the database at ``url``: ``(repo, run, space)``, for tests
     that store trials by hand and then ask the search's decision or the export."""
     from search_spaces import load_space
+    from search_spaces.loader import space_text
     from storage import Repo
 
     space = load_space(str(TINY_SPACE_PATH))
     repo = Repo(url)
     repo.create_schema()
     run = repo.create_run(name, target="workload", budget_s=budget_s, objective="geomean", space_name=space.name,
-                          space_yaml=TINY_SPACE_PATH.read_text())
+                          space_yaml=space_text(TINY_SPACE_PATH))
     return repo, run, space

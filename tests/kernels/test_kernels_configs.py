@@ -170,7 +170,7 @@ def test_a_wgmma_config_tuned_at_another_batch_gets_its_splits_set_for_the_batch
     batch's default config."""
     wg = get_kernel("sparse_decode_wgmma")
     shape = {"batch": 16, "heads": 64, "d_qk": 512, "d_v": 512, "topk": 640, "num_rows": 65536}
-    tuned = {**wg.default_config(shape), "S": 4, "BLOCK_T": 64, "STAGES": 2, "V_SPLIT": 2, "WS": 1, "P_SMEM": 1}
+    tuned = {**wg.default_config(shape), "S": 4, "BLOCK_T": 64, "STAGES": 2, "V_SPLIT": 2, "WS": 1, "STORE_CVT": 1}
     write_config_file("sparse_decode_wgmma", configs.gpu_name(), "bfloat16", {wg.shape_key(shape): {"config": tuned}})
     assert lookup("sparse_decode_wgmma", shape, "bfloat16") == tuned
     for batch, splits in ((24, 2), (32, 2), (8, 5)):  # 8: 10 splits of one tile are 160 programs, 5 of two 80

@@ -89,3 +89,27 @@ def test_gemm_seed_configs_fill_one_wave_of_sms_and_pass_the_rules():
     one = k.seed_configs({"M": 1, "N": 1024, "K": 4096}, None, "bf16")  # 16 tiles of 64 columns: 8 splits
     assert {"BLOCK_M": 16, "BLOCK_N": 64, "BLOCK_K": 128, "SPLIT_K": 8, "GROUP_M": 8, "num_warps": 8,
             "num_stages": 4} in one
+
+
+def test_gemm_default_split_k_fills_the_sms_the_device_reports(monkeypatch):
+    """The default's split-K grows until tiles x SPLIT_K reaches the SM count asked of the device
+    (``kernels.base.sm_count``), not a fixed 132: M=1, N=1024 (16 tiles of 64 columns), K=8192 takes 16 splits on a
+    132-SM GPU (256 programs: the first power of two past 132) and 4 on a 50-SM one (64 programs)."""
+    import kernels.gemm as gemm
+
+    k = gemm.GemmKernel.instance
+    shape = {"M": 1, "N": 1024, "K": 8192}
+    monkeypatch.setattr(gemm, "sm_count", lambda device=None: 132)
+    assert k.default_config(shape)["SPLIT_K"] == 16
+    monkeypatch.setattr(gemm, "sm_count", lambda device=None: 50)
+    assert k.default_config(shape)["SPLIT_K"] == 4
+
+
+def test_without_a_cuda_device_the_sm_count_is_the_explicit_h200_fallback():
+    """On a machine without a CUDA device the SM count is CPU_FALLBACK_LIMITS' (an H200's 132), named in one place."""
+    import torch
+
+    from kernels.base import CPU_FALLBACK_LIMITS, sm_count
+
+    expected = torch.cuda.get_device_properties(0).multi_processor_count if torch.cuda.is_available() else 132
+    assert CPU_FALLBACK_LIMITS["sms"] == 132 and sm_count() == expected

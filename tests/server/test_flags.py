@@ -159,8 +159,8 @@ def test_an_export_for_sglang_0_5_12_uses_its_flag_names_and_moves_what_it_canno
     """The workload export built for 0.5.12's parser (its option names as vendored from its server_args.py by
     scripts/sglang_flag_names.py): a renamed flag under 0.5.12's name, a flag 0.5.12 lacks moved out with one line."""
     from search_spaces import load_space
-    from tuner.export.sglang_command import for_installed_release
     from tuner.targets.sglang.flags import FlagSpec, ServerFlags
+    from tuner.targets.workload.deploy import for_installed_release
     from tuner.targets.workload.server_map import command_config, server_launch
 
     text = (Path(__file__).parent / "data" / "sglang_0.5.12_flags.txt").read_text().splitlines()

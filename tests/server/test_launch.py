@@ -147,8 +147,7 @@ def test_isolated_trial_killed_at_deadline_leaves_no_server(make_target, tmp_pat
     while not marker.exists() and time.time() < end:
         time.sleep(0.05)
     assert marker.exists(), "the stand-in never started"
-    time.sleep(0.3)
-    argv = json.loads(marker.read_text())
+    argv = _written_json(marker)
     port = int(argv[argv.index("--port") + 1])
     server_pids = [int(p) for p in os.listdir("/proc") if p.isdigit() and _cmdline_has(p, str(marker))]
     assert server_pids
@@ -162,6 +161,17 @@ def test_isolated_trial_killed_at_deadline_leaves_no_server(make_target, tmp_pat
     while time.time() < end and not ln.port_is_free(port):
         time.sleep(0.05)
     assert ln.port_is_free(port)
+
+
+def _written_json(path, timeout_s: float = 10.0):
+    """``path``'s JSON once its writer has written all of it (the file appears before its content does)."""
+    end = time.time() + timeout_s
+    while True:
+        try:
+            return json.loads(path.read_text())
+        except json.JSONDecodeError:
+            assert time.time() < end, f"{path} never held whole JSON"
+            time.sleep(0.02)
 
 
 def _cmdline_has(pid: str, text: str) -> bool:

@@ -69,7 +69,7 @@ def test_ablation_reports_after_every_rerun_and_the_cli_keeps_the_file(tmp_path,
     # one call per re-run, each parameter alone on the baseline and then undone from the best
     assert seen == [(i // 2 + 1, (i + 1) // 2) for i in range(2 * n)]
     # the tables are stored with the study, for the export to name each flagless knob's measured gain
-    from tuner.export.sglang_command import read_ablation
+    from tuner.targets.workload.deploy import read_ablation
 
     repo = Repo(sqlite_url)
     stored = read_ablation(repo, repo.get_run("p").id)

@@ -81,9 +81,8 @@ def test_the_per_trial_line_and_tuner_status_divide_by_the_same_baseline_figure_
     and so must ``tuner status`` (the stored run), not by the first run's figure."""
     from search_spaces import Hardware
     from storage import Repo
-    from tuner.search.context import SearchOptions
+    from tuner.search.context import Progress, SearchOptions
     from tuner.search.driver import run_search
-    from tuner.search.results import Progress
 
     class Seen(Progress):
         def __init__(self):

@@ -12,7 +12,7 @@ import pytest
 import yaml
 
 from search_spaces import load_space
-from tuner.export.sglang_command import (
+from tuner.targets.workload.deploy import (
     PREDICTED,
     copy_sglang_moe_configs,
     flagless_lines,

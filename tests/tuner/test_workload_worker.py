@@ -10,6 +10,7 @@ import pytest
 import torch
 from spaces import TINY_SPACE_PATH
 
+from search_spaces.loader import space_text
 from tuner.execution.isolation import TrialJob, TrialProcess
 from tuner.execution.persistent import PersistentWorker
 from tuner.measurement import Measurement, Outcome
@@ -26,7 +27,8 @@ CONFIG = {"context_length": 4096, "indexer_width": "live", "gemm_mhc": "bf16"}
 OTHER = {"context_length": 16384, "indexer_width": "live", "gemm_moe": "fp32"}
 SETTINGS = {"warmup": 1, "repeats": 2}
 # the tiny space at two small levels: a loaded 2-core CPU steps batch 64 in seconds
-SPACE_YAML = SPACE_PATH.read_text().replace("levels: [1, 16, 64]", "levels: [1, 4]")
+SPACE_YAML = space_text(SPACE_PATH).replace("levels: [1, 16, 64]", "levels: [1, 4]")
+assert "levels: [1, 4]" in SPACE_YAML
 
 
 @pytest.fixture(autouse=True)

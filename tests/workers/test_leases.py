@@ -43,22 +43,45 @@ def test_stop_cancels_a_wait(tmp_path):
             leaser.acquire(1, stop=stop)
 
 
+class _Clock:
+    """A clock the test moves: the leaser's waits and deadlines read it instead of the wall clock."""
+
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def _until(condition, timeout_s: float = 10.0) -> None:
+    """Wait (real time) until ``condition()`` holds: another thread's progress, not a pace."""
+    end = time.monotonic() + timeout_s
+    while not condition():
+        assert time.monotonic() < end, "the condition never held"
+        time.sleep(0.005)
+
+
 def test_small_requests_backfill_until_the_big_one_has_waited_long_enough(tmp_path):
-    leaser = GpuLeaser([0, 1, 2, 3], lock_dir=str(tmp_path), backfill_window_s=0.6)
+    """A 4-GPU request waits behind a held GPU; a 1-GPU request passes it (backfill) while it has waited less than
+    the window, and may not once it has waited the window: the leaser's clock is the test's, moved by hand."""
+    clock = _Clock()
+    leaser = GpuLeaser([0, 1, 2, 3], lock_dir=str(tmp_path), backfill_window_s=60.0, clock=clock)
     held = leaser.acquire(1)  # GPU 0 busy: a 4-GPU request must wait
-    big_got: list[float] = []
-    t_big = threading.Thread(target=lambda: (leaser.acquire(4), big_got.append(time.time())))
+    big_got: list[list[int]] = []
+    t_big = threading.Thread(target=lambda: big_got.append(leaser.acquire(4)))
     t_big.start()
-    time.sleep(0.1)
-    small = leaser.acquire(1, deadline=time.time() + 0.2)  # backfills GPU 1 while the big one waits
+    _until(lambda: leaser.waiting() == 1)  # the big request is queued
+    clock.now += 59.0  # within the window: a small request backfills GPU 1
+    small = leaser.acquire(1, deadline=clock.now + 1.0)
     assert small == [1]
     leaser.release(small)
-    time.sleep(0.7)  # now the big request is starving: nobody may pass it
-    with pytest.raises(LeaseCancelled):
-        leaser.acquire(1, deadline=time.time() + 0.3)
+    clock.now += 1.0  # the big request has now waited the whole window: nobody may pass it
+    with pytest.raises(LeaseCancelled, match="deadline passed"):
+        leaser.acquire(1, deadline=clock.now)
+    assert not big_got
     leaser.release(held)
-    t_big.join(timeout=5)
-    assert big_got, "the big request was starved"
+    t_big.join(timeout=10)
+    assert big_got == [[0, 1, 2, 3]], "the big request was starved"
 
 
 def test_file_locks_keep_two_processes_off_one_gpu(tmp_path):

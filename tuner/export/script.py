@@ -23,12 +23,15 @@ import yaml
 from storage import Repo
 from tuner import __version__
 from tuner.errors import ExportError
-from tuner.export.sglang_command import REMEASURE_COMMAND_NAME, REMEASURE_NAME
-from tuner.targets.base import LaunchSpec, Target
+from tuner.targets import Deployment, LaunchSpec, Target
 
 _logger = logging.getLogger(__name__)
 
 SCRIPT_NAME = "launch.sh"
+REMEASURE_NAME = "remeasure.sh"
+"""Where a target's deployment (:meth:`Target.deployment`) takes launch.sh, the target's own re-measure of the best."""
+REMEASURE_COMMAND_NAME = "remeasure_command.sh"
+"""The target's re-measure of the deployment's configuration (the best with what the command cannot give replaced)."""
 PARAMS_NAME = "best_params.yaml"
 KERNEL_DIR = "kernel_configs"
 MOE_DIR = "sglang_moe_configs"  # SGLang's fused-MoE files, in SGLang's layout (configs/triton_<version>/...)
@@ -111,8 +114,8 @@ def export_run(repo: Repo, study: str, out_dir: str | os.PathLike, *, target: Ta
     them as artifacts too. The figures per level are medians over the same runs as the recorded value. ``note``:
     what the search said of its choice (e.g. that nothing beat the baseline beyond the noise). ``parsimony`` (a
     ``tuner.search.winner.ParsimonyChoice``, made by the caller) says which trial to prefer and why: its choice
-    is exported and its reason written in the header. A workload (twin) study's launch.sh is SGLang's command
-    (:mod:`tuner.export.sglang_command`), its re-measure script beside it. ``chosen`` (a goodput study's
+    is exported and its reason written in the header. Where the target deploys another program's command
+    (:meth:`Target.deployment`: a workload twin's SGLang command), that is launch.sh, its re-measure script beside it. ``chosen`` (a goodput study's
     :class:`tuner.targets.sglang.front.Chosen`): export that point of the front instead (its trial; ``tuner verify``
     re-measures its load under its SLO), the header saying which point or SLO it was exported for."""
     run = repo.get_run(study)
@@ -212,11 +215,13 @@ def export_run(repo: Repo, study: str, out_dir: str | os.PathLike, *, target: Ta
         plugin = _plugin(repo, run, tmp)
         script = render_script(spec, header=header + (["", *plugin.lines] if plugin else []), recorded=recorded,
                                kernel_dir=bool(kdirs), moe_dir=has_moe)
-        if run.target == "workload":  # the twin: launch.sh is SGLang's command, the twin's re-run sits beside it
+        deployed = target.deployment(best_params, environment=run.environment, repo=repo, run_id=run.id)
+        if deployed is not None:  # launch.sh is the deployed command, the target's own re-run sits beside it
             (tmp / REMEASURE_NAME).write_text(script)
             os.chmod(tmp / REMEASURE_NAME, 0o755)
-            script = _workload_command(repo, run, best_trial, (best_levels, base_levels), recorded, parsimony,
-                                       note, kdirs, tmp, target=target, plugin_lines=plugin.lines if plugin else [])
+            script = _deployment_script(repo, run, best_trial, (best_levels, base_levels), recorded, parsimony,
+                                        note, kdirs, tmp, target=target, deployed=deployed,
+                                        plugin_lines=plugin.lines if plugin else [])
         (tmp / SCRIPT_NAME).write_text(script)
         os.chmod(tmp / SCRIPT_NAME, 0o755)
         params_doc = {"study": run.study_name, "target": run.target, "objective": run.objective,
@@ -271,41 +276,30 @@ def _prediction(levels: dict[str, float], base: dict[str, float]) -> str:
                                           if i[0].startswith("c=") else 0))
 
 
-def _workload_command(repo: Repo, run, trial, levels: tuple[dict[str, float], dict[str, float]],
-                      recorded: dict[str, Any], parsimony, note: str, kdirs: list[Path], tmp: Path, *,
-                      target: Target | None = None, plugin_lines: list[str] | None = None) -> str:
-    """launch.sh of a workload study: the SGLang command of ``trial``'s configuration with every value the command
-    cannot give replaced by what SGLang runs instead (see :mod:`tuner.export.sglang_command`), headed by two
-    predictions, "this command" (the runs of that configuration) and "with these code changes" (the twin's best),
-    each knob listed under the one it belongs to; ``tuner verify``'s record points at remeasure.sh (the best) and
-    remeasure_command.sh (the command's configuration)."""
-    from search_spaces import load_space_text
-    from search_spaces.hardware import arch_of_environment
-    from tuner.export import sglang_command as sc
-
-    space = load_space_text(run.space_yaml, source=run.space_name)
-    arch = arch_of_environment(run.environment)
-    cmd = sc.command_config(space, trial.params, arch)
-    launch = sc.server_launch(space, cmd.params)
-    release = sc.for_installed_release(launch)
-    argv = sc.sglang_argv(space, cmd.params, launch)
-    moe = sc.copy_sglang_moe_configs(kdirs, tmp / MOE_DIR)
+def _deployment_script(repo: Repo, run, trial, levels: tuple[dict[str, float], dict[str, float]],
+                       recorded: dict[str, Any], parsimony, note: str, kdirs: list[Path], tmp: Path, *,
+                       target: Target, deployed: Deployment, plugin_lines: list[str] | None = None) -> str:
+    """launch.sh where the target deploys another program's command (``deployed``, :meth:`Target.deployment`):
+    headed by two predictions, "this command" (the runs of the configuration it runs) and "with these code
+    changes" (the best), and the deployment's own lines; ``tuner verify``'s record points at remeasure.sh (the best)
+    and remeasure_command.sh (the command's configuration)."""
+    moe = deployed.copy_configs(kdirs, tmp / MOE_DIR)
     best_levels, base_levels = levels
-    cmd_runs = config_runs(repo, run.id, cmd.params)
+    cmd_runs = config_runs(repo, run.id, deployed.params)
     cmd_levels = level_medians(cmd_runs)
     err = {m.level: m.value for m in trial.measurements if m.metric == "numerics_rel_err"}
-    same = not cmd.changes and not release.moved
+    same = deployed.same
     header = [
-        f"SGLang launch command exported by tuner {__version__} on {datetime.now(timezone.utc):%Y-%m-%d %H:%M} UTC",
-        f"from twin study {run.study_name!r} (workload target, space {run.space_name}), trial {trial.number}",
+        f"{deployed.title} exported by tuner {__version__} on {datetime.now(timezone.utc):%Y-%m-%d %H:%M} UTC",
+        f"from study {run.study_name!r} ({run.target} target, space {run.space_name}), trial {trial.number}",
         "",
-        sc.PREDICTED,
+        deployed.predicted,
         *([f"NOTE: {note}"] if note else []),
-        "two predictions by the twin (its decode step on random weights; x the twin's default configuration, tok/s):",
+        deployed.predictions,
         f"  this command: {_prediction(cmd_levels, base_levels)}"
         + ("" if same else f" (its configuration's runs: trials {', '.join(str(r.number) for r in cmd_runs)})"
            if cmd_runs else " (`tuner verify launch.sh` measures it)"),
-        f"  with these code changes: {_prediction(best_levels, base_levels)} (the twin's best"
+        f"  with these code changes: {_prediction(best_levels, base_levels)} ({deployed.by}'s best"
         + (", the same configuration: nothing below needs a code change)" if same else ")"),
     ]
     if err:
@@ -313,44 +307,30 @@ def _workload_command(repo: Repo, run, trial, levels: tuple[dict[str, float], di
                       + ", ".join(f"{v:.2g}" for v in err.values()))
     if parsimony is not None:
         header.append("parsimony: " + parsimony.reason())
-    header += ["", release.line, *(plugin_lines or [])]
-    if space.deployment is not None and space.deployment.covers(arch):
-        header += [f"what this command's configuration ran for each component {space.deployment.release} runs on "
-                   f"{arch} (sources: files of that release):",
-                   *space.deployment.fidelity_lines(arch, cmd.params)]
-    header += ["this command (twin knob=value -> SGLang):", *sc.carried_lines(launch)]
-    header += [f"  {p.name}={v}: what SGLang's own code runs ({p.server.none})" for p, v in launch.unmapped
-               if p.server and p.server.deployed_value(arch) == v]
-    header += sc.flagless_lines(sc.ServerLaunch(unmapped=[(p, v) for p, v in launch.unmapped
-                                                          if not (p.server and p.server.deployed_value(arch) == v)]),
-                                space.defaults(), sc.read_ablation(repo, run.id))
-    header += ["with these code changes (the twin's best; this command cannot give them):",
-               *(cmd.lines() + release.moved or ["  none"])]
-    rec = dict(recorded, remeasure=sc.REMEASURE_NAME)
-    if target is not None and not same and not cmd_runs:
+    header += ["", *deployed.lines, *(plugin_lines or [])]
+    rec = dict(recorded, remeasure=REMEASURE_NAME)
+    if not same and not cmd_runs:
         # the search measures the command's configuration only where it runs here (Target.side_by_side): with no
         # run there is no second prediction to re-measure
-        header.append(f"(no {sc.REMEASURE_COMMAND_NAME}: the command's configuration was not measured here)")
-    elif target is not None and not same:
+        header.append(f"(no {REMEASURE_COMMAND_NAME}: the command's configuration was not measured here)")
+    elif not same:
         try:
-            spec = target.launch_spec(cmd.params)
+            spec = target.launch_spec(deployed.params)
         except Exception as exc:  # noqa: BLE001 - the command's configuration may not run here; say so
-            header.append(f"(no {sc.REMEASURE_COMMAND_NAME}: the command's configuration cannot run here: {exc})")
+            header.append(f"(no {REMEASURE_COMMAND_NAME}: the command's configuration cannot run here: {exc})")
         else:
             crec = _recorded(run, cmd_runs)
             crec["value"] = (statistics.median(r.value for r in cmd_runs) if cmd_runs else None)
-            (tmp / sc.REMEASURE_COMMAND_NAME).write_text(render_script(spec, header=[
-                f"the twin's re-measure of the exported command's configuration (study {run.study_name!r})",
-                "params: " + ", ".join(f"{k}={v}" for k, v in cmd.params.items())], recorded=crec,
-                kernel_dir=bool(kdirs)))
-            os.chmod(tmp / sc.REMEASURE_COMMAND_NAME, 0o755)
-            rec["remeasure_command"] = sc.REMEASURE_COMMAND_NAME
+            (tmp / REMEASURE_COMMAND_NAME).write_text(render_script(spec, header=[
+                f"{deployed.by}'s re-measure of the exported command's configuration (study {run.study_name!r})", "params: " + ", ".join(f"{k}={v}" for k, v in deployed.params.items())],
+                recorded=crec, kernel_dir=bool(kdirs)))
+            os.chmod(tmp / REMEASURE_COMMAND_NAME, 0o755)
+            rec["remeasure_command"] = REMEASURE_COMMAND_NAME
     header += ["",
-               f"the twin's own re-measure: bash {sc.REMEASURE_NAME} (the best) and bash {sc.REMEASURE_COMMAND_NAME} "
+               f"{deployed.by}'s own re-measure: bash {REMEASURE_NAME} (the best) and bash {REMEASURE_COMMAND_NAME} "
                "(this command's configuration); tuner verify launch.sh runs both",
-               "random weights as the twin: add --load-format dummy; MODEL=path-or-id PORT=n bash launch.sh [flags]"]
-    return sc.render_command(argv, header=header, env=launch.env, moe_dir=MOE_DIR if moe else None,
-                             record_line=RECORD_MARK + json.dumps(rec, sort_keys=True))
+               *deployed.footer]
+    return deployed.render(header, RECORD_MARK + json.dumps(rec, sort_keys=True), MOE_DIR if moe else None)
 
 
 def _recorded(run, best_runs: list) -> dict[str, Any]:

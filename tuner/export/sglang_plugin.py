@@ -12,7 +12,7 @@ as they are). With nothing chosen it writes nothing; :attr:`Plugin.lines` is wha
 
 The interface to the rest of the export is :func:`export_plugin` (records of a study in, lines out).
 
-The second prediction "with this plug-in" (issue 47) needs the twin measured with the plug-in's kernels in place of
+The second prediction "with this plug-in" needs the twin measured with the plug-in's kernels in place of
 SGLang's. The twin never runs SGLang's kernels: its ``glue=fused`` is timed against eager torch, while SGLang's q
 path is already a fused CUDA kernel, so no twin configuration stands for what the plug-in changes. :data:`CARRIES`
 is the seam: a hook target mapped to the twin knob values that would measure it; while it maps none, the header says

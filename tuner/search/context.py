@@ -25,6 +25,7 @@ from search_spaces import (
     load_space,
     resolve,
 )
+from search_spaces.loader import space_text
 from storage import Repo, StorageError
 from storage.models import Run
 from storage.names import check_study_name
@@ -33,7 +34,7 @@ from tuner.errors import SearchError, TargetError
 from tuner.execution.isolation import TrialProcess
 from tuner.fingerprint import fingerprint
 from tuner.search.options import SearchOptions
-from tuner.search.results import Progress, SearchResult, TrialSummary
+from tuner.search.results import SearchResult, TrialSummary
 from tuner.search.sampling import (
     make_pruner,
     make_sampler,
@@ -49,6 +50,15 @@ _logger = logging.getLogger(__name__)
 BASELINE_ATTR = "tuner_baseline"
 CONFIRM_ATTR = "tuner_confirm_of"
 MAX_REPEATS_IN_A_ROW = 25
+
+
+class Progress:
+    """Receives what the search does; the CLI draws it, tests record it. Every method is optional."""
+
+    def started(self, ctx: SearchContext) -> None: ...
+    def trial_started(self, number: int, params: dict[str, Any]) -> None: ...
+    def trial_finished(self, summary: TrialSummary, ctx: SearchContext) -> None: ...
+    def message(self, text: str) -> None: ...
 
 
 @dataclass
@@ -121,7 +131,7 @@ def prepare(options: SearchOptions) -> tuple[ResolvedSpace, str, Target, Preflig
     hardware = options.hardware or detect_hardware()
     space_path = options.space_path or default_space_path(hardware)
     space = load_space(space_path)
-    space_yaml = Path(space.source).read_text() if Path(space.source).exists() else ""
+    space_yaml = space_text(space.source) if Path(space.source).exists() else ""
     target_name = options.target or space.target
     if options.target and options.target != space.target:
         raise SearchError(f"--target {options.target!r} does not match the space's target {space.target!r} "

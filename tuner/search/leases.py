@@ -28,7 +28,7 @@ import os
 import tempfile
 import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 
 from tuner.errors import LeaseCancelled, LeaseError
@@ -125,15 +125,17 @@ class GpuLeaser:
 
     ``gpu_ids``: the pool. ``lock_dir``: folder of the per-GPU file locks (``None`` with ``cross_process``
     uses :func:`default_lock_dir`). ``backfill_window_s``: how long a waiting request may be passed by later,
-    smaller ones before the pool drains for it.
+    smaller ones before the pool drains for it. ``clock``: what the waits and deadlines are measured by
+    (``time.time`` seconds; tests pass a clock they move).
     """
 
     def __init__(self, gpu_ids: Sequence[int], *, cross_process: bool = True, lock_dir: str | None = None,
-                 backfill_window_s: float = 30.0) -> None:
+                 backfill_window_s: float = 30.0, clock: Callable[[], float] = time.time) -> None:
         if len(set(gpu_ids)) != len(gpu_ids):
             raise LeaseError(f"`gpu_ids` must be distinct, but got {list(gpu_ids)}.")
         self.gpu_ids = list(gpu_ids)
         self.backfill_window_s = backfill_window_s
+        self._clock = clock
         self.files = FileLocks(lock_dir) if cross_process and self.gpu_ids else None
         self._free = list(self.gpu_ids)
         self._cond = threading.Condition()
@@ -149,13 +151,18 @@ class GpuLeaser:
         with self._cond:
             return dict(self._busy)
 
+    def waiting(self) -> int:
+        """Requests waiting for GPUs now."""
+        with self._cond:
+            return len(self._queue)
+
     @contextlib.contextmanager
     def lease(self, n: int, *, stop: threading.Event | None = None, deadline: float | None = None
               ) -> Iterator[list[int]]:
         """Hold ``n`` GPUs for the ``with`` body; ``n == 0`` yields ``[]`` at once.
 
         Raises :class:`LeaseError` when ``n`` exceeds the pool, :class:`LeaseCancelled` when ``stop`` is set or
-        ``deadline`` (``time.time()`` seconds) passes while waiting.
+        ``deadline`` (seconds of the leaser's clock, ``time.time()`` by default) passes while waiting.
         """
         ids = self.acquire(n, stop=stop, deadline=deadline)
         try:
@@ -169,7 +176,7 @@ class GpuLeaser:
         if n > self.size:
             raise LeaseError(f"a trial needs {n} GPUs but this worker leases from {self.size} "
                              f"({self.gpu_ids}); give more ids with --gpus or shrink the configuration")
-        me = _Waiter(n, time.time(), next(self._tickets))
+        me = _Waiter(n, self._clock(), next(self._tickets))
         with self._cond:
             self._queue.append(me)
             try:
@@ -184,7 +191,7 @@ class GpuLeaser:
                             return list(picked)
                     if stop is not None and stop.is_set():
                         raise LeaseCancelled("stopped while waiting for GPUs")
-                    if deadline is not None and time.time() >= deadline:
+                    if deadline is not None and self._clock() >= deadline:
                         raise LeaseCancelled("deadline passed while waiting for GPUs")
                     self._cond.wait(timeout=POLL_S)
             finally:
@@ -207,7 +214,7 @@ class GpuLeaser:
     # -- policy (called with the condition held) -------------------------------------------------------------
     def _may_go(self, me: _Waiter) -> bool:
         """First come first served, with backfill: pass an earlier waiter only if it has not waited too long."""
-        now = time.time()
+        now = self._clock()
         for w in self._queue:
             if w is me:
                 return True

@@ -1,15 +1,13 @@
-"""What a search reports: one line per trial, the result of the whole search, and the progress receiver."""
+"""What a search reports: one line per trial and the result of the whole search (the progress receiver, which
+also sees the search's context, is ``tuner.search.context.Progress``)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from tuner.search.winner import params_json
 from tuner.targets import PreflightReport
-
-if TYPE_CHECKING:  # pragma: no cover
-    from tuner.search.context import SearchContext
 
 
 @dataclass
@@ -90,12 +88,3 @@ def trial_tally(trials: list[TrialSummary]) -> str:
                                   (reruns, f"{reruns} re-run{'s' if reruns != 1 else ''} of a measured "
                                            "configuration")) if n]
     return text + (f" ({len(trials)} trials: {', '.join(extra)})" if extra else "")
-
-
-class Progress:
-    """Receives what the search does; the CLI draws it, tests record it. Every method is optional."""
-
-    def started(self, ctx: SearchContext) -> None: ...
-    def trial_started(self, number: int, params: dict[str, Any]) -> None: ...
-    def trial_finished(self, summary: TrialSummary, ctx: SearchContext) -> None: ...
-    def message(self, text: str) -> None: ...

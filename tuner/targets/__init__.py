@@ -6,7 +6,7 @@ import importlib
 
 from search_spaces import TARGET_NAMES
 from tuner.errors import TargetError
-from tuner.targets.base import LaunchSpec, PreflightReport, Target
+from tuner.targets.base import Deployment, LaunchSpec, PreflightReport, Target
 
 _CLASSES = {
     "workload": "tuner.targets.workload.target:WorkloadTarget",
@@ -36,4 +36,4 @@ def get_target_class(name: str) -> type[Target]:
     return cls
 
 
-__all__ = ["LaunchSpec", "PreflightReport", "Target", "TargetError", "get_target_class", "target_names"]
+__all__ = ["Deployment", "LaunchSpec", "PreflightReport", "Target", "TargetError", "get_target_class", "target_names"]

@@ -5,6 +5,7 @@ from __future__ import annotations
 import abc
 import logging
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Callable, ClassVar
 
 from search_spaces import ResolvedSpace
@@ -62,6 +63,35 @@ class LaunchSpec:
     """The command that re-measures the configuration (defaults to ``argv``)."""
     host: str | None = None
     """The address the launched server binds (server targets): what ``tuner verify`` dials."""
+
+
+@dataclass
+class Deployment:
+    """What a user deploys for a configuration where that is another program's command, not the target's own launch
+    (:meth:`Target.deployment`; the workload twin: SGLang's launch command). The export writes :attr:`render`'s
+    script as launch.sh, headed by both predictions (the command's configuration and the best) and :attr:`lines`."""
+
+    params: dict[str, Any]
+    """The configuration the command runs: the best's, with each value the command cannot give replaced."""
+    same: bool
+    """Whether the command runs the best configuration itself (nothing replaced or moved)."""
+    title: str
+    """What the script is, for its first header line (e.g. ``SGLang launch command``)."""
+    predicted: str
+    """The header's caution that the figures are the target's predictions, and how to confirm them."""
+    by: str
+    """Who made the predictions, in the header's words (e.g. ``the twin``)."""
+    predictions: str
+    """The line that introduces the two predictions (what was measured, against what)."""
+    lines: list[str]
+    """Header lines: what the command sets for each knob, and what it cannot give (the code changes)."""
+    footer: list[str]
+    """The header's last lines: how to run the script."""
+    render: Callable[[list[str], str, str | None], str]
+    """``render(header, record_line, config_dir)``: the script's text (``config_dir``: the folder beside it holding
+    the tuned configs it reads, or None)."""
+    copy_configs: Callable[[list[Path], Path], bool]
+    """``copy_configs(kernel_dirs, dest)``: copy the tuned configs the command reads into ``dest``; True if any."""
 
 
 class Target(abc.ABC):
@@ -186,6 +216,14 @@ class Target(abc.ABC):
         label (the workload twin: the exported command's configuration, so its export gives both predictions
         measured); the best itself is re-run between them. None by default."""
         return []
+
+    def deployment(self, params: dict[str, Any], *, environment: dict[str, Any] | None, repo: Any,
+                   run_id: int) -> Deployment | None:
+        """What a user deploys for ``params`` when it is not :meth:`launch_spec`'s command (the workload twin: SGLang's
+        command for the GPU architecture of the run's stored ``environment``, with the ablations kept in ``repo``
+        for study run ``run_id``); the export then writes it as launch.sh and the launch spec beside it as the
+        target's own re-measure. None by default: launch.sh runs the launch spec."""
+        return None
 
     def use_kernel_configs(self, config_dir: str) -> dict[str, Any]:
         """Settings that make later trials (and the export) use the configs a kernel phase wrote to

@@ -15,7 +15,7 @@ from storage.types import MetricRow
 from tuner.errors import KnobError
 from tuner.measurement import Measurement, Outcome
 from tuner.settings import CommonSettings
-from tuner.targets.base import LaunchSpec, PreflightReport, Reporter, Target
+from tuner.targets.base import Deployment, LaunchSpec, PreflightReport, Reporter, Target
 from tuner.targets.workload.model import DEFAULT_KNOBS
 from tuner.targets.workload.presets import get_preset
 
@@ -290,6 +290,15 @@ class WorkloadTarget(Target):
             _logger.warning("the exported command's configuration is not measured beside the best: %s", why)
             return []
         return [("the exported command's configuration", cmd.params)]
+
+    def deployment(self, params: dict[str, Any], *, environment: dict[str, Any] | None, repo: Any,
+                   run_id: int) -> Deployment:
+        """SGLang's launch command for ``params`` (:func:`tuner.targets.workload.deploy.deployment`), for the GPU
+        architecture the study ran on."""
+        from search_spaces.hardware import arch_of_environment
+        from tuner.targets.workload.deploy import deployment, read_ablation
+
+        return deployment(self.space, params, arch_of_environment(environment), read_ablation(repo, run_id))
 
     def launch_spec(self, params: dict[str, Any]) -> LaunchSpec:
         argv = [sys.executable, "-m", "tuner.targets.workload.run", "--preset", self.preset.name,

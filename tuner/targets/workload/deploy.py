@@ -1,10 +1,11 @@
-"""The export of a workload (twin) study: the SGLang launch command of its best configuration.
+"""What a workload (twin) study deploys: the SGLang launch command of its best configuration
+(:meth:`tuner.targets.workload.target.WorkloadTarget.deployment`, which the export writes as launch.sh).
 
 The twin's knobs become SGLang 0.5.23 flags and variables through their spaces' ``server:`` annotations
 (:mod:`tuner.targets.workload.server_map`). The script is headed by what the twin measured, says that these are
 predictions to confirm on the real server, and lists the knobs no flag can set, each with its gain from a stored
 ablation (``tuner explain --ablate``) or "none measured". The model path is a variable the user sets. The twin's
-own re-measure script is written beside it (``remeasure.sh``), and ``tuner verify`` follows launch.sh to it.
+own re-measure script is written beside it by the export, and ``tuner verify`` follows launch.sh to it.
 """
 
 from __future__ import annotations
@@ -21,14 +22,12 @@ from pathlib import Path
 from typing import Any
 
 from search_spaces import Space
+from tuner.targets.base import Deployment
 from tuner.targets.workload.presets import get_preset
 from tuner.targets.workload.server_map import CommandConfig, ServerLaunch, command_config, server_launch
 
-__all__ = ["CommandConfig", "ServerLaunch", "command_config", "server_launch"]
+__all__ = ["CommandConfig", "ServerLaunch", "command_config", "deployment", "server_launch"]
 
-REMEASURE_NAME = "remeasure.sh"
-REMEASURE_COMMAND_NAME = "remeasure_command.sh"
-"""The twin's re-measure of the command's configuration (the best with what the command cannot give replaced)."""
 ABLATION_ARTIFACT = "ablation.json"
 """Where ``tuner explain --ablate`` stores its tables, for the export to name each flagless knob's gain."""
 PREDICTED = "predicted by the twin: confirm with `tuner verify` or a `--target sglang` search"
@@ -219,3 +218,35 @@ def for_installed_release(launch: ServerLaunch, flags=None) -> ReleaseCheck:
     launch.args[:] = args + leftover
     launch.carried[:] = carried
     return out
+
+
+def deployment(space: Space, params: dict[str, Any], arch: str | None, ablation: dict | None) -> Deployment:
+    """The SGLang command for the twin configuration ``params`` on a GPU of architecture ``arch``: every value it
+    cannot give replaced (:func:`command_config`), its flags checked by the installed SGLang's parser, the knobs
+    without a flag with their gains from ``ablation`` (``tuner explain --ablate``'s stored tables)."""
+    cmd = command_config(space, params, arch)
+    launch = server_launch(space, cmd.params)
+    release = for_installed_release(launch)
+    argv = sglang_argv(space, cmd.params, launch)
+    lines = [release.line]
+    if space.deployment is not None and space.deployment.covers(arch):
+        lines += [f"what this command's configuration ran for each component {space.deployment.release} runs on "
+                  f"{arch} (sources: files of that release):", *space.deployment.fidelity_lines(arch, cmd.params)]
+    lines += ["this command (twin knob=value -> SGLang):", *carried_lines(launch)]
+    lines += [f"  {p.name}={v}: what SGLang's own code runs ({p.server.none})" for p, v in launch.unmapped
+              if p.server and p.server.deployed_value(arch) == v]
+    lines += flagless_lines(ServerLaunch(unmapped=[(p, v) for p, v in launch.unmapped
+                                                   if not (p.server and p.server.deployed_value(arch) == v)]),
+                            space.defaults(), ablation)
+    lines += ["with these code changes (the twin's best; this command cannot give them):",
+              *(cmd.lines() + release.moved or ["  none"])]
+
+    def render(header: list[str], record_line: str, config_dir: str | None) -> str:
+        return render_command(argv, header=header, env=launch.env, moe_dir=config_dir, record_line=record_line)
+
+    return Deployment(params=cmd.params, same=not cmd.changes and not release.moved, title="SGLang launch command",
+                      predicted=PREDICTED, by="the twin", lines=lines,
+                      predictions="two predictions by the twin (its decode step on random weights; x the twin's default "
+                                  "configuration, tok/s):", render=render, copy_configs=copy_sglang_moe_configs,
+                      footer=["random weights as the twin: add --load-format dummy; MODEL=path-or-id PORT=n bash "
+                              "launch.sh [flags]"])
