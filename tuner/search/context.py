@@ -41,6 +41,8 @@ from tuner.search.sampling import (
     set_constraints,
     suggestable,
 )
+from tuner.search.stages import StagePlan
+from tuner.search.stages import plan as plan_stages
 from tuner.search.winner import baseline_of, group_runs
 from tuner.targets import PreflightReport, Target, get_target_class
 
@@ -72,6 +74,21 @@ class SearchContext:
     """Set (with ``stop``) when the search gave up early (``tuner.search.failfast``); shared by its workers."""
     stop_reason: str = ""
     current: TrialProcess | None = None
+    stages: StagePlan | None = None
+    """The search's stages (``tuner.search.stages``), shared by its worker threads; None: one stage, no
+    convergence (a ``tuner worker`` process, a kernel sub-study)."""
+
+    def space_for(self, user_attrs: dict[str, Any]) -> ResolvedSpace:
+        """The space a trial with ``user_attrs`` samples from: the current stage's, except the baseline and the
+        confirmation re-runs (always the whole space: they re-run configurations as they were)."""
+        if self.stages is None or user_attrs.get(BASELINE_ATTR) or user_attrs.get(CONFIRM_ATTR) is not None:
+            return self.resolved
+        return self.stages.current.resolved
+
+    @property
+    def sampling_space(self) -> ResolvedSpace:
+        """The current stage's space (the whole space without stages): what refining moves stay inside."""
+        return self.stages.current.resolved if self.stages is not None else self.resolved
 
     def key_of(self, params: dict[str, Any]) -> str:
         """The identity of ``params`` for finding repeats: configurations the target runs as the same thing
@@ -230,7 +247,10 @@ def open_context(options: SearchOptions, progress: Progress | None = None) -> Se
                          settings={k: settings[k] for k in ("run_pid", "run_host")})  # the live process, for stop
         run = repo.get_run(name)
     ctx = SearchContext(options=options, resolved=resolved, space_yaml=space_yaml, target=target, repo=repo,
-                        study=study, run=run, deadline=deadline, hardware=hardware)
+                        study=study, run=run, deadline=deadline, hardware=hardware,
+                        stages=StagePlan(plan_stages(resolved, deployable_only=bool(
+                            (options.settings or {}).get("deployable_only"))), stretch=options.converge_after,
+                            n_trials=options.n_trials))
     load_history(ctx)
     if ctx.baseline is None and not any(t.is_baseline for t in ctx.trials):
         defaults = resolved.defaults()

@@ -128,8 +128,9 @@ def next_move(ctx: SearchContext) -> Move | None:
     best = max(ok, key=lambda r: sign * r.value, default=None)
     rec = ctx.repo.get_trial(ctx.run.id, best.number) if best is not None else None
     noise = min(NOISE_CAP, step_noise(rec)) if rec is not None else 0.0  # the best's own step-time spread
-    return choose_move(ctx.resolved, records, ctx.direction, ctx.target.check,
-                       asked=asked_keys(ctx.study, ctx.resolved, same), canonical=same,
+    space = ctx.sampling_space  # inside the current stage's space (tuner.search.stages)
+    return choose_move(space, records, ctx.direction, ctx.target.check,
+                       asked=asked_keys(ctx.study, space, same), canonical=same,
                        defaults=ctx.resolved.defaults(), noise=noise)
 
 
@@ -243,7 +244,7 @@ def enqueue_next(ctx: SearchContext, progress=None) -> Move | None:
     move = next_move(ctx)
     if move is None:
         return None
-    ctx.study.enqueue_trial(suggestable(ctx.resolved, move.params), user_attrs={REFINE_ATTR: move.origin})
+    ctx.study.enqueue_trial(suggestable(ctx.sampling_space, move.params), user_attrs={REFINE_ATTR: move.origin})
     _logger.info("refine: %s", move)
     if progress:
         progress.message(f"refining: {move}")
