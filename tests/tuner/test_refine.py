@@ -83,7 +83,7 @@ def _ctx(tmp_path, trials, refuse=(), step_spread=None):
     def check(cfg):
         return ("refused by a rule" if any(cfg.get(k) == v for k, v in refuse) else None)
     study = optuna.create_study(storage=f"sqlite:///{tmp_path / 'r.db'}", study_name="s", direction="maximize")
-    return SimpleNamespace(repo=repo, run=run, resolved=res, direction="maximize", target=SimpleNamespace(check=check, canonical_params=lambda p: p),
+    return SimpleNamespace(repo=repo, run=run, resolved=res, sampling_space=res, direction="maximize", target=SimpleNamespace(check=check, canonical_params=lambda p: p),
                            study=study, options=SimpleNamespace(refine_share=0.25))
 
 

@@ -127,6 +127,10 @@ def plan(resolved: ResolvedSpace, *, deployable_only: bool) -> list[Stage]:
     command, held = command_space(resolved)
     if command is None:
         return [Stage("search", 1.0, resolved, "the whole space")]
+    bad = resolved.space.violated_constraints(command.defaults())
+    if bad:  # e.g. the command's attention needs a kernel this machine lacks: no command stage can run here
+        return [Stage("search", 1.0, resolved, "the whole space (no command stage: the command's values break "
+                      + ", ".join(f"`{c.name}`" for c in bad) + " here)")]
     sampled = {p.name for p in command.params}
     code = [p.name for p in resolved.params if p.name not in sampled]
     return [Stage("command", COMMAND_SHARE, command,
