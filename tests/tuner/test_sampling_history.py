@@ -58,3 +58,18 @@ def test_past_the_cap_the_sampler_sees_the_best_and_the_most_recent_only():
 def test_history_best_must_be_under_the_cap():
     with pytest.raises(ValueError, match="history_best < history_cap"):
         BoundedTPESampler(history_cap=10, history_best=10)
+
+
+def test_optunas_sqlite_connections_commit_in_wal_without_waiting_for_the_disk(tmp_path):
+    """Optuna writes a trial's parameters one commit each: with SQLite's default (synchronous=FULL) each waits for
+    the disk; the search's Optuna storages use the tuner's own settings (WAL, synchronous=NORMAL)."""
+    from sqlalchemy import text
+
+    from tuner.search.context import open_optuna_storage
+    from tuner.search.heartbeat import open_worker_storage
+
+    url = f"sqlite:///{tmp_path}/s.db"
+    for storage in (open_optuna_storage(url), open_worker_storage(url)):
+        with storage.engine.connect() as c:
+            assert c.execute(text("PRAGMA synchronous")).scalar() == 1  # NORMAL (FULL is 2)
+            assert c.execute(text("PRAGMA journal_mode")).scalar() == "wal"
