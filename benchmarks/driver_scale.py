@@ -134,7 +134,8 @@ class Timers:
 
     KINDS = ("ask", "tell", "storage")
 
-    def __init__(self) -> None:
+    def __init__(self, bucket: int = BUCKET) -> None:
+        self.bucket = bucket
         self.lock = threading.Lock()
         self.finished = 0
         self.sums: dict[int, dict[str, float]] = {}
@@ -143,7 +144,7 @@ class Timers:
 
     def add(self, kind: str, seconds: float) -> None:
         with self.lock:
-            b = self.sums.setdefault(self.finished // BUCKET, dict.fromkeys(self.KINDS, 0.0))
+            b = self.sums.setdefault(self.finished // self.bucket, dict.fromkeys(self.KINDS, 0.0))
             b[kind] += seconds
 
     def wrap(self, owner: object, name: str, kind: str) -> None:
@@ -233,23 +234,26 @@ class ApiPoller:
                 path = paths[i % len(paths)]
                 i += 1
                 t0 = time.perf_counter()
+                dt = None
                 try:
-                    if path is None:  # the event feed: what arrived since the last read, as a dashboard follows it
+                    if path is None:  # the event feed after the last read, as a dashboard follows it: its first event
                         with client.stream("GET", f"/api/studies/{self.study}/events", params={"after": cursor},
                                            timeout=30) as r:
+                            code = r.status_code
                             for line in r.iter_lines():
                                 if line.startswith("id:"):
                                     cursor = max(cursor, int(line[3:].strip()))
-                                if time.perf_counter() - t0 > 0.05 or line == "" and cursor:
+                                    dt = time.perf_counter() - t0
                                     break
-                        code = r.status_code
+                                if time.perf_counter() - t0 > 5:
+                                    break
                     else:
                         code = client.get(path).status_code
                 except httpx.HTTPError:
                     code = 0
-                dt = time.perf_counter() - t0
+                dt = dt if dt is not None else time.perf_counter() - t0
                 if code == 200:
-                    self.latencies.setdefault(self.timers.finished // BUCKET, []).append(dt)
+                    self.latencies.setdefault(self.timers.finished // self.timers.bucket, []).append(dt)
                 elif code != 404:  # 404: the study is not created yet
                     self.errors += 1
                 self.stop.wait(self.interval_s)
@@ -297,7 +301,8 @@ def local_postgres():
 
 
 # -- one run ---------------------------------------------------------------------------------------------------
-def run_one(url: str, workers: int, trials: int, trial_s: float, seed: int, work: Path, say=print) -> dict:
+def run_one(url: str, workers: int, trials: int, trial_s: float, seed: int, work: Path, say=print,
+            bucket: int = BUCKET, budget_s: float | None = None) -> dict:
     """``tuner search`` on the stand-in with ``workers`` leased GPUs until the study holds ``trials`` trials; the
     per-thousand figures (see the module docstring)."""
     import optuna
@@ -313,7 +318,7 @@ def run_one(url: str, workers: int, trials: int, trial_s: float, seed: int, work
     hw = Hardware(gpu_name="NVIDIA H200", gpu_count=8, compute_capability=(9, 0), has_triton=True,
                   has_torch_compile=True, has_gluon=True, has_flash_mla=True)  # as the main job's H200
     study = f"scale_{workers}w"
-    timers = Timers()
+    timers = Timers(bucket)
     ran: dict[int, list[float]] = {}  # bucket -> trial seconds of the trials that ran
     marks: dict[int, float] = {}  # bucket -> when its first trial finished
     outcomes: dict[str, int] = {}
@@ -321,17 +326,18 @@ def run_one(url: str, workers: int, trials: int, trial_s: float, seed: int, work
     class Count(Progress):
         def trial_finished(self, summary, ctx) -> None:
             with timers.lock:
-                b = timers.finished // BUCKET
+                b = timers.finished // bucket
                 marks.setdefault(b, time.time())
                 outcomes[summary.outcome] = outcomes.get(summary.outcome, 0) + 1
                 if summary.repeat_of is None and summary.outcome in ("ok", "pruned"):  # ran (slept)
                     ran.setdefault(b, []).append(summary.duration_s)
                 timers.finished += 1
                 if timers.finished >= trials and not ctx.stop.is_set():
-                    ctx.stop_reason = f"{trials} trials (the benchmark's stop)"
                     ctx.stop.set()
 
-    budget = 1.3 * trials * trial_s / workers + 120
+    # the budget a user would give for that many trials: its stages and its refining share (the last quarter) fall
+    # where they would; a driver too slow for it ends the run short of ``trials`` (the report says so)
+    budget = budget_s or 1.1 * trials * trial_s / workers + 60
     opts = SearchOptions(budget_s=budget, storage_url=url, study=study, space_path=str(space), hardware=hw,
                          seed=seed, out_dir=str(work / "out"), workers=workers, gpus=list(range(workers)),
                          confirm_top=0, export=False, converge_after=0, trial_timeout_s=60 + 10 * trial_s)
@@ -352,7 +358,7 @@ def run_one(url: str, workers: int, trials: int, trial_s: float, seed: int, work
     rows = []
     marks[max(marks) + 1 if marks else 0] = t0 + wall
     for b in sorted(timers.sums):
-        n_done = min(BUCKET, timers.finished - b * BUCKET)
+        n_done = min(bucket, timers.finished - b * bucket)
         if n_done <= 0 or b + 1 not in marks or b not in marks:
             continue
         span = marks[b + 1] - marks[b] if b else marks[b + 1] - t0
@@ -366,9 +372,10 @@ def run_one(url: str, workers: int, trials: int, trial_s: float, seed: int, work
                      "api_requests": len(lat),
                      "api_p99_ms": 1e3 * lat[min(len(lat) - 1, math.ceil(0.99 * len(lat)) - 1)] if lat else None,
                      "api_median_ms": 1e3 * statistics.median(lat) if lat else None})
-    say(f"  {workers} workers: {timers.finished} trials in {wall:.0f} s ({res.state}: {res.stop_reason})")
+    stop = f"stopped by the benchmark at {trials} trials" if timers.finished >= trials else res.stop_reason
+    say(f"  {workers} workers: {timers.finished} trials in {wall:.0f} s ({stop})")
     return {"workers": workers, "trials": timers.finished, "trial_s": trial_s, "wall_s": wall, "state": res.state,
-            "stop_reason": res.stop_reason, "outcomes": outcomes, "api_errors": api.errors,
+            "stop_reason": stop, "budget_s": budget, "outcomes": outcomes, "api_errors": api.errors,
             "best_value": res.best_value, "baseline_value": res.baseline_value, "rows": rows}
 
 
@@ -393,13 +400,14 @@ def cmd_run(args) -> int:
                 _drop_all(run_url)
             print(f"{_storage_label(run_url)}, {n} workers, {args.trials} trials of {args.trial_s} s", flush=True)
             runs.append({"storage": _storage_label(run_url), **run_one(run_url, n, args.trials, args.trial_s,
-                                                                        args.seed, work)})
+                                                                        args.seed, work, bucket=args.bucket,
+                                                                        budget_s=args.budget_s)})
             shutil.rmtree(work, ignore_errors=True)
     data = {"benchmark": "driver_scale", "date": datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
             "commit": short_commit(), "machine": f"{platform.node()} ({os.cpu_count()} CPUs)",
             "load_at_start": os.getloadavg()[0], "python": platform.python_version(),
             "command": " ".join(["python", "benchmarks/driver_scale.py", *sys.argv[1:]]),
-            "trial_s_real": TRIAL_S_REAL, "bucket": BUCKET, "runs": runs}
+            "trial_s_real": TRIAL_S_REAL, "bucket": args.bucket, "runs": runs}
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(data, indent=1) + "\n")
     print(f"wrote {out}")
@@ -490,6 +498,9 @@ def main(argv: list[str] | None = None) -> int:
     r.add_argument("--trial-s", type=float, default=TRIAL_S_REAL, help="each stand-in trial's sleep (a compressed "
                    "clock: 0.25 keeps the driver's cost and shortens the run)")
     r.add_argument("--seed", type=int, default=0)
+    r.add_argument("--budget-s", type=float, default=None,
+                   help="each run's budget (default: 1.1 x trials x trial-s / workers + 60 s, as a user would give)")
+    r.add_argument("--bucket", type=int, default=BUCKET, help="trials per row of the report (1000: per thousand)")
     r.add_argument("--variant", default="", help="a suffix of the result's name")
     r.add_argument("--out", default=None, help="the JSON (default: benchmarks/results/driver_scale/cpu/...)")
     p = sub.add_parser("report", help="write the report from a stored JSON")
@@ -497,8 +508,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", default=None)
     args = ap.parse_args(argv)
     if args.cmd == "run":
-        if args.trials < 1 or args.trial_s < 0:
-            ap.error(f"--trials must be >= 1 and --trial-s >= 0, but got {args.trials} and {args.trial_s}")
+        if args.trials < 1 or args.trial_s < 0 or args.bucket < 1:
+            ap.error(f"--trials and --bucket must be >= 1 and --trial-s >= 0, but got {args.trials}, "
+                     f"{args.bucket} and {args.trial_s}")
         return cmd_run(args)
     return cmd_report(args)
 
