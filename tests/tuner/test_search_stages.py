@@ -156,3 +156,34 @@ def test_the_dry_run_shows_the_planned_stages_and_their_shares(tmp_path, sqlite_
     assert [s.split(":")[0] for s in stages] == names
     assert ("50% of the time for trials (about 2 min)" in stages[0]) == (not deployable_only)
     assert "convergence" in res.preflight.facts
+
+
+# -- the export's "this command" from the command stage -------------------------------------------------------
+def _store(repo, run, number, params, value):
+    repo.start_trial(run.id, number, params)
+    repo.finish_trial(run.id, number, outcome="ok", value=value, duration_s=1.0)
+
+
+@pytest.mark.parametrize("projected_value,expect_command_stage", [(None, True), (12.0, True), (25.0, False)])
+def test_this_command_is_the_command_stages_best_when_it_measured_better_than_the_bests_values_as_a_command(
+        sqlite_url, projected_value, expect_command_stage):
+    from spaces import tiny_workload_run
+
+    from tuner.export.script import best_command
+    from tuner.export.sglang_command import command_config
+
+    repo, run, space = tiny_workload_run(sqlite_url, "staged", 600)
+    arch = "sm_90"
+    defaults = command_config(space, space.defaults(), arch).params  # what the command runs by default
+    command_best = {**defaults, "context_length": 4096}
+    best = {**defaults, "context_length": 65536, "indexer_width": "live"}  # indexer_width=live: a code change
+    assert not command_config(space, command_best, arch).changes and command_config(space, best, arch).changes
+    _store(repo, run, 0, defaults, 10.0)
+    _store(repo, run, 1, command_best, 20.0)
+    _store(repo, run, 2, best, 30.0)
+    projected = command_config(space, best, arch)
+    if projected_value is not None:  # the side-by-side run of the best with its code changes taken out
+        _store(repo, run, 3, projected.params, projected_value)
+    got = best_command(repo, run, space, arch, projected)
+    assert (got is not None and got.number == 1) == expect_command_stage
+    assert best_command(repo, run, space, arch, command_config(space, command_best, arch)) is None  # deployable

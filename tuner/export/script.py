@@ -60,6 +60,31 @@ def config_runs(repo: Repo, run_id: int, params: dict[str, Any] | None) -> list:
             and json.dumps(t.params, sort_keys=True, default=str) == key]
 
 
+def best_command(repo: Repo, run, space, arch: str | None, projected) -> Any | None:
+    """The search's best configuration the command can give as it is (``command_config`` changes nothing: the
+    command stage's best, ``tuner.search.stages``), when its median beats the median of ``projected`` (the best's
+    own configuration with its code changes taken out) or ``projected`` was never measured; else ``None``.
+    Returns the trial record of its first run."""
+    from tuner.export import sglang_command as sc
+
+    if not projected.changes:
+        return None
+    groups: dict[str, list] = {}
+    for t in repo.list_trials(run.id, outcome="ok"):
+        if t.value is not None and t.repeat_of is None:
+            groups.setdefault(json.dumps(t.params, sort_keys=True, default=str), []).append(t)
+    sign = 1.0 if run.direction == "maximize" else -1.0
+    deployable = [(statistics.median(r.value for r in runs), runs[0]) for runs in groups.values()
+                  if not sc.command_config(space, runs[0].params, arch).changes]
+    if not deployable:
+        return None
+    median, first = max(deployable, key=lambda d: sign * d[0])
+    mine = groups.get(json.dumps(projected.params, sort_keys=True, default=str))
+    if mine and sign * statistics.median(r.value for r in mine) >= sign * median:
+        return None
+    return first
+
+
 def level_medians(runs: list, metric: str = "tok_s") -> dict[str, float]:
     """Per level, the median of ``metric`` over ``runs`` (the same runs the objective's median is taken over)."""
     by: dict[str, list[float]] = {}
@@ -264,6 +289,9 @@ def _workload_command(repo: Repo, run, trial, levels: tuple[dict[str, float], di
     space = load_space_text(run.space_yaml, source=run.space_name)
     arch = arch_of_environment(run.environment)
     cmd = sc.command_config(space, trial.params, arch)
+    staged = best_command(repo, run, space, arch, cmd)
+    if staged is not None:  # the command stage's best measured better than the best's own values as a command
+        cmd = sc.CommandConfig(params=dict(staged.params), changes=cmd.changes)
     launch = sc.server_launch(space, cmd.params)
     release = sc.for_installed_release(launch)
     argv = sc.sglang_argv(space, cmd.params, launch)
@@ -289,6 +317,9 @@ def _workload_command(repo: Repo, run, trial, levels: tuple[dict[str, float], di
     if err:
         header.append("  the best's output vs the default configuration's (relative norm error): "
                       + ", ".join(f"{v:.2g}" for v in err.values()))
+    if staged is not None:
+        header.append(f"  this command is the command stage's best (trial {staged.number}, only values the command "
+                      "can set), measured better than the twin's best with its code changes taken out")
     if parsimony is not None:
         header.append("parsimony: " + parsimony.reason())
     header += ["", release.line, "this command (twin knob=value -> SGLang):", *sc.carried_lines(launch)]

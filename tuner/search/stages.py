@@ -136,18 +136,24 @@ def plan(resolved: ResolvedSpace, *, deployable_only: bool) -> list[Stage]:
     return [Stage("command", COMMAND_SHARE, command,
                   f"the values the exported SGLang command can set on this GPU first "
                   f"({', '.join(p.name for p in command.params) or 'nothing to tune'})"
-                  + (f"; {', '.join(held)} held at the command's default" if held else "")),
+                  + (f"; {', '.join(held)} held at one value" if held else "")),
             Stage("code changes", 1.0 - COMMAND_SHARE, resolved,
                   f"then the whole space, the values that need a code change too ({', '.join(code)})")]
 
 
 def command_space(resolved: ResolvedSpace) -> tuple[ResolvedSpace | None, list[str]]:
     """``resolved`` cut to the values the exported command can set on its GPU (``None`` when that cuts nothing),
-    and the parameters held at their command default. A parameter whose values the cut shrinks but leaves more than one of is held at its command default:
-    Optuna's categorical distributions cannot change their values inside one study."""
+    and the parameters it holds at one value: one whose values the cut shrinks but leaves more than one of, at its
+    command default (Optuna's categorical distributions cannot change their values inside one study), and one whose
+    command value cannot run on this machine (a CPU has no FlashMLA), at the value that runs here."""
     cut = resolve(resolved.space, resolved.hardware, deployable_only=True)
     full = {p.name: tuple(p.choices()) for p in resolved.params}
     kept, fixed, held = [], dict(cut.fixed), []
+    runs_here = resolved.defaults()
+    for name, v in cut.fixed.items():  # a command value that cannot run on this machine: the one that does
+        if name in runs_here and v != runs_here[name] and v not in full.get(name, ()):
+            fixed[name] = runs_here[name]
+            held.append(name)
     for p in cut.params:
         if full.get(p.name) == tuple(p.choices()):
             kept.append(p)
