@@ -74,6 +74,8 @@ class SearchContext:
     """Set (with ``stop``) when the search gave up early (``tuner.search.failfast``); shared by its workers."""
     stop_reason: str = ""
     current: TrialProcess | None = None
+    stored: dict[int, Any] = field(default_factory=dict)
+    """The stored trial records refining reads (``tuner.search.refine.stored_trials``), by number."""
     stages: StagePlan | None = None
     """The search's stages (``tuner.search.stages``), shared by its worker threads; None: one stage, no
     convergence (a ``tuner worker`` process, a kernel sub-study)."""
