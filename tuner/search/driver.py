@@ -1,8 +1,9 @@
 """The search: an Optuna study in a real database, trials run for real in subprocesses, by a wall-clock deadline.
 
 Flow (one way): load the space -> resolve it for this machine -> preflight the target -> create the schema and the
-study once -> baseline first -> ask / check / run in a subprocess / store / tell, until the deadline -> re-run the
-top few (when time allows) -> export the best. The last share of the time for trials goes to one-change moves
+study once -> baseline first -> ask / check / run in a subprocess / store / tell, stage after stage
+(``tuner.search.stages``: the command's values first, then the code changes) until the deadline or the last stage
+converges -> re-run the top few (when time allows) -> export the best. The last share of the time for trials goes to one-change moves
 from the best so far (``tuner.search.refine``). A failed trial is data: it is stored with its outcome class and told
 to Optuna as a bad, infeasible result, so the sampler learns; the search never dies of one.
 """
