@@ -387,6 +387,7 @@ def cmd_run(args) -> int:
     from benchmarks.common import result_path, short_commit
 
     workers = [int(x) for x in args.workers.split(",")]
+    commit = short_commit()  # the code this process imports now, not HEAD when it ends
     out = Path(args.out) if args.out else result_path("driver_scale", "cpu", args.variant, ext="json")
     runs = []
     with contextlib.ExitStack() as stack:
@@ -404,7 +405,7 @@ def cmd_run(args) -> int:
                                                                         budget_s=args.budget_s)})
             shutil.rmtree(work, ignore_errors=True)
     data = {"benchmark": "driver_scale", "date": datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
-            "commit": short_commit(), "machine": f"{platform.node()} ({os.cpu_count()} CPUs)",
+            "commit": commit, "machine": f"{platform.node()} ({os.cpu_count()} CPUs)",
             "load_at_start": os.getloadavg()[0], "python": platform.python_version(),
             "command": " ".join(["python", "benchmarks/driver_scale.py", *sys.argv[1:]]),
             "trial_s_real": TRIAL_S_REAL, "bucket": args.bucket, "runs": runs}
@@ -440,8 +441,8 @@ def report(data: dict, source: Path) -> str:
 
     lines = [
         "# The search driver's own cost at scale (issue 48)", "",
-        f"- date: {data['date']}; machine: {data['machine']}, load {data['load_at_start']:.1f} at the start; "
-        f"commit {data['commit']}; Python {data['python']}",
+        f"- date: {data['date']} (the end); machine: {data['machine']}, load {data['load_at_start']:.1f} at the start "
+        f"(a 2-core box shared with other sessions); commit {data['commit']}; Python {data['python']}",
         f"- command: `{data['command']}`",
         f"- written by `benchmarks/driver_scale.py report` from `{stored_path(source)}`",
         f"- the real driver (`tuner search --gpus 0,...,N-1`, leased stand-in GPUs, persistent trial workers) over "
