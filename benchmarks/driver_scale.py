@@ -388,7 +388,7 @@ def cmd_run(args) -> int:
 
     workers = [int(x) for x in args.workers.split(",")]
     commit = short_commit()  # the code this process imports now, not HEAD when it ends
-    out = Path(args.out) if args.out else result_path("driver_scale", "cpu", args.variant, ext="json")
+    out = Path(args.out) if args.out else result_path("driver_scale", args.gpu, args.variant, ext="json")
     runs = []
     with contextlib.ExitStack() as stack:
         url = args.storage
@@ -503,6 +503,7 @@ def main(argv: list[str] | None = None) -> int:
                    help="each run's budget (default: 1.1 x trials x trial-s / workers + 60 s, as a user would give)")
     r.add_argument("--bucket", type=int, default=BUCKET, help="trials per row of the report (1000: per thousand)")
     r.add_argument("--variant", default="", help="a suffix of the result's name")
+    r.add_argument("--gpu", default="cpu", help="the results folder of the machine it runs on (cpu, h200x8)")
     r.add_argument("--out", default=None, help="the JSON (default: benchmarks/results/driver_scale/cpu/...)")
     p = sub.add_parser("report", help="write the report from a stored JSON")
     p.add_argument("--from", dest="source", required=True)
