@@ -85,6 +85,17 @@ def _refuse_missing_sqlite_file(parsed) -> None:
         )
 
 
+def tune_sqlite_engine(engine: Engine) -> Engine:
+    """Give an engine built elsewhere (Optuna's ``RDBStorage``) the same SQLite settings as :func:`make_engine`'s:
+    WAL, a busy timeout, and ``synchronous=NORMAL`` (in WAL a commit then writes without waiting for the disk: an
+    Optuna trial's dozen commits, one per parameter, cost ~16 ms each on a VM's disk with the default FULL). Its
+    pooled connections are dropped so every connection from now on has them. Other backends: unchanged."""
+    if engine.dialect.name == "sqlite":
+        event.listen(engine, "connect", _sqlite_pragmas)
+        engine.dispose()
+    return engine
+
+
 def _sqlite_pragmas(dbapi_conn, _record) -> None:
     cur = dbapi_conn.cursor()
     cur.execute("PRAGMA journal_mode=WAL")

@@ -90,6 +90,10 @@ def search(
     confirm_top: Annotated[int, typer.Option("--confirm-top", help="Re-run the best K configurations at the end.")] = 3,
     refine_share: Annotated[float, typer.Option("--refine-share", help="Share of the time for trials spent last on "
                                                 "one-change moves from the best so far (0 turns it off).")] = 0.25,
+    converge_after: Annotated[int, typer.Option("--converge-after", help="A stage has converged when this many of its "
+                                                "trials (at least a fifth of them) found nothing better beyond the "
+                                                "noise: the next stage starts, or the last ends the search early "
+                                                "(0: never).")] = 40,
     workers: Annotated[int, typer.Option("--workers", help="Local workers running trials in parallel.")] = 1,
     gpus: Annotated[Optional[str], typer.Option("--gpus", help="GPU ids the workers lease from, e.g. 0,1,2,3.")] = None,
     warm_start: Annotated[Optional[str], typer.Option("--warm-start", help="URL#STUDY of a twin (workload) study: "
@@ -120,6 +124,9 @@ def search(
     if not 0.0 <= refine_share < 1.0:
         fail(f"--refine-share must be in [0, 1), but got {refine_share}: 0.25 spends the last quarter on refining, 0 "
              "turns it off")
+    if converge_after < 0:
+        fail(f"--converge-after must be >= 0, but got {converge_after}: 40 ends a stage after 40 trials without a "
+             "gain beyond the noise, 0 turns it off")
     gpu_ids = None
     if gpus is not None:
         from tuner.search.leases import parse_gpu_ids
@@ -132,7 +139,7 @@ def search(
         opts = SearchOptions(budget_s=parse_budget(budget), storage_url=storage, study=study, space_path=space,
                              target=target, resume=resume, seed=seed, out_dir=out, settings=settings,
                              n_trials=n_trials, dry_run=dry_run, confirm_top=confirm_top,
-                             refine_share=refine_share, workers=workers, gpus=gpu_ids, warm_start=warm_start)
+                             refine_share=refine_share, converge_after=converge_after, workers=workers, gpus=gpu_ids, warm_start=warm_start)
         result = run_search(opts, progress)
     finally:
         progress.stop()

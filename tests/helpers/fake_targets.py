@@ -42,7 +42,7 @@ class FakeTarget(Target):
 
     def evaluate(self, params: dict[str, Any], deadline: float, report=None) -> Measurement:
         mode = params.get("mode", "ok")
-        x = float(params.get("x", 1.0))
+        x = float(params.get("x", 1.0)) + float(params.get("boost", 0))  # boost: a code change in the stage tests
         sleep = self.config.sleep_s
         if sleep:
             time.sleep(sleep)

@@ -7,6 +7,7 @@ from spaces import FAKE_SPACE
 
 from search_spaces import Hardware, load_space_text, resolve
 from storage import Repo
+from tuner.search import refine
 from tuner.search.context import SearchOptions
 from tuner.search.driver import run_search
 from tuner.search.refine import REFINE_ATTR, enqueue_next, moves, next_move
@@ -83,7 +84,7 @@ def _ctx(tmp_path, trials, refuse=(), step_spread=None):
     def check(cfg):
         return ("refused by a rule" if any(cfg.get(k) == v for k, v in refuse) else None)
     study = optuna.create_study(storage=f"sqlite:///{tmp_path / 'r.db'}", study_name="s", direction="maximize")
-    return SimpleNamespace(repo=repo, run=run, resolved=res, direction="maximize", target=SimpleNamespace(check=check, canonical_params=lambda p: p),
+    return SimpleNamespace(repo=repo, run=run, resolved=res, sampling_space=res, stored={}, direction="maximize", target=SimpleNamespace(check=check, canonical_params=lambda p: p),
                            study=study, options=SimpleNamespace(refine_share=0.25))
 
 
@@ -284,3 +285,21 @@ def test_a_move_that_ties_within_the_noise_with_fewer_changes_is_kept_as_the_ori
     (tmp_path / "b").mkdir()
     outside = _ctx(tmp_path / "b", [({}, "ok", 10.0), trials[1], ({"tile": 64}, "ok", 28.0)], step_spread=0.03)
     assert next_move(outside).origin == 1  # 6.7% below: not a tie, the best stays the origin
+
+
+def test_stored_trials_reads_the_study_once_then_only_the_newest_and_a_trial_still_running(tmp_path, monkeypatch):
+    monkeypatch.setattr(refine, "RECENT", 2)
+    ctx = _ctx(tmp_path, [({}, "ok", 10.0), ({"tile": 64}, None, None), ({"tile": 32}, "ok", 11.0)])
+    first = refine.stored_trials(ctx)
+    assert [(r.number, r.state) for r in first] == [(0, "complete"), (1, "running"), (2, "complete")]
+    ctx.repo.finish_trial(ctx.run.id, 1, outcome="ok", value=12.0)
+    for n in (3, 4):
+        ctx.repo.start_trial(ctx.run.id, n, {"n": n})
+        ctx.repo.finish_trial(ctx.run.id, n, outcome="ok", value=float(n))
+    second = refine.stored_trials(ctx)  # trial 1 ran past the newest two: everything is read once more
+    assert [(r.number, r.value) for r in second] == [(0, 10.0), (1, 12.0), (2, 11.0), (3, 3.0), (4, 4.0)]
+    calls = []
+    real = ctx.repo.list_trials
+    ctx.repo = SimpleNamespace(list_trials=lambda *a, **k: calls.append(k) or real(*a, **k))
+    assert [r.number for r in refine.stored_trials(ctx)] == [0, 1, 2, 3, 4]
+    assert calls == [{"sort": "number", "descending": True, "limit": 2}]  # only the newest two, nothing running

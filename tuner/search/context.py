@@ -42,6 +42,8 @@ from tuner.search.sampling import (
     set_constraints,
     suggestable,
 )
+from tuner.search.stages import StagePlan
+from tuner.search.stages import plan as plan_stages
 from tuner.search.winner import baseline_of, group_runs
 from tuner.targets import PreflightReport, Target, get_target_class
 
@@ -82,6 +84,23 @@ class SearchContext:
     """Set (with ``stop``) when the search gave up early (``tuner.search.failfast``); shared by its workers."""
     stop_reason: str = ""
     current: TrialProcess | None = None
+    stored: dict[int, Any] = field(default_factory=dict)
+    """The stored trial records refining reads (``tuner.search.refine.stored_trials``), by number."""
+    stages: StagePlan | None = None
+    """The search's stages (``tuner.search.stages``), shared by its worker threads; None: one stage, no
+    convergence (a ``tuner worker`` process, a kernel sub-study)."""
+
+    def space_for(self, user_attrs: dict[str, Any]) -> ResolvedSpace:
+        """The space a trial with ``user_attrs`` samples from: the current stage's, except the baseline and the
+        confirmation re-runs (always the whole space: they re-run configurations as they were)."""
+        if self.stages is None or user_attrs.get(BASELINE_ATTR) or user_attrs.get(CONFIRM_ATTR) is not None:
+            return self.resolved
+        return self.stages.current.resolved
+
+    @property
+    def sampling_space(self) -> ResolvedSpace:
+        """The current stage's space (the whole space without stages): what refining moves stay inside."""
+        return self.stages.current.resolved if self.stages is not None else self.resolved
 
     def key_of(self, params: dict[str, Any]) -> str:
         """The identity of ``params`` for finding repeats: configurations the target runs as the same thing
@@ -167,16 +186,18 @@ def _pick_study_name(options: SearchOptions, resolved: ResolvedSpace, repo: Repo
 
 
 def open_optuna_storage(url: str, *, heartbeat: bool = False) -> optuna.storages.RDBStorage:
-    from storage.engine import normalize_url
+    from storage.engine import normalize_url, tune_sqlite_engine
 
     kwargs: dict[str, Any] = {"engine_kwargs": {"pool_pre_ping": True}}
     if heartbeat:
         kwargs.update(heartbeat_interval=5, grace_period=20,
                       failed_trial_callback=optuna.storages.RetryFailedTrialCallback(max_retry=1))
     try:
-        return optuna.storages.RDBStorage(normalize_url(url), **kwargs)
+        storage = optuna.storages.RDBStorage(normalize_url(url), **kwargs)
     except Exception as exc:  # noqa: BLE001 - any driver error means the same thing to the user
         raise StorageError(f"Optuna cannot open storage {url!r}: {str(exc).splitlines()[0]}") from None
+    tune_sqlite_engine(storage.engine)  # Optuna's own commits as cheap as the tuner's tables' (WAL, NORMAL)
+    return storage
 
 
 def _check_out_dir(out_dir: str) -> None:
@@ -240,7 +261,10 @@ def open_context(options: SearchOptions, progress: Progress | None = None) -> Se
                          settings={k: settings[k] for k in ("run_pid", "run_host")})  # the live process, for stop
         run = repo.get_run(name)
     ctx = SearchContext(options=options, resolved=resolved, space_yaml=space_yaml, target=target, repo=repo,
-                        study=study, run=run, deadline=deadline, hardware=hardware)
+                        study=study, run=run, deadline=deadline, hardware=hardware,
+                        stages=StagePlan(plan_stages(resolved, deployable_only=bool(
+                            (options.settings or {}).get("deployable_only"))), stretch=options.converge_after,
+                            n_trials=options.n_trials))
     load_history(ctx)
     if ctx.baseline is None and not any(t.is_baseline for t in ctx.trials):
         defaults = resolved.defaults()

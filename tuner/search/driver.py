@@ -1,8 +1,9 @@
 """The search: an Optuna study in a real database, trials run for real in subprocesses, by a wall-clock deadline.
 
 Flow (one way): load the space -> resolve it for this machine -> preflight the target -> create the schema and the
-study once -> baseline first -> ask / check / run in a subprocess / store / tell, until the deadline -> re-run the
-top few (when time allows) -> export the best. The last share of the time for trials goes to one-change moves
+study once -> baseline first -> ask / check / run in a subprocess / store / tell, stage after stage
+(``tuner.search.stages``: the command's values first, then the code changes) until the deadline or the last stage
+converges -> re-run the top few (when time allows) -> export the best. The last share of the time for trials goes to one-change moves
 from the best so far (``tuner.search.refine``). A failed trial is data: it is stored with its outcome class and told
 to Optuna as a bad, infeasible result, so the sampler learns; the search never dies of one.
 """
@@ -14,6 +15,7 @@ import logging
 import signal
 import threading
 
+from tuner.budget import format_seconds
 from tuner.execution.persistent import close_workers
 from tuner.export.script import export_run, nothing_met_the_slo
 from tuner.measurement import Outcome
@@ -33,6 +35,8 @@ from tuner.search.kernel_search import is_kernel_plan, kernel_phase, run_kernel_
 from tuner.search.loop import sequential_loop
 from tuner.search.parallel import run_parallel
 from tuner.search.sampling import suggestable
+from tuner.search.stages import StagePlan, convergence_line
+from tuner.search.stages import plan as plan_stages
 from tuner.search.trial import run_one
 from tuner.search.winner import decide_for_search
 
@@ -49,6 +53,11 @@ def run_search(options: SearchOptions, progress: Progress | None = None) -> Sear
         report.plan(options.budget_s)
         report.facts["confirmation"] = planned_line(options.confirm_top, options.n_trials, options.budget_s,
                                                     report.trial_s)
+        planned = StagePlan(plan_stages(resolved, deployable_only=bool(options.settings.get("deployable_only"))),
+                            stretch=options.converge_after, n_trials=options.n_trials)
+        for i, line in enumerate(planned.planned_lines(options.budget_s if options.n_trials is None else None)):
+            report.facts[f"stage {i + 1}"] = line.split(" ", 2)[2]
+        report.facts["convergence"] = convergence_line(options.converge_after, options.n_trials)
         return SearchResult(study_name_for(options, resolved), options.storage_url, "dry_run", [], None, None,
                             None, None, None, None, report, 0.0)
     ctx = open_context(options, progress)
@@ -100,6 +109,10 @@ def run_search(options: SearchOptions, progress: Progress | None = None) -> Sear
             _logger.error("export failed: %s", exc)
             if progress:
                 progress.message(f"export failed: {exc}")
+    if ctx.stages is not None and ctx.stages.done and state == "finished":
+        left = max(0.0, options.budget_s - ctx.deadline.elapsed())
+        ctx.stop_reason = (f"{ctx.stages.converged_line}; ended early with {format_seconds(left)} of the "
+                           f"{format_seconds(options.budget_s)} budget left")
     ctx.repo.end_run(ctx.run.id, state, export_dir=export_dir)
     if ctx.target.persistent_worker:
         close_workers()

@@ -16,7 +16,7 @@ import optuna
 from sqlalchemy import select
 
 from storage import Repo
-from storage.engine import normalize_url
+from storage.engine import normalize_url, tune_sqlite_engine
 from storage.models import Event, TrialRecord, utcnow
 from tuner.search.db_retry import MAX_OUTAGE_S, ReconnectingRDBStorage, RetryingRepo, is_sqlite, retry_db
 
@@ -94,6 +94,7 @@ def open_worker_storage(url: str, *, pool_size: int = 5, heartbeat_interval: int
                                          heartbeat_interval=heartbeat_interval, grace_period=grace_period,
                                          heartbeat_stale_trial_callback=stale)
     storage.max_outage_s = max_outage_s
+    tune_sqlite_engine(storage.engine)
     return storage
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import logging
 
-from tuner.search import refine
+from tuner.search import refine, stages
 from tuner.search.confirm import confirm_reserve
 from tuner.search.context import MAX_REPEATS_IN_A_ROW, Progress, SearchContext
 from tuner.search.failfast import FailFast
@@ -39,7 +39,13 @@ def sequential_loop(ctx: SearchContext, progress: Progress | None) -> None:
             ctx.failed.set()
             ctx.stop.set()
             return
+        if stages.after_trial(ctx, progress):
+            ctx.stop_reason = ctx.stages.converged_line
+            return
         if repeats_in_a_row >= MAX_REPEATS_IN_A_ROW:
+            if stages.on_exhausted(ctx, repeats_in_a_row, progress):
+                repeats_in_a_row = 0
+                continue
             ctx.stop_reason = f"search space exhausted: {repeats_in_a_row} repeated configurations in a row"
             return
         if failures_in_a_row and failures_in_a_row % 10 == 0 and progress:

@@ -32,5 +32,9 @@ class SearchOptions:
     """Local worker threads, each running its trials in its own subprocess (see ``tuner.search.parallel``)."""
     gpus: list[int] | None = None
     """GPU ids the local workers lease from (``None``: every visible GPU, or none on a CPU machine)."""
+    converge_after: int = 40
+    """The stretch of convergence (``tuner.search.stages``): a stage whose last this-many trials (at least a fifth of
+    the stage's) found nothing better beyond the noise while repeats crowd the proposals has mapped its space and
+    ends early; 0 turns convergence off (every stage runs its share of the budget)."""
     warm_start: str | None = None
     """``URL#STUDY`` of a twin (workload) study whose best configurations, translated, run first (server targets)."""

@@ -39,7 +39,7 @@ from sqlalchemy import text
 from storage import Repo
 from tuner.errors import LeaseCancelled, LeaseError, WorkerError
 from tuner.measurement import Outcome
-from tuner.search import refine
+from tuner.search import refine, stages
 from tuner.search.context import load_history
 from tuner.search.db_retry import (
     ReconnectingRDBStorage,
@@ -148,6 +148,9 @@ def worker_loop(ctx, progress, *, name: str, leaser: GpuLeaser | None = None, ma
         if ctx.stop.is_set():
             report.stop_reason = ctx.stop_reason or "stopped"
             break
+        if ctx.stages is not None and ctx.stages.done:  # another worker saw the last stage converge
+            report.stop_reason = ctx.stages.converged_line
+            break
         if ctx.deadline.remaining_for_trials() <= 1.0:
             report.stop_reason = "budget used"
             break
@@ -191,6 +194,9 @@ def worker_loop(ctx, progress, *, name: str, leaser: GpuLeaser | None = None, ma
                 ctx.failed.set()
                 ctx.stop.set()
                 break
+            if stages.after_trial(ctx, progress):
+                report.stop_reason = ctx.stages.converged_line
+                break
     _logger.info("worker %s stops after %d trials: %s", name, report.trials, report.stop_reason)
     return report
 
@@ -200,7 +206,7 @@ def _run_trial(ctx, trial: optuna.Trial, progress, run_one, *, name: str, leaser
     beat = Heartbeat(storage, trial._trial_id, heartbeat_interval) if storage is not None else contextlib.nullcontext()
     with beat:
         retry_db(lambda: trial.set_user_attr("tuner_worker", name), what="tag the trial")
-        params = retry_db(lambda: suggest(trial, ctx.resolved), what="sample")  # run_one gets the same values
+        params = retry_db(lambda: suggest(trial, ctx.space_for(trial.user_attrs)), what="sample")  # run_one gets the same values
         frozen = retry_db(lambda: ctx.study._storage.get_trial(trial._trial_id), what="read the trial")
         if frozen.system_attrs.get("failed_trial") is not None:  # a retry of a lost trial: run it, do not dedupe
             earlier = ctx.seen.get(ctx.key_of(params))

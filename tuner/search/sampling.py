@@ -4,11 +4,15 @@ only when active)."""
 
 from __future__ import annotations
 
+import bisect
 import json
+import threading
 import warnings
+from collections.abc import Container
 from typing import Any
 
 import optuna
+from optuna.trial import FrozenTrial, TrialState
 
 from search_spaces import Param, ResolvedSpace
 
@@ -40,13 +44,127 @@ def params_key(params: dict[str, Any]) -> str:
 _HAS_SET_CONSTRAINT = hasattr(optuna.trial.Trial, "set_constraint")  # Optuna >= 5; constraints_func before
 
 
+HISTORY_CAP = 1000
+"""Finished trials the sampler's estimators see at most (see :class:`BoundedTPESampler`)."""
+HISTORY_BEST = 100
+"""Of those, the best ones (TPE's "good" group is at most 25 of them), the rest the most recent."""
+
+
+class BoundedTPESampler(optuna.samplers.TPESampler):
+    """Optuna's TPE, whose estimators see at most ``history_cap`` finished trials: every one until the study holds
+    that many, then the ``history_best`` best (feasible by value first, then pruned, then infeasible by violation:
+    the order TPE splits them in) and the most recent others, plus the running ones the constant liar needs.
+
+    Why: TPE builds its two estimators from every trial at every ask, so an ask costs time in proportion to the
+    study (2,000 trials: ~45 ms on two cores, growing faster than linearly with the liar) and a 20,000-trial
+    search would spend a second per trial sampling. Past ``history_cap`` trials the "good" estimator is unchanged
+    (TPE's good group is the best ``min(25, 10%)``, all kept) and the "bad" one is estimated from recent trials,
+    which TPE already weighs most; the cost of an ask stays what it was at ``history_cap``.
+    Single-objective studies only; a multi-objective study sees its whole history."""
+
+    def __init__(self, *args: Any, history_cap: int = HISTORY_CAP, history_best: int = HISTORY_BEST,
+                 **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        if not 0 < history_best < history_cap:
+            raise ValueError(f"`0 < history_best < history_cap` must hold, but got ({history_best=}, "
+                             f"{history_cap=}).")
+        self.history_cap, self.history_best = history_cap, history_best
+        self._lock = threading.Lock()
+        self._study_id: int | None = None
+        self._finished: dict[int, FrozenTrial] = {}
+        self._numbers: list[int] = []  # of the finished trials, sorted
+        self._best: list[tuple[tuple, int]] = []  # (rank key, number), sorted, at most history_best
+        self._grouped: set[int] = set()  # trials the grouped search space has seen
+
+    def infer_relative_search_space(self, study, trial):
+        # the grouped search space is refined trial by trial and never coarsened; Optuna re-feeds it every trial
+        # of the study at every ask (O(study)); fed only the trials it has not seen, it comes out the same
+        return super().infer_relative_search_space(_HistoryView(study, self, unseen_only=True), trial)
+
+    def sample_relative(self, study, trial, search_space):
+        return super().sample_relative(_HistoryView(study, self), trial, search_space)
+
+    def sample_independent(self, study, trial, param_name, param_distribution):
+        return super().sample_independent(_HistoryView(study, self), trial, param_name, param_distribution)
+
+    def unseen(self, study: optuna.Study, trials: list[FrozenTrial]) -> list[FrozenTrial]:
+        """Of ``trials`` (finished ones), those the grouped search space has not been fed yet; marks them fed."""
+        with self._lock:
+            self._reset_for(study)
+            new = [t for t in trials if t.number not in self._grouped]
+            self._grouped.update(t.number for t in new)
+        return new
+
+    def _reset_for(self, study: optuna.Study) -> None:
+        if self._study_id != study._study_id:
+            self._study_id, self._finished, self._numbers, self._best = study._study_id, {}, [], []
+            self._grouped = set()
+
+    def bounded(self, study: optuna.Study, trials: list[FrozenTrial]) -> list[FrozenTrial]:
+        """``trials`` as the estimators see them (see the class docstring); in trial-number order."""
+        if study._is_multi_objective() or len(trials) <= self.history_cap:
+            return trials
+        sign = -1.0 if study.direction == optuna.study.StudyDirection.MAXIMIZE else 1.0
+        running = []
+        with self._lock:
+            self._reset_for(study)
+            for t in trials:
+                if t.state == TrialState.RUNNING:
+                    running.append(t)
+                elif t.number not in self._finished and t.state in (TrialState.COMPLETE, TrialState.PRUNED):
+                    self._finished[t.number] = t
+                    bisect.insort(self._numbers, t.number)
+                    bisect.insort(self._best, (_rank(t, sign), t.number))
+                    del self._best[self.history_best:]
+            keep = {n for _, n in self._best}
+            for n in reversed(self._numbers):
+                if len(keep) >= self.history_cap:
+                    break
+                keep.add(n)
+            out = [self._finished[n] for n in sorted(keep)]
+        return out + running
+
+
+def _rank(t: FrozenTrial, sign: float) -> tuple:
+    """How TPE orders finished trials from best to worst (``optuna.samplers._tpe.sampler._split_trials``)."""
+    values = t.constraints.values() if _HAS_SET_CONSTRAINT else t.system_attrs.get("constraints", ())
+    violation = sum(c for c in values or () if c > 0)
+    if violation > 0:
+        return (2, violation)
+    if t.state == TrialState.COMPLETE:
+        return (0, sign * float(t.value))
+    return (1, -(t.last_step if t.last_step is not None else -1))
+
+
+class _HistoryView:
+    """A study as :class:`BoundedTPESampler`'s estimators see it: its trials bounded, everything else its own."""
+
+    def __init__(self, study: optuna.Study, sampler: BoundedTPESampler, *, unseen_only: bool = False) -> None:
+        self._study, self._sampler, self._unseen_only = study, sampler, unseen_only
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._study, name)
+
+    def _get_trials(self, deepcopy: bool = True, states: Container[TrialState] | None = None,
+                    use_cache: bool = False) -> list[FrozenTrial]:
+        trials = self._study._get_trials(deepcopy=deepcopy, states=states, use_cache=use_cache)
+        if self._unseen_only:
+            return self._sampler.unseen(self._study, trials)
+        return self._sampler.bounded(self._study, trials)
+
+    def get_trials(self, deepcopy: bool = True, states: Container[TrialState] | None = None) -> list[FrozenTrial]:
+        return self._get_trials(deepcopy=deepcopy, states=states)
+
+
 def make_sampler(resolved: ResolvedSpace, seed: int | None, *,
                  parallel: bool = True) -> optuna.samplers.BaseSampler:
     """The sampler every process of a study uses: multivariate TPE grouped for conditional parameters, learning
     from failures through constraints; with several workers (``parallel``) a constant liar keeps them apart (it
-    costs about a third more sampling time, so a single worker goes without)."""
+    costs about a third more sampling time, so a single worker goes without); its view of history bounded past
+    :data:`HISTORY_CAP` trials (:class:`BoundedTPESampler`), so an ask costs the same at 20,000 trials as at
+    1,000."""
     warnings.filterwarnings("ignore", category=optuna.exceptions.ExperimentalWarning)
-    return optuna.samplers.TPESampler(
+    return BoundedTPESampler(
         seed=seed, multivariate=True, group=True, constant_liar=parallel,
         n_startup_trials=max(5, min(10, len(resolved.params) + 2)),
         **({} if _HAS_SET_CONSTRAINT else {"constraints_func": _constraints_of}),

@@ -46,8 +46,7 @@ def told(ctx: SearchContext, value: float, m: Measurement | None = None) -> floa
 def run_one(ctx: SearchContext, trial: optuna.Trial, progress: Progress | None, *, gpus: list[int] | None = None,
             worker: str = "") -> TrialSummary:
     """Sample, check, run (in a subprocess), store and tell one trial. Never raises for the trial's failure."""
-    resolved = ctx.resolved
-    params = suggest(trial, resolved)
+    params = suggest(trial, ctx.space_for(trial.user_attrs))
     is_baseline = bool(trial.user_attrs.get(BASELINE_ATTR))
     confirm_of = trial.user_attrs.get(CONFIRM_ATTR)
     ctx.repo.start_trial(ctx.run.id, trial.number, params, worker=worker or socket.gethostname(),

@@ -14,6 +14,7 @@ import json
 import os
 import shlex
 import shutil
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -220,15 +221,46 @@ def for_installed_release(launch: ServerLaunch, flags=None) -> ReleaseCheck:
     return out
 
 
-def deployment(space: Space, params: dict[str, Any], arch: str | None, ablation: dict | None) -> Deployment:
+def command_stage_best(repo, run_id: int, maximize: bool, space: Space, arch: str | None,
+                       projected: CommandConfig) -> Any | None:
+    """The search's best configuration the command can give as it is (``command_config`` changes nothing: the
+    command stage's best, ``tuner.search.stages``), when its median beats the median of ``projected`` (the best's
+    own configuration with its code changes taken out) or ``projected`` was never measured; else ``None``.
+    Returns the trial record of its first run."""
+    if not projected.changes:
+        return None
+    groups: dict[str, list] = {}
+    for t in repo.list_trials(run_id, outcome="ok"):
+        if t.value is not None and t.repeat_of is None:
+            groups.setdefault(json.dumps(t.params, sort_keys=True, default=str), []).append(t)
+    sign = 1.0 if maximize else -1.0
+    deployable = [(statistics.median(r.value for r in runs), runs[0]) for runs in groups.values()
+                  if not command_config(space, runs[0].params, arch).changes]
+    if not deployable:
+        return None
+    median, first = max(deployable, key=lambda d: sign * d[0])
+    mine = groups.get(json.dumps(projected.params, sort_keys=True, default=str))
+    if mine and sign * statistics.median(r.value for r in mine) >= sign * median:
+        return None
+    return first
+
+
+def deployment(space: Space, params: dict[str, Any], arch: str | None, ablation: dict | None, *,
+               staged: Any | None = None) -> Deployment:
     """The SGLang command for the twin configuration ``params`` on a GPU of architecture ``arch``: every value it
     cannot give replaced (:func:`command_config`), its flags checked by the installed SGLang's parser, the knobs
-    without a flag with their gains from ``ablation`` (``tuner explain --ablate``'s stored tables)."""
+    without a flag with their gains from ``ablation`` (``tuner explain --ablate``'s stored tables). ``staged``: the
+    command stage's best (:func:`command_stage_best`), which the command then runs instead."""
     cmd = command_config(space, params, arch)
+    if staged is not None:  # the command stage's best measured better than the best's own values as a command
+        cmd = CommandConfig(params=dict(staged.params), changes=cmd.changes)
     launch = server_launch(space, cmd.params)
     release = for_installed_release(launch)
     argv = sglang_argv(space, cmd.params, launch)
     lines = [release.line]
+    if staged is not None:
+        lines.append(f"this command is the command stage's best (trial {staged.number}, only values the command can "
+                     "set), measured better than the twin's best with its code changes taken out")
     if space.deployment is not None and space.deployment.covers(arch):
         lines += [f"what this command's configuration ran for each component {space.deployment.release} runs on "
                   f"{arch} (sources: files of that release):", *space.deployment.fidelity_lines(arch, cmd.params)]

@@ -296,9 +296,12 @@ class WorkloadTarget(Target):
         """SGLang's launch command for ``params`` (:func:`tuner.targets.workload.deploy.deployment`), for the GPU
         architecture the study ran on."""
         from search_spaces.hardware import arch_of_environment
-        from tuner.targets.workload.deploy import deployment, read_ablation
+        from tuner.targets.workload.deploy import command_config, command_stage_best, deployment, read_ablation
 
-        return deployment(self.space, params, arch_of_environment(environment), read_ablation(repo, run_id))
+        arch = arch_of_environment(environment)
+        staged = command_stage_best(repo, run_id, self.space.objective.direction != "minimize", self.space, arch,
+                                    command_config(self.space, params, arch))
+        return deployment(self.space, params, arch, read_ablation(repo, run_id), staged=staged)
 
     def launch_spec(self, params: dict[str, Any]) -> LaunchSpec:
         argv = [sys.executable, "-m", "tuner.targets.workload.run", "--preset", self.preset.name,

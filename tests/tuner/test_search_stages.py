@@ -1,0 +1,191 @@
+"""Stages and convergence (``tuner.search.stages``): the rule itself, a search that converges and ends early
+with the export and the budget it left, and the command stage before the code changes."""
+
+import optuna
+import pytest
+from spaces import FAKE_SPACE
+
+from search_spaces import Hardware, load_space, resolve
+from storage import Repo
+from tuner.search import Progress
+from tuner.search.context import SearchOptions
+from tuner.search.driver import run_search
+from tuner.search.stages import StagePlan, converged, plan
+
+CPU = Hardware()
+
+STAGED_SPACE = """
+name: fake-stages
+target: fake_targets:FakeTarget
+settings: {sleep_s: 0.0}
+objective: {metric: tok_s, combine: geomean, levels: [1, 4]}
+params:
+  x:
+    type: categorical
+    server: {flag: --x}
+    values: [0, 1, 2, 3]
+    default: 0
+  boost:
+    type: categorical
+    server: {none: no launch flag gives it (a code change), deploys_as: 0}
+    values: [0, 4]
+    default: 0
+"""
+
+
+class Lines(Progress):
+    def __init__(self):
+        self.lines = []
+
+    def message(self, text):
+        self.lines.append(text)
+
+
+def _opts(tmp_path, url, text, **kw):
+    p = tmp_path / "space.yaml"
+    p.write_text(text)
+    base = dict(budget_s=240, storage_url=url, study="s", space_path=str(p), out_dir=str(tmp_path / "out"),
+                seed=1, hardware=CPU, trial_timeout_s=20.0, confirm_top=0, refine_share=0.0)
+    base.update(kw)
+    return SearchOptions(**base)
+
+
+# -- the rule ------------------------------------------------------------------------------------------------
+def test_no_gain_beyond_the_noise_over_the_stretch_with_repeats_crowding_converges():
+    values = [10.0, 12.0, 12.5] + [12.1] * 6
+    repeats = [False] * 3 + [True, False, True, False, True, False]
+    v = converged(values, repeats, None, stretch=6, noise=0.05, maximize=True)
+    assert v is not None and v.stretch == 6 and v.repeats == 3
+
+
+def test_a_gain_beyond_the_noise_inside_the_stretch_does_not_converge():
+    values = [10.0, 12.0, 12.5, 12.1, 12.1, 14.0, 12.1, 12.1, 12.1]
+    repeats = [False, False, False, True, True, False, True, True, False]
+    assert converged(values, repeats, None, stretch=6, noise=0.05, maximize=True) is None
+    # the same gain inside the noise (15%) is no gain
+    assert converged(values, repeats, None, stretch=6, noise=0.15, maximize=True) is not None
+
+
+def test_without_repeats_it_takes_twice_the_stretch():
+    values = [10.0, 12.0] + [11.0] * 6
+    assert converged(values, [False] * 8, None, stretch=6, noise=0.01, maximize=True) is None
+    values += [11.0] * 6
+    v = converged(values, [False] * 14, None, stretch=6, noise=0.01, maximize=True)
+    assert v is not None and v.stretch == 12
+
+
+def test_the_stretch_grows_with_the_stage_and_zero_turns_it_off():
+    values, repeats = [10.0] + [9.0] * 99, [False] + [True] * 99
+    assert converged(values, repeats, None, stretch=0, noise=0.0, maximize=True) is None
+    assert converged(values, repeats, None, stretch=5, noise=0.0, maximize=True).stretch == 20  # a fifth of 100
+
+
+def test_a_stage_that_converged_hands_its_time_to_the_next_and_the_last_one_ends_the_search(tmp_path):
+    resolved = resolve(load_space(str(_write(tmp_path, STAGED_SPACE))), CPU)
+    stages = plan(resolved, deployable_only=False)
+    assert [s.name for s in stages] == ["command", "code changes"]
+    assert [p.name for p in stages[0].resolved.params] == ["x"] and stages[0].resolved.fixed["boost"] == 0
+    sp = StagePlan(stages, stretch=4)
+
+    class T:
+        def __init__(self, value, repeat_of=None):
+            self.value, self.repeat_of, self.outcome, self.is_baseline = value, repeat_of, "ok", False
+
+    trials = [T(10.0), T(12.0)] + [T(12.0, 1)] * 4
+    line = sp.observe(trials, maximize=True, noise=0.01, started=0.0, trials_end=1000.0, now=100.0)
+    assert line.startswith("stage 'command' ends after 6 trials (converged") and "900" not in line
+    assert "15.0 min left" in line and sp.current.name == "code changes" and not sp.done
+    trials += [T(30.0)] + [T(30.0, 6)] * 2  # the new stage's own trials: fewer than the stretch
+    assert sp.observe(trials, maximize=True, noise=0.01, started=0.0, trials_end=1000.0, now=200.0) is None
+    trials += [T(30.0, 6)] * 2
+    line = sp.observe(trials, maximize=True, noise=0.01, started=0.0, trials_end=1000.0, now=210.0)
+    assert line.startswith("stage 'code changes' converged") and sp.done
+
+
+def test_a_stage_that_spent_its_share_ends_without_converging(tmp_path):
+    resolved = resolve(load_space(str(_write(tmp_path, STAGED_SPACE))), CPU)
+    sp = StagePlan(plan(resolved, deployable_only=False), stretch=0)
+
+    class T:
+        value, repeat_of, outcome, is_baseline = 10.0, None, "ok", False
+
+    assert sp.observe([T()], maximize=True, noise=0.0, started=0.0, trials_end=100.0, now=49.0) is None
+    line = sp.observe([T(), T()], maximize=True, noise=0.0, started=0.0, trials_end=100.0, now=50.0)
+    assert "its share of the time is spent" in line and sp.current.name == "code changes"
+
+
+def _write(tmp_path, text):
+    p = tmp_path / "rule.yaml"
+    p.write_text(text)
+    return p
+
+
+# -- whole searches ------------------------------------------------------------------------------------------
+def test_a_search_that_mapped_its_space_ends_early_with_the_export_and_the_budget_it_left(tmp_path, sqlite_url):
+    small = FAKE_SPACE.replace("values: [ok, crash, hang, oom, raise]", "values: [ok]").replace(
+        "values: [0, 1, 2, 3, 4, 5, 6, 7]", "values: [0, 1, 2]")
+    progress = Lines()
+    res = run_search(_opts(tmp_path, sqlite_url, small, converge_after=4), progress)
+    assert res.state == "finished"
+    assert res.stop_reason.startswith("stage 'search' converged: no better configuration beyond the noise")
+    assert "budget left" in res.stop_reason and res.elapsed_s < 200
+    assert res.best_params["x"] == 2 and (tmp_path / "out" / "s" / "launch.sh").exists()
+    assert any(line.startswith("stage 'search' converged") for line in progress.lines)
+
+
+def test_the_command_stage_runs_the_deployable_values_first_then_the_code_changes(tmp_path, sqlite_url):
+    progress = Lines()
+    res = run_search(_opts(tmp_path, sqlite_url, STAGED_SPACE, converge_after=4), progress)
+    ended = next(i for i, line in enumerate(progress.lines) if line.startswith("stage 'command' ends"))
+    assert "converged" in progress.lines[ended] or "exhausted" in progress.lines[ended]
+    run = Repo(sqlite_url).get_run("s")
+    recs = Repo(sqlite_url).list_trials(run.id)
+    first_boost = next(r.number for r in recs if r.params["boost"] == 4)
+    command_trials = [r for r in recs if r.number < first_boost and not r.is_baseline]
+    assert len(command_trials) >= 4 and all(r.params["boost"] == 0 for r in command_trials)
+    assert res.best_params == {"x": 3, "boost": 4}  # the code change is found after the command's values
+    study = optuna.load_study(study_name="s", storage=sqlite_url)
+    assert len(study.trials) == len(recs)
+
+
+@pytest.mark.parametrize("deployable_only,names", [(False, ["command", "code changes"]), (True, ["command"])])
+def test_the_dry_run_shows_the_planned_stages_and_their_shares(tmp_path, sqlite_url, deployable_only, names):
+    settings = {"deployable_only": True} if deployable_only else {}
+    res = run_search(_opts(tmp_path, sqlite_url, STAGED_SPACE, dry_run=True, settings=settings))
+    stages = [v for k, v in res.preflight.facts.items() if k.startswith("stage ")]
+    assert [s.split(":")[0] for s in stages] == names
+    assert ("50% of the time for trials (about 2 min)" in stages[0]) == (not deployable_only)
+    assert "convergence" in res.preflight.facts
+
+
+# -- the export's "this command" from the command stage -------------------------------------------------------
+def _store(repo, run, number, params, value):
+    repo.start_trial(run.id, number, params)
+    repo.finish_trial(run.id, number, outcome="ok", value=value, duration_s=1.0)
+
+
+@pytest.mark.parametrize("projected_value,expect_command_stage", [(None, True), (12.0, True), (25.0, False)])
+def test_this_command_is_the_command_stages_best_when_it_measured_better_than_the_bests_values_as_a_command(
+        sqlite_url, projected_value, expect_command_stage):
+    from spaces import tiny_workload_run
+
+    from tuner.targets.workload.deploy import command_config, command_stage_best
+
+    def best_command(repo, run, space, arch, projected):
+        return command_stage_best(repo, run.id, run.direction != "minimize", space, arch, projected)
+
+    repo, run, space = tiny_workload_run(sqlite_url, "staged", 600)
+    arch = "sm_90"
+    defaults = command_config(space, space.defaults(), arch).params  # what the command runs by default
+    command_best = {**defaults, "context_length": 4096}
+    best = {**defaults, "context_length": 65536, "indexer_width": "live"}  # indexer_width=live: a code change
+    assert not command_config(space, command_best, arch).changes and command_config(space, best, arch).changes
+    _store(repo, run, 0, defaults, 10.0)
+    _store(repo, run, 1, command_best, 20.0)
+    _store(repo, run, 2, best, 30.0)
+    projected = command_config(space, best, arch)
+    if projected_value is not None:  # the side-by-side run of the best with its code changes taken out
+        _store(repo, run, 3, projected.params, projected_value)
+    got = best_command(repo, run, space, arch, projected)
+    assert (got is not None and got.number == 1) == expect_command_stage
+    assert best_command(repo, run, space, arch, command_config(space, command_best, arch)) is None  # deployable

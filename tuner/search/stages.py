@@ -1,0 +1,283 @@
+"""Stages of one search in one budget, and convergence: when a stage has mapped its space, the next one starts.
+
+A workload search whose space marks values the exported SGLang command cannot set (``server: not_deployable`` /
+``deploys_as``) runs two stages: **command** (only the values the command can set on this GPU, as
+``--set deployable_only=true`` resolves them: the best of this stage is a command, its figure "this command") and
+**code changes** (the whole space). Any other search is one stage, **search**. The baseline and the confirmation
+re-runs always use the whole space.
+
+A stage ends when its share of the time for trials is spent, or earlier when it has **converged**: over the last
+``stretch`` trials of the stage (``--converge-after N``, at least a fifth of the stage's trials so far) no new
+configuration beat the best found before them by more than the measured noise (the best's own step-time spread,
+at least :data:`MIN_GAIN`), and either a quarter or more of those proposals were repeats of configurations already
+timed, or the stretch has lasted twice as long. The stage says so in one line and the next stage starts with the
+time left; when the last stage converges the search stops, confirms and exports early, and says how much of the
+budget it left.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import math
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+from search_spaces import ResolvedSpace, resolve
+from tuner.search.winner import NOISE_CAP, step_noise
+
+_logger = logging.getLogger(__name__)
+
+CONVERGE_AFTER = 40
+"""The default stretch (``--converge-after``): trials of a stage with no gain beyond the noise."""
+MIN_GAIN = 0.005
+"""A gain below this share is never counted as one, however quiet the measurements."""
+REPEAT_SHARE = 0.25
+"""Repeats crowd the proposals when at least this share of the stretch re-proposed timed configurations."""
+COMMAND_SHARE = 0.5
+"""The command stage's share of the time for trials; convergence passes what it leaves to the code changes."""
+
+
+@dataclass(frozen=True)
+class Stage:
+    name: str
+    share: float
+    resolved: ResolvedSpace
+    what: str
+
+    def line(self, budget_s: float | None = None) -> str:
+        when = f"{self.share:.0%} of the time for trials"
+        if budget_s:
+            when += f" (about {budget_s * self.share / 60:.0f} min)"
+        return f"{self.name}: {when}, {self.what}"
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """Why a stage converged, as one line."""
+
+    stretch: int
+    repeats: int
+    noise: float
+
+    def line(self) -> str:
+        return (f"no better configuration beyond the noise ({self.noise:.1%}) in its last {self.stretch} trials, "
+                f"{self.repeats} of them repeats")
+
+
+def converged(values: Sequence[float | None], repeats: Sequence[bool], best_before: float | None, *,
+              stretch: int, noise: float | Callable[[], float], maximize: bool) -> Verdict | None:
+    """The convergence rule over one stage's trials in order (``values``: a new configuration's objective, None
+    for a failure; ``repeats``: whether each re-proposed a timed configuration), ``best_before`` the search's best
+    before the stage. ``None`` while the stage has not converged (see the module docstring)."""
+    n = len(values)
+    if stretch <= 0:
+        return None
+    stretch = max(stretch, math.ceil(0.2 * n))
+    if n < stretch:
+        return None
+    gain = max(noise() if callable(noise) else noise, MIN_GAIN)
+
+    def beats(v: float, ref: float | None) -> bool:
+        if ref is None:
+            return True
+        return v > ref * (1 + gain) if maximize else v < ref * (1 - gain)
+
+    def best_of(vals, start):
+        out = start
+        for v in vals:
+            if v is not None and math.isfinite(v) and (out is None or (v > out if maximize else v < out)):
+                out = v
+        return out
+
+    def quiet(window: int) -> bool:
+        ref = best_of(values[: n - window], best_before)
+        return ref is not None and not any(v is not None and not r and beats(v, ref) for v, r in
+                                           zip(values[n - window:], repeats[n - window:], strict=True))
+
+    if not quiet(stretch):
+        return None
+    reps = sum(repeats[n - stretch:])
+    if reps >= REPEAT_SHARE * stretch:
+        return Verdict(stretch, reps, gain)
+    if n >= 2 * stretch and quiet(2 * stretch):
+        return Verdict(2 * stretch, sum(repeats[n - 2 * stretch:]), gain)
+    return None
+
+
+def convergence_line(stretch: int, n_trials: int | None) -> str:
+    """The dry run's line on convergence."""
+    if n_trials is not None:
+        return "off with --n-trials (every stage runs its share of the trials)"
+    if stretch <= 0:
+        return "off (--converge-after 0): every stage runs its share of the budget"
+    return (f"a stage ends early when its last {stretch} trials (at least a fifth of the stage's) found nothing "
+            f"better beyond the noise and a quarter of them were repeats, or after twice that many "
+            f"(--converge-after N sets the stretch, 0 turns it off); the last stage's convergence ends the search "
+            f"with the export and the budget it left")
+
+
+def plan(resolved: ResolvedSpace, *, deployable_only: bool) -> list[Stage]:
+    """The stages of a search over ``resolved`` (see the module docstring): read from the space, never from
+    hard-coded values, so a space whose deployable values change per GPU plans its stages from them."""
+    if deployable_only:
+        return [Stage("command", 1.0, resolved, "only the values the exported command can set (deployable_only)")]
+    command, held = command_space(resolved)
+    if command is None:
+        return [Stage("search", 1.0, resolved, "the whole space")]
+    bad = resolved.space.violated_constraints(command.defaults())
+    if bad:  # e.g. the command's attention needs a kernel this machine lacks: no command stage can run here
+        return [Stage("search", 1.0, resolved, "the whole space (no command stage: the command's values break "
+                      + ", ".join(f"`{c.name}`" for c in bad) + " here)")]
+    sampled = {p.name for p in command.params}
+    code = [p.name for p in resolved.params if p.name not in sampled]
+    return [Stage("command", COMMAND_SHARE, command,
+                  f"the values the exported SGLang command can set on this GPU first "
+                  f"({', '.join(p.name for p in command.params) or 'nothing to tune'})"
+                  + (f"; {', '.join(held)} held at one value" if held else "")),
+            Stage("code changes", 1.0 - COMMAND_SHARE, resolved,
+                  f"then the whole space, the values that need a code change too ({', '.join(code)})")]
+
+
+def command_space(resolved: ResolvedSpace) -> tuple[ResolvedSpace | None, list[str]]:
+    """``resolved`` cut to the values the exported command can set on its GPU (``None`` when that cuts nothing),
+    and the parameters it holds at one value: one whose values the cut shrinks but leaves more than one of, at its
+    command default (Optuna's categorical distributions cannot change their values inside one study), and one whose
+    command value cannot run on this machine (a CPU has no FlashMLA), at the value that runs here."""
+    cut = resolve(resolved.space, resolved.hardware, deployable_only=True)
+    full = {p.name: tuple(p.choices()) for p in resolved.params}
+    kept, fixed, held = [], dict(cut.fixed), []
+    runs_here = resolved.defaults()
+    for name, v in cut.fixed.items():  # a command value that cannot run on this machine: the one that does
+        if name in runs_here and v != runs_here[name] and v not in full.get(name, ()):
+            fixed[name] = runs_here[name]
+            held.append(name)
+    for p in cut.params:
+        if full.get(p.name) == tuple(p.choices()):
+            kept.append(p)
+        else:
+            fixed[p.name] = p.default
+            held.append(p.name)
+    if len(kept) == len(resolved.params):
+        return None, []
+    return dataclasses.replace(cut, params=tuple(kept), fixed=fixed), held
+
+
+@dataclass
+class StagePlan:
+    """The stages of one running search, shared by its worker threads. ``started`` / ``trials_end``: when the
+    time for trials starts and ends (``time.time()``); with ``n_trials`` the shares are of trials instead."""
+
+    stages: list[Stage]
+    stretch: int = CONVERGE_AFTER
+    n_trials: int | None = None
+    index: int = 0
+    first: int = 0
+    """How many of the search's trials came before the current stage."""
+    lines: list[str] = field(default_factory=list)
+    """What each stage ended with, in order: the one-line messages."""
+    converged_line: str = ""
+    """Set when the last stage converged: the search ends early."""
+    _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+
+    @property
+    def current(self) -> Stage:
+        return self.stages[self.index]
+
+    @property
+    def done(self) -> bool:
+        return bool(self.converged_line)
+
+    def planned_lines(self, budget_s: float | None = None) -> list[str]:
+        return [f"stage {i + 1} {s.line(budget_s)}" for i, s in enumerate(self.stages)]
+
+    def observe(self, trials: Sequence, *, maximize: bool, noise: float | Callable[[], float], started: float, trials_end: float,
+                now: float | None = None) -> str | None:
+        """After a trial: end the current stage when it converged or spent its share; returns the line to print
+        (None when nothing changed). ``trials``: the search's trial summaries so far, in order."""
+        now = time.time() if now is None else now
+        with self._lock:
+            if self.done:
+                return None
+            mine = [t for t in trials[self.first:] if not t.is_baseline]
+            last = self.index == len(self.stages) - 1
+            ends_at = started + (trials_end - started) * sum(s.share for s in self.stages[: self.index + 1])
+            if self.n_trials is not None:
+                spent = len(trials) >= math.ceil(self.n_trials * sum(s.share for s in self.stages[: self.index + 1]))
+            else:
+                spent = now >= ends_at
+            verdict = None
+            if self.n_trials is None and self.stretch > 0:
+                before = [t.value for t in trials[: self.first] if t.outcome == "ok" and t.value is not None]
+                best_before = (max(before) if maximize else min(before)) if before else None
+                verdict = converged([t.value if t.outcome == "ok" else None for t in mine],
+                                    [t.repeat_of is not None for t in mine], best_before,
+                                    stretch=self.stretch, noise=noise, maximize=maximize)
+            if verdict is None and (last or not spent):
+                return None
+            stage = self.current
+            why = f"converged: {verdict.line()}" if verdict is not None else "its share of the time is spent"
+            if last:
+                self.converged_line = f"stage {stage.name!r} converged: {verdict.line()}"
+                self.lines.append(self.converged_line)
+                return self.converged_line
+            self.index += 1
+            self.first = len(trials)
+            left = max(0.0, trials_end - now)
+            line = (f"stage {stage.name!r} ends after {len(mine)} trials ({why}); stage {self.current.name!r} "
+                    f"starts with {left / 60:.1f} min left: {self.current.what}")
+            self.lines.append(line)
+            return line
+
+    def exhausted(self, repeats_in_a_row: int, n_trials_so_far: int) -> str | None:
+        """TPE re-proposed timed configurations ``repeats_in_a_row`` times in a row: the stage's space is spent.
+        Moves to the next stage (the line to print) or, on the last, returns None (the search ends as before)."""
+        with self._lock:
+            if self.index == len(self.stages) - 1:
+                return None
+            stage = self.current
+            self.index += 1
+            self.first = n_trials_so_far
+            line = (f"stage {stage.name!r} ends: its space is exhausted ({repeats_in_a_row} repeated configurations "
+                    f"in a row); stage {self.current.name!r} starts: {self.current.what}")
+            self.lines.append(line)
+            return line
+
+
+def after_trial(ctx, progress=None) -> bool:
+    """Called by the search loops after each trial of ``ctx`` (a ``tuner.search.context.SearchContext``): ends the
+    current stage when it converged or spent its share (printing the one line), and returns True when the last
+    stage converged (the loop stops; the driver confirms and exports early)."""
+    plan_ = ctx.stages
+    if plan_ is None:
+        return False
+    if plan_.done:
+        return True
+
+    def noise() -> float:  # the best's own step-time spread, as refining moves read it
+        best = ctx.best
+        rec = ctx.repo.get_trial(ctx.run.id, best.number) if best is not None else None
+        return min(NOISE_CAP, step_noise(rec)) if rec is not None else 0.0
+
+    line = plan_.observe(ctx.trials, maximize=ctx.direction == "maximize", noise=noise,
+                         started=ctx.deadline.start, trials_end=ctx.deadline.trials_end)
+    if line:
+        _logger.info("%s", line)
+        if progress:
+            progress.message(line)
+    return plan_.done
+
+
+def on_exhausted(ctx, repeats_in_a_row: int, progress=None) -> bool:
+    """TPE re-proposed timed configurations ``repeats_in_a_row`` times in a row: True when a next stage took over
+    (the loop goes on), False on the last stage (the search ends: its space is exhausted)."""
+    if ctx.stages is None:
+        return False
+    line = ctx.stages.exhausted(repeats_in_a_row, len(ctx.trials))
+    if line:
+        _logger.info("%s", line)
+        if progress:
+            progress.message(line)
+    return line is not None
