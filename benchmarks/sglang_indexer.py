@@ -18,7 +18,7 @@ activation and 128x128 weight scales, what SGLang runs for V4's FP8 linears on s
 ``torch._scaled_mm`` (per-row and per-channel scales) at two V4-Flash shapes.
 
     python benchmarks/sglang_indexer.py --json $OUT/sglang_indexer.json      # on an sm_90 GPU with deep_gemm
-    python benchmarks/sglang_indexer.py --report-from FILE.json --out benchmarks/results/sglang_indexer/h200/D_C.md
+    python benchmarks/sglang_indexer.py --report-from FILE.json --out REPORT.md
 """
 
 from __future__ import annotations
