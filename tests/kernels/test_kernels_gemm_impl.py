@@ -60,10 +60,13 @@ def test_gemm_impl_knob_is_checked(knobs, needle):
 def test_gemm_impl_is_a_searched_knob_with_no_sglang_flag():
     from search_spaces import load_space
 
-    for name in ("dsv4_flash", "dsv4_flash_tiny"):
+    for name, extra in (("dsv4_flash", ["deepgemm"]), ("dsv4_flash_tiny", [])):
         p = load_space(name).param("gemm_impl")
-        assert p.default == "torch" and list(p.choices()) == ["torch", "triton", "auto"]
+        assert p.default == "torch" and list(p.choices()) == ["torch", "triton", "auto", *extra]
         assert p.server.flag is None and "cannot load" in p.server.none
+    # SGLang's own code runs DeepGEMM for V4's FP8 linears on sm_90: there the twin's torch GEMM is the code change
+    server = load_space("dsv4_flash").param("gemm_impl").server
+    assert server.deployed_value("sm_90") == "deepgemm" and server.deployed_value(None) == "torch"
 
 
 def test_gemm_seed_configs_fill_one_wave_of_sms_and_pass_the_rules():
