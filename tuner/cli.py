@@ -62,13 +62,39 @@ def _parse_sets(items: list[str]) -> dict[str, Any]:
     return out
 
 
-def _setup_logging(verbose: bool) -> None:
-    logging.basicConfig(level=logging.INFO if verbose else logging.WARNING,
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr)
+class HeldWarnings(logging.Handler):
+    """Holds the warnings logged during a search, each message once, to be said at its end (:meth:`lines`) as
+    sentences, not as timestamped records among the trial lines."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.WARNING)
+        self.messages: dict[str, str] = {}
+
+    def emit(self, record: logging.LogRecord) -> None:
+        kind = "warning" if record.levelno < logging.ERROR else "error"
+        self.messages.setdefault(record.getMessage().strip(), kind)
+
+    def lines(self) -> list[str]:
+        return [f"{kind}: {m[:1].upper()}{m[1:]}{'' if m.endswith('.') else '.'}" for m, kind in self.messages.items()]
+
+
+def _setup_logging(verbose: bool, held: HeldWarnings | None = None) -> None:
+    """Verbose: every record on stderr with its time. Otherwise the warnings go to ``held`` (said at the end) when
+    given, else to stderr as records."""
+    if held is not None and not verbose:
+        root = logging.getLogger()
+        root.setLevel(logging.WARNING)
+        root.addHandler(held)
+    else:
+        logging.basicConfig(level=logging.INFO if verbose else logging.WARNING,
+                            format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr)
     if not verbose:
         import optuna
 
         optuna.logging.set_verbosity(optuna.logging.WARNING)
+        if held is not None:  # Optuna's own handler prints its records; they are held too
+            optuna.logging.disable_default_handler()
+            optuna.logging.enable_propagation()
 
 
 @app.command()
@@ -98,7 +124,8 @@ def search(
     verbose: Annotated[bool, typer.Option("--verbose", "-v")] = False,
 ) -> None:
     """Search for the fastest configuration within a wall-clock budget, then export it."""
-    _setup_logging(verbose)
+    held = HeldWarnings()
+    _setup_logging(verbose, held)
     from tuner.budget import parse_budget
     from tuner.progress import RichProgress
     from tuner.search.context import SearchOptions
@@ -134,13 +161,18 @@ def search(
                              n_trials=n_trials, dry_run=dry_run, confirm_top=confirm_top,
                              refine_share=refine_share, workers=workers, gpus=gpu_ids, warm_start=warm_start)
         result = run_search(opts, progress)
+    except BaseException:
+        _say(held)
+        raise
     finally:
         progress.stop()
     if dry_run:
         for line in result.preflight.lines():
             console.print(line, highlight=False, markup=False)
+        _say(held)
         raise typer.Exit(0 if result.preflight.ok else 2)
     _print_result(result)
+    _say(held)
     if not hasattr(result, "summary_lines") and result.infeasible:  # stored, not exported: say so, exit 1
         err_console.print(f"error: {result.infeasible}", highlight=False, markup=False, soft_wrap=True)
         raise typer.Exit(1)
@@ -149,6 +181,13 @@ def search(
         err_console.print(f"error: {'the search gave up' if result.state == 'failed' else 'no trial succeeded'} "
                           f"({counts}); `tuner status` lists each trial's reason", highlight=False, markup=False)
         raise typer.Exit(1)
+
+
+def _say(held: HeldWarnings) -> None:
+    """The warnings held during a search, once each, after its trial lines and result."""
+    for line in held.lines():
+        err_console.print(line, highlight=False, markup=False, soft_wrap=True)
+    held.messages.clear()
 
 
 def _print_result(result) -> None:

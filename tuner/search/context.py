@@ -98,6 +98,26 @@ class SearchContext:
         return base.median if base is not None else None
 
     @property
+    def baseline_runs(self) -> int:
+        """How many times the baseline is timed before the other trials (:attr:`CommonSettings.baseline_runs`)."""
+        return self.target.config.baseline_runs or self.target.baseline_runs
+
+    @property
+    def baseline_spread(self) -> float | None:
+        """The baseline's runs' spread so far ((max - min) / median), None before its first run."""
+        base = baseline_of(group_runs(self.trials, self.key_of))
+        return base.spread if base is not None else None
+
+    @property
+    def ratios_ready(self) -> bool:
+        """True once the baseline was timed :attr:`baseline_runs` times (or the search moved past it): from then on
+        "x baseline" is shown, on a figure whose spread is known."""
+        base = baseline_of(group_runs(self.trials, self.key_of))
+        if base is None:
+            return False
+        return len(base.values) >= self.baseline_runs or any(not t.is_baseline for t in self.trials)
+
+    @property
     def best(self) -> TrialSummary | None:
         best = None
         for t in self.trials:
@@ -234,7 +254,8 @@ def open_context(options: SearchOptions, progress: Progress | None = None) -> Se
     load_history(ctx)
     if ctx.baseline is None and not any(t.is_baseline for t in ctx.trials):
         defaults = resolved.defaults()
-        study.enqueue_trial(suggestable(resolved, defaults), user_attrs={BASELINE_ATTR: True})
+        for _ in range(ctx.baseline_runs):  # timed more than once before any other: its spread is known
+            study.enqueue_trial(suggestable(resolved, defaults), user_attrs={BASELINE_ATTR: True})
         if warm is not None:  # the twin's best, translated, right after the baseline
             from tuner.search.warm_start import enqueue_warm_start
 
