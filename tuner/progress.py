@@ -7,6 +7,7 @@ from typing import Any
 
 from rich.console import Console, Group
 from rich.live import Live
+from rich.markup import escape
 from rich.table import Table
 from rich.text import Text
 
@@ -46,12 +47,14 @@ class RichProgress(Progress):
     def started(self, ctx: SearchContext) -> None:
         self.ctx = ctx
         space = ctx.resolved.space
-        self.console.print(f"[bold]tuner search[/] study [cyan]{ctx.run.study_name}[/] · target {ctx.target.name} · "
-                           f"space {space.name} ({space.source}) · budget {format_seconds(ctx.deadline.budget_s)}")
+        self.console.print(f"[bold]tuner search[/] study [cyan]{escape(ctx.run.study_name)}[/] · target "
+                           f"{escape(ctx.target.name)} · space {escape(space.name)} ({escape(str(space.source))}) · "
+                           f"budget {format_seconds(ctx.deadline.budget_s)}")
         self.console.print(f"objective: {space.objective.describe()} ({space.objective.direction}); "
-                           f"{len(ctx.resolved.params)} tunable parameters on {ctx.hardware.gpu_name}")
+                           f"{len(ctx.resolved.params)} tunable parameters on {ctx.hardware.gpu_name}",
+                           markup=False)
         for item in ctx.resolved.inactive:
-            self.console.print(f"  [dim]{item}[/]")
+            self.console.print(f"  [dim]{escape(str(item))}[/]", highlight=False)  # e.g. `tuner[flashmla]`
         if self.console.is_terminal:
             self.live = Live(self._render(), console=self.console, refresh_per_second=4, transient=False)
             self.live.start()
