@@ -351,7 +351,7 @@ def status(storage: StorageOpt = "sqlite:///tuner.db", study: StudyOpt = None,
                       *([served[t.number]] if any(served.values()) else []), detail)
     console.print(table)
     if phased:
-        console.print(trial_time_line([phases[t.number] for t in trials]), highlight=False)
+        console.print(trial_time_line([phases[t.number] for t in shown]), highlight=False)
 
 
 TRIAL_PHASES = ("spawn", "build", "numerics", "compile", "capture", "measure")
