@@ -17,6 +17,7 @@ from typing import Annotated, Any, Optional
 import typer
 from rich.console import Console
 from rich.table import Table
+from rich.text import Text
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
                   help="Find the fastest launch configuration and kernels for LLM serving, by measuring.")
@@ -305,7 +306,7 @@ def status(storage: StorageOpt = "sqlite:///tuner.db", study: StudyOpt = None,
             asked_again.setdefault(t.repeat_of, []).append(t.number)
     base_line = _baseline_line(run, every)
     if base_line:
-        console.print(base_line, highlight=False)
+        console.print(base_line, highlight=False, markup=False)
     total, trials = trial_page(repo, run.id, sort=sort, descending=desc, offset=offset, limit=limit,
                                with_measurements=True)
     shown = [t for t in trials if repeats or t.repeat_of is None]
@@ -348,7 +349,7 @@ def status(storage: StorageOpt = "sqlite:///tuner.db", study: StudyOpt = None,
                       *([_phase_split(phases[t.number])] if phased else []),
                       *([f"{num[t.number]:.2g}" if t.number in num else ""] if num else []),
                       *([f"{agree[t.number]:.3f}" if t.number in agree else ""] if agree else []),
-                      *([served[t.number]] if any(served.values()) else []), detail)
+                      *([served[t.number]] if any(served.values()) else []), Text(detail))  # no markup: `x[y]`
     console.print(table)
     if phased:
         console.print(trial_time_line([phases[t.number] for t in shown]), highlight=False)
@@ -462,9 +463,12 @@ def best(storage: StorageOpt = "sqlite:///tuner.db", study: StudyOpt = None,
         console.print_json(json.dumps(doc))
         return
     console.print(f"study {run.study_name}: best trial {t.number}, {value:.2f} {run.unit}"
-                  + (f" = {doc['speedup']:.2f}x baseline ({run.baseline_value:.2f})" if doc["speedup"] else ""))
+                  + (f" = {doc['speedup']:.2f}x baseline ({run.baseline_value:.2f})" if doc["speedup"] else ""),
+                  markup=False)
     for k, v in t.params.items():
-        console.print(f"  {k} = {v}", highlight=False)
+        console.print(f"  {k} = {v}", highlight=False, markup=False)
+    if doc["speedup"]:
+        console.print(_baseline_line(run, repo.list_trials(run.id)), highlight=False, markup=False)
     err = doc["metrics"].get("numerics_rel_err")
     if err is not None:
         console.print(f"numerics: output differs from the baseline configuration's by {err:.3g} (relative norm "
