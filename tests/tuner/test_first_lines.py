@@ -18,9 +18,9 @@ BASELINE_LINE = re.compile(r"baseline \(the space's defaults\): ([\d.]+) \S+ \(m
 RATIO = re.compile(r"^trial +(\d+) ok +([\d.]+) \(([\d.]+)x baseline\)")
 
 
-def tuner(*args, cwd, **kw):
+def tuner(*args, cwd, timeout=400):
     return subprocess.run([sys.executable, "-m", "tuner", *args], cwd=cwd, capture_output=True, text=True,
-                          timeout=400, **kw)
+                          timeout=timeout)
 
 
 def _ratios_after_baseline(stdout: str) -> tuple[re.Match, list[tuple[int, float, float]]]:
@@ -40,7 +40,7 @@ def test_the_main_job_shows_no_ratio_before_its_baseline_was_timed_twice_and_say
     assert base[2] == "2", base[0]  # two timed runs (after an untimed warm-up run in the fresh worker)
     baseline_trials = [ln for ln in r.stdout.splitlines() if ln.startswith("trial ") and "[baseline]" in ln]
     assert [ln.split()[1] for ln in baseline_trials] == ["0", "1"], r.stdout
-    assert all("x baseline" not in ln for ln in baseline_trials), baseline_trials
+    assert "x baseline" not in baseline_trials[0], baseline_trials  # its spread is not known yet
     median = float(base[1])
     for number, value, ratio in ratios:  # every ratio divides by the one figure the baseline line names
         assert value / median == pytest.approx(ratio, abs=0.006), (number, value, ratio, median)
@@ -115,12 +115,13 @@ def test_the_test_script_s_installs_skip_the_resolver_complaint_about_sglang_s_m
 
 
 @pytest.mark.slow
-@pytest.mark.timeout(420)
+@pytest.mark.timeout(560)
 def test_the_cpu_main_job_s_ratios_never_move_by_more_than_the_baseline_s_spread_once_shown(tmp_path):
-    """The README's main job on the tiny twin (``tuner search --budget 2m``, re-runs at the end included): once the
-    first ratio is shown, every "x baseline" (each per-trial line and the final line) divides by a figure within the
-    baseline's measured spread of the one the baseline line named; and no logger record interrupts the lines."""
-    r = tuner("search", "--budget", "2m", "--seed", "3", "-o", "out", cwd=tmp_path)
+    """The README's main job on the tiny twin (``tuner search``, re-runs at the end included; 3 minutes, not 2, so
+    that a loaded 2-core machine still times the baseline twice): once the first ratio is shown, every "x baseline"
+    (each per-trial line and the final line) divides by a figure within the baseline's measured spread of the one
+    the baseline line named; and no logger record interrupts the lines."""
+    r = tuner("search", "--budget", "3m", "--seed", "3", "-o", "out", cwd=tmp_path, timeout=500)
     assert r.returncode == 0, r.stderr[-3000:]
     base, ratios = _ratios_after_baseline(r.stdout)
     first, spread = float(base[1]), float(base[5]) / 100
