@@ -42,7 +42,7 @@ class RichProgress(Progress):
         self.ctx: SearchContext | None = None
         self.current: tuple[int, dict[str, Any], float] | None = None
         self.messages: list[str] = []
-        self.baseline_said = False
+        self.baseline_said: set[str] = set()
 
     def started(self, ctx: SearchContext) -> None:
         self.ctx = ctx
@@ -65,8 +65,8 @@ class RichProgress(Progress):
 
     def trial_finished(self, summary: TrialSummary, ctx: SearchContext) -> None:
         self.current = None
-        if ctx.ratios_ready and not self.baseline_said:
-            self.baseline_said = True
+        if ctx.ratios_ready and ctx.run.study_name not in self.baseline_said:  # once per study (kernel sub-studies)
+            self.baseline_said.add(ctx.run.study_name)
             self.message(baseline_line(ctx))
         if self.live is None:
             # the baseline's median, once timed as often as planned: the figure the final line uses too
