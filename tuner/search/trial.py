@@ -183,8 +183,8 @@ def _record(ctx: SearchContext, trial: optuna.Trial, params: dict[str, Any], m: 
         median = ctx.baseline_value
         if median is not None:
             ctx.repo.set_baseline(ctx.run.id, median)
-    level = logging.INFO if m.outcome in (Outcome.OK, Outcome.PRUNED) else logging.WARNING
-    _logger.log(level, "trial %d %s value=%s %s", trial.number, m.outcome.value, value, m.reason[:200])
+    # a record, not a warning: a failed trial is data, and its own line (progress, `tuner status`) says why
+    _logger.info("trial %d %s value=%s %s", trial.number, m.outcome.value, value, m.reason[:200])
     if progress:
         progress.trial_finished(summary, ctx)
     return summary
