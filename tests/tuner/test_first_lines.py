@@ -36,6 +36,10 @@ def _ratios_after_baseline(stdout: str) -> tuple[re.Match, list[tuple[int, float
 def test_the_main_job_shows_no_ratio_before_its_baseline_was_timed_twice_and_says_their_spread(cpu_main_job):
     r = cpu_main_job  # `tuner search --budget 4m --n-trials 4 --seed 3 -o out` (conftest's MAIN_JOB)
     assert r.returncode == 0, r.stderr
+    if not BASELINE_LINE.search(r.stdout):  # a run of the baseline failed (a loaded machine): no ratio at all
+        assert re.search(r"^trial +[01] (?!ok)", r.stdout, re.M), r.stdout
+        assert not [ln for ln in r.stdout.splitlines() if RATIO.match(ln)], r.stdout
+        return
     base, ratios = _ratios_after_baseline(r.stdout)
     assert base[2] == "2", base[0]  # two timed runs (after an untimed warm-up run in the fresh worker)
     baseline_trials = [ln for ln in r.stdout.splitlines() if ln.startswith("trial ") and "[baseline]" in ln]
@@ -123,11 +127,15 @@ def test_the_cpu_main_job_s_ratios_never_move_by_more_than_the_baseline_s_spread
     the baseline line named; and no logger record interrupts the lines."""
     r = tuner("search", "--budget", "3m", "--seed", "3", "-o", "out", cwd=tmp_path, timeout=500)
     assert r.returncode == 0, r.stderr[-3000:]
+    assert not re.search(r"^\d{4}-\d\d-\d\d [\d:,]+ WARNING", r.stderr, re.M), r.stderr
+    if not BASELINE_LINE.search(r.stdout):  # a run of the baseline failed on a loaded machine: the ratios wait
+        assert not [ln for ln in r.stdout.splitlines() if RATIO.match(ln)], r.stdout
+        return
     base, ratios = _ratios_after_baseline(r.stdout)
     first, spread = float(base[1]), float(base[5]) / 100
     final = re.search(r"x the baseline's median \(([\d.]+), (\d+) run", r.stdout)
     assert final, r.stdout
-    figures = [value / ratio for _, value, ratio in ratios if ratio >= 0.05] + [float(final[1])]
-    for figure in figures:  # 2-decimal ratios: a rounding allowance of 1% beside the spread
-        assert abs(figure / first - 1) <= spread + 0.01, (figure, first, spread, r.stdout)
-    assert not re.search(r"^\d{4}-\d\d-\d\d [\d:,]+ WARNING", r.stderr, re.M), r.stderr
+    figures = [(value / ratio, 0.005 / ratio) for _, value, ratio in ratios if ratio >= 0.1]
+    figures.append((float(final[1]), 0.0))
+    for figure, rounding in figures:  # a ratio printed to 2 decimals: its rounding beside the spread
+        assert abs(figure / first - 1) <= spread + rounding + 1e-9, (figure, first, spread, r.stdout)

@@ -110,12 +110,11 @@ class SearchContext:
 
     @property
     def ratios_ready(self) -> bool:
-        """True once the baseline was timed :attr:`baseline_runs` times (or the search moved past it): from then on
-        "x baseline" is shown, on a figure whose spread is known."""
+        """True once the baseline was timed :attr:`baseline_runs` times: from then on "x baseline" is shown, on a
+        figure whose spread is known. Until then (a run of it failed, say) the ratios wait; the re-run at the end
+        (:func:`tuner.search.confirm.confirm_top`) times it again when it has fewer than two runs."""
         base = baseline_of(group_runs(self.trials, self.key_of))
-        if base is None:
-            return False
-        return len(base.values) >= self.baseline_runs or any(not t.is_baseline for t in self.trials)
+        return base is not None and len(base.values) >= self.baseline_runs
 
     @property
     def best(self) -> TrialSummary | None:
