@@ -23,6 +23,15 @@ def normalize_url(url: str) -> str:
     return url
 
 
+def shown_url(typed: str) -> str:
+    """``typed`` as the user typed it (``postgresql://``, not the driver's ``postgresql+psycopg://``), its password
+    hidden."""
+    try:
+        return make_url(typed).render_as_string(hide_password=True)
+    except ArgumentError:
+        return typed
+
+
 def make_engine(url: str, *, pool_size: int = 5, create: bool = True) -> Engine:
     """Create an engine for ``url``; raise :class:`StorageError` with the fix when it cannot be used.
 
@@ -30,12 +39,12 @@ def make_engine(url: str, *, pool_size: int = 5, create: bool = True) -> Engine:
     PostgreSQL gets ``pool_pre_ping`` so a restarted server costs a reconnect, not a failed trial.
     With ``create=False`` a SQLite file that does not exist is an error (SQLite would create an empty one).
     """
-    url = normalize_url(url)
+    typed, url = url, normalize_url(url)  # errors echo the URL as the user typed it
     try:
         parsed = make_url(url)
     except ArgumentError as exc:
         raise StorageError(
-            f"storage URL {url!r} cannot be parsed ({exc}); give an SQLAlchemy URL such as "
+            f"storage URL {typed!r} cannot be parsed ({exc}); give an SQLAlchemy URL such as "
             "sqlite:///tuner.db or postgresql://user:pass@host/db"
         ) from None
     if not create:
@@ -48,7 +57,7 @@ def make_engine(url: str, *, pool_size: int = 5, create: bool = True) -> Engine:
     try:
         engine = create_engine(url, **kwargs)
     except (ArgumentError, ImportError, SQLAlchemyError) as exc:
-        raise StorageError(f"storage URL {url!r} cannot be used: {exc}") from None
+        raise StorageError(f"storage URL {shown_url(typed)!r} cannot be used: {exc}") from None
     if parsed.get_backend_name() == "sqlite":
         event.listen(engine, "connect", _sqlite_pragmas)
     try:
@@ -57,7 +66,7 @@ def make_engine(url: str, *, pool_size: int = 5, create: bool = True) -> Engine:
     except OperationalError as exc:
         reason = str(exc.orig).strip().splitlines()[0] if exc.orig else str(exc)
         raise StorageError(
-            f"storage {parsed.render_as_string(hide_password=True)!r} cannot be reached ({reason}); "
+            f"storage {shown_url(typed)!r} cannot be reached ({reason}); "
             "check the host, port, credentials and that the database exists"
         ) from None
     return engine

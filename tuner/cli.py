@@ -17,6 +17,7 @@ from typing import Annotated, Any, Optional
 import typer
 from rich.console import Console
 from rich.table import Table
+from rich.text import Text
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
                   help="Find the fastest launch configuration and kernels for LLM serving, by measuring.")
@@ -62,13 +63,39 @@ def _parse_sets(items: list[str]) -> dict[str, Any]:
     return out
 
 
-def _setup_logging(verbose: bool) -> None:
-    logging.basicConfig(level=logging.INFO if verbose else logging.WARNING,
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr)
+class HeldWarnings(logging.Handler):
+    """Holds the warnings logged during a search, each message once, to be said at its end (:meth:`lines`) as
+    sentences, not as timestamped records among the trial lines."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.WARNING)
+        self.messages: dict[str, str] = {}
+
+    def emit(self, record: logging.LogRecord) -> None:
+        kind = "warning" if record.levelno < logging.ERROR else "error"
+        self.messages.setdefault(record.getMessage().strip(), kind)
+
+    def lines(self) -> list[str]:
+        return [f"{kind}: {m[:1].upper()}{m[1:]}{'' if m.endswith('.') else '.'}" for m, kind in self.messages.items()]
+
+
+def _setup_logging(verbose: bool, held: HeldWarnings | None = None) -> None:
+    """Verbose: every record on stderr with its time. Otherwise the warnings go to ``held`` (said at the end) when
+    given, else to stderr as records."""
+    if held is not None and not verbose:
+        root = logging.getLogger()
+        root.setLevel(logging.WARNING)
+        root.addHandler(held)
+    else:
+        logging.basicConfig(level=logging.INFO if verbose else logging.WARNING,
+                            format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr)
     if not verbose:
         import optuna
 
         optuna.logging.set_verbosity(optuna.logging.WARNING)
+        if held is not None:  # Optuna's own handler prints its records; they are held too
+            optuna.logging.disable_default_handler()
+            optuna.logging.enable_propagation()
 
 
 @app.command()
@@ -102,7 +129,8 @@ def search(
     verbose: Annotated[bool, typer.Option("--verbose", "-v")] = False,
 ) -> None:
     """Search for the fastest configuration within a wall-clock budget, then export it."""
-    _setup_logging(verbose)
+    held = HeldWarnings()
+    _setup_logging(verbose, held)
     from tuner.budget import parse_budget
     from tuner.progress import RichProgress
     from tuner.search.context import SearchOptions
@@ -141,13 +169,18 @@ def search(
                              n_trials=n_trials, dry_run=dry_run, confirm_top=confirm_top,
                              refine_share=refine_share, converge_after=converge_after, workers=workers, gpus=gpu_ids, warm_start=warm_start)
         result = run_search(opts, progress)
+    except BaseException:
+        _say(held)
+        raise
     finally:
         progress.stop()
     if dry_run:
         for line in result.preflight.lines():
             console.print(line, highlight=False, markup=False)
+        _say(held)
         raise typer.Exit(0 if result.preflight.ok else 2)
     _print_result(result)
+    _say(held)
     if not hasattr(result, "summary_lines") and result.infeasible:  # stored, not exported: say so, exit 1
         err_console.print(f"error: {result.infeasible}", highlight=False, markup=False, soft_wrap=True)
         raise typer.Exit(1)
@@ -158,6 +191,26 @@ def search(
         raise typer.Exit(1)
 
 
+def _say(held: HeldWarnings) -> None:
+    """The warnings held during a search, once each, after its trial lines and result."""
+    for line in held.lines():
+        err_console.print(line, highlight=False, markup=False, soft_wrap=True)
+    held.messages.clear()
+
+
+def stop_reason(result) -> str:
+    """Why the search stopped, as the user reads it: "budget used" only when it was (the search stopped asking for
+    trials when the time left was kept for the re-runs at the end, which may not have fitted)."""
+    from tuner.budget import Deadline, format_seconds
+
+    left = result.budget_s - result.elapsed_s
+    kept = Deadline.start_now(result.budget_s).reserve_s if result.budget_s else 0.0  # for the export
+    if result.stop_reason == "budget used" and result.budget_s and left > kept + 1.0:
+        return (f"ended {format_seconds(left)} before its {format_seconds(result.budget_s)} budget: the time left was "
+                "kept for re-runs at the end and none more fitted")
+    return result.stop_reason
+
+
 def _print_result(result) -> None:
     from tuner.search.results import trial_tally
 
@@ -166,7 +219,7 @@ def _print_result(result) -> None:
             console.print(line, highlight=False, markup=False)
         return
     console.print(f"\nsearch {result.state} after {result.elapsed_s:.0f}s"
-                  + (f" ({result.stop_reason})" if result.stop_reason else "")
+                  + (f" ({stop_reason(result)})" if result.stop_reason else "")
                   + f": {trial_tally(result.trials)}")
     if result.note:
         console.print(f"note: {result.note}", highlight=False)
@@ -221,7 +274,9 @@ def status(storage: StorageOpt = "sqlite:///tuner.db", study: StudyOpt = None,
            desc: Annotated[bool, typer.Option("--desc", help="Largest first.")] = False,
            limit: Annotated[int | None, typer.Option("--limit", help="Show this many trials (default: all).")
                             ] = None,
-           offset: Annotated[int, typer.Option("--offset", help="Skip this many trials first.")] = 0) -> None:
+           offset: Annotated[int, typer.Option("--offset", help="Skip this many trials first.")] = 0,
+           repeats: Annotated[bool, typer.Option("--repeats", help="List each repeat (a configuration asked again "
+                                                 "and not run again) in its own row.")] = False) -> None:
     """Show the studies, or one study's trials with their outcomes (the API's trial page: same sort and paging)."""
     from storage.queries import SORT_KEYS, trial_page
     from storage.repo import elapsed_s
@@ -251,39 +306,100 @@ def status(storage: StorageOpt = "sqlite:///tuner.db", study: StudyOpt = None,
     counts = repo.outcome_counts(run.id)
     console.print(f"study {run.study_name}: {run.state}, target {run.target}, objective {run.objective}; "
                   + ", ".join(f"{k} {v}" for k, v in sorted(counts.items())))
+    every = repo.list_trials(run.id)
+    asked_again: dict[int, list[int]] = {}
+    for t in every:
+        if t.repeat_of is not None:
+            asked_again.setdefault(t.repeat_of, []).append(t.number)
+    base_line = _baseline_line(run, every)
+    if base_line:
+        console.print(base_line, highlight=False, markup=False)
     total, trials = trial_page(repo, run.id, sort=sort, descending=desc, offset=offset, limit=limit,
                                with_measurements=True)
-    num = {t.number: m.value for t in trials for m in t.measurements if m.metric == "numerics_rel_err"}
-    agree = {t.number: m.value for t in trials for m in t.measurements if m.metric == "greedy_agreement"}
-    phases = {t.number: _trial_phases(t.measurements) for t in trials}
+    shown = [t for t in trials if repeats or t.repeat_of is None]
+    num = {t.number: m.value for t in shown for m in t.measurements if m.metric == "numerics_rel_err"}
+    agree = {t.number: m.value for t in shown for m in t.measurements if m.metric == "greedy_agreement"}
+    phases = {t.number: _trial_phases(t.measurements) for t in shown}
     phased = any(phases.values())
-    served = {t.number: served_shortfall(t.measurements) for t in trials}
-    table = Table("#", "outcome", "value", "x base", "s", "start/warm/measure s",
+    served = {t.number: served_shortfall(t.measurements) for t in shown}
+    split = {t.number: _time_split(t.measurements) for t in shown}
+    base_key = _baseline_key(every)
+    caption = f"trials {offset + 1}-{offset + len(trials)} of {total}" if len(trials) < total else None
+    folded = sum(t.repeat_of is not None for t in trials) if not repeats else 0
+    if folded:
+        caption = (caption + "; " if caption else "") + (
+            f"{folded} repeats (a configuration asked again, not run again) folded into their configuration's row; "
+            "--repeats lists them")
+    table = Table("#", "outcome", "value", "x baseline", "s", *(["start/warm/measure s"] if any(split.values())
+                                                               else []),
                   *(["spawn/build/num/compile/capture/measure s"] if phased else []), *(["num. err"] if num else []),
                   *(["greedy agr."] if agree else []), *(["not served in full"] if any(served.values()) else []),
-                  "params / reason",
-                  caption=f"trials {offset + 1}-{offset + len(trials)} of {total}" if len(trials) < total else None)
-    for t in trials:
-        ratio = f"{t.value / run.baseline_value:.2f}" if t.value and run.baseline_value else ""
+                  "params / reason", caption=caption)
+    for t in shown:
+        is_base_config = base_key is not None and t.outcome == "ok" and _key(t.params) == base_key
+        if is_base_config:
+            ratio = "baseline"
+        else:
+            ratio = f"{t.value / run.baseline_value:.2f}" if t.value and run.baseline_value else ""
         detail = ", ".join(f"{k}={v}" for k, v in t.params.items())
         if t.outcome not in ("ok", None) and t.reason:
             detail += f" — {t.reason[:300]}"
+        if t.repeat_of is not None and repeats:
+            detail = f"same configuration as trial {t.repeat_of}: not run again"
+        if asked_again.get(t.number) and not repeats:
+            again = asked_again[t.number]
+            detail += f" (asked again {len(again)}x: trial{'s' if len(again) > 1 else ''} " + _numbers(again) + ")"
         table.add_row(str(t.number) + (" b" if t.is_baseline else ""), t.outcome or t.state,
                       f"{t.value:.2f}" if t.value is not None else "", ratio,
-                      f"{t.duration_s:.1f}" if t.duration_s else "", _time_split(t.measurements),
+                      f"{t.duration_s:.1f}" if t.duration_s else "",
+                      *([split[t.number]] if any(split.values()) else []),
                       *([_phase_split(phases[t.number])] if phased else []),
                       *([f"{num[t.number]:.2g}" if t.number in num else ""] if num else []),
                       *([f"{agree[t.number]:.3f}" if t.number in agree else ""] if agree else []),
-                      *([served[t.number]] if any(served.values()) else []), detail)
+                      *([served[t.number]] if any(served.values()) else []), Text(detail))  # no markup: `x[y]`
     console.print(table)
     if phased:
-        console.print(trial_time_line([phases[t.number] for t in trials]), highlight=False)
+        console.print(trial_time_line([phases[t.number] for t in shown]), highlight=False)
 
 
 TRIAL_PHASES = ("spawn", "build", "numerics", "compile", "capture", "measure")
 """Where a trial's time went (the ``trial_time_s`` rows a workload trial stores, ``spawn`` for any trial run in a
 trial process): the process start and imports (~0 in a reused worker), the model build, the numerics gate, the first
 steps' compile, CUDA-graph capture, and the measurement itself."""
+
+
+def _key(params: dict) -> str:
+    from tuner.search.winner import params_json  # the stored decision's own key of a configuration
+
+    return params_json(params)
+
+
+def _baseline_key(trials) -> str | None:
+    """The baseline configuration's parameters, as a key (None before it ran)."""
+    base = next((t for t in trials if t.is_baseline), None)
+    return _key(base.params) if base is not None else None
+
+
+def _baseline_line(run, trials) -> str:
+    """The figure every "x baseline" divides by (the stored run's baseline: the baseline's median), with its runs'
+    range and spread, read from the same trials."""
+    if not run.baseline_value:
+        return ""
+    key = _baseline_key(trials)
+    runs = [t.value for t in trials if t.outcome == "ok" and t.value is not None and t.repeat_of is None
+            and _key(t.params) == key]
+    unit = f" {run.unit}" if run.unit else ""
+    if len(runs) < 2:
+        return f"baseline (the space's defaults): {run.baseline_value:.2f}{unit}, one run (its spread is unknown)"
+    from tuner.search.winner import spread_of
+
+    return (f"baseline (the space's defaults): {run.baseline_value:.2f}{unit}, the median of {len(runs)} runs "
+            f"({min(runs):.2f}-{max(runs):.2f}, spread {spread_of(runs):.1%}); \"x baseline\" divides by it")
+
+
+def _numbers(numbers: list[int], most: int = 8) -> str:
+    shown = ", ".join(map(str, numbers[:most]))
+    return shown + (f" and {len(numbers) - most} more" if len(numbers) > most else "")
 
 
 def _trial_phases(measurements) -> dict[str, float]:
@@ -354,9 +470,12 @@ def best(storage: StorageOpt = "sqlite:///tuner.db", study: StudyOpt = None,
         console.print_json(json.dumps(doc))
         return
     console.print(f"study {run.study_name}: best trial {t.number}, {value:.2f} {run.unit}"
-                  + (f" = {doc['speedup']:.2f}x baseline ({run.baseline_value:.2f})" if doc["speedup"] else ""))
+                  + (f" = {doc['speedup']:.2f}x baseline ({run.baseline_value:.2f})" if doc["speedup"] else ""),
+                  markup=False)
     for k, v in t.params.items():
-        console.print(f"  {k} = {v}", highlight=False)
+        console.print(f"  {k} = {v}", highlight=False, markup=False)
+    if doc["speedup"]:
+        console.print(_baseline_line(run, repo.list_trials(run.id)), highlight=False, markup=False)
     err = doc["metrics"].get("numerics_rel_err")
     if err is not None:
         console.print(f"numerics: output differs from the baseline configuration's by {err:.3g} (relative norm "

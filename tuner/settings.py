@@ -64,6 +64,9 @@ class CommonSettings(Settings):
     """Folder of tuned kernel config files the trials (and the export) use (``$TUNER_KERNEL_CONFIG_DIR``)."""
     seed: int = 0
     """Seed of the trials' random inputs."""
+    baseline_runs: int | None = Field(None, ge=1)
+    """Times the baseline (the space's defaults) is timed before any other trial, so its spread is known before any
+    "x baseline" is shown (default: the target's ``baseline_runs``)."""
     noise_tolerance: float = Field(0.10, ge=0)
     """How far (max - min, over the median) the winner's runs may differ before it is run again (at the end)."""
     fail_fast_after: int = Field(8, ge=0)

@@ -58,12 +58,13 @@ CITED = re.compile(r"(?<![:\w/])benchmarks/results/[\w./-]+\.(?:md|json\.gz|json
 def _citing_files() -> list[Path]:
     root = RESULTS.parents[1]
     return sorted([*(root / "kernels").rglob("*.py"), *(root / "benchmarks").glob("*.py"),
-                   *(root / "benchmarks").glob("*.sh"), root / "README.md", *RESULTS.glob("*.md")])
+                   *(root / "benchmarks").glob("*.sh"), root / "README.md", *(root / "docs").glob("*.md"),
+                   *RESULTS.glob("*.md")])
 
 
 def test_every_stored_result_a_kernel_a_benchmark_or_the_readme_cites_exists():
-    """Each ``benchmarks/results/<file>`` that a kernel's notes, a benchmark script, the README or the results' own
-    notes name lies there (a removed one is named as ``git show <commit>:benchmarks/results/<old path>``)."""
+    """Each ``benchmarks/results/<file>`` that a kernel's notes, a benchmark script, the README, ``docs/`` or the
+    results' own notes name lies there (a removed one is named as ``git show <commit>:benchmarks/results/<old path>``)."""
     root = RESULTS.parents[1]
     cited = {(str(path.relative_to(root)), c) for path in _citing_files() for c in CITED.findall(path.read_text())}
     assert len(cited) > 50

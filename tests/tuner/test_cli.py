@@ -48,8 +48,9 @@ def test_unwritable_output_folder(tmp_path):
 
 
 def test_unreachable_storage(tmp_path):
-    _one_line_error(tuner("search", "--budget", "1m", "--storage", "postgresql://u@127.0.0.1:1/db", cwd=tmp_path),
-                    "cannot be reached")
+    r = tuner("search", "--budget", "1m", "--storage", "postgresql://u@127.0.0.1:1/db", cwd=tmp_path)
+    _one_line_error(r, "cannot be reached", "'postgresql://u@127.0.0.1:1/db'")  # the URL as typed
+    assert "psycopg" not in r.stderr, r.stderr
     _one_line_error(tuner("status", "--storage", "nonsense://", cwd=tmp_path), "nonsense")
 
 

@@ -127,6 +127,25 @@ class SearchContext:
         return base.median if base is not None else None
 
     @property
+    def baseline_runs(self) -> int:
+        """How many times the baseline is timed before the other trials (:attr:`CommonSettings.baseline_runs`)."""
+        return self.target.config.baseline_runs or self.target.baseline_runs
+
+    @property
+    def baseline_spread(self) -> float | None:
+        """The baseline's runs' spread so far ((max - min) / median), None before its first run."""
+        base = baseline_of(group_runs(self.trials, self.key_of))
+        return base.spread if base is not None else None
+
+    @property
+    def ratios_ready(self) -> bool:
+        """True once the baseline was timed :attr:`baseline_runs` times: from then on "x baseline" is shown, on a
+        figure whose spread is known. Until then (a run of it failed, say) the ratios wait; the re-run at the end
+        (:func:`tuner.search.confirm.confirm_top`) times it again when it has fewer than two runs."""
+        base = baseline_of(group_runs(self.trials, self.key_of))
+        return base is not None and len(base.values) >= self.baseline_runs
+
+    @property
     def best(self) -> TrialSummary | None:
         best = None
         for t in self.trials:
@@ -268,7 +287,8 @@ def open_context(options: SearchOptions, progress: Progress | None = None) -> Se
     load_history(ctx)
     if ctx.baseline is None and not any(t.is_baseline for t in ctx.trials):
         defaults = resolved.defaults()
-        study.enqueue_trial(suggestable(resolved, defaults), user_attrs={BASELINE_ATTR: True})
+        for _ in range(ctx.baseline_runs):  # timed more than once before any other: its spread is known
+            study.enqueue_trial(suggestable(resolved, defaults), user_attrs={BASELINE_ATTR: True})
         if warm is not None:  # the twin's best, translated, right after the baseline
             from tuner.search.warm_start import enqueue_warm_start
 

@@ -122,7 +122,7 @@ def run_search(options: SearchOptions, progress: Progress | None = None) -> Sear
                         base.value if base else None, export_dir, ctx.target.preflight(), ctx.deadline.elapsed(),
                         ctx.stop_reason, best_runs=best.runs if best else [],
                         best_spread=best.spread if best else 0.0, baseline_runs=base.runs if base else [],
-                        note=note, infeasible=infeasible)
+                        note=note, infeasible=infeasible, budget_s=ctx.deadline.budget_s)
 
 
 def _side_by_side(ctx: SearchContext, progress: Progress | None, runs: int = SIDE_BY_SIDE_RUNS) -> None:

@@ -55,6 +55,8 @@ class SearchResult:
     infeasible: str = ""
     """A goodput search in which no configuration met the SLO: the line that says so (nothing was exported; the
     command exits non-zero)."""
+    budget_s: float = 0.0
+    """The wall-clock budget the search ran under (0 when unknown)."""
 
     @property
     def speedup(self) -> float | None:

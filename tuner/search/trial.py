@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import math
 import socket
@@ -106,7 +107,10 @@ def _run_isolated(ctx: SearchContext, trial: optuna.Trial, params: dict[str, Any
         return prunable and trial.should_prune()
 
     if ctx.target.persistent_worker:
-        proc = persistent_worker(gpus).start(job, reporter)
+        worker = persistent_worker(gpus)
+        if trial.user_attrs.get(BASELINE_ATTR) and ctx.baseline_runs > 1 and not worker.alive():
+            job = _warm_up(ctx, worker, job, per_trial)
+        proc = worker.start(job, reporter)
     else:
         proc = TrialProcess(job, reporter)
     ctx.current = proc
@@ -114,6 +118,23 @@ def _run_isolated(ctx: SearchContext, trial: optuna.Trial, params: dict[str, Any
         return proc.wait()
     finally:
         ctx.current = None
+
+
+def _warm_up(ctx: SearchContext, worker, job: TrialJob, per_trial: float) -> TrialJob:
+    """Run ``job`` (the baseline) once untimed in a fresh persistent ``worker``: its first trial pays for what a
+    process does once (allocations, first calls), and the baseline, every ratio's reference, is timed warm. Returns
+    the job with its deadline moved past the warm-up's time."""
+    t0 = time.time()
+    proc = worker.start(job)
+    ctx.current = proc
+    try:
+        m = proc.wait()
+    finally:
+        ctx.current = None
+    _logger.info("warm-up run of the baseline's configuration (not timed): %s in %.1f s", m.outcome.value,
+                 time.time() - t0)
+    end = time.time() if ctx.stop.is_set() else min(ctx.deadline.trials_end, time.time() + per_trial)
+    return dataclasses.replace(job, deadline=end)
 
 
 def _record(ctx: SearchContext, trial: optuna.Trial, params: dict[str, Any], m: Measurement,
@@ -161,8 +182,8 @@ def _record(ctx: SearchContext, trial: optuna.Trial, params: dict[str, Any], m: 
         median = ctx.baseline_value
         if median is not None:
             ctx.repo.set_baseline(ctx.run.id, median)
-    level = logging.INFO if m.outcome in (Outcome.OK, Outcome.PRUNED) else logging.WARNING
-    _logger.log(level, "trial %d %s value=%s %s", trial.number, m.outcome.value, value, m.reason[:200])
+    # a record, not a warning: a failed trial is data, and its own line (progress, `tuner status`) says why
+    _logger.info("trial %d %s value=%s %s", trial.number, m.outcome.value, value, m.reason[:200])
     if progress:
         progress.trial_finished(summary, ctx)
     return summary

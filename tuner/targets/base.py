@@ -121,6 +121,11 @@ class Target(abc.ABC):
     pay an interpreter + torch + CUDA start each). The kernels target sets it (a config trial is ~0.1-3 s of compile
     and timing) unless its setting ``persistent_worker`` is false."""
 
+    baseline_runs: int = 1
+    """Times the baseline is timed before any other trial (the setting ``baseline_runs`` overrides it). 1 where a run
+    is dear (a server start), re-run at the end; the workload twin, whose trials take seconds, times it twice up
+    front (after one untimed warm-up run in its fresh worker), so its spread is known before any ratio is shown."""
+
     Settings: ClassVar[type[CommonSettings]] = CommonSettings
     """The typed settings this target accepts (its own model extends :class:`~tuner.settings.CommonSettings`)."""
 
