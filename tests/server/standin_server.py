@@ -96,6 +96,8 @@ def parse_args(argv=None):
     p.add_argument("--stream-token-ids", action="store_true",
                    help="each chunk carries its token ids (`token_ids`), the server's own token information")
     p.add_argument("--no-finish-reason", action="store_true", help="never send a finish_reason")
+    p.add_argument("--sigkill-self-after", type=float, default=None, metavar="S",
+                   help="S seconds after ready, SIGKILL itself (a kill from outside the tuner: an operator, a job)")
     return p.parse_args(argv)
 
 
@@ -284,6 +286,9 @@ async def main_async(args):
         with open(args.pid_file, "w") as f:
             f.write(str(os.getpid()))
     print("The server is fired up and ready to roll!", flush=True)
+    if args.sigkill_self_after is not None:
+        await asyncio.sleep(args.sigkill_self_after)
+        os.kill(os.getpid(), 9)
     if args.crash_after is not None:
         await asyncio.sleep(args.crash_after)
         print("Traceback (most recent call last):", flush=True)

@@ -133,3 +133,13 @@ def test_the_counting_method_is_stored_with_the_trial(make_target, spy):  # noqa
     assert m.outcome is Outcome.OK, m.reason
     assert m.metric("count:chunks") == 1.0 and m.metric("count:chunks", "c=2") == 1.0
     assert m.metric("delivered", "c=2") == 1.0
+
+
+def test_a_gguf_file_that_cannot_be_read_is_refused_naming_it_never_a_guessed_count(standin, tmp_path):
+    # chunks of two tokens: the shape does not count them, so the GGUF's own vocabulary is the last way; a file
+    # that is no readable GGUF refuses the load, naming the file and the setting
+    gguf = tmp_path / "model.gguf"
+    gguf.write_bytes(b"GGUF\x03\x00\x00\x00")
+    server = standin("--no-usage", "--tokens-per-chunk", "2", "--tokens-per-second", "800")
+    p = loadgen.probe(server.base_url, _load(str(gguf)))
+    assert "cannot count its text" in p.refused and str(gguf) in p.refused and "set `tokenizer`" in p.refused

@@ -400,7 +400,7 @@ async def one_request(client: httpx.AsyncClient, base_url: str, cfg: LoadConfig,
         tokens, source = cfg.count_tokens("".join(text)), "tokenizer"
     else:
         return RequestResult(ok=False, error=_NO_COUNT + " and no tokenizer counts its text", **seen)
-    if chunks == 0:
+    if chunks - finish_chunk == 0:
         # nothing streamed before the end (``transformers serve`` holds back bytes that are not yet valid UTF-8):
         # the first output a client could see came at the end
         ttft = end - start
@@ -514,10 +514,13 @@ def _named_field(error: str, body: dict[str, Any]) -> str | None:
 
 def load_tokenizer(name: str) -> Callable[[str], int]:
     """A counter of the tokens of a text with the model's own tokenizer (``transformers``' ``AutoTokenizer``, from a
-    path or the local hub cache)."""
+    path, a GGUF file's own vocabulary (needs ``gguf``; read on the CPU), or the local hub cache)."""
     from transformers import AutoTokenizer
 
     path = Path(name).expanduser()
+    if path.is_file() and path.suffix == ".gguf":  # a GGUF-only model: the vocabulary it carries
+        tok = AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name, local_files_only=True)
+        return lambda text: len(tok.encode(text, add_special_tokens=False))
     # local files only (a hub name from the cache the server read too): a trial never waits on the network
     tok = AutoTokenizer.from_pretrained(str(path) if path.exists() else name, local_files_only=True)
     return lambda text: len(tok.encode(text, add_special_tokens=False))
@@ -556,9 +559,9 @@ def probe(base_url: str, cfg: LoadConfig, deadline: float | None = None) -> Prob
                 continue
             try:
                 counter = load_tokenizer(cfg.tokenizer) if cfg.tokenizer else None
-            except ModuleNotFoundError as exc:
-                counter, why = None, (f"{exc.name or 'transformers'} is not installed: pip install "
-                                      "'tuner[tokenizer]'")
+            except ImportError as exc:  # transformers, or gguf for a GGUF file's vocabulary
+                missing = getattr(exc, "name", None) or ("gguf" if "gguf" in str(exc).lower() else "transformers")
+                counter, why = None, f"{missing} is not installed: pip install 'tuner[tokenizer]'"
             except Exception as exc:  # noqa: BLE001 - any failure to load names the setting that fixes it
                 counter, why = None, f"{type(exc).__name__}: {str(exc).splitlines()[0][:200]}"
             else:
