@@ -29,10 +29,12 @@ load                      ``api`` (completions/chat), ``prompt_len``, ``output_l
                           level, 3), ``warmup_requests`` (at least; the warm-up goes on until the time to first
                           token settles, within ``warmup_s`` 30 and ``warmup_max_requests`` 64),
                           ``request_timeout_s``, ``ignore_eos`` (unset: when the server accepts it), ``seed``,
-                          ``extra_body``, ``tokenizer`` (counts the text of a server that streams no usage; default
-                          ``model``) (see ``tuner.targets.sglang.loadgen``)
-served                    ``max_error_rate`` (0.01) and ``min_delivered`` (0.95, of the asked tokens): a level beyond
-                          either is no figure, the trial ``request_error``
+                          ``extra_body``, ``tokenizer`` (the last way to count a stream without usage, token ids or
+                          one-token chunks; default ``model``, a GGUF file's own vocabulary too) (see
+                          ``tuner.targets.sglang.loadgen``)
+served                    a request the server said it finished (``finish_reason`` or usage); ``max_error_rate``
+                          (0.01) and ``min_delivered`` (0.95, of the asked tokens): a level beyond either is no
+                          figure, the trial ``request_error``; a goodput load beyond either misses the SLO
 ``allow_retry``           run a flag set whose launch failed before (the memory is in the study's storage)
 ``failed_scope``          ``study`` (default): only this study's failed starts refuse a launch; ``storage``: all
 ``torch_compile_supported``  false when the model/build is known to reject torch.compile
