@@ -72,6 +72,10 @@ def test_export_slo_checks_the_tokens_delivered_not_just_the_latency_limits(tmp_
     assert slo.returncode == 2, slo.stdout + slo.stderr
     assert "of the asked tokens delivered (min_delivered 0.95)" in slo.stderr
     assert not list((tmp_path / "o").rglob("launch.sh"))
+    # and the advice names the cause, not the SLO: the latency held, the tokens did not come
+    best = _tuner("best", "--storage", url, "--study", "g")
+    assert best.returncode == 1 and "the latency limits held but it" in best.stderr, best.stderr
+    assert "min_delivered" in best.stderr and "loosen the SLO" not in best.stderr
 
 
 def test_a_goodput_export_header_names_the_counting_and_the_rules_and_records_no_unused_levels(tmp_path):

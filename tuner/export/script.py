@@ -379,9 +379,35 @@ def nothing_met_the_slo(run, trial, consequence: str = "nothing to export") -> s
     feasible = next((m.value for m in trial.measurements if m.metric == "goodput_feasible"), None)
     if feasible != 0.0:
         return ""
+    served = _served_misses(run, trial)
+    advice = (f"at its lowest load the latency limits held but it {served}: a server failing or cutting requests "
+              "is no latency matter (`tuner status` shows each load; settings max_error_rate and min_delivered set "
+              "what a load must serve)" if served else
+              "loosen the SLO (the space's objective.slo), or measure lower loads (setting goodput_min)")
     return (f"study {run.study_name!r}: no configuration met the SLO ({run.objective}); the best, trial "
-            f"{trial.number}, missed it at every load measured: {consequence}; loosen the SLO (the space's "
-            "objective.slo), or measure lower loads (setting goodput_min)")
+            f"{trial.number}, missed it at every load measured: {consequence}; {advice}")
+
+
+def _served_misses(run, trial) -> str:
+    """What the trial's lowest load missed of the serving rules (failed requests, tokens delivered) when its latency
+    limits held there; empty when a latency limit was missed too (or nothing was stored)."""
+    from search_spaces import SpaceError, load_space_text
+    from tuner.targets.sglang.goodput import Rules, misses
+
+    rows: dict[str, dict[str, float]] = {}
+    for m in trial.measurements:
+        if m.level.startswith(("r=", "c=")):
+            rows.setdefault(m.level, {})[m.metric] = m.value
+    try:
+        slo = load_space_text(run.space_yaml, source=run.space_name).objective.slo if run.space_yaml else ()
+    except SpaceError:
+        return ""
+    if not rows or not slo:
+        return ""
+    figs = rows[min(rows, key=lambda lv: float(lv.split("=", 1)[1]))]
+    if any(figs.get(name, float("inf")) > limit for name, limit in slo):
+        return ""
+    return "; ".join(misses(figs, (), Rules.of(run.settings or {})))
 
 
 def _refuse_infeasible(run, trial) -> None:
