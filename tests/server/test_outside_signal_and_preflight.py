@@ -114,6 +114,7 @@ def test_verify_lines_name_no_outcome_when_the_run_measured_and_say_how_close_to
     assert missed.lines()[0].startswith("NOT verified: ") and "outcome" not in missed.lines()[0]
     crashed = VerifyResult(False, Outcome.CRASH, "goodput_req_s", None, 2.0)
     assert "outcome crash" in crashed.lines()[0]
+    assert "outcome ok" in VerifyResult(True, Outcome.OK, "goodput_req_s", 2.0, 2.0).lines()[0]
     assert closeness({"ttft_ms_p95": 153.6}, [("ttft_ms_p95", 200.0)], {"ttft_ms_p95": 88.2}) == \
         "ttft_ms_p95 153.6 = 77% of 200 (the search: 88.2)"
 
