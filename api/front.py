@@ -41,7 +41,7 @@ def front_figure(run: Run, trials) -> str | None:
     if not pts:
         return None
     slo = slo_of(run)
-    best = max((p for p in pts if p.meets_slo), key=lambda p: p.tok_s_per_gpu, default=None)
+    best = max((p for p in pts if p.within_slo), key=lambda p: p.tok_s_per_gpu, default=None)
     fig = go.Figure()
     tpot = [limit for name, limit in slo if name.startswith(("tpot_ms", "itl_ms"))]
     top_user = max(p.tok_s_per_request for p in pts)

@@ -31,6 +31,15 @@ class OperatingPoint:
     """Whether the server kept up with the arrivals at this load (rate mode); None when not judged."""
     figures: dict[str, float] = field(default_factory=dict, compare=False)
     """Every figure stored at this load (``ttft_ms_p95``, ``error_rate``...)."""
+    boundary: float | None = None
+    """The boundary its trial's search found (``goodput_low``): the highest load that met the study's SLO; None when
+    it met it nowhere."""
+
+    @property
+    def within_slo(self) -> bool:
+        """Within the study's SLO as its trial's boundary search judged it: met at this load, and this load at or
+        below the boundary (a load that met above a miss is noise the search did not take)."""
+        return self.meets_slo and self.boundary is not None and self.load_value <= self.boundary * (1 + 1e-9)
 
     @property
     def load_value(self) -> float:
@@ -51,6 +60,7 @@ def operating_points(trials) -> list[OperatingPoint]:
             continue
         rows: dict[tuple[str, str], float] = {(m.level, m.metric): m.value for m in t.measurements}
         gpus = max(1.0, rows.get((GOODPUT_LEVEL, "gpus"), 1.0))
+        boundary = rows.get((GOODPUT_LEVEL, "goodput_low"))
         for level in sorted({lv for lv, _ in rows if lv.startswith(("r=", "c="))}):
             tok, user = rows.get((level, "tok_s")), rows.get((level, "tok_s_per_request"))
             if tok is None or user is None or not (math.isfinite(tok) and math.isfinite(user)):
@@ -58,7 +68,7 @@ def operating_points(trials) -> list[OperatingPoint]:
             kept = rows.get((level, "kept_up"))
             out.append(OperatingPoint(t.number, level, tok / gpus, user, rows.get((level, "meets_slo")) == 1.0,
                                       dict(t.params or {}), None if kept is None else kept == 1.0,
-                                      {m: v for (lv, m), v in rows.items() if lv == level}))
+                                      {m: v for (lv, m), v in rows.items() if lv == level}, boundary))
     return out
 
 

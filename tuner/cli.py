@@ -461,14 +461,23 @@ def best(storage: StorageOpt = "sqlite:///tuner.db", study: StudyOpt = None,
         return
     if run.best_trial_number is None:
         fail(f"study {run.study_name!r} has no successful trial yet")
+    from tuner.export.script import nothing_met_the_slo
+
     t = repo.get_trial(run.id, run.best_trial_number)
     value = run.best_value if run.best_value is not None else t.value  # the median over confirmation re-runs
+    # the search's, the export's and this one answer: a goodput best that met the SLO nowhere is no best
+    infeasible = nothing_met_the_slo(run, t, "no configuration to deploy")
     doc = {"study": run.study_name, "trial": t.number, "value": value, "baseline_value": run.baseline_value,
            "speedup": (value / run.baseline_value) if run.baseline_value else None, "params": t.params,
+           "feasible": not infeasible,
            "metrics": {f"{m.metric}@{m.level}" if m.level else m.metric: m.value for m in t.measurements}}
     if as_json:
         console.print_json(json.dumps(doc))
+        if infeasible:
+            raise typer.Exit(1)
         return
+    if infeasible:
+        fail(infeasible, code=1)
     console.print(f"study {run.study_name}: best trial {t.number}, {value:.2f} {run.unit}"
                   + (f" = {doc['speedup']:.2f}x baseline ({run.baseline_value:.2f})" if doc["speedup"] else ""),
                   markup=False)
@@ -531,8 +540,10 @@ def _chosen_point(repo, run, point: str | None, slo: str | None):
     if not points:
         fail(f"study {run.study_name!r} has no measured load of a goodput objective; --point and --slo need a "
              "goodput study (`objective: {metric: goodput_tok_s_per_gpu, slo: {...}}`)")
-    if slo is not None:
-        return point_for_slo(points, limits)
+    if slo is not None:  # every rule the study's search judged a load by, its thresholds included
+        from tuner.targets.sglang.goodput import Rules
+
+        return point_for_slo(points, limits, Rules.of(run.settings or {}))
     lows = {t.number: m.value for t in trials for m in t.measurements if m.metric == "goodput_low"
             and m.level == LEVEL}
     return point_by_name(points, point, lows)

@@ -29,6 +29,10 @@ class Outcome(str, enum.Enum):
 assert tuple(o.value for o in Outcome) == OUTCOMES  # one list of outcomes, two spellings (enum and storage)
 
 
+OUTSIDE_SIGNAL = "outside_signal"
+"""The row (value: the signal's number) of a trial whose server a signal from outside the tuner killed."""
+
+
 @dataclass
 class Measurement:
     """The result of one trial. ``value`` is the combined objective; only ``ok`` trials carry one."""
@@ -48,6 +52,12 @@ class Measurement:
     @classmethod
     def failed(cls, outcome: Outcome, reason: str, log: str = "") -> Measurement:
         return cls(outcome=outcome, reason=reason, log=log)
+
+    @property
+    def outside_signal(self) -> bool:
+        """The trial's server was killed by a signal the tuner did not send (row :data:`OUTSIDE_SIGNAL`): the
+        failure says nothing of the configuration, which stays eligible to run again in its study."""
+        return self.metric(OUTSIDE_SIGNAL) is not None
 
     def metric(self, name: str, level: str = "") -> float | None:
         for m in self.metrics:

@@ -102,6 +102,7 @@ def test_export_binds_the_loopback_and_verify_reruns_it(searched):
 def test_dry_run_reads_the_typer_help_of_transformers_serve_and_plans(tmp_path):
     """(A value outside `--reasoning [on|off|auto]` is refused: tests/server/test_cli_styles.py, on click.)"""
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONPATH": str(ROOT)}
+    (tmp_path / "m").mkdir()  # a model path that does not exist is a preflight error (issue 50)
     done = _tuner("search", "--target", "command", "--space", str(SPACE), "--model", str(tmp_path / "m"),
                   "--budget", "10m", "--dry-run", "--storage", f"sqlite:///{tmp_path / 't.db'}",
                   "--set", "extra_args=[--no-enable-cors, --reasoning, 'off']", env=env, timeout=120)

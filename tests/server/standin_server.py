@@ -19,7 +19,11 @@ The misbehaviours of real servers, each an option: ``--cancel-on-new`` ends ever
 request arrives (no token more, the stream just ends); ``--ignore-eos-ignored N`` accepts ``ignore_eos`` and stops
 after N tokens anyway; ``--no-usage`` streams no token counts, and ``--tokens-per-chunk K`` puts K tokens (``tok``
 words) in one text chunk; ``--slow-first N`` makes the first N requests slower to their first token, the first by
-``--slow-first-ms`` and each next one by less (a cold server warming up).
+``--slow-first-ms`` and each next one by less (a cold server warming up). The last token's chunk carries
+``finish_reason: length`` (``--no-finish-reason``: none); a stream cut by ``--cancel-on-new`` ends with ``[DONE]``
+alone (no finish_reason, no usage), as a server cancelling a stream does. ``--empty-text-every K`` sends every K-th
+token's chunk with empty text, ``--empty-answer-every K`` answers every K-th request with one empty-text token and
+``finish_reason: stop``, ``--stream-token-ids`` puts each chunk's token ids in it.
 ``/health`` answers 503 until the start-up delay is over, then 200; ``--hang`` never becomes ready. An unknown flag
 is an argparse error (``unrecognized arguments``, exit 2), like SGLang.
 
@@ -85,6 +89,15 @@ def parse_args(argv=None):
     p.add_argument("--ignore-token-ids", action="store_true",
                    help="accept return_token_ids and send no token ids (a server ignoring the field)")
     p.add_argument("--pid-file", default=None, help="write the server's pid to this file when ready")
+    p.add_argument("--empty-text-every", type=int, default=0, metavar="K",
+                   help="every K-th token chunk carries empty text (a token with no printable text of its own)")
+    p.add_argument("--empty-answer-every", type=int, default=0, metavar="K",
+                   help="every K-th completion request generates one token with empty text, then finish_reason stop")
+    p.add_argument("--stream-token-ids", action="store_true",
+                   help="each chunk carries its token ids (`token_ids`), the server's own token information")
+    p.add_argument("--no-finish-reason", action="store_true", help="never send a finish_reason")
+    p.add_argument("--sigkill-self-after", type=float, default=None, metavar="S",
+                   help="S seconds after ready, SIGKILL itself (a kill from outside the tuner: an operator, a job)")
     return p.parse_args(argv)
 
 
@@ -189,8 +202,13 @@ class Server:
             due = first
             per_chunk = max(1, self.args.tokens_per_chunk)
             sent = 0
+            cut = False
+            empty_answer = bool(self.args.empty_answer_every) and self.requests % self.args.empty_answer_every == 0
+            if empty_answer:
+                n = 1
             for i in range(n):
                 if self.args.cancel_on_new and self.generation != generation:
+                    cut = True
                     break  # a newer request came: this stream ends here
                 sent += 1
                 if self.args.batch_slowdown:
@@ -205,13 +223,20 @@ class Server:
                     await asyncio.sleep(delay)
                 if sent % per_chunk and i < n - 1:
                     continue  # several tokens to one chunk: the chunk goes with its last token
-                words = "tok " * (sent % per_chunk or per_chunk)
+                k = sent % per_chunk or per_chunk
+                words = "tok " * k
+                if empty_answer or (self.args.empty_text_every and sent % self.args.empty_text_every == 0):
+                    words = ""
                 choice = {"index": 0, "delta": {"content": words}} if chat else {"index": 0, "text": words}
+                if self.args.stream_token_ids:
+                    choice["token_ids"] = list(range(sent - k, sent))
+                if i == n - 1 and not self.args.no_finish_reason:
+                    choice["finish_reason"] = "stop" if empty_answer else "length"
                 event = {"id": "x", "object": "chat.completion.chunk" if chat else "text_completion",
                          "choices": [choice]}
                 writer.write(b"data: " + json.dumps(event).encode() + b"\n\n")
                 await writer.drain()
-            if not self.args.no_usage:
+            if not self.args.no_usage and not cut:
                 usage = {"id": "x", "choices": [], "usage": {"prompt_tokens": 1, "completion_tokens": sent}}
                 writer.write(b"data: " + json.dumps(usage).encode() + b"\n\n")
             writer.write(b"data: [DONE]\n\n")
@@ -261,6 +286,9 @@ async def main_async(args):
         with open(args.pid_file, "w") as f:
             f.write(str(os.getpid()))
     print("The server is fired up and ready to roll!", flush=True)
+    if args.sigkill_self_after is not None:
+        await asyncio.sleep(args.sigkill_self_after)
+        os.kill(os.getpid(), 9)
     if args.crash_after is not None:
         await asyncio.sleep(args.crash_after)
         print("Traceback (most recent call last):", flush=True)

@@ -99,7 +99,8 @@ def test_export_point_by_trial_and_load_names_it_in_the_header(study, tmp_path):
 
 @pytest.mark.parametrize("args, says", [
     (("--point", "99@r=1"), "error: --point '99@r=1' names no measured load of this study; give trial@load, e.g. "),
-    (("--slo", "ttft_ms_p95<=0.001"), "error: no measured load meets --slo 'ttft_ms_p95<=0.001'; the closest: "),
+    (("--slo", "ttft_ms_p95<=0.001"), "error: no measured load meets --slo 'ttft_ms_p95<=0.001' (at most 1% of "
+     "requests failed (max_error_rate), at least 95% of the asked tokens delivered (min_delivered)); the closest: "),
     (("--slo", "queue_ms<=3"), "error: --slo metric 'queue_ms' is not measured at each load; use one of "),
     (("--slo", "ttft_ms_p95>3"), "error: --slo part 'ttft_ms_p95>3' is not `metric<=limit`"),
 ])

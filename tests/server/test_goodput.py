@@ -214,7 +214,7 @@ def test_an_infeasible_configuration_is_an_ok_trial_worth_zero_with_its_slo_cons
 def test_a_trial_missing_the_slo_at_the_incumbents_boundary_is_pruned_after_one_measurement():
     t = _target("{ttft_ms_p95: 150}", ["--tokens-per-second", "20", "--ttft-ms", "50", "--max-running-requests", "2"],
                 output_len=10, goodput_arrivals="constant", goodput_window_s=1.0, goodput_min_requests=10,
-                incumbent_value=40.0)  # 2 slots of 0.5 s serve 4 req/s: 40 is far out of reach
+                incumbent_value=400.0, incumbent_load=40.0)  # 2 slots of 0.5 s serve 4 req/s: 40 is far out of reach
     m = t.evaluate({"fast_path": False}, time.time() + 120)
     assert m.outcome is Outcome.PRUNED, m.reason
     assert "misses the SLO at the incumbent's boundary 40" in m.reason
@@ -408,7 +408,7 @@ def test_the_multi_objective_mode_tells_optuna_two_values_and_best_pareto_prints
                          capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stdout + out.stderr
     lines = out.stdout.splitlines()
-    assert lines[0].startswith("front of ") and "* = within the SLO (ttft_ms_p95<=300)" in lines[0], out.stdout
+    assert " points on the front, of " in lines[0] and "* = within the SLO (ttft_ms_p95<=300)" in lines[0], out.stdout
     rows = [ln.split() for ln in lines[2:]]
     assert len(rows) >= 2, out.stdout  # a trade-off: a lighter load is faster per user, a heavier one serves more
     best = next(r for r in rows if "<-" in r)
@@ -520,3 +520,51 @@ def test_a_search_whose_baseline_is_infeasible_ends_with_the_feasible_configurat
     assert ran[False].outcome == "ok" and ran[False].value == 0.0, ran[False].reason
     assert ran[True].outcome == "ok" and ran[True].value > 0, ran[True].reason
     assert result.best_params == {"fast_path": True} and result.baseline_value == 0.0
+
+
+def test_the_pruning_check_measures_at_the_incumbents_stored_boundary_not_its_value_over_output_len(tmp_path):
+    # the study: an incumbent with boundary 41.49 req/s whose value / output_len was 90.23
+    from storage import Repo
+    from storage.types import MetricRow
+    from tuner.targets.sglang.goodput import incumbent_load
+
+    repo = Repo(f"sqlite:///{tmp_path / 'inc.db'}")
+    repo.create_schema()
+    run = repo.create_run("inc", target="command", budget_s=60)
+    repo.start_trial(run.id, 4, {"fast_path": True})
+    repo.finish_trial(run.id, 4, outcome="ok", value=90.23 * 128, metrics=[
+        MetricRow("goodput_low", LEVEL, 41.49, "req/s"), MetricRow("gpus", LEVEL, 1.0, "count"),
+        MetricRow("goodput_tok_s", LEVEL, 90.23 * 128, "tok/s")])
+    t = _target("{ttft_ms_p95: 150}", [], output_len=128)
+    given = t.trial_settings(repo, run.id, is_baseline=False, incumbent=4)
+    assert given == {"incumbent_load": 41.49, "incumbent_gpus": 1.0}
+    challenger = _target("{ttft_ms_p95: 150}", [], output_len=128, incumbent_value=90.23 * 128, **given)
+    assert incumbent_load(challenger.objective(), 1, challenger.config) == pytest.approx(41.49)
+    # no stored boundary (the incumbent met the SLO nowhere): no check, rather than a guess
+    assert incumbent_load(challenger.objective(), 1, _target("{ttft_ms_p95: 150}", [], incumbent_value=9.0).config) \
+        is None
+
+
+def test_the_level_rules_apply_inside_the_boundary_search():
+    from tuner.targets.sglang.goodput import Rules, misses
+
+    figs = {"error_rate": 1 / 24, "delivered": 0.99, "ttft_ms_p95": 30.0}
+    slo = (("ttft_ms_p95", 200.0),)
+    assert misses(figs, slo, Rules(max_error_rate=0.05)) == []
+    assert misses(figs, slo, Rules(max_error_rate=0.01)) == ["4.2% of requests failed (max_error_rate 0.01)"]
+    short = {**figs, "error_rate": 0.0, "delivered": 0.6}
+    assert misses(short, slo, Rules()) == ["60.0% of the asked tokens delivered (min_delivered 0.95)"]
+    assert misses(short, slo, Rules(min_delivered=0.5)) == []
+    assert Rules.of({"max_error_rate": 0.2}) == Rules(0.2, loadgen.MIN_DELIVERED)
+
+
+def test_an_empty_finished_answer_does_not_make_a_goodput_load_miss():
+    # one request in four answers one empty-text token and finish_reason stop: served, not failed
+    t = _target("{ttft_ms_p95: 2000, tpot_ms_p95: 200}", ["--tokens-per-second", "200", "--empty-answer-every", "4",
+                                                          "--no-usage"],
+                output_len=8, goodput_arrivals="constant", goodput_window_s=1.0, goodput_min_requests=8,
+                goodput_start=2.0, goodput_max=2.0, goodput_repeats=1, min_delivered=0.5)
+    m = t.evaluate({"fast_path": False}, time.time() + 120)
+    assert m.outcome is Outcome.OK, m.reason
+    assert m.metric("goodput_feasible", LEVEL) == 1.0 and m.metric("error_rate", "r=2") == 0.0, m.reason
+    assert m.metric("delivered", "r=2") < 1.0

@@ -87,7 +87,7 @@ def test_a_stream_without_usage_is_counted_by_the_model_tokenizer_not_by_chunks(
 
 
 def test_a_stream_without_usage_and_without_a_tokenizer_is_refused_naming_the_setting(tmp_path):
-    server = _standin("--no-usage")
+    server = _standin("--no-usage", "--tokens-per-chunk", "2")  # chunks of two tokens: no one-per-chunk count
     try:
         p = loadgen.probe(server.base_url, loadgen.LoadConfig(model="m", output_len=20,
                                                               tokenizer=str(tmp_path / "none")))

@@ -48,7 +48,8 @@ LOAD_KEYS = ("model", "served_model_name", "api", "prompt_len", "output_len", "l
              "tokenizer", "warmup_s", "warmup_max_requests", "max_error_rate", "min_delivered",
              # the load's shape and the goodput search's load (tuner.targets.sglang.loadshape, .goodput)
              "load_shape", "length_distribution", "prompt_len_std", "output_len_std", "goodput_mode",
-             "goodput_arrivals", "goodput_window_s", "goodput_min_requests", "goodput_repeats", "goodput_tolerance")
+             "goodput_arrivals", "goodput_window_s", "goodput_min_requests", "goodput_repeats", "goodput_tolerance",
+             "goodput_keepup_tolerance", "goodput_drain_s")
 
 
 
@@ -156,7 +157,13 @@ def export_run(repo: Repo, study: str, out_dir: str | os.PathLike, *, target: Ta
         ratio = (f"{best_levels[lvl] / b:.2f}x baseline {b:.1f}" if b
                  else "the baseline met nothing here" if b == 0 else "no baseline")
         header.append(f"  {lvl:>6}: {best_levels[lvl]:.1f} ({ratio})")
-    if run.best_value is not None and run.baseline_value == 0:
+    if chosen is not None:  # the run's objective is its best's, not this point's: say whose it is
+        study_best = repo.get_trial(run.id, run.best_trial_number)
+        nowhere = nothing_met_the_slo(run, study_best) if study_best is not None else ""
+        header.append(f"  the study's objective ({run.objective}): trial {run.best_trial_number}, "
+                      + ("met the study's SLO at no load" if nowhere else f"{(run.best_value or 0.0):.2f}")
+                      + "; this export is the point above, not it")
+    elif run.best_value is not None and run.baseline_value == 0:
         header.append(f"  objective: {run.best_value:.2f}; the baseline met nothing (median 0): no ratio")
     elif run.best_value is not None and run.baseline_value:
         vals = [r.value for r in best_runs]
@@ -170,6 +177,7 @@ def export_run(repo: Repo, study: str, out_dir: str | os.PathLike, *, target: Ta
         header.append(f"  greedy check: completions agree with the baseline's on {least:.3f} of the first tokens "
                       f"(mean common prefix share{', lowest of its runs' if len(agree) > 1 else ''}"
                       + (f"; min_agreement {bound:g}" if bound is not None else "") + ")")
+    header += _served_lines(run, best_trial)
     header += [
         "",
         f"environment: {gpus}; torch {env.get('torch')}; triton {env.get('triton')}; sglang {env.get('sglang')}; "
@@ -357,15 +365,56 @@ def _recorded(run, best_runs: list) -> dict[str, Any]:
     return out
 
 
+def _served_lines(run, trial) -> list[str]:
+    """How the trial's tokens were counted, and what a level (a goodput load) had to serve to count: the study's own
+    ``max_error_rate`` and ``min_delivered``."""
+    counted = sorted({m.metric.split(":", 1)[1] for m in trial.measurements if m.metric.startswith("count:")})
+    if not counted:
+        return []
+    from tuner.targets.sglang.goodput import Rules
+
+    settings = run.settings or {}
+    return [f"  tokens counted by: {', '.join(counted)} (usage: the server's count; server: its token ids or "
+            "logprobs; chunks: one per streamed chunk; tokenizer: the model's tokenizer on the text)",
+            f"  served: a request the server said it finished (finish_reason or usage); a level counts with "
+            f"{Rules.of(settings).line()}"]
+
+
 def nothing_met_the_slo(run, trial, consequence: str = "nothing to export") -> str:
     """When ``trial`` (a goodput study's best) met the SLO at no load measured: one line naming the SLO, what
     follows (``consequence``) and how to relax it; empty otherwise (a feasible best, or a study without an SLO)."""
     feasible = next((m.value for m in trial.measurements if m.metric == "goodput_feasible"), None)
     if feasible != 0.0:
         return ""
+    served = _served_misses(run, trial)
+    advice = (f"at its lowest load the latency limits held but it {served}: a server failing or cutting requests "
+              "is no latency matter (`tuner status` shows each load; settings max_error_rate and min_delivered set "
+              "what a load must serve)" if served else
+              "loosen the SLO (the space's objective.slo), or measure lower loads (setting goodput_min)")
     return (f"study {run.study_name!r}: no configuration met the SLO ({run.objective}); the best, trial "
-            f"{trial.number}, missed it at every load measured: {consequence}; loosen the SLO (the space's "
-            "objective.slo), or measure lower loads (setting goodput_min)")
+            f"{trial.number}, missed it at every load measured: {consequence}; {advice}")
+
+
+def _served_misses(run, trial) -> str:
+    """What the trial's lowest load missed of the serving rules (failed requests, tokens delivered) when its latency
+    limits held there; empty when a latency limit was missed too (or nothing was stored)."""
+    from search_spaces import SpaceError, load_space_text
+    from tuner.targets.sglang.goodput import Rules, misses
+
+    rows: dict[str, dict[str, float]] = {}
+    for m in trial.measurements:
+        if m.level.startswith(("r=", "c=")):
+            rows.setdefault(m.level, {})[m.metric] = m.value
+    try:
+        slo = load_space_text(run.space_yaml, source=run.space_name).objective.slo if run.space_yaml else ()
+    except SpaceError:
+        return ""
+    if not rows or not slo:
+        return ""
+    figs = rows[min(rows, key=lambda lv: float(lv.split("=", 1)[1]))]
+    if any(figs.get(name, float("inf")) > limit for name, limit in slo):
+        return ""
+    return "; ".join(misses(figs, (), Rules.of(run.settings or {})))
 
 
 def _refuse_infeasible(run, trial) -> None:
@@ -380,6 +429,8 @@ def recorded_figures(objective, value: float | None, by_level: dict, settings: d
     """The one writer of what a launch script records for ``tuner verify``: the objective (a space's
     ``Objective``, or None for the defaults), its value and its metric per level, and the load that made them."""
     levels = [int(c) for c in (objective.levels if objective else [])] or sorted(int(c) for c in by_level)
+    if objective is not None and objective.is_goodput:  # a boundary search measures loads, never these levels
+        levels = []
     return {
         "metric": objective.metric if objective else "tok_s",
         "direction": direction or (objective.direction if objective else "maximize"),

@@ -45,9 +45,11 @@ class VerifyResult:
 
     def lines(self) -> list[str]:
         head = "verified" if self.ok else "NOT verified"
+        # a run that measured and missed is "NOT verified" alone: "outcome ok" there reads as a pass
+        outcome = "" if not self.ok and self.outcome is Outcome.OK else f"outcome {self.outcome.value}, "
         out = [f"{head}: {self.metric} {self.value if self.value is None else round(self.value, 3)} "
                f"(recorded {self.recorded_value if self.recorded_value is None else round(self.recorded_value, 3)}, "
-               f"tolerance {self.tolerance:.0%}, outcome {self.outcome.value}, {self.duration_s:.1f}s)"]
+               f"tolerance {self.tolerance:.0%}, {outcome}{self.duration_s:.1f}s)"]
         for c in sorted(self.recorded_by_level):
             got = self.by_level.get(c)
             ratio = self.ratios.get(c)

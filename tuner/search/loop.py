@@ -22,8 +22,8 @@ def sequential_loop(ctx: SearchContext, progress: Progress | None) -> None:
             ctx.stop_reason = f"{ctx.options.n_trials} trials done"
             return
         reserve = confirm_reserve(ctx)
-        if ctx.deadline.remaining_for_trials() <= 1.0 + reserve:
-            ctx.stop_reason = "budget used"
+        if ctx.deadline.remaining_for_trials() <= max(1.0, ctx.target.min_trial_s()) + reserve:
+            ctx.stop_reason = "budget used"  # or too little of it left for one more trial to give a figure
             return
         # the last share, or TPE re-proposed a timed configuration: a move from the best, enqueued right before the
         # ask that takes it (a move left waiting would be taken by the confirmation's ask instead)

@@ -95,9 +95,11 @@ def _run_isolated(ctx: SearchContext, trial: optuna.Trial, params: dict[str, Any
     # the baseline (every ratio's reference) and a confirmation re-run (the winner's median) are measured whole
     prunable = not (trial.user_attrs.get(BASELINE_ATTR) or trial.user_attrs.get(CONFIRM_ATTR) is not None)
     settings = ctx.options.settings
+    incumbent = None
     if prunable and ctx.resolved.space.objective.is_goodput and ctx.best is not None:
-        settings = {**settings, "incumbent_value": ctx.best.value}  # a goodput trial checks this load first
-    settings = {**settings, **ctx.target.trial_settings(ctx.repo, ctx.run.id,
+        settings = {**settings, "incumbent_value": ctx.best.value}  # a goodput trial checks its boundary first
+        incumbent = ctx.best.number
+    settings = {**settings, **ctx.target.trial_settings(ctx.repo, ctx.run.id, incumbent=incumbent,
                                                          is_baseline=bool(trial.user_attrs.get(BASELINE_ATTR)))}
     job = TrialJob(target=ctx.target.name, space_yaml=ctx.space_yaml, space_source=ctx.resolved.space.source,
                    params=params, deadline=deadline, settings=settings, hardware=hw.to_json(), gpus=gpus)
@@ -175,7 +177,8 @@ def _record(ctx: SearchContext, trial: optuna.Trial, params: dict[str, Any], m: 
                            repeat_of, served_shortfall(m.metrics))
     ctx.trials.append(summary)
     ctx.counts[summary.outcome] = ctx.counts.get(summary.outcome, 0) + 1
-    ctx.seen.setdefault(ctx.key_of(params), summary)
+    if not m.outside_signal:  # a kill from outside says nothing of the configuration: it may run again
+        ctx.seen.setdefault(ctx.key_of(params), summary)
     base = ctx.baseline
     if summary.outcome == "ok" and repeat_of is None and base is not None and ctx.key_of(params) == ctx.key_of(
             base.params):  # a baseline run moves its median: status reads it

@@ -192,9 +192,16 @@ class Target(abc.ABC):
                          measurement: Measurement) -> None:
         """Keep trial ``number``'s failed launch in ``repo`` for :meth:`known_failure`; nothing by default."""
 
-    def trial_settings(self, repo: Any, run_id: int, *, is_baseline: bool) -> dict[str, Any]:
+    def min_trial_s(self) -> float:
+        """The fewest seconds a trial needs to give a figure at all; the search starts none with less left. 0 by
+        default (any time left may do)."""
+        return 0.0
+
+    def trial_settings(self, repo: Any, run_id: int, *, is_baseline: bool,
+                       incumbent: int | None = None) -> dict[str, Any]:
         """Settings one trial's process gets beside the study's, read from the study's storage ``repo`` in the search
-        process before the trial (e.g. the baseline's greedy completions to compare with); none by default."""
+        process before the trial (e.g. the baseline's greedy completions to compare with; the stored figures of
+        ``incumbent``, the best trial so far, that a trial may be pruned against); none by default."""
         return {}
 
     def after_trial(self, repo: Any, run_id: int, number: int, measurement: Measurement, *,

@@ -216,6 +216,26 @@ def _choices(metavar: str) -> tuple[str, ...] | None:
     return None
 
 
+BOOL_METAVARS = ("BOOL", "BOOLEAN", "<boolean>", "{BOOL}")
+"""A value placeholder of a flag taking a boolean value (``--x BOOL``)."""
+BOOL_VALUES = ("true", "false", "1", "0", "yes", "no", "on", "off", "True", "False")
+"""The spellings a boolean value flag accepts (what ``--help`` can check; the server may accept fewer)."""
+_QUOTED_CHOICES = re.compile(r"\(\s*'([\w.-]+)'((?:\s*,\s*'[\w.-]+')*),?\s*or\s*'([\w.-]+)'")
+"""Help text listing the values: ``('on', 'off', or 'auto', default: 'auto')`` (llama.cpp's server)."""
+
+
+def _help_choices(metavars: Sequence[str], help_text: str) -> tuple[str, ...] | None:
+    """The values a flag takes as its help says when no placeholder lists them: a boolean placeholder (``BOOL``),
+    or quoted values joined by ``or`` in its help text."""
+    if any(m.strip("[]") in BOOL_METAVARS for m in metavars):
+        return BOOL_VALUES
+    m = _QUOTED_CHOICES.search(help_text)
+    if m:
+        middle = re.findall(r"'([\w.-]+)'", m.group(2) or "")
+        return (m.group(1), *middle, m.group(3))
+    return None
+
+
 @dataclass
 class _Head:
     names: list[str] = field(default_factory=list)
@@ -278,6 +298,8 @@ def parse_help_text(text: str, source: str = "--help") -> ServerFlags:
         metavars = [m for m in head.metavars if m != "<bool>"]
         choices = next((c for m in metavars if (c := _choices(m))), None)
         takes = bool(metavars)
+        if choices is None and takes:
+            choices = _help_choices(metavars, help_text)
         list_ = any("..." in m for m in metavars)
         # a click/typer pair printed without a slash (typer's rich help): --x  --no-x
         names = [n for n in head.names if not (n.startswith("--no-") and f"--{n[5:]}" in head.names)]

@@ -10,23 +10,43 @@ from dataclasses import dataclass
 
 from storage.front import OperatingPoint, operating_points, pareto_front
 from tuner.errors import ExportError
+from tuner.targets.sglang.goodput import Rules, misses
 
 __all__ = ["OperatingPoint", "operating_points", "pareto_front", "front_lines", "parse_slo", "point_for_slo",
-           "point_by_name", "Chosen", "SLO_METRICS"]
+           "point_by_name", "Chosen", "SLO_METRICS", "verdict"]
+
+
+def verdict(p: OperatingPoint, slo: tuple[tuple[str, float], ...] | None = None, rules: Rules = Rules()) -> list[str]:
+    """The one answer to whether point ``p`` meets an SLO, empty when it does: under the study's own SLO (``slo``
+    None), as its trial's boundary search judged it (:attr:`OperatingPoint.within_slo`); under another (``tuner
+    export --slo``), every rule of :func:`tuner.targets.sglang.goodput.misses` (failed requests, tokens delivered, the
+    server keeping up, each limit) on the figures stored at that load, with the study's ``rules``. ``tuner best``,
+    ``best --pareto``, ``export``, ``export --slo`` and the search itself all decide with it."""
+    if slo is None:
+        if p.within_slo:
+            return []
+        if p.boundary is None:
+            return [f"trial {p.trial} met the study's SLO at no load"]
+        if p.meets_slo:
+            return [f"above trial {p.trial}'s boundary {p.boundary:g} (a load missed below it)"]
+        return ["missed the study's SLO here"]
+    return misses(p.figures, slo, rules)
 
 
 def front_lines(points: list[OperatingPoint], slo: str) -> list[str]:
     """The front as printed by ``tuner best --pareto``: every point of the front over all loads, ``*`` where it met
-    the SLO, and the front within the SLO with its best throughput (the goodput) named."""
+    the study's SLO (:func:`verdict`), and the front within the SLO with its best throughput (the goodput) named."""
     front = pareto_front(points)
-    within = pareto_front([p for p in points if p.meets_slo])
+    within = pareto_front([p for p in points if not verdict(p)])
     on_front = {(p.trial, p.load) for p in front}
     best = within[0] if within else None
-    lines = [f"front of {len(points)} operating points: output tok/s per GPU against tok/s per user; "
-             f"* = within the SLO ({slo}); kept up: whether the server kept up with the arrivals",
+    shown = sorted({(p.trial, p.load): p for p in front + within}.values(), key=lambda p: -p.tok_s_per_gpu)
+    lines = [f"{len(shown)} points on the front, of {len(points)} operating points measured: output tok/s per GPU "
+             f"against tok/s per user; * = within the SLO ({slo}); kept up: whether the server kept up with the "
+             "arrivals",
              f"  {'tok/s/GPU':>10} {'tok/s/user':>10}  SLO  kept up  {'trial':>5}  {'load':<9} params"]
-    for p in sorted({(p.trial, p.load): p for p in front + within}.values(), key=lambda p: -p.tok_s_per_gpu):
-        mark = "*" if p.meets_slo else " "
+    for p in shown:
+        mark = "*" if not verdict(p) else " "
         note = ("  <- best within the SLO" if best is p else "") + \
             ("" if (p.trial, p.load) in on_front else "  (on the front within the SLO only)")
         params = " ".join(f"{k}={v}" for k, v in p.params.items())
@@ -81,42 +101,28 @@ def _slo_text(slo) -> str:
     return ",".join(f"{k}<={v:g}" for k, v in slo)
 
 
-def _over(p: OperatingPoint, slo) -> list[str]:
-    """The limits of ``slo`` point ``p`` misses (a figure not stored counts as missed), failures and falling behind
-    first."""
-    out = []
-    if p.figures.get("error_rate", 0.0) > 0:
-        out.append(f"{p.figures['error_rate']:.0%} of requests failed")
-    if p.kept_up is False:
-        out.append("the server fell behind")
-    for name, limit in slo:
-        v = p.figures.get(name)
-        if v is None:
-            out.append(f"{name} not measured")
-        elif v > limit:
-            out.append(f"{name} {v:.1f} > {limit:g}")
-    return out
-
-
-def point_for_slo(points: list[OperatingPoint], slo: tuple[tuple[str, float], ...]) -> Chosen:
-    """The best configuration under ``slo``: of the loads measured that meet every limit (no failed request, the
-    server kept up), the one with the highest output tok/s per GPU (the higher load on a tie). None meets:
-    ``ExportError`` naming the closest (the smallest worst ratio of a figure to its limit)."""
-    meeting = [p for p in points if not _over(p, slo)]
+def point_for_slo(points: list[OperatingPoint], slo: tuple[tuple[str, float], ...], rules: Rules = Rules()
+                  ) -> Chosen:
+    """The best configuration under ``slo``: of the loads measured that meet it (:func:`verdict`: every rule, the
+    study's ``rules`` included), the one with the highest output tok/s per GPU (the higher load on a tie). None
+    meets: ``ExportError`` naming the closest (the smallest worst ratio of a figure to its limit)."""
+    meeting = [p for p in points if not verdict(p, slo, rules)]
     if not meeting:
         def worst(p: OperatingPoint) -> float:
             ratios = [p.figures.get(k, math.inf) / v for k, v in slo]
-            bad = p.figures.get("error_rate", 0.0) > 0 or p.kept_up is False
+            bad = len(verdict(p, slo, rules)) > sum(1 for k, v in slo if p.figures.get(k, math.inf) > v)
             return (math.inf if bad else 0.0) + max(ratios, default=math.inf)
 
         close = min(points, key=worst, default=None)
-        near = (f"; the closest: {close.name} ({'; '.join(_over(close, slo))})" if close is not None else "")
-        raise ExportError(f"no measured load meets --slo {_slo_text(slo)!r}{near}; loosen the SLO or measure "
-                          "lower loads (setting goodput_min)")
+        near = (f"; the closest: {close.name} ({'; '.join(verdict(close, slo, rules))})" if close is not None else "")
+        raise ExportError(f"no measured load meets --slo {_slo_text(slo)!r} ({rules.line()}){near}; loosen the SLO "
+                          "or measure lower loads (setting goodput_min)")
     best = max(meeting, key=lambda p: (p.tok_s_per_gpu, p.load_value))
     figs = ", ".join(f"{k} {best.figures[k]:.1f}" for k, _ in slo)
     return Chosen(best.trial, best.load, slo, f"SLO {_slo_text(slo)}: trial {best.trial} at {best.load} "
-                  f"({best.tok_s_per_gpu:.1f} tok/s per GPU, {figs}), the best configuration's highest load meeting it")
+                  f"({best.tok_s_per_gpu:.1f} tok/s per GPU, {figs}, error rate {best.figures['error_rate']:.1%}, "
+                  f"{best.figures.get('delivered', 1.0):.1%} of the asked tokens delivered), the best configuration's "
+                  "highest load meeting it")
 
 
 def point_by_name(points: list[OperatingPoint], name: str, goodput_load: dict[int, float]) -> Chosen:
@@ -137,7 +143,7 @@ def point_by_name(points: list[OperatingPoint], name: str, goodput_load: dict[in
     if hit is None:
         raise ExportError(_unknown(points, text, "measured load"))
     return Chosen(hit.trial, hit.load, None, f"point {hit.name} ({hit.tok_s_per_gpu:.1f} tok/s per GPU, "
-                  f"{hit.tok_s_per_request:.1f} tok/s per user, {'within' if hit.meets_slo else 'outside'} the "
+                  f"{hit.tok_s_per_request:.1f} tok/s per user, {'within' if not verdict(hit) else 'outside'} the "
                   "study's SLO)")
 
 

@@ -74,6 +74,38 @@ class GoodputSettings(Settings):
     """Measure first at the incumbent's boundary load; a trial missing the SLO there is pruned."""
     incumbent_value: float | None = None
     """Set by the search for a trial that may be pruned: the best objective value so far."""
+    incumbent_load: float | None = None
+    """Set with ``incumbent_value``: the best trial's stored boundary (``goodput_low``), the load a challenger must
+    meet the SLO at (read from the study's storage by the target's ``trial_settings``)."""
+    incumbent_gpus: float | None = None
+    """The GPUs the incumbent's boundary was measured on (per-GPU objectives scale its load to this trial's)."""
+    max_error_rate: float = Field(loadgen.MAX_ERROR_RATE, ge=0, le=1)
+    """A level (a load of the boundary search too) with a larger share of failed requests does not count: the trial
+    is ``request_error``, the load misses the SLO."""
+    min_delivered: float = Field(loadgen.MIN_DELIVERED, ge=0, le=1)
+    """A level (a load of the boundary search too) that delivered a smaller share of the asked tokens does not count:
+    the trial is ``request_error``, the load misses the SLO."""
+
+
+@dataclass(frozen=True)
+class Rules:
+    """What a load must serve to count, besides the SLO's latency limits: the study's ``max_error_rate`` and
+    ``min_delivered`` (the levels' rules, :func:`loadgen.served_problem`)."""
+
+    max_error_rate: float = loadgen.MAX_ERROR_RATE
+    min_delivered: float = loadgen.MIN_DELIVERED
+
+    @classmethod
+    def of(cls, settings) -> Rules:
+        """The rules of a settings object or a stored settings mapping (a study's ``run.settings``)."""
+        get = settings.get if isinstance(settings, dict) else (lambda k, d=None: getattr(settings, k, d))
+        er, dl = get("max_error_rate"), get("min_delivered")
+        return cls(loadgen.MAX_ERROR_RATE if er is None else float(er),
+                   loadgen.MIN_DELIVERED if dl is None else float(dl))
+
+    def line(self) -> str:
+        return (f"at most {self.max_error_rate:.0%} of requests failed (max_error_rate), at least "
+                f"{self.min_delivered:.0%} of the asked tokens delivered (min_delivered)")
 
 
 # -- one measurement ----------------------------------------------------------------------------------------------
@@ -316,15 +348,20 @@ def shown(name: str, value: float, limit: float) -> str:
     return f"{name} {value:.1f} > {limit:g}"
 
 
-def misses(figs: dict[str, float], slo: Sequence[tuple[str, float]],
-           min_delivered: float = loadgen.MIN_DELIVERED) -> list[str]:
-    """The SLO limits ``figs`` miss (``ttft_ms_p99 812 > 500``), failed requests and short completions first; empty
-    when it meets."""
+def misses(figs: dict[str, float], slo: Sequence[tuple[str, float]], rules: Rules = Rules()) -> list[str]:
+    """The one rule of whether a load meets an SLO: what ``figs`` (one load's figures, measured or stored) miss,
+    failed requests beyond ``rules.max_error_rate`` and a share of the asked tokens delivered under
+    ``rules.min_delivered`` first (the levels' rules), the server falling behind, then each limit of ``slo``
+    (``ttft_ms_p99 812 > 500``); empty when it meets. The boundary search, the stored ``meets_slo``, ``tuner best
+    --pareto``, ``tuner export --slo`` and ``tuner verify`` all judge a load with it."""
     out = []
-    if figs["error_rate"] > 0:
-        out.append(f"{figs['error_rate']:.0%} of requests failed")
-    if figs.get("delivered", 1.0) < min_delivered:
-        out.append(f"{figs['delivered']:.0%} of the asked tokens delivered")
+    err = figs.get("error_rate", math.nan)
+    if math.isnan(err):
+        out.append("error_rate not measured")
+    elif err > rules.max_error_rate:
+        out.append(f"{err:.1%} of requests failed (max_error_rate {rules.max_error_rate:g})")
+    if figs.get("delivered", 1.0) < rules.min_delivered:
+        out.append(f"{figs['delivered']:.1%} of the asked tokens delivered (min_delivered {rules.min_delivered:g})")
     if figs.get("kept_up") == 0.0:
         out.append(f"the server fell behind (completed {figs['achieved_req_s']:.3g} of {figs['offered_req_s']:.3g} "
                    "req/s offered)" if not figs.get("unfinished") else
@@ -332,7 +369,7 @@ def misses(figs: dict[str, float], slo: Sequence[tuple[str, float]],
     for name, limit in slo:
         v = figs.get(name, math.nan)
         if math.isnan(v):
-            if name.startswith(("tpot", "itl")) and figs["error_rate"] == 0:
+            if name.startswith(("tpot", "itl")) and not math.isnan(err) and err <= rules.max_error_rate:
                 continue  # one-token outputs have no gap: nothing to limit
             out.append(f"{name} not measured")
         elif v > limit:
@@ -399,6 +436,8 @@ class Boundary:
     pruned: str = ""
     stopped: str = ""
     """Why the search stopped before its bracket was narrow and confirmed (out of measurements or time)."""
+    rules: Rules = field(default_factory=Rules)
+    """What a load must serve to count besides the SLO (:func:`misses`)."""
 
     @property
     def feasible(self) -> bool:
@@ -428,8 +467,8 @@ class Boundary:
         return self.low * sum(ok) / len(ok) if ok else 0.0
 
 
-def _verdicts(points: dict[float, Point], slo) -> dict[float, list[str]]:
-    return {load: misses(p.figures(), slo) for load, p in points.items()}
+def _verdicts(points: dict[float, Point], slo, rules: Rules) -> dict[float, list[str]]:
+    return {load: misses(p.figures(), slo, rules) for load, p in points.items()}
 
 
 def _bracket(verdicts: dict[float, list[str]]) -> tuple[float | None, float | None]:
@@ -445,6 +484,7 @@ def find_boundary(measure: Callable[[float], Sample], slo: Sequence[tuple[str, f
     """Bracket, bisect and confirm the highest load meeting ``slo`` (see the module's docstring)."""
     integer = s.goodput_mode == "concurrency"
     slo = tuple(slo)
+    rules = Rules.of(s)
     points: dict[float, Point] = {}
     t0 = time.time()
     lo_load = max(1, math.ceil(s.goodput_min)) if integer else s.goodput_min
@@ -457,11 +497,11 @@ def find_boundary(measure: Callable[[float], Sample], slo: Sequence[tuple[str, f
     def take(load: float) -> list[str]:
         sample = measure(load)
         points.setdefault(load, Point(load)).samples.append(sample)
-        return misses(points[load].figures(), slo)
+        return misses(points[load].figures(), slo, rules)
 
     def result(low, high, pruned="", stopped="") -> Boundary:
         return Boundary(s.goodput_mode, slo, points, low, high, sum(len(p.samples) for p in points.values()),
-                        time.time() - t0, pruned=pruned, stopped=stopped)
+                        time.time() - t0, pruned=pruned, stopped=stopped, rules=rules)
 
     if incumbent is not None and incumbent > 0:
         load = norm(incumbent)
@@ -479,7 +519,7 @@ def find_boundary(measure: Callable[[float], Sample], slo: Sequence[tuple[str, f
         return high - low <= 1 if integer else high <= low * (1 + s.goodput_tolerance)
 
     while True:
-        low, high = _bracket(_verdicts(points, slo))
+        low, high = _bracket(_verdicts(points, slo, rules))
         if not points:
             nxt = norm(s.goodput_start)
         elif high is None:
@@ -552,7 +592,21 @@ def plan(s: GoodputSettings) -> Plan:
 def recorded(obj: Objective, rows: dict[tuple[str, str], float], settings: dict) -> dict:
     """What an export records of a goodput trial for ``tuner verify``: the SLO, the boundary load and its mode."""
     return {"slo": [list(x) for x in obj.slo], "load": rows.get(("goodput_low", LEVEL)),
-            "mode": settings.get("goodput_mode") or "rate", "gpus": rows.get(("gpus", LEVEL), 0.0)}
+            "mode": settings.get("goodput_mode") or "rate", "gpus": rows.get(("gpus", LEVEL), 0.0),
+            # the search's own figures at the boundary: verify says how close it stands to each limit beside them
+            "figures": {name: rows[(name, SLO_LEVEL)] for name, _ in obj.slo if (name, SLO_LEVEL) in rows}}
+
+
+def closeness(figs: dict[str, float], slo: Sequence[tuple[str, float]], searched: dict[str, float] | None = None
+              ) -> str:
+    """How close each figure stands to its limit: ``ttft_ms_p95 153.6 = 77% of 200 (the search: 88.2)``."""
+    parts = []
+    for name, limit in slo:
+        v = figs.get(name, math.nan)
+        was = (searched or {}).get(name)
+        parts.append((f"{name} > {limit:g} (cut short)" if math.isinf(v) else f"{name} {v:.1f} = {v / limit:.0%} of "
+                      f"{limit:g}") + (f" (the search: {was:.1f})" if was is not None else ""))
+    return "; ".join(parts)
 
 
 def verify_load(measure: Measurer, rec: dict, shortfall: float = 0.0) -> tuple[bool, Boundary | None, str]:
@@ -570,28 +624,40 @@ def verify_load(measure: Measurer, rec: dict, shortfall: float = 0.0) -> tuple[b
     for _ in range(measure.settings.goodput_repeats):
         point.samples.append(measure(at))
     figs = point.figures()
-    why = misses(figs, slo)
+    rules = Rules.of(measure.settings)
+    why = misses(figs, slo, rules)
     b = Boundary(measure.settings.goodput_mode, slo, {point.load: point}, None if why else point.load,
-                 point.load if why else None, len(point.samples), 0.0)
-    met = "; ".join(f"{k} {figs.get(k, math.nan):.1f} (limit {v:g})" for k, v in slo)
+                 point.load if why else None, len(point.samples), 0.0, rules=rules)
+    near = closeness(figs, slo, rec.get("figures"))
     where = f"{at:g} (the recorded boundary {load:g} less {shortfall:.0%})" if shortfall else \
         f"the recorded boundary {load:g}"
-    text = (f"misses the SLO at {where}: {'; '.join(why)}" if why else f"meets the SLO at {where}: {met}")
+    pooled = (f"{len(point.samples)} measurements pooled ({len(point.requests)} requests), as the search confirmed "
+              "its boundary")
+    text = (f"misses the SLO at {where}: {'; '.join(why)}; {near}; {pooled}" if why
+            else f"meets the SLO at {where}: {near}; {pooled}")
     return not why, b, text
 
 
 # -- one trial ---------------------------------------------------------------------------------------------------
-def incumbent_load(obj: Objective, value: float | None, gpus: int, cfg: LoadConfig, s: GoodputSettings
-                   ) -> float | None:
-    """The load a trial must meet the SLO at to beat an incumbent worth ``value`` (the objective's metric): per GPU
-    figures scale by this trial's GPUs, token rates become request rates by the load's mean output length (as many
-    tokens as requested: with ``ignore_eos`` off a server may stop earlier, so this load is a lower bound)."""
-    if value is None or value <= 0 or not s.goodput_incumbent_check or s.goodput_mode != "rate":
+def incumbent_load(obj: Objective, gpus: int, s: GoodputSettings) -> float | None:
+    """The load a trial must meet the SLO at to beat the incumbent: the incumbent's stored boundary
+    (``s.incumbent_load``, its ``goodput_low``), scaled by this trial's GPUs over the incumbent's for a per-GPU
+    objective. None (no check) without a stored boundary, in concurrency mode, or with the check off."""
+    if not s.incumbent_load or s.incumbent_load <= 0 or not s.goodput_incumbent_check or s.goodput_mode != "rate":
         return None
-    rate = value * (max(1, gpus) if obj.metric.endswith("_per_gpu") else 1)
-    if obj.metric.startswith("goodput_tok_s"):
-        rate /= max(1, cfg.output_len)
-    return rate
+    load = float(s.incumbent_load)
+    if obj.metric.endswith("_per_gpu"):
+        load *= max(1, gpus) / max(1.0, float(s.incumbent_gpus or 1.0))
+    return load
+
+
+def stored_incumbent(rows: dict[tuple[str, str], float]) -> dict[str, float]:
+    """The settings :func:`incumbent_load` reads, from the incumbent trial's stored ``rows`` (``(metric, level) ->
+    value``): its boundary and its GPUs; none when it met the SLO at no load."""
+    low = rows.get(("goodput_low", LEVEL))
+    if low is None or low <= 0:
+        return {}
+    return {"incumbent_load": low, "incumbent_gpus": rows.get(("gpus", LEVEL), 1.0)}
 
 
 def boundary_rows(b: Boundary, gpus: int) -> list[MetricRow]:
@@ -622,15 +688,16 @@ def boundary_rows(b: Boundary, gpus: int) -> list[MetricRow]:
         p = b.points[load]
         figs = p.figures()
         level = f"{prefix}={load:g}"
-        meets = not misses(figs, b.slo)
+        meets = not misses(figs, b.slo, b.rules)
         rows += [MetricRow("tok_s", level, point_tok_s(b.mode, p, meets), "tok/s"),
                  MetricRow("req_s", level, p.req_s, "req/s"),
                  MetricRow("measurements", level, float(len(p.samples)), "count"),
                  MetricRow("meets_slo", level, 1.0 if meets else 0.0, "flag")]
-        rows += [MetricRow(k, level, v, "tok/s" if k == "tok_s_per_request" else "" if k == "error_rate" else "ms")
-                 for k, v in figs.items() if k in ("ttft_ms_p99", "ttft_ms_p95", "tpot_ms_p99", "tpot_ms_p95",
-                                                   "itl_ms_p99", "error_rate", "tok_s_per_request")
-                 and not math.isnan(v)]
+        stored = {"ttft_ms_p99", "ttft_ms_p95", "tpot_ms_p99", "tpot_ms_p95", "itl_ms_p99", "error_rate",
+                  "delivered", "requests", "tok_s_per_request"} | {name for name, _ in b.slo}
+        rows += [MetricRow(k, level, v, "tok/s" if k == "tok_s_per_request" else "fraction"
+                           if k in ("error_rate", "delivered") else "count" if k == "requests" else "ms")
+                 for k, v in figs.items() if k in stored and not math.isnan(v)]
         rows += [MetricRow(k, level, figs[k], unit) for k, unit in KEEPUP_UNITS.items() if k in figs]
     return [r for r in rows if math.isfinite(r.value)]  # a cut request's infinite latency is never stored
 
@@ -663,7 +730,7 @@ def describe(b: Boundary) -> str:
 def _describe(b: Boundary, unit: str) -> str:
     if b.low is None:
         at = b.at
-        why = "; ".join(misses(at.figures(), b.slo)) if at else "nothing measured"
+        why = "; ".join(misses(at.figures(), b.slo, b.rules)) if at else "nothing measured"
         text = f"infeasible: misses the SLO even at {at.load:g} {unit} ({why})" if at else f"infeasible: {why}"
         return text + (f"; {b.stopped}" if b.stopped else "")
     high = f"{b.high:g}" if b.high is not None else "above"

@@ -225,6 +225,8 @@ class ServerProcess:
         self._fatal_line = ""
         self._lock = threading.Lock()
         self._stopped = False
+        self._signalled = False
+        """The tuner sent the server a signal (:meth:`kill_now`, :meth:`stop`)."""
         self.started = time.time()
         self._oom_kills = oom_kill_count()  # an OOM kill is told apart from another signal by this count growing
         full_env = {**os.environ, **(env or {}), "PYTHONUNBUFFERED": "1"}
@@ -289,6 +291,14 @@ class ServerProcess:
                                                 f"{self._reason_line(log)[:300]}")
         return None
 
+    def outside_signal(self) -> int | None:
+        """The signal that killed the server when the tuner sent none (a kill from outside: an operator, another
+        job; the kernel's OOM killer is ``oom``, not this), else None. Meaningful before :meth:`stop`."""
+        code = self.proc.poll()
+        if code is None or code >= 0 or self._signalled:
+            return None
+        return None if self._oom_evidence() else -code
+
     def _oom_evidence(self) -> str:
         """The kernel's word that the server was killed for memory: its OOM-killer record of the server's pid, or
         the memory cgroup's OOM-kill count grown since the start; ``""`` without evidence."""
@@ -338,6 +348,7 @@ class ServerProcess:
     # -- teardown -------------------------------------------------------------------------------------------
     def kill_now(self) -> None:
         """SIGKILL our process group at once, without waiting (used from a signal handler)."""
+        self._signalled = True
         try:
             if os.getpgid(self.proc.pid) == self.pgid:
                 os.killpg(self.pgid, signal.SIGKILL)
@@ -348,6 +359,7 @@ class ServerProcess:
         """Kill the whole process group we created; wait for the port and the GPU memory to be released."""
         if self._stopped:
             return
+        self._signalled = True
         self._stopped = True
         members = set(group_members(self.pgid)) | {self.proc.pid}
         kill_group(self.proc, grace_s=5.0)

@@ -2,11 +2,17 @@
 
 Each request streams (``stream: true``, SSE ``data:`` lines). Per request: time to first token (TTFT), the gaps
 between streamed tokens (inter-token latency, ITL), end-to-end latency, the tokens asked (``max_tokens``) and the
-output tokens, counted from tokens: the server's ``usage`` when it sends one, else the model's own tokenizer on the
-streamed text (never one token per text chunk); the result says which count was used. Per level: output tok/s and
-requests/s over the level's wall time, mean/p50/p99 of each latency, the request error rate and the share of the
-asked tokens delivered; :func:`level_metrics` turns them into ``MetricRow`` s at level ``"c=N"``, and
-:func:`served_problem` says when a level served too little to count (the trial is then ``request_error``).
+output tokens the server generated, counted by the first of (:data:`COUNT_METHODS`): the server's ``usage`` (asked
+for with ``stream_options.include_usage``); the server's own token information in the stream (``token_ids``,
+``logprobs``, llama.cpp's ``timings.predicted_n``); one token per content chunk, when the first request showed that
+shape (as many chunks as tokens asked, ``finish_reason: length``; chunks with empty text count); else the model's
+tokenizer on the streamed text. The result says which. A count above ``max_tokens`` is a measurement error (the
+request fails), never a figure. A request is served only when the server said it finished (a ``finish_reason`` or
+``usage``): a stream ended without either, ``[DONE]`` or not, was cut and is an error; an answer with empty text that
+finished is served. Per level: output tok/s and requests/s over the level's wall time, mean/p50/p99 of each latency,
+the request error rate and the share of the asked tokens delivered; :func:`level_metrics` turns them into
+``MetricRow`` s at level ``"c=N"``, and :func:`served_problem` says when a level served too little to count (the
+trial is then ``request_error``).
 """
 
 from __future__ import annotations
@@ -52,8 +58,16 @@ class RequestResult:
     asked: int = 0
     """The tokens the request asked for (``max_tokens``)."""
     count_source: str = ""
-    """Where ``output_tokens`` came from: ``usage`` (the server's count) or ``tokenizer`` (the model's tokenizer on
-    the streamed text)."""
+    """How ``output_tokens`` was counted: one of :data:`COUNT_METHODS`."""
+    chunks: int = 0
+    """Content chunks streamed (a chunk carrying a choice's text, empty text included; a chat role-only chunk is
+    none)."""
+    finish_chunk: bool = False
+    """The last content chunk had empty text and the ``finish_reason`` (a token on some servers, not on others)."""
+    finish_reason: str = ""
+    """The server's ``finish_reason`` (``length``, ``stop``...), empty when it sent none."""
+    over_count: bool = False
+    """The count came out above the tokens asked: a measurement error (``ok`` is false)."""
 
     @property
     def refused(self) -> bool:
@@ -91,8 +105,13 @@ class LevelResult:
 
     @property
     def count_source(self) -> str:
-        """How the level's tokens were counted: ``usage``, ``tokenizer``, or both (``usage+tokenizer``)."""
-        return "+".join(sorted({r.count_source for r in self.ok_requests if r.count_source})) or "none"
+        """How the level's tokens were counted: one of :data:`COUNT_METHODS`, or several joined (``usage+chunks``)."""
+        return count_label(self.ok_requests)
+
+    @property
+    def over_counts(self) -> int:
+        """Requests whose count came out above the tokens asked (measurement errors)."""
+        return sum(1 for r in self.requests if r.over_count)
 
     @property
     def tok_s(self) -> float:
@@ -139,6 +158,12 @@ class LoadConfig:
     default): send it when the server accepts it (:func:`probe` finds out with the first request)."""
     stream_usage: bool = True
     """Ask for the token counts in the stream (``stream_options.include_usage``); off when the server refuses it."""
+    count_chunks: bool = False
+    """Count one token per content chunk of a stream without usage or token information: set by :func:`probe` when
+    the first request showed that shape."""
+    finish_chunk_counts: bool = True
+    """With ``count_chunks``: a last chunk of empty text carrying the ``finish_reason`` is a token (the first request
+    showed which)."""
     tokenizer: str | None = None
     """The tokenizer that counts the streamed text when the server sends no usage (default: ``model``)."""
     count_tokens: Callable[[str], int] | None = None
@@ -238,6 +263,18 @@ def _body(cfg: LoadConfig, req: RequestSpec) -> tuple[str, dict[str, Any]]:
     return "/v1/completions", {**body, "prompt": req.prompt}
 
 
+COUNT_METHODS = ("usage", "server", "chunks", "tokenizer")
+"""How a request's output tokens are counted, in the order tried: the server's ``usage``; its own token information
+in the stream (``token_ids``, ``logprobs``, ``timings.predicted_n``); one per content chunk (when the stream shows
+that shape); the model's tokenizer on the streamed text."""
+
+
+def count_label(requests: Iterable[RequestResult]) -> str:
+    """The counting methods ``requests`` used, in :data:`COUNT_METHODS` order, joined by ``+`` (``none``: none)."""
+    used = {r.count_source for r in requests if r.count_source}
+    return "+".join(m for m in COUNT_METHODS if m in used) or "none"
+
+
 def _chunk_text(event: dict[str, Any]) -> str:
     text = ""
     for choice in event.get("choices") or []:
@@ -245,43 +282,97 @@ def _chunk_text(event: dict[str, Any]) -> str:
     return text
 
 
+def _content_chunk(event: dict[str, Any]) -> str:
+    """What the event carries of generated text: ``text`` (text, empty text too: a completion's ``text`` key, or a
+    chat ``delta`` with ``content`` and no ``role``; the role chunk a chat stream opens with is no token), ``finish``
+    (empty text with a ``finish_reason``: a token of its own on some servers, only the end on others), or ``""``."""
+    kind = ""
+    for choice in event.get("choices") or []:
+        if "text" in choice:
+            text = choice.get("text")
+        else:
+            delta = choice.get("delta") or {}
+            if "role" in delta or "content" not in delta:
+                continue
+            text = delta.get("content")
+        if text is None:
+            continue
+        if text == "" and choice.get("finish_reason"):
+            kind = kind or "finish"
+            continue
+        return "text"
+    return kind
+
+
+def _server_tokens(event: dict[str, Any]) -> int | None:
+    """The tokens this event says the server generated, from its own token information: ``token_ids`` (SGLang,
+    vLLM), ``logprobs`` (one entry per token), llama.cpp's ``timings.predicted_n`` (a total); None when it offers
+    none."""
+    n = None
+    for choice in event.get("choices") or []:
+        ids = choice.get("token_ids")
+        if ids is None:
+            ids = (choice.get("delta") or {}).get("token_ids")
+        lp = choice.get("logprobs")
+        if isinstance(ids, list):
+            n = (n or 0) + len(ids)
+        elif isinstance(lp, dict) and isinstance(lp.get("tokens"), list):
+            n = (n or 0) + len(lp["tokens"])
+        elif isinstance(lp, dict) and isinstance(lp.get("content"), list):
+            n = (n or 0) + len(lp["content"])
+    return n
+
+
 async def one_request(client: httpx.AsyncClient, base_url: str, cfg: LoadConfig, req: RequestSpec,
                       on_first: Callable[[float], None] | None = None) -> RequestResult:
-    """One streamed request; ``on_first(ttft_s)`` is called when its first token arrives."""
+    """One streamed request; ``on_first(ttft_s)`` is called when its first token arrives. Served only when the server
+    said it finished; counted as the module's docstring says."""
     path, body = _body(cfg, req)
     start = time.perf_counter()
     last = None
     ttft = math.nan
     chunks = 0
     usage_tokens = None
+    server_tokens: int | None = None
+    timing_tokens: int | None = None
     text: list[str] = []
-    finished = False  # [DONE] or a finish_reason: the stream ran to its end (not cut by a dying server)
+    finish = ""
+    finish_chunk = False
     itl: list[float] = []
+    asked = req.max_tokens
     try:
         async with client.stream("POST", base_url + path, json=body) as resp:
             if resp.status_code != 200:
-                text = (await resp.aread()).decode(errors="replace")[:300]
-                return RequestResult(ok=False, error=f"HTTP {resp.status_code}: {text}", status=resp.status_code,
-                                     asked=req.max_tokens)
+                err = (await resp.aread()).decode(errors="replace")[:300]
+                return RequestResult(ok=False, error=f"HTTP {resp.status_code}: {err}", status=resp.status_code,
+                                     asked=asked)
             async for line in resp.aiter_lines():
                 if not line.startswith("data:"):
                     continue
                 data = line[5:].strip()
                 if data == "[DONE]":
-                    finished = True
                     break
                 try:
                     event = json.loads(data)
                 except json.JSONDecodeError:
                     continue
+                if not isinstance(event, dict):
+                    continue
                 if event.get("error"):
-                    return RequestResult(ok=False, error=f"stream error: {str(event['error'])[:300]}",
-                                         asked=req.max_tokens)
-                finished = finished or any(c.get("finish_reason") for c in event.get("choices") or [])
+                    return RequestResult(ok=False, error=f"stream error: {str(event['error'])[:300]}", asked=asked)
+                for c in event.get("choices") or []:
+                    finish = str(c.get("finish_reason") or "") or finish
                 if event.get("usage") and event["usage"].get("completion_tokens") is not None:
                     usage_tokens = int(event["usage"]["completion_tokens"])
+                if (n := _server_tokens(event)) is not None:
+                    server_tokens = (server_tokens or 0) + n
+                timings = event.get("timings")
+                if isinstance(timings, dict) and isinstance(timings.get("predicted_n"), int):
+                    timing_tokens = int(timings["predicted_n"])
                 if piece := _chunk_text(event):
                     text.append(piece)
+                if kind := _content_chunk(event):
+                    finish_chunk = kind == "finish"
                     now = time.perf_counter()
                     if last is None:
                         ttft = now - start
@@ -292,29 +383,33 @@ async def one_request(client: httpx.AsyncClient, base_url: str, cfg: LoadConfig,
                     last = now
                     chunks += 1
     except (httpx.HTTPError, OSError) as exc:
-        return RequestResult(ok=False, error=f"{type(exc).__name__}: {exc}"[:300], asked=req.max_tokens)
+        return RequestResult(ok=False, error=f"{type(exc).__name__}: {exc}"[:300], asked=asked, chunks=chunks)
     end = time.perf_counter()
-    if chunks == 0:
-        if usage_tokens:
-            # the server generated tokens but streamed no text for them (``transformers serve`` holds back bytes
-            # that are not yet valid UTF-8, and skips special tokens): the request completed, and its first output
-            # a client could see came at the end
-            return RequestResult(ok=True, ttft_s=end - start, e2e_s=end - start, output_tokens=usage_tokens,
-                                 asked=req.max_tokens, count_source="usage")
-        return RequestResult(ok=False, error="the stream ended without a token", asked=req.max_tokens)
+    seen = {"chunks": chunks, "finish_reason": finish, "asked": asked, "finish_chunk": finish_chunk}
+    if not finish and usage_tokens is None:
+        # [DONE] or not: the server never said the request finished, so it was cut (a cancelled stream)
+        return RequestResult(ok=False, error=f"the stream was cut after {chunks} chunks (the server sent no "
+                                             "finish_reason and no usage)", **seen)
     if usage_tokens is not None:
         tokens, source = usage_tokens, "usage"
-    elif not finished:
-        return RequestResult(ok=False, asked=req.max_tokens,
-                             error=f"the stream was cut after {chunks} chunks (no [DONE], no finish_reason)")
+    elif server_tokens is not None or timing_tokens is not None:
+        tokens, source = (timing_tokens if timing_tokens is not None else server_tokens), "server"
+    elif cfg.count_chunks:
+        tokens, source = chunks - (finish_chunk and not cfg.finish_chunk_counts), "chunks"
     elif cfg.count_tokens is not None:
         tokens, source = cfg.count_tokens("".join(text)), "tokenizer"
     else:
-        return RequestResult(ok=False, asked=req.max_tokens,
-                             error="the server streamed no token counts (usage) and no tokenizer counts its text; "
-                                   "set `tokenizer` to the model's tokenizer (a path or hub name)")
+        return RequestResult(ok=False, error=_NO_COUNT + " and no tokenizer counts its text", **seen)
+    if chunks - finish_chunk == 0:
+        # nothing streamed before the end (``transformers serve`` holds back bytes that are not yet valid UTF-8):
+        # the first output a client could see came at the end
+        ttft = end - start
+    if asked and tokens > asked:
+        return RequestResult(ok=False, over_count=True, count_source=source, output_tokens=tokens,
+                             error=f"counted {tokens} tokens ({source}) for {asked} asked (max_tokens): a measurement "
+                                   "error, not a figure", **seen)
     return RequestResult(ok=True, ttft_s=ttft, e2e_s=end - start, output_tokens=tokens, itl_s=itl,
-                         asked=req.max_tokens, count_source=source)
+                         count_source=source, **seen)
 
 
 async def wait_or_abort(tasks: Iterable[asyncio.Task], should_abort: Callable[[], str | None] | None,
@@ -419,10 +514,13 @@ def _named_field(error: str, body: dict[str, Any]) -> str | None:
 
 def load_tokenizer(name: str) -> Callable[[str], int]:
     """A counter of the tokens of a text with the model's own tokenizer (``transformers``' ``AutoTokenizer``, from a
-    path or the local hub cache)."""
+    path, a GGUF file's own vocabulary (needs ``gguf``; read on the CPU), or the local hub cache)."""
     from transformers import AutoTokenizer
 
     path = Path(name).expanduser()
+    if path.is_file() and path.suffix == ".gguf":  # a GGUF-only model: the vocabulary it carries
+        tok = AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name, local_files_only=True)
+        return lambda text: len(tok.encode(text, add_special_tokens=False))
     # local files only (a hub name from the cache the server read too): a trial never waits on the network
     tok = AutoTokenizer.from_pretrained(str(path) if path.exists() else name, local_files_only=True)
     return lambda text: len(tok.encode(text, add_special_tokens=False))
@@ -432,10 +530,12 @@ def probe(base_url: str, cfg: LoadConfig, deadline: float | None = None) -> Prob
     """Send the first request and learn which request fields the server accepts. A field the load adds on its own
     (``ignore_eos`` unless set true, ``stream_options``) that the server refuses with HTTP 4xx is dropped and the
     request sent again: without ``ignore_eos`` every request keeps its fixed ``max_tokens``. A server that streams
-    no usage gets its tokens counted by the model's tokenizer (setting ``tokenizer``, default the model); without
-    one the load is refused. Any other refusal is ``refused``, naming the field and the setting that fixes it. The
-    first answer tells whether the server honours ``max_tokens`` with ``ignore_eos`` (``ignored`` when not). Then
-    the warm-up runs until the time to first token settles (:func:`ttft_settled`). Blocking."""
+    no usage and no token information gets one token counted per content chunk when the first answer shows that
+    shape (as many chunks as tokens asked, ``finish_reason: length``), else its text counted by the model's tokenizer
+    (setting ``tokenizer``, default the model); without one the load is refused. Any other refusal is ``refused``,
+    naming the field and the setting that fixes it. The first answer tells whether the server honours ``max_tokens``
+    with ``ignore_eos`` (``ignored`` when not). Then the warm-up runs until the time to first token settles
+    (:func:`ttft_settled`). Blocking."""
     t0 = time.time()
     short = replace(cfg, output_len=min(cfg.output_len, 8), dataset=None, length_jitter=0.0, shape=None)
     out = Probe(config=cfg)
@@ -445,21 +545,37 @@ def probe(base_url: str, cfg: LoadConfig, deadline: float | None = None) -> Prob
         res = asyncio.run(_run_level(base_url, short, 1, [req], None, deadline))
         first = res.requests[0] if res.requests else RequestResult(ok=False, error="no request was sent")
         out.first = first
-        if not first.ok and first.error.startswith(_NO_COUNT) and cfg.count_tokens is None:
+        if not first.ok and first.error.startswith(_NO_COUNT) and not cfg.count_chunks and cfg.count_tokens is None:
+            if first.finish_reason == "length" and first.asked and first.asked in (first.chunks, first.chunks
+                                                                                     - first.finish_chunk):
+                # the stream shows its shape: one chunk per token (empty text included), as many as asked; a last
+                # empty chunk carrying the finish_reason is a token only when the count needs it
+                shape = {"count_chunks": True, "finish_chunk_counts": first.chunks == first.asked}
+                cfg, short = replace(cfg, **shape), replace(short, **shape)
+                out.adapted.append(f"no usage in the stream: one token counted per content chunk (the first "
+                                   f"request streamed {first.chunks} chunks for the {first.asked} tokens asked, "
+                                   "finish_reason length)")
+                _logger.warning("the server at %s: %s", base_url, out.adapted[-1])
+                continue
             try:
                 counter = load_tokenizer(cfg.tokenizer) if cfg.tokenizer else None
+            except ImportError as exc:  # transformers, or gguf for a GGUF file's vocabulary
+                missing = getattr(exc, "name", None) or ("gguf" if "gguf" in str(exc).lower() else "transformers")
+                counter, why = None, f"{missing} is not installed: pip install 'tuner[tokenizer]'"
             except Exception as exc:  # noqa: BLE001 - any failure to load names the setting that fixes it
                 counter, why = None, f"{type(exc).__name__}: {str(exc).splitlines()[0][:200]}"
             else:
                 why = "setting `tokenizer` is not set"
             if counter is None:
-                out.refused = (f"the server streams no token counts (usage) and the model's tokenizer "
-                               f"{cfg.tokenizer!r} cannot count its text ({why}); set `tokenizer` to the model's "
-                               "tokenizer (a path or hub name)")
+                shape = (f"its chunks are not one per token ({first.chunks} chunks for {first.asked} tokens asked, "
+                         f"finish_reason {first.finish_reason or 'none'})")
+                out.refused = (f"the server streams no token counts (usage, token ids) and {shape}, and the model's "
+                               f"tokenizer {cfg.tokenizer!r} cannot count its text ({why}); set `tokenizer` to the "
+                               "model's tokenizer (a path or hub name)")
                 break
             cfg, short = replace(cfg, count_tokens=counter), replace(short, count_tokens=counter)
-            out.adapted.append(f"the server streams no usage: tokens counted by the tokenizer {cfg.tokenizer!r}")
-            _logger.warning("the server at %s streams no usage: %s", base_url, out.adapted[-1])
+            out.adapted.append(f"no usage in the stream: tokens counted by the tokenizer {cfg.tokenizer!r}")
+            _logger.warning("the server at %s: %s", base_url, out.adapted[-1])
             continue
         if first.ok or not first.refused:
             break
@@ -606,6 +722,8 @@ def level_metrics(result: LevelResult) -> list[MetricRow]:
                         len(result.requests))
         rows.append(MetricRow("short_window", level, 1.0, "flag"))
     rows.append(MetricRow(f"count:{result.count_source}", level, 1.0, "flag"))  # how the tokens were counted
+    if result.over_counts:  # counts above max_tokens: measurement errors (failed requests), flagged
+        rows.append(MetricRow("count_over_asked", level, float(result.over_counts), "count"))
     for name, value in level_summary(result).items():
         if value is None or (isinstance(value, float) and math.isnan(value)):
             continue

@@ -91,10 +91,7 @@ class ServerSettings(CommonSettings, GoodputSettings, LoadShapeSettings, GreedyS
     """The warm-up's limit in requests (64)."""
     tokenizer: str | None = None
     """The tokenizer counting the streamed text of a server that sends no usage (default: ``model``)."""
-    max_error_rate: float = Field(0.01, ge=0, le=1)
-    """A level with a larger share of failed requests does not count: the trial is ``request_error``."""
-    min_delivered: float = Field(0.95, ge=0, le=1)
-    """A level that delivered a smaller share of the asked tokens does not count: the trial is ``request_error``."""
+    # max_error_rate, min_delivered: GoodputSettings's (the levels' rules and the boundary search's alike)
     request_timeout_s: float | None = Field(None, gt=0)
     ignore_eos: bool | None = None
     """Send ``ignore_eos``: true always, false never, unset when the server accepts it (the first request finds

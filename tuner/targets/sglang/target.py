@@ -29,10 +29,12 @@ load                      ``api`` (completions/chat), ``prompt_len``, ``output_l
                           level, 3), ``warmup_requests`` (at least; the warm-up goes on until the time to first
                           token settles, within ``warmup_s`` 30 and ``warmup_max_requests`` 64),
                           ``request_timeout_s``, ``ignore_eos`` (unset: when the server accepts it), ``seed``,
-                          ``extra_body``, ``tokenizer`` (counts the text of a server that streams no usage; default
-                          ``model``) (see ``tuner.targets.sglang.loadgen``)
-served                    ``max_error_rate`` (0.01) and ``min_delivered`` (0.95, of the asked tokens): a level beyond
-                          either is no figure, the trial ``request_error``
+                          ``extra_body``, ``tokenizer`` (the last way to count a stream without usage, token ids or
+                          one-token chunks; default ``model``, a GGUF file's own vocabulary too) (see
+                          ``tuner.targets.sglang.loadgen``)
+served                    a request the server said it finished (``finish_reason`` or usage); ``max_error_rate``
+                          (0.01) and ``min_delivered`` (0.95, of the asked tokens): a level beyond either is no
+                          figure, the trial ``request_error``; a goodput load beyond either misses the SLO
 ``allow_retry``           run a flag set whose launch failed before (the memory is in the study's storage)
 ``failed_scope``          ``study`` (default): only this study's failed starts refuse a launch; ``storage``: all
 ``torch_compile_supported``  false when the model/build is known to reject torch.compile
@@ -58,7 +60,7 @@ from search_spaces import Param
 from search_spaces.schema import LevelConstraint, Objective
 from storage.types import MetricRow
 from tuner.errors import SettingsError, TargetError
-from tuner.measurement import Measurement, Outcome
+from tuner.measurement import OUTSIDE_SIGNAL, Measurement, Outcome
 from tuner.targets.base import LaunchSpec, PreflightReport, Reporter, Target
 from tuner.targets.sglang import failed, greedy, loadgen
 from tuner.targets.sglang import flags as fl
@@ -68,6 +70,8 @@ from tuner.targets.sglang.settings import ServerSettings
 _logger = logging.getLogger(__name__)
 
 DIR_ENVS = {"kernel_config_dir": "TUNER_KERNEL_CONFIG_DIR", "moe_config_dir": "SGLANG_MOE_CONFIG_DIR"}
+MODEL_FILE_SUFFIXES = (".gguf", ".safetensors", ".bin", ".pt", ".pth", ".onnx")
+"""A ``model`` ending so names a local file, which preflight checks exists."""
 
 
 def constraint_name(lc: LevelConstraint) -> str:
@@ -79,6 +83,8 @@ def constraint_name(lc: LevelConstraint) -> str:
 class CommandTarget(Target):
     name = "command"
     gpus_per_trial = 0
+    model_path_checked = True
+    """A ``model`` written as a local path that does not exist is a preflight error (else a note)."""
     Settings = ServerSettings
     config: ServerSettings
 
@@ -170,6 +176,8 @@ class CommandTarget(Target):
 
     def remember_failure(self, repo: Any, run_id: int, number: int, params: dict[str, Any],
                          measurement: Measurement) -> None:
+        if measurement.outside_signal:  # killed from outside: nothing to remember of these flags
+            return
         args, env = self.flag_args(params)
         failed.remember(repo, run_id, number, key=self.flag_key(args, self.launch_env(env)),
                         outcome=measurement.outcome.value, reason=measurement.reason, args=args,
@@ -206,8 +214,10 @@ class CommandTarget(Target):
             if flags.version:
                 report.facts["server version"] = flags.version
             self._check_flags(flags, report)
+        self._check_model_path(report)
         self._report_rules(report)
         self._load_shape(report)
+        self._count_plan(report)
         self._plan(report)
         gpus = self.resolved.hardware.gpu_count
         for p in self.flag_params():
@@ -217,6 +227,33 @@ class CommandTarget(Target):
                     report.will_not_run.append(f"`{p.name}` values {too_big} need more than the {gpus} GPUs here "
                                                "(refused by rule `tp-size-above-gpus`)")
         return report
+
+    def _check_model_path(self, report: PreflightReport) -> None:
+        """A ``model`` written as a local path (``/``, ``./``, ``~``, or a weights file's suffix) must exist here:
+        a server started without it fails every trial."""
+        model = self.model
+        local = model.startswith(("/", "./", "../", "~")) or model.endswith(MODEL_FILE_SUFFIXES)
+        if model and local and not Path(model).expanduser().exists():
+            (report.errors if self.model_path_checked else report.rules).append(f"setting `model`: {model!r} does not exist on this machine; pass the model's path "
+                                 "(--model PATH) or a hub name")
+
+    def _count_plan(self, report: PreflightReport) -> None:
+        """How the output tokens will be counted, and whether the last fallback (a tokenizer) is there."""
+        try:
+            cfg = loadgen.LoadConfig.from_settings(self.settings)
+        except (SettingsError, ValueError):
+            return  # _load_shape says why
+        line = ("the server's usage (asked for), else its own token ids or logprobs, else one token per streamed "
+                "chunk when the first answer shows that shape (as many chunks as tokens asked)")
+        try:
+            import transformers  # noqa: F401 - only whether it is there
+        except ImportError:
+            line += ("; no tokenizer fallback: `transformers` is not installed (pip install 'tuner[tokenizer]'), so a "
+                     "server streaming several tokens per chunk without usage cannot be counted")
+        else:
+            line += f", else the tokenizer {cfg.tokenizer!r}" if cfg.tokenizer else ", else no tokenizer (set " \
+                "`tokenizer`)"
+        report.facts["token count"] = line
 
     def _load_shape(self, report: PreflightReport) -> None:
         """The load's shape (a bad request file or contradicting shape settings: an error before any trial)."""
@@ -411,6 +448,11 @@ class CommandTarget(Target):
             m = self._run(server, cfg, t0, work_deadline, report)
             if self._greedy_result is not None:  # handed back for the study's storage (after_trial)
                 m.data["greedy"] = self._greedy_doc(self._greedy_result, cfg)
+            sig = server.outside_signal()
+            if sig is not None and m.outcome is not Outcome.OK:  # a kill from outside says nothing of these flags
+                m.metrics.append(MetricRow(OUTSIDE_SIGNAL, "", float(sig), "signal"))
+                m.reason += (f"; signal {sig} came from outside the tuner: the configuration stays eligible to run "
+                             "again")
         finally:
             stop_t0 = time.time()
             try:
@@ -439,10 +481,12 @@ class CommandTarget(Target):
 
         probe = loadgen.probe(server.base_url, cfg, deadline)
         metrics.append(MetricRow("warmup_s", "", probe.warmup_s, "s"))
+        f = server.failure()
+        if f is not None:  # the server failed during the warm-up: at its first request, or after it
+            where = ("during the warm-up, at its first request" if probe.first is None or not probe.first.ok
+                     or probe.warmup_requests <= 1 else f"during the warm-up, at its request {probe.warmup_requests}")
+            return Measurement(f.outcome, reason=f"{where}: {f.reason}", metrics=metrics)
         if probe.refused or (probe.first is not None and not probe.first.ok):
-            f = server.failure()
-            if f is not None:
-                return Measurement(f.outcome, reason=f"at the first request: {f.reason}", metrics=metrics)
             if probe.refused:  # the load is at fault, not these flags
                 return Measurement(Outcome.REQUEST_ERROR, reason=probe.refused, metrics=metrics)
         cfg = probe.config
@@ -543,12 +587,22 @@ class CommandTarget(Target):
                                     is_baseline=self.config.greedy_is_baseline, prompts=check.prompt_list(),
                                     tokens=check.tokens, token_ids=bool(res.token_ids))
 
-    def trial_settings(self, repo: Any, run_id: int, *, is_baseline: bool) -> dict[str, Any]:
-        """With the greedy check on: the stored reference completions, and whether this trial is the baseline."""
+    def trial_settings(self, repo: Any, run_id: int, *, is_baseline: bool,
+                       incumbent: int | None = None) -> dict[str, Any]:
+        """With the greedy check on: the stored reference completions, and whether this trial is the baseline. With
+        a goodput objective and an ``incumbent`` trial: its stored boundary, the load this trial is checked at
+        first (:func:`tuner.targets.sglang.goodput.incumbent_load`)."""
+        out: dict[str, Any] = {}
+        if incumbent is not None and self.objective().is_goodput:
+            from tuner.targets.sglang import goodput
+
+            rec = repo.get_trial(run_id, incumbent)
+            if rec is not None:
+                out.update(goodput.stored_incumbent({(m.metric, m.level): m.value for m in rec.measurements}))
         if self.config.greedy_check is None:
-            return {}
+            return out
         cfg = loadgen.LoadConfig.from_settings(self.settings)
-        return {"greedy_reference": greedy.stored_reference(repo, run_id, self._greedy_key(cfg)),
+        return {**out, "greedy_reference": greedy.stored_reference(repo, run_id, self._greedy_key(cfg)),
                 "greedy_is_baseline": is_baseline}
 
     def after_trial(self, repo: Any, run_id: int, number: int, measurement: Measurement, *,
@@ -596,12 +650,21 @@ class CommandTarget(Target):
         gpus = self._trial_gpus
         measure = goodput.Measurer(server.base_url, cfg, self.config, make_requests=self.load_requests(cfg),
                                    deadline=deadline, should_abort=should_abort)
-        incumbent = goodput.incumbent_load(obj, self.config.incumbent_value, gpus, cfg, self.config)
+        incumbent = goodput.incumbent_load(obj, gpus, self.config)
         m = goodput.run_trial(measure, obj, gpus, metrics, incumbent)
         f = server.failure()
         if f is not None and m.outcome is not Outcome.PRUNED:
             return Measurement(f.outcome, reason=f"during the goodput search: {f.reason}", metrics=m.metrics)
         return m
+
+    def min_trial_s(self) -> float:
+        """A goodput trial needs one measurement at least (its window, or its fewest requests at the start rate)
+        and its teardown; a levels trial no more than the base's."""
+        if not self.objective().is_goodput:
+            return 0.0
+        from tuner.targets.sglang import goodput
+
+        return goodput.plan(self.config).measurement_s + self.config.teardown_reserve_s
 
     def load_requests(self, cfg: loadgen.LoadConfig):
         """``(count, offset) -> requests`` of this trial's load."""
@@ -628,6 +691,7 @@ def _kill_server_on_sigterm(server: ServerProcess):
 class SGLangTarget(CommandTarget):
     name = "sglang"
     gpus_per_trial = 1
+    model_path_checked = False  # the built-in spaces name the GPU machine's path: a dry-run elsewhere still plans
 
     @property
     def python(self) -> str:
