@@ -84,7 +84,6 @@ def trial_detail(rec: TrialRecord) -> TrialDetail:
         **_trial_fields(rec),
         log_excerpt=rec.log_excerpt or "",
         measurements=[
-            MeasurementOut(metric=m.metric, level=m.level, value=finite(m.value), unit=m.unit)
-            for m in rec.measurements
+            MeasurementOut(metric=m.metric, level=m.level, value=finite(m.value), unit=m.unit) for m in rec.measurements
         ],
     )

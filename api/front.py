@@ -31,8 +31,10 @@ def slo_of(run: Run) -> tuple[tuple[str, float], ...]:
 def _hover(p: OperatingPoint) -> str:
     kept = "-" if p.kept_up is None else "yes" if p.kept_up else "no"
     params = "<br>".join(f"{k}={v}" for k, v in p.params.items())
-    return (f"trial {p.trial} at {p.load}<br>{p.tok_s_per_gpu:.1f} tok/s per GPU, {p.tok_s_per_request:.1f} tok/s "
-            f"per user<br>SLO {'met' if p.meets_slo else 'missed'}, kept up: {kept}<br>{params}")
+    return (
+        f"trial {p.trial} at {p.load}<br>{p.tok_s_per_gpu:.1f} tok/s per GPU, {p.tok_s_per_request:.1f} tok/s "
+        f"per user<br>SLO {'met' if p.meets_slo else 'missed'}, kept up: {kept}<br>{params}"
+    )
 
 
 def front_figure(run: Run, trials) -> str | None:
@@ -47,29 +49,67 @@ def front_figure(run: Run, trials) -> str | None:
     top_user = max(p.tok_s_per_request for p in pts)
     if tpot:
         floor = 1000.0 / min(tpot)
-        fig.add_vrect(x0=floor, x1=max(top_user, floor) * 1.1, fillcolor="rgba(40,160,80,0.12)", line_width=0,
-                      annotation_text=f"SLO region: TPOT ≤ {min(tpot):g} ms", annotation_position="top left")
+        fig.add_vrect(
+            x0=floor,
+            x1=max(top_user, floor) * 1.1,
+            fillcolor="rgba(40,160,80,0.12)",
+            line_width=0,
+            annotation_text=f"SLO region: TPOT ≤ {min(tpot):g} ms",
+            annotation_position="top left",
+        )
     for meets, name, color in ((False, "missed the SLO", "#b0b0b0"), (True, "met the SLO", "#2a9d4b")):
         sel = [p for p in pts if p.meets_slo == meets]
         if sel:
-            fig.add_trace(go.Scatter(
-                x=[p.tok_s_per_request for p in sel], y=[p.tok_s_per_gpu for p in sel], mode="markers", name=name,
-                marker={"color": color, "size": 9,
-                        "symbol": ["x" if p.kept_up is False else "circle" for p in sel]},
-                text=[_hover(p) for p in sel], hoverinfo="text"))
+            fig.add_trace(
+                go.Scatter(
+                    x=[p.tok_s_per_request for p in sel],
+                    y=[p.tok_s_per_gpu for p in sel],
+                    mode="markers",
+                    name=name,
+                    marker={
+                        "color": color,
+                        "size": 9,
+                        "symbol": ["x" if p.kept_up is False else "circle" for p in sel],
+                    },
+                    text=[_hover(p) for p in sel],
+                    hoverinfo="text",
+                )
+            )
     line = sorted(pareto_front(pts), key=lambda p: p.tok_s_per_request)  # drawn left to right
-    fig.add_trace(go.Scatter(x=[p.tok_s_per_request for p in line], y=[p.tok_s_per_gpu for p in line],
-                             mode="lines", name="front", line={"color": "#1f5fa8", "dash": "dot"}, hoverinfo="skip"))
+    fig.add_trace(
+        go.Scatter(
+            x=[p.tok_s_per_request for p in line],
+            y=[p.tok_s_per_gpu for p in line],
+            mode="lines",
+            name="front",
+            line={"color": "#1f5fa8", "dash": "dot"},
+            hoverinfo="skip",
+        )
+    )
     if best is not None:
-        fig.add_trace(go.Scatter(x=[best.tok_s_per_request], y=[best.tok_s_per_gpu], mode="markers",
-                                 name=f"best within the SLO: trial {best.trial} at {best.load}",
-                                 marker={"color": "#2a9d4b", "size": 16, "symbol": "star"},
-                                 text=[_hover(best)], hoverinfo="text"))
+        fig.add_trace(
+            go.Scatter(
+                x=[best.tok_s_per_request],
+                y=[best.tok_s_per_gpu],
+                mode="markers",
+                name=f"best within the SLO: trial {best.trial} at {best.load}",
+                marker={"color": "#2a9d4b", "size": 16, "symbol": "star"},
+                text=[_hover(best)],
+                hoverinfo="text",
+            )
+        )
     slo_text = ", ".join(f"{k} ≤ {v:g}" for k, v in slo) or "no SLO"
-    fig.update_layout(title={"text": f"front of {len(pts)} loads measured ({slo_text}); x = the server fell behind"},
-                      xaxis_title="output tok/s per user", yaxis_title="output tok/s per GPU",
-                      legend={"orientation": "h", "y": -0.2})
+    fig.update_layout(
+        title={"text": f"front of {len(pts)} loads measured ({slo_text}); x = the server fell behind"},
+        xaxis_title="output tok/s per user",
+        yaxis_title="output tok/s per GPU",
+        legend={"orientation": "h", "y": -0.2},
+    )
     doc = json.loads(fig.to_json())
-    doc["meta"] = {"slo": [list(x) for x in slo], "points": len(pts), "front": [f"{p.trial}@{p.load}" for p in line],
-                   "best": None if best is None else f"{best.trial}@{best.load}"}
+    doc["meta"] = {
+        "slo": [list(x) for x in slo],
+        "points": len(pts),
+        "front": [f"{p.trial}@{p.load}" for p in line],
+        "best": None if best is None else f"{best.trial}@{best.load}",
+    }
     return json.dumps(doc)

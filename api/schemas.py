@@ -32,7 +32,6 @@ def _not_bool(v: Any) -> Any:
     return v
 
 
-
 class ErrorOut(BaseModel):
     detail: str = Field(description="what was wrong, naming the thing and its value")
 
@@ -40,10 +39,20 @@ class ErrorOut(BaseModel):
 _ERROR_JSON = {"application/json": {"schema": {"$ref": "#/components/schemas/ErrorOut"}}}
 # the media type is spelled out: a route whose own responses are not JSON (the event stream) still answers its
 # errors in JSON
-NOT_FOUND = {404: {"model": ErrorOut, "content": _ERROR_JSON,
-                   "description": "no study of that name (or no such trial, artifact, best)"}}
-UNAVAILABLE = {503: {"model": ErrorOut, "content": _ERROR_JSON,
-                     "description": "the storage cannot be reached, or holds no database file"}}
+NOT_FOUND = {
+    404: {
+        "model": ErrorOut,
+        "content": _ERROR_JSON,
+        "description": "no study of that name (or no such trial, artifact, best)",
+    }
+}
+UNAVAILABLE = {
+    503: {
+        "model": ErrorOut,
+        "content": _ERROR_JSON,
+        "description": "the storage cannot be reached, or holds no database file",
+    }
+}
 
 
 class StudySummary(BaseModel):
@@ -115,7 +124,8 @@ class BestOut(BaseModel):
     launch_script: str | None = Field(description="the exported launch script, when the search wrote one")
     runs: list[int] = Field(description="the trials that timed this configuration; `value` is their median")
     single_best_trial: int | None = Field(
-        description="Optuna's best trial: the single best timing, which may be another configuration's lucky draw")
+        description="Optuna's best trial: the single best timing, which may be another configuration's lucky draw"
+    )
     why: str = Field(description="why `trial` is the best, and how it relates to Optuna's best trial")
 
 
@@ -160,8 +170,11 @@ class EventOut(BaseModel):
 
 
 class SearchRequest(BaseModel):
-    study: str = Field(pattern=STUDY_NAME_PATTERN, examples=["dsv4-tiny-1"],
-                       description="the study to create or resume (storage.names: the one rule for study names)")
+    study: str = Field(
+        pattern=STUDY_NAME_PATTERN,
+        examples=["dsv4-tiny-1"],
+        description="the study to create or resume (storage.names: the one rule for study names)",
+    )
     budget_s: float = Field(gt=0, le=7 * 86400, description="wall-clock budget of the search in seconds")
     space: str = Field(
         pattern=r"^[A-Za-z0-9_][A-Za-z0-9_./-]{0,199}$",

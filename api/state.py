@@ -113,18 +113,27 @@ class ApiState:
 
     def importances(self, run: Run) -> ImportancesOut:
         """The study's importances as held; ``/importances`` and ``/plots/importances`` share this one."""
-        return self.derived.get(("importances", run.study_name), last_event_id(self.repo(), run.id),
-                                lambda: self.in_worker(optuna_views.importances_in_worker, run.study_name))
+        return self.derived.get(
+            ("importances", run.study_name),
+            last_event_id(self.repo(), run.id),
+            lambda: self.in_worker(optuna_views.importances_in_worker, run.study_name),
+        )
 
     def importances_figure(self, run: Run) -> str:
         imp = self.importances(run)
         version = (imp.n_complete, imp.reason, tuple((i.param, i.importance) for i in imp.importances))
-        return self.derived.get(("importances-figure", run.study_name), version,
-                                lambda: optuna_views.importances_figure_json(imp, run.objective or "objective"))
+        return self.derived.get(
+            ("importances-figure", run.study_name),
+            version,
+            lambda: optuna_views.importances_figure_json(imp, run.objective or "objective"),
+        )
 
     def history_figure(self, run: Run) -> str:
-        return self.derived.get(("history", run.study_name), last_event_id(self.repo(), run.id),
-                                lambda: self.in_worker(optuna_views.history_in_worker, run.study_name))
+        return self.derived.get(
+            ("history", run.study_name),
+            last_event_id(self.repo(), run.id),
+            lambda: self.in_worker(optuna_views.history_in_worker, run.study_name),
+        )
 
     def reap_searches(self) -> None:
         for name, proc in list(self.searches.items()):

@@ -83,8 +83,11 @@ def build_study(url: str, n_trials: int, seed: int = 0) -> None:
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     rng = random.Random(seed)
-    dists = {"split_k": CategoricalDistribution([1, 2, 4, 8]), "block_n": CategoricalDistribution([32, 64, 128]),
-             "context_length": CategoricalDistribution([4096, 131072, 1048576])}
+    dists = {
+        "split_k": CategoricalDistribution([1, 2, 4, 8]),
+        "block_n": CategoricalDistribution([32, 64, 128]),
+        "context_length": CategoricalDistribution([4096, 131072, 1048576]),
+    }
     study = optuna.create_study(study_name=STUDY, storage=url, direction="maximize")
     repo = Repo(url)
     repo.create_schema()
@@ -140,6 +143,7 @@ async def measure(base: str, seconds: float) -> dict:
     out["/trials"] = []
     errors = 0
     async with httpx.AsyncClient(base_url=base, timeout=120) as c:
+
         async def get(path: str, **params) -> float:
             nonlocal errors
             t = time.perf_counter()
@@ -204,7 +208,9 @@ def run(args) -> dict:
 
 
 def commit(root: Path) -> str:
-    sha = subprocess.run(["git", "rev-parse", "--short", "HEAD"], check=False, cwd=root, capture_output=True, text=True).stdout
+    sha = subprocess.run(
+        ["git", "rev-parse", "--short", "HEAD"], check=False, cwd=root, capture_output=True, text=True
+    ).stdout
     if not sha.strip():
         marker = root / ".commit"  # a `git archive` copy names its commit there
         return marker.read_text().strip() if marker.exists() else "unknown"

@@ -215,16 +215,22 @@ def report(args, phases: dict[str, list[dict]]) -> str:
         f"{2 * args.trials:,} events",
         f"- server: one uvicorn worker in its own process; clients: {args.clients} concurrent httpx clients in one "
         f"asyncio process on the same machine, {args.seconds:g} s per phase"
-        + (f"; server pinned to CPU(s) {args.server_cpus}, clients to {sorted(os.sched_getaffinity(0))}"
-           if args.server_cpus else "; server and clients share the CPUs"),
+        + (
+            f"; server pinned to CPU(s) {args.server_cpus}, clients to {sorted(os.sched_getaffinity(0))}"
+            if args.server_cpus
+            else "; server and clients share the CPUs"
+        ),
         "- requests: 20% study list, 20% one study, 10% one trial, 50% trial pages (limit 50, random offset, sort "
         "by number/value/duration, asc/desc; 30% of them filtered by state)",
         "",
     ]
     paced = next(iter(phases.values()))[0]
     verdict = "met" if paced["p99"] <= 50 and paced["errors"] == 0 else "NOT met"
-    lines += [f"**Target p99 ≤ 50 ms with zero errors (paced phase): {verdict}** "
-              f"(p99 {paced['p99']:.1f} ms, {paced['errors']} errors).", ""]
+    lines += [
+        f"**Target p99 ≤ 50 ms with zero errors (paced phase): {verdict}** "
+        f"(p99 {paced['p99']:.1f} ms, {paced['errors']} errors).",
+        "",
+    ]
     for name, rows in phases.items():
         lines += [f"## {name}", "", "| endpoint | requests | req/s | p50 ms | p99 ms | max ms | errors |",
                   "| --- | ---: | ---: | ---: | ---: | ---: | ---: |"]  # fmt: skip
@@ -243,10 +249,18 @@ def main() -> None:
     ap.add_argument("--clients", type=int, default=100)
     ap.add_argument("--seconds", type=float, default=20.0)
     ap.add_argument("--rate", type=float, default=1.0, help="requests per second per client in the paced phase")
-    ap.add_argument("--server-cpus", default=None, help="pin the server to these CPUs (taskset list, e.g. 0); "
-                    "pin this process, the clients, elsewhere with taskset to keep them from sharing cores")
-    ap.add_argument("--out", type=Path, default=None,
-                    help="the report (default: benchmarks/results/api_load/cpu/<date>_<commit>.md)")
+    ap.add_argument(
+        "--server-cpus",
+        default=None,
+        help="pin the server to these CPUs (taskset list, e.g. 0); "
+        "pin this process, the clients, elsewhere with taskset to keep them from sharing cores",
+    )
+    ap.add_argument(
+        "--out",
+        type=Path,
+        default=None,
+        help="the report (default: benchmarks/results/api_load/cpu/<date>_<commit>.md)",
+    )
     args = ap.parse_args()
     args.load_before = os.getloadavg()[0]
     with tempfile.TemporaryDirectory() as tmp:

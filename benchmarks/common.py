@@ -68,8 +68,12 @@ def short_commit() -> str:
     if os.environ.get("TUNER_COMMIT"):
         return os.environ["TUNER_COMMIT"]
     try:
-        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True,
-                              timeout=10).stdout.strip() or "unknown"
+        return (
+            subprocess.run(
+                ["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True, timeout=10
+            ).stdout.strip()
+            or "unknown"
+        )
     except OSError:
         return "unknown"
 
@@ -79,7 +83,9 @@ def git_commit() -> str:
     if os.environ.get("KERNELS_GIT_COMMIT"):
         return os.environ["KERNELS_GIT_COMMIT"]
     try:
-        return subprocess.check_output(["git", "rev-parse", "HEAD"], cwd=ROOT, stderr=subprocess.DEVNULL, text=True).strip()
+        return subprocess.check_output(
+            ["git", "rev-parse", "HEAD"], cwd=ROOT, stderr=subprocess.DEVNULL, text=True
+        ).strip()
     except Exception:
         return "unknown"
 
@@ -90,8 +96,15 @@ def run_meta(rep_ms: float, **extra) -> dict:
     import torch
     import triton
 
-    return {"date": dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"), "gpu": torch.cuda.get_device_name(),
-            "torch": torch.__version__, "triton": triton.__version__, "commit": short_commit(), "rep_ms": rep_ms, **extra}
+    return {
+        "date": dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+        "gpu": torch.cuda.get_device_name(),
+        "torch": torch.__version__,
+        "triton": triton.__version__,
+        "commit": short_commit(),
+        "rep_ms": rep_ms,
+        **extra,
+    }
 
 
 def _effective(name, cfg, shape):
@@ -119,8 +132,10 @@ def tuned_output_dir(directory: str | Path) -> Path:
 
     path = Path(directory).resolve()
     if path == SHIPPED_TUNED.resolve():
-        raise InputError(f"--tuned-dir {directory}: kernels/tuned/ is written only by `tuner search --target "
-                             "kernels`; give a folder of your own (then TUNER_KERNEL_CONFIG_DIR=<folder>)")
+        raise InputError(
+            f"--tuned-dir {directory}: kernels/tuned/ is written only by `tuner search --target "
+            "kernels`; give a folder of your own (then TUNER_KERNEL_CONFIG_DIR=<folder>)"
+        )
     return path
 
 

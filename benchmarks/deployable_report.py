@@ -65,8 +65,7 @@ def searched_on(url: str, study: str) -> str:
     run = Repo(url, create=False).get_run(study)
     env = run.environment or {}
     gpu = ", ".join(g.get("name", "?") for g in env.get("gpus") or []) or "cpu"
-    return (f"searched on {gpu} on {run.started_at:%Y-%m-%d}, torch {env.get('torch')}, commit "
-            f"{env.get('git_sha')}")
+    return f"searched on {gpu} on {run.started_at:%Y-%m-%d}, torch {env.get('torch')}, commit {env.get('git_sha')}"
 
 
 def section(name: str, d: Path) -> list[str]:
@@ -76,28 +75,61 @@ def section(name: str, d: Path) -> list[str]:
     env = next((ln for ln in head if ln.startswith("environment:")), None)
     exported = head[0]
     keep = [ln for ln in head if re.match(r"\s*(this command|with these code changes):", ln)]
-    code = head[head.index(next(ln for ln in head if ln.startswith("with these code changes (the twin's best"))):]
-    code = code[:next((i for i, ln in enumerate(code) if not ln.strip() or not ln.startswith(("with these", "  "))),
-                      len(code))]
+    code = head[head.index(next(ln for ln in head if ln.startswith("with these code changes (the twin's best"))) :]
+    code = code[
+        : next((i for i, ln in enumerate(code) if not ln.strip() or not ln.startswith(("with these", "  "))), len(code))
+    ]
     checked = [ln for ln in head if ln.startswith("flags checked")]
     cmd = [ln.strip() for ln in text.split("exec ", 1)[1].splitlines()]
     verify = (d / "verify.txt").read_text().splitlines() if (d / "verify.txt").exists() else None
     explain = (d / "explain.md").read_text() if (d / "explain.md").exists() else ""
-    table = explain.split("## The exported command against the twin's best", 1)[1].split("\n## ", 1)[0] \
-        if "## The exported command against" in explain else "\n(not in explain's report)\n"
+    table = (
+        explain.split("## The exported command against the twin's best", 1)[1].split("\n## ", 1)[0]
+        if "## The exported command against" in explain
+        else "\n(not in explain's report)\n"
+    )
     source = (d / "source.txt").read_text() if (d / "source.txt").exists() else launch.as_posix()
-    made = ("exported here by `tuner export` from the stored study" if (d / "source.txt").exists()
-            else "exported by the search")
+    made = (
+        "exported here by `tuner export` from the stored study"
+        if (d / "source.txt").exists()
+        else "exported by the search"
+    )
     searched = (d / "searched.txt").read_text() if (d / "searched.txt").exists() else None
-    return [f"## {name}: `{launch.parent.name}`", "", *([f"- {searched}"] if searched else []), f"- {exported}",
-            *([f"- {env}"] if env else []),
-            f"- source: `{source}` ({made})", *[f"- {c}" for c in checked], "",
-            "Predictions recorded by the search:", "", "```", *keep, *code, "```", "", "The command:", "", "```",
-            *cmd, "```", "",
-            *(["Re-measured by `tuner verify launch.sh` (both):", "", "```", *verify, "```", ""] if verify is not None
-              else ["`tuner verify` was not run for this search (the side-by-side run below measures the same "
-                    "configurations).", ""]),
-            "`tuner explain`:", table.strip(), ""]
+    return [
+        f"## {name}: `{launch.parent.name}`",
+        "",
+        *([f"- {searched}"] if searched else []),
+        f"- {exported}",
+        *([f"- {env}"] if env else []),
+        f"- source: `{source}` ({made})",
+        *[f"- {c}" for c in checked],
+        "",
+        "Predictions recorded by the search:",
+        "",
+        "```",
+        *keep,
+        *code,
+        "```",
+        "",
+        "The command:",
+        "",
+        "```",
+        *cmd,
+        "```",
+        "",
+        *(
+            ["Re-measured by `tuner verify launch.sh` (both):", "", "```", *verify, "```", ""]
+            if verify is not None
+            else [
+                "`tuner verify` was not run for this search (the side-by-side run below measures the same "
+                "configurations).",
+                "",
+            ]
+        ),
+        "`tuner explain`:",
+        table.strip(),
+        "",
+    ]
 
 
 def side_by_side(path: Path) -> list[str]:
@@ -115,21 +147,37 @@ def side_by_side(path: Path) -> list[str]:
     for b in bests:
         for c in commands:
             ratios = [b["tok_s"][lv] / c["tok_s"][lv] for lv in data["levels"]]
-            extra.append(f"{b['name']} / {c['name']}, measured side by side: "
-                         + ", ".join(f"{lv} {x:.3f}" for lv, x in zip(data["levels"], ratios))
-                         + f"; geomean {math.exp(sum(map(math.log, ratios)) / len(ratios)):.3f}")
-    return [f"## Side by side on {data['gpu']}: the searches' bests and the exported command in one run", "",
-            *body[1:], "", *extra, ""]
+            extra.append(
+                f"{b['name']} / {c['name']}, measured side by side: "
+                + ", ".join(f"{lv} {x:.3f}" for lv, x in zip(data["levels"], ratios))
+                + f"; geomean {math.exp(sum(map(math.log, ratios)) / len(ratios)):.3f}"
+            )
+    return [
+        f"## Side by side on {data['gpu']}: the searches' bests and the exported command in one run",
+        "",
+        *body[1:],
+        "",
+        *extra,
+        "",
+    ]
 
 
 def main(argv: list[str]) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("searches", nargs="+", help="a folder deployable_search.sh filled, or NAME=sqlite:///DB#STUDY")
-    ap.add_argument("--side-by-side", type=Path, default=None,
-                    help="a stored workload_gpu.py JSON measuring the bests and the command in one run")
+    ap.add_argument(
+        "--side-by-side",
+        type=Path,
+        default=None,
+        help="a stored workload_gpu.py JSON measuring the bests and the command in one run",
+    )
     args = ap.parse_args(argv)
-    out = ["# Issue 42: the twin's best against the exported command, with and without deployable_only", "",
-           f"Written by `benchmarks/deployable_report.py {' '.join(argv)}` from the stored searches named below.", ""]
+    out = [
+        "# Issue 42: the twin's best against the exported command, with and without deployable_only",
+        "",
+        f"Written by `benchmarks/deployable_report.py {' '.join(argv)}` from the stored searches named below.",
+        "",
+    ]
     with tempfile.TemporaryDirectory() as tmp:
         for a in args.searches:
             name, eq, spec = a.partition("=")

@@ -74,6 +74,7 @@ def surface(params: dict[str, Any], levels: list[int]) -> dict[int, float]:
     """A fixed objective surface over any parameters: each (knob, value) a factor in [0.8, 1.25] from a hash, the
     context cap and the attention kernel stronger, one interaction (fp8 cache with its kernels), per level a
     different weight of each knob; tok/s at each level."""
+
     def factor(name: str, value: Any, level: int) -> float:
         h = int(hashlib.sha1(f"{name}={value}@{level}".encode()).hexdigest()[:8], 16) / 0xFFFFFFFF
         strong = 2.0 if name in ("context_length", "attention_impl", "indexer_impl") else 1.0
@@ -81,7 +82,7 @@ def surface(params: dict[str, Any], levels: list[int]) -> dict[int, float]:
 
     out = {}
     for c in levels:
-        v = 30.0 * c ** 0.8
+        v = 30.0 * c**0.8
         for k, val in sorted(params.items()):
             v *= factor(k, val, c)
         if params.get("kv_cache_dtype") == "fp8_e4m3" and params.get("attention_impl") in ("mma", "flashmla_kv"):
@@ -103,14 +104,17 @@ class SleepTarget(Target):
     def evaluate(self, params: dict[str, Any], deadline: float, report=None) -> Measurement:
         time.sleep(self.config.trial_s)
         rng = random.Random()
-        levels = {c: v * (1 + rng.gauss(0, self.config.noise)) for c, v in
-                  surface(params, list(self.space.objective.levels)).items()}
+        levels = {
+            c: v * (1 + rng.gauss(0, self.config.noise))
+            for c, v in surface(params, list(self.space.objective.levels)).items()
+        }
         for i, v in enumerate(levels.values()):
             if report is not None:
                 report(i, v)
         metrics = [MetricRow("tok_s", f"c={c}", v, "tok/s") for c, v in levels.items()]
-        return Measurement(outcome=Outcome.OK, value=self.space.objective.combine_values(levels), metrics=metrics,
-                           by_level=levels)
+        return Measurement(
+            outcome=Outcome.OK, value=self.space.objective.combine_values(levels), metrics=metrics, by_level=levels
+        )
 
     def launch_spec(self, params: dict[str, Any]) -> LaunchSpec:
         return LaunchSpec(argv=["true"], description="the driver-scale benchmark's stand-in (nothing to launch)")
@@ -206,9 +210,24 @@ class ApiPoller:
             port = s.getsockname()[1]
         env = {**os.environ, "TUNER_API_STORAGE_URL": self.url, "PYTHONPATH": str(ROOT)}
         env.pop("TUNER_API_CONTROL_TOKEN", None)
-        self.proc = subprocess.Popen([sys.executable, "-m", "uvicorn", "api.app:create_app", "--factory", "--host",
-                                      "127.0.0.1", "--port", str(port), "--log-level", "warning", "--no-access-log"],
-                                     cwd=ROOT, env=env)
+        self.proc = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "uvicorn",
+                "api.app:create_app",
+                "--factory",
+                "--host",
+                "127.0.0.1",
+                "--port",
+                str(port),
+                "--log-level",
+                "warning",
+                "--no-access-log",
+            ],
+            cwd=ROOT,
+            env=env,
+        )
         self.base = f"http://127.0.0.1:{port}"
         end = time.monotonic() + 60
         while time.monotonic() < end:
@@ -226,8 +245,12 @@ class ApiPoller:
         import httpx
 
         cursor = 0
-        paths = [f"/api/studies/{self.study}", f"/api/studies/{self.study}/best",
-                 f"/api/studies/{self.study}/trials?limit=50&sort=value&order=desc", None]
+        paths = [
+            f"/api/studies/{self.study}",
+            f"/api/studies/{self.study}/best",
+            f"/api/studies/{self.study}/trials?limit=50&sort=value&order=desc",
+            None,
+        ]
         with httpx.Client(base_url=self.base, timeout=30) as client:
             i = 0
             while not self.stop.is_set():
@@ -237,8 +260,9 @@ class ApiPoller:
                 dt = None
                 try:
                     if path is None:  # the event feed after the last read, as a dashboard follows it: its first event
-                        with client.stream("GET", f"/api/studies/{self.study}/events", params={"after": cursor},
-                                           timeout=30) as r:
+                        with client.stream(
+                            "GET", f"/api/studies/{self.study}/events", params={"after": cursor}, timeout=30
+                        ) as r:
                             code = r.status_code
                             for line in r.iter_lines():
                                 if line.startswith("id:"):
@@ -276,8 +300,10 @@ def local_postgres():
     """A throw-away PostgreSQL server (``initdb`` + ``pg_ctl`` as the ``postgres`` user, as scripts/test.sh)."""
     initdb = shutil.which("initdb") or next(iter(sorted(Path("/usr/lib/postgresql").glob("*/bin/initdb"))), None)
     if initdb is None:
-        raise SystemExit("error: --storage postgresql needs PostgreSQL's initdb on PATH or /usr/lib/postgresql; "
-                         "install postgresql or pass --storage postgresql://USER@HOST:PORT/DB")
+        raise SystemExit(
+            "error: --storage postgresql needs PostgreSQL's initdb on PATH or /usr/lib/postgresql; "
+            "install postgresql or pass --storage postgresql://USER@HOST:PORT/DB"
+        )
     pgbin = Path(os.path.realpath(initdb)).parent
     data = tempfile.mkdtemp(prefix="driver-scale-pg.")
     with socket.socket() as s:
@@ -301,8 +327,17 @@ def local_postgres():
 
 
 # -- one run ---------------------------------------------------------------------------------------------------
-def run_one(url: str, workers: int, trials: int, trial_s: float, seed: int, work: Path, say=print,
-            bucket: int = BUCKET, budget_s: float | None = None) -> dict:
+def run_one(
+    url: str,
+    workers: int,
+    trials: int,
+    trial_s: float,
+    seed: int,
+    work: Path,
+    say=print,
+    bucket: int = BUCKET,
+    budget_s: float | None = None,
+) -> dict:
     """``tuner search`` on the stand-in with ``workers`` leased GPUs until the study holds ``trials`` trials; the
     per-thousand figures (see the module docstring)."""
     import optuna
@@ -315,8 +350,15 @@ def run_one(url: str, workers: int, trials: int, trial_s: float, seed: int, work
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     space = work / "space.yaml"
     space.write_text(space_text(trial_s))
-    hw = Hardware(gpu_name="NVIDIA H200", gpu_count=8, compute_capability=(9, 0), has_triton=True,
-                  has_torch_compile=True, has_gluon=True, has_flash_mla=True)  # as the main job's H200
+    hw = Hardware(
+        gpu_name="NVIDIA H200",
+        gpu_count=8,
+        compute_capability=(9, 0),
+        has_triton=True,
+        has_torch_compile=True,
+        has_gluon=True,
+        has_flash_mla=True,
+    )  # as the main job's H200
     study = f"scale_{workers}w"
     timers = Timers(bucket)
     ran: dict[int, list[float]] = {}  # bucket -> trial seconds of the trials that ran
@@ -338,9 +380,21 @@ def run_one(url: str, workers: int, trials: int, trial_s: float, seed: int, work
     # the budget a user would give for that many trials: its stages and its refining share (the last quarter) fall
     # where they would; a driver too slow for it ends the run short of ``trials`` (the report says so)
     budget = budget_s or 1.1 * trials * trial_s / workers + 60
-    opts = SearchOptions(budget_s=budget, storage_url=url, study=study, space_path=str(space), hardware=hw,
-                         seed=seed, out_dir=str(work / "out"), workers=workers, gpus=list(range(workers)),
-                         confirm_top=0, export=False, converge_after=0, trial_timeout_s=60 + 10 * trial_s)
+    opts = SearchOptions(
+        budget_s=budget,
+        storage_url=url,
+        study=study,
+        space_path=str(space),
+        hardware=hw,
+        seed=seed,
+        out_dir=str(work / "out"),
+        workers=workers,
+        gpus=list(range(workers)),
+        confirm_top=0,
+        export=False,
+        converge_after=0,
+        trial_timeout_s=60 + 10 * trial_s,
+    )
     os.environ["TUNER_GPU_LOCK_DIR"] = str(work / "gpu-locks")  # leases of this run only
     from storage import Repo
 
@@ -365,18 +419,37 @@ def run_one(url: str, workers: int, trials: int, trial_s: float, seed: int, work
         s = timers.sums[b]
         lat = sorted(api.latencies.get(b, []))
         per = {k: 1e3 * s[k] / n_done for k in Timers.KINDS}
-        rows.append({"bucket": b, "trials": n_done, "wall_s": span, **{f"{k}_ms": v for k, v in per.items()},
-                     "driver_ms": sum(per.values()),
-                     "idle_share": max(0.0, 1 - sum(ran.get(b, [])) / (workers * span)) if span > 0 else None,
-                     "ran": len(ran.get(b, [])), "trials_per_min": 60 * n_done / span if span > 0 else None,
-                     "api_requests": len(lat),
-                     "api_p99_ms": 1e3 * lat[min(len(lat) - 1, math.ceil(0.99 * len(lat)) - 1)] if lat else None,
-                     "api_median_ms": 1e3 * statistics.median(lat) if lat else None})
+        rows.append(
+            {
+                "bucket": b,
+                "trials": n_done,
+                "wall_s": span,
+                **{f"{k}_ms": v for k, v in per.items()},
+                "driver_ms": sum(per.values()),
+                "idle_share": max(0.0, 1 - sum(ran.get(b, [])) / (workers * span)) if span > 0 else None,
+                "ran": len(ran.get(b, [])),
+                "trials_per_min": 60 * n_done / span if span > 0 else None,
+                "api_requests": len(lat),
+                "api_p99_ms": 1e3 * lat[min(len(lat) - 1, math.ceil(0.99 * len(lat)) - 1)] if lat else None,
+                "api_median_ms": 1e3 * statistics.median(lat) if lat else None,
+            }
+        )
     stop = f"stopped by the benchmark at {trials} trials" if timers.finished >= trials else res.stop_reason
     say(f"  {workers} workers: {timers.finished} trials in {wall:.0f} s ({stop})")
-    return {"workers": workers, "trials": timers.finished, "trial_s": trial_s, "wall_s": wall, "state": res.state,
-            "stop_reason": stop, "budget_s": budget, "outcomes": outcomes, "api_errors": api.errors,
-            "best_value": res.best_value, "baseline_value": res.baseline_value, "rows": rows}
+    return {
+        "workers": workers,
+        "trials": timers.finished,
+        "trial_s": trial_s,
+        "wall_s": wall,
+        "state": res.state,
+        "stop_reason": stop,
+        "budget_s": budget,
+        "outcomes": outcomes,
+        "api_errors": api.errors,
+        "best_value": res.best_value,
+        "baseline_value": res.baseline_value,
+        "rows": rows,
+    }
 
 
 def _storage_label(url: str) -> str:
@@ -400,15 +473,34 @@ def cmd_run(args) -> int:
             if run_url.startswith("postgresql"):
                 _drop_all(run_url)
             print(f"{_storage_label(run_url)}, {n} workers, {args.trials} trials of {args.trial_s} s", flush=True)
-            runs.append({"storage": _storage_label(run_url), **run_one(run_url, n, args.trials, args.trial_s,
-                                                                        args.seed, work, bucket=args.bucket,
-                                                                        budget_s=args.budget_s)})
+            runs.append(
+                {
+                    "storage": _storage_label(run_url),
+                    **run_one(
+                        run_url,
+                        n,
+                        args.trials,
+                        args.trial_s,
+                        args.seed,
+                        work,
+                        bucket=args.bucket,
+                        budget_s=args.budget_s,
+                    ),
+                }
+            )
             shutil.rmtree(work, ignore_errors=True)
-    data = {"benchmark": "driver_scale", "date": datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
-            "commit": commit, "machine": f"{platform.node()} ({os.cpu_count()} CPUs)",
-            "load_at_start": os.getloadavg()[0], "python": platform.python_version(),
-            "command": " ".join(["python", "benchmarks/driver_scale.py", *sys.argv[1:]]),
-            "trial_s_real": TRIAL_S_REAL, "bucket": args.bucket, "runs": runs}
+    data = {
+        "benchmark": "driver_scale",
+        "date": datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+        "commit": commit,
+        "machine": f"{platform.node()} ({os.cpu_count()} CPUs)",
+        "load_at_start": os.getloadavg()[0],
+        "python": platform.python_version(),
+        "command": " ".join(["python", "benchmarks/driver_scale.py", *sys.argv[1:]]),
+        "trial_s_real": TRIAL_S_REAL,
+        "bucket": args.bucket,
+        "runs": runs,
+    }
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(data, indent=1) + "\n")
     print(f"wrote {out}")
@@ -440,7 +532,8 @@ def report(data: dict, source: Path) -> str:
     from benchmarks.common import stored_path
 
     lines = [
-        "# The search driver's own cost at scale (issue 48)", "",
+        "# The search driver's own cost at scale (issue 48)",
+        "",
         f"- date: {data['date']} (the end); machine: {data['machine']}, load {data['load_at_start']:.1f} at the start "
         f"(a 2-core box shared with other sessions); commit {data['commit']}; Python {data['python']}",
         f"- command: `{data['command']}`",
@@ -458,23 +551,32 @@ def report(data: dict, source: Path) -> str:
     for run in data["runs"]:
         rows = run["rows"]
         worst = max((r["driver_ms"] for r in rows), default=None)
-        lines += ["", f"## {run['storage']}, {run['workers']} workers: {run['trials']} trials of "
-                      f"{run['trial_s']:g} s in {run['wall_s'] / 60:.1f} min",
-                  "", f"{run['state']} ({run['stop_reason']}); outcomes "
-                  + ", ".join(f"{k} {v}" for k, v in sorted(run["outcomes"].items()))
-                  + f"; API errors {run['api_errors']}; the worst thousand's driver cost "
-                  + (f"{worst:.1f} ms = {worst / (10 * data['trial_s_real']):.2f}% of a "
-                     f"{data['trial_s_real']:.0f}-s trial" if worst is not None else "-"),
-                  "", "| trials | ask ms | tell ms | storage ms | driver ms | of a 2-s trial | ran | idle | "
-                      "trials/min | API p99 ms | API median ms |",
-                  "| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
+        lines += [
+            "",
+            f"## {run['storage']}, {run['workers']} workers: {run['trials']} trials of "
+            f"{run['trial_s']:g} s in {run['wall_s'] / 60:.1f} min",
+            "",
+            f"{run['state']} ({run['stop_reason']}); outcomes "
+            + ", ".join(f"{k} {v}" for k, v in sorted(run["outcomes"].items()))
+            + f"; API errors {run['api_errors']}; the worst thousand's driver cost "
+            + (
+                f"{worst:.1f} ms = {worst / (10 * data['trial_s_real']):.2f}% of a {data['trial_s_real']:.0f}-s trial"
+                if worst is not None
+                else "-"
+            ),
+            "",
+            "| trials | ask ms | tell ms | storage ms | driver ms | of a 2-s trial | ran | idle | "
+            "trials/min | API p99 ms | API median ms |",
+            "| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
+        ]
         for r in rows:
             lo = r["bucket"] * data["bucket"]
             lines.append(
                 f"| {lo}-{lo + r['trials']} | {_f(r['ask_ms'])} | {_f(r['tell_ms'])} | {_f(r['storage_ms'])} | "
                 f"{_f(r['driver_ms'])} | {r['driver_ms'] / (10 * data['trial_s_real']):.2f}% | {r['ran']} | "
                 f"{_f(r['idle_share'], '{:.1%}')} | {_f(r['trials_per_min'], '{:.0f}')} | "
-                f"{_f(r['api_p99_ms'], '{:.0f}')} | {_f(r['api_median_ms'], '{:.0f}')} |")
+                f"{_f(r['api_p99_ms'], '{:.0f}')} | {_f(r['api_median_ms'], '{:.0f}')} |"
+            )
     return "\n".join(lines) + "\n"
 
 
@@ -492,15 +594,26 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     sub = ap.add_subparsers(dest="cmd", required=True)
     r = sub.add_parser("run", help="run the driver at scale and write the JSON and its report")
-    r.add_argument("--storage", default="sqlite",
-                   help="sqlite (a fresh file per run), postgresql (a throw-away local server) or a URL")
+    r.add_argument(
+        "--storage",
+        default="sqlite",
+        help="sqlite (a fresh file per run), postgresql (a throw-away local server) or a URL",
+    )
     r.add_argument("--workers", default="1,2,4,8", help="comma-separated worker counts, one run each")
     r.add_argument("--trials", type=int, default=20000)
-    r.add_argument("--trial-s", type=float, default=TRIAL_S_REAL, help="each stand-in trial's sleep (a compressed "
-                   "clock: 0.25 keeps the driver's cost and shortens the run)")
+    r.add_argument(
+        "--trial-s",
+        type=float,
+        default=TRIAL_S_REAL,
+        help="each stand-in trial's sleep (a compressed clock: 0.25 keeps the driver's cost and shortens the run)",
+    )
     r.add_argument("--seed", type=int, default=0)
-    r.add_argument("--budget-s", type=float, default=None,
-                   help="each run's budget (default: 1.1 x trials x trial-s / workers + 60 s, as a user would give)")
+    r.add_argument(
+        "--budget-s",
+        type=float,
+        default=None,
+        help="each run's budget (default: 1.1 x trials x trial-s / workers + 60 s, as a user would give)",
+    )
     r.add_argument("--bucket", type=int, default=BUCKET, help="trials per row of the report (1000: per thousand)")
     r.add_argument("--variant", default="", help="a suffix of the result's name")
     r.add_argument("--gpu", default="cpu", help="the results folder of the machine it runs on (cpu, h200x8)")
@@ -511,8 +624,10 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     if args.cmd == "run":
         if args.trials < 1 or args.trial_s < 0 or args.bucket < 1:
-            ap.error(f"--trials and --bucket must be >= 1 and --trial-s >= 0, but got {args.trials}, "
-                     f"{args.bucket} and {args.trial_s}")
+            ap.error(
+                f"--trials and --bucket must be >= 1 and --trial-s >= 0, but got {args.trials}, "
+                f"{args.bucket} and {args.trial_s}"
+            )
         return cmd_run(args)
     return cmd_report(args)
 

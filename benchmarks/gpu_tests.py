@@ -17,8 +17,10 @@ from pathlib import Path
 def report(log: str, info: str, command: str) -> str:
     """The Markdown record of one GPU test run: the machine's lines, the command, pytest's output as it printed it."""
     summary = next((line for line in reversed(log.splitlines()) if " passed" in line or " failed" in line), "(none)")
-    return (f"# GPU tests\n\n{info.strip()}\n\nCommand: `{command}`\n\nResult: **{summary.strip('= ')}**\n\n"
-            f"```\n{log.strip()}\n```\n")
+    return (
+        f"# GPU tests\n\n{info.strip()}\n\nCommand: `{command}`\n\nResult: **{summary.strip('= ')}**\n\n"
+        f"```\n{log.strip()}\n```\n"
+    )
 
 
 def main() -> int:
@@ -50,8 +52,10 @@ def main() -> int:
     command = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *workers, "-m", a.marks, *a.paths]
     done = subprocess.run(command, capture_output=True, text=True)
     commit = os.environ.get("TUNER_COMMIT", "unknown")
-    info = (f"{torch.cuda.get_device_name(0)}, torch {torch.__version__}, triton {triton.__version__}, commit {commit}, "
-            f"{dt.datetime.now(dt.timezone.utc):%Y-%m-%d}")
+    info = (
+        f"{torch.cuda.get_device_name(0)}, torch {torch.__version__}, triton {triton.__version__}, commit {commit}, "
+        f"{dt.datetime.now(dt.timezone.utc):%Y-%m-%d}"
+    )
     a.out.mkdir(parents=True, exist_ok=True)
     path = a.out / f"{dt.datetime.now(dt.timezone.utc):%Y-%m-%d}_{commit}{a.suffix}.md"
     path.write_text(report(done.stdout + done.stderr, info, " ".join(["python3", *command[1:]])))

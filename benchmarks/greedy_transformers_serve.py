@@ -36,27 +36,41 @@ def main() -> int:
     ap.add_argument("--dtypes", default="auto,float16,bfloat16", help="the dtypes after the baseline's second start")
     ap.add_argument("--prompts", type=int, default=8)
     ap.add_argument("--tokens", type=int, default=32)
-    ap.add_argument("--out", default=None,
-                    help="the report (default: benchmarks/results/greedy_transformers_serve/cpu/<date>_<commit>.md)")
+    ap.add_argument(
+        "--out",
+        default=None,
+        help="the report (default: benchmarks/results/greedy_transformers_serve/cpu/<date>_<commit>.md)",
+    )
     args = ap.parse_args()
     dtypes = [d.strip() for d in args.dtypes.split(",") if d.strip()]
-    space = ("name: transformers-serve-dtype\ntarget: command\nobjective: {metric: tok_s, levels: [1]}\nparams:\n"
-             f"  dtype: {{type: categorical, values: [{', '.join(dict.fromkeys(['auto', *dtypes]))}], "
-             "default: auto, flag: --dtype}\n")
+    space = (
+        "name: transformers-serve-dtype\ntarget: command\nobjective: {metric: tok_s, levels: [1]}\nparams:\n"
+        f"  dtype: {{type: categorical, values: [{', '.join(dict.fromkeys(['auto', *dtypes]))}], "
+        "default: auto, flag: --dtype}\n"
+    )
     resolved = resolve(load_space_text(space, source="dtype.yaml"), Hardware())
     check = {"prompts": args.prompts, "tokens": args.tokens, "min_agreement": 0.9}
     with tempfile.TemporaryDirectory() as tmp:
         model = build_tiny_llama(Path(tmp) / "tiny-llama")
-        base = {"command": ["transformers", "serve", "{model}", "--host", "{host}", "--port", "{port}"],
-                "model": str(model), "health_paths": ["/health"],
-                "env": {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}, "port_range": "37500-37999",
-                "api": "completions", "prompt_len": 16, "output_len": 8, "min_requests": 2, "rounds": 1,
-                "level_s": 0.5, "warmup_requests": 1, "greedy_check": check}
+        base = {
+            "command": ["transformers", "serve", "{model}", "--host", "{host}", "--port", "{port}"],
+            "model": str(model),
+            "health_paths": ["/health"],
+            "env": {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"},
+            "port_range": "37500-37999",
+            "api": "completions",
+            "prompt_len": 16,
+            "output_len": 8,
+            "min_requests": 2,
+            "rounds": 1,
+            "level_s": 0.5,
+            "warmup_requests": 1,
+            "greedy_check": check,
+        }
 
         def run(dtype: str, **extra):
             m = CommandTarget(resolved, {**base, **extra}).evaluate({"dtype": dtype}, time.time() + 300)
-            print(f"{dtype}: {m.outcome.value} agreement {m.metric('greedy_agreement')} {m.reason[:200]}",
-                  flush=True)
+            print(f"{dtype}: {m.outcome.value} agreement {m.metric('greedy_agreement')} {m.reason[:200]}", flush=True)
             return m
 
         first = run("auto", greedy_is_baseline=True)
@@ -85,8 +99,11 @@ def main() -> int:
         outs = greedy.completions_of(m.data["greedy"]) if "greedy" in m.data else []
         per = ", ".join(f"{greedy.prompt_agreement(r, o):.2f}" for r, o in zip(reference, outs)) or "-"
         agree = m.metric("greedy_agreement")
-        lines.append(f"| {dtype} | {m.outcome.value} | {agree:.3f} | {per} | {m.metric('greedy_s') or 0:.1f} |"
-                     if agree is not None else f"| {dtype} | {m.outcome.value} | - | - | - |")
+        lines.append(
+            f"| {dtype} | {m.outcome.value} | {agree:.3f} | {per} | {m.metric('greedy_s') or 0:.1f} |"
+            if agree is not None
+            else f"| {dtype} | {m.outcome.value} | - | - | - |"
+        )
     from benchmarks.common import result_path
 
     out = Path(args.out) if args.out else result_path("greedy_transformers_serve", "cpu")

@@ -41,16 +41,30 @@ PARAMS = {"context_length": 8192, "kv_cache_dtype": "auto", "buckets": "pow2:4",
 
 
 def settings(state_dir: str) -> dict:
-    return {"command": standin_command(), "model": "standin", "extra_args": ["--tokens-per-second", "5000"],
-            "port_range": "35000-35999", "state_dir": state_dir, "levels": [1], "requests_per_level": 1,
-            "output_len": 4, "prompt_len": 4, "warmup_requests": 1, "teardown_reserve_s": 5.0}
+    return {
+        "command": standin_command(),
+        "model": "standin",
+        "extra_args": ["--tokens-per-second", "5000"],
+        "port_range": "35000-35999",
+        "state_dir": state_dir,
+        "levels": [1],
+        "requests_per_level": 1,
+        "output_len": 4,
+        "prompt_len": 4,
+        "warmup_requests": 1,
+        "teardown_reserve_s": 5.0,
+    }
 
 
 def time_server_start() -> float:
     port = pick_free_port(36000, 36999)
     t0 = time.perf_counter()
-    proc = subprocess.Popen([sys.executable, str(STANDIN), "--port", str(port), "--tokens-per-second", "5000"],
-                            stdout=subprocess.PIPE, text=True, start_new_session=True)
+    proc = subprocess.Popen(
+        [sys.executable, str(STANDIN), "--port", str(port), "--tokens-per-second", "5000"],
+        stdout=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
     for line in proc.stdout:  # type: ignore[union-attr]
         if "fired up" in line:
             break
@@ -70,7 +84,9 @@ def time_load(cfg: loadgen.LoadConfig, base_url: str) -> float:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--trials", type=int, default=10)
-    ap.add_argument("--out", default=None, help="the report (default: benchmarks/results/harness_overhead/cpu/<date>_<commit>.md)")
+    ap.add_argument(
+        "--out", default=None, help="the report (default: benchmarks/results/harness_overhead/cpu/<date>_<commit>.md)"
+    )
     args = ap.parse_args()
     state = tempfile.mkdtemp(prefix="tuner-bench-")
     st = settings(state)
@@ -79,8 +95,9 @@ def main() -> int:
 
     starts = [time_server_start() for _ in range(args.trials)]
     port = pick_free_port(37000, 37999)
-    server = ServerProcess([sys.executable, str(STANDIN), "--port", str(port), "--tokens-per-second", "5000"],
-                           port=port)
+    server = ServerProcess(
+        [sys.executable, str(STANDIN), "--port", str(port), "--tokens-per-second", "5000"], port=port
+    )
     server.wait_ready(time.time() + 20)
     try:
         loads = [time_load(cfg, server.base_url) for _ in range(args.trials)]
@@ -97,8 +114,15 @@ def main() -> int:
 
     isolated = []
     for _ in range(args.trials):
-        job = TrialJob(target="command", space_yaml=SPACE_YAML, space_source="standin.yaml", params=PARAMS,
-                       deadline=time.time() + 60, settings=st, hardware={"gpu_name": "cpu", "gpu_count": 0})
+        job = TrialJob(
+            target="command",
+            space_yaml=SPACE_YAML,
+            space_source="standin.yaml",
+            params=PARAMS,
+            deadline=time.time() + 60,
+            settings=st,
+            hardware={"gpu_name": "cpu", "gpu_count": 0},
+        )
         t0 = time.perf_counter()
         m = run_trial(job)
         isolated.append(time.perf_counter() - t0)
@@ -110,8 +134,9 @@ def main() -> int:
     s, ld, tr, iso = med(starts), med(loads), med(trials), med(isolated)
     overhead, overhead_iso = tr - s - ld, iso - s - ld
     try:
-        commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True,
-                                text=True).stdout.strip()
+        commit = subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True
+        ).stdout.strip()
     except OSError:
         commit = "unknown"
     lines = [

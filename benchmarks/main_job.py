@@ -43,8 +43,12 @@ def _env() -> dict:
     from tuner.fingerprint import fingerprint
 
     env = fingerprint()
-    return {"gpu": env["gpus"][0]["name"] if env.get("gpus") else "cpu", "date": str(dt.date.today()),
-            "commit": os.environ.get("TUNER_COMMIT") or env.get("git_sha"), "torch": env.get("torch")}
+    return {
+        "gpu": env["gpus"][0]["name"] if env.get("gpus") else "cpu",
+        "date": str(dt.date.today()),
+        "commit": os.environ.get("TUNER_COMMIT") or env.get("git_sha"),
+        "torch": env.get("torch"),
+    }
 
 
 def run_search(seed: int, budget: str, out_dir: Path, tree: Path | None = None) -> dict:
@@ -55,20 +59,37 @@ def run_search(seed: int, budget: str, out_dir: Path, tree: Path | None = None) 
     commit = None if tree is None else _tree_commit(code)
     folder = out_dir / (f"seed-{seed}" + (f"-{commit}" if commit else ""))
     if folder.exists() and any(folder.iterdir()):
-        raise SystemExit(f"error: {folder} is not empty; the main job runs in a fresh folder: remove it or use "
-                         "another --out-dir")
+        raise SystemExit(
+            f"error: {folder} is not empty; the main job runs in a fresh folder: remove it or use another --out-dir"
+        )
     folder.mkdir(parents=True, exist_ok=True)
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(code), os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep)}
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join([str(code), os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep),
+    }
     t0 = time.time()
-    out = subprocess.run([sys.executable, "-m", "tuner.cli", "search", "--budget", budget, "--seed", str(seed)],
-                         cwd=folder, env=env, capture_output=True, text=True)
+    out = subprocess.run(
+        [sys.executable, "-m", "tuner.cli", "search", "--budget", budget, "--seed", str(seed)],
+        cwd=folder,
+        env=env,
+        capture_output=True,
+        text=True,
+    )
     wall = time.time() - t0
     (folder / "search.log").write_text(out.stdout + out.stderr)
     if not (folder / "tuner.db").exists():  # exit code 1 with a database is a search where no trial succeeded: data
-        raise SystemExit(f"error: `tuner search --budget {budget} --seed {seed}` in {folder} exited with "
-                         f"{out.returncode} and stored no study; see {folder / 'search.log'}")
-    run = {"seed": seed, "budget": budget, "wall_s": wall, "exit_code": out.returncode,
-           **study_figures(f"sqlite:///{folder / 'tuner.db'}"), **_env()}
+        raise SystemExit(
+            f"error: `tuner search --budget {budget} --seed {seed}` in {folder} exited with "
+            f"{out.returncode} and stored no study; see {folder / 'search.log'}"
+        )
+    run = {
+        "seed": seed,
+        "budget": budget,
+        "wall_s": wall,
+        "exit_code": out.returncode,
+        **study_figures(f"sqlite:///{folder / 'tuner.db'}"),
+        **_env(),
+    }
     if commit:
         run["commit"] = commit
     (folder / "run.json").write_text(json.dumps(run, indent=1))
@@ -91,7 +112,10 @@ def compare(tree: Path, seeds: list[int], budget: str, out_dir: Path) -> dict:
     runs = []
     for seed in seeds:
         with ThreadPoolExecutor(2) as pool:
-            pair = [pool.submit(run_search, seed, budget, out_dir), pool.submit(run_search, seed, budget, out_dir, tree)]
+            pair = [
+                pool.submit(run_search, seed, budget, out_dir),
+                pool.submit(run_search, seed, budget, out_dir, tree),
+            ]
             runs += [f.result() for f in pair]
     data = {"runs": runs, "compared_with": compared_with, "measured": _env()}
     (out_dir / "runs.json").write_text(json.dumps(data, indent=1))
@@ -118,26 +142,47 @@ def study_figures(url: str) -> dict:
         if vals:
             phases[k] = statistics.median(vals)
     searched = elapsed_s(run)
-    return {"study": run.study_name, "storage": url, "trials": len(trials), "searched_s": searched,
-            "trials_per_min": 60.0 * len(trials) / searched if searched else None,
-            "median_trial_s": statistics.median([t.duration_s for t in ran]) if ran else None,
-            "median_phase_s": phases, "outcomes": repo.outcome_counts(run.id),
-            "best_trial": run.best_trial_number, "best_value": run.best_value, "baseline_value": run.baseline_value}
+    return {
+        "study": run.study_name,
+        "storage": url,
+        "trials": len(trials),
+        "searched_s": searched,
+        "trials_per_min": 60.0 * len(trials) / searched if searched else None,
+        "median_trial_s": statistics.median([t.duration_s for t in ran]) if ran else None,
+        "median_phase_s": phases,
+        "outcomes": repo.outcome_counts(run.id),
+        "best_trial": run.best_trial_number,
+        "best_value": run.best_value,
+        "baseline_value": run.baseline_value,
+    }
 
 
 def measure(out_dir: Path, preset: str, repeats: int, timeout: float) -> dict:
     """Every stored run's best beside the default and the hand-written best, in one run of workload_gpu.py; then
     ``main_job.json`` and the report."""
     # each run's database where it lies now (the folders may have been copied from the machine that searched)
-    runs = [{**json.loads(p.read_text()), "storage": f"sqlite:///{p.parent / 'tuner.db'}"}
-            for p in sorted(out_dir.glob("seed-*/run.json"))]
+    runs = [
+        {**json.loads(p.read_text()), "storage": f"sqlite:///{p.parent / 'tuner.db'}"}
+        for p in sorted(out_dir.glob("seed-*/run.json"))
+    ]
     if not runs:
         raise SystemExit(f"error: no stored run under {out_dir} (seed-*/run.json); run `main_job.py search` first")
     with_best = [r for r in runs if r.get("best_trial") is not None]
     for i, r in enumerate(with_best):  # workload_gpu.py runs the two ends, then each --study-best in order: every
         r["side_case"] = 2 + i  # fresh folder's study has the same name, so a run finds its case by position
-    argv = [sys.executable, str(ROOT / "benchmarks" / "workload_gpu.py"), "--only-ends", "--preset", preset,
-            "--repeats", str(repeats), "--timeout", str(timeout), "--out", str(out_dir / "side_by_side.md")]
+    argv = [
+        sys.executable,
+        str(ROOT / "benchmarks" / "workload_gpu.py"),
+        "--only-ends",
+        "--preset",
+        preset,
+        "--repeats",
+        str(repeats),
+        "--timeout",
+        str(timeout),
+        "--out",
+        str(out_dir / "side_by_side.md"),
+    ]
     for r in with_best:
         argv += ["--study-best", f"{r['storage']}#{r['study']}"]
     for r in with_best:  # after every best (the positions above stay): each exported command's configuration
@@ -178,29 +223,37 @@ def report(data: dict, source: Path | str = "main_job.json") -> str:
     ratios = found_over_hand(data)
     first = runs[0]
     budgets = sorted({r["budget"] for r in runs})
-    lines = [f"# The main job, {len(runs)} runs of `tuner search --budget {', '.join(budgets)}` ({data['preset']})",
-             "",
-             f"searches on {first['gpu']} on {first['date']} at commit {first['commit']}; side by side on "
-             f"{side['gpu']} on {side['date']} at commit {side['commit']}; written by `benchmarks/main_job.py report` "
-             f"from `{source if isinstance(source, str) else Path(source).name}`", "",
-             "| seed | study | trials | searched s | trials/min | median trial s | median s per phase "
-             f"({'/'.join(PHASES)}) | found / hand-written (geomean, side by side) |",
-             "| ---: | --- | ---: | ---: | ---: | ---: | --- | ---: |"]
+    lines = [
+        f"# The main job, {len(runs)} runs of `tuner search --budget {', '.join(budgets)}` ({data['preset']})",
+        "",
+        f"searches on {first['gpu']} on {first['date']} at commit {first['commit']}; side by side on "
+        f"{side['gpu']} on {side['date']} at commit {side['commit']}; written by `benchmarks/main_job.py report` "
+        f"from `{source if isinstance(source, str) else Path(source).name}`",
+        "",
+        "| seed | study | trials | searched s | trials/min | median trial s | median s per phase "
+        f"({'/'.join(PHASES)}) | found / hand-written (geomean, side by side) |",
+        "| ---: | --- | ---: | ---: | ---: | ---: | --- | ---: |",
+    ]
     for r in runs:
         key = r["study"] + f" (seed {r['seed']})"
         ph = r.get("median_phase_s") or {}
         ratio = f"{ratios[key]:.3f}" if key in ratios else "-"
-        lines.append(f"| {r['seed']} | {r['study']} | {r['trials']} | {r['searched_s']:.0f} | "
-                     f"{r['trials_per_min']:.2f} | {r['median_trial_s']:.1f} | "
-                     + "/".join(f"{ph[k]:.2f}" if k in ph else "-" for k in PHASES) + f" | {ratio} |")
+        lines.append(
+            f"| {r['seed']} | {r['study']} | {r['trials']} | {r['searched_s']:.0f} | "
+            f"{r['trials_per_min']:.2f} | {r['median_trial_s']:.1f} | "
+            + "/".join(f"{ph[k]:.2f}" if k in ph else "-" for k in PHASES)
+            + f" | {ratio} |"
+        )
     tpm = [r["trials_per_min"] for r in runs if r.get("trials_per_min")]
     lines += [""]
     if tpm:
         lines.append(f"trials per minute: min {min(tpm):.2f}, median {statistics.median(tpm):.2f}, max {max(tpm):.2f}")
     if ratios:
         v = sorted(ratios.values())
-        lines.append(f"found / hand-written best (geomean over {', '.join(side['levels'])}, {len(v)} runs): "
-                     f"min {v[0]:.3f}, median {statistics.median(v):.3f}, max {v[-1]:.3f}")
+        lines.append(
+            f"found / hand-written best (geomean over {', '.join(side['levels'])}, {len(v)} runs): "
+            f"min {v[0]:.3f}, median {statistics.median(v):.3f}, max {v[-1]:.3f}"
+        )
     else:
         lines.append("found / hand-written best: no run had a best measured side by side")
     hand = next((c for c in side["cases"] if c["name"] == "hand-written best" and "tok_s" in c), None)
@@ -211,12 +264,19 @@ def report(data: dict, source: Path | str = "main_job.json") -> str:
             continue
         vs_best = _geomean([c["tok_s"][lv] / best["tok_s"][lv] for lv in side["levels"]])
         vs_hand = _geomean([c["tok_s"][lv] / hand["tok_s"][lv] for lv in side["levels"]]) if hand else float("nan")
-        lines.append(f"{c['name']}: {vs_best:.3f} of its best, {vs_hand:.3f} of the hand-written best (geomean, "
-                     "side by side)")
-    lines += ["", "Side by side (tok/s, one run of `benchmarks/workload_gpu.py --only-ends --study-best ... "
-              "--study-command ...`):", ""]
-    lines += ["| configuration | " + " | ".join(side["levels"]) + " |",
-              "| --- | " + " | ".join("---:" for _ in side["levels"]) + " |"]
+        lines.append(
+            f"{c['name']}: {vs_best:.3f} of its best, {vs_hand:.3f} of the hand-written best (geomean, side by side)"
+        )
+    lines += [
+        "",
+        "Side by side (tok/s, one run of `benchmarks/workload_gpu.py --only-ends --study-best ... "
+        "--study-command ...`):",
+        "",
+    ]
+    lines += [
+        "| configuration | " + " | ".join(side["levels"]) + " |",
+        "| --- | " + " | ".join("---:" for _ in side["levels"]) + " |",
+    ]
     for c in side["cases"]:
         cells = [f"{c['tok_s'][lv]:.1f}" if "tok_s" in c else f"failed: {c.get('error', '')}" for lv in side["levels"]]
         lines.append(f"| {c['name']} | " + " | ".join(cells) + " |")
@@ -228,38 +288,55 @@ def runs_report(data: dict, source: Path | str = "runs.json") -> str:
     at the same time per seed on the same machine)."""
     runs, env = data["runs"], data["measured"]
     budgets = sorted({r["budget"] for r in runs})
-    lines = [f"# The main job before and after: `tuner search --budget {', '.join(budgets)}` at two commits, run at "
-             "the same time", "",
-             f"on {env['gpu']} on {env['date']}, commits {', '.join(dict.fromkeys(r['commit'][:7] for r in runs))} "
-             f"(each seed's two searches side by side on the same load); written by `benchmarks/main_job.py report` "
-             f"from `{source if isinstance(source, str) else Path(source).name}`", "",
-             "| seed | commit | trials | outcomes | trials/min | median trial s | exported | x baseline |",
-             "| ---: | --- | ---: | --- | ---: | ---: | --- | ---: |"]
+    lines = [
+        f"# The main job before and after: `tuner search --budget {', '.join(budgets)}` at two commits, run at "
+        "the same time",
+        "",
+        f"on {env['gpu']} on {env['date']}, commits {', '.join(dict.fromkeys(r['commit'][:7] for r in runs))} "
+        f"(each seed's two searches side by side on the same load); written by `benchmarks/main_job.py report` "
+        f"from `{source if isinstance(source, str) else Path(source).name}`",
+        "",
+        "| seed | commit | trials | outcomes | trials/min | median trial s | exported | x baseline |",
+        "| ---: | --- | ---: | --- | ---: | ---: | --- | ---: |",
+    ]
     for r in runs:
         outcomes = ", ".join(f"{k} {v}" for k, v in sorted(r.get("outcomes", {}).items()))
         best = r.get("best_trial")
         exported = "nothing" if best is None else ("the defaults (trial 0)" if best == 0 else f"trial {best}")
-        gain = (f"{r['best_value'] / r['baseline_value']:.2f}" if best is not None and r.get("baseline_value")
-                else "-")
-        lines.append(f"| {r['seed']} | {r['commit'][:7]} | {r['trials']} | {outcomes} | {r['trials_per_min']:.2f} | "
-                     f"{r['median_trial_s']:.1f} | {exported} | {gain} |")
+        gain = f"{r['best_value'] / r['baseline_value']:.2f}" if best is not None and r.get("baseline_value") else "-"
+        lines.append(
+            f"| {r['seed']} | {r['commit'][:7]} | {r['trials']} | {outcomes} | {r['trials_per_min']:.2f} | "
+            f"{r['median_trial_s']:.1f} | {exported} | {gain} |"
+        )
     return "\n".join(lines) + "\n"
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("step", choices=["search", "measure", "report", "all", "compare"])
-    ap.add_argument("--tree", type=Path, default=None, help="search, compare: another checkout (an older commit) "
-                    "whose main job runs the same way; compare runs it at the same time as this one's")
+    ap.add_argument(
+        "--tree",
+        type=Path,
+        default=None,
+        help="search, compare: another checkout (an older commit) "
+        "whose main job runs the same way; compare runs it at the same time as this one's",
+    )
     ap.add_argument("--out-dir", type=Path, default=None, help="search, measure, all, report: the runs' folder")
-    ap.add_argument("--from", dest="from_json", type=Path, default=None,
-                    help="report: a stored main_job.json filed elsewhere (benchmarks/results/...); writes the .md "
-                         "beside it")
+    ap.add_argument(
+        "--from",
+        dest="from_json",
+        type=Path,
+        default=None,
+        help="report: a stored main_job.json filed elsewhere (benchmarks/results/...); writes the .md beside it",
+    )
     ap.add_argument("--seed", type=int, default=0, help="search: the run's seed")
     ap.add_argument("--seeds", default="0,1,2", help="all: the runs' seeds")
     ap.add_argument("--budget", default="7m", help="search, all: each run's budget (tuner's syntax: 20s, 7m, 1h)")
-    ap.add_argument("--preset", default=None, help="measure: the twin's preset (default: dsv4-flash on a GPU, "
-                                                   "dsv4-flash-tiny on a CPU, as the main job)")
+    ap.add_argument(
+        "--preset",
+        default=None,
+        help="measure: the twin's preset (default: dsv4-flash on a GPU, dsv4-flash-tiny on a CPU, as the main job)",
+    )
     ap.add_argument("--repeats", type=int, default=10, help="measure: timed steps per level")
     ap.add_argument("--timeout", type=float, default=180, help="measure: seconds per configuration")
     args = ap.parse_args(argv)
@@ -269,7 +346,9 @@ def main(argv: list[str] | None = None) -> int:
         if not args.from_json.is_file():
             raise SystemExit(f"error: --from {args.from_json}: no such file; give a stored main_job JSON")
         stored = json.loads(args.from_json.read_text())
-        text = (report if "side_by_side" in stored else runs_report)(stored, source=stored_path(args.from_json.resolve()))
+        text = (report if "side_by_side" in stored else runs_report)(
+            stored, source=stored_path(args.from_json.resolve())
+        )
         args.from_json.with_suffix(".md").write_text(text)
         print(text)
         return 0
@@ -291,8 +370,10 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     elif args.step == "compare":
         if args.tree is None:
-            raise SystemExit("error: compare needs --tree DIR, a checkout of the commit to compare with "
-                             "(git worktree add DIR COMMIT)")
+            raise SystemExit(
+                "error: compare needs --tree DIR, a checkout of the commit to compare with "
+                "(git worktree add DIR COMMIT)"
+            )
         compare(args.tree, [int(x) for x in args.seeds.split(",") if x.strip()], args.budget, out_dir)
         print((out_dir / "runs.md").read_text())
         return 0

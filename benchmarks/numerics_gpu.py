@@ -26,7 +26,9 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path[:] = [str(ROOT)] + [p for p in sys.path if Path(p or ".").resolve() not in (ROOT, Path(__file__).resolve().parent)]
+sys.path[:] = [str(ROOT)] + [
+    p for p in sys.path if Path(p or ".").resolve() not in (ROOT, Path(__file__).resolve().parent)
+]
 
 import torch  # noqa: E402
 
@@ -45,8 +47,10 @@ CASES: list[tuple[str, dict]] = [
     ("gemm_proj=fp8", {"gemm_proj": "fp8"}),
     ("gemm_moe=fp8, moe_impl=triton", {"gemm_moe": "fp8", "moe_impl": "triton"}),
     ("gemm_proj=fp8, gemm_indexer=fp8", {"gemm_proj": "fp8", "gemm_indexer": "fp8"}),
-    ("every fp8 GEMM of the space, moe_impl=triton", {"gemm_proj": "fp8", "gemm_indexer": "fp8", "gemm_moe": "fp8",
-                                                      "moe_impl": "triton"}),  # the space has no fp8 MHC
+    (
+        "every fp8 GEMM of the space, moe_impl=triton",
+        {"gemm_proj": "fp8", "gemm_indexer": "fp8", "gemm_moe": "fp8", "moe_impl": "triton"},
+    ),  # the space has no fp8 MHC
 ]
 
 
@@ -73,8 +77,11 @@ def main() -> int:
     ap.add_argument("--live-context", type=int, default=512, help="as the space's live_context")
     ap.add_argument("--study-best", default=None, help="URL#STUDY: add that study's stored best as a case")
     ap.add_argument("--hand-best", action="store_true", help="add benchmarks/workload_gpu.py's hand-written best")
-    ap.add_argument("--report", metavar="JSON", help="only write the table (to --out, .md beside the name) from a "
-                    "stored JSON; runs on a CPU")
+    ap.add_argument(
+        "--report",
+        metavar="JSON",
+        help="only write the table (to --out, .md beside the name) from a stored JSON; runs on a CPU",
+    )
     args = ap.parse_args()
     if args.report:
         src = Path(args.report)
@@ -112,29 +119,57 @@ def main() -> int:
                 model = DecodeModel(preset, {**BASE, **knobs}, dev, seed=ws)
             except Exception as exc:  # noqa: BLE001 - a configuration the twin refuses is reported, not fatal
                 print(f"seed w{ws} {name}: cannot build ({exc})", flush=True)
-                rows.append({"case": name, "knobs": {k: str(v) for k, v in knobs.items()}, "weight_seed": ws,
-                             "input_seed": None, "family": None, "tolerance": None, "rel_err": None,
-                             "error": f"{type(exc).__name__}: {exc}"})
+                rows.append(
+                    {
+                        "case": name,
+                        "knobs": {k: str(v) for k, v in knobs.items()},
+                        "weight_seed": ws,
+                        "input_seed": None,
+                        "family": None,
+                        "tolerance": None,
+                        "rel_err": None,
+                        "error": f"{type(exc).__name__}: {exc}",
+                    }
+                )
                 continue
-            family = max(nm.dtype_family(model.knobs, dev), nm.dtype_family(nm.normalized(preset, BASE), dev),
-                         key=nm.FAMILIES.index)
+            family = max(
+                nm.dtype_family(model.knobs, dev),
+                nm.dtype_family(nm.normalized(preset, BASE), dev),
+                key=nm.FAMILIES.index,
+            )
             for s in range(args.input_seeds):
                 st = model.state(args.batch, args.live_context, seed=nm.INPUT_SEED + s)
                 with torch.inference_mode():
                     out = model.step(st).detach().to("cpu", torch.float64)
                 torch.cuda.synchronize()
                 err = nm.rel_err(out, refs[s])
-                rows.append({"case": name, "knobs": {k: str(v) for k, v in knobs.items()}, "weight_seed": ws,
-                             "input_seed": s, "family": family, "tolerance": nm.tolerance_for(family, {}),
-                             "rel_err": err if math.isfinite(err) else None})
+                rows.append(
+                    {
+                        "case": name,
+                        "knobs": {k: str(v) for k, v in knobs.items()},
+                        "weight_seed": ws,
+                        "input_seed": s,
+                        "family": family,
+                        "tolerance": nm.tolerance_for(family, {}),
+                        "rel_err": err if math.isfinite(err) else None,
+                    }
+                )
                 print(f"seed w{ws} i{s} {name:40s} {family:5s} rel_err {err:.4g}", flush=True)
             del model
             torch.cuda.empty_cache()
-    meta = {"date": datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC"), "gpu": torch.cuda.get_device_name(),
-            "commit": os.environ.get("TUNER_COMMIT", "unknown"), "torch": torch.__version__,
-            "preset": args.preset, "batch": args.batch, "live_context": args.live_context,
-            "weight_seeds": args.weight_seeds, "input_seeds": args.input_seeds, "wall_s": round(time.time() - t0, 1),
-            "tolerances": nm.DEFAULT_TOLERANCE}
+    meta = {
+        "date": datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+        "gpu": torch.cuda.get_device_name(),
+        "commit": os.environ.get("TUNER_COMMIT", "unknown"),
+        "torch": torch.__version__,
+        "preset": args.preset,
+        "batch": args.batch,
+        "live_context": args.live_context,
+        "weight_seeds": args.weight_seeds,
+        "input_seeds": args.input_seeds,
+        "wall_s": round(time.time() - t0, 1),
+        "tolerances": nm.DEFAULT_TOLERANCE,
+    }
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     (out / "numerics_gpu.json").write_text(json.dumps({**meta, "rows": rows}, indent=1))
@@ -145,14 +180,17 @@ def main() -> int:
 
 def report(doc: dict, source: str) -> str:
     """The table, from the stored JSON (also runs on a CPU: ``python -c 'from benchmarks.numerics_gpu import ...'``)."""
-    lines = [f"# Numerics gate of the twin over {doc['weight_seeds']} weight x {doc['input_seeds']} input seeds",
-             "",
-             f"{doc['date']}, {doc['gpu']}, commit {doc['commit']}, torch {doc['torch']}; preset {doc['preset']}, "
-             f"batch {doc['batch']}, live context {doc['live_context']}; written by `benchmarks/numerics_gpu.py` "
-             f"from `{source}`. Error = relative norm error of one decode step's output against the default "
-             "configuration's (same weights, same inputs), as the gate computes it.", "",
-             "| configuration | family | tolerance | min | median | max | beyond tolerance |",
-             "| --- | --- | --- | --- | --- | --- | --- |"]
+    lines = [
+        f"# Numerics gate of the twin over {doc['weight_seeds']} weight x {doc['input_seeds']} input seeds",
+        "",
+        f"{doc['date']}, {doc['gpu']}, commit {doc['commit']}, torch {doc['torch']}; preset {doc['preset']}, "
+        f"batch {doc['batch']}, live context {doc['live_context']}; written by `benchmarks/numerics_gpu.py` "
+        f"from `{source}`. Error = relative norm error of one decode step's output against the default "
+        "configuration's (same weights, same inputs), as the gate computes it.",
+        "",
+        "| configuration | family | tolerance | min | median | max | beyond tolerance |",
+        "| --- | --- | --- | --- | --- | --- | --- |",
+    ]
     by: dict[str, list[dict]] = {}
     for r in doc["rows"]:
         by.setdefault(r["case"], []).append(r)
@@ -164,8 +202,10 @@ def report(doc: dict, source: str) -> str:
         errs = [r["rel_err"] if r["rel_err"] is not None else math.inf for r in rs]
         tol = rs[0]["tolerance"]
         over = sum(e > tol for e in errs)
-        lines.append(f"| {name} | {rs[0]['family']} | {tol:g} | {min(errs):.4g} | {statistics.median(errs):.4g} | "
-                     f"{max(errs):.4g} | {over}/{len(errs)} |")
+        lines.append(
+            f"| {name} | {rs[0]['family']} | {tol:g} | {min(errs):.4g} | {statistics.median(errs):.4g} | "
+            f"{max(errs):.4g} | {over}/{len(errs)} |"
+        )
     return "\n".join(lines) + "\n"
 
 

@@ -24,7 +24,9 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path[:] = [str(ROOT)] + [p for p in sys.path if Path(p or ".").resolve() not in (ROOT, Path(__file__).resolve().parent)]
+sys.path[:] = [str(ROOT)] + [
+    p for p in sys.path if Path(p or ".").resolve() not in (ROOT, Path(__file__).resolve().parent)
+]
 
 ISSUE_CFG = {"S": 32, "BLOCK_H": 16, "BLOCK_T": 16, "num_warps": 4, "num_stages": 2}
 COLUMNS = {  # ncu raw metric -> short name
@@ -53,7 +55,14 @@ def run_cases() -> None:
     sd = get_kernel("sparse_decode")
     cases = []
     b1 = sd.shapes("v4flash")[0]
-    cases.append(("v1 B=1 issue cfg", b1, "bfloat16", lambda i: sparse_decode_v1(i["q"], i["kv"], i["indices"], i["sm_scale"], ISSUE_CFG)))
+    cases.append(
+        (
+            "v1 B=1 issue cfg",
+            b1,
+            "bfloat16",
+            lambda i: sparse_decode_v1(i["q"], i["kv"], i["indices"], i["sm_scale"], ISSUE_CFG),
+        )
+    )
     cases.append(("new B=1 issue cfg", b1, "bfloat16", lambda i: sd.run(i, ISSUE_CFG)))
     for dtype in ("bfloat16", "float8_e4m3fn"):
         for shape in sd.shapes("v4flash"):
@@ -80,16 +89,33 @@ def wgmma_cases() -> list:
     cases = []
     for shape in sd.shapes("v4flash"):
         shipped = lookup("sparse_decode", shape, "bfloat16", "cuda")
-        cases.append((f"B={shape['batch']} tl.dot {shipped}", sd, shape, "bfloat16",
-                      lambda i, c=shipped: sparse_decode(i["q"], i["kv"], i["indices"], i["sm_scale"], c, d_v=i["d_v"])))
+        cases.append(
+            (
+                f"B={shape['batch']} tl.dot {shipped}",
+                sd,
+                shape,
+                "bfloat16",
+                lambda i, c=shipped: sparse_decode(i["q"], i["kv"], i["indices"], i["sm_scale"], c, d_v=i["d_v"]),
+            )
+        )
         base = default_config(shape["batch"], shape["topk"])
         picks = [base] + ([{**base, "S": 1, "V_SPLIT": 1}] if shape["batch"] == 64 else [])
         if base["SPLIT_WG"]:  # the default without SPLIT_WG: 64-row tiles, a ring of two, both warpgroups a tile
-            picks = [base, {**base, "SPLIT_WG": 0, "BLOCK_T": 64, "STAGES": 2},
-                     {**base, "SPLIT_WG": 0, "BLOCK_T": 64, "STAGES": 2, "S": 1, "V_SPLIT": 1}]
+            picks = [
+                base,
+                {**base, "SPLIT_WG": 0, "BLOCK_T": 64, "STAGES": 2},
+                {**base, "SPLIT_WG": 0, "BLOCK_T": 64, "STAGES": 2, "S": 1, "V_SPLIT": 1},
+            ]
         for cfg in [{**c, "WS": ws} for c in picks for ws in (0, 1) if not (c["SPLIT_WG"] and ws == 0)]:
-            cases.append((f"B={shape['batch']} wgmma {cfg}", sd, shape, "bfloat16",
-                          lambda i, c=cfg: sparse_decode_wgmma(i["q"], i["kv"], i["indices"], i["sm_scale"], c)))
+            cases.append(
+                (
+                    f"B={shape['batch']} wgmma {cfg}",
+                    sd,
+                    shape,
+                    "bfloat16",
+                    lambda i, c=cfg: sparse_decode_wgmma(i["q"], i["kv"], i["indices"], i["sm_scale"], c),
+                )
+            )
     return cases
 
 
@@ -129,15 +155,22 @@ def source_summary(path: Path, top: int = 45) -> str:
             return float(x.replace(",", ""))
         except ValueError:
             return 0.0
+
     total = sum(num(r[col]) for r in data) or 1.0
     ranked = sorted(range(len(data)), key=lambda i: -num(data[i][col]))[:top]
     lines = [f"{len(data)} SASS lines, {total:.0f} stall samples"]
     # by kind of instruction, and by program region: before the first tensor-core instruction, up to the last one,
     # after it (for a kernel whose main loop holds its products, the prologue, the loop and the epilogue)
     # first match wins: the wgmma waits (WARPGROUP.DEPBAR) before the cp.async waits (DEPBAR.LE SB...)
-    kinds = {"wgmma and its waits": ("HGMMA", "WARPGROUP"), "global store": ("STG",), "global load": ("LDG.",),
-             "cp.async": ("LDGSTS", "LDGDEPBAR", "DEPBAR"), "barrier": ("BAR.SYNC", "BAR.ARV"), "shared": ("LDS", "STS"),
-             "exp2": ("MUFU",)}
+    kinds = {
+        "wgmma and its waits": ("HGMMA", "WARPGROUP"),
+        "global store": ("STG",),
+        "global load": ("LDG.",),
+        "cp.async": ("LDGSTS", "LDGDEPBAR", "DEPBAR"),
+        "barrier": ("BAR.SYNC", "BAR.ARV"),
+        "shared": ("LDS", "STS"),
+        "exp2": ("MUFU",),
+    }
     by_kind = {k: 0.0 for k in kinds}
     for r in data:
         op = r[src].split("  ")[-1].strip()
@@ -147,10 +180,14 @@ def source_summary(path: Path, top: int = 45) -> str:
                 break
     mma = [i for i, r in enumerate(data) if "HGMMA" in r[src] or "WARPGROUP" in r[src]]
     if mma:
-        parts = {"before the first wgmma": data[:mma[0]], "the wgmma region": data[mma[0]:mma[-1] + 1],
-                 "after the last wgmma": data[mma[-1] + 1:]}
-        lines.append("by region: " + ", ".join(f"{k} {100 * sum(num(r[col]) for r in v) / total:.1f}%"
-                                               for k, v in parts.items()))
+        parts = {
+            "before the first wgmma": data[: mma[0]],
+            "the wgmma region": data[mma[0] : mma[-1] + 1],
+            "after the last wgmma": data[mma[-1] + 1 :],
+        }
+        lines.append(
+            "by region: " + ", ".join(f"{k} {100 * sum(num(r[col]) for r in v) / total:.1f}%" for k, v in parts.items())
+        )
     lines.append("by instruction: " + ", ".join(f"{k} {100 * v / total:.1f}%" for k, v in by_kind.items()))
     lines.append(f"the top {top} lines in program order:")
     for i in sorted(ranked):
@@ -202,8 +239,11 @@ def summarise(path: Path) -> str:
             except ValueError:
                 continue
         top = ", ".join(f"{name} {v:.2f}" for v, name in sorted(stalls, reverse=True)[:4])
-        lines.append(f"{r[header.index('Kernel Name')][:40]:40s} " + " ".join(f"{k}={v}" for k, v in rec.items())
-                     + (f" | top stalls: {top}" if top else ""))
+        lines.append(
+            f"{r[header.index('Kernel Name')][:40]:40s} "
+            + " ".join(f"{k}={v}" for k, v in rec.items())
+            + (f" | top stalls: {top}" if top else "")
+        )
     return "\n".join(lines)
 
 
@@ -213,8 +253,12 @@ def main(argv=None) -> int:
     ap.add_argument("--gemm", action="store_true", help="profile the decode GEMMs (gemm_cases) instead")
     ap.add_argument("--wgmma", action="store_true", help="profile the Gluon wgmma kernel (wgmma_cases)")
     ap.add_argument("--case", action="append", default=[], help="only the cases whose name contains this (repeatable)")
-    ap.add_argument("--source-summary", type=Path, default=None,
-                    help="print the SASS lines that hold most warp-stall samples in an `ncu --page source --csv` file")
+    ap.add_argument(
+        "--source-summary",
+        type=Path,
+        default=None,
+        help="print the SASS lines that hold most warp-stall samples in an `ncu --page source --csv` file",
+    )
     args = ap.parse_args(argv)
     if args.summarise:
         print(summarise(args.summarise))

@@ -29,8 +29,9 @@ from pathlib import Path
 # the project's root first and this folder last: run as a script, this folder is sys.path[0], and its kernels.py
 # would shadow the `kernels` package (transformers imports `kernels` on a GPU to look for hub kernels)
 _HERE = Path(__file__).resolve().parent
-sys.path[:] = [str(_HERE.parent)] + [p for p in sys.path if Path(p or ".").resolve() not in (_HERE, _HERE.parent)] \
-    + [str(_HERE)]
+sys.path[:] = (
+    [str(_HERE.parent)] + [p for p in sys.path if Path(p or ".").resolve() not in (_HERE, _HERE.parent)] + [str(_HERE)]
+)
 
 from serve_bench import (  # noqa: E402
     ROOT,
@@ -76,18 +77,32 @@ class MemoryWatch:
         print(text, flush=True)
 
     def trial_started(self, number: int, params: dict) -> None:
-        self.rows[number] = {"number": number, "params": params, "t_start": time.time(),
-                             "mem_before_mib": gpu_memory_mib(self.gpu), "mem_peak_mib": None}
+        self.rows[number] = {
+            "number": number,
+            "params": params,
+            "t_start": time.time(),
+            "mem_before_mib": gpu_memory_mib(self.gpu),
+            "mem_peak_mib": None,
+        }
         self._current = number
 
     def trial_finished(self, summary, ctx) -> None:
         self._current = None
         row = self.rows.setdefault(summary.number, {"number": summary.number, "params": summary.params})
-        row.update(t_end=time.time(), mem_after_mib=gpu_memory_mib(self.gpu), outcome=summary.outcome,
-                   value=summary.value, reason=summary.reason, repeat_of=summary.repeat_of,
-                   is_baseline=summary.is_baseline)
-        print(f"trial {summary.number} {summary.outcome} {summary.value} {summary.params} "
-              f"mem {row.get('mem_before_mib')} -> {row.get('mem_after_mib')} MiB", flush=True)
+        row.update(
+            t_end=time.time(),
+            mem_after_mib=gpu_memory_mib(self.gpu),
+            outcome=summary.outcome,
+            value=summary.value,
+            reason=summary.reason,
+            repeat_of=summary.repeat_of,
+            is_baseline=summary.is_baseline,
+        )
+        print(
+            f"trial {summary.number} {summary.outcome} {summary.value} {summary.params} "
+            f"mem {row.get('mem_before_mib')} -> {row.get('mem_after_mib')} MiB",
+            flush=True,
+        )
 
     def close(self) -> None:
         self._stop.set()
@@ -126,8 +141,10 @@ def main() -> int:
 
     missing = missing_packages()
     if missing:
-        print(f"error: missing Python packages {missing}; carry them as wheels (see benchmarks/serve_bench.py)",
-              file=sys.stderr)
+        print(
+            f"error: missing Python packages {missing}; carry them as wheels (see benchmarks/serve_bench.py)",
+            file=sys.stderr,
+        )
         return 2
     from tuner.fingerprint import fingerprint
     from tuner.search.context import SearchOptions
@@ -138,14 +155,28 @@ def main() -> int:
     tmp = Path(tempfile.mkdtemp(prefix="real-server-gpu-"))
     model, build_s = build_model(args, tmp / "model")
     levels = [int(c) for c in args.levels.split(",")]
-    settings = {**serve_settings(args, model), "levels": levels, "level_s": args.level_s,
-                "output_len": args.output_len, "trial_timeout_s": 180, "ready_timeout_s": 150}
+    settings = {
+        **serve_settings(args, model),
+        "levels": levels,
+        "level_s": args.level_s,
+        "output_len": args.output_len,
+        "trial_timeout_s": 180,
+        "ready_timeout_s": 150,
+    }
     storage = f"sqlite:///{tmp / 'tuner.db'}"
     watch = MemoryWatch(args.gpu)
     level_before = gpu_memory_mib(args.gpu)
-    opts = SearchOptions(budget_s=args.budget_s, storage_url=storage, study="real-server-gpu", space_path=str(SPACE),
-                         target="command", settings=settings, n_trials=args.n_trials, seed=args.seed,
-                         out_dir=str(tmp / "export"))
+    opts = SearchOptions(
+        budget_s=args.budget_s,
+        storage_url=storage,
+        study="real-server-gpu",
+        space_path=str(SPACE),
+        target="command",
+        settings=settings,
+        n_trials=args.n_trials,
+        seed=args.seed,
+        out_dir=str(tmp / "export"),
+    )
     t0 = time.time()
     try:
         result = run_search(opts, watch)
@@ -160,14 +191,28 @@ def main() -> int:
         trials.append({**row, **times.get(n, {}), "memory_back_to_level": back})
     env = fingerprint()
     doc = {
-        "date": dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"), "gpu": gpu_name(args.gpu),
-        "device": args.device, "commit": args.commit or env.get("git_sha"), "source": "benchmarks/real_server_gpu.py",
-        "torch": env.get("torch"), "transformers": version("transformers"), "model": model_doc(args, build_s),
-        "budget_s": args.budget_s, "wall_s": wall, "levels": levels, "level_s": args.level_s,
-        "memory_before_search_mib": level_before, "memory_after_search_mib": gpu_memory_mib(args.gpu),
-        "state": result.state, "stop_reason": result.stop_reason, "baseline_value": result.baseline_value,
-        "best_value": result.best_value, "best_params": result.best_params, "speedup": result.speedup,
-        "export_dir": result.export_dir, "trials": trials,
+        "date": dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+        "gpu": gpu_name(args.gpu),
+        "device": args.device,
+        "commit": args.commit or env.get("git_sha"),
+        "source": "benchmarks/real_server_gpu.py",
+        "torch": env.get("torch"),
+        "transformers": version("transformers"),
+        "model": model_doc(args, build_s),
+        "budget_s": args.budget_s,
+        "wall_s": wall,
+        "levels": levels,
+        "level_s": args.level_s,
+        "memory_before_search_mib": level_before,
+        "memory_after_search_mib": gpu_memory_mib(args.gpu),
+        "state": result.state,
+        "stop_reason": result.stop_reason,
+        "baseline_value": result.baseline_value,
+        "best_value": result.best_value,
+        "best_params": result.best_params,
+        "speedup": result.speedup,
+        "export_dir": result.export_dir,
+        "trials": trials,
     }
     (out / "real_server_gpu.json").write_text(json.dumps(doc, indent=1, default=str))
     (out / "real_server_gpu.md").write_text(markdown(doc))
@@ -188,7 +233,8 @@ def markdown(doc: dict) -> str:
         f"hidden {doc['model']['hidden']}, {doc['model']['layers']} layers, {doc['model']['dtype']}. Space "
         f"`search_spaces/transformers_serve.yaml`, levels {doc['levels']}, {doc['level_s']:g} s per level, "
         f"budget {doc['budget_s']:.0f} s; the search took {doc['wall_s']:.0f} s ({doc['state']}"
-        + (f", {doc['stop_reason']}" if doc["stop_reason"] else "") + ").",
+        + (f", {doc['stop_reason']}" if doc["stop_reason"] else "")
+        + ").",
         "",
         f"Best {_f(doc['best_value'], '.2f')} tok/s = {_f(doc['speedup'], '.2f')}x the baseline "
         f"({_f(doc['baseline_value'], '.2f')}); params {doc['best_params']}.",
@@ -201,14 +247,18 @@ def markdown(doc: dict) -> str:
     ]
     for t in doc["trials"]:
         params = ", ".join(f"{k}={v}" for k, v in (t.get("params") or {}).items())
-        outcome = t.get("outcome", "?") + (" (baseline)" if t.get("is_baseline") else "") \
+        outcome = (
+            t.get("outcome", "?")
+            + (" (baseline)" if t.get("is_baseline") else "")
             + (f" (repeat of {t['repeat_of']})" if t.get("repeat_of") is not None else "")
+        )
         back = {True: "yes", False: "NO", None: "-"}[t.get("memory_back_to_level")]
         lines.append(
             f"| {t['number']} | {params} | {outcome} | {_f(t.get('value'), '.2f')} | {_f(t.get('startup_s'))} | "
             f"{_f(t.get('warmup_s'))} | {_f(t.get('measure_s'))} | {_f(t.get('teardown_s'))} | "
             f"{_f(t.get('duration_s'))} | {_f(t.get('mem_before_mib'), '.0f')} / {_f(t.get('mem_peak_mib'), '.0f')} / "
-            f"{_f(t.get('mem_after_mib'), '.0f')} | {back} |")
+            f"{_f(t.get('mem_after_mib'), '.0f')} | {back} |"
+        )
     fails = [t for t in doc["trials"] if t.get("outcome") not in ("ok", None) and t.get("reason")]
     if fails:
         lines += ["", "Failures:"] + [f"- trial {t['number']}: {t['outcome']}: {t['reason'][:300]}" for t in fails]

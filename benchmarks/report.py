@@ -229,17 +229,31 @@ def main(argv: list[str] | None = None) -> int:
     command = "python benchmarks/report.py " + " ".join(_rel(db) for db in args.databases)
     made = f"{made} at commit {script_commit()}"
     for rep in reports:
-        header = (f"Made by `{command}` on {made} from `{_rel(rep.source)}` (sha256 {sha256(rep.source)}...): every "
-                  "figure below is read from that database.")
-        stem = rep.source.stem if len([r for r in reports if r.source == rep.source]) == 1 else \
-            f"{rep.source.stem}_{rep.run.study_name}"
+        header = (
+            f"Made by `{command}` on {made} from `{_rel(rep.source)}` (sha256 {sha256(rep.source)}...): every "
+            "figure below is read from that database."
+        )
+        stem = (
+            rep.source.stem
+            if len([r for r in reports if r.source == rep.source]) == 1
+            else f"{rep.source.stem}_{rep.run.study_name}"
+        )
         (args.out_dir / f"study_{stem}.md").write_text(rep.markdown(header) + "\n")
-    lines = ["# Recorded studies", "",
-             (f"Made by `{command}` on {made}; one row per study, read from its database (the per-study files "
-             "`study_<database>.md` have the tables). Best × baseline per level is the recorded best (the median of "
-             "its configuration's runs) over the baseline trial, at each level of the objective's metric."), "",
-             ("| study | database | GPU | trials | outcomes | best × baseline per level | objective × baseline | "
-             "re-runs | commit recorded by the run |"), "| --- | --- | --- | ---: | --- | --- | ---: | ---: | --- |"]
+    lines = [
+        "# Recorded studies",
+        "",
+        (
+            f"Made by `{command}` on {made}; one row per study, read from its database (the per-study files "
+            "`study_<database>.md` have the tables). Best × baseline per level is the recorded best (the median of "
+            "its configuration's runs) over the baseline trial, at each level of the objective's metric."
+        ),
+        "",
+        (
+            "| study | database | GPU | trials | outcomes | best × baseline per level | objective × baseline | "
+            "re-runs | commit recorded by the run |"
+        ),
+        "| --- | --- | --- | ---: | --- | --- | ---: | ---: | --- |",
+    ]
     lines += [rep.summary_row() for rep in reports]
     (args.out_dir / "studies.md").write_text("\n".join(lines) + "\n")
     for rep in reports:

@@ -27,7 +27,9 @@ def main() -> int:
     ap.add_argument("--storage", default=None)
     ap.add_argument("--prefill", type=int, default=1000)
     ap.add_argument("--measure", type=int, default=200)
-    ap.add_argument("--out", default=None, help="the report (default: benchmarks/results/search_overhead/cpu/<date>_<commit>.md)")
+    ap.add_argument(
+        "--out", default=None, help="the report (default: benchmarks/results/search_overhead/cpu/<date>_<commit>.md)"
+    )
     args = ap.parse_args()
 
     import optuna
@@ -41,14 +43,20 @@ def main() -> int:
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     url = args.storage or f"sqlite:///{tempfile.mkdtemp()}/overhead.db"
-    hw = Hardware(gpu_name="NVIDIA H200", gpu_count=1, compute_capability=(9, 0), has_triton=True,
-                  has_torch_compile=True)  # the full GPU space: 13 parameters, conditional ones included
+    hw = Hardware(
+        gpu_name="NVIDIA H200", gpu_count=1, compute_capability=(9, 0), has_triton=True, has_torch_compile=True
+    )  # the full GPU space: 13 parameters, conditional ones included
     resolved = resolve(load_space("dsv4_flash"), hw)
     repo = Repo(url)
     repo.create_schema()
     run = repo.create_run("overhead", target="workload", budget_s=3600)
-    study = optuna.create_study(study_name="overhead", storage=open_optuna_storage(url), direction="maximize",
-                                sampler=make_sampler(resolved, 0, parallel=False), pruner=make_pruner())
+    study = optuna.create_study(
+        study_name="overhead",
+        storage=open_optuna_storage(url),
+        direction="maximize",
+        sampler=make_sampler(resolved, 0, parallel=False),
+        pruner=make_pruner(),
+    )
 
     def one(i: int) -> float:
         t0 = time.perf_counter()
@@ -71,15 +79,20 @@ def main() -> int:
     p95 = times[int(0.95 * (len(times) - 1))] * 1e3
     backend = url.split(":", 1)[0]
     lines = [
-        "# Search overhead per trial (sampling + storage)", "",
+        "# Search overhead per trial (sampling + storage)",
+        "",
         f"- date: {dt.datetime.now(dt.timezone.utc):%Y-%m-%d %H:%M} UTC; machine: {platform.node()} "
         f"({os.cpu_count()} CPUs, load {os.getloadavg()[0]:.1f}); commit {git_sha()}",
         f"- storage: {backend}; space dsv4_flash (13 parameters, grouped multivariate TPE as one `tuner search` "
         "worker uses it; several workers add a constant liar, about +1/3 sampling time)",
         f"- {args.prefill} trials already in the study (filled in {prefill_s:.0f} s), then {args.measure} measured",
-        "", "| what | median ms | p95 ms |", "| --- | --- | --- |",
+        "",
+        "| what | median ms | p95 ms |",
+        "| --- | --- | --- |",
         f"| ask + suggest + tuner_ rows (start, finish, 3 metrics, events) + tell | {med:.1f} | {p95:.1f} |",
-        "", f"Aim <= 50 ms median on SQLite: {'met' if med <= 50 else 'missed'}.", "",
+        "",
+        f"Aim <= 50 ms median on SQLite: {'met' if med <= 50 else 'missed'}.",
+        "",
     ]
     from benchmarks.common import result_path
 

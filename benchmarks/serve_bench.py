@@ -26,12 +26,27 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 # the trial processes and the servers import tuner from here too (nothing is installed on the GPU image)
-os.environ["PYTHONPATH"] = os.pathsep.join([str(ROOT)] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep)
-                                                          if p])
+os.environ["PYTHONPATH"] = os.pathsep.join(
+    [str(ROOT)] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
+)
 
 SERVE = "import sys; from transformers.cli.transformers import main; sys.argv[0] = 'transformers'; main()"
-NEEDED = ("torch", "transformers", "fastapi", "uvicorn", "openai", "optuna", "sqlalchemy", "pydantic_settings",
-          "tokenizers", "safetensors", "typer", "rich", "httpx", "yaml")
+NEEDED = (
+    "torch",
+    "transformers",
+    "fastapi",
+    "uvicorn",
+    "openai",
+    "optuna",
+    "sqlalchemy",
+    "pydantic_settings",
+    "tokenizers",
+    "safetensors",
+    "typer",
+    "rich",
+    "httpx",
+    "yaml",
+)
 
 
 def add_common_args(ap: argparse.ArgumentParser, budget_s: float) -> None:
@@ -58,8 +73,12 @@ def gpu_memory_mib(index: int) -> float | None:
     """Used memory of GPU ``index`` as nvidia-smi reports it (every process on it), or None without nvidia-smi."""
     if shutil.which("nvidia-smi") is None:
         return None
-    out = subprocess.run(["nvidia-smi", "-i", str(index), "--query-gpu=memory.used", "--format=csv,noheader,nounits"],
-                         capture_output=True, text=True, timeout=20)
+    out = subprocess.run(
+        ["nvidia-smi", "-i", str(index), "--query-gpu=memory.used", "--format=csv,noheader,nounits"],
+        capture_output=True,
+        text=True,
+        timeout=20,
+    )
     try:
         return float(out.stdout.strip().splitlines()[0])
     except (IndexError, ValueError):
@@ -69,8 +88,12 @@ def gpu_memory_mib(index: int) -> float | None:
 def gpu_name(index: int) -> str:
     if shutil.which("nvidia-smi") is None:
         return "none (CPU)"
-    out = subprocess.run(["nvidia-smi", "-i", str(index), "--query-gpu=name,driver_version", "--format=csv,noheader"],
-                         capture_output=True, text=True, timeout=20)
+    out = subprocess.run(
+        ["nvidia-smi", "-i", str(index), "--query-gpu=name,driver_version", "--format=csv,noheader"],
+        capture_output=True,
+        text=True,
+        timeout=20,
+    )
     return out.stdout.strip() or "unknown"
 
 
@@ -96,17 +119,39 @@ def tiny_model_builder():
 def build_model(args: argparse.Namespace, dest: Path) -> tuple[Path, float]:
     """The random Llama of ``args``' size at ``dest``, and the seconds it took."""
     t0 = time.time()
-    model = tiny_model_builder()(dest, hidden=args.hidden, layers=args.layers, heads=max(4, args.hidden // 64),
-                                 kv_heads=max(2, args.hidden // 256), dtype=args.dtype, seed=args.seed)
+    model = tiny_model_builder()(
+        dest,
+        hidden=args.hidden,
+        layers=args.layers,
+        heads=max(4, args.hidden // 64),
+        kv_heads=max(2, args.hidden // 256),
+        dtype=args.dtype,
+        seed=args.seed,
+    )
     return model, time.time() - t0
 
 
 def serve_settings(args: argparse.Namespace, model: Path) -> dict[str, Any]:
     """The target settings that start ``transformers serve`` on ``model`` on ``args``' device and GPU."""
-    return {"model": str(model),
-            "command": [sys.executable, "-c", SERVE, "serve", "{model}", "--host", "{host}", "--port", "{port}",
-                        "--device", args.device, "--dtype", args.dtype],
-            "env": {"HF_HUB_OFFLINE": "1", "CUDA_VISIBLE_DEVICES": str(args.gpu)}}
+    return {
+        "model": str(model),
+        "command": [
+            sys.executable,
+            "-c",
+            SERVE,
+            "serve",
+            "{model}",
+            "--host",
+            "{host}",
+            "--port",
+            "{port}",
+            "--device",
+            args.device,
+            "--dtype",
+            args.dtype,
+        ],
+        "env": {"HF_HUB_OFFLINE": "1", "CUDA_VISIBLE_DEVICES": str(args.gpu)},
+    }
 
 
 def model_doc(args: argparse.Namespace, build_s: float) -> dict[str, Any]:

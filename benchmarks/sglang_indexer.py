@@ -30,7 +30,9 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path[:] = [str(ROOT)] + [p for p in sys.path if Path(p or ".").resolve() not in (ROOT, Path(__file__).resolve().parent)]
+sys.path[:] = [str(ROOT)] + [
+    p for p in sys.path if Path(p or ".").resolve() not in (ROOT, Path(__file__).resolve().parent)
+]
 
 BATCHES = (1, 16, 64)
 CAPS = (8192, 32768, 262144, 1048576)
@@ -75,8 +77,11 @@ def _indexer_rows(batch: int, cap: int, rep_ms: float) -> dict:
     # default gemm_indexer), keys gathered through the table
     twidth = cap // CSA_RATIO + 64
     j = torch.arange(twidth, device=dev)
-    table = torch.where(j[None, :] < live, 1 + torch.arange(batch, device=dev)[:, None] * live + j[None, :],
-                        torch.zeros_like(j)[None, :])
+    table = torch.where(
+        j[None, :] < live,
+        1 + torch.arange(batch, device=dev)[:, None] * live + j[None, :],
+        torch.zeros_like(j)[None, :],
+    )
     lens = torch.full((batch,), live, device=dev)
     qf, wf = qi.float(), w
 
@@ -85,8 +90,15 @@ def _indexer_rows(batch: int, cap: int, rep_ms: float) -> dict:
         scores = scores.masked_fill(~(j[None, :] < lens[:, None]), float("-inf"))
         return scores.topk(min(TOPK, twidth), dim=-1).indices
 
-    row = {"batch": batch, "cap": cap, "live_rows": live, "page_table_width": width, "logit_columns": width * 64,
-           "err": err, "topk_agreement": agree}
+    row = {
+        "batch": batch,
+        "cap": cap,
+        "live_rows": live,
+        "page_table_width": width,
+        "logit_columns": width * 64,
+        "err": err,
+        "topk_agreement": agree,
+    }
     row["dg_logits_us"] = do_bench(lambda _: ix.logits(qi, w, st), [0], rep_ms=rep_ms, cuda_graph=True).median_us
     row["dg_indexer_us"] = do_bench(lambda _: ix(qi, w, st), [0], rep_ms=rep_ms, cuda_graph=True).median_us
     row["torch_indexer_us"] = do_bench(torch_indexer, [0], rep_ms=rep_ms, cuda_graph=True).median_us
@@ -119,6 +131,7 @@ def _gemm_rows(rep_ms: float) -> list[dict]:
             def dg(_):
                 deep_gemm.fp8_gemm_nt((aq, sa), (bq, sb), d)
                 return d
+
             # the twin: per-row activation and per-channel weight scales through torch._scaled_mm
             sx = a.abs().amax(1, keepdim=True).clamp(min=1e-12) / 448.0
             xq = (a / sx).to(torch.float8_e4m3fn)
@@ -128,6 +141,7 @@ def _gemm_rows(rep_ms: float) -> list[dict]:
 
             def tm(_):
                 return torch._scaled_mm(xq, wq.t(), scale_a=sx, scale_b=swt, out_dtype=torch.bfloat16)
+
             row = {"M": m, "N": n, "K": k}
             for name, fn in (("deepgemm", dg), ("scaled_mm", tm)):
                 try:
@@ -151,42 +165,62 @@ def measure(rep_ms: float) -> dict:
     gemm = _gemm_rows(rep_ms)
     for r in gemm:
         print(json.dumps(r), flush=True)
-    return {"meta": run_meta(rep_ms, live_context=LIVE_CONTEXT, deep_gemm=os.environ.get("DEEPGEMM_SOURCE", "")),
-            "indexer": rows, "gemm": gemm}
+    return {
+        "meta": run_meta(rep_ms, live_context=LIVE_CONTEXT, deep_gemm=os.environ.get("DEEPGEMM_SOURCE", "")),
+        "indexer": rows,
+        "gemm": gemm,
+    }
 
 
 def report(data: dict, source: str) -> str:
     m = data["meta"]
-    lines = [f"# SGLang's Hopper indexer against the context cap ({m['gpu']}, {m['date']}, commit {m['commit']})", "",
-             f"Source: `{source}` (written by `benchmarks/sglang_indexer.py`). torch {m['torch']}, Triton {m['triton']}; "
-             f"DeepGEMM: {m.get('deep_gemm') or 'as installed'}. Live context {m['live_context']} tokens "
-             f"({data['indexer'][0]['live_rows']} compressed rows a request). Times: median of CUDA-graph replays, "
-             "L2 flushed, in µs.", "",
-             "`dg_logits`: DeepGEMM `fp8_paged_mqa_logits` (SGLang's sm_90 kernel); `dg_indexer`: it and `torch.topk` "
-             "over the live columns (the twin's `indexer_impl=deepgemm`; the top-k stands in for SGLang's JIT "
-             "`topk_transform_paged_v2`); `torch_indexer`: the whole width the cap sizes, as the twin's torch "
-             "indexer and SGLang's torch fallback score it.", "",
-             "| batch | cap | logit columns | err vs float64 | top-k agreement | dg_logits | dg_indexer | "
-             "torch_indexer | torch / dg_indexer |", "|---|---|---|---|---|---|---|---|---|"]
+    lines = [
+        f"# SGLang's Hopper indexer against the context cap ({m['gpu']}, {m['date']}, commit {m['commit']})",
+        "",
+        f"Source: `{source}` (written by `benchmarks/sglang_indexer.py`). torch {m['torch']}, Triton {m['triton']}; "
+        f"DeepGEMM: {m.get('deep_gemm') or 'as installed'}. Live context {m['live_context']} tokens "
+        f"({data['indexer'][0]['live_rows']} compressed rows a request). Times: median of CUDA-graph replays, "
+        "L2 flushed, in µs.",
+        "",
+        "`dg_logits`: DeepGEMM `fp8_paged_mqa_logits` (SGLang's sm_90 kernel); `dg_indexer`: it and `torch.topk` "
+        "over the live columns (the twin's `indexer_impl=deepgemm`; the top-k stands in for SGLang's JIT "
+        "`topk_transform_paged_v2`); `torch_indexer`: the whole width the cap sizes, as the twin's torch "
+        "indexer and SGLang's torch fallback score it.",
+        "",
+        "| batch | cap | logit columns | err vs float64 | top-k agreement | dg_logits | dg_indexer | "
+        "torch_indexer | torch / dg_indexer |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
     for r in data["indexer"]:
-        lines.append(f"| {r['batch']} | {r['cap']} | {r['logit_columns']} | {r['err']:.1e} | {r['topk_agreement']:.3f} "
-                     f"| {r['dg_logits_us']:.1f} | {r['dg_indexer_us']:.1f} | {r['torch_indexer_us']:.1f} | "
-                     f"{r['torch_indexer_us'] / r['dg_indexer_us']:.1f}x |")
+        lines.append(
+            f"| {r['batch']} | {r['cap']} | {r['logit_columns']} | {r['err']:.1e} | {r['topk_agreement']:.3f} "
+            f"| {r['dg_logits_us']:.1f} | {r['dg_indexer_us']:.1f} | {r['torch_indexer_us']:.1f} | "
+            f"{r['torch_indexer_us'] / r['dg_indexer_us']:.1f}x |"
+        )
     lines += ["", "Cap 1048576 against cap 8192, same batch (DeepGEMM path, logits + top-k):", ""]
     for b in sorted({r["batch"] for r in data["indexer"]}):
         rs = {r["cap"]: r for r in data["indexer"] if r["batch"] == b}
         lo, hi = rs[min(rs)], rs[max(rs)]
-        lines.append(f"- batch {b}: {hi['dg_indexer_us']:.1f} / {lo['dg_indexer_us']:.1f} µs = "
-                     f"{hi['dg_indexer_us'] / lo['dg_indexer_us']:.2f}x (logits alone "
-                     f"{hi['dg_logits_us'] / lo['dg_logits_us']:.2f}x)")
-    lines += ["", "## The FP8 block linear: DeepGEMM against the twin's stand-in", "",
-              "| M | N | K | DeepGEMM µs | err | torch._scaled_mm µs | err | stand-in / DeepGEMM |", "|---|---|---|---|---|---|---|---|"]
+        lines.append(
+            f"- batch {b}: {hi['dg_indexer_us']:.1f} / {lo['dg_indexer_us']:.1f} µs = "
+            f"{hi['dg_indexer_us'] / lo['dg_indexer_us']:.2f}x (logits alone "
+            f"{hi['dg_logits_us'] / lo['dg_logits_us']:.2f}x)"
+        )
+    lines += [
+        "",
+        "## The FP8 block linear: DeepGEMM against the twin's stand-in",
+        "",
+        "| M | N | K | DeepGEMM µs | err | torch._scaled_mm µs | err | stand-in / DeepGEMM |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
     for r in data["gemm"]:
         dg, sm = r.get("deepgemm_us"), r.get("scaled_mm_us")
         ratio = f"{sm / dg:.2f}x" if dg and sm else r.get("deepgemm_error", r.get("scaled_mm_error", "-"))
-        lines.append(f"| {r['M']} | {r['N']} | {r['K']} | {dg if dg is None else f'{dg:.1f}'} | "
-                     f"{r.get('deepgemm_err', float('nan')):.1e} | {sm if sm is None else f'{sm:.1f}'} | "
-                     f"{r.get('scaled_mm_err', float('nan')):.1e} | {ratio} |")
+        lines.append(
+            f"| {r['M']} | {r['N']} | {r['K']} | {dg if dg is None else f'{dg:.1f}'} | "
+            f"{r.get('deepgemm_err', float('nan')):.1e} | {sm if sm is None else f'{sm:.1f}'} | "
+            f"{r.get('scaled_mm_err', float('nan')):.1e} | {ratio} |"
+        )
     return "\n".join(lines) + "\n"
 
 

@@ -19,7 +19,9 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path[:] = [str(ROOT)] + [p for p in sys.path if Path(p or ".").resolve() not in (ROOT, Path(__file__).resolve().parent)]
+sys.path[:] = [str(ROOT)] + [
+    p for p in sys.path if Path(p or ".").resolve() not in (ROOT, Path(__file__).resolve().parent)
+]
 
 import torch  # noqa: E402
 import triton  # noqa: E402
@@ -64,8 +66,11 @@ def main() -> int:
     for shape in plan_shapes():
         tuned_map = read_moe_config_with_sglang(root, E=shape["experts"], N=shape["width"], device_name=gpu)
         if not tuned_map:
-            print(f"error: SGLang's loader finds no file for E={shape['experts']}, N={shape['width']} on {gpu} in "
-                  f"{root}; run the kernel search first", file=sys.stderr)
+            print(
+                f"error: SGLang's loader finds no file for E={shape['experts']}, N={shape['width']} on {gpu} in "
+                f"{root}; run the kernel search first",
+                file=sys.stderr,
+            )
             return 2
         tuned = tuned_map[min(tuned_map, key=lambda m: abs(m - shape["tokens"]))]  # SGLang's nearest key
         default = kernel.default_config(shape)
@@ -75,23 +80,39 @@ def main() -> int:
         t_torch = time_us(lambda i, o: kernel.torch_baseline(i), shape, kernel, args.dtype)
         floor = kernel.cost(shape, args.dtype).bytes / bw * 1e6
         rows.append((shape, default, tuned, errs, t_default, t_tuned, t_torch, floor))
-        print(shape, f"default {t_default:.1f} us, tuned {t_tuned:.1f} us, torch {t_torch:.1f} us, floor {floor:.1f}",
-              flush=True)
+        print(
+            shape,
+            f"default {t_default:.1f} us, tuned {t_tuned:.1f} us, torch {t_torch:.1f} us, floor {floor:.1f}",
+            flush=True,
+        )
     commit = os.environ.get("TUNER_COMMIT") or "unknown"
-    lines = [f"# SGLang's fused-MoE kernel, default vs tuned, side by side on {gpu}", "",
-             f"date {dt.date.today()}, torch {torch.__version__}, triton {triton.__version__}, SGLang "
-             f"{sglang_version() or '?'} (kernel source), commit {commit}, {args.dtype}; copy bandwidth measured in "
-             f"this run {bw / 1e12:.2f} TB/s; floor = expected routed-expert bytes / that bandwidth; tuned = the "
-             "config SGLang's own loader reads from the tuned folder (nearest batch key)", "",
-             "| E | N | tokens | SGLang default us | tuned us | default / tuned | torch us | floor us | tuned / floor "
-             "| rel err default, tuned |", "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+    lines = [
+        f"# SGLang's fused-MoE kernel, default vs tuned, side by side on {gpu}",
+        "",
+        f"date {dt.date.today()}, torch {torch.__version__}, triton {triton.__version__}, SGLang "
+        f"{sglang_version() or '?'} (kernel source), commit {commit}, {args.dtype}; copy bandwidth measured in "
+        f"this run {bw / 1e12:.2f} TB/s; floor = expected routed-expert bytes / that bandwidth; tuned = the "
+        "config SGLang's own loader reads from the tuned folder (nearest batch key)",
+        "",
+        "| E | N | tokens | SGLang default us | tuned us | default / tuned | torch us | floor us | tuned / floor "
+        "| rel err default, tuned |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
+    ]
     for shape, default, tuned, errs, t_d, t_t, t_torch, floor in rows:
-        lines.append(f"| {shape['experts']} | {shape['width']} | {shape['tokens']} | {t_d:.1f} | {t_t:.1f} | "
-                     f"**{t_d / t_t:.2f}x** | {t_torch:.1f} | {floor:.1f} | {t_t / floor:.2f} | "
-                     f"{errs[0]:.1e}, {errs[1]:.1e} |")
-    lines += ["", "Tuned configs: " + "; ".join(
-        f"E={s['experts']},N={s['width']},tokens={s['tokens']}: " + ",".join(f"{k}={v}" for k, v in t.items())
-        for s, _, t, *_ in rows), ""]
+        lines.append(
+            f"| {shape['experts']} | {shape['width']} | {shape['tokens']} | {t_d:.1f} | {t_t:.1f} | "
+            f"**{t_d / t_t:.2f}x** | {t_torch:.1f} | {floor:.1f} | {t_t / floor:.2f} | "
+            f"{errs[0]:.1e}, {errs[1]:.1e} |"
+        )
+    lines += [
+        "",
+        "Tuned configs: "
+        + "; ".join(
+            f"E={s['experts']},N={s['width']},tokens={s['tokens']}: " + ",".join(f"{k}={v}" for k, v in t.items())
+            for s, _, t, *_ in rows
+        ),
+        "",
+    ]
     Path(args.out).write_text("\n".join(lines))
     print("\n".join(lines))
     return 0

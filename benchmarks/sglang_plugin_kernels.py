@@ -29,7 +29,9 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path[:] = [str(ROOT)] + [p for p in sys.path if Path(p or ".").resolve() not in (ROOT, Path(__file__).resolve().parent)]
+sys.path[:] = [str(ROOT)] + [
+    p for p in sys.path if Path(p or ".").resolve() not in (ROOT, Path(__file__).resolve().parent)
+]
 
 TARGET = "sglang.kernels.ops.attention.dsv4.norm_rope.fused_q_norm_rope"
 CONFIGS = [{"BLOCK_H": h, "num_warps": w} for h in (1, 2, 4, 8) for w in (1, 2, 4, 8)]
@@ -44,9 +46,9 @@ def torch_q_norm_rope(q_input, q_output, eps, freqs_cis, positions):
         x = (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps)).to(q_input.dtype).float()
     B, H, D = x.shape
     R = 2 * freqs_cis.shape[-1]
-    rope = torch.view_as_complex(x[..., D - R:].reshape(B, H, R // 2, 2).contiguous()) * freqs_cis[positions][:, None]
+    rope = torch.view_as_complex(x[..., D - R :].reshape(B, H, R // 2, 2).contiguous()) * freqs_cis[positions][:, None]
     q_output[..., : D - R] = x[..., : D - R].to(q_output.dtype)
-    q_output[..., D - R:] = torch.view_as_real(rope).flatten(-2).to(q_output.dtype)
+    q_output[..., D - R :] = torch.view_as_real(rope).flatten(-2).to(q_output.dtype)
 
 
 def sglang_kernel(say):
@@ -56,8 +58,10 @@ def sglang_kernel(say):
 
         return fused_q_norm_rope
     except Exception as exc:  # noqa: BLE001 - the reason is the report's
-        say(f"SGLang's fused_q_norm_rope cannot be imported here ({type(exc).__name__}: {exc}); timing ours beside "
-            "a torch implementation of the same semantics, labelled baseline=torch")
+        say(
+            f"SGLang's fused_q_norm_rope cannot be imported here ({type(exc).__name__}: {exc}); timing ours beside "
+            "a torch implementation of the same semantics, labelled baseline=torch"
+        )
         return None
 
 
@@ -92,9 +96,11 @@ def measure(args, say) -> list[dict]:
             theirs(q, torch.empty_like(q), args.eps, f, p)
             torch.cuda.synchronize()
         except Exception as exc:  # noqa: BLE001
-            say(f"SGLang's fused_q_norm_rope does not build or run here ({type(exc).__name__}: "
+            say(
+                f"SGLang's fused_q_norm_rope does not build or run here ({type(exc).__name__}: "
                 f"{str(exc).splitlines()[0] if str(exc) else ''}); timing ours beside a torch implementation of the "
-                "same semantics, labelled baseline=torch")
+                "same semantics, labelled baseline=torch"
+            )
             theirs = None
     if theirs is None:
         theirs, baseline = torch_q_norm_rope, "torch"
@@ -104,9 +110,13 @@ def measure(args, say) -> list[dict]:
         release = version("sglang")
     except Exception:  # noqa: BLE001 - named in the records
         release = "not installed"
-    meta = {"gpu": torch.cuda.get_device_name(), "arch": "sm_%d%d" % torch.cuda.get_device_capability(),
-            "date": dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%dT%H:%M"), "sglang": release,
-            "commit": os.environ.get("TUNER_COMMIT") or os.environ.get("KERNELS_GIT_COMMIT") or _commit()}
+    meta = {
+        "gpu": torch.cuda.get_device_name(),
+        "arch": "sm_%d%d" % torch.cuda.get_device_capability(),
+        "date": dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%dT%H:%M"),
+        "sglang": release,
+        "commit": os.environ.get("TUNER_COMMIT") or os.environ.get("KERNELS_GIT_COMMIT") or _commit(),
+    }
     records = []
     for batch in args.batches:
         q, freqs, pos = inputs(batch, args.heads, args.head_dim, args.rope_dim, dtype, seed=batch)
@@ -125,8 +135,12 @@ def measure(args, say) -> list[dict]:
             if not err <= args.tolerance:
                 say(f"  batch {batch} {cfg}: rel err {err:.3g} > {args.tolerance}: not timed")
                 continue
-            us = 1e3 * triton.testing.do_bench(lambda c=cfg, o=out: fused_q_norm_rope(q, o, args.eps, freqs, pos, c),
-                                               warmup=25, rep=args.rep_ms, return_mode="median")
+            us = 1e3 * triton.testing.do_bench(
+                lambda c=cfg, o=out: fused_q_norm_rope(q, o, args.eps, freqs, pos, c),
+                warmup=25,
+                rep=args.rep_ms,
+                return_mode="median",
+            )
             if best is None or us < best[0]:
                 best = (us, cfg, err)
         if best is None:
@@ -148,19 +162,37 @@ def measure(args, say) -> list[dict]:
         torch.cuda.synchronize()
         graph_err = rel(out_g, ref)
         if not graph_err <= args.tolerance:
-            say(f"batch {batch}: ours replayed from a CUDA graph differs from {baseline}'s output ({graph_err:.3g}); "
-                "no record")
+            say(
+                f"batch {batch}: ours replayed from a CUDA graph differs from {baseline}'s output ({graph_err:.3g}); "
+                "no record"
+            )
             continue
         ref_out = torch.empty_like(q)
-        theirs_us = 1e3 * triton.testing.do_bench(lambda: theirs(q, ref_out, args.eps, freqs, pos), warmup=25,
-                                                  rep=args.rep_ms, return_mode="median")
-        rec = {"target": TARGET, "batch": batch, "baseline": baseline, "config": cfg,
-               "shape": {"heads": args.heads, "head_dim": args.head_dim, "rope_dim": args.rope_dim,
-                         "norm": args.eps is not None},
-               "dtypes": {"dtype": args.dtype, "out_dtype": args.dtype}, "ours_us": us, "sglang_us": theirs_us,
-               "rel_err": err, "graph_rel_err": graph_err, **meta}
-        say(f"batch {batch}: ours {us:.2f} us ({cfg}) vs {baseline} {theirs_us:.2f} us; rel err {err:.2g}, "
-            f"CUDA graph replay {graph_err:.2g}")
+        theirs_us = 1e3 * triton.testing.do_bench(
+            lambda: theirs(q, ref_out, args.eps, freqs, pos), warmup=25, rep=args.rep_ms, return_mode="median"
+        )
+        rec = {
+            "target": TARGET,
+            "batch": batch,
+            "baseline": baseline,
+            "config": cfg,
+            "shape": {
+                "heads": args.heads,
+                "head_dim": args.head_dim,
+                "rope_dim": args.rope_dim,
+                "norm": args.eps is not None,
+            },
+            "dtypes": {"dtype": args.dtype, "out_dtype": args.dtype},
+            "ours_us": us,
+            "sglang_us": theirs_us,
+            "rel_err": err,
+            "graph_rel_err": graph_err,
+            **meta,
+        }
+        say(
+            f"batch {batch}: ours {us:.2f} us ({cfg}) vs {baseline} {theirs_us:.2f} us; rel err {err:.2g}, "
+            f"CUDA graph replay {graph_err:.2g}"
+        )
         records.append(rec)
     return records
 
@@ -211,8 +243,11 @@ def main(argv=None) -> int:
     import torch
 
     if not torch.cuda.is_available():
-        print("error: no CUDA device: this benchmark times GPU kernels; run it on the H200 "
-              "(or store an earlier run with --from FILE)", file=sys.stderr)
+        print(
+            "error: no CUDA device: this benchmark times GPU kernels; run it on the H200 "
+            "(or store an earlier run with --from FILE)",
+            file=sys.stderr,
+        )
         return 2
     lines: list[str] = []
 
@@ -226,10 +261,15 @@ def main(argv=None) -> int:
     for r in records:
         r["source"] = path.name
     path.write_text(json.dumps({"records": records}, indent=1) + "\n")
-    head = (f"# SGLang plug-in kernels beside SGLang's own ({records[0]['gpu']}, {records[0]['date']} UTC, commit "
-            f"{records[0]['commit']}, SGLang {records[0]['sglang']}; benchmarks/sglang_plugin_kernels.py)"
-            if records else "# SGLang plug-in kernels beside SGLang's own: no record")
-    (args.out / "sglang_plugin_kernels.md").write_text("\n".join([head, "", *lines, "", f"records: {path.name}"]) + "\n")
+    head = (
+        f"# SGLang plug-in kernels beside SGLang's own ({records[0]['gpu']}, {records[0]['date']} UTC, commit "
+        f"{records[0]['commit']}, SGLang {records[0]['sglang']}; benchmarks/sglang_plugin_kernels.py)"
+        if records
+        else "# SGLang plug-in kernels beside SGLang's own: no record"
+    )
+    (args.out / "sglang_plugin_kernels.md").write_text(
+        "\n".join([head, "", *lines, "", f"records: {path.name}"]) + "\n"
+    )
     print(f"wrote {path}")
     if args.store:
         return store(args.store, args.storage, path)

@@ -26,7 +26,9 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path[:] = [str(ROOT)] + [p for p in sys.path if Path(p or ".").resolve() not in (ROOT, Path(__file__).resolve().parent)]
+sys.path[:] = [str(ROOT)] + [
+    p for p in sys.path if Path(p or ".").resolve() not in (ROOT, Path(__file__).resolve().parent)
+]
 
 BATCHES = (7, 13, 24, 32, 40, 48, 96)
 WAYS = ("tuned_before", "tuned_now", "default_before", "default_now")
@@ -45,10 +47,24 @@ def default_before(batch: int, topk: int) -> dict:
     s = max(1, min(-(-PROGRAMS // (batch * v_split)), tiles))
     rows_per_split, n_splits = split_rows(max(topk, 1), s, 64)
     if n_splits == 1 and v_split > 1 and rows_per_split >= 4 * 64:
-        return {**DEFAULT_CONFIG, "BLOCK_T": 32, "STAGES": 4, "S": 1, "V_SPLIT": v_split, "WS": 1, "SPLIT_WG": 1,
-                "STORE_CVT": 1}
-    return {**DEFAULT_CONFIG, "BLOCK_T": 64, "S": s, "V_SPLIT": v_split, "WS": int(-(-rows_per_split // 64) >= 3),
-            "STORE_CVT": int(n_splits == 1)}
+        return {
+            **DEFAULT_CONFIG,
+            "BLOCK_T": 32,
+            "STAGES": 4,
+            "S": 1,
+            "V_SPLIT": v_split,
+            "WS": 1,
+            "SPLIT_WG": 1,
+            "STORE_CVT": 1,
+        }
+    return {
+        **DEFAULT_CONFIG,
+        "BLOCK_T": 64,
+        "S": s,
+        "V_SPLIT": v_split,
+        "WS": int(-(-rows_per_split // 64) >= 3),
+        "STORE_CVT": int(n_splits == 1),
+    }
 
 
 def programs(config: dict, batch: int, topk: int = 640) -> int:
@@ -65,9 +81,12 @@ def configs_for(batch: int, shape: dict, device) -> dict:
 
     wg = get_kernel("sparse_decode_wgmma")
     entry = lookup_entry("sparse_decode_wgmma", shape, "bfloat16", device)
-    return {"tuned_before": {**wg.default_config(shape), **entry["config"]} if entry else None,
-            "tuned_now": lookup("sparse_decode_wgmma", shape, "bfloat16", device),
-            "default_before": default_before(batch, shape["topk"]), "default_now": default_config(batch, shape["topk"])}
+    return {
+        "tuned_before": {**wg.default_config(shape), **entry["config"]} if entry else None,
+        "tuned_now": lookup("sparse_decode_wgmma", shape, "bfloat16", device),
+        "default_before": default_before(batch, shape["topk"]),
+        "default_now": default_config(batch, shape["topk"]),
+    }
 
 
 def measure(args, json_path: Path) -> dict:
@@ -91,13 +110,15 @@ def measure(args, json_path: Path) -> dict:
                 continue
             key = json.dumps(config, sort_keys=True)
             if key not in timed:
+
                 def run(i, out, config=config):
                     return sparse_decode_wgmma(i["q"], i["kv"], i["indices"], i["sm_scale"], config, out=out)
 
                 got = checked_time(kernel, run, sets, (sets[0], ragged), args.rep_ms)
                 timed[key] = {k: got[k] for k in ("err", "us") if k in got}
-            rows.append({"batch": batch, "way": way, "config": config, "programs": programs(config, batch),
-                         **timed[key]})
+            rows.append(
+                {"batch": batch, "way": way, "config": config, "programs": programs(config, batch), **timed[key]}
+            )
             print(f"batch {batch} {way} {rows[-1].get('us', 'wrong_result')}", flush=True)
         torch.cuda.empty_cache()
     data = {"meta": meta, "rows": rows}
@@ -108,15 +129,20 @@ def report(data: dict, source: str) -> str:
     from benchmarks.report_cli import provenance
 
     meta = data["meta"]
-    lines = ["# Sparse decode (wgmma kernel) between its tuned batches: the config it launches now against before", "",
-             *provenance(meta, "sparse_decode_wgmma_batches.py", source),
-             "- V4-Flash shapes (64 heads, 512-wide K=V latent, 640 selected rows of 65536, bf16); µs: median of "
-             "CUDA-graph replays, L2 flushed before each, 4 input sets rotating; each config checked against the "
-             "float32 reference first (timed and ragged inputs)",
-             "- tuned: the nearest key of the H200's tuned file (batch 1, 16, 64), as it ran before (its split count "
-             "as tuned) and now (set for the batch); default: the rule without a tuned file, before and now", "",
-             "| batch | tuned before µs (programs) | tuned now µs (programs) | before / now | default before µs "
-             "(programs) | default now µs (programs) | before / now |", "| --- | --- | --- | --- | --- | --- | --- |"]
+    lines = [
+        "# Sparse decode (wgmma kernel) between its tuned batches: the config it launches now against before",
+        "",
+        *provenance(meta, "sparse_decode_wgmma_batches.py", source),
+        "- V4-Flash shapes (64 heads, 512-wide K=V latent, 640 selected rows of 65536, bf16); µs: median of "
+        "CUDA-graph replays, L2 flushed before each, 4 input sets rotating; each config checked against the "
+        "float32 reference first (timed and ragged inputs)",
+        "- tuned: the nearest key of the H200's tuned file (batch 1, 16, 64), as it ran before (its split count "
+        "as tuned) and now (set for the batch); default: the rule without a tuned file, before and now",
+        "",
+        "| batch | tuned before µs (programs) | tuned now µs (programs) | before / now | default before µs "
+        "(programs) | default now µs (programs) | before / now |",
+        "| --- | --- | --- | --- | --- | --- | --- |",
+    ]
     by: dict = {}
     for r in data["rows"]:
         by.setdefault(r["batch"], {})[r["way"]] = r
@@ -131,9 +157,11 @@ def report(data: dict, source: str) -> str:
 
     for batch, w in by.items():
         g = {k: w.get(k) for k in WAYS}
-        lines.append(f"| {batch} | {cell(g['tuned_before'])} | {cell(g['tuned_now'])} | "
-                     f"{ratio(g['tuned_before'], g['tuned_now'])} | {cell(g['default_before'])} | "
-                     f"{cell(g['default_now'])} | {ratio(g['default_before'], g['default_now'])} |")
+        lines.append(
+            f"| {batch} | {cell(g['tuned_before'])} | {cell(g['tuned_now'])} | "
+            f"{ratio(g['tuned_before'], g['tuned_now'])} | {cell(g['default_before'])} | "
+            f"{cell(g['default_now'])} | {ratio(g['default_before'], g['default_now'])} |"
+        )
     lines += ["", "Configs:", ""]
     for batch, w in by.items():
         for way in WAYS:
@@ -150,8 +178,7 @@ def main(argv=None) -> int:
     def extra(ap):
         ap.add_argument("--rep-ms", type=float, default=30.0)
 
-    return run(argv, __doc__, result_path("sparse_decode_wgmma_batches", "h200"), report,
-               measure, extra)
+    return run(argv, __doc__, result_path("sparse_decode_wgmma_batches", "h200"), report, measure, extra)
 
 
 if __name__ == "__main__":

@@ -32,7 +32,9 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path[:] = [str(ROOT)] + [p for p in sys.path if Path(p or ".").resolve() not in (ROOT, Path(__file__).resolve().parent)]
+sys.path[:] = [str(ROOT)] + [
+    p for p in sys.path if Path(p or ".").resolve() not in (ROOT, Path(__file__).resolve().parent)
+]
 
 from tuner.targets.kernels import H200_BYTES_PER_S  # noqa: E402 - after the path: the H200's measured copy rate
 
@@ -67,9 +69,12 @@ def first_configs(batch: int, shape: dict, device) -> dict:
 
     wg = get_kernel("sparse_decode_wgmma")
     bf16 = lookup("sparse_decode_wgmma", shape, "bfloat16", device)
-    return {"tl_dot": lookup("sparse_decode", shape, FP8, device),
-            "wgmma_default": wg.fit_dtype(wg.default_config(shape), shape, FP8),
-            "wgmma_bf16": bf16, "bf16_fit": wg.fit_dtype(bf16, shape, FP8)}
+    return {
+        "tl_dot": lookup("sparse_decode", shape, FP8, device),
+        "wgmma_default": wg.fit_dtype(wg.default_config(shape), shape, FP8),
+        "wgmma_bf16": bf16,
+        "bf16_fit": wg.fit_dtype(bf16, shape, FP8),
+    }
 
 
 def measure(args, json_path: Path) -> dict:
@@ -90,6 +95,7 @@ def measure(args, json_path: Path) -> dict:
         key_shape = {k: shape[k] for k in base}
         sets = [kernel.make_inputs(shape, FP8, "cuda", seed=1 + k) for k in range(4)]
         ragged = kernel.make_inputs(dict(shape, ragged=1), FP8, "cuda", seed=99)
+
         # the same rows as a bf16 cache (dequantised, then rounded to bf16): what the 16-bit kernel reads
         def widened(i):
             return {**i, "kv": (i["kv"].float() * i["kv_scale"][:, None]).to(torch.bfloat16), "kv_scale": None}
@@ -98,29 +104,65 @@ def measure(args, json_path: Path) -> dict:
         named = first_configs(batch, key_shape, "cuda")
 
         def wg_run(i, out, config):
-            return sparse_decode_wgmma(i["q"], i["kv"], i["indices"], i["sm_scale"], config, out=out,
-                                       kv_scale=i["kv_scale"])
+            return sparse_decode_wgmma(
+                i["q"], i["kv"], i["indices"], i["sm_scale"], config, out=out, kv_scale=i["kv_scale"]
+            )
 
         def add(way, config, got):
-            rows.append({"batch": batch, "way": way, "config": config, **{k: got[k] for k in ("err", "us") if k in got}})
+            rows.append(
+                {"batch": batch, "way": way, "config": config, **{k: got[k] for k in ("err", "us") if k in got}}
+            )
             print(f"batch {batch} {way} {config} {got.get('us', 'wrong_result')}", flush=True)
 
-        add("torch", None, checked_time(kernel, lambda i, out: out.copy_(sparse_decode_torch(
-            i["q"], i["kv"], i["indices"], i["sm_scale"], kv_scale=i["kv_scale"])), sets, (sets[0], ragged),
-            args.rep_ms, FP8))
-        add("tl_dot", named["tl_dot"], checked_time(kernel, lambda i, out: sparse_decode(
-            i["q"], i["kv"], i["indices"], i["sm_scale"], named["tl_dot"], out=out, kv_scale=i["kv_scale"]),
-            sets, (sets[0], ragged), args.rep_ms, FP8))
-        add("wgmma_bf16", named["wgmma_bf16"], checked_time(kernel, lambda i, out: sparse_decode_wgmma(
-            i["q"], i["kv"], i["indices"], i["sm_scale"], named["wgmma_bf16"], out=out), wide, (wide[0], wide_ragged),
-            args.rep_ms))
+        add(
+            "torch",
+            None,
+            checked_time(
+                kernel,
+                lambda i, out: out.copy_(
+                    sparse_decode_torch(i["q"], i["kv"], i["indices"], i["sm_scale"], kv_scale=i["kv_scale"])
+                ),
+                sets,
+                (sets[0], ragged),
+                args.rep_ms,
+                FP8,
+            ),
+        )
+        add(
+            "tl_dot",
+            named["tl_dot"],
+            checked_time(
+                kernel,
+                lambda i, out: sparse_decode(
+                    i["q"], i["kv"], i["indices"], i["sm_scale"], named["tl_dot"], out=out, kv_scale=i["kv_scale"]
+                ),
+                sets,
+                (sets[0], ragged),
+                args.rep_ms,
+                FP8,
+            ),
+        )
+        add(
+            "wgmma_bf16",
+            named["wgmma_bf16"],
+            checked_time(
+                kernel,
+                lambda i, out: sparse_decode_wgmma(
+                    i["q"], i["kv"], i["indices"], i["sm_scale"], named["wgmma_bf16"], out=out
+                ),
+                wide,
+                (wide[0], wide_ragged),
+                args.rep_ms,
+            ),
+        )
         timed: dict[str, dict] = {}
 
         def fp8_time(way, config):
             key = json.dumps(config, sort_keys=True)
             if key not in timed:
-                timed[key] = checked_time(kernel, lambda i, out: wg_run(i, out, config), sets, (sets[0], ragged),
-                                          args.rep_ms, FP8)
+                timed[key] = checked_time(
+                    kernel, lambda i, out: wg_run(i, out, config), sets, (sets[0], ragged), args.rep_ms, FP8
+                )
             add(way, config, timed[key])
 
         fp8_time("wgmma_default", named["wgmma_default"])
@@ -136,18 +178,32 @@ def measure(args, json_path: Path) -> dict:
             try:
                 fp8_time("sweep", config)
             except Exception as exc:  # a config that fails to build or launch is a row, not the end of the run
-                rows.append({"batch": batch, "way": "sweep", "config": config, "failed": f"{type(exc).__name__}: {exc}"[:300]})
+                rows.append(
+                    {"batch": batch, "way": "sweep", "config": config, "failed": f"{type(exc).__name__}: {exc}"[:300]}
+                )
         rows.append({"batch": batch, "way": "space", "n": len(rest) + 1})
         # at the default and the sweep's best: the 16-bit kernel at the same config on the widened cache (its ring as
         # small as the fp8 build's). The stored run (4ac0e78) also timed two timing probes since removed
         # (fp8_no_widen, fp8_no_copies); the report shows them where a run has them.
         ok = [r for r in rows if r["batch"] == batch and r["way"] in ("sweep", "wgmma_default") and r.get("us")]
-        picks = {json.dumps(c, sort_keys=True): c for c in [named["wgmma_default"]]
-                 + ([min(ok, key=lambda r: r["us"])["config"]] if ok else [])}
+        picks = {
+            json.dumps(c, sort_keys=True): c
+            for c in [named["wgmma_default"]] + ([min(ok, key=lambda r: r["us"])["config"]] if ok else [])
+        }
         for config in picks.values():
-            add("probe:bf16_same_config", config, checked_time(kernel, lambda i, out, config=config: sparse_decode_wgmma(
-                i["q"], i["kv"], i["indices"], i["sm_scale"], config, out=out), wide, (wide[0], wide_ragged),
-                args.rep_ms))
+            add(
+                "probe:bf16_same_config",
+                config,
+                checked_time(
+                    kernel,
+                    lambda i, out, config=config: sparse_decode_wgmma(
+                        i["q"], i["kv"], i["indices"], i["sm_scale"], config, out=out
+                    ),
+                    wide,
+                    (wide[0], wide_ragged),
+                    args.rep_ms,
+                ),
+            )
         torch.cuda.empty_cache()
     data = {"meta": meta, "rows": rows}
     return data
@@ -199,23 +255,30 @@ def report(data: dict, source: str) -> str:
 
     meta = data["meta"]
     copy_tb_s = meta.get("copy_tb_s", COPY_TB_S)
-    lines = ["# Sparse decode with an fp8 cache: the wgmma kernel beside the tl.dot kernel, torch and the bf16 cache", "",
-             *provenance(meta, "sparse_decode_wgmma_fp8.py", source),
-             "- V4-Flash shapes (64 heads, 512-wide K=V latent, 640 selected rows of 65536); an fp8 e4m3 cache with a "
-             "float32 scale per row, q in bf16; µs: median of CUDA-graph replays, L2 flushed before each, 4 input sets "
-             "rotating; each config checked against the float32 reference of the dequantised cache first (timed and "
-             "ragged inputs, NaN-poisoned outputs)",
-             f"- floor: the fp8 cache's bytes (rows, scales, indices, q, output) over {copy_tb_s:.2f} TB/s"
-             + (" (copy bandwidth measured in the same run)" if "copy_tb_s" in meta else
-                " (the H200's copy rate measured by kernels.py at 2b6e86b; this run did not measure its own)")
-             + "; bf16 wgmma: the same "
-             "rows widened to a bf16 cache, at the kernel's shipped bf16 config",
-             f"- sweep: fp8 configs of the wgmma kernel timed within {meta.get('budget_s')} s a batch (32-row tiles, "
-             "every schedule with a producer warpgroup, one wave of programs at most), its best is a measured best "
-             "of a sample, not of the whole space", "",
-             "| batch | floor µs | torch µs | tl.dot fp8 µs | wgmma bf16 µs | wgmma fp8 default µs | wgmma fp8 best µs "
-             "| tl.dot / best | bf16 / best | torch / best | best / floor | timed / space |",
-             "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+    lines = [
+        "# Sparse decode with an fp8 cache: the wgmma kernel beside the tl.dot kernel, torch and the bf16 cache",
+        "",
+        *provenance(meta, "sparse_decode_wgmma_fp8.py", source),
+        "- V4-Flash shapes (64 heads, 512-wide K=V latent, 640 selected rows of 65536); an fp8 e4m3 cache with a "
+        "float32 scale per row, q in bf16; µs: median of CUDA-graph replays, L2 flushed before each, 4 input sets "
+        "rotating; each config checked against the float32 reference of the dequantised cache first (timed and "
+        "ragged inputs, NaN-poisoned outputs)",
+        f"- floor: the fp8 cache's bytes (rows, scales, indices, q, output) over {copy_tb_s:.2f} TB/s"
+        + (
+            " (copy bandwidth measured in the same run)"
+            if "copy_tb_s" in meta
+            else " (the H200's copy rate measured by kernels.py at 2b6e86b; this run did not measure its own)"
+        )
+        + "; bf16 wgmma: the same "
+        "rows widened to a bf16 cache, at the kernel's shipped bf16 config",
+        f"- sweep: fp8 configs of the wgmma kernel timed within {meta.get('budget_s')} s a batch (32-row tiles, "
+        "every schedule with a producer warpgroup, one wave of programs at most), its best is a measured best "
+        "of a sample, not of the whole space",
+        "",
+        "| batch | floor µs | torch µs | tl.dot fp8 µs | wgmma bf16 µs | wgmma fp8 default µs | wgmma fp8 best µs "
+        "| tl.dot / best | bf16 / best | torch / best | best / floor | timed / space |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
+    ]
 
     def us(r):
         return f"{r['us']:.1f}" if r and r.get("us") else "wrong_result" if r else "-"
@@ -226,26 +289,36 @@ def report(data: dict, source: str) -> str:
     s = summary(data)
     for batch, b in s.items():
         best, fl = b["best"], floor_us(batch, FP8, copy_tb_s)
-        lines.append(f"| {batch} | {fl:.2f} | {us(b.get('torch'))} | {us(b.get('tl_dot'))} | {us(b.get('wgmma_bf16'))} "
-                     f"| {us(b.get('wgmma_default'))} | {us(best)} | {ratio(b.get('tl_dot'), best)} | "
-                     f"{ratio(b.get('wgmma_bf16'), best)} | {ratio(b.get('torch'), best)} | "
-                     f"{best['us'] / fl:.1f}x | {b['timed']} / {b.get('space', '-')} |" if best else
-                     f"| {batch} | {fl:.2f} | {us(b.get('torch'))} | {us(b.get('tl_dot'))} | {us(b.get('wgmma_bf16'))} "
-                     f"| {us(b.get('wgmma_default'))} | - | - | - | - | - | {b['timed']} / {b.get('space', '-')} |")
+        lines.append(
+            f"| {batch} | {fl:.2f} | {us(b.get('torch'))} | {us(b.get('tl_dot'))} | {us(b.get('wgmma_bf16'))} "
+            f"| {us(b.get('wgmma_default'))} | {us(best)} | {ratio(b.get('tl_dot'), best)} | "
+            f"{ratio(b.get('wgmma_bf16'), best)} | {ratio(b.get('torch'), best)} | "
+            f"{best['us'] / fl:.1f}x | {b['timed']} / {b.get('space', '-')} |"
+            if best
+            else f"| {batch} | {fl:.2f} | {us(b.get('torch'))} | {us(b.get('tl_dot'))} | {us(b.get('wgmma_bf16'))} "
+            f"| {us(b.get('wgmma_default'))} | - | - | - | - | - | {b['timed']} / {b.get('space', '-')} |"
+        )
     lines += ["", "Configs (rel. error against the float32 reference of the dequantised cache):", ""]
     for batch, b in s.items():
         for way in ("tl_dot", "wgmma_bf16", "wgmma_default", "best"):
             r = b.get(way)
             if r:
                 cfg = " ".join(f"{k}={v}" for k, v in r["config"].items())
-                lines.append(f"- batch {batch}, {way.replace('best', 'wgmma fp8 best')}: {cfg} (rel. error {r['err']:.5f})")
+                lines.append(
+                    f"- batch {batch}, {way.replace('best', 'wgmma fp8 best')}: {cfg} (rel. error {r['err']:.5f})"
+                )
         if b["failed"]:
             lines.append(f"- batch {batch}: {b['failed']} sweep configs failed to build or launch")
     probes = [(batch, r) for batch, b in s.items() for r in b.get("probes", [])]
     if probes:
-        lines += ["", "Where the time goes (the fp8 probes' results are garbage; timed like the rest):", "",
-                  "| batch | config | fp8 µs | without widening µs | without the fp8 copies (still widening) µs | bf16 cache, same "
-                  "config µs |", "| --- | --- | --- | --- | --- | --- |"]
+        lines += [
+            "",
+            "Where the time goes (the fp8 probes' results are garbage; timed like the rest):",
+            "",
+            "| batch | config | fp8 µs | without widening µs | without the fp8 copies (still widening) µs | bf16 cache, same "
+            "config µs |",
+            "| --- | --- | --- | --- | --- | --- |",
+        ]
         by: dict = {}
         for batch, r in probes:
             by.setdefault((batch, json.dumps(r["config"], sort_keys=True)), {})[r["way"][6:]] = r
@@ -253,8 +326,10 @@ def report(data: dict, source: str) -> str:
             cfg = json.loads(key)
             full = next((r for r in s[batch]["sweep"] if r["config"] == cfg and r.get("us")), None)
             short = " ".join(f"{k}={v}" for k, v in cfg.items() if v and k not in ("BLOCK_T",))
-            lines.append(f"| {batch} | {short} | {us(full)} | {us(w.get('fp8_no_widen'))} | "
-                         f"{us(w.get('fp8_no_copies'))} | {us(w.get('bf16_same_config'))} |")
+            lines.append(
+                f"| {batch} | {short} | {us(full)} | {us(w.get('fp8_no_widen'))} | "
+                f"{us(w.get('fp8_no_copies'))} | {us(w.get('bf16_same_config'))} |"
+            )
     worst = max((r["err"] for b in s.values() for r in b["sweep"] if "err" in r), default=None)
     if worst is not None:
         lines += ["", f"Worst rel. error of any fp8 wgmma config timed: {worst:.5f} (tolerance 0.02)."]
@@ -296,12 +371,14 @@ def write_tuned(data: dict, source: str, directory: Path) -> Path:
             continue
         default = b.get("wgmma_default")
         entries[kernel.shape_key(shape)] = {
-            "config": best["config"], "time_us": round(best["us"], 3),
+            "config": best["config"],
+            "time_us": round(best["us"], 3),
             "default_time_us": round(default["us"], 3) if default and default.get("us") else None,
             "measured": f"{meta['date']}, commit {meta['commit']}, {Path(source).name} (sampled sweep: {b['timed']} of "
-                        f"{b.get('space')} configs)",
+            f"{b.get('space')} configs)",
             "source": f"{stored_path(source)} (benchmarks/sparse_decode_wgmma_fp8.py --write-tuned: the sampled sweep's "
-                      "fastest config the kernel runs now)"}
+            "fastest config the kernel runs now)",
+        }
     path = config_path(kernel.name, meta["gpu"], FP8, triton_version=meta["triton"], directory=directory)
     path.write_text(json.dumps(entries, indent=2, sort_keys=True) + "\n")
     return path
@@ -322,17 +399,24 @@ def main(argv=None) -> int:
     def extra(ap):
         ap.add_argument("--rep-ms", type=float, default=30.0)
         ap.add_argument("--budget-s", type=float, default=60.0, help="seconds of fp8 sweep a batch")
-        ap.add_argument("--write-tuned", type=Path, metavar="DIR",
-                        help="with --report-from: also write the sweep's fastest config a batch as DIR's tuned file")
+        ap.add_argument(
+            "--write-tuned",
+            type=Path,
+            metavar="DIR",
+            help="with --report-from: also write the sweep's fastest config a batch as DIR's tuned file",
+        )
 
     if known.write_tuned and not known.report_from:
-        print("error: --write-tuned DIR needs --report-from FILE.json (the stored run it takes the configs from)",
-              file=sys.stderr)
+        print(
+            "error: --write-tuned DIR needs --report-from FILE.json (the stored run it takes the configs from)",
+            file=sys.stderr,
+        )
         return 2
-    rc = run(argv, __doc__, result_path("sparse_decode_wgmma_fp8", "h200"), report,
-             measure, extra)
+    rc = run(argv, __doc__, result_path("sparse_decode_wgmma_fp8", "h200"), report, measure, extra)
     if rc == 0 and known.write_tuned:
-        print(f"wrote {write_tuned(json.loads(known.report_from.read_text()), str(known.report_from), known.write_tuned)}")
+        print(
+            f"wrote {write_tuned(json.loads(known.report_from.read_text()), str(known.report_from), known.write_tuned)}"
+        )
     return rc
 
 

@@ -65,9 +65,15 @@ def measure(url: str, workers: int, trials: int) -> dict:
     done = repo.count_trials(run.id, state="complete")
     latencies.sort()
     repo.engine.dispose()
-    return {"done": done, "wall_s": wall, "per_s": done / wall, "errors": len(errors),
-            "first_error": errors[0] if errors else "", "p50_ms": 1000 * latencies[len(latencies) // 2],
-            "p95_ms": 1000 * latencies[int(len(latencies) * 0.95) - 1]}
+    return {
+        "done": done,
+        "wall_s": wall,
+        "per_s": done / wall,
+        "errors": len(errors),
+        "first_error": errors[0] if errors else "",
+        "p50_ms": 1000 * latencies[len(latencies) // 2],
+        "p95_ms": 1000 * latencies[int(len(latencies) * 0.95) - 1],
+    }
 
 
 def main() -> None:
@@ -101,8 +107,10 @@ def main() -> None:
         "| --- | --- | --- | --- | --- | --- | --- |",
     ]
     for name, r in rows:
-        lines.append(f"| {name} | {r['done']} | {r['wall_s']:.1f} | {r['per_s']:.1f} | {r['p50_ms']:.0f} | "
-                     f"{r['p95_ms']:.0f} | {r['errors']}{' (' + r['first_error'] + ')' if r['errors'] else ''} |")
+        lines.append(
+            f"| {name} | {r['done']} | {r['wall_s']:.1f} | {r['per_s']:.1f} | {r['p50_ms']:.0f} | "
+            f"{r['p95_ms']:.0f} | {r['errors']}{' (' + r['first_error'] + ')' if r['errors'] else ''} |"
+        )
     lines += [
         "",
         "Choice of default: SQLite stays the default for one process (nothing to install, and in one process it",

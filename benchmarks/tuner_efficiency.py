@@ -43,7 +43,9 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 # run as a script, this folder is sys.path[0] and its kernels.py would shadow the `kernels` package
-sys.path[:] = [str(ROOT)] + [p for p in sys.path if Path(p or ".").resolve() not in (ROOT, Path(__file__).resolve().parent)]
+sys.path[:] = [str(ROOT)] + [
+    p for p in sys.path if Path(p or ".").resolve() not in (ROOT, Path(__file__).resolve().parent)
+]
 
 from benchmarks.common import read_json, result_path, short_commit
 
@@ -80,13 +82,28 @@ def resolved_space(space: dict, default: dict | None):
         values = list(values)
         d = (default or {}).get(k, values[0])
         params[k] = {"type": "categorical", "values": values if d in values else sorted([*values, d]), "default": d}
-    doc = {"name": "replay", "target": "kernels", "params": params,
-           "objective": {"metric": "time_us", "direction": "minimize", "combine": "level", "levels": [1], "level": 1}}
+    doc = {
+        "name": "replay",
+        "target": "kernels",
+        "params": params,
+        "objective": {"metric": "time_us", "direction": "minimize", "combine": "level", "levels": [1], "level": 1},
+    }
     return resolve(load_space_text(json.dumps(doc)), Hardware())
 
 
-def replay_once(table: dict, space: dict, rule, budget: int, seed: int, strategy: str, first: list[dict] | None,
-                lookahead: int = 1, resolved=None, canonical=None, nearest=None) -> tuple[float, int]:
+def replay_once(
+    table: dict,
+    space: dict,
+    rule,
+    budget: int,
+    seed: int,
+    strategy: str,
+    first: list[dict] | None,
+    lookahead: int = 1,
+    resolved=None,
+    canonical=None,
+    nearest=None,
+) -> tuple[float, int]:
     """One search over a measured table; returns (best time found, evaluations spent). ``first``: the configs
     enqueued before sampling (the default, then the kernel's seed configs), as the tuner does. ``lookahead``:
     trials asked before the oldest is told, as the kernel search does when it compiles ahead. ``strategy``:
@@ -159,17 +176,31 @@ def _enqueue_move(study, resolved, records: list[_Record], rule, canonical=None)
     """Enqueue ``tuner.search.refine``'s next one-change move (the real chooser, over the replayed records)."""
     from tuner.search.refine import asked_keys, choose_move
 
-    m = choose_move(resolved, records, "minimize", lambda c: rule(c) or None, asked_keys(study, resolved, canonical),
-                    canonical)
+    m = choose_move(
+        resolved, records, "minimize", lambda c: rule(c) or None, asked_keys(study, resolved, canonical), canonical
+    )
     if m is not None:
         study.enqueue_trial(m.params)
 
 
-def analyse(name: str, rows: list[dict], space: dict, rule, default: dict | None, seeds: int,
-            compile_s: float, timing_s: float, autotune_timing_s: float = AUTOTUNE_TIMING_S,
-            starts: list[dict] | None = None, lookahead: int = 1,
-            strategies: tuple[str, ...] = ("tpe", "random"), firsts: tuple[bool, ...] = (True, False),
-            canonical=None, sampled: bool = False, fractions: tuple[float, ...] = FRACTIONS) -> dict:
+def analyse(
+    name: str,
+    rows: list[dict],
+    space: dict,
+    rule,
+    default: dict | None,
+    seeds: int,
+    compile_s: float,
+    timing_s: float,
+    autotune_timing_s: float = AUTOTUNE_TIMING_S,
+    starts: list[dict] | None = None,
+    lookahead: int = 1,
+    strategies: tuple[str, ...] = ("tpe", "random"),
+    firsts: tuple[bool, ...] = (True, False),
+    canonical=None,
+    sampled: bool = False,
+    fractions: tuple[float, ...] = FRACTIONS,
+) -> dict:
     """Replay TPE and random at each fraction of the table over ``seeds`` seeds; with ``starts`` (the kernel's
     seed configs) the "first" runs enqueue the default and then them, as ``tuner.search.kernel_search`` does.
     ``canonical`` (the kernel's ``canonical_config``): rows of one program are one row (its fastest timing), the
@@ -197,25 +228,58 @@ def analyse(name: str, rows: list[dict], space: dict, rule, default: dict | None
     first = ([default] if default else []) + starts
     resolved = resolved_space(space, default)
     nearest = nearest_in(list(table), space) if sampled else None
-    out = {"name": name, "n": n, "ok": len(ok), "starts": len(starts), "failed": n - len(ok), "rule_pruned": sum(1 for r in rows if rule(r["config"])),
-           "best": best_all, "best_rules": best_rules, "default": default_t, "runs": []}
+    out = {
+        "name": name,
+        "n": n,
+        "ok": len(ok),
+        "starts": len(starts),
+        "failed": n - len(ok),
+        "rule_pruned": sum(1 for r in rows if rule(r["config"])),
+        "best": best_all,
+        "best_rules": best_rules,
+        "default": default_t,
+        "runs": [],
+    }
     for frac in fractions:
         budget = max(1, round(frac * n))
         for strategy in strategies:
             for with_default in firsts:
                 gaps, evals = [], []
                 for seed in range(seeds):
-                    b, e = replay_once(table, space, rule, budget, seed, strategy, first if with_default else None,
-                                       lookahead, resolved, canonical, nearest)
+                    b, e = replay_once(
+                        table,
+                        space,
+                        rule,
+                        budget,
+                        seed,
+                        strategy,
+                        first if with_default else None,
+                        lookahead,
+                        resolved,
+                        canonical,
+                        nearest,
+                    )
                     gaps.append(b / best_all - 1 if math.isfinite(b) else math.inf)
                     evals.append(e)
-                out["runs"].append({"frac": frac, "budget": budget, "strategy": strategy, "default_first": with_default,
-                                    "median_gap": statistics.median(gaps), "worst_gap": max(gaps),
-                                    "within3": sum(g <= 0.03 for g in gaps), "seeds": seeds,
-                                    "mean_evals": statistics.mean(evals)})
+                out["runs"].append(
+                    {
+                        "frac": frac,
+                        "budget": budget,
+                        "strategy": strategy,
+                        "default_first": with_default,
+                        "median_gap": statistics.median(gaps),
+                        "worst_gap": max(gaps),
+                        "within3": sum(g <= 0.03 for g in gaps),
+                        "seeds": seeds,
+                        "mean_evals": statistics.mean(evals),
+                    }
+                )
     per_eval = compile_s + timing_s
-    tpe10 = next(r for r in out["runs"] if r["frac"] == 0.10 and r["strategy"] == strategies[0]
-                 and r["default_first"] == firsts[0])
+    tpe10 = next(
+        r
+        for r in out["runs"]
+        if r["frac"] == 0.10 and r["strategy"] == strategies[0] and r["default_first"] == firsts[0]
+    )
     out["wall"] = {
         "per_eval_s": per_eval,
         "tpe10_s": tpe10["mean_evals"] * per_eval,
@@ -256,8 +320,11 @@ def collapse_programs(rows: list[dict], canonical) -> list[dict]:
             merged[key] = {**r, "config": c}
         elif r["time_us"] is not None:
             t = merged[key]["time_us"]
-            merged[key] = {**merged[key], "time_us": r["time_us"] if t is None else min(t, r["time_us"]),
-                           "status": "ok"}
+            merged[key] = {
+                **merged[key],
+                "time_us": r["time_us"] if t is None else min(t, r["time_us"]),
+                "status": "ok",
+            }
     return list(merged.values())
 
 
@@ -275,16 +342,28 @@ def recorded_case(seeds: int, lookahead: int = 1, **kw) -> dict:
     cols = data["columns"][:5]
     kernel = SparseDecodeKernel()
     shape = next(s for s in kernel.shapes("v4flash") if s["batch"] == data["batch"])
-    rows = [{"config": dict(zip(cols, r[:5])), "time_us": r[5] if r[6] == "ok" else None, "status": r[6]}
-            for r in data["rows"]]
+    rows = [
+        {"config": dict(zip(cols, r[:5])), "time_us": r[5] if r[6] == "ok" else None, "status": r[6]}
+        for r in data["rows"]
+    ]
     space = {c: sorted({r["config"][c] for r in rows}) for c in cols}
 
     def rule(config):
         return kernel.check_config(config, shape, None, dtype="bfloat16")
 
-    return analyse(f"sparse_decode, batch {data['batch']} (recorded H200 sweep)", rows, space, rule,
-                   kernel.default_config(shape), seeds, data.get("compile_seconds_per_config_approx", COMPILE_S),
-                   TIMING_S, starts=_starts(kernel.name, shape, "bfloat16"), lookahead=lookahead, **kw)
+    return analyse(
+        f"sparse_decode, batch {data['batch']} (recorded H200 sweep)",
+        rows,
+        space,
+        rule,
+        kernel.default_config(shape),
+        seeds,
+        data.get("compile_seconds_per_config_approx", COMPILE_S),
+        TIMING_S,
+        starts=_starts(kernel.name, shape, "bfloat16"),
+        lookahead=lookahead,
+        **kw,
+    )
 
 
 def _pct(x: float) -> str:
@@ -294,26 +373,43 @@ def _pct(x: float) -> str:
 def markdown(results: list[dict], header: list[str]) -> str:
     lines = header + [""]
     for res in results:
-        lines += [f"## {res['name']}", "",
-                  f"{res['n']} configs in the table ({res['ok']} ran correctly, {res['failed']} failed); "
-                  f"{res['rule_pruned']} are pruned by `check_config` before compile in the tuner. Exhaustive best "
-                  f"{res['best']:.2f} us (best among rule-passing configs {res['best_rules']:.2f} us); the default config "
-                  + (f"{res['default']:.2f} us ({_pct(res['default'] / res['best'] - 1)} off)." if res["default"] else "not in the table.")
-                  + (f" \"First\" = the default, then the kernel's {res['starts']} seed configs (`seed_configs`: grids that "
-                     "fill the GPU in one wave), as the tuner enqueues them." if res.get("starts") else ""),
-                  "",
-                  "| budget (evals) | strategy | default (+ seeds) first | median gap | worst gap | within 3% | mean evals |",
-                  "| --- | --- | --- | --- | --- | --- | --- |"]
+        lines += [
+            f"## {res['name']}",
+            "",
+            f"{res['n']} configs in the table ({res['ok']} ran correctly, {res['failed']} failed); "
+            f"{res['rule_pruned']} are pruned by `check_config` before compile in the tuner. Exhaustive best "
+            f"{res['best']:.2f} us (best among rule-passing configs {res['best_rules']:.2f} us); the default config "
+            + (
+                f"{res['default']:.2f} us ({_pct(res['default'] / res['best'] - 1)} off)."
+                if res["default"]
+                else "not in the table."
+            )
+            + (
+                f' "First" = the default, then the kernel\'s {res["starts"]} seed configs (`seed_configs`: grids that '
+                "fill the GPU in one wave), as the tuner enqueues them."
+                if res.get("starts")
+                else ""
+            ),
+            "",
+            "| budget (evals) | strategy | default (+ seeds) first | median gap | worst gap | within 3% | mean evals |",
+            "| --- | --- | --- | --- | --- | --- | --- |",
+        ]
         for r in res["runs"]:
-            lines.append(f"| {int(r['frac'] * 100)}% ({r['budget']}) | {r['strategy']} | {'yes' if r['default_first'] else 'no'} | "
-                         f"{_pct(r['median_gap'])} | {_pct(r['worst_gap'])} | {r['within3']}/{r['seeds']} | {r['mean_evals']:.1f} |")
+            lines.append(
+                f"| {int(r['frac'] * 100)}% ({r['budget']}) | {r['strategy']} | {'yes' if r['default_first'] else 'no'} | "
+                f"{_pct(r['median_gap'])} | {_pct(r['worst_gap'])} | {r['within3']}/{r['seeds']} | {r['mean_evals']:.1f} |"
+            )
         w = res["wall"]
-        lines += ["", f"Wall time at {w['per_eval_s']:.2f} s per evaluation (compile + timing): TPE at 10% "
-                      f"{w['tpe10_s']:.0f} s ({w['tpe10_with_process_s']:.0f} s counting a ~{TRIAL_OVERHEAD_S:.0f} s "
-                      f"process start per trial, which the persistent trial worker now pays once per GPU); exhaustive serial sweep {w['exhaustive_serial_s']:.0f} s; triton.autotune over "
-                      f"every config (serial compile + do_bench 25+100 ms, no L2 flush) {w['autotune_s']:.0f} s = "
-                      f"{w['autotune_s'] / w['tpe10_s']:.1f}x TPE@10% ({w['autotune_s'] / w['tpe10_with_process_s']:.1f}x with "
-                      "the subprocess overhead).", ""]
+        lines += [
+            "",
+            f"Wall time at {w['per_eval_s']:.2f} s per evaluation (compile + timing): TPE at 10% "
+            f"{w['tpe10_s']:.0f} s ({w['tpe10_with_process_s']:.0f} s counting a ~{TRIAL_OVERHEAD_S:.0f} s "
+            f"process start per trial, which the persistent trial worker now pays once per GPU); exhaustive serial sweep {w['exhaustive_serial_s']:.0f} s; triton.autotune over "
+            f"every config (serial compile + do_bench 25+100 ms, no L2 flush) {w['autotune_s']:.0f} s = "
+            f"{w['autotune_s'] / w['tpe10_s']:.1f}x TPE@10% ({w['autotune_s'] / w['tpe10_with_process_s']:.1f}x with "
+            "the subprocess overhead).",
+            "",
+        ]
         if "extra" in res:
             lines += res["extra"] + [""]
     return "\n".join(lines) + "\n"
@@ -323,10 +419,12 @@ def markdown(results: list[dict], header: list[str]) -> str:
 INDEXER_CASE = ("indexer", {"batch": 16, "heads": 64, "dim": 128, "width": 65536, "shared_k": 0})
 """The case of the triton.autotune comparisons (``--autotune-probe``, ``--vs-autotune``)."""
 RESULTS = ROOT / "benchmarks" / "results"
-RECORDED_SWEEPS = ("tuner_efficiency/h200/2026-11-29_634ba5c_sweeps.json.gz",
-                   "tuner_efficiency/h200/2026-11-29_634ba5c_moe.json.gz",
-                   "tuner_efficiency/h200/2026-11-30_a39226e_issue20.json.gz",
-                   "tuner_efficiency/h200/2026-11-30_a677738_gemm_aligned_tuning.json.gz")
+RECORDED_SWEEPS = (
+    "tuner_efficiency/h200/2026-11-29_634ba5c_sweeps.json.gz",
+    "tuner_efficiency/h200/2026-11-29_634ba5c_moe.json.gz",
+    "tuner_efficiency/h200/2026-11-30_a39226e_issue20.json.gz",
+    "tuner_efficiency/h200/2026-11-30_a677738_gemm_aligned_tuning.json.gz",
+)
 """The tuning set, with ``TABLE``: exhaustive H200 tables the kernel search's configuration may be tuned on. The first
 two were recorded before issue 20; the third (2026-11-30 at a39226e: GEMM samples at M = 1/16/64, N x K = 1024 x 4096
 and 4096 x 2048, the indexer at batch 1) was held out once, reported in that state, and then read to set the GEMM's
@@ -408,9 +506,14 @@ WGMMA_EXHAUSTIVE = [  # fixed 2026-12-02 before it ran: the wgmma kernel's whole
     SweepCase("sparse_decode_wgmma", {"batch": 64, **_SD}),
     SweepCase("sparse_decode_wgmma", {"batch": 1, **_SD}, optional=True),
 ]
-CASE_SETS = {"issue20_held_out": GPU_CASES, "gemm_aligned_tuning": GEMM_ALIGNED_TUNING,
-             "gemm_aligned_held_out": GEMM_ALIGNED_HELD_OUT, "gemm_m64_held_out": GEMM_M64_HELD_OUT,
-             "wgmma_held_out": WGMMA_HELD_OUT, "wgmma_exhaustive": WGMMA_EXHAUSTIVE}
+CASE_SETS = {
+    "issue20_held_out": GPU_CASES,
+    "gemm_aligned_tuning": GEMM_ALIGNED_TUNING,
+    "gemm_aligned_held_out": GEMM_ALIGNED_HELD_OUT,
+    "gemm_m64_held_out": GEMM_M64_HELD_OUT,
+    "wgmma_held_out": WGMMA_HELD_OUT,
+    "wgmma_exhaustive": WGMMA_EXHAUSTIVE,
+}
 """``--cases``: which sweep ``--gpu`` runs (a tuning set and a held-out set go to separate files)."""
 
 
@@ -421,13 +524,16 @@ def sweep_configs(case: SweepCase, device: str | None) -> tuple[list[dict], int]
     from kernels.registry import get_kernel
 
     kernel = get_kernel(case.kernel)
-    configs = [c for c in kernel.configs(case.shape, device, dtype=case.dtype)
-               if kernel.canonical_config(c, case.shape) == c]
+    configs = [
+        c for c in kernel.configs(case.shape, device, dtype=case.dtype) if kernel.canonical_config(c, case.shape) == c
+    ]
     space_size = len(configs)
     random.Random(0).shuffle(configs)
     if case.max_configs and case.max_configs < space_size:
-        must = [kernel.canonical_config(c, case.shape)
-                for c in (kernel.default_config(case.shape), *_starts(case.kernel, case.shape, case.dtype))]
+        must = [
+            kernel.canonical_config(c, case.shape)
+            for c in (kernel.default_config(case.shape), *_starts(case.kernel, case.shape, case.dtype))
+        ]
         must = [c for i, c in enumerate(must) if c in configs and c not in must[:i]]
         configs = must + [c for c in configs if c not in must][: max(0, case.max_configs - len(must))]
         random.Random(1).shuffle(configs)
@@ -467,8 +573,9 @@ def _bench(fn, sets, rep_ms: float, device: str) -> dict:
     return {"time_us": statistics.median(samples), "spread": None, "graph": False}
 
 
-def gpu_sweep(cases: list[SweepCase], deadline_s: float, helpers: int, rep_ms: float, on_case=None,
-              device: str = "cuda") -> list[dict]:
+def gpu_sweep(
+    cases: list[SweepCase], deadline_s: float, helpers: int, rep_ms: float, on_case=None, device: str = "cuda"
+) -> list[dict]:
     """Every case's configs compiled by ``helpers`` processes (``tuner.execution.compile_ahead``: Triton's warmup
     path on meta tensors, nothing launched, so timings are not disturbed; every case's configs are queued at once so
     the helpers compile the next case while this one is timed), and in this process, config by config as their
@@ -490,8 +597,9 @@ def gpu_sweep(cases: list[SweepCase], deadline_s: float, helpers: int, rep_ms: f
         from tuner.execution.compile_ahead import CompileAhead
 
         ahead = CompileAhead(helpers)
-        futures = [[ahead.submit(c.kernel, c.shape, c.dtype, cfg) for cfg in configs]
-                   for c, (configs, _) in zip(cases, plans)]
+        futures = [
+            [ahead.submit(c.kernel, c.shape, c.dtype, cfg) for cfg in configs] for c, (configs, _) in zip(cases, plans)
+        ]
     else:
         futures = [[None] * len(configs) for configs, _ in plans]
     out_cases = []
@@ -541,13 +649,25 @@ def gpu_sweep(cases: list[SweepCase], deadline_s: float, helpers: int, rep_ms: f
                     row.update(status=classify_failure(exc), reason=f"{type(exc).__name__}: {str(exc)[:200]}")
             timed = [r for r in rows if r["status"] != "not_timed"]
             compiles = [r["compile_s"] for r in rows if r.get("compile_s")]
-            out_cases.append({
-                "kernel": case.kernel, "shape": case.shape, "dtype": case.dtype, "held_out": case.held_out,
-                "space_size": space_size, "sampled": len(configs), "compiled": len(timed),
-                "compile_s_per_config": statistics.median(compiles) if compiles else COMPILE_S,
-                "case_wall_s": time.time() - t0, "share_s": share, "workers": helpers, "rows": rows,
-                "default": kernel.default_config(case.shape), "torch_us": torch_t["time_us"],
-                "floor_us": kernel.cost(case.shape, case.dtype).bytes / H200_BYTES_PER_S * 1e6})
+            out_cases.append(
+                {
+                    "kernel": case.kernel,
+                    "shape": case.shape,
+                    "dtype": case.dtype,
+                    "held_out": case.held_out,
+                    "space_size": space_size,
+                    "sampled": len(configs),
+                    "compiled": len(timed),
+                    "compile_s_per_config": statistics.median(compiles) if compiles else COMPILE_S,
+                    "case_wall_s": time.time() - t0,
+                    "share_s": share,
+                    "workers": helpers,
+                    "rows": rows,
+                    "default": kernel.default_config(case.shape),
+                    "torch_us": torch_t["time_us"],
+                    "floor_us": kernel.cost(case.shape, case.dtype).bytes / H200_BYTES_PER_S * 1e6,
+                }
+            )
             del sets, ref
             if device == "cuda":
                 torch.cuda.empty_cache()
@@ -578,15 +698,39 @@ def autotune_probe(n: int) -> dict:
     width = inp["width"]
     out = torch.empty(B, width, device="cuda", dtype=torch.float32)
     tuned = triton.autotune(
-        configs=[triton.Config({"BLOCK_N": c["BLOCK_N"], "TILES": c["TILES"]}, num_warps=c["num_warps"],
-                               num_stages=c["num_stages"]) for c in configs],
-        key=["width"])(_indexer_kernel)
+        configs=[
+            triton.Config(
+                {"BLOCK_N": c["BLOCK_N"], "TILES": c["TILES"]}, num_warps=c["num_warps"], num_stages=c["num_stages"]
+            )
+            for c in configs
+        ],
+        key=["width"],
+    )(_indexer_kernel)
 
     def launch():
         grid = lambda meta: (B, triton.cdiv(width, meta["BLOCK_N"] * meta["TILES"]))  # noqa: E731
-        tuned[grid](q, k, w, w, w, out, width, H, q.stride(0), q.stride(1), k.stride(0), k.stride(-2), w.stride(0), 0,
-                    out.stride(0), D=D, BLOCK_H=max(16, triton.next_power_of_2(H)), HAS_SCALE=False, HAS_LEN=False,
-                    SKIP_DEAD=True)
+        tuned[grid](
+            q,
+            k,
+            w,
+            w,
+            w,
+            out,
+            width,
+            H,
+            q.stride(0),
+            q.stride(1),
+            k.stride(0),
+            k.stride(-2),
+            w.stride(0),
+            0,
+            out.stride(0),
+            D=D,
+            BLOCK_H=max(16, triton.next_power_of_2(H)),
+            HAS_SCALE=False,
+            HAS_LEN=False,
+            SKIP_DEAD=True,
+        )
 
     torch.cuda.synchronize()
     t0 = time.time()
@@ -597,10 +741,17 @@ def autotune_probe(n: int) -> dict:
     from kernels.base import rel_error
 
     best = getattr(tuned, "best_config", None)
-    best_dict = ({**best.kwargs, "num_warps": best.num_warps, "num_stages": best.num_stages} if best is not None
-                 else None)
-    return {"n": len(configs), "wall_s": wall, "per_config_s": wall / len(configs), "rel_error": rel_error(out, ref),
-            "best": str(best or ""), "best_config": best_dict}
+    best_dict = (
+        {**best.kwargs, "num_warps": best.num_warps, "num_stages": best.num_stages} if best is not None else None
+    )
+    return {
+        "n": len(configs),
+        "wall_s": wall,
+        "per_config_s": wall / len(configs),
+        "rel_error": rel_error(out, ref),
+        "best": str(best or ""),
+        "best_config": best_dict,
+    }
 
 
 def vs_autotune(frac: float, out: Path) -> list[str]:
@@ -619,8 +770,9 @@ def vs_autotune(frac: float, out: Path) -> list[str]:
     n = len(list(kernel.configs(shape, "cuda", dtype="bfloat16")))
     env = {**os.environ, "TRITON_CACHE_DIR": tempfile.mkdtemp(prefix="triton-autotune-")}
     t0 = time.time()
-    p = subprocess.run([sys.executable, __file__, "--autotune-probe", "0"], env=env, capture_output=True, text=True,
-                       timeout=3600)
+    p = subprocess.run(
+        [sys.executable, __file__, "--autotune-probe", "0"], env=env, capture_output=True, text=True, timeout=3600
+    )
     if p.returncode != 0:
         return [f"triton.autotune failed: {p.stderr[-800:]}"]
     at = json.loads(p.stdout.strip().splitlines()[-1])
@@ -632,33 +784,54 @@ def vs_autotune(frac: float, out: Path) -> list[str]:
         work = Path(tempfile.mkdtemp(prefix="tuner-vs-autotune-"))
         url = f"sqlite:///{work / 't.db'}"
         t0 = time.time()
-        res = tune_cases([KernelCase(name, dict(shape), "bfloat16")],
-                         SearchOptions(budget_s=3600, storage_url=url, out_dir=str(work / "out"), seed=0,
-                                       n_trials=trials, confirm_top=0,
-                                       settings={"retune": True, "compile_ahead": ahead}),
-                         study="vs-autotune")
+        res = tune_cases(
+            [KernelCase(name, dict(shape), "bfloat16")],
+            SearchOptions(
+                budget_s=3600,
+                storage_url=url,
+                out_dir=str(work / "out"),
+                seed=0,
+                n_trials=trials,
+                confirm_top=0,
+                settings={"retune": True, "compile_ahead": ahead},
+            ),
+            study="vs-autotune",
+        )
         runs[label] = (time.time() - t0, res, _first_launch_s(url, res.cases[0].study))
     sets = []
     for i in range(2):
         inputs = kernel.make_inputs(shape, "bfloat16", "cuda", 11 + i)
         sets.append((inputs, kernel.output_like(inputs)))
     picked = {"triton.autotune": at["best_config"]}
-    picked.update({label: {**kernel.default_config(shape), **(r[1].cases[0].config or {})} for label, r in runs.items()})
-    times = {label: do_bench(lambda item, c=cfg: kernel.run(item[0], c, out=item[1]), sets, rep_ms=100.0).median_us
-             for label, cfg in picked.items()}
-    lines = [f"Same run, fresh Triton caches, {name} {kernel.shape_key(shape)} bfloat16, {n} rule-passing configs:",
-             f"- triton.autotune over all {n}: {at['wall_s']:.1f} s in the tuned call ({at_process_s:.1f} s with its "
-             f"process start); picked {at['best_config']}, re-timed {times['triton.autotune']:.2f} us"]
+    picked.update(
+        {label: {**kernel.default_config(shape), **(r[1].cases[0].config or {})} for label, r in runs.items()}
+    )
+    times = {
+        label: do_bench(lambda item, c=cfg: kernel.run(item[0], c, out=item[1]), sets, rep_ms=100.0).median_us
+        for label, cfg in picked.items()
+    }
+    lines = [
+        f"Same run, fresh Triton caches, {name} {kernel.shape_key(shape)} bfloat16, {n} rule-passing configs:",
+        f"- triton.autotune over all {n}: {at['wall_s']:.1f} s in the tuned call ({at_process_s:.1f} s with its "
+        f"process start); picked {at['best_config']}, re-timed {times['triton.autotune']:.2f} us",
+    ]
     for label, (wall, res, first) in runs.items():
         case = res.cases[0]
-        fl = (f"first launch (compile or cache load) median {statistics.median(first):.2f} s over {len(first)} trials"
-              if first else "no first-launch times")
-        lines.append(f"- {label}: {trials} trials ({case.evaluated} configs run), {wall:.1f} s wall, "
-                     f"{res.compile_ahead or res.preflight.facts.get('compile_ahead', '')}; {fl}; {case.status}, "
-                     f"picked {picked[label]}, "
-                     f"re-timed {times[label]:.2f} us ({times[label] / times['triton.autotune'] - 1:+.1%} vs autotune's)")
-        lines.append(f"  - wall-time ratio autotune / this: {at_process_s / wall:.1f}x "
-                     f"(in-call only: {at['wall_s'] / wall:.1f}x)")
+        fl = (
+            f"first launch (compile or cache load) median {statistics.median(first):.2f} s over {len(first)} trials"
+            if first
+            else "no first-launch times"
+        )
+        lines.append(
+            f"- {label}: {trials} trials ({case.evaluated} configs run), {wall:.1f} s wall, "
+            f"{res.compile_ahead or res.preflight.facts.get('compile_ahead', '')}; {fl}; {case.status}, "
+            f"picked {picked[label]}, "
+            f"re-timed {times[label]:.2f} us ({times[label] / times['triton.autotune'] - 1:+.1%} vs autotune's)"
+        )
+        lines.append(
+            f"  - wall-time ratio autotune / this: {at_process_s / wall:.1f}x "
+            f"(in-call only: {at['wall_s'] / wall:.1f}x)"
+        )
     (out / "tuner_vs_autotune.md").write_text("\n".join(lines) + "\n")
     return lines
 
@@ -671,8 +844,12 @@ def _first_launch_s(storage_url: str, study: str) -> list[float]:
     run = repo.get_run(study)
     if run is None:
         return []
-    return [m.value for t in repo.list_trials(run.id, with_measurements=True) for m in t.measurements
-            if m.metric == "first_launch_s" and m.value is not None]
+    return [
+        m.value
+        for t in repo.list_trials(run.id, with_measurements=True)
+        for m in t.measurements
+        if m.metric == "first_launch_s" and m.value is not None
+    ]
 
 
 def end_to_end(budget_s: float, out: Path) -> list[str]:
@@ -685,8 +862,15 @@ def end_to_end(budget_s: float, out: Path) -> list[str]:
     db = Path(tempfile.mkdtemp()) / "tuner.db"
     t0 = time.time()
     try:
-        res = run_kernel_search(SearchOptions(budget_s=budget_s, storage_url=f"sqlite:///{db}", out_dir=str(out / "e2e"),
-                                              seed=0, settings={"only": "sparse_decode", "max_cases": 1}))
+        res = run_kernel_search(
+            SearchOptions(
+                budget_s=budget_s,
+                storage_url=f"sqlite:///{db}",
+                out_dir=str(out / "e2e"),
+                seed=0,
+                settings={"only": "sparse_decode", "max_cases": 1},
+            )
+        )
         lines = res.summary_lines()
         for c in res.cases:
             lines.append(f"  outcomes {c.counts}")
@@ -705,8 +889,11 @@ def gpu_analysis(data: dict, seeds: int, lookahead: int = 1, held_out: bool | No
             continue
         kernel = get_kernel(case["kernel"])
         shape = case["shape"]
-        rows = [{"config": r["config"], "time_us": r["time_us"], "status": r["status"]} for r in case["rows"]
-                if r["status"] != "not_timed"]
+        rows = [
+            {"config": r["config"], "time_us": r["time_us"], "status": r["status"]}
+            for r in case["rows"]
+            if r["status"] != "not_timed"
+        ]
         if not any(r["time_us"] for r in rows):
             continue
         space = kernel.config_space(shape)
@@ -722,10 +909,21 @@ def gpu_analysis(data: dict, seeds: int, lookahead: int = 1, held_out: bool | No
 
         name = f"{case['kernel']} {kernel.shape_key(shape)} {case['dtype']} (measured on {data['gpu']})"
         sampled = len(rows) < case["space_size"]
-        res = analyse(name, rows, space, rule, case["default"], seeds, compile_s, timing_s,
-                      starts=_starts(case["kernel"], shape, case["dtype"]), lookahead=lookahead,
-                      canonical=lambda c, kernel=kernel, shape=shape: kernel.canonical_config(c, shape),
-                      sampled=sampled, **kw)
+        res = analyse(
+            name,
+            rows,
+            space,
+            rule,
+            case["default"],
+            seeds,
+            compile_s,
+            timing_s,
+            starts=_starts(case["kernel"], shape, case["dtype"]),
+            lookahead=lookahead,
+            canonical=lambda c, kernel=kernel, shape=shape: kernel.canonical_config(c, shape),
+            sampled=sampled,
+            **kw,
+        )
         res["held_out"] = bool(case.get("held_out", False))
         res["sampled"] = sampled
         res["torch_us"], res["floor_us"] = case.get("torch_us"), case.get("floor_us")
@@ -733,27 +931,42 @@ def gpu_analysis(data: dict, seeds: int, lookahead: int = 1, held_out: bool | No
         for r in case["rows"]:
             statuses[r["status"]] = statuses.get(r["status"], 0) + 1
         if "compile_s_per_config" in case:
-            sweep = (f"Sweep: {len(rows)} of the {case['space_size']} rule-passing configs timed "
-                     f"(median compile {compile_s:.2f} s per config in a helper, {timing_s * 1e3:.0f} ms of timing "
-                     f"per config), {case['case_wall_s']:.0f} s wall; outcomes {statuses}. ")
+            sweep = (
+                f"Sweep: {len(rows)} of the {case['space_size']} rule-passing configs timed "
+                f"(median compile {compile_s:.2f} s per config in a helper, {timing_s * 1e3:.0f} ms of timing "
+                f"per config), {case['case_wall_s']:.0f} s wall; outcomes {statuses}. "
+            )
         else:
             firsts = [r["first_launch_s"] for r in case["rows"]]
-            sweep = (f"Sweep: {case['compiled']} of {case['space_size']} rule-passing configs compiled in "
-                     f"{case['compile_wall_s']:.1f} s on {case['workers']} processes (median first launch "
-                     f"{statistics.median(firsts):.2f} s per config in a worker), then timed serially in "
-                     f"{case['timing_wall_s']:.1f} s ({timing_s * 1e3:.0f} ms per config); outcomes {statuses}. ")
-        res["extra"] = [sweep + ("The table is a uniform random sample of the space (time cap): gaps are relative "
-                                 "to the sample's best, and a rule-passing config outside the sample is one evaluation "
-                                 "at its nearest sampled config's time (fewest differing fields). "
-                                 if res["sampled"] else "")
-                        + (f"torch path {case['torch_us']:.2f} us, floor {case['floor_us']:.2f} us, best config "
-                           f"{res['best']:.2f} us." if case.get("torch_us") else "")]
+            sweep = (
+                f"Sweep: {case['compiled']} of {case['space_size']} rule-passing configs compiled in "
+                f"{case['compile_wall_s']:.1f} s on {case['workers']} processes (median first launch "
+                f"{statistics.median(firsts):.2f} s per config in a worker), then timed serially in "
+                f"{case['timing_wall_s']:.1f} s ({timing_s * 1e3:.0f} ms per config); outcomes {statuses}. "
+            )
+        res["extra"] = [
+            sweep
+            + (
+                "The table is a uniform random sample of the space (time cap): gaps are relative "
+                "to the sample's best, and a rule-passing config outside the sample is one evaluation "
+                "at its nearest sampled config's time (fewest differing fields). "
+                if res["sampled"]
+                else ""
+            )
+            + (
+                f"torch path {case['torch_us']:.2f} us, floor {case['floor_us']:.2f} us, best config "
+                f"{res['best']:.2f} us."
+                if case.get("torch_us")
+                else ""
+            )
+        ]
         results.append(res)
     return results
 
 
-def write_tuned(files: list[str], directory, kernels: tuple[str, ...] = ("sparse_decode",),
-                min_gain: float = 0.01) -> list[str]:
+def write_tuned(
+    files: list[str], directory, kernels: tuple[str, ...] = ("sparse_decode",), min_gain: float = 0.01
+) -> list[str]:
     """Tuned-config entries from exhaustive sweep tables: for each table of ``kernels`` whose fastest config beats the
     config shipped for its key by more than ``min_gain`` in the same table (or has no entry yet), that config with
     its time and the default's, stamped with the sweep's date, commit and file. Sampled tables are skipped (their
@@ -781,26 +994,34 @@ def write_tuned(files: list[str], directory, kernels: tuple[str, ...] = ("sparse
                 continue
             best = min(rows, key=lambda r: r["time_us"])
             key = kernel.shape_key(case["shape"])
-            shipped = (read_config_file(config_path(case["kernel"], gpu, case["dtype"], triton_version, directory)).get(key)
-                       or read_config_file(config_path(case["kernel"], gpu, case["dtype"], triton_version)).get(key))
+            shipped = read_config_file(config_path(case["kernel"], gpu, case["dtype"], triton_version, directory)).get(
+                key
+            ) or read_config_file(config_path(case["kernel"], gpu, case["dtype"], triton_version)).get(key)
             times = {json.dumps(r["config"], sort_keys=True): r["time_us"] for r in rows}
 
             # the shipped config's time: its fastest twin in the table (configs the launcher runs alike: sparse decode's
             # S is an upper bound, benchmarks/kernels.py's _effective)
             kname, shape = case["kernel"], case["shape"]
-            same = [r["time_us"] for r in rows
-                    if shipped and _effective(kname, r["config"], shape) == _effective(kname, shipped["config"], shape)]
+            same = [
+                r["time_us"]
+                for r in rows
+                if shipped and _effective(kname, r["config"], shape) == _effective(kname, shipped["config"], shape)
+            ]
             shipped_t = min(same) if same else None
             if shipped_t is not None and best["time_us"] >= shipped_t * (1 - min_gain):
                 lines.append(f"{name}: kept {shipped['config']} ({shipped_t:.2f} µs; the best {best['time_us']:.2f})")
                 continue
             default_t = times.get(json.dumps(case["default"], sort_keys=True))
-            entry = {"config": best["config"], "time_us": round(best["time_us"], 2),
-                     "measured": f"{data['date']}, commit {data['commit']}, {Path(f).name} (exhaustive sweep)"}
+            entry = {
+                "config": best["config"],
+                "time_us": round(best["time_us"], 2),
+                "measured": f"{data['date']}, commit {data['commit']}, {Path(f).name} (exhaustive sweep)",
+            }
             if default_t is not None:
                 entry["default_time_us"] = round(default_t, 2)
-            write_config_file(case["kernel"], gpu, case["dtype"], {key: entry}, triton_version=triton_version,
-                              directory=directory)
+            write_config_file(
+                case["kernel"], gpu, case["dtype"], {key: entry}, triton_version=triton_version, directory=directory
+            )
             was = f"{shipped['config']} at {shipped_t:.2f} µs" if shipped_t is not None else "no entry timed here"
             lines.append(f"{name}: wrote {best['config']} ({best['time_us']:.2f} µs; was {was})")
     return lines
@@ -824,8 +1045,9 @@ def load_sweeps(files: list[str]) -> dict:
     data = parts[0]
     for extra in parts[1:]:
         names = {json.dumps([c["kernel"], c["shape"]], sort_keys=True) for c in extra["cases"]}
-        data["cases"] = [c for c in data["cases"] if json.dumps([c["kernel"], c["shape"]], sort_keys=True)
-                         not in names] + extra["cases"]
+        data["cases"] = [
+            c for c in data["cases"] if json.dumps([c["kernel"], c["shape"]], sort_keys=True) not in names
+        ] + extra["cases"]
     return data
 
 
@@ -835,8 +1057,11 @@ REFINE_STRATEGIES = ("tpe", "tpe+moves", "tpe+refine:0.25", "tpe+refine:0.5")
 def refine_comparison(results: list[dict], header: list[str]) -> str:
     """One row per case and budget, one column per strategy: within 3% / seeds, median gap / worst gap."""
     strategies = list(dict.fromkeys(r["strategy"] for res in results for r in res["runs"]))
-    lines = header + ["", "| case | budget (evals) | " + " | ".join(strategies) + " |",
-                      "| --- | --- | " + " | ".join("---" for _ in strategies) + " |"]
+    lines = header + [
+        "",
+        "| case | budget (evals) | " + " | ".join(strategies) + " |",
+        "| --- | --- | " + " | ".join("---" for _ in strategies) + " |",
+    ]
     totals = {s: 0 for s in strategies}
     for res in results:
         for frac in FRACTIONS:
@@ -848,8 +1073,12 @@ def refine_comparison(results: list[dict], header: list[str]) -> str:
                 totals[s] += r["within3"]
                 row.append(f"{r['within3']}/{r['seeds']}, {_pct(r['median_gap'])} / {_pct(r['worst_gap'])}")
             lines.append(f"| {res['name']} | {int(frac * 100)}% ({budget}) | " + " | ".join(row) + " |")
-    lines += ["", "Runs within 3% of the exhaustive best, over every case and budget: "
-              + ", ".join(f"{s} {n}" for s, n in totals.items()) + "."]
+    lines += [
+        "",
+        "Runs within 3% of the exhaustive best, over every case and budget: "
+        + ", ".join(f"{s} {n}" for s, n in totals.items())
+        + ".",
+    ]
     return "\n".join(lines) + "\n"
 
 
@@ -868,24 +1097,38 @@ def search_lookahead() -> int:
 def goal_report(results: list[dict], header: list[str]) -> str:
     """One row per table: within 3% / seeds at 5, 10 and 20% of the evaluations, median / worst gap, the goal."""
     need, frac_goal, gap = GOAL
-    lines = header + ["", "| table | configs | best (us) | 5% | 10% | 20% | median / worst gap at 10% | goal |",
-                      "| --- | --- | --- | --- | --- | --- | --- | --- |"]
+    lines = header + [
+        "",
+        "| table | configs | best (us) | 5% | 10% | 20% | median / worst gap at 10% | goal |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- |",
+    ]
     met = 0
     for res in results:
         cells = {r["frac"]: r for r in res["runs"]}
         ten = cells[frac_goal]
         ok = ten["within3"] >= need * ten["seeds"] / 20
         met += ok
-        lines.append(f"| {res['name']}{' (sample)' if res.get('sampled') else ''} | {res['n']} | {res['best']:.2f} | "
-                     + " | ".join(f"{cells[f]['within3']}/{cells[f]['seeds']} ({cells[f]['budget']})" if f in cells
-                                  else "not replayed" for f in FRACTIONS)
-                     + f" | {_pct(ten['median_gap'])} / {_pct(ten['worst_gap'])} | {'met' if ok else 'missed'} |")
+        lines.append(
+            f"| {res['name']}{' (sample)' if res.get('sampled') else ''} | {res['n']} | {res['best']:.2f} | "
+            + " | ".join(
+                f"{cells[f]['within3']}/{cells[f]['seeds']} ({cells[f]['budget']})" if f in cells else "not replayed"
+                for f in FRACTIONS
+            )
+            + f" | {_pct(ten['median_gap'])} / {_pct(ten['worst_gap'])} | {'met' if ok else 'missed'} |"
+        )
     whole = [r for r in results if not r.get("sampled")]
-    met_whole = sum(1 for r in whole if next(x for x in r["runs"] if x["frac"] == frac_goal)["within3"]
-                    >= need * r["runs"][0]["seeds"] / 20)
-    lines += ["", f"Goal (>= {need} of 20 seeds within {gap:.0%} at {frac_goal:.0%} of the evaluations) met on {met} of "
-              f"{len(results)} tables; on {met_whole} of the {len(whole)} exhaustive ones (a sample's best is not the "
-              "space's: a sampled table only indicates).", ""]
+    met_whole = sum(
+        1
+        for r in whole
+        if next(x for x in r["runs"] if x["frac"] == frac_goal)["within3"] >= need * r["runs"][0]["seeds"] / 20
+    )
+    lines += [
+        "",
+        f"Goal (>= {need} of 20 seeds within {gap:.0%} at {frac_goal:.0%} of the evaluations) met on {met} of "
+        f"{len(results)} tables; on {met_whole} of the {len(whole)} exhaustive ones (a sample's best is not the "
+        "space's: a sampled table only indicates).",
+        "",
+    ]
     for res in results:
         if res.get("extra"):
             lines += [f"- {res['name']}: " + " ".join(res["extra"])]
@@ -902,50 +1145,96 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--deadline-s", type=float, default=290.0, help="with --gpu: stop starting new work after this")
     ap.add_argument("--rep-ms", type=float, default=10.0, help="with --gpu: do_bench's timing window per config")
     ap.add_argument("--helpers", type=int, default=0, help="with --gpu: compile processes (default: CPUs - 2)")
-    ap.add_argument("--e2e-budget", type=float, default=0.0, help="with --gpu: then a real kernel search of this budget")
-    ap.add_argument("--write-tuned", metavar="SWEEP_JSON[,SWEEP_JSON]", default=None,
-                    help="write the sparse decode tuned configs from exhaustive sweep tables (where one beats the "
-                    "shipped config by more than 1%% in the same table) into --tuned-dir and exit")
-    ap.add_argument("--tuned-dir", metavar="DIR", default=None,
-                    help="with --write-tuned: the folder to write (not kernels/tuned/, which only `tuner search "
-                         "--target kernels` writes; read it with TUNER_KERNEL_CONFIG_DIR=DIR)")
-    ap.add_argument("--only", default="", help="with --gpu: the cases to sweep (default: all), comma-separated: a kernel "
-                    "name, or KERNEL@KEY=VALUE for its cases whose shape has that value (gemm@M=16)")
-    ap.add_argument("--cases", choices=sorted(CASE_SETS), default="issue20_held_out",
-                    help="with --gpu: the set of tables to sweep (default: issue 20's second held-out set, GPU_CASES)")
+    ap.add_argument(
+        "--e2e-budget", type=float, default=0.0, help="with --gpu: then a real kernel search of this budget"
+    )
+    ap.add_argument(
+        "--write-tuned",
+        metavar="SWEEP_JSON[,SWEEP_JSON]",
+        default=None,
+        help="write the sparse decode tuned configs from exhaustive sweep tables (where one beats the "
+        "shipped config by more than 1%% in the same table) into --tuned-dir and exit",
+    )
+    ap.add_argument(
+        "--tuned-dir",
+        metavar="DIR",
+        default=None,
+        help="with --write-tuned: the folder to write (not kernels/tuned/, which only `tuner search "
+        "--target kernels` writes; read it with TUNER_KERNEL_CONFIG_DIR=DIR)",
+    )
+    ap.add_argument(
+        "--only",
+        default="",
+        help="with --gpu: the cases to sweep (default: all), comma-separated: a kernel "
+        "name, or KERNEL@KEY=VALUE for its cases whose shape has that value (gemm@M=16)",
+    )
+    ap.add_argument(
+        "--cases",
+        choices=sorted(CASE_SETS),
+        default="issue20_held_out",
+        help="with --gpu: the set of tables to sweep (default: issue 20's second held-out set, GPU_CASES)",
+    )
     ap.add_argument("--no-autotune", action="store_true", help="with --gpu: skip the triton.autotune probe")
-    ap.add_argument("--vs-autotune", type=float, default=0.0, metavar="FRACTION",
-                    help="on a GPU: real triton.autotune over every indexer config vs the tuner with this fraction "
-                         "of that count as trials, cold caches, winners re-timed (writes tuner_vs_autotune.md)")
-    ap.add_argument("--lookahead", type=int, default=1,
-                    help="replays: trials asked before the oldest is told (the kernel search asks as many ahead as "
-                         "it has compile helpers)")
-    ap.add_argument("--compare-refine", action="store_true",
-                    help="replays: TPE alone, with a one-change move after each repeat (the kernel search), and with a "
-                         "refinement window (tuner.search.refine), default and seed configs first; writes "
-                         "tuner_efficiency_refine.md")
-    ap.add_argument("--no-starts", action="store_true",
-                    help="with --goal: the sampler alone, without the default and the seed configs first (where a "
-                         "table's default is its best, the configured search finds it at the first evaluation)")
-    ap.add_argument("--fractions", default=",".join(map(str, FRACTIONS)),
-                    help="with --goal: the fractions of each table replayed, comma-separated, among "
-                         f"{','.join(map(str, FRACTIONS))} and always with the goal's (each a replay of its own budget: "
-                         "the 4389-config tables take minutes a seed at 20%%)")
-    ap.add_argument("--report-name", default=None,
-                    help="with --goal: the report's file name (default: tuner_efficiency_goal_<set>.md)")
-    ap.add_argument("--goal", choices=("tuning", "held_out"), default=None,
-                    help="replays of the kernel search as it runs on the H200 (its sampler, default and seed configs "
-                         "first, moves on repeats, its compile helpers' lookahead) against issue 20's goal: on the "
-                         "tuning set (the recorded tables) or on the held-out tables of --analyze-gpu FILE; writes "
-                         "tuner_efficiency_goal_<set>.md")
+    ap.add_argument(
+        "--vs-autotune",
+        type=float,
+        default=0.0,
+        metavar="FRACTION",
+        help="on a GPU: real triton.autotune over every indexer config vs the tuner with this fraction "
+        "of that count as trials, cold caches, winners re-timed (writes tuner_vs_autotune.md)",
+    )
+    ap.add_argument(
+        "--lookahead",
+        type=int,
+        default=1,
+        help="replays: trials asked before the oldest is told (the kernel search asks as many ahead as "
+        "it has compile helpers)",
+    )
+    ap.add_argument(
+        "--compare-refine",
+        action="store_true",
+        help="replays: TPE alone, with a one-change move after each repeat (the kernel search), and with a "
+        "refinement window (tuner.search.refine), default and seed configs first; writes "
+        "tuner_efficiency_refine.md",
+    )
+    ap.add_argument(
+        "--no-starts",
+        action="store_true",
+        help="with --goal: the sampler alone, without the default and the seed configs first (where a "
+        "table's default is its best, the configured search finds it at the first evaluation)",
+    )
+    ap.add_argument(
+        "--fractions",
+        default=",".join(map(str, FRACTIONS)),
+        help="with --goal: the fractions of each table replayed, comma-separated, among "
+        f"{','.join(map(str, FRACTIONS))} and always with the goal's (each a replay of its own budget: "
+        "the 4389-config tables take minutes a seed at 20%%)",
+    )
+    ap.add_argument(
+        "--report-name",
+        default=None,
+        help="with --goal: the report's file name (default: tuner_efficiency_goal_<set>.md)",
+    )
+    ap.add_argument(
+        "--goal",
+        choices=("tuning", "held_out"),
+        default=None,
+        help="replays of the kernel search as it runs on the H200 (its sampler, default and seed configs "
+        "first, moves on repeats, its compile helpers' lookahead) against issue 20's goal: on the "
+        "tuning set (the recorded tables) or on the held-out tables of --analyze-gpu FILE; writes "
+        "tuner_efficiency_goal_<set>.md",
+    )
     ap.add_argument("--autotune-probe", type=int, default=None, help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if args.write_tuned:
         from tuner.errors import InputError
 
         if not args.tuned_dir:
-            print("error: --write-tuned needs --tuned-dir DIR (a folder of your own; kernels/tuned/ is written only "
-                  "by `tuner search --target kernels`)", file=sys.stderr)
+            print(
+                "error: --write-tuned needs --tuned-dir DIR (a folder of your own; kernels/tuned/ is written only "
+                "by `tuner search --target kernels`)",
+                file=sys.stderr,
+            )
             return 2
         try:
             print("\n".join(write_tuned(args.write_tuned.split(","), args.tuned_dir)))
@@ -960,7 +1249,9 @@ def main(argv: list[str] | None = None) -> int:
         import torch
 
         if not torch.cuda.is_available():
-            print("error: --vs-autotune needs a CUDA GPU (it times real kernels); run it on the GPU host", file=sys.stderr)
+            print(
+                "error: --vs-autotune needs a CUDA GPU (it times real kernels); run it on the GPU host", file=sys.stderr
+            )
             return 2
         out = Path(args.out or os.environ.get("OUT") or ROOT / "benchmarks" / "results")
         out.mkdir(parents=True, exist_ok=True)
@@ -971,31 +1262,44 @@ def main(argv: list[str] | None = None) -> int:
         return _goal(args, date)
     if args.compare_refine:
         kw = {"strategies": REFINE_STRATEGIES, "firsts": (True,)}
-        files = (args.analyze_gpu or ",".join(str(RESULTS / f) for f in RECORDED_SWEEPS[:2])).split(",")  # MoE's cases win
+        files = (args.analyze_gpu or ",".join(str(RESULTS / f) for f in RECORDED_SWEEPS[:2])).split(
+            ","
+        )  # MoE's cases win
         res = [recorded_case(args.seeds, args.lookahead, **kw)]
         res += gpu_analysis(load_sweeps(files), args.seeds, args.lookahead, **kw)
-        header = ["# Refining in the kernel search: replays of the H200 sweeps", "",
-                  f"Date {date}, commit {short_commit()}, CPU replay (no GPU) of the exhaustive H200 sweeps "
-                  f"(`{TABLE.relative_to(ROOT)}`, " + ", ".join(f"`{Path(f).name}`" for f in files) + "), "
-                  f"{args.seeds} seeds per cell, {args.lookahead} trial(s) asked ahead, the default and the kernel's "
-                  "seed configs first. `tpe`: TPE alone; `tpe+moves`: a configuration TPE proposes again is followed "
-                  "by one move from the best (`tuner.search.refine.choose_move`), as `tuner.search.kernel_search` does; "
-                  "`tpe+refine:S`: that, and a move before every ask in the last share S of the evaluations. "
-                  "Cell: runs within 3% of the exhaustive best / seeds, median gap / worst gap.", "",
-                  f"    python benchmarks/tuner_efficiency.py --compare-refine --seeds {args.seeds}"]
+        header = [
+            "# Refining in the kernel search: replays of the H200 sweeps",
+            "",
+            f"Date {date}, commit {short_commit()}, CPU replay (no GPU) of the exhaustive H200 sweeps "
+            f"(`{TABLE.relative_to(ROOT)}`, " + ", ".join(f"`{Path(f).name}`" for f in files) + "), "
+            f"{args.seeds} seeds per cell, {args.lookahead} trial(s) asked ahead, the default and the kernel's "
+            "seed configs first. `tpe`: TPE alone; `tpe+moves`: a configuration TPE proposes again is followed "
+            "by one move from the best (`tuner.search.refine.choose_move`), as `tuner.search.kernel_search` does; "
+            "`tpe+refine:S`: that, and a move before every ask in the last share S of the evaluations. "
+            "Cell: runs within 3% of the exhaustive best / seeds, median gap / worst gap.",
+            "",
+            f"    python benchmarks/tuner_efficiency.py --compare-refine --seeds {args.seeds}",
+        ]
         text = refine_comparison(res, header)
-        path = Path(args.out) / "tuner_efficiency_refine.md" if args.out else result_path("tuner_efficiency", "cpu", "refine")
+        path = (
+            Path(args.out) / "tuner_efficiency_refine.md"
+            if args.out
+            else result_path("tuner_efficiency", "cpu", "refine")
+        )
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(text)
         print(text)
         return 0
     if not args.gpu and not args.analyze_gpu:
         res = [recorded_case(args.seeds, args.lookahead)]
-        header = ["# Tuner efficiency: replay of the recorded H200 sweep", "",
-                  f"Date {date}, commit {short_commit()}, run on {platform.node()} ({os.cpu_count()} CPUs, no GPU): a replay "
-                  f"of `{TABLE.relative_to(ROOT)}` (one H200, torch 2.11, triton 3.6), {args.seeds} seeds per cell. "
-                  "Gap = best time found / exhaustive best - 1. An evaluation is one compiled and timed config; "
-                  "rule-pruned configs and repeats cost none. `python benchmarks/tuner_efficiency.py`."]
+        header = [
+            "# Tuner efficiency: replay of the recorded H200 sweep",
+            "",
+            f"Date {date}, commit {short_commit()}, run on {platform.node()} ({os.cpu_count()} CPUs, no GPU): a replay "
+            f"of `{TABLE.relative_to(ROOT)}` (one H200, torch 2.11, triton 3.6), {args.seeds} seeds per cell. "
+            "Gap = best time found / exhaustive best - 1. An evaluation is one compiled and timed config; "
+            "rule-pruned configs and repeats cost none. `python benchmarks/tuner_efficiency.py`.",
+        ]
         text = markdown(res, header)
         path = result_path("tuner_efficiency", "cpu")
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -1010,27 +1314,42 @@ def main(argv: list[str] | None = None) -> int:
         import torch
 
         if not torch.cuda.is_available():
-            print("error: --gpu needs a CUDA GPU (it compiles and times real kernels); run "
-                  "benchmarks/tuner_efficiency_gpu.sh on the GPU host, then --analyze-gpu FILE here", file=sys.stderr)
+            print(
+                "error: --gpu needs a CUDA GPU (it compiles and times real kernels); run "
+                "benchmarks/tuner_efficiency_gpu.sh on the GPU host, then --analyze-gpu FILE here",
+                file=sys.stderr,
+            )
             return 2
         start = time.time()
         helpers = args.helpers or max(1, (os.cpu_count() or 2) - 2)  # the rest: this process and the GPU's feeding
-        data = {"gpu": torch.cuda.get_device_name(0), "date": date, "commit": short_commit(), "cases": [],
-                "torch": torch.__version__, "rep_ms": args.rep_ms, "helpers": helpers,
-                "source": "benchmarks/tuner_efficiency.py --gpu"}
+        data = {
+            "gpu": torch.cuda.get_device_name(0),
+            "date": date,
+            "commit": short_commit(),
+            "cases": [],
+            "torch": torch.__version__,
+            "rep_ms": args.rep_ms,
+            "helpers": helpers,
+            "source": "benchmarks/tuner_efficiency.py --gpu",
+        }
         import triton
 
         data["triton"] = triton.__version__
-        cases = [c for c in CASE_SETS[args.cases] if not args.only or any(selects(sel, c) for sel in args.only.split(","))]
+        cases = [
+            c for c in CASE_SETS[args.cases] if not args.only or any(selects(sel, c) for sel in args.only.split(","))
+        ]
         data["cases_set"] = args.cases
 
         def keep(case: dict) -> None:
             data["cases"].append(case)
             (out / "tuner_efficiency_gpu.json").write_text(json.dumps(data))
             timed = sum(r["status"] != "not_timed" for r in case["rows"])
-            print(f"{case['kernel']} {case['shape']} {case['dtype']}: {timed}/{case['sampled']} configs timed "
-                  f"({case['space_size']} in the space) in {case['case_wall_s']:.1f}s of a {case['share_s']:.0f}s share; "
-                  f"torch {case['torch_us']:.2f} us", flush=True)
+            print(
+                f"{case['kernel']} {case['shape']} {case['dtype']}: {timed}/{case['sampled']} configs timed "
+                f"({case['space_size']} in the space) in {case['case_wall_s']:.1f}s of a {case['share_s']:.0f}s share; "
+                f"torch {case['torch_us']:.2f} us",
+                flush=True,
+            )
 
         gpu_sweep(cases, args.deadline_s, helpers, args.rep_ms, keep)
         print(f"sweep: {time.time() - start:.0f}s", flush=True)
@@ -1039,10 +1358,16 @@ def main(argv: list[str] | None = None) -> int:
 
             env = {**os.environ, "TRITON_CACHE_DIR": tempfile.mkdtemp(prefix="triton-fresh-")}
             try:
-                p = subprocess.run([sys.executable, __file__, "--autotune-probe", "12"], env=env, capture_output=True,
-                                   text=True, timeout=max(10, args.deadline_s - (time.time() - start)))
-                data["autotune"] = json.loads(p.stdout.strip().splitlines()[-1]) if p.returncode == 0 else {
-                    "error": p.stderr[-1500:]}
+                p = subprocess.run(
+                    [sys.executable, __file__, "--autotune-probe", "12"],
+                    env=env,
+                    capture_output=True,
+                    text=True,
+                    timeout=max(10, args.deadline_s - (time.time() - start)),
+                )
+                data["autotune"] = (
+                    json.loads(p.stdout.strip().splitlines()[-1]) if p.returncode == 0 else {"error": p.stderr[-1500:]}
+                )
             except Exception as exc:  # noqa: BLE001
                 data["autotune"] = {"error": f"{type(exc).__name__}: {exc}"}
             print("autotune:", json.dumps(data["autotune"])[:600], flush=True)
@@ -1053,25 +1378,39 @@ def main(argv: list[str] | None = None) -> int:
         if args.no_analysis:
             return 0
     res = gpu_analysis(data, min(args.seeds, 10), args.lookahead)
-    header = ["# Tuner efficiency on a GPU: measured exhaustive sweeps, replayed", "",
-              f"Measured {data['date']} on {data['gpu']} (torch {data.get('torch')}, triton {data.get('triton')}), "
-              f"commit {data['commit']}; analysed {date}, {args.lookahead} trial(s) asked ahead. Gap = best found / best of "
-              "the measured table - 1."]
+    header = [
+        "# Tuner efficiency on a GPU: measured exhaustive sweeps, replayed",
+        "",
+        f"Measured {data['date']} on {data['gpu']} (torch {data.get('torch')}, triton {data.get('triton')}), "
+        f"commit {data['commit']}; analysed {date}, {args.lookahead} trial(s) asked ahead. Gap = best found / best of "
+        "the measured table - 1.",
+    ]
     at = data.get("autotune") or {}
     if "per_config_s" in at:
-        header += ["", f"Real `triton.autotune` (indexer, batch 16, 64K rows) over a sample of {at['n']} configs in a fresh "
-                   f"Triton cache: {at['wall_s']:.1f} s = {at['per_config_s']:.2f} s per config, extrapolated per config "
-                   f"below (result rel. error {at['rel_error']:.2g}; picked {at['best']})."]
+        header += [
+            "",
+            f"Real `triton.autotune` (indexer, batch 16, 64K rows) over a sample of {at['n']} configs in a fresh "
+            f"Triton cache: {at['wall_s']:.1f} s = {at['per_config_s']:.2f} s per config, extrapolated per config "
+            f"below (result rel. error {at['rel_error']:.2g}; picked {at['best']}).",
+        ]
         for r in res:
             n = r["n"]
-            r["extra"] = r.get("extra", []) + [f"triton.autotune extrapolated to all {n} configs of this table: "
-                                                f"{n * at['per_config_s']:.0f} s vs TPE at 10% {r['wall']['tpe10_s']:.0f} s "
-                                                f"({n * at['per_config_s'] / max(r['wall']['tpe10_s'], 1e-9):.1f}x)."]
+            r["extra"] = r.get("extra", []) + [
+                f"triton.autotune extrapolated to all {n} configs of this table: "
+                f"{n * at['per_config_s']:.0f} s vs TPE at 10% {r['wall']['tpe10_s']:.0f} s "
+                f"({n * at['per_config_s'] / max(r['wall']['tpe10_s'], 1e-9):.1f}x)."
+            ]
     elif at:
         header += ["", f"The triton.autotune probe failed: `{str(at.get('error'))[-400:]}`"]
     if data.get("e2e"):
-        header += ["", "End to end (`run_kernel_search`, the first sparse_decode case of the plan):", "", "```",
-                   *data["e2e"], "```"]
+        header += [
+            "",
+            "End to end (`run_kernel_search`, the first sparse_decode case of the plan):",
+            "",
+            "```",
+            *data["e2e"],
+            "```",
+        ]
     text = markdown(res, header)
     (out / "tuner_efficiency_gpu.md").write_text(text)
     print(text)
@@ -1079,58 +1418,85 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _goal(args, date: str) -> int:
-    commit = short_commit()  # the code that runs: read now, not when the report is written (a commit may land meanwhile)
+    commit = (
+        short_commit()
+    )  # the code that runs: read now, not when the report is written (a commit may land meanwhile)
     ahead = search_lookahead()
     try:
         fractions = tuple(sorted({float(f) for f in args.fractions.split(",")}))
     except ValueError:
         fractions = ()
     if not fractions or not set(fractions) <= set(FRACTIONS) or GOAL[1] not in fractions:
-        print(f"error: --fractions {args.fractions!r}: give some of {','.join(map(str, FRACTIONS))}, the goal's "
-              f"{GOAL[1]} among them", file=sys.stderr)
+        print(
+            f"error: --fractions {args.fractions!r}: give some of {','.join(map(str, FRACTIONS))}, the goal's "
+            f"{GOAL[1]} among them",
+            file=sys.stderr,
+        )
         return 2
     kw = {"strategies": ("tpe+moves",), "firsts": (not args.no_starts,), "fractions": fractions}
     if args.goal == "tuning":
         files = [str(RESULTS / f) for f in RECORDED_SWEEPS]
         res = [recorded_case(args.seeds, ahead, **kw)] + gpu_analysis(load_sweeps(files), args.seeds, ahead, **kw)
         meta = [read_json(f) for f in files]
-        source = (", ".join(f"`{p}`" for p in [str(TABLE.relative_to(ROOT)), *RECORDED_SWEEPS]) + " (measured "
-                  + "; ".join(sorted({f"{m['date']} on {m['gpu']} at {m['commit']}" for m in meta})) + ")")
+        source = (
+            ", ".join(f"`{p}`" for p in [str(TABLE.relative_to(ROOT)), *RECORDED_SWEEPS])
+            + " (measured "
+            + "; ".join(sorted({f"{m['date']} on {m['gpu']} at {m['commit']}" for m in meta}))
+            + ")"
+        )
     else:
         if not args.analyze_gpu:
-            print("error: --goal held_out needs --analyze-gpu FILE (the sweep JSON of benchmarks/tuner_efficiency_gpu.sh); "
-                  "e.g. --goal held_out --analyze-gpu benchmarks/results/tuner_efficiency/h200/2026-11-30_a39226e_issue20.json.gz",
-                  file=sys.stderr)
+            print(
+                "error: --goal held_out needs --analyze-gpu FILE (the sweep JSON of benchmarks/tuner_efficiency_gpu.sh); "
+                "e.g. --goal held_out --analyze-gpu benchmarks/results/tuner_efficiency/h200/2026-11-30_a39226e_issue20.json.gz",
+                file=sys.stderr,
+            )
             return 2
         data = load_sweeps(args.analyze_gpu.split(","))
         res = gpu_analysis(data, args.seeds, ahead, held_out=True, **kw)
-        source = ", ".join(f"`{Path(f).name}` (measured {m['date']} on {m['gpu']}, torch {m.get('torch')}, triton "
-                           f"{m.get('triton')}, commit {m['commit']})"
-                           for f, m in ((f, read_json(f)) for f in args.analyze_gpu.split(",")))
+        source = ", ".join(
+            f"`{Path(f).name}` (measured {m['date']} on {m['gpu']}, torch {m.get('torch')}, triton "
+            f"{m.get('triton')}, commit {m['commit']})"
+            for f, m in ((f, read_json(f)) for f in args.analyze_gpu.split(","))
+        )
         source += "; a later file's table replaces an earlier one's of the same kernel and shape"
         if not res:
-            print(f"error: {args.analyze_gpu} holds no held-out table with a timed config; run "
-                  "benchmarks/tuner_efficiency_gpu.sh on the GPU first", file=sys.stderr)
+            print(
+                f"error: {args.analyze_gpu} holds no held-out table with a timed config; run "
+                "benchmarks/tuner_efficiency_gpu.sh on the GPU first",
+                file=sys.stderr,
+            )
             return 2
-    header = [f"# Kernel search against issue 20's goal: the {args.goal.replace('_', '-')} tables", "",
-              f"Analysed {date} at commit {commit} on a CPU (replay, no GPU) from {source}. Each table is searched "
-              f"{args.seeds} times (seeds 0..{args.seeds - 1}) as `tuner.search.kernel_search` searches it on the H200 "
-              f"host: its sampler (`kernel_sampler`), "
-              + ("without the default and `starting_configs` first (`--no-starts`: the sampler alone)"
-                 if args.no_starts else "the default then `starting_configs` first")
-              + f", a one-change move "
-              f"after a repeat, {ahead} trials asked ahead (its compile helpers). Cell: seeds within 3% of the "
-              f"table's best / seeds (evaluations). Rule-pruned configs and repeats cost no evaluation. Configs counts "
-              f"programs: configs that run the same program (the kernel's `canonical_config`; GEMM: GROUP_M where "
-              f"there is one row block) are one row, its fastest timing, and asking for one that was timed is a "
-              f"repeat, as in the kernel search.", "",
-              f"    python benchmarks/tuner_efficiency.py --goal {args.goal} --seeds {args.seeds}"
-              + (" --no-starts" if args.no_starts else "")
-              + (f" --fractions {args.fractions}" if fractions != FRACTIONS else "")
-              + (f" --analyze-gpu {args.analyze_gpu}" if args.analyze_gpu else "")]
+    header = [
+        f"# Kernel search against issue 20's goal: the {args.goal.replace('_', '-')} tables",
+        "",
+        f"Analysed {date} at commit {commit} on a CPU (replay, no GPU) from {source}. Each table is searched "
+        f"{args.seeds} times (seeds 0..{args.seeds - 1}) as `tuner.search.kernel_search` searches it on the H200 "
+        f"host: its sampler (`kernel_sampler`), "
+        + (
+            "without the default and `starting_configs` first (`--no-starts`: the sampler alone)"
+            if args.no_starts
+            else "the default then `starting_configs` first"
+        )
+        + f", a one-change move "
+        f"after a repeat, {ahead} trials asked ahead (its compile helpers). Cell: seeds within 3% of the "
+        f"table's best / seeds (evaluations). Rule-pruned configs and repeats cost no evaluation. Configs counts "
+        f"programs: configs that run the same program (the kernel's `canonical_config`; GEMM: GROUP_M where "
+        f"there is one row block) are one row, its fastest timing, and asking for one that was timed is a "
+        f"repeat, as in the kernel search.",
+        "",
+        f"    python benchmarks/tuner_efficiency.py --goal {args.goal} --seeds {args.seeds}"
+        + (" --no-starts" if args.no_starts else "")
+        + (f" --fractions {args.fractions}" if fractions != FRACTIONS else "")
+        + (f" --analyze-gpu {args.analyze_gpu}" if args.analyze_gpu else ""),
+    ]
     text = goal_report(res, header)
     name = args.report_name or f"tuner_efficiency_goal_{args.goal}.md"
-    path = Path(args.out) / name if args.out else result_path("tuner_efficiency", "cpu", Path(name).stem.removeprefix("tuner_efficiency_"))
+    path = (
+        Path(args.out) / name
+        if args.out
+        else result_path("tuner_efficiency", "cpu", Path(name).stem.removeprefix("tuner_efficiency_"))
+    )
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(text)
     print(text)

@@ -38,8 +38,10 @@ def _sessions(trials, run, gap_s: float = 30.0) -> str:
         return f"Search started {run.started_at:%Y-%m-%d %H:%M} UTC, budget {run.budget_s:.0f} s"
     parts = ", ".join(f"{a:%H:%M:%S}-{b:%H:%M:%S}" for a, b in spans)
     total = sum((b - a).total_seconds() for a, b in spans)
-    return (f"Search on {spans[0][0]:%Y-%m-%d} in {len(spans)} sessions (resumed with `--resume`), trials at {parts} "
-            f"UTC, {total:.0f} s of trials in all; the last session's budget {run.budget_s:.0f} s")
+    return (
+        f"Search on {spans[0][0]:%Y-%m-%d} in {len(spans)} sessions (resumed with `--resume`), trials at {parts} "
+        f"UTC, {total:.0f} s of trials in all; the last session's budget {run.budget_s:.0f} s"
+    )
 
 
 def main() -> int:
@@ -48,8 +50,12 @@ def main() -> int:
     ap.add_argument("--study", required=True)
     ap.add_argument("--side-by-side", default=None, help="the markdown benchmarks/workload_gpu.py wrote")
     ap.add_argument("--out", required=True)
-    ap.add_argument("--run-commit", default=None, help="the TUNER_COMMIT the search ran under, printed beside what "
-                    "the database recorded (a tree copied to a GPU host may carry a stale .git)")
+    ap.add_argument(
+        "--run-commit",
+        default=None,
+        help="the TUNER_COMMIT the search ran under, printed beside what "
+        "the database recorded (a tree copied to a GPU host may carry a stale .git)",
+    )
     args = ap.parse_args()
     from storage import Repo
     from tuner.explain import numerics_summary
@@ -64,15 +70,27 @@ def main() -> int:
     best = repo.get_trial(run.id, run.best_trial_number)
     base = repo.baseline_trial(run.id)
     counts = repo.outcome_counts(run.id)
-    lines = [f"# Twin search `{run.study_name}` on {gpu}", "",
-             _sessions(repo.list_trials(run.id), run) + ", tuner commit "
-             + (f"{args.run_commit} (the run's TUNER_COMMIT; the database records {env.get('git_sha')}, read from the "
-                "copied tree's stale .git)" if args.run_commit and args.run_commit != env.get("git_sha")
-                else f"{env.get('git_sha')}") + f", torch {env.get('torch')}, triton {env.get('triton')}; report written "
-             f"{dt.date.today()} by `benchmarks/twin_report.py` from `{Path(args.db).name}`.", "",
-             "Trials: " + ", ".join(f"{k} {v}" for k, v in sorted(counts.items())), "",
-             f"## Best (trial {best.number}) against the default (trial {base.number if base else '?'}), as stored",
-             "", "| level | default tok/s | best tok/s | x default |", "| --- | --- | --- | --- |"]
+    lines = [
+        f"# Twin search `{run.study_name}` on {gpu}",
+        "",
+        _sessions(repo.list_trials(run.id), run)
+        + ", tuner commit "
+        + (
+            f"{args.run_commit} (the run's TUNER_COMMIT; the database records {env.get('git_sha')}, read from the "
+            "copied tree's stale .git)"
+            if args.run_commit and args.run_commit != env.get("git_sha")
+            else f"{env.get('git_sha')}"
+        )
+        + f", torch {env.get('torch')}, triton {env.get('triton')}; report written "
+        f"{dt.date.today()} by `benchmarks/twin_report.py` from `{Path(args.db).name}`.",
+        "",
+        "Trials: " + ", ".join(f"{k} {v}" for k, v in sorted(counts.items())),
+        "",
+        f"## Best (trial {best.number}) against the default (trial {base.number if base else '?'}), as stored",
+        "",
+        "| level | default tok/s | best tok/s | x default |",
+        "| --- | --- | --- | --- |",
+    ]
     b, d = _levels(best), _levels(base) if base else {}
     for lv in sorted(b, key=lambda s: int(s.split("=")[1])):
         ratio = f"{b[lv] / d[lv]:.2f}x" if d.get(lv) else "-"
@@ -80,16 +98,24 @@ def main() -> int:
     lines += ["", "Best parameters: " + ", ".join(f"{k}={v}" for k, v in best.params.items()), ""]
     if args.side_by_side:
         text = Path(args.side_by_side).read_text()
-        lines += [f"## Side by side with the hand-written best (`{Path(args.side_by_side).name}`, "
-                  "benchmarks/workload_gpu.py --only-ends --study-best)", "", text.strip(), ""]
+        lines += [
+            f"## Side by side with the hand-written best (`{Path(args.side_by_side).name}`, "
+            "benchmarks/workload_gpu.py --only-ends --study-best)",
+            "",
+            text.strip(),
+            "",
+        ]
     num = numerics_summary(repo, run.id, best)
     lines += ["## Numerics: output against the default configuration's (relative norm error, fixed inputs)", ""]
     if num:
         lines.append(f"The best: {num['best']:.3g} (tolerance {num['tolerance']:.3g}).")
         lines += ["", "| knob | value | successful trials | max error |", "| --- | --- | --- | --- |"]
         lines += [f"| {r['param']} | {r['value']} | {r['trials']} | {r['max_err']:.3g} |" for r in num["rows"]]
-        lines += [""] + [f"- trial {w['trial']}: wrong_result, error {w['err']:.3g}: "
-                         + ", ".join(f"{k}={v}" for k, v in w["params"].items()) for w in num["wrong"]]
+        lines += [""] + [
+            f"- trial {w['trial']}: wrong_result, error {w['err']:.3g}: "
+            + ", ".join(f"{k}={v}" for k, v in w["params"].items())
+            for w in num["wrong"]
+        ]
     else:
         lines.append("The study stored no numerics errors (searched before the gate existed, or with numerics off).")
     art = repo.get_artifact(run.id, "launch.sh")
@@ -104,8 +130,10 @@ def main() -> int:
             try:
                 doc = parse_launch_script(p)
                 a = doc["args"]
-                ok = (f"SGLang {doc['sglang']}'s own parser accepts it (context_length={a.get('context_length')}, "
-                      f"cuda_graph_bs_decode={a.get('cuda_graph_bs_decode')}).")
+                ok = (
+                    f"SGLang {doc['sglang']}'s own parser accepts it (context_length={a.get('context_length')}, "
+                    f"cuda_graph_bs_decode={a.get('cuda_graph_bs_decode')})."
+                )
             except (ValueError, OSError) as exc:
                 ok = f"Not checked or refused by SGLang's parser here: {exc}"
         lines += [ok, "", "```bash", script.strip(), "```", ""]

@@ -29,19 +29,45 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 DEFAULT = {  # the seed's starting point
-    "context_length": 1048576, "indexer_width": "static", "indexer_impl": "torch", "attention_impl": "simt",
-    "gemm_proj": "bf16", "gemm_indexer": "fp32", "gemm_moe": "bf16", "gemm_mhc": "fp32", "glue": "eager",
-    "moe_impl": "torch", "cuda_graph_buckets": "server_default:256",
+    "context_length": 1048576,
+    "indexer_width": "static",
+    "indexer_impl": "torch",
+    "attention_impl": "simt",
+    "gemm_proj": "bf16",
+    "gemm_indexer": "fp32",
+    "gemm_moe": "bf16",
+    "gemm_mhc": "fp32",
+    "glue": "eager",
+    "moe_impl": "torch",
+    "cuda_graph_buckets": "server_default:256",
 }
 HAND_BEST = {  # what a deployment can set: the indexer stays sized by the configured context (static width)
-    **DEFAULT, "context_length": 8192, "indexer_impl": "triton", "attention_impl": "mma",
-    "gemm_indexer": "bf16", "gemm_mhc": "bf16", "glue": "fused", "moe_impl": "triton", "cuda_graph_buckets": "pow2:64",
+    **DEFAULT,
+    "context_length": 8192,
+    "indexer_impl": "triton",
+    "attention_impl": "mma",
+    "gemm_indexer": "bf16",
+    "gemm_mhc": "bf16",
+    "glue": "fused",
+    "moe_impl": "triton",
+    "cuda_graph_buckets": "pow2:64",
 }
 TINY_DEFAULT = {  # the CPU twin's (dsv4-flash-tiny on a CPU) defaults: its space's, less the GPU-only values
-    "context_length": 131072, "indexer_width": "static", "attention_impl": "torch", "kv_cache_dtype": "bf16",
-    "gemm_proj": "bf16", "gemm_indexer": "fp32", "gemm_moe": "bf16", "gemm_mhc": "fp32", "gemm_impl": "torch",
+    "context_length": 131072,
+    "indexer_width": "static",
+    "attention_impl": "torch",
+    "kv_cache_dtype": "bf16",
+    "gemm_proj": "bf16",
+    "gemm_indexer": "fp32",
+    "gemm_moe": "bf16",
+    "gemm_mhc": "fp32",
+    "gemm_impl": "torch",
 }
-TINY_HAND_BEST = {**TINY_DEFAULT, "context_length": 4096, "indexer_width": "live"}  # an eager CPU step scores the live length
+TINY_HAND_BEST = {
+    **TINY_DEFAULT,
+    "context_length": 4096,
+    "indexer_width": "live",
+}  # an eager CPU step scores the live length
 
 
 def ends(preset: str) -> tuple[dict, dict]:
@@ -56,8 +82,10 @@ CASES = [
     ("default + bf16 indexer and MHC GEMMs", {**DEFAULT, "gemm_indexer": "bf16", "gemm_mhc": "bf16"}),
     ("default + fused Triton MoE", {**DEFAULT, "moe_impl": "triton"}),
     ("default + fused Triton indexer", {**DEFAULT, "indexer_impl": "triton"}),
-    ("default + fused indexer skipping dead tiles (SGLang PR #40431, not a launch flag)",
-     {**DEFAULT, "indexer_impl": "triton", "indexer_dead_tiles": "skip"}),
+    (
+        "default + fused indexer skipping dead tiles (SGLang PR #40431, not a launch flag)",
+        {**DEFAULT, "indexer_impl": "triton", "indexer_dead_tiles": "skip"},
+    ),
     ("default + live indexer width (not a launch flag: the ceiling)", {**DEFAULT, "indexer_width": "live"}),
     ("default + torch.compile glue", {**DEFAULT, "glue": "compile"}),
     ("default, no CUDA graphs", {**DEFAULT, "cuda_graph_buckets": "none:1"}),
@@ -67,8 +95,18 @@ CASES = [
 
 
 def run_case(knobs: dict, preset: str, levels: str, repeats: int, timeout: float) -> dict:
-    argv = [sys.executable, "-m", "tuner.targets.workload.run", "--preset", preset, "--levels", levels, "--json",
-            "--repeats", str(repeats)]
+    argv = [
+        sys.executable,
+        "-m",
+        "tuner.targets.workload.run",
+        "--preset",
+        preset,
+        "--levels",
+        levels,
+        "--json",
+        "--repeats",
+        str(repeats),
+    ]
     for k, v in knobs.items():
         argv += ["--knob", f"{k}={v}"]
     t0 = time.time()
@@ -90,7 +128,9 @@ def study_best(spec: str, default: dict | None = None) -> tuple[str, dict]:
 
     url, _, study = spec.rpartition("#")
     if not url or not study:
-        raise SystemExit(f"--study-best {spec!r} must be STORAGE_URL#STUDY, e.g. sqlite:///tuner.db#dsv4-flash-workload")
+        raise SystemExit(
+            f"--study-best {spec!r} must be STORAGE_URL#STUDY, e.g. sqlite:///tuner.db#dsv4-flash-workload"
+        )
     repo = Repo(url)
     run = repo.get_run(study)
     if run is None or run.best_trial_number is None:
@@ -114,8 +154,9 @@ def study_command(spec: str, default: dict | None = None) -> tuple[str, dict, st
     repo = Repo(url)
     run = repo.get_run(study)
     trial = repo.get_trial(run.id, run.best_trial_number)
-    cmd = command_config(load_space_text(run.space_yaml, source=run.space_name), trial.params,
-                         arch_of_environment(run.environment))
+    cmd = command_config(
+        load_space_text(run.space_yaml, source=run.space_name), trial.params, arch_of_environment(run.environment)
+    )
     if not cmd.changes:
         return None
     knobs = {**(DEFAULT if default is None else default), **{k: v for k, v in cmd.params.items() if v is not None}}
@@ -129,17 +170,28 @@ def report(data: dict) -> str:
     from benchmarks.common import stored_path
 
     cases = data["cases"]
-    levels = data.get("levels") or sorted({lv for c in cases for lv in c.get("tok_s", {})},
-                                          key=lambda lv: int(lv.split("=")[1]))
+    levels = data.get("levels") or sorted(
+        {lv for c in cases for lv in c.get("tok_s", {})}, key=lambda lv: int(lv.split("=")[1])
+    )
     base = cases[0].get("tok_s", {})
     default, hand_best = data.get("default_knobs", DEFAULT), data.get("hand_knobs", HAND_BEST)
-    lines = [f"# Decode workload ({data['preset']}) side by side on {data['gpu']}", "",
-             f"date {data['date']}, torch {data['torch']}, triton {data['triton']}, commit {data['commit']}, live context "
-             f"512, median of {data['repeats']} steps after warm-up; tok/s = batch / step time; x = versus the default",
-             *([f"written by `benchmarks/workload_gpu.py --report-from {stored_path(data['source'])}` from the stored "
-                f"results `{stored_path(data['source'])}`"] if data.get("source") else []),
-             "", "| configuration | " + " | ".join(f"{lv} tok/s (x)" for lv in levels) + " | wall s |",
-             "| --- | " + " | ".join("---" for _ in levels) + " | --- |"]
+    lines = [
+        f"# Decode workload ({data['preset']}) side by side on {data['gpu']}",
+        "",
+        f"date {data['date']}, torch {data['torch']}, triton {data['triton']}, commit {data['commit']}, live context "
+        f"512, median of {data['repeats']} steps after warm-up; tok/s = batch / step time; x = versus the default",
+        *(
+            [
+                f"written by `benchmarks/workload_gpu.py --report-from {stored_path(data['source'])}` from the stored "
+                f"results `{stored_path(data['source'])}`"
+            ]
+            if data.get("source")
+            else []
+        ),
+        "",
+        "| configuration | " + " | ".join(f"{lv} tok/s (x)" for lv in levels) + " | wall s |",
+        "| --- | " + " | ".join("---" for _ in levels) + " | --- |",
+    ]
     for c in cases:
         if "error" in c:
             lines.append(f"| {c['name']} | failed: {c['error']} |" + " |" * (len(levels) - 1) + f" {c['wall_s']:.0f} |")
@@ -160,11 +212,15 @@ def report(data: dict) -> str:
         base = by_name.get(c.get("base", ""), hand)
         if base is None:
             continue
-        ratios = [(lv, c["tok_s"][lv] / base["tok_s"][lv]) for lv in levels
-                  if base["tok_s"].get(lv) and c["tok_s"].get(lv)]
+        ratios = [
+            (lv, c["tok_s"][lv] / base["tok_s"][lv]) for lv in levels if base["tok_s"].get(lv) and c["tok_s"].get(lv)
+        ]
         geo = math.exp(sum(math.log(x) for _, x in ratios) / len(ratios)) if ratios else float("nan")
-        lines.append(f"{c['name']} / {'hand-written best' if base is hand else base['name']}, measured side by side: "
-                     + ", ".join(f"{lv} {x:.3f}" for lv, x in ratios) + f"; geomean {geo:.3f}")
+        lines.append(
+            f"{c['name']} / {'hand-written best' if base is hand else base['name']}, measured side by side: "
+            + ", ".join(f"{lv} {x:.3f}" for lv, x in ratios)
+            + f"; geomean {geo:.3f}"
+        )
         lines.append("Its knobs: " + ", ".join(f"{k}={v}" for k, v in c["knobs"].items() if default.get(k) != v))
         lines.append("")
     return "\n".join(lines)
@@ -178,32 +234,63 @@ def main() -> int:
     ap.add_argument("--repeats", type=int, default=10)
     ap.add_argument("--timeout", type=float, default=120)
     ap.add_argument("--quick", action="store_true", help="only the default, single changes that matter, hand best")
-    ap.add_argument("--only-ends", action="store_true", help="only the default and the hand-written best (with "
-                    "--preset dsv4-flash-tiny: the CPU twin's)")
-    ap.add_argument("--study-best", action="append", default=[], metavar="URL#STUDY",
-                    help="add a stored search's best trial as a case (repeatable)")
-    ap.add_argument("--study-command", action="append", default=[], metavar="URL#STUDY",
-                    help="add the configuration a stored search's exported command runs (its best with every value "
-                         "the command cannot give replaced by SGLang's), compared with that best (repeatable; give "
-                         "the same URL#STUDY as --study-best)")
-    ap.add_argument("--gemm-impl", default="", metavar="IMPL[,IMPL]",
-                    help="add the hand-written best with its linears' GEMMs run by each IMPL (auto: the tuned files' "
-                         "choice per shape; triton: kernels/gemm.py everywhere), beside it with the library's")
-    ap.add_argument("--attention-impl", default="", metavar="IMPL[,IMPL]",
-                    help="add the hand-written best (and each --study-best) with its sparse decode attention run by "
-                         "each IMPL (wgmma: the Gluon Hopper kernel), beside it with its own")
-    ap.add_argument("--kv-cache-dtype", default="", metavar="DTYPE[,DTYPE]",
-                    help="add the hand-written best and each of its --attention-impl variants with the KV cache in "
-                         "each DTYPE (fp8_e4m3: e4m3 rows and a scale per row), each beside the same case with bf16")
-    ap.add_argument("--report-from", type=Path, default=None,
-                    help="rewrite --out from a stored run's JSON (no GPU needed): adds the side-by-side ratios of its "
-                         "variants and found bests to the hand-written best (a JSON without 'compared': every case "
-                         "named 'hand-written best, ...' or 'best found by ...')")
+    ap.add_argument(
+        "--only-ends",
+        action="store_true",
+        help="only the default and the hand-written best (with --preset dsv4-flash-tiny: the CPU twin's)",
+    )
+    ap.add_argument(
+        "--study-best",
+        action="append",
+        default=[],
+        metavar="URL#STUDY",
+        help="add a stored search's best trial as a case (repeatable)",
+    )
+    ap.add_argument(
+        "--study-command",
+        action="append",
+        default=[],
+        metavar="URL#STUDY",
+        help="add the configuration a stored search's exported command runs (its best with every value "
+        "the command cannot give replaced by SGLang's), compared with that best (repeatable; give "
+        "the same URL#STUDY as --study-best)",
+    )
+    ap.add_argument(
+        "--gemm-impl",
+        default="",
+        metavar="IMPL[,IMPL]",
+        help="add the hand-written best with its linears' GEMMs run by each IMPL (auto: the tuned files' "
+        "choice per shape; triton: kernels/gemm.py everywhere), beside it with the library's",
+    )
+    ap.add_argument(
+        "--attention-impl",
+        default="",
+        metavar="IMPL[,IMPL]",
+        help="add the hand-written best (and each --study-best) with its sparse decode attention run by "
+        "each IMPL (wgmma: the Gluon Hopper kernel), beside it with its own",
+    )
+    ap.add_argument(
+        "--kv-cache-dtype",
+        default="",
+        metavar="DTYPE[,DTYPE]",
+        help="add the hand-written best and each of its --attention-impl variants with the KV cache in "
+        "each DTYPE (fp8_e4m3: e4m3 rows and a scale per row), each beside the same case with bf16",
+    )
+    ap.add_argument(
+        "--report-from",
+        type=Path,
+        default=None,
+        help="rewrite --out from a stored run's JSON (no GPU needed): adds the side-by-side ratios of its "
+        "variants and found bests to the hand-written best (a JSON without 'compared': every case "
+        "named 'hand-written best, ...' or 'best found by ...')",
+    )
     args = ap.parse_args()
     if args.report_from:
         data = {**json.loads(args.report_from.read_text()), "source": str(args.report_from)}
-        data.setdefault("compared", [c["name"] for c in data["cases"]
-                                     if c["name"].startswith(("hand-written best, ", "best found by "))])
+        data.setdefault(
+            "compared",
+            [c["name"] for c in data["cases"] if c["name"].startswith(("hand-written best, ", "best found by "))],
+        )
         Path(args.out).write_text(report(data))
         print(Path(args.out).read_text())
         return 0
@@ -220,22 +307,34 @@ def main() -> int:
         cases = [c for c in CASES if c[1] in (DEFAULT, HAND_BEST)]
         if hand_best is not HAND_BEST:
             cases = [("default (the CPU twin's space defaults)", default), ("hand-written best", hand_best)]
-    variants = [(f"hand-written best, gemm_impl={impl}", {**HAND_BEST, "gemm_impl": impl})
-                for impl in args.gemm_impl.split(",") if impl]
-    variants += [(f"hand-written best, attention_impl={impl}", {**HAND_BEST, "attention_impl": impl})
-                 for impl in args.attention_impl.split(",") if impl]
+    variants = [
+        (f"hand-written best, gemm_impl={impl}", {**HAND_BEST, "gemm_impl": impl})
+        for impl in args.gemm_impl.split(",")
+        if impl
+    ]
+    variants += [
+        (f"hand-written best, attention_impl={impl}", {**HAND_BEST, "attention_impl": impl})
+        for impl in args.attention_impl.split(",")
+        if impl
+    ]
     cases += variants
     # the hand-written best and its attention variants with each --kv-cache-dtype, each against its bf16 case
-    kv_variants = [(f"{name}, kv_cache_dtype={kv}", {**knobs, "kv_cache_dtype": kv}, name)
-                   for name, knobs in [("hand-written best", HAND_BEST)] + variants
-                   for kv in args.kv_cache_dtype.split(",") if kv and knobs.get("kv_cache_dtype", "bf16") != kv]
+    kv_variants = [
+        (f"{name}, kv_cache_dtype={kv}", {**knobs, "kv_cache_dtype": kv}, name)
+        for name, knobs in [("hand-written best", HAND_BEST)] + variants
+        for kv in args.kv_cache_dtype.split(",")
+        if kv and knobs.get("kv_cache_dtype", "bf16") != kv
+    ]
     cases += [(name, knobs) for name, knobs, _ in kv_variants]
     found = [study_best(spec, default) for spec in args.study_best]
     cases += found
     # each found best again with each --attention-impl, compared with that found best as measured here
-    found_variants = [(f"{name}, attention_impl={impl}", {**knobs, "attention_impl": impl}, name)
-                      for name, knobs in found for impl in args.attention_impl.split(",")
-                      if impl and knobs.get("attention_impl") != impl]
+    found_variants = [
+        (f"{name}, attention_impl={impl}", {**knobs, "attention_impl": impl}, name)
+        for name, knobs in found
+        for impl in args.attention_impl.split(",")
+        if impl and knobs.get("attention_impl") != impl
+    ]
     cases += [(name, knobs) for name, knobs, _ in found_variants]
     commands = [c for c in (study_command(spec, default) for spec in args.study_command) if c is not None]
     cases += [(name, knobs) for name, knobs, _ in commands]
@@ -244,12 +343,20 @@ def main() -> int:
         r = run_case(knobs, args.preset, args.levels, args.repeats, args.timeout)
         results.append((name, knobs, r))
         print(name, json.dumps(r), flush=True)
-    data = {"gpu": env["gpus"][0]["name"] if env["gpus"] else "cpu", "date": str(dt.date.today()),
-            "commit": os.environ.get("TUNER_COMMIT") or env.get("git_sha"), "torch": torch.__version__,
-            "triton": env.get("triton"), "preset": args.preset, "repeats": args.repeats,
-            "levels": levels, "default_knobs": default, "hand_knobs": hand_best,
-            "cases": [{"name": n, "knobs": k, **({"base": bases[n]} if n in bases else {}), **r} for n, k, r in results],
-            "compared": [n for n, _ in found] + [n for n, _ in variants] + list(bases)}
+    data = {
+        "gpu": env["gpus"][0]["name"] if env["gpus"] else "cpu",
+        "date": str(dt.date.today()),
+        "commit": os.environ.get("TUNER_COMMIT") or env.get("git_sha"),
+        "torch": torch.__version__,
+        "triton": env.get("triton"),
+        "preset": args.preset,
+        "repeats": args.repeats,
+        "levels": levels,
+        "default_knobs": default,
+        "hand_knobs": hand_best,
+        "cases": [{"name": n, "knobs": k, **({"base": bases[n]} if n in bases else {}), **r} for n, k, r in results],
+        "compared": [n for n, _ in found] + [n for n, _ in variants] + list(bases),
+    }
     lines = report(data).splitlines()
     Path(args.out).write_text("\n".join(lines))
     Path(args.out).with_suffix(".json").write_text(json.dumps(data, indent=1))

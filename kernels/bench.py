@@ -30,8 +30,15 @@ import torch
 import triton
 import triton.language as tl
 
-__all__ = ["Timing", "do_bench", "flush_l2", "measure_copy_bandwidth", "measure_launch_us", "measure_matmul_tflops",
-           "wants_graph"]
+__all__ = [
+    "Timing",
+    "do_bench",
+    "flush_l2",
+    "measure_copy_bandwidth",
+    "measure_launch_us",
+    "measure_matmul_tflops",
+    "wants_graph",
+]
 
 LAUNCH_BOUND = 0.5
 """A call whose CPU enqueue time is at least this fraction of its GPU time is launch-bound (timed as a graph)."""
@@ -143,8 +150,9 @@ def wants_graph(estimate_us: float, enqueue_us: float, graph_below_us: float = 2
     return estimate_us < graph_below_us or enqueue_us >= LAUNCH_BOUND * estimate_us
 
 
-def _bench_graph(calls, flush, flush_l2: bool, estimate_us: float, rep_ms: float, max_reps: int, min_reps: int
-                 ) -> Timing:
+def _bench_graph(
+    calls, flush, flush_l2: bool, estimate_us: float, rep_ms: float, max_reps: int, min_reps: int
+) -> Timing:
     # one graph of one call per input set, replayed after a flush each time
     graph = torch.cuda.CUDAGraph()
     stream = torch.cuda.Stream()
@@ -173,8 +181,9 @@ def _bench_graph(calls, flush, flush_l2: bool, estimate_us: float, rep_ms: float
     return _timing(samples, True)
 
 
-def _bench_eager(calls, flush, flush_l2: bool, estimate_us: float, rep_ms: float, max_reps: int, min_reps: int
-                 ) -> Timing:
+def _bench_eager(
+    calls, flush, flush_l2: bool, estimate_us: float, rep_ms: float, max_reps: int, min_reps: int
+) -> Timing:
     reps = int(min(max_reps, max(min_reps, rep_ms * 1e3 / max(estimate_us, 1.0))))
     events = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(reps)]
     for i, (s, e) in enumerate(events):
@@ -192,7 +201,9 @@ def measure_copy_bandwidth(nbytes: int = 2 * 1024**3, device: Any = "cuda") -> f
     n = nbytes // 4
     src = torch.randn(n, device=device)
     dst = torch.empty_like(src)
-    timing = do_bench(lambda dst=dst, src=src: dst.copy_(src), flush_l2=False, cuda_graph=False, rep_ms=100, device=device)
+    timing = do_bench(
+        lambda dst=dst, src=src: dst.copy_(src), flush_l2=False, cuda_graph=False, rep_ms=100, device=device
+    )
     rate = 2 * n * 4 / (timing.median_us * 1e-6)
     logger.info("copy bandwidth %.2f TB/s (%s)", rate / 1e12, timing)
     del src, dst

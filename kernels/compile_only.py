@@ -53,8 +53,9 @@ def meta_inputs(inputs: Any) -> Any:
     """``inputs`` with every tensor replaced by a meta tensor of the same shape, strides and dtype."""
     if isinstance(inputs, torch.Tensor):
         # a view keeps its storage offset, so its pointer's 16-byte alignment (part of the cache key) is the same
-        base = torch.empty(inputs.untyped_storage().nbytes() // inputs.element_size(), dtype=inputs.dtype,
-                           device="meta")
+        base = torch.empty(
+            inputs.untyped_storage().nbytes() // inputs.element_size(), dtype=inputs.dtype, device="meta"
+        )
         return base.as_strided(inputs.shape, inputs.stride(), inputs.storage_offset())
     if isinstance(inputs, dict):
         return {k: meta_inputs(v) for k, v in inputs.items()}

@@ -171,7 +171,9 @@ def nearest_key(keys, wanted: str, batch_dim: str) -> str | None:
         if {k: v for k, v in dims.items() if k != batch_dim} != rest:
             continue
         dist = abs(math.log(max(dims[batch_dim], 1)) - math.log(max(target[batch_dim], 1)))
-        if dist < best_dist - 1e-12 or (abs(dist - best_dist) <= 1e-12 and dims[batch_dim] < _parse_key(best)[batch_dim]):
+        if dist < best_dist - 1e-12 or (
+            abs(dist - best_dist) <= 1e-12 and dims[batch_dim] < _parse_key(best)[batch_dim]
+        ):
             best, best_dist = key, dist
     return best
 
@@ -198,7 +200,9 @@ def lookup(kernel_name: str, shape: dict, dtype, device: Any = None) -> dict:
         if why is None:
             config = tuned
         else:
-            logger.warning("%s: tuned config %s (key %s) rejected for %s: %s; using default", kernel_name, tuned, found, key, why)
+            logger.warning(
+                "%s: tuned config %s (key %s) rejected for %s: %s; using default", kernel_name, tuned, found, key, why
+            )
     _CACHE[cache_key] = dict(config)
     return config
 

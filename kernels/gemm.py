@@ -70,11 +70,36 @@ def sum_splits_if_last(lock, n_splits, part_ptrs, stride_ps, out_ptrs, mask):
 
 @triton.jit(do_not_specialize=["M", "k_per_split", "n_splits"])
 def _gemm_kernel(
-    x_ptr, w_ptr, y_ptr, xs_ptr, ws_ptr, p_ptr, lock_ptr,
-    M, N, K, k_per_split, n_splits,
-    stride_xm, stride_xk, stride_wn, stride_wk, stride_ym, stride_yn, stride_ps, stride_xs, stride_ws,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
-    EVEN_K: tl.constexpr, IEEE: tl.constexpr, HAS_SCALE: tl.constexpr, SPLIT: tl.constexpr, FUSED: tl.constexpr,
+    x_ptr,
+    w_ptr,
+    y_ptr,
+    xs_ptr,
+    ws_ptr,
+    p_ptr,
+    lock_ptr,
+    M,
+    N,
+    K,
+    k_per_split,
+    n_splits,
+    stride_xm,
+    stride_xk,
+    stride_wn,
+    stride_wk,
+    stride_ym,
+    stride_yn,
+    stride_ps,
+    stride_xs,
+    stride_ws,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    GROUP_M: tl.constexpr,
+    EVEN_K: tl.constexpr,
+    IEEE: tl.constexpr,
+    HAS_SCALE: tl.constexpr,
+    SPLIT: tl.constexpr,
+    FUSED: tl.constexpr,
 ):
     pid = tl.program_id(0)
     pid_k = tl.program_id(1)
@@ -148,13 +173,23 @@ def _check(x, w, mode, x_scale, w_scale, out):
         raise ValueError(f"dtype={mode!r} needs x and w in {in_dt}, got {x.dtype} and {w.dtype}")
     if mode == "fp8":
         M, N = x.shape[0], w.shape[0]
-        if (x_scale is None or w_scale is None or x_scale.numel() not in (1, M) or w_scale.numel() not in (1, N)
-                or x_scale.dtype != torch.float32 or w_scale.dtype != torch.float32):
-            raise ValueError(f"dtype='fp8' needs float32 x_scale (1 or M={M} elements: per tensor or per row) and "
-                             f"w_scale (1 or N={N} elements), got {None if x_scale is None else x_scale.numel()} "
-                             f"and {None if w_scale is None else w_scale.numel()}")
+        if (
+            x_scale is None
+            or w_scale is None
+            or x_scale.numel() not in (1, M)
+            or w_scale.numel() not in (1, N)
+            or x_scale.dtype != torch.float32
+            or w_scale.dtype != torch.float32
+        ):
+            raise ValueError(
+                f"dtype='fp8' needs float32 x_scale (1 or M={M} elements: per tensor or per row) and "
+                f"w_scale (1 or N={N} elements), got {None if x_scale is None else x_scale.numel()} "
+                f"and {None if w_scale is None else w_scale.numel()}"
+            )
         if x.is_cuda and torch.cuda.get_device_capability(x.device) < (8, 9):
-            raise ValueError(f"dtype='fp8' needs compute capability >= 8.9, got {torch.cuda.get_device_capability(x.device)}")
+            raise ValueError(
+                f"dtype='fp8' needs compute capability >= 8.9, got {torch.cuda.get_device_capability(x.device)}"
+            )
     M, N = x.shape[0], w.shape[0]
     if out is not None and (tuple(out.shape) != (M, N) or out.dtype != out_dt):
         raise ValueError(f"out must be [{M}, {N}] of {out_dt}, got {tuple(out.shape)} {out.dtype}")
@@ -217,13 +252,38 @@ def gemm(
     xs_stride = 1 if x_scale is not None and x_scale.numel() > 1 else 0
     ws_stride = 1 if w_scale is not None and w_scale.numel() > 1 else 0
     _gemm_kernel[(n_tiles, SK)](
-        x, w, out, scale_a, scale_b, partial, locks, M, N, K, k_per_split, SK,
-        x.stride(0), x.stride(1), w.stride(0), w.stride(1), out.stride(0), out.stride(1), partial.stride(0),
-        xs_stride, ws_stride,
-        BLOCK_M=BM, BLOCK_N=BN, BLOCK_K=BK, GROUP_M=config["GROUP_M"],
-        EVEN_K=(K % (SK * BK) == 0 and k_per_split * SK == K), IEEE=(mode == "fp32"),
-        HAS_SCALE=(mode == "fp8"), SPLIT=SK > 1, FUSED=bool(fused_split_k),
-        num_warps=config["num_warps"], num_stages=config["num_stages"],
+        x,
+        w,
+        out,
+        scale_a,
+        scale_b,
+        partial,
+        locks,
+        M,
+        N,
+        K,
+        k_per_split,
+        SK,
+        x.stride(0),
+        x.stride(1),
+        w.stride(0),
+        w.stride(1),
+        out.stride(0),
+        out.stride(1),
+        partial.stride(0),
+        xs_stride,
+        ws_stride,
+        BLOCK_M=BM,
+        BLOCK_N=BN,
+        BLOCK_K=BK,
+        GROUP_M=config["GROUP_M"],
+        EVEN_K=(K % (SK * BK) == 0 and k_per_split * SK == K),
+        IEEE=(mode == "fp32"),
+        HAS_SCALE=(mode == "fp8"),
+        SPLIT=SK > 1,
+        FUSED=bool(fused_split_k),
+        num_warps=config["num_warps"],
+        num_stages=config["num_stages"],
     )
     if SK > 1 and not fused_split_k:
         block = 1024
@@ -272,7 +332,9 @@ def gemm_reference(x, w, dtype=None, x_scale=None, w_scale=None) -> torch.Tensor
 class GemmKernel(TunableKernel):
     name = "gemm"
     batch_dim = "M"
-    library_impl = "torch"  # torch_linear: cuBLAS through torch, torch._scaled_mm for fp8 (what linear(impl="torch") runs)
+    library_impl = (
+        "torch"  # torch_linear: cuBLAS through torch, torch._scaled_mm for fp8 (what linear(impl="torch") runs)
+    )
     instance: GemmKernel
 
     def default_config(self, shape):
@@ -287,7 +349,15 @@ class GemmKernel(TunableKernel):
         split, sms = 1, sm_count()
         while split < 16 and tiles * split < sms and K >= 2 * split * 2 * bk:
             split *= 2
-        return {"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk, "SPLIT_K": split, "GROUP_M": 8, "num_warps": 4, "num_stages": stages}
+        return {
+            "BLOCK_M": bm,
+            "BLOCK_N": bn,
+            "BLOCK_K": bk,
+            "SPLIT_K": split,
+            "GROUP_M": 8,
+            "num_warps": 4,
+            "num_stages": stages,
+        }
 
     def seed_configs(self, shape, device=None, dtype=None):
         """One wave of programs in four tile shapes: for each, ``SPLIT_K`` is the largest power of two (at most 16,
@@ -308,8 +378,15 @@ class GemmKernel(TunableKernel):
         for bn, bk, warps, stages in ((32, 128, 4, 5), (64, 128, 8, 4), (128, 64, 8, 5), (32, 256, 4, 4)):
             tiles = cdiv(M, bm) * cdiv(N, bn)
             sk = max([s for s in space if tiles * s <= sms and (s - 1) * bk < K] or [1])
-            c = {"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk, "SPLIT_K": sk, "GROUP_M": default["GROUP_M"],
-                 "num_warps": warps, "num_stages": stages}
+            c = {
+                "BLOCK_M": bm,
+                "BLOCK_N": bn,
+                "BLOCK_K": bk,
+                "SPLIT_K": sk,
+                "GROUP_M": default["GROUP_M"],
+                "num_warps": warps,
+                "num_stages": stages,
+            }
             if c not in seeds and c != default and not self.check_config(c, shape, device, dtype):
                 seeds.append(c)
         return seeds
@@ -324,8 +401,15 @@ class GemmKernel(TunableKernel):
         return config
 
     def config_space(self, shape):
-        return {"BLOCK_M": [16, 32, 64, 128], "BLOCK_N": [32, 64, 128, 256], "BLOCK_K": [32, 64, 128, 256],
-                "SPLIT_K": [1, 2, 4, 8, 16], "GROUP_M": [1, 8], "num_warps": [4, 8], "num_stages": [2, 3, 4, 5]}
+        return {
+            "BLOCK_M": [16, 32, 64, 128],
+            "BLOCK_N": [32, 64, 128, 256],
+            "BLOCK_K": [32, 64, 128, 256],
+            "SPLIT_K": [1, 2, 4, 8, 16],
+            "GROUP_M": [1, 8],
+            "num_warps": [4, 8],
+            "num_stages": [2, 3, 4, 5],
+        }
 
     def check_config(self, config, shape, device=None, dtype=None):
         why = super().check_config(config, shape, device)
@@ -366,7 +450,9 @@ class GemmKernel(TunableKernel):
         inputs = {"mode": mode, "x_scale": None, "w_scale": None}
         if mode == "fp8":
             xs, ws = x.abs().amax() / 448.0, w.abs().amax() / 448.0
-            inputs.update(x=(x / xs).to(_FP8), w=(w / ws).to(_FP8), x_scale=xs.reshape(1).float(), w_scale=ws.reshape(1).float())
+            inputs.update(
+                x=(x / xs).to(_FP8), w=(w / ws).to(_FP8), x_scale=xs.reshape(1).float(), w_scale=ws.reshape(1).float()
+            )
         else:
             inputs.update(x=x.to(MODES[mode][0]), w=w.to(MODES[mode][0]))
         return inputs
@@ -376,13 +462,23 @@ class GemmKernel(TunableKernel):
         return torch.empty(x.shape[0], w.shape[0], device=x.device, dtype=MODES[inputs["mode"]][1])
 
     def run(self, inputs, config=None, out=None):
-        return gemm(inputs["x"], inputs["w"], inputs["mode"], config, x_scale=inputs["x_scale"], w_scale=inputs["w_scale"], out=out)
+        return gemm(
+            inputs["x"],
+            inputs["w"],
+            inputs["mode"],
+            config,
+            x_scale=inputs["x_scale"],
+            w_scale=inputs["w_scale"],
+            out=out,
+        )
 
     def reference(self, inputs):
         return gemm_reference(inputs["x"], inputs["w"], inputs["mode"], inputs["x_scale"], inputs["w_scale"])
 
     def torch_baseline(self, inputs):
-        return torch_linear(inputs["x"], inputs["w"], inputs["mode"], x_scale=inputs["x_scale"], w_scale=inputs["w_scale"])
+        return torch_linear(
+            inputs["x"], inputs["w"], inputs["mode"], x_scale=inputs["x_scale"], w_scale=inputs["w_scale"]
+        )
 
     def tolerance(self, dtype):
         return {"fp32": 1e-4, "tf32": 5e-3, "bf16": 1e-2, "fp16": 5e-3, "fp8": 1e-2}[_mode(dtype)]

@@ -29,9 +29,23 @@ __all__ = ["GemvKernel", "gemv"]
 
 @triton.jit(do_not_specialize=["k_per_split", "n_splits"])
 def _gemv_kernel(
-    x_ptr, w_ptr, y_ptr, xs_ptr, ws_ptr, p_ptr, lock_ptr,
-    N, K, k_per_split, n_splits, stride_wn, stride_ws,
-    BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr, HAS_SCALE: tl.constexpr,
+    x_ptr,
+    w_ptr,
+    y_ptr,
+    xs_ptr,
+    ws_ptr,
+    p_ptr,
+    lock_ptr,
+    N,
+    K,
+    k_per_split,
+    n_splits,
+    stride_wn,
+    stride_ws,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    EVEN_K: tl.constexpr,
+    HAS_SCALE: tl.constexpr,
     SPLIT: tl.constexpr,
 ):
     pid_n = tl.program_id(0)
@@ -102,9 +116,26 @@ def gemv(
     scale_b = w_scale.reshape(-1).contiguous() if w_scale is not None else w
     ws_stride = 1 if w_scale is not None and w_scale.numel() > 1 else 0
     _gemv_kernel[(n_blocks, SK)](
-        x, w, out, scale_a, scale_b, partial, locks, N, K, k_per_split, SK, w.stride(0), ws_stride,
-        BLOCK_N=BN, BLOCK_K=BK, EVEN_K=(k_per_split * SK == K), HAS_SCALE=(mode == "fp8"), SPLIT=SK > 1,
-        num_warps=config["num_warps"], num_stages=1,
+        x,
+        w,
+        out,
+        scale_a,
+        scale_b,
+        partial,
+        locks,
+        N,
+        K,
+        k_per_split,
+        SK,
+        w.stride(0),
+        ws_stride,
+        BLOCK_N=BN,
+        BLOCK_K=BK,
+        EVEN_K=(k_per_split * SK == K),
+        HAS_SCALE=(mode == "fp8"),
+        SPLIT=SK > 1,
+        num_warps=config["num_warps"],
+        num_stages=1,
     )
     return out
 
@@ -133,15 +164,23 @@ class GemvKernel(GemmKernel):
         ``benchmarks/results/gemm_floor/h200/2026-11-30_1300f20.md``), and the default with twice the splits."""
         d = self.default_config(shape)
         out = []
-        for c in (dict(d, num_warps=8), dict(d, BLOCK_N=8, num_warps=8),
-                  {"BLOCK_N": 16, "BLOCK_K": 256, "SPLIT_K": 8, "num_warps": 8}, dict(d, SPLIT_K=min(16, 2 * d["SPLIT_K"]))):
+        for c in (
+            dict(d, num_warps=8),
+            dict(d, BLOCK_N=8, num_warps=8),
+            {"BLOCK_N": 16, "BLOCK_K": 256, "SPLIT_K": 8, "num_warps": 8},
+            dict(d, SPLIT_K=min(16, 2 * d["SPLIT_K"])),
+        ):
             if c != d and c not in out and not self.check_config(c, shape, device, dtype):
                 out.append(c)
         return out
 
     def config_space(self, shape):
-        return {"BLOCK_N": [4, 8, 16, 32], "BLOCK_K": [128, 256, 512, 1024], "SPLIT_K": [1, 2, 4, 8, 16],
-                "num_warps": [2, 4, 8]}
+        return {
+            "BLOCK_N": [4, 8, 16, 32],
+            "BLOCK_K": [128, 256, 512, 1024],
+            "SPLIT_K": [1, 2, 4, 8, 16],
+            "num_warps": [2, 4, 8],
+        }
 
     def check_config(self, config, shape, device=None, dtype=None):
         why = super(GemmKernel, self).check_config(config, shape, device)
@@ -153,16 +192,25 @@ class GemvKernel(GemmKernel):
             if config[key] & (config[key] - 1):
                 return f"tile_size: {key}={config[key]} must be a power of two"
         if (config["SPLIT_K"] - 1) * config["BLOCK_K"] >= shape["K"]:
-            return (f"split_k: SPLIT_K={config['SPLIT_K']} splits of BLOCK_K={config['BLOCK_K']} leave splits empty "
-                    f"for K={shape['K']}")
+            return (
+                f"split_k: SPLIT_K={config['SPLIT_K']} splits of BLOCK_K={config['BLOCK_K']} leave splits empty "
+                f"for K={shape['K']}"
+            )
         per_thread = config["BLOCK_N"] * config["BLOCK_K"] // (32 * config["num_warps"])
         if per_thread > 128:
             return f"register_pressure: BLOCK_N*BLOCK_K/threads = {per_thread} W elements per thread > 128"
         return None
 
     def run(self, inputs, config=None, out=None):
-        return gemv(inputs["x"], inputs["w"], inputs["mode"], config, x_scale=inputs["x_scale"],
-                    w_scale=inputs["w_scale"], out=out)
+        return gemv(
+            inputs["x"],
+            inputs["w"],
+            inputs["mode"],
+            config,
+            x_scale=inputs["x_scale"],
+            w_scale=inputs["w_scale"],
+            out=out,
+        )
 
     def shapes(self, preset="v4flash"):
         if preset == "v4flash":

@@ -29,7 +29,16 @@ import triton.language as tl
 from .base import Cost, TunableKernel, cdiv, dtype_of
 from .configs import tuned_config
 
-__all__ = ["fused_add_rmsnorm", "store_kv_rows", "rope", "rmsnorm_reference", "rope_reference", "rope_cos_sin", "RMSNormKernel", "RopeKernel"]
+__all__ = [
+    "fused_add_rmsnorm",
+    "store_kv_rows",
+    "rope",
+    "rmsnorm_reference",
+    "rope_reference",
+    "rope_cos_sin",
+    "RMSNormKernel",
+    "RopeKernel",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -41,9 +50,19 @@ _FLOAT = (torch.float16, torch.bfloat16, torch.float32)
 # ----------------------------------------------------------------------------------------------------
 @triton.jit
 def _add_rmsnorm_kernel(
-    x_ptr, r_ptr, w_ptr, y_ptr, rout_ptr, N, eps,
-    stride_x, stride_r, stride_y, stride_ro,
-    BLOCK: tl.constexpr, SINGLE: tl.constexpr,
+    x_ptr,
+    r_ptr,
+    w_ptr,
+    y_ptr,
+    rout_ptr,
+    N,
+    eps,
+    stride_x,
+    stride_r,
+    stride_y,
+    stride_ro,
+    BLOCK: tl.constexpr,
+    SINGLE: tl.constexpr,
 ):
     row = tl.program_id(0).to(tl.int64)
     x_row, r_row = x_ptr + row * stride_x, r_ptr + row * stride_r
@@ -51,7 +70,9 @@ def _add_rmsnorm_kernel(
     if SINGLE:
         offs = tl.arange(0, BLOCK)
         mask = offs < N
-        s = tl.load(x_row + offs, mask=mask, other=0.0).to(tl.float32) + tl.load(r_row + offs, mask=mask, other=0.0).to(tl.float32)
+        s = tl.load(x_row + offs, mask=mask, other=0.0).to(tl.float32) + tl.load(r_row + offs, mask=mask, other=0.0).to(
+            tl.float32
+        )
         tl.store(ro_row + offs, s.to(rout_ptr.dtype.element_ty), mask=mask)
         rstd = tl.rsqrt(tl.sum(s * s, 0) / N + eps)
         w = tl.load(w_ptr + offs, mask=mask, other=0.0).to(tl.float32)
@@ -61,7 +82,9 @@ def _add_rmsnorm_kernel(
         for n0 in range(0, N, BLOCK):
             offs = n0 + tl.arange(0, BLOCK)
             mask = offs < N
-            s = tl.load(x_row + offs, mask=mask, other=0.0).to(tl.float32) + tl.load(r_row + offs, mask=mask, other=0.0).to(tl.float32)
+            s = tl.load(x_row + offs, mask=mask, other=0.0).to(tl.float32) + tl.load(
+                r_row + offs, mask=mask, other=0.0
+            ).to(tl.float32)
             tl.store(ro_row + offs, s.to(rout_ptr.dtype.element_ty), mask=mask)
             sq += s * s
         rstd = tl.rsqrt(tl.sum(sq, 0) / N + eps)
@@ -87,14 +110,18 @@ def fused_add_rmsnorm(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """``(rmsnorm(x + residual) * weight, x + residual)`` for ``x, residual : [tokens, hidden]``."""
     if x.dim() != 2 or tuple(residual.shape) != tuple(x.shape):
-        raise ValueError(f"x and residual must both be [tokens, hidden], got {tuple(x.shape)} and {tuple(residual.shape)}")
+        raise ValueError(
+            f"x and residual must both be [tokens, hidden], got {tuple(x.shape)} and {tuple(residual.shape)}"
+        )
     T, N = x.shape
     if weight.dim() != 1 or weight.shape[0] != N:
         raise ValueError(f"weight must be [{N}], got {tuple(weight.shape)}")
     out_dtype = x.dtype if out_dtype is None else out_dtype
     for name, t in (("x", x), ("residual", residual), ("weight", weight)):
         if t.dtype not in _FLOAT or t.stride(-1) != 1:
-            raise ValueError(f"{name} must be float16/bfloat16/float32 and contiguous in its last dim, got {t.dtype}, strides {t.stride()}")
+            raise ValueError(
+                f"{name} must be float16/bfloat16/float32 and contiguous in its last dim, got {t.dtype}, strides {t.stride()}"
+            )
     if out_dtype not in _FLOAT:
         raise ValueError(f"out_dtype={out_dtype} must be one of {_FLOAT}")
     kernel = RMSNormKernel.instance
@@ -110,15 +137,28 @@ def fused_add_rmsnorm(
     if residual_out is None:
         new_residual = torch.empty_like(residual)
     elif tuple(residual_out.shape) != (T, N) or residual_out.dtype != residual.dtype or residual_out.stride(1) != 1:
-        raise ValueError(f"residual_out must be [{T}, {N}] of {residual.dtype}, got {tuple(residual_out.shape)} {residual_out.dtype}")
+        raise ValueError(
+            f"residual_out must be [{T}, {N}] of {residual.dtype}, got {tuple(residual_out.shape)} {residual_out.dtype}"
+        )
     else:
         new_residual = residual_out
     if T == 0:
         return out, new_residual
     _add_rmsnorm_kernel[(T,)](
-        x, residual, weight, out, new_residual, N, float(eps),
-        x.stride(0), residual.stride(0), out.stride(0), new_residual.stride(0),
-        BLOCK=config["BLOCK"], SINGLE=config["BLOCK"] >= N, num_warps=config["num_warps"],
+        x,
+        residual,
+        weight,
+        out,
+        new_residual,
+        N,
+        float(eps),
+        x.stride(0),
+        residual.stride(0),
+        out.stride(0),
+        new_residual.stride(0),
+        BLOCK=config["BLOCK"],
+        SINGLE=config["BLOCK"] >= N,
+        num_warps=config["num_warps"],
     )
     return out, new_residual
 
@@ -135,9 +175,20 @@ def rmsnorm_reference(x, residual, weight, eps=1e-6):
 # ----------------------------------------------------------------------------------------------------
 @triton.jit
 def _rope_kernel(
-    x_ptr, pos_ptr, cs_ptr, y_ptr, H,
-    stride_xt, stride_xh, stride_yt, stride_yh, stride_cs,
-    NOPE: tl.constexpr, BLOCK_NOPE: tl.constexpr, HALF: tl.constexpr, BLOCK_H: tl.constexpr,
+    x_ptr,
+    pos_ptr,
+    cs_ptr,
+    y_ptr,
+    H,
+    stride_xt,
+    stride_xh,
+    stride_yt,
+    stride_yh,
+    stride_cs,
+    NOPE: tl.constexpr,
+    BLOCK_NOPE: tl.constexpr,
+    HALF: tl.constexpr,
+    BLOCK_H: tl.constexpr,
 ):
     t = tl.program_id(0).to(tl.int64)
     offs_h = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)
@@ -147,7 +198,11 @@ def _rope_kernel(
     if NOPE > 0:  # pass-through dims, cast in the same pass
         offs_c = tl.arange(0, BLOCK_NOPE)
         cmask = h_mask[:, None] & (offs_c[None, :] < NOPE)
-        tl.store(y_base + offs_c[None, :], tl.load(x_base + offs_c[None, :], mask=cmask).to(y_ptr.dtype.element_ty), mask=cmask)
+        tl.store(
+            y_base + offs_c[None, :],
+            tl.load(x_base + offs_c[None, :], mask=cmask).to(y_ptr.dtype.element_ty),
+            mask=cmask,
+        )
     pos = tl.load(pos_ptr + t).to(tl.int64)
     offs_p = tl.arange(0, HALF)
     cos = tl.load(cs_ptr + pos * stride_cs + offs_p)[None, :]
@@ -204,9 +259,20 @@ def rope(
         return out
     nope = D - rope_dim
     _rope_kernel[(T, cdiv(H, config["BLOCK_H"]))](
-        x, positions, cos_sin, out, H,
-        x.stride(0), x.stride(1), out.stride(0), out.stride(1), cos_sin.stride(0),
-        NOPE=nope, BLOCK_NOPE=max(1, triton.next_power_of_2(nope)), HALF=half, BLOCK_H=config["BLOCK_H"],
+        x,
+        positions,
+        cos_sin,
+        out,
+        H,
+        x.stride(0),
+        x.stride(1),
+        out.stride(0),
+        out.stride(1),
+        cos_sin.stride(0),
+        NOPE=nope,
+        BLOCK_NOPE=max(1, triton.next_power_of_2(nope)),
+        HALF=half,
+        BLOCK_H=config["BLOCK_H"],
         num_warps=config["num_warps"],
     )
     return out
@@ -229,8 +295,9 @@ def rope_reference(x, positions, cos_sin, rope_dim=64):
 # new KV rows quantised into an fp8 cache
 # ----------------------------------------------------------------------------------------------------
 @triton.jit
-def _store_kv_rows_kernel(x_ptr, slot_ptr, pool_ptr, scale_ptr, D, stride_x, stride_slot, stride_pool,
-                          BLOCK_D: tl.constexpr):
+def _store_kv_rows_kernel(
+    x_ptr, slot_ptr, pool_ptr, scale_ptr, D, stride_x, stride_slot, stride_pool, BLOCK_D: tl.constexpr
+):
     i = tl.program_id(0)
     slot = tl.load(slot_ptr + i * stride_slot).to(tl.int64)
     offs = tl.arange(0, BLOCK_D)
@@ -260,8 +327,18 @@ def store_kv_rows(rows: torch.Tensor, pool: torch.Tensor, pool_scale: torch.Tens
         raise ValueError("store_kv_rows: " + "; ".join(problems))
     if n == 0:
         return
-    _store_kv_rows_kernel[(n,)](rows, slots, pool, pool_scale, d, rows.stride(0), slots.stride(0), pool.stride(0),
-                                BLOCK_D=triton.next_power_of_2(d), num_warps=4)
+    _store_kv_rows_kernel[(n,)](
+        rows,
+        slots,
+        pool,
+        pool_scale,
+        d,
+        rows.stride(0),
+        slots.stride(0),
+        pool.stride(0),
+        BLOCK_D=triton.next_power_of_2(d),
+        num_warps=4,
+    )
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -288,7 +365,9 @@ class RMSNormKernel(TunableKernel):
         if config["BLOCK"] < 32 * config["num_warps"]:
             return f"block_per_thread: BLOCK={config['BLOCK']} < 32*num_warps={32 * config['num_warps']} (idle threads)"
         if config["BLOCK"] // (32 * config["num_warps"]) > 64:
-            return f"register_pressure: BLOCK/threads = {config['BLOCK'] // (32 * config['num_warps'])} floats/thread > 64"
+            return (
+                f"register_pressure: BLOCK/threads = {config['BLOCK'] // (32 * config['num_warps'])} floats/thread > 64"
+            )
         return None
 
     def make_inputs(self, shape, dtype, device, seed=0):
@@ -296,17 +375,21 @@ class RMSNormKernel(TunableKernel):
         gen = torch.Generator(device=dev).manual_seed(seed)
         T, N = shape["tokens"], shape["hidden"]
         dt = dtype_of(dtype)
-        return {"x": torch.randn(T, N, generator=gen, device=dev).to(dt),
-                "residual": torch.randn(T, N, generator=gen, device=dev).to(dt),
-                "weight": (torch.rand(N, generator=gen, device=dev) + 0.5).to(dt), "eps": 1e-6}
+        return {
+            "x": torch.randn(T, N, generator=gen, device=dev).to(dt),
+            "residual": torch.randn(T, N, generator=gen, device=dev).to(dt),
+            "weight": (torch.rand(N, generator=gen, device=dev) + 0.5).to(dt),
+            "eps": 1e-6,
+        }
 
     def output_like(self, inputs):
         return torch.empty_like(inputs["x"])
 
     def run(self, inputs, config=None, out=None):
         r_out = None if out is None else torch.full_like(inputs["residual"], float("nan"))
-        y, r = fused_add_rmsnorm(inputs["x"], inputs["residual"], inputs["weight"], inputs["eps"], config,
-                                 out=out, residual_out=r_out)
+        y, r = fused_add_rmsnorm(
+            inputs["x"], inputs["residual"], inputs["weight"], inputs["eps"], config, out=out, residual_out=r_out
+        )
         return torch.cat([y.flatten(), r.flatten()])
 
     def reference(self, inputs):
@@ -360,9 +443,12 @@ class RopeKernel(TunableKernel):
         gen = torch.Generator(device=dev).manual_seed(seed)
         T, H, D = shape["tokens"], shape["heads"], shape["head_dim"]
         max_pos = 4096
-        return {"x": torch.randn(T, H, D, generator=gen, device=dev).to(dtype_of(dtype)),
-                "positions": torch.randint(0, max_pos, (T,), generator=gen, device=dev),
-                "cos_sin": rope_cos_sin(max_pos, shape["rope_dim"], device=dev), "rope_dim": shape["rope_dim"]}
+        return {
+            "x": torch.randn(T, H, D, generator=gen, device=dev).to(dtype_of(dtype)),
+            "positions": torch.randint(0, max_pos, (T,), generator=gen, device=dev),
+            "cos_sin": rope_cos_sin(max_pos, shape["rope_dim"], device=dev),
+            "rope_dim": shape["rope_dim"],
+        }
 
     def output_like(self, inputs):
         return torch.empty_like(inputs["x"])
@@ -376,7 +462,7 @@ class RopeKernel(TunableKernel):
     def torch_baseline(self, inputs):
         x, rd = inputs["x"], inputs["rope_dim"]
         cs = inputs["cos_sin"][inputs["positions"]]
-        cos, sin = cs[:, None, : rd // 2], cs[:, None, rd // 2:]
+        cos, sin = cs[:, None, : rd // 2], cs[:, None, rd // 2 :]
         r = x[..., -rd:].float()
         x0, x1 = r[..., 0::2], r[..., 1::2]
         rot = torch.stack([x0 * cos - x1 * sin, x0 * sin + x1 * cos], dim=-1).flatten(-2)
@@ -391,7 +477,10 @@ class RopeKernel(TunableKernel):
         if preset == "v4flash":  # q: 64 heads of 512 (448 nope + 64 rope)
             return [{"tokens": t, "heads": 64, "head_dim": 512, "rope_dim": 64} for t in (1, 16, 64)]
         if preset == "test":
-            return [{"tokens": 3, "heads": 5, "head_dim": 48, "rope_dim": 16}, {"tokens": 2, "heads": 4, "head_dim": 64, "rope_dim": 64}]
+            return [
+                {"tokens": 3, "heads": 5, "head_dim": 48, "rope_dim": 16},
+                {"tokens": 2, "heads": 4, "head_dim": 64, "rope_dim": 64},
+            ]
         raise ValueError(f"unknown preset {preset!r}; use 'v4flash' or 'test'")
 
 

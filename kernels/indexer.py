@@ -41,11 +41,28 @@ logger = logging.getLogger(__name__)
 
 @triton.jit(do_not_specialize=["width"])
 def _indexer_kernel(
-    q_ptr, k_ptr, w_ptr, ks_ptr, len_ptr, out_ptr,
-    width, H,
-    stride_qb, stride_qh, stride_kb, stride_kn, stride_wb, stride_ksb, stride_ob,
-    D: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr, TILES: tl.constexpr,
-    HAS_SCALE: tl.constexpr, HAS_LEN: tl.constexpr, SKIP_DEAD: tl.constexpr,
+    q_ptr,
+    k_ptr,
+    w_ptr,
+    ks_ptr,
+    len_ptr,
+    out_ptr,
+    width,
+    H,
+    stride_qb,
+    stride_qh,
+    stride_kb,
+    stride_kn,
+    stride_wb,
+    stride_ksb,
+    stride_ob,
+    D: tl.constexpr,
+    BLOCK_H: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    TILES: tl.constexpr,
+    HAS_SCALE: tl.constexpr,
+    HAS_LEN: tl.constexpr,
+    SKIP_DEAD: tl.constexpr,
 ):
     pid_b = tl.program_id(0)  # fastest: with a shared k, all requests read a row tile together
     pid_n = tl.program_id(1)
@@ -63,7 +80,9 @@ def _indexer_kernel(
     offs_h = tl.arange(0, BLOCK_H)
     h_mask = offs_h < H
     offs_d = tl.arange(0, D)
-    q = tl.load(q_ptr + b64 * stride_qb + offs_h[:, None] * stride_qh + offs_d[None, :], mask=h_mask[:, None], other=0.0)
+    q = tl.load(
+        q_ptr + b64 * stride_qb + offs_h[:, None] * stride_qh + offs_d[None, :], mask=h_mask[:, None], other=0.0
+    )
     w = tl.load(w_ptr + b64 * stride_wb + offs_h, mask=h_mask, other=0.0).to(tl.float32)
     out_base = out_ptr + b64 * stride_ob
     k_base = k_ptr + b64 * stride_kb
@@ -71,7 +90,9 @@ def _indexer_kernel(
     for n0 in range(base, live_end, BLOCK_N):
         offs_n = n0 + tl.arange(0, BLOCK_N)
         n_live = offs_n < live
-        k = tl.load(k_base + offs_n.to(tl.int64)[:, None] * stride_kn + offs_d[None, :], mask=n_live[:, None], other=0.0)
+        k = tl.load(
+            k_base + offs_n.to(tl.int64)[:, None] * stride_kn + offs_d[None, :], mask=n_live[:, None], other=0.0
+        )
         s = tl.dot(k, tl.trans(q))  # [BLOCK_N, BLOCK_H], float32
         score = tl.sum(tl.maximum(s, 0.0) * w[None, :], 1)
         if HAS_SCALE:
@@ -116,8 +137,6 @@ def _check(q, k, w, k_scale, lengths, width):
     return B, H, D, width
 
 
-
-
 def indexer_scores(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -153,12 +172,30 @@ def indexer_scores(
     per_program = config["BLOCK_N"] * config["TILES"]
     grid = (B, cdiv(width, per_program))
     _indexer_kernel[grid](
-        q, k, w, k_scale if k_scale is not None else w, lengths if lengths is not None else w, out,
-        width, H,
-        q.stride(0), q.stride(1), stride_kb, k.stride(-2), w.stride(0), stride_ksb, out.stride(0),
-        D=D, BLOCK_H=max(16, triton.next_power_of_2(H)), BLOCK_N=config["BLOCK_N"], TILES=config["TILES"],
-        HAS_SCALE=k_scale is not None, HAS_LEN=lengths is not None, SKIP_DEAD=bool(skip_dead),
-        num_warps=config["num_warps"], num_stages=config["num_stages"],
+        q,
+        k,
+        w,
+        k_scale if k_scale is not None else w,
+        lengths if lengths is not None else w,
+        out,
+        width,
+        H,
+        q.stride(0),
+        q.stride(1),
+        stride_kb,
+        k.stride(-2),
+        w.stride(0),
+        stride_ksb,
+        out.stride(0),
+        D=D,
+        BLOCK_H=max(16, triton.next_power_of_2(H)),
+        BLOCK_N=config["BLOCK_N"],
+        TILES=config["TILES"],
+        HAS_SCALE=k_scale is not None,
+        HAS_LEN=lengths is not None,
+        SKIP_DEAD=bool(skip_dead),
+        num_warps=config["num_warps"],
+        num_stages=config["num_stages"],
     )
     return out
 
@@ -234,7 +271,12 @@ class IndexerKernel(TunableKernel):
         return {"BLOCK_N": 64, "TILES": 4, "num_warps": 4, "num_stages": 2}
 
     def config_space(self, shape):
-        return {"BLOCK_N": [16, 32, 64, 128, 256], "TILES": [1, 2, 4, 8, 16], "num_warps": [2, 4, 8], "num_stages": [1, 2, 3, 4]}
+        return {
+            "BLOCK_N": [16, 32, 64, 128, 256],
+            "TILES": [1, 2, 4, 8, 16],
+            "num_warps": [2, 4, 8],
+            "num_stages": [1, 2, 3, 4],
+        }
 
     def check_config(self, config, shape, device=None, dtype=None):
         dtype = dtype or "bfloat16"
@@ -256,8 +298,13 @@ class IndexerKernel(TunableKernel):
         return None
 
     def key_dims(self, shape):
-        return {"batch": shape["batch"], "heads": shape["heads"], "dim": shape["dim"],
-                "width": triton.next_power_of_2(shape["width"]), "shared_k": shape.get("shared_k", 0)}
+        return {
+            "batch": shape["batch"],
+            "heads": shape["heads"],
+            "dim": shape["dim"],
+            "width": triton.next_power_of_2(shape["width"]),
+            "shared_k": shape.get("shared_k", 0),
+        }
 
     def make_inputs(self, shape, dtype, device, seed=0):
         dev = torch.device(device)
@@ -285,14 +332,26 @@ class IndexerKernel(TunableKernel):
         return torch.empty(q.shape[0], inputs["width"], device=q.device, dtype=torch.float32)
 
     def run(self, inputs, config=None, out=None):
-        return indexer_scores(inputs["q"], inputs["k"], inputs["w"], inputs["k_scale"], inputs["lengths"],
-                              inputs["width"], config, out=out)
+        return indexer_scores(
+            inputs["q"],
+            inputs["k"],
+            inputs["w"],
+            inputs["k_scale"],
+            inputs["lengths"],
+            inputs["width"],
+            config,
+            out=out,
+        )
 
     def reference(self, inputs):
-        return indexer_reference(inputs["q"], inputs["k"], inputs["w"], inputs["k_scale"], inputs["lengths"], inputs["width"])
+        return indexer_reference(
+            inputs["q"], inputs["k"], inputs["w"], inputs["k_scale"], inputs["lengths"], inputs["width"]
+        )
 
     def torch_baseline(self, inputs):
-        return indexer_torch(inputs["q"], inputs["k"], inputs["w"], inputs["k_scale"], inputs["lengths"], inputs["width"])
+        return indexer_torch(
+            inputs["q"], inputs["k"], inputs["w"], inputs["k_scale"], inputs["lengths"], inputs["width"]
+        )
 
     def tolerance(self, dtype):
         # scores sum relu'd products: fp8 inputs are exact in the reference (same quantised values)
@@ -308,11 +367,25 @@ class IndexerKernel(TunableKernel):
 
     def shapes(self, preset="v4flash"):
         if preset == "v4flash":  # per-request compressed rows: 64K rows, and 262,208 = 1M/4 + 64 (1M context)
-            return [{"batch": b, "heads": 64, "dim": 128, "width": n, "shared_k": 0}
-                    for n in (65536, 262208) for b in (1, 16, 64)]
+            return [
+                {"batch": b, "heads": 64, "dim": 128, "width": n, "shared_k": 0}
+                for n in (65536, 262208)
+                for b in (1, 16, 64)
+            ]
         if preset == "test":
-            return [{"batch": 3, "heads": 16, "dim": 32, "width": 150, "num_rows": 160, "shared_k": 0, "ragged": 1, "scaled": 1},
-                    {"batch": 2, "heads": 24, "dim": 32, "width": 100, "shared_k": 1}]
+            return [
+                {
+                    "batch": 3,
+                    "heads": 16,
+                    "dim": 32,
+                    "width": 150,
+                    "num_rows": 160,
+                    "shared_k": 0,
+                    "ragged": 1,
+                    "scaled": 1,
+                },
+                {"batch": 2, "heads": 24, "dim": 32, "width": 100, "shared_k": 1},
+            ]
         raise ValueError(f"unknown preset {preset!r}; use 'v4flash' or 'test'")
 
 

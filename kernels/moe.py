@@ -31,7 +31,15 @@ import triton.language as tl
 from .base import Cost, TunableKernel, cdiv, device_limits, shared_inputs, tf32_matmul
 from .configs import tuned_config
 
-__all__ = ["fused_moe", "moe_align", "moe_reference", "moe_torch", "routed_inputs", "routed_rotation_bytes", "MoEKernel"]
+__all__ = [
+    "fused_moe",
+    "moe_align",
+    "moe_reference",
+    "moe_torch",
+    "routed_inputs",
+    "routed_rotation_bytes",
+    "MoEKernel",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -40,11 +48,26 @@ _WEIGHT_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 
 @triton.jit
 def _moe_up_kernel(
-    x_ptr, w_ptr, act_ptr, pair_ptr, block_expert_ptr,
-    n_pairs, K, WIDTH,
-    stride_xt, stride_we, stride_wk, stride_wn, stride_ar,
-    TOPK: tl.constexpr, N_EXPERTS: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr, IEEE: tl.constexpr,
+    x_ptr,
+    w_ptr,
+    act_ptr,
+    pair_ptr,
+    block_expert_ptr,
+    n_pairs,
+    K,
+    WIDTH,
+    stride_xt,
+    stride_we,
+    stride_wk,
+    stride_wn,
+    stride_ar,
+    TOPK: tl.constexpr,
+    N_EXPERTS: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    EVEN_K: tl.constexpr,
+    IEEE: tl.constexpr,
 ):
     pid_m = tl.program_id(0)
     pid_n = tl.program_id(1)
@@ -84,17 +107,31 @@ def _moe_up_kernel(
         g_ptrs += BLOCK_K * stride_wk
         u_ptrs += BLOCK_K * stride_wk
     h = acc_g / (1.0 + tl.exp(-acc_g)) * acc_u
-    tl.store(act_ptr + rows[:, None] * stride_ar + offs_n[None, :], h.to(act_ptr.dtype.element_ty),
-             mask=n_ok[None, :])
+    tl.store(act_ptr + rows[:, None] * stride_ar + offs_n[None, :], h.to(act_ptr.dtype.element_ty), mask=n_ok[None, :])
 
 
 @triton.jit
 def _moe_down_kernel(
-    act_ptr, w_ptr, y_ptr, gw_ptr, pair_ptr, block_expert_ptr,
-    n_pairs, K, N,
-    stride_ar, stride_we, stride_wk, stride_wn, stride_yp,
+    act_ptr,
+    w_ptr,
+    y_ptr,
+    gw_ptr,
+    pair_ptr,
+    block_expert_ptr,
+    n_pairs,
+    K,
+    N,
+    stride_ar,
+    stride_we,
+    stride_wk,
+    stride_wn,
+    stride_yp,
     N_EXPERTS: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr, IEEE: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    EVEN_K: tl.constexpr,
+    IEEE: tl.constexpr,
 ):
     pid_m = tl.program_id(0)
     pid_n = tl.program_id(1)
@@ -126,8 +163,11 @@ def _moe_down_kernel(
         b_ptrs += BLOCK_K * stride_wk
     gw = tl.load(gw_ptr + tl.where(valid, pair, 0), mask=valid, other=0.0).to(tl.float32)
     acc = acc * gw[:, None]
-    tl.store(y_ptr + tl.where(valid, pair, 0).to(tl.int64)[:, None] * stride_yp + offs_n[None, :], acc,
-             mask=valid[:, None] & n_ok[None, :])
+    tl.store(
+        y_ptr + tl.where(valid, pair, 0).to(tl.int64)[:, None] * stride_yp + offs_n[None, :],
+        acc,
+        mask=valid[:, None] & n_ok[None, :],
+    )
 
 
 def moe_align(ids: torch.Tensor, n_experts: int, block_m: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -153,15 +193,21 @@ def moe_align(ids: torch.Tensor, n_experts: int, block_m: int) -> tuple[torch.Te
 
 def _check(x, w13, w2, ids, weights):
     if x.dim() != 2 or w13.dim() != 3 or w2.dim() != 3:
-        raise ValueError(f"x must be [T, hidden], w13 [E, hidden, 2*width], w2 [E, width, hidden]; got "
-                         f"{tuple(x.shape)}, {tuple(w13.shape)}, {tuple(w2.shape)}")
+        raise ValueError(
+            f"x must be [T, hidden], w13 [E, hidden, 2*width], w2 [E, width, hidden]; got "
+            f"{tuple(x.shape)}, {tuple(w13.shape)}, {tuple(w2.shape)}"
+        )
     T, H = x.shape
     E, W = w13.shape[0], w2.shape[1]
     if w13.shape[1] != H or w13.shape[2] != 2 * W or tuple(w2.shape) != (E, W, H):
-        raise ValueError(f"w13 {tuple(w13.shape)} and w2 {tuple(w2.shape)} do not fit hidden={H}: need w13 "
-                         f"[E, {H}, 2*width] and w2 [E, width, {H}]")
+        raise ValueError(
+            f"w13 {tuple(w13.shape)} and w2 {tuple(w2.shape)} do not fit hidden={H}: need w13 "
+            f"[E, {H}, 2*width] and w2 [E, width, {H}]"
+        )
     if x.dtype != w13.dtype or w2.dtype != w13.dtype or w13.dtype not in _WEIGHT_DTYPES:
-        raise ValueError(f"x, w13, w2 must share one of float32/float16/bfloat16; got {x.dtype}, {w13.dtype}, {w2.dtype}")
+        raise ValueError(
+            f"x, w13, w2 must share one of float32/float16/bfloat16; got {x.dtype}, {w13.dtype}, {w2.dtype}"
+        )
     if ids.dim() != 2 or ids.shape[0] != T or tuple(weights.shape) != tuple(ids.shape):
         raise ValueError(f"ids and weights must both be [T={T}, k]; got {tuple(ids.shape)} and {tuple(weights.shape)}")
     if x.stride(1) != 1:
@@ -169,8 +215,9 @@ def _check(x, w13, w2, ids, weights):
     return T, H, E, W, ids.shape[1]
 
 
-def routed_inputs(name: str, shape: dict, dt: torch.dtype, device, seed: int, up_shape: tuple, down_shape: tuple
-                  ) -> tuple[dict, torch.Tensor, torch.Tensor]:
+def routed_inputs(
+    name: str, shape: dict, dt: torch.dtype, device, seed: int, up_shape: tuple, down_shape: tuple
+) -> tuple[dict, torch.Tensor, torch.Tensor]:
     """Inputs of a routed-expert MoE: ``{x, ids, weights}`` fresh per ``seed`` (``k`` distinct experts per token),
     and the up and down expert weights of the given shapes, random but fixed per shape and shared by every seed's
     set (:func:`~kernels.base.shared_inputs`), so timing can rotate several routings without a copy of the weights
@@ -196,10 +243,15 @@ def routed_rotation_bytes(shape: dict, dt: torch.dtype) -> float:
     return float(shape["tokens"] * (2 * shape["hidden"] * dt.itemsize + 8 * shape["topk"]))
 
 
-
-
-def fused_moe(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor,
-              config: dict | None = None, out: torch.Tensor | None = None) -> torch.Tensor:
+def fused_moe(
+    x: torch.Tensor,
+    w13: torch.Tensor,
+    w2: torch.Tensor,
+    ids: torch.Tensor,
+    weights: torch.Tensor,
+    config: dict | None = None,
+    out: torch.Tensor | None = None,
+) -> torch.Tensor:
     """The routed-expert MoE of ``x`` (see the module docstring); ``config`` None: tuned file or default."""
     T, H, E, W, k = _check(x, w13, w2, ids, weights)
     kernel = MoEKernel.instance
@@ -223,13 +275,51 @@ def fused_moe(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, ids: torch.T
     ieee = x.dtype == torch.float32
     launch = {"num_warps": config["num_warps"], "num_stages": config["num_stages"]}
     _moe_up_kernel[(n_blocks, cdiv(W, BN))](
-        x, w13, act, sorted_pair, block_expert, T * k, H, W,
-        x.stride(0), w13.stride(0), w13.stride(1), w13.stride(2), act.stride(0),
-        TOPK=k, N_EXPERTS=E, BLOCK_M=BM, BLOCK_N=BN, BLOCK_K=BK, EVEN_K=H % BK == 0, IEEE=ieee, **launch)
+        x,
+        w13,
+        act,
+        sorted_pair,
+        block_expert,
+        T * k,
+        H,
+        W,
+        x.stride(0),
+        w13.stride(0),
+        w13.stride(1),
+        w13.stride(2),
+        act.stride(0),
+        TOPK=k,
+        N_EXPERTS=E,
+        BLOCK_M=BM,
+        BLOCK_N=BN,
+        BLOCK_K=BK,
+        EVEN_K=H % BK == 0,
+        IEEE=ieee,
+        **launch,
+    )
     _moe_down_kernel[(n_blocks, cdiv(H, BN))](
-        act, w2, ypair, gw, sorted_pair, block_expert, T * k, W, H,
-        act.stride(0), w2.stride(0), w2.stride(1), w2.stride(2), ypair.stride(0),
-        N_EXPERTS=E, BLOCK_M=BM, BLOCK_N=BN, BLOCK_K=BK, EVEN_K=W % BK == 0, IEEE=ieee, **launch)
+        act,
+        w2,
+        ypair,
+        gw,
+        sorted_pair,
+        block_expert,
+        T * k,
+        W,
+        H,
+        act.stride(0),
+        w2.stride(0),
+        w2.stride(1),
+        w2.stride(2),
+        ypair.stride(0),
+        N_EXPERTS=E,
+        BLOCK_M=BM,
+        BLOCK_N=BN,
+        BLOCK_K=BK,
+        EVEN_K=W % BK == 0,
+        IEEE=ieee,
+        **launch,
+    )
     out.copy_(ypair.view(T, k, H).sum(1))
     return out
 
@@ -275,8 +365,13 @@ class MoEKernel(TunableKernel):
         return {"BLOCK_M": bm, "BLOCK_N": 64, "BLOCK_K": 128, "num_warps": 4, "num_stages": 3}
 
     def config_space(self, shape):
-        return {"BLOCK_M": [16, 32, 64], "BLOCK_N": [32, 64, 128], "BLOCK_K": [32, 64, 128, 256],
-                "num_warps": [4, 8], "num_stages": [2, 3, 4]}
+        return {
+            "BLOCK_M": [16, 32, 64],
+            "BLOCK_N": [32, 64, 128],
+            "BLOCK_K": [32, 64, 128, 256],
+            "num_warps": [4, 8],
+            "num_stages": [2, 3, 4],
+        }
 
     def check_config(self, config, shape, device=None, dtype=None):
         why = super().check_config(config, shape, device)
@@ -287,7 +382,9 @@ class MoEKernel(TunableKernel):
                 return f"tile_size: {key}={config[key]} must be a power of two >= 16 (tl.dot)"
         pairs = shape["tokens"] * shape["topk"]
         if config["BLOCK_M"] > max(16, triton.next_power_of_2(pairs)):
-            return f"block_m: BLOCK_M={config['BLOCK_M']} > tokens*topk={pairs} rounded up to a power of two (all padding)"
+            return (
+                f"block_m: BLOCK_M={config['BLOCK_M']} > tokens*topk={pairs} rounded up to a power of two (all padding)"
+            )
         elt = 2 if dtype is None else _dtype(dtype).itemsize
         # the up kernel holds the widest tiles: x [BM, BK] and gate + up [BK, BN] each, per stage
         smem = config["num_stages"] * (config["BLOCK_M"] + 2 * config["BLOCK_N"]) * config["BLOCK_K"] * elt
@@ -334,8 +431,10 @@ class MoEKernel(TunableKernel):
         if preset == "v4flash":  # one expert-parallel rank of 8: 32 local experts, top-6 mapped onto them
             return [{"tokens": t, "hidden": 4096, "width": 2048, "experts": 32, "topk": 6} for t in (1, 16, 64)]
         if preset == "test":
-            return [{"tokens": 3, "hidden": 64, "width": 32, "experts": 5, "topk": 2},
-                    {"tokens": 9, "hidden": 96, "width": 48, "experts": 4, "topk": 3}]
+            return [
+                {"tokens": 3, "hidden": 64, "width": 32, "experts": 5, "topk": 2},
+                {"tokens": 9, "hidden": 96, "width": 48, "experts": 4, "topk": 3},
+            ]
         raise ValueError(f"unknown preset {preset!r}; use 'v4flash' or 'test'")
 
 

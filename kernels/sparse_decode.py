@@ -60,9 +60,20 @@ from .sparse_decode_common import (
 )
 
 # the shared helpers callers import from here: re-exported
-__all__ = ["SparseDecodeKernel", "SparseDecodeSimtKernel", "combine_grid", "launch_combine", "one_wave",
-           "quantize_kv_fp8", "shape_of", "sparse_decode", "sparse_decode_reference", "sparse_decode_simt",
-           "sparse_decode_torch", "split_rows"]
+__all__ = [
+    "SparseDecodeKernel",
+    "SparseDecodeSimtKernel",
+    "combine_grid",
+    "launch_combine",
+    "one_wave",
+    "quantize_kv_fp8",
+    "shape_of",
+    "sparse_decode",
+    "sparse_decode_reference",
+    "sparse_decode_simt",
+    "sparse_decode_torch",
+    "split_rows",
+]
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -71,21 +82,47 @@ __all__ = ["SparseDecodeKernel", "SparseDecodeSimtKernel", "combine_grid", "laun
 @triton.jit
 def _prefetch_l2(ptrs):
     """Ask L2 for the lines of ``ptrs`` without waiting (PTX ``prefetch.global.L2``); returns a dummy."""
-    return tl.inline_asm_elementwise("prefetch.global.L2 [$1]; mov.u32 $0, 0;", "=r,l", [ptrs], dtype=tl.int32,
-                                     is_pure=False, pack=1)
+    return tl.inline_asm_elementwise(
+        "prefetch.global.L2 [$1]; mov.u32 $0, 0;", "=r,l", [ptrs], dtype=tl.int32, is_pure=False, pack=1
+    )
 
 
 @triton.jit(do_not_specialize=["B", "num_rows", "n_splits"])
 def _sparse_decode_kernel(
-    q_ptr, kv_ptr, kv_scale_ptr, idx_ptr, part_ptr, lse_ptr, out_ptr,
-    B, H, num_rows, topk, rows_per_split, n_splits, qk_scale,
-    stride_qb, stride_qh, stride_kv, stride_ib,
-    stride_pb, stride_ps, stride_ph,
-    stride_lb, stride_ls,
-    stride_ob, stride_oh,
-    DV: tl.constexpr, DT: tl.constexpr, D_TAIL: tl.constexpr,
-    BLOCK_H: tl.constexpr, BLOCK_T: tl.constexpr, DIRECT: tl.constexpr,
-    KV_SCALED: tl.constexpr, PREFETCH: tl.constexpr, PDL: tl.constexpr,
+    q_ptr,
+    kv_ptr,
+    kv_scale_ptr,
+    idx_ptr,
+    part_ptr,
+    lse_ptr,
+    out_ptr,
+    B,
+    H,
+    num_rows,
+    topk,
+    rows_per_split,
+    n_splits,
+    qk_scale,
+    stride_qb,
+    stride_qh,
+    stride_kv,
+    stride_ib,
+    stride_pb,
+    stride_ps,
+    stride_ph,
+    stride_lb,
+    stride_ls,
+    stride_ob,
+    stride_oh,
+    DV: tl.constexpr,
+    DT: tl.constexpr,
+    D_TAIL: tl.constexpr,
+    BLOCK_H: tl.constexpr,
+    BLOCK_T: tl.constexpr,
+    DIRECT: tl.constexpr,
+    KV_SCALED: tl.constexpr,
+    PREFETCH: tl.constexpr,
+    PDL: tl.constexpr,
 ):
     # fastest: the head blocks of one (request, split): they read the same rows, share L2
     pid_h = tl.program_id(0)
@@ -156,7 +193,13 @@ def _sparse_decode_kernel(
         out_ptrs = out_ptr + pid_b.to(tl.int64) * stride_ob + offs_h[:, None] * stride_oh + offs_d[None, :]
         tl.store(out_ptrs, o.to(out_ptr.dtype.element_ty), mask=h_mask[:, None])
     else:
-        part_ptrs = part_ptr + pid_b.to(tl.int64) * stride_pb + pid_s * stride_ps + offs_h[:, None] * stride_ph + offs_d[None, :]
+        part_ptrs = (
+            part_ptr
+            + pid_b.to(tl.int64) * stride_pb
+            + pid_s * stride_ps
+            + offs_h[:, None] * stride_ph
+            + offs_d[None, :]
+        )
         tl.store(part_ptrs, o, mask=h_mask[:, None])
         lse = tl.where(l_i > 0.0, m_i + tl.log2(l_safe), float("-inf"))
         tl.store(lse_ptr + pid_b.to(tl.int64) * stride_lb + pid_s * stride_ls + offs_h, lse, mask=h_mask)
@@ -164,10 +207,23 @@ def _sparse_decode_kernel(
 
 @triton.jit(do_not_specialize=["num_rows", "topk"])
 def _sparse_decode_simt_kernel(
-    q_ptr, kv_ptr, idx_ptr, out_ptr,
-    num_rows, topk, qk_scale,
-    stride_qb, stride_qh, stride_kv, stride_ib, stride_ob, stride_oh,
-    DV: tl.constexpr, DT: tl.constexpr, D_TAIL: tl.constexpr, BLOCK_T: tl.constexpr,
+    q_ptr,
+    kv_ptr,
+    idx_ptr,
+    out_ptr,
+    num_rows,
+    topk,
+    qk_scale,
+    stride_qb,
+    stride_qh,
+    stride_kv,
+    stride_ib,
+    stride_ob,
+    stride_oh,
+    DV: tl.constexpr,
+    DT: tl.constexpr,
+    D_TAIL: tl.constexpr,
+    BLOCK_T: tl.constexpr,
 ):
     """One program per (head, request); plain FMA dot products; each head re-reads its rows."""
     pid_h = tl.program_id(0)
@@ -203,7 +259,6 @@ def _sparse_decode_simt_kernel(
         m_i = m_new
     o = acc / tl.where(l_i > 0.0, l_i, 1.0)
     tl.store(out_ptr + pid_b.to(tl.int64) * stride_ob + pid_h * stride_oh + offs_d, o.to(out_ptr.dtype.element_ty))
-
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -263,14 +318,39 @@ def sparse_decode(
     pdl = bool(pdl) and on_gpu and not direct
     grid = (cdiv(H, BLOCK_H), S, B)
     _sparse_decode_kernel[grid](
-        q, kv, kv if kv_scale is None else kv_scale, indices, part, lse, out,
-        B, H, kv.shape[0], topk, rows_per_split, S, sm_scale * LOG2E,
-        q.stride(0), q.stride(1), kv.stride(0), indices.stride(0),
-        *part_strides, *lse_strides,
-        out.stride(0), out.stride(1),
-        DV=d_v, DT=DT, D_TAIL=D_TAIL, BLOCK_H=BLOCK_H, BLOCK_T=BLOCK_T, DIRECT=direct,
-        KV_SCALED=kv_scale is not None, PREFETCH=on_gpu, PDL=pdl,
-        num_warps=config["num_warps"], num_stages=config["num_stages"],
+        q,
+        kv,
+        kv if kv_scale is None else kv_scale,
+        indices,
+        part,
+        lse,
+        out,
+        B,
+        H,
+        kv.shape[0],
+        topk,
+        rows_per_split,
+        S,
+        sm_scale * LOG2E,
+        q.stride(0),
+        q.stride(1),
+        kv.stride(0),
+        indices.stride(0),
+        *part_strides,
+        *lse_strides,
+        out.stride(0),
+        out.stride(1),
+        DV=d_v,
+        DT=DT,
+        D_TAIL=D_TAIL,
+        BLOCK_H=BLOCK_H,
+        BLOCK_T=BLOCK_T,
+        DIRECT=direct,
+        KV_SCALED=kv_scale is not None,
+        PREFETCH=on_gpu,
+        PDL=pdl,
+        num_warps=config["num_warps"],
+        num_stages=config["num_stages"],
     )
     if not direct:
         launch_combine(part, lse, out, pdl)
@@ -303,9 +383,24 @@ def sparse_decode_simt(
     if B == 0:
         return out
     _sparse_decode_simt_kernel[(H, B)](
-        q, kv, indices, out, kv.shape[0], topk, sm_scale * LOG2E,
-        q.stride(0), q.stride(1), kv.stride(0), indices.stride(0), out.stride(0), out.stride(1),
-        DV=d_v, DT=DT, D_TAIL=D_TAIL, BLOCK_T=config["BLOCK_T"], num_warps=config["num_warps"],
+        q,
+        kv,
+        indices,
+        out,
+        kv.shape[0],
+        topk,
+        sm_scale * LOG2E,
+        q.stride(0),
+        q.stride(1),
+        kv.stride(0),
+        indices.stride(0),
+        out.stride(0),
+        out.stride(1),
+        DV=d_v,
+        DT=DT,
+        D_TAIL=D_TAIL,
+        BLOCK_T=config["BLOCK_T"],
+        num_warps=config["num_warps"],
     )
     return out
 
@@ -350,16 +445,24 @@ class SparseDecodeKernel(SparseDecodeBase):
         then) whose grid fits one program an SM (:func:`one_wave`), else 1."""
         sms = one_wave()
         per_split = shape["batch"] * cdiv(shape["heads"], config["BLOCK_H"])
-        splits = {s: split_rows(shape["topk"], s, config["BLOCK_T"])[1] for s in self.config_space(shape)["S"]
-                  if s <= shape["topk"]}
+        splits = {
+            s: split_rows(shape["topk"], s, config["BLOCK_T"])[1]
+            for s in self.config_space(shape)["S"]
+            if s <= shape["topk"]
+        }
         fits = [s for s, n in splits.items() if per_split * n <= sms]
         return min(fits, key=lambda s: (-splits[s], s), default=1)
 
     def config_space(self, shape):
         # No 16 warps: never the best on the H200 (spills on 64-head tiles at 512 threads, barrier stalls;
         # benchmarks/results/tuner_efficiency/h200/2026-11-30_6e5fadf_issue20_sd2.json.gz)
-        return {"S": [1, 2, 4, 8, 16, 32], "BLOCK_H": [16, 32, 64], "BLOCK_T": [16, 32, 64, 128],
-                "num_warps": [4, 8], "num_stages": [1, 2, 3]}
+        return {
+            "S": [1, 2, 4, 8, 16, 32],
+            "BLOCK_H": [16, 32, 64],
+            "BLOCK_T": [16, 32, 64, 128],
+            "num_warps": [4, 8],
+            "num_stages": [1, 2, 3],
+        }
 
     def seed_configs(self, shape, device=None, dtype=None):
         """One wave: for each head tile (16, 32, 64) and row tile (64, 128), the split count whose grid
@@ -400,13 +503,23 @@ class SparseDecodeKernel(SparseDecodeBase):
             return f"shared_memory: {smem // 1024} KiB > {limits['shared_memory'] // 1024} KiB"
         acc_regs = config["BLOCK_H"] * shape["d_v"] // (32 * config["num_warps"])
         if acc_regs > limits["registers_per_thread"]:
-            return (f"register_pressure: fp32 accumulator BLOCK_H*d_v/threads = {acc_regs} registers/thread "
-                    f"> {limits['registers_per_thread']} (raise num_warps or lower BLOCK_H)")
+            return (
+                f"register_pressure: fp32 accumulator BLOCK_H*d_v/threads = {acc_regs} registers/thread "
+                f"> {limits['registers_per_thread']} (raise num_warps or lower BLOCK_H)"
+            )
         return None
 
     def run(self, inputs, config=None, out=None):
-        return sparse_decode(inputs["q"], inputs["kv"], inputs["indices"], inputs["sm_scale"], config,
-                             d_v=inputs["d_v"], out=out, kv_scale=inputs.get("kv_scale"))
+        return sparse_decode(
+            inputs["q"],
+            inputs["kv"],
+            inputs["indices"],
+            inputs["sm_scale"],
+            config,
+            d_v=inputs["d_v"],
+            out=out,
+            kv_scale=inputs.get("kv_scale"),
+        )
 
 
 class SparseDecodeSimtKernel(SparseDecodeBase):
@@ -431,8 +544,9 @@ class SparseDecodeSimtKernel(SparseDecodeBase):
         return None
 
     def run(self, inputs, config=None, out=None):
-        return sparse_decode_simt(inputs["q"], inputs["kv"], inputs["indices"], inputs["sm_scale"], config,
-                                  d_v=inputs["d_v"], out=out)
+        return sparse_decode_simt(
+            inputs["q"], inputs["kv"], inputs["indices"], inputs["sm_scale"], config, d_v=inputs["d_v"], out=out
+        )
 
 
 SparseDecodeKernel.instance = SparseDecodeKernel()

@@ -33,21 +33,48 @@ except ImportError:  # an older Triton: two plain launches
     def gdc_wait():
         pass
 
-__all__ = ["FP8", "LOG2E", "PDL", "SparseDecodeBase", "check_args", "combine_grid", "combine_kernel",
-           "gdc_launch_dependents", "gdc_wait", "launch_combine", "one_wave", "quantize_kv_fp8",
-           "sparse_decode_reference", "sparse_decode_torch", "shape_of", "split_rows", "tail_width"]
+
+__all__ = [
+    "FP8",
+    "LOG2E",
+    "PDL",
+    "SparseDecodeBase",
+    "check_args",
+    "combine_grid",
+    "combine_kernel",
+    "gdc_launch_dependents",
+    "gdc_wait",
+    "launch_combine",
+    "one_wave",
+    "quantize_kv_fp8",
+    "sparse_decode_reference",
+    "sparse_decode_torch",
+    "shape_of",
+    "split_rows",
+    "tail_width",
+]
 
 LOG2E = 1.4426950408889634
 SUPPORTED = (torch.float16, torch.bfloat16, torch.float32)
 FP8 = getattr(torch, "float8_e4m3fn", None)
 
+
 @triton.jit(do_not_specialize=["n_splits"])
 def combine_kernel(
-    part_ptr, lse_ptr, out_ptr, n_splits,
-    stride_pb, stride_ps, stride_ph,
-    stride_lb, stride_ls,
-    stride_ob, stride_oh,
-    S_PAD: tl.constexpr, BLOCK_D: tl.constexpr, PDL: tl.constexpr,
+    part_ptr,
+    lse_ptr,
+    out_ptr,
+    n_splits,
+    stride_pb,
+    stride_ps,
+    stride_ph,
+    stride_lb,
+    stride_ls,
+    stride_ob,
+    stride_oh,
+    S_PAD: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+    PDL: tl.constexpr,
 ):
     """Merge the splits of one (request, head, column block) by their log-sum-exp (base 2), all splits at once:
     one [S_PAD, BLOCK_D] load, no loop, so a batch-1 merge spreads over H * DV / BLOCK_D programs."""
@@ -63,8 +90,11 @@ def combine_kernel(
     w = tl.exp2(lse - tl.where(m == float("-inf"), 0.0, m))  # 0 for empty splits
     wsum = tl.sum(w, 0)
     offs_d = pid_d * BLOCK_D + tl.arange(0, BLOCK_D)
-    parts = tl.load(part_ptr + b * stride_pb + offs_s[:, None] * stride_ps + h * stride_ph + offs_d[None, :],
-                    mask=s_mask[:, None], other=0.0)
+    parts = tl.load(
+        part_ptr + b * stride_pb + offs_s[:, None] * stride_ps + h * stride_ph + offs_d[None, :],
+        mask=s_mask[:, None],
+        other=0.0,
+    )
     o = tl.sum(w[:, None] * parts, 0) / tl.where(wsum > 0.0, wsum, 1.0)
     tl.store(out_ptr + b * stride_ob + h * stride_oh + offs_d, o.to(out_ptr.dtype.element_ty))
 
@@ -130,8 +160,14 @@ def tail_width(d_qk: int, d_v: int) -> tuple[int, int]:
 
 
 def shape_of(q, kv, indices, d_v) -> dict:
-    return {"batch": q.shape[0], "heads": q.shape[1], "d_qk": q.shape[2], "d_v": d_v,
-            "topk": indices.shape[1], "num_rows": kv.shape[0]}
+    return {
+        "batch": q.shape[0],
+        "heads": q.shape[1],
+        "d_qk": q.shape[2],
+        "d_v": d_v,
+        "topk": indices.shape[1],
+        "num_rows": kv.shape[0],
+    }
 
 
 def combine_grid(B: int, S: int, H: int, d_v: int) -> tuple[int, int, int]:
@@ -149,9 +185,19 @@ def launch_combine(part: torch.Tensor, lse: torch.Tensor, out: torch.Tensor, pdl
     B, S, H, d_v = part.shape
     grid = combine_grid(B, S, H, d_v)
     combine_kernel[grid](
-        part, lse, out, S,
-        *part.stride()[:3], *lse.stride()[:2], out.stride(0), out.stride(1),
-        S_PAD=triton.next_power_of_2(S), BLOCK_D=d_v // grid[0], PDL=pdl, num_warps=4, **({"launch_pdl": True} if pdl else {}),
+        part,
+        lse,
+        out,
+        S,
+        *part.stride()[:3],
+        *lse.stride()[:2],
+        out.stride(0),
+        out.stride(1),
+        S_PAD=triton.next_power_of_2(S),
+        BLOCK_D=d_v // grid[0],
+        PDL=pdl,
+        num_warps=4,
+        **({"launch_pdl": True} if pdl else {}),
     )
 
 
@@ -238,20 +284,38 @@ class SparseDecodeBase(TunableKernel):
             keep[0] = topk
             pos = torch.rand(B, topk, generator=gen, device=dev).argsort(dim=1)
             idx = torch.where(pos < keep, idx, torch.full_like(idx, -1))
-        return {"q": q, "kv": kv, "indices": idx.to(device=device, dtype=torch.int32),
-                "sm_scale": 1.0 / math.sqrt(d_qk), "d_v": d_v, "kv_scale": kv_scale}
+        return {
+            "q": q,
+            "kv": kv,
+            "indices": idx.to(device=device, dtype=torch.int32),
+            "sm_scale": 1.0 / math.sqrt(d_qk),
+            "d_v": d_v,
+            "kv_scale": kv_scale,
+        }
 
     def output_like(self, inputs):
         q = inputs["q"]
         return torch.empty(q.shape[0], q.shape[1], inputs["d_v"], device=q.device, dtype=q.dtype)
 
     def reference(self, inputs):
-        return sparse_decode_reference(inputs["q"], inputs["kv"], inputs["indices"], inputs["sm_scale"], inputs["d_v"],
-                                       kv_scale=inputs.get("kv_scale"))
+        return sparse_decode_reference(
+            inputs["q"],
+            inputs["kv"],
+            inputs["indices"],
+            inputs["sm_scale"],
+            inputs["d_v"],
+            kv_scale=inputs.get("kv_scale"),
+        )
 
     def torch_baseline(self, inputs):
-        return sparse_decode_torch(inputs["q"], inputs["kv"], inputs["indices"], inputs["sm_scale"], inputs["d_v"],
-                                   kv_scale=inputs.get("kv_scale"))
+        return sparse_decode_torch(
+            inputs["q"],
+            inputs["kv"],
+            inputs["indices"],
+            inputs["sm_scale"],
+            inputs["d_v"],
+            kv_scale=inputs.get("kv_scale"),
+        )
 
     def tolerance(self, dtype):
         # an fp8 cache is compared with the float32 reference of its dequantised rows, so bf16 arithmetic bounds it
@@ -271,9 +335,14 @@ class SparseDecodeBase(TunableKernel):
 
     def shapes(self, preset="v4flash"):
         if preset == "v4flash":  # 64 heads, one shared 512 latent, top-512 compressed + 128-window rows
-            return [{"batch": b, "heads": 64, "d_qk": 512, "d_v": 512, "topk": 640, "num_rows": 65536} for b in (1, 16, 64)]
+            return [
+                {"batch": b, "heads": 64, "d_qk": 512, "d_v": 512, "topk": 640, "num_rows": 65536} for b in (1, 16, 64)
+            ]
         if preset == "v32":
-            return [{"batch": b, "heads": 128, "d_qk": 576, "d_v": 512, "topk": 2048, "num_rows": 131072} for b in (1, 16, 64)]
+            return [
+                {"batch": b, "heads": 128, "d_qk": 576, "d_v": 512, "topk": 2048, "num_rows": 131072}
+                for b in (1, 16, 64)
+            ]
         if preset == "test":
             return [{"batch": 3, "heads": 16, "d_qk": 64, "d_v": 64, "topk": 40, "num_rows": 97, "ragged": 1}]
         raise ValueError(f"unknown preset {preset!r}; use 'v4flash', 'v32' or 'test'")

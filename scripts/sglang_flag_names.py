@@ -21,8 +21,11 @@ def flag_names(server_args_py: str | Path) -> list[str]:
     names = set()
     for node in ast.walk(tree):
         if isinstance(node, ast.Call) and getattr(node.func, "attr", "") == "add_argument":
-            names.update(a.value for a in node.args
-                         if isinstance(a, ast.Constant) and isinstance(a.value, str) and a.value.startswith("--"))
+            names.update(
+                a.value
+                for a in node.args
+                if isinstance(a, ast.Constant) and isinstance(a.value, str) and a.value.startswith("--")
+            )
     return sorted(names)
 
 

@@ -51,6 +51,7 @@ fi
 # the shape of the code: lint and import order (ruff), the layers and foundations (import-linter's contracts in
 # pyproject.toml); either failing fails the run
 $PY -m ruff check .
+$PY -m ruff format --check .
 lint-imports --no-cache
 set +e
 $PY -m pytest -q -p no:cacheprovider -n "${TUNER_TEST_WORKERS:-auto}" --dist loadfile -rs --durations=25 -m "$marks" "$@"

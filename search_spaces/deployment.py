@@ -50,9 +50,12 @@ class Run:
 
     def describe(self) -> str:
         how = "default" if self.default else self.selected_by
-        what = ("the twin has no counterpart" if self.twin is None else
-                ", ".join(f"{k}={v}" for k, v in self.twin.items())
-                + (" (the deployment's kernel)" if self.fidelity == "kernel" else f" (stand-in: {self.stand_in})"))
+        what = (
+            "the twin has no counterpart"
+            if self.twin is None
+            else ", ".join(f"{k}={v}" for k, v in self.twin.items())
+            + (" (the deployment's kernel)" if self.fidelity == "kernel" else f" (stand-in: {self.stand_in})")
+        )
         return f"{self.component} [{how}]: {self.kernel} [{self.source}] -> twin {what}"
 
 
@@ -113,8 +116,12 @@ def load_deployment(name: str, where: str = "deployment") -> Deployment:
     data = yaml.safe_load(path.read_text())
     src = str(path.name)
     if not isinstance(data, dict) or not isinstance(data.get("components"), dict):
-        raise _fail(src, "a deployment map needs `release` and `components`", type(data).__name__,
-                    "see search_spaces/deployments/sglang-0.5.23-dsv4.yaml")
+        raise _fail(
+            src,
+            "a deployment map needs `release` and `components`",
+            type(data).__name__,
+            "see search_spaces/deployments/sglang-0.5.23-dsv4.yaml",
+        )
     runs: list[Run] = []
     for comp, entries in data["components"].items():
         for i, e in enumerate(entries or []):
@@ -123,30 +130,65 @@ def load_deployment(name: str, where: str = "deployment") -> Deployment:
                 raise _fail(at, "must be a mapping", e, "write `{arch: [sm_90], kernel: ..., source: {...}}`")
             unknown = set(e) - {"arch", "default", "selected_by", "kernel", "source", "twin", "fidelity", "stand_in"}
             if unknown:
-                raise _fail(at, "unknown key", sorted(unknown)[0], "use arch, default, selected_by, kernel, source, "
-                            "twin, fidelity, stand_in")
+                raise _fail(
+                    at,
+                    "unknown key",
+                    sorted(unknown)[0],
+                    "use arch, default, selected_by, kernel, source, twin, fidelity, stand_in",
+                )
             arch = e.get("arch")
             if not isinstance(arch, list) or not arch or not all(isinstance(a, str) for a in arch):
                 raise _fail(at, "`arch` must be a list of GPU architectures", arch, "write `arch: [sm_90]`")
             s = e.get("source")
-            if not (isinstance(s, dict) and isinstance(s.get("file"), str) and isinstance(s.get("line"), int)
-                    and isinstance(s.get("text"), str) and s["text"]):
-                raise _fail(at, "`source` must be {file, line, text}", s,
-                            "write `source: {file: srt/..., line: 880, text: <what stands on that line>}`")
+            if not (
+                isinstance(s, dict)
+                and isinstance(s.get("file"), str)
+                and isinstance(s.get("line"), int)
+                and isinstance(s.get("text"), str)
+                and s["text"]
+            ):
+                raise _fail(
+                    at,
+                    "`source` must be {file, line, text}",
+                    s,
+                    "write `source: {file: srt/..., line: 880, text: <what stands on that line>}`",
+                )
             if bool(e.get("default")) == bool(e.get("selected_by")):
-                raise _fail(at, "a run is either `default: true` or `selected_by` a flag or variable",
-                            {k: e.get(k) for k in ("default", "selected_by")}, "set exactly one of them")
+                raise _fail(
+                    at,
+                    "a run is either `default: true` or `selected_by` a flag or variable",
+                    {k: e.get(k) for k in ("default", "selected_by")},
+                    "set exactly one of them",
+                )
             twin = e.get("twin")
             fidelity = e.get("fidelity", "")
             if twin is not None and (not isinstance(twin, dict) or fidelity not in FIDELITIES):
-                raise _fail(at, "`twin` must be knob values with `fidelity` kernel or stand_in", (twin, fidelity),
-                            "write `twin: {indexer_impl: deepgemm}` and `fidelity: kernel`")
+                raise _fail(
+                    at,
+                    "`twin` must be knob values with `fidelity` kernel or stand_in",
+                    (twin, fidelity),
+                    "write `twin: {indexer_impl: deepgemm}` and `fidelity: kernel`",
+                )
             if fidelity == "stand_in" and not str(e.get("stand_in", "")).strip():
-                raise _fail(at, "a stand-in must say what the twin runs instead and what is known of the gap",
-                            e.get("stand_in"), "add `stand_in: ...`")
-            runs.append(Run(component=str(comp), arch=tuple(arch), kernel=" ".join(str(e.get("kernel", "")).split()),
-                            source=Source(s["file"], s["line"], s["text"]), default=bool(e.get("default")),
-                            selected_by=str(e.get("selected_by") or ""), twin=dict(twin) if twin else None,
-                            fidelity=fidelity, stand_in=" ".join(str(e.get("stand_in", "")).split())))
-    return Deployment(name=name, release=str(data.get("release", "")), model=str(data.get("model", "")),
-                      runs=tuple(runs))
+                raise _fail(
+                    at,
+                    "a stand-in must say what the twin runs instead and what is known of the gap",
+                    e.get("stand_in"),
+                    "add `stand_in: ...`",
+                )
+            runs.append(
+                Run(
+                    component=str(comp),
+                    arch=tuple(arch),
+                    kernel=" ".join(str(e.get("kernel", "")).split()),
+                    source=Source(s["file"], s["line"], s["text"]),
+                    default=bool(e.get("default")),
+                    selected_by=str(e.get("selected_by") or ""),
+                    twin=dict(twin) if twin else None,
+                    fidelity=fidelity,
+                    stand_in=" ".join(str(e.get("stand_in", "")).split()),
+                )
+            )
+    return Deployment(
+        name=name, release=str(data.get("release", "")), model=str(data.get("model", "")), runs=tuple(runs)
+    )

@@ -20,7 +20,7 @@ CAPABILITIES = {
     "multi_gpu": "two or more GPUs",
     "flash_mla": "FlashMLA's Hopper kernels: an sm_90 GPU and the sgl-flash-mla wheel (`pip install tuner[flashmla]`)",
     "deep_gemm": "DeepGEMM's kernels as SGLang runs them: an sm_90 or sm_100 GPU and the deep_gemm module (SGLang's "
-                 "sgl-deep-gemm wheel, or DeepGEMM built from source: benchmarks/deepgemm_build.sh)",
+    "sgl-deep-gemm wheel, or DeepGEMM built from source: benchmarks/deepgemm_build.sh)",
 }
 
 
@@ -78,20 +78,32 @@ class Hardware:
 
     def to_json(self) -> dict:
         """A JSON-able form (sent to trial subprocesses so they resolve the space exactly as the search did)."""
-        return {"gpu_name": self.gpu_name, "gpu_count": self.gpu_count,
-                "compute_capability": list(self.compute_capability) if self.compute_capability else None,
-                "has_triton": self.has_triton, "has_torch_compile": self.has_torch_compile,
-                "extra": sorted(self.extra), "has_gluon": self.has_gluon, "has_flash_mla": self.has_flash_mla,
-                "has_deep_gemm": self.has_deep_gemm}
+        return {
+            "gpu_name": self.gpu_name,
+            "gpu_count": self.gpu_count,
+            "compute_capability": list(self.compute_capability) if self.compute_capability else None,
+            "has_triton": self.has_triton,
+            "has_torch_compile": self.has_torch_compile,
+            "extra": sorted(self.extra),
+            "has_gluon": self.has_gluon,
+            "has_flash_mla": self.has_flash_mla,
+            "has_deep_gemm": self.has_deep_gemm,
+        }
 
     @classmethod
     def from_json(cls, data: dict) -> Hardware:
         cc = data.get("compute_capability")
-        return cls(gpu_name=data.get("gpu_name", "cpu"), gpu_count=int(data.get("gpu_count", 0)),
-                   compute_capability=tuple(cc) if cc else None, has_triton=bool(data.get("has_triton")),
-                   has_torch_compile=bool(data.get("has_torch_compile")), extra=frozenset(data.get("extra", ())),
-                   has_gluon=bool(data.get("has_gluon")), has_flash_mla=bool(data.get("has_flash_mla")),
-                   has_deep_gemm=bool(data.get("has_deep_gemm")))
+        return cls(
+            gpu_name=data.get("gpu_name", "cpu"),
+            gpu_count=int(data.get("gpu_count", 0)),
+            compute_capability=tuple(cc) if cc else None,
+            has_triton=bool(data.get("has_triton")),
+            has_torch_compile=bool(data.get("has_torch_compile")),
+            extra=frozenset(data.get("extra", ())),
+            has_gluon=bool(data.get("has_gluon")),
+            has_flash_mla=bool(data.get("has_flash_mla")),
+            has_deep_gemm=bool(data.get("has_deep_gemm")),
+        )
 
     def missing(self, required: tuple[str, ...]) -> list[str]:
         return [r for r in required if r not in self.capabilities]
@@ -140,6 +152,13 @@ def detect_hardware() -> Hardware:
 
     has_flash_mla = importlib.util.find_spec("flash_mla") is not None  # imported by the trial, not here
     has_deep_gemm = importlib.util.find_spec("deep_gemm") is not None
-    return Hardware(gpu_name=name, gpu_count=count, compute_capability=cc, has_triton=has_triton,
-                    has_torch_compile=has_compile, has_gluon=has_gluon, has_flash_mla=has_flash_mla,
-                    has_deep_gemm=has_deep_gemm)
+    return Hardware(
+        gpu_name=name,
+        gpu_count=count,
+        compute_capability=cc,
+        has_triton=has_triton,
+        has_torch_compile=has_compile,
+        has_gluon=has_gluon,
+        has_flash_mla=has_flash_mla,
+        has_deep_gemm=has_deep_gemm,
+    )

@@ -60,12 +60,39 @@ from search_spaces.schema import (
 )
 from search_spaces.targets import TARGET_NAMES
 
-_TOP_KEYS = {"name", "description", "target", "preset", "settings", "objective", "params", "constraints", "extends",
-             "deployment"}
-_UNSET = "unset"  # in an extending space's param: the parent's keys it drops (``unset: [description, server.deploys_as]``)
+_TOP_KEYS = {
+    "name",
+    "description",
+    "target",
+    "preset",
+    "settings",
+    "objective",
+    "params",
+    "constraints",
+    "extends",
+    "deployment",
+}
+_UNSET = (
+    "unset"  # in an extending space's param: the parent's keys it drops (``unset: [description, server.deploys_as]``)
+)
 _PARAM_KEYS = {
-    "type", "values", "low", "high", "step", "log", "default", "description", "flag", "kernel", "env", "when",
-    "requires", "value_requires", "max_bs", "densities", "server",
+    "type",
+    "values",
+    "low",
+    "high",
+    "step",
+    "log",
+    "default",
+    "description",
+    "flag",
+    "kernel",
+    "env",
+    "when",
+    "requires",
+    "value_requires",
+    "max_bs",
+    "densities",
+    "server",
 }
 _SERVER_KEYS = {"flag", "env", "none", "values", "note", "see", "not_deployable", "deploys_as"}
 _NOT_DEPLOYABLE_KEYS = {"kind", "why", "source", "instead", "except_on", "only_on"}
@@ -106,8 +133,9 @@ def space_text(path: str | Path) -> str:
     if not (isinstance(data, dict) and "extends" in data):
         return text
     resolved = _resolve_extends(data, str(p), (str(p.resolve()),))
-    return (f"# {p.name} resolved (it extends {data['extends']})\n"
-            + yaml.safe_dump(resolved, sort_keys=False, width=120, allow_unicode=True, default_flow_style=None))
+    return f"# {p.name} resolved (it extends {data['extends']})\n" + yaml.safe_dump(
+        resolved, sort_keys=False, width=120, allow_unicode=True, default_flow_style=None
+    )
 
 
 def _parse(text: str, source: str) -> Any:
@@ -123,8 +151,12 @@ def _parse(text: str, source: str) -> Any:
 def _parent_path(name: Any, source: str) -> Path:
     """Where ``extends: name`` points from the space at ``source``: a file beside it, else a built-in space."""
     if not isinstance(name, str) or not name:
-        raise _fail(source, "`extends` must name a space", name, "write `extends: dsv4_flash` (a built-in name or a "
-                                                               "file beside this one)")
+        raise _fail(
+            source,
+            "`extends` must name a space",
+            name,
+            "write `extends: dsv4_flash` (a built-in name or a file beside this one)",
+        )
     here = Path(source).parent if source and not source.startswith("<") else Path(".")
     for candidate in (here / name, here / f"{name}.yaml", builtin_space_path(name)):
         if candidate.is_file():
@@ -144,8 +176,12 @@ def _resolve_extends(data: dict, source: str, chain: tuple[str, ...]) -> dict:
         raise _fail(source, "`extends` goes round in a circle", " -> ".join([*chain, key]), "remove one `extends`")
     parent = _parse(parent_path.read_text(), str(parent_path))
     if not isinstance(parent, dict):
-        raise _fail(str(parent_path), "a space must be a YAML mapping", type(parent).__name__,
-                    "start with `name:` and `params:`")
+        raise _fail(
+            str(parent_path),
+            "a space must be a YAML mapping",
+            type(parent).__name__,
+            "start with `name:` and `params:`",
+        )
     return merge_spaces(_resolve_extends(parent, str(parent_path), (*chain, key)), data, source)
 
 
@@ -168,8 +204,12 @@ def _drop(where: str, pdef: dict, dotted: Any) -> None:
     for k in path:
         node = node.get(k) if isinstance(node, dict) else None
     if not isinstance(node, dict) or last not in node:
-        raise _fail(where, "`unset` names a key the parent's param does not have", dotted,
-                    "list only keys the extended space sets")
+        raise _fail(
+            where,
+            "`unset` names a key the parent's param does not have",
+            dotted,
+            "list only keys the extended space sets",
+        )
     del node[last]
 
 
@@ -195,8 +235,12 @@ def merge_spaces(parent: dict, child: dict, source: str) -> dict:
     for name, pdef in (child.get("params") or {}).items():
         if pdef is None:
             if name not in params:
-                raise _fail(where, "`params` removes a param the extended space does not have", name,
-                            "remove only the parent's params")
+                raise _fail(
+                    where,
+                    "`params` removes a param the extended space does not have",
+                    name,
+                    "remove only the parent's params",
+                )
             at = order.index(name) - 1
             order.remove(name)
             del params[name]
@@ -212,8 +256,12 @@ def merge_spaces(parent: dict, child: dict, source: str) -> dict:
             at = order.index(name)
         else:
             if _UNSET in pdef:
-                raise _fail(f"{where}: param `{name}`", "`unset` in a param the extended space does not have",
-                            pdef[_UNSET], f"drop `unset` from `{name}`")
+                raise _fail(
+                    f"{where}: param `{name}`",
+                    "`unset` in a param the extended space does not have",
+                    pdef[_UNSET],
+                    f"drop `unset` from `{name}`",
+                )
             params[name] = pdef
             at += 1
             order.insert(at, name)
@@ -246,8 +294,12 @@ def load_space_text(text: str, *, source: str = "<string>") -> Space:
         raise _fail(source, "unknown `target`", target, f"use one of {TARGET_NAMES} or a plug-in module.path:ClassName")
     raw_params = data.get("params")
     if not isinstance(raw_params, dict) or not raw_params:
-        raise _fail(source, "`params` must be a non-empty mapping of parameter name to definition", raw_params,
-                    "add at least one parameter under `params:`")
+        raise _fail(
+            source,
+            "`params` must be a non-empty mapping of parameter name to definition",
+            raw_params,
+            "add at least one parameter under `params:`",
+        )
     params: list[Param] = []
     for pname, pdef in raw_params.items():
         params.append(_param(source, str(pname), pdef))
@@ -260,8 +312,12 @@ def load_space_text(text: str, *, source: str = "<string>") -> Space:
         if p.when is not None:
             for n in p.when.names:
                 if n not in seen:
-                    raise _fail(f"{source}: param `{p.name}`", "`when` refers to a parameter declared after it", n,
-                                f"move `{n}` above `{p.name}`")
+                    raise _fail(
+                        f"{source}: param `{p.name}`",
+                        "`when` refers to a parameter declared after it",
+                        n,
+                        f"move `{n}` above `{p.name}`",
+                    )
         seen.add(p.name)
     constraints = tuple(_constraint(source, i, c, params, names) for i, c in enumerate(data.get("constraints") or []))
     settings = data.get("settings") or {}
@@ -281,8 +337,12 @@ def load_space_text(text: str, *, source: str = "<string>") -> Space:
     )
     bad = space.violated_constraints(space.defaults())
     if bad:
-        raise _fail(source, f"the defaults violate constraint `{bad[0].name}`", space.defaults(),
-                    "change the defaults or the constraint so the baseline is valid")
+        raise _fail(
+            source,
+            f"the defaults violate constraint `{bad[0].name}`",
+            space.defaults(),
+            "change the defaults or the constraint so the baseline is valid",
+        )
     return space
 
 
@@ -291,8 +351,12 @@ def _deployment(source: str, name: Any, params: list[Param]):
     if name is None:
         return None
     if not isinstance(name, str) or not name:
-        raise _fail(source, "`deployment` must name a map in search_spaces/deployments/", name,
-                    "write `deployment: sglang-0.5.23-dsv4`")
+        raise _fail(
+            source,
+            "`deployment` must name a map in search_spaces/deployments/",
+            name,
+            "write `deployment: sglang-0.5.23-dsv4`",
+        )
     dep = load_deployment(name, f"{source}: deployment")
     by_name = {p.name: p for p in params}
     for run in dep.runs:
@@ -301,8 +365,9 @@ def _deployment(source: str, name: Any, params: list[Param]):
             if knob not in by_name:
                 raise _fail(where, "names a knob the space does not have", knob, f"use one of {sorted(by_name)}")
             if value not in by_name[knob].choices():
-                raise _fail(where, f"names a value `{knob}` does not have", value,
-                            f"use one of {list(by_name[knob].choices())}")
+                raise _fail(
+                    where, f"names a value `{knob}` does not have", value, f"use one of {list(by_name[knob].choices())}"
+                )
     return dep
 
 
@@ -350,8 +415,9 @@ def _param(source: str, name: str, pdef: Any) -> Param:
     elif ptype == "buckets":
         max_bs, densities = pdef.get("max_bs"), pdef.get("densities", list(DENSITIES[:3]))
         if not isinstance(max_bs, list) or not max_bs or not all(isinstance(b, int) and b >= 1 for b in max_bs):
-            raise _fail(where, "a bucket set needs `max_bs`, a list of positive integers", max_bs,
-                        "add `max_bs: [16, 64, 256]`")
+            raise _fail(
+                where, "a bucket set needs `max_bs`, a list of positive integers", max_bs, "add `max_bs: [16, 64, 256]`"
+            )
         if not isinstance(densities, list) or not all(d in DENSITIES for d in densities):
             raise _fail(where, "bad `densities`", densities, f"use values from {DENSITIES}")
         values = [f"{d}:{b}" for d in densities for b in max_bs if d != "none"]
@@ -390,27 +456,37 @@ def _param(source: str, name: str, pdef: Any) -> Param:
         raise _fail(where, "`value_requires` must map values to capability lists", vreq, "write `{fp8: [fp8]}`")
     kw["value_requires"] = {v: check_requirements(f"{where} value {v!r}", r) for v, r in vreq.items()}
     param = Param(**kw)
-    for v in (param.server.values if param.server else {}):
+    for v in param.server.values if param.server else {}:
         if not param.contains(v):
-            raise _fail(f"{where} server", "`values` names a value the parameter cannot take", v,
-                        f"use values of `{name}`")
-    for v, mark in (param.server.not_deployable.items() if param.server else ()):
+            raise _fail(
+                f"{where} server", "`values` names a value the parameter cannot take", v, f"use values of `{name}`"
+            )
+    for v, mark in param.server.not_deployable.items() if param.server else ():
         for what, x in (("`not_deployable` names", v), (f"`not_deployable.{v}.instead` is", mark.instead)):
             if not param.contains(x):
-                raise _fail(f"{where} server", f"{what} a value the parameter cannot take", x,
-                            f"use values of `{name}`")
-    for deployed in ([param.server.deploys_as, *param.server.deploys_as_on.values()] if param.server else []):
+                raise _fail(
+                    f"{where} server", f"{what} a value the parameter cannot take", x, f"use values of `{name}`"
+                )
+    for deployed in [param.server.deploys_as, *param.server.deploys_as_on.values()] if param.server else []:
         if deployed is not None and not param.contains(deployed):
-            raise _fail(f"{where} server", "`deploys_as` is a value the parameter cannot take", deployed,
-                        f"use a value of `{name}`")
+            raise _fail(
+                f"{where} server",
+                "`deploys_as` is a value the parameter cannot take",
+                deployed,
+                f"use a value of `{name}`",
+            )
     for v in param.value_requires:
         if not param.contains(v):
             raise _fail(where, "`value_requires` names a value the parameter cannot take", v, "fix the value")
     if ptype == "bool" and not isinstance(param.default, bool):
         raise _fail(where, "the default of a bool must be true or false", param.default, "write `default: false`")
     if not param.contains(param.default):
-        raise _fail(where, "the default is not one of the parameter's values", param.default,
-                    "pick the default from `values` or inside [low, high]")
+        raise _fail(
+            where,
+            "the default is not one of the parameter's values",
+            param.default,
+            "pick the default from `values` or inside [low, high]",
+        )
     if ptype == "float" and isinstance(param.default, float) and math.isnan(param.default):
         raise _fail(where, "the default is NaN", param.default, "give a number")
     return param
@@ -432,12 +508,20 @@ def _server(where: str, raw: Any) -> ServerCounterpart:
     if env is not None and not (isinstance(env, str) and re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", env)):
         raise _fail(where, "`env` must be an environment variable name", env, "write e.g. `env: SGLANG_MOE_CONFIG_DIR`")
     if "none" in raw and not (isinstance(none, str) and none.strip()):
-        raise _fail(where, "`none` must say why there is no counterpart", none,
-                    "write `none: the twin's own Triton kernel; SGLang cannot load it`")
+        raise _fail(
+            where,
+            "`none` must say why there is no counterpart",
+            none,
+            "write `none: the twin's own Triton kernel; SGLang cannot load it`",
+        )
     values = raw.get("values") or {}
     if not isinstance(values, dict) or "none" in raw and values:
-        raise _fail(where, "`values` must map knob values to server values (and only with `flag` or `env`)", values,
-                    "write `values: {triton: true, torch: false}`")
+        raise _fail(
+            where,
+            "`values` must map knob values to server values (and only with `flag` or `env`)",
+            values,
+            "write `values: {triton: true, torch: false}`",
+        )
     for v in values.values():
         if v is not None and not isinstance(v, (str, int, float, bool)):
             raise _fail(where, "a server value must be a string, number, boolean or null", v, "quote it")
@@ -448,16 +532,29 @@ def _server(where: str, raw: Any) -> ServerCounterpart:
         raise _fail(where, "`see` must be a list of flag or variable names", see, "write `see: [--fp8-gemm-backend]`")
     marks = raw.get("not_deployable") or {}
     if not isinstance(marks, dict):
-        raise _fail(where, "`not_deployable` must map knob values to {kind, why, source, instead}", marks,
-                    "write `not_deployable: {triton: {kind: declined, why: ..., source: ..., instead: torch}}`")
+        raise _fail(
+            where,
+            "`not_deployable` must map knob values to {kind, why, source, instead}",
+            marks,
+            "write `not_deployable: {triton: {kind: declined, why: ..., source: ..., instead: torch}}`",
+        )
     if "deploys_as" in raw and "none" not in raw:
-        raise _fail(where, "`deploys_as` goes with `none` only", raw["deploys_as"],
-                    "mark a flag's values with `not_deployable` instead")
-    return ServerCounterpart(flag=flag, env=env, none=str(none or "").strip(), values=dict(values),
-                             note=str(raw.get("note", "")), see=tuple(see),
-                             not_deployable={v: _not_deployable(f"{where} not_deployable {v!r}", m)
-                                             for v, m in marks.items()},
-                             **_deploys_as(where, raw.get("deploys_as")))
+        raise _fail(
+            where,
+            "`deploys_as` goes with `none` only",
+            raw["deploys_as"],
+            "mark a flag's values with `not_deployable` instead",
+        )
+    return ServerCounterpart(
+        flag=flag,
+        env=env,
+        none=str(none or "").strip(),
+        values=dict(values),
+        note=str(raw.get("note", "")),
+        see=tuple(see),
+        not_deployable={v: _not_deployable(f"{where} not_deployable {v!r}", m) for v, m in marks.items()},
+        **_deploys_as(where, raw.get("deploys_as")),
+    )
 
 
 def _deploys_as(where: str, raw: Any) -> dict[str, Any]:
@@ -465,8 +562,12 @@ def _deploys_as(where: str, raw: Any) -> dict[str, Any]:
     if not isinstance(raw, dict):
         return {"deploys_as": raw}
     if "default" not in raw:
-        raise _fail(where, "a per-architecture `deploys_as` needs a `default`", raw,
-                    "write `deploys_as: {sm_90: deepgemm, default: torch}`")
+        raise _fail(
+            where,
+            "a per-architecture `deploys_as` needs a `default`",
+            raw,
+            "write `deploys_as: {sm_90: deepgemm, default: torch}`",
+        )
     return {"deploys_as": raw["default"], "deploys_as_on": {str(k): v for k, v in raw.items() if k != "default"}}
 
 
@@ -492,8 +593,13 @@ def _not_deployable(where: str, raw: Any) -> NotDeployable:
         archs[key] = tuple(value)
     if archs["except_on"] and archs["only_on"]:
         raise _fail(where, "`except_on` and `only_on` exclude each other", archs, "keep one of them")
-    return NotDeployable(kind=raw["kind"], why=" ".join(raw["why"].split()), source=raw["source"].strip(),
-                         instead=raw["instead"], **archs)
+    return NotDeployable(
+        kind=raw["kind"],
+        why=" ".join(raw["why"].split()),
+        source=raw["source"].strip(),
+        instead=raw["instead"],
+        **archs,
+    )
 
 
 def _clauses(where: str, raw: Any) -> tuple[tuple[str, tuple[Any, ...]], ...]:
@@ -553,46 +659,86 @@ def _objective(source: str, raw: Any) -> Objective:
     cons = []
     for c in raw.get("constraints") or []:
         if not isinstance(c, dict) or "metric" not in c or not ({"min", "max"} & set(c)):
-            raise _fail(where, "a level constraint needs `metric`, `level` and `min` or `max`", c,
-                        "write `{metric: tok_s, level: 1, min: 20}`")
+            raise _fail(
+                where,
+                "a level constraint needs `metric`, `level` and `min` or `max`",
+                c,
+                "write `{metric: tok_s, level: 1, min: 20}`",
+            )
         lvl = c.get("level", "")
-        cons.append(LevelConstraint(metric=str(c["metric"]), level=f"c={lvl}" if isinstance(lvl, int) else str(lvl),
-                                    min=c.get("min"), max=c.get("max")))
+        cons.append(
+            LevelConstraint(
+                metric=str(c["metric"]),
+                level=f"c={lvl}" if isinstance(lvl, int) else str(lvl),
+                min=c.get("min"),
+                max=c.get("max"),
+            )
+        )
     metric = str(raw.get("metric", "tok_s"))
     slo = _slo(where, metric, raw.get("slo"))
     cons += [LevelConstraint(metric=k, level=SLO_LEVEL, max=v) for k, v in slo]
     unit = raw.get("unit") or ("req/s" if metric.startswith("goodput_req") else "tok/s")
     if metric in GOODPUT_METRICS and direction != "maximize":
-        raise _fail(where, f"`{metric}` is the most load served within the SLO: `direction` must be maximize",
-                    direction, "drop `direction` or write `direction: maximize`")
+        raise _fail(
+            where,
+            f"`{metric}` is the most load served within the SLO: `direction` must be maximize",
+            direction,
+            "drop `direction` or write `direction: maximize`",
+        )
     pareto = raw.get("pareto")
     if pareto is not None and (pareto not in PARETO_METRICS or metric not in GOODPUT_METRICS):
-        raise _fail(where, "`pareto` names the second objective beside a goodput metric", pareto,
-                    f"write `pareto: {PARETO_METRICS[0]}` with `metric:` one of {list(GOODPUT_METRICS)}")
-    return Objective(metric=metric, direction=direction, combine=combine, levels=tuple(levels), level=level,
-                     unit=str(unit), constraints=tuple(cons), slo=slo, pareto=pareto)
+        raise _fail(
+            where,
+            "`pareto` names the second objective beside a goodput metric",
+            pareto,
+            f"write `pareto: {PARETO_METRICS[0]}` with `metric:` one of {list(GOODPUT_METRICS)}",
+        )
+    return Objective(
+        metric=metric,
+        direction=direction,
+        combine=combine,
+        levels=tuple(levels),
+        level=level,
+        unit=str(unit),
+        constraints=tuple(cons),
+        slo=slo,
+        pareto=pareto,
+    )
 
 
 def _slo(where: str, metric: str, raw: Any) -> tuple[tuple[str, float], ...]:
     """``slo: {ttft_ms_p99: 500, tpot_ms_p95: 50}``: the limits of a goodput objective, checked one by one."""
     if raw is None:
         if metric in GOODPUT_METRICS:
-            raise _fail(where, f"`{metric}` needs an `slo`", raw,
-                        "write e.g. `slo: {ttft_ms_p99: 500, tpot_ms_p95: 50}`")
+            raise _fail(
+                where, f"`{metric}` needs an `slo`", raw, "write e.g. `slo: {ttft_ms_p99: 500, tpot_ms_p95: 50}`"
+            )
         return ()
     if metric not in GOODPUT_METRICS:
-        raise _fail(where, f"`slo` is the limit of a goodput objective, not of `{metric}`", raw,
-                    f"use `metric:` one of {list(GOODPUT_METRICS)}, or limits as `constraints`")
+        raise _fail(
+            where,
+            f"`slo` is the limit of a goodput objective, not of `{metric}`",
+            raw,
+            f"use `metric:` one of {list(GOODPUT_METRICS)}, or limits as `constraints`",
+        )
     if not isinstance(raw, dict) or not raw:
         raise _fail(where, "`slo` must map latency metrics to limits", raw, "write `slo: {ttft_ms_p99: 500}`")
     out = []
     for key, limit in raw.items():
         if key not in SLO_METRICS:
             close = difflib.get_close_matches(str(key), SLO_METRICS, n=1)
-            raise _fail(f"{where} slo", "unknown latency metric", key,
-                        f"did you mean `{close[0]}`?" if close else f"use one of {list(SLO_METRICS)}")
+            raise _fail(
+                f"{where} slo",
+                "unknown latency metric",
+                key,
+                f"did you mean `{close[0]}`?" if close else f"use one of {list(SLO_METRICS)}",
+            )
         if isinstance(limit, bool) or not isinstance(limit, (int, float)) or not limit > 0:
-            raise _fail(f"{where} slo `{key}`", "a limit must be a positive number of milliseconds", limit,
-                        f"write e.g. `{key}: 500`")
+            raise _fail(
+                f"{where} slo `{key}`",
+                "a limit must be a positive number of milliseconds",
+                limit,
+                f"write e.g. `{key}: 500`",
+            )
         out.append((str(key), float(limit)))
     return tuple(out)

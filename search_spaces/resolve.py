@@ -87,7 +87,9 @@ def resolve(space: Space, hardware: Hardware, *, deployable_only: bool = False) 
             if miss:
                 inactive.append(Inactive(p.name, v, _why(miss)))
             elif blocker is not None:
-                inactive.append(Inactive(p.name, v, f"deployable_only: the command cannot set it ({blocker.describe()})"))
+                inactive.append(
+                    Inactive(p.name, v, f"deployable_only: the command cannot set it ({blocker.describe()})")
+                )
             else:
                 keep.append(v)
         wanted = deployed.get(p.name, p.default)
@@ -100,20 +102,31 @@ def resolve(space: Space, hardware: Hardware, *, deployable_only: bool = False) 
             why = _why(miss) if miss else "deployable_only: the exported command cannot set it"
             notes.append(f"`{p.name}` default {wanted!r} cannot run here ({why}); the baseline uses {default!r}")
         elif p.name in deployed and wanted != p.default:
-            notes.append(f"`{p.name}`: the baseline runs {wanted!r}, what {space.deployment.release} runs on "
-                         f"{hardware.arch} (the space's default is {p.default!r})")
+            notes.append(
+                f"`{p.name}`: the baseline runs {wanted!r}, what {space.deployment.release} runs on "
+                f"{hardware.arch} (the space's default is {p.default!r})"
+            )
         if len(keep) <= 1:
             fixed[p.name] = default
             if keep:
                 notes.append(f"`{p.name}` has one runnable value here: {default!r}")
             continue
-        params.append(replace(p, values=tuple(keep), type="categorical" if p.type != "buckets" else "buckets",
-                              default=default) if p.type in ("categorical", "buckets", "bool", "int", "pow2")
-                      and len(keep) != len(p.choices()) else replace(p, default=default))
+        params.append(
+            replace(p, values=tuple(keep), type="categorical" if p.type != "buckets" else "buckets", default=default)
+            if p.type in ("categorical", "buckets", "bool", "int", "pow2") and len(keep) != len(p.choices())
+            else replace(p, default=default)
+        )
     for item in inactive:
         _logger.info("%s", item)
-    return ResolvedSpace(space=space, hardware=hardware, params=tuple(params), fixed=fixed,
-                         inactive=tuple(inactive), notes=tuple(notes), dropped=frozenset(dropped))
+    return ResolvedSpace(
+        space=space,
+        hardware=hardware,
+        params=tuple(params),
+        fixed=fixed,
+        inactive=tuple(inactive),
+        notes=tuple(notes),
+        dropped=frozenset(dropped),
+    )
 
 
 def _deployed_baseline(space: Space, hardware: Hardware, notes: list[str]) -> dict[str, Any]:
@@ -126,12 +139,19 @@ def _deployed_baseline(space: Space, hardware: Hardware, notes: list[str]) -> di
     for run in space.deployment.default_runs(hardware.arch):
         if not run.twin:
             continue
-        missing = sorted({m for knob, value in run.twin.items()
-                          for m in hardware.missing(by_name[knob].requires + tuple(by_name[knob].value_requires.get(value, ())))})
+        missing = sorted(
+            {
+                m
+                for knob, value in run.twin.items()
+                for m in hardware.missing(by_name[knob].requires + tuple(by_name[knob].value_requires.get(value, ())))
+            }
+        )
         if missing:
             values = ", ".join(f"{k}={v}" for k, v in run.twin.items())
-            notes.append(f"{space.deployment.release} runs {run.component} on {hardware.arch} as {values}, which cannot "
-                         f"run here ({_why(missing)}); the baseline keeps the space's defaults for it")
+            notes.append(
+                f"{space.deployment.release} runs {run.component} on {hardware.arch} as {values}, which cannot "
+                f"run here ({_why(missing)}); the baseline keeps the space's defaults for it"
+            )
             continue
         out.update(run.twin)
     return out

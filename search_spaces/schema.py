@@ -79,8 +79,13 @@ class NotDeployable:
         return not (arch and arch in self.except_on)
 
     def describe(self) -> str:
-        where = (f" (except on {', '.join(self.except_on)})" if self.except_on else
-                 f" (on {', '.join(self.only_on)})" if self.only_on else "")
+        where = (
+            f" (except on {', '.join(self.except_on)})"
+            if self.except_on
+            else f" (on {', '.join(self.only_on)})"
+            if self.only_on
+            else ""
+        )
         return f"{self.kind.replace('_', ' ')}{where}: {self.why} [source: {self.source}]"
 
 

@@ -10,11 +10,19 @@ from storage.types import OUTCOMES, MetricRow
 
 # SQLAlchemy loads only when a table, the engine or the Repo is first used: a trial subprocess needs just the types.
 _LAZY = {
-    "StorageError": "storage.engine", "make_engine": "storage.engine", "Repo": "storage.repo",
-    "Artifact": "storage.models", "Base": "storage.models", "Event": "storage.models", "Measurement": "storage.models",
+    "StorageError": "storage.engine",
+    "make_engine": "storage.engine",
+    "Repo": "storage.repo",
+    "Artifact": "storage.models",
+    "Base": "storage.models",
+    "Event": "storage.models",
+    "Measurement": "storage.models",
     "FailedFlagSet": "storage.models",
-    "Run": "storage.models", "TrialRecord": "storage.models",
-    "StudyNameError": "storage.names", "check_study_name": "storage.names", "STUDY_NAME_PATTERN": "storage.names",
+    "Run": "storage.models",
+    "TrialRecord": "storage.models",
+    "StudyNameError": "storage.names",
+    "check_study_name": "storage.names",
+    "STUDY_NAME_PATTERN": "storage.names",
 }
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -30,6 +38,7 @@ def __getattr__(name: str):
 
         return getattr(importlib.import_module(_LAZY[name]), name)
     raise AttributeError(f"module 'storage' has no attribute {name!r}")
+
 
 __all__ = [
     "OUTCOMES",

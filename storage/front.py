@@ -66,18 +66,33 @@ def operating_points(trials) -> list[OperatingPoint]:
             if tok is None or user is None or not (math.isfinite(tok) and math.isfinite(user)):
                 continue
             kept = rows.get((level, "kept_up"))
-            out.append(OperatingPoint(t.number, level, tok / gpus, user, rows.get((level, "meets_slo")) == 1.0,
-                                      dict(t.params or {}), None if kept is None else kept == 1.0,
-                                      {m: v for (lv, m), v in rows.items() if lv == level}, boundary))
+            out.append(
+                OperatingPoint(
+                    t.number,
+                    level,
+                    tok / gpus,
+                    user,
+                    rows.get((level, "meets_slo")) == 1.0,
+                    dict(t.params or {}),
+                    None if kept is None else kept == 1.0,
+                    {m: v for (lv, m), v in rows.items() if lv == level},
+                    boundary,
+                )
+            )
     return out
 
 
 def pareto_front(points: list[OperatingPoint]) -> list[OperatingPoint]:
     """The points no other point dominates (both figures maximized), highest throughput first."""
-    def dominated(p: OperatingPoint) -> bool:
-        return any(q.tok_s_per_gpu >= p.tok_s_per_gpu and q.tok_s_per_request >= p.tok_s_per_request
-                   and (q.tok_s_per_gpu > p.tok_s_per_gpu or q.tok_s_per_request > p.tok_s_per_request)
-                   for q in points)
 
-    return sorted((p for p in points if not dominated(p)),
-                  key=lambda p: (-p.tok_s_per_gpu, p.tok_s_per_request, p.trial, p.load))
+    def dominated(p: OperatingPoint) -> bool:
+        return any(
+            q.tok_s_per_gpu >= p.tok_s_per_gpu
+            and q.tok_s_per_request >= p.tok_s_per_request
+            and (q.tok_s_per_gpu > p.tok_s_per_gpu or q.tok_s_per_request > p.tok_s_per_request)
+            for q in points
+        )
+
+    return sorted(
+        (p for p in points if not dominated(p)), key=lambda p: (-p.tok_s_per_gpu, p.tok_s_per_request, p.trial, p.load)
+    )

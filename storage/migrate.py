@@ -43,11 +43,14 @@ def upgrade(engine: Engine) -> list[str]:
         _logger.info("storage: added column %s.%s", table_name, col_name)
     if "tuner_trials.repeat_of" in added:
         with engine.begin() as conn:
-            rows = conn.execute(text("SELECT id, reason FROM tuner_trials WHERE reason LIKE :p"),
-                                {"p": "%not run again%"}).all()
+            rows = conn.execute(
+                text("SELECT id, reason FROM tuner_trials WHERE reason LIKE :p"), {"p": "%not run again%"}
+            ).all()
             for row_id, reason in rows:
                 m = _OLD_REPEAT.search(reason or "")
                 if m:
-                    conn.execute(text("UPDATE tuner_trials SET repeat_of = :n WHERE id = :i"),
-                                 {"n": int(m.group(1)), "i": row_id})
+                    conn.execute(
+                        text("UPDATE tuner_trials SET repeat_of = :n WHERE id = :i"),
+                        {"n": int(m.group(1)), "i": row_id},
+                    )
     return added

@@ -17,14 +17,13 @@ class HasSession(Protocol):
 
     def session(self) -> Session: ...
 
+
 SORT_KEYS = ("number", "value", "duration")
 
 
 def outcome_counts_by_run(repo: HasSession) -> dict[int, dict[str, int]]:
     """``{run_id: {outcome: n}}`` for every run in one grouped query (served by the run/outcome index)."""
-    q = select(TrialRecord.run_id, TrialRecord.outcome, func.count()).group_by(
-        TrialRecord.run_id, TrialRecord.outcome
-    )
+    q = select(TrialRecord.run_id, TrialRecord.outcome, func.count()).group_by(TrialRecord.run_id, TrialRecord.outcome)
     out: dict[int, dict[str, int]] = {}
     with repo.session() as s:
         for run_id, outcome, n in s.execute(q):
@@ -36,7 +35,6 @@ def last_event_id(repo: HasSession, run_id: int) -> int:
     """The newest event id of a run: a cheap version number for caches of derived views (plots, importances)."""
     with repo.session() as s:
         return int(s.scalar(select(func.max(Event.id)).where(Event.run_id == run_id)) or 0)
-
 
 
 def trial_page(
@@ -97,7 +95,10 @@ def config_runs(repo: HasSession, run_id: int, params: dict) -> list[int]:
     """Numbers of the ``ok`` trials that measured exactly these params (not answered from an earlier timing:
     ``repeat_of`` unset): the runs a recorded best's median is taken over."""
     q = select(TrialRecord.number, TrialRecord.params).where(
-        TrialRecord.run_id == run_id, TrialRecord.outcome == "ok", TrialRecord.value.is_not(None),
-        TrialRecord.repeat_of.is_(None))
+        TrialRecord.run_id == run_id,
+        TrialRecord.outcome == "ok",
+        TrialRecord.value.is_not(None),
+        TrialRecord.repeat_of.is_(None),
+    )
     with repo.session() as s:
         return sorted(n for n, p in s.execute(q) if p == params)

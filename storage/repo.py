@@ -28,8 +28,9 @@ _UPGRADED: set[str] = set()
 class Repo:
     """The project's own tables on one database URL (the same URL Optuna's ``RDBStorage`` uses)."""
 
-    def __init__(self, url: str | None = None, *, engine: Engine | None = None, pool_size: int = 5,
-                 create: bool = True) -> None:
+    def __init__(
+        self, url: str | None = None, *, engine: Engine | None = None, pool_size: int = 5, create: bool = True
+    ) -> None:
         """``create=False`` for readers (``tuner status``, the API): a missing SQLite file is a
         :class:`StorageError`, never a new empty database."""
         if engine is None:
@@ -110,8 +111,9 @@ class Repo:
         with self.session() as s:
             return list(s.scalars(select(Run).order_by(Run.started_at.desc(), Run.id.desc())))
 
-    def restart_run(self, run_id: int, *, budget_s: float, environment: dict | None = None,
-                    settings: dict | None = None) -> None:
+    def restart_run(
+        self, run_id: int, *, budget_s: float, environment: dict | None = None, settings: dict | None = None
+    ) -> None:
         """Mark a resumed run as running again: a new segment with the new budget (see :mod:`storage.segments`).
 
         The segment that ended is kept in ``settings["earlier_segments"]``; one left running by a process that died
@@ -249,8 +251,17 @@ class Repo:
     ) -> list[TrialRecord]:
         """The trials of a run, filtered, sorted and paged by :func:`storage.queries.trial_page` (missing values
         last in either order); every trial by default."""
-        return trial_page(self, run_id, state=state, outcome=outcome, sort=sort, descending=descending,
-                          offset=offset, limit=limit, with_measurements=with_measurements)[1]
+        return trial_page(
+            self,
+            run_id,
+            state=state,
+            outcome=outcome,
+            sort=sort,
+            descending=descending,
+            offset=offset,
+            limit=limit,
+            with_measurements=with_measurements,
+        )[1]
 
     def count_trials(self, run_id: int, *, state: str | None = None, outcome: str | None = None) -> int:
         q = select(func.count()).select_from(TrialRecord).where(TrialRecord.run_id == run_id)
@@ -262,11 +273,7 @@ class Repo:
             return int(s.scalar(q) or 0)
 
     def outcome_counts(self, run_id: int) -> dict[str, int]:
-        q = (
-            select(TrialRecord.outcome, func.count())
-            .where(TrialRecord.run_id == run_id)
-            .group_by(TrialRecord.outcome)
-        )
+        q = select(TrialRecord.outcome, func.count()).where(TrialRecord.run_id == run_id).group_by(TrialRecord.outcome)
         with self.session() as s:
             return {(o or "running"): int(n) for o, n in s.execute(q)}
 
@@ -281,12 +288,30 @@ class Repo:
             )
 
     # -- failed flag sets ---------------------------------------------------------------------------------
-    def remember_failed_flags(self, run_id: int, trial_number: int, *, key: str, outcome: str, reason: str,
-                              args: Sequence[str], server_version: str = "") -> None:
+    def remember_failed_flags(
+        self,
+        run_id: int,
+        trial_number: int,
+        *,
+        key: str,
+        outcome: str,
+        reason: str,
+        args: Sequence[str],
+        server_version: str = "",
+    ) -> None:
         """Keep a launch that failed (``key`` names the server, command, environment and flags)."""
         with self.session() as s:
-            s.add(FailedFlagSet(key=key, run_id=run_id, trial_number=trial_number, outcome=outcome,
-                                reason=reason[:2000], args=list(args), server_version=server_version))
+            s.add(
+                FailedFlagSet(
+                    key=key,
+                    run_id=run_id,
+                    trial_number=trial_number,
+                    outcome=outcome,
+                    reason=reason[:2000],
+                    args=list(args),
+                    server_version=server_version,
+                )
+            )
             s.commit()
 
     def failed_flags(self, key: str) -> FailedFlagSet | None:
@@ -311,8 +336,14 @@ class Repo:
             )
             for rec in recs:
                 rec.state, rec.outcome, rec.reason, rec.finished_at = "failed", "crash", reason, utcnow()
-                s.add(Event(run_id=run_id, kind="trial_failed", trial_number=rec.number,
-                            payload={"outcome": "crash", "reason": reason}))
+                s.add(
+                    Event(
+                        run_id=run_id,
+                        kind="trial_failed",
+                        trial_number=rec.number,
+                        payload={"outcome": "crash", "reason": reason},
+                    )
+                )
             return [r.number for r in recs]
 
     # -- events -------------------------------------------------------------------------------------------
@@ -341,4 +372,3 @@ class Repo:
     def get_artifact(self, run_id: int, name: str) -> Artifact | None:
         with self.session() as s:
             return s.scalar(select(Artifact).where(Artifact.run_id == run_id, Artifact.name == name))
-

@@ -28,14 +28,20 @@ class Segment:
         return max(0.0, ((self.ended_at or now or utcnow()) - self.started_at).total_seconds())
 
     def to_json(self) -> dict:
-        return {"started_at": self.started_at.isoformat(), "budget_s": self.budget_s,
-                "ended_at": self.ended_at.isoformat() if self.ended_at else None}
+        return {
+            "started_at": self.started_at.isoformat(),
+            "budget_s": self.budget_s,
+            "ended_at": self.ended_at.isoformat() if self.ended_at else None,
+        }
 
     @classmethod
     def from_json(cls, doc: dict) -> Segment:
         end = doc.get("ended_at")
-        return cls(datetime.fromisoformat(doc["started_at"]), datetime.fromisoformat(end) if end else None,
-                   float(doc.get("budget_s") or 0.0))
+        return cls(
+            datetime.fromisoformat(doc["started_at"]),
+            datetime.fromisoformat(end) if end else None,
+            float(doc.get("budget_s") or 0.0),
+        )
 
 
 def segments(run: Run) -> list[Segment]:

@@ -15,7 +15,9 @@ import pytest
 TESTS = Path(__file__).resolve().parent
 ROOT = TESTS.parent
 _paths = [str(TESTS / "helpers"), str(ROOT)]
-os.environ["PYTHONPATH"] = os.pathsep.join(_paths + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p])
+os.environ["PYTHONPATH"] = os.pathsep.join(
+    _paths + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
+)
 for p in _paths:
     if p not in sys.path:
         sys.path.insert(0, p)
@@ -35,10 +37,12 @@ MAIN_JOB = ["search", "--budget", "4m", "--n-trials", "4", "--seed", "3", "-o", 
 @pytest.fixture(scope="session")
 def cpu_main_job_built(tmp_path_factory: pytest.TempPathFactory) -> Path:
     def build(folder: Path) -> None:
-        r = subprocess.run([sys.executable, "-m", "tuner", *MAIN_JOB], cwd=folder, capture_output=True, text=True,
-                           timeout=420)
-        (folder / "result.json").write_text(json.dumps({"returncode": r.returncode, "stdout": r.stdout,
-                                                        "stderr": r.stderr}))
+        r = subprocess.run(
+            [sys.executable, "-m", "tuner", *MAIN_JOB], cwd=folder, capture_output=True, text=True, timeout=420
+        )
+        (folder / "result.json").write_text(
+            json.dumps({"returncode": r.returncode, "stdout": r.stdout, "stderr": r.stderr})
+        )
 
     return built_once(tmp_path_factory, "cpu-main-job", build)
 
@@ -67,8 +71,9 @@ def sglang_parser_read_once():
     real = fl.introspect_parser
     read: dict[tuple, object] = {}
 
-    def introspect_parser(python: str = sys.executable, parser: str = fl.SGLANG_PARSER, checks=(),
-                          timeout_s: float = 120.0):
+    def introspect_parser(
+        python: str = sys.executable, parser: str = fl.SGLANG_PARSER, checks=(), timeout_s: float = 120.0
+    ):
         key = (python, parser, repr([(f, list(vals)) for f, vals in checks]), os.environ.get("PYTHONPATH"))
         if key not in read:
             read[key] = real(python, parser, checks, timeout_s)  # a failure raises, and is not kept

@@ -73,5 +73,18 @@ def tuner_errors() -> Iterator[None]:
         raise InputError(str(exc)) from exc
 
 
-__all__ = ["BudgetError", "ExportError", "FlagsUnavailable", "InputError", "KnobError", "LeaseCancelled",
-           "LeaseError", "SearchError", "SettingsError", "TargetError", "TunerError", "WorkerError", "tuner_errors"]
+__all__ = [
+    "BudgetError",
+    "ExportError",
+    "FlagsUnavailable",
+    "InputError",
+    "KnobError",
+    "LeaseCancelled",
+    "LeaseError",
+    "SearchError",
+    "SettingsError",
+    "TargetError",
+    "TunerError",
+    "WorkerError",
+    "tuner_errors",
+]

@@ -68,13 +68,22 @@ def fingerprint() -> dict:
             info["gpu_count"] = n
             for i in range(n):
                 props = torch.cuda.get_device_properties(i)
-                info["gpus"].append({"name": props.name, "compute_capability": f"{props.major}.{props.minor}",
-                                     "memory_gib": round(props.total_memory / 2**30, 1)})
+                info["gpus"].append(
+                    {
+                        "name": props.name,
+                        "compute_capability": f"{props.major}.{props.minor}",
+                        "memory_gib": round(props.total_memory / 2**30, 1),
+                    }
+                )
     except Exception as exc:  # noqa: BLE001 - a fingerprint never fails a run
         _logger.warning("could not read the GPU description: %s", exc)
     try:
-        out = subprocess.run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
-                             capture_output=True, text=True, timeout=10)
+        out = subprocess.run(
+            ["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
+            capture_output=True,
+            text=True,
+            timeout=10,
+        )
         if out.returncode == 0:
             info["driver"] = out.stdout.strip().splitlines()[0]
     except (OSError, subprocess.TimeoutExpired, IndexError):

@@ -133,11 +133,11 @@ def exception_line(log: str) -> str | None:
     if not starts:
         return None
     i = starts[-1]
-    prefix = lines[i][:lines[i].index(_TRACEBACK)]
-    for ln in lines[i + 1:]:
+    prefix = lines[i][: lines[i].index(_TRACEBACK)]
+    for ln in lines[i + 1 :]:
         if prefix and ln.startswith(prefix):
-            ln = ln[len(prefix):]
+            ln = ln[len(prefix) :]
         if ln.strip() and not ln[:1].isspace():
             return ln.strip()
-    found = [ln.strip() for ln in lines[i + 1:] if _EXCEPTION.match(ln.strip())]
+    found = [ln.strip() for ln in lines[i + 1 :] if _EXCEPTION.match(ln.strip())]
     return found[-1] if found else None

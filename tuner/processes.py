@@ -70,7 +70,7 @@ def parse_group(line: str) -> int | None:
     if not line.startswith(GROUP_MARK):
         return None
     try:
-        return int(line[len(GROUP_MARK):].strip())
+        return int(line[len(GROUP_MARK) :].strip())
     except ValueError:
         return None
 

@@ -27,10 +27,10 @@ def baseline_line(ctx: SearchContext) -> str:
     base, runs = group.median, list(group.values)
     unit = ctx.resolved.space.objective.unit
     if len(runs) > 1:
-        how = (f"median of {len(runs)} runs, {min(runs):.2f}-{max(runs):.2f}, spread {group.spread:.1%}")
+        how = f"median of {len(runs)} runs, {min(runs):.2f}-{max(runs):.2f}, spread {group.spread:.1%}"
     else:
         how = "one run; re-run at the end when time allows"
-    return f"baseline (the space's defaults): {base:.2f} {unit} ({how}); every \"x baseline\" divides by it"
+    return f'baseline (the space\'s defaults): {base:.2f} {unit} ({how}); every "x baseline" divides by it'
 
 
 class RichProgress(Progress):
@@ -47,12 +47,16 @@ class RichProgress(Progress):
     def started(self, ctx: SearchContext) -> None:
         self.ctx = ctx
         space = ctx.resolved.space
-        self.console.print(f"[bold]tuner search[/] study [cyan]{escape(ctx.run.study_name)}[/] · target "
-                           f"{escape(ctx.target.name)} · space {escape(space.name)} ({escape(str(space.source))}) · "
-                           f"budget {format_seconds(ctx.deadline.budget_s)}")
-        self.console.print(f"objective: {space.objective.describe()} ({space.objective.direction}); "
-                           f"{len(ctx.resolved.params)} tunable parameters on {ctx.hardware.gpu_name}",
-                           markup=False)
+        self.console.print(
+            f"[bold]tuner search[/] study [cyan]{escape(ctx.run.study_name)}[/] · target "
+            f"{escape(ctx.target.name)} · space {escape(space.name)} ({escape(str(space.source))}) · "
+            f"budget {format_seconds(ctx.deadline.budget_s)}"
+        )
+        self.console.print(
+            f"objective: {space.objective.describe()} ({space.objective.direction}); "
+            f"{len(ctx.resolved.params)} tunable parameters on {ctx.hardware.gpu_name}",
+            markup=False,
+        )
         for item in ctx.resolved.inactive:
             self.console.print(f"  [dim]{escape(str(item))}[/]", highlight=False)  # e.g. `tuner[flashmla]`
         if self.console.is_terminal:
@@ -79,9 +83,12 @@ class RichProgress(Progress):
             reason = f" — {summary.reason[:120]}" if summary.outcome != "ok" and summary.reason else ""
             if summary.served:
                 reason += f" — not served in full: {summary.served}"
-            self.console.print(f"trial {summary.number:>3} {summary.outcome:<16} {val}{ratio} "
-                               f"{summary.duration_s:5.1f}s{tag}  {_fmt_params(summary.params, 90)}{reason}",
-                               highlight=False, markup=False)
+            self.console.print(
+                f"trial {summary.number:>3} {summary.outcome:<16} {val}{ratio} "
+                f"{summary.duration_s:5.1f}s{tag}  {_fmt_params(summary.params, 90)}{reason}",
+                highlight=False,
+                markup=False,
+            )
         self._refresh()
 
     def message(self, text: str) -> None:

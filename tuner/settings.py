@@ -44,9 +44,10 @@ class Settings(BaseModel):
         except ValidationError as exc:
             err = exc.errors()[0]
             where = ".".join(str(p) for p in err["loc"]) or "?"
-            raise SettingsError(f"setting `{where}` of {owner}: {err['msg'].lower()}, but got "
-                                f"{err.get('input')!r}; fix it in the space's settings or with --set {where}=...") \
-                from None
+            raise SettingsError(
+                f"setting `{where}` of {owner}: {err['msg'].lower()}, but got "
+                f"{err.get('input')!r}; fix it in the space's settings or with --set {where}=..."
+            ) from None
 
 
 class CommonSettings(Settings):

@@ -21,10 +21,16 @@ import typer
 _logger = logging.getLogger(__name__)
 
 
-
-def open_worker_context(storage_url: str, study_name: str, *, budget_s: float | None = None,
-                        heartbeat_interval: int = 5, grace_period: int = 20, pool_size: int = 4,
-                        seed: int | None = None):
+def open_worker_context(
+    storage_url: str,
+    study_name: str,
+    *,
+    budget_s: float | None = None,
+    heartbeat_interval: int = 5,
+    grace_period: int = 20,
+    pool_size: int = 4,
+    seed: int | None = None,
+):
     """Load ``study_name`` from ``storage_url`` into a ``SearchContext`` for one worker process.
 
     Returns ``(ctx, storage)``. Raises ``tuner.search.parallel.WorkerError`` (no such study, SQLite) or
@@ -53,14 +59,18 @@ def open_worker_context(storage_url: str, study_name: str, *, budget_s: float | 
     from tuner.targets import get_target_class
 
     if is_sqlite(storage_url):
-        raise WorkerError(f"--storage {storage_url!r} is SQLite, which one process only may write; several "
-                          "worker processes need PostgreSQL: --storage postgresql://user@host/db (or use "
-                          "`tuner search --workers N` for threads in one process)")
+        raise WorkerError(
+            f"--storage {storage_url!r} is SQLite, which one process only may write; several "
+            "worker processes need PostgreSQL: --storage postgresql://user@host/db (or use "
+            "`tuner search --workers N` for threads in one process)"
+        )
     repo = RetryingRepo(Repo(storage_url, pool_size=pool_size))
     run = repo.get_run(study_name) if repo.has_schema() else None
     if run is None:
-        raise WorkerError(f"no study {study_name!r} in {storage_url}; start it with `tuner search --storage "
-                          f"{storage_url} --study {study_name} ...` first, then add workers")
+        raise WorkerError(
+            f"no study {study_name!r} in {storage_url}; start it with `tuner search --storage "
+            f"{storage_url} --study {study_name} ...` first, then add workers"
+        )
     settings_all: dict[str, Any] = dict(run.settings or {})
     space_source = settings_all.get("space_path") or run.space_name
     if run.space_yaml:
@@ -78,14 +88,36 @@ def open_worker_context(storage_url: str, study_name: str, *, budget_s: float | 
         if own.trials_end < deadline.trials_end:
             deadline = own
     stale = StaleTrialHandler(repo, run.id, grace_period_s=grace_period)
-    storage = open_worker_storage(storage_url, pool_size=pool_size, heartbeat_interval=heartbeat_interval,
-                                  grace_period=grace_period, on_stale=stale)
+    storage = open_worker_storage(
+        storage_url,
+        pool_size=pool_size,
+        heartbeat_interval=heartbeat_interval,
+        grace_period=grace_period,
+        on_stale=stale,
+    )
     study = load_worker_study(storage, study_name, make_sampler(resolved, seed), make_pruner())
-    options = SearchOptions(budget_s=run.budget_s, storage_url=storage_url, study=study_name,
-                            space_path=space_source, target=run.target, settings=settings, export=False,
-                            confirm_top=0, hardware=hardware)
-    ctx = SearchContext(options=options, resolved=resolved, space_yaml=run.space_yaml, target=target, repo=repo,
-                        study=study, run=run, deadline=deadline, hardware=hardware)
+    options = SearchOptions(
+        budget_s=run.budget_s,
+        storage_url=storage_url,
+        study=study_name,
+        space_path=space_source,
+        target=run.target,
+        settings=settings,
+        export=False,
+        confirm_top=0,
+        hardware=hardware,
+    )
+    ctx = SearchContext(
+        options=options,
+        resolved=resolved,
+        space_yaml=run.space_yaml,
+        target=target,
+        repo=repo,
+        study=study,
+        run=run,
+        deadline=deadline,
+        hardware=hardware,
+    )
     load_history(ctx)
     return ctx, storage
 
@@ -109,28 +141,52 @@ def _watch_run(ctx, stop_watch: threading.Event) -> None:
 
 
 def worker_command(
-    storage: Annotated[str, typer.Option("--storage", envvar="TUNER_STORAGE",
-                                         help="PostgreSQL URL of the study, the same one `tuner search` uses.")],
+    storage: Annotated[
+        str,
+        typer.Option(
+            "--storage", envvar="TUNER_STORAGE", help="PostgreSQL URL of the study, the same one `tuner search` uses."
+        ),
+    ],
     study: Annotated[str, typer.Option("--study", help="Name of the study to join (it must exist).")],
-    gpus: Annotated[Optional[str], typer.Option("--gpus", help="GPU ids this worker leases from, e.g. 0,1,2,3 "
-                                                "(default: every visible GPU; none on a CPU machine).")] = None,
-    budget: Annotated[Optional[str], typer.Option("--budget", help="Stop this worker after this long (90s, 2h) "
-                                                  "if the run's own deadline is later.")] = None,
-    max_trials: Annotated[Optional[int], typer.Option("--max-trials", help="Stop when the study holds this "
-                                                      "many finished trials (all workers together).")] = None,
-    lock_dir: Annotated[Optional[str], typer.Option("--lock-dir", help="Folder of the per-GPU lock files shared "
-                                                    "by the workers of this machine.")] = None,
-    name: Annotated[Optional[str], typer.Option("--name", help="Worker name in the trial records "
-                                                "(default host:pid).")] = None,
+    gpus: Annotated[
+        Optional[str],
+        typer.Option(
+            "--gpus",
+            help="GPU ids this worker leases from, e.g. 0,1,2,3 (default: every visible GPU; none on a CPU machine).",
+        ),
+    ] = None,
+    budget: Annotated[
+        Optional[str],
+        typer.Option("--budget", help="Stop this worker after this long (90s, 2h) if the run's own deadline is later."),
+    ] = None,
+    max_trials: Annotated[
+        Optional[int],
+        typer.Option(
+            "--max-trials", help="Stop when the study holds this many finished trials (all workers together)."
+        ),
+    ] = None,
+    lock_dir: Annotated[
+        Optional[str],
+        typer.Option("--lock-dir", help="Folder of the per-GPU lock files shared by the workers of this machine."),
+    ] = None,
+    name: Annotated[
+        Optional[str], typer.Option("--name", help="Worker name in the trial records (default host:pid).")
+    ] = None,
     heartbeat_interval: Annotated[int, typer.Option("--heartbeat-interval", help="Seconds between heartbeats.")] = 5,
-    grace_period: Annotated[int, typer.Option("--grace-period", help="Seconds without a heartbeat after which "
-                                              "a trial counts as lost, is failed and retried once.")] = 20,
+    grace_period: Annotated[
+        int,
+        typer.Option(
+            "--grace-period",
+            help="Seconds without a heartbeat after which a trial counts as lost, is failed and retried once.",
+        ),
+    ] = 20,
     seed: Annotated[Optional[int], typer.Option("--seed", help="Sampler seed (give each worker its own).")] = None,
     verbose: Annotated[bool, typer.Option("--verbose", "-v")] = False,
 ) -> None:
     """Join an existing study (PostgreSQL) and run its trials until its deadline; run one per machine or GPU set."""
-    logging.basicConfig(level=logging.INFO if verbose else logging.WARNING,
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.basicConfig(
+        level=logging.INFO if verbose else logging.WARNING, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
     import optuna
 
     if not verbose:
@@ -146,9 +202,14 @@ def worker_command(
             budget_s = parse_budget(budget) if budget else None
             if max_trials is not None and max_trials <= 0:
                 raise ValueError(f"--max-trials must be positive, but got {max_trials}.")
-            ctx, ostorage = open_worker_context(storage, study, budget_s=budget_s,
-                                                heartbeat_interval=heartbeat_interval, grace_period=grace_period,
-                                                seed=seed)
+            ctx, ostorage = open_worker_context(
+                storage,
+                study,
+                budget_s=budget_s,
+                heartbeat_interval=heartbeat_interval,
+                grace_period=grace_period,
+                seed=seed,
+            )
     except (TunerError, ValueError) as exc:
         typer.echo(f"error: {exc}", err=True)
         raise typer.Exit(2)
@@ -169,11 +230,21 @@ def worker_command(
     stop_watch = threading.Event()
     watcher = threading.Thread(target=_watch_run, args=(ctx, stop_watch), daemon=True)
     watcher.start()
-    typer.echo(f"worker {me} joined study {study!r} (target {ctx.target.name}, "
-               f"{len(ctx.resolved.params)} parameters, GPUs {gpu_ids or 'none'})", err=True)
+    typer.echo(
+        f"worker {me} joined study {study!r} (target {ctx.target.name}, "
+        f"{len(ctx.resolved.params)} parameters, GPUs {gpu_ids or 'none'})",
+        err=True,
+    )
     try:
-        report = worker_loop(ctx, None, name=me, leaser=leaser, max_trials=max_trials, storage=ostorage,
-                             heartbeat_interval=heartbeat_interval)
+        report = worker_loop(
+            ctx,
+            None,
+            name=me,
+            leaser=leaser,
+            max_trials=max_trials,
+            storage=ostorage,
+            heartbeat_interval=heartbeat_interval,
+        )
     except KeyboardInterrupt:
         typer.echo(f"worker {me} interrupted", err=True)
         raise typer.Exit(130)

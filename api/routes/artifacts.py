@@ -12,8 +12,16 @@ from api.schemas import NOT_FOUND, UNAVAILABLE, ArtifactOut
 
 router = APIRouter(prefix="/api/studies", tags=["artifacts"], responses=UNAVAILABLE)
 
-_TYPES = {".sh": "text/x-shellscript", ".json": "application/json", ".md": "text/markdown", ".yaml": "application/yaml",
-          ".yml": "application/yaml", ".txt": "text/plain", ".py": "text/x-python", ".html": "text/html"}
+_TYPES = {
+    ".sh": "text/x-shellscript",
+    ".json": "application/json",
+    ".md": "text/markdown",
+    ".yaml": "application/yaml",
+    ".yml": "application/yaml",
+    ".txt": "text/plain",
+    ".py": "text/x-python",
+    ".html": "text/html",
+}
 
 
 MEDIA_TYPES = sorted({*_TYPES.values(), "application/octet-stream"})
@@ -21,7 +29,7 @@ MEDIA_TYPES = sorted({*_TYPES.values(), "application/octet-stream"})
 
 
 def content_type(name: str) -> str:
-    suffix = name[name.rfind("."):].lower() if "." in name else ""
+    suffix = name[name.rfind(".") :].lower() if "." in name else ""
     ctype = _TYPES.get(suffix, "application/octet-stream")
     return f"{ctype}; charset=utf-8" if ctype.startswith("text/") or ctype.endswith("json") else ctype
 
@@ -49,7 +57,9 @@ def list_artifacts(run: RunDep, repo: RepoDep) -> list[ArtifactOut]:
 def download_artifact(
     run: RunDep,
     repo: RepoDep,
-    artifact_name: Annotated[str, Path(min_length=1, max_length=255, description="the name as listed; it may hold `/`")],
+    artifact_name: Annotated[
+        str, Path(min_length=1, max_length=255, description="the name as listed; it may hold `/`")
+    ],
 ) -> Response:
     art = repo.get_artifact(run.id, artifact_name)
     if art is None:

@@ -107,7 +107,9 @@ def stop_search(run: RunDep, state: StateDep) -> StopResult:
     except ProcessLookupError:
         raise HTTPException(status.HTTP_409_CONFLICT, f"process {pid} of study {name!r} no longer exists") from None
     except PermissionError:
-        raise HTTPException(status.HTTP_409_CONFLICT, f"not allowed to signal process {pid} of study {name!r}") from None
+        raise HTTPException(
+            status.HTTP_409_CONFLICT, f"not allowed to signal process {pid} of study {name!r}"
+        ) from None
     _logger.info("sent SIGINT to search %r (pid %d)", name, pid)
     state.reap_searches()
     return StopResult(study=name, pid=pid, signal="SIGINT")

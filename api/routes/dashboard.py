@@ -19,8 +19,11 @@ router = APIRouter(tags=["dashboard"])
 
 STATIC_DIR = Path(__file__).resolve().parent.parent / "static"
 PLOTLY_JS = Path(plotly.__file__).resolve().parent / "package_data" / "plotly.min.js"
-_FIGURE = {200: {"content": {"application/json": {}}, "description": "a plotly figure (`fig.to_json()`)"},
-           **NOT_FOUND, **UNAVAILABLE}
+_FIGURE = {
+    200: {"content": {"application/json": {}}, "description": "a plotly figure (`fig.to_json()`)"},
+    **NOT_FOUND,
+    **UNAVAILABLE,
+}
 
 
 @router.get("/", response_class=HTMLResponse, include_in_schema=False)
@@ -30,8 +33,9 @@ def dashboard() -> HTMLResponse:
 
 @router.get("/favicon.ico", include_in_schema=False)
 def favicon() -> FileResponse:
-    return FileResponse(STATIC_DIR / "favicon.svg", media_type="image/svg+xml",
-                        headers={"Cache-Control": "max-age=86400"})
+    return FileResponse(
+        STATIC_DIR / "favicon.svg", media_type="image/svg+xml", headers={"Cache-Control": "max-age=86400"}
+    )
 
 
 @functools.cache
@@ -71,6 +75,9 @@ def plot_front(run: RunDep, repo: RepoDep) -> Response:
 
     doc = front_figure(run, repo.list_trials(run.id, with_measurements=True))
     if doc is None:
-        raise HTTPException(status.HTTP_404_NOT_FOUND, f"study {run.study_name!r} measured no load of a goodput "
-                            "objective (objective: {metric: goodput_tok_s_per_gpu, slo: {...}}): no front")
+        raise HTTPException(
+            status.HTTP_404_NOT_FOUND,
+            f"study {run.study_name!r} measured no load of a goodput "
+            "objective (objective: {metric: goodput_tok_s_per_gpu, slo: {...}}): no front",
+        )
     return Response(doc, media_type="application/json")

@@ -23,9 +23,14 @@ ASSETS_URL = "/docs-assets"
 
 @router.get("/docs")
 def swagger_ui() -> HTMLResponse:
-    return get_swagger_ui_html(openapi_url="/openapi.json", title="tuner API", oauth2_redirect_url="/docs/oauth2-redirect",
-                               swagger_js_url=f"{ASSETS_URL}/swagger-ui-bundle.js",
-                               swagger_css_url=f"{ASSETS_URL}/swagger-ui.css", swagger_favicon_url="/favicon.ico")
+    return get_swagger_ui_html(
+        openapi_url="/openapi.json",
+        title="tuner API",
+        oauth2_redirect_url="/docs/oauth2-redirect",
+        swagger_js_url=f"{ASSETS_URL}/swagger-ui-bundle.js",
+        swagger_css_url=f"{ASSETS_URL}/swagger-ui.css",
+        swagger_favicon_url="/favicon.ico",
+    )
 
 
 @router.get("/docs/oauth2-redirect")
@@ -35,5 +40,10 @@ def swagger_ui_redirect() -> HTMLResponse:
 
 @router.get("/redoc")
 def redoc() -> HTMLResponse:
-    return get_redoc_html(openapi_url="/openapi.json", title="tuner API", redoc_js_url=f"{ASSETS_URL}/redoc.standalone.js",
-                          redoc_favicon_url="/favicon.ico", with_google_fonts=False)
+    return get_redoc_html(
+        openapi_url="/openapi.json",
+        title="tuner API",
+        redoc_js_url=f"{ASSETS_URL}/redoc.standalone.js",
+        redoc_favicon_url="/favicon.ico",
+        with_google_fonts=False,
+    )

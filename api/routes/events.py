@@ -49,8 +49,10 @@ async def stream_events(
     request: Request,
     # plain integers with a default, not `int | None`: a header cannot carry null, so the schema offers none
     after: Annotated[int, Query(ge=0, le=2**62, description="replay events with a larger id")] = 0,
-    last_event_id: Annotated[int, Header(alias="Last-Event-ID", ge=0, le=2**62,
-                                         description="the browser's EventSource sends it on reconnect")] = 0,
+    last_event_id: Annotated[
+        int,
+        Header(alias="Last-Event-ID", ge=0, le=2**62, description="the browser's EventSource sends it on reconnect"),
+    ] = 0,
 ) -> AsyncIterable[ServerSentEvent]:
     cursor = max(after, last_event_id)
     yield ServerSentEvent(comment=f"study {run.study_name}", retry=2000)

@@ -70,9 +70,11 @@ def best_why(number: int, runs: list[int], single: int | None) -> str:
         return f"Best: trial {number}, {median}; it is also Optuna's best trial."
     if single in runs:
         return f"Best: trial {number}, {median}; Optuna's best trial {single} is another run of it."
-    return (f"Best: trial {number}, {median}. Optuna's best trial is {single}, the single best timing of another "
-            "configuration: the search prefers a configuration confirmed by re-runs to one timed once, which may "
-            "be a lucky draw.")
+    return (
+        f"Best: trial {number}, {median}. Optuna's best trial is {single}, the single best timing of another "
+        "configuration: the search prefers a configuration confirmed by re-runs to one timed once, which may "
+        "be a lucky draw."
+    )
 
 
 @router.get("/{name}/importances", responses=NOT_FOUND, response_model=ImportancesOut)

@@ -21,14 +21,38 @@ LOG2E = 1.4426950408889634
 
 @triton.jit(do_not_specialize=["B", "num_rows", "topk", "rows_per_split", "n_splits"])
 def _sparse_decode_kernel(
-    q_ptr, kv_ptr, idx_ptr, part_ptr, lse_ptr, out_ptr, lock_ptr,
-    B, H, num_rows, topk, rows_per_split, n_splits, qk_scale,
-    stride_qb, stride_qh, stride_kv, stride_ib,
-    stride_pb, stride_ps, stride_ph,
-    stride_lb, stride_ls,
-    stride_ob, stride_oh,
-    DV: tl.constexpr, DT: tl.constexpr, D_TAIL: tl.constexpr,
-    BLOCK_H: tl.constexpr, BLOCK_T: tl.constexpr, DIRECT: tl.constexpr, FUSED_COMBINE: tl.constexpr,
+    q_ptr,
+    kv_ptr,
+    idx_ptr,
+    part_ptr,
+    lse_ptr,
+    out_ptr,
+    lock_ptr,
+    B,
+    H,
+    num_rows,
+    topk,
+    rows_per_split,
+    n_splits,
+    qk_scale,
+    stride_qb,
+    stride_qh,
+    stride_kv,
+    stride_ib,
+    stride_pb,
+    stride_ps,
+    stride_ph,
+    stride_lb,
+    stride_ls,
+    stride_ob,
+    stride_oh,
+    DV: tl.constexpr,
+    DT: tl.constexpr,
+    D_TAIL: tl.constexpr,
+    BLOCK_H: tl.constexpr,
+    BLOCK_T: tl.constexpr,
+    DIRECT: tl.constexpr,
+    FUSED_COMBINE: tl.constexpr,
 ):
     pid_h = tl.program_id(0)  # fastest: head blocks of one (request, split) run together, share L2
     pid_s = tl.program_id(1)
@@ -76,7 +100,13 @@ def _sparse_decode_kernel(
         out_ptrs = out_ptr + pid_b.to(tl.int64) * stride_ob + offs_h[:, None] * stride_oh + offs_d[None, :]
         tl.store(out_ptrs, o.to(out_ptr.dtype.element_ty), mask=h_mask[:, None])
     else:
-        part_ptrs = part_ptr + pid_b.to(tl.int64) * stride_pb + pid_s * stride_ps + offs_h[:, None] * stride_ph + offs_d[None, :]
+        part_ptrs = (
+            part_ptr
+            + pid_b.to(tl.int64) * stride_pb
+            + pid_s * stride_ps
+            + offs_h[:, None] * stride_ph
+            + offs_d[None, :]
+        )
         tl.store(part_ptrs, o, mask=h_mask[:, None])
         lse = tl.where(l_i > 0.0, m_i + tl.log2(l_safe), float("-inf"))
         tl.store(lse_ptr + pid_b.to(tl.int64) * stride_lb + pid_s * stride_ls + offs_h, lse, mask=h_mask)
@@ -88,47 +118,105 @@ def _sparse_decode_kernel(
             lock = lock_ptr + pid_b * tl.num_programs(0) + pid_h
             done = tl.atomic_add(lock, 1, sem="acq_rel", scope="gpu")
             if done == n_splits - 1:
-                _merge_splits(part_ptr + pid_b.to(tl.int64) * stride_pb, lse_ptr + pid_b.to(tl.int64) * stride_lb,
-                              out_ptr + pid_b.to(tl.int64) * stride_ob, offs_h, h_mask, offs_d, n_splits,
-                              stride_ps, stride_ph, stride_ls, stride_oh, BLOCK_H, DV, ".cg")
+                _merge_splits(
+                    part_ptr + pid_b.to(tl.int64) * stride_pb,
+                    lse_ptr + pid_b.to(tl.int64) * stride_lb,
+                    out_ptr + pid_b.to(tl.int64) * stride_ob,
+                    offs_h,
+                    h_mask,
+                    offs_d,
+                    n_splits,
+                    stride_ps,
+                    stride_ph,
+                    stride_ls,
+                    stride_oh,
+                    BLOCK_H,
+                    DV,
+                    ".cg",
+                )
                 tl.atomic_xchg(lock, 0)  # ready for the next call (CUDA-graph replays reuse the counters)
 
 
 @triton.jit
-def _merge_splits(part_base, lse_base, out_base, offs_h, h_mask, offs_d, n_splits,
-                  stride_ps, stride_ph, stride_ls, stride_oh, BLOCK_H: tl.constexpr, DV: tl.constexpr,
-                  CACHE: tl.constexpr):
+def _merge_splits(
+    part_base,
+    lse_base,
+    out_base,
+    offs_h,
+    h_mask,
+    offs_d,
+    n_splits,
+    stride_ps,
+    stride_ph,
+    stride_ls,
+    stride_oh,
+    BLOCK_H: tl.constexpr,
+    DV: tl.constexpr,
+    CACHE: tl.constexpr,
+):
     """out = sum_s 2^(lse_s - m) * o_s / sum_s 2^(lse_s - m), m = max_s lse_s (zeros if all -inf)."""
     m = tl.full([BLOCK_H], float("-inf"), tl.float32)
     for s in range(n_splits):
-        m = tl.maximum(m, tl.load(lse_base + s * stride_ls + offs_h, mask=h_mask, other=float("-inf"), cache_modifier=CACHE))
+        m = tl.maximum(
+            m, tl.load(lse_base + s * stride_ls + offs_h, mask=h_mask, other=float("-inf"), cache_modifier=CACHE)
+        )
     m_safe = tl.where(m == float("-inf"), 0.0, m)
     acc = tl.zeros([BLOCK_H, DV], tl.float32)
     wsum = tl.zeros([BLOCK_H], tl.float32)
     for s in range(n_splits):
-        w = tl.exp2(tl.load(lse_base + s * stride_ls + offs_h, mask=h_mask, other=float("-inf"), cache_modifier=CACHE) - m_safe)
-        acc += w[:, None] * tl.load(part_base + s * stride_ps + offs_h[:, None] * stride_ph + offs_d[None, :],
-                                    mask=h_mask[:, None], other=0.0, cache_modifier=CACHE)
+        w = tl.exp2(
+            tl.load(lse_base + s * stride_ls + offs_h, mask=h_mask, other=float("-inf"), cache_modifier=CACHE) - m_safe
+        )
+        acc += w[:, None] * tl.load(
+            part_base + s * stride_ps + offs_h[:, None] * stride_ph + offs_d[None, :],
+            mask=h_mask[:, None],
+            other=0.0,
+            cache_modifier=CACHE,
+        )
         wsum += w
     o = acc / tl.where(wsum > 0.0, wsum, 1.0)[:, None]
-    tl.store(out_base + offs_h[:, None] * stride_oh + offs_d[None, :], o.to(out_base.dtype.element_ty), mask=h_mask[:, None])
+    tl.store(
+        out_base + offs_h[:, None] * stride_oh + offs_d[None, :], o.to(out_base.dtype.element_ty), mask=h_mask[:, None]
+    )
 
 
 @triton.jit(do_not_specialize=["S"])
 def _combine_kernel(
-    part_ptr, lse_ptr, out_ptr, H, S,
-    stride_pb, stride_ps, stride_ph,
-    stride_lb, stride_ls,
-    stride_ob, stride_oh,
-    DV: tl.constexpr, BLOCK_H: tl.constexpr,
+    part_ptr,
+    lse_ptr,
+    out_ptr,
+    H,
+    S,
+    stride_pb,
+    stride_ps,
+    stride_ph,
+    stride_lb,
+    stride_ls,
+    stride_ob,
+    stride_oh,
+    DV: tl.constexpr,
+    BLOCK_H: tl.constexpr,
 ):
     """Merge S partial results by their log-sum-exp (base 2): the unfused second pass."""
     pid_h = tl.program_id(0)
     pid_b = tl.program_id(1)
     offs_h = pid_h * BLOCK_H + tl.arange(0, BLOCK_H)
-    _merge_splits(part_ptr + pid_b.to(tl.int64) * stride_pb, lse_ptr + pid_b.to(tl.int64) * stride_lb,
-                  out_ptr + pid_b.to(tl.int64) * stride_ob, offs_h, offs_h < H, tl.arange(0, DV), S,
-                  stride_ps, stride_ph, stride_ls, stride_oh, BLOCK_H, DV, "")
+    _merge_splits(
+        part_ptr + pid_b.to(tl.int64) * stride_pb,
+        lse_ptr + pid_b.to(tl.int64) * stride_lb,
+        out_ptr + pid_b.to(tl.int64) * stride_ob,
+        offs_h,
+        offs_h < H,
+        tl.arange(0, DV),
+        S,
+        stride_ps,
+        stride_ph,
+        stride_ls,
+        stride_oh,
+        BLOCK_H,
+        DV,
+        "",
+    )
 
 
 def sparse_decode_v1(q, kv, indices, sm_scale=None, config=None, *, d_v=None):
@@ -152,16 +240,51 @@ def sparse_decode_v1(q, kv, indices, sm_scale=None, config=None, *, d_v=None):
         lse = torch.empty((B, S, H), device=q.device, dtype=torch.float32)
         part_strides, lse_strides = part.stride()[:3], lse.stride()[:2]
     _sparse_decode_kernel[(triton.cdiv(H, BLOCK_H), S, B)](
-        q, kv, indices, part, lse, out, indices,
-        B, H, kv.shape[0], topk, rows_per_split, S, sm_scale * LOG2E,
-        q.stride(0), q.stride(1), kv.stride(0), indices.stride(0),
-        *part_strides, *lse_strides, out.stride(0), out.stride(1),
-        DV=d_v, DT=DT, D_TAIL=D_TAIL, BLOCK_H=BLOCK_H, BLOCK_T=BLOCK_T, DIRECT=direct, FUSED_COMBINE=False,
-        num_warps=config["num_warps"], num_stages=config["num_stages"],
+        q,
+        kv,
+        indices,
+        part,
+        lse,
+        out,
+        indices,
+        B,
+        H,
+        kv.shape[0],
+        topk,
+        rows_per_split,
+        S,
+        sm_scale * LOG2E,
+        q.stride(0),
+        q.stride(1),
+        kv.stride(0),
+        indices.stride(0),
+        *part_strides,
+        *lse_strides,
+        out.stride(0),
+        out.stride(1),
+        DV=d_v,
+        DT=DT,
+        D_TAIL=D_TAIL,
+        BLOCK_H=BLOCK_H,
+        BLOCK_T=BLOCK_T,
+        DIRECT=direct,
+        FUSED_COMBINE=False,
+        num_warps=config["num_warps"],
+        num_stages=config["num_stages"],
     )
     if not direct:
         _combine_kernel[(triton.cdiv(H, 4), B)](
-            part, lse, out, H, S, *part.stride()[:3], *lse.stride()[:2], out.stride(0), out.stride(1),
-            DV=d_v, BLOCK_H=4, num_warps=4,
+            part,
+            lse,
+            out,
+            H,
+            S,
+            *part.stride()[:3],
+            *lse.stride()[:2],
+            out.stride(0),
+            out.stride(1),
+            DV=d_v,
+            BLOCK_H=4,
+            num_warps=4,
         )
     return out

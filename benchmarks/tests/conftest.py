@@ -20,7 +20,9 @@ CUDA = torch.cuda.is_available()
 if not CUDA:
     os.environ.setdefault("TRITON_INTERPRET", "1")
 _paths = [str(HERE), str(ROOT / "tests" / "kernel_tuning"), str(ROOT)]
-os.environ["PYTHONPATH"] = os.pathsep.join(_paths + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p])
+os.environ["PYTHONPATH"] = os.pathsep.join(
+    _paths + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
+)
 for p in reversed(_paths):
     if p not in sys.path:
         sys.path.insert(0, p)

@@ -32,9 +32,11 @@ def test_views_of_a_5000_trial_study_answer_while_a_search_writes(tmp_path) -> N
         run_id = repo.get_run(STUDY).id
         while not stop.is_set():
             t = study.ask()
-            params = {"split_k": t.suggest_categorical("split_k", [1, 2, 4, 8]),
-                      "block_n": t.suggest_categorical("block_n", [32, 64, 128]),
-                      "context_length": t.suggest_categorical("context_length", [4096, 131072, 1048576])}
+            params = {
+                "split_k": t.suggest_categorical("split_k", [1, 2, 4, 8]),
+                "block_n": t.suggest_categorical("block_n", [32, 64, 128]),
+                "context_length": t.suggest_categorical("context_length", [4096, 131072, 1048576]),
+            }
             repo.start_trial(run_id, t.number, params)
             repo.finish_trial(run_id, t.number, outcome="ok", value=100.0 + t.number % 7)
             study.tell(t, 100.0 + t.number % 7)

@@ -18,7 +18,15 @@ SD = get_kernel("sparse_decode")
 
 
 def _cfg(BM=16, BN=32, BK=32, SK=1, GM=8, nw=4, ns=2):
-    return {"BLOCK_M": BM, "BLOCK_N": BN, "BLOCK_K": BK, "SPLIT_K": SK, "GROUP_M": GM, "num_warps": nw, "num_stages": ns}
+    return {
+        "BLOCK_M": BM,
+        "BLOCK_N": BN,
+        "BLOCK_K": BK,
+        "SPLIT_K": SK,
+        "GROUP_M": GM,
+        "num_warps": nw,
+        "num_stages": ns,
+    }
 
 
 def _sd(S, BH, BT, nw, ns):

@@ -18,8 +18,13 @@ def _imports(path: Path) -> set[str]:
     """The scripts of benchmarks/ that ``path`` imports, as ``benchmarks.X`` or as a sibling module ``X``."""
     out = set()
     for node in ast.walk(ast.parse(path.read_text())):
-        names = ([a.name for a in node.names] if isinstance(node, ast.Import)
-                 else [node.module or ""] if isinstance(node, ast.ImportFrom) and node.level == 0 else [])
+        names = (
+            [a.name for a in node.names]
+            if isinstance(node, ast.Import)
+            else [node.module or ""]
+            if isinstance(node, ast.ImportFrom) and node.level == 0
+            else []
+        )
         for name in names:
             parts = name.split(".")
             if parts[0] == "benchmarks" and len(parts) > 1 and parts[1] in SCRIPTS:
@@ -61,8 +66,15 @@ def test_every_tuned_config_writer_takes_its_folder_through_tuned_output_dir():
         for fn in ast.walk(ast.parse(path.read_text())):
             if not isinstance(fn, ast.FunctionDef):
                 continue
-            called = {n.func.id if isinstance(n.func, ast.Name) else getattr(n.func, "attr", "")
-                      for n in ast.walk(fn) if isinstance(n, ast.Call)}
-            if called & {"write_config_file", "config_path"} and "write_tuned" in fn.name or "write_config_file" in called:
+            called = {
+                n.func.id if isinstance(n.func, ast.Name) else getattr(n.func, "attr", "")
+                for n in ast.walk(fn)
+                if isinstance(n, ast.Call)
+            }
+            if (
+                called & {"write_config_file", "config_path"}
+                and "write_tuned" in fn.name
+                or "write_config_file" in called
+            ):
                 writers.append((name, fn.name, "tuned_output_dir" in called))
     assert writers and all(ok for *_, ok in writers), writers

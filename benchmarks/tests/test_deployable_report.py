@@ -15,8 +15,13 @@ SIDE = f"{R}/deployable/h200/2026-12-02_5f687fb_side_by_side.json"
 
 
 def _report(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, str(ROOT / "benchmarks" / "deployable_report.py"), *args],
-                          capture_output=True, text=True, cwd=ROOT, timeout=600)
+    return subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks" / "deployable_report.py"), *args],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=600,
+    )
 
 
 def test_the_filed_report_is_what_the_script_writes_from_the_filed_studies():
@@ -24,8 +29,11 @@ def test_the_filed_report_is_what_the_script_writes_from_the_filed_studies():
     assert proc.returncode == 0, proc.stderr[-2000:]
     # the export's date line is the moment of the export: the rest is the filed file's, line for line
     got = [ln for ln in proc.stdout.splitlines() if "exported by tuner" not in ln]
-    filed = [ln for ln in (ROOT / R / "deployable/h200/2026-12-02_5f687fb.md").read_text().splitlines()
-             if "exported by tuner" not in ln]
+    filed = [
+        ln
+        for ln in (ROOT / R / "deployable/h200/2026-12-02_5f687fb.md").read_text().splitlines()
+        if "exported by tuner" not in ln
+    ]
     assert got == filed
     text = proc.stdout
     assert text.count("  this command: c=1") == 2 and text.count("  with these code changes: c=1") == 2
@@ -39,4 +47,5 @@ def test_the_filed_report_is_what_the_script_writes_from_the_filed_studies():
 def test_a_study_spec_without_a_database_is_one_line_naming_it():
     proc = _report("off=sqlite:///nowhere.db#study")
     assert proc.returncode != 0 and proc.stderr.strip().splitlines()[-1] == (
-        "error: off=sqlite:///nowhere.db#study: no database at nowhere.db")
+        "error: off=sqlite:///nowhere.db#study: no database at nowhere.db"
+    )

@@ -55,14 +55,45 @@ def test_the_timers_count_nested_calls_once_and_bucket_by_trials_finished():
 
 
 def test_the_report_is_written_from_the_stored_json(tmp_path):
-    row = {"bucket": 0, "trials": 500, "wall_s": 60.0, "ask_ms": 30.0, "tell_ms": 10.0, "storage_ms": 10.0,
-           "driver_ms": 50.0, "idle_share": 0.04, "ran": 480, "trials_per_min": 500.0, "api_requests": 100,
-           "api_p99_ms": 80.0, "api_median_ms": 20.0}
-    data = {"date": "2026-12-03 06:00 UTC", "commit": "abc1234", "machine": "vm (2 CPUs)", "load_at_start": 3.0,
-            "python": "3.11.7", "command": "python benchmarks/driver_scale.py run", "trial_s_real": 2.0,
-            "bucket": 500, "runs": [{"storage": "sqlite", "workers": 8, "trials": 500, "trial_s": 0.5,
-                                     "wall_s": 60.0, "state": "interrupted", "stop_reason": "stopped at 500",
-                                     "outcomes": {"ok": 480, "pruned": 20}, "api_errors": 0, "rows": [row]}]}
+    row = {
+        "bucket": 0,
+        "trials": 500,
+        "wall_s": 60.0,
+        "ask_ms": 30.0,
+        "tell_ms": 10.0,
+        "storage_ms": 10.0,
+        "driver_ms": 50.0,
+        "idle_share": 0.04,
+        "ran": 480,
+        "trials_per_min": 500.0,
+        "api_requests": 100,
+        "api_p99_ms": 80.0,
+        "api_median_ms": 20.0,
+    }
+    data = {
+        "date": "2026-12-03 06:00 UTC",
+        "commit": "abc1234",
+        "machine": "vm (2 CPUs)",
+        "load_at_start": 3.0,
+        "python": "3.11.7",
+        "command": "python benchmarks/driver_scale.py run",
+        "trial_s_real": 2.0,
+        "bucket": 500,
+        "runs": [
+            {
+                "storage": "sqlite",
+                "workers": 8,
+                "trials": 500,
+                "trial_s": 0.5,
+                "wall_s": 60.0,
+                "state": "interrupted",
+                "stop_reason": "stopped at 500",
+                "outcomes": {"ok": 480, "pruned": 20},
+                "api_errors": 0,
+                "rows": [row],
+            }
+        ],
+    }
     src = tmp_path / "x.json"
     src.write_text(json.dumps(data))
     assert main(["report", "--from", str(src)]) == 0

@@ -26,7 +26,7 @@ def test_read_kernel_sums_each_block(gf):
     src = torch.randn(3 * 64 + 5, device=DEV).half()
     out = torch.full((4,), float("nan"), device=DEV)
     gf._read_kernel[(4,)](src, out, src.numel(), BLOCK=64)
-    want = torch.stack([src[i * 64:(i + 1) * 64].double().sum() for i in range(4)])
+    want = torch.stack([src[i * 64 : (i + 1) * 64].double().sum() for i in range(4)])
     assert torch.allclose(out.double(), want, rtol=1e-3, atol=1e-3)
 
 

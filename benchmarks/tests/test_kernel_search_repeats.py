@@ -13,8 +13,16 @@ from tuner.search.kernel_search import KernelCase, tune_case
 def test_repeats_report_reads_twins_and_runs_from_the_study_database(tmp_path, sqlite_url):
     """benchmarks/kernel_search_repeats.py on a real study: the twins TwinKernel's search did not run are counted
     apart from configs asked again, and the best is a trial that ran."""
-    opts = SearchOptions(budget_s=120, storage_url=sqlite_url, out_dir=str(tmp_path / "out"), seed=3, hardware=Hardware(),
-                         settings={"allow_cpu_interpreter": True}, confirm_top=0, n_trials=16)
+    opts = SearchOptions(
+        budget_s=120,
+        storage_url=sqlite_url,
+        out_dir=str(tmp_path / "out"),
+        seed=3,
+        hardware=Hardware(),
+        settings={"allow_cpu_interpreter": True},
+        confirm_top=0,
+        n_trials=16,
+    )
     tune_case(KernelCase("kernel_tuning_fakes:TwinKernel", {"batch": 1, "rows": 1}), opts, "twins")
     with benchmark_script("kernel_search_repeats") as script:
         rows = script.summarise(sqlite_url)

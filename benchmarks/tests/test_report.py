@@ -17,8 +17,14 @@ from benchmarks import report
 def _trial(repo, run_id, number, params, levels, *, baseline=False, repeat_of=None):
     repo.start_trial(run_id, number, params, is_baseline=baseline)
     geo = (levels[0] * levels[1]) ** 0.5
-    repo.finish_trial(run_id, number, outcome="ok", value=geo, repeat_of=repeat_of,
-                      metrics=[MetricRow("tok_s", "c=1", levels[0]), MetricRow("tok_s", "c=16", levels[1])])
+    repo.finish_trial(
+        run_id,
+        number,
+        outcome="ok",
+        value=geo,
+        repeat_of=repeat_of,
+        metrics=[MetricRow("tok_s", "c=1", levels[0]), MetricRow("tok_s", "c=16", levels[1])],
+    )
     return geo
 
 
@@ -27,8 +33,14 @@ def study_db(tmp_path) -> Path:
     path = tmp_path / "t1_cpu.db"
     repo = Repo(f"sqlite:///{path}")
     repo.create_schema()
-    run = repo.create_run("t1", target="workload", budget_s=60, objective="geomean of tok_s at c=1,16",
-                          unit="tok/s", environment={"git_sha": "abc123-dirty", "gpus": [{"name": "NVIDIA H200"}]})
+    run = repo.create_run(
+        "t1",
+        target="workload",
+        budget_s=60,
+        objective="geomean of tok_s at c=1,16",
+        unit="tok/s",
+        environment={"git_sha": "abc123-dirty", "gpus": [{"name": "NVIDIA H200"}]},
+    )
     _trial(repo, run.id, 0, {"a": 0}, (10.0, 20.0), baseline=True)
     _trial(repo, run.id, 1, {"a": 1}, (30.0, 80.0))  # the best configuration, first run
     _trial(repo, run.id, 2, {"a": 2}, (40.0, 100.0))  # a single lucky timing: Optuna's best, not the recorded one
@@ -52,8 +64,10 @@ def test_report_tables_are_read_from_the_database(study_db, tmp_path) -> None:
     assert "| 1, 3 | 48.99, 58.31 | 53.65 | 3.79x |" in text  # the re-run table: values, median, x baseline
     assert "Optuna's best trial (the single best timing) is trial 2" in text and "another configuration" in text
     summary = (out / "studies.md").read_text()
-    assert "| `t1` | `t1_cpu.db` | 1x NVIDIA H200 | 5 | ok 5 | c=1: 3.20x, c=16: 4.50x | 3.79x | 1 | `abc123-dirty` |" \
+    assert (
+        "| `t1` | `t1_cpu.db` | 1x NVIDIA H200 | 5 | ok 5 | c=1: 3.20x, c=16: 4.50x | 3.79x | 1 | `abc123-dirty` |"
         in summary
+    )
 
 
 def test_report_refuses_a_missing_database_in_one_line(tmp_path) -> None:

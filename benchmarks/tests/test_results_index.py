@@ -37,8 +37,11 @@ def test_the_index_links_a_file_of_every_benchmark_folder():
 def test_every_result_is_filed_by_benchmark_gpu_date_and_commit():
     misfiled = []
     for path in RESULTS.rglob("*"):
-        if not path.is_file() or path.parent == RESULTS and path.name in ("README.md", "MOVES.md",
-                                                                          "sparse_decode_history.md"):
+        if (
+            not path.is_file()
+            or path.parent == RESULTS
+            and path.name in ("README.md", "MOVES.md", "sparse_decode_history.md")
+        ):
             continue
         rel = path.relative_to(RESULTS).parts
         if len(rel) != 3 or not NAME.fullmatch(rel[2]):
@@ -57,9 +60,16 @@ CITED = re.compile(r"(?<![:\w/])benchmarks/results/[\w./-]+\.(?:md|json\.gz|json
 
 def _citing_files() -> list[Path]:
     root = RESULTS.parents[1]
-    return sorted([*(root / "kernels").rglob("*.py"), *(root / "benchmarks").glob("*.py"),
-                   *(root / "benchmarks").glob("*.sh"), root / "README.md", *(root / "docs").glob("*.md"),
-                   *RESULTS.glob("*.md")])
+    return sorted(
+        [
+            *(root / "kernels").rglob("*.py"),
+            *(root / "benchmarks").glob("*.py"),
+            *(root / "benchmarks").glob("*.sh"),
+            root / "README.md",
+            *(root / "docs").glob("*.md"),
+            *RESULTS.glob("*.md"),
+        ]
+    )
 
 
 def test_every_stored_result_a_kernel_a_benchmark_or_the_readme_cites_exists():

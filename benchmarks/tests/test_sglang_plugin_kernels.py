@@ -50,12 +50,24 @@ def test_store_from_a_json_keeps_the_records_in_the_study(tmp_path):
     repo = Repo(url)
     repo.create_schema()
     run = repo.create_run("twin-st", target="workload", budget_s=60, objective="geomean of tok_s")
-    rec = {"target": "sglang.kernels.ops.attention.dsv4.norm_rope.fused_q_norm_rope", "batch": 16,
-           "shape": {"heads": 64, "head_dim": 512, "rope_dim": 64, "norm": True},
-           "dtypes": {"dtype": "bfloat16", "out_dtype": "bfloat16"}, "ours_us": 3.1, "sglang_us": 3.4,
-           "rel_err": 0.004, "gpu": "NVIDIA H200", "arch": "sm_90", "date": "2026-12-03T06:00", "commit": "abc",
-           "sglang": "0.5.23", "baseline": "sglang", "config": {"BLOCK_H": 2, "num_warps": 4},
-           "graph_rel_err": 0.004, "source": "sglang_plugin_kernels.json"}
+    rec = {
+        "target": "sglang.kernels.ops.attention.dsv4.norm_rope.fused_q_norm_rope",
+        "batch": 16,
+        "shape": {"heads": 64, "head_dim": 512, "rope_dim": 64, "norm": True},
+        "dtypes": {"dtype": "bfloat16", "out_dtype": "bfloat16"},
+        "ours_us": 3.1,
+        "sglang_us": 3.4,
+        "rel_err": 0.004,
+        "gpu": "NVIDIA H200",
+        "arch": "sm_90",
+        "date": "2026-12-03T06:00",
+        "commit": "abc",
+        "sglang": "0.5.23",
+        "baseline": "sglang",
+        "config": {"BLOCK_H": 2, "num_warps": 4},
+        "graph_rel_err": 0.004,
+        "source": "sglang_plugin_kernels.json",
+    }
     path = tmp_path / "sglang_plugin_kernels.json"
     path.write_text(json.dumps({"records": [rec]}))
     done = _run("--store", "twin-st", "--storage", url, "--from", str(path))

@@ -94,8 +94,9 @@ def test_the_wgmma_benchmark_space_option_narrows_the_sweep_and_refuses_values_o
 
     narrow = wgmma_configs(16, sms=132, space={"STAGES": [2, 4], "V_SPLIT": [1, 2]})
     assert {c["STAGES"] for c in narrow} == {2, 4} and {c["V_SPLIT"] for c in narrow} == {1, 2}
-    assert {json.dumps({**c, "WS": 0}, sort_keys=True) for c in narrow if c["WS"] and not c["SPLIT_WG"]} \
-        == {json.dumps(c, sort_keys=True) for c in narrow if not c["WS"]}
+    assert {json.dumps({**c, "WS": 0}, sort_keys=True) for c in narrow if c["WS"] and not c["SPLIT_WG"]} == {
+        json.dumps(c, sort_keys=True) for c in narrow if not c["WS"]
+    }
     split = [c for c in narrow if c["SPLIT_WG"]]  # a warp-specialised schedule of two or more programs a split
     assert split and all(c["WS"] == 1 and c["V_SPLIT"] > 1 and c["STAGES"] % 2 == 0 for c in split)
     assert len(narrow) < len(wgmma_configs(16, sms=132))
@@ -105,8 +106,19 @@ def test_the_wgmma_benchmark_space_option_narrows_the_sweep_and_refuses_values_o
         wgmma_configs(16, space={"SEESAW": [0]})
     env = {**os.environ, "PYTHONPATH": str(ROOT), "CUDA_VISIBLE_DEVICES": ""}
     for bad in ('{"WS": [2]}', '{"WS": 1}', "[1]", "{"):
-        r = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "sparse_decode_wgmma.py"), "--json",
-                            str(tmp_path / "x.json"), "--space", bad], capture_output=True, text=True, env=env)
+        r = subprocess.run(
+            [
+                sys.executable,
+                str(ROOT / "benchmarks" / "sparse_decode_wgmma.py"),
+                "--json",
+                str(tmp_path / "x.json"),
+                "--space",
+                bad,
+            ],
+            capture_output=True,
+            text=True,
+            env=env,
+        )
         assert r.returncode == 2 and r.stderr.strip().count("\n") == 0, (bad, r.stderr)
         assert not (tmp_path / "x.json").exists()
 
@@ -118,7 +130,9 @@ def test_the_wgmma_report_states_the_single_partition_schedules_best_beside_the_
     sys.path.insert(0, str(ROOT))
     from benchmarks.sparse_decode_wgmma import report
 
-    data = json.loads((ROOT / "benchmarks" / "results" / "sparse_decode_wgmma" / "h200" / "2026-12-01_db89c65.json").read_text())
+    data = json.loads(
+        (ROOT / "benchmarks" / "results" / "sparse_decode_wgmma" / "h200" / "2026-12-01_db89c65.json").read_text()
+    )
     line = next(x for x in report(data, "x.json").splitlines() if x.startswith("| 64 | 11.80 |"))
     assert line.split(" | ")[6:13] == ["30.8", "30.8", "30.8", "1.18x", "1.00x", "1.00x", "1.00x"], line
     case = next(c for c in data["cases"] if c["batch"] == 64)
@@ -137,8 +151,10 @@ def test_the_workload_share_report_counts_only_sparse_decode_kernels():
 
     assert is_sparse_decode("_sparse_decode_wgmma_kernel") and is_sparse_decode("_combine_kernel")
     assert not is_sparse_decode("_indexer_kernel") and not is_sparse_decode("void cutlass::Kernel<sparse_decode>")
-    data = {"meta": {"date": "d", "gpu": "g", "torch": "t", "triton": "tr", "commit": "c", "live_context": 512},
-            "rows": [{"impl": "wgmma", "batch": 64, "step_kernels_us": 1000.0, "sparse_decode_us": 200.0}]}
+    data = {
+        "meta": {"date": "d", "gpu": "g", "torch": "t", "triton": "tr", "commit": "c", "live_context": 512},
+        "rows": [{"impl": "wgmma", "batch": 64, "step_kernels_us": 1000.0, "sparse_decode_us": 200.0}],
+    }
     assert "| wgmma | 64 | 1000 | 200 | 20.0% | 1.250x |" in report(data, "x.json")
 
 
@@ -148,14 +164,19 @@ def test_the_benchmarks_report_a_stored_json_on_any_machine_and_refuse_to_measur
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     script = ROOT / "benchmarks" / "sparse_decode_wgmma.py"
     data = ROOT / "benchmarks" / "results" / "sparse_decode_wgmma" / "h200" / "2026-12-01_db89c65.json"
-    r = subprocess.run([sys.executable, str(script), "--report-from", str(data), "--out", str(tmp_path / "r.md")],
-                       capture_output=True, text=True, env=env)
+    r = subprocess.run(
+        [sys.executable, str(script), "--report-from", str(data), "--out", str(tmp_path / "r.md")],
+        capture_output=True,
+        text=True,
+        env=env,
+    )
     assert r.returncode == 0 and "| 64 | 11.80 |" in (tmp_path / "r.md").read_text()
     r = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, env=env)
     assert r.returncode == 2 and r.stderr.strip().count("\n") == 0 and "--report-from" in r.stderr
     if not torch.cuda.is_available():
-        r = subprocess.run([sys.executable, str(script), "--json", str(tmp_path / "x.json")], capture_output=True,
-                           text=True, env=env)
+        r = subprocess.run(
+            [sys.executable, str(script), "--json", str(tmp_path / "x.json")], capture_output=True, text=True, env=env
+        )
         assert r.returncode == 2 and "needs a CUDA GPU" in r.stderr and not (tmp_path / "x.json").exists()
 
 
@@ -173,13 +194,23 @@ def test_a_benchmark_run_stores_what_its_measure_returns_and_reports_from_it(tmp
         return data
 
     out, stored = tmp_path / "r.md", tmp_path / "x.json"
-    assert run(["--json", str(stored), "--out", str(out)], "doc", out, lambda d, src: f"{d['rows']} from {src}\n",
-               measure) == 0
+    assert (
+        run(["--json", str(stored), "--out", str(out)], "doc", out, lambda d, src: f"{d['rows']} from {src}\n", measure)
+        == 0
+    )
     assert json.loads(stored.read_text()) == data
     assert out.read_text() == f"[{{'us': 1.5}}] from {stored}\n"
     none = tmp_path / "none.json"
-    assert run(["--json", str(none), "--out", str(tmp_path / "n.md")], "doc", out, lambda d, src: "",
-               lambda args, path: None) == 2
+    assert (
+        run(
+            ["--json", str(none), "--out", str(tmp_path / "n.md")],
+            "doc",
+            out,
+            lambda d, src: "",
+            lambda args, path: None,
+        )
+        == 2
+    )
     assert not none.exists() and not (tmp_path / "n.md").exists()
 
 
@@ -189,13 +220,22 @@ def test_the_workload_report_states_the_wgmma_attention_against_the_hand_written
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     data = ROOT / "benchmarks" / "results" / "workload" / "h200" / "2026-12-01_e53ca92_attention_wgmma.json"
     out = tmp_path / "w.md"
-    r = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "workload_gpu.py"), "--report-from", str(data),
-                        "--out", str(out)], capture_output=True, text=True, env=env)
+    r = subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks" / "workload_gpu.py"), "--report-from", str(data), "--out", str(out)],
+        capture_output=True,
+        text=True,
+        env=env,
+    )
     assert r.returncode == 0, r.stderr
     text = out.read_text()
-    assert ("hand-written best, attention_impl=wgmma / hand-written best, measured side by side: c=1 0.991, "
-            "c=16 0.999, c=64 1.004; geomean 0.998") in text
-    assert text == (ROOT / "benchmarks" / "results" / "workload" / "h200" / "2026-12-01_e53ca92_attention_wgmma.md").read_text()
+    assert (
+        "hand-written best, attention_impl=wgmma / hand-written best, measured side by side: c=1 0.991, "
+        "c=16 0.999, c=64 1.004; geomean 0.998"
+    ) in text
+    assert (
+        text
+        == (ROOT / "benchmarks" / "results" / "workload" / "h200" / "2026-12-01_e53ca92_attention_wgmma.md").read_text()
+    )
 
 
 def test_checked_ways_checks_and_times_each_way_with_its_own_arguments_and_keeps_no_time_for_a_wrong_one():
@@ -215,8 +255,16 @@ def test_checked_ways_checks_and_times_each_way_with_its_own_arguments_and_keeps
     real = bk._time
     bk._time = lambda fn, sets, rep_ms: type("T", (), {"median_us": 7.5})()
     try:
-        row = bk.checked_ways(SD, {"right": {}, "wrong": {"scale": 1.5}}, launch, [i], (i,), 1.0, {"batch": 2},
-                              lambda way, us: heard.append((way, us)))
+        row = bk.checked_ways(
+            SD,
+            {"right": {}, "wrong": {"scale": 1.5}},
+            launch,
+            [i],
+            (i,),
+            1.0,
+            {"batch": 2},
+            lambda way, us: heard.append((way, us)),
+        )
     finally:
         bk._time = real
     assert row["batch"] == 2 and row["right_err"] < 1e-6 and row["right_us"] == 7.5
@@ -241,12 +289,20 @@ def test_the_batches_benchmark_puts_each_batchs_config_now_beside_before(tmp_pat
     write_config_file("sparse_decode_wgmma", configs.gpu_name(), "bfloat16", {wg.shape_key(shape): {"config": tuned}})
     got = bb.configs_for(24, dict(shape, batch=24), None)
     configs.clear_cache()
-    assert {w: bb.programs(c, 24) for w, c in got.items()} == {"tuned_before": 192, "tuned_now": 96,
-                                                                "default_before": 144, "default_now": 96}
-    rows = [{"batch": 24, "way": w, "config": c, "programs": bb.programs(c, 24), "err": 0.002, "us": us}
-            for (w, c), us in zip(got.items(), (30.0, 20.0, 27.0, 20.0))]
-    text = bb.report({"meta": {"date": "d", "gpu": "NVIDIA H200", "torch": "t", "triton": "3.6.0", "commit": "abc"},
-                      "rows": rows}, "x.json")
+    assert {w: bb.programs(c, 24) for w, c in got.items()} == {
+        "tuned_before": 192,
+        "tuned_now": 96,
+        "default_before": 144,
+        "default_now": 96,
+    }
+    rows = [
+        {"batch": 24, "way": w, "config": c, "programs": bb.programs(c, 24), "err": 0.002, "us": us}
+        for (w, c), us in zip(got.items(), (30.0, 20.0, 27.0, 20.0))
+    ]
+    text = bb.report(
+        {"meta": {"date": "d", "gpu": "NVIDIA H200", "torch": "t", "triton": "3.6.0", "commit": "abc"}, "rows": rows},
+        "x.json",
+    )
     assert "| 24 | 30.0 (192) | 20.0 (96) | 1.50x | 27.0 (144) | 20.0 (96) | 1.35x |" in text
 
 
@@ -256,18 +312,43 @@ def test_the_wgmma_rates_report_projects_each_schedules_products_from_the_stored
     sys.path.insert(0, str(ROOT))
     import benchmarks.wgmma_rates as wr
 
-    rows = [{"mode": m, "N": n, "K": k, "per_sm": ps, "reps": 1, "us": 1.0, "err": 1e-3, "tflops": 100.0,
-             "ns_per_product": ns}
-            for m, n, k, ps, ns in (("SS", 32, 512, 2, 1000.0), ("RS", 256, 32, 2, 500.0), ("SS", 32, 512, 1, 1.0),
-                                    ("RS", 128, 64, 2, 700.0))]
+    rows = [
+        {
+            "mode": m,
+            "N": n,
+            "K": k,
+            "per_sm": ps,
+            "reps": 1,
+            "us": 1.0,
+            "err": 1e-3,
+            "tflops": 100.0,
+            "ns_per_product": ns,
+        }
+        for m, n, k, ps, ns in (
+            ("SS", 32, 512, 2, 1000.0),
+            ("RS", 256, 32, 2, 500.0),
+            ("SS", 32, 512, 1, 1.0),
+            ("RS", 128, 64, 2, 700.0),
+        )
+    ]
     data = {"meta": {"date": "d", "gpu": "G", "sms": 132, "torch": "t", "triton": "tr", "commit": "c"}, "rows": rows}
     assert wr.projection(data, 32, 256, 32, 20) == 20 * 1500.0 / 2 / 1e3
     assert wr.projection(data, 32, 256, 64, 10) is None
     path = tmp_path / "r.json"
     path.write_text(json.dumps(data))
-    r = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "wgmma_rates.py"), "--report-from", str(path),
-                        "--out", str(tmp_path / "r.md")], capture_output=True, text=True,
-                       env={**os.environ, "PYTHONPATH": str(ROOT)})
+    r = subprocess.run(
+        [
+            sys.executable,
+            str(ROOT / "benchmarks" / "wgmma_rates.py"),
+            "--report-from",
+            str(path),
+            "--out",
+            str(tmp_path / "r.md"),
+        ],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+    )
     assert r.returncode == 0, r.stderr
     text = (tmp_path / "r.md").read_text()
     assert "| 64 x 32 x 512 | 64 x 256 x 32 | 20 + 20 | 15.0 |" in text
@@ -284,25 +365,54 @@ def test_the_workload_report_compares_a_found_bests_attention_variant_with_that_
     found = "best found by `s` (trial 3, stored 100.00)"
     found_knobs = {**DEFAULT, "attention_impl": "mma", "context_length": 32768}
     levels = ["c=1", "c=64"]
-    cases = [{"name": "default", "knobs": DEFAULT, "tok_s": {"c=1": 10.0, "c=64": 50.0}, "wall_s": 1},
-             {"name": "hand-written best", "knobs": HAND_BEST, "tok_s": {"c=1": 40.0, "c=64": 400.0}, "wall_s": 1},
-             {"name": "hand-written best, attention_impl=wgmma", "knobs": {**HAND_BEST, "attention_impl": "wgmma"},
-              "tok_s": {"c=1": 44.0, "c=64": 400.0}, "wall_s": 1},
-             {"name": found, "knobs": found_knobs, "tok_s": {"c=1": 20.0, "c=64": 200.0}, "wall_s": 1},
-             {"name": f"{found}, attention_impl=wgmma", "knobs": {**found_knobs, "attention_impl": "wgmma"},
-              "base": found, "tok_s": {"c=1": 25.0, "c=64": 180.0}, "wall_s": 1}]
-    data = {"gpu": "G", "date": "d", "commit": "c", "torch": "t", "triton": "tr", "preset": "dsv4-flash",
-            "repeats": 3, "levels": levels, "cases": cases,
-            "compared": [found, "hand-written best, attention_impl=wgmma", f"{found}, attention_impl=wgmma"]}
+    cases = [
+        {"name": "default", "knobs": DEFAULT, "tok_s": {"c=1": 10.0, "c=64": 50.0}, "wall_s": 1},
+        {"name": "hand-written best", "knobs": HAND_BEST, "tok_s": {"c=1": 40.0, "c=64": 400.0}, "wall_s": 1},
+        {
+            "name": "hand-written best, attention_impl=wgmma",
+            "knobs": {**HAND_BEST, "attention_impl": "wgmma"},
+            "tok_s": {"c=1": 44.0, "c=64": 400.0},
+            "wall_s": 1,
+        },
+        {"name": found, "knobs": found_knobs, "tok_s": {"c=1": 20.0, "c=64": 200.0}, "wall_s": 1},
+        {
+            "name": f"{found}, attention_impl=wgmma",
+            "knobs": {**found_knobs, "attention_impl": "wgmma"},
+            "base": found,
+            "tok_s": {"c=1": 25.0, "c=64": 180.0},
+            "wall_s": 1,
+        },
+    ]
+    data = {
+        "gpu": "G",
+        "date": "d",
+        "commit": "c",
+        "torch": "t",
+        "triton": "tr",
+        "preset": "dsv4-flash",
+        "repeats": 3,
+        "levels": levels,
+        "cases": cases,
+        "compared": [found, "hand-written best, attention_impl=wgmma", f"{found}, attention_impl=wgmma"],
+    }
     path = tmp_path / "w.json"
     path.write_text(json.dumps(data))
     out = tmp_path / "w.md"
-    r = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "workload_gpu.py"), "--report-from", str(path),
-                        "--out", str(out)], capture_output=True, text=True, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    r = subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks" / "workload_gpu.py"), "--report-from", str(path), "--out", str(out)],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+    )
     assert r.returncode == 0, r.stderr
     text = out.read_text()
-    assert f"{found}, attention_impl=wgmma / {found}, measured side by side: c=1 1.250, c=64 0.900; geomean 1.061" in text
-    assert "hand-written best, attention_impl=wgmma / hand-written best, measured side by side: c=1 1.100, c=64 1.000" in text
+    assert (
+        f"{found}, attention_impl=wgmma / {found}, measured side by side: c=1 1.250, c=64 0.900; geomean 1.061" in text
+    )
+    assert (
+        "hand-written best, attention_impl=wgmma / hand-written best, measured side by side: c=1 1.100, c=64 1.000"
+        in text
+    )
     assert f"{found} / hand-written best, measured side by side: c=1 0.500, c=64 0.500" in text
 
 
@@ -338,9 +448,12 @@ def test_the_kernels_benchmark_times_the_wgmma_kernels_previous_schedule_at_its_
         timed.append((cfg, tag))
         return {"config": cfg, "tag": tag, "outcome": "ok", "time_us": 31.0}
 
-    row = {"trials": [{"config": best, "tag": "sweep", "outcome": "ok", "time_us": 28.5},
-                      {"config": {**best, "S": 2, "V_SPLIT": 1, "WS": 0}, "tag": "sweep", "outcome": "ok",
-                       "time_us": 33.0}]}
+    row = {
+        "trials": [
+            {"config": best, "tag": "sweep", "outcome": "ok", "time_us": 28.5},
+            {"config": {**best, "S": 2, "V_SPLIT": 1, "WS": 0}, "tag": "sweep", "outcome": "ok", "time_us": 33.0},
+        ]
+    }
     bk._prev_schedule_rows(row, shape, trial, best)
     assert timed == [({**best, "WS": 0, "SPLIT_WG": 0}, "other_schedule")]  # keys it predates: defaults
     assert row["other_schedule"]["time_us"] == 31.0 and row["prev_best_us"] == 31.0
@@ -355,13 +468,43 @@ def test_the_kernels_report_puts_the_wgmma_kernel_beside_the_tl_dot_best_torch_f
 
     shape = dict(get_kernel("sparse_decode_wgmma").shapes("v4flash")[2])
     key = get_kernel("sparse_decode").shape_key(shape)
-    base = {"dtype": "bfloat16", "shape": shape, "key": key, "floor_us": 11.8, "bound": "memory", "torch_us": 108.0,
-            "n_ok": 1, "n_failed": 0, "trials": []}
-    rows = [dict(base, kernel="sparse_decode", default_us=40.0, best_us=36.0, best_config={"S": 2}),
-            dict(base, kernel="sparse_decode_wgmma", default_us=29.0, shipped_us=28.0, best_us=27.0,
-                 best_config={"S": 1, "WS": 1}, other_schedule={"time_us": 30.0}, prev_best_us=29.7)]
-    meta = {"gpu": "NVIDIA H200", "date": "d", "sms": 132, "torch": "t", "triton": "3.6.0", "cuda": "c",
-            "commit": "abc", "bw": 4.2e12, "flops": 7e14, "wall_s": 1.0, "precompile_s": 0.0}
+    base = {
+        "dtype": "bfloat16",
+        "shape": shape,
+        "key": key,
+        "floor_us": 11.8,
+        "bound": "memory",
+        "torch_us": 108.0,
+        "n_ok": 1,
+        "n_failed": 0,
+        "trials": [],
+    }
+    rows = [
+        dict(base, kernel="sparse_decode", default_us=40.0, best_us=36.0, best_config={"S": 2}),
+        dict(
+            base,
+            kernel="sparse_decode_wgmma",
+            default_us=29.0,
+            shipped_us=28.0,
+            best_us=27.0,
+            best_config={"S": 1, "WS": 1},
+            other_schedule={"time_us": 30.0},
+            prev_best_us=29.7,
+        ),
+    ]
+    meta = {
+        "gpu": "NVIDIA H200",
+        "date": "d",
+        "sms": 132,
+        "torch": "t",
+        "triton": "3.6.0",
+        "cuda": "c",
+        "commit": "abc",
+        "bw": 4.2e12,
+        "flops": 7e14,
+        "wall_s": 1.0,
+        "precompile_s": 0.0,
+    }
     text = bk.report(rows, meta)
     line = next(x for x in text.splitlines() if x.startswith("| 64 | 11.80 | 108.0 | 36.0 |"))
     cells = line.split(" | ")
@@ -377,7 +520,9 @@ def test_the_wgmma_report_states_what_each_switch_gains_over_the_configs_timed_b
     sys.path.insert(0, str(ROOT))
     from benchmarks.sparse_decode_wgmma import switch_gains
 
-    data = json.loads((ROOT / "benchmarks" / "results" / "sparse_decode_wgmma" / "h200" / "2026-12-01_db89c65.json").read_text())
+    data = json.loads(
+        (ROOT / "benchmarks" / "results" / "sparse_decode_wgmma" / "h200" / "2026-12-01_db89c65.json").read_text()
+    )
     assert switch_gains(data) == []
     case = next(c for c in data["cases"] if c["batch"] == 64)
     timed = [r for r in case["rows"] if r["kernel"] == "wgmma" and "us" in r]
@@ -404,21 +549,34 @@ def test_the_wgmma_report_states_what_each_switch_gains_over_the_configs_timed_b
 
 
 @pytest.mark.parametrize("batch, pairs, median", [(16, 64, "0.949x"), (1, 69, "0.900x")])
-def test_the_stored_spread_merge_runs_are_reported_byte_for_byte_with_merge2_against_merge0(tmp_path, batch, pairs,
-                                                                                            median):
+def test_the_stored_spread_merge_runs_are_reported_byte_for_byte_with_merge2_against_merge0(
+    tmp_path, batch, pairs, median
+):
     """The two H200 runs of MERGE=2 (the spread merge, removed after them) are reported from their JSON exactly as
     committed, and the report sets MERGE=2 against MERGE=0 over every config timed both ways."""
     name = Path("benchmarks") / "results" / "sparse_decode_wgmma_merge2" / "h200" / f"2026-12-02_3057f3e_b{batch}"
     out = tmp_path / "r.md"
-    r = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "sparse_decode_wgmma.py"), "--report-from",
-                        str(ROOT / f"{name}.json"), "--out", str(out)],
-                       capture_output=True, text=True, timeout=120)
+    r = subprocess.run(
+        [
+            sys.executable,
+            str(ROOT / "benchmarks" / "sparse_decode_wgmma.py"),
+            "--report-from",
+            str(ROOT / f"{name}.json"),
+            "--out",
+            str(out),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert r.returncode == 0, r.stderr[-2000:]
     text = out.read_text()
     assert text == (ROOT / f"{name}.md").read_text()
     lines = text.splitlines()
     at = lines.index(next(x for x in lines if x.startswith("MERGE=2 against MERGE=0")))
-    assert next(x for x in lines[at:] if x.startswith(f"| {batch} | all |")).startswith(f"| {batch} | all | {pairs} | {median} |")
+    assert next(x for x in lines[at:] if x.startswith(f"| {batch} | all |")).startswith(
+        f"| {batch} | all | {pairs} | {median} |"
+    )
 
 
 def test_the_fp8_benchmark_reports_its_stored_run_and_rewrites_the_shipped_fp8_tuned_file_from_it(tmp_path):
@@ -428,21 +586,42 @@ def test_the_fp8_benchmark_reports_its_stored_run_and_rewrites_the_shipped_fp8_t
     stored = ROOT / "benchmarks" / "results" / "sparse_decode_wgmma_fp8" / "h200" / "2026-12-01_4ac0e78.json"
     shipped = ROOT / "kernels" / "tuned" / "sparse_decode_wgmma__NVIDIA_H200__float8_e4m3fn__triton-3.6.0.json"
     out = tmp_path / "r.md"
-    r = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "sparse_decode_wgmma_fp8.py"), "--report-from",
-                        str(stored), "--out", str(out), "--write-tuned", str(tmp_path)], capture_output=True, text=True,
-                       cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    r = subprocess.run(
+        [
+            sys.executable,
+            str(ROOT / "benchmarks" / "sparse_decode_wgmma_fp8.py"),
+            "--report-from",
+            str(stored),
+            "--out",
+            str(out),
+            "--write-tuned",
+            str(tmp_path),
+        ],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+    )
     assert r.returncode == 0, r.stderr
-    assert out.read_text() == (ROOT / "benchmarks" / "results" / "sparse_decode_wgmma_fp8" / "h200" / "2026-12-01_4ac0e78.md").read_text()
+    assert (
+        out.read_text()
+        == (ROOT / "benchmarks" / "results" / "sparse_decode_wgmma_fp8" / "h200" / "2026-12-01_4ac0e78.md").read_text()
+    )
     assert (tmp_path / shipped.name).read_text() == shipped.read_text()
     k = get_kernel("sparse_decode_wgmma")
     for key, entry in json.loads(shipped.read_text()).items():
         shape = dict(V4, batch=int(key.split("batch=")[1].split(",")[0]))
         assert k.check_config(entry["config"], shape, None, FP8) is None
         assert entry["time_us"] <= entry["default_time_us"]
-    bad = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "sparse_decode_wgmma_fp8.py"), "--write-tuned",
-                          str(tmp_path)], capture_output=True, text=True, cwd=ROOT)
-    assert bad.returncode == 2 and bad.stderr.strip() == ("error: --write-tuned DIR needs --report-from FILE.json (the "
-                                                          "stored run it takes the configs from)")
+    bad = subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks" / "sparse_decode_wgmma_fp8.py"), "--write-tuned", str(tmp_path)],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+    )
+    assert bad.returncode == 2 and bad.stderr.strip() == (
+        "error: --write-tuned DIR needs --report-from FILE.json (the stored run it takes the configs from)"
+    )
 
 
 def test_the_tl_dot_batches_report_finds_the_nearest_configs_row_by_its_splits_and_states_each_ratio(tmp_path):
@@ -455,18 +634,62 @@ def test_the_tl_dot_batches_report_finds_the_nearest_configs_row_by_its_splits_a
 
     root = ROOT
     tiles = {"BLOCK_H": 16, "BLOCK_T": 64, "num_warps": 8, "num_stages": 2}
-    rows = [{"dtype": "bfloat16", "batch": 2, "way": f"S={s}", "config": {**tiles, "S": s}, "splits": n,
-             "programs": 8 * n, "nearest_S": 16, "err": 0.002, "us": us}
-            for s, n, us in ((1, 1, 20.0), (2, 2, 12.0), (4, 4, 9.0), (8, 8, 8.0), (10, 10, 10.0))]
-    rows += [{"dtype": "bfloat16", "batch": 2, "way": f"{who}:{way}", "config": {**tiles, "S": s}, "us": us,
-              "programs": 8 * s} for who, s in (("nearest", 16), ("best_S", 8))
-             for way, us in (("early", 10.0), ("at_exit", 11.0), ("plain", 12.5))]
+    rows = [
+        {
+            "dtype": "bfloat16",
+            "batch": 2,
+            "way": f"S={s}",
+            "config": {**tiles, "S": s},
+            "splits": n,
+            "programs": 8 * n,
+            "nearest_S": 16,
+            "err": 0.002,
+            "us": us,
+        }
+        for s, n, us in ((1, 1, 20.0), (2, 2, 12.0), (4, 4, 9.0), (8, 8, 8.0), (10, 10, 10.0))
+    ]
+    rows += [
+        {
+            "dtype": "bfloat16",
+            "batch": 2,
+            "way": f"{who}:{way}",
+            "config": {**tiles, "S": s},
+            "us": us,
+            "programs": 8 * s,
+        }
+        for who, s in (("nearest", 16), ("best_S", 8))
+        for way, us in (("early", 10.0), ("at_exit", 11.0), ("plain", 12.5))
+    ]
     stored = tmp_path / "b.json"
-    stored.write_text(json.dumps({"meta": {"date": "2026-12-01", "gpu": "NVIDIA H200", "torch": "2.11", "triton": "3.6.0",
-                                           "commit": "c1a88e2", "rep_ms": 20.0}, "rows": rows}))
+    stored.write_text(
+        json.dumps(
+            {
+                "meta": {
+                    "date": "2026-12-01",
+                    "gpu": "NVIDIA H200",
+                    "torch": "2.11",
+                    "triton": "3.6.0",
+                    "commit": "c1a88e2",
+                    "rep_ms": 20.0,
+                },
+                "rows": rows,
+            }
+        )
+    )
     out = tmp_path / "b.md"
-    r = subprocess.run([sys.executable, str(root / "benchmarks" / "sparse_decode_batches.py"), "--report-from",
-                        str(stored), "--out", str(out)], capture_output=True, text=True, cwd=root)
+    r = subprocess.run(
+        [
+            sys.executable,
+            str(root / "benchmarks" / "sparse_decode_batches.py"),
+            "--report-from",
+            str(stored),
+            "--out",
+            str(out),
+        ],
+        capture_output=True,
+        text=True,
+        cwd=root,
+    )
     assert r.returncode == 0, r.stderr
     row = next(line for line in out.read_text().splitlines() if line.startswith("| bfloat16 | 2 |"))
     # one wave: S=16 (ten 64-row splits, 80 programs within 132), the row of ten splits
@@ -501,13 +724,25 @@ def test_the_tl_dot_one_wave_split_rule_picks_the_fastest_split_count_in_every_s
         picked = next(r for r in rows if r["splits"] == split_rows(640, s, tiles["BLOCK_T"])[1])
         assert picked["us"] <= 1.01 * min(r["us"] for r in rows), (dtype, batch, s)
     out = tmp_path / "b.md"
-    r = subprocess.run([sys.executable, str(root / "benchmarks" / "sparse_decode_batches.py"), "--report-from",
-                        str(stored), "--out", str(out)], capture_output=True, text=True, cwd=root, timeout=120)
+    r = subprocess.run(
+        [
+            sys.executable,
+            str(root / "benchmarks" / "sparse_decode_batches.py"),
+            "--report-from",
+            str(stored),
+            "--out",
+            str(out),
+        ],
+        capture_output=True,
+        text=True,
+        cwd=root,
+        timeout=120,
+    )
     assert r.returncode == 0, r.stderr
     assert out.read_text() == (root / "benchmarks/results/sparse_decode_batches/h200/2026-12-01_936ffa3.md").read_text()
 
 
-CSV = '''"Address","Source","Warp Stall Sampling (All Samples)","Warp Stall Sampling (Not-issued Samples)"
+CSV = """"Address","Source","Warp Stall Sampling (All Samples)","Warp Stall Sampling (Not-issued Samples)"
 "0x00","        LDG.E.128 R4, desc[UR4][R2.64]","10","9"
 "0x10","        LDGSTS.E.BYPASS.128 [R1], desc[UR4][R6.64]","5","5"
 "0x20","        DEPBAR.LE SB0, 0x0","15","15"
@@ -516,7 +751,7 @@ CSV = '''"Address","Source","Warp Stall Sampling (All Samples)","Warp Stall Samp
 "0x50","        BAR.SYNC.DEFER_BLOCKING 0x0","5","5"
 "0x60","        HGMMA.64x256x16.F32.BF16 R24, R152, gdesc[UR4].tnspB, R24","5","5"
 "0x70","  @!P2  STG.E.64 desc[UR60][R6.64+0x180], R74","20","20"
-'''
+"""
 
 
 def test_source_summary_splits_stalls_by_region_and_counts_wgmma_waits_as_wgmma(tmp_path):
@@ -526,20 +761,38 @@ def test_source_summary_splits_stalls_by_region_and_counts_wgmma_waits_as_wgmma(
     text = source_summary(path, top=3)
     assert "8 SASS lines, 100 stall samples" in text
     assert "by region: before the first wgmma 30.0%, the wgmma region 50.0%, after the last wgmma 20.0%" in text
-    assert ("by instruction: wgmma and its waits 45.0%, global store 20.0%, global load 10.0%, cp.async 20.0%, "
-            "barrier 5.0%, shared 0.0%, exp2 0.0%") in text
-    assert text.splitlines()[-3:] == ["    2  15.0%          DEPBAR.LE SB0, 0x0",
-                                      "    4  30.0%          WARPGROUP.DEPBAR.LE gsb0, 0x0",
-                                      "    7  20.0%    @!P2  STG.E.64 desc[UR60][R6.64+0x180], R74"]
+    assert (
+        "by instruction: wgmma and its waits 45.0%, global store 20.0%, global load 10.0%, cp.async 20.0%, "
+        "barrier 5.0%, shared 0.0%, exp2 0.0%"
+    ) in text
+    assert text.splitlines()[-3:] == [
+        "    2  15.0%          DEPBAR.LE SB0, 0x0",
+        "    4  30.0%          WARPGROUP.DEPBAR.LE gsb0, 0x0",
+        "    7  20.0%    @!P2  STG.E.64 desc[UR60][R6.64+0x180], R74",
+    ]
 
 
-@pytest.mark.parametrize("name", ["sparse_decode_batches", "sparse_decode_wgmma", "sparse_decode_wgmma_batches",
-                                  "sparse_decode_wgmma_fp8", "wgmma_rates", "workload_attention_share"])
+@pytest.mark.parametrize(
+    "name",
+    [
+        "sparse_decode_batches",
+        "sparse_decode_wgmma",
+        "sparse_decode_wgmma_batches",
+        "sparse_decode_wgmma_fp8",
+        "wgmma_rates",
+        "workload_attention_share",
+    ],
+)
 def test_a_new_run_of_each_sparse_decode_benchmark_files_its_report_by_benchmark_gpu_date_and_commit(name):
     """Without --out a run's report goes to ``benchmarks/results/<benchmark>/h200/<date>_<commit>.md`` (the layout
     benchmarks/results/README.md indexes), not the flat ``benchmarks/results/<benchmark>_h200.md`` of before."""
-    r = subprocess.run([sys.executable, str(ROOT / "benchmarks" / f"{name}.py"), "--help"], capture_output=True,
-                       text=True, env={**os.environ, "PYTHONPATH": str(ROOT), "COLUMNS": "500"}, timeout=120)
+    r = subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks" / f"{name}.py"), "--help"],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "PYTHONPATH": str(ROOT), "COLUMNS": "500"},
+        timeout=120,
+    )
     assert r.returncode == 0, r.stderr
     default = r.stdout.split("the report's path (default: ")[1].split(")")[0]
     assert re.fullmatch(rf"benchmarks/results/{name}/h200/\d{{4}}-\d\d-\d\d_[0-9a-f]{{7}}\.md", default), default

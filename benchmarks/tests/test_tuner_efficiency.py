@@ -28,7 +28,8 @@ def test_sweep_cases_cover_issue20_kernels_and_are_all_held_out(te):
     assert sorted(c.shape["batch"] for c in sd if c.dtype == "float8_e4m3fn") == [1, 64]
     gemm = [c for c in te.GPU_CASES if c.kernel == "gemm"]
     assert {(c.shape["M"], c.shape["N"], c.shape["K"]) for c in gemm} == {
-        (m, n, k) for n, k in ((2048, 4096), (4096, 1024)) for m in (1, 16, 64)}
+        (m, n, k) for n, k in ((2048, 4096), (4096, 1024)) for m in (1, 16, 64)
+    }
     assert len(cases) == len(te.GPU_CASES)  # no case twice
     assert all(c.held_out for c in te.GPU_CASES)
 
@@ -87,7 +88,9 @@ def test_the_wgmma_exhaustive_set_times_the_kernels_whole_space_at_batch_64_then
     assert [c.optional for c in cases] == [False, True] and not any(c.max_configs for c in cases)
     for case in cases:
         configs, space_size = te.sweep_configs(case, None)
-        canonical = [c for c in wg.configs(case.shape, None, dtype="bfloat16") if wg.canonical_config(c, case.shape) == c]
+        canonical = [
+            c for c in wg.configs(case.shape, None, dtype="bfloat16") if wg.canonical_config(c, case.shape) == c
+        ]
         assert len(configs) == space_size == len(canonical)
         assert {json.dumps(c, sort_keys=True) for c in configs} == {json.dumps(c, sort_keys=True) for c in canonical}
 
@@ -103,8 +106,9 @@ def test_the_stored_wgmma_exhaustive_tables_are_whole_and_their_fastest_config_i
     assert [c["shape"]["batch"] for c in data["cases"]] == [64, 1]
     for case, asked in zip(data["cases"], te.CASE_SETS["wgmma_exhaustive"]):
         configs, _ = te.sweep_configs(asked, None)
-        assert {json.dumps(r["config"], sort_keys=True) for r in case["rows"]} == {json.dumps(c, sort_keys=True)
-                                                                                 for c in configs}
+        assert {json.dumps(r["config"], sort_keys=True) for r in case["rows"]} == {
+            json.dumps(c, sort_keys=True) for c in configs
+        }
         assert all(r["status"] == "ok" and r["rel_error"] <= wg.tolerance("bfloat16") for r in case["rows"])
         fastest = min(case["rows"], key=lambda r: r["time_us"])
         assert fastest["config"] == wg.canonical_config(wg.default_config(case["shape"]), case["shape"])
@@ -154,8 +158,10 @@ def test_the_sweep_checks_times_and_records_every_config_on_a_cpu(te):
     from kernels.registry import get_kernel
 
     sd_shape = get_kernel("sparse_decode").shapes("test")[0]
-    cases = [te.SweepCase("gemm", {"M": 3, "N": 40, "K": 96}, "float32", max_configs=6),
-             te.SweepCase("sparse_decode", sd_shape, "float16", max_configs=9)]
+    cases = [
+        te.SweepCase("gemm", {"M": 3, "N": 40, "K": 96}, "float32", max_configs=6),
+        te.SweepCase("sparse_decode", sd_shape, "float16", max_configs=9),
+    ]
     seen = []
     out = te.gpu_sweep(cases, 600.0, 0, 1.0, seen.append, device="cpu")
     assert [c["kernel"] for c in out] == ["gemm", "sparse_decode"] and seen == out
@@ -180,14 +186,45 @@ def _sweep_json(path: Path, *, held_out: bool) -> None:
     cols = data["columns"][:5]
     kernel = get_kernel("sparse_decode")
     shape = next(s for s in kernel.shapes("v4flash") if s["batch"] == data["batch"])
-    rows = [{"config": dict(zip(cols, r[:5])), "status": r[6], "time_us": r[5] if r[6] == "ok" else None,
-             "compile_s": 1.0, "timing_s": 0.03} for r in data["rows"]]
-    case = {"kernel": "sparse_decode", "shape": shape, "dtype": "bfloat16", "held_out": held_out,
-            "space_size": len(rows), "sampled": len(rows), "compiled": len(rows), "compile_s_per_config": 1.0,
-            "case_wall_s": 30.0, "share_s": 40.0, "workers": 14, "rows": rows, "default": kernel.default_config(shape),
-            "torch_us": 51.5, "floor_us": 2.97}
-    path.write_text(json.dumps({"gpu": "NVIDIA H200", "date": "2026-11-29", "commit": "634ba5c", "torch": "2.11",
-                                "triton": "3.6.0", "cases": [case]}))
+    rows = [
+        {
+            "config": dict(zip(cols, r[:5])),
+            "status": r[6],
+            "time_us": r[5] if r[6] == "ok" else None,
+            "compile_s": 1.0,
+            "timing_s": 0.03,
+        }
+        for r in data["rows"]
+    ]
+    case = {
+        "kernel": "sparse_decode",
+        "shape": shape,
+        "dtype": "bfloat16",
+        "held_out": held_out,
+        "space_size": len(rows),
+        "sampled": len(rows),
+        "compiled": len(rows),
+        "compile_s_per_config": 1.0,
+        "case_wall_s": 30.0,
+        "share_s": 40.0,
+        "workers": 14,
+        "rows": rows,
+        "default": kernel.default_config(shape),
+        "torch_us": 51.5,
+        "floor_us": 2.97,
+    }
+    path.write_text(
+        json.dumps(
+            {
+                "gpu": "NVIDIA H200",
+                "date": "2026-11-29",
+                "commit": "634ba5c",
+                "torch": "2.11",
+                "triton": "3.6.0",
+                "cases": [case],
+            }
+        )
+    )
 
 
 def test_goal_report_replays_held_out_tables_at_each_fraction(te, tmp_path):
@@ -207,8 +244,24 @@ def test_goal_report_replays_held_out_tables_at_each_fraction(te, tmp_path):
 def test_goal_report_without_the_starting_configs_replays_the_sampler_alone_and_says_so(te, tmp_path):
     sweep = tmp_path / "sweep.json"
     _sweep_json(sweep, held_out=True)
-    assert te.main(["--goal", "held_out", "--no-starts", "--analyze-gpu", str(sweep), "--seeds", "2", "--out",
-                    str(tmp_path), "--report-name", "alone.md"]) == 0
+    assert (
+        te.main(
+            [
+                "--goal",
+                "held_out",
+                "--no-starts",
+                "--analyze-gpu",
+                str(sweep),
+                "--seeds",
+                "2",
+                "--out",
+                str(tmp_path),
+                "--report-name",
+                "alone.md",
+            ]
+        )
+        == 0
+    )
     text = (tmp_path / "alone.md").read_text()
     assert "without the default and `starting_configs` first (`--no-starts`: the sampler alone)" in text
     assert "--goal held_out --seeds 2 --no-starts --analyze-gpu" in text
@@ -223,16 +276,50 @@ def test_goal_report_replays_only_the_fractions_asked_and_says_so(te, tmp_path, 
     write nothing."""
     sweep = tmp_path / "sweep.json"
     _sweep_json(sweep, held_out=True)
-    assert te.main(["--goal", "held_out", "--analyze-gpu", str(sweep), "--seeds", "2", "--out", str(tmp_path),
-                    "--fractions", "0.05,0.1", "--report-name", "two.md"]) == 0
+    assert (
+        te.main(
+            [
+                "--goal",
+                "held_out",
+                "--analyze-gpu",
+                str(sweep),
+                "--seeds",
+                "2",
+                "--out",
+                str(tmp_path),
+                "--fractions",
+                "0.05,0.1",
+                "--report-name",
+                "two.md",
+            ]
+        )
+        == 0
+    )
     text = (tmp_path / "two.md").read_text()
     row = next(line for line in text.splitlines() if line.startswith("| sparse_decode"))
     cells = [c.strip() for c in row.strip("|").split("|")]
     assert cells[3].endswith("/2 (16)") and cells[4].endswith("/2 (32)") and cells[5] == "not replayed", row
     assert "--seeds 2 --fractions 0.05,0.1 --analyze-gpu" in text
     for bad in ("0.05,0.2", "0.1,0.3", "x"):
-        assert te.main(["--goal", "held_out", "--analyze-gpu", str(sweep), "--seeds", "1", "--out", str(tmp_path),
-                        "--fractions", bad, "--report-name", "bad.md"]) == 2
+        assert (
+            te.main(
+                [
+                    "--goal",
+                    "held_out",
+                    "--analyze-gpu",
+                    str(sweep),
+                    "--seeds",
+                    "1",
+                    "--out",
+                    str(tmp_path),
+                    "--fractions",
+                    bad,
+                    "--report-name",
+                    "bad.md",
+                ]
+            )
+            == 2
+        )
         err = capsys.readouterr().err
         assert f"--fractions {bad!r}" in err and err.strip().count("\n") == 0
     assert not (tmp_path / "bad.md").exists()
@@ -285,10 +372,22 @@ def test_write_tuned_takes_an_exhaustive_tables_best_only_where_it_beats_the_shi
     f = tmp_path / "sweep.json"
     f.write_text(json.dumps(data))
     key = "batch=64,d_qk=512,d_v=512,heads=64,topk=640"
-    write_config_file("sparse_decode", data["gpu"], "bfloat16", {key: {"config": slow["config"]}},
-                      triton_version=data["triton"], directory=tmp_path)
-    write_config_file("sparse_decode", data["gpu"], "float8_e4m3fn", {key: {"config": best["config"]}},
-                      triton_version=data["triton"], directory=tmp_path)
+    write_config_file(
+        "sparse_decode",
+        data["gpu"],
+        "bfloat16",
+        {key: {"config": slow["config"]}},
+        triton_version=data["triton"],
+        directory=tmp_path,
+    )
+    write_config_file(
+        "sparse_decode",
+        data["gpu"],
+        "float8_e4m3fn",
+        {key: {"config": best["config"]}},
+        triton_version=data["triton"],
+        directory=tmp_path,
+    )
     lines = te.write_tuned([str(f)], directory=tmp_path)
     assert lines[0].startswith(f"sparse_decode {key} bfloat16: wrote") and lines[1].split(": ")[1].startswith("kept")
     assert lines[2].endswith("skipped, a sample of the space")
@@ -312,12 +411,17 @@ def test_replay_merges_rows_of_one_program_and_answers_a_twin_from_its_row(te):
         return gemm_kernel.canonical_config(c, shape)
 
     base = {"BLOCK_M": 16, "BLOCK_N": 32, "BLOCK_K": 64, "SPLIT_K": 1, "num_warps": 4, "num_stages": 2}
-    rows = [{"config": {**base, "GROUP_M": 1}, "time_us": 10.0, "status": "ok"},
-            {"config": {**base, "GROUP_M": 8}, "time_us": 9.5, "status": "ok"},
-            {"config": {**base, "BLOCK_N": 64, "GROUP_M": 8}, "time_us": None, "status": "failed"},
-            {"config": {**base, "BLOCK_N": 64, "GROUP_M": 1}, "time_us": 12.0, "status": "ok"}]
+    rows = [
+        {"config": {**base, "GROUP_M": 1}, "time_us": 10.0, "status": "ok"},
+        {"config": {**base, "GROUP_M": 8}, "time_us": 9.5, "status": "ok"},
+        {"config": {**base, "BLOCK_N": 64, "GROUP_M": 8}, "time_us": None, "status": "failed"},
+        {"config": {**base, "BLOCK_N": 64, "GROUP_M": 1}, "time_us": 12.0, "status": "ok"},
+    ]
     merged = te.collapse_programs(rows, canonical)
-    assert [(r["config"]["BLOCK_N"], r["config"]["GROUP_M"], r["time_us"]) for r in merged] == [(32, 1, 9.5), (64, 1, 12.0)]
+    assert [(r["config"]["BLOCK_N"], r["config"]["GROUP_M"], r["time_us"]) for r in merged] == [
+        (32, 1, 9.5),
+        (64, 1, 12.0),
+    ]
     space = {k: [v] for k, v in base.items()} | {"GROUP_M": [8]}  # the search can only ask for the twin
     keys = list(space)
     table = {tuple({**base, "GROUP_M": 1}[k] for k in keys): 10.0}  # the table timed the GROUP_M=1 copy only

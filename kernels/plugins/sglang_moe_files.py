@@ -18,8 +18,9 @@ _logger = logging.getLogger(__name__)
 MOE_KEYS = ("BLOCK_SIZE_M", "BLOCK_SIZE_N", "BLOCK_SIZE_K", "GROUP_SIZE_M", "num_warps", "num_stages")
 
 
-def moe_config_file_name(E: int, N: int, device_name: str, dtype: str | None = None,
-                         block_shape: list[int] | None = None) -> str:
+def moe_config_file_name(
+    E: int, N: int, device_name: str, dtype: str | None = None, block_shape: list[int] | None = None
+) -> str:
     """SGLang's file name: ``E=256,N=2048,device_name=NVIDIA_H200[,dtype=fp8_w8a8][,block_shape=[128, 128]].json``."""
     name = f"E={E},N={N},device_name={device_name.replace(' ', '_')}"
     if dtype:
@@ -29,9 +30,18 @@ def moe_config_file_name(E: int, N: int, device_name: str, dtype: str | None = N
     return name + ".json"
 
 
-def write_moe_config(root: str | Path, *, E: int, N: int, device_name: str, configs: dict[int, dict[str, int]],
-                     dtype: str | None = None, block_shape: list[int] | None = None,
-                     triton_version: str | None = None, merge: bool = False) -> Path:
+def write_moe_config(
+    root: str | Path,
+    *,
+    E: int,
+    N: int,
+    device_name: str,
+    configs: dict[int, dict[str, int]],
+    dtype: str | None = None,
+    block_shape: list[int] | None = None,
+    triton_version: str | None = None,
+    merge: bool = False,
+) -> Path:
     """Write tuned fused-MoE configs where SGLang looks with ``SGLANG_MOE_CONFIG_DIR=root``:
     ``root/configs/triton_<version>/<name>.json``, mapping batch size to the six tile fields. With ``merge`` the
     batch sizes already in the file and not in ``configs`` are kept. The file is replaced atomically."""
@@ -48,8 +58,12 @@ def write_moe_config(root: str | Path, *, E: int, N: int, device_name: str, conf
             triton_version = triton.__version__
         except ImportError:
             raise ValueError("`triton_version` is needed when triton is not installed (e.g. '3.6.0').") from None
-    out = Path(root) / "configs" / f"triton_{triton_version.replace('.', '_')}" / moe_config_file_name(
-        E, N, device_name, dtype, block_shape)
+    out = (
+        Path(root)
+        / "configs"
+        / f"triton_{triton_version.replace('.', '_')}"
+        / moe_config_file_name(E, N, device_name, dtype, block_shape)
+    )
     out.parent.mkdir(parents=True, exist_ok=True)
     data = {int(bs): {k: int(cfg[k]) for k in MOE_KEYS} for bs, cfg in configs.items()}
     if merge and out.is_file():
@@ -74,13 +88,17 @@ def _sglang_moe_loader(device_name: str):
     import types
 
     spec = importlib.util.find_spec("sglang")
-    paths = [Path(p) / "srt/layers/moe/moe_runner/triton_utils/fused_moe_triton_config.py"
-             for p in (spec.submodule_search_locations or [] if spec else [])]
+    paths = [
+        Path(p) / "srt/layers/moe/moe_runner/triton_utils/fused_moe_triton_config.py"
+        for p in (spec.submodule_search_locations or [] if spec else [])
+    ]
     path = next((p for p in paths if p.is_file()), None)
     if path is None:
         return None
     ctx = types.ModuleType("sglang.srt.runtime_context")
-    ctx.get_exec = lambda: types.SimpleNamespace(deterministic=types.SimpleNamespace(enable_deterministic_inference=False))
+    ctx.get_exec = lambda: types.SimpleNamespace(
+        deterministic=types.SimpleNamespace(enable_deterministic_inference=False)
+    )
     utils = types.ModuleType("sglang.srt.utils")
     utils.get_device_name = lambda *a, **k: device_name
     utils.is_hip = lambda: False
@@ -99,8 +117,15 @@ def _sglang_moe_loader(device_name: str):
     return module.get_moe_configs
 
 
-def read_moe_config_with_sglang(root: str | Path, *, E: int, N: int, device_name: str, dtype: str | None = None,
-                                block_shape: list[int] | None = None) -> dict[int, dict] | None:
+def read_moe_config_with_sglang(
+    root: str | Path,
+    *,
+    E: int,
+    N: int,
+    device_name: str,
+    dtype: str | None = None,
+    block_shape: list[int] | None = None,
+) -> dict[int, dict] | None:
     """What SGLang's own loader reads for ``(E, N, dtype)`` with ``SGLANG_MOE_CONFIG_DIR=root`` on ``device_name``
     (None when SGLang, or its loader's file, is not installed here)."""
     get_moe_configs = _sglang_moe_loader(device_name)

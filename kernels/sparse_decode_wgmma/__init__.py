@@ -47,6 +47,20 @@ from .rules import (
     splits_within,
 )
 
-__all__ = ["DEFAULT_CONFIG", "EARLY_MERGE_PER_IDLE_SM", "HAVE_GLUON", "WGMMA_HEADS", "WGMMA_WARPS",
-           "SparseDecodeWgmmaKernel", "default_config", "fp8_stages", "index_tiles", "merge_starts_early", "one_wave",
-           "programs", "smem_limit", "sparse_decode_wgmma", "splits_within"]
+__all__ = [
+    "DEFAULT_CONFIG",
+    "EARLY_MERGE_PER_IDLE_SM",
+    "HAVE_GLUON",
+    "WGMMA_HEADS",
+    "WGMMA_WARPS",
+    "SparseDecodeWgmmaKernel",
+    "default_config",
+    "fp8_stages",
+    "index_tiles",
+    "merge_starts_early",
+    "one_wave",
+    "programs",
+    "smem_limit",
+    "sparse_decode_wgmma",
+    "splits_within",
+]

@@ -36,21 +36,45 @@ if HAVE_GLUON:
 
     @gluon.jit
     def sparse_decode_wgmma_kernel(
-        q_ptr, kv_ptr, idx_ptr, part_ptr, lse_ptr, out_ptr,
-        H, num_rows, topk, rows_per_split, qk_scale, n_splits,
-        stride_qb, stride_qh, stride_kv, stride_ib,
-        stride_pb, stride_ps, stride_ph,
-        stride_lb, stride_ls,
-        stride_ob, stride_oh,
-        DV: gl.constexpr, BLOCK_H: gl.constexpr, BLOCK_T: gl.constexpr, STAGES: gl.constexpr,
-        DIRECT: gl.constexpr, V_SPLIT: gl.constexpr, STORE_CVT: gl.constexpr,
+        q_ptr,
+        kv_ptr,
+        idx_ptr,
+        part_ptr,
+        lse_ptr,
+        out_ptr,
+        H,
+        num_rows,
+        topk,
+        rows_per_split,
+        qk_scale,
+        n_splits,
+        stride_qb,
+        stride_qh,
+        stride_kv,
+        stride_ib,
+        stride_pb,
+        stride_ps,
+        stride_ph,
+        stride_lb,
+        stride_ls,
+        stride_ob,
+        stride_oh,
+        DV: gl.constexpr,
+        BLOCK_H: gl.constexpr,
+        BLOCK_T: gl.constexpr,
+        STAGES: gl.constexpr,
+        DIRECT: gl.constexpr,
+        V_SPLIT: gl.constexpr,
+        STORE_CVT: gl.constexpr,
         PDL: gl.constexpr = False,
     ):
         gl.static_assert(BLOCK_H == 64, "one wgmma M of heads per program")
         launch_merge_early(PDL)
         gl.static_assert(DV == 512, "two warpgroups of 256 columns of V")
         gl.static_assert(STAGES >= 2, "a ring of at least two slots")
-        gl.static_assert(V_SPLIT == 1 or V_SPLIT == 2 or V_SPLIT == 4 or V_SPLIT == 8, "all of V's columns, or 1/2, 1/4, 1/8")
+        gl.static_assert(
+            V_SPLIT == 1 or V_SPLIT == 2 or V_SPLIT == 4 or V_SPLIT == 8, "all of V's columns, or 1/2, 1/4, 1/8"
+        )
         dtype: gl.constexpr = q_ptr.dtype.element_ty
         DO: gl.constexpr = DV // V_SPLIT  # the output columns this program computes
         pid_s, pid_b, col_off, start, end, n_tiles = program_split(rows_per_split, topk, BLOCK_T, V_SPLIT, DO)
@@ -58,8 +82,12 @@ if HAVE_GLUON:
         # layouts: a coalesced 16-byte-a-thread blocked layout for the copies, wgmma's for the two products (4 warps
         # along the heads, the two warpgroups side by side along the columns), 128-byte swizzled shared tiles
         copy_l: gl.constexpr = gl.BlockedLayout([1, 8], [1, 32], [8, 1], [1, 0])
-        s_l: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 2], instr_shape=[16, BLOCK_T // 2, 16])
-        o_l: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 2], instr_shape=[16, DO // 2, 16])
+        s_l: gl.constexpr = gl.NVMMADistributedLayout(
+            version=[3, 0], warps_per_cta=[4, 2], instr_shape=[16, BLOCK_T // 2, 16]
+        )
+        o_l: gl.constexpr = gl.NVMMADistributedLayout(
+            version=[3, 0], warps_per_cta=[4, 2], instr_shape=[16, DO // 2, 16]
+        )
         p_l: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_l, k_width=2)
         tile_sl: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=2)
 
@@ -76,14 +104,18 @@ if HAVE_GLUON:
         # q first, as its own group of copies: its DRAM round trip overlaps the index loads and the first gathers
         offs_hq = gl.arange(0, BLOCK_H, layout=gl.SliceLayout(1, copy_l))
         q_smem = gl.allocate_shared_memory(dtype, [BLOCK_H, DV], tile_sl)
-        async_load(q_smem, q_ptr + pid_b.to(gl.int64) * stride_qb + offs_hq[:, None] * stride_qh + offs_d[None, :],
-                    mask=(offs_hq < H)[:, None])
+        async_load(
+            q_smem,
+            q_ptr + pid_b.to(gl.int64) * stride_qb + offs_hq[:, None] * stride_qh + offs_d[None, :],
+            mask=(offs_hq < H)[:, None],
+        )
         async_copy.commit_group()
         kv_smem = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_T, DV], tile_sl)
         for i in gl.static_range(STAGES - 1):  # the first tiles' gathers
             if i < n_tiles:
-                issue_tile(kv_smem.index(i), kv_ptr, tile_rows(idx_base, start, end, i, offs_t), num_rows, stride_kv,
-                            offs_d)
+                issue_tile(
+                    kv_smem.index(i), kv_ptr, tile_rows(idx_base, start, end, i, offs_t), num_rows, stride_kv, offs_d
+                )
             async_copy.commit_group()
         # indices run one tile ahead of their use (loop-carried), so no gather waits for its indices' DRAM round trip
         rows_c = tile_rows(idx_base, start, end, STAGES - 1, offs_t)  # the next tile to gather
@@ -111,15 +143,62 @@ if HAVE_GLUON:
             acc, m_i, l_i = softmax_pv(s, valid, qk_scale, m_i, l_i, acc, v_tile, o_l, p_l)
         async_copy.wait_group(0)  # no copy outlives the program (the ring's last slots: padding rows, zeros)
 
-        write_result(acc, m_i, l_i, part_ptr, lse_ptr, out_ptr, pid_b, pid_s, col_off, H,
-                      stride_pb, stride_ps, stride_ph, stride_lb, stride_ls, stride_ob, stride_oh,
-                      BLOCK_H, DO, DIRECT, STORE_CVT, s_l, o_l, 8)
+        write_result(
+            acc,
+            m_i,
+            l_i,
+            part_ptr,
+            lse_ptr,
+            out_ptr,
+            pid_b,
+            pid_s,
+            col_off,
+            H,
+            stride_pb,
+            stride_ps,
+            stride_ph,
+            stride_lb,
+            stride_ls,
+            stride_ob,
+            stride_oh,
+            BLOCK_H,
+            DO,
+            DIRECT,
+            STORE_CVT,
+            s_l,
+            o_l,
+            8,
+        )
 
     @gluon.jit
-    def _ws_gather_fp8(kv_ptr, scale_ptr, idx_base, q_smem, q_bar, kv_smem, stage_smem, sc_smem, sc_ring, ready,
-                       empty, idx_smem, start, end, n_tiles, num_rows, stride_kv, col_off, DV: gl.constexpr,
-                       BLOCK_H: gl.constexpr, BLOCK_T: gl.constexpr, STAGES: gl.constexpr, V_SPLIT: gl.constexpr,
-                       GATHER_WARPS: gl.constexpr, IDX_TILES: gl.constexpr, FP8_STAGES: gl.constexpr):
+    def _ws_gather_fp8(
+        kv_ptr,
+        scale_ptr,
+        idx_base,
+        q_smem,
+        q_bar,
+        kv_smem,
+        stage_smem,
+        sc_smem,
+        sc_ring,
+        ready,
+        empty,
+        idx_smem,
+        start,
+        end,
+        n_tiles,
+        num_rows,
+        stride_kv,
+        col_off,
+        DV: gl.constexpr,
+        BLOCK_H: gl.constexpr,
+        BLOCK_T: gl.constexpr,
+        STAGES: gl.constexpr,
+        V_SPLIT: gl.constexpr,
+        GATHER_WARPS: gl.constexpr,
+        IDX_TILES: gl.constexpr,
+        FP8_STAGES: gl.constexpr,
+    ):
         """The producer's loop for an fp8 cache: each tile's rows (512 bytes each) and their float32 scales are copied
         by ``cp.async`` into a staging ring of ``FP8_STAGES`` slots, ``FP8_STAGES - 1`` tiles ahead; once a tile has
         landed the producer widens it (:func:`dequant_tile`) into the float16 ring slot the consumers released, with
@@ -137,17 +216,25 @@ if HAVE_GLUON:
             offs_d = (offs_d + col_off) % DV
         for i in gl.static_range(FP8_STAGES - 1):
             if i < n_tiles:
-                issue_fp8_tile(stage_smem.index(i), sc_smem.index(i), kv_ptr, scale_ptr,
-                                fp8_rows(idx_base, idx_smem, start, end, i, offs_t, IDX_TILES, rl),
-                                fp8_rows(idx_base, idx_smem, start, end, i, offs_s, IDX_TILES, sc_l),
-                                num_rows, stride_kv, offs_d)
+                issue_fp8_tile(
+                    stage_smem.index(i),
+                    sc_smem.index(i),
+                    kv_ptr,
+                    scale_ptr,
+                    fp8_rows(idx_base, idx_smem, start, end, i, offs_t, IDX_TILES, rl),
+                    fp8_rows(idx_base, idx_smem, start, end, i, offs_s, IDX_TILES, sc_l),
+                    num_rows,
+                    stride_kv,
+                    offs_d,
+                )
             async_copy.commit_group()
         # q (its bf16 copies, the first group) to float16 in place, while the first tiles' copies are in flight
         async_copy.wait_group(FP8_STAGES - 1)
         thread_barrier()  # every producer thread's copies of q
         qv_l: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [GATHER_WARPS, 1], [1, 0])
-        q16 = view(q_smem, gl.float16, [BLOCK_H, DV], gl.NVMMASharedLayout(swizzle_byte_width=128,
-                                                                           element_bitwidth=16, rank=2))
+        q16 = view(
+            q_smem, gl.float16, [BLOCK_H, DV], gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=2)
+        )
         for c in gl.static_range(DV // 64):
             q16.slice(c * 64, 64, dim=1).store(q_smem.slice(c * 64, 64, dim=1).load(qv_l).to(gl.float16))
         fence_async_shared()  # q (generic proxy writes) before the tensor cores' reads
@@ -158,8 +245,17 @@ if HAVE_GLUON:
         for t in range(n_tiles):
             nxt = t + FP8_STAGES - 1  # its staging slot was widened at t - 1, before that iteration's barrier
             if nxt < n_tiles:
-                issue_fp8_tile(stage_smem.index(nxt % FP8_STAGES), sc_smem.index(nxt % FP8_STAGES), kv_ptr,
-                                scale_ptr, rows_c, rows_cs, num_rows, stride_kv, offs_d)
+                issue_fp8_tile(
+                    stage_smem.index(nxt % FP8_STAGES),
+                    sc_smem.index(nxt % FP8_STAGES),
+                    kv_ptr,
+                    scale_ptr,
+                    rows_c,
+                    rows_cs,
+                    num_rows,
+                    stride_kv,
+                    offs_d,
+                )
             async_copy.commit_group()
             rows_c = fp8_rows(idx_base, idx_smem, start, end, nxt + 1, offs_t, IDX_TILES, rl)
             rows_cs = fp8_rows(idx_base, idx_smem, start, end, nxt + 1, offs_s, IDX_TILES, sc_l)
@@ -167,20 +263,53 @@ if HAVE_GLUON:
             thread_barrier()  # ... and every producer thread's
             slot = t % STAGES
             mbarrier.wait(empty.index(slot), ((t // STAGES) & 1) ^ 1)  # the first pass finds every slot free
-            dequant_tile(stage_smem.index(t % FP8_STAGES), sc_smem.index(t % FP8_STAGES), kv_smem.index(slot),
-                          sc_ring.index(slot), BLOCK_T, DV, GATHER_WARPS)
+            dequant_tile(
+                stage_smem.index(t % FP8_STAGES),
+                sc_smem.index(t % FP8_STAGES),
+                kv_smem.index(slot),
+                sc_ring.index(slot),
+                BLOCK_T,
+                DV,
+                GATHER_WARPS,
+            )
             fence_async_shared()  # the widened tile (generic proxy writes) before the tensor cores' reads
             thread_barrier()  # every producer thread's part of the tile is written
             mbarrier.arrive(ready.index(slot))
         async_copy.wait_group(0)  # no copy outlives the program
 
     @gluon.jit
-    def _ws_gather(q_ptr, kv_ptr, idx_ptr, q_smem, kv_smem, q_bar, ready, empty,
-                   H, num_rows, topk, rows_per_split, stride_qb, stride_qh, stride_kv, stride_ib,
-                   DV: gl.constexpr, BLOCK_H: gl.constexpr, BLOCK_T: gl.constexpr, STAGES: gl.constexpr,
-                   V_SPLIT: gl.constexpr, GATHER_WARPS: gl.constexpr,
-                   idx_smem, idx_bar, IDX_TILES: gl.constexpr,
-                   scale_ptr, stage_smem, sc_smem, sc_ring, FP8_STAGES: gl.constexpr):
+    def _ws_gather(
+        q_ptr,
+        kv_ptr,
+        idx_ptr,
+        q_smem,
+        kv_smem,
+        q_bar,
+        ready,
+        empty,
+        H,
+        num_rows,
+        topk,
+        rows_per_split,
+        stride_qb,
+        stride_qh,
+        stride_kv,
+        stride_ib,
+        DV: gl.constexpr,
+        BLOCK_H: gl.constexpr,
+        BLOCK_T: gl.constexpr,
+        STAGES: gl.constexpr,
+        V_SPLIT: gl.constexpr,
+        GATHER_WARPS: gl.constexpr,
+        idx_smem,
+        idx_bar,
+        IDX_TILES: gl.constexpr,
+        scale_ptr,
+        stage_smem,
+        sc_smem,
+        sc_ring,
+        FP8_STAGES: gl.constexpr,
+    ):
         """WS's producer warpgroup: q, then each tile's selected rows into the ring by ``cp.async``. A slot is
         refilled once the consumers have released it (``empty``); each thread's copies arrive on the slot's
         ``ready`` barrier when they land (``cp.async.mbarrier.arrive.noinc``), so no warp waits for a copy here.
@@ -196,8 +325,11 @@ if HAVE_GLUON:
         if V_SPLIT > 1:  # rotated as in the single-partition kernel
             offs_d = (offs_d + col_off) % DV
         offs_hq = gl.arange(0, BLOCK_H, layout=gl.SliceLayout(1, copy_l))
-        async_load(q_smem, q_ptr + pid_b.to(gl.int64) * stride_qb + offs_hq[:, None] * stride_qh + offs_d[None, :],
-                    mask=(offs_hq < H)[:, None])
+        async_load(
+            q_smem,
+            q_ptr + pid_b.to(gl.int64) * stride_qb + offs_hq[:, None] * stride_qh + offs_d[None, :],
+            mask=(offs_hq < H)[:, None],
+        )
         if FP8_STAGES > 0:  # q is widened to float16 in place once it has landed (_ws_gather_fp8)
             async_copy.commit_group()
         else:
@@ -208,13 +340,39 @@ if HAVE_GLUON:
             ij = gl.arange(0, BLOCK_T, layout=gl.SliceLayout(0, il))
             pos = start + it[:, None] * BLOCK_T + ij[None, :]
             view(idx_smem, gl.int32, [IDX_TILES, BLOCK_T], gl.SwizzledSharedLayout(1, 1, 1, [1, 0])).store(
-                gl.load(idx_base + pos, mask=pos < end, other=-1))
+                gl.load(idx_base + pos, mask=pos < end, other=-1)
+            )
             thread_barrier()  # the producer's warps: every row number is in the table
             mbarrier.arrive(idx_bar)  # ... and the consumers may read it (release; their wait acquires)
         if FP8_STAGES > 0:
-            _ws_gather_fp8(kv_ptr, scale_ptr, idx_base, q_smem, q_bar, kv_smem, stage_smem, sc_smem, sc_ring, ready,
-                           empty, idx_smem, start, end, n_tiles, num_rows, stride_kv, col_off, DV, BLOCK_H, BLOCK_T,
-                           STAGES, V_SPLIT, GATHER_WARPS, IDX_TILES, FP8_STAGES)
+            _ws_gather_fp8(
+                kv_ptr,
+                scale_ptr,
+                idx_base,
+                q_smem,
+                q_bar,
+                kv_smem,
+                stage_smem,
+                sc_smem,
+                sc_ring,
+                ready,
+                empty,
+                idx_smem,
+                start,
+                end,
+                n_tiles,
+                num_rows,
+                stride_kv,
+                col_off,
+                DV,
+                BLOCK_H,
+                BLOCK_T,
+                STAGES,
+                V_SPLIT,
+                GATHER_WARPS,
+                IDX_TILES,
+                FP8_STAGES,
+            )
         elif IDX_TILES > 0:
             for t in range(n_tiles):
                 slot = t % STAGES
@@ -233,20 +391,51 @@ if HAVE_GLUON:
                 rows = rows_next
 
     @gluon.jit
-    def _ws_compute(q_smem, kv_smem, q_bar, ready, empty, idx_ptr, part_ptr, lse_ptr, out_ptr,
-                    H, num_rows, topk, rows_per_split, qk_scale, n_splits, stride_ib,
-                    stride_pb, stride_ps, stride_ph, stride_lb, stride_ls, stride_ob, stride_oh,
-                    DV: gl.constexpr, BLOCK_H: gl.constexpr, BLOCK_T: gl.constexpr, STAGES: gl.constexpr,
-                    DIRECT: gl.constexpr, V_SPLIT: gl.constexpr, STORE_CVT: gl.constexpr,
-                    sc_ring=None,
-                    KV_SCALED: gl.constexpr = False):
+    def _ws_compute(
+        q_smem,
+        kv_smem,
+        q_bar,
+        ready,
+        empty,
+        idx_ptr,
+        part_ptr,
+        lse_ptr,
+        out_ptr,
+        H,
+        num_rows,
+        topk,
+        rows_per_split,
+        qk_scale,
+        n_splits,
+        stride_ib,
+        stride_pb,
+        stride_ps,
+        stride_ph,
+        stride_lb,
+        stride_ls,
+        stride_ob,
+        stride_oh,
+        DV: gl.constexpr,
+        BLOCK_H: gl.constexpr,
+        BLOCK_T: gl.constexpr,
+        STAGES: gl.constexpr,
+        DIRECT: gl.constexpr,
+        V_SPLIT: gl.constexpr,
+        STORE_CVT: gl.constexpr,
+        sc_ring=None,
+        KV_SCALED: gl.constexpr = False,
+    ):
         """WS's two consumer warpgroups: the single-partition kernel's loop without its copies and its block-wide
         barrier; they release a slot (one arrival: Gluon arrives once a partition, after the partition's barrier)
         once both warpgroups' products have read it."""
         DO: gl.constexpr = DV // V_SPLIT
         pid_s, pid_b, col_off, start, end, n_tiles = program_split(rows_per_split, topk, BLOCK_T, V_SPLIT, DO)
-        s_l: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 2], instr_shape=[16, BLOCK_T // 2, 16])
-        o_l: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 2], instr_shape=[16, DO // 2, 16])
+        s_l: gl.constexpr = gl.NVMMADistributedLayout(
+            version=[3, 0], warps_per_cta=[4, 2], instr_shape=[16, BLOCK_T // 2, 16]
+        )
+        o_l: gl.constexpr = gl.NVMMADistributedLayout(
+            version=[3, 0], warps_per_cta=[4, 2], instr_shape=[16, DO // 2, 16]
+        )
         p_l: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_l, k_width=2)
         idx_base = idx_ptr + pid_b.to(gl.int64) * stride_ib
         offs_ts = gl.arange(0, BLOCK_T, layout=gl.SliceLayout(0, s_l))
@@ -272,18 +461,74 @@ if HAVE_GLUON:
             s = warpgroup_mma_wait(0, deps=[s_tok])
             acc, m_i, l_i = softmax_pv(s, valid, qk_scale, m_i, l_i, acc, v_tile, o_l, p_l, scl, KV_SCALED)
             mbarrier.arrive(empty.index(slot))  # both warpgroups' products are done with the slot
-        write_result(acc, m_i, l_i, part_ptr, lse_ptr, out_ptr, pid_b, pid_s, col_off, H,
-                      stride_pb, stride_ps, stride_ph, stride_lb, stride_ls, stride_ob, stride_oh,
-                      BLOCK_H, DO, DIRECT, STORE_CVT, s_l, o_l, 8)
+        write_result(
+            acc,
+            m_i,
+            l_i,
+            part_ptr,
+            lse_ptr,
+            out_ptr,
+            pid_b,
+            pid_s,
+            col_off,
+            H,
+            stride_pb,
+            stride_ps,
+            stride_ph,
+            stride_lb,
+            stride_ls,
+            stride_ob,
+            stride_oh,
+            BLOCK_H,
+            DO,
+            DIRECT,
+            STORE_CVT,
+            s_l,
+            o_l,
+            8,
+        )
 
     @gluon.jit
-    def _ws_compute_wg(q_smem, kv_smem, q_bar, ready, empty, done, hand_ml, idx_ptr, part_ptr, lse_ptr,
-                       out_ptr, H, num_rows, topk, rows_per_split, qk_scale, n_splits, stride_ib,
-                       stride_pb, stride_ps, stride_ph, stride_lb, stride_ls, stride_ob, stride_oh,
-                       DV: gl.constexpr, BLOCK_H: gl.constexpr, BLOCK_T: gl.constexpr, STAGES: gl.constexpr,
-                       DIRECT: gl.constexpr, V_SPLIT: gl.constexpr, STORE_CVT: gl.constexpr,
-                       WG: gl.constexpr, idx_smem,
-                       idx_bar, IDX_TILES: gl.constexpr, sc_ring=None, KV_SCALED: gl.constexpr = False):
+    def _ws_compute_wg(
+        q_smem,
+        kv_smem,
+        q_bar,
+        ready,
+        empty,
+        done,
+        hand_ml,
+        idx_ptr,
+        part_ptr,
+        lse_ptr,
+        out_ptr,
+        H,
+        num_rows,
+        topk,
+        rows_per_split,
+        qk_scale,
+        n_splits,
+        stride_ib,
+        stride_pb,
+        stride_ps,
+        stride_ph,
+        stride_lb,
+        stride_ls,
+        stride_ob,
+        stride_oh,
+        DV: gl.constexpr,
+        BLOCK_H: gl.constexpr,
+        BLOCK_T: gl.constexpr,
+        STAGES: gl.constexpr,
+        DIRECT: gl.constexpr,
+        V_SPLIT: gl.constexpr,
+        STORE_CVT: gl.constexpr,
+        WG: gl.constexpr,
+        idx_smem,
+        idx_bar,
+        IDX_TILES: gl.constexpr,
+        sc_ring=None,
+        KV_SCALED: gl.constexpr = False,
+    ):
         """SPLIT_WG's consumer warpgroup ``WG`` (0 or 1, each a worker partition): the split's tiles ``WG``,
         ``WG + 2``, ... whole (a 64 x BLOCK_T x 512 score product, its own online softmax, O += P V for the program's
         DO <= 256 columns), with no exchange with the other warpgroup until the end: then warpgroup 1 hands its
@@ -296,7 +541,9 @@ if HAVE_GLUON:
         tiles (no spill under Triton 3.6 or 3.9)."""
         DO: gl.constexpr = DV // V_SPLIT
         pid_s, pid_b, col_off, start, end, n_tiles = program_split(rows_per_split, topk, BLOCK_T, V_SPLIT, DO)
-        s_l: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, BLOCK_T, 16])
+        s_l: gl.constexpr = gl.NVMMADistributedLayout(
+            version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, BLOCK_T, 16]
+        )
         o_l: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, DO, 16])
         p_l: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_l, k_width=2)
         idx_base = idx_ptr + pid_b.to(gl.int64) * stride_ib
@@ -327,8 +574,9 @@ if HAVE_GLUON:
             else:
                 scl = None
             s = warpgroup_mma_wait(0, deps=[s_tok])
-            acc, m_i, l_i = softmax_pv(s, valid, qk_scale, m_i, l_i, acc, tile.slice(0, DO, dim=1), o_l, p_l, scl,
-                                        KV_SCALED)
+            acc, m_i, l_i = softmax_pv(
+                s, valid, qk_scale, m_i, l_i, acc, tile.slice(0, DO, dim=1), o_l, p_l, scl, KV_SCALED
+            )
             mbarrier.arrive(empty.index(slot))
         hand_sl: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, [1, 0])
         hand = view(q_smem, gl.float32, [BLOCK_H, DO], hand_sl)  # 64 x DO float32: no more than q's 64 x 512 16-bit
@@ -346,9 +594,32 @@ if HAVE_GLUON:
             a_o = gl.convert_layout(a, gl.SliceLayout(1, o_l))
             b_o = gl.convert_layout(b, gl.SliceLayout(1, o_l))
             acc = acc * a_o[:, None] + hand.load(o_l) * b_o[:, None]
-            write_result(acc, m_new, l_i, part_ptr, lse_ptr, out_ptr, pid_b, pid_s, col_off, H,
-                          stride_pb, stride_ps, stride_ph, stride_lb, stride_ls, stride_ob, stride_oh,
-                          BLOCK_H, DO, DIRECT, STORE_CVT, s_l, o_l, 4)
+            write_result(
+                acc,
+                m_new,
+                l_i,
+                part_ptr,
+                lse_ptr,
+                out_ptr,
+                pid_b,
+                pid_s,
+                col_off,
+                H,
+                stride_pb,
+                stride_ps,
+                stride_ph,
+                stride_lb,
+                stride_ls,
+                stride_ob,
+                stride_oh,
+                BLOCK_H,
+                DO,
+                DIRECT,
+                STORE_CVT,
+                s_l,
+                o_l,
+                4,
+            )
         else:
             mbarrier.wait(done.index(0), 0)  # warpgroup 0's products are done with q
             hand.store(acc)
@@ -358,18 +629,44 @@ if HAVE_GLUON:
 
     @gluon.jit
     def sparse_decode_wgmma_ws_kernel(
-        q_ptr, kv_ptr, idx_ptr, part_ptr, lse_ptr, out_ptr,
-        H, num_rows, topk, rows_per_split, qk_scale, n_splits,
-        stride_qb, stride_qh, stride_kv, stride_ib,
-        stride_pb, stride_ps, stride_ph,
-        stride_lb, stride_ls,
-        stride_ob, stride_oh,
-        DV: gl.constexpr, BLOCK_H: gl.constexpr, BLOCK_T: gl.constexpr, STAGES: gl.constexpr,
-        DIRECT: gl.constexpr, V_SPLIT: gl.constexpr, STORE_CVT: gl.constexpr,
-        GATHER_WARPS: gl.constexpr, GATHER_REGS: gl.constexpr,
-        SPLIT_WG: gl.constexpr = False, WG_REGS: gl.constexpr = 0,
-        IDX_TILES: gl.constexpr = 0, PDL: gl.constexpr = False,
-        scale_ptr=None, FP8_STAGES: gl.constexpr = 0,
+        q_ptr,
+        kv_ptr,
+        idx_ptr,
+        part_ptr,
+        lse_ptr,
+        out_ptr,
+        H,
+        num_rows,
+        topk,
+        rows_per_split,
+        qk_scale,
+        n_splits,
+        stride_qb,
+        stride_qh,
+        stride_kv,
+        stride_ib,
+        stride_pb,
+        stride_ps,
+        stride_ph,
+        stride_lb,
+        stride_ls,
+        stride_ob,
+        stride_oh,
+        DV: gl.constexpr,
+        BLOCK_H: gl.constexpr,
+        BLOCK_T: gl.constexpr,
+        STAGES: gl.constexpr,
+        DIRECT: gl.constexpr,
+        V_SPLIT: gl.constexpr,
+        STORE_CVT: gl.constexpr,
+        GATHER_WARPS: gl.constexpr,
+        GATHER_REGS: gl.constexpr,
+        SPLIT_WG: gl.constexpr = False,
+        WG_REGS: gl.constexpr = 0,
+        IDX_TILES: gl.constexpr = 0,
+        PDL: gl.constexpr = False,
+        scale_ptr=None,
+        FP8_STAGES: gl.constexpr = 0,
     ):
         """The warp-specialised schedule (``WS=1``): a producer warpgroup gathers, two consumer warpgroups compute;
         they meet on mbarriers, one ``ready`` and one ``empty`` per ring slot."""
@@ -392,10 +689,14 @@ if HAVE_GLUON:
         else:
             idx_smem = q_smem  # unused (warp_specialize takes no None)
         if FP8_STAGES > 0:  # an fp8 cache: the producer's staging ring of fp8 rows and their float32 scales
-            stage_smem = gl.allocate_shared_memory(kv_ptr.dtype.element_ty, [FP8_STAGES, BLOCK_T, DV],
-                                                   gl.NVMMASharedLayout(swizzle_byte_width=64, element_bitwidth=8,
-                                                                        rank=2))
-            sc_smem = gl.allocate_shared_memory(gl.float32, [FP8_STAGES, BLOCK_T], gl.SwizzledSharedLayout(1, 1, 1, [0]))
+            stage_smem = gl.allocate_shared_memory(
+                kv_ptr.dtype.element_ty,
+                [FP8_STAGES, BLOCK_T, DV],
+                gl.NVMMASharedLayout(swizzle_byte_width=64, element_bitwidth=8, rank=2),
+            )
+            sc_smem = gl.allocate_shared_memory(
+                gl.float32, [FP8_STAGES, BLOCK_T], gl.SwizzledSharedLayout(1, 1, 1, [0])
+            )
             # each ring slot's row scales, from the producer to the consumers (scores and probabilities)
             sc_ring = gl.allocate_shared_memory(gl.float32, [STAGES, BLOCK_T], gl.SwizzledSharedLayout(1, 1, 1, [0]))
         else:
@@ -424,32 +725,210 @@ if HAVE_GLUON:
             fence_async_shared()
             # the producer is the default partition (its registers: what the two consumers leave, 88), so both
             # consumers are workers with the same register budget
-            gl.warp_specialize([
-                (_ws_gather, (q_ptr, kv_ptr, idx_ptr, q_smem, kv_smem, q_bar, ready, empty,
-                              H, num_rows, topk, rows_per_split, stride_qb, stride_qh, stride_kv, stride_ib,
-                              DV, BLOCK_H, BLOCK_T, STAGES, V_SPLIT, GATHER_WARPS, idx_smem, idx_bar,
-                              IDX_TILES, scale_ptr, stage_smem, sc_smem, sc_ring, FP8_STAGES)),
-                (_ws_compute_wg, (q_mma, kv_smem, q_bar, ready, empty, done, hand_ml, idx_ptr, part_ptr, lse_ptr,
-                                  out_ptr, H, num_rows, topk, rows_per_split, qk_scale, n_splits, stride_ib,
-                                  stride_pb, stride_ps, stride_ph, stride_lb, stride_ls, stride_ob, stride_oh,
-                                  DV, BLOCK_H, BLOCK_T, STAGES, DIRECT, V_SPLIT, STORE_CVT, 0,
-                                  idx_smem, idx_bar, IDX_TILES, sc_ring, FP8_STAGES > 0)),
-                (_ws_compute_wg, (q_mma, kv_smem, q_bar, ready, empty, done, hand_ml, idx_ptr, part_ptr, lse_ptr,
-                                  out_ptr, H, num_rows, topk, rows_per_split, qk_scale, n_splits, stride_ib,
-                                  stride_pb, stride_ps, stride_ph, stride_lb, stride_ls, stride_ob, stride_oh,
-                                  DV, BLOCK_H, BLOCK_T, STAGES, DIRECT, V_SPLIT, STORE_CVT, 1,
-                                  idx_smem, idx_bar, IDX_TILES, sc_ring, FP8_STAGES > 0)),
-            ], [4, 4], [WG_REGS, WG_REGS])
+            gl.warp_specialize(
+                [
+                    (
+                        _ws_gather,
+                        (
+                            q_ptr,
+                            kv_ptr,
+                            idx_ptr,
+                            q_smem,
+                            kv_smem,
+                            q_bar,
+                            ready,
+                            empty,
+                            H,
+                            num_rows,
+                            topk,
+                            rows_per_split,
+                            stride_qb,
+                            stride_qh,
+                            stride_kv,
+                            stride_ib,
+                            DV,
+                            BLOCK_H,
+                            BLOCK_T,
+                            STAGES,
+                            V_SPLIT,
+                            GATHER_WARPS,
+                            idx_smem,
+                            idx_bar,
+                            IDX_TILES,
+                            scale_ptr,
+                            stage_smem,
+                            sc_smem,
+                            sc_ring,
+                            FP8_STAGES,
+                        ),
+                    ),
+                    (
+                        _ws_compute_wg,
+                        (
+                            q_mma,
+                            kv_smem,
+                            q_bar,
+                            ready,
+                            empty,
+                            done,
+                            hand_ml,
+                            idx_ptr,
+                            part_ptr,
+                            lse_ptr,
+                            out_ptr,
+                            H,
+                            num_rows,
+                            topk,
+                            rows_per_split,
+                            qk_scale,
+                            n_splits,
+                            stride_ib,
+                            stride_pb,
+                            stride_ps,
+                            stride_ph,
+                            stride_lb,
+                            stride_ls,
+                            stride_ob,
+                            stride_oh,
+                            DV,
+                            BLOCK_H,
+                            BLOCK_T,
+                            STAGES,
+                            DIRECT,
+                            V_SPLIT,
+                            STORE_CVT,
+                            0,
+                            idx_smem,
+                            idx_bar,
+                            IDX_TILES,
+                            sc_ring,
+                            FP8_STAGES > 0,
+                        ),
+                    ),
+                    (
+                        _ws_compute_wg,
+                        (
+                            q_mma,
+                            kv_smem,
+                            q_bar,
+                            ready,
+                            empty,
+                            done,
+                            hand_ml,
+                            idx_ptr,
+                            part_ptr,
+                            lse_ptr,
+                            out_ptr,
+                            H,
+                            num_rows,
+                            topk,
+                            rows_per_split,
+                            qk_scale,
+                            n_splits,
+                            stride_ib,
+                            stride_pb,
+                            stride_ps,
+                            stride_ph,
+                            stride_lb,
+                            stride_ls,
+                            stride_ob,
+                            stride_oh,
+                            DV,
+                            BLOCK_H,
+                            BLOCK_T,
+                            STAGES,
+                            DIRECT,
+                            V_SPLIT,
+                            STORE_CVT,
+                            1,
+                            idx_smem,
+                            idx_bar,
+                            IDX_TILES,
+                            sc_ring,
+                            FP8_STAGES > 0,
+                        ),
+                    ),
+                ],
+                [4, 4],
+                [WG_REGS, WG_REGS],
+            )
         else:
             fence_async_shared()
-            gl.warp_specialize([
-                (_ws_compute, (q_mma, kv_smem, q_bar, ready, empty, idx_ptr, part_ptr, lse_ptr, out_ptr,
-                               H, num_rows, topk, rows_per_split, qk_scale, n_splits, stride_ib,
-                               stride_pb, stride_ps, stride_ph, stride_lb, stride_ls, stride_ob, stride_oh,
-                               DV, BLOCK_H, BLOCK_T, STAGES, DIRECT, V_SPLIT, STORE_CVT,
-                               sc_ring, FP8_STAGES > 0)),
-                (_ws_gather, (q_ptr, kv_ptr, idx_ptr, q_smem, kv_smem, q_bar, ready, empty,
-                              H, num_rows, topk, rows_per_split, stride_qb, stride_qh, stride_kv, stride_ib,
-                              DV, BLOCK_H, BLOCK_T, STAGES, V_SPLIT, GATHER_WARPS, idx_smem, idx_bar,
-                              IDX_TILES, scale_ptr, stage_smem, sc_smem, sc_ring, FP8_STAGES)),
-            ], [GATHER_WARPS], [GATHER_REGS])
+            gl.warp_specialize(
+                [
+                    (
+                        _ws_compute,
+                        (
+                            q_mma,
+                            kv_smem,
+                            q_bar,
+                            ready,
+                            empty,
+                            idx_ptr,
+                            part_ptr,
+                            lse_ptr,
+                            out_ptr,
+                            H,
+                            num_rows,
+                            topk,
+                            rows_per_split,
+                            qk_scale,
+                            n_splits,
+                            stride_ib,
+                            stride_pb,
+                            stride_ps,
+                            stride_ph,
+                            stride_lb,
+                            stride_ls,
+                            stride_ob,
+                            stride_oh,
+                            DV,
+                            BLOCK_H,
+                            BLOCK_T,
+                            STAGES,
+                            DIRECT,
+                            V_SPLIT,
+                            STORE_CVT,
+                            sc_ring,
+                            FP8_STAGES > 0,
+                        ),
+                    ),
+                    (
+                        _ws_gather,
+                        (
+                            q_ptr,
+                            kv_ptr,
+                            idx_ptr,
+                            q_smem,
+                            kv_smem,
+                            q_bar,
+                            ready,
+                            empty,
+                            H,
+                            num_rows,
+                            topk,
+                            rows_per_split,
+                            stride_qb,
+                            stride_qh,
+                            stride_kv,
+                            stride_ib,
+                            DV,
+                            BLOCK_H,
+                            BLOCK_T,
+                            STAGES,
+                            V_SPLIT,
+                            GATHER_WARPS,
+                            idx_smem,
+                            idx_bar,
+                            IDX_TILES,
+                            scale_ptr,
+                            stage_smem,
+                            sc_smem,
+                            sc_ring,
+                            FP8_STAGES,
+                        ),
+                    ),
+                ],
+                [GATHER_WARPS],
+                [GATHER_REGS],
+            )

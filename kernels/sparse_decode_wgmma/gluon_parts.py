@@ -13,8 +13,22 @@ try:
 except ImportError:  # a Triton without Gluon: sparse_decode_wgmma raises, the tl.dot kernel stays available
     HAVE_GLUON = False
 
-__all__ = ["HAVE_GLUON", "async_load", "dequant_tile", "fp8_rows", "issue_fp8_tile", "issue_tile", "launch_merge_early",
-           "online_softmax", "program_split", "softmax_pv", "thread_barrier", "tile_rows", "view", "write_result"]
+__all__ = [
+    "HAVE_GLUON",
+    "async_load",
+    "dequant_tile",
+    "fp8_rows",
+    "issue_fp8_tile",
+    "issue_tile",
+    "launch_merge_early",
+    "online_softmax",
+    "program_split",
+    "softmax_pv",
+    "thread_barrier",
+    "tile_rows",
+    "view",
+    "write_result",
+]
 
 if HAVE_GLUON:
     # renamed between Triton 3.6 (the GPU image) and 3.9: the barrier, and the cp.async copy (the old name raises)
@@ -27,8 +41,9 @@ if HAVE_GLUON:
         in-kernel (``gdc_wait``) for this whole grid to complete and its stores to land before it reads a partial, so
         only its launch and prologue overlap this kernel. Without it the merge starts as this grid's programs exit."""
         if PDL:
-            gl.inline_asm_elementwise("griddepcontrol.launch_dependents; // dummy $0", "=r", [], dtype=gl.int32,
-                                      is_pure=False, pack=1)
+            gl.inline_asm_elementwise(
+                "griddepcontrol.launch_dependents; // dummy $0", "=r", [], dtype=gl.int32, is_pure=False, pack=1
+            )
 
     @gluon.jit
     def tile_rows(idx_base, start, end, t, offs_t):
@@ -71,8 +86,19 @@ if HAVE_GLUON:
         return gl.exp2(s - m_safe[:, None]), gl.exp2(m_i - m_safe), m_new
 
     @gluon.jit
-    def softmax_pv(s, valid, qk_scale, m_i, l_i, acc, v_tile, o_l: gl.constexpr, p_l: gl.constexpr, scl=None,
-                   KV_SCALED: gl.constexpr = False):
+    def softmax_pv(
+        s,
+        valid,
+        qk_scale,
+        m_i,
+        l_i,
+        acc,
+        v_tile,
+        o_l: gl.constexpr,
+        p_l: gl.constexpr,
+        scl=None,
+        KV_SCALED: gl.constexpr = False,
+    ):
         """One tile's online softmax on its raw scores ``s`` (padding rows masked to -inf) and O += P V, P as wgmma's
         A from registers: the new (acc, m_i, l_i). ``KV_SCALED``: the rows' scales ``scl`` multiply the scores and,
         for the product with the unscaled V, the probabilities (not their row sum)."""
@@ -85,10 +111,32 @@ if HAVE_GLUON:
         return acc, m_new, l_i
 
     @gluon.jit
-    def write_result(acc, m_i, l_i, part_ptr, lse_ptr, out_ptr, pid_b, pid_s, col_off, H,
-                     stride_pb, stride_ps, stride_ph, stride_lb, stride_ls, stride_ob, stride_oh,
-                     BLOCK_H: gl.constexpr, DO: gl.constexpr, DIRECT: gl.constexpr, STORE_CVT: gl.constexpr,
-                     s_l: gl.constexpr, o_l: gl.constexpr, NW: gl.constexpr):
+    def write_result(
+        acc,
+        m_i,
+        l_i,
+        part_ptr,
+        lse_ptr,
+        out_ptr,
+        pid_b,
+        pid_s,
+        col_off,
+        H,
+        stride_pb,
+        stride_ps,
+        stride_ph,
+        stride_lb,
+        stride_ls,
+        stride_ob,
+        stride_oh,
+        BLOCK_H: gl.constexpr,
+        DO: gl.constexpr,
+        DIRECT: gl.constexpr,
+        STORE_CVT: gl.constexpr,
+        s_l: gl.constexpr,
+        o_l: gl.constexpr,
+        NW: gl.constexpr,
+    ):
         """The program's normalised output: straight into ``out`` with one split, else its float32 split-K partial and
         the log-sum-exp (base 2) of its heads (from the program with the split's first columns), for the merge
         kernel (:func:`kernels.sparse_decode_common.launch_combine`)."""
@@ -104,15 +152,28 @@ if HAVE_GLUON:
         offs_c = col_off + gl.arange(0, DO, layout=gl.SliceLayout(0, st_l))
         h_mask = (offs_ho < H)[:, None]
         if DIRECT:
-            gl.store(out_ptr + pid_b.to(gl.int64) * stride_ob + offs_ho[:, None] * stride_oh + offs_c[None, :], o,
-                     mask=h_mask)
+            gl.store(
+                out_ptr + pid_b.to(gl.int64) * stride_ob + offs_ho[:, None] * stride_oh + offs_c[None, :],
+                o,
+                mask=h_mask,
+            )
         else:
-            gl.store(part_ptr + pid_b.to(gl.int64) * stride_pb + pid_s * stride_ps + offs_ho[:, None] * stride_ph
-                     + offs_c[None, :], o, mask=h_mask)
+            gl.store(
+                part_ptr
+                + pid_b.to(gl.int64) * stride_pb
+                + pid_s * stride_ps
+                + offs_ho[:, None] * stride_ph
+                + offs_c[None, :],
+                o,
+                mask=h_mask,
+            )
             offs_hs = gl.arange(0, BLOCK_H, layout=gl.SliceLayout(1, s_l))
             lse = gl.where(l_i > 0.0, m_i + gl.log2(l_safe), float("-inf"))
-            gl.store(lse_ptr + pid_b.to(gl.int64) * stride_lb + pid_s * stride_ls + offs_hs, lse,
-                     mask=(offs_hs < H) & (col_off == 0))  # one of the V_SPLIT programs (they computed the same)
+            gl.store(
+                lse_ptr + pid_b.to(gl.int64) * stride_lb + pid_s * stride_ls + offs_hs,
+                lse,
+                mask=(offs_hs < H) & (col_off == 0),
+            )  # one of the V_SPLIT programs (they computed the same)
 
     @gluon.jit
     def fp8_rows(idx_base, idx_smem, start, end, t, offs, IDX_TILES: gl.constexpr, LAYOUT: gl.constexpr):
@@ -133,8 +194,7 @@ if HAVE_GLUON:
         async_load(sc_stage, scale_ptr + gl.where(valid, rows_s, 0).to(gl.int64), mask=valid)
 
     @gluon.jit
-    def dequant_tile(stage, sc_stage, dst, dst_sc, BLOCK_T: gl.constexpr, DV: gl.constexpr,
-                      GATHER_WARPS: gl.constexpr):
+    def dequant_tile(stage, sc_stage, dst, dst_sc, BLOCK_T: gl.constexpr, DV: gl.constexpr, GATHER_WARPS: gl.constexpr):
         """Widen a landed fp8 tile to the ring's float16 (exact: e4m3 is a subset, one ``cvt`` for two values), 64
         columns at a time, and hand its rows' scales to the ring slot's scale row (the consumers apply them to the
         scores and the probabilities: no multiply here)."""
@@ -147,11 +207,13 @@ if HAVE_GLUON:
             dst.slice(c * CH, CH, dim=1).store(x.to(dst.dtype))
 
     if hasattr(gl.shared_memory_descriptor, "reinterpret"):  # Triton 3.9
+
         @gluon.jit
         def view(buf, dtype: gl.constexpr, shape: gl.constexpr, layout: gl.constexpr):
             """The shared buffer ``buf`` seen as ``dtype`` of ``shape`` in ``layout`` (no more bytes than it has)."""
             return buf.reinterpret(dtype, shape, layout)
     else:  # Triton 3.6 (the GPU image)
+
         @gluon.jit
         def view(buf, dtype: gl.constexpr, shape: gl.constexpr, layout: gl.constexpr):
             """The shared buffer ``buf`` seen as ``dtype`` of ``shape`` in ``layout`` (no more bytes than it has)."""

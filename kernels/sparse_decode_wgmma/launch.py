@@ -44,9 +44,18 @@ if HAVE_GLUON:
 __all__ = ["SparseDecodeWgmmaKernel", "sparse_decode_wgmma"]
 
 
-def sparse_decode_wgmma(q: torch.Tensor, kv: torch.Tensor, indices: torch.Tensor, sm_scale: float | None = None,
-                        config: dict | None = None, *, d_v: int | None = None, out: torch.Tensor | None = None,
-                        kv_scale: torch.Tensor | None = None, pdl: bool | None = None) -> torch.Tensor:
+def sparse_decode_wgmma(
+    q: torch.Tensor,
+    kv: torch.Tensor,
+    indices: torch.Tensor,
+    sm_scale: float | None = None,
+    config: dict | None = None,
+    *,
+    d_v: int | None = None,
+    out: torch.Tensor | None = None,
+    kv_scale: torch.Tensor | None = None,
+    pdl: bool | None = None,
+) -> torch.Tensor:
     """Sparse MLA decode on Hopper tensor cores (Gluon); ``q [B, H <= 64, 512]``, ``kv [num_rows, 512]`` in q's
     dtype (bf16/fp16) or in float8 e4m3 with ``kv_scale`` (float32 ``[num_rows]``, row r holds
     ``kv[r] * kv_scale[r]``, as :func:`kernels.sparse_decode.sparse_decode` takes it: half the bytes of a 16-bit
@@ -71,8 +80,10 @@ def sparse_decode_wgmma(q: torch.Tensor, kv: torch.Tensor, indices: torch.Tensor
     kernel letting it start as soon as every program of its own has started (``griddepcontrol.launch_dependents``)
     where :func:`merge_starts_early` says so; None = where the GPU has it."""
     if not HAVE_GLUON:
-        raise RuntimeError(f"sparse_decode_wgmma: this Triton ({triton.__version__}) has no Gluon Hopper API; "
-                           "use kernels.sparse_decode.sparse_decode")
+        raise RuntimeError(
+            f"sparse_decode_wgmma: this Triton ({triton.__version__}) has no Gluon Hopper API; "
+            "use kernels.sparse_decode.sparse_decode"
+        )
     B, H, d_qk, d_v = check_args(q, kv, indices, d_v, out, kv_scale)
     fp8 = kv.dtype != q.dtype  # _check_args: an fp8 cache with its row scales
     problems = []
@@ -107,20 +118,46 @@ def sparse_decode_wgmma(q: torch.Tensor, kv: torch.Tensor, indices: torch.Tensor
         part = torch.empty((B, n_splits, H, d_v), device=q.device, dtype=torch.float32)
         lse = torch.empty((B, n_splits, H), device=q.device, dtype=torch.float32)
         part_strides, lse_strides = part.stride()[:3], lse.stride()[:2]
-    args = (q, kv, indices, part, lse, out,
-            H, kv.shape[0], topk, rows_per_split, sm_scale * LOG2E, n_splits,
-            q.stride(0), q.stride(1), kv.stride(0), indices.stride(0),
-            *part_strides, *lse_strides,
-            out.stride(0), out.stride(1))
-    meta = dict(DV=d_v, BLOCK_H=WGMMA_HEADS, BLOCK_T=config["BLOCK_T"], STAGES=config["STAGES"], DIRECT=direct,
-                V_SPLIT=v_split, STORE_CVT=bool(config["STORE_CVT"]), num_warps=WGMMA_WARPS)
+    args = (
+        q,
+        kv,
+        indices,
+        part,
+        lse,
+        out,
+        H,
+        kv.shape[0],
+        topk,
+        rows_per_split,
+        sm_scale * LOG2E,
+        n_splits,
+        q.stride(0),
+        q.stride(1),
+        kv.stride(0),
+        indices.stride(0),
+        *part_strides,
+        *lse_strides,
+        out.stride(0),
+        out.stride(1),
+    )
+    meta = dict(
+        DV=d_v,
+        BLOCK_H=WGMMA_HEADS,
+        BLOCK_T=config["BLOCK_T"],
+        STAGES=config["STAGES"],
+        DIRECT=direct,
+        V_SPLIT=v_split,
+        STORE_CVT=bool(config["STORE_CVT"]),
+        num_warps=WGMMA_WARPS,
+    )
     grid = (n_splits * v_split, B)
     if not direct:
         target = gpu_target(q.device)
         pdl = (PDL and target is not None and target >= (9, 0)) if pdl is None else bool(pdl)
         # the split kernel starts the merge early where that pays
-        meta["PDL"] = pdl and merge_starts_early(grid[0] * grid[1], math.prod(combine_grid(B, n_splits, H, d_v)),
-                                                 one_wave(q.device))
+        meta["PDL"] = pdl and merge_starts_early(
+            grid[0] * grid[1], math.prod(combine_grid(B, n_splits, H, d_v)), one_wave(q.device)
+        )
     if config.get("WS") or config.get("SPLIT_WG"):
         meta["IDX_TILES"] = index_tiles(config, shape)
     if fp8:
@@ -128,11 +165,20 @@ def sparse_decode_wgmma(q: torch.Tensor, kv: torch.Tensor, indices: torch.Tensor
     scale = kv_scale if fp8 else kv  # unused without an fp8 cache (warp_specialize takes no None)
     if config.get("SPLIT_WG"):  # the producer's 4 warps are the default partition, two 4-warp consumers: 12 warps
         meta["num_warps"] = 4
-        sparse_decode_wgmma_ws_kernel[grid](*args, **meta, GATHER_WARPS=GATHER_WARPS, GATHER_REGS=GATHER_REGS,
-                                             SPLIT_WG=True, WG_REGS=WG_REGS, maxnreg=WS_MAXNREG, scale_ptr=scale)
+        sparse_decode_wgmma_ws_kernel[grid](
+            *args,
+            **meta,
+            GATHER_WARPS=GATHER_WARPS,
+            GATHER_REGS=GATHER_REGS,
+            SPLIT_WG=True,
+            WG_REGS=WG_REGS,
+            maxnreg=WS_MAXNREG,
+            scale_ptr=scale,
+        )
     elif config.get("WS"):
-        sparse_decode_wgmma_ws_kernel[grid](*args, **meta, GATHER_WARPS=GATHER_WARPS, GATHER_REGS=GATHER_REGS,
-                                             maxnreg=WS_MAXNREG, scale_ptr=scale)
+        sparse_decode_wgmma_ws_kernel[grid](
+            *args, **meta, GATHER_WARPS=GATHER_WARPS, GATHER_REGS=GATHER_REGS, maxnreg=WS_MAXNREG, scale_ptr=scale
+        )
     else:
         sparse_decode_wgmma_kernel[grid](*args, **meta)
     if not direct:
@@ -192,8 +238,15 @@ class SparseDecodeWgmmaKernel(SparseDecodeBase):
         return {**config, "S": splits_within(shape["batch"], shape["topk"], config["V_SPLIT"], config["BLOCK_T"])}
 
     def config_space(self, shape):
-        return {"S": [1, 2, 3, 4, 5, 8, 10, 16, 20], "BLOCK_T": [32, 64], "STAGES": [2, 3, 4], "V_SPLIT": [1, 2, 4, 8],
-                "STORE_CVT": [0, 1], "WS": [0, 1], "SPLIT_WG": [0, 1]}
+        return {
+            "S": [1, 2, 3, 4, 5, 8, 10, 16, 20],
+            "BLOCK_T": [32, 64],
+            "STAGES": [2, 3, 4],
+            "V_SPLIT": [1, 2, 4, 8],
+            "STORE_CVT": [0, 1],
+            "WS": [0, 1],
+            "SPLIT_WG": [0, 1],
+        }
 
     def canonical_config(self, config, shape):
         """The smallest S of the space that splits the rows the same way at this tile size (S = 16 and 10 both make
@@ -201,8 +254,10 @@ class SparseDecodeWgmmaKernel(SparseDecodeBase):
         if "S" not in config or "BLOCK_T" not in config:
             return config
         split = split_rows(shape["topk"], config["S"], config["BLOCK_T"])
-        s = min((v for v in self.config_space(shape)["S"] if split_rows(shape["topk"], v, config["BLOCK_T"]) == split),
-                default=config["S"])
+        s = min(
+            (v for v in self.config_space(shape)["S"] if split_rows(shape["topk"], v, config["BLOCK_T"]) == split),
+            default=config["S"],
+        )
         out = {**config, "S": s}
         if out.get("SPLIT_WG"):  # always the warp-specialised schedule
             out["WS"] = 1
@@ -226,33 +281,48 @@ class SparseDecodeWgmmaKernel(SparseDecodeBase):
             if config[key] not in allowed:
                 return f"{key.lower()}: {key}={config[key]} must be one of {allowed}"
         if config.get("SPLIT_WG") and (config["V_SPLIT"] == 1 or config["STAGES"] % 2):
-            return (f"split_wg: SPLIT_WG=1 needs V_SPLIT >= 2 (one warpgroup holds the program's columns: 256 at "
-                    f"most) and an even ring (each slot read by one warpgroup); got V_SPLIT={config['V_SPLIT']}, "
-                    f"STAGES={config['STAGES']}")
+            return (
+                f"split_wg: SPLIT_WG=1 needs V_SPLIT >= 2 (one warpgroup holds the program's columns: 256 at "
+                f"most) and an even ring (each slot read by one warpgroup); got V_SPLIT={config['V_SPLIT']}, "
+                f"STAGES={config['STAGES']}"
+            )
         smem, limit = self.smem_bytes(config, shape), device_limits(device)["shared_memory"]
         if smem > limit:
             return f"shared_memory: {smem // 1024} KiB > {limit // 1024} KiB"
         if dtype is not None and dtype_of(dtype) == FP8:
             if not (config.get("WS") or config.get("SPLIT_WG")):
-                return ("fp8_cache: an fp8 cache needs the producer warpgroup that widens its rows (WS=1 or "
-                        "SPLIT_WG=1); got WS=0")
+                return (
+                    "fp8_cache: an fp8 cache needs the producer warpgroup that widens its rows (WS=1 or "
+                    "SPLIT_WG=1); got WS=0"
+                )
             if fp8_stages(config, shape) < 2:
                 per = config["BLOCK_T"] * (shape["d_qk"] + 4)
-                return (f"shared_memory: an fp8 cache needs two staging slots of {per // 1024} KiB beside "
-                        f"{smem // 1024} KiB (at most {smem_limit() // 1024} KiB); lower STAGES or BLOCK_T")
+                return (
+                    f"shared_memory: an fp8 cache needs two staging slots of {per // 1024} KiB beside "
+                    f"{smem // 1024} KiB (at most {smem_limit() // 1024} KiB); lower STAGES or BLOCK_T"
+                )
         return None
 
     def shapes(self, preset="v4flash"):
         if preset == "test":  # the widths it runs, few heads and rows: the GPU tests' quick shape
             return [{"batch": 3, "heads": 16, "d_qk": 512, "d_v": 512, "topk": 40, "num_rows": 97, "ragged": 1}]
         if preset != "v4flash":
-            raise ValueError(f"unknown preset {preset!r} for {self.name}; use 'v4flash' or 'test' (64 heads of 512 "
-                             "at most)")
+            raise ValueError(
+                f"unknown preset {preset!r} for {self.name}; use 'v4flash' or 'test' (64 heads of 512 at most)"
+            )
         return super().shapes(preset)
 
     def run(self, inputs, config=None, out=None):
-        return sparse_decode_wgmma(inputs["q"], inputs["kv"], inputs["indices"], inputs["sm_scale"], config,
-                                   d_v=inputs["d_v"], out=out, kv_scale=inputs.get("kv_scale"))
+        return sparse_decode_wgmma(
+            inputs["q"],
+            inputs["kv"],
+            inputs["indices"],
+            inputs["sm_scale"],
+            config,
+            d_v=inputs["d_v"],
+            out=out,
+            kv_scale=inputs.get("kv_scale"),
+        )
 
 
 SparseDecodeWgmmaKernel.instance = SparseDecodeWgmmaKernel()

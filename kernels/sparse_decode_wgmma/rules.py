@@ -12,9 +12,22 @@ import triton
 from ..base import cdiv, device_limits
 from ..sparse_decode_common import one_wave, split_rows
 
-__all__ = ["DEFAULT_CONFIG", "EARLY_MERGE_PER_IDLE_SM", "FP8_STAGES_MAX", "WGMMA_HEADS", "WGMMA_WARPS", "default_config",
-           "fp8_stages", "index_tiles", "merge_starts_early", "programs", "smem_bytes", "smem_bytes_without_table",
-           "smem_limit", "splits_within"]
+__all__ = [
+    "DEFAULT_CONFIG",
+    "EARLY_MERGE_PER_IDLE_SM",
+    "FP8_STAGES_MAX",
+    "WGMMA_HEADS",
+    "WGMMA_WARPS",
+    "default_config",
+    "fp8_stages",
+    "index_tiles",
+    "merge_starts_early",
+    "programs",
+    "smem_bytes",
+    "smem_bytes_without_table",
+    "smem_limit",
+    "splits_within",
+]
 
 
 @functools.lru_cache(maxsize=1)
@@ -24,9 +37,18 @@ def smem_limit() -> int:
 
 
 WGMMA_HEADS = 64  # one wgmma M: every head of a V4-Flash request in one program
-WGMMA_WARPS = 8  # two warpgroups: each holds a [64, 256 / V_SPLIT] float32 accumulator (128 / V_SPLIT registers a thread)
-DEFAULT_CONFIG = {"S": 8, "BLOCK_T": 64, "STAGES": 2, "V_SPLIT": 1, "STORE_CVT": 0, "WS": 0,
-                  "SPLIT_WG": 0}  # S, V_SPLIT: see default_config
+WGMMA_WARPS = (
+    8  # two warpgroups: each holds a [64, 256 / V_SPLIT] float32 accumulator (128 / V_SPLIT registers a thread)
+)
+DEFAULT_CONFIG = {
+    "S": 8,
+    "BLOCK_T": 64,
+    "STAGES": 2,
+    "V_SPLIT": 1,
+    "STORE_CVT": 0,
+    "WS": 0,
+    "SPLIT_WG": 0,
+}  # S, V_SPLIT: see default_config
 
 
 def programs(sms: int | None = None) -> int:
@@ -82,8 +104,14 @@ def splits_within(batch: int, topk: int, v_split: int, block_t: int, sms: int | 
     even one split does not. A second wave costs more than the splits it adds
     (``benchmarks/results/sparse_decode_wgmma_batches/``)."""
     tiles = cdiv(max(topk, 1), block_t)
-    return next((n for n in (split_rows(max(topk, 1), s, block_t)[1] for s in range(tiles, 0, -1))
-                 if batch * v_split * n <= (sms or one_wave())), 1)
+    return next(
+        (
+            n
+            for n in (split_rows(max(topk, 1), s, block_t)[1] for s in range(tiles, 0, -1))
+            if batch * v_split * n <= (sms or one_wave())
+        ),
+        1,
+    )
 
 
 FP8_STAGES_MAX = 4
@@ -124,10 +152,24 @@ def default_config(batch: int, topk: int, sms: int | None = None) -> dict:
     s = splits_within(batch, topk, v_split, 64, sms)
     rows_per_split, n_splits = split_rows(max(topk, 1), s, 64)
     if n_splits == 1 and v_split > 1 and rows_per_split >= 4 * 64:  # SPLIT_WG: each warpgroup two 32-row slots
-        return {**DEFAULT_CONFIG, "BLOCK_T": 32, "STAGES": 4, "S": 1, "V_SPLIT": v_split, "WS": 1, "SPLIT_WG": 1,
-                "STORE_CVT": 1}
-    return {**DEFAULT_CONFIG, "BLOCK_T": 64, "S": s, "V_SPLIT": v_split, "WS": int(cdiv(rows_per_split, 64) >= 3),
-            "STORE_CVT": int(n_splits == 1)}
+        return {
+            **DEFAULT_CONFIG,
+            "BLOCK_T": 32,
+            "STAGES": 4,
+            "S": 1,
+            "V_SPLIT": v_split,
+            "WS": 1,
+            "SPLIT_WG": 1,
+            "STORE_CVT": 1,
+        }
+    return {
+        **DEFAULT_CONFIG,
+        "BLOCK_T": 64,
+        "S": s,
+        "V_SPLIT": v_split,
+        "WS": int(cdiv(rows_per_split, 64) >= 3),
+        "STORE_CVT": int(n_splits == 1),
+    }
 
 
 def smem_bytes(config: dict, shape: dict) -> int:

@@ -22,6 +22,7 @@ def db_url(tmp_path_factory: pytest.TempPathFactory) -> str:
     """One database with a real 6-trial search (``s1``) and the stand-in search (``mixed``). Under pytest-xdist the
     searches run once, in the first worker that asks (the others wait on a lock), and each worker gets its own copy
     of the finished database, so no worker's writes reach another's tests."""
+
     def build(built: Path) -> None:
         url = f"sqlite:///{built / 'tuner.db'}"
         real_search(url, STUDY, str(built / "out"))

@@ -39,6 +39,8 @@ def test_kernel_config_with_slashes_downloads_from_its_listed_url(client: TestCl
     r = client.get(art["url"])
     assert r.status_code == 200, r.text
     assert r.json() == {"BLOCK_N": 64} and r.headers["content-type"].startswith("application/json")
-    assert r.headers["content-disposition"].startswith('attachment; filename="E=256,N=512,device_name=NVIDIA_H200.json"')
+    assert r.headers["content-disposition"].startswith(
+        'attachment; filename="E=256,N=512,device_name=NVIDIA_H200.json"'
+    )
     plain = client.get(f"/api/studies/{MIXED}/artifacts/{KERNEL_CONFIG}")  # the name with its slashes as they are
     assert plain.status_code == 200 and plain.content == r.content

@@ -24,8 +24,10 @@ def _computed(caplog) -> list[str]:
 def test_each_view_is_computed_once_and_not_per_event(tmp_path, caplog) -> None:
     url = f"sqlite:///{tmp_path / 'once.db'}"
     fake_search(url, "once", n_trials=8)
-    with caplog.at_level(logging.INFO, logger="api.derived"), \
-            TestClient(create_app(ApiSettings(storage_url=url, derived_refresh_s=3600))) as c:
+    with (
+        caplog.at_level(logging.INFO, logger="api.derived"),
+        TestClient(create_app(ApiSettings(storage_url=url, derived_refresh_s=3600))) as c,
+    ):
         first = {v: c.get(f"/api/studies/once{v}").text for v in VIEWS}
         assert sorted(_computed(caplog)) == ["history", "importances", "importances-figure"]  # importances once
         fake_search(url, "once", n_trials=4, resume=True, seed=2)  # new trials and events
@@ -36,8 +38,10 @@ def test_each_view_is_computed_once_and_not_per_event(tmp_path, caplog) -> None:
 def test_a_changed_study_is_refreshed_after_the_interval(tmp_path, caplog) -> None:
     url = f"sqlite:///{tmp_path / 'fresh.db'}"
     fake_search(url, "fresh", n_trials=6)
-    with caplog.at_level(logging.INFO, logger="api.derived"), \
-            TestClient(create_app(ApiSettings(storage_url=url, derived_refresh_s=0.2))) as c:
+    with (
+        caplog.at_level(logging.INFO, logger="api.derived"),
+        TestClient(create_app(ApiSettings(storage_url=url, derived_refresh_s=0.2))) as c,
+    ):
         before = c.get("/api/studies/fresh/importances").json()["n_complete"]
         fake_search(url, "fresh", n_trials=6, resume=True, seed=3)
         time.sleep(0.3)

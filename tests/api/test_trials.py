@@ -38,7 +38,7 @@ def test_sort_both_orders(client: TestClient, study: str, sort: str) -> None:
         items = client.get(url(study), params={"sort": sort, "order": order, "limit": 100}).json()["items"]
         values = [t[key] for t in items if t[key] is not None]
         assert values == sorted(values, reverse=order == "desc")
-        assert all(t[key] is None for t in items[len(values):])  # missing values last
+        assert all(t[key] is None for t in items[len(values) :])  # missing values last
 
 
 @pytest.mark.parametrize(

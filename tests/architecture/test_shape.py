@@ -39,8 +39,9 @@ def test_no_module_imports_another_in_a_circle(package):
     # imports under `if TYPE_CHECKING:` count: they never run, but two modules that name each other's types are one
     # concept in two files all the same
     graph = grimp.build_graph(package, include_external_packages=False, exclude_type_checking_imports=False)
-    modules = {m for m in _package_modules(graph, package)
-               if not (ROOT / (m.replace(".", "/") + "/__init__.py")).exists()}  # packages re-export downward
+    modules = {
+        m for m in _package_modules(graph, package) if not (ROOT / (m.replace(".", "/") + "/__init__.py")).exists()
+    }  # packages re-export downward
     assert _cycles(graph, modules) == set()
 
 
@@ -65,8 +66,9 @@ def test_a_cycle_closed_by_a_type_checking_import_is_found(tmp_path, monkeypatch
     (pkg / "a.py").write_text("from circt import b\n")
     (pkg / "b.py").write_text("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from circt import a\n")
     monkeypatch.syspath_prepend(str(tmp_path))
-    graph = grimp.build_graph("circt", include_external_packages=False, exclude_type_checking_imports=False,
-                              cache_dir=None)
+    graph = grimp.build_graph(
+        "circt", include_external_packages=False, exclude_type_checking_imports=False, cache_dir=None
+    )
     assert len(_cycles(graph, {"circt.a", "circt.b"})) == 1
 
 
@@ -80,8 +82,9 @@ def test_every_package_says_what_lives_there():
 
 
 def test_tuner_has_about_a_dozen_entries_at_its_top():
-    entries = [p.name for p in (ROOT / "tuner").iterdir()
-               if p.name not in ("__init__.py", "__main__.py", "__pycache__")]
+    entries = [
+        p.name for p in (ROOT / "tuner").iterdir() if p.name not in ("__init__.py", "__main__.py", "__pycache__")
+    ]
     assert len(entries) <= 15, sorted(entries)
 
 
@@ -100,7 +103,11 @@ def test_the_export_asks_the_target_what_it_deploys_instead_of_naming_a_target()
         for node in ast.walk(tree):
             if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("tuner.targets.workload"):
                 found.append(f"{path.name}:{node.lineno}: imports {node.module}")
-            if isinstance(node, ast.Compare) and isinstance(node.left, ast.Attribute) and node.left.attr == "target" \
-                    and any(isinstance(c, ast.Constant) and isinstance(c.value, str) for c in node.comparators):
+            if (
+                isinstance(node, ast.Compare)
+                and isinstance(node.left, ast.Attribute)
+                and node.left.attr == "target"
+                and any(isinstance(c, ast.Constant) and isinstance(c.value, str) for c in node.comparators)
+            ):
                 found.append(f"{path.name}:{node.lineno}: compares .target with a name")
     assert not found, found

@@ -14,8 +14,9 @@ LOADERS = {"spec_from_file_location", "run_path", "run", "Popen", "check_output"
 
 
 def _mentions_benchmarks(node: ast.AST) -> bool:
-    return any(isinstance(n, ast.Constant) and isinstance(n.value, str) and "benchmarks" in n.value
-               for n in ast.walk(node))
+    return any(
+        isinstance(n, ast.Constant) and isinstance(n.value, str) and "benchmarks" in n.value for n in ast.walk(node)
+    )
 
 
 def uses_of_benchmarks(source: str) -> list[str]:
@@ -29,7 +30,9 @@ def uses_of_benchmarks(source: str) -> list[str]:
             names = [node.module or ""]
         elif isinstance(node, ast.Call):
             func = node.func.attr if isinstance(node.func, ast.Attribute) else getattr(node.func, "id", "")
-            if func in LOADERS and any(_mentions_benchmarks(a) for a in [*node.args, *(k.value for k in node.keywords)]):
+            if func in LOADERS and any(
+                _mentions_benchmarks(a) for a in [*node.args, *(k.value for k in node.keywords)]
+            ):
                 found.append((node.lineno, f"{func}(...benchmarks...)"))
             continue
         else:
@@ -39,7 +42,7 @@ def uses_of_benchmarks(source: str) -> list[str]:
 
 
 def test_the_checker_finds_each_way_of_reaching_a_benchmark_script():
-    src = '''
+    src = """
 import benchmarks.report
 from benchmarks.kernels import choose_gemm_impls
 def f():
@@ -48,7 +51,7 @@ def f():
     subprocess.run([sys.executable, "benchmarks/gemm_floor.py"])
 from kernels import get_kernel
 open(ROOT / "benchmarks/results/README.md").read()
-'''
+"""
     assert [u.split(":")[0] for u in uses_of_benchmarks(src)] == ["line 2", "line 3", "line 5", "line 6", "line 7"]
 
 

@@ -64,19 +64,21 @@ class FakeTarget(Target):
             factor = self.config.noise.get(name, 1.0) if n % 2 else 1.0
             if n and name in self.config.slow_rerun_s:
                 time.sleep(self.config.slow_rerun_s[name])
-        levels = {c: factor * (10.0 + 5 * x) * c ** 0.5 for c in self.space.objective.levels}
+        levels = {c: factor * (10.0 + 5 * x) * c**0.5 for c in self.space.objective.levels}
         for i, (c, v) in enumerate(levels.items()):
             if report is not None:
                 report(i, v)
         metrics = [MetricRow("tok_s", f"c={c}", v, "tok/s") for c, v in levels.items()]
         for c in levels if self.config.served else ():
             err, delivered = self.config.served.get(name, [0.0, 1.0]) if c == max(levels) else [0.0, 1.0]
-            metrics += [MetricRow("error_rate", f"c={c}", err, "fraction"),
-                        MetricRow("delivered", f"c={c}", delivered, "fraction")]
-        return Measurement(outcome=Outcome.OK, value=self.space.objective.combine_values(levels), metrics=metrics,
-                           by_level=levels)
+            metrics += [
+                MetricRow("error_rate", f"c={c}", err, "fraction"),
+                MetricRow("delivered", f"c={c}", delivered, "fraction"),
+            ]
+        return Measurement(
+            outcome=Outcome.OK, value=self.space.objective.combine_values(levels), metrics=metrics, by_level=levels
+        )
 
     def launch_spec(self, params: dict[str, Any]) -> LaunchSpec:
         argv = ["echo", "serve"] + [f"--{k.replace('_', '-')}={v}" for k, v in params.items()]
-        return LaunchSpec(argv=argv, env={"FAKE_MODEL_PATH": self.config.model},
-                          description="fake target")
+        return LaunchSpec(argv=argv, env={"FAKE_MODEL_PATH": self.config.model}, description="fake target")

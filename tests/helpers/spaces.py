@@ -33,6 +33,12 @@ def tiny_workload_run(url: str, name: str, budget_s: float):
     space = load_space(str(TINY_SPACE_PATH))
     repo = Repo(url)
     repo.create_schema()
-    run = repo.create_run(name, target="workload", budget_s=budget_s, objective="geomean", space_name=space.name,
-                          space_yaml=space_text(TINY_SPACE_PATH))
+    run = repo.create_run(
+        name,
+        target="workload",
+        budget_s=budget_s,
+        objective="geomean",
+        space_name=space.name,
+        space_yaml=space_text(TINY_SPACE_PATH),
+    )
     return repo, run, space

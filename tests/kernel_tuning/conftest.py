@@ -14,7 +14,9 @@ import torch
 HERE = Path(__file__).resolve().parent
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
-os.environ["PYTHONPATH"] = os.pathsep.join([str(HERE)] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p])
+os.environ["PYTHONPATH"] = os.pathsep.join(
+    [str(HERE)] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
+)
 if str(HERE) not in sys.path:
     sys.path.insert(0, str(HERE))
 os.environ.pop("TUNER_KERNEL_CONFIG_DIR", None)

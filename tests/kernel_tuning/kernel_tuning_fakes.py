@@ -138,7 +138,9 @@ class ReplayKernel(_Identity):
         return {c: sorted({k[i] for k in self.rows}) for i, c in enumerate(self.columns)}
 
     def seed_configs(self, shape, device=None, dtype=None):
-        return [c for c in self._real.seed_configs(shape, None, dtype) if tuple(c[k] for k in self.columns) in self.rows]
+        return [
+            c for c in self._real.seed_configs(shape, None, dtype) if tuple(c[k] for k in self.columns) in self.rows
+        ]
 
     def key_dims(self, shape):
         return self._real.key_dims(shape)

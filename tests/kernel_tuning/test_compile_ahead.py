@@ -43,6 +43,7 @@ class RecordingAhead:
             time.sleep(0.02)
             with self.lock:
                 self.compiled.append(json.dumps(config, sort_keys=True))
+
         return self._pool.submit(work)
 
     def wait(self, fut, timeout_s):
@@ -62,17 +63,30 @@ def test_trials_asked_ahead_are_compiled_first_and_leftovers_are_not_run(tmp_pat
     compiled_before_run = []
 
     class Watch:
-        def started(self, ctx): pass
-        def message(self, text): pass
-        def trial_finished(self, summary, ctx): pass
+        def started(self, ctx):
+            pass
+
+        def message(self, text):
+            pass
+
+        def trial_finished(self, summary, ctx):
+            pass
 
         def trial_started(self, number, params):
             key = json.dumps({**k.default_config(shape), **params}, sort_keys=True)
             with ahead.lock:
                 compiled_before_run.append(key in ahead.compiled)
 
-    opts = SearchOptions(budget_s=120, storage_url=url, out_dir=str(tmp_path / "out"), seed=3, hardware=Hardware(),
-                         settings={"allow_cpu_interpreter": True}, confirm_top=0, n_trials=9)
+    opts = SearchOptions(
+        budget_s=120,
+        storage_url=url,
+        out_dir=str(tmp_path / "out"),
+        seed=3,
+        hardware=Hardware(),
+        settings={"allow_cpu_interpreter": True},
+        confirm_top=0,
+        n_trials=9,
+    )
     res = tune_case(KernelCase(REPLAY, shape), opts, "ahead", Watch(), ahead)
     ahead.close()
     repo = Repo(url)

@@ -22,8 +22,15 @@ SETTINGS = {"allow_cpu_interpreter": True}
 
 
 def _options(tmp_path, sqlite_url, **kw) -> SearchOptions:
-    base = dict(budget_s=120, storage_url=sqlite_url, out_dir=str(tmp_path / "out"), seed=1, hardware=CPU,
-                settings=dict(SETTINGS), confirm_top=2)
+    base = dict(
+        budget_s=120,
+        storage_url=sqlite_url,
+        out_dir=str(tmp_path / "out"),
+        seed=1,
+        hardware=CPU,
+        settings=dict(SETTINGS),
+        confirm_top=2,
+    )
     base.update(kw)
     return SearchOptions(**base)
 
@@ -61,8 +68,11 @@ def test_cache_reuses_an_earlier_result_and_retune_forces(tmp_path, sqlite_url):
     again = tune_cases([case], _options(tmp_path, sqlite_url, n_trials=3, confirm_top=0), study="c")
     assert again.cases[0].status == "cached" and again.cases[0].config == first.cases[0].config
     assert len(repo.list_runs()) == n_runs  # no sub-study, no trial
-    forced = tune_cases([case], _options(tmp_path, sqlite_url, n_trials=2, confirm_top=0,
-                                         settings={**SETTINGS, "retune": True}), study="c")
+    forced = tune_cases(
+        [case],
+        _options(tmp_path, sqlite_url, n_trials=2, confirm_top=0, settings={**SETTINGS, "retune": True}),
+        study="c",
+    )
     assert forced.cases[0].status != "cached" and forced.cases[0].study.endswith(".retune2")
 
 
@@ -80,7 +90,7 @@ def test_replayed_h200_sweep_and_nearest_key(tmp_path, sqlite_url, monkeypatch):
     assert trials[0].is_baseline and trials[0].params == k.default_config(shape)
     assert trials[0].value == pytest.approx(24.864, rel=1e-3)
     seeds = k.seed_configs(shape)  # the wave-filling starting points come right after the default
-    assert seeds and [t.params for t in trials[1:1 + len(seeds)]] == seeds
+    assert seeds and [t.params for t in trials[1 : 1 + len(seeds)]] == seeds
     refused = [t for t in trials if t.outcome == "invalid_config"]
     assert refused, [t.outcome for t in trials]  # the recorded sweep's failures are refused by the rules
     assert all((t.duration_s or 0) < 1.0 for t in refused)  # no subprocess was spent on them
@@ -88,7 +98,10 @@ def test_replayed_h200_sweep_and_nearest_key(tmp_path, sqlite_url, monkeypatch):
     assert tuple(case.config[c] for c in k.columns) != k.best
     assert case.time_us <= case.default_time_us
     (path,) = Path(res.config_dir).glob("sparse_decode__*.json")  # the file names the sub-study its entry came from
-    assert read_config_file(path)[case.shape_key]["source"] == f"kernel search study {case.study} (tuner search --target kernels)"
+    assert (
+        read_config_file(path)[case.shape_key]["source"]
+        == f"kernel search study {case.study} (tuner search --target kernels)"
+    )
     # nearest key: a batch-12 call of the real sparse_decode reads the batch-16 entry of this "GPU" ("cpu"), its split
     # count set for batch 12 (SparseDecodeKernel.adapt_config: the most splits within one wave)
     monkeypatch.setenv("TUNER_KERNEL_CONFIG_DIR", res.config_dir)
@@ -98,7 +111,9 @@ def test_replayed_h200_sweep_and_nearest_key(tmp_path, sqlite_url, monkeypatch):
     clear_cache()
     at12 = {**shape, "batch": 12}
     assert lookup("sparse_decode", at12, "bfloat16") == {
-        **case.config, "S": SparseDecodeKernel.instance.splits_in_one_wave(case.config, at12)}
+        **case.config,
+        "S": SparseDecodeKernel.instance.splits_in_one_wave(case.config, at12),
+    }
     assert lookup("sparse_decode", {**shape, "heads": 32}, "bfloat16") == k.default_config({**shape, "heads": 32})
     clear_cache()
 
@@ -135,8 +150,7 @@ def test_preflight_refuses_cpu_without_the_setting(tmp_path, sqlite_url):
     from tuner.errors import SearchError
 
     with pytest.raises(SearchError, match="no CUDA GPU"):
-        tune_cases([KernelCase(TINY, {"batch": 1, "width": 8})], _options(tmp_path, sqlite_url, settings={}),
-                   study="x")
+        tune_cases([KernelCase(TINY, {"batch": 1, "width": 8})], _options(tmp_path, sqlite_url, settings={}), study="x")
 
 
 def test_kernel_phase_inside_a_system_search(tmp_path, sqlite_url, monkeypatch):
@@ -146,7 +160,14 @@ def test_kernel_phase_inside_a_system_search(tmp_path, sqlite_url, monkeypatch):
     monkeypatch.delenv("TUNER_KERNEL_CONFIG_DIR", raising=False)
     space = tmp_path / "fake.yaml"
     space.write_text(FAKE_SPACE)
-    ctx = open_context(_options(tmp_path, sqlite_url, space_path=str(space), settings={"kernel_phase_settings": {"allow_cpu_interpreter": True}}))
+    ctx = open_context(
+        _options(
+            tmp_path,
+            sqlite_url,
+            space_path=str(space),
+            settings={"kernel_phase_settings": {"allow_cpu_interpreter": True}},
+        )
+    )
     shapes = [(TINY, {"batch": 1, "width": 8}), (TINY, {"batch": 1, "width": 8}, "bfloat16")]
     res = kernel_phase(ctx, shapes, budget_s=60)
     assert len(res.cases) == 1 and res.cases[0].study.startswith(f"{ctx.run.study_name}.kernels.tiny.")
@@ -206,7 +227,7 @@ def test_a_config_tpe_proposes_again_is_followed_by_a_move_from_the_best(tmp_pat
     runnable = {1, 2, 3, 4, 6}
     checked = 0
     for n in repeats:
-        tried = {t.params["X"] for t in trials[:n + 1]}
+        tried = {t.params["X"] for t in trials[: n + 1]}
         if n + 1 < len(trials) and runnable - tried:
             attrs = study.trials[n + 1].user_attrs
             assert REFINE_ATTR in attrs and trials[n + 1].params["X"] in runnable - tried, (n, attrs)

@@ -15,8 +15,16 @@ SHAPE = {"M": 3, "N": 40, "K": 96}
 
 
 def test_gemm_entry_ships_the_implementation_measured_faster(tmp_path, sqlite_url, monkeypatch):
-    opts = SearchOptions(budget_s=240, storage_url=sqlite_url, out_dir=str(tmp_path / "out"), seed=1,
-                         hardware=Hardware(), settings={"allow_cpu_interpreter": True}, confirm_top=0, n_trials=2)
+    opts = SearchOptions(
+        budget_s=240,
+        storage_url=sqlite_url,
+        out_dir=str(tmp_path / "out"),
+        seed=1,
+        hardware=Hardware(),
+        settings={"allow_cpu_interpreter": True},
+        confirm_top=0,
+        n_trials=2,
+    )
     res = tune_cases([KernelCase("gemm", dict(SHAPE), "float32")], opts, study="lib")
     case = res.cases[0]
     assert case.status in ("tuned", "default_kept"), case
@@ -36,23 +44,41 @@ def test_gemm_entry_ships_the_implementation_measured_faster(tmp_path, sqlite_ur
         clear_cache()
 
 
-@pytest.mark.parametrize("triton_us, library_us, ships", [
-    (5.0, 7.0, "triton"),  # the Triton config measured faster
-    (7.0, 5.0, "torch"),  # the library measured faster
-    (5.0, 5.0, "torch"),  # a tie ships the library
-    (None, 5.0, "torch"),  # the Triton config did not run correctly
-    (5.0, None, "triton"),  # the library path did not run correctly
-])
+@pytest.mark.parametrize(
+    "triton_us, library_us, ships",
+    [
+        (5.0, 7.0, "triton"),  # the Triton config measured faster
+        (7.0, 5.0, "torch"),  # the library measured faster
+        (5.0, 5.0, "torch"),  # a tie ships the library
+        (None, 5.0, "torch"),  # the Triton config did not run correctly
+        (5.0, None, "triton"),  # the library path did not run correctly
+    ],
+)
 def test_choose_impl_ships_triton_only_where_it_measured_faster(triton_us, library_us, ships):
     assert choose_impl(triton_us, library_us, "torch") == ships
 
 
 def test_an_entry_shipping_triton_makes_linear_auto_run_triton(tmp_path, monkeypatch):
-    res = KernelCaseResult("gemm", dict(SHAPE), "float32", "K=96,M=3,N=40", "tuned",
-                           config={"BLOCK_M": 16, "BLOCK_N": 32, "BLOCK_K": 32, "SPLIT_K": 1, "GROUP_M": 8,
-                                   "num_warps": 4, "num_stages": 2},
-                           time_us=4.0, impl=choose_impl(4.0, 6.0, "torch"), library_time_us=6.0,
-                           impl_triton_time_us=4.0)
+    res = KernelCaseResult(
+        "gemm",
+        dict(SHAPE),
+        "float32",
+        "K=96,M=3,N=40",
+        "tuned",
+        config={
+            "BLOCK_M": 16,
+            "BLOCK_N": 32,
+            "BLOCK_K": 32,
+            "SPLIT_K": 1,
+            "GROUP_M": 8,
+            "num_warps": 4,
+            "num_stages": 2,
+        },
+        time_us=4.0,
+        impl=choose_impl(4.0, 6.0, "torch"),
+        library_time_us=6.0,
+        impl_triton_time_us=4.0,
+    )
     _write([res], "cpu", tmp_path, None)
     monkeypatch.setenv("TUNER_KERNEL_CONFIG_DIR", str(tmp_path))
     clear_cache()

@@ -43,10 +43,14 @@ def test_preflight_refuses_a_cpu_unless_allowed():
 
 
 def test_preflight_names_a_bad_shape():
-    report = _target(KernelCase("sparse_decode", {"batch": 1, "heads": 16, "d_qk": 64, "d_v": 64, "topk": 40,
-                                                  "num_rows": 97}), allow_cpu_interpreter=True).preflight()
+    report = _target(
+        KernelCase("sparse_decode", {"batch": 1, "heads": 16, "d_qk": 64, "d_v": 64, "topk": 40, "num_rows": 97}),
+        allow_cpu_interpreter=True,
+    ).preflight()
     assert report.ok
-    with pytest.raises(SearchError, match=r"shape \{'batch': 1, 'heads': 16\} does not fit kernel 'sparse_decode' \(KeyError: 'topk'\)"):
+    with pytest.raises(
+        SearchError, match=r"shape \{'batch': 1, 'heads': 16\} does not fit kernel 'sparse_decode' \(KeyError: 'topk'\)"
+    ):
         _target(KernelCase("sparse_decode", {"batch": 1, "heads": 16}))
 
 

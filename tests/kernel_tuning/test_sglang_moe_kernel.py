@@ -20,8 +20,7 @@ from search_spaces import Hardware, load_space, load_space_text, resolve
 if importlib.util.find_spec("sglang") is None:  # CI installs it (no deps); its kernel source is all this needs
     pytest.skip("sglang is not installed (`pip install sglang --no-deps`)", allow_module_level=True)
 KERNEL = SGLangFusedMoEKernel.instance
-SMALL = {"BLOCK_SIZE_M": 16, "BLOCK_SIZE_N": 32, "BLOCK_SIZE_K": 32, "GROUP_SIZE_M": 1, "num_warps": 4,
-         "num_stages": 2}
+SMALL = {"BLOCK_SIZE_M": 16, "BLOCK_SIZE_N": 32, "BLOCK_SIZE_K": 32, "GROUP_SIZE_M": 1, "num_warps": 4, "num_stages": 2}
 
 
 @pytest.fixture
@@ -84,8 +83,11 @@ def test_an_unknown_sglang_kernel_is_refused_with_its_parameters(tmp_path):
     from kernels.plugins.sglang_moe import _KNOWN_ARGS
 
     renamed = tmp_path / "renamed.py"  # a release that dropped one parameter the launcher passes
-    renamed.write_text("import triton\n\n@triton.jit\ndef fused_moe_kernel(" +
-                       ", ".join(a for a in _KNOWN_ARGS if a != "even_Ks") + "):\n    pass\n")
+    renamed.write_text(
+        "import triton\n\n@triton.jit\ndef fused_moe_kernel("
+        + ", ".join(a for a in _KNOWN_ARGS if a != "even_Ks")
+        + "):\n    pass\n"
+    )
     with pytest.raises(SGLangKernelUnavailable, match=r"parameters \[\] .* lacks \['even_Ks'\]"):
         load_sglang_jit("fused_moe_kernel", path=renamed)
 
@@ -107,15 +109,14 @@ def test_rules_keep_the_default_and_prune_what_cannot_help():
 def test_server_files_are_read_back_by_sglangs_own_loader(tmp_path):
     shapes = [dict(KERNEL.shapes("v4flash")[0], tokens=t) for t in (1, 16)]
     configs = [SMALL, dict(SMALL, BLOCK_SIZE_M=32, num_warps=8)]
-    paths = KERNEL.write_server_configs([(s, {"config": c}) for s, c in zip(shapes, configs)], "NVIDIA H200",
-                                        "bfloat16", tmp_path)
+    paths = KERNEL.write_server_configs(
+        [(s, {"config": c}) for s, c in zip(shapes, configs)], "NVIDIA H200", "bfloat16", tmp_path
+    )
     assert [p.name for p in paths] == ["E=32,N=2048,device_name=NVIDIA_H200.json"]
     root = tmp_path / "sglang_moe"
-    assert read_moe_config_with_sglang(root, E=32, N=2048, device_name="NVIDIA H200") == {1: configs[0],
-                                                                                          16: configs[1]}
+    assert read_moe_config_with_sglang(root, E=32, N=2048, device_name="NVIDIA H200") == {1: configs[0], 16: configs[1]}
     # a later phase adds a batch size and keeps the others
-    KERNEL.write_server_configs([(dict(shapes[0], tokens=64), {"config": SMALL})], "NVIDIA H200", "bfloat16",
-                                tmp_path)
+    KERNEL.write_server_configs([(dict(shapes[0], tokens=64), {"config": SMALL})], "NVIDIA H200", "bfloat16", tmp_path)
     assert sorted(read_moe_config_with_sglang(root, E=32, N=2048, device_name="NVIDIA H200")) == [1, 16, 64]
     # float32 is not a dtype SGLang's unquantized MoE file describes: nothing written
     assert KERNEL.write_server_configs([(shapes[0], {"config": SMALL})], "x", "float32", tmp_path / "f") == []
@@ -130,9 +131,16 @@ def test_a_kernel_search_tunes_sglangs_kernel_and_writes_its_files(kernel_device
     from tuner.search.kernel_search import KernelCase, tune_cases
 
     shape = KERNEL.shapes("test")[0]
-    opts = SearchOptions(budget_s=120, storage_url=sqlite_url, out_dir=str(tmp_path / "out"), seed=1,
-                         hardware=Hardware(), settings={"allow_cpu_interpreter": True, "dtype": "float16"},
-                         confirm_top=0, n_trials=4)
+    opts = SearchOptions(
+        budget_s=120,
+        storage_url=sqlite_url,
+        out_dir=str(tmp_path / "out"),
+        seed=1,
+        hardware=Hardware(),
+        settings={"allow_cpu_interpreter": True, "dtype": "float16"},
+        confirm_top=0,
+        n_trials=4,
+    )
     res = tune_cases([KernelCase("sglang_fused_moe", shape, "float16")], opts, study="sg")
     case = res.cases[0]
     assert case.status in ("tuned", "default_kept"), case
@@ -157,7 +165,8 @@ def test_preflight_names_a_missing_sglang(monkeypatch):
         "name: k\ntarget: kernels\nsettings: {kernel: sglang_fused_moe, shape: {tokens: 3, hidden: 64, width: 32, "
         "experts: 5, topk: 2}, allow_cpu_interpreter: true}\nobjective: {metric: time_us, direction: minimize, "
         "combine: level, levels: [1], level: 1}\nparams:\n  BLOCK_SIZE_M: {type: categorical, values: [16], "
-        "default: 16}\n")
+        "default: 16}\n"
+    )
     report = KernelsTarget(resolve(space, Hardware()), space.settings).preflight()
     assert any("sglang_fused_moe" in e and "pip install sglang --no-deps" in e for e in report.errors), report.errors
 
@@ -207,8 +216,9 @@ def test_phase_files_go_to_every_later_launch_and_the_export(tmp_path, sqlite_ur
     repo = Repo(sqlite_url)
     repo.create_schema()
     space = load_space("sglang_dsv4_flash")
-    run = repo.create_run("sg", target="sglang", budget_s=60, objective="geomean tok_s", space_name=space.name,
-                          settings=t.settings)
+    run = repo.create_run(
+        "sg", target="sglang", budget_s=60, objective="geomean tok_s", space_name=space.name, settings=t.settings
+    )
     repo.start_trial(run.id, 0, space.defaults(), is_baseline=True)
     assert repo.finish_trial(run.id, 0, outcome="ok", value=10.0)
     dest = export_run(repo, "sg", tmp_path / "export", target=t)
@@ -231,12 +241,17 @@ def test_a_system_search_hands_the_phase_files_to_later_trials(tmp_path, sqlite_
     from tuner.search.driver import _maybe_kernel_phase
 
     space = tmp_path / "fake.yaml"
-    space.write_text("name: fake\ntarget: fake_targets:FakeTarget\nsettings: {kernel_phase: true}\n"
-                     "objective: {metric: tok_s, combine: geomean, levels: [1, 4]}\n"
-                     "params:\n  x: {type: categorical, values: [0, 1], default: 0}\n")
+    space.write_text(
+        "name: fake\ntarget: fake_targets:FakeTarget\nsettings: {kernel_phase: true}\n"
+        "objective: {metric: tok_s, combine: geomean, levels: [1, 4]}\n"
+        "params:\n  x: {type: categorical, values: [0, 1], default: 0}\n"
+    )
     gpu = Hardware(gpu_name="NVIDIA H200", gpu_count=1, compute_capability=(9, 0), has_triton=True)
-    ctx = open_context(SearchOptions(budget_s=60, storage_url=sqlite_url, out_dir=str(tmp_path / "out"),
-                                     space_path=str(space), hardware=gpu))
+    ctx = open_context(
+        SearchOptions(
+            budget_s=60, storage_url=sqlite_url, out_dir=str(tmp_path / "out"), space_path=str(space), hardware=gpu
+        )
+    )
     conf = tmp_path / "kc"
     KERNEL.write_server_configs([(KERNEL.shapes("v4flash")[0], {"config": SMALL})], "NVIDIA H200", "bfloat16", conf)
     seen = []
@@ -266,8 +281,11 @@ def test_gpu_sglangs_kernel_at_v4_flash_shapes_and_compiled_ahead(tmp_path, monk
 
     shapes = KERNEL.shapes("v4flash") + [{"tokens": 16, "hidden": 4096, "width": 256, "experts": 256, "topk": 6}]
     for shape in shapes:
-        for config in [None, dict(SMALL, BLOCK_SIZE_N=64, BLOCK_SIZE_K=128, num_stages=3),
-                       dict(SMALL, BLOCK_SIZE_M=64, BLOCK_SIZE_N=128, BLOCK_SIZE_K=64, num_warps=8, num_stages=4)]:
+        for config in [
+            None,
+            dict(SMALL, BLOCK_SIZE_N=64, BLOCK_SIZE_K=128, num_stages=3),
+            dict(SMALL, BLOCK_SIZE_M=64, BLOCK_SIZE_N=128, BLOCK_SIZE_K=64, num_warps=8, num_stages=4),
+        ]:
             err = check(KERNEL, shape, "bfloat16", config, device="cuda", seed=7)
             assert err < KERNEL.tolerance("bfloat16"), (shape, config, err)
     cache = tmp_path / "cache"
@@ -286,7 +304,8 @@ def test_timing_rotates_several_routings_over_shared_weights(kernel_device):
         "name: k\ntarget: kernels\nsettings: {kernel: sglang_fused_moe, shape: {tokens: 9, hidden: 96, width: 48, "
         "experts: 4, topk: 3}, allow_cpu_interpreter: true, dtype: float16}\nobjective: {metric: time_us, "
         "direction: minimize, combine: level, levels: [1], level: 1}\nparams:\n  BLOCK_SIZE_M: {type: categorical, "
-        "values: [16], default: 16}\n")
+        "values: [16], default: 16}\n"
+    )
     target = KernelsTarget(resolve(space, Hardware()), space.settings)
     assert target._time(KERNEL.default_config(shape), kernel_device)["sets"] == ROTATE_MAX
 
@@ -296,6 +315,7 @@ def test_a_file_sglang_would_read_differently_is_reported_not_returned(tmp_path,
 
     monkeypatch.setattr(plugin, "read_moe_config_with_sglang", lambda root, **kw: {1: dict(SMALL, num_warps=8)})
     with caplog.at_level("ERROR"):
-        paths = KERNEL.write_server_configs([(KERNEL.shapes("v4flash")[0], {"config": SMALL})], "NVIDIA H200",
-                                            "bfloat16", tmp_path)
+        paths = KERNEL.write_server_configs(
+            [(KERNEL.shapes("v4flash")[0], {"config": SMALL})], "NVIDIA H200", "bfloat16", tmp_path
+        )
     assert paths == [] and "SGLang will not use these configs" in caplog.text

@@ -88,8 +88,9 @@ def wgmma_build(shape: dict, config: dict, kwargs: dict | None = None) -> dict:
     kwargs = dict(kwargs or {})
     fp8 = kwargs.pop("kv_fp8", False)  # an fp8 cache with row scales
     q = torch.empty(shape["batch"], shape["heads"], shape["d_qk"], dtype=torch.bfloat16, device="meta")
-    kv = torch.empty(shape["num_rows"], shape["d_qk"], dtype=torch.float8_e4m3fn if fp8 else torch.bfloat16,
-                     device="meta")
+    kv = torch.empty(
+        shape["num_rows"], shape["d_qk"], dtype=torch.float8_e4m3fn if fp8 else torch.bfloat16, device="meta"
+    )
     if fp8:
         kwargs["kv_scale"] = torch.empty(shape["num_rows"], dtype=torch.float32, device="meta")
     idx = torch.empty(shape["batch"], shape["topk"], dtype=torch.int32, device="meta")
@@ -100,20 +101,24 @@ def wgmma_build(shape: dict, config: dict, kwargs: dict | None = None) -> dict:
     if os.environ.get("PROBE_PTX"):  # for reading by hand
         with open(os.environ["PROBE_PTX"], "w") as f:
             f.write(ptx)
-    counts = {"wgmma": len(re.findall(r"wgmma\.mma_async", ptx)), "mma.sync": len(re.findall(r"\bmma\.sync", ptx)),
-              "ld.global.v4": len(re.findall(r"\bld\.global(?:\.\w+)*?\.v4\.", ptx)),
-              "st.global.v4": len(re.findall(r"\bst\.global(?:\.\w+)*?\.v4\.", ptx)),
-              "st.global.v2": len(re.findall(r"\bst\.global(?:\.\w+)*?\.v2\.", ptx)),
-              "setmaxnreg": len(re.findall(r"\bsetmaxnreg\.", ptx)),
-              "copy_arrive": len(re.findall(r"\bcp\.async\.mbarrier\.arrive", ptx)),
-              "mbarrier.try_wait": len(re.findall(r"\bmbarrier\.try_wait", ptx)),
-              "copy_wait_group": len(re.findall(r"\bcp\.async\.wait_group", ptx)),
-              "atom.acq_rel.add": len(re.findall(r"\batom\.global\.gpu\.acq_rel\.add", ptx)),
-              "ld.global.cg": len(re.findall(r"\bld\.global\.cg", ptx)),
-              "griddepcontrol.launch_dependents": len(re.findall(r"\bgriddepcontrol\.launch_dependents", ptx)),
-              "cvt.f16x2.e4m3x2": len(re.findall(r"\bcvt\.rn\.f16x2\.e4m3x2", ptx)),
-              "cvt.f32.f16": len(re.findall(r"\bcvt\.f32\.f16\b", ptx)),
-              "%clock64": ptx.count("%clock64"), "%globaltimer": ptx.count("%globaltimer")}
+    counts = {
+        "wgmma": len(re.findall(r"wgmma\.mma_async", ptx)),
+        "mma.sync": len(re.findall(r"\bmma\.sync", ptx)),
+        "ld.global.v4": len(re.findall(r"\bld\.global(?:\.\w+)*?\.v4\.", ptx)),
+        "st.global.v4": len(re.findall(r"\bst\.global(?:\.\w+)*?\.v4\.", ptx)),
+        "st.global.v2": len(re.findall(r"\bst\.global(?:\.\w+)*?\.v2\.", ptx)),
+        "setmaxnreg": len(re.findall(r"\bsetmaxnreg\.", ptx)),
+        "copy_arrive": len(re.findall(r"\bcp\.async\.mbarrier\.arrive", ptx)),
+        "mbarrier.try_wait": len(re.findall(r"\bmbarrier\.try_wait", ptx)),
+        "copy_wait_group": len(re.findall(r"\bcp\.async\.wait_group", ptx)),
+        "atom.acq_rel.add": len(re.findall(r"\batom\.global\.gpu\.acq_rel\.add", ptx)),
+        "ld.global.cg": len(re.findall(r"\bld\.global\.cg", ptx)),
+        "griddepcontrol.launch_dependents": len(re.findall(r"\bgriddepcontrol\.launch_dependents", ptx)),
+        "cvt.f16x2.e4m3x2": len(re.findall(r"\bcvt\.rn\.f16x2\.e4m3x2", ptx)),
+        "cvt.f32.f16": len(re.findall(r"\bcvt\.f32\.f16\b", ptx)),
+        "%clock64": ptx.count("%clock64"),
+        "%globaltimer": ptx.count("%globaltimer"),
+    }
     for m in re.finditer(r"cp\.async\.c[ag]\.shared\.global[^;]*?,\s*(0x[0-9a-f]+|\d+)", ptx):
         key = f"cp.async.{int(m.group(1), 0)}B"
         counts[key] = counts.get(key, 0) + 1
@@ -129,8 +134,12 @@ def wgmma_build(shape: dict, config: dict, kwargs: dict | None = None) -> dict:
         if m:
             usage = {"registers": int(m.group(1)), "stack": int(m.group(2)), "local": int(m.group(3))}
     merge = builds.get("combine_kernel")  # launched after the split kernel unless one split writes the output
-    return {"ptx": counts, "usage": usage, "shared_bytes": compiled.metadata.shared,
-            "merge_launch_pdl": None if merge is None else bool(merge.metadata.launch_pdl)}
+    return {
+        "ptx": counts,
+        "usage": usage,
+        "shared_bytes": compiled.metadata.shared,
+        "merge_launch_pdl": None if merge is None else bool(merge.metadata.launch_pdl),
+    }
 
 
 def tldot_build(shape: dict, config: dict, kwargs: dict | None = None) -> dict:
@@ -149,24 +158,40 @@ def tldot_build(shape: dict, config: dict, kwargs: dict | None = None) -> dict:
         sparse_decode(q, kv, idx, None, config, **(kwargs or {}))
     ptx = builds["_sparse_decode_kernel"].asm["ptx"]
     merge = builds.get("combine_kernel")
-    return {"launch_dependents": len(re.findall(r"\bgriddepcontrol\.launch_dependents", ptx)),
-            "merge_launch_pdl": None if merge is None else bool(merge.metadata.launch_pdl)}
+    return {
+        "launch_dependents": len(re.findall(r"\bgriddepcontrol\.launch_dependents", ptx)),
+        "merge_launch_pdl": None if merge is None else bool(merge.metadata.launch_pdl),
+    }
 
 
 def main() -> None:
     mode, names = sys.argv[1], sys.argv[2].split(",")
     driver.set_active(Sm90())
     if mode == "tldot":
-        print(json.dumps(tldot_build(json.loads(sys.argv[2]), json.loads(sys.argv[3]),
-                                     json.loads(sys.argv[4]) if len(sys.argv) > 4 else None)))
+        print(
+            json.dumps(
+                tldot_build(
+                    json.loads(sys.argv[2]),
+                    json.loads(sys.argv[3]),
+                    json.loads(sys.argv[4]) if len(sys.argv) > 4 else None,
+                )
+            )
+        )
         return
     from kernels.compile_only import compile_config, jit_compile_only, meta_inputs
     from kernels.registry import get_kernel
 
     out = {}
     if mode == "wgmma":
-        print(json.dumps(wgmma_build(json.loads(sys.argv[2]), json.loads(sys.argv[3]),
-                                     json.loads(sys.argv[4]) if len(sys.argv) > 4 else None)))
+        print(
+            json.dumps(
+                wgmma_build(
+                    json.loads(sys.argv[2]),
+                    json.loads(sys.argv[3]),
+                    json.loads(sys.argv[4]) if len(sys.argv) > 4 else None,
+                )
+            )
+        )
         return
     if mode == "loads":
         from triton.runtime.jit import JITFunction
@@ -203,8 +228,9 @@ def main() -> None:
         original = JITFunction.run
 
         def record(self, *args, **kwargs):
-            out.setdefault(self.fn.__name__, []).append({k: v for k, v in kwargs.items()
-                                                        if isinstance(v, (bool, int, str)) and k != "warmup"})
+            out.setdefault(self.fn.__name__, []).append(
+                {k: v for k, v in kwargs.items() if isinstance(v, (bool, int, str)) and k != "warmup"}
+            )
             return original(self, *args, **kwargs)
 
         JITFunction.run = record

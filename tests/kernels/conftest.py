@@ -22,8 +22,10 @@ if not CUDA:
     if "triton" in sys.modules and os.environ.get("TRITON_INTERPRET") != "1":
         # Triton read TRITON_INTERPRET when it was imported: setting it now would leave every kernel compiled for a
         # GPU this machine lacks, and the kernel tests would test nothing
-        raise pytest.UsageError("tests/kernels: Triton was imported before TRITON_INTERPRET=1 could be set on this "
-                                "machine without CUDA; run with TRITON_INTERPRET=1 in the environment")
+        raise pytest.UsageError(
+            "tests/kernels: Triton was imported before TRITON_INTERPRET=1 could be set on this "
+            "machine without CUDA; run with TRITON_INTERPRET=1 in the environment"
+        )
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
 ROOT = Path(__file__).resolve().parents[2]

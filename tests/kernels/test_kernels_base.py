@@ -54,8 +54,11 @@ def test_rel_error_is_the_float64_relative_norm_error_computed_where_the_tensors
             raise AssertionError(f"rel_error copied a tensor from {self.device} to {target}")
         return real_to(self, *args, **kwargs)
 
-    monkeypatch.setattr(torch.Tensor, "cpu", lambda self, *a, **k: (_ for _ in ()).throw(
-        AssertionError("rel_error copied a tensor to the host")))
+    monkeypatch.setattr(
+        torch.Tensor,
+        "cpu",
+        lambda self, *a, **k: (_ for _ in ()).throw(AssertionError("rel_error copied a tensor to the host")),
+    )
     monkeypatch.setattr(torch.Tensor, "to", no_host_copy)
     assert rel_error(out, ref) == pytest.approx(expect, rel=1e-12, abs=0)
 
@@ -84,10 +87,17 @@ def test_cost_floor():
 
 def test_kernels_package_imports_none_of_the_project():
     root = Path(__file__).resolve().parents[2]
-    code = ("import sys; import kernels, kernels.sparse_decode, kernels.indexer, kernels.gemm, kernels.glue, "
-            "kernels.configs, kernels.bench; bad = [m for m in sys.modules if m.split('.')[0] in "
-            "('tuner', 'storage', 'api', 'search_spaces')]; assert not bad, bad")
-    subprocess.run([sys.executable, "-c", code], cwd=root, check=True, env={"PYTHONPATH": str(root), "TRITON_INTERPRET": "1", "PATH": "/usr/bin:/bin"})
+    code = (
+        "import sys; import kernels, kernels.sparse_decode, kernels.indexer, kernels.gemm, kernels.glue, "
+        "kernels.configs, kernels.bench; bad = [m for m in sys.modules if m.split('.')[0] in "
+        "('tuner', 'storage', 'api', 'search_spaces')]; assert not bad, bad"
+    )
+    subprocess.run(
+        [sys.executable, "-c", code],
+        cwd=root,
+        check=True,
+        env={"PYTHONPATH": str(root), "TRITON_INTERPRET": "1", "PATH": "/usr/bin:/bin"},
+    )
 
 
 @needs_triton

@@ -16,7 +16,7 @@ def test_default_configs_pass_their_own_rules(name):
     kernel = get_kernel(name)
     for preset in ("v4flash", "test"):
         for shape in kernel.shapes(preset):
-            for dtype in (("bf16", "fp8", "fp32", "tf32") if name == "gemm" else ("bfloat16", "float32")):
+            for dtype in ("bf16", "fp8", "fp32", "tf32") if name == "gemm" else ("bfloat16", "float32"):
                 cfg = kernel.default_config(shape)
                 assert kernel.check_config(cfg, shape, dtype=dtype) is None, (shape, cfg, dtype)
 
@@ -55,9 +55,37 @@ def test_recorded_out_of_resources_configs_are_rejected():
         ("sparse_decode", {"S": 1, "BLOCK_H": 24, "BLOCK_T": 32, "num_warps": 4, "num_stages": 1}, "tile_size"),
         ("sparse_decode", {"S": 1024, "BLOCK_H": 16, "BLOCK_T": 32, "num_warps": 4, "num_stages": 1}, "split_rows"),
         ("sparse_decode", {"S": 1, "BLOCK_H": 16, "BLOCK_T": 32, "num_warps": 4}, "missing_param"),
-        ("sparse_decode", {"S": 1, "BLOCK_H": 16, "BLOCK_T": 32, "num_warps": 4, "num_stages": 1, "X": 1}, "unknown_param"),
-        ("gemm", {"BLOCK_M": 16, "BLOCK_N": 256, "BLOCK_K": 256, "SPLIT_K": 1, "GROUP_M": 8, "num_warps": 4, "num_stages": 5}, "shared_memory"),
-        ("gemm", {"BLOCK_M": 16, "BLOCK_N": 64, "BLOCK_K": 128, "SPLIT_K": 64, "GROUP_M": 8, "num_warps": 4, "num_stages": 2}, "split_k"),
+        (
+            "sparse_decode",
+            {"S": 1, "BLOCK_H": 16, "BLOCK_T": 32, "num_warps": 4, "num_stages": 1, "X": 1},
+            "unknown_param",
+        ),
+        (
+            "gemm",
+            {
+                "BLOCK_M": 16,
+                "BLOCK_N": 256,
+                "BLOCK_K": 256,
+                "SPLIT_K": 1,
+                "GROUP_M": 8,
+                "num_warps": 4,
+                "num_stages": 5,
+            },
+            "shared_memory",
+        ),
+        (
+            "gemm",
+            {
+                "BLOCK_M": 16,
+                "BLOCK_N": 64,
+                "BLOCK_K": 128,
+                "SPLIT_K": 64,
+                "GROUP_M": 8,
+                "num_warps": 4,
+                "num_stages": 2,
+            },
+            "split_k",
+        ),
         ("indexer", {"BLOCK_N": 256, "TILES": 1, "num_warps": 2, "num_stages": 1}, "register_pressure"),
         ("indexer", {"BLOCK_N": 48, "TILES": 1, "num_warps": 4, "num_stages": 1}, "tile_size"),
     ],

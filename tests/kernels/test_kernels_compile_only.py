@@ -43,8 +43,14 @@ def test_helper_compiles_what_the_trial_then_loads(tmp_path):
     names = "indexer,sparse_decode,moe,gemm"
 
     def probe(mode):
-        p = subprocess.run([sys.executable, str(HERE / "compile_probe.py"), mode, names], env=env, cwd=ROOT,
-                           capture_output=True, text=True, timeout=600)
+        p = subprocess.run(
+            [sys.executable, str(HERE / "compile_probe.py"), mode, names],
+            env=env,
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+            timeout=600,
+        )
         assert p.returncode == 0, p.stderr[-3000:]
         return json.loads(p.stdout.strip().splitlines()[-1])
 
@@ -70,8 +76,14 @@ def test_sparse_decode_compiled_from_meta_tensors_takes_the_gpu_paths_of_a_real_
         pytest.skip("Triton has no NVIDIA backend here")
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     env.update(PYTHONPATH=str(ROOT), TRITON_CACHE_DIR=str(tmp_path / "cache"))
-    p = subprocess.run([sys.executable, str(HERE / "compile_probe.py"), "launches", "sparse_decode"], env=env,
-                       cwd=ROOT, capture_output=True, text=True, timeout=600)
+    p = subprocess.run(
+        [sys.executable, str(HERE / "compile_probe.py"), "launches", "sparse_decode"],
+        env=env,
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert p.returncode == 0, p.stderr[-3000:]
     launches = json.loads(p.stdout.strip().splitlines()[-1])
     direct, split = launches["_sparse_decode_kernel"]  # the default config (one split), then one that splits
@@ -81,11 +93,17 @@ def test_sparse_decode_compiled_from_meta_tensors_takes_the_gpu_paths_of_a_real_
     assert merge["PDL"] is True and merge["launch_pdl"] is True
 
 
-@pytest.mark.parametrize("kwargs, triggers, merge_pdl", [
-    ({}, 1, True), ({"pdl": False}, 0, False),
-], ids=["early", "plain"])
-def test_the_tl_dot_split_kernel_lets_its_pdl_merge_start_early_and_without_pdl_neither(tmp_path, kwargs, triggers,
-                                                                                        merge_pdl):
+@pytest.mark.parametrize(
+    "kwargs, triggers, merge_pdl",
+    [
+        ({}, 1, True),
+        ({"pdl": False}, 0, False),
+    ],
+    ids=["early", "plain"],
+)
+def test_the_tl_dot_split_kernel_lets_its_pdl_merge_start_early_and_without_pdl_neither(
+    tmp_path, kwargs, triggers, merge_pdl
+):
     """The sm_90 build of a split config: by default the split kernel lets its PDL-launched merge start at once (one
     ``griddepcontrol.launch_dependents``); without PDL, neither."""
     try:
@@ -96,8 +114,21 @@ def test_the_tl_dot_split_kernel_lets_its_pdl_merge_start_early_and_without_pdl_
     env.update(PYTHONPATH=str(ROOT), TRITON_CACHE_DIR=str(tmp_path / "cache"))
     shape = {"batch": 4, "heads": 64, "d_qk": 512, "d_v": 512, "topk": 640, "num_rows": 65536}
     config = {"S": 4, "BLOCK_H": 16, "BLOCK_T": 64, "num_warps": 4, "num_stages": 2}
-    p = subprocess.run([sys.executable, str(HERE / "compile_probe.py"), "tldot", json.dumps(shape), json.dumps(config),
-                        json.dumps(kwargs)], env=env, cwd=ROOT, capture_output=True, text=True, timeout=600)
+    p = subprocess.run(
+        [
+            sys.executable,
+            str(HERE / "compile_probe.py"),
+            "tldot",
+            json.dumps(shape),
+            json.dumps(config),
+            json.dumps(kwargs),
+        ],
+        env=env,
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert p.returncode == 0, p.stderr[-3000:]
     got = json.loads(p.stdout.strip().splitlines()[-1])
     assert got == {"launch_dependents": triggers, "merge_launch_pdl": merge_pdl}
@@ -113,18 +144,22 @@ def _global_loads(tmp_path, kernel, dtype, shape, config=None):
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     env.update(PYTHONPATH=str(ROOT), TRITON_CACHE_DIR=str(tmp_path / "cache"))
     args = [sys.executable, str(HERE / "compile_probe.py"), "loads", kernel, dtype, json.dumps(shape)]
-    p = subprocess.run(args + ([json.dumps(config)] if config else []), env=env, cwd=ROOT, capture_output=True,
-                       text=True, timeout=600)
+    p = subprocess.run(
+        args + ([json.dumps(config)] if config else []), env=env, cwd=ROOT, capture_output=True, text=True, timeout=600
+    )
     assert p.returncode == 0, p.stderr[-3000:]
     return json.loads(p.stdout.strip().splitlines()[-1])
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("shape, config", [
-    ({"M": 1, "N": 1024, "K": 4096}, None),  # V4-Flash decode shape, default config (fused split-K)
-    ({"M": 64, "N": 4096, "K": 1024}, {"SPLIT_K": 2, "BLOCK_M": 64, "num_warps": 8}),
-    ({"M": 3, "N": 40, "K": 96}, None),  # ragged K: masked tiles
-])
+@pytest.mark.parametrize(
+    "shape, config",
+    [
+        ({"M": 1, "N": 1024, "K": 4096}, None),  # V4-Flash decode shape, default config (fused split-K)
+        ({"M": 64, "N": 4096, "K": 1024}, {"SPLIT_K": 2, "BLOCK_M": 64, "num_warps": 8}),
+        ({"M": 3, "N": 40, "K": 96}, None),  # ragged K: masked tiles
+    ],
+)
 def test_gemm_reads_its_tiles_in_16_byte_async_copies_on_sm90(tmp_path, shape, config):
     """The split's first K index (``pid_k * k_per_split``, an unspecialised argument) hid the tiles' 16-byte
     alignment from the compiler: every bf16 element of W was read by its own 2-byte load, with no cp.async pipeline

@@ -30,7 +30,9 @@ def _write(entries, dtype="bfloat16"):
 def test_file_name_has_kernel_gpu_dtype_and_triton_version(config_dir):
     path = config_path("sparse_decode", "NVIDIA H200", "bf16", "3.6.0")
     assert path == config_dir / "sparse_decode__NVIDIA_H200__bfloat16__triton-3.6.0.json"
-    assert config_path("gemm", "NVIDIA H200", "tf32").name == f"gemm__NVIDIA_H200__tf32__triton-{triton.__version__}.json"
+    assert (
+        config_path("gemm", "NVIDIA H200", "tf32").name == f"gemm__NVIDIA_H200__tf32__triton-{triton.__version__}.json"
+    )
 
 
 def test_write_merges_and_leaves_no_temporary_files(config_dir):
@@ -64,8 +66,13 @@ def _process_writer(directory: str, i: int) -> None:
     from kernels.configs import write_config_file
 
     for j in range(15):
-        write_config_file("sparse_decode", "cpu", "bfloat16", {f"batch={i * 100 + j},d_qk=512,d_v=512,heads=64,topk=640": {
-            "config": TUNED, "time_us": 1.0}}, directory=directory)
+        write_config_file(
+            "sparse_decode",
+            "cpu",
+            "bfloat16",
+            {f"batch={i * 100 + j},d_qk=512,d_v=512,heads=64,topk=640": {"config": TUNED, "time_us": 1.0}},
+            directory=directory,
+        )
 
 
 def test_writer_processes_keep_every_entry(tmp_path):
@@ -107,7 +114,9 @@ def test_lookup_takes_nearest_tuned_entry():
     at20 = lookup("sparse_decode", dict(SHAPE, batch=20), "bfloat16")
     assert at20 == {**TUNED, "S": SD.splits_in_one_wave(TUNED, dict(SHAPE, batch=20))} and at20["S"] != TUNED["S"]
     assert lookup("sparse_decode", dict(SHAPE, batch=32), "bfloat16") == TUNED  # at its own batch, as tuned
-    assert lookup("sparse_decode", dict(SHAPE, batch=20, topk=2048), "bfloat16") == SD.default_config(dict(SHAPE, batch=20, topk=2048))
+    assert lookup("sparse_decode", dict(SHAPE, batch=20, topk=2048), "bfloat16") == SD.default_config(
+        dict(SHAPE, batch=20, topk=2048)
+    )
     assert lookup("sparse_decode", SHAPE, "float16") == SD.default_config(SHAPE)  # other dtype, other file
 
 

@@ -48,8 +48,14 @@ def test_linear_auto_without_a_tuned_entry_runs_the_library(monkeypatch, tmp_pat
         clear_cache()
 
 
-@pytest.mark.parametrize("knobs, needle", [({"gemm_impl": "cublas"}, "torch, triton, auto"),
-                                           ({"gemm_impl": "triton"}, "GPU"), ({"gemm_impl": "auto"}, "GPU")])
+@pytest.mark.parametrize(
+    "knobs, needle",
+    [
+        ({"gemm_impl": "cublas"}, "torch, triton, auto"),
+        ({"gemm_impl": "triton"}, "GPU"),
+        ({"gemm_impl": "auto"}, "GPU"),
+    ],
+)
 def test_gemm_impl_knob_is_checked(knobs, needle):
     if CUDA and needle == "GPU":
         pytest.skip("a GPU runs every gemm_impl")
@@ -87,11 +93,21 @@ def test_gemm_seed_configs_fill_one_wave_of_sms_and_pass_the_rules():
             assert (c["BLOCK_N"], c["BLOCK_K"]) in ((32, 128), (64, 128), (128, 64), (32, 256)), c
             tiles = triton.cdiv(shape["M"], c["BLOCK_M"]) * triton.cdiv(shape["N"], c["BLOCK_N"])
             assert tiles * c["SPLIT_K"] <= 132 or c["SPLIT_K"] == 1, (shape, c)
-            assert (c["SPLIT_K"] == 16 or tiles * 2 * c["SPLIT_K"] > 132
-                    or (2 * c["SPLIT_K"] - 1) * c["BLOCK_K"] >= shape["K"]), (shape, c)  # the most splits that fit
+            assert (
+                c["SPLIT_K"] == 16
+                or tiles * 2 * c["SPLIT_K"] > 132
+                or (2 * c["SPLIT_K"] - 1) * c["BLOCK_K"] >= shape["K"]
+            ), (shape, c)  # the most splits that fit
     one = k.seed_configs({"M": 1, "N": 1024, "K": 4096}, None, "bf16")  # 16 tiles of 64 columns: 8 splits
-    assert {"BLOCK_M": 16, "BLOCK_N": 64, "BLOCK_K": 128, "SPLIT_K": 8, "GROUP_M": 8, "num_warps": 8,
-            "num_stages": 4} in one
+    assert {
+        "BLOCK_M": 16,
+        "BLOCK_N": 64,
+        "BLOCK_K": 128,
+        "SPLIT_K": 8,
+        "GROUP_M": 8,
+        "num_warps": 8,
+        "num_stages": 4,
+    } in one
 
 
 def test_gemm_default_split_k_fills_the_sms_the_device_reports(monkeypatch):

@@ -68,10 +68,27 @@ def test_gemv_default_and_seeds_pass_its_rules_at_the_decode_shapes():
 
 def test_linear_auto_runs_the_gemv_where_the_tuned_file_names_it_and_only_for_one_row(monkeypatch, tmp_path):
     monkeypatch.setenv("TUNER_KERNEL_CONFIG_DIR", str(tmp_path))
-    entry = {"config": {"BLOCK_M": 16, "BLOCK_N": 32, "BLOCK_K": 32, "SPLIT_K": 1, "GROUP_M": 8, "num_warps": 4,
-                        "num_stages": 2}, "time_us": 1.0, "default_time_us": 1.0, "impl": "gemv"}
-    write_config_file("gemm", "cpu" if not CUDA else torch.cuda.get_device_name(), "float32",
-                      {"K=64,M=1,N=24": entry}, directory=tmp_path)
+    entry = {
+        "config": {
+            "BLOCK_M": 16,
+            "BLOCK_N": 32,
+            "BLOCK_K": 32,
+            "SPLIT_K": 1,
+            "GROUP_M": 8,
+            "num_warps": 4,
+            "num_stages": 2,
+        },
+        "time_us": 1.0,
+        "default_time_us": 1.0,
+        "impl": "gemv",
+    }
+    write_config_file(
+        "gemm",
+        "cpu" if not CUDA else torch.cuda.get_device_name(),
+        "float32",
+        {"K=64,M=1,N=24": entry},
+        directory=tmp_path,
+    )
     clear_cache()
     try:
         assert resolve_impl("auto", 1, 24, 64, "fp32", DEV) == "gemv"
@@ -90,15 +107,47 @@ def test_linear_auto_takes_a_kernel_search_gemv_entry_where_it_beat_the_library_
     the GEMM file's choice's; never at M > 1, never where the GEMV lost to the library."""
     monkeypatch.setenv("TUNER_KERNEL_CONFIG_DIR", str(tmp_path))
     gpu = "cpu" if not CUDA else torch.cuda.get_device_name()
-    gemm_cfg = {"BLOCK_M": 16, "BLOCK_N": 32, "BLOCK_K": 32, "SPLIT_K": 1, "GROUP_M": 8, "num_warps": 4, "num_stages": 2}
+    gemm_cfg = {
+        "BLOCK_M": 16,
+        "BLOCK_N": 32,
+        "BLOCK_K": 32,
+        "SPLIT_K": 1,
+        "GROUP_M": 8,
+        "num_warps": 4,
+        "num_stages": 2,
+    }
 
     def write(gemm_impl, gemm_us, gemv_impl, gemv_us):
-        write_config_file("gemm", gpu, "float32", {"K=64,M=1,N=24": {
-            "config": gemm_cfg, "time_us": gemm_us, "impl": gemm_impl, "library_time_us": 10.0,
-            "impl_triton_time_us": gemm_us}}, directory=tmp_path)
-        write_config_file("gemv", gpu, "float32", {"K=64,M=1,N=24": {
-            "config": _cfg(), "time_us": gemv_us, "impl": gemv_impl, "library_time_us": 10.0,
-            "impl_triton_time_us": gemv_us}}, directory=tmp_path)
+        write_config_file(
+            "gemm",
+            gpu,
+            "float32",
+            {
+                "K=64,M=1,N=24": {
+                    "config": gemm_cfg,
+                    "time_us": gemm_us,
+                    "impl": gemm_impl,
+                    "library_time_us": 10.0,
+                    "impl_triton_time_us": gemm_us,
+                }
+            },
+            directory=tmp_path,
+        )
+        write_config_file(
+            "gemv",
+            gpu,
+            "float32",
+            {
+                "K=64,M=1,N=24": {
+                    "config": _cfg(),
+                    "time_us": gemv_us,
+                    "impl": gemv_impl,
+                    "library_time_us": 10.0,
+                    "impl_triton_time_us": gemv_us,
+                }
+            },
+            directory=tmp_path,
+        )
         clear_cache()
 
     try:

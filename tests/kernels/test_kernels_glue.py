@@ -43,7 +43,9 @@ def test_rope_is_interleaved_on_the_last_dims():
     cs = rope_cos_sin(4, 4, device=DEV)
     y = rope(x, torch.tensor([1], device=DEV), cs, rope_dim=4)
     angle = 1.0  # position 1, pair 0: inv freq 1
-    assert torch.allclose(y[0, 0, 4:6].cpu(), torch.tensor([torch.cos(torch.tensor(angle)), torch.sin(torch.tensor(angle))]))
+    assert torch.allclose(
+        y[0, 0, 4:6].cpu(), torch.tensor([torch.cos(torch.tensor(angle)), torch.sin(torch.tensor(angle))])
+    )
     assert torch.equal(y[0, 0, :4], x[0, 0, :4])
     assert torch.allclose(y.double().cpu(), rope_reference(x, torch.tensor([1], device=DEV), cs, 4).double().cpu())
 
@@ -91,7 +93,9 @@ def test_store_kv_rows_writes_each_row_over_its_scale_at_its_slot_and_nothing_el
     from kernels.glue import store_kv_rows
 
     g = torch.Generator(device=DEV).manual_seed(d)
-    rows = (torch.randn(5, d, generator=g, device=DEV) * torch.logspace(-3, 2, 5, device=DEV)[:, None]).to(getattr(torch, src))
+    rows = (torch.randn(5, d, generator=g, device=DEV) * torch.logspace(-3, 2, 5, device=DEV)[:, None]).to(
+        getattr(torch, src)
+    )
     rows[3] = 0
     pool = torch.full((40, d), float("nan"), device=DEV)
     scale = torch.full((40,), float("nan"), device=DEV)
@@ -111,10 +115,17 @@ def test_store_kv_rows_names_each_bad_argument():
     from kernels.glue import store_kv_rows
 
     rows = torch.randn(2, 64, device=DEV)
-    with pytest.raises(ValueError, match=r"store_kv_rows: pool \(8, 32\) \(contiguous rows of 64\); pool_scale \(8,\) "
-                                         r"torch.float16 \(float32 \[8\]\); slots \(3,\) \(\[2\]\)"):
-        store_kv_rows(rows, torch.empty(8, 32, device=DEV), torch.empty(8, device=DEV).half(),
-                      torch.zeros(3, dtype=torch.long, device=DEV))
+    with pytest.raises(
+        ValueError,
+        match=r"store_kv_rows: pool \(8, 32\) \(contiguous rows of 64\); pool_scale \(8,\) "
+        r"torch.float16 \(float32 \[8\]\); slots \(3,\) \(\[2\]\)",
+    ):
+        store_kv_rows(
+            rows,
+            torch.empty(8, 32, device=DEV),
+            torch.empty(8, device=DEV).half(),
+            torch.zeros(3, dtype=torch.long, device=DEV),
+        )
 
 
 @pytest.mark.gpu
@@ -134,4 +145,4 @@ def test_store_kv_rows_writes_the_bytes_torch_quantisation_writes_on_a_gpu():
     got, want = pool[slots].float(), ref.float()
     differ = got != want  # a division rounded the other way may land one e4m3 step off, rarely
     assert float(differ.float().mean()) < 1e-3
-    assert bool(((got - want).abs() <= want.abs() / 8 + 2.0 ** -9)[differ].all())
+    assert bool(((got - want).abs() <= want.abs() / 8 + 2.0**-9)[differ].all())

@@ -22,7 +22,9 @@ def _sd(S, BH, BT, nw, ns):
     return {"S": S, "BLOCK_H": BH, "BLOCK_T": BT, "num_warps": nw, "num_stages": ns}
 
 
-@pytest.mark.parametrize("cfg", [None, _sd(1, 16, 64, 4, 2), _sd(4, 32, 64, 8, 2), _sd(8, 64, 64, 8, 2), _sd(16, 16, 32, 4, 2)], ids=str)
+@pytest.mark.parametrize(
+    "cfg", [None, _sd(1, 16, 64, 4, 2), _sd(4, 32, 64, 8, 2), _sd(8, 64, 64, 8, 2), _sd(16, 16, 32, 4, 2)], ids=str
+)
 def test_sparse_decode_v4flash_bf16(cfg):
     for batch in (1, 5):
         shape = dict(SD.shapes("v4flash")[0], batch=batch, ragged=1)
@@ -31,8 +33,9 @@ def test_sparse_decode_v4flash_bf16(cfg):
 
 
 @pytest.mark.skipif(not FP8_OK, reason="fp8 needs compute capability >= 8.9")
-@pytest.mark.parametrize("cfg", [None, _sd(1, 16, 32, 4, 2), _sd(8, 16, 16, 4, 2), _sd(4, 32, 32, 8, 2), _sd(2, 64, 32, 8, 3)],
-                         ids=str)
+@pytest.mark.parametrize(
+    "cfg", [None, _sd(1, 16, 32, 4, 2), _sd(8, 16, 16, 4, 2), _sd(4, 32, 32, 8, 2), _sd(2, 64, 32, 8, 3)], ids=str
+)
 def test_sparse_decode_v4flash_fp8_cache(cfg):
     """e4m3 rows with a float32 scale per row, bf16 q, against the float32 reference of the dequantised cache."""
     for batch in (1, 5, 64):
@@ -81,7 +84,9 @@ def test_sparse_decode_v32_bf16_and_simt():
     shape = dict(SD.shapes("v32")[0], batch=2, ragged=1)
     assert check(SD, shape, "bfloat16", None, "cuda", seed=1) <= SD.tolerance("bfloat16")
     assert check(SD, shape, "bfloat16", _sd(4, 64, 32, 8, 2), "cuda", seed=2) <= SD.tolerance("bfloat16")
-    assert check(SIMT, dict(SD.shapes("v4flash")[0], batch=2, ragged=1), "bfloat16", None, "cuda") <= SIMT.tolerance("bfloat16")
+    assert check(SIMT, dict(SD.shapes("v4flash")[0], batch=2, ragged=1), "bfloat16", None, "cuda") <= SIMT.tolerance(
+        "bfloat16"
+    )
 
 
 def test_sparse_decode_fp16():
@@ -127,10 +132,42 @@ def test_out_of_resources_is_raised_and_classified():
     out = torch.empty(1, 64, 512, device="cuda", dtype=torch.bfloat16)
     with pytest.raises(Exception) as info:
         _sparse_decode_kernel[(1, 1, 1)](
-            q, kv, kv, idx, out, out, out, 1, 64, 1024, 640, 640, 1, 1.0,
-            q.stride(0), q.stride(1), kv.stride(0), idx.stride(0), 0, 0, 0, 0, 0, out.stride(0), out.stride(1),
-            DV=512, DT=0, D_TAIL=0, BLOCK_H=64, BLOCK_T=256, DIRECT=True, KV_SCALED=False,
-            PREFETCH=True, PDL=False, num_warps=8, num_stages=3,
+            q,
+            kv,
+            kv,
+            idx,
+            out,
+            out,
+            out,
+            1,
+            64,
+            1024,
+            640,
+            640,
+            1,
+            1.0,
+            q.stride(0),
+            q.stride(1),
+            kv.stride(0),
+            idx.stride(0),
+            0,
+            0,
+            0,
+            0,
+            0,
+            out.stride(0),
+            out.stride(1),
+            DV=512,
+            DT=0,
+            D_TAIL=0,
+            BLOCK_H=64,
+            BLOCK_T=256,
+            DIRECT=True,
+            KV_SCALED=False,
+            PREFETCH=True,
+            PDL=False,
+            num_warps=8,
+            num_stages=3,
         )
         torch.cuda.synchronize()
     assert classify_failure(info.value) == "out_of_resources", repr(info.value)
@@ -173,11 +210,20 @@ def test_gemm_fp8_row_wise_scales_match_the_reference_and_the_library(split_k):
     xs, ws = x.abs().amax(1) / 448.0, w.abs().amax(1) / 448.0
     xq, wq = (x / xs[:, None]).to(torch.float8_e4m3fn), (w / ws[:, None]).to(torch.float8_e4m3fn)
     ref = gemm_reference(xq, wq, "fp8", xs, ws)
-    cfg = {"BLOCK_M": 16, "BLOCK_N": 64, "BLOCK_K": 128, "SPLIT_K": split_k, "GROUP_M": 8, "num_warps": 4,
-           "num_stages": 3}
+    cfg = {
+        "BLOCK_M": 16,
+        "BLOCK_N": 64,
+        "BLOCK_K": 128,
+        "SPLIT_K": split_k,
+        "GROUP_M": 8,
+        "num_warps": 4,
+        "num_stages": 3,
+    }
     out = torch.full((M, N), float("nan"), device="cuda", dtype=torch.bfloat16)
-    for y in (gemm(xq, wq, "fp8", cfg, x_scale=xs, w_scale=ws, out=out), torch_linear(xq, wq, "fp8", x_scale=xs,
-                                                                                       w_scale=ws)):
+    for y in (
+        gemm(xq, wq, "fp8", cfg, x_scale=xs, w_scale=ws, out=out),
+        torch_linear(xq, wq, "fp8", x_scale=xs, w_scale=ws),
+    ):
         for row in range(M):  # every row to bf16 precision, however small its scale
             err = ((y[row].float() - ref[row]).norm() / ref[row].norm()).item()
             assert err < 1e-2, (row, err)
@@ -210,8 +256,9 @@ def test_gemv_fp8_row_wise_weight_scales_match_the_reference():
     xq, wq = (x / xs[:, None]).to(torch.float8_e4m3fn), (w / ws[:, None]).to(torch.float8_e4m3fn)
     ref = gemm_reference(xq, wq, "fp8", xs, ws)
     out = torch.full((1, N), float("nan"), device="cuda", dtype=torch.bfloat16)
-    y = gemv(xq, wq, "fp8", {"BLOCK_N": 8, "BLOCK_K": 512, "SPLIT_K": 4, "num_warps": 8}, x_scale=xs, w_scale=ws,
-             out=out)
+    y = gemv(
+        xq, wq, "fp8", {"BLOCK_N": 8, "BLOCK_K": 512, "SPLIT_K": 4, "num_warps": 8}, x_scale=xs, w_scale=ws, out=out
+    )
     rows = torch.arange(N, device="cuda")
     for lo in (rows < 64, rows >= N - 64):  # the smallest-scale and the largest-scale rows, each to bf16 precision
         err = ((y[0, lo].float() - ref[0, lo]).norm() / ref[0, lo].norm()).item()

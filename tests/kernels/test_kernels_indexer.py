@@ -19,8 +19,12 @@ SHAPES = K.shapes("test")
 @pytest.mark.parametrize("shape", SHAPES, ids=["per_request_ragged_scaled", "shared_k"])
 @pytest.mark.parametrize(
     "cfg",
-    [None, {"BLOCK_N": 16, "TILES": 1, "num_warps": 4, "num_stages": 1}, {"BLOCK_N": 32, "TILES": 8, "num_warps": 2, "num_stages": 3},
-     {"BLOCK_N": 64, "TILES": 2, "num_warps": 8, "num_stages": 2}],
+    [
+        None,
+        {"BLOCK_N": 16, "TILES": 1, "num_warps": 4, "num_stages": 1},
+        {"BLOCK_N": 32, "TILES": 8, "num_warps": 2, "num_stages": 3},
+        {"BLOCK_N": 64, "TILES": 2, "num_warps": 8, "num_stages": 2},
+    ],
     ids=str,
 )
 @pytest.mark.parametrize("dtype", ["float16", "float32"])
@@ -50,16 +54,18 @@ def test_dead_tiles_computed_or_skipped_score_the_same(skip_dead):
     lengths = torch.tensor([150, 0, 21], dtype=torch.int32, device=DEV)  # full, none live, dead tiles past 21
     cfg = {"BLOCK_N": 16, "TILES": 2, "num_warps": 4, "num_stages": 1}
     out = torch.full((3, 150), float("nan"), device=DEV)
-    indexer_scores(inputs["q"], inputs["k"], inputs["w"], inputs["k_scale"], lengths, 150, cfg, out=out,
-                   skip_dead=skip_dead)
+    indexer_scores(
+        inputs["q"], inputs["k"], inputs["w"], inputs["k_scale"], lengths, 150, cfg, out=out, skip_dead=skip_dead
+    )
     ref = indexer_reference(inputs["q"], inputs["k"], inputs["w"], inputs["k_scale"], lengths, 150)
     assert not out.isnan().any()
     assert torch.equal(torch.isinf(out).cpu(), torch.isinf(ref).cpu()) and torch.isinf(out[1]).all()
     fin = torch.isfinite(ref)
     err = (out[fin].double().cpu() - ref[fin].cpu()).norm() / ref[fin].norm()
     assert err <= K.tolerance("float32"), err
-    idx, _ = indexer_topk(inputs["q"], inputs["k"], inputs["w"], 30, inputs["k_scale"], lengths, 150, cfg,
-                          skip_dead=skip_dead)
+    idx, _ = indexer_topk(
+        inputs["q"], inputs["k"], inputs["w"], 30, inputs["k_scale"], lengths, 150, cfg, skip_dead=skip_dead
+    )
     assert (idx[2, 21:] == -1).all() and (idx[2, :21] >= 0).all()
 
 

@@ -30,7 +30,7 @@ def test_align_groups_every_pair_once_by_expert(block_m):
     assert sorted(valid.tolist()) == list(range(P))  # every pair exactly once
     flat = ids.reshape(-1)
     for b, e in enumerate(block_expert.tolist()):
-        rows = sorted_pair[b * block_m:(b + 1) * block_m]
+        rows = sorted_pair[b * block_m : (b + 1) * block_m]
         rows = rows[rows < P]
         if e == 7:
             assert rows.numel() == 0  # unused block
@@ -75,10 +75,17 @@ def test_rules_and_errors_name_the_thing():
     assert MOE.check_config(_cfg(BM=64, BN=128, BK=256, nw=4, ns=4), dict(shape, tokens=64)).startswith("shared_memory")
     x = torch.randn(2, 16)
     with pytest.raises(ValueError, match="w13"):
-        fused_moe(x, torch.randn(2, 16, 10), torch.randn(2, 4, 16), torch.zeros(2, 1, dtype=torch.long), torch.ones(2, 1))
+        fused_moe(
+            x, torch.randn(2, 16, 10), torch.randn(2, 4, 16), torch.zeros(2, 1, dtype=torch.long), torch.ones(2, 1)
+        )
     with pytest.raises(ValueError, match="share one of"):
-        fused_moe(x, torch.randn(2, 16, 8).half(), torch.randn(2, 4, 16).half(), torch.zeros(2, 1, dtype=torch.long),
-                  torch.ones(2, 1))
+        fused_moe(
+            x,
+            torch.randn(2, 16, 8).half(),
+            torch.randn(2, 4, 16).half(),
+            torch.zeros(2, 1, dtype=torch.long),
+            torch.ones(2, 1),
+        )
 
 
 def test_default_configs_pass_the_rules_on_v4flash_shapes():
@@ -101,7 +108,8 @@ def test_workload_moe_paths_agree(batch):
     p = get_preset("dsv4-flash-tiny")
     model = DecodeModel(p, {"gemm_moe": "fp32"}, DEV, seed=2)  # bf16 is broken in the Triton interpreter
     h = torch.randn(batch, p.hidden, generator=torch.Generator(device=DEV).manual_seed(batch), device=DEV).to(
-        model.act_dtype)
+        model.act_dtype
+    )
     gw, gi = torch.softmax(model.w.gate(h.float()), dim=-1).topk(p.topk_experts, dim=-1)
     ids = gi % p.experts_local
     x = h.to(model.w.w13.dtype).contiguous()  # the experts' dtype (the activations are bf16 on a GPU)

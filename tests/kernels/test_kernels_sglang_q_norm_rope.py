@@ -92,11 +92,21 @@ def _plugin_hook(tmp_path, arch):
     from tuner.export.sglang_plugin import SideBySide, choose, write_plugin
 
     def rec(batch, ours):
-        return SideBySide(target="sglang.kernels.ops.attention.dsv4.norm_rope.fused_q_norm_rope", batch=batch,
-                          shape={"heads": 4, "head_dim": 128, "rope_dim": 64, "norm": True},
-                          dtypes={"dtype": "float32", "out_dtype": "float32"}, ours_us=ours, sglang_us=5.0,
-                          rel_err=1e-7, gpu="cpu", arch=arch, date="2026-12-03", commit="c", sglang="0.5.23",
-                          config={"BLOCK_H": 2, "num_warps": 1})
+        return SideBySide(
+            target="sglang.kernels.ops.attention.dsv4.norm_rope.fused_q_norm_rope",
+            batch=batch,
+            shape={"heads": 4, "head_dim": 128, "rope_dim": 64, "norm": True},
+            dtypes={"dtype": "float32", "out_dtype": "float32"},
+            ours_us=ours,
+            sglang_us=5.0,
+            rel_err=1e-7,
+            gpu="cpu",
+            arch=arch,
+            date="2026-12-03",
+            commit="c",
+            sglang="0.5.23",
+            config={"BLOCK_H": 2, "num_warps": 1},
+        )
 
     dest = tmp_path / "sglang_plugin"
     man = write_plugin(dest, choose([rec(2, 4.0), rec(4, 6.0)]), study="s", commit="c", sglang="0.5.23")
@@ -108,8 +118,10 @@ def _plugin_hook(tmp_path, arch):
         sys.path.remove(str(dest))
         for name in [n for n in sys.modules if n.startswith("tuner_sglang_plugin")]:
             del sys.modules[name]
-    assert json.loads((dest / "MANIFEST.json").read_text())["hooks"][0]["cases"][0]["buckets"][0]["batch_range"] \
-        == [1, 2]
+    assert json.loads((dest / "MANIFEST.json").read_text())["hooks"][0]["cases"][0]["buckets"][0]["batch_range"] == [
+        1,
+        2,
+    ]
     return hook
 
 
@@ -130,9 +142,11 @@ def test_the_plugins_hook_runs_ours_in_its_measured_bucket_and_sglangs_elsewhere
         assert calls == ([B] if expect_sglang else []), B
         assert _rel(out, q_norm_rope_reference(q, 1e-6, freqs, pos)) <= TOL[torch.float32]
     q, freqs, pos = _inputs(2, 4, 128, 64, torch.float32, seed=1)
-    for args in ((q, torch.empty_like(q), None, freqs, pos),  # no norm: not measured
-                 (q[:, :2], torch.empty_like(q[:, :2]), 1e-6, freqs, pos),  # 2 heads: not measured
-                 (q.half(), torch.empty_like(q.half()), 1e-6, freqs, pos)):  # float16: not measured
+    for args in (
+        (q, torch.empty_like(q), None, freqs, pos),  # no norm: not measured
+        (q[:, :2], torch.empty_like(q[:, :2]), 1e-6, freqs, pos),  # 2 heads: not measured
+        (q.half(), torch.empty_like(q.half()), 1e-6, freqs, pos),
+    ):  # float16: not measured
         calls.clear()
         hook(sglangs, *args)
         assert calls == [2]
@@ -181,6 +195,11 @@ def test_it_compiles_for_sm90_at_v4_flash_shapes():
         pytest.skip("Triton has no NVIDIA backend here")
     here = Path(__file__).resolve().parent
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    done = subprocess.run([sys.executable, "-c", COMPILE, str(here.parents[1]), str(here)], env=env,
-                          capture_output=True, text=True, timeout=240)
+    done = subprocess.run(
+        [sys.executable, "-c", COMPILE, str(here.parents[1]), str(here)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
     assert done.returncode == 0 and "compiled for sm_90" in done.stdout, done.stderr[-3000:]

@@ -107,7 +107,10 @@ def test_launcher_errors_name_the_argument():
 
 def test_reference_matches_plain_softmax_attention():
     gen = torch.Generator().manual_seed(1)
-    q, kv = torch.randn(1, 2, 8, generator=gen, dtype=torch.float64), torch.randn(6, 8, generator=gen, dtype=torch.float64)
+    q, kv = (
+        torch.randn(1, 2, 8, generator=gen, dtype=torch.float64),
+        torch.randn(6, 8, generator=gen, dtype=torch.float64),
+    )
     idx = torch.tensor([[5, 0, 2]], dtype=torch.int32)
     k = kv[[5, 0, 2]]
     expect = torch.softmax(q[0] @ k.T / math.sqrt(8), -1) @ k
@@ -124,7 +127,7 @@ def test_seed_configs_fill_one_wave_and_pass_the_rules():
         for c in seeds:
             assert sd.check_config(c, shape, None, dtype="bfloat16") is None
             programs = shape["batch"] * -(-shape["heads"] // c["BLOCK_H"]) * c["S"]
-            assert 132 / 2 ** 0.5 <= programs <= 132 * 2 ** 0.5 or c["S"] in (1, 32)  # nearest to one wave
+            assert 132 / 2**0.5 <= programs <= 132 * 2**0.5 or c["S"] in (1, 32)  # nearest to one wave
     b64 = dict(sd.shapes("v4flash")[-1], batch=64)
     assert {"S": 1, "BLOCK_H": 32, "BLOCK_T": 128, "num_warps": 4, "num_stages": 2} in sd.seed_configs(b64)
 

@@ -41,20 +41,35 @@ def _sm90_build(shape: dict, config: dict, ptxas_log: bool = False, kwargs: dict
     env.pop("TRITON_INTERPRET", None)
     if ptxas_log:
         env.update(TRITON_DUMP_PTXAS_LOG="1", TRITON_ALWAYS_COMPILE="1")
-    r = subprocess.run([sys.executable, str(ROOT / "tests" / "kernels" / "compile_probe.py"), "wgmma", json.dumps(shape),
-                        json.dumps(config), json.dumps(kwargs or {})], capture_output=True, text=True, env=env,
-                       timeout=600)
+    r = subprocess.run(
+        [
+            sys.executable,
+            str(ROOT / "tests" / "kernels" / "compile_probe.py"),
+            "wgmma",
+            json.dumps(shape),
+            json.dumps(config),
+            json.dumps(kwargs or {}),
+        ],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=600,
+    )
     assert r.returncode == 0, r.stderr[-2000:]
     lines = r.stdout.strip().splitlines()
     return {**json.loads(lines[-1]), **({"ptxas_log": "\n".join(lines[:-1])} if ptxas_log else {})}
 
 
 @needs_gluon
-@pytest.mark.parametrize("change, fragment", [
-    ({"heads": 128}, "heads=128 (at most 64)"),
-    ({"d": 256}, "d_qk=256, d_v=256 (both 512)"),
-    ({"dtype": torch.float32}, "dtype torch.float32 (bfloat16 or float16)"),
-], ids=["heads", "width", "dtype"])
+@pytest.mark.parametrize(
+    "change, fragment",
+    [
+        ({"heads": 128}, "heads=128 (at most 64)"),
+        ({"d": 256}, "d_qk=256, d_v=256 (both 512)"),
+        ({"dtype": torch.float32}, "dtype torch.float32 (bfloat16 or float16)"),
+    ],
+    ids=["heads", "width", "dtype"],
+)
 def test_sparse_decode_wgmma_rejects_shapes_it_cannot_run_with_one_line(change, fragment):
     with pytest.raises(ValueError) as err:
         sparse_decode_wgmma(*_inputs(1, **change))
@@ -65,8 +80,11 @@ def test_sparse_decode_wgmma_rejects_shapes_it_cannot_run_with_one_line(change, 
 @needs_gluon
 def test_sparse_decode_wgmma_asks_an_fp8_cache_for_its_row_scales():
     q, kv, idx = _inputs(1)
-    with pytest.raises(ValueError, match=r"an fp8 kv cache needs kv_scale: float32 \[4096\] \(one scale per row\), "
-                                         r"got None"):
+    with pytest.raises(
+        ValueError,
+        match=r"an fp8 kv cache needs kv_scale: float32 \[4096\] \(one scale per row\), "
+        r"got None",
+    ):
         sparse_decode_wgmma(q, kv.to(torch.float8_e4m3fn), idx)
 
 
@@ -75,14 +93,22 @@ V4 = {"batch": 16, "heads": 64, "d_qk": 512, "d_v": 512, "topk": 640, "num_rows"
 
 
 @needs_gluon
-@pytest.mark.parametrize("config, rule", [
-    ({"S": 4, "BLOCK_T": 32, "STAGES": 2, "V_SPLIT": 2, "WS": 0},
-     r"fp8_cache: an fp8 cache needs the producer warpgroup that widens its rows \(WS=1 or SPLIT_WG=1\); "
-     r"got WS=0"),
-    ({"S": 4, "BLOCK_T": 64, "STAGES": 2, "V_SPLIT": 2, "WS": 1},
-     r"shared_memory: an fp8 cache needs two staging slots of 32 KiB beside 196 KiB \(at most 227 KiB\); lower "
-     r"STAGES or BLOCK_T"),
-], ids=["no-producer", "no-room"])
+@pytest.mark.parametrize(
+    "config, rule",
+    [
+        (
+            {"S": 4, "BLOCK_T": 32, "STAGES": 2, "V_SPLIT": 2, "WS": 0},
+            r"fp8_cache: an fp8 cache needs the producer warpgroup that widens its rows \(WS=1 or SPLIT_WG=1\); "
+            r"got WS=0",
+        ),
+        (
+            {"S": 4, "BLOCK_T": 64, "STAGES": 2, "V_SPLIT": 2, "WS": 1},
+            r"shared_memory: an fp8 cache needs two staging slots of 32 KiB beside 196 KiB \(at most 227 KiB\); lower "
+            r"STAGES or BLOCK_T",
+        ),
+    ],
+    ids=["no-producer", "no-room"],
+)
 def test_an_fp8_config_without_a_producer_or_room_for_two_staging_slots_is_refused_in_one_line(config, rule):
     k = get_kernel("sparse_decode_wgmma")
     config = {**DEFAULT_CONFIG, **config}
@@ -103,16 +129,17 @@ def test_fit_dtype_gives_every_default_and_tuned_config_an_fp8_producer_and_leav
     assert files, "the H200's tuned bf16 file"
     tuned = json.loads(files[-1].read_text())
     cases = [(dict(V4, batch=b), k.default_config(dict(V4, batch=b))) for b in range(1, 133)]
-    cases += [(dict(V4, batch=int(key.split("batch=")[1].split(",")[0])), {**DEFAULT_CONFIG, **e["config"]})
-              for key, e in tuned.items()]
+    cases += [
+        (dict(V4, batch=int(key.split("batch=")[1].split(",")[0])), {**DEFAULT_CONFIG, **e["config"]})
+        for key, e in tuned.items()
+    ]
     for shape, config in cases:
         assert k.fit_dtype(config, shape, "bfloat16") is config
         fit = k.fit_dtype(config, shape, FP8)
         assert k.check_config(fit, shape, None, FP8) is None, (shape["batch"], config, fit)
         assert fp8_stages(fit, shape) >= 2
         assert fit["WS"] == 1 and fit["S"] == config["S"] and fit["V_SPLIT"] == config["V_SPLIT"]
-        assert fit["BLOCK_T"] == (config["BLOCK_T"] if fp8_stages({**config, "WS": 1, "STAGES": 2}, shape) >= 2
-                                  else 32)
+        assert fit["BLOCK_T"] == (config["BLOCK_T"] if fp8_stages({**config, "WS": 1, "STAGES": 2}, shape) >= 2 else 32)
         if k.check_config({**config, "WS": 1}, shape, None, FP8) is None:  # fits as it is: nothing cut
             assert fit == {**config, "WS": 1}
 
@@ -138,10 +165,14 @@ def test_the_tuned_lookup_of_an_fp8_cache_gives_the_wgmma_kernel_a_config_it_can
 
 @pytest.mark.slow  # sm_90 builds through ptxas in a subprocess: 3-19 s each on a 2-core CPU
 @needs_gluon
-@pytest.mark.parametrize("config", [
-    {"S": 10, "BLOCK_T": 32, "STAGES": 2, "V_SPLIT": 8, "WS": 1},
-    {"S": 1, "BLOCK_T": 32, "STAGES": 2, "V_SPLIT": 2, "WS": 1, "SPLIT_WG": 1, "STORE_CVT": 1},
-], ids=["ws-v8", "split-wg-table"])
+@pytest.mark.parametrize(
+    "config",
+    [
+        {"S": 10, "BLOCK_T": 32, "STAGES": 2, "V_SPLIT": 8, "WS": 1},
+        {"S": 1, "BLOCK_T": 32, "STAGES": 2, "V_SPLIT": 2, "WS": 1, "SPLIT_WG": 1, "STORE_CVT": 1},
+    ],
+    ids=["ws-v8", "split-wg-table"],
+)
 def test_an_fp8_cache_compiles_to_staged_row_and_scale_copies_widened_by_the_producer_without_spills(config):
     """The fp8 build for sm_90: the producer copies 16 bytes of fp8 a thread and each row's 4-byte scale by cp.async
     into its staging ring and waits on its own copy groups (the 16-bit ring's copies arrive on mbarriers instead; q
@@ -160,25 +191,37 @@ def test_an_fp8_cache_compiles_to_staged_row_and_scale_copies_widened_by_the_pro
     assert fp8["ptx"]["cvt.f16x2.e4m3x2"] > 0 and fp8["ptx"]["cvt.f32.f16"] == 0, fp8["ptx"]
     assert fp8["ptx"]["wgmma"] == bf16["ptx"]["wgmma"] > 0
     assert fp8["usage"]["local"] == 0, fp8["usage"]
-    staging = (fp8_stages(config, shape) * config["BLOCK_T"] * (512 + 4)  # the staging ring, its scales
-               + config["STAGES"] * config["BLOCK_T"] * 4)  # and the 16-bit ring's row scales
+    staging = (
+        fp8_stages(config, shape) * config["BLOCK_T"] * (512 + 4)  # the staging ring, its scales
+        + config["STAGES"] * config["BLOCK_T"] * 4
+    )  # and the 16-bit ring's row scales
     assert fp8["shared_bytes"] <= k.smem_bytes(config, shape) + staging <= fp8["shared_bytes"] + 4096
     assert fp8["shared_bytes"] <= smem_limit()
 
 
 @needs_gluon
-@pytest.mark.parametrize("config, rule", [
-    ({"BLOCK_T": 16}, r"block_t: BLOCK_T=16 must be one of \(32, 64\)"), ({"STAGES": 1}, r"stages: STAGES=1"),
-    ({"S": 0}, "positive_int: S=0"),
-    ({"V_SPLIT": 3}, r"v_split: V_SPLIT=3 must be one of \(1, 2, 4, 8\)"),
-    ({"STORE_CVT": 2}, "switch: STORE_CVT=2"), ({"num_warps": 4}, r"unknown_param: \['num_warps'\]"),
-    ({"STAGES": 3, "BLOCK_T": 64}, "shared_memory: 260 KiB > 227 KiB"),
-    ({"SPLIT_WG": 1, "V_SPLIT": 1}, r"split_wg: SPLIT_WG=1 needs V_SPLIT >= 2 .*got V_SPLIT=1, STAGES=2"),
-    ({"SPLIT_WG": 1, "V_SPLIT": 2, "STAGES": 3, "BLOCK_T": 32}, r"split_wg: .*an even ring .*got V_SPLIT=2, STAGES=3"),
-    ({"SPLIT_WG": 2}, "switch: SPLIT_WG=2 must be 0 or 1"),
-    ({"SEESAW": 1}, r"unknown_param: \['SEESAW'\]"), ({"MERGE": 0}, r"unknown_param: \['MERGE'\]"),
-    ({"P_SMEM": 0, "PART16": 0}, r"unknown_param: \['PART16', 'P_SMEM'\]"),
-], ids=str)
+@pytest.mark.parametrize(
+    "config, rule",
+    [
+        ({"BLOCK_T": 16}, r"block_t: BLOCK_T=16 must be one of \(32, 64\)"),
+        ({"STAGES": 1}, r"stages: STAGES=1"),
+        ({"S": 0}, "positive_int: S=0"),
+        ({"V_SPLIT": 3}, r"v_split: V_SPLIT=3 must be one of \(1, 2, 4, 8\)"),
+        ({"STORE_CVT": 2}, "switch: STORE_CVT=2"),
+        ({"num_warps": 4}, r"unknown_param: \['num_warps'\]"),
+        ({"STAGES": 3, "BLOCK_T": 64}, "shared_memory: 260 KiB > 227 KiB"),
+        ({"SPLIT_WG": 1, "V_SPLIT": 1}, r"split_wg: SPLIT_WG=1 needs V_SPLIT >= 2 .*got V_SPLIT=1, STAGES=2"),
+        (
+            {"SPLIT_WG": 1, "V_SPLIT": 2, "STAGES": 3, "BLOCK_T": 32},
+            r"split_wg: .*an even ring .*got V_SPLIT=2, STAGES=3",
+        ),
+        ({"SPLIT_WG": 2}, "switch: SPLIT_WG=2 must be 0 or 1"),
+        ({"SEESAW": 1}, r"unknown_param: \['SEESAW'\]"),
+        ({"MERGE": 0}, r"unknown_param: \['MERGE'\]"),
+        ({"P_SMEM": 0, "PART16": 0}, r"unknown_param: \['PART16', 'P_SMEM'\]"),
+    ],
+    ids=str,
+)
 def test_sparse_decode_wgmma_rejects_a_config_outside_its_space_in_one_line_naming_the_rule(config, rule):
     from kernels.base import InvalidConfig
 
@@ -204,7 +247,9 @@ def test_the_wgmma_kernel_is_registered_tunable_and_says_why_it_cannot_run_here(
     assert k.check_config({**base, "S": 4, "heads": 1}, b16).startswith("unknown_param")
     assert k.check_config({**base, "S": 4}, {**b16, "heads": 128}).startswith("heads: 128 > 64")
     if not (HOPPER and HAVE_GLUON):
-        assert k.unavailable() and ("sm_90" in k.unavailable() or "9.0" in k.unavailable() or "Gluon" in k.unavailable())
+        assert k.unavailable() and (
+            "sm_90" in k.unavailable() or "9.0" in k.unavailable() or "Gluon" in k.unavailable()
+        )
     else:
         assert k.unavailable() is None
     with pytest.raises(ValueError, match="unknown preset 'v32' for sparse_decode_wgmma"):
@@ -225,10 +270,14 @@ def test_the_split_kernel_starts_its_merge_early_only_while_the_merge_fits_the_s
 
 @pytest.mark.slow  # sm_90 builds through ptxas in a subprocess: 3-19 s each on a 2-core CPU
 @needs_gluon
-@pytest.mark.parametrize("config", [
-    {"S": 10, "BLOCK_T": 64, "STAGES": 2, "V_SPLIT": 8, "WS": 0},  # batch 1's default: the single-partition kernel
-    {"S": 4, "BLOCK_T": 32, "STAGES": 4, "V_SPLIT": 2, "WS": 1, "SPLIT_WG": 1},  # warp-specialised
-], ids=["plain", "split_wg"])
+@pytest.mark.parametrize(
+    "config",
+    [
+        {"S": 10, "BLOCK_T": 64, "STAGES": 2, "V_SPLIT": 8, "WS": 0},  # batch 1's default: the single-partition kernel
+        {"S": 4, "BLOCK_T": 32, "STAGES": 4, "V_SPLIT": 2, "WS": 1, "SPLIT_WG": 1},  # warp-specialised
+    ],
+    ids=["plain", "split_wg"],
+)
 def test_sparse_decode_wgmma_split_kernel_starts_its_pdl_merge_early_only_when_the_merge_waits_for_it(config):
     """With ``pdl`` the merge kernel is launched with programmatic dependent launch (it waits in-kernel for the split
     kernel's stores) and, at batch 1 (few programs, a small merge: ``merge_starts_early``), the split kernel lets it
@@ -236,8 +285,11 @@ def test_sparse_decode_wgmma_split_kernel_starts_its_pdl_merge_early_only_when_t
     rule, or with one split (no merge kernel follows), the split kernel has none."""
     b1 = {"batch": 1, "heads": 64, "d_qk": 512, "d_v": 512, "topk": 640, "num_rows": 65536}
     b16 = {**b1, "batch": 16}
-    cases = [(b1, {"pdl": True}, config, 1, True), (b1, {"pdl": False}, config, 0, False),
-             (b16, {"pdl": True}, config, 0, True)]
+    cases = [
+        (b1, {"pdl": True}, config, 1, True),
+        (b1, {"pdl": False}, config, 0, False),
+        (b16, {"pdl": True}, config, 0, True),
+    ]
     if not config.get("SPLIT_WG"):
         cases.append((b1, {"pdl": True}, {**config, "S": 1, "V_SPLIT": 2}, 0, None))  # one split: the output directly
     for shape, kwargs, cfg, triggers, merge_pdl in cases:
@@ -253,8 +305,11 @@ def test_sparse_decode_wgmma_compiles_for_sm90_to_wgmma_and_cp_async_without_spi
     """The schedule the module states, in its sm_90 PTX: wgmma for both products, the gathers as 16-byte cp.async
     (each BLOCK_T x 512 bf16 tile: BLOCK_T * 64 copies over 256 threads), and no local memory (no spill). With
     V_SPLIT=2 the copies are rotated by the program's first column of V, and must stay 16 bytes wide."""
-    for config in ({"S": 5, "BLOCK_T": 64, "STAGES": 2, "V_SPLIT": 1, "WS": 0}, {"S": 1, "BLOCK_T": 32, "STAGES": 4, "WS": 0},
-                   {"S": 2, "BLOCK_T": 64, "STAGES": 2, "V_SPLIT": 2, "WS": 0}):  # the single-partition kernel
+    for config in (
+        {"S": 5, "BLOCK_T": 64, "STAGES": 2, "V_SPLIT": 1, "WS": 0},
+        {"S": 1, "BLOCK_T": 32, "STAGES": 4, "WS": 0},
+        {"S": 2, "BLOCK_T": 64, "STAGES": 2, "V_SPLIT": 2, "WS": 0},
+    ):  # the single-partition kernel
         shape = {"batch": 16, "heads": 64, "d_qk": 512, "d_v": 512, "topk": 640, "num_rows": 65536}
         got = _sm90_build(shape, config)
         ptx = got["ptx"]
@@ -267,11 +322,15 @@ def test_sparse_decode_wgmma_compiles_for_sm90_to_wgmma_and_cp_async_without_spi
 
 @pytest.mark.slow  # sm_90 builds through ptxas in a subprocess: 3-19 s each on a 2-core CPU
 @needs_gluon
-@pytest.mark.parametrize("config", [
-    {"S": 4, "BLOCK_T": 64, "STAGES": 2, "V_SPLIT": 8},
-    {"S": 20, "BLOCK_T": 32, "STAGES": 4, "V_SPLIT": 4, "STORE_CVT": 1},
-    {"S": 4, "BLOCK_T": 64, "STAGES": 2, "V_SPLIT": 2},
-], ids=["v8", "v4-ring4-cvt", "v2"])
+@pytest.mark.parametrize(
+    "config",
+    [
+        {"S": 4, "BLOCK_T": 64, "STAGES": 2, "V_SPLIT": 8},
+        {"S": 20, "BLOCK_T": 32, "STAGES": 4, "V_SPLIT": 4, "STORE_CVT": 1},
+        {"S": 4, "BLOCK_T": 64, "STAGES": 2, "V_SPLIT": 2},
+    ],
+    ids=["v8", "v4-ring4-cvt", "v2"],
+)
 def test_sparse_decode_wgmma_ws_compiles_to_a_producer_warpgroup_and_mbarriers_without_spills(config):
     """WS=1's sm_90 build: the gathers leave the compute warps. A producer warpgroup gives up registers
     (setmaxnreg) and its 16-byte copies arrive on mbarriers as they land (cp.async.mbarrier.arrive); the consumer
@@ -291,10 +350,14 @@ def test_sparse_decode_wgmma_ws_compiles_to_a_producer_warpgroup_and_mbarriers_w
 
 @pytest.mark.slow  # sm_90 builds through ptxas in a subprocess: 3-19 s each on a 2-core CPU
 @needs_gluon
-@pytest.mark.parametrize("config", [
-    {"S": 2, "BLOCK_T": 32, "STAGES": 4, "V_SPLIT": 4},
-    {"S": 4, "BLOCK_T": 32, "STAGES": 4, "V_SPLIT": 8, "STORE_CVT": 1},
-], ids=["t32-ring4-v4", "t32-ring4-v8"])  # no spill under Triton 3.6 and 3.9 (64-row tiles spill 16-400 bytes, see
+@pytest.mark.parametrize(
+    "config",
+    [
+        {"S": 2, "BLOCK_T": 32, "STAGES": 4, "V_SPLIT": 4},
+        {"S": 4, "BLOCK_T": 32, "STAGES": 4, "V_SPLIT": 8, "STORE_CVT": 1},
+    ],
+    ids=["t32-ring4-v4", "t32-ring4-v8"],
+)  # no spill under Triton 3.6 and 3.9 (64-row tiles spill 16-400 bytes, see
 # the note of _ws_compute_wg in kernels/sparse_decode_wgmma/gluon_kernels.py)
 def test_sparse_decode_wgmma_split_wg_compiles_to_two_consumer_partitions_each_with_its_own_products(config):
     """SPLIT_WG=1's sm_90 build: beside the producer, two 4-warp consumer partitions, each its own copy of the
@@ -311,15 +374,19 @@ def test_sparse_decode_wgmma_split_wg_compiles_to_two_consumer_partitions_each_w
 
 @pytest.mark.slow  # sm_90 builds through ptxas in a subprocess: 3-19 s each on a 2-core CPU
 @needs_gluon
-@pytest.mark.parametrize("config", [
-    {"S": 5, "BLOCK_T": 64, "STAGES": 2, "V_SPLIT": 2, "WS": 1, "STORE_CVT": 1},
-    {"S": 1, "BLOCK_T": 64, "STAGES": 2, "V_SPLIT": 1, "WS": 1, "STORE_CVT": 1},
-    {"S": 5, "BLOCK_T": 32, "STAGES": 4, "V_SPLIT": 2, "WS": 0, "STORE_CVT": 1},
-    {"S": 5, "BLOCK_T": 32, "STAGES": 2, "V_SPLIT": 8, "WS": 1, "STORE_CVT": 1},
-    {"S": 1, "BLOCK_T": 64, "STAGES": 2, "V_SPLIT": 2, "WS": 1, "SPLIT_WG": 1, "STORE_CVT": 1},
-    {"S": 5, "BLOCK_T": 32, "STAGES": 4, "V_SPLIT": 2, "WS": 1, "SPLIT_WG": 1, "STORE_CVT": 1},
-    {"S": 5, "BLOCK_T": 32, "STAGES": 4, "V_SPLIT": 4, "WS": 1, "SPLIT_WG": 1, "STORE_CVT": 0},
-], ids=["ws-v2-cvt", "ws-v1-cvt", "plain-v2-cvt", "ws-v8-cvt", "split-wg-v2-cvt", "split-wg-t32-cvt", "split-wg-v4"])
+@pytest.mark.parametrize(
+    "config",
+    [
+        {"S": 5, "BLOCK_T": 64, "STAGES": 2, "V_SPLIT": 2, "WS": 1, "STORE_CVT": 1},
+        {"S": 1, "BLOCK_T": 64, "STAGES": 2, "V_SPLIT": 1, "WS": 1, "STORE_CVT": 1},
+        {"S": 5, "BLOCK_T": 32, "STAGES": 4, "V_SPLIT": 2, "WS": 0, "STORE_CVT": 1},
+        {"S": 5, "BLOCK_T": 32, "STAGES": 2, "V_SPLIT": 8, "WS": 1, "STORE_CVT": 1},
+        {"S": 1, "BLOCK_T": 64, "STAGES": 2, "V_SPLIT": 2, "WS": 1, "SPLIT_WG": 1, "STORE_CVT": 1},
+        {"S": 5, "BLOCK_T": 32, "STAGES": 4, "V_SPLIT": 2, "WS": 1, "SPLIT_WG": 1, "STORE_CVT": 1},
+        {"S": 5, "BLOCK_T": 32, "STAGES": 4, "V_SPLIT": 4, "WS": 1, "SPLIT_WG": 1, "STORE_CVT": 0},
+    ],
+    ids=["ws-v2-cvt", "ws-v1-cvt", "plain-v2-cvt", "ws-v8-cvt", "split-wg-v2-cvt", "split-wg-t32-cvt", "split-wg-v4"],
+)
 def test_the_wgmma_shared_memory_rule_bounds_the_sm90_build(config):
     """check_config rejects a config by smem_bytes: it must not be under what the sm_90 build allocates (a config
     that passes and then cannot launch is a failed trial and a failed test), nor more than 4 KiB over, for configs
@@ -356,43 +423,47 @@ def test_the_split_wg_producer_keeps_its_splits_row_numbers_in_shared_memory_whe
 
 @pytest.mark.gpu
 @needs_hopper
-@pytest.mark.parametrize("config", [
-    {"S": 1, "BLOCK_T": 64, "STAGES": 2, "V_SPLIT": 1},
-    {"S": 5, "BLOCK_T": 64, "STAGES": 2, "V_SPLIT": 1},
-    {"S": 3, "BLOCK_T": 64, "STAGES": 2, "V_SPLIT": 1},
-    {"S": 1, "BLOCK_T": 32, "STAGES": 4, "V_SPLIT": 1},
-    {"S": 8, "BLOCK_T": 32, "STAGES": 3, "V_SPLIT": 1},
-    {"S": 20, "BLOCK_T": 32, "STAGES": 2, "V_SPLIT": 1},
-    {"S": 1, "BLOCK_T": 64, "STAGES": 2, "V_SPLIT": 2},
-    {"S": 3, "BLOCK_T": 64, "STAGES": 2, "V_SPLIT": 2},
-    {"S": 20, "BLOCK_T": 32, "STAGES": 4, "V_SPLIT": 2},
-    {"S": 4, "BLOCK_T": 32, "STAGES": 3, "V_SPLIT": 2},
-    {"S": 2, "BLOCK_T": 64, "STAGES": 2, "V_SPLIT": 2},
-    {"S": 2, "BLOCK_T": 64, "STAGES": 2, "STORE_CVT": 1, "V_SPLIT": 1},
-    {"S": 1, "BLOCK_T": 64, "STAGES": 2, "V_SPLIT": 2, "STORE_CVT": 1},
-    {"S": 20, "BLOCK_T": 32, "STAGES": 3, "V_SPLIT": 2, "STORE_CVT": 1},
-    {"S": 20, "BLOCK_T": 32, "STAGES": 2, "V_SPLIT": 4},
-    {"S": 2, "BLOCK_T": 64, "STAGES": 2, "V_SPLIT": 4, "STORE_CVT": 1},
-    {"S": 10, "BLOCK_T": 64, "STAGES": 2, "V_SPLIT": 8},
-    {"S": 20, "BLOCK_T": 32, "STAGES": 2, "V_SPLIT": 8, "STORE_CVT": 1},
-    {"S": 1, "BLOCK_T": 64, "STAGES": 2, "V_SPLIT": 1, "WS": 1},
-    {"S": 2, "BLOCK_T": 64, "STAGES": 2, "V_SPLIT": 1, "WS": 1},
-    {"S": 5, "BLOCK_T": 64, "STAGES": 2, "V_SPLIT": 2, "WS": 1},
-    {"S": 20, "BLOCK_T": 32, "STAGES": 4, "V_SPLIT": 1, "WS": 1},
-    {"S": 8, "BLOCK_T": 32, "STAGES": 3, "V_SPLIT": 4, "STORE_CVT": 1, "WS": 1},
-    {"S": 10, "BLOCK_T": 64, "STAGES": 2, "V_SPLIT": 8, "WS": 1},
-    {"S": 1, "BLOCK_T": 32, "STAGES": 2, "V_SPLIT": 8, "STORE_CVT": 1, "WS": 1},
-    {"S": 10, "BLOCK_T": 64, "STAGES": 2, "V_SPLIT": 8, "WS": 0},
-    {"S": 4, "BLOCK_T": 64, "STAGES": 2, "V_SPLIT": 2, "WS": 1},
-    {"S": 20, "BLOCK_T": 32, "STAGES": 3, "V_SPLIT": 4, "STORE_CVT": 1},
-    {"S": 3, "BLOCK_T": 64, "STAGES": 2, "V_SPLIT": 1, "WS": 0},
-    {"S": 1, "BLOCK_T": 64, "STAGES": 2, "V_SPLIT": 2, "STORE_CVT": 1, "SPLIT_WG": 1},
-    {"S": 4, "BLOCK_T": 64, "STAGES": 2, "V_SPLIT": 2, "SPLIT_WG": 1},
-    {"S": 10, "BLOCK_T": 64, "STAGES": 2, "V_SPLIT": 8, "SPLIT_WG": 1},
-    {"S": 2, "BLOCK_T": 32, "STAGES": 4, "V_SPLIT": 4, "SPLIT_WG": 1},
-    {"S": 4, "BLOCK_T": 32, "STAGES": 2, "V_SPLIT": 2, "SPLIT_WG": 1},
-    {"S": 3, "BLOCK_T": 64, "STAGES": 2, "V_SPLIT": 4, "STORE_CVT": 1, "SPLIT_WG": 1},
-], ids=str)
+@pytest.mark.parametrize(
+    "config",
+    [
+        {"S": 1, "BLOCK_T": 64, "STAGES": 2, "V_SPLIT": 1},
+        {"S": 5, "BLOCK_T": 64, "STAGES": 2, "V_SPLIT": 1},
+        {"S": 3, "BLOCK_T": 64, "STAGES": 2, "V_SPLIT": 1},
+        {"S": 1, "BLOCK_T": 32, "STAGES": 4, "V_SPLIT": 1},
+        {"S": 8, "BLOCK_T": 32, "STAGES": 3, "V_SPLIT": 1},
+        {"S": 20, "BLOCK_T": 32, "STAGES": 2, "V_SPLIT": 1},
+        {"S": 1, "BLOCK_T": 64, "STAGES": 2, "V_SPLIT": 2},
+        {"S": 3, "BLOCK_T": 64, "STAGES": 2, "V_SPLIT": 2},
+        {"S": 20, "BLOCK_T": 32, "STAGES": 4, "V_SPLIT": 2},
+        {"S": 4, "BLOCK_T": 32, "STAGES": 3, "V_SPLIT": 2},
+        {"S": 2, "BLOCK_T": 64, "STAGES": 2, "V_SPLIT": 2},
+        {"S": 2, "BLOCK_T": 64, "STAGES": 2, "STORE_CVT": 1, "V_SPLIT": 1},
+        {"S": 1, "BLOCK_T": 64, "STAGES": 2, "V_SPLIT": 2, "STORE_CVT": 1},
+        {"S": 20, "BLOCK_T": 32, "STAGES": 3, "V_SPLIT": 2, "STORE_CVT": 1},
+        {"S": 20, "BLOCK_T": 32, "STAGES": 2, "V_SPLIT": 4},
+        {"S": 2, "BLOCK_T": 64, "STAGES": 2, "V_SPLIT": 4, "STORE_CVT": 1},
+        {"S": 10, "BLOCK_T": 64, "STAGES": 2, "V_SPLIT": 8},
+        {"S": 20, "BLOCK_T": 32, "STAGES": 2, "V_SPLIT": 8, "STORE_CVT": 1},
+        {"S": 1, "BLOCK_T": 64, "STAGES": 2, "V_SPLIT": 1, "WS": 1},
+        {"S": 2, "BLOCK_T": 64, "STAGES": 2, "V_SPLIT": 1, "WS": 1},
+        {"S": 5, "BLOCK_T": 64, "STAGES": 2, "V_SPLIT": 2, "WS": 1},
+        {"S": 20, "BLOCK_T": 32, "STAGES": 4, "V_SPLIT": 1, "WS": 1},
+        {"S": 8, "BLOCK_T": 32, "STAGES": 3, "V_SPLIT": 4, "STORE_CVT": 1, "WS": 1},
+        {"S": 10, "BLOCK_T": 64, "STAGES": 2, "V_SPLIT": 8, "WS": 1},
+        {"S": 1, "BLOCK_T": 32, "STAGES": 2, "V_SPLIT": 8, "STORE_CVT": 1, "WS": 1},
+        {"S": 10, "BLOCK_T": 64, "STAGES": 2, "V_SPLIT": 8, "WS": 0},
+        {"S": 4, "BLOCK_T": 64, "STAGES": 2, "V_SPLIT": 2, "WS": 1},
+        {"S": 20, "BLOCK_T": 32, "STAGES": 3, "V_SPLIT": 4, "STORE_CVT": 1},
+        {"S": 3, "BLOCK_T": 64, "STAGES": 2, "V_SPLIT": 1, "WS": 0},
+        {"S": 1, "BLOCK_T": 64, "STAGES": 2, "V_SPLIT": 2, "STORE_CVT": 1, "SPLIT_WG": 1},
+        {"S": 4, "BLOCK_T": 64, "STAGES": 2, "V_SPLIT": 2, "SPLIT_WG": 1},
+        {"S": 10, "BLOCK_T": 64, "STAGES": 2, "V_SPLIT": 8, "SPLIT_WG": 1},
+        {"S": 2, "BLOCK_T": 32, "STAGES": 4, "V_SPLIT": 4, "SPLIT_WG": 1},
+        {"S": 4, "BLOCK_T": 32, "STAGES": 2, "V_SPLIT": 2, "SPLIT_WG": 1},
+        {"S": 3, "BLOCK_T": 64, "STAGES": 2, "V_SPLIT": 4, "STORE_CVT": 1, "SPLIT_WG": 1},
+    ],
+    ids=str,
+)
 @pytest.mark.parametrize("batch", [1, 5, 64])
 def test_sparse_decode_wgmma_matches_the_reference_at_v4_flash_shapes(batch, config):
     """Ragged padding (requests after the first keep a random number of rows, some none), one to twenty tiles a
@@ -413,14 +484,18 @@ def test_sparse_decode_wgmma_matches_the_reference_at_v4_flash_shapes(batch, con
 
 @pytest.mark.gpu
 @needs_hopper
-@pytest.mark.parametrize("config", [
-    {"S": 10, "BLOCK_T": 32, "STAGES": 2, "V_SPLIT": 8, "WS": 1},
-    {"S": 4, "BLOCK_T": 32, "STAGES": 3, "V_SPLIT": 2, "WS": 1},
-    {"S": 20, "BLOCK_T": 32, "STAGES": 2, "V_SPLIT": 4, "WS": 1, "STORE_CVT": 1},
-    {"S": 2, "BLOCK_T": 32, "STAGES": 2, "V_SPLIT": 1, "WS": 1},
-    {"S": 1, "BLOCK_T": 32, "STAGES": 2, "V_SPLIT": 2, "SPLIT_WG": 1, "STORE_CVT": 1},
-    {"S": 3, "BLOCK_T": 32, "STAGES": 2, "V_SPLIT": 4, "SPLIT_WG": 1},
-], ids=str)
+@pytest.mark.parametrize(
+    "config",
+    [
+        {"S": 10, "BLOCK_T": 32, "STAGES": 2, "V_SPLIT": 8, "WS": 1},
+        {"S": 4, "BLOCK_T": 32, "STAGES": 3, "V_SPLIT": 2, "WS": 1},
+        {"S": 20, "BLOCK_T": 32, "STAGES": 2, "V_SPLIT": 4, "WS": 1, "STORE_CVT": 1},
+        {"S": 2, "BLOCK_T": 32, "STAGES": 2, "V_SPLIT": 1, "WS": 1},
+        {"S": 1, "BLOCK_T": 32, "STAGES": 2, "V_SPLIT": 2, "SPLIT_WG": 1, "STORE_CVT": 1},
+        {"S": 3, "BLOCK_T": 32, "STAGES": 2, "V_SPLIT": 4, "SPLIT_WG": 1},
+    ],
+    ids=str,
+)
 @pytest.mark.parametrize("batch", [1, 5, 64])
 def test_sparse_decode_wgmma_with_an_fp8_cache_matches_the_reference_of_its_dequantised_rows(batch, config):
     """An fp8 e4m3 cache with a float32 scale per row (rows of different magnitudes, so a scale applied to the wrong
@@ -433,8 +508,9 @@ def test_sparse_decode_wgmma_with_an_fp8_cache_matches_the_reference_of_its_dequ
         i["indices"][1] = -1
     ref = SD.reference(i)
     out = torch.full((batch, 64, 512), float("nan"), device="cuda", dtype=torch.bfloat16)
-    got = sparse_decode_wgmma(i["q"], i["kv"], i["indices"], i["sm_scale"], {"SPLIT_WG": 0, **config},
-                              out=out, kv_scale=i["kv_scale"])
+    got = sparse_decode_wgmma(
+        i["q"], i["kv"], i["indices"], i["sm_scale"], {"SPLIT_WG": 0, **config}, out=out, kv_scale=i["kv_scale"]
+    )
     assert rel_error(got, ref) <= SD.tolerance("float8_e4m3fn")
     if batch > 1:
         assert torch.count_nonzero(got[1]) == 0
@@ -445,9 +521,14 @@ def test_sparse_decode_wgmma_with_an_fp8_cache_matches_the_reference_of_its_dequ
 
 @pytest.mark.gpu
 @needs_hopper
-@pytest.mark.parametrize("config", [
-    {"S": 1, "BLOCK_T": 32, "STAGES": 4, "V_SPLIT": 2, "STORE_CVT": 1}, {"S": 1, "BLOCK_T": 64, "STAGES": 2, "V_SPLIT": 2},
-], ids=str)
+@pytest.mark.parametrize(
+    "config",
+    [
+        {"S": 1, "BLOCK_T": 32, "STAGES": 4, "V_SPLIT": 2, "STORE_CVT": 1},
+        {"S": 1, "BLOCK_T": 64, "STAGES": 2, "V_SPLIT": 2},
+    ],
+    ids=str,
+)
 @pytest.mark.parametrize("batch", [5, 64])
 def test_sparse_decode_wgmma_split_wg_without_its_index_table_matches_the_reference(batch, config):
     """SPLIT_WG's indices loaded a tile ahead from global memory, the path a split too long for its index table
@@ -482,9 +563,22 @@ def test_sparse_decode_wgmma_fp16_and_fewer_heads_match_the_reference():
             if ws == 2 and v_split == 1:
                 continue
             out.fill_(float("nan"))
-            got = sparse_decode_wgmma(q, kv, idx, 0.05, {"S": 4, "BLOCK_T": 32, "STAGES": 2 if ws == 2 else 3,
-                                                         "V_SPLIT": v_split, "STORE_CVT": int(v_split > 1),
-                                                         "WS": int(ws > 0), "SPLIT_WG": int(ws == 2)}, out=out)
+            got = sparse_decode_wgmma(
+                q,
+                kv,
+                idx,
+                0.05,
+                {
+                    "S": 4,
+                    "BLOCK_T": 32,
+                    "STAGES": 2 if ws == 2 else 3,
+                    "V_SPLIT": v_split,
+                    "STORE_CVT": int(v_split > 1),
+                    "WS": int(ws > 0),
+                    "SPLIT_WG": int(ws == 2),
+                },
+                out=out,
+            )
             assert rel_error(got, ref) <= SD.tolerance("bfloat16"), (dtype, heads, v_split, ws)
 
 
@@ -506,8 +600,11 @@ def test_the_one_wave_rules_count_the_gpus_own_sms(monkeypatch):
     from kernels.base import device_limits
     from kernels.sparse_decode import split_rows
 
-    assert w.one_wave() == (torch.cuda.get_device_properties(0).multi_processor_count if torch.cuda.is_available()
-                            else device_limits(None)["sms"])
+    assert w.one_wave() == (
+        torch.cuda.get_device_properties(0).multi_processor_count
+        if torch.cuda.is_available()
+        else device_limits(None)["sms"]
+    )
     # batch 24, two programs a split, 64-row tiles: 2 splits (96 programs) fit 114 and 132; batch 13: 5 fit 132 only
     assert w.splits_within(24, 640, 2, 64, sms=114) == 2
     assert split_rows(640, w.splits_within(13, 640, 2, 64, sms=132), 64)[1] == 5
@@ -570,22 +667,40 @@ def test_the_wgmma_default_config_is_the_measured_fastest_at_v4_flash_batches():
                 newest[case["batch"]] = (data["meta"]["date"], case)
     assert set(newest) == {1, 16, 64}
     for _, case in newest.values():
-        best = min((r for r in case["rows"] if r["kernel"] == "wgmma" and "us" in r and not r["config"].get("PART16")),
-                   key=lambda r: r["us"])["config"]
+        best = min(
+            (r for r in case["rows"] if r["kernel"] == "wgmma" and "us" in r and not r["config"].get("PART16")),
+            key=lambda r: r["us"],
+        )["config"]
         got = default_config(case["batch"], 640)
-        assert got["BLOCK_T"] == best["BLOCK_T"] and got["V_SPLIT"] == best.get("V_SPLIT", 1), (case["batch"], got, best)
-        assert (got["WS"], got["STORE_CVT"]) == (best.get("WS", 0), best.get("STORE_CVT", 0)), (case["batch"], got, best)
+        assert got["BLOCK_T"] == best["BLOCK_T"] and got["V_SPLIT"] == best.get("V_SPLIT", 1), (
+            case["batch"],
+            got,
+            best,
+        )
+        assert (got["WS"], got["STORE_CVT"]) == (best.get("WS", 0), best.get("STORE_CVT", 0)), (
+            case["batch"],
+            got,
+            best,
+        )
         assert (got["SPLIT_WG"], got["STAGES"]) == (best.get("SPLIT_WG", 0), best["STAGES"]), (case["batch"], got, best)
-        assert split_rows(640, got["S"], got["BLOCK_T"]) == split_rows(640, best["S"], best["BLOCK_T"]), (case["batch"], got, best)
+        assert split_rows(640, got["S"], got["BLOCK_T"]) == split_rows(640, best["S"], best["BLOCK_T"]), (
+            case["batch"],
+            got,
+            best,
+        )
 
 
 @pytest.mark.gpu
 @needs_hopper
-@pytest.mark.parametrize("config", [
-    {"S": 10, "BLOCK_T": 64, "STAGES": 2, "V_SPLIT": 8, "WS": 0},  # batch 1's default
-    {"S": 4, "BLOCK_T": 64, "STAGES": 2, "V_SPLIT": 2, "WS": 1},  # batch 16's
-    {"S": 4, "BLOCK_T": 32, "STAGES": 4, "V_SPLIT": 2, "SPLIT_WG": 1},
-], ids=["plain", "ws", "split_wg"])
+@pytest.mark.parametrize(
+    "config",
+    [
+        {"S": 10, "BLOCK_T": 64, "STAGES": 2, "V_SPLIT": 8, "WS": 0},  # batch 1's default
+        {"S": 4, "BLOCK_T": 64, "STAGES": 2, "V_SPLIT": 2, "WS": 1},  # batch 16's
+        {"S": 4, "BLOCK_T": 32, "STAGES": 4, "V_SPLIT": 2, "SPLIT_WG": 1},
+    ],
+    ids=["plain", "ws", "split_wg"],
+)
 @pytest.mark.parametrize("batch", [1, 16])
 def test_sparse_decode_wgmma_chained_with_pdl_in_a_cuda_graph_matches_the_reference_at_every_step(batch, config):
     """Programmatic dependent launch (the merge started early where :func:`merge_starts_early` says so: batch 1)
@@ -619,4 +734,3 @@ def test_sparse_decode_wgmma_chained_with_pdl_in_a_cuda_graph_matches_the_refere
             q_in = q0 if step == 0 else outs[step - 1] * 8.0
             ref = SD.reference({**i, "q": q_in})
             assert rel_error(o, ref) <= SD.tolerance("bfloat16"), (seed, step)
-

@@ -43,11 +43,21 @@ def trials(tmp_path_factory):
 
     model = build_tiny_llama(tmp_path_factory.mktemp("greedy_real") / "tiny-llama")
     resolved = resolve(load_space_text(SPACE, source="dtype.yaml"), Hardware())
-    base = {"command": ["transformers", "serve", "{model}", "--host", "{host}", "--port", "{port}"],
-            "model": str(model), "health_paths": ["/health"], "env": {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE":
-                                                                       "1"},
-            "port_range": "37500-37999", "api": "completions", "prompt_len": 16, "output_len": 8, "min_requests": 2,
-            "rounds": 1, "level_s": 0.5, "warmup_requests": 1, "greedy_check": CHECK}
+    base = {
+        "command": ["transformers", "serve", "{model}", "--host", "{host}", "--port", "{port}"],
+        "model": str(model),
+        "health_paths": ["/health"],
+        "env": {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"},
+        "port_range": "37500-37999",
+        "api": "completions",
+        "prompt_len": 16,
+        "output_len": 8,
+        "min_requests": 2,
+        "rounds": 1,
+        "level_s": 0.5,
+        "warmup_requests": 1,
+        "greedy_check": CHECK,
+    }
 
     def run(dtype: str, **settings):
         target = CommandTarget(resolved, {**base, **settings})

@@ -29,24 +29,57 @@ pytestmark = [pytest.mark.slow, pytest.mark.timeout(420)]
 ROOT = Path(__file__).resolve().parents[2]
 SPACE = ROOT / "search_spaces" / "transformers_serve.yaml"
 # a short load: the example's windows are for real use; here each trial is start-up (most of it) + a few seconds
-QUICK = ["output_len=8", "prompt_len=16", "min_requests=4", "rounds=1", "level_s=1", "warmup_requests=1",
-         "trial_timeout_s=75", "port_range=37000-37999"]
+QUICK = [
+    "output_len=8",
+    "prompt_len=16",
+    "min_requests=4",
+    "rounds=1",
+    "level_s=1",
+    "warmup_requests=1",
+    "trial_timeout_s=75",
+    "port_range=37000-37999",
+]
 
 
 def _tuner(*args: str, env: dict[str, str], timeout: float) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "tuner.cli", *args], capture_output=True, text=True, env=env,
-                          timeout=timeout, cwd=ROOT)
+    return subprocess.run(
+        [sys.executable, "-m", "tuner.cli", *args], capture_output=True, text=True, env=env, timeout=timeout, cwd=ROOT
+    )
 
 
 @pytest.fixture(scope="module")
 def searched(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("real_server")
     model = build_tiny_llama(tmp / "tiny-llama")
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "PYTHONPATH": str(ROOT),
-           "TUNER_STORAGE": f"sqlite:///{tmp / 'tuner.db'}", "COLUMNS": "250"}
+    env = {
+        **os.environ,
+        "HF_HUB_OFFLINE": "1",
+        "TRANSFORMERS_OFFLINE": "1",
+        "PYTHONPATH": str(ROOT),
+        "TUNER_STORAGE": f"sqlite:///{tmp / 'tuner.db'}",
+        "COLUMNS": "250",
+    }
     sets = [a for kv in QUICK for a in ("--set", kv)]
-    done = _tuner("search", "--target", "command", "--space", str(SPACE), "--model", str(model), "--budget", "120s",
-                  "--n-trials", "3", "--confirm-top", "1", "--out", str(tmp / "out"), *sets, env=env, timeout=240)
+    done = _tuner(
+        "search",
+        "--target",
+        "command",
+        "--space",
+        str(SPACE),
+        "--model",
+        str(model),
+        "--budget",
+        "120s",
+        "--n-trials",
+        "3",
+        "--confirm-top",
+        "1",
+        "--out",
+        str(tmp / "out"),
+        *sets,
+        env=env,
+        timeout=240,
+    )
     return tmp, env, done
 
 
@@ -58,8 +91,10 @@ def test_search_tunes_transformers_serve_and_exports_the_best(searched):
     outcomes = [o for (o,) in db.execute("SELECT outcome FROM tuner_trials")]
     assert outcomes.count("ok") >= 2, (outcomes, done.stdout)
     # every measured trial ran without ignore_eos (the server refuses it) and stored where its time went
-    rows = db.execute("SELECT t.number, m.metric, m.level, m.value FROM tuner_measurements m JOIN tuner_trials t "
-                      "ON t.id = m.trial_id WHERE t.is_baseline").fetchall()
+    rows = db.execute(
+        "SELECT t.number, m.metric, m.level, m.value FROM tuner_measurements m JOIN tuner_trials t "
+        "ON t.id = m.trial_id WHERE t.is_baseline"
+    ).fetchall()
     got = {(metric, level): value for _, metric, level, value in rows}
     assert got[("ignore_eos", "")] == 0.0
     assert got[("startup_s", "")] > 0 and got[("warmup_s", "")] > 0
@@ -103,9 +138,24 @@ def test_dry_run_reads_the_typer_help_of_transformers_serve_and_plans(tmp_path):
     """(A value outside `--reasoning [on|off|auto]` is refused: tests/server/test_cli_styles.py, on click.)"""
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONPATH": str(ROOT)}
     (tmp_path / "m").mkdir()  # a model path that does not exist is a preflight error (issue 50)
-    done = _tuner("search", "--target", "command", "--space", str(SPACE), "--model", str(tmp_path / "m"),
-                  "--budget", "10m", "--dry-run", "--storage", f"sqlite:///{tmp_path / 't.db'}",
-                  "--set", "extra_args=[--no-enable-cors, --reasoning, 'off']", env=env, timeout=120)
+    done = _tuner(
+        "search",
+        "--target",
+        "command",
+        "--space",
+        str(SPACE),
+        "--model",
+        str(tmp_path / "m"),
+        "--budget",
+        "10m",
+        "--dry-run",
+        "--storage",
+        f"sqlite:///{tmp_path / 't.db'}",
+        "--set",
+        "extra_args=[--no-enable-cors, --reasoning, 'off']",
+        env=env,
+        timeout=120,
+    )
     assert done.returncode == 0, done.stdout + done.stderr
     assert "4 of 4 flags accepted by the server" in done.stdout, done.stdout
     assert "trial seconds: 30" in done.stdout and "trials that fit the budget: about 20" in done.stdout

@@ -18,9 +18,19 @@ from pathlib import Path
 WORDS = ("the", "quick", "brown", "fox", "jumps", "over", "lazy", "dog", "and", "runs", "far", "away")
 
 
-def build_tiny_llama(dest: str | Path, *, hidden: int = 64, layers: int = 2, heads: int = 4, kv_heads: int = 2,
-                     intermediate: int | None = None, vocab: int = 300, max_positions: int = 1024,
-                     dtype: str = "float32", seed: int = 0) -> Path:
+def build_tiny_llama(
+    dest: str | Path,
+    *,
+    hidden: int = 64,
+    layers: int = 2,
+    heads: int = 4,
+    kv_heads: int = 2,
+    intermediate: int | None = None,
+    vocab: int = 300,
+    max_positions: int = 1024,
+    dtype: str = "float32",
+    seed: int = 0,
+) -> Path:
     """Write a random Llama (config, safetensors weights, tokenizer, chat template) to ``dest``; returns it."""
     import torch
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
@@ -34,14 +44,24 @@ def build_tiny_llama(dest: str | Path, *, hidden: int = 64, layers: int = 2, hea
     bpe.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     bpe.decoder = decoders.ByteLevel()
     bpe.train_from_iterator(corpus, trainers.BpeTrainer(vocab_size=vocab, special_tokens=["<unk>", "<s>", "</s>"]))
-    tok = PreTrainedTokenizerFast(tokenizer_object=bpe, bos_token="<s>", eos_token="</s>", unk_token="<unk>",
-                                  pad_token="</s>")
+    tok = PreTrainedTokenizerFast(
+        tokenizer_object=bpe, bos_token="<s>", eos_token="</s>", unk_token="<unk>", pad_token="</s>"
+    )
     tok.chat_template = "{% for m in messages %}{{ m['content'] }}\n{% endfor %}"
     tok.save_pretrained(dest)
-    config = LlamaConfig(vocab_size=len(tok), hidden_size=hidden, intermediate_size=intermediate or 2 * hidden,
-                         num_hidden_layers=layers, num_attention_heads=heads, num_key_value_heads=kv_heads,
-                         max_position_embeddings=max_positions, bos_token_id=tok.bos_token_id,
-                         eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id, tie_word_embeddings=False)
+    config = LlamaConfig(
+        vocab_size=len(tok),
+        hidden_size=hidden,
+        intermediate_size=intermediate or 2 * hidden,
+        num_hidden_layers=layers,
+        num_attention_heads=heads,
+        num_key_value_heads=kv_heads,
+        max_position_embeddings=max_positions,
+        bos_token_id=tok.bos_token_id,
+        eos_token_id=tok.eos_token_id,
+        pad_token_id=tok.pad_token_id,
+        tie_word_embeddings=False,
+    )
     torch.manual_seed(seed)
     model = LlamaForCausalLM(config).to(getattr(torch, dtype))
     with torch.no_grad():

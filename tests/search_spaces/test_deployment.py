@@ -14,8 +14,16 @@ from search_spaces import Hardware, load_space, load_space_text, resolve
 from search_spaces.deployment import load_deployment
 from search_spaces.schema import SpaceError
 
-H200_ALL = Hardware(gpu_name="NVIDIA H200", gpu_count=1, compute_capability=(9, 0), has_triton=True,
-                    has_gluon=True, has_flash_mla=True, has_deep_gemm=True, has_torch_compile=True)
+H200_ALL = Hardware(
+    gpu_name="NVIDIA H200",
+    gpu_count=1,
+    compute_capability=(9, 0),
+    has_triton=True,
+    has_gluon=True,
+    has_flash_mla=True,
+    has_deep_gemm=True,
+    has_torch_compile=True,
+)
 H200_BARE = Hardware(gpu_name="NVIDIA H200", gpu_count=1, compute_capability=(9, 0), has_triton=True)
 
 
@@ -34,9 +42,10 @@ def test_every_source_line_of_the_map_holds_its_text_in_the_installed_sglang():
         pytest.skip("the installed SGLang is not the release the map was read from")
     for run in dep.runs:
         lines = (root / run.source.file).read_text().splitlines()
-        near = lines[max(0, run.source.line - 4):run.source.line + 3]
-        assert any(run.source.text in line for line in near), f"{run.component}: {run.source} no longer holds " \
-                                                               f"{run.source.text!r}"
+        near = lines[max(0, run.source.line - 4) : run.source.line + 3]
+        assert any(run.source.text in line for line in near), (
+            f"{run.component}: {run.source} no longer holds {run.source.text!r}"
+        )
 
 
 def test_sglang_routes_fp4_experts_on_sm90_to_flashinfer_mxfp4_and_triton_elsewhere():
@@ -44,12 +53,14 @@ def test_sglang_routes_fp4_experts_on_sm90_to_flashinfer_mxfp4_and_triton_elsewh
     FP4 experts to FlashInfer's MXFP4 MoE on sm_90, and a `triton` runner would fall through to the FP8 method."""
     root = _sglang_root()
     overrides = (root / "srt/arg_groups/model_overrides/deepseek_v4.py").read_text()
-    block = overrides[overrides.index('if cfg.moe_runner_backend == "auto"'):]
+    block = overrides[overrides.index('if cfg.moe_runner_backend == "auto"') :]
     assert "model_config.is_fp4_experts" in block and "get_platform().is_sm90" in block
     assert block.index("is_sm90") < block.index('overrides["moe_runner_backend"] = "flashinfer_mxfp4"')
     fp8 = (root / "srt/layers/quantization/fp8.py").read_text()
-    fp4 = fp8[fp8.index("if self.is_fp4_experts and get_moe_runner_backend().is_marlin()"):]
-    routed = [b for b in ("is_marlin()", "is_humming()", "is_flashinfer_mxfp4()") if b in fp4.split("return fp8_method")[0]]
+    fp4 = fp8[fp8.index("if self.is_fp4_experts and get_moe_runner_backend().is_marlin()") :]
+    routed = [
+        b for b in ("is_marlin()", "is_humming()", "is_flashinfer_mxfp4()") if b in fp4.split("return fp8_method")[0]
+    ]
     assert routed == ["is_marlin()", "is_humming()", "is_flashinfer_mxfp4()"]  # no triton branch for FP4 experts
     space = load_space("dsv4_flash")
     assert space.param("moe_impl").server.server_value("triton") is None  # the flag left at auto
@@ -58,10 +69,30 @@ def test_sglang_routes_fp4_experts_on_sm90_to_flashinfer_mxfp4_and_triton_elsewh
 def test_an_h200_baseline_is_sglangs_default_path():
     space = load_space("dsv4_flash")
     base = resolve(space, H200_ALL).defaults()
-    assert {k: base[k] for k in ("attention_impl", "kv_cache_dtype", "indexer_impl", "glue", "moe_impl", "gemm_proj",
-                                 "gemm_moe", "gemm_indexer", "context_length")} == {
-        "attention_impl": "flashmla_kv", "kv_cache_dtype": "fp8_e4m3", "indexer_impl": "deepgemm", "glue": "fused",
-        "moe_impl": "triton", "gemm_proj": "fp8", "gemm_moe": "fp8", "gemm_indexer": "fp8", "context_length": 1048576}
+    assert {
+        k: base[k]
+        for k in (
+            "attention_impl",
+            "kv_cache_dtype",
+            "indexer_impl",
+            "glue",
+            "moe_impl",
+            "gemm_proj",
+            "gemm_moe",
+            "gemm_indexer",
+            "context_length",
+        )
+    } == {
+        "attention_impl": "flashmla_kv",
+        "kv_cache_dtype": "fp8_e4m3",
+        "indexer_impl": "deepgemm",
+        "glue": "fused",
+        "moe_impl": "triton",
+        "gemm_proj": "fp8",
+        "gemm_moe": "fp8",
+        "gemm_indexer": "fp8",
+        "context_length": 1048576,
+    }
     assert not space.violated_constraints(base)
 
 
@@ -88,8 +119,9 @@ def test_the_twin_torch_indexer_on_sm90_is_a_code_change_the_command_runs_as_dee
     from tuner.targets.workload.server_map import command_config
 
     space = load_space("dsv4_flash")
-    cfg = command_config(space, {**resolve(space, H200_ALL).defaults(), "indexer_impl": "torch", "glue": "eager"},
-                         "sm_90")
+    cfg = command_config(
+        space, {**resolve(space, H200_ALL).defaults(), "indexer_impl": "torch", "glue": "eager"}, "sm_90"
+    )
     assert cfg.params["indexer_impl"] == "deepgemm" and cfg.params["glue"] == "fused"
     assert {c.param for c in cfg.changes} == {"indexer_impl", "glue"}
     on_cpu = command_config(space, {**resolve(space, Hardware()).defaults(), "indexer_impl": "torch"}, None)
@@ -97,17 +129,27 @@ def test_the_twin_torch_indexer_on_sm90_is_a_code_change_the_command_runs_as_dee
 
 
 def test_a_map_naming_a_knob_the_space_lacks_is_one_error_line():
-    text = "name: x\ntarget: workload\ndeployment: sglang-0.5.23-dsv4\nparams:\n  indexer_impl:\n" \
-           "    type: categorical\n    values: [torch, deepgemm]\n    default: torch\n"
-    with pytest.raises(SpaceError, match=r"x.yaml: deployment sglang-0.5.23-dsv4 \(sparse_attention, .*\): names a knob "
-                                         r"the space does not have \(got 'attention_impl'\); use one of \['indexer_impl'\]"):
+    text = (
+        "name: x\ntarget: workload\ndeployment: sglang-0.5.23-dsv4\nparams:\n  indexer_impl:\n"
+        "    type: categorical\n    values: [torch, deepgemm]\n    default: torch\n"
+    )
+    with pytest.raises(
+        SpaceError,
+        match=r"x.yaml: deployment sglang-0.5.23-dsv4 \(sparse_attention, .*\): names a knob "
+        r"the space does not have \(got 'attention_impl'\); use one of \['indexer_impl'\]",
+    ):
         load_space_text(text, source="x.yaml")
 
 
 def test_an_unknown_deployment_map_is_one_error_line_naming_the_known_ones():
-    text = Path(load_space("dsv4_flash").source).read_text().replace("deployment: sglang-0.5.23-dsv4",
-                                                                      "deployment: sglang-9.9")
-    with pytest.raises(SpaceError, match=r"unknown deployment map \(got 'sglang-9.9'\); use one of \['sglang-0.5.23-dsv4'\]"):
+    text = (
+        Path(load_space("dsv4_flash").source)
+        .read_text()
+        .replace("deployment: sglang-0.5.23-dsv4", "deployment: sglang-9.9")
+    )
+    with pytest.raises(
+        SpaceError, match=r"unknown deployment map \(got 'sglang-9.9'\); use one of \['sglang-0.5.23-dsv4'\]"
+    ):
         load_space_text(text, source="x.yaml")
 
 
@@ -118,6 +160,8 @@ def test_the_fidelity_lines_say_which_component_ran_sglangs_kernel_a_stand_in_or
     assert "SGLang's own kernel" in lines["indexer_logits"] and "SGLang's own kernel" in lines["sparse_attention"]
     assert "a stand-in for FlashInfer cutlass_fused_moe" in lines["routed_moe"]
     other = space.deployment.fidelity_lines("sm_90", {**base, "attention_impl": "wgmma", "kv_cache_dtype": "bf16"})
-    assert any(line.startswith("  sparse_attention: the twin ran attention_impl=wgmma, kv_cache_dtype=bf16 (not SGLang's")
-               for line in other)
+    assert any(
+        line.startswith("  sparse_attention: the twin ran attention_impl=wgmma, kv_cache_dtype=bf16 (not SGLang's")
+        for line in other
+    )
     assert space.deployment.fidelity_lines(None, base) == []

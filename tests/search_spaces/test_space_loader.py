@@ -26,25 +26,35 @@ def test_good_space_loads_with_types_and_defaults():
     assert s.violated_constraints({"a": "y", "n": 4}) == []
 
 
-@pytest.mark.parametrize("text,needle", [
-    ("name: t\nparams:\n  a: {type: weird, default: 1}\n", "unknown type"),
-    ("name: t\nparams:\n  a: {type: categorical, values: [1, 2], default: 3}\n", "default is not one of"),
-    ("name: t\nparams:\n  a: {type: int, low: 5, high: 1, default: 2}\n", "low <= high"),
-    ("name: t\nparams:\n  a: {type: categorical, values: [1], default: 1, colour: red}\n", "unknown key `colour`"),
-    ("name: t\nparams:\n  a: {type: categorical, values: [1], default: 1}\nfoo: 1\n", "unknown top-level key"),
-    ("name: t\nparams:\n  a: {type: categorical, values: [1], default: 1, when: {zz: [1]}}\n", "unknown parameter"),
-    ("name: t\nparams: [1, 2\n", "broken YAML"),
-    ("name: t\nparams:\n  a: {type: pow2, low: 3, high: 16, default: 4}\n", "powers of two"),
-    ("name: t\nparams:\n  a: {type: categorical, values: [1], default: 1, requires: [warp-drive]}\n",
-     "unknown capability"),
-    ("name: t\nparams:\n  a: {type: buckets, max_bs: [0], default: {density: pow2, max_bs: 0}}\n", "max_bs"),
-    ("name: t\nparams:\n  a: {type: categorical, values: [1, 2], default: 1}\nconstraints:\n"
-     "  - {name: c, if: {a: [1]}, then: {a: [2]}}\n", "defaults violate constraint `c`"),
-    ("name: t\nobjective: {combine: best}\nparams:\n  a: {type: bool, default: true}\n", "unknown `combine`"),
-    ("name: t\nparams:\n  a: {type: categorical, values: [1], default: 1, flag: context-length}\n",
-     "starting with '-'"),
-    ("- just\n- a list\n", "must be a YAML mapping"),
-])
+@pytest.mark.parametrize(
+    "text,needle",
+    [
+        ("name: t\nparams:\n  a: {type: weird, default: 1}\n", "unknown type"),
+        ("name: t\nparams:\n  a: {type: categorical, values: [1, 2], default: 3}\n", "default is not one of"),
+        ("name: t\nparams:\n  a: {type: int, low: 5, high: 1, default: 2}\n", "low <= high"),
+        ("name: t\nparams:\n  a: {type: categorical, values: [1], default: 1, colour: red}\n", "unknown key `colour`"),
+        ("name: t\nparams:\n  a: {type: categorical, values: [1], default: 1}\nfoo: 1\n", "unknown top-level key"),
+        ("name: t\nparams:\n  a: {type: categorical, values: [1], default: 1, when: {zz: [1]}}\n", "unknown parameter"),
+        ("name: t\nparams: [1, 2\n", "broken YAML"),
+        ("name: t\nparams:\n  a: {type: pow2, low: 3, high: 16, default: 4}\n", "powers of two"),
+        (
+            "name: t\nparams:\n  a: {type: categorical, values: [1], default: 1, requires: [warp-drive]}\n",
+            "unknown capability",
+        ),
+        ("name: t\nparams:\n  a: {type: buckets, max_bs: [0], default: {density: pow2, max_bs: 0}}\n", "max_bs"),
+        (
+            "name: t\nparams:\n  a: {type: categorical, values: [1, 2], default: 1}\nconstraints:\n"
+            "  - {name: c, if: {a: [1]}, then: {a: [2]}}\n",
+            "defaults violate constraint `c`",
+        ),
+        ("name: t\nobjective: {combine: best}\nparams:\n  a: {type: bool, default: true}\n", "unknown `combine`"),
+        (
+            "name: t\nparams:\n  a: {type: categorical, values: [1], default: 1, flag: context-length}\n",
+            "starting with '-'",
+        ),
+        ("- just\n- a list\n", "must be a YAML mapping"),
+    ],
+)
 def test_bad_space_errors_are_one_line_and_name_the_thing(text, needle):
     with pytest.raises(SpaceError) as err:
         load_space_text(text, source="bad.yaml")
@@ -88,8 +98,16 @@ def test_resolve_cpu_drops_gpu_only_values_with_reasons():
 
 def test_resolve_h200_keeps_everything_but_fp4_and_its_baseline_is_sglangs_path():
     s = load_space("dsv4_flash")
-    hw = Hardware(gpu_name="NVIDIA H200", gpu_count=1, compute_capability=(9, 0), has_triton=True,
-                  has_torch_compile=True, has_gluon=True, has_flash_mla=True, has_deep_gemm=True)
+    hw = Hardware(
+        gpu_name="NVIDIA H200",
+        gpu_count=1,
+        compute_capability=(9, 0),
+        has_triton=True,
+        has_torch_compile=True,
+        has_gluon=True,
+        has_flash_mla=True,
+        has_deep_gemm=True,
+    )
     r = resolve(s, hw)
     assert r.inactive == ()
     assert r.defaults() == {**s.defaults(), **s.deployment.baseline("sm_90")} != s.defaults()
@@ -101,13 +119,17 @@ def test_attention_impl_wgmma_needs_a_hopper_gpu_and_gluon():
     """The Gluon kernel is sm_90 only (wgmma): not on an H200 whose Triton lacks Gluon, not on Ampere or Blackwell;
     each drops just that value, with the capability named."""
     s = load_space("dsv4_flash")
-    for hw in (Hardware(gpu_name="NVIDIA H200", gpu_count=1, compute_capability=(9, 0), has_triton=True),
-               Hardware(gpu_name="A100", gpu_count=1, compute_capability=(8, 0), has_triton=True, has_gluon=True),
-               Hardware(gpu_name="B200", gpu_count=1, compute_capability=(10, 0), has_triton=True, has_gluon=True)):
+    for hw in (
+        Hardware(gpu_name="NVIDIA H200", gpu_count=1, compute_capability=(9, 0), has_triton=True),
+        Hardware(gpu_name="A100", gpu_count=1, compute_capability=(8, 0), has_triton=True, has_gluon=True),
+        Hardware(gpu_name="B200", gpu_count=1, compute_capability=(10, 0), has_triton=True, has_gluon=True),
+    ):
         r = resolve(s, hw)
         values = next(p for p in r.params if p.name == "attention_impl").values
         assert "wgmma" not in values and "mma" in values, hw.gpu_name
-        assert [(i.param, i.value) for i in r.inactive if i.param == "attention_impl" and not i.value.startswith("flashmla")] == [("attention_impl", "wgmma")]
+        assert [
+            (i.param, i.value) for i in r.inactive if i.param == "attention_impl" and not i.value.startswith("flashmla")
+        ] == [("attention_impl", "wgmma")]
         assert "wgmma" in str(r.inactive) and "Gluon" in str(r.inactive), hw.gpu_name
     hopper = Hardware(gpu_name="NVIDIA H200", gpu_count=1, compute_capability=(9, 0), has_triton=True, has_gluon=True)
     assert "wgmma" in hopper.capabilities and Hardware.from_json(hopper.to_json()) == hopper
@@ -117,8 +139,10 @@ def test_resolve_ampere_has_no_fp8():
     s = load_space("dsv4_flash")
     hw = Hardware(gpu_name="A100", gpu_count=1, compute_capability=(8, 0), has_triton=True)
     r = resolve(s, hw)
-    assert "fp8" not in r.space.param("gemm_proj").values or "fp8" not in \
-        next(p for p in r.params if p.name == "gemm_proj").values
+    assert (
+        "fp8" not in r.space.param("gemm_proj").values
+        or "fp8" not in next(p for p in r.params if p.name == "gemm_proj").values
+    )
 
 
 def test_buckets_expand():

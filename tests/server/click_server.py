@@ -22,18 +22,30 @@ import standin_server  # noqa: E402
 @click.option("--host", default="127.0.0.1", help="Server listen address.")
 @click.option("--port", type=int, required=True, help="Server listen port.")
 @click.option("--model-path", default="standin")
-@click.option("--continuous-batching/--no-continuous-batching", default=False,
-              help="Enable continuous batching with paged attention.")
+@click.option(
+    "--continuous-batching/--no-continuous-batching",
+    default=False,
+    help="Enable continuous batching with paged attention.",
+)
 @click.option("--reasoning", type=click.Choice(["on", "off", "auto"]), default="auto", help="Reasoning mode.")
 @click.option("--cb-block-size", type=int, default=None, help="KV cache block size in tokens.")
 @click.option("--enable-cors/--no-enable-cors", default=False, help="Enable permissive CORS.")
 @click.option("--tokens-per-second", type=float, default=1000.0)
 @click.option("--reject-field", multiple=True, help="Answer HTTP 422 to a request carrying this field.")
-def main(host, port, model_path, continuous_batching, reasoning, cb_block_size, enable_cors, tokens_per_second,
-         reject_field):
+def main(
+    host, port, model_path, continuous_batching, reasoning, cb_block_size, enable_cors, tokens_per_second, reject_field
+):
     del reasoning, cb_block_size, enable_cors
-    argv = ["--host", host, "--port", str(port), "--model-path", model_path,
-            "--tokens-per-second", str(tokens_per_second)]
+    argv = [
+        "--host",
+        host,
+        "--port",
+        str(port),
+        "--model-path",
+        model_path,
+        "--tokens-per-second",
+        str(tokens_per_second),
+    ]
     argv += ["--enable-fast-path"] if continuous_batching else []
     for f in reject_field:
         argv += ["--reject-field", f]

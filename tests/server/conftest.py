@@ -61,10 +61,18 @@ def make_target(standin_space, tmp_path):
     def make(extra_args=(), yaml=None, **settings):
         space = standin_space if yaml is None else resolve(load_space_text(yaml, source="t.yaml"), Hardware())
         base = {
-            "command": standin_command(), "model": "standin", "extra_args": list(extra_args),
-            "port_range": "31000-31999", "prompt_len": 8,
-            "output_len": 20, "min_requests": 4, "rounds": 1, "warmup_requests": 1, "fatal_grace_s": 0.5,
-            "teardown_reserve_s": 5.0, "level_s": 0,
+            "command": standin_command(),
+            "model": "standin",
+            "extra_args": list(extra_args),
+            "port_range": "31000-31999",
+            "prompt_len": 8,
+            "output_len": 20,
+            "min_requests": 4,
+            "rounds": 1,
+            "warmup_requests": 1,
+            "fatal_grace_s": 0.5,
+            "teardown_reserve_s": 5.0,
+            "level_s": 0,
         }
         base.update(settings)
         return CommandTarget(space, base)

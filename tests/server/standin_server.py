@@ -52,8 +52,12 @@ def parse_args(argv=None):
     p.add_argument("--ttft-ms", type=float, default=0.0)
     p.add_argument("--startup-delay", type=float, default=0.0)
     p.add_argument("--max-running-requests", type=int, default=0)
-    p.add_argument("--context-length", type=int, default=0, help="a cap; above 65536 tokens/s halve (like the "
-                   "indexer cost in the seed)")
+    p.add_argument(
+        "--context-length",
+        type=int,
+        default=0,
+        help="a cap; above 65536 tokens/s halve (like the indexer cost in the seed)",
+    )
     p.add_argument("--kv-cache-dtype", choices=["auto", "fp8_e4m3", "bf16"], default="auto")
     p.add_argument("--cuda-graph-bs-decode", type=int, nargs="+", default=None)
     p.add_argument("--enable-fast-path", action="store_true")
@@ -63,41 +67,94 @@ def parse_args(argv=None):
     p.add_argument("--oom-under-load", action="store_true")
     p.add_argument("--print-argv", default=None, help="write sys.argv as JSON to this file")
     p.add_argument("--slot-log", default=None, help="append `waited_s held_s` per request to this file")
-    p.add_argument("--batch-slowdown", type=float, default=0.0,
-                   help="a batch shares the decode: with N running, each streams at rate / (1 + X (N - 1))")
-    p.add_argument("--quantize", action="store_true",
-                   help="1.3x faster, and greedy completions of even-length prompts diverge half-way")
-    p.add_argument("--spawn-worker", default=None, help="start a worker process in the server's group that ignores "
-                   "SIGTERM (as a busy GPU worker may) and write its pid to this file")
-    p.add_argument("--stall-request", type=int, action="append", default=[],
-                   help="the K-th completion request (1-based, warm-up included) waits --stall-ms more for its first "
-                   "token")
+    p.add_argument(
+        "--batch-slowdown",
+        type=float,
+        default=0.0,
+        help="a batch shares the decode: with N running, each streams at rate / (1 + X (N - 1))",
+    )
+    p.add_argument(
+        "--quantize",
+        action="store_true",
+        help="1.3x faster, and greedy completions of even-length prompts diverge half-way",
+    )
+    p.add_argument(
+        "--spawn-worker",
+        default=None,
+        help="start a worker process in the server's group that ignores "
+        "SIGTERM (as a busy GPU worker may) and write its pid to this file",
+    )
+    p.add_argument(
+        "--stall-request",
+        type=int,
+        action="append",
+        default=[],
+        help="the K-th completion request (1-based, warm-up included) waits --stall-ms more for its first token",
+    )
     p.add_argument("--stall-ms", type=float, default=0.0)
-    p.add_argument("--reject-field", action="append", default=[],
-                   help="answer HTTP 422 to a request carrying this field (a strict server, e.g. ignore_eos)")
-    p.add_argument("--cancel-on-new", action="store_true",
-                   help="a new completion request ends every stream in flight at once, without a token more (a "
-                   "server that cancels in-flight streams on a new request)")
-    p.add_argument("--ignore-eos-ignored", type=int, default=0, metavar="N",
-                   help="accept ignore_eos but stop every completion after N tokens (a model reaching EOS)")
+    p.add_argument(
+        "--reject-field",
+        action="append",
+        default=[],
+        help="answer HTTP 422 to a request carrying this field (a strict server, e.g. ignore_eos)",
+    )
+    p.add_argument(
+        "--cancel-on-new",
+        action="store_true",
+        help="a new completion request ends every stream in flight at once, without a token more (a "
+        "server that cancels in-flight streams on a new request)",
+    )
+    p.add_argument(
+        "--ignore-eos-ignored",
+        type=int,
+        default=0,
+        metavar="N",
+        help="accept ignore_eos but stop every completion after N tokens (a model reaching EOS)",
+    )
     p.add_argument("--no-usage", action="store_true", help="never send token counts (usage) in a stream")
     p.add_argument("--tokens-per-chunk", type=int, default=1, help="stream this many tokens in one text chunk")
-    p.add_argument("--slow-first", type=int, default=0, metavar="N",
-                   help="the first N completion requests wait --slow-first-ms more for their first token (a cold "
-                   "server: compiling, caches filling)")
+    p.add_argument(
+        "--slow-first",
+        type=int,
+        default=0,
+        metavar="N",
+        help="the first N completion requests wait --slow-first-ms more for their first token (a cold "
+        "server: compiling, caches filling)",
+    )
     p.add_argument("--slow-first-ms", type=float, default=300.0)
-    p.add_argument("--ignore-token-ids", action="store_true",
-                   help="accept return_token_ids and send no token ids (a server ignoring the field)")
+    p.add_argument(
+        "--ignore-token-ids",
+        action="store_true",
+        help="accept return_token_ids and send no token ids (a server ignoring the field)",
+    )
     p.add_argument("--pid-file", default=None, help="write the server's pid to this file when ready")
-    p.add_argument("--empty-text-every", type=int, default=0, metavar="K",
-                   help="every K-th token chunk carries empty text (a token with no printable text of its own)")
-    p.add_argument("--empty-answer-every", type=int, default=0, metavar="K",
-                   help="every K-th completion request generates one token with empty text, then finish_reason stop")
-    p.add_argument("--stream-token-ids", action="store_true",
-                   help="each chunk carries its token ids (`token_ids`), the server's own token information")
+    p.add_argument(
+        "--empty-text-every",
+        type=int,
+        default=0,
+        metavar="K",
+        help="every K-th token chunk carries empty text (a token with no printable text of its own)",
+    )
+    p.add_argument(
+        "--empty-answer-every",
+        type=int,
+        default=0,
+        metavar="K",
+        help="every K-th completion request generates one token with empty text, then finish_reason stop",
+    )
+    p.add_argument(
+        "--stream-token-ids",
+        action="store_true",
+        help="each chunk carries its token ids (`token_ids`), the server's own token information",
+    )
     p.add_argument("--no-finish-reason", action="store_true", help="never send a finish_reason")
-    p.add_argument("--sigkill-self-after", type=float, default=None, metavar="S",
-                   help="S seconds after ready, SIGKILL itself (a kill from outside the tuner: an operator, a job)")
+    p.add_argument(
+        "--sigkill-self-after",
+        type=float,
+        default=None,
+        metavar="S",
+        help="S seconds after ready, SIGKILL itself (a kill from outside the tuner: an operator, a job)",
+    )
     return p.parse_args(argv)
 
 
@@ -157,10 +214,14 @@ class Server:
 
     async def respond(self, writer, code, obj):
         data = json.dumps(obj).encode()
-        reason = {200: "OK", 404: "Not Found", 422: "Unprocessable Entity",
-                  503: "Service Unavailable"}.get(code, "Error")
-        writer.write(f"HTTP/1.1 {code} {reason}\r\nContent-Type: application/json\r\nContent-Length: {len(data)}\r\n"
-                     f"Connection: close\r\n\r\n".encode() + data)
+        reason = {200: "OK", 404: "Not Found", 422: "Unprocessable Entity", 503: "Service Unavailable"}.get(
+            code, "Error"
+        )
+        writer.write(
+            f"HTTP/1.1 {code} {reason}\r\nContent-Type: application/json\r\nContent-Length: {len(data)}\r\n"
+            f"Connection: close\r\n\r\n".encode()
+            + data
+        )
         await writer.drain()
 
     async def stream(self, writer, req, chat):
@@ -186,8 +247,10 @@ class Server:
             stall += self.args.slow_first_ms / 1000 * (self.args.slow_first - self.requests + 1) / self.args.slow_first
         self.generation += 1
         generation = self.generation
-        writer.write(b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nCache-Control: no-cache\r\n"
-                     b"Connection: close\r\n\r\n")
+        writer.write(
+            b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nCache-Control: no-cache\r\n"
+            b"Connection: close\r\n\r\n"
+        )
         arrived = time.monotonic()
         counted = False
         if self.sem is not None:
@@ -232,8 +295,11 @@ class Server:
                     choice["token_ids"] = list(range(sent - k, sent))
                 if i == n - 1 and not self.args.no_finish_reason:
                     choice["finish_reason"] = "stop" if empty_answer else "length"
-                event = {"id": "x", "object": "chat.completion.chunk" if chat else "text_completion",
-                         "choices": [choice]}
+                event = {
+                    "id": "x",
+                    "object": "chat.completion.chunk" if chat else "text_completion",
+                    "choices": [choice],
+                }
                 writer.write(b"data: " + json.dumps(event).encode() + b"\n\n")
                 await writer.drain()
             if not self.args.no_usage and not cut:
@@ -249,7 +315,6 @@ class Server:
             if self.sem is not None:
                 self.sem.release()
 
-
     def completion(self, req, chat):
         """The deterministic greedy completion of the request's prompt (see the module docstring)."""
         prompt = req.get("prompt")
@@ -259,14 +324,18 @@ class Server:
         n = int(req.get("max_tokens") or 16)
         ids = [int(hashlib.sha256(f"{prompt}|{i}".encode()).hexdigest()[:6], 16) % 1000 for i in range(n)]
         if self.args.quantize and len(prompt) % 2 == 0:
-            ids = ids[:n // 2] + [(t + 1) % 1000 for t in ids[n // 2:]]
+            ids = ids[: n // 2] + [(t + 1) % 1000 for t in ids[n // 2 :]]
         text = "".join(f" w{t}" for t in ids)
         choice = {"index": 0, "finish_reason": "length"}
         choice.update({"message": {"role": "assistant", "content": text}} if chat else {"text": text})
         if req.get("return_token_ids") and not self.args.ignore_token_ids:
             choice["token_ids"] = ids
-        return {"id": "x", "object": "chat.completion" if chat else "text_completion", "choices": [choice],
-                "usage": {"prompt_tokens": 1, "completion_tokens": n, "total_tokens": n + 1}}
+        return {
+            "id": "x",
+            "object": "chat.completion" if chat else "text_completion",
+            "choices": [choice],
+            "usage": {"prompt_tokens": 1, "completion_tokens": n, "total_tokens": n + 1},
+        }
 
 
 async def main_async(args):
@@ -303,9 +372,16 @@ def main():
     if args.spawn_worker:
         import subprocess
 
-        subprocess.Popen([sys.executable, "-c", "import signal, sys, time; signal.signal(signal.SIGTERM, "
-                          "signal.SIG_IGN); open(sys.argv[1], 'w').write(str(__import__('os').getpid())); "
-                          "time.sleep(3600)", args.spawn_worker])
+        subprocess.Popen(
+            [
+                sys.executable,
+                "-c",
+                "import signal, sys, time; signal.signal(signal.SIGTERM, "
+                "signal.SIG_IGN); open(sys.argv[1], 'w').write(str(__import__('os').getpid())); "
+                "time.sleep(3600)",
+                args.spawn_worker,
+            ]
+        )
     if args.print_argv:
         with open(args.print_argv, "w") as f:
             json.dump(sys.argv, f)

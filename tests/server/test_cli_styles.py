@@ -14,7 +14,7 @@ from tuner.targets.sglang.launch import usage_error
 
 CLICK_SERVER = Path(__file__).with_name("click_server.py")
 
-TYPER_PROGRAM = '''
+TYPER_PROGRAM = """
 from enum import Enum
 from typing import Optional
 import typer
@@ -34,7 +34,7 @@ def serve(force_model: Optional[str] = typer.Argument(None),
     pass
 
 typer.run(serve)
-'''
+"""
 
 CLICK_SPACE = """
 name: click-standin
@@ -50,9 +50,17 @@ def _click_target(tmp_path, yaml=CLICK_SPACE, **settings):
     from tuner.targets.sglang.target import CommandTarget
 
     space = resolve(load_space_text(yaml, source="click.yaml"), Hardware())
-    base = {"command": [sys.executable, str(CLICK_SERVER), "--host", "{host}", "--port", "{port}"],
-            "model": "standin", "port_range": "32000-32999", "prompt_len": 8,
-            "output_len": 8, "min_requests": 2, "rounds": 1, "warmup_requests": 0, "teardown_reserve_s": 3.0}
+    base = {
+        "command": [sys.executable, str(CLICK_SERVER), "--host", "{host}", "--port", "{port}"],
+        "model": "standin",
+        "port_range": "32000-32999",
+        "prompt_len": 8,
+        "output_len": 8,
+        "min_requests": 2,
+        "rounds": 1,
+        "warmup_requests": 0,
+        "teardown_reserve_s": 3.0,
+    }
     base.update(settings)
     return CommandTarget(space, base)
 
@@ -111,8 +119,7 @@ def test_preflight_refuses_a_value_outside_a_click_choice_list(tmp_path):
 def test_preflight_says_yaml_read_an_unquoted_on_as_a_boolean(tmp_path):
     yaml = CLICK_SPACE.replace('values: [auto, "on", "off"]', "values: [auto, on, off]")
     report = _click_target(tmp_path, yaml=yaml).preflight()
-    assert any("'true' is not one of the choices" in e and 'quote it ("on")' in e for e in report.errors), \
-        report.errors
+    assert any("'true' is not one of the choices" in e and 'quote it ("on")' in e for e in report.errors), report.errors
 
 
 def test_server_usage_error_at_start_is_invalid_config_with_the_servers_message(tmp_path):
@@ -124,33 +131,42 @@ def test_server_usage_error_at_start_is_invalid_config_with_the_servers_message(
 
 def test_argparse_usage_error_at_start_is_invalid_config_with_its_error_line(make_target):
     m = make_target(["--no-such-flag", "1"], help_command=[]).evaluate(
-        {"context_length": 8192, "kv_cache_dtype": "auto", "buckets": "pow2:8", "fast_path": False},
-        time.time() + 30)
+        {"context_length": 8192, "kv_cache_dtype": "auto", "buckets": "pow2:8", "fast_path": False}, time.time() + 30
+    )
     assert m.outcome is Outcome.INVALID_CONFIG, m.reason
     assert "error: unrecognized arguments: --no-such-flag 1" in m.reason
 
 
 def test_usage_error_reads_click_argparse_and_typer_boxes_and_nothing_else():
-    assert usage_error("Usage: s [OPTIONS]\nTry 's --help' for help.\n\nError: No such option: --x\n") \
+    assert (
+        usage_error("Usage: s [OPTIONS]\nTry 's --help' for help.\n\nError: No such option: --x\n")
         == "Error: No such option: --x"
-    assert usage_error("usage: s [-h]\ns: error: argument --tp: invalid int value: 'x'\n") \
+    )
+    assert (
+        usage_error("usage: s [-h]\ns: error: argument --tp: invalid int value: 'x'\n")
         == "s: error: argument --tp: invalid int value: 'x'"
-    boxed = ("Usage: s [OPTIONS]\nTry 's --help' for help.\n╭─ Error ───────────╮\n│ No such option: --x │\n"
-             "╰───────────────────╯\n")
+    )
+    boxed = (
+        "Usage: s [OPTIONS]\nTry 's --help' for help.\n╭─ Error ───────────╮\n│ No such option: --x │\n"
+        "╰───────────────────╯\n"
+    )
     assert usage_error(boxed) == "Error: No such option: --x"
     assert usage_error("Traceback (most recent call last):\n  File 'x'\nValueError: error: bad\n") is None
 
 
 def test_a_traceback_reason_is_its_exception_line():
-    log = ("loading\n[rank0]: Traceback (most recent call last):\n[rank0]:   File \"x.py\", line 1, in <module>\n"
-           "[rank0]:     import missing\n[rank0]: ModuleNotFoundError: No module named 'missing'\nexiting\n")
+    log = (
+        'loading\n[rank0]: Traceback (most recent call last):\n[rank0]:   File "x.py", line 1, in <module>\n'
+        "[rank0]:     import missing\n[rank0]: ModuleNotFoundError: No module named 'missing'\nexiting\n"
+    )
     assert exception_line(log) == "ModuleNotFoundError: No module named 'missing'"
     assert exception_line("no traceback here") is None
 
 
 def test_a_server_traceback_before_ready_reads_the_exception_line_not_the_header(make_target):
-    m = make_target(["--oom-at-start"]).evaluate({"context_length": 8192, "kv_cache_dtype": "auto",
-                                                  "buckets": "pow2:8", "fast_path": False}, time.time() + 30)
+    m = make_target(["--oom-at-start"]).evaluate(
+        {"context_length": 8192, "kv_cache_dtype": "auto", "buckets": "pow2:8", "fast_path": False}, time.time() + 30
+    )
     assert m.outcome is Outcome.OOM, m.reason
     assert "torch.OutOfMemoryError: CUDA out of memory" in m.reason
     assert "Traceback" not in m.reason
@@ -159,6 +175,7 @@ def test_a_server_traceback_before_ready_reads_the_exception_line_not_the_header
 def test_a_trial_process_exit_reads_the_exception_line_not_the_last_line():
     from tuner.execution.isolation import describe_exit
 
-    log = "Traceback (most recent call last):\n  File \"x\", line 1\nOSError: [Errno 28] No space left\nbye\n"
-    assert describe_exit(1, log) == ("trial process exited with code 1 without a result: "
-                                     "OSError: [Errno 28] No space left")
+    log = 'Traceback (most recent call last):\n  File "x", line 1\nOSError: [Errno 28] No space left\nbye\n'
+    assert describe_exit(1, log) == (
+        "trial process exited with code 1 without a result: OSError: [Errno 28] No space left"
+    )

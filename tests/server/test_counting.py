@@ -22,8 +22,10 @@ def standin():
 
     def start(*args: str) -> ServerProcess:
         port = pick_free_port(36000, 36999)
-        argv = [a.replace("{host}", "127.0.0.1").replace("{port}", str(port)).replace("{model}", "m")
-                for a in standin_command()] + list(args)
+        argv = [
+            a.replace("{host}", "127.0.0.1").replace("{port}", str(port)).replace("{model}", "m")
+            for a in standin_command()
+        ] + list(args)
         server = ServerProcess(argv, port=port)
         started.append(server)
         assert server.wait_ready(time.time() + 20) is None
@@ -36,8 +38,9 @@ def standin():
 
 
 def _load(tokenizer: str, **kw) -> loadgen.LoadConfig:
-    return loadgen.LoadConfig.from_settings({"model": tokenizer, "served_model_name": "m", "output_len": 16,
-                                             "prompt_len": 4, "requests_per_level": 6, **kw})
+    return loadgen.LoadConfig.from_settings(
+        {"model": tokenizer, "served_model_name": "m", "output_len": 16, "prompt_len": 4, "requests_per_level": 6, **kw}
+    )
 
 
 def test_usage_is_asked_for_in_the_stream():
@@ -87,8 +90,7 @@ def test_chunks_of_several_tokens_are_not_counted_as_one_each(standin, word_toke
 def test_a_count_above_the_tokens_asked_is_a_flagged_measurement_error(standin, tmp_path):
     # a tokenizer that splits every character: 'tok ' counted as 4 tokens, 4x max_tokens
     server = standin("--no-usage", "--tokens-per-chunk", "2", "--tokens-per-second", "800")
-    cfg = loadgen.LoadConfig(model="m", output_len=8, requests_per_level=4, stream_usage=True,
-                             count_tokens=len)
+    cfg = loadgen.LoadConfig(model="m", output_len=8, requests_per_level=4, stream_usage=True, count_tokens=len)
     res = loadgen.run_level(server.base_url, cfg, 1)
     assert res.errors == 4 and res.over_counts == 4 and not res.ok_requests
     assert "a measurement error" in res.first_error() and "for 8 asked" in res.first_error()
@@ -97,12 +99,21 @@ def test_a_count_above_the_tokens_asked_is_a_flagged_measurement_error(standin, 
     assert "100.0% of 4 requests failed" in loadgen.served_problem(res)
 
 
-def test_a_stream_ended_with_done_and_no_finish_reason_is_an_error_whatever_the_thresholds(make_target, spy,  # noqa: F811
-                                                                                         word_tokenizer):  # noqa: F811
+def test_a_stream_ended_with_done_and_no_finish_reason_is_an_error_whatever_the_thresholds(
+    make_target,
+    spy,  # noqa: F811
+    word_tokenizer,  # noqa: F811
+):
     # the cut streams: `data: [DONE]`, no finish_reason, no usage; loosened thresholds must not make them
     # served requests supplying figures
-    target = make_target(["--cancel-on-new", "--no-usage", "--tokens-per-chunk", "2", "--tokens-per-second", "200"],
-                         levels=[4], min_requests=8, max_error_rate=1.0, min_delivered=0.0, tokenizer=word_tokenizer)
+    target = make_target(
+        ["--cancel-on-new", "--no-usage", "--tokens-per-chunk", "2", "--tokens-per-second", "200"],
+        levels=[4],
+        min_requests=8,
+        max_error_rate=1.0,
+        min_delivered=0.0,
+        tokenizer=word_tokenizer,
+    )
     m = target.evaluate(DEFAULTS, time.time() + 60)
     cut = m.metric("error_rate", "c=4")
     assert cut is not None and cut > 0.3, (m.outcome, m.reason, cut)
@@ -112,8 +123,9 @@ def test_a_stream_ended_with_done_and_no_finish_reason_is_an_error_whatever_the_
 
 def test_a_stream_without_finish_reason_or_usage_is_not_served(standin, word_tokenizer):  # noqa: F811
     server = standin("--no-usage", "--no-finish-reason", "--tokens-per-second", "800")
-    cfg = loadgen.LoadConfig(model="m", output_len=8, requests_per_level=3,
-                             count_tokens=loadgen.load_tokenizer(word_tokenizer))
+    cfg = loadgen.LoadConfig(
+        model="m", output_len=8, requests_per_level=3, count_tokens=loadgen.load_tokenizer(word_tokenizer)
+    )
     res = loadgen.run_level(server.base_url, cfg, 1)
     assert res.errors == 3 and "no finish_reason and no usage" in res.first_error()
 
@@ -128,8 +140,9 @@ def test_an_empty_answer_that_finished_is_served(standin):
 
 
 def test_the_counting_method_is_stored_with_the_trial(make_target, spy):  # noqa: F811
-    m = make_target(["--no-usage", "--empty-text-every", "5", "--tokens-per-second", "400"], levels=[2],
-                    tokenizer="/nonexistent").evaluate(DEFAULTS, time.time() + 60)
+    m = make_target(
+        ["--no-usage", "--empty-text-every", "5", "--tokens-per-second", "400"], levels=[2], tokenizer="/nonexistent"
+    ).evaluate(DEFAULTS, time.time() + 60)
     assert m.outcome is Outcome.OK, m.reason
     assert m.metric("count:chunks") == 1.0 and m.metric("count:chunks", "c=2") == 1.0
     assert m.metric("delivered", "c=2") == 1.0

@@ -22,21 +22,31 @@ DEFAULTS = {"context_length": 8192, "kv_cache_dtype": "auto", "buckets": "pow2:4
 def test_hostile_values_reach_argv_intact_and_never_a_shell(make_target, tmp_path):
     out = tmp_path / "argv.json"
     dump = "import json,sys,os; json.dump([sys.argv[1:], os.environ.get('MY_ENV')], open(%r,'w'))" % str(out)
-    target = make_target(command=[sys.executable, "-c", dump, "--model-path", "{model}", "--port", "{port}"],
-                         model=HOSTILE, env={"MY_ENV": HOSTILE}, port=31234)
+    target = make_target(
+        command=[sys.executable, "-c", dump, "--model-path", "{model}", "--port", "{port}"],
+        model=HOSTILE,
+        env={"MY_ENV": HOSTILE},
+        port=31234,
+    )
     spec = target.launch_spec(DEFAULTS)
     assert spec.argv[spec.argv.index("--model-path") + 1] == HOSTILE  # one argv item, untouched
     script = tmp_path / "launch.sh"
     script.write_text(render_script(spec, header=[], recorded={"metric": "tok_s"}))
-    done = subprocess.run(["bash", str(script), "--extra", "x y"], cwd=tmp_path, capture_output=True, text=True,
-                          env={"PATH": "/usr/bin:/bin", "HOME": str(tmp_path / "home")}, timeout=30)
+    done = subprocess.run(
+        ["bash", str(script), "--extra", "x y"],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        env={"PATH": "/usr/bin:/bin", "HOME": str(tmp_path / "home")},
+        timeout=30,
+    )
     assert done.returncode == 0, done.stderr
     argv, env_value = json.loads(out.read_text())
     assert argv[argv.index("--model-path") + 1] == HOSTILE
     assert env_value == HOSTILE
     assert argv[argv.index("--port") + 1] == "31234"
     assert argv[-2:] == ["--extra", "x y"]
-    assert "--enable-fast-path" in argv and argv[argv.index("--cuda-graph-bs-decode") + 1:][:3] == ["1", "2", "4"]
+    assert "--enable-fast-path" in argv and argv[argv.index("--cuda-graph-bs-decode") + 1 :][:3] == ["1", "2", "4"]
     assert not any(tmp_path.glob("PWNED*"))
 
 
@@ -44,15 +54,17 @@ def test_sglang_launch_spec_is_python_m_launch_server(tmp_path):
     from search_spaces import Hardware, builtin_space_path, load_space, resolve
     from tuner.targets.sglang.target import SGLangTarget
 
-    space = resolve(load_space(builtin_space_path("sglang_dsv4_flash")),
-                    Hardware(gpu_name="NVIDIA H200", gpu_count=8, compute_capability=(9, 0)))
+    space = resolve(
+        load_space(builtin_space_path("sglang_dsv4_flash")),
+        Hardware(gpu_name="NVIDIA H200", gpu_count=8, compute_capability=(9, 0)),
+    )
     t = SGLangTarget(space, {"moe_config_dir": str(tmp_path / "moe"), "kernel_config_dir": str(tmp_path / "k")})
     params = {**space.defaults(), "context_length": 131072, "cuda_graph_buckets": "pow2:64"}
     spec = t.launch_spec(params)
     assert spec.argv[1:5] == ["-m", "sglang.launch_server", "--model-path", "deepseek-ai/DeepSeek-V4-Flash"]
     assert spec.argv[spec.argv.index("--context-length") + 1] == "131072"
     i = spec.argv.index("--cuda-graph-bs-decode")
-    assert spec.argv[i + 1:i + 8] == ["1", "2", "4", "8", "16", "32", "64"]
+    assert spec.argv[i + 1 : i + 8] == ["1", "2", "4", "8", "16", "32", "64"]
     assert "--dsa-decode-backend" not in spec.argv  # server_default leaves the flag out
     assert spec.env["SGLANG_MOE_CONFIG_DIR"] == str(tmp_path / "moe")
     assert spec.env["TUNER_KERNEL_CONFIG_DIR"] == str(tmp_path / "k")
@@ -68,8 +80,13 @@ def test_verify_script_reruns_and_compares(make_target, tmp_path):
     assert m.outcome is Outcome.OK, m.reason
     obj = target.objective()
     script = tmp_path / "launch.sh"
-    script.write_text(render_script(target.launch_spec(DEFAULTS), header=[],
-                                     recorded=recorded_figures(obj, m.value, m.by_level, target.settings)))
+    script.write_text(
+        render_script(
+            target.launch_spec(DEFAULTS),
+            header=[],
+            recorded=recorded_figures(obj, m.value, m.by_level, target.settings),
+        )
+    )
     assert read_recorded(script)["levels"] == [1, 2]
     r = verify_script(script, port_range="32000-32999")
     assert r.outcome is Outcome.OK and r.ok, "\n".join(r.lines())
@@ -95,12 +112,27 @@ def test_render_refuses_bad_env_names():
 
 
 def test_moe_config_in_sglang_layout(tmp_path):
-    cfg = {"BLOCK_SIZE_M": 16, "BLOCK_SIZE_N": 64, "BLOCK_SIZE_K": 128, "GROUP_SIZE_M": 1, "num_warps": 4,
-           "num_stages": 3}
-    path = write_moe_config(tmp_path, E=256, N=2048, device_name="NVIDIA H200", configs={64: cfg, 1: cfg},
-                            dtype="fp8_w8a8", block_shape=[128, 128], triton_version="3.6.0")
+    cfg = {
+        "BLOCK_SIZE_M": 16,
+        "BLOCK_SIZE_N": 64,
+        "BLOCK_SIZE_K": 128,
+        "GROUP_SIZE_M": 1,
+        "num_warps": 4,
+        "num_stages": 3,
+    }
+    path = write_moe_config(
+        tmp_path,
+        E=256,
+        N=2048,
+        device_name="NVIDIA H200",
+        configs={64: cfg, 1: cfg},
+        dtype="fp8_w8a8",
+        block_shape=[128, 128],
+        triton_version="3.6.0",
+    )
     assert path.relative_to(tmp_path).as_posix() == (
-        "configs/triton_3_6_0/E=256,N=2048,device_name=NVIDIA_H200,dtype=fp8_w8a8,block_shape=[128, 128].json")
+        "configs/triton_3_6_0/E=256,N=2048,device_name=NVIDIA_H200,dtype=fp8_w8a8,block_shape=[128, 128].json"
+    )
     assert list(json.loads(path.read_text())) == ["1", "64"]
     with pytest.raises(ValueError, match="needs"):
         write_moe_config(tmp_path, E=1, N=1, device_name="x", configs={1: {"BLOCK_SIZE_M": 16}}, triton_version="3")
@@ -109,16 +141,28 @@ def test_moe_config_in_sglang_layout(tmp_path):
 @pytest.mark.parametrize("dtype,block", [(None, None), ("fp8_w8a8", [128, 128])])
 def test_sglangs_own_loader_reads_what_we_write(tmp_path, dtype, block):
     pytest.importorskip("sglang")
-    small = {"BLOCK_SIZE_M": 16, "BLOCK_SIZE_N": 64, "BLOCK_SIZE_K": 128, "GROUP_SIZE_M": 1, "num_warps": 4,
-             "num_stages": 3}
+    small = {
+        "BLOCK_SIZE_M": 16,
+        "BLOCK_SIZE_N": 64,
+        "BLOCK_SIZE_K": 128,
+        "GROUP_SIZE_M": 1,
+        "num_warps": 4,
+        "num_stages": 3,
+    }
     big = dict(small, BLOCK_SIZE_M=64, BLOCK_SIZE_N=128, num_warps=8)
-    write_moe_config(tmp_path, E=32, N=2048, device_name="NVIDIA H200", configs={1: small, 64: big}, dtype=dtype,
-                     block_shape=block)
-    read = read_moe_config_with_sglang(tmp_path, E=32, N=2048, device_name="NVIDIA H200", dtype=dtype,
-                                       block_shape=block)
+    write_moe_config(
+        tmp_path, E=32, N=2048, device_name="NVIDIA H200", configs={1: small, 64: big}, dtype=dtype, block_shape=block
+    )
+    read = read_moe_config_with_sglang(
+        tmp_path, E=32, N=2048, device_name="NVIDIA H200", dtype=dtype, block_shape=block
+    )
     assert read == {1: small, 64: big}
     # another width, or another GPU: not ours
-    assert read_moe_config_with_sglang(tmp_path, E=32, N=4096, device_name="NVIDIA H200", dtype=dtype,
-                                       block_shape=block) is None
-    assert read_moe_config_with_sglang(tmp_path, E=32, N=2048, device_name="NVIDIA B200", dtype=dtype,
-                                       block_shape=block) is None
+    assert (
+        read_moe_config_with_sglang(tmp_path, E=32, N=4096, device_name="NVIDIA H200", dtype=dtype, block_shape=block)
+        is None
+    )
+    assert (
+        read_moe_config_with_sglang(tmp_path, E=32, N=2048, device_name="NVIDIA B200", dtype=dtype, block_shape=block)
+        is None
+    )

@@ -20,14 +20,26 @@ def sglang_flags():
     if not HAS_SGLANG:
         pytest.skip("sglang is not installed (pip install --no-deps sglang)")
     # installed but its parser broken is a failure (the README's test command installs what --help needs), not a skip
-    return fl.introspect_parser(sys.executable, fl.SGLANG_PARSER,
-                                [("--kv-cache-dtype", ["fp8_e4m3", "fp9"]), ("--context-length", ["131072", "x"])])
+    return fl.introspect_parser(
+        sys.executable,
+        fl.SGLANG_PARSER,
+        [("--kv-cache-dtype", ["fp8_e4m3", "fp9"]), ("--context-length", ["131072", "x"])],
+    )
 
 
 def test_parser_introspection_knows_the_knobs(sglang_flags):
-    for name in ("--context-length", "--kv-cache-dtype", "--dsa-decode-backend", "--max-running-requests",
-                 "--chunked-prefill-size", "--mem-fraction-static", "--tp-size", "--tensor-parallel-size",
-                 "--triton-attention-num-kv-splits", "--triton-attention-split-tile-size"):
+    for name in (
+        "--context-length",
+        "--kv-cache-dtype",
+        "--dsa-decode-backend",
+        "--max-running-requests",
+        "--chunked-prefill-size",
+        "--mem-fraction-static",
+        "--tp-size",
+        "--tensor-parallel-size",
+        "--triton-attention-num-kv-splits",
+        "--triton-attention-split-tile-size",
+    ):
         assert name in sglang_flags, name
     assert "fp8_e4m3" in sglang_flags.get("--kv-cache-dtype").choices
     assert sglang_flags.get("--tp-size") is sglang_flags.get("--tensor-parallel-size")
@@ -93,8 +105,9 @@ def test_builtin_space_passes_preflight_against_installed_sglang():
     space = load_space(builtin_space_path("sglang_dsv4_flash"))
     from tuner.targets.sglang.target import SGLangTarget
 
-    target = SGLangTarget(resolve(space, Hardware(gpu_name="H200", gpu_count=8, compute_capability=(9, 0))),
-                          {"model": "/models/dsv4"})
+    target = SGLangTarget(
+        resolve(space, Hardware(gpu_name="H200", gpu_count=8, compute_capability=(9, 0))), {"model": "/models/dsv4"}
+    )
     report = target.preflight()
     assert report.ok, "\n".join(report.lines())
     assert any("accepted by server" in line for line in report.will_run)
@@ -124,8 +137,21 @@ options:
 
 
 def test_rules_fire_by_name(caplog):
-    hits = fl.apply_rules(["--enable-torch-compile", "--torch-compile-max-bs", "64", "--cuda-graph-bs-decode",
-                           "1", "2", "4", "8", "16", "32"], {})
+    hits = fl.apply_rules(
+        [
+            "--enable-torch-compile",
+            "--torch-compile-max-bs",
+            "64",
+            "--cuda-graph-bs-decode",
+            "1",
+            "2",
+            "4",
+            "8",
+            "16",
+            "32",
+        ],
+        {},
+    )
     assert [h.rule for h in hits] == ["torch-compile-bs-above-cuda-graph-bs"]
     assert hits[0].refuse
     assert "torch-compile-bs-above-cuda-graph-bs" in caplog.text
@@ -149,8 +175,9 @@ params:
   frac: {type: float, low: 0.5, high: 0.9, default: 0.8, flag: --mem-fraction-static}
   knob: {type: categorical, values: [a, b], default: a, env: MY_KNOB}
 """)
-    args, env = fl.params_to_args(space.params, {"b": "pow2:8", "en": True, "dis": False,
-                                                 "backend": "server_default", "frac": 0.8, "knob": "b"})
+    args, env = fl.params_to_args(
+        space.params, {"b": "pow2:8", "en": True, "dis": False, "backend": "server_default", "frac": 0.8, "knob": "b"}
+    )
     assert args == ["--cuda-graph-bs-decode", "1", "2", "4", "8", "--enable-x", "--mem-fraction-static", "0.8"]
     assert env == {"MY_KNOB": "b"}
 
@@ -165,18 +192,32 @@ def test_an_export_for_sglang_0_5_12_uses_its_flag_names_and_moves_what_it_canno
 
     text = (Path(__file__).parent / "data" / "sglang_0.5.12_flags.txt").read_text().splitlines()
     names = [n for n in text if n.startswith("--")]
-    flags = ServerFlags([FlagSpec(names=(n,)) for n in names], source="sglang 0.5.12 server_args.py",
-                        version="0.5.12")
+    flags = ServerFlags([FlagSpec(names=(n,)) for n in names], source="sglang 0.5.12 server_args.py", version="0.5.12")
     space = load_space("dsv4_flash")
-    best = {"context_length": 131072, "indexer_impl": "triton", "attention_impl": "mma", "kv_cache_dtype": "fp8_e4m3",
-            "sparse_num_splits": 4, "sparse_block_t": 64, "sparse_block_h": 16, "gemm_proj": "fp8",
-            "gemm_indexer": "fp8", "gemm_moe": "fp8", "moe_impl": "triton", "gemm_mhc": "fp32", "gemm_impl": "torch",
-            "cuda_graph_buckets": "pow2:64", "glue": "eager"}
+    best = {
+        "context_length": 131072,
+        "indexer_impl": "triton",
+        "attention_impl": "mma",
+        "kv_cache_dtype": "fp8_e4m3",
+        "sparse_num_splits": 4,
+        "sparse_block_t": 64,
+        "sparse_block_h": 16,
+        "gemm_proj": "fp8",
+        "gemm_indexer": "fp8",
+        "gemm_moe": "fp8",
+        "moe_impl": "triton",
+        "gemm_mhc": "fp32",
+        "gemm_impl": "torch",
+        "cuda_graph_buckets": "pow2:64",
+        "glue": "eager",
+    }
     launch = server_launch(space, command_config(space, best, "gfx950").params)  # gfx950: the fused indexer is kept
     assert "--cuda-graph-bs-decode" in launch.args and "--enable-dsa-fused-indexer" in launch.args
     check = for_installed_release(launch, flags)
     assert check.line == "flags checked by the installed SGLang 0.5.12's own parser"
     assert [a for a in launch.args if a.startswith("--") and a not in names] == []
     assert launch.args[launch.args.index("--cuda-graph-bs") + 1] == "1"
-    assert check.moved == ["  indexer_impl=triton: SGLang 0.5.12 has no flag --enable-dsa-fused-indexer; moved under "
-                           "the code changes (this command leaves the server's default)"]
+    assert check.moved == [
+        "  indexer_impl=triton: SGLang 0.5.12 has no flag --enable-dsa-fused-indexer; moved under "
+        "the code changes (this command leaves the server's default)"
+    ]

@@ -13,8 +13,14 @@ from storage import Repo
 from storage.types import MetricRow
 
 # (trial, load, tok/s in all, tok/s per user): 0@r=1 is dominated by 1@r=1; 1@r=4's per-user speed was cut short
-LOADS = [(0, "r=1", 90.0, 20.0), (0, "r=2", 170.0, 15.0), (1, "r=1", 100.0, 21.0), (1, "r=3", 240.0, 12.0),
-         (1, "r=4", 300.0, math.inf), (2, "r=2", 200.0, 9.0)]
+LOADS = [
+    (0, "r=1", 90.0, 20.0),
+    (0, "r=2", 170.0, 15.0),
+    (1, "r=1", 100.0, 21.0),
+    (1, "r=3", 240.0, 12.0),
+    (1, "r=4", 300.0, math.inf),
+    (2, "r=2", 200.0, 9.0),
+]
 
 
 def _trials(tmp_path):
@@ -26,8 +32,11 @@ def _trials(tmp_path):
         rows = [MetricRow("gpus", storage.front.GOODPUT_LEVEL, 2.0, "count")]
         for t, load, tok, user in LOADS:
             if t == number:
-                rows += [MetricRow("tok_s", load, tok, "tok/s"), MetricRow("tok_s_per_request", load, user, "tok/s"),
-                         MetricRow("meets_slo", load, 1.0, "flag")]
+                rows += [
+                    MetricRow("tok_s", load, tok, "tok/s"),
+                    MetricRow("tok_s_per_request", load, user, "tok/s"),
+                    MetricRow("meets_slo", load, 1.0, "flag"),
+                ]
         repo.finish_trial(run.id, number, outcome="ok", value=1.0, metrics=rows)
     return repo.list_trials(run.id, with_measurements=True)
 

@@ -32,8 +32,16 @@ params:
 
 
 def _target(slo: str, standin: list[str], **settings) -> CommandTarget:
-    base = {"command": standin_command(), "model": "standin", "extra_args": standin, "port_range": "33000-33999",
-            "prompt_len": 4, "warmup_requests": 1, "fatal_grace_s": 0.5, "teardown_reserve_s": 5.0}
+    base = {
+        "command": standin_command(),
+        "model": "standin",
+        "extra_args": standin,
+        "port_range": "33000-33999",
+        "prompt_len": 4,
+        "warmup_requests": 1,
+        "fatal_grace_s": 0.5,
+        "teardown_reserve_s": 5.0,
+    }
     return CommandTarget(_space(slo), {**base, **settings})
 
 
@@ -41,16 +49,25 @@ def _target(slo: str, standin: list[str], **settings) -> CommandTarget:
 def test_the_slo_of_a_goodput_objective_becomes_constraints_at_level_slo():
     obj = _space("{ttft_ms_p99: 500, tpot_ms_p95: 50}").space.objective
     assert obj.is_goodput and obj.slo == (("ttft_ms_p99", 500.0), ("tpot_ms_p95", 50.0))
-    assert [(c.metric, c.level, c.max) for c in obj.constraints] == [("ttft_ms_p99", "slo", 500.0),
-                                                                     ("tpot_ms_p95", "slo", 50.0)]
+    assert [(c.metric, c.level, c.max) for c in obj.constraints] == [
+        ("ttft_ms_p99", "slo", 500.0),
+        ("tpot_ms_p95", "slo", 50.0),
+    ]
     assert obj.unit == "req/s" and "ttft_ms_p99<=500" in obj.describe()
 
 
-@pytest.mark.parametrize("slo, metric, says", [
-    ("{ttft_ms_p98: 500}", "goodput_req_s", "unknown latency metric (got 'ttft_ms_p98'); did you mean `ttft_ms_p99`?"),
-    ("{ttft_ms_p99: -1}", "goodput_req_s", "a limit must be a positive number of milliseconds (got -1)"),
-    ("{ttft_ms_p99: 500}", "tok_s", "`slo` is the limit of a goodput objective, not of `tok_s`"),
-])
+@pytest.mark.parametrize(
+    "slo, metric, says",
+    [
+        (
+            "{ttft_ms_p98: 500}",
+            "goodput_req_s",
+            "unknown latency metric (got 'ttft_ms_p98'); did you mean `ttft_ms_p99`?",
+        ),
+        ("{ttft_ms_p99: -1}", "goodput_req_s", "a limit must be a positive number of milliseconds (got -1)"),
+        ("{ttft_ms_p99: 500}", "tok_s", "`slo` is the limit of a goodput objective, not of `tok_s`"),
+    ],
+)
 def test_a_bad_slo_is_one_line_naming_the_key_the_value_and_the_fix(slo, metric, says):
     with pytest.raises(SpaceError) as err:
         _space(slo, metric)
@@ -58,8 +75,10 @@ def test_a_bad_slo_is_one_line_naming_the_key_the_value_and_the_fix(slo, metric,
 
 
 def test_a_goodput_objective_without_slo_is_refused():
-    text = "name: g\ntarget: command\nobjective: {metric: goodput_tok_s}\n" \
+    text = (
+        "name: g\ntarget: command\nobjective: {metric: goodput_tok_s}\n"
         "params: {x: {type: bool, default: false, flag: --x}}\n"
+    )
     with pytest.raises(SpaceError, match="`goodput_tok_s` needs an `slo`"):
         load_space_text(text, source="g.yaml")
 
@@ -133,10 +152,12 @@ def _settings(**kw):
 
 
 # -- the boundary against the stand-in's truth ------------------------------------------------------------------------
-def _dd_c_truth(slots: int, service_s: float, ttft_s: float, limit_s: float, window_s: float, min_requests: int,
-                q: float = 0.95) -> float:
+def _dd_c_truth(
+    slots: int, service_s: float, ttft_s: float, limit_s: float, window_s: float, min_requests: int, q: float = 0.95
+) -> float:
     """The rate at which evenly spaced arrivals into ``slots`` FIFO slots of ``service_s`` each give a ``q``-quantile
     TTFT of ``limit_s`` over one measurement (the same request count as the search's); deterministic, bisected."""
+
     def quantile(rate: float) -> float:
         n = max(min_requests, math.ceil(rate * window_s))
         free = [0.0] * slots
@@ -163,10 +184,26 @@ def test_the_rate_boundary_found_contains_the_standin_truth(tmp_path):
     # TTFT limit (the first token's 50 ms + 100 ms of waiting) is crossed a little above it
     slots, ttft_s, tokens, tps = 8, 0.05, 10, 20.0
     log = tmp_path / "slots.log"
-    t = _target("{ttft_ms_p95: 150}", ["--tokens-per-second", str(tps), "--ttft-ms", "50",
-                                       "--max-running-requests", str(slots), "--slot-log", str(log)],
-                output_len=tokens, goodput_arrivals="constant", goodput_start=12, goodput_window_s=2.0,
-                goodput_min_requests=20, goodput_tolerance=0.05, goodput_repeats=2)
+    t = _target(
+        "{ttft_ms_p95: 150}",
+        [
+            "--tokens-per-second",
+            str(tps),
+            "--ttft-ms",
+            "50",
+            "--max-running-requests",
+            str(slots),
+            "--slot-log",
+            str(log),
+        ],
+        output_len=tokens,
+        goodput_arrivals="constant",
+        goodput_start=12,
+        goodput_window_s=2.0,
+        goodput_min_requests=20,
+        goodput_tolerance=0.05,
+        goodput_repeats=2,
+    )
     m = t.evaluate({"fast_path": False}, time.time() + 240)
     assert m.outcome is Outcome.OK, m.reason
     low, high = m.metric("goodput_low", LEVEL), m.metric("goodput_high", LEVEL)
@@ -189,9 +226,16 @@ def test_the_rate_boundary_found_contains_the_standin_truth(tmp_path):
 @pytest.mark.slow  # real load on a stand-in server, second-long windows: the boundary needs them
 def test_the_concurrency_boundary_is_the_standin_max_running_requests():
     # at 3 in flight nobody waits; at 4, one request in four waits a whole 0.2 s slot: p95 TTFT over 100 ms
-    t = _target("{ttft_ms_p95: 100}", ["--tokens-per-second", "50", "--ttft-ms", "20", "--max-running-requests", "3"],
-                output_len=10, goodput_mode="concurrency", goodput_start=1, goodput_window_s=1.5,
-                goodput_min_requests=12, goodput_repeats=2)
+    t = _target(
+        "{ttft_ms_p95: 100}",
+        ["--tokens-per-second", "50", "--ttft-ms", "20", "--max-running-requests", "3"],
+        output_len=10,
+        goodput_mode="concurrency",
+        goodput_start=1,
+        goodput_window_s=1.5,
+        goodput_min_requests=12,
+        goodput_repeats=2,
+    )
     m = t.evaluate({"fast_path": False}, time.time() + 180)
     assert m.outcome is Outcome.OK, m.reason
     assert (m.metric("goodput_low", LEVEL), m.metric("goodput_high", LEVEL)) == (3, 4), m.reason
@@ -201,8 +245,15 @@ def test_the_concurrency_boundary_is_the_standin_max_running_requests():
 
 def test_an_infeasible_configuration_is_an_ok_trial_worth_zero_with_its_slo_constraint_violated():
     # every token takes 20 ms; the limit is 10 ms: no load meets it
-    t = _target("{tpot_ms_p95: 10}", ["--tokens-per-second", "50"], output_len=6, goodput_start=2,
-                goodput_min=1, goodput_window_s=1.0, goodput_min_requests=6)
+    t = _target(
+        "{tpot_ms_p95: 10}",
+        ["--tokens-per-second", "50"],
+        output_len=6,
+        goodput_start=2,
+        goodput_min=1,
+        goodput_window_s=1.0,
+        goodput_min_requests=6,
+    )
     m = t.evaluate({"fast_path": False}, time.time() + 120)
     assert m.outcome is Outcome.OK and m.value == 0.0, m.reason
     assert m.reason.startswith("infeasible: misses the SLO even at 1 req/s (tpot_ms_p95 ")
@@ -212,9 +263,16 @@ def test_an_infeasible_configuration_is_an_ok_trial_worth_zero_with_its_slo_cons
 
 
 def test_a_trial_missing_the_slo_at_the_incumbents_boundary_is_pruned_after_one_measurement():
-    t = _target("{ttft_ms_p95: 150}", ["--tokens-per-second", "20", "--ttft-ms", "50", "--max-running-requests", "2"],
-                output_len=10, goodput_arrivals="constant", goodput_window_s=1.0, goodput_min_requests=10,
-                incumbent_value=400.0, incumbent_load=40.0)  # 2 slots of 0.5 s serve 4 req/s: 40 is far out of reach
+    t = _target(
+        "{ttft_ms_p95: 150}",
+        ["--tokens-per-second", "20", "--ttft-ms", "50", "--max-running-requests", "2"],
+        output_len=10,
+        goodput_arrivals="constant",
+        goodput_window_s=1.0,
+        goodput_min_requests=10,
+        incumbent_value=400.0,
+        incumbent_load=40.0,
+    )  # 2 slots of 0.5 s serve 4 req/s: 40 is far out of reach
     m = t.evaluate({"fast_path": False}, time.time() + 120)
     assert m.outcome is Outcome.PRUNED, m.reason
     assert "misses the SLO at the incumbent's boundary 40" in m.reason
@@ -246,15 +304,30 @@ def test_one_slow_request_of_eight_does_not_cut_a_p90_measurement_that_meets_but
     from tuner.targets.sglang.launch import ServerProcess, pick_free_port
 
     port = pick_free_port(35000, 35999)
-    argv = [a.replace("{host}", "127.0.0.1").replace("{port}", str(port)).replace("{model}", "m")
-            for a in standin_command()] + ["--tokens-per-second", "20", "--ttft-ms", "50", "--stall-ms", "450",
-                                           "--stall-request", "4", "--stall-request", "11", "--stall-request", "12"]
+    argv = [
+        a.replace("{host}", "127.0.0.1").replace("{port}", str(port)).replace("{model}", "m") for a in standin_command()
+    ] + [
+        "--tokens-per-second",
+        "20",
+        "--ttft-ms",
+        "50",
+        "--stall-ms",
+        "450",
+        "--stall-request",
+        "4",
+        "--stall-request",
+        "11",
+        "--stall-request",
+        "12",
+    ]
     server = ServerProcess(argv, port=port)
     try:
         assert server.wait_ready(time.time() + 20) is None
         cfg = loadgen.LoadConfig(model="m", output_len=10, prompt_len=4)
-        settings = goodput.GoodputSettings.parse({"goodput_arrivals": "constant", "goodput_window_s": 1.0,
-                                                  "goodput_min_requests": 8, "goodput_repeats": 1}, owner="the test")
+        settings = goodput.GoodputSettings.parse(
+            {"goodput_arrivals": "constant", "goodput_window_s": 1.0, "goodput_min_requests": 8, "goodput_repeats": 1},
+            owner="the test",
+        )
         measure = goodput.Measurer(server.base_url, cfg, settings, lambda n, off: loadgen.make_requests(cfg, n, off))
         rec = {"slo": [["ttft_ms_p90", 300.0]], "load": 2.0}  # 8 requests 0.5 s apart
         ok, b, text = goodput.verify_load(measure, rec)
@@ -295,14 +368,36 @@ def test_a_goodput_search_stores_the_boundary_and_prunes_a_trial_missing_the_inc
     space = tmp_path / "g.yaml"
     space.write_text(SEARCH_YAML)
     url = f"sqlite:///{tmp_path / 'tuner.db'}"
-    settings = {"command": standin_command(), "model": "standin", "port_range": "34000-34999", "prompt_len": 4,
-                "output_len": 10, "warmup_requests": 1, "teardown_reserve_s": 3.0, "trial_timeout_s": 60,
-                "extra_args": ["--tokens-per-second", "20", "--ttft-ms", "50"], "goodput_arrivals": "constant",
-                "goodput_start": 2, "goodput_window_s": 1.0, "goodput_min_requests": 8, "goodput_tolerance": 0.2,
-                "goodput_repeats": 1}
-    opts = SearchOptions(budget_s=150, storage_url=url, study="g", space_path=str(space), target="command",
-                         settings=settings, n_trials=4, confirm_top=0, refine_share=0.0, seed=3,
-                         out_dir=str(tmp_path / "out"))
+    settings = {
+        "command": standin_command(),
+        "model": "standin",
+        "port_range": "34000-34999",
+        "prompt_len": 4,
+        "output_len": 10,
+        "warmup_requests": 1,
+        "teardown_reserve_s": 3.0,
+        "trial_timeout_s": 60,
+        "extra_args": ["--tokens-per-second", "20", "--ttft-ms", "50"],
+        "goodput_arrivals": "constant",
+        "goodput_start": 2,
+        "goodput_window_s": 1.0,
+        "goodput_min_requests": 8,
+        "goodput_tolerance": 0.2,
+        "goodput_repeats": 1,
+    }
+    opts = SearchOptions(
+        budget_s=150,
+        storage_url=url,
+        study="g",
+        space_path=str(space),
+        target="command",
+        settings=settings,
+        n_trials=4,
+        confirm_top=0,
+        refine_share=0.0,
+        seed=3,
+        out_dir=str(tmp_path / "out"),
+    )
     result = run_search(opts)
     trials = {t.params["slots"]: t for t in result.trials if t.repeat_of is None}
     assert set(trials) == {1, 2}, [(t.params, t.outcome, t.reason) for t in result.trials]
@@ -342,18 +437,43 @@ def test_the_dry_run_plan_adds_the_boundary_search_to_each_trial(tmp_path):
 
     space = tmp_path / "g.yaml"
     space.write_text(SEARCH_YAML)
-    args = [sys.executable, "-m", "tuner.cli", "search", "--target", "command", "--space", str(space), "--model", "m",
-            "--budget", "1000s", "--dry-run", "--storage", f"sqlite:///{tmp_path / 't.db'}",
-            "--set", "command=" + json.dumps(standin_command()), "--set", "trial_estimate_s=20",
-            "--set", "goodput_start=4", "--set", "goodput_window_s=5"]
+    args = [
+        sys.executable,
+        "-m",
+        "tuner.cli",
+        "search",
+        "--target",
+        "command",
+        "--space",
+        str(space),
+        "--model",
+        "m",
+        "--budget",
+        "1000s",
+        "--dry-run",
+        "--storage",
+        f"sqlite:///{tmp_path / 't.db'}",
+        "--set",
+        "command=" + json.dumps(standin_command()),
+        "--set",
+        "trial_estimate_s=20",
+        "--set",
+        "goodput_start=4",
+        "--set",
+        "goodput_window_s=5",
+    ]
     done = subprocess.run(args, capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stdout + done.stderr
     # doubling 4 -> 1024 is 8 steps after the start (halving to 0.05 would be 7), a factor-2 bracket bisects to 10%
     # in 3, both ends re-measured twice: 16 measurements of 5 s
-    assert ("  goodput search: up to 16 measurements (bracket 9, bisect 3, ends re-measured 4; one when a trial "
-            "misses the incumbent's boundary) of at least 5.0 s each: 80 s a trial") in done.stdout, done.stdout
-    assert "  trial seconds: 20 (the space's trial_estimate_s; --set probe_launch=true measures one) + the goodput " \
-           "search's 80 = 100" in done.stdout
+    assert (
+        "  goodput search: up to 16 measurements (bracket 9, bisect 3, ends re-measured 4; one when a trial "
+        "misses the incumbent's boundary) of at least 5.0 s each: 80 s a trial"
+    ) in done.stdout, done.stdout
+    assert (
+        "  trial seconds: 20 (the space's trial_estimate_s; --set probe_launch=true measures one) + the goodput "
+        "search's 80 = 100" in done.stdout
+    )
     assert "  trials that fit the budget: about 10 (1000 s / 100 s a trial)" in done.stdout
 
 
@@ -382,14 +502,36 @@ def test_the_multi_objective_mode_tells_optuna_two_values_and_best_pareto_prints
     url = f"sqlite:///{tmp_path / 'tuner.db'}"
     # a batch shares the decode (each of N running streams at 40 / (1 + (N - 1) / 2) tok/s): more load, more
     # throughput in all, slower users
-    settings = {"command": standin_command(), "model": "standin", "port_range": "34000-34999", "prompt_len": 4,
-                "output_len": 10, "warmup_requests": 1, "teardown_reserve_s": 3.0, "trial_timeout_s": 60,
-                "extra_args": ["--tokens-per-second", "40", "--batch-slowdown", "0.5", "--ttft-ms", "20"],
-                "goodput_arrivals": "constant", "goodput_start": 2, "goodput_window_s": 1.5,
-                "goodput_min_requests": 8, "goodput_tolerance": 0.25, "goodput_repeats": 1}
-    opts = SearchOptions(budget_s=150, storage_url=url, study="f", space_path=str(space), target="command",
-                         settings=settings, n_trials=3, confirm_top=0, refine_share=0.0, seed=3,
-                         out_dir=str(tmp_path / "out"))
+    settings = {
+        "command": standin_command(),
+        "model": "standin",
+        "port_range": "34000-34999",
+        "prompt_len": 4,
+        "output_len": 10,
+        "warmup_requests": 1,
+        "teardown_reserve_s": 3.0,
+        "trial_timeout_s": 60,
+        "extra_args": ["--tokens-per-second", "40", "--batch-slowdown", "0.5", "--ttft-ms", "20"],
+        "goodput_arrivals": "constant",
+        "goodput_start": 2,
+        "goodput_window_s": 1.5,
+        "goodput_min_requests": 8,
+        "goodput_tolerance": 0.25,
+        "goodput_repeats": 1,
+    }
+    opts = SearchOptions(
+        budget_s=150,
+        storage_url=url,
+        study="f",
+        space_path=str(space),
+        target="command",
+        settings=settings,
+        n_trials=3,
+        confirm_top=0,
+        refine_share=0.0,
+        seed=3,
+        out_dir=str(tmp_path / "out"),
+    )
     result = run_search(opts)
     ran = [t for t in result.trials if t.repeat_of is None]
     assert ran[0].outcome == "ok", ran[0].reason
@@ -401,19 +543,30 @@ def test_the_multi_objective_mode_tells_optuna_two_values_and_best_pareto_prints
     run = repo.get_run("f")
     first = repo.get_trial(run.id, ran[0].number)
     figs = {(m.metric, m.level): m.value for m in first.measurements}
-    assert done[0].values == [pytest.approx(figs[("goodput_tok_s_per_gpu", LEVEL)]),
-                              pytest.approx(figs[("tok_s_per_request", "slo")])]
+    assert done[0].values == [
+        pytest.approx(figs[("goodput_tok_s_per_gpu", LEVEL)]),
+        pytest.approx(figs[("tok_s_per_request", "slo")]),
+    ]
 
-    out = subprocess.run([sys.executable, "-m", "tuner.cli", "best", "--pareto", "--storage", url, "--study", "f"],
-                         capture_output=True, text=True, timeout=60)
+    out = subprocess.run(
+        [sys.executable, "-m", "tuner.cli", "best", "--pareto", "--storage", url, "--study", "f"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert out.returncode == 0, out.stdout + out.stderr
     lines = out.stdout.splitlines()
     assert " points on the front, of " in lines[0] and "* = within the SLO (ttft_ms_p95<=300)" in lines[0], out.stdout
     rows = [ln.split() for ln in lines[2:]]
     assert len(rows) >= 2, out.stdout  # a trade-off: a lighter load is faster per user, a heavier one serves more
     best = next(r for r in rows if "<-" in r)
-    goodputs = [m.value for t in repo.list_trials(run.id, with_measurements=True) if t.outcome == "ok"
-                for m in t.measurements if m.metric == "goodput_tok_s_per_gpu"]
+    goodputs = [
+        m.value
+        for t in repo.list_trials(run.id, with_measurements=True)
+        if t.outcome == "ok"
+        for m in t.measurements
+        if m.metric == "goodput_tok_s_per_gpu"
+    ]
     assert best[2] == "*" and float(best[0]) == pytest.approx(max(goodputs), abs=0.06)
     speeds = [float(r[1]) for r in rows]
     assert speeds == sorted(speeds)  # along the front, by throughput falling, per-user speed rises
@@ -440,10 +593,18 @@ def test_a_rate_above_the_standins_capacity_is_not_kept_up_and_misses_the_slo():
     # 8 slots of 0.05 + 9 / 20 = 0.5 s: the stand-in completes 16 req/s at most. The TTFT limit is loose (60 s): only
     # falling behind makes a load miss, so the boundary lies between 16 and 16 / (1 - tolerance) req/s
     capacity, tol = 16.0, 0.15
-    t = _target("{ttft_ms_p95: 60000}", ["--tokens-per-second", "20", "--ttft-ms", "50", "--max-running-requests",
-                                         "8"],
-                output_len=10, goodput_arrivals="constant", goodput_start=32, goodput_window_s=2.0,
-                goodput_min_requests=20, goodput_tolerance=0.1, goodput_repeats=1, goodput_keepup_tolerance=tol)
+    t = _target(
+        "{ttft_ms_p95: 60000}",
+        ["--tokens-per-second", "20", "--ttft-ms", "50", "--max-running-requests", "8"],
+        output_len=10,
+        goodput_arrivals="constant",
+        goodput_start=32,
+        goodput_window_s=2.0,
+        goodput_min_requests=20,
+        goodput_tolerance=0.1,
+        goodput_repeats=1,
+        goodput_keepup_tolerance=tol,
+    )
     m = t.evaluate({"fast_path": False}, time.time() + 240)
     assert m.outcome is Outcome.OK, m.reason
     assert m.metric("kept_up", "r=32") == 0.0 and m.metric("meets_slo", "r=32") == 0.0
@@ -472,8 +633,10 @@ def test_a_stream_of_tokens_without_text_is_a_completed_request_first_seen_at_it
             self.send_header("Content-Type", "text/event-stream")
             self.end_headers()
             time.sleep(0.2)
-            done = {"choices": [{"text": "", "index": 0, "finish_reason": "length"}],
-                    "usage": {"prompt_tokens": 3, "completion_tokens": 7, "total_tokens": 10}}
+            done = {
+                "choices": [{"text": "", "index": 0, "finish_reason": "length"}],
+                "usage": {"prompt_tokens": 3, "completion_tokens": 7, "total_tokens": 10},
+            }
             self.wfile.write(f"data: {json.dumps(done)}\n\ndata: [DONE]\n\n".encode())
 
         def log_message(self, *a):
@@ -482,10 +645,13 @@ def test_a_stream_of_tokens_without_text_is_a_completed_request_first_seen_at_it
     server = ThreadingHTTPServer(("127.0.0.1", 0), Silent)
     threading.Thread(target=server.serve_forever, daemon=True).start()
     try:
+
         async def go():
             async with httpx.AsyncClient(trust_env=False) as client:
-                return await one_request(client, f"http://127.0.0.1:{server.server_port}", LoadConfig(),
-                                         RequestSpec("the fox", 7))
+                return await one_request(
+                    client, f"http://127.0.0.1:{server.server_port}", LoadConfig(), RequestSpec("the fox", 7)
+                )
+
         r = asyncio.run(go())
     finally:
         server.shutdown()
@@ -505,17 +671,45 @@ def test_a_search_whose_baseline_is_infeasible_ends_with_the_feasible_configurat
     from tuner.search.driver import run_search
 
     space = tmp_path / "g.yaml"
-    space.write_text("name: g\ntarget: command\nobjective: {metric: goodput_req_s, slo: {tpot_ms_p95: 20}}\n"
-                     "params:\n  fast_path: {type: bool, default: false, flag: --enable-fast-path}\n")
+    space.write_text(
+        "name: g\ntarget: command\nobjective: {metric: goodput_req_s, slo: {tpot_ms_p95: 20}}\n"
+        "params:\n  fast_path: {type: bool, default: false, flag: --enable-fast-path}\n"
+    )
     url = f"sqlite:///{tmp_path / 'tuner.db'}"
-    settings = {"command": standin_command(), "model": "standin", "port_range": "34000-34999", "prompt_len": 4,
-                "output_len": 10, "warmup_requests": 1, "teardown_reserve_s": 3.0, "trial_timeout_s": 60,
-                "extra_args": ["--tokens-per-second", "40"], "goodput_arrivals": "constant", "goodput_start": 2,
-                "goodput_min": 1, "goodput_max": 4, "goodput_window_s": 1.0, "goodput_min_requests": 6,
-                "goodput_repeats": 1, "goodput_incumbent_check": False}
-    result = run_search(SearchOptions(budget_s=120, storage_url=url, study="g", space_path=str(space),
-                                      target="command", settings=settings, n_trials=2, confirm_top=0,
-                                      refine_share=0.0, seed=1, out_dir=str(tmp_path / "out")))
+    settings = {
+        "command": standin_command(),
+        "model": "standin",
+        "port_range": "34000-34999",
+        "prompt_len": 4,
+        "output_len": 10,
+        "warmup_requests": 1,
+        "teardown_reserve_s": 3.0,
+        "trial_timeout_s": 60,
+        "extra_args": ["--tokens-per-second", "40"],
+        "goodput_arrivals": "constant",
+        "goodput_start": 2,
+        "goodput_min": 1,
+        "goodput_max": 4,
+        "goodput_window_s": 1.0,
+        "goodput_min_requests": 6,
+        "goodput_repeats": 1,
+        "goodput_incumbent_check": False,
+    }
+    result = run_search(
+        SearchOptions(
+            budget_s=120,
+            storage_url=url,
+            study="g",
+            space_path=str(space),
+            target="command",
+            settings=settings,
+            n_trials=2,
+            confirm_top=0,
+            refine_share=0.0,
+            seed=1,
+            out_dir=str(tmp_path / "out"),
+        )
+    )
     ran = {t.params["fast_path"]: t for t in result.trials if t.repeat_of is None}
     assert ran[False].outcome == "ok" and ran[False].value == 0.0, ran[False].reason
     assert ran[True].outcome == "ok" and ran[True].value > 0, ran[True].reason
@@ -532,17 +726,26 @@ def test_the_pruning_check_measures_at_the_incumbents_stored_boundary_not_its_va
     repo.create_schema()
     run = repo.create_run("inc", target="command", budget_s=60)
     repo.start_trial(run.id, 4, {"fast_path": True})
-    repo.finish_trial(run.id, 4, outcome="ok", value=90.23 * 128, metrics=[
-        MetricRow("goodput_low", LEVEL, 41.49, "req/s"), MetricRow("gpus", LEVEL, 1.0, "count"),
-        MetricRow("goodput_tok_s", LEVEL, 90.23 * 128, "tok/s")])
+    repo.finish_trial(
+        run.id,
+        4,
+        outcome="ok",
+        value=90.23 * 128,
+        metrics=[
+            MetricRow("goodput_low", LEVEL, 41.49, "req/s"),
+            MetricRow("gpus", LEVEL, 1.0, "count"),
+            MetricRow("goodput_tok_s", LEVEL, 90.23 * 128, "tok/s"),
+        ],
+    )
     t = _target("{ttft_ms_p95: 150}", [], output_len=128)
     given = t.trial_settings(repo, run.id, is_baseline=False, incumbent=4)
     assert given == {"incumbent_load": 41.49, "incumbent_gpus": 1.0}
     challenger = _target("{ttft_ms_p95: 150}", [], output_len=128, incumbent_value=90.23 * 128, **given)
     assert incumbent_load(challenger.objective(), 1, challenger.config) == pytest.approx(41.49)
     # no stored boundary (the incumbent met the SLO nowhere): no check, rather than a guess
-    assert incumbent_load(challenger.objective(), 1, _target("{ttft_ms_p95: 150}", [], incumbent_value=9.0).config) \
-        is None
+    assert (
+        incumbent_load(challenger.objective(), 1, _target("{ttft_ms_p95: 150}", [], incumbent_value=9.0).config) is None
+    )
 
 
 def test_the_level_rules_apply_inside_the_boundary_search():
@@ -560,10 +763,18 @@ def test_the_level_rules_apply_inside_the_boundary_search():
 
 def test_an_empty_finished_answer_does_not_make_a_goodput_load_miss():
     # one request in four answers one empty-text token and finish_reason stop: served, not failed
-    t = _target("{ttft_ms_p95: 2000, tpot_ms_p95: 200}", ["--tokens-per-second", "200", "--empty-answer-every", "4",
-                                                          "--no-usage"],
-                output_len=8, goodput_arrivals="constant", goodput_window_s=1.0, goodput_min_requests=8,
-                goodput_start=2.0, goodput_max=2.0, goodput_repeats=1, min_delivered=0.5)
+    t = _target(
+        "{ttft_ms_p95: 2000, tpot_ms_p95: 200}",
+        ["--tokens-per-second", "200", "--empty-answer-every", "4", "--no-usage"],
+        output_len=8,
+        goodput_arrivals="constant",
+        goodput_window_s=1.0,
+        goodput_min_requests=8,
+        goodput_start=2.0,
+        goodput_max=2.0,
+        goodput_repeats=1,
+        min_delivered=0.5,
+    )
     m = t.evaluate({"fast_path": False}, time.time() + 120)
     assert m.outcome is Outcome.OK, m.reason
     assert m.metric("goodput_feasible", LEVEL) == 1.0 and m.metric("error_rate", "r=2") == 0.0, m.reason

@@ -24,11 +24,24 @@ params:
   ttft: {type: categorical, values: [400, 20], default: 400, flag: --ttft-ms}
 """
 
-SETTINGS = {"command": standin_command(), "model": "standin", "port_range": "34000-34999", "prompt_len": 4,
-            "output_len": 10, "warmup_requests": 1, "teardown_reserve_s": 3.0, "trial_timeout_s": 60,
-            "extra_args": ["--tokens-per-second", "40", "--max-running-requests", "2"],
-            "goodput_arrivals": "constant", "goodput_start": 2, "goodput_min": 0.5, "goodput_window_s": 1.0,
-            "goodput_min_requests": 8, "goodput_tolerance": 0.25, "goodput_repeats": 1}
+SETTINGS = {
+    "command": standin_command(),
+    "model": "standin",
+    "port_range": "34000-34999",
+    "prompt_len": 4,
+    "output_len": 10,
+    "warmup_requests": 1,
+    "teardown_reserve_s": 3.0,
+    "trial_timeout_s": 60,
+    "extra_args": ["--tokens-per-second", "40", "--max-running-requests", "2"],
+    "goodput_arrivals": "constant",
+    "goodput_start": 2,
+    "goodput_min": 0.5,
+    "goodput_window_s": 1.0,
+    "goodput_min_requests": 8,
+    "goodput_tolerance": 0.25,
+    "goodput_repeats": 1,
+}
 
 
 def _search(tmp_path: Path, study: str, n_trials: int):
@@ -38,9 +51,19 @@ def _search(tmp_path: Path, study: str, n_trials: int):
     space = tmp_path / "g.yaml"
     space.write_text(SPACE_YAML)
     url = f"sqlite:///{tmp_path / 'tuner.db'}"
-    opts = SearchOptions(budget_s=150, storage_url=url, study=study, space_path=str(space), target="command",
-                         settings=SETTINGS, n_trials=n_trials, confirm_top=0, refine_share=0.0, seed=3,
-                         out_dir=str(tmp_path / "out"))
+    opts = SearchOptions(
+        budget_s=150,
+        storage_url=url,
+        study=study,
+        space_path=str(space),
+        target="command",
+        settings=SETTINGS,
+        n_trials=n_trials,
+        confirm_top=0,
+        refine_share=0.0,
+        seed=3,
+        out_dir=str(tmp_path / "out"),
+    )
     return url, run_search(opts)
 
 
@@ -91,17 +114,33 @@ def test_a_study_where_nothing_met_the_slo_exports_nothing(tmp_path):
     assert "no configuration met the SLO" in done.stderr and "nothing to export" in done.stderr
 
 
-def test_a_search_where_nothing_met_the_slo_exits_1_naming_the_slo_and_its_relaxation_and_stores_every_trial(
-        tmp_path):
+def test_a_search_where_nothing_met_the_slo_exits_1_naming_the_slo_and_its_relaxation_and_stores_every_trial(tmp_path):
     import yaml
 
     space = tmp_path / "g.yaml"
-    space.write_text(SPACE_YAML.replace("values: [400, 20]", "values: [400]")
-                     + yaml.safe_dump({"settings": SETTINGS}))
+    space.write_text(SPACE_YAML.replace("values: [400, 20]", "values: [400]") + yaml.safe_dump({"settings": SETTINGS}))
     url = f"sqlite:///{tmp_path / 'tuner.db'}"
-    done = _tuner("search", "--budget", "150s", "--space", str(space), "--target", "command", "--storage", url,
-                  "--study", "none", "--n-trials", "2", "--confirm-top", "0", "--refine-share", "0",
-                  "--out", str(tmp_path / "out"))
+    done = _tuner(
+        "search",
+        "--budget",
+        "150s",
+        "--space",
+        str(space),
+        "--target",
+        "command",
+        "--storage",
+        url,
+        "--study",
+        "none",
+        "--n-trials",
+        "2",
+        "--confirm-top",
+        "0",
+        "--refine-share",
+        "0",
+        "--out",
+        str(tmp_path / "out"),
+    )
     assert done.returncode == 1, (done.stdout, done.stderr)
     errors = [ln for ln in done.stderr.splitlines() if ln.startswith("error: ")]
     assert len(errors) == 1 and "no configuration met the SLO" in errors[0], done.stderr

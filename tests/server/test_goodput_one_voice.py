@@ -21,10 +21,24 @@ params:
   ttft: {type: categorical, values: [TTFT], default: TTFT, flag: --ttft-ms}
 """
 
-SETTINGS = {"command": standin_command(), "model": "standin", "port_range": "34000-34999", "prompt_len": 4,
-            "output_len": 10, "warmup_requests": 1, "teardown_reserve_s": 3.0, "trial_timeout_s": 60,
-            "goodput_arrivals": "constant", "goodput_start": 2, "goodput_min": 1, "goodput_max": 4,
-            "goodput_window_s": 1.0, "goodput_min_requests": 8, "goodput_tolerance": 0.5, "goodput_repeats": 1}
+SETTINGS = {
+    "command": standin_command(),
+    "model": "standin",
+    "port_range": "34000-34999",
+    "prompt_len": 4,
+    "output_len": 10,
+    "warmup_requests": 1,
+    "teardown_reserve_s": 3.0,
+    "trial_timeout_s": 60,
+    "goodput_arrivals": "constant",
+    "goodput_start": 2,
+    "goodput_min": 1,
+    "goodput_max": 4,
+    "goodput_window_s": 1.0,
+    "goodput_min_requests": 8,
+    "goodput_tolerance": 0.5,
+    "goodput_repeats": 1,
+}
 
 
 def _search(tmp_path: Path, ttft: int, extra: list[str], **settings) -> str:
@@ -34,9 +48,19 @@ def _search(tmp_path: Path, ttft: int, extra: list[str], **settings) -> str:
     space = tmp_path / "g.yaml"
     space.write_text(SPACE_YAML.replace("TTFT", str(ttft)))
     url = f"sqlite:///{tmp_path / 'tuner.db'}"
-    opts = SearchOptions(budget_s=120, storage_url=url, study="g", space_path=str(space), target="command",
-                         settings={**SETTINGS, "extra_args": ["--tokens-per-second", "200", *extra], **settings},
-                         n_trials=1, confirm_top=0, refine_share=0.0, seed=3, out_dir=str(tmp_path / "out"))
+    opts = SearchOptions(
+        budget_s=120,
+        storage_url=url,
+        study="g",
+        space_path=str(space),
+        target="command",
+        settings={**SETTINGS, "extra_args": ["--tokens-per-second", "200", *extra], **settings},
+        n_trials=1,
+        confirm_top=0,
+        refine_share=0.0,
+        seed=3,
+        out_dir=str(tmp_path / "out"),
+    )
     run_search(opts)
     return url
 
@@ -52,8 +76,7 @@ def test_when_nothing_met_the_slo_best_and_export_slo_say_so_with_exit_codes(tmp
     assert "best trial" not in best.stdout and "no configuration met the SLO" in best.stderr
     as_json = _tuner("best", "--json", "--storage", url, "--study", "g")
     assert as_json.returncode == 1 and json.loads(as_json.stdout)["feasible"] is False
-    slo = _tuner("export", "--storage", url, "--study", "g", "--out", str(tmp_path / "o"), "--slo",
-                 "ttft_ms_p95<=150")
+    slo = _tuner("export", "--storage", url, "--study", "g", "--out", str(tmp_path / "o"), "--slo", "ttft_ms_p95<=150")
     assert slo.returncode == 2 and "no measured load meets --slo" in slo.stderr, slo.stdout + slo.stderr
     pareto = _tuner("best", "--pareto", "--storage", url, "--study", "g")
     assert pareto.returncode == 0, pareto.stderr
@@ -67,8 +90,7 @@ def test_when_nothing_met_the_slo_best_and_export_slo_say_so_with_exit_codes(tmp
 def test_export_slo_checks_the_tokens_delivered_not_just_the_latency_limits(tmp_path):
     # the server stops after 5 of the 10 tokens asked: fast (ttft 20 ms), yet half of what was asked
     url = _search(tmp_path, 20, ["--ignore-eos-ignored", "5"])
-    slo = _tuner("export", "--storage", url, "--study", "g", "--out", str(tmp_path / "o"), "--slo",
-                 "ttft_ms_p95<=5000")
+    slo = _tuner("export", "--storage", url, "--study", "g", "--out", str(tmp_path / "o"), "--slo", "ttft_ms_p95<=5000")
     assert slo.returncode == 2, slo.stdout + slo.stderr
     assert "of the asked tokens delivered (min_delivered 0.95)" in slo.stderr
     assert not list((tmp_path / "o").rglob("launch.sh"))

@@ -34,8 +34,17 @@ params:
   quantize: {type: bool, default: false, flag: --quantize}
   fast: {type: bool, default: false, flag: --enable-fast-path}
 """
-FAST = {"prompt_len": 8, "output_len": 10, "min_requests": 4, "rounds": 1, "warmup_requests": 1, "level_s": 0.3,
-        "port_range": "40000-40999", "teardown_reserve_s": 3.0, "trial_timeout_s": 30}
+FAST = {
+    "prompt_len": 8,
+    "output_len": 10,
+    "min_requests": 4,
+    "rounds": 1,
+    "warmup_requests": 1,
+    "level_s": 0.3,
+    "port_range": "40000-40999",
+    "teardown_reserve_s": 3.0,
+    "trial_timeout_s": 30,
+}
 
 
 def test_agreement_is_the_mean_common_prefix_share_in_token_ids_else_in_text():
@@ -122,8 +131,9 @@ def test_the_chat_api_is_checked_through_the_chat_endpoint(make_target):
     assert m.metric("greedy_agreement") == pytest.approx(QUANTIZED_AGREEMENT)
 
 
-def test_a_reference_stored_first_by_another_worker_stays_and_the_late_trial_is_judged_against_it(make_target,
-                                                                                                tmp_path):
+def test_a_reference_stored_first_by_another_worker_stays_and_the_late_trial_is_judged_against_it(
+    make_target, tmp_path
+):
     """Two trials found no reference (parallel workers): the first stored stays, the second is judged again."""
     repo = Repo(f"sqlite:///{tmp_path / 'r.db'}")
     repo.create_schema()
@@ -137,8 +147,10 @@ def test_a_reference_stored_first_by_another_worker_stays_and_the_late_trial_is_
     assert settled.metric("greedy_agreement") == pytest.approx(QUANTIZED_AGREEMENT)
     assert settled.metric("greedy_reference") is None
     # the SLO's constraint row is kept, the check's replaced
-    assert sorted(r.level for r in settled.metrics if r.metric == "constraint") == \
-        ["greedy_agreement>=0.9", "ttft_ms_p99@c=4<=500"]
+    assert sorted(r.level for r in settled.metrics if r.metric == "constraint") == [
+        "greedy_agreement>=0.9",
+        "ttft_ms_p99@c=4<=500",
+    ]
     assert _reference(repo, "r")["trial"] == 0
     # what the next trial process is given: the stored reference, and whether it is the baseline
     given = target.trial_settings(repo, run.id, is_baseline=False)
@@ -149,10 +161,20 @@ def _search(tmp_path: Path, n_trials: int, *, resume: bool = False, check=CHECK,
     space = tmp_path / "space.yaml"
     space.write_text(SPACE)
     url = f"sqlite:///{tmp_path / 'tuner.db'}"
-    opts = SearchOptions(budget_s=150, storage_url=url, study=name, space_path=str(space), target="command",
-                         settings={"command": standin_command(), "model": "standin", **FAST, "greedy_check": check},
-                         n_trials=n_trials, confirm_top=0, refine_share=0.0, seed=3, resume=resume,
-                         out_dir=str(tmp_path / "out"))
+    opts = SearchOptions(
+        budget_s=150,
+        storage_url=url,
+        study=name,
+        space_path=str(space),
+        target="command",
+        settings={"command": standin_command(), "model": "standin", **FAST, "greedy_check": check},
+        n_trials=n_trials,
+        confirm_top=0,
+        refine_share=0.0,
+        seed=3,
+        resume=resume,
+        out_dir=str(tmp_path / "out"),
+    )
     return run_search(opts), Repo(url), url
 
 
@@ -235,18 +257,43 @@ def test_the_export_header_names_the_agreement_of_the_exported_configuration(sea
 def test_the_dry_run_plan_lists_the_greedy_checks_cost(tmp_path):
     space = tmp_path / "space.yaml"
     space.write_text(SPACE)
-    args = [sys.executable, "-m", "tuner.cli", "search", "--target", "command", "--space", str(space), "--model", "m",
-            "--budget", "100s", "--dry-run", "--storage", f"sqlite:///{tmp_path / 't.db'}",
-            "--set", "command=" + json.dumps(standin_command()), "--set", "port_range=41000-41999",
-            "--set", "output_len=10", "--set", "min_requests=4", "--set", "rounds=1",
-            "--set", "greedy_check={prompts: 4, tokens: 16}"]
+    args = [
+        sys.executable,
+        "-m",
+        "tuner.cli",
+        "search",
+        "--target",
+        "command",
+        "--space",
+        str(space),
+        "--model",
+        "m",
+        "--budget",
+        "100s",
+        "--dry-run",
+        "--storage",
+        f"sqlite:///{tmp_path / 't.db'}",
+        "--set",
+        "command=" + json.dumps(standin_command()),
+        "--set",
+        "port_range=41000-41999",
+        "--set",
+        "output_len=10",
+        "--set",
+        "min_requests=4",
+        "--set",
+        "rounds=1",
+        "--set",
+        "greedy_check={prompts: 4, tokens: 16}",
+    ]
     est = subprocess.run(args + ["--set", "trial_estimate_s=20"], capture_output=True, text=True, timeout=120)
     assert est.returncode == 0, est.stdout + est.stderr
     line = next(ln for ln in est.stdout.splitlines() if ln.startswith("  greedy check: "))
     assert "4 fixed prompts x 16 tokens (64 tokens, one request at a time) once per trial" in line
     assert "the levels send at least 80" in line and "counted in trial_estimate_s" in line
-    probe = subprocess.run(args + ["--set", "probe_launch=true", "--set", "level_s=0.2"], capture_output=True,
-                           text=True, timeout=120)
+    probe = subprocess.run(
+        args + ["--set", "probe_launch=true", "--set", "level_s=0.2"], capture_output=True, text=True, timeout=120
+    )
     assert probe.returncode == 0, probe.stdout + probe.stderr
     line = next(ln for ln in probe.stdout.splitlines() if ln.startswith("  greedy check: "))
     assert line.endswith(" s in the probe launch"), line
@@ -256,8 +303,10 @@ def test_sglangs_dummy_weights_with_the_greedy_check_are_flagged_in_the_prefligh
     from search_spaces import Hardware, builtin_space_path, load_space, resolve
     from tuner.targets.sglang.target import SGLangTarget
 
-    space = resolve(load_space(builtin_space_path("sglang_dsv4_flash")),
-                    Hardware(gpu_name="NVIDIA H200", gpu_count=8, compute_capability=(9, 0)))
+    space = resolve(
+        load_space(builtin_space_path("sglang_dsv4_flash")),
+        Hardware(gpu_name="NVIDIA H200", gpu_count=8, compute_capability=(9, 0)),
+    )
     report = SGLangTarget(space, {"load_format": "dummy", "greedy_check": CHECK}).preflight()
     assert report.ok, "\n".join(report.lines())
     assert any(r.startswith("greedy check on `--load-format dummy` weights") for r in report.rules), report.rules

@@ -51,7 +51,7 @@ def test_ok_trial_measures_levels_and_constraints(make_target, spy):
     # the flags reached the server as separate argv items
     argv = spy[0].argv
     i = argv.index("--cuda-graph-bs-decode")
-    assert argv[i + 1:i + 5] == ["1", "2", "4", "8"]
+    assert argv[i + 1 : i + 5] == ["1", "2", "4", "8"]
     assert "The server is fired up" in m.log
 
 
@@ -138,10 +138,21 @@ def test_isolated_trial_killed_at_deadline_leaves_no_server(make_target, tmp_pat
 
     target = make_target(["--hang"])
     marker = tmp_path / "argv.json"
-    settings = {**target.settings, "extra_args": ["--hang", "--print-argv", str(marker)], "ready_timeout_s": 600,
-                "teardown_reserve_s": 0}
-    job = TrialJob(target="command", space_yaml=SPACE_YAML, space_source="standin.yaml", params=DEFAULTS,
-                   deadline=time.time() + 600, settings=settings, hardware={"gpu_name": "cpu", "gpu_count": 0})
+    settings = {
+        **target.settings,
+        "extra_args": ["--hang", "--print-argv", str(marker)],
+        "ready_timeout_s": 600,
+        "teardown_reserve_s": 0,
+    }
+    job = TrialJob(
+        target="command",
+        space_yaml=SPACE_YAML,
+        space_source="standin.yaml",
+        params=DEFAULTS,
+        deadline=time.time() + 600,
+        settings=settings,
+        hardware={"gpu_name": "cpu", "gpu_count": 0},
+    )
     proc = TrialProcess(job)
     end = time.time() + 20
     while not marker.exists() and time.time() < end:
@@ -215,10 +226,21 @@ def test_a_killed_trial_leaves_no_process_of_its_server_group(make_target, tmp_p
 
     worker_pid = tmp_path / "worker.pid"
     target = make_target(["--hang"])
-    settings = {**target.settings, "extra_args": ["--hang", "--spawn-worker", str(worker_pid)], "ready_timeout_s": 600,
-                "teardown_reserve_s": 0}
-    job = TrialJob(target="command", space_yaml=SPACE_YAML, space_source="standin.yaml", params=DEFAULTS,
-                   deadline=time.time() + 600, settings=settings, hardware={"gpu_name": "cpu", "gpu_count": 0})
+    settings = {
+        **target.settings,
+        "extra_args": ["--hang", "--spawn-worker", str(worker_pid)],
+        "ready_timeout_s": 600,
+        "teardown_reserve_s": 0,
+    }
+    job = TrialJob(
+        target="command",
+        space_yaml=SPACE_YAML,
+        space_source="standin.yaml",
+        params=DEFAULTS,
+        deadline=time.time() + 600,
+        settings=settings,
+        hardware={"gpu_name": "cpu", "gpu_count": 0},
+    )
     proc = TrialProcess(job)
     end = time.time() + 20
     while not (worker_pid.exists() and worker_pid.read_text()) and time.time() < end:

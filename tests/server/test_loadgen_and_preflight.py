@@ -15,8 +15,9 @@ from tuner.targets.sglang.launch import ServerProcess, pick_free_port
 @pytest.fixture(scope="module")
 def standin():
     port = pick_free_port(33000, 33999)
-    argv = [a.replace("{host}", "127.0.0.1").replace("{port}", str(port)).replace("{model}", "m")
-            for a in standin_command()] + ["--tokens-per-second", "50", "--ttft-ms", "100"]
+    argv = [
+        a.replace("{host}", "127.0.0.1").replace("{port}", str(port)).replace("{model}", "m") for a in standin_command()
+    ] + ["--tokens-per-second", "50", "--ttft-ms", "100"]
     server = ServerProcess(argv, port=port)
     assert server.wait_ready(time.time() + 20) is None
     yield server

@@ -33,19 +33,40 @@ def test_a_server_killed_from_outside_is_eligible_again_and_never_remembered(tmp
     space = tmp_path / "k.yaml"  # the baseline runs whole; the other value's server is SIGKILLed 1 s after ready
     space.write_text(KILLED_SPACE.replace("values: [1.0], default: 1.0", "values: [600.0, 1.0], default: 600.0"))
     url = f"sqlite:///{tmp_path / 'k.db'}"
-    settings = {"command": standin_command(), "model": "standin", "port_range": "37000-37999", "prompt_len": 4,
-                "output_len": 20, "warmup_requests": 1, "teardown_reserve_s": 3.0, "trial_timeout_s": 30,
-                "fatal_grace_s": 0.5, "level_s": 3.0, "extra_args": ["--tokens-per-second", "400"]}
-    opts = SearchOptions(budget_s=150, storage_url=url, study="k", space_path=str(space), target="command",
-                         settings=settings, n_trials=5, confirm_top=0, refine_share=0.0, seed=1,
-                         out_dir=str(tmp_path / "out"))
+    settings = {
+        "command": standin_command(),
+        "model": "standin",
+        "port_range": "37000-37999",
+        "prompt_len": 4,
+        "output_len": 20,
+        "warmup_requests": 1,
+        "teardown_reserve_s": 3.0,
+        "trial_timeout_s": 30,
+        "fatal_grace_s": 0.5,
+        "level_s": 3.0,
+        "extra_args": ["--tokens-per-second", "400"],
+    }
+    opts = SearchOptions(
+        budget_s=150,
+        storage_url=url,
+        study="k",
+        space_path=str(space),
+        target="command",
+        settings=settings,
+        n_trials=5,
+        confirm_top=0,
+        refine_share=0.0,
+        seed=1,
+        out_dir=str(tmp_path / "out"),
+    )
     result = run_search(opts)
     killed = [t for t in result.trials if t.params["kill"] == 1.0]
     assert len(killed) >= 2, [(t.params, t.outcome) for t in result.trials]  # the seed's sampler asks it twice
     # killed by a SIGKILL the tuner did not send: measured again each time, never "not run again"
     assert [t.repeat_of for t in killed] == [None] * len(killed), [t.reason for t in killed]
-    assert all(t.outcome == "crash" and "from outside the tuner" in t.reason for t in killed), \
-        [t.reason for t in killed]
+    assert all(t.outcome == "crash" and "from outside the tuner" in t.reason for t in killed), [
+        t.reason for t in killed
+    ]
     repo = Repo(url)
     run = repo.get_run("k")
     rows = [t for t in repo.list_trials(run.id, with_measurements=True) if t.params["kill"] == 1.0]
@@ -58,8 +79,12 @@ def test_a_server_killed_from_outside_is_eligible_again_and_never_remembered(tmp
 
 def test_a_kill_during_the_warm_up_is_said_so(make_target, spy):  # noqa: F811
     # 1 s after ready the server is killed, while the warm-up is still waiting for slow first requests to settle
-    target = make_target(["--sigkill-self-after", "1.0", "--slow-first", "40", "--slow-first-ms", "200"],
-                         levels=[1], warmup_s=30, warmup_max_requests=64)
+    target = make_target(
+        ["--sigkill-self-after", "1.0", "--slow-first", "40", "--slow-first-ms", "200"],
+        levels=[1],
+        warmup_s=30,
+        warmup_max_requests=64,
+    )
     m = target.evaluate(DEFAULTS, time.time() + 60)
     assert m.outcome is Outcome.CRASH, m.reason
     assert m.reason.startswith("during the warm-up, at its request ") and "killed by signal 9" in m.reason
@@ -69,10 +94,28 @@ def test_a_kill_during_the_warm_up_is_said_so(make_target, spy):  # noqa: F811
 def _dry_run(tmp_path: Path, *extra: str) -> subprocess.CompletedProcess:
     space = tmp_path / "s.yaml"
     space.write_text(KILLED_SPACE)
-    return subprocess.run([sys.executable, "-m", "tuner.cli", "search", "--budget", "60s", "--space", str(space),
-                           "--target", "command", "--storage", f"sqlite:///{tmp_path / 'd.db'}",
-                           "--set", f"command={standin_command()}", *extra], capture_output=True, text=True,
-                          timeout=120)
+    return subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "tuner.cli",
+            "search",
+            "--budget",
+            "60s",
+            "--space",
+            str(space),
+            "--target",
+            "command",
+            "--storage",
+            f"sqlite:///{tmp_path / 'd.db'}",
+            "--set",
+            f"command={standin_command()}",
+            *extra,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
 
 
 def test_a_missing_model_path_fails_the_dry_run_and_the_search_with_one_error_line(tmp_path):
@@ -97,10 +140,12 @@ def test_the_dry_run_says_how_tokens_will_be_counted(tmp_path):
 def test_a_value_a_boolean_or_listed_value_flag_refuses_is_caught_from_its_help():
     from tuner.targets.sglang.flags import parse_help_text
 
-    flags = parse_help_text("options:\n"
-                            "  -fa, --flash-attn FA     set Flash Attention use ('on', 'off', or 'auto', default: "
-                            "'auto')\n"
-                            "  --kv-unified BOOL        one KV buffer for all sequences\n")
+    flags = parse_help_text(
+        "options:\n"
+        "  -fa, --flash-attn FA     set Flash Attention use ('on', 'off', or 'auto', default: "
+        "'auto')\n"
+        "  --kv-unified BOOL        one KV buffer for all sequences\n"
+    )
     assert flags.check_value("--flash-attn", "maybe") and flags.check_value("--flash-attn", "auto") is None
     assert "'maybe' is not one of the choices of --kv-unified" in flags.check_value("--kv-unified", "maybe")
     assert flags.check_value("--kv-unified", True) is None
@@ -115,13 +160,14 @@ def test_verify_lines_name_no_outcome_when_the_run_measured_and_say_how_close_to
     crashed = VerifyResult(False, Outcome.CRASH, "goodput_req_s", None, 2.0)
     assert "outcome crash" in crashed.lines()[0]
     assert "outcome ok" in VerifyResult(True, Outcome.OK, "goodput_req_s", 2.0, 2.0).lines()[0]
-    assert closeness({"ttft_ms_p95": 153.6}, [("ttft_ms_p95", 200.0)], {"ttft_ms_p95": 88.2}) == \
-        "ttft_ms_p95 153.6 = 77% of 200 (the search: 88.2)"
+    assert (
+        closeness({"ttft_ms_p95": 153.6}, [("ttft_ms_p95", 200.0)], {"ttft_ms_p95": 88.2})
+        == "ttft_ms_p95 153.6 = 77% of 200 (the search: 88.2)"
+    )
 
 
 def test_a_goodput_trial_needs_one_measurement_and_its_teardown_before_it_starts(make_target):
-    yaml = KILLED_SPACE.replace("{metric: tok_s, levels: [1]}",
-                                "{metric: goodput_req_s, slo: {ttft_ms_p95: 200}}")
+    yaml = KILLED_SPACE.replace("{metric: tok_s, levels: [1]}", "{metric: goodput_req_s, slo: {ttft_ms_p95: 200}}")
     target = make_target(yaml=yaml, goodput_window_s=5.0, teardown_reserve_s=5.0)
     assert target.min_trial_s() == pytest.approx(max(5.0, 20 / 1.0) + 5.0)
     assert make_target().min_trial_s() == 0.0

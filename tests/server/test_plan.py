@@ -14,10 +14,35 @@ from tests.server.conftest import SPACE_YAML, standin_command
 def _dry_run(tmp_path, *sets: str) -> subprocess.CompletedProcess:
     space = tmp_path / "standin.yaml"
     space.write_text(SPACE_YAML)
-    args = [sys.executable, "-m", "tuner.cli", "search", "--target", "command", "--space", str(space), "--model", "m",
-            "--budget", "100s", "--dry-run", "--storage", f"sqlite:///{tmp_path / 't.db'}",
-            "--set", "command=" + json.dumps(standin_command()), "--set", "port_range=38000-38999",
-            "--set", "prompt_len=8", "--set", "output_len=8", "--set", "min_requests=2", "--set", "level_s=0.2"]
+    args = [
+        sys.executable,
+        "-m",
+        "tuner.cli",
+        "search",
+        "--target",
+        "command",
+        "--space",
+        str(space),
+        "--model",
+        "m",
+        "--budget",
+        "100s",
+        "--dry-run",
+        "--storage",
+        f"sqlite:///{tmp_path / 't.db'}",
+        "--set",
+        "command=" + json.dumps(standin_command()),
+        "--set",
+        "port_range=38000-38999",
+        "--set",
+        "prompt_len=8",
+        "--set",
+        "output_len=8",
+        "--set",
+        "min_requests=2",
+        "--set",
+        "level_s=0.2",
+    ]
     for kv in sets:
         args += ["--set", kv]
     return subprocess.run(args, capture_output=True, text=True, timeout=120)
@@ -49,8 +74,10 @@ def test_a_probe_launch_that_fails_is_an_error_with_its_reason(tmp_path):
 def test_sglang_trials_load_dummy_weights_and_the_export_the_real_ones():
     from tuner.targets.sglang.target import SGLangTarget
 
-    space = resolve(load_space(builtin_space_path("sglang_dsv4_flash")),
-                    Hardware(gpu_name="NVIDIA H200", gpu_count=8, compute_capability=(9, 0)))
+    space = resolve(
+        load_space(builtin_space_path("sglang_dsv4_flash")),
+        Hardware(gpu_name="NVIDIA H200", gpu_count=8, compute_capability=(9, 0)),
+    )
     target = SGLangTarget(space, {"load_format": "dummy"})
     args, _ = target.flag_args(space.defaults())
     assert target.trial_argv(args, 30001)[-2:] == ["--load-format", "dummy"]
@@ -59,5 +86,6 @@ def test_sglang_trials_load_dummy_weights_and_the_export_the_real_ones():
     assert report.ok, "\n".join(report.lines())
     assert any("--load-format dummy" in line for line in report.will_run)
     bad = SGLangTarget(space, {"load_format": "dumy"}).preflight()
-    assert any(e.startswith("setting `load_format`: 'dumy' is not one of the choices of --load-format")
-               for e in bad.errors), bad.errors
+    assert any(
+        e.startswith("setting `load_format`: 'dumy' is not one of the choices of --load-format") for e in bad.errors
+    ), bad.errors

@@ -19,17 +19,35 @@ from tuner.search.context import SearchOptions
 from tuner.search.driver import run_search
 from tuner.settings import target_settings
 
-FAST = {"prompt_len": 8, "output_len": 10, "min_requests": 4, "rounds": 1, "warmup_requests": 1, "level_s": 0.3,
-        "port_range": "35000-35999", "teardown_reserve_s": 3.0, "trial_timeout_s": 30}
+FAST = {
+    "prompt_len": 8,
+    "output_len": 10,
+    "min_requests": 4,
+    "rounds": 1,
+    "warmup_requests": 1,
+    "level_s": 0.3,
+    "port_range": "35000-35999",
+    "teardown_reserve_s": 3.0,
+    "trial_timeout_s": 30,
+}
 
 
 def _search(tmp_path: Path, *, n_trials: int = 2, name: str = "s", **settings) -> tuple:
     space = tmp_path / "standin.yaml"
     space.write_text(SPACE_YAML)
     url = f"sqlite:///{tmp_path / 'tuner.db'}"
-    opts = SearchOptions(budget_s=90, storage_url=url, study=name, space_path=str(space), target="command",
-                         settings={"command": standin_command(), "model": "standin", **FAST, **settings},
-                         n_trials=n_trials, confirm_top=0, refine_share=0.0, out_dir=str(tmp_path / "out"))
+    opts = SearchOptions(
+        budget_s=90,
+        storage_url=url,
+        study=name,
+        space_path=str(space),
+        target="command",
+        settings={"command": standin_command(), "model": "standin", **FAST, **settings},
+        n_trials=n_trials,
+        confirm_top=0,
+        refine_share=0.0,
+        out_dir=str(tmp_path / "out"),
+    )
     return run_search(opts), Repo(url)
 
 
@@ -59,14 +77,30 @@ def test_a_command_needing_model_without_model_is_one_error_line_before_any_tria
     space = tmp_path / "standin.yaml"
     space.write_text(SPACE_YAML)
     db = tmp_path / "tuner.db"
-    args = [sys.executable, "-m", "tuner.cli", "search", "--target", "command", "--space", str(space),
-            "--budget", "60s", "--storage", f"sqlite:///{db}", "--out", str(tmp_path / "out"),
-            "--set", "command=" + repr(standin_command()).replace("'", '"')] + (["--dry-run"] if dry_run else [])
+    args = [
+        sys.executable,
+        "-m",
+        "tuner.cli",
+        "search",
+        "--target",
+        "command",
+        "--space",
+        str(space),
+        "--budget",
+        "60s",
+        "--storage",
+        f"sqlite:///{db}",
+        "--out",
+        str(tmp_path / "out"),
+        "--set",
+        "command=" + repr(standin_command()).replace("'", '"'),
+    ] + (["--dry-run"] if dry_run else [])
     done = subprocess.run(args, capture_output=True, text=True, timeout=120)
     assert done.returncode == 2, done.stdout + done.stderr
     lines = [ln for ln in done.stderr.splitlines() if ln.strip()]
-    assert len(lines) == 1 and lines[0].startswith("error: ") and "{model}" in lines[0] and "--model" in lines[0], \
+    assert len(lines) == 1 and lines[0].startswith("error: ") and "{model}" in lines[0] and "--model" in lines[0], (
         done.stderr
+    )
     assert not db.exists() or "tuner_trials" not in db.read_bytes().decode(errors="replace")
 
 
@@ -105,9 +139,19 @@ def _search_space(tmp_path: Path, yaml: str, db: str, name: str, n_trials: int, 
     space = tmp_path / "space.yaml"
     space.write_text(yaml)
     url = f"sqlite:///{tmp_path / db}"
-    opts = SearchOptions(budget_s=120, storage_url=url, study=name, space_path=str(space), target="command",
-                         settings={"command": standin_command(), "model": "standin", **FAST, **settings},
-                         n_trials=n_trials, confirm_top=0, refine_share=0.0, seed=3, out_dir=str(tmp_path / "out"))
+    opts = SearchOptions(
+        budget_s=120,
+        storage_url=url,
+        study=name,
+        space_path=str(space),
+        target="command",
+        settings={"command": standin_command(), "model": "standin", **FAST, **settings},
+        n_trials=n_trials,
+        confirm_top=0,
+        refine_share=0.0,
+        seed=3,
+        out_dir=str(tmp_path / "out"),
+    )
     return run_search(opts), Repo(url)
 
 
@@ -115,8 +159,7 @@ def _ran_oom(result) -> list:
     return [t for t in result.trials if t.params.get("oom") and t.repeat_of is None]
 
 
-def test_a_failed_start_is_kept_in_the_storage_and_refuses_a_launch_only_when_it_repeats_in_the_scope_asked(
-        tmp_path):
+def test_a_failed_start_is_kept_in_the_storage_and_refuses_a_launch_only_when_it_repeats_in_the_scope_asked(tmp_path):
     first, repo = _search_space(tmp_path, OOM_SPACE, "a.db", "first", 6)
     oom = _ran_oom(first)
     assert oom and oom[0].outcome == "oom", [(t.params, t.outcome, t.reason) for t in first.trials]
@@ -133,8 +176,9 @@ def test_a_failed_start_is_kept_in_the_storage_and_refuses_a_launch_only_when_it
     # asked for the storage's memory, a start that failed the same way twice (in the two studies) is refused
     third, _ = _search_space(tmp_path, OOM_SPACE, "a.db", "third", 6, failed_scope="storage")
     refused = _ran_oom(third)
-    assert refused and all(t.outcome == "invalid_config" and "failed at start 2 times" in t.reason for t in refused), \
-        [(t.params, t.outcome, t.reason) for t in third.trials]
+    assert refused and all(t.outcome == "invalid_config" and "failed at start 2 times" in t.reason for t in refused), [
+        (t.params, t.outcome, t.reason) for t in third.trials
+    ]
 
 
 def test_the_memory_never_refuses_the_baseline(tmp_path):
@@ -147,8 +191,7 @@ def test_the_memory_never_refuses_the_baseline(tmp_path):
 
 def test_a_request_error_is_not_remembered_and_the_next_study_measures_its_baseline(tmp_path):
     strict = ["--reject-field", "top_k"]
-    first, repo = _search_space(tmp_path, OOM_SPACE, "a.db", "first", 1, extra_args=strict,
-                                extra_body={"top_k": 5})
+    first, repo = _search_space(tmp_path, OOM_SPACE, "a.db", "first", 1, extra_args=strict, extra_body={"top_k": 5})
     base = next(t for t in first.trials if t.is_baseline)
     assert base.outcome == "request_error" and "remove `top_k` from setting `extra_body`" in base.reason
     with repo.session() as s:
@@ -165,11 +208,37 @@ def test_a_server_refusing_a_field_the_load_needs_stops_the_search_naming_the_fi
     space = tmp_path / "standin.yaml"
     space.write_text(OOM_SPACE)
     command = json.dumps(standin_command() + ["--reject-field", "ignore_eos"])
-    done = subprocess.run([sys.executable, "-m", "tuner.cli", "search", "--target", "command", "--space", str(space),
-                           "--model", "m", "--budget", "60s", "--storage", f"sqlite:///{tmp_path / 't.db'}",
-                           "--out", str(tmp_path / "out"), "--set", f"command={command}", "--set", "ignore_eos=true",
-                           "--set", "level_s=0.2", "--set", "port_range=39000-39999"],
-                          capture_output=True, text=True, timeout=120)
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "tuner.cli",
+            "search",
+            "--target",
+            "command",
+            "--space",
+            str(space),
+            "--model",
+            "m",
+            "--budget",
+            "60s",
+            "--storage",
+            f"sqlite:///{tmp_path / 't.db'}",
+            "--out",
+            str(tmp_path / "out"),
+            "--set",
+            f"command={command}",
+            "--set",
+            "ignore_eos=true",
+            "--set",
+            "level_s=0.2",
+            "--set",
+            "port_range=39000-39999",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert done.returncode != 0, done.stdout + done.stderr
     assert "trial   0 request_error" in done.stdout, done.stdout
     assert "the server refuses request field `ignore_eos`" in done.stdout and "set `ignore_eos: false`" in done.stdout
@@ -182,7 +251,11 @@ def test_status_time_split_shows_a_short_warm_up_as_more_than_zero():
 
     from tuner.cli import _time_split
 
-    rows = [M(metric="startup_s", value=0.2), M(metric="warmup_s", value=0.04), M(metric="measure_s", value=1.0),
-            M(metric="measure_s", value=2.25)]
+    rows = [
+        M(metric="startup_s", value=0.2),
+        M(metric="warmup_s", value=0.04),
+        M(metric="measure_s", value=1.0),
+        M(metric="measure_s", value=2.25),
+    ]
     assert _time_split(rows) == "0.2/0.04/3.2"
     assert _time_split([M(metric="tok_s", value=5.0)]) == ""

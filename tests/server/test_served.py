@@ -19,8 +19,9 @@ from tuner.targets.sglang.launch import ServerProcess, pick_free_port
 
 def _standin(*args: str) -> ServerProcess:
     port = pick_free_port(35000, 35999)
-    argv = [a.replace("{host}", "127.0.0.1").replace("{port}", str(port)).replace("{model}", "m")
-            for a in standin_command()] + list(args)
+    argv = [
+        a.replace("{host}", "127.0.0.1").replace("{port}", str(port)).replace("{model}", "m") for a in standin_command()
+    ] + list(args)
     server = ServerProcess(argv, port=port)
     assert server.wait_ready(time.time() + 20) is None
     return server
@@ -70,8 +71,15 @@ def test_a_stream_without_usage_is_counted_by_the_model_tokenizer_not_by_chunks(
     server = _standin("--no-usage", "--tokens-per-chunk", "2", "--tokens-per-second", "400")
     try:
         # the model's tokenizer: the setting `model` (a path here; the requests name `served_model_name`)
-        cfg = loadgen.LoadConfig.from_settings({"model": word_tokenizer, "served_model_name": "m", "output_len": 20,
-                                                "prompt_len": 4, "requests_per_level": 4})
+        cfg = loadgen.LoadConfig.from_settings(
+            {
+                "model": word_tokenizer,
+                "served_model_name": "m",
+                "output_len": 20,
+                "prompt_len": 4,
+                "requests_per_level": 4,
+            }
+        )
         p = loadgen.probe(server.base_url, cfg)
         res = loadgen.run_level(server.base_url, p.config, 2)
         # 20 tokens in 10 chunks of 2: the count is the tokens, never the chunks
@@ -89,8 +97,9 @@ def test_a_stream_without_usage_is_counted_by_the_model_tokenizer_not_by_chunks(
 def test_a_stream_without_usage_and_without_a_tokenizer_is_refused_naming_the_setting(tmp_path):
     server = _standin("--no-usage", "--tokens-per-chunk", "2")  # chunks of two tokens: no one-per-chunk count
     try:
-        p = loadgen.probe(server.base_url, loadgen.LoadConfig(model="m", output_len=20,
-                                                              tokenizer=str(tmp_path / "none")))
+        p = loadgen.probe(
+            server.base_url, loadgen.LoadConfig(model="m", output_len=20, tokenizer=str(tmp_path / "none"))
+        )
         assert "streams no token counts" in p.refused and "set `tokenizer`" in p.refused
     finally:
         server.stop()
@@ -98,8 +107,9 @@ def test_a_stream_without_usage_and_without_a_tokenizer_is_refused_naming_the_se
 
 
 def test_warm_up_runs_until_the_time_to_first_token_settles(make_target, spy):  # noqa: F811
-    target = make_target(["--slow-first", "6", "--slow-first-ms", "400", "--tokens-per-second", "400"], levels=[1],
-                         min_requests=4)
+    target = make_target(
+        ["--slow-first", "6", "--slow-first-ms", "400", "--tokens-per-second", "400"], levels=[1], min_requests=4
+    )
     m = target.evaluate(DEFAULTS, time.time() + 60)
     assert m.outcome is Outcome.OK, m.reason
     assert m.metric("ttft_ms_p99", "c=1") < 100
@@ -160,9 +170,13 @@ def test_verify_of_a_server_cancelling_in_flight_streams_is_request_error_not_a_
 
     target = make_target(["--cancel-on-new", "--tokens-per-second", "200"], levels=[4], min_requests=8)
     script = tmp_path / "launch.sh"
-    script.write_text(render_script(target.launch_spec(DEFAULTS), header=[],
-                                    recorded=recorded_figures(target.objective(), 100.0, {4: 100.0},
-                                                              target.settings)))
+    script.write_text(
+        render_script(
+            target.launch_spec(DEFAULTS),
+            header=[],
+            recorded=recorded_figures(target.objective(), 100.0, {4: 100.0}, target.settings),
+        )
+    )
     r = verify_script(script, port_range="32000-32999", timeout_s=60)
     assert r.outcome is Outcome.REQUEST_ERROR and not r.ok, "\n".join(r.lines())
     assert r.reason.startswith("at c=4:") and "asked tokens delivered" in r.reason

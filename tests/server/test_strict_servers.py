@@ -63,8 +63,9 @@ def fast_standin(make_target):
     from tuner.targets.sglang.launch import ServerProcess, pick_free_port
 
     port = pick_free_port(33000, 33999)
-    argv = [a.replace("{host}", "127.0.0.1").replace("{port}", str(port)).replace("{model}", "m")
-            for a in standin_command()] + ["--tokens-per-second", "2000"]
+    argv = [
+        a.replace("{host}", "127.0.0.1").replace("{port}", str(port)).replace("{model}", "m") for a in standin_command()
+    ] + ["--tokens-per-second", "2000"]
     server = ServerProcess(argv, port=port)
     assert server.wait_ready(time.time() + 20) is None
     yield server
@@ -87,10 +88,17 @@ def test_a_level_measured_over_too_little_is_flagged(fast_standin):
 
 
 def test_the_refused_field_is_read_from_the_error_texts_of_common_servers():
-    body = {"model": "m", "prompt": "p", "max_tokens": 8, "stream": True, "stream_options": {"include_usage": True},
-            "ignore_eos": True, "temperature": 0.0}
+    body = {
+        "model": "m",
+        "prompt": "p",
+        "max_tokens": 8,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+        "ignore_eos": True,
+        "temperature": 0.0,
+    }
     texts = {
-        "HTTP 422: {\"detail\":\"Unexpected fields in the request: {'ignore_eos'}\"}": "ignore_eos",  # transformers
+        'HTTP 422: {"detail":"Unexpected fields in the request: {\'ignore_eos\'}"}': "ignore_eos",  # transformers
         "HTTP 400: [{'type': 'extra_forbidden', 'loc': ('body', 'stream_options'), 'msg': 'Extra inputs are not "
         "permitted'}]": "stream_options",  # a pydantic model with extra='forbid'
         "HTTP 400: Unrecognized request argument supplied: ignore_eos": "ignore_eos",  # OpenAI's own wording

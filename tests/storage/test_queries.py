@@ -38,7 +38,7 @@ def test_trial_page_sorts_filters_and_pages_like_a_plain_sort(repo, run_id, sort
         total, page = trial_page(repo, run_id, state=state, sort=sort, descending=descending, offset=offset,
                                  limit=limit)  # fmt: skip
         assert total == len(ref)
-        assert [getattr(t, key) for t in page] == ref[offset:None if limit is None else offset + limit]
+        assert [getattr(t, key) for t in page] == ref[offset : None if limit is None else offset + limit]
 
 
 def test_trial_page_loads_measurements_when_asked_and_refuses_unknown_sorts(repo, run_id) -> None:

@@ -12,9 +12,19 @@ from storage.repo import MetricRow, elapsed_s
 
 
 def _run(repo: Repo, name: str = "s1", direction: str = "maximize", **kw):
-    return repo.create_run(name, target="workload", budget_s=60, direction=direction, objective="tok/s",
-                           unit="tok/s", space_name="tiny", space_yaml="name: tiny\n", environment={"gpu": "cpu"},
-                           settings={"k": 1}, **kw)
+    return repo.create_run(
+        name,
+        target="workload",
+        budget_s=60,
+        direction=direction,
+        objective="tok/s",
+        unit="tok/s",
+        space_name="tiny",
+        space_yaml="name: tiny\n",
+        environment={"gpu": "cpu"},
+        settings={"k": 1},
+        **kw,
+    )
 
 
 def test_schema_is_created_once_and_detected(repo, storage_url):
@@ -44,8 +54,12 @@ def test_trial_lifecycle_outcomes_best_and_baseline(repo):
     run = _run(repo)
     repo.start_trial(run.id, 0, {"a": 1}, worker="w0", is_baseline=True)
     assert repo.get_trial(run.id, 0).state == "running"
-    assert repo.finish_trial(run.id, 0, outcome="ok", value=10.0, duration_s=1.5,
-                             metrics=[MetricRow("tok_s", "c=1", 10.0, "tok/s")]) is True
+    assert (
+        repo.finish_trial(
+            run.id, 0, outcome="ok", value=10.0, duration_s=1.5, metrics=[MetricRow("tok_s", "c=1", 10.0, "tok/s")]
+        )
+        is True
+    )
     repo.start_trial(run.id, 1, {"a": 2})
     assert repo.finish_trial(run.id, 1, outcome="ok", value=5.0) is False  # worse: not a new best
     repo.start_trial(run.id, 2, {"a": 3})
@@ -122,8 +136,10 @@ def test_events_are_ordered_and_paged_by_id(repo):
 
 def test_artifacts_replace_by_name(repo):
     run = _run(repo)
-    repo.add_artifacts(run.id, [("launch_script", "launch.sh", "/o/launch.sh", b"v1"),
-                                ("best_params", "best.json", "/o/best.json", b"{}")])
+    repo.add_artifacts(
+        run.id,
+        [("launch_script", "launch.sh", "/o/launch.sh", b"v1"), ("best_params", "best.json", "/o/best.json", b"{}")],
+    )
     repo.add_artifacts(run.id, [("launch_script", "launch.sh", "/o/launch.sh", b"v2")])
     assert sorted(a.name for a in repo.list_artifacts(run.id)) == ["best.json", "launch.sh"]
     assert repo.get_artifact(run.id, "launch.sh").content == b"v2"
@@ -188,7 +204,8 @@ def test_resume_keeps_the_first_start_and_counts_every_segment(repo):
     assert elapsed_s(got) <= wall - 0.3 + 1e-3
     # the history plot's x: a time in the second segment counts the first segment's length, not the gap
     assert active_seconds(got, segs[1].started_at + timedelta(seconds=0.1)) == pytest.approx(
-        segs[0].seconds() + 0.1, abs=1e-3)
+        segs[0].seconds() + 0.1, abs=1e-3
+    )
     assert active_seconds(got, first_start) == 0.0
 
 
@@ -213,7 +230,8 @@ def test_study_names_outside_the_rule_are_refused_with_the_fix(repo, name):
     assert repo.list_runs() == []
 
 
-@pytest.mark.parametrize("name", ["s1", "dsv4-flash-tiny-workload-2", "w10b.kernels.moe.E=256,N=512", "A_b+c",
-                                  "x" * 200])
+@pytest.mark.parametrize(
+    "name", ["s1", "dsv4-flash-tiny-workload-2", "w10b.kernels.moe.E=256,N=512", "A_b+c", "x" * 200]
+)
 def test_study_names_within_the_rule_are_accepted(repo, name):
     assert _run(repo, name).study_name == name

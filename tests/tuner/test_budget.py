@@ -6,8 +6,19 @@ from tuner.budget import Deadline, format_seconds, parse_budget
 from tuner.errors import BudgetError
 
 
-@pytest.mark.parametrize("text,seconds", [("90s", 90), ("10m", 600), ("2h", 7200), ("1h30m", 5400),
-                                          ("1h30m15s", 5415), ("45", 45), (" 2H ", 7200), ("1.5m", 90)])
+@pytest.mark.parametrize(
+    "text,seconds",
+    [
+        ("90s", 90),
+        ("10m", 600),
+        ("2h", 7200),
+        ("1h30m", 5400),
+        ("1h30m15s", 5415),
+        ("45", 45),
+        (" 2H ", 7200),
+        ("1.5m", 90),
+    ],
+)
 def test_parse_budget_accepts(text, seconds):
     assert parse_budget(text) == seconds
 

@@ -8,8 +8,7 @@ import pytest
 
 
 def tuner(*args, cwd):
-    return subprocess.run([sys.executable, "-m", "tuner", *args], cwd=cwd, capture_output=True, text=True,
-                          timeout=240)
+    return subprocess.run([sys.executable, "-m", "tuner", *args], cwd=cwd, capture_output=True, text=True, timeout=240)
 
 
 def _one_line_error(r, *needles):
@@ -73,8 +72,20 @@ def test_search_status_best_export_end_to_end(tmp_path, cpu_main_job):
     r = tuner("search", "--budget", "90s", "--n-trials", "1", "--study", "dsv4-flash-tiny-workload", cwd=tmp_path)
     _one_line_error(r, "--resume")
     # (the baseline alone, timed with one step per level: this search is here for its name)
-    r = tuner("search", "--budget", "90s", "--n-trials", "1", "--confirm-top", "0", "--set", "warmup=0", "--set",
-              "repeats=1", cwd=tmp_path)
+    r = tuner(
+        "search",
+        "--budget",
+        "90s",
+        "--n-trials",
+        "1",
+        "--confirm-top",
+        "0",
+        "--set",
+        "warmup=0",
+        "--set",
+        "repeats=1",
+        cwd=tmp_path,
+    )
     assert r.returncode == 0 and "study dsv4-flash-tiny-workload-2" in r.stdout, r.stderr
     r = tuner("status", cwd=tmp_path)
     assert r.returncode == 0 and "dsv4-flash-tiny-workload" in r.stdout and "workload-2" in r.stdout
@@ -98,8 +109,13 @@ def test_search_status_best_export_end_to_end(tmp_path, cpu_main_job):
     rec["by_level"] = {k: 100 * v for k, v in rec["by_level"].items()}
     rec["value"] = 100 * rec["value"]
     inflated = tmp_path / "inflated.sh"
-    inflated.write_text("\n".join(RECORD_MARK + json.dumps(rec) if ln.startswith(RECORD_MARK) else ln
-                                  for ln in script.read_text().splitlines()) + "\n")
+    inflated.write_text(
+        "\n".join(
+            RECORD_MARK + json.dumps(rec) if ln.startswith(RECORD_MARK) else ln
+            for ln in script.read_text().splitlines()
+        )
+        + "\n"
+    )
     r = tuner("verify", str(inflated), "--tolerance", "0.95", cwd=tmp_path)
     assert r.returncode == 1, (r.stdout, r.stderr)
     (tmp_path / "plain.sh").write_text("#!/bin/bash\ntrue\n")
@@ -121,9 +137,26 @@ def test_ctrl_c_ends_cleanly_and_still_exports(tmp_path):
     from storage import Repo
 
     # one timed step per level: the trials only have to finish (the interrupt, not the timing, is under test)
-    proc = subprocess.Popen([sys.executable, "-m", "tuner", "search", "--budget", "5m", "-o", "out", "--set",
-                             "warmup=0", "--set", "repeats=1"], cwd=tmp_path,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "tuner",
+            "search",
+            "--budget",
+            "5m",
+            "-o",
+            "out",
+            "--set",
+            "warmup=0",
+            "--set",
+            "repeats=1",
+        ],
+        cwd=tmp_path,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     url = f"sqlite:///{tmp_path / 'tuner.db'}"
     t0 = time.time()
     while time.time() - t0 < 120:
@@ -158,8 +191,14 @@ def test_a_search_in_which_no_trial_succeeded_exits_non_zero_with_the_outcome_co
 
 
 def test_a_misspelt_setting_is_one_error_naming_the_closest_valid_key(tmp_path):
-    _one_line_error(tuner("search", "--budget", "1m", "--set", "live_contex=1024", cwd=tmp_path),
-                    "setting `live_contex`", "did you mean `live_context`?")
-    _one_line_error(tuner("search", "--budget", "1m", "--set", "live_context=lots", cwd=tmp_path),
-                    "setting `live_context`", "'lots'")
+    _one_line_error(
+        tuner("search", "--budget", "1m", "--set", "live_contex=1024", cwd=tmp_path),
+        "setting `live_contex`",
+        "did you mean `live_context`?",
+    )
+    _one_line_error(
+        tuner("search", "--budget", "1m", "--set", "live_context=lots", cwd=tmp_path),
+        "setting `live_context`",
+        "'lots'",
+    )
     assert not (tmp_path / "tuner.db").exists()

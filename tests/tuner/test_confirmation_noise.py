@@ -17,34 +17,48 @@ from tuner.search.driver import run_search
 
 
 def _space(tmp_path, noise: str) -> str:
-    text = FAKE_SPACE.replace("values: [ok, crash, hang, oom, raise]", "values: [ok]").replace(
-        "values: [0, 1, 2, 3, 4, 5, 6, 7]", "values: [0, 7]").replace(
-        "settings: {sleep_s: 0.0}", f"settings: {{sleep_s: 0.0, noise: {noise}}}")
+    text = (
+        FAKE_SPACE.replace("values: [ok, crash, hang, oom, raise]", "values: [ok]")
+        .replace("values: [0, 1, 2, 3, 4, 5, 6, 7]", "values: [0, 7]")
+        .replace("settings: {sleep_s: 0.0}", f"settings: {{sleep_s: 0.0, noise: {noise}}}")
+    )
     p = tmp_path / "noisy.yaml"
     p.write_text(text)
     return str(p)
 
 
 def _search(tmp_path, url, space, budget_s=45.0):
-    return run_search(SearchOptions(budget_s=budget_s, storage_url=url, study="s", space_path=space, seed=3,
-                                    out_dir=str(tmp_path / "out"), hardware=Hardware(), trial_timeout_s=10.0,
-                                    confirm_top=2))
+    return run_search(
+        SearchOptions(
+            budget_s=budget_s,
+            storage_url=url,
+            study="s",
+            space_path=space,
+            seed=3,
+            out_dir=str(tmp_path / "out"),
+            hardware=Hardware(),
+            trial_timeout_s=10.0,
+            confirm_top=2,
+        )
+    )
 
 
 def _geomean(x: float, factor: float = 1.0) -> float:
     return math.sqrt(factor * (10 + 5 * x) * 1 * factor * (10 + 5 * x) * 2)  # levels 1 and 4: v * sqrt(c)
 
 
-def test_a_winner_whose_runs_disagree_is_run_again_and_reported_from_the_same_runs(tmp_path, sqlite_url,
-                                                                                   monkeypatch):
+def test_a_winner_whose_runs_disagree_is_run_again_and_reported_from_the_same_runs(tmp_path, sqlite_url, monkeypatch):
     monkeypatch.setenv("TUNER_FAKE_NOISE_DIR", str(tmp_path))
     res = _search(tmp_path, sqlite_url, _space(tmp_path, '{"7": 0.7}'))  # every 2nd run of x=7 is 30% low
     assert res.best_params == {"mode": "ok", "x": 7}
     assert len(res.best_runs) >= 3, res.best_runs  # 2 runs 30% apart: run again, so the median is a median
     values = {t.number: t.value for t in res.trials}
     runs = [values[n] for n in res.best_runs]
-    assert res.best_value == pytest.approx(sorted(runs)[len(runs) // 2] if len(runs) % 2 else
-                                           (sorted(runs)[len(runs) // 2 - 1] + sorted(runs)[len(runs) // 2]) / 2)
+    assert res.best_value == pytest.approx(
+        sorted(runs)[len(runs) // 2]
+        if len(runs) % 2
+        else (sorted(runs)[len(runs) // 2 - 1] + sorted(runs)[len(runs) // 2]) / 2
+    )
     assert max(runs) / min(runs) == pytest.approx(1 / 0.7)
     assert res.best_spread == pytest.approx((max(runs) - min(runs)) / res.best_value)
     assert len(res.baseline_runs) == 2  # the baseline was confirmed like any contender
@@ -61,8 +75,7 @@ def test_a_winner_whose_runs_disagree_is_run_again_and_reported_from_the_same_ru
     assert "median" in (tmp_path / "out" / "s" / "launch.sh").read_text()
 
 
-def test_a_winner_inside_the_noise_of_the_baseline_exports_the_defaults_and_says_so(tmp_path, sqlite_url,
-                                                                                    monkeypatch):
+def test_a_winner_inside_the_noise_of_the_baseline_exports_the_defaults_and_says_so(tmp_path, sqlite_url, monkeypatch):
     monkeypatch.setenv("TUNER_FAKE_NOISE_DIR", str(tmp_path))
     res = _search(tmp_path, sqlite_url, _space(tmp_path, '{"7": 0.1}'))  # x=7: 45, then 4.5, ...: pure noise
     assert "nothing beat the baseline beyond the measured spread" in res.note
@@ -72,16 +85,27 @@ def test_a_winner_inside_the_noise_of_the_baseline_exports_the_defaults_and_says
 
 
 def test_a_candidate_measured_once_far_beyond_the_noise_wins_over_the_defaults_marked_measured_once(
-        tmp_path, sqlite_url, monkeypatch):
+    tmp_path, sqlite_url, monkeypatch
+):
     """Seen on a loaded 2-core CPU: trial 7 measured 17.75x the baseline once, its re-run did not fit the budget,
     and only the baseline (timed twice) could win, so the defaults were exported at 1.00x. Here the baseline's
     re-run halves (its runs 67% apart) and every re-run of x=7 outlasts the trial timeout: x=7 is measured once,
     6x the baseline's median, far beyond that noise."""
     monkeypatch.setenv("TUNER_FAKE_NOISE_DIR", str(tmp_path))
     space = _space(tmp_path, '{"0": 0.5}, slow_rerun_s: {"7": 30.0}')
-    res = run_search(SearchOptions(budget_s=60.0, storage_url=sqlite_url, study="s", space_path=space, seed=3,
-                                   out_dir=str(tmp_path / "out"), hardware=Hardware(), trial_timeout_s=4.0,
-                                   confirm_top=1))
+    res = run_search(
+        SearchOptions(
+            budget_s=60.0,
+            storage_url=sqlite_url,
+            study="s",
+            space_path=space,
+            seed=3,
+            out_dir=str(tmp_path / "out"),
+            hardware=Hardware(),
+            trial_timeout_s=4.0,
+            confirm_top=1,
+        )
+    )
     outcomes = [(t.params["x"], t.outcome) for t in res.trials if t.repeat_of is None]
     assert ("7", "timeout") in [(str(x), o) for x, o in outcomes], outcomes  # its re-run did not fit
     assert res.best_params == {"mode": "ok", "x": 7}, (res.best_params, res.note)  # not the defaults
@@ -94,8 +118,7 @@ def test_a_candidate_measured_once_far_beyond_the_noise_wins_over_the_defaults_m
     assert rec["runs"] == res.best_runs
 
 
-def test_the_cpu_main_job_s_stored_study_never_exports_the_defaults_when_a_trial_measured_beyond_the_noise(
-        tmp_path):
+def test_the_cpu_main_job_s_stored_study_never_exports_the_defaults_when_a_trial_measured_beyond_the_noise(tmp_path):
     """The README's 2-minute CPU job as it was stored on a loaded machine: the baseline timed twice 7.2x apart,
     trial 7 once at 17.75x the baseline's first run, the others once. The decision over the stored study picks
     trial 7, measured once, and not the defaults."""
@@ -105,9 +128,14 @@ def test_the_cpu_main_job_s_stored_study_never_exports_the_defaults_when_a_trial
 
     repo, run, space = tiny_workload_run(f"sqlite:///{tmp_path / 't.db'}", "cpu", budget_s=120)
     d = space.defaults()
-    stored = [(0, d, 1.0), (1, {**d, "context_length": 4096}, 1.3), (2, {**d, "gemm_proj": "fp32"}, 0.9),
-              (3, {**d, "indexer_width": "live"}, 1.1), (7, {**d, "context_length": 4096, "gemm_moe": "fp32"}, 17.75),
-              (9, d, 7.2)]
+    stored = [
+        (0, d, 1.0),
+        (1, {**d, "context_length": 4096}, 1.3),
+        (2, {**d, "gemm_proj": "fp32"}, 0.9),
+        (3, {**d, "indexer_width": "live"}, 1.1),
+        (7, {**d, "context_length": 4096, "gemm_moe": "fp32"}, 17.75),
+        (9, d, 7.2),
+    ]
     for n, params, value in stored:
         repo.start_trial(run.id, n, params, is_baseline=params == d)
         repo.finish_trial(run.id, n, outcome="ok", value=value, duration_s=10.0)
@@ -135,9 +163,16 @@ def test_confirmation_time_is_reserved_from_each_configuration_s_measured_cost(t
 
     def ctx_with(durations):
         made.append(durations)
-        opts = SearchOptions(budget_s=1000.0, storage_url=sqlite_url, study=f"s{len(made)}",
-                             space_path=_space(tmp_path, "{}"), seed=3, out_dir=str(tmp_path / "out"),
-                             hardware=Hardware(), confirm_top=3)
+        opts = SearchOptions(
+            budget_s=1000.0,
+            storage_url=sqlite_url,
+            study=f"s{len(made)}",
+            space_path=_space(tmp_path, "{}"),
+            seed=3,
+            out_dir=str(tmp_path / "out"),
+            hardware=Hardware(),
+            confirm_top=3,
+        )
         ctx = open_context(opts)
         for n, (x, value, dur) in enumerate(durations):
             ctx.trials.append(TrialSummary(n, {"mode": "ok", "x": x}, "ok", value, "", dur, is_baseline=n == 0))
@@ -159,8 +194,16 @@ def test_confirmation_time_is_reserved_from_each_configuration_s_measured_cost(t
 def test_the_dry_run_plan_shows_the_time_kept_for_confirmation(tmp_path, sqlite_url):
     from tuner.search.confirm import planned_line
 
-    res = run_search(SearchOptions(budget_s=120.0, storage_url=sqlite_url, space_path=_space(tmp_path, "{}"),
-                                   hardware=Hardware(), dry_run=True, out_dir=str(tmp_path / "out")))
+    res = run_search(
+        SearchOptions(
+            budget_s=120.0,
+            storage_url=sqlite_url,
+            space_path=_space(tmp_path, "{}"),
+            hardware=Hardware(),
+            dry_run=True,
+            out_dir=str(tmp_path / "out"),
+        )
+    )
     assert "the baseline and the top 3 re-run at the end" in res.preflight.facts["confirmation"]
     line = planned_line(3, None, 500.0, 20.0)
     assert line.startswith("144 s kept at the end for 6 re-run(s): trial 0 (the baseline) 24 s"), line
@@ -181,9 +224,20 @@ def test_the_per_trial_lines_and_the_final_figure_use_the_same_baseline(tmp_path
     monkeypatch.setenv("TUNER_FAKE_NOISE_DIR", str(tmp_path))
     out = io.StringIO()
     progress = RichProgress(Console(file=out, force_terminal=False, width=300))
-    res = run_search(SearchOptions(budget_s=45.0, storage_url=sqlite_url, study="s", seed=3, hardware=Hardware(),
-                                   space_path=_space(tmp_path, '{"0": 0.5}'), out_dir=str(tmp_path / "out"),
-                                   trial_timeout_s=10.0, confirm_top=2), progress)
+    res = run_search(
+        SearchOptions(
+            budget_s=45.0,
+            storage_url=sqlite_url,
+            study="s",
+            seed=3,
+            hardware=Hardware(),
+            space_path=_space(tmp_path, '{"0": 0.5}'),
+            out_dir=str(tmp_path / "out"),
+            trial_timeout_s=10.0,
+            confirm_top=2,
+        ),
+        progress,
+    )
     progress.stop()
     assert res.baseline_value == pytest.approx(0.75 * _geomean(0))
     lines = [ln for ln in out.getvalue().splitlines() if re.match(r"trial +\d+ ok", ln) and "x baseline" in ln]
@@ -206,9 +260,26 @@ def test_the_cpu_main_job_never_exports_the_defaults_when_a_trial_measured_beyon
 
     from tuner.search.winner import FAR_BEYOND, decision_for_run, group_runs, params_json, widest_spread
 
-    r = subprocess.run([sys.executable, "-m", "tuner", "search", "--budget", "2m", "--seed", "3", "-o", "out",
-                        "--storage", f"sqlite:///{tmp_path / 't.db'}"], cwd=tmp_path, capture_output=True, text=True,
-                       timeout=400)
+    r = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "tuner",
+            "search",
+            "--budget",
+            "2m",
+            "--seed",
+            "3",
+            "-o",
+            "out",
+            "--storage",
+            f"sqlite:///{tmp_path / 't.db'}",
+        ],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=400,
+    )
     assert r.returncode == 0, r.stderr[-3000:]
     repo = Repo(f"sqlite:///{tmp_path / 't.db'}")
     run = repo.list_runs()[0]
@@ -230,8 +301,11 @@ def test_a_single_timing_beyond_the_noise_of_the_baseline_wins_when_the_best_rep
     from tuner.search.winner import Measured, decide
 
     def groups(single):
-        return [Measured("base", {"x": 0}, (0, 5), (0.85, 1.15), is_baseline=True),
-                Measured("c", {"x": 1}, (1, 6), (1.0, 1.2)), Measured("g", {"x": 2}, (2,), (single,))]
+        return [
+            Measured("base", {"x": 0}, (0, 5), (0.85, 1.15), is_baseline=True),
+            Measured("c", {"x": 1}, (1, 6), (1.0, 1.2)),
+            Measured("g", {"x": 2}, (2,), (single,)),
+        ]
 
     won = decide(groups(1.7), defaults={"x": 0}, tolerance=0.10)
     assert won.best.params == {"x": 2} and won.best.measured_once and "the baseline" in won.note

@@ -11,20 +11,33 @@ from tuner.explain import ablate, explain
 from tuner.search.context import SearchOptions
 from tuner.search.driver import run_search
 
-SPACE = FAKE_SPACE.replace("values: [ok, crash, hang, oom, raise]", "values: [ok]") + """
+SPACE = (
+    FAKE_SPACE.replace("values: [ok, crash, hang, oom, raise]", "values: [ok]")
+    + """
   y:
     type: categorical
     values: [a, b]
     default: a
 """
+)
 
 
 def test_explain_ranks_the_parameter_that_matters_and_ablation_measures_it(tmp_path, sqlite_url):
     space = tmp_path / "s.yaml"
     space.write_text(SPACE)
-    res = run_search(SearchOptions(budget_s=120, storage_url=sqlite_url, study="e", space_path=str(space),
-                                   out_dir=str(tmp_path / "o"), hardware=Hardware(), n_trials=12, seed=3,
-                                   confirm_top=0))
+    res = run_search(
+        SearchOptions(
+            budget_s=120,
+            storage_url=sqlite_url,
+            study="e",
+            space_path=str(space),
+            out_dir=str(tmp_path / "o"),
+            hardware=Hardware(),
+            n_trials=12,
+            seed=3,
+            confirm_top=0,
+        )
+    )
     assert res.best_params["x"] > 0
     ex = explain(sqlite_url, "e", profile=False)
     imp = ex.importances["objective"]
@@ -60,8 +73,19 @@ def test_ablation_reports_after_every_rerun_and_the_cli_keeps_the_file(tmp_path,
 
     space = tmp_path / "s.yaml"
     space.write_text(SPACE)
-    run_search(SearchOptions(budget_s=120, storage_url=sqlite_url, study="p", space_path=str(space),
-                             out_dir=str(tmp_path / "o"), hardware=Hardware(), n_trials=10, seed=5, confirm_top=0))
+    run_search(
+        SearchOptions(
+            budget_s=120,
+            storage_url=sqlite_url,
+            study="p",
+            space_path=str(space),
+            out_dir=str(tmp_path / "o"),
+            hardware=Hardware(),
+            n_trials=10,
+            seed=5,
+            confirm_top=0,
+        )
+    )
     seen = []
     ab = ablate(sqlite_url, "p", on_row=lambda ex: seen.append((len(ex.alone), len(ex.ablation))))
     n = len(ab.ablation)
@@ -76,8 +100,9 @@ def test_ablation_reports_after_every_rerun_and_the_cli_keeps_the_file(tmp_path,
     assert [r["param"] for r in stored["undo"]] == [r["param"] for r in ab.ablation]
     assert [r["param"] for r in stored["alone"]] == [r["param"] for r in ab.alone]
     report = tmp_path / "why.md"
-    r = CliRunner().invoke(app, ["explain", "--storage", sqlite_url, "--study", "p", "--no-profile", "--ablate",
-                                 "--out", str(report)])
+    r = CliRunner().invoke(
+        app, ["explain", "--storage", sqlite_url, "--study", "p", "--no-profile", "--ablate", "--out", str(report)]
+    )
     assert r.exit_code == 0, r.output
     assert "put back to its baseline value" in report.read_text() and "worth alone" in report.read_text()
     assert not list(tmp_path.glob(".why.md.tmp"))  # written whole, through a temporary file
@@ -103,8 +128,19 @@ def _study_with_best(tmp_path, sqlite_url, name, text, pick):
     """A real search of ``text``, then the best set to the first successful trial whose params satisfy ``pick``."""
     space = tmp_path / f"{name}.yaml"
     space.write_text(text)
-    run_search(SearchOptions(budget_s=120, storage_url=sqlite_url, study=name, space_path=str(space),
-                             out_dir=str(tmp_path / "o"), hardware=Hardware(), n_trials=24, seed=1, confirm_top=0))
+    run_search(
+        SearchOptions(
+            budget_s=120,
+            storage_url=sqlite_url,
+            study=name,
+            space_path=str(space),
+            out_dir=str(tmp_path / "o"),
+            hardware=Hardware(),
+            n_trials=24,
+            seed=1,
+            confirm_top=0,
+        )
+    )
     repo = Repo(sqlite_url)
     run = repo.get_run(name)
     chosen = [t for t in repo.list_trials(run.id, outcome="ok") if pick(t.params)]
@@ -113,12 +149,14 @@ def _study_with_best(tmp_path, sqlite_url, name, text, pick):
     return repo, run
 
 
-def test_each_change_alone_on_the_baseline_follows_conditions_and_ranks_failures_last(tmp_path, sqlite_url,
-                                                                                      monkeypatch):
+def test_each_change_alone_on_the_baseline_follows_conditions_and_ranks_failures_last(
+    tmp_path, sqlite_url, monkeypatch
+):
     import tuner.execution.isolation
 
-    repo, run = _study_with_best(tmp_path, sqlite_url, "c", COND_SPACE,
-                                 lambda p: p == {"x": 4, "a": "on", "k": 3, "b": "on"})
+    repo, run = _study_with_best(
+        tmp_path, sqlite_url, "c", COND_SPACE, lambda p: p == {"x": 4, "a": "on", "k": 3, "b": "on"}
+    )
     base = repo.baseline_trial(run.id)
     assert base.params == {"x": 0, "a": "off", "b": "off"}
     stored = {int(m.level[2:]): m.value for m in base.measurements if m.metric == "tok_s"}
@@ -130,9 +168,14 @@ def test_each_change_alone_on_the_baseline_follows_conditions_and_ranks_failures
     # the baseline and the best re-run first (ratios side by side), then forward and backward per changed
     # parameter; k is inactive in the baseline and follows a
     assert jobs[:2] == [base.params, {"x": 4, "a": "on", "k": 3, "b": "on"}]
-    assert jobs[2:] == [{"x": 4, "a": "off", "b": "off"}, {"x": 0, "a": "on", "k": 3, "b": "on"},
-                    {"x": 0, "a": "on", "k": 3, "mode": "raise", "b": "off"}, {"x": 4, "a": "off", "b": "on"},
-                    {"x": 0, "a": "off", "b": "on"}, {"x": 4, "a": "on", "k": 3, "mode": "raise", "b": "off"}]
+    assert jobs[2:] == [
+        {"x": 4, "a": "off", "b": "off"},
+        {"x": 0, "a": "on", "k": 3, "b": "on"},
+        {"x": 0, "a": "on", "k": 3, "mode": "raise", "b": "off"},
+        {"x": 4, "a": "off", "b": "on"},
+        {"x": 0, "a": "off", "b": "on"},
+        {"x": 4, "a": "on", "k": 3, "mode": "raise", "b": "off"},
+    ]
     assert ab.baseline_by_level == stored  # the fake target is deterministic: the re-run equals the stored run
     assert any("baseline re-run in this ablation" in n for n in ab.notes)
     alone = {r["param"]: r for r in ab.alone}
@@ -149,14 +192,17 @@ def test_each_change_alone_on_the_baseline_follows_conditions_and_ranks_failures
     assert [r["param"] for r in ab.ablation][1:] == ["x", "a"]
 
     text = ab.markdown()
-    new = text.index("## What each change is worth alone: the baseline with only that parameter set to the best's "
-                     "value")
+    new = text.index(
+        "## What each change is worth alone: the baseline with only that parameter set to the best's value"
+    )
     assert new < text.index("put back to its baseline value")
     assert "| parameter | baseline → best value | c=1 x faster | c=4 x faster |" in text
     assert "| x | 0 → 4 | 3.00 | 3.00 |" in text
     assert f"| a | off → on | {alone['a']['outcome']} | {alone['a']['outcome']} |" in text
-    assert ("At c=4 the largest single change is `x` (3.00x alone on the baseline); the costliest to undo from "
-            f"the best is `b` (the best without it fails: {ab.ablation[0]['outcome']}).") in text
+    assert (
+        "At c=4 the largest single change is `x` (3.00x alone on the baseline); the costliest to undo from "
+        f"the best is `b` (the best without it fails: {ab.ablation[0]['outcome']})."
+    ) in text
 
     jobs.clear()
     only = ablate(sqlite_url, "c", views=("alone",))
@@ -164,9 +210,11 @@ def test_each_change_alone_on_the_baseline_follows_conditions_and_ranks_failures
     assert "At c=1 the largest single change is `x` (3.00x alone on the baseline)." in only.markdown()
 
 
-MIN_SPACE = FAKE_SPACE.replace("values: [ok, crash, hang, oom, raise]", "values: [ok]").replace(
-    "objective: {metric: tok_s,", "objective: {metric: tok_s, direction: minimize,").replace(
-    "values: [0, 1, 2, 3, 4, 5, 6, 7]\n    default: 0", "values: [0, 1, 2, 3, 4, 5, 6, 7]\n    default: 7")
+MIN_SPACE = (
+    FAKE_SPACE.replace("values: [ok, crash, hang, oom, raise]", "values: [ok]")
+    .replace("objective: {metric: tok_s,", "objective: {metric: tok_s, direction: minimize,")
+    .replace("values: [0, 1, 2, 3, 4, 5, 6, 7]\n    default: 0", "values: [0, 1, 2, 3, 4, 5, 6, 7]\n    default: 7")
+)
 
 
 def test_a_helpful_change_is_worth_more_than_1x_when_the_objective_is_minimized(tmp_path, sqlite_url):
@@ -182,8 +230,13 @@ def test_a_helpful_change_is_worth_more_than_1x_when_the_objective_is_minimized(
 
 
 def test_bad_ablate_views_is_one_line_naming_the_option_the_value_and_the_choices(tmp_path):
-    r = subprocess.run([sys.executable, "-m", "tuner", "explain", "--ablate", "--ablate-views", "alone,bogus"],
-                       cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    r = subprocess.run(
+        [sys.executable, "-m", "tuner", "explain", "--ablate", "--ablate-views", "alone,bogus"],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert r.returncode == 2, (r.stdout, r.stderr)
     lines = [ln for ln in r.stderr.splitlines() if ln.strip()]
     assert len(lines) == 1 and lines[0].startswith("error: "), r.stderr
@@ -201,10 +254,18 @@ def test_changes_that_remove_the_same_cost_are_named_as_overlapping():
         return {"param": param, "from": 0, "to": 1, "outcome": "ok", "by_level": {}, key: {64: value}}
 
     ex = Explanation(study="s", baseline_by_level={64: 94.4}, best_by_level={64: 1804.0})
-    ex.alone = [row("indexer_impl", "gain", 9.45), row("context_length", "gain", 8.40), row("glue", "gain", 1.01),
-                row("attention_impl", "gain", 2.0)]
-    ex.ablation = [row("indexer_impl", "loss", 1.55), row("context_length", "loss", 1.17), row("glue", "loss", 1.12),
-                   row("attention_impl", "loss", 1.9)]
+    ex.alone = [
+        row("indexer_impl", "gain", 9.45),
+        row("context_length", "gain", 8.40),
+        row("glue", "gain", 1.01),
+        row("attention_impl", "gain", 2.0),
+    ]
+    ex.ablation = [
+        row("indexer_impl", "loss", 1.55),
+        row("context_length", "loss", 1.17),
+        row("glue", "loss", 1.12),
+        row("attention_impl", "loss", 1.9),
+    ]
     text = ex._summary(64)
     assert text.startswith("At c=64 the largest single change is `indexer_impl` (9.45x alone on the baseline)")
     tail = text.split("Overlapping changes")[1]
@@ -218,9 +279,20 @@ def test_explain_profiles_say_which_stage_each_step_spends_its_time_in(tmp_path,
     """The built-in tiny decode workload on CPU: both profiles carry the share of each stage of the step, and the
     report gives them in a sentence, largest first (which stage leads is timing, tested in test_workload_model).
     The search times one step per level, no warmup: the profiles, not the trials' timings, are under test."""
-    run_search(SearchOptions(budget_s=120, storage_url=sqlite_url, study="w", space_path="dsv4_flash_tiny",
-                             out_dir=str(tmp_path / "o"), hardware=Hardware(), n_trials=3, seed=1, confirm_top=0,
-                             settings={"warmup": 0, "repeats": 1}))
+    run_search(
+        SearchOptions(
+            budget_s=120,
+            storage_url=sqlite_url,
+            study="w",
+            space_path="dsv4_flash_tiny",
+            out_dir=str(tmp_path / "o"),
+            hardware=Hardware(),
+            n_trials=3,
+            seed=1,
+            confirm_top=0,
+            settings={"warmup": 0, "repeats": 1},
+        )
+    )
     ex = explain(sqlite_url, "w", level=1)
     for name in ("baseline", "best"):
         stages = ex.profiles[name]["stages"]
@@ -237,18 +309,30 @@ def test_the_report_opens_with_its_answer_before_the_importances():
     def row(param, key, value):
         return {"param": param, "from": 0, "to": 1, "outcome": "ok", "by_level": {}, key: {64: value}}
 
-    prof = {"batch": 64, "device": "cuda", "total_us": 678880.0, "launches": 6485, "top": [],
-            "stages": [{"stage": "indexer", "share": 0.918}, {"stage": "moe", "share": 0.038}]}
-    ex = Explanation(study="s", importances={"objective": {"attention_impl": 0.4, "context_length": 0.05}},
-                     importance_trials=47, baseline_params={"context_length": 1048576},
-                     best_params={"context_length": 8192}, baseline_by_level={64: 94.9}, best_by_level={64: 1829.0},
-                     profiles={"baseline": prof})
+    prof = {
+        "batch": 64,
+        "device": "cuda",
+        "total_us": 678880.0,
+        "launches": 6485,
+        "top": [],
+        "stages": [{"stage": "indexer", "share": 0.918}, {"stage": "moe", "share": 0.038}],
+    }
+    ex = Explanation(
+        study="s",
+        importances={"objective": {"attention_impl": 0.4, "context_length": 0.05}},
+        importance_trials=47,
+        baseline_params={"context_length": 1048576},
+        best_params={"context_length": 8192},
+        baseline_by_level={64: 94.9},
+        best_by_level={64: 1829.0},
+        profiles={"baseline": prof},
+    )
     ex.alone = [row("context_length", "gain", 10.33), row("indexer_impl", "gain", 7.10)]
     ex.ablation = [row("attention_impl", "loss", 1.52), row("context_length", "loss", 1.38)]
     text = ex.markdown()
     short = text.index("## In short")
     assert short < text.index("## Parameter importances")
-    head = text[short:text.index("## Parameter importances")]
+    head = text[short : text.index("## Parameter importances")]
     assert "At c=64 the largest single change is `context_length` (10.33x alone on the baseline)" in head
     assert "the costliest to undo from the best is `attention_impl` (1.52x)" in head
     assert "Profiled: the baseline's step spends 91.8% in the indexer stage (678.88 ms at batch 64)." in head

@@ -22,9 +22,17 @@ HOSTILE = ["/models/my model", "it's", 'say "hi"', "$HOME", "a;rm -rf /tmp/x", "
 
 @pytest.mark.parametrize("value", HOSTILE)
 def test_render_script_quotes_every_value(tmp_path, value):
-    spec = LaunchSpec(argv=[sys.executable, "-c", "import os,sys; print(repr(sys.argv[1:])); "
-                            "print(repr(os.environ['HOSTILE']))", value, "--flag", value],
-                      env={"HOSTILE": value})
+    spec = LaunchSpec(
+        argv=[
+            sys.executable,
+            "-c",
+            "import os,sys; print(repr(sys.argv[1:])); print(repr(os.environ['HOSTILE']))",
+            value,
+            "--flag",
+            value,
+        ],
+        env={"HOSTILE": value},
+    )
     script = tmp_path / "launch.sh"
     script.write_text(render_script(spec, header=[f"study {value}", "x"], recorded={"v": value}, kernel_dir=False))
     assert subprocess.run(["bash", "-n", str(script)]).returncode == 0
@@ -42,10 +50,21 @@ def test_bad_env_name_is_refused(tmp_path):
 def test_search_export_writes_script_yaml_and_artifacts(tmp_path, sqlite_url):
     space = tmp_path / "s.yaml"
     space.write_text(FAKE_SPACE.replace("values: [ok, crash, hang, oom, raise]", "values: [ok]"))
-    model = "/models/it's a \"model\"; $(reboot)"
-    res = run_search(SearchOptions(budget_s=60, storage_url=sqlite_url, study="q", space_path=str(space),
-                                   out_dir=str(tmp_path / "out"), hardware=Hardware(), n_trials=4, seed=0,
-                                   settings={"model": model}, confirm_top=0))
+    model = '/models/it\'s a "model"; $(reboot)'
+    res = run_search(
+        SearchOptions(
+            budget_s=60,
+            storage_url=sqlite_url,
+            study="q",
+            space_path=str(space),
+            out_dir=str(tmp_path / "out"),
+            hardware=Hardware(),
+            n_trials=4,
+            seed=0,
+            settings={"model": model},
+            confirm_top=0,
+        )
+    )
     d = tmp_path / "out" / "q"
     script = d / "launch.sh"
     assert res.export_dir == str(d)
@@ -55,8 +74,11 @@ def test_search_export_writes_script_yaml_and_artifacts(tmp_path, sqlite_url):
     assert "x baseline" in text and "re-measure" in text and "environment:" in text
     doc = yaml.safe_load((d / "best_params.yaml").read_text())
     assert doc["params"] == res.best_params and doc["study"] == "q"
-    out = subprocess.run(["bash", "-c", f"source <(grep '^export' {script}); printf %s \"$FAKE_MODEL_PATH\""],
-                         capture_output=True, text=True).stdout
+    out = subprocess.run(
+        ["bash", "-c", f"source <(grep '^export' {script}); printf %s \"$FAKE_MODEL_PATH\""],
+        capture_output=True,
+        text=True,
+    ).stdout
     assert out == model
     repo = Repo(sqlite_url)
     names = {a.name for a in repo.list_artifacts(repo.get_run("q").id)}
@@ -67,8 +89,18 @@ def test_search_export_writes_script_yaml_and_artifacts(tmp_path, sqlite_url):
 def test_export_to_unwritable_place_leaves_nothing(tmp_path, sqlite_url):
     space = tmp_path / "s.yaml"
     space.write_text(FAKE_SPACE.replace("values: [ok, crash, hang, oom, raise]", "values: [ok]"))
-    run_search(SearchOptions(budget_s=60, storage_url=sqlite_url, study="q", space_path=str(space),
-                             out_dir=str(tmp_path / "out"), hardware=Hardware(), n_trials=2, confirm_top=0))
+    run_search(
+        SearchOptions(
+            budget_s=60,
+            storage_url=sqlite_url,
+            study="q",
+            space_path=str(space),
+            out_dir=str(tmp_path / "out"),
+            hardware=Hardware(),
+            n_trials=2,
+            confirm_top=0,
+        )
+    )
     blocker = tmp_path / "file"
     blocker.write_text("")
     repo = Repo(sqlite_url)

@@ -13,14 +13,17 @@ import pytest
 from spaces import FAKE_SPACE
 
 ROOT = Path(__file__).resolve().parents[2]
-BASELINE_LINE = re.compile(r"baseline \(the space's defaults\): ([\d.]+) \S+ \(median of (\d+) runs, "
-                           r"([\d.]+)-([\d.]+), spread ([\d.]+)%\)")
+BASELINE_LINE = re.compile(
+    r"baseline \(the space's defaults\): ([\d.]+) \S+ \(median of (\d+) runs, "
+    r"([\d.]+)-([\d.]+), spread ([\d.]+)%\)"
+)
 RATIO = re.compile(r"^trial +(\d+) ok +([\d.]+) \(([\d.]+)x baseline\)")
 
 
 def tuner(*args, cwd, timeout=400):
-    return subprocess.run([sys.executable, "-m", "tuner", *args], cwd=cwd, capture_output=True, text=True,
-                          timeout=timeout)
+    return subprocess.run(
+        [sys.executable, "-m", "tuner", *args], cwd=cwd, capture_output=True, text=True, timeout=timeout
+    )
 
 
 def _ratios_after_baseline(stdout: str) -> tuple[re.Match, list[tuple[int, float, float]]]:
@@ -59,8 +62,11 @@ def test_the_flashmla_install_hint_is_printed_as_written(cpu_main_job):
 def test_status_shows_the_baseline_s_median_and_spread_and_only_columns_that_hold_data(tmp_path, cpu_main_job):
     r = tuner("status", "--study", "dsv4-flash-tiny-workload", cwd=tmp_path)
     assert r.returncode == 0, r.stderr
-    assert re.search(r"baseline \(the space's defaults\): [\d.]+ tok/s, the median of 2 runs "
-                     r"\([\d.]+-[\d.]+, spread [\d.]+%\)", r.stdout), r.stdout
+    assert re.search(
+        r"baseline \(the space's defaults\): [\d.]+ tok/s, the median of 2 runs "
+        r"\([\d.]+-[\d.]+, spread [\d.]+%\)",
+        r.stdout,
+    ), r.stdout
     rows = {m[1]: m[2] for m in re.finditer(r"│ (\d+)(?: b)? +│ ok +│ [\d.]+ +│ (\S+) ", r.stdout)}
     assert rows["0"] == rows["1"] == "baseline", r.stdout  # not "0.43": the baseline is the reference itself
     assert "start/warm/measure" not in r.stdout  # no server trials: no start-up or warm-up to show
@@ -69,10 +75,29 @@ def test_status_shows_the_baseline_s_median_and_spread_and_only_columns_that_hol
 def test_tuner_status_folds_repeats_into_their_configuration(tmp_path):
     """A search on two values asks the same configurations again and again: ``tuner status`` lists each measured
     configuration once, with the trials that asked it again, and ``--repeats`` lists those."""
-    (tmp_path / "s.yaml").write_text(FAKE_SPACE.replace("values: [ok, crash, hang, oom, raise]", "values: [ok]")
-                                     .replace("values: [0, 1, 2, 3, 4, 5, 6, 7]", "values: [0, 7]"))
-    r = tuner("search", "--budget", "2m", "--space", "s.yaml", "--n-trials", "12", "--confirm-top", "0",
-              "--study", "s", "--seed", "3", "-o", "out", cwd=tmp_path)
+    (tmp_path / "s.yaml").write_text(
+        FAKE_SPACE.replace("values: [ok, crash, hang, oom, raise]", "values: [ok]").replace(
+            "values: [0, 1, 2, 3, 4, 5, 6, 7]", "values: [0, 7]"
+        )
+    )
+    r = tuner(
+        "search",
+        "--budget",
+        "2m",
+        "--space",
+        "s.yaml",
+        "--n-trials",
+        "12",
+        "--confirm-top",
+        "0",
+        "--study",
+        "s",
+        "--seed",
+        "3",
+        "-o",
+        "out",
+        cwd=tmp_path,
+    )
     assert r.returncode == 0, r.stderr
     repeats = [ln for ln in r.stdout.splitlines() if "[same configuration as trial" in ln]
     assert repeats, r.stdout
@@ -88,8 +113,24 @@ def test_a_warning_logged_during_a_search_is_said_once_at_its_end_as_a_sentence(
     """Two worker threads on SQLite log a warning as the search starts: it is not a timestamped record among the
     trial lines but one ``warning:`` sentence after the result."""
     (tmp_path / "s.yaml").write_text(FAKE_SPACE.replace("values: [ok, crash, hang, oom, raise]", "values: [ok]"))
-    r = tuner("search", "--budget", "2m", "--space", "s.yaml", "--n-trials", "3", "--confirm-top", "0",
-              "--workers", "2", "--study", "s", "-o", "out", cwd=tmp_path)
+    r = tuner(
+        "search",
+        "--budget",
+        "2m",
+        "--space",
+        "s.yaml",
+        "--n-trials",
+        "3",
+        "--confirm-top",
+        "0",
+        "--workers",
+        "2",
+        "--study",
+        "s",
+        "-o",
+        "out",
+        cwd=tmp_path,
+    )
     assert r.returncode == 0, r.stderr
     assert not re.search(r"^\d{4}-\d\d-\d\d [\d:,]+ WARNING", r.stderr, re.M), r.stderr
     said = [ln for ln in r.stderr.splitlines() if ln.startswith("warning: ")]
@@ -104,8 +145,7 @@ def test_budget_used_is_said_only_when_the_budget_was_used():
     assert stop_reason(SimpleNamespace(**vars(result), elapsed_s=118.5)) == "budget used"
     early = stop_reason(SimpleNamespace(**vars(result), elapsed_s=103.0))
     assert "budget used" not in early and early.startswith("ended 17s before its 2m00s budget"), early
-    assert stop_reason(SimpleNamespace(stop_reason="4 trials done", budget_s=120.0, elapsed_s=30.0)) == \
-        "4 trials done"
+    assert stop_reason(SimpleNamespace(stop_reason="4 trials done", budget_s=120.0, elapsed_s=30.0)) == "4 trials done"
 
 
 def test_the_test_script_s_installs_skip_the_resolver_complaint_about_sglang_s_missing_gpu_stack():

@@ -12,8 +12,13 @@ from tuner.measurement import Outcome
 
 
 def _job(mode="ok", x=1, timeout=20.0):
-    return TrialJob(target="fake_targets:FakeTarget", space_yaml=FAKE_SPACE, space_source="fake.yaml",
-                    params={"mode": mode, "x": x}, deadline=time.time() + timeout)
+    return TrialJob(
+        target="fake_targets:FakeTarget",
+        space_yaml=FAKE_SPACE,
+        space_source="fake.yaml",
+        params={"mode": mode, "x": x},
+        deadline=time.time() + timeout,
+    )
 
 
 @pytest.fixture

@@ -21,8 +21,9 @@ time.sleep(600)
 
 def test_kill_group_returns_only_when_every_process_of_the_group_has_exited():
     for _ in range(3):
-        proc = subprocess.Popen([sys.executable, "-c", CHILD], start_new_session=True, stdout=subprocess.PIPE,
-                                text=True)
+        proc = subprocess.Popen(
+            [sys.executable, "-c", CHILD], start_new_session=True, stdout=subprocess.PIPE, text=True
+        )
         kid = int(proc.stdout.readline())
         time.sleep(1.0)  # the worker holds its memory
         assert group_alive(proc.pid)

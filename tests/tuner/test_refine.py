@@ -57,8 +57,17 @@ def test_moves_change_one_value_and_bring_children_in_at_their_defaults():
     base = {"impl": "mma", "splits": 4, "tile": 32, "buckets": "a", "scale": 1.0}
     got = {(name, value): cfg for name, value, cfg in moves(res, base)}
     # pow2 steps to its neighbours, a categorical to every other value, a float not at all
-    assert set(got) == {("impl", "torch"), ("splits", 2), ("splits", 8), ("tile", 16), ("tile", 64),
-                        ("buckets", "b"), ("buckets", "c"), ("buckets", "d"), ("buckets", "e")}
+    assert set(got) == {
+        ("impl", "torch"),
+        ("splits", 2),
+        ("splits", 8),
+        ("tile", 16),
+        ("tile", 64),
+        ("buckets", "b"),
+        ("buckets", "c"),
+        ("buckets", "d"),
+        ("buckets", "e"),
+    }
     assert got[("impl", "torch")] == {"impl": "torch", "tile": 32, "buckets": "a", "scale": 1.0}  # child dropped
     assert all(_diff(cfg, base) == {name} for (name, _), cfg in got.items() if name != "impl")
     up = {(n, v): c for n, v, c in moves(res, {"impl": "torch", "tile": 16, "buckets": "a", "scale": 1.0})}
@@ -77,23 +86,39 @@ def _ctx(tmp_path, trials, refuse=(), step_spread=None):
     for i, (params, outcome, value) in enumerate(trials):
         full = res.walk(lambda p: params.get(p.name, p.default))
         repo.start_trial(run.id, i, full)
-        rows = [MetricRow(m, "c=1", v, "ms") for m, v in (("step_ms", 10.0), ("step_spread_ms", 10.0 * step_spread))
-                ] if step_spread is not None and outcome == "ok" else []
+        rows = (
+            [MetricRow(m, "c=1", v, "ms") for m, v in (("step_ms", 10.0), ("step_spread_ms", 10.0 * step_spread))]
+            if step_spread is not None and outcome == "ok"
+            else []
+        )
         if outcome is not None:
             repo.finish_trial(run.id, i, outcome=outcome, value=value, metrics=rows)
+
     def check(cfg):
-        return ("refused by a rule" if any(cfg.get(k) == v for k, v in refuse) else None)
+        return "refused by a rule" if any(cfg.get(k) == v for k, v in refuse) else None
+
     study = optuna.create_study(storage=f"sqlite:///{tmp_path / 'r.db'}", study_name="s", direction="maximize")
-    return SimpleNamespace(repo=repo, run=run, resolved=res, sampling_space=res, stored={}, direction="maximize", target=SimpleNamespace(check=check, canonical_params=lambda p: p),
-                           study=study, options=SimpleNamespace(refine_share=0.25))
+    return SimpleNamespace(
+        repo=repo,
+        run=run,
+        resolved=res,
+        sampling_space=res,
+        stored={},
+        direction="maximize",
+        target=SimpleNamespace(check=check, canonical_params=lambda p: p),
+        study=study,
+        options=SimpleNamespace(refine_share=0.25),
+    )
 
 
 def test_next_move_goes_from_the_best_every_parameter_first_most_promising_first(tmp_path):
-    trials = [({}, "ok", 10.0),
-              ({"tile": 64}, "ok", 30.0),  # the best: every move starts here
-              ({"tile": 16, "buckets": "e"}, "ok", 28.0),  # evidence for buckets=e (and a little for tile=16)
-              ({"tile": 64, "buckets": "b"}, None, None),  # a move already running: tried
-              ({"impl": "mma"}, "crash", None)]
+    trials = [
+        ({}, "ok", 10.0),
+        ({"tile": 64}, "ok", 30.0),  # the best: every move starts here
+        ({"tile": 16, "buckets": "e"}, "ok", 28.0),  # evidence for buckets=e (and a little for tile=16)
+        ({"tile": 64, "buckets": "b"}, None, None),  # a move already running: tried
+        ({"impl": "mma"}, "crash", None),
+    ]
     ctx = _ctx(tmp_path, trials, refuse=[("impl", "mma")])
     best = ctx.repo.get_trial(ctx.run.id, 1).params
     seen = []
@@ -129,9 +154,19 @@ def test_search_spends_its_last_share_on_moves_from_the_best(tmp_path, sqlite_ur
     text = FAKE_SPACE.replace("values: [ok, crash, hang, oom, raise]", "values: [ok]")
     space = tmp_path / "space.yaml"
     space.write_text(text)
-    opts = SearchOptions(budget_s=120, storage_url=sqlite_url, study="s", space_path=str(space), seed=1,
-                         out_dir=str(tmp_path / "out"), hardware=Hardware(), trial_timeout_s=5.0, confirm_top=0,
-                         n_trials=10, refine_share=0.4)
+    opts = SearchOptions(
+        budget_s=120,
+        storage_url=sqlite_url,
+        study="s",
+        space_path=str(space),
+        seed=1,
+        out_dir=str(tmp_path / "out"),
+        hardware=Hardware(),
+        trial_timeout_s=5.0,
+        confirm_top=0,
+        n_trials=10,
+        refine_share=0.4,
+    )
     res = run_search(opts)
     study = optuna.load_study(study_name="s", storage=sqlite_url)
     numbers = [t.number for t in study.trials if REFINE_ATTR in t.user_attrs]
@@ -153,9 +188,19 @@ def test_search_spends_its_last_share_on_moves_from_the_best(tmp_path, sqlite_ur
 def test_no_refinement_when_its_share_is_zero(tmp_path, sqlite_url):
     space = tmp_path / "space.yaml"
     space.write_text(FAKE_SPACE.replace("values: [ok, crash, hang, oom, raise]", "values: [ok]"))
-    opts = SearchOptions(budget_s=120, storage_url=sqlite_url, study="s", space_path=str(space), seed=1,
-                         out_dir=str(tmp_path / "out"), hardware=Hardware(), trial_timeout_s=5.0, confirm_top=0,
-                         n_trials=6, refine_share=0.0)
+    opts = SearchOptions(
+        budget_s=120,
+        storage_url=sqlite_url,
+        study="s",
+        space_path=str(space),
+        seed=1,
+        out_dir=str(tmp_path / "out"),
+        hardware=Hardware(),
+        trial_timeout_s=5.0,
+        confirm_top=0,
+        n_trials=6,
+        refine_share=0.0,
+    )
     run_search(opts)
     study = optuna.load_study(study_name="s", storage=sqlite_url)
     assert not any(REFINE_ATTR in t.user_attrs for t in study.trials)
@@ -172,16 +217,26 @@ def test_a_parameter_that_already_had_moves_waits_its_round():
 def test_a_configuration_proposed_again_is_followed_by_a_move_from_the_best(tmp_path, sqlite_url):
     space = tmp_path / "space.yaml"  # 8 configurations in all: TPE repeats itself well before 14 trials
     space.write_text(FAKE_SPACE.replace("values: [ok, crash, hang, oom, raise]", "values: [ok]"))
-    opts = SearchOptions(budget_s=120, storage_url=sqlite_url, study="s", space_path=str(space), seed=1,
-                         out_dir=str(tmp_path / "out"), hardware=Hardware(), trial_timeout_s=5.0, confirm_top=0,
-                         n_trials=14, refine_share=0.01)  # the window: only the last trial
+    opts = SearchOptions(
+        budget_s=120,
+        storage_url=sqlite_url,
+        study="s",
+        space_path=str(space),
+        seed=1,
+        out_dir=str(tmp_path / "out"),
+        hardware=Hardware(),
+        trial_timeout_s=5.0,
+        confirm_top=0,
+        n_trials=14,
+        refine_share=0.01,
+    )  # the window: only the last trial
     res = run_search(opts)
     study = optuna.load_study(study_name="s", storage=sqlite_url)
     assert not study.get_trials(states=(optuna.trial.TrialState.WAITING,))  # no move left queued for a later ask
     repeats = [t.number for t in res.trials if "not run again" in t.reason]
     assert repeats, "the test needs TPE to repeat itself"
     for n in repeats:
-        run_before = {params_key(t.params) for t in res.trials[:n + 1]}
+        run_before = {params_key(t.params) for t in res.trials[: n + 1]}
         if n + 1 < len(res.trials) and len(run_before) < 8:
             assert REFINE_ATTR in study.trials[n + 1].user_attrs, n
             assert "not run again" not in res.trials[n + 1].reason
@@ -193,14 +248,17 @@ def _block_warps_space():
     from search_spaces.loader import load_space_text
     from search_spaces.resolve import resolve
 
-    return resolve(load_space_text("""
+    return resolve(
+        load_space_text("""
 name: t
 target: kernels
 objective: {metric: time_us, direction: minimize, combine: level, levels: [1], level: 1}
 params:
   BLOCK: {type: categorical, values: [16, 32, 64], default: 32}
   warps: {type: categorical, values: [2, 4, 8], default: 4}
-"""), Hardware())
+"""),
+        Hardware(),
+    )
 
 
 def test_choose_move_reads_plain_records_and_honours_check_and_asked():
@@ -212,10 +270,12 @@ def test_choose_move_reads_plain_records_and_honours_check_and_asked():
     from tuner.search.sampling import params_key
 
     resolved = _block_warps_space()
-    recs = [R(number=0, params={"BLOCK": 32, "warps": 4}, outcome="ok", value=10.0, repeat_of=None),
-            R(number=1, params={"BLOCK": 64, "warps": 4}, outcome="ok", value=8.0, repeat_of=None),
-            R(number=2, params={"BLOCK": 16, "warps": 2}, outcome="ok", value=1.0, repeat_of=0),
-            R(number=3, params={"BLOCK": 16, "warps": 8}, outcome="failed", value=None, repeat_of=None)]
+    recs = [
+        R(number=0, params={"BLOCK": 32, "warps": 4}, outcome="ok", value=10.0, repeat_of=None),
+        R(number=1, params={"BLOCK": 64, "warps": 4}, outcome="ok", value=8.0, repeat_of=None),
+        R(number=2, params={"BLOCK": 16, "warps": 2}, outcome="ok", value=1.0, repeat_of=0),
+        R(number=3, params={"BLOCK": 16, "warps": 8}, outcome="failed", value=None, repeat_of=None),
+    ]
     m = choose_move(resolved, recs, "minimize", lambda c: None)
     assert m.origin == 1 and {**m.params} != {"BLOCK": 64, "warps": 4}
     assert sum(m.params[k] != v for k, v in {"BLOCK": 64, "warps": 4}.items()) == 1
@@ -240,9 +300,11 @@ def test_no_move_goes_to_a_configuration_that_runs_the_same_thing_as_a_tried_one
     def canonical(p):
         return {**p, "warps": 4} if p["BLOCK"] == 64 else p
 
-    recs = [R(number=0, params={"BLOCK": 32, "warps": 4}, outcome="ok", value=10.0, repeat_of=None),
-            R(number=1, params={"BLOCK": 64, "warps": 4}, outcome="ok", value=8.0, repeat_of=None),
-            R(number=2, params={"BLOCK": 16, "warps": 2}, outcome="ok", value=20.0, repeat_of=None)]
+    recs = [
+        R(number=0, params={"BLOCK": 32, "warps": 4}, outcome="ok", value=10.0, repeat_of=None),
+        R(number=1, params={"BLOCK": 64, "warps": 4}, outcome="ok", value=8.0, repeat_of=None),
+        R(number=2, params={"BLOCK": 16, "warps": 2}, outcome="ok", value=20.0, repeat_of=None),
+    ]
     plain = choose_move(resolved, recs, "minimize", lambda c: None)
     assert plain.origin == 1 and plain.param == "warps"  # warps 2 and 8 score as untried: the plain chooser goes there
     same = choose_move(resolved, recs, "minimize", lambda c: None, canonical=canonical)
@@ -253,9 +315,11 @@ def test_undo_moves_come_first_each_change_of_the_best_back_to_its_default(tmp_p
     """On an H200 the best was beaten 1.15-1.30x by undoing five of its own changes, and the refinement never moved
     back toward a default. Here the trials favour buckets=c and tile=16, yet the first moves from the best undo its
     changes one at a time (impl, tile, buckets back to their defaults), before any other move."""
-    trials = [({}, "ok", 10.0),
-              ({"impl": "mma", "splits": 4, "tile": 64, "buckets": "e"}, "ok", 30.0),  # the best: 3 changes + a child
-              ({"tile": 16, "buckets": "c"}, "ok", 28.0)]  # evidence for buckets=c and tile=16
+    trials = [
+        ({}, "ok", 10.0),
+        ({"impl": "mma", "splits": 4, "tile": 64, "buckets": "e"}, "ok", 30.0),  # the best: 3 changes + a child
+        ({"tile": 16, "buckets": "c"}, "ok", 28.0),
+    ]  # evidence for buckets=c and tile=16
     ctx = _ctx(tmp_path, trials)
     best = ctx.repo.get_trial(ctx.run.id, 1).params
     defaults = ctx.resolved.defaults()
@@ -277,9 +341,7 @@ def test_undo_moves_come_first_each_change_of_the_best_back_to_its_default(tmp_p
 def test_a_move_that_ties_within_the_noise_with_fewer_changes_is_kept_as_the_origin(tmp_path):
     """A configuration 1.7% below the best, inside the best's measured 3% step noise, with one change where the
     best has three: the moves go on from it (it is kept), not from the best."""
-    trials = [({}, "ok", 10.0),
-              ({"impl": "mma", "tile": 64, "buckets": "e"}, "ok", 30.0),
-              ({"tile": 64}, "ok", 29.5)]
+    trials = [({}, "ok", 10.0), ({"impl": "mma", "tile": 64, "buckets": "e"}, "ok", 30.0), ({"tile": 64}, "ok", 29.5)]
     ctx = _ctx(tmp_path, trials, step_spread=0.03)
     assert next_move(ctx).origin == 2
     (tmp_path / "b").mkdir()

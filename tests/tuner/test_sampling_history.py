@@ -7,8 +7,7 @@ import pytest
 from search_spaces import Hardware, load_space, resolve
 from tuner.search.sampling import BoundedTPESampler, make_sampler, set_constraints, suggest
 
-H200 = Hardware(gpu_name="NVIDIA H200", gpu_count=1, compute_capability=(9, 0), has_triton=True,
-                has_torch_compile=True)
+H200 = Hardware(gpu_name="NVIDIA H200", gpu_count=1, compute_capability=(9, 0), has_triton=True, has_torch_compile=True)
 
 
 def _value(p, i):
@@ -29,8 +28,9 @@ def _fill(study, resolved, n, start=0):
 def test_under_the_cap_the_bounded_sampler_proposes_what_optunas_tpe_proposes():
     resolved = resolve(load_space("dsv4_flash"), H200)
     ours = optuna.create_study(direction="maximize", sampler=make_sampler(resolved, 3, parallel=True))
-    kw = dict(seed=3, multivariate=True, group=True, constant_liar=True,
-              n_startup_trials=ours.sampler._n_startup_trials)
+    kw = dict(
+        seed=3, multivariate=True, group=True, constant_liar=True, n_startup_trials=ours.sampler._n_startup_trials
+    )
     theirs = optuna.create_study(direction="maximize", sampler=optuna.samplers.TPESampler(**kw))
     assert isinstance(ours.sampler, BoundedTPESampler)
     assert _fill(ours, resolved, 40) == _fill(theirs, resolved, 40)
@@ -38,8 +38,9 @@ def test_under_the_cap_the_bounded_sampler_proposes_what_optunas_tpe_proposes():
 
 def test_past_the_cap_the_sampler_sees_the_best_and_the_most_recent_only():
     resolved = resolve(load_space("dsv4_flash"), H200)
-    sampler = BoundedTPESampler(seed=0, multivariate=True, group=True, constant_liar=True, history_cap=60,
-                                history_best=10)
+    sampler = BoundedTPESampler(
+        seed=0, multivariate=True, group=True, constant_liar=True, history_cap=60, history_best=10
+    )
     study = optuna.create_study(direction="maximize", sampler=sampler)
     _fill(study, resolved, 150)
     running = study.ask()
@@ -47,8 +48,9 @@ def test_past_the_cap_the_sampler_sees_the_best_and_the_most_recent_only():
     view = sampler.bounded(study, [t for t in trials if t.state != optuna.trial.TrialState.FAIL])
     finished = [t for t in view if t.state == optuna.trial.TrialState.COMPLETE]
     assert len(finished) == 60 and running.number in {t.number for t in view}
-    feasible = [t for t in trials if t.state == optuna.trial.TrialState.COMPLETE
-                and all(v <= 0 for v in t.constraints.values())]
+    feasible = [
+        t for t in trials if t.state == optuna.trial.TrialState.COMPLETE and all(v <= 0 for v in t.constraints.values())
+    ]
     best10 = sorted(feasible, key=lambda t: -t.value)[:10]
     assert {t.number for t in best10} <= {t.number for t in finished}
     recent = sorted(t.number for t in trials if t.state == optuna.trial.TrialState.COMPLETE)[-40:]

@@ -22,18 +22,33 @@ def _space(tmp_path, text=FAKE_SPACE, name="space.yaml"):
 
 
 def _opts(tmp_path, url, **kw):
-    base = dict(budget_s=120, storage_url=url, study="s", space_path=_space(tmp_path, name="default.yaml"), out_dir=str(tmp_path / "out"),
-                seed=1, hardware=CPU, trial_timeout_s=3.0, confirm_top=0)
+    base = dict(
+        budget_s=120,
+        storage_url=url,
+        study="s",
+        space_path=_space(tmp_path, name="default.yaml"),
+        out_dir=str(tmp_path / "out"),
+        seed=1,
+        hardware=CPU,
+        trial_timeout_s=3.0,
+        confirm_top=0,
+    )
     base.update(kw)
     return SearchOptions(**base)
 
 
 def test_baseline_first_then_search_finds_better(tmp_path, sqlite_url):
-    res = run_search(_opts(tmp_path, sqlite_url, n_trials=14, space_path=_space(
-        tmp_path, FAKE_SPACE.replace("values: [ok, crash, hang, oom, raise]", "values: [ok]"))))
+    res = run_search(
+        _opts(
+            tmp_path,
+            sqlite_url,
+            n_trials=14,
+            space_path=_space(tmp_path, FAKE_SPACE.replace("values: [ok, crash, hang, oom, raise]", "values: [ok]")),
+        )
+    )
     assert res.trials[0].is_baseline and res.trials[0].params == {"mode": "ok", "x": 0}
     # the fake at x=0 gives 10 tok/s at c=1 and 20 at c=4: geomean sqrt(200)
-    assert res.baseline_value == pytest.approx(200 ** 0.5, rel=1e-9)
+    assert res.baseline_value == pytest.approx(200**0.5, rel=1e-9)
     assert res.best_value > res.baseline_value  # x > 0 is better by construction
     assert res.speedup > 1.0
     repo = Repo(sqlite_url)
@@ -42,20 +57,24 @@ def test_baseline_first_then_search_finds_better(tmp_path, sqlite_url):
     recs = repo.list_trials(run.id, with_measurements=True)
     assert len(recs) == 14
     assert {m.level for m in recs[0].measurements if m.metric not in ("trial_time_s", "worker_trial")} == {"c=1", "c=4"}
-    assert {m.level for m in recs[0].measurements if m.metric == "trial_time_s"} == {"spawn"}  # the child stores its start
+    assert {m.level for m in recs[0].measurements if m.metric == "trial_time_s"} == {
+        "spawn"
+    }  # the child stores its start
     study = optuna.load_study(study_name="s", storage=sqlite_url)
     assert len(study.trials) == 14
     assert (tmp_path / "out" / "s" / "launch.sh").exists()
 
 
-@pytest.mark.parametrize("mode,outcome,reason_part", [
-    ("crash", "crash", "SIGSEGV"),
-    ("hang", "timeout", "deadline"),
-    ("oom", "oom", "out of memory"),
-    ("raise", "crash", "ZeroDivisionError"),
-])
-def test_a_failed_baseline_is_stored_classified_and_ends_the_search(tmp_path, sqlite_url, mode, outcome,
-                                                                    reason_part):
+@pytest.mark.parametrize(
+    "mode,outcome,reason_part",
+    [
+        ("crash", "crash", "SIGSEGV"),
+        ("hang", "timeout", "deadline"),
+        ("oom", "oom", "out of memory"),
+        ("raise", "crash", "ZeroDivisionError"),
+    ],
+)
+def test_a_failed_baseline_is_stored_classified_and_ends_the_search(tmp_path, sqlite_url, mode, outcome, reason_part):
     """A failed trial is data (its outcome class and reason stored, told to Optuna as infeasible); when it is the
     baseline, nothing can be compared, so the search stops at once and says why (it ran 12 doomed launches before)."""
     space = _space(tmp_path, FAKE_SPACE.replace("default: ok", f"default: {mode}"))
@@ -78,20 +97,25 @@ def test_a_failed_baseline_is_stored_classified_and_ends_the_search(tmp_path, sq
 
 
 def test_a_failed_trial_after_the_baseline_is_data_and_the_search_goes_on(tmp_path, sqlite_url):
-    space = _space(tmp_path, FAKE_SPACE.replace("settings: {sleep_s: 0.0}",
-                                                "settings: {sleep_s: 0.0, fail_fast_after: 0}"))
+    space = _space(
+        tmp_path, FAKE_SPACE.replace("settings: {sleep_s: 0.0}", "settings: {sleep_s: 0.0, fail_fast_after: 0}")
+    )
     res = run_search(_opts(tmp_path, sqlite_url, n_trials=12, space_path=space, trial_timeout_s=2.0))
     outcomes = [t.outcome for t in res.trials]
     assert outcomes[0] == "ok" and len(res.trials) == 12 and res.state == "finished"
     first_failure = next(i for i, o in enumerate(outcomes) if o not in ("ok", "pruned"))
-    assert "ok" in outcomes[first_failure + 1:]  # it went on, and later trials succeeded
+    assert "ok" in outcomes[first_failure + 1 :]  # it went on, and later trials succeeded
 
 
 def test_a_run_of_identical_failures_ends_the_search_naming_the_reason(tmp_path, sqlite_url):
     """Every configuration but the defaults crashes the same way (a broken environment): after
     ``fail_fast_after`` such trials in a row the search stops, naming that failure, instead of using its budget."""
-    space = _space(tmp_path, FAKE_SPACE.replace("values: [ok, crash, hang, oom, raise]", "values: [ok]").replace(
-        "settings: {sleep_s: 0.0}", "settings: {sleep_s: 0.0, crash_unless_x: 0, fail_fast_after: 3}"))
+    space = _space(
+        tmp_path,
+        FAKE_SPACE.replace("values: [ok, crash, hang, oom, raise]", "values: [ok]").replace(
+            "settings: {sleep_s: 0.0}", "settings: {sleep_s: 0.0, crash_unless_x: 0, fail_fast_after: 3}"
+        ),
+    )
     res = run_search(_opts(tmp_path, sqlite_url, n_trials=20, space_path=space, trial_timeout_s=5.0))
     ran = [t for t in res.trials if t.repeat_of is None]
     assert ran[0].outcome == "ok" and [t.outcome for t in ran[-3:]] == ["crash"] * 3
@@ -114,8 +138,12 @@ def test_fail_fast_counts_only_trials_that_ran_and_failed_alike():
     for n, reason in enumerate(["OSError: a", "ValueError: b", "OSError: a"]):
         assert ff.observe(TrialSummary(n, {}, "crash", None, reason)) is None  # different failures: no run
     assert FailFast(0).observe(TrialSummary(9, {}, "timeout", None, "slow")) is None
-    assert FailFast(3).observe(TrialSummary(0, {}, "timeout", None, "stopped at the search's deadline after 3s",
-                                            is_baseline=True)) is None  # the search's own cut says nothing
+    assert (
+        FailFast(3).observe(
+            TrialSummary(0, {}, "timeout", None, "stopped at the search's deadline after 3s", is_baseline=True)
+        )
+        is None
+    )  # the search's own cut says nothing
 
 
 def test_search_ends_by_the_deadline_and_times_out_the_running_trial(tmp_path, sqlite_url):
@@ -143,8 +171,12 @@ def test_second_search_on_same_study_needs_resume(tmp_path, sqlite_url):
 
 
 def test_repeated_configuration_is_not_run_again(tmp_path, sqlite_url):
-    space = _space(tmp_path, FAKE_SPACE.replace("values: [0, 1, 2, 3, 4, 5, 6, 7]", "values: [0, 1]")
-                   .replace("values: [ok, crash, hang, oom, raise]", "values: [ok]"))
+    space = _space(
+        tmp_path,
+        FAKE_SPACE.replace("values: [0, 1, 2, 3, 4, 5, 6, 7]", "values: [0, 1]").replace(
+            "values: [ok, crash, hang, oom, raise]", "values: [ok]"
+        ),
+    )
     res = run_search(_opts(tmp_path, sqlite_url, n_trials=8, space_path=space))
     repeats = [t for t in res.trials if "not run again" in t.reason]
     assert repeats, "a 2-point space sampled 8 times must repeat"
@@ -210,8 +242,14 @@ def test_a_single_lucky_timing_never_beats_a_confirmed_median():
     def pick_best(ctx):
         return _pick(ctx)
 
-    trials = [_summary(0, 1, 100.0), _summary(1, 2, 130.0), _summary(2, 3, 120.0), _summary(3, 4, 118.0),
-              _summary(4, 2, 100.0), _summary(5, 3, 108.0)]  # 2 and 3 re-run lower; 4 was timed once
+    trials = [
+        _summary(0, 1, 100.0),
+        _summary(1, 2, 130.0),
+        _summary(2, 3, 120.0),
+        _summary(3, 4, 118.0),
+        _summary(4, 2, 100.0),
+        _summary(5, 3, 108.0),
+    ]  # 2 and 3 re-run lower; 4 was timed once
     ctx = SimpleNamespace(trials=trials, direction="maximize", better=lambda a, b: a > b, key_of=params_key)
     assert unconfirmed_leader(ctx).params == {"x": 4}
     assert pick_best(ctx).params == {"x": 2} and pick_best(ctx).median == 115.0  # median of 130 and 100
@@ -221,8 +259,12 @@ def test_a_single_lucky_timing_never_beats_a_confirmed_median():
     ctx.trials = trials[:4]
     assert unconfirmed_leader(ctx) is None and pick_best(ctx).params == {"x": 2}
     # minimized objectives the same way round
-    low = SimpleNamespace(trials=[_summary(0, 1, 10.0), _summary(1, 1, 12.0), _summary(2, 2, 9.0)],
-                          direction="minimize", better=lambda a, b: a < b, key_of=params_key)
+    low = SimpleNamespace(
+        trials=[_summary(0, 1, 10.0), _summary(1, 1, 12.0), _summary(2, 2, 9.0)],
+        direction="minimize",
+        better=lambda a, b: a < b,
+        key_of=params_key,
+    )
     assert unconfirmed_leader(low).params == {"x": 2} and pick_best(low).params == {"x": 1}
 
 
@@ -237,10 +279,19 @@ def test_confirmation_re_runs_the_new_leader(monkeypatch):
     trials = [_summary(0, 1, 100.0), _summary(1, 2, 130.0), _summary(2, 3, 120.0), _summary(3, 4, 118.0)]
     queued = []
     study = SimpleNamespace(enqueue_trial=lambda params, user_attrs: queued.append(params), ask=lambda: None)
-    ctx = SimpleNamespace(trials=trials, direction="maximize", better=lambda a, b: a > b, study=study, key_of=params_key,
-                          options=SimpleNamespace(confirm_top=2, n_trials=None), stop=SimpleNamespace(is_set=lambda: False),
-                          deadline=SimpleNamespace(remaining_for_trials=lambda: 1e9), resolved=None, baseline=None,
-                          target=SimpleNamespace(config=SimpleNamespace(noise_tolerance=0.10)))
+    ctx = SimpleNamespace(
+        trials=trials,
+        direction="maximize",
+        better=lambda a, b: a > b,
+        study=study,
+        key_of=params_key,
+        options=SimpleNamespace(confirm_top=2, n_trials=None),
+        stop=SimpleNamespace(is_set=lambda: False),
+        deadline=SimpleNamespace(remaining_for_trials=lambda: 1e9),
+        resolved=None,
+        baseline=None,
+        target=SimpleNamespace(config=SimpleNamespace(noise_tolerance=0.10)),
+    )
     monkeypatch.setattr(search, "suggestable", lambda resolved, params: dict(params))
 
     def run_one(ctx_, trial, progress):

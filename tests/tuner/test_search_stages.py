@@ -44,8 +44,18 @@ class Lines(Progress):
 def _opts(tmp_path, url, text, **kw):
     p = tmp_path / "space.yaml"
     p.write_text(text)
-    base = dict(budget_s=240, storage_url=url, study="s", space_path=str(p), out_dir=str(tmp_path / "out"),
-                seed=1, hardware=CPU, trial_timeout_s=20.0, confirm_top=0, refine_share=0.0)
+    base = dict(
+        budget_s=240,
+        storage_url=url,
+        study="s",
+        space_path=str(p),
+        out_dir=str(tmp_path / "out"),
+        seed=1,
+        hardware=CPU,
+        trial_timeout_s=20.0,
+        confirm_top=0,
+        refine_share=0.0,
+    )
     base.update(kw)
     return SearchOptions(**base)
 
@@ -123,7 +133,8 @@ def _write(tmp_path, text):
 # -- whole searches ------------------------------------------------------------------------------------------
 def test_a_search_that_mapped_its_space_ends_early_with_the_export_and_the_budget_it_left(tmp_path, sqlite_url):
     small = FAKE_SPACE.replace("values: [ok, crash, hang, oom, raise]", "values: [ok]").replace(
-        "values: [0, 1, 2, 3, 4, 5, 6, 7]", "values: [0, 1, 2]")
+        "values: [0, 1, 2, 3, 4, 5, 6, 7]", "values: [0, 1, 2]"
+    )
     progress = Lines()
     res = run_search(_opts(tmp_path, sqlite_url, small, converge_after=4), progress)
     assert res.state == "finished"
@@ -166,7 +177,8 @@ def _store(repo, run, number, params, value):
 
 @pytest.mark.parametrize("projected_value,expect_command_stage", [(None, True), (12.0, True), (25.0, False)])
 def test_this_command_is_the_command_stages_best_when_it_measured_better_than_the_bests_values_as_a_command(
-        sqlite_url, projected_value, expect_command_stage):
+    sqlite_url, projected_value, expect_command_stage
+):
     from spaces import tiny_workload_run
 
     from tuner.targets.workload.deploy import command_config, command_stage_best

@@ -21,16 +21,34 @@ TARGET = "sglang.kernels.ops.attention.dsv4.norm_rope.fused_q_norm_rope"
 
 
 def record(batch, ours, theirs, *, rel_err=3e-3, baseline="sglang", date="2026-12-03T05:00", norm=True):
-    return SideBySide(target=TARGET, batch=batch, shape={"heads": 64, "head_dim": 512, "rope_dim": 64, "norm": norm},
-                      dtypes={"dtype": "bfloat16", "out_dtype": "bfloat16"}, ours_us=ours, sglang_us=theirs,
-                      rel_err=rel_err, gpu="NVIDIA H200", arch="sm_90", date=date, commit="abc123", sglang="0.5.23",
-                      baseline=baseline, config={"BLOCK_H": 2, "num_warps": 4}, source="h200.json")
+    return SideBySide(
+        target=TARGET,
+        batch=batch,
+        shape={"heads": 64, "head_dim": 512, "rope_dim": 64, "norm": norm},
+        dtypes={"dtype": "bfloat16", "out_dtype": "bfloat16"},
+        ours_us=ours,
+        sglang_us=theirs,
+        rel_err=rel_err,
+        gpu="NVIDIA H200",
+        arch="sm_90",
+        date=date,
+        commit="abc123",
+        sglang="0.5.23",
+        baseline=baseline,
+        config={"BLOCK_H": 2, "num_warps": 4},
+        source="h200.json",
+    )
 
 
 def test_only_faster_buckets_within_tolerance_beside_sglangs_own_kernel_ship():
-    recs = [record(1, 4.0, 5.0), record(16, 6.0, 5.5), record(64, 7.0, 9.0),
-            record(1, 3.0, 5.0, baseline="torch", norm=False), record(16, 3.0, 5.0, rel_err=0.5, norm=False),
-            record(64, 9.0, 9.0, date="2026-12-01T00:00")]
+    recs = [
+        record(1, 4.0, 5.0),
+        record(16, 6.0, 5.5),
+        record(64, 7.0, 9.0),
+        record(1, 3.0, 5.0, baseline="torch", norm=False),
+        record(16, 3.0, 5.0, rel_err=0.5, norm=False),
+        record(64, 9.0, 9.0, date="2026-12-01T00:00"),
+    ]
     c = choose(recs)
     assert sorted(r.batch for r in c.shipped) == [1, 64]
     why = {(r.batch, r.shape["norm"], r.date[:10]): w for r, w in c.left_out}
@@ -48,11 +66,15 @@ def _workload_study(tmp_path, records):
 
     repo, run, space = tiny_workload_run(f"sqlite:///{tmp_path / 't.db'}", "twin-pl", budget_s=60)
     for n, value in ((0, 10.0), (1, 12.0)):
-        repo.start_trial(run.id, n, {**space.defaults(), **({"context_length": 4096} if n else {})},
-                         is_baseline=n == 0)
-        repo.finish_trial(run.id, n, outcome="ok", value=value,
-                          metrics=[MetricRow("tok_s", f"c={c}", value * c, "tok/s") for c in (1, 16, 64)],
-                          duration_s=1.0)
+        repo.start_trial(run.id, n, {**space.defaults(), **({"context_length": 4096} if n else {})}, is_baseline=n == 0)
+        repo.finish_trial(
+            run.id,
+            n,
+            outcome="ok",
+            value=value,
+            metrics=[MetricRow("tok_s", f"c={c}", value * c, "tok/s") for c in (1, 16, 64)],
+            duration_s=1.0,
+        )
     repo.set_baseline(run.id, 10.0)
     repo.set_best(run.id, 1, 12.0)
     if records:
@@ -80,8 +102,10 @@ def test_without_a_side_by_side_record_no_plugin_is_written_and_launch_sh_says_w
 def test_with_only_slower_records_no_plugin_is_written_and_launch_sh_counts_them(tmp_path):
     _, dest = _export(tmp_path, [record(16, 6.0, 5.5)])
     assert not (dest / "sglang_plugin").exists()
-    assert "SGLang plug-in: none; no kernel measured beside SGLang's own was faster within tolerance (1 record(s) " \
-           "left out: not faster)" in (dest / "launch.sh").read_text()
+    assert (
+        "SGLang plug-in: none; no kernel measured beside SGLang's own was faster within tolerance (1 record(s) "
+        "left out: not faster)" in (dest / "launch.sh").read_text()
+    )
 
 
 def test_the_plugin_ships_the_faster_buckets_with_their_figures_and_stored_records(tmp_path):
@@ -98,7 +122,9 @@ def test_the_plugin_ships_the_faster_buckets_with_their_figures_and_stored_recor
     pkg = dest / "sglang_plugin" / "tuner_sglang_plugin"
     assert (pkg / "kernels" / "sglang_q_norm_rope.py").is_file()
     assert json.loads((pkg / "configs" / "q_norm_rope.json").read_text())[buckets[0]["config"]] == {
-        "BLOCK_H": 2, "num_warps": 4}
+        "BLOCK_H": 2,
+        "num_warps": 4,
+    }
     pyproject = (dest / "sglang_plugin" / "pyproject.toml").read_text()
     assert f'name = "{DIST}"' in pyproject and '[project.entry-points."sglang.srt.plugins"]' in pyproject
     assert f'version = "{man["version"]}"' in pyproject and "+twin.pl.g" in man["version"]
@@ -127,8 +153,12 @@ def _venv(tmp_path) -> Path:
     root = tmp_path / "venv"
     venv.EnvBuilder(system_site_packages=True).create(root)  # pip and setuptools: the shared ones
     py = root / "bin" / "python"
-    purelib = subprocess.run([py, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
-                             capture_output=True, text=True, check=True).stdout.strip()
+    purelib = subprocess.run(
+        [py, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.strip()
     Path(purelib, "_outer_site.pth").write_text("\n".join(site.getsitepackages()) + "\n")
     return py
 
@@ -139,8 +169,14 @@ def _pip(py, *args):
 
 
 def _run(py, *targets, env=None):
-    return subprocess.run([py, "-c", CHECK, *targets], capture_output=True, text=True, timeout=300,
-                          env={**os.environ, **(env or {})}, cwd="/")
+    return subprocess.run(
+        [py, "-c", CHECK, *targets],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**os.environ, **(env or {})},
+        cwd="/",
+    )
 
 
 @pytest.mark.slow
@@ -161,7 +197,10 @@ def test_the_plugin_installs_sglang_loads_it_and_a_renamed_target_gives_one_line
     assert not re.search(r"^\w+ tuner_sglang_plugin:", off.stdout + off.stderr, re.M), off.stdout  # its logger
     # a target renamed in another release: one warning line naming it and the release, no traceback
     renamed = TARGET + "_v2"
-    for f in (dest / "sglang_plugin" / "MANIFEST.json", dest / "sglang_plugin" / "tuner_sglang_plugin" / "MANIFEST.json"):
+    for f in (
+        dest / "sglang_plugin" / "MANIFEST.json",
+        dest / "sglang_plugin" / "tuner_sglang_plugin" / "MANIFEST.json",
+    ):
         f.write_text(f.read_text().replace(f'"{TARGET}"', f'"{renamed}"'))
     _pip(py, "install", "--no-deps", "--no-build-isolation", "--force-reinstall", str(dest / "sglang_plugin"))
     bad = _run(py, TARGET)
@@ -171,7 +210,15 @@ def test_the_plugin_installs_sglang_loads_it_and_a_renamed_target_gives_one_line
     assert "Traceback" not in bad.stdout + bad.stderr
     # reversible: pip uninstall removes the entry point
     _pip(py, "uninstall", "-y", DIST)
-    eps = subprocess.run([py, "-c", "from importlib.metadata import entry_points; "
-                          "print([e.name for e in entry_points(group='sglang.srt.plugins')])"],
-                         capture_output=True, text=True, check=True).stdout
+    eps = subprocess.run(
+        [
+            py,
+            "-c",
+            "from importlib.metadata import entry_points; "
+            "print([e.name for e in entry_points(group='sglang.srt.plugins')])",
+        ],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
     assert ENTRY not in eps

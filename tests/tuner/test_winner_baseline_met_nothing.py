@@ -30,8 +30,9 @@ def test_a_configuration_measured_once_beats_a_baseline_that_met_nothing_and_the
 
 
 def test_a_baseline_that_met_nothing_once_and_something_once_does_not_make_every_lead_noise():
-    d = decide([Measured("b", {"x": 0}, (0, 5, 7), (0.0, 3.0, 0.0), is_baseline=True), REPEATED, ONCE],
-               defaults={"x": 0})
+    d = decide(
+        [Measured("b", {"x": 0}, (0, 5, 7), (0.0, 3.0, 0.0), is_baseline=True), REPEATED, ONCE], defaults={"x": 0}
+    )
     assert d.best.params == {"x": 2}
 
 
@@ -41,9 +42,21 @@ def test_the_final_line_says_the_baseline_met_nothing_instead_of_a_ratio(monkeyp
     out = io.StringIO()
     monkeypatch.setattr(cli, "console", Console(file=out, width=200))
     best = TrialSummary(1, {"x": 1}, "ok", 30.0)
-    result = SearchResult("s", "sqlite://", "finished", [TrialSummary(0, {"x": 0}, "ok", 0.0, is_baseline=True),
-                                                          best], None, best, {"x": 1}, 30.0, 0.0, None,
-                          PreflightReport("fake"), 1.0, baseline_runs=[0])
+    result = SearchResult(
+        "s",
+        "sqlite://",
+        "finished",
+        [TrialSummary(0, {"x": 0}, "ok", 0.0, is_baseline=True), best],
+        None,
+        best,
+        {"x": 1},
+        30.0,
+        0.0,
+        None,
+        PreflightReport("fake"),
+        1.0,
+        baseline_runs=[0],
+    )
     cli._print_result(result)
     text = out.getvalue()
     assert "best: trial 1, 30.00 (one run); the baseline met nothing (median 0 over 1 run(s)): no ratio" in text

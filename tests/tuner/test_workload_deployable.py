@@ -9,19 +9,46 @@ from search_spaces import Hardware, load_space, resolve
 from tuner.targets.workload.deploy import for_installed_release
 from tuner.targets.workload.server_map import command_config, server_launch
 
-H200 = Hardware(gpu_name="NVIDIA H200", gpu_count=1, compute_capability=(9, 0), has_triton=True,
-                has_torch_compile=True, has_gluon=True, has_flash_mla=True, has_deep_gemm=True)
-BEST = {"context_length": 8192, "indexer_impl": "triton", "attention_impl": "wgmma", "kv_cache_dtype": "bf16",
-        "gemm_proj": "bf16", "gemm_indexer": "bf16", "gemm_moe": "bf16", "moe_impl": "triton", "gemm_mhc": "fp32",
-        "gemm_impl": "triton", "cuda_graph_buckets": "pow2:64", "glue": "compile"}
+H200 = Hardware(
+    gpu_name="NVIDIA H200",
+    gpu_count=1,
+    compute_capability=(9, 0),
+    has_triton=True,
+    has_torch_compile=True,
+    has_gluon=True,
+    has_flash_mla=True,
+    has_deep_gemm=True,
+)
+BEST = {
+    "context_length": 8192,
+    "indexer_impl": "triton",
+    "attention_impl": "wgmma",
+    "kv_cache_dtype": "bf16",
+    "gemm_proj": "bf16",
+    "gemm_indexer": "bf16",
+    "gemm_moe": "bf16",
+    "moe_impl": "triton",
+    "gemm_mhc": "fp32",
+    "gemm_impl": "triton",
+    "cuda_graph_buckets": "pow2:64",
+    "glue": "compile",
+}
 
 
 def test_declined_failing_and_code_change_values_are_credited_only_to_the_code_changes():
     space = load_space("dsv4_flash")
     cmd = command_config(space, BEST, "sm_90")
     changed = {c.param: c for c in cmd.changes}
-    assert set(changed) == {"indexer_impl", "attention_impl", "kv_cache_dtype", "gemm_proj", "gemm_indexer",
-                            "gemm_moe", "gemm_impl", "glue"}
+    assert set(changed) == {
+        "indexer_impl",
+        "attention_impl",
+        "kv_cache_dtype",
+        "gemm_proj",
+        "gemm_indexer",
+        "gemm_moe",
+        "gemm_impl",
+        "glue",
+    }
     assert changed["indexer_impl"].why.startswith("declined (except on gfx950)")
     assert changed["glue"].why.startswith("fails") and "decode_cuda_graph_runner.py:603" in changed["glue"].why
     assert cmd.params["attention_impl"] == "flashmla_kv" and cmd.params["kv_cache_dtype"] == "fp8_e4m3"
@@ -38,16 +65,20 @@ def test_a_knob_of_a_code_change_is_listed_under_it():
     best = {**BEST, "attention_impl": "mma", "sparse_num_splits": 4, "sparse_block_t": 32, "sparse_block_h": 16}
     lines = command_config(space, best, "sm_90").lines()
     i = next(i for i, ln in enumerate(lines) if ln.startswith("  attention_impl=mma"))
-    assert [ln.split(":")[0].strip() for ln in lines[i + 1:i + 4]] == [
-        "sparse_num_splits=4", "sparse_block_t=32", "sparse_block_h=16"]
+    assert [ln.split(":")[0].strip() for ln in lines[i + 1 : i + 4]] == [
+        "sparse_num_splits=4",
+        "sparse_block_t=32",
+        "sparse_block_h=16",
+    ]
 
 
 @pytest.mark.parametrize("name", ["dsv4_flash", "dsv4_flash_tiny"])
 def test_deployable_only_never_offers_a_value_the_command_cannot_set(name):
     space = load_space(name)
     full, only = resolve(space, H200), resolve(space, H200, deployable_only=True)
-    assert len(only.params) < len(full.params) or any(len(a.values) < len(b.values)
-                                                      for a, b in zip(only.params, full.params))
+    assert len(only.params) < len(full.params) or any(
+        len(a.values) < len(b.values) for a, b in zip(only.params, full.params)
+    )
     for p in only.params:
         for v in p.choices():
             assert p.server is None or p.server.blocker(v, H200.arch) is None, (p.name, v)
@@ -62,14 +93,22 @@ def test_deployable_only_never_offers_a_value_the_command_cannot_set(name):
 
 
 def test_the_flashmla_values_are_inactive_with_the_reason_without_sgl_flash_mla():
-    h100_no_wheel = Hardware(gpu_name="NVIDIA H100", gpu_count=1, compute_capability=(9, 0), has_triton=True,
-                             has_gluon=True, has_flash_mla=False)
+    h100_no_wheel = Hardware(
+        gpu_name="NVIDIA H100",
+        gpu_count=1,
+        compute_capability=(9, 0),
+        has_triton=True,
+        has_gluon=True,
+        has_flash_mla=False,
+    )
     r = resolve(load_space("dsv4_flash"), h100_no_wheel)
     reasons = {i.value: i.reason for i in r.inactive if i.param == "attention_impl"}
     assert set(reasons) == {"flashmla_kv", "flashmla_sparse"}
     assert all("sgl-flash-mla" in why for why in reasons.values())
-    assert "flashmla_kv" in next(p for p in resolve(load_space("dsv4_flash"), H200).params
-                                 if p.name == "attention_impl").values
+    assert (
+        "flashmla_kv"
+        in next(p for p in resolve(load_space("dsv4_flash"), H200).params if p.name == "attention_impl").values
+    )
 
 
 def test_the_installed_sglang_checks_the_commands_flags():
@@ -115,9 +154,28 @@ def test_a_workload_search_measures_the_command_beside_the_best_and_the_export_g
     import sys
 
     (tmp_path / "swap.yaml").write_text(SWAP_SPACE)
-    r = subprocess.run([sys.executable, "-m", "tuner", "search", "--budget", "240s", "--space", "swap.yaml",
-                        "--seed", "1", "--confirm-top", "1", "-o", "out"], cwd=tmp_path, capture_output=True,
-                       text=True, timeout=600)
+    r = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "tuner",
+            "search",
+            "--budget",
+            "240s",
+            "--space",
+            "swap.yaml",
+            "--seed",
+            "1",
+            "--confirm-top",
+            "1",
+            "-o",
+            "out",
+        ],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert r.returncode == 0, r.stderr[-3000:]
     dest = next((tmp_path / "out").iterdir())
     text = (dest / "launch.sh").read_text()
@@ -131,8 +189,13 @@ def test_a_workload_search_measures_the_command_beside_the_best_and_the_export_g
     assert len(credited) == 1 and credited[0] > code  # the best's value credited under the code changes only
     rec = json.loads(next(ln for ln in text.splitlines() if ln.startswith("# tuner-recorded: "))[18:])
     assert rec["remeasure_command"] == "remeasure_command.sh" and (dest / "remeasure_command.sh").is_file()
-    v = subprocess.run([sys.executable, "-m", "tuner", "verify", str(dest / "launch.sh"), "--tolerance", "0.95"],
-                       cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    v = subprocess.run(
+        [sys.executable, "-m", "tuner", "verify", str(dest / "launch.sh"), "--tolerance", "0.95"],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert "the exported command's configuration (remeasure_command.sh)" in v.stdout, v.stdout + v.stderr
     assert v.stdout.count("c=16:") == 2, v.stdout
     from tuner.explain import explain

@@ -13,8 +13,10 @@ import torch
 from tuner.targets.workload.gpu_ops import V4_BYTES, V4_PAGE, dequantize_v4, quantize_v4, store_v4, v4_page_bytes
 
 HOPPER = torch.cuda.is_available() and torch.cuda.get_device_capability() == (9, 0)
-needs_flashmla = pytest.mark.skipif(not (HOPPER and importlib.util.find_spec("flash_mla")),
-                                    reason="needs an sm_90 GPU and sgl-flash-mla (pip install 'tuner[flashmla]')")
+needs_flashmla = pytest.mark.skipif(
+    not (HOPPER and importlib.util.find_spec("flash_mla")),
+    reason="needs an sm_90 GPU and sgl-flash-mla (pip install 'tuner[flashmla]')",
+)
 FP8_TOL = 0.30  # the numerics gate's fp8 family tolerance (tuner/targets/workload/numerics.py)
 
 
@@ -46,7 +48,7 @@ def test_flashmla_agrees_with_the_twins_reference_within_the_fp8_tolerance(impl,
     pool = torch.randn(8192, 512, device="cuda", generator=g).to(torch.bfloat16)
     rows = torch.randint(0, 8192, (batch, 640), device="cuda", generator=g)
     rows[:, -40:] = -1  # masked tail, as a short request's selection
-    scale = 512 ** -0.5
+    scale = 512**-0.5
     fn = flashmla_attention(impl)
     if impl == "flashmla_kv":
         cache = quantize_v4(pool.float())
@@ -70,8 +72,10 @@ def test_the_decode_step_on_flashmla_agrees_with_the_torch_reference(impl, kv):
 
     preset = get_preset("dsv4-flash")  # FlashMLA takes d 512 and 64 or 128 heads: V4-Flash's own shape
     outs = {}
-    for name, knobs in (("ref", {"attention_impl": "torch", "kv_cache_dtype": "bf16"}),
-                        (impl, {"attention_impl": impl, "kv_cache_dtype": kv})):
+    for name, knobs in (
+        ("ref", {"attention_impl": "torch", "kv_cache_dtype": "bf16"}),
+        (impl, {"attention_impl": impl, "kv_cache_dtype": kv}),
+    ):
         m = DecodeModel(preset, {**knobs, "context_length": 8192}, device="cuda", seed=0)
         st = m.state(4, 512)
         outs[name] = m.step(st).float()
@@ -84,5 +88,6 @@ def test_flashmla_on_a_shape_it_cannot_take_is_a_one_line_knob_error():
     from tuner.targets.workload.presets import get_preset
 
     with pytest.raises(KnobError, match="attention_impl=flashmla_kv.*head dim 512"):
-        DecodeModel(get_preset("dsv4-flash-tiny"), {"attention_impl": "flashmla_kv", "kv_cache_dtype": "fp8_e4m3"},
-                    device="cpu")
+        DecodeModel(
+            get_preset("dsv4-flash-tiny"), {"attention_impl": "flashmla_kv", "kv_cache_dtype": "fp8_e4m3"}, device="cpu"
+        )

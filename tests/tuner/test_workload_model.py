@@ -21,8 +21,9 @@ def test_presets_follow_the_v4_flash_layer_pattern():
     assert (full.heads, full.head_dim, full.index_topk, full.experts_local, full.topk_experts) == (64, 512, 512, 32, 6)
 
 
-@pytest.mark.parametrize("width,ctx,expected", [("static", 32768, 32768 // 4 + 64), ("live", 32768, 128),
-                                                ("static", 4096, 4096 // 4 + 64)])
+@pytest.mark.parametrize(
+    "width,ctx,expected", [("static", 32768, 32768 // 4 + 64), ("live", 32768, 128), ("static", 4096, 4096 // 4 + 64)]
+)
 def test_indexer_width_follows_the_knob(width, ctx, expected):
     m = DecodeModel(TINY, {"context_length": ctx, "indexer_width": width}, "cpu")
     st = m.state(3, 512)
@@ -107,15 +108,24 @@ def test_padding_to_buckets():
     assert [bucket_for(c, sizes) for c in (1, 3, 16, 17, 64, 65)] == [1, 4, 16, 32, 64, None]
 
 
-@pytest.mark.parametrize("knobs,needle", [({"gemm_proj": "fp8"}, "fp8"), ({"attention_impl": "mma"}, "GPU"),
-                                          ({"glue": "fused"}, "GPU"), ({"context_length": 10}, ">= 1024"),
-                                          ({"indexer_width": "wide"}, "static or live"),
-                                          ({"indexer_dead_tiles": "drop"}, "compute or skip"),
-                                          ({"moe_impl": "triton"}, "GPU"),
-                                          ({"moe_impl": "grouped"}, "torch or triton"),
-                                          ({"kv_cache_dtype": "fp16"}, "one of bf16, fp8_e4m3, but got 'fp16'"),
-                                          ({"kv_cache_dtype": "fp8_e4m3", "attention_impl": "simt"},
-                                           "needs attention_impl torch, mma, wgmma, flashmla_kv .* got attention_impl='simt'")])
+@pytest.mark.parametrize(
+    "knobs,needle",
+    [
+        ({"gemm_proj": "fp8"}, "fp8"),
+        ({"attention_impl": "mma"}, "GPU"),
+        ({"glue": "fused"}, "GPU"),
+        ({"context_length": 10}, ">= 1024"),
+        ({"indexer_width": "wide"}, "static or live"),
+        ({"indexer_dead_tiles": "drop"}, "compute or skip"),
+        ({"moe_impl": "triton"}, "GPU"),
+        ({"moe_impl": "grouped"}, "torch or triton"),
+        ({"kv_cache_dtype": "fp16"}, "one of bf16, fp8_e4m3, but got 'fp16'"),
+        (
+            {"kv_cache_dtype": "fp8_e4m3", "attention_impl": "simt"},
+            "needs attention_impl torch, mma, wgmma, flashmla_kv .* got attention_impl='simt'",
+        ),
+    ],
+)
 def test_bad_knobs_are_refused_with_the_reason(knobs, needle):
     with pytest.raises(KnobError, match=needle):
         DecodeModel(TINY, knobs, "cpu")
@@ -124,8 +134,9 @@ def test_bad_knobs_are_refused_with_the_reason(knobs, needle):
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs and Triton kernels need an NVIDIA GPU")
 def test_gpu_graphs_pad_to_bucket_and_match_eager():
-    m = DecodeModel(TINY, {"context_length": 4096, "attention_impl": "mma", "indexer_impl": "triton",
-                           "glue": "fused"}, "cuda")
+    m = DecodeModel(
+        TINY, {"context_length": 4096, "attention_impl": "mma", "indexer_impl": "triton", "glue": "fused"}, "cuda"
+    )
     res = measure(m, [3], live_context=64, warmup=1, repeats=3, buckets="pow2:8")
     assert res.levels[0].graphed and res.levels[0].batch == 4 and res.levels[0].capture_s > 0
     # what measure() times: the step captured on the batch padded to its bucket (3 -> 4), replayed
@@ -157,16 +168,27 @@ def _first_requests(st: dict, n: int, *, batch: int) -> dict:
     """The state of the first ``n`` requests of a ``batch``-request state (DecodeModel.state lays each request's
     rows out on its own: per-request tensors lead with the batch; pools hold a padding row 0, then each request's
     rows in turn; the window pool has ``window`` rows per request, no padding row)."""
-    per_request = {"x", "csa_table", "csa_live", "hca_rows", "win_rows", "win_slot", "cos", "sin", "positions",
-                   "csa_keys_dense", "csa_keys_scale"}
+    per_request = {
+        "x",
+        "csa_table",
+        "csa_live",
+        "hca_rows",
+        "win_rows",
+        "win_slot",
+        "cos",
+        "sin",
+        "positions",
+        "csa_keys_dense",
+        "csa_keys_scale",
+    }
     out = {}
     for k, v in st.items():
         if k in per_request:
             out[k] = v[:n]
         elif k in ("csa_pool", "csa_keys", "hca_pool"):
-            out[k] = v[:1 + n * ((v.shape[0] - 1) // batch)]
+            out[k] = v[: 1 + n * ((v.shape[0] - 1) // batch)]
         elif k == "win_pool":
-            out[k] = v[:n * (v.shape[0] // batch)]
+            out[k] = v[: n * (v.shape[0] // batch)]
         else:  # shared by every request (the rope table)
             out[k] = v
     return {k: v.clone() for k, v in out.items()}
@@ -178,8 +200,13 @@ def test_workload_target_refuses_kernel_configs_that_cannot_run_before_any_trial
 
     hw = Hardware(gpu_name="NVIDIA H200", gpu_count=1, compute_capability=(9, 0), has_triton=True)
     target = WorkloadTarget(resolve(load_space("dsv4_flash"), hw))
-    params = {**target.resolved.defaults(), "attention_impl": "mma", "sparse_num_splits": 4, "sparse_block_t": 16,
-              "sparse_block_h": 64}
+    params = {
+        **target.resolved.defaults(),
+        "attention_impl": "mma",
+        "sparse_num_splits": 4,
+        "sparse_block_t": 16,
+        "sparse_block_h": 64,
+    }
     assert "register_pressure" in target.check(params)
     params.update(sparse_num_splits=2, sparse_block_t=64, sparse_block_h=16)
     assert target.check(params) is None
@@ -213,8 +240,10 @@ def test_workload_target_refuses_wgmma_attention_for_a_preset_it_cannot_run():
     space = resolve(load_space("dsv4_flash"), hw)
     params = {**space.defaults(), "attention_impl": "wgmma"}
     why = WorkloadTarget(space, {"preset": "dsv4-flash-tiny"}).check(params)
-    assert why == ("attention_impl=wgmma runs 64 heads of 512 columns (V4-Flash); preset dsv4-flash-tiny has 8 heads "
-                   "of 64: use mma")
+    assert why == (
+        "attention_impl=wgmma runs 64 heads of 512 columns (V4-Flash); preset dsv4-flash-tiny has 8 heads "
+        "of 64: use mma"
+    )
     assert WorkloadTarget(space).check(params) is None
 
 
@@ -226,8 +255,10 @@ def test_triton_attention_names_every_kernel_it_has():
 
 
 @pytest.mark.gpu
-@pytest.mark.skipif(not (torch.cuda.is_available() and torch.cuda.get_device_capability() == (9, 0)),
-                    reason="the Gluon wgmma kernel needs an sm_90 GPU")
+@pytest.mark.skipif(
+    not (torch.cuda.is_available() and torch.cuda.get_device_capability() == (9, 0)),
+    reason="the Gluon wgmma kernel needs an sm_90 GPU",
+)
 def test_wgmma_attention_matches_the_torch_attention_at_the_workloads_shapes():
     """What the twin's attention layers hand the kernel: 64 heads of 512, a pool with the window rows appended,
     rows padded with -1 (window 128, HCA 132, CSA 640 rows), batch 1 / 5 / 64; against its torch attention."""
@@ -249,14 +280,17 @@ def _attention_cases(g: torch.Generator, pool_rows: int):
         q = torch.randn(batch, 64, 512, generator=g, device="cuda").to(torch.bfloat16)
         for topk in (128, 132, 640):
             rows = torch.randint(0, pool_rows, (batch, topk), generator=g, device="cuda")
-            rows[:, topk // 2:] = torch.where(torch.rand(batch, topk - topk // 2, generator=g, device="cuda") < 0.3,
-                                              -1, rows[:, topk // 2:])
+            rows[:, topk // 2 :] = torch.where(
+                torch.rand(batch, topk - topk // 2, generator=g, device="cuda") < 0.3, -1, rows[:, topk // 2 :]
+            )
             yield batch, topk, q, rows
 
 
 @pytest.mark.gpu
-@pytest.mark.skipif(not (torch.cuda.is_available() and torch.cuda.get_device_capability() == (9, 0)),
-                    reason="the Gluon wgmma kernel needs an sm_90 GPU")
+@pytest.mark.skipif(
+    not (torch.cuda.is_available() and torch.cuda.get_device_capability() == (9, 0)),
+    reason="the Gluon wgmma kernel needs an sm_90 GPU",
+)
 @pytest.mark.parametrize("impl", ["mma", "wgmma"])
 def test_fp8_cache_attention_kernels_match_the_torch_attention_at_the_workloads_shapes(impl):
     """The twin's fp8 cache as its attention layers hand it over (a pool of e4m3 rows with its per-row scales, rows
@@ -275,8 +309,10 @@ def test_fp8_cache_attention_kernels_match_the_torch_attention_at_the_workloads_
 
 
 @pytest.mark.gpu
-@pytest.mark.skipif(not (torch.cuda.is_available() and torch.cuda.get_device_capability() == (9, 0)),
-                    reason="the Gluon wgmma kernel needs an sm_90 GPU")
+@pytest.mark.skipif(
+    not (torch.cuda.is_available() and torch.cuda.get_device_capability() == (9, 0)),
+    reason="the Gluon wgmma kernel needs an sm_90 GPU",
+)
 def test_fp8_cache_steps_of_each_attention_kernel_match_the_torch_attention_and_replay_as_cuda_graphs():
     from tuner.targets.workload.model import store_kv_rows_torch
 
@@ -326,12 +362,19 @@ def test_kernel_phase_runs_first_for_the_spaces_shapes_when_asked(tmp_path, monk
 
     monkeypatch.setattr(driver, "kernel_phase", fake_phase)
     gpu = Hardware(gpu_name="NVIDIA H200", gpu_count=1, compute_capability=(9, 0), has_triton=True)
-    opts = dict(budget_s=60, storage_url=f"sqlite:///{tmp_path / 'k.db'}", space_path="dsv4_flash_tiny",
-                out_dir=str(tmp_path / "o"), hardware=gpu, n_trials=1, confirm_top=0)
+    opts = dict(
+        budget_s=60,
+        storage_url=f"sqlite:///{tmp_path / 'k.db'}",
+        space_path="dsv4_flash_tiny",
+        out_dir=str(tmp_path / "o"),
+        hardware=gpu,
+        n_trials=1,
+        confirm_top=0,
+    )
     run_search(SearchOptions(study="off", **opts))
     assert calls == []  # opt-in
     run_search(SearchOptions(study="on", settings={"kernel_phase": True}, **opts))
-    (shapes, budget), = calls
+    ((shapes, budget),) = calls
     kinds = {k for k, *_ in shapes}
     assert kinds == {"sparse_decode", "indexer", "gemm", "gemv"}  # the tiny space has gemm_impl, no moe_impl
     assert {s["M"] for k, s, *_ in shapes if k == "gemv"} == {1}
@@ -397,8 +440,9 @@ def test_a_kernel_phase_tunes_the_attention_on_an_fp8_cache_where_kv_cache_dtype
     cases = WorkloadTarget(resolve(load_space("dsv4_flash"), h200)).kernel_shapes()
     fp8 = [(i, x[0], x[1]["batch"]) for i, x in enumerate(cases) if len(x) == 3]
     assert all(x[2] == "float8_e4m3fn" for x in cases if len(x) == 3)
-    assert [(k, b) for _, k, b in fp8] == [("sparse_decode", b) for b in (1, 16, 64)] + \
-        [("sparse_decode_wgmma", b) for b in (1, 16, 64)]
+    assert [(k, b) for _, k, b in fp8] == [("sparse_decode", b) for b in (1, 16, 64)] + [
+        ("sparse_decode_wgmma", b) for b in (1, 16, 64)
+    ]
     names = [x[0] for x in cases]
     last_bf16 = max(i for i, x in enumerate(cases) if x[0].startswith("sparse_decode") and len(x) == 2)
     assert last_bf16 < fp8[0][0] and fp8[-1][0] < names.index("gemm")

@@ -87,15 +87,30 @@ params:
 
 
 def tuner(*args, cwd):
-    return subprocess.run([sys.executable, "-m", "tuner", *args], cwd=cwd, capture_output=True, text=True,
-                          timeout=600)
+    return subprocess.run([sys.executable, "-m", "tuner", *args], cwd=cwd, capture_output=True, text=True, timeout=600)
 
 
 def test_a_knob_that_breaks_numerics_is_wrong_result_and_the_fast_correct_values_win(tmp_path):
     (tmp_path / "gate.yaml").write_text(GATE_SPACE)
     load_space_text(GATE_SPACE)  # valid as written
-    r = tuner("search", "--space", "gate.yaml", "--budget", "5m", "--n-trials", "8", "--seed", "0",
-              "--confirm-top", "0", "-o", "out", "--study", "gate", cwd=tmp_path)
+    r = tuner(
+        "search",
+        "--space",
+        "gate.yaml",
+        "--budget",
+        "5m",
+        "--n-trials",
+        "8",
+        "--seed",
+        "0",
+        "--confirm-top",
+        "0",
+        "-o",
+        "out",
+        "--study",
+        "gate",
+        cwd=tmp_path,
+    )
     assert r.returncode == 0, r.stderr[-3000:]
     repo = Repo(f"sqlite:///{tmp_path / 'tuner.db'}")
     run = repo.get_run("gate")

@@ -54,9 +54,18 @@ params:
 
 def test_server_launch_translates_values_and_lists_knobs_without_a_flag():
     space = load_space("dsv4_flash")
-    params = {**space.defaults(), "context_length": 131072, "attention_impl": "mma", "sparse_num_splits": 4,
-              "sparse_block_t": 64, "sparse_block_h": 16, "glue": "compile", "moe_impl": "triton",
-              "cuda_graph_buckets": "pow2:32", "gemm_proj": "fp8"}
+    params = {
+        **space.defaults(),
+        "context_length": 131072,
+        "attention_impl": "mma",
+        "sparse_num_splits": 4,
+        "sparse_block_t": 64,
+        "sparse_block_h": 16,
+        "glue": "compile",
+        "moe_impl": "triton",
+        "cuda_graph_buckets": "pow2:32",
+        "gemm_proj": "fp8",
+    }
     launch = server_launch(space, params)
     a = launch.args
     assert a[a.index("--context-length") + 1] == "131072"
@@ -66,12 +75,25 @@ def test_server_launch_translates_values_and_lists_knobs_without_a_flag():
     # the twin's fused MoE stands in for SGLang's own MoE path: the flag stays at auto (flashinfer_mxfp4 for V4-Flash's
     # FP4 experts on sm_90); `triton` would route them to the FP8 method
     assert "--moe-runner-backend" not in a
-    assert a[a.index("--cuda-graph-bs-decode") + 1:a.index("--cuda-graph-bs-decode") + 7] == \
-        ["1", "2", "4", "8", "16", "32"]
+    assert a[a.index("--cuda-graph-bs-decode") + 1 : a.index("--cuda-graph-bs-decode") + 7] == [
+        "1",
+        "2",
+        "4",
+        "8",
+        "16",
+        "32",
+    ]
     assert a[a.index("--torch-compile-max-bs") + 1] == "32"  # no larger than the largest captured graph
     assert "--enable-dsa-fused-indexer" not in a  # torch indexer: the server's default path
-    assert {p.name for p, _ in launch.unmapped} == {"gemm_proj", "gemm_indexer", "gemm_moe", "gemm_mhc", "gemm_impl",
-                                                    "sparse_block_t", "sparse_block_h"}
+    assert {p.name for p, _ in launch.unmapped} == {
+        "gemm_proj",
+        "gemm_indexer",
+        "gemm_moe",
+        "gemm_mhc",
+        "gemm_impl",
+        "sparse_block_t",
+        "sparse_block_h",
+    }
     assert a[a.index("--kv-cache-dtype") + 1] == "bf16"
     fp8 = server_launch(space, {**params, "kv_cache_dtype": "fp8_e4m3"}).args
     assert fp8[fp8.index("--kv-cache-dtype") + 1] == "fp8_e4m3"
@@ -79,23 +101,28 @@ def test_server_launch_translates_values_and_lists_knobs_without_a_flag():
     assert "--disable-decode-cuda-graph" in none.args
 
 
-@pytest.mark.parametrize("server, why", [
-    ("{flag: context-length}", "long option name"),
-    ("{flag: --a, env: B}", "exactly one of"),
-    ("{none: ''}", "must say why"),
-    ("{flag: --a, values: {x: 1}}", "cannot take"),
-    ("{flag: --a, colour: red}", "unknown key `colour`"),
-    ("--context-length", "must be a mapping"),
-    ("{flag: --a, not_deployable: {x: {kind: broken, why: w, source: s, instead: x}}}", "`kind` must be one of"),
-    ("{flag: --a, not_deployable: {x: {kind: fails, why: w, source: s}}}", "`instead`"),
-    ("{flag: --a, not_deployable: {x: {kind: fails, why: w, source: s, instead: nope}}}", "cannot take"),
-    ("{flag: --a, not_deployable: {x: {kind: fails, why: '', source: s, instead: x}}}", "`why` must be"),
-    ("{flag: --a, deploys_as: x}", "goes with `none` only"),
-])
+@pytest.mark.parametrize(
+    "server, why",
+    [
+        ("{flag: context-length}", "long option name"),
+        ("{flag: --a, env: B}", "exactly one of"),
+        ("{none: ''}", "must say why"),
+        ("{flag: --a, values: {x: 1}}", "cannot take"),
+        ("{flag: --a, colour: red}", "unknown key `colour`"),
+        ("--context-length", "must be a mapping"),
+        ("{flag: --a, not_deployable: {x: {kind: broken, why: w, source: s, instead: x}}}", "`kind` must be one of"),
+        ("{flag: --a, not_deployable: {x: {kind: fails, why: w, source: s}}}", "`instead`"),
+        ("{flag: --a, not_deployable: {x: {kind: fails, why: w, source: s, instead: nope}}}", "cannot take"),
+        ("{flag: --a, not_deployable: {x: {kind: fails, why: '', source: s, instead: x}}}", "`why` must be"),
+        ("{flag: --a, deploys_as: x}", "goes with `none` only"),
+    ],
+)
 def test_a_bad_server_annotation_is_one_line_naming_it(server, why):
     with pytest.raises(SpaceError) as err:
-        load_space_text(f"name: s\nparams:\n  k: {{type: categorical, values: [a], default: a, server: {server}}}\n",
-                        source="s.yaml")
+        load_space_text(
+            f"name: s\nparams:\n  k: {{type: categorical, values: [a], default: a, server: {server}}}\n",
+            source="s.yaml",
+        )
     msg = str(err.value)
     assert "\n" not in msg and "param `k` server" in msg and why in msg, msg
 

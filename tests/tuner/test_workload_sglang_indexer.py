@@ -23,8 +23,10 @@ from tuner.targets.workload.sglang_indexer import (
 )
 
 HOPPER = torch.cuda.is_available() and torch.cuda.get_device_capability() == (9, 0)
-needs_deep_gemm = pytest.mark.skipif(not (HOPPER and importlib.util.find_spec("deep_gemm")),
-                                     reason="needs an sm_90 GPU and deep_gemm (benchmarks/deepgemm_build.sh)")
+needs_deep_gemm = pytest.mark.skipif(
+    not (HOPPER and importlib.util.find_spec("deep_gemm")),
+    reason="needs an sm_90 GPU and deep_gemm (benchmarks/deepgemm_build.sh)",
+)
 
 
 def test_the_page_table_of_a_cap_is_a_page_per_256_tokens():
@@ -38,7 +40,7 @@ def test_the_index_cache_has_sglangs_layout_and_holds_the_keys():
     cache = quantize_index_pages(keys)
     assert cache.dtype == torch.uint8 and tuple(cache.shape) == (3, 64, 1, ROW_BYTES) and ROW_BYTES == 132
     raw = cache.reshape(3, -1)
-    scales = raw[:, 64 * 128:].contiguous().view(torch.float32)  # each page: 64 x 128 e4m3, then 64 float32 scales
+    scales = raw[:, 64 * 128 :].contiguous().view(torch.float32)  # each page: 64 x 128 e4m3, then 64 float32 scales
     assert torch.allclose(scales.reshape(-1), keys.abs().amax(-1).clamp(min=1e-4) / 448.0)
     back = dequantize_index_pages(cache)
     err = ((back - keys).norm() / keys.norm()).item()
@@ -57,7 +59,7 @@ def test_the_paged_state_maps_each_request_to_its_own_pages_and_live_length():
     rows = dequantize_index_pages(st["idx_cache"]).reshape(-1, 64, 128)
     for b in range(batch):  # request b's j-th live row holds pool row 1 + b * live + j
         got = rows[table[b, :2].long()].reshape(-1, 128)[:live]
-        ref = keys[1 + b * live:1 + (b + 1) * live]
+        ref = keys[1 + b * live : 1 + (b + 1) * live]
         assert ((got - ref).norm() / ref.norm()).item() < 0.04
     with pytest.raises(ValueError, match="cannot hold 100 live compressed rows"):
         paged_index_state(keys, batch, live, width_pages=1)
@@ -74,8 +76,10 @@ def test_the_reference_scores_relu_of_the_quantised_products_weighted_by_head():
     q, ws = quantize_query(qi, w)
     direct = (torch.relu(torch.einsum("bhd,bjd->bhj", q.double(), k)) * ws.double()[..., None]).sum(1)
     assert torch.allclose(ref, direct)
-    exact = (torch.relu(torch.einsum("bhd,bjd->bhj", qi.double(), keys[1:].double().reshape(batch, live, 128)))
-             * w.double()[..., None]).sum(1)
+    exact = (
+        torch.relu(torch.einsum("bhd,bjd->bhj", qi.double(), keys[1:].double().reshape(batch, live, 128)))
+        * w.double()[..., None]
+    ).sum(1)
     assert ((ref - exact).norm() / exact.norm()).item() < 0.1  # fp8 q and keys against the unquantised scores
 
 
@@ -150,7 +154,7 @@ def test_the_deepgemm_linear_agrees_with_float64_and_captures_in_a_graph(m, n, k
     from tuner.targets.workload.ops import Linear
 
     g = torch.Generator(device="cuda").manual_seed(m + n)
-    w = torch.randn(n, k, device="cuda", generator=g) / k ** 0.5
+    w = torch.randn(n, k, device="cuda", generator=g) / k**0.5
     x = torch.randn(m, k, device="cuda", generator=g).to(torch.bfloat16)
     lin = Linear.make(w, "fp8", "deepgemm")
     assert lin.impl == "deepgemm" and tuple(lin.scale.shape) == (-(-n // 128), k // 128)

@@ -59,24 +59,37 @@ params:
 
 
 def tuner(*args, cwd):
-    return subprocess.run([sys.executable, "-m", "tuner", *args], cwd=cwd, capture_output=True, text=True,
-                          timeout=600)
+    return subprocess.run([sys.executable, "-m", "tuner", *args], cwd=cwd, capture_output=True, text=True, timeout=600)
 
 
 def test_translate_maps_twin_knobs_onto_the_sglang_space_by_flag():
     twin = load_space("dsv4_flash")
     server = resolve(load_space("sglang_dsv4_flash"), Hardware())
-    params = {**twin.defaults(), "context_length": 131072, "cuda_graph_buckets": "pow2:64", "attention_impl": "mma",
-              "sparse_num_splits": 4, "sparse_block_t": 64, "sparse_block_h": 16, "gemm_proj": "fp8"}
+    params = {
+        **twin.defaults(),
+        "context_length": 131072,
+        "cuda_graph_buckets": "pow2:64",
+        "attention_impl": "mma",
+        "sparse_num_splits": 4,
+        "sparse_block_t": 64,
+        "sparse_block_h": 16,
+        "gemm_proj": "fp8",
+    }
     wanted, notes = translate(twin, params, server)
-    assert wanted == {"context_length": 131072, "cuda_graph_buckets": "pow2:64", "dsv4_attn_backend": "auto",
-                      "triton_num_kv_splits": 4, "kv_cache_dtype": "bf16"}
+    assert wanted == {
+        "context_length": 131072,
+        "cuda_graph_buckets": "pow2:64",
+        "dsv4_attn_backend": "auto",
+        "triton_num_kv_splits": 4,
+        "kv_cache_dtype": "bf16",
+    }
     assert translate(twin, {**params, "kv_cache_dtype": "fp8_e4m3"}, server)[0]["kv_cache_dtype"] == "fp8_e4m3"
     assert any("moe_impl" in n and "no parameter for --moe-runner-backend" in n for n in notes)
     wanted, notes = translate(twin, {**params, "attention_impl": "torch", "sparse_num_splits": 1}, server)
     assert wanted["dsv4_attn_backend"] == "auto"  # the server's own default: V4 decode attention is --dsv4-attn-backend
-    assert "triton_num_kv_splits" not in wanted and any("1 is not a value of `triton_num_kv_splits`" in n
-                                                          for n in notes)
+    assert "triton_num_kv_splits" not in wanted and any(
+        "1 is not a value of `triton_num_kv_splits`" in n for n in notes
+    )
 
 
 def test_a_bad_warm_start_source_is_one_line():
@@ -87,9 +100,28 @@ def test_a_bad_warm_start_source_is_one_line():
 def test_warm_start_runs_the_twins_best_first_on_the_server_then_tpe(tmp_path):
     (tmp_path / "twin.yaml").write_text(TWIN)
     (tmp_path / "server.yaml").write_text(SERVER)
-    r = tuner("search", "--space", "twin.yaml", "--budget", "4m", "--n-trials", "6", "--seed", "0", "--confirm-top",
-              "0", "--refine-share", "0", "--storage", "sqlite:///twin.db", "--study", "twin", "-o", "out",
-              cwd=tmp_path)
+    r = tuner(
+        "search",
+        "--space",
+        "twin.yaml",
+        "--budget",
+        "4m",
+        "--n-trials",
+        "6",
+        "--seed",
+        "0",
+        "--confirm-top",
+        "0",
+        "--refine-share",
+        "0",
+        "--storage",
+        "sqlite:///twin.db",
+        "--study",
+        "twin",
+        "-o",
+        "out",
+        cwd=tmp_path,
+    )
     assert r.returncode == 0, r.stderr[-3000:]
     twin_repo = Repo(f"sqlite:///{tmp_path / 'twin.db'}")
     twin_run = twin_repo.get_run("twin")
@@ -97,14 +129,47 @@ def test_warm_start_runs_the_twins_best_first_on_the_server_then_tpe(tmp_path):
     twin_best = max(ok, key=lambda t: t.value)
     assert twin_best.params["context_length"] == 4096  # the twin times the small cap fastest
     # a wrong source is refused before anything is written
-    bad = tuner("search", "--space", "server.yaml", "--budget", "2m", "--storage", "sqlite:///srv.db", "--study",
-                "nope", "--warm-start", "sqlite:///twin.db#absent", cwd=tmp_path)
+    bad = tuner(
+        "search",
+        "--space",
+        "server.yaml",
+        "--budget",
+        "2m",
+        "--storage",
+        "sqlite:///srv.db",
+        "--study",
+        "nope",
+        "--warm-start",
+        "sqlite:///twin.db#absent",
+        cwd=tmp_path,
+    )
     assert bad.returncode == 2 and "no study 'absent'" in bad.stderr and len(bad.stderr.strip().splitlines()) == 1
     assert not (tmp_path / "srv.db").exists() or Repo(f"sqlite:///{tmp_path / 'srv.db'}").get_run("nope") is None
 
-    r = tuner("search", "--space", "server.yaml", "--budget", "4m", "--n-trials", "4", "--seed", "0",
-              "--confirm-top", "0", "--refine-share", "0", "--storage", "sqlite:///srv.db", "--study", "srv",
-              "-o", "out", "--warm-start", "sqlite:///twin.db#twin", cwd=tmp_path)
+    r = tuner(
+        "search",
+        "--space",
+        "server.yaml",
+        "--budget",
+        "4m",
+        "--n-trials",
+        "4",
+        "--seed",
+        "0",
+        "--confirm-top",
+        "0",
+        "--refine-share",
+        "0",
+        "--storage",
+        "sqlite:///srv.db",
+        "--study",
+        "srv",
+        "-o",
+        "out",
+        "--warm-start",
+        "sqlite:///twin.db#twin",
+        cwd=tmp_path,
+    )
     assert r.returncode == 0, r.stderr[-3000:]
     study = optuna.load_study(study_name="srv", storage=f"sqlite:///{tmp_path / 'srv.db'}")
     trials = sorted(study.get_trials(deepcopy=False), key=lambda t: t.number)

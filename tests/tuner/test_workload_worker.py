@@ -40,8 +40,14 @@ def numerics_cache(tmp_path, monkeypatch):
 
 
 def _job(params, target="workload", timeout=120.0, settings=None):
-    return TrialJob(target=target, space_yaml=SPACE_YAML, space_source=str(SPACE_PATH),
-                    params=dict(params), deadline=time.time() + timeout, settings={**SETTINGS, **(settings or {})})
+    return TrialJob(
+        target=target,
+        space_yaml=SPACE_YAML,
+        space_source=str(SPACE_PATH),
+        params=dict(params),
+        deadline=time.time() + timeout,
+        settings={**SETTINGS, **(settings or {})},
+    )
 
 
 def _metric(m: Measurement, name: str, level: str = "") -> float | None:
@@ -89,8 +95,10 @@ def test_a_reused_worker_gives_the_numbers_of_a_fresh_process_and_stores_where_t
         assert err is not None and err > 0
         assert _metric(first, "numerics_rel_err") == err and _metric(reused, "numerics_rel_err") == err
         for m in (fresh, reused):
-            phases = {lv: _metric(m, "trial_time_s", lv)
-                      for lv in ("spawn", "build", "numerics", "compile", "capture", "measure")}
+            phases = {
+                lv: _metric(m, "trial_time_s", lv)
+                for lv in ("spawn", "build", "numerics", "compile", "capture", "measure")
+            }
             assert all(v is not None and v >= 0 for v in phases.values()), phases
             assert sum(phases.values()) <= m.duration_s + 0.5
         # a fresh process pays its interpreter and imports before the evaluation; a reused one does not
@@ -100,16 +108,22 @@ def test_a_reused_worker_gives_the_numbers_of_a_fresh_process_and_stores_where_t
 
 
 # each fault spawns two workers (torch, weights, numerics): the crash runs in the fast suite, the others under `slow`
-@pytest.mark.parametrize("fault,outcome", [("crash", Outcome.CRASH),
-                                           pytest.param("oom", Outcome.OOM, marks=pytest.mark.slow),
-                                           pytest.param("hang", Outcome.TIMEOUT, marks=pytest.mark.slow)])
+@pytest.mark.parametrize(
+    "fault,outcome",
+    [
+        ("crash", Outcome.CRASH),
+        pytest.param("oom", Outcome.OOM, marks=pytest.mark.slow),
+        pytest.param("hang", Outcome.TIMEOUT, marks=pytest.mark.slow),
+    ],
+)
 def test_a_trial_that_corrupts_the_worker_and_fails_does_not_reach_the_next_trial(fault, outcome):
     w = PersistentWorker()
     try:
         before = w.start(_job(CONFIG)).wait()
         assert before.outcome is Outcome.OK, before.reason
-        t = w.start(_job({"fault": fault}, target="workload_faults:FaultyWorkload",
-                         timeout=8.0 if fault == "hang" else 120.0))
+        t = w.start(
+            _job({"fault": fault}, target="workload_faults:FaultyWorkload", timeout=8.0 if fault == "hang" else 120.0)
+        )
         pid = t.pid
         assert t.wait().outcome is outcome
         after = w.start(_job(CONFIG))
@@ -174,27 +188,52 @@ def test_status_shows_each_trials_time_split_and_the_studys_median_per_phase(tmp
 
     repo = Repo(f"sqlite:///{tmp_path / 'tuner.db'}")
     repo.create_schema()
-    run = repo.create_run("twin", target="workload", budget_s=60, objective="geomean", space_name="dsv4-flash-tiny",
-                          space_yaml=SPACE_PATH.read_text())
-    splits = [{"spawn": 4.2, "build": 0.5, "numerics": 1.0, "compile": 0.3, "capture": 0.0, "measure": 2.0},
-              {"spawn": 0.01, "build": 0.02, "numerics": 0.2, "compile": 0.0, "capture": 0.0, "measure": 1.8},
-              {"spawn": 0.03, "build": 0.04, "numerics": 0.4, "compile": 0.1, "capture": 0.0, "measure": 1.6}]
+    run = repo.create_run(
+        "twin",
+        target="workload",
+        budget_s=60,
+        objective="geomean",
+        space_name="dsv4-flash-tiny",
+        space_yaml=SPACE_PATH.read_text(),
+    )
+    splits = [
+        {"spawn": 4.2, "build": 0.5, "numerics": 1.0, "compile": 0.3, "capture": 0.0, "measure": 2.0},
+        {"spawn": 0.01, "build": 0.02, "numerics": 0.2, "compile": 0.0, "capture": 0.0, "measure": 1.8},
+        {"spawn": 0.03, "build": 0.04, "numerics": 0.4, "compile": 0.1, "capture": 0.0, "measure": 1.6},
+    ]
     for n, split in enumerate(splits):
         repo.start_trial(run.id, n, {"context_length": 4096}, is_baseline=n == 0)
-        repo.finish_trial(run.id, n, outcome="ok", value=10.0 + n, duration_s=sum(split.values()) + 0.1,
-                          metrics=[MetricRow("trial_time_s", k, v, "s") for k, v in split.items()])
-    out = subprocess.run([sys.executable, "-m", "tuner", "status", "--study", "twin", "--storage",
-                          f"sqlite:///{tmp_path / 'tuner.db'}"], capture_output=True, text=True, timeout=120,
-                         env={**__import__("os").environ, "COLUMNS": "250"})
+        repo.finish_trial(
+            run.id,
+            n,
+            outcome="ok",
+            value=10.0 + n,
+            duration_s=sum(split.values()) + 0.1,
+            metrics=[MetricRow("trial_time_s", k, v, "s") for k, v in split.items()],
+        )
+    out = subprocess.run(
+        [sys.executable, "-m", "tuner", "status", "--study", "twin", "--storage", f"sqlite:///{tmp_path / 'tuner.db'}"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**__import__("os").environ, "COLUMNS": "250"},
+    )
     assert out.returncode == 0, out.stderr
     assert "spawn/build/num/compile/capture/measure s" in out.stdout
     assert "4.2/0.5/1.0/0.3/0.00/2.0" in out.stdout and "0.01/0.02/0.2/0.00/0.00/1.8" in out.stdout
-    assert ("time per trial (median s over 3 trials): spawn 0.03, build 0.04, numerics 0.4, compile 0.1, "
-            "capture 0.00, measure 1.8") in out.stdout
+    assert (
+        "time per trial (median s over 3 trials): spawn 0.03, build 0.04, numerics 0.4, compile 0.1, "
+        "capture 0.00, measure 1.8"
+    ) in out.stdout
 
 
-GPU_CONFIG = {"context_length": 4096, "attention_impl": "mma", "glue": "compile", "moe_impl": "triton",
-              "cuda_graph_buckets": "pow2:8"}
+GPU_CONFIG = {
+    "context_length": 4096,
+    "attention_impl": "mma",
+    "glue": "compile",
+    "moe_impl": "triton",
+    "cuda_graph_buckets": "pow2:8",
+}
 
 
 @pytest.mark.gpu
@@ -207,8 +246,11 @@ def test_gpu_a_reused_worker_gives_the_numbers_of_a_fresh_process_and_pays_the_c
         first, other, again = (w.start(_job(p, timeout=300)).wait() for p in (GPU_CONFIG, OTHER, GPU_CONFIG))
         assert all(m.outcome is Outcome.OK for m in (first, other, again)), [first.reason, other.reason, again.reason]
         assert w.started_processes == 1 and _metric(again, "weights_reused") == 1.0
-        assert _metric(again, "numerics_rel_err") == _metric(first, "numerics_rel_err") == _metric(
-            fresh, "numerics_rel_err")
+        assert (
+            _metric(again, "numerics_rel_err")
+            == _metric(first, "numerics_rel_err")
+            == _metric(fresh, "numerics_rel_err")
+        )
 
         def paid(m):  # start, build, and compile (the numerics step's first call compiles too): paid once a worker
             return sum(_metric(m, "trial_time_s", k) or 0.0 for k in ("spawn", "build", "numerics", "compile"))

@@ -64,8 +64,9 @@ class FakeTarget(Target):
         if self.config.use_gpus:
             ids = [int(x) for x in visible.split(",")] if visible else []
             if len(ids) != int(params["tp"]) or len(set(ids)) != len(ids):
-                return Measurement.failed(Outcome.CRASH, f"wrong GPUs: CUDA_VISIBLE_DEVICES={visible!r} for "
-                                                         f"tp={params['tp']}")
+                return Measurement.failed(
+                    Outcome.CRASH, f"wrong GPUs: CUDA_VISIBLE_DEVICES={visible!r} for tp={params['tp']}"
+                )
         pause = self.config.sleep_ms / 1000.0
         stall = os.environ.get("TUNER_FAKE_STALL_FILE")
         if stall and os.path.exists(stall):  # the test kills a worker while trials stall here
@@ -77,8 +78,10 @@ class FakeTarget(Target):
         log = os.environ.get("TUNER_FAKE_LOG")
         if log:
             with open(log, "a") as f:
-                f.write(json.dumps({"pid": os.getpid(), "start": t0, "end": time.time(), "gpus": visible,
-                                    "params": params}) + "\n")
+                f.write(
+                    json.dumps({"pid": os.getpid(), "start": t0, "end": time.time(), "gpus": visible, "params": params})
+                    + "\n"
+                )
         value = 1000.0 - abs(int(params["x"]) - 4242) / 100.0
         return Measurement(outcome=Outcome.OK, value=value)
 

@@ -85,8 +85,10 @@ def test_small_requests_backfill_until_the_big_one_has_waited_long_enough(tmp_pa
 
 
 def test_file_locks_keep_two_processes_off_one_gpu(tmp_path):
-    code = ("import sys,time; from tuner.search.leases import FileLocks; f=FileLocks(sys.argv[1]); "
-            "assert f.try_acquire(3); print('held', flush=True); time.sleep(30)")
+    code = (
+        "import sys,time; from tuner.search.leases import FileLocks; f=FileLocks(sys.argv[1]); "
+        "assert f.try_acquire(3); print('held', flush=True); time.sleep(30)"
+    )
     p = subprocess.Popen([sys.executable, "-c", code, str(tmp_path)], stdout=subprocess.PIPE, text=True)
     try:
         assert p.stdout.readline().strip() == "held"
@@ -120,21 +122,32 @@ def test_threaded_search_gives_each_trial_only_its_gpus(tmp_path, monkeypatch):
     log = tmp_path / "trials.jsonl"
     monkeypatch.setenv("TUNER_FAKE_LOG", str(log))
     monkeypatch.setenv("TUNER_GPU_LOCK_DIR", str(tmp_path / "locks"))
-    opts = SearchOptions(budget_s=90, storage_url=f"sqlite:///{tmp_path / 's.db'}", study="lease",
-                         space_path=write_space(tmp_path, sleep_ms=300, tp=[1, 2, 4]), export=False,
-                         confirm_top=0, settings={"use_gpus": True}, n_trials=12, workers=3, gpus=[0, 1, 2, 3])
+    opts = SearchOptions(
+        budget_s=90,
+        storage_url=f"sqlite:///{tmp_path / 's.db'}",
+        study="lease",
+        space_path=write_space(tmp_path, sleep_ms=300, tp=[1, 2, 4]),
+        export=False,
+        confirm_top=0,
+        settings={"use_gpus": True},
+        n_trials=12,
+        workers=3,
+        gpus=[0, 1, 2, 3],
+    )
     result = run_search(opts)
     outcomes = [t.outcome for t in result.trials]
-    assert outcomes.count("ok") + sum("not run again" in t.reason for t in result.trials) >= 12, \
-        [(t.outcome, t.reason) for t in result.trials]
+    assert outcomes.count("ok") + sum("not run again" in t.reason for t in result.trials) >= 12, [
+        (t.outcome, t.reason) for t in result.trials
+    ]
     assert "crash" not in outcomes, [t.reason for t in result.trials if t.outcome == "crash"]
     runs = [json.loads(line) for line in log.read_text().splitlines()]
     assert len(runs) >= 6
     for r in runs:
         assert len(r["gpus"].split(",")) == r["params"]["tp"]
     for i, a in enumerate(runs):
-        for b in runs[i + 1:]:
+        for b in runs[i + 1 :]:
             if a["start"] < b["end"] and b["start"] < a["end"]:
                 assert not set(a["gpus"].split(",")) & set(b["gpus"].split(",")), (a, b)
-    assert any(a["start"] < b["end"] and b["start"] < a["end"] for i, a in enumerate(runs) for b in runs[i + 1:]), \
+    assert any(a["start"] < b["end"] and b["start"] < a["end"] for i, a in enumerate(runs) for b in runs[i + 1 :]), (
         "trials should have run side by side"
+    )

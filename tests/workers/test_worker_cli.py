@@ -55,8 +55,18 @@ def test_deadline_stops_every_thread_worker_and_records_timeouts(tmp_path, monke
     monkeypatch.setenv("TUNER_FAKE_STALL_FILE", str(stall))
     url = f"sqlite:///{tmp_path / 's.db'}"
     t0 = time.time()
-    result = run_search(SearchOptions(budget_s=12, storage_url=url, study="dl", space_path=write_space(tmp_path),
-                                      export=False, confirm_top=0, workers=2, trial_timeout_s=60))
+    result = run_search(
+        SearchOptions(
+            budget_s=12,
+            storage_url=url,
+            study="dl",
+            space_path=write_space(tmp_path),
+            export=False,
+            confirm_top=0,
+            workers=2,
+            trial_timeout_s=60,
+        )
+    )
     assert time.time() - t0 < 20
     assert len(result.trials) == 2 and all(t.outcome == "timeout" for t in result.trials)
     assert all("deadline" in t.reason for t in result.trials), [t.reason for t in result.trials]

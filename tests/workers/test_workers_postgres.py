@@ -26,8 +26,9 @@ def _count_done(url, study, run_id) -> int:
 def test_four_workers_run_200_trials_exactly_once(pg_url, tmp_path):
     n = 200
     study, run_id = start_study(pg_url, write_space(tmp_path))
-    procs = [spawn_worker(pg_url, study, name=f"w{i}", max_trials=n, seed=i, log=tmp_path / f"w{i}.log")
-             for i in range(4)]
+    procs = [
+        spawn_worker(pg_url, study, name=f"w{i}", max_trials=n, seed=i, log=tmp_path / f"w{i}.log") for i in range(4)
+    ]
     codes = wait_all(procs, timeout=220)
     logs = "\n".join((tmp_path / f"w{i}.log").read_text()[-2000:] for i in range(4))
     assert codes == [0, 0, 0, 0], logs
@@ -42,8 +43,10 @@ def test_killed_worker_trial_is_failed_by_heartbeat_and_retried_once(pg_url, tmp
     stall = tmp_path / "stall"
     env = {"TUNER_FAKE_STALL_FILE": str(stall)}
     study, run_id = start_study(pg_url, write_space(tmp_path))
-    procs = [spawn_worker(pg_url, study, name=f"w{i}", max_trials=n, seed=i, log=tmp_path / f"w{i}.log", env=env)
-             for i in range(3)]
+    procs = [
+        spawn_worker(pg_url, study, name=f"w{i}", max_trials=n, seed=i, log=tmp_path / f"w{i}.log", env=env)
+        for i in range(3)
+    ]
     end = time.time() + 90
     while _count_done(pg_url, study, run_id) < 8 and time.time() < end:
         time.sleep(0.3)
@@ -54,8 +57,14 @@ def test_killed_worker_trial_is_failed_by_heartbeat_and_retried_once(pg_url, tmp
         _, recs = study_state(pg_url, study, run_id)
         # a trial of w0 that is hanging at the check (one that passed it just before may be finishing right now)
         stalled = set(entered.read_text().splitlines()) if entered.exists() else set()
-        victim_trial = next((r.number for r in recs if r.state == "running" and r.worker == "w0"
-                             and json.dumps(r.params, sort_keys=True) in stalled), None)
+        victim_trial = next(
+            (
+                r.number
+                for r in recs
+                if r.state == "running" and r.worker == "w0" and json.dumps(r.params, sort_keys=True) in stalled
+            ),
+            None,
+        )
         time.sleep(0.2)
     assert victim_trial is not None, "worker w0 never started a trial"
     os.kill(procs[0].pid, signal.SIGKILL)
@@ -79,8 +88,10 @@ def test_workers_reconnect_after_a_database_restart(private_pg, tmp_path):
     n = 30
     url = private_pg.url
     study, run_id = start_study(url, write_space(tmp_path))
-    procs = [spawn_worker(url, study, name=f"w{i}", max_trials=n, seed=i, log=tmp_path / f"w{i}.log", grace=8)
-             for i in range(3)]
+    procs = [
+        spawn_worker(url, study, name=f"w{i}", max_trials=n, seed=i, log=tmp_path / f"w{i}.log", grace=8)
+        for i in range(3)
+    ]
     end = time.time() + 90
     while _count_done(url, study, run_id) < 8 and time.time() < end:
         time.sleep(0.3)

@@ -56,8 +56,9 @@ def pg_url():
 
 
 def _pg_bindir() -> str | None:
-    for cand in [os.environ.get("TUNER_TEST_PG_BINDIR")] + sorted(Path("/usr/lib/postgresql").glob("*/bin"),
-                                                                   reverse=True):
+    for cand in [os.environ.get("TUNER_TEST_PG_BINDIR")] + sorted(
+        Path("/usr/lib/postgresql").glob("*/bin"), reverse=True
+    ):
         if cand and (Path(cand) / "initdb").exists():
             return str(cand)
     initdb = shutil.which("initdb")
@@ -123,25 +124,60 @@ def write_space(tmp_path: Path, *, sleep_ms: int = 10, tp: list[int] | None = No
     return str(p)
 
 
-def start_study(url: str, space: str, *, budget_s: float = 240, settings: dict | None = None,
-                name: str | None = None):
+def start_study(url: str, space: str, *, budget_s: float = 240, settings: dict | None = None, name: str | None = None):
     """What `tuner search` does first: schema, study, run, baseline enqueued. Returns (study name, run id)."""
     from tuner.search.context import SearchOptions, open_context
 
     name = name or f"w-{uuid.uuid4().hex[:8]}"
-    ctx = open_context(SearchOptions(budget_s=budget_s, storage_url=url, study=name, space_path=space,
-                                     export=False, confirm_top=0, settings=settings or {}))
+    ctx = open_context(
+        SearchOptions(
+            budget_s=budget_s,
+            storage_url=url,
+            study=name,
+            space_path=space,
+            export=False,
+            confirm_top=0,
+            settings=settings or {},
+        )
+    )
     ctx.repo.engine.dispose()
     return name, ctx.run.id
 
 
-def spawn_worker(url: str, study: str, *, name: str, max_trials: int, seed: int, log: Path,
-                 heartbeat: int = 1, grace: int = 4, env: dict | None = None) -> subprocess.Popen:
-    cmd = [sys.executable, "-m", "tuner.worker_cli", "--storage", url, "--study", study, "--name", name,
-           "--max-trials", str(max_trials), "--seed", str(seed), "--heartbeat-interval", str(heartbeat),
-           "--grace-period", str(grace)]
-    return subprocess.Popen(cmd, cwd=ROOT, env={**os.environ, **(env or {})}, stdout=log.open("w"),
-                            stderr=subprocess.STDOUT)
+def spawn_worker(
+    url: str,
+    study: str,
+    *,
+    name: str,
+    max_trials: int,
+    seed: int,
+    log: Path,
+    heartbeat: int = 1,
+    grace: int = 4,
+    env: dict | None = None,
+) -> subprocess.Popen:
+    cmd = [
+        sys.executable,
+        "-m",
+        "tuner.worker_cli",
+        "--storage",
+        url,
+        "--study",
+        study,
+        "--name",
+        name,
+        "--max-trials",
+        str(max_trials),
+        "--seed",
+        str(seed),
+        "--heartbeat-interval",
+        str(heartbeat),
+        "--grace-period",
+        str(grace),
+    ]
+    return subprocess.Popen(
+        cmd, cwd=ROOT, env={**os.environ, **(env or {})}, stdout=log.open("w"), stderr=subprocess.STDOUT
+    )
 
 
 def wait_all(procs: list[subprocess.Popen], timeout: float) -> list[int]:
@@ -184,9 +220,13 @@ def assert_consistent(url: str, study: str, run_id: int, n: int) -> tuple[list, 
     assert len(by_number) == len(recs), "a trial recorded twice"
     assert not [r for r in recs if r.state == "running"], "a trial left running in tuner_trials"
     ok = sorted(r.number for r in recs if r.outcome == "ok")
-    assert ok == complete, {n: ([t.state.name for t in trials if t.number == n], by_number.get(n) and
-                                (by_number[n].outcome, by_number[n].reason[:200]))
-                            for n in set(ok) ^ set(complete)}
+    assert ok == complete, {
+        n: (
+            [t.state.name for t in trials if t.number == n],
+            by_number.get(n) and (by_number[n].outcome, by_number[n].reason[:200]),
+        )
+        for n in set(ok) ^ set(complete)
+    }
     for t in trials:
         assert t.number in by_number, f"trial {t.number} ({t.state}) missing from tuner_trials"
         if t.state == TrialState.FAIL:

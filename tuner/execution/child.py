@@ -50,13 +50,15 @@ def report(step: int, value: float) -> bool:
     return False
 
 
-
 def _target(job: dict, cache: dict):
     from search_spaces import Hardware, detect_hardware, load_space_text, resolve
     from tuner.targets import get_target_class
 
-    key = json.dumps([job["target"], job["space_yaml"], job["space_source"], job.get("settings"), job.get("hardware")],
-                     sort_keys=True, default=str)
+    key = json.dumps(
+        [job["target"], job["space_yaml"], job["space_source"], job.get("settings"), job.get("hardware")],
+        sort_keys=True,
+        default=str,
+    )
     if key not in cache:
         space = load_space_text(job["space_yaml"], source=job["space_source"])
         hw = job.get("hardware")
@@ -80,8 +82,9 @@ def _run(job: dict, cache: dict, served: int = 0):
     except BaseException as exc:  # noqa: BLE001 - every failure is data
         if isinstance(exc, KeyboardInterrupt):
             raise
-        m = Measurement.failed(classify_exception(exc), f"{type(exc).__name__}: {exc}"[:2000],
-                               traceback.format_exc()[-6000:])
+        m = Measurement.failed(
+            classify_exception(exc), f"{type(exc).__name__}: {exc}"[:2000], traceback.format_exc()[-6000:]
+        )
     sent = job.get("sent_at")
     if isinstance(sent, (int, float)):
         m.metrics.append(MetricRow("trial_time_s", "spawn", max(0.0, started - float(sent)), "s"))

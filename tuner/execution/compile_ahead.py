@@ -75,15 +75,20 @@ class CompileAhead:
 
         self.helpers = helpers
         env = {k: v for k, v in trial_env(gpus, {}).items() if k in ("CUDA_VISIBLE_DEVICES", "TRITON_CACHE_DIR")}
-        self._pool = ProcessPoolExecutor(max_workers=helpers, mp_context=multiprocessing.get_context("spawn"),
-                                         initializer=_init_helper, initargs=(env,))
+        self._pool = ProcessPoolExecutor(
+            max_workers=helpers,
+            mp_context=multiprocessing.get_context("spawn"),
+            initializer=_init_helper,
+            initargs=(env,),
+        )
         self.submitted = 0
         self.compiled = 0
         self.failed = 0
         self.first_error = ""
 
-    def submit(self, kernel_name: str, shape: dict[str, int], dtype: str, config: dict[str, Any], seed: int = 0
-               ) -> Future:
+    def submit(
+        self, kernel_name: str, shape: dict[str, int], dtype: str, config: dict[str, Any], seed: int = 0
+    ) -> Future:
         self.submitted += 1
         fut = self._pool.submit(_compile_task, kernel_name, dict(shape), dtype, dict(config), seed)
         fut.add_done_callback(self._count)
@@ -99,8 +104,12 @@ class CompileAhead:
             self.failed += 1
             if self.failed == 1:
                 self.first_error = f"{type(exc).__name__}: {exc}"[:300]
-            _logger.log(logging.WARNING if self.failed == 1 else logging.DEBUG,
-                        "compile ahead failed (the trial compiles for itself): %s: %s", type(exc).__name__, exc)
+            _logger.log(
+                logging.WARNING if self.failed == 1 else logging.DEBUG,
+                "compile ahead failed (the trial compiles for itself): %s: %s",
+                type(exc).__name__,
+                exc,
+            )
 
     def wait(self, fut: Future, timeout_s: float) -> None:
         """Wait for ``fut`` up to ``timeout_s``; its failure or lateness only means the trial compiles itself."""
@@ -110,8 +119,10 @@ class CompileAhead:
             pass
 
     def summary(self) -> str:
-        return (f"compile ahead ({self.helpers} helpers): {self.submitted} configs sent, {self.compiled} compiled, "
-                f"{self.failed} failed" + (f" (first: {self.first_error})" if self.first_error else ""))
+        return (
+            f"compile ahead ({self.helpers} helpers): {self.submitted} configs sent, {self.compiled} compiled, "
+            f"{self.failed} failed" + (f" (first: {self.first_error})" if self.first_error else "")
+        )
 
     def close(self) -> None:
         """Stop the helpers now (a compile in flight is abandoned)."""

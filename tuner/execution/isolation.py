@@ -81,8 +81,13 @@ class TrialProcess:
         self.started = time.time()
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "tuner.execution.child"],
-            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-            env=env, start_new_session=True, text=True, bufsize=1,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            env=env,
+            start_new_session=True,
+            text=True,
+            bufsize=1,
         )
         assert self.proc.stdin is not None and self.proc.stdout is not None
         self.proc.stdin.write(json.dumps(payload))
@@ -135,9 +140,14 @@ class TrialProcess:
                     break
         self._reader.join(timeout=2.0)
         if self.proc.returncode != 0:  # a trial that died may leave its server behind (one that ended well stopped
-            self._end_groups()         # it; a group id may be reused once its group is gone, so not checked then)
-        return finish_measurement(read_result(self.result_path), self._killed_reason, self.proc.returncode,
-                                  "\n".join(self.log), time.time() - self.started)
+            self._end_groups()  # it; a group id may be reused once its group is gone, so not checked then)
+        return finish_measurement(
+            read_result(self.result_path),
+            self._killed_reason,
+            self.proc.returncode,
+            "\n".join(self.log),
+            time.time() - self.started,
+        )
 
 
 def parse_report(line: str) -> tuple[int, float] | None:
@@ -145,7 +155,7 @@ def parse_report(line: str) -> tuple[int, float] | None:
     if not line.startswith(MARK):
         return None
     try:
-        msg = json.loads(line[len(MARK):])
+        msg = json.loads(line[len(MARK) :])
         return int(msg["step"]), float(msg["value"])
     except (json.JSONDecodeError, KeyError, TypeError, ValueError):
         return None
@@ -176,9 +186,17 @@ def trial_env(gpus: list[int] | None, extra: dict[str, str]) -> dict[str, str]:
 
 
 def job_payload(job: TrialJob, result_path: str) -> dict[str, Any]:
-    return {"target": job.target, "space_yaml": job.space_yaml, "space_source": job.space_source,
-            "params": job.params, "deadline": job.deadline, "settings": job.settings,
-            "hardware": job.hardware, "result_path": result_path, "sent_at": time.time()}
+    return {
+        "target": job.target,
+        "space_yaml": job.space_yaml,
+        "space_source": job.space_source,
+        "params": job.params,
+        "deadline": job.deadline,
+        "settings": job.settings,
+        "hardware": job.hardware,
+        "result_path": result_path,
+        "sent_at": time.time(),
+    }
 
 
 def read_result(path: str) -> Measurement | None:
@@ -195,8 +213,9 @@ def read_result(path: str) -> Measurement | None:
     return Measurement.from_json(data)
 
 
-def finish_measurement(result: Measurement | None, killed: Outcome | None, returncode: int | None, log: str,
-                       duration: float) -> Measurement:
+def finish_measurement(
+    result: Measurement | None, killed: Outcome | None, returncode: int | None, log: str, duration: float
+) -> Measurement:
     """The trial's measurement however it ended: pruned, timed out, its own result, or a death classified from its
     exit status and log."""
     if killed is Outcome.PRUNED:
@@ -216,7 +235,6 @@ def finish_measurement(result: Measurement | None, killed: Outcome | None, retur
 def run_trial(job: TrialJob, reporter: Callable[[int, float], bool] | None = None) -> Measurement:
     """Run ``job`` in a fresh subprocess and return its measurement; never raises for a trial's failure."""
     return TrialProcess(job, reporter).wait()
-
 
 
 def classify_log(log: str) -> Outcome:

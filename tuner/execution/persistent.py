@@ -69,8 +69,13 @@ class PersistentWorker:
     def _spawn(self) -> None:
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "tuner.execution.child", "--serve"],
-            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-            env=trial_env(self.gpus, self.env), start_new_session=True, text=True, bufsize=1,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            env=trial_env(self.gpus, self.env),
+            start_new_session=True,
+            text=True,
+            bufsize=1,
         )
         self.started_processes += 1
         threading.Thread(target=self._read, args=(self.proc,), daemon=True).start()
@@ -82,7 +87,7 @@ class PersistentWorker:
             if line == RETIRE_MARK:
                 self._retire = True
             elif line.startswith(DONE_MARK):
-                if line[len(DONE_MARK):] == self._expect:
+                if line[len(DONE_MARK) :] == self._expect:
                     self._done.set()
             elif (step := parse_report(line)) is None:
                 self.log.append(line)
@@ -93,7 +98,9 @@ class PersistentWorker:
 
     def start(self, job: TrialJob, reporter: Callable[[int, float], bool] | None = None) -> PersistentTrial:
         if job.gpus != self.gpus or job.env != self.env:
-            raise ValueError(f"job for gpus {job.gpus} env {job.env} sent to a worker for gpus {self.gpus} env {self.env}")
+            raise ValueError(
+                f"job for gpus {job.gpus} env {job.env} sent to a worker for gpus {self.gpus} env {self.env}"
+            )
         if not self.alive():
             self._spawn()
         return PersistentTrial(self, job, reporter)
@@ -112,8 +119,7 @@ class PersistentWorker:
 class PersistentTrial:
     """One trial inside a :class:`PersistentWorker`; ``wait``/``kill`` as in :class:`TrialProcess`."""
 
-    def __init__(self, worker: PersistentWorker, job: TrialJob, reporter: Callable[[int, float], bool] | None
-                 ) -> None:
+    def __init__(self, worker: PersistentWorker, job: TrialJob, reporter: Callable[[int, float], bool] | None) -> None:
         self.worker, self.job = worker, job
         self.proc = worker.proc
         self.result_path = new_result_path()
@@ -153,11 +159,14 @@ class PersistentTrial:
             proc.wait()  # type: ignore[union-attr]
             time.sleep(0.05)  # let the reader take the last lines
         w._reporter = w._on_prune = None
-        m = finish_measurement(read_result(self.result_path), self._killed_reason,
-                               None if proc.poll() is None else proc.returncode,  # type: ignore[union-attr]
-                               "\n".join(w.log), time.time() - self.started)
-        if (self._killed_reason is not None or proc.poll() is not None or m.outcome.value not in KEEP_ALIVE
-                or w._retire):
+        m = finish_measurement(
+            read_result(self.result_path),
+            self._killed_reason,
+            None if proc.poll() is None else proc.returncode,  # type: ignore[union-attr]
+            "\n".join(w.log),
+            time.time() - self.started,
+        )
+        if self._killed_reason is not None or proc.poll() is not None or m.outcome.value not in KEEP_ALIVE or w._retire:
             w.stop()  # a fresh process for the next trial
         return m
 

@@ -5,5 +5,14 @@ kernel configs (``script``), and ``tuner verify``, which runs an exported script
 from tuner.export.script import LOAD_KEYS, RECORD_MARK, export_run, read_recorded, recorded_figures, render_script
 from tuner.export.verify import VerifyResult, verify, verify_script
 
-__all__ = ["LOAD_KEYS", "RECORD_MARK", "VerifyResult", "export_run", "read_recorded", "recorded_figures", "render_script",
-           "verify", "verify_script"]
+__all__ = [
+    "LOAD_KEYS",
+    "RECORD_MARK",
+    "VerifyResult",
+    "export_run",
+    "read_recorded",
+    "recorded_figures",
+    "render_script",
+    "verify",
+    "verify_script",
+]

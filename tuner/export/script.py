@@ -41,16 +41,45 @@ PLUGIN_TARGETS = ("workload", "sglang")
 """The targets whose launch.sh starts SGLang: their export carries the SGLang plug-in, or says why none."""
 RECORD_MARK = "# tuner-recorded: "
 """The header line holding the recorded figures as JSON; ``tuner verify`` compares a re-run against it."""
-LOAD_KEYS = ("model", "served_model_name", "api", "prompt_len", "output_len", "length_jitter", "dataset",
-             "requests_per_level", "rounds", "min_requests", "level_s", "warmup_requests", "ignore_eos", "seed",
-             "extra_body", "health_paths", "preset", "live_context",
-             # what a level must serve to count, and how its tokens are counted (tuner.targets.sglang.loadgen)
-             "tokenizer", "warmup_s", "warmup_max_requests", "max_error_rate", "min_delivered",
-             # the load's shape and the goodput search's load (tuner.targets.sglang.loadshape, .goodput)
-             "load_shape", "length_distribution", "prompt_len_std", "output_len_std", "goodput_mode",
-             "goodput_arrivals", "goodput_window_s", "goodput_min_requests", "goodput_repeats", "goodput_tolerance",
-             "goodput_keepup_tolerance", "goodput_drain_s")
-
+LOAD_KEYS = (
+    "model",
+    "served_model_name",
+    "api",
+    "prompt_len",
+    "output_len",
+    "length_jitter",
+    "dataset",
+    "requests_per_level",
+    "rounds",
+    "min_requests",
+    "level_s",
+    "warmup_requests",
+    "ignore_eos",
+    "seed",
+    "extra_body",
+    "health_paths",
+    "preset",
+    "live_context",
+    # what a level must serve to count, and how its tokens are counted (tuner.targets.sglang.loadgen)
+    "tokenizer",
+    "warmup_s",
+    "warmup_max_requests",
+    "max_error_rate",
+    "min_delivered",
+    # the load's shape and the goodput search's load (tuner.targets.sglang.loadshape, .goodput)
+    "load_shape",
+    "length_distribution",
+    "prompt_len_std",
+    "output_len_std",
+    "goodput_mode",
+    "goodput_arrivals",
+    "goodput_window_s",
+    "goodput_min_requests",
+    "goodput_repeats",
+    "goodput_tolerance",
+    "goodput_keepup_tolerance",
+    "goodput_drain_s",
+)
 
 
 def _one_line(text: Any) -> str:
@@ -62,9 +91,11 @@ def config_runs(repo: Repo, run_id: int, params: dict[str, Any] | None) -> list:
     if params is None:
         return []
     key = json.dumps(params, sort_keys=True, default=str)
-    return [t for t in repo.list_trials(run_id, outcome="ok", with_measurements=True)
-            if t.value is not None and t.repeat_of is None
-            and json.dumps(t.params, sort_keys=True, default=str) == key]
+    return [
+        t
+        for t in repo.list_trials(run_id, outcome="ok", with_measurements=True)
+        if t.value is not None and t.repeat_of is None and json.dumps(t.params, sort_keys=True, default=str) == key
+    ]
 
 
 def level_medians(runs: list, metric: str = "tok_s") -> dict[str, float]:
@@ -77,8 +108,14 @@ def level_medians(runs: list, metric: str = "tok_s") -> dict[str, float]:
     return {lvl: statistics.median(vs) for lvl, vs in by.items()}
 
 
-def render_script(spec: LaunchSpec, *, header: list[str], recorded: dict[str, Any] | None,
-                  kernel_dir: bool = False, moe_dir: bool = False) -> str:
+def render_script(
+    spec: LaunchSpec,
+    *,
+    header: list[str],
+    recorded: dict[str, Any] | None,
+    kernel_dir: bool = False,
+    moe_dir: bool = False,
+) -> str:
     """A bash script that runs ``spec``: every argv item and env value through ``shlex.quote``; header text made
     single-line; a ``--port N`` becomes ``"$PORT"`` (default N) so a verifier can move it; ``"$@"`` passes extra
     arguments through."""
@@ -103,14 +140,17 @@ def render_script(spec: LaunchSpec, *, header: list[str], recorded: dict[str, An
         lines.append(f"export {k}={shlex.quote(str(v))}")
     if port is not None:
         lines.append(f"PORT=${{PORT:-{port}}}")
-    parts = ['"$PORT"' if port is not None and i > 0 and argv[i - 1] == "--port" else shlex.quote(a)
-             for i, a in enumerate(argv)]
+    parts = [
+        '"$PORT"' if port is not None and i > 0 and argv[i - 1] == "--port" else shlex.quote(a)
+        for i, a in enumerate(argv)
+    ]
     lines.append("exec " + " \\\n    ".join(parts) + ' \\\n    "$@"')
     return "\n".join(lines) + "\n"
 
 
-def export_run(repo: Repo, study: str, out_dir: str | os.PathLike, *, target: Target, note: str = "",
-               parsimony=None, chosen=None) -> Path:
+def export_run(
+    repo: Repo, study: str, out_dir: str | os.PathLike, *, target: Target, note: str = "", parsimony=None, chosen=None
+) -> Path:
     """Write ``out_dir/<study>/`` for the run's recorded best (launch script, params YAML, kernel configs); store
     them as artifacts too. The figures per level are medians over the same runs as the recorded value. ``note``:
     what the search said of its choice (e.g. that nothing beat the baseline beyond the noise). ``parsimony`` (a
@@ -154,36 +194,49 @@ def export_run(repo: Repo, study: str, out_dir: str | os.PathLike, *, target: Ta
     ]
     for lvl in sorted(best_levels, key=lambda s: int(s.split("=")[1]) if s.startswith("c=") else 0):
         b = base_levels.get(lvl)
-        ratio = (f"{best_levels[lvl] / b:.2f}x baseline {b:.1f}" if b
-                 else "the baseline met nothing here" if b == 0 else "no baseline")
+        ratio = (
+            f"{best_levels[lvl] / b:.2f}x baseline {b:.1f}"
+            if b
+            else "the baseline met nothing here"
+            if b == 0
+            else "no baseline"
+        )
         header.append(f"  {lvl:>6}: {best_levels[lvl]:.1f} ({ratio})")
     if chosen is not None:  # the run's objective is its best's, not this point's: say whose it is
         study_best = repo.get_trial(run.id, run.best_trial_number)
         nowhere = nothing_met_the_slo(run, study_best) if study_best is not None else ""
-        header.append(f"  the study's objective ({run.objective}): trial {run.best_trial_number}, "
-                      + ("met the study's SLO at no load" if nowhere else f"{(run.best_value or 0.0):.2f}")
-                      + "; this export is the point above, not it")
+        header.append(
+            f"  the study's objective ({run.objective}): trial {run.best_trial_number}, "
+            + ("met the study's SLO at no load" if nowhere else f"{(run.best_value or 0.0):.2f}")
+            + "; this export is the point above, not it"
+        )
     elif run.best_value is not None and run.baseline_value == 0:
         header.append(f"  objective: {run.best_value:.2f}; the baseline met nothing (median 0): no ratio")
     elif run.best_value is not None and run.baseline_value:
         vals = [r.value for r in best_runs]
         spread = f", runs {min(vals):.2f}-{max(vals):.2f}" if len(vals) > 1 else ", one run"
-        header.append(f"  objective: {run.best_value:.2f} (median{spread}; {run.best_value / run.baseline_value:.2f}x "
-                      f"the baseline's median {run.baseline_value:.2f})")
+        header.append(
+            f"  objective: {run.best_value:.2f} (median{spread}; {run.best_value / run.baseline_value:.2f}x "
+            f"the baseline's median {run.baseline_value:.2f})"
+        )
     agree = [m.value for r in best_runs for m in r.measurements if m.metric == "greedy_agreement"]
     if agree:
         least = min(agree)
         bound = next((m.value for m in best_trial.measurements if m.metric == "greedy_min_agreement"), None)
-        header.append(f"  greedy check: completions agree with the baseline's on {least:.3f} of the first tokens "
-                      f"(mean common prefix share{', lowest of its runs' if len(agree) > 1 else ''}"
-                      + (f"; min_agreement {bound:g}" if bound is not None else "") + ")")
+        header.append(
+            f"  greedy check: completions agree with the baseline's on {least:.3f} of the first tokens "
+            f"(mean common prefix share{', lowest of its runs' if len(agree) > 1 else ''}"
+            + (f"; min_agreement {bound:g}" if bound is not None else "")
+            + ")"
+        )
     header += _served_lines(run, best_trial)
     header += [
         "",
         f"environment: {gpus}; torch {env.get('torch')}; triton {env.get('triton')}; sglang {env.get('sglang')}; "
         f"cuda {env.get('cuda')}; driver {env.get('driver')}; tuner commit {env.get('git_sha')}",
         "re-measure: tuner verify <this script>   (or run it: "
-        + " ".join(shlex.quote(str(a)) for a in (spec.remeasure_argv or spec.argv)) + ")",
+        + " ".join(shlex.quote(str(a)) for a in (spec.remeasure_argv or spec.argv))
+        + ")",
         "best parameters: " + ", ".join(f"{k}={v}" for k, v in best_params.items()),
     ]
     if parsimony is not None:
@@ -205,8 +258,9 @@ def export_run(repo: Repo, study: str, out_dir: str | os.PathLike, *, target: Ta
     try:
         dest_root.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
-        raise ExportError(f"output folder {str(dest_root)!r} cannot be created ({exc.strerror}); "
-                          "pass a writable folder") from None
+        raise ExportError(
+            f"output folder {str(dest_root)!r} cannot be created ({exc.strerror}); pass a writable folder"
+        ) from None
     dest = dest_root / re.sub(r"[^A-Za-z0-9._-]+", "_", run.study_name)
     tmp = Path(tempfile.mkdtemp(prefix=".tuner-export-", dir=dest_root))
     try:
@@ -221,20 +275,42 @@ def export_run(repo: Repo, study: str, out_dir: str | os.PathLike, *, target: Ta
         if has_moe:
             shutil.copytree(moe_src, tmp / MOE_DIR / "configs")
         plugin = _plugin(repo, run, tmp)
-        script = render_script(spec, header=header + (["", *plugin.lines] if plugin else []), recorded=recorded,
-                               kernel_dir=bool(kdirs), moe_dir=has_moe)
+        script = render_script(
+            spec,
+            header=header + (["", *plugin.lines] if plugin else []),
+            recorded=recorded,
+            kernel_dir=bool(kdirs),
+            moe_dir=has_moe,
+        )
         deployed = target.deployment(best_params, environment=run.environment, repo=repo, run_id=run.id)
         if deployed is not None:  # launch.sh is the deployed command, the target's own re-run sits beside it
             (tmp / REMEASURE_NAME).write_text(script)
             os.chmod(tmp / REMEASURE_NAME, 0o755)
-            script = _deployment_script(repo, run, best_trial, (best_levels, base_levels), recorded, parsimony,
-                                        note, kdirs, tmp, target=target, deployed=deployed,
-                                        plugin_lines=plugin.lines if plugin else [])
+            script = _deployment_script(
+                repo,
+                run,
+                best_trial,
+                (best_levels, base_levels),
+                recorded,
+                parsimony,
+                note,
+                kdirs,
+                tmp,
+                target=target,
+                deployed=deployed,
+                plugin_lines=plugin.lines if plugin else [],
+            )
         (tmp / SCRIPT_NAME).write_text(script)
         os.chmod(tmp / SCRIPT_NAME, 0o755)
-        params_doc = {"study": run.study_name, "target": run.target, "objective": run.objective,
-                      "value": recorded["value"], "baseline_value": run.baseline_value, "params": best_params,
-                      **({"point": chosen.line} if chosen is not None else {})}
+        params_doc = {
+            "study": run.study_name,
+            "target": run.target,
+            "objective": run.objective,
+            "value": recorded["value"],
+            "baseline_value": run.baseline_value,
+            "params": best_params,
+            **({"point": chosen.line} if chosen is not None else {}),
+        }
         (tmp / PARAMS_NAME).write_text(yaml.safe_dump(params_doc, sort_keys=False))
         if dest.exists():
             old = dest.with_name(dest.name + f".old-{os.getpid()}")
@@ -246,16 +322,23 @@ def export_run(repo: Repo, study: str, out_dir: str | os.PathLike, *, target: Ta
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
-    items = [("launch_script", SCRIPT_NAME, str(dest / SCRIPT_NAME), (dest / SCRIPT_NAME).read_bytes()),
-             *[("remeasure_script", name, str(dest / name), (dest / name).read_bytes())
-               for name in (REMEASURE_NAME, REMEASURE_COMMAND_NAME) if (dest / name).exists()],
-             ("best_params", PARAMS_NAME, str(dest / PARAMS_NAME), (dest / PARAMS_NAME).read_bytes())]
+    items = [
+        ("launch_script", SCRIPT_NAME, str(dest / SCRIPT_NAME), (dest / SCRIPT_NAME).read_bytes()),
+        *[
+            ("remeasure_script", name, str(dest / name), (dest / name).read_bytes())
+            for name in (REMEASURE_NAME, REMEASURE_COMMAND_NAME)
+            if (dest / name).exists()
+        ],
+        ("best_params", PARAMS_NAME, str(dest / PARAMS_NAME), (dest / PARAMS_NAME).read_bytes()),
+    ]
     for f in sorted((dest / KERNEL_DIR).glob("*.json")) if (dest / KERNEL_DIR).is_dir() else []:
         items.append(("kernel_config", f"{KERNEL_DIR}/{f.name}", str(f), f.read_bytes()))
     for f in sorted((dest / MOE_DIR).rglob("*.json")) if (dest / MOE_DIR).is_dir() else []:
         items.append(("kernel_config", f.relative_to(dest).as_posix(), str(f), f.read_bytes()))
     if (dest / PLUGIN_MANIFEST).is_file():
-        items.append(("sglang_plugin", PLUGIN_MANIFEST, str(dest / PLUGIN_MANIFEST), (dest / PLUGIN_MANIFEST).read_bytes()))
+        items.append(
+            ("sglang_plugin", PLUGIN_MANIFEST, str(dest / PLUGIN_MANIFEST), (dest / PLUGIN_MANIFEST).read_bytes())
+        )
     repo.add_artifacts(run.id, items)
     _logger.info("exported study %s to %s", run.study_name, dest)
     return dest
@@ -271,22 +354,40 @@ def _plugin(repo: Repo, run, tmp: Path):
 
     env = run.environment or {}
     gpus = [g.get("name") for g in env.get("gpus", []) if g.get("name")]
-    return export_plugin(read_records(repo, run.id), tmp, study=run.study_name,
-                         commit=os.environ.get("TUNER_COMMIT") or git_sha(), gpu=gpus[0] if gpus else None,
-                         sglang=env.get("sglang"))
+    return export_plugin(
+        read_records(repo, run.id),
+        tmp,
+        study=run.study_name,
+        commit=os.environ.get("TUNER_COMMIT") or git_sha(),
+        gpu=gpus[0] if gpus else None,
+        sglang=env.get("sglang"),
+    )
 
 
 def _prediction(levels: dict[str, float], base: dict[str, float]) -> str:
     if not levels:
         return "not measured"
-    return ", ".join(f"{lvl} {v / base[lvl]:.2f}x ({v:.1f})" if base.get(lvl) else f"{lvl} {v:.1f}"
-                     for lvl, v in sorted(levels.items(), key=lambda i: int(i[0].split("=")[1])
-                                          if i[0].startswith("c=") else 0))
+    return ", ".join(
+        f"{lvl} {v / base[lvl]:.2f}x ({v:.1f})" if base.get(lvl) else f"{lvl} {v:.1f}"
+        for lvl, v in sorted(levels.items(), key=lambda i: int(i[0].split("=")[1]) if i[0].startswith("c=") else 0)
+    )
 
 
-def _deployment_script(repo: Repo, run, trial, levels: tuple[dict[str, float], dict[str, float]],
-                       recorded: dict[str, Any], parsimony, note: str, kdirs: list[Path], tmp: Path, *,
-                       target: Target, deployed: Deployment, plugin_lines: list[str] | None = None) -> str:
+def _deployment_script(
+    repo: Repo,
+    run,
+    trial,
+    levels: tuple[dict[str, float], dict[str, float]],
+    recorded: dict[str, Any],
+    parsimony,
+    note: str,
+    kdirs: list[Path],
+    tmp: Path,
+    *,
+    target: Target,
+    deployed: Deployment,
+    plugin_lines: list[str] | None = None,
+) -> str:
     """launch.sh where the target deploys another program's command (``deployed``, :meth:`Target.deployment`):
     headed by two predictions, "this command" (the runs of the configuration it runs) and "with these code
     changes" (the best), and the deployment's own lines; ``tuner verify``'s record points at remeasure.sh (the best)
@@ -305,14 +406,21 @@ def _deployment_script(repo: Repo, run, trial, levels: tuple[dict[str, float], d
         *([f"NOTE: {note}"] if note else []),
         deployed.predictions,
         f"  this command: {_prediction(cmd_levels, base_levels)}"
-        + ("" if same else f" (its configuration's runs: trials {', '.join(str(r.number) for r in cmd_runs)})"
-           if cmd_runs else " (`tuner verify launch.sh` measures it)"),
+        + (
+            ""
+            if same
+            else f" (its configuration's runs: trials {', '.join(str(r.number) for r in cmd_runs)})"
+            if cmd_runs
+            else " (`tuner verify launch.sh` measures it)"
+        ),
         f"  with these code changes: {_prediction(best_levels, base_levels)} ({deployed.by}'s best"
         + (", the same configuration: nothing below needs a code change)" if same else ")"),
     ]
     if err:
-        header.append("  the best's output vs the default configuration's (relative norm error): "
-                      + ", ".join(f"{v:.2g}" for v in err.values()))
+        header.append(
+            "  the best's output vs the default configuration's (relative norm error): "
+            + ", ".join(f"{v:.2g}" for v in err.values())
+        )
     if parsimony is not None:
         header.append("parsimony: " + parsimony.reason())
     header += ["", *deployed.lines, *(plugin_lines or [])]
@@ -328,16 +436,26 @@ def _deployment_script(repo: Repo, run, trial, levels: tuple[dict[str, float], d
             header.append(f"(no {REMEASURE_COMMAND_NAME}: the command's configuration cannot run here: {exc})")
         else:
             crec = _recorded(run, cmd_runs)
-            crec["value"] = (statistics.median(r.value for r in cmd_runs) if cmd_runs else None)
-            (tmp / REMEASURE_COMMAND_NAME).write_text(render_script(spec, header=[
-                f"{deployed.by}'s re-measure of the exported command's configuration (study {run.study_name!r})", "params: " + ", ".join(f"{k}={v}" for k, v in deployed.params.items())],
-                recorded=crec, kernel_dir=bool(kdirs)))
+            crec["value"] = statistics.median(r.value for r in cmd_runs) if cmd_runs else None
+            (tmp / REMEASURE_COMMAND_NAME).write_text(
+                render_script(
+                    spec,
+                    header=[
+                        f"{deployed.by}'s re-measure of the exported command's configuration (study {run.study_name!r})",
+                        "params: " + ", ".join(f"{k}={v}" for k, v in deployed.params.items()),
+                    ],
+                    recorded=crec,
+                    kernel_dir=bool(kdirs),
+                )
+            )
             os.chmod(tmp / REMEASURE_COMMAND_NAME, 0o755)
             rec["remeasure_command"] = REMEASURE_COMMAND_NAME
-    header += ["",
-               f"{deployed.by}'s own re-measure: bash {REMEASURE_NAME} (the best) and bash {REMEASURE_COMMAND_NAME} "
-               "(this command's configuration); tuner verify launch.sh runs both",
-               *deployed.footer]
+    header += [
+        "",
+        f"{deployed.by}'s own re-measure: bash {REMEASURE_NAME} (the best) and bash {REMEASURE_COMMAND_NAME} "
+        "(this command's configuration); tuner verify launch.sh runs both",
+        *deployed.footer,
+    ]
     return deployed.render(header, RECORD_MARK + json.dumps(rec, sort_keys=True), MOE_DIR if moe else None)
 
 
@@ -352,16 +470,20 @@ def _recorded(run, best_runs: list) -> dict[str, Any]:
         obj = None
     metric = obj.metric if obj else "tok_s"
     by_level = {lvl.split("=", 1)[1]: v for lvl, v in level_medians(best_runs, metric).items() if lvl.startswith("c=")}
-    out = {"study": run.study_name, "target": run.target, "objective": run.objective,
-           **recorded_figures(obj, run.best_value, by_level, run.settings or {}, direction=run.direction,
-                              unit=run.unit),
-           "runs": [r.number for r in best_runs]}
+    out = {
+        "study": run.study_name,
+        "target": run.target,
+        "objective": run.objective,
+        **recorded_figures(obj, run.best_value, by_level, run.settings or {}, direction=run.direction, unit=run.unit),
+        "runs": [r.number for r in best_runs],
+    }
     best_trial = best_runs[-1] if best_runs else None
     if obj is not None and obj.is_goodput and best_trial is not None:  # verify re-measures the boundary (issue 22)
         from tuner.targets.sglang.goodput import recorded
 
-        out["goodput"] = recorded(obj, {(m.metric, m.level): m.value for m in best_trial.measurements},
-                                  run.settings or {})
+        out["goodput"] = recorded(
+            obj, {(m.metric, m.level): m.value for m in best_trial.measurements}, run.settings or {}
+        )
     return out
 
 
@@ -374,10 +496,12 @@ def _served_lines(run, trial) -> list[str]:
     from tuner.targets.sglang.goodput import Rules
 
     settings = run.settings or {}
-    return [f"  tokens counted by: {', '.join(counted)} (usage: the server's count; server: its token ids or "
-            "logprobs; chunks: one per streamed chunk; tokenizer: the model's tokenizer on the text)",
-            f"  served: a request the server said it finished (finish_reason or usage); a level counts with "
-            f"{Rules.of(settings).line()}"]
+    return [
+        f"  tokens counted by: {', '.join(counted)} (usage: the server's count; server: its token ids or "
+        "logprobs; chunks: one per streamed chunk; tokenizer: the model's tokenizer on the text)",
+        f"  served: a request the server said it finished (finish_reason or usage); a level counts with "
+        f"{Rules.of(settings).line()}",
+    ]
 
 
 def nothing_met_the_slo(run, trial, consequence: str = "nothing to export") -> str:
@@ -387,12 +511,17 @@ def nothing_met_the_slo(run, trial, consequence: str = "nothing to export") -> s
     if feasible != 0.0:
         return ""
     served = _served_misses(run, trial)
-    advice = (f"at its lowest load the latency limits held but it {served}: a server failing or cutting requests "
-              "is no latency matter (`tuner status` shows each load; settings max_error_rate and min_delivered set "
-              "what a load must serve)" if served else
-              "loosen the SLO (the space's objective.slo), or measure lower loads (setting goodput_min)")
-    return (f"study {run.study_name!r}: no configuration met the SLO ({run.objective}); the best, trial "
-            f"{trial.number}, missed it at every load measured: {consequence}; {advice}")
+    advice = (
+        f"at its lowest load the latency limits held but it {served}: a server failing or cutting requests "
+        "is no latency matter (`tuner status` shows each load; settings max_error_rate and min_delivered set "
+        "what a load must serve)"
+        if served
+        else "loosen the SLO (the space's objective.slo), or measure lower loads (setting goodput_min)"
+    )
+    return (
+        f"study {run.study_name!r}: no configuration met the SLO ({run.objective}); the best, trial "
+        f"{trial.number}, missed it at every load measured: {consequence}; {advice}"
+    )
 
 
 def _served_misses(run, trial) -> str:
@@ -424,8 +553,15 @@ def _refuse_infeasible(run, trial) -> None:
         raise ExportError(line)
 
 
-def recorded_figures(objective, value: float | None, by_level: dict, settings: dict[str, Any], *,
-                     direction: str | None = None, unit: str | None = None) -> dict[str, Any]:
+def recorded_figures(
+    objective,
+    value: float | None,
+    by_level: dict,
+    settings: dict[str, Any],
+    *,
+    direction: str | None = None,
+    unit: str | None = None,
+) -> dict[str, Any]:
     """The one writer of what a launch script records for ``tuner verify``: the objective (a space's
     ``Objective``, or None for the defaults), its value and its metric per level, and the load that made them."""
     levels = [int(c) for c in (objective.levels if objective else [])] or sorted(int(c) for c in by_level)
@@ -435,9 +571,11 @@ def recorded_figures(objective, value: float | None, by_level: dict, settings: d
         "metric": objective.metric if objective else "tok_s",
         "direction": direction or (objective.direction if objective else "maximize"),
         "unit": unit or (objective.unit if objective else ""),
-        "combine": objective.combine if objective else "geomean", "levels": levels,
+        "combine": objective.combine if objective else "geomean",
+        "levels": levels,
         "level": objective.level if objective else None,
-        "value": value, "by_level": {str(k): v for k, v in by_level.items()},
+        "value": value,
+        "by_level": {str(k): v for k, v in by_level.items()},
         "load": {k: settings[k] for k in LOAD_KEYS if k in settings},
     }
 
@@ -447,13 +585,15 @@ def read_recorded(script: str | os.PathLike) -> dict[str, Any]:
     try:
         text = Path(script).read_text()
     except OSError as exc:
-        raise ExportError(f"cannot read launch script {str(script)!r} ({exc.strerror}); give the exported launch.sh") \
-            from None
+        raise ExportError(
+            f"cannot read launch script {str(script)!r} ({exc.strerror}); give the exported launch.sh"
+        ) from None
     for line in text.splitlines():
         if line.startswith(RECORD_MARK):
             try:
-                return json.loads(line[len(RECORD_MARK):])
+                return json.loads(line[len(RECORD_MARK) :])
             except json.JSONDecodeError as exc:
-                raise ExportError(f"{script}: the `{RECORD_MARK.strip()}` line is not JSON ({exc.msg}); "
-                                  "re-export it") from None
+                raise ExportError(
+                    f"{script}: the `{RECORD_MARK.strip()}` line is not JSON ({exc.msg}); re-export it"
+                ) from None
     raise ExportError(f"{script}: no `{RECORD_MARK.strip()}` line; only scripts exported by tuner can be verified")

@@ -57,17 +57,22 @@ class HookSpec:
 
 HOOKS = {
     "sglang.kernels.ops.attention.dsv4.norm_rope.fused_q_norm_rope": HookSpec(
-        "fused_q_norm_rope", ("q_input", "q_output", "eps", "freqs_cis", "positions"), "sglang_q_norm_rope.py",
-        "configs/q_norm_rope.json"),
+        "fused_q_norm_rope",
+        ("q_input", "q_output", "eps", "freqs_cis", "positions"),
+        "sglang_q_norm_rope.py",
+        "configs/q_norm_rope.json",
+    ),
 }
 
 
 CARRIES: dict[str, dict[str, Any]] = {}
 """Hook target -> the twin's knob values that run that replacement beside the exported command (none yet: the twin
 has no knob for "SGLang's own kernel" of the q path to compare with)."""
-NO_PREDICTION = ("with this plug-in: not predicted; the twin runs none of the SGLang kernels the plug-in replaces "
-                 "(its glue=fused is timed against eager torch, SGLang's q path is already fused); the per-kernel "
-                 "figures above are what was measured")
+NO_PREDICTION = (
+    "with this plug-in: not predicted; the twin runs none of the SGLang kernels the plug-in replaces "
+    "(its glue=fused is timed against eager torch, SGLang's q path is already fused); the per-kernel "
+    "figures above are what was measured"
+)
 
 
 @dataclass(frozen=True)
@@ -101,12 +106,18 @@ class SideBySide:
         return cls(**{k: v for k, v in d.items() if k in names})
 
     def case(self) -> dict[str, Any]:
-        return {"arch": self.arch, "dtype": self.dtypes["dtype"], "out_dtype": self.dtypes["out_dtype"],
-                **{k: self.shape[k] for k in ("heads", "head_dim", "rope_dim", "norm")}}
+        return {
+            "arch": self.arch,
+            "dtype": self.dtypes["dtype"],
+            "out_dtype": self.dtypes["out_dtype"],
+            **{k: self.shape[k] for k in ("heads", "head_dim", "rope_dim", "norm")},
+        }
 
     def figures(self) -> str:
-        return (f"ours {self.ours_us:.2f} us vs {'SGLang' if self.baseline == 'sglang' else 'torch'} "
-                f"{self.sglang_us:.2f} us, rel err {self.rel_err:.2g}")
+        return (
+            f"ours {self.ours_us:.2f} us vs {'SGLang' if self.baseline == 'sglang' else 'torch'} "
+            f"{self.sglang_us:.2f} us, rel err {self.rel_err:.2g}"
+        )
 
 
 def store_records(repo, study: str, records: list[SideBySide], name: str) -> None:
@@ -123,8 +134,10 @@ def read_records(repo, run_id: int) -> list[SideBySide]:
     out = []
     for a in repo.list_artifacts(run_id):
         if a.kind == ARTIFACT_KIND:
-            out += [SideBySide.from_dict(dict(d, source=d.get("source") or a.name))
-                    for d in json.loads(a.content)["records"]]
+            out += [
+                SideBySide.from_dict(dict(d, source=d.get("source") or a.name))
+                for d in json.loads(a.content)["records"]
+            ]
     return out
 
 
@@ -220,29 +233,63 @@ def write_plugin(dest: Path, choice: Choice, *, study: str, commit: str | None, 
             cases.setdefault(json.dumps(r.case(), sort_keys=True), []).append(r)
         entries = []
         for key, rs in sorted(cases.items()):
-            measured = sorted({x.batch for x in choice.shipped + [y for y, _ in choice.left_out]
-                               if x.target == target and json.dumps(x.case(), sort_keys=True) == key})
+            measured = sorted(
+                {
+                    x.batch
+                    for x in choice.shipped + [y for y, _ in choice.left_out]
+                    if x.target == target and json.dumps(x.case(), sort_keys=True) == key
+                }
+            )
             buckets = []
             for r, rng in _buckets(rs, measured):
-                name = f"{r.arch}-{r.dtypes['dtype']}-h{r.shape['heads']}-b{rng[0]}-{rng[1]}" \
-                       + ("" if r.shape["norm"] else "-nonorm")
+                name = f"{r.arch}-{r.dtypes['dtype']}-h{r.shape['heads']}-b{rng[0]}-{rng[1]}" + (
+                    "" if r.shape["norm"] else "-nonorm"
+                )
                 configs[name] = r.config
-                buckets.append({"batch_range": rng, "measured_batch": r.batch, "config": name,
-                                "ours_us": r.ours_us, "sglang_us": r.sglang_us, "speedup": r.sglang_us / r.ours_us,
-                                "rel_err": r.rel_err, "gpu": r.gpu, "date": r.date, "commit": r.commit,
-                                "sglang": r.sglang, "from": r.source})
+                buckets.append(
+                    {
+                        "batch_range": rng,
+                        "measured_batch": r.batch,
+                        "config": name,
+                        "ours_us": r.ours_us,
+                        "sglang_us": r.sglang_us,
+                        "speedup": r.sglang_us / r.ours_us,
+                        "rel_err": r.rel_err,
+                        "gpu": r.gpu,
+                        "date": r.date,
+                        "commit": r.commit,
+                        "sglang": r.sglang,
+                        "from": r.source,
+                    }
+                )
             entries.append({"case": json.loads(key), "buckets": buckets})
-        hooks.append({"target": target, "hook": spec.hook, "hook_type": "AROUND", "args": list(spec.args),
-                      "kernel_file": f"kernels/{spec.kernel_file}", "config_file": spec.config_file,
-                      "cases": entries})
+        hooks.append(
+            {
+                "target": target,
+                "hook": spec.hook,
+                "hook_type": "AROUND",
+                "args": list(spec.args),
+                "kernel_file": f"kernels/{spec.kernel_file}",
+                "config_file": spec.config_file,
+                "cases": entries,
+            }
+        )
     for name, body in configs_by_file.items():
         (pkg / name).write_text(json.dumps(body, indent=1, sort_keys=True) + "\n")
     version = _version(study, commit)
     manifest = {
-        "name": ENTRY, "dist": DIST, "version": version, "study": study, "tuner_commit": commit,
-        "sglang": sglang, "disable_env": DISABLE_ENV, "hooks": hooks,
-        "left_out": [{"target": r.target, "batch": r.batch, "case": r.case(), "why": why, "from": r.source}
-                     for r, why in choice.left_out],
+        "name": ENTRY,
+        "dist": DIST,
+        "version": version,
+        "study": study,
+        "tuner_commit": commit,
+        "sglang": sglang,
+        "disable_env": DISABLE_ENV,
+        "hooks": hooks,
+        "left_out": [
+            {"target": r.target, "batch": r.batch, "case": r.case(), "why": why, "from": r.source}
+            for r, why in choice.left_out
+        ],
     }
     text = json.dumps(manifest, indent=1, sort_keys=True) + "\n"
     (pkg / "MANIFEST.json").write_text(text)
@@ -273,31 +320,51 @@ packages = ["{PACKAGE}", "{PACKAGE}.kernels"]
 def _summary(manifest: dict[str, Any]) -> str:
     parts = []
     for h in manifest["hooks"]:
-        ranges = ", ".join(f"{'-'.join(str(x) for x in sorted(set(b['batch_range'])))} ({b['speedup']:.2f}x)"
-                           for c in h["cases"] for b in c["buckets"])
+        ranges = ", ".join(
+            f"{'-'.join(str(x) for x in sorted(set(b['batch_range'])))} ({b['speedup']:.2f}x)"
+            for c in h["cases"]
+            for b in c["buckets"]
+        )
         parts.append(f"{h['target'].rsplit('.', 1)[-1]} at batch {ranges}")
     return "; ".join(parts)
 
 
-def export_plugin(records: list[SideBySide], out: Path, *, study: str, commit: str | None, gpu: str | None,
-                  sglang: str | None) -> Plugin:
+def export_plugin(
+    records: list[SideBySide], out: Path, *, study: str, commit: str | None, gpu: str | None, sglang: str | None
+) -> Plugin:
     """Write ``out/sglang_plugin`` where a record was chosen; the header lines say what ships or why nothing."""
     if not records:
-        return Plugin(None, None, ["SGLang plug-in: none; no kernel of this study was measured beside SGLang's own at "
-                                   "the deployment's shapes (benchmarks/sglang_plugin_kernels.py --store measures "
-                                   "and stores them)"])
+        return Plugin(
+            None,
+            None,
+            [
+                "SGLang plug-in: none; no kernel of this study was measured beside SGLang's own at "
+                "the deployment's shapes (benchmarks/sglang_plugin_kernels.py --store measures "
+                "and stores them)"
+            ],
+        )
     choice = choose(records, gpu=gpu)
     if not choice.shipped:
         whys = sorted({why.split(":")[0] for _, why in choice.left_out})
-        return Plugin(None, None, [f"SGLang plug-in: none; no kernel measured beside SGLang's own was faster within "
-                                   f"tolerance ({len(choice.left_out)} record(s) left out: {', '.join(whys)})"])
+        return Plugin(
+            None,
+            None,
+            [
+                f"SGLang plug-in: none; no kernel measured beside SGLang's own was faster within "
+                f"tolerance ({len(choice.left_out)} record(s) left out: {', '.join(whys)})"
+            ],
+        )
     built_for = sglang or choice.shipped[0].sglang
     manifest = write_plugin(out / DIR, choice, study=study, commit=commit, sglang=built_for)
-    return Plugin(out / DIR, manifest, [
-        f"SGLang plug-in {DIR}/ ({DIST} {manifest['version']}, for SGLang {built_for}): {_summary(manifest)}; "
-        f"SGLang's own function elsewhere ({DIR}/MANIFEST.json: figures, sources, what was left out and why)",
-        f"  install: pip install ./{DIR}   (SGLang loads it at start; with SGLANG_PLUGINS set, list {ENTRY} in it)",
-        f"  off: {DISABLE_ENV}=1 bash launch.sh;  remove: pip uninstall {DIST};  this script runs unchanged "
-        "without it",
-        *([] if all(h["target"] in CARRIES for h in manifest["hooks"]) else [f"  {NO_PREDICTION}"]),
-    ])
+    return Plugin(
+        out / DIR,
+        manifest,
+        [
+            f"SGLang plug-in {DIR}/ ({DIST} {manifest['version']}, for SGLang {built_for}): {_summary(manifest)}; "
+            f"SGLang's own function elsewhere ({DIR}/MANIFEST.json: figures, sources, what was left out and why)",
+            f"  install: pip install ./{DIR}   (SGLang loads it at start; with SGLANG_PLUGINS set, list {ENTRY} in it)",
+            f"  off: {DISABLE_ENV}=1 bash launch.sh;  remove: pip uninstall {DIST};  this script runs unchanged "
+            "without it",
+            *([] if all(h["target"] in CARRIES for h in manifest["hooks"]) else [f"  {NO_PREDICTION}"]),
+        ],
+    )

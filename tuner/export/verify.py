@@ -26,6 +26,7 @@ from tuner.targets.sglang.launch import ServerProcess, parse_port_range, pick_fr
 
 _logger = logging.getLogger(__name__)
 
+
 @dataclass
 class VerifyResult:
     ok: bool
@@ -47,14 +48,18 @@ class VerifyResult:
         head = "verified" if self.ok else "NOT verified"
         # a run that measured and missed is "NOT verified" alone: "outcome ok" there reads as a pass
         outcome = "" if not self.ok and self.outcome is Outcome.OK else f"outcome {self.outcome.value}, "
-        out = [f"{head}: {self.metric} {self.value if self.value is None else round(self.value, 3)} "
-               f"(recorded {self.recorded_value if self.recorded_value is None else round(self.recorded_value, 3)}, "
-               f"tolerance {self.tolerance:.0%}, {outcome}{self.duration_s:.1f}s)"]
+        out = [
+            f"{head}: {self.metric} {self.value if self.value is None else round(self.value, 3)} "
+            f"(recorded {self.recorded_value if self.recorded_value is None else round(self.recorded_value, 3)}, "
+            f"tolerance {self.tolerance:.0%}, {outcome}{self.duration_s:.1f}s)"
+        ]
         for c in sorted(self.recorded_by_level):
             got = self.by_level.get(c)
             ratio = self.ratios.get(c)
-            out.append(f"  c={c}: {got if got is None else round(got, 3)} vs {round(self.recorded_by_level[c], 3)}"
-                       + (f" ({ratio:.2f}x)" if ratio is not None else ""))
+            out.append(
+                f"  c={c}: {got if got is None else round(got, 3)} vs {round(self.recorded_by_level[c], 3)}"
+                + (f" ({ratio:.2f}x)" if ratio is not None else "")
+            )
         if self.reason:
             out.append(f"  {self.reason}")
         if self.command is not None:
@@ -63,9 +68,15 @@ class VerifyResult:
         return out
 
 
-def verify_script(path: str | Path, *, tolerance: float = 0.15, timeout_s: float = 3600.0,
-                  port_range: str = "30000-30999", host: str = "127.0.0.1",
-                  settings: dict[str, Any] | None = None) -> VerifyResult:
+def verify_script(
+    path: str | Path,
+    *,
+    tolerance: float = 0.15,
+    timeout_s: float = 3600.0,
+    port_range: str = "30000-30999",
+    host: str = "127.0.0.1",
+    settings: dict[str, Any] | None = None,
+) -> VerifyResult:
     """Run the launch script once (``bash path`` with ``PORT`` set), load it at the recorded levels with the
     recorded load, and compare the objective per level with the header's figures. Never raises for a failed run.
     It dials the address the script binds (the recorded ``host``; ``host`` for a script that records none)."""
@@ -76,14 +87,20 @@ def verify_script(path: str | Path, *, tolerance: float = 0.15, timeout_s: float
     metric = str(rec.get("metric", "tok_s"))
     maximize = rec.get("direction", "maximize") == "maximize"
     recorded_by_level = {int(k): float(v) for k, v in (rec.get("by_level") or {}).items()}
-    result = VerifyResult(False, Outcome.CRASH, metric, None, rec.get("value"),
-                          recorded_by_level=recorded_by_level, tolerance=tolerance)
+    result = VerifyResult(
+        False, Outcome.CRASH, metric, None, rec.get("value"), recorded_by_level=recorded_by_level, tolerance=tolerance
+    )
     host = dial_address(rec.get("host")) or host
     port = pick_free_port(*parse_port_range(port_range), host)
     cfg = loadgen.LoadConfig.from_settings(load)
     deadline = t0 + timeout_s
-    server = ServerProcess(["bash", str(Path(path).resolve())], env={"PORT": str(port)}, port=port, host=host,
-                           health_paths=tuple(load.get("health_paths") or ("/health", "/v1/models")))
+    server = ServerProcess(
+        ["bash", str(Path(path).resolve())],
+        env={"PORT": str(port)},
+        port=port,
+        host=host,
+        health_paths=tuple(load.get("health_paths") or ("/health", "/v1/models")),
+    )
     try:
         failure = server.wait_ready(deadline)
         if failure is not None:
@@ -97,15 +114,24 @@ def verify_script(path: str | Path, *, tolerance: float = 0.15, timeout_s: float
         if rec.get("goodput"):  # issue 22: a goodput export re-measures its boundary load under the SLO
             return _verify_goodput(result, server, cfg, rec, load, deadline)
         for i, c in enumerate(levels):
-            res = loadgen.run_level(server.base_url, cfg, c, level_index=i, deadline=deadline,
-                                    should_abort=lambda: (f.reason if (f := server.failure()) else None))
+            res = loadgen.run_level(
+                server.base_url,
+                cfg,
+                c,
+                level_index=i,
+                deadline=deadline,
+                should_abort=lambda: f.reason if (f := server.failure()) else None,
+            )
             if res.aborted or not res.ok_requests:
                 f = server.failure()
                 result.outcome = f.outcome if f else (Outcome.TIMEOUT if res.aborted else Outcome.CRASH)
                 result.reason = f"at c={c}: " + (f.reason if f else res.aborted or res.first_error())
                 return result
-            served = loadgen.served_problem(res, float(load.get("max_error_rate", loadgen.MAX_ERROR_RATE)),
-                                           float(load.get("min_delivered", loadgen.MIN_DELIVERED)))
+            served = loadgen.served_problem(
+                res,
+                float(load.get("max_error_rate", loadgen.MAX_ERROR_RATE)),
+                float(load.get("min_delivered", loadgen.MIN_DELIVERED)),
+            )
             if served:  # a level that served too little of what was asked verifies nothing
                 result.outcome, result.reason = Outcome.REQUEST_ERROR, f"at c={c}: {served}"
                 return result
@@ -121,16 +147,28 @@ def verify_script(path: str | Path, *, tolerance: float = 0.15, timeout_s: float
         _logger.info("verify %s: %s", path, result.lines()[0])
 
 
-def _verify_goodput(result: VerifyResult, server: ServerProcess, cfg: loadgen.LoadConfig, rec: dict[str, Any],
-                    load: dict[str, Any], deadline: float) -> VerifyResult:
+def _verify_goodput(
+    result: VerifyResult,
+    server: ServerProcess,
+    cfg: loadgen.LoadConfig,
+    rec: dict[str, Any],
+    load: dict[str, Any],
+    deadline: float,
+) -> VerifyResult:
     """A goodput script: its recorded boundary load, less the tolerance, measured again; verified when it still meets
     the SLO there."""
     from tuner.targets.sglang import goodput
 
     fields = goodput.GoodputSettings.model_fields
     settings = goodput.GoodputSettings.parse({k: v for k, v in load.items() if k in fields}, owner="the recorded load")
-    measure = goodput.Measurer(server.base_url, cfg, settings, lambda n, off: loadgen.make_requests(cfg, n, off),
-                               deadline=deadline, should_abort=lambda: (f.reason if (f := server.failure()) else None))
+    measure = goodput.Measurer(
+        server.base_url,
+        cfg,
+        settings,
+        lambda n, off: loadgen.make_requests(cfg, n, off),
+        deadline=deadline,
+        should_abort=lambda: f.reason if (f := server.failure()) else None,
+    )
     try:
         ok, boundary, text = goodput.verify_load(measure, rec["goodput"], shortfall=result.tolerance)
     except goodput.Aborted as exc:
@@ -179,8 +217,9 @@ def _combine(rec: dict[str, Any], by_level: dict[int, float]) -> float:
     return sum(vals) / len(vals)
 
 
-def verify(path: str | Path, *, tolerance: float = 0.15, timeout_s: float = 3600.0,
-           settings: dict[str, Any] | None = None):
+def verify(
+    path: str | Path, *, tolerance: float = 0.15, timeout_s: float = 3600.0, settings: dict[str, Any] | None = None
+):
     """Re-run ``path`` and compare; returns an object with ``ok``, ``outcome``, ``ratios`` and ``lines()``."""
     rec = read_recorded(path)
     if rec.get("target") == "workload":
@@ -190,8 +229,15 @@ def verify(path: str | Path, *, tolerance: float = 0.15, timeout_s: float = 3600
 
 def _verify_workload(path: Path, rec: dict[str, Any], tolerance: float, timeout_s: float):
     recorded = {int(k): float(v) for k, v in (rec.get("by_level") or {}).items()}
-    res = VerifyResult(False, Outcome.CRASH, rec.get("metric", "tok_s"), None, rec.get("value"),
-                       recorded_by_level=recorded, tolerance=tolerance)
+    res = VerifyResult(
+        False,
+        Outcome.CRASH,
+        rec.get("metric", "tok_s"),
+        None,
+        rec.get("value"),
+        recorded_by_level=recorded,
+        tolerance=tolerance,
+    )
     t0 = time.time()
     if rec.get("remeasure_command"):  # both predictions: the command's configuration too (issue 42)
         cpath = path.parent / str(rec["remeasure_command"])
@@ -203,8 +249,7 @@ def _verify_workload(path: Path, rec: dict[str, Any], tolerance: float, timeout_
             res.reason = f"{path} is missing: launch.sh names it as the twin's re-measure script; re-export"
             return res
     try:
-        out = subprocess.run(["bash", str(path.resolve()), "--json"], capture_output=True, text=True,
-                             timeout=timeout_s)
+        out = subprocess.run(["bash", str(path.resolve()), "--json"], capture_output=True, text=True, timeout=timeout_s)
     except subprocess.TimeoutExpired:
         res.outcome, res.reason = Outcome.TIMEOUT, f"no result within {timeout_s:.0f}s"
         return res
@@ -230,8 +275,15 @@ VERIFY_NAME = "verify.json"
 """The artifact a verification of a stored export leaves in the study's storage."""
 
 
-def verify_stored(repo: Any, study: str | None, *, script: str | Path | None = None, tolerance: float = 0.15,
-                  timeout_s: float = 3600.0, settings: dict[str, Any] | None = None):
+def verify_stored(
+    repo: Any,
+    study: str | None,
+    *,
+    script: str | Path | None = None,
+    tolerance: float = 0.15,
+    timeout_s: float = 3600.0,
+    settings: dict[str, Any] | None = None,
+):
     """Verify study ``study``'s exported launch script (``script``, else the one its storage keeps from its last
     export), and store the result in that storage as the artifact :data:`VERIFY_NAME`. A study without an export:
     ``ExportError`` naming the command that makes one."""
@@ -244,16 +296,26 @@ def verify_stored(repo: Any, study: str | None, *, script: str | Path | None = N
         if script is None:
             art = repo.get_artifact(run.id, SCRIPT_NAME)
             if art is None:
-                raise ExportError(f"study {run.study_name!r} has no exported launch script in this storage; run "
-                                  f"`tuner export --study {run.study_name}` first, or give the script's path")
+                raise ExportError(
+                    f"study {run.study_name!r} has no exported launch script in this storage; run "
+                    f"`tuner export --study {run.study_name}` first, or give the script's path"
+                )
             script = Path(tmp) / SCRIPT_NAME
             script.write_bytes(art.content)
             extra = repo.get_artifact(run.id, REMEASURE_NAME)
             if extra is not None:
                 (Path(tmp) / REMEASURE_NAME).write_bytes(extra.content)
         res = verify(script, tolerance=tolerance, timeout_s=timeout_s, settings=settings)
-    doc = {"ok": res.ok, "outcome": res.outcome.value, "metric": res.metric, "value": res.value,
-           "recorded_value": res.recorded_value, "tolerance": tolerance, "reason": res.reason,
-           "lines": res.lines(), "at": time.time()}
+    doc = {
+        "ok": res.ok,
+        "outcome": res.outcome.value,
+        "metric": res.metric,
+        "value": res.value,
+        "recorded_value": res.recorded_value,
+        "tolerance": tolerance,
+        "reason": res.reason,
+        "lines": res.lines(),
+        "at": time.time(),
+    }
     repo.add_artifacts(run.id, [("verify", VERIFY_NAME, str(script), json.dumps(doc).encode())])
     return res

@@ -9,5 +9,13 @@ from tuner.search.context import Progress, SearchContext, SearchOptions, SearchR
 from tuner.search.driver import run_search
 from tuner.search.trial import run_one
 
-__all__ = ["Progress", "SearchContext", "SearchOptions", "SearchResult", "TrialSummary", "open_context",
-           "run_one", "run_search"]
+__all__ = [
+    "Progress",
+    "SearchContext",
+    "SearchOptions",
+    "SearchResult",
+    "TrialSummary",
+    "open_context",
+    "run_one",
+    "run_search",
+]

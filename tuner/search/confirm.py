@@ -61,7 +61,7 @@ def plan_confirmation(durations: list[tuple[str, float, bool]], *, k: int, budge
     ``budget_s``."""
     if not durations:
         return ConfirmPlan((), MAX_SHARE * budget_s)
-    base, rest = durations[0], durations[1:k + 1]
+    base, rest = durations[0], durations[1 : k + 1]
     runs = [] if base[2] else [(f"{base[0]} (the baseline)", MARGIN * base[1])]
     runs += [(name, MARGIN * d) for name, d, twice in rest if not twice]
     if rest:
@@ -85,7 +85,7 @@ def confirm_plan(ctx: SearchContext) -> ConfirmPlan:
     base = next((g for g in groups if g.is_baseline), None)
     sign = 1.0 if ctx.direction == "maximize" else -1.0
     ranked = sorted((g for g in groups if g is not base), key=lambda g: -sign * g.median)
-    rows = ([(f"trial {base.numbers[0]}", cost[base.key], len(base.values) > 1)] if base else [])
+    rows = [(f"trial {base.numbers[0]}", cost[base.key], len(base.values) > 1)] if base else []
     if not rows:
         return ConfirmPlan((), MAX_SHARE * ctx.deadline.budget_s)
     rows += [(f"trial {g.numbers[0]}", cost[g.key], len(g.values) > 1) for g in ranked]
@@ -98,8 +98,10 @@ def planned_line(confirm_top: int, n_trials: int | None, budget_s: float, trial_
     if confirm_top <= 0 or n_trials is not None:
         return "none (" + ("--confirm-top 0" if confirm_top <= 0 else "--n-trials: every trial runs once") + ")"
     if not trial_s or trial_s <= 0:
-        return (f"the baseline and the top {confirm_top} re-run at the end, in time planned from the trials' "
-                f"measured cost (no estimate of a trial's cost before the first one runs)")
+        return (
+            f"the baseline and the top {confirm_top} re-run at the end, in time planned from the trials' "
+            f"measured cost (no estimate of a trial's cost before the first one runs)"
+        )
     rows = [("trial 0", trial_s, False)] + [(f"the {_nth(i + 1)} best", trial_s, False) for i in range(confirm_top)]
     plan = plan_confirmation(rows, k=confirm_top, budget_s=budget_s)
     return f"{plan.line()} (at {trial_s:.0f} s a trial; planned again from the trials' measured cost)"
@@ -160,8 +162,10 @@ def confirm_top(ctx: SearchContext, progress: Progress | None) -> None:
             return
         confirmed.add(ctx.key_of(base.params))
         if progress and ctx.baseline_value is not None:
-            progress.message(f"the baseline's median over its runs, {ctx.baseline_value:.2f}, is the figure every "
-                             f"\"x baseline\" uses from here on, the final line's included")
+            progress.message(
+                f"the baseline's median over its runs, {ctx.baseline_value:.2f}, is the figure every "
+                f'"x baseline" uses from here on, the final line\'s included'
+            )
     for t in top:
         if ctx.key_of(t.params) in confirmed:
             continue
@@ -187,8 +191,11 @@ def _runs_of(ctx: SearchContext, params: dict) -> list[int]:
 
 
 def _best(ctx: SearchContext) -> Measured | None:
-    return pick_best(group_runs(ctx.trials, ctx.key_of), maximize=ctx.direction == "maximize",
-                     tolerance=ctx.target.config.noise_tolerance)[0]
+    return pick_best(
+        group_runs(ctx.trials, ctx.key_of),
+        maximize=ctx.direction == "maximize",
+        tolerance=ctx.target.config.noise_tolerance,
+    )[0]
 
 
 def unconfirmed_leader(ctx: SearchContext) -> TrialSummary | None:

@@ -154,9 +154,24 @@ class SearchContext:
         return best
 
 
-__all__ = ["BASELINE_ATTR", "CONFIRM_ATTR", "MAX_REPEATS_IN_A_ROW", "Progress", "SearchContext", "SearchOptions",
-           "SearchResult", "TrialSummary", "load_history", "make_pruner", "make_sampler", "open_context",
-           "open_optuna_storage", "prepare", "set_constraints", "study_name_for"]
+__all__ = [
+    "BASELINE_ATTR",
+    "CONFIRM_ATTR",
+    "MAX_REPEATS_IN_A_ROW",
+    "Progress",
+    "SearchContext",
+    "SearchOptions",
+    "SearchResult",
+    "TrialSummary",
+    "load_history",
+    "make_pruner",
+    "make_sampler",
+    "open_context",
+    "open_optuna_storage",
+    "prepare",
+    "set_constraints",
+    "study_name_for",
+]
 
 
 # -- set-up ----------------------------------------------------------------------------------------------------
@@ -172,8 +187,10 @@ def prepare(options: SearchOptions) -> tuple[ResolvedSpace, str, Target, Preflig
     space_yaml = space_text(space.source) if Path(space.source).exists() else ""
     target_name = options.target or space.target
     if options.target and options.target != space.target:
-        raise SearchError(f"--target {options.target!r} does not match the space's target {space.target!r} "
-                          f"({space.source}); pass a space written for {options.target!r}")
+        raise SearchError(
+            f"--target {options.target!r} does not match the space's target {space.target!r} "
+            f"({space.source}); pass a space written for {options.target!r}"
+        )
     resolved = resolve(space, hardware, deployable_only=bool((options.settings or {}).get("deployable_only")))
     try:
         target = get_target_class(target_name)(resolved, options.settings)
@@ -209,8 +226,11 @@ def open_optuna_storage(url: str, *, heartbeat: bool = False) -> optuna.storages
 
     kwargs: dict[str, Any] = {"engine_kwargs": {"pool_pre_ping": True}}
     if heartbeat:
-        kwargs.update(heartbeat_interval=5, grace_period=20,
-                      failed_trial_callback=optuna.storages.RetryFailedTrialCallback(max_retry=1))
+        kwargs.update(
+            heartbeat_interval=5,
+            grace_period=20,
+            failed_trial_callback=optuna.storages.RetryFailedTrialCallback(max_retry=1),
+        )
     try:
         storage = optuna.storages.RDBStorage(normalize_url(url), **kwargs)
     except Exception as exc:  # noqa: BLE001 - any driver error means the same thing to the user
@@ -227,8 +247,9 @@ def _check_out_dir(out_dir: str) -> None:
         probe.write_text("")
         probe.unlink()
     except OSError as exc:
-        raise SearchError(f"output folder {out_dir!r} is not writable ({exc.strerror}); pass -o/--out DIR with "
-                          "a folder you can write") from None
+        raise SearchError(
+            f"output folder {out_dir!r} is not writable ({exc.strerror}); pass -o/--out DIR with a folder you can write"
+        ) from None
 
 
 def open_context(options: SearchOptions, progress: Progress | None = None) -> SearchContext:
@@ -254,36 +275,72 @@ def open_context(options: SearchOptions, progress: Progress | None = None) -> Se
     parallel = options.workers > 1 or len(options.gpus or []) > 1
     sampler, pruner = make_sampler(resolved, options.seed, parallel=parallel), make_pruner()
     if run is not None and not options.resume:
-        raise SearchError(f"study {name!r} already exists in {options.storage_url}; pass --resume to continue it "
-                          "or --study NEW_NAME to start another")
+        raise SearchError(
+            f"study {name!r} already exists in {options.storage_url}; pass --resume to continue it "
+            "or --study NEW_NAME to start another"
+        )
     if run is None and options.resume:
         raise SearchError(f"--resume: no study {name!r} in {options.storage_url}; drop --resume to start it")
-    settings = {**target.settings, "run_pid": os.getpid(), "run_host": socket.gethostname(),
-                "hardware": hardware.to_json(), "out_dir": str(Path(options.out_dir).resolve()),
-                "space_path": space.source}
+    settings = {
+        **target.settings,
+        "run_pid": os.getpid(),
+        "run_host": socket.gethostname(),
+        "hardware": hardware.to_json(),
+        "out_dir": str(Path(options.out_dir).resolve()),
+        "space_path": space.source,
+    }
     if run is None:
-        study = optuna.create_study(study_name=name, storage=ostorage, directions=list(space.objective.directions),
-                                    sampler=sampler, pruner=pruner, load_if_exists=False)
+        study = optuna.create_study(
+            study_name=name,
+            storage=ostorage,
+            directions=list(space.objective.directions),
+            sampler=sampler,
+            pruner=pruner,
+            load_if_exists=False,
+        )
         study.set_user_attr("target", target.name)
         study.set_user_attr("space", space.name)
         _name_metric(study, space.objective)
-        run = repo.create_run(name, target=target.name, budget_s=options.budget_s,
-                              direction=space.objective.direction, objective=space.objective.describe(),
-                              unit=space.objective.unit, space_name=space.name, space_yaml=space_yaml,
-                              environment=env, settings=settings)
+        run = repo.create_run(
+            name,
+            target=target.name,
+            budget_s=options.budget_s,
+            direction=space.objective.direction,
+            objective=space.objective.describe(),
+            unit=space.objective.unit,
+            space_name=space.name,
+            space_yaml=space_yaml,
+            environment=env,
+            settings=settings,
+        )
     else:
         study = optuna.load_study(study_name=name, storage=ostorage, sampler=sampler, pruner=pruner)
         stale = repo.mark_stale_running(run.id, reason="left running by an earlier process; marked on resume")
         for num in stale:
             _fail_stale_optuna_trial(study, num)
-        repo.restart_run(run.id, budget_s=options.budget_s, environment=env,
-                         settings={k: settings[k] for k in ("run_pid", "run_host")})  # the live process, for stop
+        repo.restart_run(
+            run.id,
+            budget_s=options.budget_s,
+            environment=env,
+            settings={k: settings[k] for k in ("run_pid", "run_host")},
+        )  # the live process, for stop
         run = repo.get_run(name)
-    ctx = SearchContext(options=options, resolved=resolved, space_yaml=space_yaml, target=target, repo=repo,
-                        study=study, run=run, deadline=deadline, hardware=hardware,
-                        stages=StagePlan(plan_stages(resolved, deployable_only=bool(
-                            (options.settings or {}).get("deployable_only"))), stretch=options.converge_after,
-                            n_trials=options.n_trials))
+    ctx = SearchContext(
+        options=options,
+        resolved=resolved,
+        space_yaml=space_yaml,
+        target=target,
+        repo=repo,
+        study=study,
+        run=run,
+        deadline=deadline,
+        hardware=hardware,
+        stages=StagePlan(
+            plan_stages(resolved, deployable_only=bool((options.settings or {}).get("deployable_only"))),
+            stretch=options.converge_after,
+            n_trials=options.n_trials,
+        ),
+    )
     load_history(ctx)
     if ctx.baseline is None and not any(t.is_baseline for t in ctx.trials):
         defaults = resolved.defaults()
@@ -317,10 +374,16 @@ def load_history(ctx: SearchContext) -> None:
     for rec in ctx.repo.list_trials(ctx.run.id):
         if rec.state == "running":
             continue
-        s = TrialSummary(rec.number, rec.params, rec.outcome or "crash", rec.value, rec.reason,
-                         rec.duration_s or 0.0, rec.is_baseline, rec.repeat_of)
+        s = TrialSummary(
+            rec.number,
+            rec.params,
+            rec.outcome or "crash",
+            rec.value,
+            rec.reason,
+            rec.duration_s or 0.0,
+            rec.is_baseline,
+            rec.repeat_of,
+        )
         ctx.trials.append(s)
         ctx.counts[s.outcome] = ctx.counts.get(s.outcome, 0) + 1
         ctx.seen.setdefault(ctx.key_of(rec.params), s)
-
-

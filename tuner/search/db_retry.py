@@ -46,8 +46,13 @@ def is_disconnect(exc: BaseException) -> bool:
     return False
 
 
-def retry_db(fn: Callable[[], T], *, what: str, max_outage_s: float = MAX_OUTAGE_S,
-             on_retry: Callable[[BaseException], None] | None = None) -> T:
+def retry_db(
+    fn: Callable[[], T],
+    *,
+    what: str,
+    max_outage_s: float = MAX_OUTAGE_S,
+    on_retry: Callable[[BaseException], None] | None = None,
+) -> T:
     """Call ``fn`` until it stops failing for connection reasons: backoff 0.5 s doubling to 30 s, for at most
     ``max_outage_s``; any other error, or the last connection error, is raised."""
     delay, give_up = BACKOFF_FIRST_S, time.time() + max_outage_s
@@ -57,8 +62,12 @@ def retry_db(fn: Callable[[], T], *, what: str, max_outage_s: float = MAX_OUTAGE
         except Exception as exc:  # noqa: BLE001 - classified below
             if not is_disconnect(exc) or time.time() + delay > give_up:
                 raise
-            _logger.warning("database unreachable during %s (%s); retrying in %.1fs", what,
-                            str(exc).strip().splitlines()[0][:200] if str(exc).strip() else type(exc).__name__, delay)
+            _logger.warning(
+                "database unreachable during %s (%s); retrying in %.1fs",
+                what,
+                str(exc).strip().splitlines()[0][:200] if str(exc).strip() else type(exc).__name__,
+                delay,
+            )
             if on_retry is not None:
                 on_retry(exc)
             time.sleep(delay)
@@ -66,12 +75,31 @@ def retry_db(fn: Callable[[], T], *, what: str, max_outage_s: float = MAX_OUTAGE
 
 
 _STORAGE_METHODS = (
-    "create_new_study", "delete_study", "set_study_user_attr", "set_study_system_attr", "get_study_id_from_name",
-    "get_study_name_from_id", "get_study_directions", "get_study_user_attrs", "get_study_system_attrs",
-    "get_all_studies", "create_new_trial", "set_trial_param", "get_trial_id_from_study_id_trial_number",
-    "get_trial_number_from_id", "get_trial_param", "set_trial_state_values", "set_trial_intermediate_value",
-    "set_trial_user_attr", "set_trial_system_attr", "get_trial", "get_all_trials", "get_n_trials",
-    "get_best_trial", "record_heartbeat", "_get_stale_trial_ids",
+    "create_new_study",
+    "delete_study",
+    "set_study_user_attr",
+    "set_study_system_attr",
+    "get_study_id_from_name",
+    "get_study_name_from_id",
+    "get_study_directions",
+    "get_study_user_attrs",
+    "get_study_system_attrs",
+    "get_all_studies",
+    "create_new_trial",
+    "set_trial_param",
+    "get_trial_id_from_study_id_trial_number",
+    "get_trial_number_from_id",
+    "get_trial_param",
+    "set_trial_state_values",
+    "set_trial_intermediate_value",
+    "set_trial_user_attr",
+    "set_trial_system_attr",
+    "get_trial",
+    "get_all_trials",
+    "get_n_trials",
+    "get_best_trial",
+    "record_heartbeat",
+    "_get_stale_trial_ids",
 )
 
 
@@ -98,8 +126,7 @@ def _retrying(name: str, base: Callable[..., Any]) -> Callable[..., Any]:
                     return True  # the first attempt was committed; its acknowledgement was lost
                 raise
 
-        return retry_db(attempt, what=f"optuna {name}", max_outage_s=self.max_outage_s,
-                        on_retry=failed_once.append)
+        return retry_db(attempt, what=f"optuna {name}", max_outage_s=self.max_outage_s, on_retry=failed_once.append)
 
     return call
 

@@ -51,15 +51,31 @@ def run_search(options: SearchOptions, progress: Progress | None = None) -> Sear
     if options.dry_run:
         resolved, _, target, report, _ = prepare(options)
         report.plan(options.budget_s)
-        report.facts["confirmation"] = planned_line(options.confirm_top, options.n_trials, options.budget_s,
-                                                    report.trial_s)
-        planned = StagePlan(plan_stages(resolved, deployable_only=bool(options.settings.get("deployable_only"))),
-                            stretch=options.converge_after, n_trials=options.n_trials)
+        report.facts["confirmation"] = planned_line(
+            options.confirm_top, options.n_trials, options.budget_s, report.trial_s
+        )
+        planned = StagePlan(
+            plan_stages(resolved, deployable_only=bool(options.settings.get("deployable_only"))),
+            stretch=options.converge_after,
+            n_trials=options.n_trials,
+        )
         for i, line in enumerate(planned.planned_lines(options.budget_s if options.n_trials is None else None)):
             report.facts[f"stage {i + 1}"] = line.split(" ", 2)[2]
         report.facts["convergence"] = convergence_line(options.converge_after, options.n_trials)
-        return SearchResult(study_name_for(options, resolved), options.storage_url, "dry_run", [], None, None,
-                            None, None, None, None, report, 0.0)
+        return SearchResult(
+            study_name_for(options, resolved),
+            options.storage_url,
+            "dry_run",
+            [],
+            None,
+            None,
+            None,
+            None,
+            None,
+            None,
+            report,
+            0.0,
+        )
     ctx = open_context(options, progress)
     if progress:
         progress.started(ctx)
@@ -99,30 +115,54 @@ def run_search(options: SearchOptions, progress: Progress | None = None) -> Sear
     infeasible = ""
     if best is not None and ctx.resolved.space.objective.is_goodput:
         rec = ctx.repo.get_trial(ctx.run.id, best.number)
-        infeasible = nothing_met_the_slo(ctx.run, rec, f"nothing exported; all {len(ctx.trials)} trials are "
-                                         "stored (`tuner status`)") if rec is not None else ""
+        infeasible = (
+            nothing_met_the_slo(
+                ctx.run, rec, f"nothing exported; all {len(ctx.trials)} trials are stored (`tuner status`)"
+            )
+            if rec is not None
+            else ""
+        )
     if options.export and best is not None and not infeasible:
         try:
-            export_dir = str(export_run(ctx.repo, ctx.run.study_name, options.out_dir, target=ctx.target,
-                                        note=note, parsimony=parsimony))
+            export_dir = str(
+                export_run(
+                    ctx.repo, ctx.run.study_name, options.out_dir, target=ctx.target, note=note, parsimony=parsimony
+                )
+            )
         except Exception as exc:  # noqa: BLE001 - the trials are stored; say what failed
             _logger.error("export failed: %s", exc)
             if progress:
                 progress.message(f"export failed: {exc}")
     if ctx.stages is not None and ctx.stages.done and state == "finished":
         left = max(0.0, options.budget_s - ctx.deadline.elapsed())
-        ctx.stop_reason = (f"{ctx.stages.converged_line}; ended early with {format_seconds(left)} of the "
-                           f"{format_seconds(options.budget_s)} budget left")
+        ctx.stop_reason = (
+            f"{ctx.stages.converged_line}; ended early with {format_seconds(left)} of the "
+            f"{format_seconds(options.budget_s)} budget left"
+        )
     ctx.repo.end_run(ctx.run.id, state, export_dir=export_dir)
     if ctx.target.persistent_worker:
         close_workers()
-    return SearchResult(ctx.run.study_name, options.storage_url, state, ctx.trials, ctx.baseline,
-                        TrialSummary(best.number, best.params, "ok", best.value, "", 0.0, best.is_baseline)
-                        if best else None, best.params if best else None, best.value if best else None,
-                        base.value if base else None, export_dir, ctx.target.preflight(), ctx.deadline.elapsed(),
-                        ctx.stop_reason, best_runs=best.runs if best else [],
-                        best_spread=best.spread if best else 0.0, baseline_runs=base.runs if base else [],
-                        note=note, infeasible=infeasible, budget_s=ctx.deadline.budget_s)
+    return SearchResult(
+        ctx.run.study_name,
+        options.storage_url,
+        state,
+        ctx.trials,
+        ctx.baseline,
+        TrialSummary(best.number, best.params, "ok", best.value, "", 0.0, best.is_baseline) if best else None,
+        best.params if best else None,
+        best.value if best else None,
+        base.value if base else None,
+        export_dir,
+        ctx.target.preflight(),
+        ctx.deadline.elapsed(),
+        ctx.stop_reason,
+        best_runs=best.runs if best else [],
+        best_spread=best.spread if best else 0.0,
+        baseline_runs=base.runs if base else [],
+        note=note,
+        infeasible=infeasible,
+        budget_s=ctx.deadline.budget_s,
+    )
 
 
 def _side_by_side(ctx: SearchContext, progress: Progress | None, runs: int = SIDE_BY_SIDE_RUNS) -> None:
@@ -189,5 +229,3 @@ def _restore_sigint(prev) -> None:
     if prev is not None:
         signal.signal(signal.SIGINT, prev[0])
         signal.signal(signal.SIGTERM, prev[1])
-
-

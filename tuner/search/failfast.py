@@ -34,8 +34,10 @@ class FailFast:
         if s.repeat_of is not None or any(s.reason.startswith(c) for c in CUT_BY_THE_SEARCH):
             return None
         if s.is_baseline and s.outcome not in ("ok", "pruned"):
-            return (f"the baseline (trial {s.number}) failed, {s.outcome}: {_first_line(s.reason)}; every ratio needs "
-                    "it, so the search stops here: fix that and run it again")
+            return (
+                f"the baseline (trial {s.number}) failed, {s.outcome}: {_first_line(s.reason)}; every ratio needs "
+                "it, so the search stops here: fix that and run it again"
+            )
         if s.outcome in ("ok", "pruned"):
             self.key, self.count = None, 0
             return None
@@ -45,8 +47,10 @@ class FailFast:
         self.count = self.count + 1 if key == self.key else 1
         self.key = key
         if self.limit and self.count >= self.limit:
-            return (f"{self.count} trials in a row failed the same way, {s.outcome}: {_first_line(s.reason)}; the "
-                    "search stops (setting fail_fast_after: 0 turns this off)")
+            return (
+                f"{self.count} trials in a row failed the same way, {s.outcome}: {_first_line(s.reason)}; the "
+                "search stops (setting fail_fast_after: 0 turns this off)"
+            )
         return None
 
 

@@ -28,12 +28,14 @@ MAX_RETRY = 1
 
 
 # -- crash recovery ------------------------------------------------------------------------------------------
-def mark_trial_crashed(repo: Repo | RetryingRepo, run_id: int, number: int, *, reason: str,
-                       params: dict | None = None) -> bool:
+def mark_trial_crashed(
+    repo: Repo | RetryingRepo, run_id: int, number: int, *, reason: str, params: dict | None = None
+) -> bool:
     """Record trial ``number`` as a ``crash`` if it is still ``running`` (or missing) in the ``tuner_`` tables.
 
     Returns True when it changed something. A per-trial variant of ``Repo.mark_stale_running``.
     """
+
     def write() -> bool:
         with repo.session() as s, s.begin():
             rec = s.scalar(select(TrialRecord).where(TrialRecord.run_id == run_id, TrialRecord.number == number))
@@ -43,8 +45,14 @@ def mark_trial_crashed(repo: Repo | RetryingRepo, run_id: int, number: int, *, r
             elif rec.state != "running":
                 return False
             rec.state, rec.outcome, rec.reason, rec.finished_at = "failed", "crash", reason[:4000], utcnow()
-            s.add(Event(run_id=run_id, kind="trial_failed", trial_number=number,
-                        payload={"outcome": "crash", "reason": reason[:300]}))
+            s.add(
+                Event(
+                    run_id=run_id,
+                    kind="trial_failed",
+                    trial_number=number,
+                    payload={"outcome": "crash", "reason": reason[:300]},
+                )
+            )
             return True
 
     return retry_db(write, what="mark a lost trial crashed")
@@ -56,11 +64,19 @@ class StaleTrialHandler:
     ``run_id`` is set once the run is known (the storage is opened before the study is loaded).
     """
 
-    def __init__(self, repo: Repo | RetryingRepo | None = None, run_id: int | None = None, *,
-                 grace_period_s: int = GRACE_PERIOD_S, max_retry: int = MAX_RETRY) -> None:
+    def __init__(
+        self,
+        repo: Repo | RetryingRepo | None = None,
+        run_id: int | None = None,
+        *,
+        grace_period_s: int = GRACE_PERIOD_S,
+        max_retry: int = MAX_RETRY,
+    ) -> None:
         self.repo, self.run_id, self.grace_period_s = repo, run_id, grace_period_s
-        retry_cls = getattr(optuna.storages, "RetryHeartbeatStaleTrialCallback", None) or \
-            optuna.storages.RetryFailedTrialCallback  # renamed in Optuna 4.9
+        retry_cls = (
+            getattr(optuna.storages, "RetryHeartbeatStaleTrialCallback", None)
+            or optuna.storages.RetryFailedTrialCallback
+        )  # renamed in Optuna 4.9
         with _quiet_experimental():
             self.retry = retry_cls(max_retry=max_retry)
         self.max_retry = max_retry
@@ -70,9 +86,15 @@ class StaleTrialHandler:
         history = list(trial.system_attrs.get("retry_history", [])) + [trial.number]
         retried = len(history) <= self.max_retry
         worker = trial.user_attrs.get("tuner_worker", "its worker")
-        reason = (f"lost: {worker} sent no heartbeat for {self.grace_period_s}s (killed, or cut off from the "
-                  "database); " + ("its configuration is retried once as a new trial" if retried else
-                                   f"not retried again (already a retry of trial {history[0]})"))
+        reason = (
+            f"lost: {worker} sent no heartbeat for {self.grace_period_s}s (killed, or cut off from the "
+            "database); "
+            + (
+                "its configuration is retried once as a new trial"
+                if retried
+                else f"not retried again (already a retry of trial {history[0]})"
+            )
+        )
         _logger.warning("trial %d %s", trial.number, reason)
         if self.repo is not None and self.run_id is not None:
             mark_trial_crashed(self.repo, self.run_id, trial.number, reason=reason, params=trial.params)
@@ -80,9 +102,15 @@ class StaleTrialHandler:
         self.handled.append(trial.number)
 
 
-def open_worker_storage(url: str, *, pool_size: int = 5, heartbeat_interval: int = HEARTBEAT_INTERVAL_S,
-                        grace_period: int = GRACE_PERIOD_S, on_stale: StaleTrialHandler | None = None,
-                        max_outage_s: float = MAX_OUTAGE_S) -> ReconnectingRDBStorage:
+def open_worker_storage(
+    url: str,
+    *,
+    pool_size: int = 5,
+    heartbeat_interval: int = HEARTBEAT_INTERVAL_S,
+    grace_period: int = GRACE_PERIOD_S,
+    on_stale: StaleTrialHandler | None = None,
+    max_outage_s: float = MAX_OUTAGE_S,
+) -> ReconnectingRDBStorage:
     """The Optuna storage a worker uses: heartbeats on, stale trials failed and retried once, reconnecting,
     a pool of at least ``pool_size`` connections with ``pool_pre_ping``. Never creates a study."""
     engine_kwargs: dict[str, Any] = {"pool_pre_ping": True}
@@ -90,9 +118,13 @@ def open_worker_storage(url: str, *, pool_size: int = 5, heartbeat_interval: int
         engine_kwargs.update(pool_size=pool_size, max_overflow=pool_size)
     stale = on_stale or StaleTrialHandler(grace_period_s=grace_period)
     with _quiet_experimental():
-        storage = ReconnectingRDBStorage(normalize_url(url), engine_kwargs=engine_kwargs,
-                                         heartbeat_interval=heartbeat_interval, grace_period=grace_period,
-                                         heartbeat_stale_trial_callback=stale)
+        storage = ReconnectingRDBStorage(
+            normalize_url(url),
+            engine_kwargs=engine_kwargs,
+            heartbeat_interval=heartbeat_interval,
+            grace_period=grace_period,
+            heartbeat_stale_trial_callback=stale,
+        )
     storage.max_outage_s = max_outage_s
     tune_sqlite_engine(storage.engine)
     return storage
@@ -124,8 +156,11 @@ class Heartbeat:
             try:  # the plain RDBStorage method: one attempt, the next beat is the retry
                 optuna.storages.RDBStorage.record_heartbeat(self.storage, self.trial_id)
             except Exception as exc:  # noqa: BLE001 - keep beating; the grace period covers short outages
-                _logger.warning("heartbeat for trial id %d failed: %s", self.trial_id,
-                                str(exc).strip().splitlines()[0][:200] if str(exc).strip() else type(exc).__name__)
+                _logger.warning(
+                    "heartbeat for trial id %d failed: %s",
+                    self.trial_id,
+                    str(exc).strip().splitlines()[0][:200] if str(exc).strip() else type(exc).__name__,
+                )
             if self._stop.wait(self.interval_s):
                 return
 

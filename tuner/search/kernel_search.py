@@ -59,8 +59,17 @@ DEFAULT_PLAN = "kernels_dsv4_flash"
 CONFIG_SUBDIR = "kernel_configs"
 SPACE_SUBDIR = "kernel_spaces"
 ENV_VAR = "TUNER_KERNEL_CONFIG_DIR"
-PASS_THROUGH = ("seed", "allow_cpu_interpreter", "rep_ms", "peak_bytes_per_s", "peak_flops", "trial_timeout_s",
-                "kernel_config_dir", "persistent_worker", "compile_ahead")
+PASS_THROUGH = (
+    "seed",
+    "allow_cpu_interpreter",
+    "rep_ms",
+    "peak_bytes_per_s",
+    "peak_flops",
+    "trial_timeout_s",
+    "kernel_config_dir",
+    "persistent_worker",
+    "compile_ahead",
+)
 """Plan / search settings handed on to every single-kernel sub-study."""
 MIN_SHARE_S = 20.0
 """The least time a case is tuned for. Its first trial pays the default's compile, reference check and timing (and,
@@ -121,13 +130,21 @@ class KernelCaseResult:
     def entry(self) -> dict[str, Any]:
         """The tuned-config file entry of this case; ``source`` names the study it came from (every shipped entry
         has one: ``kernels/tuned/`` is written by this search only)."""
-        entry = {"config": self.config, "time_us": self.time_us, "default_time_us": self.default_time_us,
-                 "spread": self.spread, "status": self.status, "study": self.study, "trials": self.trials,
-                 "tuned_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-                 "source": f"kernel search study {self.study} (tuner search --target kernels)"}
+        entry = {
+            "config": self.config,
+            "time_us": self.time_us,
+            "default_time_us": self.default_time_us,
+            "spread": self.spread,
+            "status": self.status,
+            "study": self.study,
+            "trials": self.trials,
+            "tuned_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+            "source": f"kernel search study {self.study} (tuner search --target kernels)",
+        }
         if self.impl is not None:  # read by kernels.configs.tuned_impl (kernels.linear.linear(impl="auto"))
-            entry.update(impl=self.impl, library_time_us=self.library_time_us,
-                         impl_triton_time_us=self.impl_triton_time_us)
+            entry.update(
+                impl=self.impl, library_time_us=self.library_time_us, impl_triton_time_us=self.impl_triton_time_us
+            )
         return entry
 
 
@@ -150,14 +167,19 @@ class KernelSearchResult:
         return self.config_dir
 
     def summary_lines(self) -> list[str]:
-        out = [f"kernel search {self.state} after {self.elapsed_s:.0f}s"
-               + (f" ({self.stop_reason})" if self.stop_reason else "") + f": {len(self.cases)} kernel x shape cases"]
+        out = [
+            f"kernel search {self.state} after {self.elapsed_s:.0f}s"
+            + (f" ({self.stop_reason})" if self.stop_reason else "")
+            + f": {len(self.cases)} kernel x shape cases"
+        ]
         for c in self.cases:
             t = f"{c.time_us:.2f} us" if c.time_us is not None else "-"
             d = f", default {c.default_time_us:.2f} us" if c.default_time_us is not None else ""
             x = f" = {c.speedup:.2f}x" if c.speedup and c.status == "tuned" else ""
-            out.append(f"  {c.kernel} [{c.shape_key}] {c.dtype}: {c.status} {t}{d}{x}; "
-                       f"{c.evaluated} configs run of {c.trials} trials" + (f"; {c.reason}" if c.reason else ""))
+            out.append(
+                f"  {c.kernel} [{c.shape_key}] {c.dtype}: {c.status} {t}{d}{x}; "
+                f"{c.evaluated} configs run of {c.trials} trials" + (f"; {c.reason}" if c.reason else "")
+            )
             if c.status == "tuned" and c.config:
                 out.append(f"      config {c.config}")
             if c.impl is not None:
@@ -200,8 +222,10 @@ def plan_cases(space: Space, *, batches: Iterable[int] | None = None) -> list[Ke
     plan = KernelsSettings.parse(space.settings, owner=f"the kernels plan {space.source}")
     kernels = plan.kernels
     if not kernels:
-        raise SearchError(f"{space.source}: a kernels plan needs `settings.kernels`, a mapping of kernel name to "
-                          "{dims: {...}}; see search_spaces/kernels_dsv4_flash.yaml")
+        raise SearchError(
+            f"{space.source}: a kernels plan needs `settings.kernels`, a mapping of kernel name to "
+            "{dims: {...}}; see search_spaces/kernels_dsv4_flash.yaml"
+        )
     if batches is None:
         if "batch" not in space.names:
             raise SearchError(f"{space.source}: a kernels plan needs a `batch` parameter listing the batch buckets")
@@ -216,7 +240,7 @@ def plan_cases(space: Space, *, batches: Iterable[int] | None = None) -> list[Ke
         except TargetError as exc:
             raise SearchError(f"{where}: {exc}") from None
         for dims in _expand_dims(spec.get("dims", {}), where):
-            for b in (spec.get("batches") or batches):
+            for b in spec.get("batches") or batches:
                 shape = parse_shape({**dims, kernel.batch_dim: int(b)})
                 cases.append(KernelCase(str(name), shape, str(spec.get("dtype", dtype))))
     return cases
@@ -229,23 +253,35 @@ def kernel_space_yaml(case: KernelCase, settings: dict[str, Any] | None = None) 
         default = kernel.fit_dtype(kernel.default_config(case.shape), case.shape, case.dtype)
         space, key = kernel.config_space(case.shape), case.shape_key
     except (KeyError, TypeError, ValueError) as exc:
-        raise SearchError(f"shape {case.shape} does not fit kernel {case.kernel!r} ({type(exc).__name__}: {exc}); "
-                          f"give every dim, like {kernel.shapes('v4flash')[0]}") from None
+        raise SearchError(
+            f"shape {case.shape} does not fit kernel {case.kernel!r} ({type(exc).__name__}: {exc}); "
+            f"give every dim, like {kernel.shapes('v4flash')[0]}"
+        ) from None
     params = {}
     for name, values in space.items():
         values = list(values)
         if name in default and default[name] not in values:
             values = sorted([*values, default[name]])
-        params[name] = {"type": "categorical", "values": values, "default": default.get(name, values[0]),
-                        "kernel": f"{kernel.name}.{name}"}
+        params[name] = {
+            "type": "categorical",
+            "values": values,
+            "default": default.get(name, values[0]),
+            "kernel": f"{kernel.name}.{name}",
+        }
     level = int(case.shape.get(kernel.batch_dim, 1))
     doc = {
         "name": f"kernel-{kernel.name}",
         "description": f"{kernel.name} at {key} ({case.dtype}); generated by tuner.search.kernel_search",
         "target": "kernels",
         "settings": {**(settings or {}), "kernel": case.kernel, "shape": dict(case.shape), "dtype": case.dtype},
-        "objective": {"metric": "time_us", "direction": "minimize", "combine": "level", "levels": [level],
-                      "level": level, "unit": "us"},
+        "objective": {
+            "metric": "time_us",
+            "direction": "minimize",
+            "combine": "level",
+            "levels": [level],
+            "level": level,
+            "unit": "us",
+        },
         "params": params,
     }
     return yaml.safe_dump(doc, sort_keys=False)
@@ -267,11 +303,20 @@ def cached_entry(case: KernelCase, gpu: str, dirs: Iterable[str | Path]) -> tupl
         path = config_path(kernel.name, gpu, case.dtype, directory=d)
         entry = read_config_file(path).get(key)
         if isinstance(entry, dict) and isinstance(entry.get("config"), dict):
-            if kernel.check_config({**kernel.default_config(case.shape), **entry["config"]}, case.shape,
-                                   None, dtype=case.dtype) is None:
+            if (
+                kernel.check_config(
+                    {**kernel.default_config(case.shape), **entry["config"]}, case.shape, None, dtype=case.dtype
+                )
+                is None
+            ):
                 return entry, path
-            _logger.warning("cached config %s for %s [%s] in %s breaks a rule now; re-tuning", entry["config"],
-                            kernel.name, key, path)
+            _logger.warning(
+                "cached config %s for %s [%s] in %s breaks a rule now; re-tuning",
+                entry["config"],
+                kernel.name,
+                key,
+                path,
+            )
     return None
 
 
@@ -312,9 +357,20 @@ def compare_library(res: KernelCaseResult, options: SearchOptions) -> None:
     if kernel.library_impl is None or res.config is None:
         return
     config = {**kernel.default_config(res.shape), **res.config}
-    argv = [sys.executable, "-m", "tuner.targets.kernels", "--kernel", res.kernel, "--shape",
-            json.dumps(res.shape, sort_keys=True), "--dtype", res.dtype, "--config", json.dumps(config, sort_keys=True),
-            "--compare-library"]
+    argv = [
+        sys.executable,
+        "-m",
+        "tuner.targets.kernels",
+        "--kernel",
+        res.kernel,
+        "--shape",
+        json.dumps(res.shape, sort_keys=True),
+        "--dtype",
+        res.dtype,
+        "--config",
+        json.dumps(config, sort_keys=True),
+        "--compare-library",
+    ]
     if options.settings.get("allow_cpu_interpreter"):
         argv.append("--allow-cpu-interpreter")
     gpus = list(options.gpus[:1]) if options.gpus else None
@@ -331,8 +387,14 @@ def compare_library(res: KernelCaseResult, options: SearchOptions) -> None:
         return
     res.library_time_us, res.impl_triton_time_us = found["library_us"], found["triton_us"]
     res.impl = choose_impl(found["triton_us"], found["library_us"], kernel.library_impl)
-    _logger.info("%s [%s]: library %s us, tuned Triton %s us: ships %s", res.kernel, res.shape_key,
-                 found["library_us"], found["triton_us"], res.impl)
+    _logger.info(
+        "%s [%s]: library %s us, tuned Triton %s us: ships %s",
+        res.kernel,
+        res.shape_key,
+        found["library_us"],
+        found["triton_us"],
+        res.impl,
+    )
 
 
 # -- one case ------------------------------------------------------------------------------------------------
@@ -353,8 +415,9 @@ def _reserve(ctx: SearchContext, k: int) -> float:
     return min(1.2 * (k + 1) * statistics.median(ok), 0.3 * ctx.deadline.budget_s)
 
 
-def _loop(ctx: SearchContext, progress: Progress | None, reserve, case: KernelCase,
-          ahead: CompileAhead | None = None) -> str:
+def _loop(
+    ctx: SearchContext, progress: Progress | None, reserve, case: KernelCase, ahead: CompileAhead | None = None
+) -> str:
     """Run trials until the share, the trial count or the space runs out. With ``ahead``, up to ``ahead.helpers``
     trials are asked in advance and their configs compiled by the helpers while earlier trials are timed; trials
     still waiting when the loop ends are failed in Optuna as not run (they never reach the project's tables)."""
@@ -406,8 +469,9 @@ def _loop(ctx: SearchContext, progress: Progress | None, reserve, case: KernelCa
                 _logger.warning("could not close trial %d, asked ahead and not run", trial.number, exc_info=True)
 
 
-def _compile_early(ctx: SearchContext, trial, case: KernelCase, ahead: CompileAhead, submitted: set[str]
-                   ) -> Future | None:
+def _compile_early(
+    ctx: SearchContext, trial, case: KernelCase, ahead: CompileAhead, submitted: set[str]
+) -> Future | None:
     """Hand an asked trial's config to the compile helpers, unless it was seen, already sent, or breaks a rule."""
     from tuner.search.sampling import suggest
 
@@ -444,22 +508,35 @@ def _within_spread(ctx: SearchContext, numbers: list[int]) -> list[float]:
     if not numbers:
         return []
     with ctx.repo.session() as s:
-        rows = s.execute(select(MRow.value).join(TrialRecord, MRow.trial_id == TrialRecord.id)
-                         .where(TrialRecord.run_id == ctx.run.id, TrialRecord.number.in_(numbers),
-                                MRow.metric == "spread")).scalars().all()
+        rows = (
+            s.execute(
+                select(MRow.value)
+                .join(TrialRecord, MRow.trial_id == TrialRecord.id)
+                .where(TrialRecord.run_id == ctx.run.id, TrialRecord.number.in_(numbers), MRow.metric == "spread")
+            )
+            .scalars()
+            .all()
+        )
     return [float(v) for v in rows if v is not None and math.isfinite(v)]
 
 
-def _decide(ctx: SearchContext, case: KernelCase, defaults: dict[str, Any], min_gain: float
-            ) -> KernelCaseResult:
+def _decide(ctx: SearchContext, case: KernelCase, defaults: dict[str, Any], min_gain: float) -> KernelCaseResult:
     kernel = load_kernel(case.kernel)
     target = ctx.target
     groups = {g.key: g for g in group_runs(ctx.trials, ctx.key_of)}  # twins of one program are one
     counts = dict(ctx.counts)
-    evaluated = len({ctx.key_of(t.params) for t in ctx.trials
-                     if t.repeat_of is None and t.outcome != "invalid_config"})
-    res = KernelCaseResult(case.kernel, dict(case.shape), case.dtype, kernel.shape_key(case.shape), "failed",
-                           study=ctx.run.study_name, trials=len(ctx.trials), evaluated=evaluated, counts=counts)
+    evaluated = len({ctx.key_of(t.params) for t in ctx.trials if t.repeat_of is None and t.outcome != "invalid_config"})
+    res = KernelCaseResult(
+        case.kernel,
+        dict(case.shape),
+        case.dtype,
+        kernel.shape_key(case.shape),
+        "failed",
+        study=ctx.run.study_name,
+        trials=len(ctx.trials),
+        evaluated=evaluated,
+        counts=counts,
+    )
     best, _ = pick_best(list(groups.values()), maximize=ctx.direction == "maximize")
     d_group = groups.get(ctx.key_of(defaults))
     d_med = d_group.median if d_group else None
@@ -471,28 +548,38 @@ def _decide(ctx: SearchContext, case: KernelCase, defaults: dict[str, Any], min_
             res.reason = "the share ran out before the default config was measured"
             return res
         res.reason = "no config ran correctly, the default included: " + ", ".join(
-            f"{k} {v}" for k, v in sorted(counts.items()))
+            f"{k} {v}" for k, v in sorted(counts.items())
+        )
         res.config = target.config_of(defaults)
         return res
     within = _within_spread(ctx, list(best.numbers) + list(d_group.numbers if d_group else ()))
-    spread = max([best.spread, d_group.spread if d_group else 0.0, min_gain]
-                 + ([statistics.median(within)] if within else []))
+    spread = max(
+        [best.spread, d_group.spread if d_group else 0.0, min_gain] + ([statistics.median(within)] if within else [])
+    )
     res.spread = spread
     if d_med is None:
         res.status, res.config, res.time_us = "tuned", target.config_of(best.params), best.median
         res.reason = "the default config did not run correctly here; the best correct config is kept"
-    elif ctx.key_of(best.params) != ctx.key_of(defaults) and beats_beyond(best.median, d_med, spread, maximize=ctx.direction == "maximize"):
+    elif ctx.key_of(best.params) != ctx.key_of(defaults) and beats_beyond(
+        best.median, d_med, spread, maximize=ctx.direction == "maximize"
+    ):
         res.status, res.config, res.time_us = "tuned", target.config_of(best.params), best.median
     else:
         res.status, res.config, res.time_us = "default_kept", target.config_of(defaults), d_med
         if ctx.key_of(best.params) != ctx.key_of(defaults):
-            res.reason = (f"best {best.median:.3g} us vs default {d_med:.3g} us is within the measured spread "
-                          f"{spread:.1%}")
+            res.reason = (
+                f"best {best.median:.3g} us vs default {d_med:.3g} us is within the measured spread {spread:.1%}"
+            )
     return res
 
 
-def tune_case(case: KernelCase, options: SearchOptions, study: str, progress: Progress | None = None,
-              ahead: CompileAhead | None = None) -> KernelCaseResult:
+def tune_case(
+    case: KernelCase,
+    options: SearchOptions,
+    study: str,
+    progress: Progress | None = None,
+    ahead: CompileAhead | None = None,
+) -> KernelCaseResult:
     """Run the sub-study of one case on ``options.budget_s`` seconds and decide its winner (no file written);
     with ``ahead``, configs are compiled by its helpers while earlier trials are timed."""
     from storage import Repo
@@ -511,13 +598,22 @@ def tune_case(case: KernelCase, options: SearchOptions, study: str, progress: Pr
         study, existing = _free_study_name(repo, study), False
     path = space_dir / (study.replace("/", "_") + ".yaml")
     path.write_text(text)
-    sub = dataclasses.replace(options, study=study, space_path=str(path), target="kernels", resume=existing,
-                              settings={}, export=True, dry_run=False)
+    sub = dataclasses.replace(
+        options,
+        study=study,
+        space_path=str(path),
+        target="kernels",
+        resume=existing,
+        settings={},
+        export=True,
+        dry_run=False,
+    )
     ctx = open_context(sub, progress)
     if progress:
         progress.started(ctx)
-        progress.message(f"tuning {case.kernel} at [{case.shape_key}] {case.dtype}: study {study}, "
-                         f"{options.budget_s:.0f}s")
+        progress.message(
+            f"tuning {case.kernel} at [{case.shape_key}] {case.dtype}: study {study}, {options.budget_s:.0f}s"
+        )
     ctx.study.sampler = kernel_sampler(ctx.resolved, options.seed, parallel=ahead is not None)
     defaults = ctx.resolved.defaults()
     if not ctx.trials:  # a fresh sub-study: after the default (the baseline), the kernel's own starting points
@@ -530,8 +626,10 @@ def tune_case(case: KernelCase, options: SearchOptions, study: str, progress: Pr
         if k and not ctx.stop.is_set():
             ranked: dict[str, dict] = {}
             # one entry per program timed (a repeat's or a twin's value is a copy; Target.canonical_params)
-            for t in sorted((t for t in ctx.trials if t.outcome == "ok" and t.value is not None and t.repeat_of is None),
-                            key=lambda t: t.value):
+            for t in sorted(
+                (t for t in ctx.trials if t.outcome == "ok" and t.value is not None and t.repeat_of is None),
+                key=lambda t: t.value,
+            ):
                 ranked.setdefault(ctx.key_of(t.params), t.params)
             top = list(ranked.values())[:k]
             if ctx.key_of(defaults) in ranked and ctx.key_of(defaults) not in {ctx.key_of(p) for p in top}:
@@ -554,8 +652,10 @@ def run_kernel_search(options: SearchOptions, progress: Progress | None = None) 
     """Tune every kernel × shape of a kernels plan (``options.space_path``, default ``kernels_dsv4_flash``)."""
     space = load_space(options.space_path or DEFAULT_PLAN)
     if space.target != "kernels":
-        raise SearchError(f"{space.source}: target is {space.target!r}, not a kernels plan; pass --space "
-                          f"{DEFAULT_PLAN} or a plan written like it")
+        raise SearchError(
+            f"{space.source}: target is {space.target!r}, not a kernels plan; pass --space "
+            f"{DEFAULT_PLAN} or a plan written like it"
+        )
     settings = {**space.settings, **options.settings}
     plan = KernelsSettings.parse(settings, owner="the kernels plan")  # a misspelt key stops here, named
     settings.pop("kernels", None)
@@ -569,8 +669,9 @@ def run_kernel_search(options: SearchOptions, progress: Progress | None = None) 
     return tune_cases(cases, dataclasses.replace(options, settings=settings), study=study, progress=progress)
 
 
-def tune_cases(cases: list[KernelCase], options: SearchOptions, *, study: str, progress: Progress | None = None
-               ) -> KernelSearchResult:
+def tune_cases(
+    cases: list[KernelCase], options: SearchOptions, *, study: str, progress: Progress | None = None
+) -> KernelSearchResult:
     """Tune ``cases`` within ``options.budget_s`` (shared out case by case), then write the tuned-config files."""
     from search_spaces import detect_hardware
     from tuner.budget import Deadline
@@ -585,8 +686,11 @@ def tune_cases(cases: list[KernelCase], options: SearchOptions, *, study: str, p
     conf = configured_dir(settings)
     helpers = compile_helpers(settings, hardware.gpu_count)
     report = _preflight(cases, options, settings)
-    report.facts["compile_ahead"] = (f"{helpers} helper processes compile configs while trials are timed" if helpers
-                                     else "off: each trial compiles its own config")
+    report.facts["compile_ahead"] = (
+        f"{helpers} helper processes compile configs while trials are timed"
+        if helpers
+        else "off: each trial compiles its own config"
+    )
     if options.dry_run or not report.ok:
         if not report.ok and not options.dry_run:
             raise SearchError("preflight failed: " + "; ".join(report.errors))
@@ -600,12 +704,24 @@ def tune_cases(cases: list[KernelCase], options: SearchOptions, *, study: str, p
             todo.append(case)
             continue
         entry, path = hit
-        results.append(KernelCaseResult(case.kernel, dict(case.shape), case.dtype, case.shape_key, "cached",
-                                        config=entry["config"], time_us=entry.get("time_us"),
-                                        default_time_us=entry.get("default_time_us"), spread=entry.get("spread"),
-                                        study=str(entry.get("study", "")), reason=f"reused from {path}",
-                                        impl=entry.get("impl"), library_time_us=entry.get("library_time_us"),
-                                        impl_triton_time_us=entry.get("impl_triton_time_us")))
+        results.append(
+            KernelCaseResult(
+                case.kernel,
+                dict(case.shape),
+                case.dtype,
+                case.shape_key,
+                "cached",
+                config=entry["config"],
+                time_us=entry.get("time_us"),
+                default_time_us=entry.get("default_time_us"),
+                spread=entry.get("spread"),
+                study=str(entry.get("study", "")),
+                reason=f"reused from {path}",
+                impl=entry.get("impl"),
+                library_time_us=entry.get("library_time_us"),
+                impl_triton_time_us=entry.get("impl_triton_time_us"),
+            )
+        )
         if progress:
             progress.message(f"{case.kernel} [{case.shape_key}]: reusing the tuned config in {path}")
     ahead = CompileAhead(helpers, list(options.gpus[:1]) if options.gpus else None) if helpers and todo else None
@@ -618,9 +734,18 @@ def tune_cases(cases: list[KernelCase], options: SearchOptions, *, study: str, p
         if ahead is not None:
             ahead.close()
     written = _write(results, gpu, out_dir if options.export else None, conf)
-    return KernelSearchResult(study, options.storage_url, state, results,
-                              str(out_dir.resolve()) if options.export else conf, report, time.time() - t0,
-                              stop_reason, [str(p) for p in written], ahead.summary() if ahead else "")
+    return KernelSearchResult(
+        study,
+        options.storage_url,
+        state,
+        results,
+        str(out_dir.resolve()) if options.export else conf,
+        report,
+        time.time() - t0,
+        stop_reason,
+        [str(p) for p in written],
+        ahead.summary() if ahead else "",
+    )
 
 
 def compile_helpers(settings: dict[str, Any], gpu_count: int) -> int:
@@ -637,13 +762,22 @@ def compile_helpers(settings: dict[str, Any], gpu_count: int) -> int:
     except ValueError:
         n = -1
     if n < 0:
-        raise SearchError(f"setting `compile_ahead` must be auto, a helper count >= 0, or false, but got {value!r}; "
-                          "e.g. --set compile_ahead=4")
+        raise SearchError(
+            f"setting `compile_ahead` must be auto, a helper count >= 0, or false, but got {value!r}; "
+            "e.g. --set compile_ahead=4"
+        )
     return n if gpu_count else 0
 
 
-def _tune_todo(todo: list[KernelCase], options: SearchOptions, study: str, deadline, progress: Progress | None,
-               results: list[KernelCaseResult], ahead: CompileAhead | None = None) -> tuple[str, str]:
+def _tune_todo(
+    todo: list[KernelCase],
+    options: SearchOptions,
+    study: str,
+    deadline,
+    progress: Progress | None,
+    results: list[KernelCaseResult],
+    ahead: CompileAhead | None = None,
+) -> tuple[str, str]:
     """Tune the cases not answered from the cache, one sub-study each, appending to ``results``; returns the
     search's ``(state, stop_reason)``."""
     state, stop_reason = "finished", ""
@@ -654,8 +788,10 @@ def _tune_todo(todo: list[KernelCase], options: SearchOptions, study: str, deadl
         share = min(left, max(left / (len(todo) - i), MIN_SHARE_S))
         if left < MIN_SHARE_S:
             stop_reason = f"budget used: {len(todo) - i} cases not tuned (defaults kept)"
-            results += [KernelCaseResult(c.kernel, dict(c.shape), c.dtype, c.shape_key, "skipped",
-                                         reason="no budget left") for c in todo[i:]]
+            results += [
+                KernelCaseResult(c.kernel, dict(c.shape), c.dtype, c.shape_key, "skipped", reason="no budget left")
+                for c in todo[i:]
+            ]
             break
         name = f"{study}.{load_kernel(case.kernel).name}.{case.shape_key}"
         try:
@@ -713,9 +849,11 @@ def _preflight(cases: list[KernelCase], options: SearchOptions, settings: dict[s
         except (TargetError, SearchError, ValueError, KeyError) as exc:
             report.errors.append(f"{case.kernel} {case.shape}: {exc}")
             continue
-        report.will_run.append(f"{case.kernel} [{sub.facts.get('shape_key', '?')}] {case.dtype}: "
-                               f"{math.prod(len(v) for v in load_kernel(case.kernel).config_space(case.shape).values())}"
-                               " configs in the space")
+        report.will_run.append(
+            f"{case.kernel} [{sub.facts.get('shape_key', '?')}] {case.dtype}: "
+            f"{math.prod(len(v) for v in load_kernel(case.kernel).config_space(case.shape).values())}"
+            " configs in the space"
+        )
         for e in sub.errors:
             if e not in seen_errors:
                 seen_errors.add(e)
@@ -729,16 +867,24 @@ def _preflight(cases: list[KernelCase], options: SearchOptions, settings: dict[s
 
 
 # -- a kernel phase inside a system search ------------------------------------------------------------------
-def kernel_phase(ctx: SearchContext, shapes: Iterable[KernelCase | tuple], budget_s: float,
-                 progress: Progress | None = None, *, apply: bool = True) -> KernelSearchResult:
+def kernel_phase(
+    ctx: SearchContext,
+    shapes: Iterable[KernelCase | tuple],
+    budget_s: float,
+    progress: Progress | None = None,
+    *,
+    apply: bool = True,
+) -> KernelSearchResult:
     """Tune exactly ``shapes`` (``KernelCase`` or ``(kernel, shape[, dtype])``) for a running system search.
 
     Sub-studies are named ``f"{ctx.run.study_name}.kernels.{kernel}.{shape_key}"`` in the same storage; the
     files go to ``<out>/kernel_configs/`` (and the configured folder). With ``apply`` (default) and no
     ``$TUNER_KERNEL_CONFIG_DIR`` set, it is set to that folder, so later trial subprocesses load the tuned configs.
     """
-    cases = [s if isinstance(s, KernelCase) else KernelCase(s[0], parse_shape(s[1]), *(s[2:3] or ("bfloat16",)))
-             for s in shapes]
+    cases = [
+        s if isinstance(s, KernelCase) else KernelCase(s[0], parse_shape(s[1]), *(s[2:3] or ("bfloat16",)))
+        for s in shapes
+    ]
     seen, unique = set(), []
     for c in cases:
         key = (c.kernel, c.shape_key, c.dtype)
@@ -752,14 +898,37 @@ def kernel_phase(ctx: SearchContext, shapes: Iterable[KernelCase | tuple], budge
     if common.kernel_config_dir:
         settings.setdefault("kernel_config_dir", common.kernel_config_dir)
     KernelsSettings.parse(settings, owner="the kernel phase (setting `kernel_phase_settings`)")
-    opts = dataclasses.replace(ctx.options, budget_s=budget_s, settings=settings, hardware=ctx.hardware,
-                               n_trials=None, resume=False, dry_run=False, export=True, workers=1)
+    opts = dataclasses.replace(
+        ctx.options,
+        budget_s=budget_s,
+        settings=settings,
+        hardware=ctx.hardware,
+        n_trials=None,
+        resume=False,
+        dry_run=False,
+        export=True,
+        workers=1,
+    )
     result = tune_cases(unique, opts, study=f"{ctx.run.study_name}.kernels", progress=progress)
     if apply and result.config_dir and not os.environ.get(ENV_VAR):
         os.environ[ENV_VAR] = result.config_dir
     return result
 
 
-__all__ = ["KernelCase", "KernelCaseResult", "KernelSearchResult", "cached_entry", "is_kernel_plan",
-           "choose_impl", "compare_library", "kernel_phase", "kernel_sampler", "kernel_space_yaml", "plan_cases", "run_kernel_search", "starting_configs",
-           "tune_case", "tune_cases"]
+__all__ = [
+    "KernelCase",
+    "KernelCaseResult",
+    "KernelSearchResult",
+    "cached_entry",
+    "is_kernel_plan",
+    "choose_impl",
+    "compare_library",
+    "kernel_phase",
+    "kernel_sampler",
+    "kernel_space_yaml",
+    "plan_cases",
+    "run_kernel_search",
+    "starting_configs",
+    "tune_case",
+    "tune_cases",
+]

@@ -40,7 +40,6 @@ POLL_S = 0.2
 """How often a waiter re-tries the file locks held by other processes (they cannot notify us)."""
 
 
-
 def default_lock_dir() -> str:
     """``$TUNER_GPU_LOCK_DIR``, else ``<tmp>/tuner-gpu-locks-<uid>``: shared by every worker of this user."""
     return os.environ.get(LOCK_DIR_ENV) or os.path.join(tempfile.gettempdir(), f"tuner-gpu-locks-{os.getuid()}")
@@ -129,8 +128,15 @@ class GpuLeaser:
     (``time.time`` seconds; tests pass a clock they move).
     """
 
-    def __init__(self, gpu_ids: Sequence[int], *, cross_process: bool = True, lock_dir: str | None = None,
-                 backfill_window_s: float = 30.0, clock: Callable[[], float] = time.time) -> None:
+    def __init__(
+        self,
+        gpu_ids: Sequence[int],
+        *,
+        cross_process: bool = True,
+        lock_dir: str | None = None,
+        backfill_window_s: float = 30.0,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
         if len(set(gpu_ids)) != len(gpu_ids):
             raise LeaseError(f"`gpu_ids` must be distinct, but got {list(gpu_ids)}.")
         self.gpu_ids = list(gpu_ids)
@@ -157,8 +163,9 @@ class GpuLeaser:
             return len(self._queue)
 
     @contextlib.contextmanager
-    def lease(self, n: int, *, stop: threading.Event | None = None, deadline: float | None = None
-              ) -> Iterator[list[int]]:
+    def lease(
+        self, n: int, *, stop: threading.Event | None = None, deadline: float | None = None
+    ) -> Iterator[list[int]]:
         """Hold ``n`` GPUs for the ``with`` body; ``n == 0`` yields ``[]`` at once.
 
         Raises :class:`LeaseError` when ``n`` exceeds the pool, :class:`LeaseCancelled` when ``stop`` is set or
@@ -174,8 +181,10 @@ class GpuLeaser:
         if n <= 0:
             return []
         if n > self.size:
-            raise LeaseError(f"a trial needs {n} GPUs but this worker leases from {self.size} "
-                             f"({self.gpu_ids}); give more ids with --gpus or shrink the configuration")
+            raise LeaseError(
+                f"a trial needs {n} GPUs but this worker leases from {self.size} "
+                f"({self.gpu_ids}); give more ids with --gpus or shrink the configuration"
+            )
         me = _Waiter(n, self._clock(), next(self._tickets))
         with self._cond:
             self._queue.append(me)

@@ -12,6 +12,7 @@ from tuner.search.trial import run_one
 
 _logger = logging.getLogger(__name__)
 
+
 def sequential_loop(ctx: SearchContext, progress: Progress | None) -> None:
     repeats_in_a_row = 0
     failures_in_a_row = 0
@@ -50,5 +51,3 @@ def sequential_loop(ctx: SearchContext, progress: Progress | None) -> None:
             return
         if failures_in_a_row and failures_in_a_row % 10 == 0 and progress:
             progress.message(f"{failures_in_a_row} failed trials in a row: see `tuner status` for their reasons")
-
-

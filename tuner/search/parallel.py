@@ -68,7 +68,6 @@ warnings.filterwarnings("ignore", message="Heartbeat of storage is supposed to b
 RUN_POLL_S = 2.0
 
 
-
 # -- the study-wide cap --------------------------------------------------------------------------------------
 class AskLock:
     """Serializes "check the cap, then ask" across the workers of one study: a thread lock inside a process,
@@ -130,9 +129,17 @@ class WorkerReport:
     stop_reason: str = ""
 
 
-def worker_loop(ctx, progress, *, name: str, leaser: GpuLeaser | None = None, max_trials: int | None = None,
-                storage: optuna.storages.RDBStorage | None = None, heartbeat_interval: float = HEARTBEAT_INTERVAL_S,
-                ask_lock: AskLock | None = None) -> WorkerReport:
+def worker_loop(
+    ctx,
+    progress,
+    *,
+    name: str,
+    leaser: GpuLeaser | None = None,
+    max_trials: int | None = None,
+    storage: optuna.storages.RDBStorage | None = None,
+    heartbeat_interval: float = HEARTBEAT_INTERVAL_S,
+    ask_lock: AskLock | None = None,
+) -> WorkerReport:
     """Ask, lease GPUs, run (``tuner.search.run_one``), tell, until the deadline, ``ctx.stop`` or the cap.
 
     ``ctx`` is this worker's own :class:`tuner.search.SearchContext` (its ``study`` opened on ``storage``);
@@ -182,8 +189,16 @@ def worker_loop(ctx, progress, *, name: str, leaser: GpuLeaser | None = None, ma
         if decision == "wait":
             ctx.stop.wait(min(0.5, heartbeat_interval / 2))
             continue
-        summary = _run_trial(ctx, trial, progress, run_one, name=name, leaser=leaser, storage=storage,
-                             heartbeat_interval=heartbeat_interval)
+        summary = _run_trial(
+            ctx,
+            trial,
+            progress,
+            run_one,
+            name=name,
+            leaser=leaser,
+            storage=storage,
+            heartbeat_interval=heartbeat_interval,
+        )
         repeated = summary is not None and summary.repeat_of is not None
         if summary is not None:
             report.trials += 1
@@ -201,12 +216,23 @@ def worker_loop(ctx, progress, *, name: str, leaser: GpuLeaser | None = None, ma
     return report
 
 
-def _run_trial(ctx, trial: optuna.Trial, progress, run_one, *, name: str, leaser: GpuLeaser | None,
-               storage, heartbeat_interval: float):
+def _run_trial(
+    ctx,
+    trial: optuna.Trial,
+    progress,
+    run_one,
+    *,
+    name: str,
+    leaser: GpuLeaser | None,
+    storage,
+    heartbeat_interval: float,
+):
     beat = Heartbeat(storage, trial._trial_id, heartbeat_interval) if storage is not None else contextlib.nullcontext()
     with beat:
         retry_db(lambda: trial.set_user_attr("tuner_worker", name), what="tag the trial")
-        params = retry_db(lambda: suggest(trial, ctx.space_for(trial.user_attrs)), what="sample")  # run_one gets the same values
+        params = retry_db(
+            lambda: suggest(trial, ctx.space_for(trial.user_attrs)), what="sample"
+        )  # run_one gets the same values
         frozen = retry_db(lambda: ctx.study._storage.get_trial(trial._trial_id), what="read the trial")
         if frozen.system_attrs.get("failed_trial") is not None:  # a retry of a lost trial: run it, do not dedupe
             earlier = ctx.seen.get(ctx.key_of(params))
@@ -226,8 +252,7 @@ def _run_trial(ctx, trial: optuna.Trial, progress, run_one, *, name: str, leaser
     return None
 
 
-def _refuse(ctx, trial: optuna.Trial, params: dict, outcome: Outcome, reason: str, worker: str, *,
-            teach: bool) -> None:
+def _refuse(ctx, trial: optuna.Trial, params: dict, outcome: Outcome, reason: str, worker: str, *, teach: bool) -> None:
     """Record a trial that never ran: in the ``tuner_`` tables and in Optuna (bad if ``teach``, else FAIL)."""
     ctx.repo.start_trial(ctx.run.id, trial.number, params, worker=worker)
     ctx.repo.finish_trial(ctx.run.id, trial.number, outcome=outcome.value, value=None, reason=reason)
@@ -265,8 +290,9 @@ def load_worker_study(storage: optuna.storages.RDBStorage, name: str, sampler=No
     try:
         return optuna.load_study(study_name=name, storage=storage, sampler=sampler, pruner=pruner)
     except KeyError:
-        raise WorkerError(f"no Optuna study {name!r} in this storage; start it with `tuner search --study {name}` "
-                          "first") from None
+        raise WorkerError(
+            f"no Optuna study {name!r} in this storage; start it with `tuner search --study {name}` first"
+        ) from None
 
 
 def run_parallel(ctx, progress=None) -> list[WorkerReport]:
@@ -278,8 +304,10 @@ def run_parallel(ctx, progress=None) -> list[WorkerReport]:
     if opts.gpus and opts.workers <= 1:
         n = max(1, len(gpus))  # --gpus alone: one worker per GPU (a multi-GPU trial just leaves others waiting)
     if is_sqlite(opts.storage_url) and n > 1:
-        msg = (f"{n} worker threads share SQLite storage in this process; writes are serialized. Use PostgreSQL "
-               "(--storage postgresql://...) to add `tuner worker` processes or machines")
+        msg = (
+            f"{n} worker threads share SQLite storage in this process; writes are serialized. Use PostgreSQL "
+            "(--storage postgresql://...) to add `tuner worker` processes or machines"
+        )
         _logger.warning(msg)
         if progress:
             progress.message(msg)
@@ -300,8 +328,15 @@ def run_parallel(ctx, progress=None) -> list[WorkerReport]:
 
     def work(i: int) -> None:
         try:
-            reports[i] = worker_loop(contexts[i], shared_progress, name=worker_name(i), leaser=leaser,
-                                     max_trials=cap, storage=storage, ask_lock=lock)
+            reports[i] = worker_loop(
+                contexts[i],
+                shared_progress,
+                name=worker_name(i),
+                leaser=leaser,
+                max_trials=cap,
+                storage=storage,
+                ask_lock=lock,
+            )
         except Exception as exc:  # noqa: BLE001 - one worker failing must not end the others
             _logger.exception("worker %d failed", i)
             reports[i] = WorkerReport(worker_name(i), stop_reason=f"failed: {exc}")
@@ -331,6 +366,23 @@ def run_parallel(ctx, progress=None) -> list[WorkerReport]:
     return done_reports
 
 
-__all__ = ["AskLock", "Heartbeat", "ReconnectingRDBStorage", "RetryingRepo", "StaleTrialHandler", "WorkerError",
-           "WorkerReport", "cap_decision", "fail_stale_trials", "is_disconnect", "is_sqlite", "load_worker_study",
-           "mark_trial_crashed", "open_worker_storage", "retry_db", "run_parallel", "worker_loop", "worker_name"]
+__all__ = [
+    "AskLock",
+    "Heartbeat",
+    "ReconnectingRDBStorage",
+    "RetryingRepo",
+    "StaleTrialHandler",
+    "WorkerError",
+    "WorkerReport",
+    "cap_decision",
+    "fail_stale_trials",
+    "is_disconnect",
+    "is_sqlite",
+    "load_worker_study",
+    "mark_trial_crashed",
+    "open_worker_storage",
+    "retry_db",
+    "run_parallel",
+    "worker_loop",
+    "worker_name",
+]

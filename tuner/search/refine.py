@@ -71,14 +71,16 @@ def moves(resolved: ResolvedSpace, params: dict[str, Any]) -> list[tuple[str, An
             continue
         for value in _alternatives(p, params[p.name]):
             wanted = {**params, p.name: value}
-            cfg = resolved.walk(lambda q: wanted[q.name] if q.name in wanted and q.contains(wanted[q.name])
-                                else q.default)
+            cfg = resolved.walk(
+                lambda q: wanted[q.name] if q.name in wanted and q.contains(wanted[q.name]) else q.default
+            )
             out.append((p.name, value, cfg))
     return out
 
 
-def undo_moves(resolved: ResolvedSpace, params: dict[str, Any],
-               defaults: dict[str, Any]) -> list[tuple[str, Any, dict[str, Any]]]:
+def undo_moves(
+    resolved: ResolvedSpace, params: dict[str, Any], defaults: dict[str, Any]
+) -> list[tuple[str, Any, dict[str, Any]]]:
     """``(param, default, configuration)`` for each parameter of ``params`` that differs from its default: that
     change undone alone (its children back at their defaults, as ``ResolvedSpace.walk`` builds them)."""
     out = []
@@ -88,8 +90,7 @@ def undo_moves(resolved: ResolvedSpace, params: dict[str, Any],
         if not p.contains(defaults[p.name]):
             continue
         wanted = {**params, p.name: defaults[p.name]}
-        cfg = resolved.walk(lambda q: wanted[q.name] if q.name in wanted and q.contains(wanted[q.name])
-                            else q.default)
+        cfg = resolved.walk(lambda q: wanted[q.name] if q.name in wanted and q.contains(wanted[q.name]) else q.default)
         out.append((p.name, defaults[p.name], cfg))
     return out
 
@@ -146,20 +147,37 @@ def next_move(ctx: SearchContext) -> Move | None:
     records = stored_trials(ctx)
     same = ctx.target.canonical_params
     sign = 1.0 if ctx.direction == "maximize" else -1.0
-    ok = [r for r in records if r.outcome == "ok" and r.value is not None and math.isfinite(r.value)
-          and r.repeat_of is None]
+    ok = [
+        r
+        for r in records
+        if r.outcome == "ok" and r.value is not None and math.isfinite(r.value) and r.repeat_of is None
+    ]
     best = max(ok, key=lambda r: sign * r.value, default=None)
     rec = ctx.repo.get_trial(ctx.run.id, best.number) if best is not None else None
     noise = min(NOISE_CAP, step_noise(rec)) if rec is not None else 0.0  # the best's own step-time spread
     space = ctx.sampling_space  # inside the current stage's space (tuner.search.stages)
-    return choose_move(space, records, ctx.direction, ctx.target.check,
-                       asked=asked_keys(ctx.study, space, same), canonical=same,
-                       defaults=ctx.resolved.defaults(), noise=noise)
+    return choose_move(
+        space,
+        records,
+        ctx.direction,
+        ctx.target.check,
+        asked=asked_keys(ctx.study, space, same),
+        canonical=same,
+        defaults=ctx.resolved.defaults(),
+        noise=noise,
+    )
 
 
-def choose_move(resolved: ResolvedSpace, records: list, direction: str, check: Callable[[dict], str | None],
-                asked: set[str] = frozenset(), canonical: Callable[[dict], dict] | None = None,
-                defaults: dict[str, Any] | None = None, noise: float = 0.0) -> Move | None:
+def choose_move(
+    resolved: ResolvedSpace,
+    records: list,
+    direction: str,
+    check: Callable[[dict], str | None],
+    asked: set[str] = frozenset(),
+    canonical: Callable[[dict], dict] | None = None,
+    defaults: dict[str, Any] | None = None,
+    noise: float = 0.0,
+) -> Move | None:
     """:func:`next_move` over given trial records (``number``, ``params``, ``outcome``, ``value``, ``reason``):
     ``check`` says why the target refuses a configuration (or returns nothing), ``asked`` holds the keys of
     configurations asked and not yet recorded; ``canonical`` (``Target.canonical_params``) makes a configuration
@@ -167,8 +185,11 @@ def choose_move(resolved: ResolvedSpace, records: list, direction: str, check: C
     one of the origin's changes, and the first origin is the configuration with the fewest changes among those
     within ``noise`` (relative) of the best."""
     tried = {_key(resolved, r.params, canonical) for r in records} | set(asked)
-    ok = [r for r in records if r.outcome == "ok" and r.value is not None and math.isfinite(r.value)
-          and r.repeat_of is None]  # a repeat's value is a copy, not a measurement
+    ok = [
+        r
+        for r in records
+        if r.outcome == "ok" and r.value is not None and math.isfinite(r.value) and r.repeat_of is None
+    ]  # a repeat's value is a copy, not a measurement
     sign = 1.0 if direction == "maximize" else -1.0
     score = _value_scores(ok, sign) if ok else {}
     origins: dict[str, Any] = {}
@@ -188,8 +209,15 @@ def choose_move(resolved: ResolvedSpace, records: list, direction: str, check: C
     return None
 
 
-def _move_from(resolved: ResolvedSpace, check, origin, tried: set[str], score: dict, canonical=None,
-               defaults: dict[str, Any] | None = None) -> Move | None:
+def _move_from(
+    resolved: ResolvedSpace,
+    check,
+    origin,
+    tried: set[str],
+    score: dict,
+    canonical=None,
+    defaults: dict[str, Any] | None = None,
+) -> Move | None:
     undo, seen = [], set()
     for name, value, cfg in undo_moves(resolved, origin.params, defaults or {}):
         seen.add(_key(resolved, cfg, canonical))

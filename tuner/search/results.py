@@ -86,7 +86,12 @@ def trial_tally(trials: list[TrialSummary]) -> str:
     text = f"{len(first)} configuration{'s' if len(first) != 1 else ''}"
     if counts:
         text += ": " + ", ".join(f"{k} {v}" for k, v in sorted(counts.items()))
-    extra = [part for n, part in ((repeats, f"{repeats} repeat{'s' if repeats != 1 else ''} not run again"),
-                                  (reruns, f"{reruns} re-run{'s' if reruns != 1 else ''} of a measured "
-                                           "configuration")) if n]
+    extra = [
+        part
+        for n, part in (
+            (repeats, f"{repeats} repeat{'s' if repeats != 1 else ''} not run again"),
+            (reruns, f"{reruns} re-run{'s' if reruns != 1 else ''} of a measured configuration"),
+        )
+        if n
+    ]
     return text + (f" ({len(trials)} trials: {', '.join(extra)})" if extra else "")

@@ -62,12 +62,12 @@ class BoundedTPESampler(optuna.samplers.TPESampler):
     which TPE already weighs most; the cost of an ask stays what it was at ``history_cap``.
     Single-objective studies only; a multi-objective study sees its whole history."""
 
-    def __init__(self, *args: Any, history_cap: int = HISTORY_CAP, history_best: int = HISTORY_BEST,
-                 **kwargs: Any) -> None:
+    def __init__(
+        self, *args: Any, history_cap: int = HISTORY_CAP, history_best: int = HISTORY_BEST, **kwargs: Any
+    ) -> None:
         super().__init__(*args, **kwargs)
         if not 0 < history_best < history_cap:
-            raise ValueError(f"`0 < history_best < history_cap` must hold, but got ({history_best=}, "
-                             f"{history_cap=}).")
+            raise ValueError(f"`0 < history_best < history_cap` must hold, but got ({history_best=}, {history_cap=}).")
         self.history_cap, self.history_best = history_cap, history_best
         self._lock = threading.Lock()
         self._study_id: int | None = None
@@ -115,7 +115,7 @@ class BoundedTPESampler(optuna.samplers.TPESampler):
                     self._finished[t.number] = t
                     bisect.insort(self._numbers, t.number)
                     bisect.insort(self._best, (_rank(t, sign), t.number))
-                    del self._best[self.history_best:]
+                    del self._best[self.history_best :]
             keep = {n for _, n in self._best}
             for n in reversed(self._numbers):
                 if len(keep) >= self.history_cap:
@@ -145,8 +145,9 @@ class _HistoryView:
     def __getattr__(self, name: str) -> Any:
         return getattr(self._study, name)
 
-    def _get_trials(self, deepcopy: bool = True, states: Container[TrialState] | None = None,
-                    use_cache: bool = False) -> list[FrozenTrial]:
+    def _get_trials(
+        self, deepcopy: bool = True, states: Container[TrialState] | None = None, use_cache: bool = False
+    ) -> list[FrozenTrial]:
         trials = self._study._get_trials(deepcopy=deepcopy, states=states, use_cache=use_cache)
         if self._unseen_only:
             return self._sampler.unseen(self._study, trials)
@@ -156,8 +157,7 @@ class _HistoryView:
         return self._get_trials(deepcopy=deepcopy, states=states)
 
 
-def make_sampler(resolved: ResolvedSpace, seed: int | None, *,
-                 parallel: bool = True) -> optuna.samplers.BaseSampler:
+def make_sampler(resolved: ResolvedSpace, seed: int | None, *, parallel: bool = True) -> optuna.samplers.BaseSampler:
     """The sampler every process of a study uses: multivariate TPE grouped for conditional parameters, learning
     from failures through constraints; with several workers (``parallel``) a constant liar keeps them apart (it
     costs about a third more sampling time, so a single worker goes without); its view of history bounded past
@@ -165,7 +165,10 @@ def make_sampler(resolved: ResolvedSpace, seed: int | None, *,
     1,000."""
     warnings.filterwarnings("ignore", category=optuna.exceptions.ExperimentalWarning)
     return BoundedTPESampler(
-        seed=seed, multivariate=True, group=True, constant_liar=parallel,
+        seed=seed,
+        multivariate=True,
+        group=True,
+        constant_liar=parallel,
         n_startup_trials=max(5, min(10, len(resolved.params) + 2)),
         **({} if _HAS_SET_CONSTRAINT else {"constraints_func": _constraints_of}),
     )

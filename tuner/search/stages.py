@@ -63,12 +63,21 @@ class Verdict:
     noise: float
 
     def line(self) -> str:
-        return (f"no better configuration beyond the noise ({self.noise:.1%}) in its last {self.stretch} trials, "
-                f"{self.repeats} of them repeats")
+        return (
+            f"no better configuration beyond the noise ({self.noise:.1%}) in its last {self.stretch} trials, "
+            f"{self.repeats} of them repeats"
+        )
 
 
-def converged(values: Sequence[float | None], repeats: Sequence[bool], best_before: float | None, *,
-              stretch: int, noise: float | Callable[[], float], maximize: bool) -> Verdict | None:
+def converged(
+    values: Sequence[float | None],
+    repeats: Sequence[bool],
+    best_before: float | None,
+    *,
+    stretch: int,
+    noise: float | Callable[[], float],
+    maximize: bool,
+) -> Verdict | None:
     """The convergence rule over one stage's trials in order (``values``: a new configuration's objective, None
     for a failure; ``repeats``: whether each re-proposed a timed configuration), ``best_before`` the search's best
     before the stage. ``None`` while the stage has not converged (see the module docstring)."""
@@ -94,16 +103,18 @@ def converged(values: Sequence[float | None], repeats: Sequence[bool], best_befo
 
     def quiet(window: int) -> bool:
         ref = best_of(values[: n - window], best_before)
-        return ref is not None and not any(v is not None and not r and beats(v, ref) for v, r in
-                                           zip(values[n - window:], repeats[n - window:], strict=True))
+        return ref is not None and not any(
+            v is not None and not r and beats(v, ref)
+            for v, r in zip(values[n - window :], repeats[n - window :], strict=True)
+        )
 
     if not quiet(stretch):
         return None
-    reps = sum(repeats[n - stretch:])
+    reps = sum(repeats[n - stretch :])
     if reps >= REPEAT_SHARE * stretch:
         return Verdict(stretch, reps, gain)
     if n >= 2 * stretch and quiet(2 * stretch):
-        return Verdict(2 * stretch, sum(repeats[n - 2 * stretch:]), gain)
+        return Verdict(2 * stretch, sum(repeats[n - 2 * stretch :]), gain)
     return None
 
 
@@ -113,10 +124,12 @@ def convergence_line(stretch: int, n_trials: int | None) -> str:
         return "off with --n-trials (every stage runs its share of the trials)"
     if stretch <= 0:
         return "off (--converge-after 0): every stage runs its share of the budget"
-    return (f"a stage ends early when its last {stretch} trials (at least a fifth of the stage's) found nothing "
-            f"better beyond the noise and a quarter of them were repeats, or after twice that many "
-            f"(--converge-after N sets the stretch, 0 turns it off); the last stage's convergence ends the search "
-            f"with the export and the budget it left")
+    return (
+        f"a stage ends early when its last {stretch} trials (at least a fifth of the stage's) found nothing "
+        f"better beyond the noise and a quarter of them were repeats, or after twice that many "
+        f"(--converge-after N sets the stretch, 0 turns it off); the last stage's convergence ends the search "
+        f"with the export and the budget it left"
+    )
 
 
 def plan(resolved: ResolvedSpace, *, deployable_only: bool) -> list[Stage]:
@@ -129,16 +142,34 @@ def plan(resolved: ResolvedSpace, *, deployable_only: bool) -> list[Stage]:
         return [Stage("search", 1.0, resolved, "the whole space")]
     bad = resolved.space.violated_constraints(command.defaults())
     if bad:  # e.g. the command's attention needs a kernel this machine lacks: no command stage can run here
-        return [Stage("search", 1.0, resolved, "the whole space (no command stage: the command's values break "
-                      + ", ".join(f"`{c.name}`" for c in bad) + " here)")]
+        return [
+            Stage(
+                "search",
+                1.0,
+                resolved,
+                "the whole space (no command stage: the command's values break "
+                + ", ".join(f"`{c.name}`" for c in bad)
+                + " here)",
+            )
+        ]
     sampled = {p.name for p in command.params}
     code = [p.name for p in resolved.params if p.name not in sampled]
-    return [Stage("command", COMMAND_SHARE, command,
-                  f"the values the exported SGLang command can set on this GPU first "
-                  f"({', '.join(p.name for p in command.params) or 'nothing to tune'})"
-                  + (f"; {', '.join(held)} held at one value" if held else "")),
-            Stage("code changes", 1.0 - COMMAND_SHARE, resolved,
-                  f"then the whole space, the values that need a code change too ({', '.join(code)})")]
+    return [
+        Stage(
+            "command",
+            COMMAND_SHARE,
+            command,
+            f"the values the exported SGLang command can set on this GPU first "
+            f"({', '.join(p.name for p in command.params) or 'nothing to tune'})"
+            + (f"; {', '.join(held)} held at one value" if held else ""),
+        ),
+        Stage(
+            "code changes",
+            1.0 - COMMAND_SHARE,
+            resolved,
+            f"then the whole space, the values that need a code change too ({', '.join(code)})",
+        ),
+    ]
 
 
 def command_space(resolved: ResolvedSpace) -> tuple[ResolvedSpace | None, list[str]]:
@@ -193,15 +224,23 @@ class StagePlan:
     def planned_lines(self, budget_s: float | None = None) -> list[str]:
         return [f"stage {i + 1} {s.line(budget_s)}" for i, s in enumerate(self.stages)]
 
-    def observe(self, trials: Sequence, *, maximize: bool, noise: float | Callable[[], float], started: float, trials_end: float,
-                now: float | None = None) -> str | None:
+    def observe(
+        self,
+        trials: Sequence,
+        *,
+        maximize: bool,
+        noise: float | Callable[[], float],
+        started: float,
+        trials_end: float,
+        now: float | None = None,
+    ) -> str | None:
         """After a trial: end the current stage when it converged or spent its share; returns the line to print
         (None when nothing changed). ``trials``: the search's trial summaries so far, in order."""
         now = time.time() if now is None else now
         with self._lock:
             if self.done:
                 return None
-            mine = [t for t in trials[self.first:] if not t.is_baseline]
+            mine = [t for t in trials[self.first :] if not t.is_baseline]
             last = self.index == len(self.stages) - 1
             ends_at = started + (trials_end - started) * sum(s.share for s in self.stages[: self.index + 1])
             if self.n_trials is not None:
@@ -212,9 +251,14 @@ class StagePlan:
             if self.n_trials is None and self.stretch > 0:
                 before = [t.value for t in trials[: self.first] if t.outcome == "ok" and t.value is not None]
                 best_before = (max(before) if maximize else min(before)) if before else None
-                verdict = converged([t.value if t.outcome == "ok" else None for t in mine],
-                                    [t.repeat_of is not None for t in mine], best_before,
-                                    stretch=self.stretch, noise=noise, maximize=maximize)
+                verdict = converged(
+                    [t.value if t.outcome == "ok" else None for t in mine],
+                    [t.repeat_of is not None for t in mine],
+                    best_before,
+                    stretch=self.stretch,
+                    noise=noise,
+                    maximize=maximize,
+                )
             if verdict is None and (last or not spent):
                 return None
             stage = self.current
@@ -226,8 +270,10 @@ class StagePlan:
             self.index += 1
             self.first = len(trials)
             left = max(0.0, trials_end - now)
-            line = (f"stage {stage.name!r} ends after {len(mine)} trials ({why}); stage {self.current.name!r} "
-                    f"starts with {left / 60:.1f} min left: {self.current.what}")
+            line = (
+                f"stage {stage.name!r} ends after {len(mine)} trials ({why}); stage {self.current.name!r} "
+                f"starts with {left / 60:.1f} min left: {self.current.what}"
+            )
             self.lines.append(line)
             return line
 
@@ -240,8 +286,10 @@ class StagePlan:
             stage = self.current
             self.index += 1
             self.first = n_trials_so_far
-            line = (f"stage {stage.name!r} ends: its space is exhausted ({repeats_in_a_row} repeated configurations "
-                    f"in a row); stage {self.current.name!r} starts: {self.current.what}")
+            line = (
+                f"stage {stage.name!r} ends: its space is exhausted ({repeats_in_a_row} repeated configurations "
+                f"in a row); stage {self.current.name!r} starts: {self.current.what}"
+            )
             self.lines.append(line)
             return line
 
@@ -261,8 +309,13 @@ def after_trial(ctx, progress=None) -> bool:
         rec = ctx.repo.get_trial(ctx.run.id, best.number) if best is not None else None
         return min(NOISE_CAP, step_noise(rec)) if rec is not None else 0.0
 
-    line = plan_.observe(ctx.trials, maximize=ctx.direction == "maximize", noise=noise,
-                         started=ctx.deadline.start, trials_end=ctx.deadline.trials_end)
+    line = plan_.observe(
+        ctx.trials,
+        maximize=ctx.direction == "maximize",
+        noise=noise,
+        started=ctx.deadline.start,
+        trials_end=ctx.deadline.trials_end,
+    )
     if line:
         _logger.info("%s", line)
         if progress:

@@ -29,6 +29,7 @@ from tuner.search.sampling import (
 
 _logger = logging.getLogger(__name__)
 
+
 def penalty_value(direction: str) -> float:
     """What a failed trial is told as: worse than any real result, so TPE puts it in the bad group."""
     return 0.0 if direction == "maximize" else 1e30
@@ -44,23 +45,33 @@ def told(ctx: SearchContext, value: float, m: Measurement | None = None) -> floa
     return [value, second if second is not None and math.isfinite(second) else penalty_value("maximize")]
 
 
-def run_one(ctx: SearchContext, trial: optuna.Trial, progress: Progress | None, *, gpus: list[int] | None = None,
-            worker: str = "") -> TrialSummary:
+def run_one(
+    ctx: SearchContext,
+    trial: optuna.Trial,
+    progress: Progress | None,
+    *,
+    gpus: list[int] | None = None,
+    worker: str = "",
+) -> TrialSummary:
     """Sample, check, run (in a subprocess), store and tell one trial. Never raises for the trial's failure."""
     params = suggest(trial, ctx.space_for(trial.user_attrs))
     is_baseline = bool(trial.user_attrs.get(BASELINE_ATTR))
     confirm_of = trial.user_attrs.get(CONFIRM_ATTR)
-    ctx.repo.start_trial(ctx.run.id, trial.number, params, worker=worker or socket.gethostname(),
-                         is_baseline=is_baseline)
+    ctx.repo.start_trial(
+        ctx.run.id, trial.number, params, worker=worker or socket.gethostname(), is_baseline=is_baseline
+    )
     if progress:
         progress.trial_started(trial.number, params)
     key = ctx.key_of(params)
     earlier = ctx.seen.get(key)
     t0 = time.time()
     if earlier is not None and confirm_of is None and not is_baseline:
-        m = Measurement(outcome=Outcome(earlier.outcome), value=earlier.value,
-                        reason=f"same configuration as trial {earlier.number}: not run again "
-                               f"({earlier.outcome}{'' if earlier.reason == '' else ': ' + earlier.reason[:200]})")
+        m = Measurement(
+            outcome=Outcome(earlier.outcome),
+            value=earlier.value,
+            reason=f"same configuration as trial {earlier.number}: not run again "
+            f"({earlier.outcome}{'' if earlier.reason == '' else ': ' + earlier.reason[:200]})",
+        )
         repeat_of = earlier.number
     else:
         repeat_of = None
@@ -75,15 +86,16 @@ def run_one(ctx: SearchContext, trial: optuna.Trial, progress: Progress | None, 
             m = ctx.target.after_trial(ctx.repo, ctx.run.id, trial.number, m, is_baseline=is_baseline)
     cut = m.outcome is Outcome.TIMEOUT and (ctx.stop.is_set() or time.time() >= ctx.deadline.trials_end - 0.5)
     if cut:
-        m.reason = ("stopped when the search was interrupted" if ctx.stop.is_set()
-                    else "stopped at the search's deadline") + f" after {time.time() - t0:.1f}s"
+        m.reason = (
+            "stopped when the search was interrupted" if ctx.stop.is_set() else "stopped at the search's deadline"
+        ) + f" after {time.time() - t0:.1f}s"
     m.duration_s = m.duration_s or (time.time() - t0)
-    return _record(ctx, trial, params, m, progress, is_baseline=is_baseline, repeat_of=repeat_of,
-                   cut_by_deadline=cut)
+    return _record(ctx, trial, params, m, progress, is_baseline=is_baseline, repeat_of=repeat_of, cut_by_deadline=cut)
 
 
-def _run_isolated(ctx: SearchContext, trial: optuna.Trial, params: dict[str, Any], gpus: list[int] | None
-                  ) -> Measurement:
+def _run_isolated(
+    ctx: SearchContext, trial: optuna.Trial, params: dict[str, Any], gpus: list[int] | None
+) -> Measurement:
     hard_end = ctx.deadline.trials_end
     per_trial = ctx.options.trial_timeout_s or ctx.target.config.trial_timeout_s
     if per_trial <= 0:
@@ -99,10 +111,22 @@ def _run_isolated(ctx: SearchContext, trial: optuna.Trial, params: dict[str, Any
     if prunable and ctx.resolved.space.objective.is_goodput and ctx.best is not None:
         settings = {**settings, "incumbent_value": ctx.best.value}  # a goodput trial checks its boundary first
         incumbent = ctx.best.number
-    settings = {**settings, **ctx.target.trial_settings(ctx.repo, ctx.run.id, incumbent=incumbent,
-                                                         is_baseline=bool(trial.user_attrs.get(BASELINE_ATTR)))}
-    job = TrialJob(target=ctx.target.name, space_yaml=ctx.space_yaml, space_source=ctx.resolved.space.source,
-                   params=params, deadline=deadline, settings=settings, hardware=hw.to_json(), gpus=gpus)
+    settings = {
+        **settings,
+        **ctx.target.trial_settings(
+            ctx.repo, ctx.run.id, incumbent=incumbent, is_baseline=bool(trial.user_attrs.get(BASELINE_ATTR))
+        ),
+    }
+    job = TrialJob(
+        target=ctx.target.name,
+        space_yaml=ctx.space_yaml,
+        space_source=ctx.resolved.space.source,
+        params=params,
+        deadline=deadline,
+        settings=settings,
+        hardware=hw.to_json(),
+        gpus=gpus,
+    )
 
     def reporter(step: int, value: float) -> bool:
         trial.report(value, step)
@@ -133,15 +157,24 @@ def _warm_up(ctx: SearchContext, worker, job: TrialJob, per_trial: float) -> Tri
         m = proc.wait()
     finally:
         ctx.current = None
-    _logger.info("warm-up run of the baseline's configuration (not timed): %s in %.1f s", m.outcome.value,
-                 time.time() - t0)
+    _logger.info(
+        "warm-up run of the baseline's configuration (not timed): %s in %.1f s", m.outcome.value, time.time() - t0
+    )
     end = time.time() if ctx.stop.is_set() else min(ctx.deadline.trials_end, time.time() + per_trial)
     return dataclasses.replace(job, deadline=end)
 
 
-def _record(ctx: SearchContext, trial: optuna.Trial, params: dict[str, Any], m: Measurement,
-            progress: Progress | None, *, is_baseline: bool, repeat_of: int | None, cut_by_deadline: bool = False
-            ) -> TrialSummary:
+def _record(
+    ctx: SearchContext,
+    trial: optuna.Trial,
+    params: dict[str, Any],
+    m: Measurement,
+    progress: Progress | None,
+    *,
+    is_baseline: bool,
+    repeat_of: int | None,
+    cut_by_deadline: bool = False,
+) -> TrialSummary:
     space = ctx.resolved.space
     constraints = _level_constraints(space, m)
     gates = [_own_constraint(m, name) for name in ctx.target.constraint_names()]
@@ -157,31 +190,51 @@ def _record(ctx: SearchContext, trial: optuna.Trial, params: dict[str, Any], m: 
         if m.outcome is Outcome.OK:  # ok but no finite value: treat as a crash of the measurement
             m.outcome, m.reason = Outcome.CRASH, m.reason or "the trial reported no finite objective value"
         # a failed trial is infeasible: a target's own check it failed (wrong_result) says by how much
-        set_constraints(trial, [1.0] * len(space.objective.constraints) + [g if g > 0 else 1.0 for g in gates]
-                        or [1.0])
+        set_constraints(trial, [1.0] * len(space.objective.constraints) + [g if g > 0 else 1.0 for g in gates] or [1.0])
         state, values = optuna.trial.TrialState.COMPLETE, told(ctx, penalty_value(ctx.direction))
     trial.set_user_attr("outcome", m.outcome.value)
     if repeat_of is not None:
         trial.set_user_attr("repeat_of", repeat_of)
     value = m.value if m.outcome is Outcome.OK else None
-    ctx.repo.finish_trial(ctx.run.id, trial.number, outcome=m.outcome.value, value=value, reason=m.reason,
-                          log_excerpt=m.log, metrics=m.metrics, duration_s=m.duration_s,
-                          repeat_of=repeat_of)
+    ctx.repo.finish_trial(
+        ctx.run.id,
+        trial.number,
+        outcome=m.outcome.value,
+        value=value,
+        reason=m.reason,
+        log_excerpt=m.log,
+        metrics=m.metrics,
+        duration_s=m.duration_s,
+        repeat_of=repeat_of,
+    )
     if m.outcome is not Outcome.OK and repeat_of is None and not cut_by_deadline:
         ctx.target.remember_failure(ctx.repo, ctx.run.id, trial.number, params, m)
     try:
         ctx.study.tell(trial, values, state=state)
     except Exception:  # noqa: BLE001 - e.g. a heartbeat already failed it; the tuner_ tables still hold the truth
         _logger.exception("could not tell Optuna about trial %d", trial.number)
-    summary = TrialSummary(trial.number, params, m.outcome.value, value, m.reason, m.duration_s, is_baseline,
-                           repeat_of, served_shortfall(m.metrics))
+    summary = TrialSummary(
+        trial.number,
+        params,
+        m.outcome.value,
+        value,
+        m.reason,
+        m.duration_s,
+        is_baseline,
+        repeat_of,
+        served_shortfall(m.metrics),
+    )
     ctx.trials.append(summary)
     ctx.counts[summary.outcome] = ctx.counts.get(summary.outcome, 0) + 1
     if not m.outside_signal:  # a kill from outside says nothing of the configuration: it may run again
         ctx.seen.setdefault(ctx.key_of(params), summary)
     base = ctx.baseline
-    if summary.outcome == "ok" and repeat_of is None and base is not None and ctx.key_of(params) == ctx.key_of(
-            base.params):  # a baseline run moves its median: status reads it
+    if (
+        summary.outcome == "ok"
+        and repeat_of is None
+        and base is not None
+        and ctx.key_of(params) == ctx.key_of(base.params)
+    ):  # a baseline run moves its median: status reads it
         median = ctx.baseline_value
         if median is not None:
             ctx.repo.set_baseline(ctx.run.id, median)

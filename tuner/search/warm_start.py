@@ -42,8 +42,10 @@ def parse_source(text: str) -> tuple[str, str]:
     """``URL#STUDY`` -> (url, study); :class:`SearchError` naming the value otherwise."""
     url, sep, study = text.rpartition("#")
     if not sep or not url or not study:
-        raise SearchError(f"--warm-start must be URL#STUDY, but got {text!r}; e.g. "
-                          "--warm-start sqlite:///tuner.db#dsv4-flash-workload")
+        raise SearchError(
+            f"--warm-start must be URL#STUDY, but got {text!r}; e.g. "
+            "--warm-start sqlite:///tuner.db#dsv4-flash-workload"
+        )
     return url, study
 
 
@@ -98,8 +100,9 @@ def twin_translations(source: str, server: ResolvedSpace, *, top: int = TOP) -> 
         repo = Repo(url)
         run = repo.get_run(study) if repo.has_schema() else None
     except Exception as exc:  # noqa: BLE001 - a bad URL or driver: one line
-        raise SearchError(f"--warm-start: cannot open {url!r} ({str(exc).splitlines()[0]}); give URL#STUDY of a "
-                          "twin study") from None
+        raise SearchError(
+            f"--warm-start: cannot open {url!r} ({str(exc).splitlines()[0]}); give URL#STUDY of a twin study"
+        ) from None
     if run is None:
         raise SearchError(f"--warm-start: no study {study!r} in {url}; `tuner status --storage {url}` lists them")
     if run.target != "workload":
@@ -113,8 +116,11 @@ def twin_translations(source: str, server: ResolvedSpace, *, top: int = TOP) -> 
     seen = {repr(sorted(baseline.items()))}
     for t in trials:
         wanted, notes = translate(twin, t.params, server)
-        params = server.walk(lambda q: wanted[q.name] if q.name in wanted and q.contains(wanted[q.name])
-                             else baseline.get(q.name, q.default))
+        params = server.walk(
+            lambda q: (
+                wanted[q.name] if q.name in wanted and q.contains(wanted[q.name]) else baseline.get(q.name, q.default)
+            )
+        )
         key = repr(sorted(params.items()))
         if key in seen:
             continue
@@ -132,6 +138,7 @@ def enqueue_warm_start(study, server: ResolvedSpace, source: str, translations: 
     for tr in translations:
         for n in tr.notes:
             _logger.info("warm start from twin trial %d: %s", tr.twin_trial, n)
-        study.enqueue_trial(suggestable(server, tr.params),
-                            user_attrs={WARM_ATTR: {"url": url, "study": name, "trial": tr.twin_trial}})
+        study.enqueue_trial(
+            suggestable(server, tr.params), user_attrs={WARM_ATTR: {"url": url, "study": name, "trial": tr.twin_trial}}
+        )
     _logger.info("warm start: %d configuration(s) from twin study %s enqueued", len(translations), name)

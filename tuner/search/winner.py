@@ -76,8 +76,15 @@ def group_runs(records: Iterable, key_of: Callable[[dict], str]) -> list[Measure
     out = []
     for key, runs in groups.items():
         runs = sorted(runs, key=lambda r: r.number)
-        out.append(Measured(key, runs[-1].params, tuple(r.number for r in runs), tuple(r.value for r in runs),
-                            any(r.is_baseline for r in runs)))
+        out.append(
+            Measured(
+                key,
+                runs[-1].params,
+                tuple(r.number for r in runs),
+                tuple(r.value for r in runs),
+                any(r.is_baseline for r in runs),
+            )
+        )
     return out
 
 
@@ -157,14 +164,20 @@ class ParsimonyChoice:
         if not self.switched:
             others = len(self.within) - 1
             if not others:
-                return (f"no other configuration is within the measured noise ({self.noise:.1%}) of the best "
-                        f"({_name(self.best)}, {self.best_changes} change(s) from the defaults)")
-            return (f"the best ({_name(self.best)}) has {self.best_changes} change(s) from the defaults; none of the "
-                    f"{others} other configuration(s) within the measured noise ({self.noise:.1%}) has fewer")
+                return (
+                    f"no other configuration is within the measured noise ({self.noise:.1%}) of the best "
+                    f"({_name(self.best)}, {self.best_changes} change(s) from the defaults)"
+                )
+            return (
+                f"the best ({_name(self.best)}) has {self.best_changes} change(s) from the defaults; none of the "
+                f"{others} other configuration(s) within the measured noise ({self.noise:.1%}) has fewer"
+            )
         gap = abs(self.chosen.value / self.best.value - 1) if self.best.value else 0.0
-        return (f"preferred {_name(self.chosen)} ({self.changes} change(s) from the defaults) over the best "
-                f"{_name(self.best)} ({self.best_changes} changes): {gap:.1%} apart, within the measured noise "
-                f"{self.noise:.1%}")
+        return (
+            f"preferred {_name(self.chosen)} ({self.changes} change(s) from the defaults) over the best "
+            f"{_name(self.best)} ({self.best_changes} changes): {gap:.1%} apart, within the measured noise "
+            f"{self.noise:.1%}"
+        )
 
 
 def _name(c: Candidate) -> str:
@@ -176,8 +189,9 @@ def changes_from(params: Mapping[str, Any], defaults: Mapping[str, Any]) -> int:
     return sum(1 for k, v in params.items() if k not in defaults or defaults[k] != v)
 
 
-def prefer_parsimonious(candidates: Sequence[Candidate], defaults: Mapping[str, Any], noise: float, *,
-                        maximize: bool = True) -> ParsimonyChoice:
+def prefer_parsimonious(
+    candidates: Sequence[Candidate], defaults: Mapping[str, Any], noise: float, *, maximize: bool = True
+) -> ParsimonyChoice:
     """The candidate with the fewest changes from ``defaults`` among those within ``noise`` (relative, e.g. 0.03)
     of the best; ties go to the better value. ``ValueError`` for no candidate or a bad noise."""
     if not candidates:
@@ -194,8 +208,14 @@ def prefer_parsimonious(candidates: Sequence[Candidate], defaults: Mapping[str, 
     else:
         within = [c for c in finite if c.value <= best.value * (1 + noise)]
     chosen = min(within, key=lambda c: (changes_from(c.params, defaults), -sign * c.value))
-    return ParsimonyChoice(chosen=chosen, best=best, changes=changes_from(chosen.params, defaults),
-                           best_changes=changes_from(best.params, defaults), within=tuple(within), noise=float(noise))
+    return ParsimonyChoice(
+        chosen=chosen,
+        best=best,
+        changes=changes_from(chosen.params, defaults),
+        best_changes=changes_from(best.params, defaults),
+        within=tuple(within),
+        noise=float(noise),
+    )
 
 
 # -- the decision ----------------------------------------------------------------------------------------------
@@ -250,8 +270,9 @@ def pick_best(groups: Sequence[Measured], *, maximize: bool, tolerance: float = 
     return (lead, note) if lead is not None else (best, "")
 
 
-def _single_beyond(groups: Sequence[Measured], reference: Measured, noise: float, *, maximize: bool,
-                   tolerance: float) -> tuple[Measured | None, str]:
+def _single_beyond(
+    groups: Sequence[Measured], reference: Measured, noise: float, *, maximize: bool, tolerance: float
+) -> tuple[Measured | None, str]:
     """The best configuration timed once when its lead over ``reference`` (a repeated median) is beyond ``noise``
     (:func:`beyond_noise`), with the note that says so; ``(None, "")`` otherwise."""
     sign = 1.0 if maximize else -1.0
@@ -264,14 +285,24 @@ def _single_beyond(groups: Sequence[Measured], reference: Measured, noise: float
         return None, ""
     what = "the baseline" if reference.is_baseline else "the best configuration timed more than once"
     if met_nothing(reference, maximize):
-        return lead, (f"measured once: trial {lead.last} ({dict(lead.params)}) scored {lead.median:.2f} where "
-                      f"{what} met nothing (median 0); the budget left no time to re-run it")
-    return lead, (f"measured once: trial {lead.last} ({dict(lead.params)}) was {gain:.2f}x {what}, far beyond "
-                  f"the widest spread between repeated runs ({noise:.1%}); the budget left no time to re-run it")
+        return lead, (
+            f"measured once: trial {lead.last} ({dict(lead.params)}) scored {lead.median:.2f} where "
+            f"{what} met nothing (median 0); the budget left no time to re-run it"
+        )
+    return lead, (
+        f"measured once: trial {lead.last} ({dict(lead.params)}) was {gain:.2f}x {what}, far beyond "
+        f"the widest spread between repeated runs ({noise:.1%}); the budget left no time to re-run it"
+    )
 
 
-def decide(groups: Sequence[Measured], *, defaults: Mapping[str, Any], maximize: bool = True,
-           tolerance: float = 0.0, noise_of_single: Callable[[Measured], float] | None = None) -> Decision:
+def decide(
+    groups: Sequence[Measured],
+    *,
+    defaults: Mapping[str, Any],
+    maximize: bool = True,
+    tolerance: float = 0.0,
+    noise_of_single: Callable[[Measured], float] | None = None,
+) -> Decision:
     """The winner of ``groups`` (see the module docstring): best median, then the baseline check, then parsimony.
     ``tolerance`` is the space's ``noise_tolerance`` (a single timing must lead by more); ``noise_of_single``
     gives parsimony's noise for a winner timed once (e.g. its step times' spread; 0 without it)."""
@@ -289,9 +320,17 @@ def decide(groups: Sequence[Measured], *, defaults: Mapping[str, Any], maximize:
             single, why = _single_beyond(groups, base_g, noise, maximize=maximize, tolerance=tolerance)
             if single is not None:  # the best repeated one is the baseline's equal; one timed once is not
                 return Decision(Choice.of(single), base, why, None, noise)
-            return Decision(base, base, (f"nothing beat the baseline beyond the measured spread: the best "
-                                         f"({dict(best_g.params)}) was {gain:.3f}x it, within the runs' spread of "
-                                         f"{spread:.1%}; the defaults are exported"), None, noise)
+            return Decision(
+                base,
+                base,
+                (
+                    f"nothing beat the baseline beyond the measured spread: the best "
+                    f"({dict(best_g.params)}) was {gain:.3f}x it, within the runs' spread of "
+                    f"{spread:.1%}; the defaults are exported"
+                ),
+                None,
+                noise,
+            )
     if len(best_g.values) > 1:
         p_noise = best_g.spread
     else:
@@ -301,15 +340,20 @@ def decide(groups: Sequence[Measured], *, defaults: Mapping[str, Any], maximize:
     # a configuration competes with the median of its runs; one timed above the winner (a lucky draw the
     # decision did not choose) is not a candidate
     below = [g for g in groups if g.key != best_g.key and sign * g.median <= sign * best_g.median]
-    parsimony = prefer_parsimonious([Candidate(best_g.last, best_g.params, best_g.median),
-                                     *(Candidate(g.last, g.params, g.median) for g in below)],
-                                    defaults, p_noise, maximize=maximize)
+    parsimony = prefer_parsimonious(
+        [Candidate(best_g.last, best_g.params, best_g.median), *(Candidate(g.last, g.params, g.median) for g in below)],
+        defaults,
+        p_noise,
+        maximize=maximize,
+    )
     chosen = best_g
     if parsimony.switched:
         chosen = next(g for g in below if g.last == parsimony.chosen.key)
         if note:  # the measured-once winner gave way to one with fewer changes within its noise
-            note += (f"; trial {chosen.last}, {len(chosen.values)} run(s) and fewer changes, is within its noise and "
-                     f"is the choice")
+            note += (
+                f"; trial {chosen.last}, {len(chosen.values)} run(s) and fewer changes, is within its noise and "
+                f"is the choice"
+            )
     return Decision(Choice.of(chosen), base, note, parsimony, noise)
 
 
@@ -331,8 +375,13 @@ def decide_for_search(ctx) -> Decision:
         rec = ctx.repo.get_trial(ctx.run.id, g.last)
         return step_noise(rec) if rec is not None else 0.0
 
-    return decide(groups, defaults=ctx.resolved.defaults(), maximize=ctx.direction == "maximize",
-                  tolerance=ctx.target.config.noise_tolerance, noise_of_single=noise_of_single)
+    return decide(
+        groups,
+        defaults=ctx.resolved.defaults(),
+        maximize=ctx.direction == "maximize",
+        tolerance=ctx.target.config.noise_tolerance,
+        noise_of_single=noise_of_single,
+    )
 
 
 def params_json(params: Mapping[str, Any]) -> str:
@@ -351,14 +400,21 @@ def decision_for_run(repo, run) -> Decision | None:
     if space is None:
         return None
     groups = group_runs(repo.list_trials(run.id, outcome="ok"), params_json)
-    tolerance = float((run.settings or {}).get("noise_tolerance", CommonSettings.model_fields["noise_tolerance"].default))
+    tolerance = float(
+        (run.settings or {}).get("noise_tolerance", CommonSettings.model_fields["noise_tolerance"].default)
+    )
 
     def noise_of_single(g: Measured) -> float:
         rec = repo.get_trial(run.id, g.last)
         return step_noise(rec) if rec is not None else 0.0
 
-    return decide(groups, defaults=space.defaults(), maximize=run.direction != "minimize", tolerance=tolerance,
-                  noise_of_single=noise_of_single)
+    return decide(
+        groups,
+        defaults=space.defaults(),
+        maximize=run.direction != "minimize",
+        tolerance=tolerance,
+        noise_of_single=noise_of_single,
+    )
 
 
 def parsimony_for_run(repo, run) -> ParsimonyChoice | None:
@@ -387,5 +443,9 @@ def parsimony_for_run(repo, run) -> ParsimonyChoice | None:
     sign = 1.0 if maximize else -1.0
     others = [g for g in groups if anchor is None or g.key != anchor.key]
     below = [Candidate(g.last, g.params, g.median) for g in others if sign * g.median <= sign * best_value]
-    return prefer_parsimonious([Candidate(best_trial.number, best_trial.params, best_value), *below],
-                               space.defaults(), noise, maximize=maximize)
+    return prefer_parsimonious(
+        [Candidate(best_trial.number, best_trial.params, best_value), *below],
+        space.defaults(),
+        noise,
+        maximize=maximize,
+    )

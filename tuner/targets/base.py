@@ -18,7 +18,6 @@ Reporter = Callable[[int, float], bool]
 """``report(step, value) -> should_stop``: an intermediate value (one concurrency level); True means pruned."""
 
 
-
 @dataclass
 class PreflightReport:
     """What will run and what will not, and why. ``errors`` stop the search before its first trial."""
@@ -39,8 +38,9 @@ class PreflightReport:
     def plan(self, budget_s: float) -> None:
         """Add how many trials of :attr:`trial_s` fit in ``budget_s`` to the facts (nothing when it is unknown)."""
         if self.trial_s and self.trial_s > 0:
-            self.facts["trials that fit the budget"] = (f"about {int(budget_s // self.trial_s)} "
-                                                        f"({budget_s:.0f} s / {self.trial_s:.0f} s a trial)")
+            self.facts["trials that fit the budget"] = (
+                f"about {int(budget_s // self.trial_s)} ({budget_s:.0f} s / {self.trial_s:.0f} s a trial)"
+            )
 
     def lines(self) -> list[str]:
         out = [f"preflight for target `{self.target}`:"]
@@ -139,8 +139,9 @@ class Target(abc.ABC):
 
     def preflight(self) -> PreflightReport:
         report = PreflightReport(target=self.name)
-        report.will_run.append(f"{len(self.resolved.params)} tunable parameters: "
-                               + ", ".join(p.name for p in self.resolved.params))
+        report.will_run.append(
+            f"{len(self.resolved.params)} tunable parameters: " + ", ".join(p.name for p in self.resolved.params)
+        )
         report.will_not_run += [str(i) for i in self.resolved.inactive]
         report.rules += list(self.resolved.notes)
         for c in self.space.constraints:
@@ -188,8 +189,9 @@ class Target(abc.ABC):
         the baseline. ``None`` by default."""
         return None
 
-    def remember_failure(self, repo: Any, run_id: int, number: int, params: dict[str, Any],
-                         measurement: Measurement) -> None:
+    def remember_failure(
+        self, repo: Any, run_id: int, number: int, params: dict[str, Any], measurement: Measurement
+    ) -> None:
         """Keep trial ``number``'s failed launch in ``repo`` for :meth:`known_failure`; nothing by default."""
 
     def min_trial_s(self) -> float:
@@ -197,15 +199,17 @@ class Target(abc.ABC):
         default (any time left may do)."""
         return 0.0
 
-    def trial_settings(self, repo: Any, run_id: int, *, is_baseline: bool,
-                       incumbent: int | None = None) -> dict[str, Any]:
+    def trial_settings(
+        self, repo: Any, run_id: int, *, is_baseline: bool, incumbent: int | None = None
+    ) -> dict[str, Any]:
         """Settings one trial's process gets beside the study's, read from the study's storage ``repo`` in the search
         process before the trial (e.g. the baseline's greedy completions to compare with; the stored figures of
         ``incumbent``, the best trial so far, that a trial may be pruned against); none by default."""
         return {}
 
-    def after_trial(self, repo: Any, run_id: int, number: int, measurement: Measurement, *,
-                    is_baseline: bool) -> Measurement:
+    def after_trial(
+        self, repo: Any, run_id: int, number: int, measurement: Measurement, *, is_baseline: bool
+    ) -> Measurement:
         """In the search process, after trial ``number`` ran and before it is stored: keep what it handed back
         (``measurement.data``) in ``repo`` for later trials, and settle its result against what is stored there;
         returns the measurement to store. Returns it unchanged by default."""
@@ -229,8 +233,9 @@ class Target(abc.ABC):
         measured); the best itself is re-run between them. None by default."""
         return []
 
-    def deployment(self, params: dict[str, Any], *, environment: dict[str, Any] | None, repo: Any,
-                   run_id: int) -> Deployment | None:
+    def deployment(
+        self, params: dict[str, Any], *, environment: dict[str, Any] | None, repo: Any, run_id: int
+    ) -> Deployment | None:
         """What a user deploys for ``params`` when it is not :meth:`launch_spec`'s command (the workload twin: SGLang's
         command for the GPU architecture of the run's stored ``environment``, with the ablations kept in ``repo``
         for study run ``run_id``); the export then writes it as launch.sh and the launch spec beside it as the

@@ -64,8 +64,10 @@ def load_kernel(name: str):
         try:
             obj = getattr(importlib.import_module(module), attr)
         except (ImportError, AttributeError) as exc:
-            raise TargetError(f"kernel {name!r} cannot be imported ({exc}); give a registry name or "
-                              "module.path:ClassName on PYTHONPATH") from None
+            raise TargetError(
+                f"kernel {name!r} cannot be imported ({exc}); give a registry name or "
+                "module.path:ClassName on PYTHONPATH"
+            ) from None
         return getattr(obj, "instance", None) or (obj() if isinstance(obj, type) else obj)
     from kernels.registry import get_kernel
 
@@ -81,8 +83,10 @@ def parse_shape(value: Any) -> dict[str, int]:
         try:
             value = json.loads(value)
         except json.JSONDecodeError as exc:
-            raise TargetError(f"setting `shape` must be a mapping or JSON text, but got {value!r} ({exc.msg}); "
-                              "write e.g. --set shape='{\"batch\": 16, \"heads\": 64}'") from None
+            raise TargetError(
+                f"setting `shape` must be a mapping or JSON text, but got {value!r} ({exc.msg}); "
+                'write e.g. --set shape=\'{"batch": 16, "heads": 64}\''
+            ) from None
     if not isinstance(value, dict) or not value:
         raise TargetError(f"setting `shape` must be a non-empty mapping of dim to int, but got {value!r}")
     out = {}
@@ -136,8 +140,10 @@ class KernelsTarget(Target):
         super().__init__(resolved, settings)
         kernel_name = self.config.kernel
         if not kernel_name:
-            raise TargetError("the kernels target needs setting `kernel` (e.g. sparse_decode) and `shape`; "
-                              "use `tuner search --target kernels` with a kernels plan, or write them in the space")
+            raise TargetError(
+                "the kernels target needs setting `kernel` (e.g. sparse_decode) and `shape`; "
+                "use `tuner search --target kernels` with a kernels plan, or write them in the space"
+            )
         self.kernel_name = str(kernel_name)
         self.shape = parse_shape(self.config.shape)
         self.dtype = self.config.dtype
@@ -190,36 +196,59 @@ class KernelsTarget(Target):
             key = kernel.shape_key(self.shape)
             cost = kernel.cost(self.shape, self.dtype)
         except (KeyError, ValueError, TypeError) as exc:
-            report.errors.append(f"setting `shape` {self.shape} does not fit kernel {self.kernel_name!r} "
-                                 f"({type(exc).__name__}: {exc}); give every dim of e.g. {kernel.shapes('v4flash')[0]}")
+            report.errors.append(
+                f"setting `shape` {self.shape} does not fit kernel {self.kernel_name!r} "
+                f"({type(exc).__name__}: {exc}); give every dim of e.g. {kernel.shapes('v4flash')[0]}"
+            )
             return report
         import triton
 
-        report.facts.update({"kernel": self.kernel_name, "shape_key": key, "dtype": self.dtype,
-                             "triton": triton.__version__, "cost": f"{cost.bytes / 1e6:.2f} MB, {cost.flops / 1e9:.3f} GFLOP",
-                             "device": hw.gpu_name if hw.gpu_count else "cpu (no CUDA GPU)"})
+        report.facts.update(
+            {
+                "kernel": self.kernel_name,
+                "shape_key": key,
+                "dtype": self.dtype,
+                "triton": triton.__version__,
+                "cost": f"{cost.bytes / 1e6:.2f} MB, {cost.flops / 1e9:.3f} GFLOP",
+                "device": hw.gpu_name if hw.gpu_count else "cpu (no CUDA GPU)",
+            }
+        )
         space_fields = set(kernel.config_space(self.shape))
         for p in self.space.params:
             field = p.kernel.split(".", 1)[-1] if p.kernel else p.name
             if field not in space_fields:
-                report.errors.append(f"parameter `{p.name}` is not a config field of kernel {self.kernel_name!r}; "
-                                     f"fields are {sorted(space_fields)}")
-        why = kernel.check_config(kernel.fit_dtype(kernel.default_config(self.shape), self.shape, self.dtype),
-                                  self.shape, None, dtype=self.dtype)
+                report.errors.append(
+                    f"parameter `{p.name}` is not a config field of kernel {self.kernel_name!r}; "
+                    f"fields are {sorted(space_fields)}"
+                )
+        why = kernel.check_config(
+            kernel.fit_dtype(kernel.default_config(self.shape), self.shape, self.dtype),
+            self.shape,
+            None,
+            dtype=self.dtype,
+        )
         if why:
             report.errors.append(f"the default config of {self.kernel_name!r} fails its own rule at {key}: {why}")
-        report.rules.append(f"{self.kernel_name}.check_config rules prune a config before it is compiled "
-                            "(outcome invalid_config, no subprocess)")
-        report.rules.append("correctness gate: fresh random inputs, NaN-poisoned output, reference within "
-                            f"tolerance {kernel.tolerance(self.dtype):g}, else wrong_result (never a winner)")
+        report.rules.append(
+            f"{self.kernel_name}.check_config rules prune a config before it is compiled "
+            "(outcome invalid_config, no subprocess)"
+        )
+        report.rules.append(
+            "correctness gate: fresh random inputs, NaN-poisoned output, reference within "
+            f"tolerance {kernel.tolerance(self.dtype):g}, else wrong_result (never a winner)"
+        )
         if not hw.gpu_count:
             if self.allow_cpu:
-                report.will_not_run.append("timing: no CUDA GPU; the Triton interpreter checks correctness and the "
-                                           "value is its wall time, which says nothing about GPU speed (tests only)")
+                report.will_not_run.append(
+                    "timing: no CUDA GPU; the Triton interpreter checks correctness and the "
+                    "value is its wall time, which says nothing about GPU speed (tests only)"
+                )
             else:
-                report.errors.append("no CUDA GPU: the kernels target times Triton kernels on a GPU; on a CPU the "
-                                     "Triton interpreter can check correctness but cannot time. Run on a GPU host "
-                                     "(or, for tests only, --set allow_cpu_interpreter=true)")
+                report.errors.append(
+                    "no CUDA GPU: the kernels target times Triton kernels on a GPU; on a CPU the "
+                    "Triton interpreter can check correctness but cannot time. Run on a GPU host "
+                    "(or, for tests only, --set allow_cpu_interpreter=true)"
+                )
         return report
 
     def canonical_params(self, params: dict[str, Any]) -> dict[str, Any]:
@@ -242,8 +271,9 @@ class KernelsTarget(Target):
         if why:
             return why
         try:
-            return self.kernel.check_config(self.config_of(params), self.shape, self._device_for_rules(),
-                                            dtype=self.dtype)
+            return self.kernel.check_config(
+                self.config_of(params), self.shape, self._device_for_rules(), dtype=self.dtype
+            )
         except Exception as exc:  # noqa: BLE001 - a rule that cannot be evaluated is a reason too
             return f"check_config failed: {type(exc).__name__}: {exc}"
 
@@ -252,8 +282,10 @@ class KernelsTarget(Target):
 
         if not torch.cuda.is_available():
             if not self.allow_cpu:
-                return Measurement.failed(Outcome.CRASH, "no CUDA GPU in the trial process; the kernels target "
-                                                         "cannot time on a CPU (see preflight)")
+                return Measurement.failed(
+                    Outcome.CRASH,
+                    "no CUDA GPU in the trial process; the kernels target cannot time on a CPU (see preflight)",
+                )
             os.environ.setdefault("TRITON_INTERPRET", "1")  # before the kernel module defines its @triton.jit
             return self._evaluate(params, deadline, report, "cpu")
         return self._evaluate(params, deadline, report, "cuda")
@@ -275,8 +307,11 @@ class KernelsTarget(Target):
         first_s = time.time() - t0
         tol = kernel.tolerance(self.dtype)
         if not err <= tol:
-            return Measurement.failed(Outcome.WRONG_RESULT, f"rel. error {err:.3g} > tolerance {tol:.3g} on fresh "
-                                                            f"inputs (seed {self.seed}) with a NaN-poisoned output")
+            return Measurement.failed(
+                Outcome.WRONG_RESULT,
+                f"rel. error {err:.3g} > tolerance {tol:.3g} on fresh "
+                f"inputs (seed {self.seed}) with a NaN-poisoned output",
+            )
         if time.time() >= deadline:
             return Measurement.failed(Outcome.TIMEOUT, f"first launch took {first_s:.1f}s; no time left to time it")
         try:
@@ -299,8 +334,12 @@ class KernelsTarget(Target):
         err = check_once(kernel, self.shape, self.dtype, config, device, self.seed)
         inputs = kernel.make_inputs(self.shape, self.dtype, device, self.seed)
         lib_err = rel_error(kernel.torch_baseline(inputs), kernel.reference(inputs))
-        out: dict[str, Any] = {"library_impl": kernel.library_impl, "rel_error": err, "library_rel_error": lib_err,
-                               "tolerance": tol}
+        out: dict[str, Any] = {
+            "library_impl": kernel.library_impl,
+            "rel_error": err,
+            "library_rel_error": lib_err,
+            "tolerance": tol,
+        }
         out["triton_us"] = self._time(config, device)["median"] if err <= tol else None
         out["library_us"] = self._time(config, device, library=True)["median"] if lib_err <= tol else None
         return out
@@ -312,8 +351,16 @@ class KernelsTarget(Target):
         if recorded is not None:
             # replay: a kernel that carries recorded GPU timings (tests, strategy studies) answers from its table
             us = float(recorded)
-            return {"median": us, "p20": us * 0.995, "p80": us * 1.005, "n": 1, "graph": True, "spread": 0.01,
-                    "sets": 1, "replay": True}
+            return {
+                "median": us,
+                "p20": us * 0.995,
+                "p80": us * 1.005,
+                "n": 1,
+                "graph": True,
+                "spread": 0.01,
+                "sets": 1,
+                "replay": True,
+            }
         n_sets = max(1, min(ROTATE_MAX, int(ROTATE_BYTES // max(kernel.rotation_bytes(self.shape, self.dtype), 1.0))))
         sets = []
         for i in range(n_sets):
@@ -330,8 +377,15 @@ class KernelsTarget(Target):
             from kernels.bench import do_bench
 
             t = do_bench(call, sets, rep_ms=self.config.rep_ms)
-            return {"median": t.median_us, "p20": t.p20_us, "p80": t.p80_us, "n": t.n, "graph": t.graph,
-                    "spread": t.spread, "sets": n_sets}
+            return {
+                "median": t.median_us,
+                "p20": t.p20_us,
+                "p80": t.p80_us,
+                "n": t.n,
+                "graph": t.graph,
+                "spread": t.spread,
+                "sets": n_sets,
+            }
         samples = []  # the interpreter: wall time of whole calls, for tests only
         call(sets[0])  # warm-up outside the timing, as on a GPU (first-call set-up is not the call's time)
         for i in range(3):
@@ -340,8 +394,15 @@ class KernelsTarget(Target):
             samples.append((time.perf_counter() - s) * 1e6)
         samples.sort()
         med = statistics.median(samples)
-        return {"median": med, "p20": samples[0], "p80": samples[-1], "n": 3, "graph": False,
-                "spread": (samples[-1] - samples[0]) / med if med > 0 else math.inf, "sets": n_sets}
+        return {
+            "median": med,
+            "p20": samples[0],
+            "p80": samples[-1],
+            "n": 3,
+            "graph": False,
+            "spread": (samples[-1] - samples[0]) / med if med > 0 else math.inf,
+            "sets": n_sets,
+        }
 
     def _measurement(self, t: dict[str, Any], err: float, first_s: float, device: str) -> Measurement:
         cost = self.kernel.cost(self.shape, self.dtype)
@@ -365,15 +426,31 @@ class KernelsTarget(Target):
             MetricRow("roofline_frac", "", floor / us if us > 0 else 0.0, "ratio"),
         ]
         level = self.space.objective.level or (self.space.objective.levels[0] if self.space.objective.levels else 1)
-        reason = "" if device == "cuda" else (
-            "replayed recorded time" if t.get("replay") else
-            "interpreter wall time on a CPU: correctness only, not a GPU speed")
+        reason = (
+            ""
+            if device == "cuda"
+            else (
+                "replayed recorded time"
+                if t.get("replay")
+                else "interpreter wall time on a CPU: correctness only, not a GPU speed"
+            )
+        )
         return Measurement(outcome=Outcome.OK, value=us, metrics=metrics, by_level={int(level): us}, reason=reason)
 
     def launch_spec(self, params: dict[str, Any]) -> LaunchSpec:
-        argv = [sys.executable, "-m", "tuner.targets.kernels", "--kernel", self.kernel_name,
-                "--shape", json.dumps(self.shape, sort_keys=True), "--dtype", self.dtype,
-                "--config", json.dumps(self.config_of(params), sort_keys=True)]
+        argv = [
+            sys.executable,
+            "-m",
+            "tuner.targets.kernels",
+            "--kernel",
+            self.kernel_name,
+            "--shape",
+            json.dumps(self.shape, sort_keys=True),
+            "--dtype",
+            self.dtype,
+            "--config",
+            json.dumps(self.config_of(params), sort_keys=True),
+        ]
         return LaunchSpec(argv=argv, description=f"re-measure {self.kernel_name} at {self.shape} ({self.dtype})")
 
     def kernel_config_dirs(self) -> list[str]:
@@ -389,8 +466,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--config", required=True, help="JSON mapping of config fields")
     ap.add_argument("--dtype", default="bfloat16")
     ap.add_argument("--allow-cpu-interpreter", action="store_true")
-    ap.add_argument("--compare-library", action="store_true",
-                    help="time the config and the kernel's library path (torch) the same way; print both as JSON")
+    ap.add_argument(
+        "--compare-library",
+        action="store_true",
+        help="time the config and the kernel's library path (torch) the same way; print both as JSON",
+    )
     args = ap.parse_args(argv)
     import torch
 
@@ -400,17 +480,30 @@ def main(argv: list[str] | None = None) -> int:
     from search_spaces import detect_hardware, load_space_text, resolve
 
     config = json.loads(args.config)
-    lines = ["name: remeasure", "target: kernels", "objective: {metric: time_us, direction: minimize, "
-             "combine: level, levels: [1], level: 1, unit: us}", "params:"]
+    lines = [
+        "name: remeasure",
+        "target: kernels",
+        "objective: {metric: time_us, direction: minimize, combine: level, levels: [1], level: 1, unit: us}",
+        "params:",
+    ]
     lines += [f"  {k}: {{type: categorical, values: [{v}], default: {v}}}" for k, v in config.items()]
     space = load_space_text("\n".join(lines))
-    target = KernelsTarget(resolve(space, detect_hardware()),
-                           {"kernel": args.kernel, "shape": args.shape, "dtype": args.dtype,
-                            "allow_cpu_interpreter": args.allow_cpu_interpreter})
+    target = KernelsTarget(
+        resolve(space, detect_hardware()),
+        {
+            "kernel": args.kernel,
+            "shape": args.shape,
+            "dtype": args.dtype,
+            "allow_cpu_interpreter": args.allow_cpu_interpreter,
+        },
+    )
     if args.compare_library:
         if device == "cpu" and not args.allow_cpu_interpreter:
-            print("error: --compare-library on a CPU runs Triton's interpreter; pass --allow-cpu-interpreter "
-                  "(tests) or run it on a GPU host", file=sys.stderr)
+            print(
+                "error: --compare-library on a CPU runs Triton's interpreter; pass --allow-cpu-interpreter "
+                "(tests) or run it on a GPU host",
+                file=sys.stderr,
+            )
             return 2
         print(json.dumps(target.compare_library(config, device)))
         return 0

@@ -42,18 +42,30 @@ def _resolves(hook: dict, release: str, built_for: str) -> bool:
     try:
         fn = pkgutil.resolve_name(target)
     except Exception as exc:  # noqa: BLE001 - a renamed target is expected across releases
-        logger.warning("tuner plug-in: hook target %s cannot be resolved in SGLang %s (%s: %s); SGLang's own "
-                       "function runs (the plug-in was measured on SGLang %s)", target, release,
-                       type(exc).__name__, str(exc).splitlines()[0] if str(exc) else "", built_for)
+        logger.warning(
+            "tuner plug-in: hook target %s cannot be resolved in SGLang %s (%s: %s); SGLang's own "
+            "function runs (the plug-in was measured on SGLang %s)",
+            target,
+            release,
+            type(exc).__name__,
+            str(exc).splitlines()[0] if str(exc) else "",
+            built_for,
+        )
         return False
     try:
         names = list(inspect.signature(fn).parameters)
     except (TypeError, ValueError):
         names = None
     if names is not None and names != hook["args"]:
-        logger.warning("tuner plug-in: hook target %s in SGLang %s takes (%s), not (%s) as measured on SGLang %s; "
-                       "SGLang's own function runs", target, release, ", ".join(names), ", ".join(hook["args"]),
-                       built_for)
+        logger.warning(
+            "tuner plug-in: hook target %s in SGLang %s takes (%s), not (%s) as measured on SGLang %s; "
+            "SGLang's own function runs",
+            target,
+            release,
+            ", ".join(names),
+            ", ".join(hook["args"]),
+            built_for,
+        )
         return False
     return True
 
@@ -76,12 +88,22 @@ def register() -> None:
                 continue
             make = getattr(hooks, hook["hook"], None)
             if make is None:
-                logger.warning("tuner plug-in: no hook %r in this package for %s; SGLang's own function runs",
-                               hook["hook"], hook["target"])
+                logger.warning(
+                    "tuner plug-in: no hook %r in this package for %s; SGLang's own function runs",
+                    hook["hook"],
+                    hook["target"],
+                )
                 continue
             HookRegistry.register(hook["target"], make(hook, HERE), HookType[hook["hook_type"]])
             done.append(hook["target"])
-        logger.info("tuner plug-in %s (study %s, tuner %s) on SGLang %s: %d hook(s): %s", man["version"],
-                    man["study"], man["tuner_commit"], release, len(done), ", ".join(done) or "none")
+        logger.info(
+            "tuner plug-in %s (study %s, tuner %s) on SGLang %s: %d hook(s): %s",
+            man["version"],
+            man["study"],
+            man["tuner_commit"],
+            release,
+            len(done),
+            ", ".join(done) or "none",
+        )
     except Exception as exc:  # noqa: BLE001 - never a crash at serve time
         logger.warning("tuner plug-in: not applied (%s: %s); SGLang runs unchanged", type(exc).__name__, exc)

@@ -41,8 +41,15 @@ def _bind(names: list[str], args: tuple, kwargs: dict) -> dict | None:
 
 
 def case_key(case: dict) -> tuple:
-    return (case["arch"], case["dtype"], case["out_dtype"], case["heads"], case["head_dim"], case["rope_dim"],
-            bool(case["norm"]))
+    return (
+        case["arch"],
+        case["dtype"],
+        case["out_dtype"],
+        case["heads"],
+        case["head_dim"],
+        case["rope_dim"],
+        bool(case["norm"]),
+    )
 
 
 def fused_q_norm_rope(hook: dict, package_dir: Path):
@@ -53,8 +60,9 @@ def fused_q_norm_rope(hook: dict, package_dir: Path):
     from .kernels.sglang_q_norm_rope import fused_q_norm_rope as ours
 
     configs = json.loads((package_dir / hook["config_file"]).read_text())
-    cases = {case_key(c["case"]): [(b["batch_range"], configs[b["config"]]) for b in c["buckets"]]
-             for c in hook["cases"]}
+    cases = {
+        case_key(c["case"]): [(b["batch_range"], configs[b["config"]]) for b in c["buckets"]] for c in hook["cases"]
+    }
     names = hook["args"]
     broken: list[BaseException] = []
 
@@ -63,13 +71,27 @@ def fused_q_norm_rope(hook: dict, package_dir: Path):
         if a is None or broken:
             return original(*args, **kwargs)
         q, out, freqs = a["q_input"], a["q_output"], a["freqs_cis"]
-        if not (isinstance(q, torch.Tensor) and q.dim() == 3 and isinstance(out, torch.Tensor)
-                and out.shape == q.shape and q.stride(2) == 1 and out.stride(2) == 1
-                and freqs.dtype == torch.complex64 and freqs.dim() == 2):
+        if not (
+            isinstance(q, torch.Tensor)
+            and q.dim() == 3
+            and isinstance(out, torch.Tensor)
+            and out.shape == q.shape
+            and q.stride(2) == 1
+            and out.stride(2) == 1
+            and freqs.dtype == torch.complex64
+            and freqs.dim() == 2
+        ):
             return original(*args, **kwargs)
         B, H, D = q.shape
-        key = (_arch(q.device), str(q.dtype).removeprefix("torch."), str(out.dtype).removeprefix("torch."), H, D,
-               2 * freqs.shape[1], a["eps"] is not None)
+        key = (
+            _arch(q.device),
+            str(q.dtype).removeprefix("torch."),
+            str(out.dtype).removeprefix("torch."),
+            H,
+            D,
+            2 * freqs.shape[1],
+            a["eps"] is not None,
+        )
         config = next((cfg for (lo, hi), cfg in cases.get(key, ()) if lo <= B <= hi), None)
         if config is None:
             return original(*args, **kwargs)
@@ -77,8 +99,11 @@ def fused_q_norm_rope(hook: dict, package_dir: Path):
             ours(q, out, a["eps"], freqs, a["positions"], config)
         except Exception as exc:  # noqa: BLE001 - SGLang's own kernel is always there
             broken.append(exc)
-            logger.warning("tuner plug-in: its fused_q_norm_rope failed (%s: %s); SGLang's own runs from now on",
-                           type(exc).__name__, exc)
+            logger.warning(
+                "tuner plug-in: its fused_q_norm_rope failed (%s: %s); SGLang's own runs from now on",
+                type(exc).__name__,
+                exc,
+            )
             return original(*args, **kwargs)
         return None
 

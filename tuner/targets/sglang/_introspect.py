@@ -34,8 +34,9 @@ def _describe(action):
         "nargs": action.nargs if action.nargs is None or isinstance(action.nargs, (int, str)) else str(action.nargs),
         "choices": None if action.choices is None else [str(c) for c in action.choices],
         "type": getattr(action.type, "__name__", None) if action.type is not None else None,
-        "default": (action.default if isinstance(action.default, (str, int, float, bool, type(None)))
-                    else str(action.default)),
+        "default": (
+            action.default if isinstance(action.default, (str, int, float, bool, type(None))) else str(action.default)
+        ),
         "help": (action.help or "")[:400] if action.help is not argparse.SUPPRESS else "",
         "deprecated": kind.startswith("Deprecated") or bool(getattr(action, "deprecated", False)),
         "removed": kind == "DeprecatedAction",
@@ -50,8 +51,9 @@ def _check(action, values):
         try:
             converted = action.type(text) if callable(action.type) else text
         except Exception as exc:  # noqa: BLE001 - the parser's own type refused it
-            errors.append(f"{text!r} is not accepted by {'/'.join(action.option_strings)} "
-                          f"({type(exc).__name__}: {exc})")
+            errors.append(
+                f"{text!r} is not accepted by {'/'.join(action.option_strings)} ({type(exc).__name__}: {exc})"
+            )
             continue
         names = [str(c) for c in action.choices] if action.choices is not None else []
         if action.choices is not None and converted not in action.choices and text not in names:

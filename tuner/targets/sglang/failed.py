@@ -29,11 +29,19 @@ SAME_WAY_TWICE = 2
 """Starts that failed with one outcome that refuse the launch (any other kept outcome)."""
 
 
-def flag_set_key(command: Sequence[str], args: Sequence[str], env: dict[str, str], *, server_version: str = "",
-                 gpus: str = "") -> str:
+def flag_set_key(
+    command: Sequence[str], args: Sequence[str], env: dict[str, str], *, server_version: str = "", gpus: str = ""
+) -> str:
     """The key of one launch: a hash of the server's version, command, flags, environment and GPUs."""
-    payload = json.dumps({"command": list(command), "args": list(args), "env": sorted(env.items()),
-                          "server_version": server_version, "gpus": gpus})
+    payload = json.dumps(
+        {
+            "command": list(command),
+            "args": list(args),
+            "env": sorted(env.items()),
+            "server_version": server_version,
+            "gpus": gpus,
+        }
+    )
     return hashlib.sha256(payload.encode()).hexdigest()[:24]
 
 
@@ -52,21 +60,34 @@ def known_failure(repo: Any, key: str, run_id: int | None = None) -> str | None:
         if outcome in BY_CONSTRUCTION or len(recs) >= SAME_WAY_TWICE:
             prior = recs[-1]
             times = "" if outcome in BY_CONSTRUCTION else f" at start {len(recs)} times, last"
-            return (f"this exact flag set already failed{times} (study run {prior.run_id}, trial "
-                    f"{prior.trial_number}, {prior.outcome}: {prior.reason[:200]}); set `allow_retry: true` to run "
-                    "it again")
+            return (
+                f"this exact flag set already failed{times} (study run {prior.run_id}, trial "
+                f"{prior.trial_number}, {prior.outcome}: {prior.reason[:200]}); set `allow_retry: true` to run "
+                "it again"
+            )
     return None
 
 
-def remember(repo: Any, run_id: int, number: int, *, key: str, outcome: str, reason: str, args: Sequence[str],
-             server_version: str = "", at_start: bool = True) -> bool:
+def remember(
+    repo: Any,
+    run_id: int,
+    number: int,
+    *,
+    key: str,
+    outcome: str,
+    reason: str,
+    args: Sequence[str],
+    server_version: str = "",
+    at_start: bool = True,
+) -> bool:
     """Keep a launch that failed before its server was ready (only :data:`REMEMBERED` outcomes); True when kept.
     A failure after start (``at_start`` false) is never kept: the same flags may well run the next time."""
     if outcome not in REMEMBERED or not at_start:
         return False
     try:
-        repo.remember_failed_flags(run_id, number, key=key, outcome=outcome, reason=reason, args=args,
-                                   server_version=server_version)
+        repo.remember_failed_flags(
+            run_id, number, key=key, outcome=outcome, reason=reason, args=args, server_version=server_version
+        )
     except Exception as exc:  # noqa: BLE001 - the memory is an optimisation: never fail a search over it
         _logger.warning("cannot remember failed flag set %s: %s", key, str(exc).splitlines()[0])
         return False

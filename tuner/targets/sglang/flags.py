@@ -70,7 +70,6 @@ def name_in_release(flag: str, flags: ServerFlags) -> str | None:
     return None
 
 
-
 @dataclass(frozen=True)
 class FlagSpec:
     names: tuple[str, ...]
@@ -134,7 +133,7 @@ class ServerFlags:
             if _text(v) not in spec.choices:
                 hint = ""
                 if isinstance(v, bool) and {"on", "off", "yes", "no"} & set(spec.choices):
-                    hint = "; YAML reads an unquoted on/off/yes/no as a boolean: quote it (\"on\")"
+                    hint = '; YAML reads an unquoted on/off/yes/no as a boolean: quote it ("on")'
                 return f"{_text(v)!r} is not one of the choices of {name}: {sorted(spec.choices)}{hint}"
         return None
 
@@ -145,27 +144,44 @@ def _text(value: Any) -> str:
     return str(value)
 
 
-def introspect_parser(python: str = sys.executable, parser: str = SGLANG_PARSER,
-                      checks: Sequence[tuple[str, Sequence[Any]]] = (), timeout_s: float = 120.0) -> ServerFlags:
+def introspect_parser(
+    python: str = sys.executable,
+    parser: str = SGLANG_PARSER,
+    checks: Sequence[tuple[str, Sequence[Any]]] = (),
+    timeout_s: float = 120.0,
+) -> ServerFlags:
     """Read the parser ``module:callable`` (``callable(argparse.ArgumentParser())`` adds the options) with
     ``python`` and convert every candidate value in ``checks`` with the option's own type and choices."""
     payload = json.dumps([[f, [_text(v) for v in vals]] for f, vals in checks])
     try:
-        done = subprocess.run([python, str(INTROSPECT_SCRIPT), parser], input=payload, capture_output=True,
-                              text=True, timeout=timeout_s)
+        done = subprocess.run(
+            [python, str(INTROSPECT_SCRIPT), parser], input=payload, capture_output=True, text=True, timeout=timeout_s
+        )
     except (OSError, subprocess.TimeoutExpired) as exc:
         raise FlagsUnavailable(f"cannot run {python} to read the parser {parser}: {exc}") from None
     if done.returncode != 0:
         tail = (done.stderr.strip().splitlines() or ["no output"])[-1]
         raise FlagsUnavailable(f"reading the parser {parser} with {python} failed: {tail}")
     data = json.loads(done.stdout)
-    options = [FlagSpec(names=tuple(o["names"]), takes_value=o["takes_value"], nargs=o["nargs"],
-                        choices=tuple(o["choices"]) if o["choices"] is not None else None, type=o["type"],
-                        default=o["default"], help=o["help"], deprecated=o["deprecated"], removed=o["removed"],
-                        new_flag=o["new_flag"]) for o in data["options"]]
+    options = [
+        FlagSpec(
+            names=tuple(o["names"]),
+            takes_value=o["takes_value"],
+            nargs=o["nargs"],
+            choices=tuple(o["choices"]) if o["choices"] is not None else None,
+            type=o["type"],
+            default=o["default"],
+            help=o["help"],
+            deprecated=o["deprecated"],
+            removed=o["removed"],
+            new_flag=o["new_flag"],
+        )
+        for o in data["options"]
+    ]
     errors = {c["flag"]: c["errors"] for c in data["checks"] if c["errors"]}
-    return ServerFlags(options, source=f"argparse parser {parser} ({python})", version=data.get("version"),
-                       value_errors=errors)
+    return ServerFlags(
+        options, source=f"argparse parser {parser} ({python})", version=data.get("version"), value_errors=errors
+    )
 
 
 _BOX = "│╭╰╮╯─┃"
@@ -289,8 +305,11 @@ def parse_help_text(text: str, source: str = "--help") -> ServerFlags:
             continue
         help_text = head.help
         j = i + 1
-        while j < len(lines) and (len(lines[j]) - len(lines[j].lstrip())) > max(indent, 8) \
-                and not lines[j].lstrip().startswith("-"):
+        while (
+            j < len(lines)
+            and (len(lines[j]) - len(lines[j].lstrip())) > max(indent, 8)
+            and not lines[j].lstrip().startswith("-")
+        ):
             help_text += " " + lines[j].strip()
             j += 1
         if head.names[0] in ("-h", "--help") or "--help" in head.names:
@@ -305,12 +324,22 @@ def parse_help_text(text: str, source: str = "--help") -> ServerFlags:
         names = [n for n in head.names if not (n.startswith("--no-") and f"--{n[5:]}" in head.names)]
         off = head.off_names + [n for n in head.names if n not in names]
         deprecated = help_text.lower().startswith("deprecated") or "[deprecated]" in help_text.lower()
-        options.append(FlagSpec(names=tuple(names), takes_value=takes and not off,
-                                nargs="+" if list_ else (None if takes else 0), choices=choices, help=help_text[:400],
-                                deprecated=deprecated))
+        options.append(
+            FlagSpec(
+                names=tuple(names),
+                takes_value=takes and not off,
+                nargs="+" if list_ else (None if takes else 0),
+                choices=choices,
+                help=help_text[:400],
+                deprecated=deprecated,
+            )
+        )
         if off:
-            options.append(FlagSpec(names=tuple(off), takes_value=False, nargs=0, help=f"turns {names[0]} off",
-                                    deprecated=deprecated))
+            options.append(
+                FlagSpec(
+                    names=tuple(off), takes_value=False, nargs=0, help=f"turns {names[0]} off", deprecated=deprecated
+                )
+            )
     return ServerFlags(options, source=source)
 
 
@@ -330,6 +359,7 @@ def help_flags(argv: Sequence[str], timeout_s: float = 60.0, env: dict[str, str]
 
 
 # -- params -> argv ---------------------------------------------------------------------------------------------
+
 
 def param_flag_values(p: Param, value: Any) -> list[str] | None:
     """The argument strings after ``p.flag`` for ``value``: ``[]`` for a bare switch, ``None`` to leave it out."""
@@ -393,6 +423,7 @@ def candidate_values(p: Param) -> list[Any]:
 
 # -- incompatibility rules --------------------------------------------------------------------------------------
 
+
 @dataclass(frozen=True)
 class Rule:
     """A named incompatibility. ``check(flags, ctx)`` returns a message when it fires; ``refuse`` makes the trial
@@ -442,8 +473,10 @@ def _compile_bs_above_graph_bs(f, ctx):
     compile_bs = _int(f.get("--torch-compile-max-bs")) or 32
     graph_bs = _graph_max_bs(f)
     if graph_bs is not None and compile_bs > graph_bs:
-        return (f"--torch-compile-max-bs {compile_bs} is above the CUDA graph max batch size {graph_bs}: "
-                "compiled sizes above it are never captured")
+        return (
+            f"--torch-compile-max-bs {compile_bs} is above the CUDA graph max batch size {graph_bs}: "
+            "compiled sizes above it are never captured"
+        )
     return None
 
 
@@ -465,8 +498,11 @@ def _buckets_above_max_bs(f, ctx):
 
 
 def _graphs_disabled_with_buckets(f, ctx):
-    off = ("--disable-cuda-graph" in f or "--disable-decode-cuda-graph" in f
-           or f.get("--cuda-graph-backend-decode") == ["disabled"])
+    off = (
+        "--disable-cuda-graph" in f
+        or "--disable-decode-cuda-graph" in f
+        or f.get("--cuda-graph-backend-decode") == ["disabled"]
+    )
     if off and ("--cuda-graph-bs-decode" in f or "--cuda-graph-max-bs-decode" in f):
         return "decode CUDA graphs are disabled, so the decode bucket flags have no effect"
     return None
@@ -476,8 +512,10 @@ def _graph_bs_above_running(f, ctx):
     running = _int(f.get("--max-running-requests"))
     graph_bs = _graph_max_bs(f)
     if running is not None and graph_bs is not None and graph_bs > running:
-        return (f"CUDA graph max batch size {graph_bs} is above --max-running-requests {running}: "
-                "the larger graphs are captured (memory, start-up time) but never replayed")
+        return (
+            f"CUDA graph max batch size {graph_bs} is above --max-running-requests {running}: "
+            "the larger graphs are captured (memory, start-up time) but never replayed"
+        )
     return None
 
 
@@ -491,29 +529,70 @@ def _tp_above_gpus(f, ctx):
 
 def _split_tile_with_splits(f, ctx):
     if "--triton-attention-split-tile-size" in f and "--triton-attention-num-kv-splits" in f:
-        return ("--triton-attention-split-tile-size fixes the split by tile size (deterministic mode); "
-                "--triton-attention-num-kv-splits is then ignored")
+        return (
+            "--triton-attention-split-tile-size fixes the split by tile size (deterministic mode); "
+            "--triton-attention-num-kv-splits is then ignored"
+        )
     return None
 
 
 RULES: tuple[Rule, ...] = (
-    Rule("torch-compile-unsupported", "torch.compile enabled with a build or model that rejects it",
-         _torch_compile_unsupported, refuse=True, flags=("--enable-torch-compile",)),
-    Rule("torch-compile-bs-above-cuda-graph-bs", "--torch-compile-max-bs above the CUDA graph max batch size",
-         _compile_bs_above_graph_bs, refuse=True, flags=("--enable-torch-compile", "--torch-compile-max-bs")),
-    Rule("dp-attention-deprecated", "--enable-dp-attention is deprecated (use --attn-dp-size)",
-         _dp_attention_deprecated, refuse=False, flags=("--enable-dp-attention",)),
-    Rule("cuda-graph-bs-above-max-bs", "a decode bucket above --cuda-graph-max-bs-decode",
-         _buckets_above_max_bs, refuse=True, flags=("--cuda-graph-bs-decode", "--cuda-graph-max-bs-decode")),
-    Rule("cuda-graph-disabled-with-buckets", "decode CUDA graphs disabled while bucket flags are set",
-         _graphs_disabled_with_buckets, refuse=False, flags=("--disable-decode-cuda-graph", "--cuda-graph-bs-decode")),
-    Rule("cuda-graph-bs-above-max-running", "CUDA graph batch sizes above --max-running-requests",
-         _graph_bs_above_running, refuse=False, flags=("--max-running-requests", "--cuda-graph-bs-decode")),
-    Rule("tp-size-above-gpus", "--tp-size larger than the GPUs of this machine",
-         _tp_above_gpus, refuse=True, flags=("--tp-size",)),
-    Rule("split-tile-overrides-num-kv-splits", "--triton-attention-split-tile-size makes num-kv-splits moot",
-         _split_tile_with_splits, refuse=False,
-         flags=("--triton-attention-split-tile-size", "--triton-attention-num-kv-splits")),
+    Rule(
+        "torch-compile-unsupported",
+        "torch.compile enabled with a build or model that rejects it",
+        _torch_compile_unsupported,
+        refuse=True,
+        flags=("--enable-torch-compile",),
+    ),
+    Rule(
+        "torch-compile-bs-above-cuda-graph-bs",
+        "--torch-compile-max-bs above the CUDA graph max batch size",
+        _compile_bs_above_graph_bs,
+        refuse=True,
+        flags=("--enable-torch-compile", "--torch-compile-max-bs"),
+    ),
+    Rule(
+        "dp-attention-deprecated",
+        "--enable-dp-attention is deprecated (use --attn-dp-size)",
+        _dp_attention_deprecated,
+        refuse=False,
+        flags=("--enable-dp-attention",),
+    ),
+    Rule(
+        "cuda-graph-bs-above-max-bs",
+        "a decode bucket above --cuda-graph-max-bs-decode",
+        _buckets_above_max_bs,
+        refuse=True,
+        flags=("--cuda-graph-bs-decode", "--cuda-graph-max-bs-decode"),
+    ),
+    Rule(
+        "cuda-graph-disabled-with-buckets",
+        "decode CUDA graphs disabled while bucket flags are set",
+        _graphs_disabled_with_buckets,
+        refuse=False,
+        flags=("--disable-decode-cuda-graph", "--cuda-graph-bs-decode"),
+    ),
+    Rule(
+        "cuda-graph-bs-above-max-running",
+        "CUDA graph batch sizes above --max-running-requests",
+        _graph_bs_above_running,
+        refuse=False,
+        flags=("--max-running-requests", "--cuda-graph-bs-decode"),
+    ),
+    Rule(
+        "tp-size-above-gpus",
+        "--tp-size larger than the GPUs of this machine",
+        _tp_above_gpus,
+        refuse=True,
+        flags=("--tp-size",),
+    ),
+    Rule(
+        "split-tile-overrides-num-kv-splits",
+        "--triton-attention-split-tile-size makes num-kv-splits moot",
+        _split_tile_with_splits,
+        refuse=False,
+        flags=("--triton-attention-split-tile-size", "--triton-attention-num-kv-splits"),
+    ),
 )
 
 
@@ -527,8 +606,7 @@ class RuleHit:
         return f"[{self.rule}] {self.message}" + ("" if self.refuse else " (warning)")
 
 
-def apply_rules(args: Sequence[str], ctx: dict[str, Any] | None = None,
-                rules: Sequence[Rule] = RULES) -> list[RuleHit]:
+def apply_rules(args: Sequence[str], ctx: dict[str, Any] | None = None, rules: Sequence[Rule] = RULES) -> list[RuleHit]:
     """Every rule that fires for ``args``; each hit is logged with the rule's name."""
     flags = args_to_dict(args)
     hits = []

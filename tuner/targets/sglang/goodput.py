@@ -100,12 +100,15 @@ class Rules:
         """The rules of a settings object or a stored settings mapping (a study's ``run.settings``)."""
         get = settings.get if isinstance(settings, dict) else (lambda k, d=None: getattr(settings, k, d))
         er, dl = get("max_error_rate"), get("min_delivered")
-        return cls(loadgen.MAX_ERROR_RATE if er is None else float(er),
-                   loadgen.MIN_DELIVERED if dl is None else float(dl))
+        return cls(
+            loadgen.MAX_ERROR_RATE if er is None else float(er), loadgen.MIN_DELIVERED if dl is None else float(dl)
+        )
 
     def line(self) -> str:
-        return (f"at most {self.max_error_rate:.0%} of requests failed (max_error_rate), at least "
-                f"{self.min_delivered:.0%} of the asked tokens delivered (min_delivered)")
+        return (
+            f"at most {self.max_error_rate:.0%} of requests failed (max_error_rate), at least "
+            f"{self.min_delivered:.0%} of the asked tokens delivered (min_delivered)"
+        )
 
 
 # -- one measurement ----------------------------------------------------------------------------------------------
@@ -152,12 +155,15 @@ class KeptUp:
             return ""
         if self.unfinished:
             return f"the server fell behind: {self.unfinished} requests unfinished at the end of the measurement"
-        return (f"the server fell behind: completed {self.achieved_req_s:.3g} of {self.offered_req_s:.3g} req/s "
-                f"offered (more than {self.tolerance:.0%} short)")
+        return (
+            f"the server fell behind: completed {self.achieved_req_s:.3g} of {self.offered_req_s:.3g} req/s "
+            f"offered (more than {self.tolerance:.0%} short)"
+        )
 
 
-def keep_up(arrivals: Sequence[float], done_at: Sequence[float | None], tolerance: float,
-            judged: bool = True) -> KeptUp:
+def keep_up(
+    arrivals: Sequence[float], done_at: Sequence[float | None], tolerance: float, judged: bool = True
+) -> KeptUp:
     """:class:`KeptUp` of one open-loop measurement: ``arrivals[i]`` when request ``i`` was due and ``done_at[i]``
     when it finished (``None``: unfinished), both in seconds from the start."""
     n = len(arrivals)
@@ -203,10 +209,17 @@ def late_needed(n: int, q: float) -> int:
     return n - math.floor((n - 1) * q)
 
 
-async def _open_loop(base_url: str, cfg: LoadConfig, reqs: Sequence[RequestSpec], arrivals: Sequence[float],
-                     drain_s: float, deadline: float | None, should_abort: Callable[[], str | None] | None,
-                     slo: Sequence[tuple[str, float]] = (), tolerance: float = 0.15
-                     ) -> tuple[list[RequestResult], float, str, KeptUp]:
+async def _open_loop(
+    base_url: str,
+    cfg: LoadConfig,
+    reqs: Sequence[RequestSpec],
+    arrivals: Sequence[float],
+    drain_s: float,
+    deadline: float | None,
+    should_abort: Callable[[], str | None] | None,
+    slo: Sequence[tuple[str, float]] = (),
+    tolerance: float = 0.15,
+) -> tuple[list[RequestResult], float, str, KeptUp]:
     """Send ``reqs[i]`` at ``arrivals[i]`` whatever the others do. The measurement is cut (the requests left are
     cancelled) ``drain_s`` after the last arrival, or as soon as enough requests are over a TTFT limit of ``slo``
     (the first token came late, or has not come that long after sending) that its quantile misses whatever the rest
@@ -229,14 +242,19 @@ async def _open_loop(base_url: str, cfg: LoadConfig, reqs: Sequence[RequestSpec]
             if delay > 0:
                 await asyncio.sleep(delay)
             sent_at[i] = time.perf_counter()
-            results[i] = await loadgen.one_request(client, base_url, cfg, reqs[i],
-                                                   on_first=lambda t: first.__setitem__(i, t))
+            results[i] = await loadgen.one_request(
+                client, base_url, cfg, reqs[i], on_first=lambda t: first.__setitem__(i, t)
+            )
             done_at[i] = time.perf_counter() - start
 
         def missed_already(now: float) -> bool:
             for limit, q in late_limits:
-                late = sum(1 for i in range(n) if (first[i] is not None and first[i] > limit)
-                           or (first[i] is None and sent_at[i] is not None and now - sent_at[i] > limit))
+                late = sum(
+                    1
+                    for i in range(n)
+                    if (first[i] is not None and first[i] > limit)
+                    or (first[i] is None and sent_at[i] is not None and now - sent_at[i] > limit)
+                )
                 if late >= late_needed(n, q):
                     return True
             return False
@@ -260,8 +278,11 @@ async def _open_loop(base_url: str, cfg: LoadConfig, reqs: Sequence[RequestSpec]
         if r is not None:
             out.append(r)
         elif sent_at[i] is not None:
-            out.append(RequestResult(ok=True, ttft_s=first[i] if first[i] is not None else math.inf,
-                                     e2e_s=math.inf, output_tokens=0))
+            out.append(
+                RequestResult(
+                    ok=True, ttft_s=first[i] if first[i] is not None else math.inf, e2e_s=math.inf, output_tokens=0
+                )
+            )
     sent = [i for i in range(n) if sent_at[i] is not None]
     kept = keep_up([arrivals[i] for i in sent], [done_at[i] for i in sent], tolerance, judged=not slo_cut)
     return out, wall, aborted, kept
@@ -294,25 +315,44 @@ class Measurer:
             n = max(s.goodput_min_requests, math.ceil(load * s.goodput_window_s))
             times = arrivals(load, n, self.cfg.seed * 1_000_003 + self.count, s.goodput_arrivals)
             reqs = self.make_requests(n, 10_000 * self.count)
-            results, wall, aborted, kept = asyncio.run(_open_loop(
-                self.base_url, self.cfg, reqs, times, s.goodput_drain_s, self.deadline, self.should_abort, self.slo,
-                s.goodput_keepup_tolerance))
+            results, wall, aborted, kept = asyncio.run(
+                _open_loop(
+                    self.base_url,
+                    self.cfg,
+                    reqs,
+                    times,
+                    s.goodput_drain_s,
+                    self.deadline,
+                    self.should_abort,
+                    self.slo,
+                    s.goodput_keepup_tolerance,
+                )
+            )
         else:
             c = int(load)
-            cfg = replace(self.cfg, level_s=s.goodput_window_s, requests_per_level=None,
-                          min_requests=s.goodput_min_requests)
+            cfg = replace(
+                self.cfg, level_s=s.goodput_window_s, requests_per_level=None, min_requests=s.goodput_min_requests
+            )
             reqs = self.make_requests(cfg.n_requests(c), 10_000 * self.count)
-            res = asyncio.run(loadgen._run_level(self.base_url, cfg, c, reqs, self.should_abort, self.deadline,
-                                                 cfg.level_s))
+            res = asyncio.run(
+                loadgen._run_level(self.base_url, cfg, c, reqs, self.should_abort, self.deadline, cfg.level_s)
+            )
             results, wall, aborted, kept = res.requests, res.wall_s, res.aborted, None
         if aborted:
             raise Aborted(aborted)
         sample = Sample(load, results, wall, kept)
-        _logger.info("goodput: %s %g: %d requests, %d failed, in %.2fs%s", s.goodput_mode, load, len(results),
-                     sum(1 for r in results if not r.ok), wall,
-                     "" if kept is None or kept.ok is None else
-                     f"; completed {kept.achieved_req_s:.3g} of {kept.offered_req_s:.3g} req/s offered, "
-                     f"{'kept up' if kept.ok else 'fell behind'}")
+        _logger.info(
+            "goodput: %s %g: %d requests, %d failed, in %.2fs%s",
+            s.goodput_mode,
+            load,
+            len(results),
+            sum(1 for r in results if not r.ok),
+            wall,
+            ""
+            if kept is None or kept.ok is None
+            else f"; completed {kept.achieved_req_s:.3g} of {kept.offered_req_s:.3g} req/s offered, "
+            f"{'kept up' if kept.ok else 'fell behind'}",
+        )
         return sample
 
 
@@ -322,15 +362,18 @@ def figures(requests: Sequence[RequestResult]) -> dict[str, float]:
     ok = [r for r in requests if r.ok]
     series = {
         "ttft_ms": [r.ttft_s * 1e3 for r in ok],
-        "tpot_ms": [(r.e2e_s - r.ttft_s) * 1e3 / (r.output_tokens - 1) for r in ok
-                    if r.output_tokens > 1 and r.e2e_s > r.ttft_s],
+        "tpot_ms": [
+            (r.e2e_s - r.ttft_s) * 1e3 / (r.output_tokens - 1) for r in ok if r.output_tokens > 1 and r.e2e_s > r.ttft_s
+        ],
         "itl_ms": [g * 1e3 for r in ok for g in r.itl_s],
         "e2e_ms": [r.e2e_s * 1e3 for r in ok],
     }
     asked = sum(r.asked for r in requests)
-    out = {"requests": float(len(requests)),
-           "error_rate": (len(requests) - len(ok)) / len(requests) if requests else 1.0,
-           "delivered": sum(r.output_tokens for r in ok if r.asked) / asked if asked else 1.0}
+    out = {
+        "requests": float(len(requests)),
+        "error_rate": (len(requests) - len(ok)) / len(requests) if requests else 1.0,
+        "delivered": sum(r.output_tokens for r in ok if r.asked) / asked if asked else 1.0,
+    }
     for name, vals in series.items():
         out[f"{name}_mean"] = loadgen._mean(vals)
         for q in (50, 90, 95, 99):
@@ -363,9 +406,12 @@ def misses(figs: dict[str, float], slo: Sequence[tuple[str, float]], rules: Rule
     if figs.get("delivered", 1.0) < rules.min_delivered:
         out.append(f"{figs['delivered']:.1%} of the asked tokens delivered (min_delivered {rules.min_delivered:g})")
     if figs.get("kept_up") == 0.0:
-        out.append(f"the server fell behind (completed {figs['achieved_req_s']:.3g} of {figs['offered_req_s']:.3g} "
-                   "req/s offered)" if not figs.get("unfinished") else
-                   f"the server fell behind ({figs['unfinished']:.0f} requests unfinished at the end)")
+        out.append(
+            f"the server fell behind (completed {figs['achieved_req_s']:.3g} of {figs['offered_req_s']:.3g} "
+            "req/s offered)"
+            if not figs.get("unfinished")
+            else f"the server fell behind ({figs['unfinished']:.0f} requests unfinished at the end)"
+        )
     for name, limit in slo:
         v = figs.get(name, math.nan)
         if math.isnan(v):
@@ -479,8 +525,12 @@ def _bracket(verdicts: dict[float, list[str]]) -> tuple[float | None, float | No
     return low, high
 
 
-def find_boundary(measure: Callable[[float], Sample], slo: Sequence[tuple[str, float]], s: GoodputSettings,
-                  incumbent: float | None = None) -> Boundary:
+def find_boundary(
+    measure: Callable[[float], Sample],
+    slo: Sequence[tuple[str, float]],
+    s: GoodputSettings,
+    incumbent: float | None = None,
+) -> Boundary:
     """Bracket, bisect and confirm the highest load meeting ``slo`` (see the module's docstring)."""
     integer = s.goodput_mode == "concurrency"
     slo = tuple(slo)
@@ -500,8 +550,18 @@ def find_boundary(measure: Callable[[float], Sample], slo: Sequence[tuple[str, f
         return misses(points[load].figures(), slo, rules)
 
     def result(low, high, pruned="", stopped="") -> Boundary:
-        return Boundary(s.goodput_mode, slo, points, low, high, sum(len(p.samples) for p in points.values()),
-                        time.time() - t0, pruned=pruned, stopped=stopped, rules=rules)
+        return Boundary(
+            s.goodput_mode,
+            slo,
+            points,
+            low,
+            high,
+            sum(len(p.samples) for p in points.values()),
+            time.time() - t0,
+            pruned=pruned,
+            stopped=stopped,
+            rules=rules,
+        )
 
     if incumbent is not None and incumbent > 0:
         load = norm(incumbent)
@@ -510,10 +570,15 @@ def find_boundary(measure: Callable[[float], Sample], slo: Sequence[tuple[str, f
         except Aborted as exc:
             return result(None, None, stopped=str(exc))
         if why:
-            _logger.info("goodput: misses the SLO at the incumbent's load %g (%s): cannot beat it", load,
-                         "; ".join(why))
-            return result(None, load, pruned=f"misses the SLO at the incumbent's boundary {load:g} "
-                                             f"({'; '.join(why)}): it cannot beat the incumbent")
+            _logger.info(
+                "goodput: misses the SLO at the incumbent's load %g (%s): cannot beat it", load, "; ".join(why)
+            )
+            return result(
+                None,
+                load,
+                pruned=f"misses the SLO at the incumbent's boundary {load:g} "
+                f"({'; '.join(why)}): it cannot beat the incumbent",
+            )
 
     def narrow(low: float, high: float) -> bool:
         return high - low <= 1 if integer else high <= low * (1 + s.goodput_tolerance)
@@ -539,8 +604,11 @@ def find_boundary(measure: Callable[[float], Sample], slo: Sequence[tuple[str, f
         else:
             return result(low, high)
         if sum(len(p.samples) for p in points.values()) >= s.goodput_max_measurements:
-            return result(low, high, stopped=f"stopped after {s.goodput_max_measurements} measurements "
-                                             "(setting goodput_max_measurements)")
+            return result(
+                low,
+                high,
+                stopped=f"stopped after {s.goodput_max_measurements} measurements (setting goodput_max_measurements)",
+            )
         try:
             take(nxt)
         except Aborted as exc:
@@ -564,9 +632,11 @@ class Plan:
         return self.measurements * self.measurement_s
 
     def line(self) -> str:
-        return (f"up to {self.measurements} measurements (bracket {self.bracket}, bisect {self.bisect}, ends "
-                f"re-measured {self.confirm}; one when a trial misses the incumbent's boundary) of at least "
-                f"{self.measurement_s:.1f} s each: {self.seconds:.0f} s a trial besides start-up and teardown")
+        return (
+            f"up to {self.measurements} measurements (bracket {self.bracket}, bisect {self.bisect}, ends "
+            f"re-measured {self.confirm}; one when a trial misses the incumbent's boundary) of at least "
+            f"{self.measurement_s:.1f} s each: {self.seconds:.0f} s a trial besides start-up and teardown"
+        )
 
 
 def plan(s: GoodputSettings) -> Plan:
@@ -591,21 +661,28 @@ def plan(s: GoodputSettings) -> Plan:
 # -- verify -------------------------------------------------------------------------------------------------------
 def recorded(obj: Objective, rows: dict[tuple[str, str], float], settings: dict) -> dict:
     """What an export records of a goodput trial for ``tuner verify``: the SLO, the boundary load and its mode."""
-    return {"slo": [list(x) for x in obj.slo], "load": rows.get(("goodput_low", LEVEL)),
-            "mode": settings.get("goodput_mode") or "rate", "gpus": rows.get(("gpus", LEVEL), 0.0),
-            # the search's own figures at the boundary: verify says how close it stands to each limit beside them
-            "figures": {name: rows[(name, SLO_LEVEL)] for name, _ in obj.slo if (name, SLO_LEVEL) in rows}}
+    return {
+        "slo": [list(x) for x in obj.slo],
+        "load": rows.get(("goodput_low", LEVEL)),
+        "mode": settings.get("goodput_mode") or "rate",
+        "gpus": rows.get(("gpus", LEVEL), 0.0),
+        # the search's own figures at the boundary: verify says how close it stands to each limit beside them
+        "figures": {name: rows[(name, SLO_LEVEL)] for name, _ in obj.slo if (name, SLO_LEVEL) in rows},
+    }
 
 
-def closeness(figs: dict[str, float], slo: Sequence[tuple[str, float]], searched: dict[str, float] | None = None
-              ) -> str:
+def closeness(
+    figs: dict[str, float], slo: Sequence[tuple[str, float]], searched: dict[str, float] | None = None
+) -> str:
     """How close each figure stands to its limit: ``ttft_ms_p95 153.6 = 77% of 200 (the search: 88.2)``."""
     parts = []
     for name, limit in slo:
         v = figs.get(name, math.nan)
         was = (searched or {}).get(name)
-        parts.append((f"{name} > {limit:g} (cut short)" if math.isinf(v) else f"{name} {v:.1f} = {v / limit:.0%} of "
-                      f"{limit:g}") + (f" (the search: {was:.1f})" if was is not None else ""))
+        parts.append(
+            (f"{name} > {limit:g} (cut short)" if math.isinf(v) else f"{name} {v:.1f} = {v / limit:.0%} of {limit:g}")
+            + (f" (the search: {was:.1f})" if was is not None else "")
+        )
     return "; ".join(parts)
 
 
@@ -626,15 +703,31 @@ def verify_load(measure: Measurer, rec: dict, shortfall: float = 0.0) -> tuple[b
     figs = point.figures()
     rules = Rules.of(measure.settings)
     why = misses(figs, slo, rules)
-    b = Boundary(measure.settings.goodput_mode, slo, {point.load: point}, None if why else point.load,
-                 point.load if why else None, len(point.samples), 0.0, rules=rules)
+    b = Boundary(
+        measure.settings.goodput_mode,
+        slo,
+        {point.load: point},
+        None if why else point.load,
+        point.load if why else None,
+        len(point.samples),
+        0.0,
+        rules=rules,
+    )
     near = closeness(figs, slo, rec.get("figures"))
-    where = f"{at:g} (the recorded boundary {load:g} less {shortfall:.0%})" if shortfall else \
-        f"the recorded boundary {load:g}"
-    pooled = (f"{len(point.samples)} measurements pooled ({len(point.requests)} requests), as the search confirmed "
-              "its boundary")
-    text = (f"misses the SLO at {where}: {'; '.join(why)}; {near}; {pooled}" if why
-            else f"meets the SLO at {where}: {near}; {pooled}")
+    where = (
+        f"{at:g} (the recorded boundary {load:g} less {shortfall:.0%})"
+        if shortfall
+        else f"the recorded boundary {load:g}"
+    )
+    pooled = (
+        f"{len(point.samples)} measurements pooled ({len(point.requests)} requests), as the search confirmed "
+        "its boundary"
+    )
+    text = (
+        f"misses the SLO at {where}: {'; '.join(why)}; {near}; {pooled}"
+        if why
+        else f"meets the SLO at {where}: {near}; {pooled}"
+    )
     return not why, b, text
 
 
@@ -665,14 +758,16 @@ def boundary_rows(b: Boundary, gpus: int) -> list[MetricRow]:
     every load measured."""
     unit = "req/s" if b.mode == "rate" else "concurrency"
     per = max(1, gpus)
-    rows = [MetricRow("goodput_req_s", LEVEL, b.goodput_req_s(), "req/s"),
-            MetricRow("goodput_tok_s", LEVEL, b.goodput_tok_s(), "tok/s"),
-            MetricRow("goodput_req_s_per_gpu", LEVEL, b.goodput_req_s() / per, "req/s"),
-            MetricRow("goodput_tok_s_per_gpu", LEVEL, b.goodput_tok_s() / per, "tok/s"),
-            MetricRow("goodput_feasible", LEVEL, 1.0 if b.feasible else 0.0, "flag"),
-            MetricRow("goodput_measurements", LEVEL, float(b.measurements), "count"),
-            MetricRow("goodput_search_s", LEVEL, b.seconds, "s"),
-            MetricRow("gpus", LEVEL, float(gpus), "count")]
+    rows = [
+        MetricRow("goodput_req_s", LEVEL, b.goodput_req_s(), "req/s"),
+        MetricRow("goodput_tok_s", LEVEL, b.goodput_tok_s(), "tok/s"),
+        MetricRow("goodput_req_s_per_gpu", LEVEL, b.goodput_req_s() / per, "req/s"),
+        MetricRow("goodput_tok_s_per_gpu", LEVEL, b.goodput_tok_s() / per, "tok/s"),
+        MetricRow("goodput_feasible", LEVEL, 1.0 if b.feasible else 0.0, "flag"),
+        MetricRow("goodput_measurements", LEVEL, float(b.measurements), "count"),
+        MetricRow("goodput_search_s", LEVEL, b.seconds, "s"),
+        MetricRow("gpus", LEVEL, float(gpus), "count"),
+    ]
     if b.low is not None:
         rows.append(MetricRow("goodput_low", LEVEL, b.low, unit))
     if b.high is not None:
@@ -689,21 +784,50 @@ def boundary_rows(b: Boundary, gpus: int) -> list[MetricRow]:
         figs = p.figures()
         level = f"{prefix}={load:g}"
         meets = not misses(figs, b.slo, b.rules)
-        rows += [MetricRow("tok_s", level, point_tok_s(b.mode, p, meets), "tok/s"),
-                 MetricRow("req_s", level, p.req_s, "req/s"),
-                 MetricRow("measurements", level, float(len(p.samples)), "count"),
-                 MetricRow("meets_slo", level, 1.0 if meets else 0.0, "flag")]
-        stored = {"ttft_ms_p99", "ttft_ms_p95", "tpot_ms_p99", "tpot_ms_p95", "itl_ms_p99", "error_rate",
-                  "delivered", "requests", "tok_s_per_request"} | {name for name, _ in b.slo}
-        rows += [MetricRow(k, level, v, "tok/s" if k == "tok_s_per_request" else "fraction"
-                           if k in ("error_rate", "delivered") else "count" if k == "requests" else "ms")
-                 for k, v in figs.items() if k in stored and not math.isnan(v)]
+        rows += [
+            MetricRow("tok_s", level, point_tok_s(b.mode, p, meets), "tok/s"),
+            MetricRow("req_s", level, p.req_s, "req/s"),
+            MetricRow("measurements", level, float(len(p.samples)), "count"),
+            MetricRow("meets_slo", level, 1.0 if meets else 0.0, "flag"),
+        ]
+        stored = {
+            "ttft_ms_p99",
+            "ttft_ms_p95",
+            "tpot_ms_p99",
+            "tpot_ms_p95",
+            "itl_ms_p99",
+            "error_rate",
+            "delivered",
+            "requests",
+            "tok_s_per_request",
+        } | {name for name, _ in b.slo}
+        rows += [
+            MetricRow(
+                k,
+                level,
+                v,
+                "tok/s"
+                if k == "tok_s_per_request"
+                else "fraction"
+                if k in ("error_rate", "delivered")
+                else "count"
+                if k == "requests"
+                else "ms",
+            )
+            for k, v in figs.items()
+            if k in stored and not math.isnan(v)
+        ]
         rows += [MetricRow(k, level, figs[k], unit) for k, unit in KEEPUP_UNITS.items() if k in figs]
     return [r for r in rows if math.isfinite(r.value)]  # a cut request's infinite latency is never stored
 
 
-KEEPUP_UNITS = {"kept_up": "flag", "offered_req_s": "req/s", "achieved_req_s": "req/s", "unfinished": "count",
-                "backlog": "count"}
+KEEPUP_UNITS = {
+    "kept_up": "flag",
+    "offered_req_s": "req/s",
+    "achieved_req_s": "req/s",
+    "unfinished": "count",
+    "backlog": "count",
+}
 """The rows of whether the server kept up at one load (rate mode; none when no measurement there was judged)."""
 
 
@@ -734,13 +858,16 @@ def _describe(b: Boundary, unit: str) -> str:
         text = f"infeasible: misses the SLO even at {at.load:g} {unit} ({why})" if at else f"infeasible: {why}"
         return text + (f"; {b.stopped}" if b.stopped else "")
     high = f"{b.high:g}" if b.high is not None else "above"
-    text = (f"goodput {b.goodput_req_s():.3g} req/s, {b.goodput_tok_s():.4g} tok/s; boundary in [{b.low:g}, {high}] "
-            f"{unit} after {b.measurements} measurements ({b.seconds:.1f} s)")
+    text = (
+        f"goodput {b.goodput_req_s():.3g} req/s, {b.goodput_tok_s():.4g} tok/s; boundary in [{b.low:g}, {high}] "
+        f"{unit} after {b.measurements} measurements ({b.seconds:.1f} s)"
+    )
     return text + (f"; {b.stopped}" if b.stopped else "")
 
 
-def run_trial(measure: Measurer, obj: Objective, gpus: int, metrics: list[MetricRow],
-              incumbent: float | None) -> Measurement:
+def run_trial(
+    measure: Measurer, obj: Objective, gpus: int, metrics: list[MetricRow], incumbent: float | None
+) -> Measurement:
     """One goodput trial on a ready server: the boundary search, its rows, and the objective's value. An infeasible
     configuration is an ok trial worth 0 whose SLO constraints are violated (data, never a crash)."""
     measure.slo = tuple(obj.slo)

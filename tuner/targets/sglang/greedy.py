@@ -84,7 +84,7 @@ class GreedyCheck(Settings):
         return v
 
     def prompt_list(self) -> list[str]:
-        return list(PROMPTS[:self.prompts]) if isinstance(self.prompts, int) else list(self.prompts)
+        return list(PROMPTS[: self.prompts]) if isinstance(self.prompts, int) else list(self.prompts)
 
 
 class GreedySettings(Settings):
@@ -126,8 +126,11 @@ def artifact_name(key: str) -> str:
 def prompt_agreement(ref: Completion, out: Completion) -> float:
     """The common prefix of ``out`` and ``ref`` over the longer of the two: token ids when both have them, else
     characters of text; 1.0 when both are empty."""
-    a, b = (ref.token_ids, out.token_ids) if ref.token_ids is not None and out.token_ids is not None \
+    a, b = (
+        (ref.token_ids, out.token_ids)
+        if ref.token_ids is not None and out.token_ids is not None
         else (ref.text, out.text)
+    )
     longest = max(len(a), len(b))
     if longest == 0:
         return 1.0
@@ -172,8 +175,9 @@ def _completion(doc: dict[str, Any]) -> Completion:
     return Completion(str(text), [int(t) for t in ids] if isinstance(ids, list) else None)
 
 
-def complete(base_url: str, prompts: list[str], *, api: str, model: str, tokens: int, deadline: float,
-             timeout_s: float = 600.0) -> tuple[list[Completion], bool]:
+def complete(
+    base_url: str, prompts: list[str], *, api: str, model: str, tokens: int, deadline: float, timeout_s: float = 600.0
+) -> tuple[list[Completion], bool]:
     """Each prompt's greedy completion, one request at a time; and whether every completion carries token ids
     (False when the server refused :data:`REQUEST_FIELD`, or accepted it and sent none). :class:`GreedyRequestError`
     when a request fails."""
@@ -219,8 +223,14 @@ class CheckResult:
     """Whether the completions carry token ids (else they are compared as text)."""
 
 
-def judge(check: GreedyCheck, completions: list[Completion], reference: list[Completion] | None, *,
-          is_baseline: bool, seconds: float = 0.0) -> CheckResult:
+def judge(
+    check: GreedyCheck,
+    completions: list[Completion],
+    reference: list[Completion] | None,
+    *,
+    is_baseline: bool,
+    seconds: float = 0.0,
+) -> CheckResult:
     """The agreement of ``completions`` with ``reference`` (1.0 for the baseline, and for a trial that becomes the
     reference because none is stored) and the verdict against ``check.min_agreement``."""
     own = reference is None
@@ -229,23 +239,30 @@ def judge(check: GreedyCheck, completions: list[Completion], reference: list[Com
         if is_baseline and reference is not None:
             measured = agreement(reference, completions)
             if measured < 1.0:
-                _logger.warning("greedy check: the baseline's completions agree with the stored reference on %.3f "
-                                "only: the server is not deterministic at temperature 0", measured)
+                _logger.warning(
+                    "greedy check: the baseline's completions agree with the stored reference on %.3f "
+                    "only: the server is not deterministic at temperature 0",
+                    measured,
+                )
     else:
         rate = agreement(reference, completions)
-    rows = [MetricRow("greedy_agreement", "", rate, "fraction"),
-            MetricRow("greedy_min_agreement", "", check.min_agreement, "fraction"),
-            MetricRow("greedy_s", "", seconds, "s"),
-            MetricRow("constraint", constraint_name(check), check.min_agreement - rate, "")]
+    rows = [
+        MetricRow("greedy_agreement", "", rate, "fraction"),
+        MetricRow("greedy_min_agreement", "", check.min_agreement, "fraction"),
+        MetricRow("greedy_s", "", seconds, "s"),
+        MetricRow("constraint", constraint_name(check), check.min_agreement - rate, ""),
+    ]
     if own:
         rows.append(MetricRow("greedy_reference", "", 1.0, "flag"))
         _logger.info("greedy check: no baseline completions are stored yet; this trial's own are the reference")
     wrong = ""
     if rate < check.min_agreement:
         n = len(completions)
-        wrong = (f"greedy completions agree with the baseline's on {rate:.3f} of the first {check.tokens} tokens "
-                 f"(mean common prefix over {n} prompt{'s' if n != 1 else ''}) < min_agreement "
-                 f"{check.min_agreement:g} (setting greedy_check.min_agreement)")
+        wrong = (
+            f"greedy completions agree with the baseline's on {rate:.3f} of the first {check.tokens} tokens "
+            f"(mean common prefix over {n} prompt{'s' if n != 1 else ''}) < min_agreement "
+            f"{check.min_agreement:g} (setting greedy_check.min_agreement)"
+        )
     return CheckResult(completions, rate, own, seconds, rows, wrong)
 
 
@@ -254,10 +271,25 @@ def constraint_name(check: GreedyCheck) -> str:
     return f"greedy_agreement>={check.min_agreement:g}"
 
 
-def reference_doc(completions: list[Completion], *, key: str, trial: int | None, is_baseline: bool,
-                  prompts: list[str], tokens: int, token_ids: bool) -> dict[str, Any]:
-    return {"key": key, "trial": trial, "is_baseline": is_baseline, "prompts": prompts, "tokens": tokens,
-            "token_ids": token_ids, "completions": [c.to_json() for c in completions]}
+def reference_doc(
+    completions: list[Completion],
+    *,
+    key: str,
+    trial: int | None,
+    is_baseline: bool,
+    prompts: list[str],
+    tokens: int,
+    token_ids: bool,
+) -> dict[str, Any]:
+    return {
+        "key": key,
+        "trial": trial,
+        "is_baseline": is_baseline,
+        "prompts": prompts,
+        "tokens": tokens,
+        "token_ids": token_ids,
+        "completions": [c.to_json() for c in completions],
+    }
 
 
 def stored_reference(repo: Any, run_id: int, key: str) -> dict[str, Any] | None:
@@ -268,8 +300,7 @@ def stored_reference(repo: Any, run_id: int, key: str) -> dict[str, Any] | None:
     try:
         return json.loads(bytes(art.content).decode())
     except (ValueError, UnicodeDecodeError):
-        _logger.warning("greedy check: the stored reference %s cannot be read; the next trial stores its own",
-                        art.name)
+        _logger.warning("greedy check: the stored reference %s cannot be read; the next trial stores its own", art.name)
         return None
 
 

@@ -50,8 +50,15 @@ CLASSIFY_PATTERNS: tuple[tuple[str, Outcome], ...] = (
 )
 
 # Lines that mean the server is dying even if its process lingers (SGLang often hangs after a child dies).
-FATAL_BEFORE_READY = ("Traceback (most recent call last)", "unrecognized arguments", "error: argument",
-                      "CUDA out of memory", "OutOfMemoryError", "Killed", "Received sigquit")
+FATAL_BEFORE_READY = (
+    "Traceback (most recent call last)",
+    "unrecognized arguments",
+    "error: argument",
+    "CUDA out of memory",
+    "OutOfMemoryError",
+    "Killed",
+    "Received sigquit",
+)
 FATAL_ALWAYS = ("CUDA out of memory", "OutOfMemoryError", "Killed", "Received sigquit")
 
 LOG_HEAD = 30
@@ -69,7 +76,7 @@ def usage_error(log: str) -> str | None:
     lines = log.splitlines()
     boxed = next((i for i, ln in enumerate(lines) if ln.strip().startswith("╭") and " Error " in ln), None)
     if boxed is not None:  # typer's rich error box: the message is inside it
-        body = [ln.strip(_BOX) for ln in lines[boxed + 1:] if not ln.strip().startswith("╰")][:3]
+        body = [ln.strip(_BOX) for ln in lines[boxed + 1 :] if not ln.strip().startswith("╰")][:3]
         body = [b for b in body if b]
         return "Error: " + " ".join(body) if body else None
     if not any(_USAGE.match(ln) for ln in lines):
@@ -173,7 +180,7 @@ def group_members(pgid: int) -> list[int]:
                 stat = f.read()
         except OSError:
             continue
-        fields = stat[stat.rfind(")") + 2:].split()
+        fields = stat[stat.rfind(")") + 2 :].split()
         if len(fields) > 2 and fields[0] != "Z" and int(fields[2]) == pgid:
             pids.append(int(entry))
     return pids
@@ -184,8 +191,12 @@ def gpu_pids() -> set[int] | None:
     if shutil.which("nvidia-smi") is None:
         return None
     try:
-        out = subprocess.run(["nvidia-smi", "--query-compute-apps=pid", "--format=csv,noheader"],
-                             capture_output=True, text=True, timeout=10)
+        out = subprocess.run(
+            ["nvidia-smi", "--query-compute-apps=pid", "--format=csv,noheader"],
+            capture_output=True,
+            text=True,
+            timeout=10,
+        )
     except (OSError, subprocess.TimeoutExpired):
         return None
     if out.returncode != 0:
@@ -202,10 +213,18 @@ class ServerFailure:
 class ServerProcess:
     """One server process group. Use as a context manager, or call :meth:`stop` in a ``finally``."""
 
-    def __init__(self, argv: Sequence[str], *, env: dict[str, str] | None = None, port: int,
-                 host: str = "127.0.0.1", health_paths: Sequence[str] = ("/health", "/v1/models"),
-                 ready_patterns: Sequence[str] = READY_PATTERNS, fatal_grace_s: float = 2.0,
-                 cwd: str | None = None) -> None:
+    def __init__(
+        self,
+        argv: Sequence[str],
+        *,
+        env: dict[str, str] | None = None,
+        port: int,
+        host: str = "127.0.0.1",
+        health_paths: Sequence[str] = ("/health", "/v1/models"),
+        ready_patterns: Sequence[str] = READY_PATTERNS,
+        fatal_grace_s: float = 2.0,
+        cwd: str | None = None,
+    ) -> None:
         if isinstance(argv, str):
             raise TypeError("argv must be a list of strings, never one shell string (got a str)")
         self.argv = [str(a) for a in argv]
@@ -231,9 +250,19 @@ class ServerProcess:
         self._oom_kills = oom_kill_count()  # an OOM kill is told apart from another signal by this count growing
         full_env = {**os.environ, **(env or {}), "PYTHONUNBUFFERED": "1"}
         _logger.info("starting server on port %d: %s", port, " ".join(self.argv))
-        self.proc = subprocess.Popen(self.argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                                     stderr=subprocess.STDOUT, env=full_env, cwd=cwd, start_new_session=True,
-                                     text=True, errors="replace", bufsize=1, preexec_fn=die_with_parent)
+        self.proc = subprocess.Popen(
+            self.argv,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            env=full_env,
+            cwd=cwd,
+            start_new_session=True,
+            text=True,
+            errors="replace",
+            bufsize=1,
+            preexec_fn=die_with_parent,
+        )
         self.pgid = self.proc.pid  # start_new_session: the leader's pid is the group id
         announce_group(self.pgid)  # in a trial: the runner ends this group too if it must kill the trial
         self._reader = threading.Thread(target=self._read, name=f"server-log-{port}", daemon=True)
@@ -274,8 +303,9 @@ class ServerProcess:
             outcome = classify(log)
             usage = None if self.ready else usage_error(log)
             if usage:  # the server refused its own command line: the flags are at fault, not the server
-                return ServerFailure(Outcome.INVALID_CONFIG, f"server refused its command line (exit {code}): "
-                                                             f"{usage[:300]}")
+                return ServerFailure(
+                    Outcome.INVALID_CONFIG, f"server refused its command line (exit {code}): {usage[:300]}"
+                )
             last = self._reason_line(log)
             how = f"killed by signal {-code}" if code < 0 else f"exited with code {code}"
             if code < 0 and outcome is Outcome.CRASH:  # a signal: oom only with the kernel's evidence
@@ -287,8 +317,9 @@ class ServerProcess:
             return ServerFailure(outcome, f"server {how} {when}: {last.strip()[:300]}")
         if self._fatal_at is not None and time.time() - self._fatal_at >= self.fatal_grace_s:
             log = self.log_text()
-            return ServerFailure(classify(log), f"server logged a fatal line and did not exit: "
-                                                f"{self._reason_line(log)[:300]}")
+            return ServerFailure(
+                classify(log), f"server logged a fatal line and did not exit: {self._reason_line(log)[:300]}"
+            )
         return None
 
     def outside_signal(self) -> int | None:
@@ -341,8 +372,11 @@ class ServerProcess:
                     _logger.info("server on port %d ready after %.2fs", self.port, self.ready_at - self.started)
                     return None
                 if time.time() >= deadline:
-                    return ServerFailure(Outcome.TIMEOUT, f"server not ready after {time.time() - self.started:.1f}s "
-                                                          f"(no healthy {'/'.join(self.health_paths)}, no ready line)")
+                    return ServerFailure(
+                        Outcome.TIMEOUT,
+                        f"server not ready after {time.time() - self.started:.1f}s "
+                        f"(no healthy {'/'.join(self.health_paths)}, no ready line)",
+                    )
                 time.sleep(poll_s)
 
     # -- teardown -------------------------------------------------------------------------------------------

@@ -181,11 +181,29 @@ class LoadConfig:
 
     @classmethod
     def from_settings(cls, settings: dict[str, Any]) -> LoadConfig:
-        kw = {k: settings[k] for k in ("api", "prompt_len", "output_len", "length_jitter", "dataset",
-                                       "requests_per_level", "rounds", "min_requests", "level_s", "warmup_requests",
-                                       "request_timeout_s", "ignore_eos", "seed", "extra_body", "tokenizer",
-                                       "warmup_s", "warmup_max_requests")
-              if settings.get(k) is not None}
+        kw = {
+            k: settings[k]
+            for k in (
+                "api",
+                "prompt_len",
+                "output_len",
+                "length_jitter",
+                "dataset",
+                "requests_per_level",
+                "rounds",
+                "min_requests",
+                "level_s",
+                "warmup_requests",
+                "request_timeout_s",
+                "ignore_eos",
+                "seed",
+                "extra_body",
+                "tokenizer",
+                "warmup_s",
+                "warmup_max_requests",
+            )
+            if settings.get(k) is not None
+        }
         kw["model"] = str(settings.get("served_model_name") or settings.get("model") or "default")
         if not kw.get("tokenizer") and settings.get("model"):
             kw["tokenizer"] = str(settings["model"])
@@ -323,8 +341,13 @@ def _server_tokens(event: dict[str, Any]) -> int | None:
     return n
 
 
-async def one_request(client: httpx.AsyncClient, base_url: str, cfg: LoadConfig, req: RequestSpec,
-                      on_first: Callable[[float], None] | None = None) -> RequestResult:
+async def one_request(
+    client: httpx.AsyncClient,
+    base_url: str,
+    cfg: LoadConfig,
+    req: RequestSpec,
+    on_first: Callable[[float], None] | None = None,
+) -> RequestResult:
     """One streamed request; ``on_first(ttft_s)`` is called when its first token arrives. Served only when the server
     said it finished; counted as the module's docstring says."""
     path, body = _body(cfg, req)
@@ -344,8 +367,9 @@ async def one_request(client: httpx.AsyncClient, base_url: str, cfg: LoadConfig,
         async with client.stream("POST", base_url + path, json=body) as resp:
             if resp.status_code != 200:
                 err = (await resp.aread()).decode(errors="replace")[:300]
-                return RequestResult(ok=False, error=f"HTTP {resp.status_code}: {err}", status=resp.status_code,
-                                     asked=asked)
+                return RequestResult(
+                    ok=False, error=f"HTTP {resp.status_code}: {err}", status=resp.status_code, asked=asked
+                )
             async for line in resp.aiter_lines():
                 if not line.startswith("data:"):
                     continue
@@ -388,8 +412,11 @@ async def one_request(client: httpx.AsyncClient, base_url: str, cfg: LoadConfig,
     seen = {"chunks": chunks, "finish_reason": finish, "asked": asked, "finish_chunk": finish_chunk}
     if not finish and usage_tokens is None:
         # [DONE] or not: the server never said the request finished, so it was cut (a cancelled stream)
-        return RequestResult(ok=False, error=f"the stream was cut after {chunks} chunks (the server sent no "
-                                             "finish_reason and no usage)", **seen)
+        return RequestResult(
+            ok=False,
+            error=f"the stream was cut after {chunks} chunks (the server sent no finish_reason and no usage)",
+            **seen,
+        )
     if usage_tokens is not None:
         tokens, source = usage_tokens, "usage"
     elif server_tokens is not None or timing_tokens is not None:
@@ -405,15 +432,26 @@ async def one_request(client: httpx.AsyncClient, base_url: str, cfg: LoadConfig,
         # the first output a client could see came at the end
         ttft = end - start
     if asked and tokens > asked:
-        return RequestResult(ok=False, over_count=True, count_source=source, output_tokens=tokens,
-                             error=f"counted {tokens} tokens ({source}) for {asked} asked (max_tokens): a measurement "
-                                   "error, not a figure", **seen)
-    return RequestResult(ok=True, ttft_s=ttft, e2e_s=end - start, output_tokens=tokens, itl_s=itl,
-                         count_source=source, **seen)
+        return RequestResult(
+            ok=False,
+            over_count=True,
+            count_source=source,
+            output_tokens=tokens,
+            error=f"counted {tokens} tokens ({source}) for {asked} asked (max_tokens): a measurement "
+            "error, not a figure",
+            **seen,
+        )
+    return RequestResult(
+        ok=True, ttft_s=ttft, e2e_s=end - start, output_tokens=tokens, itl_s=itl, count_source=source, **seen
+    )
 
 
-async def wait_or_abort(tasks: Iterable[asyncio.Task], should_abort: Callable[[], str | None] | None,
-                        deadline: float | None, cut: Callable[[], bool] | None = None) -> str:
+async def wait_or_abort(
+    tasks: Iterable[asyncio.Task],
+    should_abort: Callable[[], str | None] | None,
+    deadline: float | None,
+    cut: Callable[[], bool] | None = None,
+) -> str:
     """Wait for ``tasks``, looking every 0.1 s whether to stop early: ``should_abort()`` gives a reason (the server
     failed), the ``deadline`` (``time.time()``) passed, or ``cut()`` says the measurement has seen enough. On a stop
     the tasks left are cancelled (and awaited). Returns why it was aborted, ``""`` when it was not (a cut is no
@@ -432,9 +470,15 @@ async def wait_or_abort(tasks: Iterable[asyncio.Task], should_abort: Callable[[]
     return ""
 
 
-async def _run_level(base_url: str, cfg: LoadConfig, concurrency: int, reqs: Sequence[RequestSpec],
-                     should_abort: Callable[[], str | None] | None, deadline: float | None,
-                     min_s: float = 0.0) -> LevelResult:
+async def _run_level(
+    base_url: str,
+    cfg: LoadConfig,
+    concurrency: int,
+    reqs: Sequence[RequestSpec],
+    should_abort: Callable[[], str | None] | None,
+    deadline: float | None,
+    min_s: float = 0.0,
+) -> LevelResult:
     """Send ``reqs`` with ``concurrency`` in flight; past the end of ``reqs`` keep sending them again (in order)
     until ``min_s`` seconds have passed since the start, then let the requests in flight finish."""
     limits = httpx.Limits(max_connections=concurrency + 4, max_keepalive_connections=concurrency + 4)
@@ -445,14 +489,16 @@ async def _run_level(base_url: str, cfg: LoadConfig, concurrency: int, reqs: Seq
 
     def next_request() -> RequestSpec | None:
         nonlocal sent
-        if sent >= len(reqs) and (time.perf_counter() - start >= min_s
-                                  or (deadline is not None and time.time() >= deadline)):
+        if sent >= len(reqs) and (
+            time.perf_counter() - start >= min_s or (deadline is not None and time.time() >= deadline)
+        ):
             return None
         req = reqs[sent % len(reqs)]
         sent += 1
         return req
 
     async with httpx.AsyncClient(limits=limits, timeout=timeout, trust_env=False) as client:
+
         async def worker() -> None:
             while (req := next_request()) is not None:
                 results.append(await one_request(client, base_url, cfg, req))
@@ -464,17 +510,31 @@ async def _run_level(base_url: str, cfg: LoadConfig, concurrency: int, reqs: Seq
     return LevelResult(concurrency, wall, results, aborted)
 
 
-def run_level(base_url: str, cfg: LoadConfig, concurrency: int, *, level_index: int = 0,
-              should_abort: Callable[[], str | None] | None = None, deadline: float | None = None) -> LevelResult:
+def run_level(
+    base_url: str,
+    cfg: LoadConfig,
+    concurrency: int,
+    *,
+    level_index: int = 0,
+    should_abort: Callable[[], str | None] | None = None,
+    deadline: float | None = None,
+) -> LevelResult:
     """Send ``cfg.n_requests(concurrency)`` requests with ``concurrency`` in flight; blocking."""
     if concurrency < 1:
         raise ValueError(f"`concurrency` must be >= 1, but got {concurrency}.")
     reqs = make_requests(cfg, cfg.n_requests(concurrency), offset=1000 * (level_index + 1))
     min_s = 0.0 if cfg.requests_per_level else cfg.level_s
     result = asyncio.run(_run_level(base_url, cfg, concurrency, reqs, should_abort, deadline, min_s))
-    _logger.info("c=%d: %d ok, %d errors, %.1f tok/s, %.2f req/s in %.2fs, %.0f%% of the asked tokens delivered",
-                 concurrency, len(result.ok_requests), result.errors, result.tok_s, result.req_s, result.wall_s,
-                 100 * result.delivered)
+    _logger.info(
+        "c=%d: %d ok, %d errors, %.1f tok/s, %.2f req/s in %.2fs, %.0f%% of the asked tokens delivered",
+        concurrency,
+        len(result.ok_requests),
+        result.errors,
+        result.tok_s,
+        result.req_s,
+        result.wall_s,
+        100 * result.delivered,
+    )
     return result
 
 
@@ -546,15 +606,20 @@ def probe(base_url: str, cfg: LoadConfig, deadline: float | None = None) -> Prob
         first = res.requests[0] if res.requests else RequestResult(ok=False, error="no request was sent")
         out.first = first
         if not first.ok and first.error.startswith(_NO_COUNT) and not cfg.count_chunks and cfg.count_tokens is None:
-            if first.finish_reason == "length" and first.asked and first.asked in (first.chunks, first.chunks
-                                                                                     - first.finish_chunk):
+            if (
+                first.finish_reason == "length"
+                and first.asked
+                and first.asked in (first.chunks, first.chunks - first.finish_chunk)
+            ):
                 # the stream shows its shape: one chunk per token (empty text included), as many as asked; a last
                 # empty chunk carrying the finish_reason is a token only when the count needs it
                 shape = {"count_chunks": True, "finish_chunk_counts": first.chunks == first.asked}
                 cfg, short = replace(cfg, **shape), replace(short, **shape)
-                out.adapted.append(f"no usage in the stream: one token counted per content chunk (the first "
-                                   f"request streamed {first.chunks} chunks for the {first.asked} tokens asked, "
-                                   "finish_reason length)")
+                out.adapted.append(
+                    f"no usage in the stream: one token counted per content chunk (the first "
+                    f"request streamed {first.chunks} chunks for the {first.asked} tokens asked, "
+                    "finish_reason length)"
+                )
                 _logger.warning("the server at %s: %s", base_url, out.adapted[-1])
                 continue
             try:
@@ -567,11 +632,15 @@ def probe(base_url: str, cfg: LoadConfig, deadline: float | None = None) -> Prob
             else:
                 why = "setting `tokenizer` is not set"
             if counter is None:
-                shape = (f"its chunks are not one per token ({first.chunks} chunks for {first.asked} tokens asked, "
-                         f"finish_reason {first.finish_reason or 'none'})")
-                out.refused = (f"the server streams no token counts (usage, token ids) and {shape}, and the model's "
-                               f"tokenizer {cfg.tokenizer!r} cannot count its text ({why}); set `tokenizer` to the "
-                               "model's tokenizer (a path or hub name)")
+                shape = (
+                    f"its chunks are not one per token ({first.chunks} chunks for {first.asked} tokens asked, "
+                    f"finish_reason {first.finish_reason or 'none'})"
+                )
+                out.refused = (
+                    f"the server streams no token counts (usage, token ids) and {shape}, and the model's "
+                    f"tokenizer {cfg.tokenizer!r} cannot count its text ({why}); set `tokenizer` to the "
+                    "model's tokenizer (a path or hub name)"
+                )
                 break
             cfg, short = replace(cfg, count_tokens=counter), replace(short, count_tokens=counter)
             out.adapted.append(f"no usage in the stream: tokens counted by the tokenizer {cfg.tokenizer!r}")
@@ -582,8 +651,9 @@ def probe(base_url: str, cfg: LoadConfig, deadline: float | None = None) -> Prob
         name = _named_field(first.error, body)
         if name == "ignore_eos" and cfg.ignore_eos is None:
             cfg, short = replace(cfg, ignore_eos=False), replace(short, ignore_eos=False)
-            out.adapted.append("ignore_eos dropped (the server refuses it): fixed max_tokens, output length from "
-                               "the token counts")
+            out.adapted.append(
+                "ignore_eos dropped (the server refuses it): fixed max_tokens, output length from the token counts"
+            )
         elif name == "stream_options" and cfg.stream_usage:
             cfg, short = replace(cfg, stream_usage=False), replace(short, stream_usage=False)
             out.adapted.append("stream_options dropped (the server refuses it): no usage asked for")
@@ -594,11 +664,16 @@ def probe(base_url: str, cfg: LoadConfig, deadline: float | None = None) -> Prob
     out.config = cfg
     first = out.first
     if first is not None and first.ok and first.output_tokens != first.asked:
-        what = ("ignore_eos" if cfg.ignore_eos is not False else "max_tokens") if first.output_tokens < first.asked \
+        what = (
+            ("ignore_eos" if cfg.ignore_eos is not False else "max_tokens")
+            if first.output_tokens < first.asked
             else "max_tokens"
-        out.ignored = (f"the server does not honour {what}: asked {first.asked} tokens, got {first.output_tokens} "
-                       f"({first.count_source} count); throughput counts the tokens delivered, and a level "
-                       "delivering too few is request_error")
+        )
+        out.ignored = (
+            f"the server does not honour {what}: asked {first.asked} tokens, got {first.output_tokens} "
+            f"({first.count_source} count); throughput counts the tokens delivered, and a level "
+            "delivering too few is request_error"
+        )
         _logger.warning("%s", out.ignored)
     if first is not None and first.ok:
         _warm_until_settled(base_url, short, first, out, deadline)
@@ -616,12 +691,13 @@ def ttft_settled(ttft_ms: Sequence[float], window: int = WARMUP_WINDOW) -> bool:
     window after window; noise around a settled value does not."""
     if len(ttft_ms) < 2 * window:
         return False
-    new, old = sorted(ttft_ms[-window:]), sorted(ttft_ms[-2 * window:-window])
+    new, old = sorted(ttft_ms[-window:]), sorted(ttft_ms[-2 * window : -window])
     return new[window // 2] >= 0.7 * old[window // 2]
 
 
-def _warm_until_settled(base_url: str, short: LoadConfig, first: RequestResult, out: Probe,
-                        deadline: float | None) -> None:
+def _warm_until_settled(
+    base_url: str, short: LoadConfig, first: RequestResult, out: Probe, deadline: float | None
+) -> None:
     """One request at a time after the first, until at least ``warmup_requests`` were sent and the time to first
     token settled, or the warm-up's time (``warmup_s``) or request limit (``warmup_max_requests``) is spent."""
     cfg = out.config
@@ -681,16 +757,29 @@ def _mean(values: Sequence[float]) -> float:
     return sum(values) / len(values) if values else math.nan
 
 
-METRIC_UNITS = {"tok_s": "tok/s", "req_s": "req/s", "errors": "count", "error_rate": "fraction",
-                "delivered": "fraction",
-                "ttft_ms": "ms", "itl_ms": "ms", "e2e_ms": "ms", "tok_s_per_request": "tok/s"}
+METRIC_UNITS = {
+    "tok_s": "tok/s",
+    "req_s": "req/s",
+    "errors": "count",
+    "error_rate": "fraction",
+    "delivered": "fraction",
+    "ttft_ms": "ms",
+    "itl_ms": "ms",
+    "e2e_ms": "ms",
+    "tok_s_per_request": "tok/s",
+}
 
 
 def level_summary(result: LevelResult) -> dict[str, float]:
     """Every figure of one level by metric name (``ttft_ms_p99``, ``tok_s``...)."""
     ok = result.ok_requests
-    out = {"tok_s": result.tok_s, "req_s": result.req_s, "errors": float(result.errors),
-           "error_rate": result.error_rate, "delivered": result.delivered}
+    out = {
+        "tok_s": result.tok_s,
+        "req_s": result.req_s,
+        "errors": float(result.errors),
+        "error_rate": result.error_rate,
+        "delivered": result.delivered,
+    }
     series = {
         "ttft_ms": [r.ttft_s * 1e3 for r in ok],
         "itl_ms": [g * 1e3 for r in ok for g in r.itl_s],
@@ -714,12 +803,18 @@ def level_metrics(result: LevelResult) -> list[MetricRow]:
     """Every figure of one level as rows at level ``c=N``, with the window it was measured over (``measure_s``,
     ``requests``) and ``short_window`` = 1 when that window was under :data:`SHORT_WINDOW_S`."""
     level = f"c={result.concurrency}"
-    rows = [MetricRow("measure_s", level, float(result.wall_s), "s"),
-            MetricRow("requests", level, float(len(result.requests)), "count")]
+    rows = [
+        MetricRow("measure_s", level, float(result.wall_s), "s"),
+        MetricRow("requests", level, float(len(result.requests)), "count"),
+    ]
     if result.wall_s < SHORT_WINDOW_S:
-        _logger.warning("c=%d measured over %.2fs only (%d requests): set `level_s` (seconds per level) or "
-                        "`requests_per_level` higher for a stable figure", result.concurrency, result.wall_s,
-                        len(result.requests))
+        _logger.warning(
+            "c=%d measured over %.2fs only (%d requests): set `level_s` (seconds per level) or "
+            "`requests_per_level` higher for a stable figure",
+            result.concurrency,
+            result.wall_s,
+            len(result.requests),
+        )
         rows.append(MetricRow("short_window", level, 1.0, "flag"))
     rows.append(MetricRow(f"count:{result.count_source}", level, 1.0, "flag"))  # how the tokens were counted
     if result.over_counts:  # counts above max_tokens: measurement errors (failed requests), flagged
@@ -738,15 +833,20 @@ MIN_DELIVERED = 0.95
 """A level that delivered less than this share of the asked tokens is not counted (setting ``min_delivered``)."""
 
 
-def served_problem(result: LevelResult, max_error_rate: float = MAX_ERROR_RATE,
-                   min_delivered: float = MIN_DELIVERED) -> str:
+def served_problem(
+    result: LevelResult, max_error_rate: float = MAX_ERROR_RATE, min_delivered: float = MIN_DELIVERED
+) -> str:
     """Why a level does not count (it served too little of what was asked), or ``""``: a request error rate above
     ``max_error_rate`` or a share of the asked tokens delivered below ``min_delivered``."""
     why = []
     if result.error_rate > max_error_rate:
-        why.append(f"{100 * result.error_rate:.1f}% of {len(result.requests)} requests failed (limit "
-                   f"{100 * max_error_rate:g}%: setting `max_error_rate`; first: {result.first_error()[:160]})")
+        why.append(
+            f"{100 * result.error_rate:.1f}% of {len(result.requests)} requests failed (limit "
+            f"{100 * max_error_rate:g}%: setting `max_error_rate`; first: {result.first_error()[:160]})"
+        )
     if result.delivered < min_delivered:
-        why.append(f"{100 * result.delivered:.1f}% of the asked tokens delivered (at least {100 * min_delivered:g}%: "
-                   "setting `min_delivered`)")
+        why.append(
+            f"{100 * result.delivered:.1f}% of the asked tokens delivered (at least {100 * min_delivered:g}%: "
+            "setting `min_delivered`)"
+        )
     return "; ".join(why)

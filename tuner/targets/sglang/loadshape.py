@@ -64,8 +64,9 @@ class LoadShape:
     dataset: str | None = None
 
     @classmethod
-    def from_settings(cls, settings: dict[str, Any], prompt_len: int, output_len: int, length_jitter: float
-                      ) -> LoadShape:
+    def from_settings(
+        cls, settings: dict[str, Any], prompt_len: int, output_len: int, length_jitter: float
+    ) -> LoadShape:
         """The shape ``settings`` ask for (one-line :class:`SettingsError` when they contradict each other)."""
         dataset = settings.get("dataset")
         p_std, o_std = settings.get("prompt_len_std"), settings.get("output_len_std")
@@ -73,20 +74,33 @@ class LoadShape:
         if kind not in SHAPES:
             raise SettingsError(f"setting `load_shape` must be one of {list(SHAPES)}, but got {kind!r}")
         if kind == "replay" and not dataset:
-            raise SettingsError("setting `load_shape: replay` needs setting `dataset` (a JSONL request file); "
-                                "give --set dataset=PATH")
+            raise SettingsError(
+                "setting `load_shape: replay` needs setting `dataset` (a JSONL request file); give --set dataset=PATH"
+            )
         if kind != "replay" and dataset:
-            raise SettingsError(f"setting `dataset` ({dataset!r}) is a replayed load, but `load_shape` is {kind!r}; "
-                                "drop one of them")
+            raise SettingsError(
+                f"setting `dataset` ({dataset!r}) is a replayed load, but `load_shape` is {kind!r}; drop one of them"
+            )
         if kind != "distribution" and (p_std or o_std):
-            raise SettingsError(f"settings `prompt_len_std`/`output_len_std` shape a `distribution` load, but "
-                                f"`load_shape` is {kind!r}; set `load_shape: distribution` or drop them")
+            raise SettingsError(
+                f"settings `prompt_len_std`/`output_len_std` shape a `distribution` load, but "
+                f"`load_shape` is {kind!r}; set `load_shape: distribution` or drop them"
+            )
         if kind == "distribution" and length_jitter:
-            raise SettingsError("settings `length_jitter` and `load_shape: distribution` both spread the lengths; "
-                                "use `prompt_len_std`/`output_len_std` only")
-        shape = cls(kind=kind, prompt_len=prompt_len, output_len=output_len, length_jitter=length_jitter,
-                    prompt_len_std=float(p_std or 0.0), output_len_std=float(o_std or 0.0),
-                    distribution=settings.get("length_distribution") or "lognormal", dataset=dataset)
+            raise SettingsError(
+                "settings `length_jitter` and `load_shape: distribution` both spread the lengths; "
+                "use `prompt_len_std`/`output_len_std` only"
+            )
+        shape = cls(
+            kind=kind,
+            prompt_len=prompt_len,
+            output_len=output_len,
+            length_jitter=length_jitter,
+            prompt_len_std=float(p_std or 0.0),
+            output_len_std=float(o_std or 0.0),
+            distribution=settings.get("length_distribution") or "lognormal",
+            dataset=dataset,
+        )
         if kind == "replay":
             load_rows(str(dataset))  # a bad file is refused before any trial
         return shape
@@ -127,24 +141,31 @@ class LoadShape:
         the load draws them (of a replayed file, over its rows), at level ``load:<shape>``."""
         level = f"load:{self.kind}"
         reqs = self.requests(sample if self.kind != "replay" else len(load_rows(str(self.dataset))), seed)
-        plen = [len(p.split()) if isinstance(p, str) else sum(len(m.get("content", "").split()) for m in p)
-                for p, _ in reqs]
+        plen = [
+            len(p.split()) if isinstance(p, str) else sum(len(m.get("content", "").split()) for m in p) for p, _ in reqs
+        ]
         olen = [m for _, m in reqs]
-        out = [MetricRow("prompt_len_mean", level, statistics.fmean(plen), "words"),
-               MetricRow("prompt_len_std", level, statistics.pstdev(plen), "words"),
-               MetricRow("output_len_mean", level, statistics.fmean(olen), "tokens"),
-               MetricRow("output_len_std", level, statistics.pstdev(olen), "tokens")]
+        out = [
+            MetricRow("prompt_len_mean", level, statistics.fmean(plen), "words"),
+            MetricRow("prompt_len_std", level, statistics.pstdev(plen), "words"),
+            MetricRow("output_len_mean", level, statistics.fmean(olen), "tokens"),
+            MetricRow("output_len_std", level, statistics.pstdev(olen), "tokens"),
+        ]
         if self.kind == "replay":
             out.append(MetricRow("dataset_rows", level, float(len(reqs)), "count"))
         return out
 
     def describe(self) -> str:
         if self.kind == "replay":
-            return f"replay of {self.dataset} ({len(load_rows(str(self.dataset)))} rows, sha256 " \
-                   f"{dataset_digest(str(self.dataset))[:12]})"
+            return (
+                f"replay of {self.dataset} ({len(load_rows(str(self.dataset)))} rows, sha256 "
+                f"{dataset_digest(str(self.dataset))[:12]})"
+            )
         if self.kind == "distribution":
-            return (f"{self.distribution} lengths: prompt {self.prompt_len}±{self.prompt_len_std:g}, output "
-                    f"{self.output_len}±{self.output_len_std:g}")
+            return (
+                f"{self.distribution} lengths: prompt {self.prompt_len}±{self.prompt_len_std:g}, output "
+                f"{self.output_len}±{self.output_len_std:g}"
+            )
         jitter = f" (±{self.length_jitter:.0%} uniform)" if self.length_jitter else ""
         return f"fixed lengths: prompt {self.prompt_len}, output {self.output_len}{jitter}"
 
@@ -175,29 +196,35 @@ def load_rows(path: str) -> tuple[dict[str, Any], ...]:
     try:
         text = Path(path).expanduser().read_text()
     except OSError as exc:
-        raise SettingsError(f"setting `dataset`: cannot read {path!r} ({exc.strerror}); give a JSONL request "
-                            "file") from None
+        raise SettingsError(
+            f"setting `dataset`: cannot read {path!r} ({exc.strerror}); give a JSONL request file"
+        ) from None
     for i, line in enumerate(text.splitlines(), 1):
         if not line.strip():
             continue
         try:
             row = json.loads(line)
         except json.JSONDecodeError as exc:
-            raise SettingsError(f"setting `dataset`: {path}:{i}: not a JSON line ({exc.msg}); one JSON object per "
-                                "line") from None
+            raise SettingsError(
+                f"setting `dataset`: {path}:{i}: not a JSON line ({exc.msg}); one JSON object per line"
+            ) from None
         if isinstance(row, str):
             row = {"prompt": row}
         if not isinstance(row, dict) or not any(row.get(k) for k in _PROMPT_KEYS + _PROMPT_LEN_KEYS):
-            raise SettingsError(f"setting `dataset`: {path}:{i}: a row needs `prompt`, `messages` or a prompt "
-                                f"length (`prompt_len`/`input_len`), got {str(row)[:80]!r}")
+            raise SettingsError(
+                f"setting `dataset`: {path}:{i}: a row needs `prompt`, `messages` or a prompt "
+                f"length (`prompt_len`/`input_len`), got {str(row)[:80]!r}"
+            )
         for keys in (_PROMPT_LEN_KEYS, _OUTPUT_LEN_KEYS):
             try:
                 n = _int_of(row, keys)
             except (TypeError, ValueError):
                 n = -1
             if n is not None and n < 1:
-                raise SettingsError(f"setting `dataset`: {path}:{i}: `{next(k for k in keys if k in row)}` must be "
-                                    f"a positive integer, got {str(row)[:80]!r}")
+                raise SettingsError(
+                    f"setting `dataset`: {path}:{i}: `{next(k for k in keys if k in row)}` must be "
+                    f"a positive integer, got {str(row)[:80]!r}"
+                )
         rows.append(row)
     if not rows:
         raise SettingsError(f"setting `dataset`: {path} has no request; give one JSON object per line")

@@ -97,8 +97,10 @@ class CommandTarget(Target):
     def _check_model(self) -> None:
         """A command that needs ``{model}`` without a model is refused here, before any trial (and in a dry-run)."""
         if any("{model}" in str(a) for a in self.config.command or []) and not self.model:
-            raise TargetError("target `command`: setting `command` needs {model}, but no model is given; pass "
-                              "--model PATH or --set model=PATH")
+            raise TargetError(
+                "target `command`: setting `command` needs {model}, but no model is given; pass "
+                "--model PATH or --set model=PATH"
+            )
 
     @property
     def model(self) -> str:
@@ -111,8 +113,10 @@ class CommandTarget(Target):
     def base_command(self, port: int | str) -> list[str]:
         cmd = self.config.command
         if not cmd:
-            raise TargetError("target `command` needs settings `command`: an argv list such as "
-                              "[python, server.py, --port, '{port}'] (never one shell string)")
+            raise TargetError(
+                "target `command` needs settings `command`: an argv list such as "
+                "[python, server.py, --port, '{port}'] (never one shell string)"
+            )
         subs = {"{port}": str(port), "{model}": self.model, "{host}": self.host}
         out = []
         for a in cmd:
@@ -162,9 +166,13 @@ class CommandTarget(Target):
 
     def flag_key(self, args: list[str], env: dict[str, str]) -> str:
         hw = self.resolved.hardware
-        return failed.flag_set_key(self.launch_command(), list(self.config.extra_args) + args, env,
-                                   server_version=self.server_version(),
-                                   gpus=f"{hw.gpu_count}x {hw.gpu_name}" if hw.gpu_count else "cpu")
+        return failed.flag_set_key(
+            self.launch_command(),
+            list(self.config.extra_args) + args,
+            env,
+            server_version=self.server_version(),
+            gpus=f"{hw.gpu_count}x {hw.gpu_name}" if hw.gpu_count else "cpu",
+        )
 
     # -- the failed-flag memory (the study's storage) -----------------------------------------------------------
     def known_failure(self, repo: Any, params: dict[str, Any], run_id: int | None = None) -> str | None:
@@ -174,15 +182,23 @@ class CommandTarget(Target):
         scope = None if self.config.failed_scope == "storage" else run_id
         return failed.known_failure(repo, self.flag_key(args, self.launch_env(env)), scope)
 
-    def remember_failure(self, repo: Any, run_id: int, number: int, params: dict[str, Any],
-                         measurement: Measurement) -> None:
+    def remember_failure(
+        self, repo: Any, run_id: int, number: int, params: dict[str, Any], measurement: Measurement
+    ) -> None:
         if measurement.outside_signal:  # killed from outside: nothing to remember of these flags
             return
         args, env = self.flag_args(params)
-        failed.remember(repo, run_id, number, key=self.flag_key(args, self.launch_env(env)),
-                        outcome=measurement.outcome.value, reason=measurement.reason, args=args,
-                        server_version=self.server_version(),
-                        at_start=measurement.metric("startup_s") is None)  # never ready: a failed start
+        failed.remember(
+            repo,
+            run_id,
+            number,
+            key=self.flag_key(args, self.launch_env(env)),
+            outcome=measurement.outcome.value,
+            reason=measurement.reason,
+            args=args,
+            server_version=self.server_version(),
+            at_start=measurement.metric("startup_s") is None,
+        )  # never ready: a failed start
 
     # -- flags of the installed server ------------------------------------------------------------------------
     def load_flags(self, checks: list[tuple[str, list[Any]]]) -> fl.ServerFlags | None:
@@ -200,8 +216,9 @@ class CommandTarget(Target):
         try:
             flags = self.load_flags(self._flag_checks())
         except fl.FlagsUnavailable as exc:
-            report.errors.append(f"cannot read the server's flags: {exc}; install the server or fix settings "
-                                 "`command`/`python`")
+            report.errors.append(
+                f"cannot read the server's flags: {exc}; install the server or fix settings `command`/`python`"
+            )
             return report
         except TargetError as exc:
             report.errors.append(str(exc))
@@ -224,8 +241,10 @@ class CommandTarget(Target):
             if p.flag in ("--tp-size", "--tensor-parallel-size") and gpus > 0:
                 too_big = [v for v in p.choices() if isinstance(v, int) and v > gpus]
                 if too_big:
-                    report.will_not_run.append(f"`{p.name}` values {too_big} need more than the {gpus} GPUs here "
-                                               "(refused by rule `tp-size-above-gpus`)")
+                    report.will_not_run.append(
+                        f"`{p.name}` values {too_big} need more than the {gpus} GPUs here "
+                        "(refused by rule `tp-size-above-gpus`)"
+                    )
         return report
 
     def _check_model_path(self, report: PreflightReport) -> None:
@@ -234,8 +253,10 @@ class CommandTarget(Target):
         model = self.model
         local = model.startswith(("/", "./", "../", "~")) or model.endswith(MODEL_FILE_SUFFIXES)
         if model and local and not Path(model).expanduser().exists():
-            (report.errors if self.model_path_checked else report.rules).append(f"setting `model`: {model!r} does not exist on this machine; pass the model's path "
-                                 "(--model PATH) or a hub name")
+            (report.errors if self.model_path_checked else report.rules).append(
+                f"setting `model`: {model!r} does not exist on this machine; pass the model's path "
+                "(--model PATH) or a hub name"
+            )
 
     def _count_plan(self, report: PreflightReport) -> None:
         """How the output tokens will be counted, and whether the last fallback (a tokenizer) is there."""
@@ -243,16 +264,21 @@ class CommandTarget(Target):
             cfg = loadgen.LoadConfig.from_settings(self.settings)
         except (SettingsError, ValueError):
             return  # _load_shape says why
-        line = ("the server's usage (asked for), else its own token ids or logprobs, else one token per streamed "
-                "chunk when the first answer shows that shape (as many chunks as tokens asked)")
+        line = (
+            "the server's usage (asked for), else its own token ids or logprobs, else one token per streamed "
+            "chunk when the first answer shows that shape (as many chunks as tokens asked)"
+        )
         try:
             import transformers  # noqa: F401 - only whether it is there
         except ImportError:
-            line += ("; no tokenizer fallback: `transformers` is not installed (pip install 'tuner[tokenizer]'), so a "
-                     "server streaming several tokens per chunk without usage cannot be counted")
+            line += (
+                "; no tokenizer fallback: `transformers` is not installed (pip install 'tuner[tokenizer]'), so a "
+                "server streaming several tokens per chunk without usage cannot be counted"
+            )
         else:
-            line += f", else the tokenizer {cfg.tokenizer!r}" if cfg.tokenizer else ", else no tokenizer (set " \
-                "`tokenizer`)"
+            line += (
+                f", else the tokenizer {cfg.tokenizer!r}" if cfg.tokenizer else ", else no tokenizer (set `tokenizer`)"
+            )
         report.facts["token count"] = line
 
     def _load_shape(self, report: PreflightReport) -> None:
@@ -277,16 +303,22 @@ class CommandTarget(Target):
                 return
             for note in m.data.pop("notes", None) or []:  # said once, here, before any trial
                 report.rules.append(f"the server: {note}")
-            split = ", ".join(f"{label} {m.metric(name):.1f} s" for label, name in
-                              (("start-up", "startup_s"), ("warm-up", "warmup_s")) if m.metric(name) is not None)
+            split = ", ".join(
+                f"{label} {m.metric(name):.1f} s"
+                for label, name in (("start-up", "startup_s"), ("warm-up", "warmup_s"))
+                if m.metric(name) is not None
+            )
             measure = sum(r.value for r in m.metrics if r.metric == "measure_s")
             report.trial_s = m.duration_s
-            report.facts["trial seconds"] = (f"{m.duration_s:.1f} (probe launch of the defaults: {split}, "
-                                             f"measurement {measure:.1f} s, teardown included)")
+            report.facts["trial seconds"] = (
+                f"{m.duration_s:.1f} (probe launch of the defaults: {split}, "
+                f"measurement {measure:.1f} s, teardown included)"
+            )
         elif self.config.trial_estimate_s:
             report.trial_s = self.config.trial_estimate_s
-            report.facts["trial seconds"] = f"{self.config.trial_estimate_s:g} (the space's trial_estimate_s; " \
-                                            "--set probe_launch=true measures one)"
+            report.facts["trial seconds"] = (
+                f"{self.config.trial_estimate_s:g} (the space's trial_estimate_s; --set probe_launch=true measures one)"
+            )
         if self.config.greedy_check is not None:
             report.facts["greedy check"] = self._greedy_plan(m if self.config.probe_launch and report.ok else None)
         if self.objective().is_goodput:  # issue 22: the boundary search replaces the levels (goodput.py)
@@ -305,10 +337,12 @@ class CommandTarget(Target):
         n = len(check.prompt_list())
         cfg = loadgen.LoadConfig.from_settings(self.settings)
         level_tokens = sum(cfg.n_requests(c) * cfg.output_len for c in self.objective().levels)
-        line = (f"{n} fixed prompt{'s' if n != 1 else ''} x {check.tokens} tokens ({n * check.tokens} tokens, one "
-                f"request at a time) once per trial, after the warm-up and before the levels"
-                + (f" (the levels send at least {level_tokens})" if not self.objective().is_goodput else "")
-                + f"; below agreement {check.min_agreement:g} a trial is wrong_result")
+        line = (
+            f"{n} fixed prompt{'s' if n != 1 else ''} x {check.tokens} tokens ({n * check.tokens} tokens, one "
+            f"request at a time) once per trial, after the warm-up and before the levels"
+            + (f" (the levels send at least {level_tokens})" if not self.objective().is_goodput else "")
+            + f"; below agreement {check.min_agreement:g} a trial is wrong_result"
+        )
         secs = probe.metric("greedy_s") if probe is not None else None
         if secs is not None:
             return line + f"; {secs:.1f} s in the probe launch"
@@ -332,26 +366,32 @@ class CommandTarget(Target):
             spec = flags.get(flag)
             if spec is None:
                 hint = flags.suggest(flag)
-                report.errors.append(f"{who}: flag {flag} is not accepted by {where}"
-                                     + (f"; did you mean {hint}?" if hint else "; no similar flag exists"))
+                report.errors.append(
+                    f"{who}: flag {flag} is not accepted by {where}"
+                    + (f"; did you mean {hint}?" if hint else "; no similar flag exists")
+                )
                 continue
             if spec.removed:
                 report.errors.append(f"{who}: flag {flag} was removed from {where}: {spec.help[:200]}")
                 continue
             if spec.deprecated:
-                report.rules.append(f"deprecated: {who} uses {flag}"
-                                    + (f"; use {spec.new_flag}" if spec.new_flag else f" ({spec.help[:160]})"))
+                report.rules.append(
+                    f"deprecated: {who} uses {flag}"
+                    + (f"; use {spec.new_flag}" if spec.new_flag else f" ({spec.help[:160]})")
+                )
             if p is not None:
                 if p.type == "bool" and spec.takes_value:
-                    report.errors.append(f"{who}: {flag} takes a value, but a bool param becomes a bare switch; "
-                                         "make it categorical")
+                    report.errors.append(
+                        f"{who}: {flag} takes a value, but a bool param becomes a bare switch; make it categorical"
+                    )
                     continue
                 if p.type != "bool" and not spec.takes_value:
                     report.errors.append(f"{who}: {flag} is a switch without a value; make `{p.name}` a bool")
                     continue
                 if p.type == "buckets" and spec.nargs is not None and not spec.is_list:
-                    report.errors.append(f"{who}: {flag} takes one value, a bucket set needs a list flag "
-                                         "(e.g. --cuda-graph-bs-decode)")
+                    report.errors.append(
+                        f"{who}: {flag} takes one value, a bucket set needs a list flag (e.g. --cuda-graph-bs-decode)"
+                    )
                     continue
                 bad = list(flags.value_errors.get(flag, []))
                 for v in fl.candidate_values(p):
@@ -369,16 +409,17 @@ class CommandTarget(Target):
         report.will_run.append(f"{ok} of {len(checked)} flags accepted by {where} ({flags.source})")
 
     def _rule_ctx(self) -> dict[str, Any]:
-        return {"gpu_count": self.resolved.hardware.gpu_count, "server_flags": self._flags,
-                "torch_compile_supported": self.config.torch_compile_supported}
+        return {
+            "gpu_count": self.resolved.hardware.gpu_count,
+            "server_flags": self._flags,
+            "torch_compile_supported": self.config.torch_compile_supported,
+        }
 
     def _report_rules(self, report: PreflightReport) -> None:
-        used = {p.flag for p in self.flag_params()} | set(fl.args_to_dict(
-            list(self.config.extra_args)))
+        used = {p.flag for p in self.flag_params()} | set(fl.args_to_dict(list(self.config.extra_args)))
         for rule in fl.RULES:
             if used & set(rule.flags):
-                report.rules.append(f"rule `{rule.name}` ({'refuses' if rule.refuse else 'warns'}): "
-                                    f"{rule.description}")
+                report.rules.append(f"rule `{rule.name}` ({'refuses' if rule.refuse else 'warns'}): {rule.description}")
         args, _ = self.flag_args(self.resolved.defaults())
         for hit in fl.apply_rules(self._all_args(args), self._rule_ctx()):
             line = f"rule `{hit.rule}` fires on the defaults: {hit.message}"
@@ -411,8 +452,12 @@ class CommandTarget(Target):
     def launch_spec(self, params: dict[str, Any]) -> LaunchSpec:
         args, env = self.flag_args(params)
         argv = self.server_argv(args, self.config.port)
-        return LaunchSpec(argv=argv, env=self.launch_env(env), host=self.host,
-                          description=f"{self.name} server with {len(args)} tuned flag arguments")
+        return LaunchSpec(
+            argv=argv,
+            env=self.launch_env(env),
+            host=self.host,
+            description=f"{self.name} server with {len(args)} tuned flag arguments",
+        )
 
     def kernel_config_dirs(self) -> list[str]:
         return [str(Path(getattr(self.config, k)).expanduser()) for k in DIR_ENVS if getattr(self.config, k)]
@@ -437,10 +482,15 @@ class CommandTarget(Target):
         cfg = loadgen.LoadConfig.from_settings(self.settings)
         reserve = min(self.config.teardown_reserve_s, 0.2 * max(0.0, deadline - t0))
         work_deadline = deadline - reserve
-        server = ServerProcess(argv, env=env, port=port, host=self.host,
-                               health_paths=tuple(self.config.health_paths),
-                               ready_patterns=tuple(self.config.ready_patterns),
-                               fatal_grace_s=self.config.fatal_grace_s)
+        server = ServerProcess(
+            argv,
+            env=env,
+            port=port,
+            host=self.host,
+            health_paths=tuple(self.config.health_paths),
+            ready_patterns=tuple(self.config.ready_patterns),
+            fatal_grace_s=self.config.fatal_grace_s,
+        )
         restore = _kill_server_on_sigterm(server)
         self._trial_gpus = self.gpus_for(params)  # the goodput's per-GPU figures
         self._greedy_result: greedy.CheckResult | None = None
@@ -451,13 +501,13 @@ class CommandTarget(Target):
             sig = server.outside_signal()
             if sig is not None and m.outcome is not Outcome.OK:  # a kill from outside says nothing of these flags
                 m.metrics.append(MetricRow(OUTSIDE_SIGNAL, "", float(sig), "signal"))
-                m.reason += (f"; signal {sig} came from outside the tuner: the configuration stays eligible to run "
-                             "again")
+                m.reason += f"; signal {sig} came from outside the tuner: the configuration stays eligible to run again"
         finally:
             stop_t0 = time.time()
             try:
-                server.stop(port_timeout_s=max(1.0, deadline - time.time()),
-                            gpu_timeout_s=max(1.0, deadline - time.time()))
+                server.stop(
+                    port_timeout_s=max(1.0, deadline - time.time()), gpu_timeout_s=max(1.0, deadline - time.time())
+                )
             finally:
                 restore()
         m.metrics.append(MetricRow("teardown_s", "", time.time() - stop_t0, "s"))
@@ -467,8 +517,9 @@ class CommandTarget(Target):
             _logger.info("trial %s: %s", m.outcome.value, m.reason)
         return m
 
-    def _run(self, server: ServerProcess, cfg: loadgen.LoadConfig, t0: float, deadline: float,
-             report: Reporter | None) -> Measurement:
+    def _run(
+        self, server: ServerProcess, cfg: loadgen.LoadConfig, t0: float, deadline: float, report: Reporter | None
+    ) -> Measurement:
         ready_deadline = min(deadline, t0 + self.config.ready_timeout_s)
         failure = server.wait_ready(ready_deadline)
         if failure is not None:
@@ -483,8 +534,11 @@ class CommandTarget(Target):
         metrics.append(MetricRow("warmup_s", "", probe.warmup_s, "s"))
         f = server.failure()
         if f is not None:  # the server failed during the warm-up: at its first request, or after it
-            where = ("during the warm-up, at its first request" if probe.first is None or not probe.first.ok
-                     or probe.warmup_requests <= 1 else f"during the warm-up, at its request {probe.warmup_requests}")
+            where = (
+                "during the warm-up, at its first request"
+                if probe.first is None or not probe.first.ok or probe.warmup_requests <= 1
+                else f"during the warm-up, at its request {probe.warmup_requests}"
+            )
             return Measurement(f.outcome, reason=f"{where}: {f.reason}", metrics=metrics)
         if probe.refused or (probe.first is not None and not probe.first.ok):
             if probe.refused:  # the load is at fault, not these flags
@@ -511,8 +565,9 @@ class CommandTarget(Target):
             return m
         by_level: dict[int, float] = {}
         for i, c in enumerate(obj.levels):
-            res = loadgen.run_level(server.base_url, cfg, c, level_index=i, should_abort=should_abort,
-                                    deadline=deadline)
+            res = loadgen.run_level(
+                server.base_url, cfg, c, level_index=i, should_abort=should_abort, deadline=deadline
+            )
             if res.aborted:
                 f = server.failure()
                 if f is not None:
@@ -523,16 +578,24 @@ class CommandTarget(Target):
                 if f is not None:
                     return Measurement(f.outcome, reason=f"at c={c}: {f.reason}", metrics=metrics)
                 if res.all_refused:
-                    return Measurement(Outcome.REQUEST_ERROR, reason=f"the server refused every request at c={c}: "
-                                                                     f"{res.first_error()}", metrics=metrics)
-                return Measurement(Outcome.CRASH, reason=f"every request failed at c={c}: {res.first_error()}",
-                                   metrics=metrics)
+                    return Measurement(
+                        Outcome.REQUEST_ERROR,
+                        reason=f"the server refused every request at c={c}: {res.first_error()}",
+                        metrics=metrics,
+                    )
+                return Measurement(
+                    Outcome.CRASH, reason=f"every request failed at c={c}: {res.first_error()}", metrics=metrics
+                )
             summary = loadgen.level_summary(res)
             metrics += loadgen.level_metrics(res)
             served = loadgen.served_problem(res, self.config.max_error_rate, self.config.min_delivered)
             if served:  # a level that served too little of what was asked is no figure: the trial cannot win
-                return Measurement(Outcome.REQUEST_ERROR, reason=f"at c={c}: {served}", metrics=metrics,
-                                   data={"notes": notes} if notes else {})
+                return Measurement(
+                    Outcome.REQUEST_ERROR,
+                    reason=f"at c={c}: {served}",
+                    metrics=metrics,
+                    data={"notes": notes} if notes else {},
+                )
             if obj.metric not in summary:
                 raise TargetError(f"objective metric {obj.metric!r} is not measured; use one of {sorted(summary)}")
             by_level[c] = summary[obj.metric]
@@ -543,52 +606,76 @@ class CommandTarget(Target):
             got = next((r.value for r in metrics if r.metric == lc.metric and r.level == lc.level), None)
             violation = lc.violation(got) if got is not None and not math.isnan(got) else 1e9
             metrics.append(MetricRow("constraint", constraint_name(lc), float(violation), ""))
-        return Measurement(Outcome.OK, value=value, metrics=metrics, by_level=by_level,
-                           data={"notes": notes} if notes else {})
-
+        return Measurement(
+            Outcome.OK, value=value, metrics=metrics, by_level=by_level, data={"notes": notes} if notes else {}
+        )
 
     # -- the greedy check (greedy.py) ------------------------------------------------------------------------
     def _greedy_key(self, cfg: loadgen.LoadConfig) -> str:
         return greedy.reference_key(self.config.greedy_check, api=cfg.api, model=cfg.model)
 
-    def _greedy(self, server: ServerProcess, cfg: loadgen.LoadConfig, deadline: float,
-                metrics: list[MetricRow]) -> Measurement | None:
+    def _greedy(
+        self, server: ServerProcess, cfg: loadgen.LoadConfig, deadline: float, metrics: list[MetricRow]
+    ) -> Measurement | None:
         """Complete the fixed prompts greedily and judge them against the reference the search passed in; adds the
         rows to ``metrics``; a measurement when the trial ends here (a failed request, or ``wrong_result``)."""
         check = self.config.greedy_check
         t0 = time.time()
         try:
-            outs, ids = greedy.complete(server.base_url, check.prompt_list(), api=cfg.api, model=cfg.model,
-                                        tokens=check.tokens, deadline=deadline, timeout_s=cfg.request_timeout_s)
+            outs, ids = greedy.complete(
+                server.base_url,
+                check.prompt_list(),
+                api=cfg.api,
+                model=cfg.model,
+                tokens=check.tokens,
+                deadline=deadline,
+                timeout_s=cfg.request_timeout_s,
+            )
         except greedy.GreedyRequestError as exc:
             f = server.failure()
             if f is not None:
                 return Measurement(f.outcome, reason=f"during the greedy check: {f.reason}", metrics=metrics)
-            outcome = (Outcome.REQUEST_ERROR if exc.status is not None and 400 <= exc.status < 500
-                       else Outcome.TIMEOUT if "deadline" in str(exc) else Outcome.CRASH)
+            outcome = (
+                Outcome.REQUEST_ERROR
+                if exc.status is not None and 400 <= exc.status < 500
+                else Outcome.TIMEOUT
+                if "deadline" in str(exc)
+                else Outcome.CRASH
+            )
             return Measurement(outcome, reason=f"the greedy check failed: {exc}", metrics=metrics)
         ref_doc = self.config.greedy_reference
         key = self._greedy_key(cfg)
         reference = greedy.completions_of(ref_doc) if ref_doc and ref_doc.get("key") == key else None
-        res = greedy.judge(check, outs, reference, is_baseline=self.config.greedy_is_baseline,
-                           seconds=time.time() - t0)
+        res = greedy.judge(check, outs, reference, is_baseline=self.config.greedy_is_baseline, seconds=time.time() - t0)
         res.token_ids = ids
         self._greedy_result = res
         metrics += res.rows
-        _logger.info("greedy check: agreement %.3f over %d prompts (%s, %.1f s)", res.agreement, len(outs),
-                     "token ids" if ids else "text", res.seconds)
+        _logger.info(
+            "greedy check: agreement %.3f over %d prompts (%s, %.1f s)",
+            res.agreement,
+            len(outs),
+            "token ids" if ids else "text",
+            res.seconds,
+        )
         if res.wrong:
             return Measurement(Outcome.WRONG_RESULT, reason=res.wrong, metrics=metrics)
         return None
 
     def _greedy_doc(self, res: greedy.CheckResult, cfg: loadgen.LoadConfig) -> dict[str, Any]:
         check = self.config.greedy_check
-        return greedy.reference_doc(res.completions, key=self._greedy_key(cfg), trial=None,
-                                    is_baseline=self.config.greedy_is_baseline, prompts=check.prompt_list(),
-                                    tokens=check.tokens, token_ids=bool(res.token_ids))
+        return greedy.reference_doc(
+            res.completions,
+            key=self._greedy_key(cfg),
+            trial=None,
+            is_baseline=self.config.greedy_is_baseline,
+            prompts=check.prompt_list(),
+            tokens=check.tokens,
+            token_ids=bool(res.token_ids),
+        )
 
-    def trial_settings(self, repo: Any, run_id: int, *, is_baseline: bool,
-                       incumbent: int | None = None) -> dict[str, Any]:
+    def trial_settings(
+        self, repo: Any, run_id: int, *, is_baseline: bool, incumbent: int | None = None
+    ) -> dict[str, Any]:
         """With the greedy check on: the stored reference completions, and whether this trial is the baseline. With
         a goodput objective and an ``incumbent`` trial: its stored boundary, the load this trial is checked at
         first (:func:`tuner.targets.sglang.goodput.incumbent_load`)."""
@@ -602,11 +689,15 @@ class CommandTarget(Target):
         if self.config.greedy_check is None:
             return out
         cfg = loadgen.LoadConfig.from_settings(self.settings)
-        return {**out, "greedy_reference": greedy.stored_reference(repo, run_id, self._greedy_key(cfg)),
-                "greedy_is_baseline": is_baseline}
+        return {
+            **out,
+            "greedy_reference": greedy.stored_reference(repo, run_id, self._greedy_key(cfg)),
+            "greedy_is_baseline": is_baseline,
+        }
 
-    def after_trial(self, repo: Any, run_id: int, number: int, measurement: Measurement, *,
-                    is_baseline: bool) -> Measurement:
+    def after_trial(
+        self, repo: Any, run_id: int, number: int, measurement: Measurement, *, is_baseline: bool
+    ) -> Measurement:
         """Keep a trial's completions as the study's reference when none is stored. A trial that became its own
         reference while another worker stored one first is judged again against the stored one."""
         self._say_notes(measurement.data.pop("notes", None) or [])
@@ -615,16 +706,24 @@ class CommandTarget(Target):
         if not doc or check is None:
             return measurement
         doc["trial"] = number
-        if greedy.store_reference(repo, run_id, doc) or measurement.metric("greedy_reference") is None \
-                or is_baseline:
+        if greedy.store_reference(repo, run_id, doc) or measurement.metric("greedy_reference") is None or is_baseline:
             return measurement
         stored = greedy.stored_reference(repo, run_id, doc["key"])  # another trial's came first
-        res = greedy.judge(check, greedy.completions_of(doc), greedy.completions_of(stored), is_baseline=False,
-                           seconds=measurement.metric("greedy_s") or 0.0)
+        res = greedy.judge(
+            check,
+            greedy.completions_of(doc),
+            greedy.completions_of(stored),
+            is_baseline=False,
+            seconds=measurement.metric("greedy_s") or 0.0,
+        )
         replaced = {(r.metric, r.level) for r in res.rows} | {("greedy_reference", "")}
         measurement.metrics = [r for r in measurement.metrics if (r.metric, r.level) not in replaced] + res.rows
-        _logger.info("trial %d: judged again against trial %s's reference: agreement %.3f", number,
-                     stored.get("trial"), res.agreement)
+        _logger.info(
+            "trial %d: judged again against trial %s's reference: agreement %.3f",
+            number,
+            stored.get("trial"),
+            res.agreement,
+        )
         if res.wrong and measurement.outcome is Outcome.OK:
             measurement.outcome, measurement.value, measurement.reason = Outcome.WRONG_RESULT, None, res.wrong
         return measurement
@@ -642,14 +741,27 @@ class CommandTarget(Target):
         check = self.config.greedy_check
         return [greedy.constraint_name(check)] if check is not None else []
 
-    def _goodput(self, server: ServerProcess, cfg: loadgen.LoadConfig, obj: Objective, metrics: list[MetricRow],
-                 deadline: float, should_abort) -> Measurement:
+    def _goodput(
+        self,
+        server: ServerProcess,
+        cfg: loadgen.LoadConfig,
+        obj: Objective,
+        metrics: list[MetricRow],
+        deadline: float,
+        should_abort,
+    ) -> Measurement:
         """The goodput objective: :func:`tuner.targets.sglang.goodput.run_trial` on this trial's server."""
         from tuner.targets.sglang import goodput
 
         gpus = self._trial_gpus
-        measure = goodput.Measurer(server.base_url, cfg, self.config, make_requests=self.load_requests(cfg),
-                                   deadline=deadline, should_abort=should_abort)
+        measure = goodput.Measurer(
+            server.base_url,
+            cfg,
+            self.config,
+            make_requests=self.load_requests(cfg),
+            deadline=deadline,
+            should_abort=should_abort,
+        )
         incumbent = goodput.incumbent_load(obj, gpus, self.config)
         m = goodput.run_trial(measure, obj, gpus, metrics, incumbent)
         f = server.failure()
@@ -699,15 +811,28 @@ class SGLangTarget(CommandTarget):
 
     def _check_model(self) -> None:
         if not self.model:
-            raise TargetError("target `sglang` needs setting `model` (a model path or hub name); pass --model PATH "
-                              "or --set model=PATH")
+            raise TargetError(
+                "target `sglang` needs setting `model` (a model path or hub name); pass --model PATH "
+                "or --set model=PATH"
+            )
 
     def base_command(self, port: int | str) -> list[str]:
         if not self.model:
-            raise TargetError("target `sglang` needs settings `model` (a model path or hub name); "
-                              "pass --model PATH or --set model=PATH")
-        return [self.python, "-m", "sglang.launch_server", "--model-path", self.model, "--host", self.host,
-                "--port", str(port)]
+            raise TargetError(
+                "target `sglang` needs settings `model` (a model path or hub name); "
+                "pass --model PATH or --set model=PATH"
+            )
+        return [
+            self.python,
+            "-m",
+            "sglang.launch_server",
+            "--model-path",
+            self.model,
+            "--host",
+            self.host,
+            "--port",
+            str(port),
+        ]
 
     def help_command(self) -> list[str]:
         return [self.python, "-m", "sglang.launch_server", "--help"]
@@ -722,17 +847,22 @@ class SGLangTarget(CommandTarget):
         super()._check_flags(flags, report)
         fmt = self.config.load_format
         if fmt:
-            why = ("--load-format is not accepted by this server" if flags.get("--load-format") is None
-                   else flags.check_value("--load-format", fmt))
+            why = (
+                "--load-format is not accepted by this server"
+                if flags.get("--load-format") is None
+                else flags.check_value("--load-format", fmt)
+            )
             if why:
                 report.errors.append(f"setting `load_format`: {why}")
             else:
                 report.will_run.append(f"trials load `--load-format {fmt}` weights; the export keeps the real ones")
                 if fmt == "dummy" and self.config.greedy_check is not None:
-                    report.rules.append("greedy check on `--load-format dummy` weights: SGLang's seeded random "
-                                        "weights (+-1e-3) give near-flat logits, so greedy completions hang on "
-                                        "near-ties; an agreement under 1.0 may be noise there (check with the "
-                                        "real weights)")
+                    report.rules.append(
+                        "greedy check on `--load-format dummy` weights: SGLang's seeded random "
+                        "weights (+-1e-3) give near-flat logits, so greedy completions hang on "
+                        "near-ties; an agreement under 1.0 may be noise there (check with the "
+                        "real weights)"
+                    )
 
     def load_flags(self, checks: list[tuple[str, list[Any]]]) -> fl.ServerFlags | None:
         parser = self.config.parser or fl.SGLANG_PARSER
@@ -775,8 +905,10 @@ class SGLangTarget(CommandTarget):
                 try:
                     return [int(value or extra[i + 1])]
                 except (IndexError, ValueError):
-                    raise TargetError(f"setting `extra_args` gives {name} without an integer after it "
-                                      f"({extra[i:i + 2]}); write e.g. {name} 8") from None
+                    raise TargetError(
+                        f"setting `extra_args` gives {name} without an integer after it "
+                        f"({extra[i : i + 2]}); write e.g. {name} 8"
+                    ) from None
         return [default]
 
     def kernel_shapes(self) -> list[tuple[str, dict[str, int]]]:
@@ -790,8 +922,10 @@ class SGLangTarget(CommandTarget):
         try:
             hidden, width, experts, topk = (int(moe[k]) for k in ("hidden", "width", "experts", "topk"))
         except (KeyError, TypeError, ValueError):
-            raise TargetError(f"setting `moe` must map hidden, width, experts and topk to integers, but got {moe!r}; "
-                              "e.g. {hidden: 4096, width: 2048, experts: 256, topk: 6}") from None
+            raise TargetError(
+                f"setting `moe` must map hidden, width, experts and topk to integers, but got {moe!r}; "
+                "e.g. {hidden: 4096, width: 2048, experts: 256, topk: 6}"
+            ) from None
         from search_spaces.buckets import level_batches
 
         batches = level_batches(self.space)
@@ -800,8 +934,11 @@ class SGLangTarget(CommandTarget):
             for ep in self._flag_values(("--ep-size", "--expert-parallel-size"), 1):
                 if tp % ep == 0 and experts % ep == 0 and width % (tp // ep) == 0:
                     splits.append((experts // ep, width // (tp // ep)))
-        return [("sglang_fused_moe", {"tokens": b, "hidden": hidden, "width": n, "experts": e, "topk": topk})
-                for b in batches for e, n in dict.fromkeys(splits)]
+        return [
+            ("sglang_fused_moe", {"tokens": b, "hidden": hidden, "width": n, "experts": e, "topk": topk})
+            for b in batches
+            for e, n in dict.fromkeys(splits)
+        ]
 
     def use_kernel_configs(self, config_dir: str) -> dict[str, str]:
         """The settings that launch every later trial (and the export) with the SGLang MoE files a kernel phase

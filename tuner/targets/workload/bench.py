@@ -54,19 +54,24 @@ class WorkloadResult:
         their compile) and ``measure`` (the rest: inputs, warm-up and timed steps)."""
         compile_s = sum(lv.compile_s for lv in self.levels)
         capture_s = sum(max(0.0, lv.capture_s - lv.compile_s) for lv in self.levels if lv.graphed)
-        return {"compile": compile_s, "capture": capture_s,
-                "measure": max(0.0, self.wall_s - compile_s - capture_s)}
+        return {"compile": compile_s, "capture": capture_s, "measure": max(0.0, self.wall_s - compile_s - capture_s)}
 
     def metrics(self) -> list[MetricRow]:
         rows = []
         for lv in self.levels:
             lvl = f"c={lv.concurrency}"
-            rows += [MetricRow("tok_s", lvl, lv.tok_s, "tok/s"), MetricRow("step_ms", lvl, lv.step_s * 1e3, "ms"),
-                     MetricRow("step_spread_ms", lvl, lv.spread_s * 1e3, "ms"),
-                     MetricRow("batch", lvl, float(lv.batch), ""), MetricRow("graphed", lvl, float(lv.graphed), "")]
+            rows += [
+                MetricRow("tok_s", lvl, lv.tok_s, "tok/s"),
+                MetricRow("step_ms", lvl, lv.step_s * 1e3, "ms"),
+                MetricRow("step_spread_ms", lvl, lv.spread_s * 1e3, "ms"),
+                MetricRow("batch", lvl, float(lv.batch), ""),
+                MetricRow("graphed", lvl, float(lv.graphed), ""),
+            ]
             if lv.graphed:
-                rows += [MetricRow("capture_s", lvl, lv.capture_s, "s"),
-                         MetricRow("graph_mem_mb", lvl, lv.graph_mem_mb, "MiB")]
+                rows += [
+                    MetricRow("capture_s", lvl, lv.capture_s, "s"),
+                    MetricRow("graph_mem_mb", lvl, lv.graph_mem_mb, "MiB"),
+                ]
         rows += [MetricRow("peak_mem_mb", "", self.peak_mem_mb, "MiB"), MetricRow("setup_s", "", self.setup_s, "s")]
         return rows
 
@@ -76,8 +81,7 @@ def _sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def _time_steps(fn: Callable[[], Any], device: torch.device, warmup: int, repeats: int
-                ) -> tuple[float, float, float]:
+def _time_steps(fn: Callable[[], Any], device: torch.device, warmup: int, repeats: int) -> tuple[float, float, float]:
     """Median and interquartile spread of ``repeats`` calls after ``warmup`` untimed ones, and the wall time of the
     first warm-up call (0 without warm-up)."""
     first = 0.0

@@ -43,18 +43,34 @@ def sglang_argv(space: Space, params: dict[str, Any], launch: ServerLaunch | Non
     launch = launch or server_launch(space, params)
     preset = get_preset(str(space.settings.get("preset") or space.preset))
     tp = max(1, preset.experts_total // preset.experts_local)
-    return ["python", "-m", "sglang.launch_server", "--model-path", "$MODEL", "--trust-remote-code",
-            "--tp-size", str(tp), "--port", str(DEFAULT_PORT), *launch.args]
+    return [
+        "python",
+        "-m",
+        "sglang.launch_server",
+        "--model-path",
+        "$MODEL",
+        "--trust-remote-code",
+        "--tp-size",
+        str(tp),
+        "--port",
+        str(DEFAULT_PORT),
+        *launch.args,
+    ]
 
 
-def render_command(argv: list[str], *, header: list[str], env: dict[str, str], moe_dir: str | None,
-                   record_line: str | None) -> str:
+def render_command(
+    argv: list[str], *, header: list[str], env: dict[str, str], moe_dir: str | None, record_line: str | None
+) -> str:
     """A bash script that runs ``argv``: ``$MODEL`` required, ``$PORT`` optional; values shell-quoted."""
     lines = ["#!/usr/bin/env bash", *[f"# {h}".rstrip() for h in header]]
     if record_line:
         lines.append(record_line)
-    lines += ["set -euo pipefail", 'HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"',
-              f'MODEL="${{MODEL:?{MODEL_HINT}}}"', f"PORT=${{PORT:-{DEFAULT_PORT}}}"]
+    lines += [
+        "set -euo pipefail",
+        'HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"',
+        f'MODEL="${{MODEL:?{MODEL_HINT}}}"',
+        f"PORT=${{PORT:-{DEFAULT_PORT}}}",
+    ]
     if moe_dir:
         lines.append(f'export SGLANG_MOE_CONFIG_DIR="$HERE/{moe_dir}"')
     lines += [f"export {k}={shlex.quote(v)}" for k, v in sorted(env.items())]
@@ -146,8 +162,13 @@ print(json.dumps({"sglang": getattr(sglang, "__version__", None), "args": out}))
 """
 
 
-def parse_launch_script(script: str | os.PathLike, *, env: dict[str, str] | None = None,
-                        python: str = sys.executable, timeout_s: float = 120.0) -> dict[str, Any]:
+def parse_launch_script(
+    script: str | os.PathLike,
+    *,
+    env: dict[str, str] | None = None,
+    python: str = sys.executable,
+    timeout_s: float = 120.0,
+) -> dict[str, Any]:
     """Run an exported launch.sh with ``python`` on its PATH replaced by a checker that hands the exact argv bash
     built to SGLang's own parser (``ServerArgs.add_cli_args``, unmodified) and returns the parsed values (``env`` is
     added to the script's environment; ``MODEL`` defaults to a placeholder):
@@ -158,8 +179,12 @@ def parse_launch_script(script: str | os.PathLike, *, env: dict[str, str] | None
         (shim / "check.py").write_text(_PARSER_CHECK)
         (shim / "python").write_text(f'#!/bin/sh\nexec {shlex.quote(python)} "{shim / "check.py"}" "$@"\n')
         os.chmod(shim / "python", 0o755)
-        full = {**os.environ, "MODEL": "MODEL_PATH", **(env or {}),
-                "PATH": f"{shim}{os.pathsep}{os.environ.get('PATH', '')}"}
+        full = {
+            **os.environ,
+            "MODEL": "MODEL_PATH",
+            **(env or {}),
+            "PATH": f"{shim}{os.pathsep}{os.environ.get('PATH', '')}",
+        }
         done = subprocess.run(["bash", str(script)], capture_output=True, text=True, timeout=timeout_s, env=full)
     if done.returncode != 0:
         tail = [ln for ln in done.stderr.splitlines() if ln.strip()][-1:] or ["no output"]
@@ -188,8 +213,10 @@ def for_installed_release(launch: ServerLaunch, flags=None) -> ReleaseCheck:
         try:
             flags = introspect_parser()
         except FlagsUnavailable:
-            return ReleaseCheck(f"flags checked against SGLang {SPACE_RELEASE} (the release the space is written for); "
-                                "no SGLang is installed here to check them")
+            return ReleaseCheck(
+                f"flags checked against SGLang {SPACE_RELEASE} (the release the space is written for); "
+                "no SGLang is installed here to check them"
+            )
     release = flags.version or "?"
     out = ReleaseCheck(f"flags checked by the installed SGLang {release}'s own parser")
     args: list[str] = []
@@ -209,8 +236,10 @@ def for_installed_release(launch: ServerLaunch, flags=None) -> ReleaseCheck:
                 else:
                     new[i] = known
         if missing:
-            out.moved.append(f"  {name}={value}: SGLang {release} has no flag {', '.join(missing)}; moved under the "
-                             "code changes (this command leaves the server's default)")
+            out.moved.append(
+                f"  {name}={value}: SGLang {release} has no flag {', '.join(missing)}; moved under the "
+                "code changes (this command leaves the server's default)"
+            )
             carried.append((name, value, []))
             continue
         args += new
@@ -221,8 +250,9 @@ def for_installed_release(launch: ServerLaunch, flags=None) -> ReleaseCheck:
     return out
 
 
-def command_stage_best(repo, run_id: int, maximize: bool, space: Space, arch: str | None,
-                       projected: CommandConfig) -> Any | None:
+def command_stage_best(
+    repo, run_id: int, maximize: bool, space: Space, arch: str | None, projected: CommandConfig
+) -> Any | None:
     """The search's best configuration the command can give as it is (``command_config`` changes nothing: the
     command stage's best, ``tuner.search.stages``), when its median beats the median of ``projected`` (the best's
     own configuration with its code changes taken out) or ``projected`` was never measured; else ``None``.
@@ -234,8 +264,11 @@ def command_stage_best(repo, run_id: int, maximize: bool, space: Space, arch: st
         if t.value is not None and t.repeat_of is None:
             groups.setdefault(json.dumps(t.params, sort_keys=True, default=str), []).append(t)
     sign = 1.0 if maximize else -1.0
-    deployable = [(statistics.median(r.value for r in runs), runs[0]) for runs in groups.values()
-                  if not command_config(space, runs[0].params, arch).changes]
+    deployable = [
+        (statistics.median(r.value for r in runs), runs[0])
+        for runs in groups.values()
+        if not command_config(space, runs[0].params, arch).changes
+    ]
     if not deployable:
         return None
     median, first = max(deployable, key=lambda d: sign * d[0])
@@ -245,8 +278,9 @@ def command_stage_best(repo, run_id: int, maximize: bool, space: Space, arch: st
     return first
 
 
-def deployment(space: Space, params: dict[str, Any], arch: str | None, ablation: dict | None, *,
-               staged: Any | None = None) -> Deployment:
+def deployment(
+    space: Space, params: dict[str, Any], arch: str | None, ablation: dict | None, *, staged: Any | None = None
+) -> Deployment:
     """The SGLang command for the twin configuration ``params`` on a GPU of architecture ``arch``: every value it
     cannot give replaced (:func:`command_config`), its flags checked by the installed SGLang's parser, the knobs
     without a flag with their gains from ``ablation`` (``tuner explain --ablate``'s stored tables). ``staged``: the
@@ -259,26 +293,47 @@ def deployment(space: Space, params: dict[str, Any], arch: str | None, ablation:
     argv = sglang_argv(space, cmd.params, launch)
     lines = [release.line]
     if staged is not None:
-        lines.append(f"this command is the command stage's best (trial {staged.number}, only values the command can "
-                     "set), measured better than the twin's best with its code changes taken out")
+        lines.append(
+            f"this command is the command stage's best (trial {staged.number}, only values the command can "
+            "set), measured better than the twin's best with its code changes taken out"
+        )
     if space.deployment is not None and space.deployment.covers(arch):
-        lines += [f"what this command's configuration ran for each component {space.deployment.release} runs on "
-                  f"{arch} (sources: files of that release):", *space.deployment.fidelity_lines(arch, cmd.params)]
+        lines += [
+            f"what this command's configuration ran for each component {space.deployment.release} runs on "
+            f"{arch} (sources: files of that release):",
+            *space.deployment.fidelity_lines(arch, cmd.params),
+        ]
     lines += ["this command (twin knob=value -> SGLang):", *carried_lines(launch)]
-    lines += [f"  {p.name}={v}: what SGLang's own code runs ({p.server.none})" for p, v in launch.unmapped
-              if p.server and p.server.deployed_value(arch) == v]
-    lines += flagless_lines(ServerLaunch(unmapped=[(p, v) for p, v in launch.unmapped
-                                                   if not (p.server and p.server.deployed_value(arch) == v)]),
-                            space.defaults(), ablation)
-    lines += ["with these code changes (the twin's best; this command cannot give them):",
-              *(cmd.lines() + release.moved or ["  none"])]
+    lines += [
+        f"  {p.name}={v}: what SGLang's own code runs ({p.server.none})"
+        for p, v in launch.unmapped
+        if p.server and p.server.deployed_value(arch) == v
+    ]
+    lines += flagless_lines(
+        ServerLaunch(
+            unmapped=[(p, v) for p, v in launch.unmapped if not (p.server and p.server.deployed_value(arch) == v)]
+        ),
+        space.defaults(),
+        ablation,
+    )
+    lines += [
+        "with these code changes (the twin's best; this command cannot give them):",
+        *(cmd.lines() + release.moved or ["  none"]),
+    ]
 
     def render(header: list[str], record_line: str, config_dir: str | None) -> str:
         return render_command(argv, header=header, env=launch.env, moe_dir=config_dir, record_line=record_line)
 
-    return Deployment(params=cmd.params, same=not cmd.changes and not release.moved, title="SGLang launch command",
-                      predicted=PREDICTED, by="the twin", lines=lines,
-                      predictions="two predictions by the twin (its decode step on random weights; x the twin's default "
-                                  "configuration, tok/s):", render=render, copy_configs=copy_sglang_moe_configs,
-                      footer=["random weights as the twin: add --load-format dummy; MODEL=path-or-id PORT=n bash "
-                              "launch.sh [flags]"])
+    return Deployment(
+        params=cmd.params,
+        same=not cmd.changes and not release.moved,
+        title="SGLang launch command",
+        predicted=PREDICTED,
+        by="the twin",
+        lines=lines,
+        predictions="two predictions by the twin (its decode step on random weights; x the twin's default "
+        "configuration, tok/s):",
+        render=render,
+        copy_configs=copy_sglang_moe_configs,
+        footer=["random weights as the twin: add --load-format dummy; MODEL=path-or-id PORT=n bash launch.sh [flags]"],
+    )

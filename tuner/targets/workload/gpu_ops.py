@@ -17,7 +17,7 @@ _logger = logging.getLogger(__name__)
 
 def kernel_overrides(knobs: dict[str, Any], kernel: str) -> dict[str, Any]:
     prefix = kernel + "."
-    return {k[len(prefix):]: v for k, v in knobs.items() if k.startswith(prefix)}
+    return {k[len(prefix) :]: v for k, v in knobs.items() if k.startswith(prefix)}
 
 
 def triton_attention(impl: str, knobs: dict[str, Any]) -> Callable[..., torch.Tensor]:
@@ -29,8 +29,9 @@ def triton_attention(impl: str, knobs: dict[str, Any]) -> Callable[..., torch.Te
         from kernels.sparse_decode_wgmma import sparse_decode_wgmma
 
         overrides = kernel_overrides(knobs, "sparse_decode_wgmma") or None  # unset: one program per SM, by batch
-        return lambda q, pool, rows, scale, kv_scale=None: sparse_decode_wgmma(q, pool, rows.to(torch.int32), scale,
-                                                                             overrides, kv_scale=kv_scale)
+        return lambda q, pool, rows, scale, kv_scale=None: sparse_decode_wgmma(
+            q, pool, rows.to(torch.int32), scale, overrides, kv_scale=kv_scale
+        )
     if impl == "mma":
         launch, kernel, name = sd.sparse_decode, sd.SparseDecodeKernel.instance, "sparse_decode"
     elif impl == "simt":
@@ -40,8 +41,9 @@ def triton_attention(impl: str, knobs: dict[str, Any]) -> Callable[..., torch.Te
     overrides = kernel_overrides(knobs, name)
     configs: dict[tuple, dict | None] = {}
 
-    def fn(q: torch.Tensor, pool: torch.Tensor, rows: torch.Tensor, scale: float,
-           kv_scale: torch.Tensor | None = None) -> torch.Tensor:
+    def fn(
+        q: torch.Tensor, pool: torch.Tensor, rows: torch.Tensor, scale: float, kv_scale: torch.Tensor | None = None
+    ) -> torch.Tensor:
         idx = rows.to(torch.int32)
         key = (tuple(q.shape), tuple(idx.shape), pool.dtype)
         if key not in configs:
@@ -67,8 +69,16 @@ def triton_indexer(knobs: dict[str, Any]) -> Callable[..., torch.Tensor]:
     skip_dead = knobs.get("indexer_dead_tiles", "compute") == "skip"
 
     def fn(qi, w, keys, lengths, k_scale=None):
-        return indexer_scores(qi.to(keys.dtype).contiguous(), keys, w.float().contiguous(), k_scale, lengths,
-                              keys.shape[1], overrides, skip_dead=skip_dead)
+        return indexer_scores(
+            qi.to(keys.dtype).contiguous(),
+            keys,
+            w.float().contiguous(),
+            k_scale,
+            lengths,
+            keys.shape[1],
+            overrides,
+            skip_dead=skip_dead,
+        )
 
     return fn
 
@@ -84,8 +94,13 @@ def triton_moe(knobs: dict[str, Any]) -> Callable[..., torch.Tensor]:
     def fn(x, w13, w2, ids, weights):
         key = tuple(ids.shape)
         if key not in configs:
-            shape = {"tokens": ids.shape[0], "hidden": x.shape[1], "width": w2.shape[1], "experts": w13.shape[0],
-                     "topk": ids.shape[1]}
+            shape = {
+                "tokens": ids.shape[0],
+                "hidden": x.shape[1],
+                "width": w2.shape[1],
+                "experts": w13.shape[0],
+                "topk": ids.shape[1],
+            }
             configs[key] = {**MoEKernel.instance.default_config(shape), **overrides} if overrides else None
         return fused_moe(x, w13, w2, ids, weights, configs[key])
 
@@ -158,7 +173,7 @@ def v4_rows(rows: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     q = (nope / torch.exp2(exp)[..., None]).to(torch.float8_e4m3fn).view(torch.uint8).reshape(n, V4_NOPE)
     rope = x[:, V4_NOPE:].to(torch.bfloat16).contiguous().view(torch.uint8).reshape(n, 2 * V4_ROPE)
     scales = torch.zeros(n, 8, dtype=torch.uint8, device=rows.device)
-    scales[:, :V4_NOPE // V4_TILE] = (exp + 127).to(torch.uint8)
+    scales[:, : V4_NOPE // V4_TILE] = (exp + 127).to(torch.uint8)
     return torch.cat([q, rope], dim=-1), scales
 
 
@@ -167,7 +182,7 @@ def quantize_v4(rows: torch.Tensor, page: int = V4_PAGE) -> torch.Tensor:
     SGLang's ``deepseek_v4_backend`` hands FlashMLA its cache (write more rows with :func:`store_v4`)."""
     pages = -(-rows.shape[0] // page)
     buf = torch.zeros(pages, v4_page_bytes(page), dtype=torch.uint8, device=rows.device)
-    cache = buf[:, :page * V4_BYTES].view(pages, page, 1, V4_BYTES)
+    cache = buf[:, : page * V4_BYTES].view(pages, page, 1, V4_BYTES)
     store_v4(cache, rows, torch.arange(rows.shape[0], device=rows.device))
     return cache
 
@@ -188,8 +203,8 @@ def dequantize_v4(cache: torch.Tensor, n: int) -> torch.Tensor:
     """The float32 rows [n, 512] a V4 cache holds (the reference FlashMLA's output is checked against)."""
     pages, page = cache.shape[0], cache.shape[1]
     raw = torch.as_strided(cache, (pages, v4_page_bytes(page)), (cache.stride(0), 1))
-    data = raw[:, :page * 576].reshape(pages * page, 576)
-    scales = raw[:, page * 576:page * 576 + page * 8].reshape(pages * page, 8)[:, :V4_NOPE // V4_TILE]
+    data = raw[:, : page * 576].reshape(pages * page, 576)
+    scales = raw[:, page * 576 : page * 576 + page * 8].reshape(pages * page, 8)[:, : V4_NOPE // V4_TILE]
     nope = data[:, :V4_NOPE].contiguous().view(torch.float8_e4m3fn).float().reshape(-1, V4_NOPE // V4_TILE, V4_TILE)
     nope = nope * torch.exp2(scales.float() - 127)[..., None]
     rope = data[:, V4_NOPE:].contiguous().view(torch.bfloat16).float()
@@ -215,13 +230,15 @@ def flashmla_attention(impl: str) -> Callable[..., torch.Tensor]:
     import flash_mla
 
     if impl == "flashmla_sparse":
+
         def sparse(q, pool, rows, scale, kv_scale=None):
             if kv_scale is not None or pool.dtype != torch.bfloat16:
                 raise ValueError("attention_impl=flashmla_sparse reads a bf16 cache; set kv_cache_dtype=bf16")
             # its sparse kernel takes the top-k in pairs of 64-row tiles (FlashMLA asserts topk % 128 == 0 on sm_90)
             idx = _topk_indices(rows, 128)  # [B, 1, T], -1 = masked
-            out = flash_mla.flash_mla_sparse_fwd(q.contiguous(), pool.unsqueeze(1), idx, scale, q.shape[-1],
-                                                 use_legacy=True, return_log2_lse=False)[0]
+            out = flash_mla.flash_mla_sparse_fwd(
+                q.contiguous(), pool.unsqueeze(1), idx, scale, q.shape[-1], use_legacy=True, return_log2_lse=False
+            )[0]
             return out.to(q.dtype)
 
         return sparse
@@ -236,10 +253,21 @@ def flashmla_attention(impl: str) -> Callable[..., torch.Tensor]:
         key = (tuple(q.shape), tuple(idx.shape), None if eidx is None else tuple(eidx.shape))
         if key not in metas:  # one schedule per shape, as SGLang keeps one per CUDA graph
             metas[key] = flash_mla.get_mla_metadata()[0]
-        out, _ = flash_mla.flash_mla_with_kvcache(q.unsqueeze(1).contiguous(), cache, None, None, q.shape[-1],
-                                                  metas[key], softmax_scale=scale, is_fp8_kvcache=True,
-                                                  indices=idx, extra_k_cache=extra, extra_indices_in_kvcache=eidx,
-                                                  use_legacy=True, kv_format="V4")
+        out, _ = flash_mla.flash_mla_with_kvcache(
+            q.unsqueeze(1).contiguous(),
+            cache,
+            None,
+            None,
+            q.shape[-1],
+            metas[key],
+            softmax_scale=scale,
+            is_fp8_kvcache=True,
+            indices=idx,
+            extra_k_cache=extra,
+            extra_indices_in_kvcache=eidx,
+            use_legacy=True,
+            kv_format="V4",
+        )
         return out.squeeze(1).to(q.dtype)
 
     return decode

@@ -71,7 +71,6 @@ DEFAULT_KNOBS: dict[str, Any] = {
 }
 
 
-
 @dataclass
 class AttnWeights:
     q_a: Linear
@@ -119,8 +118,10 @@ def weights_fingerprint(w: LayerWeights) -> tuple[float, ...]:
     """The sum and the sum of squares of every weight tensor (float64 sums, one device sync): a stray write into them
     changes it (one that only permutes values would not; a kernel's out-of-bounds store does not do that)."""
     with torch.no_grad():
-        parts = [torch.stack([t.float().sum(dtype=torch.float64), t.float().square().sum(dtype=torch.float64)])
-                 for t in _tensors(w)]
+        parts = [
+            torch.stack([t.float().sum(dtype=torch.float64), t.float().square().sum(dtype=torch.float64)])
+            for t in _tensors(w)
+        ]
         return tuple(torch.cat(parts).tolist())
 
 
@@ -212,14 +213,20 @@ class DecodeModel:
             if k[fam] == "fp8" and self.device.type != "cuda":
                 raise KnobError(f"workload knob `{fam}=fp8` needs a GPU with fp8 (compute capability >= 8.9)")
         if k["gemm_impl"] not in GEMM_IMPLS:
-            raise KnobError(f"workload knob `gemm_impl` must be one of {', '.join(GEMM_IMPLS)}, but got {k['gemm_impl']!r}")
+            raise KnobError(
+                f"workload knob `gemm_impl` must be one of {', '.join(GEMM_IMPLS)}, but got {k['gemm_impl']!r}"
+            )
         if k["kv_cache_dtype"] not in KV_CACHE_DTYPES:
-            raise KnobError(f"workload knob `kv_cache_dtype` must be one of {', '.join(KV_CACHE_DTYPES)}, "
-                            f"but got {k['kv_cache_dtype']!r}")
+            raise KnobError(
+                f"workload knob `kv_cache_dtype` must be one of {', '.join(KV_CACHE_DTYPES)}, "
+                f"but got {k['kv_cache_dtype']!r}"
+            )
         if k["kv_cache_dtype"] == "fp8_e4m3" and k["attention_impl"] not in FP8_KV_ATTENTION:
-            raise KnobError(f"workload knob `kv_cache_dtype=fp8_e4m3` needs attention_impl {', '.join(FP8_KV_ATTENTION)} "
-                            f"(the {k['attention_impl']} kernel reads a 16-bit cache), but got "
-                            f"attention_impl={k['attention_impl']!r}: set attention_impl or kv_cache_dtype=bf16")
+            raise KnobError(
+                f"workload knob `kv_cache_dtype=fp8_e4m3` needs attention_impl {', '.join(FP8_KV_ATTENTION)} "
+                f"(the {k['attention_impl']} kernel reads a 16-bit cache), but got "
+                f"attention_impl={k['attention_impl']!r}: set attention_impl or kv_cache_dtype=bf16"
+            )
         if k["indexer_width"] not in ("static", "live"):
             raise KnobError(f"workload knob `indexer_width` must be static or live, but got {k['indexer_width']!r}")
         ctx = int(k["context_length"])
@@ -230,22 +237,32 @@ class DecodeModel:
         if k["moe_impl"] not in ("torch", "triton"):
             raise KnobError(f"workload knob `moe_impl` must be torch or triton, but got {k['moe_impl']!r}")
         if k["indexer_impl"] not in INDEXER_IMPLS:
-            raise KnobError(f"workload knob `indexer_impl` must be one of {', '.join(INDEXER_IMPLS)}, "
-                            f"but got {k['indexer_impl']!r}")
+            raise KnobError(
+                f"workload knob `indexer_impl` must be one of {', '.join(INDEXER_IMPLS)}, but got {k['indexer_impl']!r}"
+            )
         if k["indexer_impl"] == "deepgemm":
             if self.device.type != "cuda":
                 raise KnobError("workload knob `indexer_impl=deepgemm` needs an sm_90 or sm_100 GPU with deep_gemm")
             if self.p.indexer_heads not in (32, 64) or self.p.indexer_dim != 128:
-                raise KnobError(f"workload knob `indexer_impl=deepgemm` needs an indexer of 32 or 64 heads of 128 "
-                                f"(DeepGEMM's sm_90 paged logits), but preset {self.p.name} has "
-                                f"{self.p.indexer_heads} of {self.p.indexer_dim}: use indexer_impl=torch or triton")
+                raise KnobError(
+                    f"workload knob `indexer_impl=deepgemm` needs an indexer of 32 or 64 heads of 128 "
+                    f"(DeepGEMM's sm_90 paged logits), but preset {self.p.name} has "
+                    f"{self.p.indexer_heads} of {self.p.indexer_dim}: use indexer_impl=torch or triton"
+                )
         if k["indexer_dead_tiles"] not in ("compute", "skip"):
-            raise KnobError("workload knob `indexer_dead_tiles` must be compute or skip, "
-                            f"but got {k['indexer_dead_tiles']!r}")
+            raise KnobError(
+                f"workload knob `indexer_dead_tiles` must be compute or skip, but got {k['indexer_dead_tiles']!r}"
+            )
         if self.device.type != "cuda":
-            for knob, gpu_only in (("indexer_impl", "triton"), ("glue", "fused"), ("glue", "compile"),
-                                   ("moe_impl", "triton"), ("gemm_impl", "triton"), ("gemm_impl", "auto"),
-                                   ("gemm_impl", "deepgemm")):
+            for knob, gpu_only in (
+                ("indexer_impl", "triton"),
+                ("glue", "fused"),
+                ("glue", "compile"),
+                ("moe_impl", "triton"),
+                ("gemm_impl", "triton"),
+                ("gemm_impl", "auto"),
+                ("gemm_impl", "deepgemm"),
+            ):
                 if k[knob] == gpu_only:
                     raise KnobError(f"workload knob `{knob}={gpu_only}` needs a GPU (Triton)")
 
@@ -294,15 +311,21 @@ class DecodeModel:
                 q_b=self._linear(self._rand(g, p.heads * p.head_dim, p.q_lora), proj),
                 kv=self._linear(self._rand(g, p.head_dim, p.hidden), proj),
                 o_a=(self._rand(g, p.o_groups, gsize, p.o_lora, scale=1 / math.sqrt(gsize))).to(
-                    torch.bfloat16 if proj in ("bf16", "fp8") else torch.float32),
+                    torch.bfloat16 if proj in ("bf16", "fp8") else torch.float32
+                ),
                 o_b=self._linear(self._rand(g, p.hidden, p.o_groups * p.o_lora), proj),
                 idx_q=self._linear(self._rand(g, p.indexer_heads * p.indexer_dim, p.q_lora), k["gemm_indexer"])
-                if kind == "csa" else None,
+                if kind == "csa"
+                else None,
                 idx_w=self._linear(self._rand(g, p.indexer_heads, p.hidden), k["gemm_indexer"])
-                if kind == "csa" else None,
+                if kind == "csa"
+                else None,
             )
-        moe_dt = torch.bfloat16 if k["gemm_moe"] in ("bf16", "fp8") else (
-            torch.float16 if k["gemm_moe"] == "fp16" else torch.float32)
+        moe_dt = (
+            torch.bfloat16
+            if k["gemm_moe"] in ("bf16", "fp8")
+            else (torch.float16 if k["gemm_moe"] == "fp16" else torch.float32)
+        )
         E, W = p.experts_local, p.expert_width
         return LayerWeights(
             attn=attn,
@@ -322,9 +345,11 @@ class DecodeModel:
             return sparse_attention_torch
         if impl in FLASHMLA:
             if self.p.head_dim != 512 or self.p.heads not in (64, 128):
-                raise KnobError(f"workload knob `attention_impl={impl}` runs FlashMLA, which takes head dim 512 and "
-                                f"64 or 128 heads, but preset {self.p.name} has {self.p.heads} heads of "
-                                f"{self.p.head_dim}: use the dsv4-flash preset or another attention_impl")
+                raise KnobError(
+                    f"workload knob `attention_impl={impl}` runs FlashMLA, which takes head dim 512 and "
+                    f"64 or 128 heads, but preset {self.p.name} has {self.p.heads} heads of "
+                    f"{self.p.head_dim}: use the dsv4-flash preset or another attention_impl"
+                )
             if self.device.type != "cuda":
                 raise KnobError(f"workload knob `attention_impl={impl}` needs an sm_90 GPU (FlashMLA)")
             try:
@@ -332,8 +357,10 @@ class DecodeModel:
 
                 return flashmla_attention(impl)
             except ImportError:
-                raise KnobError(f"workload knob `attention_impl={impl}` needs the sgl-flash-mla wheel: "
-                                "pip install 'tuner[flashmla]'") from None
+                raise KnobError(
+                    f"workload knob `attention_impl={impl}` needs the sgl-flash-mla wheel: "
+                    "pip install 'tuner[flashmla]'"
+                ) from None
         if self.device.type != "cuda":
             raise KnobError(f"workload knob `attention_impl={impl}` needs a GPU (Triton kernel)")
         from tuner.targets.workload.gpu_ops import triton_attention
@@ -396,8 +423,11 @@ class DecodeModel:
         if self.sglang_indexer is not None:  # SGLang's paged index cache and page table, the cap sizing the table
             from tuner.targets.workload.sglang_indexer import COMPRESSED_PAGE_ROWS, page_table_width, paged_index_state
 
-            pages = (page_table_width(ctx, p.csa_ratio) if self.knobs["indexer_width"] == "static"
-                     else math.ceil(n_csa / COMPRESSED_PAGE_ROWS))
+            pages = (
+                page_table_width(ctx, p.csa_ratio)
+                if self.knobs["indexer_width"] == "static"
+                else math.ceil(n_csa / COMPRESSED_PAGE_ROWS)
+            )
             extra |= paged_index_state(base["csa_keys"], B, n_csa, pages)
             extra["idx_schedule"] = self.sglang_indexer.schedule(extra["idx_lens"])
             extra["idx_live"] = n_csa
@@ -409,18 +439,23 @@ class DecodeModel:
                 extra["csa_keys_dense"] = (keys / scale[..., None]).to(torch.float8_e4m3fn)
                 extra["csa_keys_scale"] = scale.float().contiguous()
             else:
-                extra["csa_keys_dense"] = keys.to(torch.float32 if self.knobs["gemm_indexer"] in ("fp32", "tf32")
-                                                  else torch.bfloat16)
+                extra["csa_keys_dense"] = keys.to(
+                    torch.float32 if self.knobs["gemm_indexer"] in ("fp32", "tf32") else torch.bfloat16
+                )
             del keys
-        return extra | base | {
-            "csa_table": csa_table,
-            "csa_live": torch.full((B,), n_csa, device=dev, dtype=torch.long),
-            "hca_rows": hca_rows,
-            "win_rows": win_rows,
-            "win_slot": win_rows[:, (L - 1) % p.window],
-            "cos": torch.cos(ang),
-            "sin": torch.sin(ang),
-        }
+        return (
+            extra
+            | base
+            | {
+                "csa_table": csa_table,
+                "csa_live": torch.full((B,), n_csa, device=dev, dtype=torch.long),
+                "hca_rows": hca_rows,
+                "win_rows": win_rows,
+                "win_slot": win_rows[:, (L - 1) % p.window],
+                "cos": torch.cos(ang),
+                "sin": torch.sin(ang),
+            }
+        )
 
     # -- the step -----------------------------------------------------------------------------------------
     profiling = False
@@ -491,8 +526,16 @@ class DecodeModel:
         oa = torch.bmm(og, w.o_a).transpose(0, 1).reshape(B, -1).to(h.dtype)
         return w.o_b(oa)
 
-    def _flashmla_kv(self, kind: str, w: AttnWeights, q: torch.Tensor, kv_new: torch.Tensor, h: torch.Tensor,
-                     qa: torch.Tensor, st: dict[str, torch.Tensor]) -> torch.Tensor:
+    def _flashmla_kv(
+        self,
+        kind: str,
+        w: AttnWeights,
+        q: torch.Tensor,
+        kv_new: torch.Tensor,
+        h: torch.Tensor,
+        qa: torch.Tensor,
+        st: dict[str, torch.Tensor],
+    ) -> torch.Tensor:
         """The attention as SGLang's DeepSeek-V4 backend runs it on Hopper: the new row stored into the V4 window
         cache, then one FlashMLA sparse decode over the window (main) and the compressed rows (extra)."""
         from tuner.targets.workload.gpu_ops import store_v4
@@ -525,8 +568,9 @@ class DecodeModel:
             scores = self.triton_indexer(qi, wts, keys, st["csa_live"].to(torch.int32), st.get("csa_keys_scale"))
         else:
             keys = st["csa_keys"][table]  # [B, width, Di]: the gather SGLang does over its page table
-            scores = indexer_scores_torch(qi, wts, keys, w.idx_q.weight.dtype if w.idx_q.dtype_name != "fp8"
-                                          else torch.float8_e4m3fn)
+            scores = indexer_scores_torch(
+                qi, wts, keys, w.idx_q.weight.dtype if w.idx_q.dtype_name != "fp8" else torch.float8_e4m3fn
+            )
             valid = torch.arange(table.shape[1], device=table.device)[None, :] < st["csa_live"][:, None]
             scores = scores.masked_fill(~valid, float("-inf"))
         k = min(p.index_topk, table.shape[1])
@@ -545,7 +589,7 @@ class DecodeModel:
         else:
             out = self._moe_torch(h, gi, gw)
         su = w.shared_w13(h)
-        shared = w.shared_w2(torch.nn.functional.silu(su[:, : p.expert_width]) * su[:, p.expert_width:])
+        shared = w.shared_w2(torch.nn.functional.silu(su[:, : p.expert_width]) * su[:, p.expert_width :])
         return (out + shared.float()).to(h.dtype)
 
     def _moe_torch(self, h: torch.Tensor, gi: torch.Tensor, gw: torch.Tensor) -> torch.Tensor:
@@ -557,7 +601,7 @@ class DecodeModel:
             # few (token, expert) pairs: read only the experts they use, one weight slice per pair
             xe = h[tok].to(w.w13.dtype).unsqueeze(1)  # [P, 1, hidden]
             gu = torch.bmm(xe, w.w13.index_select(0, e))
-            act = torch.nn.functional.silu(gu[..., : p.expert_width]) * gu[..., p.expert_width:]
+            act = torch.nn.functional.silu(gu[..., : p.expert_width]) * gu[..., p.expert_width :]
             ye = torch.bmm(act, w.w2.index_select(0, e)).squeeze(1)
             contrib = ye.float() * gw.reshape(-1).unsqueeze(-1)
         else:
@@ -571,7 +615,7 @@ class DecodeModel:
             buf.index_copy_(0, slot, h[tok].to(w.w13.dtype))
             xe = buf[:-1].view(E, cap, p.hidden)
             gu = torch.bmm(xe, w.w13)
-            act = torch.nn.functional.silu(gu[..., : p.expert_width]) * gu[..., p.expert_width:]
+            act = torch.nn.functional.silu(gu[..., : p.expert_width]) * gu[..., p.expert_width :]
             ye = torch.bmm(act, w.w2).reshape(E * cap, p.hidden)
             ye = torch.cat([ye, torch.zeros(1, p.hidden, device=h.device, dtype=ye.dtype)])
             contrib = ye[slot].float() * (gw.reshape(-1) * keep).unsqueeze(-1)

@@ -100,8 +100,9 @@ def code_digest() -> str:
     return h.hexdigest()[:16]
 
 
-def cache_key(preset: Preset, baseline_knobs: dict[str, Any], *, seed: int, batch: int, live_context: int,
-              device: torch.device) -> str:
+def cache_key(
+    preset: Preset, baseline_knobs: dict[str, Any], *, seed: int, batch: int, live_context: int, device: torch.device
+) -> str:
     dev = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
     try:
         import triton
@@ -110,12 +111,24 @@ def cache_key(preset: Preset, baseline_knobs: dict[str, Any], *, seed: int, batc
     except ImportError:
         triton_version = None
     kdir = os.environ.get("TUNER_KERNEL_CONFIG_DIR")  # tuned configs change a Triton kernel's summation order
-    configs = sorted((f.name, f.stat().st_size, f.stat().st_mtime_ns) for f in Path(kdir).glob("*.json")) \
-        if kdir and Path(kdir).is_dir() else []
-    doc = {"preset": preset.name, "knobs": {k: str(v) for k, v in sorted(baseline_knobs.items())}, "seed": seed,
-           "input_seed": INPUT_SEED, "batch": batch, "live_context": live_context, "device": dev,
-           "torch": torch.__version__, "triton": triton_version, "kernel_configs": [kdir, configs],
-           "code": code_digest()}
+    configs = (
+        sorted((f.name, f.stat().st_size, f.stat().st_mtime_ns) for f in Path(kdir).glob("*.json"))
+        if kdir and Path(kdir).is_dir()
+        else []
+    )
+    doc = {
+        "preset": preset.name,
+        "knobs": {k: str(v) for k, v in sorted(baseline_knobs.items())},
+        "seed": seed,
+        "input_seed": INPUT_SEED,
+        "batch": batch,
+        "live_context": live_context,
+        "device": dev,
+        "torch": torch.__version__,
+        "triton": triton_version,
+        "kernel_configs": [kdir, configs],
+        "code": code_digest(),
+    }
     return hashlib.sha256(json.dumps(doc, sort_keys=True).encode()).hexdigest()[:24]
 
 
@@ -123,13 +136,22 @@ def cache_dir() -> Path:
     return Path(os.environ.get("TUNER_NUMERICS_CACHE") or Path(tempfile.gettempdir()) / "tuner-numerics")
 
 
-def reference_output(preset: Preset, baseline_knobs: dict[str, Any], device: torch.device, *, seed: int,
-                     batch: int, live_context: int, own: DecodeModel | None = None) -> torch.Tensor:
+def reference_output(
+    preset: Preset,
+    baseline_knobs: dict[str, Any],
+    device: torch.device,
+    *,
+    seed: int,
+    batch: int,
+    live_context: int,
+    own: DecodeModel | None = None,
+) -> torch.Tensor:
     """The baseline configuration's step output: from the cache file, else computed here (with ``own``, the trial's
     model, when its knobs are the baseline's) and written for the next trial."""
     baseline_knobs = normalized(preset, baseline_knobs)
-    path = cache_dir() / (cache_key(preset, baseline_knobs, seed=seed, batch=batch, live_context=live_context,
-                                    device=device) + ".pt")
+    path = cache_dir() / (
+        cache_key(preset, baseline_knobs, seed=seed, batch=batch, live_context=live_context, device=device) + ".pt"
+    )
     try:
         ref = torch.load(path, map_location="cpu")
         if isinstance(ref, torch.Tensor):

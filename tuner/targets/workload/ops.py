@@ -14,8 +14,13 @@ import torch
 
 _logger = logging.getLogger(__name__)
 
-GEMM_DTYPES = {"fp32": torch.float32, "tf32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16,
-               "fp8": torch.float8_e4m3fn}
+GEMM_DTYPES = {
+    "fp32": torch.float32,
+    "tf32": torch.float32,
+    "bf16": torch.bfloat16,
+    "fp16": torch.float16,
+    "fp8": torch.float8_e4m3fn,
+}
 
 
 GEMM_IMPLS = ("torch", "triton", "auto", "deepgemm")
@@ -129,8 +134,9 @@ def rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, rope_dim: int) -
     return torch.cat([nope, rot], dim=-1)
 
 
-def sparse_attention_torch(q: torch.Tensor, kv_pool: torch.Tensor, rows: torch.Tensor, scale: float,
-                           kv_scale: torch.Tensor | None = None) -> torch.Tensor:
+def sparse_attention_torch(
+    q: torch.Tensor, kv_pool: torch.Tensor, rows: torch.Tensor, scale: float, kv_scale: torch.Tensor | None = None
+) -> torch.Tensor:
     """Reference sparse MQA decode: q [B, H, d], kv_pool [N, d] (K = V), rows [B, T] (-1 = masked) -> [B, H, d].
     An fp8 pool comes with ``kv_scale`` [N] (row r holds ``kv_pool[r] * kv_scale[r]``): the gathered rows are
     dequantised in float32."""

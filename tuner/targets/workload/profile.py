@@ -62,15 +62,22 @@ def profile_step(model, batch: int, live_context: int, top: int = 12, buckets: s
             continue
         if cuda and cpu_side:  # a torch op: its kernels are counted as the GPU-side events
             if e.input_shapes and (getattr(e, "self_device_time_total", None) or 0) > 0:
-                shaped.append({"op": e.key, "time_us": e.self_device_time_total, "count": e.count,
-                               "shapes": str(e.input_shapes)[:160]})
+                shaped.append(
+                    {
+                        "op": e.key,
+                        "time_us": e.self_device_time_total,
+                        "count": e.count,
+                        "shapes": str(e.input_shapes)[:160],
+                    }
+                )
             continue
         if not cuda and e.key.startswith("ProfilerStep"):
             continue
         t = device_time(e, "self_device_time_total") if cuda else e.self_cpu_time_total
         total += t
-        rows.append({"op": e.key, "time_us": t, "count": e.count,
-                     "shapes": str(e.input_shapes)[:160] if e.input_shapes else ""})
+        rows.append(
+            {"op": e.key, "time_us": t, "count": e.count, "shapes": str(e.input_shapes)[:160] if e.input_shapes else ""}
+        )
     if "attention" in stages:  # the indexer runs inside the attention stage: report the two apart
         stages["attention"] -= stages.get("indexer", 0.0)
     by_op: dict[str, dict] = defaultdict(lambda: {"time_us": 0.0, "count": 0, "shapes": ""})
@@ -80,19 +87,29 @@ def profile_step(model, batch: int, live_context: int, top: int = 12, buckets: s
             agg["shapes"], agg["_best"] = r["shapes"], r["time_us"]
         agg["time_us"] += r["time_us"]
         agg["count"] += r["count"]
-    ops = sorted(({"op": k, **{kk: vv for kk, vv in v.items() if kk != "_best"}} for k, v in by_op.items()),
-                 key=lambda r: -r["time_us"])
+    ops = sorted(
+        ({"op": k, **{kk: vv for kk, vv in v.items() if kk != "_best"}} for k, v in by_op.items()),
+        key=lambda r: -r["time_us"],
+    )
     for r in ops:
         r["share"] = r["time_us"] / total if total else 0.0
     launches = sum(r["count"] for r in ops) if cuda else sum(r["count"] for r in rows)
     # on a CPU a stage's range also holds the Python between its ops, which the op total leaves out: the stages'
     # own sum is then the whole
     whole = total if cuda else max(total, sum(stages.values()))
-    by_stage = [{"stage": k, "time_us": v, "share": v / whole if whole else 0.0}
-                for k, v in sorted(stages.items(), key=lambda kv: -kv[1])]
-    return {"device": "cuda" if cuda else "cpu", "batch": batch, "total_us": total, "launches": launches,
-            "top": ops[:top], "stages": by_stage,
-            "shaped": sorted(shaped, key=lambda r: -r["time_us"])[: max(1, top // 2)]}
+    by_stage = [
+        {"stage": k, "time_us": v, "share": v / whole if whole else 0.0}
+        for k, v in sorted(stages.items(), key=lambda kv: -kv[1])
+    ]
+    return {
+        "device": "cuda" if cuda else "cpu",
+        "batch": batch,
+        "total_us": total,
+        "launches": launches,
+        "top": ops[:top],
+        "stages": by_stage,
+        "shaped": sorted(shaped, key=lambda r: -r["time_us"])[: max(1, top // 2)],
+    }
 
 
 def main(argv: list[str] | None = None) -> int:

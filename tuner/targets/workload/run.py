@@ -51,14 +51,17 @@ def main(argv: list[str] | None = None) -> int:
     except (KnobError, ValueError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    res = measure(model, levels, live_context=args.live_context, repeats=args.repeats,
-                  buckets=knobs.get("cuda_graph_buckets"))
+    res = measure(
+        model, levels, live_context=args.live_context, repeats=args.repeats, buckets=knobs.get("cuda_graph_buckets")
+    )
     if args.json:
         print(json.dumps({f"c={lv.concurrency}": lv.tok_s for lv in res.levels}))
     else:
         for lv in res.levels:
-            print(f"c={lv.concurrency:<4d} {lv.tok_s:12.1f} tok/s  step {lv.step_s * 1e3:9.3f} ms"
-                  f"  {'graph' if lv.graphed else 'eager'} batch {lv.batch}")
+            print(
+                f"c={lv.concurrency:<4d} {lv.tok_s:12.1f} tok/s  step {lv.step_s * 1e3:9.3f} ms"
+                f"  {'graph' if lv.graphed else 'eager'} batch {lv.batch}"
+            )
     return 0
 
 

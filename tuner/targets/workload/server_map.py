@@ -200,8 +200,15 @@ def command_config(space: Space, params: dict[str, Any], arch: str | None = None
             continue
         if p.when is not None and not p.when.holds(out):
             owner = next((n for n in p.when.names if out.get(n) != params.get(n)), p.when.names[0])
-            changes.append(CodeChange(p.name, params[p.name], None,
-                                      f"a knob of {owner}={params.get(owner)}, which the command does not run", owner))
+            changes.append(
+                CodeChange(
+                    p.name,
+                    params[p.name],
+                    None,
+                    f"a knob of {owner}={params.get(owner)}, which the command does not run",
+                    owner,
+                )
+            )
             continue
         value = params[p.name]
         mark = p.server.blocker(value, arch) if p.server else None

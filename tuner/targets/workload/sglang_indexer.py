@@ -53,8 +53,8 @@ def quantize_index_pages(keys: torch.Tensor) -> torch.Tensor:
     scale = x.abs().amax(-1).clamp(min=1e-4) / 448.0
     q = (x / scale[:, None]).to(torch.float8_e4m3fn)
     buf = torch.empty(pages, COMPRESSED_PAGE_ROWS * ROW_BYTES, dtype=torch.uint8, device=keys.device)
-    buf[:, :COMPRESSED_PAGE_ROWS * INDEX_DIM] = q.view(torch.uint8).reshape(pages, -1)
-    buf[:, COMPRESSED_PAGE_ROWS * INDEX_DIM:] = scale.reshape(pages, -1).contiguous().view(torch.uint8)
+    buf[:, : COMPRESSED_PAGE_ROWS * INDEX_DIM] = q.view(torch.uint8).reshape(pages, -1)
+    buf[:, COMPRESSED_PAGE_ROWS * INDEX_DIM :] = scale.reshape(pages, -1).contiguous().view(torch.uint8)
     return buf.view(pages, COMPRESSED_PAGE_ROWS, 1, ROW_BYTES)
 
 
@@ -62,8 +62,8 @@ def dequantize_index_pages(cache: torch.Tensor) -> torch.Tensor:
     """The float32 rows ``[pages * 64, 128]`` a paged index cache holds (the references check against these)."""
     pages = cache.shape[0]
     raw = cache.reshape(pages, -1)
-    q = raw[:, :COMPRESSED_PAGE_ROWS * INDEX_DIM].contiguous().view(torch.float8_e4m3fn).float()
-    scale = raw[:, COMPRESSED_PAGE_ROWS * INDEX_DIM:].contiguous().view(torch.float32)
+    q = raw[:, : COMPRESSED_PAGE_ROWS * INDEX_DIM].contiguous().view(torch.float8_e4m3fn).float()
+    scale = raw[:, COMPRESSED_PAGE_ROWS * INDEX_DIM :].contiguous().view(torch.float32)
     return (q.reshape(pages, COMPRESSED_PAGE_ROWS, INDEX_DIM) * scale[..., None]).reshape(-1, INDEX_DIM)
 
 
@@ -77,13 +77,14 @@ def paged_index_state(keys: torch.Tensor, batch: int, live_rows: int, width_page
     if width_pages < live_pages:
         raise ValueError(f"a page table of {width_pages} pages cannot hold {live_rows} live compressed rows")
     rows = torch.zeros(1 + batch * live_pages, COMPRESSED_PAGE_ROWS, keys.shape[1], device=dev, dtype=torch.float32)
-    per_request = keys[1:1 + batch * live_rows].float().reshape(batch, live_rows, -1)
+    per_request = keys[1 : 1 + batch * live_rows].float().reshape(batch, live_rows, -1)
     padded = torch.zeros(batch, live_pages * COMPRESSED_PAGE_ROWS, keys.shape[1], device=dev)
     padded[:, :live_rows] = per_request
     rows[1:] = padded.reshape(batch * live_pages, COMPRESSED_PAGE_ROWS, -1)
     table = torch.zeros(batch, width_pages, dtype=torch.int32, device=dev)
-    table[:, :live_pages] = (1 + torch.arange(batch, device=dev)[:, None] * live_pages
-                             + torch.arange(live_pages, device=dev)[None, :]).to(torch.int32)
+    table[:, :live_pages] = (
+        1 + torch.arange(batch, device=dev)[:, None] * live_pages + torch.arange(live_pages, device=dev)[None, :]
+    ).to(torch.int32)
     return {
         "idx_cache": quantize_index_pages(rows.reshape(-1, keys.shape[1])),
         "idx_table": table,
@@ -118,8 +119,16 @@ class SGLangIndexer:
     def logits(self, qi: torch.Tensor, weights: torch.Tensor, st: dict[str, Any]) -> torch.Tensor:
         q, w = quantize_query(qi, weights)
         table = st["idx_table"]
-        return self._dg.fp8_paged_mqa_logits(q.unsqueeze(1).contiguous(), st["idx_cache"], w, st["idx_lens"], table,
-                                             st["idx_schedule"], table.shape[1] * COMPRESSED_PAGE_ROWS, False)
+        return self._dg.fp8_paged_mqa_logits(
+            q.unsqueeze(1).contiguous(),
+            st["idx_cache"],
+            w,
+            st["idx_lens"],
+            table,
+            st["idx_schedule"],
+            table.shape[1] * COMPRESSED_PAGE_ROWS,
+            False,
+        )
 
     def __call__(self, qi: torch.Tensor, weights: torch.Tensor, st: dict[str, Any]) -> torch.Tensor:
         logits = self.logits(qi, weights, st)
@@ -132,8 +141,9 @@ class SGLangIndexer:
         return rows
 
 
-def reference_logits(qi: torch.Tensor, weights: torch.Tensor, cache: torch.Tensor, table: torch.Tensor,
-                     live_rows: int) -> torch.Tensor:
+def reference_logits(
+    qi: torch.Tensor, weights: torch.Tensor, cache: torch.Tensor, table: torch.Tensor, live_rows: int
+) -> torch.Tensor:
     """float64 logits [B, live_rows] of the fp8 inputs DeepGEMM reads: ``sum_h relu(q_h . k_j) w_h``."""
     q, w = quantize_query(qi, weights)
     keys = dequantize_index_pages(cache).double().reshape(cache.shape[0], COMPRESSED_PAGE_ROWS, -1)

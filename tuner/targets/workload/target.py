@@ -76,27 +76,34 @@ class WorkloadTarget(Target):
     def preflight(self) -> PreflightReport:
         report = super().preflight()
         hw = self.resolved.hardware
-        report.facts.update({
-            "preset": self.preset.name,
-            "device": hw.gpu_name if hw.gpu_count else "cpu (no CUDA GPU: Triton kernels and CUDA graphs inactive)",
-            "levels": list(self.space.objective.levels),
-            "objective": self.space.objective.describe(),
-            "live_context": self.config.live_context,
-        })
+        report.facts.update(
+            {
+                "preset": self.preset.name,
+                "device": hw.gpu_name if hw.gpu_count else "cpu (no CUDA GPU: Triton kernels and CUDA graphs inactive)",
+                "levels": list(self.space.objective.levels),
+                "objective": self.space.objective.describe(),
+                "live_context": self.config.live_context,
+            }
+        )
         flags = [f"{p.name} -> {p.server.name}" for p in self.space.params if p.server and p.server.name]
         flagless = [p.name for p in self.space.params if p.server and not p.server.name]
         if flags or flagless:
             report.facts["sglang counterparts"] = ", ".join(flags) + (
-                f"; no SGLang flag: {', '.join(flagless)}" if flagless else "")
+                f"; no SGLang flag: {', '.join(flagless)}" if flagless else ""
+            )
         for p in self.space.params:
             if not (p.flag or p.kernel or p.env) and p.name not in DEFAULT_KNOBS and p.name != "cuda_graph_buckets":
-                report.errors.append(f"parameter `{p.name}` is not a knob of the workload; knobs are "
-                                     f"{sorted([*DEFAULT_KNOBS, 'cuda_graph_buckets'])}")
+                report.errors.append(
+                    f"parameter `{p.name}` is not a knob of the workload; knobs are "
+                    f"{sorted([*DEFAULT_KNOBS, 'cuda_graph_buckets'])}"
+                )
         if "context_length" in self.space.names:
             too_big = [v for v in self.space.param("context_length").choices() if v > self.preset.max_context]
             if too_big:
-                report.errors.append(f"`context_length` values {too_big} exceed preset {self.preset.name}'s max "
-                                     f"context {self.preset.max_context}; drop them or use another preset")
+                report.errors.append(
+                    f"`context_length` values {too_big} exceed preset {self.preset.name}'s max "
+                    f"context {self.preset.max_context}; drop them or use another preset"
+                )
         return report
 
     def check(self, params: dict[str, Any]) -> str | None:
@@ -106,13 +113,18 @@ class WorkloadTarget(Target):
         if not reason and params.get("attention_impl") == "wgmma":
             p = self.preset
             if p.heads > 64 or p.head_dim != 512:
-                return (f"attention_impl=wgmma runs 64 heads of 512 columns (V4-Flash); preset {p.name} has "
-                        f"{p.heads} heads of {p.head_dim}: use mma")
+                return (
+                    f"attention_impl=wgmma runs 64 heads of 512 columns (V4-Flash); preset {p.name} has "
+                    f"{p.heads} heads of {p.head_dim}: use mma"
+                )
             return None
         if reason or params.get("attention_impl") not in ("mma", "simt"):
             return reason
-        fields = {p.kernel.split(".", 1)[1]: params[p.name] for p in self.space.params
-                  if p.kernel and p.kernel.startswith("sparse_decode.") and p.name in params}
+        fields = {
+            p.kernel.split(".", 1)[1]: params[p.name]
+            for p in self.space.params
+            if p.kernel and p.kernel.startswith("sparse_decode.") and p.name in params
+        }
         if not fields or params["attention_impl"] != "mma":
             return None
         try:
@@ -124,8 +136,14 @@ class WorkloadTarget(Target):
         rows = {"window": p.window, "hca": -(-live // p.hca_ratio) + p.window, "csa": p.index_topk + p.window}
         for c in self.space.objective.levels:
             for kind, topk in rows.items():
-                shape = {"batch": c, "heads": p.heads, "d_qk": p.head_dim, "d_v": p.head_dim, "topk": topk,
-                         "num_rows": 1 << 20}
+                shape = {
+                    "batch": c,
+                    "heads": p.heads,
+                    "d_qk": p.head_dim,
+                    "d_v": p.head_dim,
+                    "topk": topk,
+                    "num_rows": 1 << 20,
+                }
                 why = kernel.check_config({**kernel.default_config(shape), **fields}, shape)
                 if why:
                     return f"sparse_decode cannot run at batch {c} ({kind} layers, {topk} rows): {why}"
@@ -144,8 +162,10 @@ class WorkloadTarget(Target):
             model = DecodeModel(self.preset, knobs, device, seed=self.config.seed)
         except KnobError as exc:
             return Measurement.failed(Outcome.INVALID_CONFIG, str(exc))
-        times = [MetricRow("trial_time_s", "build", time.time() - t0, "s"),
-                 MetricRow("weights_reused", "", float(model.weights_reused), "")]
+        times = [
+            MetricRow("trial_time_s", "build", time.time() - t0, "s"),
+            MetricRow("weights_reused", "", float(model.weights_reused), ""),
+        ]
         gate: list[MetricRow] = []
         if self.config.numerics:
             t0 = time.time()
@@ -156,7 +176,8 @@ class WorkloadTarget(Target):
         obj = self.space.objective
         try:
             res = measure(
-                model, list(obj.levels),
+                model,
+                list(obj.levels),
                 live_context=self.config.live_context,
                 warmup=self.config.warmup,
                 repeats=self.config.repeats,
@@ -195,21 +216,38 @@ class WorkloadTarget(Target):
 
         base = self._knobs(self.resolved.defaults())
         cfg = self.config
-        ref = nm.reference_output(self.preset, base, model.device, seed=cfg.seed, batch=cfg.numerics_batch,
-                                  live_context=cfg.live_context, own=model)
-        out = ref if model.knobs == nm.normalized(self.preset, base) else nm.step_output(
-            model, cfg.numerics_batch, cfg.live_context)
+        ref = nm.reference_output(
+            self.preset,
+            base,
+            model.device,
+            seed=cfg.seed,
+            batch=cfg.numerics_batch,
+            live_context=cfg.live_context,
+            own=model,
+        )
+        out = (
+            ref
+            if model.knobs == nm.normalized(self.preset, base)
+            else nm.step_output(model, cfg.numerics_batch, cfg.live_context)
+        )
         err = nm.rel_err(out, ref)
-        family = max(nm.dtype_family(model.knobs, model.device),
-                     nm.dtype_family(nm.normalized(self.preset, base), model.device), key=nm.FAMILIES.index)
+        family = max(
+            nm.dtype_family(model.knobs, model.device),
+            nm.dtype_family(nm.normalized(self.preset, base), model.device),
+            key=nm.FAMILIES.index,
+        )
         tol = nm.tolerance_for(family, cfg.numerics_tolerance)
-        rows = [MetricRow("numerics_rel_err", "", err if math.isfinite(err) else 1e30, ""),
-                MetricRow("numerics_tolerance", "", tol, "")]
+        rows = [
+            MetricRow("numerics_rel_err", "", err if math.isfinite(err) else 1e30, ""),
+            MetricRow("numerics_tolerance", "", tol, ""),
+        ]
         _logger.info("numerics: rel. error %.3g vs the baseline (tolerance %.3g, %s family)", err, tol, family)
         if err <= tol:
             return rows, ""
-        return rows, (f"output differs from the baseline configuration's by rel. norm error {err:.3g} > tolerance "
-                      f"{tol:.3g} ({family} family; setting numerics_tolerance)")
+        return rows, (
+            f"output differs from the baseline configuration's by rel. norm error {err:.3g} > tolerance "
+            f"{tol:.3g} ({family} family; setting numerics_tolerance)"
+        )
 
     def kernel_shapes(self) -> list[tuple]:
         """The kernel shapes this space's configurations produce: every concurrency level (as the batch, and as
@@ -229,17 +267,35 @@ class WorkloadTarget(Target):
         shapes: list[tuple] = []
 
         def attention(b: int) -> dict[str, int]:
-            return {"batch": b, "heads": p.heads, "d_qk": p.head_dim, "d_v": p.head_dim,
-                    "topk": p.index_topk + p.window, "num_rows": 1 << 16}
+            return {
+                "batch": b,
+                "heads": p.heads,
+                "d_qk": p.head_dim,
+                "d_v": p.head_dim,
+                "topk": p.index_topk + p.window,
+                "num_rows": 1 << 16,
+            }
 
         for b in order:
             shapes.append(("sparse_decode", attention(b)))
             if "moe_impl" in self.space.names:
-                shapes.append(("moe", {"tokens": b, "hidden": p.hidden, "width": p.expert_width,
-                                       "experts": p.experts_local, "topk": p.topk_experts}))
+                shapes.append(
+                    (
+                        "moe",
+                        {
+                            "tokens": b,
+                            "hidden": p.hidden,
+                            "width": p.expert_width,
+                            "experts": p.experts_local,
+                            "topk": p.topk_experts,
+                        },
+                    )
+                )
         for b in order:
-            shapes += [("indexer", {"batch": b, "heads": p.indexer_heads, "dim": p.indexer_dim, "width": w,
-                                    "shared_k": 0}) for w in sorted(widths)]
+            shapes += [
+                ("indexer", {"batch": b, "heads": p.indexer_heads, "dim": p.indexer_dim, "width": w, "shared_k": 0})
+                for w in sorted(widths)
+            ]
         impls = self._choices("attention_impl")
         wgmma = "wgmma" in impls and p.heads <= 64 and p.head_dim == 512  # other presets refuse the value (check)
         if wgmma:
@@ -265,8 +321,14 @@ class WorkloadTarget(Target):
     def gemm_shapes(self) -> list[tuple[int, int]]:
         """(N, K) of the twin's bf16-family linears: the attention projections and the shared expert."""
         p = self.preset
-        return [(p.q_lora, p.hidden), (p.heads * p.head_dim, p.q_lora), (p.head_dim, p.hidden),
-                (p.hidden, p.o_groups * p.o_lora), (2 * p.expert_width, p.hidden), (p.hidden, p.expert_width)]
+        return [
+            (p.q_lora, p.hidden),
+            (p.heads * p.head_dim, p.q_lora),
+            (p.head_dim, p.hidden),
+            (p.hidden, p.o_groups * p.o_lora),
+            (2 * p.expert_width, p.hidden),
+            (p.hidden, p.expert_width),
+        ]
 
     def kernel_config_dirs(self) -> list[str]:
         import os
@@ -282,34 +344,64 @@ class WorkloadTarget(Target):
         cmd = command_config(self.space, best_params, self.resolved.hardware.arch)
         if not cmd.changes:
             return []
-        why = self.check(cmd.params) or next(
-            (f"`{p.name}={cmd.params[p.name]}` cannot run here" for p in self.resolved.params
-             if p.name in cmd.params and cmd.params[p.name] not in p.choices()), None) or next(
-            (f"`{n}={cmd.params[n]}` cannot run here" for n, v in self.resolved.fixed.items()
-             if n in cmd.params and cmd.params[n] != v), None)
+        why = (
+            self.check(cmd.params)
+            or next(
+                (
+                    f"`{p.name}={cmd.params[p.name]}` cannot run here"
+                    for p in self.resolved.params
+                    if p.name in cmd.params and cmd.params[p.name] not in p.choices()
+                ),
+                None,
+            )
+            or next(
+                (
+                    f"`{n}={cmd.params[n]}` cannot run here"
+                    for n, v in self.resolved.fixed.items()
+                    if n in cmd.params and cmd.params[n] != v
+                ),
+                None,
+            )
+        )
         if why:
             # launch.sh says it ("this command: not measured"); a value the best does not use is no warning
             _logger.info("the exported command's configuration is not measured beside the best: %s", why)
             return []
         return [("the exported command's configuration", cmd.params)]
 
-    def deployment(self, params: dict[str, Any], *, environment: dict[str, Any] | None, repo: Any,
-                   run_id: int) -> Deployment:
+    def deployment(
+        self, params: dict[str, Any], *, environment: dict[str, Any] | None, repo: Any, run_id: int
+    ) -> Deployment:
         """SGLang's launch command for ``params`` (:func:`tuner.targets.workload.deploy.deployment`), for the GPU
         architecture the study ran on."""
         from search_spaces.hardware import arch_of_environment
         from tuner.targets.workload.deploy import command_config, command_stage_best, deployment, read_ablation
 
         arch = arch_of_environment(environment)
-        staged = command_stage_best(repo, run_id, self.space.objective.direction != "minimize", self.space, arch,
-                                    command_config(self.space, params, arch))
+        staged = command_stage_best(
+            repo,
+            run_id,
+            self.space.objective.direction != "minimize",
+            self.space,
+            arch,
+            command_config(self.space, params, arch),
+        )
         return deployment(self.space, params, arch, read_ablation(repo, run_id), staged=staged)
 
     def launch_spec(self, params: dict[str, Any]) -> LaunchSpec:
-        argv = [sys.executable, "-m", "tuner.targets.workload.run", "--preset", self.preset.name,
-                "--levels", ",".join(map(str, self.space.objective.levels)),
-                "--live-context", str(self.config.live_context),
-                "--repeats", str(self.config.repeats)]
+        argv = [
+            sys.executable,
+            "-m",
+            "tuner.targets.workload.run",
+            "--preset",
+            self.preset.name,
+            "--levels",
+            ",".join(map(str, self.space.objective.levels)),
+            "--live-context",
+            str(self.config.live_context),
+            "--repeats",
+            str(self.config.repeats),
+        ]
         for k, v in params.items():
             argv += ["--knob", f"{k}={v}"]
         return LaunchSpec(argv=argv, description="re-measure the best decode configuration of the built-in workload")
