@@ -27,8 +27,8 @@ sys.path.insert(0, str(ROOT))
 
 from search_spaces import Hardware, load_space_text, resolve  # noqa: E402
 from tests.real_server.tiny_model import build_tiny_llama  # noqa: E402
-from tuner.targets.sglang import greedy  # noqa: E402
-from tuner.targets.sglang.target import CommandTarget  # noqa: E402
+from tuner.targets.server import greedy  # noqa: E402
+from tuner.targets.server.target import CommandTarget  # noqa: E402
 
 
 def main() -> int:

@@ -33,9 +33,9 @@ from search_spaces import Hardware, load_space_text, resolve  # noqa: E402
 from tests.server.conftest import SPACE_YAML, STANDIN, standin_command  # noqa: E402
 from tuner.execution.isolation import TrialJob, run_trial  # noqa: E402
 from tuner.measurement import Outcome  # noqa: E402
-from tuner.targets.sglang import loadgen  # noqa: E402
-from tuner.targets.sglang.launch import ServerProcess, pick_free_port  # noqa: E402
-from tuner.targets.sglang.target import CommandTarget  # noqa: E402
+from tuner.targets.server import loadgen  # noqa: E402
+from tuner.targets.server.launch import ServerProcess, pick_free_port  # noqa: E402
+from tuner.targets.server.target import CommandTarget  # noqa: E402
 
 PARAMS = {"context_length": 8192, "kv_cache_dtype": "auto", "buckets": "pow2:4", "fast_path": False}
 

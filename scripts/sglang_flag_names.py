@@ -5,7 +5,7 @@ release's parser pulls in packages of its own time, torchvision's C ops, transfo
     python scripts/sglang_flag_names.py /tmp/sgl512/sglang/srt/server_args.py 0.5.12 > tests/server/data/sglang_0.5.12_flags.txt
 
 It reads releases that declare their options as ``parser.add_argument("--name", ...)`` calls (0.5.12 does; 0.5.23
-builds them from typed fields, so read it with its own parser: ``tuner.targets.sglang.flags.introspect_parser``).
+builds them from typed fields, so read it with its own parser: ``tuner.targets.server.flags.introspect_parser``).
 """
 
 from __future__ import annotations

@@ -66,7 +66,7 @@ def sglang_parser_read_once():
     each caller gets its own copy. A test that replaces ``introspect_parser`` (monkeypatch) replaces this too."""
     import copy
 
-    from tuner.targets.sglang import flags as fl
+    from tuner.targets.server import flags as fl
 
     real = fl.introspect_parser
     read: dict[tuple, object] = {}

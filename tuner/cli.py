@@ -550,7 +550,7 @@ def best(
     """Print the best trial's parameters and figures (``--pareto``: the front of every load measured)."""
     repo, run = _open(storage, study)
     if pareto:
-        from tuner.targets.sglang.front import front_lines, operating_points
+        from tuner.targets.server.front import front_lines, operating_points
 
         points = operating_points(repo.list_trials(run.id, with_measurements=True))
         if not points:
@@ -655,9 +655,9 @@ def export(
 
 
 def _chosen_point(repo, run, point: str | None, slo: str | None):
-    """The point of a goodput study's front ``--point`` names or ``--slo`` picks (``tuner.targets.sglang.front``)."""
-    from tuner.targets.sglang.front import operating_points, parse_slo, point_by_name, point_for_slo
-    from tuner.targets.sglang.goodput import LEVEL
+    """The point of a goodput study's front ``--point`` names or ``--slo`` picks (``tuner.targets.server.front``)."""
+    from tuner.targets.server.front import operating_points, parse_slo, point_by_name, point_for_slo
+    from tuner.targets.server.goodput import LEVEL
 
     if point is not None and slo is not None:
         fail("give --point or --slo, not both")
@@ -670,7 +670,7 @@ def _chosen_point(repo, run, point: str | None, slo: str | None):
             "goodput study (`objective: {metric: goodput_tok_s_per_gpu, slo: {...}}`)"
         )
     if slo is not None:  # every rule the study's search judged a load by, its thresholds included
-        from tuner.targets.sglang.goodput import Rules
+        from tuner.targets.server.goodput import Rules
 
         return point_for_slo(points, limits, Rules.of(run.settings or {}))
     lows = {t.number: m.value for t in trials for m in t.measurements if m.metric == "goodput_low" and m.level == LEVEL}

@@ -173,7 +173,7 @@ def test_preflight_names_a_missing_sglang(monkeypatch):
 
 # -- the SGLang target's kernel phase ------------------------------------------------------------------------
 def _target(settings=None, hardware=None):
-    from tuner.targets.sglang.target import SGLangTarget
+    from tuner.targets.server.sglang_server import SGLangTarget
 
     space = load_space("sglang_dsv4_flash")
     return SGLangTarget(resolve(space, hardware or Hardware()), {**space.settings, **(settings or {})})

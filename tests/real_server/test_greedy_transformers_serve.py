@@ -39,7 +39,7 @@ CHECK = {"prompts": 8, "tokens": 32, "min_agreement": 0.9}
 def trials(tmp_path_factory):
     """Three trials of the command target: the baseline twice (the second judged against the first's completions)
     and bfloat16 judged against the same."""
-    from tuner.targets.sglang.target import CommandTarget
+    from tuner.targets.server.target import CommandTarget
 
     model = build_tiny_llama(tmp_path_factory.mktemp("greedy_real") / "tiny-llama")
     resolved = resolve(load_space_text(SPACE, source="dtype.yaml"), Hardware())

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from search_spaces import Hardware, load_space_text, resolve
-from tuner.targets.sglang.launch import group_members, port_is_free
+from tuner.targets.server.launch import group_members, port_is_free
 
 STANDIN = Path(__file__).with_name("standin_server.py")
 
@@ -56,7 +56,7 @@ def standin_space():
 
 @pytest.fixture
 def make_target(standin_space, tmp_path):
-    from tuner.targets.sglang.target import CommandTarget
+    from tuner.targets.server.target import CommandTarget
 
     def make(extra_args=(), yaml=None, **settings):
         space = standin_space if yaml is None else resolve(load_space_text(yaml, source="t.yaml"), Hardware())

@@ -9,8 +9,8 @@ from pathlib import Path
 
 from search_spaces import Hardware, load_space_text, resolve
 from tuner.measurement import Outcome, exception_line
-from tuner.targets.sglang import flags as fl
-from tuner.targets.sglang.launch import usage_error
+from tuner.targets.server import flags as fl
+from tuner.targets.server.launch import usage_error
 
 CLICK_SERVER = Path(__file__).with_name("click_server.py")
 
@@ -47,7 +47,7 @@ params:
 
 
 def _click_target(tmp_path, yaml=CLICK_SPACE, **settings):
-    from tuner.targets.sglang.target import CommandTarget
+    from tuner.targets.server.target import CommandTarget
 
     space = resolve(load_space_text(yaml, source="click.yaml"), Hardware())
     base = {

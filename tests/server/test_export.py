@@ -52,7 +52,7 @@ def test_hostile_values_reach_argv_intact_and_never_a_shell(make_target, tmp_pat
 
 def test_sglang_launch_spec_is_python_m_launch_server(tmp_path):
     from search_spaces import Hardware, builtin_space_path, load_space, resolve
-    from tuner.targets.sglang.target import SGLangTarget
+    from tuner.targets.server.sglang_server import SGLangTarget
 
     space = resolve(
         load_space(builtin_space_path("sglang_dsv4_flash")),

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from search_spaces import Hardware, builtin_space_path, load_space, load_space_text, resolve
-from tuner.targets.sglang import flags as fl
+from tuner.targets.server import flags as fl
 
 HAS_SGLANG = importlib.util.find_spec("sglang") is not None
 needs_sglang = pytest.mark.skipif(not HAS_SGLANG, reason="sglang is not installed (pip install --no-deps sglang)")
@@ -69,7 +69,7 @@ def test_deprecations_are_read_from_the_parser(sglang_flags):
 
 
 def _target(yaml_text, **settings):
-    from tuner.targets.sglang.target import SGLangTarget
+    from tuner.targets.server.sglang_server import SGLangTarget
 
     space = resolve(load_space_text(yaml_text, source="t.yaml"), Hardware())
     return SGLangTarget(space, {"model": "/models/dsv4", **settings})
@@ -103,7 +103,7 @@ def test_preflight_refuses_unknown_flags_with_closest_name_and_bad_choices():
 @needs_sglang
 def test_builtin_space_passes_preflight_against_installed_sglang():
     space = load_space(builtin_space_path("sglang_dsv4_flash"))
-    from tuner.targets.sglang.target import SGLangTarget
+    from tuner.targets.server.sglang_server import SGLangTarget
 
     target = SGLangTarget(
         resolve(space, Hardware(gpu_name="H200", gpu_count=8, compute_capability=(9, 0))), {"model": "/models/dsv4"}
@@ -186,7 +186,7 @@ def test_an_export_for_sglang_0_5_12_uses_its_flag_names_and_moves_what_it_canno
     """The workload export built for 0.5.12's parser (its option names as vendored from its server_args.py by
     scripts/sglang_flag_names.py): a renamed flag under 0.5.12's name, a flag 0.5.12 lacks moved out with one line."""
     from search_spaces import load_space
-    from tuner.targets.sglang.flags import FlagSpec, ServerFlags
+    from tuner.targets.server.flags import FlagSpec, ServerFlags
     from tuner.targets.workload.deploy import for_installed_release
     from tuner.targets.workload.server_map import command_config, server_launch
 

@@ -8,7 +8,7 @@ import math
 
 import api.front
 import storage.front
-import tuner.targets.sglang.front as tuner_front
+import tuner.targets.server.front as tuner_front
 from storage import Repo
 from storage.types import MetricRow
 

@@ -15,9 +15,9 @@ import pytest
 from search_spaces import Hardware, SpaceError, load_space_text, resolve
 from tests.server.conftest import standin_command
 from tuner.measurement import Outcome
-from tuner.targets.sglang import loadgen
-from tuner.targets.sglang.goodput import LEVEL, arrivals, plan
-from tuner.targets.sglang.target import CommandTarget
+from tuner.targets.server import loadgen
+from tuner.targets.server.goodput import LEVEL, arrivals, plan
+from tuner.targets.server.target import CommandTarget
 
 
 def _space(slo: str, metric: str = "goodput_req_s"):
@@ -100,8 +100,8 @@ def test_poisson_arrivals_are_seeded_and_at_the_rate():
 def _replay(ttft_ms_at, **settings):
     """A boundary search over recorded-style samples: the 20 requests of a load's ``n``-th measurement have the
     TTFTs ``ttft_ms_at(load, n)`` (one value: all of them)."""
-    from tuner.targets.sglang.goodput import GoodputSettings, Sample, find_boundary
-    from tuner.targets.sglang.loadgen import RequestResult
+    from tuner.targets.server.goodput import GoodputSettings, Sample, find_boundary
+    from tuner.targets.server.loadgen import RequestResult
 
     seen: dict[float, int] = {}
     log: list[float] = []
@@ -146,7 +146,7 @@ def test_the_search_stops_at_goodput_max_and_after_goodput_max_measurements():
 
 
 def _settings(**kw):
-    from tuner.targets.sglang.goodput import GoodputSettings
+    from tuner.targets.server.goodput import GoodputSettings
 
     return GoodputSettings(**kw)
 
@@ -285,7 +285,7 @@ def test_a_trial_missing_the_slo_at_the_incumbents_boundary_is_pruned_after_one_
 # -- cutting a measurement short once its TTFT limit is certainly missed ---------------------------------------------
 @pytest.mark.parametrize("q", [0.5, 0.9, 0.95, 0.99])
 def test_late_needed_is_the_fewest_late_requests_that_put_the_ttft_quantile_over_the_limit(q):
-    from tuner.targets.sglang.goodput import late_needed
+    from tuner.targets.server.goodput import late_needed
 
     for n in range(1, 201):
         k = late_needed(n, q)
@@ -300,8 +300,8 @@ def test_one_slow_request_of_eight_does_not_cut_a_p90_measurement_that_meets_but
     # 8 requests: a p90 is 0.7 of the second slowest TTFT plus 0.3 of the slowest, so one request 0.5 s late leaves it
     # near 0.2 s, within 300 ms; two late ones put it over whatever the rest do. The stand-in stalls requests 4 (of the
     # first measurement) and 11, 12 (the 3rd and 4th of the second) by 450 ms before their first token
-    from tuner.targets.sglang import goodput
-    from tuner.targets.sglang.launch import ServerProcess, pick_free_port
+    from tuner.targets.server import goodput
+    from tuner.targets.server.launch import ServerProcess, pick_free_port
 
     port = pick_free_port(35000, 35999)
     argv = [
@@ -574,7 +574,7 @@ def test_the_multi_objective_mode_tells_optuna_two_values_and_best_pareto_prints
 
 # -- whether the server kept up with the arrivals ------------------------------------------------------------------
 def test_keep_up_compares_the_rate_completions_advanced_at_with_the_offered_rate():
-    from tuner.targets.sglang.goodput import keep_up
+    from tuner.targets.server.goodput import keep_up
 
     arr = [(i + 1) / 10 for i in range(40)]  # 10 req/s offered for 4 s
     steady = keep_up(arr, [a + 0.3 + 0.1 * (i % 3) for i, a in enumerate(arr)], 0.15)
@@ -624,7 +624,7 @@ def test_a_stream_of_tokens_without_text_is_a_completed_request_first_seen_at_it
 
     import httpx
 
-    from tuner.targets.sglang.loadgen import LoadConfig, RequestSpec, one_request
+    from tuner.targets.server.loadgen import LoadConfig, RequestSpec, one_request
 
     class Silent(BaseHTTPRequestHandler):
         def do_POST(self):  # noqa: N802
@@ -657,7 +657,7 @@ def test_a_stream_of_tokens_without_text_is_a_completed_request_first_seen_at_it
         server.shutdown()
     assert r.ok, r.error
     assert r.output_tokens == 7 and r.ttft_s == r.e2e_s >= 0.2
-    from tuner.targets.sglang.goodput import figures
+    from tuner.targets.server.goodput import figures
 
     figs = figures([r])
     assert figs["error_rate"] == 0 and math.isnan(figs["tpot_ms_p95"])  # no gap between tokens was seen
@@ -720,7 +720,7 @@ def test_the_pruning_check_measures_at_the_incumbents_stored_boundary_not_its_va
     # the issue's study: an incumbent with boundary 41.49 req/s whose value / output_len was 90.23
     from storage import Repo
     from storage.types import MetricRow
-    from tuner.targets.sglang.goodput import incumbent_load
+    from tuner.targets.server.goodput import incumbent_load
 
     repo = Repo(f"sqlite:///{tmp_path / 'inc.db'}")
     repo.create_schema()
@@ -749,7 +749,7 @@ def test_the_pruning_check_measures_at_the_incumbents_stored_boundary_not_its_va
 
 
 def test_the_level_rules_apply_inside_the_boundary_search():
-    from tuner.targets.sglang.goodput import Rules, misses
+    from tuner.targets.server.goodput import Rules, misses
 
     figs = {"error_rate": 1 / 24, "delivered": 0.99, "ttft_ms_p95": 30.0}
     slo = (("ttft_ms_p95", 200.0),)

@@ -13,7 +13,7 @@ import pytest
 from storage import Repo
 from tests.server.conftest import standin_command
 from tuner.export.script import read_recorded
-from tuner.targets.sglang.goodput import LEVEL
+from tuner.targets.server.goodput import LEVEL
 
 # the baseline answers its first token after 400 ms: it misses a 150 ms TTFT at every load; 20 ms meets it
 SPACE_YAML = """

@@ -20,7 +20,7 @@ from storage import Repo
 from tests.server.conftest import standin_command
 from tuner.search.context import SearchOptions, open_optuna_storage
 from tuner.search.driver import run_search
-from tuner.targets.sglang import greedy
+from tuner.targets.server import greedy
 
 CHECK = {"prompts": 8, "tokens": 32, "min_agreement": 0.9}
 # the stand-in's --quantize: the 3 even-length prompts of the first 8 agree on 16 of 32 tokens, the others on all
@@ -59,7 +59,7 @@ def test_agreement_is_the_mean_common_prefix_share_in_token_ids_else_in_text():
 
 def test_the_setting_is_typed_and_refuses_a_bad_count_naming_it():
     from tuner.errors import SettingsError
-    from tuner.targets.sglang.settings import ServerSettings
+    from tuner.targets.server.settings import ServerSettings
 
     assert ServerSettings.parse({}, owner="t").greedy_check is None
     cfg = ServerSettings.parse({"greedy_check": {"prompts": 3, "tokens": 4}}, owner="t").greedy_check
@@ -301,7 +301,7 @@ def test_the_dry_run_plan_lists_the_greedy_checks_cost(tmp_path):
 
 def test_sglangs_dummy_weights_with_the_greedy_check_are_flagged_in_the_preflight():
     from search_spaces import Hardware, builtin_space_path, load_space, resolve
-    from tuner.targets.sglang.target import SGLangTarget
+    from tuner.targets.server.sglang_server import SGLangTarget
 
     space = resolve(
         load_space(builtin_space_path("sglang_dsv4_flash")),

@@ -13,7 +13,7 @@ import pytest
 
 from tests.server.conftest import SPACE_YAML, assert_gone
 from tuner.measurement import Outcome
-from tuner.targets.sglang import launch as ln
+from tuner.targets.server import launch as ln
 
 DEFAULTS = {"context_length": 8192, "kv_cache_dtype": "auto", "buckets": "pow2:8", "fast_path": False}
 

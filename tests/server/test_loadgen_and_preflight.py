@@ -8,8 +8,8 @@ import time
 import pytest
 
 from tests.server.conftest import assert_gone, standin_command
-from tuner.targets.sglang import loadgen
-from tuner.targets.sglang.launch import ServerProcess, pick_free_port
+from tuner.targets.server import loadgen
+from tuner.targets.server.launch import ServerProcess, pick_free_port
 
 
 @pytest.fixture(scope="module")

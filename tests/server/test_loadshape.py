@@ -12,8 +12,8 @@ import pytest
 
 from tuner.errors import SettingsError
 from tuner.measurement import Outcome
-from tuner.targets.sglang import loadgen
-from tuner.targets.sglang.loadshape import LoadShape
+from tuner.targets.server import loadgen
+from tuner.targets.server.loadshape import LoadShape
 
 
 def _cfg(**settings) -> loadgen.LoadConfig:

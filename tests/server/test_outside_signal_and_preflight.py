@@ -138,7 +138,7 @@ def test_the_dry_run_says_how_tokens_will_be_counted(tmp_path):
 
 
 def test_a_value_a_boolean_or_listed_value_flag_refuses_is_caught_from_its_help():
-    from tuner.targets.sglang.flags import parse_help_text
+    from tuner.targets.server.flags import parse_help_text
 
     flags = parse_help_text(
         "options:\n"
@@ -153,7 +153,7 @@ def test_a_value_a_boolean_or_listed_value_flag_refuses_is_caught_from_its_help(
 
 def test_verify_lines_name_no_outcome_when_the_run_measured_and_say_how_close_to_the_limit():
     from tuner.export.verify import VerifyResult
-    from tuner.targets.sglang.goodput import closeness
+    from tuner.targets.server.goodput import closeness
 
     missed = VerifyResult(False, Outcome.OK, "goodput_req_s", 0.0, 2.0, reason="misses the SLO")
     assert missed.lines()[0].startswith("NOT verified: ") and "outcome" not in missed.lines()[0]

@@ -72,7 +72,7 @@ def test_a_probe_launch_that_fails_is_an_error_with_its_reason(tmp_path):
 
 
 def test_sglang_trials_load_dummy_weights_and_the_export_the_real_ones():
-    from tuner.targets.sglang.target import SGLangTarget
+    from tuner.targets.server.sglang_server import SGLangTarget
 
     space = resolve(
         load_space(builtin_space_path("sglang_dsv4_flash")),

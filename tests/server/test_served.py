@@ -13,8 +13,8 @@ import pytest
 from tests.server.conftest import assert_gone, standin_command
 from tests.server.test_launch import DEFAULTS, spy  # noqa: F401 - the fixture
 from tuner.measurement import Outcome
-from tuner.targets.sglang import loadgen
-from tuner.targets.sglang.launch import ServerProcess, pick_free_port
+from tuner.targets.server import loadgen
+from tuner.targets.server.launch import ServerProcess, pick_free_port
 
 
 def _standin(*args: str) -> ServerProcess:

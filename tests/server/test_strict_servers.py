@@ -10,7 +10,7 @@ import time
 import pytest
 
 from tuner.measurement import Outcome
-from tuner.targets.sglang import loadgen
+from tuner.targets.server import loadgen
 
 DEFAULTS = {"context_length": 8192, "kv_cache_dtype": "auto", "buckets": "pow2:8", "fast_path": False}
 
@@ -60,7 +60,7 @@ def test_a_trial_stores_its_startup_warmup_and_measurement_seconds(make_target):
 @pytest.fixture
 def fast_standin(make_target):
     from tests.server.conftest import standin_command
-    from tuner.targets.sglang.launch import ServerProcess, pick_free_port
+    from tuner.targets.server.launch import ServerProcess, pick_free_port
 
     port = pick_free_port(33000, 33999)
     argv = [

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from search_spaces import SpaceError, load_space, load_space_text
-from tuner.targets.sglang.flags import introspect_parser
+from tuner.targets.server.flags import introspect_parser
 from tuner.targets.workload.server_map import check_counterparts, counterpart_checks, server_launch
 
 pytest.importorskip("sglang")

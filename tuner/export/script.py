@@ -60,13 +60,13 @@ LOAD_KEYS = (
     "health_paths",
     "preset",
     "live_context",
-    # what a level must serve to count, and how its tokens are counted (tuner.targets.sglang.loadgen)
+    # what a level must serve to count, and how its tokens are counted (tuner.targets.server.loadgen)
     "tokenizer",
     "warmup_s",
     "warmup_max_requests",
     "max_error_rate",
     "min_delivered",
-    # the load's shape and the goodput search's load (tuner.targets.sglang.loadshape, .goodput)
+    # the load's shape and the goodput search's load (tuner.targets.server.loadshape, .goodput)
     "load_shape",
     "length_distribution",
     "prompt_len_std",
@@ -157,7 +157,7 @@ def export_run(
     ``tuner.search.winner.ParsimonyChoice``, made by the caller) says which trial to prefer and why: its choice
     is exported and its reason written in the header. Where the target deploys another program's command
     (:meth:`Target.deployment`: a workload twin's SGLang command), that is launch.sh, its re-measure script beside it. ``chosen`` (a goodput study's
-    :class:`tuner.targets.sglang.front.Chosen`): export that point of the front instead (its trial; ``tuner verify``
+    :class:`tuner.targets.server.front.Chosen`): export that point of the front instead (its trial; ``tuner verify``
     re-measures its load under its SLO), the header saying which point or SLO it was exported for."""
     run = repo.get_run(study)
     if run is None:
@@ -245,7 +245,7 @@ def export_run(
     if chosen is not None:
         recorded["point"] = chosen.line
         if recorded.get("goodput"):  # verify re-measures the chosen load, under the SLO it was chosen for
-            from tuner.targets.sglang.goodput import value_at
+            from tuner.targets.server.goodput import value_at
 
             rows = {(m.metric, m.level): m.value for m in best_trial.measurements}
             recorded["value"] = value_at(str(recorded.get("metric")), rows, chosen.load)  # the point's, not the run's
@@ -479,7 +479,7 @@ def _recorded(run, best_runs: list) -> dict[str, Any]:
     }
     best_trial = best_runs[-1] if best_runs else None
     if obj is not None and obj.is_goodput and best_trial is not None:  # verify re-measures the boundary (issue 22)
-        from tuner.targets.sglang.goodput import recorded
+        from tuner.targets.server.goodput import recorded
 
         out["goodput"] = recorded(
             obj, {(m.metric, m.level): m.value for m in best_trial.measurements}, run.settings or {}
@@ -493,7 +493,7 @@ def _served_lines(run, trial) -> list[str]:
     counted = sorted({m.metric.split(":", 1)[1] for m in trial.measurements if m.metric.startswith("count:")})
     if not counted:
         return []
-    from tuner.targets.sglang.goodput import Rules
+    from tuner.targets.server.goodput import Rules
 
     settings = run.settings or {}
     return [
@@ -528,7 +528,7 @@ def _served_misses(run, trial) -> str:
     """What the trial's lowest load missed of the serving rules (failed requests, tokens delivered) when its latency
     limits held there; empty when a latency limit was missed too (or nothing was stored)."""
     from search_spaces import SpaceError, load_space_text
-    from tuner.targets.sglang.goodput import Rules, misses
+    from tuner.targets.server.goodput import Rules, misses
 
     rows: dict[str, dict[str, float]] = {}
     for m in trial.measurements:

@@ -21,8 +21,8 @@ from typing import Any
 from tuner.errors import ExportError
 from tuner.export.script import REMEASURE_NAME, SCRIPT_NAME, read_recorded
 from tuner.measurement import Outcome
-from tuner.targets.sglang import loadgen
-from tuner.targets.sglang.launch import ServerProcess, parse_port_range, pick_free_port
+from tuner.targets.server import loadgen
+from tuner.targets.server.launch import ServerProcess, parse_port_range, pick_free_port
 
 _logger = logging.getLogger(__name__)
 
@@ -157,7 +157,7 @@ def _verify_goodput(
 ) -> VerifyResult:
     """A goodput script: its recorded boundary load, less the tolerance, measured again; verified when it still meets
     the SLO there."""
-    from tuner.targets.sglang import goodput
+    from tuner.targets.server import goodput
 
     fields = goodput.GoodputSettings.model_fields
     settings = goodput.GoodputSettings.parse({k: v for k, v in load.items() if k in fields}, owner="the recorded load")

@@ -10,8 +10,8 @@ from tuner.targets.base import Deployment, LaunchSpec, PreflightReport, Target
 
 _CLASSES = {
     "workload": "tuner.targets.workload.target:WorkloadTarget",
-    "sglang": "tuner.targets.sglang.target:SGLangTarget",
-    "command": "tuner.targets.sglang.target:CommandTarget",
+    "sglang": "tuner.targets.server.sglang_server:SGLangTarget",
+    "command": "tuner.targets.server.target:CommandTarget",
     "kernels": "tuner.targets.kernels:KernelsTarget",
 }
 """Where each of ``search_spaces.TARGET_NAMES`` lives (the names themselves are the space loader's too)."""

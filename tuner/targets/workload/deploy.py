@@ -207,7 +207,7 @@ def for_installed_release(launch: ServerLaunch, flags=None) -> ReleaseCheck:
     ``RELEASE_RENAMES``) is written under that name; a knob whose flag it does not know is taken out of the command,
     with one line saying so. Where no SGLang is installed, the command stays as written for ``SPACE_RELEASE``."""
     from tuner.errors import FlagsUnavailable
-    from tuner.targets.sglang.flags import SPACE_RELEASE, introspect_parser, name_in_release
+    from tuner.targets.server.flags import SPACE_RELEASE, introspect_parser, name_in_release
 
     if flags is None:
         try:

@@ -33,8 +33,8 @@ from storage.front import GOODPUT_LEVEL
 from storage.types import MetricRow
 from tuner.measurement import Measurement, Outcome
 from tuner.settings import Settings
-from tuner.targets.sglang import loadgen
-from tuner.targets.sglang.loadgen import LoadConfig, RequestResult, RequestSpec
+from tuner.targets.server import loadgen
+from tuner.targets.server.loadgen import LoadConfig, RequestResult, RequestSpec
 
 _logger = logging.getLogger(__name__)
 

@@ -1,5 +1,5 @@
 """Settings of the server targets (``command``, ``sglang``): the server, its launch, and the load it is measured
-under. A load field left at ``None`` takes :class:`tuner.targets.sglang.loadgen.LoadConfig`'s default (the one
+under. A load field left at ``None`` takes :class:`tuner.targets.server.loadgen.LoadConfig`'s default (the one
 place those defaults live)."""
 
 from __future__ import annotations
@@ -9,9 +9,9 @@ from typing import Any, Literal
 from pydantic import Field
 
 from tuner.settings import CommonSettings
-from tuner.targets.sglang.goodput import GoodputSettings
-from tuner.targets.sglang.greedy import GreedySettings
-from tuner.targets.sglang.loadshape import LoadShapeSettings
+from tuner.targets.server.goodput import GoodputSettings
+from tuner.targets.server.greedy import GreedySettings
+from tuner.targets.server.loadshape import LoadShapeSettings
 
 
 class ServerSettings(CommonSettings, GoodputSettings, LoadShapeSettings, GreedySettings):  # the goodput search's,

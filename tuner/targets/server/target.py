@@ -3,8 +3,9 @@
 - :class:`CommandTarget`: any server started from a command template (an argv list with ``{port}``, ``{model}``,
   ``{host}`` placeholders); the trial's flags are appended. Its flags are checked against the command's
   ``--help`` output when it has one.
-- :class:`SGLangTarget`: ``python -m sglang.launch_server``; flags are checked against SGLang's own argparse
-  parser (names, aliases, choices, the parser's own type conversion), with closest-name suggestions.
+- :class:`SGLangTarget` (``tuner.targets.server.sglang_server``): ``python -m sglang.launch_server``; flags are
+  checked against SGLang's own argparse parser (names, aliases, choices, the parser's own type conversion), with
+  closest-name suggestions.
 
 Settings (``Space.settings`` merged with ``--set key=value``; all optional unless noted):
 
@@ -31,7 +32,7 @@ load                      ``api`` (completions/chat), ``prompt_len``, ``output_l
                           ``request_timeout_s``, ``ignore_eos`` (unset: when the server accepts it), ``seed``,
                           ``extra_body``, ``tokenizer`` (the last way to count a stream without usage, token ids or
                           one-token chunks; default ``model``, a GGUF file's own vocabulary too) (see
-                          ``tuner.targets.sglang.loadgen``)
+                          ``tuner.targets.server.loadgen``)
 served                    a request the server said it finished (``finish_reason`` or usage); ``max_error_rate``
                           (0.01) and ``min_delivered`` (0.95, of the asked tokens): a level beyond either is no
                           figure, the trial ``request_error``; a goodput load beyond either misses the SLO
@@ -39,7 +40,7 @@ served                    a request the server said it finished (``finish_reason
 ``failed_scope``          ``study`` (default): only this study's failed starts refuse a launch; ``storage``: all
 ``torch_compile_supported``  false when the model/build is known to reject torch.compile
 ``greedy_check``          off unless set: ``{prompts: 8, tokens: 32, min_agreement: 0.9}``, fixed prompts completed
-                          greedily once per trial and compared with the baseline's (``tuner.targets.sglang.greedy``)
+                          greedily once per trial and compared with the baseline's (``tuner.targets.server.greedy``)
 ========================  ===========================================================================================
 """
 
@@ -49,7 +50,6 @@ import logging
 import math
 import os
 import signal
-import sys
 import threading
 import time
 from dataclasses import replace
@@ -62,10 +62,10 @@ from storage.types import MetricRow
 from tuner.errors import SettingsError, TargetError
 from tuner.measurement import OUTSIDE_SIGNAL, Measurement, Outcome
 from tuner.targets.base import LaunchSpec, PreflightReport, Reporter, Target
-from tuner.targets.sglang import failed, greedy, loadgen
-from tuner.targets.sglang import flags as fl
-from tuner.targets.sglang.launch import ServerProcess, parse_port_range, pick_free_port
-from tuner.targets.sglang.settings import ServerSettings
+from tuner.targets.server import failed, greedy, loadgen
+from tuner.targets.server import flags as fl
+from tuner.targets.server.launch import ServerProcess, parse_port_range, pick_free_port
+from tuner.targets.server.settings import ServerSettings
 
 _logger = logging.getLogger(__name__)
 
@@ -322,7 +322,7 @@ class CommandTarget(Target):
         if self.config.greedy_check is not None:
             report.facts["greedy check"] = self._greedy_plan(m if self.config.probe_launch and report.ok else None)
         if self.objective().is_goodput:  # issue 22: the boundary search replaces the levels (goodput.py)
-            from tuner.targets.sglang import goodput
+            from tuner.targets.server import goodput
 
             cost = goodput.plan(self.config)
             report.facts["goodput search"] = cost.line()
@@ -678,10 +678,10 @@ class CommandTarget(Target):
     ) -> dict[str, Any]:
         """With the greedy check on: the stored reference completions, and whether this trial is the baseline. With
         a goodput objective and an ``incumbent`` trial: its stored boundary, the load this trial is checked at
-        first (:func:`tuner.targets.sglang.goodput.incumbent_load`)."""
+        first (:func:`tuner.targets.server.goodput.incumbent_load`)."""
         out: dict[str, Any] = {}
         if incumbent is not None and self.objective().is_goodput:
-            from tuner.targets.sglang import goodput
+            from tuner.targets.server import goodput
 
             rec = repo.get_trial(run_id, incumbent)
             if rec is not None:
@@ -750,8 +750,8 @@ class CommandTarget(Target):
         deadline: float,
         should_abort,
     ) -> Measurement:
-        """The goodput objective: :func:`tuner.targets.sglang.goodput.run_trial` on this trial's server."""
-        from tuner.targets.sglang import goodput
+        """The goodput objective: :func:`tuner.targets.server.goodput.run_trial` on this trial's server."""
+        from tuner.targets.server import goodput
 
         gpus = self._trial_gpus
         measure = goodput.Measurer(
@@ -774,7 +774,7 @@ class CommandTarget(Target):
         and its teardown; a levels trial no more than the base's."""
         if not self.objective().is_goodput:
             return 0.0
-        from tuner.targets.sglang import goodput
+        from tuner.targets.server import goodput
 
         return goodput.plan(self.config).measurement_s + self.config.teardown_reserve_s
 
@@ -798,155 +798,3 @@ def _kill_server_on_sigterm(server: ServerProcess):
     except ValueError:  # pragma: no cover - not the main interpreter
         return lambda: None
     return lambda: signal.signal(signal.SIGTERM, old)
-
-
-class SGLangTarget(CommandTarget):
-    name = "sglang"
-    gpus_per_trial = 1
-    model_path_checked = False  # the built-in spaces name the GPU machine's path: a dry-run elsewhere still plans
-
-    @property
-    def python(self) -> str:
-        return self.config.python or sys.executable
-
-    def _check_model(self) -> None:
-        if not self.model:
-            raise TargetError(
-                "target `sglang` needs setting `model` (a model path or hub name); pass --model PATH "
-                "or --set model=PATH"
-            )
-
-    def base_command(self, port: int | str) -> list[str]:
-        if not self.model:
-            raise TargetError(
-                "target `sglang` needs settings `model` (a model path or hub name); "
-                "pass --model PATH or --set model=PATH"
-            )
-        return [
-            self.python,
-            "-m",
-            "sglang.launch_server",
-            "--model-path",
-            self.model,
-            "--host",
-            self.host,
-            "--port",
-            str(port),
-        ]
-
-    def help_command(self) -> list[str]:
-        return [self.python, "-m", "sglang.launch_server", "--help"]
-
-    def trial_argv(self, args: list[str], port: int | str) -> list[str]:
-        """A trial's launch: with ``load_format`` (e.g. ``dummy``) it runs on weights of the right shapes that are
-        never read from disk; the export (:meth:`launch_spec`) keeps the real ones."""
-        fmt = ["--load-format", self.config.load_format] if self.config.load_format else []
-        return self.server_argv(args, port) + fmt
-
-    def _check_flags(self, flags: fl.ServerFlags, report: PreflightReport) -> None:
-        super()._check_flags(flags, report)
-        fmt = self.config.load_format
-        if fmt:
-            why = (
-                "--load-format is not accepted by this server"
-                if flags.get("--load-format") is None
-                else flags.check_value("--load-format", fmt)
-            )
-            if why:
-                report.errors.append(f"setting `load_format`: {why}")
-            else:
-                report.will_run.append(f"trials load `--load-format {fmt}` weights; the export keeps the real ones")
-                if fmt == "dummy" and self.config.greedy_check is not None:
-                    report.rules.append(
-                        "greedy check on `--load-format dummy` weights: SGLang's seeded random "
-                        "weights (+-1e-3) give near-flat logits, so greedy completions hang on "
-                        "near-ties; an agreement under 1.0 may be noise there (check with the "
-                        "real weights)"
-                    )
-
-    def load_flags(self, checks: list[tuple[str, list[Any]]]) -> fl.ServerFlags | None:
-        parser = self.config.parser or fl.SGLANG_PARSER
-        try:
-            return fl.introspect_parser(self.python, parser, checks)
-        except fl.FlagsUnavailable as exc:
-            _logger.info("parser introspection failed (%s); falling back to --help", exc)
-            return fl.help_flags(self.help_command())
-
-    def launch_command(self) -> list[str]:
-        return [self.python, "sglang", self.model]
-
-    def server_version(self) -> str:
-        if self._flags and self._flags.version:
-            return self._flags.version
-        if self.python == sys.executable:
-            from importlib.metadata import PackageNotFoundError, version
-
-            try:
-                return version("sglang")
-            except PackageNotFoundError:
-                return ""
-        return ""
-
-    # -- the kernel phase: SGLang's own fused-MoE kernel at the shapes this space's launches run ------------------
-    def _flag_values(self, flags: tuple[str, ...], default: int) -> list[int]:
-        """The values a launch can give the first of ``flags`` that is set: a parameter's (pinned) choices, a fixed
-        ``extra_args`` value, else ``default`` (the server's)."""
-        searched = {p.name for p in self.resolved.params}
-        for p in self.space.params:
-            if p.flag in flags:
-                if p.name in self.resolved.fixed:
-                    return [int(self.resolved.fixed[p.name])]
-                if p.name in searched:  # a dropped one (its requirement fails here) is never passed
-                    return sorted({int(v) for v in p.choices() if str(v).isdigit()}) or [default]
-        extra = list(self.config.extra_args)
-        for i, a in enumerate(extra):
-            name, _, value = a.partition("=")
-            if name in flags:
-                try:
-                    return [int(value or extra[i + 1])]
-                except (IndexError, ValueError):
-                    raise TargetError(
-                        f"setting `extra_args` gives {name} without an integer after it "
-                        f"({extra[i : i + 2]}); write e.g. {name} 8"
-                    ) from None
-        return [default]
-
-    def kernel_shapes(self) -> list[tuple[str, dict[str, int]]]:
-        """SGLang's fused-MoE kernel at every shape this space's launches give it: one case per decode batch (each
-        objective level, and as padded to each CUDA-graph bucket it can take) and per tensor/expert-parallel split
-        of the routed experts (``E = experts / ep``, ``N = width / (tp / ep)``). Needs setting ``moe``
-        (``{hidden, width, experts, topk}``); without it there is nothing to tune."""
-        moe = self.config.moe
-        if not moe:
-            return []
-        try:
-            hidden, width, experts, topk = (int(moe[k]) for k in ("hidden", "width", "experts", "topk"))
-        except (KeyError, TypeError, ValueError):
-            raise TargetError(
-                f"setting `moe` must map hidden, width, experts and topk to integers, but got {moe!r}; "
-                "e.g. {hidden: 4096, width: 2048, experts: 256, topk: 6}"
-            ) from None
-        from search_spaces.buckets import level_batches
-
-        batches = level_batches(self.space)
-        splits = []
-        for tp in self._flag_values(("--tp-size", "--tensor-parallel-size"), 1):
-            for ep in self._flag_values(("--ep-size", "--expert-parallel-size"), 1):
-                if tp % ep == 0 and experts % ep == 0 and width % (tp // ep) == 0:
-                    splits.append((experts // ep, width // (tp // ep)))
-        return [
-            ("sglang_fused_moe", {"tokens": b, "hidden": hidden, "width": n, "experts": e, "topk": topk})
-            for b in batches
-            for e, n in dict.fromkeys(splits)
-        ]
-
-    def use_kernel_configs(self, config_dir: str) -> dict[str, str]:
-        """The settings that launch every later trial (and the export) with the SGLang MoE files a kernel phase
-        wrote to ``config_dir``; none when ``moe_config_dir`` is already set or no such file was written."""
-        from kernels.plugins.sglang_moe import SGLANG_MOE_SUBDIR
-
-        moe_dir = Path(config_dir) / SGLANG_MOE_SUBDIR
-        if self.config.moe_config_dir or not moe_dir.is_dir():
-            return {}
-        _logger.info("trials launch SGLang with SGLANG_MOE_CONFIG_DIR=%s", moe_dir)
-        return {"moe_config_dir": str(moe_dir)}

@@ -92,7 +92,7 @@ class GreedySettings(Settings):
 
     greedy_check: GreedyCheck | None = None
     """Off unless set: fixed prompts completed greedily once per trial and compared with the baseline's (see
-    :mod:`tuner.targets.sglang.greedy`)."""
+    :mod:`tuner.targets.server.greedy`)."""
     greedy_reference: dict[str, Any] | None = None
     """Set by the search for one trial: the stored reference completions (absent: none is stored yet)."""
     greedy_is_baseline: bool = False

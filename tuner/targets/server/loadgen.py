@@ -32,7 +32,7 @@ from typing import Any
 import httpx
 
 from storage.types import MetricRow
-from tuner.targets.sglang.loadshape import LoadShape
+from tuner.targets.server.loadshape import LoadShape
 
 _logger = logging.getLogger(__name__)
 
@@ -177,7 +177,7 @@ class LoadConfig:
     seed: int = 0
     extra_body: dict[str, Any] = field(default_factory=dict)
     shape: LoadShape | None = None
-    """The request lengths (:mod:`tuner.targets.sglang.loadshape`); built by :meth:`from_settings`."""
+    """The request lengths (:mod:`tuner.targets.server.loadshape`); built by :meth:`from_settings`."""
 
     @classmethod
     def from_settings(cls, settings: dict[str, Any]) -> LoadConfig:
