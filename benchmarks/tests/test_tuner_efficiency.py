@@ -95,6 +95,10 @@ def test_the_wgmma_exhaustive_set_times_the_kernels_whole_space_at_batch_64_then
         assert {json.dumps(c, sort_keys=True) for c in configs} == {json.dumps(c, sort_keys=True) for c in canonical}
 
 
+REMOVED_WGMMA_SWITCHES = ("MERGE", "PART16", "P_SMEM", "SEESAW")
+"""The wgmma kernel's switches removed after its exhaustive tables were timed (each off in every shipped config)."""
+
+
 def test_the_stored_wgmma_exhaustive_tables_are_whole_and_their_fastest_config_is_the_default(te):
     """The H200 run of the wgmma kernel's whole space (3d03109): every canonical config of the space at batch 64 and
     1 timed and correct (the configs the case set asks for, no more), and at both batches the kernel's default
@@ -106,11 +110,18 @@ def test_the_stored_wgmma_exhaustive_tables_are_whole_and_their_fastest_config_i
     assert [c["shape"]["batch"] for c in data["cases"]] == [64, 1]
     for case, asked in zip(data["cases"], te.CASE_SETS["wgmma_exhaustive"]):
         configs, _ = te.sweep_configs(asked, None)
-        assert {json.dumps(r["config"], sort_keys=True) for r in case["rows"]} == {
+        # the table was timed while the kernel still had the switches it has since dropped (off in every shipped and
+        # default config): its rows with them off, the switches left out, are the space the kernel has now
+        rows = [
+            dict(r, config={k: v for k, v in r["config"].items() if k not in REMOVED_WGMMA_SWITCHES})
+            for r in case["rows"]
+            if not any(r["config"].get(k) for k in REMOVED_WGMMA_SWITCHES)
+        ]
+        assert {json.dumps(r["config"], sort_keys=True) for r in rows} == {
             json.dumps(c, sort_keys=True) for c in configs
         }
-        assert all(r["status"] == "ok" and r["rel_error"] <= wg.tolerance("bfloat16") for r in case["rows"])
-        fastest = min(case["rows"], key=lambda r: r["time_us"])
+        assert all(r["status"] == "ok" and r["rel_error"] <= wg.tolerance("bfloat16") for r in rows)
+        fastest = min(rows, key=lambda r: r["time_us"])
         assert fastest["config"] == wg.canonical_config(wg.default_config(case["shape"]), case["shape"])
 
 
