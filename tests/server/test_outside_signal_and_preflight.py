@@ -78,12 +78,13 @@ def test_a_server_killed_from_outside_is_eligible_again_and_never_remembered(tmp
 
 
 def test_a_kill_during_the_warm_up_is_said_so(make_target, spy):  # noqa: F811
-    # 1 s after ready the server is killed, while the warm-up is still waiting for slow first requests to settle
+    # 1 s after ready the server is killed, while the warm-up is still waiting for slow first requests to settle:
+    # 400 first requests of 500 ms each cannot settle within that second at any warm-up concurrency
     target = make_target(
-        ["--sigkill-self-after", "1.0", "--slow-first", "40", "--slow-first-ms", "200"],
+        ["--sigkill-self-after", "1.0", "--slow-first", "400", "--slow-first-ms", "500"],
         levels=[1],
         warmup_s=30,
-        warmup_max_requests=64,
+        warmup_max_requests=800,
     )
     m = target.evaluate(DEFAULTS, time.time() + 60)
     assert m.outcome is Outcome.CRASH, m.reason
