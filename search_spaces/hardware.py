@@ -21,6 +21,8 @@ CAPABILITIES = {
     "flash_mla": "FlashMLA's Hopper kernels: an sm_90 GPU and the sgl-flash-mla wheel (`pip install tuner[flashmla]`)",
     "deep_gemm": "DeepGEMM's kernels as SGLang runs them: an sm_90 or sm_100 GPU and the deep_gemm module (SGLang's "
     "sgl-deep-gemm wheel, or DeepGEMM built from source: benchmarks/deepgemm_build.sh)",
+    "sglang_jit": "SGLang's own JIT CUDA kernels (sglang.kernels.ops): an NVIDIA GPU, the sglang package with "
+    "apache-tvm-ffi, and nvcc (on PATH or under CUDA_HOME) to build them",
 }
 
 
@@ -39,6 +41,8 @@ class Hardware:
     """The ``flash_mla`` module (the sgl-flash-mla wheel) imports."""
     has_deep_gemm: bool = False
     """The ``deep_gemm`` module is installed (SGLang's sgl-deep-gemm wheel or a build from source)."""
+    has_sglang_jit: bool = False
+    """The ``sglang`` and ``tvm_ffi`` modules are installed and ``nvcc`` is found: SGLang's JIT kernels can build."""
 
     @property
     def arch(self) -> str | None:
@@ -70,6 +74,8 @@ class Hardware:
                 caps.add("flash_mla")
             if cc in ((9, 0), (10, 0)) and self.has_deep_gemm:
                 caps.add("deep_gemm")
+            if self.has_sglang_jit:
+                caps.add("sglang_jit")
             if self.gpu_count >= 2:
                 caps.add("multi_gpu")
         if self.has_torch_compile:
@@ -88,6 +94,7 @@ class Hardware:
             "has_gluon": self.has_gluon,
             "has_flash_mla": self.has_flash_mla,
             "has_deep_gemm": self.has_deep_gemm,
+            "has_sglang_jit": self.has_sglang_jit,
         }
 
     @classmethod
@@ -103,6 +110,7 @@ class Hardware:
             has_gluon=bool(data.get("has_gluon")),
             has_flash_mla=bool(data.get("has_flash_mla")),
             has_deep_gemm=bool(data.get("has_deep_gemm")),
+            has_sglang_jit=bool(data.get("has_sglang_jit")),
         )
 
     def missing(self, required: tuple[str, ...]) -> list[str]:
@@ -152,6 +160,7 @@ def detect_hardware() -> Hardware:
 
     has_flash_mla = importlib.util.find_spec("flash_mla") is not None  # imported by the trial, not here
     has_deep_gemm = importlib.util.find_spec("deep_gemm") is not None
+    has_sglang_jit = bool(count) and _sglang_jit_buildable()
     return Hardware(
         gpu_name=name,
         gpu_count=count,
@@ -161,4 +170,18 @@ def detect_hardware() -> Hardware:
         has_gluon=has_gluon,
         has_flash_mla=has_flash_mla,
         has_deep_gemm=has_deep_gemm,
+        has_sglang_jit=has_sglang_jit,
     )
+
+
+def _sglang_jit_buildable() -> bool:
+    """The pieces SGLang's JIT needs are there (the trial imports and builds the kernels, not this probe): the sglang
+    package, apache-tvm-ffi, and nvcc on PATH or under CUDA_HOME (or /usr/local/cuda)."""
+    import importlib.util
+    import os
+    import shutil
+
+    if importlib.util.find_spec("sglang") is None or importlib.util.find_spec("tvm_ffi") is None:
+        return False
+    home = os.environ.get("CUDA_HOME") or os.environ.get("CUDA_PATH") or "/usr/local/cuda"
+    return shutil.which("nvcc") is not None or os.path.exists(os.path.join(home, "bin", "nvcc"))

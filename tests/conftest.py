@@ -12,6 +12,13 @@ from pathlib import Path
 
 import pytest
 
+# Each xdist worker, and every trial subprocess it starts, uses one intra-op thread: with N workers on N cores,
+# torch's default of N threads each oversubscribes the machine N-fold and a CPU twin's step becomes bound by threads
+# waiting on each other. Under that contention the tiny twin's 30x indexer cost difference between two caps measured
+# 1.25x (and inverted in a CI run); single-threaded it measured 3.1x on the same loaded cores.
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+
 TESTS = Path(__file__).resolve().parent
 ROOT = TESTS.parent
 _paths = [str(TESTS / "helpers"), str(ROOT)]

@@ -6,6 +6,7 @@ moves or drops a dispatch line fails here, not in a user's export."""
 
 import importlib.metadata
 import importlib.util
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -119,9 +120,9 @@ def test_the_twin_torch_indexer_on_sm90_is_a_code_change_the_command_runs_as_dee
     from tuner.targets.workload.server_map import command_config
 
     space = load_space("dsv4_flash")
-    cfg = command_config(
-        space, {**resolve(space, H200_ALL).defaults(), "indexer_impl": "torch", "glue": "eager"}, "sm_90"
-    )
+    twin = {**resolve(space, H200_ALL).defaults(), "indexer_impl": "torch", "glue": "eager"}
+    del twin["indexer_topk"]  # a knob of indexer_impl=deepgemm: a trial of the torch indexer has none
+    cfg = command_config(space, twin, "sm_90")
     assert cfg.params["indexer_impl"] == "deepgemm" and cfg.params["glue"] == "fused"
     assert {c.param for c in cfg.changes} == {"indexer_impl", "glue"}
     on_cpu = command_config(space, {**resolve(space, Hardware()).defaults(), "indexer_impl": "torch"}, None)
@@ -165,3 +166,21 @@ def test_the_fidelity_lines_say_which_component_ran_sglangs_kernel_a_stand_in_or
         for line in other
     )
     assert space.deployment.fidelity_lines(None, base) == []
+
+
+def test_sglangs_jit_top_k_is_the_baseline_where_it_builds_and_torch_topk_is_a_code_change_on_sm90():
+    from tuner.targets.workload.server_map import command_config
+
+    space = load_space("dsv4_flash")
+    with_jit = resolve(space, replace(H200_ALL, has_sglang_jit=True)).defaults()
+    assert with_jit["indexer_impl"] == "deepgemm" and with_jit["indexer_topk"] == "sglang"
+    without = resolve(space, H200_ALL)
+    assert without.defaults()["indexer_impl"] == "deepgemm" and without.defaults()["indexer_topk"] == "torch"
+    assert any("indexer_topk" in n and "sglang_jit" in n and "keeps the space's defaults" in n for n in without.notes)
+    cfg = command_config(space, without.defaults(), "sm_90")
+    change = next(c for c in cfg.changes if c.param == "indexer_topk")
+    assert (change.value, change.instead) == ("torch", "sglang") and cfg.params["indexer_topk"] == "sglang"
+    lines = space.deployment.fidelity_lines("sm_90", with_jit)
+    assert any(ln.startswith("  indexer_topk: SGLang's own kernel") for ln in lines)
+    lines = space.deployment.fidelity_lines("sm_90", without.defaults())
+    assert any(ln.startswith("  indexer_topk: the twin ran indexer_impl=deepgemm, indexer_topk=torch") for ln in lines)

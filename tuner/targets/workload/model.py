@@ -54,6 +54,8 @@ DEFAULT_KNOBS: dict[str, Any] = {
     "context_length": None,  # None = the preset's max context
     "indexer_width": "static",
     "indexer_impl": "torch",
+    # with indexer_impl=deepgemm, the live top-k: torch.topk (a stand-in) or SGLang's own JIT kernel (sglang)
+    "indexer_topk": "torch",
     # the fused indexer on a capacity-sized grid computes its dead tiles too (SGLang 0.5.23 under CUDA graphs);
     # `skip` is SGLang's open PR #40431, no launch flag: like `indexer_width`, a knob to measure, not searched
     "indexer_dead_tiles": "compute",
@@ -171,7 +173,7 @@ class DecodeModel:
         if self.knobs["indexer_impl"] == "deepgemm":
             from tuner.targets.workload.sglang_indexer import SGLangIndexer
 
-            self.sglang_indexer = SGLangIndexer(preset.index_topk)
+            self.sglang_indexer = SGLangIndexer(preset.index_topk, self.knobs["indexer_topk"])
         self.triton_moe = None
         if self.knobs["moe_impl"] == "triton":
             from tuner.targets.workload.gpu_ops import triton_moe
@@ -249,6 +251,13 @@ class DecodeModel:
                     f"(DeepGEMM's sm_90 paged logits), but preset {self.p.name} has "
                     f"{self.p.indexer_heads} of {self.p.indexer_dim}: use indexer_impl=torch or triton"
                 )
+        if k["indexer_topk"] not in ("torch", "sglang"):
+            raise KnobError(f"workload knob `indexer_topk` must be torch or sglang, but got {k['indexer_topk']!r}")
+        if k["indexer_topk"] == "sglang" and k["indexer_impl"] != "deepgemm":
+            raise KnobError(
+                "workload knob `indexer_topk=sglang` is the top-k of SGLang's Hopper indexer: it needs "
+                f"indexer_impl=deepgemm, but got indexer_impl={k['indexer_impl']!r}"
+            )
         if k["indexer_dead_tiles"] not in ("compute", "skip"):
             raise KnobError(
                 f"workload knob `indexer_dead_tiles` must be compute or skip, but got {k['indexer_dead_tiles']!r}"
@@ -429,8 +438,8 @@ class DecodeModel:
                 else math.ceil(n_csa / COMPRESSED_PAGE_ROWS)
             )
             extra |= paged_index_state(base["csa_keys"], B, n_csa, pages)
-            extra["idx_schedule"] = self.sglang_indexer.schedule(extra["idx_lens"])
             extra["idx_live"] = n_csa
+            self.sglang_indexer.prepare(extra)
         if self.triton_indexer is not None:  # the server's key cache, sized by the width it scores: the same keys
             keys = base["csa_keys"][csa_table]
             if self.knobs["gemm_indexer"] == "fp8":

@@ -16,9 +16,13 @@ metadata in ``srt/layers/attention/dsv4/metadata.py``, ``PagedIndexerMetadata``)
 * ``topk_transform_paged_v2`` (a JIT CUDA kernel of the sglang package) picks the top 512 of each row's live
   columns and maps them through the page table; -1 pads a row with fewer live rows.
 
-Here the top-k is ``torch.topk`` over the live columns: SGLang's JIT kernel is built by the sglang package's JIT
-(``sglang.kernels.jit``), which does not run beside this project's torch; like SGLang's, it reads only the live
-columns. Every call of this module is the deployment's own logits kernel; the top-k is that stand-in.
+The top-k is a knob (``indexer_topk``): ``sglang`` runs SGLang's own JIT kernels from the installed sglang package
+(``sglang.kernels.ops.attention.dsv4``: ``plan_topk_v2`` and ``topk_transform_paged_v2``, and SGLang's JIT schedule
+``get_paged_mqa_logits_metadata``, which 0.5.23 uses in place of DeepGEMM's by default,
+``SGLANG_OPT_USE_JIT_INDEXER_METADATA``), compiled by its JIT (apache-tvm-ffi and nvcc); ``torch`` is the stand-in
+where those cannot build: ``torch.topk`` over the live columns, with DeepGEMM's own schedule. The page indices SGLang's
+top-k writes are mapped back to the twin's pool rows by one add (the twin's attention reads pool rows, SGLang's
+FlashMLA reads the page indices as they are): the one step here SGLang does not run.
 """
 
 from __future__ import annotations
@@ -101,20 +105,41 @@ def quantize_query(qi: torch.Tensor, weights: torch.Tensor) -> tuple[torch.Tenso
     return (x / s[..., None]).to(torch.float8_e4m3fn), (weights.float() * s).contiguous()
 
 
+TOPK_IMPLS = ("torch", "sglang")
+
+
 class SGLangIndexer:
     """``indexer(qi [B, 64, 128], weights [B, 64], st) -> rows [B, topk]`` (pool rows of the picks, -1 padded), as
-    SGLang 0.5.23 runs DeepSeek-V4's decode indexer on sm_90: DeepGEMM's paged logits, then the live top-k."""
+    SGLang 0.5.23 runs DeepSeek-V4's decode indexer on sm_90: DeepGEMM's paged logits, then the live top-k (SGLang's
+    JIT kernel with ``topk_impl="sglang"``, ``torch.topk`` with ``"torch"``)."""
 
-    def __init__(self, topk: int) -> None:
+    def __init__(self, topk: int, topk_impl: str = "torch") -> None:
         import deep_gemm  # SGLang's sgl-deep-gemm, or DeepGEMM built from source (see benchmarks/deepgemm_build.sh)
 
+        if topk_impl not in TOPK_IMPLS:
+            raise ValueError(f"indexer top-k must be one of {', '.join(TOPK_IMPLS)}, but got {topk_impl!r}")
         self._dg = deep_gemm
         self.topk = topk
+        self.topk_impl = topk_impl
         self.num_sms = deep_gemm.get_num_sms()
+        self._jit = None
+        if topk_impl == "sglang":
+            from sglang.kernels.ops.attention import dsv4  # SGLang's JIT kernels: the sglang package, tvm_ffi, nvcc
 
-    def schedule(self, lens: torch.Tensor) -> torch.Tensor:
-        """DeepGEMM's split of the live lengths over the SMs (SGLang computes it once a forward, for every layer)."""
-        return self._dg.get_paged_mqa_logits_metadata(lens, COMPRESSED_PAGE_ROWS, self.num_sms)
+            self._jit = dsv4
+
+    def prepare(self, st: dict[str, Any]) -> None:
+        """What SGLang computes once a forward for every layer (``PagedIndexerMetadata``): the split of the live
+        lengths over the SMs, and with SGLang's top-k its plan and the map from its page indices to pool rows."""
+        lens = st["idx_lens"]
+        if self._jit is None:
+            st["idx_schedule"] = self._dg.get_paged_mqa_logits_metadata(lens, COMPRESSED_PAGE_ROWS, self.num_sms)
+            return
+        flat = lens.view(-1)
+        st["idx_schedule"] = self._jit.get_paged_mqa_logits_metadata(flat, COMPRESSED_PAGE_ROWS, self.num_sms)
+        st["idx_topk_plan"] = self._jit.plan_topk_v2(flat)
+        # request b's pages are consecutive from table[b, 0]: its slot table[b, 0] * 64 + i is its pool row base + i
+        st["idx_slot_shift"] = (st["idx_base"] - st["idx_table"][:, 0].long() * COMPRESSED_PAGE_ROWS)[:, None]
 
     def logits(self, qi: torch.Tensor, weights: torch.Tensor, st: dict[str, Any]) -> torch.Tensor:
         q, w = quantize_query(qi, weights)
@@ -132,6 +157,13 @@ class SGLangIndexer:
 
     def __call__(self, qi: torch.Tensor, weights: torch.Tensor, st: dict[str, Any]) -> torch.Tensor:
         logits = self.logits(qi, weights, st)
+        if self._jit is not None:
+            table = st["idx_table"]
+            slots = torch.empty(table.shape[0], self.topk, dtype=torch.int32, device=logits.device)
+            self._jit.topk_transform_paged_v2(
+                logits, st["idx_lens"].view(-1), table, slots, COMPRESSED_PAGE_ROWS, st["idx_topk_plan"]
+            )
+            return torch.where(slots >= 0, slots + st["idx_slot_shift"], -1)
         live = int(st["idx_live"])
         k = min(self.topk, live)
         picks = logits[:, :live].topk(k, dim=-1).indices
