@@ -155,6 +155,15 @@ def parse_args(argv=None):
         metavar="S",
         help="S seconds after ready, SIGKILL itself (a kill from outside the tuner: an operator, a job)",
     )
+    p.add_argument(
+        "--die-on-request",
+        type=int,
+        default=None,
+        metavar="N",
+        help="the N-th completion request's connection is reset, and --die-delay-s later the server SIGKILLs itself "
+        "(a crash seen by a client before the process has exited)",
+    )
+    p.add_argument("--die-delay-s", type=float, default=0.3)
     return p.parse_args(argv)
 
 
@@ -233,6 +242,10 @@ class Server:
             await self.respond(writer, 422, {"detail": f"Unexpected fields in the request: {set(unexpected)}"})
             return
         self.requests += 1
+        if self.args.die_on_request is not None and self.requests == self.args.die_on_request:
+            writer.transport.abort()  # the client sees a reset connection now, the process goes a moment later
+            await asyncio.sleep(self.args.die_delay_s)
+            os.kill(os.getpid(), 9)
         if req.get("stream") is False:
             await self.respond(writer, 200, self.completion(req, chat))
             return

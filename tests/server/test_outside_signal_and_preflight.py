@@ -88,7 +88,23 @@ def test_a_kill_during_the_warm_up_is_said_so(make_target, spy):  # noqa: F811
     )
     m = target.evaluate(DEFAULTS, time.time() + 60)
     assert m.outcome is Outcome.CRASH, m.reason
-    assert m.reason.startswith("during the warm-up, at its request ") and "killed by signal 9" in m.reason
+    # at its first request when the kill came before the tuner saw the server ready, at a later one otherwise
+    assert m.reason.startswith("during the warm-up, at its ") and "killed by signal 9" in m.reason, m.reason
+    assert m.outside_signal
+
+
+def test_a_warm_up_request_reset_by_a_dying_server_is_said_to_fail_in_the_warm_up_not_at_the_first_level(
+    make_target,
+    spy,  # noqa: F811
+):
+    # the third request's connection is reset and the process exits 0.3 s later: the tuner sees the failed request
+    # before the exit, and still says where the server died (before, the levels ran and blamed c=1)
+    target = make_target(
+        ["--die-on-request", "3", "--die-delay-s", "0.3"], levels=[1], warmup_s=30, warmup_max_requests=50
+    )
+    m = target.evaluate(DEFAULTS, time.time() + 60)
+    assert m.outcome is Outcome.CRASH, m.reason
+    assert m.reason.startswith("during the warm-up, at its request 3: server killed by signal 9"), m.reason
     assert m.outside_signal
 
 

@@ -322,6 +322,16 @@ class ServerProcess:
             )
         return None
 
+    def failure_within(self, seconds: float, poll_s: float = 0.05) -> ServerFailure | None:
+        """:meth:`failure`, waiting up to ``seconds`` for one: a request to a dying server can fail (its connection
+        reset) moments before the process is seen to exit."""
+        end = time.time() + seconds
+        while True:
+            f = self.failure()
+            if f is not None or time.time() >= end:
+                return f
+            time.sleep(poll_s)
+
     def outside_signal(self) -> int | None:
         """The signal that killed the server when the tuner sent none (a kill from outside: an operator, another
         job; the kernel's OOM killer is ``oom``, not this), else None. Meaningful before :meth:`stop`."""

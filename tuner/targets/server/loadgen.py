@@ -553,6 +553,9 @@ class Probe:
     """One line when the server delivered another count of tokens than asked with ``ignore_eos`` sent."""
     warmup_requests: int = 0
     warmup_ttft_ms: list[float] = field(default_factory=list)
+    broke_off: bool = False
+    """A request of the probe or the warm-up failed (no answer, a reset connection): a dying server's first sign,
+    often seen before its process has exited."""
 
     @property
     def honours_length(self) -> bool:
@@ -677,6 +680,8 @@ def probe(base_url: str, cfg: LoadConfig, deadline: float | None = None) -> Prob
         _logger.warning("%s", out.ignored)
     if first is not None and first.ok:
         _warm_until_settled(base_url, short, first, out, deadline)
+    elif not out.refused:
+        out.broke_off = True
     out.warmup_s = time.time() - t0
     return out
 
@@ -713,7 +718,8 @@ def _warm_until_settled(
         res = asyncio.run(_run_level(base_url, short, 1, [req], None, deadline))
         n += 1
         if not (res.requests and res.requests[0].ok):
-            break  # a failing server: the levels see it and say why
+            out.broke_off = True  # a failing server: the caller looks at the process, the levels say why
+            break
         ttfts.append(res.requests[0].ttft_s * 1e3)
     out.warmup_requests = n
     out.warmup_ttft_ms = ttfts

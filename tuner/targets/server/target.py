@@ -71,6 +71,8 @@ _logger = logging.getLogger(__name__)
 
 DIR_ENVS = {"kernel_config_dir": "TUNER_KERNEL_CONFIG_DIR", "moe_config_dir": "SGLANG_MOE_CONFIG_DIR"}
 MODEL_FILE_SUFFIXES = (".gguf", ".safetensors", ".bin", ".pt", ".pth", ".onnx")
+DYING_GRACE_S = 2.0
+"""After a warm-up request failed, how long the server's exit may take to show before the levels run."""
 """A ``model`` ending so names a local file, which preflight checks exists."""
 
 
@@ -532,7 +534,8 @@ class CommandTarget(Target):
 
         probe = loadgen.probe(server.base_url, cfg, deadline)
         metrics.append(MetricRow("warmup_s", "", probe.warmup_s, "s"))
-        f = server.failure()
+        # a failed warm-up request is the server's death seen from its socket first: give its exit a moment to show
+        f = server.failure_within(DYING_GRACE_S) if probe.broke_off else server.failure()
         if f is not None:  # the server failed during the warm-up: at its first request, or after it
             where = (
                 "during the warm-up, at its first request"
