@@ -19,8 +19,8 @@ PIP="$PY -m pip install -q --no-warn-conflicts"
 $PIP torch==2.13.0
 $PIP -e '.[test,postgres]'
 # a real third-party server for tests/real_server: `transformers serve` (its serving extra) beside the CPU torch,
-# versions pinned in pyproject's `real-server` extra
-$PIP -e '.[real-server]'
+# versions pinned in pyproject's `real-server` extra; and `gguf` (the tokenizer extra) to read a GGUF file's own vocabulary
+$PIP -e '.[real-server,tokenizer]'
 # SGLang's own argument parser for flag validation: what --help needs, then the package without its GPU stack
 $PIP orjson psutil pybase64 requests pillow msgspec pyzmq ipython aiohttp huggingface_hub
 $PIP --no-deps 'sglang==0.5.23' || $PIP --no-deps sglang

@@ -156,3 +156,61 @@ def test_a_gguf_file_that_cannot_be_read_is_refused_naming_it_never_a_guessed_co
     server = standin("--no-usage", "--tokens-per-chunk", "2", "--tokens-per-second", "800")
     p = loadgen.probe(server.base_url, _load(str(gguf)))
     assert "cannot count its text" in p.refused and str(gguf) in p.refused and "set `tokenizer`" in p.refused
+
+
+def _gguf_with_vocabulary(path) -> None:
+    """A GGUF file (the ``gguf`` package's writer) whose only tokenizer is the vocabulary it carries: a llama-style
+    (SentencePiece BPE) vocabulary in which the stand-in's word ``tok`` with its space is one token."""
+    import gguf
+    import numpy as np
+
+    pieces = [
+        "<unk>",
+        "<s>",
+        "</s>",
+        "\u2581tok\u2581",
+        "tok\u2581",
+        "\u2581tok",
+        "tok",
+        "\u2581to",
+        "to",
+        "ok",
+        "\u2581t",
+    ]
+    pieces += ["\u2581", "t", "o", "k"]
+    w = gguf.GGUFWriter(str(path), "llama")
+    w.add_block_count(1)
+    w.add_context_length(128)
+    w.add_embedding_length(8)
+    w.add_feed_forward_length(16)
+    w.add_head_count(1)
+    w.add_head_count_kv(1)
+    w.add_layer_norm_rms_eps(1e-5)
+    w.add_vocab_size(len(pieces))
+    w.add_tokenizer_model("llama")
+    w.add_token_list(pieces)
+    w.add_token_scores([0.0, 0.0, 0.0] + [-float(i) for i in range(len(pieces) - 3)])  # merges by these scores
+    w.add_token_types([2, 3, 3] + [1] * (len(pieces) - 3))  # unknown, control x2, normal
+    w.add_bos_token_id(1)
+    w.add_eos_token_id(2)
+    w.add_unk_token_id(0)
+    w.add_tensor("token_embd.weight", np.zeros((len(pieces), 8), dtype=np.float32))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+
+
+def test_a_gguf_only_model_counts_chunks_of_several_tokens_with_the_vocabulary_the_file_carries(standin, tmp_path):
+    # no usage, no token ids, two tokens a chunk: the shape does not count them, and the model is a single GGUF file
+    # with no tokenizer beside it; its own vocabulary counts the text, 16 of 16 (a character count would be 64)
+    gguf_file = tmp_path / "model.gguf"
+    _gguf_with_vocabulary(gguf_file)
+    assert loadgen.load_tokenizer(str(gguf_file))("tok " * 16) == 16
+    server = standin("--no-usage", "--tokens-per-chunk", "2", "--tokens-per-second", "800")
+    p = loadgen.probe(server.base_url, _load(str(gguf_file)))
+    assert not p.refused, p.refused
+    assert not p.config.count_chunks and p.config.count_tokens is not None
+    res = loadgen.run_level(server.base_url, p.config, 2)
+    assert res.count_source == "tokenizer" and [r.output_tokens for r in res.requests] == [16] * 6
+    assert res.delivered == 1.0 and res.error_rate == 0.0
