@@ -100,7 +100,13 @@ def resolve(space: Space, hardware: Hardware, *, deployable_only: bool = False) 
             default = mark.instead if mark is not None and mark.instead in keep else fallback
             miss = hardware.missing(p.value_requires.get(wanted, ()))
             why = _why(miss) if miss else "deployable_only: the exported command cannot set it"
-            notes.append(f"`{p.name}` default {wanted!r} cannot run here ({why}); the baseline uses {default!r}")
+            if not keep and default == wanted:  # nothing runnable is deployable: the twin keeps a stand-in
+                notes.append(
+                    f"`{p.name}`: no value the exported command runs can run here; the twin runs {default!r} in its "
+                    f"place ({why})"
+                )
+            else:
+                notes.append(f"`{p.name}` default {wanted!r} cannot run here ({why}); the baseline uses {default!r}")
         elif p.name in deployed and wanted != p.default:
             notes.append(
                 f"`{p.name}`: the baseline runs {wanted!r}, what {space.deployment.release} runs on "

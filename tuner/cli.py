@@ -599,7 +599,7 @@ def best(
     err = doc["metrics"].get("numerics_rel_err")
     if err is not None:
         console.print(
-            f"numerics: output differs from the baseline configuration's by {err:.3g} (relative norm "
+            f"numerics: output differs from the precise reference's by {err:.3g} (relative norm "
             f"error; tolerance {doc['metrics'].get('numerics_tolerance', float('nan')):.3g})",
             highlight=False,
         )

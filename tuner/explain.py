@@ -214,8 +214,8 @@ class Explanation:
     def _numerics_lines(self) -> list[str]:
         return _gate_lines(
             self.numerics,
-            "## Numerics: each step's output against the baseline configuration's (relative norm error)",
-            "The best's output differs from the baseline's by {:.3g}",
+            "## Numerics: each step's output against the precise reference's (relative norm error)",
+            "The best's output differs from the reference's by {:.3g}",
             "tolerance",
             "tolerance {:.3g}",
             "Largest error among the successful trials, per parameter value:",

@@ -31,6 +31,8 @@ class FakeSettings(CommonSettings):
     served: dict[str, list[float]] = {}
     """Per ``x`` (as text), ``[error_rate, delivered]`` the trial stores at its highest level (a server that failed
     some requests or cut answers short); every other level stores ``[0, 1]``. Empty: no such rows at all."""
+    min_trial_s: float = 0.0
+    """What :meth:`Target.min_trial_s` answers: the search starts no trial with less time left."""
     slow_rerun_s: dict[str, float] = {}
     """Per ``x`` (as text), seconds every run of that configuration after its first sleeps (a re-run that does not
     fit the time left: with a shorter trial timeout it times out)."""
@@ -39,6 +41,9 @@ class FakeSettings(CommonSettings):
 class FakeTarget(Target):
     name = "fake_targets:FakeTarget"
     Settings = FakeSettings
+
+    def min_trial_s(self) -> float:
+        return self.config.min_trial_s
 
     def evaluate(self, params: dict[str, Any], deadline: float, report=None) -> Measurement:
         mode = params.get("mode", "ok")

@@ -18,6 +18,7 @@ H200 = Hardware(
     has_gluon=True,
     has_flash_mla=True,
     has_deep_gemm=True,
+    has_sglang_jit=True,
 )
 BEST = {
     "context_length": 8192,
@@ -202,3 +203,12 @@ def test_a_workload_search_measures_the_command_beside_the_best_and_the_export_g
 
     md = explain(f"sqlite:///{tmp_path / 'tuner.db'}", dest.name, profile=False).markdown()
     assert "## The exported command against the twin's best" in md and "| best / command |" in md, md
+
+
+def test_without_sglangs_jit_the_command_stage_keeps_the_torch_top_k_as_a_stand_in_and_says_so():
+    from dataclasses import replace
+
+    only = resolve(load_space("dsv4_flash"), replace(H200, has_sglang_jit=False), deployable_only=True)
+    assert only.fixed["indexer_topk"] == "torch" and "indexer_topk" not in {p.name for p in only.params}
+    said = [n for n in only.notes if n.startswith("`indexer_topk`: no value the exported command runs can run here")]
+    assert said and "the twin runs 'torch' in its place" in said[0], only.notes

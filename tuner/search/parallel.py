@@ -158,8 +158,8 @@ def worker_loop(
         if ctx.stages is not None and ctx.stages.done:  # another worker saw the last stage converge
             report.stop_reason = ctx.stages.converged_line
             break
-        if ctx.deadline.remaining_for_trials() <= 1.0:
-            report.stop_reason = "budget used"
+        if ctx.deadline.remaining_for_trials() <= max(1.0, ctx.target.min_trial_s()):
+            report.stop_reason = "budget used"  # or too little of it left for one more trial to give a figure
             break
         if storage is not None and time.time() - last_stale >= heartbeat_interval:
             last_stale = time.time()

@@ -1,16 +1,19 @@
-"""The numerics gate of the workload: a configuration's step output against the baseline configuration's.
+"""The numerics gate of the workload: a configuration's step output against the precise reference's.
 
 Every trial runs one decode step on fixed inputs (a fixed seed, ``numerics_batch`` requests of ``live_context``
-tokens) and compares its output with the baseline configuration's on the same inputs, by relative norm error
-(float64). Beyond the tolerance of the configuration's dtype family (the narrowest GEMM dtype of either side, and
-bf16 on a GPU, whose activations are bf16) the trial is ``wrong_result`` and never wins.
+tokens) and compares its output with the reference configuration's on the same weights and inputs, by relative norm
+error (float64). The reference (:func:`reference_knobs`) is the twin's most precise configuration: float32 GEMMs,
+torch operators, a bf16 cache, eager glue (on a GPU its activations are bf16, as every configuration's are), never the
+search's baseline, which on a GPU the deployment map makes SGLang's fp8 path: two fp8 outputs differ by up to the sum
+of their errors, and measured against the fp8 baseline a bf16 configuration used 0.25 of fp8's 0.30. Beyond the
+tolerance of the configuration's dtype family (its narrowest GEMM dtype, its cache's, and bf16 on a GPU) the trial is
+``wrong_result`` and never wins.
 
-The baseline's output is cached in a file keyed by everything that changes it (preset, baseline knobs, weight and
+The reference output is cached in a file keyed by everything that changes it (preset, reference knobs, weight and
 input seeds, batch, live context, device, torch and Triton versions, tuned kernel config files, the twin's and the
-kernels' source): the baseline trial,
-run first, writes it, and every later trial process reads it instead of building a second model (on the full preset:
-a second set of weights on the GPU, a 1M-wide torch indexer and a Triton compile per trial). A missing or unreadable
-file is recomputed in the trial's own process, so the cache only saves time and never decides a result.
+kernels' source): the baseline trial, run first, writes it, and every later trial process reads it instead of building
+a second model (on the full preset a second set of weights on the GPU). A missing or unreadable file is recomputed in
+the trial's own process, so the cache only saves time and never decides a result.
 """
 
 from __future__ import annotations
@@ -56,6 +59,15 @@ def dtype_family(knobs: dict[str, Any], device: torch.device) -> str:
     return max((n for n in names if n in FAMILIES), key=FAMILIES.index, default="fp32")
 
 
+def reference_knobs(preset: Preset, knobs: dict[str, Any]) -> dict[str, Any]:
+    """The precise configuration a configuration's output is checked against: float32 GEMMs, and otherwise the twin's
+    defaults (torch operators, a bf16 cache, eager glue), at the same context cap, its indexer scoring the live width (the same
+    scores and picks as the full width, without a torch indexer as wide as a 1M cap)."""
+    precise = {k: "fp32" for k in GEMM_KNOBS}
+    cap = normalized(preset, knobs)["context_length"]
+    return normalized(preset, {**precise, "context_length": cap, "indexer_width": "live", "kv_cache_dtype": "bf16"})
+
+
 def tolerance_for(family: str, overrides: dict[str, float]) -> float:
     return {**DEFAULT_TOLERANCE, **overrides}[family]
 
@@ -88,7 +100,7 @@ def normalized(preset: Preset, knobs: dict[str, Any]) -> dict[str, Any]:
 
 def code_digest() -> str:
     """A digest of the source that computes a step (the twin's model and operators, the Triton kernels): a cached
-    baseline output from other code is never read as this code's."""
+    reference output from other code is never read as this code's."""
     import kernels
 
     here = Path(__file__).resolve().parent
@@ -101,7 +113,7 @@ def code_digest() -> str:
 
 
 def cache_key(
-    preset: Preset, baseline_knobs: dict[str, Any], *, seed: int, batch: int, live_context: int, device: torch.device
+    preset: Preset, reference: dict[str, Any], *, seed: int, batch: int, live_context: int, device: torch.device
 ) -> str:
     dev = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
     try:
@@ -118,7 +130,7 @@ def cache_key(
     )
     doc = {
         "preset": preset.name,
-        "knobs": {k: str(v) for k, v in sorted(baseline_knobs.items())},
+        "knobs": {k: str(v) for k, v in sorted(reference.items())},
         "seed": seed,
         "input_seed": INPUT_SEED,
         "batch": batch,
@@ -138,7 +150,7 @@ def cache_dir() -> Path:
 
 def reference_output(
     preset: Preset,
-    baseline_knobs: dict[str, Any],
+    reference: dict[str, Any],
     device: torch.device,
     *,
     seed: int,
@@ -146,11 +158,12 @@ def reference_output(
     live_context: int,
     own: DecodeModel | None = None,
 ) -> torch.Tensor:
-    """The baseline configuration's step output: from the cache file, else computed here (with ``own``, the trial's
-    model, when its knobs are the baseline's) and written for the next trial."""
-    baseline_knobs = normalized(preset, baseline_knobs)
+    """The reference configuration's step output (``reference``: :func:`reference_knobs`): from the cache file, else
+    computed here (with ``own``, the trial's model, when its knobs are the reference's) and written for the next
+    trial."""
+    reference = normalized(preset, reference)
     path = cache_dir() / (
-        cache_key(preset, baseline_knobs, seed=seed, batch=batch, live_context=live_context, device=device) + ".pt"
+        cache_key(preset, reference, seed=seed, batch=batch, live_context=live_context, device=device) + ".pt"
     )
     try:
         ref = torch.load(path, map_location="cpu")
@@ -158,10 +171,10 @@ def reference_output(
             return ref
     except (OSError, RuntimeError, EOFError, ValueError):
         pass
-    if own is not None and own.knobs == baseline_knobs:
+    if own is not None and own.knobs == reference:
         ref = step_output(own, batch, live_context)
     else:
-        base = DecodeModel(preset, baseline_knobs, device, seed=seed)
+        base = DecodeModel(preset, reference, device, seed=seed)
         ref = step_output(base, batch, live_context)
         del base
         if device.type == "cuda":
@@ -172,5 +185,5 @@ def reference_output(
         torch.save(ref, tmp)
         os.replace(tmp, path)
     except OSError as exc:
-        _logger.info("numerics: cannot cache the baseline output at %s (%s); each trial computes it", path, exc)
+        _logger.info("numerics: cannot cache the reference output at %s (%s); each trial computes it", path, exc)
     return ref

@@ -34,8 +34,8 @@ class WorkloadSettings(CommonSettings):
     repeats: int = Field(5, ge=1)
     """Timed steps per level (the median is kept)."""
     numerics: bool = True
-    """Compare each trial's step output with the baseline configuration's (fixed inputs); beyond the tolerance of
-    its dtype family the trial is ``wrong_result``."""
+    """Compare each trial's step output with the precise reference's (float32 GEMMs, torch operators; the same
+    weights and fixed inputs); beyond the tolerance of its dtype family the trial is ``wrong_result``."""
     numerics_tolerance: dict[str, float] = Field(default_factory=dict)
     """Relative norm error allowed per dtype family (fp32, tf32, fp16, bf16, fp8), over the defaults of
     ``tuner.targets.workload.numerics.DEFAULT_TOLERANCE``."""
@@ -209,44 +209,36 @@ class WorkloadTarget(Target):
         return knobs
 
     def _numerics(self, model, knobs: dict[str, Any]) -> tuple[list[MetricRow], str]:
-        """The numerics gate: this configuration's step output against the baseline configuration's on the same
-        inputs (:mod:`tuner.targets.workload.numerics`). Returns the metric rows and a reason when beyond the
+        """The numerics gate: this configuration's step output against the precise reference's on the same weights
+        and inputs (:mod:`tuner.targets.workload.numerics`). Returns the metric rows and a reason when beyond the
         tolerance (``""`` when within)."""
         from tuner.targets.workload import numerics as nm
 
-        base = self._knobs(self.resolved.defaults())
+        reference = nm.reference_knobs(self.preset, self._knobs(self.resolved.defaults()))
         cfg = self.config
         ref = nm.reference_output(
             self.preset,
-            base,
+            reference,
             model.device,
             seed=cfg.seed,
             batch=cfg.numerics_batch,
             live_context=cfg.live_context,
             own=model,
         )
-        out = (
-            ref
-            if model.knobs == nm.normalized(self.preset, base)
-            else nm.step_output(model, cfg.numerics_batch, cfg.live_context)
-        )
+        out = ref if model.knobs == reference else nm.step_output(model, cfg.numerics_batch, cfg.live_context)
         err = nm.rel_err(out, ref)
-        family = max(
-            nm.dtype_family(model.knobs, model.device),
-            nm.dtype_family(nm.normalized(self.preset, base), model.device),
-            key=nm.FAMILIES.index,
-        )
+        family = nm.dtype_family(model.knobs, model.device)
         tol = nm.tolerance_for(family, cfg.numerics_tolerance)
         rows = [
             MetricRow("numerics_rel_err", "", err if math.isfinite(err) else 1e30, ""),
             MetricRow("numerics_tolerance", "", tol, ""),
         ]
-        _logger.info("numerics: rel. error %.3g vs the baseline (tolerance %.3g, %s family)", err, tol, family)
+        _logger.info("numerics: rel. error %.3g vs the reference (tolerance %.3g, %s family)", err, tol, family)
         if err <= tol:
             return rows, ""
         return rows, (
-            f"output differs from the baseline configuration's by rel. norm error {err:.3g} > tolerance "
-            f"{tol:.3g} ({family} family; setting numerics_tolerance)"
+            f"output differs from the precise reference's (float32 GEMMs, torch operators) by rel. norm error "
+            f"{err:.3g} > tolerance {tol:.3g} ({family} family; setting numerics_tolerance)"
         )
 
     def kernel_shapes(self) -> list[tuple]:
