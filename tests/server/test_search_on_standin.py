@@ -14,10 +14,10 @@ import pytest
 
 from storage import Repo
 from tests.server.conftest import SPACE_YAML, standin_command
-from tuner.export.verify import verify_script
 from tuner.search.context import SearchOptions
 from tuner.search.driver import run_search
 from tuner.settings import target_settings
+from tuner.targets.server.verify import verify_script
 
 FAST = {
     "prompt_len": 8,

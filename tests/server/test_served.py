@@ -166,7 +166,7 @@ def test_the_failed_flag_memory_keeps_repeating_start_failures_of_this_study_onl
 
 def test_verify_of_a_server_cancelling_in_flight_streams_is_request_error_not_a_figure(make_target, tmp_path):
     from tuner.export.script import recorded_figures, render_script
-    from tuner.export.verify import verify_script
+    from tuner.targets.server.verify import verify_script
 
     target = make_target(["--cancel-on-new", "--tokens-per-second", "200"], levels=[4], min_requests=8)
     script = tmp_path / "launch.sh"

@@ -2,8 +2,9 @@
 kernel configs (``script``), and ``tuner verify``, which runs an exported script once and compares (``verify``).
 """
 
-from tuner.export.script import LOAD_KEYS, RECORD_MARK, export_run, read_recorded, recorded_figures, render_script
-from tuner.export.verify import VerifyResult, verify, verify_script
+from tuner.export.script import LOAD_KEYS, export_run, recorded_figures, render_script
+from tuner.export.verify import verify
+from tuner.verification import RECORD_MARK, VerifyResult, read_recorded
 
 __all__ = [
     "LOAD_KEYS",
@@ -14,5 +15,4 @@ __all__ = [
     "recorded_figures",
     "render_script",
     "verify",
-    "verify_script",
 ]

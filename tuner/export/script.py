@@ -24,6 +24,7 @@ from storage import Repo
 from tuner import __version__
 from tuner.errors import ExportError
 from tuner.targets import Deployment, LaunchSpec, Target
+from tuner.verification import RECORD_MARK
 
 _logger = logging.getLogger(__name__)
 
@@ -39,8 +40,6 @@ MOE_ENV = "SGLANG_MOE_CONFIG_DIR"
 PLUGIN_MANIFEST = "sglang_plugin/MANIFEST.json"
 PLUGIN_TARGETS = ("workload", "sglang")
 """The targets whose launch.sh starts SGLang: their export carries the SGLang plug-in, or says why none."""
-RECORD_MARK = "# tuner-recorded: "
-"""The header line holding the recorded figures as JSON; ``tuner verify`` compares a re-run against it."""
 LOAD_KEYS = (
     "model",
     "served_model_name",
@@ -578,22 +577,3 @@ def recorded_figures(
         "by_level": {str(k): v for k, v in by_level.items()},
         "load": {k: settings[k] for k in LOAD_KEYS if k in settings},
     }
-
-
-def read_recorded(script: str | os.PathLike) -> dict[str, Any]:
-    """The figures an exported script recorded (its ``# tuner-recorded:`` line); ``ExportError`` when absent."""
-    try:
-        text = Path(script).read_text()
-    except OSError as exc:
-        raise ExportError(
-            f"cannot read launch script {str(script)!r} ({exc.strerror}); give the exported launch.sh"
-        ) from None
-    for line in text.splitlines():
-        if line.startswith(RECORD_MARK):
-            try:
-                return json.loads(line[len(RECORD_MARK) :])
-            except json.JSONDecodeError as exc:
-                raise ExportError(
-                    f"{script}: the `{RECORD_MARK.strip()}` line is not JSON ({exc.msg}); re-export it"
-                ) from None
-    raise ExportError(f"{script}: no `{RECORD_MARK.strip()}` line; only scripts exported by tuner can be verified")

@@ -9,8 +9,10 @@ from pathlib import Path
 from typing import Any, Callable, ClassVar
 
 from search_spaces import ResolvedSpace
+from tuner.errors import ExportError
 from tuner.measurement import Measurement
 from tuner.settings import CommonSettings
+from tuner.verification import VerifyResult
 
 _logger = logging.getLogger(__name__)
 
@@ -241,6 +243,21 @@ class Target(abc.ABC):
         for study run ``run_id``); the export then writes it as launch.sh and the launch spec beside it as the
         target's own re-measure. None by default: launch.sh runs the launch spec."""
         return None
+
+    @classmethod
+    def verify_export(
+        cls,
+        path: Path,
+        recorded: dict[str, Any],
+        *,
+        tolerance: float = 0.15,
+        timeout_s: float = 3600.0,
+        settings: dict[str, Any] | None = None,
+    ) -> VerifyResult:
+        """``tuner verify``: run the launch script ``path`` this target exported once more and compare with the
+        figures it ``recorded`` (its ``# tuner-recorded:`` line); never raises for a failed run. A target whose
+        exports cannot be re-run says so (``ExportError``), the default."""
+        raise ExportError(f"{path}: target {cls.name!r} exports no script `tuner verify` can re-run")
 
     def use_kernel_configs(self, config_dir: str) -> dict[str, Any]:
         """Settings that make later trials (and the export) use the configs a kernel phase wrote to

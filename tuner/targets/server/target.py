@@ -66,6 +66,7 @@ from tuner.targets.server import failed, greedy, loadgen
 from tuner.targets.server import flags as fl
 from tuner.targets.server.launch import ServerProcess, parse_port_range, pick_free_port
 from tuner.targets.server.settings import ServerSettings
+from tuner.verification import VerifyResult
 
 _logger = logging.getLogger(__name__)
 
@@ -89,6 +90,20 @@ class CommandTarget(Target):
     """A ``model`` written as a local path that does not exist is a preflight error (else a note)."""
     Settings = ServerSettings
     config: ServerSettings
+
+    @classmethod
+    def verify_export(
+        cls,
+        path: Path,
+        recorded: dict[str, Any],
+        *,
+        tolerance: float = 0.15,
+        timeout_s: float = 3600.0,
+        settings: dict[str, Any] | None = None,
+    ) -> VerifyResult:
+        from tuner.targets.server.verify import verify_script
+
+        return verify_script(path, tolerance=tolerance, timeout_s=timeout_s, settings=settings)
 
     def __init__(self, resolved, settings: dict[str, Any] | None = None) -> None:
         super().__init__(resolved, settings)

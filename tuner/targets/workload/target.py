@@ -6,6 +6,7 @@ import logging
 import math
 import sys
 import time
+from pathlib import Path
 from typing import Any
 
 from pydantic import Field, field_validator
@@ -18,6 +19,7 @@ from tuner.settings import CommonSettings
 from tuner.targets.base import Deployment, LaunchSpec, PreflightReport, Reporter, Target
 from tuner.targets.workload.model import DEFAULT_KNOBS
 from tuner.targets.workload.presets import get_preset
+from tuner.verification import VerifyResult
 
 _logger = logging.getLogger(__name__)
 
@@ -66,6 +68,20 @@ class WorkloadTarget(Target):
     baseline_runs = 2
     Settings = WorkloadSettings
     config: WorkloadSettings
+
+    @classmethod
+    def verify_export(
+        cls,
+        path: Path,
+        recorded: dict[str, Any],
+        *,
+        tolerance: float = 0.15,
+        timeout_s: float = 3600.0,
+        settings: dict[str, Any] | None = None,
+    ) -> VerifyResult:
+        from tuner.targets.workload.verify import verify_workload
+
+        return verify_workload(path, recorded, tolerance, timeout_s)
 
     def __init__(self, resolved: ResolvedSpace, settings: dict[str, Any] | None = None) -> None:
         super().__init__(resolved, settings)
