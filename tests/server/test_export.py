@@ -11,10 +11,10 @@ import pytest
 
 from kernels.plugins.sglang_moe_files import read_moe_config_with_sglang, write_moe_config
 from tuner.export.script import recorded_figures, render_script
+from tuner.figures.verification import read_recorded
 from tuner.measurement import Outcome
 from tuner.targets.base import LaunchSpec
 from tuner.targets.server.verify import verify_script
-from tuner.verification import read_recorded
 
 HOSTILE = "/models/a b'c\"d;touch PWNED1\n$(touch PWNED2)`touch PWNED3` && rm -rf ~ #"
 DEFAULTS = {"context_length": 8192, "kv_cache_dtype": "auto", "buckets": "pow2:4", "fast_path": True}

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from tests.server.conftest import standin_command
-from tuner.verification import read_recorded
+from tuner.figures.verification import read_recorded
 
 ROOT = Path(__file__).resolve().parents[2]
 SPACE = """

@@ -412,8 +412,8 @@ def test_a_goodput_search_stores_the_boundary_and_prunes_a_trial_missing_the_inc
     frozen = study.trials[base.number]
     assert frozen.user_attrs["constraints"][0] <= 0  # the SLO held at the boundary: a feasible trial for Optuna
     # the export records the SLO and the boundary; verify measures that load again and finds it within the SLO
+    from tuner.figures.verification import read_recorded
     from tuner.targets.server.verify import verify_script
-    from tuner.verification import read_recorded
 
     script = Path(result.export_dir) / "launch.sh"
     rec = read_recorded(script)

@@ -12,8 +12,8 @@ import pytest
 
 from storage import Repo
 from tests.server.conftest import standin_command
+from tuner.figures.verification import read_recorded
 from tuner.targets.server.goodput import LEVEL
-from tuner.verification import read_recorded
 
 # the baseline answers its first token after 400 ms: it misses a 150 ms TTFT at every load; 20 ms meets it
 SPACE_YAML = """

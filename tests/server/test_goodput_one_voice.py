@@ -11,7 +11,7 @@ import sys
 from pathlib import Path
 
 from tests.server.conftest import standin_command
-from tuner.verification import read_recorded
+from tuner.figures.verification import read_recorded
 
 SPACE_YAML = """
 name: one-voice

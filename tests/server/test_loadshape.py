@@ -125,7 +125,7 @@ def test_a_trial_records_its_shape_and_sends_it(make_target):
 
 def test_the_export_keeps_the_shape_in_its_recorded_load(tmp_path):
     from tests.server.test_search_on_standin import _search
-    from tuner.verification import read_recorded
+    from tuner.figures.verification import read_recorded
 
     result, _ = _search(
         tmp_path, n_trials=1, load_shape="distribution", prompt_len_std=2.0, length_distribution="normal"

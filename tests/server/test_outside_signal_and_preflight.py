@@ -169,8 +169,8 @@ def test_a_value_a_boolean_or_listed_value_flag_refuses_is_caught_from_its_help(
 
 
 def test_verify_lines_name_no_outcome_when_the_run_measured_and_say_how_close_to_the_limit():
+    from tuner.figures.verification import VerifyResult
     from tuner.targets.server.goodput import closeness
-    from tuner.verification import VerifyResult
 
     missed = VerifyResult(False, Outcome.OK, "goodput_req_s", 0.0, 2.0, reason="misses the SLO")
     assert missed.lines()[0].startswith("NOT verified: ") and "outcome" not in missed.lines()[0]

@@ -11,9 +11,9 @@ from spaces import FAKE_SPACE
 
 from search_spaces import Hardware
 from storage import Repo
+from tuner.figures.verification import read_recorded
 from tuner.search.context import SearchOptions
 from tuner.search.driver import run_search
-from tuner.verification import read_recorded
 
 
 def _space(tmp_path, noise: str) -> str:

@@ -13,10 +13,10 @@ from search_spaces import Hardware, load_space_text, resolve
 from storage import Repo
 from tuner.errors import ExportError
 from tuner.export.script import export_run, render_script
+from tuner.figures.verification import read_recorded
 from tuner.search.context import SearchOptions
 from tuner.search.driver import run_search
 from tuner.targets.base import LaunchSpec
-from tuner.verification import read_recorded
 
 HOSTILE = ["/models/my model", "it's", 'say "hi"', "$HOME", "a;rm -rf /tmp/x", "line1\nline2", "`id`", "*", "--"]
 

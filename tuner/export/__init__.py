@@ -4,7 +4,7 @@ kernel configs (``script``), and ``tuner verify``, which runs an exported script
 
 from tuner.export.script import LOAD_KEYS, export_run, recorded_figures, render_script
 from tuner.export.verify import verify
-from tuner.verification import RECORD_MARK, VerifyResult, read_recorded
+from tuner.figures.verification import RECORD_MARK, VerifyResult, read_recorded
 
 __all__ = [
     "LOAD_KEYS",

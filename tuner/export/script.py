@@ -23,8 +23,10 @@ import yaml
 from storage import Repo
 from tuner import __version__
 from tuner.errors import ExportError
+from tuner.figures.serving import Rules, misses, value_at
+from tuner.figures.serving import recorded as goodput_recorded
+from tuner.figures.verification import RECORD_MARK
 from tuner.targets import Deployment, LaunchSpec, Target
-from tuner.verification import RECORD_MARK
 
 _logger = logging.getLogger(__name__)
 
@@ -244,8 +246,6 @@ def export_run(
     if chosen is not None:
         recorded["point"] = chosen.line
         if recorded.get("goodput"):  # verify re-measures the chosen load, under the SLO it was chosen for
-            from tuner.targets.server.goodput import value_at
-
             rows = {(m.metric, m.level): m.value for m in best_trial.measurements}
             recorded["value"] = value_at(str(recorded.get("metric")), rows, chosen.load)  # the point's, not the run's
             recorded["goodput"]["load"] = float(chosen.load.split("=", 1)[1])
@@ -478,9 +478,7 @@ def _recorded(run, best_runs: list) -> dict[str, Any]:
     }
     best_trial = best_runs[-1] if best_runs else None
     if obj is not None and obj.is_goodput and best_trial is not None:  # verify re-measures the boundary (issue 22)
-        from tuner.targets.server.goodput import recorded
-
-        out["goodput"] = recorded(
+        out["goodput"] = goodput_recorded(
             obj, {(m.metric, m.level): m.value for m in best_trial.measurements}, run.settings or {}
         )
     return out
@@ -492,8 +490,6 @@ def _served_lines(run, trial) -> list[str]:
     counted = sorted({m.metric.split(":", 1)[1] for m in trial.measurements if m.metric.startswith("count:")})
     if not counted:
         return []
-    from tuner.targets.server.goodput import Rules
-
     settings = run.settings or {}
     return [
         f"  tokens counted by: {', '.join(counted)} (usage: the server's count; server: its token ids or "
@@ -527,7 +523,6 @@ def _served_misses(run, trial) -> str:
     """What the trial's lowest load missed of the serving rules (failed requests, tokens delivered) when its latency
     limits held there; empty when a latency limit was missed too (or nothing was stored)."""
     from search_spaces import SpaceError, load_space_text
-    from tuner.targets.server.goodput import Rules, misses
 
     rows: dict[str, dict[str, float]] = {}
     for m in trial.measurements:

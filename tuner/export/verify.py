@@ -3,7 +3,7 @@
 The script's recorded line names the target that exported it; that target re-runs it
 (:meth:`tuner.targets.Target.verify_export`: a server script is launched, loaded at the recorded levels and torn down;
 a workload script re-measures itself) and the result says, per level, the new figure, the recorded one and their
-ratio (:class:`tuner.verification.VerifyResult`). :func:`verify_stored` verifies the script a study's storage keeps
+ratio (:class:`tuner.figures.verification.VerifyResult`). :func:`verify_stored` verifies the script a study's storage keeps
 (its export's artifacts) and stores the result there (artifact ``verify.json``).
 """
 
@@ -16,8 +16,8 @@ from typing import Any
 
 from tuner.errors import ExportError, TargetError
 from tuner.export.script import REMEASURE_NAME, SCRIPT_NAME
+from tuner.figures.verification import VerifyResult, read_recorded
 from tuner.targets import get_target_class
-from tuner.verification import VerifyResult, read_recorded
 
 
 def verify(

@@ -10,9 +10,9 @@ from typing import Any, Callable, ClassVar
 
 from search_spaces import ResolvedSpace
 from tuner.errors import ExportError
+from tuner.figures.verification import VerifyResult
 from tuner.measurement import Measurement
 from tuner.settings import CommonSettings
-from tuner.verification import VerifyResult
 
 _logger = logging.getLogger(__name__)
 

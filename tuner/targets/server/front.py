@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 from storage.front import OperatingPoint, operating_points, pareto_front
 from tuner.errors import ExportError
-from tuner.targets.server.goodput import Rules, misses
+from tuner.figures.serving import Rules, misses
 
 __all__ = [
     "OperatingPoint",
@@ -29,7 +29,7 @@ __all__ = [
 def verdict(p: OperatingPoint, slo: tuple[tuple[str, float], ...] | None = None, rules: Rules = Rules()) -> list[str]:
     """The one answer to whether point ``p`` meets an SLO, empty when it does: under the study's own SLO (``slo``
     None), as its trial's boundary search judged it (:attr:`OperatingPoint.within_slo`); under another (``tuner
-    export --slo``), every rule of :func:`tuner.targets.server.goodput.misses` (failed requests, tokens delivered, the
+    export --slo``), every rule of :func:`tuner.figures.serving.misses` (failed requests, tokens delivered, the
     server keeping up, each limit) on the figures stored at that load, with the study's ``rules``. ``tuner best``,
     ``best --pareto``, ``export``, ``export --slo`` and the search itself all decide with it."""
     if slo is None:

@@ -32,6 +32,7 @@ from typing import Any
 import httpx
 
 from storage.types import MetricRow
+from tuner.figures.serving import MAX_ERROR_RATE, MIN_DELIVERED  # noqa: F401 - the levels' rules, named here too
 from tuner.targets.server.loadshape import LoadShape
 
 _logger = logging.getLogger(__name__)
@@ -831,12 +832,6 @@ def level_metrics(result: LevelResult) -> list[MetricRow]:
         base = name.rsplit("_", 1)[0] if name.endswith(("_mean", "_p50", "_p99")) else name
         rows.append(MetricRow(name, level, float(value), METRIC_UNITS.get(base, "")))
     return rows
-
-
-MAX_ERROR_RATE = 0.01
-"""A level with more failed requests than this share is not counted (setting ``max_error_rate``)."""
-MIN_DELIVERED = 0.95
-"""A level that delivered less than this share of the asked tokens is not counted (setting ``min_delivered``)."""
 
 
 def served_problem(

@@ -60,13 +60,13 @@ from search_spaces import Param
 from search_spaces.schema import LevelConstraint, Objective
 from storage.types import MetricRow
 from tuner.errors import SettingsError, TargetError
+from tuner.figures.verification import VerifyResult
 from tuner.measurement import OUTSIDE_SIGNAL, Measurement, Outcome
 from tuner.targets.base import LaunchSpec, PreflightReport, Reporter, Target
 from tuner.targets.server import failed, greedy, loadgen
 from tuner.targets.server import flags as fl
 from tuner.targets.server.launch import ServerProcess, parse_port_range, pick_free_port
 from tuner.targets.server.settings import ServerSettings
-from tuner.verification import VerifyResult
 
 _logger = logging.getLogger(__name__)
 

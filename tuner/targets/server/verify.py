@@ -1,6 +1,6 @@
 """``tuner verify`` for a server target's export: run the launch script once with ``PORT`` set, load it at the
 recorded levels with the recorded load (a goodput export: its boundary load under the SLO), tear it down, and compare
-with the recorded figures (:mod:`tuner.verification`)."""
+with the recorded figures (:mod:`tuner.figures.verification`)."""
 
 from __future__ import annotations
 
@@ -9,10 +9,10 @@ import time
 from pathlib import Path
 from typing import Any
 
+from tuner.figures.verification import VerifyResult, combine_levels, compare, read_recorded
 from tuner.measurement import Outcome
 from tuner.targets.server import loadgen
 from tuner.targets.server.launch import ServerProcess, parse_port_range, pick_free_port
-from tuner.verification import VerifyResult, combine_levels, compare, read_recorded
 
 _logger = logging.getLogger(__name__)
 

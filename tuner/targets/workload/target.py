@@ -14,12 +14,12 @@ from pydantic import Field, field_validator
 from search_spaces import ResolvedSpace
 from storage.types import MetricRow
 from tuner.errors import KnobError
+from tuner.figures.verification import VerifyResult
 from tuner.measurement import Measurement, Outcome
 from tuner.settings import CommonSettings
 from tuner.targets.base import Deployment, LaunchSpec, PreflightReport, Reporter, Target
 from tuner.targets.workload.model import DEFAULT_KNOBS
 from tuner.targets.workload.presets import get_preset
-from tuner.verification import VerifyResult
 
 _logger = logging.getLogger(__name__)
 

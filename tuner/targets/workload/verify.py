@@ -9,8 +9,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from tuner.figures.verification import VerifyResult, combine_levels, compare, read_recorded
 from tuner.measurement import Outcome
-from tuner.verification import VerifyResult, combine_levels, compare, read_recorded
 
 
 def verify_workload(path: Path, rec: dict[str, Any], tolerance: float, timeout_s: float):
