@@ -68,8 +68,18 @@ def reference_knobs(preset: Preset, knobs: dict[str, Any]) -> dict[str, Any]:
     return normalized(preset, {**precise, "context_length": cap, "indexer_width": "live", "kv_cache_dtype": "bf16"})
 
 
-def tolerance_for(family: str, overrides: dict[str, float]) -> float:
-    return {**DEFAULT_TOLERANCE, **overrides}[family]
+BASELINE_MARGIN = 1.2
+"""A configuration within this factor of the baseline's own error is never ``wrong_result`` under a default
+tolerance: the baseline is the deployment's path (on an H200 SGLang's fp8 linears, fp8 cache and DeepGEMM indexer),
+whose error against the precise reference was not measured as a whole and may pass fp8's 0.30."""
+
+
+def tolerance_for(family: str, overrides: dict[str, float], baseline_err: float = 0.0) -> float:
+    """The family's tolerance: the setting's where given (a user's number holds as written), else the default,
+    widened to :data:`BASELINE_MARGIN` times the baseline's own error when that is larger."""
+    if family in overrides:
+        return overrides[family]
+    return max(DEFAULT_TOLERANCE[family], BASELINE_MARGIN * baseline_err)
 
 
 def step_output(model: DecodeModel, batch: int, live_context: int) -> torch.Tensor:

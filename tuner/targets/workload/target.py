@@ -230,24 +230,28 @@ class WorkloadTarget(Target):
         tolerance (``""`` when within)."""
         from tuner.targets.workload import numerics as nm
 
-        reference = nm.reference_knobs(self.preset, self._knobs(self.resolved.defaults()))
+        baseline = nm.normalized(self.preset, self._knobs(self.resolved.defaults()))
+        reference = nm.reference_knobs(self.preset, baseline)
         cfg = self.config
-        ref = nm.reference_output(
-            self.preset,
-            reference,
-            model.device,
-            seed=cfg.seed,
-            batch=cfg.numerics_batch,
-            live_context=cfg.live_context,
-            own=model,
-        )
-        out = ref if model.knobs == reference else nm.step_output(model, cfg.numerics_batch, cfg.live_context)
+        at = dict(seed=cfg.seed, batch=cfg.numerics_batch, live_context=cfg.live_context)
+        ref = nm.reference_output(self.preset, reference, model.device, own=model, **at)
+        # the baseline's output too (the baseline trial, run first, writes it): a configuration as close to the
+        # reference as the deployment's own path is right enough (`tolerance_for`)
+        base_out = nm.reference_output(self.preset, baseline, model.device, own=model, **at)
+        if model.knobs == reference:
+            out = ref
+        elif model.knobs == baseline:
+            out = base_out
+        else:
+            out = nm.step_output(model, cfg.numerics_batch, cfg.live_context)
         err = nm.rel_err(out, ref)
+        base_err = nm.rel_err(base_out, ref)
         family = nm.dtype_family(model.knobs, model.device)
-        tol = nm.tolerance_for(family, cfg.numerics_tolerance)
+        tol = nm.tolerance_for(family, cfg.numerics_tolerance, base_err if math.isfinite(base_err) else 0.0)
         rows = [
             MetricRow("numerics_rel_err", "", err if math.isfinite(err) else 1e30, ""),
             MetricRow("numerics_tolerance", "", tol, ""),
+            MetricRow("numerics_baseline_err", "", base_err if math.isfinite(base_err) else 1e30, ""),
         ]
         _logger.info("numerics: rel. error %.3g vs the reference (tolerance %.3g, %s family)", err, tol, family)
         if err <= tol:
