@@ -159,8 +159,10 @@ def detect_hardware() -> Hardware:
     import importlib.util
 
     has_flash_mla = importlib.util.find_spec("flash_mla") is not None  # imported by the trial, not here
-    has_deep_gemm = importlib.util.find_spec("deep_gemm") is not None
-    has_sglang_jit = bool(count) and _sglang_jit_buildable()
+    # an installed module that does not load beside this torch (a wheel built for another one) is no capability: on
+    # a GPU each is imported once in a child process, so the baseline never picks a kernel that cannot load
+    has_deep_gemm = importlib.util.find_spec("deep_gemm") is not None and (not count or imports("deep_gemm"))
+    has_sglang_jit = bool(count) and _sglang_jit_buildable() and imports("sglang.kernels.ops.attention.dsv4")
     return Hardware(
         gpu_name=name,
         gpu_count=count,
@@ -172,6 +174,23 @@ def detect_hardware() -> Hardware:
         has_deep_gemm=has_deep_gemm,
         has_sglang_jit=has_sglang_jit,
     )
+
+
+def imports(module: str, timeout_s: float = 120.0) -> bool:
+    """Whether ``import module`` succeeds in a fresh Python process (this process imports nothing of it)."""
+    import subprocess
+    import sys
+
+    try:
+        done = subprocess.run(
+            [sys.executable, "-c", f"import {module}"], capture_output=True, text=True, timeout=timeout_s
+        )
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+    if done.returncode != 0:
+        last = (done.stderr.strip().splitlines() or ["no output"])[-1]
+        _logger.info("%s is installed but does not import here: %s", module, last[:200])
+    return done.returncode == 0
 
 
 def _sglang_jit_buildable() -> bool:

@@ -184,3 +184,17 @@ def test_sglangs_jit_top_k_is_the_baseline_where_it_builds_and_torch_topk_is_a_c
     assert any(ln.startswith("  indexer_topk: SGLang's own kernel") for ln in lines)
     lines = space.deployment.fidelity_lines("sm_90", without.defaults())
     assert any(ln.startswith("  indexer_topk: the twin ran indexer_impl=deepgemm, indexer_topk=torch") for ln in lines)
+
+
+def test_an_installed_module_that_does_not_import_is_no_capability(tmp_path, monkeypatch):
+    """A kernel wheel built for another torch is installed (``find_spec`` sees it) but fails on import: the probe the
+    capability check runs on a GPU says no, so the baseline never picks a kernel that cannot load."""
+    from search_spaces.hardware import imports
+
+    (tmp_path / "broken_kernel_wheel.py").write_text("raise ImportError('undefined symbol: _ZN3c10...')\n")
+    (tmp_path / "good_kernel_wheel.py").write_text("VALUE = 1\n")
+    monkeypatch.setenv("PYTHONPATH", str(tmp_path))
+    assert importlib.util.find_spec("json") is not None and imports("json")
+    assert imports("good_kernel_wheel")
+    assert not imports("broken_kernel_wheel")
+    assert not imports("no_such_kernel_wheel")
