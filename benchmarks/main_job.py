@@ -187,6 +187,8 @@ def measure(out_dir: Path, preset: str, repeats: int, timeout: float) -> dict:
         argv += ["--study-best", f"{r['storage']}#{r['study']}"]
     for r in with_best:  # after every best (the positions above stay): each exported command's configuration
         argv += ["--study-command", f"{r['storage']}#{r['study']}"]
+    if with_best:  # last: the baseline the first run's machine resolved (on a mapped GPU, SGLang's default path)
+        argv += ["--study-baseline", f"{with_best[0]['storage']}#{with_best[0]['study']}"]
     out = subprocess.run(argv, capture_output=True, text=True, cwd=ROOT)
     (out_dir / "side_by_side.log").write_text(out.stdout + out.stderr)
     if out.returncode != 0:
@@ -267,10 +269,18 @@ def report(data: dict, source: Path | str = "main_job.json") -> str:
         lines.append(
             f"{c['name']}: {vs_best:.3f} of its best, {vs_hand:.3f} of the hand-written best (geomean, side by side)"
         )
+    sglang = next((c for c in side["cases"] if c["name"].startswith("SGLang's defaults") and "tok_s" in c), None)
+    if sglang is not None:  # every measured case over SGLang's default path on this GPU, per level
+        lines += ["", f"Over {sglang['name']}, per level ({', '.join(side['levels'])}):", ""]
+        for c in side["cases"]:
+            if c is sglang or "tok_s" not in c:
+                continue
+            per = " / ".join(f"{c['tok_s'][lv] / sglang['tok_s'][lv]:.2f}" for lv in side["levels"])
+            lines.append(f"- {c['name']}: {per}x")
     lines += [
         "",
         "Side by side (tok/s, one run of `benchmarks/workload_gpu.py --only-ends --study-best ... "
-        "--study-command ...`):",
+        "--study-command ... --study-baseline ...`):",
         "",
     ]
     lines += [

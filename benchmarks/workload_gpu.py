@@ -140,6 +140,21 @@ def study_best(spec: str, default: dict | None = None) -> tuple[str, dict]:
     return f"best found by `{study}` (trial {trial.number}, stored {run.best_value:.2f})", knobs
 
 
+def study_baseline(spec: str, default: dict | None = None) -> tuple[str, dict]:
+    """``URL#STUDY`` -> (case name, knobs) of that study's baseline trial: on a GPU the deployment map covers, SGLang's
+    default path as the study's machine could run it (``search_spaces.resolve``), over ``default``."""
+    from storage import Repo
+
+    url, _, study = spec.rpartition("#")
+    repo = Repo(url)
+    run = repo.get_run(study) if url and study else None
+    trial = repo.baseline_trial(run.id) if run is not None else None
+    if trial is None:
+        raise SystemExit(f"--study-baseline: no study {study!r} with a baseline trial in {url or spec!r}")
+    knobs = {**(DEFAULT if default is None else default), **{k: v for k, v in trial.params.items() if v is not None}}
+    return f"SGLang's defaults on this GPU (the baseline of `{study}`, trial {trial.number})", knobs
+
+
 def study_command(spec: str, default: dict | None = None) -> tuple[str, dict, str] | None:
     """``URL#STUDY`` -> (case name, knobs, the best's case name) of the configuration that study's exported command
     runs (``server_map.command_config`` on the study's GPU: every value the command cannot give replaced by what SGLang
@@ -256,6 +271,13 @@ def main() -> int:
         "the same URL#STUDY as --study-best)",
     )
     ap.add_argument(
+        "--study-baseline",
+        default="",
+        metavar="URL#STUDY",
+        help="add a stored search's baseline trial as a case, last (on a GPU the deployment map covers: SGLang's "
+        "default path as that machine ran it)",
+    )
+    ap.add_argument(
         "--gemm-impl",
         default="",
         metavar="IMPL[,IMPL]",
@@ -338,6 +360,8 @@ def main() -> int:
     cases += [(name, knobs) for name, knobs, _ in found_variants]
     commands = [c for c in (study_command(spec, default) for spec in args.study_command) if c is not None]
     cases += [(name, knobs) for name, knobs, _ in commands]
+    if args.study_baseline:
+        cases.append(study_baseline(args.study_baseline, default))
     bases = {name: base for name, _, base in found_variants + kv_variants + commands}
     for name, knobs in cases:
         r = run_case(knobs, args.preset, args.levels, args.repeats, args.timeout)

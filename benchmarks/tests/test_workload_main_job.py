@@ -91,6 +91,25 @@ def test_the_report_is_written_from_stored_data_with_the_found_over_hand_written
         "the exported command of `a` (its best less 3 code changes): 0.500 of its best, 0.400 of the hand-written best"
     ) in text
     assert "| 1 | b | 30 | 360 | 5.00 | 8.0 | 0.01/0.20/-/-/-/1.50 | 1.000 |" in text
+    assert "Over SGLang" not in text  # no baseline case measured: no line over it
+
+
+def test_the_report_puts_every_case_over_sglangs_defaults_per_level_when_the_baseline_was_measured():
+    hand = {"c=1": 50.0, "c=16": 500.0, "c=64": 1600.0}
+    run = {**_run(0, "a", 1.0), "side_case": 2}
+    sglang = {"c=1": 25.0, "c=16": 400.0, "c=64": 800.0}
+    cases = [
+        {"name": "default (...)", "knobs": {}, "tok_s": {lv: v / 5 for lv, v in hand.items()}, "wall_s": 30},
+        {"name": "hand-written best", "knobs": {}, "tok_s": hand, "wall_s": 30},
+        {"name": "best found by `a` (trial 3, stored 1.00)", "knobs": {}, "tok_s": hand, "wall_s": 30},
+        {"name": "SGLang's defaults on this GPU (the baseline of `a`, trial 0)", "knobs": {}, "tok_s": sglang},
+    ]
+    side = {"gpu": "NVIDIA H200", "date": "2026-12-03", "commit": "abc1234", "levels": LEVELS, "cases": cases}
+    with benchmark_script("main_job") as mj:
+        text = mj.report({"preset": "dsv4-flash", "runs": [run], "measured": {}, "side_by_side": side})
+    assert "Over SGLang's defaults on this GPU (the baseline of `a`, trial 0), per level (c=1, c=16, c=64):" in text
+    assert "- best found by `a` (trial 3, stored 1.00): 2.00 / 1.25 / 2.00x" in text
+    assert "- default (...): 0.40 / 0.25 / 0.40x" in text
 
 
 def test_report_from_a_filed_json_writes_the_md_beside_it_naming_that_file(tmp_path):
@@ -180,8 +199,13 @@ def test_the_main_job_benchmark_runs_two_seeds_on_the_cpu_twin_and_writes_its_js
     assert names[:2] == ["default (the CPU twin's space defaults)", "hand-written best"]
     assert all("tok_s" in c for c in side["cases"][:2]), side["cases"][:2]
     with_best = [r for r in data["runs"] if r["best_trial"] is not None]
-    bests, commands = side["cases"][2 : 2 + len(with_best)], side["cases"][2 + len(with_best) :]
+    bests, commands = side["cases"][2 : 2 + len(with_best)], side["cases"][2 + len(with_best) : -1]
     assert all(c["name"].startswith("best found by") for c in bests)
+    # last, the first run's baseline trial (on a CPU: the tiny space's defaults), and every case over it in the report
+    baseline = side["cases"][-1]
+    assert baseline["name"] == f"SGLang's defaults on this GPU (the baseline of `{with_best[0]['study']}`, trial 0)"
+    assert "tok_s" in baseline, baseline
+    assert f"Over {baseline['name']}, per level ({', '.join(side['levels'])}):" in (out / "main_job.md").read_text()
     # then each exported command's configuration (where it differs from its best), compared with that best
     assert all(
         c["name"].startswith("the exported command of") and c["base"] in [b["name"] for b in bests] for c in commands

@@ -1,0 +1,86 @@
+#!/usr/bin/env bash
+# SGLang's kernels in the twin on the lent H200, then the README's main job on them, as background chains that
+# outlive the device calls (each call is at most 10 minutes; a warm machine keeps /tmp and setsid processes while
+# calls follow each other within its idle window). Results gather under /tmp/dep; every call copies them to $OUT.
+#
+#   call 1, carry .sgw .dg:  TUNER_COMMIT=<sha> bash benchmarks/deployment_gpu.sh kernels
+#       background: FULL=1 benchmarks/sglang_jit_gpu.sh (SGLang's JIT top-k and norm/RoPE beside ours, DeepGEMM built
+#       from source, SGLang's Hopper indexer against the cap, the indexer's GPU tests) into /tmp/dep/kernels
+#   call 2, carry .whl:      TUNER_COMMIT=<sha> bash benchmarks/deployment_gpu.sh mainjob 0,1,2 [WATCH_S]
+#       installs optuna & co. into /tmp/site; background, once the kernels chain is done: a 45-s smoke search, then
+#       `benchmarks/main_job.py search --budget 7m` per seed with SGLang's kernels importable (the baseline is then
+#       SGLang's default path on this GPU), `measure` after the second seed and again after the last
+#   later calls:             bash benchmarks/deployment_gpu.sh watch [WATCH_S]
+# `watch` (also the tail of the two above) waits up to WATCH_S seconds (default 540) or until both chains end, then
+# copies /tmp/dep's small files to $OUT and prints where each chain stands.
+. "$(dirname "$0")/gpu_env.sh"
+dep=/tmp/dep
+mkdir -p "$dep"
+
+collect() {
+  (cd "$dep" && find . -type f -size -40M \( -name '*.json' -o -name '*.md' -o -name '*.txt' -o -name '*.log' \
+    -o -name '*.db' -o -name '*.sh' -o -name '*.yaml' -o -name '*.toml' -o -name '*.py' -o -name 'MANIFEST*' \) \
+    -not -path './tree/*' -print0 | xargs -0 -r cp --parents -t "$OUT")
+  for chain in kernels mainjob; do
+    if [ -f "$dep/$chain.done" ]; then echo "== $chain: done ($(cat "$dep/$chain.done"))"
+    elif [ -f "$dep/$chain.log" ]; then echo "== $chain: running"; else echo "== $chain: not started"; fi
+    [ -f "$dep/$chain.log" ] && tail -n 15 "$dep/$chain.log"
+  done
+}
+
+watch() {
+  local until=$(( $(date +%s) + ${1:-540} ))
+  while [ "$(date +%s)" -lt "$until" ]; do
+    { [ -f "$dep/kernels.done" ] || [ ! -f "$dep/kernels.log" ]; } \
+      && { [ -f "$dep/mainjob.done" ] || [ ! -f "$dep/mainjob.log" ]; } && break
+    sleep 5
+  done
+  collect
+}
+
+snapshot() {  # the tree the chains run: a copy, so that the next call's sync of the working tree cannot touch it
+  if [ ! -d "$dep/tree" ]; then
+    mkdir -p "$dep/tree"
+    tar cf - --exclude=./.sgw --exclude=./.whl --exclude=./.git . | tar xf - -C "$dep/tree"
+  fi
+}
+
+case "${1:-}" in
+  kernels)
+    snapshot
+    cp -r .sgw .dg "$dep/tree/"
+    (cd "$dep/tree" && TUNER_COMMIT=$TUNER_COMMIT OUT=$dep/kernels FULL=1 setsid nohup bash -c \
+      'bash benchmarks/sglang_jit_gpu.sh; echo "exit $? at $(date -u +%H:%M:%S)" > /tmp/dep/kernels.done' \
+      > "$dep/kernels.log" 2>&1 < /dev/null &)
+    watch "${2:-20}"
+    ;;
+  mainjob)
+    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
+      || { echo "the .whl wheels did not install"; exit 1; }
+    snapshot
+    seeds=${2:?usage: deployment_gpu.sh mainjob SEEDS [WATCH_S]}
+    cat > "$dep/mainjob_chain.sh" <<EOF
+set -u
+cd $dep/tree
+while [ ! -f $dep/kernels.done ]; do sleep 5; done
+export PYTHONPATH=/tmp/site:/tmp/sgsite:/tmp/deepgemm:$dep/tree CUDA_HOME=/usr/local/cuda PYTHONUNBUFFERED=1
+export LD_PRELOAD=/usr/lib/x86_64-linux-gnu/libstdc++.so.6 TUNER_COMMIT=$TUNER_COMMIT
+mkdir -p $dep/smoke && (cd $dep/smoke && timeout 170 python3 -m tuner.cli search --budget 45s --seed 99 --dry-run \
+  > dry_run.txt 2>&1; timeout 170 python3 -m tuner.cli search --budget 45s --seed 99 > search.log 2>&1; \
+  echo "smoke search exit \$?" >> search.log)
+tail -n 5 $dep/smoke/search.log
+n=0
+for s in ${seeds//,/ }; do
+  echo "seed \$s: start \$(date -u +%H:%M:%S)"
+  python3 benchmarks/main_job.py search --seed \$s --budget 7m --out-dir $dep/mj || echo "seed \$s: failed"
+  n=\$((n + 1))
+  if [ \$n -ge 2 ]; then python3 benchmarks/main_job.py measure --out-dir $dep/mj || echo "measure failed"; fi
+done
+echo "exit 0 at \$(date -u +%H:%M:%S)" > $dep/mainjob.done
+EOF
+    (setsid nohup bash "$dep/mainjob_chain.sh" > "$dep/mainjob.log" 2>&1 < /dev/null &)
+    watch "${3:-540}"
+    ;;
+  watch) watch "${2:-540}" ;;
+  *) echo "usage: deployment_gpu.sh kernels|mainjob SEEDS|watch [WATCH_S]"; exit 2 ;;
+esac
