@@ -3,7 +3,9 @@ ratios on one baseline figure whose spread is known, the install hint as written
 ``tuner status`` (the baseline's own figure and spread, repeats folded, only columns that hold data) and the test
 script's output."""
 
+import datetime as dt
 import re
+import sqlite3
 import subprocess
 import sys
 from pathlib import Path
@@ -180,3 +182,28 @@ def test_the_cpu_main_job_s_ratios_never_move_by_more_than_the_baseline_s_spread
     figures.append((float(final[1]), 0.0))
     for figure, rounding in figures:  # a ratio printed to 2 decimals: its rounding beside the spread
         assert abs(figure / first - 1) <= spread + rounding + 1e-9, (figure, first, spread, r.stdout)
+
+
+def test_parallel_workers_start_no_trial_with_less_time_left_than_one_trial_needs(tmp_path):
+    """The target says a trial needs 20 s to give a figure: two worker threads stop starting trials once less than
+    that is left of a 32-s budget, as the one-worker loop does (they went on until 1 s was left, and each such trial
+    was cut off). Read from the trials' stored start times, which a loaded machine only pulls closer together."""
+    space = FAKE_SPACE.replace("values: [ok, crash, hang, oom, raise]", "values: [ok]").replace(
+        "settings: {sleep_s: 0.0}", "settings: {sleep_s: 1.0, min_trial_s: 20}"
+    )
+    (tmp_path / "s.yaml").write_text(space)
+    r = tuner(
+        "search",
+        *("--budget", "32s", "--space", "s.yaml", "--confirm-top", "0", "--refine-share", "0"),
+        *("--workers", "2", "--converge-after", "0", "--study", "s", "-o", "out"),
+        cwd=tmp_path,
+    )
+    assert r.returncode == 0, r.stderr
+    starts = [
+        dt.datetime.fromisoformat(s)
+        for (s,) in sqlite3.connect(tmp_path / "tuner.db").execute("select started_at from tuner_trials")
+    ]
+    # the first trial starts after the budget's clock did, so the last start lies at most 32 - 20 s (and the lag of
+    # one ask) after it; before the fix the workers started trials until about 31 s
+    span = (max(starts) - min(starts)).total_seconds()
+    assert len(starts) >= 2 and span <= 16, (span, len(starts), r.stdout[-2000:])
