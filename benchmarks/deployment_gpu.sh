@@ -17,10 +17,10 @@
 dep=/tmp/dep
 mkdir -p "$dep"
 
-collect() {
+collect() {  # one archive: a call brings back only a few files
   (cd "$dep" && find . -type f -size -40M \( -name '*.json' -o -name '*.md' -o -name '*.txt' -o -name '*.log' \
     -o -name '*.db' -o -name '*.sh' -o -name '*.yaml' -o -name '*.toml' -o -name '*.py' -o -name 'MANIFEST*' \) \
-    -not -path './tree/*' -print0 | xargs -0 -r cp --parents -t "$OUT")
+    -not -path './tree/*' -print0 | tar czf "$OUT/dep.tgz" --null -T -)
   for chain in kernels mainjob; do
     if [ -f "$dep/$chain.done" ]; then echo "== $chain: done ($(cat "$dep/$chain.done"))"
     elif [ -f "$dep/$chain.log" ]; then echo "== $chain: running"; else echo "== $chain: not started"; fi

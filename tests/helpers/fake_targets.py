@@ -71,8 +71,11 @@ class FakeTarget(Target):
                 time.sleep(self.config.slow_rerun_s[name])
         levels = {c: factor * (10.0 + 5 * x) * c**0.5 for c in self.space.objective.levels}
         for i, (c, v) in enumerate(levels.items()):
-            if report is not None:
-                report(i, v)
+            pruned = report is not None and report(i, v)
+            while mode == "deaf":  # a target that goes on after its first intermediate value, whatever the verdict
+                time.sleep(1)
+            if pruned:
+                break  # stop here (the contract of report)
         metrics = [MetricRow("tok_s", f"c={c}", v, "tok/s") for c, v in levels.items()]
         for c in levels if self.config.served else ():
             err, delivered = self.config.served.get(name, [0.0, 1.0]) if c == max(levels) else [0.0, 1.0]

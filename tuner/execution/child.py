@@ -17,7 +17,7 @@ import time
 import traceback
 
 from storage.types import MetricRow
-from tuner.execution.isolation import DONE_MARK, MARK, RETIRE_MARK
+from tuner.execution.isolation import DONE_MARK, MARK, PRUNE_VERDICT, RETIRE_MARK
 from tuner.measurement import Measurement, Outcome
 from tuner.processes import die_with_parent
 
@@ -46,8 +46,16 @@ def classify_exception(exc: BaseException) -> Outcome:
 
 
 def report(step: int, value: float) -> bool:
+    """A one-trial process's intermediate value: the parent kills the process on a prune."""
     print(MARK + json.dumps({"step": step, "value": value}), flush=True)
     return False
+
+
+def serve_report(step: int, value: float) -> bool:
+    """A persistent worker's intermediate value: the parent answers on stdin (``PRUNE_VERDICT`` or ``GO_VERDICT``);
+    on a prune the target stops (``report``'s contract) and this process stays for the next trial."""
+    print(MARK + json.dumps({"step": step, "value": value}), flush=True)
+    return sys.stdin.readline().strip() == PRUNE_VERDICT
 
 
 def _target(job: dict, cache: dict):
@@ -68,7 +76,7 @@ def _target(job: dict, cache: dict):
     return cache[key]
 
 
-def _run(job: dict, cache: dict, served: int = 0):
+def _run(job: dict, cache: dict, served: int = 0, reporter=report):
     """Evaluate one job and write its result file; returns the target (None when it could not be built) and the
     measurement. Every measurement gets ``trial_time_s@spawn`` (from the parent sending the job to the evaluation's
     start: a fresh interpreter's start and imports, ~0 in a reused worker) and ``worker_trial`` (how many trials this
@@ -78,7 +86,7 @@ def _run(job: dict, cache: dict, served: int = 0):
     try:
         target = _target(job, cache)
         started = time.time()
-        m = target.evaluate(job["params"], float(job["deadline"]), report)
+        m = target.evaluate(job["params"], float(job["deadline"]), reporter)
     except BaseException as exc:  # noqa: BLE001 - every failure is data
         if isinstance(exc, KeyboardInterrupt):
             raise
@@ -109,7 +117,7 @@ def main(argv: list[str] | None = None) -> int:
         if not line.strip():
             continue
         job = json.loads(line)
-        target, m = _run(job, cache, served)
+        target, m = _run(job, cache, served, serve_report)
         served += 1
         retire = target is not None and not target.worker_reusable(m)  # the target does not trust this process
         if retire:

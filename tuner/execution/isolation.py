@@ -37,6 +37,9 @@ _logger = logging.getLogger(__name__)
 MARK = "@@tuner "
 DONE_MARK = "@@tuner-done "
 RETIRE_MARK = "@@tuner-retire"
+PRUNE_VERDICT, GO_VERDICT = "@@tuner-prune", "@@tuner-go"
+"""A persistent worker's parent answers each intermediate value on the worker's stdin with one of these lines: the
+worker's ``report`` returns True on a prune, the target stops (``report``'s contract), and the process is kept."""
 """Printed by a persistent worker just before a trial's done line when its target does not trust the process with
 the next trial (:meth:`~tuner.targets.base.Target.worker_reusable`): the parent retires it."""
 LOG_LINES = 200

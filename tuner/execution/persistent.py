@@ -3,10 +3,13 @@ trial after trial (one job per stdin line, ``@@tuner-done <result path>`` when i
 
 For short trials such as kernel configs, where a fresh interpreter + torch + CUDA context (~2 s) would cost more than
 the trial. Same contract as :class:`tuner.execution.isolation.TrialProcess` (``wait``/``kill``, intermediate values to the
-pruner, the process group killed at the deadline); a trial that times out, is pruned, dies, or ends with an outcome
-outside :data:`KEEP_ALIVE` (a crash or OOM may leave the CUDA context broken) retires the process, and the next
-trial starts a fresh one; so does a trial after which the target says the process is not to be trusted
-(:meth:`~tuner.targets.base.Target.worker_reusable`: the workload's numerics failure).
+pruner, the process group killed at the deadline). A prune is answered on the worker's stdin: the target stops at
+that intermediate value and the process stays (a target that has not stopped :data:`PRUNE_GRACE_S` later is killed).
+A trial that times out, dies, or ends with an outcome outside :data:`KEEP_ALIVE` (a crash or OOM may leave the CUDA
+context broken) retires the process, and the next trial starts a fresh one; so does a trial after which the target
+says the process is not to be trusted (:meth:`~tuner.targets.base.Target.worker_reusable`: the workload's numerics
+failure). A fresh process costs an interpreter, torch, the target's libraries and a CUDA context: on an H200 with
+SGLang's and DeepGEMM's kernels importable, 15-20 s a trial when every prune retired it.
 """
 
 from __future__ import annotations
@@ -23,7 +26,9 @@ from collections.abc import Callable
 
 from tuner.execution.isolation import (
     DONE_MARK,
+    GO_VERDICT,
     LOG_LINES,
+    PRUNE_VERDICT,
     RETIRE_MARK,
     TrialJob,
     ask_pruner,
@@ -41,6 +46,8 @@ _logger = logging.getLogger(__name__)
 
 KEEP_ALIVE = frozenset({"ok", "wrong_result", "invalid_config", "compile_error", "out_of_resources"})
 """Outcomes after which a persistent worker is trusted with the next trial (its CUDA context is intact)."""
+PRUNE_GRACE_S = 10.0
+"""Seconds a pruned trial's target has to stop after the verdict before its process is killed."""
 
 
 class PersistentWorker:
@@ -62,6 +69,7 @@ class PersistentWorker:
         self._retire = False  # the trial in flight's target asked for a fresh process after it
         self._reporter: Callable[[int, float], bool] | None = None
         self._on_prune: Callable[[], None] | None = None
+        self._stdin_lock = threading.Lock()
 
     def alive(self) -> bool:
         return self.proc is not None and self.proc.poll() is None
@@ -91,10 +99,20 @@ class PersistentWorker:
                     self._done.set()
             elif (step := parse_report(line)) is None:
                 self.log.append(line)
-            else:
+            else:  # the worker waits for the verdict on every intermediate value
                 reporter, on_prune = self._reporter, self._on_prune
-                if reporter is not None and ask_pruner(reporter, *step) and on_prune is not None:
+                prune = reporter is not None and ask_pruner(reporter, *step)
+                self._send(proc, PRUNE_VERDICT if prune else GO_VERDICT)
+                if prune and on_prune is not None:
                     on_prune()
+
+    def _send(self, proc: subprocess.Popen, line: str) -> None:
+        with self._stdin_lock:
+            try:
+                proc.stdin.write(line + "\n")  # type: ignore[union-attr]
+                proc.stdin.flush()  # type: ignore[union-attr]
+            except (OSError, ValueError):  # died: wait() reports it
+                pass
 
     def start(self, job: TrialJob, reporter: Callable[[int, float], bool] | None = None) -> PersistentTrial:
         if job.gpus != self.gpus or job.env != self.env:
@@ -129,13 +147,10 @@ class PersistentTrial:
         worker._retire = False
         worker._expect = self.result_path
         worker._reporter = reporter
-        worker._on_prune = lambda: self.kill(Outcome.PRUNED)
+        self._pruned_at: float | None = None
+        worker._on_prune = self._prune
         self.started = time.time()
-        try:
-            worker.proc.stdin.write(json.dumps(job_payload(job, self.result_path)) + "\n")  # type: ignore[union-attr]
-            worker.proc.stdin.flush()  # type: ignore[union-attr]
-        except (OSError, ValueError):  # died between trials: wait() reports it
-            pass
+        worker._send(worker.proc, json.dumps(job_payload(job, self.result_path)))  # type: ignore[arg-type]
 
     @property
     def pid(self) -> int:
@@ -146,11 +161,19 @@ class PersistentTrial:
             self._killed_reason = why
         kill_group(self.proc)  # type: ignore[arg-type]
 
+    def _prune(self) -> None:
+        """The pruner's verdict was sent: the target stops at this intermediate value (see :meth:`wait`)."""
+        if self._pruned_at is None:
+            self._pruned_at = time.time()
+
     def wait(self, hard_deadline: float | None = None) -> Measurement:
         deadline = hard_deadline if hard_deadline is not None else self.job.deadline
         w, proc = self.worker, self.proc
         while not w._done.wait(timeout=max(0.0, min(0.2, deadline - time.time()))):
             if proc.poll() is not None or self._killed_reason is not None:  # type: ignore[union-attr]
+                break
+            if self._pruned_at is not None and time.time() - self._pruned_at >= PRUNE_GRACE_S:
+                self.kill(Outcome.PRUNED)  # a target that does not stop at the verdict
                 break
             if time.time() >= deadline:
                 self.kill(Outcome.TIMEOUT)
@@ -159,14 +182,16 @@ class PersistentTrial:
             proc.wait()  # type: ignore[union-attr]
             time.sleep(0.05)  # let the reader take the last lines
         w._reporter = w._on_prune = None
+        pruned = self._killed_reason is None and self._pruned_at is not None and w._done.is_set()
         m = finish_measurement(
             read_result(self.result_path),
-            self._killed_reason,
+            Outcome.PRUNED if pruned else self._killed_reason,
             None if proc.poll() is None else proc.returncode,  # type: ignore[union-attr]
             "\n".join(w.log),
             time.time() - self.started,
         )
-        if self._killed_reason is not None or proc.poll() is not None or m.outcome.value not in KEEP_ALIVE or w._retire:
+        kept = m.outcome.value in KEEP_ALIVE or pruned  # a pruned target stopped on its own: its context is intact
+        if self._killed_reason is not None or proc.poll() is not None or not kept or w._retire:
             w.stop()  # a fresh process for the next trial
         return m
 
