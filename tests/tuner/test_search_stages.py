@@ -124,6 +124,28 @@ def test_a_stage_that_spent_its_share_ends_without_converging(tmp_path):
     assert "its share of the time is spent" in line and sp.current.name == "code changes"
 
 
+def test_the_stages_share_the_time_left_once_the_baseline_s_runs_are_done(tmp_path):
+    """Two baseline runs took 60 s of a 120-s time for trials: the command stage gets half of the 60 s left, not
+    half of the 120 (it had ended before its first trial, and a CPU main job's command stage never ran)."""
+    resolved = resolve(load_space(str(_write(tmp_path, STAGED_SPACE))), CPU)
+    sp = StagePlan(plan(resolved, deployable_only=False), stretch=0)
+
+    class T:
+        def __init__(self, baseline=False):
+            self.value, self.repeat_of, self.outcome, self.is_baseline = 10.0, None, "ok", baseline
+
+    trials = [T(True)]
+    assert sp.observe(trials, maximize=True, noise=0.0, started=0.0, trials_end=120.0, now=30.0) is None
+    trials.append(T(True))
+    assert sp.observe(trials, maximize=True, noise=0.0, started=0.0, trials_end=120.0, now=60.0) is None
+    trials.append(T())
+    assert sp.observe(trials, maximize=True, noise=0.0, started=0.0, trials_end=120.0, now=75.0) is None
+    assert sp.current.name == "command"  # 60 + 30 s is its end
+    trials.append(T())
+    line = sp.observe(trials, maximize=True, noise=0.0, started=0.0, trials_end=120.0, now=90.0)
+    assert line.startswith("stage 'command' ends after 2 trials (its share of the time is spent)")
+
+
 def _write(tmp_path, text):
     p = tmp_path / "rule.yaml"
     p.write_text(text)

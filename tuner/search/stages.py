@@ -6,7 +6,8 @@ A workload search whose space marks values the exported SGLang command cannot se
 **code changes** (the whole space). Any other search is one stage, **search**. The baseline and the confirmation
 re-runs always use the whole space.
 
-A stage ends when its share of the time for trials is spent, or earlier when it has **converged**: over the last
+A stage ends when its share of the time for trials is spent (the shares are of the time left once the baseline's runs
+are done: the baseline is no stage's trial), or earlier when it has **converged**: over the last
 ``stretch`` trials of the stage (``--converge-after N``, at least a fifth of the stage's trials so far) no new
 configuration beat the best found before them by more than the measured noise (the best's own step-time spread,
 at least :data:`MIN_GAIN`), and either a quarter or more of those proposals were repeats of configurations already
@@ -211,6 +212,8 @@ class StagePlan:
     """What each stage ended with, in order: the one-line messages."""
     converged_line: str = ""
     """Set when the last stage converged: the search ends early."""
+    clock_start: float | None = None
+    """When the stages' time starts: the end of the baseline's last run (``observe`` sets it)."""
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
     @property
@@ -241,8 +244,12 @@ class StagePlan:
             if self.done:
                 return None
             mine = [t for t in trials[self.first :] if not t.is_baseline]
+            if self.index == 0 and not mine:  # the baseline's runs so far: the stages' time starts after them
+                self.clock_start = now
+                return None
+            start = started if self.clock_start is None else self.clock_start
             last = self.index == len(self.stages) - 1
-            ends_at = started + (trials_end - started) * sum(s.share for s in self.stages[: self.index + 1])
+            ends_at = start + (trials_end - start) * sum(s.share for s in self.stages[: self.index + 1])
             if self.n_trials is not None:
                 spent = len(trials) >= math.ceil(self.n_trials * sum(s.share for s in self.stages[: self.index + 1]))
             else:
