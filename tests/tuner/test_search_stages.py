@@ -223,3 +223,32 @@ def test_this_command_is_the_command_stages_best_when_it_measured_better_than_th
     got = best_command(repo, run, space, arch, projected)
     assert (got is not None and got.number == 1) == expect_command_stage
     assert best_command(repo, run, space, arch, command_config(space, command_best, arch)) is None  # deployable
+
+
+def test_a_command_that_measured_no_gain_beyond_the_noise_is_not_exported_the_baseline_is(sqlite_url):
+    """On an H200 the command stage's best was a context cap of 262144, 0.2% over SGLang's defaults whose two runs
+    spread 0.2% too: the export then cut the server's context from 1M for nothing. Among the commands within the
+    noise of the best, the one with the fewest changes from the baseline is the command."""
+    from spaces import tiny_workload_run
+
+    from tuner.targets.workload.deploy import command_config, command_stage_best, deployment
+
+    repo, run, space = tiny_workload_run(sqlite_url, "parsimonious", 600)
+    arch = "sm_90"
+    defaults = command_config(space, space.defaults(), arch).params
+    for number, value in ((0, 10.0), (1, 10.2)):  # the baseline, run twice: 2% apart
+        repo.start_trial(run.id, number, defaults, is_baseline=True)
+        repo.finish_trial(run.id, number, outcome="ok", value=value, duration_s=1.0)
+    capped = {**defaults, "context_length": 4096}
+    _store(repo, run, 2, capped, 10.15)  # the best command by 0.5%: within the noise
+    best = {**defaults, "context_length": 65536, "indexer_width": "live"}  # a code change
+    _store(repo, run, 3, best, 30.0)
+    projected = command_config(space, best, arch)
+    got = command_stage_best(repo, run.id, True, space, arch, projected)
+    assert got is not None and got.number == 0 and got.parsimony.switched
+    dep = deployment(space, best, arch, None, staged=got)
+    assert dep.params["context_length"] == defaults["context_length"]
+    assert any("the fewest changes from the baseline" in line for line in dep.lines), dep.lines
+    _store(repo, run, 4, capped, 13.0)  # the cap re-run far beyond the noise: now it is the command
+    _store(repo, run, 5, capped, 13.1)
+    assert command_stage_best(repo, run.id, True, space, arch, projected).number == 2

@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from search_spaces import Space
+from tuner.figures.parsimony import NOISE_CAP, Candidate, prefer_parsimonious
 from tuner.targets.base import Deployment
 from tuner.targets.workload.presets import get_preset
 from tuner.targets.workload.server_map import CommandConfig, ServerLaunch, command_config, server_launch
@@ -254,27 +255,44 @@ def command_stage_best(
     repo, run_id: int, maximize: bool, space: Space, arch: str | None, projected: CommandConfig
 ) -> Any | None:
     """The search's best configuration the command can give as it is (``command_config`` changes nothing: the
-    command stage's best, ``tuner.search.stages``), when its median beats the median of ``projected`` (the best's
-    own configuration with its code changes taken out) or ``projected`` was never measured; else ``None``.
-    Returns the trial record of its first run."""
+    command stage's best, ``tuner.search.stages``), when it beats the median of ``projected`` (the best's own
+    configuration with its code changes taken out) or ``projected`` was never measured; else ``None``. "Best" is
+    parsimonious (``tuner.figures.parsimony``): among the deployable configurations within the measured noise of
+    the best median, the one with the fewest changes from the baseline (on a GPU the deployment map covers, SGLang's
+    own defaults), so that a flag which measured no gain (a context cap on Hopper) is not exported. Returns the
+    trial record of that configuration's first run, with ``parsimony`` set to the choice."""
     if not projected.changes:
         return None
     groups: dict[str, list] = {}
     for t in repo.list_trials(run_id, outcome="ok"):
         if t.value is not None and t.repeat_of is None:
             groups.setdefault(json.dumps(t.params, sort_keys=True, default=str), []).append(t)
-    sign = 1.0 if maximize else -1.0
-    deployable = [
-        (statistics.median(r.value for r in runs), runs[0])
-        for runs in groups.values()
-        if not command_config(space, runs[0].params, arch).changes
-    ]
+    deployable = {key: runs for key, runs in groups.items() if not command_config(space, runs[0].params, arch).changes}
     if not deployable:
         return None
-    median, first = max(deployable, key=lambda d: sign * d[0])
-    mine = groups.get(json.dumps(projected.params, sort_keys=True, default=str))
-    if mine and sign * statistics.median(r.value for r in mine) >= sign * median:
+    baseline = repo.baseline_trial(run_id)
+    defaults = dict(baseline.params) if baseline is not None else space.defaults()
+    spreads = [
+        (max(r.value for r in runs) - min(r.value for r in runs)) / statistics.median(r.value for r in runs)
+        for runs in deployable.values()
+        if len(runs) > 1 and statistics.median(r.value for r in runs)
+    ]
+    noise = min(NOISE_CAP, max(spreads, default=0.0))
+    choice = prefer_parsimonious(
+        [Candidate(key, runs[0].params, statistics.median(r.value for r in runs)) for key, runs in deployable.items()],
+        defaults,
+        noise,
+        maximize=maximize,
+    )
+    key = json.dumps(projected.params, sort_keys=True, default=str)
+    if choice.chosen.key == key:  # the best's own values as a command are the (parsimonious) command stage's best
         return None
+    mine = groups.get(key)
+    sign = 1.0 if maximize else -1.0
+    if mine and sign * statistics.median(r.value for r in mine) >= sign * choice.chosen.value:
+        return None
+    first = deployable[choice.chosen.key][0]
+    first.parsimony = choice
     return first
 
 
@@ -293,9 +311,16 @@ def deployment(
     argv = sglang_argv(space, cmd.params, launch)
     lines = [release.line]
     if staged is not None:
+        choice = getattr(staged, "parsimony", None)
+        within = (
+            f"; the fewest changes from the baseline among the commands within the measured noise "
+            f"({choice.noise:.1%}) of the best command measured"
+            if choice is not None and choice.switched
+            else ""
+        )
         lines.append(
             f"this command is the command stage's best (trial {staged.number}, only values the command can "
-            "set), measured better than the twin's best with its code changes taken out"
+            f"set), measured better than the twin's best with its code changes taken out{within}"
         )
     if space.deployment is not None and space.deployment.covers(arch):
         lines += [
