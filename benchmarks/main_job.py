@@ -109,6 +109,9 @@ def compare(tree: Path, seeds: list[int], budget: str, out_dir: Path) -> dict:
     from concurrent.futures import ThreadPoolExecutor
 
     compared_with = _tree_commit(tree.resolve())  # a wrong --tree is refused before anything runs
+    # two searches at once: each gets half the cores for torch's intra-op threads, or the pair oversubscribes them
+    # (on 2 cores with torch's default, trials took 20-30 s instead of 1-3 s and a baseline's two runs spread 57-113%)
+    os.environ.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 2) // 2)))
     runs = []
     for seed in seeds:
         with ThreadPoolExecutor(2) as pool:
