@@ -120,7 +120,7 @@ def compare(tree: Path, seeds: list[int], budget: str, out_dir: Path) -> dict:
                 pool.submit(run_search, seed, budget, out_dir, tree),
             ]
             runs += [f.result() for f in pair]
-    data = {"runs": runs, "compared_with": compared_with, "measured": _env()}
+    data = {"runs": runs, "compared_with": compared_with, "measured": _env(), "threads": os.environ["OMP_NUM_THREADS"]}
     (out_dir / "runs.json").write_text(json.dumps(data, indent=1))
     (out_dir / "runs.md").write_text(runs_report(data, source=out_dir / "runs.json"))
     return data
@@ -306,7 +306,9 @@ def runs_report(data: dict, source: Path | str = "runs.json") -> str:
         "the same time",
         "",
         f"on {env['gpu']} on {env['date']}, commits {', '.join(dict.fromkeys(r['commit'][:7] for r in runs))} "
-        f"(each seed's two searches side by side on the same load); written by `benchmarks/main_job.py report` "
+        f"(each seed's two searches side by side on the same load"
+        + (f", each with OMP_NUM_THREADS={data['threads']}" if data.get("threads") else "")
+        + "); written by `benchmarks/main_job.py report` "
         f"from `{source if isinstance(source, str) else Path(source).name}`",
         "",
         "| seed | commit | trials | outcomes | trials/min | median trial s | exported | x baseline |",
