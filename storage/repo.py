@@ -142,13 +142,28 @@ class Repo:
         with self.session() as s, s.begin():
             s.execute(update(Run).where(Run.id == run_id).values(best_trial_number=number, best_value=value))
 
-    def end_run(self, run_id: int, state: str, *, export_dir: str | None = None) -> None:
+    def end_run(self, run_id: int, state: str, *, export_dir: str | None = None, reason: str = "") -> None:
+        """End the run; ``reason`` (why the search stopped, e.g. that its last stage converged and how much budget
+        it left) goes into the ``search_ended`` event, where :meth:`end_reason`, ``tuner status`` and the API's
+        event feed read it."""
         with self.session() as s, s.begin():
             values: dict = {"state": state, "ended_at": utcnow()}
             if export_dir is not None:
                 values["export_dir"] = export_dir
             s.execute(update(Run).where(Run.id == run_id).values(**values))
-            s.add(Event(run_id=run_id, kind="search_ended", payload={"state": state}))
+            payload = {"state": state, **({"reason": reason} if reason else {})}
+            s.add(Event(run_id=run_id, kind="search_ended", payload=payload))
+
+    def end_reason(self, run_id: int) -> str:
+        """Why the run's last search stopped (its newest ``search_ended`` event), or "" when it did not say."""
+        with self.session() as s:
+            ev = s.scalars(
+                select(Event)
+                .where(Event.run_id == run_id, Event.kind == "search_ended")
+                .order_by(Event.id.desc())
+                .limit(1)
+            ).first()
+        return str((ev.payload or {}).get("reason", "")) if ev is not None else ""
 
     # -- trials -------------------------------------------------------------------------------------------
     def start_trial(

@@ -381,6 +381,9 @@ def status(
         f"study {run.study_name}: {run.state}, target {run.target}, objective {run.objective}; "
         + ", ".join(f"{k} {v}" for k, v in sorted(counts.items()))
     )
+    ended = repo.end_reason(run.id) if run.state != "running" else ""
+    if ended:
+        console.print(f"stopped: {ended}", highlight=False, markup=False)
     every = repo.list_trials(run.id)
     asked_again: dict[int, list[int]] = {}
     for t in every:

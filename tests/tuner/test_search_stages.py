@@ -164,6 +164,9 @@ def test_a_search_that_mapped_its_space_ends_early_with_the_export_and_the_budge
     assert "budget left" in res.stop_reason and res.elapsed_s < 200
     assert res.best_params["x"] == 2 and (tmp_path / "out" / "s" / "launch.sh").exists()
     assert any(line.startswith("stage 'search' converged") for line in progress.lines)
+    # stored: an overnight search says why it ended to whoever reads the study later (`tuner status`, the API's feed)
+    repo = Repo(sqlite_url)
+    assert repo.end_reason(repo.get_run("s").id) == res.stop_reason
 
 
 def test_the_command_stage_runs_the_deployable_values_first_then_the_code_changes(tmp_path, sqlite_url):

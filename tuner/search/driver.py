@@ -139,7 +139,7 @@ def run_search(options: SearchOptions, progress: Progress | None = None) -> Sear
             f"{ctx.stages.converged_line}; ended early with {format_seconds(left)} of the "
             f"{format_seconds(options.budget_s)} budget left"
         )
-    ctx.repo.end_run(ctx.run.id, state, export_dir=export_dir)
+    ctx.repo.end_run(ctx.run.id, state, export_dir=export_dir, reason=ctx.stop_reason or "")
     if ctx.target.persistent_worker:
         close_workers()
     return SearchResult(
