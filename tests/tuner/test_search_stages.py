@@ -1,6 +1,8 @@
 """Stages and convergence (``tuner.search.stages``): the rule itself, a search that converges and ends early
 with the export and the budget it left, and the command stage before the code changes."""
 
+from pathlib import Path
+
 import optuna
 import pytest
 from spaces import FAKE_SPACE
@@ -251,7 +253,20 @@ def test_a_command_that_measured_no_gain_beyond_the_noise_is_not_exported_the_ba
     assert got is not None and got.number == 0 and got.parsimony.switched
     dep = deployment(space, best, arch, None, staged=got)
     assert dep.params["context_length"] == defaults["context_length"]
+    assert "x the space's default configuration" in dep.predictions  # the tiny preset has no deployment map
     assert any("the fewest changes from the baseline" in line for line in dep.lines), dep.lines
     _store(repo, run, 4, capped, 13.0)  # the cap re-run far beyond the noise: now it is the command
     _store(repo, run, 5, capped, 13.1)
     assert command_stage_best(repo, run.id, True, space, arch, projected).number == 2
+
+
+def test_the_predictions_say_their_base_is_sglangs_default_path_where_the_map_covers_the_gpu():
+    from search_spaces import load_space
+
+    from tuner.targets.workload.deploy import deployment
+
+    space = load_space(str(Path(__file__).resolve().parents[2] / "search_spaces" / "dsv4_flash.yaml"))
+    on_h200 = deployment(space, space.defaults(), "sm_90", None)
+    assert "x the baseline, SGLang's default path on sm_90 as the twin ran it" in on_h200.predictions
+    elsewhere = deployment(space, space.defaults(), None, None)
+    assert "x the space's default configuration" in elsewhere.predictions

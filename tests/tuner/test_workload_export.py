@@ -4,6 +4,7 @@ re-measure script; the flagless knobs with their measured gains; SGLang MoE conf
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -39,6 +40,12 @@ def test_the_cpu_main_job_exports_an_sglang_command_its_parser_accepts(tmp_path,
     text = launch.read_text()
     assert PREDICTED in text and "this command: " in text and "with these code changes: " in text
     assert "with these code changes (the twin's best" in text and "gemm_proj=" in text
+    # the base of the ratios (no deployment map for the tiny preset: the space's defaults) and what the numerics
+    # gate compared with (a precise reference, the baseline's own error beside it)
+    assert "x the space's default configuration, tok/s" in text
+    assert re.search(
+        r"the best's output vs the precise reference's \(relative norm error\): \S+; the baseline's own: ", text
+    )
     assert "exec python -m sglang.launch_server" in text and '--model-path "$MODEL"' in text
     best = yaml.safe_load((dest / "best_params.yaml").read_text())["params"]
     parsed = parse_with_sglang(launch, {"MODEL": "/models/dsv4", "PORT": "31234"})

@@ -396,6 +396,7 @@ def _deployment_script(
     cmd_runs = config_runs(repo, run.id, deployed.params)
     cmd_levels = level_medians(cmd_runs)
     err = {m.level: m.value for m in trial.measurements if m.metric == "numerics_rel_err"}
+    base_err = next((m.value for m in trial.measurements if m.metric == "numerics_baseline_err"), None)
     same = deployed.same
     header = [
         f"{deployed.title} exported by tuner {__version__} on {datetime.now(timezone.utc):%Y-%m-%d %H:%M} UTC",
@@ -416,9 +417,10 @@ def _deployment_script(
         + (", the same configuration: nothing below needs a code change)" if same else ")"),
     ]
     if err:
-        header.append(
-            "  the best's output vs the default configuration's (relative norm error): "
+        header.append(  # the workload's numerics gate compares with a precise reference (fp32 GEMMs, torch operators)
+            "  the best's output vs the precise reference's (relative norm error): "
             + ", ".join(f"{v:.2g}" for v in err.values())
+            + (f"; the baseline's own: {base_err:.2g}" if base_err is not None else "")
         )
     if parsimony is not None:
         header.append("parsimony: " + parsimony.reason())

@@ -356,8 +356,13 @@ def deployment(
         predicted=PREDICTED,
         by="the twin",
         lines=lines,
-        predictions="two predictions by the twin (its decode step on random weights; x the twin's default "
-        "configuration, tok/s):",
+        predictions="two predictions by the twin (its decode step on random weights; x "
+        + (
+            f"the baseline, SGLang's default path on {arch} as the twin ran it"
+            if space.deployment is not None and space.deployment.covers(arch)
+            else "the space's default configuration"
+        )
+        + ", tok/s):",
         render=render,
         copy_configs=copy_sglang_moe_configs,
         footer=["random weights as the twin: add --load-format dummy; MODEL=path-or-id PORT=n bash launch.sh [flags]"],
