@@ -261,8 +261,6 @@ def test_a_command_that_measured_no_gain_beyond_the_noise_is_not_exported_the_ba
 
 
 def test_the_predictions_say_their_base_is_sglangs_default_path_where_the_map_covers_the_gpu():
-    from search_spaces import load_space
-
     from tuner.targets.workload.deploy import deployment
 
     space = load_space(str(Path(__file__).resolve().parents[2] / "search_spaces" / "dsv4_flash.yaml"))
