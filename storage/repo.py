@@ -154,6 +154,30 @@ class Repo:
             payload = {"state": state, **({"reason": reason} if reason else {})}
             s.add(Event(run_id=run_id, kind="search_ended", payload=payload))
 
+    def add_stage(self, run_id: int, index: int, name: str, line: str) -> None:
+        """The search moved to stage ``index`` (``tuner.search.stages``): a ``stage_started`` event, which the
+        ``tuner worker`` processes of the study follow (:meth:`current_stage`) and the API's feed carries."""
+        with self.session() as s, s.begin():
+            s.add(Event(run_id=run_id, kind="stage_started", payload={"index": index, "name": name, "line": line}))
+
+    def current_stage(self, run_id: int) -> int:
+        """The stage the run's current search is in: the newest ``stage_started`` since its last ``search_ended``
+        (a resumed study starts its stages again), 0 when none."""
+        with self.session() as s:
+            ended = s.scalar(
+                select(Event.id)
+                .where(Event.run_id == run_id, Event.kind == "search_ended")
+                .order_by(Event.id.desc())
+                .limit(1)
+            )
+            ev = s.scalars(
+                select(Event)
+                .where(Event.run_id == run_id, Event.kind == "stage_started", Event.id > (ended or 0))
+                .order_by(Event.id.desc())
+                .limit(1)
+            ).first()
+        return int((ev.payload or {}).get("index", 0)) if ev is not None else 0
+
     def end_reason(self, run_id: int) -> str:
         """Why the run's last search stopped (its newest ``search_ended`` event), or "" when it did not say."""
         with self.session() as s:

@@ -55,6 +55,8 @@ def open_worker_context(
         load_worker_study,
         open_worker_storage,
     )
+    from tuner.search.stages import StagePlan, follow_stage
+    from tuner.search.stages import plan as plan_stages
     from tuner.settings import target_settings
     from tuner.targets import get_target_class
 
@@ -117,8 +119,11 @@ def open_worker_context(
         run=run,
         deadline=deadline,
         hardware=hardware,
+        # the search's stages, followed: it samples the stage the search is in (``_watch_run`` keeps it in step)
+        stages=StagePlan(plan_stages(resolved, deployable_only=bool(settings.get("deployable_only"))), follower=True),
     )
     load_history(ctx)
+    follow_stage(ctx)
     return ctx, storage
 
 
@@ -126,12 +131,17 @@ def _watch_run(ctx, stop_watch: threading.Event) -> None:
     """Stop this worker (and kill its trial) when the run is no longer ``running`` (ended or interrupted)."""
     from tuner.measurement import Outcome
     from tuner.search.parallel import RUN_POLL_S
+    from tuner.search.stages import follow_stage
 
     while not stop_watch.wait(RUN_POLL_S):
         try:
             run = ctx.repo._repo.get_run(ctx.run.study_name)  # one attempt; the next poll is the retry
         except Exception:  # noqa: BLE001 - a database outage is the retrying calls' business
             continue
+        try:
+            follow_stage(ctx, ctx.repo._repo)  # one attempt, as the run's state above
+        except Exception:  # noqa: BLE001 - a database outage is the retrying calls' business
+            pass
         if run is None or run.state != "running":
             ctx.stop_reason = f"the run is {run.state if run else 'gone'}"
             ctx.stop.set()

@@ -25,7 +25,15 @@ from storage import Event
 router = APIRouter(prefix="/api/studies", tags=["events"], responses=UNAVAILABLE)
 _logger = logging.getLogger(__name__)
 
-EVENT_KINDS = ("trial_started", "trial_finished", "trial_pruned", "trial_failed", "new_best", "search_ended")
+EVENT_KINDS = (
+    "trial_started",
+    "trial_finished",
+    "trial_pruned",
+    "trial_failed",
+    "new_best",
+    "stage_started",
+    "search_ended",
+)
 _RECHECK_EVERY = 20
 """Polls between re-reads of the run's state (a search killed hard never writes ``search_ended``)."""
 

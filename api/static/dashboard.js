@@ -117,7 +117,8 @@ function listen(base) {
   if (source) return;
   source = new EventSource(base + "/events?after=" + lastEventId);
   $("live").textContent = "live"; $("live").className = "live on";
-  const kinds = ["trial_started", "trial_finished", "trial_pruned", "trial_failed", "new_best", "search_ended"];
+  const kinds = ["trial_started", "trial_finished", "trial_pruned", "trial_failed", "new_best", "stage_started",
+    "search_ended"];
   for (const k of kinds) {
     source.addEventListener(k, (e) => {
       lastEventId = Math.max(lastEventId, Number(e.lastEventId) || 0);

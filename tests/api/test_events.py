@@ -15,7 +15,7 @@ from api.app import create_app
 from api.settings import ApiSettings
 from storage import Repo
 
-KINDS = {"trial_started", "trial_finished", "trial_pruned", "trial_failed", "new_best", "search_ended"}
+KINDS = {"trial_started", "trial_finished", "trial_pruned", "trial_failed", "new_best", "stage_started", "search_ended"}
 
 
 def parse_sse(lines) -> list[dict]:

@@ -268,3 +268,30 @@ def test_the_predictions_say_their_base_is_sglangs_default_path_where_the_map_co
     assert "x the baseline, SGLang's default path on sm_90 as the twin ran it" in on_h200.predictions
     elsewhere = deployment(space, space.defaults(), None, None)
     assert "x the space's default configuration" in elsewhere.predictions
+
+
+def test_the_search_stores_each_stage_it_moves_to_and_a_worker_process_follows_it(tmp_path, sqlite_url):
+    """`tuner worker` processes on other hosts sampled the whole space while the search was in its command stage:
+    the search now stores each move (a `stage_started` event) and a worker's plan follows the stored stage."""
+    from types import SimpleNamespace
+
+    from tuner.search.stages import follow_stage
+
+    run_search(_opts(tmp_path, sqlite_url, STAGED_SPACE))
+    repo = Repo(sqlite_url)
+    run = repo.get_run("s")
+    moves = [e.payload for e in repo.events_after(run.id) if e.kind == "stage_started"]
+    assert moves and moves[0]["index"] == 1 and moves[0]["name"] == "code changes"
+    assert repo.current_stage(run.id) == 0  # the search ended: a resumed one starts its stages again
+
+    resolved = resolve(load_space(str(_write(tmp_path, STAGED_SPACE))), CPU)
+    worker = SimpleNamespace(
+        stages=StagePlan(plan(resolved, deployable_only=False), follower=True), repo=repo, run=run, trials=[1, 2]
+    )
+    follow_stage(worker)
+    assert worker.stages.current.name == "command"
+    repo.add_stage(run.id, 1, "code changes", "stage 'command' ends ...")
+    follow_stage(worker)
+    assert worker.stages.current.name == "code changes" and worker.stages.first == 2
+    # a follower never ends a stage on its own
+    assert worker.stages.observe([], maximize=True, noise=0.0, started=0.0, trials_end=1.0, now=5.0) is None

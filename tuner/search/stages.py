@@ -214,6 +214,8 @@ class StagePlan:
     """Set when the last stage converged: the search ends early."""
     clock_start: float | None = None
     """When the stages' time starts: the end of the baseline's last run (``observe`` sets it)."""
+    follower: bool = False
+    """A ``tuner worker`` process's plan: it never ends a stage itself, it follows the search's (:meth:`follow`)."""
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
     @property
@@ -241,7 +243,7 @@ class StagePlan:
         (None when nothing changed). ``trials``: the search's trial summaries so far, in order."""
         now = time.time() if now is None else now
         with self._lock:
-            if self.done:
+            if self.done or self.follower:
                 return None
             mine = [t for t in trials[self.first :] if not t.is_baseline]
             if self.index == 0 and not mine:  # the baseline's runs so far: the stages' time starts after them
@@ -288,7 +290,7 @@ class StagePlan:
         """TPE re-proposed timed configurations ``repeats_in_a_row`` times in a row: the stage's space is spent.
         Moves to the next stage (the line to print) or, on the last, returns None (the search ends as before)."""
         with self._lock:
-            if self.index == len(self.stages) - 1:
+            if self.index == len(self.stages) - 1 or self.follower:
                 return None
             stage = self.current
             self.index += 1
@@ -299,6 +301,34 @@ class StagePlan:
             )
             self.lines.append(line)
             return line
+
+    def follow(self, index: int, n_trials_so_far: int) -> bool:
+        """Move to the search's stage ``index`` (a follower); True when it moved."""
+        with self._lock:
+            if not 0 <= index < len(self.stages) or index == self.index:
+                return False
+            self.index, self.first = index, n_trials_so_far
+            return True
+
+
+def _record_move(ctx, line: str | None) -> None:
+    """The leader moved to a new stage: store it for the ``tuner worker`` processes (``Repo.add_stage``)."""
+    plan_ = ctx.stages
+    if line and not plan_.done:
+        try:
+            ctx.repo.add_stage(ctx.run.id, plan_.index, plan_.current.name, line)
+        except Exception:  # noqa: BLE001 - the search goes on; a worker keeps sampling its stage
+            _logger.exception("storing the stage failed")
+
+
+def follow_stage(ctx, repo=None) -> None:
+    """A ``tuner worker`` process: take the stage its search is in from the study's database (``repo``: another
+    handle than ``ctx.repo``, e.g. one that does not retry)."""
+    plan_ = ctx.stages
+    if plan_ is None or not plan_.follower:
+        return
+    if plan_.follow((repo or ctx.repo).current_stage(ctx.run.id), len(ctx.trials)):
+        _logger.info("following the search into stage %r: %s", plan_.current.name, plan_.current.what)
 
 
 def after_trial(ctx, progress=None) -> bool:
@@ -327,6 +357,7 @@ def after_trial(ctx, progress=None) -> bool:
         _logger.info("%s", line)
         if progress:
             progress.message(line)
+        _record_move(ctx, line)
     return plan_.done
 
 
@@ -340,4 +371,5 @@ def on_exhausted(ctx, repeats_in_a_row: int, progress=None) -> bool:
         _logger.info("%s", line)
         if progress:
             progress.message(line)
+        _record_move(ctx, line)
     return line is not None
