@@ -6,6 +6,8 @@
 #   call 1, carry .sgw .dg:  TUNER_COMMIT=<sha> bash benchmarks/deployment_gpu.sh kernels
 #       background: FULL=1 benchmarks/sglang_jit_gpu.sh (SGLang's JIT top-k and norm/RoPE beside ours, DeepGEMM built
 #       from source, SGLang's Hopper indexer against the cap, the indexer's GPU tests) into /tmp/dep/kernels
+#   or, carry .sgw .dg:      TUNER_COMMIT=<sha> bash benchmarks/deployment_gpu.sh prepare
+#       the same installs and DeepGEMM build without the benchmarks (about 2 minutes): for a main-job-only session
 #   call 2, carry .whl:      TUNER_COMMIT=<sha> bash benchmarks/deployment_gpu.sh mainjob 0,1,2 [WATCH_S]
 #       installs optuna & co. into /tmp/site; background, once the kernels chain is done: a 45-s smoke search, then
 #       `benchmarks/main_job.py search --budget 7m` per seed with SGLang's kernels importable (the baseline is then
@@ -54,6 +56,15 @@ case "${1:-}" in
       > "$dep/kernels.log" 2>&1 < /dev/null &)
     watch "${2:-20}"
     ;;
+  prepare)
+    snapshot
+    cp -r .sgw .dg "$dep/tree/"
+    (cd "$dep/tree" && setsid nohup bash -c '
+      python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/sgsite .sgw/*.whl
+      CUDA_HOME=/usr/local/cuda bash benchmarks/deepgemm_build.sh .dg/deepgemm-src.tgz /tmp/deepgemm
+      echo "exit $? at $(date -u +%H:%M:%S)" > /tmp/dep/kernels.done' > "$dep/kernels.log" 2>&1 < /dev/null &)
+    watch "${2:-20}"
+    ;;
   mainjob)
     python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
       || { echo "the .whl wheels did not install"; exit 1; }
@@ -82,5 +93,5 @@ EOF
     watch "${3:-540}"
     ;;
   watch) watch "${2:-540}" ;;
-  *) echo "usage: deployment_gpu.sh kernels|mainjob SEEDS|watch [WATCH_S]"; exit 2 ;;
+  *) echo "usage: deployment_gpu.sh kernels|prepare|mainjob SEEDS|watch [WATCH_S]"; exit 2 ;;
 esac
