@@ -191,7 +191,9 @@ def test_the_main_job_benchmark_runs_two_seeds_on_the_cpu_twin_and_writes_its_js
     data = json.loads((out / "main_job.json").read_text())
     assert [r["seed"] for r in data["runs"]] == [0, 1] and data["preset"] == "dsv4-flash-tiny"
     for r in data["runs"]:
-        assert r["trials"] >= 1 and r["searched_s"] <= 50 and r["gpu"] == "cpu"
+        # the run's time includes the export after the 40-s budget (SGLang's parser read in a subprocess to check the
+        # command's flags): 12 s of it on a loaded 2-core machine, measured 2026-12-03 (trials ended at 37 s)
+        assert r["trials"] >= 1 and r["searched_s"] <= 40 + 15 and r["gpu"] == "cpu"
         assert r["exit_code"] == (0 if r["best_trial"] is not None else 1)
         assert Path(r["storage"].removeprefix("sqlite:///")).parent == out / f"seed-{r['seed']}"
     side = data["side_by_side"]
