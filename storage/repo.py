@@ -25,6 +25,16 @@ _UPGRADED: set[str] = set()
 """Database URLs this process already brought up to the current tables (see ``storage.migrate``)."""
 
 
+def _newest_event(s, run_id: int, kind: str, after_id: int = 0) -> Event | None:
+    """The run's newest event of ``kind`` with an id above ``after_id`` (in session ``s``)."""
+    return s.scalars(
+        select(Event)
+        .where(Event.run_id == run_id, Event.kind == kind, Event.id > after_id)
+        .order_by(Event.id.desc())
+        .limit(1)
+    ).first()
+
+
 class Repo:
     """The project's own tables on one database URL (the same URL Optuna's ``RDBStorage`` uses)."""
 
@@ -164,29 +174,14 @@ class Repo:
         """The stage the run's current search is in: the newest ``stage_started`` since its last ``search_ended``
         (a resumed study starts its stages again), 0 when none."""
         with self.session() as s:
-            ended = s.scalar(
-                select(Event.id)
-                .where(Event.run_id == run_id, Event.kind == "search_ended")
-                .order_by(Event.id.desc())
-                .limit(1)
-            )
-            ev = s.scalars(
-                select(Event)
-                .where(Event.run_id == run_id, Event.kind == "stage_started", Event.id > (ended or 0))
-                .order_by(Event.id.desc())
-                .limit(1)
-            ).first()
+            ended = _newest_event(s, run_id, "search_ended")
+            ev = _newest_event(s, run_id, "stage_started", after_id=ended.id if ended is not None else 0)
         return int((ev.payload or {}).get("index", 0)) if ev is not None else 0
 
     def end_reason(self, run_id: int) -> str:
         """Why the run's last search stopped (its newest ``search_ended`` event), or "" when it did not say."""
         with self.session() as s:
-            ev = s.scalars(
-                select(Event)
-                .where(Event.run_id == run_id, Event.kind == "search_ended")
-                .order_by(Event.id.desc())
-                .limit(1)
-            ).first()
+            ev = _newest_event(s, run_id, "search_ended")
         return str((ev.payload or {}).get("reason", "")) if ev is not None else ""
 
     # -- trials -------------------------------------------------------------------------------------------

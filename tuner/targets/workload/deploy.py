@@ -272,14 +272,15 @@ def command_stage_best(
         return None
     baseline = repo.baseline_trial(run_id)
     defaults = dict(baseline.params) if baseline is not None else space.defaults()
+    medians = {key: statistics.median(r.value for r in runs) for key, runs in deployable.items()}
     spreads = [
-        (max(r.value for r in runs) - min(r.value for r in runs)) / statistics.median(r.value for r in runs)
-        for runs in deployable.values()
-        if len(runs) > 1 and statistics.median(r.value for r in runs)
+        (max(r.value for r in runs) - min(r.value for r in runs)) / medians[key]
+        for key, runs in deployable.items()
+        if len(runs) > 1 and medians[key]
     ]
     noise = min(NOISE_CAP, max(spreads, default=0.0))
     choice = prefer_parsimonious(
-        [Candidate(key, runs[0].params, statistics.median(r.value for r in runs)) for key, runs in deployable.items()],
+        [Candidate(key, runs[0].params, medians[key]) for key, runs in deployable.items()],
         defaults,
         noise,
         maximize=maximize,
@@ -322,7 +323,8 @@ def deployment(
             f"this command is the command stage's best (trial {staged.number}, only values the command can "
             f"set), measured better than the twin's best with its code changes taken out{within}"
         )
-    if space.deployment is not None and space.deployment.covers(arch):
+    mapped = space.deployment is not None and space.deployment.covers(arch)
+    if mapped:
         lines += [
             f"what this command's configuration ran for each component {space.deployment.release} runs on "
             f"{arch} (sources: files of that release):",
@@ -359,7 +361,7 @@ def deployment(
         predictions="two predictions by the twin (its decode step on random weights; x "
         + (
             f"the baseline, SGLang's default path on {arch} as the twin ran it"
-            if space.deployment is not None and space.deployment.covers(arch)
+            if mapped
             else "the space's default configuration"
         )
         + ", tok/s):",
