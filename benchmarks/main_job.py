@@ -274,7 +274,14 @@ def report(data: dict, source: Path | str = "main_job.json") -> str:
         )
     sglang = next((c for c in side["cases"] if c["name"].startswith("SGLang's defaults") and "tok_s" in c), None)
     if sglang is not None:  # every measured case over SGLang's default path on this GPU, per level
-        lines += ["", f"Over {sglang['name']}, per level ({', '.join(side['levels'])}):", ""]
+        lines += [
+            "",
+            f"{sglang['name']} ran: " + ", ".join(f"{k}={v}" for k, v in sglang.get("knobs", {}).items()),
+            "(which of these are SGLang's own kernels and which the twin's stand-ins: the export's header, part by part)",
+            "",
+            f"Over {sglang['name']}, per level ({', '.join(side['levels'])}):",
+            "",
+        ]
         for c in side["cases"]:
             if c is sglang or "tok_s" not in c:
                 continue
