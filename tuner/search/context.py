@@ -223,6 +223,7 @@ def _pick_study_name(options: SearchOptions, resolved: ResolvedSpace, repo: Repo
 
 def open_optuna_storage(url: str, *, heartbeat: bool = False) -> optuna.storages.RDBStorage:
     from storage.engine import normalize_url, tune_sqlite_engine
+    from tuner.search.local_trials import LocalTrialsRDBStorage
 
     kwargs: dict[str, Any] = {"engine_kwargs": {"pool_pre_ping": True}}
     if heartbeat:
@@ -232,7 +233,7 @@ def open_optuna_storage(url: str, *, heartbeat: bool = False) -> optuna.storages
             failed_trial_callback=optuna.storages.RetryFailedTrialCallback(max_retry=1),
         )
     try:
-        storage = optuna.storages.RDBStorage(normalize_url(url), **kwargs)
+        storage = LocalTrialsRDBStorage(normalize_url(url), **kwargs)
     except Exception as exc:  # noqa: BLE001 - any driver error means the same thing to the user
         raise StorageError(f"Optuna cannot open storage {url!r}: {str(exc).splitlines()[0]}") from None
     tune_sqlite_engine(storage.engine)  # Optuna's own commits as cheap as the tuner's tables' (WAL, NORMAL)

@@ -15,6 +15,7 @@ from sqlalchemy import exc as sa_exc
 
 from storage import Repo
 from storage.engine import normalize_url
+from tuner.search.local_trials import LocalTrialsRDBStorage
 
 _logger = logging.getLogger(__name__)
 
@@ -103,8 +104,9 @@ _STORAGE_METHODS = (
 )
 
 
-class ReconnectingRDBStorage(optuna.storages.RDBStorage):
-    """``RDBStorage`` whose calls survive a lost connection (see :func:`retry_db`).
+class ReconnectingRDBStorage(LocalTrialsRDBStorage):
+    """``RDBStorage`` whose calls survive a lost connection (see :func:`retry_db`), answering the trials this
+    process runs from memory (:mod:`tuner.search.local_trials`).
 
     A state change retried after a lost acknowledgement may find the trial already finished by the first
     attempt; that ``UpdateFinishedTrialError`` counts as success. ``max_outage_s`` bounds the retrying.
@@ -132,8 +134,8 @@ def _retrying(name: str, base: Callable[..., Any]) -> Callable[..., Any]:
 
 
 for _name in _STORAGE_METHODS:
-    if hasattr(optuna.storages.RDBStorage, _name):
-        setattr(ReconnectingRDBStorage, _name, _retrying(_name, getattr(optuna.storages.RDBStorage, _name)))
+    if hasattr(LocalTrialsRDBStorage, _name):
+        setattr(ReconnectingRDBStorage, _name, _retrying(_name, getattr(LocalTrialsRDBStorage, _name)))
 
 
 class RetryingRepo:

@@ -1,0 +1,120 @@
+"""The storage answers the trials this process runs from memory (tuner.search.local_trials): the reads a trial's
+own suggestions and attributes make cost no query, what it writes still reaches the database first, and trials
+another process runs are read from the database as before."""
+
+from __future__ import annotations
+
+import optuna
+import pytest
+import sqlalchemy
+from optuna.trial import TrialState
+
+from tuner.search.context import open_optuna_storage
+from tuner.search.heartbeat import open_worker_storage
+
+optuna.logging.set_verbosity(optuna.logging.WARNING)
+
+
+class Queries:
+    """Counts the SQL statements an engine runs; ``reads``: those loading a whole trial (its attributes, values
+    and intermediate values are loaded only by a whole trial's read)."""
+
+    WHOLE = ("trial_user_attributes", "trial_system_attributes", "trial_values", "trial_intermediate_values")
+
+    def __init__(self, engine) -> None:
+        self.statements: list[str] = []
+        sqlalchemy.event.listen(engine, "before_cursor_execute", self._count)
+
+    def _count(self, conn, cursor, statement, *args) -> None:
+        self.statements.append(statement)
+
+    @property
+    def n(self) -> int:
+        return len(self.statements)
+
+    @property
+    def reads(self) -> int:
+        return sum(s.lstrip().startswith("SELECT") and any(f"FROM {w} " in s for w in self.WHOLE) for s in self.statements)
+
+    @property
+    def inserts(self) -> int:
+        return sum(s.lstrip().startswith("INSERT") for s in self.statements)
+
+
+def _suggest(trial: optuna.Trial) -> dict:
+    return {f"p{i}": trial.suggest_categorical(f"p{i}", [1, 2, 3, 4]) for i in range(8)}
+
+
+@pytest.fixture(params=["search", "worker"])
+def storage(request, tmp_path):
+    url = f"sqlite:///{tmp_path / 'o.db'}"
+    return open_optuna_storage(url) if request.param == "search" else open_worker_storage(url)
+
+
+def test_a_running_trial_is_read_from_memory_and_its_writes_reach_the_database(storage):
+    study = optuna.create_study(study_name="s", storage=storage, sampler=optuna.samplers.RandomSampler(seed=0))
+    trial = study.ask()
+    params = _suggest(trial)
+    trial.set_user_attr("worker", "w0")
+    trial.report(1.5, 0)
+    q = Queries(storage.engine)
+    assert _suggest(trial) == params  # the values already drawn, read back
+    assert trial.user_attrs == {"worker": "w0"}
+    assert trial.params == params
+    assert q.n == 0
+    # the database holds every write: a fresh storage object reads the same running trial
+    other = optuna.storages.RDBStorage(storage.url)
+    frozen = other.get_trial(trial._trial_id)
+    assert frozen.state == TrialState.RUNNING and frozen.params == params
+    assert frozen.user_attrs == {"worker": "w0"} and frozen.intermediate_values == {0: 1.5}
+    assert storage.get_trial(trial._trial_id) == frozen
+    study.tell(trial, 2.0)
+    assert trial._trial_id not in storage.local_trial_ids()
+    assert study.trials[0].value == 2.0 and study.trials[0].params == params
+
+
+def test_the_sampler_sees_this_process_s_running_trials_and_another_process_s_from_the_database(tmp_path):
+    url = f"sqlite:///{tmp_path / 'o.db'}"
+    here = open_worker_storage(url)
+    there = open_worker_storage(url)
+    study = optuna.create_study(study_name="s", storage=here)
+    theirs = optuna.load_study(study_name="s", storage=there).ask()
+    their_params = _suggest(theirs)
+    mine = study.ask()
+    my_params = _suggest(mine)
+    assert here.local_trial_ids() == {mine._trial_id}
+    q = Queries(here.engine)
+    seen = {t.number: t for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,))}
+    assert seen[theirs.number].params == their_params and seen[mine.number].params == my_params
+    # one query for which trials are new or unfinished, then the other process's trial whole (the trial and its
+    # five parts); this process's own trial costs none
+    assert q.n == 1 + 6 and q.reads == 4
+    # the other process writes: the next read sees it
+    theirs.set_user_attr("k", 1)
+    seen = {t.number: t for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,))}
+    assert seen[theirs.number].user_attrs == {"k": 1}
+
+
+def test_a_waiting_trial_this_process_takes_is_answered_from_memory(storage):
+    study = optuna.create_study(study_name="s", storage=storage)
+    study.enqueue_trial({f"p{i}": 1 for i in range(8)}, user_attrs={"baseline": True})
+    trial = study.ask()
+    assert trial._trial_id in storage.local_trial_ids()
+    q = Queries(storage.engine)
+    assert _suggest(trial) == {f"p{i}": 1 for i in range(8)}
+    assert trial.user_attrs == {"baseline": True}
+    assert q.reads == 0 and q.inserts == 8  # one write per value (the fixed ones are written when suggested)
+    study.tell(trial, state=TrialState.FAIL)
+    assert storage.local_trial_ids() == set()
+    assert storage.get_trial(trial._trial_id).state == TrialState.FAIL
+
+
+def test_a_trial_another_process_failed_as_stale_refuses_this_process_s_next_write(tmp_path):
+    url = f"sqlite:///{tmp_path / 'o.db'}"
+    here = open_worker_storage(url)
+    study = optuna.create_study(study_name="s", storage=here)
+    trial = study.ask()
+    _suggest(trial)
+    optuna.storages.RDBStorage(url).set_trial_state_values(trial._trial_id, TrialState.FAIL)
+    with pytest.raises(optuna.exceptions.UpdateFinishedTrialError):
+        trial.set_user_attr("k", 1)
