@@ -297,6 +297,18 @@ class Repo:
             with_measurements=with_measurements,
         )[1]
 
+    def trials_from(self, run_id: int, above: int, also: Iterable[int] = ()) -> list[TrialRecord]:
+        """The trials numbered above ``above`` and those numbered in ``also``, by number: what changed since a
+        reader last saw the run, when it keeps the finished ones it read (they do not change)."""
+        also = sorted(set(also))
+        cond = TrialRecord.number > above
+        if also:
+            cond = cond | TrialRecord.number.in_(also)
+        with self.session() as s:
+            return list(
+                s.scalars(select(TrialRecord).where(TrialRecord.run_id == run_id, cond).order_by(TrialRecord.number))
+            )
+
     def count_trials(self, run_id: int, *, state: str | None = None, outcome: str | None = None) -> int:
         q = select(func.count()).select_from(TrialRecord).where(TrialRecord.run_id == run_id)
         if state:

@@ -34,7 +34,9 @@ class Queries:
 
     @property
     def reads(self) -> int:
-        return sum(s.lstrip().startswith("SELECT") and any(f"FROM {w} " in s for w in self.WHOLE) for s in self.statements)
+        return sum(
+            s.lstrip().startswith("SELECT") and any(f"FROM {w} " in s for w in self.WHOLE) for s in self.statements
+        )
 
     @property
     def inserts(self) -> int:

@@ -349,19 +349,36 @@ def test_a_move_that_ties_within_the_noise_with_fewer_changes_is_kept_as_the_ori
     assert next_move(outside).origin == 1  # 6.7% below: not a tie, the best stays the origin
 
 
-def test_stored_trials_reads_the_study_once_then_only_the_newest_and_a_trial_still_running(tmp_path, monkeypatch):
-    monkeypatch.setattr(refine, "RECENT", 2)
+def test_stored_trials_reads_the_study_once_then_only_what_changed_and_waits_for_a_gap_a_while(tmp_path, monkeypatch):
+    monkeypatch.setattr(refine, "RECENT", 3)
     ctx = _ctx(tmp_path, [({}, "ok", 10.0), ({"tile": 64}, None, None), ({"tile": 32}, "ok", 11.0)])
+    repo = ctx.repo
+    calls = []
+
+    class Spy:
+        def list_trials(self, *a, **k):
+            calls.append(("all",))
+            return repo.list_trials(*a, **k)
+
+        def trials_from(self, run_id, above, also=()):
+            calls.append(("from", above, sorted(also)))
+            return repo.trials_from(run_id, above, also)
+
+    ctx.repo = Spy()
     first = refine.stored_trials(ctx)
     assert [(r.number, r.state) for r in first] == [(0, "complete"), (1, "running"), (2, "complete")]
-    ctx.repo.finish_trial(ctx.run.id, 1, outcome="ok", value=12.0)
-    for n in (3, 4):
-        ctx.repo.start_trial(ctx.run.id, n, {"n": n})
-        ctx.repo.finish_trial(ctx.run.id, n, outcome="ok", value=float(n))
-    second = refine.stored_trials(ctx)  # trial 1 ran past the newest two: everything is read once more
-    assert [(r.number, r.value) for r in second] == [(0, 10.0), (1, 12.0), (2, 11.0), (3, 3.0), (4, 4.0)]
-    calls = []
-    real = ctx.repo.list_trials
-    ctx.repo = SimpleNamespace(list_trials=lambda *a, **k: calls.append(k) or real(*a, **k))
-    assert [r.number for r in refine.stored_trials(ctx)] == [0, 1, 2, 3, 4]
-    assert calls == [{"sort": "number", "descending": True, "limit": 2}]  # only the newest two, nothing running
+    repo.finish_trial(ctx.run.id, 1, outcome="ok", value=12.0)
+    for n in (3, 5):  # 4 is asked but not stored yet (its worker waits for a GPU)
+        repo.start_trial(ctx.run.id, n, {"n": n})
+        repo.finish_trial(ctx.run.id, n, outcome="ok", value=float(n))
+    second = refine.stored_trials(ctx)  # above the complete prefix (2), and trial 1, running when last read
+    assert [(r.number, r.value) for r in second] == [(0, 10.0), (1, 12.0), (2, 11.0), (3, 3.0), (5, 5.0)]
+    repo.start_trial(ctx.run.id, 4, {"n": 4})
+    third = refine.stored_trials(ctx)  # the gap at 4 holds the prefix at 3: trial 4 arrives
+    assert [r.number for r in third] == [0, 1, 2, 3, 4, 5] and third[4].state == "running"
+    for n in (7, 8, 9):  # 6 never comes (its worker died before storing it)
+        repo.start_trial(ctx.run.id, n, {"n": n})
+        repo.finish_trial(ctx.run.id, n, outcome="ok", value=float(n))
+    refine.stored_trials(ctx)
+    refine.stored_trials(ctx)  # 6 is more than RECENT behind the newest (9): it no longer holds the prefix back
+    assert calls == [("all",), ("from", 2, [1]), ("from", 3, []), ("from", 5, [4]), ("from", 6, [4])]

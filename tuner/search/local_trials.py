@@ -76,9 +76,7 @@ class LocalTrialsMixin:
             self._own(study_id, frozen)
         return frozen
 
-    def set_trial_state_values(
-        self, trial_id: int, state: TrialState, values: Sequence[float] | None = None
-    ) -> bool:
+    def set_trial_state_values(self, trial_id: int, state: TrialState, values: Sequence[float] | None = None) -> bool:
         ok = super().set_trial_state_values(trial_id, state, values)  # type: ignore[misc]
         if state == TrialState.RUNNING:
             if ok:  # this process took a waiting trial: read it once, then answer from memory

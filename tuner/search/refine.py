@@ -118,23 +118,27 @@ class Move:
 
 
 RECENT = 256
-"""Trials :func:`stored_trials` re-reads each time (the newest ones: any still running is among them)."""
+"""How far behind the newest trial a missing trial number is still waited for (:func:`stored_trials`)."""
 
 
 def stored_trials(ctx: SearchContext) -> list:
-    """Every stored trial of the search (every process's), read in full once and then only the newest
-    :data:`RECENT` each time, kept in ``ctx.stored`` (shared by the worker threads): a finished trial does not change,
-    and re-reading all of them before every move cost a read of the whole study per trial (20,000 rows by the end of
-    an 8-GPU night). A trial still running when read is read again until it finishes."""
+    """Every stored trial of the search (every process's), read in full once and then only what changed, kept in
+    ``ctx.stored`` (shared by the worker threads): a finished trial does not change, so each read asks for the trials
+    above the cache's complete prefix (every number up to it is cached) and for those still running when last
+    read. A number missing for more than :data:`RECENT` trials (an asked trial never stored, e.g. its worker died)
+    stops holding the prefix back. Re-reading the whole study before every move cost a read of 20,000 rows per
+    trial by the end of an 8-GPU night; re-reading the newest 256, a fifth of an 8-thread search's time."""
     cache = ctx.stored
     if not cache:
         fresh = ctx.repo.list_trials(ctx.run.id)
     else:
-        fresh = ctx.repo.list_trials(ctx.run.id, sort="number", descending=True, limit=RECENT)
-        oldest = min((r.number for r in fresh), default=0)
-        stale = [n for n, r in cache.items() if r.state == "running" and n < oldest]
-        if stale:  # running longer than the newest RECENT trials took: read everything once more
-            fresh = ctx.repo.list_trials(ctx.run.id)
+        newest = max(cache)
+        prefix = newest if len(cache) == newest + 1 else -1  # numbers start at 0: no gap when they all fit
+        while prefix < newest and prefix + 1 in cache:
+            prefix += 1
+        above = max(prefix, newest - RECENT)
+        running = [n for n, r in cache.items() if r.state == "running" and n <= above]
+        fresh = ctx.repo.trials_from(ctx.run.id, above, also=running)
     for r in fresh:
         cache[r.number] = r
     return [cache[n] for n in sorted(cache)]
