@@ -186,6 +186,19 @@ def test_the_command_stage_runs_the_deployable_values_first_then_the_code_change
     assert len(study.trials) == len(recs)
 
 
+def test_worker_threads_move_past_an_exhausted_stage_and_end_when_the_last_is_exhausted(tmp_path, sqlite_url):
+    """Three worker threads, convergence off, a 4 x 2 space: the command stage's 4 values are spent long before its
+    share of 4 minutes, the code changes' 8 soon after. The threads move the plan on once (not once each) and end
+    the search with the export; they re-asked repeats until each stage's share ran out (half the budget idle)."""
+    progress = Lines()
+    res = run_search(_opts(tmp_path, sqlite_url, STAGED_SPACE, converge_after=0, workers=3), progress)
+    moved = [line for line in progress.lines if line.startswith("stage 'command' ends")]
+    assert len(moved) == 1 and "its space is exhausted" in moved[0], progress.lines
+    assert res.state == "finished" and res.elapsed_s < 120, (res.elapsed_s, res.stop_reason)
+    assert res.stop_reason.startswith("search space exhausted"), res.stop_reason
+    assert res.best_params == {"x": 3, "boost": 4} and (tmp_path / "out" / "s" / "launch.sh").exists()
+
+
 @pytest.mark.parametrize("deployable_only,names", [(False, ["command", "code changes"]), (True, ["command"])])
 def test_the_dry_run_shows_the_planned_stages_and_their_shares(tmp_path, sqlite_url, deployable_only, names):
     settings = {"deployable_only": True} if deployable_only else {}

@@ -40,7 +40,7 @@ from storage import Repo
 from tuner.errors import LeaseCancelled, LeaseError, WorkerError
 from tuner.measurement import Outcome
 from tuner.search import refine, stages
-from tuner.search.context import load_history
+from tuner.search.context import MAX_REPEATS_IN_A_ROW, load_history
 from tuner.search.db_retry import (
     ReconnectingRDBStorage,
     RetryingRepo,
@@ -211,6 +211,10 @@ def worker_loop(
                 break
             if stages.after_trial(ctx, progress):
                 report.stop_reason = ctx.stages.converged_line
+                break
+            spent, index = stages.repeats_in_a_row(ctx)
+            if spent >= MAX_REPEATS_IN_A_ROW and not stages.on_exhausted(ctx, spent, progress, index):
+                report.stop_reason = f"search space exhausted: {spent} repeated configurations in a row"
                 break
     _logger.info("worker %s stops after %d trials: %s", name, report.trials, report.stop_reason)
     return report

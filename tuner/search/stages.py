@@ -286,10 +286,14 @@ class StagePlan:
             self.lines.append(line)
             return line
 
-    def exhausted(self, repeats_in_a_row: int, n_trials_so_far: int) -> str | None:
+    def exhausted(self, repeats_in_a_row: int, n_trials_so_far: int, index: int | None = None) -> str | None:
         """TPE re-proposed timed configurations ``repeats_in_a_row`` times in a row: the stage's space is spent.
-        Moves to the next stage (the line to print) or, on the last, returns None (the search ends as before)."""
+        Moves to the next stage (the line to print) or, on the last, returns None (the search ends as before).
+        ``index``: the stage the repeats were counted in; when another worker thread already moved on from it,
+        nothing moves and the line is empty (the caller goes on in the new stage)."""
         with self._lock:
+            if index is not None and index != self.index:
+                return ""
             if self.index == len(self.stages) - 1 or self.follower:
                 return None
             stage = self.current
@@ -331,6 +335,17 @@ def follow_stage(ctx, repo=None) -> None:
         _logger.info("following the search into stage %r: %s", plan_.current.name, plan_.current.what)
 
 
+def repeats_in_a_row(ctx) -> tuple[int, int | None]:
+    """How many of the search's latest trials, in the current stage, re-proposed a timed configuration in a row
+    (every worker thread's, in the order they finished), and the stage they were counted in."""
+    plan_ = ctx.stages
+    index, first = (plan_.index, plan_.first) if plan_ is not None else (None, 0)
+    trials, n = ctx.trials, 0
+    while len(trials) - n > first and trials[len(trials) - n - 1].repeat_of is not None:
+        n += 1
+    return n, index
+
+
 def after_trial(ctx, progress=None) -> bool:
     """Called by the search loops after each trial of ``ctx`` (a ``tuner.search.context.SearchContext``): ends the
     current stage when it converged or spent its share (printing the one line), and returns True when the last
@@ -361,12 +376,13 @@ def after_trial(ctx, progress=None) -> bool:
     return plan_.done
 
 
-def on_exhausted(ctx, repeats_in_a_row: int, progress=None) -> bool:
+def on_exhausted(ctx, repeats_in_a_row: int, progress=None, index: int | None = None) -> bool:
     """TPE re-proposed timed configurations ``repeats_in_a_row`` times in a row: True when a next stage took over
-    (the loop goes on), False on the last stage (the search ends: its space is exhausted)."""
+    (the loop goes on), False on the last stage (the search ends: its space is exhausted). ``index``: the stage the
+    repeats were counted in (worker threads: the first to count them moves the plan on, the others follow)."""
     if ctx.stages is None:
         return False
-    line = ctx.stages.exhausted(repeats_in_a_row, len(ctx.trials))
+    line = ctx.stages.exhausted(repeats_in_a_row, len(ctx.trials), index)
     if line:
         _logger.info("%s", line)
         if progress:
