@@ -88,9 +88,9 @@ def test_the_sampler_sees_this_process_s_running_trials_and_another_process_s_fr
     q = Queries(here.engine)
     seen = {t.number: t for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,))}
     assert seen[theirs.number].params == their_params and seen[mine.number].params == my_params
-    # one query for which trials are new or unfinished, then the other process's trial whole (the trial and its
-    # five parts); this process's own trial costs none
-    assert q.n == 1 + 6 and q.reads == 4
+    # one query for which trials are new or unfinished, then the other process's trial whole (Optuna's check that
+    # the study exists, the trial and its five parts); this process's own trial costs none
+    assert q.n == 1 + 7 and q.reads == 4
     # the other process writes: the next read sees it
     theirs.set_user_attr("k", 1)
     seen = {t.number: t for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,))}
@@ -120,3 +120,43 @@ def test_a_trial_another_process_failed_as_stale_refuses_this_process_s_next_wri
     optuna.storages.RDBStorage(url).set_trial_state_values(trial._trial_id, TrialState.FAIL)
     with pytest.raises(optuna.exceptions.UpdateFinishedTrialError):
         trial.set_user_attr("k", 1)
+
+
+def test_a_trial_s_values_reach_the_database_in_one_write_when_suggest_returns(storage):
+    from tuner.search.local_trials import flush_params
+
+    study = optuna.create_study(study_name="s", storage=storage, sampler=optuna.samplers.RandomSampler(seed=0))
+    first = study.ask()
+    _suggest(first)  # the study's first value of each parameter is written at once (checked against the database)
+    study.tell(first, 1.0)
+    trial = study.ask()
+    q = Queries(storage.engine)
+    params = _suggest(trial)
+    assert q.n == 0  # deferred: the distributions were checked against the first trial's
+    fresh = optuna.storages.RDBStorage(storage.url)
+    assert fresh.get_trial(trial._trial_id).params == {}
+    flush_params(study._storage, trial._trial_id)
+    assert fresh.get_trial(trial._trial_id).params == params
+    assert sum(s.lstrip().startswith("INSERT") for s in q.statements) <= 8 and q.n <= 10
+
+
+def test_a_trial_finished_here_is_read_back_from_memory_and_equals_the_database_s(storage):
+    study = optuna.create_study(study_name="s", storage=storage, sampler=optuna.samplers.RandomSampler(seed=0))
+    running = study.ask()  # keeps the cache's read going past the finished trial
+    _suggest(running)
+    trial = study.ask()
+    params = _suggest(trial)
+    trial.report(0.5, 1)
+    study.tell(trial, 3.0)
+    q = Queries(storage.engine)
+    done = study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
+    assert q.reads == 0 and [t.number for t in done] == [trial.number]
+    db = optuna.storages.RDBStorage(storage.url).get_trial(trial._trial_id)
+    got = done[0]
+    assert (got.params, got.values, got.state, got.intermediate_values) == (
+        params,
+        [3.0],
+        TrialState.COMPLETE,
+        {1: 0.5},
+    )
+    assert (db.params, db.values, db.state, db.intermediate_values) == (params, [3.0], TrialState.COMPLETE, {1: 0.5})

@@ -20,16 +20,23 @@ next write to it, which the database refuses as it did before.
 from __future__ import annotations
 
 import copy
+import datetime
 import threading
 from collections.abc import Container, Sequence
 from typing import Any
 
 import optuna
 import sqlalchemy
+from optuna import distributions
 from optuna.distributions import BaseDistribution
 from optuna.storages._rdb import models
 from optuna.storages._rdb.storage import _create_scoped_session
 from optuna.trial import FrozenTrial, TrialState
+
+MAX_LISTED = 500
+"""Trials read by their ids at most; a read of more reads the whole study (SQLite limits a statement's values)."""
+MAX_FINISHED_HERE = 4096
+"""Trials this process finished and the cache has not read back yet, kept at most (the oldest go first)."""
 
 
 class LocalTrialsMixin:
@@ -38,6 +45,8 @@ class LocalTrialsMixin:
     def _local_init(self) -> None:
         self._local_lock = threading.Lock()
         self._local: dict[int, tuple[int, FrozenTrial]] = {}  # trial id -> (study id, the trial as written)
+        self._pending: dict[int, list[tuple]] = {}  # trial id -> parameter writes not yet in the database
+        self._finished_here: dict[int, tuple[int, FrozenTrial]] = {}  # finished here, not yet read back
 
     def _local_state(self) -> tuple[threading.Lock, dict[int, tuple[int, FrozenTrial]]]:
         if "_local" not in self.__dict__:  # also after unpickling
@@ -46,8 +55,8 @@ class LocalTrialsMixin:
 
     def __getstate__(self) -> dict[Any, Any]:
         state = super().__getstate__()  # type: ignore[misc]
-        state.pop("_local_lock", None)
-        state.pop("_local", None)
+        for key in ("_local_lock", "_local", "_pending", "_finished_here"):
+            state.pop(key, None)
         return state
 
     # -- what this process owns ------------------------------------------------------------------------------
@@ -63,11 +72,34 @@ class LocalTrialsMixin:
             local[trial._trial_id] = (study_id, copy.deepcopy(trial))
 
     def _update(self, trial_id: int, change) -> None:
+        """Replace the trial's snapshot by a changed copy: a reader holding the old one never sees it change."""
         lock, local = self._local_state()
         with lock:
             entry = local.get(trial_id)
             if entry is not None:
-                change(entry[1])
+                t = copy.copy(entry[1])
+                change(t)
+                local[trial_id] = (entry[0], t)
+
+    def flush_params(self, trial_id: int) -> None:
+        """Write the trial's parameters suggested since the last write, in one transaction."""
+        lock, _ = self._local_state()
+        with lock:
+            pending = self._pending.pop(trial_id, None)
+        if not pending:
+            return
+        with _create_scoped_session(self.scoped_session, True) as session:  # type: ignore[attr-defined]
+            trial = models.TrialModel.find_or_raise_by_id(trial_id, session)
+            self.check_trial_is_updatable(trial_id, trial.state)  # type: ignore[attr-defined]
+            session.add_all(
+                models.TrialParamModel(
+                    trial_id=trial_id,
+                    param_name=name,
+                    param_value=value,
+                    distribution_json=distributions.distribution_to_json(dist),
+                )
+                for name, value, dist in pending
+            )
 
     # -- writes: the database first, then the copy -----------------------------------------------------------
     def _create_new_trial(self, study_id: int, template_trial: FrozenTrial | None = None) -> FrozenTrial:
@@ -77,14 +109,27 @@ class LocalTrialsMixin:
         return frozen
 
     def set_trial_state_values(self, trial_id: int, state: TrialState, values: Sequence[float] | None = None) -> bool:
+        self.flush_params(trial_id)
         ok = super().set_trial_state_values(trial_id, state, values)  # type: ignore[misc]
+        lock, local = self._local_state()
         if state == TrialState.RUNNING:
             if ok:  # this process took a waiting trial: read it once, then answer from memory
                 trial = optuna.storages.RDBStorage.get_trial(self, trial_id)  # type: ignore[arg-type]
-                study_id = self._study_of(trial_id)
-                self._own(study_id, trial)
-        elif state.is_finished() or state == TrialState.WAITING:
-            lock, local = self._local_state()
+                self._own(self._study_of(trial_id), trial)
+        elif state.is_finished():
+            with lock:
+                entry = local.pop(trial_id, None)
+                if entry is not None and ok:  # as written: the cache's next read takes it from here
+                    t = copy.copy(entry[1])
+                    t.state, t.values, t.datetime_complete = (
+                        state,
+                        list(values) if values else None,
+                        datetime.datetime.now(),
+                    )
+                    self._finished_here[trial_id] = (entry[0], t)
+                    while len(self._finished_here) > MAX_FINISHED_HERE:
+                        self._finished_here.pop(next(iter(self._finished_here)))
+        elif state == TrialState.WAITING:
             with lock:
                 local.pop(trial_id, None)
         return ok
@@ -101,9 +146,17 @@ class LocalTrialsMixin:
         distribution: BaseDistribution,
         previous_distribution: BaseDistribution | None,
     ) -> None:
-        super()._set_trial_param(  # type: ignore[misc]
-            trial_id, param_name, param_value_internal, distribution, previous_distribution
-        )
+        lock, local = self._local_state()
+        with lock:
+            mine = trial_id in local
+        if mine and previous_distribution is not None:  # checked now, written with the others (flush_params)
+            distributions.check_distribution_compatibility(previous_distribution, distribution)
+            with lock:
+                self._pending.setdefault(trial_id, []).append((param_name, param_value_internal, distribution))
+        else:  # the study's first value of this parameter (its distribution is checked against the database's)
+            super()._set_trial_param(  # type: ignore[misc]
+                trial_id, param_name, param_value_internal, distribution, previous_distribution
+            )
 
         def change(t: FrozenTrial) -> None:
             t.params = {**t.params, param_name: distribution.to_external_repr(param_value_internal)}
@@ -112,6 +165,7 @@ class LocalTrialsMixin:
         self._update(trial_id, change)
 
     def set_trial_intermediate_value(self, trial_id: int, step: int, intermediate_value: float) -> None:
+        self.flush_params(trial_id)
         super().set_trial_intermediate_value(trial_id, step, intermediate_value)  # type: ignore[misc]
 
         def change(t: FrozenTrial) -> None:
@@ -120,6 +174,7 @@ class LocalTrialsMixin:
         self._update(trial_id, change)
 
     def set_trial_user_attr(self, trial_id: int, key: str, value: Any) -> None:
+        self.flush_params(trial_id)
         super().set_trial_user_attr(trial_id, key, value)  # type: ignore[misc]
 
         def change(t: FrozenTrial) -> None:
@@ -128,6 +183,7 @@ class LocalTrialsMixin:
         self._update(trial_id, change)
 
     def set_trial_system_attr(self, trial_id: int, key: str, value: Any) -> None:
+        self.flush_params(trial_id)
         super().set_trial_system_attr(trial_id, key, value)  # type: ignore[misc]
 
         def change(t: FrozenTrial) -> None:
@@ -139,9 +195,9 @@ class LocalTrialsMixin:
     def get_trial(self, trial_id: int) -> FrozenTrial:
         lock, local = self._local_state()
         with lock:
-            entry = local.get(trial_id)
+            entry = local.get(trial_id) or self._finished_here.get(trial_id)
             if entry is not None:
-                return copy.deepcopy(entry[1])
+                return entry[1]  # a snapshot: writes replace it, never change it
         return super().get_trial(trial_id)  # type: ignore[misc]
 
     def _get_trials(
@@ -153,8 +209,9 @@ class LocalTrialsMixin:
     ) -> list[FrozenTrial]:
         lock, local = self._local_state()
         with lock:
-            mine = {tid: t for tid, (sid, t) in local.items() if sid == study_id}
-        if not mine or trial_id_greater_than < 0:  # a whole-study read, or nothing of this study runs here
+            here = {tid for tid, (sid, _) in local.items() if sid == study_id}
+            here |= {tid for tid, (sid, _) in self._finished_here.items() if sid == study_id}
+        if not here:  # nothing of this study is known here
             return super()._get_trials(  # type: ignore[misc]
                 study_id, states, included_trial_ids, trial_id_greater_than
             )
@@ -169,21 +226,29 @@ class LocalTrialsMixin:
             )
             rows = query.all()
         wanted = [tid for tid, state in rows if states is None or state in states]
-        others = {tid for tid in wanted if tid not in mine}
         found: dict[int, FrozenTrial] = {}
-        if others:
-            for t in super()._get_trials(study_id, states, others, max(others)):  # type: ignore[misc]
-                found[t._trial_id] = t
-        with lock:  # the copies as they are now (a trial may have finished meanwhile: then the database's row)
+        with lock:  # the snapshots as they are now; a finished one is handed over once (the cache keeps it)
             for tid in wanted:
-                entry = local.get(tid)
+                entry = local.get(tid) or self._finished_here.pop(tid, None)
                 if entry is not None:
-                    found[tid] = copy.deepcopy(entry[1])
-        missing = [tid for tid in wanted if tid not in found]
-        if missing:  # finished between the two reads: read them whole
-            for t in super()._get_trials(study_id, states, set(missing), max(missing)):  # type: ignore[misc]
+                    found[tid] = entry[1]
+        others = [tid for tid in wanted if tid not in found]
+        if len(others) > MAX_LISTED:  # a first read of a large study: every trial, ours replaced by their snapshots
+            for t in super()._get_trials(study_id, states, set(), -1):  # type: ignore[misc]
+                found.setdefault(t._trial_id, t)
+        elif others:  # other processes' trials, and ours that finished between the two reads
+            for t in super()._get_trials(study_id, states, set(others), max(others)):  # type: ignore[misc]
                 found.setdefault(t._trial_id, t)
         return [found[tid] for tid in sorted(found)]
+
+
+def flush_params(study_storage: Any, trial_id: int) -> None:
+    """Write a trial's suggested parameters now (``tuner.search.sampling.suggest`` calls it once per trial), where
+    the study's storage defers them (:class:`LocalTrialsMixin` under Optuna's cache); nothing otherwise."""
+    backend = getattr(study_storage, "_backend", study_storage)  # Optuna's cache wraps the RDBStorage
+    flush = getattr(backend, "flush_params", None)
+    if flush is not None:
+        flush(trial_id)
 
 
 class LocalTrialsRDBStorage(LocalTrialsMixin, optuna.storages.RDBStorage):

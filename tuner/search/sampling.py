@@ -15,10 +15,12 @@ import optuna
 from optuna.trial import FrozenTrial, TrialState
 
 from search_spaces import Param, ResolvedSpace
+from tuner.search.local_trials import flush_params
 
 
 def suggest(trial: optuna.Trial, resolved: ResolvedSpace) -> dict[str, Any]:
-    """Sample one configuration: every active parameter in declaration order, fixed ones at their value."""
+    """Sample one configuration: every active parameter in declaration order, fixed ones at their value; the
+    values are in the study's storage when it returns (one write for all where the storage defers them)."""
 
     def choose(p: Param) -> Any:
         if p.type == "float":
@@ -27,7 +29,9 @@ def suggest(trial: optuna.Trial, resolved: ResolvedSpace) -> dict[str, Any]:
             return trial.suggest_int(p.name, int(p.low), int(p.high), step=int(p.step or 1), log=p.log)
         return trial.suggest_categorical(p.name, list(p.choices()))
 
-    return resolved.walk(choose)
+    params = resolved.walk(choose)
+    flush_params(trial.storage, trial._trial_id)
+    return params
 
 
 def suggestable(resolved: ResolvedSpace, params: dict[str, Any]) -> dict[str, Any]:
