@@ -48,8 +48,10 @@ def params_key(params: dict[str, Any]) -> str:
 _HAS_SET_CONSTRAINT = hasattr(optuna.trial.Trial, "set_constraint")  # Optuna >= 5; constraints_func before
 
 
-HISTORY_CAP = 1000
-"""Finished trials the sampler's estimators see at most (see :class:`BoundedTPESampler`)."""
+HISTORY_CAP = 500
+"""Finished trials the sampler's estimators see at most (see :class:`BoundedTPESampler`). A trial's whole cost to the
+search process grows with the history TPE reads (``benchmarks/results/search_overhead/cpu/``: 500 and 1,000 trials
+in the study, side by side); eight worker threads share one interpreter, so that cost is what keeps them waiting."""
 HISTORY_BEST = 100
 """Of those, the best ones (TPE's "good" group is at most 25 of them), the rest the most recent."""
 
