@@ -160,3 +160,11 @@ def test_a_trial_finished_here_is_read_back_from_memory_and_equals_the_database_
         {1: 0.5},
     )
     assert (db.params, db.values, db.state, db.intermediate_values) == (params, [3.0], TrialState.COMPLETE, {1: 0.5})
+
+
+def test_an_attribute_reads_back_as_the_database_gives_it(storage):
+    study = optuna.create_study(study_name="s", storage=storage)
+    trial = study.ask()
+    trial.set_user_attr("constraints", (1.0, 2.0))
+    stored = optuna.storages.RDBStorage(storage.url).get_trial(trial._trial_id).user_attrs
+    assert storage.get_trial(trial._trial_id).user_attrs == stored == {"constraints": [1.0, 2.0]}

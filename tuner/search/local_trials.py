@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import copy
 import datetime
+import json
 import threading
 from collections.abc import Container, Sequence
 from typing import Any
@@ -178,7 +179,7 @@ class LocalTrialsMixin:
         super().set_trial_user_attr(trial_id, key, value)  # type: ignore[misc]
 
         def change(t: FrozenTrial) -> None:
-            t.user_attrs = {**t.user_attrs, key: copy.deepcopy(value)}
+            t.user_attrs = {**t.user_attrs, key: _as_stored(value)}
 
         self._update(trial_id, change)
 
@@ -187,7 +188,7 @@ class LocalTrialsMixin:
         super().set_trial_system_attr(trial_id, key, value)  # type: ignore[misc]
 
         def change(t: FrozenTrial) -> None:
-            t.system_attrs = {**t.system_attrs, key: copy.deepcopy(value)}
+            t.system_attrs = {**t.system_attrs, key: _as_stored(value)}
 
         self._update(trial_id, change)
 
@@ -240,6 +241,11 @@ class LocalTrialsMixin:
             for t in super()._get_trials(study_id, states, set(others), max(others)):  # type: ignore[misc]
                 found.setdefault(t._trial_id, t)
         return [found[tid] for tid in sorted(found)]
+
+
+def _as_stored(value: Any) -> Any:
+    """The value as the database gives it back (Optuna stores attributes as JSON: a tuple reads back a list)."""
+    return json.loads(json.dumps(value))
 
 
 def flush_params(study_storage: Any, trial_id: int) -> None:
