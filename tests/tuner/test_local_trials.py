@@ -168,3 +168,53 @@ def test_an_attribute_reads_back_as_the_database_gives_it(storage):
     trial.set_user_attr("constraints", (1.0, 2.0))
     stored = optuna.storages.RDBStorage(storage.url).get_trial(trial._trial_id).user_attrs
     assert storage.get_trial(trial._trial_id).user_attrs == stored == {"constraints": [1.0, 2.0]}
+
+
+def test_the_indexed_cache_answers_every_state_filter_as_optuna_s_own_cache(tmp_path):
+    from optuna.storages._cached_storage import _CachedStorage
+
+    from tuner.search.local_trials import IndexedCachedStorage, flush_params
+    from tuner.search.parallel import load_worker_study
+
+    url = f"sqlite:///{tmp_path / 'o.db'}"
+    storage = open_worker_storage(url)
+    study = optuna.create_study(study_name="s", storage=storage)
+    running = []
+    for i in range(12):  # every state, and trials finishing out of order (as eight threads finish them)
+        t = study.ask()
+        t.suggest_int("x", 0, 9)
+        flush_params(study._storage, t._trial_id)  # as tuner's suggest does: the database holds it too
+        running.append(t)
+        if i % 4 == 3:
+            study.enqueue_trial({"x": i % 10})
+    for t in running[::3]:
+        study.tell(t, float(t.number))
+    for t in running[1::3]:
+        study.tell(t, state=TrialState.PRUNED if t.number % 2 else TrialState.FAIL)
+    ours, theirs = IndexedCachedStorage(storage), _CachedStorage(optuna.storages.RDBStorage(url))
+    sid = ours.get_study_id_from_name("s")
+    filters = [None, (TrialState.WAITING,), (TrialState.RUNNING, TrialState.WAITING), (TrialState.COMPLETE,)]
+    filters += [(TrialState.COMPLETE, TrialState.PRUNED), (TrialState.FAIL, TrialState.RUNNING)]
+    for states in filters:
+        a = ours.get_all_trials(sid, deepcopy=False, states=states)
+        b = theirs.get_all_trials(sid, deepcopy=False, states=states)
+        assert [(t.number, t.state, t.params) for t in a] == [(t.number, t.state, t.params) for t in b], states
+    # the search's studies read through it
+    assert isinstance(load_worker_study(storage, "s")._storage, IndexedCachedStorage)
+
+
+def test_the_pruner_takes_its_percentile_over_the_most_recent_completed_trials(tmp_path):
+    from tuner.search.sampling import RecentPercentilePruner
+
+    def pruned_with(recent: int) -> bool:
+        pruner = RecentPercentilePruner(50.0, n_startup_trials=1, n_warmup_steps=0, recent=recent)
+        study = optuna.create_study(direction="maximize", pruner=pruner)
+        for v in (1.0, 1.0, 100.0):  # an old level of 1, the most recent at 100
+            t = study.ask()
+            t.report(v, 0)
+            study.tell(t, v)
+        t = study.ask()
+        t.report(5.0, 0)
+        return t.should_prune()
+
+    assert pruned_with(recent=1) and not pruned_with(recent=1000)

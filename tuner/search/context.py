@@ -33,6 +33,7 @@ from tuner.budget import Deadline
 from tuner.errors import SearchError, TargetError
 from tuner.execution.isolation import TrialProcess
 from tuner.fingerprint import fingerprint
+from tuner.search.local_trials import cached
 from tuner.search.options import SearchOptions
 from tuner.search.results import SearchResult, TrialSummary
 from tuner.search.sampling import (
@@ -293,7 +294,7 @@ def open_context(options: SearchOptions, progress: Progress | None = None) -> Se
     if run is None:
         study = optuna.create_study(
             study_name=name,
-            storage=ostorage,
+            storage=cached(ostorage),
             directions=list(space.objective.directions),
             sampler=sampler,
             pruner=pruner,
@@ -315,7 +316,7 @@ def open_context(options: SearchOptions, progress: Progress | None = None) -> Se
             settings=settings,
         )
     else:
-        study = optuna.load_study(study_name=name, storage=ostorage, sampler=sampler, pruner=pruner)
+        study = optuna.load_study(study_name=name, storage=cached(ostorage), sampler=sampler, pruner=pruner)
         stale = repo.mark_stale_running(run.id, reason="left running by an earlier process; marked on resume")
         for num in stale:
             _fail_stale_optuna_trial(study, num)

@@ -58,6 +58,7 @@ from tuner.search.heartbeat import (
     open_worker_storage,
 )
 from tuner.search.leases import GpuLeaser
+from tuner.search.local_trials import cached
 from tuner.search.sampling import suggest
 from tuner.search.trial import penalty_value, run_one, told
 
@@ -292,7 +293,7 @@ def worker_name(index: int | None = None) -> str:
 
 def load_worker_study(storage: optuna.storages.RDBStorage, name: str, sampler=None, pruner=None) -> optuna.Study:
     try:
-        return optuna.load_study(study_name=name, storage=storage, sampler=sampler, pruner=pruner)
+        return optuna.load_study(study_name=name, storage=cached(storage), sampler=sampler, pruner=pruner)
     except KeyError:
         raise WorkerError(
             f"no Optuna study {name!r} in this storage; start it with `tuner search --study {name}` first"

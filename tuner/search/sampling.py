@@ -147,6 +147,7 @@ class _HistoryView:
 
     def __init__(self, study: optuna.Study, sampler: BoundedTPESampler, *, unseen_only: bool = False) -> None:
         self._study, self._sampler, self._unseen_only = study, sampler, unseen_only
+        self._read: dict[tuple, list[FrozenTrial]] = {}
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._study, name)
@@ -154,10 +155,18 @@ class _HistoryView:
     def _get_trials(
         self, deepcopy: bool = True, states: Container[TrialState] | None = None, use_cache: bool = False
     ) -> list[FrozenTrial]:
-        trials = self._study._get_trials(deepcopy=deepcopy, states=states, use_cache=use_cache)
-        if self._unseen_only:
-            return self._sampler.unseen(self._study, trials)
-        return self._sampler.bounded(self._study, trials)
+        # one view serves one sampler call: TPE reads the history once per parameter group and once more for the
+        # constraints; the study read once is what each of those reads saw (a trial finishing meanwhile waits for
+        # the next ask, as it would a moment later)
+        key = (deepcopy, tuple(sorted(states, key=lambda s: s.value)) if states is not None else None, use_cache)
+        if self._unseen_only or deepcopy or key not in self._read:
+            trials = self._study._get_trials(deepcopy=deepcopy, states=states, use_cache=use_cache)
+            if self._unseen_only:
+                return self._sampler.unseen(self._study, trials)
+            if deepcopy:
+                return self._sampler.bounded(self._study, trials)
+            self._read[key] = self._sampler.bounded(self._study, trials)
+        return list(self._read[key])
 
     def get_trials(self, deepcopy: bool = True, states: Container[TrialState] | None = None) -> list[FrozenTrial]:
         return self._get_trials(deepcopy=deepcopy, states=states)
@@ -180,9 +189,39 @@ def make_sampler(resolved: ResolvedSpace, seed: int | None, *, parallel: bool = 
     )
 
 
+PRUNER_RECENT = 1000
+"""Completed trials the pruner's percentile is taken over at most: the most recent ones."""
+
+
+class RecentPercentilePruner(optuna.pruners.PercentilePruner):
+    """Optuna's percentile pruner over the ``recent`` most recently numbered completed trials: Optuna's takes the
+    percentile over every completed trial at every report, a cost that grows with the study (a 20,000-trial
+    night), and the search's recent trials are the ones a new trial competes with."""
+
+    def __init__(self, *args: Any, recent: int = PRUNER_RECENT, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.recent = recent
+
+    def prune(self, study: optuna.Study, trial: FrozenTrial) -> bool:
+        return super().prune(_RecentView(study, self.recent), trial)
+
+
+class _RecentView:
+    """A study whose completed trials are its ``recent`` most recent ones (for :class:`RecentPercentilePruner`)."""
+
+    def __init__(self, study: optuna.Study, recent: int) -> None:
+        self._study, self._recent = study, recent
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._study, name)
+
+    def get_trials(self, deepcopy: bool = True, states: Container[TrialState] | None = None) -> list[FrozenTrial]:
+        return self._study.get_trials(deepcopy=deepcopy, states=states)[-self._recent :]
+
+
 def make_pruner() -> optuna.pruners.BasePruner:
     # keep the top 90% at each level: prune only a clearly bad trial, after the first level (c=1 says little)
-    return optuna.pruners.PercentilePruner(90.0, n_startup_trials=5, n_warmup_steps=1)
+    return RecentPercentilePruner(90.0, n_startup_trials=5, n_warmup_steps=1)
 
 
 def _constraints_of(frozen: optuna.trial.FrozenTrial) -> list[float]:
