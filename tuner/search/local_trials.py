@@ -9,12 +9,15 @@ worker threads at 2-s trials that was two thirds of the search process's time (p
 SQLite: 70% of the GIL held in SQLAlchemy), and the workers idled 70-80% waiting for it.
 
 :class:`LocalTrialsMixin` keeps a copy of every trial this storage object created running or took from the
-waiting queue, updated by every write this process makes to it (each still goes to the database first, in its own
-transaction, as before), and dropped when the trial finishes. ``get_trial`` of such a trial answers from the copy;
-the cache's re-read of unfinished trials asks the database only which trials are new or unfinished (their ids) and
-loads in full only those this process does not run. Trials other processes run (``tuner worker``) are read from the
-database as before. A trial another process fails (a stale heartbeat) reads as running here until this process's
-next write to it, which the database refuses as it did before.
+waiting queue, updated by every write this process makes to it, and hands it to Optuna's cache once it finished.
+Every write goes to the database before the copy changes; a trial's suggested values are written together, in one
+transaction, when ``tuner.search.sampling.suggest`` returns (:func:`flush_params`), before the trial runs.
+``get_trial`` of such a trial answers from the copy; the cache's re-read of unfinished trials asks the database only
+which trials are new or unfinished (their ids) and loads in full only those this process does not run. Trials other
+processes run (``tuner worker``) are read from the database as before. A trial another process fails (a stale
+heartbeat) reads as running here until this process's next write to it, which the database refuses as before.
+
+:class:`IndexedCachedStorage` is Optuna's cache of the study with its reads indexed (see there).
 """
 
 from __future__ import annotations
