@@ -203,6 +203,21 @@ def test_worker_threads_move_past_an_exhausted_stage_and_end_when_the_last_is_ex
     assert res.best_params["boost"] == 4 and (tmp_path / "out" / "s" / "launch.sh").exists()
 
 
+def test_repeats_in_a_row_count_the_current_stage_s_trials_and_none_for_a_worker_process_s_plan(tmp_path):
+    from types import SimpleNamespace
+
+    from tuner.search.stages import repeats_in_a_row
+
+    resolved = resolve(load_space(str(_write(tmp_path, STAGED_SPACE))), CPU)
+    trials = [SimpleNamespace(repeat_of=None)] * 3 + [SimpleNamespace(repeat_of=1)] * 30
+    search = StagePlan(plan(resolved, deployable_only=False))
+    assert repeats_in_a_row(SimpleNamespace(stages=search, trials=trials)) == (30, 0)
+    search.index, search.first = 1, 20  # the next stage started at trial 20: its 13 repeats so far
+    assert repeats_in_a_row(SimpleNamespace(stages=search, trials=trials)) == (13, 1)
+    worker = StagePlan(plan(resolved, deployable_only=False), follower=True)  # `tuner worker`: the search decides
+    assert repeats_in_a_row(SimpleNamespace(stages=worker, trials=trials)) == (0, 0)
+
+
 @pytest.mark.parametrize("deployable_only,names", [(False, ["command", "code changes"]), (True, ["command"])])
 def test_the_dry_run_shows_the_planned_stages_and_their_shares(tmp_path, sqlite_url, deployable_only, names):
     settings = {"deployable_only": True} if deployable_only else {}

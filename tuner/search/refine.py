@@ -127,7 +127,8 @@ def stored_trials(ctx: SearchContext) -> list:
     above the cache's complete prefix (every number up to it is cached) and for those still running when last
     read. A number missing for more than :data:`RECENT` trials (an asked trial never stored, e.g. its worker died)
     stops holding the prefix back. Re-reading the whole study before every move cost a read of 20,000 rows per
-    trial by the end of an 8-GPU night; re-reading the newest 256, a fifth of an 8-thread search's time."""
+    trial by the end of an 8-GPU night; re-reading the newest 256 was still a sizeable share of an 8-thread
+    search's time (py-spy)."""
     cache = ctx.stored
     if not cache:
         fresh = ctx.repo.list_trials(ctx.run.id)

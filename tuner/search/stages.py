@@ -337,8 +337,11 @@ def follow_stage(ctx, repo=None) -> None:
 
 def repeats_in_a_row(ctx) -> tuple[int, int | None]:
     """How many of the search's latest trials, in the current stage, re-proposed a timed configuration in a row
-    (every worker thread's, in the order they finished), and the stage they were counted in."""
+    (every worker thread's, in the order they finished), and the stage they were counted in. A ``tuner worker``
+    process's plan (a follower) counts none: it sees only its own trials, and the search moves the stages."""
     plan_ = ctx.stages
+    if plan_ is not None and plan_.follower:
+        return 0, plan_.index
     index, first = (plan_.index, plan_.first) if plan_ is not None else (None, 0)
     trials, n = ctx.trials, 0
     while len(trials) - n > first and trials[len(trials) - n - 1].repeat_of is not None:
