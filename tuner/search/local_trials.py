@@ -173,29 +173,21 @@ class LocalTrialsMixin:
     def set_trial_intermediate_value(self, trial_id: int, step: int, intermediate_value: float) -> None:
         self.flush_params(trial_id)
         super().set_trial_intermediate_value(trial_id, step, intermediate_value)  # type: ignore[misc]
-
-        def change(t: FrozenTrial) -> None:
-            t.intermediate_values = {**t.intermediate_values, step: intermediate_value}
-
-        self._update(trial_id, change)
+        self._merge(trial_id, "intermediate_values", step, intermediate_value)
 
     def set_trial_user_attr(self, trial_id: int, key: str, value: Any) -> None:
         self.flush_params(trial_id)
         super().set_trial_user_attr(trial_id, key, value)  # type: ignore[misc]
-
-        def change(t: FrozenTrial) -> None:
-            t.user_attrs = {**t.user_attrs, key: _as_stored(value)}
-
-        self._update(trial_id, change)
+        self._merge(trial_id, "user_attrs", key, _as_stored(value))
 
     def set_trial_system_attr(self, trial_id: int, key: str, value: Any) -> None:
         self.flush_params(trial_id)
         super().set_trial_system_attr(trial_id, key, value)  # type: ignore[misc]
+        self._merge(trial_id, "system_attrs", key, _as_stored(value))
 
-        def change(t: FrozenTrial) -> None:
-            t.system_attrs = {**t.system_attrs, key: _as_stored(value)}
-
-        self._update(trial_id, change)
+    def _merge(self, trial_id: int, field: str, key: Any, value: Any) -> None:
+        """The snapshot with ``key: value`` added to its dict ``field`` (a new dict: see :meth:`_update`)."""
+        self._update(trial_id, lambda t: setattr(t, field, {**getattr(t, field), key: value}))
 
     # -- reads -----------------------------------------------------------------------------------------------
     def get_trial(self, trial_id: int) -> FrozenTrial:
