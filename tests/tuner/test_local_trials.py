@@ -218,3 +218,54 @@ def test_the_pruner_takes_its_percentile_over_the_most_recent_completed_trials(t
         return t.should_prune()
 
     assert pruned_with(recent=1) and not pruned_with(recent=1000)
+
+
+def test_the_indexed_cache_hands_out_what_finished_since_a_reader_s_cursor_and_the_most_recent(tmp_path):
+    from tuner.search.local_trials import IndexedCachedStorage
+
+    url = f"sqlite:///{tmp_path / 'o.db'}"
+    study = optuna.create_study(study_name="s", storage=open_worker_storage(url))
+    running = [study.ask() for _ in range(9)]
+    for t in running[::2]:
+        study.tell(t, float(t.number))
+    ours = IndexedCachedStorage(open_worker_storage(url))
+    sid = ours.get_study_id_from_name("s")
+    ours.refresh(sid)
+    new, cursor, n, unfinished = ours.finished_since(sid, 0, (TrialState.COMPLETE, TrialState.RUNNING))
+    assert [t.number for t in new] == [0, 2, 4, 6, 8] and n == 9 and [t.number for t in unfinished] == [1, 3, 5, 7]
+    for t in (running[5], running[1]):  # finishing out of number order: handed out in the order they finished
+        study.tell(t, state=TrialState.PRUNED)
+        ours.refresh(sid)
+    new, cursor, n, unfinished = ours.finished_since(sid, cursor, (TrialState.COMPLETE,))
+    assert [t.number for t in new] == [5, 1] and cursor == 7 and n == 5 and unfinished == []
+    assert ours.finished_since(sid, cursor)[0] == []
+    every = ours.get_all_trials(sid, deepcopy=False, states=(TrialState.COMPLETE, TrialState.PRUNED))
+    for k in (1, 3, 7, 20):
+        recent = ours.recent_trials(sid, (TrialState.COMPLETE, TrialState.PRUNED), k)
+        assert [t.number for t in recent] == [t.number for t in every[-k:]]
+
+
+def test_the_pruner_reads_the_recent_trials_not_a_list_of_the_whole_study(tmp_path):
+    """Through the search's indexed storage, a pruning decision reads the ``recent`` most recent completed trials
+    (once per trial finished), not every trial of the study; it decides as over the whole list cut to them."""
+    from tuner.search.local_trials import cached
+    from tuner.search.sampling import RecentPercentilePruner
+
+    url = f"sqlite:///{tmp_path / 'o.db'}"
+    pruner = RecentPercentilePruner(50.0, n_startup_trials=1, n_warmup_steps=0, recent=3)
+    study = optuna.create_study(
+        study_name="s", storage=cached(open_worker_storage(url)), pruner=pruner, direction="maximize"
+    )
+    study.direction  # noqa: B018 - read once before counting
+    handed = []
+    inner = study._storage.get_all_trials
+    study._storage.get_all_trials = lambda *a, **k: handed.append(len(out := inner(*a, **k))) or out
+    for v in (100.0, 100.0, 100.0, 100.0, 1.0, 1.0, 1.0):  # old levels of 100, the three most recent at 1
+        t = study.ask()
+        t.report(v, 0)
+        study.tell(t, v)
+    t = study.ask()
+    t.report(5.0, 0)
+    handed.clear()
+    assert not t.should_prune()  # 5 beats the median of the three most recent (1), not that of all seven (100)
+    assert sum(handed) == 0

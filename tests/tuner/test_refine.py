@@ -382,3 +382,74 @@ def test_stored_trials_reads_the_study_once_then_only_what_changed_and_waits_for
     refine.stored_trials(ctx)
     refine.stored_trials(ctx)  # 6 is more than RECENT behind the newest (9): it no longer holds the prefix back
     assert calls == [("all",), ("from", 2, [1]), ("from", 3, []), ("from", 5, [4]), ("from", 6, [4])]
+
+
+def _random_records(rng, resolved, n, *, positive=True):
+    """``n`` records as the store holds them: ok ones (some tying in value), failures, repeats, running ones."""
+    from types import SimpleNamespace as R
+
+    out = []
+    for i in range(n):
+        params = resolved.walk(lambda p: rng.choice(list(p.choices())) if p.type != "float" else p.default)
+        kind = rng.random()
+        outcome, state = ("ok", "complete") if kind < 0.6 else ("crash", "failed") if kind < 0.8 else (None, "running")
+        value = (rng.choice([1.0, 2.5, rng.uniform(0.1, 40.0)]) * (1 if positive else rng.choice([-1, 1]))) or 1.0
+        repeat = rng.choice([None, None, None, 0]) if outcome == "ok" else None
+        out.append(
+            R(number=i, params=params, outcome=outcome, value=value if outcome else None, state=state, repeat_of=repeat)
+        )
+    return out
+
+
+def test_the_move_index_kept_record_by_record_chooses_as_a_read_of_every_record():
+    """The index refining keeps up to date (records added, running ones finishing, one changed) gives the moves,
+    origins and per-value means of the records read whole: the means to the last bit."""
+    import random
+    from types import SimpleNamespace as R
+
+    from tuner.search.refine import MoveIndex, StoredTrials, _value_scores, choose_move
+
+    resolved = _resolved()
+    defaults = resolved.defaults()
+    for seed, positive in ((0, True), (1, True), (2, False)):
+        rng = random.Random(seed)
+        records = _random_records(rng, resolved, 300, positive=positive)
+        stored, index = StoredTrials(), MoveIndex(resolved, None, "maximize")
+        for step in range(0, 300, 30):
+            for r in records[step : step + 30]:
+                stored.put(r)
+            for r in rng.sample(records[: step + 30], 5):  # running ones finish; a record read again changes
+                if r.state == "running":
+                    r = R(**{**vars(r), "state": "complete", "outcome": "ok", "value": rng.uniform(0.1, 40.0)})
+                    records[r.number] = r
+                stored.put(r)
+            index.sync(stored)
+            now = [stored[n] for n in stored.numbers]
+            ok = [r for r in now if r.outcome == "ok" and r.repeat_of is None]
+            means = _value_scores(ok, 1.0)
+            assert means and all(index.scores().get(k) == v for k, v in means.items())
+            for noise in (0.0, 0.3):
+                for check in (lambda c: None, lambda c: "no" if c["tile"] == 16 else None):
+                    whole = choose_move(resolved, now, "maximize", check, defaults=defaults, noise=noise)
+                    kept = choose_move(resolved, [], "maximize", check, defaults=defaults, noise=noise, index=index)
+                    assert whole == kept, (seed, step)
+
+
+def test_a_move_reads_the_records_that_changed_not_every_record(tmp_path, monkeypatch):
+    """Keying a record (its configuration's identity, a JSON dump) is what a move cost per record: after the first,
+    a move keys the records that changed since the last one and its candidate moves, however many the study holds."""
+    keyed = []
+    real_key = refine._key
+    monkeypatch.setattr(refine, "_key", lambda *a: keyed.append(1) or real_key(*a))
+    per_move = {}
+    for size in (20, 80):
+        trials = [({"tile": [16, 32, 64][i % 3], "buckets": "abcde"[i % 5]}, "ok", float(i % 11)) for i in range(size)]
+        (tmp_path / str(size)).mkdir()
+        ctx = _ctx(tmp_path / str(size), trials)
+        next_move(ctx)
+        ctx.repo.start_trial(ctx.run.id, size, {"tile": 16, "buckets": "b"})
+        ctx.repo.finish_trial(ctx.run.id, size, outcome="ok", value=3.0)
+        keyed.clear()
+        next_move(ctx)
+        per_move[size] = len(keyed)
+    assert per_move[80] == per_move[20], per_move

@@ -75,3 +75,58 @@ def test_optunas_sqlite_connections_commit_in_wal_without_waiting_for_the_disk(t
         with storage.engine.connect() as c:
             assert c.execute(text("PRAGMA synchronous")).scalar() == 1  # NORMAL (FULL is 2)
             assert c.execute(text("PRAGMA journal_mode")).scalar() == "wal"
+
+
+class _WholeReads:
+    """Counts the trials the study's storage hands out in whole-study lists (``get_all_trials`` with any finished
+    state asked): what grows with the study at every read."""
+
+    def __init__(self, storage) -> None:
+        self.trials = 0
+        inner = storage.get_all_trials
+
+        def counted(study_id, deepcopy=True, states=None):
+            out = inner(study_id, deepcopy=deepcopy, states=states)
+            if states is None or any(s.is_finished() for s in optuna.trial.TrialState if s in states):
+                self.trials += len(out)
+            return out
+
+        storage.get_all_trials = counted
+
+
+def _indexed_study(tmp_path, sampler, pruner=None):
+    from tuner.search.heartbeat import open_worker_storage
+    from tuner.search.parallel import load_worker_study
+
+    url = f"sqlite:///{tmp_path / 'h.db'}"
+    optuna.create_study(study_name="s", storage=url, direction="maximize")
+    return load_worker_study(open_worker_storage(url), "s", sampler, pruner)
+
+
+def _small_cap_sampler():
+    return BoundedTPESampler(seed=5, multivariate=True, group=True, constant_liar=True, history_cap=40, history_best=8)
+
+
+def test_past_the_cap_an_ask_reads_no_whole_study_list_however_many_trials_it_holds(tmp_path):
+    """Read through the search's indexed storage, the bounded history costs the trials that finished since the last
+    ask: the trials an ask, its suggestions and its tell read in whole-study lists do not grow with the study (they
+    were a pass over every trial, several times per ask)."""
+    resolved = resolve(load_space("dsv4_flash"), H200)
+    study = _indexed_study(tmp_path, _small_cap_sampler())
+    reads = _WholeReads(study._storage)
+    per_trial = {}
+    for size in (60, 120):
+        _fill(study, resolved, size - len(study.trials), start=len(study.trials))
+        before = reads.trials
+        _fill(study, resolved, 1, start=size)
+        per_trial[size] = reads.trials - before
+    assert per_trial[120] == per_trial[60], per_trial
+
+
+def test_the_indexed_history_proposes_what_the_whole_read_proposes(tmp_path):
+    """The same seed over the same objective: the indexed storage's incremental history (SQLite) and a whole read
+    of every trial at every ask (Optuna's in-memory storage) propose the same configurations, past the cap too."""
+    resolved = resolve(load_space("dsv4_flash"), H200)
+    indexed = _indexed_study(tmp_path, _small_cap_sampler())
+    whole = optuna.create_study(direction="maximize", sampler=_small_cap_sampler())
+    assert _fill(indexed, resolved, 100) == _fill(whole, resolved, 100)

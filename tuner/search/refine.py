@@ -25,10 +25,15 @@ worker`` processes of one study take them like any other trial.
 
 from __future__ import annotations
 
+import bisect
+import itertools
 import logging
 import math
 import statistics
+import threading
+from collections.abc import Container, Iterator
 from dataclasses import dataclass
+from fractions import Fraction
 from typing import TYPE_CHECKING, Any, Callable
 
 from search_spaces import Param, ResolvedSpace
@@ -121,6 +126,64 @@ RECENT = 256
 """How far behind the newest trial a missing trial number is still waited for (:func:`stored_trials`)."""
 
 
+class StoredTrials(dict):
+    """``ctx.stored``: the stored trial records refining reads, by number (shared by the worker threads), with what
+    keeps a read's cost to what changed: the numbers in order, the running ones, the complete prefix (every number up
+    to it is held), every record put in the order it came (``changes``, which :class:`MoveIndex` follows), and the
+    current :class:`MoveIndex`."""
+
+    def __init__(self, *args: Any) -> None:
+        super().__init__(*args)
+        self.numbers = sorted(self)
+        self.running = {n for n, r in self.items() if r.state == "running"}
+        self.prefix = -1
+        self.changes: list[int] = list(self.numbers)
+        self.index: MoveIndex | None = None
+        self.lock = threading.RLock()
+
+    def put(self, rec: Any) -> None:
+        n = rec.number
+        if n not in self:
+            if not self.numbers or n > self.numbers[-1]:
+                self.numbers.append(n)
+            else:
+                bisect.insort(self.numbers, n)
+        self[n] = rec
+        if rec.state == "running":
+            self.running.add(n)
+        else:
+            self.running.discard(n)
+        self.changes.append(n)
+
+    def complete_prefix(self) -> int:
+        """The highest number up to which every number is held (-1: not 0)."""
+        while self.prefix + 1 in self:
+            self.prefix += 1
+        return self.prefix
+
+
+def _stored(ctx: SearchContext) -> StoredTrials:
+    if not isinstance(ctx.stored, StoredTrials):  # a plain dict (a context built by hand): indexed from now on
+        ctx.stored = StoredTrials(ctx.stored)
+    return ctx.stored
+
+
+def refresh_stored(ctx: SearchContext) -> StoredTrials:
+    """``ctx.stored`` brought up to date (see :func:`stored_trials`), at the cost of what changed."""
+    cache = _stored(ctx)
+    with cache.lock:
+        if not cache:
+            fresh = ctx.repo.list_trials(ctx.run.id)
+        else:
+            newest = cache.numbers[-1]
+            above = max(cache.complete_prefix(), newest - RECENT)
+            running = sorted(n for n in cache.running if n <= above)
+            fresh = ctx.repo.trials_from(ctx.run.id, above, also=running)
+        for r in fresh:
+            cache.put(r)
+    return cache
+
+
 def stored_trials(ctx: SearchContext) -> list:
     """Every stored trial of the search (every process's), read in full once and then only what changed, kept in
     ``ctx.stored`` (shared by the worker threads): a finished trial does not change, so each read asks for the trials
@@ -128,49 +191,155 @@ def stored_trials(ctx: SearchContext) -> list:
     read. A number missing for more than :data:`RECENT` trials (an asked trial never stored, e.g. its worker died)
     stops holding the prefix back. Re-reading the whole study before every move cost a read of 20,000 rows per
     trial by the end of an 8-GPU night; re-reading the newest 256 was still a sizeable share of an 8-thread
-    search's time (py-spy)."""
-    cache = ctx.stored
-    if not cache:
-        fresh = ctx.repo.list_trials(ctx.run.id)
-    else:
-        newest = max(cache)
-        prefix = newest if len(cache) == newest + 1 else -1  # numbers start at 0: no gap when they all fit
-        while prefix < newest and prefix + 1 in cache:
-            prefix += 1
-        above = max(prefix, newest - RECENT)
-        running = [n for n, r in cache.items() if r.state == "running" and n <= above]
-        fresh = ctx.repo.trials_from(ctx.run.id, above, also=running)
-    for r in fresh:
-        cache[r.number] = r
-    return [cache[n] for n in sorted(cache)]
+    search's time (py-spy). (The moves read the records through :class:`MoveIndex`, not this list.)"""
+    cache = refresh_stored(ctx)
+    return [cache[n] for n in cache.numbers]
+
+
+def _is_ok(r: Any) -> bool:
+    """A measured result: ok, with a finite value, not a repeat (whose value is a copy, not a measurement)."""
+    return r.outcome == "ok" and r.value is not None and math.isfinite(r.value) and r.repeat_of is None
+
+
+class MoveIndex:
+    """What :func:`choose_move` reads of the trial records, kept up to date record by record: the configurations
+    tried (their keys), each configuration's best measured record (the origins, ranked), and the sums behind each
+    (param, value)'s mean objective. Updating it costs the records that changed, not the study (rebuilding the
+    keys and the means of 5,000 records before every move was most of an 8-thread search's time, py-spy). Its
+    answers are those of the records read whole: the means are exact sums (``fractions``) divided as
+    ``statistics.fmean`` divides ``math.fsum``."""
+
+    def __init__(self, resolved: ResolvedSpace, canonical: Callable[[dict], dict] | None, direction: str) -> None:
+        self.resolved, self.canonical, self.direction = resolved, canonical, direction
+        self.sign = 1.0 if direction == "maximize" else -1.0
+        self.cursor = 0  # of StoredTrials.changes
+        self.key_of: dict[int, str] = {}
+        self.tried: dict[str, int] = {}  # key -> records with it
+        self.ok: dict[int, Any] = {}  # number -> its ok record
+        self.members: dict[str, set[int]] = {}  # key -> the ok records' numbers with it
+        self.origin_of: dict[str, tuple[float, int]] = {}  # key -> (-sign * value, number) of its origin
+        self.ranked: list[tuple[float, int]] = []  # the origins, best first (of equal values, the earlier trial)
+        self.sums: dict[tuple[str, str], list] = {}  # (param, value) -> [n, sum of values, sum of their logs]
+        self.not_positive = 0  # ok records whose value is <= 0 (then the means are of values, not logs)
+
+    def fits(self, resolved: ResolvedSpace, canonical: Callable[[dict], dict] | None, direction: str) -> bool:
+        return self.resolved is resolved and self.canonical == canonical and self.direction == direction
+
+    def sync(self, stored: StoredTrials) -> MoveIndex:
+        changes = stored.changes
+        for n in changes[self.cursor :]:
+            self._drop(n)
+            self.add(stored[n])
+        self.cursor = len(changes)
+        return self
+
+    def add(self, r: Any) -> None:
+        key = _key(self.resolved, r.params, self.canonical)
+        self.key_of[r.number] = key
+        self.tried[key] = self.tried.get(key, 0) + 1
+        if not _is_ok(r):
+            return
+        self.ok[r.number] = r
+        self.members.setdefault(key, set()).add(r.number)
+        here = (-self.sign * r.value, r.number)
+        now = self.origin_of.get(key)
+        if now is None or here < now:
+            if now is not None:
+                del self.ranked[bisect.bisect_left(self.ranked, now)]
+            self.origin_of[key] = here
+            bisect.insort(self.ranked, here)
+        self._count(r, +1)
+
+    def _drop(self, n: int) -> None:
+        key = self.key_of.pop(n, None)
+        if key is None:
+            return
+        self.tried[key] -= 1
+        if not self.tried[key]:
+            del self.tried[key]
+        r = self.ok.pop(n, None)
+        if r is None:
+            return
+        self._count(r, -1)
+        self.members[key].discard(n)
+        if self.origin_of[key][1] == n:  # its configuration's origin: the next best record with it, if any
+            del self.ranked[bisect.bisect_left(self.ranked, self.origin_of.pop(key))]
+            if self.members[key]:
+                here = min((-self.sign * self.ok[m].value, m) for m in self.members[key])
+                self.origin_of[key] = here
+                bisect.insort(self.ranked, here)
+
+    def _count(self, r: Any, step: int) -> None:
+        positive = r.value > 0
+        self.not_positive += 0 if positive else step
+        value = Fraction(r.value)
+        log = Fraction(math.log(r.value)) if positive else Fraction(0)
+        for name, v in r.params.items():
+            s = self.sums.setdefault((name, _k(v)), [0, Fraction(0), Fraction(0)])
+            s[0] += step
+            s[1] += step * value
+            s[2] += step * log
+
+    def scores(self) -> _Scores:
+        return _Scores(self.sums, self.sign, self.not_positive == 0)
+
+    def origins(self) -> Iterator[Any]:
+        """The ok records, one per configuration (its best; of equal values the earlier), best first."""
+        for _, n in self.ranked:
+            yield self.ok[n]
+
+    def best(self) -> Any | None:
+        return self.ok[self.ranked[0][1]] if self.ranked else None
+
+
+class _Scores:
+    """:func:`_value_scores` of the ok records, as a read-only map computed per key on demand."""
+
+    def __init__(self, sums: dict, sign: float, positive: bool) -> None:
+        self.sums, self.sign, self.i = sums, sign, 2 if positive else 1
+
+    def get(self, key: tuple[str, str], default: float | None = None) -> float | None:
+        s = self.sums.get(key)
+        if s is None or not s[0]:
+            return default
+        return self.sign * float(s[self.i]) / s[0]
+
+
+class _Tried:
+    """Tried configurations: those of the records and those asked."""
+
+    def __init__(self, tried: Container[str], asked: Container[str]) -> None:
+        self.tried, self.asked = tried, asked
+
+    def __contains__(self, key: object) -> bool:
+        return key in self.tried or key in self.asked
 
 
 def next_move(ctx: SearchContext) -> Move | None:
     """The most promising untried one-change move from the best ok configuration of the study (every process's
     trials, read from the store); once every move from it was tried (a local optimum), from the next best, up to
     ``ORIGINS`` configurations; ``None`` when all of theirs were tried."""
-    records = stored_trials(ctx)
+    stored = refresh_stored(ctx)
     same = ctx.target.canonical_params
-    sign = 1.0 if ctx.direction == "maximize" else -1.0
-    ok = [
-        r
-        for r in records
-        if r.outcome == "ok" and r.value is not None and math.isfinite(r.value) and r.repeat_of is None
-    ]
-    best = max(ok, key=lambda r: sign * r.value, default=None)
-    rec = ctx.repo.get_trial(ctx.run.id, best.number) if best is not None else None
-    noise = min(NOISE_CAP, step_noise(rec)) if rec is not None else 0.0  # the best's own step-time spread
     space = ctx.sampling_space  # inside the current stage's space (tuner.search.stages)
-    return choose_move(
-        space,
-        records,
-        ctx.direction,
-        ctx.target.check,
-        asked=asked_keys(ctx.study, space, same),
-        canonical=same,
-        defaults=ctx.resolved.defaults(),
-        noise=noise,
-    )
+    with stored.lock:
+        if stored.index is None or not stored.index.fits(space, same, ctx.direction):
+            stored.index = MoveIndex(space, same, ctx.direction)
+        index = stored.index.sync(stored)
+        best = index.best()
+        rec = ctx.repo.get_trial(ctx.run.id, best.number) if best is not None else None
+        noise = min(NOISE_CAP, step_noise(rec)) if rec is not None else 0.0  # the best's own step-time spread
+        return choose_move(
+            space,
+            [],
+            ctx.direction,
+            ctx.target.check,
+            asked=asked_keys(ctx.study, space, same),
+            canonical=same,
+            defaults=ctx.resolved.defaults(),
+            noise=noise,
+            index=index,
+        )
 
 
 def choose_move(
@@ -178,34 +347,40 @@ def choose_move(
     records: list,
     direction: str,
     check: Callable[[dict], str | None],
-    asked: set[str] = frozenset(),
+    asked: Container[str] = frozenset(),
     canonical: Callable[[dict], dict] | None = None,
     defaults: dict[str, Any] | None = None,
     noise: float = 0.0,
+    *,
+    index: MoveIndex | None = None,
 ) -> Move | None:
     """:func:`next_move` over given trial records (``number``, ``params``, ``outcome``, ``value``, ``reason``):
     ``check`` says why the target refuses a configuration (or returns nothing), ``asked`` holds the keys of
     configurations asked and not yet recorded; ``canonical`` (``Target.canonical_params``) makes a configuration
     that runs the same thing as a tried one tried too (no move goes there). With ``defaults``, a move first undoes
     one of the origin's changes, and the first origin is the configuration with the fewest changes among those
-    within ``noise`` (relative) of the best."""
-    tried = {_key(resolved, r.params, canonical) for r in records} | set(asked)
-    ok = [
-        r
-        for r in records
-        if r.outcome == "ok" and r.value is not None and math.isfinite(r.value) and r.repeat_of is None
-    ]  # a repeat's value is a copy, not a measurement
-    sign = 1.0 if direction == "maximize" else -1.0
-    score = _value_scores(ok, sign) if ok else {}
-    origins: dict[str, Any] = {}
-    for r in sorted(ok, key=lambda r: -sign * r.value):  # stable: of equal values, the earlier trial
-        origins.setdefault(_key(resolved, r.params, canonical), r)
-    ranked = list(origins.values())
+    within ``noise`` (relative) of the best. ``index``: the records as a :class:`MoveIndex` kept up to date (then
+    ``records`` is not read)."""
+    if index is None:
+        index = MoveIndex(resolved, canonical, direction)
+        for r in records:
+            index.add(r)
+    tried = _Tried(index.tried, asked)
+    score = index.scores()
+    sign = index.sign
+    origins = index.origins()
+    ranked = list(itertools.islice(origins, ORIGINS))
     if defaults is not None and ranked:
         top = ranked[0].value
-        tied = [r for r in ranked if sign * r.value >= sign * top - abs(top) * noise]
-        simplest = min(tied, key=lambda r: changes_from(r.params, defaults))  # of equal changes, the better
-        ranked.remove(simplest)
+
+        def tied(r: Any) -> bool:
+            return sign * r.value >= sign * top - abs(top) * noise
+
+        while tied(ranked[-1]) and (more := next(origins, None)) is not None:  # every tie, then ORIGINS more
+            ranked.append(more)
+        ranked += itertools.islice(origins, ORIGINS)
+        simplest = min((r for r in ranked if tied(r)), key=lambda r: changes_from(r.params, defaults))
+        ranked.remove(simplest)  # of equal changes, the better
         ranked.insert(0, simplest)
     for origin in ranked[:ORIGINS]:
         move = _move_from(resolved, check, origin, tried, score, canonical, defaults)
@@ -218,8 +393,8 @@ def _move_from(
     resolved: ResolvedSpace,
     check,
     origin,
-    tried: set[str],
-    score: dict,
+    tried: Container[str],
+    score,
     canonical=None,
     defaults: dict[str, Any] | None = None,
 ) -> Move | None:
@@ -231,9 +406,10 @@ def _move_from(
             undo.append((score.get((name, _k(value)), here) - here, name, value, cfg))
     candidates, done = [], {}
     for name, value, cfg in moves(resolved, origin.params):
-        if _key(resolved, cfg, canonical) in seen - tried:
+        key = _key(resolved, cfg, canonical)
+        if key in seen and key not in tried:
             continue  # an undo move, ordered first
-        if _key(resolved, cfg, canonical) in tried:
+        if key in tried:
             done[name] = done.get(name, 0) + 1
             continue
         here = score.get((name, _k(origin.params.get(name))), 0.0)
