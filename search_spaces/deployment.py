@@ -36,7 +36,9 @@ class Source:
 @dataclass(frozen=True)
 class Run:
     """One kernel the release runs for a component on some architectures: by default, or ``selected_by`` a flag or
-    variable; ``twin`` the knob values that run it (or its stand-in) in the twin, None where the twin cannot."""
+    variable; ``twin`` the knob values that run it (or its stand-in) in the twin, None where the twin cannot;
+    ``fallback`` the knob values of a labelled stand-in (``stand_in`` says which) the baseline runs where ``twin``'s
+    cannot run on this machine (SGLang's JIT kernels without nvcc, say)."""
 
     component: str
     arch: tuple[str, ...]
@@ -47,6 +49,7 @@ class Run:
     twin: dict[str, Any] | None = None
     fidelity: str = ""
     stand_in: str = ""
+    fallback: dict[str, Any] | None = None
 
     def describe(self) -> str:
         how = "default" if self.default else self.selected_by
@@ -93,6 +96,9 @@ class Deployment:
                 out.append(f"  {r.component}: {r.kernel}: no counterpart in the twin [{r.source}]")
                 continue
             ran = {k: params.get(k) for k in r.twin}
+            if r.fallback is not None and ran == r.fallback:
+                out.append(f"  {r.component}: a stand-in for {r.kernel}: {r.stand_in} [{r.source}]")
+                continue
             if ran != r.twin:
                 values = ", ".join(f"{k}={v}" for k, v in ran.items())
                 out.append(f"  {r.component}: the twin ran {values} (not SGLang's {r.kernel}) [{r.source}]")
@@ -128,13 +134,23 @@ def load_deployment(name: str, where: str = "deployment") -> Deployment:
             at = f"{src}: components.{comp}[{i}]"
             if not isinstance(e, dict):
                 raise _fail(at, "must be a mapping", e, "write `{arch: [sm_90], kernel: ..., source: {...}}`")
-            unknown = set(e) - {"arch", "default", "selected_by", "kernel", "source", "twin", "fidelity", "stand_in"}
+            unknown = set(e) - {
+                "arch",
+                "default",
+                "selected_by",
+                "kernel",
+                "source",
+                "twin",
+                "fidelity",
+                "stand_in",
+                "fallback",
+            }
             if unknown:
                 raise _fail(
                     at,
                     "unknown key",
                     sorted(unknown)[0],
-                    "use arch, default, selected_by, kernel, source, twin, fidelity, stand_in",
+                    "use arch, default, selected_by, kernel, source, twin, fidelity, stand_in, fallback",
                 )
             arch = e.get("arch")
             if not isinstance(arch, list) or not arch or not all(isinstance(a, str) for a in arch):
@@ -169,7 +185,15 @@ def load_deployment(name: str, where: str = "deployment") -> Deployment:
                     (twin, fidelity),
                     "write `twin: {indexer_impl: deepgemm}` and `fidelity: kernel`",
                 )
-            if fidelity == "stand_in" and not str(e.get("stand_in", "")).strip():
+            fallback = e.get("fallback")
+            if fallback is not None and (not isinstance(fallback, dict) or not twin or set(fallback) != set(twin)):
+                raise _fail(
+                    at,
+                    "`fallback` must be values of the same knobs as `twin`",
+                    fallback,
+                    "write `fallback: {glue: fused}` beside `twin: {glue: sglang}`",
+                )
+            if (fidelity == "stand_in" or fallback is not None) and not str(e.get("stand_in", "")).strip():
                 raise _fail(
                     at,
                     "a stand-in must say what the twin runs instead and what is known of the gap",
@@ -187,6 +211,7 @@ def load_deployment(name: str, where: str = "deployment") -> Deployment:
                     twin=dict(twin) if twin else None,
                     fidelity=fidelity,
                     stand_in=" ".join(str(e.get("stand_in", "")).split()),
+                    fallback=dict(fallback) if fallback else None,
                 )
             )
     return Deployment(

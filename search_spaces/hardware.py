@@ -21,6 +21,8 @@ CAPABILITIES = {
     "flash_mla": "FlashMLA's Hopper kernels: an sm_90 GPU and the sgl-flash-mla wheel (`pip install tuner[flashmla]`)",
     "deep_gemm": "DeepGEMM's kernels as SGLang runs them: an sm_90 or sm_100 GPU and the deep_gemm module (SGLang's "
     "sgl-deep-gemm wheel, or DeepGEMM built from source: benchmarks/deepgemm_build.sh)",
+    "sglang_triton": "SGLang's own Triton kernels called through its runtime (sglang.srt.layers): an NVIDIA GPU with "
+    "Triton and the sglang package with its runtime dependencies",
     "sglang_jit": "SGLang's own JIT CUDA kernels (sglang.kernels.ops): an NVIDIA GPU, the sglang package with "
     "apache-tvm-ffi, and nvcc (on PATH or under CUDA_HOME) to build them",
 }
@@ -41,6 +43,8 @@ class Hardware:
     """The ``flash_mla`` module (the sgl-flash-mla wheel) imports."""
     has_deep_gemm: bool = False
     """The ``deep_gemm`` module is installed (SGLang's sgl-deep-gemm wheel or a build from source)."""
+    has_sglang_triton: bool = False
+    """SGLang's ``fp8_utils`` (its block-FP8 linears, Triton) imports here on a GPU."""
     has_sglang_jit: bool = False
     """The ``sglang`` and ``tvm_ffi`` modules are installed and ``nvcc`` is found: SGLang's JIT kernels can build."""
 
@@ -76,6 +80,8 @@ class Hardware:
                 caps.add("deep_gemm")
             if self.has_sglang_jit:
                 caps.add("sglang_jit")
+            if self.has_sglang_triton and self.has_triton:
+                caps.add("sglang_triton")
             if self.gpu_count >= 2:
                 caps.add("multi_gpu")
         if self.has_torch_compile:
@@ -95,6 +101,7 @@ class Hardware:
             "has_flash_mla": self.has_flash_mla,
             "has_deep_gemm": self.has_deep_gemm,
             "has_sglang_jit": self.has_sglang_jit,
+            "has_sglang_triton": self.has_sglang_triton,
         }
 
     @classmethod
@@ -111,6 +118,7 @@ class Hardware:
             has_flash_mla=bool(data.get("has_flash_mla")),
             has_deep_gemm=bool(data.get("has_deep_gemm")),
             has_sglang_jit=bool(data.get("has_sglang_jit")),
+            has_sglang_triton=bool(data.get("has_sglang_triton")),
         )
 
     def missing(self, required: tuple[str, ...]) -> list[str]:
@@ -163,6 +171,12 @@ def detect_hardware() -> Hardware:
     # a GPU each is imported once in a child process, so the baseline never picks a kernel that cannot load
     has_deep_gemm = importlib.util.find_spec("deep_gemm") is not None and (not count or imports("deep_gemm"))
     has_sglang_jit = bool(count) and _sglang_jit_buildable() and imports("sglang.kernels.ops.attention.dsv4")
+    has_sglang_triton = (
+        bool(count)
+        and has_triton
+        and importlib.util.find_spec("sglang") is not None
+        and imports("sglang.srt.layers.quantization.fp8_utils")
+    )
     return Hardware(
         gpu_name=name,
         gpu_count=count,
@@ -173,6 +187,7 @@ def detect_hardware() -> Hardware:
         has_flash_mla=has_flash_mla,
         has_deep_gemm=has_deep_gemm,
         has_sglang_jit=has_sglang_jit,
+        has_sglang_triton=has_sglang_triton,
     )
 
 

@@ -538,10 +538,10 @@ def _server(where: str, raw: Any) -> ServerCounterpart:
             marks,
             "write `not_deployable: {triton: {kind: declined, why: ..., source: ..., instead: torch}}`",
         )
-    if "deploys_as" in raw and "none" not in raw:
+    if "deploys_as" in raw and "none" not in raw and not (flag and None in dict(values).values()):
         raise _fail(
             where,
-            "`deploys_as` goes with `none` only",
+            "`deploys_as` goes with `none`, or with a flag whose `values` leave it out for some knob values",
             raw["deploys_as"],
             "mark a flag's values with `not_deployable` instead",
         )

@@ -96,7 +96,8 @@ def resolve(space: Space, hardware: Hardware, *, deployable_only: bool = False) 
         default = wanted
         if default not in keep:
             mark = p.server.blocker(default, hardware.arch) if deployable_only and p.server else None
-            fallback = p.default if p.default in keep else (keep[0] if keep else p.default)
+            runnable = not hardware.missing(p.value_requires.get(wanted, ()))
+            fallback = p.default if p.default in keep else (keep[0] if keep else wanted if runnable else p.default)
             default = mark.instead if mark is not None and mark.instead in keep else fallback
             miss = hardware.missing(p.value_requires.get(wanted, ()))
             why = _why(miss) if miss else "deployable_only: the exported command cannot set it"
@@ -152,6 +153,22 @@ def _deployed_baseline(space: Space, hardware: Hardware, notes: list[str]) -> di
                 for m in hardware.missing(by_name[knob].requires + tuple(by_name[knob].value_requires.get(value, ())))
             }
         )
+        if (
+            missing
+            and run.fallback is not None
+            and not hardware.missing(
+                tuple(m for knob, value in run.fallback.items() for m in by_name[knob].value_requires.get(value, ()))
+            )
+        ):
+            values = ", ".join(f"{k}={v}" for k, v in run.twin.items())
+            notes.append(
+                f"{space.deployment.release} runs {run.component} on {hardware.arch} as {values}, which cannot run "
+                f"here ({_why(missing)}); the baseline runs the stand-in "
+                + ", ".join(f"{k}={v}" for k, v in run.fallback.items())
+                + f" ({run.stand_in})"
+            )
+            out.update(run.fallback)
+            continue
         if missing:
             values = ", ".join(f"{k}={v}" for k, v in run.twin.items())
             notes.append(

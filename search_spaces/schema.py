@@ -108,7 +108,9 @@ class ServerCounterpart:
     source and what SGLang runs instead."""
     deploys_as: Any = None
     """With ``none``: the knob value SGLang's own code runs (the checkpoint's dtype, its library GEMM); every other
-    value is a code change (the ``none`` text says why). ``None``: not stated."""
+    value is a code change (the ``none`` text says why). With a ``flag``: what SGLang runs when the flag is left at its
+    default (a value ``values`` maps to ``null``); another such value is a code change (the ``note`` says why), a value
+    the flag sets is deployable. ``None``: not stated."""
     deploys_as_on: dict[str, Any] = field(default_factory=dict)
     """Where SGLang's own code runs another value on some GPU architectures (``deploys_as: {sm_90: deepgemm,
     default: torch}``): that value there, ``deploys_as`` elsewhere."""
@@ -127,8 +129,14 @@ class ServerCounterpart:
         if mark is not None:
             return mark if mark.applies(arch) else None
         deployed = self.deployed_value(arch)
-        if not self.flag and not self.env and deployed is not None and value != deployed:
+        if deployed is None or value == deployed:
+            return None
+        if not self.flag and not self.env:
             return NotDeployable("code_change", self.none, "this space's `server: none`", deployed)
+        if self.flag and self.server_value(value) is None:  # the flag left at its default: SGLang runs `deployed`
+            return NotDeployable(
+                "code_change", self.note, f"this space's `server: deploys_as` ({self.flag} left out)", deployed
+            )
         return None
 
     def server_value(self, value: Any) -> Any:

@@ -57,29 +57,46 @@ def test_errors():
         rope(torch.randn(2, 2, 8), torch.zeros(2, dtype=torch.int64), rope_cos_sin(4, 6), rope_dim=6)
 
 
+def _twin_rope_tables(B: int, L: int, rope_dim: int) -> dict:
+    """The tables DecodeModel.state builds: cos/sin at position L for the eager glue, and the model's table of every
+    position (SGLang's complex ``freqs_cis`` and its float view) with the positions for the fused and SGLang glue."""
+    half = rope_dim // 2
+    inv = 1.0 / (10000 ** (torch.arange(half, dtype=torch.float32) / half))
+    ang = torch.full((B, 1), float(L)) * inv[None, :]
+    ang_all = torch.arange(L + 1, dtype=torch.float32)[:, None] * inv[None, :]
+    freqs_cis = torch.polar(torch.ones_like(ang_all), ang_all)
+    return {
+        "cos": torch.cos(ang),
+        "sin": torch.sin(ang),
+        "freqs_cis": freqs_cis,
+        "freqs_real": torch.view_as_real(freqs_cis).flatten(-2).contiguous(),
+        "positions": torch.full((B,), L, dtype=torch.int32),
+    }
+
+
 def test_the_twins_fused_glue_computes_what_its_eager_glue_computes():
     """The decode twin's `glue=fused` (these kernels) and `glue=eager`/`compile` (tuner.targets.workload.ops) must be
     one function: an H200 seed study found the fused glue's step 0.4-0.6 away (rel. norm) from the eager one's, the
-    eager RoPE rotating halves (NeoX) where the kernel, as DeepSeek's models, rotates interleaved pairs."""
+    eager RoPE rotating halves (NeoX) where the kernel, as DeepSeek's models, rotates interleaved pairs. Both
+    prepare V4's query (each head RMS-normed, then roped) and KV row (normed with its weight, ones in the twin)."""
     from tuner.targets.workload import gpu_ops, ops
 
     torch.manual_seed(0)
     torch.set_default_device(DEV)  # the kernels' device: a GPU, or the CPU under the interpreter
     try:
         B, H, D, rope_dim, L = 3, 4, 64, 16, 37
-        fused_norm, fused_rope = gpu_ops.fused_glue()
-        x = torch.randn(B, H, D)
-        half = rope_dim // 2
-        inv = 1.0 / (10000 ** (torch.arange(half, dtype=torch.float32) / half))  # as DecodeModel.state builds them
-        ang = torch.full((B, 1), float(L)) * inv[None, :]
-        pos = torch.arange(L + 1, dtype=torch.float32)[:, None] * inv[None, :]
-        cos_sin = torch.cat([pos.cos(), pos.sin()], dim=1).contiguous()
-        eager = ops.rope(x, torch.cos(ang), torch.sin(ang), rope_dim)
-        fused = fused_rope(x, torch.full((B,), L, dtype=torch.int32), cos_sin, rope_dim)
+        st = _twin_rope_tables(B, L, rope_dim)
+        fused_norm, fused_prep = gpu_ops.fused_glue(), gpu_ops.fused_norm_rope()
+        x, kv = torch.randn(B, H, D) * 3, torch.randn(B, D)
+        eager = ops.norm_rope(x, st["cos"], st["sin"], rope_dim)
+        fused = fused_prep(x, st)
+        eager_kv = ops.norm_rope(kv, st["cos"], st["sin"], rope_dim, torch.ones(D))
+        fused_kv = fused_prep(kv.unsqueeze(1), st).squeeze(1)
         h, res, w = torch.randn(B, 256), torch.randn(B, 256), torch.randn(256)
     finally:
         torch.set_default_device(None)
     assert (eager - fused).norm() / eager.norm() < 1e-5
+    assert (eager_kv - fused_kv).norm() / eager_kv.norm() < 1e-5
     (n_e, s_e), (n_f, s_f) = ops.add_rms_norm(h, res, w), fused_norm(h, res, w)
     assert (n_e - n_f).norm() / n_e.norm() < 1e-5 and torch.equal(s_e, s_f)
 

@@ -123,7 +123,7 @@ def test_the_twin_torch_indexer_on_sm90_is_a_code_change_the_command_runs_as_dee
     twin = {**resolve(space, H200_ALL).defaults(), "indexer_impl": "torch", "glue": "eager"}
     del twin["indexer_topk"]  # a knob of indexer_impl=deepgemm: a trial of the torch indexer has none
     cfg = command_config(space, twin, "sm_90")
-    assert cfg.params["indexer_impl"] == "deepgemm" and cfg.params["glue"] == "fused"
+    assert cfg.params["indexer_impl"] == "deepgemm" and cfg.params["glue"] == "sglang"
     assert {c.param for c in cfg.changes} == {"indexer_impl", "glue"}
     on_cpu = command_config(space, {**resolve(space, Hardware()).defaults(), "indexer_impl": "torch"}, None)
     assert on_cpu.params["indexer_impl"] == "torch" and "indexer_impl" not in {c.param for c in on_cpu.changes}
@@ -198,3 +198,63 @@ def test_an_installed_module_that_does_not_import_is_no_capability(tmp_path, mon
     assert imports("good_kernel_wheel")
     assert not imports("broken_kernel_wheel")
     assert not imports("no_such_kernel_wheel")
+
+
+H200_SGLANG = replace(H200_ALL, has_sglang_jit=True, has_sglang_triton=True)
+
+
+def test_an_h200_with_sglangs_jit_runs_sglangs_own_glue_in_the_baseline_and_deepgemm_linears():
+    space = load_space("dsv4_flash")
+    base = resolve(space, H200_SGLANG).defaults()
+    assert base["glue"] == "sglang" and base["gemm_impl"] == "deepgemm" and base["attention_impl"] == "flashmla_kv"
+    assert not space.violated_constraints(base)
+    lines = space.deployment.fidelity_lines("sm_90", base)
+    glue = [ln for ln in lines if ln.strip().startswith("norm_rope_glue")]
+    assert glue and "SGLang's own kernel" in glue[0]
+
+
+def test_without_sglangs_jit_the_baseline_runs_the_labelled_triton_stand_in_for_the_glue_and_says_so():
+    space = load_space("dsv4_flash")
+    resolved = resolve(space, H200_ALL)  # FlashMLA and DeepGEMM, no SGLang JIT
+    base = resolved.defaults()
+    assert base["glue"] == "fused"
+    note = [n for n in resolved.notes if "norm_rope_glue" in n]
+    assert note and "sglang_jit" in note[0] and "stand-in glue=fused" in note[0]
+    lines = space.deployment.fidelity_lines("sm_90", base)
+    assert any(ln.strip().startswith("norm_rope_glue: a stand-in") for ln in lines)
+    # the command stage keeps the stand-in rather than falling to eager torch glue
+    cmd = resolve(space, H200_ALL, deployable_only=True)
+    assert cmd.defaults()["glue"] == "fused"
+
+
+def test_the_command_stage_on_an_h200_searches_sglangs_two_fp8_gemm_backends():
+    space = load_space("dsv4_flash")
+    cmd = resolve(space, H200_SGLANG, deployable_only=True)
+    p = next((q for q in cmd.params if q.name == "gemm_impl"), None)
+    assert p is not None and set(p.values) == {"deepgemm", "sglang_triton"}
+    assert cmd.defaults()["glue"] == "sglang"  # the only glue the command runs here
+
+
+def test_fp8_gemm_backend_flag_is_written_for_sglangs_triton_gemm_and_left_out_for_deepgemm():
+    from tuner.targets.workload.server_map import command_config, server_launch
+
+    space = load_space("dsv4_flash")
+    base = resolve(space, H200_SGLANG).defaults()
+    args = server_launch(space, {**base, "gemm_impl": "sglang_triton"}).args
+    assert args[args.index("--fp8-gemm-backend") + 1] == "triton"
+    assert "--fp8-gemm-backend" not in server_launch(space, base).args
+    for own in ("torch", "triton", "auto"):  # the flag left at auto runs DeepGEMM on sm_90: the twin's own is a change
+        cfg = command_config(space, {**base, "gemm_impl": own}, "sm_90")
+        assert cfg.params["gemm_impl"] == "deepgemm" and [c.param for c in cfg.changes] == ["gemm_impl"]
+    assert not command_config(space, {**base, "gemm_impl": "sglang_triton"}, "sm_90").changes
+    on_cpu = command_config(space, resolve(space, Hardware()).defaults(), None)
+    assert on_cpu.params["gemm_impl"] == "torch" and "gemm_impl" not in {c.param for c in on_cpu.changes}
+
+
+def test_sglangs_dispatch_sends_fp8_gemm_backend_triton_to_its_triton_block_fp8_linear():
+    root = _sglang_root()
+    src = (root / "srt/layers/quantization/fp8_utils.py").read_text()
+    explicit = src[src.index("def _dispatch_explicit_backend") :]
+    explicit = explicit[: explicit.index("\ndef ", 1)]
+    branch = explicit[explicit.index("elif backend.is_triton():") :]
+    assert branch.split("\n")[1].strip() == "return triton_w8a8_block_fp8_linear"

@@ -108,6 +108,7 @@ def test_resolve_h200_keeps_everything_but_fp4_and_its_baseline_is_sglangs_path(
         has_flash_mla=True,
         has_deep_gemm=True,
         has_sglang_jit=True,
+        has_sglang_triton=True,
     )
     r = resolve(s, hw)
     assert r.inactive == ()

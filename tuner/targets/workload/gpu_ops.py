@@ -12,6 +12,8 @@ from typing import Any, Callable
 
 import torch
 
+from tuner.targets.workload.ops import NORM_EPS
+
 _logger = logging.getLogger(__name__)
 
 
@@ -127,20 +129,67 @@ def kernel_linear(lin: Any, x: torch.Tensor) -> torch.Tensor:
     return y.to(out_dtype).reshape(*x.shape[:-1], y.shape[-1])
 
 
-def fused_glue() -> tuple[Callable, Callable]:
-    """(add_rms_norm, rope) from ``kernels.glue``: one pass each, casts included."""
+def fused_glue() -> Callable:
+    """The residual's add + RMSNorm as ``kernels.glue``'s one pass, casts included."""
     from kernels import glue
 
     def add_rms_norm(x, residual, weight):
         return glue.fused_add_rmsnorm(x.contiguous(), residual.contiguous(), weight)
 
-    def rope(x, positions, cos_sin, rope_dim):
-        squeeze = x.dim() == 2
-        x3 = x.unsqueeze(1) if squeeze else x
-        y = glue.rope(x3.contiguous(), positions, cos_sin, rope_dim)
-        return y.squeeze(1) if squeeze else y
+    return add_rms_norm
 
-    return add_rms_norm, rope
+
+def fused_norm_rope() -> Callable:
+    """``fn(x [B, H, d], st) -> [B, H, d]``: each head RMS-normed (no weight) and roped in one launch, the twin's Triton
+    kernel on SGLang's layout (``kernels.sglang_q_norm_rope``), from the state's ``freqs_real`` and ``positions``."""
+    from kernels.sglang_q_norm_rope import q_norm_rope
+
+    def fn(x, st):
+        x = x.contiguous()
+        out = torch.empty_like(x)
+        q_norm_rope(x, out, NORM_EPS, st["freqs_real"], st["positions"])
+        return out
+
+    return fn
+
+
+def sglang_q_norm_rope() -> Callable:
+    """``fn(q [B, H, 512], st) -> [B, H, 512]``: SGLang 0.5.23's JIT CUDA ``fused_q_norm_rope`` (from the installed
+    sglang package, built by its JIT on first use), called as ``deepseek_v4.py`` calls it."""
+    from sglang.kernels.ops.attention.dsv4.norm_rope import fused_q_norm_rope
+
+    def fn(q, st):
+        q = q.contiguous()
+        out = torch.empty_like(q)
+        fused_q_norm_rope(q, out, NORM_EPS, st["freqs_cis"], st["positions"])
+        return out
+
+    return fn
+
+
+def sglang_k_norm_rope_store(
+    kv: torch.Tensor, weight: torch.Tensor, st: dict[str, torch.Tensor], cache: torch.Tensor, slots: torch.Tensor
+) -> None:
+    """SGLang 0.5.23's JIT CUDA ``fused_k_norm_rope_flashmla``: the new KV rows ``kv`` [B, 512] RMS-normed with
+    ``weight``, roped and written into V4's fp8 ``cache`` (:func:`quantize_v4`'s pages) at token ``slots``, in one
+    launch, with the arguments SGLang's pool passes (``set_swa_key_buffer_radix_fused_norm_rope``: the raw
+    ``[pages, page bytes]`` buffer, int32 locations, page size 64, layout V4)."""
+    from sglang.kernels.ops.attention.dsv4.kv_layout import KVLayout
+    from sglang.kernels.ops.attention.dsv4.norm_rope import fused_k_norm_rope_flashmla
+
+    pages, page = cache.shape[0], cache.shape[1]
+    raw = torch.as_strided(cache, (pages, v4_page_bytes(page)), (cache.stride(0), 1))
+    fused_k_norm_rope_flashmla(
+        kv.contiguous(),
+        weight,
+        NORM_EPS,
+        st["freqs_cis"],
+        st["positions"],
+        slots.to(torch.int32),
+        raw,
+        page,
+        KVLayout.V4,
+    )
 
 
 def fused_store_kv() -> Callable[..., None]:

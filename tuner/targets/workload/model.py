@@ -33,8 +33,8 @@ from tuner.targets.workload.ops import (
     Linear,
     add_rms_norm,
     indexer_scores_torch,
+    norm_rope,
     rms_norm,
-    rope,
     sparse_attention_torch,
 )
 from tuner.targets.workload.presets import Preset
@@ -46,6 +46,8 @@ FP8_KV_ATTENTION = ("torch", "mma", "wgmma", "flashmla_kv")
 INDEXER_IMPLS = ("torch", "triton", "deepgemm")
 """The indexer: the twin's torch ops, its fused Triton kernel, or SGLang's Hopper path (DeepGEMM's paged logits over
 SGLang's paged fp8 index cache, then a top-k of the live columns: ``tuner.targets.workload.sglang_indexer``)."""
+GLUES = ("eager", "fused", "compile", "sglang")
+"""The glue (residual add + RMSNorm, V4's query and KV norm + RoPE): see :meth:`DecodeModel._glue_fns`."""
 FLASHMLA = ("flashmla_kv", "flashmla_sparse")
 """SGLang's own attention kernels (the sgl-flash-mla wheel): flashmla_kv on V4's fp8 cache, flashmla_sparse on bf16."""
 """The attention implementations that read an fp8 cache (the per-head SIMT kernel takes a 16-bit one only)."""
@@ -79,6 +81,9 @@ class AttnWeights:
     q_a_norm: torch.Tensor
     q_b: Linear
     kv: Linear
+    kv_norm: (
+        torch.Tensor
+    )  # [head_dim], ones: the fused glue's kernel (weightless, as SGLang's q kernel) computes the same
     o_a: torch.Tensor  # [G, (H/G)*d, o_lora] in the projection dtype
     o_b: Linear
     idx_q: Linear | None
@@ -179,7 +184,7 @@ class DecodeModel:
             from tuner.targets.workload.gpu_ops import triton_moe
 
             self.triton_moe = triton_moe(self.knobs)
-        self.add_rms_norm, self._rope_fn = self._glue_fns()
+        self.add_rms_norm, self._q_prep, self._kv_prep = self._glue_fns()
         self._store_kv = store_kv_rows_torch
         if self.knobs["glue"] == "fused" and self.knobs["kv_cache_dtype"] == "fp8_e4m3":
             from tuner.targets.workload.gpu_ops import fused_store_kv
@@ -188,23 +193,46 @@ class DecodeModel:
         self.scale = 1.0 / math.sqrt(preset.head_dim)
 
     def _glue_fns(self):
-        mode = self.knobs["glue"]
-        if mode == "fused":
-            from tuner.targets.workload.gpu_ops import fused_glue
+        """``(add_rms_norm, q_prep, kv_prep)`` for knob ``glue``: the residual add + RMSNorm, and V4's query (each head
+        RMS-normed without weight, then RoPE) and KV (RMSNorm with its weight, then RoPE) preparation. ``eager``: torch
+        ops; ``compile``: the same under torch.compile; ``fused``: the twin's Triton kernels (``kernels.glue``'s add +
+        norm, ``kernels.sglang_q_norm_rope`` for both heads); ``sglang``: SGLang's JIT CUDA ``fused_q_norm_rope``, and
+        its ``fused_k_norm_rope_flashmla`` writing the KV row into V4's cache (``kv_prep`` None: :meth:`_flashmla_kv`
+        calls it), the residual's add + norm on the twin's fused kernel (SGLang's is its mHC combine, which the twin
+        does not model)."""
+        mode, R = self.knobs["glue"], self.p.rope_dim
 
-            fused_norm, fused_rope = fused_glue()
-            return fused_norm, lambda x, st: fused_rope(x, st["positions"], st["cos_sin"], self.p.rope_dim)
+        def eager_q(q, st):
+            return norm_rope(q, st["cos"], st["sin"], R)
 
-        def eager_rope(x, st):
-            return rope(x, st["cos"], st["sin"], self.p.rope_dim)
+        def eager_kv(kv, weight, st):
+            return norm_rope(kv, st["cos"], st["sin"], R, weight)
 
+        if mode in ("fused", "sglang"):
+            from tuner.targets.workload.gpu_ops import fused_glue, fused_norm_rope
+
+            fused_norm = fused_glue()
+            if mode == "sglang":
+                from tuner.targets.workload.gpu_ops import sglang_q_norm_rope
+
+                return fused_norm, sglang_q_norm_rope(), None
+            q_prep = fused_norm_rope()
+
+            def fused_kv(kv, weight, st):  # weightless kernel: the twin's kv norm weight is ones
+                return q_prep(kv.unsqueeze(1), st).squeeze(1)
+
+            return fused_norm, q_prep, fused_kv
         if mode == "compile":
-            # one compiled entry per function and input shape (the RoPE takes two a batch): a long-lived trial worker
-            # meets every bucket set's padded batches, past dynamo's default of 8 entries a function, beyond which it
-            # would run the glue eagerly without a word
+            # one compiled entry per function and input shape: a long-lived trial worker meets every bucket set's
+            # padded batches, past dynamo's default of 8 entries a function, beyond which it would run the glue
+            # eagerly without a word
             torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 64)
-            return torch.compile(add_rms_norm, dynamic=False), torch.compile(eager_rope, dynamic=False)
-        return add_rms_norm, eager_rope
+            return (
+                torch.compile(add_rms_norm, dynamic=False),
+                torch.compile(eager_q, dynamic=False),
+                torch.compile(eager_kv, dynamic=False),
+            )
+        return add_rms_norm, eager_q, eager_kv
 
     # -- set-up -------------------------------------------------------------------------------------------
     def _check_knobs(self) -> None:
@@ -234,8 +262,13 @@ class DecodeModel:
         ctx = int(k["context_length"])
         if ctx < 1024:
             raise KnobError(f"workload knob `context_length` must be >= 1024, but got {ctx}")
-        if k["glue"] not in ("eager", "fused", "compile"):
-            raise KnobError(f"workload knob `glue` must be eager, fused or compile, but got {k['glue']!r}")
+        if k["glue"] not in GLUES:
+            raise KnobError(f"workload knob `glue` must be one of {', '.join(GLUES)}, but got {k['glue']!r}")
+        if k["glue"] == "sglang" and k["attention_impl"] != "flashmla_kv":
+            raise KnobError(
+                "workload knob `glue=sglang` runs SGLang's JIT norm/RoPE kernels, whose KV kernel writes V4's fp8 cache "
+                f"for FlashMLA: it needs attention_impl=flashmla_kv, but got attention_impl={k['attention_impl']!r}"
+            )
         if k["moe_impl"] not in ("torch", "triton"):
             raise KnobError(f"workload knob `moe_impl` must be torch or triton, but got {k['moe_impl']!r}")
         if k["indexer_impl"] not in INDEXER_IMPLS:
@@ -271,6 +304,8 @@ class DecodeModel:
                 ("gemm_impl", "triton"),
                 ("gemm_impl", "auto"),
                 ("gemm_impl", "deepgemm"),
+                ("gemm_impl", "sglang_triton"),
+                ("glue", "sglang"),
             ):
                 if k[knob] == gpu_only:
                     raise KnobError(f"workload knob `{knob}={gpu_only}` needs a GPU (Triton)")
@@ -319,6 +354,7 @@ class DecodeModel:
                 q_a_norm=torch.ones(p.q_lora, device=self.device, dtype=dt),
                 q_b=self._linear(self._rand(g, p.heads * p.head_dim, p.q_lora), proj),
                 kv=self._linear(self._rand(g, p.head_dim, p.hidden), proj),
+                kv_norm=torch.ones(p.head_dim, device=self.device, dtype=dt),
                 o_a=(self._rand(g, p.o_groups, gsize, p.o_lora, scale=1 / math.sqrt(gsize))).to(
                     torch.bfloat16 if proj in ("bf16", "fp8") else torch.float32
                 ),
@@ -408,9 +444,10 @@ class DecodeModel:
         inv = 1.0 / (10000 ** (torch.arange(half, device=dev, dtype=torch.float32) / half))
         ang = torch.full((B, 1), float(L), device=dev) * inv[None, :]
         extra: dict[str, torch.Tensor] = {}
-        if self.knobs["glue"] == "fused":
-            pos = torch.arange(L + 1, device=dev, dtype=torch.float32)[:, None] * inv[None, :]
-            extra["cos_sin"] = torch.cat([pos.cos(), pos.sin()], dim=1).contiguous()
+        if self.knobs["glue"] in ("fused", "sglang"):  # the model's table of every position, as SGLang holds it
+            ang_all = torch.arange(L + 1, device=dev, dtype=torch.float32)[:, None] * inv[None, :]
+            extra["freqs_cis"] = torch.polar(torch.ones_like(ang_all), ang_all)  # [L+1, R/2] complex64
+            extra["freqs_real"] = torch.view_as_real(extra["freqs_cis"]).flatten(-2).contiguous()
             extra["positions"] = torch.full((B,), L, device=dev, dtype=torch.int32)
         # every random input is drawn in the same order whatever the knobs, so two configurations see the same inputs
         # (the numerics gate compares their outputs)
@@ -505,11 +542,11 @@ class DecodeModel:
         p, w = self.p, self.w.attn[kind]
         B = h.shape[0]
         qa = rms_norm(w.q_a(h), w.q_a_norm)
-        q = self._rope_fn(w.q_b(qa).view(B, p.heads, p.head_dim), st)
-        kv_new = self._rope_fn(w.kv(h), st)
-        fp8 = "win_scale" in st
+        q = self._q_prep(w.q_b(qa).view(B, p.heads, p.head_dim), st)
         if "win_v4" in st:  # FlashMLA on V4's cache: the window is the main cache, the compressed rows the extra one
-            return self._flashmla_kv(kind, w, q, kv_new, h, qa, st)
+            return self._flashmla_kv(kind, w, q, h, qa, st)
+        kv_new = self._kv_prep(w.kv(h), w.kv_norm, st)
+        fp8 = "win_scale" in st
         if fp8:  # the new row quantised as it is written, a scale per row
             self._store_kv(kv_new, st["win_pool"], st["win_scale"], st["win_slot"])
         else:
@@ -540,17 +577,22 @@ class DecodeModel:
         kind: str,
         w: AttnWeights,
         q: torch.Tensor,
-        kv_new: torch.Tensor,
         h: torch.Tensor,
         qa: torch.Tensor,
         st: dict[str, torch.Tensor],
     ) -> torch.Tensor:
         """The attention as SGLang's DeepSeek-V4 backend runs it on Hopper: the new row stored into the V4 window
-        cache, then one FlashMLA sparse decode over the window (main) and the compressed rows (extra)."""
-        from tuner.targets.workload.gpu_ops import store_v4
-
+        cache (with ``glue=sglang`` normed, roped and stored by SGLang's one JIT kernel), then one FlashMLA sparse
+        decode over the window (main) and the compressed rows (extra)."""
         B, p = h.shape[0], self.p
-        store_v4(st["win_v4"], kv_new, st["win_slot"])
+        if self._kv_prep is None:
+            from tuner.targets.workload.gpu_ops import sglang_k_norm_rope_store
+
+            sglang_k_norm_rope_store(w.kv(h), w.kv_norm, st, st["win_v4"], st["win_slot"])
+        else:
+            from tuner.targets.workload.gpu_ops import store_v4
+
+            store_v4(st["win_v4"], self._kv_prep(w.kv(h), w.kv_norm, st), st["win_slot"])
         extra = extra_rows = None
         if kind == "hca":
             extra, extra_rows = st["hca_v4"], st["hca_rows"]

@@ -23,12 +23,17 @@ GEMM_DTYPES = {
 }
 
 
-GEMM_IMPLS = ("torch", "triton", "auto", "deepgemm")
+GEMM_IMPLS = ("torch", "triton", "auto", "deepgemm", "sglang_triton")
 """Who runs a linear (knob ``gemm_impl``): the library through torch (cuBLAS; ``torch._scaled_mm`` for fp8), the Triton
 skinny GEMM of ``kernels/gemm.py``, ``auto``: per shape, what the tuned-config file recorded as fastest
 (``kernels.linear.linear``: the library, the GEMM, or at one row the GEMV of ``kernels/gemv.py``; the library where no
 entry names one), or ``deepgemm``: an fp8 linear as SGLang runs V4's block-quantized ones on sm_90 (DeepGEMM's
-``fp8_gemm_nt``, 128x128 weight and 1x128 activation scales; a 16-bit linear through torch, as SGLang's)."""
+``fp8_gemm_nt``, 128x128 weight and 1x128 activation scales; a 16-bit linear through torch, as SGLang's), or
+``sglang_triton``: an fp8 linear as SGLang runs it with ``--fp8-gemm-backend triton`` (its own Triton
+``w8a8_block_fp8_matmul`` after its Triton per-token-group quantisation, the same block scales, called through SGLang's
+``triton_w8a8_block_fp8_linear``: ``tuner.targets.workload.sglang_gemm``)."""
+BLOCK_FP8_IMPLS = ("deepgemm", "sglang_triton")
+"""The implementations that run fp8 linears on DeepSeek's 128x128 weight blocks (SGLang's two Hopper backends)."""
 BLOCK = 128
 """DeepSeek's fp8 block: a scale per 128 x 128 weights, per 128 values of an activation row."""
 
@@ -72,10 +77,10 @@ class Linear:
 
     @classmethod
     def make(cls, w: torch.Tensor, dtype_name: str, impl: str = "torch") -> Linear:
-        if dtype_name == "fp8" and impl == "deepgemm" and deepgemm_servable(*w.shape):
+        if dtype_name == "fp8" and impl in BLOCK_FP8_IMPLS and deepgemm_servable(*w.shape):
             q, scale = block_quantize(w)
             return cls(q, dtype_name, scale, impl)
-        if impl == "deepgemm":  # a 16-bit linear, or a shape DeepGEMM does not serve: torch, as below
+        if impl in BLOCK_FP8_IMPLS:  # a 16-bit linear, or a shape outside the fp8 blocks: torch, as below
             impl = "torch"
         if dtype_name == "fp8":
             scale = w.abs().amax(dim=1, keepdim=True).float().clamp(min=1e-12) / 448.0  # [out, 1]
@@ -91,6 +96,10 @@ class Linear:
             out = torch.empty(x2.shape[0], self.weight.shape[0], device=x.device, dtype=torch.bfloat16)
             deep_gemm.fp8_gemm_nt((xq, xs), (self.weight, self.scale), out)
             return out.to(x.dtype).reshape(*x.shape[:-1], -1)
+        if self.impl == "sglang_triton":
+            from tuner.targets.workload.sglang_gemm import block_fp8_linear
+
+            return block_fp8_linear(x, self.weight, self.scale)
         if self.impl != "torch":
             from tuner.targets.workload.gpu_ops import kernel_linear
 
@@ -121,6 +130,23 @@ def add_rms_norm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor) 
     """``h = x + residual; return rmsnorm(h) * weight, h`` (eager: three kernels and two casts)."""
     h = x + residual
     return rms_norm(h, weight), h
+
+
+NORM_EPS = 1e-6
+"""The RMSNorm epsilon of V4's norms in the twin (the checkpoint's ``rms_norm_eps``)."""
+
+
+def norm_rope(
+    x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, rope_dim: int, weight: torch.Tensor | None = None
+) -> torch.Tensor:
+    """V4's query and KV preparation: each head of ``x`` [..., d] RMS-normed in float32 (times ``weight`` where given;
+    the query's norm has none), rounded to ``x``'s dtype, then :func:`rope` on its last ``rope_dim`` dims (SGLang 0.5.23
+    ``fused_q_norm_rope`` and ``fused_k_norm_rope_flashmla``)."""
+    xf = x.float()
+    y = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + NORM_EPS)
+    if weight is not None:
+        y = y * weight.float()
+    return rope(y.to(x.dtype), cos, sin, rope_dim)
 
 
 def rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, rope_dim: int) -> torch.Tensor:
