@@ -6,6 +6,9 @@
 #   call 1, carry .sgw .dg:  TUNER_COMMIT=<sha> bash benchmarks/deployment_gpu.sh kernels
 #       background: FULL=1 benchmarks/sglang_jit_gpu.sh (SGLang's JIT top-k and norm/RoPE beside ours, DeepGEMM built
 #       from source, SGLang's Hopper indexer against the cap, the indexer's GPU tests) into /tmp/dep/kernels
+#   or, carry .sgw .dg:      TUNER_COMMIT=<sha> bash benchmarks/deployment_gpu.sh twin
+#       background: the installs and DeepGEMM build, then SGLang's glue and block-FP8 GEMM in the twin: their GPU tests
+#       (tests/tuner/test_workload_sglang_kernels.py, with the indexer's) and benchmarks/sglang_twin_kernels.py
 #   or, carry .sgw .dg:      TUNER_COMMIT=<sha> bash benchmarks/deployment_gpu.sh prepare
 #       the same installs and DeepGEMM build without the benchmarks (about 2 minutes): for a main-job-only session
 #   call 2, carry .whl:      TUNER_COMMIT=<sha> bash benchmarks/deployment_gpu.sh mainjob 0,1,2 [WATCH_S]
@@ -65,6 +68,22 @@ case "${1:-}" in
       echo "exit $? at $(date -u +%H:%M:%S)" > /tmp/dep/kernels.done' > "$dep/kernels.log" 2>&1 < /dev/null &)
     watch "${2:-20}"
     ;;
+  twin)
+    snapshot
+    cp -r .sgw .dg "$dep/tree/"
+    (cd "$dep/tree" && setsid nohup bash -c '
+      set -u
+      o=/tmp/dep/kernels; mkdir -p $o
+      python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/sgsite .sgw/*.whl
+      CUDA_HOME=/usr/local/cuda bash benchmarks/deepgemm_build.sh .dg/deepgemm-src.tgz /tmp/deepgemm
+      export PYTHONPATH=/tmp/sgsite:/tmp/deepgemm:$PWD CUDA_HOME=/usr/local/cuda PYTHONUNBUFFERED=1
+      export LD_PRELOAD=/usr/lib/x86_64-linux-gnu/libstdc++.so.6 TUNER_COMMIT='"$TUNER_COMMIT"'
+      timeout 420 python3 -m pytest -q -p no:cacheprovider -m gpu -rs tests/tuner/test_workload_sglang_kernels.py \
+        tests/tuner/test_workload_sglang_indexer.py 2>&1 | tee $o/gpu_tests.txt | tail -n 30
+      timeout 600 python3 benchmarks/sglang_twin_kernels.py --json $o/sglang_twin_kernels.json 2>&1 | tail -n 60
+      echo "exit $? at $(date -u +%H:%M:%S)" > /tmp/dep/kernels.done' > "$dep/kernels.log" 2>&1 < /dev/null &)
+    watch "${2:-20}"
+    ;;
   mainjob)
     python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
       || { echo "the .whl wheels did not install"; exit 1; }
@@ -93,5 +112,5 @@ EOF
     watch "${3:-540}"
     ;;
   watch) watch "${2:-540}" ;;
-  *) echo "usage: deployment_gpu.sh kernels|prepare|mainjob SEEDS|watch [WATCH_S]"; exit 2 ;;
+  *) echo "usage: deployment_gpu.sh kernels|prepare|twin|mainjob SEEDS|watch [WATCH_S]"; exit 2 ;;
 esac

@@ -1,0 +1,135 @@
+"""SGLang 0.5.23's own glue and block-FP8 GEMM in the decode twin (``glue=sglang``, ``gemm_impl=sglang_triton``),
+on an sm_90 GPU with the sglang package importable (marked ``gpu``; ``benchmarks/sglang_jit_gpu.sh`` installs it on
+the lent H200): each against float64 or the twin's own path on the same inputs, and replayed in a CUDA graph."""
+
+from __future__ import annotations
+
+import importlib.util
+
+import pytest
+import torch
+
+HOPPER = torch.cuda.is_available() and torch.cuda.get_device_capability() == (9, 0)
+needs_sglang = pytest.mark.skipif(
+    not (HOPPER and importlib.util.find_spec("sglang") and importlib.util.find_spec("flash_mla")),
+    reason="needs an sm_90 GPU, the sglang package (benchmarks/sglang_jit_gpu.sh) and sgl-flash-mla",
+)
+pytestmark = [pytest.mark.gpu, needs_sglang]
+
+
+def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
+    return ((a.double() - b.double()).norm() / b.double().norm()).item()
+
+
+def _tables(B: int, L: int, R: int = 64) -> dict:
+    half = R // 2
+    inv = 1.0 / (10000 ** (torch.arange(half, device="cuda", dtype=torch.float32) / half))
+    ang = torch.full((B, 1), float(L), device="cuda") * inv[None, :]
+    ang_all = torch.arange(L + 1, device="cuda", dtype=torch.float32)[:, None] * inv[None, :]
+    freqs = torch.polar(torch.ones_like(ang_all), ang_all)
+    return {
+        "cos": torch.cos(ang),
+        "sin": torch.sin(ang),
+        "freqs_cis": freqs,
+        "freqs_real": torch.view_as_real(freqs).flatten(-2).contiguous(),
+        "positions": torch.full((B,), L, device="cuda", dtype=torch.int32),
+    }
+
+
+@pytest.mark.parametrize("m,n,k", [(1, 32768, 1024), (16, 4096, 8192), (64, 64, 4096)])
+def test_sglangs_triton_block_fp8_linear_agrees_with_float64_and_captures_in_a_graph(m, n, k):
+    from tuner.targets.workload.ops import Linear
+
+    g = torch.Generator(device="cuda").manual_seed(m + n)
+    w = torch.randn(n, k, device="cuda", generator=g) / k**0.5
+    x = torch.randn(m, k, device="cuda", generator=g).to(torch.bfloat16)
+    lin = Linear.make(w, "fp8", "sglang_triton")
+    assert lin.impl == "sglang_triton" and tuple(lin.scale.shape) == (-(-n // 128), k // 128)
+    y = torch.full((m, n), float("nan"), device="cuda", dtype=torch.bfloat16)
+    y.copy_(lin(x))
+    ref = x.double() @ w.double().t()
+    assert _rel(y, ref) < 0.08  # two e4m3 operands
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = lin(x)
+    graph.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(out, lin(x))
+
+
+@pytest.mark.parametrize("batch", [1, 16, 64])
+def test_sglangs_q_norm_rope_is_the_twins_q_preparation_and_captures_in_a_graph(batch):
+    from tuner.targets.workload.gpu_ops import fused_norm_rope, sglang_q_norm_rope
+    from tuner.targets.workload.ops import norm_rope
+
+    st = _tables(batch, 700)
+    q = (torch.randn(batch, 64, 512, device="cuda") * 4).to(torch.bfloat16)
+    ref = norm_rope(q.double().float(), st["cos"], st["sin"], 64)  # float32 math on the bf16 values
+    ours, sglang = fused_norm_rope()(q, st), sglang_q_norm_rope()(q, st)
+    assert _rel(sglang, ref) < 8e-3 and _rel(ours, ref) < 8e-3
+    fn = sglang_q_norm_rope()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = fn(q, st)
+    graph.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(out, sglang)
+
+
+@pytest.mark.parametrize("batch", [1, 16, 64])
+def test_sglangs_k_norm_rope_store_writes_what_the_twin_writes_at_each_slot_and_nothing_else(batch):
+    from tuner.targets.workload.gpu_ops import dequantize_v4, quantize_v4, sglang_k_norm_rope_store, store_v4
+    from tuner.targets.workload.ops import norm_rope
+
+    n = 4 * 64
+    st = _tables(batch, 700)
+    pool = torch.randn(n, 512, device="cuda")
+    ours, sglang = quantize_v4(pool), quantize_v4(pool)
+    before = dequantize_v4(sglang, n)
+    kv = (torch.randn(batch, 512, device="cuda") * 3).to(torch.bfloat16)
+    weight = (1 + 0.1 * torch.randn(512, device="cuda")).to(torch.bfloat16)
+    slots = torch.randperm(n, device="cuda")[:batch]
+    store_v4(ours, norm_rope(kv, st["cos"], st["sin"], 64, weight), slots)
+    sglang_k_norm_rope_store(kv, weight, st, sglang, slots)
+    a, b = dequantize_v4(ours, n), dequantize_v4(sglang, n)
+    assert _rel(b[slots], a[slots]) < 0.05  # e4m3 under power-of-two scales, from fp32 or bf16-rounded values
+    keep = torch.ones(n, dtype=torch.bool, device="cuda")
+    keep[slots] = False
+    assert torch.equal(b[keep], before[keep])
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        sglang_k_norm_rope_store(kv, weight, st, sglang, slots)
+    graph.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(dequantize_v4(sglang, n), b)
+
+
+def test_the_decode_step_with_sglangs_glue_and_gemm_is_within_the_fp8_tolerance_of_the_twins_own():
+    """The H200 baseline (SGLang's glue, DeepGEMM), the twin's Triton glue and SGLang's Triton GEMM on the same
+    weights and inputs: one function, within the numerics gate's fp8 tolerance of each other."""
+    from tuner.targets.workload.model import DecodeModel
+    from tuner.targets.workload.presets import PRESETS
+
+    base = {
+        "attention_impl": "flashmla_kv",
+        "kv_cache_dtype": "fp8_e4m3",
+        "gemm_proj": "fp8",
+        "gemm_indexer": "fp8",
+        "context_length": 32768,
+        "glue": "sglang",
+        "gemm_impl": "deepgemm" if importlib.util.find_spec("deep_gemm") else "torch",
+    }
+    outs = {}
+    for name, knobs in (
+        ("base", base),
+        ("fused", {**base, "glue": "fused"}),
+        ("eager", {**base, "glue": "eager"}),
+        ("sglang_triton", {**base, "gemm_impl": "sglang_triton"}),
+    ):
+        model = DecodeModel(PRESETS["dsv4-flash"], knobs, "cuda")
+        with torch.inference_mode():
+            outs[name] = model.step(model.state(4, 512)).float()
+        del model
+    for name in ("fused", "eager", "sglang_triton"):
+        assert _rel(outs[name], outs["base"]) < 0.30, name
+    assert torch.isfinite(outs["base"]).all()
