@@ -1,6 +1,7 @@
 """Stages and convergence (``tuner.search.stages``): the rule itself, a search that converges and ends early
 with the export and the budget it left, and the command stage before the code changes."""
 
+import math
 from pathlib import Path
 
 import optuna
@@ -12,7 +13,7 @@ from storage import Repo
 from tuner.search import Progress
 from tuner.search.context import SearchOptions
 from tuner.search.driver import run_search
-from tuner.search.stages import StagePlan, converged, plan
+from tuner.search.stages import MIN_GAIN, REPEAT_SHARE, StagePlan, converged, plan
 
 CPU = Hardware()
 
@@ -326,3 +327,86 @@ def test_the_search_stores_each_stage_it_moves_to_and_a_worker_process_follows_i
     assert worker.stages.current.name == "code changes" and worker.stages.first == 2
     # a follower never ends a stage on its own
     assert worker.stages.observe([], maximize=True, noise=0.0, started=0.0, trials_end=1.0, now=5.0) is None
+
+
+def test_the_rule_kept_trial_by_trial_agrees_with_the_rule_over_the_whole_stage_read_again():
+    """:class:`StretchTrack` (appended one trial at a time, as the plan keeps it) against the rule written out over
+    the stage's lists: random stages with failures, repeats, ties, NaN and infinities, both directions."""
+    import random
+
+    from tuner.search.stages import StretchTrack
+
+    def written_out(values, repeats, best_before, stretch, noise, maximize):  # the rule as it read before
+        n = len(values)
+        stretch = max(stretch, math.ceil(0.2 * n))
+        if n < stretch:
+            return None
+        gain = max(noise, MIN_GAIN)
+
+        def best_of(vals, start):
+            out = start
+            for v in vals:
+                if v is not None and math.isfinite(v) and (out is None or (v > out if maximize else v < out)):
+                    out = v
+            return out
+
+        def quiet(w):
+            ref = best_of(values[: n - w], best_before)
+            return ref is not None and not any(
+                v is not None and not r and (v > ref * (1 + gain) if maximize else v < ref * (1 - gain))
+                for v, r in zip(values[n - w :], repeats[n - w :], strict=True)
+            )
+
+        if not quiet(stretch):
+            return None
+        if sum(repeats[n - stretch :]) >= REPEAT_SHARE * stretch:
+            return (stretch, sum(repeats[n - stretch :]))
+        if n >= 2 * stretch and quiet(2 * stretch):
+            return (2 * stretch, sum(repeats[n - 2 * stretch :]))
+        return None
+
+    rng = random.Random(7)
+    checked = converging = 0
+    for _ in range(60):
+        maximize, stretch, noise = rng.random() < 0.5, rng.choice([3, 5, 8]), rng.choice([0.0, 0.02, 0.2])
+        best_before = rng.choice([None, 10.0, -3.0])
+        track, values, repeats = StretchTrack(best_before, maximize), [], []
+        for _ in range(rng.randint(1, 120)):
+            v = rng.choice([None, 10.0, 10.1, rng.uniform(-20, 20), math.nan, math.inf, -math.inf, 9.0])
+            r = rng.random() < 0.3
+            values.append(v)
+            repeats.append(r)
+            track.append(v, r)
+            got = track.verdict(stretch=stretch, noise=noise)
+            want = written_out(values, repeats, best_before, stretch, noise, maximize)
+            assert (got.stretch, got.repeats) == want if want else got is None, (values, repeats)
+            checked += 1
+            converging += want is not None
+    assert checked > 1000 and converging > 100
+
+
+def test_observing_a_trial_reads_the_trials_since_the_last_observation_not_the_whole_stage(tmp_path):
+    """The plan after each trial reads the trials it has not read yet: the trial summaries it touches per
+    observation do not grow with the stage (it re-read the stage and everything before it)."""
+    resolved = resolve(load_space(str(_write(tmp_path, STAGED_SPACE))), CPU)
+
+    class T:
+        reads = 0
+
+        def __init__(self, value, repeat_of=None):
+            self._value, self.repeat_of, self.outcome, self.is_baseline = value, repeat_of, "ok", False
+
+        @property
+        def value(self):
+            T.reads += 1
+            return self._value
+
+    sp = StagePlan(plan(resolved, deployable_only=False), stretch=40)
+    trials, per_trial = [], {}
+    for i in range(400):
+        trials.append(T(10.0 * 1.02**i, None if i % 3 else 0))  # each new one a gain: no convergence
+        T.reads = 0
+        sp.observe(trials, maximize=True, noise=0.01, started=0.0, trials_end=1e9, now=1.0)
+        per_trial[i] = T.reads
+    assert not sp.done and sp.index == 0
+    assert per_trial[399] == per_trial[100], per_trial

@@ -33,7 +33,6 @@ import statistics
 import threading
 from collections.abc import Container, Iterator
 from dataclasses import dataclass
-from fractions import Fraction
 from typing import TYPE_CHECKING, Any, Callable
 
 from search_spaces import Param, ResolvedSpace
@@ -180,8 +179,16 @@ def refresh_stored(ctx: SearchContext) -> StoredTrials:
             running = sorted(n for n in cache.running if n <= above)
             fresh = ctx.repo.trials_from(ctx.run.id, above, also=running)
         for r in fresh:
-            cache.put(r)
+            if not _same(cache.get(r.number), r):  # a finished trial read again (above a gap) changes nothing
+                cache.put(r)
     return cache
+
+
+def _same(a: Any, b: Any) -> bool:
+    """Whether two reads of a trial record say the same to refining."""
+    return a is not None and all(
+        getattr(a, f) == getattr(b, f) for f in ("state", "outcome", "value", "repeat_of", "params")
+    )
 
 
 def stored_trials(ctx: SearchContext) -> list:
@@ -206,8 +213,8 @@ class MoveIndex:
     tried (their keys), each configuration's best measured record (the origins, ranked), and the sums behind each
     (param, value)'s mean objective. Updating it costs the records that changed, not the study (rebuilding the
     keys and the means of 5,000 records before every move was most of an 8-thread search's time, py-spy). Its
-    answers are those of the records read whole: the means are exact sums (``fractions``) divided as
-    ``statistics.fmean`` divides ``math.fsum``."""
+    answers are those of the records read whole: the means are exact sums (integers in units of 2**-1100, which hold
+    any finite float exactly) rounded once and divided, as ``statistics.fmean`` divides ``math.fsum``."""
 
     def __init__(self, resolved: ResolvedSpace, canonical: Callable[[dict], dict] | None, direction: str) -> None:
         self.resolved, self.canonical, self.direction = resolved, canonical, direction
@@ -272,13 +279,13 @@ class MoveIndex:
     def _count(self, r: Any, step: int) -> None:
         positive = r.value > 0
         self.not_positive += 0 if positive else step
-        value = Fraction(r.value)
-        log = Fraction(math.log(r.value)) if positive else Fraction(0)
+        value = step * _exact(r.value)
+        log = step * _exact(math.log(r.value)) if positive else 0
         for name, v in r.params.items():
-            s = self.sums.setdefault((name, _k(v)), [0, Fraction(0), Fraction(0)])
+            s = self.sums.setdefault((name, _k(v)), [0, 0, 0])
             s[0] += step
-            s[1] += step * value
-            s[2] += step * log
+            s[1] += value
+            s[2] += log
 
     def scores(self) -> _Scores:
         return _Scores(self.sums, self.sign, self.not_positive == 0)
@@ -302,7 +309,17 @@ class _Scores:
         s = self.sums.get(key)
         if s is None or not s[0]:
             return default
-        return self.sign * float(s[self.i]) / s[0]
+        return self.sign * (s[self.i] / _ONE) / s[0]  # the exact sum rounded once (as math.fsum), then the mean
+
+
+_EXACT_BITS = 1100
+_ONE = 1 << _EXACT_BITS
+
+
+def _exact(x: float) -> int:
+    """``x`` as an integer number of 2**-1100 (exact for every finite float: the smallest is 2**-1074)."""
+    n, d = float(x).as_integer_ratio()
+    return n << (_EXACT_BITS + 1 - d.bit_length())
 
 
 class _Tried:

@@ -82,41 +82,77 @@ def converged(
     """The convergence rule over one stage's trials in order (``values``: a new configuration's objective, None
     for a failure; ``repeats``: whether each re-proposed a timed configuration), ``best_before`` the search's best
     before the stage. ``None`` while the stage has not converged (see the module docstring)."""
-    n = len(values)
-    if stretch <= 0:
+    track = StretchTrack(best_before, maximize)
+    for v, r in zip(values, repeats, strict=True):
+        track.append(v, r)
+    return track.verdict(stretch=stretch, noise=noise)
+
+
+class StretchTrack:
+    """One stage's trials as :func:`converged` reads them, appended one by one: the best up to each trial, the
+    repeats up to each, and the best new value of any range of trials (a sparse table), so the rule costs the same
+    at the 20,000th trial of a stage as at the 50th (it re-read the whole stage after every trial)."""
+
+    def __init__(self, best_before: float | None, maximize: bool) -> None:
+        self.best_before, self.maximize = best_before, maximize
+        self.n = 0
+        self.prefix_best: list[float | None] = [best_before]  # best_of(values[:i], best_before), i = 0..n
+        self.prefix_reps = [0]  # repeats among values[:i]
+        self.top: list[list[float]] = [[]]  # top[k][i]: the best key of the new values in [i, i + 2**k)
+
+    def append(self, value: float | None, repeat: bool) -> None:
+        best = self.prefix_best[-1]
+        if (
+            value is not None
+            and math.isfinite(value)
+            and (best is None or (value > best if self.maximize else value < best))
+        ):
+            best = value
+        self.prefix_best.append(best)
+        self.prefix_reps.append(self.prefix_reps[-1] + bool(repeat))
+        # a value that may beat: a new configuration's (a repeat's is a copy), NaN never does
+        key = -math.inf if value is None or repeat or math.isnan(value) else (value if self.maximize else -value)
+        self.top[0].append(key)
+        self.n += 1
+        k = 1
+        while (i := self.n - (1 << k)) >= 0:
+            if len(self.top) == k:
+                self.top.append([])
+            half = self.top[k - 1]
+            self.top[k].append(max(half[i], half[i + (1 << (k - 1))]))
+            k += 1
+
+    def _best_key(self, lo: int, hi: int) -> float:
+        k = (hi - lo).bit_length() - 1
+        return max(self.top[k][lo], self.top[k][hi - (1 << k)])
+
+    def verdict(self, *, stretch: int, noise: float | Callable[[], float]) -> Verdict | None:
+        n = self.n
+        if stretch <= 0:
+            return None
+        stretch = max(stretch, math.ceil(0.2 * n))
+        if n < stretch:
+            return None
+        gain = max(noise() if callable(noise) else noise, MIN_GAIN)
+
+        def quiet(window: int) -> bool:
+            ref = self.prefix_best[n - window]
+            if ref is None:
+                return False
+            key = self._best_key(n - window, n)
+            if key == -math.inf:
+                return True
+            v = key if self.maximize else -key
+            return not (v > ref * (1 + gain) if self.maximize else v < ref * (1 - gain))
+
+        if not quiet(stretch):
+            return None
+        reps = self.prefix_reps[n] - self.prefix_reps[n - stretch]
+        if reps >= REPEAT_SHARE * stretch:
+            return Verdict(stretch, reps, gain)
+        if n >= 2 * stretch and quiet(2 * stretch):
+            return Verdict(2 * stretch, self.prefix_reps[n] - self.prefix_reps[n - 2 * stretch], gain)
         return None
-    stretch = max(stretch, math.ceil(0.2 * n))
-    if n < stretch:
-        return None
-    gain = max(noise() if callable(noise) else noise, MIN_GAIN)
-
-    def beats(v: float, ref: float | None) -> bool:
-        if ref is None:
-            return True
-        return v > ref * (1 + gain) if maximize else v < ref * (1 - gain)
-
-    def best_of(vals, start):
-        out = start
-        for v in vals:
-            if v is not None and math.isfinite(v) and (out is None or (v > out if maximize else v < out)):
-                out = v
-        return out
-
-    def quiet(window: int) -> bool:
-        ref = best_of(values[: n - window], best_before)
-        return ref is not None and not any(
-            v is not None and not r and beats(v, ref)
-            for v, r in zip(values[n - window :], repeats[n - window :], strict=True)
-        )
-
-    if not quiet(stretch):
-        return None
-    reps = sum(repeats[n - stretch :])
-    if reps >= REPEAT_SHARE * stretch:
-        return Verdict(stretch, reps, gain)
-    if n >= 2 * stretch and quiet(2 * stretch):
-        return Verdict(2 * stretch, sum(repeats[n - 2 * stretch :]), gain)
-    return None
 
 
 def convergence_line(stretch: int, n_trials: int | None) -> str:
@@ -217,6 +253,7 @@ class StagePlan:
     follower: bool = False
     """A ``tuner worker`` process's plan: it never ends a stage itself, it follows the search's (:meth:`follow`)."""
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+    _read: _StageRead | None = field(default=None, repr=False)
 
     @property
     def current(self) -> Stage:
@@ -245,7 +282,11 @@ class StagePlan:
         with self._lock:
             if self.done or self.follower:
                 return None
-            mine = [t for t in trials[self.first :] if not t.is_baseline]
+            read = self._read
+            if read is None or not read.follows(trials, self.first, maximize):
+                read = self._read = _StageRead(trials, self.first, maximize)
+            read.catch_up(trials)
+            mine = read.mine
             if self.index == 0 and not mine:  # the baseline's runs so far: the stages' time starts after them
                 self.clock_start = now
                 return None
@@ -258,16 +299,7 @@ class StagePlan:
                 spent = now >= ends_at
             verdict = None
             if self.n_trials is None and self.stretch > 0:
-                before = [t.value for t in trials[: self.first] if t.outcome == "ok" and t.value is not None]
-                best_before = (max(before) if maximize else min(before)) if before else None
-                verdict = converged(
-                    [t.value if t.outcome == "ok" else None for t in mine],
-                    [t.repeat_of is not None for t in mine],
-                    best_before,
-                    stretch=self.stretch,
-                    noise=noise,
-                    maximize=maximize,
-                )
+                verdict = read.track.verdict(stretch=self.stretch, noise=noise)
             if verdict is None and (last or not spent):
                 return None
             stage = self.current
@@ -280,7 +312,7 @@ class StagePlan:
             self.first = len(trials)
             left = max(0.0, trials_end - now)
             line = (
-                f"stage {stage.name!r} ends after {len(mine)} trials ({why}); stage {self.current.name!r} "
+                f"stage {stage.name!r} ends after {mine} trials ({why}); stage {self.current.name!r} "
                 f"starts with {left / 60:.1f} min left: {self.current.what}"
             )
             self.lines.append(line)
@@ -313,6 +345,36 @@ class StagePlan:
                 return False
             self.index, self.first = index, n_trials_so_far
             return True
+
+
+class _StageRead:
+    """What :meth:`StagePlan.observe` read of the search's trials in the current stage (from ``first``), kept up to
+    date trial by trial: the stage's own trials (not the baseline's) counted and tracked for the rule
+    (:class:`StretchTrack`). Read again whole only when the stage or the list changes."""
+
+    def __init__(self, trials: Sequence, first: int, maximize: bool) -> None:
+        self.src, self.first, self.maximize = trials, first, maximize
+        before = [t.value for t in trials[:first] if t.outcome == "ok" and t.value is not None]
+        self.track = StretchTrack((max(before) if maximize else min(before)) if before else None, maximize)
+        self.seen, self.last, self.mine = first, trials[first - 1] if 0 < first <= len(trials) else None, 0
+
+    def follows(self, trials: Sequence, first: int, maximize: bool) -> bool:
+        """Whether ``trials`` is the list read so far, grown at its end only, in the same stage."""
+        return (
+            trials is self.src
+            and first == self.first
+            and maximize == self.maximize
+            and self.seen <= len(trials)
+            and (self.seen == self.first or trials[self.seen - 1] is self.last)
+        )
+
+    def catch_up(self, trials: Sequence) -> None:
+        for t in trials[self.seen :]:  # a copy: a trial another thread appends meanwhile waits for the next read
+            if not t.is_baseline:
+                self.mine += 1
+                self.track.append(t.value if t.outcome == "ok" else None, t.repeat_of is not None)
+            self.last = t
+            self.seen += 1
 
 
 def _record_move(ctx, line: str | None) -> None:
