@@ -59,6 +59,23 @@ def test_only_faster_buckets_within_tolerance_beside_sglangs_own_kernel_ship():
     assert choose(recs, gpu="NVIDIA H100").shipped == []  # measured on another GPU than the study's
 
 
+def test_a_kernel_ships_only_where_it_was_faster_beyond_the_noise():
+    """With repeat rounds: slower than SGLang's in no round; without: by MIN_GAIN over the two medians."""
+    from dataclasses import replace
+
+    from tuner.export.sglang_plugin import MIN_GAIN
+
+    clear = replace(record(1, 4.9, 5.4), ours_rounds_us=[4.8, 4.9, 5.0], sglang_rounds_us=[5.3, 5.4, 5.5])
+    overlap = replace(record(16, 4.9, 5.2), ours_rounds_us=[4.8, 4.9, 5.3], sglang_rounds_us=[5.1, 5.2, 5.4])
+    thin = record(64, 5.0, 5.0 * (1 + MIN_GAIN / 2))  # an old record: medians alone, under the margin
+    wide = record(32, 5.0, 5.0 * (1 + 2 * MIN_GAIN))
+    c = choose([clear, overlap, thin, wide])
+    assert sorted(r.batch for r in c.shipped) == [1, 32]
+    why = {r.batch: w for r, w in c.left_out}
+    assert why[16].startswith("not faster beyond the noise (slower in a round") and "rounds: ours 4.80-5.30" in why[16]
+    assert why[64].startswith(f"not faster beyond the noise (under {MIN_GAIN:.0%})")
+
+
 def _workload_study(tmp_path, records):
     from spaces import tiny_workload_run
 
@@ -131,7 +148,7 @@ def test_the_plugin_ships_the_faster_buckets_with_their_figures_and_stored_recor
     text = (dest / "launch.sh").read_text()
     assert "# SGLang plug-in sglang_plugin/" in text and "fused_q_norm_rope at batch 1 (1.25x), 17-64 (1.29x)" in text
     assert "#   install: pip install ./sglang_plugin" in text and f"list {ENTRY} in it" in text
-    assert "#   with this plug-in: not predicted; the twin runs none of the SGLang kernels" in text
+    assert "#   with this plug-in: not predicted; the twin runs SGLang's glue (glue=sglang)" in text
     assert "SGLANG_PLUGINS" not in text.split("set -euo pipefail")[1]  # runs unchanged without the plug-in
     assert any(a.name == "sglang_plugin/MANIFEST.json" for a in repo.list_artifacts(repo.get_run("twin-pl").id))
 

@@ -4,8 +4,8 @@ A **side-by-side record** (:class:`SideBySide`) is one measurement of one of our
 it would replace, on SGLang's argument layout: hook target, batch, shape and dtypes, our median and SGLang's (us),
 our output's relative norm error against SGLang's, the GPU, date and commit. ``benchmarks/sglang_plugin_kernels.py``
 makes them on a GPU and :func:`store_records` keeps them in the study's storage (artifacts of kind
-``side_by_side``). :func:`choose` keeps a bucket where ours was faster with numerics within :data:`TOLERANCE` beside
-SGLang's own kernel (not a torch stand-in), and says why each other record was left out. :func:`write_plugin`
+``side_by_side``). :func:`choose` keeps a bucket where ours was faster beyond the noise (:meth:`SideBySide.beyond_noise`) with
+numerics within :data:`TOLERANCE` beside SGLang's own kernel (not a torch stand-in), and says why each other record was left out. :func:`write_plugin`
 writes ``sglang_plugin/``: a pip-installable package (entry point in ``sglang.srt.plugins``), the kernel files it
 needs, their configs, ``MANIFEST.json`` and one AROUND hook per replaced function (``sglang_plugin_files/``, copied
 as they are). With nothing chosen it writes nothing; :attr:`Plugin.lines` is what launch.sh's header says either way.
@@ -13,10 +13,10 @@ as they are). With nothing chosen it writes nothing; :attr:`Plugin.lines` is wha
 The interface to the rest of the export is :func:`export_plugin` (records of a study in, lines out).
 
 The second prediction "with this plug-in" needs the twin measured with the plug-in's kernels in place of
-SGLang's. The twin never runs SGLang's kernels: its ``glue=fused`` is timed against eager torch, while SGLang's q
-path is already a fused CUDA kernel, so no twin configuration stands for what the plug-in changes. :data:`CARRIES`
-is the seam: a hook target mapped to the twin knob values that would measure it; while it maps none, the header says
-the prediction is not measured (:data:`NO_PREDICTION`).
+SGLang's. Since the twin runs SGLang's own glue (``glue=sglang``: its JIT q and KV kernels), the seam exists, but no
+knob value yet runs SGLang's glue with only the q kernel swapped for ours: :data:`CARRIES` maps a hook target to the
+twin knob values that would measure it; while it maps none, the header says the prediction is not measured
+(:data:`NO_PREDICTION`).
 """
 
 from __future__ import annotations
@@ -41,6 +41,9 @@ PACKAGE = "tuner_sglang_plugin"
 DISABLE_ENV = "TUNER_PLUGIN_DISABLE"
 ARTIFACT_KIND = "side_by_side"
 TOLERANCE = {"bfloat16": 2e-2, "float16": 5e-3, "float32": 1e-5}
+MIN_GAIN = 0.05
+"""For a record without repeat rounds: ours must be this much faster than SGLang's median (two medians of a ~5-us
+kernel timed once each, ours the best of several configs, say little more)."""
 """Relative norm error of our output against SGLang's kernel's, per input dtype, within which a kernel may ship."""
 
 
@@ -69,9 +72,8 @@ CARRIES: dict[str, dict[str, Any]] = {}
 """Hook target -> the twin's knob values that run that replacement beside the exported command (none yet: the twin
 has no knob for "SGLang's own kernel" of the q path to compare with)."""
 NO_PREDICTION = (
-    "with this plug-in: not predicted; the twin runs none of the SGLang kernels the plug-in replaces "
-    "(its glue=fused is timed against eager torch, SGLang's q path is already fused); the per-kernel "
-    "figures above are what was measured"
+    "with this plug-in: not predicted; the twin runs SGLang's glue (glue=sglang) but has no configuration with only "
+    "the q kernel replaced by the plug-in's; the per-kernel figures above are what was measured"
 )
 
 
@@ -96,11 +98,22 @@ class SideBySide:
     baseline: str = "sglang"
     config: dict[str, Any] = field(default_factory=dict)
     source: str = ""
+    ours_rounds_us: list[float] = field(default_factory=list)
+    sglang_rounds_us: list[float] = field(default_factory=list)
+    """Medians of the two kernels timed in alternating rounds after ours was chosen (empty in older records)."""
+
+    def beyond_noise(self) -> bool:
+        """Ours faster than SGLang's beyond the noise: slower than SGLang's in no round of the alternating repeats
+        (every round of ours under every round of SGLang's); without rounds, by :data:`MIN_GAIN` over the medians."""
+        if self.ours_rounds_us and self.sglang_rounds_us:
+            return max(self.ours_rounds_us) < min(self.sglang_rounds_us)
+        return self.ours_us * (1 + MIN_GAIN) < self.sglang_us
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> SideBySide:
         names = {f.name for f in dataclasses.fields(cls)}
-        missing = sorted(n for n in names - set(d) if n not in ("baseline", "config", "source"))
+        optional = ("baseline", "config", "source", "ours_rounds_us", "sglang_rounds_us")
+        missing = sorted(n for n in names - set(d) if n not in optional)
         if missing:
             raise ValueError(f"side-by-side record lacks {', '.join(missing)}: {json.dumps(d)[:200]}")
         return cls(**{k: v for k, v in d.items() if k in names})
@@ -114,9 +127,15 @@ class SideBySide:
         }
 
     def figures(self) -> str:
+        rounds = (
+            f" (rounds: ours {min(self.ours_rounds_us):.2f}-{max(self.ours_rounds_us):.2f}, theirs "
+            f"{min(self.sglang_rounds_us):.2f}-{max(self.sglang_rounds_us):.2f} us)"
+            if self.ours_rounds_us and self.sglang_rounds_us
+            else ""
+        )
         return (
             f"ours {self.ours_us:.2f} us vs {'SGLang' if self.baseline == 'sglang' else 'torch'} "
-            f"{self.sglang_us:.2f} us, rel err {self.rel_err:.2g}"
+            f"{self.sglang_us:.2f} us{rounds}, rel err {self.rel_err:.2g}"
         )
 
 
@@ -171,6 +190,9 @@ def choose(records: list[SideBySide], *, gpu: str | None = None) -> Choice:
             why = f"numerics: rel err {r.rel_err:.2g} against SGLang's output > {tol:g}"
         elif not r.ours_us < r.sglang_us:
             why = f"not faster: {r.figures()}"
+        elif not r.beyond_noise():
+            how = "slower in a round of the alternating repeats" if r.ours_rounds_us else f"under {MIN_GAIN:.0%}"
+            why = f"not faster beyond the noise ({how}): {r.figures()}"
         elif gpu and r.gpu != gpu:
             why = f"measured on {r.gpu}, the study's GPU is {gpu}"
         else:
