@@ -269,3 +269,34 @@ def test_the_pruner_reads_the_recent_trials_not_a_list_of_the_whole_study(tmp_pa
     handed.clear()
     assert not t.should_prune()  # 5 beats the median of the three most recent (1), not that of all seven (100)
     assert sum(handed) == 0
+
+
+def test_the_study_wide_cap_counts_states_without_a_list_of_the_whole_study(tmp_path):
+    """``cap_decision`` (the check before every ask with ``--n-trials``) reads the indexed cache's counts per state:
+    no whole-study list, and the decisions a list of every trial gives."""
+    from tuner.search.local_trials import cached
+    from tuner.search.parallel import cap_decision
+
+    url = f"sqlite:///{tmp_path / 'o.db'}"
+    indexed = optuna.create_study(study_name="s", storage=cached(open_worker_storage(url)))
+    plain = optuna.load_study(study_name="s", storage=url)
+    whole = []  # reads of a list of every trial (any state, or finished ones)
+    inner = indexed._storage.get_all_trials
+
+    def counted(study_id, deepcopy=True, states=None):
+        whole.append(states is None or any(s.is_finished() for s in TrialState if s in states))
+        return inner(study_id, deepcopy=deepcopy, states=states)
+
+    indexed._storage.get_all_trials = counted
+    decisions = []
+    running = [indexed.ask() for _ in range(3)]
+    for t, state in zip(running, (TrialState.COMPLETE, TrialState.PRUNED, TrialState.FAIL), strict=True):
+        for cap in (1, 2, 3, 4):
+            decisions.append((cap_decision(indexed, cap), cap_decision(plain, cap)))
+        indexed.tell(t, 1.0 if state == TrialState.COMPLETE else None, state=state)
+    for cap in (1, 2, 3):  # none running: done at the cap
+        decisions.append((cap_decision(indexed, cap), cap_decision(plain, cap)))
+    indexed.enqueue_trial({})
+    decisions.append((cap_decision(indexed, 2), cap_decision(plain, 2)))
+    assert all(a == b for a, b in decisions), decisions
+    assert {a for a, _ in decisions} == {"ask", "wait", "done"} and not any(whole)

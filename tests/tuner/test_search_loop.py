@@ -302,3 +302,35 @@ def test_confirmation_re_runs_the_new_leader(monkeypatch):
     search.confirm_top(ctx, None)
     assert [q["x"] for q in queued] == [2, 3, 4]  # the top two, then the one that overtook them
     assert _pick(ctx).params == {"x": 4}
+
+
+def test_the_best_so_far_reads_each_trial_once_however_often_it_is_asked():
+    """``SearchContext.best`` (asked three times per goodput trial) reads on from where it stopped, and a list
+    cleared and refilled (the history read again after the workers) from its start."""
+    from types import SimpleNamespace
+
+    from tuner.search.context import SearchContext
+
+    class T:
+        reads = 0
+
+        def __init__(self, number, value, outcome="ok"):
+            self.number, self._outcome, self.value = number, outcome, value
+
+        @property
+        def outcome(self):
+            T.reads += 1
+            return self._outcome
+
+    space = SimpleNamespace(space=SimpleNamespace(objective=SimpleNamespace(direction="maximize")))
+    ctx = SearchContext(*[None] * 9)
+    ctx.resolved = space
+    for i in range(300):
+        ctx.trials.append(T(i, float(i % 50), "ok" if i % 4 else "crash"))
+        T.reads = 0
+        best = ctx.best
+        assert ctx.best is best and T.reads == 1
+    assert best.number == 49 and best.value == 49.0  # of equal values, the earlier
+    ctx.trials.clear()
+    ctx.trials += [T(0, 3.0), T(1, 5.0), T(2, 4.0)]
+    assert ctx.best.number == 1

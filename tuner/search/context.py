@@ -92,6 +92,8 @@ class SearchContext:
     stages: StagePlan | None = None
     """The search's stages (``tuner.search.stages``), shared by its worker threads; None: one stage, no
     convergence (a ``tuner worker`` process, a kernel sub-study)."""
+    _best_read: tuple = field(default=(None, 0, None, None), init=False, repr=False, compare=False)
+    """What :attr:`best` read last: (the list, how many of its trials, the last of them, the best of them)."""
 
     def space_for(self, user_attrs: dict[str, Any]) -> ResolvedSpace:
         """The space a trial with ``user_attrs`` samples from: the current stage's, except the baseline and the
@@ -150,10 +152,16 @@ class SearchContext:
 
     @property
     def best(self) -> TrialSummary | None:
-        best = None
-        for t in self.trials:
+        """The best ok trial so far (of equal values, the earlier), read on from where the last call stopped: the
+        trials are appended to, and a goodput trial asks for it three times (it read every trial each time)."""
+        trials, (src, seen, last, best) = self.trials, self._best_read
+        if src is not trials or seen > len(trials) or (seen and trials[seen - 1] is not last):
+            seen, best = 0, None  # another list, or this one cleared and read again: from its start
+        for t in trials[seen:]:
             if t.outcome == "ok" and t.value is not None and (best is None or self.better(t.value, best.value)):
                 best = t
+            seen, last = seen + 1, t
+        self._best_read = (trials, seen, last, best)
         return best
 
 

@@ -339,6 +339,12 @@ class IndexedCachedStorage(_CachedStorage):
             ]
             return done[cursor:], len(done), n, running
 
+    def state_counts(self, study_id: int) -> dict[TrialState, int]:
+        """How many of the study's trials are in each state (read from the database first, as every read)."""
+        self._read_trials_from_remote_storage(study_id)
+        with self._lock:
+            return {**dict.fromkeys(TrialState, 0), **self._counts.get(study_id, {})}
+
     def recent_trials(self, study_id: int, states: Container[TrialState], k: int) -> list[FrozenTrial]:
         """The ``k`` highest-numbered trials in ``states`` (finished states only), by number: what
         ``get_all_trials(states=states)[-k:]`` answers, at the cost of those ``k`` (and the trials of other states

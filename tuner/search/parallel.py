@@ -110,12 +110,17 @@ def cap_decision(study: optuna.Study, max_trials: int | None) -> str:
     may still be lost and retried), or ``done``."""
     if max_trials is None:
         return "ask"
-    trials = study.get_trials(deepcopy=False)
-    states = [t.state for t in trials]
-    if TrialState.WAITING in states:
+    storage = study._storage
+    if hasattr(storage, "state_counts"):  # the search's indexed cache: counted as trials come, not per ask
+        count = storage.state_counts(study._study_id)
+    else:
+        count = dict.fromkeys(TrialState, 0)
+        for t in study.get_trials(deepcopy=False):
+            count[t.state] += 1
+    if count[TrialState.WAITING]:
         return "ask"
-    running = states.count(TrialState.RUNNING)
-    done = states.count(TrialState.COMPLETE) + states.count(TrialState.PRUNED)
+    running = count[TrialState.RUNNING]
+    done = count[TrialState.COMPLETE] + count[TrialState.PRUNED]
     if done + running < max_trials:
         return "ask"
     return "wait" if running else "done"

@@ -152,14 +152,17 @@ class BoundedTPESampler(optuna.samplers.TPESampler):
         self._cursors[key] = (storage, cursor)
         return new, n, unfinished
 
-    def bounded_read(self, study: optuna.Study, states: Container[TrialState] | None) -> list[FrozenTrial] | None:
+    def bounded_read(
+        self, study: optuna.Study, states: Container[TrialState] | None, *, refresh: bool = True
+    ) -> list[FrozenTrial] | None:
         """What :meth:`bounded` answers for the study's trials in ``states``, read from an indexed storage at the
         cost of the trials that finished since the last read (the study's size does not count); ``None`` where
         that does not apply (another storage, a multi-objective study, a study under the cap): read it whole."""
         storage = study._storage
         if not hasattr(storage, "finished_since") or study._is_multi_objective():
             return None
-        storage.refresh(study._study_id)  # the database read, outside the lock
+        if refresh:
+            storage.refresh(study._study_id)  # the database read, outside the lock
         with self._lock:
             self._reset_for(study)
             new, n, unfinished = self._since(study, "bounded", states)
@@ -221,8 +224,8 @@ class _HistoryView:
             if fresh is not None:
                 return fresh
         if self._unseen_only or deepcopy or key not in self._read:
-            if not self._unseen_only and not deepcopy:
-                bounded = self._sampler.bounded_read(self._study, states)
+            if not self._unseen_only and not deepcopy:  # the database read once per view (per sampler call)
+                bounded = self._sampler.bounded_read(self._study, states, refresh=not self._read)
                 if bounded is not None:
                     self._read[key] = bounded
                     return list(bounded)
