@@ -12,7 +12,8 @@
 #   or, carry .sgw .dg:      TUNER_COMMIT=<sha> bash benchmarks/deployment_gpu.sh prepare
 #       the same installs and DeepGEMM build without the benchmarks (about 2 minutes): for a main-job-only session
 #   call 2, carry .whl:      TUNER_COMMIT=<sha> bash benchmarks/deployment_gpu.sh mainjob 0,1,2 [WATCH_S]
-#       installs optuna & co. into /tmp/site; background, once the kernels chain is done: a 45-s smoke search, then
+#       installs optuna & co. into /tmp/site; background, once the kernels chain is done: a 45-s smoke search (SMOKE=0:
+#       none, when the kernels chain has built SGLang's kernels already), then
 #       `benchmarks/main_job.py search --budget 7m` per seed with SGLang's kernels importable (the baseline is then
 #       SGLang's default path on this GPU), `measure` after the second seed and again after the last
 #   later calls:             bash benchmarks/deployment_gpu.sh watch [WATCH_S]
@@ -95,10 +96,10 @@ cd $dep/tree
 while [ ! -f $dep/kernels.done ]; do sleep 5; done
 export PYTHONPATH=/tmp/site:/tmp/sgsite:/tmp/deepgemm:$dep/tree CUDA_HOME=/usr/local/cuda PYTHONUNBUFFERED=1
 export LD_PRELOAD=/usr/lib/x86_64-linux-gnu/libstdc++.so.6 TUNER_COMMIT=$TUNER_COMMIT
-mkdir -p $dep/smoke && (cd $dep/smoke && timeout 170 python3 -m tuner.cli search --budget 45s --seed 99 --dry-run \
+[ "${SMOKE:-1}" = 1 ] && mkdir -p $dep/smoke && (cd $dep/smoke && timeout 170 python3 -m tuner.cli search --budget 45s --seed 99 --dry-run \
   > dry_run.txt 2>&1; timeout 170 python3 -m tuner.cli search --budget 45s --seed 99 > search.log 2>&1; \
   echo "smoke search exit \$?" >> search.log)
-tail -n 5 $dep/smoke/search.log
+[ -f $dep/smoke/search.log ] && tail -n 5 $dep/smoke/search.log
 n=0
 for s in ${seeds//,/ }; do
   echo "seed \$s: start \$(date -u +%H:%M:%S)"
