@@ -88,9 +88,9 @@ def test_the_sampler_sees_this_process_s_running_trials_and_another_process_s_fr
     q = Queries(here.engine)
     seen = {t.number: t for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,))}
     assert seen[theirs.number].params == their_params and seen[mine.number].params == my_params
-    # one query for which trials are new or unfinished, then the other process's trial whole (Optuna's check that
-    # the study exists, the trial and its five parts); this process's own trial costs none
-    assert q.n == 1 + 7 and q.reads == 4
+    # one query for which trials are new or unfinished, then the other process's trial whole (the trial and its
+    # five parts); this process's own trial costs none
+    assert q.n == 1 + 6 and q.reads == 4
     # the other process writes: the next read sees it
     theirs.set_user_attr("k", 1)
     seen = {t.number: t for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,))}
@@ -300,3 +300,28 @@ def test_the_study_wide_cap_counts_states_without_a_list_of_the_whole_study(tmp_
     decisions.append((cap_decision(indexed, 2), cap_decision(plain, 2)))
     assert all(a == b for a, b in decisions), decisions
     assert {a for a, _ in decisions} == {"ask", "wait", "done"} and not any(whole)
+
+
+def test_the_read_of_what_changed_searches_the_primary_key_not_every_trial(tmp_path):
+    """The cache's read of new and unfinished trials, and of other processes' trials whole, are searches of the
+    primary key: SQLite's plan for them scans no index of the study (an OR of the two was a pass over every trial of
+    the study, several times per trial)."""
+    url = f"sqlite:///{tmp_path / 'o.db'}"
+    here, there = open_worker_storage(url), open_worker_storage(url)
+    study = optuna.create_study(study_name="s", storage=here)
+    theirs = optuna.load_study(study_name="s", storage=there)
+    for _ in range(3):
+        study.tell(study.ask(), 1.0)
+    other = theirs.ask()  # running in another process: read whole at every read
+    mine = study.ask()
+    plans = []
+
+    def explain(conn, cursor, statement, parameters, context, executemany):
+        if statement.lstrip().startswith("SELECT") and " trials" in statement:
+            plans.extend(row[-1] for row in cursor.connection.execute("EXPLAIN QUERY PLAN " + statement, parameters))
+
+    sqlalchemy.event.listen(here.engine, "before_cursor_execute", explain)
+    seen = {t.number for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,))}
+    assert seen == {other.number, mine.number}
+    scans = [p for p in plans if p.startswith("SCAN") or ("ix_trials_study_id (study_id=?)" in p)]
+    assert plans and not scans, plans

@@ -32,6 +32,7 @@ from typing import Any
 
 import optuna
 import sqlalchemy
+import sqlalchemy.orm
 from optuna import distributions
 from optuna.distributions import BaseDistribution
 from optuna.storages._cached_storage import _CachedStorage
@@ -214,16 +215,22 @@ class LocalTrialsMixin:
                 study_id, states, included_trial_ids, trial_id_greater_than
             )
         included = {tid for tid in included_trial_ids if tid <= trial_id_greater_than}
+        trial = models.TrialModel
         with _create_scoped_session(self.scoped_session) as session:  # type: ignore[attr-defined]
-            query = session.query(models.TrialModel.trial_id, models.TrialModel.state).filter(
-                models.TrialModel.study_id == study_id,
-                sqlalchemy.or_(
-                    models.TrialModel.trial_id.in_(included),
-                    models.TrialModel.trial_id > trial_id_greater_than,
-                ),
+            # two index searches, not one OR of them: SQLite answers the OR by a pass over every trial of the study
+            # (1.4 ms at 5,000 trials, several reads per trial); each half alone is a search of the primary key
+            newer = sqlalchemy.select(trial.trial_id, trial.state).where(
+                trial.study_id == study_id, trial.trial_id > trial_id_greater_than
             )
-            rows = query.all()
-        wanted = [tid for tid, state in rows if states is None or state in states]
+            if included:
+                newer = sqlalchemy.union_all(
+                    newer,
+                    sqlalchemy.select(trial.trial_id, trial.state).where(
+                        trial.trial_id.in_(included), trial.study_id == study_id
+                    ),
+                )
+            rows = session.execute(newer).all()
+        wanted = sorted({tid for tid, state in rows if states is None or state in states})
         found: dict[int, FrozenTrial] = {}
         with lock:  # the snapshots as they are now; a finished one is handed over once (the cache keeps it)
             for tid in wanted:
@@ -234,10 +241,28 @@ class LocalTrialsMixin:
         if len(others) > MAX_LISTED:  # a first read of a large study: every trial, ours replaced by their snapshots
             for t in super()._get_trials(study_id, states, set(), -1):  # type: ignore[misc]
                 found.setdefault(t._trial_id, t)
-        elif others:  # other processes' trials, and ours that finished between the two reads
-            for t in super()._get_trials(study_id, states, set(others), max(others)):  # type: ignore[misc]
+        elif others:  # other processes' trials (and waiting ones), and ours that finished between the two reads
+            for t in self._read_whole(others):
                 found.setdefault(t._trial_id, t)
         return [found[tid] for tid in sorted(found)]
+
+    def _read_whole(self, trial_ids: list[int]) -> list[FrozenTrial]:
+        """These trials read whole, by their ids (Optuna's own read of "these and the newer" is the OR above)."""
+        orm = sqlalchemy.orm
+        trial = models.TrialModel
+        with _create_scoped_session(self.scoped_session) as session:  # type: ignore[attr-defined]
+            rows = (
+                session.query(trial)
+                .options(orm.selectinload(trial.params))
+                .options(orm.selectinload(trial.values))
+                .options(orm.selectinload(trial.user_attributes))
+                .options(orm.selectinload(trial.system_attributes))
+                .options(orm.selectinload(trial.intermediate_values))
+                .filter(trial.trial_id.in_(trial_ids))
+                .order_by(trial.trial_id)
+                .all()
+            )
+            return [self._build_frozen_trial_from_trial_model(t) for t in rows]  # type: ignore[attr-defined]
 
 
 def _as_stored(value: Any) -> Any:
