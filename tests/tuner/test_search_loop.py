@@ -334,3 +334,41 @@ def test_the_best_so_far_reads_each_trial_once_however_often_it_is_asked():
     ctx.trials.clear()
     ctx.trials += [T(0, 3.0), T(1, 5.0), T(2, 4.0)]
     assert ctx.best.number == 1
+
+
+def test_the_baseline_s_median_keys_each_trial_once_however_often_it_is_asked():
+    """The baseline's median, spread and readiness (asked after every trial by the per-trial line and the live
+    panel) group the trials read since the last call: each trial's configuration keyed once, the answers those of
+    grouping every trial again."""
+    from types import SimpleNamespace
+
+    from tuner.search.context import SearchContext
+    from tuner.search.winner import baseline_of, group_runs
+
+    keyed = []
+    space = SimpleNamespace(space=SimpleNamespace(objective=SimpleNamespace(direction="maximize")))
+    ctx = SearchContext(*[None] * 9)
+    ctx.resolved = space
+    ctx.target = SimpleNamespace(
+        canonical_params=lambda p: keyed.append(1) or p, config=SimpleNamespace(baseline_runs=2), baseline_runs=2
+    )
+
+    def summary(i, base, value, outcome="ok", repeat_of=None):
+        return SimpleNamespace(
+            number=i,
+            params={"x": 0 if base else 1 + i % 5},
+            outcome=outcome,
+            value=value,
+            is_baseline=base,
+            repeat_of=repeat_of,
+        )
+
+    for i in range(200):
+        base = i in (0, 1, 150)  # the baseline's runs (the first crashed), one more late (a re-run)
+        ctx.trials.append(summary(i, base, 10.0 + (i % 7), "ok" if i % 9 else "crash", 0 if i % 13 == 5 else None))
+        keyed.clear()
+        got = (ctx.baseline_value, ctx.baseline_spread, ctx.ratios_ready)
+        assert len(keyed) <= 1 + 3 * 3  # this trial, and per question the baseline's (three) runs grouped again
+        want = baseline_of(group_runs(ctx.trials, lambda p: p.__repr__()))
+        assert got == ((want.median, want.spread, len(want.values) >= 2) if want else (None, None, False)), i
+    assert ctx.ratios_ready and baseline_of(group_runs(ctx.trials, repr)).numbers == (1, 150)

@@ -7,6 +7,7 @@ live in their own modules; their names are importable from here too, as callers 
 from __future__ import annotations
 
 import logging
+import math
 import os
 import re
 import socket
@@ -46,7 +47,7 @@ from tuner.search.sampling import (
 )
 from tuner.search.stages import StagePlan
 from tuner.search.stages import plan as plan_stages
-from tuner.search.winner import baseline_of, group_runs
+from tuner.search.winner import Measured, baseline_of, group_runs
 from tuner.targets import PreflightReport, Target, get_target_class
 
 _logger = logging.getLogger(__name__)
@@ -94,6 +95,8 @@ class SearchContext:
     convergence (a ``tuner worker`` process, a kernel sub-study)."""
     _best_read: tuple = field(default=(None, 0, None, None), init=False, repr=False, compare=False)
     """What :attr:`best` read last: (the list, how many of its trials, the last of them, the best of them)."""
+    _runs_read: tuple = field(default=(None, 0, None, None, None, None), init=False, repr=False, compare=False)
+    """What :meth:`_baseline_group` read last: (the list, how many, the last, key order, runs by key, baseline keys)."""
 
     def space_for(self, user_attrs: dict[str, Any]) -> ResolvedSpace:
         """The space a trial with ``user_attrs`` samples from: the current stage's, except the baseline and the
@@ -128,7 +131,7 @@ class SearchContext:
         """The baseline configuration's median over its runs so far (:func:`tuner.search.winner.baseline_of`, the
         decision's own): the one figure every "x baseline" uses (the per-trial lines, the live panel, the final
         line, and the stored run that ``tuner status`` reads, kept equal to it after every baseline run)."""
-        base = baseline_of(group_runs(self.trials, self.key_of))
+        base = self._baseline_group()
         return base.median if base is not None else None
 
     @property
@@ -139,7 +142,7 @@ class SearchContext:
     @property
     def baseline_spread(self) -> float | None:
         """The baseline's runs' spread so far ((max - min) / median), None before its first run."""
-        base = baseline_of(group_runs(self.trials, self.key_of))
+        base = self._baseline_group()
         return base.spread if base is not None else None
 
     @property
@@ -147,8 +150,28 @@ class SearchContext:
         """True once the baseline was timed :attr:`baseline_runs` times: from then on "x baseline" is shown, on a
         figure whose spread is known. Until then (a run of it failed, say) the ratios wait; the re-run at the end
         (:func:`tuner.search.confirm.confirm_top`) times it again when it has fewer than two runs."""
-        base = baseline_of(group_runs(self.trials, self.key_of))
+        base = self._baseline_group()
         return base is not None and len(base.values) >= self.baseline_runs
+
+    def _baseline_group(self) -> Measured | None:
+        """``baseline_of(group_runs(self.trials, self.key_of))``, read on from where the last call stopped: each
+        trial keyed once (the live panel and the per-trial line ask for the baseline's median and spread after every
+        trial; grouping every trial again, a JSON key each, grew with the search)."""
+        trials, (src, seen, last, order, runs, marked) = self.trials, self._runs_read
+        if src is not trials or seen > len(trials) or (seen and trials[seen - 1] is not last):
+            seen, order, runs, marked = 0, {}, {}, set()  # another list, or this one cleared and read again
+        for t in trials[seen:]:
+            if t.outcome == "ok" and t.value is not None and math.isfinite(t.value) and t.repeat_of is None:
+                key = self.key_of(t.params)
+                order.setdefault(key, len(order))
+                runs.setdefault(key, []).append(t)
+                if t.is_baseline:
+                    marked.add(key)
+            seen, last = seen + 1, t
+        self._runs_read = (trials, seen, last, order, runs, marked)
+        if not marked:
+            return None
+        return baseline_of(group_runs(runs[min(marked, key=order.__getitem__)], self.key_of))
 
     @property
     def best(self) -> TrialSummary | None:
