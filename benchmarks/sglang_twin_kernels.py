@@ -34,6 +34,26 @@ from benchmarks.common import read_json, run_meta, stored_path  # noqa: E402
 BATCHES = (1, 16, 64)
 
 
+def _probe(torch, Linear) -> tuple:
+    lin = Linear.make(torch.ones(128, 128, device="cuda"), "fp8", "sglang_triton")
+    return torch.zeros(1, 128, device="cuda", dtype=torch.bfloat16), lin.weight, lin.scale
+
+
+def _sglang_triton_runs() -> bool:
+    import torch
+
+    from tuner.errors import KnobError
+    from tuner.targets.workload.ops import Linear
+    from tuner.targets.workload.sglang_gemm import block_fp8_linear
+
+    try:
+        block_fp8_linear(*_probe(torch, Linear))
+        return True
+    except KnobError as e:
+        print(f"sglang_triton: {e}", flush=True)
+        return False
+
+
 def _gemm_rows(rep_ms: float) -> list[dict]:
     import torch
 
@@ -51,7 +71,9 @@ def _gemm_rows(rep_ms: float) -> list[dict]:
         "shared_w13": (2 * p.expert_width, p.hidden),
         "shared_w2": (p.hidden, p.expert_width),
     }
-    impls = ["sglang_triton", "torch"] + (["deepgemm"] if importlib.util.find_spec("deep_gemm") else [])
+    impls = ["torch"] + (["deepgemm"] if importlib.util.find_spec("deep_gemm") else [])
+    if _sglang_triton_runs():  # SGLang's fp8_utils imports much of its runtime: where it cannot, the run goes on
+        impls.append("sglang_triton")
     rows = []
     g = torch.Generator(device="cuda").manual_seed(0)
     for name, (n, k) in shapes.items():
@@ -147,8 +169,9 @@ def _step_rows() -> list[dict]:
         ("baseline (SGLang's glue and GEMM backend)", base),
         ("glue=fused (the twin's Triton glue)", {**base, "glue": "fused"}),
         ("glue=eager", {**base, "glue": "eager"}),
-        ("gemm_impl=sglang_triton (--fp8-gemm-backend triton)", {**base, "gemm_impl": "sglang_triton"}),
     ]
+    if _sglang_triton_runs():
+        cases.append(("gemm_impl=sglang_triton (--fp8-gemm-backend triton)", {**base, "gemm_impl": "sglang_triton"}))
     rows = []
     for name, knobs in cases:
         model = DecodeModel(PRESETS["dsv4-flash"], knobs, "cuda")
@@ -178,7 +201,9 @@ def report(data: dict, source: str) -> str:
     out.append("|---|---|---|" + "---|" * len(impls) + "---|")
     for r in data["gemm"]:
         cells = [f"{r[f'{i}_us']:.1f} ({r[f'{i}_err']:.3f})" for i in impls]
-        ratio = f"{r['sglang_triton_us'] / r['deepgemm_us']:.2f}x" if "deepgemm_us" in r else "-"
+        ratio = (
+            f"{r['sglang_triton_us'] / r['deepgemm_us']:.2f}x" if {"deepgemm_us", "sglang_triton_us"} <= set(r) else "-"
+        )
         out.append(f"| {r['linear']} | {r['M']} | {r['N']} x {r['K']} | " + " | ".join(cells) + f" | {ratio} |")
     out += [
         "",
