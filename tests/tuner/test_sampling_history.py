@@ -130,3 +130,23 @@ def test_the_indexed_history_proposes_what_the_whole_read_proposes(tmp_path):
     indexed = _indexed_study(tmp_path, _small_cap_sampler())
     whole = optuna.create_study(direction="maximize", sampler=_small_cap_sampler())
     assert _fill(indexed, resolved, 100) == _fill(whole, resolved, 100)
+
+
+def test_a_sampler_call_splits_its_history_once_for_all_its_parameter_groups(monkeypatch):
+    """TPE splits the history into good and bad trials for every parameter group it samples; within one sampler
+    call that is the same history: split once, and the proposals are those of a split per group."""
+    from optuna.samplers._tpe import sampler as tpe
+
+    import tuner.search.sampling as sampling
+
+    resolved = resolve(load_space("dsv4_flash"), H200)
+    splits, samples = [], []
+    real_split, real_sample = sampling._split_trials, tpe.TPESampler._sample
+    monkeypatch.setattr(sampling, "_split_trials", lambda *a: splits.append(1) or real_split(*a))
+    monkeypatch.setattr(tpe.TPESampler, "_sample", lambda *a: samples.append(1) or real_sample(*a))
+    once = optuna.create_study(direction="maximize", sampler=_small_cap_sampler())
+    proposed = _fill(once, resolved, 60)
+    assert 2 * len(splits) <= len(samples), (len(splits), len(samples))  # two or more groups per call
+    monkeypatch.setattr(tpe, "_split_trials", real_split)  # a split per group, as Optuna makes them
+    every = optuna.create_study(direction="maximize", sampler=_small_cap_sampler())
+    assert _fill(every, resolved, 60) == proposed

@@ -12,6 +12,7 @@ from collections.abc import Container
 from typing import Any
 
 import optuna
+from optuna.samplers._tpe import sampler as _tpe_sampler
 from optuna.trial import FrozenTrial, TrialState
 
 from search_spaces import Param, ResolvedSpace
@@ -206,6 +207,7 @@ class _HistoryView:
     def __init__(self, study: optuna.Study, sampler: BoundedTPESampler, *, unseen_only: bool = False) -> None:
         self._study, self._sampler, self._unseen_only = study, sampler, unseen_only
         self._read: dict[tuple, list[FrozenTrial]] = {}
+        self._splits: dict[tuple, tuple[list[FrozenTrial], list[FrozenTrial]]] = {}  # see _split_once
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._study, name)
@@ -239,6 +241,26 @@ class _HistoryView:
 
     def get_trials(self, deepcopy: bool = True, states: Container[TrialState] | None = None) -> list[FrozenTrial]:
         return self._get_trials(deepcopy=deepcopy, states=states)
+
+
+_split_trials = getattr(_tpe_sampler._split_trials, "__wrapped__", _tpe_sampler._split_trials)  # Optuna's own
+
+
+def _split_once(study: Any, trials: list[FrozenTrial], n_below: int) -> tuple[list[FrozenTrial], list[FrozenTrial]]:
+    """Optuna's TPE splits its history into the good and the bad trials once per parameter group of a sampler call
+    (three groups in the main space), the same history each time: through a :class:`_HistoryView` (one sampler
+    call) it is split once, the same lists (the estimators only read them). Any other study: Optuna's split."""
+    splits = study.__dict__.get("_splits") if isinstance(study, _HistoryView) else None
+    if splits is None:
+        return _split_trials(study, trials, n_below)
+    key = (n_below, tuple(t.number for t in trials))
+    if key not in splits:
+        splits[key] = _split_trials(study, trials, n_below)
+    return splits[key]
+
+
+_split_once.__wrapped__ = _split_trials  # type: ignore[attr-defined]
+_tpe_sampler._split_trials = _split_once  # TPESampler._sample looks it up in its module at every call
 
 
 def make_sampler(resolved: ResolvedSpace, seed: int | None, *, parallel: bool = True) -> optuna.samplers.BaseSampler:
