@@ -63,16 +63,20 @@ def test_gemm_impl_knob_is_checked(knobs, needle):
         DecodeModel(get_preset("dsv4-flash-tiny"), knobs, "cpu")
 
 
-def test_gemm_impl_is_a_searched_knob_with_no_sglang_flag():
+def test_gemm_impl_is_searched_and_only_sglangs_triton_value_sets_a_flag():
     from search_spaces import load_space
 
-    for name, extra in (("dsv4_flash", ["deepgemm"]), ("dsv4_flash_tiny", [])):
+    for name, extra in (("dsv4_flash", ["deepgemm", "sglang_triton"]), ("dsv4_flash_tiny", [])):
         p = load_space(name).param("gemm_impl")
         assert p.default == "torch" and list(p.choices()) == ["torch", "triton", "auto", *extra]
-        assert p.server.flag is None and "cannot load" in p.server.none
-    # SGLang's own code runs DeepGEMM for V4's FP8 linears on sm_90: there the twin's torch GEMM is the code change
+    tiny = load_space("dsv4_flash_tiny").param("gemm_impl").server
+    assert tiny.flag is None and "cannot load" in tiny.none
     server = load_space("dsv4_flash").param("gemm_impl").server
+    assert server.flag == "--fp8-gemm-backend" and server.server_value("sglang_triton") == "triton"
+    assert all(server.server_value(v) is None for v in ("torch", "triton", "auto", "deepgemm"))
+    # SGLang's own code runs DeepGEMM for V4's FP8 linears on sm_90: there the twin's torch GEMM is the code change
     assert server.deployed_value("sm_90") == "deepgemm" and server.deployed_value(None) == "torch"
+    assert server.blocker("torch", "sm_90").instead == "deepgemm" and server.blocker("sglang_triton", "sm_90") is None
 
 
 def test_gemm_seed_configs_fill_one_wave_of_sms_and_pass_the_rules():
