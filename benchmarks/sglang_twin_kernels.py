@@ -110,7 +110,7 @@ def _glue_rows(rep_ms: float) -> list[dict]:
     inv = 1.0 / (10000 ** (torch.arange(half, device="cuda", dtype=torch.float32) / half))
     ang_all = torch.arange(L + 1, device="cuda", dtype=torch.float32)[:, None] * inv[None, :]
     freqs = torch.polar(torch.ones_like(ang_all), ang_all)
-    sq, fq = sglang_q_norm_rope(), fused_norm_rope()
+    sq, fq = sglang_q_norm_rope(1e-6), fused_norm_rope(1e-6)
     rows = []
     for b in BATCHES:
         ang = torch.full((b, 1), float(L), device="cuda") * inv[None, :]
@@ -132,7 +132,7 @@ def _glue_rows(rep_ms: float) -> list[dict]:
             "q_fused_us": do_bench(lambda: fq(q, st), rep_ms=rep_ms).median_us,
             "q_eager_us": do_bench(lambda: norm_rope(q, st["cos"], st["sin"], R), rep_ms=rep_ms).median_us,
             "kv_sglang_us": do_bench(
-                lambda: sglang_k_norm_rope_store(kv, weight, st, cache, slots), rep_ms=rep_ms
+                lambda: sglang_k_norm_rope_store(kv, weight, 1e-6, st, cache, slots), rep_ms=rep_ms
             ).median_us,
             "kv_fused_us": do_bench(
                 lambda: store_v4(cache, fq(kv.unsqueeze(1), st).squeeze(1), slots), rep_ms=rep_ms

@@ -86,7 +86,7 @@ def test_the_twins_fused_glue_computes_what_its_eager_glue_computes():
     try:
         B, H, D, rope_dim, L = 3, 4, 64, 16, 37
         st = _twin_rope_tables(B, L, rope_dim)
-        fused_norm, fused_prep = gpu_ops.fused_glue(), gpu_ops.fused_norm_rope()
+        fused_norm, fused_prep = gpu_ops.fused_glue(), gpu_ops.fused_norm_rope(1e-6)
         x, kv = torch.randn(B, H, D) * 3, torch.randn(B, D)
         eager = ops.norm_rope(x, st["cos"], st["sin"], rope_dim)
         fused = fused_prep(x, st)

@@ -65,9 +65,9 @@ def test_sglangs_q_norm_rope_is_the_twins_q_preparation_and_captures_in_a_graph(
     st = _tables(batch, 700)
     q = (torch.randn(batch, 64, 512, device="cuda") * 4).to(torch.bfloat16)
     ref = norm_rope(q.double().float(), st["cos"], st["sin"], 64)  # float32 math on the bf16 values
-    ours, sglang = fused_norm_rope()(q, st), sglang_q_norm_rope()(q, st)
+    ours, sglang = fused_norm_rope(1e-6)(q, st), sglang_q_norm_rope(1e-6)(q, st)
     assert _rel(sglang, ref) < 8e-3 and _rel(ours, ref) < 8e-3
-    fn = sglang_q_norm_rope()
+    fn = sglang_q_norm_rope(1e-6)
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
         out = fn(q, st)
@@ -90,7 +90,7 @@ def test_sglangs_k_norm_rope_store_writes_what_the_twin_writes_at_each_slot_and_
     weight = (1 + 0.1 * torch.randn(512, device="cuda")).to(torch.bfloat16)
     slots = torch.randperm(n, device="cuda")[:batch]
     store_v4(ours, norm_rope(kv, st["cos"], st["sin"], 64, weight), slots)
-    sglang_k_norm_rope_store(kv, weight, st, sglang, slots)
+    sglang_k_norm_rope_store(kv, weight, 1e-6, st, sglang, slots)
     a, b = dequantize_v4(ours, n), dequantize_v4(sglang, n)
     assert _rel(b[slots], a[slots]) < 0.05  # e4m3 under power-of-two scales, from fp32 or bf16-rounded values
     keep = torch.ones(n, dtype=torch.bool, device="cuda")
@@ -98,7 +98,7 @@ def test_sglangs_k_norm_rope_store_writes_what_the_twin_writes_at_each_slot_and_
     assert torch.equal(b[keep], before[keep])
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
-        sglang_k_norm_rope_store(kv, weight, st, sglang, slots)
+        sglang_k_norm_rope_store(kv, weight, 1e-6, st, sglang, slots)
     graph.replay()
     torch.cuda.synchronize()
     assert torch.equal(dequantize_v4(sglang, n), b)

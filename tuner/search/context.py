@@ -36,7 +36,6 @@ from tuner.execution.isolation import TrialProcess
 from tuner.fingerprint import fingerprint
 from tuner.search.local_trials import cached
 from tuner.search.options import SearchOptions
-from tuner.search.refine import StoredTrials
 from tuner.search.results import SearchResult, TrialSummary
 from tuner.search.sampling import (
     make_pruner,
@@ -87,7 +86,7 @@ class SearchContext:
     """Set (with ``stop``) when the search gave up early (``tuner.search.failfast``); shared by its workers."""
     stop_reason: str = ""
     current: TrialProcess | None = None
-    stored: dict[int, Any] = field(default_factory=StoredTrials)
+    stored: dict[int, Any] = field(default_factory=dict)
     """The stored trial records refining reads (``tuner.search.refine.stored_trials``), by number, indexed for the
     moves (``tuner.search.refine.StoredTrials``)."""
     stages: StagePlan | None = None

@@ -12,8 +12,6 @@ from typing import Any, Callable
 
 import torch
 
-from tuner.targets.workload.ops import NORM_EPS
-
 _logger = logging.getLogger(__name__)
 
 
@@ -139,7 +137,7 @@ def fused_glue() -> Callable:
     return add_rms_norm
 
 
-def fused_norm_rope() -> Callable:
+def fused_norm_rope(eps: float) -> Callable:
     """``fn(x [B, H, d], st) -> [B, H, d]``: each head RMS-normed (no weight) and roped in one launch, the twin's Triton
     kernel on SGLang's layout (``kernels.sglang_q_norm_rope``), from the state's ``freqs_real`` and ``positions``."""
     from kernels.sglang_q_norm_rope import q_norm_rope
@@ -147,13 +145,13 @@ def fused_norm_rope() -> Callable:
     def fn(x, st):
         x = x.contiguous()
         out = torch.empty_like(x)
-        q_norm_rope(x, out, NORM_EPS, st["freqs_real"], st["positions"])
+        q_norm_rope(x, out, eps, st["freqs_real"], st["positions"])
         return out
 
     return fn
 
 
-def sglang_q_norm_rope() -> Callable:
+def sglang_q_norm_rope(eps: float) -> Callable:
     """``fn(q [B, H, 512], st) -> [B, H, 512]``: SGLang 0.5.23's JIT CUDA ``fused_q_norm_rope`` (from the installed
     sglang package, built by its JIT on first use), called as ``deepseek_v4.py`` calls it."""
     from sglang.kernels.ops.attention.dsv4.norm_rope import fused_q_norm_rope
@@ -161,14 +159,19 @@ def sglang_q_norm_rope() -> Callable:
     def fn(q, st):
         q = q.contiguous()
         out = torch.empty_like(q)
-        fused_q_norm_rope(q, out, NORM_EPS, st["freqs_cis"], st["positions"])
+        fused_q_norm_rope(q, out, eps, st["freqs_cis"], st["positions"])
         return out
 
     return fn
 
 
 def sglang_k_norm_rope_store(
-    kv: torch.Tensor, weight: torch.Tensor, st: dict[str, torch.Tensor], cache: torch.Tensor, slots: torch.Tensor
+    kv: torch.Tensor,
+    weight: torch.Tensor,
+    eps: float,
+    st: dict[str, torch.Tensor],
+    cache: torch.Tensor,
+    slots: torch.Tensor,
 ) -> None:
     """SGLang 0.5.23's JIT CUDA ``fused_k_norm_rope_flashmla``: the new KV rows ``kv`` [B, 512] RMS-normed with
     ``weight``, roped and written into V4's fp8 ``cache`` (:func:`quantize_v4`'s pages) at token ``slots``, in one
@@ -182,7 +185,7 @@ def sglang_k_norm_rope_store(
     fused_k_norm_rope_flashmla(
         kv.contiguous(),
         weight,
-        NORM_EPS,
+        eps,
         st["freqs_cis"],
         st["positions"],
         slots.to(torch.int32),

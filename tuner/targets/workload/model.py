@@ -30,6 +30,7 @@ import torch
 from tuner.errors import KnobError
 from tuner.targets.workload.ops import (
     GEMM_IMPLS,
+    NORM_EPS,
     Linear,
     add_rms_norm,
     indexer_scores_torch,
@@ -215,8 +216,8 @@ class DecodeModel:
             if mode == "sglang":
                 from tuner.targets.workload.gpu_ops import sglang_q_norm_rope
 
-                return fused_norm, sglang_q_norm_rope(), None
-            q_prep = fused_norm_rope()
+                return fused_norm, sglang_q_norm_rope(NORM_EPS), None
+            q_prep = fused_norm_rope(NORM_EPS)
 
             def fused_kv(kv, weight, st):  # weightless kernel: the twin's kv norm weight is ones
                 return q_prep(kv.unsqueeze(1), st).squeeze(1)
@@ -588,7 +589,7 @@ class DecodeModel:
         if self._kv_prep is None:
             from tuner.targets.workload.gpu_ops import sglang_k_norm_rope_store
 
-            sglang_k_norm_rope_store(w.kv(h), w.kv_norm, st, st["win_v4"], st["win_slot"])
+            sglang_k_norm_rope_store(w.kv(h), w.kv_norm, NORM_EPS, st, st["win_v4"], st["win_slot"])
         else:
             from tuner.targets.workload.gpu_ops import store_v4
 
