@@ -103,24 +103,13 @@ def _glue_rows(rep_ms: float) -> list[dict]:
         sglang_q_norm_rope,
         store_v4,
     )
-    from tuner.targets.workload.ops import norm_rope
+    from tuner.targets.workload.ops import NORM_EPS, norm_rope, rope_tables
 
     L, R = 700, 64
-    half = R // 2
-    inv = 1.0 / (10000 ** (torch.arange(half, device="cuda", dtype=torch.float32) / half))
-    ang_all = torch.arange(L + 1, device="cuda", dtype=torch.float32)[:, None] * inv[None, :]
-    freqs = torch.polar(torch.ones_like(ang_all), ang_all)
-    sq, fq = sglang_q_norm_rope(1e-6), fused_norm_rope(1e-6)
+    sq, fq = sglang_q_norm_rope(NORM_EPS), fused_norm_rope(NORM_EPS)
     rows = []
     for b in BATCHES:
-        ang = torch.full((b, 1), float(L), device="cuda") * inv[None, :]
-        st = {
-            "cos": torch.cos(ang),
-            "sin": torch.sin(ang),
-            "freqs_cis": freqs,
-            "freqs_real": torch.view_as_real(freqs).flatten(-2).contiguous(),
-            "positions": torch.full((b,), L, device="cuda", dtype=torch.int32),
-        }
+        st = rope_tables(b, L, R, "cuda")
         q = (torch.randn(b, 64, 512, device="cuda") * 3).to(torch.bfloat16)
         kv = (torch.randn(b, 512, device="cuda") * 3).to(torch.bfloat16)
         weight = torch.ones(512, device="cuda", dtype=torch.bfloat16)

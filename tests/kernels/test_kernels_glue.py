@@ -57,23 +57,6 @@ def test_errors():
         rope(torch.randn(2, 2, 8), torch.zeros(2, dtype=torch.int64), rope_cos_sin(4, 6), rope_dim=6)
 
 
-def _twin_rope_tables(B: int, L: int, rope_dim: int) -> dict:
-    """The tables DecodeModel.state builds: cos/sin at position L for the eager glue, and the model's table of every
-    position (SGLang's complex ``freqs_cis`` and its float view) with the positions for the fused and SGLang glue."""
-    half = rope_dim // 2
-    inv = 1.0 / (10000 ** (torch.arange(half, dtype=torch.float32) / half))
-    ang = torch.full((B, 1), float(L)) * inv[None, :]
-    ang_all = torch.arange(L + 1, dtype=torch.float32)[:, None] * inv[None, :]
-    freqs_cis = torch.polar(torch.ones_like(ang_all), ang_all)
-    return {
-        "cos": torch.cos(ang),
-        "sin": torch.sin(ang),
-        "freqs_cis": freqs_cis,
-        "freqs_real": torch.view_as_real(freqs_cis).flatten(-2).contiguous(),
-        "positions": torch.full((B,), L, dtype=torch.int32),
-    }
-
-
 def test_the_twins_fused_glue_computes_what_its_eager_glue_computes():
     """The decode twin's `glue=fused` (these kernels) and `glue=eager`/`compile` (tuner.targets.workload.ops) must be
     one function: an H200 seed study found the fused glue's step 0.4-0.6 away (rel. norm) from the eager one's, the
@@ -85,7 +68,7 @@ def test_the_twins_fused_glue_computes_what_its_eager_glue_computes():
     torch.set_default_device(DEV)  # the kernels' device: a GPU, or the CPU under the interpreter
     try:
         B, H, D, rope_dim, L = 3, 4, 64, 16, 37
-        st = _twin_rope_tables(B, L, rope_dim)
+        st = ops.rope_tables(B, L, rope_dim, DEV)
         fused_norm, fused_prep = gpu_ops.fused_glue(), gpu_ops.fused_norm_rope(1e-6)
         x, kv = torch.randn(B, H, D) * 3, torch.randn(B, D)
         eager = ops.norm_rope(x, st["cos"], st["sin"], rope_dim)

@@ -9,6 +9,8 @@ import importlib.util
 import pytest
 import torch
 
+from tuner.targets.workload.ops import rope_tables
+
 HOPPER = torch.cuda.is_available() and torch.cuda.get_device_capability() == (9, 0)
 needs_sglang = pytest.mark.skipif(
     not (HOPPER and importlib.util.find_spec("sglang") and importlib.util.find_spec("flash_mla")),
@@ -19,21 +21,6 @@ pytestmark = [pytest.mark.gpu, needs_sglang]
 
 def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
     return ((a.double() - b.double()).norm() / b.double().norm()).item()
-
-
-def _tables(B: int, L: int, R: int = 64) -> dict:
-    half = R // 2
-    inv = 1.0 / (10000 ** (torch.arange(half, device="cuda", dtype=torch.float32) / half))
-    ang = torch.full((B, 1), float(L), device="cuda") * inv[None, :]
-    ang_all = torch.arange(L + 1, device="cuda", dtype=torch.float32)[:, None] * inv[None, :]
-    freqs = torch.polar(torch.ones_like(ang_all), ang_all)
-    return {
-        "cos": torch.cos(ang),
-        "sin": torch.sin(ang),
-        "freqs_cis": freqs,
-        "freqs_real": torch.view_as_real(freqs).flatten(-2).contiguous(),
-        "positions": torch.full((B,), L, device="cuda", dtype=torch.int32),
-    }
 
 
 @pytest.mark.parametrize("m,n,k", [(1, 32768, 1024), (16, 4096, 8192), (64, 64, 4096)])
@@ -62,7 +49,7 @@ def test_sglangs_q_norm_rope_is_the_twins_q_preparation_and_captures_in_a_graph(
     from tuner.targets.workload.gpu_ops import fused_norm_rope, sglang_q_norm_rope
     from tuner.targets.workload.ops import norm_rope
 
-    st = _tables(batch, 700)
+    st = rope_tables(batch, 700, 64, "cuda")
     q = (torch.randn(batch, 64, 512, device="cuda") * 4).to(torch.bfloat16)
     ref = norm_rope(q.double().float(), st["cos"], st["sin"], 64)  # float32 math on the bf16 values
     ours, sglang = fused_norm_rope(1e-6)(q, st), sglang_q_norm_rope(1e-6)(q, st)
@@ -82,7 +69,7 @@ def test_sglangs_k_norm_rope_store_writes_what_the_twin_writes_at_each_slot_and_
     from tuner.targets.workload.ops import norm_rope
 
     n = 4 * 64
-    st = _tables(batch, 700)
+    st = rope_tables(batch, 700, 64, "cuda")
     pool = torch.randn(n, 512, device="cuda")
     ours, sglang = quantize_v4(pool), quantize_v4(pool)
     before = dequantize_v4(sglang, n)

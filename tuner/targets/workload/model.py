@@ -36,6 +36,7 @@ from tuner.targets.workload.ops import (
     indexer_scores_torch,
     norm_rope,
     rms_norm,
+    rope_tables,
     sparse_attention_torch,
 )
 from tuner.targets.workload.presets import Preset
@@ -441,15 +442,9 @@ class DecodeModel:
         csa_table = torch.where(j[None, :] < n_csa, 1 + ar[:, None] * n_csa + j[None, :], torch.zeros_like(j)[None, :])
         hca_rows = 1 + ar[:, None] * n_hca + torch.arange(n_hca, device=dev)[None, :]
         win_rows = ar[:, None] * p.window + torch.arange(p.window, device=dev)[None, :]
-        half = p.rope_dim // 2
-        inv = 1.0 / (10000 ** (torch.arange(half, device=dev, dtype=torch.float32) / half))
-        ang = torch.full((B, 1), float(L), device=dev) * inv[None, :]
-        extra: dict[str, torch.Tensor] = {}
-        if self.knobs["glue"] in ("fused", "sglang"):  # the model's table of every position, as SGLang holds it
-            ang_all = torch.arange(L + 1, device=dev, dtype=torch.float32)[:, None] * inv[None, :]
-            extra["freqs_cis"] = torch.polar(torch.ones_like(ang_all), ang_all)  # [L+1, R/2] complex64
-            extra["freqs_real"] = torch.view_as_real(extra["freqs_cis"]).flatten(-2).contiguous()
-            extra["positions"] = torch.full((B,), L, device=dev, dtype=torch.int32)
+        extra: dict[str, torch.Tensor] = rope_tables(
+            B, L, p.rope_dim, dev, table=self.knobs["glue"] in ("fused", "sglang")
+        )
         # every random input is drawn in the same order whatever the knobs, so two configurations see the same inputs
         # (the numerics gate compares their outputs)
         base = {
@@ -499,8 +494,6 @@ class DecodeModel:
                 "hca_rows": hca_rows,
                 "win_rows": win_rows,
                 "win_slot": win_rows[:, (L - 1) % p.window],
-                "cos": torch.cos(ang),
-                "sin": torch.sin(ang),
             }
         )
 

@@ -136,6 +136,23 @@ NORM_EPS = 1e-6
 """The RMSNorm epsilon of V4's norms in the twin (the checkpoint's ``rms_norm_eps``)."""
 
 
+def rope_tables(batch: int, position: int, rope_dim: int, device, *, table: bool = True) -> dict[str, torch.Tensor]:
+    """The RoPE inputs of ``batch`` tokens at ``position``: ``cos``/``sin`` [batch, rope_dim/2] (the eager glue's) and,
+    with ``table``, the model's table of every position up to it as SGLang holds it (``freqs_cis`` [position+1,
+    rope_dim/2] complex64, its float32 view ``freqs_real``) with the tokens' ``positions`` (int32), which the fused
+    and SGLang glue read."""
+    half = rope_dim // 2
+    inv = 1.0 / (10000 ** (torch.arange(half, device=device, dtype=torch.float32) / half))
+    ang = torch.full((batch, 1), float(position), device=device) * inv[None, :]
+    out = {"cos": torch.cos(ang), "sin": torch.sin(ang)}
+    if table:
+        ang_all = torch.arange(position + 1, device=device, dtype=torch.float32)[:, None] * inv[None, :]
+        out["freqs_cis"] = torch.polar(torch.ones_like(ang_all), ang_all)
+        out["freqs_real"] = torch.view_as_real(out["freqs_cis"]).flatten(-2).contiguous()
+        out["positions"] = torch.full((batch,), position, device=device, dtype=torch.int32)
+    return out
+
+
 def norm_rope(
     x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, rope_dim: int, weight: torch.Tensor | None = None
 ) -> torch.Tensor:
