@@ -6,13 +6,15 @@
 #   call 1, carry .sgw .dg:  TUNER_COMMIT=<sha> bash benchmarks/deployment_gpu.sh kernels
 #       background: FULL=1 benchmarks/sglang_jit_gpu.sh (SGLang's JIT top-k and norm/RoPE beside ours, DeepGEMM built
 #       from source, SGLang's Hopper indexer against the cap, the indexer's GPU tests) into /tmp/dep/kernels
+#   first, carry .whl:       bash benchmarks/deployment_gpu.sh site
+#       installs optuna & co. and the flashmla wheel into /tmp/site (the twin chain and the main job import them)
 #   or, carry .sgw .dg:      TUNER_COMMIT=<sha> bash benchmarks/deployment_gpu.sh twin
 #       background: the installs and DeepGEMM build, then SGLang's glue and block-FP8 GEMM in the twin: their GPU tests
 #       (tests/tuner/test_workload_sglang_kernels.py, with the indexer's) and benchmarks/sglang_twin_kernels.py
 #   or, carry .sgw .dg:      TUNER_COMMIT=<sha> bash benchmarks/deployment_gpu.sh prepare
 #       the same installs and DeepGEMM build without the benchmarks (about 2 minutes): for a main-job-only session
-#   call 2, carry .whl:      TUNER_COMMIT=<sha> bash benchmarks/deployment_gpu.sh mainjob 0,1,2 [WATCH_S]
-#       installs optuna & co. into /tmp/site; background, once the kernels chain is done: a 45-s smoke search (SMOKE=0:
+#   call 2, carry .whl or after `site`: TUNER_COMMIT=<sha> bash benchmarks/deployment_gpu.sh mainjob 0,1,2 [WATCH_S]
+#       installs optuna & co. into /tmp/site (when .whl is carried); background, once the kernels chain is done: a 45-s smoke search (SMOKE=0:
 #       none, when the kernels chain has built SGLang's kernels already), then
 #       `benchmarks/main_job.py search --budget 7m` per seed with SGLang's kernels importable (the baseline is then
 #       SGLang's default path on this GPU), `measure` after the second seed and again after the last
@@ -77,7 +79,7 @@ case "${1:-}" in
       o=/tmp/dep/kernels; mkdir -p $o
       python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/sgsite .sgw/*.whl
       CUDA_HOME=/usr/local/cuda bash benchmarks/deepgemm_build.sh .dg/deepgemm-src.tgz /tmp/deepgemm
-      export PYTHONPATH=/tmp/sgsite:/tmp/deepgemm:$PWD CUDA_HOME=/usr/local/cuda PYTHONUNBUFFERED=1
+      export PYTHONPATH=/tmp/site:/tmp/sgsite:/tmp/deepgemm:$PWD CUDA_HOME=/usr/local/cuda PYTHONUNBUFFERED=1
       export LD_PRELOAD=/usr/lib/x86_64-linux-gnu/libstdc++.so.6 TUNER_COMMIT='"$TUNER_COMMIT"'
       timeout 420 python3 -m pytest -q -p no:cacheprovider -m gpu -rs tests/tuner/test_workload_sglang_kernels.py \
         tests/tuner/test_workload_sglang_indexer.py 2>&1 | tee $o/gpu_tests.txt | tail -n 30
@@ -85,9 +87,14 @@ case "${1:-}" in
       echo "exit $? at $(date -u +%H:%M:%S)" > /tmp/dep/kernels.done' > "$dep/kernels.log" 2>&1 < /dev/null &)
     watch "${2:-20}"
     ;;
-  mainjob)
+  site)
     python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
       || { echo "the .whl wheels did not install"; exit 1; }
+    PYTHONPATH=/tmp/site python3 -c "import optuna, sqlalchemy, fastapi, flash_mla; print('site ready:', optuna.__version__)"
+    ;;
+  mainjob)
+    if [ -d .whl ]; then bash "$0" site || exit 1
+    else PYTHONPATH=/tmp/site python3 -c "import optuna" || { echo "no .whl carried and /tmp/site lacks optuna"; exit 1; }; fi
     snapshot
     seeds=${2:?usage: deployment_gpu.sh mainjob SEEDS [WATCH_S]}
     cat > "$dep/mainjob_chain.sh" <<EOF
@@ -113,5 +120,5 @@ EOF
     watch "${3:-540}"
     ;;
   watch) watch "${2:-540}" ;;
-  *) echo "usage: deployment_gpu.sh kernels|prepare|twin|mainjob SEEDS|watch [WATCH_S]"; exit 2 ;;
+  *) echo "usage: deployment_gpu.sh site|kernels|prepare|twin|mainjob SEEDS|watch [WATCH_S]"; exit 2 ;;
 esac
