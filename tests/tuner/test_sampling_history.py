@@ -132,21 +132,77 @@ def test_the_indexed_history_proposes_what_the_whole_read_proposes(tmp_path):
     assert _fill(indexed, resolved, 100) == _fill(whole, resolved, 100)
 
 
-def test_a_sampler_call_splits_its_history_once_for_all_its_parameter_groups(monkeypatch):
-    """TPE splits the history into good and bad trials for every parameter group it samples; within one sampler
-    call that is the same history: split once, and the proposals are those of a split per group."""
+def test_the_sampler_leaves_optunas_modules_as_they_are():
+    """The split of TPE's history is the sampler's own method, not a replacement of Optuna's module function (which
+    every TPESampler of the process, and Optuna's next release, would see)."""
     from optuna.samplers._tpe import sampler as tpe
 
-    import tuner.search.sampling as sampling
+    import tuner.search.sampling  # noqa: F401 - importing it must change nothing of Optuna's
+
+    assert not hasattr(tpe._split_trials, "__wrapped__")
+    assert tpe._split_trials.__module__ == "optuna.samplers._tpe.sampler"
+
+
+def _mixed(study, resolved, n, *, running=4):
+    """``n`` trials with up to ``running`` of them running at once (the constant liar sees them), every fifth
+    pruned after a report, every seventh infeasible; the proposals in order."""
+    asked, open_ = [], []
+    for i in range(n):
+        t = study.ask()
+        asked.append(suggest(t, resolved))
+        open_.append((i, t, asked[-1]))
+        if len(open_) > running:
+            j, t, p = open_.pop(0)
+            if j % 5 == 4:
+                t.report(_value(p, j), 0)
+                study.tell(t, state=optuna.trial.TrialState.PRUNED)
+                continue
+            set_constraints(t, [1.0 + j % 3 if j % 7 == 6 else 0.0])
+            study.tell(t, _value(p, j))
+    return asked
+
+
+def test_with_running_pruned_and_infeasible_trials_the_proposals_are_optunas():
+    """The sampler's own split and its per-trial values (computed once per finished trial) give TPE the numbers
+    Optuna's would: the same proposals with the constant liar's running trials, pruned and infeasible ones."""
+    resolved = resolve(load_space("dsv4_flash"), H200)
+    ours = optuna.create_study(direction="maximize", sampler=make_sampler(resolved, 11, parallel=True))
+    kw = dict(
+        seed=11, multivariate=True, group=True, constant_liar=True, n_startup_trials=ours.sampler._n_startup_trials
+    )
+    theirs = optuna.create_study(direction="maximize", sampler=optuna.samplers.TPESampler(**kw))
+    assert _mixed(ours, resolved, 90) == _mixed(theirs, resolved, 90)
+
+
+def test_an_ask_reads_each_finished_trials_values_once_not_at_every_ask(monkeypatch):
+    """A finished trial's parameters in TPE's internal form, and its place in the split (its constraints), are
+    computed when it first comes into a sampler call; later asks reuse them: an ask's conversions do not grow with
+    the history (under the cap they were every trial's, per parameter group, at every ask)."""
+    from optuna.distributions import CategoricalDistribution
+    from optuna.trial import FrozenTrial
 
     resolved = resolve(load_space("dsv4_flash"), H200)
-    splits, samples = [], []
-    real_split, real_sample = sampling._split_trials, tpe.TPESampler._sample
-    monkeypatch.setattr(sampling, "_split_trials", lambda *a: splits.append(1) or real_split(*a))
-    monkeypatch.setattr(tpe.TPESampler, "_sample", lambda *a: samples.append(1) or real_sample(*a))
-    once = optuna.create_study(direction="maximize", sampler=_small_cap_sampler())
-    proposed = _fill(once, resolved, 60)
-    assert 2 * len(splits) <= len(samples), (len(splits), len(samples))  # two or more groups per call
-    monkeypatch.setattr(tpe, "_split_trials", real_split)  # a split per group, as Optuna makes them
-    every = optuna.create_study(direction="maximize", sampler=_small_cap_sampler())
-    assert _fill(every, resolved, 60) == proposed
+    calls = {"repr": 0, "constraints": 0}
+    real_repr, real_constraints = CategoricalDistribution.to_internal_repr, FrozenTrial.constraints
+
+    def to_internal_repr(self, value):
+        calls["repr"] += 1
+        return real_repr(self, value)
+
+    def constraints(self):
+        calls["constraints"] += 1
+        return real_constraints.fget(self)
+
+    monkeypatch.setattr(CategoricalDistribution, "to_internal_repr", to_internal_repr)
+    monkeypatch.setattr(FrozenTrial, "constraints", property(constraints))
+    study = optuna.create_study(direction="maximize", sampler=make_sampler(resolved, 2, parallel=True))
+    per_ask = {}
+    for size in (60, 150):
+        _fill(study, resolved, size - len(study.trials), start=len(study.trials))
+        before = dict(calls)
+        t = study.ask()
+        suggest(t, resolved)
+        per_ask[size] = {k: calls[k] - before[k] for k in calls}
+        study.tell(t, 1.0)
+    assert per_ask[150] == per_ask[60], per_ask
+    assert per_ask[150]["repr"] < 3 * len(resolved.params), per_ask  # the one trial new since the last ask

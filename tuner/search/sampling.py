@@ -6,13 +6,14 @@ from __future__ import annotations
 
 import bisect
 import json
+import math
 import threading
 import warnings
 from collections.abc import Container
 from typing import Any
 
+import numpy as np
 import optuna
-from optuna.samplers._tpe import sampler as _tpe_sampler
 from optuna.trial import FrozenTrial, TrialState
 
 from search_spaces import Param, ResolvedSpace
@@ -83,6 +84,8 @@ class BoundedTPESampler(optuna.samplers.TPESampler):
         self._best: list[tuple[tuple, int]] = []  # (rank key, number), sorted, at most history_best
         self._grouped: set[int] = set()  # trials the grouped search space has seen
         self._cursors: dict[tuple[int, str], tuple[Any, int]] = {}  # (storage id, reader) -> (storage, finished read)
+        self._split_keys: dict[int, tuple] = {}  # finished trial number -> its place in TPE's split (see _split)
+        self._rows: dict[tuple, dict[int, tuple | None]] = {}  # search space -> trial number -> internal values
 
     def infer_relative_search_space(self, study, trial):
         # the grouped search space is refined trial by trial and never coarsened; Optuna re-feeds it every trial
@@ -94,6 +97,88 @@ class BoundedTPESampler(optuna.samplers.TPESampler):
 
     def sample_independent(self, study, trial, param_name, param_distribution):
         return super().sample_independent(_HistoryView(study, self), trial, param_name, param_distribution)
+
+    def _sample(self, study, trial, search_space):
+        """Optuna's ``TPESampler._sample`` (one parameter group: split the history, two estimators, the best of
+        the candidates), with the split and the estimators' inputs taken from what this sampler keeps per finished
+        trial (:meth:`_split`, :meth:`_get_internal_repr`) instead of recomputed from every trial at every call;
+        the same numbers, so the same proposals. A multi-objective study: Optuna's own."""
+        if study._is_multi_objective():
+            return super()._sample(study, trial, search_space)
+        states = (TrialState.COMPLETE, TrialState.PRUNED) + ((TrialState.RUNNING,) if self._constant_liar else ())
+        trials = study._get_trials(deepcopy=False, states=states, use_cache=not self._constant_liar)
+        if self._constant_liar:
+            trials = [t for t in trials if t.number != trial.number]
+        if self._gamma is None:
+            self._gamma = _default_gamma
+        n = sum(t.state != TrialState.RUNNING for t in trials)
+        below, above = self._split(study, trials, self._gamma(n))
+        mpe_below = self._build_parzen_estimator(study, search_space, below, handle_below=True)
+        mpe_above = self._build_parzen_estimator(study, search_space, above, handle_below=False)
+        samples = mpe_below.sample(self._rng.rng, self._n_ei_candidates)
+        best = self._compare(samples, self._compute_acquisition_func(samples, mpe_below, mpe_above))
+        return {name: dist.to_external_repr(best[name]) for name, dist in search_space.items()}
+
+    def _split(
+        self, study: Any, trials: list[FrozenTrial], n_below: int
+    ) -> tuple[list[FrozenTrial], list[FrozenTrial]]:
+        """TPE's good (``n_below`` best) and bad trials of ``trials`` (single objective), as Optuna's
+        ``_split_trials`` splits them: feasible complete ones by value, then pruned ones by their last step and
+        value, then infeasible ones by violation, ties in the given order; running trials are bad. Each finished
+        trial's place is computed once (a finished trial never changes); through a :class:`_HistoryView` (one
+        sampler call, two to three parameter groups over the same history) the split is made once."""
+        splits = study.__dict__.get("_splits") if isinstance(study, _HistoryView) else None
+        key = (n_below, tuple(t.number for t in trials))
+        if splits is not None and key in splits:
+            return splits[key]
+        sign = -1.0 if study.direction == optuna.study.StudyDirection.MAXIMIZE else 1.0
+        with self._lock:
+            self._reset_for(study)
+            keys = self._split_keys
+            ranked, running = [], []
+            for i, t in enumerate(trials):
+                if t.state == TrialState.RUNNING:
+                    running.append(t)
+                    continue
+                k = keys.get(t.number)
+                if k is None:
+                    k = keys[t.number] = _split_key(t, sign)
+                ranked.append((k, i))
+        ranked.sort()
+        below = sorted((trials[i] for _, i in ranked[:n_below]), key=lambda t: t.number)
+        above = sorted([trials[i] for _, i in ranked[n_below:]] + running, key=lambda t: t.number)
+        if splits is not None:
+            splits[key] = (below, above)
+        return below, above
+
+    def _get_internal_repr(
+        self, trials: list[FrozenTrial], search_space: dict[str, Any], study: Any
+    ) -> dict[str, np.ndarray]:
+        """Optuna's: each parameter of ``search_space`` over the trials that have all of them, in its internal
+        representation; a finished trial's values computed once per search space, not at every sampler call."""
+        if study._is_multi_objective():
+            return super()._get_internal_repr(trials, search_space, study)
+        names = tuple(search_space)
+        with self._lock:
+            self._reset_for(study)
+            cache = self._rows.setdefault(tuple(search_space.items()), {})
+        rows = []
+        for t in trials:
+            finished = t.state.is_finished()
+            row = cache.get(t.number, False) if finished else False
+            if row is False:
+                params = self._get_params(t, study)
+                row = (
+                    tuple(d.to_internal_repr(params[name]) for name, d in search_space.items())
+                    if search_space.keys() <= params.keys()
+                    else None
+                )
+                if finished:
+                    cache[t.number] = row
+            if row is not None:
+                rows.append(row)
+        columns = list(zip(*rows)) if rows else [() for _ in names]
+        return {name: np.asarray(list(col)) for name, col in zip(names, columns)}
 
     def unseen(self, study: optuna.Study, trials: list[FrozenTrial]) -> list[FrozenTrial]:
         """Of ``trials`` (finished ones), those the grouped search space has not been fed yet; marks them fed."""
@@ -107,6 +192,7 @@ class BoundedTPESampler(optuna.samplers.TPESampler):
         if self._study_id != study._study_id:
             self._study_id, self._finished, self._numbers, self._best = study._study_id, {}, [], []
             self._grouped, self._cursors = set(), {}
+            self._split_keys, self._rows = {}, {}
 
     def bounded(self, study: optuna.Study, trials: list[FrozenTrial]) -> list[FrozenTrial]:
         """``trials`` as the estimators see them (see the class docstring); in trial-number order."""
@@ -201,13 +287,32 @@ def _rank(t: FrozenTrial, sign: float) -> tuple:
     return (1, -(t.last_step if t.last_step is not None else -1))
 
 
+def _default_gamma(n: int) -> int:
+    """Optuna's ``default_gamma``: how many of ``n`` finished trials TPE calls good (single objective)."""
+    return min(math.ceil(0.1 * n), 25)
+
+
+def _split_key(t: FrozenTrial, sign: float) -> tuple:
+    """A finished trial's place in TPE's split (Optuna's ``_split_trials`` and its scores): lower is better."""
+    values = t.constraints.values() if _HAS_SET_CONSTRAINT else t.system_attrs.get("constraints", ())
+    violation = sum(v for v in values or () if v > 0)
+    if violation > 0:
+        return (2, violation)
+    if t.state == TrialState.COMPLETE:
+        return (0, sign * float(t.value))
+    if not t.intermediate_values:
+        return (1, 1, 0.0)
+    step, value = max(t.intermediate_values.items())
+    return (1, -step, math.inf if math.isnan(value) else sign * value)
+
+
 class _HistoryView:
     """A study as :class:`BoundedTPESampler`'s estimators see it: its trials bounded, everything else its own."""
 
     def __init__(self, study: optuna.Study, sampler: BoundedTPESampler, *, unseen_only: bool = False) -> None:
         self._study, self._sampler, self._unseen_only = study, sampler, unseen_only
         self._read: dict[tuple, list[FrozenTrial]] = {}
-        self._splits: dict[tuple, tuple[list[FrozenTrial], list[FrozenTrial]]] = {}  # see _split_once
+        self._splits: dict[tuple, tuple[list[FrozenTrial], list[FrozenTrial]]] = {}  # see BoundedTPESampler._split
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._study, name)
@@ -241,26 +346,6 @@ class _HistoryView:
 
     def get_trials(self, deepcopy: bool = True, states: Container[TrialState] | None = None) -> list[FrozenTrial]:
         return self._get_trials(deepcopy=deepcopy, states=states)
-
-
-_split_trials = getattr(_tpe_sampler._split_trials, "__wrapped__", _tpe_sampler._split_trials)  # Optuna's own
-
-
-def _split_once(study: Any, trials: list[FrozenTrial], n_below: int) -> tuple[list[FrozenTrial], list[FrozenTrial]]:
-    """Optuna's TPE splits its history into the good and the bad trials once per parameter group of a sampler call
-    (three groups in the main space), the same history each time: through a :class:`_HistoryView` (one sampler
-    call) it is split once, the same lists (the estimators only read them). Any other study: Optuna's split."""
-    splits = study.__dict__.get("_splits") if isinstance(study, _HistoryView) else None
-    if splits is None:
-        return _split_trials(study, trials, n_below)
-    key = (n_below, tuple(t.number for t in trials))
-    if key not in splits:
-        splits[key] = _split_trials(study, trials, n_below)
-    return splits[key]
-
-
-_split_once.__wrapped__ = _split_trials  # type: ignore[attr-defined]
-_tpe_sampler._split_trials = _split_once  # TPESampler._sample looks it up in its module at every call
 
 
 def make_sampler(resolved: ResolvedSpace, seed: int | None, *, parallel: bool = True) -> optuna.samplers.BaseSampler:
