@@ -11,7 +11,8 @@ with the sglang package importable (benchmarks/sglang_jit_gpu.sh installs it; De
 * step: the whole twin step (dsv4-flash preset, live context 512, CUDA graphs) at c = 1, 16, 64 for the H200 baseline
   (SGLang's glue, DeepGEMM) and the same with one component swapped.
 
-Times are ``kernels.bench.do_bench`` medians (L2 flushed; CUDA graphs below 20 us) and, for the step, the twin's own
+Times are ``kernels.bench.do_bench`` medians (L2 flushed; the GEMMs, with their activation quantisation, always in a
+CUDA graph as the twin's step runs them; the glue in graphs below 20 us) and, for the step, the twin's own
 measurement (``tuner.targets.workload.bench.measure``).
 
     python benchmarks/sglang_twin_kernels.py --json $OUT/sglang_twin_kernels.json       # on the GPU
@@ -86,7 +87,7 @@ def _gemm_rows(rep_ms: float) -> list[dict]:
             for i, lin in lins.items():
                 out = lin(x)
                 row[f"{i}_err"] = ((out.double() - ref).norm() / ref.norm()).item()
-                row[f"{i}_us"] = do_bench(lambda lin=lin, x=x: lin(x), rep_ms=rep_ms).median_us
+                row[f"{i}_us"] = do_bench(lambda lin=lin, x=x: lin(x), rep_ms=rep_ms, cuda_graph=True).median_us
             rows.append(row)
             print(json.dumps(row), flush=True)
     return rows
