@@ -91,8 +91,9 @@ def test_the_sampler_sees_this_process_s_running_trials_and_another_process_s_fr
     # one query for which trials are new or unfinished, then the other process's trial whole (the trial and its
     # five parts); this process's own trial costs none
     assert q.n == 1 + 6 and q.reads == 4
-    # the other process writes: the next read sees it
+    # the other process writes (an attribute goes with its next write to the database): the next read sees it
     theirs.set_user_attr("k", 1)
+    theirs.report(0.5, 0)
     seen = {t.number: t for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,))}
     assert seen[theirs.number].user_attrs == {"k": 1}
 
@@ -118,8 +119,9 @@ def test_a_trial_another_process_failed_as_stale_refuses_this_process_s_next_wri
     trial = study.ask()
     _suggest(trial)
     optuna.storages.RDBStorage(url).set_trial_state_values(trial._trial_id, TrialState.FAIL)
+    trial.set_user_attr("k", 1)  # kept for the trial's next write to the database
     with pytest.raises(optuna.exceptions.UpdateFinishedTrialError):
-        trial.set_user_attr("k", 1)
+        study.tell(trial, 1.0)
 
 
 def test_a_trial_s_values_reach_the_database_in_one_write_when_suggest_returns(storage):
@@ -163,9 +165,12 @@ def test_a_trial_finished_here_is_read_back_from_memory_and_equals_the_database_
 
 
 def test_an_attribute_reads_back_as_the_database_gives_it(storage):
+    from tuner.search.local_trials import flush_params
+
     study = optuna.create_study(study_name="s", storage=storage)
     trial = study.ask()
     trial.set_user_attr("constraints", (1.0, 2.0))
+    flush_params(storage, trial._trial_id)
     stored = optuna.storages.RDBStorage(storage.url).get_trial(trial._trial_id).user_attrs
     assert storage.get_trial(trial._trial_id).user_attrs == stored == {"constraints": [1.0, 2.0]}
 
@@ -325,3 +330,34 @@ def test_the_read_of_what_changed_searches_the_primary_key_not_every_trial(tmp_p
     assert seen == {other.number, mine.number}
     scans = [p for p in plans if p.startswith("SCAN") or ("ix_trials_study_id (study_id=?)" in p)]
     assert plans and not scans, plans
+
+
+def test_a_trial_s_attributes_reach_the_database_with_its_next_write_in_one_transaction(storage):
+    """A running trial's attributes (its tag, the constant liar's proposal, its constraints, its outcome) are
+    written with its next write, all in one transaction with its values, not one transaction each."""
+    from tuner.search.local_trials import flush_params
+
+    study = optuna.create_study(study_name="s", storage=storage, sampler=optuna.samplers.RandomSampler(seed=0))
+    first = study.ask()
+    _suggest(first)
+    study.tell(first, 1.0)
+    trial = study.ask()
+    commits = []
+    sqlalchemy.event.listen(storage.engine, "commit", lambda conn: commits.append(1))
+    trial.set_user_attr("tuner_worker", "w0")
+    study._storage.set_trial_system_attr(trial._trial_id, "relative", {"p0": 1})
+    params = _suggest(trial)
+    trial.set_user_attr("tuner_worker", "w1")  # the last value is the one written
+    flush_params(study._storage, trial._trial_id)
+    assert len(commits) == 1
+    fresh = optuna.storages.RDBStorage(storage.url).get_trial(trial._trial_id)
+    assert fresh.params == params and fresh.user_attrs == {"tuner_worker": "w1"}
+    assert fresh.system_attrs == {"relative": {"p0": 1}}
+    trial.set_user_attr("constraints", [0.0])
+    trial.set_user_attr("outcome", "ok")
+    study.tell(trial, 2.0)
+    assert len(commits) == 3  # the attributes, then the state and value
+    fresh = optuna.storages.RDBStorage(storage.url).get_trial(trial._trial_id)
+    assert fresh.user_attrs == {"tuner_worker": "w1", "constraints": [0.0], "outcome": "ok"}
+    here = storage.get_trial(trial._trial_id)
+    assert fresh.state == here.state == TrialState.COMPLETE and here.user_attrs == fresh.user_attrs

@@ -39,6 +39,7 @@ from optuna.storages._cached_storage import _CachedStorage
 from optuna.storages._rdb import models
 from optuna.storages._rdb.storage import _create_scoped_session
 from optuna.trial import FrozenTrial, TrialState
+from sqlalchemy.dialects import postgresql, sqlite
 
 MAX_LISTED = 500
 """Trials read by their ids at most; a read of more reads the whole study (SQLite limits a statement's values)."""
@@ -53,6 +54,7 @@ class LocalTrialsMixin:
         self._local_lock = threading.Lock()
         self._local: dict[int, tuple[int, FrozenTrial]] = {}  # trial id -> (study id, the trial as written)
         self._pending: dict[int, list[tuple]] = {}  # trial id -> parameter writes not yet in the database
+        self._pending_attrs: dict[int, dict[tuple[str, str], Any]] = {}  # trial id -> (user|system, key) -> value
         self._finished_here: dict[int, tuple[int, FrozenTrial]] = {}  # finished here, not yet read back
 
     def _local_state(self) -> tuple[threading.Lock, dict[int, tuple[int, FrozenTrial]]]:
@@ -62,7 +64,7 @@ class LocalTrialsMixin:
 
     def __getstate__(self) -> dict[Any, Any]:
         state = super().__getstate__()  # type: ignore[misc]
-        for key in ("_local_lock", "_local", "_pending", "_finished_here"):
+        for key in ("_local_lock", "_local", "_pending", "_pending_attrs", "_finished_here"):
             state.pop(key, None)
         return state
 
@@ -89,24 +91,60 @@ class LocalTrialsMixin:
                 local[trial_id] = (entry[0], t)
 
     def flush_params(self, trial_id: int) -> None:
-        """Write the trial's parameters suggested since the last write, in one transaction."""
+        """Write the trial's parameters suggested and attributes set since the last write, in one transaction.
+        Kept for the next flush if the write fails."""
         lock, _ = self._local_state()
         with lock:
             pending = self._pending.pop(trial_id, None)
-        if not pending:
+            attrs = self._pending_attrs.pop(trial_id, None)
+        if not pending and not attrs:
             return
-        with _create_scoped_session(self.scoped_session, True) as session:  # type: ignore[attr-defined]
-            trial = models.TrialModel.find_or_raise_by_id(trial_id, session)
-            self.check_trial_is_updatable(trial_id, trial.state)  # type: ignore[attr-defined]
-            session.add_all(
-                models.TrialParamModel(
-                    trial_id=trial_id,
-                    param_name=name,
-                    param_value=value,
-                    distribution_json=distributions.distribution_to_json(dist),
+        try:
+            with _create_scoped_session(self.scoped_session, True) as session:  # type: ignore[attr-defined]
+                trial = models.TrialModel.find_or_raise_by_id(trial_id, session)
+                self.check_trial_is_updatable(trial_id, trial.state)  # type: ignore[attr-defined]
+                session.add_all(
+                    models.TrialParamModel(
+                        trial_id=trial_id,
+                        param_name=name,
+                        param_value=value,
+                        distribution_json=distributions.distribution_to_json(dist),
+                    )
+                    for name, value, dist in pending or ()
                 )
-                for name, value, dist in pending
-            )
+                if attrs:
+                    self._write_attrs(session, trial_id, attrs)
+        except Exception:
+            with lock:  # as they were, before any written since: a retry of the write finds them
+                if pending:
+                    self._pending[trial_id] = pending + self._pending.get(trial_id, [])
+                if attrs:
+                    self._pending_attrs[trial_id] = {**attrs, **self._pending_attrs.get(trial_id, {})}
+            raise
+
+    def _write_attrs(self, session: sqlalchemy.orm.Session, trial_id: int, attrs: dict[tuple[str, str], Any]) -> None:
+        """The user and system attributes in one statement per kind where the database can insert-or-update many
+        rows at once (SQLite, PostgreSQL), else one by one as Optuna writes them."""
+        dialect = self.engine.dialect.name  # type: ignore[attr-defined]
+        for kind, model in (("user", models.TrialUserAttributeModel), ("system", models.TrialSystemAttributeModel)):
+            rows = [
+                {"trial_id": trial_id, "key": key, "value_json": json.dumps(value)}
+                for (k, key), value in attrs.items()
+                if k == kind
+            ]
+            if not rows:
+                continue
+            if dialect in ("sqlite", "postgresql"):
+                stmt = (sqlite if dialect == "sqlite" else postgresql).insert(model).values(rows)
+                stmt = stmt.on_conflict_do_update(
+                    index_elements=["trial_id", "key"], set_={"value_json": stmt.excluded.value_json}
+                )
+                session.execute(stmt)
+            else:
+                for row in rows:
+                    self._set_trial_attr_without_commit(  # type: ignore[attr-defined]
+                        session, model, trial_id, row["key"], json.loads(row["value_json"])
+                    )
 
     # -- writes: the database first, then the copy -----------------------------------------------------------
     def _create_new_trial(self, study_id: int, template_trial: FrozenTrial | None = None) -> FrozenTrial:
@@ -177,14 +215,28 @@ class LocalTrialsMixin:
         self._merge(trial_id, "intermediate_values", step, intermediate_value)
 
     def set_trial_user_attr(self, trial_id: int, key: str, value: Any) -> None:
-        self.flush_params(trial_id)
-        super().set_trial_user_attr(trial_id, key, value)  # type: ignore[misc]
+        if not self._defer_attr(trial_id, "user", key, value):
+            self.flush_params(trial_id)
+            super().set_trial_user_attr(trial_id, key, value)  # type: ignore[misc]
         self._merge(trial_id, "user_attrs", key, _as_stored(value))
 
     def set_trial_system_attr(self, trial_id: int, key: str, value: Any) -> None:
-        self.flush_params(trial_id)
-        super().set_trial_system_attr(trial_id, key, value)  # type: ignore[misc]
+        if not self._defer_attr(trial_id, "system", key, value):
+            self.flush_params(trial_id)
+            super().set_trial_system_attr(trial_id, key, value)  # type: ignore[misc]
         self._merge(trial_id, "system_attrs", key, _as_stored(value))
+
+    def _defer_attr(self, trial_id: int, kind: str, key: str, value: Any) -> bool:
+        """Keep an attribute of a trial this process runs for its next write (:meth:`flush_params`: when its values
+        are suggested, a value is reported, it finishes), where Optuna writes each in a transaction of its own (a
+        trial's tag, its constant-liar proposal, its constraints, its outcome: six to eight per trial)."""
+        lock, local = self._local_state()
+        json.dumps(value)  # refused now, as Optuna's write would refuse it, not at the flush
+        with lock:
+            if trial_id not in local:
+                return False
+            self._pending_attrs.setdefault(trial_id, {})[(kind, key)] = value
+        return True
 
     def _merge(self, trial_id: int, field: str, key: Any, value: Any) -> None:
         """The snapshot with ``key: value`` added to its dict ``field`` (a new dict: see :meth:`_update`)."""
