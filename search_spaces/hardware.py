@@ -21,8 +21,9 @@ CAPABILITIES = {
     "flash_mla": "FlashMLA's Hopper kernels: an sm_90 GPU and the sgl-flash-mla wheel (`pip install tuner[flashmla]`)",
     "deep_gemm": "DeepGEMM's kernels as SGLang runs them: an sm_90 or sm_100 GPU and the deep_gemm module (SGLang's "
     "sgl-deep-gemm wheel, or DeepGEMM built from source: benchmarks/deepgemm_build.sh)",
-    "sglang_triton": "SGLang's own Triton kernels called through its runtime (sglang.srt.layers): an NVIDIA GPU with "
-    "Triton and the sglang package with its runtime dependencies",
+    "sglang_triton": "SGLang's own Triton block-FP8 GEMM after its JIT activation quantisation "
+    "(sglang.kernels.ops.gemm.fp8_kernel): an NVIDIA GPU with Triton, the sglang package with its runtime "
+    "dependencies, and SGLang's JIT kernels buildable (sglang_jit)",
     "sglang_jit": "SGLang's own JIT CUDA kernels (sglang.kernels.ops): an NVIDIA GPU, the sglang package with "
     "apache-tvm-ffi, and nvcc (on PATH or under CUDA_HOME) to build them",
 }
@@ -44,7 +45,8 @@ class Hardware:
     has_deep_gemm: bool = False
     """The ``deep_gemm`` module is installed (SGLang's sgl-deep-gemm wheel or a build from source)."""
     has_sglang_triton: bool = False
-    """SGLang's ``fp8_utils`` (its block-FP8 linears, Triton) imports here on a GPU."""
+    """SGLang's Triton block-FP8 GEMM (``sglang.kernels.ops.gemm.fp8_kernel``) imports here on a GPU, and its JIT
+    activation quantisation can build (``has_sglang_jit``)."""
     has_sglang_jit: bool = False
     """The ``sglang`` and ``tvm_ffi`` modules are installed and ``nvcc`` is found: SGLang's JIT kernels can build."""
 
@@ -172,10 +174,9 @@ def detect_hardware() -> Hardware:
     has_deep_gemm = importlib.util.find_spec("deep_gemm") is not None and (not count or imports("deep_gemm"))
     has_sglang_jit = bool(count) and _sglang_jit_buildable() and imports("sglang.kernels.ops.attention.dsv4")
     has_sglang_triton = (
-        bool(count)
+        has_sglang_jit
         and has_triton
-        and importlib.util.find_spec("sglang") is not None
-        and imports("sglang.srt.layers.quantization.fp8_utils")
+        and imports("sglang.kernels.ops.gemm.fp8_kernel")  # not srt/layers' fp8_utils: that one needs sgl_kernel
     )
     return Hardware(
         gpu_name=name,

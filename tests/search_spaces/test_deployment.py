@@ -258,3 +258,67 @@ def test_sglangs_dispatch_sends_fp8_gemm_backend_triton_to_its_triton_block_fp8_
     explicit = explicit[: explicit.index("\ndef ", 1)]
     branch = explicit[explicit.index("elif backend.is_triton():") :]
     assert branch.split("\n")[1].strip() == "return triton_w8a8_block_fp8_linear"
+
+
+def test_the_twins_block_fp8_linears_call_what_sglangs_dispatch_calls_for_v4s_ue8m0_checkpoint():
+    """``tuner.targets.workload.sglang_gemm`` calls the quantisation and the Triton GEMM that SGLang's two Hopper
+    backends call for an ``act_scale_ue8m0`` checkpoint, from the modules that define them, with parameters they have."""
+    import ast
+    import inspect
+
+    from tuner.targets.workload import sglang_gemm
+
+    root = _sglang_root()
+    utils = (root / "srt/layers/quantization/fp8_utils.py").read_text()
+
+    def body(name: str) -> str:
+        start = utils.index(f"def {name}(")
+        return utils[start : utils.index("\ndef ", start + 1)]
+
+    quant_call = (
+        "sglang_per_token_group_quant_fp8(\n                input_2d, block_size[1], scale_ue8m0=True\n            )"
+    )
+    assert quant_call in body("triton_w8a8_block_fp8_linear")
+    assert "w8a8_block_fp8_matmul_triton(" in body("triton_w8a8_block_fp8_linear")
+    deepgemm = body("deepgemm_w8a8_block_fp8_linear_with_fallback")
+    assert "if get_platform().is_sm90 and act_scale_ue8m0:" in deepgemm
+    assert (
+        "sglang_per_token_group_quant_fp8(\n            input_2d, block_size[1], scale_ue8m0=True\n        )"
+        in deepgemm
+    )
+    assert 'scale_fmt == "ue8m0"' in (root / "srt/layers/quantization/fp8.py").read_text()
+    # the functions the twin imports exist where it imports them, and take what it passes
+    defs = {}
+    for rel in ("kernels/ops/quantization/fp8_kernel.py", "kernels/ops/gemm/fp8_kernel.py"):
+        for node in ast.parse((root / rel).read_text()).body:
+            if isinstance(node, ast.FunctionDef):
+                defs[node.name] = [a.arg for a in node.args.args + node.args.kwonlyargs]
+    assert {"x", "group_size", "scale_ue8m0"} <= set(defs["sglang_per_token_group_quant_fp8"])
+    assert defs["w8a8_block_fp8_matmul_triton"][:6] == ["A", "B", "As", "Bs", "block_size", "output_dtype"]
+    src = inspect.getsource(sglang_gemm)
+    assert "from sglang.kernels.ops.quantization.fp8_kernel import sglang_per_token_group_quant_fp8" in src
+    assert "from sglang.kernels.ops.gemm.fp8_kernel import w8a8_block_fp8_matmul_triton" in src
+    assert "srt.layers.quantization.fp8_utils import" not in src  # that module needs sgl_kernel
+
+
+def test_without_sglangs_jit_quantisation_the_deepgemm_linear_says_so_and_sglang_triton_refuses(caplog, monkeypatch):
+    import torch
+
+    from tuner.errors import KnobError
+    from tuner.targets.workload import sglang_gemm
+
+    def broken():
+        raise ModuleNotFoundError("No module named 'tvm_ffi'")
+
+    monkeypatch.setattr(sglang_gemm, "_sglang_quant_fn", broken)
+    sglang_gemm.sglang_activation_quant.cache_clear()
+    sglang_gemm._sglang_triton.cache_clear()
+    try:
+        with caplog.at_level("WARNING", logger=sglang_gemm.__name__):
+            assert sglang_gemm.sglang_activation_quant() is None
+        assert "quantise their activations in torch" in caplog.text and "tvm_ffi" in caplog.text
+        with pytest.raises(KnobError, match=r"gemm_impl=sglang_triton.*(does not import|does not build)"):
+            sglang_gemm.block_fp8_linear(torch.ones(1, 128), torch.ones(128, 128), torch.ones(1, 1))
+    finally:
+        sglang_gemm.sglang_activation_quant.cache_clear()
+        sglang_gemm._sglang_triton.cache_clear()

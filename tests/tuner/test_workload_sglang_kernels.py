@@ -47,6 +47,25 @@ def test_sglangs_triton_block_fp8_linear_agrees_with_float64_and_captures_in_a_g
     assert torch.equal(out, lin(x))
 
 
+@pytest.mark.parametrize("m", [1, 16, 64])
+def test_sglangs_activation_quantisation_runs_with_power_of_two_scales_and_feeds_the_deepgemm_linear(m):
+    from tuner.targets.workload.ops import Linear
+    from tuner.targets.workload.sglang_gemm import sglang_activation_quant
+
+    quant = sglang_activation_quant()
+    assert quant is not None  # SGLang's JIT builds on this machine (the fixture's premise)
+    x = (torch.randn(m, 4096, device="cuda") * 3).to(torch.bfloat16)
+    q, s = quant(x)
+    assert q.dtype == torch.float8_e4m3fn and tuple(s.shape) == (m, 32) and s.dtype == torch.float32
+    assert torch.equal(torch.exp2(torch.log2(s).round()), s)  # ue8m0: powers of two
+    back = (q.float().view(m, 32, 128) * s[..., None]).view(m, 4096)
+    assert _rel(back, x.float()) < 0.05
+    if importlib.util.find_spec("deep_gemm"):
+        w = torch.randn(1024, 4096, device="cuda") / 64
+        y = Linear.make(w, "fp8", "deepgemm")(x)
+        assert _rel(y, x.double() @ w.double().t()) < 0.08
+
+
 @pytest.mark.parametrize("batch", [1, 16, 64])
 def test_sglangs_q_norm_rope_is_the_twins_q_preparation_and_captures_in_a_graph(batch):
     from tuner.targets.workload.gpu_ops import fused_norm_rope, sglang_q_norm_rope

@@ -27,11 +27,10 @@ GEMM_IMPLS = ("torch", "triton", "auto", "deepgemm", "sglang_triton")
 """Who runs a linear (knob ``gemm_impl``): the library through torch (cuBLAS; ``torch._scaled_mm`` for fp8), the Triton
 skinny GEMM of ``kernels/gemm.py``, ``auto``: per shape, what the tuned-config file recorded as fastest
 (``kernels.linear.linear``: the library, the GEMM, or at one row the GEMV of ``kernels/gemv.py``; the library where no
-entry names one), or ``deepgemm``: an fp8 linear as SGLang runs V4's block-quantized ones on sm_90 (DeepGEMM's
-``fp8_gemm_nt``, 128x128 weight and 1x128 activation scales; a 16-bit linear through torch, as SGLang's), or
-``sglang_triton``: an fp8 linear as SGLang runs it with ``--fp8-gemm-backend triton`` (its own Triton
-``w8a8_block_fp8_matmul`` after its Triton per-token-group quantisation, the same block scales, called through SGLang's
-``triton_w8a8_block_fp8_linear``: ``tuner.targets.workload.sglang_gemm``)."""
+entry names one), or ``deepgemm``: an fp8 linear as SGLang runs V4's block-quantized ones on sm_90 (SGLang's JIT per-token-group
+quantisation, then DeepGEMM's ``fp8_gemm_nt``, 128x128 weight and 1x128 activation scales; a 16-bit linear through
+torch, as SGLang's), or ``sglang_triton``: an fp8 linear as SGLang runs it with ``--fp8-gemm-backend triton`` (the same
+quantisation, then its own Triton ``w8a8_block_fp8_matmul``, the same block scales): ``tuner.targets.workload.sglang_gemm``."""
 BLOCK_FP8_IMPLS = ("deepgemm", "sglang_triton")
 """The implementations that run fp8 linears on DeepSeek's 128x128 weight blocks (SGLang's two Hopper backends)."""
 BLOCK = 128
@@ -91,8 +90,11 @@ class Linear:
         if self.impl == "deepgemm":
             import deep_gemm
 
+            from tuner.targets.workload.sglang_gemm import sglang_activation_quant
+
             x2 = x.reshape(-1, x.shape[-1])
-            xq, xs = group_quantize(x2)
+            quant = sglang_activation_quant()  # SGLang's own (JIT), else the same scales in torch
+            xq, xs = quant(x2.to(torch.bfloat16).contiguous()) if quant else group_quantize(x2)
             out = torch.empty(x2.shape[0], self.weight.shape[0], device=x.device, dtype=torch.bfloat16)
             deep_gemm.fp8_gemm_nt((xq, xs), (self.weight, self.scale), out)
             return out.to(x.dtype).reshape(*x.shape[:-1], -1)

@@ -1,20 +1,34 @@
-"""V4's block-FP8 linears as SGLang 0.5.23 runs them with ``--fp8-gemm-backend triton``.
+"""V4's block-FP8 linears as SGLang 0.5.23 runs them on sm_90: its activation quantisation, then DeepGEMM (the
+default) or its own Triton GEMM (``--fp8-gemm-backend triton``).
 
-SGLang's dispatch (``srt/layers/quantization/fp8_utils.py``, ``dispatch_w8a8_block_fp8_linear``) sends every block-FP8
-linear to ``triton_w8a8_block_fp8_linear`` under that flag: its Triton ``per_token_group_quant_fp8`` (one e4m3 scale per
-128 values of an activation row, row-major scales), then its Triton ``w8a8_block_fp8_matmul`` over the weight's
-128 x 128 blocks, at the configs SGLang ships for this GPU under ``sglang/kernels/ops/gemm/configs/`` (its default
-config where no file matches the shape). The twin calls that same function of the installed SGLang, with the weight
-and its ``[ceil(N/128), K/128]`` float32 scales as SGLang's ``Fp8LinearMethod`` holds them
-(``tuner.targets.workload.ops.block_quantize``). Nothing of SGLang is copied here.
+SGLang's dispatch (``srt/layers/quantization/fp8_utils.py``) binds ``act_scale_ue8m0=True`` for a checkpoint whose
+quantisation config says ``scale_fmt: ue8m0``, as DeepSeek-V4-Flash's does (``fp8.py:550``). Both Hopper backends
+then quantise an activation row the same way, ``sglang_per_token_group_quant_fp8(x, 128, scale_ue8m0=True)``: one
+power-of-two float32 scale per 128 values, row-major (``fp8_utils.py:1559`` for DeepGEMM, ``:1803`` for Triton), a
+JIT CUDA kernel of SGLang's (``sglang/kernels/ops/quantization/per_token_group_quant.py``). Then:
 
-Importing SGLang's ``fp8_utils`` loads a large part of its runtime (transformers, torchvision, its DeepGEMM wrapper);
-the import happens at the first call, in the trial's process, and a failure names what is missing.
+* ``gemm_impl=deepgemm``: DeepGEMM's ``fp8_gemm_nt`` on the weight's 128 x 128 blocks (SGLang's
+  ``w8a8_block_fp8_matmul_deepgemm``; DeepGEMM lays the row-major scales out for TMA itself);
+* ``gemm_impl=sglang_triton``: SGLang's Triton ``w8a8_block_fp8_matmul_triton``
+  (``sglang/kernels/ops/gemm/fp8_kernel.py``) at the configs SGLang ships under ``kernels/ops/gemm/configs/`` for
+  this GPU, its default config where no file matches the shape.
+
+The twin calls these functions of the installed SGLang, with the weight and its ``[ceil(N/128), K/128]`` float32
+scales as SGLang's ``Fp8LinearMethod`` holds them (``tuner.targets.workload.ops.block_quantize``). Nothing of SGLang
+is copied here. SGLang's ``fp8_utils``, the module that holds ``triton_w8a8_block_fp8_linear``, cannot be imported
+without ``sgl_kernel`` (its AOT kernel wheel, 373 MB, built for SGLang's pinned torch), so the twin calls the two
+functions that one calls, from the modules that define them.
+
+Where SGLang's JIT quantisation cannot run (no sglang package, no ``apache-tvm-ffi`` or ``nvcc`` to build it), the
+DeepGEMM linear quantises in torch (:func:`tuner.targets.workload.ops.group_quantize`: the same scales, six
+elementwise kernels instead of one) and says so once in the trial's log; ``sglang_triton`` refuses instead, naming
+what is missing.
 """
 
 from __future__ import annotations
 
 import functools
+import logging
 from typing import Callable
 
 import torch
@@ -22,27 +36,63 @@ import torch
 from tuner.errors import KnobError
 
 BLOCK_SHAPE = [128, 128]
+_logger = logging.getLogger(__name__)
+
+
+def _sglang_quant_fn() -> Callable[[torch.Tensor], tuple[torch.Tensor, torch.Tensor]]:
+    from sglang.kernels.ops.quantization.fp8_kernel import sglang_per_token_group_quant_fp8
+
+    def quant(x2: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return sglang_per_token_group_quant_fp8(x2, BLOCK_SHAPE[1], scale_ue8m0=True)
+
+    return quant
 
 
 @functools.lru_cache(maxsize=1)
-def _sglang_linear() -> Callable[..., torch.Tensor]:
+def sglang_activation_quant() -> Callable[[torch.Tensor], tuple[torch.Tensor, torch.Tensor]] | None:
+    """SGLang's activation quantisation for V4's linears (``x [M, K]`` bf16 -> e4m3 ``[M, K]``, float32 ``[M, K/128]``),
+    built and run once on a small row here; None where it cannot (the reason logged once)."""
     try:
-        from sglang.srt.layers.quantization.fp8_utils import triton_w8a8_block_fp8_linear
+        quant = _sglang_quant_fn()
+        quant(torch.ones(1, BLOCK_SHAPE[1], device="cuda", dtype=torch.bfloat16))
+        return quant
+    except Exception as e:  # an ImportError, a module of SGLang's runtime failing at import, or the JIT build
+        _logger.warning(
+            "SGLang's per-token-group fp8 quantisation does not run here (%s: %s): the DeepGEMM linears quantise "
+            "their activations in torch (the same scales, six kernels instead of SGLang's one)",
+            type(e).__name__,
+            str(e).splitlines()[0] if str(e) else "",
+        )
+        return None
+
+
+@functools.lru_cache(maxsize=1)
+def _sglang_triton() -> tuple[Callable, Callable]:
+    quant = sglang_activation_quant()
+    try:
+        from sglang.kernels.ops.gemm.fp8_kernel import w8a8_block_fp8_matmul_triton
     except Exception as e:  # an ImportError, or a module of SGLang's runtime failing at import
         raise KnobError(
             f"workload knob `gemm_impl=sglang_triton` runs SGLang's Triton block-FP8 GEMM, but "
-            f"sglang.srt.layers.quantization.fp8_utils does not import here ({type(e).__name__}: {e}): install sglang "
+            f"sglang.kernels.ops.gemm.fp8_kernel does not import here ({type(e).__name__}: {e}): install sglang "
             "0.5.23 with its runtime dependencies, or use gemm_impl=deepgemm"
         ) from None
-    return triton_w8a8_block_fp8_linear
+    if quant is None:
+        raise KnobError(
+            "workload knob `gemm_impl=sglang_triton` quantises activations with SGLang's JIT per_token_group_quant, "
+            "which does not build here: install apache-tvm-ffi and a CUDA toolkit (nvcc on PATH or under CUDA_HOME), "
+            "or use gemm_impl=deepgemm"
+        )
+    return quant, w8a8_block_fp8_matmul_triton
 
 
 def block_fp8_linear(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
-    """``x [..., K] @ weight.T`` for an e4m3 ``weight [N, K]`` with block scales ``scale [ceil(N/128), K/128]``, by
-    SGLang's ``triton_w8a8_block_fp8_linear`` (output in ``x``'s dtype, as SGLang's)."""
-    fn = _sglang_linear()
+    """``x [..., K] @ weight.T`` for an e4m3 ``weight [N, K]`` with block scales ``scale [ceil(N/128), K/128]``, as
+    SGLang's ``triton_w8a8_block_fp8_linear`` computes it for a ue8m0 checkpoint (output in ``x``'s dtype)."""
+    quant, matmul = _sglang_triton()
     x2 = x.reshape(-1, x.shape[-1])
     if x2.dtype != torch.bfloat16:
         x2 = x2.to(torch.bfloat16)
-    out = fn(x2.contiguous(), weight, BLOCK_SHAPE, scale)
+    q, xs = quant(x2.contiguous())
+    out = matmul(q, weight, xs, scale, BLOCK_SHAPE, output_dtype=torch.bfloat16)
     return out.to(x.dtype).reshape(*x.shape[:-1], -1)
