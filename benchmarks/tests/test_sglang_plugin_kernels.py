@@ -15,8 +15,8 @@ SCRIPT = ROOT / "benchmarks" / "sglang_plugin_kernels.py"
 
 
 def test_the_torch_stand_in_computes_sglangs_semantics():
-    from benchmarks.sglang_plugin_kernels import torch_q_norm_rope
     from kernels.sglang_q_norm_rope import q_norm_rope_reference
+    from tuner.export.sglang_plugin_measure import torch_q_norm_rope
 
     g = torch.Generator().manual_seed(1)
     q = torch.randn(3, 4, 128, generator=g, dtype=torch.float32)

@@ -322,3 +322,20 @@ def test_without_sglangs_jit_quantisation_the_deepgemm_linear_says_so_and_sglang
     finally:
         sglang_gemm.sglang_activation_quant.cache_clear()
         sglang_gemm._sglang_triton.cache_clear()
+
+
+def test_the_plugin_is_timed_at_the_objectives_batches_only_where_the_command_runs_sglangs_glue_on_a_gpu():
+    from tuner.targets.workload.target import WorkloadTarget
+
+    space = load_space("dsv4_flash")
+    on_h200 = WorkloadTarget(resolve(space, H200_SGLANG), {})
+    best = on_h200.resolved.defaults()
+    (args,) = on_h200.plugin_measurements(best)
+    assert args == ["--batches", "1", "16", "64", "--heads", "64", "--head-dim", "512", "--rope-dim", "64"] + [
+        "--eps",
+        "1e-06",
+    ]
+    without_jit = WorkloadTarget(resolve(space, replace(H200_ALL, has_sglang_jit=False)), {})
+    assert without_jit.plugin_measurements(without_jit.resolved.defaults()) == []  # the command's glue is the fallback
+    on_cpu = WorkloadTarget(resolve(space, Hardware()), {})
+    assert on_cpu.plugin_measurements(on_cpu.resolved.defaults()) == []

@@ -4,6 +4,7 @@ and applies its hook to a function that exists there; disabled it does nothing; 
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import re
@@ -148,7 +149,9 @@ def test_the_plugin_ships_the_faster_buckets_with_their_figures_and_stored_recor
     text = (dest / "launch.sh").read_text()
     assert "# SGLang plug-in sglang_plugin/" in text and "fused_q_norm_rope at batch 1 (1.25x), 17-64 (1.29x)" in text
     assert "#   install: pip install ./sglang_plugin" in text and f"list {ENTRY} in it" in text
-    assert "#   with this plug-in: not predicted; the twin runs SGLang's glue (glue=sglang)" in text
+    # the command's fp8 configuration cannot run on this CPU, so the search never measured it: nothing to compare
+    assert "#   with this plug-in: not predicted (the command's configuration was not measured here)" in text
+    assert not (dest / "remeasure_plugin.sh").exists()
     assert "SGLANG_PLUGINS" not in text.split("set -euo pipefail")[1]  # runs unchanged without the plug-in
     assert any(a.name == "sglang_plugin/MANIFEST.json" for a in repo.list_artifacts(repo.get_run("twin-pl").id))
 
@@ -239,3 +242,63 @@ def test_the_plugin_installs_sglang_loads_it_and_a_renamed_target_gives_one_line
         check=True,
     ).stdout
     assert ENTRY not in eps
+
+
+def test_the_twin_loads_the_exported_plugin_through_sglangs_hook_registry_and_refuses_one_not_applied(tmp_path):
+    """The twin's runner (what remeasure_plugin.sh runs) registers and applies the plug-in as SGLang's load_plugins()
+    does and names the function it replaced before measuring; disabled, it refuses to measure rather than time
+    SGLang's own function under the plug-in's name. (The command's fp8 configuration itself needs a GPU: here the
+    tiny preset's CPU defaults run.)"""
+    _, dest = _export(tmp_path, [record(1, 4.0, 5.0), record(64, 7.0, 9.0)])
+    argv = [sys.executable, "-m", "tuner.targets.workload.run", "--preset", "dsv4-flash-tiny", "--levels", "1"]
+    argv += ["--repeats", "1", "--json"]
+    env = {**os.environ, "TUNER_SGLANG_PLUGIN": str(dest / "sglang_plugin")}
+    done = subprocess.run(argv, capture_output=True, text=True, timeout=600, env=env)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert f"SGLang plug-in {dest / 'sglang_plugin'}: {TARGET}" in done.stderr
+    assert json.loads(done.stdout.strip().splitlines()[-1])["c=1"] > 0
+    off = subprocess.run(argv, capture_output=True, text=True, timeout=600, env={**env, "TUNER_PLUGIN_DISABLE": "1"})
+    assert off.returncode == 2 and f"its hook on {TARGET} was not applied" in off.stderr, off.stderr[-2000:]
+
+
+def test_where_the_command_ran_the_export_measures_it_with_the_plugin_and_verify_re_measures_that(tmp_path):
+    """The prediction "with this plug-in" is remeasure_plugin.sh's own output at export (here a target whose
+    re-measure prints fixed figures, standing in for the twin on a GPU): the header gives it against the baseline,
+    the script records it, launch.sh names the script, and `tuner verify` runs it beside the other two."""
+    from search_spaces import Hardware, resolve
+    from tuner.export.script import export_run
+    from tuner.targets import LaunchSpec
+    from tuner.targets.workload.target import WorkloadTarget
+    from tuner.targets.workload.verify import verify_workload
+
+    class Fixed(WorkloadTarget):
+        def launch_spec(self, params):
+            code = (
+                "import json, os, sys; plug = os.environ['TUNER_SGLANG_PLUGIN']; assert os.path.isfile(plug + "
+                "'/MANIFEST.json'); print(json.dumps({'c=1': 11.0, 'c=16': 165.0, 'c=64': 660.0}))"
+            )
+            return LaunchSpec(argv=[sys.executable, "-c", code])
+
+        def deployment(self, params, *, environment, repo, run_id):
+            dep = super().deployment(params, environment=environment, repo=repo, run_id=run_id)
+            return dataclasses.replace(dep, params=dict(params), same=True)  # the best is the command here
+
+    repo, space = _workload_study(tmp_path, [record(1, 4.0, 5.0)])
+    dest = export_run(repo, "twin-pl", tmp_path / "out", target=Fixed(resolve(space, Hardware()), {}))
+    text = (dest / "launch.sh").read_text()
+    line = next(ln for ln in text.splitlines() if ln.startswith("#   with this plug-in: "))
+    assert (
+        line
+        == "#   with this plug-in: c=1 1.10x (11.0), c=16 1.03x (165.0), c=64 1.03x (660.0) (one run of remeasure_plugin.sh at export)"
+    )
+    rec = json.loads(next(ln for ln in text.splitlines() if ln.startswith("# tuner-recorded: "))[18:])
+    assert rec["remeasure_plugin"] == "remeasure_plugin.sh"
+    prec = json.loads(
+        next(
+            ln for ln in (dest / "remeasure_plugin.sh").read_text().splitlines() if ln.startswith("# tuner-recorded: ")
+        )[18:]
+    )
+    assert prec["by_level"] == {"1": 11.0, "16": 165.0, "64": 660.0}
+    res = verify_workload(dest / "launch.sh", rec, 0.15, 300.0)
+    assert res.plugin is not None and res.plugin.ok and res.plugin.by_level == {1: 11.0, 16: 165.0, 64: 660.0}
+    assert "the exported command with the SGLang plug-in loaded (remeasure_plugin.sh):" in "\n".join(res.lines())

@@ -13,6 +13,7 @@ import re
 import shlex
 import shutil
 import statistics
+import subprocess
 import tempfile
 from datetime import datetime, timezone
 from pathlib import Path
@@ -25,7 +26,7 @@ from tuner import __version__
 from tuner.errors import ExportError
 from tuner.figures.serving import Rules, misses, value_at
 from tuner.figures.serving import recorded as goodput_recorded
-from tuner.figures.verification import RECORD_MARK
+from tuner.figures.verification import RECORD_MARK, combine_levels
 from tuner.targets import Deployment, LaunchSpec, Target
 
 _logger = logging.getLogger(__name__)
@@ -40,6 +41,11 @@ KERNEL_DIR = "kernel_configs"
 MOE_DIR = "sglang_moe_configs"  # SGLang's fused-MoE files, in SGLang's layout (configs/triton_<version>/...)
 MOE_ENV = "SGLANG_MOE_CONFIG_DIR"
 PLUGIN_MANIFEST = "sglang_plugin/MANIFEST.json"
+REMEASURE_PLUGIN_NAME = "remeasure_plugin.sh"
+"""The target's re-measure of the exported command's configuration with the export's SGLang plug-in loaded."""
+PLUGIN_ENV = "TUNER_SGLANG_PLUGIN"
+"""What remeasure_plugin.sh sets to its sglang_plugin/ folder (read by the workload twin's runner)."""
+PLUGIN_MEASURE_TIMEOUT_S = 600.0
 PLUGIN_TARGETS = ("workload", "sglang")
 """The targets whose launch.sh starts SGLang: their export carries the SGLang plug-in, or says why none."""
 LOAD_KEYS = (
@@ -116,6 +122,7 @@ def render_script(
     recorded: dict[str, Any] | None,
     kernel_dir: bool = False,
     moe_dir: bool = False,
+    plugin_dir: bool = False,
 ) -> str:
     """A bash script that runs ``spec``: every argv item and env value through ``shlex.quote``; header text made
     single-line; a ``--port N`` becomes ``"$PORT"`` (default N) so a verifier can move it; ``"$@"`` passes extra
@@ -133,6 +140,8 @@ def render_script(
         lines.append(f'export TUNER_KERNEL_CONFIG_DIR="$HERE/{KERNEL_DIR}"')
     if moe_dir:
         lines.append(f'export {MOE_ENV}="$HERE/{MOE_DIR}"')
+    if plugin_dir:
+        lines.append(f'export {PLUGIN_ENV}="$HERE/{PLUGIN_MANIFEST.split("/")[0]}"')
     for k, v in sorted(spec.env.items()):
         if moe_dir and k == MOE_ENV:
             continue
@@ -372,6 +381,48 @@ def _prediction(levels: dict[str, float], base: dict[str, float]) -> str:
     )
 
 
+def _plugin_prediction(
+    run, deployed: Deployment, cmd_runs: list, base: dict[str, float], kdirs: list[Path], tmp: Path, *, target: Target
+) -> str:
+    """The prediction "with this plug-in": the exported command's configuration run by the target with the export's
+    SGLang plug-in loaded (remeasure_plugin.sh, written beside launch.sh), measured once here, where that
+    configuration ran during the search; its figures go into that script's recorded line for ``tuner verify``."""
+    try:
+        spec = target.launch_spec(deployed.params)
+    except Exception as exc:  # noqa: BLE001 - the command's configuration may not run here; say so
+        return f"  with this plug-in: not predicted (the command's configuration cannot run here: {exc})"
+    head = [
+        f"the twin's re-measure of the exported command's configuration with the SGLang plug-in loaded (study "
+        f"{run.study_name!r}): SGLang's functions the plug-in replaces run its kernels where they were measured faster",
+        "params: " + ", ".join(f"{k}={v}" for k, v in deployed.params.items()),
+    ]
+    path = tmp / REMEASURE_PLUGIN_NAME
+
+    def write(recorded: dict[str, Any] | None) -> None:
+        path.write_text(render_script(spec, header=head, recorded=recorded, kernel_dir=bool(kdirs), plugin_dir=True))
+        os.chmod(path, 0o755)
+
+    prec = _recorded(run, cmd_runs)
+    prec.pop("runs", None)
+    write({**prec, "by_level": {}, "value": None})
+    try:
+        done = subprocess.run(
+            ["bash", str(path), "--json"], capture_output=True, text=True, timeout=PLUGIN_MEASURE_TIMEOUT_S
+        )
+    except subprocess.TimeoutExpired:
+        path.unlink()
+        return f"  with this plug-in: not predicted ({REMEASURE_PLUGIN_NAME} gave no result in {PLUGIN_MEASURE_TIMEOUT_S:.0f} s)"
+    lines = [ln for ln in done.stdout.splitlines() if ln.startswith("{")]
+    if done.returncode != 0 or not lines:
+        tail = [ln for ln in done.stderr.splitlines() if ln.strip()][-1:] or ["no output"]
+        path.unlink()
+        return f"  with this plug-in: not predicted ({REMEASURE_PLUGIN_NAME} exited {done.returncode}: {tail[0][:200]})"
+    levels = {k: float(v) for k, v in json.loads(lines[-1]).items()}
+    by_level = {int(k.split("=")[1]): v for k, v in levels.items()}
+    write({**prec, "by_level": {str(k): v for k, v in by_level.items()}, "value": combine_levels(prec, by_level)})
+    return f"  with this plug-in: {_prediction(levels, base)} (one run of {REMEASURE_PLUGIN_NAME} at export)"
+
+
 def _deployment_script(
     repo: Repo,
     run,
@@ -424,6 +475,7 @@ def _deployment_script(
         )
     if parsimony is not None:
         header.append("parsimony: " + parsimony.reason())
+    plugin_at = len(header) - 1  # "with this plug-in" goes between the two predictions
     header += ["", *deployed.lines, *(plugin_lines or [])]
     rec = dict(recorded, remeasure=REMEASURE_NAME)
     if not same and not cmd_runs:
@@ -451,6 +503,14 @@ def _deployment_script(
             )
             os.chmod(tmp / REMEASURE_COMMAND_NAME, 0o755)
             rec["remeasure_command"] = REMEASURE_COMMAND_NAME
+    if (tmp / PLUGIN_MANIFEST).is_file():
+        if same or cmd_runs:
+            line = _plugin_prediction(run, deployed, cmd_runs, base_levels, kdirs, tmp, target=target)
+        else:
+            line = "  with this plug-in: not predicted (the command's configuration was not measured here)"
+        header.insert(plugin_at, line)
+        if (tmp / REMEASURE_PLUGIN_NAME).is_file():
+            rec["remeasure_plugin"] = REMEASURE_PLUGIN_NAME
     header += [
         "",
         f"{deployed.by}'s own re-measure: bash {REMEASURE_NAME} (the best) and bash {REMEASURE_COMMAND_NAME} "

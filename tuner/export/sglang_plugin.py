@@ -12,11 +12,11 @@ as they are). With nothing chosen it writes nothing; :attr:`Plugin.lines` is wha
 
 The interface to the rest of the export is :func:`export_plugin` (records of a study in, lines out).
 
-The second prediction "with this plug-in" needs the twin measured with the plug-in's kernels in place of
-SGLang's. Since the twin runs SGLang's own glue (``glue=sglang``: its JIT q and KV kernels), the seam exists, but no
-knob value yet runs SGLang's glue with only the q kernel swapped for ours: :data:`CARRIES` maps a hook target to the
-twin knob values that would measure it; while it maps none, the header says the prediction is not measured
-(:data:`NO_PREDICTION`).
+The prediction "with this plug-in" is the twin's: ``tuner.export.script`` writes ``remeasure_plugin.sh`` (the exported
+command's configuration with this package loaded into the twin as SGLang loads it,
+``tuner.targets.workload.sglang_plugin``) and measures it once where the search's GPU is; ``tuner verify`` re-runs it.
+The records themselves come from the search (``tuner.search.driver``'s plug-in phase, which runs
+``tuner.export.sglang_plugin_measure`` after the trials) or from ``benchmarks/sglang_plugin_kernels.py --store``.
 """
 
 from __future__ import annotations
@@ -66,15 +66,6 @@ HOOKS = {
         "configs/q_norm_rope.json",
     ),
 }
-
-
-CARRIES: dict[str, dict[str, Any]] = {}
-"""Hook target -> the twin's knob values that run that replacement beside the exported command (none yet: the twin
-has no knob for "SGLang's own kernel" of the q path to compare with)."""
-NO_PREDICTION = (
-    "with this plug-in: not predicted; the twin runs SGLang's glue (glue=sglang) but has no configuration with only "
-    "the q kernel replaced by the plug-in's; the per-kernel figures above are what was measured"
-)
 
 
 @dataclass(frozen=True)
@@ -361,8 +352,8 @@ def export_plugin(
             None,
             [
                 "SGLang plug-in: none; no kernel of this study was measured beside SGLang's own at "
-                "the deployment's shapes (benchmarks/sglang_plugin_kernels.py --store measures "
-                "and stores them)"
+                "the deployment's shapes (the search measures them after its trials on a GPU where the exported "
+                "command runs SGLang's glue; benchmarks/sglang_plugin_kernels.py --store adds a run made elsewhere)"
             ],
         )
     choice = choose(records, gpu=gpu)
@@ -387,6 +378,5 @@ def export_plugin(
             f"  install: pip install ./{DIR}   (SGLang loads it at start; with SGLANG_PLUGINS set, list {ENTRY} in it)",
             f"  off: {DISABLE_ENV}=1 bash launch.sh;  remove: pip uninstall {DIST};  this script runs unchanged "
             "without it",
-            *([] if all(h["target"] in CARRIES for h in manifest["hooks"]) else [f"  {NO_PREDICTION}"]),
         ],
     )

@@ -34,6 +34,9 @@ class VerifyResult:
     duration_s: float = 0.0
     command: VerifyResult | None = None
     """A workload export's second prediction: the command's configuration re-measured (remeasure_command.sh)."""
+    plugin: VerifyResult | None = None
+    """A workload export with an SGLang plug-in: the command's configuration with the plug-in loaded
+    (remeasure_plugin.sh)."""
 
     def lines(self) -> list[str]:
         head = "verified" if self.ok else "NOT verified"
@@ -56,6 +59,9 @@ class VerifyResult:
         if self.command is not None:
             out.append("the exported command's configuration (remeasure_command.sh), the second prediction:")
             out += ["  " + ln for ln in self.command.lines()]
+        if self.plugin is not None:
+            out.append("the exported command with the SGLang plug-in loaded (remeasure_plugin.sh):")
+            out += ["  " + ln for ln in self.plugin.lines()]
         return out
 
 

@@ -90,6 +90,7 @@ def run_search(options: SearchOptions, progress: Progress | None = None) -> Sear
         if not ctx.stop.is_set():
             _side_by_side(ctx, progress)
             confirm_top(ctx, progress)
+            _plugin_phase(ctx, progress)
         if ctx.failed.is_set():
             state = "failed"
         elif ctx.stop.is_set():
@@ -163,6 +164,50 @@ def run_search(options: SearchOptions, progress: Progress | None = None) -> Sear
         infeasible=infeasible,
         budget_s=ctx.deadline.budget_s,
     )
+
+
+PLUGIN_TIMEOUT_S = 300.0
+"""The most one side-by-side measurement of the plug-in's kernels may take (SGLang's JIT builds on its first run)."""
+
+
+def _plugin_phase(ctx: SearchContext, progress: Progress | None) -> None:
+    """After the trials, on the GPU the search ran on: the SGLang plug-in's kernels timed beside SGLang's own at the
+    shapes the best's deployment runs (:meth:`Target.plugin_measurements`, in a child process), the records kept in
+    the study, where the export ships only the faster ones. A failed measurement is a line, never the search's end."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    from tuner.export.sglang_plugin import SideBySide, store_records
+    from tuner.fingerprint import git_sha
+
+    best = ctx.best
+    cases = ctx.target.plugin_measurements(best.params) if best is not None else []
+    if not cases:
+        return
+    env = dict(os.environ)
+    if ctx.options.gpus:
+        env["CUDA_VISIBLE_DEVICES"] = str(ctx.options.gpus[0])
+    commit = os.environ.get("TUNER_COMMIT") or git_sha() or ""
+    records: list[SideBySide] = []
+    for args in cases:
+        if progress:
+            progress.message("timing the SGLang plug-in's kernels beside SGLang's own at the deployment's shapes")
+        argv = [sys.executable, "-m", "tuner.export.sglang_plugin_measure", *args, "--commit", commit]
+        try:
+            done = subprocess.run(argv, capture_output=True, text=True, timeout=PLUGIN_TIMEOUT_S, env=env)
+            lines = [ln for ln in done.stdout.splitlines() if ln.startswith("{")]
+            if done.returncode != 0 or not lines:
+                tail = [ln for ln in done.stderr.splitlines() if ln.strip()][-1:] or ["no output"]
+                raise RuntimeError(f"exit {done.returncode}: {tail[0][:300]}")
+            records += [SideBySide.from_dict(dict(r, source="search")) for r in json.loads(lines[-1])["records"]]
+        except (subprocess.TimeoutExpired, RuntimeError, ValueError, KeyError) as exc:
+            _logger.warning("the plug-in's side by side failed (%s); the export ships no plug-in kernel for it", exc)
+            if progress:
+                progress.message(f"the plug-in's side by side failed: {exc}")
+    if records:
+        store_records(ctx.repo, ctx.run.study_name, records, "search")
 
 
 def _side_by_side(ctx: SearchContext, progress: Progress | None, runs: int = SIDE_BY_SIDE_RUNS) -> None:

@@ -235,6 +235,12 @@ class Target(abc.ABC):
         measured); the best itself is re-run between them. None by default."""
         return []
 
+    def plugin_measurements(self, params: dict[str, Any]) -> list[list[str]]:
+        """At the end of a search, on its GPU: the argument lists of ``python -m tuner.export.sglang_plugin_measure``
+        for the shapes at which the deployment of ``params`` calls an SGLang function the exported SGLang plug-in can
+        replace (its kernels are timed beside SGLang's there, and only the faster ones ship). None by default."""
+        return []
+
     def deployment(
         self, params: dict[str, Any], *, environment: dict[str, Any] | None, repo: Any, run_id: int
     ) -> Deployment | None:

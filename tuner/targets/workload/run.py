@@ -1,12 +1,15 @@
 """``python -m tuner.targets.workload.run``: run the decode workload with given knobs and print tok/s per level.
 
-This is what an exported launch script of the workload target runs (it re-measures the configuration).
+This is what an exported launch script of the workload target runs (it re-measures the configuration). With
+``--sglang-plugin DIR`` (or ``TUNER_SGLANG_PLUGIN=DIR``, as an export's remeasure_plugin.sh sets it) the exported SGLang
+plug-in in ``DIR`` is loaded first, as SGLang loads it (:mod:`tuner.targets.workload.sglang_plugin`).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 
 from tuner.targets.workload.presets import PRESETS
@@ -29,6 +32,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--knob", action="append", default=[], help="name=value, repeatable")
     ap.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
+    ap.add_argument(
+        "--sglang-plugin",
+        metavar="DIR",
+        default=os.environ.get("TUNER_SGLANG_PLUGIN") or None,
+        help="load this exported SGLang plug-in (an export's sglang_plugin/) before building the step",
+    )
     args = ap.parse_args(argv)
     import torch
 
@@ -46,6 +55,11 @@ def main(argv: list[str] | None = None) -> int:
         knobs[k] = _value(v)
     device = "cuda" if torch.cuda.is_available() else "cpu"
     try:
+        if args.sglang_plugin:
+            from tuner.targets.workload.sglang_plugin import load_sglang_plugin
+
+            hooked = load_sglang_plugin(args.sglang_plugin)
+            print(f"SGLang plug-in {args.sglang_plugin}: {', '.join(hooked) or 'no hook'}", file=sys.stderr)
         model = DecodeModel(get_preset(args.preset), knobs, device)
         levels = [int(x) for x in args.levels.split(",")]
     except (KnobError, ValueError) as exc:

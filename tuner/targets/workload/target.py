@@ -381,6 +381,34 @@ class WorkloadTarget(Target):
             return []
         return [("the exported command's configuration", cmd.params)]
 
+    def plugin_measurements(self, params: dict[str, Any]) -> list[list[str]]:
+        """V4's decode q path (SGLang's JIT ``fused_q_norm_rope``, which the plug-in's Triton kernel can replace) at
+        the objective's batch sizes, where the exported command runs SGLang's glue and this GPU can build SGLang's
+        kernel beside ours (a record timed beside a stand-in never ships)."""
+        from tuner.targets.workload.ops import NORM_EPS
+        from tuner.targets.workload.server_map import command_config
+
+        hw = self.resolved.hardware
+        if not hw.gpu_count or not {"triton", "sglang_jit"} <= hw.capabilities:
+            return []
+        if command_config(self.space, params, hw.arch).params.get("glue") != "sglang":
+            return []
+        p = self.preset
+        return [
+            [
+                "--batches",
+                *[str(c) for c in self.space.objective.levels],
+                "--heads",
+                str(p.heads),
+                "--head-dim",
+                str(p.head_dim),
+                "--rope-dim",
+                str(p.rope_dim),
+                "--eps",
+                repr(NORM_EPS),
+            ]
+        ]
+
     def deployment(
         self, params: dict[str, Any], *, environment: dict[str, Any] | None, repo: Any, run_id: int
     ) -> Deployment:

@@ -1,5 +1,6 @@
 """``tuner verify`` for a workload (twin) export: the twin's re-measure script run with ``--json`` (beside a launch.sh
-that is SGLang's command), and with both predictions the command's configuration too (remeasure_command.sh)."""
+that is SGLang's command), and with both predictions the command's configuration too (remeasure_command.sh), and
+with an SGLang plug-in the command with it loaded (remeasure_plugin.sh)."""
 
 from __future__ import annotations
 
@@ -29,6 +30,10 @@ def verify_workload(path: Path, rec: dict[str, Any], tolerance: float, timeout_s
         cpath = path.parent / str(rec["remeasure_command"])
         if cpath.is_file():
             res.command = verify_workload(cpath, read_recorded(cpath), tolerance, timeout_s)
+    if rec.get("remeasure_plugin"):  # the command with the export's SGLang plug-in loaded (issue 47)
+        ppath = path.parent / str(rec["remeasure_plugin"])
+        if ppath.is_file():
+            res.plugin = verify_workload(ppath, read_recorded(ppath), tolerance, timeout_s)
     if rec.get("remeasure"):  # a twin's launch.sh is SGLang's command: its re-measure script sits beside it
         path = path.parent / str(rec["remeasure"])
         if not path.is_file():
@@ -52,6 +57,6 @@ def verify_workload(path: Path, rec: dict[str, Any], tolerance: float, timeout_s
     res.outcome = Outcome.OK
     res.value = combine_levels(rec, res.by_level)
     compare(res, maximize=rec.get("direction", "maximize") == "maximize")
-    if res.command is not None and not res.command.ok:
+    if any(sub is not None and not sub.ok for sub in (res.command, res.plugin)):
         res.ok = False
     return res
