@@ -28,6 +28,7 @@ from tuner.figures.serving import Rules, misses, value_at
 from tuner.figures.serving import recorded as goodput_recorded
 from tuner.figures.verification import RECORD_MARK, combine_levels
 from tuner.targets import Deployment, LaunchSpec, Target
+from tuner.targets.workload.sglang_plugin import ENV as PLUGIN_ENV
 
 _logger = logging.getLogger(__name__)
 
@@ -43,8 +44,6 @@ MOE_ENV = "SGLANG_MOE_CONFIG_DIR"
 PLUGIN_MANIFEST = "sglang_plugin/MANIFEST.json"
 REMEASURE_PLUGIN_NAME = "remeasure_plugin.sh"
 """The target's re-measure of the exported command's configuration with the export's SGLang plug-in loaded."""
-PLUGIN_ENV = "TUNER_SGLANG_PLUGIN"
-"""What remeasure_plugin.sh sets to its sglang_plugin/ folder (read by the workload twin's runner)."""
 PLUGIN_MEASURE_TIMEOUT_S = 600.0
 PLUGIN_TARGETS = ("workload", "sglang")
 """The targets whose launch.sh starts SGLang: their export carries the SGLang plug-in, or says why none."""

@@ -13,6 +13,7 @@ import os
 import sys
 
 from tuner.targets.workload.presets import PRESETS
+from tuner.targets.workload.sglang_plugin import ENV as PLUGIN_ENV
 
 
 def _value(raw: str):
@@ -35,7 +36,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument(
         "--sglang-plugin",
         metavar="DIR",
-        default=os.environ.get("TUNER_SGLANG_PLUGIN") or None,
+        default=os.environ.get(PLUGIN_ENV) or None,
         help="load this exported SGLang plug-in (an export's sglang_plugin/) before building the step",
     )
     args = ap.parse_args(argv)
