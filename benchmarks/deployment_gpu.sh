@@ -10,7 +10,8 @@
 #       installs optuna & co. and the flashmla wheel into /tmp/site (the twin chain and the main job import them)
 #   or, carry .sgw .dg:      TUNER_COMMIT=<sha> bash benchmarks/deployment_gpu.sh twin
 #       background: the installs and DeepGEMM build, then SGLang's glue and block-FP8 GEMM in the twin: their GPU tests
-#       (tests/tuner/test_workload_sglang_kernels.py, with the indexer's) and benchmarks/sglang_twin_kernels.py
+#       (tests/tuner/test_workload_sglang_kernels.py, with the indexer's and the plug-in measurement's),
+#       benchmarks/sglang_mhc.py (SGLang's mHC kernels beside the twin's stand-in) and benchmarks/sglang_twin_kernels.py
 #   or, carry .sgw .dg:      TUNER_COMMIT=<sha> bash benchmarks/deployment_gpu.sh prepare
 #       the same installs and DeepGEMM build without the benchmarks (about 2 minutes): for a main-job-only session
 #   call 2, carry .whl or after `site`: TUNER_COMMIT=<sha> bash benchmarks/deployment_gpu.sh mainjob 0,1,2 [WATCH_S]
@@ -82,7 +83,8 @@ case "${1:-}" in
       export PYTHONPATH=/tmp/site:/tmp/sgsite:/tmp/deepgemm:$PWD CUDA_HOME=/usr/local/cuda PYTHONUNBUFFERED=1
       export LD_PRELOAD=/usr/lib/x86_64-linux-gnu/libstdc++.so.6 TUNER_COMMIT='"$TUNER_COMMIT"'
       timeout 420 python3 -m pytest -q -p no:cacheprovider -m gpu -rs tests/tuner/test_workload_sglang_kernels.py \
-        tests/tuner/test_workload_sglang_indexer.py 2>&1 | tee $o/gpu_tests.txt | tail -n 30
+        tests/tuner/test_workload_sglang_indexer.py tests/tuner/test_plugin_phase.py 2>&1 | tee $o/gpu_tests.txt | tail -n 30
+      timeout 240 python3 benchmarks/sglang_mhc.py --json $o/sglang_mhc.json 2>&1 | tail -n 12
       timeout 600 python3 benchmarks/sglang_twin_kernels.py --json $o/sglang_twin_kernels.json 2>&1 | tail -n 60
       echo "exit $? at $(date -u +%H:%M:%S)" > /tmp/dep/kernels.done' > "$dep/kernels.log" 2>&1 < /dev/null &)
     watch "${2:-20}"
