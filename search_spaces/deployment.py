@@ -50,6 +50,11 @@ class Run:
     fidelity: str = ""
     stand_in: str = ""
     fallback: dict[str, Any] | None = None
+    reads: str = ""
+    """The tuned files the release reads on this path (where, and whether an export can ship them); empty: unknown."""
+    reads_env: str = ""
+    """The environment variable that points the release at a folder of those files (``SGLANG_MOE_CONFIG_DIR``), where
+    one does: the export ships the files tuned for this path there; empty where none does."""
 
     def describe(self) -> str:
         how = "default" if self.default else self.selected_by
@@ -87,26 +92,51 @@ class Deployment:
     def default_runs(self, arch: str | None) -> tuple[Run, ...]:
         return tuple(r for r in self.on(arch) if r.default)
 
+    def ran(self, arch: str | None, params: dict[str, Any]) -> list[tuple[Run, Run | None]]:
+        """Per component of the release's default path on ``arch``: its default run, and the run of that component
+        ``params`` ran (the default, or one a flag selects, matched by its twin values or its fallback's; None where
+        ``params`` ran none of the release's kernels for it)."""
+        out = []
+        for d in self.default_runs(arch):
+            match = None
+            for r in sorted((r for r in self.on(arch) if r.component == d.component), key=lambda r: not r.default):
+                if r.twin is None:
+                    continue
+                ran = {k: params.get(k) for k in r.twin}
+                if ran == r.twin or (r.fallback is not None and ran == r.fallback):
+                    match = r
+                    break
+            out.append((d, match))
+        return out
+
     def fidelity_lines(self, arch: str | None, params: dict[str, Any]) -> list[str]:
         """One line per component of the release's default path on ``arch``: whether a configuration (``params``)
-        ran the release's own kernel for it, a stand-in (which), or none of the two (what it ran instead)."""
+        ran the release's own kernel for it (the default's, or the one a flag selects), a stand-in (which), or none
+        of the two (what it ran instead)."""
         out = []
-        for r in self.default_runs(arch):
-            if r.twin is None:
-                out.append(f"  {r.component}: {r.kernel}: no counterpart in the twin [{r.source}]")
+        for d, r in self.ran(arch, params):
+            if d.twin is None:
+                out.append(f"  {d.component}: {d.kernel}: no counterpart in the twin [{d.source}]")
                 continue
-            ran = {k: params.get(k) for k in r.twin}
-            if r.fallback is not None and ran == r.fallback:
-                out.append(f"  {r.component}: a stand-in for {r.kernel}: {r.stand_in} [{r.source}]")
+            if r is None:
+                values = ", ".join(f"{k}={params.get(k)}" for k in d.twin)
+                out.append(f"  {d.component}: the twin ran {values} (not SGLang's {d.kernel}) [{d.source}]")
                 continue
-            if ran != r.twin:
-                values = ", ".join(f"{k}={v}" for k, v in ran.items())
-                out.append(f"  {r.component}: the twin ran {values} (not SGLang's {r.kernel}) [{r.source}]")
-            elif r.fidelity == "kernel":
-                out.append(f"  {r.component}: SGLang's own kernel, {r.kernel} [{r.source}]")
+            picked = "" if r.default else f" ({r.selected_by})"
+            ran = {k: params.get(k) for k in r.twin or {}}
+            if r.fidelity == "kernel" and ran == r.twin:
+                out.append(f"  {r.component}: SGLang's own kernel{picked}, {r.kernel} [{r.source}]")
             else:
-                out.append(f"  {r.component}: a stand-in for {r.kernel}: {r.stand_in} [{r.source}]")
+                out.append(f"  {r.component}: a stand-in for {r.kernel}{picked}: {r.stand_in} [{r.source}]")
         return out
+
+    def reads_lines(self, arch: str | None, params: dict[str, Any]) -> list[str]:
+        """One line per component ``params`` ran a release path of whose tuned files the map records."""
+        return [f"  {r.component}: {r.reads}" for _, r in self.ran(arch, params) if r is not None and r.reads]
+
+    def reads_env(self, arch: str | None, params: dict[str, Any]) -> set[str]:
+        """The environment variables through which the paths ``params`` ran read tuned files from a folder."""
+        return {r.reads_env for _, r in self.ran(arch, params) if r is not None and r.reads_env}
 
 
 def _fail(where: str, what: str, value: Any, fix: str) -> SpaceError:
@@ -144,13 +174,15 @@ def load_deployment(name: str, where: str = "deployment") -> Deployment:
                 "fidelity",
                 "stand_in",
                 "fallback",
+                "reads",
+                "reads_env",
             }
             if unknown:
                 raise _fail(
                     at,
                     "unknown key",
                     sorted(unknown)[0],
-                    "use arch, default, selected_by, kernel, source, twin, fidelity, stand_in, fallback",
+                    "use arch, default, selected_by, kernel, source, twin, fidelity, stand_in, fallback, reads, reads_env",
                 )
             arch = e.get("arch")
             if not isinstance(arch, list) or not arch or not all(isinstance(a, str) for a in arch):
@@ -212,6 +244,8 @@ def load_deployment(name: str, where: str = "deployment") -> Deployment:
                     fidelity=fidelity,
                     stand_in=" ".join(str(e.get("stand_in", "")).split()),
                     fallback=dict(fallback) if fallback else None,
+                    reads=" ".join(str(e.get("reads", "")).split()),
+                    reads_env=str(e.get("reads_env") or ""),
                 )
             )
     return Deployment(

@@ -339,3 +339,33 @@ def test_the_plugin_is_timed_at_the_objectives_batches_only_where_the_command_ru
     assert without_jit.plugin_measurements(without_jit.resolved.defaults()) == []  # the command's glue is the fallback
     on_cpu = WorkloadTarget(resolve(space, Hardware()), {})
     assert on_cpu.plugin_measurements(on_cpu.resolved.defaults()) == []
+
+
+def test_the_command_names_the_tuned_files_sglang_reads_on_its_paths_and_ships_moe_configs_only_where_read(tmp_path):
+    from tuner.targets.workload.deploy import deployment
+
+    space = load_space("dsv4_flash")
+    base = resolve(space, H200_SGLANG).defaults()
+    lines = deployment(space, base, "sm_90", None).lines
+    reads = lines[lines.index("the tuned files SGLang reads on this command's paths:") + 1 :]
+    moe = next(ln for ln in reads if ln.startswith("  routed_moe: "))
+    assert "FlashInfer's autotuner" in moe and "not ahead of time by this tuner" in moe
+    assert next(ln for ln in reads if ln.startswith("  fp8_linears: ")).startswith("  fp8_linears: none; DeepGEMM")
+    assert "  fused-MoE Triton configs (SGLANG_MOE_CONFIG_DIR): not shipped" in "\n".join(lines)
+    src = tmp_path / "kdir" / "configs" / "triton_3_6_0"
+    src.mkdir(parents=True)
+    (src / "E=256,N=2048,device_name=NVIDIA_H200.json").write_text("{}")
+    assert not deployment(space, base, "sm_90", None).copy_configs([tmp_path / "kdir"], tmp_path / "out")
+    assert not (tmp_path / "out").exists()  # no folder, so launch.sh sets no SGLANG_MOE_CONFIG_DIR
+    triton = deployment(space, {**base, "gemm_impl": "sglang_triton"}, "sm_90", None).lines
+    ran = next(ln for ln in triton if ln.startswith("  fp8_linears: SGLang's own kernel"))
+    assert ran.startswith("  fp8_linears: SGLang's own kernel (--fp8-gemm-backend triton), ")
+    assert any("an export cannot ship tuned ones for this path" in ln for ln in triton)
+
+
+def test_every_kernel_path_the_twin_runs_says_what_tuned_files_sglang_reads_there():
+    from search_spaces.deployment import load_deployment
+
+    dep = load_deployment("sglang-0.5.23-dsv4")
+    assert {r.reads_env for r in dep.runs} == {"", "SGLANG_MOE_CONFIG_DIR"}
+    assert all(r.reads for r in dep.runs if r.twin is not None and r.component not in ("kv_cache", "context_cap"))

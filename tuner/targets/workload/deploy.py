@@ -138,6 +138,11 @@ def copy_sglang_moe_configs(kernel_dirs: list[Path], dest: Path) -> bool:
     return found
 
 
+def _no_moe_configs(kernel_dirs: list[Path], dest: Path) -> bool:
+    """The export's MoE-config copy where the command's path reads none: nothing copied, no SGLANG_MOE_CONFIG_DIR."""
+    return False
+
+
 def read_ablation(repo, run_id: int) -> dict | None:
     art = repo.get_artifact(run_id, ABLATION_ARTIFACT)
     if art is None:
@@ -324,12 +329,22 @@ def deployment(
             f"set), measured better than the twin's best with its code changes taken out{within}"
         )
     mapped = space.deployment is not None and space.deployment.covers(arch)
+    copy_configs = copy_sglang_moe_configs
     if mapped:
         lines += [
             f"what this command's configuration ran for each component {space.deployment.release} runs on "
             f"{arch} (sources: files of that release):",
             *space.deployment.fidelity_lines(arch, cmd.params),
         ]
+        reads = space.deployment.reads_lines(arch, cmd.params)
+        if reads:
+            lines += ["the tuned files SGLang reads on this command's paths:", *reads]
+        if "SGLANG_MOE_CONFIG_DIR" not in space.deployment.reads_env(arch, cmd.params):
+            copy_configs = _no_moe_configs  # SGLang reads them on a path this command does not take
+            lines.append(
+                "  fused-MoE Triton configs (SGLANG_MOE_CONFIG_DIR): not shipped, whatever was tuned; this command's "
+                "routed experts do not read them"
+            )
     lines += ["this command (twin knob=value -> SGLang):", *carried_lines(launch)]
     lines += [
         f"  {p.name}={v}: what SGLang's own code runs ({p.server.none})"
@@ -366,6 +381,6 @@ def deployment(
         )
         + ", tok/s):",
         render=render,
-        copy_configs=copy_sglang_moe_configs,
+        copy_configs=copy_configs,
         footer=["random weights as the twin: add --load-format dummy; MODEL=path-or-id PORT=n bash launch.sh [flags]"],
     )
