@@ -168,17 +168,26 @@ def test_block_and_group_scales_hold_the_values_within_e4m3s_error():
     assert deepgemm_servable(4096, 8192) and deepgemm_servable(64, 4096) and not deepgemm_servable(100, 4096)
 
 
+needs_sglang = pytest.mark.skipif(
+    not (HOPPER and importlib.util.find_spec("sglang")),
+    reason="needs an sm_90 GPU and the sglang package (benchmarks/sglang_jit_gpu.sh)",
+)
+
+
 @pytest.mark.gpu
-@needs_deep_gemm
+@pytest.mark.parametrize(
+    "impl", [pytest.param("deepgemm", marks=needs_deep_gemm), pytest.param("sglang_triton", marks=needs_sglang)]
+)
 @pytest.mark.parametrize("m,n,k", [(1, 32768, 1024), (16, 4096, 8192), (64, 64, 4096)])
-def test_the_deepgemm_linear_agrees_with_float64_and_captures_in_a_graph(m, n, k):
+def test_each_block_fp8_linear_agrees_with_float64_and_captures_in_a_graph(impl, m, n, k):
+    """DeepGEMM's (SGLang's default on sm_90) and SGLang's Triton block-FP8 GEMM (--fp8-gemm-backend triton)."""
     from tuner.targets.workload.ops import Linear
 
     g = torch.Generator(device="cuda").manual_seed(m + n)
     w = torch.randn(n, k, device="cuda", generator=g) / k**0.5
     x = torch.randn(m, k, device="cuda", generator=g).to(torch.bfloat16)
-    lin = Linear.make(w, "fp8", "deepgemm")
-    assert lin.impl == "deepgemm" and tuple(lin.scale.shape) == (-(-n // 128), k // 128)
+    lin = Linear.make(w, "fp8", impl)
+    assert lin.impl == impl and tuple(lin.scale.shape) == (-(-n // 128), k // 128)
     y = torch.full((m, n), float("nan"), device="cuda", dtype=torch.bfloat16)
     y.copy_(lin(x))
     ref = x.double() @ w.double().t()
