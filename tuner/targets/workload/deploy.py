@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from search_spaces import Space
-from tuner.figures.parsimony import NOISE_CAP, Candidate, prefer_parsimonious
+from tuner.figures.parsimony import NOISE_CAP, Candidate, ParsimonyChoice, prefer_parsimonious
 from tuner.targets.base import Deployment
 from tuner.targets.workload.presets import get_preset
 from tuner.targets.workload.server_map import CommandConfig, ServerLaunch, command_config, server_launch
@@ -256,16 +256,25 @@ def for_installed_release(launch: ServerLaunch, flags=None) -> ReleaseCheck:
     return out
 
 
+@dataclass(frozen=True)
+class StagedCommand:
+    """The command stage's best as :func:`command_stage_best` chose it: its first run's trial number and parameters,
+    and the parsimony choice that picked it."""
+
+    number: int
+    params: dict[str, Any]
+    parsimony: ParsimonyChoice
+
+
 def command_stage_best(
     repo, run_id: int, maximize: bool, space: Space, arch: str | None, projected: CommandConfig
-) -> Any | None:
+) -> StagedCommand | None:
     """The search's best configuration the command can give as it is (``command_config`` changes nothing: the
     command stage's best, ``tuner.search.stages``), when it beats the median of ``projected`` (the best's own
     configuration with its code changes taken out) or ``projected`` was never measured; else ``None``. "Best" is
     parsimonious (``tuner.figures.parsimony``): among the deployable configurations within the measured noise of
     the best median, the one with the fewest changes from the baseline (on a GPU the deployment map covers, SGLang's
-    own defaults), so that a flag which measured no gain (a context cap on Hopper) is not exported. Returns the
-    trial record of that configuration's first run, with ``parsimony`` set to the choice."""
+    own defaults), so that a flag which measured no gain (a context cap on Hopper) is not exported."""
     if not projected.changes:
         return None
     groups: dict[str, list] = {}
@@ -298,12 +307,16 @@ def command_stage_best(
     if mine and sign * statistics.median(r.value for r in mine) >= sign * choice.chosen.value:
         return None
     first = deployable[choice.chosen.key][0]
-    first.parsimony = choice
-    return first
+    return StagedCommand(first.number, dict(first.params), choice)
 
 
 def deployment(
-    space: Space, params: dict[str, Any], arch: str | None, ablation: dict | None, *, staged: Any | None = None
+    space: Space,
+    params: dict[str, Any],
+    arch: str | None,
+    ablation: dict | None,
+    *,
+    staged: StagedCommand | None = None,
 ) -> Deployment:
     """The SGLang command for the twin configuration ``params`` on a GPU of architecture ``arch``: every value it
     cannot give replaced (:func:`command_config`), its flags checked by the installed SGLang's parser, the knobs
@@ -317,11 +330,11 @@ def deployment(
     argv = sglang_argv(space, cmd.params, launch)
     lines = [release.line]
     if staged is not None:
-        choice = getattr(staged, "parsimony", None)
+        choice = staged.parsimony
         within = (
             f"; the fewest changes from the baseline among the commands within the measured noise "
             f"({choice.noise:.1%}) of the best command measured"
-            if choice is not None and choice.switched
+            if choice.switched
             else ""
         )
         lines.append(
