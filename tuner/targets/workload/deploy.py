@@ -386,7 +386,7 @@ def deployment(
         predicted=PREDICTED,
         by="the twin",
         lines=lines,
-        predictions="two predictions by the twin (its decode step on random weights; x "
+        predictions="the twin's predictions (its decode step on random weights; x "
         + (
             f"the baseline, SGLang's default path on {arch} as the twin ran it"
             if mapped
