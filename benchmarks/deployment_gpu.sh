@@ -11,7 +11,8 @@
 #   or, carry .sgw .dg:      TUNER_COMMIT=<sha> bash benchmarks/deployment_gpu.sh twin
 #       background: the installs and DeepGEMM build, then SGLang's glue and block-FP8 GEMM in the twin: their GPU tests
 #       (tests/tuner/test_workload_sglang_kernels.py, with the indexer's and the plug-in measurement's),
-#       benchmarks/sglang_mhc.py (SGLang's mHC kernels beside the twin's stand-in) and benchmarks/sglang_twin_kernels.py
+#       benchmarks/sglang_mhc.py (SGLang's mHC kernels beside the twin's stand-in), benchmarks/sglang_plugin_kernels.py
+#       (the plug-in's q kernel beside SGLang's, 5 alternating rounds) and benchmarks/sglang_twin_kernels.py
 #   or, carry .sgw .dg:      TUNER_COMMIT=<sha> bash benchmarks/deployment_gpu.sh prepare
 #       the same installs and DeepGEMM build without the benchmarks (about 2 minutes): for a main-job-only session
 #   call 2, carry .whl or after `site`: TUNER_COMMIT=<sha> bash benchmarks/deployment_gpu.sh mainjob 0,1,2 [WATCH_S]
@@ -85,6 +86,7 @@ case "${1:-}" in
       timeout 420 python3 -m pytest -q -p no:cacheprovider -m gpu -rs tests/tuner/test_workload_sglang_kernels.py \
         tests/tuner/test_workload_sglang_indexer.py tests/tuner/test_plugin_phase.py 2>&1 | tee $o/gpu_tests.txt | tail -n 30
       timeout 240 python3 benchmarks/sglang_mhc.py --json $o/sglang_mhc.json 2>&1 | tail -n 12
+      timeout 300 python3 benchmarks/sglang_plugin_kernels.py --out $o 2>&1 | tail -n 8
       timeout 600 python3 benchmarks/sglang_twin_kernels.py --json $o/sglang_twin_kernels.json 2>&1 | tail -n 60
       echo "exit $? at $(date -u +%H:%M:%S)" > /tmp/dep/kernels.done' > "$dep/kernels.log" 2>&1 < /dev/null &)
     watch "${2:-20}"
