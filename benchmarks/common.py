@@ -168,3 +168,38 @@ def result_path(benchmark: str, gpu: str, variant: str = "", ext: str = "md") ->
     (``gpu``: ``h200``, ``h200x2``, ``cpu``, ...), the layout ``benchmarks/results/README.md`` indexes."""
     date = dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d")
     return RESULTS / benchmark / gpu / (f"{date}_{short_commit()}" + (f"_{variant}" if variant else "") + f".{ext}")
+
+
+def provenance_line(meta: dict, script: str, source) -> str:
+    """A GPU report's second line: when, where, what versions and commit, and the command that wrote it."""
+    return (
+        f"{meta['date']}, {meta['gpu']}, torch {meta['torch']}, Triton {meta['triton']}, commit {meta['commit']}; "
+        f"written by `{script} --report-from {stored_path(source)}`."
+    )
+
+
+def json_report_main(doc: str, measure, report, *, add_args=None) -> int:
+    """The command line of a GPU benchmark that stores a JSON and writes its report from it: ``--json FILE`` measures
+    (``measure(args) -> dict``, with ``meta``) and prints the report; ``--report-from FILE [--out MD]`` writes the
+    report of a stored JSON anywhere (``report(data, source) -> str``). ``add_args(parser)`` adds the script's own."""
+    import argparse
+
+    ap = argparse.ArgumentParser(description=doc.split("\n")[0])
+    ap.add_argument("--json", help="write the measurements here (GPU run)")
+    ap.add_argument("--report-from", help="a stored JSON to write the report of")
+    ap.add_argument("--out", help="the report's file (default: beside the JSON, .md)")
+    ap.add_argument("--rep-ms", type=float, default=25.0)
+    if add_args:
+        add_args(ap)
+    a = ap.parse_args()
+    if a.report_from:
+        text = report(read_json(a.report_from), a.report_from)
+        Path(a.out or Path(a.report_from).with_suffix(".md")).write_text(text)
+        print(text)
+        return 0
+    if not a.json:
+        ap.error("give --json FILE (a GPU run) or --report-from FILE")
+    data = measure(a)
+    Path(a.json).write_text(json.dumps(data, indent=1))
+    print(report(data, a.json))
+    return 0

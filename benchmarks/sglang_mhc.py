@@ -25,7 +25,6 @@ Times are ``kernels.bench.do_bench`` medians (L2 flushed; CUDA graphs below 20 u
 
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 from pathlib import Path
@@ -33,7 +32,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from benchmarks.common import read_json, run_meta, stored_path  # noqa: E402
+from benchmarks.common import json_report_main, provenance_line, run_meta  # noqa: E402
 
 BATCHES = (1, 16, 64)
 MULT, HIDDEN, ITERS, EPS = 4, 4096, 20, 1e-6
@@ -103,8 +102,7 @@ def report(data: dict, source: str) -> str:
     out = [
         "# SGLang's mHC kernels for V4-Flash's decode beside the twin's stand-in (issue 46)",
         "",
-        f"{m['date']}, {m['gpu']}, torch {m['torch']}, Triton {m['triton']}, commit {m['commit']}; "
-        f"written by `benchmarks/sglang_mhc.py --report-from {stored_path(source)}`.",
+        provenance_line(m, "benchmarks/sglang_mhc.py", source),
         "",
         "Per sublayer, us (median). SGLang's sum holds its Triton pieces that run on the GPU image (the statistics"
         " kernel named, the combine) and a torch RMSNorm for its sgl_kernel one; its TileLang post (and, at 2-31 rows,"
@@ -137,23 +135,7 @@ def report(data: dict, source: str) -> str:
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--json", help="write the measurements here (GPU run)")
-    ap.add_argument("--report-from", help="a stored JSON to write the report of")
-    ap.add_argument("--out", help="the report's file (default: beside the JSON, .md)")
-    ap.add_argument("--rep-ms", type=float, default=25.0)
-    a = ap.parse_args()
-    if a.report_from:
-        text = report(read_json(a.report_from), a.report_from)
-        Path(a.out or Path(a.report_from).with_suffix(".md")).write_text(text)
-        print(text)
-        return 0
-    if not a.json:
-        ap.error("give --json FILE (a GPU run) or --report-from FILE")
-    data = {"meta": run_meta(a.rep_ms), "rows": _rows(a.rep_ms)}
-    Path(a.json).write_text(json.dumps(data, indent=1))
-    print(report(data, a.json))
-    return 0
+    return json_report_main(__doc__, lambda a: {"meta": run_meta(a.rep_ms), "rows": _rows(a.rep_ms)}, report)
 
 
 if __name__ == "__main__":

@@ -21,7 +21,6 @@ measurement (``tuner.targets.workload.bench.measure``).
 
 from __future__ import annotations
 
-import argparse
 import importlib.util
 import json
 import sys
@@ -30,7 +29,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from benchmarks.common import read_json, run_meta, stored_path  # noqa: E402
+from benchmarks.common import json_report_main, provenance_line, run_meta  # noqa: E402
 
 BATCHES = (1, 16, 64)
 
@@ -180,8 +179,7 @@ def report(data: dict, source: str) -> str:
     out = [
         "# SGLang's glue and block-FP8 GEMM beside the twin's own (issue 46)",
         "",
-        f"{m['date']}, {m['gpu']}, torch {m['torch']}, Triton {m['triton']}, commit {m['commit']}; "
-        f"written by `benchmarks/sglang_twin_kernels.py --report-from {stored_path(source)}`.",
+        provenance_line(m, "benchmarks/sglang_twin_kernels.py", source),
         "",
         "## GEMM: fp8 block linears, us (median), rel. error vs float64",
         "",
@@ -222,28 +220,21 @@ def report(data: dict, source: str) -> str:
     return "\n".join(out) + "\n"
 
 
-def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--json", help="write the measurements here (GPU run)")
-    ap.add_argument("--report-from", help="a stored JSON to write the report of")
-    ap.add_argument("--out", help="the report's file (default: beside the JSON, .md)")
-    ap.add_argument("--rep-ms", type=float, default=25.0)
-    ap.add_argument("--no-step", action="store_true", help="skip the whole-step cases")
-    a = ap.parse_args()
-    if a.report_from:
-        text = report(read_json(a.report_from), a.report_from)
-        Path(a.out or Path(a.report_from).with_suffix(".md")).write_text(text)
-        print(text)
-        return 0
-    if not a.json:
-        ap.error("give --json FILE (a GPU run) or --report-from FILE")
+def _measure(a) -> dict:
     data = {"meta": run_meta(a.rep_ms), "gemm": _gemm_rows(a.rep_ms), "glue": _glue_rows(a.rep_ms)}
-    Path(a.json).write_text(json.dumps(data, indent=1))
+    Path(a.json).write_text(json.dumps(data, indent=1))  # kept if the step cases fail
     if not a.no_step:
         data["step"] = _step_rows()
-        Path(a.json).write_text(json.dumps(data, indent=1))
-    print(report(data, a.json))
-    return 0
+    return data
+
+
+def main() -> int:
+    return json_report_main(
+        __doc__,
+        _measure,
+        report,
+        add_args=lambda ap: ap.add_argument("--no-step", action="store_true", help="skip the whole-step cases"),
+    )
 
 
 if __name__ == "__main__":
