@@ -43,7 +43,7 @@ def test_the_timers_count_nested_calls_once_and_bucket_by_trials_finished():
     t.wrap(Box, "outer", "storage")
     t.wrap(Box, "inner", "storage")
     calls = []
-    t.add = lambda kind, s: calls.append((t.finished // t.bucket, kind))  # what reaches the sums, per call
+    t.add = lambda kind, s, cpu=0.0: calls.append((t.finished // t.bucket, kind))  # what reaches the sums, per call
     try:
         Box().outer()
         t.finished = 2
@@ -99,7 +99,7 @@ def test_the_report_is_written_from_the_stored_json(tmp_path):
     assert main(["report", "--from", str(src)]) == 0
     text = (tmp_path / "x.md").read_text()
     assert text == report(data, src)
-    assert "| 0-500 | 30.0 | 10.0 | 10.0 | 50.0 | 2.50% | 480 | 4.0% | 500 | 80 | 20 |" in text
+    assert "| 0-500 | 30.0 | 10.0 | 10.0 | 50.0 | 2.50% | 480 | 4.0% | - | 500 | 80 | 20 |" in text
     assert "sqlite, 8 workers: 500 trials of 0.5 s" in text and str(src) in text
 
 

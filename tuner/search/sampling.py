@@ -68,7 +68,13 @@ class BoundedTPESampler(optuna.samplers.TPESampler):
     search would spend a second per trial sampling. Past ``history_cap`` trials the "good" estimator is unchanged
     (TPE's good group is the best ``min(25, 10%)``, all kept) and the "bad" one is estimated from recent trials,
     which TPE already weighs most; the cost of an ask stays what it was at ``history_cap``.
-    Single-objective studies only; a multi-objective study sees its whole history."""
+    Single-objective studies only; a multi-objective study sees its whole history.
+
+    What Optuna recomputes from every trial of that history at every ask, and at every parameter group of it, this
+    sampler computes once per finished trial and keeps (a finished trial never changes): its place in the split into
+    good and bad trials (:meth:`_split`) and its parameters in TPE's internal form (:meth:`_get_internal_repr`).
+    The estimators get the same numbers, so the proposals are Optuna's (``tests/tuner/test_sampling_history.py``);
+    these override private methods of ``TPESampler`` (Optuna 5.1), which those tests check at every upgrade."""
 
     def __init__(
         self, *args: Any, history_cap: int = HISTORY_CAP, history_best: int = HISTORY_BEST, **kwargs: Any
