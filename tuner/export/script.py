@@ -28,7 +28,7 @@ from tuner.figures.serving import Rules, misses, value_at
 from tuner.figures.serving import recorded as goodput_recorded
 from tuner.figures.verification import RECORD_MARK, combine_levels
 from tuner.targets import Deployment, LaunchSpec, Target
-from tuner.targets.workload.sglang_plugin import ENV as PLUGIN_ENV
+from tuner.targets.base import SGLANG_PLUGIN_ENV as PLUGIN_ENV
 
 _logger = logging.getLogger(__name__)
 

@@ -54,6 +54,10 @@ class PreflightReport:
         return out
 
 
+SGLANG_PLUGIN_ENV = "TUNER_SGLANG_PLUGIN"
+"""Where an export's remeasure_plugin.sh tells a target's re-measure to load the export's SGLang plug-in folder."""
+
+
 @dataclass
 class LaunchSpec:
     """How to run a configuration outside the tuner: an argv, extra environment, and files to ship beside it."""

@@ -12,8 +12,8 @@ import json
 import os
 import sys
 
+from tuner.targets.base import SGLANG_PLUGIN_ENV as PLUGIN_ENV
 from tuner.targets.workload.presets import PRESETS
-from tuner.targets.workload.sglang_plugin import ENV as PLUGIN_ENV
 
 
 def _value(raw: str):

@@ -20,9 +20,6 @@ from pathlib import Path
 
 from tuner.errors import KnobError
 
-ENV = "TUNER_SGLANG_PLUGIN"
-"""The environment variable an export's re-measure script sets to its ``sglang_plugin/`` folder."""
-
 
 def _package(folder: Path) -> str:
     pkgs = sorted(p.name for p in folder.iterdir() if (p / "__init__.py").is_file() and (p / "MANIFEST.json").is_file())
