@@ -123,7 +123,7 @@ class Deployment:
                 out.append(f"  {d.component}: the twin ran {values} (not SGLang's {d.kernel}) [{d.source}]")
                 continue
             picked = "" if r.default else f" ({r.selected_by})"
-            ran = {k: params.get(k) for k in r.twin or {}}
+            ran = {k: params.get(k) for k in r.twin}
             if r.fidelity == "kernel" and ran == r.twin:
                 out.append(f"  {r.component}: SGLang's own kernel{picked}, {r.kernel} [{r.source}]")
             else:

@@ -15,6 +15,7 @@ import optuna
 
 from storage import Repo
 from storage.models import Run, TrialRecord
+from tuner.processes import json_output
 from tuner.settings import target_settings
 
 if TYPE_CHECKING:
@@ -735,12 +736,7 @@ def _profile(run: Run, params: dict[str, Any], level: int, timeout_s: float) -> 
     kernel_of = {p.name: p.kernel for p in space.params if p.kernel} if space else {}
     for k, v in params.items():
         argv += ["--knob", f"{kernel_of.get(k, k)}={v}"]
-    out = subprocess.run(argv, capture_output=True, text=True, timeout=timeout_s)
-    lines = [ln for ln in out.stdout.splitlines() if ln.startswith("{")]
-    if out.returncode != 0 or not lines:
-        tail = (out.stderr or out.stdout).strip().splitlines()[-1:] or ["no output"]
-        raise ValueError(f"profiler exited with {out.returncode}: {tail[0][:300]}")
-    return json.loads(lines[-1])
+    return json_output(subprocess.run(argv, capture_output=True, text=True, timeout=timeout_s), "profiler")
 
 
 def _gate_lines(

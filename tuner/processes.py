@@ -8,6 +8,7 @@ child between fork and exec) asks Linux to kill the child when the tuner process
 from __future__ import annotations
 
 import ctypes
+import json
 import os
 import signal
 import subprocess
@@ -124,3 +125,15 @@ def kill_group(proc: subprocess.Popen, grace_s: float = 2.0, exit_wait_s: float 
 
 
 __all__ = ["announce_group", "die_with_parent", "group_alive", "kill_group", "kill_pgid", "parse_group"]
+
+
+def json_output(done: subprocess.CompletedProcess, what: str) -> dict:
+    """The last JSON object a finished child printed on a line of its own (a re-measure script, a profiler, a
+    side-by-side measurement). ``ValueError("<what> exited with N: <its last line>")`` when it failed or printed none;
+    the last line is its standard error's last non-blank one, else its output's."""
+    lines = [ln for ln in (done.stdout or "").splitlines() if ln.startswith("{")]
+    if done.returncode == 0 and lines:
+        return json.loads(lines[-1])
+    tail = [ln for ln in (done.stderr or "").splitlines() if ln.strip()][-1:]
+    tail = tail or [ln for ln in (done.stdout or "").splitlines() if ln.strip()][-1:] or ["no output"]
+    raise ValueError(f"{what} exited with {done.returncode}: {tail[0].strip()[:300]}")

@@ -25,8 +25,8 @@ def test_a_failed_side_by_side_is_a_line_and_stores_nothing(caplog):
     )
     with caplog.at_level("WARNING"):
         _plugin_phase(ctx, SimpleNamespace(message=said.append))
-    assert "the plug-in's side by side failed (exit 2: error: no CUDA device" in caplog.text
-    assert said[-1].startswith("the plug-in's side by side failed: exit 2") and stored == []
+    assert "the plug-in's side by side failed (the measurement exited with 2: error: no CUDA device" in caplog.text
+    assert said[-1].startswith("the plug-in's side by side failed: the measurement exited with 2") and stored == []
 
 
 def test_the_measurement_refuses_bad_arguments_with_the_flag_and_the_value():
@@ -61,3 +61,18 @@ def test_on_a_gpu_each_batch_gives_a_record_the_export_reads():
     assert r.batch == 16 and r.shape == {"heads": 64, "head_dim": 512, "rope_dim": 64, "norm": True}
     assert r.rel_err <= 2e-2 and rec["graph_rel_err"] <= 2e-2 and len(r.ours_rounds_us) == 2
     assert r.baseline in ("sglang", "torch") and (r.baseline == "sglang") == (not any("torch" in s for s in said))
+
+
+def test_a_childs_result_is_its_last_json_line_and_a_failure_names_its_last_line():
+    from tuner.processes import json_output
+
+    def done(rc, out, err=""):
+        return subprocess.CompletedProcess(["x"], rc, out, err)
+
+    assert json_output(done(0, 'log\n{"a": 1}\n{"b": 2}\n'), "it") == {"b": 2}
+    with pytest.raises(ValueError, match=r"^it exited with 2: error: no CUDA device$"):
+        json_output(done(2, '{"b": 2}\n', "warn\nerror: no CUDA device\n\n"), "it")
+    with pytest.raises(ValueError, match=r"^it exited with 0: done$"):
+        json_output(done(0, "done\n"), "it")
+    with pytest.raises(ValueError, match=r"^it exited with 1: no output$"):
+        json_output(done(1, ""), "it")

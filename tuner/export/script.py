@@ -27,6 +27,7 @@ from tuner.errors import ExportError
 from tuner.figures.serving import Rules, misses, value_at
 from tuner.figures.serving import recorded as goodput_recorded
 from tuner.figures.verification import RECORD_MARK, combine_levels
+from tuner.processes import json_output
 from tuner.targets import Deployment, LaunchSpec, Target
 from tuner.targets.base import SGLANG_PLUGIN_ENV as PLUGIN_ENV
 
@@ -411,12 +412,11 @@ def _plugin_prediction(
     except subprocess.TimeoutExpired:
         path.unlink()
         return f"  with this plug-in: not predicted ({REMEASURE_PLUGIN_NAME} gave no result in {PLUGIN_MEASURE_TIMEOUT_S:.0f} s)"
-    lines = [ln for ln in done.stdout.splitlines() if ln.startswith("{")]
-    if done.returncode != 0 or not lines:
-        tail = [ln for ln in done.stderr.splitlines() if ln.strip()][-1:] or ["no output"]
+    try:
+        levels = {k: float(v) for k, v in json_output(done, REMEASURE_PLUGIN_NAME).items()}
+    except ValueError as exc:
         path.unlink()
-        return f"  with this plug-in: not predicted ({REMEASURE_PLUGIN_NAME} exited {done.returncode}: {tail[0][:200]})"
-    levels = {k: float(v) for k, v in json.loads(lines[-1]).items()}
+        return f"  with this plug-in: not predicted ({exc})"
     by_level = {int(k.split("=")[1]): v for k, v in levels.items()}
     write({**prec, "by_level": {str(k): v for k, v in by_level.items()}, "value": combine_levels(prec, by_level)})
     return f"  with this plug-in: {_prediction(levels, base)} (one run of {REMEASURE_PLUGIN_NAME} at export)"

@@ -12,13 +12,17 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import os
 import signal
+import subprocess
+import sys
 import threading
 
 from tuner.budget import format_seconds
 from tuner.execution.persistent import close_workers
 from tuner.export.script import export_run, nothing_met_the_slo
 from tuner.measurement import Outcome
+from tuner.processes import json_output
 from tuner.search.confirm import SIDE_BY_SIDE_RUNS, confirm_top, planned_line
 from tuner.search.context import (
     CONFIRM_ATTR,
@@ -174,11 +178,6 @@ def _plugin_phase(ctx: SearchContext, progress: Progress | None) -> None:
     """After the trials, on the GPU the search ran on: the SGLang plug-in's kernels timed beside SGLang's own at the
     shapes the best's deployment runs (:meth:`Target.plugin_measurements`, in a child process), the records kept in
     the study, where the export ships only the faster ones. A failed measurement is a line, never the search's end."""
-    import json
-    import os
-    import subprocess
-    import sys
-
     from tuner.export.sglang_plugin import SideBySide, store_records
     from tuner.fingerprint import git_sha
 
@@ -197,12 +196,9 @@ def _plugin_phase(ctx: SearchContext, progress: Progress | None) -> None:
         argv = [sys.executable, "-m", "tuner.export.sglang_plugin_measure", *args, "--commit", commit]
         try:
             done = subprocess.run(argv, capture_output=True, text=True, timeout=PLUGIN_TIMEOUT_S, env=env)
-            lines = [ln for ln in done.stdout.splitlines() if ln.startswith("{")]
-            if done.returncode != 0 or not lines:
-                tail = [ln for ln in done.stderr.splitlines() if ln.strip()][-1:] or ["no output"]
-                raise RuntimeError(f"exit {done.returncode}: {tail[0][:300]}")
-            records += [SideBySide.from_dict(dict(r, source="search")) for r in json.loads(lines[-1])["records"]]
-        except (subprocess.TimeoutExpired, RuntimeError, ValueError, KeyError) as exc:
+            got = json_output(done, "the measurement")
+            records += [SideBySide.from_dict(dict(r, source="search")) for r in got["records"]]
+        except (subprocess.TimeoutExpired, ValueError, KeyError) as exc:
             _logger.warning("the plug-in's side by side failed (%s); the export ships no plug-in kernel for it", exc)
             if progress:
                 progress.message(f"the plug-in's side by side failed: {exc}")

@@ -93,7 +93,7 @@ class Linear:
             from tuner.targets.workload.sglang_gemm import sglang_activation_quant
 
             x2 = x.reshape(-1, x.shape[-1])
-            quant = sglang_activation_quant()  # SGLang's own (JIT), else the same scales in torch
+            quant = sglang_activation_quant()  # SGLang's own (JIT), else torch's
             xq, xs = quant(x2.to(torch.bfloat16).contiguous()) if quant else group_quantize(x2)
             out = torch.empty(x2.shape[0], self.weight.shape[0], device=x.device, dtype=torch.bfloat16)
             deep_gemm.fp8_gemm_nt((xq, xs), (self.weight, self.scale), out)

@@ -20,8 +20,8 @@ without ``sgl_kernel`` (its AOT kernel wheel, 373 MB, built for SGLang's pinned 
 functions that one calls, from the modules that define them.
 
 Where SGLang's JIT quantisation cannot run (no sglang package, no ``apache-tvm-ffi`` or ``nvcc`` to build it), the
-DeepGEMM linear quantises in torch (:func:`tuner.targets.workload.ops.group_quantize`: the same scales, six
-elementwise kernels instead of one) and says so once in the trial's log; ``sglang_triton`` refuses instead, naming
+DeepGEMM linear quantises in torch (:func:`tuner.targets.workload.ops.group_quantize`: a scale per 128 values
+too, not rounded to a power of two, in six elementwise kernels instead of one) and says so once in the trial's log; ``sglang_triton`` refuses instead, naming
 what is missing.
 """
 
@@ -59,7 +59,7 @@ def sglang_activation_quant() -> Callable[[torch.Tensor], tuple[torch.Tensor, to
     except Exception as e:  # an ImportError, a module of SGLang's runtime failing at import, or the JIT build
         _logger.warning(
             "SGLang's per-token-group fp8 quantisation does not run here (%s: %s): the DeepGEMM linears quantise "
-            "their activations in torch (the same scales, six kernels instead of SGLang's one)",
+            "their activations in torch (scales not rounded to powers of two, six kernels instead of SGLang's one)",
             type(e).__name__,
             str(e).splitlines()[0] if str(e) else "",
         )

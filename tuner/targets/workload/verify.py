@@ -4,7 +4,6 @@ with an SGLang plug-in the command with it loaded (remeasure_plugin.sh)."""
 
 from __future__ import annotations
 
-import json
 import subprocess
 import time
 from pathlib import Path
@@ -12,6 +11,7 @@ from typing import Any
 
 from tuner.figures.verification import VerifyResult, combine_levels, compare, read_recorded
 from tuner.measurement import Outcome
+from tuner.processes import json_output
 
 
 def verify_workload(path: Path, rec: dict[str, Any], tolerance: float, timeout_s: float):
@@ -46,13 +46,12 @@ def verify_workload(path: Path, rec: dict[str, Any], tolerance: float, timeout_s
         return res
     finally:
         res.duration_s = time.time() - t0
-    lines = [ln for ln in out.stdout.splitlines() if ln.startswith("{")]
     res.log = (out.stdout + out.stderr)[-8000:]
-    if out.returncode != 0 or not lines:
-        tail = [ln for ln in out.stderr.splitlines() if ln.strip()][-1:] or ["no output"]
-        res.reason = f"the script exited with {out.returncode}: {tail[0][:300]}"
+    try:
+        got = json_output(out, "the script")
+    except ValueError as exc:
+        res.reason = str(exc)
         return res
-    got = json.loads(lines[-1])
     res.by_level = {int(k.split("=")[1]): float(v) for k, v in got.items()}
     res.outcome = Outcome.OK
     res.value = combine_levels(rec, res.by_level)
