@@ -4,7 +4,7 @@
 # the code's shape and the whole test suite on every core. GPU tests skip themselves with a reason on a machine
 # without CUDA; the run prints every skip reason and its slowest tests.
 # `bash scripts/test.sh` runs every test but those marked `slow` (real third-party servers, the 5000-trial study,
-# the sm_90 compile checks, the stand-in's goodput boundary searches, ...): about 14 minutes on 2 cores; `bash scripts/test.sh --slow` runs those, then the
+# the sm_90 compile checks, the stand-in's goodput boundary searches, ...): about 12 minutes on 2 cores; `bash scripts/test.sh --slow` runs those, then the
 # benchmarks' own tests (benchmarks/tests).
 set -euo pipefail
 marks="not slow"

@@ -42,6 +42,7 @@ ALL_CHECKS = schemathesis.checks.CHECKS.get_all()
 body as the OpenAPI description says; schema-valid requests accepted, schema-violating ones refused."""
 
 
+@pytest.mark.slow  # every route fuzzed (25 s on 2 cores): the README's second test command runs it
 @pytest.mark.timeout(600)
 @schema.parametrize()
 @FAST

@@ -97,6 +97,7 @@ def test_a_bad_warm_start_source_is_one_line():
         parse_source("sqlite:///x.db")
 
 
+@pytest.mark.slow  # two searches end to end (a minute on 2 cores): the README's second test command runs it
 def test_warm_start_runs_the_twins_best_first_on_the_server_then_tpe(tmp_path):
     (tmp_path / "twin.yaml").write_text(TWIN)
     (tmp_path / "server.yaml").write_text(SERVER)
