@@ -62,6 +62,7 @@ def test_read_commands_on_empty_storage(tmp_path):
     _one_line_error(tuner("export", cwd=tmp_path), "tuner search")
 
 
+@pytest.mark.slow  # the README's main job whole, then every reader of it (110 s on 2 cores): CI's slow pass runs it
 def test_search_status_best_export_end_to_end(tmp_path, cpu_main_job):
     r = cpu_main_job  # `tuner search --budget 4m --n-trials 4 --seed 3 -o out` in tmp_path (conftest's MAIN_JOB)
     assert r.returncode == 0, r.stderr
