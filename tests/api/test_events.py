@@ -166,3 +166,51 @@ def test_stream_of_a_search_killed_hard_ends_at_max_time_and_on_disconnect(tmp_p
     n = len(reads)
     time.sleep(1.0)
     assert len(reads) == n, "the server kept polling for a client that went away"
+
+
+@pytest.mark.timeout(60)
+def test_a_client_closing_the_stream_logs_no_error_on_the_server(tmp_path, live_server) -> None:
+    """FastAPI's own SSE encoder (0.165) raised BrokenResourceError from its keep-alive task when a client closed a
+    live stream, and uvicorn logged "Exception in ASGI application" for every normal disconnect."""
+    import logging
+
+    url = f"sqlite:///{tmp_path / 'live.db'}"
+    fake_search(url, "live", n_trials=2, end=False)  # a running study: the stream stays open until the client goes
+    errors: list[logging.LogRecord] = []
+
+    class Keep(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            errors.append(record)
+
+    handler = Keep(level=logging.ERROR)
+    server = live_server(ApiSettings(storage_url=url, sse_poll_s=0.05, sse_max_s=600))
+    logging.getLogger("uvicorn.error").addHandler(handler)
+    try:
+        for _ in range(5):
+            with httpx.stream("GET", f"{server.url}/api/studies/live/events", timeout=10) as r:
+                lines = r.iter_lines()
+                assert next(lines).startswith(":")  # the study's comment line
+                assert any(line.startswith("event: trial_started") for line in lines)
+            time.sleep(0.3)  # the server notices the client went
+        got = httpx.get(f"{server.url}/api/studies/live", timeout=10)
+        assert got.status_code == 200  # the server still answers
+    finally:
+        logging.getLogger("uvicorn.error").removeHandler(handler)
+    assert not errors, [r.getMessage() + str(r.exc_info and r.exc_info[1]) for r in errors]
+
+
+@pytest.mark.timeout(60)
+def test_a_quiet_live_stream_sends_a_ping_comment(tmp_path, live_server, monkeypatch) -> None:
+    import api.routes.events as events
+
+    monkeypatch.setattr(events, "KEEPALIVE_S", 0.3)
+    url = f"sqlite:///{tmp_path / 'quiet.db'}"
+    fake_search(url, "quiet", n_trials=1, end=False)
+    server = live_server(ApiSettings(storage_url=url, sse_poll_s=0.05, sse_max_s=600))
+    t0 = time.monotonic()
+    with httpx.stream("GET", f"{server.url}/api/studies/quiet/events", timeout=10) as r:
+        for line in r.iter_lines():
+            if line == ": ping":
+                break
+            assert time.monotonic() - t0 < 10, "no ping within 10 s of a quiet stream"
+    assert time.monotonic() - t0 >= 0.3
