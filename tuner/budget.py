@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import re
 import time
 from dataclasses import dataclass
@@ -56,6 +57,9 @@ class Deadline:
     start: float
     budget_s: float
     reserve_s: float
+    kept_s: float = 0.0
+    """Time kept back from the trials for what runs after them within the budget (the SGLang plug-in's side by
+    side), on top of ``reserve_s``."""
 
     @classmethod
     def start_now(cls, budget_s: float) -> Deadline:
@@ -68,8 +72,16 @@ class Deadline:
 
     @property
     def trials_end(self) -> float:
-        """When trials must be over, so the export still fits in the budget."""
-        return self.end - self.reserve_s
+        """When trials must be over, so what runs after them and the export still fit in the budget."""
+        return self.end - self.reserve_s - self.kept_s
+
+    def keep(self, seconds: float) -> Deadline:
+        """This deadline with ``seconds`` more kept back from the trials."""
+        return dataclasses.replace(self, kept_s=self.kept_s + max(0.0, seconds))
+
+    def remaining_before_export(self) -> float:
+        """Seconds left before the time kept for the export."""
+        return self.end - self.reserve_s - time.time()
 
     def elapsed(self) -> float:
         return time.time() - self.start

@@ -10,6 +10,8 @@ from types import SimpleNamespace
 import pytest
 import torch
 
+from tuner.budget import Deadline
+
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the CPU path: the child refuses without a GPU")
 def test_a_failed_side_by_side_is_a_line_and_stores_nothing(caplog):
@@ -22,6 +24,7 @@ def test_a_failed_side_by_side_is_a_line_and_stores_nothing(caplog):
         options=SimpleNamespace(gpus=[0]),
         repo=SimpleNamespace(get_run=lambda name: stored.append(name)),
         run=SimpleNamespace(study_name="s"),
+        deadline=Deadline.start_now(3600),
     )
     with caplog.at_level("WARNING"):
         _plugin_phase(ctx, SimpleNamespace(message=said.append))
@@ -37,6 +40,54 @@ def test_the_measurement_refuses_bad_arguments_with_the_flag_and_the_value():
         timeout=120,
     )
     assert done.returncode != 0 and "error: --batches must be >= 1, but got [0, 16]" in done.stderr
+
+
+def test_a_search_that_will_time_a_plugin_ends_its_trials_early_enough_for_it():
+    from tuner.search.driver import PLUGIN_KEEP_S, _keep_time_for_plugin
+
+    def ctx(budget_s, cases, n_trials=None):
+        return SimpleNamespace(
+            options=SimpleNamespace(budget_s=budget_s, n_trials=n_trials),
+            resolved=SimpleNamespace(defaults=lambda: {"glue": "triton"}),
+            target=SimpleNamespace(plugin_measurements=lambda params: cases),
+            deadline=Deadline.start_now(budget_s),
+        )
+
+    hour = ctx(3600, [["--batches", "1"]])
+    before = hour.deadline.trials_end
+    _keep_time_for_plugin(hour)
+    assert before - hour.deadline.trials_end == pytest.approx(PLUGIN_KEEP_S)
+    assert hour.deadline.end == before + hour.deadline.reserve_s  # the budget itself is unchanged
+    short = ctx(300, [["--batches", "1"]])  # at most a tenth of a short budget
+    before = short.deadline.trials_end
+    _keep_time_for_plugin(short)
+    assert before - short.deadline.trials_end == pytest.approx(30.0)
+    for other in (ctx(3600, []), ctx(3600, [["--batches", "1"]], n_trials=20)):  # nothing to time; a trial count
+        before = other.deadline.trials_end
+        _keep_time_for_plugin(other)
+        assert other.deadline.trials_end == before
+
+
+def test_a_plugin_phase_without_time_left_in_the_budget_is_one_line_and_runs_nothing(caplog, monkeypatch):
+    from tuner.search import driver
+
+    ran, said = [], []
+    monkeypatch.setenv("TUNER_COMMIT", "test")  # no git call
+    monkeypatch.setattr(driver.subprocess, "run", lambda *a, **k: ran.append(a))
+    late = Deadline(start=0.0, budget_s=100.0, reserve_s=2.0)  # ended long ago
+    ctx = SimpleNamespace(
+        best=SimpleNamespace(params={"glue": "sglang"}),
+        target=SimpleNamespace(plugin_measurements=lambda params: [["--batches", "1"]]),
+        options=SimpleNamespace(gpus=[]),
+        deadline=late,
+    )
+    with caplog.at_level("WARNING"):
+        driver._plugin_phase(ctx, SimpleNamespace(message=said.append))
+    assert ran == []
+    assert said == [
+        "the plug-in's side by side was not run: 0 s of the budget left before the export (it needs up to 300 s); "
+        "the export ships no plug-in kernel; a longer --budget runs it"
+    ]
 
 
 def test_no_best_or_no_case_runs_nothing():

@@ -17,6 +17,7 @@ import signal
 import subprocess
 import sys
 import threading
+import time
 
 from tuner.budget import format_seconds
 from tuner.execution.persistent import close_workers
@@ -66,6 +67,12 @@ def run_search(options: SearchOptions, progress: Progress | None = None) -> Sear
         for i, line in enumerate(planned.planned_lines(options.budget_s if options.n_trials is None else None)):
             report.facts[f"stage {i + 1}"] = line.split(" ", 2)[2]
         report.facts["convergence"] = convergence_line(options.converge_after, options.n_trials)
+        keep = _plugin_keep_s(options, target, resolved)
+        if keep:
+            report.facts["plug-in phase"] = (
+                f"the trials end {keep:.0f} s early: the SGLang plug-in's kernels are then timed beside SGLang's own "
+                "at the best's shapes, inside the budget"
+            )
         return SearchResult(
             study_name_for(options, resolved),
             options.storage_url,
@@ -81,6 +88,7 @@ def run_search(options: SearchOptions, progress: Progress | None = None) -> Sear
             0.0,
         )
     ctx = open_context(options, progress)
+    _keep_time_for_plugin(ctx)
     if progress:
         progress.started(ctx)
     state = "finished"
@@ -172,6 +180,27 @@ def run_search(options: SearchOptions, progress: Progress | None = None) -> Sear
 
 PLUGIN_TIMEOUT_S = 300.0
 """The most one side-by-side measurement of the plug-in's kernels may take (SGLang's JIT builds on its first run)."""
+PLUGIN_KEEP_S = 90.0
+"""Seconds the trials leave, per plug-in measurement, for the plug-in phase to run inside the budget (at most
+:data:`PLUGIN_KEEP_SHARE` of it); a phase that takes less ends the search that much before its budget."""
+PLUGIN_KEEP_SHARE = 0.1
+PLUGIN_MIN_S = 20.0
+"""Less time than this left before the export: the plug-in phase is skipped, with a line saying so."""
+
+
+def _keep_time_for_plugin(ctx: SearchContext) -> None:
+    """Where this search will time an SGLang plug-in after its trials (the target measures one for its defaults'
+    deployment), end the trials early enough for it: a ``--budget`` is the search's whole time, not its trials'."""
+    keep = _plugin_keep_s(ctx.options, ctx.target, ctx.resolved)
+    if keep:
+        ctx.deadline = ctx.deadline.keep(keep)
+
+
+def _plugin_keep_s(options: SearchOptions, target, resolved) -> float:
+    if options.n_trials is not None or not options.budget_s:
+        return 0.0
+    cases = target.plugin_measurements(resolved.defaults())
+    return min(PLUGIN_KEEP_S * len(cases), PLUGIN_KEEP_SHARE * options.budget_s) if cases else 0.0
 
 
 def _plugin_phase(ctx: SearchContext, progress: Progress | None) -> None:
@@ -191,13 +220,26 @@ def _plugin_phase(ctx: SearchContext, progress: Progress | None) -> None:
     commit = os.environ.get("TUNER_COMMIT") or git_sha() or ""
     records: list[SideBySide] = []
     for args in cases:
+        left = ctx.deadline.remaining_before_export()
+        if left < PLUGIN_MIN_S:
+            line = (
+                f"the plug-in's side by side was not run: {max(0.0, left):.0f} s of the budget left before the "
+                f"export (it needs up to {PLUGIN_TIMEOUT_S:.0f} s); the export ships no plug-in kernel; a longer "
+                "--budget runs it"
+            )
+            _logger.warning("%s", line)
+            if progress:
+                progress.message(line)
+            break
         if progress:
             progress.message("timing the SGLang plug-in's kernels beside SGLang's own at the deployment's shapes")
         argv = [sys.executable, "-m", "tuner.export.sglang_plugin_measure", *args, "--commit", commit]
+        t0 = time.time()
         try:
-            done = subprocess.run(argv, capture_output=True, text=True, timeout=PLUGIN_TIMEOUT_S, env=env)
+            done = subprocess.run(argv, capture_output=True, text=True, timeout=min(PLUGIN_TIMEOUT_S, left), env=env)
             got = json_output(done, "the measurement")
             records += [SideBySide.from_dict(dict(r, source="search")) for r in got["records"]]
+            _logger.info("the plug-in's side by side took %.1f s", time.time() - t0)
         except (subprocess.TimeoutExpired, ValueError, KeyError) as exc:
             _logger.warning("the plug-in's side by side failed (%s); the export ships no plug-in kernel for it", exc)
             if progress:
