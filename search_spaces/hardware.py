@@ -21,9 +21,9 @@ CAPABILITIES = {
     "flash_mla": "FlashMLA's Hopper kernels: an sm_90 GPU and the sgl-flash-mla wheel (`pip install tuner[flashmla]`)",
     "deep_gemm": "DeepGEMM's kernels as SGLang runs them: an sm_90 or sm_100 GPU and the deep_gemm module (SGLang's "
     "sgl-deep-gemm wheel, or DeepGEMM built from source: benchmarks/deepgemm_build.sh)",
-    "sglang_triton": "SGLang's own Triton block-FP8 GEMM after its JIT activation quantisation "
-    "(sglang.kernels.ops.gemm.fp8_kernel): an NVIDIA GPU with Triton, the sglang package with its runtime "
-    "dependencies, and SGLang's JIT kernels buildable (sglang_jit)",
+    "sglang_triton": "SGLang's own Triton block-FP8 GEMM (compiled from sglang/kernels/ops/gemm/fp8_kernel.py) after "
+    "its JIT activation quantisation: an NVIDIA GPU with Triton, the sglang package, and SGLang's JIT kernels "
+    "buildable (sglang_jit)",
     "sglang_jit": "SGLang's own JIT CUDA kernels (sglang.kernels.ops): an NVIDIA GPU, the sglang package with "
     "apache-tvm-ffi, and nvcc (on PATH or under CUDA_HOME) to build them",
 }
@@ -45,8 +45,9 @@ class Hardware:
     has_deep_gemm: bool = False
     """The ``deep_gemm`` module is installed (SGLang's sgl-deep-gemm wheel or a build from source)."""
     has_sglang_triton: bool = False
-    """SGLang's Triton block-FP8 GEMM (``sglang.kernels.ops.gemm.fp8_kernel``) imports here on a GPU, and its JIT
-    activation quantisation can build (``has_sglang_jit``)."""
+    """SGLang's Triton block-FP8 GEMM's source (``sglang/kernels/ops/gemm/fp8_kernel.py``, compiled from the file: the
+    module imports SGLang's runtime) is installed, Triton runs on a GPU, and its JIT activation quantisation can build
+    (``has_sglang_jit``)."""
     has_sglang_jit: bool = False
     """The ``sglang`` and ``tvm_ffi`` modules are installed and ``nvcc`` is found: SGLang's JIT kernels can build."""
 
@@ -173,10 +174,8 @@ def detect_hardware() -> Hardware:
     # a GPU each is imported once in a child process, so the baseline never picks a kernel that cannot load
     has_deep_gemm = importlib.util.find_spec("deep_gemm") is not None and (not count or imports("deep_gemm"))
     has_sglang_jit = bool(count) and _sglang_jit_buildable() and imports("sglang.kernels.ops.attention.dsv4")
-    has_sglang_triton = (
-        has_sglang_jit
-        and has_triton
-        and imports("sglang.kernels.ops.gemm.fp8_kernel")  # not srt/layers' fp8_utils: that one needs sgl_kernel
+    has_sglang_triton = (  # its Triton kernels are compiled from the file: the module (SGLang's runtime) not imported
+        has_sglang_jit and has_triton and _sglang_file("kernels/ops/gemm/fp8_kernel.py")
     )
     return Hardware(
         gpu_name=name,
@@ -189,6 +188,17 @@ def detect_hardware() -> Hardware:
         has_deep_gemm=has_deep_gemm,
         has_sglang_jit=has_sglang_jit,
         has_sglang_triton=has_sglang_triton,
+    )
+
+
+def _sglang_file(relative: str) -> bool:
+    """Whether the installed sglang package holds ``relative`` (SGLang's __init__ is not run)."""
+    import importlib.util
+    from pathlib import Path
+
+    spec = importlib.util.find_spec("sglang")
+    return bool(spec and spec.submodule_search_locations) and any(
+        (Path(root) / relative).is_file() for root in spec.submodule_search_locations
     )
 
 

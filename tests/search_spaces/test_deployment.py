@@ -261,8 +261,9 @@ def test_sglangs_dispatch_sends_fp8_gemm_backend_triton_to_its_triton_block_fp8_
 
 
 def test_the_twins_block_fp8_linears_call_what_sglangs_dispatch_calls_for_v4s_ue8m0_checkpoint():
-    """``tuner.targets.workload.sglang_gemm`` calls the quantisation and the Triton GEMM that SGLang's two Hopper
-    backends call for an ``act_scale_ue8m0`` checkpoint, from the modules that define them, with parameters they have."""
+    """``tuner.targets.workload.sglang_gemm`` calls the quantisation that SGLang's two Hopper backends call for an
+    ``act_scale_ue8m0`` checkpoint, from the module that defines it, and launches the Triton GEMM's kernels as SGLang's
+    launcher does (the steps it repeats are still SGLang's)."""
     import ast
     import inspect
 
@@ -271,9 +272,10 @@ def test_the_twins_block_fp8_linears_call_what_sglangs_dispatch_calls_for_v4s_ue
     root = _sglang_root()
     utils = (root / "srt/layers/quantization/fp8_utils.py").read_text()
 
-    def body(name: str) -> str:
-        start = utils.index(f"def {name}(")
-        return utils[start : utils.index("\ndef ", start + 1)]
+    def body(name: str, rel: str | None = None) -> str:
+        text = (root / rel).read_text() if rel else utils
+        start = text.index(f"def {name}(")
+        return text[start : text.index("\ndef ", start + 1)]
 
     quant_call = (
         "sglang_per_token_group_quant_fp8(\n                input_2d, block_size[1], scale_ue8m0=True\n            )"
@@ -297,7 +299,21 @@ def test_the_twins_block_fp8_linears_call_what_sglangs_dispatch_calls_for_v4s_ue
     assert defs["w8a8_block_fp8_matmul_triton"][:6] == ["A", "B", "As", "Bs", "block_size", "output_dtype"]
     src = inspect.getsource(sglang_gemm)
     assert "from sglang.kernels.ops.quantization.fp8_kernel import sglang_per_token_group_quant_fp8" in src
-    assert "from sglang.kernels.ops.gemm.fp8_kernel import w8a8_block_fp8_matmul_triton" in src
+    assert "from kernels.plugins.sglang_block_fp8 import block_fp8_matmul" in src  # fp8_kernel imports SGLang's runtime
+    # the GEMM's launcher, which kernels.plugins.sglang_block_fp8 repeats for CUDA: its choices are still these
+    launcher = body("w8a8_block_fp8_matmul_triton", "kernels/ops/gemm/fp8_kernel.py")
+    for step in (
+        "configs = get_w8a8_block_fp8_configs(N, K, block_size[0], block_size[1])",
+        "config = configs[min(configs.keys(), key=lambda x: abs(x - M))]",
+        '"BLOCK_SIZE_M": 64,',
+        '"GROUP_SIZE_M": 32,',
+        "hopper_tuned = get_platform().is_sm90 and (",
+        'config.get("SWAP_AB", False) or config.get("SPLIT_K", 1) > 1',
+        "kernel = _w8a8_block_fp8_matmul_hopper",
+        "_reduce_block_fp8_split_k[(triton.cdiv(M * N, 256),)](",
+        'needs_masking = bool(K % config["BLOCK_SIZE_K"] != 0)',
+    ):
+        assert step in launcher, step
     assert "srt.layers.quantization.fp8_utils import" not in src  # that module needs sgl_kernel
 
 

@@ -9,15 +9,17 @@ JIT CUDA kernel of SGLang's (``sglang/kernels/ops/quantization/per_token_group_q
 
 * ``gemm_impl=deepgemm``: DeepGEMM's ``fp8_gemm_nt`` on the weight's 128 x 128 blocks (SGLang's
   ``w8a8_block_fp8_matmul_deepgemm``; DeepGEMM lays the row-major scales out for TMA itself);
-* ``gemm_impl=sglang_triton``: SGLang's Triton ``w8a8_block_fp8_matmul_triton``
-  (``sglang/kernels/ops/gemm/fp8_kernel.py``) at the configs SGLang ships under ``kernels/ops/gemm/configs/`` for
-  this GPU, its default config where no file matches the shape.
+* ``gemm_impl=sglang_triton``: SGLang's Triton block-FP8 GEMM (``sglang/kernels/ops/gemm/fp8_kernel.py``) at the
+  configs SGLang ships under ``kernels/ops/gemm/configs/`` for this GPU, its default config where no file matches
+  the shape.
 
-The twin calls these functions of the installed SGLang, with the weight and its ``[ceil(N/128), K/128]`` float32
+The twin calls these kernels of the installed SGLang, with the weight and its ``[ceil(N/128), K/128]`` float32
 scales as SGLang's ``Fp8LinearMethod`` holds them (``tuner.targets.workload.ops.block_quantize``). Nothing of SGLang
 is copied here. SGLang's ``fp8_utils``, the module that holds ``triton_w8a8_block_fp8_linear``, cannot be imported
-without ``sgl_kernel`` (its AOT kernel wheel, 373 MB, built for SGLang's pinned torch), so the twin calls the two
-functions that one calls, from the modules that define them.
+without ``sgl_kernel`` (its AOT kernel wheel, 373 MB, built for SGLang's pinned torch), and ``fp8_kernel``, which
+holds the GEMM, imports SGLang's model executor (torchvision, ``sgl_kernel``) on its way: so the quantisation is
+called from its own module, and the GEMM's Triton kernels are compiled from ``fp8_kernel.py``'s source and launched
+as its ``w8a8_block_fp8_matmul_triton`` launches them (:mod:`kernels.plugins.sglang_block_fp8`).
 
 Where SGLang's JIT quantisation cannot run (no sglang package, no ``apache-tvm-ffi`` or ``nvcc`` to build it), the
 DeepGEMM linear quantises in torch (:func:`tuner.targets.workload.ops.group_quantize`: a scale per 128 values
@@ -68,14 +70,16 @@ def sglang_activation_quant() -> Callable[[torch.Tensor], tuple[torch.Tensor, to
 
 @functools.lru_cache(maxsize=1)
 def _sglang_triton() -> tuple[Callable, Callable]:
+    from kernels.plugins.sglang_block_fp8 import block_fp8_matmul, source_path
+    from kernels.plugins.sglang_moe import SGLangKernelUnavailable
+
     quant = sglang_activation_quant()
     try:
-        from sglang.kernels.ops.gemm.fp8_kernel import w8a8_block_fp8_matmul_triton
-    except Exception as e:  # an ImportError, or a module of SGLang's runtime failing at import
+        source_path()
+    except SGLangKernelUnavailable as e:
         raise KnobError(
-            f"workload knob `gemm_impl=sglang_triton` runs SGLang's Triton block-FP8 GEMM, but "
-            f"sglang.kernels.ops.gemm.fp8_kernel does not import here ({type(e).__name__}: {e}): install sglang "
-            "0.5.23 with its runtime dependencies, or use gemm_impl=deepgemm"
+            f"workload knob `gemm_impl=sglang_triton` runs SGLang's Triton block-FP8 GEMM from its source, but {e}; "
+            "or use gemm_impl=deepgemm"
         ) from None
     if quant is None:
         raise KnobError(
@@ -83,7 +87,7 @@ def _sglang_triton() -> tuple[Callable, Callable]:
             "which does not build here: install apache-tvm-ffi and a CUDA toolkit (nvcc on PATH or under CUDA_HOME), "
             "or use gemm_impl=deepgemm"
         )
-    return quant, w8a8_block_fp8_matmul_triton
+    return quant, block_fp8_matmul
 
 
 def block_fp8_linear(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
