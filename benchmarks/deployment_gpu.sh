@@ -84,7 +84,8 @@ case "${1:-}" in
       export PYTHONPATH=/tmp/site:/tmp/sgsite:/tmp/deepgemm:$PWD CUDA_HOME=/usr/local/cuda PYTHONUNBUFFERED=1
       export LD_PRELOAD=/usr/lib/x86_64-linux-gnu/libstdc++.so.6 TUNER_COMMIT='"$TUNER_COMMIT"'
       timeout 420 python3 -m pytest -q -p no:cacheprovider -m gpu -rs tests/tuner/test_workload_sglang_kernels.py \
-        tests/tuner/test_workload_sglang_indexer.py tests/tuner/test_plugin_phase.py 2>&1 | tee $o/gpu_tests.txt | tail -n 30
+        tests/tuner/test_workload_sglang_indexer.py tests/tuner/test_plugin_phase.py \
+        tests/kernel_tuning/test_sglang_block_fp8.py 2>&1 | tee $o/gpu_tests.txt | tail -n 30
       timeout 240 python3 benchmarks/sglang_mhc.py --json $o/sglang_mhc.json 2>&1 | tail -n 12
       timeout 300 python3 benchmarks/sglang_plugin_kernels.py --out $o 2>&1 | tail -n 8
       timeout 600 python3 benchmarks/sglang_twin_kernels.py --json $o/sglang_twin_kernels.json 2>&1 | tail -n 60

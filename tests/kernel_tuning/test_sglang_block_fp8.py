@@ -37,9 +37,12 @@ def device():
 
 
 def _operands(m: int, n: int, k: int, device: str, seed: int):
+    """Fresh random operands: e4m3 on a GPU (what SGLang passes), float32 in the interpreter (no fp8 there)."""
     g = torch.Generator().manual_seed(seed)
     a = torch.randn(m, k, generator=g)
     b = torch.randn(n, k, generator=g)
+    if device == "cuda":
+        a, b = a.to(torch.float8_e4m3fn), b.to(torch.float8_e4m3fn)
     a_scale = torch.rand(m, -(-k // BLOCK[1]), generator=g) + 0.5
     b_scale = torch.rand(-(-n // BLOCK[0]), -(-k // BLOCK[1]), generator=g) + 0.5
     return [t.to(device) for t in (a, b, a_scale, b_scale)]
@@ -47,7 +50,7 @@ def _operands(m: int, n: int, k: int, device: str, seed: int):
 
 def _reference(a, b, a_scale, b_scale) -> torch.Tensor:
     """sum over K blocks of (a_blk @ b_blk.T) * a_scale[m, kb] * b_scale[nb, kb], in float64."""
-    a, b, a_scale, b_scale = (t.double().cpu() for t in (a, b, a_scale, b_scale))
+    a, b, a_scale, b_scale = (t.cpu().double() for t in (a, b, a_scale, b_scale))
     m, k = a.shape
     n = b.shape[0]
     out = torch.zeros(m, n, dtype=torch.float64)
@@ -93,6 +96,28 @@ def test_sglangs_block_fp8_gemm_matches_the_float64_reference(device, tmp_path, 
     )
     assert out.shape == (m, n) and out.dtype == torch.float32
     assert _rel_err(out, _reference(a, b, a_scale, b_scale)) < 1e-5
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="SGLang's own tuned files name a GPU")
+def test_on_this_gpu_every_tuned_file_sglang_ships_for_it_runs_and_matches_the_reference():
+    """Each of SGLang's tuned files for this GPU with 128 x 128 blocks (V4's), at batches 1, 16 and 64: e4m3
+    operands, the config SGLang picks for the batch (on an H200, the Hopper kernel where the file asks for it), bf16
+    out as SGLang's linears ask."""
+    from kernels.plugins.sglang_block_fp8 import device_name
+
+    name = device_name()
+    root = source_path().parent / "configs"
+    files = sorted(root.glob(f"N=*,K=*,device_name={name},dtype=fp8_w8a8,block_shape=[128, 128].json"))
+    if not files:
+        pytest.skip(f"SGLang ships no block-FP8 config for {name}")
+    for path in files:
+        n, k = (int(part.split("=")[1]) for part in path.name.split(",")[:2])
+        for m in (1, 16, 64):
+            a, b, a_scale, b_scale = _operands(m, n, k, "cuda", seed=m)
+            out = block_fp8_matmul(a, b, a_scale, b_scale, BLOCK, torch.bfloat16)
+            err = _rel_err(out.float(), _reference(a, b, a_scale, b_scale))
+            assert err < 1e-2, (path.name, m, err)  # bf16 output: ~3e-3
 
 
 def test_a_wrong_weight_scale_is_caught_by_the_reference(device, tmp_path):
