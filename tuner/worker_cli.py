@@ -48,6 +48,7 @@ def open_worker_context(
         make_pruner,
         make_sampler,
     )
+    from tuner.search.driver import plugin_keep_s
     from tuner.search.parallel import (
         RetryingRepo,
         StaleTrialHandler,
@@ -85,6 +86,7 @@ def open_worker_context(
     target = get_target_class(run.target)(resolved, settings)
     started = run.started_at.replace(tzinfo=timezone.utc).timestamp()
     deadline = Deadline(started, run.budget_s, min(60.0, max(2.0, 0.03 * run.budget_s)))
+    deadline = deadline.keep(plugin_keep_s(run.budget_s, None, target, resolved))  # as the search keeps it
     if budget_s is not None:
         own = Deadline.start_now(budget_s)
         if own.trials_end < deadline.trials_end:

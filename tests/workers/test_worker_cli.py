@@ -73,3 +73,22 @@ def test_deadline_stops_every_thread_worker_and_records_timeouts(tmp_path, monke
     repo = Repo(url)
     run = repo.get_run("dl")
     assert repo.count_trials(run.id, state="running") == 0 and run.state == "finished"
+
+
+@pytest.mark.postgres
+def test_a_worker_ends_its_trials_when_the_search_does_before_its_plugin_phase(pg_url, tmp_path, monkeypatch):
+    """The search keeps time at the end of its budget for timing the SGLang plug-in on the GPUs; a worker process of
+    the same study stops its trials then too, so no trial shares a GPU with that measurement."""
+    from fake_target import FakeTarget
+
+    from tuner.search.driver import PLUGIN_KEEP_S
+    from tuner.worker_cli import open_worker_context
+
+    study, _ = start_study(pg_url, write_space(tmp_path), budget_s=3600)
+    plain, storage = open_worker_context(pg_url, study)
+    storage.engine.dispose()
+    monkeypatch.setattr(FakeTarget, "plugin_measurements", lambda self, params: [["--batches", "1"]])
+    ctx, storage = open_worker_context(pg_url, study)
+    storage.engine.dispose()
+    assert ctx.deadline.end == plain.deadline.end
+    assert plain.deadline.trials_end - ctx.deadline.trials_end == pytest.approx(PLUGIN_KEEP_S)

@@ -67,7 +67,7 @@ def run_search(options: SearchOptions, progress: Progress | None = None) -> Sear
         for i, line in enumerate(planned.planned_lines(options.budget_s if options.n_trials is None else None)):
             report.facts[f"stage {i + 1}"] = line.split(" ", 2)[2]
         report.facts["convergence"] = convergence_line(options.converge_after, options.n_trials)
-        keep = _plugin_keep_s(options, target, resolved)
+        keep = plugin_keep_s(options.budget_s, options.n_trials, target, resolved)
         if keep:
             report.facts["plug-in phase"] = (
                 f"the trials end {keep:.0f} s early: the SGLang plug-in's kernels are then timed beside SGLang's own "
@@ -191,16 +191,18 @@ PLUGIN_MIN_S = 20.0
 def _keep_time_for_plugin(ctx: SearchContext) -> None:
     """Where this search will time an SGLang plug-in after its trials (the target measures one for its defaults'
     deployment), end the trials early enough for it: a ``--budget`` is the search's whole time, not its trials'."""
-    keep = _plugin_keep_s(ctx.options, ctx.target, ctx.resolved)
+    keep = plugin_keep_s(ctx.options.budget_s, ctx.options.n_trials, ctx.target, ctx.resolved)
     if keep:
         ctx.deadline = ctx.deadline.keep(keep)
 
 
-def _plugin_keep_s(options: SearchOptions, target, resolved) -> float:
-    if options.n_trials is not None or not options.budget_s:
+def plugin_keep_s(budget_s: float | None, n_trials: int | None, target, resolved) -> float:
+    """Seconds a search's trials end early for its plug-in phase (``tuner worker`` processes of the study end theirs
+    then too, so that the phase's timings share the GPUs with no trial)."""
+    if n_trials is not None or not budget_s:
         return 0.0
     cases = target.plugin_measurements(resolved.defaults())
-    return min(PLUGIN_KEEP_S * len(cases), PLUGIN_KEEP_SHARE * options.budget_s) if cases else 0.0
+    return min(PLUGIN_KEEP_S * len(cases), PLUGIN_KEEP_SHARE * budget_s) if cases else 0.0
 
 
 def _plugin_phase(ctx: SearchContext, progress: Progress | None) -> None:
