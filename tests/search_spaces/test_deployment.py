@@ -323,7 +323,7 @@ def test_without_sglangs_jit_quantisation_the_deepgemm_linear_says_so_and_sglang
     from tuner.errors import KnobError
     from tuner.targets.workload import sglang_gemm
 
-    def broken():
+    def broken(*args):
         raise ModuleNotFoundError("No module named 'tvm_ffi'")
 
     monkeypatch.setattr(sglang_gemm, "_sglang_quant_fn", broken)

@@ -41,3 +41,37 @@ def test_sglang_glue_is_refused_on_a_cpu_and_without_flashmla_with_the_knob_and_
         DecodeModel(PRESETS["dsv4-flash-tiny"], {"glue": "sglang", "attention_impl": "torch"}, "cpu")
     with pytest.raises(KnobError, match="gemm_impl=sglang_triton.*needs a GPU"):
         DecodeModel(PRESETS["dsv4-flash-tiny"], {"gemm_impl": "sglang_triton"}, "cpu")
+
+
+@pytest.mark.parametrize("dtype_name", ["bf16", "fp32", "fp8"])
+def test_the_grouped_wo_a_off_deepgemm_is_the_bmm_the_twin_always_ran(dtype_name):
+    from tuner.targets.workload.ops import GroupedLinear
+
+    g = torch.Generator().manual_seed(4)
+    w = torch.randn(4, 256, 128, generator=g)  # [G, D, R]
+    o = torch.randn(3, 4, 256, generator=g)  # [B, G, D]
+    lin = GroupedLinear.make(w, dtype_name, "deepgemm" if dtype_name == "fp8" else "torch")  # no GPU: no einsum
+    dt = torch.float32 if dtype_name == "fp32" else torch.bfloat16
+    assert lin.impl == "torch" and lin.weight.dtype == dt and lin.scale is None
+    before = torch.bmm(o.transpose(0, 1).to(dt), w.to(dt)).transpose(0, 1)  # model.py's two lines until this change
+    assert torch.equal(lin(o), before)
+
+
+def test_the_grouped_wo_a_for_deepgemm_holds_each_groups_weight_transposed_in_128_blocks(monkeypatch):
+    from tuner.targets.workload import sglang_gemm
+    from tuner.targets.workload.ops import GroupedLinear, dequantize_blocks
+
+    monkeypatch.setattr(sglang_gemm, "wo_a_einsum_runs", lambda: True)  # as on an H200 with DeepGEMM
+    g = torch.Generator().manual_seed(5)
+    w = torch.randn(2, 256, 384, generator=g)  # [G, D, R]
+    lin = GroupedLinear.make(w, "fp8", "sglang_triton")  # SGLang runs wo_a on DeepGEMM under both Hopper backends
+    assert lin.impl == "deepgemm" and lin.weight.dtype == torch.float8_e4m3fn
+    assert tuple(lin.weight.shape) == (2, 384, 256) and tuple(lin.scale.shape) == (
+        2,
+        3,
+        2,
+    )  # [G, R, D], [G, R/128, D/128]
+    back = dequantize_blocks(lin.weight, lin.scale)
+    err = float((back - w.transpose(1, 2)).norm() / w.norm())
+    assert err < 0.05  # e4m3 with a scale per 128 x 128 block
+    assert GroupedLinear.make(w[:, :200], "fp8", "deepgemm").impl == "torch"  # D not a multiple of 128: the bmm

@@ -45,6 +45,36 @@ def test_sglangs_activation_quantisation_runs_with_power_of_two_scales_and_feeds
         assert _rel(y, x.double() @ w.double().t()) < 0.08
 
 
+@pytest.mark.skipif(not importlib.util.find_spec("deep_gemm"), reason="wo_a's fp8 einsum is DeepGEMM's")
+@pytest.mark.parametrize("batch", [1, 16, 64])
+def test_v4s_grouped_wo_a_runs_deepgemms_fp8_einsum_as_sglang_does_and_captures_in_a_graph(batch):
+    """V4-Flash's wo_a (8 groups, 4096 -> 1024 each): SGLang's quantisation with float32 scales and DeepGEMM's
+    fp8_einsum, against float64 on the e4m3 weight it holds, then replayed in a CUDA graph."""
+    from tuner.targets.workload.ops import GroupedLinear, dequantize_blocks
+    from tuner.targets.workload.sglang_gemm import wo_a_einsum_runs
+
+    assert wo_a_einsum_runs()
+    w = torch.randn(8, 4096, 1024, device="cuda") / 64  # [G, D, R], as the twin draws it
+    lin = GroupedLinear.make(w, "fp8", "deepgemm")
+    assert (
+        lin.impl == "deepgemm"
+        and lin.weight.dtype == torch.float8_e4m3fn
+        and tuple(lin.weight.shape) == (8, 1024, 4096)
+    )
+    assert tuple(lin.scale.shape) == (8, 8, 32)
+    o = (torch.randn(batch, 8, 4096, device="cuda") * 2).to(torch.bfloat16)
+    want = torch.einsum("bgd,grd->bgr", o.double(), dequantize_blocks(lin.weight, lin.scale).double())
+    got = lin(o)
+    assert got.dtype == torch.bfloat16 and tuple(got.shape) == (batch, 8, 1024)
+    assert _rel(got, want) < 0.05
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = lin(o)
+    graph.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(out, got)
+
+
 @pytest.mark.parametrize("batch", [1, 16, 64])
 def test_sglangs_q_norm_rope_is_the_twins_q_preparation_and_captures_in_a_graph(batch):
     from tuner.targets.workload.gpu_ops import fused_norm_rope, sglang_q_norm_rope

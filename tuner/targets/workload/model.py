@@ -31,6 +31,7 @@ from tuner.errors import KnobError
 from tuner.targets.workload.ops import (
     GEMM_IMPLS,
     NORM_EPS,
+    GroupedLinear,
     Linear,
     add_rms_norm,
     indexer_scores_torch,
@@ -86,7 +87,7 @@ class AttnWeights:
     kv_norm: (
         torch.Tensor
     )  # [head_dim], ones: the fused glue's kernel (weightless, as SGLang's q kernel) computes the same
-    o_a: torch.Tensor  # [G, (H/G)*d, o_lora] in the projection dtype
+    o_a: GroupedLinear  # [G, (H/G)*d] -> [G, o_lora] per group, in the projection dtype
     o_b: Linear
     idx_q: Linear | None
     idx_w: Linear | None
@@ -357,8 +358,8 @@ class DecodeModel:
                 q_b=self._linear(self._rand(g, p.heads * p.head_dim, p.q_lora), proj),
                 kv=self._linear(self._rand(g, p.head_dim, p.hidden), proj),
                 kv_norm=torch.ones(p.head_dim, device=self.device, dtype=dt),
-                o_a=(self._rand(g, p.o_groups, gsize, p.o_lora, scale=1 / math.sqrt(gsize))).to(
-                    torch.bfloat16 if proj in ("bf16", "fp8") else torch.float32
+                o_a=GroupedLinear.make(
+                    self._rand(g, p.o_groups, gsize, p.o_lora, scale=1 / math.sqrt(gsize)), proj, k["gemm_impl"]
                 ),
                 o_b=self._linear(self._rand(g, p.hidden, p.o_groups * p.o_lora), proj),
                 idx_q=self._linear(self._rand(g, p.indexer_heads * p.indexer_dim, p.q_lora), k["gemm_indexer"])
@@ -562,8 +563,7 @@ class DecodeModel:
             pool = torch.cat([st[f"{other}_pool"], st["win_pool"]], dim=0)
             kv_scale = torch.cat([st[f"{other}_scale"], st["win_scale"]]) if fp8 else None
         o = self.attention_fn(q, pool, rows, self.scale, kv_scale)  # [B, H, d]
-        og = o.reshape(B, p.o_groups, -1).transpose(0, 1).to(w.o_a.dtype)  # [G, B, (H/G)*d]
-        oa = torch.bmm(og, w.o_a).transpose(0, 1).reshape(B, -1).to(h.dtype)
+        oa = w.o_a(o.reshape(B, p.o_groups, -1)).reshape(B, -1).to(h.dtype)  # [B, G, (H/G)*d] -> [B, G*o_lora]
         return w.o_b(oa)
 
     def _flashmla_kv(
@@ -595,8 +595,7 @@ class DecodeModel:
                 extra_rows = self._indexer(w, qa, h, st)
             extra = st["csa_v4"]
         o = self.attention_fn(q, st["win_v4"], st["win_rows"], self.scale, None, extra, extra_rows)
-        og = o.reshape(B, p.o_groups, -1).transpose(0, 1).to(w.o_a.dtype)
-        oa = torch.bmm(og, w.o_a).transpose(0, 1).reshape(B, -1).to(h.dtype)
+        oa = w.o_a(o.reshape(B, p.o_groups, -1)).reshape(B, -1).to(h.dtype)
         return w.o_b(oa)
 
     def _indexer(self, w: AttnWeights, qa: torch.Tensor, h: torch.Tensor, st: dict[str, torch.Tensor]) -> torch.Tensor:

@@ -123,6 +123,51 @@ class Linear:
         return (x.to(self.weight.dtype) @ self.weight.t()).to(out_dtype)
 
 
+@dataclass
+class GroupedLinear:
+    """V4's grouped output projection ``wo_a``: ``o [B, G, D] -> [B, G, R]``, one ``[D, R]`` weight per group.
+
+    A 16-bit (or fp32/tf32) one is a torch ``bmm`` on ``weight [G, D, R]``. An fp8 one under SGLang's Hopper backends
+    (``gemm_impl`` ``deepgemm`` or ``sglang_triton``: SGLang runs ``wo_a`` the same way under both) is what SGLang
+    0.5.23 runs on sm_90 (``srt/models/deepseek_v4.py:3008-3024``, ``SGLANG_OPT_FP8_WO_A_GEMM`` on by default): its
+    per-token-group quantisation of ``o`` with float32 scales (not rounded to powers of two on sm_90), then DeepGEMM's
+    ``fp8_einsum("bhr,hdr->bhd")`` on ``weight [G, R, D]`` e4m3 with ``scale [G, R/128, D/128]``, recipe
+    ``(1, 128, 128)`` (:func:`tuner.targets.workload.sglang_gemm.wo_a_einsum`). Where DeepGEMM's einsum does not run
+    here (checked once per process on a small call), it is the 16-bit bmm, and the trial's log says so. This is the
+    sm_90 form: on Blackwell SGLang quantises with ue8m0 scales and recipe ``(1, 1, 128)``, not repeated here."""
+
+    weight: torch.Tensor
+    scale: torch.Tensor | None = None
+    impl: str = "torch"
+
+    @classmethod
+    def make(cls, w: torch.Tensor, dtype_name: str, impl: str = "torch") -> GroupedLinear:
+        """``w [G, D, R]`` in the family's dtype ``dtype_name``, run by ``impl`` (a :data:`GEMM_IMPLS` value)."""
+        g, d, r = w.shape
+        if dtype_name == "fp8" and impl in BLOCK_FP8_IMPLS and d % BLOCK == 0 and r % BLOCK == 0:
+            from tuner.targets.workload.sglang_gemm import wo_a_einsum_runs
+
+            if wo_a_einsum_runs():
+                blocks = [block_quantize(w[i].t()) for i in range(g)]  # each group's [R, D]
+                return cls(torch.stack([q for q, _ in blocks]), torch.stack([s for _, s in blocks]), "deepgemm")
+        return cls(w.to(torch.bfloat16 if dtype_name in ("bf16", "fp8") else torch.float32).contiguous())
+
+    def __call__(self, o: torch.Tensor) -> torch.Tensor:
+        if self.impl == "deepgemm":
+            from tuner.targets.workload.sglang_gemm import wo_a_einsum
+
+            return wo_a_einsum(o, self.weight, self.scale)
+        og = o.transpose(0, 1).to(self.weight.dtype)  # [G, B, D]
+        return torch.bmm(og, self.weight).transpose(0, 1)
+
+
+def dequantize_blocks(q: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+    """``q [..., N, K]`` e4m3 with ``scale [..., ceil(N/128), K/128]`` (:func:`block_quantize`'s) back to float32."""
+    n, k = q.shape[-2:]
+    s = scale.repeat_interleave(BLOCK, dim=-2)[..., :n, :].repeat_interleave(BLOCK, dim=-1)[..., :k]
+    return q.float() * s
+
+
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
     xf = x.float()
     return (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps) * weight.float()).to(x.dtype)

@@ -41,21 +41,22 @@ BLOCK_SHAPE = [128, 128]
 _logger = logging.getLogger(__name__)
 
 
-def _sglang_quant_fn() -> Callable[[torch.Tensor], tuple[torch.Tensor, torch.Tensor]]:
+def _sglang_quant_fn(ue8m0: bool = True) -> Callable[[torch.Tensor], tuple[torch.Tensor, torch.Tensor]]:
     from sglang.kernels.ops.quantization.fp8_kernel import sglang_per_token_group_quant_fp8
 
     def quant(x2: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        return sglang_per_token_group_quant_fp8(x2, BLOCK_SHAPE[1], scale_ue8m0=True)
+        return sglang_per_token_group_quant_fp8(x2, BLOCK_SHAPE[1], scale_ue8m0=ue8m0)
 
     return quant
 
 
-@functools.lru_cache(maxsize=1)
-def sglang_activation_quant() -> Callable[[torch.Tensor], tuple[torch.Tensor, torch.Tensor]] | None:
-    """SGLang's activation quantisation for V4's linears (``x [M, K]`` bf16 -> e4m3 ``[M, K]``, float32 ``[M, K/128]``),
-    built and run once on a small row here; None where it cannot (the reason logged once)."""
+@functools.lru_cache(maxsize=2)
+def sglang_activation_quant(ue8m0: bool = True) -> Callable[[torch.Tensor], tuple[torch.Tensor, torch.Tensor]] | None:
+    """SGLang's activation quantisation for V4's linears (``x [M, K]`` bf16 -> e4m3 ``[M, K]``, float32 ``[M, K/128]``;
+    ``ue8m0``: scales rounded up to powers of two, as for V4's linears; not for ``wo_a`` on sm_90), built and run once
+    on a small row here; None where it cannot (the reason logged once)."""
     try:
-        quant = _sglang_quant_fn()
+        quant = _sglang_quant_fn(ue8m0)
         quant(torch.ones(1, BLOCK_SHAPE[1], device="cuda", dtype=torch.bfloat16))
         return quant
     except Exception as e:  # an ImportError, a module of SGLang's runtime failing at import, or the JIT build
@@ -100,3 +101,54 @@ def block_fp8_linear(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor)
     q, xs = quant(x2.contiguous())
     out = matmul(q, weight, xs, scale, BLOCK_SHAPE, output_dtype=torch.bfloat16)
     return out.to(x.dtype).reshape(*x.shape[:-1], -1)
+
+
+WO_A_RECIPE = (1, 128, 128)
+"""DeepGEMM's scale granularity for ``wo_a`` on sm_90: SGLang's ``recipe`` there (``deepseek_v4.py:3017``)."""
+
+
+def wo_a_einsum(o: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+    """V4's grouped ``wo_a`` as SGLang runs it on sm_90 (``_fp8_wo_a_einsum``): ``o [B, G, D]`` quantised per 128
+    values with float32 scales (SGLang's JIT kernel, else torch's), then DeepGEMM's
+    ``fp8_einsum("bhr,hdr->bhd", (o_fp8, o_s), (weight [G, R, D], scale [G, R/128, D/128]), out, recipe=(1, 128,
+    128))``; bf16 ``[B, G, R]``."""
+    import deep_gemm
+
+    from tuner.targets.workload.ops import group_quantize
+
+    b, g, d = o.shape
+    o2 = o.reshape(b * g, d).to(torch.bfloat16).contiguous()
+    quant = sglang_activation_quant(False)
+    q, s = quant(o2) if quant is not None else group_quantize(o2)
+    out = torch.empty(b, g, weight.shape[1], device=o.device, dtype=torch.bfloat16)
+    deep_gemm.fp8_einsum("bhr,hdr->bhd", (q.view(b, g, d), s.view(b, g, -1)), (weight, scale), out, recipe=WO_A_RECIPE)
+    return out
+
+
+@functools.lru_cache(maxsize=1)
+def wo_a_einsum_runs() -> bool:
+    """Whether :func:`wo_a_einsum` runs here and agrees with float32 on one small call (checked once per process);
+    where not, the reason is logged once and ``wo_a`` stays the twin's 16-bit bmm."""
+    from tuner.targets.workload.ops import block_quantize, dequantize_blocks
+
+    try:
+        if not torch.cuda.is_available():
+            raise RuntimeError("no CUDA device")
+        gen = torch.Generator(device="cuda").manual_seed(0)
+        o = torch.randn(4, 2, 256, device="cuda", generator=gen)
+        w = torch.randn(2, 128, 256, device="cuda", generator=gen)  # [G, R, D]
+        blocks = [block_quantize(w[i]) for i in range(2)]
+        q, s = torch.stack([b[0] for b in blocks]), torch.stack([b[1] for b in blocks])
+        got = wo_a_einsum(o, q, s).float()
+        want = torch.einsum("bgd,grd->bgr", o, dequantize_blocks(q, s))
+        err = float((got - want).norm() / want.norm())
+        if not err < 5e-2:
+            raise RuntimeError(f"relative error {err:.3g} against float32 on a 4 x 2 x 256 -> 128 call")
+        return True
+    except Exception as e:  # deep_gemm missing or failing on this GPU, or SGLang's quantisation failing
+        _logger.warning(
+            "DeepGEMM's fp8_einsum for V4's grouped wo_a does not run here (%s: %s): wo_a stays a 16-bit bmm",
+            type(e).__name__,
+            str(e).splitlines()[0] if str(e) else "",
+        )
+        return False
