@@ -59,7 +59,8 @@ def test_the_grouped_wo_a_off_deepgemm_is_the_bmm_the_twin_always_ran(dtype_name
 
 def test_the_grouped_wo_a_for_deepgemm_holds_each_groups_weight_transposed_in_128_blocks(monkeypatch):
     from tuner.targets.workload import sglang_gemm
-    from tuner.targets.workload.ops import GroupedLinear, dequantize_blocks
+    from tuner.targets.workload.ops import GroupedLinear
+    from tuner.targets.workload.sglang_gemm import dequantize_blocks
 
     monkeypatch.setattr(sglang_gemm, "wo_a_einsum_runs", lambda: True)  # as on an H200 with DeepGEMM
     g = torch.Generator().manual_seed(5)

@@ -151,7 +151,8 @@ def test_the_decode_step_runs_with_sglangs_indexer_within_the_fp8_tolerance_of_t
 
 
 def test_block_and_group_scales_hold_the_values_within_e4m3s_error():
-    from tuner.targets.workload.ops import block_quantize, deepgemm_servable, group_quantize
+    from tuner.targets.workload.ops import deepgemm_servable
+    from tuner.targets.workload.sglang_gemm import block_quantize, group_quantize
 
     g = torch.Generator().manual_seed(3)
     w = torch.randn(192, 256, generator=g)  # 192 rows: the last block of rows half full

@@ -50,8 +50,8 @@ def test_sglangs_activation_quantisation_runs_with_power_of_two_scales_and_feeds
 def test_v4s_grouped_wo_a_runs_deepgemms_fp8_einsum_as_sglang_does_and_captures_in_a_graph(batch):
     """V4-Flash's wo_a (8 groups, 4096 -> 1024 each): SGLang's quantisation with float32 scales and DeepGEMM's
     fp8_einsum, against float64 on the e4m3 weight it holds, then replayed in a CUDA graph."""
-    from tuner.targets.workload.ops import GroupedLinear, dequantize_blocks
-    from tuner.targets.workload.sglang_gemm import wo_a_einsum_runs
+    from tuner.targets.workload.ops import GroupedLinear
+    from tuner.targets.workload.sglang_gemm import dequantize_blocks, wo_a_einsum_runs
 
     assert wo_a_einsum_runs()
     w = torch.randn(8, 4096, 1024, device="cuda") / 64  # [G, D, R], as the twin draws it

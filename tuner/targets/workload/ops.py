@@ -12,6 +12,8 @@ from dataclasses import dataclass
 
 import torch
 
+from tuner.targets.workload.sglang_gemm import BLOCK, block_quantize, group_quantize
+
 _logger = logging.getLogger(__name__)
 
 GEMM_DTYPES = {
@@ -33,27 +35,6 @@ torch, as SGLang's), or ``sglang_triton``: an fp8 linear as SGLang runs it with 
 quantisation, then its own Triton ``w8a8_block_fp8_matmul``, the same block scales): ``tuner.targets.workload.sglang_gemm``."""
 BLOCK_FP8_IMPLS = ("deepgemm", "sglang_triton")
 """The implementations that run fp8 linears on DeepSeek's 128x128 weight blocks (SGLang's two Hopper backends)."""
-BLOCK = 128
-"""DeepSeek's fp8 block: a scale per 128 x 128 weights, per 128 values of an activation row."""
-
-
-def block_quantize(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """``w`` [N, K] (K a multiple of 128) as e4m3 with one float32 scale per 128 x 128 block: ([N, K], [ceil(N/128), K/128])."""
-    n, k = w.shape
-    rows = -(-n // BLOCK) * BLOCK
-    wp = torch.zeros(rows, k, device=w.device, dtype=torch.float32)
-    wp[:n] = w.float()
-    scale = wp.view(rows // BLOCK, BLOCK, k // BLOCK, BLOCK).abs().amax(dim=(1, 3)).clamp(min=1e-12) / 448.0
-    q = (wp.view(rows // BLOCK, BLOCK, k // BLOCK, BLOCK) / scale[:, None, :, None]).to(torch.float8_e4m3fn)
-    return q.view(rows, k)[:n].contiguous(), scale.contiguous()
-
-
-def group_quantize(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Activation rows [M, K] as e4m3 with one float32 scale per 128 values of a row: ([M, K], [M, K/128])."""
-    m, k = x.shape
-    v = x.float().reshape(m, k // BLOCK, BLOCK)
-    scale = v.abs().amax(-1).clamp(min=1e-12) / 448.0
-    return (v / scale[..., None]).to(torch.float8_e4m3fn).view(m, k), scale.contiguous()
 
 
 def deepgemm_servable(n: int, k: int) -> bool:
@@ -159,13 +140,6 @@ class GroupedLinear:
             return wo_a_einsum(o, self.weight, self.scale)
         og = o.transpose(0, 1).to(self.weight.dtype)  # [G, B, D]
         return torch.bmm(og, self.weight).transpose(0, 1)
-
-
-def dequantize_blocks(q: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
-    """``q [..., N, K]`` e4m3 with ``scale [..., ceil(N/128), K/128]`` (:func:`block_quantize`'s) back to float32."""
-    n, k = q.shape[-2:]
-    s = scale.repeat_interleave(BLOCK, dim=-2)[..., :n, :].repeat_interleave(BLOCK, dim=-1)[..., :k]
-    return q.float() * s
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:

@@ -14,7 +14,7 @@ JIT CUDA kernel of SGLang's (``sglang/kernels/ops/quantization/per_token_group_q
   the shape.
 
 The twin calls these kernels of the installed SGLang, with the weight and its ``[ceil(N/128), K/128]`` float32
-scales as SGLang's ``Fp8LinearMethod`` holds them (``tuner.targets.workload.ops.block_quantize``). Nothing of SGLang
+scales as SGLang's ``Fp8LinearMethod`` holds them (:func:`block_quantize`). Nothing of SGLang
 is copied here. SGLang's ``fp8_utils``, the module that holds ``triton_w8a8_block_fp8_linear``, cannot be imported
 without ``sgl_kernel`` (its AOT kernel wheel, 373 MB, built for SGLang's pinned torch), and ``fp8_kernel``, which
 holds the GEMM, imports SGLang's model executor (torchvision, ``sgl_kernel``) on its way: so the quantisation is
@@ -22,7 +22,7 @@ called from its own module, and the GEMM's Triton kernels are compiled from ``fp
 as its ``w8a8_block_fp8_matmul_triton`` launches them (:mod:`kernels.plugins.sglang_block_fp8`).
 
 Where SGLang's JIT quantisation cannot run (no sglang package, no ``apache-tvm-ffi`` or ``nvcc`` to build it), the
-DeepGEMM linear quantises in torch (:func:`tuner.targets.workload.ops.group_quantize`: a scale per 128 values
+DeepGEMM linear quantises in torch (:func:`group_quantize`: a scale per 128 values
 too, not rounded to a power of two, in six elementwise kernels instead of one) and says so once in the trial's log; ``sglang_triton`` refuses instead, naming
 what is missing.
 """
@@ -39,6 +39,36 @@ from tuner.errors import KnobError
 
 BLOCK_SHAPE = [128, 128]
 _logger = logging.getLogger(__name__)
+
+
+BLOCK = 128
+"""DeepSeek's fp8 block: a scale per 128 x 128 weights, per 128 values of an activation row."""
+
+
+def block_quantize(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """``w`` [N, K] (K a multiple of 128) as e4m3 with one float32 scale per 128 x 128 block: ([N, K], [ceil(N/128), K/128])."""
+    n, k = w.shape
+    rows = -(-n // BLOCK) * BLOCK
+    wp = torch.zeros(rows, k, device=w.device, dtype=torch.float32)
+    wp[:n] = w.float()
+    scale = wp.view(rows // BLOCK, BLOCK, k // BLOCK, BLOCK).abs().amax(dim=(1, 3)).clamp(min=1e-12) / 448.0
+    q = (wp.view(rows // BLOCK, BLOCK, k // BLOCK, BLOCK) / scale[:, None, :, None]).to(torch.float8_e4m3fn)
+    return q.view(rows, k)[:n].contiguous(), scale.contiguous()
+
+
+def group_quantize(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Activation rows [M, K] as e4m3 with one float32 scale per 128 values of a row: ([M, K], [M, K/128])."""
+    m, k = x.shape
+    v = x.float().reshape(m, k // BLOCK, BLOCK)
+    scale = v.abs().amax(-1).clamp(min=1e-12) / 448.0
+    return (v / scale[..., None]).to(torch.float8_e4m3fn).view(m, k), scale.contiguous()
+
+
+def dequantize_blocks(q: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+    """``q [..., N, K]`` e4m3 with ``scale [..., ceil(N/128), K/128]`` (:func:`block_quantize`'s) back to float32."""
+    n, k = q.shape[-2:]
+    s = scale.repeat_interleave(BLOCK, dim=-2)[..., :n, :].repeat_interleave(BLOCK, dim=-1)[..., :k]
+    return q.float() * s
 
 
 def _sglang_quant_fn(ue8m0: bool = True) -> Callable[[torch.Tensor], tuple[torch.Tensor, torch.Tensor]]:
@@ -114,8 +144,6 @@ def wo_a_einsum(o: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor) -> t
     128))``; bf16 ``[B, G, R]``."""
     import deep_gemm
 
-    from tuner.targets.workload.ops import group_quantize
-
     b, g, d = o.shape
     o2 = o.reshape(b * g, d).to(torch.bfloat16).contiguous()
     quant = sglang_activation_quant(False)
@@ -129,8 +157,6 @@ def wo_a_einsum(o: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor) -> t
 def wo_a_einsum_runs() -> bool:
     """Whether :func:`wo_a_einsum` runs here and agrees with float32 on one small call (checked once per process);
     where not, the reason is logged once and ``wo_a`` stays the twin's 16-bit bmm."""
-    from tuner.targets.workload.ops import block_quantize, dequantize_blocks
-
     try:
         if not torch.cuda.is_available():
             raise RuntimeError("no CUDA device")
