@@ -175,14 +175,12 @@ class Timers:
     def install(self) -> None:
         import optuna
 
-        import tuner.search.parallel as parallel
         import tuner.search.trial as trial
         from storage import Repo
 
         self.wrap(optuna.study.Study, "ask", "ask")
         self.wrap(optuna.study.Study, "tell", "tell")
-        self.wrap(parallel, "suggest", "ask")
-        self.wrap(trial, "suggest", "ask")
+        self.wrap(trial, "suggest", "ask")  # what tuner.search.trial.propose samples through (repeats turned away)
         for name in dir(Repo):
             if not name.startswith("_") and callable(getattr(Repo, name)) and name not in ("engine",):
                 self.wrap(Repo, name, "storage")

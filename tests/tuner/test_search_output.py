@@ -8,6 +8,8 @@ import sys
 import pytest
 from spaces import FAKE_SPACE
 
+from tuner.search.sampling import MAX_TURNED_AWAY
+
 
 def tuner(*args, cwd):
     return subprocess.run([sys.executable, "-m", "tuner", *args], cwd=cwd, capture_output=True, text=True, timeout=240)
@@ -120,10 +122,14 @@ def test_the_final_summary_counts_each_configuration_once_beside_its_repeats_and
     trials = [ln for ln in lines if re.match(r"trial +\d+ ", ln)]
     repeats = sum("[same configuration as trial" in ln for ln in trials)
     assert repeats > 0, noisy_search.stdout
-    assert summary.endswith(
+    # a repeat is recorded once its proposals were turned away MAX_TURNED_AWAY times (a spent space); they are counted
+    head = (
         f": 2 configurations: ok 2 ({len(trials)} trials: {repeats} repeats not run again, "
-        f"{len(trials) - repeats - 2} re-runs of a measured configuration)"
-    ), summary
+        f"{len(trials) - repeats - 2} re-runs of a measured configuration; "
+    )
+    assert head in summary, summary
+    turned = re.fullmatch(r"(\d+) proposals turned away as repeats\)", summary.split(head, 1)[1])
+    assert turned and int(turned[1]) >= MAX_TURNED_AWAY * repeats, summary
 
 
 def test_the_per_trial_line_and_tuner_status_divide_by_the_same_baseline_figure_during_the_search(

@@ -101,6 +101,8 @@ def test_a_stage_that_converged_hands_its_time_to_the_next_and_the_last_one_ends
     sp = StagePlan(stages, stretch=4)
 
     class T:
+        turned_away = 0  # a TrialSummary's: repeat proposals turned away before the trial
+
         def __init__(self, value, repeat_of=None):
             self.value, self.repeat_of, self.outcome, self.is_baseline = value, repeat_of, "ok", False
 
@@ -120,6 +122,8 @@ def test_a_stage_that_spent_its_share_ends_without_converging(tmp_path):
     sp = StagePlan(plan(resolved, deployable_only=False), stretch=0)
 
     class T:
+        turned_away = 0  # a TrialSummary's: repeat proposals turned away before the trial
+
         value, repeat_of, outcome, is_baseline = 10.0, None, "ok", False
 
     assert sp.observe([T()], maximize=True, noise=0.0, started=0.0, trials_end=100.0, now=49.0) is None
@@ -134,6 +138,8 @@ def test_the_stages_share_the_time_left_once_the_baseline_s_runs_are_done(tmp_pa
     sp = StagePlan(plan(resolved, deployable_only=False), stretch=0)
 
     class T:
+        turned_away = 0  # a TrialSummary's: repeat proposals turned away before the trial
+
         def __init__(self, baseline=False):
             self.value, self.repeat_of, self.outcome, self.is_baseline = 10.0, None, "ok", baseline
 
@@ -391,6 +397,8 @@ def test_observing_a_trial_reads_the_trials_since_the_last_observation_not_the_w
     resolved = resolve(load_space(str(_write(tmp_path, STAGED_SPACE))), CPU)
 
     class T:
+        turned_away = 0  # a TrialSummary's: repeat proposals turned away before the trial
+
         reads = 0
 
         def __init__(self, value, repeat_of=None):

@@ -38,6 +38,7 @@ from tuner.search.local_trials import cached
 from tuner.search.options import SearchOptions
 from tuner.search.results import SearchResult, TrialSummary
 from tuner.search.sampling import (
+    TURNED_AWAY_ATTR,
     make_pruner,
     make_sampler,
     params_key,
@@ -405,6 +406,14 @@ def _fail_stale_optuna_trial(study: optuna.Study, number: int) -> None:
 
 
 def load_history(ctx: SearchContext) -> None:
+    """The study's finished trials into ``ctx`` (its summaries, counts and the configurations seen), from the
+    ``tuner_`` tables, with the repeat proposals turned away before each from its Optuna trial (no ``tuner_``
+    column holds them)."""
+    turned = {
+        t.number: int(t.user_attrs[TURNED_AWAY_ATTR])
+        for t in ctx.study.get_trials(deepcopy=False)
+        if TURNED_AWAY_ATTR in t.user_attrs
+    }
     for rec in ctx.repo.list_trials(ctx.run.id):
         if rec.state == "running":
             continue
@@ -417,6 +426,7 @@ def load_history(ctx: SearchContext) -> None:
             rec.duration_s or 0.0,
             rec.is_baseline,
             rec.repeat_of,
+            turned_away=turned.get(rec.number, 0),
         )
         ctx.trials.append(s)
         ctx.counts[s.outcome] = ctx.counts.get(s.outcome, 0) + 1

@@ -424,6 +424,7 @@ def _loop(
     gpus = list(ctx.options.gpus[:1]) if ctx.options.gpus else None
     combos = math.prod(len(p.choices()) for p in ctx.resolved.params) if ctx.resolved.params else 1
     repeats = failures = 0
+    reproposed = False  # the last trial's proposals repeated a timed config (recorded, or turned away before it ran)
     started = len(ctx.trials)
     pending: deque[tuple[Any, Future | None]] = deque()
     submitted: set[str] = set()
@@ -440,7 +441,7 @@ def _loop(
             if ctx.options.n_trials is not None:
                 want = min(want, ctx.options.n_trials - done)
             # TPE re-proposed a timed config: a move from the best, enqueued right before the next ask (which takes it)
-            move = repeats > 0
+            move = reproposed
             while len(pending) < want:
                 if move:
                     refine.enqueue_next(ctx, progress)
@@ -452,6 +453,7 @@ def _loop(
                 ahead.wait(fut, min(COMPILE_WAIT_S, ctx.deadline.remaining_for_trials()))
             summary = run_one(ctx, trial, progress, gpus=gpus)
             repeats = repeats + 1 if summary.repeat_of is not None else 0
+            reproposed = summary.reproposed
             failures = failures + 1 if summary.outcome not in ("ok", "pruned", "invalid_config") else 0
             if repeats >= MAX_REPEATS_IN_A_ROW:
                 return f"space exhausted: {repeats} repeated configs in a row"

@@ -12,10 +12,12 @@ SQLite: 70% of the GIL held in SQLAlchemy), and the workers idled 70-80% waiting
 waiting queue, updated by every write this process makes to it, and hands it to Optuna's cache once it finished.
 Every write goes to the database before the copy changes; a trial's suggested values are written together, in one
 transaction, when ``tuner.search.sampling.suggest`` returns (:func:`flush_params`), before the trial runs.
-``get_trial`` of such a trial answers from the copy; the cache's re-read of unfinished trials asks the database only
-which trials are new or unfinished (their ids) and loads in full only those this process does not run. Trials other
-processes run (``tuner worker``) are read from the database as before. A trial another process fails (a stale
-heartbeat) reads as running here until this process's next write to it, which the database refuses as before.
+Until then they can be taken back (:meth:`LocalTrialsMixin.drop_params`: the search turns a repeat proposal away
+and samples again). ``get_trial`` of such a trial answers from the copy; the cache's re-read of unfinished trials
+asks the database only which trials are new or unfinished (their ids) and loads in full only those this process does
+not run. Trials other processes run (``tuner worker``) are read from the database as before. A trial another process
+fails (a stale heartbeat) reads as running here until this process's next write to it, which the database refuses as
+before.
 
 :class:`IndexedCachedStorage` is Optuna's cache of the study with its reads indexed (see there).
 """
@@ -55,6 +57,7 @@ class LocalTrialsMixin:
         self._local: dict[int, tuple[int, FrozenTrial]] = {}  # trial id -> (study id, the trial as written)
         self._pending: dict[int, list[tuple]] = {}  # trial id -> parameter writes not yet in the database
         self._pending_attrs: dict[int, dict[tuple[str, str], Any]] = {}  # trial id -> (user|system, key) -> value
+        self._written: set[int] = set()  # running trials here with a parameter in the database (none can be dropped)
         self._finished_here: dict[int, tuple[int, FrozenTrial]] = {}  # finished here, not yet read back
 
     def _local_state(self) -> tuple[threading.Lock, dict[int, tuple[int, FrozenTrial]]]:
@@ -64,7 +67,7 @@ class LocalTrialsMixin:
 
     def __getstate__(self) -> dict[Any, Any]:
         state = super().__getstate__()  # type: ignore[misc]
-        for key in ("_local_lock", "_local", "_pending", "_pending_attrs", "_finished_here"):
+        for key in ("_local_lock", "_local", "_pending", "_pending_attrs", "_written", "_finished_here"):
             state.pop(key, None)
         return state
 
@@ -79,6 +82,8 @@ class LocalTrialsMixin:
         lock, local = self._local_state()
         with lock:
             local[trial._trial_id] = (study_id, copy.deepcopy(trial))
+            if trial.params:  # read from the database with them (a waiting trial's)
+                self._written.add(trial._trial_id)
 
     def _update(self, trial_id: int, change) -> None:
         """Replace the trial's snapshot by a changed copy: a reader holding the old one never sees it change."""
@@ -114,6 +119,9 @@ class LocalTrialsMixin:
                 )
                 if attrs:
                     self._write_attrs(session, trial_id, attrs)
+            if pending:
+                with lock:
+                    self._written.add(trial_id)
         except Exception:
             with lock:  # as they were, before any written since: a retry of the write finds them
                 if pending:
@@ -121,6 +129,23 @@ class LocalTrialsMixin:
                 if attrs:
                     self._pending_attrs[trial_id] = {**attrs, **self._pending_attrs.get(trial_id, {})}
             raise
+
+    def drop_params(self, trial_id: int) -> bool:
+        """Take back the parameters suggested to a trial this process runs, before any of them was written: its
+        pending writes and the copy's parameters go, so its next suggestions are sampled anew (a proposal the search
+        turns away: ``tuner.search.sampling.suggest``). False, and nothing changed, where one of them is already in
+        the database (a flush, or the study's first value of a parameter, written at once) or the trial is not run
+        here: the database would keep a configuration the trial no longer has."""
+        lock, local = self._local_state()
+        with lock:
+            entry = local.get(trial_id)
+            if entry is None or trial_id in self._written:
+                return False
+            self._pending.pop(trial_id, None)
+            t = copy.copy(entry[1])  # a new snapshot (see :meth:`_update`)
+            t.params, t.distributions = {}, {}
+            local[trial_id] = (entry[0], t)
+        return True
 
     def _write_attrs(self, session: sqlalchemy.orm.Session, trial_id: int, attrs: dict[tuple[str, str], Any]) -> None:
         """The user and system attributes in one statement per kind where the database can insert-or-update many
@@ -164,6 +189,7 @@ class LocalTrialsMixin:
         elif state.is_finished():
             with lock:
                 entry = local.pop(trial_id, None)
+                self._written.discard(trial_id)
                 if entry is not None and ok:  # as written: the cache's next read takes it from here
                     t = copy.copy(entry[1])
                     t.state, t.values, t.datetime_complete = (
@@ -177,6 +203,7 @@ class LocalTrialsMixin:
         elif state == TrialState.WAITING:
             with lock:
                 local.pop(trial_id, None)
+                self._written.discard(trial_id)
         return ok
 
     def _study_of(self, trial_id: int) -> int:
@@ -202,6 +229,9 @@ class LocalTrialsMixin:
             super()._set_trial_param(  # type: ignore[misc]
                 trial_id, param_name, param_value_internal, distribution, previous_distribution
             )
+            if mine:
+                with lock:
+                    self._written.add(trial_id)
 
         def change(t: FrozenTrial) -> None:
             t.params = {**t.params, param_name: distribution.to_external_repr(param_value_internal)}
@@ -329,6 +359,14 @@ def flush_params(study_storage: Any, trial_id: int) -> None:
     flush = getattr(backend, "flush_params", None)
     if flush is not None:
         flush(trial_id)
+
+
+def drop_params(study_storage: Any, trial_id: int) -> bool:
+    """Take back a trial's suggested parameters before they are written (:meth:`LocalTrialsMixin.drop_params`);
+    False where the storage cannot (it writes each one at once, or one is written already)."""
+    backend = getattr(study_storage, "_backend", study_storage)
+    drop = getattr(backend, "drop_params", None)
+    return drop is not None and drop(trial_id)
 
 
 class LocalTrialsRDBStorage(LocalTrialsMixin, optuna.storages.RDBStorage):

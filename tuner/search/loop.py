@@ -15,6 +15,7 @@ _logger = logging.getLogger(__name__)
 
 def sequential_loop(ctx: SearchContext, progress: Progress | None) -> None:
     repeats_in_a_row = 0
+    reproposed = False  # the last trial's proposals repeated a timed configuration (recorded or turned away)
     failures_in_a_row = 0
     started = len(ctx.trials)
     fail_fast = FailFast(ctx.target.config.fail_fast_after)
@@ -28,11 +29,12 @@ def sequential_loop(ctx: SearchContext, progress: Progress | None) -> None:
             return
         # the last share, or TPE re-proposed a timed configuration: a move from the best, enqueued right before the
         # ask that takes it (a move left waiting would be taken by the confirmation's ask instead)
-        if repeats_in_a_row or refine.in_window(ctx, reserve, len(ctx.trials) - started):
+        if reproposed or refine.in_window(ctx, reserve, len(ctx.trials) - started):
             refine.enqueue_next(ctx, progress)
         trial = ctx.study.ask()
         summary = run_one(ctx, trial, progress)
-        repeats_in_a_row = repeats_in_a_row + 1 if summary.repeat_of is not None else 0
+        repeats_in_a_row = repeats_in_a_row + 1 if summary.repeat_of is not None else 0  # exhaustion: recorded ones
+        reproposed = summary.reproposed
         failures_in_a_row = failures_in_a_row + 1 if summary.outcome not in ("ok", "pruned") else 0
         give_up = fail_fast.observe(summary)
         if give_up:

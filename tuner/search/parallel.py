@@ -59,8 +59,7 @@ from tuner.search.heartbeat import (
 )
 from tuner.search.leases import GpuLeaser
 from tuner.search.local_trials import cached
-from tuner.search.sampling import suggest
-from tuner.search.trial import penalty_value, run_one, told
+from tuner.search.trial import penalty_value, propose, run_one, told
 
 _logger = logging.getLogger(__name__)
 # ask/tell with heartbeats is what this module is for; Optuna warns that it expects Study.optimize
@@ -205,7 +204,7 @@ def worker_loop(
             storage=storage,
             heartbeat_interval=heartbeat_interval,
         )
-        repeated = summary is not None and summary.repeat_of is not None
+        repeated = summary is not None and summary.reproposed  # a repeat recorded, or proposals turned away
         if summary is not None:
             report.trials += 1
             report.outcomes[summary.outcome] = report.outcomes.get(summary.outcome, 0) + 1
@@ -240,9 +239,7 @@ def _run_trial(
     beat = Heartbeat(storage, trial._trial_id, heartbeat_interval) if storage is not None else contextlib.nullcontext()
     with beat:
         retry_db(lambda: trial.set_user_attr("tuner_worker", name), what="tag the trial")
-        params = retry_db(
-            lambda: suggest(trial, ctx.space_for(trial.user_attrs)), what="sample"
-        )  # run_one gets the same values
+        params = retry_db(lambda: propose(ctx, trial), what="sample")  # settled here: run_one gets the same values
         frozen = retry_db(lambda: ctx.study._storage.get_trial(trial._trial_id), what="read the trial")
         if frozen.system_attrs.get("failed_trial") is not None:  # a retry of a lost trial: run it, do not dedupe
             earlier = ctx.seen.get(ctx.key_of(params))

@@ -15,9 +15,10 @@ the mean over those that had the best's value (a value no trial had yet counts a
 configuration was already tried (or is running, or asked) or the target refuses it before running (its rules say
 why). When every move from the best has been tried (a local optimum), the moves start from the next best
 configuration, up to the third; after that the search goes back to TPE.
-At any time, a configuration TPE proposes again (timed already, so not run) is followed by one such move, here and
-in the kernel search: the ask TPE spent on a repeat goes to the best's neighbourhood instead. The kernel search has
-no window: replayed on the H200 sweeps, one would add nothing to those moves (``benchmarks/results/tuner_efficiency/cpu/2026-11-30_d07928c_refine.md``).
+At any time, a trial for which TPE proposed a timed configuration again (recorded as a repeat, not run, or turned
+away before it became a trial: ``sampling.suggest``) is followed by one such move, here and in the kernel search:
+TPE's repeats say it has little new to propose, so the next ask goes to the best's neighbourhood instead. The kernel
+search has no window: replayed on the H200 sweeps, one would add nothing to those moves (``benchmarks/results/tuner_efficiency/cpu/2026-11-30_d07928c_refine.md``).
 
 A move is an enqueued Optuna trial (``tuner_refine_of`` = the trial it moves from), so local threads and ``tuner
 worker`` processes of one study take them like any other trial.

@@ -24,10 +24,18 @@ class TrialSummary:
     served: str = ""
     """The loads not served in full (failed requests, tokens short of those asked):
     :func:`tuner.measurement.served_shortfall`; empty when all were."""
+    turned_away: int = 0
+    """Proposals for this trial turned away before it ran, each a repeat of a timed configuration
+    (``tuner.search.sampling.suggest``); stored as the Optuna trial's ``turned_away`` user attribute."""
 
     @property
     def is_repeat(self) -> bool:
         return self.repeat_of is not None
+
+    @property
+    def reproposed(self) -> bool:
+        """TPE proposed a timed configuration for this trial: it was recorded as a repeat, or turned away."""
+        return self.repeat_of is not None or self.turned_away > 0
 
 
 @dataclass
@@ -68,10 +76,12 @@ class SearchResult:
 def trial_tally(trials: list[TrialSummary]) -> str:
     """What a search's trials were, each counted once: the configurations measured, by the outcome of their first
     run, then how many trials were a repeat told an earlier result (not run) or a re-run of a configuration already
-    measured (confirmation, side by side): ``2 configurations: ok 2 (31 trials: 25 repeats not run again, 4 re-runs
-    of a measured configuration)``."""
+    measured (confirmation, side by side), and how many proposals were turned away as repeats before they became
+    trials: ``2 configurations: ok 2 (31 trials: 25 repeats not run again, 4 re-runs of a measured configuration;
+    90 proposals turned away as repeats)``."""
     first: dict[str, str] = {}
     repeats = reruns = 0
+    turned = sum(t.turned_away for t in trials)
     for t in sorted(trials, key=lambda t: t.number):
         key = params_json(t.params)
         if t.repeat_of is not None:
@@ -94,4 +104,7 @@ def trial_tally(trials: list[TrialSummary]) -> str:
         )
         if n
     ]
-    return text + (f" ({len(trials)} trials: {', '.join(extra)})" if extra else "")
+    away = f"{turned} proposal{'s' if turned != 1 else ''} turned away as repeats" if turned else ""
+    if extra:
+        return text + f" ({len(trials)} trials: {', '.join(extra)}{'; ' + away if away else ''})"
+    return text + (f" ({away})" if away else "")

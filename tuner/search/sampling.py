@@ -5,11 +5,13 @@ only when active)."""
 from __future__ import annotations
 
 import bisect
+import copy
 import json
+import logging
 import math
 import threading
 import warnings
-from collections.abc import Container
+from collections.abc import Callable, Container
 from typing import Any
 
 import numpy as np
@@ -17,12 +19,34 @@ import optuna
 from optuna.trial import FrozenTrial, TrialState
 
 from search_spaces import Param, ResolvedSpace
-from tuner.search.local_trials import flush_params
+from tuner.search.local_trials import drop_params, flush_params
+
+_logger = logging.getLogger(__name__)
 
 
-def suggest(trial: optuna.Trial, resolved: ResolvedSpace) -> dict[str, Any]:
+MAX_TURNED_AWAY = 8
+"""Proposals of one trial turned away as repeats at most; the next one stands, a repeat or not (so a spent space still
+ends in repeats recorded in a row: ``tuner.search.context.MAX_REPEATS_IN_A_ROW``)."""
+TURNED_AWAY_ATTR = "turned_away"
+"""User attribute of a trial: how many of its proposals were turned away as repeats of timed configurations."""
+
+
+def suggest(
+    trial: optuna.Trial,
+    resolved: ResolvedSpace,
+    *,
+    repeat_of: Callable[[dict[str, Any]], int | None] | None = None,
+) -> dict[str, Any]:
     """Sample one configuration: every active parameter in declaration order, fixed ones at their value; the
-    values are in the study's storage when it returns (one write for all where the storage defers them)."""
+    values are in the study's storage when it returns (one write for all where the storage defers them).
+
+    ``repeat_of`` (a plainly sampled trial's: the earlier trial whose configuration a proposal repeats, or None):
+    a proposal that repeats a timed configuration is turned away before it is written and sampled again, at most
+    :data:`MAX_TURNED_AWAY` times (the count in the trial's :data:`TURNED_AWAY_ATTR`). Why: a repeat recorded as a
+    trial costs a worker a whole ask, write and tell for nothing, and telling TPE the copied value again weighs that
+    point more, so it proposes it again (issue 48: 30% of a 20,000-trial search). Where the storage writes values
+    at once, or they are written already (a second call on the same trial returns what the first settled), the
+    proposal stands as before."""
 
     def choose(p: Param) -> Any:
         if p.type == "float":
@@ -32,8 +56,40 @@ def suggest(trial: optuna.Trial, resolved: ResolvedSpace) -> dict[str, Any]:
         return trial.suggest_categorical(p.name, list(p.choices()))
 
     params = resolved.walk(choose)
+    turned = 0
+    while repeat_of is not None and resolved.params and turned < MAX_TURNED_AWAY:
+        earlier = repeat_of(params)
+        if earlier is None or not discard_proposal(trial):
+            break
+        turned += 1
+        _logger.debug(
+            "trial %d: proposal %d turned away, a repeat of trial %d's configuration; sampled again",
+            trial.number,
+            turned,
+            earlier,
+        )
+        params = resolved.walk(choose)
+    if turned:
+        trial.set_user_attr(TURNED_AWAY_ATTR, turned)  # written with the values, where the storage defers them
     flush_params(trial.storage, trial._trial_id)
     return params
+
+
+def discard_proposal(trial: optuna.Trial) -> bool:
+    """Forget what ``trial`` was suggested, in the storage (:func:`~tuner.search.local_trials.drop_params`) and in
+    the ``Trial`` object, so its next suggestions are sampled anew; False (nothing changed) where the storage cannot
+    take them back. The ``Trial`` keeps its proposal in private fields of Optuna 5.1 (the sampler's joint proposal,
+    ``_relative_params``, and its search space, computed again when it is None; the trial as last read,
+    ``_cached_frozen_trial``, whose parameters ``Trial._suggest`` returns without sampling):
+    ``tests/tuner/test_sampling_turn_away.py`` checks them at every upgrade."""
+    if not drop_params(trial.storage, trial._trial_id):
+        return False
+    frozen = copy.copy(trial._cached_frozen_trial)  # a new object: another reader may hold the old one
+    frozen.params, frozen.distributions = {}, {}
+    trial._cached_frozen_trial = frozen
+    trial._relative_params = None
+    trial.relative_search_space = None
+    return True
 
 
 def suggestable(resolved: ResolvedSpace, params: dict[str, Any]) -> dict[str, Any]:

@@ -10,10 +10,13 @@ A stage ends when its share of the time for trials is spent (the shares are of t
 are done: the baseline is no stage's trial), or earlier when it has **converged**: over the last
 ``stretch`` trials of the stage (``--converge-after N``, at least a fifth of the stage's trials so far) no new
 configuration beat the best found before them by more than the measured noise (the best's own step-time spread,
-at least :data:`MIN_GAIN`), and either a quarter or more of those proposals were repeats of configurations already
-timed, or the stretch has lasted twice as long. The stage says so in one line and the next stage starts with the
-time left; when the last stage converges the search stops, confirms and exports early, and says how much of the
-budget it left.
+at least :data:`MIN_GAIN`), and either a quarter or more of the stretch's proposals were repeats of configurations
+already timed, or the stretch has lasted twice as long. The proposals are the trials and those turned away before
+them: a repeat proposal is mostly turned away and sampled again before it becomes a trial
+(``tuner.search.sampling.suggest``), and only a trial whose every proposal repeated is recorded as a repeat, so the
+share counts the turned-away ones and the recorded repeats over both. The stage says so in one line and the next
+stage starts with the time left; when the last stage converges the search stops, confirms and exports early, and
+says how much of the budget it left.
 """
 
 from __future__ import annotations
@@ -36,7 +39,7 @@ CONVERGE_AFTER = 40
 MIN_GAIN = 0.005
 """A gain below this share is never counted as one, however quiet the measurements."""
 REPEAT_SHARE = 0.25
-"""Repeats crowd the proposals when at least this share of the stretch re-proposed timed configurations."""
+"""Repeats crowd the proposals when at least this share of the stretch's proposals re-proposed timed configurations."""
 COMMAND_SHARE = 0.5
 """The command stage's share of the time for trials; convergence passes what it leaves to the code changes."""
 
@@ -61,12 +64,15 @@ class Verdict:
 
     stretch: int
     repeats: int
+    """Proposals of the stretch that repeated a timed configuration: turned away, or recorded as repeats."""
     noise: float
+    proposals: int
+    """The stretch's proposals: one per trial and those turned away before them."""
 
     def line(self) -> str:
         return (
             f"no better configuration beyond the noise ({self.noise:.1%}) in its last {self.stretch} trials, "
-            f"{self.repeats} of them repeats"
+            f"{self.repeats} of their {self.proposals} proposals repeats"
         )
 
 
@@ -78,29 +84,35 @@ def converged(
     stretch: int,
     noise: float | Callable[[], float],
     maximize: bool,
+    turned_away: Sequence[int] | None = None,
 ) -> Verdict | None:
     """The convergence rule over one stage's trials in order (``values``: a new configuration's objective, None
-    for a failure; ``repeats``: whether each re-proposed a timed configuration), ``best_before`` the search's best
-    before the stage. ``None`` while the stage has not converged (see the module docstring)."""
+    for a failure; ``repeats``: whether each was recorded as a repeat of a timed configuration; ``turned_away``: how
+    many repeat proposals each had turned away first, none where omitted), ``best_before`` the search's best before
+    the stage. ``None`` while the stage has not converged (see the module docstring)."""
     track = StretchTrack(best_before, maximize)
-    for v, r in zip(values, repeats, strict=True):
-        track.append(v, r)
+    for v, r, k in zip(values, repeats, turned_away or [0] * len(values), strict=True):
+        track.append(v, r, k)
     return track.verdict(stretch=stretch, noise=noise)
 
 
 class StretchTrack:
     """One stage's trials as :func:`converged` reads them, appended one by one: the best up to each trial, the
-    repeats up to each, and the best new value of any range of trials (a sparse table), so the rule costs the same
-    at the 20,000th trial of a stage as at the 50th (it re-read the whole stage after every trial)."""
+    proposals and the repeat proposals up to each, and the best new value of any range of trials (a sparse table), so
+    the rule costs the same at the 20,000th trial of a stage as at the 50th (it re-read the whole stage after every
+    trial)."""
 
     def __init__(self, best_before: float | None, maximize: bool) -> None:
         self.best_before, self.maximize = best_before, maximize
         self.n = 0
         self.prefix_best: list[float | None] = [best_before]  # best_of(values[:i], best_before), i = 0..n
-        self.prefix_reps = [0]  # repeats among values[:i]
+        self.prefix_reps = [0]  # repeat proposals of the first i trials: recorded repeats and those turned away
+        self.prefix_props = [0]  # proposals of the first i trials: one per trial and those turned away
         self.top: list[list[float]] = [[]]  # top[k][i]: the best key of the new values in [i, i + 2**k)
 
-    def append(self, value: float | None, repeat: bool) -> None:
+    def append(self, value: float | None, repeat: bool, turned_away: int = 0) -> None:
+        """One more trial: its value (None: failed), whether it was recorded as a repeat, and how many repeat
+        proposals were turned away before it."""
         best = self.prefix_best[-1]
         if (
             value is not None
@@ -109,7 +121,8 @@ class StretchTrack:
         ):
             best = value
         self.prefix_best.append(best)
-        self.prefix_reps.append(self.prefix_reps[-1] + bool(repeat))
+        self.prefix_reps.append(self.prefix_reps[-1] + bool(repeat) + turned_away)
+        self.prefix_props.append(self.prefix_props[-1] + 1 + turned_away)
         # a value that may beat: a new configuration's (a repeat's is a copy), NaN never does
         key = -math.inf if value is None or repeat or math.isnan(value) else (value if self.maximize else -value)
         self.top[0].append(key)
@@ -148,10 +161,17 @@ class StretchTrack:
         if not quiet(stretch):
             return None
         reps = self.prefix_reps[n] - self.prefix_reps[n - stretch]
-        if reps >= REPEAT_SHARE * stretch:
-            return Verdict(stretch, reps, gain)
+        props = self.prefix_props[n] - self.prefix_props[n - stretch]
+        if reps >= REPEAT_SHARE * props:
+            return Verdict(stretch, reps, gain, props)
         if n >= 2 * stretch and quiet(2 * stretch):
-            return Verdict(2 * stretch, self.prefix_reps[n] - self.prefix_reps[n - 2 * stretch], gain)
+            lo = n - 2 * stretch
+            return Verdict(
+                2 * stretch,
+                self.prefix_reps[n] - self.prefix_reps[lo],
+                gain,
+                self.prefix_props[n] - self.prefix_props[lo],
+            )
         return None
 
 
@@ -163,7 +183,8 @@ def convergence_line(stretch: int, n_trials: int | None) -> str:
         return "off (--converge-after 0): every stage runs its share of the budget"
     return (
         f"a stage ends early when its last {stretch} trials (at least a fifth of the stage's) found nothing "
-        f"better beyond the noise and a quarter of them were repeats, or after twice that many "
+        f"better beyond the noise and a quarter of their proposals repeated timed configurations (turned away "
+        f"and sampled again, or recorded as repeats), or after twice that many "
         f"(--converge-after N sets the stretch, 0 turns it off); the last stage's convergence ends the search "
         f"with the export and the budget it left"
     )
@@ -372,7 +393,7 @@ class _StageRead:
         for t in trials[self.seen :]:  # a copy: a trial another thread appends meanwhile waits for the next read
             if not t.is_baseline:
                 self.mine += 1
-                self.track.append(t.value if t.outcome == "ok" else None, t.repeat_of is not None)
+                self.track.append(t.value if t.outcome == "ok" else None, t.repeat_of is not None, t.turned_away)
             self.last = t
             self.seen += 1
 
@@ -398,9 +419,11 @@ def follow_stage(ctx, repo=None) -> None:
 
 
 def repeats_in_a_row(ctx) -> tuple[int, int | None]:
-    """How many of the search's latest trials, in the current stage, re-proposed a timed configuration in a row
-    (every worker thread's, in the order they finished), and the stage they were counted in. A ``tuner worker``
-    process's plan (a follower) counts none: it sees only its own trials, and the search moves the stages."""
+    """How many of the search's latest trials, in the current stage, were recorded as repeats of a timed
+    configuration in a row (every worker thread's, in the order they finished), and the stage they were counted in.
+    A recorded repeat is a trial whose every proposal repeated (``sampling.MAX_TURNED_AWAY`` turned away first), so
+    a run of them says the space is spent. A ``tuner worker`` process's plan (a follower) counts none: it sees only
+    its own trials, and the search moves the stages."""
     plan_ = ctx.stages
     if plan_ is not None and plan_.follower:
         return 0, plan_.index

@@ -24,6 +24,7 @@ from tuner.search.context import (
     set_constraints,
 )
 from tuner.search.sampling import (
+    TURNED_AWAY_ATTR,
     suggest,
 )
 
@@ -45,6 +46,25 @@ def told(ctx: SearchContext, value: float, m: Measurement | None = None) -> floa
     return [value, second if second is not None and math.isfinite(second) else penalty_value("maximize")]
 
 
+def propose(ctx: SearchContext, trial: optuna.Trial) -> dict[str, Any]:
+    """The configuration ``trial`` runs, settled at the first call (a later one returns the same: the parallel
+    workers call it first to know how many GPUs to lease, then :func:`run_one` does). A plainly sampled trial's
+    proposals that repeat a timed configuration are turned away and sampled again (``sampling.suggest``); the
+    baseline, a confirmation, an enqueued trial (a refining move, the warm start: its values are fixed) and the
+    retry of a lost trial run the configuration they were given."""
+    attrs = trial.user_attrs
+    plain = not attrs.get(BASELINE_ATTR) and attrs.get(CONFIRM_ATTR) is None
+    if plain:
+        system = trial.storage.get_trial(trial._trial_id).system_attrs
+        plain = "fixed_params" not in system and system.get("failed_trial") is None
+
+    def repeat_of(params: dict[str, Any]) -> int | None:
+        earlier = ctx.seen.get(ctx.key_of(params))
+        return None if earlier is None else earlier.number
+
+    return suggest(trial, ctx.space_for(attrs), repeat_of=repeat_of if plain else None)
+
+
 def run_one(
     ctx: SearchContext,
     trial: optuna.Trial,
@@ -54,7 +74,8 @@ def run_one(
     worker: str = "",
 ) -> TrialSummary:
     """Sample, check, run (in a subprocess), store and tell one trial. Never raises for the trial's failure."""
-    params = suggest(trial, ctx.space_for(trial.user_attrs))
+    params = propose(ctx, trial)
+    turned_away = int(trial.user_attrs.get(TURNED_AWAY_ATTR, 0))
     is_baseline = bool(trial.user_attrs.get(BASELINE_ATTR))
     confirm_of = trial.user_attrs.get(CONFIRM_ATTR)
     ctx.repo.start_trial(
@@ -90,7 +111,17 @@ def run_one(
             "stopped when the search was interrupted" if ctx.stop.is_set() else "stopped at the search's deadline"
         ) + f" after {time.time() - t0:.1f}s"
     m.duration_s = m.duration_s or (time.time() - t0)
-    return _record(ctx, trial, params, m, progress, is_baseline=is_baseline, repeat_of=repeat_of, cut_by_deadline=cut)
+    return _record(
+        ctx,
+        trial,
+        params,
+        m,
+        progress,
+        is_baseline=is_baseline,
+        repeat_of=repeat_of,
+        cut_by_deadline=cut,
+        turned_away=turned_away,
+    )
 
 
 def _run_isolated(
@@ -174,6 +205,7 @@ def _record(
     is_baseline: bool,
     repeat_of: int | None,
     cut_by_deadline: bool = False,
+    turned_away: int = 0,
 ) -> TrialSummary:
     space = ctx.resolved.space
     constraints = _level_constraints(space, m)
@@ -223,6 +255,7 @@ def _record(
         is_baseline,
         repeat_of,
         served_shortfall(m.metrics),
+        turned_away,
     )
     ctx.trials.append(summary)
     ctx.counts[summary.outcome] = ctx.counts.get(summary.outcome, 0) + 1
