@@ -96,6 +96,10 @@ async def stream_events(
         yield format_sse_event(comment=f"study {run.study_name}", retry=2000)
         async for chunk in _follow(state, request, run.study_name, run.id, cursor, run.state == "running"):
             yield chunk
+            # a checkpoint per event: a replay is hundreds of writes with no await between them, and a client that
+            # went meanwhile is only noticed by the event loop (each write after that logged "socket.send() raised
+            # exception.")
+            await asyncio.sleep(0)
 
     return EventStream(body(), headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
 

@@ -214,3 +214,30 @@ def test_a_quiet_live_stream_sends_a_ping_comment(tmp_path, live_server, monkeyp
                 break
             assert time.monotonic() - t0 < 10, "no ping within 10 s of a quiet stream"
     assert time.monotonic() - t0 >= 0.3
+
+
+@pytest.mark.timeout(120)
+def test_a_client_closing_the_stream_mid_replay_is_noticed_before_the_next_write(tmp_path, live_server) -> None:
+    """A replay is hundreds of writes; without a checkpoint between them the server went on writing to the closed
+    socket and asyncio logged "socket.send() raised exception." for each write (thousands a minute under a poller)."""
+    import logging
+
+    url = f"sqlite:///{tmp_path / 'big.db'}"
+    fake_search(url, "big", n_trials=120, end=False)  # hundreds of events to replay
+    warned: list[str] = []
+
+    class Keep(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            warned.append(record.getMessage())
+
+    handler = Keep(level=logging.WARNING)
+    server = live_server(ApiSettings(storage_url=url, sse_poll_s=0.05, sse_max_s=600))
+    logging.getLogger("asyncio").addHandler(handler)
+    try:
+        for _ in range(3):
+            with httpx.stream("GET", f"{server.url}/api/studies/big/events", timeout=10) as r:
+                assert any(line.startswith("id:") for line in r.iter_lines())  # the first event, then the client goes
+            time.sleep(0.5)
+    finally:
+        logging.getLogger("asyncio").removeHandler(handler)
+    assert warned == []
