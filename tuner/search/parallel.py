@@ -31,6 +31,7 @@ import threading
 import time
 import warnings
 from collections.abc import Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
 
 import optuna
 from optuna.trial import TrialState
@@ -144,102 +145,149 @@ def worker_loop(
     storage: optuna.storages.RDBStorage | None = None,
     heartbeat_interval: float = HEARTBEAT_INTERVAL_S,
     ask_lock: AskLock | None = None,
+    ahead: bool = False,
 ) -> WorkerReport:
     """Ask, lease GPUs, run (``tuner.search.run_one``), tell, until the deadline, ``ctx.stop`` or the cap.
 
     ``ctx`` is this worker's own :class:`tuner.search.SearchContext` (its ``study`` opened on ``storage``);
     ``storage`` enables heartbeats and the stale-trial check; ``leaser`` ``None`` leaves
-    ``CUDA_VISIBLE_DEVICES`` alone.
+    ``CUDA_VISIBLE_DEVICES`` alone. ``ahead``: while a trial runs, the next one is asked for and sampled on a thread
+    of this worker's (:func:`_ask_and_begin`), so the sampler's time overlaps the trial instead of idling the worker
+    between trials; a trial asked ahead that the worker does not run (the search ended first) is told FAIL.
     """
     report = WorkerReport(name)
     lock = ask_lock or AskLock(ctx.repo, ctx.run.study_name)
     last_stale = 0.0
     repeated = False
     fail_fast = FailFast(ctx.target.config.fail_fast_after)
-    while True:
-        if ctx.stop.is_set():
-            report.stop_reason = ctx.stop_reason or "stopped"
-            break
-        if ctx.stages is not None and ctx.stages.done:  # another worker saw the last stage converge
-            report.stop_reason = ctx.stages.converged_line
-            break
-        if ctx.deadline.remaining_for_trials() <= max(1.0, ctx.target.min_trial_s()):
-            report.stop_reason = "budget used"  # or too little of it left for one more trial to give a figure
-            break
-        if storage is not None and time.time() - last_stale >= heartbeat_interval:
-            last_stale = time.time()
+    pool = ThreadPoolExecutor(1, thread_name_prefix=f"ask-ahead-{name}") if ahead else None
+    pending: Future | None = None
 
-            def fail_stale():
-                # under the ask lock: failing a lost trial and enqueueing its retry is one step for the cap, else
-                # another worker sees one running trial fewer, asks a new trial, and the study ends one over the cap
-                with lock.held():
-                    fail_stale_trials(ctx.study)
+    def ask_step():
+        with lock.held():
+            d = cap_decision(ctx.study, max_trials)
+            if d == "ask" and (repeated or refine.in_window(ctx, 0.0)):
+                refine.enqueue_next(ctx, progress)  # the last share, or TPE re-proposed a timed configuration
+            return d, (ctx.study.ask() if d == "ask" else None)
 
-            try:
-                retry_db(fail_stale, what="fail stale trials")
-            except Exception:  # noqa: BLE001 - another worker will do it
-                _logger.exception("checking for lost trials failed")
+    def begin() -> _Asked:
+        return _ask_and_begin(ctx, ask_step, name=name, storage=storage, heartbeat_interval=heartbeat_interval)
 
-        def ask_step():
-            with lock.held():
-                d = cap_decision(ctx.study, max_trials)
-                if d == "ask" and (repeated or refine.in_window(ctx, 0.0)):
-                    refine.enqueue_next(ctx, progress)  # the last share, or TPE re-proposed a timed configuration
-                return d, (ctx.study.ask() if d == "ask" else None)
-
-        decision, trial = retry_db(ask_step, what="ask")
-        if decision == "done":
-            report.stop_reason = f"{max_trials} trials in the study"
-            break
-        if decision == "wait":
-            ctx.stop.wait(min(0.5, heartbeat_interval / 2))
-            continue
-        summary = _run_trial(
-            ctx,
-            trial,
-            progress,
-            run_one,
-            name=name,
-            leaser=leaser,
-            storage=storage,
-            heartbeat_interval=heartbeat_interval,
-        )
-        repeated = summary is not None and summary.reproposed  # a repeat recorded, or proposals turned away
-        if summary is not None:
-            report.trials += 1
-            report.outcomes[summary.outcome] = report.outcomes.get(summary.outcome, 0) + 1
-            give_up = fail_fast.observe(summary)
-            if give_up:
-                report.stop_reason = ctx.stop_reason = give_up
-                ctx.failed.set()
-                ctx.stop.set()
+    try:
+        while True:
+            if ctx.stop.is_set():
+                report.stop_reason = ctx.stop_reason or "stopped"
                 break
-            if stages.after_trial(ctx, progress):
+            if ctx.stages is not None and ctx.stages.done:  # another worker saw the last stage converge
                 report.stop_reason = ctx.stages.converged_line
                 break
-            spent, index = stages.repeats_in_a_row(ctx)
-            if spent >= MAX_REPEATS_IN_A_ROW and not stages.on_exhausted(ctx, spent, progress, index):
-                report.stop_reason = f"search space exhausted: {spent} repeated configurations in a row"
+            if ctx.deadline.remaining_for_trials() <= max(1.0, ctx.target.min_trial_s()):
+                report.stop_reason = "budget used"  # or too little of it left for one more trial to give a figure
                 break
+            if storage is not None and time.time() - last_stale >= heartbeat_interval:
+                last_stale = time.time()
+
+                def fail_stale():
+                    # under the ask lock: failing a lost trial and enqueueing its retry is one step for the cap, else
+                    # another worker sees one running trial fewer, asks a new trial, and the study ends one over the cap
+                    with lock.held():
+                        fail_stale_trials(ctx.study)
+
+                try:
+                    retry_db(fail_stale, what="fail stale trials")
+                except Exception:  # noqa: BLE001 - another worker will do it
+                    _logger.exception("checking for lost trials failed")
+
+            asked = pending.result() if pending is not None else begin()
+            pending = None
+            if asked.decision == "done":
+                report.stop_reason = f"{max_trials} trials in the study"
+                break
+            if asked.decision == "wait":
+                ctx.stop.wait(min(0.5, heartbeat_interval / 2))
+                continue
+            if pool is not None and ctx.deadline.remaining_for_trials() > 2 * max(1.0, ctx.target.min_trial_s()):
+                pending = pool.submit(begin)  # the next trial, sampled while this one runs
+            summary = _run_trial(ctx, asked, progress, run_one, name=name, leaser=leaser)
+            repeated = summary is not None and summary.reproposed  # a repeat recorded, or proposals turned away
+            if summary is not None:
+                report.trials += 1
+                report.outcomes[summary.outcome] = report.outcomes.get(summary.outcome, 0) + 1
+                give_up = fail_fast.observe(summary)
+                if give_up:
+                    report.stop_reason = ctx.stop_reason = give_up
+                    ctx.failed.set()
+                    ctx.stop.set()
+                    break
+                if stages.after_trial(ctx, progress):
+                    report.stop_reason = ctx.stages.converged_line
+                    break
+                spent, index = stages.repeats_in_a_row(ctx)
+                if spent >= MAX_REPEATS_IN_A_ROW and not stages.on_exhausted(ctx, spent, progress, index):
+                    report.stop_reason = f"search space exhausted: {spent} repeated configurations in a row"
+                    break
+    finally:
+        if pending is not None:
+            _abandon(ctx, pending)
+        if pool is not None:
+            pool.shutdown(wait=True)
     _logger.info("worker %s stops after %d trials: %s", name, report.trials, report.stop_reason)
     return report
 
 
-def _run_trial(
-    ctx,
-    trial: optuna.Trial,
-    progress,
-    run_one,
-    *,
-    name: str,
-    leaser: GpuLeaser | None,
-    storage,
-    heartbeat_interval: float,
-):
-    beat = Heartbeat(storage, trial._trial_id, heartbeat_interval) if storage is not None else contextlib.nullcontext()
-    with beat:
+@dataclasses.dataclass
+class _Asked:
+    """A trial asked for, tagged and sampled, its heartbeat beating; or why there is none (``wait``, ``done``)."""
+
+    decision: str
+    trial: optuna.Trial | None = None
+    beat: Heartbeat | None = None
+    params: dict | None = None
+
+
+def _ask_and_begin(ctx, ask_step, *, name: str, storage, heartbeat_interval: float) -> _Asked:
+    """Ask (``ask_step``: the cap, refining, ``study.ask``), then beat for the trial, tag it and settle its
+    configuration (``tuner.search.trial.propose``: where TPE samples)."""
+    decision, trial = retry_db(ask_step, what="ask")
+    if decision != "ask":
+        return _Asked(decision)
+    beat = Heartbeat(storage, trial._trial_id, heartbeat_interval) if storage is not None else None
+    if beat is not None:
+        beat.__enter__()
+    try:
         retry_db(lambda: trial.set_user_attr("tuner_worker", name), what="tag the trial")
         params = retry_db(lambda: propose(ctx, trial), what="sample")  # settled here: run_one gets the same values
+    except BaseException:
+        if beat is not None:
+            beat.__exit__(None, None, None)
+        raise
+    return _Asked("ask", trial, beat, params)
+
+
+def _abandon(ctx, pending: Future) -> None:
+    """A trial asked ahead that its worker will not run: its heartbeat stopped, told FAIL (the tuner's tables hold
+    no record of it: it never started)."""
+    try:
+        asked = pending.result()
+    except Exception:  # noqa: BLE001 - the ask failed (retry_db gave up): it created nothing to fail, or the stale check will
+        _logger.exception("asking the next trial ahead failed")
+        return
+    if asked.trial is None:
+        return
+    if asked.beat is not None:
+        asked.beat.__exit__(None, None, None)
+    trial = asked.trial
+    try:
+        retry_db(lambda: ctx.study.tell(trial, state=TrialState.FAIL), what="tell")
+        _logger.info("trial %d was asked ahead and not run: its worker stopped first", trial.number)
+    except Exception:  # noqa: BLE001 - its heartbeat stopped: the stale check fails it
+        _logger.exception("could not fail trial %d, asked ahead and not run", trial.number)
+
+
+def _run_trial(ctx, asked: _Asked, progress, run_one, *, name: str, leaser: GpuLeaser | None):
+    """Run the trial :func:`_ask_and_begin` gave (on leased GPUs), then stop its heartbeat."""
+    trial, params = asked.trial, asked.params
+    try:
         frozen = retry_db(lambda: ctx.study._storage.get_trial(trial._trial_id), what="read the trial")
         if frozen.system_attrs.get("failed_trial") is not None:  # a retry of a lost trial: run it, do not dedupe
             earlier = ctx.seen.get(ctx.key_of(params))
@@ -256,6 +304,9 @@ def _run_trial(
             _refuse(ctx, trial, params, Outcome.INVALID_CONFIG, str(exc), name, teach=True)
         except LeaseCancelled as exc:
             _refuse(ctx, trial, params, Outcome.TIMEOUT, f"{exc}; not run", name, teach=False)
+    finally:
+        if asked.beat is not None:
+            asked.beat.__exit__(None, None, None)
     return None
 
 
@@ -343,6 +394,7 @@ def run_parallel(ctx, progress=None) -> list[WorkerReport]:
                 max_trials=cap,
                 storage=storage,
                 ask_lock=lock,
+                ahead=True,
             )
         except Exception as exc:  # noqa: BLE001 - one worker failing must not end the others
             _logger.exception("worker %d failed", i)
