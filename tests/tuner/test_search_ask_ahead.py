@@ -56,7 +56,9 @@ def test_worker_threads_sample_their_next_trial_while_the_current_one_runs(tmp_p
         converge_after=0,
         workers=2,
         n_trials=16,
-        settings={"sleep_s": 0.3},
+        settings={
+            "sleep_s": 1.0
+        },  # a trial long enough that the next one is sampled while it runs, on a loaded box too
     )
     result = run_search(opts)
     ahead = [s for s in sampled if s[1].startswith("ask-ahead-")]
