@@ -23,7 +23,6 @@ it does not know (another SGLang release) with one line. Nothing of SGLang is co
 from __future__ import annotations
 
 import functools
-import importlib.util
 import json
 from pathlib import Path
 from typing import Any
@@ -31,7 +30,13 @@ from typing import Any
 import torch
 import triton
 
-from kernels.plugins.sglang_moe import SGLangKernelUnavailable, load_sglang_jit, sglang_version
+from kernels.plugins.sglang_moe import (
+    SGLangKernelUnavailable,
+    load_sglang_jit,
+    sglang_file,
+    sglang_package_dirs,
+    sglang_version,
+)
 
 __all__ = ["SOURCE", "CONFIGS", "block_fp8_matmul", "block_fp8_configs", "default_config", "source_path"]
 
@@ -76,25 +81,9 @@ KNOWN_ARGS = {
 """Every parameter of each kernel the launcher gives (SGLang 0.5.23); a kernel with others is refused."""
 
 
-def _package_dirs() -> list[Path]:
-    spec = importlib.util.find_spec("sglang")  # a top-level spec: SGLang's __init__ is not run
-    if spec is None or not spec.submodule_search_locations:
-        raise SGLangKernelUnavailable(
-            "sglang is not installed; `pip install sglang --no-deps` gives its kernel source (nothing else of SGLang "
-            "is imported)"
-        )
-    return [Path(root) for root in spec.submodule_search_locations]
-
-
 def source_path() -> Path:
     """The installed SGLang's ``fp8_kernel.py``."""
-    for root in _package_dirs():
-        if (root / SOURCE).is_file():
-            return root / SOURCE
-    raise SGLangKernelUnavailable(
-        f"the installed SGLang ({sglang_version() or 'unknown version'}) has no {SOURCE}; this launcher knows SGLang "
-        "0.5.23's layout"
-    )
+    return sglang_file(SOURCE)
 
 
 def _kernels(path: Path | None = None) -> dict[str, Any]:
@@ -135,7 +124,7 @@ def block_fp8_configs(
     if device is None:
         return None
     name = f"N={n},K={k},device_name={device},dtype=fp8_w8a8,block_shape=[{block_n}, {block_k}].json"
-    dirs = [Path(folder)] if folder else [root / CONFIGS for root in _package_dirs()]
+    dirs = [Path(folder)] if folder else [root / CONFIGS for root in sglang_package_dirs()]
     for d in dirs:
         path = d / name
         if path.is_file():

@@ -130,21 +130,30 @@ def sglang_version() -> str | None:
         return None
 
 
-def _source_path() -> Path:
-    spec = importlib.util.find_spec("sglang")  # a top-level spec: SGLang's __init__ is not run
+def sglang_package_dirs() -> list[Path]:
+    """The installed ``sglang`` package's folders (found, not imported: SGLang's ``__init__`` is not run)."""
+    spec = importlib.util.find_spec("sglang")
     if spec is None or not spec.submodule_search_locations:
         raise SGLangKernelUnavailable(
             "sglang is not installed; `pip install sglang --no-deps` gives its kernel "
             "source (nothing else of SGLang is imported)"
         )
-    for root in spec.submodule_search_locations:
-        path = Path(root) / SOURCE
-        if path.is_file():
-            return path
+    return [Path(root) for root in spec.submodule_search_locations]
+
+
+def sglang_file(relative: str) -> Path:
+    """``relative`` inside the installed SGLang; one line naming the file and the layout known where it is missing."""
+    for root in sglang_package_dirs():
+        if (root / relative).is_file():
+            return root / relative
     raise SGLangKernelUnavailable(
-        f"the installed SGLang ({sglang_version() or 'unknown version'}) has no {SOURCE}; "
+        f"the installed SGLang ({sglang_version() or 'unknown version'}) has no {relative}; "
         "this plug-in knows SGLang 0.5.23's layout"
     )
+
+
+def _source_path() -> Path:
+    return sglang_file(SOURCE)
 
 
 def _is_triton_jit(node: ast.FunctionDef) -> bool:

@@ -124,13 +124,12 @@ class GroupedLinear:
     @classmethod
     def make(cls, w: torch.Tensor, dtype_name: str, impl: str = "torch") -> GroupedLinear:
         """``w [G, D, R]`` in the family's dtype ``dtype_name``, run by ``impl`` (a :data:`GEMM_IMPLS` value)."""
-        g, d, r = w.shape
+        _, d, r = w.shape
         if dtype_name == "fp8" and impl in BLOCK_FP8_IMPLS and d % BLOCK == 0 and r % BLOCK == 0:
             from tuner.targets.workload.sglang_gemm import wo_a_einsum_runs
 
             if wo_a_einsum_runs():
-                blocks = [block_quantize(w[i].t()) for i in range(g)]  # each group's [R, D]
-                return cls(torch.stack([q for q, _ in blocks]), torch.stack([s for _, s in blocks]), "deepgemm")
+                return cls(*block_quantize(w.transpose(1, 2)), "deepgemm")  # each group's [R, D]
         return cls(w.to(torch.bfloat16 if dtype_name in ("bf16", "fp8") else torch.float32).contiguous())
 
     def __call__(self, o: torch.Tensor) -> torch.Tensor:

@@ -46,14 +46,16 @@ BLOCK = 128
 
 
 def block_quantize(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """``w`` [N, K] (K a multiple of 128) as e4m3 with one float32 scale per 128 x 128 block: ([N, K], [ceil(N/128), K/128])."""
-    n, k = w.shape
+    """``w`` [..., N, K] (K a multiple of 128) as e4m3 with one float32 scale per 128 x 128 block: ([..., N, K],
+    [..., ceil(N/128), K/128]); leading dimensions (``wo_a``'s groups) are quantised each on its own."""
+    *lead, n, k = w.shape
     rows = -(-n // BLOCK) * BLOCK
-    wp = torch.zeros(rows, k, device=w.device, dtype=torch.float32)
-    wp[:n] = w.float()
-    scale = wp.view(rows // BLOCK, BLOCK, k // BLOCK, BLOCK).abs().amax(dim=(1, 3)).clamp(min=1e-12) / 448.0
-    q = (wp.view(rows // BLOCK, BLOCK, k // BLOCK, BLOCK) / scale[:, None, :, None]).to(torch.float8_e4m3fn)
-    return q.view(rows, k)[:n].contiguous(), scale.contiguous()
+    wp = torch.zeros(*lead, rows, k, device=w.device, dtype=torch.float32)
+    wp[..., :n, :] = w.float()
+    blocks = wp.view(*lead, rows // BLOCK, BLOCK, k // BLOCK, BLOCK)
+    scale = blocks.abs().amax(dim=(-3, -1)).clamp(min=1e-12) / 448.0
+    q = (blocks / scale[..., :, None, :, None]).to(torch.float8_e4m3fn)
+    return q.view(*lead, rows, k)[..., :n, :].contiguous(), scale.contiguous()
 
 
 def group_quantize(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -163,8 +165,7 @@ def wo_a_einsum_runs() -> bool:
         gen = torch.Generator(device="cuda").manual_seed(0)
         o = torch.randn(4, 2, 256, device="cuda", generator=gen)
         w = torch.randn(2, 128, 256, device="cuda", generator=gen)  # [G, R, D]
-        blocks = [block_quantize(w[i]) for i in range(2)]
-        q, s = torch.stack([b[0] for b in blocks]), torch.stack([b[1] for b in blocks])
+        q, s = block_quantize(w)
         got = wo_a_einsum(o, q, s).float()
         want = torch.einsum("bgd,grd->bgr", o, dequantize_blocks(q, s))
         err = float((got - want).norm() / want.norm())
