@@ -32,6 +32,8 @@ def parse_with_sglang(script: Path, env: dict[str, str]) -> dict:
     return doc["args"]
 
 
+# 35 s on 2 cores: the slow pass (CI runs it) keeps the README's test command within 12 minutes
+@pytest.mark.slow
 def test_the_cpu_main_job_exports_an_sglang_command_its_parser_accepts(tmp_path, cpu_main_job):
     r = cpu_main_job  # `tuner search --budget 4m --n-trials 4 --seed 3 -o out` in tmp_path, shared with test_cli
     assert r.returncode == 0, r.stderr[-3000:]
