@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
+import logging
 import time
+from collections.abc import Iterator
 
 import httpx
 import pytest
@@ -172,20 +175,10 @@ def test_stream_of_a_search_killed_hard_ends_at_max_time_and_on_disconnect(tmp_p
 def test_a_client_closing_the_stream_logs_no_error_on_the_server(tmp_path, live_server) -> None:
     """FastAPI's own SSE encoder (0.165) raised BrokenResourceError from its keep-alive task when a client closed a
     live stream, and uvicorn logged "Exception in ASGI application" for every normal disconnect."""
-    import logging
-
     url = f"sqlite:///{tmp_path / 'live.db'}"
     fake_search(url, "live", n_trials=2, end=False)  # a running study: the stream stays open until the client goes
-    errors: list[logging.LogRecord] = []
-
-    class Keep(logging.Handler):
-        def emit(self, record: logging.LogRecord) -> None:
-            errors.append(record)
-
-    handler = Keep(level=logging.ERROR)
     server = live_server(ApiSettings(storage_url=url, sse_poll_s=0.05, sse_max_s=600))
-    logging.getLogger("uvicorn.error").addHandler(handler)
-    try:
+    with _logged("uvicorn.error", logging.ERROR) as errors:
         for _ in range(5):
             with httpx.stream("GET", f"{server.url}/api/studies/live/events", timeout=10) as r:
                 lines = r.iter_lines()
@@ -194,8 +187,6 @@ def test_a_client_closing_the_stream_logs_no_error_on_the_server(tmp_path, live_
             time.sleep(0.3)  # the server notices the client went
         got = httpx.get(f"{server.url}/api/studies/live", timeout=10)
         assert got.status_code == 200  # the server still answers
-    finally:
-        logging.getLogger("uvicorn.error").removeHandler(handler)
     assert not errors, [r.getMessage() + str(r.exc_info and r.exc_info[1]) for r in errors]
 
 
@@ -220,24 +211,30 @@ def test_a_quiet_live_stream_sends_a_ping_comment(tmp_path, live_server, monkeyp
 def test_a_client_closing_the_stream_mid_replay_is_noticed_before_the_next_write(tmp_path, live_server) -> None:
     """A replay is hundreds of writes; without a checkpoint between them the server went on writing to the closed
     socket and asyncio logged "socket.send() raised exception." for each write (thousands a minute under a poller)."""
-    import logging
-
     url = f"sqlite:///{tmp_path / 'big.db'}"
     fake_search(url, "big", n_trials=120, end=False)  # hundreds of events to replay
-    warned: list[str] = []
-
-    class Keep(logging.Handler):
-        def emit(self, record: logging.LogRecord) -> None:
-            warned.append(record.getMessage())
-
-    handler = Keep(level=logging.WARNING)
     server = live_server(ApiSettings(storage_url=url, sse_poll_s=0.05, sse_max_s=600))
-    logging.getLogger("asyncio").addHandler(handler)
-    try:
+    with _logged("asyncio", logging.WARNING) as warned:
         for _ in range(3):
             with httpx.stream("GET", f"{server.url}/api/studies/big/events", timeout=10) as r:
                 assert any(line.startswith("id:") for line in r.iter_lines())  # the first event, then the client goes
             time.sleep(0.5)
+    assert [r.getMessage() for r in warned] == []
+
+
+@contextlib.contextmanager
+def _logged(logger: str, level: int) -> Iterator[list[logging.LogRecord]]:
+    """The records ``logger`` emits at ``level`` or above meanwhile (uvicorn's and asyncio's loggers do not propagate
+    to pytest's capture)."""
+    records: list[logging.LogRecord] = []
+
+    class Keep(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            records.append(record)
+
+    handler = Keep(level=level)
+    logging.getLogger(logger).addHandler(handler)
+    try:
+        yield records
     finally:
-        logging.getLogger("asyncio").removeHandler(handler)
-    assert warned == []
+        logging.getLogger(logger).removeHandler(handler)
