@@ -222,6 +222,8 @@ def _check_stored(url: str) -> dict[int, int]:
     return {t.number: t.user_attrs[TURNED_AWAY_ATTR] for t in trials if TURNED_AWAY_ATTR in t.user_attrs}
 
 
+# 52 s for both on 2 cores: the slow pass (CI runs it) keeps the README's test command within 12 minutes
+@pytest.mark.slow
 @pytest.mark.parametrize("workers", [1, 2])
 def test_a_seeded_search_records_fewer_repeats_and_counts_what_it_turned_away(tmp_path, monkeypatch, workers):
     """The same seeded search, with the turn-away off (the cap at 0: every repeat proposal recorded as a trial, as
