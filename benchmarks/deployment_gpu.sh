@@ -20,6 +20,9 @@
 #       none, when the kernels chain has built SGLang's kernels already), then
 #       `benchmarks/main_job.py search --budget 7m` per seed with SGLang's kernels importable (the baseline is then
 #       SGLang's default path on this GPU), `measure` after the second seed and again after the last
+#   or, after `site`, carry .sgw .dg: TUNER_COMMIT=<sha> bash benchmarks/deployment_gpu.sh all 0,1,2 [WATCH_S]
+#       one chain for a 30-minute session: installs, DeepGEMM, the GPU tests, the seeds but the last, `measure`,
+#       benchmarks/sglang_mhc.py and sglang_twin_kernels.py, the last seed, `measure` again
 #   later calls:             bash benchmarks/deployment_gpu.sh watch [WATCH_S]
 # `watch` (also the tail of the two above) waits up to WATCH_S seconds (default 540) or until both chains end, then
 # copies /tmp/dep's small files to $OUT and prints where each chain stands.
@@ -92,6 +95,43 @@ case "${1:-}" in
       echo "exit $? at $(date -u +%H:%M:%S)" > /tmp/dep/kernels.done' > "$dep/kernels.log" 2>&1 < /dev/null &)
     watch "${2:-20}"
     ;;
+  all)  # one chain for a 30-minute session, carry .sgw .dg, after `site`: the installs and DeepGEMM build, the twin's
+        # GPU tests, the seeds but the last and their side by side, SGLang's mHC and the twin's kernels timed, then the
+        # last seed and the side by side again: what finishes first is what a short budget most needs
+    PYTHONPATH=/tmp/site python3 -c "import optuna" || { echo "run 'site' first: /tmp/site lacks optuna"; exit 1; }
+    snapshot
+    cp -r .sgw .dg "$dep/tree/"
+    seeds=${2:?usage: deployment_gpu.sh all SEEDS [WATCH_S]}
+    first=${seeds%,*}; last=${seeds##*,}
+    cat > "$dep/all_chain.sh" <<EOF
+set -u
+cd $dep/tree
+o=$dep/kernels; mkdir -p \$o
+python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/sgsite .sgw/*.whl
+CUDA_HOME=/usr/local/cuda bash benchmarks/deepgemm_build.sh .dg/deepgemm-src.tgz /tmp/deepgemm
+export PYTHONPATH=/tmp/site:/tmp/sgsite:/tmp/deepgemm:$dep/tree CUDA_HOME=/usr/local/cuda PYTHONUNBUFFERED=1
+export LD_PRELOAD=/usr/lib/x86_64-linux-gnu/libstdc++.so.6 TUNER_COMMIT=$TUNER_COMMIT
+timeout 420 python3 -m pytest -q -p no:cacheprovider -m gpu -rs tests/tuner/test_workload_sglang_kernels.py \\
+  tests/tuner/test_workload_sglang_indexer.py tests/tuner/test_plugin_phase.py \\
+  tests/kernel_tuning/test_sglang_block_fp8.py 2>&1 | tee \$o/gpu_tests.txt | tail -n 30
+echo "exit 0 at \$(date -u +%H:%M:%S)" > $dep/kernels.done
+for s in ${first//,/ }; do
+  echo "seed \$s: start \$(date -u +%H:%M:%S)"
+  python3 benchmarks/main_job.py search --seed \$s --budget 7m --out-dir $dep/mj || echo "seed \$s: failed"
+done
+python3 benchmarks/main_job.py measure --out-dir $dep/mj || echo "measure failed"
+timeout 240 python3 benchmarks/sglang_mhc.py --json \$o/sglang_mhc.json 2>&1 | tail -n 12
+timeout 420 python3 benchmarks/sglang_twin_kernels.py --json \$o/sglang_twin_kernels.json 2>&1 | tail -n 60
+if [ "$last" != "$first" ]; then
+  echo "seed $last: start \$(date -u +%H:%M:%S)"
+  python3 benchmarks/main_job.py search --seed $last --budget 7m --out-dir $dep/mj || echo "seed $last: failed"
+  python3 benchmarks/main_job.py measure --out-dir $dep/mj || echo "measure failed"
+fi
+echo "exit 0 at \$(date -u +%H:%M:%S)" > $dep/mainjob.done
+EOF
+    (setsid nohup bash "$dep/all_chain.sh" > "$dep/mainjob.log" 2>&1 < /dev/null &)
+    watch "${3:-540}"
+    ;;
   site)
     python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
       || { echo "the .whl wheels did not install"; exit 1; }
@@ -125,5 +165,5 @@ EOF
     watch "${3:-540}"
     ;;
   watch) watch "${2:-540}" ;;
-  *) echo "usage: deployment_gpu.sh site|kernels|prepare|twin|mainjob SEEDS|watch [WATCH_S]"; exit 2 ;;
+  *) echo "usage: deployment_gpu.sh site|kernels|prepare|twin|mainjob SEEDS|all SEEDS|watch [WATCH_S]"; exit 2 ;;
 esac
