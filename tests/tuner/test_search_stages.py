@@ -131,6 +131,28 @@ def test_a_stage_that_spent_its_share_ends_without_converging(tmp_path):
     assert "its share of the time is spent" in line and sp.current.name == "code changes"
 
 
+def test_trials_the_target_refused_before_running_do_not_count_toward_convergence(tmp_path):
+    """An H200 main job's code-changes stage "converged" after 80 trials of which 42 were refused before running
+    (``invalid_config``, constraints, in no time) and 38 were pruned: not one whole measurement of a code change.
+    Refused trials say nothing of the objective; pruned ones (measured, and worse) still count."""
+    resolved = resolve(load_space(str(_write(tmp_path, STAGED_SPACE))), CPU)
+    sp = StagePlan(plan(resolved, deployable_only=False), stretch=4)
+
+    class T:
+        turned_away, repeat_of, is_baseline = 0, None, False
+
+        def __init__(self, value, outcome="ok"):
+            self.value, self.outcome = value, outcome
+
+    trials = [T(10.0), T(12.0)] + [T(None, "invalid_config")] * 8  # quiet for twice the stretch, none ran
+    assert sp.observe(trials, maximize=True, noise=0.01, started=0.0, trials_end=1000.0, now=10.0) is None
+    assert sp.current.name == "command"
+    trials += [T(None, "pruned")] * 8  # eight that ran and were worse: twice the stretch, no repeats
+    line = sp.observe(trials, maximize=True, noise=0.01, started=0.0, trials_end=1000.0, now=20.0)
+    assert line.startswith("stage 'command' ends after 18 trials (converged: no better configuration")
+    assert "in its last 8 trials" in line
+
+
 def test_the_stages_share_the_time_left_once_the_baseline_s_runs_are_done(tmp_path):
     """Two baseline runs took 60 s of a 120-s time for trials: the command stage gets half of the 60 s left, not
     half of the 120 (it had ended before its first trial, and a CPU main job's command stage never ran)."""
@@ -191,6 +213,66 @@ def test_the_command_stage_runs_the_deployable_values_first_then_the_code_change
     assert res.best_params == {"x": 3, "boost": 4}  # the code change is found after the command's values
     study = optuna.load_study(study_name="s", storage=sqlite_url)
     assert len(study.trials) == len(recs)
+
+
+OPENING_SPACE = (
+    STAGED_SPACE
+    + """  knob:
+    type: categorical
+    server: {none: a code change the fake target ignores, deploys_as: 0}
+    values: [0, 1, 2]
+    default: 0
+"""
+)
+
+
+class Order(Progress):
+    """Messages and trial starts, in the order they came."""
+
+    def __init__(self):
+        self.events = []
+
+    def message(self, text):
+        self.events.append(("message", text))
+
+    def trial_started(self, number, params):
+        self.events.append(("trial", number))
+
+
+def test_the_code_changes_stage_opens_with_one_change_moves_from_the_command_s_best(tmp_path, sqlite_url):
+    """What each code change buys on top of the command is measured first: the code-changes stage opens with
+    one-change moves from the best so far (the command stage's, then any move that beat it), as many as there were
+    untried moves from the command's best, before TPE samples the whole space (whose samples change many values at
+    once: on an H200 none of 38 measured ones beat the command, one change away from it)."""
+    from tuner.search.refine import REFINE_ATTR
+
+    order = Order()
+    run_search(_opts(tmp_path, sqlite_url, OPENING_SPACE, converge_after=4, refine_share=0.25), order)
+    at = next(i for i, (k, v) in enumerate(order.events) if k == "message" and v.startswith("stage 'command' ends"))
+    second = [n for k, n in order.events[at + 1 :] if k == "trial"]
+    before = {n for k, n in order.events[:at] if k == "trial"}
+    repo = Repo(sqlite_url)
+    recs = {r.number: r for r in repo.list_trials(repo.get_run("s").id)}
+    key = ("x", "boost", "knob")
+
+    def cfg(n):
+        return tuple(recs[n].params[k] for k in key)
+
+    tried = {cfg(n) for n in before}
+    best = max((recs[n] for n in before if recs[n].outcome == "ok"), key=lambda r: r.value)
+    b = cfg(best.number)
+    values = ([0, 1, 2, 3], [0, 4], [0, 1, 2])
+    one_change = {b[:i] + (v,) + b[i + 1 :] for i, vs in enumerate(values) for v in vs if v != b[i]}
+    untried = one_change - tried
+    assert {(b[0], 4, 0), (b[0], 0, 1), (b[0], 0, 2)} <= untried  # the code changes, each alone
+    study = optuna.load_study(study_name="s", storage=sqlite_url)
+    attrs = {t.number: t.user_attrs for t in study.trials}
+    opened = second[: len(untried)]
+    assert all(REFINE_ATTR in attrs[n] for n in opened), [(n, cfg(n)) for n in opened]
+    for n in opened:  # each one value away from the trial it moved from
+        origin = cfg(attrs[n][REFINE_ATTR])
+        assert sum(a != c for a, c in zip(origin, cfg(n))) == 1, (origin, cfg(n))
+    assert cfg(opened[0]) in untried  # the first from the command stage's best
 
 
 def test_worker_threads_move_past_an_exhausted_stage_and_end_when_the_last_is_exhausted(tmp_path, sqlite_url):

@@ -29,7 +29,11 @@ def sequential_loop(ctx: SearchContext, progress: Progress | None) -> None:
             return
         # the last share, or TPE re-proposed a timed configuration: a move from the best, enqueued right before the
         # ask that takes it (a move left waiting would be taken by the confirmation's ask instead)
-        if reproposed or refine.in_window(ctx, reserve, len(ctx.trials) - started):
+        if (
+            reproposed
+            or refine.in_window(ctx, reserve, len(ctx.trials) - started)
+            or stages.opening(ctx, refine.open_moves)
+        ):
             refine.enqueue_next(ctx, progress)
         trial = ctx.study.ask()
         summary = run_one(ctx, trial, progress)

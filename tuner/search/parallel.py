@@ -166,8 +166,10 @@ def worker_loop(
     def ask_step():
         with lock.held():
             d = cap_decision(ctx.study, max_trials)
-            if d == "ask" and (repeated or refine.in_window(ctx, 0.0)):
-                refine.enqueue_next(ctx, progress)  # the last share, or TPE re-proposed a timed configuration
+            if d == "ask" and (
+                repeated or refine.in_window(ctx, 0.0) or stages.opening(ctx, refine.open_moves)
+            ):  # the last share, TPE re-proposed a timed configuration, or a new stage's opening
+                refine.enqueue_next(ctx, progress)
             return d, (ctx.study.ask() if d == "ask" else None)
 
     def begin() -> _Asked:

@@ -360,6 +360,29 @@ def next_move(ctx: SearchContext) -> Move | None:
         )
 
 
+def open_moves(ctx: SearchContext) -> int:
+    """The untried one-change moves from the best ok configuration so far, inside the current stage's space, that
+    the target accepts: how many asks a new stage opens with (``tuner.search.stages.StagePlan.take_opening``)."""
+    if ctx.options.refine_share <= 0:
+        return 0
+    stored = refresh_stored(ctx)
+    same = ctx.target.canonical_params
+    space = ctx.sampling_space
+    with stored.lock:
+        if stored.index is None or not stored.index.fits(space, same, ctx.direction):
+            stored.index = MoveIndex(space, same, ctx.direction)
+        index = stored.index.sync(stored)
+        best = index.best()
+        if best is None:
+            return 0
+        tried = index.tried
+        return sum(
+            1
+            for _, _, cfg in moves(space, best.params)
+            if _key(space, cfg, same) not in tried and not ctx.target.check(cfg)
+        )
+
+
 def choose_move(
     resolved: ResolvedSpace,
     records: list,

@@ -8,7 +8,9 @@ re-runs always use the whole space.
 
 A stage ends when its share of the time for trials is spent (the shares are of the time left once the baseline's runs
 are done: the baseline is no stage's trial), or earlier when it has **converged**: over the last
-``stretch`` trials of the stage (``--converge-after N``, at least a fifth of the stage's trials so far) no new
+``stretch`` trials of the stage that ran (``--converge-after N``, at least a fifth of them so far; a trial the
+target refused before running it, ``invalid_config`` in no time, is not counted: on an H200 a code-changes stage of
+42 such proposals and 38 pruned trials "converged" after 80 trials without one whole measurement) no new
 configuration beat the best found before them by more than the measured noise (the best's own step-time spread,
 at least :data:`MIN_GAIN`), and either a quarter or more of the stretch's proposals were repeats of configurations
 already timed, or the stretch has lasted twice as long. The proposals are the trials and those turned away before
@@ -30,6 +32,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from search_spaces import ResolvedSpace, resolve
+from tuner.measurement import Outcome
 from tuner.search.winner import NOISE_CAP, step_noise
 
 _logger = logging.getLogger(__name__)
@@ -273,6 +276,9 @@ class StagePlan:
     """When the stages' time starts: the end of the baseline's last run (``observe`` sets it)."""
     follower: bool = False
     """A ``tuner worker`` process's plan: it never ends a stage itself, it follows the search's (:meth:`follow`)."""
+    opening: int | None = 0
+    """Asks of the current stage still to open with a one-change move from the best so far: ``None`` when a stage
+    after the first has just started (:meth:`take_opening` counts its moves then), 0 when the opening is over."""
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
     _read: _StageRead | None = field(default=None, repr=False)
 
@@ -331,6 +337,7 @@ class StagePlan:
                 return self.converged_line
             self.index += 1
             self.first = len(trials)
+            self.opening = None
             left = max(0.0, trials_end - now)
             line = (
                 f"stage {stage.name!r} ends after {mine} trials ({why}); stage {self.current.name!r} "
@@ -352,12 +359,30 @@ class StagePlan:
             stage = self.current
             self.index += 1
             self.first = n_trials_so_far
+            self.opening = None
             line = (
                 f"stage {stage.name!r} ends: its space is exhausted ({repeats_in_a_row} repeated configurations "
                 f"in a row); stage {self.current.name!r} starts: {self.current.what}"
             )
             self.lines.append(line)
             return line
+
+    def take_opening(self, count: Callable[[], int]) -> bool:
+        """Whether the next ask of the current stage opens it with a one-change move from the best so far (and takes
+        one from the opening). A stage after the first opens with as many such moves as ``count`` finds when its
+        first ask comes (the untried moves from the best that the target accepts): the code-changes stage starts
+        from the command's best, and what each code change buys on top of the command is measured before TPE
+        samples the whole space (on an H200 its samples changed many values at once, 42 of 80 broke a constraint,
+        and none of the other 38 beat the command; the twin's best there was one code change away from it)."""
+        with self._lock:
+            if self.follower:
+                return False
+            if self.opening is None:
+                self.opening = max(0, count())
+            if self.opening <= 0:
+                return False
+            self.opening -= 1
+            return True
 
     def follow(self, index: int, n_trials_so_far: int) -> bool:
         """Move to the search's stage ``index`` (a follower); True when it moved."""
@@ -393,7 +418,8 @@ class _StageRead:
         for t in trials[self.seen :]:  # a copy: a trial another thread appends meanwhile waits for the next read
             if not t.is_baseline:
                 self.mine += 1
-                self.track.append(t.value if t.outcome == "ok" else None, t.repeat_of is not None, t.turned_away)
+                if t.outcome != Outcome.INVALID_CONFIG.value:  # refused before it ran: says nothing of the objective
+                    self.track.append(t.value if t.outcome == "ok" else None, t.repeat_of is not None, t.turned_away)
             self.last = t
             self.seen += 1
 
@@ -462,6 +488,13 @@ def after_trial(ctx, progress=None) -> bool:
             progress.message(line)
         _record_move(ctx, line)
     return plan_.done
+
+
+def opening(ctx, count: Callable) -> bool:
+    """Whether the next ask opens the current stage with a one-change move from the best (``StagePlan.take_opening``;
+    ``count(ctx)``: how many it opens with, ``tuner.search.refine.open_moves``)."""
+    plan_ = ctx.stages
+    return plan_ is not None and plan_.take_opening(lambda: count(ctx))
 
 
 def on_exhausted(ctx, repeats_in_a_row: int, progress=None, index: int | None = None) -> bool:
