@@ -210,22 +210,63 @@ def _geomean(xs: list[float]) -> float:
 def found_over_hand(data: dict) -> dict[str, float]:
     """Per study: the geomean over the levels of its best's tok/s over the hand-written best's, both measured in
     the one side-by-side run."""
+    hand = next(c for c in data["side_by_side"]["cases"] if c["name"] == "hand-written best")
+    return _found_over(data, hand)
+
+
+def _sglang_case(side: dict) -> dict | None:
+    """The measured case of SGLang's defaults on the GPU (``--study-baseline``), if any."""
+    return next((c for c in side["cases"] if c["name"].startswith("SGLang's defaults") and "tok_s" in c), None)
+
+
+def found_over_sglang(data: dict) -> dict[str, float]:
+    """Per study: its best's tok/s over SGLang's defaults on the GPU (the baseline), geomean over the levels, both
+    measured in the one side-by-side run; empty when the baseline was not measured."""
+    sglang = _sglang_case(data["side_by_side"])
+    return _found_over(data, sglang) if sglang is not None else {}
+
+
+def _found_over(data: dict, ref: dict) -> dict[str, float]:
     side = data["side_by_side"]
     levels = side["levels"]
-    hand = next(c for c in side["cases"] if c["name"] == "hand-written best")
     out = {}
     for r in data["runs"]:
         case = side["cases"][r["side_case"]] if r.get("side_case") is not None else None
-        if case is None or "tok_s" not in case or "tok_s" not in hand:
+        if case is None or "tok_s" not in case or "tok_s" not in ref:
             continue
-        out[r["study"] + f" (seed {r['seed']})"] = _geomean([case["tok_s"][lv] / hand["tok_s"][lv] for lv in levels])
+        out[r["study"] + f" (seed {r['seed']})"] = _geomean([case["tok_s"][lv] / ref["tok_s"][lv] for lv in levels])
     return out
+
+
+def case_labels(data: dict) -> list[str]:
+    """Each side-by-side case's name, with the seed whose run it is for a run's best and its exported command:
+    every seed's study has the same name, so the names alone do not say which run a case is."""
+    cases = data["side_by_side"]["cases"]
+    labels = [c["name"] for c in cases]
+    seed_of = {}
+    for r in data["runs"]:
+        i = r.get("side_case")
+        if i is not None and i < len(cases):
+            labels[i] = f"{cases[i]['name']}, seed {r['seed']}"
+            seed_of[cases[i]["name"]] = r["seed"]
+    commands = [c["name"] for c in cases if c["name"].startswith("the exported command of")]
+    for i, c in enumerate(cases):
+        if not c["name"].startswith("the exported command of"):
+            continue
+        if commands.count(c["name"]) > 1:  # workload_gpu.py before 2026-12-04 named every seed's command alike and
+            # stored the last one's best as each one's base: which seed a case is, the file cannot tell
+            labels[i] = f"{c['name']}, one of seeds {', '.join(str(s) for s in seed_of.values())}"
+        elif c.get("base") in seed_of:
+            labels[i] = f"{c['name']}, seed {seed_of[c['base']]}"
+    return labels
 
 
 def report(data: dict, source: Path | str = "main_job.json") -> str:
     """The Markdown report of a stored ``main_job.json`` (no search, no device)."""
     runs, side = data["runs"], data["side_by_side"]
     ratios = found_over_hand(data)
+    over_sglang = found_over_sglang(data)
+    label = dict(zip(map(id, side["cases"]), case_labels(data)))
     first = runs[0]
     budgets = sorted({r["budget"] for r in runs})
     lines = [
@@ -236,18 +277,19 @@ def report(data: dict, source: Path | str = "main_job.json") -> str:
         f"from `{source if isinstance(source, str) else Path(source).name}`",
         "",
         "| seed | study | trials | searched s | trials/min | median trial s | median s per phase "
-        f"({'/'.join(PHASES)}) | found / hand-written (geomean, side by side) |",
-        "| ---: | --- | ---: | ---: | ---: | ---: | --- | ---: |",
+        f"({'/'.join(PHASES)}) | found / hand-written (geomean, side by side) | found / SGLang's defaults |",
+        "| ---: | --- | ---: | ---: | ---: | ---: | --- | ---: | ---: |",
     ]
     for r in runs:
         key = r["study"] + f" (seed {r['seed']})"
         ph = r.get("median_phase_s") or {}
         ratio = f"{ratios[key]:.3f}" if key in ratios else "-"
+        vs_sglang = f"{over_sglang[key]:.3f}" if key in over_sglang else "-"
         lines.append(
             f"| {r['seed']} | {r['study']} | {r['trials']} | {r['searched_s']:.0f} | "
             f"{r['trials_per_min']:.2f} | {r['median_trial_s']:.1f} | "
             + "/".join(f"{ph[k]:.2f}" if k in ph else "-" for k in PHASES)
-            + f" | {ratio} |"
+            + f" | {ratio} | {vs_sglang} |"
         )
     tpm = [r["trials_per_min"] for r in runs if r.get("trials_per_min")]
     lines += [""]
@@ -261,6 +303,12 @@ def report(data: dict, source: Path | str = "main_job.json") -> str:
         )
     else:
         lines.append("found / hand-written best: no run had a best measured side by side")
+    if over_sglang:
+        v = sorted(over_sglang.values())
+        lines.append(
+            f"found / SGLang's defaults on this GPU (geomean over {', '.join(side['levels'])}, {len(v)} runs): "
+            f"min {v[0]:.3f}, median {statistics.median(v):.3f}, max {v[-1]:.3f}"
+        )
     hand = next((c for c in side["cases"] if c["name"] == "hand-written best" and "tok_s" in c), None)
     by_name = {c["name"]: c for c in side["cases"] if "tok_s" in c}
     for c in side["cases"]:  # each exported command's configuration (workload_gpu.py --study-command)
@@ -269,10 +317,11 @@ def report(data: dict, source: Path | str = "main_job.json") -> str:
             continue
         vs_best = _geomean([c["tok_s"][lv] / best["tok_s"][lv] for lv in side["levels"]])
         vs_hand = _geomean([c["tok_s"][lv] / hand["tok_s"][lv] for lv in side["levels"]]) if hand else float("nan")
+        of = "its best" if ", one of seeds" not in label[id(c)] else f"the base stored with it ({best['name']})"
         lines.append(
-            f"{c['name']}: {vs_best:.3f} of its best, {vs_hand:.3f} of the hand-written best (geomean, side by side)"
+            f"{label[id(c)]}: {vs_best:.3f} of {of}, {vs_hand:.3f} of the hand-written best (geomean, side by side)"
         )
-    sglang = next((c for c in side["cases"] if c["name"].startswith("SGLang's defaults") and "tok_s" in c), None)
+    sglang = _sglang_case(side)
     if sglang is not None:  # every measured case over SGLang's default path on this GPU, per level
         lines += [
             "",
@@ -286,7 +335,7 @@ def report(data: dict, source: Path | str = "main_job.json") -> str:
             if c is sglang or "tok_s" not in c:
                 continue
             per = " / ".join(f"{c['tok_s'][lv] / sglang['tok_s'][lv]:.2f}" for lv in side["levels"])
-            lines.append(f"- {c['name']}: {per}x")
+            lines.append(f"- {label[id(c)]}: {per}x")
     lines += [
         "",
         "Side by side (tok/s, one run of `benchmarks/workload_gpu.py --only-ends --study-best ... "
@@ -299,7 +348,7 @@ def report(data: dict, source: Path | str = "main_job.json") -> str:
     ]
     for c in side["cases"]:
         cells = [f"{c['tok_s'][lv]:.1f}" if "tok_s" in c else f"failed: {c.get('error', '')}" for lv in side["levels"]]
-        lines.append(f"| {c['name']} | " + " | ".join(cells) + " |")
+        lines.append(f"| {label[id(c)]} | " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
 
 

@@ -85,12 +85,13 @@ def test_the_report_is_written_from_stored_data_with_the_found_over_hand_written
         "found / hand-written best (geomean over c=1, c=16, c=64, 3 runs): min 0.800, median 0.900, max 1.000" in text
     )
     assert "trials per minute: min 2.00, median 3.00, max 5.00" in text
-    assert "| 3 | d | 12 | 360 | 2.00 | 8.0 | 0.01/0.20/-/-/-/1.50 | - |" in text
+    assert "| 3 | d | 12 | 360 | 2.00 | 8.0 | 0.01/0.20/-/-/-/1.50 | - | - |" in text
     assert "NVIDIA H200 on 2026-12-02 at commit abc1234" in text and "`x/main_job.json`" in text
     assert (
-        "the exported command of `a` (its best less 3 code changes): 0.500 of its best, 0.400 of the hand-written best"
+        "the exported command of `a` (its best less 3 code changes), seed 0: 0.500 of its best, 0.400 of the "
+        "hand-written best"
     ) in text
-    assert "| 1 | b | 30 | 360 | 5.00 | 8.0 | 0.01/0.20/-/-/-/1.50 | 1.000 |" in text
+    assert "| 1 | b | 30 | 360 | 5.00 | 8.0 | 0.01/0.20/-/-/-/1.50 | 1.000 | - |" in text
     assert "Over SGLang" not in text  # no baseline case measured: no line over it
 
 
@@ -108,8 +109,37 @@ def test_the_report_puts_every_case_over_sglangs_defaults_per_level_when_the_bas
     with benchmark_script("main_job") as mj:
         text = mj.report({"preset": "dsv4-flash", "runs": [run], "measured": {}, "side_by_side": side})
     assert "Over SGLang's defaults on this GPU (the baseline of `a`, trial 0), per level (c=1, c=16, c=64):" in text
-    assert "- best found by `a` (trial 3, stored 1.00): 2.00 / 1.25 / 2.00x" in text
+    assert "- best found by `a` (trial 3, stored 1.00), seed 0: 2.00 / 1.25 / 2.00x" in text
     assert "- default (...): 0.40 / 0.25 / 0.40x" in text
+
+
+def test_the_report_names_the_seed_of_each_best_and_exported_command_when_every_study_has_the_same_name():
+    """An H200 main job's three seeds all named their study `dsv4-flash-workload`: its report listed two lines
+    "the exported command of `dsv4-flash-workload` ..." with nothing to say which seed each was."""
+    hand = {"c=1": 50.0, "c=16": 500.0, "c=64": 1600.0}
+    runs = [{**_run(s, "w", 1.0), "side_case": 2 + i} for i, s in enumerate((0, 2))]
+    best = [f"best found by `w` (trial {t}, stored 1.00)" for t in (3, 7)]
+    cases = [
+        {"name": "default (...)", "knobs": {}, "tok_s": hand},
+        {"name": "hand-written best", "knobs": {}, "tok_s": hand},
+        {"name": best[0], "knobs": {}, "tok_s": {lv: 1.1 * v for lv, v in hand.items()}},
+        {"name": best[1], "knobs": {}, "tok_s": {lv: 1.2 * v for lv, v in hand.items()}},
+        {"name": "the exported command of `w` (trial 7 less 1 code changes)", "base": best[1], "tok_s": hand},
+        {"name": "the exported command of `w` (trial 3 less 1 code changes)", "base": best[0], "tok_s": hand},
+        # two commands named alike (stored before the names held the trial): which seed each is, the file cannot say
+        {"name": "the exported command of `w` (its best less 2 code changes)", "base": best[1], "tok_s": hand},
+        {"name": "the exported command of `w` (its best less 2 code changes)", "base": best[1], "tok_s": hand},
+        {"name": "SGLang's defaults on this GPU (the baseline of `w`, trial 0)", "knobs": {}, "tok_s": hand},
+    ]
+    side = {"gpu": "NVIDIA H200", "date": "2026-12-04", "commit": "abc1234", "levels": LEVELS, "cases": cases}
+    with benchmark_script("main_job") as mj:
+        text = mj.report({"preset": "dsv4-flash", "runs": runs, "measured": {}, "side_by_side": side})
+    assert "- the exported command of `w` (trial 7 less 1 code changes), seed 2: 1.00 / 1.00 / 1.00x" in text
+    assert "- the exported command of `w` (trial 3 less 1 code changes), seed 0: 1.00 / 1.00 / 1.00x" in text
+    assert text.count("- the exported command of `w` (its best less 2 code changes), one of seeds 0, 2: 1.00") == 2
+    assert f"| {best[1]}, seed 2 | 60.0 | 600.0 | 1920.0 |" in text
+    assert "| 2 | w | 12 | 360 | 2.00 | 8.0 | 0.01/0.20/-/-/-/1.50 | 1.200 | 1.200 |" in text
+    assert "found / SGLang's defaults on this GPU (geomean over c=1, c=16, c=64, 2 runs): min 1.100" in text
 
 
 def test_report_from_a_filed_json_writes_the_md_beside_it_naming_that_file(tmp_path):
@@ -212,12 +242,14 @@ def test_the_main_job_benchmark_runs_two_seeds_on_the_cpu_twin_and_writes_its_js
     assert all(
         c["name"].startswith("the exported command of") and c["base"] in [b["name"] for b in bests] for c in commands
     )
+    # one command per best, each compared with its own (the names were alike, so every base was the last best's)
+    assert len({c["name"] for c in commands}) == len({c["base"] for c in commands}) == len(commands), commands
     with benchmark_script("main_job") as mj:
         assert (out / "main_job.md").read_text() == mj.report(data, source=out / "main_job.json")
         ratios = mj.found_over_hand(data)
     assert [r["side_case"] for r in with_best] == list(range(2, 2 + len(with_best)))
     assert len(ratios) == len([c for c in bests if "tok_s" in c])
-    assert all(f"{c['name']}: " in (out / "main_job.md").read_text() for c in commands if "tok_s" in c)
+    assert all(f"{c['name']}, seed " in (out / "main_job.md").read_text() for c in commands if "tok_s" in c)
     assert all(v > 0 for v in ratios.values())
 
 
