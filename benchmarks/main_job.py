@@ -367,17 +367,19 @@ def runs_report(data: dict, source: Path | str = "runs.json") -> str:
         + "); written by `benchmarks/main_job.py report` "
         f"from `{source if isinstance(source, str) else Path(source).name}`",
         "",
-        "| seed | commit | trials | outcomes | trials/min | median trial s | exported | x baseline |",
-        "| ---: | --- | ---: | --- | ---: | ---: | --- | ---: |",
+        "| seed | commit | trials | outcomes | trials/min | median trial s | exported | best | baseline | x baseline |",
+        "| ---: | --- | ---: | --- | ---: | ---: | --- | ---: | ---: | ---: |",
     ]
     for r in runs:
         outcomes = ", ".join(f"{k} {v}" for k, v in sorted(r.get("outcomes", {}).items()))
         best = r.get("best_trial")
         exported = "nothing" if best is None else ("the defaults (trial 0)" if best == 0 else f"trial {best}")
         gain = f"{r['best_value'] / r['baseline_value']:.2f}" if best is not None and r.get("baseline_value") else "-"
+        value = f"{r['best_value']:.1f}" if best is not None else "-"
+        base = f"{r['baseline_value']:.2f}" if r.get("baseline_value") else "-"
         lines.append(
             f"| {r['seed']} | {r['commit'][:7]} | {r['trials']} | {outcomes} | {r['trials_per_min']:.2f} | "
-            f"{r['median_trial_s']:.1f} | {exported} | {gain} |"
+            f"{r['median_trial_s']:.1f} | {exported} | {value} | {base} | {gain} |"
         )
     return "\n".join(lines) + "\n"
 
