@@ -207,3 +207,38 @@ def test_parallel_workers_start_no_trial_with_less_time_left_than_one_trial_need
     # one ask) after it; before the fix the workers started trials until about 31 s
     span = (max(starts) - min(starts)).total_seconds()
     assert len(starts) >= 2 and span <= 16, (span, len(starts), r.stdout[-2000:])
+
+
+class _Said:
+    def __init__(self):
+        self.lines = []
+
+    def message(self, text):
+        self.lines.append(text)
+
+
+@pytest.mark.parametrize("slow", [True, False])
+def test_a_slow_warm_up_run_of_the_baseline_is_said_in_one_line(monkeypatch, slow):
+    """The untimed warm-up run took 191 s of an H200 main job's 7 minutes (kernels built on a fresh machine) and the
+    search printed nothing until the baseline's first timed run."""
+    from tuner.measurement import Measurement, Outcome
+    from tuner.search import trial as trial_mod
+
+    class Run:
+        def wait(self):
+            return Measurement(outcome=Outcome.OK, value=1.0)
+
+    worker = SimpleNamespace(start=lambda job: Run())
+    deadline = SimpleNamespace(trials_end=1e12)
+    ctx = SimpleNamespace(current=None, stop=SimpleNamespace(is_set=lambda: False), deadline=deadline)
+    job = SimpleNamespace(deadline=0.0)
+    monkeypatch.setattr(trial_mod.dataclasses, "replace", lambda j, deadline: SimpleNamespace(deadline=deadline))
+    monkeypatch.setattr(trial_mod, "SLOW_WARM_UP_S", 0.0 if slow else 1e9)
+    said = _Said()
+    out = trial_mod._warm_up(ctx, worker, job, 30.0, said)
+    assert out.deadline > 0 and ctx.current is None
+    if slow:
+        assert len(said.lines) == 1 and said.lines[0].startswith("the baseline's warm-up run (not timed) took ")
+        assert "kernels' first builds" in said.lines[0]
+    else:
+        assert said.lines == []

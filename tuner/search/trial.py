@@ -103,7 +103,7 @@ def run_one(
             m = Measurement.failed(Outcome.INVALID_CONFIG, reason)
             _logger.info("trial %d refused before running: %s", trial.number, reason)
         else:
-            m = _run_isolated(ctx, trial, params, gpus)
+            m = _run_isolated(ctx, trial, params, gpus, progress)
             m = ctx.target.after_trial(ctx.repo, ctx.run.id, trial.number, m, is_baseline=is_baseline)
     cut = m.outcome is Outcome.TIMEOUT and (ctx.stop.is_set() or time.time() >= ctx.deadline.trials_end - 0.5)
     if cut:
@@ -125,7 +125,11 @@ def run_one(
 
 
 def _run_isolated(
-    ctx: SearchContext, trial: optuna.Trial, params: dict[str, Any], gpus: list[int] | None
+    ctx: SearchContext,
+    trial: optuna.Trial,
+    params: dict[str, Any],
+    gpus: list[int] | None,
+    progress: Progress | None = None,
 ) -> Measurement:
     hard_end = ctx.deadline.trials_end
     per_trial = ctx.options.trial_timeout_s or ctx.target.config.trial_timeout_s
@@ -166,7 +170,7 @@ def _run_isolated(
     if ctx.target.persistent_worker:
         worker = persistent_worker(gpus)
         if trial.user_attrs.get(BASELINE_ATTR) and ctx.baseline_runs > 1 and not worker.alive():
-            job = _warm_up(ctx, worker, job, per_trial)
+            job = _warm_up(ctx, worker, job, per_trial, progress)
         proc = worker.start(job, reporter)
     else:
         proc = TrialProcess(job, reporter)
@@ -177,10 +181,15 @@ def _run_isolated(
         ctx.current = None
 
 
-def _warm_up(ctx: SearchContext, worker, job: TrialJob, per_trial: float) -> TrialJob:
+SLOW_WARM_UP_S = 20.0
+"""A warm-up run this long is said to the user: it is budget no trial had."""
+
+
+def _warm_up(ctx: SearchContext, worker, job: TrialJob, per_trial: float, progress: Progress | None = None) -> TrialJob:
     """Run ``job`` (the baseline) once untimed in a fresh persistent ``worker``: its first trial pays for what a
     process does once (allocations, first calls), and the baseline, every ratio's reference, is timed warm. Returns
-    the job with its deadline moved past the warm-up's time."""
+    the job with its deadline moved past the warm-up's time. A slow one is said in one line: on an H200 with a cold
+    cache it took 191 s of a 7-minute budget (SGLang's and DeepGEMM's JIT builds), and the search showed nothing."""
     t0 = time.time()
     proc = worker.start(job)
     ctx.current = proc
@@ -188,9 +197,14 @@ def _warm_up(ctx: SearchContext, worker, job: TrialJob, per_trial: float) -> Tri
         m = proc.wait()
     finally:
         ctx.current = None
-    _logger.info(
-        "warm-up run of the baseline's configuration (not timed): %s in %.1f s", m.outcome.value, time.time() - t0
-    )
+    took = time.time() - t0
+    _logger.info("warm-up run of the baseline's configuration (not timed): %s in %.1f s", m.outcome.value, took)
+    if progress is not None and took >= SLOW_WARM_UP_S:
+        progress.message(
+            f"the baseline's warm-up run (not timed) took {took:.0f} s of the budget: on a fresh machine mostly the "
+            "kernels' first builds (Triton, and SGLang's and DeepGEMM's JIT where they run), which later searches "
+            "here reuse from their caches"
+        )
     end = time.time() if ctx.stop.is_set() else min(ctx.deadline.trials_end, time.time() + per_trial)
     return dataclasses.replace(job, deadline=end)
 
