@@ -137,7 +137,8 @@ def search(
         typer.Option(
             "--converge-after",
             help="A stage has converged when this many of its "
-            "trials (at least a fifth of them) found nothing better beyond the "
+            "trials that ran (at least a fifth of them; one refused before "
+            "running is not counted) found nothing better beyond the "
             "noise: the next stage starts, or the last ends the search early "
             "(0: never).",
         ),
