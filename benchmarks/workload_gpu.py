@@ -175,9 +175,12 @@ def study_command(spec: str, default: dict | None = None) -> tuple[str, dict, st
     if not cmd.changes:
         return None
     knobs = {**(DEFAULT if default is None else default), **{k: v for k, v in cmd.params.items() if v is not None}}
-    # the best's trial in the name: every seed's study of the main job has the same name, and the cases (and the
-    # best each command is compared with) are keyed by it
-    name = f"the exported command of `{study}` (trial {trial.number} less {len(cmd.changes)} code changes)"
+    # the best's trial and figure in the name, as its best's case has them: every seed's study of the main job has
+    # the same name, and the cases (and the best each command is compared with) are keyed by it
+    name = (
+        f"the exported command of `{study}` (trial {trial.number}, stored {run.best_value:.2f}, "
+        f"less {len(cmd.changes)} code changes)"
+    )
     return name, knobs, best_name
 
 
