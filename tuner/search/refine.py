@@ -341,9 +341,7 @@ def next_move(ctx: SearchContext) -> Move | None:
     same = ctx.target.canonical_params
     space = ctx.sampling_space  # inside the current stage's space (tuner.search.stages)
     with stored.lock:
-        if stored.index is None or not stored.index.fits(space, same, ctx.direction):
-            stored.index = MoveIndex(space, same, ctx.direction)
-        index = stored.index.sync(stored)
+        index = _synced_index(ctx, stored)
         best = index.best()
         rec = ctx.repo.get_trial(ctx.run.id, best.number) if best is not None else None
         noise = min(NOISE_CAP, step_noise(rec)) if rec is not None else 0.0  # the best's own step-time spread
@@ -360,6 +358,14 @@ def next_move(ctx: SearchContext) -> Move | None:
         )
 
 
+def _synced_index(ctx: SearchContext, stored: StoredTrials) -> MoveIndex:
+    """``stored``'s :class:`MoveIndex` over the current stage's space, brought up to date (``stored.lock`` held)."""
+    space, same = ctx.sampling_space, ctx.target.canonical_params
+    if stored.index is None or not stored.index.fits(space, same, ctx.direction):
+        stored.index = MoveIndex(space, same, ctx.direction)
+    return stored.index.sync(stored)
+
+
 def open_moves(ctx: SearchContext) -> int:
     """The untried one-change moves from the best ok configuration so far, inside the current stage's space, that
     the target accepts: how many asks a new stage opens with (``tuner.search.stages.StagePlan.take_opening``)."""
@@ -369,9 +375,7 @@ def open_moves(ctx: SearchContext) -> int:
     same = ctx.target.canonical_params
     space = ctx.sampling_space
     with stored.lock:
-        if stored.index is None or not stored.index.fits(space, same, ctx.direction):
-            stored.index = MoveIndex(space, same, ctx.direction)
-        index = stored.index.sync(stored)
+        index = _synced_index(ctx, stored)
         best = index.best()
         if best is None:
             return 0
