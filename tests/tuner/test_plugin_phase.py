@@ -90,6 +90,48 @@ def test_a_plugin_phase_without_time_left_in_the_budget_is_one_line_and_runs_not
     ]
 
 
+def test_a_plugin_phase_that_ran_says_how_long_it_took_beside_the_time_kept_for_it(monkeypatch):
+    """The H200 main job's logs said the phase ran, not how long: whether 90 s is the right keep stayed unknown."""
+    import json
+
+    from tuner.search import driver
+
+    record = {
+        "target": "q",
+        "batch": 1,
+        "shape": {},
+        "dtypes": {},
+        "ours_us": 5.0,
+        "sglang_us": 6.0,
+        "rel_err": 0.0,
+        "gpu": "NVIDIA H200",
+        "arch": "sm_90",
+        "date": "2026-12-04",
+        "commit": "test",
+        "sglang": "0.5.23",
+    }
+    done = subprocess.CompletedProcess([], 0, stdout=json.dumps({"records": [record, record]}) + "\n", stderr="")
+    monkeypatch.setenv("TUNER_COMMIT", "test")
+    monkeypatch.setattr(driver.subprocess, "run", lambda *a, **k: done)
+    stored, said = [], []
+    from tuner.export import sglang_plugin
+
+    monkeypatch.setattr(sglang_plugin, "store_records", lambda repo, study, records, source: stored.extend(records))
+    ctx = SimpleNamespace(
+        best=SimpleNamespace(params={"glue": "sglang"}),
+        target=SimpleNamespace(plugin_measurements=lambda params: [["--batches", "1"]]),
+        options=SimpleNamespace(gpus=[]),
+        repo=None,
+        run=SimpleNamespace(study_name="s"),
+        deadline=Deadline.start_now(3600).keep(90.0),
+    )
+    driver._plugin_phase(ctx, SimpleNamespace(message=said.append))
+    assert len(stored) == 2
+    assert said[-1].startswith("the plug-in's side by side took ") and said[-1].endswith(
+        " s (90 s kept for it): 2 record(s)"
+    ), said
+
+
 def test_no_best_or_no_case_runs_nothing():
     from tuner.search.driver import _plugin_phase
 

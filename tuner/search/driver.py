@@ -221,6 +221,7 @@ def _plugin_phase(ctx: SearchContext, progress: Progress | None) -> None:
         env["CUDA_VISIBLE_DEVICES"] = str(ctx.options.gpus[0])
     commit = os.environ.get("TUNER_COMMIT") or git_sha() or ""
     records: list[SideBySide] = []
+    started = time.time()
     for args in cases:
         left = ctx.deadline.remaining_before_export()
         if left < PLUGIN_MIN_S:
@@ -248,6 +249,11 @@ def _plugin_phase(ctx: SearchContext, progress: Progress | None) -> None:
                 progress.message(f"the plug-in's side by side failed: {exc}")
     if records:
         store_records(ctx.repo, ctx.run.study_name, records, "search")
+        if progress:  # what the phase took beside what the trials left it: the keep is a guess until measured
+            progress.message(
+                f"the plug-in's side by side took {time.time() - started:.0f} s "
+                f"({ctx.deadline.kept_s:.0f} s kept for it): {len(records)} record(s)"
+            )
 
 
 def _side_by_side(ctx: SearchContext, progress: Progress | None, runs: int = SIDE_BY_SIDE_RUNS) -> None:
