@@ -159,7 +159,7 @@ def search(
     """Search for the fastest configuration within a wall-clock budget, then export it."""
     held = HeldWarnings()
     _setup_logging(verbose, held)
-    from tuner.budget import parse_budget
+    from tuner.budget import parse_budget, process_start
     from tuner.progress import RichProgress
     from tuner.search.context import SearchOptions
     from tuner.search.driver import run_search
@@ -198,6 +198,7 @@ def search(
     try:
         opts = SearchOptions(
             budget_s=parse_budget(budget),
+            started_at=process_start(),  # the user's clock: the imports and setup count against --budget
             storage_url=storage,
             study=study,
             space_path=space,

@@ -306,7 +306,7 @@ def open_context(options: SearchOptions, progress: Progress | None = None) -> Se
     space = resolved.space
     run = repo.get_run(name)
     env = fingerprint()
-    deadline = Deadline.start_now(options.budget_s)
+    deadline = Deadline.start_now(options.budget_s, options.started_at)
     parallel = options.workers > 1 or len(options.gpus or []) > 1
     sampler, pruner = make_sampler(resolved, options.seed, parallel=parallel), make_pruner()
     if run is not None and not options.resume:

@@ -679,7 +679,7 @@ def tune_cases(
     from tuner.budget import Deadline
 
     t0 = time.time()
-    deadline = Deadline.start_now(options.budget_s)
+    deadline = Deadline.start_now(options.budget_s, options.started_at)
     hardware = options.hardware or detect_hardware()
     options = dataclasses.replace(options, hardware=hardware)
     gpu = hardware.gpu_name if hardware.gpu_count else "cpu"

@@ -22,6 +22,9 @@ class SearchOptions:
     settings: dict[str, Any] = field(default_factory=dict)
     n_trials: int | None = None
     dry_run: bool = False
+    started_at: float | None = None
+    """When the budget starts (``time.time()``'s clock): the CLI passes its process's start, so the imports and
+    setup before the search count against ``--budget`` as the user's clock does; ``None``: when the search starts."""
     confirm_top: int = 3
     refine_share: float = 0.25
     """Share of the time for trials spent last on one-change moves from the best so far (``tuner.search.refine``)."""
