@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import os
 import re
 import time
 from dataclasses import dataclass
@@ -97,8 +98,6 @@ def process_start() -> float:
     cannot be read, when this module was first imported. ``tuner search --budget`` counts from it: on an H200 the
     imports, CUDA's start and SGLang's parser took 22-33 s of a 7-minute budget before the search's own clock began."""
     try:
-        import os
-
         ticks = os.sysconf("SC_CLK_TCK")
         with open("/proc/self/stat") as f:
             fields = f.read().rsplit(")", 1)[1].split()

@@ -3,6 +3,7 @@ ratios on one baseline figure whose spread is known, the install hint as written
 ``tuner status`` (the baseline's own figure and spread, repeats folded, only columns that hold data) and the test
 script's output."""
 
+import dataclasses
 import datetime as dt
 import re
 import sqlite3
@@ -209,6 +210,13 @@ def test_parallel_workers_start_no_trial_with_less_time_left_than_one_trial_need
     assert len(starts) >= 2 and span <= 16, (span, len(starts), r.stdout[-2000:])
 
 
+@dataclasses.dataclass(frozen=True)
+class _Job:
+    """What the warm-up reads and replaces of a ``TrialJob``: its deadline."""
+
+    deadline: float
+
+
 class _Said:
     def __init__(self):
         self.lines = []
@@ -231,8 +239,7 @@ def test_a_slow_warm_up_run_of_the_baseline_is_said_in_one_line(monkeypatch, slo
     worker = SimpleNamespace(start=lambda job: Run())
     deadline = SimpleNamespace(trials_end=1e12)
     ctx = SimpleNamespace(current=None, stop=SimpleNamespace(is_set=lambda: False), deadline=deadline)
-    job = SimpleNamespace(deadline=0.0)
-    monkeypatch.setattr(trial_mod.dataclasses, "replace", lambda j, deadline: SimpleNamespace(deadline=deadline))
+    job = _Job(deadline=0.0)
     monkeypatch.setattr(trial_mod, "SLOW_WARM_UP_S", 0.0 if slow else 1e9)
     said = _Said()
     out = trial_mod._warm_up(ctx, worker, job, 30.0, said)
